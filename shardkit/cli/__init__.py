@@ -1,0 +1,1 @@
+"""The ``shardkit`` command line: parses arguments and calls library functions, nothing more."""

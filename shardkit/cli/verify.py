@@ -1,0 +1,31 @@
+"""``shardkit verify``: check every shard against the metadata; exit 1 naming what is wrong."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from shardkit.cli.app import app, echo_err
+from shardkit.formats import verify as verify_dataset
+
+
+@app.command()
+def verify(
+    path: Path = typer.Argument(..., help="Dataset directory."),
+    quick: bool = typer.Option(
+        False, "--quick", help="Only metadata, file sizes and shard indexes (no full content checksum)."
+    ),
+) -> None:
+    """Check every shard: index crc32c, content checksum, record count and size."""
+    report = verify_dataset(path, quick=quick)
+    for problem in report.problems:
+        echo_err(f"FAILED {problem}")
+    mode = "quick" if quick else "full"
+    if not report.ok:
+        echo_err(f"{report.path}: {len(report.problems)} problem(s) in {report.shards_checked} shards ({mode})")
+        raise typer.Exit(1)
+    typer.echo(
+        f"{report.path}: OK, {report.shards_checked} shards ({mode}"
+        + (f", {report.bytes_checked / 1e6:.1f} MB checksummed)" if not quick else ")")
+    )

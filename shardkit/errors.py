@@ -1,0 +1,105 @@
+"""The one error hierarchy of shardkit.
+
+Every error shardkit raises on purpose is a :class:`ShardkitError`. Each specific error also
+inherits the builtin exception a caller would naturally catch (``FileNotFoundError`` for a missing
+shard, ``ValueError`` for a corrupt one, ``ImportError`` for a missing extra, ...), so code that
+does not know shardkit still handles it sensibly, and the CLI can turn any of them into one line on
+stderr instead of a traceback.
+
+Messages always say which file, what was expected and what was found.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ShardkitError",
+    "DatasetNotFoundError",
+    "NotADatasetError",
+    "IncompleteDatasetError",
+    "FormatVersionError",
+    "MissingShardError",
+    "CorruptShardError",
+    "TruncatedShardError",
+    "CorruptIndexError",
+    "ChecksumError",
+    "SchemaError",
+    "ConfigError",
+    "InputFileError",
+    "ConversionError",
+    "MissingExtraError",
+    "OutOfSpaceError",
+    "SamplerError",
+]
+
+
+class ShardkitError(Exception):
+    """Base class of every error shardkit raises deliberately."""
+
+
+class DatasetNotFoundError(ShardkitError, FileNotFoundError):
+    """The dataset (or input corpus) path does not exist."""
+
+
+class NotADatasetError(ShardkitError, ValueError):
+    """The path exists but is not a shardkit dataset (no zarr group with ``shardkit`` attributes)."""
+
+
+class IncompleteDatasetError(NotADatasetError):
+    """The directory holds shard files but no final group metadata: a write was interrupted."""
+
+
+class FormatVersionError(ShardkitError, ValueError):
+    """The dataset was written by a newer format version than this shardkit understands."""
+
+
+class MissingShardError(ShardkitError, FileNotFoundError):
+    """A shard file listed in the dataset metadata does not exist."""
+
+
+class CorruptShardError(ShardkitError, ValueError):
+    """A shard file exists but its bytes do not match what the metadata promises."""
+
+
+class TruncatedShardError(CorruptShardError):
+    """A shard file is shorter (or longer) than recorded."""
+
+
+class CorruptIndexError(CorruptShardError):
+    """A shard's index fails its crc32c, or describes records that cannot be in the file."""
+
+
+class ChecksumError(CorruptShardError):
+    """A shard's content checksum differs from the one recorded at write time."""
+
+
+class SchemaError(ShardkitError, ValueError):
+    """Records or fields do not match the dataset's record schema (shape, dtype, missing field)."""
+
+
+class ConfigError(ShardkitError, ValueError):
+    """An option or argument has an invalid value (unknown codec, negative size, bad tier list...)."""
+
+
+class InputFileError(ShardkitError, ValueError):
+    """One input file of a corpus cannot be used (corrupt, unsupported, outside the corpus...)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+class ConversionError(ShardkitError, RuntimeError):
+    """A conversion cannot proceed (corpus not recognised, conflicting previous run, --strict stop)."""
+
+
+class MissingExtraError(ShardkitError, ImportError):
+    """An optional dependency is not installed; the message names the pip extra that provides it."""
+
+
+class OutOfSpaceError(ShardkitError, OSError):
+    """A tier or output directory ran out of space; nothing partially written is left behind."""
+
+
+class SamplerError(ShardkitError, RuntimeError):
+    """The sampler cannot continue (background creator failed, incompatible state dict...)."""

@@ -1,0 +1,153 @@
+"""An opened shardkit dataset: metadata, the payload reader and the small fields in RAM."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shardkit.errors import NotADatasetError
+from shardkit.formats.metadata import DatasetMeta, read_dataset_meta
+from shardkit.formats.reader import DEFAULT_GAP_BYTES, PayloadArray, ReadStats, read_plain_array
+
+__all__ = ["Dataset", "open_dataset", "Batch"]
+
+#: A batch: payload, every per-record field, and ``key`` (global record index), each ``[n, ...]``.
+Batch = dict[str, np.ndarray]
+
+
+class Dataset:
+    """A shardkit dataset opened for reading.
+
+    Parameters
+    ----------
+    path
+        Dataset directory.
+    stats
+        Read counters for the payload (the sampler passes one per tier).
+    gap_bytes
+        Coalescing threshold for sparse reads.
+
+    Notes
+    -----
+    Small per-record fields are loaded into RAM on first use (``fields``); payload bytes are read on
+    demand with :meth:`read` / :attr:`payload`.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        stats: ReadStats | None = None,
+        gap_bytes: int = DEFAULT_GAP_BYTES,
+    ) -> None:
+        self.path = Path(path)
+        self.meta: DatasetMeta = read_dataset_meta(self.path)
+        self.payload = PayloadArray(
+            self.path / self.meta.payload, shards=self.meta.shards, stats=stats, gap_bytes=gap_bytes
+        )
+        if self.payload.num_records != self.meta.num_records or self.payload.record != self.meta.record:
+            raise NotADatasetError(
+                f"{self.path}: payload array is {self.payload.shape} {self.payload.dtype}, metadata says "
+                f"{self.meta.num_records} records of {self.meta.record.shape} {self.meta.record.dtype}"
+            )
+        self._fields: dict[str, np.ndarray] | None = None
+
+    # ------------------------------------------------------------------ description
+    def __len__(self) -> int:
+        return self.meta.num_records
+
+    @property
+    def num_records(self) -> int:
+        return self.meta.num_records
+
+    @property
+    def payload_name(self) -> str:
+        return self.meta.payload
+
+    @property
+    def record_nbytes(self) -> int:
+        return self.meta.record.nbytes
+
+    @property
+    def label_names(self) -> list[str] | None:
+        return self.meta.label_names
+
+    @property
+    def stats(self) -> ReadStats:
+        return self.payload.stats
+
+    @property
+    def fields(self) -> dict[str, np.ndarray]:
+        """Every small per-record field as one in-RAM array ``[N, ...]`` (loaded once)."""
+        if self._fields is None:
+            self._fields = {
+                name: read_plain_array(self.path / name, self.num_records) for name in self.meta.fields
+            }
+        return self._fields
+
+    def info(self) -> dict[str, Any]:
+        """Summary for ``shardkit info --json``."""
+        m = self.meta
+        return {
+            "path": str(self.path),
+            "format_version": m.format_version,
+            "kind": m.kind,
+            "payload": m.payload,
+            "records": m.num_records,
+            "shape": list(m.record.shape),
+            "dtype": m.record.dtype,
+            "record_bytes": m.record.nbytes,
+            "records_per_shard": m.records_per_shard,
+            "shards": len(m.shards),
+            "bytes": m.payload_nbytes,
+            "compression": m.compression,
+            "fields": {k: v.to_json() for k, v in m.fields.items()},
+            "labels": m.labels,
+            "skipped": len(m.skipped),
+            "transform": m.transform,
+            "source": m.source,
+            "created_by": m.created_by,
+        }
+
+    # ------------------------------------------------------------------ reading
+    def read(self, keys: np.ndarray | list[int], out: np.ndarray | None = None) -> Batch:
+        """A batch of the records ``keys`` in that order (payload, fields and ``key``)."""
+        keys = np.asarray(keys, dtype=np.int64).reshape(-1)
+        batch: Batch = {self.meta.payload: self.payload.read(keys, out)}
+        for name, values in self.fields.items():
+            batch[name] = values[keys]
+        batch["key"] = keys
+        return batch
+
+    def __getitem__(self, key: int) -> dict[str, np.ndarray]:
+        """One record as a dict of arrays (no leading batch axis)."""
+        k = int(key)
+        if k < 0:
+            k += self.num_records
+        if not 0 <= k < self.num_records:
+            raise IndexError(f"{self.path}: record {key} outside [0, {self.num_records})")
+        return {name: value[0] for name, value in self.read([k]).items()}
+
+    def close(self) -> None:
+        self.payload.close()
+
+    def __enter__(self) -> Dataset:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        m = self.meta
+        return (
+            f"Dataset({str(self.path)!r}, kind={m.kind!r}, records={m.num_records}, "
+            f"{m.payload}={m.record.shape} {m.record.dtype}, shards={len(m.shards)})"
+        )
+
+
+def open_dataset(path: str | os.PathLike[str], **kwargs: Any) -> Dataset:
+    """Open a shardkit dataset (see :class:`Dataset`)."""
+    return Dataset(path, **kwargs)

@@ -1,0 +1,112 @@
+"""A payload shard's index: ``S x [offset u64, nbytes u64]`` little-endian, then its crc32c.
+
+This is zarr v3's ``sharding_indexed`` index with ``index_codecs = [bytes(little), crc32c]``. An
+inner chunk that was never written has offset = nbytes = 2**64 - 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import google_crc32c
+import numpy as np
+
+from shardkit.errors import CorruptIndexError
+from shardkit.formats.spec import CHECKSUM_NBYTES, EMPTY_ENTRY, index_nbytes
+
+__all__ = ["ShardIndex", "crc32c_of", "extend_crc32c"]
+
+_INDEX_DTYPE = np.dtype("<u8")
+
+
+def crc32c_of(data: bytes | bytearray | memoryview | np.ndarray) -> int:
+    """crc32c (Castagnoli) of a buffer, hardware-accelerated by google-crc32c."""
+    return int(google_crc32c.value(_readonly(data)))
+
+
+def extend_crc32c(crc: int, data: bytes | bytearray | memoryview | np.ndarray) -> int:
+    """Continue a running crc32c with more bytes."""
+    return int(google_crc32c.extend(crc, _readonly(data)))
+
+
+def _readonly(data: bytes | bytearray | memoryview | np.ndarray) -> bytes | np.ndarray:
+    # google-crc32c accepts bytes and numpy arrays but, surprisingly, not memoryviews: wrap
+    # everything else in a zero-copy uint8 array.
+    if isinstance(data, bytes):
+        return data
+    if isinstance(data, np.ndarray):
+        return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    return np.frombuffer(data, dtype=np.uint8)
+
+
+@dataclass(frozen=True)
+class ShardIndex:
+    """Offsets and sizes of every inner chunk (record) of one shard.
+
+    Attributes
+    ----------
+    offsets, nbytes
+        ``uint64`` arrays of length S (records per shard). Empty entries hold 2**64 - 1.
+    """
+
+    offsets: np.ndarray
+    nbytes: np.ndarray
+
+    @property
+    def capacity(self) -> int:
+        return int(self.offsets.shape[0])
+
+    @property
+    def present(self) -> np.ndarray:
+        """Boolean mask of entries that point at stored bytes."""
+        return ~((self.offsets == EMPTY_ENTRY) & (self.nbytes == EMPTY_ENTRY))
+
+    def encode(self) -> bytes:
+        table = np.empty((self.capacity, 2), dtype=_INDEX_DTYPE)
+        table[:, 0] = self.offsets
+        table[:, 1] = self.nbytes
+        raw = table.tobytes()
+        return raw + np.uint32(crc32c_of(raw)).astype("<u4").tobytes()
+
+    @classmethod
+    def dense(cls, count: int, capacity: int, record_nbytes: int) -> ShardIndex:
+        """Index of an uncompressed shard: record i at ``i * record_nbytes``; slots past ``count`` empty."""
+        offsets = np.full(capacity, EMPTY_ENTRY, dtype=np.uint64)
+        nbytes = np.full(capacity, EMPTY_ENTRY, dtype=np.uint64)
+        offsets[:count] = np.arange(count, dtype=np.uint64) * np.uint64(record_nbytes)
+        nbytes[:count] = record_nbytes
+        return cls(offsets, nbytes)
+
+    @classmethod
+    def decode(cls, raw: bytes | memoryview, capacity: int, *, path: str, data_nbytes: int) -> ShardIndex:
+        """Parse and check an index read from ``path``.
+
+        Parameters
+        ----------
+        raw
+            The ``index_nbytes(capacity)`` bytes of the index including its crc32c.
+        data_nbytes
+            Bytes of the file that are not the index; every present entry must lie inside them.
+        """
+        expected = index_nbytes(capacity)
+        if len(raw) != expected:
+            raise CorruptIndexError(
+                f"{path}: expected a {expected}-byte shard index for {capacity} records, found {len(raw)} bytes"
+            )
+        body = memoryview(raw)[: expected - CHECKSUM_NBYTES]
+        stored = int(np.frombuffer(raw, dtype="<u4", offset=expected - CHECKSUM_NBYTES)[0])
+        computed = crc32c_of(body)
+        if stored != computed:
+            raise CorruptIndexError(
+                f"{path}: shard index crc32c mismatch (stored {stored:#010x}, computed {computed:#010x})"
+            )
+        table = np.frombuffer(body, dtype=_INDEX_DTYPE).reshape(capacity, 2)
+        index = cls(table[:, 0].copy(), table[:, 1].copy())
+        present = index.present
+        ends = index.offsets[present] + index.nbytes[present]
+        if ends.size and int(ends.max()) > data_nbytes:
+            bad = int(np.flatnonzero(present)[np.argmax(ends)])
+            raise CorruptIndexError(
+                f"{path}: index entry {bad} ends at byte {int(ends.max())}, past the {data_nbytes} data bytes of the file"
+            )
+        return index
