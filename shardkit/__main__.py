@@ -1,0 +1,5 @@
+"""``python -m shardkit`` is the ``shardkit`` command."""
+
+from shardkit.cli.main import main
+
+main()

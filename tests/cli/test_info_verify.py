@@ -1,0 +1,60 @@
+"""``shardkit info`` and ``shardkit verify`` from the command line, as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "shardkit", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_info_text_and_json(small_dataset) -> None:
+    path, _ = small_dataset(n=25)
+    res = run("info", str(path))
+    assert res.returncode == 0, res.stderr
+    assert "records      25" in res.stdout and "(4, 3, 3) uint8" in res.stdout and "label: a, b, c" in res.stdout
+    data = json.loads(run("info", str(path), "--json").stdout)
+    assert data["records"] == 25 and data["shape"] == [4, 3, 3] and data["dtype"] == "uint8"
+    assert data["shards"] == 3 and data["kind"] == "test" and data["labels"] == {"label": ["a", "b", "c"]}
+    assert data["bytes"] == sum(f.stat().st_size for f in (path / "image").rglob("*") if f.name != "zarr.json"
+                                and f.is_file())
+
+
+def test_verify_ok_and_flipped_byte(small_dataset) -> None:
+    path, _ = small_dataset(n=25)
+    res = run("verify", str(path))
+    assert res.returncode == 0 and "OK, 3 shards" in res.stdout
+    shard = path / "image" / "c" / "1" / "0" / "0" / "0"
+    raw = bytearray(shard.read_bytes())
+    raw[17] ^= 0x04
+    shard.write_bytes(bytes(raw))
+    res = run("verify", str(path))
+    assert res.returncode == 1
+    assert "image/c/1/0/0/0 (records 10-19)" in res.stderr and "crc32c" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert run("verify", "--quick", str(path)).returncode == 0
+
+
+@pytest.mark.parametrize("target", ["missing", "file", "empty"])
+def test_errors_are_one_line_without_traceback(tmp_path: Path, target: str) -> None:
+    p = tmp_path / "x"
+    if target == "file":
+        p.write_text("hello")
+    elif target == "empty":
+        p.mkdir()
+    for cmd in ("info", "verify"):
+        res = run(cmd, str(p))
+        assert res.returncode == 1
+        assert res.stderr.startswith("error: ") and str(p) in res.stderr
+        assert "Traceback" not in res.stderr
+
+
+def test_usage_error_exit_code() -> None:
+    res = run("info")
+    assert res.returncode == 2 and "Traceback" not in res.stderr

@@ -1,0 +1,124 @@
+"""Atomic shard files, metadata last, resumable writes, safe overwrite, clean out-of-space errors."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shardkit import errors
+from shardkit.formats import DatasetWriter, FieldSpec, open_dataset, verify
+from tests.conftest import make_records
+
+REC = FieldSpec((4, 4), "uint8")
+
+
+def _writer(path: Path, **kw) -> DatasetWriter:
+    return DatasetWriter(path, kind="test", payload="image", record=REC,
+                         fields={"label": FieldSpec((), "int64")}, records_per_shard=5,
+                         config={"size": 4}, **kw)
+
+
+def _feed(w: DatasetWriter, recs: np.ndarray, start: int, stop: int) -> None:
+    # Input i becomes a record unless i % 7 == 3 (skipped): cursors track inputs, not records.
+    for i in range(start, stop):
+        if i % 7 == 3:
+            w.skip(f"in/{i}.jpg", "corrupt", cursor=i)
+            continue
+        w.write({"image": recs[i : i + 1], "label": np.array([i])}, cursors=np.array([i + 1]))
+
+
+def test_interrupted_write_is_incomplete_then_resumes_identically(tmp_path: Path) -> None:
+    recs = make_records(40, (4, 4))
+    ref = tmp_path / "ref"
+    with _writer(ref) as w:
+        _feed(w, recs, 0, 40)
+
+    out = tmp_path / "out"
+    w = _writer(out)
+    _feed(w, recs, 0, 22)  # 19 records: 3 complete shards, 4 records in the open one
+    w.abort()  # as if killed: the open shard is gone, complete shards are staged
+    with pytest.raises(errors.IncompleteDatasetError):
+        open_dataset(out)
+    assert not list(out.rglob("*.partial"))
+
+    w2 = _writer(out)
+    assert w2.records_written == 15 and w2.input_cursor == 17  # the 15th record was input 16
+    _feed(w2, recs, w2.input_cursor, 40)
+    w2.close()
+
+    a, b = open_dataset(ref), open_dataset(out)
+    assert [s.to_json() for s in a.meta.shards] == [s.to_json() for s in b.meta.shards]
+    for s in a.meta.shards:
+        assert (ref / s.path).read_bytes() == (out / s.path).read_bytes()
+    np.testing.assert_array_equal(a.fields["label"], b.fields["label"])
+    assert [x.path for x in a.meta.skipped] == [x.path for x in b.meta.skipped] == [
+        f"in/{i}.jpg" for i in range(40) if i % 7 == 3]
+    assert not (out / ".shardkit-staging").exists()
+
+
+def test_resume_with_other_parameters_is_refused(tmp_path: Path) -> None:
+    w = _writer(tmp_path / "out")
+    _feed(w, make_records(12, (4, 4)), 0, 12)
+    w.abort()
+    with pytest.raises(errors.ConversionError, match="different parameters"):
+        DatasetWriter(tmp_path / "out", kind="test", payload="image", record=REC,
+                      fields={"label": FieldSpec((), "int64")}, records_per_shard=5, config={"size": 8})
+
+
+def test_complete_dataset_same_parameters_is_a_no_op(tmp_path: Path) -> None:
+    recs = make_records(12, (4, 4))
+    with _writer(tmp_path / "out") as w:
+        _feed(w, recs, 0, 12)
+    again = _writer(tmp_path / "out")
+    assert again.complete
+    with pytest.raises(errors.ConversionError, match="already exists"):
+        DatasetWriter(tmp_path / "out", kind="test", payload="image", record=REC, records_per_shard=5,
+                      config={"size": 99})
+    fresh = DatasetWriter(tmp_path / "out", kind="test", payload="image", record=REC, records_per_shard=5,
+                          config={"size": 99}, overwrite=True)
+    assert not fresh.complete and fresh.records_written == 0
+
+
+def test_overwrite_refuses_foreign_directory(tmp_path: Path) -> None:
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "thesis.tex").write_text("precious")
+    with pytest.raises(errors.ConversionError, match="refusing to overwrite"):
+        _writer(tmp_path / "home", overwrite=True)
+    with pytest.raises(errors.ConversionError, match="not a shardkit dataset"):
+        _writer(tmp_path / "home")
+    assert (tmp_path / "home" / "thesis.tex").read_text() == "precious"
+
+
+def test_out_of_space_is_a_clear_error_and_leaves_no_partial(tmp_path: Path, monkeypatch) -> None:
+    recs = make_records(12, (4, 4))
+    w = _writer(tmp_path / "out")
+    _feed(w, recs, 0, 6)  # first shard complete
+    real_write = os.write
+
+    def full_disk(fd: int, data) -> int:  # noqa: ANN001
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full_disk)
+    with pytest.raises(errors.OutOfSpaceError, match=r"image/c/1/0/0.partial: no space"):
+        _feed(w, recs, 6, 12)
+    monkeypatch.setattr(os, "write", real_write)
+    assert not list((tmp_path / "out").rglob("*.partial"))
+    w.abort()
+    # the completed shard survived; a resume continues from it
+    w2 = _writer(tmp_path / "out")
+    assert w2.records_written == 5
+    _feed(w2, recs, w2.input_cursor, 12)
+    w2.close()
+    assert verify(tmp_path / "out").ok
+
+
+def test_schema_mismatch_is_reported(tmp_path: Path) -> None:
+    w = _writer(tmp_path / "out")
+    with pytest.raises(errors.SchemaError, match=r"expected shape \(1, 4, 4\), found \(1, 4, 5\)"):
+        w.write({"image": np.zeros((1, 4, 5), np.uint8), "label": np.array([0])})
+    with pytest.raises(errors.SchemaError, match="lacks fields"):
+        w.write({"image": np.zeros((1, 4, 4), np.uint8)})
