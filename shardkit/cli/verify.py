@@ -18,7 +18,14 @@ def verify(
     ),
 ) -> None:
     """Check every shard: index crc32c, content checksum, record count and size."""
-    report = verify_dataset(path, quick=quick)
+    from tqdm import tqdm
+
+    from shardkit.formats import open_dataset
+
+    with open_dataset(path) as ds:
+        total = ds.meta.payload_nbytes
+    with tqdm(total=total, unit="B", unit_scale=True, desc="verify", disable=None, leave=False) as bar:
+        report = verify_dataset(path, quick=quick, progress=bar.update)
     for problem in report.problems:
         echo_err(f"FAILED {problem}")
     mode = "quick" if quick else "full"
