@@ -11,6 +11,7 @@ __version__ = "0.1.0"
 
 from shardkit import errors  # noqa: E402
 from shardkit.formats import Dataset, DatasetWriter, FieldSpec, open_dataset, verify  # noqa: E402
+from shardkit.converters import convert  # noqa: E402
 
 __all__ = [
     "__version__",
@@ -20,4 +21,5 @@ __all__ = [
     "FieldSpec",
     "open_dataset",
     "verify",
+    "convert",
 ]

@@ -1,0 +1,161 @@
+"""Conversion throughput: shardkit convert with 1 and 2 workers vs a bare Pillow loop.
+
+Generates (once, cached in ``benchmarks/_data/convert_jpegs``) N JPEGs of about 500x375 with
+natural-image-like content (smooth gradients, shapes, noise; quality 90) in class folders, then in
+one run measures images/s of:
+
+* ``bare``: a plain loop ``Image.open -> load -> convert("RGB") -> resize shorter side (bilinear)
+  -> centre crop -> np.asarray`` over the same files (no draft mode anywhere: both sides decode
+  full-size JPEGs);
+* ``shardkit --workers 1`` and ``--workers 2`` (imagefolder kind, 224x224, uncompressed);
+* the bare loop split over 2 processes: the parallel speed-up the machine offers at that moment
+  (a ceiling for the 2-worker figure on a shared 2-core VM).
+
+Every file's page cache is dropped before each measured pass (``POSIX_FADV_DONTNEED``), so all
+passes read from the same (cold) state. Prints a markdown table; record it in RESULTS.md.
+
+Usage: ``python benchmarks/convert.py [--images 2000] [--repeat 1]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+import shardkit
+
+DATA = Path(__file__).resolve().parent / "_data" / "convert_jpegs"
+SIZE = 224
+
+
+def natural_image(h: int, w: int, rng: np.random.Generator) -> np.ndarray:
+    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
+    img = np.empty((h, w, 3), np.float32)
+    for c in range(3):
+        a, b, p = rng.uniform(-1, 1, 3)
+        img[:, :, c] = 128 + 70 * np.sin(a * x / 47 + b * y / 61 + p * 6)
+    for _ in range(6):
+        cy, cx, r = rng.uniform(0, h), rng.uniform(0, w), rng.uniform(10, 90)
+        img[(y - cy) ** 2 + (x - cx) ** 2 < r * r] = rng.uniform(0, 255, 3)
+    img += rng.normal(0, 8, img.shape).astype(np.float32)
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+def make_corpus(n: int) -> list[Path]:
+    marker = DATA / f".complete-{n}"
+    if not marker.exists():
+        shutil.rmtree(DATA, ignore_errors=True)
+        rng = np.random.default_rng(0)
+        for i in range(n):
+            w, h = (500, 375) if i % 4 else (375, 500)
+            w += int(rng.integers(-20, 21))
+            h += int(rng.integers(-20, 21))
+            path = DATA / f"class{i % 10}" / f"{i:06d}.jpg"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(natural_image(h, w, rng)).save(path, "JPEG", quality=90)
+        marker.touch()
+    return sorted(DATA.rglob("*.jpg"))
+
+
+def drop_cache(files: list[Path]) -> None:
+    for f in files:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def bare_loop(files: list[Path]) -> float:
+    t0 = time.perf_counter()
+    acc = 0
+    for f in files:
+        with Image.open(f) as img:
+            img = img.convert("RGB")
+            w, h = img.size
+            s = max(SIZE / w, SIZE / h)
+            nw, nh = round(w * s), round(h * s)
+            img = img.resize((nw, nh), Image.Resampling.BILINEAR)
+            left, top = (nw - SIZE) // 2, (nh - SIZE) // 2
+            arr = np.asarray(img.crop((left, top, left + SIZE, top + SIZE)))
+            acc += int(arr[0, 0, 0])
+    return time.perf_counter() - t0
+
+
+def bare_two_processes(files: list[Path]) -> float:
+    """The same loop split over 2 processes: the parallelism this machine actually offers now."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("forkserver")
+    with ctx.Pool(2) as pool:
+        pool.map(len, [[1], [2]])  # start the processes outside the timed region
+        t0 = time.perf_counter()
+        pool.map(bare_loop, [files[0::2], files[1::2]])
+        return time.perf_counter() - t0
+
+
+def shardkit_run(out: Path, workers: int) -> float:
+    shutil.rmtree(out, ignore_errors=True)
+    t0 = time.perf_counter()
+    s = shardkit.convert(DATA, out, kind="imagefolder", size=SIZE, workers=workers)
+    dt = time.perf_counter() - t0
+    assert s.records > 0
+    return dt
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--images", type=int, default=2000)
+    ap.add_argument("--repeat", type=int, default=1, help="passes per variant (best is kept)")
+    args = ap.parse_args()
+    files = make_corpus(args.images)
+    n = len(files)
+    tmp = Path(tempfile.mkdtemp(prefix="shardkit-bench-convert-"))
+    results: dict[str, float] = {}
+    try:
+        for _ in range(args.repeat):
+            for name, fn in [
+                ("bare Pillow loop (1 process)", lambda: bare_loop(files)),
+                ("shardkit convert --workers 1", lambda: shardkit_run(tmp / "w1", 1)),
+                ("shardkit convert --workers 2", lambda: shardkit_run(tmp / "w2", 2)),
+                ("bare Pillow loop, 2 processes (ceiling)", lambda: bare_two_processes(files)),
+            ]:
+                drop_cache(files)
+                dt = fn()
+                results[name] = min(results.get(name, float("inf")), dt)
+        same = all(
+            (tmp / "w1" / p.relative_to(tmp / "w1")).read_bytes() == (tmp / "w2" / p.relative_to(tmp / "w1")).read_bytes()
+            for p in (tmp / "w1" / "image").rglob("*") if p.is_file()
+        )
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    bare = n / results["bare Pillow loop (1 process)"]
+    w1 = n / results["shardkit convert --workers 1"]
+    w2 = n / results["shardkit convert --workers 2"]
+    print(f"{n} JPEGs ~500x375 q90 -> {SIZE}x{SIZE}, bilinear, shorter side + centre crop; "
+          f"{platform.python_version()}, Pillow {Image.__version__}, {os.cpu_count()} cores")
+    print()
+    print("| variant | images/s | vs bare loop |")
+    print("|---|---:|---:|")
+    for name, dt in results.items():
+        print(f"| {name} | {n / dt:.1f} | {n / dt / bare:.2f}x |")
+    print()
+    overhead = (bare / w1 - 1) * 100
+    print(f"- single-worker overhead over the bare loop: {overhead:+.1f}% (target <= 10%): "
+          f"{'met' if overhead <= 10 else 'MISSED'}")
+    print(f"- 2-worker speed-up over 1 worker: {w2 / w1:.2f}x (target >= 1.7x): {'met' if w2 / w1 >= 1.7 else 'MISSED'}")
+    ceiling = n / results["bare Pillow loop, 2 processes (ceiling)"] / bare
+    print(f"- the bare loop itself speeds up {ceiling:.2f}x on 2 processes on this machine right now")
+    print(f"- payload shards byte-identical for 1 and 2 workers: {same}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""Class-folder image corpora (ImageNet style): ``ROOT/[train|val|test/]<class>/<image>``.
+
+Record: ``image`` uint8 ``[H, W, 3]`` and ``label`` int64 (index into the sorted class names).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shardkit.converters.base import Converter, Record, ScanResult, register
+from shardkit.converters.classfolders import (
+    choose_split,
+    class_names,
+    find_splits,
+    media_share,
+    scan_class_files,
+)
+from shardkit.converters.images import IMAGE_EXTENSIONS, ImageTransform
+from shardkit.errors import ConversionError, InputFileError
+from shardkit.formats import FieldSpec
+
+__all__ = ["ImageFolderConverter", "IMAGE_OPTIONS"]
+
+#: Options of every image kind.
+IMAGE_OPTIONS: dict[str, Any] = {
+    "size": None,
+    "resize": None,
+    "crop": "center",
+    "interpolation": "bilinear",
+    "max_pixels": None,
+}
+
+
+@register
+class ImageFolderConverter(Converter):
+    """Convert class folders of images; label = folder name, label names sorted."""
+
+    name = "imagefolder"
+    payload = "image"
+    option_defaults = {"split": None, **IMAGE_OPTIONS}
+    chunk_size = 4
+
+    def __init__(self, src: str | Path, **options: Any) -> None:
+        super().__init__(src, **options)
+        self.image = ImageTransform.from_options(self.options)
+        splits = find_splits(self.src)
+        self.split = choose_split(splits, self.options.get("split"), self.src)
+        self.options["split"] = self.split
+        self.base = self.src / self.split if self.split else self.src
+        self.classes = class_names(self.src, splits)
+        if not self.classes:
+            raise ConversionError(f"{self.base}: no class folders found (expected {self.base}/<class>/<image files>)")
+
+    @classmethod
+    def detect(cls, src: Path) -> bool:
+        if not src.is_dir():
+            return False
+        media, total = media_share(src, IMAGE_EXTENSIONS)
+        return total > 0 and media * 2 > total
+
+    def scan(self) -> ScanResult:
+        items = scan_class_files(self.base, self.classes, IMAGE_EXTENSIONS)
+        if not items:
+            raise ConversionError(f"{self.base}: the class folders hold no files")
+        return ScanResult(items=items)
+
+    def record_spec(self) -> FieldSpec:
+        return FieldSpec((self.image.height, self.image.width, 3), "uint8")
+
+    def fields(self) -> dict[str, FieldSpec]:
+        return {"label": FieldSpec((), "int64")}
+
+    def labels(self) -> dict[str, list[str]]:
+        return {"label": list(self.classes)}
+
+    def transform(self) -> dict[str, Any]:
+        return self.image.to_json()
+
+    def config(self) -> dict[str, Any]:
+        return {**super().config(), "transform": self.image.to_json(), "classes": self.classes}
+
+    def item_path(self, item: tuple[str, int]) -> str:
+        return str(self.base / item[0])
+
+    def decode(self, item: tuple[str, int]) -> list[Record]:
+        rel, label = item
+        path = self.base / rel
+        if Path(rel).suffix.lower() not in IMAGE_EXTENSIONS:
+            raise InputFileError(str(path), f"unsupported: file extension {Path(rel).suffix or '(none)'!r} is not an image type")
+        arr, _, _, _ = self.image.load(path)
+        return [{"image": arr, "label": np.int64(label)}]

@@ -1,0 +1,336 @@
+"""Image decoding and the fixed-size transform shared by every image corpus kind.
+
+Decoding turns any file Pillow reads into an upright RGB picture:
+
+* EXIF orientation is applied (phones store sideways pixels plus a tag), and reported so that
+  annotations made on the stored pixels (COCO) can follow.
+* Every Pillow mode becomes correct RGB, not merely "some" RGB: alpha (``LA``, ``RGBA``, ``P`` with
+  transparency, premultiplied modes) is composited over white instead of dropped, because dropping
+  it exposes whatever colour hides under transparent pixels; 16-bit integer images (``I;16*``) are
+  scaled by 1/257 instead of clipped at 255; ``I`` (32-bit int) is read as 16-bit data (what
+  16-bit PNG/TIFF decode to) and clipped to 0..65535 first; ``F`` (float) is read as intensities in
+  0..1. ``1``, ``L``, ``CMYK``, ``YCbCr``... use Pillow's own conversions.
+* Pillow's decompression-bomb limit is enforced (its warning threshold, not only its error
+  threshold), and ``ImageFile.LOAD_TRUNCATED_IMAGES`` is forced off while decoding, so a truncated
+  file fails instead of silently becoming grey pixels.
+
+Every failure is an :class:`~shardkit.errors.InputFileError` whose reason starts with a category
+(``missing``, ``unreadable``, ``empty``, ``unsupported``, ``truncated``, ``corrupt``,
+``too-large``) that the conversion summary counts.
+
+The transform (:class:`ImageTransform`) scales the picture (``resize="shorter"``: cover the frame;
+``"longer"``: fit inside it) and then either centres it in the frame, cutting the excess or padding
+the shortfall equally on both sides (``crop="center"``), or anchors it top-left and pads right and
+bottom (``crop="pad"``, which keeps every pixel and makes box coordinates a pure scaling, the
+detection convention). :class:`Geometry` records the exact mapping so boxes can follow.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import warnings
+from contextlib import contextmanager
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shardkit.errors import ConfigError, InputFileError
+
+__all__ = [
+    "INTERPOLATIONS",
+    "IMAGE_EXTENSIONS",
+    "Geometry",
+    "ImageTransform",
+    "open_image",
+    "to_rgb",
+    "check_regular_file",
+]
+
+#: Interpolation names accepted by ``--interpolation`` (all antialiased when downscaling).
+INTERPOLATIONS = ("nearest", "box", "bilinear", "hamming", "bicubic", "lanczos")
+#: File extensions that class-folder scans treat as images.
+IMAGE_EXTENSIONS = frozenset(
+    {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm", ".pnm"}
+)
+#: Colour that transparent pixels are composited over, and padding colour.
+BACKGROUND = (255, 255, 255)
+PAD_VALUE = 0
+
+
+def check_regular_file(path: Path) -> int:
+    """Return the size of ``path`` or raise ``InputFileError`` (missing, unreadable, not a file, empty).
+
+    Checking the file type before opening matters: opening a FIFO blocks forever, and a directory
+    named ``x.jpg`` must be a skip, not a crash.
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise InputFileError(str(path), "missing: file not found (or a broken symlink)") from None
+    except OSError as exc:
+        raise InputFileError(str(path), f"unreadable: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(st.st_mode):
+        what = "directory" if stat.S_ISDIR(st.st_mode) else "special file (fifo, socket or device)"
+        raise InputFileError(str(path), f"unreadable: not a regular file but a {what}")
+    if st.st_size == 0:
+        raise InputFileError(str(path), "empty: zero-byte file")
+    return st.st_size
+
+
+@contextmanager
+def _strict_pillow(max_pixels: int | None) -> Iterator[None]:
+    from PIL import Image, ImageFile
+
+    old_truncated = ImageFile.LOAD_TRUNCATED_IMAGES
+    old_max = Image.MAX_IMAGE_PIXELS
+    ImageFile.LOAD_TRUNCATED_IMAGES = False
+    if max_pixels is not None:
+        Image.MAX_IMAGE_PIXELS = max_pixels
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            yield
+    finally:
+        ImageFile.LOAD_TRUNCATED_IMAGES = old_truncated
+        Image.MAX_IMAGE_PIXELS = old_max
+
+
+def open_image(path: Path, *, max_pixels: int | None = None) -> tuple[Any, int, tuple[int, int]]:
+    """Decode ``path`` fully and apply its EXIF orientation.
+
+    Parameters
+    ----------
+    path
+        Image file.
+    max_pixels
+        Decompression-bomb limit (pixels); ``None`` keeps Pillow's default.
+
+    Returns
+    -------
+    image, orientation, stored_size
+        The upright ``PIL.Image`` (any mode), the EXIF orientation that was applied (1 = none), and
+        the ``(width, height)`` of the stored pixels before orientation.
+    """
+    from PIL import Image, ImageOps, UnidentifiedImageError
+
+    check_regular_file(path)
+    name = str(path)
+    with _strict_pillow(max_pixels):
+        try:
+            with open(path, "rb") as fh:
+                img = Image.open(fh)
+                img.load()
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+            raise InputFileError(name, f"too-large: decompression bomb protection: {exc}") from None
+        except UnidentifiedImageError:
+            raise InputFileError(name, "unsupported: not an image format Pillow can read") from None
+        except PermissionError as exc:
+            raise InputFileError(name, f"unreadable: {exc.strerror or exc}") from None
+        except OSError as exc:
+            msg = str(exc)
+            if "truncated" in msg.lower():
+                raise InputFileError(name, f"truncated: {msg}") from None
+            raise InputFileError(name, f"corrupt: {msg or type(exc).__name__}") from None
+        except Exception as exc:  # noqa: BLE001 - any decoder failure is a corrupt input
+            raise InputFileError(name, f"corrupt: {type(exc).__name__}: {exc}") from None
+    stored = img.size
+    try:
+        orientation = int(img.getexif().get(0x0112, 1) or 1)
+    except Exception:  # noqa: BLE001 - a broken EXIF block is not worth losing the image
+        orientation = 1
+    if orientation not in range(1, 9):
+        orientation = 1
+    if orientation != 1:
+        img = ImageOps.exif_transpose(img)
+    return img, orientation, stored
+
+
+def _composite(img: Any) -> Any:
+    from PIL import Image
+
+    rgba = img.convert("RGBA")
+    base = Image.new("RGBA", rgba.size, (*BACKGROUND, 255))
+    return Image.alpha_composite(base, rgba).convert("RGB")
+
+
+def to_rgb(img: Any, path: str = "<image>") -> Any:
+    """Convert a ``PIL.Image`` of any mode into correct RGB (see the module notes)."""
+    from PIL import Image
+
+    mode = img.mode
+    if mode == "RGB":
+        return img
+    if mode in ("RGBA", "LA", "PA", "La", "RGBa"):
+        return _composite(img)
+    if mode == "P":
+        if "transparency" in img.info or img.has_transparency_data:
+            return _composite(img)
+        return img.convert("RGB")
+    if mode.startswith("I;16") or mode == "I":
+        arr = np.asarray(img).astype(np.float64)
+        gray = np.clip(np.rint(np.clip(arr, 0, 65535) / 257.0), 0, 255).astype(np.uint8)
+        return Image.fromarray(np.repeat(gray[:, :, None], 3, axis=2), "RGB")
+    if mode == "F":
+        arr = np.asarray(img).astype(np.float64)
+        arr = np.nan_to_num(arr, nan=0.0, posinf=1.0, neginf=0.0)
+        gray = np.clip(np.rint(np.clip(arr, 0.0, 1.0) * 255.0), 0, 255).astype(np.uint8)
+        return Image.fromarray(np.repeat(gray[:, :, None], 3, axis=2), "RGB")
+    try:
+        return img.convert("RGB")
+    except (ValueError, OSError) as exc:
+        raise InputFileError(path, f"unsupported: image mode {mode} cannot become RGB ({exc})") from None
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """How a source picture of ``(src_w, src_h)`` landed in the output frame.
+
+    A source point ``(x, y)`` (upright picture) maps to ``(x * sx - off_x, y * sy - off_y)``;
+    positive offsets are cut pixels, negative offsets are padding.
+    """
+
+    src_w: int
+    src_h: int
+    sx: float
+    sy: float
+    off_x: int
+    off_y: int
+    out_w: int
+    out_h: int
+
+
+@dataclass(frozen=True)
+class ImageTransform:
+    """The fixed-size transform: scale, then centre/crop or pad to ``(height, width)``.
+
+    Parameters
+    ----------
+    height, width
+        Output frame in pixels.
+    resize
+        ``"shorter"``: scale so the picture covers the frame (for a square frame its shorter side
+        becomes the size); ``"longer"``: scale so it fits inside. Default: ``shorter`` with
+        ``crop="center"``, ``longer`` with ``crop="pad"``.
+    crop
+        ``"center"``: centre the picture, cutting the excess / padding the shortfall equally on
+        both sides. ``"pad"``: keep every pixel, anchored top-left, padded right/bottom (needs
+        ``resize="longer"``).
+    interpolation
+        One of :data:`INTERPOLATIONS` (Pillow's antialiased filters).
+    max_pixels
+        Decompression-bomb limit; ``None`` keeps Pillow's default (about 89.5 Mpixel).
+    """
+
+    height: int = 224
+    width: int = 224
+    resize: str = "shorter"
+    crop: str = "center"
+    interpolation: str = "bilinear"
+    max_pixels: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.height <= 0 or self.width <= 0:
+            raise ConfigError(f"--size: expected positive height and width, found {self.height}x{self.width}")
+        if self.resize not in ("shorter", "longer"):
+            raise ConfigError(f"--resize: expected 'shorter' or 'longer', found {self.resize!r}")
+        if self.crop not in ("center", "pad"):
+            raise ConfigError(f"--crop: expected 'center' or 'pad', found {self.crop!r}")
+        if self.crop == "pad" and self.resize != "longer":
+            raise ConfigError("--crop pad keeps every pixel, so it needs --resize longer (found --resize shorter)")
+        if self.interpolation not in INTERPOLATIONS:
+            raise ConfigError(
+                f"--interpolation: expected one of {', '.join(INTERPOLATIONS)}, found {self.interpolation!r}"
+            )
+        if self.max_pixels is not None and self.max_pixels <= 0:
+            raise ConfigError(f"max_pixels must be positive, found {self.max_pixels}")
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any], default_size: int = 224) -> ImageTransform:
+        """Build from converter options (``size``, ``resize``, ``crop``, ``interpolation``, ``max_pixels``)."""
+        h, w = parse_hw(options.get("size"), default_size)
+        crop = options.get("crop") or "center"
+        resize = options.get("resize") or ("longer" if crop == "pad" else "shorter")
+        return cls(h, w, resize, crop, options.get("interpolation") or "bilinear", options.get("max_pixels"))
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["size"] = [self.height, self.width]
+        d["background"] = list(BACKGROUND)
+        d["pad_value"] = PAD_VALUE
+        return d
+
+    def geometry(self, src_w: int, src_h: int) -> Geometry:
+        """Scale and offsets for a picture of ``(src_w, src_h)``."""
+        ratio_w, ratio_h = self.width / src_w, self.height / src_h
+        scale = max(ratio_w, ratio_h) if self.resize == "shorter" else min(ratio_w, ratio_h)
+        new_w = max(1, int(round(src_w * scale)))
+        new_h = max(1, int(round(src_h * scale)))
+        if self.crop == "center":
+            off_x = (new_w - self.width) // 2 if new_w >= self.width else -((self.width - new_w) // 2)
+            off_y = (new_h - self.height) // 2 if new_h >= self.height else -((self.height - new_h) // 2)
+        else:
+            off_x = off_y = 0
+        return Geometry(src_w, src_h, new_w / src_w, new_h / src_h, off_x, off_y, self.width, self.height)
+
+    def apply(self, img: Any) -> tuple[np.ndarray, Geometry]:
+        """Transform an upright RGB ``PIL.Image`` into a ``uint8 [H, W, 3]`` array."""
+        from PIL import Image
+
+        resample = {
+            "nearest": Image.Resampling.NEAREST,
+            "box": Image.Resampling.BOX,
+            "bilinear": Image.Resampling.BILINEAR,
+            "hamming": Image.Resampling.HAMMING,
+            "bicubic": Image.Resampling.BICUBIC,
+            "lanczos": Image.Resampling.LANCZOS,
+        }[self.interpolation]
+        geo = self.geometry(*img.size)
+        new_w, new_h = int(round(geo.sx * geo.src_w)), int(round(geo.sy * geo.src_h))
+        if (new_w, new_h) != img.size:
+            img = img.resize((new_w, new_h), resample)
+        if geo.off_x >= 0 and geo.off_y >= 0 and new_w - geo.off_x >= self.width and new_h - geo.off_y >= self.height:
+            img = img.crop((geo.off_x, geo.off_y, geo.off_x + self.width, geo.off_y + self.height))
+            out = np.asarray(img, dtype=np.uint8)
+            if out.shape != (self.height, self.width, 3):  # defensive: Pillow returned something else
+                out = np.ascontiguousarray(out.reshape(self.height, self.width, 3))
+            return out, geo
+        src = np.asarray(img, dtype=np.uint8)
+        out = np.full((self.height, self.width, 3), PAD_VALUE, dtype=np.uint8)
+        # Source window [sx0, sx0+n) lands at destination [dx0, dx0+n).
+        sx0, dx0 = max(geo.off_x, 0), max(-geo.off_x, 0)
+        sy0, dy0 = max(geo.off_y, 0), max(-geo.off_y, 0)
+        nx = min(new_w - sx0, self.width - dx0)
+        ny = min(new_h - sy0, self.height - dy0)
+        out[dy0 : dy0 + ny, dx0 : dx0 + nx] = src[sy0 : sy0 + ny, sx0 : sx0 + nx]
+        return out, geo
+
+    def load(self, path: Path) -> tuple[np.ndarray, Geometry, int, tuple[int, int]]:
+        """Decode ``path`` and transform it: ``(array, geometry, orientation, stored_size)``."""
+        img, orientation, stored = open_image(path, max_pixels=self.max_pixels)
+        rgb = to_rgb(img, str(path))
+        arr, geo = self.apply(rgb)
+        return arr, geo, orientation, stored
+
+
+def parse_hw(size: Any, default: int = 224) -> tuple[int, int]:
+    """``224`` / ``"224"`` / ``"224x320"`` / ``(224, 320)`` -> ``(height, width)``."""
+    if size is None:
+        return default, default
+    if isinstance(size, int):
+        return size, size
+    if isinstance(size, (tuple, list)) and len(size) == 2:
+        return int(size[0]), int(size[1])
+    text = str(size).lower().strip()
+    parts = text.split("x")
+    try:
+        if len(parts) == 1:
+            return int(parts[0]), int(parts[0])
+        if len(parts) == 2:
+            return int(parts[0]), int(parts[1])
+    except ValueError:
+        pass
+    raise ConfigError(f"--size: expected H or HxW in pixels (e.g. 224 or 224x320), found {size!r}")

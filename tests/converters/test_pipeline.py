@@ -1,0 +1,142 @@
+"""Determinism across worker counts, resume after SIGKILL, refused parameter changes, --overwrite."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import shardkit
+from shardkit.errors import ConversionError
+from shardkit.formats import open_dataset, verify
+from tests.converters.corpora import make_imagefolder, tone, write_wav
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("pipe") / "corpus"
+    make_imagefolder(root, per_class=12)
+    return root
+
+
+def _payload_files(path: Path) -> dict[str, bytes]:
+    with open_dataset(path) as ds:
+        return {s.path: (path / s.path).read_bytes() for s in ds.meta.shards}
+
+
+def assert_same_dataset(a: Path, b: Path) -> None:
+    fa, fb = _payload_files(a), _payload_files(b)
+    assert list(fa) == list(fb)
+    for k in fa:
+        assert fa[k] == fb[k], f"shard {k} differs"
+    with open_dataset(a) as da, open_dataset(b) as db:
+        assert da.meta.shards == db.meta.shards
+        assert set(da.fields) == set(db.fields)
+        for name in da.fields:
+            np.testing.assert_array_equal(da.fields[name], db.fields[name])
+        assert [(s.path, s.reason) for s in da.meta.skipped] == [(s.path, s.reason) for s in db.meta.skipped]
+        assert da.meta.labels == db.meta.labels and da.meta.transform == db.meta.transform
+
+
+def test_byte_identical_with_1_and_2_workers(corpus: Path, tmp_path: Path) -> None:
+    s1 = shardkit.convert(corpus, tmp_path / "w1", size=24, workers=1, records_per_shard=7)
+    s2 = shardkit.convert(corpus, tmp_path / "w2", size=24, workers=2, records_per_shard=7)
+    assert s1.records == s2.records == 36 and s1.skipped == s2.skipped
+    assert_same_dataset(tmp_path / "w1", tmp_path / "w2")
+
+
+KILLER = textwrap.dedent("""
+    import os, signal, sys
+    import shardkit
+    src, out, kill_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    def progress(done, total, records):
+        if done >= kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+    shardkit.convert(src, out, size=24, workers=2, shard_bytes=%d, progress=progress)
+    print("finished without being killed")
+""")
+
+
+def test_resume_after_sigkill_matches_uninterrupted(corpus: Path, tmp_path: Path) -> None:
+    shard_bytes = 5 * (24 * 24 * 3 + 16)  # 5 records per shard
+    ref = shardkit.convert(corpus, tmp_path / "ref", size=24, workers=1, shard_bytes=shard_bytes)
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-c", KILLER % shard_bytes, str(corpus), str(out), "30"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -9, proc.stderr
+    staged = sorted((out / ".shardkit-staging").glob("shard-*.json"))
+    assert len(staged) >= 3  # several shards completed before the kill
+    with pytest.raises(shardkit.errors.IncompleteDatasetError):
+        open_dataset(out)
+    resumed = shardkit.convert(corpus, out, size=24, workers=1, shard_bytes=shard_bytes)
+    assert 0 < resumed.records_this_run < resumed.records == ref.records
+    assert_same_dataset(tmp_path / "ref", out)
+    assert verify(out).ok
+
+
+def test_resume_inside_an_audio_file_cut_into_windows(tmp_path: Path) -> None:
+    root = tmp_path / "a"
+    for i in range(4):
+        write_wav(root / "w" / f"{i}.wav", tone(200 + 50 * i, 8000, 2.5), 8000)  # 3 windows each
+    kw = dict(sample_rate=8000, window=True, records_per_shard=2, workers=1)
+    ref = shardkit.convert(root, tmp_path / "ref", **kw)
+    assert ref.records == 12
+
+    class Crash(Exception):
+        pass
+
+    def crash(done: int, total: int, records: int) -> None:
+        if done == 2:  # 6 records produced: shards of 2 end at windows 2 of input 0, 1 of input 1...
+            raise Crash
+
+    with pytest.raises(Crash):
+        shardkit.convert(root, tmp_path / "out", progress=crash, **kw)
+    resumed = shardkit.convert(root, tmp_path / "out", **kw)
+    assert resumed.records == 12 and resumed.records_this_run < 12
+    assert_same_dataset(tmp_path / "ref", tmp_path / "out")
+
+
+def test_different_parameters_refused_overwrite_starts_fresh(corpus: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    shardkit.convert(corpus, out, size=16, workers=1)
+    again = shardkit.convert(corpus, out, size=16, workers=2)
+    assert again.already_complete and again.records == 36
+    with pytest.raises(ConversionError, match="different parameters"):
+        shardkit.convert(corpus, out, size=20, workers=1)
+    fresh = shardkit.convert(corpus, out, size=20, workers=1, overwrite=True)
+    assert fresh.records == 36 and not fresh.already_complete
+    with open_dataset(out) as ds:
+        assert ds.meta.record.shape == (20, 20, 3)
+
+
+def test_interrupted_run_with_different_parameters_is_refused(corpus: Path, tmp_path: Path) -> None:
+    def crash(done: int, total: int, records: int) -> None:
+        if done == 20:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        shardkit.convert(corpus, tmp_path / "out", size=16, workers=1, records_per_shard=4, progress=crash)
+    with pytest.raises(ConversionError, match="different parameters"):
+        shardkit.convert(corpus, tmp_path / "out", size=16, workers=1, records_per_shard=4, crop="pad")
+
+
+def test_changed_corpus_is_not_resumed(tmp_path: Path) -> None:
+    root = tmp_path / "c"
+    make_imagefolder(root, per_class=4, bad=False, splits=("train",))
+
+    def crash(done: int, total: int, records: int) -> None:
+        if done == 8:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        shardkit.convert(root, tmp_path / "out", size=16, workers=1, records_per_shard=3, progress=crash)
+    os.remove(root / "train" / "cat" / "cat000.jpg")
+    with pytest.raises(ConversionError, match="different parameters"):
+        shardkit.convert(root, tmp_path / "out", size=16, workers=1, records_per_shard=3)
