@@ -1,0 +1,304 @@
+"""The background half of the tiered sampler: sample creators and the batch creator as threads.
+
+One run (one iteration over the sampler) owns one :class:`Pipeline`::
+
+    plans ─▶ [ssd creator] ─ssd_q─▶ [ram creator] ─ready_q─▶ [batch creator] ─batch_q─▶ consumer
+              disk → SSD            SSD/disk → RAM            RAM → batches
+              (optional)            2 RAM buffers             copies, fields by key
+
+Every queue is bounded, and the two RAM buffers (and two SSD reservoir slots) circulate through
+"free" queues, so each tier is double-buffered: while the consumer drains block ``b`` the creator
+fills block ``b + 1``. Blocking calls use short timeouts and check a stop event, so a run that is
+abandoned (break, exception, Ctrl-C, garbage collection) stops within about a tenth of a second
+plus one in-flight read.
+
+Why threads and not processes: ``preadv``, ``os.write`` and numpy copies release the GIL, so
+threads overlap I/O with the consumer's Python code while sharing the RAM buffers with zero copies;
+processes would have to hand payload over through shared memory, and buy nothing measurable (see
+the Sampler section of ``benchmarks/RESULTS.md`` for the measurement).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shardkit.errors import SamplerError, ShardkitError
+from shardkit.formats import DEFAULT_GAP_BYTES, Dataset
+from shardkit.readers.schedule import ConsumerPlan
+from shardkit.readers.ssd import SsdSpace, _Stopped, write_reservoir
+from shardkit.readers.stats import SamplerStats
+
+__all__ = ["Segment", "Pipeline", "assemble_batch", "POLL_SECONDS", "BATCH_PREFETCH"]
+
+logger = logging.getLogger(__name__)
+
+#: How often a blocked thread re-checks the stop event.
+POLL_SECONDS = 0.05
+#: Batches the batch creator may have ready ahead of the consumer.
+BATCH_PREFETCH = 2
+
+
+@dataclass
+class Segment:
+    """One epoch's share of a consumer: its plan (keys, batch sizes, positions) and epoch number."""
+
+    epoch: int
+    plan: ConsumerPlan
+    #: False when the plan was cut short by ``limit`` (the epoch is not over after it).
+    complete: bool = True
+    batch_starts: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.batch_starts = np.concatenate(([0], np.cumsum(self.plan.batch_sizes)[:-1])).astype(np.int64)
+
+    @property
+    def keys(self) -> np.ndarray:
+        return self.plan.keys
+
+
+def assemble_batch(
+    payload_name: str,
+    payload: np.ndarray,
+    fields: dict[str, np.ndarray],
+    keys: np.ndarray,
+) -> dict[str, np.ndarray]:
+    """The batch dict: payload rows, every small field gathered by key, and ``key``."""
+    batch = {payload_name: payload}
+    for name, values in fields.items():
+        batch[name] = values[keys]
+    batch["key"] = np.array(keys, dtype=np.int64, copy=True)
+    return batch
+
+
+class Pipeline:
+    """Background creators for one run. Consumer side: :meth:`get`; teardown: :meth:`shutdown`.
+
+    Parameters
+    ----------
+    dataset_path
+        The dataset (disk tier); opened here with the disk tier's counters.
+    segments
+        Iterator of the run's :class:`Segment` objects, in order (consumed by the first creator).
+    ram_block
+        K2, records per RAM block.
+    ssd_block
+        K1, records per SSD reservoir, or ``None`` without the SSD tier.
+    ssd_dir
+        Parent of the run's private SSD directory.
+    """
+
+    def __init__(
+        self,
+        dataset_path: Path,
+        segments: Iterator[Segment],
+        *,
+        fields: dict[str, np.ndarray],
+        stats: SamplerStats,
+        ram_block: int,
+        ssd_block: int | None,
+        ssd_dir: Path | None,
+        gap_bytes: int = DEFAULT_GAP_BYTES,
+    ) -> None:
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self._error_lock = threading.Lock()
+        self._stats = stats
+        self._gap = gap_bytes
+        self._fields = fields
+        self.disk = Dataset(dataset_path, stats=stats.disk, gap_bytes=gap_bytes)
+        self._payload_name = self.disk.payload_name
+        self._segments = segments
+        self.ram_block = int(ram_block)
+        self.ssd_block = None if ssd_block is None else int(ssd_block)
+        self.space: SsdSpace | None = None
+        self._buffers = [self.disk.payload.empty(self.ram_block) for _ in range(2)]
+        self._free: queue.Queue[int] = queue.Queue()
+        for i in range(len(self._buffers)):
+            self._free.put(i)
+        self._ready: queue.Queue[tuple[Any, ...]] = queue.Queue(maxsize=2)
+        self.batches: queue.Queue[tuple[Any, ...]] = queue.Queue(maxsize=BATCH_PREFETCH)
+        self._ssd_q: queue.Queue[tuple[Any, ...]] = queue.Queue(maxsize=2)
+        self._ssd_slots: queue.Queue[int] = queue.Queue()
+        threads: list[tuple[str, Callable[[], None]]] = []
+        if self.ssd_block is not None:
+            assert ssd_dir is not None
+            self.space = SsdSpace(ssd_dir)
+            for i in range(2):
+                self._ssd_slots.put(i)
+            threads.append(("shardkit-ssd-creator", self._ssd_creator))
+            threads.append(("shardkit-ram-creator", self._ram_from_ssd))
+        else:
+            threads.append(("shardkit-ram-creator", self._ram_from_disk))
+        threads.append(("shardkit-batch-creator", self._batch_creator))
+        self.threads = [threading.Thread(target=self._guard, args=(fn,), name=name, daemon=True) for name, fn in threads]
+        for t in self.threads:
+            t.start()
+
+    # ------------------------------------------------------------------ plumbing
+    def _guard(self, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except _Stopped:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            with self._error_lock:
+                if self.error is None:
+                    self.error = exc
+            logger.debug("sampler thread %s failed", threading.current_thread().name, exc_info=True)
+            self.stop.set()
+
+    def _put(self, q: queue.Queue[Any], item: Any) -> None:
+        while True:
+            if self.stop.is_set():
+                raise _Stopped()
+            try:
+                q.put(item, timeout=POLL_SECONDS)
+                return
+            except queue.Full:
+                continue
+
+    def _get(self, q: queue.Queue[Any]) -> Any:
+        while True:
+            if self.stop.is_set():
+                raise _Stopped()
+            try:
+                return q.get(timeout=POLL_SECONDS)
+            except queue.Empty:
+                continue
+
+    def raise_error(self) -> None:
+        """Re-raise a background failure in the consumer (ShardkitErrors as they are)."""
+        exc = self.error
+        if exc is None:
+            return
+        if isinstance(exc, ShardkitError):
+            raise exc
+        raise SamplerError(f"background sample creator failed: {type(exc).__name__}: {exc}") from exc
+
+    def get(self) -> tuple[Any, ...]:
+        """Next item for the consumer: ``("batch", dict, epoch, position)``, ``("end", segment)`` or ``("done",)``."""
+        while True:
+            self.raise_error()
+            try:
+                return self.batches.get(timeout=POLL_SECONDS)
+            except queue.Empty:
+                if self.stop.is_set():
+                    self.raise_error()
+                    raise SamplerError("sampler was shut down while the consumer waited for a batch")
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop every thread, delete the SSD directory, close files (idempotent, any thread)."""
+        self.stop.set()
+        me = threading.current_thread()
+        for t in self.threads:
+            if t is not me:
+                t.join(timeout)
+                if t.is_alive():
+                    logger.warning("sampler thread %s did not stop within %.0f s", t.name, timeout)
+        if self.space is not None:
+            self.space.close()
+        self.disk.close()
+
+    # ------------------------------------------------------------------ creators
+    def _ssd_creator(self) -> None:
+        """Disk -> SSD: reservoir j = the next K1 keys of the plan, written in ascending key order."""
+        assert self.space is not None and self.ssd_block is not None
+        j = 0
+        for seg in self._segments:
+            keys = seg.keys
+            for a in range(0, keys.size, self.ssd_block):
+                res_keys = keys[a : a + self.ssd_block]
+                slot = self._get(self._ssd_slots)
+                dest = self.space.reservoir_path(j)
+                written = write_reservoir(self.disk, res_keys, dest, self.stop)
+                self._stats._wrote(written)
+                self._put(self._ssd_q, ("res", seg, a, dest, slot))
+                j += 1
+            self._put(self._ssd_q, ("end", seg))
+        self._put(self._ssd_q, ("done",))
+
+    def _ram_from_ssd(self) -> None:
+        """SSD -> RAM: RAM blocks of K2 positions inside each reservoir, read in ascending offsets."""
+        assert self.space is not None
+        while True:
+            item = self._get(self._ssd_q)
+            if item[0] != "res":
+                self._put(self._ready, item)
+                if item[0] == "done":
+                    return
+                continue
+            _, seg, a, dest, slot = item
+            res_keys = seg.keys[a : a + self.ssd_block]
+            stored = np.unique(res_keys)  # the reservoir holds its keys in ascending order
+            res = Dataset(dest, stats=self._stats.ssd, gap_bytes=self._gap)
+            try:
+                for b in range(0, res_keys.size, self.ram_block):
+                    block_keys = res_keys[b : b + self.ram_block]
+                    idx = self._get(self._free)
+                    res.payload.read(np.searchsorted(stored, block_keys), out=self._buffers[idx])
+                    self._put(self._ready, ("block", seg, a + b, block_keys.size, idx))
+            finally:
+                res.close()
+                self.space.remove(dest)
+            self._ssd_slots.put(slot)
+
+    def _ram_from_disk(self) -> None:
+        """Disk -> RAM: RAM block b = the next K2 keys of the plan, read in ascending offsets."""
+        for seg in self._segments:
+            keys = seg.keys
+            for a in range(0, keys.size, self.ram_block):
+                block_keys = keys[a : a + self.ram_block]
+                idx = self._get(self._free)
+                self.disk.payload.read(block_keys, out=self._buffers[idx])
+                self._put(self._ready, ("block", seg, a, block_keys.size, idx))
+            self._put(self._ready, ("end", seg))
+        self._put(self._ready, ("done",))
+
+    def _batch_creator(self) -> None:
+        """RAM -> batches: consecutive slices of the plan, in order; a batch may span two blocks."""
+        ram = self._stats.ram
+        payload = self.disk.payload
+        seg: Segment | None = None
+        bi = 0
+        cur: np.ndarray | None = None
+        filled = 0
+        while True:
+            item = self._get(self._ready)
+            kind = item[0]
+            if kind == "done":
+                self._put(self.batches, ("done",))
+                return
+            if kind == "end":
+                self._put(self.batches, ("end", item[1]))
+                seg, cur = None, None
+                continue
+            _, s, start, n, idx = item
+            if s is not seg:
+                seg, bi, cur, filled = s, 0, None, 0
+            block = self._buffers[idx]
+            c = 0
+            while c < n:
+                size = int(seg.plan.batch_sizes[bi])
+                if cur is None:
+                    cur, filled = payload.empty(size), 0
+                take = min(size - filled, n - c)
+                cur[filled : filled + take] = block[c : c + take]
+                ram.add("ram", start + c, take * payload.record_nbytes)
+                filled += take
+                c += take
+                if filled == size:
+                    b0 = int(seg.batch_starts[bi])
+                    batch = assemble_batch(self._payload_name, cur, self._fields, seg.keys[b0 : b0 + size])
+                    ram.add_records(size)
+                    self._put(self.batches, ("batch", batch, seg.epoch, int(seg.plan.positions[bi])))
+                    bi += 1
+                    cur = None
+            self._free.put(idx)

@@ -1,0 +1,99 @@
+"""Instrumentation of the tiered sampler (DS-Analyzer style: where do bytes and waiting time go)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardkit.formats import ReadStats
+
+__all__ = ["SamplerStats"]
+
+
+@dataclass
+class SamplerStats:
+    """Counters of one sampler, cumulative over its lifetime.
+
+    Attributes
+    ----------
+    disk, ssd, ram
+        :class:`~shardkit.formats.ReadStats` per tier: ``disk`` counts reads from the dataset,
+        ``ssd`` reads from SSD reservoirs, ``ram`` the bytes copied out of RAM blocks into batches
+        (batch assembly). Set ``stats.disk.trace = []`` to record every disk request.
+    stall_seconds
+        Time the consumer spent inside ``__next__`` waiting for a batch: zero means storage kept up.
+    records, bytes
+        Records and payload bytes delivered to the consumer.
+    elapsed
+        Wall time from the first ``__next__`` of the first iteration to the last batch.
+    ssd_bytes_written
+        Payload bytes written into SSD reservoirs.
+    """
+
+    disk: ReadStats = field(default_factory=ReadStats)
+    ssd: ReadStats = field(default_factory=ReadStats)
+    ram: ReadStats = field(default_factory=ReadStats)
+    stall_seconds: float = 0.0
+    records: int = 0
+    bytes: int = 0
+    batches: int = 0
+    ssd_bytes_written: int = 0
+    _t0: float | None = field(default=None, repr=False)
+    _t1: float | None = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    @property
+    def tiers(self) -> dict[str, ReadStats]:
+        return {"disk": self.disk, "ssd": self.ssd, "ram": self.ram}
+
+    @property
+    def elapsed(self) -> float:
+        if self._t0 is None:
+            return 0.0
+        return (self._t1 if self._t1 is not None else time.perf_counter()) - self._t0
+
+    @property
+    def records_per_s(self) -> float:
+        e = self.elapsed
+        return self.records / e if e > 0 else 0.0
+
+    @property
+    def mb_per_s(self) -> float:
+        e = self.elapsed
+        return self.bytes / e / 1e6 if e > 0 else 0.0
+
+    def _start(self) -> None:
+        if self._t0 is None:
+            self._t0 = time.perf_counter()
+
+    def _delivered(self, records: int, nbytes: int, stalled: float) -> None:
+        with self._lock:
+            self.records += records
+            self.bytes += nbytes
+            self.batches += 1
+            self.stall_seconds += stalled
+            self._t1 = time.perf_counter()
+
+    def _stalled(self, seconds: float) -> None:
+        with self._lock:
+            self.stall_seconds += seconds
+
+    def _wrote(self, nbytes: int) -> None:
+        with self._lock:
+            self.ssd_bytes_written += nbytes
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-able snapshot."""
+        return {
+            "tiers": {name: s.as_dict() for name, s in self.tiers.items()},
+            "ssd_bytes_written": self.ssd_bytes_written,
+            "stall_seconds": self.stall_seconds,
+            "records": self.records,
+            "bytes": self.bytes,
+            "batches": self.batches,
+            "elapsed": self.elapsed,
+            "records_per_s": self.records_per_s,
+            "mb_per_s": self.mb_per_s,
+        }

@@ -1,0 +1,73 @@
+"""Helpers for the sampler tests: tiny datasets whose payload encodes the record key."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shardkit.formats import DatasetWriter, FieldSpec
+from shardkit.readers import TieredSampler
+
+
+def encode(keys: np.ndarray, shape: tuple[int, ...] = (4, 4, 1)) -> np.ndarray:
+    """Record i: bytes 0..1 hold i (little endian), the rest a key-dependent pattern."""
+    keys = np.asarray(keys, dtype=np.int64)
+    rec = np.empty((keys.size, int(np.prod(shape))), dtype=np.uint8)
+    rec[:] = ((keys[:, None] * 7 + np.arange(rec.shape[1])[None, :]) % 251).astype(np.uint8)
+    rec[:, 0] = keys % 256
+    rec[:, 1] = keys // 256
+    return rec.reshape(keys.size, *shape)
+
+
+def make_dataset(path: Path, n: int, *, records_per_shard: int = 3, shape: tuple[int, ...] = (4, 4, 1)) -> Path:
+    keys = np.arange(n, dtype=np.int64)
+    with DatasetWriter(
+        path,
+        kind="test",
+        payload="image",
+        record=FieldSpec(shape, "uint8"),
+        fields={"label": FieldSpec((), "int64"), "pair": FieldSpec((2,), "float32")},
+        records_per_shard=records_per_shard,
+    ) as w:
+        for a in range(0, n, 5):
+            k = keys[a : a + 5]
+            w.write({"image": encode(k, shape), "label": k * 3, "pair": np.stack([k, -k], 1).astype(np.float32)})
+    return path
+
+
+def check_batch(batch: dict[str, np.ndarray]) -> np.ndarray:
+    """Every field of every row belongs to the row's key; returns the keys."""
+    k = batch["key"]
+    assert k.dtype == np.int64
+    shape = batch["image"].shape[1:]
+    np.testing.assert_array_equal(batch["image"], encode(k, shape))
+    np.testing.assert_array_equal(batch["label"], k * 3)
+    np.testing.assert_array_equal(batch["pair"][:, 0], k.astype(np.float32))
+    return k
+
+
+def collect(sampler: TieredSampler) -> list[np.ndarray]:
+    """Keys of every batch of one iteration (each batch checked)."""
+    return [check_batch(b) for b in sampler]
+
+
+def epochs_of(sampler: TieredSampler, n_per_epoch: int) -> np.ndarray:
+    keys = np.concatenate(collect(sampler))
+    assert keys.size % n_per_epoch == 0
+    return keys.reshape(-1, n_per_epoch)
+
+
+@pytest.fixture
+def ssd_dir(tmp_path: Path) -> Iterator[Path]:
+    """Where SSD reservoirs go in tests: a tmpfs when there is one (fsync is free there)."""
+    shm = Path("/dev/shm")
+    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else tmp_path
+    d = Path(tempfile.mkdtemp(prefix="sk-test-", dir=base))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)

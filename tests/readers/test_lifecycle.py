@@ -1,0 +1,185 @@
+"""Termination and the SSD directory: no leaked threads or files, stale runs cleaned, full disks."""
+
+from __future__ import annotations
+
+import errno
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shardkit.errors import ConfigError, OutOfSpaceError, SamplerError
+from shardkit.readers import TieredSampler
+from shardkit.readers.ssd import PREFIX, SsdSpace, remove_stale
+from tests.readers.conftest import check_batch, collect, make_dataset
+
+
+def _sampler_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("shardkit-")]
+
+
+def _wait_clean(ssd_dir: Path, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and (_sampler_threads() or list(ssd_dir.glob(PREFIX + "*"))):
+        time.sleep(0.01)
+    assert _sampler_threads() == []
+    assert list(ssd_dir.iterdir()) == []
+
+
+def _make(tmp_path: Path, ssd_dir: Path, **kw: object) -> TieredSampler:
+    ds = make_dataset(tmp_path / "ds", 60)
+    return TieredSampler(ds, tiers="ram,ssd", ram_size="4records", ssd_size="10records", ssd_dir=ssd_dir,
+                         batch_size=3, epochs=None, seed=0, **kw)  # type: ignore[arg-type]
+
+
+def test_break_then_gc(tmp_path: Path, ssd_dir: Path) -> None:
+    s = _make(tmp_path, ssd_dir)
+    for i, batch in enumerate(s):  # epochs=None: would run forever
+        check_batch(batch)
+        if i == 0:
+            assert len(list(ssd_dir.glob(PREFIX + "*"))) == 1
+            assert len(_sampler_threads()) == 3
+        if i == 5:
+            break
+    gc.collect()
+    _wait_clean(ssd_dir)
+
+
+def test_exception_in_consumer(tmp_path: Path, ssd_dir: Path) -> None:
+    s = _make(tmp_path, ssd_dir)
+
+    def consume() -> None:
+        for _ in s:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        consume()
+    gc.collect()
+    _wait_clean(ssd_dir)
+
+
+def test_context_manager_and_explicit_close(tmp_path: Path, ssd_dir: Path) -> None:
+    with _make(tmp_path, ssd_dir) as s:
+        it = iter(s)
+        next(it)
+        assert _sampler_threads()
+    _wait_clean(ssd_dir)  # `it` is still referenced, yet everything stopped
+    with pytest.raises(StopIteration):
+        next(it)
+
+
+def test_normal_end_and_restart(tmp_path: Path, ssd_dir: Path) -> None:
+    ds = make_dataset(tmp_path / "ds", 12)
+    s = TieredSampler(ds, tiers="ram,ssd", ram_size="4records", ssd_size="6records", ssd_dir=ssd_dir, batch_size=5)
+    assert sum(k.size for k in collect(s)) == 12
+    _wait_clean(ssd_dir)
+    assert sum(k.size for k in collect(s)) == 12  # the next epoch
+    _wait_clean(ssd_dir)
+
+
+_HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    from shardkit.readers.ssd import SsdSpace
+    space = SsdSpace(sys.argv[1])
+    print(space.path, flush=True)
+    if sys.argv[2] == "kill":
+        import os, signal
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(60)
+    """
+)
+
+
+def _holder(ssd_dir: Path, how: str) -> tuple[subprocess.Popen[str], Path]:
+    p = subprocess.Popen([sys.executable, "-c", _HOLDER, str(ssd_dir), how], stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    path = Path(p.stdout.readline().strip())
+    return p, path
+
+
+def test_stale_dir_removed_live_dir_kept(ssd_dir: Path) -> None:
+    dead, dead_dir = _holder(ssd_dir, "kill")
+    dead.wait(10)
+    assert dead.returncode == -9 and dead_dir.is_dir()
+    (dead_dir / "reservoir-00000000").mkdir()
+    live, live_dir = _holder(ssd_dir, "live")
+    try:
+        mine = SsdSpace(ssd_dir)  # scans siblings at start
+        assert not dead_dir.exists()
+        assert live_dir.is_dir()
+        assert remove_stale(ssd_dir) == []  # our own live dir is kept too
+        assert mine.path.is_dir()
+        mine.close()
+        assert not mine.path.exists()
+    finally:
+        live.kill()
+        live.wait(10)
+    assert remove_stale(ssd_dir) == [live_dir]  # once its owner died
+
+
+def test_enospc_surfaces_as_out_of_space(tmp_path: Path, ssd_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = _make(tmp_path, ssd_dir)
+    real_write = os.write
+    calls = {"n": 0}
+
+    def full_disk(fd: int, data: object) -> int:
+        calls["n"] += 1
+        if calls["n"] > 3:  # the first reservoir gets written, then the disk is full
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "write", full_disk)
+    with pytest.raises(OutOfSpaceError):
+        for batch in s:
+            check_batch(batch)  # batches before the failure are intact
+    monkeypatch.undo()
+    _wait_clean(ssd_dir)  # no partial reservoir left behind
+
+
+def test_ssd_space_checked_up_front(tmp_path: Path, ssd_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+    from collections import namedtuple
+
+    ds = make_dataset(tmp_path / "ds", 10)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**6, 10**6 - 1000, 1000))
+    with pytest.raises(OutOfSpaceError, match="free"):
+        TieredSampler(ds, tiers="ram,ssd", ssd_size="10records", ssd_dir=ssd_dir, ram_size="4records")
+    monkeypatch.undo()
+    with pytest.raises(ConfigError):
+        TieredSampler(ds, tiers="ram,ssd", ssd_dir=tmp_path / "missing")
+
+
+def test_background_error_reraised(tmp_path: Path, ssd_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ds = make_dataset(tmp_path / "ds", 30)
+    s = TieredSampler(ds, ram_size="4records", batch_size=2)
+    from shardkit.formats import PayloadArray
+
+    def broken(self: PayloadArray, keys: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(PayloadArray, "read", broken)
+    with pytest.raises(SamplerError, match="disk on fire"):
+        collect(s)
+    _wait_clean(ssd_dir)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"tiers": "ram,gpu"}, {"tiers": "ssd"}, {"ram_size": "lots"}, {"ram_size": 0}, {"batch_size": 0},
+        {"mode": "random"}, {"rank": 2, "world_size": 2}, {"epochs": -1}, {"limit": -1}, {"seed": -3},
+    ],
+)
+def test_bad_options(tmp_path: Path, kw: dict) -> None:
+    ds = make_dataset(tmp_path / "ds", 5)
+    with pytest.raises(ConfigError):
+        TieredSampler(ds, **kw)
