@@ -14,7 +14,7 @@ import typer
 
 from shardkit.errors import ConfigError
 
-__all__ = ["app", "parse_size", "echo_err", "setup_logging"]
+__all__ = ["app", "parse_size", "human_bytes", "echo_err", "setup_logging"]
 
 app = typer.Typer(
     name="shardkit",
@@ -37,6 +37,15 @@ def parse_size(text: str, *, what: str = "size") -> int:
     if not m or m.group(2).upper() not in _UNITS:
         raise ConfigError(f"{what}: expected a size such as 512MiB, 2GiB or 1000000, found {text!r}")
     return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+
+
+def human_bytes(n: float) -> str:
+    """``1536`` -> ``"1.5 KiB"``: sizes as a person reads them in summaries."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
+            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
 
 
 def echo_err(message: str) -> None:

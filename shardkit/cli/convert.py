@@ -8,16 +8,8 @@ from typing import Any
 
 import typer
 
-from shardkit.cli.app import app, echo_err, parse_size, setup_logging
+from shardkit.cli.app import app, echo_err, human_bytes, parse_size, setup_logging
 from shardkit.errors import ConfigError
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 @app.command()
@@ -105,7 +97,7 @@ def convert(
         + (f" ({summary.records - summary.records_this_run} from a previous run)" if summary.records != summary.records_this_run else ""),
         f"skipped      {summary.num_skipped}"
         + (" (" + ", ".join(f"{k}: {v}" for k, v in summary.skipped.items()) + ")" if summary.skipped else ""),
-        f"bytes        {_human(summary.bytes)}",
+        f"bytes        {human_bytes(summary.bytes)}",
         f"time         {elapsed:.1f} s, {summary.records_this_run / elapsed if elapsed else 0:.1f} records/s",
     ]
     for k, v in summary.notes.items():

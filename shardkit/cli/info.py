@@ -7,16 +7,8 @@ from pathlib import Path
 
 import typer
 
-from shardkit.cli.app import app
+from shardkit.cli.app import app, human_bytes
 from shardkit.formats import open_dataset
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 @app.command()
@@ -34,8 +26,8 @@ def info(
         f"dataset      {data['path']}",
         f"kind         {data['kind']}  (format v{data['format_version']}, {data['created_by']})",
         f"records      {data['records']}",
-        f"{data['payload']:<12} {tuple(data['shape'])} {data['dtype']}  ({_human(data['record_bytes'])} each)",
-        f"shards       {data['shards']} x {data['records_per_shard']} records, {_human(data['bytes'])} total",
+        f"{data['payload']:<12} {tuple(data['shape'])} {data['dtype']}  ({human_bytes(data['record_bytes'])} each)",
+        f"shards       {data['shards']} x {data['records_per_shard']} records, {human_bytes(data['bytes'])} total",
         f"compression  {data['compression']['name'] if data['compression'] else 'none'}",
     ]
     for name, spec in data["fields"].items():
