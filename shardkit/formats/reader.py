@@ -258,8 +258,16 @@ class PayloadArray:
 
     # ------------------------------------------------------------------ reading
     def empty(self, n: int) -> np.ndarray:
-        """A destination buffer for ``n`` records."""
-        return np.empty((n, *self.record.shape), dtype=self.dtype)
+        """A destination buffer for ``n`` records, 64-byte aligned.
+
+        numpy's large allocations start 16 bytes past a page; TensorFlow copies any array that is
+        not 64-byte aligned when it becomes a tensor (e.g. from ``tf.data.Dataset.from_generator``),
+        which costs the TF adapter a full copy of every batch.
+        """
+        nbytes = n * self.record_nbytes
+        raw = np.empty(nbytes + 64, dtype=np.uint8)
+        start = -raw.ctypes.data % 64
+        return raw[start : start + nbytes].view(self.dtype).reshape((n, *self.record.shape))
 
     def read(self, keys: np.ndarray | list[int], out: np.ndarray | None = None) -> np.ndarray:
         """Read records ``keys`` (any order, duplicates allowed) into ``out[j] = record keys[j]``.

@@ -1,0 +1,219 @@
+"""TensorFlow adapter: the tiered sampler as a ``tf.data.Dataset``.
+
+:func:`make_tf_dataset` wraps the sampler's iterator of numpy batches with
+``tf.data.Dataset.from_generator`` and a complete ``output_signature``, so ``element_spec`` names
+every entry with its dtype and shape before a single record is read, and Keras can build the model
+from it. The sampler already forms the batches (reading a batch's records together is what keeps
+storage access sequential), so the dataset yields batches: do not call ``.batch()`` on it.
+
+Splitting among consumers
+-------------------------
+Under ``tf.distribute`` pass the :class:`tf.distribute.InputContext` that
+``strategy.distribute_datasets_from_function`` hands to your function: input pipeline ``i`` of ``P``
+becomes consumer ``i`` of ``P`` of the sampler (its slice of every global batch, reading only its
+own keys), and ``global_batch_size`` is turned into the per-replica batch with
+``ctx.get_per_replica_batch_size``. Each pipeline then yields per-replica batches, which the
+strategy deals out to the replicas of its worker in turn, so replicas receive disjoint slices that
+together cover each epoch. Without a strategy, ``rank`` / ``world_size`` do the same for any other
+launcher (one process per consumer).
+
+Epochs
+------
+Each full iteration of the dataset (each Keras epoch) runs ``epochs`` sampler epochs and then
+advances to the next ones, so ``model.fit(ds, epochs=E)`` sees a new permutation every epoch.
+``epochs=None`` gives one endless iteration (use ``steps_per_epoch``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from shardkit.adapters._extras import import_extra
+from shardkit.adapters._options import PayloadOptions, SamplerOptions, consumer_pass
+from shardkit.errors import ConfigError
+
+tf = import_extra("tensorflow", "tensorflow", needed_by="shardkit.adapters.tf")
+
+__all__ = ["make_tf_dataset"]
+
+
+def _consumer(
+    input_context: Any, rank: int | None, world_size: int | None, batch_size: int, global_batch_size: int | None
+) -> tuple[int, int, int]:
+    """(consumer, number of consumers, per-consumer batch size)."""
+    if input_context is not None:
+        if rank is not None or world_size is not None:
+            raise ConfigError(
+                "make_tf_dataset: pass either input_context (tf.distribute) or rank/world_size, not both; "
+                f"found input_context and rank={rank}, world_size={world_size}"
+            )
+        consumer, consumers = int(input_context.input_pipeline_id), int(input_context.num_input_pipelines)
+        if global_batch_size is not None:
+            batch_size = int(input_context.get_per_replica_batch_size(global_batch_size))
+        return consumer, consumers, batch_size
+    if global_batch_size is not None:
+        raise ConfigError(
+            "make_tf_dataset: global_batch_size needs an input_context to split it among replicas; "
+            f"found global_batch_size={global_batch_size} without one (use batch_size)"
+        )
+    consumer = 0 if rank is None else int(rank)
+    consumers = 1 if world_size is None else int(world_size)
+    if consumers < 1 or not 0 <= consumer < consumers:
+        raise ConfigError(
+            f"make_tf_dataset: expected 0 <= rank < world_size, found rank={rank}, world_size={world_size}"
+        )
+    return consumer, consumers, batch_size
+
+
+def make_tf_dataset(
+    path: str | os.PathLike[str],
+    *,
+    batch_size: int = 256,
+    global_batch_size: int | None = None,
+    tiers: str | Sequence[str] = "ram",
+    ram_size: int | str = "512MiB",
+    ssd_size: int | str = "4GiB",
+    ssd_dir: str | os.PathLike[str] | None = None,
+    seed: int = 0,
+    mode: str = "epoch",
+    epochs: int | None = 1,
+    start_epoch: int = 0,
+    drop_last: bool = False,
+    limit: int | None = None,
+    gap_bytes: int | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    input_context: Any = None,
+    as_tuple: Sequence[str] | None = None,
+    layout: str = "NHWC",
+    scale: str | None = None,
+    prefetch: bool | int = True,
+    shared: str | None = None,
+) -> tf.data.Dataset:
+    """A ``tf.data.Dataset`` of batches from the tiered sampler.
+
+    Parameters
+    ----------
+    path
+        Dataset directory.
+    batch_size
+        Records per batch for this consumer (per input pipeline / rank).
+    global_batch_size
+        With ``input_context``: the global batch; each pipeline yields
+        ``input_context.get_per_replica_batch_size(global_batch_size)`` records per batch (this
+        overrides ``batch_size``).
+    tiers, ram_size, ssd_size, ssd_dir, seed, mode, drop_last, limit, gap_bytes
+        Passed to :class:`~shardkit.readers.TieredSampler` unchanged.
+    epochs, start_epoch
+        Sampler epochs per iteration of the dataset (``None``: endless), and the first one; each
+        finished iteration moves on to the next epochs.
+    rank, world_size
+        Consumer ``rank`` of ``world_size`` when no ``input_context`` is given (default 0 of 1).
+    input_context
+        The ``tf.distribute.InputContext`` from ``strategy.distribute_datasets_from_function``.
+    as_tuple
+        Names of the entries to yield as a tuple instead of a dict, e.g. ``("image", "label")`` for
+        ``model.fit(ds)`` (x, y).
+    layout, scale
+        Payload presentation: ``"NHWC"`` as stored (default) or ``"NCHW"``; ``scale="float"`` gives
+        float32 (uint8 in ``[0, 1]``, int16 in ``[-1, 1)``). Done with TensorFlow ops in a parallel
+        ``map`` so the Python generator only moves stored bytes.
+    prefetch
+        ``True`` (default): append ``.prefetch(tf.data.AUTOTUNE)`` so a device step overlaps the
+        next batch; an int: a fixed prefetch buffer of that many batches; ``False``: none. The
+        sampler already prefetches batches in its own threads, so on a machine with very few cores
+        ``False`` can be faster (TensorFlow's prefetch and autotuning threads compete with the
+        sampler's for CPU; see benchmarks/RESULTS.md, "Adapters").
+    shared
+        Name of a running ``shardkit serve`` to attach to (:class:`~shardkit.readers.SharedSampler`,
+        ``seed`` as the job seed; mode ``"epoch"`` only).
+
+    Returns
+    -------
+    tf.data.Dataset
+        Elements are dicts ``{payload, every field, "key"}`` (or tuples per ``as_tuple``) with a
+        leading batch dimension that is ``None``, or ``batch_size`` when ``drop_last`` (and no
+        ``limit``) makes every batch full.
+    """
+    options = SamplerOptions(
+        batch_size=batch_size, tiers=tiers, ram_size=ram_size, ssd_size=ssd_size, ssd_dir=ssd_dir, seed=seed,
+        mode=mode, epochs=epochs, drop_last=drop_last, limit=limit, gap_bytes=gap_bytes, shared=shared,
+    )  # fmt: skip
+    consumer, consumers, per_consumer = _consumer(input_context, rank, world_size, batch_size, global_batch_size)
+    if per_consumer != options.batch_size:
+        options = dataclasses.replace(options, batch_size=per_consumer)
+    if start_epoch < 0:
+        raise ConfigError(f"make_tf_dataset: start_epoch must be >= 0, found {start_epoch}")
+    present = PayloadOptions(layout=layout, scale=scale)
+    path = os.fspath(path)
+
+    probe = options.build(path, consumer=consumer, num_consumers=consumers, start_epoch=start_epoch)
+    try:
+        spec = probe.element_spec()
+        payload = probe.payload_name
+        num_records = probe.num_records
+    finally:
+        probe.close()
+    present.check(spec[payload][0], path)
+    names = list(spec)
+    if as_tuple is not None:
+        as_tuple = tuple(as_tuple)
+        unknown = [n for n in as_tuple if n not in spec]
+        if unknown or not as_tuple:
+            raise ConfigError(f"{path}: as_tuple names {unknown or '()'} are not entries; expected some of {names}")
+
+    rows = per_consumer if drop_last and limit is None else None
+    signature = {
+        name: tf.TensorSpec(shape=(rows, *shape), dtype=tf.as_dtype(dtype), name=name)
+        for name, (shape, dtype) in spec.items()
+    }
+    next_epoch = [int(start_epoch)]  # advanced by each finished iteration
+
+    def generate() -> Iterator[dict[str, np.ndarray]]:
+        epoch = next_epoch[0]
+        sampler = options.build(path, consumer=consumer, num_consumers=consumers, start_epoch=epoch)
+        try:
+            yield from sampler
+            if options.epochs is not None:
+                next_epoch[0] = epoch + options.epochs
+        finally:
+            sampler.close()
+
+    dataset = tf.data.Dataset.from_generator(generate, output_signature=signature)
+    if options.epochs is not None:
+        # A known length gives Keras its steps per epoch (progress bar, no "ran out of data").
+        batches, _ = consumer_pass(
+            num_records, per_consumer, consumer, consumers, drop_last=drop_last, start=0,
+            epochs=options.epochs, limit=limit,
+        )  # fmt: skip
+        dataset = dataset.apply(tf.data.experimental.assert_cardinality(batches))
+
+    if not present.identity or as_tuple is not None:
+        stored = spec[payload][1]
+        factor = present.factor(stored)
+
+        def arrange(batch: dict[str, Any]) -> Any:
+            batch = dict(batch)
+            x = batch[payload]
+            if present.layout == "NCHW":
+                x = tf.transpose(x, (0, 3, 1, 2))
+            if present.scale == "float":
+                x = tf.cast(x, tf.float32)
+                if factor != 1.0:
+                    x = x * tf.constant(factor, tf.float32)
+            batch[payload] = x
+            if as_tuple is not None:
+                return tuple(batch[name] for name in as_tuple)
+            return batch
+
+        dataset = dataset.map(arrange, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if prefetch is True:
+        dataset = dataset.prefetch(tf.data.AUTOTUNE)
+    elif prefetch:
+        dataset = dataset.prefetch(int(prefetch))
+    return dataset

@@ -1,0 +1,502 @@
+"""PyTorch adapter: the tiered sampler as a ``torch.utils.data`` dataset.
+
+Training: :class:`ShardIterableDataset`, used with ``DataLoader(ds, batch_size=None, ...)`` because
+the sampler already forms the batches (reading a batch's records together is what keeps storage
+access sequential). Evaluation: :class:`ShardMapDataset`, map-style by record key.
+
+How records are split
+---------------------
+Every ``__iter__`` runs in one *consumer*: the main process (``num_workers=0``) or one DataLoader
+worker of one rank. With ``W`` ranks of ``k`` workers there are ``W * k`` consumers and worker ``w``
+of rank ``r`` is consumer ``r * k + w``. Each builds its own
+:class:`~shardkit.readers.TieredSampler` for that consumer, so it reads only the keys of its own
+slice of every global batch (no worker re-reads another's records), and the records of all
+consumers together are the epoch's uniform order ``pi``, each exactly once. ``DataLoader`` hands out
+worker batches round-robin, so a rank's main process receives its slices in global-batch order.
+
+Workers or not
+--------------
+The sampler already reads in background threads and ``torch.from_numpy`` shares its arrays without
+a copy, so ``num_workers=0`` is the fast path: it delivers the bare sampler's throughput. Each
+DataLoader worker runs its own sampler, but every batch it yields is copied into shared memory and
+shipped to the main process; for 224x224x3 batches that transfer alone caps throughput well below
+the sampler's on a small machine (see benchmarks/RESULTS.md, "Adapters"). Use workers when
+per-record CPU work in the dataset (decoding, augmentation in a subclass or in ``unbatched`` mode
+with a ``collate_fn``) is the bottleneck, not for I/O.
+
+Ranks
+-----
+Under DDP pass ``drop_last=True``: with a ragged final global batch the last consumers get fewer
+batches than the others, and a rank that stops early leaves the others waiting in a collective.
+
+Epochs
+------
+The dataset holds the *next epoch* in a one-element shared-memory tensor, so the value is the same
+in the main process and in every worker, persistent or not. ``set_epoch(e)`` sets it; a pass that
+runs to the end advances it, so ``for epoch in range(E): for batch in loader: ...`` sees a new
+permutation every epoch even if ``set_epoch`` is never called (calling it is harmless and needed to
+jump to a given epoch).
+
+Checkpoints
+-----------
+The sampler's state is the *global* position ``(seed, epoch, position in pi)``: the same for every
+worker and every rank. With ``num_workers=0`` the sampler lives in the main process and
+:meth:`ShardIterableDataset.state_dict` returns its exact state. With workers the samplers live in
+copies of the dataset in other processes, and the main process only knows how many batches it took,
+so use :meth:`ShardIterableDataset.state_dict_after` with that count: ``k`` consecutive batches are
+one global batch, so the position is exact whenever the count is a multiple of ``num_workers``
+(otherwise it rounds down to the last whole global batch and the few batches after it are delivered
+again after the resume; a warning says so). :meth:`~ShardIterableDataset.load_state_dict` before
+iterating resumes that epoch at that position, with any number of workers or ranks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from shardkit.adapters._extras import import_extra
+from shardkit.adapters._options import PayloadOptions, SamplerOptions, batches_per_consumer, consumer_pass
+from shardkit.errors import ConfigError, SamplerError
+from shardkit.formats import Dataset, open_dataset
+
+torch = import_extra("torch", "torch", needed_by="shardkit.adapters.torch")
+from torch.utils.data import Dataset as _TorchDataset  # noqa: E402
+from torch.utils.data import IterableDataset as _TorchIterableDataset  # noqa: E402
+from torch.utils.data import get_worker_info  # noqa: E402
+
+__all__ = ["ShardIterableDataset", "ShardMapDataset", "to_tensors"]
+
+logger = logging.getLogger(__name__)
+
+TensorDict = dict[str, "torch.Tensor"]
+
+
+def _tensor(array: np.ndarray) -> torch.Tensor:
+    """Zero-copy ``torch.from_numpy`` when torch may own the memory, a copy otherwise.
+
+    Batches from the sampler are fresh arrays, but a read-only or non-native-endian array (possible
+    from other sources) cannot be shared with torch safely.
+    """
+    if not array.flags.writeable or not array.dtype.isnative:
+        array = np.array(array, dtype=array.dtype.newbyteorder("=") if not array.dtype.isnative else None)
+    return torch.from_numpy(array)
+
+
+def _present(payload: torch.Tensor, options: PayloadOptions, stored: np.dtype, batched: bool) -> torch.Tensor:
+    if options.identity:
+        return payload
+    if options.layout == "NCHW":
+        payload = payload.permute(0, 3, 1, 2) if batched else payload.permute(2, 0, 1)
+    if options.scale == "float":
+        # One kernel casts and lays out; the multiply then runs in place.
+        payload = payload.to(torch.float32, memory_format=torch.contiguous_format)
+        factor = options.factor(stored)
+        if factor != 1.0:
+            payload.mul_(factor)
+        return payload
+    return payload.contiguous()
+
+
+def to_tensors(
+    batch: Mapping[str, np.ndarray], payload: str, options: PayloadOptions = PayloadOptions(), batched: bool = True
+) -> TensorDict:
+    """Convert a sampler batch (or one record) to a dict of tensors; the payload is presented as
+    ``options`` asks, every other field (``label`` int64, ``key`` int64, ...) is shared as is."""
+    out: TensorDict = {}
+    for name, array in batch.items():
+        tensor = _tensor(np.asarray(array))
+        if name == payload:
+            tensor = _present(tensor, options, array.dtype, batched)
+        out[name] = tensor
+    return out
+
+
+def _distributed_rank_world() -> tuple[int, int] | None:
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return None
+
+
+class ShardIterableDataset(_TorchIterableDataset):
+    """The tiered sampler as an ``IterableDataset`` of batches (or of records) as tensors.
+
+    Parameters
+    ----------
+    path
+        Dataset directory.
+    batch_size
+        Records per batch *per consumer* (per DataLoader worker of each rank); a rank's main process
+        receives batches of this size. Use ``DataLoader(ds, batch_size=None)``.
+    tiers, ram_size, ssd_size, ssd_dir, seed, mode, drop_last, limit, gap_bytes
+        Passed to :class:`~shardkit.readers.TieredSampler` unchanged (each consumer gets its own
+        sampler; ``ram_size`` / ``ssd_size`` are therefore *per consumer*).
+    epochs
+        Epochs per pass (per ``iter(loader)``), from the current epoch; ``None`` for one endless pass
+        (step-based training).
+    rank, world_size
+        Used when ``torch.distributed`` is not initialised (default 0 of 1). When it is, its rank
+        and world size are used and explicit values must agree with them.
+    layout, scale
+        Payload presentation, see :class:`~shardkit.adapters._options.PayloadOptions`: ``"NHWC"``
+        uint8 as stored (default), ``"NCHW"``, ``scale="float"`` for float32 in ``[0, 1]``.
+    unbatched
+        Yield one record at a time (no batch axis) for a custom ``collate_fn``; the sampler still
+        reads in batches of ``batch_size``. Use ``DataLoader(ds, batch_size=b, ...)`` then.
+    num_workers
+        The DataLoader's ``num_workers``. Only ``len()`` and :meth:`state_dict_after` need it (the
+        main process cannot see the workers); :meth:`loader` sets it for you.
+    shared
+        Name of a running ``shardkit serve`` to attach to (:class:`~shardkit.readers.SharedSampler`,
+        ``seed`` as the job seed; mode ``"epoch"`` only, no resume inside an epoch).
+
+    Notes
+    -----
+    Create the dataset after ``torch.distributed.init_process_group``: workers started with the
+    ``spawn`` method do not inherit the process group, so the rank is resolved in the constructor
+    as well as in ``__iter__``.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        batch_size: int = 256,
+        tiers: str | list[str] = "ram",
+        ram_size: int | str = "512MiB",
+        ssd_size: int | str = "4GiB",
+        ssd_dir: str | os.PathLike[str] | None = None,
+        seed: int = 0,
+        mode: str = "epoch",
+        epochs: int | None = 1,
+        drop_last: bool = False,
+        rank: int | None = None,
+        world_size: int | None = None,
+        layout: str = "NHWC",
+        scale: str | None = None,
+        unbatched: bool = False,
+        limit: int | None = None,
+        gap_bytes: int | None = None,
+        num_workers: int = 0,
+        shared: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.path = os.fspath(path)
+        self.options = SamplerOptions(
+            batch_size=batch_size, tiers=tiers, ram_size=ram_size, ssd_size=ssd_size, ssd_dir=ssd_dir,
+            seed=seed, mode=mode, epochs=epochs, drop_last=drop_last, limit=limit, gap_bytes=gap_bytes,
+            shared=shared,
+        )  # fmt: skip
+        self.payload_options = PayloadOptions(layout=layout, scale=scale)
+        self.unbatched = bool(unbatched)
+        if num_workers < 0:
+            raise ConfigError(f"num_workers: expected >= 0, found {num_workers}")
+        self.num_workers = int(num_workers)
+        with open_dataset(self.path) as ds:
+            self.meta = ds.meta
+        self.payload_options.check(tuple(self.meta.record.shape), self.path)
+        self._explicit = (rank, world_size)
+        self.rank, self.world_size = self._rank_world()
+        # Next epoch, in shared memory: set_epoch in the main process reaches persistent workers,
+        # and a worker finishing a pass advances it for everyone.
+        self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
+        self._resume: dict[str, Any] | None = None
+        self._sampler: Any = None  # the sampler of a pass running in this process (num_workers=0)
+
+    # ------------------------------------------------------------------ consumers
+    def _rank_world(self) -> tuple[int, int]:
+        rank, world = self._explicit
+        found = _distributed_rank_world()
+        if found is not None:
+            if (rank is not None and rank != found[0]) or (world is not None and world != found[1]):
+                raise ConfigError(
+                    f"{self.path}: rank/world_size given as {rank}/{world} but "
+                    f"torch.distributed says {found[0]}/{found[1]}"
+                )
+            return found
+        rank = 0 if rank is None else int(rank)
+        world = 1 if world is None else int(world)
+        if world < 1 or not 0 <= rank < world:
+            raise ConfigError(f"{self.path}: expected 0 <= rank < world_size, found rank={rank}, world_size={world}")
+        return rank, world
+
+    def _consumer(self) -> tuple[int, int, int]:
+        """(consumer index, number of consumers, workers of this rank) for the calling process."""
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if info is not None and workers != max(1, self.num_workers):
+            logger.warning(
+                "%s: DataLoader runs %d workers but the dataset was told num_workers=%d; records are "
+                "still split correctly, but len() and state_dict_after() will be wrong. Pass "
+                "num_workers=%d or build the loader with ds.loader().",
+                self.path, workers, self.num_workers, workers,
+            )  # fmt: skip
+        rank, world = self._rank_world() if _distributed_rank_world() else (self.rank, self.world_size)
+        return rank * workers + worker, world * workers, workers
+
+    # ------------------------------------------------------------------ epochs and resume
+    @property
+    def epoch(self) -> int:
+        """The epoch the next pass starts with."""
+        return int(self._epoch[0])
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start the next pass at ``epoch`` (seen by all workers, also persistent ones)."""
+        if epoch < 0:
+            raise ConfigError(f"epoch: expected >= 0, found {epoch}")
+        self._epoch[0] = int(epoch)
+        self._sampler = None  # its state belongs to the previous pass
+        if self._resume is not None and int(self._resume["epoch"]) != epoch:
+            self._resume = None  # the checkpointed epoch is over
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume at a sampler state (from :meth:`state_dict` or :meth:`state_dict_after`).
+
+        Call it before iterating (before the first ``iter(loader)`` when workers are persistent):
+        workers copy it when they start. The next pass starts in the state's epoch at its position;
+        later passes start at the beginning of their epoch.
+        """
+        if "epoch" not in state or "position" not in state:
+            raise SamplerError(f"{self.path}: state dict lacks 'epoch'/'position', found keys {sorted(state)}")
+        self._resume = dict(state)
+        self._epoch[0] = int(state["epoch"])
+        self._sampler = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The exact sampler state after the batches yielded so far in this process.
+
+        Only meaningful with ``num_workers=0`` (or before iterating, where it is the start of the
+        next pass); with workers use :meth:`state_dict_after`. In ``unbatched`` mode it is the
+        position after the sampler batch the last record came from, so it is exact at multiples of
+        ``batch_size`` records.
+        """
+        if self._sampler is not None:
+            return dict(self._sampler.state_dict())
+        if get_worker_info() is None and self.num_workers > 0:
+            raise SamplerError(
+                f"{self.path}: with num_workers={self.num_workers} the samplers live in the worker "
+                "processes; use ds.state_dict_after(batches_taken_from_the_loader)"
+            )
+        return self._state_at(self.epoch, self._resume_position(self.epoch))
+
+    def state_dict_after(self, num_batches: int, *, epoch: int | None = None) -> dict[str, Any]:
+        """The sampler state after this rank took ``num_batches`` batches from the loader in this pass.
+
+        Parameters
+        ----------
+        num_batches
+            Batches the main process received since the pass (``iter(loader)``) began; count batches,
+            not records, also in ``unbatched`` mode (there: DataLoader batches of the sampler's size
+            are assumed, i.e. ``num_batches * batch_size`` records).
+        epoch
+            Epoch of the pass; defaults to :attr:`epoch`, which is right until the pass ends (a finished
+            pass advances it). Pass the loop variable to be safe.
+
+        Notes
+        -----
+        Worker ``w`` delivers its ``i``-th batch as the loader's batch ``i * k + w``, so ``k``
+        consecutive batches are one global batch of ``batch_size * k * world_size`` records. The
+        position is rounded down to whole global batches: exact when ``num_batches`` is a multiple
+        of ``num_workers`` (checkpoint every multiple of it), otherwise the remainder is read again
+        after the resume (logged as a warning).
+        """
+        if num_batches < 0:
+            raise ConfigError(f"num_batches: expected >= 0, found {num_batches}")
+        epoch = self.epoch if epoch is None else int(epoch)
+        workers = max(1, self.num_workers)
+        start = self._resume_position(epoch)
+        n = self.meta.num_records
+        per_pass = sum(
+            batches_per_consumer(n, self.options.batch_size, self.rank * workers + w,
+                                 self.world_size * workers, self.options.drop_last, start)
+            for w in range(workers)
+        )  # fmt: skip
+        if num_batches >= per_pass:
+            if num_batches > per_pass:
+                raise ConfigError(
+                    f"{self.path}: num_batches={num_batches} but a pass of epoch {epoch} has only {per_pass} "
+                    "batches for this rank; count batches per epoch (state_dict_after(..., epoch=e))"
+                )
+            return self._state_at(epoch + 1, 0)
+        whole, extra = divmod(num_batches, workers)
+        if extra:
+            logger.warning(
+                "%s: state after %d batches with %d workers rounds down to %d whole global batches; "
+                "%d batches will be delivered again after resuming (checkpoint every multiple of %d)",
+                self.path, num_batches, workers, whole, extra, workers,
+            )  # fmt: skip
+        global_batch = self.options.batch_size * workers * self.world_size
+        return self._state_at(epoch, min(n, start + whole * global_batch))
+
+    def _resume_position(self, epoch: int) -> int:
+        if self._resume is not None and int(self._resume["epoch"]) == epoch:
+            return int(self._resume["position"])
+        return 0
+
+    def _state_at(self, epoch: int, position: int) -> dict[str, Any]:
+        """A sampler state dict for ``(epoch, position)`` in the sampler's own format."""
+        template = self._resume
+        if template is None:
+            # Constructing a sampler reads metadata only (no threads, no payload): it knows its
+            # reservoir size, which a replacement-mode state must record.
+            workers = max(1, self.num_workers)
+            sampler = self.options.build(
+                self.path, consumer=self.rank * workers, num_consumers=self.world_size * workers, start_epoch=epoch
+            )
+            try:
+                template = dict(sampler.state_dict())
+            finally:
+                sampler.close()
+        return {**template, "epoch": int(epoch), "position": int(position), "start_epoch": int(epoch)}
+
+    # ------------------------------------------------------------------ iteration
+    def __len__(self) -> int:
+        """Batches (records when ``unbatched``) this rank's main process receives per pass.
+
+        Assumes the loader runs :attr:`num_workers` workers (see the class notes); endless passes
+        (``epochs=None``) have no length.
+        """
+        if self.options.epochs is None:
+            raise TypeError(f"{self.path}: an endless pass (epochs=None) has no len()")
+        workers = max(1, self.num_workers)
+        total = 0
+        for w in range(workers):
+            batches, records = consumer_pass(
+                self.meta.num_records, self.options.batch_size, self.rank * workers + w, self.world_size * workers,
+                drop_last=self.options.drop_last, start=self._resume_position(self.epoch),
+                epochs=self.options.epochs, limit=self.options.limit,
+            )  # fmt: skip
+            total += records if self.unbatched else batches
+        return total
+
+    def __iter__(self) -> Iterator[TensorDict]:
+        consumer, consumers, _ = self._consumer()
+        epoch = self.epoch
+        state = self._resume if self._resume is not None and int(self._resume["epoch"]) == epoch else None
+        sampler = self.options.build(
+            self.path, consumer=consumer, num_consumers=consumers, start_epoch=epoch, state=state
+        )
+        self._sampler = sampler  # for state_dict() in the main process, stats in tests
+        payload = self.meta.payload
+        options = self.payload_options
+        try:
+            for batch in sampler:
+                tensors = to_tensors(batch, payload, options)
+                if self.unbatched:
+                    count = next(iter(tensors.values())).shape[0]
+                    for i in range(count):
+                        yield {name: t[i] for name, t in tensors.items()}
+                else:
+                    yield tensors
+            if self.options.epochs is not None:
+                # Every consumer writes the same value, so the race between workers is harmless.
+                done = epoch + self.options.epochs
+                if int(self._epoch[0]) < done:
+                    self._epoch[0] = done
+        finally:
+            sampler.close()
+
+    def loader(self, num_workers: int = 0, **kwargs: Any) -> torch.utils.data.DataLoader:
+        """A ``DataLoader`` over this dataset (``batch_size=None`` unless ``unbatched``) with
+        ``num_workers`` recorded for ``len()`` and :meth:`state_dict_after`; ``kwargs`` go to the
+        DataLoader (``pin_memory``, ``persistent_workers``, ``collate_fn``, ``batch_size`` when
+        unbatched, ...)."""
+        self.num_workers = int(num_workers)
+        if not self.unbatched:
+            if kwargs.get("batch_size") is not None:
+                raise ConfigError(
+                    f"{self.path}: the sampler already batches (batch_size={self.options.batch_size}); "
+                    "do not pass a DataLoader batch_size unless unbatched=True"
+                )
+            kwargs["batch_size"] = None
+        return torch.utils.data.DataLoader(self, num_workers=num_workers, **kwargs)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A running sampler (threads, buffers) never travels to a worker; each builds its own.
+        state = dict(self.__dict__)
+        state["_sampler"] = None
+        return state
+
+    def __repr__(self) -> str:
+        return (
+            f"ShardIterableDataset({self.path!r}, batch_size={self.options.batch_size}, "
+            f"mode={self.options.mode!r}, rank={self.rank}/{self.world_size}, epoch={self.epoch})"
+        )
+
+
+class ShardMapDataset(_TorchDataset):
+    """Map-style access by record key, for evaluation: ``ds[key]`` -> dict of tensors.
+
+    Parameters
+    ----------
+    path
+        Dataset directory.
+    layout, scale
+        Payload presentation, as for :class:`ShardIterableDataset` (per record: ``(C, H, W)`` for
+        ``NCHW``).
+    gap_bytes
+        Coalescing threshold for the batched reads of ``__getitems__``.
+
+    Notes
+    -----
+    With a ``DataLoader`` (``batch_size=b``, ``shuffle=False``) torch calls ``__getitems__`` with the
+    keys of a whole batch, which becomes one ``Dataset.read``: each shard visited once with
+    ascending offsets. The dataset is opened lazily in each process (file descriptors are not shared
+    with forked workers).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        layout: str = "NHWC",
+        scale: str | None = None,
+        gap_bytes: int | None = None,
+    ) -> None:
+        self.path = os.fspath(path)
+        self.payload_options = PayloadOptions(layout=layout, scale=scale)
+        self.gap_bytes = gap_bytes
+        with open_dataset(self.path) as ds:
+            self.meta = ds.meta
+        self.payload_options.check(tuple(self.meta.record.shape), self.path)
+        self._ds: Dataset | None = None
+        self._pid = -1
+
+    def _dataset(self) -> Dataset:
+        if self._ds is None or self._pid != os.getpid():
+            kwargs = {} if self.gap_bytes is None else {"gap_bytes": self.gap_bytes}
+            self._ds = open_dataset(self.path, **kwargs)
+            self._pid = os.getpid()
+        return self._ds
+
+    def __len__(self) -> int:
+        return self.meta.num_records
+
+    def __getitem__(self, key: int) -> TensorDict:
+        record = self._dataset()[key]
+        return to_tensors(record, self.meta.payload, self.payload_options, batched=False)
+
+    def __getitems__(self, keys: list[int]) -> list[TensorDict]:
+        n = self.meta.num_records
+        wanted = np.asarray(keys, dtype=np.int64)
+        bad = (wanted < -n) | (wanted >= n)
+        if bad.any():
+            raise IndexError(f"{self.path}: record {int(wanted[bad][0])} outside [0, {n})")
+        batch = to_tensors(self._dataset().read(np.where(wanted < 0, wanted + n, wanted)), self.meta.payload,
+                           self.payload_options)  # fmt: skip
+        return [{name: t[i] for name, t in batch.items()} for i in range(len(wanted))]
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_ds"], state["_pid"] = None, -1
+        return state
+
+    def close(self) -> None:
+        if self._ds is not None:
+            self._ds.close()
+            self._ds = None

@@ -1,0 +1,75 @@
+"""Generated datasets for the adapter tests (also imported by the subprocess scripts here).
+
+Two kinds: *keyed* records whose payload spells their own key (so a test can prove that every
+tensor carries the record it claims), and *colour blobs* whose class shows in the mean colour plus
+noise (so a tiny model trains in seconds to a clearly non-trivial accuracy).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from shardkit.formats import DatasetWriter, FieldSpec
+
+SHAPE = (8, 8, 3)
+#: Records of the keyed dataset: prime, so every batch size and worker count leaves a ragged tail.
+N_KEYED = 103
+N_TRAIN = 1200
+NUM_CLASSES = 4
+#: Class mean colours of the blob dataset; the noise is wide enough that accuracy is well below 100 %.
+BLOB_MEANS = np.array([[135, 120, 120], [120, 135, 120], [120, 120, 135]], dtype=np.float64)
+BLOB_NOISE = 60.0
+
+
+def keyed_images(keys: np.ndarray) -> np.ndarray:
+    keys = np.asarray(keys, dtype=np.int64)
+    images = ((keys[:, None] * 31 + np.arange(int(np.prod(SHAPE)))) % 251).astype(np.uint8).reshape(-1, *SHAPE)
+    images[:, 0, 0, 0] = keys // 256
+    images[:, 0, 0, 1] = keys % 256
+    return images
+
+
+def decode_keys(images: np.ndarray, layout: str = "NHWC") -> np.ndarray:
+    """The key each image spells (``images`` as uint8 NHWC or NCHW)."""
+    images = np.asarray(images)
+    if layout == "NCHW":
+        hi, lo = images[:, 0, 0, 0], images[:, 1, 0, 0]
+    else:
+        hi, lo = images[:, 0, 0, 0], images[:, 0, 0, 1]
+    return hi.astype(np.int64) * 256 + lo.astype(np.int64)
+
+
+def write_keyed(path: Path, n: int, records_per_shard: int = 16) -> Path:
+    keys = np.arange(n, dtype=np.int64)
+    with DatasetWriter(
+        path, kind="test", payload="image", record=FieldSpec(SHAPE, "uint8"),
+        fields={"label": FieldSpec((), "int64"), "weight": FieldSpec((2,), "float32")},
+        labels={"label": [f"c{i}" for i in range(NUM_CLASSES)]}, records_per_shard=records_per_shard,
+    ) as w:  # fmt: skip
+        w.write({
+            "image": keyed_images(keys),
+            "label": keys % NUM_CLASSES,
+            "weight": np.stack([keys, -keys], axis=1).astype(np.float32),
+        })  # fmt: skip
+    return path
+
+
+def blobs(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` images ``[n, 8, 8, 3]`` uint8 and labels: class mean colour + Gaussian pixel noise."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, len(BLOB_MEANS), size=n).astype(np.int64)
+    pixels = BLOB_MEANS[labels][:, None, None, :] + rng.normal(0.0, BLOB_NOISE, size=(n, *SHAPE))
+    return np.clip(np.rint(pixels), 0, 255).astype(np.uint8), labels
+
+
+def write_blobs(path: Path, n: int, seed: int, records_per_shard: int = 128) -> tuple[np.ndarray, np.ndarray]:
+    images, labels = blobs(n, seed)
+    with DatasetWriter(
+        path, kind="test", payload="image", record=FieldSpec(SHAPE, "uint8"),
+        fields={"label": FieldSpec((), "int64")}, labels={"label": ["red", "green", "blue"]},
+        records_per_shard=records_per_shard,
+    ) as w:  # fmt: skip
+        w.write({"image": images, "label": labels})
+    return images, labels

@@ -1,0 +1,109 @@
+"""Every TensorFlow check that needs a live runtime, in one process (TensorFlow takes seconds to
+import, and logical CPU devices must be configured before the runtime starts).
+
+Usage: tf_script.py KEYED BLOBS OUT.json SEED. Writes raw observations; test_tf.py asserts on them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from _adapter_data import blobs  # noqa: E402
+from shardkit.adapters.tf import make_tf_dataset  # noqa: E402
+
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+
+
+def spec_of(ds: tf.data.Dataset) -> object:
+    def one(s: tf.TensorSpec) -> list:
+        return [list(s.shape.as_list()), s.dtype.name]
+
+    es = ds.element_spec
+    if isinstance(es, dict):
+        return {k: one(v) for k, v in es.items()}
+    return [one(v) for v in es]
+
+
+def main() -> None:
+    keyed, blob_path, out, seed = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    res: dict[str, object] = {}
+
+    # Element spec and two full iterations (the second continues with the next epoch).
+    ds = make_tf_dataset(keyed, batch_size=8, seed=seed)
+    res["spec"] = spec_of(ds)
+    passes = []
+    for _ in range(2):
+        batches = [{k: v.numpy().tolist() for k, v in b.items()} for b in ds]
+        passes.append(batches)
+    res["passes"] = passes
+    res["spec_drop_last"] = spec_of(make_tf_dataset(keyed, batch_size=8, drop_last=True, seed=seed))
+    fixed = [b["key"].shape[0] for b in make_tf_dataset(keyed, batch_size=8, drop_last=True, seed=seed)]
+    res["drop_last_sizes"] = fixed
+    tup = make_tf_dataset(keyed, batch_size=8, as_tuple=("image", "label"), layout="NCHW", scale="float", seed=seed)
+    res["spec_tuple"] = spec_of(tup)
+    x, y = next(iter(tup))
+    res["tuple_first"] = {"x": x.numpy().tolist(), "y": y.numpy().tolist()}
+
+    # Two replicas of a MirroredStrategy on 2 logical CPUs; global batch 16 -> 8 per replica.
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    contexts = []
+
+    def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+        contexts.append([ctx.input_pipeline_id, ctx.num_input_pipelines, ctx.get_per_replica_batch_size(16)])
+        return make_tf_dataset(keyed, global_batch_size=16, input_context=ctx, seed=seed)
+
+    dist = strategy.distribute_datasets_from_function(dataset_fn)
+    replicas: list[list[int]] = [[], []]
+    for batch in dist:
+        for r, keys in enumerate(strategy.experimental_local_results(batch["key"])):
+            replicas[r].extend(int(k) for k in keys.numpy())
+    res["mirrored"] = {"replicas": replicas, "contexts": contexts, "num_replicas": strategy.num_replicas_in_sync}
+
+    # Two input pipelines (what a two-worker strategy creates), built by hand.
+    pipelines = []
+    for i in range(2):
+        ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=i, num_replicas_in_sync=2)
+        pipelines.append([int(k) for b in make_tf_dataset(keyed, global_batch_size=8, input_context=ctx, seed=seed)
+                          for k in b["key"].numpy()])  # fmt: skip
+    res["pipelines"] = pipelines
+
+    # Training: shardkit dataset vs tf.data's own full in-memory shuffle, same model and seeds.
+    images, labels = blobs(1200, seed=1)
+    test_images, test_labels = blobs(2000, seed=99)
+
+    def model() -> tf.keras.Model:
+        tf.keras.utils.set_random_seed(0)
+        inputs = tf.keras.Input((8, 8, 3))
+        feats = tf.keras.layers.Lambda(lambda t: (tf.reduce_mean(t, axis=(1, 2)) - 0.5) * 16.0)(inputs)
+        m = tf.keras.Model(inputs, tf.keras.layers.Dense(3)(feats))
+        loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        m.compile(optimizer=tf.keras.optimizers.SGD(0.1), loss=loss, metrics=["accuracy"])
+        return m
+
+    ours = model()
+    ours.fit(make_tf_dataset(blob_path, batch_size=32, as_tuple=("image", "label"), scale="float", seed=3),
+             epochs=4, verbose=0)  # fmt: skip
+    theirs = model()
+    ref = (tf.data.Dataset.from_tensor_slices((images.astype(np.float32) / 255, labels))
+           .shuffle(len(labels), seed=3, reshuffle_each_iteration=True).batch(32))  # fmt: skip
+    theirs.fit(ref, epochs=4, verbose=0)
+    x_test = test_images.astype(np.float32) / 255
+    res["acc"] = {
+        "ours": float(ours.evaluate(x_test, test_labels, verbose=0)[1]),
+        "theirs": float(theirs.evaluate(x_test, test_labels, verbose=0)[1]),
+    }
+    with open(out, "w") as f:
+        json.dump(res, f)
+
+
+if __name__ == "__main__":
+    main()
