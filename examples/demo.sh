@@ -30,3 +30,10 @@ print(order)
 assert all(sorted(row) == list(range(order.shape[1])) for row in order), "each epoch must be a permutation"
 print("every epoch is a permutation of all records")
 PY
+
+echo "== train through the PyTorch adapter (ShardIterableDataset) =="
+python examples/train_torch.py out/imagefolder --epochs 3
+
+echo "== train through the TensorFlow adapter (tf.data + model.fit) =="
+python examples/train_tf.py out/imagefolder --epochs 3
+echo "== done: datasets in out/ =="
