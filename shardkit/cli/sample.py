@@ -40,6 +40,11 @@ def sample(
     ),
     rank: int = typer.Option(0, "--rank", help="This consumer's index c (0 <= c < world size)."),
     world_size: int = typer.Option(1, "--world-size", help="Number of consumers W sharing each global batch."),
+    static_cache: str = typer.Option(
+        "0", "--static-cache",
+        help="Pin a random subset of records in RAM for the whole run, never evicted (on top of --ram-size): "
+             "bytes (256MiB) or records (1000records); 0 = off.",
+    ),
     limit: int = typer.Option(None, "--limit", help="Stop after this many records (default: all epochs)."),
     order_out: Path = typer.Option(
         None, "--order-out",
@@ -55,7 +60,7 @@ def sample(
     sampler = TieredSampler(
         path, tiers=tiers, ram_size=ram_size, ssd_size=ssd_size, ssd_dir=ssd_dir,
         batch_size=batch_size, epochs=epochs, seed=seed, mode=mode, rank=rank, world_size=world_size,
-        limit=limit,
+        limit=limit, static_cache=static_cache,
     )
     total = len(sampler) * epochs if limit is None else None
     keys: list[np.ndarray] = []
@@ -79,9 +84,9 @@ def sample(
         f"throughput   {st.records_per_s:,.0f} records/s, {st.mb_per_s:,.1f} MB/s",
     ]
     for name, t in st.tiers.items():
-        if name == "ssd" and "ssd" not in sampler.tiers:
+        if name == "ssd" and "ssd" not in sampler.tiers or name == "cache" and not sampler.static_cache:
             continue
-        what = "assembled" if name == "ram" else "read"
+        what = {"ram": "assembled", "cache": "served"}.get(name, "read")
         lines.append(f"{name:<12} {t.bytes_read / 1e6:,.1f} MB {what} in {t.read_calls} calls ({t.records} records)")
     if "ssd" in sampler.tiers:
         lines.append(f"ssd written  {st.ssd_bytes_written / 1e6:,.1f} MB")

@@ -34,6 +34,7 @@ from shardkit.errors import SamplerError, ShardkitError
 from shardkit.formats import DEFAULT_GAP_BYTES, Dataset
 from shardkit.readers.schedule import ConsumerPlan
 from shardkit.readers.ssd import SsdSpace, _Stopped, write_reservoir
+from shardkit.readers.static_cache import StaticCache
 from shardkit.readers.stats import SamplerStats
 
 __all__ = ["Segment", "Pipeline", "assemble_batch", "POLL_SECONDS", "BATCH_PREFETCH"]
@@ -93,6 +94,10 @@ class Pipeline:
         K1, records per SSD reservoir, or ``None`` without the SSD tier.
     ssd_dir
         Parent of the run's private SSD directory.
+    static_cache
+        Pinned records (see :mod:`shardkit.readers.static_cache`), or ``None``. Loaded by the first
+        creator before its first read; pinned keys of a block are then copied from it and only the
+        unpinned ones are read from disk (or from the SSD reservoir, which holds only those).
     """
 
     def __init__(
@@ -106,8 +111,10 @@ class Pipeline:
         ssd_block: int | None,
         ssd_dir: Path | None,
         gap_bytes: int = DEFAULT_GAP_BYTES,
+        static_cache: StaticCache | None = None,
     ) -> None:
         self.stop = threading.Event()
+        self.cache = static_cache
         self.error: BaseException | None = None
         self._error_lock = threading.Lock()
         self._stats = stats
@@ -208,18 +215,37 @@ class Pipeline:
         self.disk.close()
 
     # ------------------------------------------------------------------ creators
+    def _load_cache(self) -> None:
+        """Load the static cache (first run of the sampler only), before any block is read."""
+        if self.cache is not None and self.cache.ensure_loaded(self.disk.payload):
+            logger.info("static cache: pinned %d records (%.1f MiB)", self.cache.count,
+                        self.cache.count * self.disk.record_nbytes / 2**20)
+
+    def _fill(self, keys: np.ndarray, out: np.ndarray, read: Callable[[np.ndarray, np.ndarray], None]) -> np.ndarray | None:
+        """Fill a RAM block; ``rows`` maps plan order to buffer rows (``None``: identity)."""
+        if self.cache is None:
+            read(keys, out)
+            return None
+        return self.cache.fill(keys, out, read, stats=self._stats.cache)
+
     def _ssd_creator(self) -> None:
         """Disk -> SSD: reservoir j = the next K1 keys of the plan, written in ascending key order."""
         assert self.space is not None and self.ssd_block is not None
+        self._load_cache()
         j = 0
         for seg in self._segments:
             keys = seg.keys
             for a in range(0, keys.size, self.ssd_block):
                 res_keys = keys[a : a + self.ssd_block]
                 slot = self._get(self._ssd_slots)
-                dest = self.space.reservoir_path(j)
-                written = write_reservoir(self.disk, res_keys, dest, self.stop)
-                self._stats._wrote(written)
+                dest: Path | None = self.space.reservoir_path(j)
+                if self.cache is not None:
+                    res_keys = res_keys[~self.cache.lookup(res_keys)[0]]  # pinned keys stay in RAM
+                if res_keys.size:
+                    written = write_reservoir(self.disk, res_keys, dest, self.stop)
+                    self._stats._wrote(written)
+                else:
+                    dest = None
                 self._put(self._ssd_q, ("res", seg, a, dest, slot))
                 j += 1
             self._put(self._ssd_q, ("end", seg))
@@ -237,28 +263,43 @@ class Pipeline:
                 continue
             _, seg, a, dest, slot = item
             res_keys = seg.keys[a : a + self.ssd_block]
-            stored = np.unique(res_keys)  # the reservoir holds its keys in ascending order
-            res = Dataset(dest, stats=self._stats.ssd, gap_bytes=self._gap)
+            if self.cache is not None:
+                stored = np.unique(res_keys[~self.cache.lookup(res_keys)[0]])
+            else:
+                stored = np.unique(res_keys)  # the reservoir holds its keys in ascending order
+            res = Dataset(dest, stats=self._stats.ssd, gap_bytes=self._gap) if dest is not None else None
+
+            def read(keys: np.ndarray, out: np.ndarray) -> None:
+                assert res is not None  # only unpinned keys are read, and then the reservoir exists
+                res.payload.read(np.searchsorted(stored, keys), out=out)
+
             try:
                 for b in range(0, res_keys.size, self.ram_block):
                     block_keys = res_keys[b : b + self.ram_block]
                     idx = self._get(self._free)
-                    res.payload.read(np.searchsorted(stored, block_keys), out=self._buffers[idx])
-                    self._put(self._ready, ("block", seg, a + b, block_keys.size, idx))
+                    rows = self._fill(block_keys, self._buffers[idx], read)
+                    self._put(self._ready, ("block", seg, a + b, block_keys.size, idx, rows))
             finally:
-                res.close()
-                self.space.remove(dest)
+                if res is not None:
+                    res.close()
+                if dest is not None:
+                    self.space.remove(dest)
             self._ssd_slots.put(slot)
 
     def _ram_from_disk(self) -> None:
         """Disk -> RAM: RAM block b = the next K2 keys of the plan, read in ascending offsets."""
+        self._load_cache()
+
+        def read(keys: np.ndarray, out: np.ndarray) -> None:
+            self.disk.payload.read(keys, out=out)
+
         for seg in self._segments:
             keys = seg.keys
             for a in range(0, keys.size, self.ram_block):
                 block_keys = keys[a : a + self.ram_block]
                 idx = self._get(self._free)
-                self.disk.payload.read(block_keys, out=self._buffers[idx])
-                self._put(self._ready, ("block", seg, a, block_keys.size, idx))
+                rows = self._fill(block_keys, self._buffers[idx], read)
+                self._put(self._ready, ("block", seg, a, block_keys.size, idx, rows))
             self._put(self._ready, ("end", seg))
         self._put(self._ready, ("done",))
 
@@ -280,7 +321,7 @@ class Pipeline:
                 self._put(self.batches, ("end", item[1]))
                 seg, cur = None, None
                 continue
-            _, s, start, n, idx = item
+            _, s, start, n, idx, rows = item
             if s is not seg:
                 seg, bi, cur, filled = s, 0, None, 0
             block = self._buffers[idx]
@@ -290,7 +331,10 @@ class Pipeline:
                 if cur is None:
                     cur, filled = payload.empty(size), 0
                 take = min(size - filled, n - c)
-                cur[filled : filled + take] = block[c : c + take]
+                if rows is None:
+                    cur[filled : filled + take] = block[c : c + take]
+                else:
+                    cur[filled : filled + take] = block[rows[c : c + take]]
                 ram.add("ram", start + c, take * payload.record_nbytes)
                 filled += take
                 c += take

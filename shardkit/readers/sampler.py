@@ -24,6 +24,7 @@ from shardkit.formats import DEFAULT_GAP_BYTES, Dataset
 from shardkit.readers.config import parse_capacity, parse_tiers
 from shardkit.readers.pipeline import BATCH_PREFETCH, Pipeline, Segment
 from shardkit.readers.schedule import MODES, consumer_plan, epoch_stream
+from shardkit.readers.static_cache import StaticCache, parse_static_cache, pinned_keys
 from shardkit.readers.stats import SamplerStats
 
 __all__ = ["TieredSampler", "STATE_VERSION"]
@@ -91,6 +92,18 @@ class TieredSampler:
         :mod:`shardkit.formats.reader`; 64 KiB by default, so 150 KB records are never over-read).
     start_epoch
         First epoch of the first iteration (see also :meth:`set_epoch`).
+    static_cache
+        Static (never-evicted) cache, CoorDL's MinIO policy: ``0`` (default, off), bytes (int), a
+        size string (``"256MiB"``) or a record count (``"1000 records"``). ``M`` = capacity /
+        record size records (at most ``N``), a uniformly random subset P of the whole dataset drawn
+        once from the seed (independent of the epoch orders), are read once at the start of the
+        first epoch (ascending offsets) into one RAM array and kept until :meth:`close`. Each RAM
+        block then copies its pinned keys from the cache and reads only the others from disk (or
+        SSD), so every later epoch reads ``N - M`` records from disk. The budget is **separate
+        from** ``ram_size`` (on top of it; the RAM blocks are sized as without the cache). The
+        order is unchanged (still exactly ``pi``). With ranks, every consumer pins the same P (it
+        depends on the seed only) and serves its own pinned keys from it. See
+        :mod:`shardkit.readers.static_cache`.
 
     Notes
     -----
@@ -121,11 +134,12 @@ class TieredSampler:
         limit: int | None = None,
         gap_bytes: int = DEFAULT_GAP_BYTES,
         start_epoch: int = 0,
+        static_cache: int | str = 0,
     ) -> None:
         self._init_args = dict(
             tiers=tiers, ram_size=ram_size, ssd_size=ssd_size, ssd_dir=ssd_dir, batch_size=batch_size,
             epochs=epochs, seed=seed, mode=mode, rank=rank, world_size=world_size, drop_last=drop_last,
-            limit=limit, gap_bytes=gap_bytes, start_epoch=start_epoch,
+            limit=limit, gap_bytes=gap_bytes, start_epoch=start_epoch, static_cache=static_cache,
         )
         path = dataset.path if isinstance(dataset, Dataset) else Path(dataset)
         self.path = Path(path)
@@ -180,6 +194,11 @@ class TieredSampler:
             self._check_ssd_space()
             if self.ssd_block < self.ram_block:
                 logger.info("SSD reservoirs (%d records) are smaller than RAM blocks (%d)", self.ssd_block, self.ram_block)
+        #: M, records pinned by the static cache (0 = off).
+        self.static_cache = parse_static_cache(static_cache, rec, self.num_records)
+        self._cache: StaticCache | None = None
+        if self.static_cache:
+            self._cache = StaticCache(pinned_keys(self.seed, self.num_records, self.static_cache))
         self.stats = SamplerStats()
         self._start_epoch = start
         self._epoch = start
@@ -324,9 +343,16 @@ class TieredSampler:
             run.close()
         self._run_ref = None
 
+    @property
+    def pinned_keys(self) -> np.ndarray:
+        """The static cache's pinned keys P, ascending (empty when the cache is off)."""
+        return self._cache.keys.copy() if self._cache is not None else np.empty(0, dtype=np.int64)
+
     def close(self) -> None:
-        """Stop a running iteration and free its SSD directory."""
+        """Stop a running iteration, free its SSD directory and the static cache's RAM."""
         self._close_run()
+        if self._cache is not None:
+            self._cache.release()
 
     def __enter__(self) -> TieredSampler:
         return self
@@ -345,7 +371,7 @@ class TieredSampler:
     def __repr__(self) -> str:
         return (
             f"TieredSampler({str(self.path)!r}, tiers={','.join(self.tiers)}, mode={self.mode}, "
-            f"K2={self.ram_block}, K1={self.ssd_block}, batch_size={self.batch_size}, "
+            f"K2={self.ram_block}, K1={self.ssd_block}, static_cache={self.static_cache}, batch_size={self.batch_size}, "
             f"rank={self.rank}/{self.world_size}, epoch={self._epoch}, position={self._position})"
         )
 
@@ -378,6 +404,7 @@ class _Run:
             ssd_block=sampler.ssd_block,
             ssd_dir=sampler.ssd_dir,
             gap_bytes=sampler.gap_bytes,
+            static_cache=sampler._cache,
         )
         self._finalizer = weakref.finalize(self, self._pipeline.shutdown)
 

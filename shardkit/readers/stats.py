@@ -22,6 +22,8 @@ class SamplerStats:
         :class:`~shardkit.formats.ReadStats` per tier: ``disk`` counts reads from the dataset,
         ``ssd`` reads from SSD reservoirs, ``ram`` the bytes copied out of RAM blocks into batches
         (batch assembly). Set ``stats.disk.trace = []`` to record every disk request.
+    cache
+        Records and bytes served from the static cache (pinned records) instead of disk or SSD.
     stall_seconds
         Time the consumer spent inside ``__next__`` waiting for a batch: zero means storage kept up.
     records, bytes
@@ -35,6 +37,7 @@ class SamplerStats:
     disk: ReadStats = field(default_factory=ReadStats)
     ssd: ReadStats = field(default_factory=ReadStats)
     ram: ReadStats = field(default_factory=ReadStats)
+    cache: ReadStats = field(default_factory=ReadStats)
     stall_seconds: float = 0.0
     records: int = 0
     bytes: int = 0
@@ -46,7 +49,7 @@ class SamplerStats:
 
     @property
     def tiers(self) -> dict[str, ReadStats]:
-        return {"disk": self.disk, "ssd": self.ssd, "ram": self.ram}
+        return {"disk": self.disk, "ssd": self.ssd, "ram": self.ram, "cache": self.cache}
 
     @property
     def elapsed(self) -> float:

@@ -1,0 +1,225 @@
+"""Benchmark of the shared tier stack: k concurrent jobs sharing one server vs k independent samplers.
+
+Run: ``python benchmarks/shared.py`` (generates ``benchmarks/_data/shared-bench`` once: about 1.5 GiB
+of 224x224x3 uint8 records). For k = 1, 2, 4 consumer processes it runs
+
+* **independent**: k processes, each a :class:`~shardkit.readers.TieredSampler` with its own seed;
+* **shared**: one :func:`~shardkit.readers.serve` process (``wait_for=k``) and k processes each a
+  :class:`~shardkit.readers.SharedSampler` with its own ``job_seed``,
+
+every job reading ``--epochs`` whole epochs and touching one byte per record. By default there is no
+compute (jobs are only as fast as the data and the CPU copying it); ``--step-ms`` adds a sleep per
+batch, a training step on an accelerator (time passes, the CPU stays free). Before each configuration the page
+cache is dropped (``posix_fadvise(DONTNEED)`` on every shard file). With ``--evict`` (second
+table) a thread keeps dropping it every 0.2 s during the run, which emulates a dataset much larger
+than RAM: then concurrent independent jobs cannot serve each other from the page cache.
+
+Reported per configuration: bytes requested from the dataset files (the reader's counters: every
+sampler's disk tier, or the server's), device bytes read system-wide (``/proc/diskstats`` through
+psutil; noisy on a shared machine), and records/s per job (records / time from its first batch
+request to its last batch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import platform
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+
+from shardkit.formats import DatasetWriter, FieldSpec, open_dataset
+
+HERE = Path(__file__).resolve().parent
+DATA = HERE / "_data" / "shared-bench"
+SHAPE = (224, 224, 3)
+REC = int(np.prod(SHAPE))
+
+
+def generate(n: int) -> Path:
+    if (DATA / "zarr.json").exists():
+        ds = open_dataset(DATA)
+        if ds.num_records == n:
+            return DATA
+        shutil.rmtree(DATA)
+    rng = np.random.default_rng(0)
+    pattern = rng.integers(0, 256, size=(256, *SHAPE), dtype=np.uint8)
+    with DatasetWriter(DATA, kind="bench", payload="image", record=FieldSpec(SHAPE, "uint8"),
+                       fields={"label": FieldSpec((), "int64")}, overwrite=True) as w:
+        for a in range(0, n, 256):
+            k = min(256, n - a)
+            img = pattern[:k].copy()
+            img[:, 0, 0, 0] = np.arange(a, a + k) % 256
+            w.write({"image": img, "label": np.arange(a, a + k) % 1000})
+    return DATA
+
+
+def drop_cache(path: Path) -> None:
+    for f in path.rglob("*"):
+        if f.is_file():
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+class Evictor:
+    """Drops the dataset from the page cache every ``period`` seconds (dataset >> RAM emulation)."""
+
+    def __init__(self, path: Path, period: float = 0.2) -> None:
+        self.path, self.period = path, period
+        self.stop = threading.Event()
+        self.t = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.period):
+            drop_cache(self.path)
+
+    def __enter__(self) -> Evictor:
+        self.t.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop.set()
+        self.t.join()
+
+
+def _consume(sampler: Any, q: Any, start: Any, step: float) -> None:
+    start.wait()
+    touched = 0
+    for batch in sampler:
+        touched += int(batch["image"][:, 0, 0, 0].sum())  # touch every record
+        if step:
+            time.sleep(step)  # a training step on an accelerator: time passes, the CPU is free
+    st = sampler.stats
+    q.put({"records": st.records, "elapsed": st.elapsed, "disk": st.disk.bytes_read, "stall": st.stall_seconds})
+
+
+def independent_job(path: str, seed: int, epochs: int, ram: str, batch: int, step: float, q: Any, start: Any) -> None:
+    from shardkit.readers import TieredSampler
+
+    s = TieredSampler(path, ram_size=ram, batch_size=batch, epochs=epochs, seed=seed)
+    _consume(s, q, start, step)
+
+
+def shared_job(name: str, seed: int, epochs: int, batch: int, step: float, q: Any, start: Any) -> None:
+    from shardkit.readers import SharedSampler
+
+    s = SharedSampler(name, job_seed=seed, batch_size=batch, epochs=epochs, connect_timeout=60)
+    _consume(s, q, start, step)
+
+
+def server_proc(path: str, name: str, k: int, epochs: int, ram: str, q: Any) -> None:
+    from shardkit.readers import serve
+
+    srv = serve(path, name=name, ram_size=ram, slots=3, epochs=epochs, wait_for=k, seed=99)
+    q.put({"disk": srv.stats.disk.bytes_read, "epochs": srv.epochs_served})
+
+
+def device_read_bytes() -> int:
+    c = psutil.disk_io_counters()
+    return int(c.read_bytes) if c is not None else 0
+
+
+def run_config(path: Path, mode: str, k: int, epochs: int, ram: str, batch: int, evict: bool,
+               step: float = 0.0) -> dict[str, Any]:
+    ctx = mp.get_context("fork")
+    q: Any = ctx.Queue()
+    start = ctx.Event()
+    drop_cache(path)
+    procs = []
+    server = None
+    sq: Any = ctx.Queue()
+    name = f"bench-{os.getpid()}-{k}"
+    if mode == "shared":
+        server = ctx.Process(target=server_proc, args=(str(path), name, k, epochs, ram, sq))
+        server.start()
+        for j in range(k):
+            procs.append(ctx.Process(target=shared_job, args=(name, j + 1, epochs, batch, step, q, start)))
+    else:
+        for j in range(k):
+            procs.append(ctx.Process(target=independent_job, args=(str(path), j + 1, epochs, ram, batch, step, q, start)))
+    for p in procs:
+        p.start()
+    time.sleep(0.5)  # let them import and attach; timing starts at each job's first batch request
+    dev0 = device_read_bytes()
+    t0 = time.perf_counter()
+    if evict:
+        with Evictor(path):
+            start.set()
+            results = [q.get(timeout=1800) for _ in procs]
+    else:
+        start.set()
+        results = [q.get(timeout=1800) for _ in procs]
+    wall = time.perf_counter() - t0
+    for p in procs:
+        p.join(60)
+    if server is not None:
+        srv = sq.get(timeout=120)
+        server.join(60)
+        requested = srv["disk"]
+    else:
+        requested = sum(r["disk"] for r in results)
+    dev = device_read_bytes() - dev0
+    rates = [r["records"] / r["elapsed"] for r in results]
+    return {"mode": mode, "k": k, "requested": requested, "device": dev, "rates": rates, "wall": wall,
+            "records": sum(r["records"] for r in results)}
+
+
+def table(rows: list[dict[str, Any]], n: int, epochs: int) -> str:
+    single = next(r for r in rows if r["mode"] == "independent" and r["k"] == 1)
+    base_rate = float(np.mean(single["rates"]))
+    by = {(r["mode"], r["k"]): r for r in rows}
+    out = ["| jobs | mode | requested from dataset | vs independent | device reads (noisy) | records/s per job (mean, min) | vs 1 job |",
+           "|---:|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        ind = by.get(("independent", r["k"]))
+        ratio = r["requested"] / ind["requested"] if ind else float("nan")
+        mean, lo = float(np.mean(r["rates"])), float(np.min(r["rates"]))
+        out.append(
+            f"| {r['k']} | {r['mode']} | {r['requested'] / 1e9:.2f} GB ({r['requested'] / (n * REC * epochs):.2f} passes/epoch) | "
+            f"{ratio:.3f} | {r['device'] / 1e9:.2f} GB | {mean:,.0f} / {lo:,.0f} | {mean / base_rate:.2f}x |"
+        )
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--records", type=int, default=10_000, help="dataset size (10,000 x 150 KB = 1.5 GB)")
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--ram-size", default="384MiB", help="RAM tier of each independent sampler = the server's ring")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--jobs", default="1,2,4")
+    ap.add_argument("--evict", action="store_true", help="also run with continuous page-cache eviction")
+    ap.add_argument("--step-ms", type=float, default=0.0,
+                    help="sleep per batch in every job: an accelerator step (time passes, the CPU is free)")
+    args = ap.parse_args()
+    path = generate(args.records)
+    print(f"machine: {platform.node()} {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB; "
+          f"load {os.getloadavg()}; date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print(f"dataset: {args.records} records x {REC} B = {args.records * REC / 1e9:.2f} GB; epochs per job {args.epochs}; "
+          f"ram {args.ram_size}; batch {args.batch}; step {args.step_ms} ms per batch")
+    for evict in ([False, True] if args.evict else [False]):
+        rows = []
+        for k in [int(x) for x in args.jobs.split(",")]:
+            for mode in ("independent", "shared"):
+                r = run_config(path, mode, k, args.epochs, args.ram_size, args.batch, evict, args.step_ms / 1e3)
+                rows.append(r)
+                print(f"  {mode:<11} k={k}: {r['requested'] / 1e9:.2f} GB requested, {r['device'] / 1e9:.2f} GB device, "
+                      f"rates {[round(x) for x in r['rates']]}, wall {r['wall']:.1f} s", flush=True)
+        print()
+        print("page cache evicted every 0.2 s (dataset >> RAM emulation)" if evict else "page cache dropped before each configuration")
+        print(table(rows, args.records, args.epochs))
+        print()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,177 @@
+"""The static (never-evicted) cache tier: same order, fewer disk bytes, pinned records read once.
+
+Statistical tests use alpha = 1e-3 and fixed seeds. Checked once against a broken cache that ignores
+the row map (emits each block's unpinned records first, then its pinned ones): 8 of the 11 tests fail.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shardkit.errors import ConfigError
+from shardkit.formats.spec import index_nbytes
+from shardkit.readers import TieredSampler, epoch_permutation
+from shardkit.readers.static_cache import parse_static_cache, pinned_keys
+from tests.readers.conftest import collect, epochs_of, make_dataset
+from tests.readers.test_epoch_order import ALPHA, _item_position_pvalue
+
+REC = 16  # bytes per record of the test datasets
+STACKS = {
+    "ram": dict(tiers="ram", ram_size="6records"),
+    "ram+ssd": dict(tiers="ram,ssd", ram_size="4records", ssd_size="10records"),
+}
+
+
+def _is_index(nb: int) -> bool:
+    # A shard's index (S * 16 + 4 bytes) is read once per file per reader; with gap_bytes=0 every
+    # other request is a whole number of 16-byte records.
+    return nb % REC != 0 and (nb - 4) % 16 == 0
+
+
+def _data_requests(trace: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
+    return [t for t in trace if not _is_index(t[2])]
+
+
+def _records_read(trace: list[tuple[str, int, int]], rps: int) -> dict[int, int]:
+    """How often each record key was read, from a disk trace (shard files are named by index)."""
+    count: dict[int, int] = defaultdict(int)
+    for f, off, nb in _data_requests(trace):
+        base = _shard_number(f) * rps
+        for r in range(off // REC, (off + nb) // REC):
+            count[base + r] += 1
+    return count
+
+
+def _shard_number(path: str) -> int:
+    # Shard files live at image/c/<i>/0/0/0: the first chunk index is the shard number.
+    parts = Path(path).parts
+    return int(parts[parts.index("c") + 1])
+
+
+def test_parse_static_cache() -> None:
+    assert parse_static_cache(0, 16, 100) == 0
+    assert parse_static_cache("0", 16, 100) == 0
+    assert parse_static_cache(None, 16, 100) == 0
+    assert parse_static_cache(160, 16, 100) == 10
+    assert parse_static_cache("7 records", 16, 100) == 7
+    assert parse_static_cache("7records", 16, 100) == 7
+    assert parse_static_cache("1KiB", 16, 100) == 64
+    assert parse_static_cache("1GiB", 16, 100) == 100  # capped at N
+    with pytest.raises(ConfigError):
+        parse_static_cache("lots", 16, 100)
+    with pytest.raises(ConfigError):
+        parse_static_cache(-5, 16, 100)
+
+
+def test_pinned_set_is_uniform() -> None:
+    """P is a uniform M-subset: inclusion counts over many seeds, chi-square with N-1 dof."""
+    from scipy import stats
+
+    n, m, trials = 20, 5, 4000
+    counts = np.zeros(n)
+    for seed in range(trials):
+        p = pinned_keys(seed, n, m)
+        assert p.size == m and np.unique(p).size == m and (np.diff(p) > 0).all()
+        counts[p] += 1
+    assert stats.chisquare(counts).pvalue > ALPHA
+    # and independent of the epoch orders: the same seed gives P regardless of epoch
+    np.testing.assert_array_equal(pinned_keys(3, n, m), pinned_keys(3, n, m))
+
+
+@pytest.mark.parametrize("stack", list(STACKS))
+@pytest.mark.parametrize("rank,world", [(0, 1), (1, 3)])
+def test_order_identical_to_uncached(tmp_path: Path, ssd_dir: Path, stack: str, rank: int, world: int) -> None:
+    ds = make_dataset(tmp_path / "ds", 41, records_per_shard=4)
+    kw = dict(ssd_dir=ssd_dir, batch_size=4, epochs=3, seed=9, rank=rank, world_size=world, **STACKS[stack])
+    plain = collect(TieredSampler(ds, **kw))  # type: ignore[arg-type]
+    cached_sampler = TieredSampler(ds, static_cache="15 records", **kw)  # type: ignore[arg-type]
+    assert cached_sampler.static_cache == 15 and cached_sampler.ram_block == TieredSampler(ds, **kw).ram_block  # type: ignore[arg-type]
+    cached = collect(cached_sampler)  # collect() checks every row's payload belongs to its key
+    assert [b.tolist() for b in cached] == [b.tolist() for b in plain]
+    pinned = set(cached_sampler.pinned_keys.tolist())
+    mine = np.concatenate(cached)
+    assert cached_sampler.stats.cache.records == sum(k in pinned for k in mine.tolist())
+
+
+@pytest.mark.parametrize("stack", list(STACKS))
+def test_disk_bytes_per_epoch_and_pinned_read_once(tmp_path: Path, ssd_dir: Path, stack: str) -> None:
+    """First epoch reads the dataset once (P for the cache, the rest for blocks); every later epoch
+    reads exactly dataset bytes - pinned bytes; a pinned record is read exactly once in the run."""
+    n, rps, m = 53, 4, 20
+    ds = make_dataset(tmp_path / "ds", n, records_per_shard=rps)
+    s = TieredSampler(ds, ssd_dir=ssd_dir, batch_size=5, epochs=1, seed=4, gap_bytes=0, static_cache=m * REC,
+                      **STACKS[stack])  # type: ignore[arg-type]
+    s.stats.disk.trace = []
+    per_epoch = []
+    for e in range(4):  # four iterations of one epoch each: the cache persists across them
+        before = len(s.stats.disk.trace)
+        keys = np.concatenate(collect(s))
+        np.testing.assert_array_equal(keys, epoch_permutation(4, e, n))
+        new = s.stats.disk.trace[before:]
+        per_epoch.append(sum(t[2] for t in _data_requests(new)))
+        # the only other requests are shard indexes (each run opens its own reader)
+        assert all(t[2] == index_nbytes(rps) and t[1] + t[2] == os.path.getsize(t[0])
+                   for t in new if _is_index(t[2]))
+    assert per_epoch == [n * REC] + [(n - m) * REC] * 3
+    reads = _records_read(s.stats.disk.trace, rps)
+    pinned = set(s.pinned_keys.tolist())
+    assert len(pinned) == m
+    assert {k: reads[k] for k in pinned} == {k: 1 for k in pinned}  # never re-read
+    assert {k: reads[k] for k in range(n) if k not in pinned} == {k: 4 for k in range(n) if k not in pinned}
+    if stack == "ram+ssd":
+        assert s.stats.ssd_bytes_written == 4 * (n - m) * REC  # pinned records never go to SSD either
+    s.close()
+    assert s._cache is not None and s._cache.data is None  # close() frees the cache's RAM
+
+
+def test_rank_slices_read_only_their_unpinned_keys(tmp_path: Path, ssd_dir: Path) -> None:
+    n, b, w, m = 40, 4, 4, 10
+    ds = make_dataset(tmp_path / "ds", n)
+    s = TieredSampler(ds, ram_size="6records", batch_size=b, rank=1, world_size=w, seed=2, epochs=2,
+                      static_cache=f"{m}records", gap_bytes=0)
+    batches = collect(s)
+    pinned = set(s.pinned_keys.tolist())
+    mine = np.concatenate(batches).reshape(2, -1)
+    for e in range(2):
+        pi = epoch_permutation(2, e, n)
+        np.testing.assert_array_equal(mine[e], np.concatenate([pi[4:8], pi[20:24], pi[36:40]]))
+    unpinned = sum(k not in pinned for k in mine.reshape(-1).tolist())
+    # every consumer pins the same P (whole dataset): loaded once, then only its unpinned keys
+    assert s.stats.disk.records == m + unpinned
+    other = TieredSampler(ds, ram_size="6records", batch_size=b, rank=3, world_size=w, seed=2,
+                          static_cache=f"{m}records")
+    np.testing.assert_array_equal(other.pinned_keys, s.pinned_keys)
+
+
+def test_item_position_uniform_through_cache(tmp_path: Path, ssd_dir: Path) -> None:
+    """Item x position chi-square ((N-1)^2 dof) through the cached stack, both tiers."""
+    n = 8
+    ds = make_dataset(tmp_path / "ds", n)
+    for stack, epochs in (("ram", 1200), ("ram+ssd", 300)):
+        s = TieredSampler(ds, ssd_dir=ssd_dir, batch_size=3, epochs=epochs, seed=11, static_cache="3records",
+                          **STACKS[stack])  # type: ignore[arg-type]
+        orders = epochs_of(s, n)
+        assert (np.sort(orders, axis=1) == np.arange(n)).all()
+        assert _item_position_pvalue(orders) > ALPHA
+        assert s.stats.disk.records == 3 + epochs * (n - 3)
+
+
+def test_cli_static_cache(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from shardkit.cli.main import main
+
+    ds = make_dataset(tmp_path / "ds", 25)
+    out = tmp_path / "o.npy"
+    try:
+        main(["sample", str(ds), "--ram-size", "6records", "--batch-size", "4", "--epochs", "2",
+              "--static-cache", "10records", "--order-out", str(out)])
+    except SystemExit as exc:
+        assert not exc.code
+    text = capsys.readouterr().out
+    assert "cache" in text and "(20 records)" in text  # 10 pinned, served in each of 2 epochs
+    orders = np.load(out)
+    np.testing.assert_array_equal(orders, np.stack([epoch_permutation(0, e, 25) for e in range(2)]))
