@@ -225,17 +225,23 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_json_atomic(path: Path, document: dict[str, Any]) -> None:
-    """Write JSON to ``path.partial``, fsync, rename over ``path``: readers never see half a file."""
+def write_json_atomic(path: Path, document: dict[str, Any], *, durable: bool = True) -> None:
+    """Write JSON to ``path.partial``, fsync, rename over ``path``: readers never see half a file.
+
+    ``durable=False`` skips the fsyncs (scratch data such as SSD-tier reservoirs, which are worthless
+    after a crash anyway); the rename still makes the document appear atomically.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".partial")
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(document, fh, indent=2, sort_keys=False)
         fh.write("\n")
         fh.flush()
-        os.fsync(fh.fileno())
+        if durable:
+            os.fsync(fh.fileno())
     os.replace(tmp, path)
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
 
 
 def read_json(path: Path) -> dict[str, Any]:

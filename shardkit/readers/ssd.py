@@ -145,6 +145,9 @@ def write_reservoir(
             records_per_shard=max(1, min(sorted_keys.size, records_per_shard_for(disk.record_nbytes))),
             compression=None,
             resume=False,
+            # Scratch data: worthless after a crash, so nothing waits for the disk (no fsync);
+            # renames still make every file appear whole or not at all.
+            durable=False,
         )
         try:
             for a in range(0, sorted_keys.size, per_chunk):

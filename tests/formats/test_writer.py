@@ -122,3 +122,17 @@ def test_schema_mismatch_is_reported(tmp_path: Path) -> None:
         w.write({"image": np.zeros((1, 4, 5), np.uint8), "label": np.array([0])})
     with pytest.raises(errors.SchemaError, match="lacks fields"):
         w.write({"image": np.zeros((1, 4, 4), np.uint8)})
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_durable_controls_fsync_only(tmp_path: Path, monkeypatch, durable: bool) -> None:
+    calls: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(fd), real(fd))[1])
+    recs = make_records(12, (4, 4))
+    with DatasetWriter(tmp_path / "out", kind="test", payload="image", record=REC, records_per_shard=5,
+                       durable=durable) as w:
+        w.write({"image": recs})
+    assert (len(calls) > 0) is durable
+    with open_dataset(tmp_path / "out") as ds:
+        np.testing.assert_array_equal(ds.payload.read_range(0, 12), recs)
