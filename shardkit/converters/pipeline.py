@@ -52,7 +52,7 @@ import numpy as np
 from shardkit.converters.base import Converter, detect_kind, get_converter, reason_category
 from shardkit.errors import ConfigError, ConversionError, InputFileError
 from shardkit.formats import DatasetWriter
-from shardkit.formats.spec import DEFAULT_SHARD_BYTES
+from shardkit.formats.spec import DEFAULT_SHARD_BYTES, records_per_shard_for
 from shardkit.formats.writer import remove_output
 
 __all__ = ["ConvertSummary", "convert", "run_converter", "default_workers", "WINDOW_BITS"]
@@ -287,6 +287,11 @@ def run_converter(
     if strict and scan.skipped:
         s = scan.skipped[0]
         raise _strict_stop(s.path, s.reason)
+    if records_per_shard is None and conv.payload == "image" and n:
+        # One record per input at most: a corpus smaller than a shard gets a shard (and a shard
+        # index, which has one entry per slot) of its own size instead of a mostly empty one.
+        full = records_per_shard_for(conv.record_spec().nbytes, shard_bytes)
+        records_per_shard = min(full, n) if n < full else None
     config = {
         "converter": conv.config(),
         "inputs": conv.inputs_fingerprint(scan),
