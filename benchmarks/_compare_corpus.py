@@ -322,16 +322,3 @@ def resident_bytes(paths: list[Path]) -> int:
             mm.close()
     return total
 
-
-def drop_cache(paths: list[Path]) -> None:
-    """Evict files from the page cache so the next read comes from the device."""
-    for p in paths:
-        try:
-            fd = os.open(p, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)

@@ -37,6 +37,7 @@ import numpy as np  # noqa: E402
 
 from shardkit.formats import DatasetWriter, FieldSpec, open_dataset  # noqa: E402
 from shardkit.readers import TieredSampler  # noqa: E402
+from _common import drop_cache, synthetic_dataset  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "_data" / "adapters-bench"
@@ -44,33 +45,6 @@ SHAPE = (224, 224, 3)
 BATCH = 256
 
 
-def generate(n: int) -> Path:
-    """Write ``n`` records once (reused while the record count matches)."""
-    if (DATA / "zarr.json").exists():
-        with open_dataset(DATA) as ds:
-            if ds.num_records == n:
-                return DATA
-        shutil.rmtree(DATA)
-    rng = np.random.default_rng(0)
-    pattern = rng.integers(0, 256, size=(BATCH, *SHAPE), dtype=np.uint8)
-    with DatasetWriter(DATA, kind="bench", payload="image", record=FieldSpec(SHAPE, "uint8"),
-                       fields={"label": FieldSpec((), "int64")}, overwrite=True) as w:  # fmt: skip
-        for a in range(0, n, BATCH):
-            k = min(BATCH, n - a)
-            images = pattern[:k].copy()
-            images[:, 0, 0, 0] = np.arange(a, a + k) % 256
-            w.write({"image": images, "label": np.arange(a, a + k) % 1000})
-    return DATA
-
-
-def drop_cache(path: Path) -> None:
-    for f in path.rglob("*"):
-        if f.is_file():
-            fd = os.open(f, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
 
 
 def warm_cache(path: Path) -> None:
@@ -176,7 +150,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--child", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    path = generate(args.records)
+    path = synthetic_dataset(DATA, args.records)
 
     if args.child:  # tf.data runs in its own interpreter: TensorFlow and torch share no process
         cache, *names = args.child

@@ -65,13 +65,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import order_metrics as om  # noqa: E402
+from _common import drop_cache  # noqa: E402
 from _compare_corpus import (  # noqa: E402
     PEER_SHARD_BYTES,
     RECORD_NBYTES,
     CorpusSpec,
     build_jpegs,
     build_records,
-    drop_cache,
     format_files,
     resident_bytes,
     write_mds,

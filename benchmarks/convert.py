@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
+from _common import drop_cache
 
 import shardkit
 
@@ -64,14 +65,6 @@ def make_corpus(n: int) -> list[Path]:
         marker.touch()
     return sorted(DATA.rglob("*.jpg"))
 
-
-def drop_cache(files: list[Path]) -> None:
-    for f in files:
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def bare_loop(files: list[Path]) -> float:

@@ -24,6 +24,7 @@ from shardkit.formats import DatasetWriter, FieldSpec, open_dataset
 from shardkit.readers import TieredSampler
 from shardkit.readers.config import parse_capacity
 from shardkit.readers.pipeline import assemble_batch
+from _common import drop_cache, synthetic_dataset
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "_data" / "sample-bench"
@@ -31,32 +32,6 @@ SHAPE = (224, 224, 3)
 REC = int(np.prod(SHAPE))
 
 
-def generate(n: int) -> Path:
-    if (DATA / "zarr.json").exists():
-        ds = open_dataset(DATA)
-        if ds.num_records == n:
-            return DATA
-        shutil.rmtree(DATA)
-    rng = np.random.default_rng(0)
-    pattern = rng.integers(0, 256, size=(256, *SHAPE), dtype=np.uint8)
-    with DatasetWriter(DATA, kind="bench", payload="image", record=FieldSpec(SHAPE, "uint8"),
-                       fields={"label": FieldSpec((), "int64")}, overwrite=True) as w:
-        for a in range(0, n, 256):
-            k = min(256, n - a)
-            img = pattern[:k].copy()
-            img[:, 0, 0, 0] = (np.arange(a, a + k) % 256)
-            w.write({"image": img, "label": np.arange(a, a + k) % 1000})
-    return DATA
-
-
-def drop_cache(path: Path) -> None:
-    for f in path.rglob("*"):
-        if f.is_file():
-            fd = os.open(f, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
 
 
 def raw_sequential(ds_path: Path) -> float:
@@ -233,7 +208,7 @@ def main() -> None:
     args = ap.parse_args()
     n = int(args.gib * 2**30 // REC)
     t0 = time.perf_counter()
-    path = generate(n)
+    path = synthetic_dataset(DATA, n)
     print(f"dataset: {n} records of {REC} B = {n * REC / 2**30:.2f} GiB ({time.perf_counter() - t0:.0f} s to prepare)",
           file=sys.stderr)
     ssd_dir = Path(tempfile.mkdtemp(prefix="sk-bench-ssd-", dir=HERE / "_data"))  # same disk

@@ -36,6 +36,7 @@ import numpy as np
 import psutil
 
 from shardkit.formats import DatasetWriter, FieldSpec, open_dataset
+from _common import drop_cache, synthetic_dataset
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "_data" / "shared-bench"
@@ -43,32 +44,6 @@ SHAPE = (224, 224, 3)
 REC = int(np.prod(SHAPE))
 
 
-def generate(n: int) -> Path:
-    if (DATA / "zarr.json").exists():
-        ds = open_dataset(DATA)
-        if ds.num_records == n:
-            return DATA
-        shutil.rmtree(DATA)
-    rng = np.random.default_rng(0)
-    pattern = rng.integers(0, 256, size=(256, *SHAPE), dtype=np.uint8)
-    with DatasetWriter(DATA, kind="bench", payload="image", record=FieldSpec(SHAPE, "uint8"),
-                       fields={"label": FieldSpec((), "int64")}, overwrite=True) as w:
-        for a in range(0, n, 256):
-            k = min(256, n - a)
-            img = pattern[:k].copy()
-            img[:, 0, 0, 0] = np.arange(a, a + k) % 256
-            w.write({"image": img, "label": np.arange(a, a + k) % 1000})
-    return DATA
-
-
-def drop_cache(path: Path) -> None:
-    for f in path.rglob("*"):
-        if f.is_file():
-            fd = os.open(f, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
 
 
 class Evictor:
@@ -202,7 +177,7 @@ def main() -> None:
     ap.add_argument("--step-ms", type=float, default=0.0,
                     help="sleep per batch in every job: an accelerator step (time passes, the CPU is free)")
     args = ap.parse_args()
-    path = generate(args.records)
+    path = synthetic_dataset(DATA, args.records)
     print(f"machine: {platform.node()} {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB; "
           f"load {os.getloadavg()}; date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"dataset: {args.records} records x {REC} B = {args.records * REC / 1e9:.2f} GB; epochs per job {args.epochs}; "

@@ -136,3 +136,20 @@ def test_durable_controls_fsync_only(tmp_path: Path, monkeypatch, durable: bool)
     assert (len(calls) > 0) is durable
     with open_dataset(tmp_path / "out") as ds:
         np.testing.assert_array_equal(ds.payload.read_range(0, 12), recs)
+
+
+def test_unreadable_staging_record_means_that_shard_is_redone(tmp_path: Path) -> None:
+    recs = make_records(40, (4, 4))
+    w = _writer(tmp_path / "out")
+    _feed(w, recs, 0, 22)  # 3 complete shards
+    w.abort()
+    (tmp_path / "out" / ".shardkit-staging" / "fields-000002.npz").write_bytes(b"truncated by a power cut")
+    w2 = _writer(tmp_path / "out")
+    assert w2.records_written == 10  # shards 0 and 1 kept, shard 2 redone
+    _feed(w2, recs, w2.input_cursor, 40)
+    w2.close()
+    with _writer(tmp_path / "ref") as ref:
+        _feed(ref, recs, 0, 40)
+    a, b = open_dataset(tmp_path / "ref"), open_dataset(tmp_path / "out")
+    assert [s.crc32c for s in a.meta.shards] == [s.crc32c for s in b.meta.shards]
+    np.testing.assert_array_equal(a.fields["label"], b.fields["label"])

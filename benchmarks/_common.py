@@ -1,0 +1,63 @@
+"""Helpers shared by the benchmark scripts (they run as ``python benchmarks/<name>.py``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+from shardkit.formats import DatasetWriter, FieldSpec, open_dataset
+
+__all__ = ["drop_cache", "synthetic_dataset", "IMAGE_SHAPE"]
+
+#: The record every throughput benchmark uses: one 224x224 RGB image, 150,528 bytes.
+IMAGE_SHAPE = (224, 224, 3)
+
+
+def _files(paths: Path | Iterable[Path]) -> Iterable[Path]:
+    if isinstance(paths, Path):
+        return [paths] if paths.is_file() else (f for f in paths.rglob("*") if f.is_file())
+    return paths
+
+
+def drop_cache(paths: Path | Iterable[Path]) -> None:
+    """Evict files (or every file under a directory) from the page cache.
+
+    fsync first: dirty pages cannot be dropped, so a freshly written file would otherwise stay cached.
+    """
+    for f in _files(paths):
+        try:
+            fd = os.open(f, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def synthetic_dataset(path: Path, n: int, shape: tuple[int, ...] = IMAGE_SHAPE) -> Path:
+    """A dataset of ``n`` uint8 records at ``path``, written once and reused while ``n`` matches.
+
+    Record ``i`` is one of 256 random images with its first byte set to ``i % 256`` (so a wrong key is
+    visible) and label ``i % 1000``.
+    """
+    if (path / "zarr.json").exists():
+        with open_dataset(path) as ds:
+            if ds.num_records == n and ds.meta.record.shape == tuple(shape):
+                return path
+        shutil.rmtree(path)
+    rng = np.random.default_rng(0)
+    pattern = rng.integers(0, 256, size=(256, *shape), dtype=np.uint8)
+    with DatasetWriter(path, kind="bench", payload="image", record=FieldSpec(shape, "uint8"),
+                       fields={"label": FieldSpec((), "int64")}, overwrite=True) as w:
+        for a in range(0, n, 256):
+            k = min(256, n - a)
+            images = pattern[:k].copy()
+            images.reshape(k, -1)[:, 0] = np.arange(a, a + k) % 256
+            w.write({"image": images, "label": np.arange(a, a + k) % 1000})
+    return path
