@@ -8,7 +8,7 @@ caller's order: reading a block of a random permutation costs the same as readin
 in storage order. A *sparse* selection of uncompressed records (more than one run) is read
 differently: every run is first announced to the kernel (``madvise(MADV_WILLNEED)`` on a read-only
 mapping), so the device works through all of them at a deep queue instead of one record at a time,
-and then one numpy gather per shard copies them into place with the GIL released (see
+and then numpy gathers copy them into place with the GIL released (see
 :meth:`PayloadArray._read_mapped` for the measurements).
 
 ``gap_bytes`` defaults to 64 KiB: at ~2 GB/s sequential, reading 64 KiB takes ~30 µs, about what one
@@ -50,6 +50,8 @@ logger = logging.getLogger(__name__)
 #: Gaps up to this many bytes between wanted records are read (and discarded) rather than skipped.
 DEFAULT_GAP_BYTES = 64 * 1024
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 1024)
+#: Records gathered per mapped window (see PayloadArray._read_mapped): ~10 MB of 150 KB records.
+_GATHER_RECORDS = 64
 
 
 @dataclass
@@ -331,43 +333,45 @@ class PayloadArray:
 
         Every run is first announced with ``madvise(MADV_WILLNEED)`` on a read-only mapping of its
         shard, so the kernel queues all of them at once (asynchronous readahead, a deep device
-        queue) instead of one record at a time; then one numpy gather per shard copies the records
-        into their rows, with the GIL released for the whole shard. Per-record ``preadv`` calls
+        queue) instead of one record at a time; then numpy gathers copy the records into their rows
+        with the GIL released, one call per window of records. Per-record ``preadv`` calls
         would each have to re-take the GIL, which a consumer thread running Python holds for up to
         the 5 ms switch interval. Measured here on 4,096 random records of 150 KB in 1,024-record
         blocks, cold: per-record preadv 264-773 MB/s idle and 15-16 MB/s beside a busy Python
-        thread; this path 1,109-1,206 MB/s idle and 302-376 MB/s beside it. Mappings are closed
-        shard by shard as soon as they are copied, so mapped pages never accumulate in the RSS.
+        thread; this path 1,109-1,206 MB/s idle and 302-376 MB/s beside it. Records are gathered
+        through windows of ``_GATHER_RECORDS`` records, each unmapped at once, so mapped pages never
+        accumulate in the RSS.
         """
         rec = self.record_nbytes
-        maps: dict[int, mmap.mmap] = {}
-        try:
-            for run in runs:
-                m = maps.get(run.shard)
-                if m is None:
-                    m = maps[run.shard] = mmap.mmap(
-                        run.fd, self._data_nbytes(run.shard), prot=mmap.PROT_READ
-                    )
-                start = int(run.offs[0])
-                end = int(run.offs[-1] + run.sizes[-1])
-                aligned = start - start % mmap.PAGESIZE
-                m.madvise(mmap.MADV_WILLNEED, aligned, end - aligned)
-                self.stats.add(run.path, start, end - start)
-            by_shard: dict[int, list[_Run]] = {}
-            for run in runs:
-                by_shard.setdefault(run.shard, []).append(run)
-            for i, shard_runs in by_shard.items():
-                offs = np.concatenate([r.offs for r in shard_runs])
-                pos = np.concatenate([r.pos for r in shard_runs])
-                records = np.frombuffer(maps[i], dtype=np.uint8).reshape(-1, rec)
-                rows[pos] = records[offs // rec]
-                del records  # the mapping cannot close while a view of it exists
-                # Unmap at once: touched file pages count in RSS while mapped, so keeping every
-                # shard mapped until the end would add the whole block to the process's RSS.
-                maps.pop(i).close()
-        finally:
-            for m in maps.values():
-                m.close()
+        by_shard: dict[int, list[_Run]] = {}
+        for run in runs:
+            by_shard.setdefault(run.shard, []).append(run)
+        # 1. Announce every run of every shard. The mapping is never touched, so it adds nothing to
+        #    the RSS; the readahead it starts goes on in the page cache after it is unmapped.
+        for i, shard_runs in by_shard.items():
+            with mmap.mmap(shard_runs[0].fd, self._data_nbytes(i), prot=mmap.PROT_READ) as m:
+                for run in shard_runs:
+                    start = int(run.offs[0])
+                    end = int(run.offs[-1] + run.sizes[-1])
+                    aligned = start - start % mmap.PAGESIZE
+                    m.madvise(mmap.MADV_WILLNEED, aligned, end - aligned)
+                    self.stats.add(run.path, start, end - start)
+        # 2. Gather, shard by shard in ascending offsets, through windows of a few MiB: touched
+        #    file pages count in the RSS while mapped, so a window bounds what a read adds to it.
+        for i, shard_runs in by_shard.items():
+            offs = np.concatenate([r.offs for r in shard_runs])
+            pos = np.concatenate([r.pos for r in shard_runs])
+            fd = shard_runs[0].fd
+            for a in range(0, offs.size, _GATHER_RECORDS):
+                w_offs, w_pos = offs[a : a + _GATHER_RECORDS], pos[a : a + _GATHER_RECORDS]
+                base = int(w_offs[0]) - int(w_offs[0]) % mmap.ALLOCATIONGRANULARITY
+                length = int(w_offs[-1]) + rec - base
+                first = int(w_offs[0])
+                with mmap.mmap(fd, length, prot=mmap.PROT_READ, offset=base) as m:
+                    # Offsets are multiples of rec, so from the first record on the window is whole records.
+                    records = np.frombuffer(m, dtype=np.uint8, count=length - (first - base), offset=first - base)
+                    rows[w_pos] = records.reshape(-1, rec)[(w_offs - first) // rec]
+                    del records  # the mapping cannot close while a view of it exists
 
     def _data_nbytes(self, i: int) -> int:
         return os.fstat(self._fd(i)).st_size - index_nbytes(self.records_per_shard)
