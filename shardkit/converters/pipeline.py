@@ -38,6 +38,7 @@ import multiprocessing as mp
 import os
 import queue
 import signal
+import sys
 import threading
 import time
 from collections import Counter, deque
@@ -183,8 +184,21 @@ def _decode_chunk(chunk: list[tuple[int, Any]]) -> list[Outcome]:
     return [_decode_one(conv, i, item) for i, item in chunk]
 
 
+def _main_is_importable() -> bool:
+    """Whether spawned workers can re-import ``__main__`` (they must, as for DataLoader workers)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    return path is None or os.path.exists(path) or getattr(main, "__spec__", None) is not None
+
+
 def _outcomes(conv: Converter, items: Sequence[Any], start: int, workers: int) -> Iterator[Outcome]:
     n = len(items)
+    if workers > 1 and not _main_is_importable():
+        # Worker processes start by re-importing the caller's main module (forkserver / spawn); a
+        # program read from stdin or typed with ``python -c`` has no file to import from.
+        logger.warning("the calling program has no importable main module (stdin?): decoding in this "
+                       "process instead of %d workers", workers)
+        workers = 1
     if workers <= 1:
         for i in range(start, n):
             yield _decode_one(conv, i, items[i])
@@ -502,7 +516,9 @@ def convert(
         Corpus kind (``coco``, ``imagefolder``, ``cifar10``, ``cifar100``, ``audio``); detected
         when ``None``.
     workers
-        Decode processes (default: the cores available). The output does not depend on it.
+        Decode processes (default: the cores available). The output does not depend on it. As
+        with DataLoader workers, the processes re-import the calling script: guard its top-level
+        code with ``if __name__ == "__main__":``. A program read from stdin decodes in-process.
     strict
         Stop at the first bad input (``ConversionError`` naming it) instead of skipping it.
     overwrite
