@@ -38,7 +38,7 @@ def main() -> None:
     ])
     model.compile(optimizer=tf.keras.optimizers.Adam(0.05),
                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
-    model.fit(data, epochs=args.epochs, verbose=2)
+    model.fit(data, epochs=args.epochs, verbose=2, shuffle=False)  # shardkit already shuffles, exactly
 
 
 if __name__ == "__main__":
