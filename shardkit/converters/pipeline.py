@@ -39,6 +39,7 @@ import os
 import queue
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter, deque
@@ -156,9 +157,39 @@ def _watch_parent(pid: int) -> None:
     os._exit(1)
 
 
-def _init_worker(conv: Converter, parent_pid: int) -> None:
-    global _WORKER
+@dataclass(frozen=True)
+class _RingSpec:
+    """Where decoded payloads travel from workers to the parent: a file-backed ring of slots.
+
+    Pickling every decoded 150 KB image through the pool's pipe cost about a quarter of two
+    workers' time on 2 cores (measured: 2,000 images in 3.0-3.5 s returning arrays vs 2.6 s
+    returning nothing). Instead each task gets a slot; the worker writes the chunk's payloads there
+    and returns only small fields, and the parent copies the payloads out and frees the slot.
+    """
+
+    path: str
+    slots: int
+    per_slot: int
+    record_nbytes: int
+
+    def open(self, mode: str) -> np.memmap:
+        return np.memmap(self.path, dtype=np.uint8, mode=mode, shape=(self.slots, self.per_slot, self.record_nbytes))
+
+
+@dataclass(frozen=True)
+class _InRing:
+    """Placeholder for a payload left in the ring: record ``index`` of the task's slot."""
+
+    index: int
+
+
+_RING: np.memmap | None = None
+
+
+def _init_worker(conv: Converter, parent_pid: int, ring: _RingSpec | None = None) -> None:
+    global _WORKER, _RING
     _WORKER = conv
+    _RING = None if ring is None else ring.open("r+")
     # Ctrl-C goes to the whole process group; the parent decides, workers must not print tracebacks.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Pool workers hold both ends of their task queue, so they never see EOF when the parent is
@@ -177,11 +208,53 @@ def _decode_one(conv: Converter, index: int, item: Any) -> Outcome:
         return index, "error", (conv.item_path(item), f"{type(exc).__name__}: {exc}")
 
 
-def _decode_chunk(chunk: list[tuple[int, Any]]) -> list[Outcome]:
+def _decode_chunk(chunk: list[tuple[int, Any]], slot: int | None = None) -> list[Outcome]:
     conv = _WORKER
     if conv is None:  # pragma: no cover - initializer always ran
         raise RuntimeError("worker not initialised")
-    return [_decode_one(conv, i, item) for i, item in chunk]
+    outcomes = [_decode_one(conv, i, item) for i, item in chunk]
+    if slot is not None and _RING is not None:
+        ring = _RING[slot]
+        j = 0
+        for _, status, records in outcomes:
+            if status != "ok":
+                continue
+            for rec in records:
+                payload = np.ascontiguousarray(rec[conv.payload])
+                if j >= ring.shape[0] or payload.nbytes != ring.shape[1]:
+                    continue  # does not fit (e.g. many audio windows): travels pickled
+                ring[j] = payload.reshape(-1).view(np.uint8)
+                rec[conv.payload] = _InRing(j)
+                j += 1
+    return outcomes
+
+
+def _take_from_ring(conv: Converter, outcomes: list[Outcome], ring: np.ndarray) -> None:
+    """Replace ring placeholders by copies of the payloads (the slot is reused afterwards)."""
+    spec = conv.record_spec()
+    for _, status, records in outcomes:
+        if status != "ok":
+            continue
+        for rec in records:
+            ref = rec[conv.payload]
+            if isinstance(ref, _InRing):
+                rec[conv.payload] = ring[ref.index].view(spec.dtype).reshape(spec.shape).copy()
+
+
+def _ring_dir() -> str:
+    shm = "/dev/shm"
+    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else tempfile.gettempdir()
+
+
+def _remove_stale_rings(directory: str) -> None:
+    """Delete rings left by conversions that were killed (their pid no longer runs)."""
+    for path in Path(directory).glob("shardkit-convert-*.ring"):
+        try:
+            pid = int(path.name.split("-")[2])
+        except (IndexError, ValueError):
+            continue
+        if pid != os.getpid() and not _parent_alive(pid):
+            path.unlink(missing_ok=True)
 
 
 def _main_is_importable() -> bool:
@@ -204,17 +277,30 @@ def _outcomes(conv: Converter, items: Sequence[Any], start: int, workers: int) -
             yield _decode_one(conv, i, items[i])
         return
     chunk = max(1, int(conv.chunk_size))
+    inflight = workers * _INFLIGHT_PER_WORKER
+    _remove_stale_rings(_ring_dir())
+    fd, ring_path = tempfile.mkstemp(prefix=f"shardkit-convert-{os.getpid()}-", suffix=".ring", dir=_ring_dir())
+    ring_spec = _RingSpec(ring_path, inflight, chunk, conv.record_spec().nbytes)
+    try:
+        os.ftruncate(fd, ring_spec.slots * ring_spec.per_slot * ring_spec.record_nbytes)
+    finally:
+        os.close(fd)
+    ring = ring_spec.open("r")
+    free = list(range(inflight))
     ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
-    pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(conv, os.getpid()))
-    pending: deque[Future[list[Outcome]]] = deque()
+    pool = ProcessPoolExecutor(
+        workers, mp_context=ctx, initializer=_init_worker, initargs=(conv, os.getpid(), ring_spec)
+    )
+    pending: deque[tuple[int, Future[list[Outcome]]]] = deque()
     next_i = start
     try:
         while pending or next_i < n:
-            while next_i < n and len(pending) < workers * _INFLIGHT_PER_WORKER:
+            while next_i < n and free:
                 stop = min(n, next_i + chunk)
-                pending.append(pool.submit(_decode_chunk, [(k, items[k]) for k in range(next_i, stop)]))
+                slot = free.pop()
+                pending.append((slot, pool.submit(_decode_chunk, [(k, items[k]) for k in range(next_i, stop)], slot)))
                 next_i = stop
-            fut = pending.popleft()
+            slot, fut = pending.popleft()
             try:
                 results = fut.result()
             except BrokenProcessPool:
@@ -222,11 +308,15 @@ def _outcomes(conv: Converter, items: Sequence[Any], start: int, workers: int) -
                     "a decode worker process died (killed, out of memory or a crashing decoder); "
                     "completed shards are kept: re-run the same command to resume"
                 ) from None
+            _take_from_ring(conv, results, ring[slot])
+            free.append(slot)
             yield from results
     finally:
-        for f in pending:
+        for _, f in pending:
             f.cancel()
         pool.shutdown(wait=True, cancel_futures=True)
+        del ring
+        os.unlink(ring_path)
 
 
 # ---------------------------------------------------------------------- parent side

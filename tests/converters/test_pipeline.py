@@ -75,10 +75,16 @@ def test_resume_after_sigkill_matches_uninterrupted(corpus: Path, tmp_path: Path
     assert len(staged) >= 3  # several shards completed before the kill
     with pytest.raises(shardkit.errors.IncompleteDatasetError):
         open_dataset(out)
-    resumed = shardkit.convert(corpus, out, size=24, workers=1, shard_bytes=shard_bytes)
+    resumed = shardkit.convert(corpus, out, size=24, workers=2, shard_bytes=shard_bytes)
     assert 0 < resumed.records_this_run < resumed.records == ref.records
     assert_same_dataset(tmp_path / "ref", out)
     assert verify(out).ok
+    # The killed run's payload ring (shared memory) was removed by the next conversion.
+    from shardkit.converters.pipeline import _parent_alive, _ring_dir
+
+    leftovers = [p for p in Path(_ring_dir()).glob("shardkit-convert-*.ring")
+                 if not _parent_alive(int(p.name.split("-")[2]))]
+    assert leftovers == []
 
 
 def test_resume_inside_an_audio_file_cut_into_windows(tmp_path: Path) -> None:
