@@ -14,6 +14,12 @@ Bounded memory
     the corpus size. (``Pool.imap`` would read the whole input iterable ahead and let results
     pile up when the writer is slower, so it is not used.)
 
+Payload path
+    Decode workers write each task's decoded payloads into a slot of a file-backed ring in
+    ``/dev/shm`` and return only small fields; the parent copies the payloads out and reuses the
+    slot (see :class:`_RingSpec`). Writes to the dataset run on a background thread
+    (:class:`_BackgroundWriter`), so decoding never waits for a shard's fsync.
+
 Resume
     Each record carries the *input cursor* after it; :class:`~shardkit.formats.DatasetWriter`
     stages it with every completed shard. Because one input may give several records (audio
