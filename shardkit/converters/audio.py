@@ -18,7 +18,14 @@ import numpy as np
 
 from shardkit.converters.audio_transforms import AUDIO_EXTENSIONS, AudioTransform
 from shardkit.converters.base import Converter, Record, ScanResult, register
-from shardkit.converters.classfolders import choose_split, class_names, find_splits, media_share, scan_class_files
+from shardkit.converters.classfolders import (
+    ClassFolderFields,
+    choose_split,
+    class_names,
+    find_splits,
+    media_share,
+    scan_class_files,
+)
 from shardkit.errors import ConfigError, ConversionError, InputFileError
 from shardkit.formats import FieldSpec
 
@@ -29,7 +36,7 @@ _ALIASES = {"val": "validation", "valid": "validation", "testing": "test"}
 
 
 @register
-class AudioFolderConverter(Converter):
+class AudioFolderConverter(ClassFolderFields, Converter):
     """Convert class folders of audio clips into fixed-length records."""
 
     name = "audio"
@@ -99,23 +106,12 @@ class AudioFolderConverter(Converter):
             raise ConversionError(f"{self.base}: no files for split {self.split!r}")
         return ScanResult(items=items)
 
+    @property
+    def media_transform(self) -> Any:
+        return self.audio
+
     def record_spec(self) -> FieldSpec:
         return FieldSpec(self.audio.shape, self.audio.dtype)
-
-    def fields(self) -> dict[str, FieldSpec]:
-        return {"label": FieldSpec((), "int64")}
-
-    def labels(self) -> dict[str, list[str]]:
-        return {"label": list(self.classes)}
-
-    def transform(self) -> dict[str, Any]:
-        return self.audio.to_json()
-
-    def config(self) -> dict[str, Any]:
-        return {**super().config(), "transform": self.audio.to_json(), "classes": self.classes}
-
-    def item_path(self, item: tuple[str, int]) -> str:
-        return str(self.base / item[0])
 
     def decode(self, item: tuple[str, int]) -> list[Record]:
         rel, label = item

@@ -17,9 +17,20 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from shardkit.errors import ConfigError
+from typing import Any
 
-__all__ = ["SPLIT_NAMES", "find_splits", "choose_split", "class_names", "scan_class_files", "media_share"]
+from shardkit.errors import ConfigError
+from shardkit.formats import FieldSpec
+
+__all__ = [
+    "SPLIT_NAMES",
+    "ClassFolderFields",
+    "find_splits",
+    "choose_split",
+    "class_names",
+    "scan_class_files",
+    "media_share",
+]
 
 #: Directory names that mark a split layout.
 SPLIT_NAMES = ("train", "val", "valid", "validation", "test")
@@ -107,3 +118,30 @@ def media_share(root: Path, exts: Iterable[str], limit: int = 200) -> tuple[int,
                     if total >= limit:
                         return media, total
     return media, total
+
+
+class ClassFolderFields:
+    """What a class-folder converter's records share, whatever the media: the ``label`` field, its
+    names (the sorted class folders), input paths relative to ``base`` and the transform's JSON in
+    the config. Subclasses set ``base``, ``classes`` and ``media_transform`` (an object with
+    ``to_json()``) and list this class before :class:`~shardkit.converters.base.Converter`.
+    """
+
+    base: Path
+    classes: list[str]
+    media_transform: Any
+
+    def fields(self) -> dict[str, FieldSpec]:
+        return {"label": FieldSpec((), "int64")}
+
+    def labels(self) -> dict[str, list[str]]:
+        return {"label": list(self.classes)}
+
+    def transform(self) -> dict[str, Any]:
+        return self.media_transform.to_json()
+
+    def config(self) -> dict[str, Any]:
+        return {**super().config(), "transform": self.media_transform.to_json(), "classes": self.classes}  # type: ignore[misc]
+
+    def item_path(self, item: tuple[str, int]) -> str:
+        return str(self.base / item[0])

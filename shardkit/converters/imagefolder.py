@@ -12,6 +12,7 @@ import numpy as np
 
 from shardkit.converters.base import Converter, Record, ScanResult, register
 from shardkit.converters.classfolders import (
+    ClassFolderFields,
     choose_split,
     class_names,
     find_splits,
@@ -35,7 +36,7 @@ IMAGE_OPTIONS: dict[str, Any] = {
 
 
 @register
-class ImageFolderConverter(Converter):
+class ImageFolderConverter(ClassFolderFields, Converter):
     """Convert class folders of images; label = folder name, label names sorted."""
 
     name = "imagefolder"
@@ -67,23 +68,12 @@ class ImageFolderConverter(Converter):
             raise ConversionError(f"{self.base}: the class folders hold no files")
         return ScanResult(items=items)
 
+    @property
+    def media_transform(self) -> Any:
+        return self.image
+
     def record_spec(self) -> FieldSpec:
         return FieldSpec((self.image.height, self.image.width, 3), "uint8")
-
-    def fields(self) -> dict[str, FieldSpec]:
-        return {"label": FieldSpec((), "int64")}
-
-    def labels(self) -> dict[str, list[str]]:
-        return {"label": list(self.classes)}
-
-    def transform(self) -> dict[str, Any]:
-        return self.image.to_json()
-
-    def config(self) -> dict[str, Any]:
-        return {**super().config(), "transform": self.image.to_json(), "classes": self.classes}
-
-    def item_path(self, item: tuple[str, int]) -> str:
-        return str(self.base / item[0])
 
     def decode(self, item: tuple[str, int]) -> list[Record]:
         rel, label = item
