@@ -22,7 +22,6 @@ import argparse
 import os
 import platform
 import resource
-import shutil
 import statistics
 import subprocess
 import sys
@@ -35,7 +34,6 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
 import numpy as np  # noqa: E402
 
-from shardkit.formats import DatasetWriter, FieldSpec, open_dataset  # noqa: E402
 from shardkit.readers import TieredSampler  # noqa: E402
 from _common import drop_cache, synthetic_dataset  # noqa: E402
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import resource
 import shutil
 import statistics
 import sys
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shardkit.formats import DatasetWriter, FieldSpec, open_dataset
+from shardkit.formats import open_dataset
 from shardkit.readers import TieredSampler
 from shardkit.readers.config import parse_capacity
 from shardkit.readers.pipeline import assemble_batch

@@ -26,7 +26,6 @@ import argparse
 import multiprocessing as mp
 import os
 import platform
-import shutil
 import threading
 import time
 from pathlib import Path
@@ -35,7 +34,6 @@ from typing import Any
 import numpy as np
 import psutil
 
-from shardkit.formats import DatasetWriter, FieldSpec, open_dataset
 from _common import drop_cache, synthetic_dataset
 
 HERE = Path(__file__).resolve().parent

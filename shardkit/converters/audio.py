@@ -23,10 +23,9 @@ from shardkit.converters.classfolders import (
     choose_split,
     class_names,
     find_splits,
-    media_share,
     scan_class_files,
 )
-from shardkit.errors import ConfigError, ConversionError, InputFileError
+from shardkit.errors import ConfigError, ConversionError
 from shardkit.formats import FieldSpec
 
 __all__ = ["AudioFolderConverter"]
@@ -41,6 +40,8 @@ class AudioFolderConverter(ClassFolderFields, Converter):
 
     name = "audio"
     payload = "audio"
+    media_extensions = frozenset(AUDIO_EXTENSIONS)
+    media_name = "audio"
     option_defaults = {
         "split": None,
         "sample_rate": 16000,
@@ -75,13 +76,6 @@ class AudioFolderConverter(ClassFolderFields, Converter):
         if not self.classes:
             raise ConversionError(f"{self.base}: no class folders found (expected {self.base}/<label>/<audio files>)")
 
-    @classmethod
-    def detect(cls, src: Path) -> bool:
-        if not src.is_dir():
-            return False
-        media, total = media_share(src, AUDIO_EXTENSIONS)
-        return total > 0 and media * 2 > total
-
     def _listed(self, name: str) -> set[str]:
         path = self.lists.get(name)
         if path is None:
@@ -115,7 +109,5 @@ class AudioFolderConverter(ClassFolderFields, Converter):
 
     def decode(self, item: tuple[str, int]) -> list[Record]:
         rel, label = item
-        path = self.base / rel
-        if Path(rel).suffix.lower() not in AUDIO_EXTENSIONS:
-            raise InputFileError(str(path), f"unsupported: file extension {Path(rel).suffix or '(none)'!r} is not an audio type")
+        path = self.checked_path(rel)
         return [{"audio": clip, "label": np.int64(label)} for clip in self.audio.load(path)]

@@ -17,9 +17,9 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from typing import Any
+from typing import Any, ClassVar
 
-from shardkit.errors import ConfigError
+from shardkit.errors import ConfigError, InputFileError
 from shardkit.formats import FieldSpec
 
 __all__ = [
@@ -123,13 +123,35 @@ def media_share(root: Path, exts: Iterable[str], limit: int = 200) -> tuple[int,
 class ClassFolderFields:
     """What a class-folder converter's records share, whatever the media: the ``label`` field, its
     names (the sorted class folders), input paths relative to ``base`` and the transform's JSON in
-    the config. Subclasses set ``base``, ``classes`` and ``media_transform`` (an object with
-    ``to_json()``) and list this class before :class:`~shardkit.converters.base.Converter`.
+    the config, corpus detection by file extensions and the per-file extension check. Subclasses
+    set ``media_extensions`` and ``media_name`` (class attributes), ``base``, ``classes`` and
+    ``media_transform`` (an object with ``to_json()``), and list this class before
+    :class:`~shardkit.converters.base.Converter`.
     """
 
+    media_extensions: ClassVar[frozenset[str]]
+    media_name: ClassVar[str]
     base: Path
     classes: list[str]
     media_transform: Any
+
+    @classmethod
+    def detect(cls, src: Path) -> bool:
+        """A directory whose class folders hold mostly files of this media's extensions."""
+        if not src.is_dir():
+            return False
+        media, total = media_share(src, cls.media_extensions)
+        return total > 0 and media * 2 > total
+
+    def checked_path(self, rel: str) -> Path:
+        """``base / rel``, or InputFileError when its extension is not one of this media's."""
+        path = self.base / rel
+        suffix = Path(rel).suffix
+        if suffix.lower() not in self.media_extensions:
+            raise InputFileError(
+                str(path), f"unsupported: file extension {suffix or '(none)'!r} is not an {self.media_name} type"
+            )
+        return path
 
     def fields(self) -> dict[str, FieldSpec]:
         return {"label": FieldSpec((), "int64")}

@@ -16,11 +16,10 @@ from shardkit.converters.classfolders import (
     choose_split,
     class_names,
     find_splits,
-    media_share,
     scan_class_files,
 )
 from shardkit.converters.images import IMAGE_EXTENSIONS, ImageTransform
-from shardkit.errors import ConversionError, InputFileError
+from shardkit.errors import ConversionError
 from shardkit.formats import FieldSpec
 
 __all__ = ["ImageFolderConverter", "IMAGE_OPTIONS"]
@@ -41,6 +40,8 @@ class ImageFolderConverter(ClassFolderFields, Converter):
 
     name = "imagefolder"
     payload = "image"
+    media_extensions = frozenset(IMAGE_EXTENSIONS)
+    media_name = "image"
     option_defaults = {"split": None, **IMAGE_OPTIONS}
     chunk_size = 4
 
@@ -54,13 +55,6 @@ class ImageFolderConverter(ClassFolderFields, Converter):
         self.classes = class_names(self.src, splits)
         if not self.classes:
             raise ConversionError(f"{self.base}: no class folders found (expected {self.base}/<class>/<image files>)")
-
-    @classmethod
-    def detect(cls, src: Path) -> bool:
-        if not src.is_dir():
-            return False
-        media, total = media_share(src, IMAGE_EXTENSIONS)
-        return total > 0 and media * 2 > total
 
     def scan(self) -> ScanResult:
         items = scan_class_files(self.base, self.classes, IMAGE_EXTENSIONS)
@@ -77,8 +71,6 @@ class ImageFolderConverter(ClassFolderFields, Converter):
 
     def decode(self, item: tuple[str, int]) -> list[Record]:
         rel, label = item
-        path = self.base / rel
-        if Path(rel).suffix.lower() not in IMAGE_EXTENSIONS:
-            raise InputFileError(str(path), f"unsupported: file extension {Path(rel).suffix or '(none)'!r} is not an image type")
+        path = self.checked_path(rel)
         arr, _, _, _ = self.image.load(path)
         return [{"image": arr, "label": np.int64(label)}]
