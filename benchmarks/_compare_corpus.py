@@ -211,7 +211,7 @@ def write_shardkit(
         try:
             convert(str(src), str(out), kind="imagefolder", size=SIZE, workers=workers)
             how = "shardkit.convert"
-        except Exception as exc:  # noqa: BLE001 - benchmark falls back and says so
+        except Exception as exc:
             logger.warning("shardkit.convert failed (%s: %s); writing with DatasetWriter", type(exc).__name__, exc)
             shutil.rmtree(out, ignore_errors=True)
     if how == "shardkit.convert":
@@ -246,7 +246,7 @@ def _converter() -> Callable[..., Any] | None:
         return getattr(shardkit, "convert", None) or getattr(
             __import__("shardkit.converters", fromlist=["convert"]), "convert", None
         )
-    except Exception:  # noqa: BLE001 - not built yet
+    except Exception:
         return None
 
 

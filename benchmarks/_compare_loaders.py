@@ -82,7 +82,6 @@ class _PerFile:
 
     def __getitem__(self, i: int) -> tuple[Any, int, int]:
         import torch
-
         from _compare_corpus import perfile_transform
 
         img = perfile_transform(self.paths[i]) if self.decode else np.zeros(1, np.uint8)

@@ -32,10 +32,10 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
-import numpy as np  # noqa: E402
+import numpy as np
+from _common import drop_cache, synthetic_dataset
 
-from shardkit.readers import TieredSampler  # noqa: E402
-from _common import drop_cache, synthetic_dataset  # noqa: E402
+from shardkit.readers import TieredSampler
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "_data" / "adapters-bench"
@@ -137,7 +137,7 @@ def run_configs(
                 drop_cache(path)
             else:
                 warm_cache(path)
-            results[name].append(timed(lambda: make(epoch), count, n))
+            results[name].append(timed(lambda make=make, epoch=epoch: make(epoch), count, n))
             epoch += 1
     return results
 
@@ -163,7 +163,7 @@ def main() -> None:
              "--child", cache, "bare", "tf", "tf_noprefetch"],
             check=True, capture_output=True, text=True,
         )  # fmt: skip
-        tf_res = eval(out.stdout.strip().splitlines()[-1])  # noqa: S307 - our own child's repr of floats
+        tf_res = eval(out.stdout.strip().splitlines()[-1])
         rows.append((cache, "bare TieredSampler", res["bare"], res["bare"]))
         for key, label in (("torch0", "torch DataLoader, 0 workers"), ("torch2", "torch DataLoader, 2 workers"),
                            ("ipc2", "(DataLoader, 2 workers reading nothing: IPC ceiling)")):  # fmt: skip

@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
 from _common import drop_cache
+from PIL import Image
 
 import shardkit
 

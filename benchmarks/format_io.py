@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _common import drop_cache
 
 from shardkit.formats import DatasetWriter, FieldSpec, open_dataset
 from shardkit.formats.spec import DEFAULT_SHARD_BYTES, records_per_shard_for
-from _common import drop_cache
 
 RECORD = FieldSpec((224, 224, 3), "uint8")
 BATCH = 64

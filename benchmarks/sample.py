@@ -19,12 +19,12 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _common import drop_cache, synthetic_dataset
 
 from shardkit.formats import open_dataset
 from shardkit.readers import TieredSampler
 from shardkit.readers.config import parse_capacity
 from shardkit.readers.pipeline import assemble_batch
-from _common import drop_cache, synthetic_dataset
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "_data" / "sample-bench"
@@ -179,7 +179,6 @@ def threads_vs_processes(ds_path: Path, n: int = 8192) -> dict:
         work += _busy_python(0.01)
     res["thread_s"] = time.perf_counter() - t0
     res["thread_work"] = work
-    del out
     # process
     drop_cache(ds_path)
     shm = shared_memory.SharedMemory(create=True, size=n * REC)

@@ -33,7 +33,6 @@ from typing import Any
 
 import numpy as np
 import psutil
-
 from _common import drop_cache, synthetic_dataset
 
 HERE = Path(__file__).resolve().parent

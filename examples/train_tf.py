@@ -10,10 +10,10 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import tensorflow as tf  # noqa: E402
+import tensorflow as tf
 
-from shardkit.adapters.tf import make_tf_dataset  # noqa: E402
-from shardkit.formats import open_dataset  # noqa: E402
+from shardkit.adapters.tf import make_tf_dataset
+from shardkit.formats import open_dataset
 
 
 def main() -> None:

@@ -7,11 +7,10 @@ lazily.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
-from shardkit import errors  # noqa: E402
-from shardkit.formats import Dataset, DatasetWriter, FieldSpec, open_dataset, verify  # noqa: E402
-from shardkit.converters import convert  # noqa: E402
+from shardkit import errors
+from shardkit._version import __version__
+from shardkit.converters import convert
+from shardkit.formats import Dataset, DatasetWriter, FieldSpec, open_dataset, verify
 
 __all__ = [
     "__version__",

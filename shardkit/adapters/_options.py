@@ -125,6 +125,7 @@ class SamplerOptions:
         ``state`` (a sampler state dict of epoch ``start_epoch``) resumes inside that epoch; its
         ``start_epoch`` is replaced so the iteration still runs ``epochs`` whole epochs' worth.
         """
+        from shardkit.formats import Dataset
         from shardkit.readers import SharedSampler, TieredSampler  # the adapters know the readers only here
 
         if self.shared is not None:
@@ -132,7 +133,8 @@ class SamplerOptions:
                 raise ConfigError(f"shared={self.shared!r}: a shared job cannot resume inside an epoch")
             return SharedSampler(  # type: ignore[return-value]
                 self.shared, job_seed=self.seed, batch_size=self.batch_size, epochs=self.epochs,
-                rank=consumer, world_size=num_consumers, drop_last=self.drop_last, dataset=dataset,
+                rank=consumer, world_size=num_consumers, drop_last=self.drop_last,
+                dataset=dataset.path if isinstance(dataset, Dataset) else dataset,
             )  # fmt: skip
         kwargs: dict[str, Any] = {
             "tiers": self.tiers,

@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -37,7 +37,10 @@ from shardkit.adapters._extras import import_extra
 from shardkit.adapters._options import PayloadOptions, SamplerOptions, consumer_pass
 from shardkit.errors import ConfigError
 
-tf = import_extra("tensorflow", "tensorflow", needed_by="shardkit.adapters.tf")
+if TYPE_CHECKING:
+    import tensorflow as tf
+else:
+    tf = import_extra("tensorflow", "tensorflow", needed_by="shardkit.adapters.tf")
 
 __all__ = ["make_tf_dataset"]
 

@@ -55,7 +55,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -64,10 +64,13 @@ from shardkit.adapters._options import PayloadOptions, SamplerOptions, batches_p
 from shardkit.errors import ConfigError, SamplerError
 from shardkit.formats import Dataset, open_dataset
 
-torch = import_extra("torch", "torch", needed_by="shardkit.adapters.torch")
-from torch.utils.data import Dataset as _TorchDataset  # noqa: E402
-from torch.utils.data import IterableDataset as _TorchIterableDataset  # noqa: E402
-from torch.utils.data import get_worker_info  # noqa: E402
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = import_extra("torch", "torch", needed_by="shardkit.adapters.torch")
+from torch.utils.data import Dataset as _TorchDataset
+from torch.utils.data import IterableDataset as _TorchIterableDataset
+from torch.utils.data import get_worker_info
 
 __all__ = ["ShardIterableDataset", "ShardMapDataset", "to_tensors"]
 

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
             raise
         echo_err(f"error: {exc}")
         sys.exit(EXIT_ERROR)
-    except Exception as exc:  # noqa: BLE001 - the CLI never shows a raw traceback
+    except Exception as exc:
         if debug:
             raise
         echo_err(f"internal error: {type(exc).__name__}: {exc} (set SHARDKIT_DEBUG=1 for a traceback)")

@@ -84,7 +84,7 @@ def sample(
         f"throughput   {st.records_per_s:,.0f} records/s, {st.mb_per_s:,.1f} MB/s",
     ]
     for name, t in st.tiers.items():
-        if name == "ssd" and "ssd" not in sampler.tiers or name == "cache" and not sampler.static_cache:
+        if (name == "ssd" and "ssd" not in sampler.tiers) or (name == "cache" and not sampler.static_cache):
             continue
         what = {"ram": "assembled", "cache": "served"}.get(name, "read")
         lines.append(f"{name:<12} {t.bytes_read / 1e6:,.1f} MB {what} in {t.read_calls} calls ({t.records} records)")

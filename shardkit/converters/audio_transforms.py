@@ -45,7 +45,7 @@ def read_audio(path: Path) -> tuple[np.ndarray, int]:
         if "format" in lowered or "recognised" in lowered or "recognized" in lowered:
             raise InputFileError(str(path), f"unsupported: not an audio format libsndfile can read ({text})") from None
         raise InputFileError(str(path), f"corrupt: {text}") from None
-    except Exception as exc:  # noqa: BLE001 - any decoder failure is a corrupt input
+    except Exception as exc:
         raise InputFileError(str(path), f"corrupt: {type(exc).__name__}: {exc}") from None
     if data.shape[0] == 0:
         raise InputFileError(str(path), "empty: the file holds no audio frames")
@@ -61,7 +61,8 @@ def resample(x: np.ndarray, rate_in: int, rate_out: int) -> np.ndarray:
     from scipy.signal import resample_poly
 
     g = math.gcd(rate_in, rate_out)
-    return resample_poly(x, rate_out // g, rate_in // g, axis=0)
+    out: np.ndarray = resample_poly(x, rate_out // g, rate_in // g, axis=0)
+    return out
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,8 @@ class AudioTransform:
 
     def _channels(self, data: np.ndarray, path: str) -> np.ndarray:
         if self.channels == 1:
-            return data.mean(axis=1)
+            mono: np.ndarray = data.mean(axis=1)
+            return mono
         if data.shape[1] == self.channels:
             return data
         if data.shape[1] == 1:

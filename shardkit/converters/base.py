@@ -44,7 +44,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 #: One record as produced by :meth:`Converter.decode`: the payload and every declared field.
-Record = dict[str, np.ndarray]
+Record = dict[str, np.ndarray | np.generic]
 
 
 @dataclass(frozen=True)

@@ -92,7 +92,7 @@ def safe_load(path: Path) -> Any:
             f"{path}: refused to unpickle: {exc}; only plain containers, bytes and numpy arrays are "
             "allowed, because pickle can execute code"
         ) from None
-    except Exception as exc:  # noqa: BLE001 - a truncated/corrupt pickle is a corrupt batch file
+    except Exception as exc:
         raise ConversionError(f"{path}: not a readable CIFAR python batch ({type(exc).__name__}: {exc})") from None
     _check_plain(obj, path)
     return obj

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from pathlib import Path
-
 from typing import Any, ClassVar
 
 from shardkit.errors import ConfigError, InputFileError
@@ -108,7 +107,7 @@ def media_share(root: Path, exts: Iterable[str], limit: int = 200) -> tuple[int,
     media = total = 0
     for base in bases:
         for cls in _visible_dirs(base):
-            for dirpath, dirnames, filenames in os.walk(base / cls):
+            for _dirpath, dirnames, filenames in os.walk(base / cls):
                 dirnames.sort()
                 for f in sorted(filenames):
                     if f.startswith("."):
@@ -160,7 +159,7 @@ class ClassFolderFields:
         return {"label": list(self.classes)}
 
     def transform(self) -> dict[str, Any]:
-        return self.media_transform.to_json()
+        return dict(self.media_transform.to_json())
 
     def config(self) -> dict[str, Any]:
         return {**super().config(), "transform": self.media_transform.to_json(), "classes": self.classes}  # type: ignore[misc]

@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import json
 import math
-import zlib
 import os
+import zlib
 from collections import Counter
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any

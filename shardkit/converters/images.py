@@ -30,8 +30,8 @@ from __future__ import annotations
 import os
 import stat
 import warnings
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -122,7 +122,7 @@ def open_image(path: Path, *, max_pixels: int | None = None) -> tuple[Any, int, 
     with _strict_pillow(max_pixels):
         try:
             with open(path, "rb") as fh:
-                img = Image.open(fh)
+                img: Image.Image = Image.open(fh)
                 img.load()
         except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
             raise InputFileError(name, f"too-large: decompression bomb protection: {exc}") from None
@@ -135,12 +135,12 @@ def open_image(path: Path, *, max_pixels: int | None = None) -> tuple[Any, int, 
             if "truncated" in msg.lower():
                 raise InputFileError(name, f"truncated: {msg}") from None
             raise InputFileError(name, f"corrupt: {msg or type(exc).__name__}") from None
-        except Exception as exc:  # noqa: BLE001 - any decoder failure is a corrupt input
+        except Exception as exc:
             raise InputFileError(name, f"corrupt: {type(exc).__name__}: {exc}") from None
     stored = img.size
     try:
         orientation = int(img.getexif().get(0x0112, 1) or 1)
-    except Exception:  # noqa: BLE001 - a broken EXIF block is not worth losing the image
+    except Exception:
         orientation = 1
     if orientation not in range(1, 9):
         orientation = 1

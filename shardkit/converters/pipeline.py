@@ -179,7 +179,8 @@ class _RingSpec:
     record_nbytes: int
 
     def open(self, mode: str) -> np.memmap:
-        return np.memmap(self.path, dtype=np.uint8, mode=mode, shape=(self.slots, self.per_slot, self.record_nbytes))
+        shape = (self.slots, self.per_slot, self.record_nbytes)
+        return np.memmap(self.path, dtype=np.uint8, mode=mode, shape=shape)  # type: ignore[call-overload,no-any-return]
 
 
 @dataclass(frozen=True)
@@ -210,7 +211,7 @@ def _decode_one(conv: Converter, index: int, item: Any) -> Outcome:
         return index, "skip", (conv.item_path(item), exc.reason)
     except MemoryError:
         return index, "error", (conv.item_path(item), "out of memory while decoding")
-    except Exception as exc:  # noqa: BLE001 - reported to the parent, which stops the run
+    except Exception as exc:
         return index, "error", (conv.item_path(item), f"{type(exc).__name__}: {exc}")
 
 
@@ -383,7 +384,7 @@ class _BackgroundWriter:
             fn, args, kwargs = op
             try:
                 fn(*args, **kwargs)
-            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+            except BaseException as exc:
                 self._error = exc
 
     def _submit(self, fn: Callable[..., None], *args: Any, **kwargs: Any) -> None:
@@ -414,7 +415,7 @@ class _BackgroundWriter:
         """Finish what was queued (completed shards stay staged for a resume), then abort."""
         try:
             self.drain()
-        except BaseException:  # noqa: BLE001 - the original error is already propagating
+        except BaseException:
             pass
         self.writer.abort()
 
@@ -634,8 +635,8 @@ def convert(
     -------
     ConvertSummary
     """
-    kind = kind or detect_kind(src)
-    conv = get_converter(kind)(src, **options)
+    kind = kind or detect_kind(Path(src))
+    conv = get_converter(kind)(Path(src), **options)
     return run_converter(
         conv, out, workers=workers, strict=strict, overwrite=overwrite, compression=compression,
         shard_bytes=shard_bytes, records_per_shard=records_per_shard, progress=progress,

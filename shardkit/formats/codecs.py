@@ -78,7 +78,7 @@ def get_codec(name: str | None, **config: Any) -> RecordCodec | None:
             f"unknown compression {name!r}: expected one of {', '.join(available_codecs())}"
         ) from None
     try:
-        return cls(**config)  # type: ignore[call-arg]
+        return cls(**config)
     except TypeError as exc:
         raise ConfigError(f"bad configuration for compression {name!r}: {exc}") from None
 

@@ -59,14 +59,15 @@ class ShardIndex:
     @property
     def present(self) -> np.ndarray:
         """Boolean mask of entries that point at stored bytes."""
-        return ~((self.offsets == EMPTY_ENTRY) & (self.nbytes == EMPTY_ENTRY))
+        empty: np.ndarray = (self.offsets == EMPTY_ENTRY) & (self.nbytes == EMPTY_ENTRY)
+        return ~empty
 
     def encode(self) -> bytes:
         table = np.empty((self.capacity, 2), dtype=_INDEX_DTYPE)
         table[:, 0] = self.offsets
         table[:, 1] = self.nbytes
         raw = table.tobytes()
-        return raw + np.uint32(crc32c_of(raw)).astype("<u4").tobytes()
+        return raw + crc32c_of(raw).to_bytes(4, "little")
 
     @classmethod
     def dense(cls, count: int, capacity: int, record_nbytes: int) -> ShardIndex:

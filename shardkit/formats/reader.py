@@ -358,7 +358,7 @@ class PayloadArray:
                     self.stats.add(run.path, start, end - start)
         # 2. Gather, shard by shard in ascending offsets, through windows of a few MiB: touched
         #    file pages count in the RSS while mapped, so a window bounds what a read adds to it.
-        for i, shard_runs in by_shard.items():
+        for shard_runs in by_shard.values():
             offs = np.concatenate([r.offs for r in shard_runs])
             pos = np.concatenate([r.pos for r in shard_runs])
             fd = shard_runs[0].fd
@@ -417,7 +417,7 @@ class PayloadArray:
         self, fd: int, path: str, offs: np.ndarray, sizes: np.ndarray, pos: np.ndarray, rows: np.ndarray
     ) -> None:
         """One coalesced run: scatter records into their rows, gaps into the scratch buffer."""
-        scratch = memoryview(self._scratch)
+        scratch = self._scratch.data
         buffers: list[memoryview] = []
         start = int(offs[0])
         cursor = start
@@ -459,12 +459,12 @@ class PayloadArray:
         start = int(offs[0])
         length = int(offs[-1] + sizes[-1]) - start
         buf = np.empty(length, dtype=np.uint8)
-        self._preadv_all(fd, path, [memoryview(buf)], start)
-        view = memoryview(buf)
+        view = buf.data
+        self._preadv_all(fd, path, [view], start)
         for off, size, p in zip((offs - start).tolist(), sizes.tolist(), pos.tolist()):
             try:
                 self.codec.decode(view[off : off + size], rows[p])
-            except Exception as exc:  # noqa: BLE001 - any codec failure means corrupt bytes
+            except Exception as exc:
                 from shardkit.errors import CorruptShardError
 
                 raise CorruptShardError(f"{path}: record at offset {start + off} does not decode ({exc})") from None
@@ -475,7 +475,7 @@ class PayloadArray:
 
     def read_record(self, key: int) -> np.ndarray:
         """One record."""
-        return self.read(np.array([key]))[0]
+        return np.asarray(self.read(np.array([key]))[0])
 
     def memmap(self, i: int) -> np.memmap:
         """Zero-copy view ``[count, *record_shape]`` of uncompressed shard ``i``."""
@@ -497,7 +497,7 @@ class PayloadArray:
     def __del__(self) -> None:
         try:
             self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
+        except Exception:
             pass
 
 
@@ -528,7 +528,7 @@ def read_plain_array(path: Path, num_records: int | None = None) -> np.ndarray:
                 block[...] = np.frombuffer(data, dtype=dtype).reshape(chunk)
             else:
                 codec.decode(data, block)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             from shardkit.errors import CorruptShardError
 
             raise CorruptShardError(f"{file}: field chunk does not decode to {chunk} {dtype} ({exc})") from None

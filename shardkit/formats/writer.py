@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from shardkit import __version__
+from shardkit._version import __version__
 from shardkit.errors import ConversionError, OutOfSpaceError, SchemaError, ShardkitError
 from shardkit.formats.codecs import RecordCodec, codec_from_json, get_codec
 from shardkit.formats.index import ShardIndex, crc32c_of, extend_crc32c
@@ -79,7 +79,7 @@ def _as_record_bytes(records: np.ndarray) -> memoryview:
     arr = np.ascontiguousarray(records)
     if arr.dtype.byteorder == ">":
         arr = arr.astype(arr.dtype.newbyteorder("<"))
-    return memoryview(arr.reshape(-1).view(np.uint8))
+    return arr.reshape(-1).view(np.uint8).data
 
 
 class ShardWriter:
@@ -491,7 +491,7 @@ class DatasetWriter:
         # shard — so waiting for the disk three more times per shard would buy nothing.
         tmp = self.staging / f"fields-{i:06d}.npz.partial"
         with open(tmp, "wb") as fh:
-            np.savez(fh, **parts)
+            np.savez(fh, **parts)  # type: ignore[arg-type]  # numpy stubs type **kwds as allow_pickle
         os.replace(tmp, self.staging / f"fields-{i:06d}.npz")
         mine = [s for s in self._pending_skips if s.cursor < cursor]
         self._pending_skips = [s for s in self._pending_skips if s.cursor >= cursor]

@@ -155,7 +155,7 @@ class Pipeline:
             fn()
         except _Stopped:
             pass
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+        except BaseException as exc:
             with self._error_lock:
                 if self.error is None:
                     self.error = exc
@@ -199,7 +199,7 @@ class Pipeline:
             except queue.Empty:
                 if self.stop.is_set():
                     self.raise_error()
-                    raise SamplerError("sampler was shut down while the consumer waited for a batch")
+                    raise SamplerError("sampler was shut down while the consumer waited for a batch") from None
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop every thread, delete the SSD directory, close files (idempotent, any thread)."""
@@ -238,14 +238,13 @@ class Pipeline:
             for a in range(0, keys.size, self.ssd_block):
                 res_keys = keys[a : a + self.ssd_block]
                 slot = self._get(self._ssd_slots)
-                dest: Path | None = self.space.reservoir_path(j)
+                dest: Path | None = None
                 if self.cache is not None:
                     res_keys = res_keys[~self.cache.lookup(res_keys)[0]]  # pinned keys stay in RAM
                 if res_keys.size:
+                    dest = self.space.reservoir_path(j)
                     written = write_reservoir(self.disk, res_keys, dest, self.stop)
                     self._stats._wrote(written)
-                else:
-                    dest = None
                 self._put(self._ssd_q, ("res", seg, a, dest, slot))
                 j += 1
             self._put(self._ssd_q, ("end", seg))
@@ -269,7 +268,7 @@ class Pipeline:
                 stored = np.unique(res_keys)  # the reservoir holds its keys in ascending order
             res = Dataset(dest, stats=self._stats.ssd, gap_bytes=self._gap) if dest is not None else None
 
-            def read(keys: np.ndarray, out: np.ndarray) -> None:
+            def read(keys: np.ndarray, out: np.ndarray, res: Dataset | None = res, stored: np.ndarray = stored) -> None:
                 assert res is not None  # only unpinned keys are read, and then the reservoir exists
                 res.payload.read(np.searchsorted(stored, keys), out=out)
 

@@ -390,7 +390,7 @@ class _Run:
         self._done = False
         first_epoch, first_pos = sampler._epoch, sampler._position
         segments = sampler._segments(first_epoch, first_pos, end)
-        if end is not None and first_epoch >= end or sampler.limit == 0:
+        if (end is not None and first_epoch >= end) or sampler.limit == 0:
             self._pipeline: Pipeline | None = None
             self._done = True
             self._finalizer = None
@@ -426,7 +426,7 @@ class _Run:
                     n = int(batch["key"].shape[0])
                     self._emitted += n
                     s.stats._delivered(n, batch[s.payload_name].nbytes, time.perf_counter() - t0)
-                    return batch
+                    return dict(batch)
                 if item[0] == "end":
                     if item[1].complete:
                         s._epoch, s._position = item[1].epoch + 1, 0
@@ -449,7 +449,7 @@ class _Run:
     def __del__(self) -> None:  # pragma: no cover - finalize does the work; this makes it prompt
         try:
             self.close()
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
 
 

@@ -520,9 +520,9 @@ class TierServer:
             self._finish()
         except _Stopped:
             return
-        except BaseException as exc:  # noqa: BLE001 - reported by wait()
+        except BaseException as exc:
             self.error = exc
-            logger.error("server %s: producer failed: %s", self.name, exc, exc_info=True)
+            logger.exception("server %s: producer failed: %s", self.name, exc)
             with self._cv:
                 jobs = list(self._jobs.values())
             for job in jobs:
@@ -591,7 +591,7 @@ class TierServer:
                 try:
                     dest, _ = fut.result()
                     space.remove(dest)
-                except BaseException:  # noqa: BLE001 - a stopped or failed prefetch left nothing behind
+                except BaseException:
                     pass
             pool.shutdown(wait=True)
 

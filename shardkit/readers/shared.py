@@ -153,7 +153,7 @@ def _untrack(shm: shared_memory.SharedMemory) -> None:
     # exits, pulling the ring from under the server and the other jobs. Cleanup is the server's.
     try:
         resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
-    except Exception:  # noqa: BLE001 - best effort (tracker not running)
+    except Exception:
         logger.debug("could not unregister %s from the resource tracker", shm.name, exc_info=True)
 
 
@@ -187,7 +187,7 @@ def read_info(name: str, base_dir: str | os.PathLike[str] | None = None, timeout
                 raise SamplerError(
                     f"{info_path}: server speaks protocol {info.get('version')}, this shardkit {PROTOCOL_VERSION}"
                 )
-            return info
+            return dict(info)
         if time.monotonic() >= deadline:
             what = "stale files of a dead server" if info is not None else "no run directory"
             raise SamplerError(
@@ -455,7 +455,7 @@ class _Link:
                 self._put(item)
         except _Stopped:
             return
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+        except BaseException as exc:
             try:
                 self._put(("error", exc))
             except _Stopped:

@@ -44,9 +44,9 @@ def parse_static_cache(value: int | str | None, record_nbytes: int, num_records:
         return 0
     if isinstance(value, str) and value.strip() in ("0", "", "off", "none"):
         return 0
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and int(value) < 0:
+    if isinstance(value, int) and not isinstance(value, bool) and value < 0:
         raise ConfigError(f"static_cache: expected >= 0 bytes, found {value}")
-    nbytes = parse_capacity(int(value) if isinstance(value, np.integer) else value, record_nbytes, what="static_cache")
+    nbytes = parse_capacity(value, record_nbytes, what="static_cache")
     return int(min(nbytes // max(1, record_nbytes), num_records))
 
 

@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _adapter_data import N_KEYED, N_TRAIN, write_blobs, write_keyed  # noqa: E402
-
+from _adapter_data import N_KEYED, N_TRAIN, write_blobs, write_keyed
 
 
 @pytest.fixture(scope="session")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from _adapter_data import N_KEYED
+
 from shardkit.adapters._options import PayloadOptions, consumer_pass
 from shardkit.errors import ConfigError
 from shardkit.readers import TieredSampler

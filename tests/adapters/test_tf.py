@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from _adapter_data import N_KEYED, NUM_CLASSES, decode_keys, keyed_images
+
 from shardkit.readers import epoch_permutation
 
 HERE = Path(__file__).parent

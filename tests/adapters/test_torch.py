@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _adapter_data import N_KEYED, NUM_CLASSES, SHAPE, blobs, decode_keys
 from torch.utils.data import DataLoader
 
-from _adapter_data import N_KEYED, NUM_CLASSES, SHAPE, blobs, decode_keys
 from shardkit.adapters.torch import ShardIterableDataset, ShardMapDataset
 from shardkit.errors import ConfigError, SamplerError
 from shardkit.readers import epoch_permutation
@@ -182,7 +182,7 @@ def test_resume_with_workers_from_batch_count(keyed: Path, caplog: pytest.LogCap
     resumed = ShardIterableDataset(keyed, batch_size=4, seed=SEED)  # another worker count
     resumed.load_state_dict(state)
     rest = np.concatenate([b["key"].numpy() for b in resumed.loader(num_workers=0)])
-    np.testing.assert_array_equal(np.concatenate(taken + [rest]), epoch_permutation(SEED, 0, N_KEYED))
+    np.testing.assert_array_equal(np.concatenate([*taken, rest]), epoch_permutation(SEED, 0, N_KEYED))
 
     with caplog.at_level(logging.WARNING, logger="shardkit.adapters.torch"):
         assert ds.state_dict_after(7, epoch=0)["position"] == 24  # rounds down to whole global batches

@@ -13,11 +13,11 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
+from _adapter_data import blobs
 
-from _adapter_data import blobs  # noqa: E402
-from shardkit.adapters.tf import make_tf_dataset  # noqa: E402
+from shardkit.adapters.tf import make_tf_dataset
 
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)

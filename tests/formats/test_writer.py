@@ -99,7 +99,7 @@ def test_out_of_space_is_a_clear_error_and_leaves_no_partial(tmp_path: Path, mon
     _feed(w, recs, 0, 6)  # first shard complete
     real_write = os.write
 
-    def full_disk(fd: int, data) -> int:  # noqa: ANN001
+    def full_disk(fd: int, data) -> int:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "write", full_disk)

@@ -122,7 +122,7 @@ def test_disk_bytes_independent_of_job_count(tmp_path: Path, ssd_dir: Path, name
             try:
                 s = SharedSampler(name, job_seed=10 + j, batch_size=5, epochs=epochs, dataset=ds)
                 results[j] = [check_batch(b) for b in s]
-            except BaseException as exc:  # noqa: BLE001
+            except BaseException as exc:
                 errors.append(exc)
 
         threads = [threading.Thread(target=run, args=(j,)) for j in range(k)]
@@ -276,7 +276,7 @@ def test_consumers_of_one_job_take_its_global_batches(tmp_path: Path, name: str,
         def run(r: int) -> None:
             try:
                 per_rank[r] = [check_batch(x) for x in samplers[r]]
-            except BaseException as exc:  # noqa: BLE001
+            except BaseException as exc:
                 errors.append(exc)
 
         threads = [threading.Thread(target=run, args=(r,)) for r in range(w)]

@@ -1,0 +1,81 @@
+"""Random-number domains: every random use draws from a stream no other use can ever share.
+
+numpy's ``SeedSequence`` turns a list of integers into a stream, but two of its conveniences make
+hand-built seed lists collide:
+
+* it pads short lists with zero words, so ``[s, e]`` and ``[s, e, 0]`` are the same stream (a job
+  seeded ``[job_seed, epoch, 0]`` reused the server's ``[seed, epoch]`` stream when both seeds were
+  0, the defaults, and its order was far from uniform);
+* it splits every integer into 32-bit words, so ``[5 + 3 * 2**32, 0]`` and ``[5, 3]`` are the same
+  stream (seed ``5 + 3 * 2**32`` at epoch 0 equalled seed 5 at epoch 3).
+
+:func:`rng` therefore encodes its input unambiguously: a constant tag, the domain's number, the
+number of values, then every value as exactly two 32-bit words (values must lie in
+``[0, 2**64)``). Two different ``(domain, values)`` give two different word lists of at least five
+words (never padded), hence independent streams. Add a new :class:`Domain` member for every new
+random use; never reuse one.
+"""
+
+from __future__ import annotations
+
+import enum
+import operator
+
+import numpy as np
+
+from shardkit.errors import ConfigError
+
+__all__ = ["Domain", "rng", "seed_words", "check_seed"]
+
+#: First word of every encoded seed ("shardkit" in a 32-bit tag): no other seeding scheme in this
+#: package produces it, so a stream from :func:`rng` cannot coincide with a hand-seeded one.
+_TAG = 0x5348_4B54
+_LIMIT = 1 << 64
+
+
+class Domain(enum.IntEnum):
+    """One member per random use in shardkit (values are part of the stream: never renumber)."""
+
+    #: The epoch order pi: ``(seed, epoch)``.
+    EPOCH_ORDER = 1
+    #: Independent reservoirs in ``replacement`` mode: ``(seed, epoch)``.
+    REPLACEMENT = 2
+    #: The static cache's pinned subset: ``(seed,)``.
+    STATIC_CACHE = 3
+    #: A shared tier stack's epoch partition into reservoirs: ``(server seed, epoch)``.
+    SERVER_PARTITION = 4
+    #: A job's permutation inside one shared reservoir: ``(job seed, epoch, reservoir)``.
+    JOB_PERMUTATION = 5
+    #: The keys each node pins in its local tiers: ``(seed, nodes)``.
+    NODE_PARTITION = 6
+    #: A mixture's per-dataset walks and slot arrangement: ``(seed, dataset, walk)`` etc.
+    MIXTURE = 7
+    #: Statistical order tests' simulated nulls: ``(seed, test)``.
+    ORDER_TEST = 8
+
+
+def check_seed(seed: object, *, what: str = "seed") -> int:
+    """A seed as a Python int in ``[0, 2**64)``; ``ConfigError`` naming ``what`` otherwise."""
+    if isinstance(seed, bool):
+        raise ConfigError(f"{what}: expected an integer in [0, 2**64), found {seed!r}")
+    try:
+        value = operator.index(seed)  # type: ignore[arg-type]
+    except TypeError:
+        raise ConfigError(f"{what}: expected an integer in [0, 2**64), found {seed!r}") from None
+    if not 0 <= value < _LIMIT:
+        raise ConfigError(f"{what}: expected an integer in [0, 2**64), found {seed!r}")
+    return value
+
+
+def seed_words(domain: Domain, *values: int) -> list[int]:
+    """The unambiguous 32-bit word list for ``(domain, values)`` (see module docstring)."""
+    words = [_TAG, int(domain), len(values)]
+    for i, v in enumerate(values):
+        x = check_seed(v, what=f"{domain.name.lower()} value {i}")
+        words += [x & 0xFFFF_FFFF, x >> 32]
+    return words
+
+
+def rng(domain: Domain, *values: int) -> np.random.Generator:
+    """A PCG64 generator for ``(domain, values)``, independent of every other domain and value list."""
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed_words(domain, *values))))

@@ -1,0 +1,222 @@
+"""The one grammar of sizes, record counts, durations and rates, parsed and formatted.
+
+Every option that takes a size (``ram_size``, ``--shard-size``, ``static_cache``, ``cache_size``, ...)
+goes through this module, from the CLI, the Python API, the server, the adapters and the benchmarks,
+so ``"1GiB"`` means the same thing everywhere and every error names the option the way the user
+wrote it (``--ram-size`` on the command line, ``ram_size`` in Python).
+
+Grammar
+-------
+* **Bytes**: an integer (``1048576``) or a number with a unit. SI units are powers of 1000
+  (``kB``/``KB``/``K``, ``MB``/``M``, ``GB``/``G``, ``TB``/``T``), IEC units powers of 1024
+  (``KiB``, ``MiB``, ``GiB``, ``TiB``). Case is ignored, white space between number and unit is
+  allowed, and a fraction is rounded down to whole bytes (``1.5KiB`` = 1536).
+* **Capacity** (a tier budget): bytes as above, or a record count (``10000records``, ``10000rec``,
+  ``10000r``), converted to bytes with the record size.
+* **Counts**: a non-negative integer, optionally with SI multipliers (``10k`` = 10000).
+* **Durations**: seconds (``1.5``, ``1.5s``), milliseconds (``20ms``), minutes (``2m``/``2min``),
+  hours (``1h``).
+* **Rates**: hertz (``16000``, ``16kHz``, ``16k``, ``44.1k``).
+
+Formatting uses IEC units (``human_bytes(1536) == "1.5 KiB"``), the way the summaries print sizes.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import re
+from dataclasses import dataclass
+from typing import SupportsIndex, TypeGuard
+
+from shardkit.errors import ConfigError
+
+__all__ = [
+    "Capacity",
+    "parse_bytes",
+    "parse_capacity",
+    "capacity_bytes",
+    "parse_count",
+    "parse_duration",
+    "parse_rate",
+    "human_bytes",
+    "human_duration",
+]
+
+_SI = {"": 1, "B": 1, "K": 1000, "KB": 1000, "M": 1000**2, "MB": 1000**2, "G": 1000**3, "GB": 1000**3,
+       "T": 1000**4, "TB": 1000**4, "P": 1000**5, "PB": 1000**5}
+_IEC = {"KIB": 1024, "MIB": 1024**2, "GIB": 1024**3, "TIB": 1024**4, "PIB": 1024**5}
+_BYTE_UNITS = {**_SI, **_IEC}
+_RECORD_UNITS = {"R", "REC", "RECS", "RECORD", "RECORDS"}
+_COUNT_UNITS = {"": 1, "K": 1000, "M": 1000**2, "G": 1000**3}
+_DURATION_UNITS = {"": 1.0, "S": 1.0, "SEC": 1.0, "MS": 1e-3, "US": 1e-6, "M": 60.0, "MIN": 60.0, "H": 3600.0}
+_RATE_UNITS = {"": 1, "HZ": 1, "K": 1000, "KHZ": 1000, "M": 1000**2, "MHZ": 1000**2}
+_NUMBER = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([+-]?[0-9]+))?\s*([A-Za-z]*)\s*")
+
+
+def _split(text: str) -> tuple[float, str] | None:
+    m = _NUMBER.fullmatch(text)
+    if m is None:
+        return None
+    number = float(m.group(1) + (f"e{m.group(2)}" if m.group(2) else ""))
+    return number, m.group(3).upper()
+
+
+def _is_int(value: object) -> TypeGuard[SupportsIndex]:
+    # numpy integers count; bools do not (True is not a size).
+    return not isinstance(value, bool) and hasattr(value, "__index__")
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """A parsed budget: either ``nbytes`` or ``records`` is set, never both.
+
+    Kept unresolved until the record size is known (a sampler learns it when it opens the dataset),
+    so an options object can be validated before any file is read.
+    """
+
+    nbytes: int | None = None
+    records: int | None = None
+
+    def to_bytes(self, record_nbytes: int) -> int:
+        """The budget in bytes for records of ``record_nbytes`` bytes."""
+        if self.records is not None:
+            return self.records * int(record_nbytes)
+        assert self.nbytes is not None
+        return self.nbytes
+
+    def __str__(self) -> str:
+        return f"{self.records}records" if self.records is not None else human_bytes(self.nbytes or 0)
+
+
+def parse_bytes(value: int | str, *, what: str, allow_zero: bool = False) -> int:
+    """Bytes from an int or a size string; ``ConfigError`` naming ``what`` otherwise.
+
+    Parameters
+    ----------
+    value
+        ``1048576``, ``"512MiB"``, ``"2GB"``, ``"1.5 KiB"``.
+    what
+        The option as the user wrote it (``"--shard-size"`` or ``"shard_bytes"``).
+    allow_zero
+        Accept 0 (for options where 0 means "off").
+    """
+    if _is_int(value):
+        nbytes = operator.index(value)
+    elif isinstance(value, str):
+        parsed = _split(value)
+        if parsed is None or parsed[1] not in _BYTE_UNITS:
+            raise ConfigError(f"{what}: expected a size such as 512MiB, 2GB or 1048576, found {value!r}")
+        nbytes = int(math.floor(parsed[0] * _BYTE_UNITS[parsed[1]]))
+    else:
+        raise ConfigError(f"{what}: expected a size (bytes or a string such as 512MiB), found {value!r}")
+    if nbytes < 0 or (nbytes == 0 and not allow_zero):
+        raise ConfigError(f"{what}: expected a {'non-negative' if allow_zero else 'positive'} size, found {value!r}")
+    return nbytes
+
+
+def parse_capacity(value: int | str | Capacity, *, what: str, allow_zero: bool = False) -> Capacity:
+    """A tier budget: bytes (int or size string) or a record count (``"10000records"``).
+
+    ``allow_zero`` accepts ``0``, ``"0"``, ``"off"`` and ``"none"`` as a zero budget (an option that
+    is off). The result is resolved to bytes with :meth:`Capacity.to_bytes` once the record size is
+    known.
+    """
+    if isinstance(value, Capacity):
+        return value
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if allow_zero and text in ("off", "none", ""):
+            return Capacity(nbytes=0)
+        parsed = _split(value)
+        if parsed is not None and parsed[1] in _RECORD_UNITS:
+            number, _ = parsed
+            if number != int(number) or number < 0 or (number == 0 and not allow_zero):
+                raise ConfigError(f"{what}: expected a positive whole number of records, found {value!r}")
+            return Capacity(records=int(number))
+        if parsed is None or parsed[1] not in _BYTE_UNITS:
+            raise ConfigError(
+                f"{what}: expected a size such as 512MiB, 2GB, 1048576 or 10000records, found {value!r}"
+            )
+    return Capacity(nbytes=parse_bytes(value, what=what, allow_zero=allow_zero))
+
+
+def capacity_bytes(value: int | str | Capacity, record_nbytes: int, *, what: str, allow_zero: bool = False) -> int:
+    """:func:`parse_capacity` resolved to bytes for records of ``record_nbytes`` bytes."""
+    return parse_capacity(value, what=what, allow_zero=allow_zero).to_bytes(record_nbytes)
+
+
+def parse_count(value: int | str, *, what: str, minimum: int = 0) -> int:
+    """A whole count (``10``, ``"10k"``) of at least ``minimum``."""
+    if _is_int(value):
+        count = operator.index(value)
+    elif isinstance(value, str):
+        parsed = _split(value)
+        if parsed is None or parsed[1] not in _COUNT_UNITS or parsed[0] * _COUNT_UNITS[parsed[1]] % 1:
+            raise ConfigError(f"{what}: expected a whole number such as 10 or 10k, found {value!r}")
+        count = int(parsed[0] * _COUNT_UNITS[parsed[1]])
+    else:
+        raise ConfigError(f"{what}: expected a whole number, found {value!r}")
+    if count < minimum:
+        raise ConfigError(f"{what}: expected a whole number >= {minimum}, found {value!r}")
+    return count
+
+
+def parse_duration(value: float | int | str, *, what: str, allow_zero: bool = True) -> float:
+    """Seconds from a number or ``"1.5s"``, ``"20ms"``, ``"2min"``, ``"1h"``."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{what}: expected a duration such as 1.5s or 20ms, found {value!r}")
+    if isinstance(value, (int, float)) or _is_int(value):
+        seconds = float(value)
+    elif isinstance(value, str):
+        parsed = _split(value)
+        if parsed is None or parsed[1] not in _DURATION_UNITS:
+            raise ConfigError(f"{what}: expected a duration such as 1.5s, 20ms or 2min, found {value!r}")
+        seconds = parsed[0] * _DURATION_UNITS[parsed[1]]
+    else:
+        raise ConfigError(f"{what}: expected a duration such as 1.5s or 20ms, found {value!r}")
+    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
+        raise ConfigError(f"{what}: expected a {'non-negative' if allow_zero else 'positive'} duration, found {value!r}")
+    return seconds
+
+
+def parse_rate(value: int | float | str, *, what: str) -> int:
+    """A positive whole rate in hertz from ``16000``, ``"16k"``, ``"16kHz"`` or ``"44.1k"``."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{what}: expected a rate such as 16000 or 16k, found {value!r}")
+    if isinstance(value, (int, float)) or _is_int(value):
+        hz = float(value)
+    elif isinstance(value, str):
+        parsed = _split(value)
+        if parsed is None or parsed[1] not in _RATE_UNITS:
+            raise ConfigError(f"{what}: expected a rate such as 16000, 16k or 44.1kHz, found {value!r}")
+        hz = parsed[0] * _RATE_UNITS[parsed[1]]
+    else:
+        raise ConfigError(f"{what}: expected a rate such as 16000 or 16k, found {value!r}")
+    if not math.isfinite(hz) or hz <= 0 or hz != int(hz):
+        raise ConfigError(f"{what}: expected a positive whole number of hertz, found {value!r}")
+    return int(hz)
+
+
+def human_bytes(n: float) -> str:
+    """``1536`` -> ``"1.5 KiB"``: sizes as a person reads them (IEC units, as everywhere in shardkit)."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def human_duration(seconds: float) -> str:
+    """``0.0123`` -> ``"12.3 ms"``, ``95`` -> ``"1 min 35 s"``."""
+    s = float(seconds)
+    if s < 1:
+        return f"{s * 1e3:.1f} ms"
+    if s < 60:
+        return f"{s:.2f} s"
+    minutes, rest = divmod(int(round(s)), 60)
+    if minutes < 60:
+        return f"{minutes} min {rest} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min"

@@ -1,0 +1,32 @@
+"""The linters run as part of the test suite, so the README's one test command checks them too."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(*cmd: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+
+
+def test_ruff_passes() -> None:
+    if shutil.which("ruff") is None:
+        pytest.fail("ruff is not installed: install the dev extra (pip install -e '.[dev]')")
+    result = _run("ruff", "check", "shardkit", "tests", "benchmarks", "examples")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_mypy_strict_passes() -> None:
+    result = _run(sys.executable, "-m", "mypy")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_package_is_typed() -> None:
+    assert (ROOT / "shardkit" / "py.typed").is_file()
