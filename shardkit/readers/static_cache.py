@@ -26,7 +26,7 @@ Design choices (documented for users in :class:`~shardkit.readers.TieredSampler`
 from __future__ import annotations
 
 import threading
-from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 
@@ -86,7 +86,7 @@ class StaticCache:
         self,
         keys: np.ndarray,
         out: np.ndarray,
-        read: Any,
+        read: Callable[[np.ndarray, np.ndarray], None],
         stats: ReadStats | None = None,
     ) -> np.ndarray:
         """Fill ``out`` with records ``keys``: unpinned ones through ``read(keys, out)``, pinned ones

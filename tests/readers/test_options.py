@@ -10,21 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardkit.cli.main import main
 from shardkit.errors import ConfigError
 from shardkit.readers import DEFAULTS, SamplerOptions, TieredSampler
 from shardkit.units import Capacity
 from tests.readers.conftest import collect, make_dataset
+from tests.readers.test_cli_sample import _run as _cli
 
 REC = 16  # bytes per record of the test datasets (4 x 4 x 1 uint8)
-
-
-def _cli(args: list[str]) -> int:
-    try:
-        main(args)
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    return 0
 
 
 def test_defaults_live_in_the_options() -> None:
