@@ -145,10 +145,10 @@ def make_private(path: Path) -> None:
 class SsdSpace:
     """A run's private, locked SSD directory (see module docstring)."""
 
-    def __init__(self, ssd_dir: str | os.PathLike[str], *, what: str = "ssd_dir") -> None:
+    def __init__(self, ssd_dir: str | os.PathLike[str]) -> None:
         self.parent = Path(ssd_dir)
         if not self.parent.is_dir():
-            raise ConfigError(f"{what}: expected an existing directory, found {str(self.parent)!r}")
+            raise ConfigError(f"ssd_dir: expected an existing directory, found {str(self.parent)!r}")
         remove_stale(self.parent)
         name = f"{PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
         building = self.parent / f".{name}.creating"
