@@ -68,10 +68,18 @@ class Dataset:
             gap_bytes=gap_bytes,
             document_digest=files.get(f"{self.meta.payload}/{ZARR_JSON}"),
         )
+        if (self.payload.records_per_shard != self.meta.records_per_shard
+                or (self.payload.codec is None) != (self.meta.compression is None)):
+            raise NotADatasetError(
+                f"{self.path}: {self.meta.payload}/{ZARR_JSON} has {self.payload.records_per_shard} records per shard "
+                f"and compression {self.payload.codec.name if self.payload.codec else None}, the dataset's {ZARR_JSON} "
+                f"says {self.meta.records_per_shard} and {(self.meta.compression or {}).get('name')}"
+            )
         if self.payload.num_records != self.meta.num_records or self.payload.record != self.meta.record:
             raise NotADatasetError(
-                f"{self.path}: payload array is {self.payload.shape} {self.payload.dtype}, metadata says "
-                f"{self.meta.num_records} records of {self.meta.record.shape} {self.meta.record.dtype}"
+                f"{self.path}: {self.meta.payload}/{ZARR_JSON} describes {self.payload.shape} {self.payload.dtype}, "
+                f"the dataset's {ZARR_JSON} says {self.meta.num_records} records of {self.meta.record.shape} "
+                f"{self.meta.record.dtype}"
             )
         self._fields: dict[str, np.ndarray] | None = None
 
