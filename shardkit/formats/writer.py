@@ -210,6 +210,14 @@ class ShardWriter:
         self.partial.unlink(missing_ok=True)
 
 
+def _field_chunk_for(fields: Mapping[str, FieldSpec], requested: int) -> int:
+    """Records per field chunk: ``requested``, fewer if a chunk would decode to more than readers allow."""
+    if int(requested) < 1:
+        raise SchemaError(f"field_chunk must be positive, found {requested}")
+    widest = max((spec.nbytes for spec in fields.values()), default=1)
+    return max(1, min(int(requested), MAX_FIELD_CHUNK_NBYTES // widest))
+
+
 def _looks_like_output(path: Path) -> bool:
     if not path.exists():
         return True
@@ -316,11 +324,7 @@ class DatasetWriter:
         self.records_per_shard = int(records_per_shard or records_per_shard_for(record.nbytes, shard_bytes))
         if not 1 <= self.records_per_shard <= MAX_RECORDS_PER_SHARD:
             raise SchemaError(f"records_per_shard must be in [1, {MAX_RECORDS_PER_SHARD}], found {self.records_per_shard}")
-        if int(field_chunk) < 1:
-            raise SchemaError(f"field_chunk must be positive, found {field_chunk}")
-        # A field chunk is one decode buffer for readers: keep it within their bound.
-        widest = max((spec.nbytes for spec in self.fields.values()), default=1)
-        field_chunk = max(1, min(int(field_chunk), MAX_FIELD_CHUNK_NBYTES // widest))
+        field_chunk = _field_chunk_for(self.fields, field_chunk)
         self.meta = DatasetMeta(
             kind=kind,
             payload=payload,

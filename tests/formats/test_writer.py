@@ -233,3 +233,21 @@ def test_other_write_errors_also_leave_no_partial(tmp_path: Path, monkeypatch) -
         write_bytes_atomic(tmp_path / "f", b"data")
     assert not isinstance(info.value, errors.OutOfSpaceError)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_field_chunks_stay_within_the_readers_decode_bound(tmp_path: Path) -> None:
+    from shardkit.formats.spec import MAX_FIELD_CHUNK_NBYTES
+    from shardkit.formats.writer import _field_chunk_for
+
+    wide = {"a": FieldSpec((2**20,), "int64"), "b": FieldSpec((), "int64")}  # 8 MiB records of field a
+    assert _field_chunk_for(wide, 65536) == MAX_FIELD_CHUNK_NBYTES // 2**23 == 128
+    assert _field_chunk_for({"b": FieldSpec((), "int64")}, 1000) == 1000
+    with pytest.raises(errors.SchemaError, match="field_chunk must be positive"):
+        _field_chunk_for(wide, 0)
+    recs = make_records(9, (4, 4))
+    with DatasetWriter(tmp_path / "ds", kind="test", payload="image", record=REC, field_chunk=4,
+                       fields={"label": FieldSpec((), "int64")}) as w:
+        w.write({"image": recs, "label": np.arange(9)})
+    with open_dataset(tmp_path / "ds") as ds:
+        assert ds.meta.field_chunk == 4 and len(ds.meta.field_chunk_keys("label")) == 3
+        np.testing.assert_array_equal(ds.fields["label"], np.arange(9))
