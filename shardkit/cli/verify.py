@@ -32,7 +32,10 @@ def verify(
         echo_err(f"FAILED {problem}")
     mode = "quick" if quick else "full"
     if not report.ok:
-        echo_err(f"{report.path}: {len(report.problems)} problem(s) in {report.shards_checked} shards ({mode})")
+        echo_err(
+            f"{report.path}: {len(report.problems)} problem(s) in {report.shards_checked} shards and "
+            f"{report.files_checked} other files ({mode})"
+        )
         raise typer.Exit(1)
     typer.echo(
         f"{report.path}: OK, {report.shards_checked} shards and {report.files_checked} other files "

@@ -48,9 +48,9 @@ def write_bytes_atomic(path: Path, data: bytes, *, durable: bool = True) -> None
     is removed; a full disk raises OutOfSpaceError naming ``path``.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".partial")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             view = memoryview(data)
