@@ -559,7 +559,9 @@ class DatasetWriter:
         self.skipped.extend(self._pending_skips)
         self._pending_skips = []
         n = self._records
-        files = self._write_fields(n)
+        self.meta = self.meta.with_(num_records=n)
+        chunk = self.meta.field_chunk_records
+        files = self._write_fields(chunk)
         ndim = 1 + len(self.record.shape)
         files[f"{self.meta.payload}/{ZARR_JSON}"] = write_json_atomic(
             self.path / self.meta.payload / ZARR_JSON,
@@ -575,8 +577,7 @@ class DatasetWriter:
             durable=self.durable,
         )
         self.meta = self.meta.with_(
-            num_records=n,
-            field_chunk=max(1, min(self.meta.field_chunk, n)),
+            field_chunk=chunk,
             shards=list(self.shards),
             skipped=list(self.skipped),
             files=files,
@@ -589,10 +590,9 @@ class DatasetWriter:
         logger.info("%s: wrote %d records in %d shards", self.path, n, len(self.shards))
         return self.meta
 
-    def _write_fields(self, n: int) -> dict[str, FileDigest]:
-        """Every field array (chunks, then its document); returns the digests for ``files``."""
+    def _write_fields(self, chunk: int) -> dict[str, FileDigest]:
+        """Every field array in chunks of ``chunk`` records, then its document; returns the digests."""
         codec = get_codec(_FIELD_CODEC)
-        chunk = max(1, min(self.meta.field_chunk, n))
         files: dict[str, FileDigest] = {}
         for name, spec in self.fields.items():
             parts = self._field_parts[name]
