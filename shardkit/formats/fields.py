@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from shardkit.errors import CorruptShardError, NotADatasetError
+from shardkit.errors import CorruptShardError, MissingShardError, NotADatasetError
 from shardkit.formats import jsonvalues as jv
 from shardkit.formats.atomic import write_bytes_atomic
 from shardkit.formats.checksums import FileDigest, read_verified
@@ -106,27 +106,41 @@ def read_field_array(
         raise NotADatasetError(f"{root / name}: field array metadata {root / doc_rel} is missing")
     doc = read_json(doc_path, files.get(doc_rel))
     codec = _check_field_document(doc, str(doc_path), spec, num_records, chunk_records)
-    # Bounded before allocating: spec.nbytes <= MAX_RECORD_NBYTES (FieldSpec), a chunk decodes to at most
-    # MAX_FIELD_CHUNK_NBYTES and N is backed by the dataset's shard list (DatasetMeta.check_layout).
+    chunks = _chunk_files(root, name, 1 + len(spec.shape), math.ceil(num_records / chunk_records))
+    # Allocation bounded by what exists: every chunk file is there (checked just above), each one
+    # decodes to chunk_records x spec.nbytes <= MAX_FIELD_CHUNK_NBYTES (DatasetMeta.check_layout), so
+    # a document that claims more records than the dataset holds fails before this line.
     dtype = np.dtype(spec.dtype).newbyteorder("<")
     out = np.empty((num_records, *spec.shape), dtype=dtype)
     block = np.empty((chunk_records, *spec.shape), dtype=dtype)
-    ndim = 1 + len(spec.shape)
-    for j in range(math.ceil(num_records / chunk_records)):
-        rel = chunk_key(name, j, ndim)
-        file = root / rel
+    for j, (rel, real) in enumerate(chunks):
         # Any codec's worst case is far below twice the raw size: a larger file is not a chunk.
-        data = read_verified(resolve_inside(root, rel, "field chunk"), files.get(rel), what="field chunk",
-                             max_nbytes=2 * block.nbytes + 1024)
+        data = read_verified(real, files.get(rel), what="field chunk", max_nbytes=2 * block.nbytes + 1024)
         try:
             if codec is None:
                 block[...] = np.frombuffer(data, dtype=dtype).reshape(block.shape)
             else:
                 codec.decode(data, block)
         except Exception as exc:
-            raise CorruptShardError(f"{file}: field chunk does not decode to {block.shape} {dtype} ({exc})") from None
+            raise CorruptShardError(f"{root / rel}: field chunk does not decode to {block.shape} {dtype} ({exc})") from None
         start = j * chunk_records
         out[start : start + chunk_records] = block[: num_records - start]
+    return out
+
+
+def _chunk_files(root: Path, name: str, ndim: int, count: int) -> list[tuple[str, Path]]:
+    """``(relative, resolved)`` path of every chunk of field ``name``; each must exist inside ``root``.
+
+    zarr reads a missing chunk as the fill value, but shardkit writes every chunk, so a missing one
+    was lost: an error, in every format version.
+    """
+    out = []
+    for j in range(count):
+        rel = chunk_key(name, j, ndim)
+        real = resolve_inside(root, rel, "field chunk")
+        if not real.is_file():
+            raise MissingShardError(f"{root / rel}: field chunk listed in the dataset metadata is missing")
+        out.append((rel, real))
     return out
 
 

@@ -195,3 +195,31 @@ def test_cli_gives_one_named_line_for_hostile_metadata(dataset: Path, case: str,
 def test_valid_metadata_still_reads(dataset: Path) -> None:
     with open_dataset(dataset) as ds:
         np.testing.assert_array_equal(ds.payload.read([0, 24]), make_records(25)[[0, 24]])
+
+
+def test_1_0_metadata_claiming_more_records_than_exist_fails_before_allocating_fields(tmp_path: Path) -> None:
+    # Format 1.0 records no digests, so root and array documents can be edited consistently: they claim
+    # 2**26 records (512 MiB of labels, 2 GiB of boxes). The field chunks that would hold them do not
+    # exist, and that is found before the field arrays are allocated.
+    import shutil
+
+    path = tmp_path / "old"
+    shutil.copytree(Path(__file__).parent / "golden" / "v1.0-plain", path)
+    n = 2**26
+
+    def claim(a: dict[str, Any]) -> None:
+        a.update(num_records=n, records_per_shard=n)
+        a["shards"] = [{"path": "image/c/0/0/0/0", "start": 0, "stop": n, "nbytes": n * 36 + n * 16 + 4, "crc32c": 0}]
+
+    edit_attributes(path, claim)
+    for rel, shape, chunk in (("image", [n, 4, 3, 3], [n, 4, 3, 3]), ("label", [n], [65536]), ("boxes", [n, 2, 4], [65536, 2, 4])):
+        doc = json.loads((path / rel / "zarr.json").read_text())
+        doc["shape"], doc["chunk_grid"]["configuration"]["chunk_shape"] = shape, chunk
+        (path / rel / "zarr.json").write_text(json.dumps(doc))
+    tracemalloc.start()
+    try:
+        with open_dataset(path) as ds, pytest.raises(errors.MissingShardError, match=r"c/1\b.*missing"):
+            ds.fields  # noqa: B018
+        assert tracemalloc.get_traced_memory()[1] < PEAK_BYTES
+    finally:
+        tracemalloc.stop()
