@@ -78,6 +78,7 @@ def read_field_array(
     num_records: int,
     chunk_records: int,
     files: Mapping[str, FileDigest] | None = None,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Read field ``name`` of the dataset at ``root`` whole into RAM, checking everything.
 
@@ -88,6 +89,9 @@ def read_field_array(
         of ``spec.dtype`` in chunks of ``chunk_records`` records.
     files
         The metadata's digests (format 1.1), or ``None`` / empty for a 1.0 dataset.
+    out
+        Where to decode the field (``[num_records, *spec.shape]`` of the little-endian dtype, e.g. a
+        node-shared region); a new array by default. Checked before any chunk is read.
 
     Raises
     ------
@@ -111,7 +115,10 @@ def read_field_array(
     # decodes to chunk_records x spec.nbytes <= MAX_FIELD_CHUNK_NBYTES (DatasetMeta.check_layout), so
     # a document that claims more records than the dataset holds fails before this line.
     dtype = np.dtype(spec.dtype).newbyteorder("<")
-    out = np.empty((num_records, *spec.shape), dtype=dtype)
+    if out is None:
+        out = np.empty((num_records, *spec.shape), dtype=dtype)
+    elif out.shape != (num_records, *spec.shape) or out.dtype != dtype:
+        raise ValueError(f"{root / name}: destination {out.shape} {out.dtype}, expected {(num_records, *spec.shape)} {dtype}")
     block = np.empty((chunk_records, *spec.shape), dtype=dtype)
     for j, (rel, real) in enumerate(chunks):
         # Any codec's worst case is far below twice the raw size: a larger file is not a chunk.

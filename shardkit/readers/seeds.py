@@ -52,6 +52,10 @@ class Domain(enum.IntEnum):
     MIXTURE = 7
     #: Statistical order tests' simulated nulls: ``(seed, test)``.
     ORDER_TEST = 8
+    #: Round keys of the on-demand epoch order (a Feistel bijection): ``(seed, epoch)``.
+    EPOCH_BIJECTION = 9
+    #: Round keys of the static cache's pinned set when it is drawn by a bijection: ``(seed,)``.
+    STATIC_CACHE_BIJECTION = 10
 
 
 def check_seed(seed: object, *, what: str = "seed") -> int:

@@ -38,7 +38,7 @@ def test_records_land_in_their_rows(tmp_path: Path, layout: str, gap: int) -> No
     n = recs.shape[0]
     rng = np.random.default_rng(3)
     with open_dataset(path, gap_bytes=gap) as ds:
-        for trial in range(6):
+        for _ in range(6):
             k = int(rng.integers(1, 3 * n))
             keys = rng.integers(0, n, size=k)  # duplicates included
             sizes = [int(rng.integers(1, k + 2)) for _ in range(3)]

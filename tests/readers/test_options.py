@@ -25,7 +25,8 @@ def test_defaults_live_in_the_options() -> None:
     assert (o.batch_size, o.ram_size, o.ssd_size, o.tiers, o.mode, o.seed) == (
         256, Capacity(nbytes=512 << 20), Capacity(nbytes=4 << 30), ("ram",), "epoch", 0
     )
-    assert (o.epochs, o.drop_last, o.limit, o.gap_bytes, o.static_cache) == (1, False, None, 64 << 10, Capacity(nbytes=0))
+    assert (o.epochs, o.drop_last, o.limit, o.gap_bytes, o.static_cache) == (1, False, None, 64 << 10, "auto")
+    assert (o.permutation, o.node_sharing) == ("auto", True)
     assert (o.rank, o.world_size, o.start_epoch, o.ssd_dir) == (0, 1, 0, None)
     with pytest.raises(dataclasses.FrozenInstanceError):
         o.batch_size = 3  # type: ignore[misc]
