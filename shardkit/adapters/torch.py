@@ -63,7 +63,7 @@ from shardkit.adapters._extras import import_extra
 from shardkit.adapters._options import PayloadOptions, SamplerFactory
 from shardkit.errors import ConfigError, SamplerError
 from shardkit.formats import Dataset, open_dataset
-from shardkit.readers import DEFAULTS, Sampler, SamplerOptions
+from shardkit.readers import DEFAULTS, Sampler, SamplerOptions, TieredSampler
 from shardkit.readers.schedule import batches_per_consumer, pass_length, position_after
 from shardkit.units import Capacity
 
@@ -139,9 +139,12 @@ class ShardIterableDataset(_TorchIterableDataset):
     batch_size
         Records per batch *per consumer* (per DataLoader worker of each rank); a rank's main process
         receives batches of this size. Use ``DataLoader(ds, batch_size=None)``.
-    tiers, ram_size, ssd_size, ssd_dir, seed, mode, drop_last, limit, gap_bytes
+    tiers, ram_size, ssd_size, ssd_dir, seed, mode, drop_last, limit, gap_bytes, static_cache, permutation, node_sharing
         Passed to :class:`~shardkit.readers.TieredSampler` unchanged (each consumer gets its own
-        sampler; ``ram_size`` / ``ssd_size`` are therefore *per consumer*).
+        sampler; ``ram_size`` / ``ssd_size`` are therefore *per consumer*). The static cache (by
+        default the part of ``ram_size`` the blocks do not need) is one per machine, shared by the
+        workers and ranks on it, and held by this dataset object across passes, so with a budget
+        that covers the dataset every epoch after the first reads nothing from storage.
     epochs
         Epochs per pass (per ``iter(loader)``), from the current epoch; ``None`` for one endless pass
         (step-based training).
@@ -190,6 +193,9 @@ class ShardIterableDataset(_TorchIterableDataset):
         gap_bytes: int | str = DEFAULTS.gap_bytes,
         num_workers: int = 0,
         shared: str | None = None,
+        static_cache: int | str | Capacity = DEFAULTS.static_cache,
+        permutation: str = DEFAULTS.permutation,
+        node_sharing: bool = DEFAULTS.node_sharing,
     ) -> None:
         super().__init__()
         self.path = os.fspath(path)
@@ -198,6 +204,7 @@ class ShardIterableDataset(_TorchIterableDataset):
             batch_size=batch_size, tiers=tiers, ram_size=ram_size, ssd_size=ssd_size, ssd_dir=ssd_dir,
             seed=seed, mode=mode, epochs=epochs, drop_last=drop_last, limit=limit, gap_bytes=gap_bytes,
             rank=0 if rank is None else rank, world_size=1 if world_size is None else world_size,
+            static_cache=static_cache, permutation=permutation, node_sharing=node_sharing,
         )  # fmt: skip
         self.factory = SamplerFactory(self.options, shared=shared)
         self.payload_options = PayloadOptions(layout=layout, scale=scale)
@@ -215,6 +222,24 @@ class ShardIterableDataset(_TorchIterableDataset):
         self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
         self._resume: dict[str, Any] | None = None
         self._sampler: Sampler | None = None  # the sampler of a pass running in this process (num_workers=0)
+        self._holder: Sampler | None = None
+        self._hold_shared()
+
+    def _hold_shared(self) -> None:
+        """Keep the node-shared static cache alive across passes (see ``TieredSampler.hold_shared``):
+        every pass builds its samplers afresh, in this process or in the workers, and each lets go
+        of the cache when its pass ends."""
+        if self._holder is not None:
+            self._holder.close()
+            self._holder = None
+        if self.factory.shared is not None:
+            return
+        workers = max(1, self.num_workers)
+        holder = self.factory.build(self.path, consumer=self.rank * workers, num_consumers=self.world_size * workers,
+                                    start_epoch=0)  # fmt: skip
+        if isinstance(holder, TieredSampler):
+            holder.hold_shared()
+        self._holder = holder
 
     # ------------------------------------------------------------------ consumers
     def _rank_world(self) -> tuple[int, int]:
@@ -410,7 +435,9 @@ class ShardIterableDataset(_TorchIterableDataset):
         ``num_workers`` recorded for ``len()`` and :meth:`state_dict_after`; ``kwargs`` go to the
         DataLoader (``pin_memory``, ``persistent_workers``, ``collate_fn``, ``batch_size`` when
         unbatched, ...)."""
-        self.num_workers = int(num_workers)
+        if int(num_workers) != self.num_workers:
+            self.num_workers = int(num_workers)
+            self._hold_shared()  # the consumers' budgets (and so their cache) depend on their number
         if not self.unbatched:
             if kwargs.get("batch_size") is not None:
                 raise ConfigError(
@@ -423,7 +450,7 @@ class ShardIterableDataset(_TorchIterableDataset):
     def __getstate__(self) -> dict[str, Any]:
         # A running sampler (threads, buffers) never travels to a worker; each builds its own.
         state = dict(self.__dict__)
-        state["_sampler"] = None
+        state["_sampler"] = state["_holder"] = None
         return state
 
     def __repr__(self) -> str:

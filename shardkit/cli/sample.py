@@ -21,8 +21,9 @@ def sample(
     ),
     ram_size: str = typer.Option(
         str(DEFAULTS.ram_size), "--ram-size",
-        help="RAM-tier budget of this consumer, bytes (2GiB, 500MB) or records (10000records), at least two "
-             "records. Two RAM blocks of half the budget each (minus batches in flight).",
+        help="Everything this consumer's sampler holds in RAM, bytes (2GiB, 500MB) or records (10000records), at "
+             "least two records: batch buffers for the blocks in flight, then a static cache of what is left "
+             "(the whole dataset when it fits: later epochs read nothing). The summary shows the split.",
     ),
     ssd_size: str = typer.Option(
         str(DEFAULTS.ssd_size), "--ssd-size",
@@ -46,8 +47,13 @@ def sample(
     ),
     static_cache: str = typer.Option(
         str(DEFAULTS.static_cache), "--static-cache",
-        help="Pin a random subset of records in RAM for the whole run, never evicted (on top of --ram-size): "
-             "bytes (256MiB) or records (1000records); 0 = off.",
+        help="The part of --ram-size that pins a random subset of records for the whole run, never evicted: "
+             "auto (what the blocks do not need), bytes (256MiB), records (1000records), or 0 = off.",
+    ),
+    permutation: str = typer.Option(
+        DEFAULTS.permutation, "--permutation",
+        help="Epoch order: exact (numpy permutation, 8 bytes a record), feistel (on-demand bijection, "
+             "statistically uniform) or auto (exact up to 1e8 records).",
     ),
     gap_bytes: str = typer.Option(
         human_bytes(DEFAULTS.gap_bytes), "--gap-bytes",
@@ -69,7 +75,7 @@ def sample(
     options = SamplerOptions.parse(
         source="cli", tiers=tiers, ram_size=ram_size, ssd_size=ssd_size, ssd_dir=ssd_dir, batch_size=batch_size,
         epochs=epochs, seed=seed, mode=mode, rank=rank, world_size=world_size, limit=limit,
-        static_cache=static_cache, gap_bytes=gap_bytes,
+        static_cache=static_cache, gap_bytes=gap_bytes, permutation=permutation,
     )  # fmt: skip
     sampler = TieredSampler(path, options)
     total = len(sampler) * epochs if limit is None else None
@@ -95,6 +101,7 @@ def summary(sampler: TieredSampler) -> list[str]:
     can exceed deliveries."""
     st: SamplerStats = sampler.stats
     lines = [
+        *sampler.memory_plan.describe(),
         f"records      {st.records} in {st.batches} batches, {st.elapsed:.2f} s",
         f"throughput   {st.records_per_s:,.0f} records/s, {st.bytes_per_s / 2**20:,.1f} MiB/s",
         f"delivered    {human_bytes(st.bytes)} of payload",
@@ -102,8 +109,14 @@ def summary(sampler: TieredSampler) -> list[str]:
     for name, t in st.tiers.items():
         if (name == "ssd" and "ssd" not in sampler.tiers) or (name == "cache" and not sampler.static_cache):
             continue
-        what = {"ram": "assembled", "cache": "served"}.get(name, "read")
+        if name == "cache":
+            lines.append(f"{name:<12} {human_bytes(t.bytes_read)} served from RAM ({t.records} records)")
+            continue
+        what = {"ram": "delivered"}.get(name, "read")
         lines.append(f"{name:<12} {human_bytes(t.bytes_read)} {what} in {t.read_calls} calls ({t.records} records)")
+    if st.disk_bytes_by_epoch:
+        per = ", ".join(f"{e}: {human_bytes(b)}" for e, b in sorted(st.disk_bytes_by_epoch.items()))
+        lines.append(f"disk/epoch   {per}")
     if "ssd" in sampler.tiers:
         lines.append(f"ssd written  {human_bytes(st.ssd_bytes_written)}")
     lines.append(f"stall        {st.stall_seconds:.2f} s waiting for batches")

@@ -401,12 +401,15 @@ class Pipeline:
     def _ram_from_disk(self) -> None:
         """Disk -> batch buffers: each block of the plan read in ascending offsets."""
         read = self.disk.payload.read_into
+        disk = self.disk.payload.stats
         for seg in self._segments:
             open_buffers: dict[int, BatchBuffer] = {}
             for a, b in self._bounds(seg, 0, seg.length, self.sizes.ram_block):
                 keys = seg.keys(a, b)
+                before = disk.bytes_read
                 block = self._read_block(seg, a, b, keys, read, open_buffers)
                 self._verify()
+                self._stats.add_epoch_disk(seg.epoch, disk.bytes_read - before)
                 self._put(self._blocks, block)
             seg.done()
             self._put(self._blocks, EpochEnd(seg))
@@ -428,6 +431,7 @@ class Pipeline:
             for a, b in block_bounds(0, seg.length, min(size, self.sizes.ssd_block), self.sizes.ssd_block):
                 keys = seg.keys(a, b)
                 slot = self._get(self._ssd_slots)
+                before = self.disk.payload.stats.bytes_read
                 stored = np.unique(keys)
                 if self.cache is not None:
                     hit, crow = self.cache.lookup(keys)
@@ -446,6 +450,7 @@ class Pipeline:
                     written = write_reservoir(self.disk, stored, path, self.stop, chunk_bytes=self.sizes.ssd_copy_bytes)
                     self._verify()
                     self._stats.add_written(written)
+                self._stats.add_epoch_disk(seg.epoch, self.disk.payload.stats.bytes_read - before)
                 self._put(self._ssd_q, ReservoirWritten(seg, a, b, keys, stored, path, slot))
                 j += 1
             seg.done()

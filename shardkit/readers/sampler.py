@@ -376,6 +376,18 @@ class TieredSampler:
         """The static cache's pinned keys P, ascending (empty when the cache is off)."""
         return self._cache.keys() if self._cache is not None else np.empty(0, dtype=np.int64)
 
+    def hold_shared(self) -> None:
+        """Attach the node-shared memory (fields, static cache) now and keep it until :meth:`close`.
+
+        The static cache lives as long as some process of the node holds it. Samplers built per
+        pass (the adapters build one per epoch, in each DataLoader worker) let go of it at the end
+        of their pass; a long-lived sampler of the same configuration that holds it (the adapter
+        keeps one in the process that owns the loader) keeps it filled across passes, so later
+        epochs still read only the uncached records.
+        """
+        if self._cache is not None:
+            self._cache.attach()
+
     def close(self) -> None:
         """Stop a running iteration, free its SSD directory and let go of the static cache (the
         node's last user frees its RAM; iterating again starts a new cache)."""
