@@ -347,12 +347,12 @@ class SamplerOptions:
             return TierSizes(ram, largest, ssd, k1, n, first, BATCH_PREFETCH + HOLD_BATCHES + 1, b, n, copy_bytes, rec)
         if pinned is not None:
             blocks_budget -= pinned * rec
-        largest_aligned = (blocks_budget // (b * rec) - HOLD_BATCHES) // 2  # batches per block the pool affords
-        if largest_aligned >= 1:
-            # Blocks of whole batches read straight into the batch buffers: the pool is the memory.
-            # SSD reservoirs are not whole batches, so their blocks may start inside a batch.
-            aligned = ssd is None
-            first, largest = block_limits(largest_aligned * b, rec, b, n, self.gap_bytes, bound, aligned)
+        # Blocks of whole batches, read straight into the batch buffers: the pool is the memory.
+        # SSD reservoirs are not whole batches, so their blocks may start inside one (one more each).
+        aligned = ssd is None
+        per_block = (blocks_budget // (b * rec) - HOLD_BATCHES) // 2 - (0 if aligned else 1)
+        if per_block >= 1:
+            first, largest = block_limits(per_block * b, rec, b, n, self.gap_bytes, bound, aligned)
         else:
             # A budget of fewer batches than the pipeline holds: blocks smaller than a batch (the
             # batch buffers then exceed the budget; a batch cannot be smaller than the batch size).
