@@ -68,6 +68,7 @@ __all__ = [
     "dataset_key",
     "node_fields",
     "node_permutation",
+    "remove_stale",
     "SHM_ROOT",
     "DIR_MODE",
     "FILE_MODE",
@@ -202,6 +203,18 @@ def _drop_unused_lock(name: str, dfd: int, lfd: int) -> None:
         os.close(lfd)
 
 
+class _Unusable(Exception):
+    """A region's file exists but may not be used (the caller keeps a private copy)."""
+
+
+def remove_stale() -> None:
+    """Delete the regions of this user whose processes all died (``attach`` does this once per
+    process; long-running processes may call it again)."""
+    dfd = _private_dir()
+    if dfd is not None:
+        _remove_stale(dfd)
+
+
 def _exists(name: str, dfd: int) -> bool:
     try:
         os.stat(name, dir_fd=dfd, follow_symlinks=False)
@@ -309,7 +322,11 @@ def attach(
             _remove_stale(dfd)
     deadline = time.monotonic() + timeout
     while True:
-        lfd = _open_checked(f"{name}.lock", dfd, os.O_RDWR | os.O_CREAT)
+        try:
+            lfd = _open_checked(f"{name}.lock", dfd, os.O_RDWR | os.O_CREAT)
+        except OSError as exc:  # not a private regular file of ours (a planted symlink, say)
+            logger.warning("node sharing: %s.lock in %s is unusable (%s); keeping a private copy", name, SHM_ROOT, exc)
+            return None
         fcntl.flock(lfd, fcntl.LOCK_SH)
         if not _same_file(f"{name}.lock", dfd, lfd):
             os.close(lfd)  # deleted by its last user while we waited: start again
@@ -321,6 +338,9 @@ def attach(
             if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.ENOMEM):
                 logger.warning("node sharing: no room for %s (%d bytes) in %s; keeping a private copy",
                                name, nbytes, SHM_ROOT)  # fmt: skip
+                return None
+            if isinstance(exc, _Unusable):
+                logger.warning("node sharing: %s; keeping a private copy", exc)
                 return None
             raise
         if region is not None:
@@ -337,16 +357,19 @@ def _open_or_create(
     """With a shared lock on ``name.lock``: map the region, creating it if it is missing."""
     flags = os.O_RDWR if writable else os.O_RDONLY
     prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+    where = f"{SHM_ROOT}/shardkit-{os.geteuid()}/{name}"
     while True:
         try:
             fd = _open_checked(name, dfd, flags)
         except FileNotFoundError:
             fd = -1
+        except OSError as exc:  # a symlink, another owner, group/other permissions: never used
+            raise _Unusable(f"{where} is not a private regular file of this user ({exc})") from None
         if fd >= 0:
             size = os.fstat(fd).st_size
             if size != nbytes:
                 os.close(fd)
-                raise ValueError(f"{SHM_ROOT}/shardkit-{os.geteuid()}/{name}: {size} bytes, expected {nbytes}")
+                raise _Unusable(f"{where} has {size} bytes, expected {nbytes}")
             return SharedRegion(name, nbytes, mmap.mmap(fd, nbytes, mmap.MAP_SHARED, prot), lfd, fd, False)
         try:
             fcntl.flock(lfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
