@@ -36,6 +36,8 @@ seeded generator, ``numpy``'s included, reaches only a vanishing fraction of the
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from shardkit.readers.seeds import Domain, rng
@@ -46,6 +48,9 @@ __all__ = ["FeistelPermutation", "ROUNDS", "MIN_BITS"]
 ROUNDS = 8
 #: Smallest domain: halves of at least 4 bits, so tiny ``n`` still gets real round functions.
 MIN_BITS = 8
+#: Domains of up to ``2**TABLE_BITS`` values are tabulated once (8 MiB), so cycle walking is a
+#: lookup; larger ones evaluate the network per step.
+TABLE_BITS = 20
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -89,6 +94,7 @@ class FeistelPermutation:
         self._shift = np.uint64(self.half)
         self._mask = np.uint64((1 << self.half) - 1)
         self.keys = np.asarray(keys, dtype=np.uint64)
+        self._table: np.ndarray | None = None
         if self.keys.shape != (ROUNDS,):
             raise ValueError(f"expected {ROUNDS} round keys, found {self.keys.shape}")
 
@@ -117,12 +123,23 @@ class FeistelPermutation:
         p = np.asarray(positions, dtype=np.int64)
         if p.size and (int(p.min()) < 0 or int(p.max()) >= self.n):
             raise IndexError(f"positions outside [0, {self.n})")
-        y = self._network(p.astype(np.uint64))
+        step = self._step()
+        y = step(p.astype(np.uint64))
         walk = np.flatnonzero(y >= np.uint64(self.n))
         while walk.size:  # cycle walking: leave the padding of the domain
-            y[walk] = self._network(y[walk])
+            y[walk] = step(y[walk])
             walk = walk[y[walk] >= np.uint64(self.n)]
         return y.astype(np.int64)
+
+    def _step(self) -> Callable[[np.ndarray], np.ndarray]:
+        """One application of the network: a table lookup when the domain is small (computed once,
+        at most ``2**TABLE_BITS`` entries), the network itself otherwise."""
+        if self.half * 2 > TABLE_BITS:
+            return self._network
+        if self._table is None:
+            self._table = self._network(np.arange(1 << (2 * self.half), dtype=np.uint64))
+        table = self._table
+        return lambda x: table[x]
 
     def inverse_network(self, y: np.ndarray) -> np.ndarray:
         """The network's inverse on ``range(2**k)`` (for tests: it is a bijection)."""
