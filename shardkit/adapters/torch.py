@@ -85,8 +85,9 @@ TensorDict = dict[str, "torch.Tensor"]
 def _tensor(array: np.ndarray) -> torch.Tensor:
     """Zero-copy ``torch.from_numpy`` when torch may own the memory, a copy otherwise.
 
-    Batches from the sampler are fresh arrays, but a read-only or non-native-endian array (possible
-    from other sources) cannot be shared with torch safely.
+    The sampler's payload is a view of one of its batch buffers, which it never reuses while a tensor
+    (or anything else) references it, so sharing it is safe; a read-only or non-native-endian array
+    (possible from other sources) cannot be shared with torch safely.
     """
     if not array.flags.writeable or not array.dtype.isnative:
         array = np.array(array, dtype=array.dtype.newbyteorder("=") if not array.dtype.isnative else None)

@@ -84,6 +84,9 @@ FILE_MODE = 0o600
 #: keeps a private copy (a stuck creator must not hang training).
 CREATE_TIMEOUT = 600.0
 _POLL = 0.01
+#: ``madvise(MADV_POPULATE_WRITE)`` (Linux 5.14): map pages ahead of writing them.
+MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
+_populate = [True]
 
 _dir_lock = threading.Lock()
 _dir_state: dict[str, object] = {}  # "pid", "fd", "cleaned"
@@ -191,6 +194,30 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _reserve(fd: int, m: mmap.mmap, offset: int, length: int) -> bool:
+    """Allocate (and map) bytes ``[offset, offset + length)`` of a shared region; False if the node
+    has no memory for them.
+
+    ``madvise(MADV_POPULATE_WRITE)`` (Linux 5.14) allocates, zeroes and maps the pages in one call,
+    and reports a failure as an error where a write would raise SIGBUS; older kernels reserve with
+    ``posix_fallocate`` and the writes fault the pages in.
+    """
+    if _populate[0]:
+        start = offset - offset % mmap.PAGESIZE
+        try:
+            m.madvise(MADV_POPULATE_WRITE, start, offset + length - start)
+            return True
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                return False  # EFAULT/ENOMEM: no memory for it
+            _populate[0] = False  # not supported here
+    try:
+        os.posix_fallocate(fd, offset, length)
+    except OSError:
+        return False
+    return True
+
+
 def _drop_unused_lock(name: str, dfd: int, lfd: int) -> None:
     """After a failed creation: delete ``name.lock`` unless another process uses it; close it."""
     try:
@@ -258,6 +285,16 @@ class SharedRegion:
         count = int(np.prod(shape, dtype=np.int64))
         return np.frombuffer(self._mmap, dtype=dtype, count=count, offset=offset).reshape(shape)
 
+    def reserve(self, ranges: list[tuple[int, int]]) -> list[bool]:
+        """Allocate the memory of byte ranges ``(offset, length)`` of a writable region before they
+        are written; False for a range the node has no memory for (its writer must not write it:
+        on a full tmpfs a write through the mapping is a SIGBUS, an allocation here is an error)."""
+        fd, m = self._data_fd, self._mmap
+        out = []
+        for offset, length in ranges:
+            out.append(fd is not None and m is not None and _reserve(fd, m, offset, length))
+        return out
+
     def _forget(self) -> None:
         """In a forked child: the lock descriptors are the parent's; never use them."""
         self._lock_fd = self._data_fd = None
@@ -304,6 +341,7 @@ def attach(
     init: Callable[[mmap.mmap], None],
     *,
     writable: bool = False,
+    reserve: int | None = None,
     timeout: float = CREATE_TIMEOUT,
 ) -> SharedRegion | None:
     """Map region ``name`` of ``nbytes`` bytes, creating it with ``init(mapping)`` if no process on
@@ -311,8 +349,11 @@ def attach(
 
     ``init`` fills a fresh zeroed mapping (and keeps no view of it); it runs in exactly one process
     per node while the region does not exist. ``writable`` maps the region read-write (the static
-    cache), else read-only.
+    cache), else read-only. The first ``reserve`` bytes (default: all) are allocated before ``init``
+    runs; a writable region reserves the rest piece by piece as it fills them
+    (:meth:`SharedRegion.reserve`), so a large cache costs nothing before its first use.
     """
+    reserve = nbytes if reserve is None else int(reserve)
     dfd = _private_dir()
     if dfd is None or nbytes <= 0:
         return None
@@ -332,7 +373,7 @@ def attach(
             os.close(lfd)  # deleted by its last user while we waited: start again
             continue
         try:
-            region = _open_or_create(name, nbytes, init, writable, dfd, lfd, deadline)
+            region = _open_or_create(name, nbytes, init, writable, dfd, lfd, deadline, reserve)
         except BaseException as exc:
             _drop_unused_lock(name, dfd, lfd)
             if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.ENOMEM):
@@ -352,7 +393,14 @@ def attach(
 
 
 def _open_or_create(
-    name: str, nbytes: int, init: Callable[[mmap.mmap], None], writable: bool, dfd: int, lfd: int, deadline: float
+    name: str,
+    nbytes: int,
+    init: Callable[[mmap.mmap], None],
+    writable: bool,
+    dfd: int,
+    lfd: int,
+    deadline: float,
+    reserve: int,
 ) -> SharedRegion | None:
     """With a shared lock on ``name.lock``: map the region, creating it if it is missing."""
     flags = os.O_RDWR if writable else os.O_RDONLY
@@ -382,7 +430,7 @@ def _open_or_create(
         try:
             if _exists(name, dfd):
                 continue  # created meanwhile
-            fd = _create(name, nbytes, init, dfd)
+            fd = _create(name, nbytes, init, dfd, reserve)
         finally:
             fcntl.flock(lfd, fcntl.LOCK_SH)
         if not writable:
@@ -391,16 +439,17 @@ def _open_or_create(
         return SharedRegion(name, nbytes, mmap.mmap(fd, nbytes, mmap.MAP_SHARED, prot), lfd, fd, True)
 
 
-def _create(name: str, nbytes: int, init: Callable[[mmap.mmap], None], dfd: int) -> int:
+def _create(name: str, nbytes: int, init: Callable[[mmap.mmap], None], dfd: int, reserve: int) -> int:
     """Write the region under a temporary name and rename it into place; return a descriptor."""
     tmp = f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE, dir_fd=dfd)
     try:
         os.fchmod(fd, FILE_MODE)  # exact, whatever the umask
         os.ftruncate(fd, nbytes)
-        # Reserve the memory now: a full tmpfs must fail here (ENOSPC, then a private copy), not
-        # with SIGBUS on the first write through the mapping.
-        os.posix_fallocate(fd, 0, nbytes)
+        # Reserve the memory ``init`` writes now: a full tmpfs must fail here (ENOSPC, then a
+        # private copy), not with SIGBUS on the first write through the mapping.
+        if reserve:
+            os.posix_fallocate(fd, 0, min(reserve, nbytes))
         m = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         try:
             init(m)

@@ -51,7 +51,7 @@ import numpy as np
 
 from shardkit.errors import SamplerError, ShardkitError
 from shardkit.formats import DEFAULT_GAP_BYTES, Dataset
-from shardkit.formats.reader import Destination
+from shardkit.formats.reader import Destination, aligned_empty
 from shardkit.readers import stopping
 from shardkit.readers.buffers import BatchBuffer, BatchPool
 from shardkit.readers.config import TierSizes
@@ -125,12 +125,22 @@ class ReservoirWritten:
 
 
 @dataclass(frozen=True, eq=False)
+class _Copy:
+    """Block positions ``positions`` (relative to the block's start, ascending) are rows ``rows``
+    of ``source`` (the static cache's rows, or a block of records the cache had no room for)."""
+
+    positions: np.ndarray
+    source: np.ndarray
+    rows: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
 class BlockRead:
     """Block reader -> assembler: plan positions ``[start, stop)`` of ``segment`` are read.
 
     ``buffers`` maps each batch the block touches to its buffer (``None`` when the whole dataset is
-    cached: the assembler takes buffers itself); block positions ``cached`` (relative to ``start``)
-    are to be copied from cache rows ``cache_rows``.
+    cached: the assembler takes buffers itself); ``copies`` are the records the assembler copies
+    into their batches (from the cache).
     """
 
     segment: Segment
@@ -138,8 +148,7 @@ class BlockRead:
     stop: int
     keys: np.ndarray
     buffers: dict[int, BatchBuffer] | None
-    cached: np.ndarray
-    cache_rows: np.ndarray
+    copies: tuple[_Copy, ...] = ()
 
 
 @dataclass(frozen=True, eq=False)
@@ -356,17 +365,11 @@ class Pipeline:
         batch); it is updated for the next block.
         """
         n = b - a
-        cached = np.zeros(n, dtype=bool)
-        crow = np.zeros(n, dtype=np.int64)
-        fill = np.zeros(n, dtype=bool)
-        if self.cache is not None:
-            cached, crow = self.cache.lookup(keys)
-            if cached.any():
-                fill[cached] = ~self.cache.filled(crow[cached])
-        buffers: dict[int, BatchBuffer] | None = None
+        cached, crow, fill = self._cache_plan(keys)
         positions = np.arange(a, b, dtype=np.int64)
         bs = seg.shape.batch_size
         batch_of = positions // bs
+        buffers: dict[int, BatchBuffer] | None = None
         if not self.assemble_only:
             buffers = {}
             for g in range(int(batch_of[0]), int(batch_of[-1]) + 1):
@@ -375,28 +378,55 @@ class Pipeline:
             last = int(batch_of[-1])
             if int(seg.shape.batch_sizes[last]) > b - last * bs:  # the last batch continues in the next block
                 open_buffers[last] = buffers[last]
-        wanted = ~cached | fill
-        if wanted.any():
-            idx = np.flatnonzero(wanted)
-            to_cache = fill[idx]
-            cache_rows_buf: tuple[np.ndarray, ...] = ()
-            if self.cache is not None and to_cache.any():
-                assert self.cache.rows is not None
-                cache_rows_buf = (self.cache.rows,)
-            order = sorted(buffers) if buffers else []
-            arrays = cache_rows_buf + tuple(buffers[g].array for g in order) if buffers else cache_rows_buf
-            slot = {g: i + len(cache_rows_buf) for i, g in enumerate(order)}
-            which = np.empty(idx.size, dtype=np.int64)
-            rows = np.empty(idx.size, dtype=np.int64)
-            which[to_cache], rows[to_cache] = 0, crow[idx[to_cache]]
-            direct = idx[~to_cache]
-            if direct.size:
+        copies: list[_Copy] = []
+        if cached.any():
+            assert self.cache is not None and self.cache.rows is not None
+            copies.append(_Copy(np.flatnonzero(cached), self.cache.rows, crow[cached]))
+        wanted = np.flatnonzero(~cached | fill)
+        if wanted.size:
+            arrays: list[np.ndarray] = []
+            which = np.empty(wanted.size, dtype=np.int64)
+            rows = np.empty(wanted.size, dtype=np.int64)
+            to_cache = fill[wanted]
+            if to_cache.any():
+                assert self.cache is not None and self.cache.rows is not None
+                arrays.append(self.cache.rows)
+                which[to_cache], rows[to_cache] = 0, crow[wanted[to_cache]]
+            direct = wanted[~to_cache]  # block positions read straight into their batch
+            if direct.size and buffers is not None:
+                order = sorted(buffers)
+                slot = {g: len(arrays) + i for i, g in enumerate(order)}
+                arrays += [buffers[g].array for g in order]
                 which[~to_cache] = np.array([slot[int(g)] for g in batch_of[direct]], dtype=np.int64)
                 rows[~to_cache] = positions[direct] - batch_of[direct] * bs
-            read(keys[idx], Destination(arrays, which, rows))
+            elif direct.size:
+                # Everything is pinned, but these rows found no memory on the node: read them into a
+                # block of their own, and the assembler copies them like cache rows.
+                spill = aligned_empty(direct.size, self.pool.record_shape, self.pool.dtype)
+                which[~to_cache], rows[~to_cache] = len(arrays), np.arange(direct.size)
+                arrays.append(spill)
+                copies.append(_Copy(direct, spill, np.arange(direct.size)))
+            read(keys[wanted], Destination(tuple(arrays), which, rows))
             if self.cache is not None:
                 self.cache.publish(crow[fill])
-        return BlockRead(seg, a, b, keys, buffers, np.flatnonzero(cached), crow[cached])
+        assert n == keys.size
+        return BlockRead(seg, a, b, keys, buffers, tuple(copies))
+
+    def _cache_plan(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(cached, row, fill)`` for a block's keys: served from the cache (pinned and with memory
+        on the node), their cache rows, and which of them the block must read first."""
+        n = keys.size
+        if self.cache is None:
+            return np.zeros(n, dtype=bool), np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool)
+        cached, crow = self.cache.lookup(keys)
+        fill = np.zeros(n, dtype=bool)
+        if cached.any():
+            fill[cached] = ~self.cache.filled(crow[cached])
+            if fill.any():
+                # Rows the node has no memory for are read like uncached records.
+                spare = np.flatnonzero(fill)[~self.cache.reserve(crow[fill])]
+                cached[spare] = fill[spare] = False
+        return cached, crow, fill
 
     def _ram_from_disk(self) -> None:
         """Disk -> batch buffers: each block of the plan read in ascending offsets."""
@@ -438,6 +468,9 @@ class Pipeline:
                     if hit.any():
                         missing = hit.copy()
                         missing[hit] = ~self.cache.filled(crow[hit])
+                        if missing.any():  # rows the node has no memory for go through the SSD tier
+                            spare = np.flatnonzero(missing)[~self.cache.reserve(crow[missing])]
+                            hit[spare] = missing[spare] = False
                         if missing.any():
                             dest = Destination((self._cache_rows(),), np.zeros(int(missing.sum()), np.int64), crow[missing])
                             self.disk.payload.read_into(keys[missing], dest)
@@ -522,7 +555,6 @@ class Pipeline:
         seg, a, b = block.segment, block.start, block.stop
         bs = seg.shape.batch_size
         rec = self.disk.record_nbytes
-        cached_pos = block.cached + a  # plan positions served from the cache
         for g in range(a // bs, (b - 1) // bs + 1):
             g0, size = g * bs, int(seg.shape.batch_sizes[g])
             lo, hi = max(a, g0), min(b, g0 + size)
@@ -534,13 +566,15 @@ class Pipeline:
             keys = block.keys[lo - a : hi - a]
             if part is not None:
                 keys = np.concatenate([part.keys, keys])
-            sel = slice(*np.searchsorted(cached_pos, [lo, hi]))
-            if sel.stop > sel.start:
-                assert self.cache is not None and self.cache.rows is not None
-                gather_rows(buf.array, cached_pos[sel] - g0, self.cache.rows, block.cache_rows[sel])
-                count = sel.stop - sel.start
-                self._stats.cache.add("static-cache", 0, count * rec)
-                self._stats.cache.add_records(count)
+            for copy in block.copies:
+                positions = copy.positions + a  # plan positions
+                sel = slice(*np.searchsorted(positions, [lo, hi]))
+                if sel.stop > sel.start:
+                    gather_rows(buf.array, positions[sel] - g0, copy.source, copy.rows[sel])
+                    if self.cache is not None and copy.source is self.cache.rows:
+                        count = sel.stop - sel.start
+                        self._stats.cache.add("static-cache", 0, count * rec)
+                        self._stats.cache.add_records(count)
             if g0 + size > b:
                 open_batches[g] = _OpenBatch(buf, keys)  # completed by the next block
                 continue

@@ -37,6 +37,7 @@ Design choices (documented for users in :class:`~shardkit.readers.TieredSampler`
 from __future__ import annotations
 
 import fcntl
+import logging
 import mmap
 import threading
 from typing import Any, Protocol
@@ -49,6 +50,8 @@ from shardkit.readers.bijection import ROUNDS, FeistelPermutation
 from shardkit.readers.seeds import Domain, rng
 
 __all__ = ["StaticCache", "pinned_keys", "PinnedSet", "SortedKeys", "AllKeys", "BijectionKeys"]
+
+logger = logging.getLogger(__name__)
 
 _PAGE = mmap.PAGESIZE
 
@@ -212,7 +215,7 @@ class StaticCache:
                         keys[:] = pinned_keys(self.seed, self.n, self.m)
                         del keys
 
-                region = node.attach(name, total, init, writable=True)
+                region = node.attach(name, total, init, writable=True, reserve=rows_at if self.variant != "sorted" else total)
             if region is not None:
                 self._region, self.shared = region, True
                 self._fd = region._data_fd
@@ -253,6 +256,24 @@ class StaticCache:
         with self._publication(fcntl.LOCK_SH):
             have: np.ndarray = self.flags[rows] != 0
         return have
+
+    def reserve(self, rows: np.ndarray) -> np.ndarray:
+        """Make sure ``rows`` have memory before the reader writes them (node-shared rows are
+        allocated as they are first filled, so a large cache costs nothing before its first use);
+        False for rows the node has no memory for (then they are read like uncached records)."""
+        if not self.shared or self._region is None or rows.size == 0:
+            return np.ones(rows.shape, dtype=bool)
+        rows_at = self._layout()[0]
+        rec = self.record_nbytes
+        order = np.sort(rows)
+        runs = np.split(order, np.flatnonzero(np.diff(order) != 1) + 1)  # consecutive rows: one range
+        ok = self._region.reserve([(rows_at + int(r[0]) * rec, r.size * rec) for r in runs])
+        bad = [run for run, good in zip(runs, ok) if not good]
+        if not bad:
+            return np.ones(rows.shape, dtype=bool)
+        logger.warning("static cache: no memory left in %s for %d rows; they are read like uncached records",
+                       node.SHM_ROOT, sum(r.size for r in bad))  # fmt: skip
+        return ~np.isin(rows, np.concatenate(bad))
 
     def publish(self, rows: np.ndarray) -> None:
         """Mark ``rows`` filled: their bytes are in place (call after writing them)."""

@@ -170,3 +170,29 @@ def test_sharing_off_keeps_everything_private(tmp_path: Path, private_root: Path
     np.testing.assert_array_equal(keys[1], epoch_permutation(1, 1, 15))
     assert s.stats.disk.records == 15 + 11
     assert not (private_root / f"shardkit-{os.geteuid()}").exists()
+
+
+def test_a_full_node_degrades_to_uncached_reads(tmp_path: Path, private_root: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cache rows are allocated as they are first filled; rows the node has no memory for (a full
+    tmpfs) are read like uncached records, never written through the mapping (which would be a
+    SIGBUS), and the order is unchanged."""
+    real = node.SharedRegion.reserve
+    refused: list[int] = []
+
+    def half_full(self: node.SharedRegion, ranges: list[tuple[int, int]]) -> list[bool]:
+        ok = real(self, ranges)
+        verdict = [good and (offset // 16) % 2 == 0 for (offset, _), good in zip(ranges, ok)]
+        refused.extend(offset for (offset, _), good in zip(ranges, verdict) if not good)
+        return verdict
+
+    monkeypatch.setattr(node.SharedRegion, "reserve", half_full)
+    n = 30
+    ds = make_dataset(tmp_path / "ds", n)
+    s = TieredSampler(ds, ram_size=f"{n}records", batch_size=4, seed=3, epochs=3, gap_bytes=0)
+    assert s.memory_plan.full_cache
+    keys = np.concatenate(collect(s)).reshape(3, n)  # collect() checks every payload row
+    for e in range(3):
+        np.testing.assert_array_equal(keys[e], epoch_permutation(3, e, n))
+    per_epoch = s.stats.disk_bytes_by_epoch
+    assert refused and 0 < per_epoch[1] < n * 16 and 0 < per_epoch[2] <= per_epoch[1]  # refused rows: read again
