@@ -75,34 +75,59 @@ def coco_like(path: Path, n: int) -> Path:
 
 # ---------------------------------------------------------------------------------------------- one rank
 def rank_job(cfg: dict[str, Any]) -> None:
-    """One rank: a DataLoader over ShardIterableDataset for one epoch (run in its own process)."""
-    import torch  # noqa: F401  (imported before measuring the baseline)
+    """One rank: a DataLoader over ShardIterableDataset for one epoch (run in its own process).
+
+    Every consumer (the rank itself without workers, else each worker) notes its RSS when it starts
+    and, once its epoch is over, waits until every consumer of the run is done, reports its peak RSS
+    (``VmHWM``) and PSS, and holds on for a moment, so the monitor sees all processes at once.
+    """
+    import torch  # before the baseline: the framework is not the sampler's memory
 
     from shardkit.adapters.torch import ShardIterableDataset
 
-    report = Path(cfg["report"])
+    report, consumers = Path(cfg["report"]), cfg["consumers"]
+    start = {"rss": _status("VmRSS")}
 
-    def note(role: str) -> None:
+    def begin(_: int = 0) -> None:
+        start["rss"] = _status("VmRSS")
+
+    def finish(role: str) -> None:
+        done = Path(f"{report}.done.{os.getpid()}")
+        done.touch()
+        deadline = time.monotonic() + 600
+        while len(list(report.parent.glob(f"{report.name}.done.*"))) < consumers and time.monotonic() < deadline:
+            time.sleep(0.02)
+        note = {"pid": os.getpid(), "role": role, "start": start["rss"], "peak": _status("VmHWM"),
+                "pss": _pss(os.getpid()), "field_pss": _field_pss(os.getpid())}  # fmt: skip
         with report.open("a") as f:
-            f.write(json.dumps({"pid": os.getpid(), "role": role, "rss": _rss()}) + "\n")
+            f.write(json.dumps(note) + "\n")
+        time.sleep(1.0)  # every process alive and stable for the monitor
 
-    def worker_init(_: int) -> None:
-        note("worker")
+    class Measured(ShardIterableDataset):
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            yield from super().__iter__()
+            finish("worker" if torch.utils.data.get_worker_info() is not None else "rank")
 
     workers = cfg["workers"]
-    if workers == 0:
-        note("rank")
-    ds = ShardIterableDataset(cfg["path"], batch_size=cfg["batch"], tiers=cfg["tiers"], ram_size=cfg["ram"],
-                              ssd_size=cfg["ssd"], ssd_dir=cfg["ssd_dir"], rank=cfg["rank"], world_size=RANKS, seed=0,
-                              num_workers=workers)  # fmt: skip
-    loader = ds.loader(num_workers=workers, worker_init_fn=worker_init if workers else None)
+    ds = Measured(cfg["path"], batch_size=cfg["batch"], tiers=cfg["tiers"], ram_size=cfg["ram"], ssd_size=cfg["ssd"],
+                  ssd_dir=cfg["ssd_dir"], rank=cfg["rank"], world_size=RANKS, seed=0, num_workers=workers)  # fmt: skip
+    begin()
+    loader = ds.loader(num_workers=workers, worker_init_fn=begin if workers else None)
     for batch in loader:
         del batch
 
 
-def _rss() -> int:
+def _status(field: str) -> int:
+    """A ``/proc/self/status`` memory line in bytes."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _pss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
             return int(line.split()[1]) * 1024
     return 0
 
@@ -188,9 +213,9 @@ def run_config(tree: str, path: Path, tiers: str, workers: int, ram: int, ssd: i
     procs = []
     for r in range(RANKS):
         cfg = {"path": str(path), "batch": batch, "tiers": tiers, "ram": ram, "ssd": ssd, "ssd_dir": str(ssd_dir),
-               "rank": r, "workers": workers, "report": str(report)}  # fmt: skip
+               "rank": r, "workers": workers, "report": str(report), "consumers": RANKS * max(1, workers)}  # fmt: skip
         procs.append(subprocess.Popen([sys.executable, __file__, "--rank-job", json.dumps(cfg)], env=env))
-    mon = Monitor([p.pid for p in procs], ssd_dir)
+    mon = Monitor([p.pid for p in procs], ssd_dir, period=0.05)
     try:
         for p in procs:
             if p.wait(timeout=3600) != 0:
@@ -198,11 +223,12 @@ def run_config(tree: str, path: Path, tiers: str, workers: int, ram: int, ssd: i
     finally:
         mon.stop()
     notes = [json.loads(line) for line in report.read_text().splitlines()] if report.exists() else []
-    consumers = [max(0, mon.peak_rss.get(n["pid"], 0) - n["rss"]) for n in notes]
     shutil.rmtree(ssd_dir, ignore_errors=True)
-    report.unlink(missing_ok=True)
-    return {"consumer_peak": max(consumers, default=0), "consumers": len(consumers), "node_pss": mon.peak_node_pss,
-            "field_pss": mon.peak_field_pss, "ssd_peak": mon.peak_ssd, "processes": len(mon.peak_rss)}  # fmt: skip
+    for f in [report, *report.parent.glob(f"{report.name}.done.*")]:
+        f.unlink(missing_ok=True)
+    return {"consumer_peak": max((n["peak"] - n["start"] for n in notes), default=0), "consumers": len(notes),
+            "node_pss": mon.peak_node_pss, "field_pss": mon.peak_field_pss, "ssd_peak": mon.peak_ssd,
+            "processes": len(mon.peak_rss), "consumer_field_pss": max((n["field_pss"] for n in notes), default=0)}  # fmt: skip
 
 
 def main() -> None:
@@ -229,8 +255,8 @@ def main() -> None:
         "MiB per consumer, one epoch",
         "",
         "| sampler | tiers | workers/rank | processes | consumer peak RSS - start | <= ram+15% | node PSS (peak) | "
-        "fields PSS on node | SSD peak | <= ssd budget |",
-        "|---|---|---:|---:|---:|---|---:|---:|---:|---|",
+        "fields PSS on node | fields PSS per consumer | SSD peak | <= ssd budget |",
+        "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---|",
     ]
     field_by: dict[tuple[str, str, int], int] = {}
     for name, tree in trees.items():
@@ -243,6 +269,7 @@ def main() -> None:
                     f"| {name} | {tiers} | {workers} | {r['processes']} | {r['consumer_peak'] / 2**20:,.0f} MiB | "
                     f"{'met' if r['consumer_peak'] <= 1.15 * args.ram else '**missed**'} | "
                     f"{r['node_pss'] / 2**20:,.0f} MiB | {r['field_pss'] / 2**20:,.1f} MiB | "
+                    f"{r['consumer_field_pss'] / 2**20:,.2f} MiB | "
                     f"{r['ssd_peak'] / 2**20:,.0f} MiB | "
                     f"{'' if tiers == 'ram' else ('met' if r['ssd_peak'] <= ssd_budget else '**missed**')} |"
                 )

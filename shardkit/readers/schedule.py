@@ -524,15 +524,7 @@ class PlanShape:
 
     def truncated(self, left: int) -> PlanShape:
         """The plan cut after ``left`` records (see :func:`truncate_plan`)."""
-        ends = np.cumsum(self.batch_sizes)
-        nb = int(np.searchsorted(ends, left, side="left")) + 1
-        sizes = self.batch_sizes[:nb].copy()
-        positions = self.positions[:nb].copy()
-        cut = int(ends[nb - 1] - left)
-        if cut:
-            sizes[-1] -= cut
-            if self.world_size == 1:
-                positions[-1] -= cut
+        sizes, positions = _cut_batches(self.batch_sizes, self.positions, left, self.world_size)
         return PlanShape(self.start, self.batch_size, self.rank, self.world_size, int(left), sizes, positions)
 
 
@@ -573,13 +565,20 @@ def truncate_plan(plan: ConsumerPlan, left: int, world_size: int) -> ConsumerPla
     emitted after a resume); with several the position stays at the end of the global batch, since
     the other consumers' slices of it are not accounted for here.
     """
-    ends = np.cumsum(plan.batch_sizes)
+    sizes, positions = _cut_batches(plan.batch_sizes, plan.positions, left, world_size)
+    return ConsumerPlan(keys=plan.keys[:left], batch_sizes=sizes, positions=positions)
+
+
+def _cut_batches(
+    batch_sizes: np.ndarray, positions: np.ndarray, left: int, world_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Batch sizes and positions of a plan cut after ``left`` records (see :func:`truncate_plan`)."""
+    ends = np.cumsum(batch_sizes)
     nb = int(np.searchsorted(ends, left, side="left")) + 1
-    sizes = plan.batch_sizes[:nb].copy()
-    positions = plan.positions[:nb].copy()
+    sizes, positions = batch_sizes[:nb].copy(), positions[:nb].copy()
     cut = int(ends[nb - 1] - left)
     if cut:
         sizes[-1] -= cut
         if world_size == 1:
             positions[-1] -= cut
-    return ConsumerPlan(keys=plan.keys[:left], batch_sizes=sizes, positions=positions)
+    return sizes, positions
