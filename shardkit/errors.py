@@ -30,6 +30,10 @@ __all__ = [
     "MissingExtraError",
     "OutOfSpaceError",
     "SamplerError",
+    "StoreError",
+    "StorePermissionError",
+    "ObjectNotFoundError",
+    "ObjectChangedError",
 ]
 
 
@@ -112,3 +116,23 @@ class OutOfSpaceError(ShardkitError, OSError):
 
 class SamplerError(ShardkitError, RuntimeError):
     """The sampler cannot continue (background creator failed, incompatible state dict...)."""
+
+
+class StoreError(ShardkitError, OSError):
+    """An object-store request failed for good: a permanent error, or transient errors (5xx,
+    timeouts, resets, throttling, short responses) that outlasted the retry budget. The message names
+    the object's URL and, for reads, the byte range."""
+
+
+class StorePermissionError(StoreError, PermissionError):
+    """The store refused the request (credentials missing or wrong, no permission), or the store is
+    read-only (``http(s)://`` datasets)."""
+
+
+class ObjectNotFoundError(StoreError, FileNotFoundError):
+    """No object at that key (the store's equivalent of a missing file)."""
+
+
+class ObjectChangedError(StoreError):
+    """An object changed between two reads of one reader (its ETag or size differs): bytes of two
+    versions are never mixed."""
