@@ -34,6 +34,7 @@ __all__ = [
     "StorePermissionError",
     "ObjectNotFoundError",
     "ObjectChangedError",
+    "ObjectTooLargeError",
 ]
 
 
@@ -136,3 +137,7 @@ class ObjectNotFoundError(StoreError, FileNotFoundError):
 class ObjectChangedError(StoreError):
     """An object changed between two reads of one reader (its ETag or size differs): bytes of two
     versions are never mixed."""
+
+
+class ObjectTooLargeError(StoreError):
+    """An object is larger than the caller allows (checked before its bytes are read)."""

@@ -15,7 +15,7 @@ import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from shardkit.errors import ObjectNotFoundError, StoreError, TruncatedShardError, UnsafePathError
+from shardkit.errors import ObjectNotFoundError, ObjectTooLargeError, TruncatedShardError, UnsafePathError
 from shardkit.stores.atomic import fsync_dir, is_out_of_space, raise_out_of_space, write_bytes_atomic
 from shardkit.stores.base import DEFAULT_OPTIONS, ByteRange, Fetched, ObjectMeta, Store, StoreOptions, check_key
 
@@ -80,14 +80,14 @@ class LocalStore(Store):
     def get(self, key: str, *, max_nbytes: int | None = None) -> bytes:
         meta = self.head(key)
         if max_nbytes is not None and meta.size > max_nbytes:
-            raise StoreError(f"{self.describe(key)}: {meta.size} bytes, more than the {max_nbytes} bytes allowed")
+            raise ObjectTooLargeError(f"{self.describe(key)}: {meta.size} bytes, more than the {max_nbytes} bytes allowed")
         try:
             with open(self.local_path(key), "rb") as fh:
                 data = fh.read() if max_nbytes is None else fh.read(max_nbytes + 1)
         except (FileNotFoundError, NotADirectoryError):
             raise ObjectNotFoundError(f"{self.describe(key)}: no such file") from None
         if max_nbytes is not None and len(data) > max_nbytes:  # it grew after the stat
-            raise StoreError(f"{self.describe(key)}: more than the {max_nbytes} bytes allowed")
+            raise ObjectTooLargeError(f"{self.describe(key)}: more than the {max_nbytes} bytes allowed")
         return data
 
     def fetch(self, ranges: Sequence[ByteRange]) -> Iterator[Fetched]:

@@ -42,6 +42,7 @@ from typing import Any, TypeVar
 from shardkit.errors import (
     ObjectChangedError,
     ObjectNotFoundError,
+    ObjectTooLargeError,
     ShardkitError,
     StoreError,
     StorePermissionError,
@@ -278,7 +279,7 @@ class ObjectStore(Store):
             result = self._obs.get(self.inner, key)
             size = int(result.meta["size"])
             if max_nbytes is not None and size > max_nbytes:
-                raise StoreError(f"{what}: {size} bytes, more than the {max_nbytes} bytes allowed")
+                raise ObjectTooLargeError(f"{what}: {size} bytes, more than the {max_nbytes} bytes allowed")
             data = bytes(result.bytes())
             if len(data) != size:
                 raise ShortResponse(f"expected {size} bytes, received {len(data)}")
