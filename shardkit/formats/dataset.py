@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,8 @@ class Dataset:
         gap_bytes: int = DEFAULT_GAP_BYTES,
         remote_gap_bytes: int = DEFAULT_REMOTE_GAP_BYTES,
         store_options: StoreOptions | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_size: int | None = None,
     ) -> None:
         self.store: Store = open_store(path, store_options)
         #: The dataset directory (a Path) or, for an object store, its URL.

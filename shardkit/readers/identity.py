@@ -11,6 +11,9 @@ the path.
 The identity is the SHA-256 of the root ``zarr.json``: it holds the schema, the record count and
 every shard's checksum, so a dataset with different records has a different identity, while a
 re-conversion that produces byte-identical data keeps it (nothing the sampler reads changed).
+For a dataset in an object store the check is a HEAD request first: while the root document's ETag
+is the one seen when the identity was taken, it has not changed; only a different ETag costs a GET
+and a hash (an identical re-upload keeps the identity).
 During a conversion the root document does not exist (the writer deletes the old output first and
 writes the root document last), which the check reports as a dataset that is gone.
 """
@@ -18,11 +21,12 @@ writes the root document last), which the check reports as a dataset that is gon
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from shardkit.errors import SamplerError
+from shardkit.formats.metadata import MAX_DOCUMENT_NBYTES
+from shardkit.stores import Location, as_location, open_store
 
 __all__ = ["DatasetIdentity", "dataset_fingerprint", "ROOT_DOCUMENT"]
 
@@ -30,30 +34,40 @@ __all__ = ["DatasetIdentity", "dataset_fingerprint", "ROOT_DOCUMENT"]
 ROOT_DOCUMENT = "zarr.json"
 
 
-def dataset_fingerprint(path: str | os.PathLike[str]) -> str:
+def dataset_fingerprint(path: Location) -> str:
     """SHA-256 (hex) of the dataset's root ``zarr.json``; ``FileNotFoundError`` if it has none."""
-    return hashlib.sha256((Path(path) / ROOT_DOCUMENT).read_bytes()).hexdigest()
+    return _fingerprint_and_tag(path)[0]
+
+
+def _fingerprint_and_tag(path: Location) -> tuple[str, str | None]:
+    store = open_store(path)
+    tag = None if store.is_local else store.head(ROOT_DOCUMENT).etag
+    return hashlib.sha256(store.get(ROOT_DOCUMENT, max_nbytes=MAX_DOCUMENT_NBYTES)).hexdigest(), tag
 
 
 @dataclass(frozen=True)
 class DatasetIdentity:
-    """A dataset path and the fingerprint it had when a sampler opened it."""
+    """A dataset location and the fingerprint (and, in an object store, the ETag of the root
+    document) it had when a sampler opened it."""
 
-    path: Path
+    path: Path | str
     fingerprint: str
+    etag: str | None = None
 
     @classmethod
-    def of(cls, path: str | os.PathLike[str]) -> DatasetIdentity:
+    def of(cls, path: Location) -> DatasetIdentity:
         """The identity ``path`` has now."""
-        path = Path(path)
+        where = as_location(path)
         try:
-            return cls(path, dataset_fingerprint(path))
+            return cls(where, *_fingerprint_and_tag(where))
         except FileNotFoundError:
-            raise SamplerError(f"{path}: expected a shardkit dataset, found no {ROOT_DOCUMENT}") from None
+            raise SamplerError(f"{where}: expected a shardkit dataset, found no {ROOT_DOCUMENT}") from None
 
     def check(self) -> None:
         """Raise :class:`~shardkit.errors.SamplerError` unless the dataset is still the one opened."""
         try:
+            if self.etag is not None and open_store(self.path).head(ROOT_DOCUMENT).etag == self.etag:
+                return
             now = dataset_fingerprint(self.path)
         except FileNotFoundError:
             raise SamplerError(

@@ -38,6 +38,7 @@ from shardkit.readers.shared import (
 )
 from shardkit.readers.ssd import SsdSpace, _Stopped, write_reservoir
 from shardkit.readers.stats import SamplerStats
+from shardkit.stores import Location, as_location
 
 __all__ = ["TierServer", "serve", "remove_stale_server"]
 
@@ -147,7 +148,7 @@ class TierServer:
 
     def __init__(
         self,
-        dataset: str | os.PathLike[str],
+        dataset: Location,
         *,
         name: str,
         tiers: str = "ram",
@@ -163,7 +164,7 @@ class TierServer:
         base_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.name = check_name(name)
-        self.path = Path(dataset).resolve()
+        self.path: Path | str = as_location(dataset, resolve=True)
         self.tiers = parse_tiers(tiers)
         for what, v, lo in (("seed", seed, 0), ("slots", slots, 2), ("wait_for", wait_for, 1), ("gap_bytes", gap_bytes, 0)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
@@ -664,7 +665,7 @@ class _Terminated(SystemExit):
     """SIGTERM received: leave through the normal cleanup path."""
 
 
-def serve(dataset: str | os.PathLike[str], *, name: str, ready: Any = None, **options: Any) -> TierServer:
+def serve(dataset: Location, *, name: str, ready: Any = None, **options: Any) -> TierServer:
     """Run a :class:`TierServer` in the foreground until its epochs are served, SIGTERM or Ctrl-C.
 
     Cleans up in every case (the shared memory, the SSD directory and the run directory). ``ready``

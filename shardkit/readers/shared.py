@@ -99,6 +99,7 @@ from shardkit.errors import ConfigError, SamplerError, ShardkitError
 from shardkit.formats import Dataset
 from shardkit.readers.pipeline import BATCH_PREFETCH, assemble_batch
 from shardkit.readers.stats import SamplerStats
+from shardkit.stores import as_location
 
 __all__ = ["SharedSampler", "dataset_fingerprint", "run_dir", "default_base_dir", "PROTOCOL_VERSION"]
 
@@ -280,7 +281,7 @@ class SharedSampler:
         self.base_dir = base_dir
         self.connect_timeout = float(connect_timeout)
         info = read_info(self.name, base_dir, timeout=self.connect_timeout)
-        self.path = Path(info["dataset"])
+        self.path: Path | str = as_location(info["dataset"])
         if dataset is not None:
             mine = dataset_fingerprint(dataset)
             if mine != info["fingerprint"]:

@@ -13,7 +13,7 @@ object-store URL is opened.
 from shardkit.stores.base import DEFAULT_OPTIONS, ByteRange, Fetched, ObjectMeta, Store, StoreOptions, check_key, join_key
 from shardkit.stores.local import LocalStore
 from shardkit.stores.objectstore import ObjectStore
-from shardkit.stores.url import Location, is_url, location_string, open_store
+from shardkit.stores.url import Location, as_location, is_url, location_string, open_store
 
 __all__ = [
     "Store",
@@ -26,6 +26,7 @@ __all__ = [
     "ObjectStore",
     "Location",
     "open_store",
+    "as_location",
     "is_url",
     "location_string",
     "check_key",

@@ -255,7 +255,8 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
-        """Every object whose key starts with ``prefix`` (a key prefix, ``""`` for all)."""
+        """Every object under the "directory" ``prefix`` (whole ``/``-separated segments, as object
+        stores list: ``image`` lists ``image/...``, not ``images/...``; ``""`` lists everything)."""
 
     # ------------------------------------------------------------------ writing
     @abc.abstractmethod

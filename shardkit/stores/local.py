@@ -115,15 +115,15 @@ class LocalStore(Store):
             yield Fetched(i, view, size, None)
 
     def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
-        if not self.root.is_dir():
+        top = self.local_path(prefix.strip("/")) if prefix.strip("/") else self.root
+        if not top.is_dir():
             return
-        for dirpath, _dirs, files in os.walk(self.root):
+        for dirpath, _dirs, files in os.walk(top):
             for name in sorted(files):
                 full = Path(dirpath) / name
                 key = full.relative_to(self.root).as_posix()
-                if key.startswith(prefix):
-                    st = full.stat()
-                    yield ObjectMeta(key, st.st_size, None, st.st_mtime)
+                st = full.stat()
+                yield ObjectMeta(key, st.st_size, None, st.st_mtime)
 
     # ------------------------------------------------------------------ writing
     def put(self, key: str, data: bytes | memoryview) -> ObjectMeta:

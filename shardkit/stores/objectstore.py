@@ -362,8 +362,7 @@ class ObjectStore(Store):
             key = str(d["path"])
             if strip and key.startswith(strip):
                 key = key[len(strip) :]
-            if key.startswith(prefix):
-                yield _meta(d, key)
+            yield _meta(d, key)
 
     # ------------------------------------------------------------------ writing
     def put(self, key: str, data: bytes | memoryview) -> ObjectMeta:

@@ -47,7 +47,7 @@ from shardkit.stores.base import DEFAULT_OPTIONS, Store, StoreOptions, check_key
 from shardkit.stores.local import LocalStore
 from shardkit.stores.objectstore import ObjectStore, import_obstore
 
-__all__ = ["Location", "open_store", "is_url", "location_string", "s3_settings", "SCHEMES"]
+__all__ = ["Location", "open_store", "is_url", "as_location", "location_string", "s3_settings", "SCHEMES"]
 
 #: Anything that names a dataset: a local path, a URL, or an opened store.
 Location = str | os.PathLike[str] | Store
@@ -75,6 +75,24 @@ def location_string(location: Location) -> str:
     if isinstance(location, Store):
         return location.url
     return str(location) if is_url(location) else os.fspath(location)
+
+
+def as_location(location: Location, *, resolve: bool = False) -> Path | str:
+    """A local ``Path`` (resolved with ``resolve``) or an object-store URL string, from any location.
+
+    What samplers and servers keep, pickle and pass to their workers: a plain value each process
+    opens on its own.
+    """
+    if isinstance(location, Store):
+        return location.local_path() if location.is_local else location.url
+    if is_url(location):
+        url = str(location)
+        parts = urlsplit(url)
+        if parts.scheme.lower() != "file":
+            return url
+        location = unquote(parts.path)
+    path = Path(location)
+    return path.resolve() if resolve else path
 
 
 def open_store(location: Location, options: StoreOptions | None = None) -> Store:
