@@ -19,8 +19,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -187,12 +185,3 @@ def _signed_put_get(server: SeaweedServer, url: str) -> bool:
     ok = bytes(obstore.get(store, key).bytes()) == b"ok"
     obstore.delete(store, key)
     return ok
-
-
-def http_get(url: str, timeout: float = 5.0) -> bytes:
-    """An anonymous GET (the server allows anonymous reads), for tests of http(s):// datasets."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - loopback test server
-            return bytes(resp.read())
-    except urllib.error.HTTPError as exc:
-        raise FileNotFoundError(f"{url}: HTTP {exc.code}") from None

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import abc
 import os
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,12 +57,17 @@ class ObjectMeta:
         range with ``If-Match``, so bytes of two versions of an object are never mixed.
     mtime
         Last modification, seconds since the epoch (``None`` when the store does not say).
+    metadata
+        User metadata stored with the object (S3 ``x-amz-meta-*``, GCS/Azure custom metadata), e.g.
+        ``{"shardkit-crc32c": "..."}`` that conversions record so a resumed upload can check an
+        object without downloading it. Local files have none (empty).
     """
 
     key: str
     size: int
     etag: str | None = None
     mtime: float | None = None
+    metadata: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -260,12 +265,16 @@ class Store(abc.ABC):
 
     # ------------------------------------------------------------------ writing
     @abc.abstractmethod
-    def put(self, key: str, data: bytes | memoryview) -> ObjectMeta:
-        """Write ``data`` as ``key`` atomically (whole or not at all), replacing any object there."""
+    def put(self, key: str, data: bytes | memoryview, *, metadata: Mapping[str, str] | None = None) -> ObjectMeta:
+        """Write ``data`` as ``key`` atomically (whole or not at all), replacing any object there,
+        with user ``metadata`` where the store keeps it (object stores; ignored for local files)."""
 
     @abc.abstractmethod
-    def put_file(self, key: str, source: str | os.PathLike[str]) -> ObjectMeta:
-        """Upload the local file ``source`` as ``key`` atomically; multipart when it is large."""
+    def put_file(
+        self, key: str, source: str | os.PathLike[str], *, metadata: Mapping[str, str] | None = None
+    ) -> ObjectMeta:
+        """Upload the local file ``source`` as ``key`` atomically; multipart when it is large (see
+        :class:`StoreOptions`); ``metadata`` as in :meth:`put`."""
 
     @abc.abstractmethod
     def delete(self, key: str) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from shardkit.errors import ObjectNotFoundError, ObjectTooLargeError, TruncatedShardError, UnsafePathError
@@ -60,6 +60,10 @@ class LocalStore(Store):
             return self.root
         return resolve_inside(self.root, check_key(key, where=self.url), "dataset file")
 
+    def _file(self, key: str) -> Path:
+        """The file of an object key (never the root itself)."""
+        return resolve_inside(self.root, check_key(key, where=self.url), "dataset file")
+
     def describe(self, key: str) -> str:
         return str(self.root / key) if key else str(self.root)
 
@@ -68,7 +72,7 @@ class LocalStore(Store):
 
     # ------------------------------------------------------------------ reading
     def head(self, key: str) -> ObjectMeta:
-        path = self.local_path(key)
+        path = self._file(key)
         try:
             st = path.stat()
         except (FileNotFoundError, NotADirectoryError):
@@ -82,7 +86,7 @@ class LocalStore(Store):
         if max_nbytes is not None and meta.size > max_nbytes:
             raise ObjectTooLargeError(f"{self.describe(key)}: {meta.size} bytes, more than the {max_nbytes} bytes allowed")
         try:
-            with open(self.local_path(key), "rb") as fh:
+            with open(self._file(key), "rb") as fh:
                 data = fh.read() if max_nbytes is None else fh.read(max_nbytes + 1)
         except (FileNotFoundError, NotADirectoryError):
             raise ObjectNotFoundError(f"{self.describe(key)}: no such file") from None
@@ -93,7 +97,7 @@ class LocalStore(Store):
     def fetch(self, ranges: Sequence[ByteRange]) -> Iterator[Fetched]:
         """Each range with ``pread`` in the calling thread (local disks need no concurrency here)."""
         for i, r in enumerate(ranges):
-            path = self.local_path(r.key)
+            path = self._file(r.key)
             try:
                 fd = os.open(path, os.O_RDONLY)
             except FileNotFoundError:
@@ -126,14 +130,16 @@ class LocalStore(Store):
                 yield ObjectMeta(key, st.st_size, None, st.st_mtime)
 
     # ------------------------------------------------------------------ writing
-    def put(self, key: str, data: bytes | memoryview) -> ObjectMeta:
-        path = self.local_path(key)
+    def put(self, key: str, data: bytes | memoryview, *, metadata: Mapping[str, str] | None = None) -> ObjectMeta:
+        path = self._file(key)
         write_bytes_atomic(path, bytes(data))
         return self.head(key)
 
-    def put_file(self, key: str, source: str | os.PathLike[str]) -> ObjectMeta:
+    def put_file(
+        self, key: str, source: str | os.PathLike[str], *, metadata: Mapping[str, str] | None = None
+    ) -> ObjectMeta:
         """Copy ``source`` to ``key`` through ``key.partial`` (fsynced, then renamed)."""
-        path = self.local_path(key)
+        path = self._file(key)
         tmp = path.with_name(path.name + ".partial")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -151,17 +157,17 @@ class LocalStore(Store):
         return self.head(key)
 
     def delete(self, key: str) -> None:
-        self.local_path(key).unlink(missing_ok=True)
+        self._file(key).unlink(missing_ok=True)
 
     def copy(self, src: str, dst: str) -> None:
-        self.put_file(dst, self.local_path(src))
+        self.put_file(dst, self._file(src))
 
     def rename(self, src: str, dst: str) -> None:
         """``os.replace``: atomic on one file system."""
-        target = self.local_path(dst)
+        target = self._file(dst)
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
-            os.replace(self.local_path(src), target)
+            os.replace(self._file(src), target)
         except FileNotFoundError:
             raise ObjectNotFoundError(f"{self.describe(src)}: no such file") from None
         fsync_dir(target.parent)

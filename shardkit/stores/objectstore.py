@@ -34,7 +34,8 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -46,6 +47,7 @@ from shardkit.errors import (
     ShardkitError,
     StoreError,
     StorePermissionError,
+    TruncatedShardError,
 )
 from shardkit.stores.base import DEFAULT_OPTIONS, ByteRange, Fetched, ObjectMeta, Store, StoreOptions, check_key
 from shardkit.stores.retry import ShortResponse, backoff_seconds, first_line, is_transient
@@ -136,6 +138,12 @@ class RequestCounters:
 
     def as_dict(self) -> dict[str, int]:
         return {"requests": self.requests, "bytes": self.bytes, "retries": self.retries}
+
+
+#: obstore attributes that are HTTP headers, not user metadata.
+_STANDARD_ATTRIBUTES = frozenset(
+    {"Content-Disposition", "Content-Encoding", "Content-Language", "Content-Type", "Cache-Control"}
+)
 
 
 def _meta(d: dict[str, Any], key: str) -> ObjectMeta:
@@ -267,8 +275,16 @@ class ObjectStore(Store):
 
     # ------------------------------------------------------------------ reading
     def head(self, key: str) -> ObjectMeta:
+        """Size, ETag and user metadata (a GET with ``head``: obstore's HEAD drops the metadata)."""
         check_key(key, where=self.url)
-        return _meta(self._call(lambda: self._obs.head(self.inner, key), self.describe(key)), key)
+
+        def once() -> tuple[dict[str, Any], dict[str, Any]]:
+            result = self._obs.get(self.inner, key, options={"head": True})
+            return result.meta, dict(result.attributes)
+
+        meta, attributes = self._call(once, self.describe(key))
+        user = {k: str(v) for k, v in attributes.items() if k not in _STANDARD_ATTRIBUTES}
+        return replace(_meta(meta, key), metadata=user)
 
     def get(self, key: str, *, max_nbytes: int | None = None) -> bytes:
         """One GET; the size in its headers is checked against ``max_nbytes`` before the body is read."""
@@ -340,12 +356,16 @@ class ObjectStore(Store):
         if r.etag is not None:
             options["if_match"] = r.etag
         result = await self._obs.get_async(self.inner, r.key, options=options)
+        size = int(result.meta["size"])
+        if r.end > size:  # the object is shorter than the range: no retry can change that
+            raise TruncatedShardError(
+                f"{r.describe(self.describe(r.key))}: the object is only {size} bytes, the range ends past it"
+            )
         data = await result.bytes_async()
         view = memoryview(data)  # obstore.Bytes implements the buffer protocol (zero-copy view)
-        if view.nbytes != r.nbytes:
+        if view.nbytes != r.nbytes:  # a body cut short (or padded) on the way: retried
             raise ShortResponse(f"expected {r.nbytes} bytes, received {view.nbytes}")
-        meta = result.meta
-        return Fetched(i, view, int(meta["size"]), meta.get("e_tag"))
+        return Fetched(i, view, size, result.meta.get("e_tag"))
 
     def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
         what = self.describe(prefix)
@@ -365,15 +385,19 @@ class ObjectStore(Store):
             yield _meta(d, key)
 
     # ------------------------------------------------------------------ writing
-    def put(self, key: str, data: bytes | memoryview) -> ObjectMeta:
+    def put(self, key: str, data: bytes | memoryview, *, metadata: Mapping[str, str] | None = None) -> ObjectMeta:
         check_key(key, where=self.url)
         self._writable(key)
         payload = bytes(data)
-        self._call(lambda: self._obs.put(self.inner, key, payload, use_multipart=False), self.describe(key))
+        attributes = dict(metadata or {})
+        self._call(lambda: self._obs.put(self.inner, key, payload, use_multipart=False, attributes=attributes),
+                   self.describe(key))
         self.counters.add(nbytes=len(payload))
-        return ObjectMeta(key, len(payload))
+        return ObjectMeta(key, len(payload), metadata=attributes)
 
-    def put_file(self, key: str, source: str | os.PathLike[str]) -> ObjectMeta:
+    def put_file(
+        self, key: str, source: str | os.PathLike[str], *, metadata: Mapping[str, str] | None = None
+    ) -> ObjectMeta:
         """Upload ``source``; multipart (``part_bytes`` parts, ``concurrency`` at once) when it is
         larger than ``multipart_threshold``. A failed upload is retried whole; S3 never shows a
         partial object."""
@@ -384,16 +408,18 @@ class ObjectStore(Store):
         o = self.options
         multipart = size > o.multipart_threshold
 
+        attributes = dict(metadata or {})
+
         def upload() -> Any:
             with open(path, "rb") as fh:
                 return self._obs.put(
                     self.inner, key, fh, use_multipart=multipart, chunk_size=o.part_bytes,
-                    max_concurrency=min(o.concurrency, 16),
+                    max_concurrency=min(o.concurrency, 16), attributes=attributes,
                 )
 
         self._call(upload, self.describe(key))
         self.counters.add(nbytes=size)
-        return ObjectMeta(key, size)
+        return ObjectMeta(key, size, metadata=attributes)
 
     def delete(self, key: str) -> None:
         check_key(key, where=self.url)
