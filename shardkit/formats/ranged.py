@@ -36,6 +36,7 @@ it before serving them, and ``shardkit verify`` checks every byte.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import NoReturn
 
 import numpy as np
@@ -128,7 +129,7 @@ class RangedPayloadArray(PayloadArray):
     def _fetch_index(self, i: int, start: int) -> tuple[bytes, int]:
         info = self.shards[i]
         ask = ByteRange(info.path, start, info.nbytes, self._etags.get(i))
-        got = next(iter(self.store.fetch([ask])))
+        got = next(_shards_present(self.store.fetch([ask])))
         self._check_response(i, got, ask)
         self.stats.add(self.shard_location(i), start, ask.nbytes)
         return bytes(got.data), got.object_size
@@ -182,7 +183,7 @@ class RangedPayloadArray(PayloadArray):
         isize = index_nbytes(self.records_per_shard)
         asks = [ByteRange(self.shards[i].path, self.shards[i].nbytes - isize, self.shards[i].nbytes) for i in missing]
         raws: dict[int, bytes] = {}
-        for got in self.store.fetch(asks):
+        for got in _shards_present(self.store.fetch(asks)):
             i = missing[got.index]
             self._check_response(i, got, asks[got.index])
             self.stats.add(self.shard_location(i), asks[got.index].start, isize)
@@ -207,7 +208,7 @@ class RangedPayloadArray(PayloadArray):
                 pieces.append((run, a, b))
                 asks.append(ByteRange(self.shards[run.shard].path, start, int(ends[b - 1]), self._etags.get(run.shard)))
                 a = b
-        for got in self.store.fetch(asks):
+        for got in _shards_present(self.store.fetch(asks)):
             run, a, b = pieces[got.index]
             ask = asks[got.index]
             self._check_response(run.shard, got, ask)
@@ -231,3 +232,11 @@ class RangedPayloadArray(PayloadArray):
                 raise CorruptShardError(
                     f"{run.path}: record at offset {start + o} does not decode ({exc})"
                 ) from None
+
+
+def _shards_present(fetched: Iterator[Fetched]) -> Iterator[Fetched]:
+    """The responses, with a missing object reported as the missing shard it is."""
+    try:
+        yield from fetched
+    except FileNotFoundError as exc:
+        raise MissingShardError(f"{exc}: a payload shard listed in the dataset metadata is missing") from None
