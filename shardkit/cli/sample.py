@@ -62,6 +62,15 @@ def sample(
         DEFAULTS.remote_concurrency, "--remote-concurrency",
         help="For a dataset in an object store: requests in flight at once.",
     ),
+    remote_timeout: str = typer.Option(
+        f"{DEFAULTS.remote_timeout:g}s", "--remote-timeout",
+        help="For a dataset in an object store: a request slower than this counts as a transient failure.",
+    ),
+    remote_retry: str = typer.Option(
+        f"{DEFAULTS.remote_retry:g}s", "--remote-retry",
+        help="For a dataset in an object store: retry transient failures (5xx, timeouts, resets) this long "
+             "before failing with an error naming the object and byte range.",
+    ),
     cache_dir: Path = typer.Option(
         None, "--cache-dir",
         help="For a dataset in an object store: keep fetched shards in this local directory, so later epochs "
@@ -86,7 +95,8 @@ def sample(
         source="cli", tiers=tiers, ram_size=ram_size, ssd_size=ssd_size, ssd_dir=ssd_dir, batch_size=batch_size,
         epochs=epochs, seed=seed, mode=mode, rank=rank, world_size=world_size, limit=limit,
         static_cache=static_cache, gap_bytes=gap_bytes, remote_gap_bytes=remote_gap_bytes,
-        remote_concurrency=remote_concurrency, cache_dir=cache_dir, cache_size=cache_size,
+        remote_concurrency=remote_concurrency, remote_timeout=remote_timeout, remote_retry=remote_retry,
+        cache_dir=cache_dir, cache_size=cache_size,
     )  # fmt: skip
     sampler = TieredSampler(path, options)
     total = len(sampler) * epochs if limit is None else None

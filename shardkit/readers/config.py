@@ -145,6 +145,11 @@ class SamplerOptions:
         gap (1 MiB by default; see :mod:`shardkit.formats.ranged` for how it was chosen).
     remote_concurrency
         Requests in flight at once when reading a dataset in an object store (32 by default).
+    remote_timeout, remote_retry
+        For an object store: how long one request may take before it counts as a transient failure
+        (60 s), and how long transient failures are retried before the read fails with an error
+        naming the object and byte range (120 s: long enough to ride out a server restart). Seconds
+        or a duration (``"90s"``, ``"2min"``).
     cache_dir, cache_size
         A local directory that keeps the shards of a dataset in an object store once they were
         fetched, so later epochs read them from local disk (see :mod:`shardkit.stores.cache`), and
@@ -173,6 +178,8 @@ class SamplerOptions:
     gap_bytes: int = DEFAULT_GAP_BYTES
     remote_gap_bytes: int = DEFAULT_REMOTE_GAP_BYTES
     remote_concurrency: int = DEFAULT_OPTIONS.concurrency
+    remote_timeout: float = DEFAULT_OPTIONS.timeout
+    remote_retry: float = DEFAULT_OPTIONS.retry_seconds
     cache_dir: Path | None = None
     cache_size: int | None = None
     start_epoch: int = 0
@@ -199,6 +206,8 @@ class SamplerOptions:
             else parse_bytes(self.gap_bytes, what=name("gap_bytes"), allow_zero=True),
             "remote_gap_bytes": parse_bytes(self.remote_gap_bytes, what=name("remote_gap_bytes"), allow_zero=True),
             "remote_concurrency": parse_count(self.remote_concurrency, what=name("remote_concurrency"), minimum=1),
+            "remote_timeout": units.parse_duration(self.remote_timeout, what=name("remote_timeout"), allow_zero=False),
+            "remote_retry": units.parse_duration(self.remote_retry, what=name("remote_retry"), allow_zero=False),
             "cache_dir": _path_or_none(self.cache_dir, name("cache_dir")),
             "cache_size": None if self.cache_size is None else parse_bytes(self.cache_size, what=name("cache_size")),
             "start_epoch": parse_count(self.start_epoch, what=name("start_epoch"), minimum=0),
@@ -239,7 +248,10 @@ class SamplerOptions:
         return {
             "gap_bytes": self.gap_bytes,
             "remote_gap_bytes": self.remote_gap_bytes,
-            "store_options": dataclasses.replace(DEFAULT_OPTIONS, concurrency=self.remote_concurrency),
+            "store_options": dataclasses.replace(
+                DEFAULT_OPTIONS, concurrency=self.remote_concurrency, timeout=self.remote_timeout,
+                retry_seconds=self.remote_retry,
+            ),
             "cache_dir": self.cache_dir,
             "cache_size": self.cache_size,
         }

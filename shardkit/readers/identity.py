@@ -26,7 +26,7 @@ from pathlib import Path
 
 from shardkit.errors import SamplerError
 from shardkit.formats.metadata import MAX_DOCUMENT_NBYTES
-from shardkit.stores import Location, as_location, open_store
+from shardkit.stores import Location, StoreOptions, as_location, open_store
 
 __all__ = ["DatasetIdentity", "dataset_fingerprint", "ROOT_DOCUMENT"]
 
@@ -39,8 +39,8 @@ def dataset_fingerprint(path: Location) -> str:
     return _fingerprint_and_tag(path)[0]
 
 
-def _fingerprint_and_tag(path: Location) -> tuple[str, str | None]:
-    store = open_store(path)
+def _fingerprint_and_tag(path: Location, options: StoreOptions | None = None) -> tuple[str, str | None]:
+    store = open_store(path, options)
     tag = None if store.is_local else store.head(ROOT_DOCUMENT).etag
     return hashlib.sha256(store.get(ROOT_DOCUMENT, max_nbytes=MAX_DOCUMENT_NBYTES)).hexdigest(), tag
 
@@ -53,22 +53,24 @@ class DatasetIdentity:
     path: Path | str
     fingerprint: str
     etag: str | None = None
+    #: How an object store is asked (the sampler's retry budget and timeouts).
+    options: StoreOptions | None = None
 
     @classmethod
-    def of(cls, path: Location) -> DatasetIdentity:
+    def of(cls, path: Location, options: StoreOptions | None = None) -> DatasetIdentity:
         """The identity ``path`` has now."""
         where = as_location(path)
         try:
-            return cls(where, *_fingerprint_and_tag(where))
+            return cls(where, *_fingerprint_and_tag(where, options), options)
         except FileNotFoundError:
             raise SamplerError(f"{where}: expected a shardkit dataset, found no {ROOT_DOCUMENT}") from None
 
     def check(self) -> None:
         """Raise :class:`~shardkit.errors.SamplerError` unless the dataset is still the one opened."""
         try:
-            if self.etag is not None and open_store(self.path).head(ROOT_DOCUMENT).etag == self.etag:
+            if self.etag is not None and open_store(self.path, self.options).head(ROOT_DOCUMENT).etag == self.etag:
                 return
-            now = dataset_fingerprint(self.path)
+            now = _fingerprint_and_tag(self.path, self.options)[0]
         except FileNotFoundError:
             raise SamplerError(
                 f"{self.path}: the dataset this sampler reads was removed or is being rewritten (its "

@@ -229,6 +229,8 @@ class Pipeline:
                 except SamplerError as changed:
                     changed.__cause__ = exc
                     exc = changed
+                except Exception:  # the check itself failed (e.g. the store is unreachable): report the read's error
+                    logger.debug("dataset identity check after a failed read also failed", exc_info=True)
             with self._error_lock:
                 if self.error is None:
                     self.error = exc

@@ -107,7 +107,7 @@ class TieredSampler:
         self.fields = self._ds.fields
         self._ds.close()  # payload reads go through each run's own reader
         #: The dataset as it was when the fields above were loaded (see shardkit.readers.identity).
-        self.identity = DatasetIdentity.of(self.path)
+        self.identity = DatasetIdentity.of(self.path, opts.dataset_options()["store_options"])
         if before != self.identity.fingerprint:
             raise SamplerError(f"{self.path}: the dataset changed while the sampler opened it; try again once it is complete")
         self.sizes: TierSizes = opts.tier_sizes(self.record_nbytes, self.num_records)
