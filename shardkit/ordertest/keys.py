@@ -178,27 +178,26 @@ def _classify(arr: np.ndarray, n: int) -> Kind:
 
 def _storage_map(arr: np.ndarray, name: str, n: int) -> np.ndarray:
     arr = arr.astype(np.int64, copy=False)
-    if arr.ndim != 1 or arr.size != n:
-        raise InputFileError(name, f"expected a key -> storage position map of shape ({n},), found {arr.shape}")
     if not np.array_equal(np.sort(arr), np.arange(n)):
         raise InputFileError(name, f"not a permutation of 0..{n - 1} (a storage position for every key, once)")
     return arr
 
 
 def _label_codes(arr: np.ndarray, name: str, n: int, storage_of_key: np.ndarray) -> np.ndarray:
-    if arr.ndim != 1 or arr.size != n:
-        raise InputFileError(name, f"expected one label per key, shape ({n},), found {arr.shape}")
     _, codes = np.unique(arr, return_inverse=True)
     by_storage = np.empty(n, dtype=np.int64)
     by_storage[storage_of_key] = codes.reshape(-1)
     return by_storage
 
 
-def _optional(value: ArrayOrPath | None, what: str, kinds: str) -> tuple[np.ndarray | None, str, int | None]:
+def _optional(value: ArrayOrPath | None, what: str, kinds: str, desc: str) -> tuple[np.ndarray | None, str, int | None]:
+    """An optional per-key array (labels, storage map): 1-D, its length is a statement of N."""
     if value is None:
         return None, what, None
     arr, name = _as_array(value, what, kinds)
-    return arr, name, int(arr.shape[0]) if arr.ndim >= 1 else 0
+    if arr.ndim != 1:
+        raise InputFileError(name, f"expected {desc}: a 1-D array with one entry per key, found shape {arr.shape}")
+    return arr, name, int(arr.shape[0])
 
 
 def prepare(
@@ -224,8 +223,8 @@ def prepare(
     arr = arr.astype(np.int64)
     notes: list[str] = []
     arr = _drop_padding(arr, name, notes)
-    label_arr, label_name, n_labels = _optional(labels, "labels", "biuUS")
-    map_arr, map_name, n_map = _optional(storage_order, "storage_order", "iu")
+    label_arr, label_name, n_labels = _optional(labels, "labels", "biuUS", "labels")
+    map_arr, map_name, n_map = _optional(storage_order, "storage_order", "iu", "a key -> storage position map")
     n, stated = _universe({"records": records, "labels": n_labels, "storage order": n_map},
                           int(arr.max()), name, notes)
     kind = _classify(arr, n)

@@ -342,7 +342,7 @@ def expected_distinct_labels(class_counts: np.ndarray, sizes: list[int] | int) -
             raise ValueError(f"batch size {b} must be in 1..{int(n)}")
         if counts.size * b <= 10_000_000:
             j = np.arange(b, dtype=np.float64)
-            with np.errstate(divide="ignore"):
+            with np.errstate(divide="ignore", invalid="ignore"):
                 logs = np.log1p(-counts[:, None] / (n - j[None, :])).sum(axis=1)
         else:
             logs = (_special.gammaln(n - counts + 1) - _special.gammaln(np.maximum(n - counts - b, 0) + 1)
