@@ -37,6 +37,9 @@ What it does
    keep its ratio to N: 7 shards, WebDataset buffer 1000 * 200/3000 = 67 (initial 7), RAM/SSD blocks
    of the same fraction of N. MosaicML's default shuffle block (262,144 samples) exceeds both corpora
    and is left at its default; a second MosaicML row scales the block to its ImageNet-1k ratio.
+   The keys each loader emitted in those epochs are saved as ``benchmarks/_data/orders/<loader>.npy``
+   (``[epochs, 200]`` int64, with ``labels.npy`` and ``meta.json``), for ``shardkit order-test`` and
+   ``benchmarks/order_table.py``, which runs the whole battery on them and prints a Markdown table.
 4. Writes the table and notes to ``benchmarks/RESULTS.md`` (section "Head-to-head") and the chart
    to ``benchmarks/compare.png``; the raw numbers go to ``benchmarks/_data/compare/compare.json``.
 """
@@ -86,6 +89,16 @@ ALPHA = 1e-3
 MDS_IMAGENET_RATIO = (1 << 18) / 1_281_167
 #: Storage block (keys) of the adjacent-pairs test on the N = 200 corpus.
 PAIR_BLOCK = 10
+#: What each order run is, as ``benchmarks/order_table.py`` names it (its keys are saved as <key>.npy).
+ORDER_NAMES = {
+    "perfile": "PyTorch DataLoader, shuffle=True",
+    "random": "shardkit random access, a permutation per epoch",
+    "wds": "WebDataset, shard shuffle + buffer",
+    "mds": "MosaicML Streaming, default shuffle (py1e)",
+    "mds-scaled": "MosaicML Streaming, py1e block at its ImageNet ratio",
+    "sampler-ram": "shardkit TieredSampler, tiers=ram",
+    "sampler-ram-ssd": "shardkit TieredSampler, tiers=ram,ssd",
+}
 SECTION = "## Head-to-head"
 
 
@@ -286,11 +299,20 @@ def measure(args: argparse.Namespace, built: dict[str, Any]) -> tuple[list[dict[
     }
     orders: dict[str, Any] = {"k2": k2, "k1": k1, "wds_buffer": sbase["wds_buffer"],
                               "wds_initial": sbase["wds_initial"], "runs": {}}
+    args.orders_dir.mkdir(parents=True, exist_ok=True)
+    np.save(args.orders_dir / "labels.npy", built["small_labels"])
+    (args.orders_dir / "meta.json").write_text(json.dumps({
+        "records": n_small, "epochs": args.epochs, "batch": args.batch, "seed": args.seed,
+        "loaders": {k: ORDER_NAMES[k] for k, c in order_runs.items() if not args.only or c.loader in args.only},
+    }, indent=1))
     for key, cfg in order_runs.items():
         if args.only and cfg.loader not in args.only:
             continue
         t = time.perf_counter()
         info = run_child(cfg, work / "order", None)
+        # The keys each loader emitted, [epochs, N] int64: `shardkit order-test` and
+        # benchmarks/order_table.py read them from here.
+        np.save(args.orders_dir / f"{key}.npy", info["keys"])
         pos_bins = n_small // 10
         chi = om.uniformity_chi2(info["keys"], n_small, pos_bins=pos_bins)
         pairs = om.adjacent_pairs_test(info["keys"], n_small, PAIR_BLOCK)
@@ -551,6 +573,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--build-workers", type=int, default=2)
     ap.add_argument("--dir", type=Path, default=None)
+    ap.add_argument("--orders-dir", type=Path, default=None,
+                    help="where each loader's emitted keys go as <loader>.npy (default benchmarks/_data/orders, "
+                         "orders-small with --small); `python benchmarks/order_table.py DIR` tests them")
     ap.add_argument("--only", nargs="*", help="loader kinds to run (perfile random-batched random-pread wds mds "
                     "sampler)")
     ap.add_argument("--no-results", action="store_true", help="do not update RESULTS.md / compare.png")
@@ -561,6 +586,8 @@ def main() -> None:
     if args.dir is None:
         args.dir = HERE / "_data" / ("compare-small" if args.small else "compare")
     args.dir.mkdir(parents=True, exist_ok=True)
+    if args.orders_dir is None:
+        args.orders_dir = HERE / "_data" / ("orders-small" if args.small else "orders")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     t0 = time.perf_counter()
     built = build_all(args)

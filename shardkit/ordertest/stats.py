@@ -16,7 +16,9 @@ Three facts carry the battery; each is proved in the docstring of the function t
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Sequence
 from functools import lru_cache
 
 import numpy as np
@@ -32,6 +34,7 @@ __all__ = [
     "pair_table",
     "pair_moments",
     "pair_null",
+    "same_bin_pair_moments",
     "pearson",
     "weighted_chi2_sf",
     "satterthwaite",
@@ -167,6 +170,25 @@ def pair_moments(sizes: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray
         second += (k - 2) * (k - 3) * p4
     flat = mean.reshape(-1)
     return flat, second.reshape(r * r, r * r) - np.outer(flat, flat)
+
+
+def same_bin_pair_moments(sizes: np.ndarray, length: int) -> tuple[float, float]:
+    """Exact mean and variance of ``#{p: x[p], x[p+1] share a bin}`` (the trace of the pair table).
+
+    The same arrangement argument as :func:`pair_moments`, summed over the diagonal only, in O(R):
+    how many emitted neighbours come from one storage block, without the ``R^4`` covariance.
+    """
+    g = np.asarray(sizes, dtype=np.float64)
+    n, k = float(g.sum()), int(length)
+    ff = [n * (n - 1), n * (n - 1) * (n - 2), n * (n - 1) * (n - 2) * (n - 3)]
+    f2 = g * (g - 1)
+    p2 = float(f2.sum()) / ff[0] if ff[0] > 0 else 0.0
+    p3 = float((f2 * (g - 2)).sum()) / ff[1] if ff[1] > 0 else 0.0
+    p4 = (float((f2 * (g - 2) * (g - 3)).sum()) + float(f2.sum()) ** 2 - float((f2**2).sum())) / ff[2] if ff[2] > 0 \
+        else 0.0
+    pairs = max(k - 1, 0)
+    second = pairs * p2 + 2 * max(k - 2, 0) * p3 + max(k - 2, 0) * max(k - 3, 0) * p4
+    return pairs * p2, second - (pairs * p2) ** 2
 
 
 @lru_cache(maxsize=64)
@@ -352,12 +374,27 @@ def expected_distinct_labels(class_counts: np.ndarray, sizes: list[int] | int) -
     return total / len(per)
 
 
-def distinct_per_batch(codes: np.ndarray, batch: int) -> np.ndarray:
-    """Mean number of distinct labels per batch of each row of ``codes`` (``[rows, k]`` integers)."""
+def distinct_per_batch(codes: np.ndarray, batch: int | Sequence[int]) -> np.ndarray:
+    """Mean number of distinct labels per batch of each row of ``codes`` (``[rows, k]`` integers).
+
+    ``batch``: one batch size (consecutive batches, the last one partial), or the sizes of the
+    batches as emitted (they must add up to k: DataLoader workers may emit several partial batches).
+    """
     c = np.asarray(codes, dtype=np.int64)
     if c.ndim == 1:
         c = c[None, :]
     rows, k = c.shape
+    if not isinstance(batch, (int, np.integer)):
+        sizes = [int(b) for b in batch]
+        if sum(sizes) != k or min(sizes, default=1) < 1:
+            raise ValueError(f"batch sizes add up to {sum(sizes)}, expected {k} keys per row")
+        edges = np.cumsum([0, *sizes])
+        total = np.zeros(rows)
+        for a, b in itertools.pairwise(edges):
+            part = np.sort(c[:, a:b], axis=1)
+            total += 1 + (np.diff(part, axis=1) != 0).sum(axis=1)
+        out: np.ndarray = total / len(sizes)
+        return out
     full = k // batch
     total = np.zeros(rows)
     if full:
@@ -366,7 +403,7 @@ def distinct_per_batch(codes: np.ndarray, batch: int) -> np.ndarray:
     if k % batch:
         tail = np.sort(c[:, full * batch :], axis=1)
         total += 1 + (np.diff(tail, axis=1) != 0).sum(axis=1)
-    out: np.ndarray = total / (full + (1 if k % batch else 0))
+    out = total / (full + (1 if k % batch else 0))
     return out
 
 

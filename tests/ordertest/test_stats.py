@@ -32,6 +32,19 @@ def test_pair_moments_equal_enumeration(n: int, bins: int, k: int) -> None:
     np.testing.assert_allclose(np.cov(tables.T, bias=True), cov, atol=1e-12)
 
 
+@pytest.mark.parametrize("n,bins,k", [(6, 3, 6), (6, 2, 4), (7, 3, 7), (5, 5, 5)])
+def test_same_bin_pair_moments(n: int, bins: int, k: int) -> None:
+    """Mean and variance of the pair table's trace: equal to enumeration and to the full covariance."""
+    rows = all_orders(n, k)
+    b = st.bin_index(rows, n, bins)
+    same = (b[:, 1:] == b[:, :-1]).sum(axis=1)
+    mean, var = st.same_bin_pair_moments(st.bin_sizes(n, bins), k)
+    assert mean == pytest.approx(same.mean(), abs=1e-12) and var == pytest.approx(same.var(), abs=1e-12)
+    _, cov = st.pair_moments(st.bin_sizes(n, bins), k)
+    diag = np.eye(bins).reshape(-1).astype(bool)
+    assert var == pytest.approx(cov[np.ix_(diag, diag)].sum(), abs=1e-12)
+
+
 def test_pair_moments_of_a_multiset_with_an_absent_bin() -> None:
     """Joint positions of k < n rows: the sequence of position bins over storage has an 'absent'
     label (n - k of them); the same formula holds for any multiset (checked over all 6!/2!2!2! words)."""
