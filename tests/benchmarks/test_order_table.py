@@ -2,30 +2,23 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
 
 from shardkit.ordertest import alternatives
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmarks.loader import load_benchmark
 
 
 @pytest.fixture
-def order_table(monkeypatch: pytest.MonkeyPatch) -> object:
-    spec = importlib.util.spec_from_file_location("order_table", ROOT / "benchmarks" / "order_table.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "order_table", mod)
-    spec.loader.exec_module(mod)
-    return mod
+def order_table(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    return load_benchmark("order_table", monkeypatch)
 
 
-def test_table_from_recorded_orders(tmp_path: Path, order_table: object, capsys: pytest.CaptureFixture[str]) -> None:
+def test_table_from_recorded_orders(tmp_path: Path, order_table: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
     """The layout compare.py writes: <loader>.npy [epochs, N], labels.npy, meta.json."""
     rng = np.random.default_rng(1)
     n = 200
@@ -36,10 +29,10 @@ def test_table_from_recorded_orders(tmp_path: Path, order_table: object, capsys:
         "records": n, "epochs": 100, "batch": 64,
         "loaders": {"sampler-ram": "shardkit TieredSampler", "wds": "WebDataset", "mds": "not recorded"}}))
     png = tmp_path / "wds.png"
-    assert order_table.main([str(tmp_path), "--plot", "wds", str(png)]) == 0  # type: ignore[attr-defined]
+    assert order_table.main([str(tmp_path), "--plot", "wds", str(png)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("| loader | epochs x N | item_position |") and len(lines) == 4
     assert lines[2].startswith("| shardkit TieredSampler | 100 x 200 |") and lines[2].endswith("| yes |")
     assert lines[3].startswith("| WebDataset |") and "**< 1e-300**" in lines[3] and "**no** (item_position" in lines[3]
     assert png.read_bytes()[:4] == b"\x89PNG"
-    assert order_table.main([str(tmp_path / "none")]) == 2  # type: ignore[attr-defined]
+    assert order_table.main([str(tmp_path / "none")]) == 2

@@ -3,7 +3,6 @@ writes) after a real conversion, and a peer loader's keys as ``benchmarks/compar
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +13,8 @@ import pytest
 from shardkit.cli.main import main
 from shardkit.formats import open_dataset
 from shardkit.ordertest import run
-from tests.conftest import DATASETS, REPO
+from tests.benchmarks.loader import load_benchmark
+from tests.conftest import DATASETS
 from tests.readers.conftest import make_dataset
 
 
@@ -78,29 +78,18 @@ def test_every_order_out_shape(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert "150 epoch(s) x 40 keys" in out and "note: dropped 1 row(s) cut short" in out
 
 
-def _compare_loaders(monkeypatch: pytest.MonkeyPatch) -> object:
-    """``benchmarks/_compare_loaders.py`` imported for this test only (sys.path and sys.modules restored)."""
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("_compare_loaders", REPO / "benchmarks" / "_compare_loaders.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "_compare_loaders", mod)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_a_peer_loaders_recorded_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """The keys ``benchmarks/compare.py`` records for a peer (a PyTorch DataLoader shuffling a
     per-file dataset; its child saves ``[epochs, N]`` int64) go straight into the tool."""
     pytest.importorskip("torch")
-    cl = _compare_loaders(monkeypatch)
+    cl = load_benchmark("_compare_loaders", monkeypatch)
     labels = tmp_path / "labels.npy"
     np.save(labels, np.arange(60) * 6 // 60)
-    cfg = cl.RunConfig(loader="perfile", n=60, shape=[1], batch=8, workers=0, epochs=120, seed=3,  # type: ignore[attr-defined]
+    cfg = cl.RunConfig(loader="perfile", n=60, shape=[1], batch=8, workers=0, epochs=120, seed=3,
                        paths={}, labels_file=str(labels), decode=False)
     result = tmp_path / "perfile.result"
-    cl.run_child(cfg, result)  # type: ignore[attr-defined]
+    cl.run_child(cfg, result)
     keys = result.with_suffix(".npy")
     assert np.load(keys).shape == (120, 60) and np.load(keys).dtype == np.int64
     assert in_process("order-test", str(keys), "--labels", str(labels), "--batch-size", "8") == 0
