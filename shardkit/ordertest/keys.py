@@ -18,10 +18,11 @@ ever executed, and sizes are checked before anything is allocated.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import BinaryIO, Literal
 
 import numpy as np
 
@@ -74,25 +75,32 @@ class OrderKeys:
         return int(self.storage.shape[1])
 
 
-def _header(fh: object, name: str) -> tuple[tuple[int, ...], np.dtype[np.generic]]:
+_KIND_NAMES = {"iu": "integers", "biuUS": "integer, boolean or string labels"}
+
+
+def _header(fh: BinaryIO, name: str) -> tuple[tuple[int, ...], bool, np.dtype[np.generic]]:
     fmt = np.lib.format
     try:
-        version = fmt.read_magic(fh)  # type: ignore[arg-type]
+        version = fmt.read_magic(fh)
         if version == (1, 0):
-            shape, _, dtype = fmt.read_array_header_1_0(fh)  # type: ignore[arg-type]
+            shape, fortran, dtype = fmt.read_array_header_1_0(fh)
         elif version == (2, 0):
-            shape, _, dtype = fmt.read_array_header_2_0(fh)  # type: ignore[arg-type]
+            shape, fortran, dtype = fmt.read_array_header_2_0(fh)
         else:
             raise InputFileError(name, f"unsupported .npy format version {version}")
     except InputFileError:
         raise
     except (ValueError, OSError, EOFError) as exc:
         raise InputFileError(name, f"not a .npy file ({exc})") from None
-    return tuple(int(s) for s in shape), np.dtype(dtype)
+    return tuple(int(s) for s in shape), bool(fortran), np.dtype(dtype)
 
 
 def load_npy(path: str | os.PathLike[str], *, kinds: str = "iu") -> np.ndarray:
     """Read a ``.npy`` array safely: no pickles, a known dtype kind, bounded size, named errors.
+
+    The header is checked first (dtype, element count, file size), then exactly that many elements
+    are read from the same open file: nothing is unpickled and nothing larger than the file and
+    :data:`MAX_ELEMENTS` is allocated, even if the file changes meanwhile.
 
     Parameters
     ----------
@@ -106,23 +114,20 @@ def load_npy(path: str | os.PathLike[str], *, kinds: str = "iu") -> np.ndarray:
     if not p.is_file():
         raise InputFileError(name, "no such file" if not p.exists() else "not a regular file")
     with open(p, "rb") as fh:
-        shape, dtype = _header(fh, name)
-        offset = fh.tell()
-    if dtype.hasobject:
-        raise InputFileError(name, "holds Python objects (a pickle); only plain numeric arrays are read")
-    if dtype.kind not in kinds:
-        want = "integers" if kinds == "iu" else f"dtype kind in {kinds!r}"
-        raise InputFileError(name, f"expected {want}, found dtype {dtype}")
-    count = int(np.prod(shape, dtype=object)) if shape else 1
-    if count > MAX_ELEMENTS:
-        raise InputFileError(name, f"{count} elements is more than this tool reads ({MAX_ELEMENTS})")
-    if p.stat().st_size - offset < count * dtype.itemsize:
+        shape, fortran, dtype = _header(fh, name)
+        if dtype.hasobject:
+            raise InputFileError(name, "holds Python objects (a pickle); only plain numeric arrays are read")
+        if dtype.kind not in kinds:
+            raise InputFileError(name, f"expected {_KIND_NAMES.get(kinds, kinds)}, found dtype {dtype}")
+        count = math.prod(shape)
+        if count > MAX_ELEMENTS:
+            raise InputFileError(name, f"{count} elements is more than this tool reads ({MAX_ELEMENTS})")
+        if os.fstat(fh.fileno()).st_size - fh.tell() < count * dtype.itemsize:
+            raise InputFileError(name, f"truncated: the header promises shape {shape} of {dtype}")
+        flat = np.fromfile(fh, dtype=dtype, count=count)
+    if flat.size != count:
         raise InputFileError(name, f"truncated: the header promises shape {shape} of {dtype}")
-    try:
-        arr = np.load(p, allow_pickle=False, mmap_mode=None)
-    except (ValueError, OSError, EOFError) as exc:
-        raise InputFileError(name, f"cannot be read as .npy ({exc})") from None
-    return np.asarray(arr)
+    return flat.reshape(shape, order="F" if fortran else "C")
 
 
 def _as_array(value: ArrayOrPath, what: str, kinds: str) -> tuple[np.ndarray, str]:
@@ -130,8 +135,7 @@ def _as_array(value: ArrayOrPath, what: str, kinds: str) -> tuple[np.ndarray, st
         return load_npy(value, kinds=kinds), str(value)
     arr = np.asarray(value)
     if arr.dtype.hasobject or arr.dtype.kind not in kinds:
-        raise ConfigError(f"{what}: expected an array of {'integers' if kinds == 'iu' else kinds}, "
-                          f"found dtype {arr.dtype}")
+        raise ConfigError(f"{what}: expected an array of {_KIND_NAMES.get(kinds, kinds)}, found dtype {arr.dtype}")
     return arr, what
 
 

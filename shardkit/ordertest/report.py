@@ -37,7 +37,7 @@ class Result:
         The test statistic (None when the test does not apply).
     null
         Its null distribution as printed: ``chi2(225)``, ``sum of 255 weighted chi2(1), exact
-        covariance``, ``normal``, ``t(499): simulated null, 500 epochs``.
+        covariance``, ``normal``, ``t(499), simulated null: 500 draws`` (mean exact, variance simulated).
     dof
         Degrees of freedom when the null is a chi-square (effective ones for a weighted sum).
     null_draws

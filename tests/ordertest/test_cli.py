@@ -55,7 +55,7 @@ def test_pass_prints_one_line_per_test(capsys: pytest.CaptureFixture[str], files
     pairs = next(line for line in lines if line.startswith("adjacent_pairs"))
     assert "weighted chi2(1)" in pairs
     labels = next(line for line in lines if line.startswith("labels_per_batch"))
-    assert "simulated variance" in labels and "PASS" in labels
+    assert "t(499), simulated null: 500 draws" in labels and "PASS" in labels
     assert lines[-1].startswith("PASS")
 
 
@@ -74,7 +74,7 @@ def test_fail_exit_code_and_json(capsys: pytest.CaptureFixture[str], files: dict
     (["{float}"], "{float}: expected integers, found dtype float64"),
     (["{missing}"], "{missing}: no such file"),
     (["{uniform}", "--labels", "{labels}"], "--labels needs --batch-size"),
-    (["{uniform}", "--labels", "{float}", "--batch-size", "8"], "{float}: expected dtype kind"),
+    (["{uniform}", "--labels", "{float}", "--batch-size", "8"], "{float}: expected integer, boolean or string labels"),
     (["{uniform}", "--alpha", "abc"], "--alpha: expected a number between 0 and 1"),
     (["{uniform}", "--batch-size", "0", "--labels", "{labels}"], "--batch-size: expected a whole number >= 1"),
     (["{uniform}", "--records", "50"], "{uniform}: key 99 is outside 0..49"),

@@ -24,6 +24,9 @@ def test_permutation_rows(tmp_path: Path) -> None:
     d = prepare(save(tmp_path / "k.npy", keys))
     assert d.kind == "permutation" and d.n == 7 and (d.epochs, d.length) == (3, 7)
     assert d.storage.dtype == np.int64 and d.source.endswith("k.npy") and d.notes == ()
+    np.testing.assert_array_equal(d.storage, keys)
+    fortran = prepare(save(tmp_path / "f.npy", np.asfortranarray(keys)))  # column-major files read right
+    np.testing.assert_array_equal(fortran.storage, keys)
 
 
 def test_distinct_and_repeated_rows() -> None:
@@ -90,7 +93,7 @@ def test_bad_storage_order_and_labels(tmp_path: Path) -> None:
         prepare(keys, records=3, labels=save(tmp_path / "l.npy", np.zeros((3, 2), dtype=np.int64)))
     with pytest.raises(ConfigError, match="disagrees: records 3, labels 4"):
         prepare(keys, records=3, labels=np.zeros(4, dtype=np.int64))
-    with pytest.raises(InputFileError, match=r"l2\.npy: expected dtype kind"):
+    with pytest.raises(InputFileError, match=r"l2\.npy: expected integer, boolean or string labels, found dtype float64"):
         prepare(keys, labels=save(tmp_path / "l2.npy", np.zeros(3)))
 
 
