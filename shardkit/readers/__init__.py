@@ -10,8 +10,7 @@ from shardkit.readers.config import parse_capacity, parse_tiers
 from shardkit.readers.reservoir import algorithm_l, algorithm_r, reservoir_keys, sample_of_sample
 from shardkit.readers.sampler import TieredSampler
 from shardkit.readers.schedule import ConsumerPlan, consumer_plan, epoch_permutation, epoch_stream
-from shardkit.readers.server import TierServer, serve
-from shardkit.readers.shared import SharedSampler
+from shardkit.readers.shared import SharedSampler, TierServer, serve
 from shardkit.readers.stats import SamplerStats
 
 __all__ = [
