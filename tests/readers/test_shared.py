@@ -231,7 +231,7 @@ def test_stale_state_after_sigkill_is_removed(tmp_path: Path, name: str) -> None
     old_ring = (run_dir_path(name) / "ring").stat().st_ino
     # the shared memory, socket, token and info survive a SIGKILL
     assert _leftovers(name) == ["info.json", "lock", "ring", "sock", "token"]
-    with pytest.raises(SamplerError, match="no shardkit server named .*stale files of a dead server"):
+    with pytest.raises(SamplerError, match=r"no shardkit server named .*stale files of a dead server"):
         SharedSampler(name, connect_timeout=0)
     with TierServer(ds, name=name, ram_size="6records") as srv:
         assert (run_dir_path(name) / "ring").stat().st_ino != old_ring  # the dead server's ring is gone

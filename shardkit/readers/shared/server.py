@@ -346,6 +346,12 @@ class TierServer:
         with self._cv:
             return len(self._jobs)
 
+    @property
+    def connections(self) -> int:
+        """Open connections: attached jobs and connections still in their handshake."""
+        with self._cv:
+            return self._connections
+
     # ------------------------------------------------------------------ connections
     def _accept_loop(self) -> None:
         assert self._listener is not None
