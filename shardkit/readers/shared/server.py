@@ -117,10 +117,10 @@ class ServeOptions:
 class _Job:
     """One attached consumer: its channel and lease."""
 
-    def __init__(self, jid: int, channel: Channel, hello: Hello) -> None:
+    def __init__(self, jid: int, channel: Channel, hello: Hello, pid: int) -> None:
         self.id = jid
         self.channel = channel
-        self.pid, self.group, self.rank, self.world = hello.pid, hello.group, hello.rank, hello.world
+        self.pid, self.group, self.rank, self.world = pid, hello.group, hello.rank, hello.world
         self.last_seen = self.last_sent = time.monotonic()
 
     def send(self, msg: Message) -> None:
@@ -308,7 +308,9 @@ class TierServer:
         with self._cv:
             self._cv.notify_all()
         me = threading.current_thread()
-        for t in [*self._threads, *list(self._conn_threads)]:
+        with self._cv:
+            threads = [*self._threads, *self._conn_threads]
+        for t in threads:
             if t is not me:
                 t.join(10.0)
         with self._cv:
@@ -366,16 +368,31 @@ class TierServer:
                 logger.warning("server %s: accept failed: %s", self.name, exc)
                 time.sleep(_TICK)
                 continue
-            with self._cv:
-                full = self._connections >= self.options.max_connections
-                if not full:
-                    self._connections += 1
-            if full:
-                self._turn_away(sock)
-                continue
-            t = threading.Thread(target=self._serve_connection, args=(sock,), name="shardkit-serve-job", daemon=True)
+            try:
+                self._admit(sock)
+            except BaseException as exc:  # e.g. no thread could be started: one line, keep accepting
+                logger.error("server %s: could not serve a connection: %s: %s", self.name, type(exc).__name__, exc)
+                sock.close()
+
+    def _admit(self, sock: socket.socket) -> None:
+        """Serve ``sock`` in its own thread, or turn it away beyond ``max_connections``."""
+        with self._cv:
+            full = self._connections >= self.options.max_connections
+            if not full:
+                self._connections += 1
+        if full:
+            self._turn_away(sock)
+            return
+        t = threading.Thread(target=self._serve_connection, args=(sock,), name="shardkit-serve-job", daemon=True)
+        with self._cv:
             self._conn_threads.add(t)
+        try:
             t.start()
+        except BaseException:
+            with self._cv:
+                self._conn_threads.discard(t)
+                self._connections -= 1
+            raise
 
     def _turn_away(self, sock: socket.socket) -> None:
         """Refuse a connection beyond ``max_connections`` without reading from it."""
@@ -405,8 +422,7 @@ class TierServer:
             pass
         except (ProtocolError, PeerTimeoutError) as exc:
             why = f"dropped: {exc}"
-            logger.warning("server %s: %s (pid %s): %s; connection closed", self.name, channel.peer,
-                           job.pid if job else "?", exc)
+            logger.warning("server %s: %s: %s; connection closed", self.name, channel.peer, exc)
             if job is None:
                 self._reply(channel, Refused(str(exc)))
         except OSError as exc:
@@ -420,7 +436,7 @@ class TierServer:
             channel.close()
             with self._cv:
                 self._connections -= 1
-            self._conn_threads.discard(threading.current_thread())
+                self._conn_threads.discard(threading.current_thread())
 
     def _reply(self, channel: Channel, msg: Message) -> None:
         try:
@@ -434,18 +450,24 @@ class TierServer:
         if creds is not None and creds[1] != os.geteuid():
             logger.warning("server %s: refused pid %d of uid %d (jobs must run as uid %d)", self.name, *creds, os.geteuid())
             return None
-        msg = channel.recv(self.handshake_seconds)
+        msg = None
+        deadline = time.monotonic() + self.handshake_seconds
+        while msg is None and not self._stop.is_set() and time.monotonic() < deadline:
+            msg = channel.recv(min(_TICK, max(0.0, deadline - time.monotonic())))
         match msg:
             case None:
-                logger.warning("server %s: a connection sent no hello within %g s; closed", self.name, self.handshake_seconds)
+                if not self._stop.is_set():
+                    logger.warning("server %s: a connection sent no hello within %g s; closed", self.name,
+                                   self.handshake_seconds)
                 return None
             case Hello() as hello:
                 pass
             case _:
                 raise ProtocolError(f"expected Hello first, found {type(msg).__name__}")
-        channel.peer = f"job pid {hello.pid}"
+        pid = creds[0] if creds is not None else hello.pid  # the kernel's word over the peer's
+        channel.peer = f"job pid {pid}"
         if not hmac.compare_digest(hello.token, self._token):
-            logger.warning("server %s: refused pid %d: wrong token", self.name, hello.pid)
+            logger.warning("server %s: refused pid %d: wrong token", self.name, pid)
             self._reply(channel, Refused(f"server {self.name!r}: wrong token (not this run's secret)"))
             return None
         if not hmac.compare_digest(hello.fingerprint, bytes.fromhex(self.fingerprint)):
@@ -456,7 +478,7 @@ class TierServer:
             clash = self._group_clash(hello.group, hello.rank, hello.world)
             job = None
             if clash is None:
-                job = _Job(self._next_job, channel, hello)
+                job = _Job(self._next_job, channel, hello, pid)
                 self._next_job += 1
                 self._jobs[job.id] = job
                 self._pending.add(job.id)
