@@ -402,3 +402,22 @@ def test_stopped_server_is_a_timeout_not_a_hang(tmp_path: Path, name: str) -> No
         _, err = p.communicate(timeout=60)
     assert b"Traceback" not in err, err.decode(errors="replace")
     assert not run_dir_path(name).exists()
+
+
+def test_jobs_map_the_ring_read_only(tmp_path: Path, name: str) -> None:
+    """A job only copies out of the ring, so it maps it read-only: a bug in one job cannot corrupt
+    the payload every other job is reading."""
+    from shardkit.readers.shared.ring import Ring
+    from shardkit.readers.shared.rundir import RunDir
+
+    ds = make_dataset(tmp_path / "ds", 12)
+    with TierServer(ds, name=name, ram_size="6records") as srv:
+        run = RunDir.open(srv.rundir)
+        try:
+            ring = Ring.attach(run, srv.layout)
+            assert not ring.payload.flags.writeable and not ring.keys.flags.writeable
+            with pytest.raises(ValueError, match="read-only"):
+                ring.payload[0, 0] = 1
+            ring.close()
+        finally:
+            run.close()

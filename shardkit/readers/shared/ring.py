@@ -86,8 +86,8 @@ class Ring:
 
     @classmethod
     def attach(cls, rundir: RunDir, layout: RingLayout) -> Ring:
-        """Map the server's ring (a job); its size must be what ``layout`` says."""
-        fd = rundir.open_file(_NAME, os.O_RDWR)
+        """Map the server's ring read-only (a job only copies out of it); its size must be what ``layout`` says."""
+        fd = rundir.open_file(_NAME, os.O_RDONLY)
         try:
             size = os.fstat(fd).st_size
             if size != layout.nbytes:
@@ -95,7 +95,7 @@ class Ring:
                     f"{rundir.path / _NAME}: {size} bytes, expected {layout.nbytes} for {layout.slots} slots of "
                     f"{layout.slot_records} records of {layout.record_nbytes} bytes; refusing to attach"
                 )
-            mm = mmap.mmap(fd, layout.nbytes)
+            mm = mmap.mmap(fd, layout.nbytes, access=mmap.ACCESS_READ)
         finally:
             os.close(fd)
         return cls(layout, mm)

@@ -497,7 +497,7 @@ class TierServer:
         """Serve one attached job's messages; heartbeat it while the server has nothing to say."""
         beat_every = self.lease_seconds / 4
         while not self._stop.is_set():
-            msg = job.channel.recv(_TICK)
+            msg = job.channel.recv(min(_TICK, beat_every / 2))  # beats on time even for a short lease
             if msg is not None:
                 job.last_seen = time.monotonic()
             match msg:
