@@ -191,7 +191,7 @@ def test_silent_job_loses_its_lease(tmp_path: Path, name: str) -> None:
     """A stopped (SIGSTOP) job keeps its socket open; the lease drops it and the other job finishes."""
     n, epochs = 30, 3
     ds = make_dataset(tmp_path / "ds", n)
-    with TierServer(ds, name=name, ram_size="6records", slots=2, epochs=epochs, wait_for=2, lease_seconds=2.0) as srv:
+    with TierServer(ds, name=name, ram_size="6records", slots=2, epochs=epochs, wait_for=2, lease_seconds=3.0) as srv:
         hung = _job(name, tmp_path / "hung.npy", seed=1, epochs=epochs, batch=2, stop_after=2)
         survivor = _job(name, tmp_path / "survivor.npy", seed=2, epochs=epochs, batch=2)
         try:
