@@ -7,8 +7,9 @@ from pathlib import Path
 
 import typer
 
-from shardkit.cli.app import app, human_bytes
+from shardkit.cli.app import app
 from shardkit.formats import open_dataset
+from shardkit.units import human_bytes
 
 
 @app.command()
