@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from shardkit.cli.app import app, echo_err, setup_logging
-from shardkit.readers.shared.server import ServeOptions, TierServer, cli_name
+from shardkit.readers.shared.server import ServeOptions, TierServer
 from shardkit.readers.shared.server import serve as run_server
 
 
@@ -36,7 +36,7 @@ def serve(
     """Serve a dataset to this user's jobs on this machine: each reservoir is read once, each job gets its own uniform order."""
     setup_logging(verbose)
     options = ServeOptions.parse(
-        name_of=cli_name, tiers=tiers, ram_size=ram_size, ssd_size=ssd_size, ssd_dir=ssd_dir,
+        source="cli", tiers=tiers, ram_size=ram_size, ssd_size=ssd_size, ssd_dir=ssd_dir,
         seed=seed, epochs=epochs, slots=slots, wait_for=wait_for, lease_seconds=lease,
         max_connections=max_connections,
     )  # fmt: skip
@@ -47,7 +47,7 @@ def serve(
             f"slots of {server.slot_records} records in shared memory; attach with SharedSampler({server.name!r}, ...)"
         )
 
-    server = run_server(path, name=name, ready=ready, **vars(options))
+    server = run_server(path, name=name, ready=ready, options=options)
     st = server.stats
     typer.echo(
         f"served {server.epochs_served} epochs, {server.published} reservoir blocks; disk {st.disk.bytes_read / 1e6:,.1f} MB "

@@ -22,11 +22,11 @@ import pytest
 
 from shardkit.errors import ConfigError, SamplerError
 from shardkit.formats.spec import index_nbytes
-from shardkit.readers import SharedSampler, TierServer
+from shardkit.readers import Sampler, SharedSampler, TierServer
 from shardkit.readers.shared import job_order, wait_for_server
 from shardkit.readers.shared.rundir import run_dir_path
+from tests.order_stats import ALPHA, item_position_pvalue
 from tests.readers.conftest import check_batch, make_dataset
-from tests.readers.order_stats import ALPHA, item_position_pvalue
 
 REC = 16
 ROOT = Path(__file__).resolve().parents[2]
@@ -237,6 +237,18 @@ def test_stale_state_after_sigkill_is_removed(tmp_path: Path, name: str) -> None
         assert (run_dir_path(name) / "ring").stat().st_ino != old_ring  # the dead server's ring is gone
         assert srv.info is not None and srv.info.pid == os.getpid()
     assert _leftovers(name) == []
+
+
+def test_shared_sampler_is_a_sampler_that_cannot_resume(tmp_path: Path, name: str) -> None:
+    """SharedSampler implements the whole Sampler protocol the adapters rely on; the resume
+    methods exist and refuse clearly (the server owns the epochs)."""
+    ds = make_dataset(tmp_path / "ds", 13)
+    with TierServer(ds, name=name, ram_size="6records"), SharedSampler(name, batch_size=3, world_size=2, rank=1) as s:
+        assert isinstance(s, Sampler)
+        assert (s.path, s.num_records, s.batch_size, s.payload_name, s.epoch, len(s)) == (ds.resolve(), 13, 3, "image", None, 2)
+        for call in (s.state_dict, lambda: s.load_state_dict({}), lambda: s.set_epoch(3)):
+            with pytest.raises(SamplerError, match="epochs are the server's"):
+                call()
 
 
 def test_name_clash_and_wrong_dataset_refused(tmp_path: Path, name: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import time
@@ -12,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shardkit.errors import ConfigError, PeerTimeoutError, ProtocolError
+from shardkit.readers.config import DEFAULTS
 from shardkit.readers.shared.order import blocks
 from shardkit.readers.shared.protocol import (
     HEADER,
@@ -32,7 +34,7 @@ from shardkit.readers.shared.protocol import (
     Welcome,
     encode,
 )
-from shardkit.readers.shared.server import ServeOptions, cli_name
+from shardkit.readers.shared.server import ServeOptions
 
 U64 = st.integers(0, 2**64 - 1)
 U32 = st.integers(0, 2**32 - 1)
@@ -180,16 +182,18 @@ def test_options_name_the_option_as_written() -> None:
     with pytest.raises(ConfigError, match=r"^ram_size: expected a size"):
         ServeOptions.parse(ram_size="lots")
     with pytest.raises(ConfigError, match=r"^--ram-size: expected a size"):
-        ServeOptions.parse(name_of=cli_name, ram_size="lots")
+        ServeOptions.parse(source="cli", ram_size="lots")
     with pytest.raises(ConfigError, match=r"^--lease: expected a positive duration"):
-        ServeOptions.parse(name_of=cli_name, lease_seconds="0s")
+        ServeOptions.parse(source="cli", lease_seconds="0s")
     with pytest.raises(ConfigError, match=r"^max_connections: expected a whole number >= 1"):
         ServeOptions.parse(max_connections=0)
-    with pytest.raises(TypeError, match="unexpected server options: ram"):
-        ServeOptions.parse(ram="1GiB")
+    with pytest.raises(ConfigError, match="unknown server option --ram; expected some of"):
+        ServeOptions.parse(source="cli", ram="1GiB")
     o = ServeOptions.parse(ram_size="12records", lease_seconds="2min", slots="4", seed=2**63)
     assert (o.ram_size.records, o.lease_seconds, o.slots, o.seed) == (12, 120.0, 4, 2**63)
-    assert ServeOptions.parse(**vars(o)) == o  # parsed values pass through unchanged (the CLI path)
+    values = {f.name: getattr(o, f.name) for f in dataclasses.fields(o) if f.name != "source"}
+    assert ServeOptions.parse(**values) == o  # parsed values pass through unchanged
+    assert ServeOptions().ram_size == DEFAULTS.ram_size  # the sampler's defaults, not a copy
 
 
 def test_hello_group_limits() -> None:

@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,8 @@ import numpy as np
 
 from shardkit.errors import ConfigError, InsecurePathError, PeerTimeoutError, ProtocolError, SamplerError, ShardkitError
 from shardkit.formats import Dataset
-from shardkit.readers.pipeline import BATCH_PREFETCH, assemble_batch
+from shardkit.readers.pipeline import assemble_batch
+from shardkit.readers.schedule import BATCH_PREFETCH, batches_per_consumer, consumer_slice
 from shardkit.readers.seeds import check_seed
 from shardkit.readers.shared.order import job_permutation
 from shardkit.readers.shared.protocol import (
@@ -43,14 +44,14 @@ from shardkit.readers.shared.protocol import (
 )
 from shardkit.readers.shared.ring import Ring, RingLayout
 from shardkit.readers.shared.rundir import RunDir, check_name, run_dir_path
-from shardkit.readers.ssd import _Stopped
 from shardkit.readers.stats import SamplerStats
+from shardkit.readers.stopping import POLL_SECONDS, Stopped, put
 
 __all__ = ["SharedSampler", "wait_for_server"]
 
 logger = logging.getLogger(__name__)
 
-_POLL = 0.05
+_POLL = POLL_SECONDS
 
 
 def _open_server(name: str, base_dir: str | os.PathLike[str] | None, timeout: float) -> tuple[RunDir, ServerInfo]:
@@ -227,15 +228,26 @@ class SharedSampler:
 
     def __len__(self) -> int:
         """Batches this consumer gets per epoch."""
-        full, tail = divmod(self.num_records, self.batch_size * self.world_size)
-        return full + (1 if tail > self.rank * self.batch_size and not self.drop_last else 0)
+        return batches_per_consumer(self.num_records, self.batch_size, self.rank, self.world_size,
+                                    drop_last=self.drop_last)
+
+    def _no_resume(self, what: str) -> SamplerError:
+        return SamplerError(
+            f"shared sampler {self.name!r}: {what} (epochs are the server's; a job that restarts "
+            "attaches at the next epoch boundary)"
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """Shared samplers cannot resume: the server, not the job, decides which epoch comes next."""
-        raise SamplerError(
-            f"shared sampler {self.name!r}: no resume state (epochs are the server's; a job that restarts "
-            "attaches at the next epoch boundary)"
-        )
+        raise self._no_resume("no resume state")
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Refused, as :meth:`state_dict` is (the :class:`~shardkit.readers.Sampler` protocol's resume method)."""
+        raise self._no_resume("cannot resume from a state")
+
+    def set_epoch(self, epoch: int) -> None:
+        """Refused: a shared job runs the server's next epochs, it cannot choose one."""
+        raise self._no_resume(f"cannot start at epoch {epoch}")
 
     def element_spec(self) -> dict[str, tuple[tuple[int, ...], np.dtype[Any]]]:
         """Per-record ``(shape, dtype)`` of every batch entry (payload, fields, ``key``)."""
@@ -344,7 +356,7 @@ class _Link:
         deadline = time.monotonic() + self._silence
         while True:
             if self._stop.is_set():
-                raise _Stopped()
+                raise Stopped()
             try:
                 msg = self._chan.recv(_POLL)
             except ProtocolError as exc:
@@ -381,44 +393,27 @@ class _Link:
         self._chan.close()
 
     # ------------------------------------------------------------------ background assembly
-    def _put(self, item: tuple[Any, ...]) -> None:
-        while True:
-            if self._stop.is_set():
-                raise _Stopped()
-            try:
-                self._batches.put(item, timeout=_POLL)
-                return
-            except queue.Full:
-                continue
-
     def _assemble(self) -> None:
         try:
             while True:
                 item = self._next_batch()
                 if item is None:
                     self._detach()  # done: the server stops counting on us at once
-                    self._put(("done",))
+                    put(self._batches, ("done",), self._stop)
                     return
-                self._put(item)
-        except _Stopped:
+                put(self._batches, item, self._stop)
+        except Stopped:
             return
         except BaseException as exc:
             try:
-                self._put(("error", exc))
-            except _Stopped:
+                put(self._batches, ("error", exc), self._stop)
+            except Stopped:
                 pass
 
     def _target(self) -> tuple[int, int] | None:
         """Epoch positions ``[lo, hi)`` of this consumer's slice of global batch ``g`` (None: no more)."""
         s = self._s
-        n, b, w = s.num_records, s.batch_size, s.world_size
-        start = self._g * b * w
-        if s.drop_last and start + b * w > n:
-            return None
-        lo = start + s.rank * b
-        if lo >= n:
-            return None
-        return lo, min(lo + b, n)
+        return consumer_slice(self._g, s.num_records, s.batch_size, s.rank, s.world_size, drop_last=s.drop_last)
 
     def _next_reservoir(self) -> bool:
         """Wait for the next reservoir (into ``_cur``); False when the server is done."""

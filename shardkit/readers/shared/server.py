@@ -18,7 +18,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from shardkit.errors import ConfigError, PeerTimeoutError, ProtocolError, SamplerError, ShardkitError
-from shardkit.formats import DEFAULT_GAP_BYTES, Dataset
-from shardkit.readers.config import parse_tiers
+from shardkit.formats import Dataset
+from shardkit.readers.config import DEFAULTS, Source, option_name, parse_tiers
 from shardkit.readers.seeds import check_seed
 from shardkit.readers.shared.order import blocks, partition
 from shardkit.readers.shared.protocol import (
@@ -51,8 +51,9 @@ from shardkit.readers.shared.protocol import (
 )
 from shardkit.readers.shared.ring import Ring, RingLayout
 from shardkit.readers.shared.rundir import RunDir, check_name, run_dir_path
-from shardkit.readers.ssd import SsdSpace, _Stopped, write_reservoir
+from shardkit.readers.ssd import SsdSpace, write_reservoir
 from shardkit.readers.stats import SamplerStats
+from shardkit.readers.stopping import Stopped
 from shardkit.units import Capacity, parse_bytes, parse_capacity, parse_count, parse_duration
 
 __all__ = ["ServeOptions", "TierServer", "serve"]
@@ -63,55 +64,77 @@ logger = logging.getLogger(__name__)
 _TICK = 0.2
 
 
-_RAM_SIZE = Capacity(nbytes=512 * 2**20)
-_SSD_SIZE = Capacity(nbytes=4 * 2**30)
-
-
-def cli_name(field: str) -> str:
-    """The ``shardkit serve`` option that sets ``field``."""
-    return "--lease" if field == "lease_seconds" else "--" + field.replace("_", "-")
+def _path(value: object, what: str) -> Path | None:
+    if value is None or isinstance(value, (str, os.PathLike)):
+        return None if value is None else Path(value)
+    raise ConfigError(f"{what}: expected a directory path, found {value!r}")
 
 
 @dataclass(frozen=True)
 class ServeOptions:
-    """The server's options, validated once; :meth:`parse` names a bad one as the caller wrote it."""
+    """Every option of :class:`TierServer`, validated and normalised on construction.
 
-    tiers: tuple[str, ...] = ("ram",)
-    ram_size: Capacity = _RAM_SIZE
-    ssd_size: Capacity = _SSD_SIZE
+    Values are parsed with :mod:`shardkit.units` (``ram_size="2GiB"``, ``lease_seconds="2min"``,
+    ``slots="4"``); :meth:`parse` also refuses unknown names. Budgets and the gap default are the
+    sampler's (:data:`~shardkit.readers.config.DEFAULTS`). ``source`` says how errors spell option
+    names: ``ram_size`` in Python, ``--ram-size`` on the command line (``lease_seconds`` is ``--lease``).
+    """
+
+    tiers: tuple[str, ...] = DEFAULTS.tiers
+    #: The whole shared ring: ``slots`` slots of ``K = ram_size / (slots * record size)`` records.
+    ram_size: Capacity = DEFAULTS.ram_size
+    ssd_size: Capacity = DEFAULTS.ssd_size
     ssd_dir: Path | None = None
     seed: int = 0
     epochs: int | None = None
     slots: int = 3
     wait_for: int = 1
     lease_seconds: float = 30.0
-    gap_bytes: int = DEFAULT_GAP_BYTES
+    gap_bytes: int = DEFAULTS.gap_bytes
     max_connections: int = 64
     base_dir: Path | None = None
+    source: Source = field(default="python", compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.source not in ("python", "cli"):
+            raise ConfigError(f"source: expected 'python' or 'cli', found {self.source!r}")
+        name = self.name
+        values: dict[str, Any] = {
+            "tiers": parse_tiers(self.tiers, what=name("tiers")),
+            "ram_size": parse_capacity(self.ram_size, what=name("ram_size")),
+            "ssd_size": parse_capacity(self.ssd_size, what=name("ssd_size")),
+            "ssd_dir": _path(self.ssd_dir, name("ssd_dir")),
+            "seed": check_seed(self.seed, what=name("seed")),
+            "epochs": None if self.epochs is None else parse_count(self.epochs, what=name("epochs")),
+            "slots": parse_count(self.slots, what=name("slots"), minimum=2),
+            "wait_for": parse_count(self.wait_for, what=name("wait_for"), minimum=1),
+            "lease_seconds": parse_duration(self.lease_seconds, what=name("lease_seconds"), allow_zero=False),
+            "gap_bytes": parse_bytes(self.gap_bytes, what=name("gap_bytes"), allow_zero=True),
+            "max_connections": parse_count(self.max_connections, what=name("max_connections"), minimum=1),
+            "base_dir": _path(self.base_dir, name("base_dir")),
+        }
+        for key, value in values.items():
+            object.__setattr__(self, key, value)
 
     @classmethod
-    def parse(cls, *, name_of: Callable[[str], str] = str, **raw: Any) -> ServeOptions:
-        """Validate ``raw`` (Python values or CLI strings); ``name_of(field)`` names options in errors
-        (:func:`cli_name` for the command line)."""
-        unknown = set(raw) - set(cls.__dataclass_fields__)
+    def parse(cls, *, source: Source = "python", **values: Any) -> ServeOptions:
+        """Options from user-given values; unknown names are a ConfigError."""
+        unknown = sorted(set(values) - set(cls.__dataclass_fields__) - {"source"})
         if unknown:
-            raise TypeError(f"unexpected server options: {', '.join(sorted(unknown))}")
-        d = {**{f: getattr(cls, f) for f in cls.__dataclass_fields__}, **raw}
-        epochs, ssd_dir, base_dir = d["epochs"], d["ssd_dir"], d["base_dir"]
-        return cls(
-            tiers=parse_tiers(d["tiers"]),
-            ram_size=parse_capacity(d["ram_size"], what=name_of("ram_size")),
-            ssd_size=parse_capacity(d["ssd_size"], what=name_of("ssd_size")),
-            ssd_dir=None if ssd_dir is None else Path(ssd_dir),
-            seed=check_seed(d["seed"], what=name_of("seed")),
-            epochs=None if epochs is None else parse_count(epochs, what=name_of("epochs")),
-            slots=parse_count(d["slots"], what=name_of("slots"), minimum=2),
-            wait_for=parse_count(d["wait_for"], what=name_of("wait_for"), minimum=1),
-            lease_seconds=parse_duration(d["lease_seconds"], what=name_of("lease_seconds"), allow_zero=False),
-            gap_bytes=parse_bytes(d["gap_bytes"], what=name_of("gap_bytes"), allow_zero=True),
-            max_connections=parse_count(d["max_connections"], what=name_of("max_connections"), minimum=1),
-            base_dir=None if base_dir is None else Path(base_dir),
-        )
+            names = ", ".join(_option_name(u, source) for u in unknown)
+            raise ConfigError(f"unknown server option {names}; expected some of {', '.join(sorted(_FIELDS))}")
+        return cls(source=source, **values)
+
+    def name(self, option: str) -> str:
+        """``option`` as the user wrote it."""
+        return _option_name(option, self.source)
+
+
+def _option_name(option: str, source: Source) -> str:
+    return "--lease" if (option, source) == ("lease_seconds", "cli") else option_name(option, source)
+
+
+_FIELDS = frozenset(ServeOptions.__dataclass_fields__) - {"source"}
 
 
 class _Job:
@@ -162,14 +185,24 @@ class TierServer:
         Connections served at once (attached jobs and handshakes); more are refused.
     base_dir
         Where the run directory goes (default ``/dev/shm``, else the temp dir).
+    options
+        All of the above as one :class:`ServeOptions` (what the CLI builds); keyword values given as
+        well replace its fields.
     """
 
     #: Seconds a new connection has to present its :class:`Hello`.
     handshake_seconds = 10.0
 
-    def __init__(self, dataset: str | os.PathLike[str], *, name: str, **options: Any) -> None:
+    def __init__(
+        self, dataset: str | os.PathLike[str], *, name: str, options: ServeOptions | None = None, **values: Any
+    ) -> None:
         self.name = check_name(name)
-        self.options = o = ServeOptions.parse(**options)
+        if options is None:
+            options = ServeOptions.parse(**values)
+        elif values:
+            ServeOptions.parse(source=options.source, **values)  # unknown names are refused as such
+            options = replace(options, **values)
+        self.options = o = options
         self.path = Path(dataset).resolve()
         self.tiers, self.seed, self.slots, self.epochs = o.tiers, o.seed, o.slots, o.epochs
         self.lease_seconds = o.lease_seconds
@@ -586,7 +619,7 @@ class TierServer:
                     self.epochs_served += 1
                 epoch += 1
             self._finish()
-        except _Stopped:
+        except Stopped:
             return
         except BaseException as exc:
             self.error = exc
@@ -670,7 +703,7 @@ class TierServer:
                         self._expire_leases()
                         self._cv.wait(_TICK)
                     if self._stop.is_set():
-                        raise _Stopped()
+                        raise Stopped()
                     if not self._active:
                         logger.info("server %s: every job left during epoch %d; skipping its rest", self.name, epoch)
                         return False
