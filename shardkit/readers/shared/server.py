@@ -27,8 +27,7 @@ import numpy as np
 
 from shardkit.errors import ConfigError, PeerTimeoutError, ProtocolError, SamplerError, ShardkitError
 from shardkit.formats import Dataset
-from shardkit.readers.config import DEFAULTS, Source, option_name, parse_tiers
-from shardkit.readers.seeds import check_seed
+from shardkit.readers.config import DEFAULTS, SamplerOptions, Source, option_name
 from shardkit.readers.shared.order import blocks, partition
 from shardkit.readers.shared.protocol import (
     MAX_INFO_BYTES,
@@ -54,7 +53,7 @@ from shardkit.readers.shared.rundir import RunDir, check_name, run_dir_path
 from shardkit.readers.ssd import SsdSpace, write_reservoir
 from shardkit.readers.stats import SamplerStats
 from shardkit.readers.stopping import Stopped
-from shardkit.units import Capacity, parse_bytes, parse_capacity, parse_count, parse_duration
+from shardkit.units import Capacity, parse_count, parse_duration
 
 __all__ = ["ServeOptions", "TierServer", "serve"]
 
@@ -62,6 +61,9 @@ logger = logging.getLogger(__name__)
 
 #: How often waiting threads wake up to look at the stop flag, leases and heartbeats.
 _TICK = 0.2
+
+
+_COMMON = ("tiers", "ram_size", "ssd_size", "ssd_dir", "seed", "epochs", "gap_bytes")
 
 
 def _path(value: object, what: str) -> Path | None:
@@ -99,20 +101,17 @@ class ServeOptions:
         if self.source not in ("python", "cli"):
             raise ConfigError(f"source: expected 'python' or 'cli', found {self.source!r}")
         name = self.name
-        values: dict[str, Any] = {
-            "tiers": parse_tiers(self.tiers, what=name("tiers")),
-            "ram_size": parse_capacity(self.ram_size, what=name("ram_size")),
-            "ssd_size": parse_capacity(self.ssd_size, what=name("ssd_size")),
-            "ssd_dir": _path(self.ssd_dir, name("ssd_dir")),
-            "seed": check_seed(self.seed, what=name("seed")),
-            "epochs": None if self.epochs is None else parse_count(self.epochs, what=name("epochs")),
-            "slots": parse_count(self.slots, what=name("slots"), minimum=2),
-            "wait_for": parse_count(self.wait_for, what=name("wait_for"), minimum=1),
-            "lease_seconds": parse_duration(self.lease_seconds, what=name("lease_seconds"), allow_zero=False),
-            "gap_bytes": parse_bytes(self.gap_bytes, what=name("gap_bytes"), allow_zero=True),
-            "max_connections": parse_count(self.max_connections, what=name("max_connections"), minimum=1),
-            "base_dir": _path(self.base_dir, name("base_dir")),
-        }
+        # The options a sampler has too are checked (and spelled in errors) by the sampler's own options.
+        common = SamplerOptions(tiers=self.tiers, ram_size=self.ram_size, ssd_size=self.ssd_size, ssd_dir=self.ssd_dir,
+                                seed=self.seed, epochs=self.epochs, gap_bytes=self.gap_bytes, source=self.source)
+        values: dict[str, Any] = {f: getattr(common, f) for f in _COMMON}
+        values.update(
+            slots=parse_count(self.slots, what=name("slots"), minimum=2),
+            wait_for=parse_count(self.wait_for, what=name("wait_for"), minimum=1),
+            lease_seconds=parse_duration(self.lease_seconds, what=name("lease_seconds"), allow_zero=False),
+            max_connections=parse_count(self.max_connections, what=name("max_connections"), minimum=1),
+            base_dir=_path(self.base_dir, name("base_dir")),
+        )
         for key, value in values.items():
             object.__setattr__(self, key, value)
 
