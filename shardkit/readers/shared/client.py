@@ -510,7 +510,7 @@ class _SharedRun:
         if self._closed:
             raise StopIteration
         s, link = self._s, self._link
-        s.stats._start()
+        s.stats.start_clock()
         t0 = time.perf_counter()
         try:
             while True:
@@ -526,7 +526,7 @@ class _SharedRun:
         if item[0] == "batch":
             _, batch, epoch = item
             s._epoch = epoch
-            s.stats._delivered(int(batch["key"].shape[0]), batch[s.payload_name].nbytes, time.perf_counter() - t0)
+            s.stats.add_delivered(int(batch["key"].shape[0]), batch[s.payload_name].nbytes, time.perf_counter() - t0)
             return batch  # type: ignore[no-any-return]
         self.close()
         if item[0] == "error":

@@ -659,7 +659,7 @@ class TierServer:
         def write(a: int, b: int) -> tuple[Path, np.ndarray]:
             self._ssd_written += 1
             dest = space.reservoir_path(self._ssd_written)
-            self.stats._wrote(write_reservoir(self.disk, pi[a:b], dest, self._stop))
+            self.stats.add_written(write_reservoir(self.disk, pi[a:b], dest, self._stop))
             return dest, np.sort(pi[a:b])
 
         fut = pool.submit(write, *outer[0]) if outer else None
