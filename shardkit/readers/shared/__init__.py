@@ -64,7 +64,7 @@ real directory of this user with mode 0700, else both sides refuse it (:mod:`~.r
 secret token (0600) that a job must present in its :class:`~.protocol.Hello` (compared in constant
 time); the server also checks the peer's uid, bounds every message before reading it, bounds the
 connections it serves (``max_connections``) and the time a new one has to say hello. A job
-validates ``info.json`` field by field and checks that the socket is answered by the server's pid.
+validates ``info.json`` field by field, maps the ring read-only and checks the socket's peer is of its uid.
 Protocol violations end that one connection with one log line; the server keeps serving the others.
 
 **Lifetime.** The server holds an exclusive ``flock`` on the run directory's ``lock`` for its whole
