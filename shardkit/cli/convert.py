@@ -8,8 +8,9 @@ from typing import Any
 
 import typer
 
-from shardkit.cli.app import app, echo_err, human_bytes, parse_size, setup_logging
+from shardkit.cli.app import app, echo_err, setup_logging
 from shardkit.errors import ConfigError
+from shardkit.units import human_bytes, parse_bytes
 
 
 @app.command()
@@ -64,7 +65,7 @@ def convert(
     kind = kind or detect_kind(src)
     extra: dict[str, Any] = {}
     if shard_size is not None:
-        extra["shard_bytes"] = parse_size(shard_size, what="--shard-size")
+        extra["shard_bytes"] = parse_bytes(shard_size, what="--shard-size")
         if extra["shard_bytes"] <= 0:
             raise ConfigError(f"--shard-size: expected a positive size, found {shard_size!r}")
     unit = "file" if kind == "audio" else "img"
