@@ -209,7 +209,7 @@ class _FileFrames:
     def _blocks(self, start: int, stop: int) -> Iterator[np.ndarray]:
         import soundfile as sf
 
-        pos = start
+        pos, want = start, 0
         try:
             self.handle.seek(start)
             while pos < stop:
@@ -218,15 +218,16 @@ class _FileFrames:
                 if data.shape[0] < want:
                     raise InputFileError(
                         self.path,
-                        f"corrupt: the audio ends after frame {pos + data.shape[0]}, but the header claims "
-                        f"{self.frames} frames",
+                        f"corrupt: the audio ends after frame {pos + data.shape[0]} (the header claims "
+                        f"{self.frames} frames)",
                     )
                 _check_finite(data, self.path)
                 pos += want
                 yield data
         except (sf.LibsndfileError, RuntimeError, ValueError) as exc:
             raise InputFileError(
-                self.path, f"corrupt: decoding failed near frame {pos} of the {self.frames} the header claims ({exc})"
+                self.path,
+                f"corrupt: decoding failed in frames {pos}-{pos + want} (the header claims {self.frames} frames): {exc}",
             ) from None
 
     def read(self, start: int, stop: int, convert: Callable[[np.ndarray], np.ndarray], width: int) -> np.ndarray:

@@ -38,6 +38,7 @@ import math
 import os
 import zlib
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
@@ -269,9 +270,8 @@ class CocoConverter(Converter):
             )
         return doc["images"], anns, cats, truncated
 
-    def _entries(self, values: list[Any], what: str, truncated: bool) -> list[tuple[int, dict[str, Any]]]:
-        """``(position, entry)`` of the dict entries of ``values``; the rest become skips."""
-        out = []
+    def _entries(self, values: list[Any], what: str, truncated: bool) -> Iterator[tuple[int, dict[str, Any]]]:
+        """``(position, entry)`` of the dict entries of ``values``; the others become skips, in order."""
         for i, v in enumerate(values):
             where = f"{self.ann_file}#{what}[{i}]"
             if not isinstance(v, dict):
@@ -279,8 +279,7 @@ class CocoConverter(Converter):
             elif truncated and untrusted_json.holds_too_deep(v):
                 self._doc_skips.append(Skip(where, f"malformed: holds a value nested more than {untrusted_json.MAX_DEPTH} levels deep"))
             else:
-                out.append((i, v))
-        return out
+                yield i, v
 
     def _load_categories(self, cats: list[Any], truncated: bool) -> dict[Any, int]:
         """Fill :attr:`categories`; returns original id -> contiguous id."""
