@@ -80,6 +80,9 @@ from _compare_corpus import (  # noqa: E402
 )
 from _compare_loaders import RunConfig  # noqa: E402
 
+from shardkit.readers.schedule import consumer_records_bound, ram_block, ssd_block  # noqa: E402
+from shardkit.units import parse_bytes  # noqa: E402
+
 logger = logging.getLogger("compare")
 ALPHA = 1e-3
 #: MosaicML's default shuffle block (262,144 samples) over ImageNet-1k's 1,281,167 training images.
@@ -267,8 +270,10 @@ def measure(args: argparse.Namespace, built: dict[str, Any]) -> tuple[list[dict[
     n_small = built["n_small"]
     small = data / "small"
     spaths = {k: str(small / k) for k in ("shardkit", "wds", "mds")}
-    k2 = max(1, round(_sampler_block(ram_size, args.batch, dataset_bytes) * n_small / args.n))
-    k1 = max(1, round(_parse_mib(ssd_size) * 2**20 // (2 * RECORD_NBYTES) * n_small / args.n))
+    # The blocks the sampler derives for the full corpus (its own rules), scaled to the small one.
+    bound = consumer_records_bound(args.n, args.batch, 1)
+    k2 = max(1, round(ram_block(parse_bytes(ram_size, what="ram_size"), RECORD_NBYTES, args.batch, bound) * n_small / args.n))
+    k1 = max(1, round(ssd_block(parse_bytes(ssd_size, what="ssd_size"), RECORD_NBYTES, bound) * n_small / args.n))
     scale = n_small / args.n
     sbase = dict(n=n_small, shape=[16, 16, 3], batch=args.batch, epochs=args.epochs, seed=args.seed, paths=spaths,
                  labels_file=str(small / "labels.npy"), decode=False,
@@ -319,18 +324,6 @@ def measure(args: argparse.Namespace, built: dict[str, Any]) -> tuple[list[dict[
     if "sampler-ram" in runs and "sampler-ram-ssd" in runs:
         orders["sampler_same_order"] = bool(np.array_equal(runs["sampler-ram"]["keys"], runs["sampler-ram-ssd"]["keys"]))
     return rows, orders
-
-
-def _parse_mib(text: str) -> int:
-    return int(text.removesuffix("MiB"))
-
-
-def _sampler_block(ram_size: str, batch: int, rec_total: int) -> int:
-    """K2 the sampler derives from ``ram_size`` (mirrors its documented rule, for scaling)."""
-    ram = _parse_mib(ram_size) * 2**20
-    reserve = 4 * batch * RECORD_NBYTES
-    blocks = ram - reserve if ram >= 2 * reserve else ram
-    return max(1, blocks // (2 * RECORD_NBYTES))
 
 
 def _load() -> str:

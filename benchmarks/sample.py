@@ -23,8 +23,8 @@ from _common import drop_cache, synthetic_dataset
 
 from shardkit.formats import open_dataset
 from shardkit.readers import TieredSampler
-from shardkit.readers.config import parse_capacity
 from shardkit.readers.pipeline import assemble_batch
+from shardkit.units import capacity_bytes
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "_data" / "sample-bench"
@@ -114,7 +114,7 @@ def run_sampler(ds_path: Path, tiers: str, ram: str, ssd: str, ssd_dir: Path, ba
         del b
     base, peak = rss.stop()
     st = s.stats
-    return {"mbps": st.mb_per_s, "stall": st.stall_seconds, "elapsed": st.elapsed, "lat": np.array(lat),
+    return {"mbps": st.bytes_per_s / 1e6, "stall": st.stall_seconds, "elapsed": st.elapsed, "lat": np.array(lat),
             "disk": st.disk.bytes_read, "ssd": st.ssd.bytes_read, "peak_rss": peak, "base_rss": base,
             "ram_block": s.ram_block, "ssd_block": s.ssd_block}
 
@@ -239,7 +239,7 @@ def main() -> None:
     asm = assembly_rate(args.batch)
     tvp = threads_vs_processes(path)
     shutil.rmtree(ssd_dir, ignore_errors=True)
-    ram_bytes = parse_capacity(args.ram, REC, what="ram")
+    ram_bytes = capacity_bytes(args.ram, REC, what="--ram")
     dataset_gb = n * REC / 1e9
 
     def row(name: str, value: str, target: str, ok: bool | None) -> str:

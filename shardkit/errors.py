@@ -17,6 +17,7 @@ __all__ = [
     "NotADatasetError",
     "IncompleteDatasetError",
     "FormatVersionError",
+    "UnsafePathError",
     "MissingShardError",
     "CorruptShardError",
     "TruncatedShardError",
@@ -52,24 +53,32 @@ class FormatVersionError(ShardkitError, ValueError):
     """The dataset was written by a newer format version than this shardkit understands."""
 
 
+class UnsafePathError(NotADatasetError):
+    """A path taken from the metadata (shard path, array or field name) would leave the dataset
+    directory: absolute, ``..``, or a symlink that resolves outside it."""
+
+
 class MissingShardError(ShardkitError, FileNotFoundError):
-    """A shard file listed in the dataset metadata does not exist."""
+    """A file listed in the dataset metadata (payload shard or field chunk) does not exist."""
 
 
 class CorruptShardError(ShardkitError, ValueError):
-    """A shard file exists but its bytes do not match what the metadata promises."""
+    """A dataset file (shard, field chunk, array document) exists but its bytes are not what the
+    metadata promises."""
 
 
 class TruncatedShardError(CorruptShardError):
-    """A shard file is shorter (or longer) than recorded."""
+    """A shard or field chunk is shorter (or longer) than recorded."""
 
 
 class CorruptIndexError(CorruptShardError):
-    """A shard's index fails its crc32c, or describes records that cannot be in the file."""
+    """A shard's index fails its crc32c, differs from the one recorded in the metadata, or describes
+    records that cannot be in the file."""
 
 
 class ChecksumError(CorruptShardError):
-    """A shard's content checksum differs from the one recorded at write time."""
+    """A file's checksum differs from the one recorded at write time (shard data, field chunk, array
+    document, or the dataset attributes themselves)."""
 
 
 class SchemaError(ShardkitError, ValueError):

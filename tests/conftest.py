@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -62,3 +64,41 @@ def small_dataset(tmp_path: Path) -> Callable[..., tuple[Path, np.ndarray]]:
         return path, recs
 
     return make
+
+
+# ---------------------------------------------------------------------- tampering with a dataset
+# Shared by the format tests and the CLI corruption matrix: each edit is what a damaged disk or a
+# hostile tool could do, including recomputing every checksum that lives inside the file itself.
+
+
+def flip_byte(file: Path, pos: int, mask: int = 0xFF) -> None:
+    """XOR the byte at ``pos`` (negative counts from the end) with ``mask``."""
+    raw = bytearray(file.read_bytes())
+    raw[pos] ^= mask
+    file.write_bytes(bytes(raw))
+
+
+def edit_attributes(path: Path, edit: Callable[[dict[str, Any]], None], *, fix_checksum: bool = True) -> None:
+    """Apply ``edit`` to the ``shardkit`` attributes of dataset ``path``; recompute their own crc32c."""
+    from shardkit.formats.checksums import ATTRIBUTES_CRC_KEY, attributes_crc32c
+
+    doc_path = path / "zarr.json"
+    doc = json.loads(doc_path.read_text())
+    attrs = doc["attributes"]["shardkit"]
+    edit(attrs)
+    if fix_checksum and ATTRIBUTES_CRC_KEY in attrs:
+        attrs[ATTRIBUTES_CRC_KEY] = attributes_crc32c(attrs)
+    doc_path.write_text(json.dumps(doc, indent=2))
+
+
+def rewrite_shard_index(file: Path, records_per_shard: int, edit: Callable[[np.ndarray], None]) -> None:
+    """Edit a shard's index table ``[S, 2]`` (offset, nbytes) in place and rewrite a *valid* crc32c."""
+    from shardkit.formats.index import crc32c_of
+
+    raw = bytearray(file.read_bytes())
+    start = len(raw) - records_per_shard * 16 - 4
+    table = np.frombuffer(bytes(raw[start:-4]), "<u8").reshape(records_per_shard, 2).copy()
+    edit(table)
+    body = table.astype("<u8").tobytes()
+    raw[start:] = body + crc32c_of(body).to_bytes(4, "little")
+    file.write_bytes(bytes(raw))

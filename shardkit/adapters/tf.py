@@ -26,7 +26,6 @@ advances to the next ones, so ``model.fit(ds, epochs=E)`` sees a new permutation
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -34,8 +33,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from shardkit.adapters._extras import import_extra
-from shardkit.adapters._options import PayloadOptions, SamplerOptions, consumer_pass
+from shardkit.adapters._options import PayloadOptions, SamplerFactory
 from shardkit.errors import ConfigError
+from shardkit.readers import DEFAULTS, SamplerOptions
+from shardkit.readers.schedule import pass_length
+from shardkit.units import Capacity
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -48,7 +50,7 @@ __all__ = ["make_tf_dataset"]
 def _consumer(
     input_context: Any, rank: int | None, world_size: int | None, batch_size: int, global_batch_size: int | None
 ) -> tuple[int, int, int]:
-    """(consumer, number of consumers, per-consumer batch size)."""
+    """(consumer, number of consumers, per-consumer batch size), before the options check them."""
     if input_context is not None:
         if rank is not None or world_size is not None:
             raise ConfigError(
@@ -64,31 +66,26 @@ def _consumer(
             "make_tf_dataset: global_batch_size needs an input_context to split it among replicas; "
             f"found global_batch_size={global_batch_size} without one (use batch_size)"
         )
-    consumer = 0 if rank is None else int(rank)
-    consumers = 1 if world_size is None else int(world_size)
-    if consumers < 1 or not 0 <= consumer < consumers:
-        raise ConfigError(
-            f"make_tf_dataset: expected 0 <= rank < world_size, found rank={rank}, world_size={world_size}"
-        )
-    return consumer, consumers, batch_size
+    # SamplerOptions checks the values (and names rank / world_size in its errors).
+    return (0 if rank is None else rank), (1 if world_size is None else world_size), batch_size
 
 
 def make_tf_dataset(
     path: str | os.PathLike[str],
     *,
-    batch_size: int = 256,
+    batch_size: int = DEFAULTS.batch_size,
     global_batch_size: int | None = None,
-    tiers: str | Sequence[str] = "ram",
-    ram_size: int | str = "512MiB",
-    ssd_size: int | str = "4GiB",
-    ssd_dir: str | os.PathLike[str] | None = None,
-    seed: int = 0,
-    mode: str = "epoch",
-    epochs: int | None = 1,
-    start_epoch: int = 0,
-    drop_last: bool = False,
-    limit: int | None = None,
-    gap_bytes: int | None = None,
+    tiers: str | Sequence[str] = DEFAULTS.tiers,
+    ram_size: int | str | Capacity = DEFAULTS.ram_size,
+    ssd_size: int | str | Capacity = DEFAULTS.ssd_size,
+    ssd_dir: str | os.PathLike[str] | None = DEFAULTS.ssd_dir,
+    seed: int = DEFAULTS.seed,
+    mode: str = DEFAULTS.mode,
+    epochs: int | None = DEFAULTS.epochs,
+    start_epoch: int = DEFAULTS.start_epoch,
+    drop_last: bool = DEFAULTS.drop_last,
+    limit: int | None = DEFAULTS.limit,
+    gap_bytes: int | str = DEFAULTS.gap_bytes,
     rank: int | None = None,
     world_size: int | None = None,
     input_context: Any = None,
@@ -143,19 +140,17 @@ def make_tf_dataset(
         leading batch dimension that is ``None``, or ``batch_size`` when ``drop_last`` (and no
         ``limit``) makes every batch full.
     """
-    options = SamplerOptions(
-        batch_size=batch_size, tiers=tiers, ram_size=ram_size, ssd_size=ssd_size, ssd_dir=ssd_dir, seed=seed,
-        mode=mode, epochs=epochs, drop_last=drop_last, limit=limit, gap_bytes=gap_bytes, shared=shared,
-    )  # fmt: skip
     consumer, consumers, per_consumer = _consumer(input_context, rank, world_size, batch_size, global_batch_size)
-    if per_consumer != options.batch_size:
-        options = dataclasses.replace(options, batch_size=per_consumer)
-    if start_epoch < 0:
-        raise ConfigError(f"make_tf_dataset: start_epoch must be >= 0, found {start_epoch}")
+    options = SamplerOptions.parse(
+        batch_size=per_consumer, tiers=tiers, ram_size=ram_size, ssd_size=ssd_size, ssd_dir=ssd_dir, seed=seed,
+        mode=mode, epochs=epochs, start_epoch=start_epoch, drop_last=drop_last, limit=limit, gap_bytes=gap_bytes,
+        rank=consumer, world_size=consumers,
+    )  # fmt: skip
+    factory = SamplerFactory(options, shared=shared)
     present = PayloadOptions(layout=layout, scale=scale)
     path = os.fspath(path)
 
-    probe = options.build(path, consumer=consumer, num_consumers=consumers, start_epoch=start_epoch)
+    probe = factory.build(path, consumer=consumer, num_consumers=consumers, start_epoch=options.start_epoch)
     try:
         spec = probe.element_spec()
         payload = probe.payload_name
@@ -170,16 +165,16 @@ def make_tf_dataset(
         if unknown or not as_tuple:
             raise ConfigError(f"{path}: as_tuple names {unknown or '()'} are not entries; expected some of {names}")
 
-    rows = per_consumer if drop_last and limit is None else None
+    rows = options.batch_size if options.drop_last and options.limit is None else None
     signature = {
         name: tf.TensorSpec(shape=(rows, *shape), dtype=tf.as_dtype(dtype), name=name)
         for name, (shape, dtype) in spec.items()
     }
-    next_epoch = [int(start_epoch)]  # advanced by each finished iteration
+    next_epoch = [options.start_epoch]  # advanced by each finished iteration
 
     def generate() -> Iterator[dict[str, np.ndarray]]:
         epoch = next_epoch[0]
-        sampler = options.build(path, consumer=consumer, num_consumers=consumers, start_epoch=epoch)
+        sampler = factory.build(path, consumer=consumer, num_consumers=consumers, start_epoch=epoch)
         try:
             yield from sampler
             if options.epochs is not None:
@@ -190,9 +185,9 @@ def make_tf_dataset(
     dataset = tf.data.Dataset.from_generator(generate, output_signature=signature)
     if options.epochs is not None:
         # A known length gives Keras its steps per epoch (progress bar, no "ran out of data").
-        batches, _ = consumer_pass(
-            num_records, per_consumer, consumer, consumers, drop_last=drop_last, start=0,
-            epochs=options.epochs, limit=limit,
+        batches, _ = pass_length(
+            num_records, options.batch_size, consumer, consumers, drop_last=options.drop_last, start=0,
+            epochs=options.epochs, limit=options.limit,
         )  # fmt: skip
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(batches))
 

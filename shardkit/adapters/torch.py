@@ -54,15 +54,18 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from shardkit.adapters._extras import import_extra
-from shardkit.adapters._options import PayloadOptions, SamplerOptions, batches_per_consumer, consumer_pass
+from shardkit.adapters._options import PayloadOptions, SamplerFactory
 from shardkit.errors import ConfigError, SamplerError
 from shardkit.formats import Dataset, open_dataset
+from shardkit.readers import DEFAULTS, Sampler, SamplerOptions
+from shardkit.readers.schedule import batches_per_consumer, pass_length, position_after
+from shardkit.units import Capacity
 
 if TYPE_CHECKING:
     import torch
@@ -169,32 +172,34 @@ class ShardIterableDataset(_TorchIterableDataset):
         self,
         path: str | os.PathLike[str],
         *,
-        batch_size: int = 256,
-        tiers: str | list[str] = "ram",
-        ram_size: int | str = "512MiB",
-        ssd_size: int | str = "4GiB",
-        ssd_dir: str | os.PathLike[str] | None = None,
-        seed: int = 0,
-        mode: str = "epoch",
-        epochs: int | None = 1,
-        drop_last: bool = False,
+        batch_size: int = DEFAULTS.batch_size,
+        tiers: str | Sequence[str] = DEFAULTS.tiers,
+        ram_size: int | str | Capacity = DEFAULTS.ram_size,
+        ssd_size: int | str | Capacity = DEFAULTS.ssd_size,
+        ssd_dir: str | os.PathLike[str] | None = DEFAULTS.ssd_dir,
+        seed: int = DEFAULTS.seed,
+        mode: str = DEFAULTS.mode,
+        epochs: int | None = DEFAULTS.epochs,
+        drop_last: bool = DEFAULTS.drop_last,
         rank: int | None = None,
         world_size: int | None = None,
         layout: str = "NHWC",
         scale: str | None = None,
         unbatched: bool = False,
-        limit: int | None = None,
-        gap_bytes: int | None = None,
+        limit: int | None = DEFAULTS.limit,
+        gap_bytes: int | str = DEFAULTS.gap_bytes,
         num_workers: int = 0,
         shared: str | None = None,
     ) -> None:
         super().__init__()
         self.path = os.fspath(path)
-        self.options = SamplerOptions(
+        #: The sampler options of this rank (each consumer's sampler gets its own consumer index).
+        self.options = SamplerOptions.parse(
             batch_size=batch_size, tiers=tiers, ram_size=ram_size, ssd_size=ssd_size, ssd_dir=ssd_dir,
             seed=seed, mode=mode, epochs=epochs, drop_last=drop_last, limit=limit, gap_bytes=gap_bytes,
-            shared=shared,
+            rank=0 if rank is None else rank, world_size=1 if world_size is None else world_size,
         )  # fmt: skip
+        self.factory = SamplerFactory(self.options, shared=shared)
         self.payload_options = PayloadOptions(layout=layout, scale=scale)
         self.unbatched = bool(unbatched)
         if num_workers < 0:
@@ -209,7 +214,7 @@ class ShardIterableDataset(_TorchIterableDataset):
         # and a worker finishing a pass advances it for everyone.
         self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
         self._resume: dict[str, Any] | None = None
-        self._sampler: Any = None  # the sampler of a pass running in this process (num_workers=0)
+        self._sampler: Sampler | None = None  # the sampler of a pass running in this process (num_workers=0)
 
     # ------------------------------------------------------------------ consumers
     def _rank_world(self) -> tuple[int, int]:
@@ -222,11 +227,7 @@ class ShardIterableDataset(_TorchIterableDataset):
                     f"torch.distributed says {found[0]}/{found[1]}"
                 )
             return found
-        rank = 0 if rank is None else int(rank)
-        world = 1 if world is None else int(world)
-        if world < 1 or not 0 <= rank < world:
-            raise ConfigError(f"{self.path}: expected 0 <= rank < world_size, found rank={rank}, world_size={world}")
-        return rank, world
+        return self.options.rank, self.options.world_size  # checked by SamplerOptions
 
     def _consumer(self) -> tuple[int, int, int]:
         """(consumer index, number of consumers, workers of this rank) for the calling process."""
@@ -315,8 +316,8 @@ class ShardIterableDataset(_TorchIterableDataset):
         start = self._resume_position(epoch)
         n = self.meta.num_records
         per_pass = sum(
-            batches_per_consumer(n, self.options.batch_size, self.rank * workers + w,
-                                 self.world_size * workers, self.options.drop_last, start)
+            batches_per_consumer(n, self.options.batch_size, self.rank * workers + w, self.world_size * workers,
+                                 drop_last=self.options.drop_last, start=start)
             for w in range(workers)
         )  # fmt: skip
         if num_batches >= per_pass:
@@ -333,8 +334,8 @@ class ShardIterableDataset(_TorchIterableDataset):
                 "%d batches will be delivered again after resuming (checkpoint every multiple of %d)",
                 self.path, num_batches, workers, whole, extra, workers,
             )  # fmt: skip
-        global_batch = self.options.batch_size * workers * self.world_size
-        return self._state_at(epoch, min(n, start + whole * global_batch))
+        position = position_after(start, whole, self.options.batch_size, workers * self.world_size, n)
+        return self._state_at(epoch, position)
 
     def _resume_position(self, epoch: int) -> int:
         if self._resume is not None and int(self._resume["epoch"]) == epoch:
@@ -348,7 +349,7 @@ class ShardIterableDataset(_TorchIterableDataset):
             # Constructing a sampler reads metadata only (no threads, no payload): it knows its
             # reservoir size, which a replacement-mode state must record.
             workers = max(1, self.num_workers)
-            sampler = self.options.build(
+            sampler = self.factory.build(
                 self.path, consumer=self.rank * workers, num_consumers=self.world_size * workers, start_epoch=epoch
             )
             try:
@@ -369,7 +370,7 @@ class ShardIterableDataset(_TorchIterableDataset):
         workers = max(1, self.num_workers)
         total = 0
         for w in range(workers):
-            batches, records = consumer_pass(
+            batches, records = pass_length(
                 self.meta.num_records, self.options.batch_size, self.rank * workers + w, self.world_size * workers,
                 drop_last=self.options.drop_last, start=self._resume_position(self.epoch),
                 epochs=self.options.epochs, limit=self.options.limit,
@@ -381,7 +382,7 @@ class ShardIterableDataset(_TorchIterableDataset):
         consumer, consumers, _ = self._consumer()
         epoch = self.epoch
         state = self._resume if self._resume is not None and int(self._resume["epoch"]) == epoch else None
-        sampler = self.options.build(
+        sampler = self.factory.build(
             self.path, consumer=consumer, num_consumers=consumers, start_epoch=epoch, state=state
         )
         self._sampler = sampler  # for state_dict() in the main process, stats in tests

@@ -18,10 +18,10 @@ from typing import Any
 
 import typer
 
-from shardkit.cli.app import app, echo_err, human_bytes, setup_logging
+from shardkit.cli.app import app, echo_err, setup_logging
 from shardkit.converters.options import Option
 from shardkit.converters.registry import available_kinds, kind_options
-from shardkit.units import parse_bytes
+from shardkit.units import human_bytes, parse_bytes
 
 __all__ = ["convert", "kind_option_parameters"]
 

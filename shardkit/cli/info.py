@@ -7,8 +7,9 @@ from pathlib import Path
 
 import typer
 
-from shardkit.cli.app import app, human_bytes
+from shardkit.cli.app import app
 from shardkit.formats import open_dataset
+from shardkit.units import human_bytes
 
 
 @app.command()
@@ -24,7 +25,7 @@ def info(
         return
     lines = [
         f"dataset      {data['path']}",
-        f"kind         {data['kind']}  (format v{data['format_version']}, {data['created_by']})",
+        f"kind         {data['kind']}  (format {data['format']}, {data['created_by']})",
         f"records      {data['records']}",
         f"{data['payload']:<12} {tuple(data['shape'])} {data['dtype']}  ({human_bytes(data['record_bytes'])} each)",
         f"shards       {data['shards']} x {data['records_per_shard']} records, {human_bytes(data['bytes'])} total",

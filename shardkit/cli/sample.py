@@ -9,41 +9,50 @@ import typer
 
 from shardkit.cli.app import app, echo_err
 from shardkit.errors import ConfigError
-from shardkit.readers import TieredSampler
+from shardkit.readers import DEFAULTS, SamplerOptions, SamplerStats, TieredSampler
+from shardkit.units import human_bytes
 
 
 @app.command()
 def sample(
     path: Path = typer.Argument(..., help="Dataset directory."),
     tiers: str = typer.Option(
-        "ram", "--tiers", help="Tiers below the consumer: 'ram' or 'ram,ssd' (either order)."
+        ",".join(DEFAULTS.tiers), "--tiers", help="Tiers below the consumer: 'ram' or 'ram,ssd' (either order)."
     ),
     ram_size: str = typer.Option(
-        "512MiB", "--ram-size",
-        help="RAM-tier budget of this consumer, bytes (2GiB, 500MB) or records (10000records). Two RAM "
-             "blocks of half the budget each (minus batches in flight): 512MiB suits a laptop.",
+        str(DEFAULTS.ram_size), "--ram-size",
+        help="RAM-tier budget of this consumer, bytes (2GiB, 500MB) or records (10000records), at least two "
+             "records. Two RAM blocks of half the budget each (minus batches in flight).",
     ),
     ssd_size: str = typer.Option(
-        "4GiB", "--ssd-size",
-        help="SSD-tier budget (same syntax): two reservoirs of half of it. Only with --tiers ram,ssd.",
+        str(DEFAULTS.ssd_size), "--ssd-size",
+        help="SSD-tier budget (same syntax, at least --ram-size): two reservoirs of half of it. Only with "
+             "--tiers ram,ssd.",
     ),
     ssd_dir: Path = typer.Option(
         None, "--ssd-dir", help="Directory for the run's private SSD reservoirs (default: the system temp dir).",
     ),
-    batch_size: int = typer.Option(256, "--batch-size", help="Records per batch of this consumer."),
-    epochs: int = typer.Option(1, "--epochs", help="Epochs to run."),
-    seed: int = typer.Option(0, "--seed", help="(seed, epoch) defines each epoch's order."),
+    batch_size: int = typer.Option(DEFAULTS.batch_size, "--batch-size", help="Records per batch of this consumer."),
+    epochs: int = typer.Option(DEFAULTS.epochs, "--epochs", help="Epochs to run."),
+    seed: int = typer.Option(DEFAULTS.seed, "--seed", help="An integer in [0, 2**64); (seed, epoch) defines each epoch's order."),
     mode: str = typer.Option(
-        "epoch", "--mode",
+        DEFAULTS.mode, "--mode",
         help="epoch: uniform random permutation per epoch; replacement: independent uniform reservoirs; "
              "sequential: storage order.",
     ),
-    rank: int = typer.Option(0, "--rank", help="This consumer's index c (0 <= c < world size)."),
-    world_size: int = typer.Option(1, "--world-size", help="Number of consumers W sharing each global batch."),
+    rank: int = typer.Option(DEFAULTS.rank, "--rank", help="This consumer's index c (0 <= c < world size)."),
+    world_size: int = typer.Option(
+        DEFAULTS.world_size, "--world-size", help="Number of consumers W sharing each global batch."
+    ),
     static_cache: str = typer.Option(
-        "0", "--static-cache",
+        str(DEFAULTS.static_cache), "--static-cache",
         help="Pin a random subset of records in RAM for the whole run, never evicted (on top of --ram-size): "
              "bytes (256MiB) or records (1000records); 0 = off.",
+    ),
+    gap_bytes: str = typer.Option(
+        human_bytes(DEFAULTS.gap_bytes), "--gap-bytes",
+        help="Gaps between wanted records up to this size (bytes or 64KiB) are read rather than skipped, "
+             "so requests stay large and sequential.",
     ),
     limit: int = typer.Option(None, "--limit", help="Stop after this many records (default: all epochs)."),
     order_out: Path = typer.Option(
@@ -57,11 +66,12 @@ def sample(
 
     if order_out is not None and order_out.suffix != ".npy":
         raise ConfigError(f"--order-out: expected a file name ending in .npy, found {str(order_out)!r}")
-    sampler = TieredSampler(
-        path, tiers=tiers, ram_size=ram_size, ssd_size=ssd_size, ssd_dir=ssd_dir,
-        batch_size=batch_size, epochs=epochs, seed=seed, mode=mode, rank=rank, world_size=world_size,
-        limit=limit, static_cache=static_cache,
-    )
+    options = SamplerOptions.parse(
+        source="cli", tiers=tiers, ram_size=ram_size, ssd_size=ssd_size, ssd_dir=ssd_dir, batch_size=batch_size,
+        epochs=epochs, seed=seed, mode=mode, rank=rank, world_size=world_size, limit=limit,
+        static_cache=static_cache, gap_bytes=gap_bytes,
+    )  # fmt: skip
+    sampler = TieredSampler(path, options)
     total = len(sampler) * epochs if limit is None else None
     keys: list[np.ndarray] = []
     epoch_of: list[int] = []
@@ -70,30 +80,42 @@ def sample(
             keys.append(batch["key"])
             epoch_of.append(sampler.epoch)
             bar.update(1)
-    st = sampler.stats
     if order_out is not None:
         flat = np.concatenate(keys) if keys else np.empty(0, dtype=np.int64)
-        if mode == "replacement":
-            arr = flat[None, :]
-        else:
-            arr = _by_epoch(keys, epoch_of)
+        arr = flat[None, :] if options.mode == "replacement" else _by_epoch(keys, epoch_of)
         order_out.parent.mkdir(parents=True, exist_ok=True)
         np.save(order_out, arr.astype(np.int64))
+    typer.echo("\n".join(summary(sampler)))
+    if order_out is not None:
+        echo_err(f"wrote {order_out}")
+
+
+def summary(sampler: TieredSampler) -> list[str]:
+    """The lines ``shardkit sample`` prints: what was delivered, what each tier cost, and why reads
+    can exceed deliveries."""
+    st: SamplerStats = sampler.stats
     lines = [
         f"records      {st.records} in {st.batches} batches, {st.elapsed:.2f} s",
-        f"throughput   {st.records_per_s:,.0f} records/s, {st.mb_per_s:,.1f} MB/s",
+        f"throughput   {st.records_per_s:,.0f} records/s, {st.bytes_per_s / 2**20:,.1f} MiB/s",
+        f"delivered    {human_bytes(st.bytes)} of payload",
     ]
     for name, t in st.tiers.items():
         if (name == "ssd" and "ssd" not in sampler.tiers) or (name == "cache" and not sampler.static_cache):
             continue
         what = {"ram": "assembled", "cache": "served"}.get(name, "read")
-        lines.append(f"{name:<12} {t.bytes_read / 1e6:,.1f} MB {what} in {t.read_calls} calls ({t.records} records)")
+        lines.append(f"{name:<12} {human_bytes(t.bytes_read)} {what} in {t.read_calls} calls ({t.records} records)")
     if "ssd" in sampler.tiers:
-        lines.append(f"ssd written  {st.ssd_bytes_written / 1e6:,.1f} MB")
+        lines.append(f"ssd written  {human_bytes(st.ssd_bytes_written)}")
     lines.append(f"stall        {st.stall_seconds:.2f} s waiting for batches")
-    typer.echo("\n".join(lines))
-    if order_out is not None:
-        echo_err(f"wrote {order_out}")
+    extra = st.disk.bytes_read - st.disk.records * sampler.record_nbytes
+    if extra > 0:
+        gap = sampler.options.gap_bytes
+        why = "each shard's index, read once per pass"
+        if gap:
+            why += (f", and gaps of up to {human_bytes(gap)} between wanted records, read rather than skipped "
+                    "so requests stay large and sequential (--gap-bytes sets the limit)")
+        lines.append(f"note         disk reads exceed the records' own bytes by {human_bytes(extra)}: {why}")
+    return lines
 
 
 def _by_epoch(keys: list[np.ndarray], epoch_of: list[int]) -> np.ndarray:

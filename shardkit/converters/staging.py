@@ -300,7 +300,9 @@ class Staging:
             return None
         try:
             doc = read_json(info_path)
-            info = ShardInfo.from_json(doc["shard"])
+            info = ShardInfo.from_json(doc["shard"], where=str(info_path))
+            if info.data_crc32c is None or info.index_crc32c is None:
+                return None  # staged by a shardkit before format 1.1: redo it to get its checksums
             cursor = int(doc["input_cursor"])
             skipped = tuple(SkippedInput(str(s["path"]), str(s["reason"])) for s in doc["skipped"])
             with np.load(fields_path) as npz:

@@ -9,6 +9,13 @@ interpret zarr's codec pipeline).
 The byte streams are exactly zarr v3's ``zstd``, ``gzip`` and ``blosc`` codecs; numcodecs implements
 them, so we encode and decode with numcodecs directly instead of zarr's async codec pipeline, which is
 far too slow per record on the hot path.
+
+Two registries map names to classes: shardkit's own names (``--compression``, the ``compression`` JSON)
+and zarr v3 codec names (to read a ``zarr.json`` that zarr-python wrote). Both refuse a duplicate
+name, so a plug-in cannot silently replace a codec.
+
+zstd frames are written with their content checksum (format 1.1): a damaged compressed record or
+field chunk then fails to decode instead of decoding into different values.
 """
 
 from __future__ import annotations
@@ -35,6 +42,13 @@ class RecordCodec(ABC):
 
     #: Registry name, also the value of ``--compression``.
     name: ClassVar[str]
+    #: Name of the zarr v3 bytes-to-bytes codec with the same byte stream.
+    zarr_name: ClassVar[str]
+
+    @classmethod
+    @abstractmethod
+    def from_zarr(cls, configuration: dict[str, Any]) -> RecordCodec:
+        """The codec that decodes what the zarr v3 codec ``zarr_name`` with ``configuration`` wrote."""
 
     @abstractmethod
     def encode(self, record: np.ndarray) -> bytes:
@@ -54,11 +68,23 @@ class RecordCodec(ABC):
 
 
 _REGISTRY: dict[str, type[RecordCodec]] = {}
+_ZARR_REGISTRY: dict[str, type[RecordCodec]] = {}
 
 
 def register_codec(cls: type[RecordCodec]) -> type[RecordCodec]:
-    """Class decorator: make ``cls`` available under ``cls.name``."""
+    """Class decorator: make ``cls`` available under ``cls.name`` and its zarr name ``cls.zarr_name``.
+
+    Raises
+    ------
+    ConfigError
+        Either name is already taken (or is ``none``): registering twice is a bug, not an override.
+    """
+    if cls.name == "none" or cls.name in _REGISTRY:
+        raise ConfigError(f"codec name {cls.name!r} is already registered (by {_REGISTRY.get(cls.name)})")
+    if cls.zarr_name in _ZARR_REGISTRY:
+        raise ConfigError(f"zarr codec name {cls.zarr_name!r} is already registered (by {_ZARR_REGISTRY[cls.zarr_name]})")
     _REGISTRY[cls.name] = cls
+    _ZARR_REGISTRY[cls.zarr_name] = cls
     return cls
 
 
@@ -87,6 +113,8 @@ def codec_from_json(data: dict[str, Any] | None) -> RecordCodec | None:
     """Rebuild a codec from the JSON stored in the metadata."""
     if data is None:
         return None
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+        raise ConfigError(f"compression: expected null or an object with a 'name', found {data!r}")
     config = dict(data)
     return get_codec(config.pop("name"), **config)
 
@@ -98,15 +126,25 @@ def _decode_into(codec: Any, data: bytes | memoryview, out: np.ndarray) -> None:
 
 @register_codec
 class ZstdCodec(RecordCodec):
-    """Zstandard; ``level`` 1-22 (3 is zstd's default trade-off)."""
+    """Zstandard; ``level`` 1-22 (3 is zstd's default trade-off).
+
+    ``checksum`` (default on) appends zstd's 4-byte content checksum to every frame, which the
+    decoder verifies. Frames without one (format 1.0, or zarr-python's default) decode as well.
+    """
 
     name = "zstd"
+    zarr_name = "zstd"
 
-    def __init__(self, level: int = 3) -> None:
+    def __init__(self, level: int = 3, checksum: bool = True) -> None:
         from numcodecs import Zstd
 
-        self.level = int(level)
-        self._codec = Zstd(level=self.level)
+        self.level = _level(level, self.name)
+        self.checksum = bool(checksum)
+        self._codec = Zstd(level=self.level, checksum=self.checksum)
+
+    @classmethod
+    def from_zarr(cls, configuration: dict[str, Any]) -> RecordCodec:
+        return cls(level=configuration.get("level", 3), checksum=configuration.get("checksum", False))
 
     def encode(self, record: np.ndarray) -> bytes:
         return bytes(self._codec.encode(np.ascontiguousarray(record).reshape(-1).view(np.uint8)))
@@ -115,10 +153,10 @@ class ZstdCodec(RecordCodec):
         _decode_into(self._codec, data, out)
 
     def zarr_codecs(self, itemsize: int) -> list[dict[str, Any]]:
-        return [{"name": "zstd", "configuration": {"level": self.level, "checksum": False}}]
+        return [{"name": "zstd", "configuration": {"level": self.level, "checksum": self.checksum}}]
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "level": self.level}
+        return {"name": self.name, "level": self.level, "checksum": self.checksum}
 
 
 @register_codec
@@ -126,12 +164,17 @@ class GzipCodec(RecordCodec):
     """gzip (zlib deflate with a gzip header), ``level`` 0-9."""
 
     name = "gzip"
+    zarr_name = "gzip"
 
     def __init__(self, level: int = 5) -> None:
         from numcodecs import GZip
 
-        self.level = int(level)
+        self.level = _level(level, self.name)
         self._codec = GZip(level=self.level)
+
+    @classmethod
+    def from_zarr(cls, configuration: dict[str, Any]) -> RecordCodec:
+        return cls(level=configuration.get("level", 5))
 
     def encode(self, record: np.ndarray) -> bytes:
         return bytes(self._codec.encode(np.ascontiguousarray(record).reshape(-1).view(np.uint8)))
@@ -151,16 +194,22 @@ class BloscLz4Codec(RecordCodec):
     """Blosc with the lz4 compressor and byte shuffle: fastest to decode, modest ratio."""
 
     name = "blosc-lz4"
+    zarr_name = "blosc"
 
     def __init__(self, level: int = 5) -> None:
         from numcodecs import Blosc
 
-        self.level = int(level)
+        self.level = _level(level, self.name)
         self._codec = Blosc(cname="lz4", clevel=self.level, shuffle=Blosc.SHUFFLE, blocksize=0)
 
     def encode(self, record: np.ndarray) -> bytes:
         arr = np.ascontiguousarray(record)
         return bytes(self._codec.encode(arr))
+
+    @classmethod
+    def from_zarr(cls, configuration: dict[str, Any]) -> RecordCodec:
+        # Blosc frames are self-describing: this decoder reads any compressor and shuffle.
+        return cls(level=configuration.get("clevel", 5))
 
     def decode(self, data: bytes | memoryview, out: np.ndarray) -> None:
         _decode_into(self._codec, data, out)
@@ -183,14 +232,17 @@ class BloscLz4Codec(RecordCodec):
         return {"name": self.name, "level": self.level}
 
 
-def codec_from_zarr(codecs: list[dict[str, Any]], *, where: str) -> RecordCodec | None:
+def codec_from_zarr(codecs: Any, *, where: str) -> RecordCodec | None:
     """Map a zarr v3 inner-chunk codec list (``bytes`` [+ one compressor]) to a RecordCodec.
 
     Used to read arrays written by zarr-python; anything else (transpose, big-endian, two
-    compressors) is refused with a clear error rather than decoded wrongly.
+    compressors, a codec shardkit has not registered) is refused with a NotADatasetError naming
+    ``where`` rather than decoded wrongly.
     """
     from shardkit.errors import NotADatasetError
 
+    if not isinstance(codecs, list) or not all(isinstance(c, dict) for c in codecs):
+        raise NotADatasetError(f"{where}: expected a list of codec objects, found {codecs!r}"[:300])
     if not codecs or codecs[0].get("name") != "bytes":
         raise NotADatasetError(f"{where}: expected the 'bytes' codec first, found {codecs[:1]}")
     endian = (codecs[0].get("configuration") or {}).get("endian", "little")
@@ -200,13 +252,24 @@ def codec_from_zarr(codecs: list[dict[str, Any]], *, where: str) -> RecordCodec 
     if not rest:
         return None
     if len(rest) > 1:
-        raise NotADatasetError(f"{where}: expected at most one compressor, found {[c['name'] for c in rest]}")
+        raise NotADatasetError(f"{where}: expected at most one compressor, found {[c.get('name') for c in rest]}")
     name = rest[0].get("name")
     conf = rest[0].get("configuration") or {}
-    if name == "zstd":
-        return ZstdCodec(level=conf.get("level", 3))
-    if name == "gzip":
-        return GzipCodec(level=conf.get("level", 5))
-    if name == "blosc":
-        return BloscLz4Codec(level=conf.get("clevel", 5))  # blosc frames are self-describing
-    raise NotADatasetError(f"{where}: unsupported zarr codec {name!r} (shardkit reads zstd, gzip, blosc)")
+    cls = _ZARR_REGISTRY.get(name) if isinstance(name, str) else None
+    if cls is None:
+        raise NotADatasetError(
+            f"{where}: unsupported zarr codec {name!r} (shardkit reads {', '.join(sorted(_ZARR_REGISTRY))})"
+        )
+    if not isinstance(conf, dict):
+        raise NotADatasetError(f"{where}: codec {name!r}: expected a configuration object, found {conf!r}")
+    try:
+        return cls.from_zarr(conf)
+    except (ConfigError, TypeError, ValueError) as exc:
+        raise NotADatasetError(f"{where}: codec {name!r}: bad configuration ({exc})") from None
+
+
+def _level(level: Any, name: str) -> int:
+    """A compression level: an integer (bools and floats are refused)."""
+    if not isinstance(level, int) or isinstance(level, bool):
+        raise ConfigError(f"compression {name!r}: level must be an integer, found {level!r}")
+    return level

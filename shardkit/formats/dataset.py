@@ -9,8 +9,12 @@ from typing import Any
 import numpy as np
 
 from shardkit.errors import NotADatasetError
+from shardkit.formats.checksums import read_verified
+from shardkit.formats.fields import read_field_array
 from shardkit.formats.metadata import DatasetMeta, read_dataset_meta
-from shardkit.formats.reader import DEFAULT_GAP_BYTES, PayloadArray, ReadStats, read_plain_array
+from shardkit.formats.paths import resolve_inside
+from shardkit.formats.reader import DEFAULT_GAP_BYTES, PayloadArray, ReadStats
+from shardkit.formats.spec import ZARR_JSON
 
 __all__ = ["Dataset", "open_dataset", "Batch"]
 
@@ -34,6 +38,11 @@ class Dataset:
     -----
     Small per-record fields are loaded into RAM on first use (``fields``); payload bytes are read on
     demand with :meth:`read` / :attr:`payload`.
+
+    Opening checks everything that is cheap: the metadata's types, bounds and layout, its own
+    checksum, and (format 1.1) the checksum of every array document. Loading the fields checks every
+    field chunk; reading a shard's index checks it against the checksum in the metadata. Only the
+    payload records themselves are left to :func:`~shardkit.formats.verify`, which reads every byte.
     """
 
     def __init__(
@@ -45,13 +54,32 @@ class Dataset:
     ) -> None:
         self.path = Path(path)
         self.meta: DatasetMeta = read_dataset_meta(self.path)
+        files = self.meta.files
+        for name in self.meta.fields:  # the payload document is checked as PayloadArray reads it
+            rel = f"{name}/{ZARR_JSON}"
+            if rel in files:
+                read_verified(resolve_inside(self.path, rel, "field array document"), files[rel],
+                              what="field array document")
+        resolve_inside(self.path, f"{self.meta.payload}/{ZARR_JSON}", "payload array document")
         self.payload = PayloadArray(
-            self.path / self.meta.payload, shards=self.meta.shards, stats=stats, gap_bytes=gap_bytes
+            self.path / self.meta.payload,
+            shards=self.meta.shards,
+            stats=stats,
+            gap_bytes=gap_bytes,
+            document_digest=files.get(f"{self.meta.payload}/{ZARR_JSON}"),
         )
+        if (self.payload.records_per_shard != self.meta.records_per_shard
+                or (self.payload.codec is None) != (self.meta.compression is None)):
+            raise NotADatasetError(
+                f"{self.path}: {self.meta.payload}/{ZARR_JSON} has {self.payload.records_per_shard} records per shard "
+                f"and compression {self.payload.codec.name if self.payload.codec else None}, the dataset's {ZARR_JSON} "
+                f"says {self.meta.records_per_shard} and {(self.meta.compression or {}).get('name')}"
+            )
         if self.payload.num_records != self.meta.num_records or self.payload.record != self.meta.record:
             raise NotADatasetError(
-                f"{self.path}: payload array is {self.payload.shape} {self.payload.dtype}, metadata says "
-                f"{self.meta.num_records} records of {self.meta.record.shape} {self.meta.record.dtype}"
+                f"{self.path}: {self.meta.payload}/{ZARR_JSON} describes {self.payload.shape} {self.payload.dtype}, "
+                f"the dataset's {ZARR_JSON} says {self.meta.num_records} records of {self.meta.record.shape} "
+                f"{self.meta.record.dtype}"
             )
         self._fields: dict[str, np.ndarray] | None = None
 
@@ -81,10 +109,18 @@ class Dataset:
 
     @property
     def fields(self) -> dict[str, np.ndarray]:
-        """Every small per-record field as one in-RAM array ``[N, ...]`` (loaded once)."""
+        """Every small per-record field as one in-RAM array ``[N, ...]`` (loaded once, every chunk checked).
+
+        Raises
+        ------
+        MissingShardError, TruncatedShardError, ChecksumError, CorruptShardError
+            A field chunk is missing, damaged or changed (see :func:`~shardkit.formats.fields.read_field_array`).
+        """
         if self._fields is None:
+            m = self.meta
             self._fields = {
-                name: read_plain_array(self.path / name, self.num_records) for name in self.meta.fields
+                name: read_field_array(self.path, name, spec, m.num_records, m.field_chunk_records, m.files)
+                for name, spec in m.fields.items()
             }
         return self._fields
 
@@ -94,6 +130,7 @@ class Dataset:
         return {
             "path": str(self.path),
             "format_version": m.format_version,
+            "format": m.format,
             "kind": m.kind,
             "payload": m.payload,
             "records": m.num_records,

@@ -79,7 +79,15 @@ class ShardIndex:
         return cls(offsets, nbytes)
 
     @classmethod
-    def decode(cls, raw: bytes | memoryview, capacity: int, *, path: str, data_nbytes: int) -> ShardIndex:
+    def decode(
+        cls,
+        raw: bytes | memoryview,
+        capacity: int,
+        *,
+        path: str,
+        data_nbytes: int,
+        recorded_crc32c: int | None = None,
+    ) -> ShardIndex:
         """Parse and check an index read from ``path``.
 
         Parameters
@@ -88,6 +96,17 @@ class ShardIndex:
             The ``index_nbytes(capacity)`` bytes of the index including its crc32c.
         data_nbytes
             Bytes of the file that are not the index; every present entry must lie inside them.
+        recorded_crc32c
+            The index crc32c recorded in the dataset metadata (format 1.1), or ``None``. The file's
+            own trailer only proves the index is self-consistent; anyone who edits an offset can
+            rewrite the trailer too. Comparing with the metadata binds the index to the dataset,
+            at no cost: the crc32c is computed here anyway.
+
+        Raises
+        ------
+        CorruptIndexError
+            Wrong size, crc32c mismatch (with the trailer or the metadata), an entry past the data,
+            or two entries whose byte ranges overlap (one record read as another).
         """
         expected = index_nbytes(capacity)
         if len(raw) != expected:
@@ -101,13 +120,54 @@ class ShardIndex:
             raise CorruptIndexError(
                 f"{path}: shard index crc32c mismatch (stored {stored:#010x}, computed {computed:#010x})"
             )
+        if recorded_crc32c is not None and computed != recorded_crc32c:
+            raise CorruptIndexError(
+                f"{path}: shard index crc32c {computed:#010x} differs from the {recorded_crc32c:#010x} recorded "
+                "in the dataset metadata (the index was rewritten)"
+            )
         table = np.frombuffer(body, dtype=_INDEX_DTYPE).reshape(capacity, 2)
         index = cls(table[:, 0].copy(), table[:, 1].copy())
-        present = index.present
-        ends = index.offsets[present] + index.nbytes[present]
-        if ends.size and int(ends.max()) > data_nbytes:
-            bad = int(np.flatnonzero(present)[np.argmax(ends)])
-            raise CorruptIndexError(
-                f"{path}: index entry {bad} ends at byte {int(ends.max())}, past the {data_nbytes} data bytes of the file"
-            )
+        index._check_extents(path, data_nbytes)
         return index
+
+    def _check_extents(self, path: str, data_nbytes: int) -> None:
+        """Every present entry inside the data bytes, and no two entries overlapping."""
+        present = np.flatnonzero(self.present)
+        if present.size == 0:
+            return
+        offs, sizes = self.offsets[present], self.nbytes[present]
+        # Compare without forming offset + nbytes, which may wrap around in uint64.
+        limit = np.uint64(data_nbytes)
+        bad = (offs > limit) | (sizes > limit - np.minimum(offs, limit))
+        if bad.any():
+            k = int(np.argmax(bad))
+            raise CorruptIndexError(
+                f"{path}: index entry {int(present[k])} (offset {int(offs[k])}, {int(sizes[k])} bytes) ends past "
+                f"the {data_nbytes} data bytes of the file"
+            )
+        if not bool(np.all(offs[1:] >= offs[:-1])):  # writers store records in order: sort only if not
+            order = np.argsort(offs, kind="stable")
+            offs, sizes, present = offs[order], sizes[order], present[order]
+        overlap = (offs[:-1] + sizes[:-1]) > offs[1:]
+        if overlap.any():
+            k = int(np.argmax(overlap))
+            a, b = int(present[k]), int(present[k + 1])
+            raise CorruptIndexError(f"{path}: index entries {a} and {b} overlap (records would be read from the same bytes)")
+
+    def check_dense(self, path: str, count: int, record_nbytes: int) -> None:
+        """Refuse an uncompressed shard whose present records are not at ``j * record_nbytes``.
+
+        Every uncompressed shard shardkit (or zarr-python) writes has this layout, and readers rely
+        on it for ``memmap``. An index rewritten with a valid crc32c that moves a record (record
+        108 read as record 105) breaks it: this is the check that catches such an edit in a format
+        1.0 dataset, whose metadata holds no index checksum.
+        """
+        live = self.present[:count]
+        expected = np.arange(count, dtype=np.uint64) * np.uint64(record_nbytes)
+        wrong = live & ((self.offsets[:count] != expected) | (self.nbytes[:count] != np.uint64(record_nbytes)))
+        if wrong.any():
+            j = int(np.argmax(wrong))
+            raise CorruptIndexError(
+                f"{path}: index entry {j} says offset {int(self.offsets[j])}, {int(self.nbytes[j])} bytes; the "
+                f"fixed-size layout puts record {j} at offset {int(expected[j])}, {record_nbytes} bytes"
+            )

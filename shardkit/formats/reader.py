@@ -34,16 +34,30 @@ import numpy as np
 from shardkit.errors import (
     ConfigError,
     CorruptIndexError,
+    CorruptShardError,
     MissingShardError,
     NotADatasetError,
+    SchemaError,
     TruncatedShardError,
+    UnsafePathError,
 )
+from shardkit.formats import jsonvalues as jv
+from shardkit.formats.checksums import FileDigest
 from shardkit.formats.codecs import RecordCodec, codec_from_zarr
 from shardkit.formats.index import ShardIndex
 from shardkit.formats.metadata import read_json
-from shardkit.formats.spec import ZARR_JSON, FieldSpec, ShardInfo, chunk_key, index_nbytes
+from shardkit.formats.paths import resolve_inside
+from shardkit.formats.spec import (
+    MAX_NDIM,
+    MAX_RECORDS_PER_SHARD,
+    ZARR_JSON,
+    FieldSpec,
+    ShardInfo,
+    chunk_key,
+    index_nbytes,
+)
 
-__all__ = ["ReadStats", "PayloadArray", "DEFAULT_GAP_BYTES", "read_plain_array"]
+__all__ = ["ReadStats", "PayloadArray", "ShardedLayout", "DEFAULT_GAP_BYTES"]
 
 logger = logging.getLogger(__name__)
 
@@ -83,41 +97,106 @@ class ReadStats:
         return {"bytes_read": self.bytes_read, "read_calls": self.read_calls, "records": self.records}
 
 
-def _parse_sharded_array(
-    doc: dict[str, Any], where: str
-) -> tuple[tuple[int, ...], np.dtype[Any], int, RecordCodec | None, Any, str]:
-    """Check that ``doc`` is a shardkit-compatible sharded zarr v3 array and extract its layout."""
-    if doc.get("zarr_format") != 3 or doc.get("node_type") != "array":
-        raise NotADatasetError(f"{where}: expected zarr v3 array metadata")
-    shape = tuple(int(s) for s in doc["shape"])
-    if not shape:
-        raise NotADatasetError(f"{where}: expected an array with a record axis, found a scalar")
+@dataclass(frozen=True)
+class ShardedLayout:
+    """What a reader needs from a sharded payload array's ``zarr.json``.
+
+    Attributes
+    ----------
+    shape
+        Array shape ``(N, *record_shape)``.
+    dtype
+        Little-endian numpy dtype of the records.
+    records_per_shard
+        Records per shard S (the shard shape along axis 0).
+    codec
+        Per-record codec, or ``None`` for the fixed-size layout.
+    fill_value
+        What a record never written reads as (zarr semantics).
+    separator
+        Chunk key separator of the ``default`` chunk key encoding.
+    """
+
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    records_per_shard: int
+    codec: RecordCodec | None
+    fill_value: Any
+    separator: str
+
+    @classmethod
+    def parse(cls, doc: dict[str, Any], where: str) -> ShardedLayout:
+        """Check that ``doc`` is a shardkit-compatible sharded zarr v3 array and extract its layout.
+
+        Every size is bounded (record bytes, records per shard) before a caller allocates from it.
+        """
+        if doc.get("zarr_format") != 3 or doc.get("node_type") != "array":
+            raise NotADatasetError(f"{where}: expected zarr v3 array metadata")
+        shape = _array_shape(doc, where)
+        if not shape:
+            raise NotADatasetError(f"{where}: expected an array with a record axis, found a scalar")
+        dtype = _record_dtype(doc, shape, where)
+        grid = jv.mapping(jv.member(doc, "chunk_grid", where), "chunk_grid", where)
+        if grid.get("name") != "regular":
+            raise NotADatasetError(f"{where}: expected a 'regular' chunk grid, found {grid.get('name')!r}")
+        grid_conf = jv.mapping(jv.member(grid, "configuration", where), "chunk_grid.configuration", where)
+        shard_shape = jv.shape(jv.member(grid_conf, "chunk_shape", where), "chunk_shape", where, max_ndim=MAX_NDIM)
+        codecs = jv.array(doc.get("codecs", []), "codecs", where)
+        if len(codecs) != 1 or not isinstance(codecs[0], dict) or codecs[0].get("name") != "sharding_indexed":
+            raise NotADatasetError(f"{where}: expected a single 'sharding_indexed' codec, found {codecs}"[:400])
+        conf = jv.mapping(jv.member(codecs[0], "configuration", where), "sharding_indexed.configuration", where)
+        inner = jv.shape(jv.member(conf, "chunk_shape", where), "inner chunk_shape", where, max_ndim=MAX_NDIM)
+        if inner != (1, *shape[1:]) or shard_shape[1:] != shape[1:]:
+            raise NotADatasetError(
+                f"{where}: expected one record per inner chunk {(1, *shape[1:])} and whole records per shard, "
+                f"found inner chunk {inner} in shard {shard_shape}"
+            )
+        if not 1 <= shard_shape[0] <= MAX_RECORDS_PER_SHARD:
+            raise NotADatasetError(
+                f"{where}: expected 1 to {MAX_RECORDS_PER_SHARD} records per shard, found {shard_shape[0]}"
+            )
+        index_codecs = [c.get("name") if isinstance(c, dict) else c for c in jv.array(conf.get("index_codecs", []), "index_codecs", where)]
+        if index_codecs != ["bytes", "crc32c"]:
+            raise NotADatasetError(f"{where}: expected index codecs [bytes, crc32c], found {index_codecs}")
+        codec = codec_from_zarr(conf.get("codecs"), where=where)
+        encoding = jv.mapping(doc.get("chunk_key_encoding", {"name": "default"}), "chunk_key_encoding", where)
+        if encoding.get("name") != "default":
+            raise NotADatasetError(f"{where}: expected the 'default' chunk key encoding, found {encoding}")
+        sep = jv.mapping(encoding.get("configuration") or {}, "chunk_key_encoding.configuration", where).get("separator", "/")
+        if sep not in ("/", "."):
+            raise NotADatasetError(f"{where}: chunk key separator must be '/' or '.', found {sep!r}")
+        if conf.get("index_location", "end") != "end":
+            raise NotADatasetError(f"{where}: expected index_location 'end', found {conf['index_location']!r}")
+        fill = _fill_value(doc.get("fill_value", 0), dtype, where)
+        return cls(shape, dtype, shard_shape[0], codec, fill, sep)
+
+
+def _array_shape(doc: dict[str, Any], where: str) -> tuple[int, ...]:
+    """``shape``: N >= 0 records (at most 2**62), every record dimension >= 1."""
+    shape = jv.shape(jv.member(doc, "shape", where), "shape", where, max_ndim=MAX_NDIM + 1, lo=0, hi=2**62)
+    if any(d == 0 for d in shape[1:]):
+        raise NotADatasetError(f"{where}: record dimensions must be positive, found shape {list(shape)}")
+    return shape
+
+
+def _record_dtype(doc: dict[str, Any], shape: tuple[int, ...], where: str) -> np.dtype[Any]:
+    """A numeric little-endian dtype, with one record (``shape[1:]``) within the record-size bound."""
+    name = jv.string(jv.member(doc, "data_type", where), "data_type", where)
     try:
-        dtype = np.dtype(doc["data_type"]).newbyteorder("<")
-    except TypeError:
-        raise NotADatasetError(f"{where}: unsupported data_type {doc['data_type']!r}") from None
-    shard_shape = tuple(doc["chunk_grid"]["configuration"]["chunk_shape"])
-    codecs = doc.get("codecs", [])
-    if len(codecs) != 1 or codecs[0].get("name") != "sharding_indexed":
-        raise NotADatasetError(f"{where}: expected a single 'sharding_indexed' codec, found {codecs}")
-    conf = codecs[0]["configuration"]
-    inner = tuple(conf["chunk_shape"])
-    if inner != (1, *shape[1:]) or shard_shape[1:] != shape[1:]:
-        raise NotADatasetError(
-            f"{where}: expected one record per inner chunk {(1, *shape[1:])} and whole records per shard, "
-            f"found inner chunk {inner} in shard {shard_shape}"
-        )
-    index_codecs = [c.get("name") for c in conf.get("index_codecs", [])]
-    if index_codecs != ["bytes", "crc32c"]:
-        raise NotADatasetError(f"{where}: expected index codecs [bytes, crc32c], found {index_codecs}")
-    codec = codec_from_zarr(conf["codecs"], where=where)
-    encoding = doc.get("chunk_key_encoding", {"name": "default"})
-    if encoding.get("name") != "default":
-        raise NotADatasetError(f"{where}: expected the 'default' chunk key encoding, found {encoding}")
-    sep = (encoding.get("configuration") or {}).get("separator", "/")
-    if conf.get("index_location", "end") != "end":
-        raise NotADatasetError(f"{where}: expected index_location 'end', found {conf['index_location']!r}")
-    return shape, dtype, int(shard_shape[0]), codec, doc.get("fill_value", 0), sep
+        spec = FieldSpec(shape[1:], name)
+    except SchemaError as exc:
+        raise NotADatasetError(f"{where}: {exc}") from None
+    return np.dtype(spec.dtype).newbyteorder("<")
+
+
+def _fill_value(value: Any, dtype: np.dtype[Any], where: str) -> Any:
+    """zarr v3 fill value: a number, a bool, or one of the special float strings."""
+    if isinstance(value, (bool, int, float)) or (dtype.kind in "fc" and value in ("NaN", "Infinity", "-Infinity")):
+        try:
+            return np.array(value).astype(dtype).item()
+        except (OverflowError, ValueError):
+            pass
+    raise NotADatasetError(f"{where}: fill_value {value!r} does not fit data type {dtype}")
 
 
 @dataclass(frozen=True)
@@ -149,6 +228,9 @@ class PayloadArray:
         Counters to update; a fresh :class:`ReadStats` by default.
     gap_bytes
         Coalescing threshold, see module docstring.
+    document_digest
+        Size and crc32c of ``zarr.json`` recorded in the dataset metadata (format 1.1), checked before
+        the document is parsed.
 
     Notes
     -----
@@ -164,22 +246,25 @@ class PayloadArray:
         shards: list[ShardInfo] | None = None,
         stats: ReadStats | None = None,
         gap_bytes: int = DEFAULT_GAP_BYTES,
+        document_digest: FileDigest | None = None,
     ) -> None:
         self.path = Path(path)
         doc_path = self.path / ZARR_JSON
         if not doc_path.exists():
             raise NotADatasetError(f"{self.path}: no payload array ({doc_path} is missing)")
-        (self.shape, self.dtype, self.records_per_shard, self.codec, fill, sep) = _parse_sharded_array(read_json(doc_path), str(doc_path))
+        self.layout = ShardedLayout.parse(read_json(doc_path, document_digest), str(doc_path))
+        self.shape, self.dtype = self.layout.shape, self.layout.dtype
+        self.records_per_shard, self.codec = self.layout.records_per_shard, self.layout.codec
+        self.fill_value = self.layout.fill_value
         self.record = FieldSpec(self.shape[1:], self.dtype.name)
         self.record_nbytes = self.record.nbytes
-        self.fill_value = fill
         self.num_records = self.shape[0]
         n_shards = math.ceil(self.num_records / self.records_per_shard) if self.num_records else 0
+        ndim = len(self.shape)
         if shards is None:
-            ndim = len(self.shape)
             shards = []
             for i in range(n_shards):
-                rel = chunk_key(self.path.name, i, ndim).replace("/", sep).split(sep, 1)[1]
+                rel = chunk_key(self.path.name, i, ndim, self.layout.separator).split("/", 1)[1]
                 start = i * self.records_per_shard
                 shards.append(ShardInfo(rel, start, min(start + self.records_per_shard, self.num_records), -1, -1))
             self._rel_base = self.path
@@ -189,6 +274,13 @@ class PayloadArray:
                     f"{self.path}: metadata lists {len(shards)} shards, expected {n_shards} for "
                     f"{self.num_records} records of {self.records_per_shard} per shard"
                 )
+            for i, info in enumerate(shards):
+                expected = chunk_key(self.path.name, i, ndim, self.layout.separator)
+                if info.path != expected:
+                    raise (UnsafePathError if ".." in info.path or info.path.startswith("/") else NotADatasetError)(
+                        f"{self.path}: shard {i} path {info.path!r} in the metadata is not the array's chunk key "
+                        f"{expected!r}"
+                    )
             self._rel_base = self.path.parent
         self.shards = shards
         self.stats = stats if stats is not None else ReadStats()
@@ -210,8 +302,9 @@ class PayloadArray:
                 fd = self._fds.get(i)
                 if fd is None:
                     path = self.shard_path(i)
+                    real = resolve_inside(self._rel_base, self.shards[i].path, "payload shard")
                     try:
-                        fd = os.open(path, os.O_RDONLY)
+                        fd = os.open(real, os.O_RDONLY)
                     except FileNotFoundError:
                         info = self.shards[i]
                         raise MissingShardError(
@@ -244,13 +337,17 @@ class PayloadArray:
         offset = size - isize
         raw = os.pread(fd, isize, offset)
         self.stats.add(str(path), offset, isize)
-        idx = ShardIndex.decode(raw, self.records_per_shard, path=str(path), data_nbytes=size - isize)
+        idx = ShardIndex.decode(
+            raw, self.records_per_shard, path=str(path), data_nbytes=size - isize, recorded_crc32c=info.index_crc32c
+        )
         count = info.count
-        present = idx.present[:count]
-        if self.codec is None and np.any(idx.nbytes[:count][present] != self.record_nbytes):
-            raise CorruptIndexError(
-                f"{path}: uncompressed records must be {self.record_nbytes} bytes, index says otherwise"
-            )
+        if self.codec is None:
+            if info.nbytes >= 0:  # a dataset's shard: exactly the fixed-size layout
+                idx.check_dense(str(path), count, self.record_nbytes)
+            elif np.any(idx.nbytes[:count][idx.present[:count]] != self.record_nbytes):
+                raise CorruptIndexError(
+                    f"{path}: uncompressed records must be {self.record_nbytes} bytes, index says otherwise"
+                )
         self._indexes[i] = idx
         return idx
 
@@ -465,17 +562,11 @@ class PayloadArray:
             try:
                 self.codec.decode(view[off : off + size], rows[p])
             except Exception as exc:
-                from shardkit.errors import CorruptShardError
-
                 raise CorruptShardError(f"{path}: record at offset {start + off} does not decode ({exc})") from None
 
     def read_range(self, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
         """Records ``[start, stop)`` in storage order (one sequential read per shard)."""
         return self.read(np.arange(start, stop, dtype=np.int64), out)
-
-    def read_record(self, key: int) -> np.ndarray:
-        """One record."""
-        return np.asarray(self.read(np.array([key]))[0])
 
     def memmap(self, i: int) -> np.memmap:
         """Zero-copy view ``[count, *record_shape]`` of uncompressed shard ``i``."""
@@ -499,41 +590,3 @@ class PayloadArray:
             self.close()
         except Exception:
             pass
-
-
-def read_plain_array(path: Path, num_records: int | None = None) -> np.ndarray:
-    """Read a small non-sharded zarr v3 array (``bytes`` + optional compressor) whole into RAM."""
-    doc_path = Path(path) / ZARR_JSON
-    if not doc_path.exists():
-        raise NotADatasetError(f"{path}: field array metadata {doc_path} is missing")
-    doc = read_json(doc_path)
-    where = str(doc_path)
-    shape = tuple(int(s) for s in doc["shape"])
-    dtype = np.dtype(doc["data_type"]).newbyteorder("<")
-    chunk = tuple(int(c) for c in doc["chunk_grid"]["configuration"]["chunk_shape"])
-    if chunk[1:] != shape[1:]:
-        raise NotADatasetError(f"{where}: expected chunks along the record axis only, found {chunk}")
-    codec = codec_from_zarr(doc.get("codecs", []), where=where)
-    out = np.zeros(shape, dtype=dtype)
-    ndim = len(shape)
-    nchunks = math.ceil(shape[0] / chunk[0]) if shape[0] else 0
-    for j in range(nchunks):
-        file = Path(path).parent / chunk_key(Path(path).name, j, ndim)
-        if not file.exists():
-            continue  # zarr: a missing chunk is all fill value
-        data = file.read_bytes()
-        block = np.empty(chunk, dtype=dtype)
-        try:
-            if codec is None:
-                block[...] = np.frombuffer(data, dtype=dtype).reshape(chunk)
-            else:
-                codec.decode(data, block)
-        except Exception as exc:
-            from shardkit.errors import CorruptShardError
-
-            raise CorruptShardError(f"{file}: field chunk does not decode to {chunk} {dtype} ({exc})") from None
-        start = j * chunk[0]
-        out[start : start + chunk[0]] = block[: shape[0] - start]
-    if num_records is not None and shape[0] != num_records:
-        raise NotADatasetError(f"{where}: field has {shape[0]} records, dataset has {num_records}")
-    return out

@@ -1,4 +1,4 @@
-"""The on-disk format, version 1: names, constants and the value objects that describe it.
+"""The on-disk format, version 1.1: names, constants and the value objects that describe it.
 
 A shardkit dataset is a directory that *is* a zarr v3 group::
 
@@ -10,6 +10,29 @@ A shardkit dataset is a directory that *is* a zarr v3 group::
 
 Everything here is pure data: no I/O. Readers and writers share these definitions so that the
 layout is described exactly once.
+
+Versions
+--------
+The version is ``MAJOR.MINOR``, stored as two integers in the ``shardkit`` attributes:
+``format_version`` (the major, ``1`` since the first release, so a 1.0 reader still opens a 1.1
+dataset) and ``format_minor`` (absent means 0).
+
+* A **major** change means an older reader would read wrong values: readers refuse a newer major
+  with :class:`~shardkit.errors.FormatVersionError`.
+* A **minor** change only *adds* metadata an older reader may ignore without reading anything
+  wrongly (checksums, provenance). Readers accept a newer minor they do not know with a logged
+  warning, and check whatever they do know.
+
+1.0
+    The first format. Each shard's ``crc32c`` is a crc32c over the whole shard file.
+1.1
+    Everything a reader trusts is covered by a checksum recorded in the metadata: each shard's
+    ``data_crc32c`` (its records) and ``index_crc32c`` (its index; the whole-file ``crc32c`` of 1.0
+    cannot see the index, since a CRC over a message followed by its own CRC is a constant);
+    ``files``, the size and crc32c of every array document and every field chunk; and
+    ``attributes_crc32c``, a crc32c of the ``shardkit`` attributes themselves. zstd frames carry
+    their content checksum. The 1.0 whole-file ``crc32c`` is still written so 1.0 readers verify 1.1
+    datasets.
 """
 
 from __future__ import annotations
@@ -20,26 +43,36 @@ from typing import Any
 
 import numpy as np
 
-from shardkit.errors import SchemaError
+from shardkit.errors import NotADatasetError, SchemaError
+from shardkit.formats import jsonvalues as jv
 
 __all__ = [
     "FORMAT_VERSION",
+    "FORMAT_MINOR",
     "ATTRS_KEY",
     "ZARR_JSON",
     "INDEX_ENTRY_NBYTES",
     "CHECKSUM_NBYTES",
     "EMPTY_ENTRY",
     "DEFAULT_SHARD_BYTES",
+    "MAX_NDIM",
+    "MAX_RECORD_NBYTES",
+    "MAX_RECORDS_PER_SHARD",
+    "MAX_FIELD_CHUNK_NBYTES",
+    "MAX_CRC32C",
     "FieldSpec",
     "ShardInfo",
     "SkippedInput",
     "chunk_key",
     "index_nbytes",
     "records_per_shard_for",
+    "format_string",
 ]
 
-#: Version of the layout described in this module. Readers refuse anything newer.
+#: Major version of the layout described in this module. Readers refuse a newer major.
 FORMAT_VERSION = 1
+#: Minor version: what this shardkit writes. Readers accept a newer minor with a warning.
+FORMAT_MINOR = 1
 #: Key of the group attribute that holds shardkit's metadata.
 ATTRS_KEY = "shardkit"
 #: Name of zarr v3's metadata document in every node directory.
@@ -54,6 +87,29 @@ EMPTY_ENTRY = np.uint64(2**64 - 1)
 #: sequential read, small enough that a writer's shard buffer and a verify pass stay cheap.
 DEFAULT_SHARD_BYTES = 256 * 1024 * 1024
 
+# Bounds on sizes read from metadata. Every buffer a reader allocates is derived from these values,
+# so a damaged or hostile document must fail with a named error *before* the allocation, not with a
+# MemoryError (or a machine swapping) after it. Each bound is far above any real dataset.
+#: Dimensions of one record (numpy allows 64).
+MAX_NDIM = 32
+#: Bytes of one record of any field: 1 GiB (an hour of 48 kHz float32 stereo audio is 1.4 GB; one
+#: record is a training example, and a sampler holds thousands of them in RAM).
+MAX_RECORD_NBYTES = 1 << 30
+#: Records per shard: the index (16 bytes a record) is read whole, so it stays <= 1 GiB. The default
+#: shard size gives at most 16 M records per shard (1-byte records).
+MAX_RECORDS_PER_SHARD = 1 << 26
+#: Decoded bytes of one chunk of a small per-record field (a decode buffer).
+MAX_FIELD_CHUNK_NBYTES = 1 << 30
+#: Largest crc32c value.
+MAX_CRC32C = 2**32 - 1
+#: numpy dtype kinds a field may have: bool, signed, unsigned, float, complex (zarr v3's numeric types).
+_NUMERIC_KINDS = "biufc"
+
+
+def format_string(major: int, minor: int) -> str:
+    """``"1.1"``: how a version is shown to people."""
+    return f"{major}.{minor}"
+
 
 @dataclass(frozen=True)
 class FieldSpec:
@@ -62,9 +118,10 @@ class FieldSpec:
     Parameters
     ----------
     shape
-        Shape of the field for ONE record (``()`` for a scalar such as ``label``).
+        Shape of the field for ONE record (``()`` for a scalar such as ``label``); every dimension
+        positive, at most :data:`MAX_NDIM` of them, at most :data:`MAX_RECORD_NBYTES` bytes in all.
     dtype
-        numpy dtype string, e.g. ``"uint8"``, ``"int64"``, ``"float32"``.
+        numpy dtype string of a numeric type, e.g. ``"uint8"``, ``"int64"``, ``"float32"``.
     """
 
     shape: tuple[int, ...]
@@ -72,9 +129,22 @@ class FieldSpec:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
-        object.__setattr__(self, "dtype", np.dtype(self.dtype).name)
+        try:
+            dtype = np.dtype(self.dtype)
+        except TypeError:
+            raise SchemaError(f"unknown dtype {self.dtype!r}") from None
+        if dtype.kind not in _NUMERIC_KINDS:
+            raise SchemaError(f"field dtype must be numeric (bool, int, uint, float, complex), found {dtype}")
+        object.__setattr__(self, "dtype", dtype.name)
         if any(s <= 0 for s in self.shape):
             raise SchemaError(f"field shape must be positive in every dimension, found {self.shape}")
+        if len(self.shape) > MAX_NDIM:
+            raise SchemaError(f"field shape has {len(self.shape)} dimensions, at most {MAX_NDIM} are supported")
+        if self.nbytes > MAX_RECORD_NBYTES:
+            raise SchemaError(
+                f"one record of shape {self.shape} {self.dtype} is {self.nbytes} bytes, more than the "
+                f"{MAX_RECORD_NBYTES} bytes (1 GiB) a record may have"
+            )
 
     @property
     def nbytes(self) -> int:
@@ -85,8 +155,16 @@ class FieldSpec:
         return {"shape": list(self.shape), "dtype": self.dtype}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> FieldSpec:
-        return cls(shape=tuple(data["shape"]), dtype=data["dtype"])
+    def from_json(cls, data: Any, *, where: str, what: str = "field") -> FieldSpec:
+        """Parse ``{"shape": [...], "dtype": "..."}`` strictly (NotADatasetError naming ``where``)."""
+        doc = jv.mapping(data, what, where)
+        shape = jv.shape(jv.member(doc, "shape", where), f"{what}.shape", where, max_ndim=MAX_NDIM,
+                         hi=MAX_RECORD_NBYTES)
+        dtype = jv.string(jv.member(doc, "dtype", where), f"{what}.dtype", where)
+        try:
+            return cls(shape=shape, dtype=dtype)
+        except SchemaError as exc:
+            raise NotADatasetError(f"{where}: {what}: {exc}") from None
 
     def check(self, name: str, values: np.ndarray, count: int) -> np.ndarray:
         """Return ``values`` as a C-contiguous array of ``count`` records, or raise SchemaError."""
@@ -108,13 +186,24 @@ class ShardInfo:
     Attributes
     ----------
     path
-        Path of the shard file relative to the dataset root (zarr chunk key of the payload array).
+        Path of the shard file relative to the dataset root: always the zarr chunk key of the
+        payload array (readers refuse anything else, see :mod:`shardkit.formats.paths`).
     start, stop
         Global record range ``[start, stop)`` held by the shard.
     nbytes
-        Exact size of the file in bytes (records + index + index checksum).
+        Exact size of the file in bytes (records + index + index checksum); ``-1`` for a bare zarr
+        array read without shardkit metadata.
     crc32c
-        crc32c of the whole file, so ``verify`` detects any flipped bit, index included.
+        crc32c of the whole file (format 1.0). It cannot see the index: the file ends with the
+        crc32c of its index, and a CRC over a message followed by its own CRC is a constant, so any
+        index edit that rewrites that trailer keeps this value. Still written so 1.0 readers verify.
+    data_crc32c
+        crc32c of the records, i.e. of the first ``nbytes - index_nbytes(S)`` bytes (format 1.1;
+        ``None`` in 1.0 datasets).
+    index_crc32c
+        crc32c of the index entries, equal to the file's last 4 bytes when intact (format 1.1). It
+        binds the index to the metadata, and costs a reader nothing: the index's own crc32c is
+        computed anyway whenever an index is read.
     """
 
     path: str
@@ -122,22 +211,33 @@ class ShardInfo:
     stop: int
     nbytes: int
     crc32c: int
+    data_crc32c: int | None = None
+    index_crc32c: int | None = None
 
     @property
     def count(self) -> int:
         return self.stop - self.start
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if v is not None}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ShardInfo:
+    def from_json(cls, data: Any, *, where: str = "shard", what: str = "shard") -> ShardInfo:
+        """Parse one entry of ``shards`` strictly (NotADatasetError naming ``where``)."""
+        doc = jv.mapping(data, what, where)
+
+        def crc(key: str) -> int:
+            return jv.integer(jv.member(doc, key, where), f"{what}.{key}", where, hi=MAX_CRC32C)
+
+        start = jv.integer(jv.member(doc, "start", where), f"{what}.start", where)
         return cls(
-            path=str(data["path"]),
-            start=int(data["start"]),
-            stop=int(data["stop"]),
-            nbytes=int(data["nbytes"]),
-            crc32c=int(data["crc32c"]),
+            path=jv.string(jv.member(doc, "path", where), f"{what}.path", where),
+            start=start,
+            stop=jv.integer(jv.member(doc, "stop", where), f"{what}.stop", where, lo=start),
+            nbytes=jv.integer(jv.member(doc, "nbytes", where), f"{what}.nbytes", where, lo=CHECKSUM_NBYTES),
+            crc32c=crc("crc32c"),
+            data_crc32c=crc("data_crc32c") if "data_crc32c" in doc else None,
+            index_crc32c=crc("index_crc32c") if "index_crc32c" in doc else None,
         )
 
 
@@ -153,9 +253,9 @@ class SkippedInput:
         return {"path": self.path, "reason": self.reason}
 
 
-def chunk_key(array_name: str, shard_index: int, ndim: int) -> str:
-    """zarr v3 ``default`` chunk key (separator ``/``) of shard ``shard_index`` along axis 0."""
-    return "/".join([array_name, "c", str(shard_index), *(["0"] * (ndim - 1))])
+def chunk_key(array_name: str, shard_index: int, ndim: int, separator: str = "/") -> str:
+    """zarr v3 ``default`` chunk key of chunk ``shard_index`` along axis 0, under ``array_name/``."""
+    return array_name + "/" + separator.join(["c", str(shard_index), *(["0"] * (ndim - 1))])
 
 
 def index_nbytes(records_per_shard: int) -> int:
@@ -164,9 +264,12 @@ def index_nbytes(records_per_shard: int) -> int:
 
 
 def records_per_shard_for(record_nbytes: int, shard_bytes: int = DEFAULT_SHARD_BYTES) -> int:
-    """Records per shard so that an uncompressed shard file is about ``shard_bytes`` bytes."""
+    """Records per shard so that an uncompressed shard file is about ``shard_bytes`` bytes.
+
+    Never more than :data:`MAX_RECORDS_PER_SHARD` (the bound readers enforce on the index size).
+    """
     if record_nbytes <= 0:
         raise SchemaError(f"record size must be positive, found {record_nbytes} bytes")
     if shard_bytes <= 0:
         raise SchemaError(f"shard size must be positive, found {shard_bytes} bytes")
-    return max(1, shard_bytes // (record_nbytes + INDEX_ENTRY_NBYTES))
+    return max(1, min(MAX_RECORDS_PER_SHARD, shard_bytes // (record_nbytes + INDEX_ENTRY_NBYTES)))

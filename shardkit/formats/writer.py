@@ -16,7 +16,6 @@ with ``start``: shards are then cut at the same record boundaries as in one unin
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -27,18 +26,24 @@ from typing import Any
 import numpy as np
 
 from shardkit._version import __version__
-from shardkit.errors import ConfigError, OutOfSpaceError, SchemaError, ShardkitError
+from shardkit.errors import ConfigError, SchemaError, ShardkitError
+from shardkit.formats.atomic import fsync_dir, is_out_of_space, raise_out_of_space
+from shardkit.formats.checksums import FileDigest
 from shardkit.formats.codecs import RecordCodec, codec_from_json, get_codec
+from shardkit.formats.fields import write_field_array
 from shardkit.formats.index import ShardIndex, extend_crc32c
 from shardkit.formats.metadata import (
+    DEFAULT_FIELD_CHUNK,
     DatasetMeta,
     array_metadata,
-    fsync_dir,
     group_metadata,
     write_json_atomic,
 )
+from shardkit.formats.paths import check_name
 from shardkit.formats.spec import (
     DEFAULT_SHARD_BYTES,
+    MAX_FIELD_CHUNK_NBYTES,
+    MAX_RECORDS_PER_SHARD,
     ZARR_JSON,
     FieldSpec,
     ShardInfo,
@@ -47,7 +52,7 @@ from shardkit.formats.spec import (
     records_per_shard_for,
 )
 
-__all__ = ["ShardWriter", "DatasetWriter", "WrittenShard"]
+__all__ = ["ShardWriter", "ShardChecksums", "DatasetWriter", "WrittenShard"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,9 +68,19 @@ def _write_all(fd: int, data: memoryview, path: Path) -> None:
             n = os.write(fd, view)
             view = view[n:]
     except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise OutOfSpaceError(f"{path}: no space left on device while writing") from None
+        if is_out_of_space(exc):
+            raise_out_of_space(path, "writing")
         raise
+
+
+@dataclass(frozen=True)
+class ShardChecksums:
+    """Size and checksums of a finished shard file (see :class:`~shardkit.formats.spec.ShardInfo`)."""
+
+    nbytes: int
+    crc32c: int
+    data_crc32c: int
+    index_crc32c: int
 
 
 def _as_record_bytes(records: np.ndarray) -> memoryview:
@@ -110,7 +125,7 @@ class ShardWriter:
         self.durable = durable
         self.count = 0
         self._offset = 0
-        self._crc = 0
+        self._crc = 0  # running crc32c of everything written: the records, then the index
         self._offsets: list[int] = []
         self._sizes: list[int] = []
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -150,8 +165,8 @@ class ShardWriter:
         self._crc = extend_crc32c(self._crc, data)
         self._offset += data.nbytes
 
-    def close(self) -> tuple[int, int]:
-        """Append index + crc32c, fsync, rename. Returns ``(file_nbytes, file_crc32c)``."""
+    def close(self) -> ShardChecksums:
+        """Append index + crc32c, fsync, rename. Returns the file's size and checksums."""
         if self._fd is None:
             raise ShardkitError(f"{self.partial}: shard writer already closed")
         if self.codec is None:
@@ -160,21 +175,24 @@ class ShardWriter:
             index = ShardIndex.dense(0, self.capacity, 0)
             index.offsets[: self.count] = self._offsets
             index.nbytes[: self.count] = self._sizes
-        self._write(memoryview(index.encode()))
+        data_crc = self._crc
+        encoded = index.encode()
+        self._write(memoryview(encoded))
         if self.durable:
             try:
                 os.fsync(self._fd)
             except OSError as exc:
                 self.abort()
-                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                    raise OutOfSpaceError(f"{self.partial}: no space left on device at fsync") from None
+                if is_out_of_space(exc):
+                    raise_out_of_space(self.partial, "flushing (fsync)")
                 raise
         os.close(self._fd)
         self._fd = None
         os.replace(self.partial, self.path)
         if self.durable:
             fsync_dir(self.path.parent)
-        return self._offset, self._crc
+        index_crc = int.from_bytes(encoded[-4:], "little")
+        return ShardChecksums(self._offset, self._crc, data_crc, index_crc)
 
     def abort(self) -> None:
         """Close and delete the partial file (nothing half-written survives)."""
@@ -182,6 +200,14 @@ class ShardWriter:
             os.close(self._fd)
             self._fd = None
         self.partial.unlink(missing_ok=True)
+
+
+def _field_chunk_for(fields: Mapping[str, FieldSpec], requested: int) -> int:
+    """Records per field chunk: ``requested``, fewer if a chunk would decode to more than readers allow."""
+    if int(requested) < 1:
+        raise SchemaError(f"field_chunk must be positive, found {requested}")
+    widest = max((spec.nbytes for spec in fields.values()), default=1)
+    return max(1, min(int(requested), MAX_FIELD_CHUNK_NBYTES // widest))
 
 
 @dataclass(frozen=True)
@@ -213,6 +239,9 @@ class DatasetWriter:
         Class names per label field.
     records_per_shard
         S; by default chosen so an uncompressed shard is about ``shard_bytes``.
+    field_chunk
+        Records per chunk of the small field arrays (fewer when the dataset or a chunk's decoded
+        size would be smaller, see ``DatasetMeta.field_chunk_records``).
     compression
         Codec name (``"zstd"``), codec JSON, a codec object, or ``None``.
     transform, source, extra
@@ -244,6 +273,7 @@ class DatasetWriter:
         labels: Mapping[str, list[str]] | None = None,
         records_per_shard: int | None = None,
         shard_bytes: int = DEFAULT_SHARD_BYTES,
+        field_chunk: int = DEFAULT_FIELD_CHUNK,
         compression: str | dict[str, Any] | RecordCodec | None = None,
         transform: dict[str, Any] | None = None,
         source: dict[str, Any] | None = None,
@@ -258,6 +288,8 @@ class DatasetWriter:
         self.fields = dict(fields or {})
         if payload in self.fields or "key" in self.fields or payload == "key":
             raise SchemaError(f"field names must differ from the payload {payload!r} and from 'key'")
+        for name in (payload, *self.fields):
+            check_name(name, "array name", str(self.path))
         if isinstance(compression, str):
             self.codec = get_codec(compression)
         elif isinstance(compression, dict):
@@ -265,8 +297,9 @@ class DatasetWriter:
         else:
             self.codec = compression
         self.records_per_shard = int(records_per_shard or records_per_shard_for(record.nbytes, shard_bytes))
-        if self.records_per_shard <= 0:
-            raise SchemaError(f"records_per_shard must be positive, found {self.records_per_shard}")
+        if not 1 <= self.records_per_shard <= MAX_RECORDS_PER_SHARD:
+            raise SchemaError(f"records_per_shard must be in [1, {MAX_RECORDS_PER_SHARD}], found {self.records_per_shard}")
+        field_chunk = _field_chunk_for(self.fields, field_chunk)
         self.meta = DatasetMeta(
             kind=kind,
             payload=payload,
@@ -274,6 +307,7 @@ class DatasetWriter:
             num_records=0,
             records_per_shard=self.records_per_shard,
             fields=self.fields,
+            field_chunk=field_chunk,
             labels={k: list(v) for k, v in (labels or {}).items()},
             compression=None if self.codec is None else self.codec.to_json(),
             transform=dict(transform or {}),
@@ -360,9 +394,9 @@ class DatasetWriter:
     def _finish_shard(self) -> None:
         assert self._shard is not None
         count = self._shard.count
-        nbytes, crc = self._shard.close()
+        sums = self._shard.close()
         start = self._records - count
-        info = ShardInfo(self._shard_rel, start, self._records, nbytes, crc)
+        info = ShardInfo(self._shard_rel, start, self._records, sums.nbytes, sums.crc32c, sums.data_crc32c, sums.index_crc32c)
         parts = {name: np.concatenate(self._shard_fields[name]) if self._shard_fields[name]
                  else np.empty((0, *spec.shape), spec.dtype) for name, spec in self.fields.items()}
         self.shards.append(info)
@@ -385,9 +419,11 @@ class DatasetWriter:
                 self._shard.abort()
                 self._shard = None
         n = self._records
-        self._write_fields(n)
+        self.meta = self.meta.with_(num_records=n)
+        chunk = self.meta.field_chunk_records
+        files = self._write_fields(chunk)
         ndim = 1 + len(self.record.shape)
-        write_json_atomic(
+        files[f"{self.meta.payload}/{ZARR_JSON}"] = write_json_atomic(
             self.path / self.meta.payload / ZARR_JSON,
             array_metadata(
                 shape=(n, *self.record.shape),
@@ -401,47 +437,25 @@ class DatasetWriter:
             durable=self.durable,
         )
         self.meta = self.meta.with_(
-            num_records=n,
+            field_chunk=chunk,
             shards=list(self.shards),
             skipped=list(self.skipped),
+            files=files,
         )
         write_json_atomic(self.path / ZARR_JSON, group_metadata(self.meta), durable=self.durable)
         self._closed = True
         logger.info("%s: wrote %d records in %d shards", self.path, n, len(self.shards))
         return self.meta
 
-    def _write_fields(self, n: int) -> None:
+    def _write_fields(self, chunk: int) -> dict[str, FileDigest]:
+        """Every field array in chunks of ``chunk`` records, then its document; returns the digests."""
         codec = get_codec(_FIELD_CODEC)
-        assert codec is not None
-        chunk = max(1, min(self.meta.field_chunk, n))
+        files: dict[str, FileDigest] = {}
         for name, spec in self.fields.items():
             parts = self._field_parts[name]
             data = np.concatenate(parts) if parts else np.empty((0, *spec.shape), spec.dtype)
-            ndim = 1 + len(spec.shape)
-            for j, start in enumerate(range(0, n, chunk)):
-                block = np.zeros((chunk, *spec.shape), dtype=spec.dtype)
-                part = data[start : start + chunk]
-                block[: part.shape[0]] = part
-                target = self.path / chunk_key(name, j, ndim)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                tmp = target.with_name(target.name + ".partial")
-                with open(tmp, "wb") as fh:
-                    fh.write(codec.encode(block.astype(np.dtype(spec.dtype).newbyteorder("<"))))
-                    fh.flush()
-                    if self.durable:
-                        os.fsync(fh.fileno())
-                os.replace(tmp, target)
-            write_json_atomic(
-                self.path / name / ZARR_JSON,
-                array_metadata(
-                    shape=(n, *spec.shape),
-                    dtype=spec.dtype,
-                    chunk_shape=(chunk, *spec.shape),
-                    codec=codec,
-                    itemsize=np.dtype(spec.dtype).itemsize,
-                ),
-                durable=self.durable,
-            )
+            files |= write_field_array(self.path, name, spec, data, chunk, codec, durable=self.durable)
+        return files
 
     def abort(self) -> None:
         """Stop writing: the open shard is deleted, completed shard files stay (see ``on_shard``)."""

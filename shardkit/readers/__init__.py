@@ -1,33 +1,55 @@
 """Readers: reservoir primitives, the schedule on keys, the tier stack and the tiered sampler.
 
-``TieredSampler`` is the public entry point; see DESIGN §4 for the algorithm. ``TierServer`` /
-``serve`` and ``SharedSampler`` share one tier stack between concurrent jobs
+``TieredSampler`` is the public entry point, configured by one ``SamplerOptions`` value; see DESIGN
+§4 for the algorithm. Every sampler implements the ``Sampler`` protocol the adapters rely on.
+``TierServer`` / ``serve`` and ``SharedSampler`` share one tier stack between concurrent jobs
 (:mod:`shardkit.readers.shared`).
 """
 
 from shardkit.formats import DEFAULT_GAP_BYTES
-from shardkit.readers.config import parse_capacity, parse_tiers
+from shardkit.readers.config import DEFAULTS, SamplerOptions, TierSizes, parse_tiers
+from shardkit.readers.identity import DatasetIdentity
+from shardkit.readers.interface import Sampler
 from shardkit.readers.reservoir import algorithm_l, algorithm_r, reservoir_keys, sample_of_sample
 from shardkit.readers.sampler import TieredSampler
-from shardkit.readers.schedule import ConsumerPlan, consumer_plan, epoch_permutation, epoch_stream
+from shardkit.readers.schedule import (
+    ConsumerPlan,
+    EpochShare,
+    batches_per_consumer,
+    consumer_plan,
+    epoch_permutation,
+    epoch_share,
+    epoch_stream,
+    pass_length,
+    records_per_consumer,
+)
 from shardkit.readers.server import TierServer, serve
 from shardkit.readers.shared import SharedSampler
 from shardkit.readers.stats import SamplerStats
 
 __all__ = [
     "DEFAULT_GAP_BYTES",
+    "DEFAULTS",
     "ConsumerPlan",
+    "DatasetIdentity",
+    "EpochShare",
+    "Sampler",
+    "SamplerOptions",
     "SamplerStats",
     "SharedSampler",
     "TierServer",
+    "TierSizes",
     "TieredSampler",
     "algorithm_l",
     "algorithm_r",
+    "batches_per_consumer",
     "consumer_plan",
     "epoch_permutation",
+    "epoch_share",
     "epoch_stream",
-    "parse_capacity",
+    "pass_length",
     "parse_tiers",
+    "records_per_consumer",
     "reservoir_keys",
     "sample_of_sample",
     "serve",

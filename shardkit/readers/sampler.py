@@ -1,38 +1,41 @@
 """The tiered sampler: an exactly uniform random order from sequential reads (DESIGN §4).
 
-See :class:`TieredSampler`.
+See :class:`TieredSampler`; its options are :class:`~shardkit.readers.config.SamplerOptions`.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import shutil
 import tempfile
-import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from shardkit.errors import ConfigError, OutOfSpaceError, SamplerError
-from shardkit.formats import DEFAULT_GAP_BYTES, Dataset
-from shardkit.readers.config import parse_capacity, parse_tiers
-from shardkit.readers.pipeline import BATCH_PREFETCH, Pipeline, Segment
-from shardkit.readers.schedule import MODES, consumer_plan, epoch_stream
-from shardkit.readers.static_cache import StaticCache, parse_static_cache, pinned_keys
+from shardkit.formats import Dataset
+from shardkit.readers.config import SamplerOptions, TierSizes
+from shardkit.readers.identity import DatasetIdentity, dataset_fingerprint
+from shardkit.readers.interface import Batch, ElementSpec
+from shardkit.readers.pipeline import BatchReady, EpochEnd, Pipeline, RunDone, Segment
+from shardkit.readers.schedule import batches_per_consumer, consumer_plan, epoch_stream, truncate_plan
+from shardkit.readers.static_cache import StaticCache, pinned_keys
 from shardkit.readers.stats import SamplerStats
+from shardkit.units import human_bytes, parse_count
 
 __all__ = ["TieredSampler", "STATE_VERSION"]
 
 logger = logging.getLogger(__name__)
 
-#: Version of the :meth:`TieredSampler.state_dict` layout.
-STATE_VERSION = 1
+#: Version of the :meth:`TieredSampler.state_dict` layout and of the orders it refers to. Version 2:
+#: orders are drawn from :mod:`shardkit.readers.seeds` domains, so a version-1 position points into
+#: an order that is no longer produced.
+STATE_VERSION = 2
 #: Bytes per SSD reservoir directory beyond the payload (zarr documents, index, fields).
 _SSD_OVERHEAD = 1 << 20
 
@@ -44,69 +47,27 @@ class TieredSampler:
     records written as shardkit datasets under a private directory of ``ssd_dir``) and the RAM
     tier (two buffers of ``K2`` records). Records cross every tier boundary once per epoch, in
     ascending offset order within each file; the batch creator emits them in the epoch's order.
+    Implements the :class:`~shardkit.readers.interface.Sampler` protocol.
 
     Parameters
     ----------
     dataset
         Dataset directory or an opened :class:`~shardkit.formats.Dataset` (only its path is used;
         the sampler opens its own reader so it can count disk reads).
-    tiers
-        ``"ram"`` or ``"ram,ssd"`` (any order, or a list); normalised to slow -> fast.
-    ram_size
-        This consumer's whole RAM-tier budget: bytes (int), a size string (``"512MiB"``, ``"2GiB"``)
-        or a record count (``"10000records"``, ``"10000rec"``). It covers the two RAM blocks (double
-        buffering) and, when the budget is at least twice their size, the batches in flight
-        (``batch_size * 4`` records: two prefetched, one being built, one held by the consumer).
-        ``K2`` = remaining budget / (2 * record size), at least 1.
-    ssd_size, ssd_dir
-        SSD-tier budget (same syntax; two reservoirs of ``K1`` = ``ssd_size / (2 * record size)``
-        records) and the directory that holds the run's private sub-directory (default: the system
-        temporary directory). Its free space is checked up front.
-    batch_size
-        Per-consumer batch size ``B``.
-    epochs
-        Epochs per iteration (``None`` = forever). An iteration runs epochs
-        ``start_epoch .. start_epoch + epochs - 1``; iterating again after it finished continues
-        with the next ``epochs`` epochs.
-    seed, mode
-        ``mode="epoch"``: each epoch's order ``pi`` is a uniform random permutation of all ``N``
-        keys drawn from ``np.random.default_rng([seed, epoch])`` (PCG64 via SeedSequence).
-        ``"replacement"``: each reservoir (``K`` = ``K1`` with the SSD tier, else ``K2``) is an
-        independent uniform ``K``-subset drawn with Algorithm L and emitted in random order; an
-        epoch is ``ceil(N / K)`` reservoirs truncated to ``N`` records (inclusion probability ``K/N``
-        per reservoir). ``"sequential"``: storage order.
-    rank, world_size
-        This is consumer ``c = rank`` of ``W = world_size`` (the adapters pass
-        ``rank * num_workers + worker_id`` and ``world_size * num_workers``). Global batch ``g`` is
-        ``pi[g*B*W : (g+1)*B*W]``; consumer ``c`` takes ``pi[g*B*W + c*B : g*B*W + (c+1)*B]``, and its
-        creators read only those keys. Slices of all consumers are disjoint and cover the epoch.
-        With a ragged tail the last consumers get fewer records or none.
-    drop_last
-        Drop the incomplete final global batch, so every consumer gets ``len(self)`` full batches
-        (what DDP needs).
-    limit
-        Stop an iteration after this many records have been emitted to this consumer (the last
-        batch is cut short). Nothing beyond the limit is read.
-    gap_bytes
-        Gaps between wanted records up to this size are read rather than skipped (see
-        :mod:`shardkit.formats.reader`; 64 KiB by default, so 150 KB records are never over-read).
-    start_epoch
-        First epoch of the first iteration (see also :meth:`set_epoch`).
-    static_cache
-        Static (never-evicted) cache, CoorDL's MinIO policy: ``0`` (default, off), bytes (int), a
-        size string (``"256MiB"``) or a record count (``"1000 records"``). ``M`` = capacity /
-        record size records (at most ``N``), a uniformly random subset P of the whole dataset drawn
-        once from the seed (independent of the epoch orders), are read once at the start of the
-        first epoch (ascending offsets) into one RAM array and kept until :meth:`close`. Each RAM
-        block then copies its pinned keys from the cache and reads only the others from disk (or
-        SSD), so every later epoch reads ``N - M`` records from disk. The budget is **separate
-        from** ``ram_size`` (on top of it; the RAM blocks are sized as without the cache). The
-        order is unchanged (still exactly ``pi``). With ranks, every consumer pins the same P (it
-        depends on the seed only) and serves its own pinned keys from it. See
-        :mod:`shardkit.readers.static_cache`.
+    options
+        A :class:`~shardkit.readers.config.SamplerOptions` (default: all defaults).
+    **overrides
+        Any option of :class:`~shardkit.readers.config.SamplerOptions` by name (``tiers``,
+        ``ram_size``, ``ssd_size``, ``ssd_dir``, ``batch_size``, ``epochs``, ``seed``, ``mode``,
+        ``rank``, ``world_size``, ``drop_last``, ``limit``, ``gap_bytes``, ``start_epoch``,
+        ``static_cache``), applied on top of ``options``; the option documentation lives there.
 
     Notes
     -----
+    Order: in ``epoch`` mode each epoch's order ``pi`` is ``schedule.epoch_permutation(seed,
+    epoch, N)``; consumer ``c`` of ``W`` takes its slice of every global batch (see
+    :mod:`shardkit.readers.schedule`), and its creators read only those keys.
+
     Batches are dicts of numpy arrays: the payload (``"image"``/``"audio"``) ``[n, ...]``, every
     per-record field, and ``"key"`` (int64 global record index). Each batch owns its arrays.
 
@@ -114,131 +75,122 @@ class TieredSampler:
     ``pi`` consumed by all consumers together (a multiple of the global batch ``B * W`` except at
     the tail). ``pi`` does not depend on ``W``, so :meth:`load_state_dict` on a sampler with another
     world size continues the same order from that position, reading only the records that are left.
+
+    Static cache: ``M`` records (a uniformly random subset P of the whole dataset drawn once from
+    the seed, independent of the epoch orders) are read once at the start of the first epoch into
+    one RAM array and kept until :meth:`close`; each RAM block copies its pinned keys from there and
+    reads only the others. The order is unchanged. See :mod:`shardkit.readers.static_cache`.
+
+    Dataset identity: the sampler checks before each epoch and after every block it reads that the
+    dataset is still the one it opened, and stops with a :class:`~shardkit.errors.SamplerError`
+    naming the path otherwise (see :mod:`shardkit.readers.identity`).
     """
 
     def __init__(
         self,
         dataset: str | os.PathLike[str] | Dataset,
-        *,
-        tiers: str | Sequence[str] = "ram",
-        ram_size: int | str = "512MiB",
-        ssd_size: int | str = "4GiB",
-        ssd_dir: str | os.PathLike[str] | None = None,
-        batch_size: int = 256,
-        epochs: int | None = 1,
-        seed: int = 0,
-        mode: str = "epoch",
-        rank: int = 0,
-        world_size: int = 1,
-        drop_last: bool = False,
-        limit: int | None = None,
-        gap_bytes: int = DEFAULT_GAP_BYTES,
-        start_epoch: int = 0,
-        static_cache: int | str = 0,
+        options: SamplerOptions | None = None,
+        **overrides: Any,
     ) -> None:
-        self._init_args = dict(
-            tiers=tiers, ram_size=ram_size, ssd_size=ssd_size, ssd_dir=ssd_dir, batch_size=batch_size,
-            epochs=epochs, seed=seed, mode=mode, rank=rank, world_size=world_size, drop_last=drop_last,
-            limit=limit, gap_bytes=gap_bytes, start_epoch=start_epoch, static_cache=static_cache,
-        )
-        path = dataset.path if isinstance(dataset, Dataset) else Path(dataset)
-        self.path = Path(path)
-        self.tiers = parse_tiers(tiers)
-        self.batch_size = _positive_int(batch_size, "batch_size")
-        self.world_size = _positive_int(world_size, "world_size")
-        self.rank = _int(rank, "rank")
-        if not 0 <= self.rank < self.world_size:
-            raise ConfigError(f"rank: expected 0 <= rank < world_size={self.world_size}, found {rank}")
-        self.epochs = None if epochs is None else _int(epochs, "epochs")
-        if self.epochs is not None and self.epochs < 0:
-            raise ConfigError(f"epochs: expected >= 0 or None (forever), found {epochs}")
-        if mode not in MODES:
-            raise ConfigError(f"mode: expected one of {', '.join(MODES)}, found {mode!r}")
-        self.mode = mode
-        self.seed = _int(seed, "seed")
-        if self.seed < 0:
-            raise ConfigError(f"seed: expected a non-negative integer, found {seed}")
-        self.drop_last = bool(drop_last)
-        self.limit = None if limit is None else _int(limit, "limit")
-        if self.limit is not None and self.limit < 0:
-            raise ConfigError(f"limit: expected >= 0 records, found {limit}")
-        self.gap_bytes = _int(gap_bytes, "gap_bytes")
-        if self.gap_bytes < 0:
-            raise ConfigError(f"gap_bytes: expected >= 0, found {gap_bytes}")
-        start = _int(start_epoch, "start_epoch")
-        if start < 0:
-            raise ConfigError(f"start_epoch: expected >= 0, found {start_epoch}")
-
-        self._ds = Dataset(self.path, gap_bytes=self.gap_bytes)  # metadata + small fields
+        if options is not None and not isinstance(options, SamplerOptions):
+            raise ConfigError(f"options: expected a SamplerOptions, found {type(options).__name__}")
+        opts = SamplerOptions.parse(**overrides) if options is None else options.replace(**overrides)
+        self.options = opts
+        self.path = Path(dataset.path if isinstance(dataset, Dataset) else dataset)
+        before = _fingerprint_or_none(self.path)
+        self._ds = Dataset(self.path, gap_bytes=opts.gap_bytes)  # metadata + small fields
         self.num_records = self._ds.num_records
         self.record_nbytes = self._ds.record_nbytes
         self.payload_name = self._ds.payload_name
         self.fields = self._ds.fields
         self._ds.close()  # payload reads go through each run's own reader
-        rec = self.record_nbytes
-        per_epoch = self._records_per_epoch()
-        self.ram_bytes = parse_capacity(ram_size, rec, what="ram_size")
-        reserve = (BATCH_PREFETCH + 2) * self.batch_size * rec
-        blocks = self.ram_bytes - reserve if self.ram_bytes >= 2 * reserve else self.ram_bytes
-        #: K2, records per RAM block.
-        self.ram_block = max(1, min(blocks // (2 * rec), max(1, per_epoch)))
-        #: K1, records per SSD reservoir (None without the SSD tier).
-        self.ssd_block: int | None = None
+        #: The dataset as it was when the fields above were loaded (see shardkit.readers.identity).
+        self.identity = DatasetIdentity.of(self.path)
+        if before != self.identity.fingerprint:
+            raise SamplerError(f"{self.path}: the dataset changed while the sampler opened it; try again once it is complete")
+        self.sizes: TierSizes = opts.tier_sizes(self.record_nbytes, self.num_records)
         self.ssd_dir: Path | None = None
-        if "ssd" in self.tiers:
-            self.ssd_bytes = parse_capacity(ssd_size, rec, what="ssd_size")
-            self.ssd_block = max(1, min(self.ssd_bytes // (2 * rec), max(1, per_epoch)))
-            self.ssd_dir = Path(ssd_dir) if ssd_dir is not None else Path(tempfile.gettempdir())
+        if self.sizes.ssd_block is not None:
+            self.ssd_dir = opts.ssd_dir if opts.ssd_dir is not None else Path(tempfile.gettempdir())
             if not self.ssd_dir.is_dir():
-                raise ConfigError(f"ssd_dir: expected an existing directory, found {str(self.ssd_dir)!r}")
+                raise ConfigError(f"{opts.name('ssd_dir')}: expected an existing directory, found {str(self.ssd_dir)!r}")
             self._check_ssd_space()
-            if self.ssd_block < self.ram_block:
-                logger.info("SSD reservoirs (%d records) are smaller than RAM blocks (%d)", self.ssd_block, self.ram_block)
-        #: M, records pinned by the static cache (0 = off).
-        self.static_cache = parse_static_cache(static_cache, rec, self.num_records)
         self._cache: StaticCache | None = None
-        if self.static_cache:
-            self._cache = StaticCache(pinned_keys(self.seed, self.num_records, self.static_cache))
+        if self.sizes.static_records:
+            self._cache = StaticCache(pinned_keys(opts.seed, self.num_records, self.sizes.static_records))
         self.stats = SamplerStats()
-        self._start_epoch = start
-        self._epoch = start
+        self._start_epoch = opts.start_epoch
+        self._epoch = opts.start_epoch
         self._position = 0
         self._run_ref: weakref.ref[_Run] | None = None
-        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ options
+    @property
+    def batch_size(self) -> int:
+        return self.options.batch_size
+
+    @property
+    def seed(self) -> int:
+        return self.options.seed
+
+    @property
+    def mode(self) -> str:
+        return self.options.mode
+
+    @property
+    def rank(self) -> int:
+        return self.options.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.options.world_size
+
+    @property
+    def tiers(self) -> tuple[str, ...]:
+        return self.options.tiers
+
+    @property
+    def ram_block(self) -> int:
+        """``K2``: records per RAM block."""
+        return self.sizes.ram_block
+
+    @property
+    def ssd_block(self) -> int | None:
+        """``K1``: records per SSD reservoir (``None`` without the SSD tier)."""
+        return self.sizes.ssd_block
+
+    @property
+    def static_cache(self) -> int:
+        """``M``: records pinned by the static cache (0 = off)."""
+        return self.sizes.static_records
+
+    @property
+    def reservoir_size(self) -> int:
+        """``K``: records per reservoir of the top tier (``K1`` with the SSD tier, else ``K2``)."""
+        return self.sizes.reservoir
 
     # ------------------------------------------------------------------ sizes
-    def _records_per_epoch(self) -> int:
-        """Upper bound of this consumer's records in one epoch."""
-        gb = self.batch_size * self.world_size
-        return math.ceil(self.num_records / gb) * self.batch_size if self.num_records else 0
-
     def _check_ssd_space(self) -> None:
         assert self.ssd_dir is not None and self.ssd_block is not None
         need = 2 * (self.ssd_block * self.record_nbytes + _SSD_OVERHEAD)
         free = shutil.disk_usage(self.ssd_dir).free
         if free < need:
+            name = self.options.name
             raise OutOfSpaceError(
-                f"{self.ssd_dir}: the SSD tier needs {need / 2**20:.1f} MiB (two reservoirs of {self.ssd_block} "
-                f"records), the filesystem has {free / 2**20:.1f} MiB free; lower ssd_size or choose another ssd_dir"
+                f"{self.ssd_dir}: the SSD tier needs {human_bytes(need)} (two reservoirs of {self.ssd_block} "
+                f"records), the filesystem has {human_bytes(free)} free; lower {name('ssd_size')} or choose "
+                f"another {name('ssd_dir')}"
             )
-
-    @property
-    def reservoir_size(self) -> int:
-        """``K``: records per reservoir of the top tier (``K1`` with the SSD tier, else ``K2``)."""
-        return self.ssd_block if self.ssd_block is not None else self.ram_block
 
     def __len__(self) -> int:
         """Batches this consumer gets in one whole epoch."""
-        n, b, w, c = self.num_records, self.batch_size, self.world_size, self.rank
-        full, tail = divmod(n, b * w)
-        return full + (1 if tail > c * b and not self.drop_last else 0)
+        o = self.options
+        return batches_per_consumer(self.num_records, o.batch_size, o.rank, o.world_size, drop_last=o.drop_last)
 
-    def element_spec(self) -> dict[str, tuple[tuple[int, ...], np.dtype[Any]]]:
+    def element_spec(self) -> ElementSpec:
         """Per-record ``(shape, dtype)`` of every batch entry (payload, fields, ``key``)."""
         rec = self._ds.meta.record
-        spec: dict[str, tuple[tuple[int, ...], np.dtype[Any]]] = {
-            self.payload_name: (tuple(rec.shape), np.dtype(rec.dtype))
-        }
+        spec: ElementSpec = {self.payload_name: (tuple(rec.shape), np.dtype(rec.dtype))}
         for name, values in self.fields.items():
             spec[name] = (tuple(values.shape[1:]), values.dtype)
         spec["key"] = ((), np.dtype(np.int64))
@@ -255,9 +207,7 @@ class TieredSampler:
 
     def set_epoch(self, epoch: int) -> None:
         """Start the next iteration at the beginning of ``epoch`` (ends a running iteration)."""
-        e = _int(epoch, "epoch")
-        if e < 0:
-            raise ConfigError(f"epoch: expected >= 0, found {epoch}")
+        e = parse_count(epoch, what="epoch")
         self._close_run()
         self._start_epoch = self._epoch = e
         self._position = 0
@@ -275,7 +225,7 @@ class TieredSampler:
             "reservoir_size": self.reservoir_size if self.mode == "replacement" else None,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state`` on the next iteration (ends a running iteration)."""
         try:
             version, seed, mode = int(state["version"]), int(state["seed"]), str(state["mode"])
@@ -283,8 +233,14 @@ class TieredSampler:
             start = int(state.get("start_epoch", epoch))
         except (KeyError, TypeError, ValueError) as exc:
             raise SamplerError(f"state dict: expected the keys of TieredSampler.state_dict(), problem: {exc}") from None
+        if version < STATE_VERSION:
+            raise SamplerError(
+                f"state dict: version {version} was saved by an older shardkit whose orders were drawn from "
+                f"other random streams; this shardkit (state version {STATE_VERSION}) cannot continue that "
+                "order. Start the epoch afresh (set_epoch) or finish the run with the shardkit that saved it"
+            )
         if version != STATE_VERSION:
-            raise SamplerError(f"state dict: expected version {STATE_VERSION}, found {version}")
+            raise SamplerError(f"state dict: expected version {STATE_VERSION}, found {version} (saved by a newer shardkit?)")
         if seed != self.seed or mode != self.mode:
             raise SamplerError(
                 f"state dict: was saved with seed={seed}, mode={mode!r}; this sampler has seed={self.seed}, "
@@ -294,9 +250,10 @@ class TieredSampler:
             raise SamplerError(f"state dict: saved for {n} records, {self.path} has {self.num_records}")
         k = state.get("reservoir_size")
         if mode == "replacement" and k is not None and int(k) != self.reservoir_size:
+            name = self.options.name
             raise SamplerError(
                 f"state dict: replacement mode with reservoirs of {k} records, this sampler's are "
-                f"{self.reservoir_size} (set the same ram_size/ssd_size)"
+                f"{self.reservoir_size} (set the same {name('ram_size')}/{name('ssd_size')})"
             )
         if not 0 <= pos <= n or epoch < 0:
             raise SamplerError(f"state dict: position {pos} outside [0, {n}] or negative epoch {epoch}")
@@ -305,18 +262,22 @@ class TieredSampler:
 
     # ------------------------------------------------------------------ iteration
     def _end_epoch(self) -> int | None:
-        return None if self.epochs is None else self._start_epoch + self.epochs
+        epochs = self.options.epochs
+        return None if epochs is None else self._start_epoch + epochs
 
     def _segments(self, first_epoch: int, first_position: int, end: int | None) -> Iterator[Segment]:
-        """The run's per-epoch plans (computed lazily by the first creator thread)."""
-        left = self.limit
+        """The run's per-epoch plans (computed lazily by the first creator thread); the dataset's
+        identity is checked before each epoch."""
+        o = self.options
+        left = o.limit
         epoch, pos = first_epoch, first_position
         while end is None or epoch < end:
-            stream = epoch_stream(self.mode, self.seed, epoch, self.num_records, self.reservoir_size)
-            plan = consumer_plan(stream, pos, self.batch_size, self.rank, self.world_size, self.drop_last)
+            self.identity.check()
+            stream = epoch_stream(o.mode, o.seed, epoch, self.num_records, self.reservoir_size)
+            plan = consumer_plan(stream, pos, o.batch_size, o.rank, o.world_size, o.drop_last)
             complete = True
             if left is not None and plan.keys.size > left:
-                plan = _truncate(plan, left, pos, self.batch_size, self.world_size)
+                plan = truncate_plan(plan, left, o.world_size)
                 complete = False
             yield Segment(epoch, plan, complete)
             if left is not None:
@@ -357,15 +318,15 @@ class TieredSampler:
     def __enter__(self) -> TieredSampler:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __getstate__(self) -> dict[str, Any]:
-        # Picklable for DataLoader workers started with spawn: rebuild from arguments + state.
-        return {"path": str(self.path), "args": self._init_args, "state": self.state_dict()}
+        # Picklable for DataLoader workers started with spawn: rebuild from options + state.
+        return {"path": str(self.path), "options": self.options, "state": self.state_dict()}
 
     def __setstate__(self, d: dict[str, Any]) -> None:
-        self.__init__(d["path"], **d["args"])  # type: ignore[misc]
+        self.__init__(d["path"], d["options"])  # type: ignore[misc]
         self.load_state_dict(d["state"])
 
     def __repr__(self) -> str:
@@ -386,57 +347,54 @@ class _Run:
 
     def __init__(self, sampler: TieredSampler, end: int | None) -> None:
         self._s = sampler
-        self._emitted = 0
         self._done = False
+        self._pipeline: Pipeline | None = None
+        self._finalizer: weakref.finalize[Any, Any] | None = None
         first_epoch, first_pos = sampler._epoch, sampler._position
-        segments = sampler._segments(first_epoch, first_pos, end)
-        if (end is not None and first_epoch >= end) or sampler.limit == 0:
-            self._pipeline: Pipeline | None = None
+        if (end is not None and first_epoch >= end) or sampler.options.limit == 0:
             self._done = True
-            self._finalizer = None
             return
+        sampler.identity.check()  # before the run opens the dataset's files
         self._pipeline = Pipeline(
             sampler.path,
-            segments,
+            sampler._segments(first_epoch, first_pos, end),
             fields=sampler.fields,
             stats=sampler.stats,
             ram_block=sampler.ram_block,
             ssd_block=sampler.ssd_block,
             ssd_dir=sampler.ssd_dir,
-            gap_bytes=sampler.gap_bytes,
+            gap_bytes=sampler.options.gap_bytes,
             static_cache=sampler._cache,
+            identity=sampler.identity,
         )
         self._finalizer = weakref.finalize(self, self._pipeline.shutdown)
 
     def __iter__(self) -> _Run:
         return self
 
-    def __next__(self) -> dict[str, np.ndarray]:
+    def __next__(self) -> Batch:
         if self._done or self._pipeline is None:
             raise StopIteration
         s = self._s
-        s.stats._start()
+        s.stats.start_clock()
         t0 = time.perf_counter()
         try:
             while True:
-                item = self._pipeline.get()
-                if item[0] == "batch":
-                    _, batch, epoch, position = item
-                    s._epoch, s._position = epoch, position
-                    n = int(batch["key"].shape[0])
-                    self._emitted += n
-                    s.stats._delivered(n, batch[s.payload_name].nbytes, time.perf_counter() - t0)
-                    return dict(batch)
-                if item[0] == "end":
-                    if item[1].complete:
-                        s._epoch, s._position = item[1].epoch + 1, 0
-                    continue
-                # done
-                self.close()
-                raise StopIteration
+                match self._pipeline.get():
+                    case BatchReady(batch=batch, epoch=epoch, position=position):
+                        s._epoch, s._position = epoch, position
+                        n = int(batch["key"].shape[0])
+                        s.stats.add_delivered(n, batch[s.payload_name].nbytes, time.perf_counter() - t0)
+                        return dict(batch)
+                    case EpochEnd(segment=seg):
+                        if seg.complete:
+                            s._epoch, s._position = seg.epoch + 1, 0
+                    case RunDone():
+                        self.close()
+                        raise StopIteration
         except BaseException:
             if not self._done:
-                s.stats._stalled(time.perf_counter() - t0)
+                s.stats.add_stall(time.perf_counter() - t0)
                 self.close()
             raise
 
@@ -453,30 +411,8 @@ class _Run:
             pass
 
 
-def _truncate(plan: Any, left: int, start: int, batch_size: int, world_size: int) -> Any:
-    """Cut a plan after ``left`` keys (for ``limit``)."""
-    from shardkit.readers.schedule import ConsumerPlan
-
-    ends = np.cumsum(plan.batch_sizes)
-    nb = int(np.searchsorted(ends, left, side="left")) + 1
-    sizes = plan.batch_sizes[:nb].copy()
-    positions = plan.positions[:nb].copy()
-    cut = int(ends[nb - 1] - left)
-    if cut:
-        sizes[-1] -= cut
-        if world_size == 1:
-            positions[-1] -= cut  # exact: the rest of the batch is emitted after a resume
-    return ConsumerPlan(keys=plan.keys[:left], batch_sizes=sizes, positions=positions)
-
-
-def _int(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ConfigError(f"{what}: expected an integer, found {value!r}")
-    return int(value)
-
-
-def _positive_int(value: Any, what: str) -> int:
-    v = _int(value, what)
-    if v <= 0:
-        raise ConfigError(f"{what}: expected a positive integer, found {value!r}")
-    return v
+def _fingerprint_or_none(path: Path) -> str | None:
+    try:
+        return dataset_fingerprint(path)
+    except FileNotFoundError:
+        return None  # opening the dataset says what is wrong

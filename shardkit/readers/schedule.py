@@ -1,16 +1,20 @@
-"""The sampler's schedule on keys alone: which keys, in which order, for which consumer.
+"""The sampler's schedule on keys alone: which keys, in which order, for which consumer, in what blocks.
 
-Everything here is pure numpy on record keys (no payload, no I/O), so it can be tested exhaustively
-and the tier stack only has to deliver the keys it is given, in that order.
+Everything here is pure arithmetic on record keys (no payload, no I/O), so it can be tested
+exhaustively and the tier stack only has to deliver the keys it is given, in that order. This module
+is the **only** owner of the global-batch arithmetic and of the block-size rules: the tiered
+sampler, the shared tier stack, the adapters (``len``, resume) and the benchmarks all call it, so a
+change of the rule (node-aware assignment, say) is made here once.
 
 Global-batch semantics
 ----------------------
 An epoch's *global stream* ``pi`` has ``N`` keys:
 
-* ``epoch`` mode: a uniform random permutation of ``range(N)`` from
-  ``np.random.default_rng([seed, epoch])`` (PCG64 seeded through SeedSequence);
+* ``epoch`` mode: a uniform random permutation of ``range(N)`` drawn from
+  ``seeds.rng(Domain.EPOCH_ORDER, seed, epoch)``;
 * ``replacement`` mode: ``ceil(N / K)`` independent reservoirs, each a uniform ``K``-subset of
-  ``range(N)`` drawn with Algorithm L and emitted in uniformly random order, truncated to ``N`` keys;
+  ``range(N)`` drawn with Algorithm L from ``seeds.rng(Domain.REPLACEMENT, seed, epoch)`` and
+  emitted in uniformly random order, truncated to ``N`` keys;
 * ``sequential`` mode: ``range(N)``.
 
 Global batch ``g`` is ``pi[p0 + g*B*W : p0 + (g+1)*B*W]`` where ``p0`` is the resume position, ``B``
@@ -30,15 +34,38 @@ import numpy as np
 
 from shardkit.errors import ConfigError
 from shardkit.readers.reservoir import reservoir_keys
+from shardkit.readers.seeds import Domain, rng
 
-__all__ = ["MODES", "epoch_stream", "epoch_permutation", "replacement_stream", "ConsumerPlan", "consumer_plan"]
+__all__ = [
+    "MODES",
+    "BATCH_PREFETCH",
+    "epoch_permutation",
+    "replacement_stream",
+    "epoch_stream",
+    "EpochShare",
+    "epoch_share",
+    "batches_per_consumer",
+    "records_per_consumer",
+    "consumer_records_bound",
+    "consumer_slice",
+    "pass_length",
+    "position_after",
+    "ram_block",
+    "ssd_block",
+    "ConsumerPlan",
+    "consumer_plan",
+    "truncate_plan",
+]
 
 MODES = ("epoch", "replacement", "sequential")
+#: Batches the batch creator may have ready ahead of the consumer (part of the RAM budget rule).
+BATCH_PREFETCH = 2
 
 
+# ---------------------------------------------------------------------------------------------- streams
 def epoch_permutation(seed: int, epoch: int, n: int) -> np.ndarray:
     """The epoch order ``pi``: a uniform random permutation of ``range(n)`` defined by ``(seed, epoch)``."""
-    return np.random.default_rng([int(seed), int(epoch)]).permutation(int(n)).astype(np.int64, copy=False)
+    return rng(Domain.EPOCH_ORDER, seed, epoch).permutation(int(n)).astype(np.int64, copy=False)
 
 
 def replacement_stream(seed: int, epoch: int, n: int, k: int) -> np.ndarray:
@@ -46,9 +73,8 @@ def replacement_stream(seed: int, epoch: int, n: int, k: int) -> np.ndarray:
     n, k = int(n), max(1, min(int(k), int(n)))
     if n == 0:
         return np.empty(0, dtype=np.int64)
-    # A third SeedSequence word keeps replacement streams independent of epoch-mode permutations.
-    rng = np.random.default_rng([int(seed), int(epoch), 1])
-    parts = [reservoir_keys(n, k, rng) for _ in range(math.ceil(n / k))]
+    gen = rng(Domain.REPLACEMENT, seed, epoch)
+    parts = [reservoir_keys(n, k, gen) for _ in range(math.ceil(n / k))]
     return np.concatenate(parts)[:n]
 
 
@@ -63,6 +89,137 @@ def epoch_stream(mode: str, seed: int, epoch: int, n: int, reservoir: int = 1) -
     raise ConfigError(f"mode: expected one of {', '.join(MODES)}, found {mode!r}")
 
 
+# ---------------------------------------------------------------------------------------------- counts
+@dataclass(frozen=True)
+class EpochShare:
+    """What one consumer gets from one epoch, counted from a start position.
+
+    Attributes
+    ----------
+    full
+        Whole global batches left in the epoch: the consumer gets ``B`` records from each.
+    tail
+        The consumer's records in the ragged final global batch (0 when there is none, when
+        ``drop_last`` drops it, or when the consumer's slice of it is empty).
+    batch_size
+        ``B``.
+    """
+
+    full: int
+    tail: int
+    batch_size: int
+
+    @property
+    def batches(self) -> int:
+        return self.full + (1 if self.tail else 0)
+
+    @property
+    def records(self) -> int:
+        return self.full * self.batch_size + self.tail
+
+
+def epoch_share(
+    n: int, batch_size: int, rank: int, world_size: int, *, drop_last: bool = False, start: int = 0
+) -> EpochShare:
+    """Consumer ``rank`` of ``world_size``'s share of the epoch's positions ``[start, n)``."""
+    b, w = int(batch_size), int(world_size)
+    full, ragged = divmod(max(0, int(n) - int(start)), b * w)
+    tail = 0 if drop_last else min(b, max(0, ragged - int(rank) * b))
+    return EpochShare(full=full, tail=tail, batch_size=b)
+
+
+def batches_per_consumer(
+    n: int, batch_size: int, rank: int, world_size: int, *, drop_last: bool = False, start: int = 0
+) -> int:
+    """Batches consumer ``rank`` gets from position ``start`` to the end of the epoch."""
+    return epoch_share(n, batch_size, rank, world_size, drop_last=drop_last, start=start).batches
+
+
+def records_per_consumer(
+    n: int, batch_size: int, rank: int, world_size: int, *, drop_last: bool = False, start: int = 0
+) -> int:
+    """Records consumer ``rank`` gets from position ``start`` to the end of the epoch."""
+    return epoch_share(n, batch_size, rank, world_size, drop_last=drop_last, start=start).records
+
+
+def consumer_records_bound(n: int, batch_size: int, world_size: int) -> int:
+    """An upper bound of any consumer's records in one epoch, ``ceil(N / (B*W)) * B``.
+
+    Block sizes are capped by it (a block larger than what a consumer ever reads would only waste
+    RAM); it depends on neither the rank nor the resume position, so every consumer of a run, and a
+    resumed run, derives the same ``K`` (which replacement mode's stream depends on).
+    """
+    b = int(batch_size)
+    return math.ceil(int(n) / (b * int(world_size))) * b if n else 0
+
+
+def consumer_slice(
+    g: int, n: int, batch_size: int, rank: int, world_size: int, *, drop_last: bool = False, start: int = 0
+) -> tuple[int, int] | None:
+    """Epoch positions ``[lo, hi)`` of consumer ``rank``'s slice of global batch ``g`` counted from
+    ``start``, or ``None`` when the consumer gets nothing from it (past the end, dropped tail)."""
+    n, b, w = int(n), int(batch_size), int(world_size)
+    first = int(start) + int(g) * b * w
+    if drop_last and first + b * w > n:
+        return None
+    lo = first + int(rank) * b
+    if lo >= n:
+        return None
+    return lo, min(lo + b, n)
+
+
+def pass_length(
+    n: int,
+    batch_size: int,
+    rank: int,
+    world_size: int,
+    *,
+    drop_last: bool,
+    start: int,
+    epochs: int,
+    limit: int | None,
+) -> tuple[int, int]:
+    """``(batches, records)`` one consumer yields in a pass of ``epochs`` epochs that begins at
+    global position ``start`` of its first epoch, cut after ``limit`` records as the sampler does."""
+    b = int(batch_size)
+    batches = records = 0
+    for e in range(int(epochs)):
+        share = epoch_share(n, b, rank, world_size, drop_last=drop_last, start=start if e == 0 else 0)
+        if limit is not None and records + share.records >= limit:
+            left = limit - records
+            used = -(-left // b) if left <= share.full * b else share.batches
+            return batches + used, int(limit)
+        batches += share.batches
+        records += share.records
+    return batches, records
+
+
+def position_after(start: int, global_batches: int, batch_size: int, world_size: int, n: int) -> int:
+    """The epoch position after ``global_batches`` whole global batches from ``start`` (at most ``n``)."""
+    return min(int(n), int(start) + int(global_batches) * int(batch_size) * int(world_size))
+
+
+# ---------------------------------------------------------------------------------------------- blocks
+def ram_block(ram_bytes: int, record_nbytes: int, batch_size: int, records_bound: int) -> int:
+    """``K2``, records per RAM block, from a consumer's whole RAM budget.
+
+    The budget covers two blocks (double buffering) and, when it is at least twice their size, the
+    batches in flight (``BATCH_PREFETCH + 2`` batches: prefetched, being built, held by the
+    consumer). At least one record; at most ``records_bound`` (see :func:`consumer_records_bound`).
+    """
+    rec = int(record_nbytes)
+    reserve = (BATCH_PREFETCH + 2) * int(batch_size) * rec
+    blocks = ram_bytes - reserve if ram_bytes >= 2 * reserve else ram_bytes
+    return max(1, min(blocks // (2 * rec), max(1, int(records_bound))))
+
+
+def ssd_block(ssd_bytes: int, record_nbytes: int, records_bound: int) -> int:
+    """``K1``, records per SSD reservoir: two reservoirs fill the budget; at least one record, at
+    most ``records_bound``."""
+    return max(1, min(int(ssd_bytes) // (2 * int(record_nbytes)), max(1, int(records_bound))))
+
+
+# ---------------------------------------------------------------------------------------------- plans
 @dataclass(frozen=True)
 class ConsumerPlan:
     """One consumer's share of one epoch from a start position.
@@ -98,23 +255,39 @@ def consumer_plan(
     n = int(stream.shape[0])
     b, w, c, start = int(batch_size), int(world_size), int(rank), int(start)
     gb = b * w
-    rest = max(0, n - start)
-    full = rest // gb
-    tail = rest - full * gb
+    share = epoch_share(n, b, c, w, drop_last=drop_last, start=start)
+    full = share.full
     # Full global batches: consumer c's slice is B records at offset c*B inside each.
     idx = start + (np.arange(full, dtype=np.int64) * gb + c * b)[:, None] + np.arange(b, dtype=np.int64)[None, :]
     keys = [stream[idx.reshape(-1)]]
     sizes = [np.full(full, b, dtype=np.int64)]
     positions = [start + (np.arange(full, dtype=np.int64) + 1) * gb]
-    if tail and not drop_last:
+    if share.tail:
         lo = start + full * gb + c * b
-        hi = min(lo + b, n)
-        if hi > lo:
-            keys.append(stream[lo:hi])
-            sizes.append(np.array([hi - lo], dtype=np.int64))
-            positions.append(np.array([n], dtype=np.int64))
+        keys.append(stream[lo : lo + share.tail])
+        sizes.append(np.array([share.tail], dtype=np.int64))
+        positions.append(np.array([n], dtype=np.int64))
     return ConsumerPlan(
         keys=np.concatenate(keys).astype(np.int64, copy=False),
         batch_sizes=np.concatenate(sizes),
         positions=np.concatenate(positions),
     )
+
+
+def truncate_plan(plan: ConsumerPlan, left: int, world_size: int) -> ConsumerPlan:
+    """Cut a plan after ``left`` keys (the sampler's ``limit``).
+
+    The last batch is cut short. With one consumer its position is exact (the rest of the batch is
+    emitted after a resume); with several the position stays at the end of the global batch, since
+    the other consumers' slices of it are not accounted for here.
+    """
+    ends = np.cumsum(plan.batch_sizes)
+    nb = int(np.searchsorted(ends, left, side="left")) + 1
+    sizes = plan.batch_sizes[:nb].copy()
+    positions = plan.positions[:nb].copy()
+    cut = int(ends[nb - 1] - left)
+    if cut:
+        sizes[-1] -= cut
+        if world_size == 1:
+            positions[-1] -= cut
+    return ConsumerPlan(keys=plan.keys[:left], batch_sizes=sizes, positions=positions)

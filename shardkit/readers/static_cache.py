@@ -8,10 +8,9 @@ epoch after the first reads ``N - M`` records from disk, and pinned records are 
 Design choices (documented for users in :class:`~shardkit.readers.TieredSampler`):
 
 * **The pinned set P** is a uniform ``M``-subset of all ``N`` keys drawn once per run from
-  ``np.random.default_rng([seed, 0, 2])`` (a SeedSequence of its own, distinct from the epoch
-  orders ``[seed, epoch]`` and replacement streams ``[seed, epoch, 1]``). P decides *where* records
-  come from, never *which order* they are emitted in: the order is the sampler's ``pi`` with or
-  without the cache, so it stays exactly uniform.
+  ``seeds.rng(Domain.STATIC_CACHE, seed)``, a stream no epoch order or replacement reservoir can
+  share for any seeds. P decides *where* records come from, never *which order* they are emitted
+  in: the order is the sampler's ``pi`` with or without the cache, so it stays exactly uniform.
 * **A separate budget**: the static cache is RAM on top of ``ram_size`` (the double-buffered RAM
   blocks are sized exactly as without it), so turning it on never shrinks the blocks and never
   changes ``K``.
@@ -27,33 +26,20 @@ Design choices (documented for users in :class:`~shardkit.readers.TieredSampler`
 from __future__ import annotations
 
 import threading
-from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 
-from shardkit.errors import ConfigError, SamplerError
+from shardkit.errors import SamplerError
 from shardkit.formats import PayloadArray, ReadStats
-from shardkit.readers.config import parse_capacity
+from shardkit.readers.seeds import Domain, rng
 
-__all__ = ["StaticCache", "pinned_keys", "parse_static_cache"]
-
-
-def parse_static_cache(value: int | str | None, record_nbytes: int, num_records: int) -> int:
-    """Number of records to pin: ``0``/``None``/``"0"`` = off, else bytes / record size, capped at N."""
-    if value is None or (isinstance(value, (int, np.integer)) and not isinstance(value, bool) and int(value) == 0):
-        return 0
-    if isinstance(value, str) and value.strip() in ("0", "", "off", "none"):
-        return 0
-    if isinstance(value, int) and not isinstance(value, bool) and value < 0:
-        raise ConfigError(f"static_cache: expected >= 0 bytes, found {value}")
-    nbytes = parse_capacity(value, record_nbytes, what="static_cache")
-    return int(min(nbytes // max(1, record_nbytes), num_records))
+__all__ = ["StaticCache", "pinned_keys"]
 
 
 def pinned_keys(seed: int, num_records: int, count: int) -> np.ndarray:
     """The pinned set P: a uniform ``count``-subset of ``range(num_records)``, ascending."""
-    rng = np.random.default_rng([int(seed), 0, 2])
-    keys = rng.choice(int(num_records), size=int(count), replace=False)
+    keys = rng(Domain.STATIC_CACHE, seed).choice(int(num_records), size=int(count), replace=False)
     return np.sort(keys).astype(np.int64, copy=False)
 
 
@@ -100,7 +86,7 @@ class StaticCache:
         self,
         keys: np.ndarray,
         out: np.ndarray,
-        read: Any,
+        read: Callable[[np.ndarray, np.ndarray], None],
         stats: ReadStats | None = None,
     ) -> np.ndarray:
         """Fill ``out`` with records ``keys``: unpinned ones through ``read(keys, out)``, pinned ones

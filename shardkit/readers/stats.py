@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from shardkit.formats import ReadStats
 
@@ -63,15 +62,17 @@ class SamplerStats:
         return self.records / e if e > 0 else 0.0
 
     @property
-    def mb_per_s(self) -> float:
+    def bytes_per_s(self) -> float:
         e = self.elapsed
-        return self.bytes / e / 1e6 if e > 0 else 0.0
+        return self.bytes / e if e > 0 else 0.0
 
-    def _start(self) -> None:
+    def start_clock(self) -> None:
+        """Start :attr:`elapsed` at the consumer's first request (later calls do nothing)."""
         if self._t0 is None:
             self._t0 = time.perf_counter()
 
-    def _delivered(self, records: int, nbytes: int, stalled: float) -> None:
+    def add_delivered(self, records: int, nbytes: int, stalled: float) -> None:
+        """Count one batch handed to the consumer and the time it waited for it."""
         with self._lock:
             self.records += records
             self.bytes += nbytes
@@ -79,24 +80,18 @@ class SamplerStats:
             self.stall_seconds += stalled
             self._t1 = time.perf_counter()
 
-    def _stalled(self, seconds: float) -> None:
+    def add_stall(self, seconds: float) -> None:
+        """Count time the consumer waited without getting a batch (the run ended or failed)."""
         with self._lock:
             self.stall_seconds += seconds
 
-    def _wrote(self, nbytes: int) -> None:
+    def add_written(self, nbytes: int) -> None:
+        """Count payload bytes written into an SSD reservoir."""
         with self._lock:
             self.ssd_bytes_written += nbytes
 
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-able snapshot."""
-        return {
-            "tiers": {name: s.as_dict() for name, s in self.tiers.items()},
-            "ssd_bytes_written": self.ssd_bytes_written,
-            "stall_seconds": self.stall_seconds,
-            "records": self.records,
-            "bytes": self.bytes,
-            "batches": self.batches,
-            "elapsed": self.elapsed,
-            "records_per_s": self.records_per_s,
-            "mb_per_s": self.mb_per_s,
-        }
+    # The serve stack (readers/shared.py, readers/server.py) still calls the former private names;
+    # remove these aliases once it uses the public ones.
+    _start = start_clock
+    _delivered = add_delivered
+    _wrote = add_written

@@ -1,4 +1,4 @@
-"""The adapters' shared arithmetic agrees with what the real sampler does."""
+"""The schedule's pass arithmetic (used by the adapters for len and resume) agrees with the real sampler."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 from _adapter_data import N_KEYED
 
-from shardkit.adapters._options import PayloadOptions, consumer_pass
+from shardkit.adapters._options import PayloadOptions
 from shardkit.errors import ConfigError
 from shardkit.readers import TieredSampler
+from shardkit.readers.schedule import pass_length
 
 
 @pytest.mark.parametrize(
@@ -24,7 +25,7 @@ from shardkit.readers import TieredSampler
         (8, 1, False, 0, 1, 0),
     ],
 )
-def test_consumer_pass_matches_the_sampler(
+def test_pass_length_matches_the_sampler(
     keyed: Path, batch_size: int, consumers: int, drop_last: bool, limit: int | None, epochs: int, start: int
 ) -> None:
     for c in range(consumers):
@@ -33,7 +34,7 @@ def test_consumer_pass_matches_the_sampler(
         if start:
             s.load_state_dict({**s.state_dict(), "position": start})
         sizes = [int(b["key"].shape[0]) for b in s]
-        got = consumer_pass(N_KEYED, batch_size, c, consumers, drop_last=drop_last, start=start,
+        got = pass_length(N_KEYED, batch_size, c, consumers, drop_last=drop_last, start=start,
                             epochs=epochs, limit=limit)  # fmt: skip
         assert got == (len(sizes), sum(sizes)), (c, sizes)
 

@@ -6,22 +6,13 @@ metric must reject, so none of them can pass by construction.
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy import stats
 
-ALPHA = 1e-3
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "order_metrics.py"
-_spec = importlib.util.spec_from_file_location("order_metrics", _PATH)
-assert _spec is not None and _spec.loader is not None
-om = importlib.util.module_from_spec(_spec)
-sys.modules["order_metrics"] = om
-_spec.loader.exec_module(om)
+from tests.order_stats import ALPHA, om
 
 
 def uniform_orders(n: int, epochs: int, seed: int) -> np.ndarray:

@@ -58,3 +58,14 @@ def test_errors_are_one_line_without_traceback(tmp_path: Path, target: str) -> N
 def test_usage_error_exit_code() -> None:
     res = run("info")
     assert res.returncode == 2 and "Traceback" not in res.stderr
+
+
+def test_verify_of_a_format_1_0_dataset_says_what_it_cannot_check() -> None:
+    golden = Path(__file__).resolve().parents[1] / "formats" / "golden"
+    res = run("verify", str(golden / "v1.0-zstd"))
+    assert res.returncode == 0, res.stderr
+    assert "format 1.0, full" in res.stdout
+    assert "note: written by format 1.0: field chunks and array documents carry no checksums" in res.stderr
+    res = run("verify", str(golden / "v1.1-zstd"))
+    assert res.returncode == 0 and "format 1.1, full" in res.stdout and "note:" not in res.stderr
+    assert "(format 1.1, shardkit" in run("info", str(golden / "v1.1-zstd")).stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,8 @@ CODECS = [None, "zstd", "gzip", "blosc-lz4"]
 def test_write_read_roundtrip(tmp_path: Path, n: int, per_shard: int, shape: tuple[int, ...], dtype: str,
                               codec: str | None, seed: int) -> None:
     recs = make_records(n, shape, dtype, seed)
-    path = write_dataset(tmp_path / f"ds{seed}-{n}-{per_shard}-{dtype}-{codec}-{len(shape)}", recs,
+    # Hypothesis reuses tmp_path across examples: every example writes to a directory of its own.
+    path = write_dataset(tmp_path / f"ds-{uuid.uuid4().hex}", recs,
                          records_per_shard=per_shard, compression=codec)
     with open_dataset(path) as ds:
         assert ds.num_records == n

@@ -132,3 +132,101 @@ def test_durable_controls_fsync_only(tmp_path: Path, monkeypatch, durable: bool)
     assert (len(calls) > 0) is durable
     with open_dataset(tmp_path / "out") as ds:
         np.testing.assert_array_equal(ds.payload.read_range(0, 12), recs)
+
+
+def _count_writes_in_close(tmp_path: Path, monkeypatch) -> list[str]:
+    """Paths written by ``close()`` of a dataset whose shards are all complete, one per os.write call."""
+    recs = make_records(10, (4, 4))
+    w = _writer(tmp_path / "count")
+    _feed_all(w, recs)
+    written: list[str] = []
+    real = os.write
+
+    def spy(fd: int, data) -> int:
+        written.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real(fd, data)
+
+    monkeypatch.setattr(os, "write", spy)
+    w.close()
+    monkeypatch.setattr(os, "write", real)
+    return written
+
+
+def _feed_all(w: DatasetWriter, recs: np.ndarray) -> None:
+    w.write({"image": recs, "label": np.arange(recs.shape[0])})  # 10 records = two full shards of 5
+
+
+def test_enospc_at_every_metadata_write_names_the_file_and_leaves_nothing_partial(tmp_path: Path, monkeypatch) -> None:
+    # close() writes the field chunks, the field and payload documents, then the root document; a
+    # full disk at any of those writes must name that file, leave no *.partial, and no root document.
+    writes = _count_writes_in_close(tmp_path, monkeypatch)
+    names = [Path(p).name.removesuffix(".partial") for p in writes]
+    assert names == ["0", "zarr.json", "zarr.json", "zarr.json"]  # label/c/0, label/, image/, root
+    real = os.write
+    for k, target in enumerate(writes):
+        out = tmp_path / f"out{k}"
+        w = _writer(out)
+        _feed_all(w, make_records(10, (4, 4)))
+        calls = {"n": 0}
+
+        def full_disk(fd: int, data, k: int = k, calls: dict[str, int] = calls) -> int:
+            calls["n"] += 1
+            if calls["n"] == k + 1:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real(fd, data)
+
+        monkeypatch.setattr(os, "write", full_disk)
+        expected = str(out / Path(target).relative_to(tmp_path / "count")).removesuffix(".partial")
+        with pytest.raises(errors.OutOfSpaceError, match=rf"^{expected}: no space left on device"):
+            w.close()
+        monkeypatch.setattr(os, "write", real)
+        assert not list(out.rglob("*.partial")), k
+        assert not (out / "zarr.json").exists()
+        with pytest.raises(errors.IncompleteDatasetError):
+            open_dataset(out)
+
+
+@pytest.mark.parametrize("err", [errno.ENOSPC, errno.EDQUOT])
+def test_write_json_atomic_out_of_space_at_fsync(tmp_path: Path, monkeypatch, err: int) -> None:
+    from shardkit.formats.metadata import write_json_atomic
+
+    def full(fd: int) -> None:
+        raise OSError(err, os.strerror(err))
+
+    monkeypatch.setattr(os, "fsync", full)
+    target = tmp_path / "sub" / "zarr.json"
+    with pytest.raises(errors.OutOfSpaceError, match=rf"{target}: no space left"):
+        write_json_atomic(target, {"a": 1})
+    assert list((tmp_path / "sub").iterdir()) == []
+    assert isinstance(errors.OutOfSpaceError("x"), OSError)
+
+
+def test_other_write_errors_also_leave_no_partial(tmp_path: Path, monkeypatch) -> None:
+    from shardkit.formats.atomic import write_bytes_atomic
+
+    def broken(fd: int, data) -> int:
+        raise OSError(errno.EIO, "I/O error")
+
+    monkeypatch.setattr(os, "write", broken)
+    with pytest.raises(OSError, match="I/O error") as info:
+        write_bytes_atomic(tmp_path / "f", b"data")
+    assert not isinstance(info.value, errors.OutOfSpaceError)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_field_chunks_stay_within_the_readers_decode_bound(tmp_path: Path) -> None:
+    from shardkit.formats.spec import MAX_FIELD_CHUNK_NBYTES
+    from shardkit.formats.writer import _field_chunk_for
+
+    wide = {"a": FieldSpec((2**20,), "int64"), "b": FieldSpec((), "int64")}  # 8 MiB records of field a
+    assert _field_chunk_for(wide, 65536) == MAX_FIELD_CHUNK_NBYTES // 2**23 == 128
+    assert _field_chunk_for({"b": FieldSpec((), "int64")}, 1000) == 1000
+    with pytest.raises(errors.SchemaError, match="field_chunk must be positive"):
+        _field_chunk_for(wide, 0)
+    recs = make_records(9, (4, 4))
+    with DatasetWriter(tmp_path / "ds", kind="test", payload="image", record=REC, field_chunk=4,
+                       fields={"label": FieldSpec((), "int64")}) as w:
+        w.write({"image": recs, "label": np.arange(9)})
+    with open_dataset(tmp_path / "ds") as ds:
+        assert ds.meta.field_chunk == 4 and len(ds.meta.field_chunk_keys("label")) == 3
+        np.testing.assert_array_equal(ds.fields["label"], np.arange(9))

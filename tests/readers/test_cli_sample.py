@@ -28,7 +28,7 @@ def test_sample_order_out(tmp_path: Path, ssd_dir: Path, capsys: pytest.CaptureF
                  "--rank", "1", "--world-size", "2", "--order-out", str(out)])
     assert code == 0
     text = capsys.readouterr().out
-    assert "records/s" in text and "MB/s" in text and "stall" in text and "ssd" in text
+    assert "records/s" in text and "MiB/s" in text and "stall" in text and "ssd" in text
     order = np.load(out)
     assert order.dtype == np.int64 and order.shape == (2, 12)  # 25 = 3 * 8 + 1: the tail goes to rank 0
     for e in range(2):

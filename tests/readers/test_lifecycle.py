@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import gc
 import os
+import stat
 import subprocess
 import sys
 import textwrap
@@ -183,3 +184,116 @@ def test_bad_options(tmp_path: Path, kw: dict) -> None:
     ds = make_dataset(tmp_path / "ds", 5)
     with pytest.raises(ConfigError):
         TieredSampler(ds, **kw)
+
+
+# ------------------------------------------------------------------ privacy of the SSD tier
+def _modes(root: Path) -> dict[Path, tuple[bool, int]]:
+    """(is a directory, permission bits) of ``root`` and everything under it (entries deleted
+    meanwhile are skipped)."""
+    out: dict[Path, tuple[bool, int]] = {}
+    found = [root]
+    for parent, dirs, files in os.walk(root):  # os.walk skips directories that vanish meanwhile
+        found += [Path(parent, name) for name in dirs + files]
+    for path in found:
+        try:
+            st = path.lstat()
+        except FileNotFoundError:
+            continue
+        out[path] = (stat.S_ISDIR(st.st_mode), stat.S_IMODE(st.st_mode))
+    return out
+
+
+def _settled_modes(root: Path, timeout: float = 20.0) -> dict[Path, tuple[bool, int]]:
+    """:func:`_modes` once the creators are blocked (two snapshots 0.2 s apart agree)."""
+    deadline = time.monotonic() + timeout
+    before = _modes(root)
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        now = _modes(root)
+        if now == before:
+            return now
+        before = now
+    raise AssertionError("the SSD directory never stopped changing")
+
+
+def test_ssd_tier_is_private(tmp_path: Path, ssd_dir: Path) -> None:
+    """The run directory is 0700 from the moment it exists; every reservoir directory and file in it
+    is 0700 / 0600 once written, whatever the umask.
+
+    A reservoir that is still being written has the dataset writer's default modes inside the
+    0700 run directory (no other user can reach it); the check runs when the creators are blocked
+    (the consumer stopped asking), so every reservoir present is complete.
+    """
+    old = os.umask(0)  # the most permissive umask: nothing may rely on it
+    try:
+        space = SsdSpace(ssd_dir)
+        assert stat.S_IMODE(space.path.lstat().st_mode) == 0o700
+        assert stat.S_IMODE((space.path / "lock").lstat().st_mode) == 0o600
+        space.close()
+        s = _make(tmp_path, ssd_dir)
+        it = iter(s)
+        for _ in range(5):
+            check_batch(next(it))
+        (run,) = ssd_dir.glob(PREFIX + "*")
+        modes = _settled_modes(run)
+    finally:
+        os.umask(old)
+    s.close()
+    dirs = {p: m for p, (is_dir, m) in modes.items() if is_dir}
+    files = {p: m for p, (is_dir, m) in modes.items() if not is_dir}
+    assert any(p.name.startswith("reservoir-") for p in dirs)  # reservoirs were on disk
+    assert any("reservoir-" in str(p) and p.name == "zarr.json" for p in files)
+    assert set(dirs.values()) == {0o700}, {str(p): oct(m) for p, m in dirs.items()}
+    assert set(files.values()) == {0o600}, {str(p): oct(m) for p, m in files.items()}
+    _wait_clean(ssd_dir)
+
+
+def _victim(tmp_path: Path, name: str, with_lock: bool) -> Path:
+    victim = tmp_path / name
+    (victim / "sub").mkdir(parents=True)
+    (victim / "keep.txt").write_text("precious")
+    (victim / "sub" / "data").write_text("precious too")
+    if with_lock:
+        (victim / "lock").write_text("")  # a lock file nobody holds: the trap a naive clean-up falls in
+    return victim
+
+
+def test_stale_cleanup_never_follows_symlinks(tmp_path: Path, ssd_dir: Path) -> None:
+    """A symlink named like a stale SSD directory is left alone, and so is what it points at: nothing is
+    deleted there and no lock file is created there. Symlinks inside a dead run's directory are
+    removed, not followed."""
+    locked, bare = _victim(tmp_path, "victim-a", True), _victim(tmp_path, "victim-b", False)
+    (ssd_dir / f"{PREFIX}999999-aaaaaaaa").symlink_to(locked, target_is_directory=True)
+    (ssd_dir / f"{PREFIX}999999-bbbbbbbb").symlink_to(bare, target_is_directory=True)
+    dead, dead_dir = _holder(ssd_dir, "kill")
+    dead.wait(10)
+    inner = _victim(tmp_path, "victim-c", True)
+    (dead_dir / "reservoir-00000000").symlink_to(inner, target_is_directory=True)
+    assert remove_stale(ssd_dir) == [dead_dir]
+    SsdSpace(ssd_dir).close()  # a new run's start-up scan, too
+    for victim in (locked, bare, inner):
+        assert (victim / "keep.txt").read_text() == "precious" and (victim / "sub" / "data").is_file()
+    assert not (bare / "lock").exists()
+    assert sorted(p.name for p in ssd_dir.iterdir()) == [f"{PREFIX}999999-aaaaaaaa", f"{PREFIX}999999-bbbbbbbb"]
+    assert all((ssd_dir / n).is_symlink() for n in (f"{PREFIX}999999-aaaaaaaa", f"{PREFIX}999999-bbbbbbbb"))
+
+
+def test_stale_cleanup_only_touches_own_directories(ssd_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dead run's directory owned by another user is never touched (as root: really chowned to
+    another uid; otherwise this process pretends to be another user)."""
+    dead, dead_dir = _holder(ssd_dir, "kill")
+    dead.wait(10)
+    (dead_dir / "reservoir-00000000").mkdir()
+    if os.geteuid() == 0:
+        os.chown(dead_dir, 54321, 54321)
+    else:
+        monkeypatch.setattr(os, "geteuid", lambda: os.getuid() + 1)
+    assert remove_stale(ssd_dir) == []
+    SsdSpace(ssd_dir).close()
+    assert (dead_dir / "reservoir-00000000").is_dir()
+    if os.geteuid() == 0:
+        os.chown(dead_dir, os.getuid(), os.getgid())
+    else:
+        monkeypatch.undo()
+    assert remove_stale(ssd_dir) == [dead_dir]  # once it is ours, it goes
+    assert not dead_dir.exists()

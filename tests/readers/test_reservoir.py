@@ -15,8 +15,8 @@ from scipy import stats
 
 from shardkit.errors import ConfigError
 from shardkit.readers import algorithm_l, algorithm_r, reservoir_keys, sample_of_sample
+from tests.order_stats import ALPHA
 
-ALPHA = 1e-3
 ALGORITHMS = {"R": algorithm_r, "L": algorithm_l}
 
 

@@ -15,10 +15,10 @@ import pytest
 
 from shardkit.errors import ConfigError
 from shardkit.formats.spec import index_nbytes
-from shardkit.readers import TieredSampler, epoch_permutation
-from shardkit.readers.static_cache import parse_static_cache, pinned_keys
+from shardkit.readers import SamplerOptions, TieredSampler, epoch_permutation
+from shardkit.readers.static_cache import pinned_keys
+from tests.order_stats import ALPHA, item_position_pvalue
 from tests.readers.conftest import collect, epochs_of, make_dataset
-from tests.readers.test_epoch_order import ALPHA, _item_position_pvalue
 
 REC = 16  # bytes per record of the test datasets
 STACKS = {
@@ -51,6 +51,11 @@ def _shard_number(path: str) -> int:
     # Shard files live at image/c/<i>/0/0/0: the first chunk index is the shard number.
     parts = Path(path).parts
     return int(parts[parts.index("c") + 1])
+
+
+def parse_static_cache(value: object, record_nbytes: int, num_records: int) -> int:
+    """Records the static cache pins for ``value``, through the one options object."""
+    return SamplerOptions(static_cache=value).tier_sizes(record_nbytes, num_records).static_records  # type: ignore[arg-type]
 
 
 def test_parse_static_cache() -> None:
@@ -149,7 +154,7 @@ def test_rank_slices_read_only_their_unpinned_keys(tmp_path: Path, ssd_dir: Path
 
 
 def test_item_position_uniform_through_cache(tmp_path: Path, ssd_dir: Path) -> None:
-    """Item x position chi-square ((N-1)^2 dof) through the cached stack, both tiers."""
+    """Item x position chi-square (scaled, (N-1)^2 dof) through the cached stack, both tiers."""
     n = 8
     ds = make_dataset(tmp_path / "ds", n)
     for stack, epochs in (("ram", 1200), ("ram+ssd", 300)):
@@ -157,7 +162,7 @@ def test_item_position_uniform_through_cache(tmp_path: Path, ssd_dir: Path) -> N
                           **STACKS[stack])  # type: ignore[arg-type]
         orders = epochs_of(s, n)
         assert (np.sort(orders, axis=1) == np.arange(n)).all()
-        assert _item_position_pvalue(orders) > ALPHA
+        assert item_position_pvalue(orders) > ALPHA
         assert s.stats.disk.records == 3 + epochs * (n - 3)
 
 

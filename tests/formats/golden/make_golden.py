@@ -1,8 +1,12 @@
-"""Write the committed golden datasets of format v1 (run once; the outputs are committed).
+"""Write the committed golden datasets of the current format, 1.1 (run once; the outputs are committed).
 
-``python tests/formats/golden/make_golden.py`` recreates ``v1-plain`` and ``v1-zstd`` next to this file.
-The test suite never re-runs this: it decodes the committed bytes, so any change that would make
-shardkit unable to read an existing v1 dataset fails the tests.
+``python tests/formats/golden/make_golden.py`` recreates ``v1.1-plain`` and ``v1.1-zstd`` next to this
+file. The test suite never re-runs this: it decodes the committed bytes, so any change that would make
+shardkit unable to read an existing dataset fails the tests.
+
+``v1.0-plain`` and ``v1.0-zstd`` were written by format 1.0 (shardkit before checksummed fields) with
+the same records, labels and boxes, but in one chunk per field. They are frozen: nothing regenerates
+them, and ``test_golden.py`` pins the crc32c of each of their files.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ def golden_boxes() -> np.ndarray:
 
 
 def main() -> None:
-    for name, codec in (("v1-plain", None), ("v1-zstd", "zstd")):
+    for name, codec in (("v1.1-plain", None), ("v1.1-zstd", "zstd")):
         out = HERE / name
         shutil.rmtree(out, ignore_errors=True)
         with DatasetWriter(
@@ -43,9 +47,10 @@ def main() -> None:
             fields={"label": FieldSpec((), "int64"), "boxes": FieldSpec((2, 4), "float32")},
             labels={"label": ["cat", "dog", "owl"]},
             records_per_shard=3,
+            field_chunk=4,  # two chunks per field, the second one padded
             compression=codec,
             transform={"size": [4, 3]},
-            source={"note": "golden file of format v1"},
+            source={"note": "golden file of format 1.1"},
         ) as w:
             w.write({"image": golden_records(), "label": golden_labels(), "boxes": golden_boxes()})
 

@@ -1,0 +1,97 @@
+"""Checksums recorded in the metadata for every file a reader trusts (format 1.1).
+
+What is covered, and where the checksum lives:
+
+* payload shards: ``data_crc32c`` and ``index_crc32c`` in each shard's entry (see
+  :class:`~shardkit.formats.spec.ShardInfo`);
+* array documents (``image/zarr.json``, ``label/zarr.json``, ...) and every chunk of every field
+  array: a :class:`FileDigest` (size and crc32c of the file's bytes) in the ``files`` map of the
+  ``shardkit`` attributes, keyed by the path relative to the dataset root;
+* the root document ``zarr.json`` cannot hold a checksum of itself, so it is the trust anchor: the
+  ``shardkit`` attributes carry ``attributes_crc32c``, a crc32c of their own canonical JSON
+  (``sort_keys``, no whitespace, ASCII) without that key. Any change to shardkit's metadata that
+  still parses as JSON (a digit of a size, a label name) therefore fails the check, while zarr-python
+  may still re-serialise the document or add attributes of its own. Whoever rewrites the root
+  document *and* recomputes that value can claim anything; only a signature could prevent that, and
+  signing is out of scope.
+
+crc32c detects every error burst of up to 32 bits, so every single-bit flip of a covered file.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shardkit.errors import ChecksumError, MissingShardError, NotADatasetError, TruncatedShardError
+from shardkit.formats import jsonvalues as jv
+from shardkit.formats.index import crc32c_of
+from shardkit.formats.spec import MAX_CRC32C
+
+__all__ = ["FileDigest", "ATTRIBUTES_CRC_KEY", "attributes_crc32c", "read_verified"]
+
+#: Key of the self-checksum inside the ``shardkit`` attributes.
+ATTRIBUTES_CRC_KEY = "attributes_crc32c"
+
+
+@dataclass(frozen=True)
+class FileDigest:
+    """Size and crc32c of one file's bytes, as recorded in the metadata."""
+
+    nbytes: int
+    crc32c: int
+
+    @classmethod
+    def of(cls, data: bytes) -> FileDigest:
+        return cls(len(data), crc32c_of(data))
+
+    def to_json(self) -> dict[str, int]:
+        return {"nbytes": self.nbytes, "crc32c": self.crc32c}
+
+    @classmethod
+    def from_json(cls, data: Any, *, where: str, what: str) -> FileDigest:
+        doc = jv.mapping(data, what, where)
+        return cls(
+            nbytes=jv.integer(jv.member(doc, "nbytes", where), f"{what}.nbytes", where),
+            crc32c=jv.integer(jv.member(doc, "crc32c", where), f"{what}.crc32c", where, hi=MAX_CRC32C),
+        )
+
+    def check(self, path: Path | str, data: bytes) -> None:
+        """Raise if ``data`` (the bytes read from ``path``) is not what was recorded."""
+        if len(data) != self.nbytes:
+            raise TruncatedShardError(f"{path}: expected {self.nbytes} bytes as recorded in the metadata, found {len(data)}")
+        crc = crc32c_of(data)
+        if crc != self.crc32c:
+            raise ChecksumError(f"{path}: crc32c {crc:#010x} differs from the {self.crc32c:#010x} recorded in the metadata")
+
+
+def read_verified(path: Path, digest: FileDigest | None, *, what: str = "file", max_nbytes: int | None = None) -> bytes:
+    """The bytes of ``path``, checked against ``digest`` when there is one.
+
+    The size is compared with the recorded size (and with ``max_nbytes``) *before* reading, so a
+    file that grew to many GiB is refused without reading it into memory.
+    """
+    try:
+        size = path.stat().st_size
+        if digest is not None and size != digest.nbytes:
+            raise TruncatedShardError(f"{path}: expected {digest.nbytes} bytes as recorded in the metadata, found {size}")
+        if max_nbytes is not None and size > max_nbytes:
+            raise NotADatasetError(f"{path}: {what} of {size} bytes, more than the {max_nbytes} bytes allowed")
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except FileNotFoundError:
+        raise MissingShardError(f"{path}: {what} listed in the dataset metadata is missing") from None
+    except IsADirectoryError:
+        raise NotADatasetError(f"{path}: expected a {what}, found a directory") from None
+    if digest is not None:
+        digest.check(path, data)
+    return data
+
+
+def attributes_crc32c(attrs: dict[str, Any]) -> int:
+    """crc32c of the canonical JSON of the ``shardkit`` attributes, without their own checksum."""
+    body = {k: v for k, v in attrs.items() if k != ATTRIBUTES_CRC_KEY}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=True)
+    return crc32c_of(canonical.encode("ascii"))

@@ -1,0 +1,171 @@
+"""The small per-record fields (``label``, ``boxes``, ...): ordinary chunked zarr v3 arrays.
+
+Each field is an array ``[N, *shape]`` chunked along the record axis only (``field_chunk`` records a
+chunk, every chunk written, the last one padded), each chunk compressed with zstd with frame
+checksums. Readers load a field whole into RAM, once.
+
+Reading is strict, because a label that silently changes is worse than an error: the document must
+describe exactly the field the dataset metadata declares, every chunk must exist (a missing chunk
+would read as zeros in zarr's semantics, but shardkit writes every chunk, so one that is missing was
+lost), and in format 1.1 every chunk and the document must match the size and crc32c recorded in
+the metadata. Every size is checked before the buffer it determines is allocated.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shardkit.errors import CorruptShardError, MissingShardError, NotADatasetError
+from shardkit.formats import jsonvalues as jv
+from shardkit.formats.atomic import write_bytes_atomic
+from shardkit.formats.checksums import FileDigest, read_verified
+from shardkit.formats.codecs import RecordCodec, codec_from_zarr
+from shardkit.formats.metadata import array_metadata, read_json, write_json_atomic
+from shardkit.formats.paths import resolve_inside
+from shardkit.formats.spec import MAX_NDIM, ZARR_JSON, FieldSpec, chunk_key
+
+__all__ = ["read_field_array", "write_field_array"]
+
+
+def write_field_array(
+    root: Path,
+    name: str,
+    spec: FieldSpec,
+    data: np.ndarray,
+    chunk: int,
+    codec: RecordCodec | None,
+    *,
+    durable: bool = True,
+) -> dict[str, FileDigest]:
+    """Write field ``name`` (``data`` of shape ``[n, *spec.shape]``) and its ``zarr.json`` under ``root``.
+
+    Returns the digest of every file written, by path relative to ``root`` (the document last), for
+    the metadata's ``files`` map. Each file appears atomically; a full disk raises OutOfSpaceError
+    naming the file and leaves no partial file.
+    """
+    n = data.shape[0]
+    ndim = 1 + len(spec.shape)
+    le = np.dtype(spec.dtype).newbyteorder("<")
+    digests: dict[str, FileDigest] = {}
+    for j, start in enumerate(range(0, n, chunk)):
+        block = np.zeros((chunk, *spec.shape), dtype=le)
+        part = data[start : start + chunk]
+        block[: part.shape[0]] = part
+        blob = codec.encode(block) if codec is not None else block.tobytes()
+        rel = chunk_key(name, j, ndim)
+        write_bytes_atomic(root / rel, blob, durable=durable)
+        digests[rel] = FileDigest.of(blob)
+    document = array_metadata(
+        shape=(n, *spec.shape),
+        dtype=spec.dtype,
+        chunk_shape=(chunk, *spec.shape),
+        codec=codec,
+        itemsize=le.itemsize,
+    )
+    digests[f"{name}/{ZARR_JSON}"] = write_json_atomic(root / name / ZARR_JSON, document, durable=durable)
+    return digests
+
+
+def read_field_array(
+    root: Path,
+    name: str,
+    spec: FieldSpec,
+    num_records: int,
+    chunk_records: int,
+    files: Mapping[str, FileDigest] | None = None,
+) -> np.ndarray:
+    """Read field ``name`` of the dataset at ``root`` whole into RAM, checking everything.
+
+    Parameters
+    ----------
+    spec, num_records, chunk_records
+        What the dataset metadata declares: the document must say exactly ``[num_records, *spec.shape]``
+        of ``spec.dtype`` in chunks of ``chunk_records`` records.
+    files
+        The metadata's digests (format 1.1), or ``None`` / empty for a 1.0 dataset.
+
+    Raises
+    ------
+    NotADatasetError
+        The document is not the declared field (shape, dtype, chunks, codec, chunk key encoding).
+    UnsafePathError
+        The field directory or a chunk resolves outside the dataset.
+    MissingShardError, TruncatedShardError, ChecksumError, CorruptShardError
+        A chunk (or the document) is missing, has the wrong size or checksum, or does not decode.
+    """
+    files = files or {}
+    resolve_inside(root, name, "field array")
+    doc_rel = f"{name}/{ZARR_JSON}"
+    doc_path = resolve_inside(root, doc_rel, "field array document")
+    if not doc_path.exists():
+        raise NotADatasetError(f"{root / name}: field array metadata {root / doc_rel} is missing")
+    doc = read_json(doc_path, files.get(doc_rel))
+    codec = _check_field_document(doc, str(doc_path), spec, num_records, chunk_records)
+    chunks = _chunk_files(root, name, 1 + len(spec.shape), math.ceil(num_records / chunk_records))
+    # Allocation bounded by what exists: every chunk file is there (checked just above), each one
+    # decodes to chunk_records x spec.nbytes <= MAX_FIELD_CHUNK_NBYTES (DatasetMeta.check_layout), so
+    # a document that claims more records than the dataset holds fails before this line.
+    dtype = np.dtype(spec.dtype).newbyteorder("<")
+    out = np.empty((num_records, *spec.shape), dtype=dtype)
+    block = np.empty((chunk_records, *spec.shape), dtype=dtype)
+    for j, (rel, real) in enumerate(chunks):
+        # Any codec's worst case is far below twice the raw size: a larger file is not a chunk.
+        data = read_verified(real, files.get(rel), what="field chunk", max_nbytes=2 * block.nbytes + 1024)
+        try:
+            if codec is None:
+                block[...] = np.frombuffer(data, dtype=dtype).reshape(block.shape)
+            else:
+                codec.decode(data, block)
+        except Exception as exc:
+            raise CorruptShardError(f"{root / rel}: field chunk does not decode to {block.shape} {dtype} ({exc})") from None
+        start = j * chunk_records
+        out[start : start + chunk_records] = block[: num_records - start]
+    return out
+
+
+def _chunk_files(root: Path, name: str, ndim: int, count: int) -> list[tuple[str, Path]]:
+    """``(relative, resolved)`` path of every chunk of field ``name``; each must exist inside ``root``.
+
+    zarr reads a missing chunk as the fill value, but shardkit writes every chunk, so a missing one
+    was lost: an error, in every format version.
+    """
+    out = []
+    for j in range(count):
+        rel = chunk_key(name, j, ndim)
+        real = resolve_inside(root, rel, "field chunk")
+        if not real.is_file():
+            raise MissingShardError(f"{root / rel}: field chunk listed in the dataset metadata is missing")
+        out.append((rel, real))
+    return out
+
+
+def _check_field_document(
+    doc: dict[str, Any], where: str, spec: FieldSpec, num_records: int, chunk_records: int
+) -> RecordCodec | None:
+    """The field's ``zarr.json`` describes exactly the declared field; returns its codec."""
+    if doc.get("zarr_format") != 3 or doc.get("node_type") != "array":
+        raise NotADatasetError(f"{where}: expected zarr v3 array metadata")
+    shape = jv.shape(jv.member(doc, "shape", where), "shape", where, max_ndim=MAX_NDIM + 1, lo=0)
+    expected = (num_records, *spec.shape)
+    if shape != expected:
+        raise NotADatasetError(f"{where}: field has shape {list(shape)}, the dataset metadata says {list(expected)}")
+    dtype = jv.string(jv.member(doc, "data_type", where), "data_type", where)
+    if dtype != spec.dtype:
+        raise NotADatasetError(f"{where}: field has data type {dtype!r}, the dataset metadata says {spec.dtype!r}")
+    grid = jv.mapping(jv.member(doc, "chunk_grid", where), "chunk_grid", where)
+    conf = jv.mapping(jv.member(grid, "configuration", where), "chunk_grid.configuration", where)
+    chunk = jv.shape(jv.member(conf, "chunk_shape", where), "chunk_shape", where, max_ndim=MAX_NDIM + 1)
+    if grid.get("name") != "regular" or chunk != (chunk_records, *spec.shape):
+        raise NotADatasetError(
+            f"{where}: expected regular chunks of {[chunk_records, *spec.shape]}, found {grid.get('name')!r} {list(chunk)}"
+        )
+    encoding = jv.mapping(doc.get("chunk_key_encoding", {"name": "default"}), "chunk_key_encoding", where)
+    sep = jv.mapping(encoding.get("configuration") or {}, "chunk_key_encoding.configuration", where).get("separator", "/")
+    if encoding.get("name") != "default" or sep != "/":
+        raise NotADatasetError(f"{where}: expected the 'default' chunk key encoding with '/', found {encoding}")
+    return codec_from_zarr(doc.get("codecs", []), where=where)
