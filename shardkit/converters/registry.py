@@ -184,12 +184,23 @@ def kind_options() -> dict[str, list[tuple[str, Option]]]:
     return table
 
 
+def _detects(name: str, cls: type[Converter], src: Path) -> bool:
+    """``cls.detect(src)``; a plugin whose detection fails is logged and counts as no match."""
+    if name in BUILTIN:
+        return cls.detect(src)
+    try:
+        return bool(cls.detect(src))
+    except Exception as exc:  # a plugin may fail in any way
+        logger.warning("corpus kind %s: detection failed (%s: %s)", name, type(exc).__name__, exc)
+        return False
+
+
 def detect_kind(src: str | Path) -> str:
     """Guess the corpus kind of ``src``; ``ConversionError`` if none or several match."""
     src = Path(src)
     if not src.exists():
         raise DatasetNotFoundError(f"{src}: corpus not found")
-    matches = [(cls.detect_priority, name) for name, cls in _loadable() if cls.detect(src)]
+    matches = [(cls.detect_priority, name) for name, cls in _loadable() if _detects(name, cls, src)]
     if not matches:
         raise ConversionError(
             f"{src}: could not recognise the corpus kind (expected COCO annotations/instances_*.json, "

@@ -157,7 +157,7 @@ def test_entry_points_that_clash_or_break_are_reported(tmp_path: Path, monkeypat
         registry._plugins.cache_clear()
 
 
-def test_register_refuses_a_taken_name_and_bad_kinds(monkeypatch) -> None:
+def test_register_refuses_a_taken_name_and_bad_kinds(monkeypatch, tmp_path: Path, caplog) -> None:
     monkeypatch.setattr(registry, "_ADDED", {})
     monkeypatch.setattr(registry, "_LOADED", {})
 
@@ -181,6 +181,18 @@ def test_register_refuses_a_taken_name_and_bad_kinds(monkeypatch) -> None:
         registry.get_converter("misnamed")
     with pytest.raises(ConfigError, match="unknown corpus kind 'tfrecord'; expected one of audio, cifar10"):
         registry.get_converter("tfrecord")
+
+    class Exploding(ImageFolderConverter):
+        name = "exploding"
+
+        @classmethod
+        def detect(cls, src: Path) -> bool:
+            raise PermissionError("detection of another package failed")
+
+    registry.register(Exploding)
+    make_imagefolder(tmp_path / "if", per_class=1, bad=False, splits=("train",))
+    assert registry.detect_kind(tmp_path / "if") == "imagefolder"  # the clash and the explosion are logged
+    assert "detection of another package failed" in caplog.text
 
 
 def test_kinds_load_on_demand_and_the_base_knows_no_kind() -> None:
