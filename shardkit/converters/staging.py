@@ -45,9 +45,9 @@ The output directory
 
 from __future__ import annotations
 
+import io
 import json
 import logging
-import os
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -58,6 +58,7 @@ import numpy as np
 
 from shardkit.errors import ConversionError, ShardkitError
 from shardkit.formats import DatasetMeta, DatasetWriter, FieldSpec, ShardInfo
+from shardkit.formats.atomic import write_bytes_atomic
 from shardkit.formats.index import crc32c_of
 from shardkit.formats.metadata import read_dataset_meta, read_json, write_json_atomic
 from shardkit.formats.spec import ATTRS_KEY, ZARR_JSON, SkippedInput
@@ -323,10 +324,9 @@ class Staging:
     def record(self, i: int, staged: StagedShard) -> None:
         """Stage completed shard ``i``: its fields, then its info, cursor and skips (the commit)."""
         info_path, fields_path = self._record_paths(i)
-        tmp = fields_path.with_name(fields_path.name + _PARTIAL)
-        with open(tmp, "wb") as fh:
-            np.savez(fh, **staged.shard.fields)  # type: ignore[arg-type]  # numpy stubs type **kwds as allow_pickle
-        os.replace(tmp, fields_path)
+        buffer = io.BytesIO()
+        np.savez(buffer, **staged.shard.fields)  # type: ignore[arg-type]  # numpy stubs type **kwds as allow_pickle
+        write_bytes_atomic(fields_path, buffer.getvalue(), durable=False)
         doc = {
             "shard": staged.shard.info.to_json(),
             "input_cursor": staged.cursor,

@@ -200,3 +200,24 @@ def test_staging_refuses_a_staged_config_it_cannot_read(tmp_path: Path) -> None:
     with pytest.raises(ConversionError, match="unreadable staging config"):
         staging.begin()
     assert staging.begin(overwrite=True) == [] and (out / STAGING_DIR / "config.json").is_file()
+
+
+def test_a_full_disk_while_staging_names_the_file_and_the_rerun_resumes(corpus: Path, tmp_path: Path,
+                                                                      monkeypatch) -> None:
+    import errno
+
+    real = os.write
+
+    def full_at_second_record(fd: int, data) -> int:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("fields-000001.npz.partial"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data)
+
+    kw = dict(size=16, workers=1, records_per_shard=4)
+    monkeypatch.setattr(os, "write", full_at_second_record)
+    with pytest.raises(shardkit.errors.OutOfSpaceError, match=r"fields-000001\.npz: no space left on device"):
+        shardkit.convert(corpus, tmp_path / "out", **kw)
+    monkeypatch.setattr(os, "write", real)
+    assert not list((tmp_path / "out").rglob("*.partial"))
+    resumed = shardkit.convert(corpus, tmp_path / "out", **kw)
+    assert resumed.records_this_run == resumed.records - 4 and verify(tmp_path / "out").ok
