@@ -473,7 +473,8 @@ def read_dataset_meta(root: Path) -> DatasetMeta:
         raise NotADatasetError(f"{root}: expected a dataset directory, found a file")
     doc_path = root / ZARR_JSON
     if not doc_path.exists():
-        if (root / ".shardkit-staging").exists() or any(root.glob(f"*/{ZARR_JSON}")):
+        # A conversion's staging area, an array document or chunks of an array: a write was cut short.
+        if (root / ".shardkit-staging").exists() or any(root.glob(f"*/{ZARR_JSON}")) or any(root.glob("*/c")):
             raise IncompleteDatasetError(
                 f"{root}: incomplete dataset (no {ZARR_JSON} group metadata; a conversion was "
                 "interrupted — re-run it to resume)"
