@@ -30,6 +30,9 @@ __all__ = [
     "MissingExtraError",
     "OutOfSpaceError",
     "SamplerError",
+    "ProtocolError",
+    "PeerTimeoutError",
+    "InsecurePathError",
     "StoreError",
     "StorePermissionError",
     "ObjectNotFoundError",
@@ -117,6 +120,18 @@ class OutOfSpaceError(ShardkitError, OSError):
 
 class SamplerError(ShardkitError, RuntimeError):
     """The sampler cannot continue (background creator failed, incompatible state dict...)."""
+
+
+class ProtocolError(SamplerError):
+    """A peer of the shared tier stack (``serve``) sent something the wire protocol does not allow."""
+
+
+class PeerTimeoutError(SamplerError, TimeoutError):
+    """A peer of the shared tier stack stayed silent past its deadline (stopped or hung)."""
+
+
+class InsecurePathError(ShardkitError, PermissionError):
+    """A path that must be private to this user is not: another owner, wider permissions, or a symlink."""
 
 
 class StoreError(ShardkitError, OSError):

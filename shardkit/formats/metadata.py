@@ -509,14 +509,15 @@ def _raise_missing_root(store: Store) -> NoReturn:
     """No root document: an interrupted conversion, nothing at all, or something else."""
     if store.is_local:
         local = store.local_path()
-        started = (local / STAGING_NAME).exists() or any(local.glob(f"*/{ZARR_JSON}"))
+        # A conversion's staging area, an array document or chunks of an array: a write was cut short.
+        started = (local / STAGING_NAME).exists() or any(local.glob(f"*/{ZARR_JSON}")) or any(local.glob("*/c"))
     else:
         # One listing (at most a page) tells an empty prefix from an interrupted upload.
         started = False
         empty = True
         for meta in store.list(""):
             empty = False
-            if meta.key.startswith(f"{STAGING_NAME}/") or meta.key.endswith(f"/{ZARR_JSON}"):
+            if meta.key.startswith(f"{STAGING_NAME}/") or meta.key.endswith(f"/{ZARR_JSON}") or "/c/" in meta.key:
                 started = True
                 break
         if empty:
