@@ -128,11 +128,12 @@ def summary(sampler: TieredSampler) -> list[str]:
     ]
     remote = isinstance(sampler.path, str)
     for name, t in st.tiers.items():
-        if (name == "ssd" and "ssd" not in sampler.tiers) or (name == "cache" and not sampler.static_cache):
+        if ((name == "ssd" and "ssd" not in sampler.tiers) or (name == "cache" and not sampler.static_cache)
+                or (name == "remote_cache" and not (remote and sampler.options.cache_dir))):
             continue
-        what = {"ram": "assembled", "cache": "served"}.get(name, "read")
+        what = {"ram": "assembled", "cache": "served", "remote_cache": "read locally"}.get(name, "read")
         calls = "requests" if remote and name == "disk" else "calls"
-        shown = "remote" if remote and name == "disk" else name
+        shown = {"disk": "remote", "remote_cache": "local cache"}.get(name, name) if remote else name
         lines.append(f"{shown:<12} {human_bytes(t.bytes_read)} {what} in {t.read_calls} {calls} ({t.records} records)")
     if "ssd" in sampler.tiers:
         lines.append(f"ssd written  {human_bytes(st.ssd_bytes_written)}")

@@ -21,6 +21,7 @@ crc32c detects every error burst of up to 32 bits, so every single-bit flip of a
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,11 +29,11 @@ from typing import Any
 
 from shardkit.errors import ChecksumError, MissingShardError, NotADatasetError, ObjectTooLargeError, TruncatedShardError
 from shardkit.formats import jsonvalues as jv
-from shardkit.formats.index import crc32c_of
+from shardkit.formats.index import crc32c_of, extend_crc32c
 from shardkit.formats.spec import MAX_CRC32C
 from shardkit.stores import ByteRange, Store
 
-__all__ = ["FileDigest", "ATTRIBUTES_CRC_KEY", "attributes_crc32c", "read_verified", "read_object", "read_objects"]
+__all__ = ["FileDigest", "ATTRIBUTES_CRC_KEY", "attributes_crc32c", "read_verified", "read_object", "read_objects", "fd_crc32c"]
 
 #: Key of the self-checksum inside the ``shardkit`` attributes.
 ATTRIBUTES_CRC_KEY = "attributes_crc32c"
@@ -144,6 +145,24 @@ def read_objects(
     except FileNotFoundError as exc:
         raise MissingShardError(f"{exc}: {what} listed in the dataset metadata is missing") from None
     return [got[k] if k in got else read_object(store, k, files.get(k), what=what, max_nbytes=max_nbytes) for k in keys]
+
+
+def fd_crc32c(fd: int, data_nbytes: int, chunk: int = 8 << 20) -> tuple[int, int, int]:
+    """``(crc32c of the first data_nbytes bytes, crc32c of the whole file, size)`` of an open file,
+    streamed once with ``pread`` (a shard's records checksum and its whole-file checksum)."""
+    data_crc = crc = size = 0
+    buf = bytearray(chunk)
+    view = memoryview(buf)
+    while True:
+        n = os.preadv(fd, [view], size)
+        if n == 0:
+            break
+        part = view[:n]
+        if size < data_nbytes:
+            data_crc = extend_crc32c(data_crc, part[: data_nbytes - size])
+        crc = extend_crc32c(crc, part)
+        size += n
+    return data_crc, crc, size
 
 
 def attributes_crc32c(attrs: dict[str, Any]) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ from shardkit.formats.ranged import DEFAULT_REMOTE_GAP_BYTES, RangedPayloadArray
 from shardkit.formats.reader import DEFAULT_GAP_BYTES, PayloadArray, ReadStats
 from shardkit.formats.spec import ZARR_JSON
 from shardkit.stores import Location, Store, StoreOptions, open_store
+from shardkit.stores.cache import ShardCache, cache_namespace
 
 __all__ = ["Dataset", "open_dataset", "Batch"]
 
@@ -39,6 +42,11 @@ class Dataset:
         (see :mod:`shardkit.formats.ranged`).
     store_options
         Concurrency, timeouts and retries of an object store (:class:`~shardkit.stores.StoreOptions`).
+    cache_dir, cache_size, cache_stats
+        For a dataset in an object store: keep fetched shards in this local directory (at most
+        ``cache_size`` bytes for the whole directory; ``None``: no limit) and read them from there
+        once complete and verified (:mod:`shardkit.stores.cache`); reads served by it are counted in
+        ``cache_stats``. Ignored for local datasets.
 
     Notes
     -----
@@ -61,8 +69,11 @@ class Dataset:
         store_options: StoreOptions | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_size: int | None = None,
+        cache_stats: ReadStats | None = None,
     ) -> None:
         self.store: Store = open_store(path, store_options)
+        #: The local cache of remote shards (``cache_dir``), or None.
+        self.cache: ShardCache | None = None
         #: The dataset directory (a Path) or, for an object store, its URL.
         self.path: Path | str = self.store.local_path() if self.store.is_local else self.store.url
         self.meta: DatasetMeta = read_dataset_meta(self.store)
@@ -82,6 +93,9 @@ class Dataset:
             )
         else:
             read_objects(self.store, docs, files, what="field array document", max_nbytes=MAX_DOCUMENT_NBYTES)
+            self.cache = None if cache_dir is None else ShardCache(cache_dir, cache_namespace(
+                self.store.url, hashlib.sha256(json.dumps(self.meta.to_json(), sort_keys=True).encode()).hexdigest()
+            ), cache_size)
             self.payload = RangedPayloadArray(
                 self.store,
                 self.meta.payload,
@@ -89,6 +103,8 @@ class Dataset:
                 stats=stats,
                 gap_bytes=remote_gap_bytes,
                 document_digest=files.get(f"{self.meta.payload}/{ZARR_JSON}"),
+                cache=self.cache,
+                cache_stats=cache_stats,
             )
         if (self.payload.records_per_shard != self.meta.records_per_shard
                 or (self.payload.codec is None) != (self.meta.compression is None)):
@@ -193,6 +209,8 @@ class Dataset:
 
     def close(self) -> None:
         self.payload.close()
+        if self.cache is not None:
+            self.cache.close()
 
     def __enter__(self) -> Dataset:
         return self

@@ -36,18 +36,21 @@ it before serving them, and ``shardkit verify`` checks every byte.
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Iterator
 from typing import NoReturn
 
 import numpy as np
 
 from shardkit.errors import ConfigError, CorruptShardError, MissingShardError, ObjectChangedError, TruncatedShardError
-from shardkit.formats.checksums import FileDigest
+from shardkit.formats.checksums import FileDigest, fd_crc32c
 from shardkit.formats.index import ShardIndex
 from shardkit.formats.metadata import read_json_object
 from shardkit.formats.reader import DEFAULT_GAP_BYTES, PayloadArray, ReadStats, _Run
 from shardkit.formats.spec import ZARR_JSON, ShardInfo, index_nbytes
 from shardkit.stores import ByteRange, Fetched, Store
+from shardkit.stores.cache import ShardCache
 
 __all__ = ["RangedPayloadArray", "DEFAULT_REMOTE_GAP_BYTES"]
 
@@ -73,6 +76,11 @@ class RangedPayloadArray(PayloadArray):
         Coalescing threshold (default :data:`DEFAULT_REMOTE_GAP_BYTES`).
     document_digest
         Recorded size and crc32c of the array's ``zarr.json``.
+    cache
+        A local :class:`~shardkit.stores.cache.ShardCache` of this dataset version: responses are
+        also stored there, and shards it holds complete (and verified) are read locally.
+    cache_stats
+        Counters of the reads served from ``cache`` (not requests to the store).
     """
 
     def __init__(
@@ -84,8 +92,12 @@ class RangedPayloadArray(PayloadArray):
         stats: ReadStats | None = None,
         gap_bytes: int = DEFAULT_REMOTE_GAP_BYTES,
         document_digest: FileDigest | None = None,
+        cache: ShardCache | None = None,
+        cache_stats: ReadStats | None = None,
     ) -> None:
         self.store = store
+        self.cache = cache
+        self.cache_stats = cache_stats if cache_stats is not None else ReadStats()
         self.path = store.describe(array)
         doc_key = f"{array}/{ZARR_JSON}"
         try:
@@ -97,6 +109,7 @@ class RangedPayloadArray(PayloadArray):
         self.gap_bytes = int(gap_bytes)
         self._etags: dict[int, str | None] = {}
         self._pending_index: dict[int, bytes] = {}
+        self._index_cached: set[int] = set()
 
     # ------------------------------------------------------------------ files and indexes
     def shard_path(self, i: int) -> NoReturn:
@@ -132,6 +145,7 @@ class RangedPayloadArray(PayloadArray):
         got = next(_shards_present(self.store.fetch([ask])))
         self._check_response(i, got, ask)
         self.stats.add(self.shard_location(i), start, ask.nbytes)
+        self._to_cache(i, start, got.data)
         return bytes(got.data), got.object_size
 
     def _index_bytes(self, i: int, isize: int) -> tuple[bytes, int]:
@@ -187,18 +201,28 @@ class RangedPayloadArray(PayloadArray):
             i = missing[got.index]
             self._check_response(i, got, asks[got.index])
             self.stats.add(self.shard_location(i), asks[got.index].start, isize)
+            self._to_cache(i, asks[got.index].start, got.data)
             raws[i] = bytes(got.data)
         self._pending_index.update(raws)
         for i in missing:
             self.index(i)
 
     def _read_runs(self, runs: list[_Run], rows: np.ndarray) -> None:
-        """Fetch every run (split into requests of at most ``request_bytes``) and scatter each
-        response into its rows as it arrives."""
+        """Runs of shards the local cache holds are read from it; the others are fetched (split
+        into requests of at most ``request_bytes``) and each response scattered into its rows as it
+        arrives, and stored in the cache."""
+        remote: list[_Run] = []
+        for run in runs:
+            fd = (self.cache.open(_entry(run.shard), functools.partial(self._verify_copy, run.shard))
+                  if self.cache is not None else None)
+            if fd is None:
+                remote.append(run)
+            else:
+                self._read_cached(fd, run, rows)
         pieces: list[tuple[_Run, int, int]] = []  # (run, first record, end record) per request
         asks: list[ByteRange] = []
         limit = self.store.options.request_bytes
-        for run in runs:
+        for run in remote:
             ends = run.offs + run.sizes
             a = 0
             while a < run.offs.size:
@@ -214,6 +238,41 @@ class RangedPayloadArray(PayloadArray):
             self._check_response(run.shard, got, ask)
             self._scatter(run, a, b, ask.start, got.data, rows)
             self.stats.add(run.path, ask.start, ask.nbytes)
+            self._to_cache(run.shard, ask.start, got.data)
+
+    def _read_cached(self, fd: int, run: _Run, rows: np.ndarray) -> None:
+        """One run from the shard's verified local copy: the run's span in one ``pread``, then
+        scattered (or decoded) into the rows; counted in ``cache_stats``, not as requests."""
+        start = int(run.offs[0])
+        end = int(run.offs[-1] + run.sizes[-1])
+        buf = bytearray(end - start)
+        got = os.preadv(fd, [buf], start)
+        if got != len(buf):
+            raise TruncatedShardError(f"{run.path} (local cache copy): expected {len(buf)} bytes at {start}, read {got}")
+        self.cache_stats.add(run.path, start, len(buf))
+        self._scatter(run, 0, run.offs.size, start, memoryview(buf), rows)
+
+    # ------------------------------------------------------------------ the local cache
+    def _to_cache(self, i: int, offset: int, data: memoryview) -> None:
+        """Store fetched bytes of shard ``i`` in the cache (the index too, when the metadata fixes it
+        and it is therefore never fetched)."""
+        if self.cache is None:
+            return
+        info = self.shards[i]
+        name = _entry(i)
+        verify = functools.partial(self._verify_copy, i)
+        if i not in self._index_cached:
+            self._index_cached.add(i)
+            known = self._known_index(i)
+            if known is not None:
+                self.cache.add(name, info.nbytes, info.nbytes - len(known), known, verify)
+        self.cache.add(name, info.nbytes, offset, data, verify)
+
+    def _verify_copy(self, i: int, fd: int) -> bool:
+        """A complete local copy of shard ``i`` has the checksums recorded in the metadata."""
+        info = self.shards[i]
+        data_crc, crc, size = fd_crc32c(fd, self._data_nbytes(i))
+        return size == info.nbytes and crc == info.crc32c and info.data_crc32c in (None, data_crc)
 
     def _scatter(self, run: _Run, a: int, b: int, start: int, data: memoryview, rows: np.ndarray) -> None:
         """Copy records ``a:b`` of ``run`` out of a response that begins at byte ``start``."""
@@ -240,3 +299,8 @@ def _shards_present(fetched: Iterator[Fetched]) -> Iterator[Fetched]:
         yield from fetched
     except FileNotFoundError as exc:
         raise MissingShardError(f"{exc}: a payload shard listed in the dataset metadata is missing") from None
+
+
+def _entry(i: int) -> str:
+    """Cache entry name of shard ``i``."""
+    return f"shard-{i:08d}"

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shardkit.errors import ChecksumError, CorruptShardError, MissingShardError, ShardkitError, TruncatedShardError
+from shardkit.formats.checksums import fd_crc32c
 from shardkit.formats.dataset import Dataset
 from shardkit.formats.fields import read_field_array
 from shardkit.formats.index import extend_crc32c
@@ -107,23 +108,11 @@ def shard_crc32c(path: Path, data_nbytes: int) -> tuple[int, int, int]:
 
     ``data_nbytes`` is where the records end and the index begins.
     """
-    data_crc = crc = size = 0
-    buf = bytearray(_CHUNK)
-    view = memoryview(buf)
     fd = os.open(path, os.O_RDONLY)
     try:
-        while True:
-            n = os.readv(fd, [view])
-            if n == 0:
-                break
-            chunk = view[:n]
-            if size < data_nbytes:
-                data_crc = extend_crc32c(data_crc, chunk[: data_nbytes - size])
-            crc = extend_crc32c(crc, chunk)
-            size += n
+        return fd_crc32c(fd, data_nbytes, _CHUNK)
     finally:
         os.close(fd)
-    return data_crc, crc, size
 
 
 def verify(

@@ -186,7 +186,8 @@ class Pipeline:
         self._gap = gap_bytes
         self._fields = fields
         self._identity = identity
-        self.disk = Dataset(dataset_path, stats=stats.disk, **{"gap_bytes": gap_bytes, **(dataset_options or {})})
+        self.disk = Dataset(dataset_path, stats=stats.disk, cache_stats=stats.remote_cache,
+                            **{"gap_bytes": gap_bytes, **(dataset_options or {})})
         self._payload_name = self.disk.payload_name
         self._segments = segments
         self.ram_block = int(ram_block)
