@@ -149,7 +149,7 @@ def test_concurrent_processes_share_one_cache(remote: str, tmp_path: Path) -> No
     procs = [subprocess.Popen([sys.executable, "-c", _WORKER, remote, str(cache), str(r)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=env) for r in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (_out, err) in zip(procs, outs):
         assert p.returncode == 0, err
     assert sum(int(out.split()[0]) for out, _ in outs) == 2 * N
     assert len(_cached_files(cache)) == 9
