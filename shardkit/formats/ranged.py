@@ -163,16 +163,16 @@ class RangedPayloadArray(PayloadArray):
     def _check_response(self, i: int, got: Fetched, asked: ByteRange) -> None:
         """The object behind a response is the shard the metadata describes, in one version."""
         info = self.shards[i]
-        if got.object_size != info.nbytes:
-            raise TruncatedShardError(
-                f"{self.shard_location(i)}: shard {i} (records {info.start}-{info.stop - 1}) should be {info.nbytes} "
-                f"bytes, the store says {got.object_size}"
-            )
         pinned = self._etags.setdefault(i, got.etag)
         if pinned is not None and got.etag is not None and got.etag != pinned:
             raise ObjectChangedError(
                 f"{asked.describe(self.shard_location(i))}: the shard changed while it was being read "
                 f"(ETag {pinned} became {got.etag})"
+            )
+        if got.object_size != info.nbytes:
+            raise TruncatedShardError(
+                f"{self.shard_location(i)}: shard {i} (records {info.start}-{info.stop - 1}) should be {info.nbytes} "
+                f"bytes, the store says {got.object_size}"
             )
 
     def _mappable(self, i: int) -> bool:
@@ -211,6 +211,8 @@ class RangedPayloadArray(PayloadArray):
         """Runs of shards the local cache holds are read from it; the others are fetched (split
         into requests of at most ``request_bytes``) and each response scattered into its rows as it
         arrives, and stored in the cache."""
+        if self.cache is not None:
+            self._fill_cache(sorted({run.shard for run in runs}))
         remote: list[_Run] = []
         for run in runs:
             fd = (self.cache.open(_entry(run.shard), functools.partial(self._verify_copy, run.shard))
@@ -253,6 +255,37 @@ class RangedPayloadArray(PayloadArray):
         self._scatter(run, 0, run.offs.size, start, memoryview(buf), rows)
 
     # ------------------------------------------------------------------ the local cache
+    def _fill_cache(self, shards: list[int]) -> None:
+        """Download every shard of ``shards`` that the cache admits and does not hold yet *whole*
+        (pieces of ``request_bytes``, all in flight together up to ``concurrency``), so its records
+        are then read locally.
+
+        Why whole shards: a block of a uniformly random order wants a scattered ``K/N`` of each
+        shard, and fetching those records by range costs one request per run of them; an object
+        store serves large GETs at full bandwidth but small ones at its request rate. When the
+        shard is going to be kept anyway, reading all of it once, in large sequential pieces, is
+        the cheapest way to get the block's records and every later block's: each byte is fetched
+        once per epoch, and not at all in later epochs.
+        """
+        assert self.cache is not None
+        limit = self.store.options.request_bytes
+        asks: list[tuple[int, ByteRange]] = []
+        for i in shards:
+            info = self.shards[i]
+            name = _entry(i)
+            if self.cache.open(name, functools.partial(self._verify_copy, i)) is not None:
+                continue
+            if not self.cache.admit(name, info.nbytes):
+                continue
+            known = self._known_index(i)
+            end = info.nbytes - (len(known) if known is not None else 0)
+            asks += [(i, ByteRange(info.path, a, min(a + limit, end), self._etags.get(i))) for a in range(0, end, limit)]
+        for got in _shards_present(self.store.fetch([ask for _, ask in asks])):
+            i, ask = asks[got.index]
+            self._check_response(i, got, ask)
+            self.stats.add(self.shard_location(i), ask.start, ask.nbytes)
+            self._to_cache(i, ask.start, got.data)
+
     def _to_cache(self, i: int, offset: int, data: memoryview) -> None:
         """Store fetched bytes of shard ``i`` in the cache (the index too, when the metadata fixes it
         and it is therefore never fetched)."""

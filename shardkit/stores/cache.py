@@ -162,6 +162,26 @@ class ShardCache:
         return fd
 
     # ------------------------------------------------------------------ filling
+    def admit(self, name: str, size: int) -> bool:
+        """Whether ``name`` is (or may now be) cached: complete, being filled, or newly admitted
+        (its whole ``size`` reserved in the budget, see the module docstring)."""
+        if name in self._refused:
+            return False
+        part = name + _PART
+        with self._locked():
+            if _exists(name, self._dir_fd) or _exists(part, self._dir_fd):
+                return True
+            if not self._admit(size):
+                self._refused.add(name)
+                logger.info("%s: cache full (budget %s bytes); %s stays remote", self.dir, self.budget, name)
+                return False
+            fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, FILE_MODE, dir_fd=self._dir_fd)
+            try:
+                os.ftruncate(fd, size)
+            finally:
+                os.close(fd)
+        return True
+
     def add(self, name: str, size: int, offset: int, data: memoryview | bytes,
             verify: Callable[[int], bool]) -> None:
         """Store bytes ``[offset, offset + len(data))`` of the ``size``-byte object ``name``.
@@ -170,22 +190,9 @@ class ShardCache:
         kept (renamed to ``name``) or deleted. Does nothing when the copy is already complete or
         does not fit in the budget.
         """
-        if name in self._refused or name in self._fds:
+        if name in self._fds or not self.admit(name, size):
             return
         part = name + _PART
-        with self._locked():
-            if _exists(name, self._dir_fd):
-                return
-            if not _exists(part, self._dir_fd):  # a new copy: admit it, reserving its whole size
-                if not self._admit(size):
-                    self._refused.add(name)
-                    logger.info("%s: cache full (budget %s bytes); %s stays remote", self.dir, self.budget, name)
-                    return
-                fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, FILE_MODE, dir_fd=self._dir_fd)
-                try:
-                    os.ftruncate(fd, size)
-                finally:
-                    os.close(fd)
         try:
             fd = os.open(part, os.O_WRONLY | os.O_NOFOLLOW, dir_fd=self._dir_fd)
         except FileNotFoundError:

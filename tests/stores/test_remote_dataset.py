@@ -243,3 +243,21 @@ def test_cli_info_verify_sample_on_urls(s3: Any, tmp_path: Path) -> None:
     assert missing.returncode == 1 and "nothing stored" in missing.stderr and "Traceback" not in missing.stderr
     denied = _cli("info", url, env={"AWS_SECRET_ACCESS_KEY": "wrong"})
     assert denied.returncode == 1 and "access denied" in denied.stderr and "Traceback" not in denied.stderr
+
+
+def test_dataset_replaced_mid_run_stops_the_sampler(s3: Any, tmp_path: Path) -> None:
+    """Another dataset uploaded over the URL while a sampler reads it: the sampler stops with an
+    error (the shards' pinned ETags, or the root document's identity), never mixing the two."""
+    from shardkit.errors import CorruptShardError, SamplerError, StoreError
+
+    url = upload(make_dataset(tmp_path / "a", 40, records_per_shard=5), s3.url("ds"))
+    other = make_dataset(tmp_path / "b", 40, records_per_shard=5, shape=(4, 4, 2))
+    s = TieredSampler(url, batch_size=4, epochs=3, seed=1, ram_size="6records")
+    it = iter(s)
+    check_batch(next(it))
+    upload(other, url)
+    # (a shard first read after the swap has another size than the metadata: CorruptShardError)
+    with pytest.raises((SamplerError, StoreError, CorruptShardError)) as err:
+        for batch in it:
+            check_batch(batch)  # every batch delivered before the error is the old dataset's
+    assert url in str(err.value)
