@@ -183,7 +183,8 @@ def peer(system: str, endpoint: str, bucket: str, prefix: str, n: int, workdir: 
     env = {**os.environ, "PYTHONPATH": ""}
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env, check=False)
     if out.returncode != 0:
-        return {"error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"}
+        lines = [ln.strip() for ln in out.stderr.splitlines() if "Error" in ln or "error" in ln]
+        return {"error": (lines[-1] if lines else f"exit {out.returncode}")[:300]}
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
 from shardkit.errors import OutOfSpaceError
 
-__all__ = ["fsync_dir", "write_bytes_atomic", "raise_out_of_space", "is_out_of_space"]
+__all__ = ["fsync_dir", "write_bytes_atomic", "atomic_file", "raise_out_of_space", "is_out_of_space"]
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 
@@ -40,22 +42,18 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_bytes_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
-    """Write ``data`` to ``path.partial``, fsync, rename over ``path``: readers never see half a file.
-
-    ``durable=False`` skips the fsyncs (scratch data such as SSD-tier reservoirs, worthless after a
-    crash anyway); the rename still makes the file appear atomically. On any failure the partial file
-    is removed; a full disk raises OutOfSpaceError naming ``path``.
-    """
+@contextmanager
+def atomic_file(path: Path, *, durable: bool = True, doing: str = "writing") -> Iterator[int]:
+    """A descriptor of ``path.partial``; on a clean exit it is fsynced (``durable``) and renamed over
+    ``path`` (and the directory fsynced), on any failure removed. A full disk raises OutOfSpaceError
+    naming ``path``."""
     path = Path(path)
     tmp = path.with_name(path.name + ".partial")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            yield fd
             if durable:
                 os.fsync(fd)
         finally:
@@ -64,7 +62,20 @@ def write_bytes_atomic(path: Path, data: bytes, *, durable: bool = True) -> None
     except BaseException as exc:
         tmp.unlink(missing_ok=True)
         if is_out_of_space(exc):
-            raise_out_of_space(path, "writing")
+            raise_out_of_space(path, doing)
         raise
     if durable:
         fsync_dir(path.parent)
+
+
+def write_bytes_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
+    """Write ``data`` to ``path.partial``, fsync, rename over ``path``: readers never see half a file.
+
+    ``durable=False`` skips the fsyncs (scratch data such as SSD-tier reservoirs, worthless after a
+    crash anyway); the rename still makes the file appear atomically. On any failure the partial file
+    is removed; a full disk raises OutOfSpaceError naming ``path``.
+    """
+    with atomic_file(path, durable=durable) as fd:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]

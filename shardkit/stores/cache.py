@@ -117,6 +117,7 @@ class ShardCache:
         self._thread_lock = threading.Lock()
         self._used: set[str] = set()  # copies this instance opened (their recency was touched)
         self._refused: set[str] = set()
+        self._verified: set[str] = set()
         self._fds: dict[str, int] = {}
         self.hits = 0
         self.stored_bytes = 0
@@ -136,8 +137,9 @@ class ShardCache:
         """A descriptor of the complete copy ``name`` (kept open until :meth:`close`), or None.
 
         The first time a cache instance opens a copy it checks it again with ``verify`` (a cached
-        shard that rotted on disk or was edited is dropped and read remotely instead), so no cached
-        byte is used unchecked by a process.
+        shard that rotted on disk or was edited is dropped and read remotely instead), unless this
+        instance verified it itself when completing it, so no cached byte is used unchecked by a
+        process.
         """
         fd = self._fds.get(name)
         if fd is not None:
@@ -148,7 +150,7 @@ class ShardCache:
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self._dir_fd)
         except FileNotFoundError:
             return None
-        if not verify(fd):
+        if name not in self._verified and not verify(fd):
             os.close(fd)
             with self._locked():
                 _unlink(name, self._dir_fd)
@@ -231,6 +233,7 @@ class ShardCache:
         _unlink(name + _RANGES, self._dir_fd)
         if ok:
             os.rename(part, name, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
+            self._verified.add(name)  # just checked: the first open need not read it again
             logger.info("%s: cached %s (%d bytes, checksums verified)", self.dir, name, size)
         else:
             _unlink(part, self._dir_fd)

@@ -11,12 +11,11 @@ store answers the same interface.
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from shardkit.errors import ObjectNotFoundError, ObjectTooLargeError, TruncatedShardError, UnsafePathError
-from shardkit.stores.atomic import fsync_dir, is_out_of_space, raise_out_of_space, write_bytes_atomic
+from shardkit.stores.atomic import atomic_file, fsync_dir, write_bytes_atomic
 from shardkit.stores.base import DEFAULT_OPTIONS, ByteRange, Fetched, ObjectMeta, Store, StoreOptions, check_key
 
 __all__ = ["LocalStore", "resolve_inside"]
@@ -139,21 +138,11 @@ class LocalStore(Store):
         self, key: str, source: str | os.PathLike[str], *, metadata: Mapping[str, str] | None = None
     ) -> ObjectMeta:
         """Copy ``source`` to ``key`` through ``key.partial`` (fsynced, then renamed)."""
-        path = self._file(key)
-        tmp = path.with_name(path.name + ".partial")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(source, "rb") as src, open(tmp, "wb") as dst:
-                shutil.copyfileobj(src, dst, _COPY_CHUNK)
-                dst.flush()
-                os.fsync(dst.fileno())
-            os.replace(tmp, path)
-        except BaseException as exc:
-            tmp.unlink(missing_ok=True)
-            if is_out_of_space(exc):
-                raise_out_of_space(path, "copying")
-            raise
-        fsync_dir(path.parent)
+        with atomic_file(self._file(key), doing="copying") as fd, open(source, "rb") as src:
+            while chunk := src.read(_COPY_CHUNK):
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view) :]
         return self.head(key)
 
     def delete(self, key: str) -> None:
