@@ -50,11 +50,12 @@ def synthetic_dataset(path: Path, n: int, shape: tuple[int, ...] = IMAGE_SHAPE) 
         with open_dataset(path) as ds:
             if ds.num_records == n and ds.meta.record.shape == tuple(shape):
                 return path
-        shutil.rmtree(path)
+    if path.exists():
+        shutil.rmtree(path)  # another size, or a write cut short
     rng = np.random.default_rng(0)
     pattern = rng.integers(0, 256, size=(256, *shape), dtype=np.uint8)
     with DatasetWriter(path, kind="bench", payload="image", record=FieldSpec(shape, "uint8"),
-                       fields={"label": FieldSpec((), "int64")}, overwrite=True) as w:
+                       fields={"label": FieldSpec((), "int64")}) as w:
         for a in range(0, n, 256):
             k = min(256, n - a)
             images = pattern[:k].copy()

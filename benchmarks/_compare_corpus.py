@@ -163,7 +163,7 @@ def _decode_one(path: str) -> np.ndarray:
         from shardkit.converters.images import ImageTransform
     except ImportError:
         return perfile_transform(path)
-    return ImageTransform(SIZE, SIZE).load(Path(path))[0]
+    return ImageTransform(SIZE, SIZE).load(Path(path)).array
 
 
 def build_records(path: Path, jpegs: list[Path], spec: CorpusSpec, workers: int) -> np.ndarray:

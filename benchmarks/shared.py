@@ -17,7 +17,11 @@ than RAM: then concurrent independent jobs cannot serve each other from the page
 Reported per configuration: bytes requested from the dataset files (the reader's counters: every
 sampler's disk tier, or the server's), device bytes read system-wide (``/proc/diskstats`` through
 psutil; noisy on a shared machine), and records/s per job (records / time from its first batch
-request to its last batch).
+request to its last batch), and the Spearman correlation between jobs 1 and 2 of each item's position in
+an epoch (about 0 for independent jobs; ``(N^2 - K^2) / (N^2 - 1)`` for jobs sharing a server whose
+ring holds reservoirs of ``K`` records: the cost of sharing, see the README).
+
+``--quick`` runs a small configuration (600 records, jobs 1 and 2, one epoch) as a smoke test.
 """
 
 from __future__ import annotations
@@ -34,14 +38,13 @@ from typing import Any
 import numpy as np
 import psutil
 from _common import drop_cache, synthetic_dataset
+from scipy import stats
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "_data" / "shared-bench"
+QUICK_DATA = HERE / "_data" / "shared-bench-quick"
 SHAPE = (224, 224, 3)
 REC = int(np.prod(SHAPE))
-
-
-
 
 class Evictor:
     """Drops the dataset from the page cache every ``period`` seconds (dataset >> RAM emulation)."""
@@ -67,12 +70,19 @@ class Evictor:
 def _consume(sampler: Any, q: Any, start: Any, step: float) -> None:
     start.wait()
     touched = 0
+    keys = []
     for batch in sampler:
         touched += int(batch["image"][:, 0, 0, 0].sum())  # touch every record
+        keys.append(batch["key"])
         if step:
             time.sleep(step)  # a training step on an accelerator: time passes, the CPU is free
     st = sampler.stats
-    q.put({"records": st.records, "elapsed": st.elapsed, "disk": st.disk.bytes_read, "stall": st.stall_seconds})
+    q.put({"records": st.records, "elapsed": st.elapsed, "disk": st.disk.bytes_read, "stall": st.stall_seconds,
+           "seed": seed_of(sampler), "keys": np.concatenate(keys)})
+
+
+def seed_of(sampler: Any) -> int:
+    return int(getattr(sampler, "job_seed", getattr(sampler, "seed", -1)))
 
 
 def independent_job(path: str, seed: int, epochs: int, ram: str, batch: int, step: float, q: Any, start: Any) -> None:
@@ -93,7 +103,7 @@ def server_proc(path: str, name: str, k: int, epochs: int, ram: str, q: Any) -> 
     from shardkit.readers import serve
 
     srv = serve(path, name=name, ram_size=ram, slots=3, epochs=epochs, wait_for=k, seed=99)
-    q.put({"disk": srv.stats.disk.bytes_read, "epochs": srv.epochs_served})
+    q.put({"disk": srv.stats.disk.bytes_read, "epochs": srv.epochs_served, "slot_records": srv.slot_records})
 
 
 def device_read_bytes() -> int:
@@ -134,33 +144,56 @@ def run_config(path: Path, mode: str, k: int, epochs: int, ram: str, batch: int,
     wall = time.perf_counter() - t0
     for p in procs:
         p.join(60)
+    slot_records = None
     if server is not None:
         srv = sq.get(timeout=120)
         server.join(60)
         requested = srv["disk"]
+        slot_records = srv["slot_records"]
     else:
         requested = sum(r["disk"] for r in results)
     dev = device_read_bytes() - dev0
     rates = [r["records"] / r["elapsed"] for r in results]
     return {"mode": mode, "k": k, "requested": requested, "device": dev, "rates": rates, "wall": wall,
-            "records": sum(r["records"] for r in results)}
+            "records": sum(r["records"] for r in results), "spearman": position_spearman(results, epochs),
+            "slot_records": slot_records}
+
+
+def position_spearman(results: list[dict[str, Any]], epochs: int) -> float | None:
+    """Mean over epochs of the Spearman correlation of item positions between jobs 1 and 2 (None for one job)."""
+    by_seed = {r["seed"]: r["keys"] for r in results}
+    if 1 not in by_seed or 2 not in by_seed:
+        return None
+    a, b = (by_seed[s].reshape(epochs, -1) for s in (1, 2))
+    return float(np.mean([stats.spearmanr(np.argsort(a[e]), np.argsort(b[e])).statistic for e in range(epochs)]))
 
 
 def table(rows: list[dict[str, Any]], n: int, epochs: int) -> str:
     single = next(r for r in rows if r["mode"] == "independent" and r["k"] == 1)
     base_rate = float(np.mean(single["rates"]))
     by = {(r["mode"], r["k"]): r for r in rows}
-    out = ["| jobs | mode | requested from dataset | vs independent | device reads (noisy) | records/s per job (mean, min) | vs 1 job |",
-           "|---:|---|---:|---:|---:|---:|---:|"]
+    out = ["| jobs | mode | requested from dataset | vs independent | device reads (noisy) | records/s per job (mean, min) "
+           "| vs 1 job | position Spearman, jobs 1-2 |",
+           "|---:|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         ind = by.get(("independent", r["k"]))
         ratio = r["requested"] / ind["requested"] if ind else float("nan")
         mean, lo = float(np.mean(r["rates"])), float(np.min(r["rates"]))
         out.append(
             f"| {r['k']} | {r['mode']} | {r['requested'] / 1e9:.2f} GB ({r['requested'] / (n * REC * epochs):.2f} passes/epoch) | "
-            f"{ratio:.3f} | {r['device'] / 1e9:.2f} GB | {mean:,.0f} / {lo:,.0f} | {mean / base_rate:.2f}x |"
+            f"{ratio:.3f} | {r['device'] / 1e9:.2f} GB | {mean:,.0f} / {lo:,.0f} | {mean / base_rate:.2f}x | "
+            f"{spearman_cell(r, n)} |"
         )
     return "\n".join(out)
+
+
+def spearman_cell(r: dict[str, Any], n: int) -> str:
+    if r["spearman"] is None:
+        return "-"
+    if r["slot_records"] is None:
+        return f"{r['spearman']:.4f}"
+    k = r["slot_records"]
+    return f"{r['spearman']:.4f} (K = {k}: (N²-K²)/(N²-1) = {(n * n - k * k) / (n * n - 1):.4f})"
 
 
 def main() -> None:
@@ -173,8 +206,11 @@ def main() -> None:
     ap.add_argument("--evict", action="store_true", help="also run with continuous page-cache eviction")
     ap.add_argument("--step-ms", type=float, default=0.0,
                     help="sleep per batch in every job: an accelerator step (time passes, the CPU is free)")
+    ap.add_argument("--quick", action="store_true", help="smoke test: 600 records, 24MiB ring, jobs 1,2, one epoch")
     args = ap.parse_args()
-    path = synthetic_dataset(DATA, args.records)
+    if args.quick:
+        args.records, args.epochs, args.ram_size, args.jobs = 600, 1, "24MiB", "1,2"
+    path = synthetic_dataset(QUICK_DATA if args.quick else DATA, args.records)
     print(f"machine: {platform.node()} {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB; "
           f"load {os.getloadavg()}; date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"dataset: {args.records} records x {REC} B = {args.records * REC / 1e9:.2f} GB; epochs per job {args.epochs}; "

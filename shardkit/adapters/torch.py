@@ -65,6 +65,7 @@ from shardkit.errors import ConfigError, SamplerError
 from shardkit.formats import Dataset, open_dataset
 from shardkit.readers import DEFAULTS, Sampler, SamplerOptions, TieredSampler
 from shardkit.readers.schedule import batches_per_consumer, pass_length, position_after
+from shardkit.stores import is_url
 from shardkit.units import Capacity
 
 if TYPE_CHECKING:
@@ -140,9 +141,11 @@ class ShardIterableDataset(_TorchIterableDataset):
     batch_size
         Records per batch *per consumer* (per DataLoader worker of each rank); a rank's main process
         receives batches of this size. Use ``DataLoader(ds, batch_size=None)``.
-    tiers, ram_size, ssd_size, ssd_dir, seed, mode, drop_last, limit, gap_bytes, static_cache, permutation, node_sharing
+    tiers, ram_size, ssd_size, ssd_dir, seed, mode, drop_last, limit, gap_bytes, cache_dir, cache_size
         Passed to :class:`~shardkit.readers.TieredSampler` unchanged (each consumer gets its own
-        sampler; ``ram_size`` / ``ssd_size`` are therefore *per consumer*). The static cache (by
+        sampler; ``ram_size`` / ``ssd_size`` are therefore *per consumer*).
+    static_cache, permutation, node_sharing
+        Passed to :class:`~shardkit.readers.TieredSampler` unchanged. The static cache (by
         default the part of ``ram_size`` the blocks do not need) is one per machine, shared by the
         workers and ranks on it, and held by this dataset object across passes, so with a budget
         that covers the dataset every epoch after the first reads nothing from storage.
@@ -192,6 +195,8 @@ class ShardIterableDataset(_TorchIterableDataset):
         unbatched: bool = False,
         limit: int | None = DEFAULTS.limit,
         gap_bytes: int | str = DEFAULTS.gap_bytes,
+        cache_dir: str | os.PathLike[str] | None = DEFAULTS.cache_dir,
+        cache_size: int | str | None = DEFAULTS.cache_size,
         num_workers: int = 0,
         shared: str | None = None,
         static_cache: int | str | Capacity = DEFAULTS.static_cache,
@@ -204,6 +209,7 @@ class ShardIterableDataset(_TorchIterableDataset):
         self.options = SamplerOptions.parse(
             batch_size=batch_size, tiers=tiers, ram_size=ram_size, ssd_size=ssd_size, ssd_dir=ssd_dir,
             seed=seed, mode=mode, epochs=epochs, drop_last=drop_last, limit=limit, gap_bytes=gap_bytes,
+            cache_dir=cache_dir, cache_size=cache_size,
             rank=0 if rank is None else rank, world_size=1 if world_size is None else world_size,
             static_cache=static_cache, permutation=permutation, node_sharing=node_sharing,
         )  # fmt: skip
@@ -435,10 +441,17 @@ class ShardIterableDataset(_TorchIterableDataset):
         """A ``DataLoader`` over this dataset (``batch_size=None`` unless ``unbatched``) with
         ``num_workers`` recorded for ``len()`` and :meth:`state_dict_after`; ``kwargs`` go to the
         DataLoader (``pin_memory``, ``persistent_workers``, ``collate_fn``, ``batch_size`` when
-        unbatched, ...)."""
+        unbatched, ...).
+
+        For a dataset in an object store with workers, the workers start with ``spawn`` unless
+        ``multiprocessing_context`` says otherwise: the object-store client (obstore's runtime) does
+        not survive ``fork()`` in a process that already used it (a forked worker would get a
+        :class:`~shardkit.errors.StoreError` saying so)."""
         if int(num_workers) != self.num_workers:
             self.num_workers = int(num_workers)
             self._hold_shared()  # the consumers' budgets (and so their cache) depend on their number
+        if num_workers > 0 and is_url(self.path) and not self.path.startswith("file:"):
+            kwargs.setdefault("multiprocessing_context", "spawn")
         if not self.unbatched:
             if kwargs.get("batch_size") is not None:
                 raise ConfigError(

@@ -1,74 +1,109 @@
-"""``shardkit convert``: turn a raw corpus into a dataset, with a progress bar and a summary."""
+"""``shardkit convert``: turn a raw corpus into a dataset, with a progress bar and a summary.
+
+The corpus options (``--size``, ``--sample-rate``, ...) are not written here: they are generated from
+the option schema of every registered kind (:attr:`shardkit.converters.base.Converter.options`,
+including kinds added by other packages), so a new kind or option changes nothing in this module.
+Their values reach the kind as text and are parsed by the kind's own option parsers, which name the
+flag in their errors.
+"""
 
 from __future__ import annotations
 
+import inspect
+import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import typer
 
 from shardkit.cli.app import app, echo_err, setup_logging
-from shardkit.errors import ConfigError
+from shardkit.converters.options import Option
+from shardkit.converters.registry import available_kinds, kind_options
 from shardkit.units import human_bytes, parse_bytes
 
+__all__ = ["convert", "kind_option_parameters"]
 
-@app.command()
-def convert(
-    src: Path = typer.Argument(..., help="Corpus: COCO root (or instances_*.json), class folders, CIFAR batches, audio folders."),
-    output: Path = typer.Option(..., "-o", "--output", help="Output dataset directory."),
-    kind: str | None = typer.Option(None, "--kind", help="coco, imagefolder, cifar10, cifar100 or audio (default: detect)."),
-    split: str | None = typer.Option(None, "--split", help="Split to convert (train, val, test, ...; default train or the only one)."),
-    size: str | None = typer.Option(None, "--size", help="Image frame H or HxW (default 224; CIFAR: native 32)."),
-    resize: str | None = typer.Option(None, "--resize", help="shorter (cover the frame) or longer (fit inside)."),
-    crop: str | None = typer.Option(None, "--crop", help="center (centre, cut/pad both sides) or pad (keep all, pad right/bottom)."),
-    interpolation: str | None = typer.Option(None, "--interpolation", help="nearest, box, bilinear, hamming, bicubic, lanczos."),
-    max_boxes: int | None = typer.Option(None, "--max-boxes", help="COCO: boxes kept per image (default 100)."),
-    image_dir: Path | None = typer.Option(None, "--image-dir", help="COCO: image folder (default <split>/ or images/<split>/)."),
-    sample_rate: int | None = typer.Option(None, "--sample-rate", help="Audio: output rate in Hz (default 16000)."),
-    duration: float | None = typer.Option(None, "--duration", help="Audio: record length in seconds (default 1.0)."),
-    channels: int | None = typer.Option(None, "--channels", help="Audio: 1 mixes to mono (default); C keeps C channels."),
-    window: bool = typer.Option(False, "--window", help="Audio: cut long files into several records instead of trimming."),
-    dtype: str | None = typer.Option(None, "--dtype", help="Audio: int16 (default) or float32."),
-    workers: int | None = typer.Option(None, "--workers", "-j", help="Decode processes (default: cores). Output does not depend on it."),
-    strict: bool = typer.Option(False, "--strict", help="Stop at the first bad input instead of skipping it."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output (default: resume or refuse)."),
-    compression: str | None = typer.Option(None, "--compression", help="Per-record codec: zstd, gzip, blosc-lz4 (default none)."),
-    shard_size: str | None = typer.Option(None, "--shard-size", help="Target shard file size, e.g. 256MiB (default)."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log every skipped input."),
-) -> None:
-    """Convert a corpus into a dataset; resumable, deterministic whatever --workers."""
+logger = logging.getLogger(__name__)
+
+_KIND_PANEL = "Corpus options (each applies to the kinds it names)"
+
+
+def _option_help(entries: list[tuple[str, Option]]) -> str:
+    """One help text for an option several kinds may declare (differently)."""
+    groups: dict[Option, list[str]] = {}
+    for kind, opt in entries:
+        groups.setdefault(opt, []).append(kind)
+    parts = []
+    for opt, kinds in groups.items():
+        default = "" if opt.default is None or opt.type is bool else f" Default: {opt.default}."
+        parts.append(f"{', '.join(kinds)}: {opt.help}{default}")
+    return " ".join(parts)
+
+
+def kind_option_parameters() -> list[inspect.Parameter]:
+    """One keyword parameter (a typer option) per corpus option of every kind.
+
+    Options of the same name must agree on being a flag or taking a value; a kind that disagrees
+    keeps its option in Python but not on the command line (logged).
+    """
+    params = []
+    for name, entries in sorted(kind_options().items()):
+        is_flag = entries[0][1].type is bool
+        agreeing = [(k, o) for k, o in entries if (o.type is bool) == is_flag]
+        for kind, _ in entries:
+            if (kind, _) not in agreeing:
+                logger.warning("kind %s: option %s is a flag for some kinds and takes a value for others; "
+                               "not offered on the command line", kind, name)
+        flag = agreeing[0][1].flag
+        info: Any
+        if is_flag:
+            info = typer.Option(None, f"{flag}/--no-{flag[2:]}", help=_option_help(agreeing),
+                                rich_help_panel=_KIND_PANEL, show_default=False)
+            annotation: Any = bool | None
+        else:
+            info = typer.Option(None, flag, help=_option_help(agreeing), metavar=agreeing[0][1].metavar or "VALUE",
+                                rich_help_panel=_KIND_PANEL, show_default=False)
+            annotation = str | None
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=annotation))
+    return params
+
+
+def _common_parameters() -> list[inspect.Parameter]:
+    """The options of the command itself (not of a corpus kind)."""
+    def p(name: str, annotation: Any, info: Any) -> inspect.Parameter:
+        return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=annotation)
+
+    return [
+        p("src", Path, typer.Argument(..., metavar="SRC", show_default=False, help=(
+            "Corpus: COCO root (or instances_*.json), class folders, CIFAR batches, audio folders."))),
+        p("output", str, typer.Option(..., "-o", "--output", metavar="PATH|URL", help=(
+            "Output dataset directory, or an object-store URL (s3://bucket/ds, gs://, az://): shards are "
+            "staged locally and uploaded as they complete, metadata last."))),
+        p("staging_dir", Path | None, typer.Option(None, "--staging-dir", metavar="DIR", show_default=False, help=(
+            "For a URL output: where shards are staged before upload (default: the temp dir); a re-run "
+            "must see the same one to resume."))),
+        p("kind", str | None, typer.Option(None, "--kind", metavar="KIND", show_default=False,
+                                           help=f"{', '.join(available_kinds())} (default: detect).")),
+        p("workers", int | None, typer.Option(None, "--workers", "-j", min=1, show_default=False,
+                                              help="Decode processes (default: cores). Output does not depend on it.")),
+        p("strict", bool, typer.Option(False, "--strict", help="Stop at the first bad input instead of skipping it.")),
+        p("overwrite", bool, typer.Option(False, "--overwrite",
+                                          help="Replace an existing output (default: resume or refuse).")),
+        p("compression", str | None, typer.Option(None, "--compression", metavar="CODEC", show_default=False,
+                                                  help="Per-record codec: zstd, gzip, blosc-lz4 (default none).")),
+        p("shard_size", str | None, typer.Option(None, "--shard-size", metavar="SIZE", show_default=False,
+                                                 help="Target shard file size, e.g. 64MiB (default 256MiB).")),
+        p("quiet", bool, typer.Option(False, "--quiet", "-q", help="No progress bar.")),
+        p("verbose", bool, typer.Option(False, "--verbose", "-v", help="Log every skipped input.")),
+    ]
+
+
+def _progress_bar(quiet: bool, unit: str, desc: str) -> tuple[Callable[[int, int, int], None], Callable[[], None]]:
+    """A tqdm progress callback (created at the first call, when the total is known) and its closer."""
     from tqdm import tqdm
 
-    from shardkit.converters import convert as run_convert
-    from shardkit.converters import detect_kind
-
-    setup_logging(verbose)
-    options: dict[str, Any] = {
-        "split": split,
-        "size": size,
-        "resize": resize,
-        "crop": crop,
-        "interpolation": interpolation,
-        "max_boxes": max_boxes,
-        "image_dir": str(image_dir) if image_dir else None,
-        "sample_rate": sample_rate,
-        "duration": duration,
-        "channels": channels,
-        "window": True if window else None,
-        "dtype": dtype,
-    }
-    options = {k: v for k, v in options.items() if v is not None}
-    if compression is not None and compression.lower() == "none":
-        compression = None
-    kind = kind or detect_kind(src)
-    extra: dict[str, Any] = {}
-    if shard_size is not None:
-        extra["shard_bytes"] = parse_bytes(shard_size, what="--shard-size")
-        if extra["shard_bytes"] <= 0:
-            raise ConfigError(f"--shard-size: expected a positive size, found {shard_size!r}")
-    unit = "file" if kind == "audio" else "img"
     bar: Any = None
 
     def progress(done: int, total: int, records: int) -> None:
@@ -76,19 +111,53 @@ def convert(
         if quiet:
             return
         if bar is None:
-            bar = tqdm(total=total, initial=done, unit=unit, desc=f"convert {kind}", dynamic_ncols=True, smoothing=0.1)
+            bar = tqdm(total=total, initial=done, unit=unit, desc=desc, dynamic_ncols=True, smoothing=0.1)
             return
         bar.update(done - bar.n)
 
+    def close() -> None:
+        if bar is not None:
+            bar.close()
+
+    return progress, close
+
+
+def convert(
+    *,
+    src: Path,
+    output: str,
+    staging_dir: Path | None,
+    kind: str | None,
+    workers: int | None,
+    strict: bool,
+    overwrite: bool,
+    compression: str | None,
+    shard_size: str | None,
+    quiet: bool,
+    verbose: bool,
+    **given: Any,
+) -> None:
+    """Convert a corpus into a dataset; resumable, deterministic whatever --workers."""
+    from shardkit.converters import convert as run_convert
+    from shardkit.converters import detect_kind, get_converter
+
+    setup_logging(verbose)
+    options = {k: v for k, v in given.items() if v is not None}
+    if compression is not None and compression.lower() == "none":
+        compression = None
+    kind = kind or detect_kind(src)
+    extra: dict[str, Any] = {}
+    if shard_size is not None:
+        extra["shard_bytes"] = parse_bytes(shard_size, what="--shard-size")
+    progress, close_bar = _progress_bar(quiet, get_converter(kind).progress_unit, f"convert {kind}")
     t0 = time.perf_counter()
     try:
         summary = run_convert(
-            src, output, kind, workers=workers, strict=strict, overwrite=overwrite,
-            compression=compression, progress=progress, **extra, **options,
+            src, output, kind, workers=workers, strict=strict, overwrite=overwrite, compression=compression,
+            progress=progress, naming="cli", staging_dir=staging_dir, **extra, **options,
         )
     finally:
-        if bar is not None:
-            bar.close()
+        close_bar()
     if summary.already_complete:
         typer.echo(f"{summary.output}: already converted with the same parameters ({summary.records} records); nothing to do")
         return
@@ -109,3 +178,9 @@ def convert(
             f"{summary.num_skipped} inputs skipped; run with --verbose to list them, or read "
             f"attributes.shardkit.skipped in {summary.output}/zarr.json"
         )
+
+
+convert.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [*_common_parameters(), *kind_option_parameters()], return_annotation=None
+)
+app.command("convert")(convert)

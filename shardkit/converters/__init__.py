@@ -1,24 +1,24 @@
 """Converters: raw corpora (COCO, class folders, CIFAR batches, audio folders) into shardkit datasets.
 
-``convert(src, out, kind=None, **options)`` is the entry point; each corpus kind is one module that
-registers a :class:`~shardkit.converters.base.Converter` subclass by name. Nothing here imports torch
-or tensorflow.
+``convert(src, out, kind=None, **options)`` is the entry point. Each corpus kind is one module with a
+:class:`~shardkit.converters.base.Converter` subclass (the main-process half) and a small picklable
+:class:`~shardkit.converters.base.Decoder` (the worker half), named in
+:mod:`~shardkit.converters.registry` or added by another package through the ``shardkit.converters``
+entry points. Nothing here imports torch or tensorflow.
 """
 
-from shardkit.converters.base import (
-    Converter,
-    ScanResult,
-    Skip,
-    available_kinds,
-    detect_kind,
-    get_converter,
-    register,
-)
+from shardkit.converters.base import Converter, Decoded, Decoder, Note, ScanResult, Skip
+from shardkit.converters.options import Option
 from shardkit.converters.pipeline import ConvertSummary, convert, run_converter
+from shardkit.converters.registry import available_kinds, detect_kind, get_converter, register
 
 __all__ = [
     "Converter",
     "ConvertSummary",
+    "Decoded",
+    "Decoder",
+    "Note",
+    "Option",
     "ScanResult",
     "Skip",
     "available_kinds",

@@ -1,50 +1,59 @@
-"""The converter seam: the :class:`Converter` ABC, the registry of corpus kinds and kind detection.
+"""The converter seam: :class:`Converter` (the main-process half) and :class:`Decoder` (the worker half).
 
-A corpus kind is one module that subclasses :class:`Converter` and decorates it with
-:func:`register`. The pipeline (:mod:`shardkit.converters.pipeline`) only talks to this interface,
-so adding a kind never touches the pipeline, the CLI or the other kinds.
+A corpus kind is one module with a :class:`Converter` subclass, named in the registry
+(:mod:`shardkit.converters.registry`). The pipeline (:mod:`shardkit.converters.pipeline`) only talks
+to these two interfaces, and this module knows no kind, so adding a kind never touches the
+pipeline, the CLI or the other kinds.
 
-A converter splits its work in two halves so that decoding can run in worker processes while the
-output stays deterministic:
+A conversion is split in two halves so that decoding can run in worker processes while the output
+stays deterministic:
 
 * :meth:`Converter.scan` runs once in the calling process. It reads directory listings and
   annotation files and returns the *input sequence*: an ordered, indexable sequence of small
   picklable work items. Its order alone fixes the order of the records.
-* :meth:`Converter.decode` runs in a worker for one item and returns that item's records (an
-  image gives one, an audio file cut into windows may give several) or raises
-  :class:`~shardkit.errors.InputFileError`, which becomes a skip with its reason.
+* :attr:`Converter.decoder` is a small picklable :class:`Decoder` (the transform and a few paths,
+  never the corpus listing) that a worker process receives once. :meth:`Decoder.decode` turns one
+  item into its records (an image gives one, an audio file cut into windows may give several) or
+  raises :class:`~shardkit.errors.InputFileError`, which becomes a skip with its reason.
 """
 
 from __future__ import annotations
 
-import logging
+import functools
 import zlib
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-import numpy as np
-
-from shardkit.errors import ConfigError, ConversionError, DatasetNotFoundError
+from shardkit.converters.options import Option, OptionNaming, parse_options
+from shardkit.errors import DatasetNotFoundError
 from shardkit.formats import FieldSpec
 
 __all__ = [
     "Converter",
+    "Decoder",
+    "Decoded",
+    "Note",
+    "Record",
     "ScanResult",
     "Skip",
-    "register",
-    "get_converter",
-    "available_kinds",
-    "detect_kind",
+    "MAX_RECORDS_PER_INPUT",
+    "RECORD_BYTES_PER_CALL",
     "reason_category",
 ]
 
-logger = logging.getLogger(__name__)
+#: One record as produced by :meth:`Decoder.decode`: the payload and every declared field.
+Record = dict[str, Any]
 
-#: One record as produced by :meth:`Converter.decode`: the payload and every declared field.
-Record = dict[str, np.ndarray | np.generic]
+#: Most records one input may give (an audio file cut into windows): a resume cursor keeps the
+#: record number inside its input in 20 bits (see :mod:`shardkit.converters.staging`).
+MAX_RECORDS_PER_INPUT = (1 << 20) - 1
+#: A decode call returns about this many bytes of records at most (at least one record); an input
+#: with more says so with :attr:`Decoded.more` and is continued by further calls, so one long
+#: recording never has to be held in memory whole.
+RECORD_BYTES_PER_CALL = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -57,6 +66,46 @@ class Skip:
 
     path: str
     reason: str
+
+
+@dataclass(frozen=True)
+class Note:
+    """Something worth reporting about a decoded input that is not a skip (a COCO image whose
+    boxes were capped): counted by ``category`` in the summary, logged with ``detail``."""
+
+    category: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.category}: {self.detail}"
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """Records ``start, start + 1, ...`` of one input, as returned by :meth:`Decoder.decode`.
+
+    Attributes
+    ----------
+    records
+        The records, in order.
+    start
+        Number of the first record within its input.
+    more
+        The input has records after these: the pipeline asks for them with
+        ``decode(item, start=start + len(records))`` before it moves to the next input.
+    notes
+        Notes about the input (reported once per decode call).
+    """
+
+    records: list[Record]
+    start: int = 0
+    more: bool = False
+    notes: tuple[Note, ...] = ()
+
+    @property
+    def next_start(self) -> int | None:
+        """The ``start`` of the next call for this input, or ``None`` when it is done."""
+        return self.start + len(self.records) if self.more else None
 
 
 @dataclass
@@ -82,45 +131,86 @@ def reason_category(reason: str) -> str:
     return head if sep else reason
 
 
-class Converter(ABC):
-    """Turn one corpus kind into records.
+class Decoder(ABC):
+    """Decode work items into records; runs in worker processes, so it must stay small and picklable.
 
-    Subclasses set :attr:`name`, :attr:`payload`, :attr:`option_defaults`, implement the abstract
-    methods, and are registered with :func:`register`.
+    Parameters
+    ----------
+    payload
+        Name of the payload field of every record.
+    record
+        Shape and dtype of one payload record.
+    """
+
+    def __init__(self, payload: str, record: FieldSpec) -> None:
+        self.payload = payload
+        self.record = record
+
+    @abstractmethod
+    def decode(self, item: Any, start: int = 0) -> Decoded:
+        """Records ``start, start + 1, ...`` of ``item``; raise ``InputFileError`` to skip it.
+
+        Kinds with one record per input only ever see ``start == 0``. A kind that cuts an input
+        into several records returns at most about :data:`RECORD_BYTES_PER_CALL` bytes of them per
+        call and sets :attr:`Decoded.more` when records remain.
+        """
+
+    @abstractmethod
+    def item_path(self, item: Any) -> str:
+        """Human-readable name of an item, used in skip reasons and ``--strict`` errors."""
+
+
+class Converter(ABC):
+    """Turn one corpus kind into records (the main-process half; see the module docstring).
+
+    Subclasses set :attr:`name`, :attr:`payload`, :attr:`options`, implement the abstract methods
+    and are named in :mod:`shardkit.converters.registry` (or an entry point).
 
     Parameters
     ----------
     src
-        Corpus root directory (or file, for kinds that accept one).
+        Corpus root directory (or file, for kinds that accept one). It is resolved to an absolute
+        path, so a relative and an absolute spelling of the same corpus are the same conversion.
+    naming
+        How errors name options: ``"python"`` (``sample_rate``) or ``"cli"`` (``--sample-rate``).
     **options
-        Kind-specific options; unknown names are a :class:`~shardkit.errors.ConfigError`.
+        Kind-specific options (see :attr:`options`); unknown names are a
+        :class:`~shardkit.errors.ConfigError`, and each value is parsed by its :class:`Option`.
     """
 
     #: Registry name of the kind (``--kind``).
     name: ClassVar[str] = ""
     #: Name of the payload array: ``"image"`` or ``"audio"``.
     payload: ClassVar[str] = ""
-    #: Every option the kind accepts, with its default.
-    option_defaults: ClassVar[Mapping[str, Any]] = {}
+    #: Every option the kind accepts: name, type, default and help (the CLI is generated from it).
+    options: ClassVar[tuple[Option, ...]] = ()
     #: When several kinds recognise a corpus, the highest priority wins (a COCO image folder also
     #: looks like class folders; an annotation file is the more specific evidence).
     detect_priority: ClassVar[int] = 0
     #: Items per task sent to a worker: enough to amortise inter-process overhead.
     chunk_size: ClassVar[int] = 4
+    #: What one input is called in progress bars.
+    progress_unit: ClassVar[str] = "item"
+    #: Every input gives at most one record (then a corpus smaller than a shard gets a smaller shard).
+    one_record_per_input: ClassVar[bool] = False
 
-    def __init__(self, src: str | Path, **options: Any) -> None:
-        self.src = Path(src)
-        if not self.src.exists():
-            raise DatasetNotFoundError(f"{self.src}: corpus not found")
-        unknown = sorted(set(options) - set(self.option_defaults))
-        if unknown:
-            raise ConfigError(
-                f"kind {self.name!r} does not accept option(s) {', '.join(unknown)}; "
-                f"expected some of: {', '.join(sorted(self.option_defaults))}"
-            )
-        merged = dict(self.option_defaults)
-        merged.update({k: v for k, v in options.items() if v is not None})
-        self.options: dict[str, Any] = merged
+    def __init__(self, src: str | Path, *, naming: OptionNaming = "python", **options: Any) -> None:
+        src = Path(src)
+        if not src.exists():
+            raise DatasetNotFoundError(f"{src}: corpus not found")
+        self.src = src.resolve()
+        self.naming: OptionNaming = naming
+        #: The parsed options, every one of :attr:`options` present (defaults filled in).
+        self.values: dict[str, Any] = parse_options(self.name, self.options, options, naming)
+
+    def label(self, option: str) -> str:
+        """``option`` as the user wrote it (``--sample-rate`` on the CLI, ``sample_rate`` in Python)."""
+        return "--" + option.replace("_", "-") if self.naming == "cli" else option
+
+    @classmethod
+    def option_defaults(cls) -> dict[str, Any]:
+        """Every option with its default."""
+        return {o.name: o.default for o in cls.options}
 
     # ------------------------------------------------------------------ detection
     @classmethod
@@ -145,10 +235,14 @@ class Converter(ABC):
     def labels(self) -> dict[str, list[str]]:
         """Class names per label field."""
 
-    @property
-    def kind(self) -> str:
-        """Kind stored in the dataset metadata (may be refined by :meth:`scan`, e.g. cifar100)."""
-        return self.name
+    @abstractmethod
+    def make_decoder(self) -> Decoder:
+        """The worker half: a small picklable :class:`Decoder` for the items of :meth:`scan`."""
+
+    @functools.cached_property
+    def decoder(self) -> Decoder:
+        """:meth:`make_decoder`, built once."""
+        return self.make_decoder()
 
     def transform(self) -> dict[str, Any]:
         """Transform parameters stored in the metadata."""
@@ -156,7 +250,7 @@ class Converter(ABC):
 
     def source(self) -> dict[str, Any]:
         """Where the data came from, stored in the metadata."""
-        return {"path": str(self.src.resolve()), "kind": self.kind, "split": self.options.get("split")}
+        return {"path": str(self.src), "kind": self.name, "split": self.values.get("split")}
 
     def extra(self) -> dict[str, Any]:
         """Kind-specific metadata (category ids, ...)."""
@@ -164,11 +258,11 @@ class Converter(ABC):
 
     def config(self) -> dict[str, Any]:
         """Every parameter that shapes the output; a resume with a different config is refused."""
-        return {"kind": self.kind, "src": str(self.src.resolve()), "options": dict(sorted(self.options.items()))}
+        return {"kind": self.name, "src": str(self.src), "options": dict(sorted(self.values.items()))}
 
     def item_path(self, item: Any) -> str:
-        """Human-readable name of an item, used in skip reasons and ``--strict`` errors."""
-        return str(item)
+        """Human-readable name of an item (the decoder's)."""
+        return self.decoder.item_path(item)
 
     def inputs_fingerprint(self, scan: ScanResult) -> str:
         """Fingerprint of the input sequence, stored in the config.
@@ -184,60 +278,3 @@ class Converter(ABC):
             crc = zlib.crc32(f"{s.path}\t{s.reason}\n".encode("utf-8", "surrogateescape"), crc)
         return f"{len(scan.items)}:{crc:08x}"
 
-    # ------------------------------------------------------------------ worker half
-    @abstractmethod
-    def decode(self, item: Any) -> list[Record]:
-        """Decode one item into its records; raise ``InputFileError`` to skip it."""
-
-
-_REGISTRY: dict[str, type[Converter]] = {}
-
-
-def register(cls: type[Converter]) -> type[Converter]:
-    """Class decorator: make ``cls`` available under ``cls.name``."""
-    if not cls.name:
-        raise ConfigError(f"{cls.__qualname__}: a converter needs a non-empty name")
-    if cls.name in _REGISTRY and _REGISTRY[cls.name] is not cls:
-        raise ConfigError(f"converter name {cls.name!r} is already registered by {_REGISTRY[cls.name].__qualname__}")
-    _REGISTRY[cls.name] = cls
-    return cls
-
-
-def _load_builtin() -> None:
-    # Importing the modules registers the built-in kinds.
-    from shardkit.converters import audio, cifar, coco, imagefolder  # noqa: F401
-
-
-def available_kinds() -> list[str]:
-    """Names of every registered corpus kind."""
-    _load_builtin()
-    return sorted(_REGISTRY)
-
-
-def get_converter(name: str) -> type[Converter]:
-    """The converter class registered as ``name`` (``ConfigError`` naming the known kinds)."""
-    _load_builtin()
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ConfigError(f"unknown corpus kind {name!r}; expected one of {', '.join(sorted(_REGISTRY))}") from None
-
-
-def detect_kind(src: str | Path) -> str:
-    """Guess the corpus kind of ``src``; ``ConversionError`` if none or several match."""
-    src = Path(src)
-    if not src.exists():
-        raise DatasetNotFoundError(f"{src}: corpus not found")
-    _load_builtin()
-    matches = [(cls.detect_priority, name) for name, cls in sorted(_REGISTRY.items()) if cls.detect(src)]
-    if not matches:
-        raise ConversionError(
-            f"{src}: could not recognise the corpus kind (expected COCO annotations/instances_*.json, "
-            "class folders of images or audio, or CIFAR python batches); pass --kind"
-        )
-    top = max(p for p, _ in matches)
-    found = [name for p, name in matches if p == top]
-    if len(found) > 1:
-        raise ConversionError(f"{src}: looks like several kinds ({', '.join(found)}); pass --kind")
-    logger.info("%s: detected corpus kind %s", src, found[0])
-    return found[0]

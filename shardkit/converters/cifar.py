@@ -11,8 +11,10 @@ Layouts: CIFAR-10 ``data_batch_1..5`` (train), ``test_batch`` and ``batches.meta
 ``train``, ``test`` and ``meta`` (fine and coarse labels). ``SRC`` may be the batch directory or its
 parent holding ``cifar-10-batches-py`` / ``cifar-100-python``.
 
-Records: ``image`` uint8 ``[H, W, 3]`` (native 32x32 unless ``--size`` is given), ``label`` int64,
-and for CIFAR-100 ``coarse_label`` int64.
+Records: ``image`` uint8 ``[H, W, 3]`` (native 32x32 unless ``size`` is given), ``label`` int64,
+and for CIFAR-100 ``coarse_label`` int64. An image whose label is not an index into the class names
+(``-1``, ``10`` for CIFAR-10, ``2**70``, ``"cat"``) is skipped with a ``label`` reason (or stops the run
+under ``--strict``); a batch that is not the expected shape stops the run, naming the file.
 """
 
 from __future__ import annotations
@@ -26,13 +28,20 @@ from typing import Any
 
 import numpy as np
 
-from shardkit.converters.base import Converter, Record, ScanResult, register
-from shardkit.converters.imagefolder import IMAGE_OPTIONS
-from shardkit.converters.images import ImageTransform
-from shardkit.errors import ConfigError, ConversionError
+from shardkit.converters.base import Converter, Decoded, Decoder, ScanResult
+from shardkit.converters.images import ImageTransform, image_options
+from shardkit.converters.options import Option, choice
+from shardkit.errors import ConversionError, InputFileError
 from shardkit.formats import FieldSpec
 
-__all__ = ["SafeUnpickler", "safe_load", "Cifar10Converter", "Cifar100Converter"]
+__all__ = ["SafeUnpickler", "safe_load", "CifarDecoder", "Cifar10Converter", "Cifar100Converter"]
+
+#: Deepest container nesting a batch may have (real batches: a dict of lists/arrays, depth 2).
+_MAX_NESTING = 64
+_OPTIONS = (
+    Option("split", str, None, "train or test (default train).", parse=choice("train", "test"), metavar="NAME"),
+    *image_options("Output frame H or HxW in pixels (default: the native 32x32, no resizing)."),
+)
 
 _NUMPY_GLOBALS = {
     ("numpy.core.multiarray", "_reconstruct"),
@@ -68,15 +77,20 @@ class SafeUnpickler(pickle.Unpickler):
 
 
 def _check_plain(obj: Any, path: Path) -> None:
-    if isinstance(obj, np.ndarray) and obj.dtype.hasobject:
-        raise ConversionError(f"{path}: refused to load an object array (pickle can execute code)")
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            _check_plain(k, path)
-            _check_plain(v, path)
-    elif isinstance(obj, (list, tuple, set, frozenset)):
-        for v in obj:
-            _check_plain(v, path)
+    """Refuse object arrays anywhere in ``obj``, and nesting deeper than a real batch could have.
+
+    Iterative: an unpickled list nested a million levels deep must not blow the recursion limit.
+    """
+    stack: list[tuple[Any, int]] = [(obj, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, np.ndarray) and value.dtype.hasobject:
+            raise ConversionError(f"{path}: refused to load an object array (pickle can execute code)")
+        if isinstance(value, (dict, list, tuple, set, frozenset)):
+            if depth >= _MAX_NESTING:
+                raise ConversionError(f"{path}: containers nested more than {_MAX_NESTING} levels deep; not a CIFAR batch")
+            children = [x for kv in value.items() for x in kv] if isinstance(value, dict) else list(value)
+            stack.extend((child, depth + 1) for child in children)
 
 
 def safe_load(path: Path) -> Any:
@@ -87,6 +101,8 @@ def safe_load(path: Path) -> Any:
         raise ConversionError(f"{path}: cannot read the CIFAR batch: {exc}") from None
     try:
         obj = SafeUnpickler(io.BytesIO(data), encoding="bytes").load()
+    except RecursionError:
+        raise ConversionError(f"{path}: nested too deeply to unpickle; not a CIFAR batch") from None
     except pickle.UnpicklingError as exc:
         raise ConversionError(
             f"{path}: refused to unpickle: {exc}; only plain containers, bytes and numpy arrays are "
@@ -105,8 +121,39 @@ def _key(d: dict[Any, Any], name: str, path: Path) -> Any:
     raise ConversionError(f"{path}: expected a dict with key {name!r}, found keys {sorted(map(str, d))[:8]}")
 
 
-def _names(values: Any) -> list[str]:
-    return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in values]
+def _names(values: Any, path: Path, key: str) -> list[str]:
+    """Class names from a list of str/bytes (ConversionError naming the file otherwise)."""
+    if not isinstance(values, (list, tuple)) or not all(isinstance(v, (str, bytes)) for v in values):
+        raise ConversionError(f"{path}: expected {key} to be a list of names, found {type(values).__name__}")
+    try:
+        return [v.decode("utf-8") if isinstance(v, bytes) else v for v in values]
+    except UnicodeDecodeError as exc:
+        raise ConversionError(f"{path}: {key} holds a name that is not UTF-8 ({exc})") from None
+
+
+def _int_labels(values: Any, path: Path, key: str, n: int) -> tuple[np.ndarray, dict[int, str]]:
+    """``n`` labels as int64, and ``{row: what was found}`` for entries that are not int64 integers.
+
+    The batch as a whole must be a list or 1-D integer array of ``n`` entries; one bad entry only
+    makes its image a skip (its row holds -1 here).
+    """
+    if isinstance(values, np.ndarray) and values.dtype.kind in "iu" and values.shape == (n,):
+        if values.dtype.kind == "u" and values.dtype.itemsize == 8 and n and values.max() > np.iinfo(np.int64).max:
+            values = list(values.tolist())  # uint64 beyond int64: check entry by entry
+        else:
+            return values.astype(np.int64), {}
+    if not isinstance(values, (list, tuple, np.ndarray)) or len(values) != n:
+        found = f"{len(values)} entries" if isinstance(values, (list, tuple, np.ndarray)) else type(values).__name__
+        raise ConversionError(f"{path}: expected {key} to be a list of {n} labels, found {found}")
+    out = np.full(n, -1, dtype=np.int64)
+    bad: dict[int, str] = {}
+    for i, v in enumerate(values.tolist() if isinstance(values, np.ndarray) else values):
+        if isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**63:
+            out[i] = v
+        else:
+            text = repr(v)
+            bad[i] = text if len(text) <= 40 else text[:37] + "..."
+    return out, bad
 
 
 def _batch_dir(src: Path, marker: str, parent_name: str) -> Path | None:
@@ -117,10 +164,15 @@ def _batch_dir(src: Path, marker: str, parent_name: str) -> Path | None:
 
 
 class _Rows(Sequence[Any]):
-    """The input sequence: ``(raw 3072 bytes, label, coarse label)`` per image, built lazily."""
+    """The input sequence: ``(row, raw 3072 bytes, label, coarse label)`` per image, built lazily.
 
-    def __init__(self, data: np.ndarray, labels: np.ndarray, coarse: np.ndarray | None) -> None:
+    A label that was not an integer is given as the text found (the decoder skips its image).
+    """
+
+    def __init__(self, data: np.ndarray, labels: np.ndarray, coarse: np.ndarray | None,
+                 bad: dict[int, str], bad_coarse: dict[int, str]) -> None:
         self.data, self.labels, self.coarse = data, labels, coarse
+        self.bad, self.bad_coarse = bad, bad_coarse
 
     def __len__(self) -> int:
         return int(self.data.shape[0])
@@ -128,17 +180,62 @@ class _Rows(Sequence[Any]):
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        return (i, self.data[i].tobytes(), int(self.labels[i]), None if self.coarse is None else int(self.coarse[i]))
+        label: int | str = self.bad.get(i, int(self.labels[i]))
+        coarse: int | str | None = None if self.coarse is None else self.bad_coarse.get(i, int(self.coarse[i]))
+        return (i, self.data[i].tobytes(), label, coarse)
+
+
+class CifarDecoder(Decoder):
+    """Decode one row: the 3072 planar bytes into an image, labels checked against the class names."""
+
+    def __init__(self, image: ImageTransform, native: bool, where: str, classes: int, coarse_classes: int | None) -> None:
+        super().__init__("image", FieldSpec((image.height, image.width, 3), "uint8"))
+        self.image = image
+        self.native = native
+        self.where = where
+        self.classes = classes
+        self.coarse_classes = coarse_classes
+
+    def item_path(self, item: Any) -> str:
+        return f"{self.where}#{item[0]}"
+
+    def _label(self, item: Any, value: int | str, classes: int, name: str) -> np.int64:
+        if isinstance(value, str) or not 0 <= value < classes:
+            raise InputFileError(self.item_path(item), f"label: {name} {value} is not one of the {classes} classes "
+                                 f"(expected 0..{classes - 1})")
+        return np.int64(value)
+
+    def decode(self, item: Any, start: int = 0) -> Decoded:
+        record: dict[str, Any] = {"label": self._label(item, item[2], self.classes, "label")}
+        if self.coarse_classes is not None:
+            record["coarse_label"] = self._label(item, item[3], self.coarse_classes, "coarse label")
+        arr = np.frombuffer(item[1], dtype=np.uint8).reshape(3, 32, 32).transpose(1, 2, 0)
+        if self.native:
+            record["image"] = np.ascontiguousarray(arr)
+        else:
+            from PIL import Image
+
+            record["image"], _ = self.image.apply(Image.fromarray(np.ascontiguousarray(arr), "RGB"))
+        return Decoded([record])
 
 
 class _CifarBase(Converter):
+    """What CIFAR-10 and CIFAR-100 share; subclasses name their files and keys."""
+
     payload = "image"
-    option_defaults = {"split": None, **IMAGE_OPTIONS}
+    options = _OPTIONS
     chunk_size = 256
     detect_priority = 5
+    progress_unit = "img"
+    one_record_per_input = True
     marker = ""
     parent_name = ""
     splits: dict[str, list[str]] = {}
+    #: Batch keys of the labels (fine, coarse) and meta keys of their names; ``None``: no coarse labels.
+    label_key = ""
+    names_key = ""
+    coarse_key: str | None = None
+    coarse_names_key: str | None = None
 
     def __init__(self, src: str | Path, **options: Any) -> None:
         super().__init__(src, **options)
@@ -146,52 +243,68 @@ class _CifarBase(Converter):
         if base is None:
             raise ConversionError(f"{self.src}: no {self.marker} found (expected a CIFAR python batch directory)")
         self.base = base
-        split = self.options.get("split") or "train"
-        if split not in self.splits:
-            raise ConfigError(f"{self.src}: --split expected one of {', '.join(self.splits)}, found {split!r}")
-        self.split = self.options["split"] = split
-        self.native = self.options.get("size") is None
-        self.image = ImageTransform.from_options(self.options, default_size=32)
-        meta = safe_load(self.base / self.marker)
+        self.split = self.values["split"] = self.values.get("split") or "train"
+        self.native = self.values.get("size") is None
+        self.image = ImageTransform.from_options(self.values, self.label, default_size=32)
+        meta_path = self.base / self.marker
+        meta = safe_load(meta_path)
         if not isinstance(meta, dict):
-            raise ConversionError(f"{self.base / self.marker}: expected a dict, found {type(meta).__name__}")
-        self._meta = meta
-        self._rows: _Rows | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        # Workers receive items with their pixels; never ship the whole corpus to each of them.
-        state = self.__dict__.copy()
-        state["_rows"] = None
-        return state
+            raise ConversionError(f"{meta_path}: expected a dict, found {type(meta).__name__}")
+        self.names = {"label": _names(_key(meta, self.names_key, meta_path), meta_path, self.names_key)}
+        if self.coarse_key is not None and self.coarse_names_key is not None:
+            self.names["coarse_label"] = _names(_key(meta, self.coarse_names_key, meta_path), meta_path, self.coarse_names_key)
 
     @classmethod
     def detect(cls, src: Path) -> bool:
         return src.is_dir() and _batch_dir(src, cls.marker, cls.parent_name) is not None
 
-    def _load_batches(self, label_key: str, coarse_key: str | None) -> _Rows:
+    def _load_batch(self, path: Path) -> tuple[np.ndarray, tuple[np.ndarray, dict[int, str]], tuple[np.ndarray, dict[int, str]] | None]:
+        if not path.is_file():
+            raise ConversionError(f"{path}: CIFAR batch missing")
+        batch = safe_load(path)
+        if not isinstance(batch, dict):
+            raise ConversionError(f"{path}: expected a dict, found {type(batch).__name__}")
+        data = np.asarray(_key(batch, "data", path))
+        if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:
+            raise ConversionError(f"{path}: expected data uint8 [n, 3072], found {data.dtype} {list(data.shape)}")
+        n = data.shape[0]
+        labels = _int_labels(_key(batch, self.label_key, path), path, self.label_key, n)
+        coarse = None
+        if self.coarse_key is not None:
+            coarse = _int_labels(_key(batch, self.coarse_key, path), path, self.coarse_key, n)
+        return data, labels, coarse
+
+    def scan(self) -> ScanResult:
         datas, labels, coarse = [], [], []
+        bad: dict[int, str] = {}
+        bad_coarse: dict[int, str] = {}
+        offset = 0
         for fname in self.splits[self.split]:
-            path = self.base / fname
-            if not path.is_file():
-                raise ConversionError(f"{path}: CIFAR batch missing")
-            batch = safe_load(path)
-            if not isinstance(batch, dict):
-                raise ConversionError(f"{path}: expected a dict, found {type(batch).__name__}")
-            data = np.asarray(_key(batch, "data", path))
-            lab = np.asarray(_key(batch, label_key, path), dtype=np.int64)
-            if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072 or lab.shape != (data.shape[0],):
-                raise ConversionError(
-                    f"{path}: expected data uint8 [n, 3072] and {label_key} [n], found data "
-                    f"{data.dtype} {list(data.shape)} and {label_key} {list(lab.shape)}"
-                )
+            data, (lab, lab_bad), coarse_part = self._load_batch(self.base / fname)
             datas.append(data)
             labels.append(lab)
-            if coarse_key:
-                coarse.append(np.asarray(_key(batch, coarse_key, path), dtype=np.int64))
-        return _Rows(np.concatenate(datas), np.concatenate(labels), np.concatenate(coarse) if coarse_key else None)
+            bad.update({offset + k: v for k, v in lab_bad.items()})
+            if coarse_part is not None:
+                coarse.append(coarse_part[0])
+                bad_coarse.update({offset + k: v for k, v in coarse_part[1].items()})
+            offset += data.shape[0]
+        rows = _Rows(np.concatenate(datas), np.concatenate(labels),
+                     np.concatenate(coarse) if self.coarse_key else None, bad, bad_coarse)
+        return ScanResult(items=rows)
+
+    def fields(self) -> dict[str, FieldSpec]:
+        return {name: FieldSpec((), "int64") for name in self.names}
+
+    def labels(self) -> dict[str, list[str]]:
+        return {k: list(v) for k, v in self.names.items()}
 
     def record_spec(self) -> FieldSpec:
         return FieldSpec((self.image.height, self.image.width, 3), "uint8")
+
+    def make_decoder(self) -> CifarDecoder:
+        coarse = self.names.get("coarse_label")
+        return CifarDecoder(self.image, self.native, f"{self.base}[{self.split}]", len(self.names["label"]),
+                            None if coarse is None else len(coarse))
 
     def transform(self) -> dict[str, Any]:
         return {**self.image.to_json(), "native": self.native}
@@ -201,27 +314,16 @@ class _CifarBase(Converter):
 
     def inputs_fingerprint(self, scan: ScanResult) -> str:
         rows = scan.items
-        assert isinstance(rows, _Rows)
+        if not isinstance(rows, _Rows):
+            raise TypeError(f"expected the rows of {type(self).__name__}.scan(), found {type(rows).__name__}")
         crc = zlib.crc32(np.ascontiguousarray(rows.data).data)
         crc = zlib.crc32(rows.labels.astype("<i8").tobytes(), crc)
         if rows.coarse is not None:
             crc = zlib.crc32(rows.coarse.astype("<i8").tobytes(), crc)
+        crc = zlib.crc32(repr(sorted(rows.bad.items()) + sorted(rows.bad_coarse.items())).encode(), crc)
         return f"{len(rows)}:{crc:08x}"
 
-    def item_path(self, item: Any) -> str:
-        return f"{self.base}[{self.split}]#{item[0]}"
 
-    def _image(self, raw: bytes) -> np.ndarray:
-        arr = np.frombuffer(raw, dtype=np.uint8).reshape(3, 32, 32).transpose(1, 2, 0)
-        if self.native:
-            return np.ascontiguousarray(arr)
-        from PIL import Image
-
-        out, _ = self.image.apply(Image.fromarray(np.ascontiguousarray(arr), "RGB"))
-        return out
-
-
-@register
 class Cifar10Converter(_CifarBase):
     """CIFAR-10 python batches."""
 
@@ -229,22 +331,10 @@ class Cifar10Converter(_CifarBase):
     marker = "batches.meta"
     parent_name = "cifar-10-batches-py"
     splits = {"train": [f"data_batch_{i}" for i in range(1, 6)], "test": ["test_batch"]}
-
-    def scan(self) -> ScanResult:
-        self._rows = self._load_batches("labels", None)
-        return ScanResult(items=self._rows)
-
-    def fields(self) -> dict[str, FieldSpec]:
-        return {"label": FieldSpec((), "int64")}
-
-    def labels(self) -> dict[str, list[str]]:
-        return {"label": _names(_key(self._meta, "label_names", self.base / self.marker))}
-
-    def decode(self, item: Any) -> list[Record]:
-        return [{"image": self._image(item[1]), "label": np.int64(item[2])}]
+    label_key = "labels"
+    names_key = "label_names"
 
 
-@register
 class Cifar100Converter(_CifarBase):
     """CIFAR-100 python batches (fine ``label`` and ``coarse_label``)."""
 
@@ -252,25 +342,12 @@ class Cifar100Converter(_CifarBase):
     marker = "meta"
     parent_name = "cifar-100-python"
     splits = {"train": ["train"], "test": ["test"]}
+    label_key = "fine_labels"
+    names_key = "fine_label_names"
+    coarse_key = "coarse_labels"
+    coarse_names_key = "coarse_label_names"
 
     @classmethod
     def detect(cls, src: Path) -> bool:
         base = _batch_dir(src, cls.marker, cls.parent_name) if src.is_dir() else None
         return base is not None and ((base / "train").is_file() or (base / "test").is_file())
-
-    def scan(self) -> ScanResult:
-        self._rows = self._load_batches("fine_labels", "coarse_labels")
-        return ScanResult(items=self._rows)
-
-    def fields(self) -> dict[str, FieldSpec]:
-        return {"label": FieldSpec((), "int64"), "coarse_label": FieldSpec((), "int64")}
-
-    def labels(self) -> dict[str, list[str]]:
-        path = self.base / self.marker
-        return {
-            "label": _names(_key(self._meta, "fine_label_names", path)),
-            "coarse_label": _names(_key(self._meta, "coarse_label_names", path)),
-        }
-
-    def decode(self, item: Any) -> list[Record]:
-        return [{"image": self._image(item[1]), "label": np.int64(item[2]), "coarse_label": np.int64(item[3])}]

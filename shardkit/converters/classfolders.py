@@ -14,16 +14,19 @@ Rules, the same for both media:
 from __future__ import annotations
 
 import os
+from abc import abstractmethod
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, ClassVar
 
-from shardkit.errors import ConfigError, InputFileError
+from shardkit.converters.base import Converter, Decoder
+from shardkit.errors import ConfigError, ConversionError, InputFileError
 from shardkit.formats import FieldSpec
 
 __all__ = [
     "SPLIT_NAMES",
-    "ClassFolderFields",
+    "ClassFolderConverter",
+    "ClassFolderDecoder",
     "find_splits",
     "choose_split",
     "class_names",
@@ -48,12 +51,12 @@ def find_splits(root: Path) -> list[str]:
     return [d for d in _visible_dirs(root) if d in SPLIT_NAMES]
 
 
-def choose_split(available: list[str], requested: str | None, root: Path) -> str | None:
+def choose_split(available: list[str], requested: str | None, root: Path, label: str = "split") -> str | None:
     """The split to convert: the requested one, else ``train``, else the only one."""
     if requested is not None:
         if requested not in available:
             raise ConfigError(
-                f"{root}: --split {requested!r} not found; available: {', '.join(available) or 'none'}"
+                f"{root}: {label} {requested!r} not found; available: {', '.join(available) or 'none'}"
             )
         return requested
     if not available:
@@ -62,7 +65,7 @@ def choose_split(available: list[str], requested: str | None, root: Path) -> str
         return "train"
     if len(available) == 1:
         return available[0]
-    raise ConfigError(f"{root}: several splits ({', '.join(available)}); choose one with --split")
+    raise ConfigError(f"{root}: several splits ({', '.join(available)}); choose one with {label}")
 
 
 def class_names(root: Path, splits: list[str]) -> list[str]:
@@ -119,20 +122,56 @@ def media_share(root: Path, exts: Iterable[str], limit: int = 200) -> tuple[int,
     return media, total
 
 
-class ClassFolderFields:
-    """What a class-folder converter's records share, whatever the media: the ``label`` field, its
-    names (the sorted class folders), input paths relative to ``base`` and the transform's JSON in
-    the config, corpus detection by file extensions and the per-file extension check. Subclasses
-    set ``media_extensions`` and ``media_name`` (class attributes), ``base``, ``classes`` and
-    ``media_transform`` (an object with ``to_json()``), and list this class before
-    :class:`~shardkit.converters.base.Converter`.
+class ClassFolderDecoder(Decoder):
+    """The worker half of a class-folder kind: items are ``(path relative to base, label)``."""
+
+    def __init__(self, payload: str, record: FieldSpec, base: Path, extensions: frozenset[str], media_name: str) -> None:
+        super().__init__(payload, record)
+        self.base = base
+        self.extensions = extensions
+        self.media_name = media_name
+
+    def checked_path(self, rel: str) -> Path:
+        """``base / rel``, or InputFileError when its extension is not one of this media's."""
+        path = self.base / rel
+        suffix = Path(rel).suffix
+        if suffix.lower() not in self.extensions:
+            raise InputFileError(
+                str(path), f"unsupported: file extension {suffix or '(none)'!r} is not an {self.media_name} type"
+            )
+        return path
+
+    def item_path(self, item: tuple[str, int]) -> str:
+        return str(self.base / item[0])
+
+
+class ClassFolderConverter(Converter):
+    """A corpus of class folders, whatever the media: the ``label`` field, its names (the sorted class
+    folders), inputs scanned below ``base`` in sorted order, detection by file extensions.
+
+    Subclasses set :attr:`media_extensions` and :attr:`media_name`, implement :meth:`media_transform`
+    and :meth:`make_decoder`, and may override :meth:`layout` (audio corpora also split by lists).
     """
 
-    media_extensions: ClassVar[frozenset[str]]
-    media_name: ClassVar[str]
-    base: Path
-    classes: list[str]
-    media_transform: Any
+    #: Extensions (lower case, with the dot) of this media's files.
+    media_extensions: ClassVar[frozenset[str]] = frozenset()
+    #: ``"image"`` or ``"audio"``, in skip reasons.
+    media_name: ClassVar[str] = ""
+
+    def __init__(self, src: str | Path, **options: Any) -> None:
+        super().__init__(src, **options)
+        self.split, self.base, self.classes = self.layout()
+        self.values["split"] = self.split
+        if not self.classes:
+            raise ConversionError(
+                f"{self.base}: no class folders found (expected {self.base}/<class>/<{self.media_name} files>)"
+            )
+
+    def layout(self) -> tuple[str | None, Path, list[str]]:
+        """``(split, base directory, class names)`` from split directories (``train/``, ``val/``...)."""
+        splits = find_splits(self.src)
+        split = choose_split(splits, self.values.get("split"), self.src, self.label("split"))
+        return split, self.src / split if split else self.src, class_names(self.src, splits)
 
     @classmethod
     def detect(cls, src: Path) -> bool:
@@ -142,15 +181,13 @@ class ClassFolderFields:
         media, total = media_share(src, cls.media_extensions)
         return total > 0 and media * 2 > total
 
-    def checked_path(self, rel: str) -> Path:
-        """``base / rel``, or InputFileError when its extension is not one of this media's."""
-        path = self.base / rel
-        suffix = Path(rel).suffix
-        if suffix.lower() not in self.media_extensions:
-            raise InputFileError(
-                str(path), f"unsupported: file extension {suffix or '(none)'!r} is not an {self.media_name} type"
-            )
-        return path
+    def scan_files(self) -> list[tuple[str, int]]:
+        """Every input below the class folders of :attr:`base`."""
+        return scan_class_files(self.base, self.classes, self.media_extensions)
+
+    @abstractmethod
+    def media_transform(self) -> Any:
+        """The media transform (an object with ``to_json()``), stored in the metadata and config."""
 
     def fields(self) -> dict[str, FieldSpec]:
         return {"label": FieldSpec((), "int64")}
@@ -159,10 +196,7 @@ class ClassFolderFields:
         return {"label": list(self.classes)}
 
     def transform(self) -> dict[str, Any]:
-        return dict(self.media_transform.to_json())
+        return dict(self.media_transform().to_json())
 
     def config(self) -> dict[str, Any]:
-        return {**super().config(), "transform": self.media_transform.to_json(), "classes": self.classes}  # type: ignore[misc]
-
-    def item_path(self, item: tuple[str, int]) -> str:
-        return str(self.base / item[0])
+        return {**super().config(), "transform": self.media_transform().to_json(), "classes": self.classes}

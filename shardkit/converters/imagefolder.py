@@ -10,67 +10,60 @@ from typing import Any
 
 import numpy as np
 
-from shardkit.converters.base import Converter, Record, ScanResult, register
-from shardkit.converters.classfolders import (
-    ClassFolderFields,
-    choose_split,
-    class_names,
-    find_splits,
-    scan_class_files,
-)
-from shardkit.converters.images import IMAGE_EXTENSIONS, ImageTransform
+from shardkit.converters.base import Decoded, ScanResult
+from shardkit.converters.classfolders import ClassFolderConverter, ClassFolderDecoder
+from shardkit.converters.images import IMAGE_EXTENSIONS, IMAGE_OPTIONS, ImageTransform
+from shardkit.converters.options import Option, text
 from shardkit.errors import ConversionError
 from shardkit.formats import FieldSpec
 
-__all__ = ["ImageFolderConverter", "IMAGE_OPTIONS"]
+__all__ = ["ImageFolderConverter", "ImageFolderDecoder"]
 
-#: Options of every image kind.
-IMAGE_OPTIONS: dict[str, Any] = {
-    "size": None,
-    "resize": None,
-    "crop": "center",
-    "interpolation": "bilinear",
-    "max_pixels": None,
-}
+_SPLIT = Option("split", str, None, "Split directory to convert (default train, or the only one).",
+                parse=text, metavar="NAME")
 
 
-@register
-class ImageFolderConverter(ClassFolderFields, Converter):
+class ImageFolderDecoder(ClassFolderDecoder):
+    """Decode one ``(path, label)`` item with the image transform."""
+
+    def __init__(self, base: Path, image: ImageTransform) -> None:
+        super().__init__("image", FieldSpec((image.height, image.width, 3), "uint8"), base,
+                         frozenset(IMAGE_EXTENSIONS), "image")
+        self.image = image
+
+    def decode(self, item: tuple[str, int], start: int = 0) -> Decoded:
+        rel, label = item
+        loaded = self.image.load(self.checked_path(rel))
+        return Decoded([{"image": loaded.array, "label": np.int64(label)}])
+
+
+class ImageFolderConverter(ClassFolderConverter):
     """Convert class folders of images; label = folder name, label names sorted."""
 
     name = "imagefolder"
     payload = "image"
     media_extensions = frozenset(IMAGE_EXTENSIONS)
     media_name = "image"
-    option_defaults = {"split": None, **IMAGE_OPTIONS}
+    options = (_SPLIT, *IMAGE_OPTIONS)
     chunk_size = 4
+    progress_unit = "img"
+    one_record_per_input = True
 
     def __init__(self, src: str | Path, **options: Any) -> None:
         super().__init__(src, **options)
-        self.image = ImageTransform.from_options(self.options)
-        splits = find_splits(self.src)
-        self.split = choose_split(splits, self.options.get("split"), self.src)
-        self.options["split"] = self.split
-        self.base = self.src / self.split if self.split else self.src
-        self.classes = class_names(self.src, splits)
-        if not self.classes:
-            raise ConversionError(f"{self.base}: no class folders found (expected {self.base}/<class>/<image files>)")
+        self.image = ImageTransform.from_options(self.values, self.label)
 
     def scan(self) -> ScanResult:
-        items = scan_class_files(self.base, self.classes, IMAGE_EXTENSIONS)
+        items = self.scan_files()
         if not items:
             raise ConversionError(f"{self.base}: the class folders hold no files")
         return ScanResult(items=items)
 
-    @property
-    def media_transform(self) -> Any:
+    def media_transform(self) -> ImageTransform:
         return self.image
 
     def record_spec(self) -> FieldSpec:
         return FieldSpec((self.image.height, self.image.width, 3), "uint8")
 
-    def decode(self, item: tuple[str, int]) -> list[Record]:
-        rel, label = item
-        path = self.checked_path(rel)
-        arr, _, _, _ = self.image.load(path)
-        return [{"image": arr, "label": np.int64(label)}]
+    def make_decoder(self) -> ImageFolderDecoder:
+        return ImageFolderDecoder(self.base, self.image)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 import stat
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -38,14 +38,19 @@ from typing import Any
 
 import numpy as np
 
+from shardkit.converters.options import Option, choice, count
 from shardkit.errors import ConfigError, InputFileError
 
 __all__ = [
     "INTERPOLATIONS",
     "IMAGE_EXTENSIONS",
+    "IMAGE_OPTIONS",
     "Geometry",
     "ImageTransform",
+    "LoadedImage",
+    "image_options",
     "open_image",
+    "parse_hw",
     "to_rgb",
     "check_regular_file",
 ]
@@ -233,28 +238,37 @@ class ImageTransform:
     max_pixels: int | None = None
 
     def __post_init__(self) -> None:
+        # Converters check options (naming them as the user wrote them) before building a
+        # transform; these checks guard direct construction.
         if self.height <= 0 or self.width <= 0:
-            raise ConfigError(f"--size: expected positive height and width, found {self.height}x{self.width}")
+            raise ConfigError(f"ImageTransform: expected positive height and width, found {self.height}x{self.width}")
         if self.resize not in ("shorter", "longer"):
-            raise ConfigError(f"--resize: expected 'shorter' or 'longer', found {self.resize!r}")
+            raise ConfigError(f"ImageTransform: resize must be 'shorter' or 'longer', found {self.resize!r}")
         if self.crop not in ("center", "pad"):
-            raise ConfigError(f"--crop: expected 'center' or 'pad', found {self.crop!r}")
+            raise ConfigError(f"ImageTransform: crop must be 'center' or 'pad', found {self.crop!r}")
         if self.crop == "pad" and self.resize != "longer":
-            raise ConfigError("--crop pad keeps every pixel, so it needs --resize longer (found --resize shorter)")
+            raise ConfigError("ImageTransform: crop 'pad' keeps every pixel, so it needs resize 'longer'")
         if self.interpolation not in INTERPOLATIONS:
             raise ConfigError(
-                f"--interpolation: expected one of {', '.join(INTERPOLATIONS)}, found {self.interpolation!r}"
+                f"ImageTransform: interpolation must be one of {', '.join(INTERPOLATIONS)}, found {self.interpolation!r}"
             )
         if self.max_pixels is not None and self.max_pixels <= 0:
-            raise ConfigError(f"max_pixels must be positive, found {self.max_pixels}")
+            raise ConfigError(f"ImageTransform: max_pixels must be positive, found {self.max_pixels}")
 
     @classmethod
-    def from_options(cls, options: dict[str, Any], default_size: int = 224) -> ImageTransform:
-        """Build from converter options (``size``, ``resize``, ``crop``, ``interpolation``, ``max_pixels``)."""
-        h, w = parse_hw(options.get("size"), default_size)
-        crop = options.get("crop") or "center"
-        resize = options.get("resize") or ("longer" if crop == "pad" else "shorter")
-        return cls(h, w, resize, crop, options.get("interpolation") or "bilinear", options.get("max_pixels"))
+    def from_options(
+        cls, values: Mapping[str, Any], label: Callable[[str], str], default_size: int = 224
+    ) -> ImageTransform:
+        """Build from parsed :data:`IMAGE_OPTIONS` values; ``label`` names an option in errors."""
+        h, w = values.get("size") or (default_size, default_size)
+        crop = values.get("crop") or "center"
+        resize = values.get("resize") or ("longer" if crop == "pad" else "shorter")
+        if crop == "pad" and resize != "longer":
+            raise ConfigError(
+                f"{label('crop')} pad keeps every pixel, so it needs {label('resize')} longer "
+                f"(found {label('resize')} {resize})"
+            )
+        return cls(h, w, resize, crop, values.get("interpolation") or "bilinear", values.get("max_pixels"))
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -308,29 +322,74 @@ class ImageTransform:
         out[dy0 : dy0 + ny, dx0 : dx0 + nx] = src[sy0 : sy0 + ny, sx0 : sx0 + nx]
         return out, geo
 
-    def load(self, path: Path) -> tuple[np.ndarray, Geometry, int, tuple[int, int]]:
-        """Decode ``path`` and transform it: ``(array, geometry, orientation, stored_size)``."""
+    def load(self, path: Path) -> LoadedImage:
+        """Decode ``path`` and transform it."""
         img, orientation, stored = open_image(path, max_pixels=self.max_pixels)
         rgb = to_rgb(img, str(path))
         arr, geo = self.apply(rgb)
-        return arr, geo, orientation, stored
+        return LoadedImage(arr, geo, orientation, stored)
 
 
-def parse_hw(size: Any, default: int = 224) -> tuple[int, int]:
-    """``224`` / ``"224"`` / ``"224x320"`` / ``(224, 320)`` -> ``(height, width)``."""
-    if size is None:
-        return default, default
-    if isinstance(size, int):
-        return size, size
-    if isinstance(size, (tuple, list)) and len(size) == 2:
-        return int(size[0]), int(size[1])
-    text = str(size).lower().strip()
-    parts = text.split("x")
-    try:
-        if len(parts) == 1:
-            return int(parts[0]), int(parts[0])
-        if len(parts) == 2:
-            return int(parts[0]), int(parts[1])
-    except ValueError:
-        pass
-    raise ConfigError(f"--size: expected H or HxW in pixels (e.g. 224 or 224x320), found {size!r}")
+@dataclass(frozen=True)
+class LoadedImage:
+    """A decoded, transformed image and how it got there.
+
+    Attributes
+    ----------
+    array
+        ``uint8 [H, W, 3]`` in the output frame.
+    geometry
+        How the upright picture landed in the frame (boxes follow it).
+    orientation
+        The EXIF orientation that was applied (1 = none).
+    stored_size
+        ``(width, height)`` of the stored pixels, before orientation.
+    """
+
+    array: np.ndarray
+    geometry: Geometry
+    orientation: int
+    stored_size: tuple[int, int]
+
+
+def parse_hw(size: Any, label: str = "size") -> tuple[int, int]:
+    """``224`` / ``"224"`` / ``"224x320"`` / ``(224, 320)`` -> ``(height, width)``, both positive."""
+    hw: tuple[Any, ...] | None = None
+    if isinstance(size, int) and not isinstance(size, bool):
+        hw = (size, size)
+    elif isinstance(size, (tuple, list)) and len(size) == 2:
+        hw = tuple(size)
+    elif isinstance(size, str):
+        parts = size.lower().strip().split("x")
+        if len(parts) in (1, 2) and all(p.strip().isdigit() for p in parts):
+            hw = (int(parts[0]), int(parts[-1]))
+    if hw is None or not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= _MAX_SIDE for v in hw):
+        raise ConfigError(
+            f"{label}: expected H or HxW in pixels from 1 to {_MAX_SIDE} (e.g. 224 or 224x320), found {size!r}"
+        )
+    return int(hw[0]), int(hw[1])
+
+
+#: Largest output side: 64 Kpixel (a record of 65536 x 65536 x 3 bytes is already 12 GiB).
+_MAX_SIDE = 65536
+
+
+_IMAGE_COMMON = (
+    Option("resize", str, None, "shorter: cover the frame; longer: fit inside it (default shorter, or longer "
+           "with crop pad).", parse=choice("shorter", "longer"), metavar="MODE"),
+    Option("crop", str, "center", "center: centre the picture, cutting/padding both sides; pad: keep every "
+           "pixel, padding right and bottom.", parse=choice("center", "pad"), metavar="MODE"),
+    Option("interpolation", str, "bilinear", f"Resampling filter: {', '.join(INTERPOLATIONS)}.",
+           parse=choice(*INTERPOLATIONS), metavar="NAME"),
+    Option("max_pixels", int, None, "Decompression-bomb limit in pixels (default Pillow's, about 89.5M).",
+           parse=count(1), metavar="N"),
+)
+
+
+def image_options(size_help: str = "Output frame H or HxW in pixels (default 224).") -> tuple[Option, ...]:
+    """The options of every image kind (``size_help`` says what the kind does without ``size``)."""
+    return (Option("size", str, None, size_help, parse=parse_hw, metavar="HxW"), *_IMAGE_COMMON)
+
+
+#: Options of every image kind, with the default frame of 224 x 224.
+IMAGE_OPTIONS = image_options()

@@ -34,6 +34,7 @@ import logging
 import math
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -270,6 +271,45 @@ class _Plan:
         return dense
 
 
+    def as_runs(self, location: Callable[[int], str]) -> list[_Run]:
+        """The plan as one :class:`_Run` per request, for readers that fetch run by run (the
+        object-store reader); ``pos`` is the record's index in the plan (see :class:`_Rows`)."""
+        out = []
+        for a, b in self.runs():
+            i = int(self.shard[a])
+            out.append(_Run(i, -1, location(i), self.offs[a:b], self.sizes[a:b], np.arange(a, b, dtype=np.int64)))
+        return out
+
+
+@dataclass(frozen=True)
+class _Run:
+    """Records of one shard read by one request: ascending offsets, gaps <= gap_bytes; record ``j``
+    goes to ``rows[pos[j]]``."""
+
+    shard: int
+    fd: int
+    path: str
+    offs: np.ndarray
+    sizes: np.ndarray
+    pos: np.ndarray
+
+
+class _Rows:
+    """The destination row of every record of a plan, by the record's index in it: ``rows[j]`` is a
+    writable uint8 view of record ``j``'s row, and ``rows[j] = data`` writes it (for readers that
+    scatter record by record, such as the object-store reader)."""
+
+    def __init__(self, arrays: list[np.ndarray], plan: _Plan) -> None:
+        self.arrays, self.which, self.row = arrays, plan.which, plan.row
+
+    def __getitem__(self, j: int) -> np.ndarray:
+        out: np.ndarray = self.arrays[int(self.which[j])][int(self.row[j])]
+        return out
+
+    def __setitem__(self, j: int, value: Any) -> None:
+        self.arrays[int(self.which[j])][int(self.row[j])] = value
+
+
 def aligned_empty(n: int, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
     """An uninitialised C-contiguous ``[n, *shape]`` array starting on a :data:`BUFFER_ALIGNMENT` boundary.
 
@@ -360,40 +400,16 @@ class PayloadArray:
         gap_bytes: int = DEFAULT_GAP_BYTES,
         document_digest: FileDigest | None = None,
     ) -> None:
-        self.path = Path(path)
-        doc_path = self.path / ZARR_JSON
+        local = Path(path)
+        self.path: Path | str = local
+        doc_path = local / ZARR_JSON
         if not doc_path.exists():
-            raise NotADatasetError(f"{self.path}: no payload array ({doc_path} is missing)")
-        self.layout = ShardedLayout.parse(read_json(doc_path, document_digest), str(doc_path))
-        self.shape, self.dtype = self.layout.shape, self.layout.dtype
-        self.records_per_shard, self.codec = self.layout.records_per_shard, self.layout.codec
-        self.fill_value = self.layout.fill_value
-        self.record = FieldSpec(self.shape[1:], self.dtype.name)
-        self.record_nbytes = self.record.nbytes
-        self.num_records = self.shape[0]
-        n_shards = math.ceil(self.num_records / self.records_per_shard) if self.num_records else 0
-        ndim = len(self.shape)
-        if shards is None:
-            shards = []
-            for i in range(n_shards):
-                rel = chunk_key(self.path.name, i, ndim, self.layout.separator).split("/", 1)[1]
-                start = i * self.records_per_shard
-                shards.append(ShardInfo(rel, start, min(start + self.records_per_shard, self.num_records), -1, -1))
-            self._rel_base = self.path
-        else:
-            if len(shards) != n_shards:
-                raise NotADatasetError(
-                    f"{self.path}: metadata lists {len(shards)} shards, expected {n_shards} for "
-                    f"{self.num_records} records of {self.records_per_shard} per shard"
-                )
-            for i, info in enumerate(shards):
-                expected = chunk_key(self.path.name, i, ndim, self.layout.separator)
-                if info.path != expected:
-                    raise (UnsafePathError if ".." in info.path or info.path.startswith("/") else NotADatasetError)(
-                        f"{self.path}: shard {i} path {info.path!r} in the metadata is not the array's chunk key "
-                        f"{expected!r}"
-                    )
-            self._rel_base = self.path.parent
+            raise NotADatasetError(f"{local}: no payload array ({doc_path} is missing)")
+        shards = self._init_layout(read_json(doc_path, document_digest), str(doc_path), local.name, shards)
+        self._rel_base = local.parent if self._from_metadata else local
+        self._init_state(shards, stats, gap_bytes)
+
+    def _init_state(self, shards: list[ShardInfo], stats: ReadStats | None, gap_bytes: int) -> None:
         self.shards = shards
         self.stats = stats if stats is not None else ReadStats()
         self.gap_bytes = int(gap_bytes)
@@ -403,9 +419,50 @@ class PayloadArray:
         self._lock = threading.Lock()
         self._scratch = np.empty(max(self.gap_bytes, 1), dtype=np.uint8)
 
+    def _init_layout(
+        self, doc: dict[str, Any], where: str, array_name: str, shards: list[ShardInfo] | None
+    ) -> list[ShardInfo]:
+        """Parse the array document and check ``shards`` against it (shared by every reader of the
+        layout, local or remote); returns the shard list (derived from the chunk grid without one)."""
+        self.layout = ShardedLayout.parse(doc, where)
+        self.shape, self.dtype = self.layout.shape, self.layout.dtype
+        self.records_per_shard, self.codec = self.layout.records_per_shard, self.layout.codec
+        self.fill_value = self.layout.fill_value
+        self.record = FieldSpec(self.shape[1:], self.dtype.name)
+        self.record_nbytes = self.record.nbytes
+        self.num_records = self.shape[0]
+        n_shards = math.ceil(self.num_records / self.records_per_shard) if self.num_records else 0
+        ndim = len(self.shape)
+        self._from_metadata = shards is not None
+        if shards is None:
+            shards = []
+            for i in range(n_shards):
+                rel = chunk_key(array_name, i, ndim, self.layout.separator).split("/", 1)[1]
+                start = i * self.records_per_shard
+                shards.append(ShardInfo(rel, start, min(start + self.records_per_shard, self.num_records), -1, -1))
+            return shards
+        if len(shards) != n_shards:
+            raise NotADatasetError(
+                f"{self.path}: metadata lists {len(shards)} shards, expected {n_shards} for "
+                f"{self.num_records} records of {self.records_per_shard} per shard"
+            )
+        for i, info in enumerate(shards):
+            expected = chunk_key(array_name, i, ndim, self.layout.separator)
+            if info.path != expected:
+                raise (UnsafePathError if ".." in info.path or info.path.startswith("/") else NotADatasetError)(
+                    f"{self.path}: shard {i} path {info.path!r} in the metadata is not the array's chunk key "
+                    f"{expected!r}"
+                )
+        return shards
+
     # ------------------------------------------------------------------ files and indexes
     def shard_path(self, i: int) -> Path:
+        """The local file of shard ``i``."""
         return self._rel_base / self.shards[i].path
+
+    def shard_location(self, i: int) -> str:
+        """Shard ``i`` as a path or URL, for messages."""
+        return str(self.shard_path(i))
 
     def _fd(self, i: int) -> int:
         fd = self._fds.get(i)
@@ -428,10 +485,10 @@ class PayloadArray:
         return fd
 
     def _shard_str(self, i: int) -> str:
-        """``str(shard_path(i))``, cached (the read path names the file of every request)."""
+        """:meth:`shard_location`, cached (the read path names the file of every request)."""
         name = self._shard_names.get(i)
         if name is None:
-            name = self._shard_names[i] = str(self.shard_path(i))
+            name = self._shard_names[i] = self.shard_location(i)
         return name
 
     def index(self, i: int) -> ShardIndex:
@@ -439,36 +496,56 @@ class PayloadArray:
         idx = self._indexes.get(i)
         if idx is not None:
             return idx
-        fd = self._fd(i)
-        path = self.shard_path(i)
-        size = os.fstat(fd).st_size
+        raw, size = self._index_bytes(i, index_nbytes(self.records_per_shard))
+        idx = self._decode_index(i, raw, size)
+        self._indexes[i] = idx
+        return idx
+
+    def stored_index(self, i: int) -> ShardIndex:
+        """The index as stored in shard ``i``'s file, checked (what ``verify`` inspects; for local
+        shards the same as :meth:`index`)."""
+        return self.index(i)
+
+    def _decode_index(self, i: int, raw: bytes, size: int) -> ShardIndex:
+        """Check the index bytes ``raw`` of shard ``i`` (``size`` bytes in all) against the metadata."""
         info = self.shards[i]
+        path = self.shard_location(i)
         isize = index_nbytes(self.records_per_shard)
         if info.nbytes >= 0 and size != info.nbytes:
             raise TruncatedShardError(
                 f"{path}: shard {i} (records {info.start}-{info.stop - 1}) should be {info.nbytes} bytes, "
                 f"found {size}"
             )
+        idx = ShardIndex.decode(
+            raw, self.records_per_shard, path=path, data_nbytes=size - isize, recorded_crc32c=info.index_crc32c
+        )
+        count = info.count
+        if self.codec is None:
+            if info.nbytes >= 0:  # a dataset's shard: exactly the fixed-size layout
+                idx.check_dense(path, count, self.record_nbytes)
+            elif np.any(idx.nbytes[:count][idx.present[:count]] != self.record_nbytes):
+                raise CorruptIndexError(
+                    f"{path}: uncompressed records must be {self.record_nbytes} bytes, index says otherwise"
+                )
+        return idx
+
+    def _index_bytes(self, i: int, isize: int) -> tuple[bytes, int]:
+        """The last ``isize`` bytes of shard ``i`` and the shard's size (a shard that is too small
+        for its index is a TruncatedShardError)."""
+        fd = self._fd(i)
+        path = self.shard_location(i)
+        size = os.fstat(fd).st_size
+        info = self.shards[i]
+        if info.nbytes >= 0 and size != info.nbytes:
+            return b"", size  # index() reports the size mismatch
         if size < isize:
             raise TruncatedShardError(
                 f"{path}: shard {i} is {size} bytes, smaller than its {isize}-byte index"
             )
         offset = size - isize
         raw = os.pread(fd, isize, offset)
-        self.stats.add(str(path), offset, isize)
-        idx = ShardIndex.decode(
-            raw, self.records_per_shard, path=str(path), data_nbytes=size - isize, recorded_crc32c=info.index_crc32c
-        )
-        count = info.count
-        if self.codec is None:
-            if info.nbytes >= 0:  # a dataset's shard: exactly the fixed-size layout
-                idx.check_dense(str(path), count, self.record_nbytes)
-            elif np.any(idx.nbytes[:count][idx.present[:count]] != self.record_nbytes):
-                raise CorruptIndexError(
-                    f"{path}: uncompressed records must be {self.record_nbytes} bytes, index says otherwise"
-                )
-        self._indexes[i] = idx
-        return idx
+        self.stats.add(path, offset, isize)
+        return raw, size
 
     def is_dense(self, i: int) -> bool:
         """True when shard ``i`` is the fixed-size layout (record j at ``j * record_nbytes``)."""
@@ -527,6 +604,18 @@ class PayloadArray:
         first = order[~dup]  # request index of each distinct key's first occurrence
         rows = [b.reshape(b.shape[0], -1).view(np.uint8) for b in dest.buffers]
         plan = self._plan(sorted_keys[~dup], dest.which[first], dest.rows[first], rows)
+        if plan.size:
+            self._read_plan(plan, rows)
+        if dup.any():
+            # Copy each duplicate from its first occurrence (runs of equal keys are consecutive).
+            src = order[np.maximum.accumulate(np.where(~dup, np.arange(n), 0))]
+            for d, s in zip(order[dup].tolist(), src[dup].tolist()):
+                rows[int(dest.which[d])][int(dest.rows[d])] = rows[int(dest.which[s])][int(dest.rows[s])]
+        self.stats.add_records(n)
+
+    def _read_plan(self, plan: _Plan, rows: list[np.ndarray]) -> None:
+        """Read every record of ``plan`` into its row (the I/O half of :meth:`read_into`; the
+        object-store reader overrides it)."""
         if plan.num_runs > 1:
             # A sparse selection: announce every run first, so the kernel queues all of them at
             # once (asynchronous readahead at a deep device queue) instead of one at a time.
@@ -538,12 +627,6 @@ class PayloadArray:
             bounced = plan.dense_runs() if self.record_nbytes < SCATTER_MIN_BYTES else np.zeros(plan.num_runs, bool)
             self._read_scattered(plan, rows, np.flatnonzero(~bounced))
             self._read_bounced(plan, rows, np.flatnonzero(bounced))
-        if dup.any():
-            # Copy each duplicate from its first occurrence (runs of equal keys are consecutive).
-            src = order[np.maximum.accumulate(np.where(~dup, np.arange(n), 0))]
-            for d, s in zip(order[dup].tolist(), src[dup].tolist()):
-                rows[int(dest.which[d])][int(dest.rows[d])] = rows[int(dest.which[s])][int(dest.rows[s])]
-        self.stats.add_records(n)
 
     def _plan(self, keys: np.ndarray, which: np.ndarray, row: np.ndarray, rows: list[np.ndarray]) -> _Plan:
         """Every distinct wanted record (``keys`` ascending) in read order: by shard, then by
@@ -567,7 +650,7 @@ class PayloadArray:
             by_off = np.argsort(offs, kind="stable")
             offs, sizes = offs[by_off], sizes[by_off]
             if np.any(offs[1:] < offs[:-1] + sizes[:-1]):
-                raise CorruptIndexError(f"{self.shard_path(i)}: index entries of shard {i} overlap")
+                raise CorruptIndexError(f"{self.shard_location(i)}: index entries of shard {i} overlap")
             parts.append((np.full(offs.size, i, dtype=np.int64), offs, sizes, w[by_off], r[by_off]))
         shard, offs, sizes, w, r = (np.concatenate(p) for p in zip(*parts))
         new_shard = np.ones(shard.size, dtype=bool)

@@ -1,4 +1,4 @@
-"""Writing datasets: payload shards streamed sequentially, metadata last, resumable after a crash.
+"""Writing datasets: payload shards streamed sequentially, metadata last.
 
 A :class:`ShardWriter` streams records into ``<shard>.partial`` with plain ``os.write`` calls, appends
 the index and its crc32c, fsyncs and renames: a shard file either exists complete or not at all.
@@ -8,20 +8,17 @@ and on :meth:`DatasetWriter.close` writes the field arrays, the zarr array docum
 root group document that lists every shard. Until that last rename the directory is recognisably
 incomplete (``IncompleteDatasetError`` on open).
 
-Resume: after each completed shard the writer records, in ``.shardkit-staging/``, the shard's info,
-its per-record fields, the inputs skipped so far and the *input cursor* (how many inputs of the
-producer's deterministic input sequence are covered). A new writer with the same configuration picks up
-there; the producer skips ``writer.input_cursor`` inputs and continues. The output is byte-identical to
-an uninterrupted run because shards are cut at the same record boundaries.
+The writer knows nothing of resuming. A producer that wants to (a conversion, see
+:mod:`shardkit.converters.staging`) keeps its own records through the ``on_shard`` callback, which
+hands over each completed shard with its field values, and starts a later writer after those shards
+with ``start``: shards are then cut at the same record boundaries as in one uninterrupted write.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,24 +26,21 @@ from typing import Any
 import numpy as np
 
 from shardkit._version import __version__
-from shardkit.errors import ConversionError, SchemaError, ShardkitError
+from shardkit.errors import ConfigError, SchemaError, ShardkitError
 from shardkit.formats.atomic import fsync_dir, is_out_of_space, raise_out_of_space
 from shardkit.formats.checksums import FileDigest
 from shardkit.formats.codecs import RecordCodec, codec_from_json, get_codec
 from shardkit.formats.fields import write_field_array
-from shardkit.formats.index import ShardIndex, crc32c_of, extend_crc32c
+from shardkit.formats.index import ShardIndex, extend_crc32c
 from shardkit.formats.metadata import (
     DEFAULT_FIELD_CHUNK,
     DatasetMeta,
     array_metadata,
     group_metadata,
-    read_dataset_meta,
-    read_json,
     write_json_atomic,
 )
 from shardkit.formats.paths import check_name
 from shardkit.formats.spec import (
-    ATTRS_KEY,
     DEFAULT_SHARD_BYTES,
     MAX_FIELD_CHUNK_NBYTES,
     MAX_RECORDS_PER_SHARD,
@@ -58,12 +52,10 @@ from shardkit.formats.spec import (
     records_per_shard_for,
 )
 
-__all__ = ["ShardWriter", "ShardChecksums", "DatasetWriter", "STAGING_DIR", "remove_output"]
+__all__ = ["ShardWriter", "ShardChecksums", "DatasetWriter", "WrittenShard"]
 
 logger = logging.getLogger(__name__)
 
-#: Directory inside an unfinished dataset that holds what is needed to resume.
-STAGING_DIR = ".shardkit-staging"
 #: Codec used for the small per-record field arrays (mostly zeros for boxes; cheap to decode).
 _FIELD_CODEC = "zstd"
 
@@ -218,35 +210,16 @@ def _field_chunk_for(fields: Mapping[str, FieldSpec], requested: int) -> int:
     return max(1, min(int(requested), MAX_FIELD_CHUNK_NBYTES // widest))
 
 
-def _looks_like_output(path: Path) -> bool:
-    if not path.exists():
-        return True
-    if not path.is_dir():
-        return False
-    if not any(path.iterdir()):
-        return True
-    if (path / STAGING_DIR).is_dir():
-        return True
-    doc = path / ZARR_JSON
-    if doc.exists():
-        try:
-            return ATTRS_KEY in read_json(doc).get("attributes", {})
-        except ShardkitError:
-            return False
-    return False
+@dataclass(frozen=True)
+class WrittenShard:
+    """A completed payload shard and the values of the small fields for its records.
 
+    What :class:`DatasetWriter` hands to ``on_shard`` after each shard, and what it takes back as
+    ``start`` to continue after shards already on disk.
+    """
 
-def remove_output(path: Path) -> None:
-    """Delete a previous shardkit output (``--overwrite``), refusing anything that is not one."""
-    path = Path(path)
-    if not path.exists():
-        return
-    if not _looks_like_output(path):
-        raise ConversionError(
-            f"{path}: refusing to overwrite: expected an empty directory or a shardkit dataset, "
-            "found other files"
-        )
-    shutil.rmtree(path)
+    info: ShardInfo
+    fields: Mapping[str, np.ndarray]
 
 
 class DatasetWriter:
@@ -273,17 +246,20 @@ class DatasetWriter:
         Codec name (``"zstd"``), codec JSON, a codec object, or ``None``.
     transform, source, extra
         Provenance stored in the metadata.
-    config
-        The producer's parameters. A staging directory written with a different config is refused
-        (``ConversionError``) instead of mixing two conversions.
-    resume
-        Continue a matching interrupted write in ``path`` (default). With ``False`` an existing
-        staging directory is an error.
-    overwrite
-        Delete a previous shardkit output at ``path`` first.
     durable
-        fsync every file before it is renamed into place (default). ``False`` for scratch datasets
+        fsync every file before it is renamed into place (default), so that the metadata, written
+        last, never lists a file a power cut could still lose. ``False`` for scratch datasets
         (SSD-tier reservoirs) that nobody needs after a crash: same atomic renames, no waiting.
+    start
+        Shards already on disk in ``path`` that the dataset begins with, in order (a resumed
+        conversion's): they are listed in the metadata, not written again, and new shards follow.
+    on_shard
+        Called with each shard this writer completes, once its file is in place.
+
+    Raises
+    ------
+    ConfigError
+        ``path`` already holds a dataset (the writer never replaces one).
     """
 
     def __init__(
@@ -302,10 +278,9 @@ class DatasetWriter:
         transform: dict[str, Any] | None = None,
         source: dict[str, Any] | None = None,
         extra: dict[str, Any] | None = None,
-        config: dict[str, Any] | None = None,
-        resume: bool = True,
-        overwrite: bool = False,
         durable: bool = True,
+        start: Sequence[WrittenShard] = (),
+        on_shard: Callable[[WrittenShard], None] | None = None,
     ) -> None:
         self.path = Path(path)
         self.durable = durable
@@ -340,116 +315,35 @@ class DatasetWriter:
             extra=dict(extra or {}),
             created_by=f"shardkit {__version__}",
         )
-        self._config = {
-            "config": config or {},
-            "kind": kind,
-            "payload": payload,
-            "record": record.to_json(),
-            "fields": {k: v.to_json() for k, v in self.fields.items()},
-            "records_per_shard": self.records_per_shard,
-            "compression": self.meta.compression,
-        }
-        self.staging = self.path / STAGING_DIR
+        self.on_shard = on_shard
         self.shards: list[ShardInfo] = []
         self.skipped: list[SkippedInput] = []
-        self._pending_skips: list[SkippedInput] = []
         self._field_parts: dict[str, list[np.ndarray]] = {k: [] for k in self.fields}
         self._shard: ShardWriter | None = None
         self._shard_fields: dict[str, list[np.ndarray]] = {k: [] for k in self.fields}
         self._records = 0
-        self.input_cursor = 0
-        self._last_cursor = 0
-        self.complete = False
         self._closed = False
-
-        if overwrite:
-            remove_output(self.path)
-        self._prepare(resume)
-
-    # ------------------------------------------------------------------ set-up and resume
-    def _prepare(self, resume: bool) -> None:
         if (self.path / ZARR_JSON).exists():
-            existing = read_dataset_meta(self.path)
-            stored = existing.source.get("config_fingerprint")
-            if resume and stored == self._fingerprint():
-                logger.info("%s: already complete with the same parameters; nothing to do", self.path)
-                self.complete = True
-                self._closed = True
-                self.meta = existing
-                return
-            raise ConversionError(
-                f"{self.path}: a dataset already exists here"
-                + (" with different parameters" if stored else "")
-                + "; use --overwrite to replace it"
-            )
-        if self.path.exists() and not _looks_like_output(self.path):
-            raise ConversionError(
-                f"{self.path}: output directory is not empty and is not a shardkit dataset; "
-                "choose another directory"
-            )
-        if self.staging.is_dir():
-            if not resume:
-                raise ConversionError(
-                    f"{self.path}: holds an interrupted conversion; resume it or use --overwrite"
-                )
-            self._load_staging()
-        else:
-            self.path.mkdir(parents=True, exist_ok=True)
-            self.staging.mkdir()
-            write_json_atomic(self.staging / "config.json", self._config, durable=self.durable)
+            raise ConfigError(f"{self.path}: a dataset already exists here; write to another directory")
+        self.path.mkdir(parents=True, exist_ok=True)
+        for shard in start:
+            self._adopt(shard)
 
-    def _fingerprint(self) -> str:
-        return f"{crc32c_of(json.dumps(self._config, sort_keys=True).encode()):08x}"
-
-    def _load_staging(self) -> None:
-        stored = read_json(self.staging / "config.json") if (self.staging / "config.json").exists() else None
-        if stored != json.loads(json.dumps(self._config)):
-            raise ConversionError(
-                f"{self.path}: an interrupted conversion with different parameters is here; "
-                "re-run with the same parameters to resume, or use --overwrite to start fresh"
+    def _adopt(self, shard: WrittenShard) -> None:
+        """List ``shard`` (already on disk) as the next shard of the dataset."""
+        info = shard.info
+        expected = chunk_key(self.meta.payload, len(self.shards), 1 + len(self.record.shape))
+        if info.path != expected or info.start != self._records or not 0 < info.count <= self.records_per_shard:
+            raise SchemaError(
+                f"{self.path}: cannot continue after shard {info.path} [{info.start}, {info.stop}): expected "
+                f"{expected} starting at record {self._records} with 1 to {self.records_per_shard} records"
             )
-        i = 0
-        while True:
-            info_path = self.staging / f"shard-{i:06d}.json"
-            fields_path = self.staging / f"fields-{i:06d}.npz"
-            if not info_path.exists() or not fields_path.exists():
-                break
-            try:
-                doc = read_json(info_path)
-                info = ShardInfo.from_json(doc["shard"], where=str(info_path))
-                if info.data_crc32c is None or info.index_crc32c is None:
-                    break  # staged by a shardkit before format 1.1: redo it to get its checksums
-                with np.load(fields_path) as npz:
-                    parts = {name: npz[name] for name in self.fields}
-            except (ShardkitError, KeyError, ValueError, OSError, EOFError):
-                # Staging files are not fsynced (see _finish_shard): one lost to a power cut only
-                # means that shard is written again.
-                logger.info("%s: staging of shard %d unreadable; redoing it", self.path, i)
-                break
-            shard_file = self.path / info.path
-            if not shard_file.exists() or shard_file.stat().st_size != info.nbytes:
-                break
-            for name in self.fields:
-                self._field_parts[name].append(parts[name])
-            self.shards.append(info)
-            self.skipped.extend(SkippedInput(s["path"], s["reason"]) for s in doc["skipped"])
-            self._records = info.stop
-            self.input_cursor = int(doc["input_cursor"])
-            i += 1
-        # Anything after the last good shard is redone: drop stale partial files and orphans.
-        payload_dir = self.path / self.meta.payload
-        if payload_dir.exists():
-            keep = {str(self.path / s.path) for s in self.shards}
-            for f in payload_dir.rglob("*"):
-                if f.is_file() and str(f) not in keep:
-                    f.unlink()
-        for stale in self.staging.glob("*.partial"):
-            stale.unlink()
-        if self.shards:
-            logger.info(
-                "%s: resuming after %d complete shards (%d records, input %d)",
-                self.path, len(self.shards), self._records, self.input_cursor,
-            )
+        for name, spec in self.fields.items():
+            if name not in shard.fields:
+                raise SchemaError(f"{self.path}: shard {info.path} lacks field {name!r}")
+            self._field_parts[name].append(spec.check(name, shard.fields[name], info.count))
+        self.shards.append(info)
+        self._records = info.stop
 
     # ------------------------------------------------------------------ writing
     @property
@@ -457,21 +351,13 @@ class DatasetWriter:
         """Records accepted so far (including resumed shards)."""
         return self._records
 
-    def skip(self, path: str, reason: str, cursor: int | None = None) -> None:
-        """Record that input ``path`` (at position ``cursor`` of the input sequence) was skipped."""
-        self._pending_skips.append(SkippedInput(str(path), str(reason), -1 if cursor is None else cursor))
+    def skip(self, path: str, reason: str) -> None:
+        """Record that input ``path`` was skipped (kept in the metadata, in call order)."""
+        self.skipped.append(SkippedInput(str(path), str(reason)))
 
-    def write(self, batch: Mapping[str, np.ndarray], cursors: np.ndarray | None = None) -> None:
-        """Append ``k`` records.
-
-        Parameters
-        ----------
-        batch
-            The payload under the payload name and every declared field, each with ``k`` rows.
-        cursors
-            For each record, the input cursor *after* it (inputs consumed once it is written); by
-            default inputs and records correspond one to one.
-        """
+    def write(self, batch: Mapping[str, np.ndarray]) -> None:
+        """Append ``k`` records: the payload under the payload name and every declared field, each with
+        ``k`` rows."""
         if self._closed:
             raise ShardkitError(f"{self.path}: writer is closed")
         payload = np.asarray(batch[self.meta.payload]) if self.meta.payload in batch else None
@@ -483,11 +369,6 @@ class DatasetWriter:
         if missing:
             raise SchemaError(f"{self.path}: batch lacks fields {sorted(missing)}")
         values = {name: spec.check(name, batch[name], k) for name, spec in self.fields.items()}
-        if cursors is None:
-            cursors = self.input_cursor_base() + np.arange(1, k + 1)
-        cursors = np.asarray(cursors, dtype=np.int64)
-        if k:
-            self._last_cursor = int(cursors[-1])
         pos = 0
         while pos < k:
             if self._shard is None:
@@ -500,11 +381,7 @@ class DatasetWriter:
             self._records += take
             pos += take
             if self._shard.full:
-                self._finish_shard(int(cursors[pos - 1]))
-
-    def input_cursor_base(self) -> int:
-        """Input cursor that corresponds to the records written so far, when inputs map 1:1."""
-        return self._records
+                self._finish_shard()
 
     def _open_shard(self) -> None:
         i = len(self.shards)
@@ -514,36 +391,21 @@ class DatasetWriter:
         )
         self._shard_rel = rel
 
-    def _finish_shard(self, cursor: int) -> None:
+    def _finish_shard(self) -> None:
         assert self._shard is not None
         count = self._shard.count
         sums = self._shard.close()
         start = self._records - count
         info = ShardInfo(self._shard_rel, start, self._records, sums.nbytes, sums.crc32c, sums.data_crc32c, sums.index_crc32c)
-        i = len(self.shards)
         parts = {name: np.concatenate(self._shard_fields[name]) if self._shard_fields[name]
                  else np.empty((0, *spec.shape), spec.dtype) for name, spec in self.fields.items()}
-        # The shard itself is durable now. Its staging record is not fsynced: it survives a killed
-        # process (the page cache keeps it), and if a power cut loses it, resume simply redoes this
-        # shard — so waiting for the disk three more times per shard would buy nothing.
-        tmp = self.staging / f"fields-{i:06d}.npz.partial"
-        with open(tmp, "wb") as fh:
-            np.savez(fh, **parts)  # type: ignore[arg-type]  # numpy stubs type **kwds as allow_pickle
-        os.replace(tmp, self.staging / f"fields-{i:06d}.npz")
-        mine = [s for s in self._pending_skips if s.cursor < cursor]
-        self._pending_skips = [s for s in self._pending_skips if s.cursor >= cursor]
-        write_json_atomic(
-            self.staging / f"shard-{i:06d}.json",
-            {"shard": info.to_json(), "input_cursor": cursor, "skipped": [s.to_json() for s in mine]},
-            durable=False,
-        )
         self.shards.append(info)
-        self.skipped.extend(mine)
         for name in self.fields:
             self._field_parts[name].append(parts[name])
             self._shard_fields[name] = []
-        self.input_cursor = cursor
         self._shard = None
+        if self.on_shard is not None:
+            self.on_shard(WrittenShard(info, parts))
 
     # ------------------------------------------------------------------ finishing
     def close(self) -> DatasetMeta:
@@ -552,12 +414,10 @@ class DatasetWriter:
             return self.meta
         if self._shard is not None:
             if self._shard.count:
-                self._finish_shard(self._last_cursor)
+                self._finish_shard()
             else:
                 self._shard.abort()
                 self._shard = None
-        self.skipped.extend(self._pending_skips)
-        self._pending_skips = []
         n = self._records
         self.meta = self.meta.with_(num_records=n)
         chunk = self.meta.field_chunk_records
@@ -581,12 +441,9 @@ class DatasetWriter:
             shards=list(self.shards),
             skipped=list(self.skipped),
             files=files,
-            source={**self.meta.source, "config_fingerprint": self._fingerprint()},
         )
         write_json_atomic(self.path / ZARR_JSON, group_metadata(self.meta), durable=self.durable)
-        shutil.rmtree(self.staging, ignore_errors=True)
         self._closed = True
-        self.complete = True
         logger.info("%s: wrote %d records in %d shards", self.path, n, len(self.shards))
         return self.meta
 
@@ -601,7 +458,7 @@ class DatasetWriter:
         return files
 
     def abort(self) -> None:
-        """Stop writing; completed shards stay staged for a resume, the open shard is deleted."""
+        """Stop writing: the open shard is deleted, completed shard files stay (see ``on_shard``)."""
         if self._shard is not None:
             self._shard.abort()
             self._shard = None

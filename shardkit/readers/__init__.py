@@ -23,8 +23,7 @@ from shardkit.readers.schedule import (
     pass_length,
     records_per_consumer,
 )
-from shardkit.readers.server import TierServer, serve
-from shardkit.readers.shared import SharedSampler
+from shardkit.readers.shared import SharedSampler, TierServer, serve
 from shardkit.readers.stats import SamplerStats
 
 __all__ = [

@@ -476,9 +476,12 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 # ---------------------------------------------------------------------------------------------- users
-def dataset_key(path: str | os.PathLike[str], fingerprint: str) -> str:
+def dataset_key(path: Path | str, fingerprint: str) -> str:
     """What node-shared regions of a dataset are named by: its real path, its root document's
-    inode and modification time, and its SHA-256 (a dataset replaced in place gets new regions)."""
+    inode and modification time, and its SHA-256 (a dataset replaced in place gets new regions);
+    for a dataset in an object store (a URL), the URL and the SHA-256."""
+    if isinstance(path, str):
+        return "\0".join(("url", path, fingerprint))
     real = os.path.realpath(path)
     st = os.stat(os.path.join(real, "zarr.json"))
     return "\0".join(map(str, (real, st.st_dev, st.st_ino, st.st_mtime_ns, fingerprint)))
@@ -500,13 +503,13 @@ def node_fields(dataset: Dataset, key: str | None) -> tuple[dict[str, np.ndarray
         def init(m: mmap.mmap, name: str = name, spec: FieldSpec = spec, dtype: np.dtype[Any] = dtype,
                  shape: tuple[int, ...] = shape) -> None:  # fmt: skip
             out = np.frombuffer(m, dtype=dtype, count=int(np.prod(shape, dtype=np.int64))).reshape(shape)
-            read_field_array(dataset.path, name, spec, meta.num_records, meta.field_chunk_records, meta.files, out=out)
+            read_field_array(dataset.store, name, spec, meta.num_records, meta.field_chunk_records, meta.files, out=out)
             del out
 
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         region = attach(region_name("field", key, name, spec.dtype, spec.shape), nbytes, init) if key else None
         if region is None:
-            fields[name] = read_field_array(dataset.path, name, spec, meta.num_records, meta.field_chunk_records,
+            fields[name] = read_field_array(dataset.store, name, spec, meta.num_records, meta.field_chunk_records,
                                             meta.files)  # fmt: skip
         else:
             fields[name] = region.array(dtype, shape)

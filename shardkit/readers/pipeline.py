@@ -42,7 +42,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -210,7 +210,9 @@ class Pipeline:
     Parameters
     ----------
     dataset_path
-        The dataset (disk tier); opened here with the disk tier's counters.
+        The dataset (disk tier: a local directory or an object-store URL); opened here with the disk
+        tier's counters and ``dataset_options`` (:meth:`SamplerOptions.dataset_options`: the remote
+        gap threshold, concurrency and local cache of an object store).
     segments
         Iterator of the run's :class:`Segment` objects, in order (consumed by the first creator).
     sizes
@@ -230,7 +232,7 @@ class Pipeline:
 
     def __init__(
         self,
-        dataset_path: Path,
+        dataset_path: Path | str,
         segments: Iterator[Segment],
         *,
         fields: dict[str, np.ndarray],
@@ -239,6 +241,7 @@ class Pipeline:
         pool: BatchPool,
         ssd_dir: Path | None,
         gap_bytes: int = DEFAULT_GAP_BYTES,
+        dataset_options: Mapping[str, Any] | None = None,
         static_cache: StaticCache | None = None,
         identity: DatasetIdentity | None = None,
     ) -> None:
@@ -250,7 +253,8 @@ class Pipeline:
         self._gap = gap_bytes
         self._fields = fields
         self._identity = identity
-        self.disk = Dataset(dataset_path, stats=stats.disk, gap_bytes=gap_bytes)
+        self.disk = Dataset(dataset_path, stats=stats.disk, cache_stats=stats.remote_cache,
+                            **{"gap_bytes": gap_bytes, **(dataset_options or {})})
         self._payload_name = self.disk.payload_name
         self._segments = segments
         self.sizes = sizes
@@ -292,6 +296,8 @@ class Pipeline:
                 except SamplerError as changed:
                     changed.__cause__ = exc
                     exc = changed
+                except Exception:  # the check itself failed (e.g. the store is unreachable): report the read's error
+                    logger.debug("dataset identity check after a failed read also failed", exc_info=True)
             with self._error_lock:
                 if self.error is None:
                     self.error = exc

@@ -208,7 +208,6 @@ def write_reservoir(
             # Shards no larger than the reservoir, so a small reservoir gets a small index.
             records_per_shard=max(1, min(sorted_keys.size, records_per_shard_for(disk.record_nbytes))),
             compression=None,
-            resume=False,
             # Scratch data: worthless after a crash, so nothing waits for the disk (no fsync);
             # renames still make every file appear whole or not at all.
             durable=False,

@@ -8,6 +8,7 @@ import os
 import pickle
 import struct
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -167,3 +168,13 @@ def coco_doc(images, annotations, categories) -> dict:
 def write_json(path: Path, doc) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc))
+
+
+def interrupt_after(inputs: int) -> Callable[[int, int, int], None]:
+    """A progress callback that raises KeyboardInterrupt (as Ctrl-C would) once ``inputs`` are done."""
+
+    def progress(done: int, total: int, records: int) -> None:
+        if done == inputs:
+            raise KeyboardInterrupt
+
+    return progress

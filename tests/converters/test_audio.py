@@ -87,7 +87,7 @@ def test_speech_commands_layout(corpus: Path, tmp_path: Path) -> None:
 
 
 def test_audio_options_validated(corpus: Path, tmp_path: Path) -> None:
-    with pytest.raises(shardkit.errors.ConfigError, match="--dtype"):
+    with pytest.raises(shardkit.errors.ConfigError, match=r"^dtype: expected one of int16, float32"):
         shardkit.convert(corpus, tmp_path / "x", dtype="int8")
     with pytest.raises(shardkit.errors.ConfigError, match="does not accept"):
         shardkit.convert(corpus, tmp_path / "x", size=32)

@@ -14,7 +14,7 @@ import pytest
 import shardkit
 from shardkit.errors import ConversionError
 from shardkit.formats import open_dataset, verify
-from tests.converters.corpora import make_imagefolder, tone, write_wav
+from tests.converters.corpora import interrupt_after, make_imagefolder, tone, write_wav
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -80,7 +80,7 @@ def test_resume_after_sigkill_matches_uninterrupted(corpus: Path, tmp_path: Path
     assert_same_dataset(tmp_path / "ref", out)
     assert verify(out).ok
     # The killed run's payload ring (shared memory) was removed by the next conversion.
-    from shardkit.converters.pipeline import _parent_alive, _ring_dir
+    from shardkit.converters.decoding import _parent_alive, _ring_dir
 
     leftovers = [p for p in Path(_ring_dir()).glob("shardkit-convert-*.ring")
                  if not _parent_alive(int(p.name.split("-")[2]))]
@@ -123,12 +123,8 @@ def test_different_parameters_refused_overwrite_starts_fresh(corpus: Path, tmp_p
 
 
 def test_interrupted_run_with_different_parameters_is_refused(corpus: Path, tmp_path: Path) -> None:
-    def crash(done: int, total: int, records: int) -> None:
-        if done == 20:
-            raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
-        shardkit.convert(corpus, tmp_path / "out", size=16, workers=1, records_per_shard=4, progress=crash)
+        shardkit.convert(corpus, tmp_path / "out", size=16, workers=1, records_per_shard=4, progress=interrupt_after(20))
     with pytest.raises(ConversionError, match="different parameters"):
         shardkit.convert(corpus, tmp_path / "out", size=16, workers=1, records_per_shard=4, crop="pad")
 
@@ -137,12 +133,8 @@ def test_changed_corpus_is_not_resumed(tmp_path: Path) -> None:
     root = tmp_path / "c"
     make_imagefolder(root, per_class=4, bad=False, splits=("train",))
 
-    def crash(done: int, total: int, records: int) -> None:
-        if done == 8:
-            raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
-        shardkit.convert(root, tmp_path / "out", size=16, workers=1, records_per_shard=3, progress=crash)
+        shardkit.convert(root, tmp_path / "out", size=16, workers=1, records_per_shard=3, progress=interrupt_after(8))
     os.remove(root / "train" / "cat" / "cat000.jpg")
     with pytest.raises(ConversionError, match="different parameters"):
         shardkit.convert(root, tmp_path / "out", size=16, workers=1, records_per_shard=3)

@@ -1,4 +1,4 @@
-"""Atomic shard files, metadata last, resumable writes, safe overwrite, clean out-of-space errors."""
+"""Atomic shard files, metadata last, continuing after completed shards, clean out-of-space errors."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 
 from shardkit import errors
 from shardkit.formats import DatasetWriter, FieldSpec, open_dataset, verify
+from shardkit.formats.writer import WrittenShard
 from tests.conftest import make_records
 
 REC = FieldSpec((4, 4), "uint8")
@@ -18,36 +19,43 @@ REC = FieldSpec((4, 4), "uint8")
 
 def _writer(path: Path, **kw) -> DatasetWriter:
     return DatasetWriter(path, kind="test", payload="image", record=REC,
-                         fields={"label": FieldSpec((), "int64")}, records_per_shard=5,
-                         config={"size": 4}, **kw)
+                         fields={"label": FieldSpec((), "int64")}, records_per_shard=5, **kw)
 
 
 def _feed(w: DatasetWriter, recs: np.ndarray, start: int, stop: int) -> None:
-    # Input i becomes a record unless i % 7 == 3 (skipped): cursors track inputs, not records.
+    # Input i becomes a record unless i % 7 == 3 (skipped).
     for i in range(start, stop):
         if i % 7 == 3:
-            w.skip(f"in/{i}.jpg", "corrupt", cursor=i)
+            w.skip(f"in/{i}.jpg", "corrupt")
             continue
-        w.write({"image": recs[i : i + 1], "label": np.array([i])}, cursors=np.array([i + 1]))
+        w.write({"image": recs[i : i + 1], "label": np.array([i])})
 
 
-def test_interrupted_write_is_incomplete_then_resumes_identically(tmp_path: Path) -> None:
+def test_aborted_write_is_incomplete_and_a_writer_continues_after_given_shards(tmp_path: Path) -> None:
     recs = make_records(40, (4, 4))
     ref = tmp_path / "ref"
     with _writer(ref) as w:
         _feed(w, recs, 0, 40)
 
     out = tmp_path / "out"
-    w = _writer(out)
+    completed: list[WrittenShard] = []
+    w = _writer(out, on_shard=completed.append)
     _feed(w, recs, 0, 22)  # 19 records: 3 complete shards, 4 records in the open one
-    w.abort()  # as if killed: the open shard is gone, complete shards are staged
+    w.abort()  # the open shard is gone, complete shard files stay
+    assert [c.info.stop for c in completed] == [5, 10, 15]
+    assert completed[1].fields["label"].tolist() == [6, 7, 8, 9, 11]  # input 10 was skipped
     with pytest.raises(errors.IncompleteDatasetError):
         open_dataset(out)
     assert not list(out.rglob("*.partial"))
 
-    w2 = _writer(out)
-    assert w2.records_written == 15 and w2.input_cursor == 17  # the 15th record was input 16
-    _feed(w2, recs, w2.input_cursor, 40)
+    w2 = _writer(out, start=completed)
+    assert w2.records_written == 15
+    for i in range(40):
+        if i % 7 == 3:
+            w2.skip(f"in/{i}.jpg", "corrupt")
+    for i in range(17, 40):
+        if i % 7 != 3:
+            w2.write({"image": recs[i : i + 1], "label": np.array([i])})
     w2.close()
 
     a, b = open_dataset(ref), open_dataset(out)
@@ -57,45 +65,33 @@ def test_interrupted_write_is_incomplete_then_resumes_identically(tmp_path: Path
     np.testing.assert_array_equal(a.fields["label"], b.fields["label"])
     assert [x.path for x in a.meta.skipped] == [x.path for x in b.meta.skipped] == [
         f"in/{i}.jpg" for i in range(40) if i % 7 == 3]
-    assert not (out / ".shardkit-staging").exists()
 
 
-def test_resume_with_other_parameters_is_refused(tmp_path: Path) -> None:
-    w = _writer(tmp_path / "out")
-    _feed(w, make_records(12, (4, 4)), 0, 12)
+def test_start_must_continue_the_shard_sequence(tmp_path: Path) -> None:
+    completed: list[WrittenShard] = []
+    w = _writer(tmp_path / "out", on_shard=completed.append)
+    w.write({"image": make_records(10, (4, 4)), "label": np.arange(10)})
     w.abort()
-    with pytest.raises(errors.ConversionError, match="different parameters"):
-        DatasetWriter(tmp_path / "out", kind="test", payload="image", record=REC,
-                      fields={"label": FieldSpec((), "int64")}, records_per_shard=5, config={"size": 8})
+    with pytest.raises(errors.SchemaError, match="cannot continue after shard image/c/1/0/0"):
+        _writer(tmp_path / "out", start=completed[1:])
+    bad = WrittenShard(completed[0].info, {"label": np.arange(4)})
+    with pytest.raises(errors.SchemaError, match="label"):
+        _writer(tmp_path / "out", start=[bad])
 
 
-def test_complete_dataset_same_parameters_is_a_no_op(tmp_path: Path) -> None:
-    recs = make_records(12, (4, 4))
+def test_writer_never_replaces_a_dataset(tmp_path: Path) -> None:
     with _writer(tmp_path / "out") as w:
-        _feed(w, recs, 0, 12)
-    again = _writer(tmp_path / "out")
-    assert again.complete
-    with pytest.raises(errors.ConversionError, match="already exists"):
-        DatasetWriter(tmp_path / "out", kind="test", payload="image", record=REC, records_per_shard=5,
-                      config={"size": 99})
-    fresh = DatasetWriter(tmp_path / "out", kind="test", payload="image", record=REC, records_per_shard=5,
-                          config={"size": 99}, overwrite=True)
-    assert not fresh.complete and fresh.records_written == 0
-
-
-def test_overwrite_refuses_foreign_directory(tmp_path: Path) -> None:
-    (tmp_path / "home").mkdir()
-    (tmp_path / "home" / "thesis.tex").write_text("precious")
-    with pytest.raises(errors.ConversionError, match="refusing to overwrite"):
-        _writer(tmp_path / "home", overwrite=True)
-    with pytest.raises(errors.ConversionError, match="not a shardkit dataset"):
-        _writer(tmp_path / "home")
-    assert (tmp_path / "home" / "thesis.tex").read_text() == "precious"
+        w.write({"image": make_records(3, (4, 4)), "label": np.arange(3)})
+    before = (tmp_path / "out" / "zarr.json").read_bytes()
+    with pytest.raises(errors.ConfigError, match="a dataset already exists here"):
+        _writer(tmp_path / "out")
+    assert (tmp_path / "out" / "zarr.json").read_bytes() == before
 
 
 def test_out_of_space_is_a_clear_error_and_leaves_no_partial(tmp_path: Path, monkeypatch) -> None:
     recs = make_records(12, (4, 4))
-    w = _writer(tmp_path / "out")
+    completed: list[WrittenShard] = []
+    w = _writer(tmp_path / "out", on_shard=completed.append)
     _feed(w, recs, 0, 6)  # first shard complete
     real_write = os.write
 
@@ -108,10 +104,10 @@ def test_out_of_space_is_a_clear_error_and_leaves_no_partial(tmp_path: Path, mon
     monkeypatch.setattr(os, "write", real_write)
     assert not list((tmp_path / "out").rglob("*.partial"))
     w.abort()
-    # the completed shard survived; a resume continues from it
-    w2 = _writer(tmp_path / "out")
+    # the completed shard survived; a writer continues after it
+    w2 = _writer(tmp_path / "out", start=completed)
     assert w2.records_written == 5
-    _feed(w2, recs, w2.input_cursor, 12)
+    _feed(w2, recs, 6, 12)
     w2.close()
     assert verify(tmp_path / "out").ok
 
@@ -136,23 +132,6 @@ def test_durable_controls_fsync_only(tmp_path: Path, monkeypatch, durable: bool)
     assert (len(calls) > 0) is durable
     with open_dataset(tmp_path / "out") as ds:
         np.testing.assert_array_equal(ds.payload.read_range(0, 12), recs)
-
-
-def test_unreadable_staging_record_means_that_shard_is_redone(tmp_path: Path) -> None:
-    recs = make_records(40, (4, 4))
-    w = _writer(tmp_path / "out")
-    _feed(w, recs, 0, 22)  # 3 complete shards
-    w.abort()
-    (tmp_path / "out" / ".shardkit-staging" / "fields-000002.npz").write_bytes(b"truncated by a power cut")
-    w2 = _writer(tmp_path / "out")
-    assert w2.records_written == 10  # shards 0 and 1 kept, shard 2 redone
-    _feed(w2, recs, w2.input_cursor, 40)
-    w2.close()
-    with _writer(tmp_path / "ref") as ref:
-        _feed(ref, recs, 0, 40)
-    a, b = open_dataset(tmp_path / "ref"), open_dataset(tmp_path / "out")
-    assert [s.crc32c for s in a.meta.shards] == [s.crc32c for s in b.meta.shards]
-    np.testing.assert_array_equal(a.fields["label"], b.fields["label"])
 
 
 def _count_writes_in_close(tmp_path: Path, monkeypatch) -> list[str]:

@@ -22,14 +22,14 @@ import pytest
 
 from shardkit.errors import ConfigError, SamplerError
 from shardkit.formats.spec import index_nbytes
-from shardkit.readers import SharedSampler, TierServer, epoch_permutation
-from shardkit.readers.shared import SHM_PREFIX, read_info, run_dir
+from shardkit.readers import Sampler, SharedSampler, TierServer
+from shardkit.readers.shared import job_order, wait_for_server
+from shardkit.readers.shared.rundir import run_dir_path
+from tests.order_stats import ALPHA, item_position_pvalue
 from tests.readers.conftest import check_batch, make_dataset
-from tests.readers.test_epoch_order import ALPHA, _item_position_pvalue
 
 REC = 16
 ROOT = Path(__file__).resolve().parents[2]
-SHM = Path("/dev/shm")
 
 
 @pytest.fixture
@@ -57,19 +57,13 @@ def _wait(p: subprocess.Popen[bytes], timeout: float = 120.0) -> int:
 
 
 def _expected_order(server_seed: int, job_seed: int, epoch: int, n: int, k: int) -> np.ndarray:
-    pi = epoch_permutation(server_seed, epoch, n)
-    parts = []
-    for r, a in enumerate(range(0, n, k)):
-        stored = np.sort(pi[a : a + k])
-        parts.append(stored[np.random.default_rng([job_seed, epoch, r]).permutation(stored.size)])
-    return np.concatenate(parts)
+    return job_order(server_seed, job_seed, epoch, n, k)
 
 
 def _leftovers(name: str) -> list[str]:
-    out = [p.name for p in SHM.glob(f"{SHM_PREFIX}{name}.*")]
-    if run_dir(name).exists():
-        out.append(str(run_dir(name)))
-    return out
+    """What a server named ``name`` left on this machine (its run directory holds everything)."""
+    d = run_dir_path(name)
+    return sorted(p.name for p in d.iterdir()) if d.exists() else []
 
 
 def test_two_jobs_uniform_exactly_once_one_disk_pass(tmp_path: Path, name: str) -> None:
@@ -88,7 +82,7 @@ def test_two_jobs_uniform_exactly_once_one_disk_pass(tmp_path: Path, name: str) 
     for j, o in enumerate(orders):
         assert o.shape == (epochs, n)
         assert (np.sort(o, axis=1) == np.arange(n)).all()  # exactly once per epoch
-        assert _item_position_pvalue(o) > ALPHA
+        assert item_position_pvalue(o) > ALPHA
         np.testing.assert_array_equal(np.load(tmp_path / f"job{j}-epochs.npy"), np.arange(epochs))
         for e in (0, 1, epochs - 1):
             np.testing.assert_array_equal(o[e], _expected_order(7, j + 1, e, n, 3))
@@ -197,7 +191,7 @@ def test_silent_job_loses_its_lease(tmp_path: Path, name: str) -> None:
     """A stopped (SIGSTOP) job keeps its socket open; the lease drops it and the other job finishes."""
     n, epochs = 30, 3
     ds = make_dataset(tmp_path / "ds", n)
-    with TierServer(ds, name=name, ram_size="6records", slots=2, epochs=epochs, wait_for=2, lease_seconds=0.5) as srv:
+    with TierServer(ds, name=name, ram_size="6records", slots=2, epochs=epochs, wait_for=2, lease_seconds=3.0) as srv:
         hung = _job(name, tmp_path / "hung.npy", seed=1, epochs=epochs, batch=2, stop_after=2)
         survivor = _job(name, tmp_path / "survivor.npy", seed=2, epochs=epochs, batch=2)
         try:
@@ -213,7 +207,7 @@ def test_silent_job_loses_its_lease(tmp_path: Path, name: str) -> None:
 def _start_cli_server(ds: Path, name: str) -> subprocess.Popen[bytes]:
     p = subprocess.Popen([sys.executable, "-m", "shardkit.cli.main", "serve", str(ds), "--name", name,
                           "--ram-size", "6records"], cwd=ROOT, stderr=subprocess.PIPE)
-    read_info(name, timeout=60)
+    wait_for_server(name, timeout=60)
     return p
 
 
@@ -222,7 +216,7 @@ def test_sigterm_cleans_shared_memory(tmp_path: Path, name: str) -> None:
     p = _start_cli_server(ds, name)
     s = SharedSampler(name, job_seed=0, batch_size=4)
     assert len(s) == 3
-    assert len(list(SHM.glob(f"{SHM_PREFIX}{name}.*"))) == 1
+    assert (run_dir_path(name) / "ring").is_file()  # the shared memory, in the run directory
     p.send_signal(signal.SIGTERM)
     p.communicate(timeout=30)
     assert p.returncode == 128 + signal.SIGTERM
@@ -234,15 +228,27 @@ def test_stale_state_after_sigkill_is_removed(tmp_path: Path, name: str) -> None
     p = _start_cli_server(ds, name)
     p.kill()
     p.communicate(timeout=30)
-    old = _leftovers(name)
-    assert len(old) == 2  # the segment and the run directory survive a SIGKILL
-    with pytest.raises(SamplerError, match="no shardkit server named"):
+    old_ring = (run_dir_path(name) / "ring").stat().st_ino
+    # the shared memory, socket, token and info survive a SIGKILL
+    assert _leftovers(name) == ["info.json", "lock", "ring", "sock", "token"]
+    with pytest.raises(SamplerError, match=r"no shardkit server named .*stale files of a dead server"):
         SharedSampler(name, connect_timeout=0)
     with TierServer(ds, name=name, ram_size="6records") as srv:
-        segs = [x.name for x in SHM.glob(f"{SHM_PREFIX}{name}.*")]
-        assert segs == [f"{SHM_PREFIX}{name}.{os.getpid()}"]  # the dead server's segment is gone
-        assert srv.info["pid"] == os.getpid()
+        assert (run_dir_path(name) / "ring").stat().st_ino != old_ring  # the dead server's ring is gone
+        assert srv.info is not None and srv.info.pid == os.getpid()
     assert _leftovers(name) == []
+
+
+def test_shared_sampler_is_a_sampler_that_cannot_resume(tmp_path: Path, name: str) -> None:
+    """SharedSampler implements the whole Sampler protocol the adapters rely on; the resume
+    methods exist and refuse clearly (the server owns the epochs)."""
+    ds = make_dataset(tmp_path / "ds", 13)
+    with TierServer(ds, name=name, ram_size="6records"), SharedSampler(name, batch_size=3, world_size=2, rank=1) as s:
+        assert isinstance(s, Sampler)
+        assert (s.path, s.num_records, s.batch_size, s.payload_name, s.epoch, len(s)) == (ds.resolve(), 13, 3, "image", None, 2)
+        for call in (s.state_dict, lambda: s.load_state_dict({}), lambda: s.set_epoch(3)):
+            with pytest.raises(SamplerError, match="epochs are the server's"):
+                call()
 
 
 def test_name_clash_and_wrong_dataset_refused(tmp_path: Path, name: str) -> None:
@@ -324,7 +330,7 @@ def test_adapters_attach_with_shared(tmp_path: Path, name: str) -> None:
     p = subprocess.Popen([sys.executable, "-m", "shardkit.cli.main", "serve", str(ds), "--name", name,
                           "--ram-size", "8records", "--slots", "2", "--seed", "4"], cwd=ROOT, stderr=subprocess.PIPE)
     try:
-        read_info(name, timeout=60)
+        wait_for_server(name, timeout=60)
         tds = ShardIterableDataset(ds, batch_size=3, seed=8, shared=name)
         keys = np.concatenate([b["key"].numpy() for b in tds.loader(num_workers=2)])
         # The group of two workers started the server's first epoch; the loader interleaves their

@@ -1,0 +1,331 @@
+"""Decoding the input sequence in input order, in this process or in a pool of worker processes.
+
+:func:`outcomes` yields one :data:`Outcome` per decode call, strictly in input order whatever the
+number of workers: tasks (chunks of consecutive inputs) go to a process pool and their results are
+consumed in submission order. ``workers=1`` decodes in the calling process (no inter-process copies).
+
+Workers receive the converter's :class:`~shardkit.converters.base.Decoder` once, when they start: a
+small picklable object (the transform and a few paths), never the converter with its corpus listing.
+
+Bounded memory
+    At most ``3 x workers`` tasks are in flight; a new one is submitted only when the oldest result
+    has been consumed. (``Pool.imap`` would read the whole input iterable ahead and let results pile
+    up when the consumer is slower, so it is not used.) An input with more records than one decode
+    call returns (:attr:`~shardkit.converters.base.Decoded.more`, a long audio file cut into windows)
+    is continued by further calls, one at a time, before any later input is yielded.
+
+Payload path
+    Decode workers write each task's decoded payloads into a slot of a file-backed ring in
+    ``/dev/shm`` and return only small fields; the parent copies the payloads out and reuses the
+    slot (see :class:`_RingSpec`).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shardkit.converters.base import Decoded, Decoder
+from shardkit.errors import ConversionError, InputFileError
+
+__all__ = ["Failed", "Outcome", "Produced", "Skipped", "default_workers", "outcomes"]
+
+logger = logging.getLogger(__name__)
+
+#: Tasks in flight per worker.
+_INFLIGHT_PER_WORKER = 3
+
+
+@dataclass(frozen=True)
+class Produced:
+    """Input ``index`` gave ``decoded`` (possibly one part of its records)."""
+
+    index: int
+    decoded: Decoded
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """Input ``index`` (``path``) cannot be used, for ``reason`` (a category, ``": "``, details)."""
+
+    index: int
+    path: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Failed:
+    """Decoding input ``index`` (``path``) went wrong in a way that must stop the run."""
+
+    index: int
+    path: str
+    message: str
+
+
+#: What one decode call gave.
+Outcome = Produced | Skipped | Failed
+
+
+def default_workers() -> int:
+    """Cores available to this process."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def decode_one(decoder: Decoder, index: int, item: Any, start: int = 0) -> Outcome:
+    """Decode records ``start, ...`` of input ``index``; every exception becomes an outcome."""
+    try:
+        return Produced(index, decoder.decode(item, start))
+    except InputFileError as exc:
+        if start == 0:
+            return Skipped(index, decoder.item_path(item), exc.reason)
+        # Its first records are written already: skipping it now would keep half of it.
+        return Failed(index, decoder.item_path(item), f"{exc.reason} (after {start} of its records were written; "
+                      "fix or remove the file, or re-run with --overwrite)")
+    except MemoryError:
+        return Failed(index, decoder.item_path(item), "out of memory while decoding")
+    except Exception as exc:
+        return Failed(index, decoder.item_path(item), f"unexpected failure while decoding: {type(exc).__name__}: {exc}")
+
+
+# ---------------------------------------------------------------------- worker processes
+def _parent_alive(pid: int) -> bool:
+    # A SIGKILLed parent stays a zombie until its own parent reaps it: treat "Z" as dead.
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except FileNotFoundError:
+        return False
+    except OSError:  # pragma: no cover - no procfs: fall back to a signal-0 probe
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
+
+def _watch_parent(pid: int) -> None:
+    while _parent_alive(pid):
+        time.sleep(0.5)
+    os._exit(1)
+
+
+@dataclass(frozen=True)
+class _RingSpec:
+    """Where decoded payloads travel from workers to the parent: a file-backed ring of slots.
+
+    Pickling every decoded 150 KB image through the pool's pipe cost about a quarter of two
+    workers' time on 2 cores (measured: 2,000 images in 3.0-3.5 s returning arrays vs 2.6 s
+    returning nothing). Instead each task gets a slot; the worker writes the chunk's payloads there
+    and returns only small fields, and the parent copies the payloads out and frees the slot.
+    """
+
+    path: str
+    slots: int
+    per_slot: int
+    record_nbytes: int
+
+    def open(self, mode: str) -> np.memmap:
+        shape = (self.slots, self.per_slot, self.record_nbytes)
+        return np.memmap(self.path, dtype=np.uint8, mode=mode, shape=shape)  # type: ignore[call-overload,no-any-return]
+
+
+@dataclass(frozen=True)
+class _InRing:
+    """Placeholder for a payload left in the ring: record ``index`` of the task's slot."""
+
+    index: int
+
+
+_DECODER: Decoder | None = None
+_RING: np.memmap | None = None
+
+
+def _init_worker(decoder: Decoder, parent_pid: int, ring: _RingSpec | None = None) -> None:
+    global _DECODER, _RING
+    _DECODER = decoder
+    _RING = None if ring is None else ring.open("r+")
+    # Ctrl-C goes to the whole process group; the parent decides, workers must not print tracebacks.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Pool workers hold both ends of their task queue, so they never see EOF when the parent is
+    # SIGKILLed: without this watchdog they would wait forever (and keep the parent's pipes open).
+    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True, name="shardkit-parent-watch").start()
+
+
+def _decode_chunk(chunk: list[tuple[int, Any, int]], slot: int | None = None) -> list[Outcome]:
+    decoder = _DECODER
+    if decoder is None:  # pragma: no cover - initializer always ran
+        raise RuntimeError("worker not initialised")
+    results = [decode_one(decoder, i, item, start) for i, item, start in chunk]
+    if slot is not None and _RING is not None:
+        ring = _RING[slot]
+        j = 0
+        for outcome in results:
+            if not isinstance(outcome, Produced):
+                continue
+            for rec in outcome.decoded.records:
+                payload = np.ascontiguousarray(rec[decoder.payload])
+                if j >= ring.shape[0] or payload.nbytes != ring.shape[1]:
+                    continue  # does not fit (e.g. many audio windows): travels pickled
+                ring[j] = payload.reshape(-1).view(np.uint8)
+                rec[decoder.payload] = _InRing(j)
+                j += 1
+    return results
+
+
+def _take_from_ring(decoder: Decoder, results: list[Outcome], ring: np.ndarray) -> None:
+    """Replace ring placeholders by copies of the payloads (the slot is reused afterwards)."""
+    spec = decoder.record
+    for outcome in results:
+        if not isinstance(outcome, Produced):
+            continue
+        for rec in outcome.decoded.records:
+            ref = rec[decoder.payload]
+            if isinstance(ref, _InRing):
+                rec[decoder.payload] = ring[ref.index].view(spec.dtype).reshape(spec.shape).copy()
+
+
+def _ring_dir() -> str:
+    shm = "/dev/shm"
+    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else tempfile.gettempdir()
+
+
+def _remove_stale_rings(directory: str) -> None:
+    """Delete rings left by conversions that were killed (their pid no longer runs)."""
+    for path in Path(directory).glob("shardkit-convert-*.ring"):
+        try:
+            pid = int(path.name.split("-")[2])
+        except (IndexError, ValueError):
+            continue
+        if pid != os.getpid() and not _parent_alive(pid):
+            path.unlink(missing_ok=True)
+
+
+def _main_is_importable() -> bool:
+    """Whether spawned workers can re-import ``__main__`` (they must, as for DataLoader workers)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    return path is None or os.path.exists(path) or getattr(main, "__spec__", None) is not None
+
+
+# ---------------------------------------------------------------------- the ordered stream
+def _continued(first: Outcome, decode: Callable[[int, int], Outcome]) -> Iterator[Outcome]:
+    """``first``, then the further parts of its input while it says there are more."""
+    outcome = first
+    yield outcome
+    while isinstance(outcome, Produced) and outcome.decoded.next_start is not None:
+        outcome = decode(outcome.index, outcome.decoded.next_start)
+        yield outcome
+
+
+def outcomes(
+    decoder: Decoder,
+    items: Sequence[Any],
+    first: tuple[int, int],
+    workers: int,
+    chunk_size: int,
+) -> Iterator[Outcome]:
+    """The outcomes of decoding ``items`` from input ``first[0]``, record ``first[1]``, in order.
+
+    Parameters
+    ----------
+    decoder
+        The converter's decoder (sent once to each worker process).
+    items
+        The input sequence.
+    first
+        ``(input index, record)`` to start at (a resume may start inside an input).
+    workers
+        Decode processes; 1 decodes in this process.
+    chunk_size
+        Inputs per task sent to a worker.
+    """
+    if workers > 1 and not _main_is_importable():
+        # Worker processes start by re-importing the caller's main module (forkserver / spawn); a
+        # program read from stdin or typed with ``python -c`` has no file to import from.
+        logger.warning("the calling program has no importable main module (stdin?): decoding in this "
+                       "process instead of %d workers", workers)
+        workers = 1
+    start_index, start_record = first
+    if workers <= 1:
+        def here(index: int, start: int) -> Outcome:
+            return decode_one(decoder, index, items[index], start)
+
+        for i in range(start_index, len(items)):
+            yield from _continued(here(i, start_record if i == start_index else 0), here)
+        return
+    yield from _pool_outcomes(decoder, items, first, workers, max(1, int(chunk_size)))
+
+
+def _pool_outcomes(
+    decoder: Decoder, items: Sequence[Any], first: tuple[int, int], workers: int, chunk: int
+) -> Iterator[Outcome]:
+    n = len(items)
+    inflight = workers * _INFLIGHT_PER_WORKER
+    _remove_stale_rings(_ring_dir())
+    fd, ring_path = tempfile.mkstemp(prefix=f"shardkit-convert-{os.getpid()}-", suffix=".ring", dir=_ring_dir())
+    ring_spec = _RingSpec(ring_path, inflight, chunk, decoder.record.nbytes)
+    try:
+        os.ftruncate(fd, ring_spec.slots * ring_spec.per_slot * ring_spec.record_nbytes)
+    finally:
+        os.close(fd)
+    ring = ring_spec.open("r")
+    free = list(range(inflight))
+    ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
+    pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
+                               initargs=(decoder, os.getpid(), ring_spec))
+    pending: deque[tuple[int, Future[list[Outcome]]]] = deque()
+
+    def result(fut: Future[list[Outcome]]) -> list[Outcome]:
+        try:
+            return fut.result()
+        except BrokenProcessPool:
+            raise ConversionError(
+                "a decode worker process died (killed, out of memory or a crashing decoder); "
+                "completed shards are kept: re-run the same command to resume"
+            ) from None
+
+    def more(index: int, start: int) -> Outcome:
+        # Further records of one input: decoded by a worker, returned pickled (no ring slot).
+        (outcome,) = result(pool.submit(_decode_chunk, [(index, items[index], start)], None))
+        return outcome
+
+    start_index, start_record = first
+    next_i = start_index
+    try:
+        while pending or next_i < n:
+            while next_i < n and free:
+                stop = min(n, next_i + chunk)
+                slot = free.pop()
+                task = [(k, items[k], start_record if k == start_index else 0) for k in range(next_i, stop)]
+                pending.append((slot, pool.submit(_decode_chunk, task, slot)))
+                next_i = stop
+            slot, fut = pending.popleft()
+            results = result(fut)
+            _take_from_ring(decoder, results, ring[slot])
+            free.append(slot)
+            for outcome in results:
+                yield from _continued(outcome, more)
+    finally:
+        for _, f in pending:
+            f.cancel()
+        pool.shutdown(wait=True, cancel_futures=True)
+        del ring
+        os.unlink(ring_path)

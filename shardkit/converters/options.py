@@ -1,0 +1,170 @@
+"""Converter options as data: each kind declares its :class:`Option` schema once.
+
+The schema is the single description of a kind's options: :class:`~shardkit.converters.base.Converter`
+parses keyword arguments with it, and ``shardkit convert`` builds its command-line flags, help and
+defaults from it (:mod:`shardkit.cli.convert`), so a new kind or option touches nothing else.
+
+Each option parses its own value with a parser built here (or a kind's own), which accepts what a
+person would type (``"16k"`` for a rate, ``"2.5s"`` for a duration, via :mod:`shardkit.units`) as well
+as plain Python values, and names the option the way the user wrote it: ``--sample-rate`` on the
+command line, ``sample_rate`` in Python.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from shardkit.errors import ConfigError
+from shardkit.units import parse_count, parse_duration, parse_rate
+
+__all__ = [
+    "Option",
+    "OptionNaming",
+    "Parser",
+    "parse_options",
+    "choice",
+    "flag",
+    "count",
+    "rate",
+    "duration",
+    "path_text",
+    "text",
+]
+
+#: How errors name an option: as a Python keyword or as a command-line flag.
+OptionNaming = Literal["python", "cli"]
+#: ``parser(value, label) -> canonical value``; raises ``ConfigError`` starting with ``label``.
+Parser = Callable[[Any, str], Any]
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of a corpus kind.
+
+    Attributes
+    ----------
+    name
+        Python keyword (``sample_rate``); the flag is derived from it (``--sample-rate``).
+    type
+        ``bool`` makes an on/off flag (``--window/--no-window``); any other type takes a value, given
+        as text on the command line and parsed by :attr:`parse`.
+    default
+        Value when the option is not given (``None``: the kind decides, see :attr:`help`).
+    help
+        One line for ``--help``; say what the default means when it is ``None``.
+    parse
+        Turns a given value into the canonical one (also checking its range); ``None`` keeps it.
+    metavar
+        Placeholder shown in ``--help`` (``HZ``, ``HxW``).
+    """
+
+    name: str
+    type: type
+    default: Any
+    help: str
+    parse: Parser | None = None
+    metavar: str | None = None
+
+    @property
+    def flag(self) -> str:
+        """The command-line flag: ``--sample-rate``."""
+        return "--" + self.name.replace("_", "-")
+
+    def label(self, naming: OptionNaming) -> str:
+        """The option as the user wrote it."""
+        return self.flag if naming == "cli" else self.name
+
+    def value(self, given: Any, naming: OptionNaming) -> Any:
+        """The canonical value of ``given`` (the default when ``None``)."""
+        if given is None:
+            return self.default
+        return given if self.parse is None else self.parse(given, self.label(naming))
+
+
+def parse_options(
+    kind: str, schema: Iterable[Option], given: Mapping[str, Any], naming: OptionNaming = "python"
+) -> dict[str, Any]:
+    """Every option of ``schema`` parsed from ``given`` (``None`` values count as not given).
+
+    Raises
+    ------
+    ConfigError
+        An option the kind does not accept (naming the ones it does), or a value its parser refuses.
+    """
+    options = {o.name: o for o in schema}
+    unknown = sorted(set(given) - set(options))
+    if unknown:
+        if naming == "cli":
+            shown, accepted = [Option(n, str, None, "").flag for n in unknown], [o.flag for o in options.values()]
+        else:
+            shown, accepted = unknown, list(options)
+        raise ConfigError(
+            f"kind {kind!r} does not accept option(s) {', '.join(shown)}; "
+            f"expected some of: {', '.join(sorted(accepted)) or 'none'}"
+        )
+    return {name: o.value(given.get(name), naming) for name, o in options.items()}
+
+
+# ---------------------------------------------------------------------- parsers
+def choice(*allowed: str) -> Parser:
+    """One of ``allowed`` (exact text)."""
+
+    def parse(value: Any, label: str) -> str:
+        if not isinstance(value, str) or value not in allowed:
+            raise ConfigError(f"{label}: expected one of {', '.join(allowed)}, found {value!r}")
+        return value
+
+    return parse
+
+
+def flag(value: Any, label: str) -> bool:
+    """``True`` or ``False`` (no truthy strings: ``"no"`` would be true)."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{label}: expected True or False, found {value!r}")
+    return value
+
+
+def count(minimum: int = 1, maximum: int | None = None) -> Parser:
+    """A whole number in ``[minimum, maximum]`` (``10``, ``"10"``, ``"10k"``)."""
+
+    def parse(value: Any, label: str) -> int:
+        n = parse_count(value, what=label, minimum=minimum)
+        if maximum is not None and n > maximum:
+            raise ConfigError(f"{label}: expected at most {maximum}, found {value!r}")
+        return n
+
+    return parse
+
+
+def rate(minimum: int, maximum: int) -> Parser:
+    """A rate in hertz in ``[minimum, maximum]`` (``16000``, ``"16k"``, ``"44.1kHz"``)."""
+
+    def parse(value: Any, label: str) -> int:
+        hz = parse_rate(value, what=label)
+        if not minimum <= hz <= maximum:
+            raise ConfigError(f"{label}: expected a rate from {minimum} to {maximum} Hz, found {value!r}")
+        return hz
+
+    return parse
+
+
+def duration(value: Any, label: str) -> float:
+    """A positive number of seconds (``1``, ``"2.5s"``, ``"500ms"``)."""
+    return parse_duration(value, what=label, allow_zero=False)
+
+
+def text(value: Any, label: str) -> str:
+    """A non-empty string."""
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{label}: expected a non-empty text, found {value!r}")
+    return value
+
+
+def path_text(value: Any, label: str) -> str:
+    """A path (``str`` or ``os.PathLike``), kept as text."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    return text(value, label)

@@ -1,0 +1,543 @@
+"""The job half of the shared tier stack: :class:`SharedSampler`.
+
+The design (order, ring, release bound, leases, security) is described in :mod:`shardkit.readers.shared`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import secrets
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shardkit.errors import ConfigError, InsecurePathError, PeerTimeoutError, ProtocolError, SamplerError, ShardkitError
+from shardkit.formats import Dataset
+from shardkit.readers.pipeline import assemble_batch
+from shardkit.readers.schedule import BATCH_PREFETCH, batches_per_consumer, consumer_slice
+from shardkit.readers.seeds import check_seed
+from shardkit.readers.shared.order import job_permutation
+from shardkit.readers.shared.protocol import (
+    MAX_GROUP_BYTES,
+    MAX_INFO_BYTES,
+    TOKEN_BYTES,
+    Beat,
+    Bye,
+    Channel,
+    Done,
+    Hello,
+    Message,
+    Refused,
+    Release,
+    Reservoir,
+    ServerInfo,
+    Welcome,
+    dataset_fingerprint,
+)
+from shardkit.readers.shared.ring import Ring, RingLayout
+from shardkit.readers.shared.rundir import RunDir, check_name, run_dir_path
+from shardkit.readers.stats import SamplerStats
+from shardkit.readers.stopping import POLL_SECONDS, Stopped, put
+from shardkit.stores import Location, as_location, location_string
+
+__all__ = ["SharedSampler", "wait_for_server"]
+
+logger = logging.getLogger(__name__)
+
+_POLL = POLL_SECONDS
+
+
+def _open_server(name: str, base_dir: str | os.PathLike[str] | None, timeout: float) -> tuple[RunDir, ServerInfo]:
+    """The checked run directory and validated ``info.json`` of this user's live server ``name``,
+    waiting up to ``timeout`` seconds for it to start."""
+    path = run_dir_path(name, base_dir)
+    deadline = time.monotonic() + timeout
+    while True:
+        what = "no run directory"
+        try:
+            run: RunDir | None = RunDir.open(path)
+        except FileNotFoundError:
+            run = None
+        if run is not None:
+            try:
+                if not run.lock_is_held():
+                    what = "stale files of a dead server"
+                else:
+                    try:
+                        raw = run.read_file("info.json", MAX_INFO_BYTES)
+                    except FileNotFoundError:
+                        what = "a server still starting"
+                    else:
+                        info = ServerInfo.from_json(raw, source=str(path / "info.json"))
+                        if info.name != name:
+                            raise ProtocolError(f"{path / 'info.json'}: names server {info.name!r}, expected {name!r}")
+                        return run, info
+            except BaseException:
+                run.close()
+                raise
+            run.close()
+        if time.monotonic() >= deadline:
+            raise SamplerError(
+                f"no shardkit server named {name!r} is running (looked in {path}: {what}); "
+                f"start one with `shardkit serve DATASET --name {name}`"
+            )
+        time.sleep(_POLL)
+
+
+def wait_for_server(name: str, *, base_dir: str | os.PathLike[str] | None = None, timeout: float = 0.0) -> ServerInfo:
+    """The validated ``info.json`` of this user's live server ``name``, waiting up to ``timeout`` seconds."""
+    run, info = _open_server(check_name(name), base_dir, timeout)
+    run.close()
+    return info
+
+
+def _read_token(run: RunDir) -> bytes:
+    raw = run.read_file("token", 2 * TOKEN_BYTES + 1).strip()
+    try:
+        token = bytes.fromhex(raw.decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        token = b""
+    if len(token) != TOKEN_BYTES:
+        raise ProtocolError(f"{run.path / 'token'}: expected {2 * TOKEN_BYTES} hex digits")
+    return token
+
+
+class SharedSampler:
+    """Batches from a running :class:`~shardkit.readers.TierServer`, in this job's own order.
+
+    A plain iterator of batch dicts like :class:`~shardkit.readers.TieredSampler`: the payload
+    (``"image"``/``"audio"``), every per-record field and ``"key"``. See
+    :mod:`shardkit.readers.shared` for the design and guarantees.
+
+    Parameters
+    ----------
+    name
+        The server's name (``shardkit serve ... --name NAME``); only servers of this user are found.
+    job_seed
+        Seeds this job's permutation inside every reservoir (its own random domain, never the
+        server's). Jobs need different seeds to see different orders. ``None`` draws a fresh
+        random seed (then recorded in :attr:`job_seed`).
+    batch_size
+        Records per batch (per consumer). Batches span reservoir boundaries but never epoch
+        boundaries: the last batch of an epoch may be short.
+    epochs
+        Whole server epochs per iteration; the first is the next one that starts after attaching.
+    dataset
+        Optional dataset path: the server must serve exactly this dataset (fingerprint check).
+    base_dir
+        Where the server's run directory lives (default: ``/dev/shm`` or the temp dir).
+    connect_timeout
+        Seconds to wait for the server to appear (e.g. started at the same time).
+    rank, world_size, drop_last, group
+        Consumer ``c = rank`` of ``W = world_size`` consumers of *one* job (DataLoader workers,
+        ranks): with the same ``job_seed`` they share the job's order and take its global batches
+        as :class:`~shardkit.readers.TieredSampler` does (consumer ``c`` takes positions
+        ``[g*B*W + c*B, g*B*W + (c+1)*B)`` of global batch ``g``; ``drop_last`` drops the ragged
+        final global batch). Every consumer attaches with its own connection and reads every
+        reservoir's slot, copying only its positions. The ``W`` members of ``group`` (default
+        ``"job-<job_seed>"`` when ``W > 1``) start together: the server activates a group only
+        once all ``W`` ranks are attached, at the next epoch boundary.
+
+    Notes
+    -----
+    The job heartbeats every quarter of the server's ``lease_seconds`` from a background thread,
+    so a long training step does not lose the lease; a job that stops iterating without closing
+    (e.g. a long evaluation between epochs) keeps its lease and holds the others back by at most
+    the ring size. If the server sends nothing (not even its heartbeat) for ``lease_seconds`` while
+    the job waits, the iteration raises :class:`~shardkit.errors.PeerTimeoutError`. :meth:`close`
+    (or leaving a ``with`` block, or finishing ``epochs``) detaches.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        job_seed: int | None = None,
+        batch_size: int = 256,
+        epochs: int | None = 1,
+        dataset: Location | None = None,
+        base_dir: str | os.PathLike[str] | None = None,
+        connect_timeout: float = 10.0,
+        rank: int = 0,
+        world_size: int = 1,
+        drop_last: bool = False,
+        group: str | None = None,
+    ) -> None:
+        self.name = check_name(name)
+        self.job_seed = check_seed(secrets.randbits(63) if job_seed is None else job_seed, what="job_seed")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size <= 0:
+            raise ConfigError(f"batch_size: expected a positive integer, found {batch_size!r}")
+        self.batch_size = int(batch_size)
+        if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, (int, np.integer)) or epochs < 0):
+            raise ConfigError(f"epochs: expected >= 0 or None (forever), found {epochs!r}")
+        self.epochs = None if epochs is None else int(epochs)
+        if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)) or world_size < 1:
+            raise ConfigError(f"world_size: expected a positive integer, found {world_size!r}")
+        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < world_size:
+            raise ConfigError(f"rank: expected 0 <= rank < world_size={world_size}, found {rank!r}")
+        self.rank, self.world_size, self.drop_last = int(rank), int(world_size), bool(drop_last)
+        if group is None and self.world_size > 1:
+            group = f"job-{self.job_seed}"
+        if group is not None and (not isinstance(group, str) or not 0 < len(group.encode()) <= MAX_GROUP_BYTES):
+            raise ConfigError(f"group: expected 1-{MAX_GROUP_BYTES} bytes of text, found {group!r}")
+        #: Consumers of one job share a group (``None``: a job of one consumer).
+        self.group = group
+        self.base_dir = base_dir
+        self.connect_timeout = float(connect_timeout)
+        run, info = _open_server(self.name, base_dir, self.connect_timeout)
+        run.close()
+        self.path: Path | str = as_location(info.dataset)
+        if dataset is not None and dataset_fingerprint(dataset) != info.fingerprint:
+            raise SamplerError(
+                f"server {self.name!r} (pid {info.pid}) serves {info.dataset}, not {location_string(dataset)} "
+                f"(dataset fingerprints differ); refusing to attach"
+            )
+        self._info = info
+        #: The server's lease: this job heartbeats every quarter of it, and gives up on a server
+        #: silent for that long.
+        self.lease_seconds = info.lease_seconds
+        ds = Dataset(self.path)
+        try:
+            self.num_records = ds.num_records
+            self.record_nbytes = ds.record_nbytes
+            self.payload_name = ds.payload_name
+            self.fields = ds.fields
+            self._record = (tuple(ds.meta.record.shape), np.dtype(ds.meta.record.dtype))
+        finally:
+            ds.close()
+        if (dataset_fingerprint(self.path) != info.fingerprint or self.num_records != info.num_records
+                or self.record_nbytes != info.record_nbytes):
+            raise SamplerError(f"{self.path}: the dataset changed since server {self.name!r} (pid {info.pid}) started; "
+                               f"restart the server")
+        self._layout = RingLayout(info.slots, info.slot_records, *self._record)
+        self.stats = SamplerStats()
+        self._epoch: int | None = None
+        self._run_ref: weakref.ref[_SharedRun] | None = None
+
+    @property
+    def epoch(self) -> int | None:
+        """Server epoch of the last batch emitted (``None`` before the first)."""
+        return self._epoch
+
+    def __len__(self) -> int:
+        """Batches this consumer gets per epoch."""
+        return batches_per_consumer(self.num_records, self.batch_size, self.rank, self.world_size,
+                                    drop_last=self.drop_last)
+
+    def _no_resume(self, what: str) -> SamplerError:
+        return SamplerError(
+            f"shared sampler {self.name!r}: {what} (epochs are the server's; a job that restarts "
+            "attaches at the next epoch boundary)"
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """Shared samplers cannot resume: the server, not the job, decides which epoch comes next."""
+        raise self._no_resume("no resume state")
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Refused, as :meth:`state_dict` is (the :class:`~shardkit.readers.Sampler` protocol's resume method)."""
+        raise self._no_resume("cannot resume from a state")
+
+    def set_epoch(self, epoch: int) -> None:
+        """Refused: a shared job runs the server's next epochs, it cannot choose one."""
+        raise self._no_resume(f"cannot start at epoch {epoch}")
+
+    def element_spec(self) -> dict[str, tuple[tuple[int, ...], np.dtype[Any]]]:
+        """Per-record ``(shape, dtype)`` of every batch entry (payload, fields, ``key``)."""
+        spec: dict[str, tuple[tuple[int, ...], np.dtype[Any]]] = {self.payload_name: self._record}
+        for fname, values in self.fields.items():
+            spec[fname] = (tuple(values.shape[1:]), values.dtype)
+        spec["key"] = ((), np.dtype(np.int64))
+        return spec
+
+    def order_of(self, epoch: int, reservoir: int, n: int) -> np.ndarray:
+        """This job's permutation of a reservoir's ``n`` stored (ascending) keys."""
+        return job_permutation(self.job_seed, epoch, reservoir, n)
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        self.close()
+        run = _SharedRun(self)
+        self._run_ref = weakref.ref(run)
+        return run
+
+    def close(self) -> None:
+        """Detach from the server (idempotent)."""
+        run = self._run_ref() if self._run_ref is not None else None
+        if run is not None:
+            run.close()
+        self._run_ref = None
+
+    def __enter__(self) -> SharedSampler:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"SharedSampler({self.name!r}, dataset={str(self.path)!r}, job_seed={self.job_seed}, "
+                f"batch_size={self.batch_size}, epochs={self.epochs})")
+
+
+class _Link:
+    """The background half of one iteration: a connection, the mapped ring, a heartbeat thread and
+    a batch-assembler thread (so copying batches out of the ring overlaps the job's own work, as
+    the batch creator does in :class:`~shardkit.readers.TieredSampler`). The threads reference
+    only this object, never the iterator, so an abandoned iterator is garbage collected and its
+    finalizer detaches the job (it would otherwise keep its lease and hold the other jobs back)."""
+
+    def __init__(self, s: SharedSampler) -> None:
+        self._s = s
+        self._done = False
+        self._epochs_done = 0
+        self._cur: tuple[Reservoir, np.ndarray] | None = None  # the reservoir being read, this job's order of it
+        self._pos = 0  # next record of the current reservoir
+        self._epos = 0  # its position in the job's epoch order
+        self._g = 0  # the global batch this consumer fills
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._silence = s.lease_seconds
+        self._ring, self._chan = self._connect()
+        self._batches: queue.Queue[tuple[Any, ...]] = queue.Queue(maxsize=BATCH_PREFETCH)
+        for target, tname in ((self._heartbeat, "shardkit-shared-heartbeat"), (self._assemble, "shardkit-shared-batches")):
+            t = threading.Thread(target=target, name=tname, daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _connect(self) -> tuple[Ring, Channel]:
+        """Check the run directory again, map the ring, connect, present the token and be welcomed."""
+        s = self._s
+        run, info = _open_server(s.name, s.base_dir, s.connect_timeout)
+        ring: Ring | None = None
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            if info.pid != s._info.pid or info.fingerprint != s._info.fingerprint:
+                raise SamplerError(f"server {s.name!r} was restarted with pid {info.pid}; create a new SharedSampler")
+            token = _read_token(run)
+            ring = Ring.attach(run, s._layout)
+            run.check_socket("sock")
+            sock.settimeout(max(s.connect_timeout, self._silence))
+            try:
+                sock.connect(run.address())
+            except OSError as exc:
+                raise SamplerError(f"cannot connect to shardkit server {s.name!r}: {exc}") from None
+            chan = Channel(sock, send_timeout=self._silence, peer=f"shardkit server {s.name!r} (pid {info.pid})")
+            creds = chan.credentials()
+            if creds is not None and creds[1] != os.geteuid():
+                raise InsecurePathError(f"{run.path / 'sock'}: answered by pid {creds[0]} of uid {creds[1]}, expected "
+                                        f"a process of uid {os.geteuid()} (this user); refusing to attach")
+            chan.send(Hello(token, bytes.fromhex(info.fingerprint), os.getpid(), s.rank, s.world_size, s.group))
+            self._chan = chan
+            match self._recv():
+                case Welcome():
+                    return ring, chan
+                case Refused(reason=reason):
+                    raise SamplerError(f"shardkit server {s.name!r} refused this job: {reason}")
+                case other:
+                    raise ProtocolError(f"shardkit server {s.name!r}: expected Welcome, found {type(other).__name__}")
+        except BaseException:
+            sock.close()
+            if ring is not None:
+                ring.close()
+            raise
+        finally:
+            run.close()
+
+    # ------------------------------------------------------------------ messaging
+    def _recv(self) -> Message:
+        """The server's next message other than a heartbeat; PeerTimeoutError after ``lease_seconds`` of silence."""
+        s = self._s
+        deadline = time.monotonic() + self._silence
+        while True:
+            if self._stop.is_set():
+                raise Stopped()
+            try:
+                msg = self._chan.recv(_POLL)
+            except ProtocolError as exc:
+                raise ProtocolError(f"shardkit server {s.name!r}: {exc}") from None
+            except OSError:
+                raise SamplerError(f"shardkit server {s.name!r} went away") from None
+            if msg is not None and not isinstance(msg, Beat):
+                return msg
+            now = time.monotonic()
+            if msg is not None:
+                deadline = now + self._silence
+            elif now >= deadline:
+                raise PeerTimeoutError(
+                    f"shardkit server {s.name!r} (pid {s._info.pid}) sent nothing for {self._silence:g} s (its "
+                    f"lease): it is stopped or hung; giving up"
+                )
+
+    def _heartbeat(self) -> None:
+        period = max(0.05, self._silence / 4)
+        while not self._stop.wait(period):
+            try:
+                self._chan.send(Beat())
+            except (OSError, PeerTimeoutError):
+                return  # the batch thread reports what happened to the server
+
+    def _detach(self) -> None:
+        """Tell the server we are gone and close the socket (any thread; idempotent)."""
+        if self._chan.closed:
+            return
+        try:
+            self._chan.send(Bye())
+        except (OSError, PeerTimeoutError):
+            pass
+        self._chan.close()
+
+    # ------------------------------------------------------------------ background assembly
+    def _assemble(self) -> None:
+        try:
+            while True:
+                item = self._next_batch()
+                if item is None:
+                    self._detach()  # done: the server stops counting on us at once
+                    put(self._batches, ("done",), self._stop)
+                    return
+                put(self._batches, item, self._stop)
+        except Stopped:
+            return
+        except BaseException as exc:
+            try:
+                put(self._batches, ("error", exc), self._stop)
+            except Stopped:
+                pass
+
+    def _target(self) -> tuple[int, int] | None:
+        """Epoch positions ``[lo, hi)`` of this consumer's slice of global batch ``g`` (None: no more)."""
+        s = self._s
+        return consumer_slice(self._g, s.num_records, s.batch_size, s.rank, s.world_size, drop_last=s.drop_last)
+
+    def _next_reservoir(self) -> bool:
+        """Wait for the next reservoir (into ``_cur``); False when the server is done."""
+        layout = self._s._layout
+        match self._recv():
+            case Done():
+                self._done = True
+                return False
+            case Reservoir(slot=slot, count=count) as res if slot < layout.slots and 0 < count <= layout.slot_records:
+                self._cur = (res, self._s.order_of(res.epoch, res.index, count))
+                self._pos = 0
+                return True
+            case other:
+                raise ProtocolError(f"shardkit server {self._s.name!r}: unexpected or invalid {other!r}")
+
+    def _next_batch(self) -> tuple[Any, ...] | None:
+        """Copy this consumer's next batch out of the ring: ``("batch", dict, epoch)`` or None when
+        done. Walks every reservoir (releasing each), copying only its own positions."""
+        s = self._s
+        shape, dtype = s._record
+        b = s.batch_size
+        out = np.empty((b, *shape), dtype=dtype)
+        keys = np.empty(b, dtype=np.int64)
+        filled = 0
+        epoch = -1
+        while True:
+            if self._cur is None:
+                if self._done or (s.epochs is not None and self._epochs_done >= s.epochs) or not self._next_reservoir():
+                    break
+            assert self._cur is not None
+            res, order = self._cur
+            n, epoch = res.count, res.epoch
+            complete = False
+            target = self._target()
+            if target is None:
+                skip = n - self._pos  # nothing more for us this epoch: pass the reservoir on
+            else:
+                skip = min(max(0, target[0] - self._epos), n - self._pos)
+            self._pos += skip
+            self._epos += skip
+            if target is not None and self._pos < n:
+                hi = target[1]
+                take = min(hi - self._epos, n - self._pos)
+                idx = order[self._pos : self._pos + take]
+                np.take(self._ring.payload[res.slot], idx, axis=0, out=out[filled : filled + take])
+                keys[filled : filled + take] = self._ring.keys[res.slot][idx]
+                self._pos += take
+                self._epos += take
+                filled += take
+                if self._epos == hi:
+                    self._g += 1
+                    complete = True
+            if self._pos == n:
+                self._chan.send(Release(res.seq))
+                self._cur = None
+                if res.last:
+                    self._epochs_done += 1
+                    self._epos = self._g = 0
+                    if filled:
+                        break  # batches never span epochs
+            if complete:
+                break
+        if filled == 0:
+            return None
+        payload = out if filled == b else out[:filled].copy()
+        return ("batch", assemble_batch(s.payload_name, payload, s.fields, keys[:filled]), epoch)
+
+    def close(self) -> None:
+        """Say goodbye, stop the threads, unmap the ring (idempotent)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        me = threading.current_thread()
+        for t in self._threads:
+            if t is not me:
+                t.join(10.0)
+        self._detach()
+        self._ring.close()
+
+
+class _SharedRun:
+    """One iteration of a :class:`SharedSampler` (the consumer end of a :class:`_Link`)."""
+
+    def __init__(self, s: SharedSampler) -> None:
+        self._s = s
+        self._closed = False
+        self._link = _Link(s)
+        self._finalizer = weakref.finalize(self, self._link.close)
+
+    def __iter__(self) -> _SharedRun:
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        if self._closed:
+            raise StopIteration
+        s, link = self._s, self._link
+        s.stats.start_clock()
+        t0 = time.perf_counter()
+        try:
+            while True:
+                try:
+                    item = link._batches.get(timeout=_POLL)
+                    break
+                except queue.Empty:
+                    if not link._threads[-1].is_alive() and link._batches.empty():
+                        raise SamplerError("shared sampler: batch thread ended unexpectedly") from None
+        except BaseException:
+            self.close()
+            raise
+        if item[0] == "batch":
+            _, batch, epoch = item
+            s._epoch = epoch
+            s.stats.add_delivered(int(batch["key"].shape[0]), batch[s.payload_name].nbytes, time.perf_counter() - t0)
+            return batch  # type: ignore[no-any-return]
+        self.close()
+        if item[0] == "error":
+            exc = item[1]
+            if isinstance(exc, ShardkitError):
+                raise exc
+            raise SamplerError(f"shared sampler: {type(exc).__name__}: {exc}") from exc
+        raise StopIteration
+
+    def close(self) -> None:
+        """Detach now (idempotent)."""
+        self._closed = True
+        self._finalizer()

@@ -1,0 +1,55 @@
+"""The order of a shared tier stack: the server's partition into reservoirs and each job's permutations.
+
+For server epoch ``e`` the server draws ``pi_e``, a uniform permutation of the ``N`` keys, from its
+own domain (:attr:`~shardkit.readers.seeds.Domain.SERVER_PARTITION`) and cuts it into consecutive
+blocks (:func:`blocks`): reservoir ``r`` is the key set of block ``r``. A job emits reservoir ``r`` in
+the order of its own permutation of the block's stored (ascending) keys, drawn from
+:attr:`~shardkit.readers.seeds.Domain.JOB_PERMUTATION` with ``(job_seed, e, r)``.
+
+Blocks of a uniform random partition, each permuted uniformly and independently, form an exactly
+uniform permutation: ``P(order) = prod_r 1/C(rest_r, n_r) * 1/n_r! = 1/N!``. That needs the job's
+permutations independent of the partition: the two domains guarantee it for every pair of seeds,
+including the defaults (server seed 0, job seed 0), which once shared one stream.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from shardkit.readers.seeds import Domain, rng
+
+__all__ = ["blocks", "partition", "job_permutation", "job_order"]
+
+
+def blocks(n: int, k: int, k1: int | None = None) -> list[tuple[int, int]]:
+    """Positions ``[a, b)`` of the published blocks of an epoch of ``n`` keys.
+
+    Blocks of ``k`` consecutive positions; with an SSD tier, blocks of ``k`` inside each SSD reservoir
+    of ``k1`` consecutive positions (the last block of each SSD reservoir may be short). Sizes depend
+    on ``n``, ``k`` and ``k1`` only, never on the draw, which the uniformity argument needs.
+    """
+    outer = [(a, min(a + k1, n)) for a in range(0, n, k1)] if k1 is not None else [(0, n)]
+    return [(b, min(b + k, hi)) for lo, hi in outer for b in range(lo, hi, k)]
+
+
+def partition(seed: int, epoch: int, n: int) -> np.ndarray:
+    """``pi_e``: the server's uniform permutation of ``range(n)`` for ``(seed, epoch)``."""
+    return rng(Domain.SERVER_PARTITION, seed, epoch).permutation(int(n)).astype(np.int64, copy=False)
+
+
+def job_permutation(job_seed: int, epoch: int, reservoir: int, n: int) -> np.ndarray:
+    """A job's permutation of a reservoir's ``n`` stored (ascending) keys."""
+    return rng(Domain.JOB_PERMUTATION, job_seed, epoch, reservoir).permutation(int(n))
+
+
+def job_order(seed: int, job_seed: int, epoch: int, n: int, k: int, k1: int | None = None) -> np.ndarray:
+    """The whole epoch order job ``job_seed`` sees from a server ``seed`` with blocks of ``k`` (and ``k1``).
+
+    What a job emits, recomputed without a server: to audit or reproduce a run.
+    """
+    pi = partition(seed, epoch, n)
+    parts = []
+    for r, (a, b) in enumerate(blocks(n, k, k1)):
+        stored = np.sort(pi[a:b])
+        parts.append(stored[job_permutation(job_seed, epoch, r, stored.size)])
+    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)

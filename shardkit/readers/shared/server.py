@@ -1,0 +1,784 @@
+"""The server half of the shared tier stack: :class:`TierServer` and :func:`serve`.
+
+The design (order, ring, release bound, leases, lifetime, security) is described in
+:mod:`shardkit.readers.shared`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import hmac
+import logging
+import os
+import secrets
+import signal
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import numpy as np
+
+from shardkit.errors import ConfigError, PeerTimeoutError, ProtocolError, SamplerError, ShardkitError
+from shardkit.formats import Dataset
+from shardkit.readers.config import DEFAULTS, SamplerOptions, Source, option_name
+from shardkit.readers.shared.order import blocks, partition
+from shardkit.readers.shared.protocol import (
+    MAX_INFO_BYTES,
+    PROTOCOL_VERSION,
+    TOKEN_BYTES,
+    Beat,
+    Bye,
+    Channel,
+    Done,
+    Hello,
+    Message,
+    PeerClosed,
+    Refused,
+    Release,
+    Reservoir,
+    ServerInfo,
+    Welcome,
+    dataset_fingerprint,
+    encode,
+)
+from shardkit.readers.shared.ring import Ring, RingLayout
+from shardkit.readers.shared.rundir import RunDir, check_name, run_dir_path
+from shardkit.readers.ssd import SsdSpace, write_reservoir
+from shardkit.readers.stats import SamplerStats
+from shardkit.readers.stopping import Stopped
+from shardkit.stores import Location, as_location
+from shardkit.units import Capacity, parse_count, parse_duration
+
+__all__ = ["ServeOptions", "TierServer", "serve"]
+
+logger = logging.getLogger(__name__)
+
+#: How often waiting threads wake up to look at the stop flag, leases and heartbeats.
+_TICK = 0.2
+
+
+_COMMON = ("tiers", "ram_size", "ssd_size", "ssd_dir", "seed", "epochs", "gap_bytes")
+
+
+def _path(value: object, what: str) -> Path | None:
+    if value is None or isinstance(value, (str, os.PathLike)):
+        return None if value is None else Path(value)
+    raise ConfigError(f"{what}: expected a directory path, found {value!r}")
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """Every option of :class:`TierServer`, validated and normalised on construction.
+
+    Values are parsed with :mod:`shardkit.units` (``ram_size="2GiB"``, ``lease_seconds="2min"``,
+    ``slots="4"``); :meth:`parse` also refuses unknown names. Budgets and the gap default are the
+    sampler's (:data:`~shardkit.readers.config.DEFAULTS`). ``source`` says how errors spell option
+    names: ``ram_size`` in Python, ``--ram-size`` on the command line (``lease_seconds`` is ``--lease``).
+    """
+
+    tiers: tuple[str, ...] = DEFAULTS.tiers
+    #: The whole shared ring: ``slots`` slots of ``K = ram_size / (slots * record size)`` records.
+    ram_size: Capacity = DEFAULTS.ram_size
+    ssd_size: Capacity = DEFAULTS.ssd_size
+    ssd_dir: Path | None = None
+    seed: int = 0
+    epochs: int | None = None
+    slots: int = 3
+    wait_for: int = 1
+    lease_seconds: float = 30.0
+    gap_bytes: int = DEFAULTS.gap_bytes
+    max_connections: int = 64
+    base_dir: Path | None = None
+    source: Source = field(default="python", compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.source not in ("python", "cli"):
+            raise ConfigError(f"source: expected 'python' or 'cli', found {self.source!r}")
+        name = self.name
+        # The options a sampler has too are checked (and spelled in errors) by the sampler's own options.
+        common = SamplerOptions(tiers=self.tiers, ram_size=self.ram_size, ssd_size=self.ssd_size, ssd_dir=self.ssd_dir,
+                                seed=self.seed, epochs=self.epochs, gap_bytes=self.gap_bytes, source=self.source)
+        values: dict[str, Any] = {f: getattr(common, f) for f in _COMMON}
+        values.update(
+            slots=parse_count(self.slots, what=name("slots"), minimum=2),
+            wait_for=parse_count(self.wait_for, what=name("wait_for"), minimum=1),
+            lease_seconds=parse_duration(self.lease_seconds, what=name("lease_seconds"), allow_zero=False),
+            max_connections=parse_count(self.max_connections, what=name("max_connections"), minimum=1),
+            base_dir=_path(self.base_dir, name("base_dir")),
+        )
+        for key, value in values.items():
+            object.__setattr__(self, key, value)
+
+    @classmethod
+    def parse(cls, *, source: Source = "python", **values: Any) -> ServeOptions:
+        """Options from user-given values; unknown names are a ConfigError."""
+        unknown = sorted(set(values) - set(cls.__dataclass_fields__) - {"source"})
+        if unknown:
+            names = ", ".join(_option_name(u, source) for u in unknown)
+            raise ConfigError(f"unknown server option {names}; expected some of {', '.join(sorted(_FIELDS))}")
+        return cls(source=source, **values)
+
+    def name(self, option: str) -> str:
+        """``option`` as the user wrote it."""
+        return _option_name(option, self.source)
+
+
+def _option_name(option: str, source: Source) -> str:
+    return "--lease" if (option, source) == ("lease_seconds", "cli") else option_name(option, source)
+
+
+_FIELDS = frozenset(ServeOptions.__dataclass_fields__) - {"source"}
+
+
+class _Job:
+    """One attached consumer: its channel and lease."""
+
+    def __init__(self, jid: int, channel: Channel, hello: Hello, pid: int) -> None:
+        self.id = jid
+        self.channel = channel
+        self.pid, self.group, self.rank, self.world = pid, hello.group, hello.rank, hello.world
+        self.last_seen = self.last_sent = time.monotonic()
+
+    def send(self, msg: Message) -> None:
+        self.channel.send(msg)
+        self.last_sent = time.monotonic()
+
+
+class TierServer:
+    """One tier stack for every job of this user on this machine that attaches to ``name``.
+
+    Parameters
+    ----------
+    dataset
+        Dataset directory (the disk tier).
+    name
+        The name jobs attach to (``[A-Za-z0-9_-]``, at most 64 characters).
+    tiers
+        ``"ram"`` or ``"ram,ssd"``.
+    ram_size
+        The whole shared ring: ``slots`` slots of ``K = ram_size / (slots * record size)`` records.
+    ssd_size, ssd_dir
+        With the SSD tier: two SSD reservoirs of ``K1 = ssd_size / (2 * record size)`` records
+        (one being served while the next is written), in a private directory under ``ssd_dir``.
+    seed
+        Seeds the server's partition of every epoch into reservoirs.
+    epochs
+        Epochs to serve, then tell every job it is done and stop (``None``: until closed).
+    slots
+        Ring size (>= 2). Bounds how far the server (and the fastest job) can run ahead of the
+        slowest job: ``slots`` reservoirs.
+    wait_for
+        Jobs to wait for before the first epoch (later epochs start when at least one job is there).
+    lease_seconds
+        A job silent for this long (no release, no heartbeat) is dropped; a job hearing nothing
+        from the server for this long gives up with :class:`~shardkit.errors.PeerTimeoutError`.
+    gap_bytes
+        Read coalescing threshold of the disk reader.
+    max_connections
+        Connections served at once (attached jobs and handshakes); more are refused.
+    base_dir
+        Where the run directory goes (default ``/dev/shm``, else the temp dir).
+    options
+        All of the above as one :class:`ServeOptions` (what the CLI builds); keyword values given as
+        well replace its fields.
+    """
+
+    #: Seconds a new connection has to present its :class:`Hello`.
+    handshake_seconds = 10.0
+
+    def __init__(
+        self, dataset: Location, *, name: str, options: ServeOptions | None = None, **values: Any
+    ) -> None:
+        self.name = check_name(name)
+        if options is None:
+            options = ServeOptions.parse(**values)
+        elif values:
+            ServeOptions.parse(source=options.source, **values)  # unknown names are refused as such
+            options = replace(options, **values)
+        self.options = o = options
+        self.path: Path | str = as_location(dataset, resolve=True)
+        self.tiers, self.seed, self.slots, self.epochs = o.tiers, o.seed, o.slots, o.epochs
+        self.lease_seconds = o.lease_seconds
+        ds = Dataset(self.path, gap_bytes=o.gap_bytes)  # a missing or broken dataset fails here, clearly
+        self.fingerprint = dataset_fingerprint(self.path)
+        try:
+            self.num_records = ds.num_records
+            self.record_nbytes = rec = ds.record_nbytes
+            record = (tuple(ds.meta.record.shape), np.dtype(ds.meta.record.dtype))
+        finally:
+            ds.close()
+        n = max(1, self.num_records)
+        #: K, records per slot (= per published reservoir block).
+        self.slot_records = max(1, min(o.ram_size.to_bytes(rec) // (o.slots * rec), n))
+        self.layout = RingLayout(o.slots, self.slot_records, *record)
+        #: K1, records per SSD reservoir (None without the SSD tier).
+        self.ssd_block: int | None = None
+        self.ssd_dir: Path | None = None
+        if "ssd" in self.tiers:
+            self.ssd_block = max(1, min(o.ssd_size.to_bytes(rec) // (2 * rec), n))
+            self.ssd_dir = o.ssd_dir if o.ssd_dir is not None else Path(tempfile.gettempdir())
+            if not self.ssd_dir.is_dir():
+                raise ConfigError(f"ssd_dir: expected an existing directory, found {str(self.ssd_dir)!r}")
+        self.stats = SamplerStats()
+        #: Epochs read completely for at least one job.
+        self.epochs_served = 0
+        #: Reservoir blocks published.
+        self.published = 0
+        self.error: BaseException | None = None
+        #: Where the run directory is (created by :meth:`start`).
+        self.rundir = run_dir_path(self.name, o.base_dir)
+        self.info: ServerInfo | None = None
+        self._cv = threading.Condition()
+        self._stop = threading.Event()
+        self._jobs: dict[int, _Job] = {}
+        self._active: set[int] = set()
+        self._pending: set[int] = set()
+        self._holders: list[set[int]] = [set() for _ in range(self.slots)]
+        self._slot_seq = [0] * self.slots
+        self._seq = 0
+        self._next_job = 1
+        self._started_first = False
+        self._finished = False
+        self._connections = 0
+        self._conn_threads: set[threading.Thread] = set()
+        self._run: RunDir | None = None
+        self._lock_fd: int | None = None
+        self._token = b""
+        self._ring: Ring | None = None
+        self._listener: socket.socket | None = None
+        self._threads: list[threading.Thread] = []
+        self._space: SsdSpace | None = None
+        self._ssd_written = 0
+        self._closed = False
+
+    # ------------------------------------------------------------------ start / stop
+    def start(self) -> TierServer:
+        """Claim the name, create the ring, listen, publish ``info.json``; then serve in the background."""
+        self._claim()
+        try:
+            self._create()
+        except BaseException:
+            self.close()
+            raise
+        atexit.register(self.close)
+        return self
+
+    def _claim(self) -> None:
+        run = RunDir.claim(self.rundir)
+        fd = run.lock()
+        if fd is None:
+            who = ""
+            try:
+                info = ServerInfo.from_json(run.read_file("info.json", MAX_INFO_BYTES), source="info.json")
+                who = f" (pid {info.pid}, serving {info.dataset})"
+            except (OSError, ShardkitError):
+                pass
+            run.close()
+            raise ConfigError(
+                f"a shardkit server named {self.name!r} is already running{who}; stop it or choose another --name"
+            )
+        self._run, self._lock_fd = run, fd
+        removed = run.clear()  # we hold the lock: anything else here belongs to a dead server
+        if removed:
+            logger.info("server %s: removed leftovers of a dead server: %s", self.name, ", ".join(removed))
+
+    def _create(self) -> None:
+        run = self._run
+        assert run is not None
+        self._token = secrets.token_bytes(TOKEN_BYTES)
+        run.write_file("token", self._token.hex().encode())
+        self._ring = Ring.create(run, self.layout)
+        self.disk = Dataset(self.path, stats=self.stats.disk, gap_bytes=self.options.gap_bytes)
+        if self.ssd_dir is not None:
+            self._space = SsdSpace(self.ssd_dir)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener = listener
+        listener.bind(run.address())
+        os.chmod(run.address(), 0o600)
+        listener.listen(min(self.options.max_connections, 128))
+        listener.settimeout(_TICK)
+        self.info = ServerInfo(
+            version=PROTOCOL_VERSION, name=self.name, pid=os.getpid(), dataset=str(self.path),
+            fingerprint=self.fingerprint, slots=self.slots, slot_records=self.slot_records, seed=self.seed,
+            num_records=self.num_records, record_nbytes=self.record_nbytes, tiers=self.tiers,
+            lease_seconds=self.lease_seconds, started=time.time(),
+        )  # fmt: skip
+        run.write_file("info.json", self.info.to_json())  # last: a job never sees a half-started server
+        for target, tname in ((self._accept_loop, "shardkit-serve-accept"), (self._produce, "shardkit-serve-producer")):
+            t = threading.Thread(target=target, name=tname, daemon=True)
+            t.start()
+            self._threads.append(t)
+        logger.info("server %s: serving %s (N=%d, %d slots of %d records) at %s", self.name, self.path,
+                    self.num_records, self.slots, self.slot_records, self.rundir)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the server has served its epochs (or failed); True if it has finished."""
+        if not self._threads:
+            return True
+        producer = self._threads[-1]
+        producer.join(timeout)
+        if not producer.is_alive() and self.error is not None:
+            err, self.error = self.error, None
+            if isinstance(err, ShardkitError):
+                raise err
+            raise SamplerError(f"server {self.name}: {type(err).__name__}: {err}") from err
+        return not producer.is_alive()
+
+    def close(self) -> None:
+        """Stop serving; unlink the ring, the SSD directory and the run directory (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
+        self._stop.set()
+        with self._cv:
+            self._cv.notify_all()
+        me = threading.current_thread()
+        with self._cv:
+            threads = [*self._threads, *self._conn_threads]
+        for t in threads:
+            if t is not me:
+                t.join(10.0)
+        with self._cv:
+            jobs = list(self._jobs.values())
+            self._jobs.clear()
+        for job in jobs:
+            job.channel.close()
+        if self._listener is not None:
+            self._listener.close()
+        if self._ring is not None:
+            self._ring.close()
+            self._ring = None
+        if self._space is not None:
+            self._space.close()
+        if getattr(self, "disk", None) is not None:
+            self.disk.close()
+        if self._run is not None:
+            if self._lock_fd is not None:
+                self._run.remove()
+                os.close(self._lock_fd)
+                self._lock_fd = None
+            self._run.close()
+            self._run = None
+        logger.info("server %s: stopped", self.name)
+
+    def __enter__(self) -> TierServer:
+        return self.start() if self._run is None else self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @property
+    def jobs(self) -> int:
+        """Attached jobs (active + waiting for the next epoch)."""
+        with self._cv:
+            return len(self._jobs)
+
+    @property
+    def connections(self) -> int:
+        """Open connections: attached jobs and connections still in their handshake."""
+        with self._cv:
+            return self._connections
+
+    # ------------------------------------------------------------------ connections
+    def _accept_loop(self) -> None:
+        assert self._listener is not None
+        while not self._stop.is_set():
+            try:
+                sock, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError as exc:
+                if self._stop.is_set():
+                    return
+                logger.warning("server %s: accept failed: %s", self.name, exc)
+                time.sleep(_TICK)
+                continue
+            try:
+                self._admit(sock)
+            except BaseException as exc:  # e.g. no thread could be started: one line, keep accepting
+                logger.error("server %s: could not serve a connection: %s: %s", self.name, type(exc).__name__, exc)
+                sock.close()
+
+    def _admit(self, sock: socket.socket) -> None:
+        """Serve ``sock`` in its own thread, or turn it away beyond ``max_connections``."""
+        with self._cv:
+            full = self._connections >= self.options.max_connections
+            if not full:
+                self._connections += 1
+        if full:
+            self._turn_away(sock)
+            return
+        t = threading.Thread(target=self._serve_connection, args=(sock,), name="shardkit-serve-job", daemon=True)
+        with self._cv:
+            self._conn_threads.add(t)
+        try:
+            t.start()
+        except BaseException:
+            with self._cv:
+                self._conn_threads.discard(t)
+                self._connections -= 1
+            raise
+
+    def _turn_away(self, sock: socket.socket) -> None:
+        """Refuse a connection beyond ``max_connections`` without reading from it."""
+        limit = self.options.max_connections
+        logger.warning("server %s: refused a connection: already %d connections (max_connections)", self.name, limit)
+        try:
+            sock.settimeout(1.0)
+            sock.sendall(encode(Refused(f"server {self.name!r} already serves {limit} connections (max_connections)")))
+        except OSError:
+            pass
+        finally:
+            sock.close()
+
+    def _serve_connection(self, sock: socket.socket) -> None:
+        """One connection's thread: handshake, then the job's releases and heartbeats until it leaves.
+
+        Every way out logs at most one line (no traceback reaches stderr) and frees the connection.
+        """
+        channel = Channel(sock, send_timeout=self.lease_seconds, peer="a job")
+        job: _Job | None = None
+        why = "detached"
+        try:
+            job = self._handshake(channel)
+            if job is not None:
+                why = self._converse(job)
+        except PeerClosed:
+            pass
+        except (ProtocolError, PeerTimeoutError) as exc:
+            why = f"dropped: {exc}"
+            logger.warning("server %s: %s: %s; connection closed", self.name, channel.peer, exc)
+            if job is None:
+                self._reply(channel, Refused(str(exc)))
+        except OSError as exc:
+            why = f"connection failed: {exc}"
+        except BaseException as exc:
+            why = f"dropped after an internal error: {type(exc).__name__}: {exc}"
+            logger.error("server %s: connection thread failed: %s: %s", self.name, type(exc).__name__, exc)
+        finally:
+            if job is not None:
+                self._drop(job.id, why)
+            channel.close()
+            with self._cv:
+                self._connections -= 1
+                self._conn_threads.discard(threading.current_thread())
+
+    def _reply(self, channel: Channel, msg: Message) -> None:
+        try:
+            channel.send(msg)
+        except OSError:
+            pass
+
+    def _handshake(self, channel: Channel) -> _Job | None:
+        """Check the peer and its :class:`Hello`; register and welcome the job, or refuse (None)."""
+        creds = channel.credentials()
+        if creds is not None and creds[1] != os.geteuid():
+            logger.warning("server %s: refused pid %d of uid %d (jobs must run as uid %d)", self.name, *creds, os.geteuid())
+            return None
+        msg = None
+        deadline = time.monotonic() + self.handshake_seconds
+        while msg is None and not self._stop.is_set() and time.monotonic() < deadline:
+            msg = channel.recv(min(_TICK, max(0.0, deadline - time.monotonic())))
+        match msg:
+            case None:
+                if not self._stop.is_set():
+                    logger.warning("server %s: a connection sent no hello within %g s; closed", self.name,
+                                   self.handshake_seconds)
+                return None
+            case Hello() as hello:
+                pass
+            case _:
+                raise ProtocolError(f"expected Hello first, found {type(msg).__name__}")
+        pid = creds[0] if creds is not None else hello.pid  # the kernel's word over the peer's
+        channel.peer = f"job pid {pid}"
+        if not hmac.compare_digest(hello.token, self._token):
+            logger.warning("server %s: refused pid %d: wrong token", self.name, pid)
+            self._reply(channel, Refused(f"server {self.name!r}: wrong token (not this run's secret)"))
+            return None
+        if not hmac.compare_digest(hello.fingerprint, bytes.fromhex(self.fingerprint)):
+            self._reply(channel, Refused(
+                f"server {self.name!r} serves {self.path}; the job opened another dataset (fingerprints differ)"))
+            return None
+        with self._cv:
+            clash = self._group_clash(hello.group, hello.rank, hello.world)
+            job = None
+            if clash is None:
+                job = _Job(self._next_job, channel, hello, pid)
+                self._next_job += 1
+                self._jobs[job.id] = job
+                self._pending.add(job.id)
+                self._cv.notify_all()
+            finished = self._finished
+        if job is None:
+            self._reply(channel, Refused(clash or "refused"))
+            return None
+        job.send(Welcome(job.id))
+        if finished:
+            job.send(Done())  # every epoch has been served already
+        logger.info("server %s: job %d (pid %d) attached; starts at the next epoch", self.name, job.id, job.pid)
+        return job
+
+    def _converse(self, job: _Job) -> str:
+        """Serve one attached job's messages; heartbeat it while the server has nothing to say."""
+        beat_every = self.lease_seconds / 4
+        while not self._stop.is_set():
+            msg = job.channel.recv(min(_TICK, beat_every / 2))  # beats on time even for a short lease
+            if msg is not None:
+                job.last_seen = time.monotonic()
+            match msg:
+                case Release(seq=seq):
+                    self._release(job.id, seq)
+                case Bye():
+                    return "detached"
+                case Beat() | None:
+                    pass
+                case _:
+                    raise ProtocolError(f"unexpected {type(msg).__name__} from a job")
+            if time.monotonic() - job.last_sent >= beat_every:
+                job.send(Beat())
+        return "server stopped"
+
+    def _group_clash(self, group: str | None, rank: int, world: int) -> str | None:
+        """Why a consumer cannot join ``group`` (called with the condition held), or None."""
+        if group is None:
+            return None
+        for j in self._jobs.values():
+            if j.group != group:
+                continue
+            if j.world != world:
+                return f"group {group!r} has world_size {j.world}, this consumer says {world}"
+            if j.rank == rank:
+                return f"group {group!r} already has a consumer of rank {rank} (pid {j.pid}); use another job_seed or group"
+            if j.id in self._active:
+                return f"group {group!r} is already running; a new consumer cannot join it mid-run"
+        return None
+
+    def _activatable(self) -> set[int]:
+        """Pending jobs that may start now: single jobs, and groups whose every rank is attached."""
+        ready: set[int] = set()
+        groups: dict[str, list[_Job]] = {}
+        for jid in self._pending:
+            job = self._jobs[jid]
+            if job.group is None:
+                ready.add(jid)
+            else:
+                groups.setdefault(job.group, []).append(job)
+        for members in groups.values():
+            if len(members) == members[0].world:
+                ready.update(j.id for j in members)
+        return ready
+
+    def _release(self, jid: int, seq: int) -> None:
+        with self._cv:
+            for slot in range(self.slots):
+                if self._slot_seq[slot] == seq:
+                    self._holders[slot].discard(jid)
+                    if not self._holders[slot]:
+                        self._cv.notify_all()
+                    return
+
+    def _drop(self, jid: int, why: str) -> None:
+        with self._cv:
+            job = self._jobs.pop(jid, None)
+            if job is None:
+                return
+            self._active.discard(jid)
+            self._pending.discard(jid)
+            for h in self._holders:
+                h.discard(jid)
+            self._cv.notify_all()
+        job.channel.close()
+        logger.info("server %s: job %d (pid %d) %s", self.name, jid, job.pid, why)
+
+    def _expire_leases(self) -> None:
+        """Drop jobs silent for longer than the lease (called with the condition held)."""
+        now = time.monotonic()
+        late = [j.id for j in self._jobs.values() if now - j.last_seen > self.lease_seconds]
+        for jid in late:
+            threading.Thread(target=self._drop, args=(jid, "lease expired"), daemon=True).start()
+            job = self._jobs.get(jid)
+            if job is not None:
+                job.last_seen = now  # do not spawn twice while the drop waits for the lock
+
+    # ------------------------------------------------------------------ producing
+    def _produce(self) -> None:
+        try:
+            epoch = 0
+            while not self._stop.is_set() and (self.epochs is None or epoch < self.epochs):
+                if not self._begin_epoch(epoch):
+                    return
+                if self._run_epoch(epoch):
+                    self.epochs_served += 1
+                epoch += 1
+            self._finish()
+        except Stopped:
+            return
+        except BaseException as exc:
+            self.error = exc
+            logger.error("server %s: producer failed: %s: %s", self.name, type(exc).__name__, exc)
+            with self._cv:
+                jobs = list(self._jobs.values())
+            for job in jobs:
+                job.channel.close()
+
+    def _begin_epoch(self, epoch: int) -> bool:
+        need = self.options.wait_for if not self._started_first else 1
+        with self._cv:
+            while len(ready := self._activatable()) + len(self._active) < need:
+                if self._stop.is_set():
+                    return False
+                self._expire_leases()
+                self._cv.wait(_TICK)
+            self._active |= ready
+            self._pending -= ready
+            self._started_first = True
+            logger.info("server %s: epoch %d for jobs %s", self.name, epoch, sorted(self._active))
+        return True
+
+    def _blocks(self, epoch: int) -> Generator[tuple[np.ndarray, Callable[[np.ndarray, np.ndarray], Any]]]:
+        """Yield ``(sorted keys, read(keys, out))`` per published block of the epoch, in ``pi`` order."""
+        pi = partition(self.seed, epoch, self.num_records)
+        k = self.slot_records
+        if self.ssd_block is None:
+            payload = self.disk.payload
+            for a, b in blocks(pi.size, k):
+                yield np.sort(pi[a:b]), payload.read
+            return
+        assert self._space is not None
+        outer = blocks(pi.size, self.ssd_block)
+        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="shardkit-serve-ssd")
+        space = self._space
+
+        def write(a: int, b: int) -> tuple[Path, np.ndarray]:
+            self._ssd_written += 1
+            dest = space.reservoir_path(self._ssd_written)
+            self.stats.add_written(write_reservoir(self.disk, pi[a:b], dest, self._stop))
+            return dest, np.sort(pi[a:b])
+
+        fut = pool.submit(write, *outer[0]) if outer else None
+        try:
+            for i, (a, b) in enumerate(outer):
+                assert fut is not None
+                dest, stored = fut.result()
+                fut = pool.submit(write, *outer[i + 1]) if i + 1 < len(outer) else None
+                res = Dataset(dest, stats=self.stats.ssd, gap_bytes=self.options.gap_bytes)
+                try:
+                    for c, d in blocks(b - a, k):
+
+                        def read(keys: np.ndarray, out: np.ndarray, res: Dataset = res, stored: np.ndarray = stored) -> np.ndarray:
+                            return res.payload.read(np.searchsorted(stored, keys), out=out)
+
+                        yield np.sort(pi[a + c : a + d]), read
+                finally:
+                    res.close()
+                    space.remove(dest)
+        finally:
+            if fut is not None:
+                try:
+                    dest, _ = fut.result()
+                    space.remove(dest)
+                except BaseException:
+                    pass
+            pool.shutdown(wait=True)
+
+    def _run_epoch(self, epoch: int) -> bool:
+        """Publish every reservoir block of ``epoch``; False if every job left (epoch abandoned)."""
+        assert self._ring is not None
+        ring = self._ring
+        nblocks = len(blocks(self.num_records, self.slot_records, self.ssd_block))
+        stream = self._blocks(epoch)
+        try:
+            for r, (keys, read) in enumerate(stream):
+                slot = self.published % self.slots
+                with self._cv:
+                    while self._holders[slot] and self._active and not self._stop.is_set():
+                        self._expire_leases()
+                        self._cv.wait(_TICK)
+                    if self._stop.is_set():
+                        raise Stopped()
+                    if not self._active:
+                        logger.info("server %s: every job left during epoch %d; skipping its rest", self.name, epoch)
+                        return False
+                    self._holders[slot].clear()
+                n = int(keys.size)
+                ring.keys[slot, :n] = keys
+                read(keys, ring.payload[slot])
+                with self._cv:
+                    self._seq += 1
+                    seq = self._seq
+                    self._slot_seq[slot] = seq
+                    recipients = [self._jobs[j] for j in sorted(self._active) if j in self._jobs]
+                    self._holders[slot] = {j.id for j in recipients}
+                self.published += 1
+                msg = Reservoir(seq, epoch, r, slot, n, r == nblocks - 1)
+                for job in recipients:
+                    try:
+                        job.send(msg)
+                    except OSError as exc:
+                        self._drop(job.id, f"went away ({exc})")
+                    except PeerTimeoutError as exc:
+                        self._drop(job.id, str(exc))
+            return True
+        finally:
+            stream.close()
+
+    def _finish(self) -> None:
+        """After the last epoch: wait until every slot is released (or its holders gone), then say done."""
+        with self._cv:
+            while any(self._holders) and self._active and not self._stop.is_set():
+                self._expire_leases()
+                self._cv.wait(_TICK)
+            self._finished = True
+            jobs = list(self._jobs.values())
+        for job in jobs:
+            try:
+                job.send(Done())
+            except (OSError, PeerTimeoutError):
+                pass
+        logger.info("server %s: served %d epochs", self.name, self.epochs_served)
+
+    def __repr__(self) -> str:
+        return (f"TierServer({str(self.path)!r}, name={self.name!r}, tiers={','.join(self.tiers)}, "
+                f"slots={self.slots}x{self.slot_records}, K1={self.ssd_block}, seed={self.seed})")
+
+
+class _Terminated(SystemExit):
+    """SIGTERM received: leave through the normal cleanup path."""
+
+
+def serve(dataset: Location, *, name: str, ready: Callable[[TierServer], Any] | None = None,
+          **options: Any) -> TierServer:
+    """Run a :class:`TierServer` in the foreground until its epochs are served, SIGTERM or Ctrl-C.
+
+    Cleans up in every case (the ring, the SSD directory and the run directory). ``ready`` is called
+    with the started server (the CLI prints where it listens). Returns the closed server (its
+    :attr:`~TierServer.stats` hold what was read).
+    """
+    server = TierServer(dataset, name=name, **options)
+    in_main = threading.current_thread() is threading.main_thread()
+    previous: Any = None
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        raise _Terminated(128 + signum)
+
+    if in_main:
+        previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        server.start()
+        if ready is not None:
+            ready(server)
+        while not server.wait(0.2):
+            pass
+    finally:
+        server.close()
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
+    return server

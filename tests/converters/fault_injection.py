@@ -1,0 +1,170 @@
+"""Kill a conversion after each file-system step in turn, re-run it, and compare with an uninterrupted one.
+
+Run as ``python -m tests.converters.fault_injection SPEC_JSON`` (``tests/converters/test_staging.py``
+does). A fresh, single-threaded process is the fork server: it imports shardkit once and forks one
+child per run, so a hundred runs cost a hundred forks, not a hundred interpreter starts, and the
+forks never copy pytest's threads.
+
+A *step* is one call that changes something inside the output directory: ``mkdir``, ``rmdir``,
+``unlink``, ``rename``/``replace``, ``open`` for writing (``os.open`` and ``open``), ``write``,
+``fsync`` and ``ftruncate``. The hooked child counts the steps it performs and sends itself SIGKILL
+right after step ``k``: no timing is involved, so every instant between two steps is reached.
+
+SPEC_JSON: ``{"src": ..., "out": ..., "kwargs": {...}, "double": [j, ...], "every": n}``. For every
+``k`` (every ``n``-th with ``every``), the child is killed at step ``k``, then the same conversion
+runs again (and, for each ``j`` of ``double``, that re-run is itself killed at its step ``j`` first).
+Prints one JSON object: the uninterrupted run's step count and digest, and per ``k`` the digest
+after the re-run(s).
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import io
+import json
+import os
+import shutil
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import shardkit
+
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+
+
+def _fd_path(fd: int) -> str:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return ""
+
+
+def install_hooks(out: Path, kill_at: int | None, count_file: Path | None) -> None:
+    """Count file-system steps inside ``out``; SIGKILL this process right after step ``kill_at``."""
+    root = os.path.realpath(out)
+    state = {"n": 0}
+
+    def inside(path: Any, dir_fd: int | None = None) -> bool:
+        if isinstance(path, int):
+            text = _fd_path(path)
+        else:
+            text = os.fsdecode(path)
+            if dir_fd is not None and not os.path.isabs(text):
+                text = os.path.join(_fd_path(dir_fd), text)
+            text = os.path.realpath(text)
+        return text == root or text.startswith(root + os.sep)
+
+    def step() -> None:
+        state["n"] += 1
+        if count_file is not None:
+            count_file.write_text(str(state["n"]))
+        if kill_at is not None and state["n"] >= kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def path_call(real: Any) -> Any:
+        def wrapped(path: Any, *args: Any, **kwargs: Any) -> Any:
+            hit = inside(path, kwargs.get("dir_fd") or kwargs.get("src_dir_fd"))
+            result = real(path, *args, **kwargs)
+            if hit:
+                step()
+            return result
+        return wrapped
+
+    def fd_call(real: Any) -> Any:
+        def wrapped(fd: int, *args: Any, **kwargs: Any) -> Any:
+            hit = inside(fd)
+            result = real(fd, *args, **kwargs)
+            if hit:
+                step()
+            return result
+        return wrapped
+
+    real_os_open = os.open
+
+    def os_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        fd = real_os_open(path, flags, *args, **kwargs)
+        if flags & _WRITE_FLAGS and inside(path, kwargs.get("dir_fd")):
+            step()
+        return fd
+
+    real_open = builtins.open
+
+    def py_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        fh = real_open(file, mode, *args, **kwargs)
+        if not isinstance(file, int) and any(c in mode for c in "wax+") and inside(file):
+            step()
+        return fh
+
+    for name in ("mkdir", "rmdir", "unlink", "remove", "rename", "replace"):
+        setattr(os, name, path_call(getattr(os, name)))
+    for name in ("write", "fsync", "ftruncate"):
+        setattr(os, name, fd_call(getattr(os, name)))
+    os.open = os_open
+    builtins.open = py_open
+    io.open = py_open
+
+
+def digest(out: Path) -> dict[str, str]:
+    """Every entry under ``out``: relative path -> sha256 of a file's bytes, or ``"dir"``."""
+    result: dict[str, str] = {}
+    if not out.exists():
+        return result
+    for path in sorted(out.rglob("*")):
+        rel = path.relative_to(out).as_posix()
+        result[rel] = "dir" if path.is_dir() else hashlib.sha256(path.read_bytes()).hexdigest()
+    return result
+
+
+def run(src: str, out: Path, kwargs: dict[str, Any], kill_at: int | None = None,
+        count_file: Path | None = None) -> str:
+    """Convert in a forked child; ``"killed"``, ``"ok"`` or ``"error: ..."``."""
+    rd, wr = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        os.close(rd)
+        code, message = 0, b""
+        try:
+            install_hooks(out, kill_at, count_file)
+            shardkit.convert(src, out, **kwargs)
+        except BaseException as exc:
+            code, message = 3, f"{type(exc).__name__}: {exc}".encode()
+        os.write(wr, message)
+        os._exit(code)
+    os.close(wr)
+    with os.fdopen(rd, "rb") as fh:
+        message = fh.read().decode()
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL:
+        return "killed"
+    return "ok" if os.waitstatus_to_exitcode(status) == 0 else f"error: {message}"
+
+
+def main(spec: dict[str, Any]) -> dict[str, Any]:
+    src, out, kwargs = spec["src"], Path(spec["out"]), spec["kwargs"]
+    counter = out.with_name(out.name + ".steps")
+    ref = out.with_name(out.name + ".ref")
+    status = run(src, ref, kwargs, None, counter)
+    total = int(counter.read_text())
+    reference = digest(ref)
+    shutil.rmtree(ref)
+    runs = []
+    for k in range(1, total + 1, int(spec.get("every", 1))):
+        shutil.rmtree(out, ignore_errors=True)
+        first = run(src, out, kwargs, kill_at=k)
+        second = [run(src, out, kwargs, kill_at=j) for j in spec.get("double", [])]
+        final = run(src, out, kwargs)
+        got = digest(out)
+        runs.append({
+            "k": k, "first": first, "double": second, "final": final,
+            "same": got == reference,
+            "differs": sorted(p for p in set(got) | set(reference) if got.get(p) != reference.get(p))[:10],
+        })
+    shutil.rmtree(out, ignore_errors=True)
+    return {"reference": status, "steps": total, "files": len(reference), "runs": runs}
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(json.loads(sys.argv[1]))))
