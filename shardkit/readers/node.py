@@ -46,6 +46,7 @@ import hashlib
 import logging
 import mmap
 import os
+import random
 import secrets
 import stat
 import threading
@@ -386,7 +387,7 @@ def attach(
             raise
         if region is not None:
             return region
-        os.close(lfd)
+        os.close(lfd)  # start over (the lock file was replaced), or give up
         if time.monotonic() > deadline:
             logger.warning("node sharing: gave up waiting for %s to be created; keeping a private copy", name)
             return None
@@ -422,12 +423,18 @@ def _open_or_create(
         try:
             fcntl.flock(lfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            # Another process is creating it (or holds it while it is missing): wait and look again.
-            if time.monotonic() > deadline:
+            # Another process is creating it (or holds it while it is missing). The failed
+            # conversion dropped our shared lock: wait without it (a random while, so two waiters
+            # cannot keep blocking each other), take it again, start over if the lock file was deleted
+            # meanwhile (its last user let go), and look again.
+            time.sleep(_POLL * (0.5 + random.random()))
+            fcntl.flock(lfd, fcntl.LOCK_SH)
+            if not _same_file(f"{name}.lock", dfd, lfd) or time.monotonic() > deadline:
                 return None
-            time.sleep(_POLL)
             continue
         try:
+            if not _same_file(f"{name}.lock", dfd, lfd):
+                return None  # deleted while we had no lock: start over with the current one
             if _exists(name, dfd):
                 continue  # created meanwhile
             fd = _create(name, nbytes, init, dfd, reserve)

@@ -196,3 +196,34 @@ def test_a_full_node_degrades_to_uncached_reads(tmp_path: Path, private_root: Pa
         np.testing.assert_array_equal(keys[e], epoch_permutation(3, e, n))
     per_epoch = s.stats.disk_bytes_by_epoch
     assert refused and 0 < per_epoch[1] < n * 16 and 0 < per_epoch[2] <= per_epoch[1]  # refused rows: read again
+
+
+_CHURN = """
+import sys
+import numpy as np
+from shardkit.readers import node
+node.SHM_ROOT = type(node.SHM_ROOT)(sys.argv[1])
+for i in range(int(sys.argv[2])):
+    name = f"churn-{i % 3}"
+    def init(m, i=i):
+        a = np.frombuffer(m, dtype=np.int64)
+        a[:] = np.arange(a.size) * 7 + i % 3
+        del a
+    region = node.attach(name, 8 * 1000, init)
+    assert region is not None
+    a = region.array(np.int64, (1000,))
+    assert np.array_equal(a, np.arange(1000) * 7 + i % 3), (i, a[:3])
+    del a
+    region.release()
+"""
+
+
+def test_attach_and_release_under_contention(tmp_path: Path) -> None:
+    """Four processes attach and release the same regions hundreds of times at once: every one
+    sees complete contents, and when all are done no file is left (no region outlives its lock)."""
+    root = tmp_path / "shm"
+    root.mkdir()
+    procs = [subprocess.Popen([sys.executable, "-c", _CHURN, str(root), "300"], cwd=REPO,
+                              env={**os.environ, "PYTHONPATH": str(REPO)}) for _ in range(4)]  # fmt: skip
+    assert [p.wait(timeout=300) for p in procs] == [0, 0, 0, 0]
+    assert list((root / f"shardkit-{os.geteuid()}").iterdir()) == []
