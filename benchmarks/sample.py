@@ -81,16 +81,15 @@ def worker(cfg: dict[str, Any]) -> dict[str, Any]:
     """One sampler configuration in this (fresh) process; see :func:`run`."""
     from shardkit.readers import TieredSampler, schedule
 
-    path, batch, n = Path(cfg["path"]), cfg["batch"], cfg["records"]
+    path, batch = Path(cfg["path"]), cfg["batch"]
     kw: dict[str, Any] = {"batch_size": batch, "epochs": 1, "seed": 0}
     new = hasattr(schedule, "block_limits")
     if cfg.get("block") is not None:
         k = int(cfg["block"])  # force RAM blocks of k records, no cache
+        kw.update(ram_size=(2 * k + 4 * batch) * REC)  # two blocks and the batches in flight
         if new:
             schedule.MIN_BLOCK_BYTES = schedule.FIRST_BLOCK_BYTES = k * REC
-            kw.update(ram_size=n * REC, static_cache=0)
-        else:
-            kw.update(ram_size=(2 * k + 4 * batch) * REC)
+            kw.update(static_cache=0)
     else:
         kw.update(ram_size=int(cfg["ram"]))
     base = _rss_kib()

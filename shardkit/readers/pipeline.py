@@ -370,7 +370,6 @@ class Pipeline:
         ``open_buffers`` holds the buffer of a batch an earlier block began (blocks smaller than a
         batch); it is updated for the next block.
         """
-        n = b - a
         cached, crow, fill = self._cache_plan(keys)
         positions = np.arange(a, b, dtype=np.int64)
         bs = seg.shape.batch_size
@@ -415,7 +414,6 @@ class Pipeline:
             read(keys[wanted], Destination(tuple(arrays), which, rows))
             if self.cache is not None:
                 self.cache.publish(crow[fill])
-        assert n == keys.size
         return BlockRead(seg, a, b, keys, buffers, tuple(copies))
 
     def _cache_plan(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
