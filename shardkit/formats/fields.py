@@ -13,7 +13,6 @@ the metadata. Every size is checked before the buffer it determines is allocated
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from shardkit.formats.metadata import array_metadata, read_json, write_json_atom
 from shardkit.formats.paths import resolve_inside
 from shardkit.formats.spec import MAX_NDIM, ZARR_JSON, FieldSpec, chunk_key
 
-__all__ = ["read_field_array", "write_field_array"]
+__all__ = ["read_field_array", "read_field_rows", "write_field_array"]
 
 
 def write_field_array(
@@ -98,7 +97,29 @@ def read_field_array(
     MissingShardError, TruncatedShardError, ChecksumError, CorruptShardError
         A chunk (or the document) is missing, has the wrong size or checksum, or does not decode.
     """
+    return read_field_rows(root, name, spec, num_records, chunk_records, files)
+
+
+def read_field_rows(
+    root: Path,
+    name: str,
+    spec: FieldSpec,
+    num_records: int,
+    chunk_records: int,
+    files: Mapping[str, FileDigest] | None = None,
+    start: int = 0,
+    stop: int | None = None,
+) -> np.ndarray:
+    """Rows ``[start, stop)`` of field ``name``, reading only the chunks that hold them.
+
+    The same checks as :func:`read_field_array` (which reads every row): the document must describe
+    the declared field, and every chunk read must exist and match its recorded digest. A lookup of
+    one record of a large field (``shardkit info --record K``) reads one chunk, not the whole array.
+    """
     files = files or {}
+    stop = num_records if stop is None else stop
+    if not 0 <= start <= stop <= num_records:
+        raise IndexError(f"{root / name}: rows [{start}, {stop}) outside [0, {num_records})")
     resolve_inside(root, name, "field array")
     doc_rel = f"{name}/{ZARR_JSON}"
     doc_path = resolve_inside(root, doc_rel, "field array document")
@@ -106,14 +127,15 @@ def read_field_array(
         raise NotADatasetError(f"{root / name}: field array metadata {root / doc_rel} is missing")
     doc = read_json(doc_path, files.get(doc_rel))
     codec = _check_field_document(doc, str(doc_path), spec, num_records, chunk_records)
-    chunks = _chunk_files(root, name, 1 + len(spec.shape), math.ceil(num_records / chunk_records))
-    # Allocation bounded by what exists: every chunk file is there (checked just above), each one
+    wanted = range(start // chunk_records, -(-stop // chunk_records))
+    chunks = _chunk_files(root, name, 1 + len(spec.shape), wanted)
+    # Allocation bounded by what exists: every chunk file read is there (checked just above), each one
     # decodes to chunk_records x spec.nbytes <= MAX_FIELD_CHUNK_NBYTES (DatasetMeta.check_layout), so
     # a document that claims more records than the dataset holds fails before this line.
     dtype = np.dtype(spec.dtype).newbyteorder("<")
-    out = np.empty((num_records, *spec.shape), dtype=dtype)
+    out = np.empty((stop - start, *spec.shape), dtype=dtype)
     block = np.empty((chunk_records, *spec.shape), dtype=dtype)
-    for j, (rel, real) in enumerate(chunks):
+    for j, (rel, real) in zip(wanted, chunks):
         # Any codec's worst case is far below twice the raw size: a larger file is not a chunk.
         data = read_verified(real, files.get(rel), what="field chunk", max_nbytes=2 * block.nbytes + 1024)
         try:
@@ -123,19 +145,20 @@ def read_field_array(
                 codec.decode(data, block)
         except Exception as exc:
             raise CorruptShardError(f"{root / rel}: field chunk does not decode to {block.shape} {dtype} ({exc})") from None
-        start = j * chunk_records
-        out[start : start + chunk_records] = block[: num_records - start]
+        first = j * chunk_records
+        lo, hi = max(start, first), min(stop, first + chunk_records)
+        out[lo - start : hi - start] = block[lo - first : hi - first]
     return out
 
 
-def _chunk_files(root: Path, name: str, ndim: int, count: int) -> list[tuple[str, Path]]:
-    """``(relative, resolved)`` path of every chunk of field ``name``; each must exist inside ``root``.
+def _chunk_files(root: Path, name: str, ndim: int, wanted: range) -> list[tuple[str, Path]]:
+    """``(relative, resolved)`` path of the ``wanted`` chunks of field ``name``; each must exist inside ``root``.
 
     zarr reads a missing chunk as the fill value, but shardkit writes every chunk, so a missing one
     was lost: an error, in every format version.
     """
     out = []
-    for j in range(count):
+    for j in wanted:
         rel = chunk_key(name, j, ndim)
         real = resolve_inside(root, rel, "field chunk")
         if not real.is_file():

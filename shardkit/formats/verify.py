@@ -183,9 +183,11 @@ def _check_shard(ds: Dataset, i: int, info: ShardInfo, quick: bool, report: Veri
 
 
 def _check_files(ds: Dataset, quick: bool, report: VerifyReport) -> set[str]:
-    """Every file with a recorded digest (format 1.1); returns the names of fields with a damaged file."""
+    """Every file with a recorded digest (format 1.1, and the provenance table's); returns the names
+    of fields with a damaged file."""
     damaged: set[str] = set()
-    for rel, digest in ds.meta.files.items():
+    table = {} if ds.provenance is None else dict(ds.provenance.files)
+    for rel, digest in {**ds.meta.files, **table}.items():
         file = ds.path / rel
         try:
             real = resolve_inside(ds.path, rel, "dataset file")
