@@ -12,14 +12,14 @@ import typer
 from shardkit.cli.app import app
 from shardkit.errors import ConfigError
 from shardkit.formats import Dataset, open_dataset
-from shardkit.units import human_bytes
+from shardkit.units import human_bytes, human_count
 
 __all__ = ["info", "record_lines", "shard_line"]
 
 
 def shard_line(shards: int, records: int, capacity: int) -> str:
     """``"3 shards, 49 records (capacity 20 per shard)"``: what the shard files hold."""
-    return f"{shards} shard{'s' if shards != 1 else ''}, {records} record{'s' if records != 1 else ''} (capacity {capacity} per shard)"
+    return f"{human_count(shards, 'shard')}, {human_count(records, 'record')} (capacity {capacity} per shard)"
 
 
 def _field_text(ds: Dataset, name: str, value: Any, boxes: int | None) -> str:

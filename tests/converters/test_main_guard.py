@@ -72,6 +72,20 @@ def test_readme_example_without_guard_runs_with_worker_processes(corpus: Path, t
     assert _files(tmp_path / "out" / "a") == _files(tmp_path / "one")  # byte-identical to one process
 
 
+def test_the_readme_python_example_runs_as_a_script(tmp_path: Path) -> None:
+    text = (REPO / "README.md").read_text()
+    tour = text[text.index("## 30-second tour") :]
+    code = tour[tour.index("```python\n") + len("```python\n") :]
+    code = code[: code.index("```")]
+    assert "shardkit.convert(" in code and "__main__" not in code  # as documented: no guard
+    (tmp_path / "datasets").symlink_to(REPO / "datasets")
+    script = _script(tmp_path, "readme.py", code + "print('images', images.shape)\n")
+    r = _run(script)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "images (" in r.stdout and (tmp_path / "sheet.png").is_file()
+    assert "Traceback" not in r.stderr and "Warning" not in r.stderr
+
+
 def test_guarded_script_keeps_forkserver_workers(corpus: Path, tmp_path: Path) -> None:
     script = _script(tmp_path, "guarded.py", f"""
         import logging
