@@ -30,7 +30,7 @@ import functools
 import os
 import zlib
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -46,6 +46,7 @@ __all__ = [
     "Converter",
     "Decoder",
     "Decoded",
+    "InputNames",
     "Note",
     "Record",
     "ScanResult",
@@ -147,19 +148,20 @@ def reason_category(reason: str) -> str:
     return head if sep else reason
 
 
-class _InputNames(Sequence[str]):
-    """The input names of a scan, made one at a time (a corpus of millions never holds them all)."""
+class InputNames(Sequence[str]):
+    """The names of ``count`` inputs, made one at a time by ``name_of(index)`` (a corpus of millions
+    never holds them all)."""
 
-    def __init__(self, conv: Converter, items: Sequence[Any]) -> None:
-        self.conv, self.items = conv, items
+    def __init__(self, count: int, name_of: Callable[[int], str]) -> None:
+        self.size, self.name_of = count, name_of
 
     def __len__(self) -> int:
-        return len(self.items)
+        return self.size
 
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        return self.conv.input_name(self.items[i])
+        return self.name_of(i)
 
 
 class Decoder(ABC):
@@ -324,7 +326,7 @@ class Converter(ABC):
 
     def input_names(self, items: Sequence[Any]) -> Sequence[str]:
         """:meth:`input_name` of every item, made one at a time when asked for."""
-        return _InputNames(self, items)
+        return InputNames(len(items), lambda i: self.input_name(items[i]))
 
     def summarize_changes(self, columns: Sequence[str], values: np.ndarray) -> dict[str, Any]:
         """Counts of what conversion changed over every record (the metadata's ``provenance.changes``).

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from shardkit.converters.base import PROVENANCE, Converter, Decoded, Decoder, ScanResult
+from shardkit.converters.base import PROVENANCE, Converter, Decoded, Decoder, InputNames, ScanResult
 from shardkit.converters.images import IMAGE_COLUMNS, ImageTransform, image_options
 from shardkit.converters.options import Option, choice
 from shardkit.errors import ConversionError, InputFileError
@@ -196,21 +196,6 @@ class _Rows(Sequence[Any]):
         return (i, self.data[i].tobytes(), label, coarse, self.name(i))
 
 
-class _RowNames(Sequence[str]):
-    """The provenance names of a batch's rows: ``<prefix>data_batch_3#417``."""
-
-    def __init__(self, rows: _Rows, prefix: str) -> None:
-        self.rows, self.prefix = rows, prefix
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        return self.prefix + self.rows.name(i)
-
-
 class CifarDecoder(Decoder):
     """Decode one row: the 3072 planar bytes into an image, labels checked against the class names."""
 
@@ -347,7 +332,7 @@ class _CifarBase(Converter):
         if not isinstance(items, _Rows):
             return super().input_names(items)
         prefix = self.input_name((0, b"", 0, None, ""))
-        return _RowNames(items, prefix)
+        return InputNames(len(items), lambda i: prefix + items.name(i))
 
     def inputs_fingerprint(self, scan: ScanResult) -> str:
         rows = scan.items

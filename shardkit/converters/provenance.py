@@ -19,7 +19,7 @@ Both work from the metadata alone: the corpus may be gone.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -224,38 +224,34 @@ def describe(payload: str, transform: Mapping[str, Any], values: Mapping[str, in
     return [", ".join(f"{k} {v}" for k, v in values.items() if k not in ("input", "part"))]
 
 
+def _rates(c: Mapping[str, Any], key: str, field: str, unit: str) -> str:
+    found = c[key].get(field, {})
+    return ", ".join(f"{k}{unit}: {v}" for k, v in sorted(found.items(), key=lambda kv: int(kv[0])))
+
+
+#: How each count of :func:`summarize` reads, in the order printed: ``(key, text after the count)``.
+_SENTENCES: tuple[tuple[str, Callable[[Mapping[str, Any]], str]], ...] = (
+    ("upscaled", lambda c: f"upscaled by more than {UPSCALE_LIMIT:g}x (at most {c['upscaled']['max_factor']:.2f}x)"),
+    ("cropped", lambda c: f"cropped to less than {KEPT_LIMIT:.0%} of the picture "
+                          f"(as little as {c['cropped']['min_kept']:.0%} kept)"),
+    ("composited", lambda c: "with transparency composited onto white"),
+    ("depth_scaled", lambda c: "with 16-bit or float samples scaled to 8 bits"),
+    ("rotated", lambda c: "rotated or flipped upright by their EXIF orientation"),
+    ("reduced", lambda c: "decoded at a reduced JPEG scale (decode fast)"),
+    ("capped", lambda c: f"with more boxes than kept (at most {c['capped']['max_boxes']:.0f} visible)"),
+    ("trimmed", lambda c: f"trimmed (at most {c['trimmed']['max_seconds']:.3f} s cut)"),
+    ("padded", lambda c: f"zero-padded (at most {c['padded']['max_seconds']:.3f} s added)"),
+    ("resampled", lambda c: f"resampled (from {_rates(c, 'resampled', 'from_hz', ' Hz')})"),
+    ("channels", lambda c: f"with their channels mixed or duplicated (from {_rates(c, 'channels', 'from', ' channels')})"),
+)
+
+
 def change_lines(changes: Mapping[str, Any]) -> list[str]:
     """The ``changes`` counts as short sentences (nothing for what did not happen)."""
     lines = []
-    c = dict(changes)
-
-    def n(key: str) -> int:
-        v = c.get(key)
-        return int(v.get("count", 0)) if isinstance(v, dict) else 0
-
-    if n("upscaled"):
-        lines.append(f"{n('upscaled')} upscaled by more than {UPSCALE_LIMIT:g}x (at most {c['upscaled']['max_factor']:.2f}x)")
-    if n("cropped"):
-        lines.append(f"{n('cropped')} cropped to less than {KEPT_LIMIT:.0%} of the picture "
-                     f"(as little as {c['cropped']['min_kept']:.0%} kept)")
-    if n("composited"):
-        lines.append(f"{n('composited')} with transparency composited onto white")
-    if n("depth_scaled"):
-        lines.append(f"{n('depth_scaled')} with 16-bit or float samples scaled to 8 bits")
-    if n("rotated"):
-        lines.append(f"{n('rotated')} rotated or flipped upright by their EXIF orientation")
-    if n("reduced"):
-        lines.append(f"{n('reduced')} decoded at a reduced JPEG scale (decode fast)")
-    if n("capped"):
-        lines.append(f"{n('capped')} with more boxes than kept (at most {c['capped']['max_boxes']:.0f} visible)")
-    if n("trimmed"):
-        lines.append(f"{n('trimmed')} trimmed (at most {c['trimmed']['max_seconds']:.3f} s cut)")
-    if n("padded"):
-        lines.append(f"{n('padded')} zero-padded (at most {c['padded']['max_seconds']:.3f} s added)")
-    if n("resampled"):
-        rates = ", ".join(f"{k} Hz: {v}" for k, v in sorted(c["resampled"].get("from_hz", {}).items(), key=lambda kv: int(kv[0])))
-        lines.append(f"{n('resampled')} resampled (from {rates})")
-    if n("channels"):
-        chans = ", ".join(f"{k} channels: {v}" for k, v in sorted(c["channels"].get("from", {}).items(), key=lambda kv: int(kv[0])))
-        lines.append(f"{n('channels')} with their channels mixed or duplicated (from {chans})")
+    for key, sentence in _SENTENCES:
+        entry = changes.get(key)
+        count = int(entry.get("count", 0)) if isinstance(entry, Mapping) else 0
+        if count:
+            lines.append(f"{count} {sentence(changes)}")
     return lines

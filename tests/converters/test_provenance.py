@@ -13,6 +13,7 @@ from PIL import Image
 
 import shardkit
 from shardkit.converters.images import ImageTransform
+from shardkit.converters.provenance import change_lines
 from shardkit.formats import open_dataset
 from tests.converters.corpora import (
     coco_doc,
@@ -100,6 +101,12 @@ def test_audio_windows_trim_pad_and_resampling_are_counted_exactly(tmp_path: Pat
     assert c["padded"] == {"count": 1, "max_seconds": 0.75}
     assert c["resampled"] == {"count": 2, "from_hz": {"8000": 1, "44100": 1}}
     assert c["channels"] == {"count": 1, "from": {"2": 1}}
+    assert change_lines(c) == [  # what convert and info print
+        "1 trimmed (at most 0.500 s cut)",
+        "1 zero-padded (at most 0.750 s added)",
+        "2 resampled (from 8000 Hz: 1, 44100 Hz: 1)",
+        "1 with their channels mixed or duplicated (from 2 channels: 1)",
+    ]
     # Windows: a.wav gives windows 0 and 1 (the second padded by 0.5 s), nothing is trimmed.
     shardkit.convert(root, tmp_path / "win", kind="audio", sample_rate=16000, duration=1, window=True, workers=1)
     with open_dataset(tmp_path / "win") as ds:
