@@ -252,6 +252,14 @@ class Provenance:
             files=files,
             changes=jv.mapping(jv.member(doc, "changes", where, {}), "provenance.changes", where),
         )
+        # Count before listing: a block claiming 2**60 bytes in chunks of one byte must fail here, not
+        # while building a list of 2**60 chunk names.
+        chunks = -(-prov.nbytes // prov.names_chunk) + -(-prov.count // prov.ends_chunk)
+        if chunks + len(TABLE_ARRAYS) != len(files):
+            raise NotADatasetError(
+                f"{where}: provenance.files lists {len(files)} files; {prov.count} inputs of {prov.nbytes} bytes "
+                f"in the recorded chunks need {chunks + len(TABLE_ARRAYS)}"
+            )
         expected = set(prov.expected_files())
         if set(files) != expected:
             raise NotADatasetError(
@@ -306,4 +314,9 @@ class Provenance:
             raise IndexError(f"{root}: record {record} outside [0, {meta.num_records})")
         row = self.values(root, meta, record, record + 1)[0]
         values = {c: int(v) for c, v in zip(self.columns, row)}
+        if not 0 <= values["input"] < self.count:
+            raise NotADatasetError(
+                f"{root / self.field}: record {record} says it came from input {values['input']}, but the "
+                f"provenance table holds {self.count} inputs"
+            )
         return RecordSource(record, values["input"], self.input_name(root, values["input"]), self.root, values)

@@ -93,7 +93,10 @@ def test_verify_and_lookups_catch_a_damaged_table(tmp_path: Path) -> None:
     (lambda a: a["provenance"].update(columns=["part", "input", "width"]), "must start with"),
     (lambda a: a["provenance"]["inputs"].update(count="9"), "expected an integer"),
     (lambda a: a["provenance"]["inputs"].update(nbytes=2**70), "expected an integer in"),
-    (lambda a: a["provenance"]["files"].pop(f"{NAMES_ARRAY}/c/0"), "missing"),
+    (lambda a: a["provenance"]["files"].pop(f"{NAMES_ARRAY}/c/0"), "need 4"),
+    (lambda a: a["provenance"]["inputs"].update(nbytes=2**60, names_chunk=1), "need 1152921504606846979"),
+    (lambda a: a["provenance"]["files"].update({f"{NAMES_ARRAY}/c/9": a["provenance"]["files"].pop(
+        f"{NAMES_ARRAY}/c/0")}), "missing"),
     (lambda a: a["provenance"].update(files=[]), "expected a JSON object"),
 ])
 def test_a_lying_provenance_block_is_refused_at_open(tmp_path: Path, edit, match: str) -> None:
@@ -113,3 +116,16 @@ def test_names_past_the_table_or_absurdly_long_are_refused(tmp_path: Path) -> No
             ds.provenance.input_name(path, 4)
         with pytest.raises(IndexError):
             ds.source(2)
+
+
+def test_a_record_pointing_past_the_table_is_a_named_error(tmp_path: Path) -> None:
+    names = ["a", "b", "c"]
+    spec = ProvenanceSpec(COLUMNS, "/corpus", names)
+    fields = {PROVENANCE_FIELD: spec.field_spec}
+    with DatasetWriter(tmp_path / "ds", kind="test", payload="image", record=FieldSpec((1,), "uint8"), fields=fields,
+                       provenance=spec) as w:
+        w.write({"image": np.zeros((2, 1), np.uint8), PROVENANCE_FIELD: np.array([[0, 0, 1], [7, 0, 1]], np.int64)})
+    with open_dataset(tmp_path / "ds") as ds:
+        assert ds.source(0).name == "a"
+        with pytest.raises(NotADatasetError, match="record 1 says it came from input 7, but the provenance table holds 3"):
+            ds.source(1)
