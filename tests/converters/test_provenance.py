@@ -116,6 +116,20 @@ def test_audio_windows_trim_pad_and_resampling_are_counted_exactly(tmp_path: Pat
     assert c["trimmed"]["count"] == 0 and c["padded"] == {"count": 2, "max_seconds": 0.75}
 
 
+def test_convert_and_info_print_what_changed(tmp_path: Path) -> None:
+    root = tmp_path / "speech"
+    write_wav(root / "yes" / "a.wav", tone(440, 8000, 1.5), 8000)
+    write_wav(root / "no" / "b.wav", tone(440, 16000, 0.25), 16000)
+    out = tmp_path / "out"
+    r = _cli("convert", str(root), "-o", str(out), "--kind", "audio", "--sample-rate", "16k", "-q")
+    assert r.returncode == 0, r.stderr
+    expected = ["changed      1 trimmed (at most 0.500 s cut)", "changed      1 zero-padded (at most 0.750 s added)",
+                "changed      1 resampled (from 8000 Hz: 1)"]
+    assert [ln for ln in r.stdout.splitlines() if ln.startswith("changed")] == expected
+    info = _cli("info", str(out)).stdout.splitlines()
+    assert [ln for ln in info if ln.startswith("changed")] == expected
+
+
 def test_image_changes_upscale_crop_and_transparency(tmp_path: Path) -> None:
     root = tmp_path / "corpus"
     save_jpeg(root / "a" / "tiny.jpg", natural_image(10, 12, 0))        # 10 -> 32: upscaled 3.2x
