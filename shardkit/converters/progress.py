@@ -44,8 +44,11 @@ def progress_bar(unit: str, desc: str, *, disable: bool | None = None) -> Iterat
         bar.update(done - bar.n)
 
     try:
-        with logging_redirect_tqdm():
+        if disable is True:
             yield progress
+        else:
+            with logging_redirect_tqdm():
+                yield progress
     finally:
         if bar is not None:
             bar.close()

@@ -129,3 +129,13 @@ def test_a_record_pointing_past_the_table_is_a_named_error(tmp_path: Path) -> No
         assert ds.source(0).name == "a"
         with pytest.raises(NotADatasetError, match="record 1 says it came from input 7, but the provenance table holds 3"):
             ds.source(1)
+
+
+def test_zarr_python_reads_the_provenance_arrays(tmp_path: Path) -> None:
+    zarr = pytest.importorskip("zarr")
+    path = _write(tmp_path / "ds")
+    group = zarr.open_group(str(path), mode="r")
+    assert {PROVENANCE_FIELD, NAMES_ARRAY, ENDS_ARRAY} <= set(group.array_keys())
+    names, ends = group[NAMES_ARRAY][:].tobytes(), group[ENDS_ARRAY][:]
+    assert names[ends[3] : ends[4]].decode() == "dir/file 4 é.jpg"
+    assert group[PROVENANCE_FIELD][3].tolist() == [4, 0, 104]
