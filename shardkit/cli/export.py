@@ -14,7 +14,7 @@ __all__ = ["export"]
 
 @app.command()
 def export(
-    path: Path = typer.Argument(..., help="Dataset directory."),
+    path: str = typer.Argument(..., help="Dataset directory or URL (s3://bucket/ds, gs://, az://, http(s)://)."),
     output: Path = typer.Option(..., "-o", "--output", metavar="DIR", help="Directory for the files."),
     keys: str = typer.Option(None, "--keys", metavar="KEYS", help=KEYS_HELP),
     random: int = typer.Option(None, "--random", metavar="N", help=RANDOM_HELP),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -65,7 +64,7 @@ def record_lines(ds: Dataset, key: int) -> list[str]:
 
 @app.command()
 def info(
-    path: Path = typer.Argument(..., help="Dataset directory."),
+    path: str = typer.Argument(..., help="Dataset directory or URL (s3://bucket/ds, gs://, az://, http(s)://)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable JSON on stdout."),
     record: int | None = typer.Option(None, "--record", metavar="K",
                                help="Where record K came from, what conversion did to it, and its fields."),

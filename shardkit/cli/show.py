@@ -24,7 +24,7 @@ def keys_option(text: str | None) -> list[int] | None:
 
 @app.command()
 def show(
-    path: Path = typer.Argument(..., help="Dataset directory."),
+    path: str = typer.Argument(..., help="Dataset directory or URL (s3://bucket/ds, gs://, az://, http(s)://)."),
     output: Path = typer.Option(None, "-o", "--output", metavar="PNG",
                                 help="Image to write (default <dataset name>-show.png here)."),
     keys: str = typer.Option(None, "--keys", metavar="KEYS", help=KEYS_HELP),

@@ -48,6 +48,7 @@ from shardkit.formats.codecs import get_codec
 from shardkit.formats.fields import read_field_rows, write_field_array
 from shardkit.formats.metadata import DatasetMeta
 from shardkit.formats.spec import ZARR_JSON, FieldSpec, chunk_key
+from shardkit.stores import LocalStore, Store
 
 __all__ = [
     "PROVENANCE_FIELD",
@@ -276,12 +277,13 @@ class Provenance:
             out += [chunk_key(name, j, 1) for j in range(math.ceil(n / chunk))]
         return out
 
-    def values(self, root: Path, meta: DatasetMeta, start: int, stop: int) -> np.ndarray:
-        """The provenance field of records ``[start, stop)`` (``int64 [stop - start, C]``)."""
+    def values(self, root: Path | Store, meta: DatasetMeta, start: int, stop: int) -> np.ndarray:
+        """The provenance field of records ``[start, stop)`` (``int64 [stop - start, C]``) of the dataset
+        at ``root`` (a directory or a store)."""
         return read_field_rows(root, self.field, meta.fields[self.field], meta.num_records, meta.field_chunk_records,
                                meta.files, start, stop)
 
-    def input_name(self, root: Path, index: int) -> str:
+    def input_name(self, root: Path | Store, index: int) -> str:
         """The name of input ``index``, reading one chunk of each table array.
 
         Raises
@@ -292,31 +294,33 @@ class Provenance:
             The table contradicts itself (ends not increasing, a name longer than
             :data:`MAX_NAME_NBYTES`) or a file differs from its recorded digest.
         """
+        store = root if isinstance(root, Store) else LocalStore(root)
         if not 0 <= index < self.count:
-            raise IndexError(f"{root}: input {index} outside the {self.count} inputs of the provenance table")
+            raise IndexError(f"{store.describe('')}: input {index} outside the {self.count} inputs of the provenance table")
         lo = max(0, index - 1)
-        ends = read_field_rows(root, ENDS_ARRAY, FieldSpec((), "int64"), self.count, self.ends_chunk, self.files,
+        ends = read_field_rows(store, ENDS_ARRAY, FieldSpec((), "int64"), self.count, self.ends_chunk, self.files,
                                lo, index + 1)
         begin = 0 if index == 0 else int(ends[0])
         end = int(ends[-1])
         if not 0 <= begin <= end <= self.nbytes or end - begin > MAX_NAME_NBYTES:
             raise NotADatasetError(
-                f"{root / ENDS_ARRAY}: input {index} would span bytes [{begin}, {end}) of {self.nbytes} "
+                f"{store.describe(ENDS_ARRAY)}: input {index} would span bytes [{begin}, {end}) of {self.nbytes} "
                 f"(names are at most {MAX_NAME_NBYTES} bytes)"
             )
-        raw = read_field_rows(root, NAMES_ARRAY, FieldSpec((), "uint8"), self.nbytes, self.names_chunk, self.files,
+        raw = read_field_rows(store, NAMES_ARRAY, FieldSpec((), "uint8"), self.nbytes, self.names_chunk, self.files,
                               begin, end)
         return decode_name(raw.tobytes())
 
-    def source(self, root: Path, meta: DatasetMeta, record: int) -> RecordSource:
+    def source(self, root: Path | Store, meta: DatasetMeta, record: int) -> RecordSource:
         """Where record ``record`` came from (its provenance values and its input's name)."""
+        store = root if isinstance(root, Store) else LocalStore(root)
         if not 0 <= record < meta.num_records:
-            raise IndexError(f"{root}: record {record} outside [0, {meta.num_records})")
-        row = self.values(root, meta, record, record + 1)[0]
+            raise IndexError(f"{store.describe('')}: record {record} outside [0, {meta.num_records})")
+        row = self.values(store, meta, record, record + 1)[0]
         values = {c: int(v) for c, v in zip(self.columns, row)}
         if not 0 <= values["input"] < self.count:
             raise NotADatasetError(
-                f"{root / self.field}: record {record} says it came from input {values['input']}, but the "
+                f"{store.describe(self.field)}: record {record} says it came from input {values['input']}, but the "
                 f"provenance table holds {self.count} inputs"
             )
-        return RecordSource(record, values["input"], self.input_name(root, values["input"]), self.root, values)
+        return RecordSource(record, values["input"], self.input_name(store, values["input"]), self.root, values)

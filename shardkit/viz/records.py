@@ -95,11 +95,14 @@ def _rate(ds: Dataset) -> int:
 
 
 def _same_mode_as_dataset(ds: Dataset, path: Path) -> None:
-    """Give ``path`` no more permission than the dataset's payload files have."""
-    try:
-        mode = stat.S_IMODE(os.stat(ds.payload.shard_path(0)).st_mode) if ds.meta.shards else 0o600
-    except OSError:
-        mode = 0o600
+    """Give ``path`` no more permission than the dataset's payload files have (owner-only for a
+    dataset in an object store, whose permissions are not file modes)."""
+    mode = 0o600
+    if ds.store.is_local and ds.meta.shards:
+        try:
+            mode = stat.S_IMODE(os.stat(ds.store.local_path(ds.meta.shards[0].path)).st_mode)
+        except OSError:
+            pass
     os.chmod(path, stat.S_IMODE(os.stat(path).st_mode) & mode & 0o666)
 
 
@@ -150,7 +153,7 @@ def show(
     sel = Selection(keys=keys, random=random, seed=seed, label=label, limit=limit)
     with open_dataset(path) as ds:
         batch = _read(ds, sel, naming)
-        target = Path(out) if out is not None else Path(f"{Path(path).resolve().name}-show.png")
+        target = Path(out) if out is not None else Path(f"{Path(str(ds.path).rstrip('/')).name or 'dataset'}-show.png")
         chosen = tuple(int(k) for k in batch["key"])
         payload = batch[ds.meta.payload]
         captions = [_caption(ds, batch, i) for i in range(len(chosen))]
