@@ -9,12 +9,12 @@ from typing import Any
 import numpy as np
 
 from shardkit.errors import NotADatasetError
-from shardkit.formats.checksums import read_verified
 from shardkit.formats.fields import read_field_array
 from shardkit.formats.metadata import DatasetMeta, read_dataset_meta
 from shardkit.formats.paths import resolve_inside
 from shardkit.formats.reader import DEFAULT_GAP_BYTES, PayloadArray, ReadStats
 from shardkit.formats.spec import ZARR_JSON
+from shardkit.formats.versions import list_versions, read_versioned, version_key, version_of
 
 __all__ = ["Dataset", "open_dataset", "Batch"]
 
@@ -33,6 +33,8 @@ class Dataset:
         Read counters for the payload (the sampler passes one per tier).
     gap_bytes
         Coalescing threshold for sparse reads.
+    version
+        Open this kept older version instead of the current one (``shardkit info`` lists them).
 
     Notes
     -----
@@ -43,6 +45,10 @@ class Dataset:
     checksum, and (format 1.1) the checksum of every array document. Loading the fields checks every
     field chunk; reading a shard's index checks it against the checksum in the metadata. Only the
     payload records themselves are left to :func:`~shardkit.formats.verify`, which reads every byte.
+
+    A dataset opened here keeps reading the version it opened while a commit (``convert --append``)
+    adds a newer one: files the commit replaces are read from the copies it keeps for older
+    versions (:mod:`~shardkit.formats.versions`).
     """
 
     def __init__(
@@ -51,15 +57,15 @@ class Dataset:
         *,
         stats: ReadStats | None = None,
         gap_bytes: int = DEFAULT_GAP_BYTES,
+        version: int | None = None,
     ) -> None:
         self.path = Path(path)
-        self.meta: DatasetMeta = read_dataset_meta(self.path)
+        self.meta: DatasetMeta = read_dataset_meta(self.path, ZARR_JSON if version is None else version_key(version))
         files = self.meta.files
         for name in self.meta.fields:  # the payload document is checked as PayloadArray reads it
             rel = f"{name}/{ZARR_JSON}"
             if rel in files:
-                read_verified(resolve_inside(self.path, rel, "field array document"), files[rel],
-                              what="field array document")
+                read_versioned(self.path, rel, files[rel], what="field array document")
         resolve_inside(self.path, f"{self.meta.payload}/{ZARR_JSON}", "payload array document")
         self.payload = PayloadArray(
             self.path / self.meta.payload,
@@ -147,6 +153,9 @@ class Dataset:
             "transform": m.transform,
             "source": m.source,
             "created_by": m.created_by,
+            "version": version_of(m.to_json()),
+            "versions": [v.to_json() for v in list_versions(self.path)],
+            "history": m.source.get("history", []),
         }
 
     # ------------------------------------------------------------------ reading

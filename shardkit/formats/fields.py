@@ -23,11 +23,12 @@ import numpy as np
 from shardkit.errors import CorruptShardError, MissingShardError, NotADatasetError
 from shardkit.formats import jsonvalues as jv
 from shardkit.formats.atomic import write_bytes_atomic
-from shardkit.formats.checksums import FileDigest, read_verified
+from shardkit.formats.checksums import FileDigest
 from shardkit.formats.codecs import RecordCodec, codec_from_zarr
-from shardkit.formats.metadata import array_metadata, read_json, write_json_atomic
+from shardkit.formats.metadata import array_metadata, write_json_atomic
 from shardkit.formats.paths import resolve_inside
 from shardkit.formats.spec import MAX_NDIM, ZARR_JSON, FieldSpec, chunk_key
+from shardkit.formats.versions import read_document, read_versioned
 
 __all__ = ["read_field_array", "write_field_array"]
 
@@ -41,20 +42,25 @@ def write_field_array(
     codec: RecordCodec | None,
     *,
     durable: bool = True,
+    first_chunk: int = 0,
 ) -> dict[str, FileDigest]:
     """Write field ``name`` (``data`` of shape ``[n, *spec.shape]``) and its ``zarr.json`` under ``root``.
 
     Returns the digest of every file written, by path relative to ``root`` (the document last), for
     the metadata's ``files`` map. Each file appears atomically; a full disk raises OutOfSpaceError
     naming the file and leaves no partial file.
+
+    With ``first_chunk``, ``data`` holds only the records from chunk ``first_chunk`` on, and only
+    those chunks are written (a commit that appends records keeps the full chunks before them).
     """
-    n = data.shape[0]
+    base = first_chunk * chunk
+    n = base + data.shape[0]
     ndim = 1 + len(spec.shape)
     le = np.dtype(spec.dtype).newbyteorder("<")
     digests: dict[str, FileDigest] = {}
-    for j, start in enumerate(range(0, n, chunk)):
+    for j, start in enumerate(range(base, n, chunk), first_chunk):
         block = np.zeros((chunk, *spec.shape), dtype=le)
-        part = data[start : start + chunk]
+        part = data[start - base : start - base + chunk]
         block[: part.shape[0]] = part
         blob = codec.encode(block) if codec is not None else block.tobytes()
         rel = chunk_key(name, j, ndim)
@@ -78,6 +84,8 @@ def read_field_array(
     num_records: int,
     chunk_records: int,
     files: Mapping[str, FileDigest] | None = None,
+    *,
+    first_chunk: int = 0,
 ) -> np.ndarray:
     """Read field ``name`` of the dataset at ``root`` whole into RAM, checking everything.
 
@@ -88,6 +96,9 @@ def read_field_array(
         of ``spec.dtype`` in chunks of ``chunk_records`` records.
     files
         The metadata's digests (format 1.1), or ``None`` / empty for a 1.0 dataset.
+    first_chunk
+        Read only the records from this chunk on (``first_chunk * chunk_records`` to the end): what a
+        commit that appends records needs of the last, partly filled chunk.
 
     Raises
     ------
@@ -104,18 +115,19 @@ def read_field_array(
     doc_path = resolve_inside(root, doc_rel, "field array document")
     if not doc_path.exists():
         raise NotADatasetError(f"{root / name}: field array metadata {root / doc_rel} is missing")
-    doc = read_json(doc_path, files.get(doc_rel))
+    doc = read_document(root, doc_rel, files.get(doc_rel))
     codec = _check_field_document(doc, str(doc_path), spec, num_records, chunk_records)
-    chunks = _chunk_files(root, name, 1 + len(spec.shape), math.ceil(num_records / chunk_records))
+    chunks = _chunk_files(root, name, 1 + len(spec.shape), math.ceil(num_records / chunk_records))[first_chunk:]
+    base = first_chunk * chunk_records
     # Allocation bounded by what exists: every chunk file is there (checked just above), each one
     # decodes to chunk_records x spec.nbytes <= MAX_FIELD_CHUNK_NBYTES (DatasetMeta.check_layout), so
     # a document that claims more records than the dataset holds fails before this line.
     dtype = np.dtype(spec.dtype).newbyteorder("<")
-    out = np.empty((num_records, *spec.shape), dtype=dtype)
+    out = np.empty((max(0, num_records - base), *spec.shape), dtype=dtype)
     block = np.empty((chunk_records, *spec.shape), dtype=dtype)
-    for j, (rel, real) in enumerate(chunks):
+    for j, (rel, _real) in enumerate(chunks):
         # Any codec's worst case is far below twice the raw size: a larger file is not a chunk.
-        data = read_verified(real, files.get(rel), what="field chunk", max_nbytes=2 * block.nbytes + 1024)
+        data = read_versioned(root, rel, files.get(rel), what="field chunk", max_nbytes=2 * block.nbytes + 1024)
         try:
             if codec is None:
                 block[...] = np.frombuffer(data, dtype=dtype).reshape(block.shape)
@@ -124,7 +136,7 @@ def read_field_array(
         except Exception as exc:
             raise CorruptShardError(f"{root / rel}: field chunk does not decode to {block.shape} {dtype} ({exc})") from None
         start = j * chunk_records
-        out[start : start + chunk_records] = block[: num_records - start]
+        out[start : start + chunk_records] = block[: num_records - base - start]
     return out
 
 

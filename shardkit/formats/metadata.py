@@ -44,7 +44,7 @@ from shardkit.formats import jsonvalues as jv
 from shardkit.formats.atomic import fsync_dir, write_bytes_atomic
 from shardkit.formats.checksums import ATTRIBUTES_CRC_KEY, FileDigest, attributes_crc32c, read_verified
 from shardkit.formats.codecs import RecordCodec, codec_from_json
-from shardkit.formats.paths import check_name
+from shardkit.formats.paths import check_name, resolve_inside
 from shardkit.formats.spec import (
     ATTRS_KEY,
     FORMAT_MINOR,
@@ -66,6 +66,7 @@ __all__ = [
     "group_metadata",
     "write_json_atomic",
     "read_json",
+    "parse_json_document",
     "read_dataset_meta",
     "fsync_dir",
     "MAX_DOCUMENT_NBYTES",
@@ -438,7 +439,11 @@ def read_json(path: Path, digest: FileDigest | None = None) -> dict[str, Any]:
     ChecksumError, TruncatedShardError
         The bytes differ from ``digest``.
     """
-    raw = read_verified(path, digest, what="metadata document", max_nbytes=MAX_DOCUMENT_NBYTES)
+    return parse_json_document(read_verified(path, digest, what="metadata document", max_nbytes=MAX_DOCUMENT_NBYTES), path)
+
+
+def parse_json_document(raw: bytes, path: Path | str) -> dict[str, Any]:
+    """Parse the bytes of a JSON object document read from ``path`` (NotADatasetError naming it)."""
     try:
         doc = json.loads(raw.decode("utf-8"))
     except json.JSONDecodeError as exc:
@@ -452,8 +457,11 @@ def read_json(path: Path, digest: FileDigest | None = None) -> dict[str, Any]:
     return doc
 
 
-def read_dataset_meta(root: Path) -> DatasetMeta:
+def read_dataset_meta(root: Path, document: str = ZARR_JSON) -> DatasetMeta:
     """Read and validate the dataset metadata of the directory ``root``.
+
+    ``document`` is the root document to read, relative to ``root``: ``zarr.json`` (the current
+    version) or a kept older version's (see :mod:`shardkit.formats.versions`).
 
     Raises
     ------
@@ -471,7 +479,9 @@ def read_dataset_meta(root: Path) -> DatasetMeta:
         raise DatasetNotFoundError(f"{root}: no such dataset directory")
     if not root.is_dir():
         raise NotADatasetError(f"{root}: expected a dataset directory, found a file")
-    doc_path = root / ZARR_JSON
+    doc_path = resolve_inside(root, document, "root document")
+    if document != ZARR_JSON and not doc_path.is_file():
+        raise DatasetNotFoundError(f"{doc_path}: this version of the dataset is not kept (see `shardkit info {root}`)")
     if not doc_path.exists():
         # A conversion's staging area, an array document or chunks of an array: a write was cut short.
         if (root / ".shardkit-staging").exists() or any(root.glob(f"*/{ZARR_JSON}")) or any(root.glob("*/c")):

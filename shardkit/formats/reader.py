@@ -56,6 +56,7 @@ from shardkit.formats.spec import (
     chunk_key,
     index_nbytes,
 )
+from shardkit.formats.versions import older_copy, read_document
 
 __all__ = ["ReadStats", "PayloadArray", "ShardedLayout", "DEFAULT_GAP_BYTES"]
 
@@ -252,7 +253,11 @@ class PayloadArray:
         doc_path = self.path / ZARR_JSON
         if not doc_path.exists():
             raise NotADatasetError(f"{self.path}: no payload array ({doc_path} is missing)")
-        self.layout = ShardedLayout.parse(read_json(doc_path, document_digest), str(doc_path))
+        if document_digest is None:
+            doc = read_json(doc_path, None)
+        else:  # a dataset's array: as the version this reader opened recorded it
+            doc = read_document(self.path.parent, f"{self.path.name}/{ZARR_JSON}", document_digest)
+        self.layout = ShardedLayout.parse(doc, str(doc_path))
         self.shape, self.dtype = self.layout.shape, self.layout.dtype
         self.records_per_shard, self.codec = self.layout.records_per_shard, self.layout.codec
         self.fill_value = self.layout.fill_value
@@ -286,6 +291,7 @@ class PayloadArray:
         self.stats = stats if stats is not None else ReadStats()
         self.gap_bytes = int(gap_bytes)
         self._fds: dict[int, int] = {}
+        self._opened: dict[int, Path] = {}
         self._indexes: dict[int, ShardIndex] = {}
         self._mappable_cache: dict[int, bool] = {}
         self._lock = threading.Lock()
@@ -293,7 +299,9 @@ class PayloadArray:
 
     # ------------------------------------------------------------------ files and indexes
     def shard_path(self, i: int) -> Path:
-        return self._rel_base / self.shards[i].path
+        """The file of shard ``i`` (once opened: the one read, which is the retired copy of the version
+        this reader opened when a later version replaced the shard; see :mod:`~shardkit.formats.versions`)."""
+        return self._opened.get(i) or self._rel_base / self.shards[i].path
 
     def _fd(self, i: int) -> int:
         fd = self._fds.get(i)
@@ -310,10 +318,30 @@ class PayloadArray:
                         raise MissingShardError(
                             f"{path}: shard {i} (records {info.start}-{info.stop - 1}) is missing"
                         ) from None
+                    fd = self._of_this_version(i, fd, real)
                     # Every pass over a shard reads ascending offsets: ask for aggressive readahead.
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
                     self._fds[i] = fd
         return fd
+
+    def _of_this_version(self, i: int, fd: int, real: Path) -> int:
+        """``fd``, or the retired copy of shard ``i`` when a later version replaced the file (it has
+        grown: a commit only ever adds records to a shard). Checked on the open descriptor, so a
+        replacement between the check and the open is caught."""
+        info = self.shards[i]
+        if info.nbytes < 0 or os.fstat(fd).st_size == info.nbytes:
+            return fd
+        try:
+            older = older_copy(self._rel_base, info.path, info.nbytes, info.crc32c,
+                               TruncatedShardError(f"{real}: shard {i} is not the {info.nbytes} bytes recorded"))
+        except TruncatedShardError:
+            return fd  # damaged, not replaced: index() reports it
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+        self._opened[i] = older
+        return os.open(older, os.O_RDONLY)
 
     def index(self, i: int) -> ShardIndex:
         """The checked index of shard ``i`` (read once, then cached)."""

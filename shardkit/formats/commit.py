@@ -1,0 +1,625 @@
+"""Commit records as a new version of a dataset: boundary shards re-packed, metadata last (DESIGN §11).
+
+A commit takes the dataset as it is (the *base*, or nothing for a new dataset) and *segments*: runs
+of records stored in files of the shard layout somewhere it can read them (the parts of a cluster
+conversion, the datasets being merged), each with its field values, label names and skips. It
+produces one ordinary format 1.1 dataset whose records are the base's followed by every segment's,
+in order.
+
+Shards hold a fixed number S of records, so the records of a segment land on the global grid at an
+offset that is rarely a multiple of S. For each global shard of the new records a commit does the
+cheapest thing that is correct:
+
+* **in place**: a segment already wrote it under its final name (a part that knew its offset);
+* **linked**: one source file is exactly that shard (full, S index entries, aligned): hard-linked on
+  a local file system (server-side copied on an object store), no payload bytes move;
+* **re-packed**: otherwise (a boundary between two segments, the base's last shard when it was not
+  full, a segment that is not aligned) its records are copied, in their stored form, from the source
+  files into a new shard. Records are never decoded or re-encoded (codecs are deterministic, so the
+  bytes are what one writer would have written), and each source file's checksums are verified
+  first, so a damaged source is never laundered into fresh checksums.
+
+Then the field arrays from their first chunk that changes, the payload document, the root document
+of the new version (saved under ``.shardkit-versions/``), and last the root ``zarr.json``: a reader
+sees the old version or the new one, never a mix. A file the commit replaces (the base's last shard,
+last field chunks, array documents) is first kept as a retired copy for readers of the old version
+(:mod:`shardkit.formats.versions`).
+
+Every step is idempotent and the inputs are immutable, so a commit killed at any instant is finished
+by running it again: the base is still the version the root document describes (it is written
+last), the base's replaced files are read back from their retired copies, and the same bytes are
+written again. A commit whose root document was already written (``source.plan`` is this commit's
+plan) only finishes its cleanup.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import math
+import os
+import shutil
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shardkit.errors import ChecksumError, ConversionError, SchemaError, TruncatedShardError
+from shardkit.formats.atomic import fsync_dir, write_bytes_atomic
+from shardkit.formats.checksums import FileDigest
+from shardkit.formats.codecs import RecordCodec, codec_from_json, get_codec
+from shardkit.formats.fields import read_field_array, write_field_array
+from shardkit.formats.index import ShardIndex, crc32c_of
+from shardkit.formats.metadata import DEFAULT_FIELD_CHUNK, DatasetMeta, encode_json, group_metadata, read_json, write_json_atomic
+from shardkit.formats.paths import resolve_inside
+from shardkit.formats.spec import (
+    ATTRS_KEY,
+    FORMAT_MINOR,
+    ZARR_JSON,
+    FieldSpec,
+    ShardInfo,
+    SkippedInput,
+    chunk_key,
+    index_nbytes,
+)
+from shardkit.formats.versions import (
+    DEFAULT_KEEP_VERSIONS,
+    VERSIONS_DIR,
+    prune,
+    retired_key,
+    version_key,
+    version_of,
+)
+from shardkit.formats.writer import FIELD_CODEC, ShardWriter, field_chunk_for, payload_document
+
+__all__ = [
+    "StoredShard",
+    "Segment",
+    "CommitReport",
+    "ShardRecipe",
+    "commit",
+    "merge_labels",
+    "plan_shards",
+    "link_file",
+]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StoredShard:
+    """A file in the shard layout (records, then an index of ``capacity`` entries and its crc32c).
+
+    Attributes
+    ----------
+    root, key
+        Where it is: ``root / key`` (``key`` is checked to stay inside ``root``).
+    count
+        Records it holds (entries ``0 .. count - 1`` of its index).
+    capacity
+        Entries of its index (S of the dataset that wrote it, or ``count`` for a piece).
+    nbytes, crc32c, data_crc32c, index_crc32c
+        Its size and checksums, as its writer recorded them (see
+        :class:`~shardkit.formats.spec.ShardInfo`).
+    """
+
+    root: Path
+    key: str
+    count: int
+    capacity: int
+    nbytes: int
+    crc32c: int
+    data_crc32c: int
+    index_crc32c: int
+
+    @classmethod
+    def of(cls, root: Path, info: ShardInfo, capacity: int, key: str | None = None) -> StoredShard:
+        """The shard file ``info`` describes (``info.path``, or ``key``, under ``root``)."""
+        if info.data_crc32c is None or info.index_crc32c is None:
+            raise SchemaError(f"{root / (key or info.path)}: a shard without data/index checksums (format 1.0) cannot be "
+                              "re-packed; convert it again with this shardkit")
+        return cls(Path(root), key or info.path, info.count, capacity, info.nbytes, info.crc32c,
+                   info.data_crc32c, info.index_crc32c)
+
+    @property
+    def path(self) -> Path:
+        return resolve_inside(self.root, self.key, "shard file")
+
+    def info_at(self, key: str, start: int) -> ShardInfo:
+        """Its :class:`ShardInfo` as global shard ``key`` starting at record ``start``."""
+        return ShardInfo(key, start, start + self.count, self.nbytes, self.crc32c, self.data_crc32c, self.index_crc32c)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Records a commit appends: ``records`` of them, stored in ``shards`` in order.
+
+    Attributes
+    ----------
+    records
+        How many (the ``count`` of its shards add up to it).
+    shards
+        The files holding them, in record order.
+    fields
+        Loads the values of every small field for its records (called once, by the commit).
+    labels
+        The class names its label fields index (``{"label": [...]}``): the commit maps them onto
+        the dataset's label list, extending it with new names.
+    skipped
+        Inputs skipped while producing it, in order (they follow the base's in the metadata).
+    """
+
+    records: int
+    shards: tuple[StoredShard, ...]
+    fields: Callable[[], Mapping[str, np.ndarray]]
+    labels: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    skipped: tuple[SkippedInput, ...] = ()
+
+    def __post_init__(self) -> None:
+        if sum(s.count for s in self.shards) != self.records:
+            raise SchemaError(f"segment of {self.records} records stored in shards of {sum(s.count for s in self.shards)}")
+
+
+@dataclass(frozen=True)
+class ShardRecipe:
+    """How global shard ``index`` of the new version is made: from ``pieces`` (``(file, first record,
+    count)``), or ``in_place`` when a segment already wrote it under its final name, or ``link`` when
+    one source file is exactly this shard."""
+
+    index: int
+    start: int
+    stop: int
+    pieces: tuple[tuple[StoredShard, int, int], ...]
+    in_place: bool = False
+    link: bool = False
+
+
+@dataclass(frozen=True)
+class CommitReport:
+    """What a commit did (the benchmark reads it: the rewritten bytes must stay within one shard per segment).
+
+    Attributes
+    ----------
+    meta
+        Metadata of the new version.
+    version
+        Its number.
+    records_added
+        Records the segments added.
+    shards_in_place, shards_linked, shards_repacked
+        New shards that were already in place, linked (or copied server-side), and re-packed.
+    bytes_linked, bytes_repacked
+        Payload bytes of the linked and of the re-packed shards (re-packing reads and writes them).
+    retired
+        Files kept for readers of older versions.
+    seconds
+        Wall time.
+    already_committed
+        The root document already described this commit (a re-run after a kill): only cleanup ran.
+    """
+
+    meta: DatasetMeta
+    version: int
+    records_added: int = 0
+    shards_in_place: int = 0
+    shards_linked: int = 0
+    shards_repacked: int = 0
+    bytes_linked: int = 0
+    bytes_repacked: int = 0
+    retired: int = 0
+    seconds: float = 0.0
+    already_committed: bool = False
+
+
+def merge_labels(
+    base: Mapping[str, Sequence[str]], incoming: Sequence[Mapping[str, Sequence[str]]]
+) -> tuple[dict[str, list[str]], list[dict[str, np.ndarray]]]:
+    """The dataset's label lists after appending segments, and how to map each segment's label values.
+
+    Every name keeps its index; a name the dataset does not have yet is appended to its list, in the
+    order the segments bring them. Returns ``(labels, remaps)``: ``remaps[i][field][v]`` is the new
+    index of segment ``i``'s label value ``v`` (only fields whose indices change are listed).
+    """
+    labels = {k: list(v) for k, v in base.items()}
+    remaps: list[dict[str, np.ndarray]] = []
+    for names_by_field in incoming:
+        remap: dict[str, np.ndarray] = {}
+        for name, names in names_by_field.items():
+            target = labels.setdefault(name, [])
+            position = {n: i for i, n in enumerate(target)}
+            lookup = np.empty(len(names), dtype=np.int64)
+            for i, n in enumerate(names):
+                if n not in position:
+                    position[n] = len(target)
+                    target.append(n)
+                lookup[i] = position[n]
+            if not np.array_equal(lookup, np.arange(len(names))):
+                remap[name] = lookup
+        remaps.append(remap)
+    return labels, remaps
+
+
+def _remapped(values: np.ndarray, lookup: np.ndarray) -> np.ndarray:
+    """Label values mapped through ``lookup``; values outside it (``-1`` for "no box") are kept."""
+    out = values.copy()
+    valid = (values >= 0) & (values < lookup.shape[0])
+    out[valid] = lookup[values[valid]].astype(values.dtype)
+    return out
+
+
+def plan_shards(
+    base_records: int, base_last: StoredShard | None, segments: Sequence[Segment], records_per_shard: int, root: Path,
+    payload: str, ndim: int,
+) -> list[ShardRecipe]:
+    """Recipes of every global shard from the base's last (not full) one to the end.
+
+    ``base_last`` holds the base's records of shard ``base_records // S`` when ``base_records`` is not
+    a multiple of S. Pure: nothing is read or written.
+    """
+    s = records_per_shard
+    total = base_records + sum(seg.records for seg in segments)
+    # Every stored file as (global start, file), in record order.
+    runs: list[tuple[int, StoredShard]] = []
+    if base_last is not None:
+        runs.append(((base_records // s) * s, base_last))
+    g = base_records
+    for seg in segments:
+        for shard in seg.shards:
+            if shard.count:
+                runs.append((g, shard))
+                g += shard.count
+    recipes = []
+    r = 0
+    for k in range(base_records // s, math.ceil(total / s)):
+        lo, hi = k * s, min((k + 1) * s, total)
+        pieces = []
+        while r < len(runs) and runs[r][0] < hi:
+            start, shard = runs[r]
+            a, b = max(lo, start), min(hi, start + shard.count)
+            if b > a:
+                pieces.append((shard, a - start, b - a))
+            if start + shard.count <= hi:
+                r += 1
+            else:
+                break
+        whole = (len(pieces) == 1 and pieces[0][1] == 0 and pieces[0][0].count == hi - lo
+                 and pieces[0][0].capacity == s)
+        key = chunk_key(payload, k, ndim)
+        in_place = whole and pieces[0][0].root == root and pieces[0][0].key == key
+        recipes.append(ShardRecipe(k, lo, hi, tuple(pieces), in_place=in_place, link=whole and not in_place))
+    return recipes
+
+
+def link_file(src: Path, dst: Path, *, durable: bool = True) -> None:
+    """Make ``dst`` a hard link of ``src`` (a copy where the file system cannot link), atomically."""
+    tmp = dst.with_name(dst.name + ".partial")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise
+        with open(src, "rb") as fin, open(tmp, "wb") as fout:
+            shutil.copyfileobj(fin, fout, 8 << 20)
+            if durable:
+                fout.flush()
+                os.fsync(fout.fileno())
+    os.replace(tmp, dst)
+    if durable:
+        fsync_dir(dst.parent)
+
+
+def _stored_records(shard: StoredShard, first: int, count: int, record: FieldSpec, compressed: bool) -> tuple[bytes, list[int]]:
+    """Records ``first .. first + count - 1`` of ``shard`` in their stored form, after checking the file.
+
+    The whole file is read and checked against its recorded size, index crc32c and records crc32c,
+    so a damaged source is refused (naming it) instead of being re-packed under fresh checksums.
+    """
+    path = shard.path
+    with open(path, "rb") as fh:
+        data = fh.read(shard.nbytes + 1)
+    if len(data) != shard.nbytes:
+        raise TruncatedShardError(f"{path}: expected {shard.nbytes} bytes as recorded, found {len(data)}")
+    isize = index_nbytes(shard.capacity)
+    data_n = shard.nbytes - isize
+    idx = ShardIndex.decode(data[data_n:], shard.capacity, path=str(path), data_nbytes=data_n,
+                            recorded_crc32c=shard.index_crc32c)
+    if crc32c_of(memoryview(data)[:data_n]) != shard.data_crc32c:
+        raise ChecksumError(f"{path}: records crc32c differs from the {shard.data_crc32c:#010x} recorded")
+    if int(idx.present[: shard.count].sum()) != shard.count:
+        raise ChecksumError(f"{path}: index holds fewer than the {shard.count} records recorded")
+    if not compressed:
+        idx.check_dense(str(path), shard.count, record.nbytes)
+        rn = record.nbytes
+        return data[first * rn : (first + count) * rn], [rn] * count
+    offs = idx.offsets[first : first + count].astype(np.int64)
+    sizes = idx.nbytes[first : first + count].astype(np.int64)
+    view = memoryview(data)
+    blob = b"".join(view[o : o + n] for o, n in zip(offs.tolist(), sizes.tolist()))
+    return blob, sizes.tolist()
+
+
+class _Commit:
+    """One commit in progress (see :func:`commit`); each method is one idempotent step."""
+
+    def __init__(self, root: Path, template: DatasetMeta, base: DatasetMeta | None, segments: Sequence[Segment],
+                 plan: str, durable: bool) -> None:
+        self.root = root
+        self.base = base
+        self.segments = list(segments)
+        self.plan = plan
+        self.durable = durable
+        self.template = template
+        self.s = template.records_per_shard
+        self.codec: RecordCodec | None = None if template.compression is None else codec_from_json(template.compression)
+        self.n_base = base.num_records if base else 0
+        self.total = self.n_base + sum(seg.records for seg in self.segments)
+        self.number = (version_of(base.to_json()) + 1) if base else 1
+        self.retired = 0
+
+    # ------------------------------------------------------------------ retiring old files
+    def retire(self, rel: str, nbytes: int, crc: int, *, check_crc: bool) -> None:
+        """Keep the base's ``rel`` (``nbytes``, ``crc``) as a retired copy before it is replaced."""
+        dst = resolve_inside(self.root, retired_key(rel, nbytes, crc), "retired dataset file")
+        if dst.exists():
+            return
+        src = resolve_inside(self.root, rel, "dataset file")
+        same = src.is_file() and src.stat().st_size == nbytes and (not check_crc or crc32c_of(src.read_bytes()) == crc)
+        if not same:
+            raise ConversionError(
+                f"{src}: expected the bytes version {self.number - 1} recorded ({nbytes} bytes, crc32c {crc:#010x}) "
+                f"and found others, with no retired copy in {self.root / VERSIONS_DIR}; the dataset was changed "
+                "outside shardkit"
+            )
+        link_file(src, dst, durable=self.durable)
+        self.retired += 1
+
+    # ------------------------------------------------------------------ steps
+    def save_base_version(self) -> None:
+        """The base's root document as version ``n - 1`` (a dataset written before versions existed)."""
+        if self.base is None:
+            return
+        path = resolve_inside(self.root, version_key(self.number - 1), "version document")
+        if not path.exists():
+            write_bytes_atomic(path, (self.root / ZARR_JSON).read_bytes(), durable=self.durable)
+
+    def shards(self, report: dict[str, int]) -> list[ShardInfo]:
+        """Every new global shard in place (built, linked or already there); returns the shard list."""
+        base = self.base
+        ndim = 1 + len(self.template.record.shape)
+        payload = self.template.payload
+        base_last = None
+        keep: list[ShardInfo] = []
+        if base is not None:
+            keep = list(base.shards[: self.n_base // self.s])
+            if self.n_base % self.s:
+                base_last = StoredShard.of(self.root, base.shards[-1], self.s)
+        recipes = plan_shards(self.n_base, base_last, self.segments, self.s, self.root, payload, ndim)
+        out = keep
+        for recipe in recipes:
+            key = chunk_key(payload, recipe.index, ndim)
+            if recipe.in_place:
+                out.append(recipe.pieces[0][0].info_at(key, recipe.start))
+                report["in_place"] += 1
+            elif recipe.link:
+                src = recipe.pieces[0][0]
+                dst = resolve_inside(self.root, key, "payload shard")
+                if not (dst.is_file() and os.path.samefile(dst, src.path)):
+                    link_file(src.path, dst, durable=self.durable)
+                out.append(src.info_at(key, recipe.start))
+                report["linked"] += 1
+                report["bytes_linked"] += src.nbytes
+            else:
+                info = self.build(recipe, key, base_last)
+                out.append(info)
+                report["repacked"] += 1
+                report["bytes_repacked"] += info.nbytes
+        return out
+
+    def build(self, recipe: ShardRecipe, key: str, base_last: StoredShard | None) -> ShardInfo:
+        """Re-pack one shard from its pieces.
+
+        The base's last shard is retired first and its records read back from the retired copy, which
+        holds them whether this run or an interrupted earlier one replaced the file.
+        """
+        if base_last is not None and recipe.pieces and recipe.pieces[0][0] is base_last and self.base is not None:
+            info = self.base.shards[-1]
+            self.retire(info.path, info.nbytes, info.crc32c, check_crc=False)
+            kept = StoredShard.of(self.root, info, self.s, key=retired_key(info.path, info.nbytes, info.crc32c))
+            pieces = ((kept, *recipe.pieces[0][1:]), *recipe.pieces[1:])
+        else:
+            pieces = recipe.pieces
+        writer = ShardWriter(resolve_inside(self.root, key, "payload shard"), self.s, self.template.record, self.codec,
+                             durable=self.durable)
+        try:
+            for shard, first, count in pieces:
+                data, sizes = _stored_records(shard, first, count, self.template.record, self.codec is not None)
+                writer.append_stored(data, sizes)
+            sums = writer.close()
+        except BaseException:
+            writer.abort()
+            raise
+        return ShardInfo(key, recipe.start, recipe.stop, sums.nbytes, sums.crc32c, sums.data_crc32c, sums.index_crc32c)
+
+    def fields(self, remaps: list[dict[str, np.ndarray]], chunk: int) -> dict[str, FileDigest]:
+        """Every field array from its first chunk that changes; returns the digests of all its files."""
+        base, t = self.base, self.template
+        codec = get_codec(FIELD_CODEC)
+        values = [seg.fields() for seg in self.segments]
+        files: dict[str, FileDigest] = {}
+        for name, spec in t.fields.items():
+            parts = []
+            first = 0
+            if base is not None and self.n_base:
+                old_chunk = base.field_chunk_records
+                first = self.n_base // chunk if old_chunk == chunk else 0
+                parts.append(read_field_array(self.root, name, spec, self.n_base, old_chunk, base.files, first_chunk=first))
+                for rel, digest in base.files.items():
+                    if rel.startswith(f"{name}/") and rel != f"{name}/{ZARR_JSON}":
+                        j = int(rel[len(name) + 3 :].split("/", 1)[0])
+                        if j < first:
+                            files[rel] = digest
+                        else:
+                            self.retire(rel, digest.nbytes, digest.crc32c, check_crc=True)
+                doc = base.files.get(f"{name}/{ZARR_JSON}")
+                if doc is not None:
+                    self.retire(f"{name}/{ZARR_JSON}", doc.nbytes, doc.crc32c, check_crc=True)
+            for seg_values, remap in zip(values, remaps):
+                v = spec.check(name, seg_values[name], seg_values[name].shape[0])
+                parts.append(_remapped(v, remap[name]) if name in remap else v)
+            data = np.concatenate(parts) if parts else np.empty((0, *spec.shape), spec.dtype)
+            files |= write_field_array(self.root, name, spec, data, chunk, codec, durable=self.durable, first_chunk=first)
+        return files
+
+    def payload_doc(self, meta: DatasetMeta) -> FileDigest:
+        rel = f"{meta.payload}/{ZARR_JSON}"
+        if self.base is not None and rel in self.base.files:
+            doc = self.base.files[rel]
+            self.retire(rel, doc.nbytes, doc.crc32c, check_crc=True)
+        return write_json_atomic(resolve_inside(self.root, rel, "payload array document"), payload_document(meta),
+                                 durable=self.durable)
+
+    def publish(self, meta: DatasetMeta) -> None:
+        """The new version's root document: its copy under ``.shardkit-versions``, then ``zarr.json``."""
+        data = encode_json(group_metadata(meta))
+        write_bytes_atomic(resolve_inside(self.root, version_key(self.number), "version document"), data,
+                           durable=self.durable)
+        write_bytes_atomic(self.root / ZARR_JSON, data, durable=self.durable)
+
+    def drop_strays(self, shards: int) -> None:
+        """Delete payload shard files past the last shard (left by an abandoned plan; no version lists them)."""
+        top = self.root / self.template.payload / "c"
+        if not top.is_dir():
+            return
+        for entry in top.iterdir():
+            if entry.name.isdigit() and int(entry.name) >= shards and not entry.is_symlink():
+                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+
+
+def _committed(root: Path, plan: str) -> DatasetMeta | None:
+    """The dataset's metadata if its root document already describes the commit ``plan``."""
+    doc_path = root / ZARR_JSON
+    if not doc_path.is_file():
+        return None
+    doc = read_json(doc_path)
+    attrs = doc.get("attributes", {}).get(ATTRS_KEY) if isinstance(doc.get("attributes"), dict) else None
+    if not isinstance(attrs, dict) or not isinstance(attrs.get("source"), dict) or attrs["source"].get("plan") != plan:
+        return None
+    return DatasetMeta.from_json(attrs, where=str(doc_path))
+
+
+def commit(
+    root: str | os.PathLike[str],
+    template: DatasetMeta,
+    segments: Sequence[Segment],
+    *,
+    base: DatasetMeta | None,
+    plan: str,
+    history: Mapping[str, Any],
+    keep_versions: int = DEFAULT_KEEP_VERSIONS,
+    durable: bool = True,
+) -> CommitReport:
+    """Write the base's records followed by every segment's as the next version of the dataset at ``root``.
+
+    Parameters
+    ----------
+    root
+        Dataset directory (created if needed).
+    template
+        Kind, payload, record, fields, records per shard, compression, field chunk, labels, transform,
+        extra and source of the dataset (the base's own metadata when there is a base).
+    segments
+        The records to append, in order.
+    base
+        The dataset's current metadata (``None`` for a new dataset). If the root document no longer
+        describes it, another commit came first and this one is refused.
+    plan
+        Identifies this commit: recorded as ``source.plan``, so running it again after it completed
+        only finishes its cleanup.
+    history
+        Provenance of this version (``operation``, sources, parts), appended to ``source.history``
+        with the version number and its record range.
+    keep_versions
+        Older versions kept openable; older ones are pruned after the commit.
+    durable
+        fsync every file before it is renamed into place.
+
+    Returns
+    -------
+    CommitReport
+    """
+    t0 = time.perf_counter()
+    root = Path(root)
+    done = _committed(root, plan)
+    if done is not None:
+        prune(root, keep_versions)
+        return CommitReport(done, version_of(done.to_json()), seconds=time.perf_counter() - t0, already_committed=True)
+    if base is not None:
+        current = _committed_version(root)
+        if current != version_of(base.to_json()):
+            raise ConversionError(
+                f"{root}: the dataset is at version {current}, but this commit was planned on version "
+                f"{version_of(base.to_json())}; another commit came first. Re-run the command to plan it again"
+            )
+    root.mkdir(parents=True, exist_ok=True)
+    job = _Commit(root, template, base, segments, plan, durable)
+    labels, remaps = merge_labels(template.labels, [seg.labels for seg in job.segments])
+    job.save_base_version()
+    report = {"in_place": 0, "linked": 0, "repacked": 0, "bytes_linked": 0, "bytes_repacked": 0}
+    shards = job.shards(report)
+    skipped = (list(base.skipped) if base else []) + [s for seg in job.segments for s in seg.skipped]
+    entry = {**history, "version": job.number, "records": [job.n_base, job.total]}
+    old_history = template.source.get("history", []) if base is not None else []
+    source = {**template.source, "version": job.number, "plan": plan, "history": [*old_history, entry]}
+    meta = template.with_(num_records=job.total, shards=shards, skipped=skipped, labels=labels, source=source,
+                          format_minor=FORMAT_MINOR, field_chunk=_field_chunk(template, base))
+    meta = meta.with_(field_chunk=meta.field_chunk_records)  # what a writer records: the chunk actually used
+    files = job.fields(remaps, meta.field_chunk_records)
+    files[f"{meta.payload}/{ZARR_JSON}"] = job.payload_doc(meta)
+    meta = meta.with_(files=dict(sorted(files.items(), key=lambda kv: _file_order(kv[0], meta))))
+    meta.check_layout(str(root / ZARR_JSON))
+    job.publish(meta)
+    job.drop_strays(len(shards))
+    prune(root, keep_versions)
+    result = CommitReport(
+        meta, job.number, records_added=job.total - job.n_base, shards_in_place=report["in_place"],
+        shards_linked=report["linked"], shards_repacked=report["repacked"], bytes_linked=report["bytes_linked"],
+        bytes_repacked=report["bytes_repacked"], retired=job.retired, seconds=time.perf_counter() - t0,
+    )
+    logger.info("%s: version %d committed (%d records added; shards: %d in place, %d linked, %d re-packed, %d bytes)",
+                root, job.number, result.records_added, result.shards_in_place, result.shards_linked,
+                result.shards_repacked, result.bytes_repacked)
+    return result
+
+
+def _field_chunk(template: DatasetMeta, base: DatasetMeta | None) -> int:
+    """Records per field chunk to aim for: the base's, unless it was only capped by its size.
+
+    A writer records the chunk it used, ``min(requested, N)``; when that is N the request is
+    unknown and the default is assumed, so a dataset grown by appends is chunked like one written
+    in one go.
+    """
+    if base is not None and base.field_chunk < base.num_records:
+        return base.field_chunk
+    return field_chunk_for(template.fields, DEFAULT_FIELD_CHUNK)
+
+
+def _committed_version(root: Path) -> int:
+    doc = read_json(root / ZARR_JSON)
+    attrs = doc.get("attributes", {}).get(ATTRS_KEY) if isinstance(doc.get("attributes"), dict) else None
+    return version_of(attrs) if isinstance(attrs, dict) else 0
+
+
+def _file_order(rel: str, meta: DatasetMeta) -> tuple[int, str, int]:
+    """The order a single writer lists ``files`` in: each field's chunks then its document, the payload document last."""
+    names = list(meta.fields)
+    head, _, rest = rel.partition("/")
+    if head == meta.payload:
+        return (len(names), head, 0)
+    if rest == ZARR_JSON:
+        return (names.index(head), head, 1 << 62)
+    return (names.index(head), head, int(rest.split("/")[1]))
