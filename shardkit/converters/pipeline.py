@@ -34,24 +34,41 @@ import queue
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from shardkit.converters.base import MAX_RECORDS_PER_INPUT, Converter, ScanResult, reason_category
+from shardkit.converters.base import MAX_RECORDS_PER_INPUT, Converter, Decoder, ScanResult, reason_category
 from shardkit.converters.decoding import Failed, Produced, Skipped, default_workers, outcomes
 from shardkit.converters.options import OptionNaming
 from shardkit.converters.registry import detect_kind, get_converter
 from shardkit.converters.staging import StagedWriter, Staging, input_cursor, split_cursor
-from shardkit.errors import ConversionError
+from shardkit.errors import ConfigError, ConversionError
 from shardkit.formats import DatasetMeta, get_codec
+from shardkit.formats.codecs import RecordCodec
+from shardkit.formats.commit import CommitReport
 from shardkit.formats.spec import DEFAULT_SHARD_BYTES, records_per_shard_for
+from shardkit.formats.versions import DEFAULT_KEEP_VERSIONS
 from shardkit.units import parse_bytes, parse_count
 
-__all__ = ["ConvertSummary", "ProgressFn", "convert", "run_converter"]
+__all__ = [
+    "ConvertSummary",
+    "NothingConverted",
+    "ProgressFn",
+    "RecordSink",
+    "Tally",
+    "convert",
+    "dataset_config",
+    "decode_into",
+    "dir_bytes",
+    "run_converter",
+    "shard_layout",
+    "strict_stop",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +104,13 @@ class ConvertSummary:
         Things worth knowing that are not skips (``{"capped": 3}``: COCO images over ``max_boxes``).
     already_complete
         The same dataset was already there; nothing was done.
+    version
+        The dataset's version after this run (2 after the first append, ...).
+    parts, parts_converted
+        A conversion in parts (an executor, a cluster, an append): how many parts the plan has, and
+        how many this run converted (the others were finished by an earlier, interrupted run).
+    commit
+        What the commit of a conversion in parts did (shards in place, linked, re-packed; time).
     """
 
     output: Path
@@ -98,13 +122,18 @@ class ConvertSummary:
     records_this_run: int = 0
     notes: Mapping[str, int] = field(default_factory=dict)
     already_complete: bool = False
+    version: int = 1
+    parts: int = 0
+    parts_converted: int = 0
+    commit: CommitReport | None = None
 
     @property
     def num_skipped(self) -> int:
         return int(sum(self.skipped.values()))
 
 
-def _dir_bytes(path: Path) -> int:
+def dir_bytes(path: Path) -> int:
+    """Bytes of every file under ``path`` (the summary's size)."""
     total = 0
     for dirpath, _, files in os.walk(path):
         for f in files:
@@ -115,15 +144,37 @@ def _dir_bytes(path: Path) -> int:
     return total
 
 
-class _NothingConverted(ConversionError):
+class NothingConverted(ConversionError):
     """Every input was skipped: an empty dataset would look complete, so none is written."""
 
+    @classmethod
+    def of(cls, conv: Converter, inputs: int, skips: Mapping[str, int], what: str = "Nothing was written") -> NothingConverted:
+        return cls(
+            f"{conv.src}: no input could be converted as kind {conv.name!r} ({inputs} inputs, skipped: "
+            + (", ".join(f"{k} {v}" for k, v in sorted(skips.items())) or "none")
+            + f"); is --kind right? {what}"
+        )
 
-def _strict_stop(path: str, reason: str) -> ConversionError:
+
+def strict_stop(path: str, reason: str) -> ConversionError:
     return ConversionError(
         f"{path}: {reason} (stopped by --strict; completed shards are kept: fix or remove the input, "
         "or re-run without --strict to skip it)"
     )
+
+
+class RecordSink(Protocol):
+    """Where the decode loop hands records and skips: the staged writer of a conversion, or a part's writer."""
+
+    @property
+    def records_per_shard(self) -> int: ...
+
+    @property
+    def records_written(self) -> int: ...
+
+    def write(self, batch: dict[str, np.ndarray], cursors: np.ndarray) -> None: ...
+
+    def skip(self, path: str, reason: str, cursor: int) -> None: ...
 
 
 class _BackgroundWriter:
@@ -198,7 +249,7 @@ class _BackgroundWriter:
 class _Batcher:
     """Gather records and hand them to the writer in batches, with their input cursors."""
 
-    def __init__(self, writer: _BackgroundWriter, names: list[str]) -> None:
+    def __init__(self, writer: RecordSink, names: list[str]) -> None:
         self.writer = writer
         self.names = names
         self.rows: list[dict[str, Any]] = []
@@ -222,51 +273,53 @@ class _Batcher:
 
 
 @dataclass
-class _Tally:
+class Tally:
     """What the decode loop counted: notes and skips by category."""
 
     notes: Counter[str] = field(default_factory=Counter)
     skips: Counter[str] = field(default_factory=Counter)
 
 
-def _decode_and_write(
-    conv: Converter,
-    scan: ScanResult,
-    sink: _BackgroundWriter,
+def decode_into(
+    decoder: Decoder,
+    items: Sequence[Any],
+    sink: RecordSink,
     start: int,
     *,
+    names: list[str],
+    chunk_size: int,
     workers: int,
     strict: bool,
     progress: ProgressFn | None,
-) -> _Tally:
-    """Decode the inputs from cursor ``start`` and hand their records and skips to ``sink``."""
-    items = scan.items
+    tally: Tally | None = None,
+) -> Tally:
+    """Decode ``items`` from cursor ``start`` and hand their records (fields ``names``) and skips to ``sink``.
+
+    The one decode loop of every conversion: a whole corpus here (:func:`run_converter`) or one part
+    of it on a worker (:mod:`shardkit.converters.parts`).
+    """
     n = len(items)
-    batcher = _Batcher(sink, [conv.payload, *conv.fields()])
-    tally = _Tally()
-    if start == 0:
-        for s in scan.skipped:
-            sink.skip(s.path, s.reason, 0)
-            tally.skips[reason_category(s.reason)] += 1
-    for outcome in outcomes(conv.decoder, items, split_cursor(start), workers, conv.chunk_size):
+    batcher = _Batcher(sink, names)
+    tally = tally if tally is not None else Tally()
+    for outcome in outcomes(decoder, items, split_cursor(start), workers, chunk_size):
         match outcome:
             case Produced(index=index, decoded=decoded):
                 for note in decoded.notes:
                     tally.notes[note.category] += 1
-                    logger.warning("%s: %s", conv.item_path(items[index]), note)
+                    logger.warning("%s: %s", decoder.item_path(items[index]), note)
                 done = decoded.next_start is None
                 last = decoded.start + len(decoded.records)
                 if last > MAX_RECORDS_PER_INPUT:
-                    raise ConversionError(f"{conv.item_path(items[index])}: gives more than {MAX_RECORDS_PER_INPUT} records")
+                    raise ConversionError(f"{decoder.item_path(items[index])}: gives more than {MAX_RECORDS_PER_INPUT} records")
                 for w, rec in enumerate(decoded.records, decoded.start):
                     after = input_cursor(index + 1) if done and w == last - 1 else input_cursor(index, w + 1)
                     batcher.add(rec, after)
                 if done and last == 0:
-                    sink.skip(conv.item_path(items[index]), "empty: no records", input_cursor(index))
+                    sink.skip(decoder.item_path(items[index]), "empty: no records", input_cursor(index))
             case Skipped(index=index, path=path, reason=reason):
                 if strict:
                     batcher.flush()
-                    raise _strict_stop(path, reason)
+                    raise strict_stop(path, reason)
                 logger.info("skipped %s: %s", path, reason)
                 tally.skips[reason_category(reason)] += 1
                 # The writer files a skip with the first shard whose cursor range covers it.
@@ -280,10 +333,9 @@ def _decode_and_write(
     return tally
 
 
-def _dataset_config(conv: Converter, scan: ScanResult, records_per_shard: int, shard_bytes: int | None,
-                    compression: str | None) -> dict[str, Any]:
+def dataset_config(conv: Converter, scan: ScanResult, records_per_shard: int, shard_bytes: int | None,
+                   codec: RecordCodec | None) -> dict[str, Any]:
     """Every parameter that shapes the output (the staging config and the dataset's fingerprint)."""
-    codec = get_codec(compression)
     return {
         "config": {"converter": conv.config(), "inputs": conv.inputs_fingerprint(scan), "shard_bytes": shard_bytes},
         "kind": conv.name,
@@ -293,6 +345,18 @@ def _dataset_config(conv: Converter, scan: ScanResult, records_per_shard: int, s
         "records_per_shard": records_per_shard,
         "compression": None if codec is None else codec.to_json(),
     }
+
+
+def shard_layout(conv: Converter, inputs: int, shard_bytes: int, records_per_shard: int | None) -> tuple[int, int | None]:
+    """``(records per shard, the shard size that chose it)``; the size is ``None`` when the count was given
+    or came from the corpus size (then it is what the config records)."""
+    if records_per_shard is None and conv.one_record_per_input and inputs:
+        # A corpus smaller than a shard gets a shard (and a shard index, which has one entry per
+        # slot) of its own size instead of a mostly empty one.
+        full = records_per_shard_for(conv.record_spec().nbytes, shard_bytes)
+        records_per_shard = min(full, inputs) if inputs < full else None
+    rps = records_per_shard or records_per_shard_for(conv.record_spec().nbytes, shard_bytes)
+    return rps, None if records_per_shard else int(shard_bytes)
 
 
 def run_converter(
@@ -314,22 +378,17 @@ def run_converter(
     scan = conv.scan()
     n = len(scan.items)
     if strict and scan.skipped:
-        raise _strict_stop(scan.skipped[0].path, scan.skipped[0].reason)
+        raise strict_stop(scan.skipped[0].path, scan.skipped[0].reason)
     spec = conv.record_spec()
-    if records_per_shard is None and conv.one_record_per_input and n:
-        # A corpus smaller than a shard gets a shard (and a shard index, which has one entry per
-        # slot) of its own size instead of a mostly empty one.
-        full = records_per_shard_for(spec.nbytes, shard_bytes)
-        records_per_shard = min(full, n) if n < full else None
-    rps = records_per_shard or records_per_shard_for(spec.nbytes, shard_bytes)
-    config = _dataset_config(conv, scan, rps, None if records_per_shard else int(shard_bytes), compression)
+    rps, size = shard_layout(conv, n, shard_bytes, records_per_shard)
+    config = dataset_config(conv, scan, rps, size, get_codec(compression))
     staging = Staging(out, config, conv.payload, conv.fields())
     if not overwrite and (done := staging.finished()) is not None:
         logger.info("%s: already converted with the same parameters", out)
         return ConvertSummary(
             output=out, kind=done.kind, records=done.num_records,
             skipped=dict(Counter(reason_category(s.reason) for s in done.skipped)),
-            bytes=_dir_bytes(out), seconds=time.perf_counter() - t0, already_complete=True,
+            bytes=dir_bytes(out), seconds=time.perf_counter() - t0, already_complete=True,
         )
     resumed = staging.begin(overwrite=overwrite)
     sink = _BackgroundWriter(staging.writer(
@@ -342,15 +401,17 @@ def run_converter(
     if progress is not None:
         progress(split_cursor(start)[0], n, resumed_records)
     try:
-        tally = _decode_and_write(conv, scan, sink, start, workers=workers, strict=strict, progress=progress)
+        tally = Tally()
+        if start == 0:
+            for s in scan.skipped:
+                sink.skip(s.path, s.reason, 0)
+                tally.skips[reason_category(s.reason)] += 1
+        decode_into(conv.decoder, scan.items, sink, start, names=[conv.payload, *conv.fields()],
+                    chunk_size=conv.chunk_size, workers=workers, strict=strict, progress=progress, tally=tally)
         if sink.records_written == 0:
-            raise _NothingConverted(
-                f"{conv.src}: no input could be converted as kind {conv.name!r} ({n} inputs, skipped: "
-                + (", ".join(f"{k} {v}" for k, v in sorted(tally.skips.items())) or "none")
-                + "); is --kind right? Nothing was written"
-            )
+            raise NothingConverted.of(conv, n, tally.skips)
         meta = sink.close()
-    except _NothingConverted:
+    except NothingConverted:
         sink.abort()
         staging.discard()
         raise
@@ -360,7 +421,7 @@ def run_converter(
     skipped = Counter(reason_category(s.reason) for s in meta.skipped)
     summary = ConvertSummary(
         output=out, kind=meta.kind, records=meta.num_records, skipped=dict(sorted(skipped.items())),
-        bytes=_dir_bytes(out), seconds=time.perf_counter() - t0,
+        bytes=dir_bytes(out), seconds=time.perf_counter() - t0,
         records_this_run=meta.num_records - resumed_records, notes=dict(sorted(tally.notes.items())),
     )
     logger.info("%s: %d records, %d skipped, %.1f s", out, summary.records, summary.num_skipped, summary.seconds)
@@ -385,6 +446,11 @@ def convert(
     records_per_shard: int | str | None = None,
     progress: ProgressFn | None = None,
     naming: OptionNaming = "python",
+    executor: Executor | None = None,
+    scheduler: str | None = None,
+    append: bool = False,
+    part_size: int | str | None = None,
+    keep_versions: int | str = DEFAULT_KEEP_VERSIONS,
     **options: Any,
 ) -> ConvertSummary:
     """Convert the corpus at ``src`` into a shardkit dataset at ``out``.
@@ -418,6 +484,24 @@ def convert(
         Called as ``progress(inputs_done, inputs_total, records)`` after every input.
     naming
         How errors name options: ``"python"`` (``sample_rate``) or ``"cli"`` (``--sample-rate``).
+    executor
+        Any ``concurrent.futures.Executor`` (a process pool, ``dask.distributed.Client(...).get_executor()``):
+        the corpus is converted in parts on it, each written straight to ``out``, then committed
+        (:mod:`shardkit.converters.partrun`). The result is the same records, fields, labels and
+        skips as without it. Its workers must see ``src`` and ``out`` at the same paths. Default:
+        one conversion with ``workers`` local decode processes.
+    scheduler
+        Address of a Dask scheduler (``tcp://host:8786``): the parts run on that cluster (needs
+        ``pip install "shardkit[dask]"``).
+    append
+        Add the corpus's records after those of the dataset at ``out`` (same kind, record, fields and
+        transform, or it is refused naming the difference and nothing changes), as its next
+        version; new class names extend the label list. A reader that opened the dataset before
+        keeps reading the version it opened.
+    part_size
+        Inputs per part of a conversion in parts (default: about 64 parts, at most 16 shards each).
+    keep_versions
+        Older versions a commit keeps openable (their replaced files); older ones are deleted.
     **options
         Kind options, each parsed by the kind's option schema (``shardkit convert --help`` lists
         them): ``split``; images: ``size`` (``224`` or ``"HxW"``), ``resize``, ``crop``,
@@ -434,8 +518,29 @@ def convert(
         records_per_shard, what=_label("records_per_shard", naming), minimum=1
     )
     n_workers = None if workers is None else parse_count(workers, what=_label("workers", naming), minimum=1)
+    n_part = None if part_size is None else parse_count(part_size, what=_label("part_size", naming), minimum=1)
+    keep = parse_count(keep_versions, what=_label("keep_versions", naming))
     kind = kind or detect_kind(Path(src))
     conv = get_converter(kind)(Path(src), naming=naming, **options)
+    if executor is not None or scheduler is not None or append:
+        # partrun builds on this module (the decode loop, the summary): imported here, not at the top.
+        from shardkit.converters.executors import dask_executor
+        from shardkit.converters.partrun import convert_in_parts
+
+        def in_parts(ex: Executor | None) -> ConvertSummary:
+            return convert_in_parts(
+                conv, out, executor=ex, append=append, part_size=n_part,
+                workers=default_workers() if n_workers is None else n_workers, strict=strict, overwrite=overwrite,
+                compression=compression, shard_bytes=nbytes, records_per_shard=rps, progress=progress,
+                keep_versions=keep, naming=naming,
+            )
+
+        if scheduler is not None:
+            if executor is not None:
+                raise ConfigError(f"{_label('scheduler', naming)} and {_label('executor', naming)}: give one of them")
+            with dask_executor(scheduler, naming=naming) as dask:
+                return in_parts(dask)
+        return in_parts(executor)
     return run_converter(
         conv, out, workers=n_workers, strict=strict, overwrite=overwrite, compression=compression,
         shard_bytes=nbytes, records_per_shard=rps, progress=progress,

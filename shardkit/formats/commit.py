@@ -573,7 +573,7 @@ def commit(
     shards = job.shards(report)
     skipped = (list(base.skipped) if base else []) + [s for seg in job.segments for s in seg.skipped]
     entry = {**history, "version": job.number, "records": [job.n_base, job.total]}
-    old_history = template.source.get("history", []) if base is not None else []
+    old_history = _history_of(base) if base is not None else []
     source = {**template.source, "version": job.number, "plan": plan, "history": [*old_history, entry]}
     meta = template.with_(num_records=job.total, shards=shards, skipped=skipped, labels=labels, source=source,
                           format_minor=FORMAT_MINOR, field_chunk=_field_chunk(template, base))
@@ -594,6 +594,18 @@ def commit(
                 root, job.number, result.records_added, result.shards_in_place, result.shards_linked,
                 result.shards_repacked, result.bytes_repacked)
     return result
+
+
+def _history_of(base: DatasetMeta) -> list[Any]:
+    """The base's ``source.history``; for a dataset written in one go, one entry describing it."""
+    history = base.source.get("history")
+    if isinstance(history, list):
+        return history
+    source = {k: v for k, v in base.source.items() if k not in ("version", "plan", "history")}
+    entry = {"operation": "convert", "source": source, "version": version_of(base.to_json()), "records": [0, base.num_records]}
+    if "config_fingerprint" in source:
+        entry["config_fingerprint"] = source["config_fingerprint"]
+    return [entry]
 
 
 def _field_chunk(template: DatasetMeta, base: DatasetMeta | None) -> int:

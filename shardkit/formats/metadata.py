@@ -484,7 +484,8 @@ def read_dataset_meta(root: Path, document: str = ZARR_JSON) -> DatasetMeta:
         raise DatasetNotFoundError(f"{doc_path}: this version of the dataset is not kept (see `shardkit info {root}`)")
     if not doc_path.exists():
         # A conversion's staging area, an array document or chunks of an array: a write was cut short.
-        if (root / ".shardkit-staging").exists() or any(root.glob(f"*/{ZARR_JSON}")) or any(root.glob("*/c")):
+        if any((root / d).exists() for d in (".shardkit-staging", ".shardkit-parts")) or any(root.glob(f"*/{ZARR_JSON}")) \
+                or any(root.glob("*/c")):
             raise IncompleteDatasetError(
                 f"{root}: incomplete dataset (no {ZARR_JSON} group metadata; a conversion was "
                 "interrupted — re-run it to resume)"
