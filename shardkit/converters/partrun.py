@@ -66,7 +66,7 @@ from shardkit.formats.commit import Segment, commit
 from shardkit.formats.metadata import DEFAULT_FIELD_CHUNK, read_dataset_meta, write_json_atomic
 from shardkit.formats.outputs import PARTS_DIR, STAGING_DIR, clear_output
 from shardkit.formats.spec import ZARR_JSON, SkippedInput
-from shardkit.formats.versions import DEFAULT_KEEP_VERSIONS, VERSIONS_DIR, version_of
+from shardkit.formats.versions import DEFAULT_KEEP_VERSIONS, VERSIONS_DIR, prune, version_of
 
 __all__ = ["convert_in_parts", "check_appendable"]
 
@@ -185,7 +185,8 @@ def _claim(plan: _Plan, *, overwrite: bool) -> bool:
             raise ConversionError(f"{out}: an interrupted conversion (one process, {STAGING_DIR}) is here; re-run it "
                                   "the same way to resume it, or use --overwrite to start fresh")
         if out.exists():
-            ours = {PARTS_DIR, plan.conv.payload, VERSIONS_DIR}
+            # What this conversion writes before its root document (a commit cut short leaves them).
+            ours = {PARTS_DIR, VERSIONS_DIR, plan.conv.payload, *plan.conv.fields(), f"{ZARR_JSON}.partial"}
             foreign = sorted(e.name for e in out.iterdir() if e.name not in ours)
             if foreign:
                 raise ConversionError(f"{out}: output directory is not empty and is not a shardkit dataset (found "
@@ -252,16 +253,24 @@ class _Runner:
         return total
 
     def resume(self) -> None:
-        """Parts a previous run finished (their manifests, checked)."""
+        """Parts a previous run finished (their manifests, checked; offsets are checked by :meth:`misplaced`)."""
         ndim = 1 + len(self.plan.conv.record_spec().shape)
         for p, rng in enumerate(self.plan.ranges):
             m = read_manifest(self.plan.out, self.plan.id, p, rng, self.plan.records_per_shard, self.plan.conv.payload, ndim)
-            if m is not None and m.offset == self.offset(p):
+            if m is not None:
                 self.finished(p, m)
-            elif m is not None:
-                break  # an earlier part changed size: this one and the rest must be written again
         if self.done:
             logger.info("%s: %d of %d parts already converted", self.plan.out, len(self.done), len(self.plan.ranges))
+
+    def misplaced(self) -> list[int]:
+        """Finished parts written at an offset that is not theirs, once every count is known (a part
+        converted again gave another count: decoding changed under a resumed plan). They are redone."""
+        wrong = [p for p, m in self.done.items() if self.offset(p) not in (None, m.offset)]
+        for p in wrong:
+            logger.warning("%s: part %d was written at record %d, its place is %s: converting it again",
+                           self.plan.out, p, self.done[p].offset, self.offset(p))
+            del self.done[p]
+        return wrong
 
     def finished(self, part: int, manifest: PartManifest) -> None:
         self.done[part] = manifest
@@ -327,7 +336,7 @@ class _Runner:
         window = slots(self.executor)
         failures: dict[int, BaseException] = {}
         try:
-            while len(self.done) < len(self.plan.ranges):
+            while len(self.done) < len(self.plan.ranges) or (not failures and self.misplaced()):
                 while not failures and len(self.running) < window and (task := self.next_task()) is not None:
                     self.submit(*task)
                 if not self.running:
@@ -413,6 +422,9 @@ def convert_in_parts(
                       codec=codec, part_size=part_size)
     if not overwrite and (done := _already_done(plan)) is not None:
         logger.info("%s: already holds this %s", out, plan.operation)
+        committed = done.source.get("plan")
+        if isinstance(committed, str) and committed.isalnum():  # a run killed after its commit, before its cleanup
+            _cleanup(out, committed, keep_versions)
         return ConvertSummary(output=out, kind=done.kind, records=done.num_records,
                               skipped=dict(Counter(reason_category(s.reason) for s in done.skipped)),
                               bytes=dir_bytes(out), seconds=time.perf_counter() - t0, already_complete=True,
@@ -439,9 +451,7 @@ def convert_in_parts(
                "inputs": len(scan.items), "parts": [[*plan.ranges[p], manifests[p].records] for p in sorted(manifests)]}
     report = commit(out, _template(plan), segments, base=base, plan=plan.id, history=history,
                     keep_versions=keep_versions)
-    shutil.rmtree(plan.dir, ignore_errors=True)
-    if (out / PARTS_DIR).is_dir() and not any((out / PARTS_DIR).iterdir()):
-        (out / PARTS_DIR).rmdir()
+    _cleanup(out, plan.id, keep_versions)
     meta = report.meta
     skipped = tally if append else Counter(reason_category(s.reason) for s in meta.skipped)
     summary = ConvertSummary(
@@ -454,6 +464,16 @@ def convert_in_parts(
     logger.info("%s: version %d, %d records (%d parts, %d converted now), %.1f s", out, report.version,
                 summary.records, summary.parts, runner.converted, summary.seconds)
     return summary
+
+
+def _cleanup(out: Path, plan_id: str, keep_versions: int) -> None:
+    """After the commit of ``plan_id``: its plan directory goes (the parts are in the dataset now), and
+    old versions are pruned."""
+    shutil.rmtree(out / PARTS_DIR / plan_id, ignore_errors=True)
+    parts = out / PARTS_DIR
+    if parts.is_dir() and not any(parts.iterdir()):
+        parts.rmdir()
+    prune(out, keep_versions)
 
 
 def _segments(plan: _Plan, manifests: dict[int, PartManifest]) -> list[Segment]:

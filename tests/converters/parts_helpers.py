@@ -1,0 +1,62 @@
+"""Helpers shared by the tests of conversions in parts, appends and merges."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from shardkit.formats import open_dataset
+from shardkit.formats.spec import SkippedInput
+
+REPO = Path(__file__).resolve().parents[2]
+DATASETS = REPO / "datasets"
+
+
+def assert_same_records(a: Path, b: Path, *, roots: Sequence[Path] = ()) -> None:
+    """``a`` and ``b`` hold the same records: every payload shard file byte for byte, every field, the
+    label names and the skip list (paths under any of ``roots``, the corpora, compared relative to it)."""
+    with open_dataset(a) as x, open_dataset(b) as y:
+        assert x.num_records == y.num_records
+        assert [(s.start, s.stop, s.nbytes, s.crc32c, s.data_crc32c, s.index_crc32c) for s in x.meta.shards] == \
+               [(s.start, s.stop, s.nbytes, s.crc32c, s.data_crc32c, s.index_crc32c) for s in y.meta.shards]
+        for i in range(len(x.meta.shards)):
+            assert x.payload.shard_path(i).read_bytes() == y.payload.shard_path(i).read_bytes(), f"shard {i}"
+        assert x.meta.labels == y.meta.labels
+        assert set(x.fields) == set(y.fields)
+        for name in x.fields:
+            np.testing.assert_array_equal(x.fields[name], y.fields[name], err_msg=name)
+        assert x.meta.files == y.meta.files  # field chunks and array documents, byte for byte
+        assert _skips(x.meta.skipped, roots) == _skips(y.meta.skipped, roots)
+
+
+def _skips(skipped: Sequence[SkippedInput], roots: Sequence[Path]) -> list[tuple[str, str]]:
+    out = []
+    for s in skipped:
+        path, reason = s.path, s.reason
+        for root in roots:
+            if path.startswith(f"{root}/"):
+                path, reason = path[len(str(root)) + 1 :], reason.replace(f"{root}/", "")
+                break
+        out.append((path, reason))
+    return out
+
+
+def tree_digest(path: Path) -> dict[str, str]:
+    """Every file under ``path`` and its sha256 (what "nothing on disk changed" compares)."""
+    return {p.relative_to(path).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def class_corpus(root: Path, classes: list[str], *, bad: dict[str, str] | None = None) -> Path:
+    """A copy of the named classes of ``datasets/imagefolder/train``, plus bad files ``{class/name: text}``."""
+    train = DATASETS / "imagefolder" / "train"
+    for c in classes:
+        shutil.copytree(train / c, root / c)
+    for rel, text in (bad or {}).items():
+        if (root / rel).parent.is_dir():
+            (root / rel).write_text(text)
+    return root
