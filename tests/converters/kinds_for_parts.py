@@ -34,12 +34,20 @@ class SlowDecoder(ImageFolderDecoder):
 class SlowImages(ImageFolderConverter):
     name = "slowimages"
 
+    @classmethod
+    def detect(cls, src: Path) -> bool:
+        return False  # only with --kind: registered kinds must not make other corpora ambiguous
+
     def make_decoder(self) -> ImageFolderDecoder:
         return SlowDecoder(self.base, self.image)
 
 
 class VanishingImages(ImageFolderConverter):
     name = "vanishingimages"
+
+    @classmethod
+    def detect(cls, src: Path) -> bool:
+        return False
 
     def scan(self) -> ScanResult:
         result = super().scan()
