@@ -430,7 +430,8 @@ def convert_in_parts(
                               bytes=dir_bytes(out), seconds=time.perf_counter() - t0, already_complete=True,
                               version=version_of(done.to_json()), parts=len(plan.ranges))
     created = _claim(plan, overwrite=overwrite)
-    runner = _Runner(plan, executor or InlineExecutor(), workers=workers, strict=strict, progress=progress)
+    executor = executor or InlineExecutor()
+    runner = _Runner(plan, executor, workers=workers, strict=strict, progress=progress)
     manifests = runner.run()
     new_records = sum(m.records for m in manifests.values())
     tally: Counter[str] = Counter(reason_category(s.reason) for s in scan.skipped)
@@ -450,7 +451,7 @@ def convert_in_parts(
     history = {"operation": plan.operation, "config_fingerprint": plan.fingerprint, "source": conv.source(),
                "inputs": len(scan.items), "parts": [[*plan.ranges[p], manifests[p].records] for p in sorted(manifests)]}
     report = commit(out, _template(plan), segments, base=base, plan=plan.id, history=history,
-                    keep_versions=keep_versions)
+                    keep_versions=keep_versions, executor=None if is_inline(executor) else executor)
     _cleanup(out, plan.id, keep_versions)
     meta = report.meta
     skipped = tally if append else Counter(reason_category(s.reason) for s in meta.skipped)

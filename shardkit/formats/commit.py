@@ -41,6 +41,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,7 @@ import numpy as np
 from shardkit.errors import ChecksumError, ConversionError, SchemaError, TruncatedShardError
 from shardkit.formats.atomic import fsync_dir, write_bytes_atomic
 from shardkit.formats.checksums import FileDigest
-from shardkit.formats.codecs import RecordCodec, codec_from_json, get_codec
+from shardkit.formats.codecs import codec_from_json, get_codec
 from shardkit.formats.fields import read_field_array, write_field_array
 from shardkit.formats.index import ShardIndex, crc32c_of
 from shardkit.formats.metadata import DEFAULT_FIELD_CHUNK, DatasetMeta, encode_json, group_metadata, read_json, write_json_atomic
@@ -343,6 +344,31 @@ def _stored_records(shard: StoredShard, first: int, count: int, record: FieldSpe
     return blob, sizes.tolist()
 
 
+def build_shard(root: Path, key: str, pieces: Sequence[tuple[StoredShard, int, int]], capacity: int, record: FieldSpec,
+                compression: dict[str, Any] | None, durable: bool, start: int, stop: int) -> ShardInfo:
+    """Re-pack one shard (records ``start .. stop - 1``) from its pieces into ``root / key``.
+
+    A task of its own (module level, small arguments), so a commit can run it on any executor.
+    """
+    codec = None if compression is None else codec_from_json(compression)
+    writer = ShardWriter(resolve_inside(root, key, "payload shard"), capacity, record, codec, durable=durable)
+    try:
+        for shard, first, count in pieces:
+            data, sizes = _stored_records(shard, first, count, record, codec is not None)
+            writer.append_stored(data, sizes)
+        sums = writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    return ShardInfo(key, start, stop, sums.nbytes, sums.crc32c, sums.data_crc32c, sums.index_crc32c)
+
+
+def _done(value: ShardInfo) -> Future[ShardInfo]:
+    future: Future[ShardInfo] = Future()
+    future.set_result(value)
+    return future
+
+
 class _Commit:
     """One commit in progress (see :func:`commit`); each method is one idempotent step."""
 
@@ -355,7 +381,6 @@ class _Commit:
         self.durable = durable
         self.template = template
         self.s = template.records_per_shard
-        self.codec: RecordCodec | None = None if template.compression is None else codec_from_json(template.compression)
         self.n_base = base.num_records if base else 0
         self.total = self.n_base + sum(seg.records for seg in self.segments)
         self.number = (version_of(base.to_json()) + 1) if base else 1
@@ -387,19 +412,39 @@ class _Commit:
         if not path.exists():
             write_bytes_atomic(path, (self.root / ZARR_JSON).read_bytes(), durable=self.durable)
 
-    def shards(self, report: dict[str, int]) -> list[ShardInfo]:
-        """Every new global shard in place (built, linked or already there); returns the shard list."""
+    def shards(self, report: dict[str, int], executor: Executor | None) -> list[ShardInfo]:
+        """Every new global shard in place (built, linked or already there); returns the shard list.
+
+        Shards to re-pack are independent of each other: with an ``executor`` they are built by its
+        workers (each reads its pieces and writes its shard straight to the dataset), so the commit
+        of a cluster conversion does not funnel every boundary through this machine.
+        """
         base = self.base
         ndim = 1 + len(self.template.record.shape)
         payload = self.template.payload
         base_last = None
-        keep: list[ShardInfo] = []
+        out: list[ShardInfo] = []
         if base is not None:
-            keep = list(base.shards[: self.n_base // self.s])
+            out = list(base.shards[: self.n_base // self.s])
             if self.n_base % self.s:
                 base_last = StoredShard.of(self.root, base.shards[-1], self.s)
         recipes = plan_shards(self.n_base, base_last, self.segments, self.s, self.root, payload, ndim)
-        out = keep
+        builds: dict[int, Future[ShardInfo]] = {}
+        for recipe in recipes:
+            key = chunk_key(payload, recipe.index, ndim)
+            if recipe.in_place or recipe.link:
+                continue
+            pieces = recipe.pieces
+            if base_last is not None and pieces and pieces[0][0] is base_last and base is not None:
+                # The base's last shard is retired first and its records read back from the retired copy,
+                # which holds them whether this run or an interrupted earlier one replaced the file.
+                info = base.shards[-1]
+                self.retire(info.path, info.nbytes, info.crc32c, check_crc=False)
+                kept = StoredShard.of(self.root, info, self.s, key=retired_key(info.path, info.nbytes, info.crc32c))
+                pieces = ((kept, *pieces[0][1:]), *pieces[1:])
+            args = (self.root, key, pieces, self.s, self.template.record, self.template.compression, self.durable,
+                    recipe.start, recipe.stop)
+            builds[recipe.index] = executor.submit(build_shard, *args) if executor is not None else _done(build_shard(*args))
         for recipe in recipes:
             key = chunk_key(payload, recipe.index, ndim)
             if recipe.in_place:
@@ -414,36 +459,11 @@ class _Commit:
                 report["linked"] += 1
                 report["bytes_linked"] += src.nbytes
             else:
-                info = self.build(recipe, key, base_last)
+                info = builds[recipe.index].result()
                 out.append(info)
                 report["repacked"] += 1
                 report["bytes_repacked"] += info.nbytes
         return out
-
-    def build(self, recipe: ShardRecipe, key: str, base_last: StoredShard | None) -> ShardInfo:
-        """Re-pack one shard from its pieces.
-
-        The base's last shard is retired first and its records read back from the retired copy, which
-        holds them whether this run or an interrupted earlier one replaced the file.
-        """
-        if base_last is not None and recipe.pieces and recipe.pieces[0][0] is base_last and self.base is not None:
-            info = self.base.shards[-1]
-            self.retire(info.path, info.nbytes, info.crc32c, check_crc=False)
-            kept = StoredShard.of(self.root, info, self.s, key=retired_key(info.path, info.nbytes, info.crc32c))
-            pieces = ((kept, *recipe.pieces[0][1:]), *recipe.pieces[1:])
-        else:
-            pieces = recipe.pieces
-        writer = ShardWriter(resolve_inside(self.root, key, "payload shard"), self.s, self.template.record, self.codec,
-                             durable=self.durable)
-        try:
-            for shard, first, count in pieces:
-                data, sizes = _stored_records(shard, first, count, self.template.record, self.codec is not None)
-                writer.append_stored(data, sizes)
-            sums = writer.close()
-        except BaseException:
-            writer.abort()
-            raise
-        return ShardInfo(key, recipe.start, recipe.stop, sums.nbytes, sums.crc32c, sums.data_crc32c, sums.index_crc32c)
 
     def fields(self, remaps: list[dict[str, np.ndarray]], chunk: int) -> dict[str, FileDigest]:
         """Every field array from its first chunk that changes; returns the digests of all its files."""
@@ -522,6 +542,7 @@ def commit(
     history: Mapping[str, Any],
     keep_versions: int = DEFAULT_KEEP_VERSIONS,
     durable: bool = True,
+    executor: Executor | None = None,
 ) -> CommitReport:
     """Write the base's records followed by every segment's as the next version of the dataset at ``root``.
 
@@ -547,6 +568,9 @@ def commit(
         Older versions kept openable; older ones are pruned after the commit.
     durable
         fsync every file before it is renamed into place.
+    executor
+        Re-pack the shards that need it as tasks of this executor (its workers must see ``root`` and
+        the segments' files); in this process when ``None``.
 
     Returns
     -------
@@ -570,7 +594,7 @@ def commit(
     labels, remaps = merge_labels(template.labels, [seg.labels for seg in job.segments])
     job.save_base_version()
     report = {"in_place": 0, "linked": 0, "repacked": 0, "bytes_linked": 0, "bytes_repacked": 0}
-    shards = job.shards(report)
+    shards = job.shards(report, executor)
     skipped = (list(base.skipped) if base else []) + [s for seg in job.segments for s in seg.skipped]
     entry = {**history, "version": job.number, "records": [job.n_base, job.total]}
     old_history = _history_of(base) if base is not None else []
