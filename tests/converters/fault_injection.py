@@ -111,6 +111,19 @@ def install_hooks(out: Path, kill_at: int | None, count_file: Path | None) -> No
     io.open = py_open
 
 
+def inject(spec: dict[str, Any], timeout: float = 3000) -> dict[str, Any]:
+    """Run this module on ``spec`` in a fresh interpreter (see the module docstring) and return its report."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-m", "tests.converters.fault_injection", json.dumps(spec)],
+                          cwd=repo, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": str(repo)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result: dict[str, Any] = json.loads(proc.stdout)
+    return result
+
+
 def digest(out: Path) -> dict[str, str]:
     """Every entry under ``out``: relative path -> sha256 of a file's bytes, or ``"dir"``."""
     result: dict[str, str] = {}

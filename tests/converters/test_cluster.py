@@ -11,7 +11,6 @@ the corpus says which worker and which path.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -24,6 +23,7 @@ import shardkit
 from shardkit.converters import register
 from shardkit.errors import WorkerError
 from shardkit.formats import verify
+from tests.converters.fault_injection import inject
 from tests.converters.kinds_for_parts import SlowImages, VanishingImages
 from tests.converters.parts_helpers import DATASETS, REPO, assert_same_records, class_corpus
 
@@ -119,10 +119,7 @@ def test_client_killed_at_every_step_resumes_without_redoing_parts(cluster: Dask
     src = class_corpus(tmp_path / "corpus", ["landscape", "object"], bad={"object/zero.jpg": ""})
     spec = {"src": str(src), "out": str(tmp_path / "out"),
             "kwargs": {"size": 16, "records_per_shard": 3, "part_size": 5, "scheduler": cluster.address}, "every": 2}
-    proc = subprocess.run([sys.executable, "-m", "tests.converters.fault_injection", json.dumps(spec)], cwd=REPO,
-                          capture_output=True, text=True, timeout=3000, env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(proc.stdout)
+    report = inject(spec)
     # The client's own steps: claiming the plan directory, then every step of the commit and its cleanup.
     assert report["reference"] == "ok" and report["steps"] >= 25 and report["parts"] == 3, report
     for r in report["runs"]:

@@ -23,8 +23,9 @@ from shardkit.errors import ConversionError, InsecurePathError, MissingExtraErro
 from shardkit.formats import open_dataset, verify
 from shardkit.readers import TieredSampler
 from tests.converters.corpora import make_imagefolder
+from tests.converters.fault_injection import inject
 from tests.converters.kinds_for_parts import Keyed, keyed_corpus
-from tests.converters.parts_helpers import DATASETS, REPO, assert_same_records, class_corpus, tree_digest
+from tests.converters.parts_helpers import DATASETS, assert_same_records, class_corpus, tree_digest
 from tests.order_stats import ALPHA, item_position_pvalue
 from tests.readers.conftest import check_batch, epochs_of
 
@@ -84,14 +85,6 @@ def test_plan_is_a_function_of_the_corpus_and_options_only() -> None:
         PartPlan(10, 0)
 
 
-def _inject(spec: dict) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "tests.converters.fault_injection", json.dumps(spec)],
-                          cwd=REPO, capture_output=True, text=True, timeout=3000,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout)
-
-
 def _assert_resumes_without_redoing_parts(report: dict, min_steps: int) -> None:
     assert report["reference"] == "ok" and report["steps"] >= min_steps, report
     for r in report["runs"]:
@@ -107,7 +100,7 @@ def test_killed_at_every_step_of_parts_and_commit_resumes(tmp_path: Path) -> Non
     # Inline: the killed process converts the parts itself, so the kill lands at every step of every
     # part (pieces, whole shards moved into place, field values, manifest) and of the commit.
     src = class_corpus(tmp_path / "corpus", ["landscape", "object"], bad={"object/zero.jpg": ""})
-    report = _inject({"src": str(src), "out": str(tmp_path / "out"), "executor": "inline",
+    report = inject({"src": str(src), "out": str(tmp_path / "out"), "executor": "inline",
                       "kwargs": {"size": 16, "records_per_shard": 3, "part_size": 5, "workers": 1}})
     _assert_resumes_without_redoing_parts(report, min_steps=60)
     assert report["parts"] == 3 and any(r["parts_done_before"] == 3 for r in report["runs"])
@@ -119,7 +112,7 @@ def test_append_killed_at_every_step_resumes(tmp_path: Path) -> None:
     base = tmp_path / "base"
     shardkit.convert(class_corpus(tmp_path / "c1", ["landscape"]), base, size=16, records_per_shard=3, workers=1)
     src = class_corpus(tmp_path / "c2", ["object"], bad={"object/text.jpg": "x"})
-    report = _inject({"src": str(src), "out": str(tmp_path / "out"), "executor": "inline", "base": str(base),
+    report = inject({"src": str(src), "out": str(tmp_path / "out"), "executor": "inline", "base": str(base),
                       "kwargs": {"size": 16, "part_size": 4, "workers": 1, "append": True}, "every": 2})
     _assert_resumes_without_redoing_parts(report, min_steps=40)
 
