@@ -6,6 +6,8 @@ One command (peers come from the optional ``bench`` extra, torch from the ``torc
     pip install -e '.[bench]' && python benchmarks/compare.py
 
 ``--small`` is a quick development run (300 JPEGs, 100 order epochs; results are not written).
+``--orders-only`` runs only the repeated-epoch order runs (no JPEG corpus, no timing: an order does not
+depend on the machine's load; about 5 minutes) and prints the ``shardkit order-test`` table of them.
 The full run takes about 10-15 minutes on a 2-core VM, most of it building the corpus the first time
 (cached in ``benchmarks/_data/compare/``, gitignored).
 
@@ -37,6 +39,9 @@ What it does
    keep its ratio to N: 7 shards, WebDataset buffer 1000 * 200/3000 = 67 (initial 7), RAM/SSD blocks
    of the same fraction of N. MosaicML's default shuffle block (262,144 samples) exceeds both corpora
    and is left at its default; a second MosaicML row scales the block to its ImageNet-1k ratio.
+   The keys each loader emitted in those epochs are saved as ``benchmarks/_data/orders/<loader>.npy``
+   (``[epochs, 200]`` int64, with ``labels.npy`` and ``meta.json``), for ``shardkit order-test`` and
+   ``benchmarks/order_table.py``, which runs the whole battery on them and prints a Markdown table.
 4. Writes the table and notes to ``benchmarks/RESULTS.md`` (section "Head-to-head") and the chart
    to ``benchmarks/compare.png``; the raw numbers go to ``benchmarks/_data/compare/compare.json``.
 """
@@ -89,6 +94,16 @@ ALPHA = 1e-3
 MDS_IMAGENET_RATIO = (1 << 18) / 1_281_167
 #: Storage block (keys) of the adjacent-pairs test on the N = 200 corpus.
 PAIR_BLOCK = 10
+#: What each order run is, as ``benchmarks/order_table.py`` names it (its keys are saved as <key>.npy).
+ORDER_NAMES = {
+    "perfile": "PyTorch DataLoader, shuffle=True",
+    "random": "shardkit random access, a permutation per epoch",
+    "wds": "WebDataset, shard shuffle + buffer",
+    "mds": "MosaicML Streaming, default shuffle (py1e)",
+    "mds-scaled": "MosaicML Streaming, py1e block at its ImageNet ratio",
+    "sampler-ram": "shardkit TieredSampler, tiers=ram",
+    "sampler-ram-ssd": "shardkit TieredSampler, tiers=ram,ssd",
+}
 SECTION = "## Head-to-head"
 
 
@@ -221,20 +236,26 @@ def build_all(args: argparse.Namespace) -> dict[str, Any]:
     write_wds(data / "wds", records, labels, peer_rps)
     write_mds(data / "mds", records, labels, peer_rps)
     logger.info("peer formats (%.0f s)", time.perf_counter() - t)
+    return {"labels": labels, "how": how, "peer_rps": peer_rps, "jpeg_bytes": sum(p.stat().st_size for p in jpegs),
+            **build_small(args)}
 
-    # The small corpus for the repeated-epoch chi-square: same structure, scaled to N = 200.
+
+def build_small(args: argparse.Namespace) -> dict[str, Any]:
+    """The small corpus for the repeated-epoch order tests: the big one's structure, scaled to N = 200
+    (as many shards as the ``--n`` corpus has; random 16x16 records: the order does not look at them)."""
+    peer_rps = max(1, PEER_SHARD_BYTES // RECORD_NBYTES)
     n_small, per_shard = 200, -(-200 // max(1, -(-args.n // peer_rps)))
     rng = np.random.default_rng(1)
     small_records = rng.integers(0, 256, size=(n_small, 16, 16, 3), dtype=np.uint8)
     small_labels = (np.arange(n_small) * 10 // n_small).astype(np.int64)
-    small = data / "small"
+    class_names = [f"class_{c:02d}" for c in range(10)]
+    small = args.dir / "small"
     small.mkdir(parents=True, exist_ok=True)
     np.save(small / "labels.npy", small_labels)
     write_shardkit(small / "shardkit", small_records, small_labels, class_names, records_per_shard=per_shard)
     write_wds(small / "wds", small_records, small_labels, per_shard)
     write_mds(small / "mds", small_records, small_labels, per_shard)
-    return {"labels": labels, "how": how, "peer_rps": peer_rps, "small_labels": small_labels,
-            "small_per_shard": per_shard, "n_small": n_small, "jpeg_bytes": sum(p.stat().st_size for p in jpegs)}
+    return {"small_labels": small_labels, "small_per_shard": per_shard, "n_small": n_small}
 
 
 def all_files(root: Path) -> list[Path]:
@@ -253,9 +274,7 @@ def measure(args: argparse.Namespace, built: dict[str, Any]) -> tuple[list[dict[
     work = data / "runs"
     shutil.rmtree(work, ignore_errors=True)
     drop = all_files(data)
-    dataset_bytes = args.n * RECORD_NBYTES
-    # RAM tier ~ 1/4 of the dataset, SSD tier ~ 1/2 (both smaller than the dataset).
-    ram_size, ssd_size = f"{dataset_bytes // 4 >> 20}MiB", f"{dataset_bytes // 2 >> 20}MiB"
+    ram_size, ssd_size = tier_sizes(args)
     base = dict(n=args.n, shape=[224, 224, 3], batch=args.batch, epochs=1, seed=args.seed, paths=paths,
                 labels_file=str(data / "labels.npy"), jpeg_list=str(data / "jpegs.json"), ram_size=ram_size,
                 ssd_size=ssd_size, ssd_dir=str(ssd_dir))
@@ -267,8 +286,42 @@ def measure(args: argparse.Namespace, built: dict[str, Any]) -> tuple[list[dict[
                     f"c.perfile_transform({first_jpeg!r})"], check=True)
     # Order runs on the small corpus first (many epochs, one child per loader kind): they also bring
     # every code path of every loader into the page cache before the measured cold runs.
+    orders = run_orders(args, built, work, ssd_dir)
+    orders["baseline_pss"] = baseline_memory()
+    rows = []
+    for ent in entries(args.workers):
+        if args.only and ent.loader not in args.only:
+            continue
+        extra = dict(ent.extra)
+        if extra.get("block") == "scaled":
+            extra["block"] = round(MDS_IMAGENET_RATIO * args.n)
+        cfg = RunConfig(loader=ent.loader, workers=ent.workers, extra=extra, **base)
+        own = format_files(data / {"perfile": "jpeg", "wds": "wds", "mds": "mds"}.get(ent.loader, "shardkit"))
+        info = run_child(cfg, work, drop, own)
+        info["entry"] = ent
+        rows.append(info)
+        logger.info("%-60s %8.0f rec/s  %7.1f MB read (%5.1f MB of the dataset)  %6.0f MiB  (load %s)", ent.label,
+                    args.n / info["seconds"], info["bytes_read"] / 1e6, info["paged_in"] / 1e6,
+                    info["peak_pss"] / 2**20, _load())
+
+    runs = orders["runs"]
+    if "sampler-ram" in runs and "sampler-ram-ssd" in runs:
+        orders["sampler_same_order"] = bool(np.array_equal(runs["sampler-ram"]["keys"], runs["sampler-ram-ssd"]["keys"]))
+    return rows, orders
+
+
+def tier_sizes(args: argparse.Namespace) -> tuple[str, str]:
+    """RAM tier ~ 1/4 of the ``--n`` dataset, SSD tier ~ 1/2 (both smaller than the dataset)."""
+    dataset_bytes = args.n * RECORD_NBYTES
+    return f"{dataset_bytes // 4 >> 20}MiB", f"{dataset_bytes // 2 >> 20}MiB"
+
+
+def run_orders(args: argparse.Namespace, built: dict[str, Any], work: Path, ssd_dir: Path) -> dict[str, Any]:
+    """Every loader for ``--epochs`` epochs of the small corpus, one child each: chi-square, adjacent
+    pairs, and the emitted keys saved to ``args.orders_dir`` for ``shardkit order-test``."""
     n_small = built["n_small"]
-    small = data / "small"
+    small = args.dir / "small"
+    ram_size, ssd_size = tier_sizes(args)
     spaths = {k: str(small / k) for k in ("shardkit", "wds", "mds")}
     # The blocks the sampler derives for the full corpus (its own rules), scaled to the small one.
     bound = consumer_records_bound(args.n, args.batch, 1)
@@ -291,11 +344,20 @@ def measure(args: argparse.Namespace, built: dict[str, Any]) -> tuple[list[dict[
     }
     orders: dict[str, Any] = {"k2": k2, "k1": k1, "wds_buffer": sbase["wds_buffer"],
                               "wds_initial": sbase["wds_initial"], "runs": {}}
+    args.orders_dir.mkdir(parents=True, exist_ok=True)
+    np.save(args.orders_dir / "labels.npy", built["small_labels"])
+    (args.orders_dir / "meta.json").write_text(json.dumps({
+        "records": n_small, "epochs": args.epochs, "batch": args.batch, "seed": args.seed,
+        "loaders": {k: ORDER_NAMES[k] for k, c in order_runs.items() if not args.only or c.loader in args.only},
+    }, indent=1))
     for key, cfg in order_runs.items():
         if args.only and cfg.loader not in args.only:
             continue
         t = time.perf_counter()
         info = run_child(cfg, work / "order", None)
+        # The keys each loader emitted, [epochs, N] int64: `shardkit order-test` and
+        # benchmarks/order_table.py read them from here.
+        np.save(args.orders_dir / f"{key}.npy", info["keys"])
         pos_bins = n_small // 10
         chi = om.uniformity_chi2(info["keys"], n_small, pos_bins=pos_bins)
         pairs = om.adjacent_pairs_test(info["keys"], n_small, PAIR_BLOCK)
@@ -303,27 +365,7 @@ def measure(args: argparse.Namespace, built: dict[str, Any]) -> tuple[list[dict[
         logger.info("order %-16s chi2 %.0f dof %d p=%.3g; adjacent pairs %.2f (exp. %.2f) p=%.3g (%.0f s)", key,
                     chi.statistic, chi.dof, chi.pvalue, pairs.mean, pairs.expected, pairs.pvalue,
                     time.perf_counter() - t)
-    orders["baseline_pss"] = baseline_memory()
-    rows = []
-    for ent in entries(args.workers):
-        if args.only and ent.loader not in args.only:
-            continue
-        extra = dict(ent.extra)
-        if extra.get("block") == "scaled":
-            extra["block"] = round(MDS_IMAGENET_RATIO * args.n)
-        cfg = RunConfig(loader=ent.loader, workers=ent.workers, extra=extra, **base)
-        own = format_files(data / {"perfile": "jpeg", "wds": "wds", "mds": "mds"}.get(ent.loader, "shardkit"))
-        info = run_child(cfg, work, drop, own)
-        info["entry"] = ent
-        rows.append(info)
-        logger.info("%-60s %8.0f rec/s  %7.1f MB read (%5.1f MB of the dataset)  %6.0f MiB  (load %s)", ent.label,
-                    args.n / info["seconds"], info["bytes_read"] / 1e6, info["paged_in"] / 1e6,
-                    info["peak_pss"] / 2**20, _load())
-
-    runs = orders["runs"]
-    if "sampler-ram" in runs and "sampler-ram-ssd" in runs:
-        orders["sampler_same_order"] = bool(np.array_equal(runs["sampler-ram"]["keys"], runs["sampler-ram-ssd"]["keys"]))
-    return rows, orders
+    return orders
 
 
 def _load() -> str:
@@ -544,18 +586,30 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--build-workers", type=int, default=2)
     ap.add_argument("--dir", type=Path, default=None)
+    ap.add_argument("--orders-dir", type=Path, default=None,
+                    help="where each loader's emitted keys go as <loader>.npy (default benchmarks/_data/orders, "
+                         "orders-small with --small); `python benchmarks/order_table.py DIR` tests them")
     ap.add_argument("--only", nargs="*", help="loader kinds to run (perfile random-batched random-pread wds mds "
                     "sampler)")
     ap.add_argument("--no-results", action="store_true", help="do not update RESULTS.md / compare.png")
     ap.add_argument("--build-only", action="store_true", help="build the corpus and formats, measure nothing")
+    ap.add_argument("--orders-only", action="store_true",
+                    help="only the repeated-epoch order runs on the N = 200 corpus (no JPEG corpus, no timing: "
+                         "orders do not depend on the machine's load), then the `shardkit order-test` table")
     args = ap.parse_args()
     if args.small:
         args.n, args.epochs, args.no_results = min(args.n, 300), min(args.epochs, 100), True
     if args.dir is None:
         args.dir = HERE / "_data" / ("compare-small" if args.small else "compare")
     args.dir.mkdir(parents=True, exist_ok=True)
+    if args.orders_dir is None:
+        args.orders_dir = HERE / "_data" / ("orders-small" if args.small else "orders")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     t0 = time.perf_counter()
+    if args.orders_only:
+        orders_only(args)
+        logger.info("done in %.0f s", time.perf_counter() - t0)
+        return
     built = build_all(args)
     if args.build_only:
         logger.info("built in %.0f s", time.perf_counter() - t0)
@@ -588,6 +642,18 @@ def main() -> None:
     else:
         chart(args.dir / "compare.png", table, args.n, args.batch)
     logger.info("done in %.0f s", time.perf_counter() - t0)
+
+
+def orders_only(args: argparse.Namespace) -> None:
+    """``--orders-only``: the order runs and the battery's table (``benchmarks/order_table.py``)."""
+    import order_table
+
+    ssd_dir = args.dir / "ssd-tier"
+    ssd_dir.mkdir(exist_ok=True)
+    work = args.dir / "runs"
+    shutil.rmtree(work, ignore_errors=True)
+    run_orders(args, build_small(args), work, ssd_dir)
+    print(order_table.markdown(order_table.reports(args.orders_dir, ALPHA, args.seed), ALPHA))
 
 
 def render_section(args: argparse.Namespace, built: dict[str, Any], table: list[dict[str, Any]],

@@ -35,6 +35,11 @@ __all__ = [
     "InsecurePathError",
     "VersionGoneError",
     "WorkerError",
+    "StoreError",
+    "StorePermissionError",
+    "ObjectNotFoundError",
+    "ObjectChangedError",
+    "ObjectTooLargeError",
 ]
 
 
@@ -139,3 +144,27 @@ class VersionGoneError(ShardkitError, FileNotFoundError):
 class WorkerError(ConversionError):
     """A worker of a cluster conversion cannot do its part (cannot see the corpus or the output, or
     died too often); the message names the worker and the path."""
+
+
+class StoreError(ShardkitError, OSError):
+    """An object-store request failed for good: a permanent error, or transient errors (5xx,
+    timeouts, resets, throttling, short responses) that outlasted the retry budget. The message names
+    the object's URL and, for reads, the byte range."""
+
+
+class StorePermissionError(StoreError, PermissionError):
+    """The store refused the request (credentials missing or wrong, no permission), or the store is
+    read-only (``http(s)://`` datasets)."""
+
+
+class ObjectNotFoundError(StoreError, FileNotFoundError):
+    """No object at that key (the store's equivalent of a missing file)."""
+
+
+class ObjectChangedError(StoreError):
+    """An object changed between two reads of one reader (its ETag or size differs): bytes of two
+    versions are never mixed."""
+
+
+class ObjectTooLargeError(StoreError):
+    """An object is larger than the caller allows (checked before its bytes are read)."""

@@ -21,6 +21,7 @@ import typer
 from shardkit.cli.app import app, echo_err, setup_logging
 from shardkit.converters.options import Option
 from shardkit.converters.registry import available_kinds, kind_options
+from shardkit.formats.versions import DEFAULT_KEEP_VERSIONS
 from shardkit.units import human_bytes, parse_bytes
 
 __all__ = ["convert", "kind_option_parameters"]
@@ -78,7 +79,12 @@ def _common_parameters() -> list[inspect.Parameter]:
     return [
         p("src", Path, typer.Argument(..., metavar="SRC", show_default=False, help=(
             "Corpus: COCO root (or instances_*.json), class folders, CIFAR batches, audio folders."))),
-        p("output", Path, typer.Option(..., "-o", "--output", metavar="PATH", help="Output dataset directory.")),
+        p("output", str, typer.Option(..., "-o", "--output", metavar="PATH|URL", help=(
+            "Output dataset directory, or an object-store URL (s3://bucket/ds, gs://, az://): shards are "
+            "staged locally and uploaded as they complete, metadata last."))),
+        p("staging_dir", Path | None, typer.Option(None, "--staging-dir", metavar="DIR", show_default=False, help=(
+            "For a URL output: where shards are staged before upload (default: the temp dir); a re-run "
+            "must see the same one to resume."))),
         p("kind", str | None, typer.Option(None, "--kind", metavar="KIND", show_default=False,
                                            help=f"{', '.join(available_kinds())} (default: detect).")),
         p("workers", int | None, typer.Option(None, "--workers", "-j", min=1, show_default=False,
@@ -98,8 +104,8 @@ def _common_parameters() -> list[inspect.Parameter]:
             "shape and transform); readers that opened it keep their version."))),
         p("part_size", str | None, typer.Option(None, "--part-size", metavar="N", show_default=False, help=(
             "Inputs per part of a conversion in parts (default: about 64 parts, 1 to 16 shards each)."))),
-        p("keep_versions", str | None, typer.Option(None, "--keep-versions", metavar="N", show_default=False, help=(
-            "Older versions kept openable after an append (default 2); older ones are deleted."))),
+        p("keep_versions", str, typer.Option(str(DEFAULT_KEEP_VERSIONS), "--keep-versions", metavar="N", help=(
+            "Older versions kept openable after an append; older ones are deleted."))),
         p("quiet", bool, typer.Option(False, "--quiet", "-q", help="No progress bar.")),
         p("verbose", bool, typer.Option(False, "--verbose", "-v", help="Log every skipped input.")),
     ]
@@ -131,7 +137,8 @@ def _progress_bar(quiet: bool, unit: str, desc: str) -> tuple[Callable[[int, int
 def convert(
     *,
     src: Path,
-    output: Path,
+    output: str,
+    staging_dir: Path | None,
     kind: str | None,
     workers: int | None,
     strict: bool,
@@ -141,7 +148,7 @@ def convert(
     scheduler: str | None,
     append: bool,
     part_size: str | None,
-    keep_versions: str | None,
+    keep_versions: str,
     quiet: bool,
     verbose: bool,
     **given: Any,
@@ -159,9 +166,9 @@ def convert(
     extra: dict[str, Any] = {}
     if shard_size is not None:
         extra["shard_bytes"] = parse_bytes(shard_size, what="--shard-size")
-    for name, value in (("part_size", part_size), ("keep_versions", keep_versions)):
-        if value is not None:
-            extra[name] = value
+    extra["keep_versions"] = keep_versions
+    if part_size is not None:
+        extra["part_size"] = part_size
     address = scheduler_address(scheduler)
     if address is not None:
         extra["scheduler"] = address
@@ -172,7 +179,7 @@ def convert(
     try:
         summary = run_convert(
             src, output, kind, workers=workers, strict=strict, overwrite=overwrite, compression=compression,
-            progress=progress, naming="cli", append=append, **extra, **options,
+            progress=progress, naming="cli", append=append, staging_dir=staging_dir, **extra, **options,
         )
     finally:
         close_bar()

@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import typer
 
 from shardkit.cli.app import app, setup_logging
+from shardkit.formats.versions import DEFAULT_KEEP_VERSIONS
 from shardkit.units import human_bytes, parse_count
 
 
 @app.command()
 def merge(
-    inputs: list[Path] = typer.Argument(..., metavar="DATASET...", help="Datasets to merge, in this order."),
-    output: Path = typer.Option(..., "-o", "--output", metavar="PATH", help="The new dataset's directory."),
+    inputs: list[str] = typer.Argument(..., metavar="DATASET...", help=(
+        "Datasets to merge, in this order: directories or URLs (s3://bucket/ds, gs://, az://).")),
+    output: str = typer.Option(..., "-o", "--output", metavar="PATH", help="The new dataset: a directory or a URL."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a shardkit dataset at the output."),
-    keep_versions: str | None = typer.Option(None, "--keep-versions", metavar="N", show_default=False,
-                                             help="Older versions kept openable (default 2)."),
+    keep_versions: str = typer.Option(str(DEFAULT_KEEP_VERSIONS), "--keep-versions", metavar="N",
+                                      help="Older versions kept openable after later appends."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log what is linked and re-packed."),
 ) -> None:
     """Merge datasets of one schema into a new dataset: their records in order, label names extended.
@@ -25,10 +25,9 @@ def merge(
     stores), so their bytes never pass through this machine; the others are re-packed.
     """
     from shardkit.formats.merge import merge as run_merge
-    from shardkit.formats.versions import DEFAULT_KEEP_VERSIONS
 
     setup_logging(verbose)
-    keep = DEFAULT_KEEP_VERSIONS if keep_versions is None else parse_count(keep_versions, what="--keep-versions")
+    keep = parse_count(keep_versions, what="--keep-versions")
     report = run_merge(inputs, output, overwrite=overwrite, keep_versions=keep)
     if report.already_committed:
         typer.echo(f"{output}: already the merge of these datasets ({report.meta.num_records} records); nothing to do")

@@ -63,10 +63,12 @@ from shardkit.errors import ConversionError, ShardkitError, WorkerError
 from shardkit.formats import DatasetMeta, get_codec
 from shardkit.formats.codecs import RecordCodec, codec_from_json
 from shardkit.formats.commit import Segment, commit
-from shardkit.formats.metadata import DEFAULT_FIELD_CHUNK, read_dataset_meta, write_json_atomic
-from shardkit.formats.outputs import PARTS_DIR, STAGING_DIR, clear_output
+from shardkit.formats.metadata import DEFAULT_FIELD_CHUNK, encode_json, read_dataset_meta
+from shardkit.formats.outputs import PARTS_DIR, STAGING_DIR, clear_store, top_names
+from shardkit.formats.publish import put_checked
 from shardkit.formats.spec import ZARR_JSON, SkippedInput
 from shardkit.formats.versions import DEFAULT_KEEP_VERSIONS, VERSIONS_DIR, prune, version_of
+from shardkit.stores import Store, as_location, is_url, open_store
 
 __all__ = ["convert_in_parts", "check_appendable"]
 
@@ -77,7 +79,7 @@ _POLL = 0.5
 
 
 def check_appendable(base: DatasetMeta, conv: Converter, codec: RecordCodec | None, records_per_shard: int | None,
-                     where: Path) -> None:
+                     where: str) -> None:
     """Refuse to append ``conv``'s records to the dataset ``base`` unless they are the same kind of records.
 
     Raises
@@ -118,7 +120,7 @@ class _Plan:
 
     conv: Converter
     scan: ScanResult
-    out: Path
+    store: Store
     base: DatasetMeta | None
     records_per_shard: int
     codec: RecordCodec | None
@@ -127,15 +129,21 @@ class _Plan:
     id: str
 
     @property
-    def dir(self) -> Path:
-        return self.out / PARTS_DIR / self.id
+    def dir(self) -> str:
+        """The plan directory (a key prefix of the output)."""
+        return f"{PARTS_DIR}/{self.id}"
+
+    @property
+    def out(self) -> str:
+        """The output as workers open it: an absolute path or a URL."""
+        return str(as_location(self.store))
 
     @property
     def operation(self) -> str:
         return "append" if self.base is not None else "convert"
 
 
-def _make_plan(conv: Converter, scan: ScanResult, out: Path, base: DatasetMeta | None, *, shard_bytes: int,
+def _make_plan(conv: Converter, scan: ScanResult, store: Store, base: DatasetMeta | None, *, shard_bytes: int,
                records_per_shard: int | None, codec: RecordCodec | None, part_size: int | None) -> _Plan:
     n = len(scan.items)
     if base is not None:
@@ -149,59 +157,62 @@ def _make_plan(conv: Converter, scan: ScanResult, out: Path, base: DatasetMeta |
                 "base": None if base is None else {"version": version_of(base.to_json()), "records": base.num_records,
                                                    "attributes_crc32c": base.to_json().get("attributes_crc32c")}}
     plan_id = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
-    return _Plan(conv, scan, out, base, rps, codec, config_fingerprint(config), ranges, plan_id)
+    return _Plan(conv, scan, store, base, rps, codec, config_fingerprint(config), ranges, plan_id)
 
 
 def _already_done(plan: _Plan) -> DatasetMeta | None:
     """The dataset, if it already holds this conversion (or, for an append, already ends with it)."""
-    if not (plan.out / ZARR_JSON).is_file():
+    if not plan.store.exists(ZARR_JSON):
         return None
-    meta = read_dataset_meta(plan.out)
+    meta = read_dataset_meta(plan.store)
     history = meta.source.get("history")
     last = history[-1] if isinstance(history, list) and history and isinstance(history[-1], dict) else meta.source
     return meta if last.get("config_fingerprint") == plan.fingerprint else None
 
 
 def _claim(plan: _Plan, *, overwrite: bool) -> bool:
-    """Make the plan directory; returns whether ``out`` was created by this run.
+    """Make the plan directory; returns whether the output directory was created by this run.
 
     Raises
     ------
     ConversionError
-        ``out`` holds something else: files that are not a shardkit output, a dataset (for a new
+        The output holds something else: files that are not a shardkit output, a dataset (for a new
         conversion, without ``overwrite``), another unfinished conversion.
     """
-    out = plan.out
-    created = not out.exists()
+    store, where = plan.store, plan.store.url
+    local = store.local_path() if store.is_local else None
+    created = local is not None and not local.exists()
     if plan.base is None:
         if overwrite:
-            clear_output(out)
-        elif (out / ZARR_JSON).exists():
-            raise ConversionError(f"{out}: a dataset already exists here; use --overwrite to replace it, "
+            clear_store(store)
+        elif store.exists(ZARR_JSON):
+            raise ConversionError(f"{where}: a dataset already exists here; use --overwrite to replace it, "
                                   "or --append to add these records to it")
-        if out.exists() and not out.is_dir():
-            raise ConversionError(f"{out}: output exists and is not a directory")
-        if (out / STAGING_DIR).exists():
-            raise ConversionError(f"{out}: an interrupted conversion (one process, {STAGING_DIR}) is here; re-run it "
+        if local is not None and local.exists() and not local.is_dir():
+            raise ConversionError(f"{where}: output exists and is not a directory")
+        if local is not None and (local / STAGING_DIR).exists():
+            raise ConversionError(f"{where}: an interrupted conversion (one process, {STAGING_DIR}) is here; re-run it "
                                   "the same way to resume it, or use --overwrite to start fresh")
-        if out.exists():
-            # What this conversion writes before its root document (a commit cut short leaves them).
-            ours = {PARTS_DIR, VERSIONS_DIR, plan.conv.payload, *plan.conv.fields(), f"{ZARR_JSON}.partial"}
-            foreign = sorted(e.name for e in out.iterdir() if e.name not in ours)
-            if foreign:
-                raise ConversionError(f"{out}: output directory is not empty and is not a shardkit dataset (found "
-                                      f"{', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); choose another directory")
-    parts = out / PARTS_DIR
-    others = sorted(p.name for p in parts.iterdir() if p.name != plan.id) if parts.is_dir() else []
+        # What this conversion writes before its root document (a commit cut short leaves them).
+        foreign = top_names(store, (PARTS_DIR, VERSIONS_DIR, plan.conv.payload, *plan.conv.fields(),
+                                    f"{ZARR_JSON}.partial"))
+        if foreign:
+            raise ConversionError(f"{where}: the output is not empty and is not a shardkit dataset (found "
+                                  f"{', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); choose another one")
+    others = sorted({m.key.split("/")[1] for m in store.list(PARTS_DIR) if m.key.count("/") >= 2} - {plan.id})
     if others:
+        there = store.describe(f"{PARTS_DIR}/{others[0]}")
         raise ConversionError(
-            f"{out}: an interrupted conversion or append with other parameters is in {parts / others[0]}; re-run that "
-            f"command to finish it, or delete {parts / others[0]} to discard it (the dataset itself is unchanged)"
+            f"{where}: an interrupted conversion or append with other parameters is in {there}; re-run that "
+            f"command to finish it, or delete {there} to discard it (the dataset itself is unchanged)"
         )
-    (plan.dir / "progress").mkdir(parents=True, exist_ok=True)
+    if local is not None:
+        local.mkdir(parents=True, exist_ok=True)
     doc = {"operation": plan.operation, "fingerprint": plan.fingerprint, "ranges": plan.ranges,
            "base_version": None if plan.base is None else version_of(plan.base.to_json())}
-    write_json_atomic(plan.dir / "plan.json", doc)
+    put_checked(store, f"{plan.dir}/plan.json", encode_json(doc))
+    if local is not None:
+        (local / plan.dir / "progress").mkdir(parents=True, exist_ok=True)
     return created
 
 
@@ -256,11 +267,12 @@ class _Runner:
         """Parts a previous run finished (their manifests, checked; offsets are checked by :meth:`misplaced`)."""
         ndim = 1 + len(self.plan.conv.record_spec().shape)
         for p, rng in enumerate(self.plan.ranges):
-            m = read_manifest(self.plan.out, self.plan.id, p, rng, self.plan.records_per_shard, self.plan.conv.payload, ndim)
+            m = read_manifest(self.plan.store, self.plan.id, p, rng, self.plan.records_per_shard, self.plan.conv.payload,
+                              ndim)
             if m is not None:
                 self.finished(p, m)
         if self.done:
-            logger.info("%s: %d of %d parts already converted", self.plan.out, len(self.done), len(self.plan.ranges))
+            logger.info("%s: %d of %d parts already converted", self.plan.store.url, len(self.done), len(self.plan.ranges))
 
     def misplaced(self) -> list[int]:
         """Finished parts written at an offset that is not theirs, once every count is known (a part
@@ -268,7 +280,7 @@ class _Runner:
         wrong = [p for p, m in self.done.items() if self.offset(p) not in (None, m.offset)]
         for p in wrong:
             logger.warning("%s: part %d was written at record %d, its place is %s: converting it again",
-                           self.plan.out, p, self.done[p].offset, self.offset(p))
+                           self.plan.store.url, p, self.done[p].offset, self.offset(p))
             del self.done[p]
         return wrong
 
@@ -323,7 +335,7 @@ class _Runner:
         if not self.inline:
             for p in range(len(self.plan.ranges)):
                 if p not in self.done:
-                    got = read_progress(self.plan.out, self.plan.id, p)
+                    got = read_progress(self.plan.store, self.plan.id, p)
                     old = self.seen.get(p, (0, 0))
                     self.seen[p] = (max(old[0], got[0]), max(old[1], got[1]))
         inputs = sum(v[0] for v in self.seen.values())
@@ -407,28 +419,31 @@ def convert_in_parts(
     after the dataset's at ``out`` as its next version.
     """
     t0 = time.perf_counter()
-    out = Path(os.path.abspath(out))
+    store = open_store(as_location(out, resolve=False) if is_url(out) else Path(os.path.abspath(out)))
+    if store.read_only:
+        raise ConversionError(f"{store.url}: cannot convert into a read-only store (http(s):// URLs are read-only)")
+    output: Path | str = store.local_path() if store.is_local else store.url
     codec = get_codec(compression)
     base = None
     if append:
-        if not (out / ZARR_JSON).is_file():
-            raise ConversionError(f"{out}: no dataset to append to; convert the first corpus without --append")
-        base = read_dataset_meta(out)
-        check_appendable(base, conv, codec, records_per_shard, out)
+        if not store.exists(ZARR_JSON):
+            raise ConversionError(f"{store.url}: no dataset to append to; convert the first corpus without --append")
+        base = read_dataset_meta(store)
+        check_appendable(base, conv, codec, records_per_shard, store.url)
     scan = conv.scan()
     if strict and scan.skipped:
         raise strict_stop(scan.skipped[0].path, scan.skipped[0].reason)
-    plan = _make_plan(conv, scan, out, base, shard_bytes=shard_bytes, records_per_shard=records_per_shard,
+    plan = _make_plan(conv, scan, store, base, shard_bytes=shard_bytes, records_per_shard=records_per_shard,
                       codec=codec, part_size=part_size)
     if not overwrite and (done := _already_done(plan)) is not None:
-        logger.info("%s: already holds this %s", out, plan.operation)
+        logger.info("%s: already holds this %s", store.url, plan.operation)
         committed = done.source.get("plan")
         if isinstance(committed, str) and committed.isalnum():  # a run killed after its commit, before its cleanup
-            _cleanup(out, committed, keep_versions)
-        return ConvertSummary(output=out, kind=done.kind, records=done.num_records,
+            _cleanup(store, committed, keep_versions)
+        return ConvertSummary(output=output, kind=done.kind, records=done.num_records,
                               skipped=dict(Counter(reason_category(s.reason) for s in done.skipped)),
-                              bytes=dir_bytes(out), seconds=time.perf_counter() - t0, already_complete=True,
-                              version=version_of(done.to_json()), parts=len(plan.ranges))
+                              bytes=_output_bytes(store, done), seconds=time.perf_counter() - t0,
+                              already_complete=True, version=version_of(done.to_json()), parts=len(plan.ranges))
     created = _claim(plan, overwrite=overwrite)
     executor = executor or InlineExecutor()
     runner = _Runner(plan, executor, workers=workers, strict=strict, progress=progress)
@@ -440,46 +455,56 @@ def convert_in_parts(
         tally.update(m.skips)
         notes.update(m.notes)
     if new_records == 0:
-        shutil.rmtree(plan.dir)
-        if created:
-            shutil.rmtree(out, ignore_errors=True)
-        elif not any((out / PARTS_DIR).iterdir()):
-            (out / PARTS_DIR).rmdir()
+        _cleanup(store, plan.id, keep_versions, prune_versions=False)
+        if created and store.is_local:
+            shutil.rmtree(store.local_path(), ignore_errors=True)
         raise NothingConverted.of(conv, len(scan.items), tally,
                                   "Nothing was appended" if append else "Nothing was written")
     segments = _segments(plan, manifests)
     history = {"operation": plan.operation, "config_fingerprint": plan.fingerprint, "source": conv.source(),
                "inputs": len(scan.items), "parts": [[*plan.ranges[p], manifests[p].records] for p in sorted(manifests)]}
-    report = commit(out, _template(plan), segments, base=base, plan=plan.id, history=history,
+    report = commit(store, _template(plan), segments, base=base, plan=plan.id, history=history,
                     keep_versions=keep_versions, executor=None if is_inline(executor) else executor)
-    _cleanup(out, plan.id, keep_versions)
+    _cleanup(store, plan.id, keep_versions)
     meta = report.meta
     skipped = tally if append else Counter(reason_category(s.reason) for s in meta.skipped)
     summary = ConvertSummary(
-        output=out, kind=meta.kind, records=meta.num_records, skipped=dict(sorted(skipped.items())),
-        bytes=dir_bytes(out), seconds=time.perf_counter() - t0,
+        output=output, kind=meta.kind, records=meta.num_records, skipped=dict(sorted(skipped.items())),
+        bytes=_output_bytes(store, meta), seconds=time.perf_counter() - t0,
         records_this_run=runner.records_converted,
         notes=dict(sorted(notes.items())), version=report.version, parts=len(plan.ranges),
         parts_converted=runner.converted, commit=report,
     )
-    logger.info("%s: version %d, %d records (%d parts, %d converted now), %.1f s", out, report.version,
+    logger.info("%s: version %d, %d records (%d parts, %d converted now), %.1f s", store.url, report.version,
                 summary.records, summary.parts, runner.converted, summary.seconds)
     return summary
 
 
-def _cleanup(out: Path, plan_id: str, keep_versions: int) -> None:
+def _output_bytes(store: Store, meta: DatasetMeta) -> int:
+    """Bytes of the output: the directory's files, or for an object store what the metadata lists."""
+    if store.is_local:
+        return dir_bytes(store.local_path())
+    return meta.payload_nbytes + sum(d.nbytes for d in meta.files.values())
+
+
+def _cleanup(store: Store, plan_id: str, keep_versions: int, *, prune_versions: bool = True) -> None:
     """After the commit of ``plan_id``: its plan directory goes (the parts are in the dataset now), and
     old versions are pruned."""
-    shutil.rmtree(out / PARTS_DIR / plan_id, ignore_errors=True)
-    parts = out / PARTS_DIR
-    if parts.is_dir() and not any(parts.iterdir()):
-        parts.rmdir()
-    prune(out, keep_versions)
+    if store.is_local:
+        shutil.rmtree(store.local_path(f"{PARTS_DIR}/{plan_id}"), ignore_errors=True)
+        parts = store.local_path(PARTS_DIR)
+        if parts.is_dir() and not any(parts.iterdir()):
+            parts.rmdir()
+    else:
+        for m in list(store.list(f"{PARTS_DIR}/{plan_id}")):
+            store.delete(m.key)
+    if prune_versions:
+        prune(store, keep_versions)
 
 
 def _segments(plan: _Plan, manifests: dict[int, PartManifest]) -> list[Segment]:
     conv = plan.conv
     labels = conv.labels()
     first_skips = [SkippedInput(s.path, s.reason) for s in plan.scan.skipped]
-    return [manifests[p].segment(plan.out, plan.id, conv.fields(), labels, first_skips if p == 0 else ())
+    return [manifests[p].segment(plan.store, plan.id, conv.fields(), labels, first_skips if p == 0 else ())
             for p in sorted(manifests)]

@@ -64,14 +64,15 @@ from shardkit.errors import ConversionError, InsecurePathError, NotADatasetError
 from shardkit.formats import FieldSpec
 from shardkit.formats import jsonvalues as jv
 from shardkit.formats.atomic import write_bytes_atomic
-from shardkit.formats.checksums import FileDigest
+from shardkit.formats.checksums import FileDigest, read_object
 from shardkit.formats.codecs import RecordCodec, codec_from_json
 from shardkit.formats.commit import Segment, StoredShard
-from shardkit.formats.metadata import read_json, write_json_atomic
+from shardkit.formats.metadata import encode_json, read_json_object
 from shardkit.formats.outputs import PARTS_DIR
-from shardkit.formats.paths import resolve_inside
+from shardkit.formats.publish import put_checked
 from shardkit.formats.spec import MAX_CRC32C, SkippedInput, chunk_key
 from shardkit.formats.writer import ShardWriter
+from shardkit.stores import Store, open_store
 
 __all__ = [
     "PARTS_DIR",
@@ -204,27 +205,32 @@ def worker_name() -> str:
     return f"{socket.gethostname()} (pid {os.getpid()})"
 
 
-def _check_reach(job: PartJob) -> Path:
-    """The output directory, after checking that this worker sees the corpus and the output."""
+def _check_reach(job: PartJob) -> Store:
+    """The output's store, after checking that this worker sees the corpus and the output."""
     if not os.path.exists(job.src):
         raise WorkerError(
             f"{worker_name()} cannot see the corpus {job.src}: every worker must reach the corpus and the output "
             "at the same paths as the machine that runs the conversion (a shared file system)"
         )
-    out = Path(job.out)
-    if not (out / PARTS_DIR / job.plan).is_dir():
+    try:
+        store = open_store(job.out)
+        seen = store.exists(f"{PARTS_DIR}/{job.plan}/plan.json")
+    except (OSError, ShardkitError) as exc:
+        raise WorkerError(f"{worker_name()} cannot reach the output {job.out} ({exc})") from None
+    if not seen:
         raise WorkerError(
-            f"{worker_name()} cannot see the output {out} (no {PARTS_DIR}/{job.plan} there): every worker must reach "
-            "the output at the same path as the machine that runs the conversion (a shared file system)"
+            f"{worker_name()} cannot see the output {job.out} (no {PARTS_DIR}/{job.plan} there): every worker must "
+            "reach the output at the same path or URL as the machine that runs the conversion"
         )
-    return out
+    return store
 
 
 class ProgressFile:
     """A part's progress callback: its counts in a small file of the output, at most once a second."""
 
-    def __init__(self, path: str) -> None:
-        self.path = path
+    def __init__(self, out: str, key: str) -> None:
+        self.out = out
+        self.key = key
         self._last = 0.0
 
     def __call__(self, done: int, total: int, records: int) -> None:
@@ -232,31 +238,35 @@ class ProgressFile:
         if done < total and now - self._last < _PROGRESS_EVERY:
             return
         self._last = now
+        data = f"{done} {records}\n".encode()
         try:
-            write_bytes_atomic(Path(self.path), f"{done} {records}\n".encode(), durable=False)
-        except OSError as exc:
-            raise WorkerError(f"{worker_name()} cannot write to the output ({self.path}: {exc})") from None
+            store = open_store(self.out)
+            if store.is_local:
+                write_bytes_atomic(store.local_path(self.key), data, durable=False)
+            else:
+                store.put(self.key, data)
+        except (OSError, ShardkitError) as exc:
+            raise WorkerError(f"{worker_name()} cannot write to the output ({self.out}/{self.key}: {exc})") from None
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (ProgressFile, (self.path,))
+        return (ProgressFile, (self.out, self.key))
 
 
 def progress_key(plan: str, part: int) -> str:
     return f"{PARTS_DIR}/{plan}/progress/p{part:06d}"
 
 
-def read_progress(out: Path, plan: str, part: int) -> tuple[int, int]:
+def read_progress(store: Store, plan: str, part: int) -> tuple[int, int]:
     """``(inputs, records)`` a part reported so far (``(0, 0)`` when it has not started)."""
     try:
-        text = (out / progress_key(plan, part)).read_text()
-        inputs, records = text.split()
+        inputs, records = store.get(progress_key(plan, part), max_nbytes=64).decode().split()
         return int(inputs), int(records)
-    except (OSError, ValueError):
+    except (OSError, ShardkitError, ValueError):
         return 0, 0
 
 
 def _progress(job: PartJob) -> ProgressFn:
-    return job.progress or ProgressFile(str(Path(job.out) / progress_key(job.plan, job.part)))
+    return job.progress or ProgressFile(job.out, progress_key(job.plan, job.part))
 
 
 # ---------------------------------------------------------------------- spills
@@ -334,7 +344,7 @@ class _SpillWriter:
 
     def finish(self, tally: Tally) -> None:
         self._fh.close()
-        _save_fields(self.path / "fields.npz", self.job.fields, self.fields)
+        (self.path / "fields.npz").write_bytes(_fields_npz(self.job.fields, self.fields))
         doc = {"part": self.job.part, "records": self.records_written, "skipped": [s.to_json() for s in self.skipped],
                "notes": dict(tally.notes), "skips": dict(tally.skips)}
         (self.path / "spill.json").write_text(json.dumps(doc))
@@ -343,14 +353,13 @@ class _SpillWriter:
         self._fh.close()
 
 
-def _save_fields(path: Path, specs: Mapping[str, FieldSpec], parts: Mapping[str, list[np.ndarray]]) -> bytes:
+def _fields_npz(specs: Mapping[str, FieldSpec], parts: Mapping[str, list[np.ndarray]]) -> bytes:
+    """A part's field values as the bytes of an ``.npz`` (no pickles: numeric arrays only)."""
     arrays = {name: np.concatenate(parts[name]) if parts[name] else np.empty((0, *spec.shape), spec.dtype)
               for name, spec in specs.items()}
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)  # type: ignore[arg-type]  # numpy stubs type **kwds as allow_pickle
-    data = buffer.getvalue()
-    write_bytes_atomic(path, data, durable=False)
-    return data
+    return buffer.getvalue()
 
 
 def _load_fields(data: bytes, specs: Mapping[str, FieldSpec], count: int, where: str) -> dict[str, np.ndarray]:
@@ -410,40 +419,63 @@ def _read_spill(path: Path, job: PartJob) -> int | None:
 class _AlignedWriter:
     """A :class:`~shardkit.converters.pipeline.RecordSink` writing a part's records cut on the global grid.
 
-    Each output file is written in the plan directory; at the end, the ones that are whole global
-    shards move under their final chunk keys, and the rest (at most the first and the last) stay as
-    pieces for the commit to re-pack.
+    Each output file is written locally (in the plan directory of a local output, a temporary file
+    otherwise); when it is closed it goes to its place in the output: under its final chunk key if it
+    is a whole global shard, else as a piece in the plan directory for the commit to re-pack (at most
+    the first and the last file of a part).
     """
 
-    def __init__(self, job: PartJob, offset: int) -> None:
+    def __init__(self, job: PartJob, offset: int, store: Store) -> None:
         self.job = job
         self.offset = offset
-        self.out = Path(job.out)
+        self.store = store
         self.records_per_shard = job.records_per_shard
         self.records_written = 0
         self.fields: dict[str, list[np.ndarray]] = {k: [] for k in job.fields}
         self.skipped: list[SkippedInput] = []
         self.pieces: list[dict[str, Any]] = []
         self._writer: Any = None
+        self._file: Path | None = None
         self._start = 0  # local record where the open file starts
         self.codec = job.codec
 
     def _open(self) -> None:
         s = self.records_per_shard
         g = self.offset + self.records_written
-        capacity = s - g % s
         key = part_key(self.job.plan, self.job.part, f"-{len(self.pieces)}.shard")
-        self._writer = ShardWriter(self.out / key, capacity, self.job.record, self.codec, durable=self.job.durable)
+        if self.store.is_local:
+            self._file = self.store.local_path(key)
+        else:
+            fd, name = tempfile.mkstemp(prefix="shardkit-piece-")
+            os.close(fd)
+            self._file = Path(name)
+        self._writer = ShardWriter(self._file, s - g % s, self.job.record, self.codec, durable=self.job.durable)
         self._key = key
         self._start = self.records_written
 
     def _close(self) -> None:
-        w = self._writer
+        w, local = self._writer, self._file
+        assert local is not None
         sums = w.close()
-        self.pieces.append({"key": self._key, "start": self._start, "count": w.count, "capacity": w.capacity,
+        s, ndim = self.records_per_shard, 1 + len(self.job.record.shape)
+        g = self.offset + self._start
+        key = self._key
+        if w.capacity == s and w.count == s and g % s == 0:
+            key = chunk_key(self.job.payload, g // s, ndim)  # a whole global shard: its final name
+        if self.store.is_local:
+            if key != self._key:
+                target = self.store.local_path(key)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(local, target)
+        else:
+            try:
+                put_checked(self.store, key, local, sums.crc32c)
+            finally:
+                local.unlink(missing_ok=True)
+        self.pieces.append({"key": key, "start": self._start, "count": w.count, "capacity": w.capacity,
                             "nbytes": sums.nbytes, "crc32c": sums.crc32c, "data_crc32c": sums.data_crc32c,
                             "index_crc32c": sums.index_crc32c})
-        self._writer = None
+        self._writer = self._file = None
 
     def write(self, batch: dict[str, np.ndarray], cursors: np.ndarray) -> None:
         k = int(cursors.shape[0])
@@ -465,34 +497,28 @@ class _AlignedWriter:
         self.skipped.append(SkippedInput(path, reason))
 
     def finish(self, tally: Tally, inputs: tuple[int, int]) -> PartManifest:
-        """Close the last file, move whole shards to their final names, save fields, then the manifest."""
+        """Close the last file, save the field values, then the manifest (last: the part is done)."""
         if self._writer is not None:
             if self._writer.count:
                 self._close()
             else:
-                self._writer.abort()
-        s, ndim = self.records_per_shard, 1 + len(self.job.record.shape)
-        for piece in self.pieces:
-            g = self.offset + piece["start"]
-            if piece["capacity"] == s and piece["count"] == s and g % s == 0:
-                final = chunk_key(self.job.payload, g // s, ndim)
-                target = resolve_inside(self.out, final, "payload shard")
-                target.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(self.out / piece["key"], target)
-                piece["key"] = final
-        data = _save_fields(self.out / part_key(self.job.plan, self.job.part, ".npz"), self.job.fields, self.fields)
+                self.abort()
+        data = _fields_npz(self.job.fields, self.fields)
+        put_checked(self.store, part_key(self.job.plan, self.job.part, ".npz"), data)
         manifest = PartManifest(
             part=self.job.part, inputs=inputs, offset=self.offset, records=self.records_written,
             pieces=tuple(self.pieces), fields=FileDigest.of(data), skipped=tuple(self.skipped),
             notes=dict(tally.notes), skips=dict(tally.skips),
         )
-        write_json_atomic(self.out / part_key(self.job.plan, self.job.part, ".json"), manifest.to_json(),
-                          durable=self.job.durable)
+        put_checked(self.store, part_key(self.job.plan, self.job.part, ".json"), encode_json(manifest.to_json()))
         return manifest
 
     def abort(self) -> None:
         if self._writer is not None:
             self._writer.abort()
+            if not self.store.is_local and self._file is not None:
+                self._file.unlink(missing_ok=True)
+            self._writer = self._file = None
 
 
 @dataclass(frozen=True)
@@ -534,24 +560,22 @@ class PartManifest:
             "skipped": [s.to_json() for s in self.skipped], "notes": dict(self.notes), "skips": dict(self.skips),
         }
 
-    def segment(self, out: Path, plan: str, specs: Mapping[str, FieldSpec], labels: Mapping[str, list[str]],
+    def segment(self, store: Store, plan: str, specs: Mapping[str, FieldSpec], labels: Mapping[str, list[str]],
                 first_skips: Sequence[SkippedInput] = ()) -> Segment:
         """The part as a :class:`~shardkit.formats.commit.Segment` of the commit."""
-        shards = tuple(StoredShard(out, p["key"], p["count"], p["capacity"], p["nbytes"], p["crc32c"],
+        shards = tuple(StoredShard(store, p["key"], p["count"], p["capacity"], p["nbytes"], p["crc32c"],
                                    p["data_crc32c"], p["index_crc32c"]) for p in self.pieces)
         key = part_key(plan, self.part, ".npz")
         digest, count = self.fields, self.records
 
         def load() -> dict[str, np.ndarray]:
-            from shardkit.formats.checksums import read_verified
-
-            data = read_verified(resolve_inside(out, key, "part field values"), digest, what="part field values")
-            return _load_fields(data, specs, count, str(out / key))
+            data = read_object(store, key, digest, what="part field values", max_nbytes=digest.nbytes)
+            return _load_fields(data, specs, count, store.describe(key))
 
         return Segment(self.records, shards, load, labels, (*first_skips, *self.skipped))
 
 
-def read_manifest(out: Path, plan: str, part: int, inputs: tuple[int, int], records_per_shard: int,
+def read_manifest(store: Store, plan: str, part: int, inputs: tuple[int, int], records_per_shard: int,
                   payload: str, ndim: int) -> PartManifest | None:
     """Part ``part``'s manifest, strictly checked, or ``None`` when the part is not finished.
 
@@ -559,23 +583,26 @@ def read_manifest(out: Path, plan: str, part: int, inputs: tuple[int, int], reco
     (its own piece in the plan directory, or the chunk key of the whole shard it holds), its records
     must follow each other, and every number is bounded.
     """
-    path = out / part_key(plan, part, ".json")
-    if not path.is_file():
+    key = part_key(plan, part, ".json")
+    where = store.describe(key)
+    if not store.exists(key):
         return None
-    where = str(path)
     try:
-        doc = read_json(path)
+        doc = read_json_object(store, key)
         m = _parse_manifest(doc, where, records_per_shard, payload, ndim, plan)
     except (ShardkitError, KeyError, TypeError, ValueError) as exc:
-        logger.warning("%s: unreadable part manifest (%s); the part is converted again", path, exc)
+        logger.warning("%s: unreadable part manifest (%s); the part is converted again", where, exc)
         return None
     if m.part != part or m.inputs != inputs:
-        logger.warning("%s: manifest of another part; the part is converted again", path)
+        logger.warning("%s: manifest of another part; the part is converted again", where)
         return None
     for piece in m.pieces:
-        f = out / piece["key"]
-        if not f.is_file() or f.stat().st_size != piece["nbytes"]:
-            logger.info("%s: a file of the part is missing or changed; the part is converted again", path)
+        try:
+            size = store.head(piece["key"]).size
+        except FileNotFoundError:
+            size = -1
+        if size != piece["nbytes"]:
+            logger.info("%s: a file of the part is missing or changed; the part is converted again", where)
             return None
     return m
 
@@ -619,8 +646,8 @@ def write_part(job: PartJob, offset: int, spilled: Spilled | None = None) -> Par
     Reads the spill :func:`count_part` left when it is on this machine, and decodes the inputs
     again otherwise (same bytes: decoding is deterministic).
     """
-    _check_reach(job)
-    sink = _AlignedWriter(job, offset)
+    store = _check_reach(job)
+    sink = _AlignedWriter(job, offset, store)
     try:
         if spilled is not None and spilled.host == socket.gethostname() and _read_spill(Path(spilled.path), job) is not None:
             tally = _replay_spill(Path(spilled.path), job, sink)

@@ -34,28 +34,31 @@ plan) only finishes its cleanup.
 
 from __future__ import annotations
 
-import errno
 import logging
 import math
 import os
-import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from shardkit.errors import ChecksumError, ConversionError, SchemaError, TruncatedShardError
-from shardkit.formats.atomic import fsync_dir, write_bytes_atomic
+from shardkit.errors import ChecksumError, ConversionError, ObjectTooLargeError, SchemaError, TruncatedShardError
 from shardkit.formats.checksums import FileDigest
 from shardkit.formats.codecs import codec_from_json, get_codec
 from shardkit.formats.fields import read_field_array, write_field_array
 from shardkit.formats.index import ShardIndex, crc32c_of
-from shardkit.formats.metadata import DEFAULT_FIELD_CHUNK, DatasetMeta, encode_json, group_metadata, read_json, write_json_atomic
-from shardkit.formats.paths import resolve_inside
+from shardkit.formats.metadata import (
+    DEFAULT_FIELD_CHUNK,
+    MAX_DOCUMENT_NBYTES,
+    DatasetMeta,
+    encode_json,
+    group_metadata,
+    read_json_object,
+)
+from shardkit.formats.publish import copy_object, object_matches, put_checked, writing
 from shardkit.formats.spec import (
     ATTRS_KEY,
     FORMAT_MINOR,
@@ -75,6 +78,7 @@ from shardkit.formats.versions import (
     version_of,
 )
 from shardkit.formats.writer import FIELD_CODEC, ShardWriter, field_chunk_for, payload_document
+from shardkit.stores import Location, Store, open_store
 
 __all__ = [
     "StoredShard",
@@ -84,7 +88,7 @@ __all__ = [
     "commit",
     "merge_labels",
     "plan_shards",
-    "link_file",
+    "build_shard",
 ]
 
 logger = logging.getLogger(__name__)
@@ -96,8 +100,9 @@ class StoredShard:
 
     Attributes
     ----------
-    root, key
-        Where it is: ``root / key`` (``key`` is checked to stay inside ``root``).
+    store, key
+        Where it is: object ``key`` of ``store`` (a local directory or an object-store prefix; a
+        store pickles as its URL, so a shard can be handed to a task on another machine).
     count
         Records it holds (entries ``0 .. count - 1`` of its index).
     capacity
@@ -107,7 +112,7 @@ class StoredShard:
         :class:`~shardkit.formats.spec.ShardInfo`).
     """
 
-    root: Path
+    store: Store
     key: str
     count: int
     capacity: int
@@ -117,17 +122,13 @@ class StoredShard:
     index_crc32c: int
 
     @classmethod
-    def of(cls, root: Path, info: ShardInfo, capacity: int, key: str | None = None) -> StoredShard:
-        """The shard file ``info`` describes (``info.path``, or ``key``, under ``root``)."""
+    def of(cls, store: Store, info: ShardInfo, capacity: int, key: str | None = None) -> StoredShard:
+        """The shard file ``info`` describes (``info.path``, or ``key``, in ``store``)."""
         if info.data_crc32c is None or info.index_crc32c is None:
-            raise SchemaError(f"{root / (key or info.path)}: a shard without data/index checksums (format 1.0) cannot be "
-                              "re-packed; convert it again with this shardkit")
-        return cls(Path(root), key or info.path, info.count, capacity, info.nbytes, info.crc32c,
+            raise SchemaError(f"{store.describe(key or info.path)}: a shard without data/index checksums (format 1.0) "
+                              "cannot be re-packed; convert it again with this shardkit")
+        return cls(store, key or info.path, info.count, capacity, info.nbytes, info.crc32c,
                    info.data_crc32c, info.index_crc32c)
-
-    @property
-    def path(self) -> Path:
-        return resolve_inside(self.root, self.key, "shard file")
 
     def info_at(self, key: str, start: int) -> ShardInfo:
         """Its :class:`ShardInfo` as global shard ``key`` starting at record ``start``."""
@@ -252,7 +253,7 @@ def _remapped(values: np.ndarray, lookup: np.ndarray) -> np.ndarray:
 
 
 def plan_shards(
-    base_records: int, base_last: StoredShard | None, segments: Sequence[Segment], records_per_shard: int, root: Path,
+    base_records: int, base_last: StoredShard | None, segments: Sequence[Segment], records_per_shard: int, root: Store,
     payload: str, ndim: int,
 ) -> list[ShardRecipe]:
     """Recipes of every global shard from the base's last (not full) one to the end.
@@ -289,29 +290,9 @@ def plan_shards(
         whole = (len(pieces) == 1 and pieces[0][1] == 0 and pieces[0][0].count == hi - lo
                  and pieces[0][0].capacity == s)
         key = chunk_key(payload, k, ndim)
-        in_place = whole and pieces[0][0].root == root and pieces[0][0].key == key
+        in_place = whole and pieces[0][0].store.url == root.url and pieces[0][0].key == key
         recipes.append(ShardRecipe(k, lo, hi, tuple(pieces), in_place=in_place, link=whole and not in_place))
     return recipes
-
-
-def link_file(src: Path, dst: Path, *, durable: bool = True) -> None:
-    """Make ``dst`` a hard link of ``src`` (a copy where the file system cannot link), atomically."""
-    tmp = dst.with_name(dst.name + ".partial")
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp.unlink(missing_ok=True)
-    try:
-        os.link(src, tmp)
-    except OSError as exc:
-        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
-            raise
-        with open(src, "rb") as fin, open(tmp, "wb") as fout:
-            shutil.copyfileobj(fin, fout, 8 << 20)
-            if durable:
-                fout.flush()
-                os.fsync(fout.fileno())
-    os.replace(tmp, dst)
-    if durable:
-        fsync_dir(dst.parent)
 
 
 def _stored_records(shard: StoredShard, first: int, count: int, record: FieldSpec, compressed: bool) -> tuple[bytes, list[int]]:
@@ -320,21 +301,27 @@ def _stored_records(shard: StoredShard, first: int, count: int, record: FieldSpe
     The whole file is read and checked against its recorded size, index crc32c and records crc32c,
     so a damaged source is refused (naming it) instead of being re-packed under fresh checksums.
     """
-    path = shard.path
-    with open(path, "rb") as fh:
-        data = fh.read(shard.nbytes + 1)
+    path = shard.store.describe(shard.key)
+    try:
+        if shard.store.is_local:
+            with open(shard.store.local_path(shard.key), "rb") as fh:
+                data = fh.read(shard.nbytes + 1)
+        else:
+            data = shard.store.get(shard.key, max_nbytes=shard.nbytes)
+    except (FileNotFoundError, ObjectTooLargeError) as exc:
+        raise TruncatedShardError(f"{path}: expected {shard.nbytes} bytes as recorded ({exc})") from None
     if len(data) != shard.nbytes:
         raise TruncatedShardError(f"{path}: expected {shard.nbytes} bytes as recorded, found {len(data)}")
     isize = index_nbytes(shard.capacity)
     data_n = shard.nbytes - isize
-    idx = ShardIndex.decode(data[data_n:], shard.capacity, path=str(path), data_nbytes=data_n,
+    idx = ShardIndex.decode(data[data_n:], shard.capacity, path=path, data_nbytes=data_n,
                             recorded_crc32c=shard.index_crc32c)
     if crc32c_of(memoryview(data)[:data_n]) != shard.data_crc32c:
         raise ChecksumError(f"{path}: records crc32c differs from the {shard.data_crc32c:#010x} recorded")
     if int(idx.present[: shard.count].sum()) != shard.count:
         raise ChecksumError(f"{path}: index holds fewer than the {shard.count} records recorded")
     if not compressed:
-        idx.check_dense(str(path), shard.count, record.nbytes)
+        idx.check_dense(path, shard.count, record.nbytes)
         rn = record.nbytes
         return data[first * rn : (first + count) * rn], [rn] * count
     offs = idx.offsets[first : first + count].astype(np.int64)
@@ -344,22 +331,23 @@ def _stored_records(shard: StoredShard, first: int, count: int, record: FieldSpe
     return blob, sizes.tolist()
 
 
-def build_shard(root: Path, key: str, pieces: Sequence[tuple[StoredShard, int, int]], capacity: int, record: FieldSpec,
+def build_shard(store: Store, key: str, pieces: Sequence[tuple[StoredShard, int, int]], capacity: int, record: FieldSpec,
                 compression: dict[str, Any] | None, durable: bool, start: int, stop: int) -> ShardInfo:
-    """Re-pack one shard (records ``start .. stop - 1``) from its pieces into ``root / key``.
+    """Re-pack one shard (records ``start .. stop - 1``) from its pieces into ``key`` of ``store``.
 
     A task of its own (module level, small arguments), so a commit can run it on any executor.
     """
     codec = None if compression is None else codec_from_json(compression)
-    writer = ShardWriter(resolve_inside(root, key, "payload shard"), capacity, record, codec, durable=durable)
-    try:
-        for shard, first, count in pieces:
-            data, sizes = _stored_records(shard, first, count, record, codec is not None)
-            writer.append_stored(data, sizes)
-        sums = writer.close()
-    except BaseException:
-        writer.abort()
-        raise
+    with writing(store, key) as path:
+        writer = ShardWriter(path, capacity, record, codec, durable=durable)
+        try:
+            for shard, first, count in pieces:
+                data, sizes = _stored_records(shard, first, count, record, codec is not None)
+                writer.append_stored(data, sizes)
+            sums = writer.close()
+        except BaseException:
+            writer.abort()
+            raise
     return ShardInfo(key, start, stop, sums.nbytes, sums.crc32c, sums.data_crc32c, sums.index_crc32c)
 
 
@@ -372,9 +360,9 @@ def _done(value: ShardInfo) -> Future[ShardInfo]:
 class _Commit:
     """One commit in progress (see :func:`commit`); each method is one idempotent step."""
 
-    def __init__(self, root: Path, template: DatasetMeta, base: DatasetMeta | None, segments: Sequence[Segment],
+    def __init__(self, store: Store, template: DatasetMeta, base: DatasetMeta | None, segments: Sequence[Segment],
                  plan: str, durable: bool) -> None:
-        self.root = root
+        self.store = store
         self.base = base
         self.segments = list(segments)
         self.plan = plan
@@ -389,28 +377,40 @@ class _Commit:
     # ------------------------------------------------------------------ retiring old files
     def retire(self, rel: str, nbytes: int, crc: int, *, check_crc: bool) -> None:
         """Keep the base's ``rel`` (``nbytes``, ``crc``) as a retired copy before it is replaced."""
-        dst = resolve_inside(self.root, retired_key(rel, nbytes, crc), "retired dataset file")
-        if dst.exists():
+        store = self.store
+        dst = retired_key(rel, nbytes, crc)
+        if store.exists(dst):
             return
-        src = resolve_inside(self.root, rel, "dataset file")
-        same = src.is_file() and src.stat().st_size == nbytes and (not check_crc or crc32c_of(src.read_bytes()) == crc)
+        try:
+            size = store.head(rel).size
+        except FileNotFoundError:
+            size = -1
+        same = size == nbytes and (not check_crc or crc32c_of(store.get(rel, max_nbytes=nbytes)) == crc)
         if not same:
             raise ConversionError(
-                f"{src}: expected the bytes version {self.number - 1} recorded ({nbytes} bytes, crc32c {crc:#010x}) "
-                f"and found others, with no retired copy in {self.root / VERSIONS_DIR}; the dataset was changed "
-                "outside shardkit"
+                f"{store.describe(rel)}: expected the bytes version {self.number - 1} recorded ({nbytes} bytes, crc32c "
+                f"{crc:#010x}) and found others, with no retired copy in {store.describe(VERSIONS_DIR)}; the dataset "
+                "was changed outside shardkit"
             )
-        link_file(src, dst, durable=self.durable)
+        copy_object(store, rel, store, dst, durable=self.durable)
         self.retired += 1
+
+    def holds(self, key: str, src: StoredShard) -> bool:
+        """``key`` is already ``src`` (linked by an interrupted earlier run): a hard link to it, or an
+        object with its size and crc32c (one HEAD)."""
+        if self.store.is_local:
+            dst = self.store.local_path(key)
+            return src.store.is_local and dst.is_file() and os.path.samefile(dst, src.store.local_path(src.key))
+        return object_matches(self.store, key, src.nbytes, src.crc32c)
 
     # ------------------------------------------------------------------ steps
     def save_base_version(self) -> None:
         """The base's root document as version ``n - 1`` (a dataset written before versions existed)."""
         if self.base is None:
             return
-        path = resolve_inside(self.root, version_key(self.number - 1), "version document")
-        if not path.exists():
-            write_bytes_atomic(path, (self.root / ZARR_JSON).read_bytes(), durable=self.durable)
+        key = version_key(self.number - 1)
+        if not self.store.exists(key):
+            put_checked(self.store, key, self.store.get(ZARR_JSON, max_nbytes=MAX_DOCUMENT_NBYTES))
 
     def shards(self, report: dict[str, int], executor: Executor | None) -> list[ShardInfo]:
         """Every new global shard in place (built, linked or already there); returns the shard list.
@@ -427,8 +427,8 @@ class _Commit:
         if base is not None:
             out = list(base.shards[: self.n_base // self.s])
             if self.n_base % self.s:
-                base_last = StoredShard.of(self.root, base.shards[-1], self.s)
-        recipes = plan_shards(self.n_base, base_last, self.segments, self.s, self.root, payload, ndim)
+                base_last = StoredShard.of(self.store, base.shards[-1], self.s)
+        recipes = plan_shards(self.n_base, base_last, self.segments, self.s, self.store, payload, ndim)
         builds: dict[int, Future[ShardInfo]] = {}
         for recipe in recipes:
             key = chunk_key(payload, recipe.index, ndim)
@@ -440,9 +440,9 @@ class _Commit:
                 # which holds them whether this run or an interrupted earlier one replaced the file.
                 info = base.shards[-1]
                 self.retire(info.path, info.nbytes, info.crc32c, check_crc=False)
-                kept = StoredShard.of(self.root, info, self.s, key=retired_key(info.path, info.nbytes, info.crc32c))
+                kept = StoredShard.of(self.store, info, self.s, key=retired_key(info.path, info.nbytes, info.crc32c))
                 pieces = ((kept, *pieces[0][1:]), *pieces[1:])
-            args = (self.root, key, pieces, self.s, self.template.record, self.template.compression, self.durable,
+            args = (self.store, key, pieces, self.s, self.template.record, self.template.compression, self.durable,
                     recipe.start, recipe.stop)
             builds[recipe.index] = executor.submit(build_shard, *args) if executor is not None else _done(build_shard(*args))
         for recipe in recipes:
@@ -452,9 +452,8 @@ class _Commit:
                 report["in_place"] += 1
             elif recipe.link:
                 src = recipe.pieces[0][0]
-                dst = resolve_inside(self.root, key, "payload shard")
-                if not (dst.is_file() and os.path.samefile(dst, src.path)):
-                    link_file(src.path, dst, durable=self.durable)
+                if not self.holds(key, src):
+                    copy_object(src.store, src.key, self.store, key, durable=self.durable)
                 out.append(src.info_at(key, recipe.start))
                 report["linked"] += 1
                 report["bytes_linked"] += src.nbytes
@@ -477,7 +476,7 @@ class _Commit:
             if base is not None and self.n_base:
                 old_chunk = base.field_chunk_records
                 first = self.n_base // chunk if old_chunk == chunk else 0
-                parts.append(read_field_array(self.root, name, spec, self.n_base, old_chunk, base.files, first_chunk=first))
+                parts.append(read_field_array(self.store, name, spec, self.n_base, old_chunk, base.files, first_chunk=first))
                 for rel, digest in base.files.items():
                     if rel.startswith(f"{name}/") and rel != f"{name}/{ZARR_JSON}":
                         j = int(rel[len(name) + 3 :].split("/", 1)[0])
@@ -492,7 +491,7 @@ class _Commit:
                 v = spec.check(name, seg_values[name], seg_values[name].shape[0])
                 parts.append(_remapped(v, remap[name]) if name in remap else v)
             data = np.concatenate(parts) if parts else np.empty((0, *spec.shape), spec.dtype)
-            files |= write_field_array(self.root, name, spec, data, chunk, codec, durable=self.durable, first_chunk=first)
+            files |= write_field_array(self.store, name, spec, data, chunk, codec, durable=self.durable, first_chunk=first)
         return files
 
     def payload_doc(self, meta: DatasetMeta) -> FileDigest:
@@ -500,40 +499,38 @@ class _Commit:
         if self.base is not None and rel in self.base.files:
             doc = self.base.files[rel]
             self.retire(rel, doc.nbytes, doc.crc32c, check_crc=True)
-        return write_json_atomic(resolve_inside(self.root, rel, "payload array document"), payload_document(meta),
-                                 durable=self.durable)
+        data = encode_json(payload_document(meta))
+        put_checked(self.store, rel, data)
+        return FileDigest.of(data)
 
     def publish(self, meta: DatasetMeta) -> None:
         """The new version's root document: its copy under ``.shardkit-versions``, then ``zarr.json``."""
         data = encode_json(group_metadata(meta))
-        write_bytes_atomic(resolve_inside(self.root, version_key(self.number), "version document"), data,
-                           durable=self.durable)
-        write_bytes_atomic(self.root / ZARR_JSON, data, durable=self.durable)
+        put_checked(self.store, version_key(self.number), data)
+        put_checked(self.store, ZARR_JSON, data)
 
     def drop_strays(self, shards: int) -> None:
         """Delete payload shard files past the last shard (left by an abandoned plan; no version lists them)."""
-        top = self.root / self.template.payload / "c"
-        if not top.is_dir():
-            return
-        for entry in top.iterdir():
-            if entry.name.isdigit() and int(entry.name) >= shards and not entry.is_symlink():
-                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+        prefix = f"{self.template.payload}/c"
+        for meta in list(self.store.list(prefix)):
+            index = meta.key[len(prefix) + 1 :].split("/", 1)[0]
+            if index.isdigit() and int(index) >= shards:
+                self.store.delete(meta.key)
 
 
-def _committed(root: Path, plan: str) -> DatasetMeta | None:
+def _committed(store: Store, plan: str) -> DatasetMeta | None:
     """The dataset's metadata if its root document already describes the commit ``plan``."""
-    doc_path = root / ZARR_JSON
-    if not doc_path.is_file():
+    if not store.exists(ZARR_JSON):
         return None
-    doc = read_json(doc_path)
+    doc = read_json_object(store, ZARR_JSON)
     attrs = doc.get("attributes", {}).get(ATTRS_KEY) if isinstance(doc.get("attributes"), dict) else None
     if not isinstance(attrs, dict) or not isinstance(attrs.get("source"), dict) or attrs["source"].get("plan") != plan:
         return None
-    return DatasetMeta.from_json(attrs, where=str(doc_path))
+    return DatasetMeta.from_json(attrs, where=store.describe(ZARR_JSON))
 
 
 def commit(
-    root: str | os.PathLike[str],
+    root: Location,
     template: DatasetMeta,
     segments: Sequence[Segment],
     *,
@@ -549,7 +546,7 @@ def commit(
     Parameters
     ----------
     root
-        Dataset directory (created if needed).
+        Dataset directory (created if needed), object-store URL, or store.
     template
         Kind, payload, record, fields, records per shard, compression, field chunk, labels, transform,
         extra and source of the dataset (the base's own metadata when there is a base).
@@ -577,20 +574,21 @@ def commit(
     CommitReport
     """
     t0 = time.perf_counter()
-    root = Path(root)
-    done = _committed(root, plan)
+    store = open_store(root)
+    if store.is_local:
+        store.local_path().mkdir(parents=True, exist_ok=True)
+    done = _committed(store, plan)
     if done is not None:
-        prune(root, keep_versions)
+        prune(store, keep_versions)
         return CommitReport(done, version_of(done.to_json()), seconds=time.perf_counter() - t0, already_committed=True)
     if base is not None:
-        current = _committed_version(root)
+        current = _committed_version(store)
         if current != version_of(base.to_json()):
             raise ConversionError(
                 f"{root}: the dataset is at version {current}, but this commit was planned on version "
                 f"{version_of(base.to_json())}; another commit came first. Re-run the command to plan it again"
             )
-    root.mkdir(parents=True, exist_ok=True)
-    job = _Commit(root, template, base, segments, plan, durable)
+    job = _Commit(store, template, base, segments, plan, durable)
     labels, remaps = merge_labels(template.labels, [seg.labels for seg in job.segments])
     job.save_base_version()
     report = {"in_place": 0, "linked": 0, "repacked": 0, "bytes_linked": 0, "bytes_repacked": 0}
@@ -605,17 +603,17 @@ def commit(
     files = job.fields(remaps, meta.field_chunk_records)
     files[f"{meta.payload}/{ZARR_JSON}"] = job.payload_doc(meta)
     meta = meta.with_(files=dict(sorted(files.items(), key=lambda kv: _file_order(kv[0], meta))))
-    meta.check_layout(str(root / ZARR_JSON))
+    meta.check_layout(store.describe(ZARR_JSON))
     job.publish(meta)
     job.drop_strays(len(shards))
-    prune(root, keep_versions)
+    prune(store, keep_versions)
     result = CommitReport(
         meta, job.number, records_added=job.total - job.n_base, shards_in_place=report["in_place"],
         shards_linked=report["linked"], shards_repacked=report["repacked"], bytes_linked=report["bytes_linked"],
         bytes_repacked=report["bytes_repacked"], retired=job.retired, seconds=time.perf_counter() - t0,
     )
     logger.info("%s: version %d committed (%d records added; shards: %d in place, %d linked, %d re-packed, %d bytes)",
-                root, job.number, result.records_added, result.shards_in_place, result.shards_linked,
+                store.url, job.number, result.records_added, result.shards_in_place, result.shards_linked,
                 result.shards_repacked, result.bytes_repacked)
     return result
 
@@ -644,8 +642,8 @@ def _field_chunk(template: DatasetMeta, base: DatasetMeta | None) -> int:
     return field_chunk_for(template.fields, DEFAULT_FIELD_CHUNK)
 
 
-def _committed_version(root: Path) -> int:
-    doc = read_json(root / ZARR_JSON)
+def _committed_version(store: Store) -> int:
+    doc = read_json_object(store, ZARR_JSON)
     attrs = doc.get("attributes", {}).get(ATTRS_KEY) if isinstance(doc.get("attributes"), dict) else None
     return version_of(attrs) if isinstance(attrs, dict) else 0
 

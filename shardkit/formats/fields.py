@@ -13,28 +13,31 @@ the metadata. Every size is checked before the buffer it determines is allocated
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from shardkit.errors import CorruptShardError, MissingShardError, NotADatasetError
+from shardkit.errors import ChecksumError, CorruptShardError, MissingShardError, NotADatasetError, TruncatedShardError
 from shardkit.formats import jsonvalues as jv
 from shardkit.formats.atomic import write_bytes_atomic
-from shardkit.formats.checksums import FileDigest
+from shardkit.formats.checksums import FileDigest, read_objects
 from shardkit.formats.codecs import RecordCodec, codec_from_zarr
-from shardkit.formats.metadata import array_metadata, write_json_atomic
+from shardkit.formats.metadata import array_metadata, encode_json
 from shardkit.formats.paths import resolve_inside
+from shardkit.formats.publish import put_checked
 from shardkit.formats.spec import MAX_NDIM, ZARR_JSON, FieldSpec, chunk_key
 from shardkit.formats.versions import read_document, read_versioned
+from shardkit.stores import LocalStore, Store
 
 __all__ = ["read_field_array", "write_field_array"]
 
 
 def write_field_array(
-    root: Path,
+    root: Path | Store,
     name: str,
     spec: FieldSpec,
     data: np.ndarray,
@@ -44,7 +47,8 @@ def write_field_array(
     durable: bool = True,
     first_chunk: int = 0,
 ) -> dict[str, FileDigest]:
-    """Write field ``name`` (``data`` of shape ``[n, *spec.shape]``) and its ``zarr.json`` under ``root``.
+    """Write field ``name`` (``data`` of shape ``[n, *spec.shape]``) and its ``zarr.json`` under ``root``
+    (a directory or a store).
 
     Returns the digest of every file written, by path relative to ``root`` (the document last), for
     the metadata's ``files`` map. Each file appears atomically; a full disk raises OutOfSpaceError
@@ -64,8 +68,7 @@ def write_field_array(
         block[: part.shape[0]] = part
         blob = codec.encode(block) if codec is not None else block.tobytes()
         rel = chunk_key(name, j, ndim)
-        write_bytes_atomic(root / rel, blob, durable=durable)
-        digests[rel] = FileDigest.of(blob)
+        digests[rel] = _put(root, rel, blob, durable)
     document = array_metadata(
         shape=(n, *spec.shape),
         dtype=spec.dtype,
@@ -73,12 +76,24 @@ def write_field_array(
         codec=codec,
         itemsize=le.itemsize,
     )
-    digests[f"{name}/{ZARR_JSON}"] = write_json_atomic(root / name / ZARR_JSON, document, durable=durable)
+    digests[f"{name}/{ZARR_JSON}"] = _put(root, f"{name}/{ZARR_JSON}", encode_json(document), durable)
     return digests
 
 
+def _put(root: Path | Store, key: str, data: bytes, durable: bool) -> FileDigest:
+    """One file of a dataset, whole or not at all: an atomic local write, or one PUT (its crc32c in
+    the object's metadata, as every uploaded object of a dataset has)."""
+    digest = FileDigest.of(data)
+    if isinstance(root, Store) and not root.is_local:
+        put_checked(root, key, data, digest.crc32c)
+    else:
+        local = root.local_path() if isinstance(root, Store) else root
+        write_bytes_atomic(resolve_inside(local, key, "field array file"), data, durable=durable)
+    return digest
+
+
 def read_field_array(
-    root: Path,
+    root: Path | Store,
     name: str,
     spec: FieldSpec,
     num_records: int,
@@ -87,7 +102,8 @@ def read_field_array(
     *,
     first_chunk: int = 0,
 ) -> np.ndarray:
-    """Read field ``name`` of the dataset at ``root`` whole into RAM, checking everything.
+    """Read field ``name`` of the dataset at ``root`` (a directory or a store) whole into RAM,
+    checking everything.
 
     Parameters
     ----------
@@ -95,7 +111,9 @@ def read_field_array(
         What the dataset metadata declares: the document must say exactly ``[num_records, *spec.shape]``
         of ``spec.dtype`` in chunks of ``chunk_records`` records.
     files
-        The metadata's digests (format 1.1), or ``None`` / empty for a 1.0 dataset.
+        The metadata's digests (format 1.1), or ``None`` / empty for a 1.0 dataset. A file a newer
+        version of the dataset replaced is read from the copy kept for this one
+        (:mod:`~shardkit.formats.versions`).
     first_chunk
         Read only the records from this chunk on (``first_chunk * chunk_records`` to the end): what a
         commit that appends records needs of the last, partly filled chunk.
@@ -110,50 +128,66 @@ def read_field_array(
         A chunk (or the document) is missing, has the wrong size or checksum, or does not decode.
     """
     files = files or {}
-    resolve_inside(root, name, "field array")
+    store = root if isinstance(root, Store) else LocalStore(root)
+    if store.is_local:
+        resolve_inside(store.local_path(), name, "field array")
     doc_rel = f"{name}/{ZARR_JSON}"
-    doc_path = resolve_inside(root, doc_rel, "field array document")
-    if not doc_path.exists():
-        raise NotADatasetError(f"{root / name}: field array metadata {root / doc_rel} is missing")
-    doc = read_document(root, doc_rel, files.get(doc_rel))
-    codec = _check_field_document(doc, str(doc_path), spec, num_records, chunk_records)
-    chunks = _chunk_files(root, name, 1 + len(spec.shape), math.ceil(num_records / chunk_records))[first_chunk:]
+    if store.is_local and not store.local_path(doc_rel).exists():
+        raise NotADatasetError(f"{store.describe(name)}: field array metadata {store.describe(doc_rel)} is missing")
+    try:
+        doc = read_document(store, doc_rel, files.get(doc_rel))
+    except MissingShardError:
+        raise NotADatasetError(f"{store.describe(name)}: field array metadata {store.describe(doc_rel)} is missing") from None
+    codec = _check_field_document(doc, store.describe(doc_rel), spec, num_records, chunk_records)
+    dtype = np.dtype(spec.dtype).newbyteorder("<")
+    block = np.empty((chunk_records, *spec.shape), dtype=dtype)
+    # Any codec's worst case is far below twice the raw size: a larger file is not a chunk.
+    chunks = _chunk_sources(store, name, 1 + len(spec.shape), math.ceil(num_records / chunk_records), files,
+                            max_nbytes=2 * block.nbytes + 1024, first=first_chunk)
     base = first_chunk * chunk_records
-    # Allocation bounded by what exists: every chunk file is there (checked just above), each one
+    # Allocation bounded by what exists: every chunk is there (checked just above), each one
     # decodes to chunk_records x spec.nbytes <= MAX_FIELD_CHUNK_NBYTES (DatasetMeta.check_layout), so
     # a document that claims more records than the dataset holds fails before this line.
-    dtype = np.dtype(spec.dtype).newbyteorder("<")
     out = np.empty((max(0, num_records - base), *spec.shape), dtype=dtype)
-    block = np.empty((chunk_records, *spec.shape), dtype=dtype)
-    for j, (rel, _real) in enumerate(chunks):
-        # Any codec's worst case is far below twice the raw size: a larger file is not a chunk.
-        data = read_versioned(root, rel, files.get(rel), what="field chunk", max_nbytes=2 * block.nbytes + 1024)
+    for j, (rel, load) in enumerate(chunks):
+        data = load()
         try:
             if codec is None:
                 block[...] = np.frombuffer(data, dtype=dtype).reshape(block.shape)
             else:
                 codec.decode(data, block)
         except Exception as exc:
-            raise CorruptShardError(f"{root / rel}: field chunk does not decode to {block.shape} {dtype} ({exc})") from None
+            raise CorruptShardError(f"{store.describe(rel)}: field chunk does not decode to {block.shape} {dtype} ({exc})") from None
         start = j * chunk_records
         out[start : start + chunk_records] = block[: num_records - base - start]
     return out
 
 
-def _chunk_files(root: Path, name: str, ndim: int, count: int) -> list[tuple[str, Path]]:
-    """``(relative, resolved)`` path of every chunk of field ``name``; each must exist inside ``root``.
+def _chunk_sources(
+    store: Store, name: str, ndim: int, count: int, files: Mapping[str, FileDigest], *, max_nbytes: int, first: int = 0
+) -> list[tuple[str, Callable[[], bytes]]]:
+    """``(relative key, loader)`` of every chunk of field ``name``; each must exist.
 
     zarr reads a missing chunk as the fill value, but shardkit writes every chunk, so a missing one
-    was lost: an error, in every format version.
+    was lost: an error, in every format version. Local chunks are checked to exist here and read
+    one at a time later; remote chunks are downloaded here, all at once (sizes bounded first), so a
+    missing one fails before the field's array is allocated.
     """
-    out = []
-    for j in range(count):
-        rel = chunk_key(name, j, ndim)
-        real = resolve_inside(root, rel, "field chunk")
-        if not real.is_file():
-            raise MissingShardError(f"{root / rel}: field chunk listed in the dataset metadata is missing")
-        out.append((rel, real))
-    return out
+    keys = [chunk_key(name, j, ndim) for j in range(first, count)]
+    if store.is_local:
+        out: list[tuple[str, Callable[[], bytes]]] = []
+        for rel in keys:
+            real = resolve_inside(store.local_path(), rel, "field chunk")
+            if not real.is_file():
+                raise MissingShardError(f"{store.describe(rel)}: field chunk listed in the dataset metadata is missing")
+            out.append((rel, functools.partial(read_versioned, store, rel, files.get(rel), what="field chunk",
+                                               max_nbytes=max_nbytes)))
+        return out
+    try:
+        blobs = read_objects(store, keys, files, what="field chunk", max_nbytes=max_nbytes)
+    except (TruncatedShardError, ChecksumError):  # a newer version replaced a chunk: one at a time, as recorded
+        blobs = [read_versioned(store, k, files.get(k), what="field chunk", max_nbytes=max_nbytes) for k in keys]
+    return [(rel, functools.partial(bytes, blob)) for rel, blob in zip(keys, blobs)]
 
 
 def _check_field_document(

@@ -16,9 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
@@ -26,9 +24,10 @@ from shardkit.errors import ConversionError
 from shardkit.formats.commit import CommitReport, Segment, StoredShard, commit
 from shardkit.formats.dataset import Dataset
 from shardkit.formats.metadata import DEFAULT_FIELD_CHUNK, DatasetMeta, read_dataset_meta
-from shardkit.formats.outputs import PARTS_DIR, clear_output
+from shardkit.formats.outputs import PARTS_DIR, clear_store, top_names
 from shardkit.formats.spec import ZARR_JSON
 from shardkit.formats.versions import DEFAULT_KEEP_VERSIONS, version_of
+from shardkit.stores import Location, as_location, open_store
 
 __all__ = ["merge", "check_same_schema"]
 
@@ -62,7 +61,7 @@ def check_same_schema(first: DatasetMeta, other: DatasetMeta, where: str) -> Non
 
 def _segment(ds: Dataset) -> Segment:
     """A dataset's records as a segment of the commit (its fields loaded, and checked, when needed)."""
-    shards = tuple(StoredShard.of(ds.path, info, ds.meta.records_per_shard) for info in ds.meta.shards)
+    shards = tuple(StoredShard.of(ds.store, info, ds.meta.records_per_shard) for info in ds.meta.shards)
 
     def fields() -> dict[str, np.ndarray]:
         return ds.fields
@@ -71,8 +70,8 @@ def _segment(ds: Dataset) -> Segment:
 
 
 def merge(
-    inputs: Sequence[str | os.PathLike[str]],
-    out: str | os.PathLike[str],
+    inputs: Sequence[Location],
+    out: Location,
     *,
     overwrite: bool = False,
     keep_versions: int = DEFAULT_KEEP_VERSIONS,
@@ -82,9 +81,11 @@ def merge(
     Parameters
     ----------
     inputs
-        At least one dataset, all of one schema (kind, record, fields, transform, compression).
+        At least one dataset (directory or URL), all of one schema (kind, record, fields, transform,
+        compression).
     out
-        The new dataset's directory (absent or empty; a merge of the same inputs there is left alone).
+        The new dataset's directory or URL (absent or empty; a merge of the same inputs there is left
+        alone).
     overwrite
         Replace a shardkit dataset at ``out``.
     keep_versions
@@ -102,25 +103,25 @@ def merge(
     """
     if not inputs:
         raise ConversionError("merge: give at least one dataset")
-    out = Path(os.path.abspath(out))
-    opened = [Dataset(p) for p in inputs]
+    store = open_store(as_location(out, resolve=True))
+    opened = [Dataset(as_location(p, resolve=True)) for p in inputs]
     try:
         first = opened[0].meta
         for ds in opened[1:]:
             check_same_schema(first, ds.meta, str(ds.path))
-        identity = [{"path": str(Path(os.path.abspath(ds.path))), "crc": ds.meta.to_json().get("attributes_crc32c"),
+        identity = [{"path": str(ds.path), "crc": ds.meta.to_json().get("attributes_crc32c"),
                      "records": ds.num_records} for ds in opened]
         plan = "merge-" + hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
-        if (out / ZARR_JSON).is_file() and not overwrite:
-            done = read_dataset_meta(out)
+        if store.exists(ZARR_JSON) and not overwrite:
+            done = read_dataset_meta(store)
             if done.source.get("plan") == plan:
-                logger.info("%s: already the merge of these datasets", out)
+                logger.info("%s: already the merge of these datasets", store.url)
                 return CommitReport(done, version_of(done.to_json()), already_committed=True)
-            raise ConversionError(f"{out}: a dataset already exists here; use --overwrite to replace it")
+            raise ConversionError(f"{store.url}: a dataset already exists here; use --overwrite to replace it")
         if overwrite:
-            clear_output(out)
-        elif out.exists() and any(e.name != PARTS_DIR for e in out.iterdir()):
-            raise ConversionError(f"{out}: output directory is not empty; choose another directory")
+            clear_store(store)
+        elif top_names(store, (PARTS_DIR,)):
+            raise ConversionError(f"{store.url}: output is not empty; choose another directory or prefix")
         segments = [_segment(ds) for ds in opened]
         template = first.with_(
             num_records=0, labels={}, field_chunk=DEFAULT_FIELD_CHUNK,
@@ -128,10 +129,10 @@ def merge(
                                for i, ds in zip(identity, opened)]},
         )
         history = {"operation": "merge", "inputs": [i["path"] for i in identity]}
-        report = commit(out, template, segments, base=None, plan=plan, history=history, keep_versions=keep_versions)
+        report = commit(store, template, segments, base=None, plan=plan, history=history, keep_versions=keep_versions)
     finally:
         for ds in opened:
             ds.close()
-    logger.info("%s: merged %d datasets, %d records: %d shards linked, %d re-packed (%d bytes)", out, len(opened),
+    logger.info("%s: merged %d datasets, %d records: %d shards linked, %d re-packed (%d bytes)", store.url, len(opened),
                 report.meta.num_records, report.shards_linked, report.shards_repacked, report.bytes_repacked)
     return report

@@ -17,10 +17,11 @@ A commit saves each file it is about to replace under ``retired/``, named by the
 and crc32c the *old* metadata recorded for it (a hard link on a local file system, a server-side
 copy on an object store: no payload bytes move), before it writes the new bytes in place. A reader
 of an older version finds a replaced file by exactly what its own metadata recorded: a shard whose
-size, or a document or field chunk whose size or crc32c, is not what it expects is read from its
-retired copy instead (:func:`retired_path`, :func:`read_versioned`). Files are found by content,
-not by version number, so a reader needs nothing but its own metadata, and a file replaced twice
-(two small appends filling one shard) leaves one copy per content.
+size (or, in an object store, ETag) changed, or a document or field chunk whose size or crc32c is
+not what it expects, is read from its retired copy instead (:func:`older_copy`,
+:func:`read_versioned`). Files are found by content, not by version number, so a reader needs
+nothing but its own metadata, and a file replaced twice (two small appends filling one shard)
+leaves one copy per content. The same layout works in every store (:mod:`shardkit.stores`).
 
 Cleanup
     Each commit keeps the newest ``keep`` older versions openable (default
@@ -35,26 +36,16 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from shardkit.errors import (
-    ChecksumError,
-    MissingShardError,
-    NotADatasetError,
-    ShardkitError,
-    TruncatedShardError,
-    VersionGoneError,
-)
+from shardkit.errors import ChecksumError, MissingShardError, NotADatasetError, ShardkitError, TruncatedShardError, VersionGoneError
 from shardkit.formats import jsonvalues as jv
-from shardkit.formats.checksums import FileDigest, read_verified
-from shardkit.formats.metadata import MAX_DOCUMENT_NBYTES, parse_json_document, read_json
-from shardkit.formats.paths import resolve_inside
+from shardkit.formats.checksums import FileDigest, read_object
+from shardkit.formats.metadata import MAX_DOCUMENT_NBYTES, parse_json, read_json_object
 from shardkit.formats.spec import ATTRS_KEY, ZARR_JSON
+from shardkit.stores import Location, Store, open_store
 
 __all__ = [
     "VERSIONS_DIR",
@@ -62,7 +53,6 @@ __all__ = [
     "VersionInfo",
     "version_key",
     "retired_key",
-    "retired_path",
     "read_versioned",
     "older_copy",
     "read_document",
@@ -83,27 +73,23 @@ _VERSION_RE = re.compile(r"v(\d{6,})\.json")
 
 
 def version_key(number: int) -> str:
-    """Path (relative to the dataset root) of the root document of version ``number``."""
+    """Key (relative to the dataset root) of the root document of version ``number``."""
     return f"{VERSIONS_DIR}/v{number:06d}.json"
 
 
 def retired_key(rel: str, nbytes: int, crc32c: int) -> str:
-    """Path (relative to the root) of the retired copy of file ``rel`` whose bytes had that size and crc32c."""
+    """Key (relative to the root) of the retired copy of file ``rel`` whose bytes had that size and crc32c."""
     return f"{VERSIONS_DIR}/{_RETIRED}/{rel}@{nbytes}-{crc32c:08x}"
 
 
-def _is_versioned(root: Path) -> bool:
-    return (root / VERSIONS_DIR).is_dir()
+def _is_versioned(store: Store) -> bool:
+    if store.is_local:
+        return store.local_path(VERSIONS_DIR).is_dir()
+    return next(iter(store.list(VERSIONS_DIR)), None) is not None
 
 
-def retired_path(root: Path, rel: str, nbytes: int, crc32c: int) -> Path | None:
-    """The retired copy of ``rel`` with that size and crc32c, if a later version replaced it and kept it."""
-    path = resolve_inside(root, retired_key(rel, nbytes, crc32c), "retired dataset file")
-    return path if path.is_file() else None
-
-
-def read_versioned(root: Path, rel: str, digest: FileDigest | None, *, what: str, max_nbytes: int | None = None) -> bytes:
-    """The bytes of ``rel`` as the reader's metadata recorded them (``digest``), from its retired copy
+def read_versioned(store: Store, key: str, digest: FileDigest | None, *, what: str, max_nbytes: int | None = None) -> bytes:
+    """The bytes of ``key`` as the reader's metadata recorded them (``digest``), from its retired copy
     when a later version replaced the file.
 
     Raises
@@ -111,26 +97,25 @@ def read_versioned(root: Path, rel: str, digest: FileDigest | None, *, what: str
     VersionGoneError
         The file changed and its copy for this version was pruned (the reader must reopen).
     MissingShardError, TruncatedShardError, ChecksumError, NotADatasetError
-        As :func:`~shardkit.formats.checksums.read_verified`, when the file is simply damaged.
+        As :func:`~shardkit.formats.checksums.read_object`, when the file is simply damaged.
     """
-    path = resolve_inside(root, rel, what)
     try:
-        return read_verified(path, digest, what=what, max_nbytes=max_nbytes)
+        return read_object(store, key, digest, what=what, max_nbytes=max_nbytes)
     except (TruncatedShardError, ChecksumError, MissingShardError) as exc:
         if digest is None:
             raise
-        older = older_copy(root, rel, digest.nbytes, digest.crc32c, exc)
-        return read_verified(older, digest, what=what, max_nbytes=max_nbytes)
+        older = older_copy(store, key, digest.nbytes, digest.crc32c, exc)
+        return read_object(store, older, digest, what=what, max_nbytes=max_nbytes)
 
 
-def read_document(root: Path, rel: str, digest: FileDigest | None) -> dict[str, Any]:
+def read_document(store: Store, key: str, digest: FileDigest | None) -> dict[str, Any]:
     """A JSON document of the dataset (an array's ``zarr.json``) as this reader's version recorded it."""
-    raw = read_versioned(root, rel, digest, what="metadata document", max_nbytes=MAX_DOCUMENT_NBYTES)
-    return parse_json_document(raw, root / rel)
+    raw = read_versioned(store, key, digest, what="metadata document", max_nbytes=MAX_DOCUMENT_NBYTES)
+    return parse_json(raw, store.describe(key))
 
 
-def older_copy(root: Path, rel: str, nbytes: int, crc32c: int, cause: ShardkitError) -> Path:
-    """The retired copy of ``rel`` with that size and crc32c, for a reader whose file did not match.
+def older_copy(store: Store, rel: str, nbytes: int, crc32c: int, cause: ShardkitError) -> str:
+    """The key of the retired copy of ``rel`` with that size and crc32c, for a reader whose file did not match.
 
     Raises
     ------
@@ -141,18 +126,18 @@ def older_copy(root: Path, rel: str, nbytes: int, crc32c: int, cause: ShardkitEr
         ``cause``, re-raised, when the file is simply damaged (the current version records the same
         bytes, or the dataset has no versions).
     """
-    older = retired_path(root, rel, nbytes, crc32c)
-    if older is not None:
-        return older
-    if _is_versioned(root):
+    key = retired_key(rel, nbytes, crc32c)
+    if store.exists(key):
+        return key
+    if _is_versioned(store):
         try:
-            now = digests_of(_current_attrs(root), str(root)).get(rel)
+            now = digests_of(_current_attrs(store), store.url).get(rel)
         except ShardkitError:
             now = None
         if now is not None and now != (nbytes, crc32c):
             raise VersionGoneError(
-                f"{root / rel}: a newer version of the dataset replaced this file, and the copy kept for the "
-                f"version this reader opened was pruned ({cause}); reopen the dataset to read its current version"
+                f"{store.describe(rel)}: a newer version of the dataset replaced this file, and the copy kept for "
+                f"the version this reader opened was pruned ({cause}); reopen the dataset to read its current version"
             ) from None
     raise cause
 
@@ -170,7 +155,7 @@ class VersionInfo:
     operation
         ``convert``, ``append`` or ``merge``.
     committed
-        When its root document was written (seconds since the epoch, from the file's mtime).
+        When its root document was written (seconds since the epoch, from the store), or ``None``.
     current
         It is the version the root ``zarr.json`` describes.
     """
@@ -178,7 +163,7 @@ class VersionInfo:
     number: int
     records: int
     operation: str
-    committed: float
+    committed: float | None
     current: bool
 
     def to_json(self) -> dict[str, Any]:
@@ -193,36 +178,46 @@ def version_of(attrs: dict[str, Any]) -> int:
     return number if isinstance(number, int) and not isinstance(number, bool) and number >= 1 else 1
 
 
-def _version_numbers(root: Path) -> list[int]:
-    top = root / VERSIONS_DIR
-    if not top.is_dir():
-        return []
-    found = (_VERSION_RE.fullmatch(p.name) for p in top.iterdir())
-    return sorted(int(m.group(1)) for m in found if m is not None)
+def _version_docs(store: Store) -> dict[int, float | None]:
+    """``{number: modification time}`` of every version document in the store."""
+    out: dict[int, float | None] = {}
+    for meta in store.list(VERSIONS_DIR):
+        m = _VERSION_RE.fullmatch(meta.key[len(VERSIONS_DIR) + 1 :])
+        if m is not None:
+            out[int(m.group(1))] = meta.mtime
+    return out
 
 
-def _attrs_of(root: Path, number: int) -> dict[str, Any]:
-    """The ``shardkit`` attributes of version ``number`` (bounded, strictly parsed JSON)."""
-    path = resolve_inside(root, version_key(number), "version document")
-    doc = read_json(path)
-    attrs = jv.mapping(jv.mapping(doc.get("attributes", {}), "attributes", str(path)).get(ATTRS_KEY), ATTRS_KEY, str(path))
-    return attrs
+def _attrs_of(store: Store, key: str) -> dict[str, Any]:
+    """The ``shardkit`` attributes of the root document ``key`` (bounded, strictly parsed JSON)."""
+    where = store.describe(key)
+    doc = read_json_object(store, key)
+    return jv.mapping(jv.mapping(doc.get("attributes", {}), "attributes", where).get(ATTRS_KEY), ATTRS_KEY, where)
 
 
-def list_versions(root: str | os.PathLike[str]) -> list[VersionInfo]:
-    """Every version of the dataset at ``root`` whose root document is kept, oldest first.
+def _current_attrs(store: Store) -> dict[str, Any]:
+    try:
+        return _attrs_of(store, ZARR_JSON)
+    except NotADatasetError:
+        raise NotADatasetError(f"{store.describe(ZARR_JSON)}: a zarr group without 'shardkit' attributes") from None
+
+
+def list_versions(location: Location) -> list[VersionInfo]:
+    """Every version of the dataset at ``location`` whose root document is kept, oldest first.
 
     A dataset written without versions (a single conversion by an older shardkit) has none.
     """
-    root = Path(root)
-    current = version_of(_current_attrs(root)) if (root / VERSIONS_DIR).is_dir() else 0
-    numbers = [v for v in _version_numbers(root) if v <= current]  # a later one belongs to an unfinished commit
+    store = open_store(location)
+    docs = _version_docs(store)
+    if not docs:
+        return []
+    current = version_of(_current_attrs(store))
     out = []
-    for number in numbers:
+    for number in sorted(v for v in docs if v <= current):  # a later one belongs to an unfinished commit
         try:
-            attrs = _attrs_of(root, number)
+            attrs = _attrs_of(store, version_key(number))
         except ShardkitError as exc:
-            logger.warning("%s: version %d unreadable (%s)", root, number, exc)
+            logger.warning("%s: version %d unreadable (%s)", store.url, number, exc)
             continue
         source = attrs.get("source") if isinstance(attrs.get("source"), dict) else {}
         history = source.get("history") if isinstance(source, dict) else None
@@ -230,17 +225,9 @@ def list_versions(root: str | os.PathLike[str]) -> list[VersionInfo]:
         if isinstance(history, list) and history and isinstance(history[-1], dict):
             operation = str(history[-1].get("operation", "convert"))
         records = attrs.get("num_records")
-        mtime = (root / version_key(number)).stat().st_mtime
-        out.append(VersionInfo(number, records if isinstance(records, int) else -1, operation, mtime, number == current))
+        out.append(VersionInfo(number, records if isinstance(records, int) else -1, operation, docs[number],
+                               number == current))
     return out
-
-
-def _current_attrs(root: Path) -> dict[str, Any]:
-    doc = read_json(root / ZARR_JSON)
-    attrs = doc.get("attributes", {}).get(ATTRS_KEY) if isinstance(doc.get("attributes"), dict) else None
-    if not isinstance(attrs, dict):
-        raise NotADatasetError(f"{root / ZARR_JSON}: a zarr group without 'shardkit' attributes")
-    return attrs
 
 
 def digests_of(attrs: dict[str, Any], where: str) -> dict[str, tuple[int, int]]:
@@ -258,42 +245,45 @@ def digests_of(attrs: dict[str, Any], where: str) -> dict[str, tuple[int, int]]:
     return out
 
 
-def _retired_by(root: Path, older: int, newer: int) -> Iterator[str]:
+def _retired_by(store: Store, older: int, newer: int) -> list[str]:
     """Retired copies that only version ``older`` (and versions before it) needed: the files whose
     content version ``newer`` records differently."""
-    where_a, where_b = str(root / version_key(older)), str(root / version_key(newer))
-    old = digests_of(_attrs_of(root, older), where_a)
-    new = digests_of(_attrs_of(root, newer), where_b)
-    for rel, (nbytes, crc) in old.items():
-        if rel in new and new[rel] != (nbytes, crc):
-            yield retired_key(rel, nbytes, crc)
+    old = digests_of(_attrs_of(store, version_key(older)), store.describe(version_key(older)))
+    new = digests_of(_attrs_of(store, version_key(newer)), store.describe(version_key(newer)))
+    return [retired_key(rel, n, c) for rel, (n, c) in old.items() if rel in new and new[rel] != (n, c)]
 
 
-def prune(root: str | os.PathLike[str], keep: int = DEFAULT_KEEP_VERSIONS) -> list[int]:
+def prune(location: Location, keep: int = DEFAULT_KEEP_VERSIONS) -> list[int]:
     """Delete every version older than the newest ``keep + 1`` (their retired files and documents).
 
     Returns the pruned version numbers. Versions are pruned oldest first, each one's retired copies
     before its document, so a prune cut short is finished by the next one.
     """
-    root = Path(root)
-    current = version_of(_current_attrs(root))
-    numbers = [v for v in _version_numbers(root) if v <= current]
+    store = open_store(location)
+    docs = _version_docs(store)
+    if not docs:
+        return []
+    current = version_of(_current_attrs(store))
+    numbers = sorted(v for v in docs if v <= current)
     pruned = []
     for older, newer in itertools.pairwise(numbers):
         if older >= current - keep:
             break
-        for key in _retired_by(root, older, newer):
-            path = resolve_inside(root, key, "retired dataset file")
-            path.unlink(missing_ok=True)
-        resolve_inside(root, version_key(older), "version document").unlink(missing_ok=True)
+        for key in _retired_by(store, older, newer):
+            store.delete(key)
+        store.delete(version_key(older))
         pruned.append(older)
     if pruned:
-        _remove_empty_dirs(root / VERSIONS_DIR / _RETIRED)
-        logger.info("%s: pruned versions %s", root, ", ".join(map(str, pruned)))
+        if store.is_local:
+            _remove_empty_dirs(store, f"{VERSIONS_DIR}/{_RETIRED}")
+        logger.info("%s: pruned versions %s", store.url, ", ".join(map(str, pruned)))
     return pruned
 
 
-def _remove_empty_dirs(top: Path) -> None:
+def _remove_empty_dirs(store: Store, key: str) -> None:
+    import os
+
+    top = store.local_path(key)
     if not top.is_dir() or top.is_symlink():
         return
     for dirpath, _dirs, _files in sorted(os.walk(top), key=lambda t: -len(t[0])):

@@ -22,6 +22,7 @@ from shardkit.converters.parts import PartPlan, default_part_size, read_manifest
 from shardkit.errors import ConversionError, InsecurePathError, MissingExtraError
 from shardkit.formats import open_dataset, verify
 from shardkit.readers import TieredSampler
+from shardkit.stores import LocalStore
 from tests.converters.corpora import make_imagefolder
 from tests.converters.fault_injection import inject
 from tests.converters.kinds_for_parts import Keyed, keyed_corpus
@@ -261,7 +262,7 @@ def test_a_hostile_manifest_is_not_trusted(tmp_path: Path) -> None:
     assert manifests
     doc = json.loads(manifests[0].read_text())
     plan = manifests[0].parent.name
-    args = (out, plan, 0, tuple(doc["inputs"]), 3, "image", 4)
+    args = (LocalStore(out), plan, 0, tuple(doc["inputs"]), 3, "image", 4)
     assert read_manifest(*args) is not None
     doc["pieces"][0]["key"] = "../../../../etc/passwd"
     manifests[0].write_text(json.dumps(doc))

@@ -15,6 +15,7 @@ from shardkit.errors import ChecksumError, ConversionError, DatasetNotFoundError
 from shardkit.formats import Dataset, DatasetWriter, FieldSpec, open_dataset, verify
 from shardkit.formats.commit import Segment, StoredShard, commit, merge_labels, plan_shards
 from shardkit.formats.versions import VERSIONS_DIR, list_versions, retired_key
+from shardkit.stores import LocalStore
 from tests.conftest import make_records
 
 S = 10
@@ -32,7 +33,7 @@ def _write(path: Path, records: np.ndarray, labels: np.ndarray, *, compression: 
 
 
 def _segment(ds: Dataset) -> Segment:
-    shards = tuple(StoredShard.of(ds.path, s, ds.meta.records_per_shard) for s in ds.meta.shards)
+    shards = tuple(StoredShard.of(ds.store, s, ds.meta.records_per_shard) for s in ds.meta.shards)
     return Segment(ds.num_records, shards, lambda: ds.fields, ds.meta.labels, tuple(ds.meta.skipped))
 
 
@@ -141,8 +142,10 @@ def test_a_damaged_source_is_refused_not_repacked(tmp_path: Path) -> None:
 
 
 def test_recipes_link_aligned_shards_and_repack_one_per_boundary(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+
     def stored(name: str, count: int, capacity: int = S) -> StoredShard:
-        return StoredShard(tmp_path, name, count, capacity, 1, 0, 0, 0)
+        return StoredShard(store, name, count, capacity, 1, 0, 0, 0)
 
     def seg(*shards: StoredShard) -> Segment:
         return Segment(sum(s.count for s in shards), shards, dict)
@@ -151,7 +154,7 @@ def test_recipes_link_aligned_shards_and_repack_one_per_boundary(tmp_path: Path)
     # 6 (filling shard 2), two whole shards under their final names, and a tail of 3.
     one = seg(stored("x0", 10), stored("x1", 10), stored("x2", 4))
     two = seg(stored("h", 6, 6), stored("image/c/3/0/0/0", 10), stored("image/c/4/0/0/0", 10), stored("t", 3))
-    recipes = plan_shards(0, None, [one, two], S, tmp_path, "image", 4)
+    recipes = plan_shards(0, None, [one, two], S, store, "image", 4)
     assert [(r.start, r.stop) for r in recipes] == [(0, 10), (10, 20), (20, 30), (30, 40), (40, 50), (50, 53)]
     # The tail is the dataset's last shard as it is (S index entries, 3 records): linked, not copied.
     assert [r.link for r in recipes] == [True, True, False, False, False, True]

@@ -1,0 +1,199 @@
+"""Putting dataset files into a store: checked uploads, and a whole local dataset copied to a store.
+
+Every object shardkit uploads carries its crc32c as user metadata (``shardkit-crc32c``), so a
+resumed upload can tell an object that is already complete from one that is missing, partial or
+different with one HEAD request, without downloading it (:func:`object_matches`). The dataset's root
+document goes last (:func:`upload_dataset`), so a reader sees either the whole dataset or none:
+until then opening the URL reports an incomplete dataset.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from shardkit.errors import NotADatasetError
+from shardkit.formats.atomic import fsync_dir
+from shardkit.formats.index import crc32c_of, extend_crc32c
+from shardkit.formats.metadata import DatasetMeta, read_dataset_meta
+from shardkit.formats.spec import ZARR_JSON
+from shardkit.stores import Location, ObjectMeta, Store, open_store
+
+__all__ = [
+    "CRC_METADATA_KEY",
+    "file_crc32c",
+    "object_matches",
+    "put_checked",
+    "upload_dataset",
+    "copy_object",
+    "link_file",
+    "writing",
+]
+
+logger = logging.getLogger(__name__)
+
+#: User-metadata key holding an uploaded object's crc32c (decimal).
+CRC_METADATA_KEY = "shardkit-crc32c"
+_CHUNK = 8 << 20
+
+
+def file_crc32c(path: str | os.PathLike[str]) -> int:
+    """crc32c of a local file, streamed in 8 MiB reads."""
+    crc = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            crc = extend_crc32c(crc, chunk)
+    return crc
+
+
+def object_matches(store: Store, key: str, size: int, crc32c: int) -> bool:
+    """True when ``key`` exists with exactly ``size`` bytes and the crc32c ``crc32c``.
+
+    Object stores answer from the size and the ``shardkit-crc32c`` metadata recorded at upload (one
+    HEAD); an object without that metadata (uploaded by something else) does not match. Local files
+    are checksummed.
+    """
+    try:
+        meta = store.head(key)
+    except FileNotFoundError:
+        return False
+    if meta.size != size:
+        return False
+    if store.is_local:
+        return file_crc32c(store.local_path(key)) == crc32c
+    return meta.metadata.get(CRC_METADATA_KEY) == str(crc32c)
+
+
+def put_checked(store: Store, key: str, source: str | os.PathLike[str] | bytes, crc32c: int | None = None) -> ObjectMeta:
+    """Upload a local file (or bytes) as ``key`` with its crc32c recorded in the object's metadata."""
+    if isinstance(source, bytes):
+        crc = crc32c_of(source) if crc32c is None else crc32c
+        return store.put(key, source, metadata={CRC_METADATA_KEY: str(crc)})
+    crc = file_crc32c(source) if crc32c is None else crc32c
+    return store.put_file(key, source, metadata={CRC_METADATA_KEY: str(crc)})
+
+
+def upload_dataset(
+    src: str | os.PathLike[str],
+    dest: Location,
+    *,
+    progress: Callable[[int], None] | None = None,
+) -> DatasetMeta:
+    """Copy the complete local dataset ``src`` into ``dest`` (a URL or store), root document last.
+
+    Objects already at ``dest`` with the same size and crc32c are not uploaded again, so an
+    interrupted upload resumes where it stopped. ``progress`` is called with the bytes of each file
+    done. Returns the dataset's metadata.
+    """
+    root = Path(src)
+    meta = read_dataset_meta(root)  # a complete, valid dataset, or a named error
+    store = open_store(dest)
+    files = sorted(p for p in root.rglob("*") if p.is_file() and not p.name.endswith(".partial"))
+    rels = [p.relative_to(root).as_posix() for p in files]
+    if ZARR_JSON not in rels:
+        raise NotADatasetError(f"{root}: no {ZARR_JSON}")
+    for path, rel in zip(files, rels):
+        if rel == ZARR_JSON or rel.startswith("."):
+            continue
+        _upload_one(store, rel, path)
+        if progress is not None:
+            progress(path.stat().st_size)
+    _upload_one(store, ZARR_JSON, root / ZARR_JSON)
+    logger.info("%s: uploaded %d files to %s", root, len(files), store.url)
+    return meta
+
+
+def _upload_one(store: Store, key: str, path: Path) -> None:
+    crc = file_crc32c(path)
+    if object_matches(store, key, path.stat().st_size, crc):
+        logger.debug("%s: already uploaded", store.describe(key))
+        return
+    put_checked(store, key, path, crc)
+
+
+def link_file(src: Path, dst: Path, *, durable: bool = True) -> None:
+    """Make ``dst`` a hard link of ``src`` (a copy where the file system cannot link), atomically."""
+    tmp = dst.with_name(dst.name + ".partial")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise
+        with open(src, "rb") as fin, open(tmp, "wb") as fout:
+            shutil.copyfileobj(fin, fout, _CHUNK)
+            if durable:
+                fout.flush()
+                os.fsync(fout.fileno())
+    os.replace(tmp, dst)
+    if durable:
+        fsync_dir(dst.parent)
+
+
+def _bucket_root(a: Store, b: Store) -> tuple[Store, str, str] | None:
+    """A store over the bucket both object stores ``a`` and ``b`` live in, and their prefixes in it."""
+    ua, ub = urlsplit(a.url), urlsplit(b.url)
+    if a.is_local or b.is_local or a.read_only or b.read_only or (ua.scheme, ua.netloc) != (ub.scheme, ub.netloc):
+        return None
+    return open_store(f"{ua.scheme}://{ua.netloc}", b.options), ua.path.strip("/"), ub.path.strip("/")
+
+
+def copy_object(src: Store, src_key: str, dst: Store, dst_key: str, *, durable: bool = True) -> str:
+    """Copy ``src_key`` of ``src`` to ``dst_key`` of ``dst`` without moving its bytes through this
+    machine where the stores can: a hard link between local directories, a server-side copy inside
+    one bucket; otherwise (another bucket, another cloud, local to remote) a download and an upload.
+
+    Returns how: ``"link"``, ``"server"`` or ``"transfer"``.
+    """
+    if src.is_local and dst.is_local:
+        link_file(src.local_path(src_key), dst.local_path(dst_key), durable=durable)
+        return "link"
+    if src is dst or (not src.is_local and src.url == dst.url):
+        dst.copy(src_key, dst_key)
+        return "server"
+    shared = _bucket_root(src, dst)
+    if shared is not None:
+        root, a, b = shared
+        root.copy("/".join(p for p in (a, src_key) if p), "/".join(p for p in (b, dst_key) if p))
+        return "server"
+    logger.info("%s -> %s: no server-side copy between these stores; transferring the bytes",
+                src.describe(src_key), dst.describe(dst_key))
+    if src.is_local:
+        put_checked(dst, dst_key, src.local_path(src_key))
+    else:
+        with writing(dst, dst_key) as path:
+            data = src.get(src_key)
+            with open(path, "wb") as fh:
+                fh.write(data)
+    return "transfer"
+
+
+@contextmanager
+def writing(store: Store, key: str) -> Iterator[Path]:
+    """A local path to write the file ``key`` of ``store`` through.
+
+    A local store gives the file's own path (the writer makes it appear atomically, as
+    :class:`~shardkit.formats.writer.ShardWriter` does); an object store a private temporary file,
+    uploaded as ``key`` (its crc32c in the object's metadata) when the block ends without an error,
+    and deleted in any case.
+    """
+    if store.is_local:
+        yield store.local_path(key)
+        return
+    fd, name = tempfile.mkstemp(prefix="shardkit-put-")
+    os.close(fd)
+    path = Path(name)
+    try:
+        yield path
+        put_checked(store, key, path)
+    finally:
+        path.unlink(missing_ok=True)
+        path.with_name(path.name + ".partial").unlink(missing_ok=True)
