@@ -30,12 +30,16 @@ def _dask() -> str:
 
 
 class DaskCluster:
-    """A scheduler and ``workers`` workers; :attr:`address` is the scheduler's ``tcp://127.0.0.1:PORT``."""
+    """A scheduler and ``workers`` workers; :attr:`address` is the scheduler's ``tcp://127.0.0.1:PORT``.
 
-    def __init__(self, root: Path, workers: int = 2) -> None:
+    ``env`` is added to the processes' environment (the S3 settings of a test server, so workers
+    can write to its buckets).
+    """
+
+    def __init__(self, root: Path, workers: int = 2, env: dict[str, str] | None = None) -> None:
         self.root = root
         self.scheduler_file = root / "scheduler.json"
-        self.env = {**os.environ, "PYTHONPATH": str(REPO), "DASK_DISTRIBUTED__WORKER__DAEMON": "False"}
+        self.env = {**os.environ, **(env or {}), "PYTHONPATH": str(REPO), "DASK_DISTRIBUTED__WORKER__DAEMON": "False"}
         self.env.pop("DASK_SCHEDULER_ADDRESS", None)
         self.logs = root / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)

@@ -16,15 +16,16 @@ REPO = Path(__file__).resolve().parents[2]
 DATASETS = REPO / "datasets"
 
 
-def assert_same_records(a: Path, b: Path, *, roots: Sequence[Path] = ()) -> None:
-    """``a`` and ``b`` hold the same records: every payload shard file byte for byte, every field, the
-    label names and the skip list (paths under any of ``roots``, the corpora, compared relative to it)."""
+def assert_same_records(a: Path | str, b: Path | str, *, roots: Sequence[Path] = ()) -> None:
+    """``a`` and ``b`` (directories or URLs) hold the same records: every payload shard file byte for byte,
+    every field, the label names and the skip list (paths under any of ``roots``, the corpora, compared
+    relative to it)."""
     with open_dataset(a) as x, open_dataset(b) as y:
         assert x.num_records == y.num_records
         assert [(s.start, s.stop, s.nbytes, s.crc32c, s.data_crc32c, s.index_crc32c) for s in x.meta.shards] == \
                [(s.start, s.stop, s.nbytes, s.crc32c, s.data_crc32c, s.index_crc32c) for s in y.meta.shards]
-        for i in range(len(x.meta.shards)):
-            assert x.payload.shard_path(i).read_bytes() == y.payload.shard_path(i).read_bytes(), f"shard {i}"
+        for i, (a_info, b_info) in enumerate(zip(x.meta.shards, y.meta.shards)):
+            assert x.store.get(a_info.path) == y.store.get(b_info.path), f"shard {i}"
         assert x.meta.labels == y.meta.labels
         assert set(x.fields) == set(y.fields)
         for name in x.fields:

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,8 +34,12 @@ from tests.converters.dask_cluster import DaskCluster  # after importorskip: nee
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaskCluster]:
-    c = DaskCluster(tmp_path_factory.mktemp("dask"))
+def cluster(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[DaskCluster]:
+    try:  # the workers get the S3 settings of the session's SeaweedFS server, when the remote extra is there
+        env = request.getfixturevalue("seaweed").env()
+    except pytest.skip.Exception:
+        env = {}
+    c = DaskCluster(tmp_path_factory.mktemp("dask"), env=env)
     try:
         yield c
     finally:
@@ -156,3 +161,15 @@ def test_a_worker_that_cannot_see_the_corpus_says_so(cluster: DaskCluster, tmp_p
     message = str(info.value)
     assert f"cannot see the corpus {src}" in message and "Dask worker tcp://127.0.0.1:" in message
     assert "same paths" in message
+
+
+def test_cluster_conversion_into_a_bucket(cluster: DaskCluster, s3: Any, tmp_path: Path) -> None:
+    # Workers upload their parts' shards, pieces and manifests; the commit copies server-side and
+    # uploads what it builds; the root document goes last.
+    src, options, part_size = CORPORA["imagefolder"]
+    shardkit.convert(src, tmp_path / "one", workers=1, **options)
+    url = s3.url("cluster")
+    s = shardkit.convert(src, url, scheduler=cluster.address, part_size=part_size, **options)
+    assert s.output == url and s.parts_converted == s.parts > 1
+    assert_same_records(url, tmp_path / "one")
+    assert verify(url).ok
