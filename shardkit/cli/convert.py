@@ -12,7 +12,6 @@ from __future__ import annotations
 import inspect
 import logging
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import typer
 
 from shardkit.cli.app import app, echo_err, setup_logging
 from shardkit.converters.options import Option
+from shardkit.converters.progress import progress_bar
 from shardkit.converters.registry import available_kinds, kind_options
 from shardkit.formats.versions import DEFAULT_KEEP_VERSIONS
 from shardkit.units import human_bytes, parse_bytes
@@ -107,31 +107,9 @@ def _common_parameters() -> list[inspect.Parameter]:
         p("keep_versions", str, typer.Option(str(DEFAULT_KEEP_VERSIONS), "--keep-versions", metavar="N", help=(
             "Older versions kept openable after an append; older ones are deleted."))),
         p("quiet", bool, typer.Option(False, "--quiet", "-q", help="No progress bar.")),
-        p("verbose", bool, typer.Option(False, "--verbose", "-v", help="Log every skipped input.")),
+        p("verbose", bool, typer.Option(False, "--verbose", "-v",
+                                        help="Log every skipped input and annotation entry, with its reason.")),
     ]
-
-
-def _progress_bar(quiet: bool, unit: str, desc: str) -> tuple[Callable[[int, int, int], None], Callable[[], None]]:
-    """A tqdm progress callback (created at the first call, when the total is known) and its closer."""
-    from tqdm import tqdm
-
-    bar: Any = None
-
-    def progress(done: int, total: int, records: int) -> None:
-        nonlocal bar
-        if quiet:
-            return
-        if bar is None:
-            bar = tqdm(total=total, initial=done, unit=unit, desc=desc, dynamic_ncols=True, smoothing=0.1)
-            return
-        bar.update(done - bar.n)
-        bar.set_postfix_str(f"{records} records", refresh=False)
-
-    def close() -> None:
-        if bar is not None:
-            bar.close()
-
-    return progress, close
 
 
 def convert(
@@ -157,6 +135,7 @@ def convert(
     from shardkit.converters import convert as run_convert
     from shardkit.converters import detect_kind, get_converter
     from shardkit.converters.executors import DASK_SCHEDULER_ENV, scheduler_address
+    from shardkit.converters.provenance import change_lines
 
     setup_logging(verbose)
     options = {k: v for k, v in given.items() if v is not None}
@@ -174,15 +153,12 @@ def convert(
         extra["scheduler"] = address
         if scheduler is None:
             echo_err(f"converting on the Dask cluster at {address} (from {DASK_SCHEDULER_ENV}; --scheduler local to stay here)")
-    progress, close_bar = _progress_bar(quiet, get_converter(kind).progress_unit, f"convert {kind}")
     t0 = time.perf_counter()
-    try:
+    with progress_bar(get_converter(kind).progress_unit, f"convert {kind}", disable=quiet) as progress:
         summary = run_convert(
             src, output, kind, workers=workers, strict=strict, overwrite=overwrite, compression=compression,
             progress=progress, naming="cli", append=append, staging_dir=staging_dir, **extra, **options,
         )
-    finally:
-        close_bar()
     if summary.already_complete:
         what = "already holds these records as its latest addition" if append else "already converted with the same parameters"
         typer.echo(f"{summary.output}: {what} ({summary.records} records); nothing to do")
@@ -206,12 +182,8 @@ def convert(
                      f"{c.shards_repacked} re-packed ({human_bytes(c.bytes_repacked)})")
     for k, v in summary.notes.items():
         lines.append(f"note         {k}: {v}")
+    lines += [f"changed      {line}" for line in change_lines(summary.changes)]
     typer.echo("\n".join(lines))
-    if summary.skipped and not verbose:
-        echo_err(
-            f"{summary.num_skipped} inputs skipped; run with --verbose to list them, or read "
-            f"attributes.shardkit.skipped in {summary.output}/zarr.json"
-        )
 
 
 convert.__signature__ = inspect.Signature(  # type: ignore[attr-defined]

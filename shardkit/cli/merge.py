@@ -24,7 +24,7 @@ def merge(
     Shards that land on the new shard grid unchanged are hard-linked (server-side copied on object
     stores), so their bytes never pass through this machine; the others are re-packed.
     """
-    from shardkit.formats.merge import merge as run_merge
+    from shardkit.converters.merging import merge as run_merge
 
     setup_logging(verbose)
     keep = parse_count(keep_versions, what="--keep-versions")

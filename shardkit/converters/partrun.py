@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from shardkit._version import __version__
-from shardkit.converters.base import Converter, ScanResult, reason_category
+from shardkit.converters.base import PROVENANCE, Converter, ScanResult, reason_category
 from shardkit.converters.executors import InlineExecutor, is_inline, slots, submit
 from shardkit.converters.options import OptionNaming
 from shardkit.converters.parts import (
@@ -54,17 +54,19 @@ from shardkit.converters.pipeline import (
     NothingConverted,
     ProgressFn,
     dataset_config,
+    dataset_fields,
     dir_bytes,
     shard_layout,
     strict_stop,
 )
 from shardkit.converters.staging import config_fingerprint
 from shardkit.errors import ConversionError, ShardkitError, WorkerError
-from shardkit.formats import DatasetMeta, get_codec
+from shardkit.formats import DatasetMeta, FieldSpec, get_codec
 from shardkit.formats.codecs import RecordCodec, codec_from_json
-from shardkit.formats.commit import Segment, commit
+from shardkit.formats.commit import InputTable, Segment, commit
 from shardkit.formats.metadata import DEFAULT_FIELD_CHUNK, encode_json, read_dataset_meta
 from shardkit.formats.outputs import PARTS_DIR, STAGING_DIR, clear_store, top_names
+from shardkit.formats.provenance import TABLE_ARRAYS, ProvenanceSpec
 from shardkit.formats.publish import put_checked
 from shardkit.formats.spec import ZARR_JSON, SkippedInput
 from shardkit.formats.versions import DEFAULT_KEEP_VERSIONS, VERSIONS_DIR, prune, version_of
@@ -93,7 +95,8 @@ def check_appendable(base: DatasetMeta, conv: Converter, codec: RecordCodec | No
         ("payload", base.payload, conv.payload),
         ("record shape", base.record.shape, conv.record_spec().shape),
         ("record dtype", base.record.dtype, conv.record_spec().dtype),
-        ("fields", {k: v.to_json() for k, v in base.fields.items()}, {k: v.to_json() for k, v in conv.fields().items()}),
+        ("fields", {k: v.to_json() for k, v in base.fields.items() if k != PROVENANCE},
+         {k: v.to_json() for k, v in conv.fields().items()}),
         ("transform", base.transform, json.loads(json.dumps(conv.transform()))),
         ("kind metadata (extra)", base.extra, json.loads(json.dumps(conv.extra()))),
     ]
@@ -127,6 +130,8 @@ class _Plan:
     fingerprint: str
     ranges: list[tuple[int, int]]
     id: str
+    provenance: ProvenanceSpec
+    fields: dict[str, FieldSpec]
 
     @property
     def dir(self) -> str:
@@ -151,13 +156,15 @@ def _make_plan(conv: Converter, scan: ScanResult, store: Store, base: DatasetMet
         codec = None if base.compression is None else codec_from_json(base.compression)
     else:
         rps, size = shard_layout(conv, n, shard_bytes, records_per_shard)
-    config = dataset_config(conv, scan, rps, size, codec)
+    provenance = conv.provenance_spec(scan)
+    fields = dataset_fields(conv, provenance)
+    config = dataset_config(conv, scan, fields, provenance, rps, size, codec)
     ranges = PartPlan(n, part_size or default_part_size(n, rps)).ranges()
     identity = {"config": config, "ranges": ranges,
                 "base": None if base is None else {"version": version_of(base.to_json()), "records": base.num_records,
                                                    "attributes_crc32c": base.to_json().get("attributes_crc32c")}}
     plan_id = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
-    return _Plan(conv, scan, store, base, rps, codec, config_fingerprint(config), ranges, plan_id)
+    return _Plan(conv, scan, store, base, rps, codec, config_fingerprint(config), ranges, plan_id, provenance, fields)
 
 
 def _already_done(plan: _Plan) -> DatasetMeta | None:
@@ -194,7 +201,7 @@ def _claim(plan: _Plan, *, overwrite: bool) -> bool:
             raise ConversionError(f"{where}: an interrupted conversion (one process, {STAGING_DIR}) is here; re-run it "
                                   "the same way to resume it, or use --overwrite to start fresh")
         # What this conversion writes before its root document (a commit cut short leaves them).
-        foreign = top_names(store, (PARTS_DIR, VERSIONS_DIR, plan.conv.payload, *plan.conv.fields(),
+        foreign = top_names(store, (PARTS_DIR, VERSIONS_DIR, plan.conv.payload, *plan.fields, *TABLE_ARRAYS,
                                     f"{ZARR_JSON}.partial"))
         if foreign:
             raise ConversionError(f"{where}: the output is not empty and is not a shardkit dataset (found "
@@ -248,9 +255,10 @@ class _Runner:
                 self.report()
         return PartJob(
             plan=self.plan.id, part=part, first=a, items=[items[i] for i in range(a, b)], decoder=conv.decoder,
-            src=str(conv.src), out=str(self.plan.out), payload=conv.payload, record=conv.record_spec(),
-            fields=conv.fields(), records_per_shard=self.plan.records_per_shard,
+            src=str(conv.src), out=self.plan.out, payload=conv.payload, record=conv.record_spec(),
+            fields=self.plan.fields, records_per_shard=self.plan.records_per_shard,
             compression=None if self.plan.codec is None else self.plan.codec.to_json(),
+            provenance=(conv.name, conv.provenance_columns),
             chunk_size=conv.chunk_size, workers=self.workers, strict=self.strict, progress=own,
         )
 
@@ -389,10 +397,10 @@ def _template(plan: _Plan) -> DatasetMeta:
         return plan.base
     return DatasetMeta(
         kind=conv.name, payload=conv.payload, record=conv.record_spec(), num_records=0,
-        records_per_shard=plan.records_per_shard, fields=conv.fields(), field_chunk=DEFAULT_FIELD_CHUNK,
+        records_per_shard=plan.records_per_shard, fields=plan.fields, field_chunk=DEFAULT_FIELD_CHUNK,
         labels={}, compression=None if plan.codec is None else plan.codec.to_json(), transform=conv.transform(),
         source={**conv.source(), "config_fingerprint": plan.fingerprint}, extra=conv.extra(),
-        created_by=f"shardkit {__version__}",
+        created_by=f"shardkit {__version__}", provenance={"columns": list(plan.provenance.columns)},
     )
 
 
@@ -463,8 +471,10 @@ def convert_in_parts(
     segments = _segments(plan, manifests)
     history = {"operation": plan.operation, "config_fingerprint": plan.fingerprint, "source": conv.source(),
                "inputs": len(scan.items), "parts": [[*plan.ranges[p], manifests[p].records] for p in sorted(manifests)]}
+    prov = plan.provenance
     report = commit(store, _template(plan), segments, base=base, plan=plan.id, history=history,
-                    keep_versions=keep_versions, executor=None if is_inline(executor) else executor)
+                    keep_versions=keep_versions, executor=None if is_inline(executor) else executor,
+                    inputs=[InputTable(prov.inputs, prov.root)], summarize=prov.summarize)
     _cleanup(store, plan.id, keep_versions)
     meta = report.meta
     skipped = tally if append else Counter(reason_category(s.reason) for s in meta.skipped)
@@ -506,5 +516,5 @@ def _segments(plan: _Plan, manifests: dict[int, PartManifest]) -> list[Segment]:
     conv = plan.conv
     labels = conv.labels()
     first_skips = [SkippedInput(s.path, s.reason) for s in plan.scan.skipped]
-    return [manifests[p].segment(plan.store, plan.id, conv.fields(), labels, first_skips if p == 0 else ())
+    return [manifests[p].segment(plan.store, plan.id, plan.fields, labels, first_skips if p == 0 else (), table=0)
             for p in sorted(manifests)]

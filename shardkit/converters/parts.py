@@ -150,7 +150,10 @@ class PartJob:
     src, out
         Corpus and output paths (absolute), which the worker must see.
     payload, record, fields
-        Payload name, record spec and field specs.
+        Payload name, record spec and field specs (the kind's, and the per-record provenance).
+    provenance
+        The kind's name and its provenance columns (each record's provenance names its input by its
+        number in the whole input sequence, ``first + index``).
     records_per_shard, compression
         The dataset's S and codec JSON.
     chunk_size
@@ -178,6 +181,7 @@ class PartJob:
     fields: Mapping[str, FieldSpec]
     records_per_shard: int
     compression: dict[str, Any] | None
+    provenance: tuple[str, tuple[str, ...]] = ("", ())
     chunk_size: int = 4
     workers: int = 1
     strict: bool = False
@@ -389,7 +393,8 @@ def count_part(job: PartJob) -> Spilled:
     sink = _SpillWriter(job, tmp)
     try:
         tally = decode_into(job.decoder, job.items, sink, 0, names=job.names, chunk_size=job.chunk_size,
-                            workers=job.workers, strict=job.strict, progress=_progress(job))
+                            workers=job.workers, strict=job.strict, progress=_progress(job),
+                            provenance=job.provenance, first_input=job.first)
         sink.finish(tally)
     except BaseException:
         sink.abort()
@@ -561,7 +566,7 @@ class PartManifest:
         }
 
     def segment(self, store: Store, plan: str, specs: Mapping[str, FieldSpec], labels: Mapping[str, list[str]],
-                first_skips: Sequence[SkippedInput] = ()) -> Segment:
+                first_skips: Sequence[SkippedInput] = (), table: int | None = None) -> Segment:
         """The part as a :class:`~shardkit.formats.commit.Segment` of the commit."""
         shards = tuple(StoredShard(store, p["key"], p["count"], p["capacity"], p["nbytes"], p["crc32c"],
                                    p["data_crc32c"], p["index_crc32c"]) for p in self.pieces)
@@ -572,7 +577,7 @@ class PartManifest:
             data = read_object(store, key, digest, what="part field values", max_nbytes=digest.nbytes)
             return _load_fields(data, specs, count, store.describe(key))
 
-        return Segment(self.records, shards, load, labels, (*first_skips, *self.skipped))
+        return Segment(self.records, shards, load, labels, (*first_skips, *self.skipped), table)
 
 
 def read_manifest(store: Store, plan: str, part: int, inputs: tuple[int, int], records_per_shard: int,
@@ -656,7 +661,8 @@ def write_part(job: PartJob, offset: int, spilled: Spilled | None = None) -> Par
                 logger.info("part %d: its spill is on %s, not here (%s): decoding it again", job.part, spilled.host,
                             worker_name())
             tally = decode_into(job.decoder, job.items, sink, 0, names=job.names, chunk_size=job.chunk_size,
-                                workers=job.workers, strict=job.strict, progress=_progress(job))
+                                workers=job.workers, strict=job.strict, progress=_progress(job),
+                                provenance=job.provenance, first_input=job.first)
         manifest = sink.finish(tally, (job.first, job.first + len(job.items)))
     except BaseException:
         sink.abort()

@@ -42,17 +42,20 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from shardkit.converters.base import MAX_RECORDS_PER_INPUT, Converter, Decoder, ScanResult, reason_category
+from shardkit.converters.base import MAX_RECORDS_PER_INPUT, PROVENANCE, Converter, Decoder, Record, ScanResult, reason_category
 from shardkit.converters.decoding import Failed, Produced, Skipped, default_workers, outcomes
+from shardkit.converters.main_guard import refuse_inside_worker_start
 from shardkit.converters.options import OptionNaming
+from shardkit.converters.progress import progress_bar
 from shardkit.converters.registry import detect_kind, get_converter
 from shardkit.converters.remote_output import RemoteOutput, is_remote_output
 from shardkit.converters.staging import StagedWriter, Staging, input_cursor, split_cursor
 from shardkit.errors import ConfigError, ConversionError
-from shardkit.formats import DatasetMeta, get_codec
+from shardkit.formats import DatasetMeta, FieldSpec, get_codec
 from shardkit.formats.codecs import RecordCodec
 from shardkit.formats.commit import CommitReport
-from shardkit.formats.spec import DEFAULT_SHARD_BYTES, records_per_shard_for
+from shardkit.formats.provenance import ProvenanceSpec
+from shardkit.formats.spec import DEFAULT_SHARD_BYTES, ZARR_JSON, records_per_shard_for
 from shardkit.formats.versions import DEFAULT_KEEP_VERSIONS
 from shardkit.units import parse_bytes, parse_count
 
@@ -65,7 +68,9 @@ __all__ = [
     "convert",
     "dataset_config",
     "decode_into",
+    "dataset_fields",
     "dir_bytes",
+    "provenance_row",
     "run_converter",
     "shard_layout",
     "strict_stop",
@@ -102,9 +107,15 @@ class ConvertSummary:
     records_this_run
         Records written by this run (``records`` minus what a resume found done).
     notes
-        Things worth knowing that are not skips (``{"capped": 3}``: COCO images over ``max_boxes``).
+        Things worth knowing that are not skips (``{"capped": 3}``: COCO images over ``max_boxes``),
+        counted by this run.
     already_complete
         The same dataset was already there; nothing was done.
+    changes
+        What conversion changed, over every record of the dataset (clips trimmed, images upscaled
+        ...; see :func:`shardkit.converters.provenance.summarize`), as stored in its metadata.
+    skipped_inputs
+        Every skipped input with its reason, ``(path, reason)``, in input order.
     version
         The dataset's version after this run (2 after the first append, ...).
     parts, parts_converted
@@ -123,6 +134,8 @@ class ConvertSummary:
     records_this_run: int = 0
     notes: Mapping[str, int] = field(default_factory=dict)
     already_complete: bool = False
+    changes: Mapping[str, Any] = field(default_factory=dict)
+    skipped_inputs: tuple[tuple[str, str], ...] = ()
     version: int = 1
     parts: int = 0
     parts_converted: int = 0
@@ -318,12 +331,16 @@ def decode_into(
     workers: int,
     strict: bool,
     progress: ProgressFn | None,
+    provenance: tuple[str, tuple[str, ...]],
+    first_input: int = 0,
     tally: Tally | None = None,
 ) -> Tally:
     """Decode ``items`` from cursor ``start`` and hand their records (fields ``names``) and skips to ``sink``.
 
     The one decode loop of every conversion: a whole corpus here (:func:`run_converter`) or one part
-    of it on a worker (:mod:`shardkit.converters.parts`).
+    of it on a worker (:mod:`shardkit.converters.parts`). ``provenance`` is the kind's name and its
+    provenance columns; ``first_input`` is the number of ``items[0]`` in the whole input sequence (a
+    record's provenance names its input by that number).
     """
     n = len(items)
     batcher = _Batcher(sink, names)
@@ -340,6 +357,7 @@ def decode_into(
                     raise ConversionError(f"{decoder.item_path(items[index])}: gives more than {MAX_RECORDS_PER_INPUT} records")
                 for w, rec in enumerate(decoded.records, decoded.start):
                     after = input_cursor(index + 1) if done and w == last - 1 else input_cursor(index, w + 1)
+                    rec[PROVENANCE] = provenance_row(*provenance, rec, first_input + index, w)
                     batcher.add(rec, after)
                 if done and last == 0:
                     sink.skip(decoder.item_path(items[index]), "empty: no records", input_cursor(index))
@@ -360,15 +378,31 @@ def decode_into(
     return tally
 
 
-def dataset_config(conv: Converter, scan: ScanResult, records_per_shard: int, shard_bytes: int | None,
-                   codec: RecordCodec | None) -> dict[str, Any]:
+def provenance_row(kind: str, columns: tuple[str, ...], rec: Record, index: int, part: int) -> np.ndarray:
+    """The record's provenance: its input and part number, then the kind's columns its decoder measured."""
+    measured = rec.get(PROVENANCE) or {}
+    unknown = set(measured) - set(columns)
+    if unknown:
+        raise ConversionError(f"kind {kind!r}: decoder gave provenance column(s) {sorted(unknown)} that the kind "
+                              f"does not declare in provenance_columns {list(columns)}")
+    return np.array([index, part, *(int(measured.get(c, 0)) for c in columns)], dtype=np.int64)
+
+
+def dataset_fields(conv: Converter, provenance: ProvenanceSpec) -> dict[str, FieldSpec]:
+    """Every small field of the dataset: the kind's, then the per-record provenance."""
+    return {**conv.fields(), PROVENANCE: provenance.field_spec}
+
+
+def dataset_config(conv: Converter, scan: ScanResult, fields: Mapping[str, FieldSpec], provenance: ProvenanceSpec,
+                   records_per_shard: int, shard_bytes: int | None, codec: RecordCodec | None) -> dict[str, Any]:
     """Every parameter that shapes the output (the staging config and the dataset's fingerprint)."""
     return {
         "config": {"converter": conv.config(), "inputs": conv.inputs_fingerprint(scan), "shard_bytes": shard_bytes},
         "kind": conv.name,
         "payload": conv.payload,
         "record": conv.record_spec().to_json(),
-        "fields": {k: v.to_json() for k, v in conv.fields().items()},
+        "fields": {k: v.to_json() for k, v in fields.items()},
+        "provenance": list(provenance.columns),
         "records_per_shard": records_per_shard,
         "compression": None if codec is None else codec.to_json(),
     }
@@ -400,6 +434,7 @@ def run_converter(
     staging_dir: str | os.PathLike[str] | None = None,
 ) -> ConvertSummary:
     """Convert with an already constructed converter (see :func:`convert`; sizes already parsed)."""
+    refuse_inside_worker_start()
     t0 = time.perf_counter()
     out = str(out) if is_remote_output(out) else Path(out)
     workers = default_workers() if workers is None else workers
@@ -409,36 +444,29 @@ def run_converter(
         raise strict_stop(scan.skipped[0].path, scan.skipped[0].reason)
     spec = conv.record_spec()
     rps, size = shard_layout(conv, n, shard_bytes, records_per_shard)
-    config = dataset_config(conv, scan, rps, size, get_codec(compression))
+    provenance = conv.provenance_spec(scan)
+    fields = dataset_fields(conv, provenance)
+    config = dataset_config(conv, scan, fields, provenance, rps, size, get_codec(compression))
     remote = RemoteOutput(str(out), staging_dir) if is_remote_output(out) else None
     local_out = remote.local if remote is not None else Path(out)
     staging = Staging(
-        local_out, config, conv.payload, conv.fields(),
+        local_out, config, conv.payload, fields,
         shard_present=remote.shard_present if remote is not None else None,
         on_recorded=remote.shard_done if remote is not None else None,
     )
     done = _finished(staging, remote, overwrite)
     if done is not None:
         logger.info("%s: already converted with the same parameters", out)
-        return ConvertSummary(
-            output=out, kind=done.kind, records=done.num_records,
-            skipped=dict(Counter(reason_category(s.reason) for s in done.skipped)),
-            bytes=_output_bytes(out, done), seconds=time.perf_counter() - t0, already_complete=True,
-        )
+        return _summary(out, done, time.perf_counter() - t0, already_complete=True)
     if remote is not None:
         remote.check_destination(staging.names, overwrite=overwrite)
-        if (local_done := staging.finished()) is not None:  # killed while publishing: finish that
-            meta = remote.publish()
-            return ConvertSummary(
-                output=out, kind=meta.kind, records=meta.num_records,
-                skipped=dict(Counter(reason_category(s.reason) for s in local_done.skipped)),
-                bytes=_output_bytes(out, meta), seconds=time.perf_counter() - t0,
-            )
+        if staging.finished() is not None:  # killed while publishing: finish that
+            return _summary(out, remote.publish(), time.perf_counter() - t0)
     resumed = staging.begin(overwrite=overwrite)
     sink = _BackgroundWriter(staging.writer(
-        resumed, kind=conv.name, payload=conv.payload, record=spec, fields=conv.fields(), labels=conv.labels(),
+        resumed, kind=conv.name, payload=conv.payload, record=spec, fields=fields, labels=conv.labels(),
         records_per_shard=rps, compression=compression, transform=conv.transform(), source=conv.source(),
-        extra=conv.extra(),
+        extra=conv.extra(), provenance=provenance,
     ))
     start = resumed[-1].cursor if resumed else 0
     resumed_records = sink.records_written
@@ -448,12 +476,18 @@ def run_converter(
         tally = Tally()
         if start == 0:
             for s in scan.skipped:
+                logger.info("skipped %s: %s", s.path, s.reason)
                 sink.skip(s.path, s.reason, 0)
                 tally.skips[reason_category(s.reason)] += 1
-        decode_into(conv.decoder, scan.items, sink, start, names=[conv.payload, *conv.fields()],
-                    chunk_size=conv.chunk_size, workers=workers, strict=strict, progress=progress, tally=tally)
+        decode_into(conv.decoder, scan.items, sink, start, names=[conv.payload, *fields], chunk_size=conv.chunk_size,
+                    workers=workers, strict=strict, progress=progress, tally=tally,
+                    provenance=(conv.name, conv.provenance_columns))
         if sink.records_written == 0:
-            raise NothingConverted.of(conv, n, tally.skips)
+            raise NothingConverted(
+                f"{conv.src}: no input could be converted as kind {conv.name!r} ({n} inputs, skipped: "
+                + (", ".join(f"{k} {v}" for k, v in sorted(tally.skips.items())) or "none")
+                + "); is --kind right? Nothing was written"
+            )
         meta = sink.close()
         if remote is not None:
             meta = remote.publish()
@@ -464,14 +498,28 @@ def run_converter(
     except BaseException:
         sink.abort()
         raise
-    skipped = Counter(reason_category(s.reason) for s in meta.skipped)
-    summary = ConvertSummary(
-        output=out, kind=meta.kind, records=meta.num_records, skipped=dict(sorted(skipped.items())),
-        bytes=_output_bytes(out, meta), seconds=time.perf_counter() - t0,
-        records_this_run=meta.num_records - resumed_records, notes=dict(sorted(tally.notes.items())),
-    )
+    summary = _summary(out, meta, time.perf_counter() - t0, records_this_run=meta.num_records - resumed_records,
+                       notes=dict(sorted(tally.notes.items())))
     logger.info("%s: %d records, %d skipped, %.1f s", out, summary.records, summary.num_skipped, summary.seconds)
+    if summary.skipped:
+        listed = "listed above" if logger.isEnabledFor(logging.INFO) else (
+            "--verbose lists them" if conv.naming == "cli" else "logging at level INFO lists them")
+        logger.warning(
+            "%s: %d inputs skipped (%s); %s, and attributes.shardkit.skipped in %s keeps every reason",
+            out, summary.num_skipped, ", ".join(f"{k}: {v}" for k, v in summary.skipped.items()), listed,
+            f"{out}/{ZARR_JSON}",
+        )
     return summary
+
+
+def _summary(out: str | Path, meta: DatasetMeta, seconds: float, **extra: Any) -> ConvertSummary:
+    """The summary of a finished dataset (``extra``: what only this run knows)."""
+    skipped = Counter(reason_category(s.reason) for s in meta.skipped)
+    return ConvertSummary(
+        output=out, kind=meta.kind, records=meta.num_records, skipped=dict(sorted(skipped.items())),
+        bytes=_output_bytes(out, meta), seconds=seconds, changes=dict(meta.provenance.get("changes", {})),
+        skipped_inputs=tuple((s.path, s.reason) for s in meta.skipped), **extra,
+    )
 
 
 def _label(name: str, naming: OptionNaming) -> str:
@@ -490,7 +538,7 @@ def convert(
     compression: str | None = None,
     shard_bytes: int | str = DEFAULT_SHARD_BYTES,
     records_per_shard: int | str | None = None,
-    progress: ProgressFn | None = None,
+    progress: ProgressFn | bool | None = None,
     naming: OptionNaming = "python",
     executor: Executor | None = None,
     scheduler: str | None = None,
@@ -517,9 +565,10 @@ def convert(
         Corpus kind (``coco``, ``imagefolder``, ``cifar10``, ``cifar100``, ``audio`` or one added
         through the ``shardkit.converters`` entry points); detected when ``None``.
     workers
-        Decode processes (default: the cores available). The output does not depend on it. As
-        with DataLoader workers, the processes re-import the calling script: guard its top-level
-        code with ``if __name__ == "__main__":``. A program read from stdin decodes in-process.
+        Decode processes (default: the cores available). The output does not depend on it. A
+        script may call this at its top level without ``if __name__ == "__main__":``: the workers
+        are then forked so they do not run the script again (decoded in-process where ``fork`` is
+        not available, with a warning). A program read from stdin decodes in-process.
     strict
         Stop at the first bad input (``ConversionError`` naming it) instead of skipping it.
     overwrite
@@ -530,7 +579,9 @@ def convert(
         Target shard size (bytes or a size such as ``"256MiB"``), or an exact number of records per
         shard.
     progress
-        Called as ``progress(inputs_done, inputs_total, records)`` after every input.
+        Called as ``progress(inputs_done, inputs_total, records)`` after every input. By default
+        (``None``) a progress bar is drawn when standard error is a terminal (someone is watching);
+        ``True`` always draws it, ``False`` never.
     naming
         How errors name options: ``"python"`` (``sample_rate``) or ``"cli"`` (``--sample-rate``).
     executor
@@ -548,7 +599,7 @@ def convert(
         version; new class names extend the label list. A reader that opened the dataset before
         keeps reading the version it opened.
     part_size
-        Inputs per part of a conversion in parts (default: about 64 parts, at most 16 shards each).
+        Inputs per part of a conversion in parts (default: about 64 parts, 1 to 16 shards each).
     keep_versions
         Older versions a commit keeps openable (their replaced files); older ones are deleted.
     staging_dir
@@ -574,7 +625,13 @@ def convert(
     keep = parse_count(keep_versions, what=_label("keep_versions", naming))
     kind = kind or detect_kind(Path(src))
     conv = get_converter(kind)(Path(src), naming=naming, **options)
-    if executor is not None or scheduler is not None or append:
+
+    def run(report: ProgressFn | None) -> ConvertSummary:
+        if executor is None and scheduler is None and not append:
+            return run_converter(
+                conv, out, workers=n_workers, strict=strict, overwrite=overwrite, compression=compression,
+                shard_bytes=nbytes, records_per_shard=rps, progress=report, staging_dir=staging_dir,
+            )
         # partrun builds on this module (the decode loop, the summary): imported here, not at the top.
         from shardkit.converters.executors import dask_executor
         from shardkit.converters.partrun import convert_in_parts
@@ -583,7 +640,7 @@ def convert(
             return convert_in_parts(
                 conv, out, executor=ex, append=append, part_size=n_part,
                 workers=default_workers() if n_workers is None else n_workers, strict=strict, overwrite=overwrite,
-                compression=compression, shard_bytes=nbytes, records_per_shard=rps, progress=progress,
+                compression=compression, shard_bytes=nbytes, records_per_shard=rps, progress=report,
                 keep_versions=keep, naming=naming,
             )
 
@@ -593,7 +650,8 @@ def convert(
             with dask_executor(scheduler, naming=naming) as dask:
                 return in_parts(dask)
         return in_parts(executor)
-    return run_converter(
-        conv, out, workers=n_workers, strict=strict, overwrite=overwrite, compression=compression,
-        shard_bytes=nbytes, records_per_shard=rps, progress=progress, staging_dir=staging_dir,
-    )
+
+    if callable(progress):
+        return run(progress)
+    with progress_bar(conv.progress_unit, f"convert {kind}", disable=None if progress is None else not progress) as bar:
+        return run(bar)

@@ -48,7 +48,7 @@ import numpy as np
 from shardkit.errors import ChecksumError, ConversionError, ObjectTooLargeError, SchemaError, TruncatedShardError
 from shardkit.formats.checksums import FileDigest
 from shardkit.formats.codecs import codec_from_json, get_codec
-from shardkit.formats.fields import read_field_array, write_field_array
+from shardkit.formats.fields import read_field_rows, write_field_array
 from shardkit.formats.index import ShardIndex, crc32c_of
 from shardkit.formats.metadata import (
     DEFAULT_FIELD_CHUNK,
@@ -57,6 +57,12 @@ from shardkit.formats.metadata import (
     encode_json,
     group_metadata,
     read_json_object,
+)
+from shardkit.formats.provenance import (
+    PROVENANCE_FIELD,
+    Provenance,
+    ProvenanceSpec,
+    write_provenance,
 )
 from shardkit.formats.publish import copy_object, object_matches, put_checked, writing
 from shardkit.formats.spec import (
@@ -85,6 +91,7 @@ __all__ = [
     "Segment",
     "CommitReport",
     "ShardRecipe",
+    "InputTable",
     "commit",
     "merge_labels",
     "plan_shards",
@@ -152,6 +159,9 @@ class Segment:
         the dataset's label list, extending it with new names.
     skipped
         Inputs skipped while producing it, in order (they follow the base's in the metadata).
+    table
+        Which of the commit's :class:`InputTable` its records' provenance numbers its inputs in
+        (``None``: it has no provenance).
     """
 
     records: int
@@ -159,10 +169,23 @@ class Segment:
     fields: Callable[[], Mapping[str, np.ndarray]]
     labels: Mapping[str, Sequence[str]] = field(default_factory=dict)
     skipped: tuple[SkippedInput, ...] = ()
+    table: int | None = None
 
     def __post_init__(self) -> None:
         if sum(s.count for s in self.shards) != self.records:
             raise SchemaError(f"segment of {self.records} records stored in shards of {sum(s.count for s in self.shards)}")
+
+
+@dataclass(frozen=True)
+class InputTable:
+    """Inputs some segments' records came from: their names, relative to ``root`` (a corpus root).
+
+    A commit appends them to the dataset's provenance table (:mod:`shardkit.formats.provenance`) and
+    renumbers the ``input`` column of those segments' provenance after the inputs already there.
+    """
+
+    names: Sequence[str]
+    root: str
 
 
 @dataclass(frozen=True)
@@ -373,6 +396,8 @@ class _Commit:
         self.total = self.n_base + sum(seg.records for seg in self.segments)
         self.number = (version_of(base.to_json()) + 1) if base else 1
         self.retired = 0
+        #: Every record's provenance (the base's, then the segments', renumbered), for the change counts.
+        self.provenance_values: list[np.ndarray] = []
 
     # ------------------------------------------------------------------ retiring old files
     def retire(self, rel: str, nbytes: int, crc: int, *, check_crc: bool) -> None:
@@ -464,8 +489,13 @@ class _Commit:
                 report["bytes_repacked"] += info.nbytes
         return out
 
-    def fields(self, remaps: list[dict[str, np.ndarray]], chunk: int) -> dict[str, FileDigest]:
-        """Every field array from its first chunk that changes; returns the digests of all its files."""
+    def fields(self, remaps: list[dict[str, np.ndarray]], chunk: int, offsets: Sequence[int]) -> dict[str, FileDigest]:
+        """Every field array from its first chunk that changes; returns the digests of all its files.
+
+        The ``input`` column of the provenance field is renumbered by each segment's table
+        ``offsets``; the whole provenance field (every version's records) is kept in
+        :attr:`provenance_values` for the change counts.
+        """
         base, t = self.base, self.template
         codec = get_codec(FIELD_CODEC)
         values = [seg.fields() for seg in self.segments]
@@ -476,7 +506,11 @@ class _Commit:
             if base is not None and self.n_base:
                 old_chunk = base.field_chunk_records
                 first = self.n_base // chunk if old_chunk == chunk else 0
-                parts.append(read_field_array(self.store, name, spec, self.n_base, old_chunk, base.files, first_chunk=first))
+                start = 0 if name == PROVENANCE_FIELD else first * chunk
+                old = read_field_rows(self.store, name, spec, self.n_base, old_chunk, base.files, start)
+                if name == PROVENANCE_FIELD:
+                    self.provenance_values.append(old)
+                parts.append(old[first * chunk - start :])
                 for rel, digest in base.files.items():
                     if rel.startswith(f"{name}/") and rel != f"{name}/{ZARR_JSON}":
                         j = int(rel[len(name) + 3 :].split("/", 1)[0])
@@ -487,12 +521,39 @@ class _Commit:
                 doc = base.files.get(f"{name}/{ZARR_JSON}")
                 if doc is not None:
                     self.retire(f"{name}/{ZARR_JSON}", doc.nbytes, doc.crc32c, check_crc=True)
-            for seg_values, remap in zip(values, remaps):
+            for seg, seg_values, remap in zip(self.segments, values, remaps):
                 v = spec.check(name, seg_values[name], seg_values[name].shape[0])
+                if name == PROVENANCE_FIELD and seg.table is not None and offsets[seg.table]:
+                    v = v.copy()
+                    v[:, 0] += offsets[seg.table]  # the input's number: after the inputs already in the table
+                if name == PROVENANCE_FIELD:
+                    self.provenance_values.append(v)
                 parts.append(_remapped(v, remap[name]) if name in remap else v)
             data = np.concatenate(parts) if parts else np.empty((0, *spec.shape), spec.dtype)
             files |= write_field_array(self.store, name, spec, data, chunk, codec, durable=self.durable, first_chunk=first)
         return files
+
+    def provenance(self, inputs: Sequence[InputTable], summarize: Callable[[np.ndarray], dict[str, Any]] | None,
+                   ) -> dict[str, Any]:
+        """The provenance table of the new version (the base's inputs, then every table's) and its block.
+
+        Names of a table whose corpus root is not the dataset's are stored whole (a reader joins a
+        name to the root, and an absolute name stays itself).
+        """
+        base, t = self.base, self.template
+        old = Provenance.from_meta(base, where=self.store.describe(ZARR_JSON)) if base is not None else None
+        root = old.root if old is not None else (inputs[0].root if inputs else "")
+        names: list[str] = []
+        if old is not None:
+            names = old.names(self.store)
+            for rel, digest in old.files.items():
+                self.retire(rel, digest.nbytes, digest.crc32c, check_crc=True)
+        for table in inputs:
+            names += [_relative(table.root, root, n) for n in table.names]
+        columns = tuple(str(c) for c in t.provenance["columns"])
+        values = np.concatenate(self.provenance_values) if self.provenance_values else np.empty((0, len(columns)), "int64")
+        spec = ProvenanceSpec(columns=columns, root=root, inputs=names, summarize=summarize)
+        return write_provenance(self.store, spec, values, durable=self.durable)
 
     def payload_doc(self, meta: DatasetMeta) -> FileDigest:
         rel = f"{meta.payload}/{ZARR_JSON}"
@@ -540,6 +601,8 @@ def commit(
     keep_versions: int = DEFAULT_KEEP_VERSIONS,
     durable: bool = True,
     executor: Executor | None = None,
+    inputs: Sequence[InputTable] = (),
+    summarize: Callable[[np.ndarray], dict[str, Any]] | None = None,
 ) -> CommitReport:
     """Write the base's records followed by every segment's as the next version of the dataset at ``root``.
 
@@ -568,6 +631,12 @@ def commit(
     executor
         Re-pack the shards that need it as tasks of this executor (its workers must see ``root`` and
         the segments' files); in this process when ``None``.
+    inputs, summarize
+        Provenance (:mod:`shardkit.formats.provenance`): the tables of inputs the segments' records
+        came from (each segment names its own, :attr:`Segment.table`), appended to the dataset's
+        table; and how to count what conversion changed over every record's provenance (the
+        ``changes`` of the block; none without it). Used when the template declares the provenance
+        field and a provenance block (at least its ``columns``; a base's whole block).
 
     Returns
     -------
@@ -600,7 +669,10 @@ def commit(
     meta = template.with_(num_records=job.total, shards=shards, skipped=skipped, labels=labels, source=source,
                           format_minor=FORMAT_MINOR, field_chunk=_field_chunk(template, base))
     meta = meta.with_(field_chunk=meta.field_chunk_records)  # what a writer records: the chunk actually used
-    files = job.fields(remaps, meta.field_chunk_records)
+    offsets = _table_offsets(base, inputs)
+    files = job.fields(remaps, meta.field_chunk_records, offsets)
+    if PROVENANCE_FIELD in meta.fields and template.provenance:
+        meta = meta.with_(provenance=job.provenance(inputs, summarize))
     files[f"{meta.payload}/{ZARR_JSON}"] = job.payload_doc(meta)
     meta = meta.with_(files=dict(sorted(files.items(), key=lambda kv: _file_order(kv[0], meta))))
     meta.check_layout(store.describe(ZARR_JSON))
@@ -628,6 +700,30 @@ def _history_of(base: DatasetMeta) -> list[Any]:
     if "config_fingerprint" in source:
         entry["config_fingerprint"] = source["config_fingerprint"]
     return [entry]
+
+
+def _table_offsets(base: DatasetMeta | None, inputs: Sequence[InputTable]) -> list[int]:
+    """Where each input table starts in the dataset's table: after the base's inputs and the tables before it."""
+    count = 0
+    if base is not None and base.provenance:
+        inputs_block = base.provenance.get("inputs")
+        count = int(inputs_block.get("count", 0)) if isinstance(inputs_block, dict) else 0
+    out = []
+    for table in inputs:
+        out.append(count)
+        count += len(table.names)
+    return out
+
+
+def _relative(table_root: str, root: str, name: str) -> str:
+    """``name`` (relative to ``table_root``) as a name relative to ``root``: the same when the roots
+    agree, relative when the input lies below ``root``, else its whole path."""
+    if table_root == root:
+        return name
+    full = os.path.join(table_root, name)
+    if root and full.startswith(root.rstrip("/") + "/"):
+        return full[len(root.rstrip("/")) + 1 :]
+    return full
 
 
 def _field_chunk(template: DatasetMeta, base: DatasetMeta | None) -> int:

@@ -13,18 +13,22 @@ Merging A and B gives exactly what appending B's corpus to A's dataset would.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from shardkit.errors import ConversionError
-from shardkit.formats.commit import CommitReport, Segment, StoredShard, commit
+from shardkit.formats.commit import CommitReport, InputTable, Segment, StoredShard, commit
 from shardkit.formats.dataset import Dataset
+from shardkit.formats.fields import read_field_rows
 from shardkit.formats.metadata import DEFAULT_FIELD_CHUNK, DatasetMeta, read_dataset_meta
 from shardkit.formats.outputs import PARTS_DIR, clear_store, top_names
+from shardkit.formats.provenance import Provenance
 from shardkit.formats.spec import ZARR_JSON
 from shardkit.formats.versions import DEFAULT_KEEP_VERSIONS, version_of
 from shardkit.stores import Location, as_location, open_store
@@ -59,14 +63,23 @@ def check_same_schema(first: DatasetMeta, other: DatasetMeta, where: str) -> Non
                                   "only datasets of one schema can be merged. Nothing was written")
 
 
-def _segment(ds: Dataset) -> Segment:
-    """A dataset's records as a segment of the commit (its fields loaded, and checked, when needed)."""
+def _segment(ds: Dataset, table: int | None) -> Segment:
+    """A dataset's records as a segment of the commit (its fields, provenance included, loaded and
+    checked when needed)."""
     shards = tuple(StoredShard.of(ds.store, info, ds.meta.records_per_shard) for info in ds.meta.shards)
 
     def fields() -> dict[str, np.ndarray]:
-        return ds.fields
+        m = ds.meta
+        return {name: read_field_rows(ds.store, name, spec, m.num_records, m.field_chunk_records, m.files)
+                for name, spec in m.fields.items()}
 
-    return Segment(ds.num_records, shards, fields, ds.meta.labels, tuple(ds.meta.skipped))
+    return Segment(ds.num_records, shards, fields, ds.meta.labels, tuple(ds.meta.skipped), table)
+
+
+def _input_table(ds: Dataset) -> InputTable:
+    """The names of a dataset's inputs (its provenance table; none without provenance)."""
+    prov = Provenance.from_meta(ds.meta, where=str(ds.path))
+    return InputTable([], "") if prov is None else InputTable(prov.names(ds.store), prov.root)
 
 
 def merge(
@@ -75,6 +88,7 @@ def merge(
     *,
     overwrite: bool = False,
     keep_versions: int = DEFAULT_KEEP_VERSIONS,
+    summarize: Callable[[DatasetMeta, np.ndarray], dict[str, Any]] | None = None,
 ) -> CommitReport:
     """Write the records of every dataset in ``inputs``, in order, as one new dataset at ``out``.
 
@@ -90,6 +104,10 @@ def merge(
         Replace a shardkit dataset at ``out``.
     keep_versions
         As for a conversion (a new dataset has only one version).
+    summarize
+        Counts what conversion changed over the merged provenance (``summarize(meta, values)``, the
+        metadata's ``provenance.changes``); :func:`shardkit.merge` passes the converters' counting.
+        Without it the merged dataset records no counts.
 
     Returns
     -------
@@ -122,14 +140,17 @@ def merge(
             clear_store(store)
         elif top_names(store, (PARTS_DIR,)):
             raise ConversionError(f"{store.url}: output is not empty; choose another directory or prefix")
-        segments = [_segment(ds) for ds in opened]
+        tables = [_input_table(ds) for ds in opened]
+        segments = [_segment(ds, i if ds.meta.provenance else None) for i, ds in enumerate(opened)]
         template = first.with_(
             num_records=0, labels={}, field_chunk=DEFAULT_FIELD_CHUNK,
             source={"merged": [{**i, "kind": ds.meta.kind, "version": version_of(ds.meta.to_json())}
                                for i, ds in zip(identity, opened)]},
         )
         history = {"operation": "merge", "inputs": [i["path"] for i in identity]}
-        report = commit(store, template, segments, base=None, plan=plan, history=history, keep_versions=keep_versions)
+        count = None if summarize is None else functools.partial(summarize, first)
+        report = commit(store, template, segments, base=None, plan=plan, history=history, keep_versions=keep_versions,
+                        inputs=tables, summarize=count)
     finally:
         for ds in opened:
             ds.close()

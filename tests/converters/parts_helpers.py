@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -10,7 +11,9 @@ from pathlib import Path
 import numpy as np
 
 from shardkit.formats import open_dataset
+from shardkit.formats.provenance import Provenance
 from shardkit.formats.spec import SkippedInput
+from shardkit.stores import Store
 
 REPO = Path(__file__).resolve().parents[2]
 DATASETS = REPO / "datasets"
@@ -30,8 +33,25 @@ def assert_same_records(a: Path | str, b: Path | str, *, roots: Sequence[Path] =
         assert set(x.fields) == set(y.fields)
         for name in x.fields:
             np.testing.assert_array_equal(x.fields[name], y.fields[name], err_msg=name)
-        assert x.meta.files == y.meta.files  # field chunks and array documents, byte for byte
+        assert x.meta.files == y.meta.files  # field chunks (provenance too) and array documents, byte for byte
         assert _skips(x.meta.skipped, roots) == _skips(y.meta.skipped, roots)
+        # Where every record came from: the same inputs (named under their corpus), the same change counts.
+        px, py = (Provenance.from_meta(d.meta, where=str(d.path)) for d in (x, y))
+        assert (px is None) == (py is None)
+        if px is not None and py is not None:
+            assert px.columns == py.columns and dict(px.changes) == dict(py.changes)
+            assert _inputs(px, x.store, roots) == _inputs(py, y.store, roots)
+
+
+def _inputs(prov: Provenance, store: Store, roots: Sequence[Path]) -> list[str]:
+    return [_under(os.path.join(prov.root, name), roots) for name in prov.names(store)]
+
+
+def _under(path: str, roots: Sequence[Path]) -> str:
+    for root in roots:
+        if path.startswith(f"{root}/"):
+            return path[len(str(root)) + 1 :]
+    return path
 
 
 def _skips(skipped: Sequence[SkippedInput], roots: Sequence[Path]) -> list[tuple[str, str]]:
