@@ -253,14 +253,14 @@ def main() -> None:
           f"{append['base'] + append['added']} again: {append['again_s']:.2f} s "
           f"({append['again_s'] / append['append_s']:.1f}x)")
     d1 = next(r for r in rows if r["variant"] == "parts on Dask, 1 worker")
-    per_record = d1["seconds"] / d1["records"]
-    one = rows[0]["seconds"] / rows[0]["records"]
-    overhead = max(0.0, (d1["seconds"] - d1["records"] * one) / max(1, d1["parts"]))
+    per_record = rows[0]["seconds"] / rows[0]["records"]  # decoding one record on one core
+    overhead = max(0.0, (d1["seconds"] - d1["records"] * per_record) / max(1, d1["parts"]))  # what a part adds
     biggest = commits[-1]
     repack_bps = biggest["repacked"] / max(biggest["commit_s"], 1e-6)
     in_bytes = float(np.mean([p.stat().st_size for p in sorted(DATA.rglob("*.jpg"))[:images]]))
-    print(f"\nModel inputs (measured): {per_record * 1e3:.2f} ms per record on one Dask worker, {overhead:.2f} s per part "
-          f"beyond one process, commit re-packs at {repack_bps / 1e6:.0f} MB/s, {in_bytes / 1e3:.0f} kB per JPEG; "
+    print(f"\nModel inputs (measured): {per_record * 1e3:.2f} ms to decode a record on one core, {overhead:.2f} s per part "
+          f"on a Dask worker beyond that (scheduling, connection, manifests; includes the client's start-up in a "
+          f"short run), commit re-packs at {repack_bps / 1e6:.0f} MB/s, {in_bytes / 1e3:.0f} kB per JPEG; "
           f"assumed: store {args.store_gbps} GB/s, committing client {args.client_gbps} GB/s.\n")
     print("| workers | decode-bound s | store-bound s | commit s | total s | records/s | speed-up | bound by |")
     print("|---:|---:|---:|---:|---:|---:|---:|---|")

@@ -37,6 +37,7 @@ from typing import Any
 from shardkit._version import __version__
 from shardkit.converters.base import PROVENANCE, Converter, ScanResult, reason_category
 from shardkit.converters.executors import InlineExecutor, is_inline, slots, submit
+from shardkit.converters.main_guard import refuse_inside_worker_start
 from shardkit.converters.options import OptionNaming
 from shardkit.converters.parts import (
     PartJob,
@@ -426,6 +427,7 @@ def convert_in_parts(
     See :func:`shardkit.converters.convert` for the parameters; with ``append`` the records are added
     after the dataset's at ``out`` as its next version.
     """
+    refuse_inside_worker_start()
     t0 = time.perf_counter()
     store = open_store(as_location(out, resolve=False) if is_url(out) else Path(os.path.abspath(out)))
     if store.read_only:
