@@ -37,6 +37,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future
@@ -573,6 +574,12 @@ class _Commit:
     def drop_strays(self, shards: int) -> None:
         """Delete payload shard files past the last shard (left by an abandoned plan; no version lists them)."""
         prefix = f"{self.template.payload}/c"
+        if self.store.is_local:
+            top = self.store.local_path(prefix)
+            for entry in list(top.iterdir()) if top.is_dir() else []:
+                if entry.name.isdigit() and int(entry.name) >= shards:
+                    shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+            return
         for meta in list(self.store.list(prefix)):
             index = meta.key[len(prefix) + 1 :].split("/", 1)[0]
             if index.isdigit() and int(index) >= shards:

@@ -22,7 +22,7 @@ from shardkit.converters.base import Converter, Decoded, Decoder, ScanResult
 from shardkit.converters.imagefolder import ImageFolderConverter, ImageFolderDecoder
 from shardkit.formats import FieldSpec
 
-__all__ = ["SlowImages", "VanishingImages", "Keyed"]
+__all__ = ["SlowImages", "VanishingImages", "Keyed", "DyingImages"]
 
 
 class SlowDecoder(ImageFolderDecoder):
@@ -103,3 +103,21 @@ def keyed_corpus(root: Path, keys: range, per_file: int = 3) -> Path:
     for i in range(0, len(ks), per_file):
         (root / f"{ks[i]:06d}.txt").write_text(" ".join(map(str, ks[i : i + per_file])))
     return root
+
+
+class DyingDecoder(ImageFolderDecoder):
+    def decode(self, item: tuple[str, int], start: int = 0) -> Decoded:
+        if "plant" in item[0]:
+            os._exit(17)  # a worker process that dies (killed, out of memory) in the middle of a part
+        return super().decode(item, start)
+
+
+class DyingImages(ImageFolderConverter):
+    name = "dyingimages"
+
+    @classmethod
+    def detect(cls, src: Path) -> bool:
+        return False
+
+    def make_decoder(self) -> ImageFolderDecoder:
+        return DyingDecoder(self.base, self.image)

@@ -19,7 +19,7 @@ import shardkit
 from shardkit.converters import register
 from shardkit.converters.executors import InlineExecutor
 from shardkit.converters.parts import PartPlan, default_part_size, read_manifest
-from shardkit.errors import ConversionError, InsecurePathError, MissingExtraError
+from shardkit.errors import ConfigError, ConversionError, InsecurePathError, MissingExtraError
 from shardkit.formats import open_dataset, verify
 from shardkit.readers import TieredSampler
 from shardkit.stores import LocalStore
@@ -299,3 +299,80 @@ def test_an_unreachable_scheduler_is_one_line(tmp_path: Path) -> None:
     assert r.returncode == 1 and "Traceback" not in r.stderr and "internal error" not in r.stderr
     assert "--scheduler tcp://127.0.0.1:9: no Dask scheduler answered" in r.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_options_and_outputs_are_checked(tmp_path: Path) -> None:
+    src = class_corpus(tmp_path / "corpus", ["landscape"])
+    with pytest.raises(ConfigError, match="part_size"):
+        shardkit.convert(src, tmp_path / "out", size=16, part_size="many", executor=InlineExecutor())
+    r = subprocess.run([sys.executable, "-m", "shardkit", "convert", str(src), "-o", str(tmp_path / "out"), "--size",
+                        "16", "--append", "--part-size", "many", "-q"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and "--part-size" in r.stderr and "Traceback" not in r.stderr
+    # A dataset is there: a new conversion in parts refuses to replace it and says how to add to it.
+    shardkit.convert(src, tmp_path / "ds", size=16, workers=1)
+    with pytest.raises(ConversionError, match="--append"):
+        shardkit.convert(src, tmp_path / "ds", size=24, executor=InlineExecutor())
+    # An interrupted conversion with other parameters is named, with how to discard it.
+    with pytest.raises(KeyboardInterrupt):
+        shardkit.convert(src, tmp_path / "half", size=16, part_size=2, executor=InlineExecutor(),
+                         progress=lambda done, total, records: (_ for _ in ()).throw(KeyboardInterrupt) if done else None)
+    with pytest.raises(ConversionError, match=r"interrupted conversion or append with other parameters .* delete"):
+        shardkit.convert(src, tmp_path / "half", size=24, part_size=2, executor=InlineExecutor())
+
+
+def test_scheduler_local_overrides_the_environment(tmp_path: Path) -> None:
+    src = class_corpus(tmp_path / "corpus", ["landscape"])
+    r = subprocess.run([sys.executable, "-m", "shardkit", "convert", str(src), "-o", str(tmp_path / "out"), "--size",
+                        "16", "--scheduler", "local", "-q"], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "DASK_SCHEDULER_ADDRESS": "tcp://127.0.0.1:9"})
+    assert r.returncode == 0, r.stderr
+    assert "Dask" not in r.stderr and verify(tmp_path / "out").ok
+
+
+def test_a_dead_pool_worker_is_reported_and_finished_parts_kept(tmp_path: Path) -> None:
+    from tests.converters.kinds_for_parts import DyingImages
+
+    register(DyingImages, replace=True)
+    src = class_corpus(tmp_path / "corpus", ["landscape", "plant"])
+    with pytest.raises(ConversionError, match=r"worker process died .* re-run the same command"):
+        shardkit.convert(src, tmp_path / "out", kind="dyingimages", size=16, part_size=4,
+                         executor=ProcessPoolExecutor(1))
+    # Parts before the dying one were written and stay for the re-run.
+    assert list((tmp_path / "out").glob(".shardkit-parts/*/p000000.json"))
+
+
+def test_stray_shards_of_an_abandoned_append_are_removed(tmp_path: Path) -> None:
+    out = tmp_path / "ds"
+    shardkit.convert(class_corpus(tmp_path / "c1", ["landscape"]), out, size=16, records_per_shard=2, workers=1)
+
+    def stop(done: int, total: int, records: int) -> None:
+        if done == total:
+            raise KeyboardInterrupt
+
+    big = class_corpus(tmp_path / "c2", ["plant"])
+    with pytest.raises(KeyboardInterrupt):  # its parts are written (whole shards under their final names) ...
+        shardkit.convert(big, out, append=True, size=16, workers=1, part_size=8, progress=stop)
+    strays = sorted(p for p in (out / "image" / "c").iterdir() if int(p.name) >= 4)
+    assert strays
+    shutil.rmtree(out / ".shardkit-parts")  # ... and then abandoned
+    s = shardkit.convert(class_corpus(tmp_path / "c3", ["object"]), out, append=True, size=16, workers=1)
+    n_shards = len(open_dataset(out).meta.shards)
+    assert s.records == 14 and sorted(int(p.name) for p in (out / "image" / "c").iterdir()) == list(range(n_shards))
+    assert verify(out).ok
+
+
+@pytest.mark.parametrize("executor", ["inline", "threads"])
+def test_commit_rewrites_at_most_one_shard_per_part(tmp_path: Path, executor: str) -> None:
+    # 23 photos, shards of 2, parts of 7 inputs: each part writes its whole shards under their final
+    # names, and only the shard it shares with its neighbour is re-packed at the commit.
+    src = DATASETS / "imagefolder"
+    s = shardkit.convert(src, tmp_path / "parts", size=16, records_per_shard=2, part_size=7,
+                         executor=_executor(executor))
+    c = s.commit
+    assert c is not None and s.parts == 4
+    shards = len(open_dataset(tmp_path / "parts").meta.shards)
+    assert c.shards_in_place + c.shards_linked + c.shards_repacked == shards == 12
+    assert c.shards_repacked <= s.parts and c.shards_in_place >= shards - s.parts
+    assert c.bytes_repacked <= s.parts * max(info.nbytes for info in open_dataset(tmp_path / "parts").meta.shards)
+    shardkit.convert(src, tmp_path / "one", size=16, records_per_shard=2, workers=1)
+    assert_same_records(tmp_path / "parts", tmp_path / "one")
