@@ -56,9 +56,9 @@ from shardkit.converters.pipeline import (
     ProgressFn,
     dataset_config,
     dataset_fields,
-    dir_bytes,
     shard_layout,
     strict_stop,
+    summary_of,
 )
 from shardkit.converters.staging import config_fingerprint
 from shardkit.errors import ConversionError, ShardkitError, WorkerError
@@ -450,10 +450,8 @@ def convert_in_parts(
         committed = done.source.get("plan")
         if isinstance(committed, str) and committed.isalnum():  # a run killed after its commit, before its cleanup
             _cleanup(store, committed, keep_versions)
-        return ConvertSummary(output=output, kind=done.kind, records=done.num_records,
-                              skipped=dict(Counter(reason_category(s.reason) for s in done.skipped)),
-                              bytes=_output_bytes(store, done), seconds=time.perf_counter() - t0,
-                              already_complete=True, version=version_of(done.to_json()), parts=len(plan.ranges))
+        return summary_of(output, done, time.perf_counter() - t0, already_complete=True,
+                          version=version_of(done.to_json()), parts=len(plan.ranges))
     created = _claim(plan, overwrite=overwrite)
     executor = executor or InlineExecutor()
     runner = _Runner(plan, executor, workers=workers, strict=strict, progress=progress)
@@ -478,25 +476,13 @@ def convert_in_parts(
                     keep_versions=keep_versions, executor=None if is_inline(executor) else executor,
                     inputs=[InputTable(prov.inputs, prov.root)], summarize=prov.summarize)
     _cleanup(store, plan.id, keep_versions)
-    meta = report.meta
-    skipped = tally if append else Counter(reason_category(s.reason) for s in meta.skipped)
-    summary = ConvertSummary(
-        output=output, kind=meta.kind, records=meta.num_records, skipped=dict(sorted(skipped.items())),
-        bytes=_output_bytes(store, meta), seconds=time.perf_counter() - t0,
-        records_this_run=runner.records_converted,
-        notes=dict(sorted(notes.items())), version=report.version, parts=len(plan.ranges),
-        parts_converted=runner.converted, commit=report,
-    )
+    this_run = {"skipped": dict(sorted(tally.items()))} if append else {}  # an append reports its own skips
+    summary = summary_of(output, report.meta, time.perf_counter() - t0, records_this_run=runner.records_converted,
+                         notes=dict(sorted(notes.items())), version=report.version, parts=len(plan.ranges),
+                         parts_converted=runner.converted, commit=report, **this_run)
     logger.info("%s: version %d, %d records (%d parts, %d converted now), %.1f s", store.url, report.version,
                 summary.records, summary.parts, runner.converted, summary.seconds)
     return summary
-
-
-def _output_bytes(store: Store, meta: DatasetMeta) -> int:
-    """Bytes of the output: the directory's files, or for an object store what the metadata lists."""
-    if store.is_local:
-        return dir_bytes(store.local_path())
-    return meta.payload_nbytes + sum(d.nbytes for d in meta.files.values())
 
 
 def _cleanup(store: Store, plan_id: str, keep_versions: int, *, prune_versions: bool = True) -> None:

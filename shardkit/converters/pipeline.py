@@ -74,6 +74,7 @@ __all__ = [
     "run_converter",
     "shard_layout",
     "strict_stop",
+    "summary_of",
 ]
 
 logger = logging.getLogger(__name__)
@@ -457,11 +458,11 @@ def run_converter(
     done = _finished(staging, remote, overwrite)
     if done is not None:
         logger.info("%s: already converted with the same parameters", out)
-        return _summary(out, done, time.perf_counter() - t0, already_complete=True)
+        return summary_of(out, done, time.perf_counter() - t0, already_complete=True)
     if remote is not None:
         remote.check_destination(staging.names, overwrite=overwrite)
         if staging.finished() is not None:  # killed while publishing: finish that
-            return _summary(out, remote.publish(), time.perf_counter() - t0)
+            return summary_of(out, remote.publish(), time.perf_counter() - t0)
     resumed = staging.begin(overwrite=overwrite)
     sink = _BackgroundWriter(staging.writer(
         resumed, kind=conv.name, payload=conv.payload, record=spec, fields=fields, labels=conv.labels(),
@@ -498,7 +499,7 @@ def run_converter(
     except BaseException:
         sink.abort()
         raise
-    summary = _summary(out, meta, time.perf_counter() - t0, records_this_run=meta.num_records - resumed_records,
+    summary = summary_of(out, meta, time.perf_counter() - t0, records_this_run=meta.num_records - resumed_records,
                        notes=dict(sorted(tally.notes.items())))
     logger.info("%s: %d records, %d skipped, %.1f s", out, summary.records, summary.num_skipped, summary.seconds)
     if summary.skipped:
@@ -512,14 +513,15 @@ def run_converter(
     return summary
 
 
-def _summary(out: str | Path, meta: DatasetMeta, seconds: float, **extra: Any) -> ConvertSummary:
-    """The summary of a finished dataset (``extra``: what only this run knows)."""
+def summary_of(out: str | Path, meta: DatasetMeta, seconds: float, **extra: Any) -> ConvertSummary:
+    """The summary of a finished dataset (``extra``: what only this run knows, or counts it overrides)."""
     skipped = Counter(reason_category(s.reason) for s in meta.skipped)
-    return ConvertSummary(
+    values: dict[str, Any] = dict(
         output=out, kind=meta.kind, records=meta.num_records, skipped=dict(sorted(skipped.items())),
         bytes=_output_bytes(out, meta), seconds=seconds, changes=dict(meta.provenance.get("changes", {})),
-        skipped_inputs=tuple((s.path, s.reason) for s in meta.skipped), **extra,
+        skipped_inputs=tuple((s.path, s.reason) for s in meta.skipped),
     )
+    return ConvertSummary(**{**values, **extra})
 
 
 def _label(name: str, naming: OptionNaming) -> str:
