@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from shardkit import errors
 from shardkit._version import __version__
 from shardkit.converters import convert
+from shardkit.converters.merging import merge
 from shardkit.formats import Dataset, DatasetWriter, FieldSpec, open_dataset, verify
 
 if TYPE_CHECKING:
@@ -26,6 +27,7 @@ __all__ = [
     "open_dataset",
     "verify",
     "convert",
+    "merge",
     "show",
     "export",
 ]

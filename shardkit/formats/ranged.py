@@ -43,12 +43,19 @@ from typing import NoReturn
 
 import numpy as np
 
-from shardkit.errors import ConfigError, CorruptShardError, MissingShardError, ObjectChangedError, TruncatedShardError
+from shardkit.errors import (
+    ConfigError,
+    CorruptShardError,
+    MissingShardError,
+    ObjectChangedError,
+    ShardkitError,
+    TruncatedShardError,
+)
 from shardkit.formats.checksums import FileDigest, fd_crc32c
 from shardkit.formats.index import ShardIndex
-from shardkit.formats.metadata import read_json_object
 from shardkit.formats.reader import DEFAULT_GAP_BYTES, Destination, PayloadArray, ReadStats, _Plan, _Rows, _Run
 from shardkit.formats.spec import ZARR_JSON, ShardInfo, index_nbytes
+from shardkit.formats.versions import older_copy, read_document
 from shardkit.stores import ByteRange, Fetched, Store
 from shardkit.stores.cache import ShardCache
 
@@ -101,13 +108,15 @@ class RangedPayloadArray(PayloadArray):
         self.path = store.describe(array)
         doc_key = f"{array}/{ZARR_JSON}"
         try:
-            doc = read_json_object(store, doc_key, document_digest)
+            doc = read_document(store, doc_key, document_digest)
         except MissingShardError:
             raise MissingShardError(f"{store.describe(doc_key)}: the payload array document is missing") from None
         checked = self._init_layout(doc, store.describe(doc_key), array, shards)
         self._init_state(checked, stats, DEFAULT_GAP_BYTES)
         self.gap_bytes = int(gap_bytes)
         self._etags: dict[int, str | None] = {}
+        #: Shards a newer version of the dataset replaced: read from the copy kept for this version.
+        self._keys: dict[int, str] = {}
         self._pending_index: dict[int, bytes] = {}
         self._index_cached: set[int] = set()
 
@@ -141,7 +150,7 @@ class RangedPayloadArray(PayloadArray):
 
     def _fetch_index(self, i: int, start: int) -> tuple[bytes, int]:
         info = self.shards[i]
-        ask = ByteRange(info.path, start, info.nbytes, self._etags.get(i))
+        ask = ByteRange(self._key(i), start, info.nbytes, self._etags.get(i))
         got = next(_shards_present(self.store.fetch([ask])))
         self._check_response(i, got, ask)
         self.stats.add(self.shard_location(i), start, ask.nbytes)
@@ -160,20 +169,48 @@ class RangedPayloadArray(PayloadArray):
             return pending, info.nbytes
         return self._fetch_index(i, info.nbytes - isize)
 
+    def _key(self, i: int) -> str:
+        return self._keys.get(i, self.shards[i].path)
+
     def _check_response(self, i: int, got: Fetched, asked: ByteRange) -> None:
-        """The object behind a response is the shard the metadata describes, in one version."""
+        """The object behind a response is the shard the metadata describes, in one version.
+
+        When it is not, and a newer version of the dataset replaced the shard (the store keeps the
+        copy of this reader's version, :mod:`~shardkit.formats.versions`), :class:`_Replaced` asks
+        the caller to read that copy instead.
+        """
         info = self.shards[i]
         pinned = self._etags.setdefault(i, got.etag)
+        cause: ShardkitError | None = None
         if pinned is not None and got.etag is not None and got.etag != pinned:
-            raise ObjectChangedError(
+            cause = ObjectChangedError(
                 f"{asked.describe(self.shard_location(i))}: the shard changed while it was being read "
                 f"(ETag {pinned} became {got.etag})"
             )
-        if got.object_size != info.nbytes:
-            raise TruncatedShardError(
+        elif got.object_size != info.nbytes:
+            cause = TruncatedShardError(
                 f"{self.shard_location(i)}: shard {i} (records {info.start}-{info.stop - 1}) should be {info.nbytes} "
                 f"bytes, the store says {got.object_size}"
             )
+        if cause is None:
+            return
+        if i in self._keys or info.crc32c is None:
+            raise cause
+        raise _Replaced(i, older_copy(self.store, info.path, info.nbytes, info.crc32c, cause))
+
+    def _switch(self, replaced: _Replaced) -> None:
+        """Read shard ``replaced.shard`` from the copy kept for this version from now on."""
+        self._keys[replaced.shard] = replaced.key
+        self._etags.pop(replaced.shard, None)
+        self._indexes.pop(replaced.shard, None)
+        self._pending_index.pop(replaced.shard, None)
+
+    def index(self, i: int) -> ShardIndex:
+        while True:
+            try:
+                return super().index(i)
+            except _Replaced as moved:
+                self._switch(moved)
 
     def memmap(self, i: int) -> np.memmap:
         raise ConfigError(f"{self.shard_location(i)}: memmap needs a local shard file; read records with read()")
@@ -184,9 +221,14 @@ class RangedPayloadArray(PayloadArray):
         shard involved are fetched first, concurrently, so a block over many shards costs one round
         trip for them, not one each."""
         k = np.asarray(keys, dtype=np.int64).reshape(-1)
-        if k.size and int(k.min()) >= 0 and int(k.max()) < self.num_records:
-            self._prefetch_indexes(np.unique(k // self.records_per_shard).tolist())
-        super().read_into(k, dest)
+        while True:  # at most once more per shard a newer version replaced
+            try:
+                if k.size and int(k.min()) >= 0 and int(k.max()) < self.num_records:
+                    self._prefetch_indexes(np.unique(k // self.records_per_shard).tolist())
+                super().read_into(k, dest)
+                return
+            except _Replaced as moved:
+                self._switch(moved)
 
     def _read_plan(self, plan: _Plan, rows: list[np.ndarray]) -> None:
         """Fetch the plan run by run (see :meth:`_read_runs`); each record goes to its destination row."""
@@ -197,7 +239,7 @@ class RangedPayloadArray(PayloadArray):
         if len(missing) < 2:
             return
         isize = index_nbytes(self.records_per_shard)
-        asks = [ByteRange(self.shards[i].path, self.shards[i].nbytes - isize, self.shards[i].nbytes) for i in missing]
+        asks = [ByteRange(self._key(i), self.shards[i].nbytes - isize, self.shards[i].nbytes) for i in missing]
         raws: dict[int, bytes] = {}
         for got in _shards_present(self.store.fetch(asks)):
             i = missing[got.index]
@@ -234,7 +276,7 @@ class RangedPayloadArray(PayloadArray):
                 # the last record that still ends within ``limit`` of the start (at least one record)
                 b = max(a + 1, int(np.searchsorted(ends, start + limit, side="right")))
                 pieces.append((run, a, b))
-                asks.append(ByteRange(self.shards[run.shard].path, start, int(ends[b - 1]), self._etags.get(run.shard)))
+                asks.append(ByteRange(self._key(run.shard), start, int(ends[b - 1]), self._etags.get(run.shard)))
                 a = b
         for got in _shards_present(self.store.fetch(asks)):
             run, a, b = pieces[got.index]
@@ -281,7 +323,7 @@ class RangedPayloadArray(PayloadArray):
                 continue
             known = self._known_index(i)
             end = info.nbytes - (len(known) if known is not None else 0)
-            asks += [(i, ByteRange(info.path, a, min(a + limit, end), self._etags.get(i))) for a in range(0, end, limit)]
+            asks += [(i, ByteRange(self._key(i), a, min(a + limit, end), self._etags.get(i))) for a in range(0, end, limit)]
         for got in _shards_present(self.store.fetch([ask for _, ask in asks])):
             i, ask = asks[got.index]
             self._check_response(i, got, ask)
@@ -326,6 +368,15 @@ class RangedPayloadArray(PayloadArray):
                 raise CorruptShardError(
                     f"{run.path}: record at offset {start + o} does not decode ({exc})"
                 ) from None
+
+
+class _Replaced(Exception):
+    """Shard ``shard`` was replaced by a newer version; this reader's version is at ``key``."""
+
+    def __init__(self, shard: int, key: str) -> None:
+        super().__init__(shard, key)
+        self.shard = shard
+        self.key = key
 
 
 def _shards_present(fetched: Iterator[Fetched]) -> Iterator[Fetched]:

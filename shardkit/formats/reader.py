@@ -66,6 +66,8 @@ from shardkit.formats.spec import (
     chunk_key,
     index_nbytes,
 )
+from shardkit.formats.versions import older_copy, read_document
+from shardkit.stores import LocalStore
 
 __all__ = [
     "ReadStats",
@@ -405,7 +407,11 @@ class PayloadArray:
         doc_path = local / ZARR_JSON
         if not doc_path.exists():
             raise NotADatasetError(f"{local}: no payload array ({doc_path} is missing)")
-        shards = self._init_layout(read_json(doc_path, document_digest), str(doc_path), local.name, shards)
+        if document_digest is None:
+            doc = read_json(doc_path, None)
+        else:  # a dataset's array: as the version this reader opened recorded it
+            doc = read_document(LocalStore(local.parent), f"{local.name}/{ZARR_JSON}", document_digest)
+        shards = self._init_layout(doc, str(doc_path), local.name, shards)
         self._rel_base = local.parent if self._from_metadata else local
         self._init_state(shards, stats, gap_bytes)
 
@@ -414,6 +420,7 @@ class PayloadArray:
         self.stats = stats if stats is not None else ReadStats()
         self.gap_bytes = int(gap_bytes)
         self._fds: dict[int, int] = {}
+        self._opened: dict[int, Path] = {}
         self._indexes: dict[int, ShardIndex] = {}
         self._shard_names: dict[int, str] = {}
         self._lock = threading.Lock()
@@ -457,8 +464,10 @@ class PayloadArray:
 
     # ------------------------------------------------------------------ files and indexes
     def shard_path(self, i: int) -> Path:
-        """The local file of shard ``i``."""
-        return self._rel_base / self.shards[i].path
+        """The local file of shard ``i`` (once opened: the one read, which is the retired copy of the
+        version this reader opened when a later version replaced the shard; see
+        :mod:`~shardkit.formats.versions`)."""
+        return self._opened.get(i) or self._rel_base / self.shards[i].path
 
     def shard_location(self, i: int) -> str:
         """Shard ``i`` as a path or URL, for messages."""
@@ -479,6 +488,7 @@ class PayloadArray:
                         raise MissingShardError(
                             f"{path}: shard {i} (records {info.start}-{info.stop - 1}) is missing"
                         ) from None
+                    fd = self._of_this_version(i, fd, real)
                     # Every pass over a shard reads ascending offsets: ask for aggressive readahead.
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
                     self._fds[i] = fd
@@ -490,6 +500,26 @@ class PayloadArray:
         if name is None:
             name = self._shard_names[i] = self.shard_location(i)
         return name
+
+    def _of_this_version(self, i: int, fd: int, real: Path) -> int:
+        """``fd``, or the retired copy of shard ``i`` when a later version replaced the file (it has
+        grown: a commit only ever adds records to a shard). Checked on the open descriptor, so a
+        replacement between the check and the open is caught."""
+        info = self.shards[i]
+        if info.nbytes < 0 or os.fstat(fd).st_size == info.nbytes:
+            return fd
+        store = LocalStore(self._rel_base)
+        try:
+            older = older_copy(store, info.path, info.nbytes, info.crc32c,
+                               TruncatedShardError(f"{real}: shard {i} is not the {info.nbytes} bytes recorded"))
+        except TruncatedShardError:
+            return fd  # damaged, not replaced: index() reports it
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+        self._opened[i] = store.local_path(older)
+        return os.open(self._opened[i], os.O_RDONLY)
 
     def index(self, i: int) -> ShardIndex:
         """The checked index of shard ``i`` (read once, then cached)."""
