@@ -29,6 +29,15 @@ What is checked, so that a short read, a wrong length or a changed object never 
   equals the recorded ``index_crc32c`` it is not fetched at all (one request per shard saved);
 * compressed records carry their codec's own checksum (zstd frames), as locally.
 
+With a local cache (``cache_dir``) the first read starts a :class:`~shardkit.stores.prefetch.ShardPrefetcher`
+that downloads every shard the cache admits whole, in ascending order, in the background; runs of a
+shard whose copy is complete are read locally (no request), runs of a shard still being downloaded
+wait for it (:data:`WAIT_FOR_PREFETCH`: fetching them by range instead would compete with the
+downloads for the link and fetch those bytes twice; a uniformly random block needs nearly every
+shard, so it completes about when the download does either way), and only shards the cache cannot
+hold are read by range. That is what lifts a cold epoch from the store's request rate to its
+whole-object bandwidth (``benchmarks/remote.py``).
+
 Uncompressed records fetched by range are not covered by a per-record checksum (format 1.1 records
 one crc32c per shard); the local cache (:mod:`shardkit.stores.cache`) checks whole shards against
 it before serving them, and ``shardkit verify`` checks every byte.
@@ -60,7 +69,7 @@ __all__ = ["RangedPayloadArray", "DEFAULT_REMOTE_GAP_BYTES"]
 DEFAULT_REMOTE_GAP_BYTES = 1 << 20
 
 #: With a cache, a block's records in a shard still being prefetched wait for its local copy
-#: (True) rather than being fetched by range (see the module docstring for the measurement).
+#: (True) rather than being fetched by range (see the module docstring for why).
 WAIT_FOR_PREFETCH = True
 
 
