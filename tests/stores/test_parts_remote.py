@@ -56,6 +56,12 @@ def test_append_in_a_bucket_keeps_readers_on_their_version(s3: Any, tmp_path: Pa
     assert reader.fields["label"].shape == (n1,)
     with open_dataset(url, version=1) as old:
         np.testing.assert_array_equal(old.read(np.arange(n1))["image"], v1)
+    # With a local cache the whole-shard prefetcher finds the replaced shard's new size, leaves it
+    # remote, and the ranged path reads this version's copy.
+    (tmp_path / "cache").mkdir()
+    with open_dataset(url, version=1, cache_dir=tmp_path / "cache") as cached:
+        np.testing.assert_array_equal(cached.read(np.arange(n1))["image"], v1)
+        np.testing.assert_array_equal(cached.read(np.arange(n1))["image"], v1)
     assert verify(url).ok
 
 
