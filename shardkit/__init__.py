@@ -11,6 +11,7 @@ from shardkit import errors
 from shardkit._version import __version__
 from shardkit.converters import convert
 from shardkit.formats import Dataset, DatasetWriter, FieldSpec, open_dataset, verify
+from shardkit.readers.sources import Mixture, mix
 
 __all__ = [
     "__version__",
@@ -21,4 +22,6 @@ __all__ = [
     "open_dataset",
     "verify",
     "convert",
+    "mix",
+    "Mixture",
 ]
