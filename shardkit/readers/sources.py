@@ -14,6 +14,9 @@ each of its shards; a record that occurs twice in one block is read once and cop
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import logging
 import os
 from collections.abc import Iterator, Sequence
@@ -28,12 +31,13 @@ from shardkit.errors import ConfigError, SchemaError
 from shardkit.formats import Dataset, FieldSpec
 from shardkit.formats.metadata import DatasetMeta, read_dataset_meta
 from shardkit.formats.reader import DEFAULT_GAP_BYTES, ReadStats
-from shardkit.readers.identity import DatasetIdentity
+from shardkit.readers.config import Source, option_name
+from shardkit.readers.identity import DatasetIdentity, dataset_fingerprint
 from shardkit.readers.mixture import MixturePlan, parse_weights
 from shardkit.readers.seeds import check_seed
 from shardkit.units import parse_count
 
-__all__ = ["DATASET_FIELD", "Mixture", "mix", "check_schema", "MixedPayload", "MixedField", "MixedDataset", "MixedIdentity"]
+__all__ = ["DATASET_FIELD", "Mixture", "mix", "source_of", "check_schema", "MixedPayload", "MixedField", "MixedDataset", "MixedIdentity"]
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +112,10 @@ class Mixture:
     sizes: tuple[int, ...]
     metas: tuple[DatasetMeta, ...] = field(repr=False, compare=False)
 
+    def resolved(self) -> Mixture:
+        """The same mixture with absolute dataset paths."""
+        return dataclasses.replace(self, paths=tuple(p.resolve() for p in self.paths))
+
     def plan(self, seed: int) -> MixturePlan:
         """The mixed order for ``seed`` (this mixture's own seed when it has one)."""
         s = self.seed if self.seed is not None else seed
@@ -135,6 +143,13 @@ class Mixture:
 
     def __str__(self) -> str:
         return "mix(" + ", ".join(f"{p}:{w}" for p, w in zip(self.paths, self.weights)) + ")"
+
+    def fingerprint(self) -> str:
+        """SHA-256 (hex) of what defines the mixture's records and counts: every dataset's identity
+        (:func:`~shardkit.readers.identity.dataset_fingerprint`), the weights and the epoch size."""
+        doc = {"datasets": [dataset_fingerprint(p) for p in self.paths], "weights": [str(w) for w in self.weights],
+               "epoch_size": self.epoch_size}
+        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
 def mix(
@@ -186,6 +201,38 @@ def mix(
     s = None if seed is None else check_seed(seed)
     MixturePlan.create(sizes, weights, length, 0)  # validates the epoch size
     return Mixture(paths=tuple(paths), weights=weights, epoch_size=length, seed=s, sizes=sizes, metas=metas)
+
+
+def source_of(
+    paths: Sequence[PathLike],
+    weights: str | Sequence[object] | None = None,
+    epoch_size: int | str | None = None,
+    seed: int | None = None,
+    *,
+    source: Source = "python",
+) -> Path | Mixture:
+    """What a command reads: one dataset path, or a mixture of several (``shardkit sample A B
+    --weights 3,1 --epoch-size 10k``; ``shardkit serve`` likewise).
+
+    One path without weights or epoch size is the dataset itself. Otherwise a :class:`Mixture`:
+    ``weights`` is a comma-separated string or a sequence (default: the datasets' sizes, so every
+    record appears once per epoch), ``epoch_size`` defaults to the sum of the sizes. Errors name
+    the options as the user wrote them (``--weights`` on the command line).
+    """
+    if not paths:
+        raise ConfigError("expected at least one dataset")
+    if len(paths) == 1 and weights is None and epoch_size is None:
+        return Path(paths[0])
+    name = {o: option_name(o, source) for o in ("weights", "epoch_size", "seed")}
+    if weights is None:
+        ws: list[object] = [read_dataset_meta(Path(p)).num_records for p in paths]
+    else:
+        ws = [w.strip() for w in weights.split(",")] if isinstance(weights, str) else list(weights)
+        if len(ws) != len(paths):
+            raise ConfigError(f"{name['weights']}: expected one weight per dataset ({len(paths)}), found {len(ws)}: {weights!r}")
+    parse_weights(ws, what=name["weights"])
+    size = None if epoch_size is None else parse_count(epoch_size, what=name["epoch_size"], minimum=1)
+    return mix(list(zip(paths, ws)), epoch_size=size, seed=None if seed is None else check_seed(seed, what=name["seed"]))
 
 
 # ---------------------------------------------------------------------------------------------- disk tier
