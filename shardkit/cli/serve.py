@@ -14,7 +14,8 @@ from shardkit.readers.sources import source_of
 
 @app.command()
 def serve(
-    paths: list[Path] = typer.Argument(..., help="Dataset directory; several for a mixture (see --weights)."),
+    paths: list[str] = typer.Argument(
+        ..., help="Dataset directory or URL (s3://bucket/ds, gs://, az://, http(s)://); several for a mixture (see --weights)."),
     weights: str = typer.Option(
         None, "--weights", help="Serve a mixture of the datasets with these relative weights, comma-separated (3,1); "
                                 "default with several datasets: their sizes.",

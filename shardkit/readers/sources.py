@@ -30,11 +30,12 @@ import numpy as np
 from shardkit.errors import ConfigError, SchemaError
 from shardkit.formats import Dataset, FieldSpec
 from shardkit.formats.metadata import DatasetMeta, read_dataset_meta
-from shardkit.formats.reader import DEFAULT_GAP_BYTES, ReadStats
+from shardkit.formats.reader import ReadStats
 from shardkit.readers.config import Source, option_name
 from shardkit.readers.identity import DatasetIdentity, dataset_fingerprint
 from shardkit.readers.mixture import MixturePlan, parse_weights
 from shardkit.readers.seeds import check_seed
+from shardkit.stores import Location, Store, StoreOptions, as_location, open_store
 from shardkit.units import parse_count
 
 __all__ = ["DATASET_FIELD", "Mixture", "mix", "source_of", "check_schema", "MixedPayload", "MixedField", "MixedDataset", "MixedIdentity"]
@@ -43,8 +44,6 @@ logger = logging.getLogger(__name__)
 
 #: The batch entry that carries each record's dataset index in a mixture.
 DATASET_FIELD = "dataset"
-
-PathLike = str | os.PathLike[str]
 
 
 # ---------------------------------------------------------------------------------------------- schema
@@ -62,7 +61,7 @@ def _schema_of(meta: DatasetMeta) -> list[tuple[str, object]]:
     return items
 
 
-def check_schema(paths: Sequence[Path], metas: Sequence[DatasetMeta]) -> None:
+def check_schema(paths: Sequence[Path | str], metas: Sequence[DatasetMeta]) -> None:
     """Raise :class:`~shardkit.errors.SchemaError` naming the first difference from the first dataset.
 
     Same payload name, record shape and dtype, the same fields with the same shapes and dtypes; the
@@ -94,7 +93,8 @@ class Mixture:
     Attributes
     ----------
     paths
-        The datasets, in the order of their dataset index.
+        The datasets, in the order of their dataset index: local directories (``Path``) or
+        object-store URLs (``str``), as :func:`shardkit.stores.as_location` gives them.
     weights
         Exact relative weights (:func:`~shardkit.readers.mixture.parse_weights`).
     epoch_size
@@ -105,7 +105,7 @@ class Mixture:
         ``N_i``, records per dataset (from the metadata).
     """
 
-    paths: tuple[Path, ...]
+    paths: tuple[Path | str, ...]
     weights: tuple[Fraction, ...]
     epoch_size: int
     seed: int | None
@@ -114,7 +114,7 @@ class Mixture:
 
     def resolved(self) -> Mixture:
         """The same mixture with absolute dataset paths."""
-        return dataclasses.replace(self, paths=tuple(p.resolve() for p in self.paths))
+        return dataclasses.replace(self, paths=tuple(as_location(p, resolve=True) for p in self.paths))
 
     def plan(self, seed: int) -> MixturePlan:
         """The mixed order for ``seed`` (this mixture's own seed when it has one)."""
@@ -153,7 +153,7 @@ class Mixture:
 
 
 def mix(
-    datasets: Sequence[tuple[PathLike | Dataset, object]],
+    datasets: Sequence[tuple[Location | Dataset, object]],
     epoch_size: int | str | None = None,
     seed: int | None = None,
 ) -> Mixture:
@@ -162,8 +162,8 @@ def mix(
     Parameters
     ----------
     datasets
-        ``[(dataset, weight), ...]``: dataset directories (or opened datasets) and positive relative
-        weights (``3``, ``0.25``, ``"1/3"``).
+        ``[(dataset, weight), ...]``: dataset directories or URLs (or opened datasets) and positive
+        relative weights (``3``, ``0.25``, ``"1/3"``).
     epoch_size
         ``L``, records per epoch (a count: ``10000``, ``"10k"``); default: the sum of the sizes.
     seed
@@ -177,21 +177,21 @@ def mix(
     """
     if isinstance(datasets, (str, bytes, os.PathLike)) or not isinstance(datasets, Sequence) or not datasets:
         raise ConfigError(f"datasets: expected a list of (dataset, weight) pairs, found {datasets!r}")
-    paths: list[Path] = []
+    paths: list[Path | str] = []
     raw_weights: list[object] = []
     for i, item in enumerate(datasets):
         if not isinstance(item, (tuple, list)) or len(item) != 2:
             raise ConfigError(f"datasets: entry {i} must be a (dataset, weight) pair, found {item!r}")
         ds, w = item
         if isinstance(ds, Dataset):
-            paths.append(Path(ds.path))
-        elif isinstance(ds, (str, os.PathLike)):
-            paths.append(Path(ds))
+            paths.append(as_location(ds.path))
+        elif isinstance(ds, (str, os.PathLike, Store)):
+            paths.append(as_location(ds))
         else:
-            raise ConfigError(f"datasets: entry {i} must name a dataset directory, found {ds!r}")
+            raise ConfigError(f"datasets: entry {i} must name a dataset directory or URL, found {ds!r}")
         raw_weights.append(w)
     weights = parse_weights(raw_weights)
-    metas = tuple(read_dataset_meta(p) for p in paths)
+    metas = tuple(read_dataset_meta(open_store(p)) for p in paths)
     check_schema(paths, metas)
     sizes = tuple(m.num_records for m in metas)
     for p, n in zip(paths, sizes):
@@ -204,13 +204,13 @@ def mix(
 
 
 def source_of(
-    paths: Sequence[PathLike],
+    paths: Sequence[Location],
     weights: str | Sequence[object] | None = None,
     epoch_size: int | str | None = None,
     seed: int | None = None,
     *,
     source: Source = "python",
-) -> Path | Mixture:
+) -> Location | Mixture:
     """What a command reads: one dataset path, or a mixture of several (``shardkit sample A B
     --weights 3,1 --epoch-size 10k``; ``shardkit serve`` likewise).
 
@@ -222,10 +222,10 @@ def source_of(
     if not paths:
         raise ConfigError("expected at least one dataset")
     if len(paths) == 1 and weights is None and epoch_size is None:
-        return Path(paths[0])
+        return paths[0]
     name = {o: option_name(o, source) for o in ("weights", "epoch_size", "seed")}
     if weights is None:
-        ws: list[object] = [read_dataset_meta(Path(p)).num_records for p in paths]
+        ws: list[object] = [read_dataset_meta(open_store(p)).num_records for p in paths]
     else:
         ws = [w.strip() for w in weights.split(",")] if isinstance(weights, str) else list(weights)
         if len(ws) != len(paths):
@@ -333,11 +333,11 @@ class MixedIdentity:
     parts: tuple[DatasetIdentity, ...]
 
     @classmethod
-    def of(cls, paths: Sequence[Path]) -> MixedIdentity:
-        return cls(tuple(DatasetIdentity.of(p) for p in paths))
+    def of(cls, paths: Sequence[Path | str], options: StoreOptions | None = None) -> MixedIdentity:
+        return cls(tuple(DatasetIdentity.of(p, options) for p in paths))
 
     @property
-    def path(self) -> Path:
+    def path(self) -> Path | str:
         return self.parts[0].path
 
     def check(self) -> None:
@@ -350,16 +350,15 @@ class MixedDataset:
 
     Offers what the sampler's tiers use of :class:`~shardkit.formats.Dataset` (``payload``,
     ``payload_name``, ``record_nbytes``, ``num_records``, ``meta``, ``fields``, ``close``), over
-    global keys; ``fields`` gains :data:`DATASET_FIELD`, each record's dataset index.
+    global keys; ``fields`` gains :data:`DATASET_FIELD`, each record's dataset index. ``options``
+    go to every :class:`~shardkit.formats.Dataset` (gap thresholds, store options, a shard cache).
     """
 
-    def __init__(
-        self, mixture: Mixture, *, stats: ReadStats | None = None, gap_bytes: int = DEFAULT_GAP_BYTES
-    ) -> None:
+    def __init__(self, mixture: Mixture, *, stats: ReadStats | None = None, **options: Any) -> None:
         stats = stats if stats is not None else ReadStats()
         self.mixture = mixture
         self.path = mixture.paths[0]
-        self._datasets = [Dataset(p, stats=stats, gap_bytes=gap_bytes) for p in mixture.paths]
+        self._datasets = [Dataset(p, stats=stats, **options) for p in mixture.paths]
         self.offsets = np.concatenate([[0], np.cumsum(mixture.sizes)]).astype(np.int64)
         self.payload = MixedPayload(self._datasets, self.offsets)
         self.meta = self._datasets[0].meta

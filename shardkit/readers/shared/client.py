@@ -47,6 +47,7 @@ from shardkit.readers.shared.rundir import RunDir, check_name, run_dir_path
 from shardkit.readers.sources import MixedDataset, Mixture, mix
 from shardkit.readers.stats import SamplerStats
 from shardkit.readers.stopping import POLL_SECONDS, Stopped, put
+from shardkit.stores import Location, as_location, location_string
 
 __all__ = ["SharedSampler", "wait_for_server"]
 
@@ -165,7 +166,7 @@ class SharedSampler:
         job_seed: int | None = None,
         batch_size: int = 256,
         epochs: int | None = 1,
-        dataset: str | os.PathLike[str] | Mixture | None = None,
+        dataset: Location | Mixture | None = None,
         base_dir: str | os.PathLike[str] | None = None,
         connect_timeout: float = 10.0,
         rank: int = 0,
@@ -196,7 +197,7 @@ class SharedSampler:
         self.connect_timeout = float(connect_timeout)
         run, info = _open_server(self.name, base_dir, self.connect_timeout)
         run.close()
-        self.path = Path(info.dataset)
+        self.path: Path | str = as_location(info.dataset)
         self._info = info
         #: The server's lease: this job heartbeats every quarter of it, and gives up on a server
         #: silent for that long.
@@ -213,13 +214,14 @@ class SharedSampler:
         self._epoch: int | None = None
         self._run_ref: weakref.ref[_SharedRun] | None = None
 
-    def _refuse(self, info: ServerInfo, dataset: object) -> SamplerError:
+    def _refuse(self, info: ServerInfo, dataset: Location | Mixture) -> SamplerError:
+        what = dataset if isinstance(dataset, Mixture) else location_string(dataset)
         return SamplerError(
             f"server {self.name!r} (pid {info.pid}) serves {info.dataset if info.mixture is None else 'a mixture'}, "
-            f"not {dataset} (fingerprints differ); refusing to attach"
+            f"not {what} (fingerprints differ); refusing to attach"
         )
 
-    def _open_dataset(self, info: ServerInfo, dataset: str | os.PathLike[str] | Mixture | None) -> None:
+    def _open_dataset(self, info: ServerInfo, dataset: Location | Mixture | None) -> None:
         if isinstance(dataset, Mixture) or (dataset is not None and dataset_fingerprint(dataset) != info.fingerprint):
             raise self._refuse(info, dataset)
         ds = Dataset(self.path)
@@ -236,7 +238,7 @@ class SharedSampler:
             raise SamplerError(f"{self.path}: the dataset changed since server {self.name!r} (pid {info.pid}) started; "
                                f"restart the server")
 
-    def _open_mixture(self, info: ServerInfo, dataset: str | os.PathLike[str] | Mixture | None) -> None:
+    def _open_mixture(self, info: ServerInfo, dataset: Location | Mixture | None) -> None:
         """The served mixture's fields (gathered by global key) and its dataset index; the mixture is
         rebuilt from ``info.json`` and must have the server's fingerprint."""
         assert info.mixture is not None

@@ -56,6 +56,7 @@ from shardkit.readers.sources import MixedDataset, Mixture
 from shardkit.readers.ssd import SsdSpace, write_reservoir
 from shardkit.readers.stats import SamplerStats
 from shardkit.readers.stopping import Stopped
+from shardkit.stores import Location, as_location
 from shardkit.units import Capacity, parse_count, parse_duration
 
 __all__ = ["ServeOptions", "TierServer", "serve"]
@@ -200,7 +201,7 @@ class TierServer:
     handshake_seconds = 10.0
 
     def __init__(
-        self, dataset: str | os.PathLike[str] | Mixture, *, name: str, options: ServeOptions | None = None, **values: Any
+        self, dataset: Location | Mixture, *, name: str, options: ServeOptions | None = None, **values: Any
     ) -> None:
         self.name = check_name(name)
         if options is None:
@@ -209,6 +210,7 @@ class TierServer:
             ServeOptions.parse(source=options.source, **values)  # unknown names are refused as such
             options = replace(options, **values)
         self.options = o = options
+        self.path: Path | str
         self.tiers, self.seed, self.slots, self.epochs = o.tiers, o.seed, o.slots, o.epochs
         self.lease_seconds = o.lease_seconds
         #: The mixture served (``None``: one dataset); see :mod:`shardkit.readers.sources`.
@@ -225,7 +227,7 @@ class TierServer:
             self.record_nbytes = rec = m.record.nbytes
             record = (tuple(m.record.shape), np.dtype(m.record.dtype))
         else:
-            self.path = Path(dataset).resolve()
+            self.path = as_location(dataset, resolve=True)
             ds = Dataset(self.path, gap_bytes=o.gap_bytes)  # a missing or broken dataset fails here, clearly
             self.fingerprint = dataset_fingerprint(self.path)
             try:
@@ -789,7 +791,7 @@ class _Terminated(SystemExit):
     """SIGTERM received: leave through the normal cleanup path."""
 
 
-def serve(dataset: str | os.PathLike[str] | Mixture, *, name: str, ready: Callable[[TierServer], Any] | None = None,
+def serve(dataset: Location | Mixture, *, name: str, ready: Callable[[TierServer], Any] | None = None,
           **options: Any) -> TierServer:
     """Run a :class:`TierServer` in the foreground until its epochs are served, SIGTERM or Ctrl-C.
 
