@@ -7,11 +7,16 @@ lazily.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from shardkit import errors
 from shardkit._version import __version__
 from shardkit.converters import convert
 from shardkit.formats import Dataset, DatasetWriter, FieldSpec, open_dataset, verify
-from shardkit.readers.sources import Mixture, mix
+
+if TYPE_CHECKING:
+    from shardkit.readers.sources import Mixture, mix
+    from shardkit.viz import export, show
 
 __all__ = [
     "__version__",
@@ -22,6 +27,23 @@ __all__ = [
     "open_dataset",
     "verify",
     "convert",
+    "show",
+    "export",
     "mix",
     "Mixture",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # show / export live in shardkit.viz, which needs the readers' seed domains: imported on first
+    # use, so `import shardkit` stays as light as before.
+    if name in ("show", "export"):
+        import shardkit.viz
+
+        return getattr(shardkit.viz, name)
+    if name in ("mix", "Mixture"):
+        # Mixtures are a sampler source (shardkit.readers), imported on first use like show / export.
+        import shardkit.readers.sources
+
+        return getattr(shardkit.readers.sources, name)
+    raise AttributeError(f"module 'shardkit' has no attribute {name!r}")
