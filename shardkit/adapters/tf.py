@@ -35,7 +35,7 @@ import numpy as np
 from shardkit.adapters._extras import import_extra
 from shardkit.adapters._options import PayloadOptions, SamplerFactory
 from shardkit.errors import ConfigError
-from shardkit.readers import DEFAULTS, SamplerOptions
+from shardkit.readers import DEFAULTS, SamplerOptions, TieredSampler
 from shardkit.readers.schedule import pass_length
 from shardkit.units import Capacity
 
@@ -96,6 +96,9 @@ def make_tf_dataset(
     scale: str | None = None,
     prefetch: bool | int = True,
     shared: str | None = None,
+    static_cache: int | str | Capacity = DEFAULTS.static_cache,
+    permutation: str = DEFAULTS.permutation,
+    node_sharing: bool = DEFAULTS.node_sharing,
 ) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of batches from the tiered sampler.
 
@@ -111,6 +114,9 @@ def make_tf_dataset(
         overrides ``batch_size``).
     tiers, ram_size, ssd_size, ssd_dir, seed, mode, drop_last, limit, gap_bytes, cache_dir, cache_size
         Passed to :class:`~shardkit.readers.TieredSampler` unchanged.
+    static_cache, permutation, node_sharing
+        Passed to :class:`~shardkit.readers.TieredSampler` unchanged; the static cache is held by
+        the returned dataset across iterations (see ``TieredSampler.hold_shared``).
     epochs, start_epoch
         Sampler epochs per iteration of the dataset (``None``: endless), and the first one; each
         finished iteration moves on to the next epochs.
@@ -146,20 +152,23 @@ def make_tf_dataset(
     options = SamplerOptions.parse(
         batch_size=per_consumer, tiers=tiers, ram_size=ram_size, ssd_size=ssd_size, ssd_dir=ssd_dir, seed=seed,
         mode=mode, epochs=epochs, start_epoch=start_epoch, drop_last=drop_last, limit=limit, gap_bytes=gap_bytes,
-            cache_dir=cache_dir, cache_size=cache_size,
-        rank=consumer, world_size=consumers,
+        cache_dir=cache_dir, cache_size=cache_size, rank=consumer, world_size=consumers, static_cache=static_cache,
+        permutation=permutation, node_sharing=node_sharing,
     )  # fmt: skip
     factory = SamplerFactory(options, shared=shared)
     present = PayloadOptions(layout=layout, scale=scale)
     path = os.fspath(path)
 
-    probe = factory.build(path, consumer=consumer, num_consumers=consumers, start_epoch=options.start_epoch)
-    try:
-        spec = probe.element_spec()
-        payload = probe.payload_name
-        num_records = probe.num_records
-    finally:
-        probe.close()
+    # Each iteration builds its own sampler; this one, kept for as long as the dataset exists, holds
+    # the node-shared static cache, so later iterations read only the uncached records.
+    holder = factory.build(path, consumer=consumer, num_consumers=consumers, start_epoch=options.start_epoch)
+    spec = holder.element_spec()
+    payload = holder.payload_name
+    num_records = holder.num_records
+    if isinstance(holder, TieredSampler):
+        holder.hold_shared()
+    else:
+        holder.close()
     present.check(spec[payload][0], path)
     names = list(spec)
     if as_tuple is not None:
@@ -176,6 +185,7 @@ def make_tf_dataset(
     next_epoch = [options.start_epoch]  # advanced by each finished iteration
 
     def generate() -> Iterator[dict[str, np.ndarray]]:
+        assert holder is not None
         epoch = next_epoch[0]
         sampler = factory.build(path, consumer=consumer, num_consumers=consumers, start_epoch=epoch)
         try:

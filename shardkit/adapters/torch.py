@@ -63,7 +63,7 @@ from shardkit.adapters._extras import import_extra
 from shardkit.adapters._options import PayloadOptions, SamplerFactory
 from shardkit.errors import ConfigError, SamplerError
 from shardkit.formats import Dataset, open_dataset
-from shardkit.readers import DEFAULTS, Sampler, SamplerOptions
+from shardkit.readers import DEFAULTS, Sampler, SamplerOptions, TieredSampler
 from shardkit.readers.schedule import batches_per_consumer, pass_length, position_after
 from shardkit.stores import is_url
 from shardkit.units import Capacity
@@ -95,8 +95,9 @@ TensorDict = dict[str, "torch.Tensor"]
 def _tensor(array: np.ndarray) -> torch.Tensor:
     """Zero-copy ``torch.from_numpy`` when torch may own the memory, a copy otherwise.
 
-    Batches from the sampler are fresh arrays, but a read-only or non-native-endian array (possible
-    from other sources) cannot be shared with torch safely.
+    The sampler's payload is a view of one of its batch buffers, which it never reuses while a tensor
+    (or anything else) references it, so sharing it is safe; a read-only or non-native-endian array
+    (possible from other sources) cannot be shared with torch safely.
     """
     if not array.flags.writeable or not array.dtype.isnative:
         array = np.array(array, dtype=array.dtype.newbyteorder("=") if not array.dtype.isnative else None)
@@ -152,6 +153,11 @@ class ShardIterableDataset(_TorchIterableDataset):
     tiers, ram_size, ssd_size, ssd_dir, seed, mode, drop_last, limit, gap_bytes, cache_dir, cache_size
         Passed to :class:`~shardkit.readers.TieredSampler` unchanged (each consumer gets its own
         sampler; ``ram_size`` / ``ssd_size`` are therefore *per consumer*).
+    static_cache, permutation, node_sharing
+        Passed to :class:`~shardkit.readers.TieredSampler` unchanged. The static cache (by
+        default the part of ``ram_size`` the blocks do not need) is one per machine, shared by the
+        workers and ranks on it, and held by this dataset object across passes, so with a budget
+        that covers the dataset every epoch after the first reads nothing from storage.
     epochs
         Epochs per pass (per ``iter(loader)``), from the current epoch; ``None`` for one endless pass
         (step-based training).
@@ -202,6 +208,9 @@ class ShardIterableDataset(_TorchIterableDataset):
         cache_size: int | str | None = DEFAULTS.cache_size,
         num_workers: int = 0,
         shared: str | None = None,
+        static_cache: int | str | Capacity = DEFAULTS.static_cache,
+        permutation: str = DEFAULTS.permutation,
+        node_sharing: bool = DEFAULTS.node_sharing,
     ) -> None:
         super().__init__()
         self.path = os.fspath(path)
@@ -211,6 +220,7 @@ class ShardIterableDataset(_TorchIterableDataset):
             seed=seed, mode=mode, epochs=epochs, drop_last=drop_last, limit=limit, gap_bytes=gap_bytes,
             cache_dir=cache_dir, cache_size=cache_size,
             rank=0 if rank is None else rank, world_size=1 if world_size is None else world_size,
+            static_cache=static_cache, permutation=permutation, node_sharing=node_sharing,
         )  # fmt: skip
         self.factory = SamplerFactory(self.options, shared=shared)
         self.payload_options = PayloadOptions(layout=layout, scale=scale)
@@ -228,6 +238,24 @@ class ShardIterableDataset(_TorchIterableDataset):
         self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
         self._resume: dict[str, Any] | None = None
         self._sampler: Sampler | None = None  # the sampler of a pass running in this process (num_workers=0)
+        self._holder: Sampler | None = None
+        self._hold_shared()
+
+    def _hold_shared(self) -> None:
+        """Keep the node-shared static cache alive across passes (see ``TieredSampler.hold_shared``):
+        every pass builds its samplers afresh, in this process or in the workers, and each lets go
+        of the cache when its pass ends."""
+        if self._holder is not None:
+            self._holder.close()
+            self._holder = None
+        if self.factory.shared is not None:
+            return
+        workers = max(1, self.num_workers)
+        holder = self.factory.build(self.path, consumer=self.rank * workers, num_consumers=self.world_size * workers,
+                                    start_epoch=0)  # fmt: skip
+        if isinstance(holder, TieredSampler):
+            holder.hold_shared()
+        self._holder = holder
 
     # ------------------------------------------------------------------ consumers
     def _rank_world(self) -> tuple[int, int]:
@@ -434,7 +462,9 @@ class ShardIterableDataset(_TorchIterableDataset):
         if pin_memory is None:
             pin_memory = accelerator_present()
         kwargs["pin_memory"] = pin_memory
-        self.num_workers = int(num_workers)
+        if int(num_workers) != self.num_workers:
+            self.num_workers = int(num_workers)
+            self._hold_shared()  # the consumers' budgets (and so their cache) depend on their number
         if num_workers > 0 and is_url(self.path) and not self.path.startswith("file:"):
             kwargs.setdefault("multiprocessing_context", "spawn")
         if not self.unbatched:
@@ -449,7 +479,7 @@ class ShardIterableDataset(_TorchIterableDataset):
     def __getstate__(self) -> dict[str, Any]:
         # A running sampler (threads, buffers) never travels to a worker; each builds its own.
         state = dict(self.__dict__)
-        state["_sampler"] = None
+        state["_sampler"] = state["_holder"] = None
         return state
 
     def __repr__(self) -> str:

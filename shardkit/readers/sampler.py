@@ -10,7 +10,7 @@ import shutil
 import tempfile
 import time
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +18,21 @@ import numpy as np
 
 from shardkit.errors import ConfigError, OutOfSpaceError, SamplerError
 from shardkit.formats import Dataset
+from shardkit.readers import node
+from shardkit.readers.buffers import BatchPool
 from shardkit.readers.config import SamplerOptions, TierSizes
 from shardkit.readers.identity import DatasetIdentity, dataset_fingerprint
 from shardkit.readers.interface import Batch, ElementSpec
 from shardkit.readers.pipeline import BatchReady, EpochEnd, Pipeline, RunDone, Segment
-from shardkit.readers.schedule import batches_per_consumer, consumer_plan, epoch_stream, truncate_plan
-from shardkit.readers.static_cache import StaticCache, pinned_keys
+from shardkit.readers.schedule import (
+    ArrayOrder,
+    EpochOrder,
+    batches_per_consumer,
+    epoch_order,
+    plan_shape,
+    resolve_permutation,
+)
+from shardkit.readers.static_cache import StaticCache
 from shardkit.readers.stats import SamplerStats
 from shardkit.stores import Location, as_location
 from shardkit.units import human_bytes, parse_count
@@ -43,11 +52,11 @@ _SSD_OVERHEAD = 1 << 20
 class TieredSampler:
     """Batches of a shardkit dataset in an exactly uniform random order, with sequential reads.
 
-    Tiers are ordered slow -> fast: the dataset on disk, an optional SSD tier (reservoirs of ``K1``
-    records written as shardkit datasets under a private directory of ``ssd_dir``) and the RAM
-    tier (two buffers of ``K2`` records). Records cross every tier boundary once per epoch, in
-    ascending offset order within each file; the batch creator emits them in the epoch's order.
-    Implements the :class:`~shardkit.readers.interface.Sampler` protocol.
+    Tiers are ordered slow -> fast: the dataset on disk, an optional SSD tier (reservoirs written as
+    shardkit datasets under a private directory of ``ssd_dir``) and the RAM tier. Records cross
+    every tier boundary once per epoch, in ascending offset order within each file, straight into
+    the batch the consumer receives; the batches come in the epoch's order. Implements the
+    :class:`~shardkit.readers.interface.Sampler` protocol.
 
     Parameters
     ----------
@@ -61,16 +70,29 @@ class TieredSampler:
         Any option of :class:`~shardkit.readers.config.SamplerOptions` by name (``tiers``,
         ``ram_size``, ``ssd_size``, ``ssd_dir``, ``batch_size``, ``epochs``, ``seed``, ``mode``,
         ``rank``, ``world_size``, ``drop_last``, ``limit``, ``gap_bytes``, ``start_epoch``,
-        ``static_cache``), applied on top of ``options``; the option documentation lives there.
+        ``static_cache``, ``permutation``, ``node_sharing``), applied on top of ``options``; the
+        option documentation lives there.
 
     Notes
     -----
     Order: in ``epoch`` mode each epoch's order ``pi`` is ``schedule.epoch_permutation(seed,
-    epoch, N)``; consumer ``c`` of ``W`` takes its slice of every global batch (see
-    :mod:`shardkit.readers.schedule`), and its creators read only those keys.
+    epoch, N)`` (with ``permutation="feistel"``, or ``"auto"`` beyond
+    :data:`~shardkit.readers.schedule.EXACT_PERMUTATION_LIMIT` records, an on-demand keyed
+    bijection instead, see :mod:`shardkit.readers.bijection`); consumer ``c`` of ``W`` takes its
+    slice of every global batch (see :mod:`shardkit.readers.schedule`), and its creators read only
+    those keys.
+
+    Memory: ``ram_size`` covers everything the sampler holds in RAM for this consumer, split as
+    :attr:`memory_plan` says (``shardkit sample`` prints it): the batch buffers blocks are read
+    into, the static cache, the SSD tier's copy buffer. Blocks grow from a small first block to the
+    largest one (:attr:`block_schedule`); what they do not need caches records across epochs
+    (:attr:`cache_fraction`, 1.0 when the whole dataset fits). The per-record fields and the exact
+    epoch order are per dataset and shared by the processes of a node (``node_sharing``).
 
     Batches are dicts of numpy arrays: the payload (``"image"``/``"audio"``) ``[n, ...]``, every
-    per-record field, and ``"key"`` (int64 global record index). Each batch owns its arrays.
+    per-record field, and ``"key"`` (int64 global record index). The payload is a view of one of
+    the sampler's batch buffers, handed over without a copy: it is never overwritten while anything
+    references it (a kept batch, a ``torch.from_numpy`` tensor), and reused once nothing does.
 
     Resume: :meth:`state_dict` holds ``(seed, epoch, position)``, where position counts records of
     ``pi`` consumed by all consumers together (a multiple of the global batch ``B * W`` except at
@@ -78,9 +100,9 @@ class TieredSampler:
     world size continues the same order from that position, reading only the records that are left.
 
     Static cache: ``M`` records (a uniformly random subset P of the whole dataset drawn once from
-    the seed, independent of the epoch orders) are read once at the start of the first epoch into
-    one RAM array and kept until :meth:`close`; each RAM block copies its pinned keys from there and
-    reads only the others. The order is unchanged. See :mod:`shardkit.readers.static_cache`.
+    the seed, independent of the epoch orders) are kept in RAM for the whole run, filled as the
+    first epoch reads them; a block reads only its records the cache does not hold. The order is
+    unchanged. See :mod:`shardkit.readers.static_cache`.
 
     Dataset identity: the sampler checks before each epoch and after every block it reads that the
     dataset is still the one it opened, and stops with a :class:`~shardkit.errors.SamplerError`
@@ -104,27 +126,37 @@ class TieredSampler:
         self.num_records = self._ds.num_records
         self.record_nbytes = self._ds.record_nbytes
         self.payload_name = self._ds.payload_name
-        self.fields = self._ds.fields
-        self._ds.close()  # payload reads go through each run's own reader
-        #: The dataset as it was when the fields above were loaded (see shardkit.readers.identity).
+        #: The dataset as it was when the fields below were loaded (see shardkit.readers.identity).
         self.identity = DatasetIdentity.of(self.path, opts.dataset_options()["store_options"])
         if before != self.identity.fingerprint:
             raise SamplerError(f"{self.path}: the dataset changed while the sampler opened it; try again once it is complete")
+        self._share_key = node.dataset_key(self.path, self.identity.fingerprint) if opts.node_sharing else None
+        self.fields, regions = node.node_fields(self._ds, self._share_key)
+        self._ds.close()  # payload reads go through each run's own reader
         self.sizes: TierSizes = opts.tier_sizes(self.record_nbytes, self.num_records)
+        #: ``"exact"`` or ``"feistel"``: how ``epoch`` mode draws its orders for this dataset.
+        self.permutation = resolve_permutation(opts.permutation, self.num_records)
         self.ssd_dir: Path | None = None
         if self.sizes.ssd_block is not None:
             self.ssd_dir = opts.ssd_dir if opts.ssd_dir is not None else Path(tempfile.gettempdir())
             if not self.ssd_dir.is_dir():
                 raise ConfigError(f"{opts.name('ssd_dir')}: expected an existing directory, found {str(self.ssd_dir)!r}")
             self._check_ssd_space()
+        rec = self._ds.meta.record
         self._cache: StaticCache | None = None
         if self.sizes.static_records:
-            self._cache = StaticCache(pinned_keys(opts.seed, self.num_records, self.sizes.static_records))
+            self._cache = StaticCache(
+                opts.seed, self.num_records, self.sizes.static_records, tuple(rec.shape), np.dtype(rec.dtype),
+                bijection=self.permutation == "feistel", share_key=self._share_key,
+            )  # fmt: skip
+        self._pool = BatchPool(opts.batch_size, tuple(rec.shape), np.dtype(rec.dtype).newbyteorder("<"),
+                               self.sizes.pool_batches)  # fmt: skip
         self.stats = SamplerStats()
         self._start_epoch = opts.start_epoch
         self._epoch = opts.start_epoch
         self._position = 0
         self._run_ref: weakref.ref[_Run] | None = None
+        self._finalizer = weakref.finalize(self, _release, self._cache, regions)
 
     # ------------------------------------------------------------------ options
     @property
@@ -165,6 +197,23 @@ class TieredSampler:
     def static_cache(self) -> int:
         """``M``: records pinned by the static cache (0 = off)."""
         return self.sizes.static_records
+
+    @property
+    def memory_plan(self) -> TierSizes:
+        """How ``ram_size`` is spent: blocks, batch buffers, static cache, SSD copy buffer."""
+        return self.sizes
+
+    @property
+    def block_schedule(self) -> tuple[int, int]:
+        """``(first, largest)`` RAM block in records: the run's first block, then blocks doubling
+        up to the largest (see :func:`~shardkit.readers.schedule.block_bounds`)."""
+        return self.sizes.first_block, self.sizes.ram_block
+
+    @property
+    def cache_fraction(self) -> float:
+        """Fraction of the dataset the static cache pins: the share of every epoch after the first
+        that is served from RAM instead of storage (1.0: nothing is read after the first epoch)."""
+        return self.sizes.cache_fraction
 
     @property
     def reservoir_size(self) -> int:
@@ -225,6 +274,7 @@ class TieredSampler:
             "position": self._position,
             "start_epoch": self._start_epoch,
             "reservoir_size": self.reservoir_size if self.mode == "replacement" else None,
+            "permutation": self.permutation if self.mode == "epoch" else None,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -250,6 +300,12 @@ class TieredSampler:
             )
         if n != self.num_records:
             raise SamplerError(f"state dict: saved for {n} records, {self.path} has {self.num_records}")
+        kind = state.get("permutation") or "exact"
+        if mode == "epoch" and kind != self.permutation:
+            raise SamplerError(
+                f"state dict: was saved with the {kind} permutation, this sampler draws the {self.permutation} "
+                f"one (a different order); set {self.options.name('permutation')}={kind!r}"
+            )
         k = state.get("reservoir_size")
         if mode == "replacement" and k is not None and int(k) != self.reservoir_size:
             name = self.options.name
@@ -275,18 +331,29 @@ class TieredSampler:
         epoch, pos = first_epoch, first_position
         while end is None or epoch < end:
             self.identity.check()
-            stream = epoch_stream(o.mode, o.seed, epoch, self.num_records, self.reservoir_size)
-            plan = consumer_plan(stream, pos, o.batch_size, o.rank, o.world_size, o.drop_last)
+            shape = plan_shape(self.num_records, pos, o.batch_size, o.rank, o.world_size, o.drop_last)
             complete = True
-            if left is not None and plan.keys.size > left:
-                plan = truncate_plan(plan, left, o.world_size)
+            if left is not None and shape.length > left:
+                shape = shape.truncated(left)
                 complete = False
-            yield Segment(epoch, plan, complete)
+            order, release = self._order(epoch)
+            yield Segment(epoch, shape, order, complete, release)
             if left is not None:
-                left -= plan.keys.size
+                left -= shape.length
                 if left <= 0:
                     return
             epoch, pos = epoch + 1, 0
+
+    def _order(self, epoch: int) -> tuple[EpochOrder, Callable[[], None] | None]:
+        """Epoch ``epoch``'s order: the exact permutation computed once per node when sharing is on,
+        else this process's own (see :func:`~shardkit.readers.schedule.epoch_order`)."""
+        o = self.options
+        if o.mode == "epoch" and self.permutation == "exact" and o.node_sharing:
+            shared = node.node_permutation(o.seed, epoch, self.num_records)
+            if shared is not None:
+                array, region = shared
+                return ArrayOrder(array), region.release
+        return epoch_order(o.mode, o.seed, epoch, self.num_records, self.reservoir_size, self.permutation), None
 
     def __iter__(self) -> _Run:
         self._close_run()
@@ -309,10 +376,23 @@ class TieredSampler:
     @property
     def pinned_keys(self) -> np.ndarray:
         """The static cache's pinned keys P, ascending (empty when the cache is off)."""
-        return self._cache.keys.copy() if self._cache is not None else np.empty(0, dtype=np.int64)
+        return self._cache.keys() if self._cache is not None else np.empty(0, dtype=np.int64)
+
+    def hold_shared(self) -> None:
+        """Attach the node-shared memory (fields, static cache) now and keep it until :meth:`close`.
+
+        The static cache lives as long as some process of the node holds it. Samplers built per
+        pass (the adapters build one per epoch, in each DataLoader worker) let go of it at the end
+        of their pass; a long-lived sampler of the same configuration that holds it (the adapter
+        keeps one in the process that owns the loader) keeps it filled across passes, so later
+        epochs still read only the uncached records.
+        """
+        if self._cache is not None:
+            self._cache.attach()
 
     def close(self) -> None:
-        """Stop a running iteration, free its SSD directory and the static cache's RAM."""
+        """Stop a running iteration, free its SSD directory and let go of the static cache (the
+        node's last user frees its RAM; iterating again starts a new cache)."""
         self._close_run()
         if self._cache is not None:
             self._cache.release()
@@ -334,7 +414,8 @@ class TieredSampler:
     def __repr__(self) -> str:
         return (
             f"TieredSampler({str(self.path)!r}, tiers={','.join(self.tiers)}, mode={self.mode}, "
-            f"K2={self.ram_block}, K1={self.ssd_block}, static_cache={self.static_cache}, batch_size={self.batch_size}, "
+            f"blocks={self.sizes.first_block}..{self.ram_block}, K1={self.ssd_block}, static_cache={self.static_cache}, "
+            f"batch_size={self.batch_size}, "
             f"rank={self.rank}/{self.world_size}, epoch={self._epoch}, position={self._position})"
         )
 
@@ -362,8 +443,8 @@ class _Run:
             sampler._segments(first_epoch, first_pos, end),
             fields=sampler.fields,
             stats=sampler.stats,
-            ram_block=sampler.ram_block,
-            ssd_block=sampler.ssd_block,
+            sizes=sampler.sizes,
+            pool=sampler._pool,
             ssd_dir=sampler.ssd_dir,
             gap_bytes=sampler.options.gap_bytes,
             dataset_options=sampler.options.dataset_options(),
@@ -384,7 +465,9 @@ class _Run:
         try:
             while True:
                 match self._pipeline.get():
-                    case BatchReady(batch=batch, epoch=epoch, position=position):
+                    case BatchReady(batch=batch, epoch=epoch, position=position, buffer=buffer):
+                        if buffer is not None:
+                            s._pool.hand_over(buffer)  # from now on, references decide its reuse
                         s._epoch, s._position = epoch, position
                         n = int(batch["key"].shape[0])
                         s.stats.add_delivered(n, batch[s.payload_name].nbytes, time.perf_counter() - t0)
@@ -412,6 +495,14 @@ class _Run:
             self.close()
         except Exception:
             pass
+
+
+def _release(cache: StaticCache | None, regions: list[node.SharedRegion]) -> None:
+    """Let go of a sampler's node-shared memory (its finalizer: never references the sampler)."""
+    if cache is not None:
+        cache.release()
+    for region in regions:
+        region.release()
 
 
 def _fingerprint_or_none(path: Path | str) -> str | None:

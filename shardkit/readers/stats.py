@@ -34,6 +34,10 @@ class SamplerStats:
         Wall time from the first ``__next__`` of the first iteration to the last batch.
     ssd_bytes_written
         Payload bytes written into SSD reservoirs.
+    disk_bytes_by_epoch
+        Bytes read from the dataset (the bottom tier) for each epoch: with a static cache of ``M``
+        records, every epoch after the first reads ``N - M`` records' bytes, none when it holds the
+        whole dataset.
     """
 
     disk: ReadStats = field(default_factory=ReadStats)
@@ -46,6 +50,7 @@ class SamplerStats:
     bytes: int = 0
     batches: int = 0
     ssd_bytes_written: int = 0
+    disk_bytes_by_epoch: dict[int, int] = field(default_factory=dict)
     _t0: float | None = field(default=None, repr=False)
     _t1: float | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
@@ -88,6 +93,11 @@ class SamplerStats:
         """Count time the consumer waited without getting a batch (the run ended or failed)."""
         with self._lock:
             self.stall_seconds += seconds
+
+    def add_epoch_disk(self, epoch: int, nbytes: int) -> None:
+        """Count bytes read from the dataset for ``epoch``."""
+        with self._lock:
+            self.disk_bytes_by_epoch[epoch] = self.disk_bytes_by_epoch.get(epoch, 0) + int(nbytes)
 
     def add_written(self, nbytes: int) -> None:
         """Count payload bytes written into an SSD reservoir."""
