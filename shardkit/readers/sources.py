@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from shardkit.errors import ConfigError, SchemaError
+from shardkit.errors import ConfigError, SamplerError, SchemaError
 from shardkit.formats import Dataset, FieldSpec
 from shardkit.formats.metadata import DatasetMeta, read_dataset_meta
-from shardkit.formats.reader import ReadStats
+from shardkit.formats.reader import Destination, ReadStats
 from shardkit.readers.config import Source, option_name
 from shardkit.readers.identity import DatasetIdentity, dataset_fingerprint
 from shardkit.readers.mixture import MixturePlan, parse_weights
@@ -38,7 +38,20 @@ from shardkit.readers.seeds import check_seed
 from shardkit.stores import Location, Store, StoreOptions, as_location, open_store
 from shardkit.units import parse_count
 
-__all__ = ["DATASET_FIELD", "Mixture", "mix", "source_of", "check_schema", "MixedPayload", "MixedField", "MixedDataset", "MixedIdentity"]
+__all__ = [
+    "DATASET_FIELD",
+    "Mixture",
+    "mix",
+    "source_of",
+    "check_schema",
+    "MixedPayload",
+    "MixedField",
+    "DatasetIndex",
+    "MixedDataset",
+    "MixedIdentity",
+    "local_keys",
+    "open_source",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +124,8 @@ class Mixture:
     seed: int | None
     sizes: tuple[int, ...]
     metas: tuple[DatasetMeta, ...] = field(repr=False, compare=False)
+    #: Each dataset's identity when the mixture was made (:func:`~shardkit.readers.identity.dataset_fingerprint`).
+    fingerprints: tuple[str, ...] = field(default=(), repr=False, compare=False)
 
     def resolved(self) -> Mixture:
         """The same mixture with absolute dataset paths."""
@@ -146,8 +161,8 @@ class Mixture:
 
     def fingerprint(self) -> str:
         """SHA-256 (hex) of what defines the mixture's records and counts: every dataset's identity
-        (:func:`~shardkit.readers.identity.dataset_fingerprint`), the weights and the epoch size."""
-        doc = {"datasets": [dataset_fingerprint(p) for p in self.paths], "weights": [str(w) for w in self.weights],
+        when the mixture was made (:attr:`fingerprints`), the weights and the epoch size."""
+        doc = {"datasets": list(self.fingerprints), "weights": [str(w) for w in self.weights],
                "epoch_size": self.epoch_size}
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
@@ -191,6 +206,7 @@ def mix(
             raise ConfigError(f"datasets: entry {i} must name a dataset directory or URL, found {ds!r}")
         raw_weights.append(w)
     weights = parse_weights(raw_weights)
+    fingerprints = tuple(dataset_fingerprint(p) for p in paths)
     metas = tuple(read_dataset_meta(open_store(p)) for p in paths)
     check_schema(paths, metas)
     sizes = tuple(m.num_records for m in metas)
@@ -200,7 +216,10 @@ def mix(
     length = sum(sizes) if epoch_size is None else parse_count(epoch_size, what="epoch_size", minimum=1)
     s = None if seed is None else check_seed(seed)
     MixturePlan.create(sizes, weights, length, 0)  # validates the epoch size
-    return Mixture(paths=tuple(paths), weights=weights, epoch_size=length, seed=s, sizes=sizes, metas=metas)
+    if fingerprints != tuple(dataset_fingerprint(p) for p in paths):
+        raise SamplerError("a dataset of the mixture changed while its metadata was read; try again once it is complete")
+    return Mixture(paths=tuple(paths), weights=weights, epoch_size=length, seed=s, sizes=sizes, metas=metas,
+                   fingerprints=fingerprints)
 
 
 def source_of(
@@ -239,8 +258,9 @@ def source_of(
 class MixedPayload:
     """The payload of every dataset of a mixture, addressed by global key (see module docstring).
 
-    Offers what the sampler's tiers use of :class:`~shardkit.formats.PayloadArray`: ``read``,
-    ``empty``, ``record``, ``record_nbytes``, ``dtype``, ``num_records``.
+    Offers what the sampler's tiers use of :class:`~shardkit.formats.PayloadArray`: ``read_into``,
+    ``read``, ``empty``, ``record``, ``record_nbytes``, ``dtype``, ``num_records`` and ``stats``
+    (the counters all datasets share).
     """
 
     def __init__(self, datasets: Sequence[Dataset], offsets: np.ndarray) -> None:
@@ -249,7 +269,8 @@ class MixedPayload:
         first = self._parts[0]
         self.record, self.record_nbytes, self.dtype = first.record, first.record_nbytes, first.dtype
         self.num_records = int(self.offsets[-1])
-        self.path = Path(first.path)
+        self.path = first.path
+        self.stats = first.stats
 
     def empty(self, n: int) -> np.ndarray:
         return self._parts[0].empty(n)
@@ -265,22 +286,20 @@ class MixedPayload:
             idx = np.flatnonzero(ds == i)
             yield int(i), idx, keys[idx] - self.offsets[i]
 
+    def read_into(self, keys: np.ndarray | list[int], dest: Destination) -> None:
+        """Records ``keys`` straight into their destinations, each dataset's part in one ascending
+        pass per shard (:meth:`~shardkit.formats.PayloadArray.read_into`)."""
+        keys = np.asarray(keys, dtype=np.int64).reshape(-1)
+        dest.check(keys.size, tuple(self.record.shape), self.dtype, "mixture")
+        for i, idx, local in self.split(keys):
+            self._parts[i].read_into(local, Destination(dest.buffers, dest.which[idx], dest.rows[idx]))
+
     def read(self, keys: np.ndarray | list[int], out: np.ndarray | None = None) -> np.ndarray:
-        """Records ``keys`` into ``out[j]``: each dataset's part in one ascending pass per shard."""
+        """Records ``keys`` into ``out[j]`` (:meth:`read_into` with one buffer)."""
         keys = np.asarray(keys, dtype=np.int64).reshape(-1)
         if out is None:
             out = self.empty(keys.size)
-        parts = list(self.split(keys))
-        if len(parts) == 1 and parts[0][1].size == keys.size:
-            i, _, local = parts[0]
-            self._parts[i].read(local, out=out)
-            return out
-        for i, idx, local in parts:
-            # Contiguous request positions (a sorted block) read in place; others through a buffer.
-            if idx.size and int(idx[-1]) - int(idx[0]) + 1 == idx.size:
-                self._parts[i].read(local, out=out[int(idx[0]) : int(idx[-1]) + 1])
-            else:
-                out[idx] = self._parts[i].read(local)
+        self.read_into(keys, Destination.rows_of(out, keys.size))
         return out
 
     def close(self) -> None:
@@ -310,7 +329,7 @@ class MixedField:
         return self.shape[0]
 
 
-class _DatasetIndex:
+class DatasetIndex:
     """The ``dataset`` field: each global key's dataset index, computed, not stored."""
 
     def __init__(self, offsets: np.ndarray) -> None:
@@ -343,6 +362,21 @@ class MixedIdentity:
     def check(self) -> None:
         for part in self.parts:
             part.check()
+
+
+def local_keys(offsets: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Each global key's record key within its dataset (``offsets``: first global key of each)."""
+    g = np.asarray(keys, dtype=np.int64)
+    out: np.ndarray = g - offsets[np.searchsorted(offsets, g, side="right") - 1]
+    return out
+
+
+def open_source(source: Location | Mixture, **options: Any) -> Dataset | MixedDataset:
+    """The bottom tier of a sampler: the dataset itself, or a mixture's :class:`MixedDataset`
+    (``options`` go to :class:`~shardkit.formats.Dataset`: counters, gap thresholds, store options)."""
+    if isinstance(source, Mixture):
+        return MixedDataset(source, **options)
+    return Dataset(source, **options)
 
 
 class MixedDataset:
@@ -378,15 +412,13 @@ class MixedDataset:
             out: dict[str, Any] = {
                 name: MixedField([d.fields[name] for d in self._datasets], self.offsets) for name in self.meta.fields
             }
-            out[DATASET_FIELD] = _DatasetIndex(self.offsets)
+            out[DATASET_FIELD] = DatasetIndex(self.offsets)
             self._fields = out
         return self._fields
 
     def local_keys(self, keys: np.ndarray) -> np.ndarray:
         """Each global key's record key within its dataset."""
-        g = np.asarray(keys, dtype=np.int64)
-        out: np.ndarray = g - self.offsets[np.searchsorted(self.offsets, g, side="right") - 1]
-        return out
+        return local_keys(self.offsets, keys)
 
     def close(self) -> None:
         for d in self._datasets:

@@ -697,7 +697,7 @@ class TierServer:
         def write(a: int, b: int) -> tuple[Path, np.ndarray]:
             self._ssd_written += 1
             dest = space.reservoir_path(self._ssd_written)
-            self.stats.add_written(write_reservoir(self.disk, pi[a:b], dest, self._stop))  # type: ignore[arg-type]
+            self.stats.add_written(write_reservoir(self.disk, pi[a:b], dest, self._stop))
             return dest, np.unique(pi[a:b])  # the reservoir's rows (a mixture's key may repeat)
 
         fut = pool.submit(write, *outer[0]) if outer else None
