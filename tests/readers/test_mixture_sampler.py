@@ -152,7 +152,7 @@ def test_repeated_records_are_read_at_most_once_per_occurrence(tmp_path: Path) -
     s = TieredSampler(m, tiers="ram", ram_size="40records", batch_size=8, epochs=2, seed=1, static_cache=0)
     pairs = _pairs(s)
     assert pairs.shape[0] == 160
-    first, largest = s.block_schedule
+    _first, largest = s.block_schedule
     assert largest >= 8
     # Epoch 1 (shard indexes were read in epoch 0): blocks of 8 records hold repeats of dataset 2's
     # 4 records (40 of the 80 slots), each read once per block: fewer bytes than one read per slot.
