@@ -102,8 +102,9 @@ def test_training_matches_in_memory_shuffle(observed: dict) -> None:
 def test_a_mixture_is_a_dataset_source(observed: dict, keyed_mixture: list[Path]) -> None:
     """make_tf_dataset(shardkit.mix(...)): elements carry the dataset index, the key in that dataset
     and its record, in the mixture's order with its exact counts."""
-    import shardkit
     from _adapter_data import MIX_SIZES
+
+    import shardkit
 
     assert observed["mixture_spec"]["dataset"] == [[None], "int64"]
     batches = observed["mixture"]

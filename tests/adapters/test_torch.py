@@ -314,8 +314,9 @@ def test_a_mixture_is_a_dataset_source(keyed_mixture: list[Path], workers: int) 
     """ShardIterableDataset(shardkit.mix(...)) with DataLoader workers: batches carry ``dataset`` and
     the record's key in it; the workers' slices, in order, are the mixture's epoch; a resumed
     dataset with another worker count continues the same order."""
-    import shardkit
     from _adapter_data import MIX_SIZES
+
+    import shardkit
 
     m = shardkit.mix(list(zip(keyed_mixture, [3, 1])), epoch_size=50)
     plan = m.plan(SEED)
