@@ -12,8 +12,8 @@ Two parts, each printed as a Markdown table (and saved as JSON in ``benchmarks/_
    mixed with weights equal to their sizes, so every configuration emits the same ``N`` records per
    epoch from the same bytes. Each run is a fresh :class:`~shardkit.readers.TieredSampler`
    (``tiers=ram``, a RAM budget of a quarter of the data, batch 64) over ``--epochs`` epochs with the
-   page cache dropped first; the configurations are interleaved over ``--rounds`` rounds and the
-   median is reported, with the ratio to the single dataset (target >= 0.95). Also reported: bytes
+   page cache dropped first; the configurations are interleaved over ``--rounds`` rounds (each round
+   starting with another one) and the median is reported, with the ratio to the single dataset (target >= 0.95). Also reported: bytes
    read from the dataset files per epoch (the sampler's disk counters) against the bytes of the
    records emitted, and the same for a skewed mixture (two datasets, weights 1:1 on a 60/40 split,
    so the smaller one is read 1.25x per epoch and the larger 0.83x).
@@ -113,8 +113,10 @@ def throughput(args: argparse.Namespace) -> list[dict[str, Any]]:
     parts2 = split_datasets(whole, SPLITS["2 datasets"], DATA / f"parts-{args.n}")
     configs["2 datasets, weights 1:1"] = (shardkit.mix([(parts2[0], 1), (parts2[1], 1)]), parts2)
     runs: dict[str, list[dict[str, float]]] = {k: [] for k in configs}
+    names = list(configs)
     for r in range(args.rounds):
-        for name, (source, paths) in configs.items():
+        for name in names[r % len(names):] + names[: r % len(names)]:  # a different configuration goes first each round
+            source, paths = configs[name]
             runs[name].append(run_throughput(source, paths, args, ram))
             print(f"round {r + 1}: {name}: {runs[name][-1]['records_per_s']:,.0f} records/s", file=sys.stderr)
     base = statistics.median(x["records_per_s"] for x in runs["1 dataset"])
