@@ -474,7 +474,8 @@ class ShardIterableDataset(_TorchIterableDataset):
         if int(num_workers) != self.num_workers:
             self.num_workers = int(num_workers)
             self._hold_shared()  # the consumers' budgets (and so their cache) depend on their number
-        if num_workers > 0 and isinstance(self.path, str) and is_url(self.path) and not self.path.startswith("file:"):
+        paths = self.path.paths if isinstance(self.path, Mixture) else (self.path,)
+        if num_workers > 0 and any(isinstance(p, str) and is_url(p) and not p.startswith("file:") for p in paths):
             kwargs.setdefault("multiprocessing_context", "spawn")
         if not self.unbatched:
             if kwargs.get("batch_size") is not None:

@@ -88,6 +88,7 @@ class BatchPool:
         self.hold = int(hold)
         self._buffers: list[BatchBuffer] = []
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
         #: Batches the consumer has received so far (advanced by :meth:`hand_over`).
         self.delivered = 0
         #: Buffers allocated and retired over the pool's life.
@@ -105,12 +106,20 @@ class BatchPool:
         Raises :class:`~shardkit.readers.stopping.Stopped` when ``stop`` is set while waiting.
         """
         while True:
-            with self._lock:
+            with self._changed:
                 buf = self._take()
-            if buf is not None:
-                return buf
-            if stop.wait(_POLL_SECONDS):
+                if buf is not None:
+                    return buf
+                # Woken by the consumer asking for a batch (it has just dropped the one before
+                # last, in the usual loop), else re-checked every few milliseconds.
+                self._changed.wait(_POLL_SECONDS)
+            if stop.is_set():
                 raise Stopped()
+
+    def consumer_waits(self) -> None:
+        """The consumer asks for its next batch: buffers it dropped may be free now."""
+        with self._changed:
+            self._changed.notify_all()
 
     def _take(self) -> BatchBuffer | None:
         for buf in self._buffers:

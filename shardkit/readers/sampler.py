@@ -537,6 +537,7 @@ class _Run:
             raise StopIteration
         s = self._s
         s.stats.start_clock()
+        s._pool.consumer_waits()
         t0 = time.perf_counter()
         try:
             while True:

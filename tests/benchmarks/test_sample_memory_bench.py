@@ -13,6 +13,11 @@ from tests.benchmarks.loader import load_benchmark
 
 def test_sample_worker_measures_every_epoch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     bench = load_benchmark("sample", monkeypatch)
+    from shardkit.readers import schedule
+
+    # worker() sets the block constants for its (normally fresh) process: restore them for later tests
+    monkeypatch.setattr(schedule, "MIN_BLOCK_BYTES", schedule.MIN_BLOCK_BYTES)
+    monkeypatch.setattr(schedule, "FIRST_BLOCK_BYTES", schedule.FIRST_BLOCK_BYTES)
     n = 40
     path = bench.synthetic_dataset(tmp_path / "ds", n)
     res = bench.worker({"path": str(path), "records": n, "batch": 8, "epochs": 2, "cold": False,
