@@ -167,6 +167,16 @@ class Mixture:
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
+def _fingerprint(path: Location) -> str:
+    """The dataset's fingerprint; a location without a dataset is reported as the metadata reader
+    reports it (:class:`~shardkit.errors.DatasetNotFoundError` naming the path)."""
+    try:
+        return dataset_fingerprint(path)
+    except FileNotFoundError:
+        read_dataset_meta(open_store(path))
+        raise
+
+
 def mix(
     datasets: Sequence[tuple[Location | Dataset, object]],
     epoch_size: int | str | None = None,
@@ -206,7 +216,7 @@ def mix(
             raise ConfigError(f"datasets: entry {i} must name a dataset directory or URL, found {ds!r}")
         raw_weights.append(w)
     weights = parse_weights(raw_weights)
-    fingerprints = tuple(dataset_fingerprint(p) for p in paths)
+    fingerprints = tuple(_fingerprint(p) for p in paths)
     metas = tuple(read_dataset_meta(open_store(p)) for p in paths)
     check_schema(paths, metas)
     sizes = tuple(m.num_records for m in metas)

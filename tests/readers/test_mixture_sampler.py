@@ -8,6 +8,7 @@ Statistical tests use alpha = 1e-3 with fixed seeds.
 from __future__ import annotations
 
 import os
+import threading
 from collections import defaultdict
 from pathlib import Path
 
@@ -84,21 +85,23 @@ PASS = ("<pass>", -1, 0)
 @pytest.fixture
 def pass_markers(monkeypatch: pytest.MonkeyPatch) -> None:
     """Mark the start of every read pass: a block of the mixture (MixedPayload.read_into), or a
-    single dataset's read (the SSD tier's reservoirs)."""
-    depth = [0]
+    single dataset's read (the SSD tier's reservoirs). The nesting depth is per thread: the SSD
+    creator reads from disk while the RAM thread reads a reservoir."""
+    local = threading.local()
 
     def wrap(cls: type, name: str) -> None:
         real = getattr(cls, name)
 
         def marked(self: object, keys: np.ndarray, dest: Destination) -> None:
             stats = self.stats  # type: ignore[attr-defined]
-            if stats.trace is not None and depth[0] == 0:
+            depth = getattr(local, "depth", 0)
+            if stats.trace is not None and depth == 0:
                 stats.trace.append(PASS)
-            depth[0] += 1
+            local.depth = depth + 1
             try:
                 real(self, keys, dest)
             finally:
-                depth[0] -= 1
+                local.depth = depth
 
         monkeypatch.setattr(cls, name, marked)
 
