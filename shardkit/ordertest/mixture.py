@@ -42,7 +42,7 @@ from shardkit.errors import ConfigError, InputFileError
 from shardkit.ordertest import stats as st
 from shardkit.ordertest.battery import MIN_EXPECTED, run
 from shardkit.ordertest.keys import MAX_ELEMENTS, ArrayOrPath, load_npy
-from shardkit.ordertest.report import Report, Result, Verdict, format_p
+from shardkit.ordertest.report import Report, Result, Verdict, find_result, format_p
 
 __all__ = ["MixtureReport", "prepare_mixture", "run_mixture", "arrangement_table_test", "equal_neighbours_moments"]
 
@@ -202,10 +202,8 @@ class MixtureReport:
         return tuple(names)
 
     def result(self, name: str) -> Result:
-        for r in self.results:
-            if r.name == name:
-                return r
-        raise KeyError(f"no test named {name!r}; tests: {', '.join(r.name for r in self.results)}")
+        """The result of test ``name`` (KeyError if there is no such test)."""
+        return find_result(self.results, name)
 
     def to_dict(self) -> dict[str, Any]:
         return {"source": self.source, "epochs": self.epochs, "slots_per_epoch": self.length, "sizes": list(self.sizes),

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from shardkit.cli.main import main
 from shardkit.ordertest.mixture import arrangement_table_test, equal_neighbours_moments, run_mixture
 from shardkit.readers.mixture import MixturePlan
 from tests.order_stats import ALPHA
+from tests.ordertest.test_cli import cli
 
 SIZES = (60, 20)
 
@@ -133,14 +133,6 @@ def test_input_checks(tmp_path: Path) -> None:
     cut[2, 40:] = -1
     report = run_mixture(cut, sizes=SIZES, compute_power=False)
     assert report.epochs == 2 and any("cut short" in n for n in report.notes)
-
-
-def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(["order-test", *args])
-    out, err = capsys.readouterr()
-    code = info.value.code
-    return (code if isinstance(code, int) else 1), out, err
 
 
 def test_cli_takes_a_mixture_order(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
