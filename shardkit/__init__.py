@@ -16,6 +16,7 @@ from shardkit.converters.merging import merge
 from shardkit.formats import Dataset, DatasetWriter, FieldSpec, open_dataset, verify
 
 if TYPE_CHECKING:
+    from shardkit.readers.sources import Mixture, mix
     from shardkit.viz import export, show
 
 __all__ = [
@@ -30,6 +31,8 @@ __all__ = [
     "merge",
     "show",
     "export",
+    "mix",
+    "Mixture",
 ]
 
 
@@ -40,4 +43,9 @@ def __getattr__(name: str) -> Any:
         import shardkit.viz
 
         return getattr(shardkit.viz, name)
+    if name in ("mix", "Mixture"):
+        # Mixtures are a sampler source (shardkit.readers), imported on first use like show / export.
+        import shardkit.readers.sources
+
+        return getattr(shardkit.readers.sources, name)
     raise AttributeError(f"module 'shardkit' has no attribute {name!r}")

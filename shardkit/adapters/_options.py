@@ -18,6 +18,7 @@ import numpy as np
 from shardkit.errors import ConfigError
 from shardkit.formats import Dataset
 from shardkit.readers import Sampler, SamplerOptions, SharedSampler, TieredSampler
+from shardkit.readers.sources import Mixture
 
 __all__ = ["LAYOUTS", "SCALES", "SamplerFactory", "PayloadOptions"]
 
@@ -55,7 +56,7 @@ class SamplerFactory:
 
     def build(
         self,
-        dataset: str | os.PathLike[str] | Dataset,
+        dataset: str | os.PathLike[str] | Dataset | Mixture,
         *,
         consumer: int,
         num_consumers: int,

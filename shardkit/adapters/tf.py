@@ -37,6 +37,7 @@ from shardkit.adapters._options import PayloadOptions, SamplerFactory
 from shardkit.errors import ConfigError
 from shardkit.readers import DEFAULTS, SamplerOptions, TieredSampler
 from shardkit.readers.schedule import pass_length
+from shardkit.readers.sources import Mixture
 from shardkit.units import Capacity
 
 if TYPE_CHECKING:
@@ -71,7 +72,7 @@ def _consumer(
 
 
 def make_tf_dataset(
-    path: str | os.PathLike[str],
+    path: str | os.PathLike[str] | Mixture,
     *,
     batch_size: int = DEFAULTS.batch_size,
     global_batch_size: int | None = None,
@@ -105,7 +106,8 @@ def make_tf_dataset(
     Parameters
     ----------
     path
-        Dataset directory.
+        Dataset directory or URL, or a :func:`shardkit.mix` mixture (elements then carry
+        ``dataset``, each record's dataset index, and ``key`` is the record's key in it).
     batch_size
         Records per batch for this consumer (per input pipeline / rank).
     global_batch_size
@@ -157,7 +159,7 @@ def make_tf_dataset(
     )  # fmt: skip
     factory = SamplerFactory(options, shared=shared)
     present = PayloadOptions(layout=layout, scale=scale)
-    path = os.fspath(path)
+    path = path if isinstance(path, Mixture) else os.fspath(path)
 
     # Each iteration builds its own sampler; this one, kept for as long as the dataset exists, holds
     # the node-shared static cache, so later iterations read only the uncached records.
@@ -169,7 +171,7 @@ def make_tf_dataset(
         holder.hold_shared()
     else:
         holder.close()
-    present.check(spec[payload][0], path)
+    present.check(spec[payload][0], str(path))
     names = list(spec)
     if as_tuple is not None:
         as_tuple = tuple(as_tuple)

@@ -65,6 +65,7 @@ from shardkit.errors import ConfigError, SamplerError
 from shardkit.formats import Dataset, open_dataset
 from shardkit.readers import DEFAULTS, Sampler, SamplerOptions, TieredSampler
 from shardkit.readers.schedule import batches_per_consumer, pass_length, position_after
+from shardkit.readers.sources import Mixture
 from shardkit.stores import is_url
 from shardkit.units import Capacity
 
@@ -146,7 +147,8 @@ class ShardIterableDataset(_TorchIterableDataset):
     Parameters
     ----------
     path
-        Dataset directory.
+        Dataset directory or URL, or a :func:`shardkit.mix` mixture (batches then carry ``dataset``,
+        each record's dataset index, and ``key`` is the record's key in it).
     batch_size
         Records per batch *per consumer* (per DataLoader worker of each rank); a rank's main process
         receives batches of this size. Use ``DataLoader(ds, batch_size=None)``.
@@ -186,7 +188,7 @@ class ShardIterableDataset(_TorchIterableDataset):
 
     def __init__(
         self,
-        path: str | os.PathLike[str],
+        path: str | os.PathLike[str] | Mixture,
         *,
         batch_size: int = DEFAULTS.batch_size,
         tiers: str | Sequence[str] = DEFAULTS.tiers,
@@ -213,7 +215,8 @@ class ShardIterableDataset(_TorchIterableDataset):
         node_sharing: bool = DEFAULTS.node_sharing,
     ) -> None:
         super().__init__()
-        self.path = os.fspath(path)
+        #: The dataset (a path or URL) or the mixture this dataset samples.
+        self.path: str | Mixture = path if isinstance(path, Mixture) else os.fspath(path)
         #: The sampler options of this rank (each consumer's sampler gets its own consumer index).
         self.options = SamplerOptions.parse(
             batch_size=batch_size, tiers=tiers, ram_size=ram_size, ssd_size=ssd_size, ssd_dir=ssd_dir,
@@ -228,9 +231,15 @@ class ShardIterableDataset(_TorchIterableDataset):
         if num_workers < 0:
             raise ConfigError(f"num_workers: expected >= 0, found {num_workers}")
         self.num_workers = int(num_workers)
-        with open_dataset(self.path) as ds:
-            self.meta = ds.meta
-        self.payload_options.check(tuple(self.meta.record.shape), self.path)
+        if isinstance(self.path, Mixture):
+            self.meta = self.path.metas[0]
+            #: Records per epoch (a mixture's ``L``).
+            self.num_records = self.path.epoch_size
+        else:
+            with open_dataset(self.path) as ds:
+                self.meta = ds.meta
+            self.num_records = self.meta.num_records
+        self.payload_options.check(tuple(self.meta.record.shape), str(self.path))
         self._explicit = (rank, world_size)
         self.rank, self.world_size = self._rank_world()
         # Next epoch, in shared memory: set_epoch in the main process reaches persistent workers,
@@ -355,7 +364,7 @@ class ShardIterableDataset(_TorchIterableDataset):
         epoch = self.epoch if epoch is None else int(epoch)
         workers = max(1, self.num_workers)
         start = self._resume_position(epoch)
-        n = self.meta.num_records
+        n = self.num_records
         per_pass = sum(
             batches_per_consumer(n, self.options.batch_size, self.rank * workers + w, self.world_size * workers,
                                  drop_last=self.options.drop_last, start=start)
@@ -412,7 +421,7 @@ class ShardIterableDataset(_TorchIterableDataset):
         total = 0
         for w in range(workers):
             batches, records = pass_length(
-                self.meta.num_records, self.options.batch_size, self.rank * workers + w, self.world_size * workers,
+                self.num_records, self.options.batch_size, self.rank * workers + w, self.world_size * workers,
                 drop_last=self.options.drop_last, start=self._resume_position(self.epoch),
                 epochs=self.options.epochs, limit=self.options.limit,
             )  # fmt: skip
@@ -465,7 +474,8 @@ class ShardIterableDataset(_TorchIterableDataset):
         if int(num_workers) != self.num_workers:
             self.num_workers = int(num_workers)
             self._hold_shared()  # the consumers' budgets (and so their cache) depend on their number
-        if num_workers > 0 and is_url(self.path) and not self.path.startswith("file:"):
+        paths = self.path.paths if isinstance(self.path, Mixture) else (self.path,)
+        if num_workers > 0 and any(isinstance(p, str) and is_url(p) and not p.startswith("file:") for p in paths):
             kwargs.setdefault("multiprocessing_context", "spawn")
         if not self.unbatched:
             if kwargs.get("batch_size") is not None:

@@ -10,12 +10,24 @@ import typer
 from shardkit.cli.app import app, echo_err
 from shardkit.errors import ConfigError
 from shardkit.readers import DEFAULTS, SamplerOptions, SamplerStats, TieredSampler
+from shardkit.readers.sources import DATASET_FIELD, source_of
 from shardkit.units import human_bytes
 
 
 @app.command()
 def sample(
-    path: str = typer.Argument(..., help="Dataset directory or URL (s3://bucket/ds, gs://, az://, http(s)://)."),
+    paths: list[str] = typer.Argument(
+        ..., help="Dataset directory or URL (s3://bucket/ds, gs://, az://, http(s)://); several for a mixture "
+                  "(see --weights)."),
+    weights: str = typer.Option(
+        None, "--weights",
+        help="Mix the datasets with these relative weights, comma-separated (3,1): every epoch holds exactly the "
+             "largest-remainder rounding of each share, every record once before any twice, in a uniformly "
+             "random arrangement. Default with several datasets: their sizes.",
+    ),
+    epoch_size: str = typer.Option(
+        None, "--epoch-size", help="Records per epoch of a mixture (10000, 10k; default: the sum of the sizes).",
+    ),
     tiers: str = typer.Option(
         ",".join(DEFAULTS.tiers), "--tiers", help="Tiers below the consumer: 'ram' or 'ram,ssd' (either order)."
     ),
@@ -89,7 +101,8 @@ def sample(
     order_out: Path = typer.Option(
         None, "--order-out",
         help="Write the emitted keys as .npy int64: shape (epochs, records) in epoch/sequential mode (this "
-             "consumer's keys), one flat row in replacement mode.",
+             "consumer's keys), one flat row in replacement mode; (epochs, records, 2) (dataset index, key) for "
+             "a mixture.",
     ),
 ) -> None:
     """Sample batches like a training job would, with a progress bar and a throughput summary."""
@@ -104,13 +117,14 @@ def sample(
         remote_concurrency=remote_concurrency, remote_timeout=remote_timeout, remote_retry=remote_retry,
         cache_dir=cache_dir, cache_size=cache_size,
     )  # fmt: skip
-    sampler = TieredSampler(path, options)
+    sampler = TieredSampler(source_of(paths, weights, epoch_size, source="cli"), options)
     total = len(sampler) * epochs if limit is None else None
     keys: list[np.ndarray] = []
     epoch_of: list[int] = []
     with sampler, tqdm(total=total, unit="batch", desc="sample", dynamic_ncols=True) as bar:
         for batch in sampler:
-            keys.append(batch["key"])
+            k = batch["key"]
+            keys.append(k if sampler.mixture is None else np.stack([batch[DATASET_FIELD], k], axis=1))
             epoch_of.append(sampler.epoch)
             bar.update(1)
     if order_out is not None:
@@ -128,6 +142,7 @@ def summary(sampler: TieredSampler) -> list[str]:
     can exceed deliveries."""
     st: SamplerStats = sampler.stats
     lines = [
+        *(_mixture_lines(sampler) if sampler.mixture is not None else []),
         *sampler.memory_plan.describe(),
         f"records      {st.records} in {st.batches} batches, {st.elapsed:.2f} s",
         f"throughput   {st.records_per_s:,.0f} records/s, {st.bytes_per_s / 2**20:,.1f} MiB/s",
@@ -152,6 +167,8 @@ def summary(sampler: TieredSampler) -> list[str]:
         lines.append(f"ssd written  {human_bytes(st.ssd_bytes_written)}")
     lines.append(f"stall        {st.stall_seconds:.2f} s waiting for batches")
     extra = st.disk.bytes_read - st.disk.records * sampler.record_nbytes
+    if sampler.mixture is not None and any(c > n for c, n in zip(sampler.mixture.counts, sampler.mixture.sizes)):
+        lines.append("note         a record that occurs more than once in a block is read once and copied")
     if extra > 0:
         gap = sampler.options.remote_gap_bytes if remote else sampler.options.gap_bytes
         option = "--remote-gap-bytes" if remote else "--gap-bytes"
@@ -164,14 +181,26 @@ def summary(sampler: TieredSampler) -> list[str]:
     return lines
 
 
+def _mixture_lines(sampler: TieredSampler) -> list[str]:
+    """What a mixture's epoch holds: each dataset's weight and records per epoch."""
+    m = sampler.mixture
+    assert m is not None
+    lines = [f"mixture      {m.epoch_size} records per epoch from {len(m.paths)} datasets"]
+    for i, (p, w, c, n) in enumerate(zip(m.paths, m.weights, m.counts, m.sizes)):
+        lines.append(f"  dataset {i}   {p}: weight {w}, {c} of its {n} records per epoch")
+    return lines
+
+
 def _by_epoch(keys: list[np.ndarray], epoch_of: list[int]) -> np.ndarray:
-    """Rows per epoch; a row cut short by --limit is padded with -1."""
+    """Rows per epoch (``[epochs, records]``, or ``[epochs, records, 2]`` for a mixture's (dataset,
+    key) pairs); a row cut short by --limit is padded with -1."""
     rows: dict[int, list[np.ndarray]] = {}
     for k, e in zip(keys, epoch_of):
         rows.setdefault(e, []).append(k)
     joined = [np.concatenate(rows[e]) for e in sorted(rows)]
-    width = max((r.size for r in joined), default=0)
-    out = np.full((len(joined), width), -1, dtype=np.int64)
+    width = max((r.shape[0] for r in joined), default=0)
+    tail = joined[0].shape[1:] if joined else ()
+    out = np.full((len(joined), width, *tail), -1, dtype=np.int64)
     for i, r in enumerate(joined):
-        out[i, : r.size] = r
+        out[i, : r.shape[0]] = r
     return out

@@ -351,9 +351,14 @@ class SamplerOptions:
         }
 
     # ------------------------------------------------------------------ resolution
-    def tier_sizes(self, record_nbytes: int, num_records: int) -> TierSizes:
+    def tier_sizes(self, record_nbytes: int, num_records: int, num_keys: int | None = None) -> TierSizes:
         """The memory plan for records of ``record_nbytes`` bytes: budgets in bytes, block sizes,
         batch buffers and the static cache (see :class:`TierSizes`).
+
+        ``num_records`` is the length of an epoch's order (what consumers split into batches);
+        ``num_keys`` the distinct records behind it (what blocks are dense in and what the static
+        cache may pin), the same by default. They differ for a mixture, whose epoch of ``L`` slots
+        draws on the records of all its datasets.
 
         Raises :class:`~shardkit.errors.ConfigError`, naming the option and the record size, when a
         tier budget holds fewer than two records (each tier double-buffers blocks of at least one
@@ -361,8 +366,9 @@ class SamplerOptions:
         budget (the SSD tier exists to hold more than RAM), when a static cache that is not off
         holds no record at all, or when it leaves ``ram_size`` fewer than two records for blocks.
         """
-        rec, n, b = int(record_nbytes), int(num_records), self.batch_size
-        bound = consumer_records_bound(n, b, self.world_size)
+        rec, b = int(record_nbytes), self.batch_size
+        n = int(num_records if num_keys is None else num_keys)
+        bound = consumer_records_bound(int(num_records), b, self.world_size)
         ram = self._budget("ram_size", rec)
         ssd: int | None = None
         k1: int | None = None

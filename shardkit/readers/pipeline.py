@@ -57,6 +57,7 @@ from shardkit.readers.buffers import BatchBuffer, BatchPool
 from shardkit.readers.config import TierSizes
 from shardkit.readers.identity import DatasetIdentity
 from shardkit.readers.schedule import BATCH_PREFETCH, EpochOrder, PlanShape, block_bounds
+from shardkit.readers.sources import MixedIdentity, Mixture, open_source
 from shardkit.readers.ssd import SsdSpace, write_reservoir
 from shardkit.readers.static_cache import StaticCache
 from shardkit.readers.stats import SamplerStats
@@ -210,9 +211,10 @@ class Pipeline:
     Parameters
     ----------
     dataset_path
-        The dataset (disk tier: a local directory or an object-store URL); opened here with the disk
-        tier's counters and ``dataset_options`` (:meth:`SamplerOptions.dataset_options`: the remote
-        gap threshold, concurrency and local cache of an object store).
+        The dataset (disk tier: a local directory or an object-store URL), or a mixture of datasets
+        (:class:`~shardkit.readers.sources.MixedDataset` over its global keys); opened here with the
+        disk tier's counters and ``dataset_options`` (:meth:`SamplerOptions.dataset_options`: the
+        remote gap threshold, concurrency and local cache of an object store).
     segments
         Iterator of the run's :class:`Segment` objects, in order (consumed by the first creator).
     sizes
@@ -224,6 +226,9 @@ class Pipeline:
         Parent of the run's private SSD directory (with the SSD tier).
     static_cache
         Pinned records (see :mod:`shardkit.readers.static_cache`), or ``None``.
+    key_map
+        Applied to every batch's ``key`` (a mixture's global keys become the records' keys in their
+        datasets); ``None`` keeps the keys.
     identity
         The dataset's identity when the sampler opened it, checked after every read from the disk
         tier (see :mod:`shardkit.readers.identity`), so no block read from a replaced dataset is
@@ -232,7 +237,7 @@ class Pipeline:
 
     def __init__(
         self,
-        dataset_path: Path | str,
+        dataset_path: Path | str | Mixture,
         segments: Iterator[Segment],
         *,
         fields: dict[str, np.ndarray],
@@ -243,7 +248,8 @@ class Pipeline:
         gap_bytes: int = DEFAULT_GAP_BYTES,
         dataset_options: Mapping[str, Any] | None = None,
         static_cache: StaticCache | None = None,
-        identity: DatasetIdentity | None = None,
+        identity: DatasetIdentity | MixedIdentity | None = None,
+        key_map: Callable[[np.ndarray], np.ndarray] | None = None,
     ) -> None:
         self.stop = threading.Event()
         self.cache = static_cache
@@ -253,8 +259,9 @@ class Pipeline:
         self._gap = gap_bytes
         self._fields = fields
         self._identity = identity
-        self.disk = Dataset(dataset_path, stats=stats.disk, cache_stats=stats.remote_cache,
-                            **{"gap_bytes": gap_bytes, **(dataset_options or {})})
+        self.disk = open_source(dataset_path, stats=stats.disk, cache_stats=stats.remote_cache,
+                                **{"gap_bytes": gap_bytes, **(dataset_options or {})})
+        self._key_map = key_map
         self._payload_name = self.disk.payload_name
         self._segments = segments
         self.sizes = sizes
@@ -583,6 +590,8 @@ class Pipeline:
                 open_batches[g] = _OpenBatch(buf, keys)  # completed by the next block
                 continue
             batch = assemble_batch(self._payload_name, buf.array[:size], self._fields, keys)
+            if self._key_map is not None:
+                batch["key"] = self._key_map(batch["key"])  # a mixture's global key -> the record's key in its dataset
             self._stats.ram.add("ram", g0, size * rec)
             self._stats.ram.add_records(size)
             self._put(self.batches, BatchReady(batch, seg.epoch, int(seg.shape.positions[g]), buf))

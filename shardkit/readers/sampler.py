@@ -5,6 +5,7 @@ See :class:`TieredSampler`; its options are :class:`~shardkit.readers.config.Sam
 
 from __future__ import annotations
 
+import functools
 import logging
 import shutil
 import tempfile
@@ -23,6 +24,7 @@ from shardkit.readers.buffers import BatchPool
 from shardkit.readers.config import SamplerOptions, TierSizes
 from shardkit.readers.identity import DatasetIdentity, dataset_fingerprint
 from shardkit.readers.interface import Batch, ElementSpec
+from shardkit.readers.mixture import MixturePlan
 from shardkit.readers.pipeline import BatchReady, EpochEnd, Pipeline, RunDone, Segment
 from shardkit.readers.schedule import (
     ArrayOrder,
@@ -32,6 +34,7 @@ from shardkit.readers.schedule import (
     plan_shape,
     resolve_permutation,
 )
+from shardkit.readers.sources import DATASET_FIELD, DatasetIndex, MixedField, MixedIdentity, Mixture, local_keys
 from shardkit.readers.static_cache import StaticCache
 from shardkit.readers.stats import SamplerStats
 from shardkit.stores import Location, as_location
@@ -111,42 +114,40 @@ class TieredSampler:
 
     def __init__(
         self,
-        dataset: Location | Dataset,
+        dataset: Location | Dataset | Mixture,
         options: SamplerOptions | None = None,
         **overrides: Any,
     ) -> None:
         if options is not None and not isinstance(options, SamplerOptions):
             raise ConfigError(f"options: expected a SamplerOptions, found {type(options).__name__}")
         opts = SamplerOptions.parse(**overrides) if options is None else options.replace(**overrides)
-        self.options = opts
-        #: The dataset: a local directory (Path) or an object-store URL (str).
-        self.path: Path | str = as_location(dataset.path if isinstance(dataset, Dataset) else dataset)
-        before = _fingerprint_or_none(self.path)
-        self._ds = Dataset(self.path, **opts.dataset_options())  # metadata + small fields
-        self.num_records = self._ds.num_records
-        self.record_nbytes = self._ds.record_nbytes
-        self.payload_name = self._ds.payload_name
-        #: The dataset as it was when the fields below were loaded (see shardkit.readers.identity).
-        self.identity = DatasetIdentity.of(self.path, opts.dataset_options()["store_options"])
-        if before != self.identity.fingerprint:
-            raise SamplerError(f"{self.path}: the dataset changed while the sampler opened it; try again once it is complete")
-        self._share_key = node.dataset_key(self.path, self.identity.fingerprint) if opts.node_sharing else None
-        self.fields, regions = node.node_fields(self._ds, self._share_key)
-        self._ds.close()  # payload reads go through each run's own reader
-        self.sizes: TierSizes = opts.tier_sizes(self.record_nbytes, self.num_records)
-        #: ``"exact"`` or ``"feistel"``: how ``epoch`` mode draws its orders for this dataset.
-        self.permutation = resolve_permutation(opts.permutation, self.num_records)
+        #: The mixture this sampler reads (``None``: one dataset); see :mod:`shardkit.readers.sources`.
+        self.mixture: Mixture | None = None
+        self._plan: MixturePlan | None = None
+        #: A mixture's global key -> the record's key in its dataset (batches carry the latter).
+        self._local_keys: Callable[[np.ndarray], np.ndarray] | None = None
+        if isinstance(dataset, Mixture):
+            opts = _mixture_options(dataset, opts, "seed" in overrides)
+            self.options = opts
+            regions = self._open_mixture(dataset)
+        else:
+            self.options = opts
+            regions = self._open_dataset(dataset)
+        self.sizes: TierSizes = opts.tier_sizes(self.record_nbytes, self.num_records, self.num_keys)
+        #: ``"exact"`` or ``"feistel"``: how ``epoch`` mode draws its orders for this dataset (a
+        #: mixture's order is always an exact array, see :mod:`shardkit.readers.mixture`).
+        self.permutation = "exact" if self.mixture is not None else resolve_permutation(opts.permutation, self.num_records)
         self.ssd_dir: Path | None = None
         if self.sizes.ssd_block is not None:
             self.ssd_dir = opts.ssd_dir if opts.ssd_dir is not None else Path(tempfile.gettempdir())
             if not self.ssd_dir.is_dir():
                 raise ConfigError(f"{opts.name('ssd_dir')}: expected an existing directory, found {str(self.ssd_dir)!r}")
             self._check_ssd_space()
-        rec = self._ds.meta.record
+        rec = self._record
         self._cache: StaticCache | None = None
         if self.sizes.static_records:
             self._cache = StaticCache(
-                opts.seed, self.num_records, self.sizes.static_records, tuple(rec.shape), np.dtype(rec.dtype),
+                opts.seed, self.num_keys, self.sizes.static_records, tuple(rec.shape), np.dtype(rec.dtype),
                 bijection=self.permutation == "feistel", share_key=self._share_key,
             )  # fmt: skip
         self._pool = BatchPool(opts.batch_size, tuple(rec.shape), np.dtype(rec.dtype).newbyteorder("<"),
@@ -157,6 +158,63 @@ class TieredSampler:
         self._position = 0
         self._run_ref: weakref.ref[_Run] | None = None
         self._finalizer = weakref.finalize(self, _release, self._cache, regions)
+
+    def _open_dataset(self, dataset: Location | Dataset) -> list[node.SharedRegion]:
+        """Metadata, identity and node-shared fields of one dataset; returns the fields' regions."""
+        opts = self.options
+        #: The dataset: a local directory (Path) or an object-store URL (str).
+        self.path: Path | str = as_location(dataset.path if isinstance(dataset, Dataset) else dataset)
+        before = _fingerprint_or_none(self.path)
+        ds = Dataset(self.path, **opts.dataset_options())  # metadata + small fields
+        try:
+            self.num_records = self.num_keys = ds.num_records
+            self.record_nbytes = ds.record_nbytes
+            self.payload_name = ds.payload_name
+            self._record = ds.meta.record
+            #: The dataset as it was when the fields below were loaded (see shardkit.readers.identity).
+            identity = DatasetIdentity.of(self.path, opts.dataset_options()["store_options"])
+            if before != identity.fingerprint:
+                raise SamplerError(f"{self.path}: the dataset changed while the sampler opened it; try again once it is complete")
+            self.identity: DatasetIdentity | MixedIdentity = identity
+            self._share_key = node.dataset_key(self.path, identity.fingerprint) if opts.node_sharing else None
+            self.fields, regions = node.node_fields(ds, self._share_key)
+        finally:
+            ds.close()  # payload reads go through each run's own reader
+        return regions
+
+    def _open_mixture(self, m: Mixture) -> list[node.SharedRegion]:
+        """A mixture's datasets: identities, node-shared fields gathered by global key, its order."""
+        opts = self.options
+        self.mixture = m
+        self.path = m.paths[0]
+        self._plan = m.plan(opts.seed)
+        #: Records per epoch ``L`` (the order's length) and the global keys behind them (``sum N_i``).
+        self.num_records, self.num_keys = m.epoch_size, sum(m.sizes)
+        self.record_nbytes, self.payload_name, self._record = m.record.nbytes, m.payload_name, m.record
+        identity = MixedIdentity.of(m.paths, opts.dataset_options()["store_options"])
+        fields: list[dict[str, np.ndarray]] = []
+        regions: list[node.SharedRegion] = []
+        keys: list[str] = []
+        for p, part, made in zip(m.paths, identity.parts, m.fingerprints):
+            if part.fingerprint != made:
+                raise SamplerError(f"{p}: the dataset changed since the mixture was made; make it again with shardkit.mix")
+            ds = Dataset(p, **opts.dataset_options())
+            try:
+                key = node.dataset_key(p, part.fingerprint) if opts.node_sharing else None
+                f, r = node.node_fields(ds, key)
+            finally:
+                ds.close()
+            fields.append(f)
+            regions += r
+            keys.append(key or "")
+        self.identity = identity
+        self._share_key = "\0mixture\0".join(keys) if opts.node_sharing else None
+        offsets = self._plan.offsets
+        gathered: dict[str, Any] = {name: MixedField([f[name] for f in fields], offsets) for name in fields[0]}
+        gathered[DATASET_FIELD] = DatasetIndex(offsets)
+        self.fields = gathered
+        self._local_keys = functools.partial(local_keys, offsets)
+        return regions
 
     # ------------------------------------------------------------------ options
     @property
@@ -239,8 +297,9 @@ class TieredSampler:
         return batches_per_consumer(self.num_records, o.batch_size, o.rank, o.world_size, drop_last=o.drop_last)
 
     def element_spec(self) -> ElementSpec:
-        """Per-record ``(shape, dtype)`` of every batch entry (payload, fields, ``key``)."""
-        rec = self._ds.meta.record
+        """Per-record ``(shape, dtype)`` of every batch entry (payload, fields, ``key``; a mixture's
+        ``dataset``)."""
+        rec = self._record
         spec: ElementSpec = {self.payload_name: (tuple(rec.shape), np.dtype(rec.dtype))}
         for name, values in self.fields.items():
             spec[name] = (tuple(values.shape[1:]), values.dtype)
@@ -275,7 +334,14 @@ class TieredSampler:
             "start_epoch": self._start_epoch,
             "reservoir_size": self.reservoir_size if self.mode == "replacement" else None,
             "permutation": self.permutation if self.mode == "epoch" else None,
+            "mixture": self._mixture_state(),
         }
+
+    def _mixture_state(self) -> dict[str, Any] | None:
+        """What a mixture's order depends on besides the seed: sizes, counts, epoch size."""
+        if self._plan is None:
+            return None
+        return {"sizes": list(self._plan.sizes), "counts": list(self._plan.counts), "epoch_size": self._plan.epoch_size}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state`` on the next iteration (ends a running iteration)."""
@@ -297,6 +363,12 @@ class TieredSampler:
             raise SamplerError(
                 f"state dict: was saved with seed={seed}, mode={mode!r}; this sampler has seed={self.seed}, "
                 f"mode={self.mode!r} (the order would differ)"
+            )
+        mixture = state.get("mixture")
+        if mixture != self._mixture_state():
+            raise SamplerError(
+                f"state dict: saved for {'a mixture ' + str(mixture) if mixture else 'one dataset'}, this sampler reads "
+                f"{'a mixture ' + str(self._mixture_state()) if self.mixture is not None else 'one dataset'} (another order)"
             )
         if n != self.num_records:
             raise SamplerError(f"state dict: saved for {n} records, {self.path} has {self.num_records}")
@@ -348,6 +420,8 @@ class TieredSampler:
         """Epoch ``epoch``'s order: the exact permutation computed once per node when sharing is on,
         else this process's own (see :func:`~shardkit.readers.schedule.epoch_order`)."""
         o = self.options
+        if self._plan is not None:
+            return ArrayOrder(self._plan.stream(epoch)), None
         if o.mode == "epoch" and self.permutation == "exact" and o.node_sharing:
             shared = node.node_permutation(o.seed, epoch, self.num_records)
             if shared is not None:
@@ -405,7 +479,8 @@ class TieredSampler:
 
     def __getstate__(self) -> dict[str, Any]:
         # Picklable for DataLoader workers started with spawn: rebuild from options + state.
-        return {"path": str(self.path), "options": self.options, "state": self.state_dict()}
+        source = self.mixture if self.mixture is not None else str(self.path)
+        return {"path": source, "options": self.options, "state": self.state_dict()}
 
     def __setstate__(self, d: dict[str, Any]) -> None:
         self.__init__(d["path"], d["options"])  # type: ignore[misc]
@@ -439,7 +514,7 @@ class _Run:
             return
         sampler.identity.check()  # before the run opens the dataset's files
         self._pipeline = Pipeline(
-            sampler.path,
+            sampler.mixture if sampler.mixture is not None else sampler.path,
             sampler._segments(first_epoch, first_pos, end),
             fields=sampler.fields,
             stats=sampler.stats,
@@ -450,6 +525,7 @@ class _Run:
             dataset_options=sampler.options.dataset_options(),
             static_cache=sampler._cache,
             identity=sampler.identity,
+            key_map=sampler._local_keys,
         )
         self._finalizer = weakref.finalize(self, self._pipeline.shutdown)
 
@@ -496,6 +572,25 @@ class _Run:
             self.close()
         except Exception:
             pass
+
+
+def _mixture_options(m: Mixture, opts: SamplerOptions, seed_given: bool) -> SamplerOptions:
+    """The options a mixture is sampled with: its own seed (when it has one), ``epoch`` mode, the exact order."""
+    if opts.mode != "epoch":
+        raise ConfigError(
+            f"{opts.name('mode')}: a mixture is sampled in 'epoch' mode (exact counts and walks per epoch), "
+            f"found {opts.mode!r}"
+        )
+    if opts.permutation == "feistel":
+        raise ConfigError(f"{opts.name('permutation')}: a mixture's order is an exact array, found 'feistel'")
+    if m.seed is not None and m.seed != opts.seed:
+        if seed_given or opts.seed != 0:
+            raise ConfigError(
+                f"{opts.name('seed')}: the mixture was made with seed={m.seed}, the sampler was given {opts.seed}; "
+                "give the seed once (to shardkit.mix, or to the sampler with mix(..., seed=None))"
+            )
+        opts = opts.replace(seed=m.seed)
+    return opts
 
 
 def _release(cache: StaticCache | None, regions: list[node.SharedRegion]) -> None:

@@ -31,6 +31,7 @@ import shutil
 import stat
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -38,6 +39,9 @@ from shardkit.errors import ConfigError, OutOfSpaceError, SamplerError
 from shardkit.formats import Dataset, DatasetWriter, FieldSpec
 from shardkit.formats.spec import records_per_shard_for
 from shardkit.readers.stopping import Stopped
+
+if TYPE_CHECKING:
+    from shardkit.readers.sources import MixedDataset
 
 __all__ = ["SsdSpace", "PREFIX", "remove_stale", "write_reservoir", "READ_CHUNK_BYTES", "DIR_MODE", "FILE_MODE"]
 
@@ -176,7 +180,7 @@ class SsdSpace:
 
 
 def write_reservoir(
-    disk: Dataset,
+    disk: Dataset | MixedDataset,
     keys: np.ndarray,
     dest: Path,
     stop: threading.Event,

@@ -101,3 +101,22 @@ def test_training_matches_in_memory_shuffle(observed: dict) -> None:
     acc = observed["acc"]
     assert acc["theirs"] > 0.75, acc
     assert abs(acc["ours"] - acc["theirs"]) <= 0.03, acc
+
+
+def test_a_mixture_is_a_dataset_source(observed: dict, keyed_mixture: list[Path]) -> None:
+    """make_tf_dataset(shardkit.mix(...)): elements carry the dataset index, the key in that dataset
+    and its record, in the mixture's order with its exact counts."""
+    from _adapter_data import MIX_SIZES
+
+    import shardkit
+
+    assert observed["mixture_spec"]["dataset"] == [[None], "int64"]
+    batches = observed["mixture"]
+    ds = np.concatenate([b["dataset"] for b in batches])
+    keys = np.concatenate([b["key"] for b in batches])
+    plan = shardkit.mix(list(zip(keyed_mixture, [3, 1])), epoch_size=40).plan(SEED)
+    np.testing.assert_array_equal(np.stack([ds, keys], 1), plan.pairs(0))
+    first = np.array([0, MIX_SIZES[0]])
+    for b in batches:
+        g = first[np.asarray(b["dataset"])] + np.asarray(b["key"])
+        np.testing.assert_array_equal(decode_keys(np.asarray(b["image"], dtype=np.uint8)), g)

@@ -28,6 +28,7 @@ import numpy as np
 from shardkit.errors import ConfigError, PeerTimeoutError, ProtocolError, SamplerError, ShardkitError
 from shardkit.formats import Dataset
 from shardkit.readers.config import DEFAULTS, SamplerOptions, Source, option_name
+from shardkit.readers.mixture import MixturePlan
 from shardkit.readers.shared.order import blocks, partition
 from shardkit.readers.shared.protocol import (
     MAX_INFO_BYTES,
@@ -39,6 +40,7 @@ from shardkit.readers.shared.protocol import (
     Done,
     Hello,
     Message,
+    MixtureInfo,
     PeerClosed,
     Refused,
     Release,
@@ -50,6 +52,7 @@ from shardkit.readers.shared.protocol import (
 )
 from shardkit.readers.shared.ring import Ring, RingLayout
 from shardkit.readers.shared.rundir import RunDir, check_name, run_dir_path
+from shardkit.readers.sources import MixedDataset, Mixture
 from shardkit.readers.ssd import SsdSpace, write_reservoir
 from shardkit.readers.stats import SamplerStats
 from shardkit.readers.stopping import Stopped
@@ -157,7 +160,11 @@ class TierServer:
     Parameters
     ----------
     dataset
-        Dataset directory (the disk tier).
+        Dataset directory (the disk tier), or a :class:`~shardkit.readers.sources.Mixture`: the
+        server then reads the mixture's order (exact per-epoch counts, walks, a uniform arrangement;
+        :mod:`shardkit.readers.mixture`) seeded with the mixture's seed or ``seed``, and every job's
+        permutation inside each published block keeps the arrangement uniform, as it does for one
+        dataset's partition.
     name
         The name jobs attach to (``[A-Za-z0-9_-]``, at most 64 characters).
     tiers
@@ -194,7 +201,7 @@ class TierServer:
     handshake_seconds = 10.0
 
     def __init__(
-        self, dataset: Location, *, name: str, options: ServeOptions | None = None, **values: Any
+        self, dataset: Location | Mixture, *, name: str, options: ServeOptions | None = None, **values: Any
     ) -> None:
         self.name = check_name(name)
         if options is None:
@@ -203,17 +210,32 @@ class TierServer:
             ServeOptions.parse(source=options.source, **values)  # unknown names are refused as such
             options = replace(options, **values)
         self.options = o = options
-        self.path: Path | str = as_location(dataset, resolve=True)
+        self.path: Path | str
         self.tiers, self.seed, self.slots, self.epochs = o.tiers, o.seed, o.slots, o.epochs
         self.lease_seconds = o.lease_seconds
-        ds = Dataset(self.path, gap_bytes=o.gap_bytes)  # a missing or broken dataset fails here, clearly
-        self.fingerprint = dataset_fingerprint(self.path)
-        try:
-            self.num_records = ds.num_records
-            self.record_nbytes = rec = ds.record_nbytes
-            record = (tuple(ds.meta.record.shape), np.dtype(ds.meta.record.dtype))
-        finally:
-            ds.close()
+        #: The mixture served (``None``: one dataset); see :mod:`shardkit.readers.sources`.
+        self.mixture: Mixture | None = None
+        self._plan: MixturePlan | None = None
+        if isinstance(dataset, Mixture):
+            m = self.mixture = dataset.resolved()
+            self.path = m.paths[0]
+            if m.seed is not None:
+                self.seed = m.seed  # the mixture's own seed defines its order
+            self._plan = m.plan(self.seed)
+            self.fingerprint = m.fingerprint()
+            self.num_records = m.epoch_size
+            self.record_nbytes = rec = m.record.nbytes
+            record = (tuple(m.record.shape), np.dtype(m.record.dtype))
+        else:
+            self.path = as_location(dataset, resolve=True)
+            ds = Dataset(self.path, gap_bytes=o.gap_bytes)  # a missing or broken dataset fails here, clearly
+            self.fingerprint = dataset_fingerprint(self.path)
+            try:
+                self.num_records = ds.num_records
+                self.record_nbytes = rec = ds.record_nbytes
+                record = (tuple(ds.meta.record.shape), np.dtype(ds.meta.record.dtype))
+            finally:
+                ds.close()
         n = max(1, self.num_records)
         #: K, records per slot (= per published reservoir block).
         self.slot_records = max(1, min(o.ram_size.to_bytes(rec) // (o.slots * rec), n))
@@ -295,7 +317,11 @@ class TierServer:
         self._token = secrets.token_bytes(TOKEN_BYTES)
         run.write_file("token", self._token.hex().encode())
         self._ring = Ring.create(run, self.layout)
-        self.disk = Dataset(self.path, stats=self.stats.disk, gap_bytes=self.options.gap_bytes)
+        self.disk: Dataset | MixedDataset
+        if self.mixture is not None:
+            self.disk = MixedDataset(self.mixture, stats=self.stats.disk, gap_bytes=self.options.gap_bytes)
+        else:
+            self.disk = Dataset(self.path, stats=self.stats.disk, gap_bytes=self.options.gap_bytes)
         if self.ssd_dir is not None:
             self._space = SsdSpace(self.ssd_dir)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -308,15 +334,26 @@ class TierServer:
             version=PROTOCOL_VERSION, name=self.name, pid=os.getpid(), dataset=str(self.path),
             fingerprint=self.fingerprint, slots=self.slots, slot_records=self.slot_records, seed=self.seed,
             num_records=self.num_records, record_nbytes=self.record_nbytes, tiers=self.tiers,
-            lease_seconds=self.lease_seconds, started=time.time(),
+            lease_seconds=self.lease_seconds, started=time.time(), mixture=self._mixture_info(),
         )  # fmt: skip
-        run.write_file("info.json", self.info.to_json())  # last: a job never sees a half-started server
+        doc = self.info.to_json()
+        if len(doc) > MAX_INFO_BYTES:
+            raise ConfigError(f"server {self.name!r}: its info.json would be {len(doc)} bytes, jobs read at most "
+                              f"{MAX_INFO_BYTES}; shorten the dataset paths")
+        run.write_file("info.json", doc)  # last: a job never sees a half-started server
         for target, tname in ((self._accept_loop, "shardkit-serve-accept"), (self._produce, "shardkit-serve-producer")):
             t = threading.Thread(target=target, name=tname, daemon=True)
             t.start()
             self._threads.append(t)
         logger.info("server %s: serving %s (N=%d, %d slots of %d records) at %s", self.name, self.path,
                     self.num_records, self.slots, self.slot_records, self.rundir)
+
+    def _mixture_info(self) -> MixtureInfo | None:
+        m = self.mixture
+        if m is None:
+            return None
+        return MixtureInfo(datasets=tuple(str(p) for p in m.paths), weights=tuple(str(w) for w in m.weights),
+                           epoch_size=m.epoch_size)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the server has served its epochs (or failed); True if it has finished."""
@@ -645,7 +682,7 @@ class TierServer:
 
     def _blocks(self, epoch: int) -> Generator[tuple[np.ndarray, Callable[[np.ndarray, np.ndarray], Any]]]:
         """Yield ``(sorted keys, read(keys, out))`` per published block of the epoch, in ``pi`` order."""
-        pi = partition(self.seed, epoch, self.num_records)
+        pi = self._plan.stream(epoch) if self._plan is not None else partition(self.seed, epoch, self.num_records)
         k = self.slot_records
         if self.ssd_block is None:
             payload = self.disk.payload
@@ -661,7 +698,7 @@ class TierServer:
             self._ssd_written += 1
             dest = space.reservoir_path(self._ssd_written)
             self.stats.add_written(write_reservoir(self.disk, pi[a:b], dest, self._stop))
-            return dest, np.sort(pi[a:b])
+            return dest, np.unique(pi[a:b])  # the reservoir's rows (a mixture's key may repeat)
 
         fut = pool.submit(write, *outer[0]) if outer else None
         try:
@@ -754,7 +791,7 @@ class _Terminated(SystemExit):
     """SIGTERM received: leave through the normal cleanup path."""
 
 
-def serve(dataset: Location, *, name: str, ready: Callable[[TierServer], Any] | None = None,
+def serve(dataset: Location | Mixture, *, name: str, ready: Callable[[TierServer], Any] | None = None,
           **options: Any) -> TierServer:
     """Run a :class:`TierServer` in the foreground until its epochs are served, SIGTERM or Ctrl-C.
 
