@@ -19,9 +19,14 @@ moved, and why it went:
   they protect files that are shared, durable or written by someone else, and a slot file is none
   of these. It is reached only through the descriptor this run created it with (no name is ever
   opened again) inside a ``0700`` directory.
-* a copy buffer that was read, then written, then read again: the disk -> SSD copy is double
-  buffered (:class:`ReservoirSlots`): a writer thread writes chunk ``c`` while the creator reads
-  chunk ``c + 1`` into the other half of the copy buffer (``pread``/``pwrite`` release the GIL).
+* two copies and no overlap on the way to SSD (read a chunk into a buffer, then write it, then
+  read the next). A local, uncompressed dataset of records of at least 16 KiB is now copied inside
+  the kernel (``sendfile``, page cache to page cache: one copy, 0.3 CPU s/GB against 0.5-0.6
+  through a buffer, measured here), with every run announced first so the device reads ahead
+  while the kernel copies. Any other bottom tier (an object store, compressed records, small
+  records) goes through the copy buffer, double buffered: a writer thread writes chunk ``c``
+  while the creator reads chunk ``c + 1`` into the other half (``pread``/``pwrite`` and the
+  object-store client release the GIL).
 
 What stays, because it protects against wrong data at no measurable cost: the slot must be as long
 as the reservoir before anything is read from it, and every read back is exactly as long as
@@ -56,6 +61,9 @@ logger = logging.getLogger(__name__)
 
 #: Name prefix of the slot files inside the run's directory.
 SLOT_PREFIX = "reservoir-"
+#: Records copied inside the kernel per call of :meth:`~shardkit.formats.PayloadArray.copy_to_file`
+#: (a stop request is seen between two; ~30 ms of reading at 2 GB/s).
+KERNEL_CHUNK_BYTES = 64 << 20
 
 
 class ScratchRecords(PayloadArray):
@@ -129,13 +137,26 @@ class ReservoirSlots:
     def write(self, slot: int, payload: PayloadArray, keys: np.ndarray, stop: threading.Event) -> int:
         """Copy records ``keys`` (ascending, distinct) of ``payload`` into slot ``slot``; returns the bytes written.
 
-        Chunks of keys are read in ascending order (one pass over the bottom tier) into the two
-        halves of the copy buffer by turns, and each is written by the writer thread while the
-        next is read. On failure or when ``stop`` is set the slot is emptied (its space freed and
+        One pass over the bottom tier in ascending order: inside the kernel where the payload
+        allows it (:meth:`~shardkit.formats.PayloadArray.can_copy_to_file`), else chunk by chunk
+        into the two halves of the copy buffer by turns, each written by the writer thread while
+        the next is read. On failure or when ``stop`` is set the slot is emptied (its space freed and
         nothing of it readable); a full disk is an :class:`~shardkit.errors.OutOfSpaceError`.
         """
         fd, path = self._fds[slot], self.paths[slot]
         rec = payload.record_nbytes
+        if payload.can_copy_to_file():
+            try:
+                for a in range(0, keys.size, max(1, KERNEL_CHUNK_BYTES // rec)):
+                    if stop.is_set():
+                        raise Stopped()
+                    payload.copy_to_file(keys[a : a + KERNEL_CHUNK_BYTES // rec], fd, first_row=a)
+            except BaseException as exc:
+                os.ftruncate(fd, 0)
+                if is_out_of_space(exc):
+                    raise OutOfSpaceError(f"{path}: no space left on device while writing an SSD reservoir") from None
+                raise
+            return int(keys.size) * rec
         per = self._buffers[0].shape[0]
         pending: Future[None] | None = None
         try:
