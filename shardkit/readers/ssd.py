@@ -32,7 +32,6 @@ import threading
 from pathlib import Path
 
 from shardkit.errors import ConfigError, SamplerError
-from shardkit.readers.stopping import Stopped
 
 __all__ = ["SsdSpace", "PREFIX", "remove_stale", "READ_CHUNK_BYTES", "DIR_MODE", "FILE_MODE"]
 
