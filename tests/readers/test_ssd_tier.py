@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardkit.errors import TruncatedShardError
+from shardkit.errors import ConfigError, TruncatedShardError
 from shardkit.formats import Dataset, PayloadArray
 from shardkit.formats.reader import ReadStats
 from shardkit.readers import TieredSampler
@@ -61,12 +61,22 @@ def test_kernel_copy_reads_each_record_once_in_ascending_offsets(tmp_path: Path,
         real_copy(self, *args, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(PayloadArray, "copy_to_file", marking)
+    announcers: list[str] = []
+    real_announce = PayloadArray.announce
+
+    def announcing(self: PayloadArray, keys: np.ndarray) -> None:
+        announcers.append(threading.current_thread().name)
+        real_announce(self, keys)
+
+    monkeypatch.setattr(PayloadArray, "announce", announcing)
     s = _sampler(ds, ssd_dir, epochs=epochs, static_cache=0, gap_bytes=0)
     s.stats.disk.trace = trace
     keys = np.concatenate(collect(s)).reshape(epochs, n)  # collect checks every batch's bytes
     for e in range(epochs):
         assert sorted(keys[e].tolist()) == list(range(n))
     assert calls, "the in-kernel copy was not used"
+    # Reads are announced by the writer thread, so the copying thread does not pay for them.
+    assert announcers and all(t.startswith("shardkit-ssd-writer") for t in announcers)
     assert "PayloadArray" not in read_into_calls  # the dataset itself is never read through user space
     assert "ScratchRecords" in read_into_calls  # reservoirs are read back into the batch buffers
     data = [t for t in trace if t[0] != "PASS" and t[2] % BIG_REC == 0]
@@ -162,3 +172,27 @@ def test_slot_is_rewritten_and_checked_on_the_way_back(tmp_path: Path, ssd_dir: 
         slots.close()
         space.close()
         ds.close()
+
+
+def test_copy_to_file_refuses_what_it_cannot_copy(tmp_path: Path) -> None:
+    """The in-kernel copy takes ascending distinct keys of large uncompressed local records only; it
+    places record keys[j] at row first_row + j and counts each record once."""
+    big = Dataset(make_dataset(tmp_path / "big", 12, records_per_shard=5, shape=BIG))
+    small = Dataset(make_dataset(tmp_path / "small", 12))
+    fd = os.open(tmp_path / "out", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        assert big.payload.can_copy_to_file() and not small.payload.can_copy_to_file()
+        for bad in ([3, 1], [2, 2], [-1, 4], [4, 12]):
+            with pytest.raises(ConfigError, match="ascending distinct keys"):
+                big.payload.copy_to_file(np.array(bad), fd)
+        with pytest.raises(ConfigError, match="cannot be copied inside the kernel"):
+            small.payload.copy_to_file(np.array([1, 2]), fd)
+        keys = np.array([0, 4, 5, 6, 11], dtype=np.int64)  # 4-5 and 5-6 cross a shard boundary
+        big.payload.copy_to_file(keys, fd, first_row=2)
+        assert big.payload.stats.records == keys.size
+        got = np.fromfile(tmp_path / "out", dtype=np.uint8).reshape(-1, *BIG)
+        np.testing.assert_array_equal(got[2:], big.payload.read(keys))
+    finally:
+        os.close(fd)
+        big.close()
+        small.close()
