@@ -16,7 +16,7 @@ from shardkit.errors import ConfigError, TruncatedShardError
 from shardkit.formats import Dataset, PayloadArray
 from shardkit.formats.reader import ReadStats
 from shardkit.readers import TieredSampler
-from shardkit.readers.scratch import ReservoirSlots
+from shardkit.readers.scratch import ReservoirSlots, ScratchRecords
 from shardkit.readers.ssd import SsdSpace
 from shardkit.readers.stopping import Stopped
 from tests.readers.conftest import collect, make_dataset
@@ -196,3 +196,36 @@ def test_copy_to_file_refuses_what_it_cannot_copy(tmp_path: Path) -> None:
         os.close(fd)
         big.close()
         small.close()
+
+
+@pytest.mark.parametrize("shape", [BIG, (4, 4, 1)], ids=["kernel-copy", "buffered"])
+def test_ram_creator_reads_back_while_the_next_reservoir_is_written(tmp_path: Path, ssd_dir: Path, shape: tuple[int, ...],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading reservoir 0 back into RAM overlaps with writing reservoir 1: the first read back waits
+    (bounded) until the write into the other slot has begun, which only happens if the two creators
+    run at once."""
+    ds = make_dataset(tmp_path / "ds", 40, records_per_shard=5, shape=shape)
+    started: list[int] = []
+    overlapped: list[bool] = []
+    cond = threading.Condition()
+    real_write = ReservoirSlots.write
+    real_read_into = ScratchRecords.read_into
+
+    def writing(self: ReservoirSlots, slot: int, *args: object) -> int:
+        with cond:
+            started.append(slot)
+            cond.notify_all()
+        return real_write(self, slot, *args)  # type: ignore[arg-type]
+
+    def reading(self: ScratchRecords, keys: np.ndarray, dest: object) -> None:
+        if not overlapped:
+            with cond:
+                overlapped.append(cond.wait_for(lambda: len(started) >= 2, timeout=5.0))
+        real_read_into(self, keys, dest)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ReservoirSlots, "write", writing)
+    monkeypatch.setattr(ScratchRecords, "read_into", reading)
+    s = _sampler(ds, ssd_dir, epochs=1, static_cache=0)
+    keys = np.concatenate(collect(s))
+    assert sorted(keys.tolist()) == list(range(40))
+    assert started[:2] == [0, 1] and overlapped == [True]
