@@ -257,7 +257,6 @@ class TierServer:
         self._threads: list[threading.Thread] = []
         self._space: SsdSpace | None = None
         self._slots: ReservoirSlots | None = None
-        self._ssd_written = 0
         self._closed = False
 
     # ------------------------------------------------------------------ start / stop
@@ -666,7 +665,6 @@ class TierServer:
             """Reservoir ``i`` into slot ``i % 2`` (the other slot is being read meanwhile)."""
             a, b = outer[i]
             stored = np.sort(pi[a:b])
-            self._ssd_written += 1
             self.stats.add_written(slots.write(i % 2, self.disk.payload, stored, self._stop))
             return stored
 
