@@ -24,8 +24,8 @@ moved, and why it went:
   the kernel (``sendfile``, page cache to page cache: one copy, 0.3 CPU s/GB against 0.5-0.6
   through a buffer, measured here), while the writer thread announces the next chunk's runs
   (``POSIX_FADV_WILLNEED``: the kernel allocates their pages and queues their reads on that thread,
-  0.25 CPU s/GB of a cold read that no longer holds up the copying thread). Any other bottom tier (an object store, compressed records, small
-  records) goes through the copy buffer, double buffered: a writer thread writes chunk ``c``
+  0.25 CPU s/GB of a cold read that no longer holds up the copying thread). Any other bottom tier
+  (an object store, compressed records, small records) goes through the copy buffer, double buffered: a writer thread writes chunk ``c``
   while the creator reads chunk ``c + 1`` into the other half (``pread``/``pwrite`` and the
   object-store client release the GIL).
 
