@@ -649,14 +649,18 @@ class PayloadArray:
         if plan.num_runs > 1:
             # A sparse selection: announce every run first, so the kernel queues all of them at
             # once (asynchronous readahead at a deep device queue) instead of one at a time.
-            for shard, off, end in plan.extents():
-                os.posix_fadvise(self._fd(shard), off, end - off, os.POSIX_FADV_WILLNEED)
+            self._announce(plan)
         if self.codec is not None:
             self._read_compressed(plan, rows)
         else:
             bounced = plan.dense_runs() if self.record_nbytes < SCATTER_MIN_BYTES else np.zeros(plan.num_runs, bool)
             self._read_scattered(plan, rows, np.flatnonzero(~bounced))
             self._read_bounced(plan, rows, np.flatnonzero(bounced))
+
+    def _announce(self, plan: _Plan) -> None:
+        """``POSIX_FADV_WILLNEED`` for every run of ``plan``: the kernel starts reading all of them."""
+        for shard, off, end in plan.extents():
+            os.posix_fadvise(self._fd(shard), off, end - off, os.POSIX_FADV_WILLNEED)
 
     def _plan(self, keys: np.ndarray, which: np.ndarray, row: np.ndarray, rows: list[np.ndarray]) -> _Plan:
         """Every distinct wanted record (``keys`` ascending) in read order: by shard, then by
@@ -800,6 +804,64 @@ class PayloadArray:
                     self.codec.decode(view[off : off + size], rows[w][r])
                 except Exception as exc:
                     raise CorruptShardError(f"{path}: record at offset {start + off} does not decode ({exc})") from None
+
+    def can_copy_to_file(self) -> bool:
+        """True when :meth:`copy_to_file` can copy records without passing them through user space:
+        local shard files of a dataset (every record present), uncompressed, and records large enough
+        (:data:`SCATTER_MIN_BYTES`) that a system call per record costs less than copying it."""
+        return (type(self) is PayloadArray and self.codec is None and self.record_nbytes >= SCATTER_MIN_BYTES
+                and all(info.nbytes >= 0 for info in self.shards))  # fmt: skip
+
+    def announce(self, keys: np.ndarray) -> None:
+        """Tell the kernel that records ``keys`` (ascending, distinct) will be read soon, so it starts
+        reading them (``POSIX_FADV_WILLNEED`` per run, what :meth:`read_into` does first); from
+        another thread, this overlaps the device and the page cache's work with copying earlier
+        records (see :mod:`shardkit.readers.scratch`)."""
+        if self.codec is None and type(self) is PayloadArray:
+            self._announce(self._copy_plan(keys, 0))
+
+    def _copy_plan(self, keys: np.ndarray, first_row: int) -> _Plan:
+        """The plan of :meth:`copy_to_file` (checked keys, rows from ``first_row``)."""
+        keys = np.asarray(keys, dtype=np.int64).reshape(-1)
+        if keys.size and (int(keys[0]) < 0 or int(keys[-1]) >= self.num_records or np.any(np.diff(keys) <= 0)):
+            raise ConfigError(f"{self.path}: copy_to_file needs ascending distinct keys in [0, {self.num_records})")
+        rows = np.arange(first_row, first_row + keys.size, dtype=np.int64)
+        return self._plan(keys, np.zeros(keys.size, dtype=np.int64), rows, [])
+
+    def copy_to_file(self, keys: np.ndarray, fd: int, first_row: int = 0, announce: bool = True) -> None:
+        """Copy records ``keys`` (ascending, distinct) into the file ``fd``, record ``keys[j]`` at byte
+        ``(first_row + j) * record_nbytes``, inside the kernel (``sendfile``: page cache to page
+        cache, one copy, no buffer in user space). Shards are visited once with ascending offsets,
+        every run announced first (``announce``, unless :meth:`announce` did it) as :meth:`read_into`
+        does; records adjacent in both files move in one call. Only where :meth:`can_copy_to_file`
+        is true.
+        """
+        if np.size(keys) == 0:
+            return
+        if not self.can_copy_to_file():
+            raise ConfigError(f"{self.path}: records of this array cannot be copied inside the kernel")
+        rec = self.record_nbytes
+        plan = self._copy_plan(keys, first_row)
+        if announce and plan.num_runs > 1:
+            self._announce(plan)
+        # Pieces: records contiguous in their shard and in the destination.
+        head = np.ones(plan.size, dtype=bool)
+        head[1:] = (plan.gap[1:] != 0) | plan.new_shard[1:] | (plan.row[1:] != plan.row[:-1] + 1)
+        starts = np.flatnonzero(head)
+        counts = np.diff(np.append(starts, plan.size))
+        for a, count in zip(starts.tolist(), counts.tolist()):
+            i = int(plan.shard[a])
+            src, path = self._fd(i), self._shard_str(i)
+            off, nbytes, out = int(plan.offs[a]), count * rec, int(plan.row[a]) * rec
+            done = 0
+            while done < nbytes:
+                os.lseek(fd, out + done, os.SEEK_SET)
+                n = os.sendfile(fd, src, off + done, nbytes - done)
+                if n <= 0:
+                    raise TruncatedShardError(f"{path}: expected {nbytes} bytes at offset {off}, the file ended after {done}")
+                done += n
+            self.stats.add(path, off, nbytes)
+        self.stats.add_records(plan.size)
 
     def read_range(self, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
         """Records ``[start, stop)`` in storage order (one sequential read per shard)."""

@@ -103,7 +103,9 @@ class TierSizes:
     ssd_bytes, ssd_block
         The SSD budget and ``K1``, the largest SSD reservoir (``None`` without the SSD tier).
     ssd_copy_bytes
-        The disk -> SSD copy buffer (0 without the SSD tier).
+        The disk -> SSD copy buffer (0 without the SSD tier): two halves, one read while the other
+        is written (see :mod:`shardkit.readers.scratch`). A local, uncompressed dataset of large
+        records is copied inside the kernel and leaves it untouched.
     record_nbytes
         Bytes of one record.
     """

@@ -4,7 +4,9 @@ One run (one iteration over the sampler) owns one :class:`Pipeline`::
 
     segments ─▶ [ssd creator] ─ssd_q─▶ [block reader] ─blocks_q─▶ [assembler] ─batches─▶ consumer
                  disk → SSD             disk/SSD → batch           cache rows → batches;
-                 (optional)             buffers and cache rows     batches handed over as they are
+                 (optional; a writer    buffers and cache rows     batches handed over as they are
+                 thread writes while
+                 the next chunk is read)
 
 One copy per byte
 -----------------
@@ -50,15 +52,16 @@ from typing import Any
 import numpy as np
 
 from shardkit.errors import SamplerError, ShardkitError
-from shardkit.formats import DEFAULT_GAP_BYTES, Dataset
+from shardkit.formats import DEFAULT_GAP_BYTES
 from shardkit.formats.reader import Destination, aligned_empty
 from shardkit.readers import stopping
 from shardkit.readers.buffers import BatchBuffer, BatchPool
 from shardkit.readers.config import TierSizes
 from shardkit.readers.identity import DatasetIdentity
 from shardkit.readers.schedule import BATCH_PREFETCH, EpochOrder, PlanShape, block_bounds
+from shardkit.readers.scratch import ReservoirSlots
 from shardkit.readers.sources import MixedIdentity, Mixture, open_source
-from shardkit.readers.ssd import SsdSpace, write_reservoir
+from shardkit.readers.ssd import SsdSpace
 from shardkit.readers.static_cache import StaticCache
 from shardkit.readers.stats import SamplerStats
 from shardkit.readers.stopping import POLL_SECONDS, Stopped
@@ -113,15 +116,14 @@ class Segment:
 @dataclass(frozen=True, eq=False)
 class ReservoirWritten:
     """SSD creator -> block reader: plan positions ``[start, stop)`` of ``segment`` (``keys``) are on
-    SSD at ``path`` (``None`` when all of them are in the static cache), in ``slot``; the reservoir
-    holds ``stored``, its unpinned keys, in ascending order."""
+    SSD in slot ``slot``, which holds ``stored``, their unpinned keys, in ascending order (empty
+    when all of them are in the static cache)."""
 
     segment: Segment
     start: int
     stop: int
     keys: np.ndarray
     stored: np.ndarray
-    path: Path | None
     slot: int
 
 
@@ -269,6 +271,7 @@ class Pipeline:
         #: The whole dataset is pinned: the reader fills the cache, the assembler takes buffers.
         self.assemble_only = static_cache is not None and static_cache.variant == "all"
         self.space: SsdSpace | None = None
+        self.slots: ReservoirSlots | None = None
         self._blocks: queue.Queue[BlockRead | EpochEnd | RunDone] = queue.Queue(maxsize=1)
         self.batches: queue.Queue[BatchReady | EpochEnd | RunDone] = queue.Queue(maxsize=BATCH_PREFETCH)
         self._ssd_q: queue.Queue[ReservoirWritten | EpochEnd | RunDone] = queue.Queue(maxsize=1)
@@ -278,6 +281,11 @@ class Pipeline:
         if sizes.ssd_block is not None:
             assert ssd_dir is not None
             self.space = SsdSpace(ssd_dir)
+            try:
+                self.slots = ReservoirSlots(self.space, self.disk.payload, sizes.ssd_copy_bytes)
+            except BaseException:
+                self.space.close()
+                raise
             for i in range(2):
                 self._ssd_slots.put(i)
             threads.append(("shardkit-ssd-creator", self._ssd_creator))
@@ -351,6 +359,8 @@ class Pipeline:
                 t.join(timeout)
                 if t.is_alive():
                     logger.warning("sampler thread %s did not stop within %.0f s", t.name, timeout)
+        if self.slots is not None:
+            self.slots.close()
         if self.space is not None:
             self.space.close()
         self.disk.close()
@@ -463,8 +473,7 @@ class Pipeline:
         Pinned records the cache lacks are read from disk straight into their cache rows (their
         own ascending pass) and never written to SSD.
         """
-        assert self.space is not None and self.sizes.ssd_block is not None
-        j = 0
+        assert self.slots is not None and self.sizes.ssd_block is not None
         first = True
         for seg in self._segments:
             size = self.sizes.first_block if first else self.sizes.ssd_block
@@ -488,15 +497,11 @@ class Pipeline:
                             self._verify()
                             self.cache.publish(crow[missing])
                     stored = np.unique(keys[~hit])
-                path: Path | None = None
                 if stored.size:
-                    path = self.space.reservoir_path(j)
-                    written = write_reservoir(self.disk, stored, path, self.stop, chunk_bytes=self.sizes.ssd_copy_bytes)
+                    self._stats.add_written(self.slots.write(slot, self.disk.payload, stored, self.stop))
                     self._verify()
-                    self._stats.add_written(written)
                 self._stats.add_epoch_disk(seg.epoch, self.disk.payload.stats.bytes_read - before)
-                self._put(self._ssd_q, ReservoirWritten(seg, a, b, keys, stored, path, slot))
-                j += 1
+                self._put(self._ssd_q, ReservoirWritten(seg, a, b, keys, stored, slot))
             seg.done()
             self._put(self._ssd_q, EpochEnd(seg))
         self._put(self._ssd_q, RunDone())
@@ -507,7 +512,6 @@ class Pipeline:
 
     def _ram_from_ssd(self) -> None:
         """SSD -> batch buffers: blocks inside each reservoir, read in ascending offsets."""
-        assert self.space is not None
         open_buffers: dict[int, BatchBuffer] = {}
         seg: Segment | None = None
         while True:
@@ -523,24 +527,18 @@ class Pipeline:
                     self._put(self._blocks, other)
 
     def _blocks_of_reservoir(self, item: ReservoirWritten, open_buffers: dict[int, BatchBuffer]) -> None:
-        """Pass one SSD reservoir on as blocks, then delete it and free its slot."""
-        assert self.space is not None
-        res = Dataset(item.path, stats=self._stats.ssd, gap_bytes=self._gap) if item.path is not None else None
+        """Pass one SSD reservoir on as blocks, then free its slot (rewritten by a later reservoir)."""
+        assert self.slots is not None
+        res = self.slots.records(item.slot, item.stored.size, self._stats.ssd, self._gap) if item.stored.size else None
 
         def read(keys: np.ndarray, dest: Destination) -> None:
             if res is None:  # every key is in the cache (already filled by the SSD creator)
                 raise SamplerError("SSD reservoir missing for uncached records (internal error)")
-            res.payload.read_into(np.searchsorted(item.stored, keys), dest)
+            res.read_into(np.searchsorted(item.stored, keys), dest)
 
-        try:
-            for a, b in self._bounds(item.segment, item.start, item.stop, self.sizes.ram_block):
-                keys = item.keys[a - item.start : b - item.start]
-                self._put(self._blocks, self._read_block(item.segment, a, b, keys, read, open_buffers))
-        finally:
-            if res is not None:
-                res.close()
-            if item.path is not None:
-                self.space.remove(item.path)
+        for a, b in self._bounds(item.segment, item.start, item.stop, self.sizes.ram_block):
+            keys = item.keys[a - item.start : b - item.start]
+            self._put(self._blocks, self._read_block(item.segment, a, b, keys, read, open_buffers))
         self._ssd_slots.put(item.slot)
 
     # ------------------------------------------------------------------ batches

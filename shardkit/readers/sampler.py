@@ -48,7 +48,8 @@ logger = logging.getLogger(__name__)
 #: orders are drawn from :mod:`shardkit.readers.seeds` domains, so a version-1 position points into
 #: an order that is no longer produced.
 STATE_VERSION = 2
-#: Bytes per SSD reservoir directory beyond the payload (zarr documents, index, fields).
+#: Bytes per SSD reservoir beyond the payload: none in the slot file itself (see
+#: :mod:`shardkit.readers.scratch`); a margin for the filesystem's own blocks.
 _SSD_OVERHEAD = 1 << 20
 
 

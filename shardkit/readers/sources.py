@@ -269,7 +269,7 @@ class MixedPayload:
     """The payload of every dataset of a mixture, addressed by global key (see module docstring).
 
     Offers what the sampler's tiers use of :class:`~shardkit.formats.PayloadArray`: ``read_into``,
-    ``read``, ``empty``, ``record``, ``record_nbytes``, ``dtype``, ``num_records`` and ``stats``
+    ``read``, ``empty``, ``record``, ``record_nbytes``, ``dtype``, ``fill_value``, ``num_records`` and ``stats``
     (the counters all datasets share).
     """
 
@@ -278,6 +278,7 @@ class MixedPayload:
         self.offsets = np.asarray(offsets, dtype=np.int64)
         first = self._parts[0]
         self.record, self.record_nbytes, self.dtype = first.record, first.record_nbytes, first.dtype
+        self.fill_value = first.fill_value
         self.num_records = int(self.offsets[-1])
         self.path = first.path
         self.stats = first.stats

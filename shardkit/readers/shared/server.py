@@ -26,9 +26,10 @@ from typing import Any
 import numpy as np
 
 from shardkit.errors import ConfigError, PeerTimeoutError, ProtocolError, SamplerError, ShardkitError
-from shardkit.formats import Dataset
+from shardkit.formats import Dataset, PayloadArray
 from shardkit.readers.config import DEFAULTS, SamplerOptions, Source, option_name
 from shardkit.readers.mixture import MixturePlan
+from shardkit.readers.scratch import ReservoirSlots
 from shardkit.readers.shared.order import blocks, partition
 from shardkit.readers.shared.protocol import (
     MAX_INFO_BYTES,
@@ -53,7 +54,7 @@ from shardkit.readers.shared.protocol import (
 from shardkit.readers.shared.ring import Ring, RingLayout
 from shardkit.readers.shared.rundir import RunDir, check_name, run_dir_path
 from shardkit.readers.sources import MixedDataset, Mixture
-from shardkit.readers.ssd import SsdSpace, write_reservoir
+from shardkit.readers.ssd import READ_CHUNK_BYTES, SsdSpace
 from shardkit.readers.stats import SamplerStats
 from shardkit.readers.stopping import Stopped
 from shardkit.stores import Location, as_location
@@ -277,7 +278,7 @@ class TierServer:
         self._listener: socket.socket | None = None
         self._threads: list[threading.Thread] = []
         self._space: SsdSpace | None = None
-        self._ssd_written = 0
+        self._slots: ReservoirSlots | None = None
         self._closed = False
 
     # ------------------------------------------------------------------ start / stop
@@ -324,6 +325,7 @@ class TierServer:
             self.disk = Dataset(self.path, stats=self.stats.disk, gap_bytes=self.options.gap_bytes)
         if self.ssd_dir is not None:
             self._space = SsdSpace(self.ssd_dir)
+            self._slots = ReservoirSlots(self._space, self.disk.payload, READ_CHUNK_BYTES)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._listener = listener
         listener.bind(run.address())
@@ -393,6 +395,8 @@ class TierServer:
         if self._ring is not None:
             self._ring.close()
             self._ring = None
+        if self._slots is not None:
+            self._slots.close()
         if self._space is not None:
             self._space.close()
         if getattr(self, "disk", None) is not None:
@@ -689,41 +693,34 @@ class TierServer:
             for a, b in blocks(pi.size, k):
                 yield np.sort(pi[a:b]), payload.read
             return
-        assert self._space is not None
+        assert self._slots is not None
         outer = blocks(pi.size, self.ssd_block)
         pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="shardkit-serve-ssd")
-        space = self._space
+        slots = self._slots
 
-        def write(a: int, b: int) -> tuple[Path, np.ndarray]:
-            self._ssd_written += 1
-            dest = space.reservoir_path(self._ssd_written)
-            self.stats.add_written(write_reservoir(self.disk, pi[a:b], dest, self._stop))
-            return dest, np.unique(pi[a:b])  # the reservoir's rows (a mixture's key may repeat)
+        def write(i: int) -> np.ndarray:
+            """Reservoir ``i`` into slot ``i % 2`` (the other slot is being read meanwhile)."""
+            a, b = outer[i]
+            stored = np.unique(pi[a:b])  # ascending; a mixture's key may repeat in a block
+            self.stats.add_written(slots.write(i % 2, self.disk.payload, stored, self._stop))
+            return stored
 
-        fut = pool.submit(write, *outer[0]) if outer else None
+        fut = pool.submit(write, 0) if outer else None
         try:
             for i, (a, b) in enumerate(outer):
                 assert fut is not None
-                dest, stored = fut.result()
-                fut = pool.submit(write, *outer[i + 1]) if i + 1 < len(outer) else None
-                res = Dataset(dest, stats=self.stats.ssd, gap_bytes=self.options.gap_bytes)
-                try:
-                    for c, d in blocks(b - a, k):
+                stored = fut.result()
+                fut = pool.submit(write, i + 1) if i + 1 < len(outer) else None
+                res = slots.records(i % 2, stored.size, self.stats.ssd, self.options.gap_bytes)
+                for c, d in blocks(b - a, k):
 
-                        def read(keys: np.ndarray, out: np.ndarray, res: Dataset = res, stored: np.ndarray = stored) -> np.ndarray:
-                            return res.payload.read(np.searchsorted(stored, keys), out=out)
+                    def read(keys: np.ndarray, out: np.ndarray, res: PayloadArray = res, stored: np.ndarray = stored) -> np.ndarray:
+                        return res.read(np.searchsorted(stored, keys), out=out)
 
-                        yield np.sort(pi[a + c : a + d]), read
-                finally:
-                    res.close()
-                    space.remove(dest)
+                    yield np.sort(pi[a + c : a + d]), read
         finally:
             if fut is not None:
-                try:
-                    dest, _ = fut.result()
-                    space.remove(dest)
-                except BaseException:
-                    pass
+                concurrent.futures.wait([fut])
             pool.shutdown(wait=True)
 
     def _run_epoch(self, epoch: int) -> bool:
