@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from shardkit.errors import ConfigError
-from shardkit.profiling.model import Prediction, Rates, Scenario, Workload, predict
+from shardkit.profiling.model import Prediction, Rates, Scenario, Workload, predict, with_options
 from shardkit.profiling.phases import (
     PhaseResult,
     Step,
@@ -32,10 +32,10 @@ from shardkit.profiling.phases import (
     sleep_step,
     synthetic_batch,
 )
-from shardkit.profiling.whatif import Advice, advise, cache_curve, ram_scenarios, whatif_grid
+from shardkit.profiling.whatif import Advice, advise, cache_curve, whatif_grid
 from shardkit.readers import SamplerOptions, TieredSampler
 from shardkit.stores import Location, as_location
-from shardkit.units import parse_duration
+from shardkit.units import human_bytes, parse_duration
 
 __all__ = ["Check", "Profile", "profile", "default_checks"]
 
@@ -76,12 +76,18 @@ class Profile:
 
 
 def default_checks(work: Workload, base: Scenario) -> list[Scenario]:
-    """Three configurations unlike ``base``: no static cache, about half the dataset cached, all of it."""
-    half, full = list(ram_scenarios(work, base, (0.5, 1.25)))
-    out = [replace(base, label="static_cache 0", options=base.options.replace(static_cache=0)),
-           replace(half, label=f"half cached ({half.label})"), replace(full, label=f"all cached ({full.label})")]  # fmt: skip
+    """Three configurations unlike ``base``: no static cache, half the dataset pinned, all of it."""
+    pool = base.options.tier_sizes(work.record_nbytes, work.num_records).pool_bytes
+    half = (work.num_records // 2) * work.record_nbytes
+    out = [
+        with_options(base, "static_cache 0", static_cache=0),
+        with_options(base, f"half cached ({human_bytes(half)})", ram_size=pool + half, static_cache=half),
+        with_options(base, "all cached", ram_size=pool + 2 * work.dataset_bytes, static_cache="auto"),
+    ]
     if base.options.static_cache == out[0].options.static_cache:
-        out[0] = replace(next(ram_scenarios(work, base, (0.25,))), label="quarter cached")
+        quarter = (work.num_records // 4) * work.record_nbytes
+        out[0] = with_options(base, f"quarter cached ({human_bytes(quarter)})", ram_size=pool + quarter,
+                              static_cache=quarter)  # fmt: skip
     return out
 
 
@@ -160,10 +166,7 @@ def profile(
         scenarios = (
             default_checks(work, base)
             if check is True
-            else [
-                replace(base, label=", ".join(f"{k}={v}" for k, v in c.items()), options=opts.replace(**c))
-                for c in check
-            ]
+            else [replace(base, label=", ".join(f"{k}={v}" for k, v in c.items()), options=opts.replace(**c)) for c in check]
         )
         for sc in scenarios:
             pred = predict(work, rates, sc)

@@ -30,7 +30,8 @@ BANDWIDTH_FACTORS = (0.5, 2.0, 4.0, 10.0)
 
 @dataclass(frozen=True)
 class Advice:
-    """The bottleneck of the measured configuration and the cheapest change that removes it."""
+    """The bottleneck of the measured configuration's steady-state epoch and the cheapest change
+    that removes its stall (``stall_fraction`` is that epoch's)."""
 
     bottleneck: str
     stall_fraction: float
@@ -41,12 +42,12 @@ class Advice:
         if self.stall_fraction < STALL_TARGET:
             return (
                 f"the training step is the bottleneck ({self.bottleneck}); the data pipeline keeps up "
-                f"(predicted stall {self.stall_fraction:.1%}), so more RAM, SSD or bandwidth buys nothing"
+                f"(predicted steady-state stall {self.stall_fraction:.1%}), so more RAM, SSD or bandwidth buys nothing"
             )
         if self.change is None or self.prediction is None:
             return f"bottleneck: {self.bottleneck} (predicted stall {self.stall_fraction:.1%}); no change tried removes the stall"
         return (
-            f"bottleneck: {self.bottleneck} (predicted stall {self.stall_fraction:.1%}); cheapest fix: "
+            f"bottleneck: {self.bottleneck} (predicted steady-state stall {self.stall_fraction:.1%}); cheapest fix: "
             f"{self.change} (predicted stall {self.prediction.stall_fraction:.1%}, "
             f"run {self.prediction.seconds:.2f} s)"
         )
@@ -94,11 +95,14 @@ def cache_curve(work: Workload, rates: Rates, base: Scenario, points: int = 21) 
 
 
 def advise(work: Workload, rates: Rates, base: Scenario) -> Advice:
-    """The bottleneck of ``base`` and the first change (cheapest first) that removes its stall."""
-    measured = predict(work, rates, base)
-    neck = max(measured.epochs, key=lambda e: e.stall_seconds).bottleneck  # the epoch that stalls most
-    if measured.stall_fraction < STALL_TARGET:
-        return Advice(neck, measured.stall_fraction, None, None)
+    """The bottleneck of ``base`` and the first change (cheapest first) that removes its stall.
+
+    Judged on the steady-state epoch (every epoch after the first): a training job runs many, while
+    the first epoch's cold reads are paid once whatever the configuration.
+    """
+    steady = predict(work, rates, base).steady
+    if steady.stall_fraction < STALL_TARGET:
+        return Advice(steady.bottleneck, steady.stall_fraction, None, None)
     candidates: list[tuple[str, Scenario]] = []
     for w in (2, 4, 8):
         if w <= rates.cores:
@@ -116,6 +120,6 @@ def advise(work: Workload, rates: Rates, base: Scenario) -> Advice:
         candidates.append((f"storage at {human_bytes(bw)}/s ({f:g}x today's)", replace(base, label="bw", storage_bps=bw)))
     for change, scenario in candidates:
         p = _try(work, rates, scenario)
-        if p is not None and p.stall_fraction < STALL_TARGET:
-            return Advice(neck, measured.stall_fraction, change, p)
-    return Advice(neck, measured.stall_fraction, None, None)
+        if p is not None and p.steady.stall_fraction < STALL_TARGET:
+            return Advice(steady.bottleneck, steady.stall_fraction, change, p)
+    return Advice(steady.bottleneck, steady.stall_fraction, None, None)
