@@ -184,7 +184,10 @@ def derive_rates(work: Workload, phases: Mapping[str, PhaseResult], step_s: floa
     cold, warm = phases["ingest-cold"], phases["ingest-warm"]
     copy_bps = copy_rate(work.record_nbytes, work.batch_size)
     storage = _bps(cold.storage_bytes, cold.busy.get("disk", 0.0)) or _bps(warm.storage_bytes, warm.busy.get("disk", 0.0))
-    page = copy_bps if remote else (_bps(warm.storage_bytes, warm.busy.get("disk", 0.0)) or storage)
+    # Page-cache reads are CPU copies: their CPU time is their cost (the wall time of the unthrottled
+    # ingest phase also counts waiting for a core the assembler and the consumer loop hold).
+    warm_cpu = warm.busy.get("disk_cpu", 0.0) or warm.busy.get("disk", 0.0)
+    page = copy_bps if remote else (_bps(warm.storage_bytes, warm_cpu) or storage)
     if not storage or not page:
         raise ConfigError(f"{phases['ingest-cold'].name}: the dataset delivered no bytes to time (is it empty?)")
     batches = max(1, warm.batches)

@@ -18,7 +18,8 @@ from shardkit.units import human_bytes
 
 __all__ = ["report_lines", "to_json", "plot"]
 
-_STAGE_NAMES = {"disk": "storage reads", "ssd_fill": "storage -> SSD", "ssd": "SSD reads",
+_STAGE_NAMES = {"disk": "storage reads", "disk_cpu": "  of which CPU", "ssd_cpu": "  of which CPU",
+                "ssd_fill": "storage -> SSD", "ssd": "SSD reads",
                 "assembly": "batch assembly", "handover": "hand-over"}  # fmt: skip
 
 

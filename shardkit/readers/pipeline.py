@@ -413,9 +413,10 @@ class Pipeline:
                 which[~to_cache], rows[~to_cache] = len(arrays), np.arange(direct.size)
                 arrays.append(spill)
                 copies.append(_Copy(direct, spill, np.arange(direct.size)))
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             read(keys[wanted], Destination(tuple(arrays), which, rows))
             self._stats.add_busy(tier, time.perf_counter() - t0)
+            self._stats.add_busy(f"{tier}_cpu", time.thread_time() - c0)
             if self.cache is not None:
                 self.cache.publish(crow[fill])
         return BlockRead(seg, a, b, keys, buffers, tuple(copies))

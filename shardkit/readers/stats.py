@@ -11,7 +11,7 @@ from shardkit.formats import ReadStats
 __all__ = ["STAGES", "SamplerStats"]
 
 #: The pipeline stages :attr:`SamplerStats.busy_seconds` times, from storage to the consumer.
-STAGES = ("disk", "ssd_fill", "ssd", "assembly", "handover")
+STAGES = ("disk", "disk_cpu", "ssd_fill", "ssd", "ssd_cpu", "assembly", "handover")
 
 
 @dataclass
@@ -46,7 +46,9 @@ class SamplerStats:
         :data:`STAGES` name: ``disk`` reading the dataset into batch buffers or cache rows, ``ssd_fill``
         copying reservoirs from the dataset to SSD, ``ssd`` reading SSD reservoirs, ``assembly``
         turning blocks into batches (cache copies, fields, keys), ``handover`` the consumer's side of
-        taking a batch. Divided by the bytes or batches of the stage, these are the per-tier rates
+        taking a batch; ``disk_cpu`` and ``ssd_cpu`` the reading thread's CPU time within ``disk``
+        and ``ssd`` (a read from the page cache is a CPU copy: its CPU time is its cost even when
+        other threads compete for the cores). Divided by the bytes or batches of the stage, these are the per-tier rates
         ``shardkit profile`` builds its predictions from (see :mod:`shardkit.profiling`). Two clock
         reads per block or batch: no measurable cost.
     first_batch_seconds
