@@ -29,7 +29,6 @@ from shardkit.profiling import (
 )
 from shardkit.profiling.whatif import advise
 from shardkit.readers import SamplerOptions, TieredSampler
-from tests.conftest import upload
 from tests.readers.conftest import make_dataset
 
 REC = 1000  # bytes of a record in the model cases
@@ -164,7 +163,7 @@ def test_stage_timers_count_each_tier(tmp_path: Path, ssd_dir: Path) -> None:
 
 
 # ------------------------------------------------------------------ phases end to end
-def _check_profile(prof: Any, n: int, epochs: int) -> None:
+def check_profile(prof: Any, n: int, epochs: int) -> None:
     assert set(prof.phases) >= {"ingest-cold", "ingest-warm", "both"}
     assert prof.phases["ingest-cold"].records == n
     assert prof.phases["both"].records == n * epochs
@@ -185,7 +184,7 @@ def test_profile_python_api_with_step_function_and_checks(tmp_path: Path) -> Non
         seen.append(int(batch["key"].shape[0]))
 
     prof = profile(ds, step=step, batch_size=8, ram_size="40records", check=True)
-    _check_profile(prof, 60, 2)
+    check_profile(prof, 60, 2)
     assert sum(seen) >= 60 * 2  # compute phase (synthetic) + both + checks
     assert len(prof.checks) == 3
     fractions = {round(c.prediction.cache_fraction, 2) for c in prof.checks}
@@ -243,13 +242,3 @@ def test_load_step_errors() -> None:
     with pytest.raises(ConfigError, match="no function"):
         load_step("json:no_such_function")
     assert load_step("json:dumps") is json.dumps
-
-
-def test_profile_remote_dataset(tmp_path: Path, s3: Any) -> None:
-    ds = make_dataset(tmp_path / "ds", 30, records_per_shard=6)
-    url = upload(ds, s3.url("profile-ds"))
-    prof = profile(url, step_time="1ms", batch_size=4, ram_size="10records")
-    _check_profile(prof, 30, 2)
-    assert prof.remote and prof.rates.page_cache_bytes == 0
-    assert prof.phases["ingest-cold"].storage_calls > 0
-    assert "page cache" not in "\n".join(report_lines(prof)).split("rates")[1].split("\n")[0]
