@@ -44,6 +44,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -380,12 +381,13 @@ class Pipeline:
         keys: np.ndarray,
         read: Callable[[np.ndarray, Destination], None],
         open_buffers: dict[int, BatchBuffer],
+        tier: str = "disk",
     ) -> BlockRead:
         """Read plan positions ``[a, b)`` (``keys``) with ``read(keys, destination)``: uncached records
         into their batch rows, pinned ones the cache lacks into their cache rows (then published).
 
         ``open_buffers`` holds the buffer of a batch an earlier block began (blocks smaller than a
-        batch); it is updated for the next block.
+        batch); it is updated for the next block. The read's time counts as ``tier``'s busy time.
         """
         cached, crow, fill = self._cache_plan(keys)
         positions = np.arange(a, b, dtype=np.int64)
@@ -428,7 +430,10 @@ class Pipeline:
                 which[~to_cache], rows[~to_cache] = len(arrays), np.arange(direct.size)
                 arrays.append(spill)
                 copies.append(_Copy(direct, spill, np.arange(direct.size)))
+            t0, c0 = time.perf_counter(), time.thread_time()
             read(keys[wanted], Destination(tuple(arrays), which, rows))
+            self._stats.add_busy(tier, time.perf_counter() - t0)
+            self._stats.add_busy(f"{tier}_cpu", time.thread_time() - c0)
             if self.cache is not None:
                 self.cache.publish(crow[fill])
         return BlockRead(seg, a, b, keys, buffers, tuple(copies))
@@ -493,12 +498,16 @@ class Pipeline:
                             hit[spare] = missing[spare] = False
                         if missing.any():
                             dest = Destination((self._cache_rows(),), np.zeros(int(missing.sum()), np.int64), crow[missing])
+                            t0 = time.perf_counter()
                             self.disk.payload.read_into(keys[missing], dest)
+                            self._stats.add_busy("disk", time.perf_counter() - t0)
                             self._verify()
                             self.cache.publish(crow[missing])
                     stored = np.unique(keys[~hit])
                 if stored.size:
+                    t0 = time.perf_counter()
                     self._stats.add_written(self.slots.write(slot, self.disk.payload, stored, self.stop))
+                    self._stats.add_busy("ssd_fill", time.perf_counter() - t0)
                     self._verify()
                 self._stats.add_epoch_disk(seg.epoch, self.disk.payload.stats.bytes_read - before)
                 self._put(self._ssd_q, ReservoirWritten(seg, a, b, keys, stored, slot))
@@ -538,7 +547,7 @@ class Pipeline:
 
         for a, b in self._bounds(item.segment, item.start, item.stop, self.sizes.ram_block):
             keys = item.keys[a - item.start : b - item.start]
-            self._put(self._blocks, self._read_block(item.segment, a, b, keys, read, open_buffers))
+            self._put(self._blocks, self._read_block(item.segment, a, b, keys, read, open_buffers, "ssd"))
         self._ssd_slots.put(item.slot)
 
     # ------------------------------------------------------------------ batches
@@ -572,6 +581,7 @@ class Pipeline:
                 buf = block.buffers[g]
             else:
                 buf = part.buffer if part is not None else self.pool.acquire(self.stop)
+            t0 = time.perf_counter()  # assembly time: not the waits for a buffer or for the consumer
             keys = block.keys[lo - a : hi - a]
             if part is not None:
                 keys = np.concatenate([part.keys, keys])
@@ -586,12 +596,14 @@ class Pipeline:
                         self._stats.cache.add_records(count)
             if g0 + size > b:
                 open_batches[g] = _OpenBatch(buf, keys)  # completed by the next block
+                self._stats.add_busy("assembly", time.perf_counter() - t0)
                 continue
             batch = assemble_batch(self._payload_name, buf.array[:size], self._fields, keys)
             if self._key_map is not None:
                 batch["key"] = self._key_map(batch["key"])  # a mixture's global key -> the record's key in its dataset
             self._stats.ram.add("ram", g0, size * rec)
             self._stats.ram.add_records(size)
+            self._stats.add_busy("assembly", time.perf_counter() - t0)
             self._put(self.batches, BatchReady(batch, seg.epoch, int(seg.shape.positions[g]), buf))
 
 

@@ -544,12 +544,16 @@ class _Run:
             while True:
                 match self._pipeline.get():
                     case BatchReady(batch=batch, epoch=epoch, position=position, buffer=buffer):
+                        t1 = time.perf_counter()
                         if buffer is not None:
                             s._pool.hand_over(buffer)  # from now on, references decide its reuse
                         s._epoch, s._position = epoch, position
                         n = int(batch["key"].shape[0])
-                        s.stats.add_delivered(n, batch[s.payload_name].nbytes, time.perf_counter() - t0)
-                        return dict(batch)
+                        out = dict(batch)
+                        t2 = time.perf_counter()
+                        s.stats.add_busy("handover", t2 - t1)
+                        s.stats.add_delivered(n, batch[s.payload_name].nbytes, t1 - t0)
+                        return out
                     case EpochEnd(segment=seg):
                         if seg.complete:
                             s._epoch, s._position = seg.epoch + 1, 0
