@@ -29,6 +29,17 @@ Ranks
 Under DDP pass ``drop_last=True``: with a ragged final global batch the last consumers get fewer
 batches than the others, and a rank that stops early leaves the others waiting in a collective.
 
+Many nodes
+----------
+With ``locality=True`` each node pins a disjoint random part of the dataset (``static_cache`` in
+RAM per consumer, ``node_cache`` on the node's disk, shared by its processes) and the keys of every
+training step's global batch go to the ranks so that each takes as many as possible from its own
+node's cache; storage serves only the rest. The consumers that make one training step together are
+worker ``w`` of every rank (the DataLoader hands out its workers' batches in turn), and keys move
+only among them, so each step trains on exactly the set of records it gets without locality: under
+synchronous data parallelism (gradients summed over ranks) the training is that of a uniform
+permutation. Nodes come from torchrun (``WORLD_SIZE / LOCAL_WORLD_SIZE``) or ``nodes=``.
+
 Epochs
 ------
 The dataset holds the *next epoch* in a one-element shared-memory tensor, so the value is the same
@@ -52,6 +63,7 @@ iterating resumes that epoch at that position, with any number of workers or ran
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
@@ -65,7 +77,7 @@ from shardkit.errors import ConfigError, SamplerError
 from shardkit.formats import Dataset, open_dataset
 from shardkit.readers import DEFAULTS, Sampler, SamplerOptions
 from shardkit.readers.schedule import batches_per_consumer, pass_length, position_after
-from shardkit.units import Capacity
+from shardkit.units import Capacity, parse_count
 
 if TYPE_CHECKING:
     import torch
@@ -129,6 +141,59 @@ def _distributed_rank_world() -> tuple[int, int] | None:
     return None
 
 
+def _nodes(explicit: int | None, rank: int, world_size: int) -> int:
+    """Nodes of a run: ``explicit``, else torchrun's ``WORLD_SIZE / LOCAL_WORLD_SIZE``, else 1.
+
+    torchrun numbers the ranks of node ``GROUP_RANK`` consecutively (``RANK = GROUP_RANK *
+    LOCAL_WORLD_SIZE + LOCAL_RANK``), which is what the node-aware assignment assumes; an environment
+    that says otherwise (nodes of different sizes) is refused rather than guessed at.
+    """
+    if explicit is not None:
+        nodes = parse_count(explicit, what="nodes", minimum=1)
+        if world_size % nodes:
+            raise ConfigError(f"nodes: expected a divisor of world_size={world_size}, found {explicit}")
+        return nodes
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    if local is None or os.environ.get("WORLD_SIZE") is None:
+        return 1
+    try:
+        local_size, env_world = int(local), int(os.environ["WORLD_SIZE"])
+        group = int(os.environ.get("GROUP_RANK", rank // max(1, local_size)))
+    except ValueError:
+        raise ConfigError(f"torchrun environment: expected integers, found LOCAL_WORLD_SIZE={local!r}") from None
+    if env_world != world_size or local_size < 1 or world_size % local_size or rank // local_size != group:
+        raise ConfigError(
+            f"locality: torchrun says WORLD_SIZE={env_world}, LOCAL_WORLD_SIZE={local_size}, GROUP_RANK={group} for "
+            f"rank {rank} of {world_size}, which is not nodes of equal size numbered consecutively; pass nodes= explicitly"
+        )
+    return world_size // local_size
+
+
+def _check_ranks_agree(path: str, options: SamplerOptions, nodes: int, num_records: int) -> None:
+    """Under torch.distributed, refuse to start if ranks were given different locality options.
+
+    Every rank derives the partition and the assignment from its options alone; ranks with different
+    cache budgets, seeds or node counts would compute different assignments and deliver some records
+    twice and others never. One all-reduce of a digest (at construction, never per batch) rules that out.
+    """
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    fields = (options.seed, options.mode, options.batch_size, str(options.static_cache), str(options.node_cache),
+              nodes, options.drop_last, num_records)  # fmt: skip
+    digest = int.from_bytes(hashlib.sha256(repr(fields).encode()).digest()[:7], "little")
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    low = torch.tensor([digest], dtype=torch.int64, device=device)
+    high = low.clone()
+    dist.all_reduce(low, op=dist.ReduceOp.MIN)
+    dist.all_reduce(high, op=dist.ReduceOp.MAX)
+    if int(low.item()) != int(high.item()):
+        raise ConfigError(
+            f"{path}: with locality every rank must be given the same seed, mode, batch_size, static_cache, node_cache "
+            f"and nodes (each derives the whole assignment alone); this rank has {fields[:-1]}, another differs"
+        )
+
+
 class ShardIterableDataset(_TorchIterableDataset):
     """The tiered sampler as an ``IterableDataset`` of batches (or of records) as tensors.
 
@@ -160,6 +225,15 @@ class ShardIterableDataset(_TorchIterableDataset):
     shared
         Name of a running ``shardkit serve`` to attach to (:class:`~shardkit.readers.SharedSampler`,
         ``seed`` as the job seed; mode ``"epoch"`` only, no resume inside an epoch).
+    static_cache
+        RAM per consumer for records pinned for the whole run (see
+        :class:`~shardkit.readers.SamplerOptions`).
+    locality, nodes, node_cache, node_cache_dir
+        Many nodes (see the module notes): each node pins its part of the dataset (``static_cache``
+        in RAM, ``node_cache`` records on its local disk under ``node_cache_dir``) and each rank
+        takes its keys of every global batch from its own node's cache where it can. ``nodes``
+        defaults to torchrun's ``WORLD_SIZE / LOCAL_WORLD_SIZE``; pass it to simulate nodes on one
+        machine. Every rank must get the same values (checked once under torch.distributed).
 
     Notes
     -----
@@ -190,6 +264,11 @@ class ShardIterableDataset(_TorchIterableDataset):
         gap_bytes: int | str = DEFAULTS.gap_bytes,
         num_workers: int = 0,
         shared: str | None = None,
+        static_cache: int | str | Capacity = DEFAULTS.static_cache,
+        locality: bool = DEFAULTS.locality,
+        nodes: int | None = None,
+        node_cache: int | str | Capacity = DEFAULTS.node_cache,
+        node_cache_dir: str | os.PathLike[str] | None = DEFAULTS.node_cache_dir,
     ) -> None:
         super().__init__()
         self.path = os.fspath(path)
@@ -198,6 +277,7 @@ class ShardIterableDataset(_TorchIterableDataset):
             batch_size=batch_size, tiers=tiers, ram_size=ram_size, ssd_size=ssd_size, ssd_dir=ssd_dir,
             seed=seed, mode=mode, epochs=epochs, drop_last=drop_last, limit=limit, gap_bytes=gap_bytes,
             rank=0 if rank is None else rank, world_size=1 if world_size is None else world_size,
+            static_cache=static_cache, locality=locality, node_cache=node_cache, node_cache_dir=node_cache_dir,
         )  # fmt: skip
         self.factory = SamplerFactory(self.options, shared=shared)
         self.payload_options = PayloadOptions(layout=layout, scale=scale)
@@ -210,11 +290,16 @@ class ShardIterableDataset(_TorchIterableDataset):
         self.payload_options.check(tuple(self.meta.record.shape), self.path)
         self._explicit = (rank, world_size)
         self.rank, self.world_size = self._rank_world()
+        #: Nodes the ranks run on (``locality``): explicit, or from torchrun's environment.
+        self.nodes = _nodes(nodes, self.rank, self.world_size) if locality else 1
+        if locality:
+            _check_ranks_agree(self.path, self.options, self.nodes, self.meta.num_records)
         # Next epoch, in shared memory: set_epoch in the main process reaches persistent workers,
         # and a worker finishing a pass advances it for everyone.
         self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
         self._resume: dict[str, Any] | None = None
         self._sampler: Sampler | None = None  # the sampler of a pass running in this process (num_workers=0)
+        self._kept: tuple[tuple[int, int, int], Sampler] | None = None  # reused across passes (see _pass_sampler)
 
     # ------------------------------------------------------------------ consumers
     def _rank_world(self) -> tuple[int, int]:
@@ -350,8 +435,9 @@ class ShardIterableDataset(_TorchIterableDataset):
             # reservoir size, which a replacement-mode state must record.
             workers = max(1, self.num_workers)
             sampler = self.factory.build(
-                self.path, consumer=self.rank * workers, num_consumers=self.world_size * workers, start_epoch=epoch
-            )
+                self.path, consumer=self.rank * workers, num_consumers=self.world_size * workers, start_epoch=epoch,
+                workers_per_rank=workers, nodes=self.nodes,
+            )  # fmt: skip
             try:
                 template = dict(sampler.state_dict())
             finally:
@@ -379,15 +465,14 @@ class ShardIterableDataset(_TorchIterableDataset):
         return total
 
     def __iter__(self) -> Iterator[TensorDict]:
-        consumer, consumers, _ = self._consumer()
+        consumer, consumers, workers = self._consumer()
         epoch = self.epoch
         state = self._resume if self._resume is not None and int(self._resume["epoch"]) == epoch else None
-        sampler = self.factory.build(
-            self.path, consumer=consumer, num_consumers=consumers, start_epoch=epoch, state=state
-        )
+        sampler = self._pass_sampler((consumer, consumers, workers), epoch, state)
         self._sampler = sampler  # for state_dict() in the main process, stats in tests
         payload = self.meta.payload
         options = self.payload_options
+        kept = self._kept is not None and self._kept[1] is sampler
         try:
             for batch in sampler:
                 tensors = to_tensors(batch, payload, options)
@@ -402,8 +487,48 @@ class ShardIterableDataset(_TorchIterableDataset):
                 done = epoch + self.options.epochs
                 if int(self._epoch[0]) < done:
                     self._epoch[0] = done
+        except Exception:
+            self._close_kept()  # a failed sampler is not reused; a pass left early (break) keeps it
+            raise
         finally:
-            sampler.close()
+            if not kept:
+                sampler.close()
+
+    def _pass_sampler(self, consumer: tuple[int, int, int], epoch: int, state: dict[str, Any] | None) -> Sampler:
+        """The sampler of a pass of ``consumer = (index, count, workers per rank)``.
+
+        A sampler that pins records (``static_cache``, ``locality``) is kept in this process and
+        reused by the next pass of the same consumer, so its caches are read once per run rather than
+        once per pass (a DataLoader worker keeps it only with ``persistent_workers=True``); other
+        samplers are built per pass.
+        """
+        if self._kept is not None and self._kept[0] == consumer:
+            sampler = self._kept[1]
+            if state is not None:
+                sampler.load_state_dict({**state, "start_epoch": epoch})
+            else:
+                sampler.set_epoch(epoch)
+            return sampler
+        self._close_kept()
+        index, count, workers = consumer
+        sampler = self.factory.build(
+            self.path, consumer=index, num_consumers=count, start_epoch=epoch, state=state,
+            workers_per_rank=workers, nodes=self.nodes,
+        )  # fmt: skip
+        o = self.options
+        if self.factory.shared is None and (o.locality or o.static_cache.to_bytes(1)):
+            self._kept = (consumer, sampler)
+        return sampler
+
+    def _close_kept(self) -> None:
+        if self._kept is not None:
+            self._kept[1].close()
+            self._kept = None
+
+    def close(self) -> None:
+        """Free the sampler this process keeps between passes (its static and node caches)."""
+        self._close_kept()
+        self._sampler = None
 
     def loader(self, num_workers: int = 0, **kwargs: Any) -> torch.utils.data.DataLoader:
         """A ``DataLoader`` over this dataset (``batch_size=None`` unless ``unbatched``) with
@@ -424,6 +549,7 @@ class ShardIterableDataset(_TorchIterableDataset):
         # A running sampler (threads, buffers) never travels to a worker; each builds its own.
         state = dict(self.__dict__)
         state["_sampler"] = None
+        state["_kept"] = None
         return state
 
     def __repr__(self) -> str:

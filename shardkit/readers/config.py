@@ -77,6 +77,8 @@ class TierSizes:
         The SSD budget and ``K1``, records per SSD reservoir (``None`` without the SSD tier).
     static_records
         ``M``, records the static cache pins (0 = off).
+    node_records
+        Records the node cache pins on the node's local disk (0 = off; only with ``locality``).
     """
 
     ram_bytes: int
@@ -84,6 +86,7 @@ class TierSizes:
     ssd_bytes: int | None
     ssd_block: int | None
     static_records: int
+    node_records: int = 0
 
     @property
     def reservoir(self) -> int:
@@ -143,6 +146,25 @@ class SamplerOptions:
     static_cache
         RAM on top of ``ram_size`` for records pinned for the whole run (CoorDL's MinIO policy):
         ``0`` (off), bytes, a size or a record count. See :mod:`shardkit.readers.static_cache`.
+        With ``locality`` it holds this node's part of the node partition.
+    locality
+        Many nodes (DESIGN §10, :mod:`shardkit.readers.locality`): each node pins a disjoint random
+        part of the dataset (``static_cache`` in RAM, ``node_cache`` on its local disk) and every
+        global batch's keys go to the ranks so that each takes as many as possible from its own
+        node's cache. The sets of keys each training step sees are exactly those without it.
+        Default ``False``: the plain slicing.
+    nodes
+        ``M``: nodes the ranks run on; the ranks (``world_size / workers_per_rank``) of node ``m``
+        are the consecutive ranks ``m * R .. (m + 1) * R - 1`` as torchrun numbers them.
+    workers_per_rank
+        Consumers per rank (DataLoader workers; consumer ``c`` is worker ``c % workers_per_rank`` of
+        rank ``c // workers_per_rank``). With ``locality`` keys move only between the consumers
+        whose batches make one training step.
+    node_cache, node_cache_dir
+        With ``locality``: records this node pins on its local disk on top of ``static_cache``
+        (``0`` off, bytes, a size or a record count), written once per node into a private
+        directory under ``node_cache_dir`` (default: the system temporary directory) and reused by
+        every process of the node and by later runs. See :mod:`shardkit.readers.node_cache`.
     source
         ``"python"`` or ``"cli"``: how error messages spell option names. Not part of equality.
     """
@@ -162,6 +184,11 @@ class SamplerOptions:
     gap_bytes: int = DEFAULT_GAP_BYTES
     start_epoch: int = 0
     static_cache: Capacity = _OFF
+    locality: bool = False
+    nodes: int = 1
+    workers_per_rank: int = 1
+    node_cache: Capacity = _OFF
+    node_cache_dir: Path | None = None
     source: Source = field(default="python", compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -185,6 +212,12 @@ class SamplerOptions:
             "start_epoch": parse_count(self.start_epoch, what=name("start_epoch"), minimum=0),
             "static_cache": units.parse_capacity(0 if self.static_cache is None else self.static_cache,
                                            what=name("static_cache"), allow_zero=True),
+            "locality": _flag(self.locality, name("locality")),
+            "nodes": parse_count(self.nodes, what=name("nodes"), minimum=1),
+            "workers_per_rank": parse_count(self.workers_per_rank, what=name("workers_per_rank"), minimum=1),
+            "node_cache": units.parse_capacity(0 if self.node_cache is None else self.node_cache,
+                                               what=name("node_cache"), allow_zero=True),
+            "node_cache_dir": _path_or_none(self.node_cache_dir, name("node_cache_dir")),
         }  # fmt: skip
         if self.mode not in MODES:
             raise ConfigError(f"{name('mode')}: expected one of {', '.join(MODES)}, found {self.mode!r}")
@@ -195,8 +228,29 @@ class SamplerOptions:
                 f"found {self.rank!r}"
             )
         values["rank"] = rank
+        self._check_layout(values)
         for key, value in values.items():
             object.__setattr__(self, key, value)
+
+    def _check_layout(self, values: dict[str, Any]) -> None:
+        """Consumers, workers per rank and nodes must nest: W = ranks * k, ranks = M * R."""
+        name = self.name
+        w, k, m = values["world_size"], values["workers_per_rank"], values["nodes"]
+        if w % k:
+            raise ConfigError(
+                f"{name('workers_per_rank')}: expected a divisor of {name('world_size')}={w} (consumers are "
+                f"ranks x workers), found {k}"
+            )
+        if (w // k) % m:
+            raise ConfigError(
+                f"{name('nodes')}: expected a divisor of the {w // k} ranks ({name('world_size')} / "
+                f"{name('workers_per_rank')}), found {m}"
+            )
+        if values["node_cache"].to_bytes(1) and not values["locality"]:
+            raise ConfigError(
+                f"{name('node_cache')}: a node's disk cache holds its part of the node partition, which only "
+                f"{name('locality')} uses; found {name('node_cache')}={values['node_cache']} without {name('locality')}"
+            )
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -237,19 +291,25 @@ class SamplerOptions:
                     f"{_describe(ram, rec)}; the SSD tier feeds the RAM tier, so give it at least as much"
                 )
             k1 = ssd_block(ssd, rec, bound)
-        cache = self.static_cache.to_bytes(rec)
-        if 0 < cache < rec:
-            raise ConfigError(
-                f"{self.name('static_cache')}: {human_bytes(cache)} holds no record of {human_bytes(rec)} "
-                f"({rec} bytes); use 0 to turn the static cache off or at least {rec} bytes"
-            )
         return TierSizes(
             ram_bytes=ram,
             ram_block=ram_block(ram, rec, self.batch_size, bound),
             ssd_bytes=ssd,
             ssd_block=k1,
-            static_records=min(cache // rec, int(num_records)),
+            static_records=self._cache_records("static_cache", rec, num_records),
+            node_records=self._cache_records("node_cache", rec, num_records),
         )
+
+    def _cache_records(self, option: str, rec: int, num_records: int) -> int:
+        """Records a cache budget holds (0 = off); a budget that holds no record is an error."""
+        capacity: Capacity = getattr(self, option)
+        cache = capacity.to_bytes(rec)
+        if 0 < cache < rec:
+            raise ConfigError(
+                f"{self.name(option)}: {human_bytes(cache)} holds no record of {human_bytes(rec)} "
+                f"({rec} bytes); use 0 to turn the cache off or at least {rec} bytes"
+            )
+        return min(cache // rec, int(num_records))
 
     def _budget(self, option: str, rec: int) -> int:
         capacity: Capacity = getattr(self, option)

@@ -279,7 +279,7 @@ class Pipeline:
     # ------------------------------------------------------------------ creators
     def _load_cache(self) -> None:
         """Load the static cache (first run of the sampler only), before any block is read."""
-        if self.cache is not None and self.cache.ensure_loaded(self.disk.payload):
+        if self.cache is not None and self.cache.ensure_loaded(self.disk.payload, self.stop):
             self._verify()
             logger.info("static cache: pinned %d records (%.1f MiB)", self.cache.count,
                         self.cache.count * self.disk.record_nbytes / 2**20)

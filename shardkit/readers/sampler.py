@@ -22,8 +22,10 @@ from shardkit.formats import Dataset
 from shardkit.readers.config import SamplerOptions, TierSizes
 from shardkit.readers.identity import DatasetIdentity, dataset_fingerprint
 from shardkit.readers.interface import Batch, ElementSpec
+from shardkit.readers.locality import NodeLayout, NodePartition, local_consumer_plan, node_partition
+from shardkit.readers.node_cache import NodeCache, entry_name, node_cache_dir
 from shardkit.readers.pipeline import BatchReady, EpochEnd, Pipeline, RunDone, Segment
-from shardkit.readers.schedule import batches_per_consumer, consumer_plan, epoch_stream, truncate_plan
+from shardkit.readers.schedule import ConsumerPlan, batches_per_consumer, consumer_plan, epoch_stream, truncate_plan
 from shardkit.readers.static_cache import StaticCache, pinned_keys
 from shardkit.readers.stats import SamplerStats
 from shardkit.units import human_bytes, parse_count
@@ -81,6 +83,15 @@ class TieredSampler:
     one RAM array and kept until :meth:`close`; each RAM block copies its pinned keys from there and
     reads only the others. The order is unchanged. See :mod:`shardkit.readers.static_cache`.
 
+    Many nodes (``locality=True``, DESIGN §10): node ``m`` of ``nodes`` pins its part of a node
+    partition (a uniformly random subset of the keys, disjoint from every other node's, drawn from
+    the seed and the node count) in the static cache and, with ``node_cache``, on its local disk.
+    ``pi`` and its global batches stay what they are; inside each step's global batch every
+    consumer takes exactly its usual number of keys, as many as possible from its own node's cache
+    (:mod:`shardkit.readers.locality`), so storage serves only the misses. Every consumer computes
+    the same assignment from the options alone, without communication: every rank must be given
+    the same options (``static_cache``, ``node_cache``, ``nodes``, ``workers_per_rank``, seed).
+
     Dataset identity: the sampler checks before each epoch and after every block it reads that the
     dataset is still the one it opened, and stops with a :class:`~shardkit.errors.SamplerError`
     naming the path otherwise (see :mod:`shardkit.readers.identity`).
@@ -115,14 +126,47 @@ class TieredSampler:
             if not self.ssd_dir.is_dir():
                 raise ConfigError(f"{opts.name('ssd_dir')}: expected an existing directory, found {str(self.ssd_dir)!r}")
             self._check_ssd_space()
-        self._cache: StaticCache | None = None
-        if self.sizes.static_records:
-            self._cache = StaticCache(pinned_keys(opts.seed, self.num_records, self.sizes.static_records))
         self.stats = SamplerStats()
+        self._cache: StaticCache | None = None
+        #: Where the consumers sit and which node pins which key (``locality`` only).
+        self.layout: NodeLayout | None = None
+        self.partition: NodePartition | None = None
+        if opts.locality:
+            self._cache = self._node_cache()
+        elif self.sizes.static_records:
+            self._cache = StaticCache(pinned_keys(opts.seed, self.num_records, self.sizes.static_records))
         self._start_epoch = opts.start_epoch
         self._epoch = opts.start_epoch
         self._position = 0
         self._run_ref: weakref.ref[_Run] | None = None
+
+    def _node_cache(self) -> StaticCache | None:
+        """This node's part of the node partition: depths ``[0, static)`` in RAM, the next
+        ``node_cache`` records on the node's disk (see :mod:`shardkit.readers.node_cache`)."""
+        o, sizes = self.options, self.sizes
+        self.layout = NodeLayout(o.world_size, o.workers_per_rank, o.nodes)
+        node = self.layout.node_of(o.rank)
+        self.partition = node_partition(o.seed, self.num_records, o.nodes, sizes.static_records + sizes.node_records)
+        ram = min(sizes.static_records, self.partition.per_node)
+        ram_keys = self.partition.pinned_keys(node, 0, ram)
+        disk_keys = self.partition.pinned_keys(node, ram)
+        if not disk_keys.size:
+            return StaticCache(ram_keys) if ram_keys.size else None
+        if o.node_cache_dir is not None and not o.node_cache_dir.is_dir():
+            raise ConfigError(f"{o.name('node_cache_dir')}: expected an existing directory, found {str(o.node_cache_dir)!r}")
+        return NodeCache(
+            ram_keys, disk_keys, dataset=self.path, directory=node_cache_dir(o.node_cache_dir),
+            name=entry_name(self.identity.fingerprint, o.seed, o.nodes, node, ram, self.partition.per_node),
+            stats=self.stats.cache,
+        )  # fmt: skip
+
+    def _plan(self, stream: np.ndarray, position: int) -> ConsumerPlan:
+        """This consumer's keys of ``stream`` from ``position``: its slices of the global batches, or
+        with ``locality`` its node-aware share of them (same counts, same global batches)."""
+        o = self.options
+        if self.layout is not None and self.partition is not None:
+            return local_consumer_plan(stream, position, o.batch_size, o.rank, self.layout, self.partition, o.drop_last).plan
+        return consumer_plan(stream, position, o.batch_size, o.rank, o.world_size, o.drop_last)
 
     # ------------------------------------------------------------------ options
     @property
@@ -163,6 +207,11 @@ class TieredSampler:
     def static_cache(self) -> int:
         """``M``: records pinned by the static cache (0 = off)."""
         return self.sizes.static_records
+
+    @property
+    def node(self) -> int | None:
+        """The node this consumer runs on (``None`` without ``locality``)."""
+        return None if self.layout is None else self.layout.node_of(self.options.rank)
 
     @property
     def reservoir_size(self) -> int:
@@ -274,7 +323,7 @@ class TieredSampler:
         while end is None or epoch < end:
             self.identity.check()
             stream = epoch_stream(o.mode, o.seed, epoch, self.num_records, self.reservoir_size)
-            plan = consumer_plan(stream, pos, o.batch_size, o.rank, o.world_size, o.drop_last)
+            plan = self._plan(stream, pos)
             complete = True
             if left is not None and plan.keys.size > left:
                 plan = truncate_plan(plan, left, o.world_size)
@@ -333,7 +382,8 @@ class TieredSampler:
         return (
             f"TieredSampler({str(self.path)!r}, tiers={','.join(self.tiers)}, mode={self.mode}, "
             f"K2={self.ram_block}, K1={self.ssd_block}, static_cache={self.static_cache}, batch_size={self.batch_size}, "
-            f"rank={self.rank}/{self.world_size}, epoch={self._epoch}, position={self._position})"
+            f"rank={self.rank}/{self.world_size}, epoch={self._epoch}, position={self._position}"
+            + (f", node={self.node}/{self.options.nodes})" if self.layout is not None else ")")
         )
 
 

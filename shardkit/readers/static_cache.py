@@ -59,8 +59,11 @@ class StaticCache:
     def count(self) -> int:
         return int(self.keys.size)
 
-    def ensure_loaded(self, payload: PayloadArray) -> bool:
-        """Read P from ``payload`` (ascending offsets, one pass) unless already loaded; True if read now."""
+    def ensure_loaded(self, payload: PayloadArray, stop: threading.Event | None = None) -> bool:
+        """Read P from ``payload`` (ascending offsets, one pass) unless already loaded; True if read now.
+
+        ``stop`` is for caches that may wait for another process (the node cache); this one does not.
+        """
         with self._lock:
             if self.data is not None:
                 return False

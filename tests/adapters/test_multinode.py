@@ -1,0 +1,163 @@
+"""Node-aware loading under torchrun: two simulated nodes of two ranks each (gloo, CPU).
+
+Two torchrun agents on this host make two nodes (a file-store rendezvous, so no port is chosen by
+the test; each agent picks its own free port for the process group); each node has its own
+node-cache directory and RAM budget. What is checked, per the design (DESIGN §10):
+
+* every training step's global batch, as a set, is the epoch order's slice, and every rank gets
+  exactly B keys per step;
+* the item x position chi-square at the global-batch level passes (alpha = 1e-3): each global batch
+  is put in a uniformly random order of its own (a fixed test seed) so a row is a permutation that is
+  uniform exactly when the global batches are a uniform permutation's; concatenating the ranks'
+  batches in rank order instead fails it, which shows the test has power against a cache-dependent
+  split;
+* storage reads per epoch, counted by the sampler's instruments, are exactly the misses (keys a rank
+  takes that its node does not pin) after the first epoch, and in the first also the caches' fill
+  (the RAM part once per process, the disk part once per node);
+* a resumed run with another world size (one node of two ranks, twice the batch size) continues with
+  the same global batches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from _adapter_data import write_keyed
+
+from shardkit.readers import epoch_permutation
+from shardkit.readers.locality import node_partition
+from tests.order_stats import ALPHA, item_position_pvalue
+
+HERE = Path(__file__).parent
+SEED = 11
+N = 48
+BATCH, RANKS, NODES = 4, 4, 2
+GLOBAL = BATCH * RANKS
+EPOCHS = 240
+RAM_PART, DISK_PART = 5, 13  # records per node, as multinode_script.CACHE says
+
+
+def _env() -> dict[str, str]:
+    path = str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
+
+
+def _torchrun(args: list[str], launcher: list[str], agents: int) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", *launcher, str(HERE / "multinode_script.py"), *args]
+    procs = [subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(agents)]
+    outputs = []
+    try:
+        for p in procs:
+            outputs.append(p.communicate(timeout=900)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, text in zip(procs, outputs):
+        assert p.returncode == 0, text[-4000:]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    base = tmp_path_factory.mktemp("multinode")
+    dataset = write_keyed(base / "data", N, records_per_shard=8)
+    out = base / "out"
+    out.mkdir()
+    two_nodes = ["--nnodes", str(NODES), "--nproc-per-node", str(RANKS // NODES), "--rdzv-backend", "c10d",
+                 "--rdzv-endpoint", str(base / "rendezvous"), "--rdzv-conf", "store_type=file",
+                 "--rdzv-id", f"mn-{os.getpid()}", "--max-restarts", "0"]  # fmt: skip
+    _torchrun([str(dataset), str(out), str(SEED), "train", str(EPOCHS)], two_nodes, agents=NODES)
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(RANKS)]
+    (out / "state.json").write_text(json.dumps(ranks[0]["state"]))
+    _torchrun([str(dataset), str(out), str(SEED), "resume", "0"], ["--standalone", "--nproc-per-node", "2"], agents=1)
+    resumed = [json.loads((out / f"resumed{r}.json").read_text()) for r in range(2)]
+    return {"ranks": ranks, "resumed": resumed, "out": out}
+
+
+def test_ranks_see_two_nodes_from_torchrun(runs: dict[str, Any]) -> None:
+    for r, res in enumerate(runs["ranks"]):
+        assert (res["rank"], res["world_size"], res["nodes"], res["node"]) == (r, RANKS, NODES, r // 2)
+    assert [(res["world_size"], res["nodes"]) for res in runs["resumed"]] == [(2, 1), (2, 1)]
+
+
+def test_every_step_is_its_global_batch_and_every_rank_gets_b_keys(runs: dict[str, Any]) -> None:
+    ranks = runs["ranks"]
+    for epoch in range(EPOCHS):
+        pi = epoch_permutation(SEED, epoch, N)
+        steps = [res["epochs"][epoch] for res in ranks]
+        assert all(len(s) == N // GLOBAL for s in steps)
+        for g in range(N // GLOBAL):
+            assert all(len(s[g]) == BATCH for s in steps)
+            got = np.sort(np.concatenate([s[g] for s in steps]))
+            np.testing.assert_array_equal(got, np.sort(pi[g * GLOBAL : (g + 1) * GLOBAL]))
+
+
+def test_item_position_chi_square_at_the_global_batch_level(runs: dict[str, Any]) -> None:
+    ranks = runs["ranks"]
+    shuffle = np.random.default_rng(20240601)
+    within, by_rank = [], []
+    for epoch in range(EPOCHS):
+        rows_shuffled, rows_ranked = [], []
+        for g in range(N // GLOBAL):
+            batch = np.concatenate([res["epochs"][epoch][g] for res in ranks])
+            rows_ranked.append(batch)
+            rows_shuffled.append(shuffle.permutation(batch))
+        within.append(np.concatenate(rows_shuffled))
+        by_rank.append(np.concatenate(rows_ranked))
+    assert item_position_pvalue(np.array(within)) > ALPHA
+    # Power check: inside a global batch, who takes a key depends on which node pins it.
+    assert item_position_pvalue(np.array(by_rank)) < ALPHA
+
+
+def test_storage_reads_are_the_misses_only(runs: dict[str, Any]) -> None:
+    ranks = runs["ranks"]
+    part = node_partition(SEED, N, NODES, RAM_PART + DISK_PART)
+    misses_total = []
+    for epoch in range(EPOCHS):
+        misses = []
+        for res in ranks:
+            keys = np.concatenate(res["epochs"][epoch])
+            miss = int(np.count_nonzero(part.holders(keys) != res["node"]))
+            misses.append(miss)
+            if epoch:
+                assert res["reads"][epoch] == miss, (epoch, res["rank"])
+            assert res["hits"][epoch] == keys.size - miss
+        misses_total.append(sum(misses))
+        if epoch == 0:
+            for node in range(NODES):
+                fill = sum(res["reads"][0] for res in ranks if res["node"] == node)
+                node_misses = sum(m for m, res in zip(misses, ranks) if res["node"] == node)
+                # The RAM part once per process, the disk part once per node, then only misses.
+                assert fill == 2 * RAM_PART + DISK_PART + node_misses
+    # 75 % of the dataset is pinned; with the assignment most of it is served locally.
+    assert np.mean(misses_total) < 0.4 * N
+
+
+def test_resume_with_another_world_size_continues_the_same_global_batches(runs: dict[str, Any]) -> None:
+    ranks, resumed = runs["ranks"], runs["resumed"]
+    assert ranks[0]["state"]["epoch"] == EPOCHS and ranks[0]["state"]["position"] == GLOBAL
+    original = [np.sort(np.concatenate([res["last"][g] for res in ranks])) for g in range(1, N // GLOBAL)]
+    again = [np.sort(np.concatenate([res["batches"][g] for res in resumed])) for g in range(len(resumed[0]["batches"]))]
+    assert len(again) == len(original) == N // GLOBAL - 1
+    for a, b in zip(original, again):
+        np.testing.assert_array_equal(a, b)
+    assert all(len(b) == 2 * BATCH for res in resumed for b in res["batches"])
+
+
+def test_one_private_node_cache_per_node(runs: dict[str, Any]) -> None:
+    out: Path = runs["out"]
+    for node in range(NODES):
+        users = list((out / f"node{node}").iterdir())
+        assert len(users) == 1 and stat.S_IMODE(users[0].stat().st_mode) == 0o700
+        entries = [p for p in users[0].iterdir() if p.name.startswith("entry-")]
+        assert len(entries) == 1
+        for f in entries[0].rglob("*"):
+            assert stat.S_IMODE(f.stat().st_mode) == (0o700 if f.is_dir() else 0o600)
