@@ -49,6 +49,25 @@ def sample(
         help="Pin a random subset of records in RAM for the whole run, never evicted (on top of --ram-size): "
              "bytes (256MiB) or records (1000records); 0 = off.",
     ),
+    locality: bool = typer.Option(
+        DEFAULTS.locality, "--locality/--no-locality",
+        help="Many nodes: each node pins a disjoint random part of the dataset (--static-cache in RAM, "
+             "--node-cache on its disk) and the ranks take their keys of every global batch from their own "
+             "node's cache where they can; every step keeps its set of records.",
+    ),
+    nodes: int = typer.Option(DEFAULTS.nodes, "--nodes", help="Nodes M the ranks run on (with --locality)."),
+    workers_per_rank: int = typer.Option(
+        DEFAULTS.workers_per_rank, "--workers-per-rank",
+        help="Consumers per rank (DataLoader workers): consumer c is worker c mod k of rank c div k.",
+    ),
+    node_cache: str = typer.Option(
+        str(DEFAULTS.node_cache), "--node-cache",
+        help="With --locality: records this node pins on its local disk on top of --static-cache, bytes or "
+             "records; 0 = off.",
+    ),
+    node_cache_dir: Path = typer.Option(
+        None, "--node-cache-dir", help="Node-local directory of the node cache (default: the system temp dir).",
+    ),
     gap_bytes: str = typer.Option(
         human_bytes(DEFAULTS.gap_bytes), "--gap-bytes",
         help="Gaps between wanted records up to this size (bytes or 64KiB) are read rather than skipped, "
@@ -69,7 +88,8 @@ def sample(
     options = SamplerOptions.parse(
         source="cli", tiers=tiers, ram_size=ram_size, ssd_size=ssd_size, ssd_dir=ssd_dir, batch_size=batch_size,
         epochs=epochs, seed=seed, mode=mode, rank=rank, world_size=world_size, limit=limit,
-        static_cache=static_cache, gap_bytes=gap_bytes,
+        static_cache=static_cache, gap_bytes=gap_bytes, locality=locality, nodes=nodes,
+        workers_per_rank=workers_per_rank, node_cache=node_cache, node_cache_dir=node_cache_dir,
     )  # fmt: skip
     sampler = TieredSampler(path, options)
     total = len(sampler) * epochs if limit is None else None
@@ -99,8 +119,10 @@ def summary(sampler: TieredSampler) -> list[str]:
         f"throughput   {st.records_per_s:,.0f} records/s, {st.bytes_per_s / 2**20:,.1f} MiB/s",
         f"delivered    {human_bytes(st.bytes)} of payload",
     ]
+    if sampler.node is not None:
+        lines.append(f"node         {sampler.node} of {sampler.options.nodes}, pinning {sampler.pinned_keys.size} records")
     for name, t in st.tiers.items():
-        if (name == "ssd" and "ssd" not in sampler.tiers) or (name == "cache" and not sampler.static_cache):
+        if (name == "ssd" and "ssd" not in sampler.tiers) or (name == "cache" and not sampler.pinned_keys.size):
             continue
         what = {"ram": "assembled", "cache": "served"}.get(name, "read")
         lines.append(f"{name:<12} {human_bytes(t.bytes_read)} {what} in {t.read_calls} calls ({t.records} records)")

@@ -21,8 +21,11 @@ the seed, the node count, the node and the depth range). So
   wait for the lock and then open it; records are read from storage for it once per node;
 * a later run with the same dataset, seed and nodes finds the entry and reads nothing for it;
 * another dataset (or a re-converted one), seed or partition has another name, and an entry is
-  used only after its record count, record shape and ``source_key`` field match what is expected;
-  anything else (a torn write, a foreign file) is deleted and written again.
+  used only after a quick check (every file present with its recorded size, every shard index
+  intact: :func:`~shardkit.formats.verify.verify` ``quick=True``) and after its record count,
+  record shape and ``source_key`` field match what is expected; anything else is deleted and
+  written again. Entries are fsynced before they get their name, so a crash leaves a nameless
+  partial (removed by the next writer), never a torn entry.
 
 Entries stay until deleted (they are a cache, worth keeping between runs); any entry whose job is
 not running can be removed at any time.
@@ -45,6 +48,7 @@ import numpy as np
 
 from shardkit.errors import OutOfSpaceError, SamplerError, ShardkitError
 from shardkit.formats import Dataset, PayloadArray, ReadStats
+from shardkit.formats.verify import verify
 from shardkit.readers.shared.rundir import RunDir
 from shardkit.readers.ssd import make_private, write_reservoir
 from shardkit.readers.static_cache import StaticCache
@@ -71,6 +75,22 @@ def entry_name(fingerprint: str, seed: int, nodes: int, node: int, lo: int, hi: 
     ``(seed, nodes)`` of the dataset with identity ``fingerprint``."""
     text = f"shardkit node cache v1|{fingerprint}|{seed}|{nodes}|{node}|{lo}|{hi}"
     return "entry-" + hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _fsync(path: str | os.PathLike[str]) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sync_tree(path: Path) -> None:
+    """fsync every file and directory under ``path``, deepest first."""
+    for root, _dirs, names in os.walk(path, topdown=False):
+        for name in names:
+            _fsync(os.path.join(root, name))
+        _fsync(root)
 
 
 class NodeCache(StaticCache):
@@ -192,7 +212,9 @@ class NodeCache(StaticCache):
         with Dataset(self.dataset, stats=payload.stats, gap_bytes=payload.gap_bytes) as source:
             write_reservoir(source, self.disk_keys, tmp, stop)
         make_private(tmp)
+        _sync_tree(tmp)  # unlike a reservoir, the entry outlives the run: only whole entries get a name
         os.rename(tmp, self.entry)
+        _fsync(self.directory)
         logger.info("%s: wrote %d pinned records of this node", self.entry, self.disk_keys.size)
 
     def _valid_entry(self, payload: PayloadArray) -> Dataset | None:
@@ -200,6 +222,9 @@ class NodeCache(StaticCache):
         if not self.entry.is_dir() or self.entry.is_symlink():
             return None
         try:
+            report = verify(self.entry, quick=True)  # every file there, of its size, indexes intact
+            if not report.ok:
+                raise SamplerError("; ".join(str(p) for p in report.problems[:3]))
             ds = Dataset(self.entry, stats=self._stats, gap_bytes=payload.gap_bytes)
         except (ShardkitError, OSError) as exc:
             logger.warning("%s: unusable node cache entry (%s); writing it again", self.entry, exc)

@@ -161,3 +161,73 @@ def test_one_private_node_cache_per_node(runs: dict[str, Any]) -> None:
         assert len(entries) == 1
         for f in entries[0].rglob("*"):
             assert stat.S_IMODE(f.stat().st_mode) == (0o700 if f.is_dir() else 0o600)
+
+
+# ---------------------------------------------------------------------------------------------- without torchrun
+def test_dataloader_workers_keep_every_training_step(keyed: Path, tmp_path: Path) -> None:
+    """Two ranks of two persistent workers on two nodes (explicit): a rank's loader batch s is worker
+    s % 2's batch s // 2; each step (batch s of both ranks) keeps the records it has without locality."""
+    from _adapter_data import N_KEYED
+
+    from shardkit.adapters.torch import ShardIterableDataset
+
+    def steps(**extra: Any) -> list[list[np.ndarray]]:
+        per_rank = []
+        for rank in range(2):
+            ds = ShardIterableDataset(keyed, batch_size=4, seed=SEED, rank=rank, world_size=2, num_workers=2,
+                                      static_cache="20records", drop_last=True, **extra)  # fmt: skip
+            loader = ds.loader(num_workers=2, persistent_workers=True)
+            per_rank.append([[b["key"].numpy() for b in loader] for _ in range(2)])
+        return [[np.sort(np.concatenate([per_rank[r][e][s] for r in range(2)])) for s in range(len(per_rank[0][e]))]
+                for e in range(2)]  # fmt: skip
+
+    plain = steps()
+    local = steps(locality=True, nodes=2, node_cache="10records", node_cache_dir=tmp_path)
+    for e in range(2):
+        assert len(plain[e]) == len(local[e]) == 2 * (N_KEYED // 16)
+        for a, b in zip(plain[e], local[e]):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_nodes_from_the_torchrun_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from shardkit.adapters.torch import _nodes
+    from shardkit.errors import ConfigError
+
+    for name in ("LOCAL_WORLD_SIZE", "WORLD_SIZE", "GROUP_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    assert _nodes(None, 3, 4) == 1
+    assert _nodes(2, 3, 4) == 2
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("GROUP_RANK", "2")
+    assert _nodes(None, 5, 8) == 4
+    monkeypatch.setenv("GROUP_RANK", "1")  # rank 5 is not on node 1 with 2 ranks per node
+    with pytest.raises(ConfigError, match="pass nodes= explicitly"):
+        _nodes(None, 5, 8)
+    with pytest.raises(ConfigError, match="nodes: expected a divisor of world_size=8, found 3"):
+        _nodes(3, 5, 8)
+
+
+def _disagreeing_rank(rank: int, init: str, dataset: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from shardkit.adapters.torch import ShardIterableDataset
+    from shardkit.errors import ConfigError
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        ShardIterableDataset(dataset, batch_size=4, locality=True, nodes=2, static_cache=f"{5 + rank}records")
+        Path(out, f"r{rank}").write_text("accepted")
+    except ConfigError as exc:
+        Path(out, f"r{rank}").write_text(str(exc))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_with_different_locality_options_are_refused(keyed: Path, tmp_path: Path) -> None:
+    import torch.multiprocessing as mp
+
+    init = f"file://{tmp_path / 'store'}"
+    mp.start_processes(_disagreeing_rank, args=(init, str(keyed), str(tmp_path)), nprocs=2, start_method="spawn")
+    for r in range(2):
+        assert "every rank must be given the same" in (tmp_path / f"r{r}").read_text()
