@@ -238,9 +238,10 @@ def part4(rows: list[dict[str, Any]], rec: int, quick: bool, batch: int, ranks: 
     """Strong scaling of one epoch of a fixed dataset over M nodes against one shared storage.
 
     Costs measured here: the storage's bandwidth is what one consumer read per second in part 1
-    without any cache (locality off, smallest budget: nearly every record from storage); a node
-    serves cached records at the rate of the full-coverage locality run's hits (RAM copies); every
-    rank computes the assignment of its step group (``assignment_cost`` per key of the epoch).
+    without any cache (locality off, smallest budget: nearly every record from storage); a rank
+    serves cached records at the rate of the full-coverage locality run's hits (RAM copies; a
+    node's ``R`` ranks in parallel); every rank computes the assignment of its step group
+    (``assignment_cost`` per key of the epoch).
     A node's client bandwidth is taken equal to the storage's (one node alone could saturate it).
     """
     plain = [r for r in rows if not r["locality"] and r["nodes"] == 1]
@@ -258,12 +259,12 @@ def part4(rows: list[dict[str, Any]], rec: int, quick: bool, batch: int, ranks: 
     for m in (4, 8, 16, 32, 64, 128, 256):
         miss = 1 - expected_hit_fraction(n, m, ranks, batch, -(-n // m))
         t_plain = max(data / storage_bw, (data / m) / storage_bw)
-        t_local = max(miss * data / storage_bw, (n / m) / cache_rate, n * per_key)
+        t_local = max(miss * data / storage_bw, (n / (m * ranks)) / cache_rate, n * per_key)
         out.append({"nodes": m, "miss": miss, "plain_s": t_plain, "locality_s": t_local, "speedup": t_plain / t_local,
                     "storage_share": miss})  # fmt: skip
         print(f"  M={m:3d}: miss {miss:.4f}, epoch plain {t_plain:8.1f} s, locality {t_local:7.2f} s, "
               f"speedup {t_plain / t_local:6.1f}x (storage bytes {miss:.1%} of plain)", flush=True)  # fmt: skip
-    print(f"  costs: storage {storage_bw / 1e9:.2f} GB/s shared, cache {cache_rate:,.0f} records/s per node, "
+    print(f"  costs: storage {storage_bw / 1e9:.2f} GB/s shared, cache {cache_rate:,.0f} records/s per rank, "
           f"assignment {per_key * 1e9:.0f} ns per key per rank", flush=True)  # fmt: skip
     return out
 
