@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,6 +68,7 @@ __all__ = [
     "assign_rows",
     "balanced_split",
     "LocalPlan",
+    "local_positions",
     "local_consumer_plan",
     "expected_hit_fraction",
 ]
@@ -377,6 +378,53 @@ class LocalPlan:
     hit: np.ndarray
 
 
+def local_positions(
+    keys_at: Callable[[np.ndarray], np.ndarray],
+    n: int,
+    start: int,
+    batch_size: int,
+    rank: int,
+    layout: NodeLayout,
+    partition: NodePartition,
+    drop_last: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The epoch positions consumer ``rank`` takes from ``[start, n)`` under the node-aware
+    assignment, in its emission order, and whether each one's key is pinned on its node.
+
+    ``keys_at(positions)`` gives the epoch order's keys at ``positions`` (an array's indexing, or an
+    order computed on demand). Every consumer of the step group computes the same
+    :func:`assign_rows` over the group's rows
+    (:func:`~shardkit.readers.schedule.step_group_positions`) and keeps its own member's positions,
+    so the consumers of a group take disjoint positions that together are the group's positions;
+    batch ``j`` of the consumer is entries ``[j*B, (j+1)*B)`` (the ragged tail last), each batch in
+    epoch order.
+    """
+    if partition.nodes != layout.nodes:
+        raise ConfigError(f"node partition for {partition.nodes} nodes used with a layout of {layout.nodes} nodes")
+    if int(n) != partition.num_records:
+        raise ConfigError(f"node partition of {partition.num_records} records used with a stream of {n}")
+    b, k = int(batch_size), layout.workers_per_rank
+    rows = step_group_positions(n, start, b, layout.consumers, k, int(rank) % k, drop_last=drop_last)
+    member = layout.rank_of(rank)
+    nodes_of = layout.member_nodes()
+    positions, hits = [], []
+    if rows.full.size:
+        full_keys = np.asarray(keys_at(rows.full.reshape(-1)), dtype=np.int64).reshape(rows.full.shape)
+        got = assign_rows(partition.holders(full_keys), np.full(layout.ranks, b), nodes_of)
+        mine = got.positions_of(member)
+        positions.append(rows.full[mine])  # row-major: global batch by global batch, epoch order inside
+        hits.append(got.hit[mine])
+    if rows.tail_quotas[member]:
+        tail_keys = np.asarray(keys_at(rows.tail), dtype=np.int64)
+        got = assign_rows(partition.holders(tail_keys)[None, :], rows.tail_quotas, nodes_of)
+        mine = got.positions_of(member)
+        positions.append(rows.tail[None, :][mine])
+        hits.append(got.hit[mine])
+    if not positions:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=bool)
+    return np.concatenate(positions).astype(np.int64, copy=False), np.concatenate(hits)
+
+
 def local_consumer_plan(
     stream: np.ndarray,
     start: int,
@@ -386,40 +434,14 @@ def local_consumer_plan(
     partition: NodePartition,
     drop_last: bool = False,
 ) -> LocalPlan:
-    """Consumer ``rank``'s keys of ``stream[start:]`` under the node-aware assignment.
-
-    Every consumer of the step group computes the same :func:`assign_rows` over the group's rows
-    (:func:`~shardkit.readers.schedule.step_group_positions`) and keeps its own member's keys, so
-    the consumers of a group take disjoint keys that together are the group's positions of ``pi``.
-    """
-    if partition.nodes != layout.nodes:
-        raise ConfigError(f"node partition for {partition.nodes} nodes used with a layout of {layout.nodes} nodes")
+    """Consumer ``rank``'s keys of ``stream[start:]`` under the node-aware assignment
+    (:func:`local_positions` over an epoch order held as an array)."""
     n = int(stream.shape[0])
-    if n != partition.num_records:
-        raise ConfigError(f"node partition of {partition.num_records} records used with a stream of {n}")
-    b, k = int(batch_size), layout.workers_per_rank
-    plain = consumer_plan(stream, start, b, rank, layout.consumers, drop_last)
-    rows = step_group_positions(n, start, b, layout.consumers, k, int(rank) % k, drop_last=drop_last)
-    member = layout.rank_of(rank)
-    nodes_of = layout.member_nodes()
-    keys, hits = [], []
-    if rows.full.size:
-        full_keys = stream[rows.full]
-        got = assign_rows(partition.holders(full_keys), np.full(layout.ranks, b), nodes_of)
-        mine = got.positions_of(member)
-        keys.append(full_keys[mine])  # row-major: global batch by global batch, epoch order inside
-        hits.append(got.hit[mine])
-    if rows.tail_quotas[member]:
-        tail_keys = stream[rows.tail]
-        got = assign_rows(partition.holders(tail_keys)[None, :], rows.tail_quotas, nodes_of)
-        mine = got.positions_of(member)
-        keys.append(tail_keys[None, :][mine])
-        hits.append(got.hit[mine])
-    own = np.concatenate(keys).astype(np.int64, copy=False) if keys else np.empty(0, dtype=np.int64)
-    hit = np.concatenate(hits) if hits else np.empty(0, dtype=bool)
-    if own.size != plain.keys.size:  # pragma: no cover - quotas are the plain plan's by construction
-        raise ConfigError(f"node-aware plan of consumer {rank}: {own.size} keys, expected {plain.keys.size}")
-    return LocalPlan(plan=dataclasses.replace(plain, keys=own), hit=hit)
+    plain = consumer_plan(stream, start, batch_size, rank, layout.consumers, drop_last)
+    positions, hit = local_positions(stream.__getitem__, n, start, batch_size, rank, layout, partition, drop_last)
+    if positions.size != plain.keys.size:  # pragma: no cover - quotas are the plain plan's by construction
+        raise ConfigError(f"node-aware plan of consumer {rank}: {positions.size} keys, expected {plain.keys.size}")
+    return LocalPlan(plan=dataclasses.replace(plain, keys=stream[positions].astype(np.int64, copy=False)), hit=hit)
 
 
 # ---------------------------------------------------------------------------------------------- model
