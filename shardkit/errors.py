@@ -33,6 +33,11 @@ __all__ = [
     "ProtocolError",
     "PeerTimeoutError",
     "InsecurePathError",
+    "StoreError",
+    "StorePermissionError",
+    "ObjectNotFoundError",
+    "ObjectChangedError",
+    "ObjectTooLargeError",
 ]
 
 
@@ -127,3 +132,27 @@ class PeerTimeoutError(SamplerError, TimeoutError):
 
 class InsecurePathError(ShardkitError, PermissionError):
     """A path that must be private to this user is not: another owner, wider permissions, or a symlink."""
+
+
+class StoreError(ShardkitError, OSError):
+    """An object-store request failed for good: a permanent error, or transient errors (5xx,
+    timeouts, resets, throttling, short responses) that outlasted the retry budget. The message names
+    the object's URL and, for reads, the byte range."""
+
+
+class StorePermissionError(StoreError, PermissionError):
+    """The store refused the request (credentials missing or wrong, no permission), or the store is
+    read-only (``http(s)://`` datasets)."""
+
+
+class ObjectNotFoundError(StoreError, FileNotFoundError):
+    """No object at that key (the store's equivalent of a missing file)."""
+
+
+class ObjectChangedError(StoreError):
+    """An object changed between two reads of one reader (its ETag or size differs): bytes of two
+    versions are never mixed."""
+
+
+class ObjectTooLargeError(StoreError):
+    """An object is larger than the caller allows (checked before its bytes are read)."""

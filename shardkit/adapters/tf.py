@@ -97,6 +97,8 @@ def make_tf_dataset(
     drop_last: bool = DEFAULTS.drop_last,
     limit: int | None = DEFAULTS.limit,
     gap_bytes: int | str = DEFAULTS.gap_bytes,
+    cache_dir: str | os.PathLike[str] | None = DEFAULTS.cache_dir,
+    cache_size: int | str | None = DEFAULTS.cache_size,
     rank: int | None = None,
     world_size: int | None = None,
     input_context: Any = None,
@@ -123,7 +125,7 @@ def make_tf_dataset(
         With ``input_context``: the global batch; each pipeline yields
         ``input_context.get_per_replica_batch_size(global_batch_size)`` records per batch (this
         overrides ``batch_size``).
-    tiers, ram_size, ssd_size, ssd_dir, seed, mode, drop_last, limit, gap_bytes
+    tiers, ram_size, ssd_size, ssd_dir, seed, mode, drop_last, limit, gap_bytes, cache_dir, cache_size
         Passed to :class:`~shardkit.readers.TieredSampler` unchanged.
     epochs, start_epoch
         Sampler epochs per iteration of the dataset (``None``: endless), and the first one; each
@@ -170,6 +172,7 @@ def make_tf_dataset(
     options = SamplerOptions.parse(
         batch_size=per_consumer, tiers=tiers, ram_size=ram_size, ssd_size=ssd_size, ssd_dir=ssd_dir, seed=seed,
         mode=mode, epochs=epochs, start_epoch=start_epoch, drop_last=drop_last, limit=limit, gap_bytes=gap_bytes,
+        cache_dir=cache_dir, cache_size=cache_size,
         rank=consumer, world_size=consumers, static_cache=static_cache, locality=locality, nodes=nodes,
         node_cache=node_cache, node_cache_dir=node_cache_dir,
     )  # fmt: skip

@@ -77,6 +77,7 @@ from shardkit.errors import ConfigError, SamplerError
 from shardkit.formats import Dataset, open_dataset
 from shardkit.readers import DEFAULTS, Sampler, SamplerOptions
 from shardkit.readers.schedule import batches_per_consumer, pass_length, position_after
+from shardkit.stores import is_url
 from shardkit.units import Capacity, parse_count
 
 if TYPE_CHECKING:
@@ -204,7 +205,7 @@ class ShardIterableDataset(_TorchIterableDataset):
     batch_size
         Records per batch *per consumer* (per DataLoader worker of each rank); a rank's main process
         receives batches of this size. Use ``DataLoader(ds, batch_size=None)``.
-    tiers, ram_size, ssd_size, ssd_dir, seed, mode, drop_last, limit, gap_bytes
+    tiers, ram_size, ssd_size, ssd_dir, seed, mode, drop_last, limit, gap_bytes, cache_dir, cache_size
         Passed to :class:`~shardkit.readers.TieredSampler` unchanged (each consumer gets its own
         sampler; ``ram_size`` / ``ssd_size`` are therefore *per consumer*).
     epochs
@@ -262,6 +263,8 @@ class ShardIterableDataset(_TorchIterableDataset):
         unbatched: bool = False,
         limit: int | None = DEFAULTS.limit,
         gap_bytes: int | str = DEFAULTS.gap_bytes,
+        cache_dir: str | os.PathLike[str] | None = DEFAULTS.cache_dir,
+        cache_size: int | str | None = DEFAULTS.cache_size,
         num_workers: int = 0,
         shared: str | None = None,
         static_cache: int | str | Capacity = DEFAULTS.static_cache,
@@ -276,6 +279,7 @@ class ShardIterableDataset(_TorchIterableDataset):
         self.options = SamplerOptions.parse(
             batch_size=batch_size, tiers=tiers, ram_size=ram_size, ssd_size=ssd_size, ssd_dir=ssd_dir,
             seed=seed, mode=mode, epochs=epochs, drop_last=drop_last, limit=limit, gap_bytes=gap_bytes,
+            cache_dir=cache_dir, cache_size=cache_size,
             rank=0 if rank is None else rank, world_size=1 if world_size is None else world_size,
             static_cache=static_cache, locality=locality, node_cache=node_cache, node_cache_dir=node_cache_dir,
         )  # fmt: skip
@@ -534,8 +538,15 @@ class ShardIterableDataset(_TorchIterableDataset):
         """A ``DataLoader`` over this dataset (``batch_size=None`` unless ``unbatched``) with
         ``num_workers`` recorded for ``len()`` and :meth:`state_dict_after`; ``kwargs`` go to the
         DataLoader (``pin_memory``, ``persistent_workers``, ``collate_fn``, ``batch_size`` when
-        unbatched, ...)."""
+        unbatched, ...).
+
+        For a dataset in an object store with workers, the workers start with ``spawn`` unless
+        ``multiprocessing_context`` says otherwise: the object-store client (obstore's runtime) does
+        not survive ``fork()`` in a process that already used it (a forked worker would get a
+        :class:`~shardkit.errors.StoreError` saying so)."""
         self.num_workers = int(num_workers)
+        if num_workers > 0 and is_url(self.path) and not self.path.startswith("file:"):
+            kwargs.setdefault("multiprocessing_context", "spawn")
         if not self.unbatched:
             if kwargs.get("batch_size") is not None:
                 raise ConfigError(

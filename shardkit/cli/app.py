@@ -12,6 +12,8 @@ import sys
 
 import typer
 
+from shardkit._version import __version__
+
 __all__ = ["app", "echo_err", "setup_logging"]
 
 app = typer.Typer(
@@ -21,9 +23,26 @@ app = typer.Typer(
         "exactly uniform random order with only sequential storage reads."
     ),
     no_args_is_help=True,
-    add_completion=False,
+    # --install-completion / --show-completion for bash, zsh, fish and PowerShell (see the README).
+    add_completion=True,
     pretty_exceptions_enable=False,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"shardkit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(
+        False, "--version", help="Print the shardkit version and exit.", callback=_print_version, is_eager=True
+    ),
+) -> None:
+    """Convert image/audio corpora into shard files of fixed-size records and read them in an
+    exactly uniform random order with only sequential storage reads."""
 
 
 def echo_err(message: str) -> None:

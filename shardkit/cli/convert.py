@@ -78,7 +78,12 @@ def _common_parameters() -> list[inspect.Parameter]:
     return [
         p("src", Path, typer.Argument(..., metavar="SRC", show_default=False, help=(
             "Corpus: COCO root (or instances_*.json), class folders, CIFAR batches, audio folders."))),
-        p("output", Path, typer.Option(..., "-o", "--output", metavar="PATH", help="Output dataset directory.")),
+        p("output", str, typer.Option(..., "-o", "--output", metavar="PATH|URL", help=(
+            "Output dataset directory, or an object-store URL (s3://bucket/ds, gs://, az://): shards are "
+            "staged locally and uploaded as they complete, metadata last."))),
+        p("staging_dir", Path | None, typer.Option(None, "--staging-dir", metavar="DIR", show_default=False, help=(
+            "For a URL output: where shards are staged before upload (default: the temp dir); a re-run "
+            "must see the same one to resume."))),
         p("kind", str | None, typer.Option(None, "--kind", metavar="KIND", show_default=False,
                                            help=f"{', '.join(available_kinds())} (default: detect).")),
         p("workers", int | None, typer.Option(None, "--workers", "-j", min=1, show_default=False,
@@ -120,7 +125,8 @@ def _progress_bar(quiet: bool, unit: str, desc: str) -> tuple[Callable[[int, int
 def convert(
     *,
     src: Path,
-    output: Path,
+    output: str,
+    staging_dir: Path | None,
     kind: str | None,
     workers: int | None,
     strict: bool,
@@ -148,7 +154,7 @@ def convert(
     try:
         summary = run_convert(
             src, output, kind, workers=workers, strict=strict, overwrite=overwrite, compression=compression,
-            progress=progress, naming="cli", **extra, **options,
+            progress=progress, naming="cli", staging_dir=staging_dir, **extra, **options,
         )
     finally:
         close_bar()

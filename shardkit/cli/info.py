@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import typer
 
@@ -14,7 +13,7 @@ from shardkit.units import human_bytes
 
 @app.command()
 def info(
-    path: Path = typer.Argument(..., help="Dataset directory."),
+    path: str = typer.Argument(..., help="Dataset directory or URL (s3://bucket/ds, gs://, az://, http(s)://)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable JSON on stdout."),
 ) -> None:
     """Summarise a dataset: records, record shape and dtype, shards, bytes, labels, kind."""

@@ -15,7 +15,7 @@ from shardkit.units import human_bytes
 
 @app.command()
 def sample(
-    path: Path = typer.Argument(..., help="Dataset directory."),
+    path: str = typer.Argument(..., help="Dataset directory or URL (s3://bucket/ds, gs://, az://, http(s)://)."),
     tiers: str = typer.Option(
         ",".join(DEFAULTS.tiers), "--tiers", help="Tiers below the consumer: 'ram' or 'ram,ssd' (either order)."
     ),
@@ -73,6 +73,31 @@ def sample(
         help="Gaps between wanted records up to this size (bytes or 64KiB) are read rather than skipped, "
              "so requests stay large and sequential.",
     ),
+    remote_gap_bytes: str = typer.Option(
+        human_bytes(DEFAULTS.remote_gap_bytes), "--remote-gap-bytes",
+        help="For a dataset in an object store: gaps up to this size are read rather than requested separately.",
+    ),
+    remote_concurrency: int = typer.Option(
+        DEFAULTS.remote_concurrency, "--remote-concurrency",
+        help="For a dataset in an object store: requests in flight at once.",
+    ),
+    remote_timeout: str = typer.Option(
+        f"{DEFAULTS.remote_timeout:g}s", "--remote-timeout",
+        help="For a dataset in an object store: a request slower than this counts as a transient failure.",
+    ),
+    remote_retry: str = typer.Option(
+        f"{DEFAULTS.remote_retry:g}s", "--remote-retry",
+        help="For a dataset in an object store: retry transient failures (5xx, timeouts, resets) this long "
+             "before failing with an error naming the object and byte range.",
+    ),
+    cache_dir: Path = typer.Option(
+        None, "--cache-dir",
+        help="For a dataset in an object store: keep fetched shards in this local directory, so later epochs "
+             "read them locally (shared safely by concurrent runs).",
+    ),
+    cache_size: str = typer.Option(
+        None, "--cache-size", help="Budget of --cache-dir in bytes (e.g. 50GiB; default: the whole dataset).",
+    ),
     limit: int = typer.Option(None, "--limit", help="Stop after this many records (default: all epochs)."),
     order_out: Path = typer.Option(
         None, "--order-out",
@@ -88,7 +113,9 @@ def sample(
     options = SamplerOptions.parse(
         source="cli", tiers=tiers, ram_size=ram_size, ssd_size=ssd_size, ssd_dir=ssd_dir, batch_size=batch_size,
         epochs=epochs, seed=seed, mode=mode, rank=rank, world_size=world_size, limit=limit,
-        static_cache=static_cache, gap_bytes=gap_bytes, locality=locality, nodes=nodes,
+        static_cache=static_cache, gap_bytes=gap_bytes, remote_gap_bytes=remote_gap_bytes,
+        remote_concurrency=remote_concurrency, remote_timeout=remote_timeout, remote_retry=remote_retry,
+        cache_dir=cache_dir, cache_size=cache_size, locality=locality, nodes=nodes,
         workers_per_rank=workers_per_rank, node_cache=node_cache, node_cache_dir=node_cache_dir,
     )  # fmt: skip
     sampler = TieredSampler(path, options)
@@ -121,22 +148,28 @@ def summary(sampler: TieredSampler) -> list[str]:
     ]
     if sampler.node is not None:
         lines.append(f"node         {sampler.node} of {sampler.options.nodes}, pinning {sampler.pinned_keys.size} records")
+    remote = isinstance(sampler.path, str)
     for name, t in st.tiers.items():
-        if (name == "ssd" and "ssd" not in sampler.tiers) or (name == "cache" and not sampler.pinned_keys.size):
+        if ((name == "ssd" and "ssd" not in sampler.tiers) or (name == "cache" and not sampler.pinned_keys.size)
+                or (name == "remote_cache" and not (remote and sampler.options.cache_dir))):
             continue
-        what = {"ram": "assembled", "cache": "served"}.get(name, "read")
-        lines.append(f"{name:<12} {human_bytes(t.bytes_read)} {what} in {t.read_calls} calls ({t.records} records)")
+        what = {"ram": "assembled", "cache": "served", "remote_cache": "read locally"}.get(name, "read")
+        calls = "requests" if remote and name == "disk" else "calls"
+        shown = {"disk": "remote", "remote_cache": "local cache"}.get(name, name) if remote else name
+        lines.append(f"{shown:<12} {human_bytes(t.bytes_read)} {what} in {t.read_calls} {calls} ({t.records} records)")
     if "ssd" in sampler.tiers:
         lines.append(f"ssd written  {human_bytes(st.ssd_bytes_written)}")
     lines.append(f"stall        {st.stall_seconds:.2f} s waiting for batches")
     extra = st.disk.bytes_read - st.disk.records * sampler.record_nbytes
     if extra > 0:
-        gap = sampler.options.gap_bytes
+        gap = sampler.options.remote_gap_bytes if remote else sampler.options.gap_bytes
+        option = "--remote-gap-bytes" if remote else "--gap-bytes"
         why = "each shard's index, read once per pass"
         if gap:
             why += (f", and gaps of up to {human_bytes(gap)} between wanted records, read rather than skipped "
-                    "so requests stay large and sequential (--gap-bytes sets the limit)")
-        lines.append(f"note         disk reads exceed the records' own bytes by {human_bytes(extra)}: {why}")
+                    f"so requests stay large and sequential ({option} sets the limit)")
+        lines.append(f"note         {'remote' if remote else 'disk'} reads exceed the records' own bytes by "
+                     f"{human_bytes(extra)}: {why}")
     return lines
 
 

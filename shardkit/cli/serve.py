@@ -13,7 +13,7 @@ from shardkit.readers.shared.server import serve as run_server
 
 @app.command()
 def serve(
-    path: Path = typer.Argument(..., help="Dataset directory."),
+    path: str = typer.Argument(..., help="Dataset directory or URL (s3://bucket/ds, gs://, az://, http(s)://)."),
     name: str = typer.Option("default", "--name", help="Name jobs attach to: SharedSampler(NAME) or shared=NAME."),
     tiers: str = typer.Option("ram", "--tiers", help="'ram' or 'ram,ssd'."),
     ram_size: str = typer.Option(

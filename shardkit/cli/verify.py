@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import typer
 
 from shardkit.cli.app import app, echo_err
@@ -12,7 +10,7 @@ from shardkit.formats import verify as verify_dataset
 
 @app.command()
 def verify(
-    path: Path = typer.Argument(..., help="Dataset directory."),
+    path: str = typer.Argument(..., help="Dataset directory or URL (s3://bucket/ds, gs://, az://, http(s)://)."),
     quick: bool = typer.Option(
         False, "--quick", help="Only metadata, file sizes and shard indexes (no content checksums)."
     ),

@@ -45,6 +45,7 @@ from shardkit.converters.base import MAX_RECORDS_PER_INPUT, Converter, ScanResul
 from shardkit.converters.decoding import Failed, Produced, Skipped, default_workers, outcomes
 from shardkit.converters.options import OptionNaming
 from shardkit.converters.registry import detect_kind, get_converter
+from shardkit.converters.remote_output import RemoteOutput, is_remote_output
 from shardkit.converters.staging import StagedWriter, Staging, input_cursor, split_cursor
 from shardkit.errors import ConversionError
 from shardkit.formats import DatasetMeta, get_codec
@@ -69,7 +70,7 @@ class ConvertSummary:
     Attributes
     ----------
     output
-        Dataset directory.
+        Dataset directory, or the URL of a dataset in an object store.
     kind
         Corpus kind.
     records
@@ -89,7 +90,7 @@ class ConvertSummary:
         The same dataset was already there; nothing was done.
     """
 
-    output: Path
+    output: Path | str
     kind: str
     records: int
     skipped: Mapping[str, int]
@@ -102,6 +103,32 @@ class ConvertSummary:
     @property
     def num_skipped(self) -> int:
         return int(sum(self.skipped.values()))
+
+
+def _finished(staging: Staging, remote: RemoteOutput | None, overwrite: bool) -> DatasetMeta | None:
+    """The dataset this same conversion already finished at the output, if any (``None`` with
+    ``overwrite``); a dataset made with other parameters is a ConversionError."""
+    if overwrite:
+        return None
+    if remote is None:
+        return staging.finished()
+    done = remote.finished()
+    if done is None:
+        return None
+    stored = done.source.get("config_fingerprint")
+    if stored != staging.fingerprint:
+        raise ConversionError(
+            f"{remote.url}: a dataset already exists here" + (" with different parameters" if stored else "")
+            + "; use --overwrite to replace it"
+        )
+    return done
+
+
+def _output_bytes(out: str | os.PathLike[str], meta: DatasetMeta) -> int:
+    """Bytes of the output: the directory's files, or for an object store what the metadata lists."""
+    if is_remote_output(out):
+        return meta.payload_nbytes + sum(d.nbytes for d in meta.files.values())
+    return _dir_bytes(Path(out))
 
 
 def _dir_bytes(path: Path) -> int:
@@ -306,10 +333,11 @@ def run_converter(
     shard_bytes: int = DEFAULT_SHARD_BYTES,
     records_per_shard: int | None = None,
     progress: ProgressFn | None = None,
+    staging_dir: str | os.PathLike[str] | None = None,
 ) -> ConvertSummary:
     """Convert with an already constructed converter (see :func:`convert`; sizes already parsed)."""
     t0 = time.perf_counter()
-    out = Path(out)
+    out = str(out) if is_remote_output(out) else Path(out)
     workers = default_workers() if workers is None else workers
     scan = conv.scan()
     n = len(scan.items)
@@ -323,14 +351,30 @@ def run_converter(
         records_per_shard = min(full, n) if n < full else None
     rps = records_per_shard or records_per_shard_for(spec.nbytes, shard_bytes)
     config = _dataset_config(conv, scan, rps, None if records_per_shard else int(shard_bytes), compression)
-    staging = Staging(out, config, conv.payload, conv.fields())
-    if not overwrite and (done := staging.finished()) is not None:
+    remote = RemoteOutput(str(out), staging_dir) if is_remote_output(out) else None
+    local_out = remote.local if remote is not None else Path(out)
+    staging = Staging(
+        local_out, config, conv.payload, conv.fields(),
+        shard_present=remote.shard_present if remote is not None else None,
+        on_recorded=remote.shard_done if remote is not None else None,
+    )
+    done = _finished(staging, remote, overwrite)
+    if done is not None:
         logger.info("%s: already converted with the same parameters", out)
         return ConvertSummary(
             output=out, kind=done.kind, records=done.num_records,
             skipped=dict(Counter(reason_category(s.reason) for s in done.skipped)),
-            bytes=_dir_bytes(out), seconds=time.perf_counter() - t0, already_complete=True,
+            bytes=_output_bytes(out, done), seconds=time.perf_counter() - t0, already_complete=True,
         )
+    if remote is not None:
+        remote.check_destination(staging.names, overwrite=overwrite)
+        if (local_done := staging.finished()) is not None:  # killed while publishing: finish that
+            meta = remote.publish()
+            return ConvertSummary(
+                output=out, kind=meta.kind, records=meta.num_records,
+                skipped=dict(Counter(reason_category(s.reason) for s in local_done.skipped)),
+                bytes=_output_bytes(out, meta), seconds=time.perf_counter() - t0,
+            )
     resumed = staging.begin(overwrite=overwrite)
     sink = _BackgroundWriter(staging.writer(
         resumed, kind=conv.name, payload=conv.payload, record=spec, fields=conv.fields(), labels=conv.labels(),
@@ -350,6 +394,8 @@ def run_converter(
                 + "); is --kind right? Nothing was written"
             )
         meta = sink.close()
+        if remote is not None:
+            meta = remote.publish()
     except _NothingConverted:
         sink.abort()
         staging.discard()
@@ -360,7 +406,7 @@ def run_converter(
     skipped = Counter(reason_category(s.reason) for s in meta.skipped)
     summary = ConvertSummary(
         output=out, kind=meta.kind, records=meta.num_records, skipped=dict(sorted(skipped.items())),
-        bytes=_dir_bytes(out), seconds=time.perf_counter() - t0,
+        bytes=_output_bytes(out, meta), seconds=time.perf_counter() - t0,
         records_this_run=meta.num_records - resumed_records, notes=dict(sorted(tally.notes.items())),
     )
     logger.info("%s: %d records, %d skipped, %.1f s", out, summary.records, summary.num_skipped, summary.seconds)
@@ -385,6 +431,7 @@ def convert(
     records_per_shard: int | str | None = None,
     progress: ProgressFn | None = None,
     naming: OptionNaming = "python",
+    staging_dir: str | os.PathLike[str] | None = None,
     **options: Any,
 ) -> ConvertSummary:
     """Convert the corpus at ``src`` into a shardkit dataset at ``out``.
@@ -396,7 +443,9 @@ def convert(
         class-folder root). A relative and an absolute path to the same corpus are the same
         conversion.
     out
-        Output dataset directory. An interrupted conversion there with the same parameters is
+        Output dataset directory, or an object-store URL (``s3://bucket/ds``, ``gs://``, ``az://``;
+        see :mod:`shardkit.converters.remote_output`: shards are staged locally and uploaded as they
+        complete, the metadata last). An interrupted conversion there with the same parameters is
         resumed; a finished one with the same parameters is left alone.
     kind
         Corpus kind (``coco``, ``imagefolder``, ``cifar10``, ``cifar100``, ``audio`` or one added
@@ -418,6 +467,9 @@ def convert(
         Called as ``progress(inputs_done, inputs_total, records)`` after every input.
     naming
         How errors name options: ``"python"`` (``sample_rate``) or ``"cli"`` (``--sample-rate``).
+    staging_dir
+        For an object-store ``out``: where the local staging directory lives (default: the system
+        temporary directory); a re-run must see the same one to resume.
     **options
         Kind options, each parsed by the kind's option schema (``shardkit convert --help`` lists
         them): ``split``; images: ``size`` (``224`` or ``"HxW"``), ``resize``, ``crop``,
@@ -438,5 +490,5 @@ def convert(
     conv = get_converter(kind)(Path(src), naming=naming, **options)
     return run_converter(
         conv, out, workers=n_workers, strict=strict, overwrite=overwrite, compression=compression,
-        shard_bytes=nbytes, records_per_shard=rps, progress=progress,
+        shard_bytes=nbytes, records_per_shard=rps, progress=progress, staging_dir=staging_dir,
     )

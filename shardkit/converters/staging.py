@@ -49,7 +49,7 @@ import io
 import json
 import logging
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -172,9 +172,24 @@ class Staging:
         with another config is refused instead of mixing two conversions.
     payload, fields
         The dataset's payload array name and its small fields.
+    shard_present
+        Whether a staged shard's file still counts (default: it is in ``out`` with its recorded size).
+        A conversion into an object store also accepts a shard already uploaded
+        (:mod:`shardkit.converters.remote_output`).
+    on_recorded
+        Called with each shard's info once it is staged (an object-store output uploads it then).
     """
 
-    def __init__(self, out: Path, config: Mapping[str, Any], payload: str, fields: Mapping[str, FieldSpec]) -> None:
+    def __init__(
+        self,
+        out: Path,
+        config: Mapping[str, Any],
+        payload: str,
+        fields: Mapping[str, FieldSpec],
+        *,
+        shard_present: Callable[[ShardInfo], bool] | None = None,
+        on_recorded: Callable[[ShardInfo], None] | None = None,
+    ) -> None:
         self.out = Path(out)
         self.dir = self.out / STAGING_DIR
         self.config: dict[str, Any] = json.loads(json.dumps(config))
@@ -183,6 +198,8 @@ class Staging:
         self.names = [payload, *fields]
         #: Whether this run created ``out`` (then, and only then, it may delete it).
         self.created_out = False
+        self._shard_present = shard_present or self._local_shard_present
+        self._on_recorded = on_recorded
 
     @property
     def fingerprint(self) -> str:
@@ -312,10 +329,13 @@ class Staging:
             # Staging records are not fsynced: one lost to a power cut only means this shard is redone.
             logger.info("%s: staging record of shard %d unreadable; redoing it", self.out, i)
             return None
-        shard_file = self.out / info.path
-        if not shard_file.is_file() or shard_file.stat().st_size != info.nbytes:
+        if not self._shard_present(info):
             return None
         return StagedShard(WrittenShard(info, parts), cursor, skipped)
+
+    def _local_shard_present(self, info: ShardInfo) -> bool:
+        shard_file = self.out / info.path
+        return shard_file.is_file() and shard_file.stat().st_size == info.nbytes
 
     def _record_paths(self, i: int) -> tuple[Path, Path]:
         return self.dir / f"shard-{i:06d}.json", self.dir / f"fields-{i:06d}.npz"
@@ -333,6 +353,8 @@ class Staging:
             "skipped": [s.to_json() for s in staged.skipped],
         }
         write_json_atomic(info_path, doc, durable=False)
+        if self._on_recorded is not None:
+            self._on_recorded(staged.shard.info)
 
     def writer(self, resumed: Sequence[StagedShard], **dataset: Any) -> StagedWriter:
         """A :class:`StagedWriter` continuing after ``resumed`` (``dataset``: DatasetWriter's arguments)."""

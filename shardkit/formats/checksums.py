@@ -21,16 +21,19 @@ crc32c detects every error burst of up to 32 bits, so every single-bit flip of a
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shardkit.errors import ChecksumError, MissingShardError, NotADatasetError, TruncatedShardError
+from shardkit.errors import ChecksumError, MissingShardError, NotADatasetError, ObjectTooLargeError, TruncatedShardError
 from shardkit.formats import jsonvalues as jv
-from shardkit.formats.index import crc32c_of
+from shardkit.formats.index import crc32c_of, extend_crc32c
 from shardkit.formats.spec import MAX_CRC32C
+from shardkit.stores import ByteRange, Store
 
-__all__ = ["FileDigest", "ATTRIBUTES_CRC_KEY", "attributes_crc32c", "read_verified"]
+__all__ = ["FileDigest", "ATTRIBUTES_CRC_KEY", "attributes_crc32c", "read_verified", "read_object", "read_objects", "fd_crc32c"]
 
 #: Key of the self-checksum inside the ``shardkit`` attributes.
 ATTRIBUTES_CRC_KEY = "attributes_crc32c"
@@ -88,6 +91,78 @@ def read_verified(path: Path, digest: FileDigest | None, *, what: str = "file", 
     if digest is not None:
         digest.check(path, data)
     return data
+
+
+def read_object(
+    store: Store, key: str, digest: FileDigest | None = None, *, what: str = "file", max_nbytes: int | None = None
+) -> bytes:
+    """The bytes of object ``key`` of ``store``, checked like :func:`read_verified`.
+
+    Local stores go through :func:`read_verified` (the key resolved inside the dataset). Object
+    stores fetch the object with one GET whose announced size is checked against the recorded size
+    (or ``max_nbytes``) before the body is read, so an object that grew to many GiB is refused
+    without downloading it.
+    """
+    if store.is_local:
+        return read_verified(store.local_path(key), digest, what=what, max_nbytes=max_nbytes)
+    where = store.describe(key)
+    limit = max_nbytes if digest is None else digest.nbytes
+    try:
+        data = store.get(key, max_nbytes=limit)
+    except FileNotFoundError:
+        raise MissingShardError(f"{where}: {what} listed in the dataset metadata is missing") from None
+    except ObjectTooLargeError:
+        if digest is not None:
+            raise TruncatedShardError(f"{where}: larger than the {digest.nbytes} bytes recorded in the metadata") from None
+        raise NotADatasetError(f"{where}: {what} larger than the {max_nbytes} bytes allowed") from None
+    if digest is not None:
+        digest.check(where, data)
+    return data
+
+
+def read_objects(
+    store: Store, keys: list[str], files: Mapping[str, FileDigest], *, what: str, max_nbytes: int
+) -> list[bytes]:
+    """Several objects of a remote store, each checked like :func:`read_object`.
+
+    Objects whose size is recorded (format 1.1) are fetched concurrently as whole-object ranges (the
+    recorded size bounds the request); the others one GET each.
+    """
+    known = [k for k in keys if k in files and files[k].nbytes > 0]
+    got: dict[str, bytes] = {}
+    ranges = [ByteRange(k, 0, files[k].nbytes) for k in known]
+    try:
+        for item in store.fetch(ranges):
+            key = known[item.index]
+            digest = files[key]
+            if item.object_size != digest.nbytes:
+                raise TruncatedShardError(
+                    f"{store.describe(key)}: expected {digest.nbytes} bytes as recorded in the metadata, found {item.object_size}"
+                )
+            data = bytes(item.data)
+            digest.check(store.describe(key), data)
+            got[key] = data
+    except FileNotFoundError as exc:
+        raise MissingShardError(f"{exc}: {what} listed in the dataset metadata is missing") from None
+    return [got[k] if k in got else read_object(store, k, files.get(k), what=what, max_nbytes=max_nbytes) for k in keys]
+
+
+def fd_crc32c(fd: int, data_nbytes: int, chunk: int = 8 << 20) -> tuple[int, int, int]:
+    """``(crc32c of the first data_nbytes bytes, crc32c of the whole file, size)`` of an open file,
+    streamed once with ``pread`` (a shard's records checksum and its whole-file checksum)."""
+    data_crc = crc = size = 0
+    buf = bytearray(chunk)
+    view = memoryview(buf)
+    while True:
+        n = os.preadv(fd, [view], size)
+        if n == 0:
+            break
+        part = view[:n]
+        if size < data_nbytes:
+            data_crc = extend_crc32c(data_crc, part[: data_nbytes - size])
+        crc = extend_crc32c(crc, part)
+        size += n
+    return data_crc, crc, size
 
 
 def attributes_crc32c(attrs: dict[str, Any]) -> int:

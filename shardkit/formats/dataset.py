@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -9,12 +11,14 @@ from typing import Any
 import numpy as np
 
 from shardkit.errors import NotADatasetError
-from shardkit.formats.checksums import read_verified
+from shardkit.formats.checksums import read_object, read_objects
 from shardkit.formats.fields import read_field_array
-from shardkit.formats.metadata import DatasetMeta, read_dataset_meta
-from shardkit.formats.paths import resolve_inside
+from shardkit.formats.metadata import MAX_DOCUMENT_NBYTES, DatasetMeta, read_dataset_meta
+from shardkit.formats.ranged import DEFAULT_REMOTE_GAP_BYTES, RangedPayloadArray
 from shardkit.formats.reader import DEFAULT_GAP_BYTES, PayloadArray, ReadStats
 from shardkit.formats.spec import ZARR_JSON
+from shardkit.stores import Location, Store, StoreOptions, open_store
+from shardkit.stores.cache import ShardCache, cache_namespace
 
 __all__ = ["Dataset", "open_dataset", "Batch"]
 
@@ -28,11 +32,21 @@ class Dataset:
     Parameters
     ----------
     path
-        Dataset directory.
+        Dataset directory, a URL (``s3://bucket/ds``, ``gs://``, ``az://``, ``http(s)://``; see
+        :mod:`shardkit.stores.url`) or an opened :class:`~shardkit.stores.Store`.
     stats
-        Read counters for the payload (the sampler passes one per tier).
-    gap_bytes
-        Coalescing threshold for sparse reads.
+        Read counters for the payload (the sampler passes one per tier). For a dataset in an
+        object store one ``read_calls`` is one request.
+    gap_bytes, remote_gap_bytes
+        Coalescing threshold for sparse reads of a local dataset, and of a dataset in an object store
+        (see :mod:`shardkit.formats.ranged`).
+    store_options
+        Concurrency, timeouts and retries of an object store (:class:`~shardkit.stores.StoreOptions`).
+    cache_dir, cache_size, cache_stats
+        For a dataset in an object store: keep fetched shards in this local directory (at most
+        ``cache_size`` bytes for the whole directory; ``None``: no limit) and read them from there
+        once complete and verified (:mod:`shardkit.stores.cache`); reads served by it are counted in
+        ``cache_stats``. Ignored for local datasets.
 
     Notes
     -----
@@ -47,27 +61,51 @@ class Dataset:
 
     def __init__(
         self,
-        path: str | os.PathLike[str],
+        path: Location,
         *,
         stats: ReadStats | None = None,
         gap_bytes: int = DEFAULT_GAP_BYTES,
+        remote_gap_bytes: int = DEFAULT_REMOTE_GAP_BYTES,
+        store_options: StoreOptions | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_size: int | None = None,
+        cache_stats: ReadStats | None = None,
     ) -> None:
-        self.path = Path(path)
-        self.meta: DatasetMeta = read_dataset_meta(self.path)
+        self.store: Store = open_store(path, store_options)
+        #: The local cache of remote shards (``cache_dir``), or None.
+        self.cache: ShardCache | None = None
+        #: The dataset directory (a Path) or, for an object store, its URL.
+        self.path: Path | str = self.store.local_path() if self.store.is_local else self.store.url
+        self.meta: DatasetMeta = read_dataset_meta(self.store)
         files = self.meta.files
-        for name in self.meta.fields:  # the payload document is checked as PayloadArray reads it
-            rel = f"{name}/{ZARR_JSON}"
-            if rel in files:
-                read_verified(resolve_inside(self.path, rel, "field array document"), files[rel],
-                              what="field array document")
-        resolve_inside(self.path, f"{self.meta.payload}/{ZARR_JSON}", "payload array document")
-        self.payload = PayloadArray(
-            self.path / self.meta.payload,
-            shards=self.meta.shards,
-            stats=stats,
-            gap_bytes=gap_bytes,
-            document_digest=files.get(f"{self.meta.payload}/{ZARR_JSON}"),
-        )
+        # The payload document is checked as the payload reader reads it.
+        docs = [f"{name}/{ZARR_JSON}" for name in self.meta.fields if f"{name}/{ZARR_JSON}" in files]
+        if self.store.is_local:
+            for rel in docs:
+                read_object(self.store, rel, files[rel], what="field array document")
+            self.store.local_path(f"{self.meta.payload}/{ZARR_JSON}")  # inside the dataset, or UnsafePathError
+            self.payload: PayloadArray = PayloadArray(
+                self.store.local_path() / self.meta.payload,
+                shards=self.meta.shards,
+                stats=stats,
+                gap_bytes=gap_bytes,
+                document_digest=files.get(f"{self.meta.payload}/{ZARR_JSON}"),
+            )
+        else:
+            read_objects(self.store, docs, files, what="field array document", max_nbytes=MAX_DOCUMENT_NBYTES)
+            self.cache = None if cache_dir is None else ShardCache(cache_dir, cache_namespace(
+                self.store.url, hashlib.sha256(json.dumps(self.meta.to_json(), sort_keys=True).encode()).hexdigest()
+            ), cache_size)
+            self.payload = RangedPayloadArray(
+                self.store,
+                self.meta.payload,
+                shards=self.meta.shards,
+                stats=stats,
+                gap_bytes=remote_gap_bytes,
+                document_digest=files.get(f"{self.meta.payload}/{ZARR_JSON}"),
+                cache=self.cache,
+                cache_stats=cache_stats,
+            )
         if (self.payload.records_per_shard != self.meta.records_per_shard
                 or (self.payload.codec is None) != (self.meta.compression is None)):
             raise NotADatasetError(
@@ -119,7 +157,7 @@ class Dataset:
         if self._fields is None:
             m = self.meta
             self._fields = {
-                name: read_field_array(self.path, name, spec, m.num_records, m.field_chunk_records, m.files)
+                name: read_field_array(self.store, name, spec, m.num_records, m.field_chunk_records, m.files)
                 for name, spec in m.fields.items()
             }
         return self._fields
@@ -129,6 +167,7 @@ class Dataset:
         m = self.meta
         return {
             "path": str(self.path),
+            "remote": not self.store.is_local,
             "format_version": m.format_version,
             "format": m.format,
             "kind": m.kind,
@@ -170,6 +209,8 @@ class Dataset:
 
     def close(self) -> None:
         self.payload.close()
+        if self.cache is not None:
+            self.cache.close()
 
     def __enter__(self) -> Dataset:
         return self
@@ -185,6 +226,6 @@ class Dataset:
         )
 
 
-def open_dataset(path: str | os.PathLike[str], **kwargs: Any) -> Dataset:
+def open_dataset(path: Location, **kwargs: Any) -> Dataset:
     """Open a shardkit dataset (see :class:`Dataset`)."""
     return Dataset(path, **kwargs)

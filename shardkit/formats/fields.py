@@ -13,8 +13,9 @@ the metadata. Every size is checked before the buffer it determines is allocated
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +24,12 @@ import numpy as np
 from shardkit.errors import CorruptShardError, MissingShardError, NotADatasetError
 from shardkit.formats import jsonvalues as jv
 from shardkit.formats.atomic import write_bytes_atomic
-from shardkit.formats.checksums import FileDigest, read_verified
+from shardkit.formats.checksums import FileDigest, read_objects, read_verified
 from shardkit.formats.codecs import RecordCodec, codec_from_zarr
-from shardkit.formats.metadata import array_metadata, read_json, write_json_atomic
+from shardkit.formats.metadata import array_metadata, read_json_object, write_json_atomic
 from shardkit.formats.paths import resolve_inside
 from shardkit.formats.spec import MAX_NDIM, ZARR_JSON, FieldSpec, chunk_key
+from shardkit.stores import LocalStore, Store
 
 __all__ = ["read_field_array", "write_field_array"]
 
@@ -72,14 +74,15 @@ def write_field_array(
 
 
 def read_field_array(
-    root: Path,
+    root: Path | Store,
     name: str,
     spec: FieldSpec,
     num_records: int,
     chunk_records: int,
     files: Mapping[str, FileDigest] | None = None,
 ) -> np.ndarray:
-    """Read field ``name`` of the dataset at ``root`` whole into RAM, checking everything.
+    """Read field ``name`` of the dataset at ``root`` (a directory or a store) whole into RAM,
+    checking everything.
 
     Parameters
     ----------
@@ -99,49 +102,61 @@ def read_field_array(
         A chunk (or the document) is missing, has the wrong size or checksum, or does not decode.
     """
     files = files or {}
-    resolve_inside(root, name, "field array")
+    store = root if isinstance(root, Store) else LocalStore(root)
+    if store.is_local:
+        resolve_inside(store.local_path(), name, "field array")
     doc_rel = f"{name}/{ZARR_JSON}"
-    doc_path = resolve_inside(root, doc_rel, "field array document")
-    if not doc_path.exists():
-        raise NotADatasetError(f"{root / name}: field array metadata {root / doc_rel} is missing")
-    doc = read_json(doc_path, files.get(doc_rel))
-    codec = _check_field_document(doc, str(doc_path), spec, num_records, chunk_records)
-    chunks = _chunk_files(root, name, 1 + len(spec.shape), math.ceil(num_records / chunk_records))
-    # Allocation bounded by what exists: every chunk file is there (checked just above), each one
+    if store.is_local and not store.local_path(doc_rel).exists():
+        raise NotADatasetError(f"{store.describe(name)}: field array metadata {store.describe(doc_rel)} is missing")
+    try:
+        doc = read_json_object(store, doc_rel, files.get(doc_rel))
+    except MissingShardError:
+        raise NotADatasetError(f"{store.describe(name)}: field array metadata {store.describe(doc_rel)} is missing") from None
+    codec = _check_field_document(doc, store.describe(doc_rel), spec, num_records, chunk_records)
+    dtype = np.dtype(spec.dtype).newbyteorder("<")
+    block = np.empty((chunk_records, *spec.shape), dtype=dtype)
+    # Any codec's worst case is far below twice the raw size: a larger file is not a chunk.
+    chunks = _chunk_sources(store, name, 1 + len(spec.shape), math.ceil(num_records / chunk_records), files,
+                            max_nbytes=2 * block.nbytes + 1024)
+    # Allocation bounded by what exists: every chunk is there (checked just above), each one
     # decodes to chunk_records x spec.nbytes <= MAX_FIELD_CHUNK_NBYTES (DatasetMeta.check_layout), so
     # a document that claims more records than the dataset holds fails before this line.
-    dtype = np.dtype(spec.dtype).newbyteorder("<")
     out = np.empty((num_records, *spec.shape), dtype=dtype)
-    block = np.empty((chunk_records, *spec.shape), dtype=dtype)
-    for j, (rel, real) in enumerate(chunks):
-        # Any codec's worst case is far below twice the raw size: a larger file is not a chunk.
-        data = read_verified(real, files.get(rel), what="field chunk", max_nbytes=2 * block.nbytes + 1024)
+    for j, (rel, load) in enumerate(chunks):
+        data = load()
         try:
             if codec is None:
                 block[...] = np.frombuffer(data, dtype=dtype).reshape(block.shape)
             else:
                 codec.decode(data, block)
         except Exception as exc:
-            raise CorruptShardError(f"{root / rel}: field chunk does not decode to {block.shape} {dtype} ({exc})") from None
+            raise CorruptShardError(f"{store.describe(rel)}: field chunk does not decode to {block.shape} {dtype} ({exc})") from None
         start = j * chunk_records
         out[start : start + chunk_records] = block[: num_records - start]
     return out
 
 
-def _chunk_files(root: Path, name: str, ndim: int, count: int) -> list[tuple[str, Path]]:
-    """``(relative, resolved)`` path of every chunk of field ``name``; each must exist inside ``root``.
+def _chunk_sources(
+    store: Store, name: str, ndim: int, count: int, files: Mapping[str, FileDigest], *, max_nbytes: int
+) -> list[tuple[str, Callable[[], bytes]]]:
+    """``(relative key, loader)`` of every chunk of field ``name``; each must exist.
 
     zarr reads a missing chunk as the fill value, but shardkit writes every chunk, so a missing one
-    was lost: an error, in every format version.
+    was lost: an error, in every format version. Local chunks are checked to exist here and read
+    one at a time later; remote chunks are downloaded here, all at once (sizes bounded first), so a
+    missing one fails before the field's array is allocated.
     """
-    out = []
-    for j in range(count):
-        rel = chunk_key(name, j, ndim)
-        real = resolve_inside(root, rel, "field chunk")
-        if not real.is_file():
-            raise MissingShardError(f"{root / rel}: field chunk listed in the dataset metadata is missing")
-        out.append((rel, real))
-    return out
+    keys = [chunk_key(name, j, ndim) for j in range(count)]
+    if store.is_local:
+        out: list[tuple[str, Callable[[], bytes]]] = []
+        for rel in keys:
+            real = resolve_inside(store.local_path(), rel, "field chunk")
+            if not real.is_file():
+                raise MissingShardError(f"{store.describe(rel)}: field chunk listed in the dataset metadata is missing")
+            out.append((rel, functools.partial(read_verified, real, files.get(rel), what="field chunk", max_nbytes=max_nbytes)))
+        return out
+    blobs = read_objects(store, keys, files, what="field chunk", max_nbytes=max_nbytes)
+    return [(rel, functools.partial(bytes, blob)) for rel, blob in zip(keys, blobs)]
 
 
 def _check_field_document(

@@ -30,7 +30,7 @@ import logging
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from shardkit.errors import (
     ChecksumError,
@@ -42,7 +42,7 @@ from shardkit.errors import (
 )
 from shardkit.formats import jsonvalues as jv
 from shardkit.formats.atomic import fsync_dir, write_bytes_atomic
-from shardkit.formats.checksums import ATTRIBUTES_CRC_KEY, FileDigest, attributes_crc32c, read_verified
+from shardkit.formats.checksums import ATTRIBUTES_CRC_KEY, FileDigest, attributes_crc32c, read_object, read_verified
 from shardkit.formats.codecs import RecordCodec, codec_from_json
 from shardkit.formats.paths import check_name
 from shardkit.formats.spec import (
@@ -59,6 +59,7 @@ from shardkit.formats.spec import (
     format_string,
     index_nbytes,
 )
+from shardkit.stores import LocalStore, Store
 
 __all__ = [
     "DatasetMeta",
@@ -66,6 +67,8 @@ __all__ = [
     "group_metadata",
     "write_json_atomic",
     "read_json",
+    "read_json_object",
+    "parse_json",
     "read_dataset_meta",
     "fsync_dir",
     "MAX_DOCUMENT_NBYTES",
@@ -76,6 +79,8 @@ logger = logging.getLogger(__name__)
 #: Largest JSON document a reader loads (the root document of a dataset with a million shards and a
 #: long skip list is a few hundred MB).
 MAX_DOCUMENT_NBYTES = 1 << 30
+#: Directory (local) or key prefix (object stores) of an unfinished conversion's resume state.
+STAGING_NAME = ".shardkit-staging"
 #: Default records per chunk of the small per-record fields.
 DEFAULT_FIELD_CHUNK = 65536
 
@@ -429,7 +434,7 @@ def write_json_atomic(path: Path, document: dict[str, Any], *, durable: bool = T
 
 
 def read_json(path: Path, digest: FileDigest | None = None) -> dict[str, Any]:
-    """Read a JSON object document, checked against ``digest`` when the metadata records one.
+    """Read a local JSON object document, checked against ``digest`` when the metadata records one.
 
     Raises
     ------
@@ -439,21 +444,32 @@ def read_json(path: Path, digest: FileDigest | None = None) -> dict[str, Any]:
         The bytes differ from ``digest``.
     """
     raw = read_verified(path, digest, what="metadata document", max_nbytes=MAX_DOCUMENT_NBYTES)
+    return parse_json(raw, str(path))
+
+
+def read_json_object(store: Store, key: str, digest: FileDigest | None = None) -> dict[str, Any]:
+    """:func:`read_json` for the document ``key`` of any store (local or object store)."""
+    raw = read_object(store, key, digest, what="metadata document", max_nbytes=MAX_DOCUMENT_NBYTES)
+    return parse_json(raw, store.describe(key))
+
+
+def parse_json(raw: bytes, where: str) -> dict[str, Any]:
+    """A JSON object document's bytes as a dict (errors name ``where``)."""
     try:
         doc = json.loads(raw.decode("utf-8"))
     except json.JSONDecodeError as exc:
-        raise NotADatasetError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        raise NotADatasetError(f"{where}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
     except UnicodeDecodeError:
-        raise NotADatasetError(f"{path}: not UTF-8 JSON") from None
+        raise NotADatasetError(f"{where}: not UTF-8 JSON") from None
     except RecursionError:
-        raise NotADatasetError(f"{path}: JSON nested too deeply") from None
+        raise NotADatasetError(f"{where}: JSON nested too deeply") from None
     if not isinstance(doc, dict):
-        raise NotADatasetError(f"{path}: expected a JSON object, found {type(doc).__name__}")
+        raise NotADatasetError(f"{where}: expected a JSON object, found {type(doc).__name__}")
     return doc
 
 
-def read_dataset_meta(root: Path) -> DatasetMeta:
-    """Read and validate the dataset metadata of the directory ``root``.
+def read_dataset_meta(root: Path | Store) -> DatasetMeta:
+    """Read and validate the dataset metadata of the directory or store ``root``.
 
     Raises
     ------
@@ -466,28 +482,49 @@ def read_dataset_meta(root: Path) -> DatasetMeta:
     FormatVersionError
         Written by a newer format version.
     """
-    root = Path(root)
-    if not root.exists():
-        raise DatasetNotFoundError(f"{root}: no such dataset directory")
-    if not root.is_dir():
-        raise NotADatasetError(f"{root}: expected a dataset directory, found a file")
-    doc_path = root / ZARR_JSON
-    if not doc_path.exists():
-        # A conversion's staging area, an array document or chunks of an array: a write was cut short.
-        if (root / ".shardkit-staging").exists() or any(root.glob(f"*/{ZARR_JSON}")) or any(root.glob("*/c")):
-            raise IncompleteDatasetError(
-                f"{root}: incomplete dataset (no {ZARR_JSON} group metadata; a conversion was "
-                "interrupted — re-run it to resume)"
-            )
-        raise NotADatasetError(f"{root}: not a shardkit dataset (no {ZARR_JSON})")
-    doc = read_json(doc_path)
+    store = root if isinstance(root, Store) else LocalStore(root)
+    if store.is_local:
+        local = store.local_path()
+        if not local.exists():
+            raise DatasetNotFoundError(f"{local}: no such dataset directory")
+        if not local.is_dir():
+            raise NotADatasetError(f"{local}: expected a dataset directory, found a file")
+    if not store.exists(ZARR_JSON):
+        _raise_missing_root(store)
+    where = store.describe(ZARR_JSON)
+    doc = read_json_object(store, ZARR_JSON)
     if doc.get("zarr_format") != 3 or doc.get("node_type") != "group":
         raise NotADatasetError(
-            f"{doc_path}: expected a zarr v3 group, found zarr_format={doc.get('zarr_format')!r} "
+            f"{where}: expected a zarr v3 group, found zarr_format={doc.get('zarr_format')!r} "
             f"node_type={doc.get('node_type')!r}"
         )
     attributes = doc.get("attributes", {})
     attrs = attributes.get(ATTRS_KEY) if isinstance(attributes, dict) else None
     if not isinstance(attrs, dict):
-        raise NotADatasetError(f"{doc_path}: a zarr group without 'shardkit' attributes")
-    return DatasetMeta.from_json(attrs, where=str(doc_path))
+        raise NotADatasetError(f"{where}: a zarr group without 'shardkit' attributes")
+    return DatasetMeta.from_json(attrs, where=where)
+
+
+def _raise_missing_root(store: Store) -> NoReturn:
+    """No root document: an interrupted conversion, nothing at all, or something else."""
+    if store.is_local:
+        local = store.local_path()
+        # A conversion's staging area, an array document or chunks of an array: a write was cut short.
+        started = (local / STAGING_NAME).exists() or any(local.glob(f"*/{ZARR_JSON}")) or any(local.glob("*/c"))
+    else:
+        # One listing (at most a page) tells an empty prefix from an interrupted upload.
+        started = False
+        empty = True
+        for meta in store.list(""):
+            empty = False
+            if meta.key.startswith(f"{STAGING_NAME}/") or meta.key.endswith(f"/{ZARR_JSON}") or "/c/" in meta.key:
+                started = True
+                break
+        if empty:
+            raise DatasetNotFoundError(f"{store.url}: no such dataset (nothing stored under this prefix)")
+    if started:
+        raise IncompleteDatasetError(
+            f"{store.url}: incomplete dataset (no {ZARR_JSON} group metadata; a conversion was "
+            "interrupted — re-run it to resume)"
+        )
+    raise NotADatasetError(f"{store.url}: not a shardkit dataset (no {ZARR_JSON})")

@@ -17,10 +17,9 @@ Every refusal is an :class:`~shardkit.errors.UnsafePathError` (a NotADatasetErro
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from shardkit.errors import UnsafePathError
 from shardkit.formats.spec import ZARR_JSON
+from shardkit.stores.local import resolve_inside
 
 __all__ = ["check_name", "resolve_inside"]
 
@@ -42,21 +41,3 @@ def check_name(name: str, what: str, where: str) -> str:
             "without '/', '\\\\', NUL or a leading '.')"
         )
     return name
-
-
-def resolve_inside(root: Path, relative: str | Path, what: str) -> Path:
-    """``root / relative`` with symlinks resolved, refused unless it lies inside ``root``.
-
-    ``relative`` may name a file that does not exist (the caller reports that as missing); the part
-    that exists is resolved, so a symlinked parent directory is still caught.
-    """
-    rel = Path(relative)
-    if rel.is_absolute() or ".." in rel.parts:
-        raise UnsafePathError(f"{root}: {what} path {str(relative)!r} leaves the dataset directory")
-    base = root.resolve()
-    target = (root / rel).resolve()
-    if target != base and base not in target.parents:
-        raise UnsafePathError(
-            f"{root / rel}: {what} resolves to {target}, outside the dataset directory {base} (a symlink?)"
-        )
-    return target

@@ -248,40 +248,16 @@ class PayloadArray:
         gap_bytes: int = DEFAULT_GAP_BYTES,
         document_digest: FileDigest | None = None,
     ) -> None:
-        self.path = Path(path)
-        doc_path = self.path / ZARR_JSON
+        local = Path(path)
+        self.path: Path | str = local
+        doc_path = local / ZARR_JSON
         if not doc_path.exists():
-            raise NotADatasetError(f"{self.path}: no payload array ({doc_path} is missing)")
-        self.layout = ShardedLayout.parse(read_json(doc_path, document_digest), str(doc_path))
-        self.shape, self.dtype = self.layout.shape, self.layout.dtype
-        self.records_per_shard, self.codec = self.layout.records_per_shard, self.layout.codec
-        self.fill_value = self.layout.fill_value
-        self.record = FieldSpec(self.shape[1:], self.dtype.name)
-        self.record_nbytes = self.record.nbytes
-        self.num_records = self.shape[0]
-        n_shards = math.ceil(self.num_records / self.records_per_shard) if self.num_records else 0
-        ndim = len(self.shape)
-        if shards is None:
-            shards = []
-            for i in range(n_shards):
-                rel = chunk_key(self.path.name, i, ndim, self.layout.separator).split("/", 1)[1]
-                start = i * self.records_per_shard
-                shards.append(ShardInfo(rel, start, min(start + self.records_per_shard, self.num_records), -1, -1))
-            self._rel_base = self.path
-        else:
-            if len(shards) != n_shards:
-                raise NotADatasetError(
-                    f"{self.path}: metadata lists {len(shards)} shards, expected {n_shards} for "
-                    f"{self.num_records} records of {self.records_per_shard} per shard"
-                )
-            for i, info in enumerate(shards):
-                expected = chunk_key(self.path.name, i, ndim, self.layout.separator)
-                if info.path != expected:
-                    raise (UnsafePathError if ".." in info.path or info.path.startswith("/") else NotADatasetError)(
-                        f"{self.path}: shard {i} path {info.path!r} in the metadata is not the array's chunk key "
-                        f"{expected!r}"
-                    )
-            self._rel_base = self.path.parent
+            raise NotADatasetError(f"{local}: no payload array ({doc_path} is missing)")
+        shards = self._init_layout(read_json(doc_path, document_digest), str(doc_path), local.name, shards)
+        self._rel_base = local.parent if self._from_metadata else local
+        self._init_state(shards, stats, gap_bytes)
+
+    def _init_state(self, shards: list[ShardInfo], stats: ReadStats | None, gap_bytes: int) -> None:
         self.shards = shards
         self.stats = stats if stats is not None else ReadStats()
         self.gap_bytes = int(gap_bytes)
@@ -291,9 +267,50 @@ class PayloadArray:
         self._lock = threading.Lock()
         self._scratch = np.empty(max(self.gap_bytes, 1), dtype=np.uint8)
 
+    def _init_layout(
+        self, doc: dict[str, Any], where: str, array_name: str, shards: list[ShardInfo] | None
+    ) -> list[ShardInfo]:
+        """Parse the array document and check ``shards`` against it (shared by every reader of the
+        layout, local or remote); returns the shard list (derived from the chunk grid without one)."""
+        self.layout = ShardedLayout.parse(doc, where)
+        self.shape, self.dtype = self.layout.shape, self.layout.dtype
+        self.records_per_shard, self.codec = self.layout.records_per_shard, self.layout.codec
+        self.fill_value = self.layout.fill_value
+        self.record = FieldSpec(self.shape[1:], self.dtype.name)
+        self.record_nbytes = self.record.nbytes
+        self.num_records = self.shape[0]
+        n_shards = math.ceil(self.num_records / self.records_per_shard) if self.num_records else 0
+        ndim = len(self.shape)
+        self._from_metadata = shards is not None
+        if shards is None:
+            shards = []
+            for i in range(n_shards):
+                rel = chunk_key(array_name, i, ndim, self.layout.separator).split("/", 1)[1]
+                start = i * self.records_per_shard
+                shards.append(ShardInfo(rel, start, min(start + self.records_per_shard, self.num_records), -1, -1))
+            return shards
+        if len(shards) != n_shards:
+            raise NotADatasetError(
+                f"{self.path}: metadata lists {len(shards)} shards, expected {n_shards} for "
+                f"{self.num_records} records of {self.records_per_shard} per shard"
+            )
+        for i, info in enumerate(shards):
+            expected = chunk_key(array_name, i, ndim, self.layout.separator)
+            if info.path != expected:
+                raise (UnsafePathError if ".." in info.path or info.path.startswith("/") else NotADatasetError)(
+                    f"{self.path}: shard {i} path {info.path!r} in the metadata is not the array's chunk key "
+                    f"{expected!r}"
+                )
+        return shards
+
     # ------------------------------------------------------------------ files and indexes
     def shard_path(self, i: int) -> Path:
+        """The local file of shard ``i``."""
         return self._rel_base / self.shards[i].path
+
+    def shard_location(self, i: int) -> str:
+        """Shard ``i`` as a path or URL, for messages."""
+        return str(self.shard_path(i))
 
     def _fd(self, i: int) -> int:
         fd = self._fds.get(i)
@@ -320,36 +337,56 @@ class PayloadArray:
         idx = self._indexes.get(i)
         if idx is not None:
             return idx
-        fd = self._fd(i)
-        path = self.shard_path(i)
-        size = os.fstat(fd).st_size
+        raw, size = self._index_bytes(i, index_nbytes(self.records_per_shard))
+        idx = self._decode_index(i, raw, size)
+        self._indexes[i] = idx
+        return idx
+
+    def stored_index(self, i: int) -> ShardIndex:
+        """The index as stored in shard ``i``'s file, checked (what ``verify`` inspects; for local
+        shards the same as :meth:`index`)."""
+        return self.index(i)
+
+    def _decode_index(self, i: int, raw: bytes, size: int) -> ShardIndex:
+        """Check the index bytes ``raw`` of shard ``i`` (``size`` bytes in all) against the metadata."""
         info = self.shards[i]
+        path = self.shard_location(i)
         isize = index_nbytes(self.records_per_shard)
         if info.nbytes >= 0 and size != info.nbytes:
             raise TruncatedShardError(
                 f"{path}: shard {i} (records {info.start}-{info.stop - 1}) should be {info.nbytes} bytes, "
                 f"found {size}"
             )
+        idx = ShardIndex.decode(
+            raw, self.records_per_shard, path=path, data_nbytes=size - isize, recorded_crc32c=info.index_crc32c
+        )
+        count = info.count
+        if self.codec is None:
+            if info.nbytes >= 0:  # a dataset's shard: exactly the fixed-size layout
+                idx.check_dense(path, count, self.record_nbytes)
+            elif np.any(idx.nbytes[:count][idx.present[:count]] != self.record_nbytes):
+                raise CorruptIndexError(
+                    f"{path}: uncompressed records must be {self.record_nbytes} bytes, index says otherwise"
+                )
+        return idx
+
+    def _index_bytes(self, i: int, isize: int) -> tuple[bytes, int]:
+        """The last ``isize`` bytes of shard ``i`` and the shard's size (a shard that is too small
+        for its index is a TruncatedShardError)."""
+        fd = self._fd(i)
+        path = self.shard_location(i)
+        size = os.fstat(fd).st_size
+        info = self.shards[i]
+        if info.nbytes >= 0 and size != info.nbytes:
+            return b"", size  # index() reports the size mismatch
         if size < isize:
             raise TruncatedShardError(
                 f"{path}: shard {i} is {size} bytes, smaller than its {isize}-byte index"
             )
         offset = size - isize
         raw = os.pread(fd, isize, offset)
-        self.stats.add(str(path), offset, isize)
-        idx = ShardIndex.decode(
-            raw, self.records_per_shard, path=str(path), data_nbytes=size - isize, recorded_crc32c=info.index_crc32c
-        )
-        count = info.count
-        if self.codec is None:
-            if info.nbytes >= 0:  # a dataset's shard: exactly the fixed-size layout
-                idx.check_dense(str(path), count, self.record_nbytes)
-            elif np.any(idx.nbytes[:count][idx.present[:count]] != self.record_nbytes):
-                raise CorruptIndexError(
-                    f"{path}: uncompressed records must be {self.record_nbytes} bytes, index says otherwise"
-                )
-        self._indexes[i] = idx
-        return idx
+        self.stats.add(path, offset, isize)
+        return raw, size
 
     def is_dense(self, i: int) -> bool:
         """True when shard ``i`` is the fixed-size layout (record j at ``j * record_nbytes``)."""
@@ -405,6 +442,17 @@ class PayloadArray:
         runs: list[_Run] = []
         for seg_keys, seg_pos in zip(np.split(uniq, bounds), np.split(first_pos, bounds)):
             runs += self._plan_shard(int(seg_keys[0] // self.records_per_shard), seg_keys, seg_pos, rows)
+        self._read_runs(runs, rows)
+        if dup.any():
+            # Copy each duplicate from its first occurrence (runs of equal keys are consecutive).
+            src = order[np.maximum.accumulate(np.where(~dup, np.arange(n), 0))]
+            out[order[dup]] = out[src[dup]]
+        self.stats.add_records(n)
+        return out
+
+    def _read_runs(self, runs: list[_Run], rows: np.ndarray) -> None:
+        """Read every planned run into ``rows`` (the I/O half of :meth:`read`; remote readers
+        override it)."""
         if len(runs) > 1 and self.codec is None and all(self._mappable(run.shard) for run in runs):
             self._read_mapped(runs, rows)
         else:
@@ -418,12 +466,6 @@ class PayloadArray:
                     self._preadv_run(run.fd, run.path, run.offs, run.sizes, run.pos, rows)
                 else:
                     self._read_compressed_run(run.fd, run.path, run.offs, run.sizes, run.pos, rows)
-        if dup.any():
-            # Copy each duplicate from its first occurrence (runs of equal keys are consecutive).
-            src = order[np.maximum.accumulate(np.where(~dup, np.arange(n), 0))]
-            out[order[dup]] = out[src[dup]]
-        self.stats.add_records(n)
-        return out
 
     def _read_mapped(self, runs: list[_Run], rows: np.ndarray) -> None:
         """A sparse selection of uncompressed records: announce every run, then gather per shard.
@@ -488,7 +530,7 @@ class PayloadArray:
         """The coalesced runs, in ascending offsets, that read ``keys`` of shard ``i`` into ``rows[pos]``."""
         idx = self.index(i)
         fd = self._fd(i)
-        path = str(self.shard_path(i))
+        path = self.shard_location(i)
         local = keys - i * self.records_per_shard
         offs = idx.offsets[local].astype(np.int64)
         sizes = idx.nbytes[local].astype(np.int64)

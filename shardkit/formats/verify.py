@@ -25,14 +25,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shardkit.errors import ChecksumError, CorruptShardError, MissingShardError, ShardkitError, TruncatedShardError
+from shardkit.formats.checksums import fd_crc32c
 from shardkit.formats.dataset import Dataset
 from shardkit.formats.fields import read_field_array
 from shardkit.formats.index import extend_crc32c
 from shardkit.formats.metadata import DatasetMeta
-from shardkit.formats.paths import resolve_inside
 from shardkit.formats.spec import FORMAT_MINOR, FORMAT_VERSION, ShardInfo, format_string, index_nbytes
+from shardkit.stores import ByteRange, Location, Store
 
-__all__ = ["VerifyReport", "Problem", "verify", "limitations", "shard_crc32c"]
+__all__ = ["VerifyReport", "Problem", "verify", "limitations", "shard_crc32c", "object_crc32c"]
 
 logger = logging.getLogger(__name__)
 
@@ -107,27 +108,15 @@ def shard_crc32c(path: Path, data_nbytes: int) -> tuple[int, int, int]:
 
     ``data_nbytes`` is where the records end and the index begins.
     """
-    data_crc = crc = size = 0
-    buf = bytearray(_CHUNK)
-    view = memoryview(buf)
     fd = os.open(path, os.O_RDONLY)
     try:
-        while True:
-            n = os.readv(fd, [view])
-            if n == 0:
-                break
-            chunk = view[:n]
-            if size < data_nbytes:
-                data_crc = extend_crc32c(data_crc, chunk[: data_nbytes - size])
-            crc = extend_crc32c(crc, chunk)
-            size += n
+        return fd_crc32c(fd, data_nbytes, _CHUNK)
     finally:
         os.close(fd)
-    return data_crc, crc, size
 
 
 def verify(
-    path: str | os.PathLike[str],
+    path: Location,
     *,
     quick: bool = False,
     progress: Callable[[int], None] | None = None,
@@ -159,16 +148,23 @@ def verify(
 
 
 def _check_shard(ds: Dataset, i: int, info: ShardInfo, quick: bool, report: VerifyReport) -> None:
-    shard_path = ds.payload.shard_path(i)
+    where = ds.payload.shard_location(i)
     try:
-        idx = ds.payload.index(i)  # existence, size, index crc32c (own and recorded), bounds, layout
+        if not ds.store.is_local:
+            size = ds.store.head(info.path).size
+            if size != info.nbytes:
+                raise TruncatedShardError(f"expected {info.nbytes} bytes as recorded in the metadata, found {size}")
+        idx = ds.payload.stored_index(i)  # existence, size, index crc32c (own and recorded), bounds, layout
         present = int(idx.present[: info.count].sum())
         extra = int(idx.present[info.count :].sum())
         if present != info.count or extra:
             raise CorruptShardError(f"index holds {present + extra} records, expected {info.count}")
         if not quick:
             data_nbytes = info.nbytes - index_nbytes(ds.meta.records_per_shard)
-            data_crc, crc, size = shard_crc32c(shard_path, data_nbytes)
+            if ds.store.is_local:
+                data_crc, crc, size = shard_crc32c(ds.payload.shard_path(i), data_nbytes)
+            else:
+                data_crc, crc, size = object_crc32c(ds.store, info.path, info.nbytes, data_nbytes)
             report.bytes_checked += size
             if info.data_crc32c is not None and data_crc != info.data_crc32c:
                 raise ChecksumError(
@@ -179,28 +175,51 @@ def _check_shard(ds: Dataset, i: int, info: ShardInfo, quick: bool, report: Veri
                     f"content crc32c {crc:#010x} differs from the recorded {info.crc32c:#010x}"
                 )
     except ShardkitError as exc:
-        report.problems.append(Problem(str(shard_path), info.start, info.stop, _strip(str(exc), shard_path)))
+        report.problems.append(Problem(where, info.start, info.stop, _strip(str(exc), where)))
+
+
+def object_crc32c(store: Store, key: str, size: int, data_nbytes: int) -> tuple[int, int, int]:
+    """:func:`shard_crc32c` of an object in a store: ``size`` bytes fetched as concurrent ranges of
+    ``request_bytes``, folded into the checksums in order (at most ``concurrency`` ranges held)."""
+    step = store.options.request_bytes
+    window = max(1, store.options.concurrency)
+    data_crc = crc = 0
+    done = 0
+    starts = list(range(0, size, step))
+    for w in range(0, len(starts), window):
+        asks = [ByteRange(key, a, min(a + step, size)) for a in starts[w : w + window]]
+        got: dict[int, memoryview] = {}
+        for item in store.fetch(asks):
+            if item.object_size != size:
+                raise TruncatedShardError(f"expected {size} bytes as recorded in the metadata, found {item.object_size}")
+            got[item.index] = item.data
+        for j in range(len(asks)):
+            chunk = got.pop(j)
+            if done < data_nbytes:
+                data_crc = extend_crc32c(data_crc, chunk[: data_nbytes - done])
+            crc = extend_crc32c(crc, chunk)
+            done += chunk.nbytes
+    return data_crc, crc, done
 
 
 def _check_files(ds: Dataset, quick: bool, report: VerifyReport) -> set[str]:
     """Every file with a recorded digest (format 1.1); returns the names of fields with a damaged file."""
     damaged: set[str] = set()
     for rel, digest in ds.meta.files.items():
-        file = ds.path / rel
+        where = ds.store.describe(rel)
         try:
-            real = resolve_inside(ds.path, rel, "dataset file")
             try:
-                size = real.stat().st_size
+                size = ds.store.head(rel).size
             except FileNotFoundError:
                 raise MissingShardError("listed in the dataset metadata but missing") from None
             if size != digest.nbytes:
                 raise TruncatedShardError(f"expected {digest.nbytes} bytes as recorded in the metadata, found {size}")
             if not quick:
-                digest.check(file, real.read_bytes())
+                digest.check(where, ds.store.get(rel, max_nbytes=digest.nbytes))
                 report.bytes_checked += size
         except ShardkitError as exc:
             damaged.add(rel.split("/", 1)[0])
-            report.problems.append(Problem(str(file), 0, 0, _strip(str(exc), file)))
+            report.problems.append(Problem(where, 0, 0, _strip(str(exc), where)))
         report.files_checked += 1
     return damaged
 
@@ -212,11 +231,11 @@ def _check_fields(ds: Dataset, damaged: set[str], report: VerifyReport) -> None:
         if name in damaged:
             continue
         try:
-            read_field_array(ds.path, name, spec, m.num_records, m.field_chunk_records, m.files)
+            read_field_array(ds.store, name, spec, m.num_records, m.field_chunk_records, m.files)
         except ShardkitError as exc:
-            report.problems.append(Problem(str(ds.path / name), 0, 0, str(exc)))
+            report.problems.append(Problem(ds.store.describe(name), 0, 0, str(exc)))
 
 
-def _strip(message: str, path: Path) -> str:
+def _strip(message: str, path: Path | str) -> str:
     prefix = f"{path}: "
     return message[len(prefix) :] if message.startswith(prefix) else message

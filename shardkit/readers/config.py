@@ -26,8 +26,10 @@ import numpy as np
 from shardkit import units
 from shardkit.errors import ConfigError
 from shardkit.formats import DEFAULT_GAP_BYTES
+from shardkit.formats.ranged import DEFAULT_REMOTE_GAP_BYTES
 from shardkit.readers.schedule import MODES, consumer_records_bound, ram_block, ssd_block
 from shardkit.readers.seeds import check_seed
+from shardkit.stores import DEFAULT_OPTIONS
 from shardkit.units import Capacity, human_bytes, parse_bytes, parse_count
 
 __all__ = ["TIERS", "Source", "option_name", "parse_tiers", "SamplerOptions", "TierSizes", "DEFAULTS"]
@@ -141,6 +143,20 @@ class SamplerOptions:
         Stop an iteration after this many records were emitted to this consumer (``None``: no limit).
     gap_bytes
         Gaps between wanted records up to this size are read rather than skipped (64 KiB by default).
+    remote_gap_bytes
+        The same for a dataset in an object store, where a request costs far more than reading a
+        gap (1 MiB by default; see :mod:`shardkit.formats.ranged` for how it was chosen).
+    remote_concurrency
+        Requests in flight at once when reading a dataset in an object store (32 by default).
+    remote_timeout, remote_retry
+        For an object store: how long one request may take before it counts as a transient failure
+        (60 s), and how long transient failures are retried before the read fails with an error
+        naming the object and byte range (120 s: long enough to ride out a server restart). Seconds
+        or a duration (``"90s"``, ``"2min"``).
+    cache_dir, cache_size
+        A local directory that keeps the shards of a dataset in an object store once they were
+        fetched, so later epochs read them from local disk (see :mod:`shardkit.stores.cache`), and
+        its budget in bytes (``None``: as much as the dataset needs). Ignored for local datasets.
     start_epoch
         First epoch of the first iteration.
     static_cache
@@ -182,6 +198,12 @@ class SamplerOptions:
     drop_last: bool = False
     limit: int | None = None
     gap_bytes: int = DEFAULT_GAP_BYTES
+    remote_gap_bytes: int = DEFAULT_REMOTE_GAP_BYTES
+    remote_concurrency: int = DEFAULT_OPTIONS.concurrency
+    remote_timeout: float = DEFAULT_OPTIONS.timeout
+    remote_retry: float = DEFAULT_OPTIONS.retry_seconds
+    cache_dir: Path | None = None
+    cache_size: int | None = None
     start_epoch: int = 0
     static_cache: Capacity = _OFF
     locality: bool = False
@@ -209,6 +231,12 @@ class SamplerOptions:
             "limit": None if self.limit is None else parse_count(self.limit, what=name("limit"), minimum=0),
             "gap_bytes": DEFAULT_GAP_BYTES if self.gap_bytes is None
             else parse_bytes(self.gap_bytes, what=name("gap_bytes"), allow_zero=True),
+            "remote_gap_bytes": parse_bytes(self.remote_gap_bytes, what=name("remote_gap_bytes"), allow_zero=True),
+            "remote_concurrency": parse_count(self.remote_concurrency, what=name("remote_concurrency"), minimum=1),
+            "remote_timeout": units.parse_duration(self.remote_timeout, what=name("remote_timeout"), allow_zero=False),
+            "remote_retry": units.parse_duration(self.remote_retry, what=name("remote_retry"), allow_zero=False),
+            "cache_dir": _path_or_none(self.cache_dir, name("cache_dir")),
+            "cache_size": None if self.cache_size is None else parse_bytes(self.cache_size, what=name("cache_size")),
             "start_epoch": parse_count(self.start_epoch, what=name("start_epoch"), minimum=0),
             "static_cache": units.parse_capacity(0 if self.static_cache is None else self.static_cache,
                                            what=name("static_cache"), allow_zero=True),
@@ -267,6 +295,20 @@ class SamplerOptions:
     def name(self, option: str) -> str:
         """``option`` as the user wrote it (see :func:`option_name`)."""
         return option_name(option, self.source)
+
+    def dataset_options(self) -> dict[str, Any]:
+        """Keyword arguments of :class:`~shardkit.formats.Dataset` for the bottom tier (the dataset
+        itself): gap thresholds, and for an object store its concurrency and local cache."""
+        return {
+            "gap_bytes": self.gap_bytes,
+            "remote_gap_bytes": self.remote_gap_bytes,
+            "store_options": dataclasses.replace(
+                DEFAULT_OPTIONS, concurrency=self.remote_concurrency, timeout=self.remote_timeout,
+                retry_seconds=self.remote_retry,
+            ),
+            "cache_dir": self.cache_dir,
+            "cache_size": self.cache_size,
+        }
 
     # ------------------------------------------------------------------ resolution
     def tier_sizes(self, record_nbytes: int, num_records: int) -> TierSizes:

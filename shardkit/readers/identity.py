@@ -11,6 +11,13 @@ the path.
 The identity is the SHA-256 of the root ``zarr.json``: it holds the schema, the record count and
 every shard's checksum, so a dataset with different records has a different identity, while a
 re-conversion that produces byte-identical data keeps it (nothing the sampler reads changed).
+For a dataset in an object store the check is a HEAD request first: while the root document's ETag
+is the one seen when the identity was taken, it has not changed; only a different ETag costs a GET
+and a hash (an identical re-upload keeps the identity). A round trip after every block would add a
+full request latency (20-100 ms) to each block, so remote checks run at most every
+:data:`REMOTE_CHECK_SECONDS`; in between, every shard read carries ``If-Match`` with the ETag it
+was first read with (:mod:`shardkit.formats.ranged`), so payload of a replaced shard is never
+passed on either way, and cached shards are kept per dataset version.
 During a conversion the root document does not exist (the writer deletes the old output first and
 writes the root document last), which the check reports as a dataset that is gone.
 """
@@ -18,43 +25,65 @@ writes the root document last), which the check reports as a dataset that is gon
 from __future__ import annotations
 
 import hashlib
-import os
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from shardkit.errors import SamplerError
+from shardkit.formats.metadata import MAX_DOCUMENT_NBYTES
+from shardkit.stores import Location, StoreOptions, as_location, open_store
 
-__all__ = ["DatasetIdentity", "dataset_fingerprint", "ROOT_DOCUMENT"]
+__all__ = ["DatasetIdentity", "dataset_fingerprint", "ROOT_DOCUMENT", "REMOTE_CHECK_SECONDS"]
+
+#: Least time between two identity checks of a dataset in an object store (see the module docstring).
+REMOTE_CHECK_SECONDS = 2.0
 
 #: The dataset's root document (the zarr group metadata with shardkit's attributes).
 ROOT_DOCUMENT = "zarr.json"
 
 
-def dataset_fingerprint(path: str | os.PathLike[str]) -> str:
+def dataset_fingerprint(path: Location) -> str:
     """SHA-256 (hex) of the dataset's root ``zarr.json``; ``FileNotFoundError`` if it has none."""
-    return hashlib.sha256((Path(path) / ROOT_DOCUMENT).read_bytes()).hexdigest()
+    return _fingerprint_and_tag(path)[0]
+
+
+def _fingerprint_and_tag(path: Location, options: StoreOptions | None = None) -> tuple[str, str | None]:
+    store = open_store(path, options)
+    tag = None if store.is_local else store.head(ROOT_DOCUMENT).etag
+    return hashlib.sha256(store.get(ROOT_DOCUMENT, max_nbytes=MAX_DOCUMENT_NBYTES)).hexdigest(), tag
 
 
 @dataclass(frozen=True)
 class DatasetIdentity:
-    """A dataset path and the fingerprint it had when a sampler opened it."""
+    """A dataset location and the fingerprint (and, in an object store, the ETag of the root
+    document) it had when a sampler opened it."""
 
-    path: Path
+    path: Path | str
     fingerprint: str
+    etag: str | None = None
+    #: How an object store is asked (the sampler's retry budget and timeouts).
+    options: StoreOptions | None = None
+    #: When a remote check last succeeded (monotonic seconds; mutable inside the frozen value).
+    _checked: list[float] = field(default_factory=lambda: [time.monotonic()], compare=False, repr=False)
 
     @classmethod
-    def of(cls, path: str | os.PathLike[str]) -> DatasetIdentity:
+    def of(cls, path: Location, options: StoreOptions | None = None) -> DatasetIdentity:
         """The identity ``path`` has now."""
-        path = Path(path)
+        where = as_location(path)
         try:
-            return cls(path, dataset_fingerprint(path))
+            return cls(where, *_fingerprint_and_tag(where, options), options)
         except FileNotFoundError:
-            raise SamplerError(f"{path}: expected a shardkit dataset, found no {ROOT_DOCUMENT}") from None
+            raise SamplerError(f"{where}: expected a shardkit dataset, found no {ROOT_DOCUMENT}") from None
 
     def check(self) -> None:
         """Raise :class:`~shardkit.errors.SamplerError` unless the dataset is still the one opened."""
+        if self.etag is not None and time.monotonic() - self._checked[0] < REMOTE_CHECK_SECONDS:
+            return
         try:
-            now = dataset_fingerprint(self.path)
+            if self.etag is not None and open_store(self.path, self.options).head(ROOT_DOCUMENT).etag == self.etag:
+                self._checked[0] = time.monotonic()
+                return
+            now = _fingerprint_and_tag(self.path, self.options)[0]
         except FileNotFoundError:
             raise SamplerError(
                 f"{self.path}: the dataset this sampler reads was removed or is being rewritten (its "

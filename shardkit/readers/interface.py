@@ -40,8 +40,8 @@ class Sampler(Protocol):
     """
 
     @property
-    def path(self) -> Path:
-        """The dataset directory."""
+    def path(self) -> Path | str:
+        """The dataset: its directory, or its URL when it lives in an object store."""
         ...
 
     @property

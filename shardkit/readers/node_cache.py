@@ -43,6 +43,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -104,8 +105,9 @@ class NodeCache(StaticCache):
     ----------
     ram_keys, disk_keys
         Disjoint key sets (any order).
-    dataset
-        The dataset directory (the disk part is written from it).
+    dataset, dataset_options
+        The dataset (a directory or a URL; the disk part is written from it) and the keyword
+        arguments the sampler opens it with (:meth:`SamplerOptions.dataset_options`).
     directory
         The user's node-cache directory (:func:`node_cache_dir`), created private if missing.
     name
@@ -119,10 +121,11 @@ class NodeCache(StaticCache):
         ram_keys: np.ndarray,
         disk_keys: np.ndarray,
         *,
-        dataset: Path,
+        dataset: Path | str,
         directory: Path,
         name: str,
         stats: ReadStats,
+        dataset_options: dict[str, Any] | None = None,
     ) -> None:
         ram = np.unique(np.asarray(ram_keys, dtype=np.int64))
         disk = np.unique(np.asarray(disk_keys, dtype=np.int64))
@@ -134,10 +137,11 @@ class NodeCache(StaticCache):
         self._in_ram = np.isin(self.keys, ram)
         self._ram_row = np.cumsum(self._in_ram) - 1
         self._disk_row = np.cumsum(~self._in_ram) - 1
-        self.dataset = Path(dataset)
+        self.dataset = dataset
         self.directory = Path(directory)
         self.entry = self.directory / name
         self._stats = stats
+        self._options = dict(dataset_options or {})
         self._disk: Dataset | None = None
 
     # ------------------------------------------------------------------ loading
@@ -209,7 +213,7 @@ class NodeCache(StaticCache):
                 f"filesystem has {free} free; lower node_cache or choose another node_cache_dir"
             )
         tmp = self.directory / f".{self.entry.name}.building-{os.getpid()}-{secrets.token_hex(4)}"
-        with Dataset(self.dataset, stats=payload.stats, gap_bytes=payload.gap_bytes) as source:
+        with Dataset(self.dataset, stats=payload.stats, **self._options) as source:
             write_reservoir(source, self.disk_keys, tmp, stop)
         make_private(tmp)
         _sync_tree(tmp)  # unlike a reservoir, the entry outlives the run: only whole entries get a name

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -142,7 +142,9 @@ class Pipeline:
     Parameters
     ----------
     dataset_path
-        The dataset (disk tier); opened here with the disk tier's counters.
+        The dataset (disk tier: a local directory or an object-store URL); opened here with the disk
+        tier's counters and ``dataset_options`` (:meth:`SamplerOptions.dataset_options`: the remote
+        gap threshold, concurrency and local cache of an object store).
     segments
         Iterator of the run's :class:`Segment` objects, in order (consumed by the first creator).
     ram_block
@@ -163,7 +165,7 @@ class Pipeline:
 
     def __init__(
         self,
-        dataset_path: Path,
+        dataset_path: Path | str,
         segments: Iterator[Segment],
         *,
         fields: dict[str, np.ndarray],
@@ -172,6 +174,7 @@ class Pipeline:
         ssd_block: int | None,
         ssd_dir: Path | None,
         gap_bytes: int = DEFAULT_GAP_BYTES,
+        dataset_options: Mapping[str, Any] | None = None,
         static_cache: StaticCache | None = None,
         identity: DatasetIdentity | None = None,
     ) -> None:
@@ -183,7 +186,8 @@ class Pipeline:
         self._gap = gap_bytes
         self._fields = fields
         self._identity = identity
-        self.disk = Dataset(dataset_path, stats=stats.disk, gap_bytes=gap_bytes)
+        self.disk = Dataset(dataset_path, stats=stats.disk, cache_stats=stats.remote_cache,
+                            **{"gap_bytes": gap_bytes, **(dataset_options or {})})
         self._payload_name = self.disk.payload_name
         self._segments = segments
         self.ram_block = int(ram_block)
@@ -226,6 +230,8 @@ class Pipeline:
                 except SamplerError as changed:
                     changed.__cause__ = exc
                     exc = changed
+                except Exception:  # the check itself failed (e.g. the store is unreachable): report the read's error
+                    logger.debug("dataset identity check after a failed read also failed", exc_info=True)
             with self._error_lock:
                 if self.error is None:
                     self.error = exc

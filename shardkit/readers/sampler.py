@@ -6,7 +6,6 @@ See :class:`TieredSampler`; its options are :class:`~shardkit.readers.config.Sam
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import tempfile
 import time
@@ -28,6 +27,7 @@ from shardkit.readers.pipeline import BatchReady, EpochEnd, Pipeline, RunDone, S
 from shardkit.readers.schedule import ConsumerPlan, batches_per_consumer, consumer_plan, epoch_stream, truncate_plan
 from shardkit.readers.static_cache import StaticCache, pinned_keys
 from shardkit.readers.stats import SamplerStats
+from shardkit.stores import Location, as_location
 from shardkit.units import human_bytes, parse_count
 
 __all__ = ["TieredSampler", "STATE_VERSION"]
@@ -54,8 +54,9 @@ class TieredSampler:
     Parameters
     ----------
     dataset
-        Dataset directory or an opened :class:`~shardkit.formats.Dataset` (only its path is used;
-        the sampler opens its own reader so it can count disk reads).
+        Dataset directory, object-store URL (``s3://bucket/ds``, ...; see :mod:`shardkit.stores.url`)
+        or an opened :class:`~shardkit.formats.Dataset` (only its location is used; the sampler opens
+        its own reader so it can count reads of the bottom tier).
     options
         A :class:`~shardkit.readers.config.SamplerOptions` (default: all defaults).
     **overrides
@@ -99,7 +100,7 @@ class TieredSampler:
 
     def __init__(
         self,
-        dataset: str | os.PathLike[str] | Dataset,
+        dataset: Location | Dataset,
         options: SamplerOptions | None = None,
         **overrides: Any,
     ) -> None:
@@ -107,16 +108,17 @@ class TieredSampler:
             raise ConfigError(f"options: expected a SamplerOptions, found {type(options).__name__}")
         opts = SamplerOptions.parse(**overrides) if options is None else options.replace(**overrides)
         self.options = opts
-        self.path = Path(dataset.path if isinstance(dataset, Dataset) else dataset)
+        #: The dataset: a local directory (Path) or an object-store URL (str).
+        self.path: Path | str = as_location(dataset.path if isinstance(dataset, Dataset) else dataset)
         before = _fingerprint_or_none(self.path)
-        self._ds = Dataset(self.path, gap_bytes=opts.gap_bytes)  # metadata + small fields
+        self._ds = Dataset(self.path, **opts.dataset_options())  # metadata + small fields
         self.num_records = self._ds.num_records
         self.record_nbytes = self._ds.record_nbytes
         self.payload_name = self._ds.payload_name
         self.fields = self._ds.fields
         self._ds.close()  # payload reads go through each run's own reader
         #: The dataset as it was when the fields above were loaded (see shardkit.readers.identity).
-        self.identity = DatasetIdentity.of(self.path)
+        self.identity = DatasetIdentity.of(self.path, opts.dataset_options()["store_options"])
         if before != self.identity.fingerprint:
             raise SamplerError(f"{self.path}: the dataset changed while the sampler opened it; try again once it is complete")
         self.sizes: TierSizes = opts.tier_sizes(self.record_nbytes, self.num_records)
@@ -157,7 +159,7 @@ class TieredSampler:
         return NodeCache(
             ram_keys, disk_keys, dataset=self.path, directory=node_cache_dir(o.node_cache_dir),
             name=entry_name(self.identity.fingerprint, o.seed, o.nodes, node, ram, self.partition.per_node),
-            stats=self.stats.cache,
+            stats=self.stats.cache, dataset_options=o.dataset_options(),
         )  # fmt: skip
 
     def _plan(self, stream: np.ndarray, position: int) -> ConsumerPlan:
@@ -414,6 +416,7 @@ class _Run:
             ssd_block=sampler.ssd_block,
             ssd_dir=sampler.ssd_dir,
             gap_bytes=sampler.options.gap_bytes,
+            dataset_options=sampler.options.dataset_options(),
             static_cache=sampler._cache,
             identity=sampler.identity,
         )
@@ -461,7 +464,7 @@ class _Run:
             pass
 
 
-def _fingerprint_or_none(path: Path) -> str | None:
+def _fingerprint_or_none(path: Path | str) -> str | None:
     try:
         return dataset_fingerprint(path)
     except FileNotFoundError:

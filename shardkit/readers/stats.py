@@ -23,6 +23,9 @@ class SamplerStats:
         (batch assembly). Set ``stats.disk.trace = []`` to record every disk request.
     cache
         Records and bytes served from the static cache (pinned records) instead of disk or SSD.
+    remote_cache
+        For a dataset in an object store with a ``cache_dir``: reads served from the local copies
+        of its shards instead of requests (``disk`` counts only the requests).
     stall_seconds
         Time the consumer spent inside ``__next__`` waiting for a batch: zero means storage kept up.
     records, bytes
@@ -37,6 +40,7 @@ class SamplerStats:
     ssd: ReadStats = field(default_factory=ReadStats)
     ram: ReadStats = field(default_factory=ReadStats)
     cache: ReadStats = field(default_factory=ReadStats)
+    remote_cache: ReadStats = field(default_factory=ReadStats)
     stall_seconds: float = 0.0
     records: int = 0
     bytes: int = 0
@@ -48,7 +52,7 @@ class SamplerStats:
 
     @property
     def tiers(self) -> dict[str, ReadStats]:
-        return {"disk": self.disk, "ssd": self.ssd, "ram": self.ram, "cache": self.cache}
+        return {"disk": self.disk, "ssd": self.ssd, "ram": self.ram, "cache": self.cache, "remote_cache": self.remote_cache}
 
     @property
     def elapsed(self) -> float:

@@ -46,6 +46,7 @@ from shardkit.readers.shared.ring import Ring, RingLayout
 from shardkit.readers.shared.rundir import RunDir, check_name, run_dir_path
 from shardkit.readers.stats import SamplerStats
 from shardkit.readers.stopping import POLL_SECONDS, Stopped, put
+from shardkit.stores import Location, as_location, location_string
 
 __all__ = ["SharedSampler", "wait_for_server"]
 
@@ -162,7 +163,7 @@ class SharedSampler:
         job_seed: int | None = None,
         batch_size: int = 256,
         epochs: int | None = 1,
-        dataset: str | os.PathLike[str] | None = None,
+        dataset: Location | None = None,
         base_dir: str | os.PathLike[str] | None = None,
         connect_timeout: float = 10.0,
         rank: int = 0,
@@ -193,10 +194,10 @@ class SharedSampler:
         self.connect_timeout = float(connect_timeout)
         run, info = _open_server(self.name, base_dir, self.connect_timeout)
         run.close()
-        self.path = Path(info.dataset)
+        self.path: Path | str = as_location(info.dataset)
         if dataset is not None and dataset_fingerprint(dataset) != info.fingerprint:
             raise SamplerError(
-                f"server {self.name!r} (pid {info.pid}) serves {info.dataset}, not {os.fspath(dataset)} "
+                f"server {self.name!r} (pid {info.pid}) serves {info.dataset}, not {location_string(dataset)} "
                 f"(dataset fingerprints differ); refusing to attach"
             )
         self._info = info

@@ -25,10 +25,8 @@ run directory, validated field by field (and size-bounded) before a job uses any
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import os
 import re
 import select
 import socket
@@ -36,10 +34,12 @@ import struct
 import threading
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import ClassVar, Self
 
 from shardkit.errors import ConfigError, PeerTimeoutError, ProtocolError
+from shardkit.readers import identity
+from shardkit.stores import Location, is_url, location_string
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -350,17 +350,19 @@ class Channel:
 
 
 # ---------------------------------------------------------------------------------------------- info.json
-def dataset_fingerprint(path: str | os.PathLike[str]) -> str:
-    """SHA-256 (hex) of the dataset's root ``zarr.json`` (schema, shard list and shard checksums).
+def dataset_fingerprint(path: Location) -> str:
+    """SHA-256 (hex) of the dataset's root ``zarr.json`` (schema, shard list and shard checksums),
+    local or in an object store (:func:`shardkit.readers.identity.dataset_fingerprint`).
 
     Server and job compare it (in ``info.json`` and :class:`Hello`) so a job never reads fields of
     one dataset next to payload of another.
     """
-    root = Path(path) / "zarr.json"
     try:
-        return hashlib.sha256(root.read_bytes()).hexdigest()
+        return identity.dataset_fingerprint(path)
     except FileNotFoundError:
-        raise ConfigError(f"{root}: expected the root metadata of a shardkit dataset, found no file") from None
+        raise ConfigError(
+            f"{location_string(path)}/zarr.json: expected the root metadata of a shardkit dataset, found no file"
+        ) from None
 
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -429,8 +431,8 @@ class ServerInfo:
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
             raise ProtocolError(f"{source}: name: expected 1-64 characters of [A-Za-z0-9_-], found {name!r}")
         if not (isinstance(dataset, str) and 0 < len(dataset) <= 4096 and "\0" not in dataset
-                and PurePosixPath(dataset).is_absolute()):
-            raise ProtocolError(f"{source}: dataset: expected an absolute path, found {dataset!r}")
+                and (PurePosixPath(dataset).is_absolute() or is_url(dataset))):
+            raise ProtocolError(f"{source}: dataset: expected an absolute path or a URL, found {dataset!r}")
         if not isinstance(fingerprint, str) or not _HEX64.fullmatch(fingerprint):
             raise ProtocolError(f"{source}: fingerprint: expected 64 lowercase hex digits, found {fingerprint!r}")
         if not (isinstance(tiers, list) and tiers and all(t in ("ssd", "ram") for t in tiers) and len(set(tiers)) == len(tiers)):

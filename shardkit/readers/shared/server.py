@@ -53,6 +53,7 @@ from shardkit.readers.shared.rundir import RunDir, check_name, run_dir_path
 from shardkit.readers.ssd import SsdSpace, write_reservoir
 from shardkit.readers.stats import SamplerStats
 from shardkit.readers.stopping import Stopped
+from shardkit.stores import Location, as_location
 from shardkit.units import Capacity, parse_count, parse_duration
 
 __all__ = ["ServeOptions", "TierServer", "serve"]
@@ -193,7 +194,7 @@ class TierServer:
     handshake_seconds = 10.0
 
     def __init__(
-        self, dataset: str | os.PathLike[str], *, name: str, options: ServeOptions | None = None, **values: Any
+        self, dataset: Location, *, name: str, options: ServeOptions | None = None, **values: Any
     ) -> None:
         self.name = check_name(name)
         if options is None:
@@ -202,7 +203,7 @@ class TierServer:
             ServeOptions.parse(source=options.source, **values)  # unknown names are refused as such
             options = replace(options, **values)
         self.options = o = options
-        self.path = Path(dataset).resolve()
+        self.path: Path | str = as_location(dataset, resolve=True)
         self.tiers, self.seed, self.slots, self.epochs = o.tiers, o.seed, o.slots, o.epochs
         self.lease_seconds = o.lease_seconds
         ds = Dataset(self.path, gap_bytes=o.gap_bytes)  # a missing or broken dataset fails here, clearly
@@ -753,7 +754,7 @@ class _Terminated(SystemExit):
     """SIGTERM received: leave through the normal cleanup path."""
 
 
-def serve(dataset: str | os.PathLike[str], *, name: str, ready: Callable[[TierServer], Any] | None = None,
+def serve(dataset: Location, *, name: str, ready: Callable[[TierServer], Any] | None = None,
           **options: Any) -> TierServer:
     """Run a :class:`TierServer` in the foreground until its epochs are served, SIGTERM or Ctrl-C.
 

@@ -1,0 +1,339 @@
+"""Reading payload shards from an object store: coalesced byte ranges, many requests in flight.
+
+:class:`RangedPayloadArray` is the :class:`~shardkit.formats.reader.PayloadArray` of a dataset in an
+object store. It plans exactly like the local reader (per shard, ascending offsets, records closer
+than ``gap_bytes`` coalesced into one run), then fetches the runs with
+:meth:`~shardkit.stores.base.Store.fetch`: up to ``concurrency`` ranged GETs in flight across every
+shard of the block, each run cut into requests of at most ``request_bytes`` at record boundaries so
+one large run is fetched in parallel too. Each response is scattered into its destination rows as
+soon as it arrives (one copy, from obstore's buffer; see :mod:`shardkit.stores.objectstore`).
+
+Why the remote gap threshold is much larger than the local one: a request to an object store costs a
+round trip (1 ms on loopback, 20-100 ms to a cloud region) plus per-request overhead on the server,
+while reading a gap costs only bandwidth. At bandwidth ``R`` and per-request cost ``t``, reading a
+gap is cheaper than a new request while ``gap < R * t``; with concurrency the round trip is
+overlapped, so ``t`` is what a request costs the *throughput* (measured in
+``benchmarks/remote.py``). :data:`DEFAULT_REMOTE_GAP_BYTES` (1 MiB) is the measured knee: larger
+thresholds read noticeably more bytes without reducing the time, smaller ones multiply requests.
+Records that are read are still each read once per epoch; the gaps are read and dropped.
+
+What is checked, so that a short read, a wrong length or a changed object never becomes data:
+
+* every response has exactly the length asked for (else it is retried, then an error);
+* every response names the object's total size, which must be the size recorded in the metadata;
+* the first response of a shard pins its ETag, and every later request carries ``If-Match``, so a
+  shard replaced mid-epoch fails with :class:`~shardkit.errors.ObjectChangedError` instead of
+  mixing two versions;
+* shard indexes are checked against the crc32c recorded in the metadata, as locally. For the
+  fixed-size layout the index is fully determined by the metadata: when the dense index's crc32c
+  equals the recorded ``index_crc32c`` it is not fetched at all (one request per shard saved);
+* compressed records carry their codec's own checksum (zstd frames), as locally.
+
+Uncompressed records fetched by range are not covered by a per-record checksum (format 1.1 records
+one crc32c per shard); the local cache (:mod:`shardkit.stores.cache`) checks whole shards against
+it before serving them, and ``shardkit verify`` checks every byte.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Iterator
+from typing import NoReturn
+
+import numpy as np
+
+from shardkit.errors import ConfigError, CorruptShardError, MissingShardError, ObjectChangedError, TruncatedShardError
+from shardkit.formats.checksums import FileDigest, fd_crc32c
+from shardkit.formats.index import ShardIndex
+from shardkit.formats.metadata import read_json_object
+from shardkit.formats.reader import DEFAULT_GAP_BYTES, PayloadArray, ReadStats, _Run
+from shardkit.formats.spec import ZARR_JSON, ShardInfo, index_nbytes
+from shardkit.stores import ByteRange, Fetched, Store
+from shardkit.stores.cache import ShardCache
+
+__all__ = ["RangedPayloadArray", "DEFAULT_REMOTE_GAP_BYTES"]
+
+#: Gaps up to this many bytes between wanted records of a remote shard are read rather than
+#: requested separately (see the module docstring for how it was chosen).
+DEFAULT_REMOTE_GAP_BYTES = 1 << 20
+
+
+class RangedPayloadArray(PayloadArray):
+    """The payload array of a dataset in a (remote) store; see the module docstring.
+
+    Parameters
+    ----------
+    store
+        The dataset's store (its root is the dataset).
+    array
+        The payload array's name (``image``).
+    shards
+        Shard list from the dataset metadata (required: sizes and checksums come from it).
+    stats
+        Counters: one ``read_calls`` per request, ``bytes_read`` its bytes.
+    gap_bytes
+        Coalescing threshold (default :data:`DEFAULT_REMOTE_GAP_BYTES`).
+    document_digest
+        Recorded size and crc32c of the array's ``zarr.json``.
+    cache
+        A local :class:`~shardkit.stores.cache.ShardCache` of this dataset version: responses are
+        also stored there, and shards it holds complete (and verified) are read locally.
+    cache_stats
+        Counters of the reads served from ``cache`` (not requests to the store).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        array: str,
+        *,
+        shards: list[ShardInfo],
+        stats: ReadStats | None = None,
+        gap_bytes: int = DEFAULT_REMOTE_GAP_BYTES,
+        document_digest: FileDigest | None = None,
+        cache: ShardCache | None = None,
+        cache_stats: ReadStats | None = None,
+    ) -> None:
+        self.store = store
+        self.cache = cache
+        self.cache_stats = cache_stats if cache_stats is not None else ReadStats()
+        self.path = store.describe(array)
+        doc_key = f"{array}/{ZARR_JSON}"
+        try:
+            doc = read_json_object(store, doc_key, document_digest)
+        except MissingShardError:
+            raise MissingShardError(f"{store.describe(doc_key)}: the payload array document is missing") from None
+        checked = self._init_layout(doc, store.describe(doc_key), array, shards)
+        self._init_state(checked, stats, DEFAULT_GAP_BYTES)
+        self.gap_bytes = int(gap_bytes)
+        self._etags: dict[int, str | None] = {}
+        self._pending_index: dict[int, bytes] = {}
+        self._index_cached: set[int] = set()
+
+    # ------------------------------------------------------------------ files and indexes
+    def shard_path(self, i: int) -> NoReturn:
+        raise ConfigError(f"{self.shard_location(i)}: a shard in an object store has no local path")
+
+    def shard_location(self, i: int) -> str:
+        return self.store.describe(self.shards[i].path)
+
+    def _fd(self, i: int) -> int:
+        return -1  # no file descriptors: every read is a request
+
+    def _data_nbytes(self, i: int) -> int:
+        return self.shards[i].nbytes - index_nbytes(self.records_per_shard)
+
+    def _known_index(self, i: int) -> bytes | None:
+        """The index bytes of uncompressed shard ``i`` when the metadata fixes them: the dense
+        layout's index, if its crc32c is the one recorded (the file's index must be exactly that)."""
+        info = self.shards[i]
+        if self.codec is not None or info.index_crc32c is None:
+            return None
+        dense = ShardIndex.dense(info.count, self.records_per_shard, self.record_nbytes).encode()
+        return dense if int.from_bytes(dense[-4:], "little") == info.index_crc32c else None
+
+    def stored_index(self, i: int) -> ShardIndex:
+        """The index bytes actually stored at the end of shard ``i``, fetched and checked (even when
+        :meth:`index` can compute them)."""
+        info = self.shards[i]
+        return self._decode_index(i, *self._fetch_index(i, info.nbytes - index_nbytes(self.records_per_shard)))
+
+    def _fetch_index(self, i: int, start: int) -> tuple[bytes, int]:
+        info = self.shards[i]
+        ask = ByteRange(info.path, start, info.nbytes, self._etags.get(i))
+        got = next(_shards_present(self.store.fetch([ask])))
+        self._check_response(i, got, ask)
+        self.stats.add(self.shard_location(i), start, ask.nbytes)
+        self._to_cache(i, start, got.data)
+        return bytes(got.data), got.object_size
+
+    def _index_bytes(self, i: int, isize: int) -> tuple[bytes, int]:
+        """The shard's index: computed when the metadata fixes it, else fetched (one ranged GET,
+        or prefetched with the other shards of a block by :meth:`read`)."""
+        info = self.shards[i]
+        known = self._known_index(i)
+        if known is not None:
+            return known, info.nbytes
+        pending = self._pending_index.pop(i, None)
+        if pending is not None:
+            return pending, info.nbytes
+        return self._fetch_index(i, info.nbytes - isize)
+
+    def _check_response(self, i: int, got: Fetched, asked: ByteRange) -> None:
+        """The object behind a response is the shard the metadata describes, in one version."""
+        info = self.shards[i]
+        pinned = self._etags.setdefault(i, got.etag)
+        if pinned is not None and got.etag is not None and got.etag != pinned:
+            raise ObjectChangedError(
+                f"{asked.describe(self.shard_location(i))}: the shard changed while it was being read "
+                f"(ETag {pinned} became {got.etag})"
+            )
+        if got.object_size != info.nbytes:
+            raise TruncatedShardError(
+                f"{self.shard_location(i)}: shard {i} (records {info.start}-{info.stop - 1}) should be {info.nbytes} "
+                f"bytes, the store says {got.object_size}"
+            )
+
+    def _mappable(self, i: int) -> bool:
+        return False
+
+    def memmap(self, i: int) -> np.memmap:
+        raise ConfigError(f"{self.shard_location(i)}: memmap needs a local shard file; read records with read()")
+
+    # ------------------------------------------------------------------ reading
+    def read(self, keys: np.ndarray | list[int], out: np.ndarray | None = None) -> np.ndarray:
+        """As :meth:`PayloadArray.read`; the indexes of every shard involved are fetched first,
+        concurrently, so a block over many shards costs one round trip for them, not one each."""
+        k = np.asarray(keys, dtype=np.int64).reshape(-1)
+        if k.size and int(k.min()) >= 0 and int(k.max()) < self.num_records:
+            self._prefetch_indexes(np.unique(k // self.records_per_shard).tolist())
+        return super().read(k, out)
+
+    def _prefetch_indexes(self, shards: list[int]) -> None:
+        missing = [i for i in shards if i not in self._indexes and self._known_index(i) is None]
+        if len(missing) < 2:
+            return
+        isize = index_nbytes(self.records_per_shard)
+        asks = [ByteRange(self.shards[i].path, self.shards[i].nbytes - isize, self.shards[i].nbytes) for i in missing]
+        raws: dict[int, bytes] = {}
+        for got in _shards_present(self.store.fetch(asks)):
+            i = missing[got.index]
+            self._check_response(i, got, asks[got.index])
+            self.stats.add(self.shard_location(i), asks[got.index].start, isize)
+            self._to_cache(i, asks[got.index].start, got.data)
+            raws[i] = bytes(got.data)
+        self._pending_index.update(raws)
+        for i in missing:
+            self.index(i)
+
+    def _read_runs(self, runs: list[_Run], rows: np.ndarray) -> None:
+        """Runs of shards the local cache holds are read from it; the others are fetched (split
+        into requests of at most ``request_bytes``) and each response scattered into its rows as it
+        arrives, and stored in the cache."""
+        if self.cache is not None:
+            self._fill_cache(sorted({run.shard for run in runs}))
+        remote: list[_Run] = []
+        for run in runs:
+            fd = (self.cache.open(_entry(run.shard), functools.partial(self._verify_copy, run.shard))
+                  if self.cache is not None else None)
+            if fd is None:
+                remote.append(run)
+            else:
+                self._read_cached(fd, run, rows)
+        pieces: list[tuple[_Run, int, int]] = []  # (run, first record, end record) per request
+        asks: list[ByteRange] = []
+        limit = self.store.options.request_bytes
+        for run in remote:
+            ends = run.offs + run.sizes
+            a = 0
+            while a < run.offs.size:
+                start = int(run.offs[a])
+                # the last record that still ends within ``limit`` of the start (at least one record)
+                b = max(a + 1, int(np.searchsorted(ends, start + limit, side="right")))
+                pieces.append((run, a, b))
+                asks.append(ByteRange(self.shards[run.shard].path, start, int(ends[b - 1]), self._etags.get(run.shard)))
+                a = b
+        for got in _shards_present(self.store.fetch(asks)):
+            run, a, b = pieces[got.index]
+            ask = asks[got.index]
+            self._check_response(run.shard, got, ask)
+            self._scatter(run, a, b, ask.start, got.data, rows)
+            self.stats.add(run.path, ask.start, ask.nbytes)
+            self._to_cache(run.shard, ask.start, got.data)
+
+    def _read_cached(self, fd: int, run: _Run, rows: np.ndarray) -> None:
+        """One run from the shard's verified local copy: the run's span in one ``pread``, then
+        scattered (or decoded) into the rows; counted in ``cache_stats``, not as requests."""
+        start = int(run.offs[0])
+        end = int(run.offs[-1] + run.sizes[-1])
+        buf = bytearray(end - start)
+        got = os.preadv(fd, [buf], start)
+        if got != len(buf):
+            raise TruncatedShardError(f"{run.path} (local cache copy): expected {len(buf)} bytes at {start}, read {got}")
+        self.cache_stats.add(run.path, start, len(buf))
+        self._scatter(run, 0, run.offs.size, start, memoryview(buf), rows)
+
+    # ------------------------------------------------------------------ the local cache
+    def _fill_cache(self, shards: list[int]) -> None:
+        """Download every shard of ``shards`` that the cache admits and does not hold yet *whole*
+        (pieces of ``request_bytes``, all in flight together up to ``concurrency``), so its records
+        are then read locally.
+
+        Why whole shards: a block of a uniformly random order wants a scattered ``K/N`` of each
+        shard, and fetching those records by range costs one request per run of them; an object
+        store serves large GETs at full bandwidth but small ones at its request rate. When the
+        shard is going to be kept anyway, reading all of it once, in large sequential pieces, is
+        the cheapest way to get the block's records and every later block's: each byte is fetched
+        once per epoch, and not at all in later epochs.
+        """
+        assert self.cache is not None
+        limit = self.store.options.request_bytes
+        asks: list[tuple[int, ByteRange]] = []
+        for i in shards:
+            info = self.shards[i]
+            name = _entry(i)
+            if self.cache.open(name, functools.partial(self._verify_copy, i)) is not None:
+                continue
+            if not self.cache.admit(name, info.nbytes):
+                continue
+            known = self._known_index(i)
+            end = info.nbytes - (len(known) if known is not None else 0)
+            asks += [(i, ByteRange(info.path, a, min(a + limit, end), self._etags.get(i))) for a in range(0, end, limit)]
+        for got in _shards_present(self.store.fetch([ask for _, ask in asks])):
+            i, ask = asks[got.index]
+            self._check_response(i, got, ask)
+            self.stats.add(self.shard_location(i), ask.start, ask.nbytes)
+            self._to_cache(i, ask.start, got.data)
+
+    def _to_cache(self, i: int, offset: int, data: memoryview) -> None:
+        """Store fetched bytes of shard ``i`` in the cache (the index too, when the metadata fixes it
+        and it is therefore never fetched)."""
+        if self.cache is None:
+            return
+        info = self.shards[i]
+        name = _entry(i)
+        verify = functools.partial(self._verify_copy, i)
+        if i not in self._index_cached:
+            self._index_cached.add(i)
+            known = self._known_index(i)
+            if known is not None:
+                self.cache.add(name, info.nbytes, info.nbytes - len(known), known, verify)
+        self.cache.add(name, info.nbytes, offset, data, verify)
+
+    def _verify_copy(self, i: int, fd: int) -> bool:
+        """A complete local copy of shard ``i`` has the checksums recorded in the metadata."""
+        info = self.shards[i]
+        data_crc, crc, size = fd_crc32c(fd, self._data_nbytes(i))
+        return size == info.nbytes and crc == info.crc32c and info.data_crc32c in (None, data_crc)
+
+    def _scatter(self, run: _Run, a: int, b: int, start: int, data: memoryview, rows: np.ndarray) -> None:
+        """Copy records ``a:b`` of ``run`` out of a response that begins at byte ``start``."""
+        buf = np.frombuffer(data, dtype=np.uint8)
+        offs = (run.offs[a:b] - start).tolist()
+        sizes = run.sizes[a:b].tolist()
+        pos = run.pos[a:b].tolist()
+        if self.codec is None:
+            for o, size, p in zip(offs, sizes, pos):
+                rows[p] = buf[o : o + size]
+            return
+        for o, size, p in zip(offs, sizes, pos):
+            try:
+                self.codec.decode(data[o : o + size], rows[p])
+            except Exception as exc:
+                raise CorruptShardError(
+                    f"{run.path}: record at offset {start + o} does not decode ({exc})"
+                ) from None
+
+
+def _shards_present(fetched: Iterator[Fetched]) -> Iterator[Fetched]:
+    """The responses, with a missing object reported as the missing shard it is."""
+    try:
+        yield from fetched
+    except FileNotFoundError as exc:
+        raise MissingShardError(f"{exc}: a payload shard listed in the dataset metadata is missing") from None
+
+
+def _entry(i: int) -> str:
+    """Cache entry name of shard ``i``."""
+    return f"shard-{i:08d}"

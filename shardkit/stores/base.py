@@ -1,0 +1,303 @@
+"""The byte-store interface every dataset read and write goes through (DESIGN §2, §9).
+
+A :class:`Store` is a flat namespace of immutable objects under one root: a local directory
+(:class:`~shardkit.stores.local.LocalStore`) or a prefix of a bucket or container in an object store
+(:class:`~shardkit.stores.objectstore.ObjectStore`: S3-compatible, GCS, Azure, read-only HTTP). Keys
+are ``/``-separated paths relative to that root (``zarr.json``, ``image/c/0/0/0/0``), always checked
+by :func:`check_key`, so a key taken from dataset metadata can never leave the root.
+
+The operations are the ones an object store has, because that is the smaller interface: whole and
+ranged reads (:meth:`Store.get`, :meth:`Store.get_range`, :meth:`Store.fetch` for many ranges at
+once with bounded concurrency), :meth:`Store.head`, :meth:`Store.list`, atomic writes
+(:meth:`Store.put` for bytes, :meth:`Store.put_file` for a local file, multipart when large),
+:meth:`Store.delete`, :meth:`Store.copy` (server-side where the store can) and :meth:`Store.rename`
+(copy + delete on object stores). Every write is atomic: an object appears whole or not at all.
+
+Errors are the hierarchy of :mod:`shardkit.errors`: :class:`~shardkit.errors.ObjectNotFoundError`
+(a ``FileNotFoundError``), :class:`~shardkit.errors.StorePermissionError` (a ``PermissionError``),
+:class:`~shardkit.errors.ObjectChangedError` when a pinned ETag no longer matches, and
+:class:`~shardkit.errors.StoreError` for anything that failed for good, naming the object and range.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shardkit.errors import ConfigError, UnsafePathError
+
+__all__ = [
+    "Store",
+    "ObjectMeta",
+    "ByteRange",
+    "Fetched",
+    "StoreOptions",
+    "check_key",
+    "join_key",
+    "DEFAULT_OPTIONS",
+]
+
+
+@dataclass(frozen=True)
+class ObjectMeta:
+    """What a store says about one object.
+
+    Attributes
+    ----------
+    key
+        Key relative to the store's root.
+    size
+        Size in bytes.
+    etag
+        The store's version tag (``None`` for local files): a reader pins it and reads every later
+        range with ``If-Match``, so bytes of two versions of an object are never mixed.
+    mtime
+        Last modification, seconds since the epoch (``None`` when the store does not say).
+    metadata
+        User metadata stored with the object (S3 ``x-amz-meta-*``, GCS/Azure custom metadata), e.g.
+        ``{"shardkit-crc32c": "..."}`` that conversions record so a resumed upload can check an
+        object without downloading it. Local files have none (empty).
+    """
+
+    key: str
+    size: int
+    etag: str | None = None
+    mtime: float | None = None
+    metadata: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ByteRange:
+    """Bytes ``[start, end)`` of object ``key``; ``etag`` (if set) must still match when it is read."""
+
+    key: str
+    start: int
+    end: int
+    etag: str | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
+
+    def describe(self, url: str) -> str:
+        return f"{url}: bytes {self.start}-{self.end - 1}"
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """One completed range of :meth:`Store.fetch`: which request (``index``), its bytes (exactly
+    ``nbytes`` of them, as a buffer), and what the response said about the whole object."""
+
+    index: int
+    data: memoryview
+    object_size: int
+    etag: str | None
+
+
+@dataclass(frozen=True)
+class StoreOptions:
+    """How an object store is driven: concurrency, timeouts and the retry budget.
+
+    Attributes
+    ----------
+    concurrency
+        Requests in flight at once for :meth:`Store.fetch` (latency is hidden by concurrency: at
+        50 ms per request and 1 GB/s, about 50 requests of 1 MiB must be in flight).
+    request_bytes
+        Largest range one request asks for; longer ranges are split so their parts are fetched in
+        parallel (and a retry repeats only a part).
+    timeout, connect_timeout
+        Seconds a whole request, and its connection phase, may take before it counts as a (transient)
+        failure.
+    retries, retry_seconds
+        A transient failure (5xx, 408/429 throttling, timeout, connection reset or refused, a short
+        or over-long response) is retried up to ``retries`` times and while less than
+        ``retry_seconds`` have passed since the request was first tried, with exponential backoff
+        and full jitter between ``backoff_initial`` and ``backoff_max`` seconds. The default budget
+        (2 minutes) rides out a server restart; after it the error names the object and the range.
+    part_bytes, multipart_threshold
+        :meth:`Store.put_file` uploads files larger than ``multipart_threshold`` in parts of
+        ``part_bytes`` (S3 allows 5 MiB to 5 GiB per part, at most 10,000 parts).
+    """
+
+    concurrency: int = 32
+    request_bytes: int = 8 << 20
+    timeout: float = 60.0
+    connect_timeout: float = 10.0
+    retries: int = 30
+    retry_seconds: float = 120.0
+    backoff_initial: float = 0.05
+    backoff_max: float = 5.0
+    part_bytes: int = 16 << 20
+    multipart_threshold: int = 64 << 20
+
+    def __post_init__(self) -> None:
+        for name in ("concurrency", "request_bytes", "part_bytes", "multipart_threshold"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name}: expected a positive integer, found {value!r}")
+        if self.part_bytes < 5 << 20:
+            raise ConfigError(f"part_bytes: S3 needs parts of at least 5 MiB, found {self.part_bytes}")
+        for name in ("timeout", "connect_timeout", "retry_seconds", "backoff_initial", "backoff_max"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"{name}: expected a positive number of seconds, found {value!r}")
+        if not isinstance(self.retries, int) or isinstance(self.retries, bool) or self.retries < 0:
+            raise ConfigError(f"retries: expected a non-negative integer, found {self.retries!r}")
+
+
+DEFAULT_OPTIONS = StoreOptions()
+
+_MAX_KEY = 1024
+
+
+def check_key(key: str, *, what: str = "key", where: str = "") -> str:
+    """Return ``key`` if it is a plain relative key inside a store's root, else raise UnsafePathError.
+
+    Refused: empty keys and segments, ``.`` and ``..`` segments, a leading ``/``, ``\\``, NUL and
+    other control characters, and keys longer than 1,024 characters. Object stores have no
+    directories to escape through, but ``..`` is resolved by HTTP servers and by local paths, and a
+    key with control characters could be smuggled into a request line.
+    """
+    bad = (
+        not isinstance(key, str)
+        or not key
+        or len(key) > _MAX_KEY
+        or key.startswith("/")
+        or "\\" in key
+        or any(ord(c) < 32 or ord(c) == 127 for c in key)
+        or any(part in ("", ".", "..") for part in key.split("/"))
+    )
+    if bad:
+        prefix = f"{where}: " if where else ""
+        raise UnsafePathError(
+            f"{prefix}{what} {key!r} is not a plain relative key inside the dataset (expected '/'-separated "
+            "names without '.', '..', empty parts, '\\\\' or control characters)"
+        )
+    return key
+
+
+def join_key(*parts: str) -> str:
+    """``a/b/c`` from parts, each checked (an empty part is skipped)."""
+    key = "/".join(p.strip("/") for p in parts if p and p.strip("/"))
+    return check_key(key)
+
+
+class Store(abc.ABC):
+    """A root of immutable objects: local directory or object-store prefix (see the module docstring).
+
+    Implementations are thread-safe: one store may serve every reader thread of a process.
+    """
+
+    #: The root as the user wrote it (a local path or a URL), for messages.
+    url: str
+    options: StoreOptions = DEFAULT_OPTIONS
+
+    # ------------------------------------------------------------------ description
+    @property
+    @abc.abstractmethod
+    def is_local(self) -> bool:
+        """True for a local directory (readers then use ``pread``/``mmap`` on :meth:`local_path`)."""
+
+    @property
+    def read_only(self) -> bool:
+        """True when the store cannot be written (``http(s)://``)."""
+        return False
+
+    def local_path(self, key: str = "") -> Path:
+        """The local file of ``key`` (only for local stores)."""
+        raise ConfigError(f"{self.url}: an object store has no local path; read it through the store")
+
+    def describe(self, key: str) -> str:
+        """``url/key`` for messages."""
+        return f"{self.url.rstrip('/')}/{key}" if key else self.url
+
+    @abc.abstractmethod
+    def child(self, prefix: str) -> Store:
+        """A store rooted at ``prefix`` (a checked key) inside this one, with the same options."""
+
+    # ------------------------------------------------------------------ reading
+    @abc.abstractmethod
+    def head(self, key: str) -> ObjectMeta:
+        """Size and version of ``key``; :class:`~shardkit.errors.ObjectNotFoundError` if absent."""
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.head(key)
+        except FileNotFoundError:
+            return False
+        return True
+
+    @abc.abstractmethod
+    def get(self, key: str, *, max_nbytes: int | None = None) -> bytes:
+        """The whole object. With ``max_nbytes``, an object larger than that is refused
+        (:class:`~shardkit.errors.StoreError` naming its size) *before* its bytes are read."""
+
+    def get_range(self, key: str, start: int, end: int, *, etag: str | None = None) -> memoryview:
+        """Bytes ``[start, end)`` of ``key``: exactly ``end - start`` bytes or an error."""
+        return next(iter(self.fetch([ByteRange(key, start, end, etag)]))).data
+
+    def get_ranges(self, key: str, starts: Sequence[int], ends: Sequence[int]) -> list[memoryview]:
+        """Several ranges of one object, fetched concurrently, returned in the order asked."""
+        out: list[memoryview | None] = [None] * len(starts)
+        for got in self.fetch([ByteRange(key, int(a), int(b)) for a, b in zip(starts, ends)]):
+            out[got.index] = got.data
+        return [d for d in out if d is not None]
+
+    @abc.abstractmethod
+    def fetch(self, ranges: Sequence[ByteRange]) -> Iterator[Fetched]:
+        """Read many ranges (of any objects) with up to ``options.concurrency`` requests in flight.
+
+        Yields one :class:`Fetched` per range *in completion order*; each holds exactly the bytes
+        asked for. Transient failures are retried (see :class:`StoreOptions`); a range that still
+        fails raises :class:`~shardkit.errors.StoreError` naming the object and the byte range, and
+        a wrong length is never yielded. Leaving the iterator early cancels what is still in flight.
+        """
+
+    @abc.abstractmethod
+    def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
+        """Every object under the "directory" ``prefix`` (whole ``/``-separated segments, as object
+        stores list: ``image`` lists ``image/...``, not ``images/...``; ``""`` lists everything)."""
+
+    # ------------------------------------------------------------------ writing
+    @abc.abstractmethod
+    def put(self, key: str, data: bytes | memoryview, *, metadata: Mapping[str, str] | None = None) -> ObjectMeta:
+        """Write ``data`` as ``key`` atomically (whole or not at all), replacing any object there,
+        with user ``metadata`` where the store keeps it (object stores; ignored for local files)."""
+
+    @abc.abstractmethod
+    def put_file(
+        self, key: str, source: str | os.PathLike[str], *, metadata: Mapping[str, str] | None = None
+    ) -> ObjectMeta:
+        """Upload the local file ``source`` as ``key`` atomically; multipart when it is large (see
+        :class:`StoreOptions`); ``metadata`` as in :meth:`put`."""
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove ``key`` (no error if it does not exist)."""
+
+    @abc.abstractmethod
+    def copy(self, src: str, dst: str) -> None:
+        """Copy ``src`` to ``dst`` inside this store (server-side on object stores)."""
+
+    def rename(self, src: str, dst: str) -> None:
+        """Move ``src`` to ``dst`` (atomic locally; copy then delete on object stores)."""
+        self.copy(src, dst)
+        self.delete(src)
+
+    def close(self) -> None:  # noqa: B027 - optional hook, stores without resources need nothing
+        """Release connections (optional)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Stores travel to DataLoader workers and processes as their URL and options; each process
+        # opens its own connections.
+        from shardkit.stores.url import open_store
+
+        return (open_store, (self.url, self.options))

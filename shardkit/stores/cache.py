@@ -1,0 +1,351 @@
+"""A local cache of remote shards for repeated epochs, shared safely by the processes of one machine.
+
+The first epoch over a dataset in an object store fetches every record once, as ranges. The cache
+keeps those bytes: each response is also written (``pwrite``) into a sparse local copy of its shard,
+and the byte ranges a copy holds are recorded next to it. Once a copy holds every byte of its shard
+it is checked against the checksums recorded in the dataset metadata (the caller's ``verify``: for
+shards the records' ``data_crc32c`` and the whole-file ``crc32c``) and renamed to its final name;
+from then on readers use it with local ``pread`` s and no request. A copy that fails the check is
+deleted (and the shard is fetched remotely again), so cached bytes are never trusted unchecked. The
+order of the records is not affected: the cache changes where bytes come from, never which.
+
+Layout (everything private to the user: directories 0700, files 0600, owner checked, symlinks
+never followed)::
+
+    <cache_dir>/shardkit-cache-<uid>/          the root; ``lock`` inside serialises bookkeeping
+        <namespace>/                          one per dataset version (hash of URL + root document)
+            <entry>                           a complete, verified copy
+            <entry>.part, <entry>.ranges      a copy being filled, and the ranges it holds (JSON)
+
+Concurrency: bookkeeping (ranges, admission, eviction, promotion) happens under an exclusive
+``flock`` of ``lock`` (plus a thread lock, since a flock does not exclude threads of one process);
+data is written outside it. Renames are atomic; a reader that opened an entry keeps reading it even
+if another process evicts it (an unlinked file stays readable through an open descriptor).
+
+Budget and eviction: ``budget`` bytes cover complete copies and copies being filled (a copy reserves
+its whole size when it is started). When a new copy does not fit, complete copies of *other*
+datasets (or older versions of this one) are evicted, least recently used first (recency: the
+file's mtime, touched when a cache instance first uses a copy). Copies of the same dataset version
+are never evicted for each other: every epoch reads every shard in a uniformly random order, so an
+LRU over them keeps nothing and only re-downloads (the page-cache / Streaming #339 failure); instead
+the shards that fit stay cached and the rest is read remotely each epoch, a fixed cached fraction
+(CoorDL's MinIO policy). Copies being filled that nobody touched for ``STALE_SECONDS`` (their writer
+died) are removed.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from shardkit.errors import ConfigError, InsecurePathError
+
+__all__ = ["ShardCache", "cache_namespace", "STALE_SECONDS"]
+
+logger = logging.getLogger(__name__)
+
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+#: A copy being filled that nobody wrote to for this long belongs to a dead run and is removed.
+STALE_SECONDS = 3600.0
+_MAX_RANGES_BYTES = 1 << 20
+_PART = ".part"
+_RANGES = ".ranges"
+
+
+def cache_namespace(url: str, fingerprint: str) -> str:
+    """The directory name of one dataset version: a hash of its URL and root-document fingerprint,
+    so a replaced dataset never reads another version's bytes."""
+    return hashlib.sha256(f"{url}\0{fingerprint}".encode()).hexdigest()[:32]
+
+
+def _private_dir(path: Path, *, parent_fd: int | None = None) -> int:
+    """Open (creating it if needed) a directory that must be ours and private; returns its fd."""
+    name = path.name if parent_fd is not None else str(path)
+    try:
+        os.mkdir(name, DIR_MODE, dir_fd=parent_fd)
+    except FileExistsError:
+        pass
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent_fd)
+    except OSError as exc:
+        raise InsecurePathError(f"{path}: cannot use it as a private cache directory ({exc.strerror}; a symlink?)") from None
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid():
+        os.close(fd)
+        raise InsecurePathError(f"{path}: the cache directory belongs to uid {st.st_uid}, not to this user")
+    if stat.S_IMODE(st.st_mode) != DIR_MODE:
+        os.fchmod(fd, DIR_MODE)
+    return fd
+
+
+class ShardCache:
+    """The cache of one dataset version (see the module docstring).
+
+    Parameters
+    ----------
+    directory
+        The user's ``cache_dir`` (must exist); the cache lives in ``shardkit-cache-<uid>`` inside it.
+    namespace
+        :func:`cache_namespace` of the dataset version.
+    budget
+        Bytes the whole cache directory may hold (``None``: no limit).
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], namespace: str, budget: int | None = None) -> None:
+        parent = Path(directory)
+        if not parent.is_dir():
+            raise ConfigError(f"cache_dir: expected an existing directory, found {str(parent)!r}")
+        if budget is not None and budget < 0:
+            raise ConfigError(f"cache_size: expected a non-negative size, found {budget}")
+        self.root = parent / f"shardkit-cache-{os.geteuid()}"
+        self.budget = budget
+        self._root_fd = _private_dir(self.root)
+        self.dir = self.root / namespace
+        self._dir_fd = _private_dir(self.dir, parent_fd=self._root_fd)
+        self._lock_fd = os.open("lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, FILE_MODE, dir_fd=self._root_fd)
+        self._thread_lock = threading.Lock()
+        self._used: set[str] = set()  # copies this instance opened (their recency was touched)
+        self._refused: set[str] = set()
+        self._verified: set[str] = set()
+        self._fds: dict[str, int] = {}
+        self.hits = 0
+        self.stored_bytes = 0
+
+    # ------------------------------------------------------------------ locking
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        with self._thread_lock:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    # ------------------------------------------------------------------ reading
+    def open(self, name: str, verify: Callable[[int], bool]) -> int | None:
+        """A descriptor of the complete copy ``name`` (kept open until :meth:`close`), or None.
+
+        The first time a cache instance opens a copy it checks it again with ``verify`` (a cached
+        shard that rotted on disk or was edited is dropped and read remotely instead), unless this
+        instance verified it itself when completing it, so no cached byte is used unchecked by a
+        process.
+        """
+        fd = self._fds.get(name)
+        if fd is not None:
+            return fd
+        if name in self._refused:
+            return None
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self._dir_fd)
+        except FileNotFoundError:
+            return None
+        if name not in self._verified and not verify(fd):
+            os.close(fd)
+            with self._locked():
+                _unlink(name, self._dir_fd)
+            logger.warning("%s: the cached copy of %s no longer matches its checksums; dropped", self.dir, name)
+            return None
+        if name not in self._used:
+            self._used.add(name)
+            os.utime(fd)  # recency for LRU eviction
+        self._fds[name] = fd
+        self.hits += 1
+        return fd
+
+    # ------------------------------------------------------------------ filling
+    def admit(self, name: str, size: int) -> bool:
+        """Whether ``name`` is (or may now be) cached: complete, being filled, or newly admitted
+        (its whole ``size`` reserved in the budget, see the module docstring)."""
+        if name in self._refused:
+            return False
+        part = name + _PART
+        with self._locked():
+            if _exists(name, self._dir_fd) or _exists(part, self._dir_fd):
+                return True
+            if not self._admit(size):
+                self._refused.add(name)
+                logger.info("%s: cache full (budget %s bytes); %s stays remote", self.dir, self.budget, name)
+                return False
+            fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, FILE_MODE, dir_fd=self._dir_fd)
+            try:
+                os.ftruncate(fd, size)
+            finally:
+                os.close(fd)
+        return True
+
+    def add(self, name: str, size: int, offset: int, data: memoryview | bytes,
+            verify: Callable[[int], bool]) -> None:
+        """Store bytes ``[offset, offset + len(data))`` of the ``size``-byte object ``name``.
+
+        When the copy is complete, ``verify(fd)`` (given a descriptor of it) decides whether it is
+        kept (renamed to ``name``) or deleted. Does nothing when the copy is already complete or
+        does not fit in the budget.
+        """
+        if name in self._fds or not self.admit(name, size):
+            return
+        part = name + _PART
+        try:
+            fd = os.open(part, os.O_WRONLY | os.O_NOFOLLOW, dir_fd=self._dir_fd)
+        except FileNotFoundError:
+            return  # promoted or dropped by another process in the meantime
+        try:
+            view = memoryview(data).cast("B")
+            written = 0
+            while written < view.nbytes:
+                written += os.pwrite(fd, view[written:], offset + written)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                self._refused.add(name)
+                logger.warning("%s: no space left for the cache; %s stays remote", self.dir, name)
+                return
+            raise
+        finally:
+            os.close(fd)
+        self.stored_bytes += len(data)
+        with self._locked():
+            if not _exists(part, self._dir_fd):
+                return
+            ranges = _merge((self._ranges(name) or []) + [(offset, offset + len(data))])
+            if ranges == [(0, size)]:
+                self._promote(name, size, verify)
+            else:
+                self._write_ranges(name, ranges)
+        self._used.add(name)
+
+    def _promote(self, name: str, size: int, verify: Callable[[int], bool]) -> None:
+        part = name + _PART
+        fd = os.open(part, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self._dir_fd)
+        try:
+            ok = os.fstat(fd).st_size == size and verify(fd)
+        finally:
+            os.close(fd)
+        _unlink(name + _RANGES, self._dir_fd)
+        if ok:
+            os.rename(part, name, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
+            self._verified.add(name)  # just checked: the first open need not read it again
+            logger.info("%s: cached %s (%d bytes, checksums verified)", self.dir, name, size)
+        else:
+            _unlink(part, self._dir_fd)
+            logger.warning("%s: the cached copy of %s failed its checksum; dropped (it will be fetched again)",
+                           self.dir, name)
+
+    # ------------------------------------------------------------------ bookkeeping (under the lock)
+    def _ranges(self, name: str) -> list[tuple[int, int]] | None:
+        try:
+            fd = os.open(name + _RANGES, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self._dir_fd)
+        except FileNotFoundError:
+            return None
+        try:
+            raw = os.read(fd, _MAX_RANGES_BYTES)
+        finally:
+            os.close(fd)
+        try:
+            doc = json.loads(raw)
+            return [(int(a), int(b)) for a, b in doc]
+        except (ValueError, TypeError):
+            return []  # unreadable bookkeeping: start the copy over
+
+    def _write_ranges(self, name: str, ranges: list[tuple[int, int]]) -> None:
+        tmp = name + _RANGES + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, FILE_MODE, dir_fd=self._dir_fd)
+        try:
+            os.write(fd, json.dumps(ranges).encode())
+        finally:
+            os.close(fd)
+        os.rename(tmp, name + _RANGES, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
+
+    def _admit(self, size: int) -> bool:
+        """Make room for ``size`` more bytes (see the module docstring); True if they fit."""
+        if self.budget is None:
+            return True
+        entries = self._entries()
+        used = sum(e[2] for e in entries)
+        if used + size <= self.budget:
+            return True
+        here = str(self.dir) + os.sep
+        for mtime, path, nbytes, complete in sorted(entries):
+            if used + size <= self.budget:
+                break
+            if not complete and time.time() - mtime < STALE_SECONDS:
+                continue  # someone is filling it
+            if complete and path.startswith(here):
+                continue  # a shard of this very dataset version: evicting it would only thrash
+            try:
+                os.unlink(path)
+                if not complete:
+                    _unlink_path(path[: -len(_PART)] + _RANGES)
+                used -= nbytes
+                logger.info("cache: evicted %s (%d bytes)", path, nbytes)
+            except FileNotFoundError:
+                pass
+        return used + size <= self.budget
+
+    def _entries(self) -> list[tuple[float, str, int, bool]]:
+        """``(mtime, path, bytes, complete)`` of every copy in the whole cache root (all datasets)."""
+        out: list[tuple[float, str, int, bool]] = []
+        for ns in os.scandir(self._root_fd):
+            if not ns.is_dir(follow_symlinks=False):
+                continue
+            base = os.path.join(str(self.root), ns.name)
+            for entry in os.scandir(base):
+                if not entry.is_file(follow_symlinks=False) or entry.name.endswith((_RANGES, ".tmp")):
+                    continue
+                st = entry.stat(follow_symlinks=False)
+                complete = not entry.name.endswith(_PART)
+                # A partial copy reserves its whole (sparse) size: st_size is the shard's size.
+                out.append((st.st_mtime, entry.path, st.st_size, complete))
+        return out
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+        for fd in (self._lock_fd, self._dir_fd, self._root_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._lock_fd = self._dir_fd = self._root_fd = -1
+
+
+def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(ranges):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _exists(name: str, dir_fd: int) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _unlink(name: str, dir_fd: int) -> None:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+
+
+def _unlink_path(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,162 @@
+"""A local directory as a :class:`~shardkit.stores.base.Store`.
+
+Keys resolve under the root with symlinks followed and must stay inside it (:func:`resolve_inside`):
+a dataset whose field directory is a symlink to ``/etc`` or whose shard links to ``~/.ssh/id_rsa`` is
+refused, symlinks that stay inside are allowed. Writes are atomic (``*.partial``, fsync, rename,
+directory fsync: :mod:`shardkit.stores.atomic`). Readers of local datasets do not need :meth:`fetch`
+for payload (they ``pread``/``mmap`` :meth:`LocalStore.local_path` directly); it is here so every
+store answers the same interface.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+from shardkit.errors import ObjectNotFoundError, ObjectTooLargeError, TruncatedShardError, UnsafePathError
+from shardkit.stores.atomic import atomic_file, fsync_dir, write_bytes_atomic
+from shardkit.stores.base import DEFAULT_OPTIONS, ByteRange, Fetched, ObjectMeta, Store, StoreOptions, check_key
+
+__all__ = ["LocalStore", "resolve_inside"]
+
+_COPY_CHUNK = 8 << 20
+
+
+def resolve_inside(root: Path, relative: str | Path, what: str) -> Path:
+    """``root / relative`` with symlinks resolved, refused unless it lies inside ``root``.
+
+    ``relative`` may name a file that does not exist (the caller reports that as missing); the part
+    that exists is resolved, so a symlinked parent directory is still caught.
+    """
+    rel = Path(relative)
+    if rel.is_absolute() or ".." in rel.parts:
+        raise UnsafePathError(f"{root}: {what} path {str(relative)!r} leaves the dataset directory")
+    base = root.resolve()
+    target = (root / rel).resolve()
+    if target != base and base not in target.parents:
+        raise UnsafePathError(
+            f"{root / rel}: {what} resolves to {target}, outside the dataset directory {base} (a symlink?)"
+        )
+    return target
+
+
+class LocalStore(Store):
+    """Objects are files under ``root`` (see the module docstring)."""
+
+    def __init__(self, root: str | os.PathLike[str], options: StoreOptions = DEFAULT_OPTIONS) -> None:
+        self.root = Path(root)
+        self.url = str(root)
+        self.options = options
+
+    @property
+    def is_local(self) -> bool:
+        return True
+
+    def local_path(self, key: str = "") -> Path:
+        """The resolved file of ``key`` inside the root (UnsafePathError if it would leave it)."""
+        if not key:
+            return self.root
+        return resolve_inside(self.root, check_key(key, where=self.url), "dataset file")
+
+    def _file(self, key: str) -> Path:
+        """The file of an object key (never the root itself)."""
+        return resolve_inside(self.root, check_key(key, where=self.url), "dataset file")
+
+    def describe(self, key: str) -> str:
+        return str(self.root / key) if key else str(self.root)
+
+    def child(self, prefix: str) -> LocalStore:
+        return LocalStore(self.local_path(check_key(prefix, where=self.url)), self.options)
+
+    # ------------------------------------------------------------------ reading
+    def head(self, key: str) -> ObjectMeta:
+        path = self._file(key)
+        try:
+            st = path.stat()
+        except (FileNotFoundError, NotADirectoryError):
+            raise ObjectNotFoundError(f"{self.describe(key)}: no such file") from None
+        if not path.is_file():
+            raise ObjectNotFoundError(f"{self.describe(key)}: expected a file, found a directory")
+        return ObjectMeta(key, st.st_size, None, st.st_mtime)
+
+    def get(self, key: str, *, max_nbytes: int | None = None) -> bytes:
+        meta = self.head(key)
+        if max_nbytes is not None and meta.size > max_nbytes:
+            raise ObjectTooLargeError(f"{self.describe(key)}: {meta.size} bytes, more than the {max_nbytes} bytes allowed")
+        try:
+            with open(self._file(key), "rb") as fh:
+                data = fh.read() if max_nbytes is None else fh.read(max_nbytes + 1)
+        except (FileNotFoundError, NotADirectoryError):
+            raise ObjectNotFoundError(f"{self.describe(key)}: no such file") from None
+        if max_nbytes is not None and len(data) > max_nbytes:  # it grew after the stat
+            raise ObjectTooLargeError(f"{self.describe(key)}: more than the {max_nbytes} bytes allowed")
+        return data
+
+    def fetch(self, ranges: Sequence[ByteRange]) -> Iterator[Fetched]:
+        """Each range with ``pread`` in the calling thread (local disks need no concurrency here)."""
+        for i, r in enumerate(ranges):
+            path = self._file(r.key)
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                raise ObjectNotFoundError(f"{self.describe(r.key)}: no such file") from None
+            try:
+                size = os.fstat(fd).st_size
+                buf = bytearray(r.nbytes)
+                view = memoryview(buf)
+                got = 0
+                while got < r.nbytes:
+                    n = os.preadv(fd, [view[got:]], r.start + got)
+                    if n <= 0:
+                        raise TruncatedShardError(
+                            f"{r.describe(self.describe(r.key))}: the file ended after {got} of {r.nbytes} bytes"
+                        )
+                    got += n
+            finally:
+                os.close(fd)
+            yield Fetched(i, view, size, None)
+
+    def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
+        top = self.local_path(prefix.strip("/")) if prefix.strip("/") else self.root
+        if not top.is_dir():
+            return
+        for dirpath, _dirs, files in os.walk(top):
+            for name in sorted(files):
+                full = Path(dirpath) / name
+                key = full.relative_to(self.root).as_posix()
+                st = full.stat()
+                yield ObjectMeta(key, st.st_size, None, st.st_mtime)
+
+    # ------------------------------------------------------------------ writing
+    def put(self, key: str, data: bytes | memoryview, *, metadata: Mapping[str, str] | None = None) -> ObjectMeta:
+        path = self._file(key)
+        write_bytes_atomic(path, bytes(data))
+        return self.head(key)
+
+    def put_file(
+        self, key: str, source: str | os.PathLike[str], *, metadata: Mapping[str, str] | None = None
+    ) -> ObjectMeta:
+        """Copy ``source`` to ``key`` through ``key.partial`` (fsynced, then renamed)."""
+        with atomic_file(self._file(key), doing="copying") as fd, open(source, "rb") as src:
+            while chunk := src.read(_COPY_CHUNK):
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view) :]
+        return self.head(key)
+
+    def delete(self, key: str) -> None:
+        self._file(key).unlink(missing_ok=True)
+
+    def copy(self, src: str, dst: str) -> None:
+        self.put_file(dst, self._file(src))
+
+    def rename(self, src: str, dst: str) -> None:
+        """``os.replace``: atomic on one file system."""
+        target = self._file(dst)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.replace(self._file(src), target)
+        except FileNotFoundError:
+            raise ObjectNotFoundError(f"{self.describe(src)}: no such file") from None
+        fsync_dir(target.parent)

@@ -1,0 +1,436 @@
+"""Object stores (S3-compatible, GCS, Azure, read-only HTTP) through ``obstore``.
+
+``obstore`` (Python bindings of the Rust ``object_store`` crate, the library zarr-python 3's
+``ObjectStore`` is built on) does the HTTP: request signing, connection pools, concurrent ranged
+GETs, multipart uploads. It is an optional dependency (``pip install 'shardkit[remote]'``), imported
+on first use with an install hint.
+
+Concurrency: :meth:`ObjectStore.fetch` runs its ranged GETs as asyncio tasks on one event-loop
+thread per process, at most ``options.concurrency`` at a time (a semaphore), and hands each
+completed range to the calling thread through a queue; the caller scatters it into place while the
+next ones are in flight. Latency is hidden by concurrency, not by order.
+
+Copies: obstore returns each response body as its own Rust-owned buffer (it has no "read into this
+buffer" call), so a fetched record is copied once, from that buffer into its destination row. That
+copy runs at memory speed (several GB/s), well above what a network delivers.
+
+Faults: obstore's own retries are turned off; :mod:`shardkit.stores.retry` decides what to retry,
+checks every response's length, and raises an error that names the object and the byte range once
+the budget in :class:`~shardkit.stores.base.StoreOptions` is spent.
+
+Fork: obstore's runtime (tokio) does not survive ``fork()``: a forked child that touches it hangs.
+A process forked after this one used an object store therefore gets a clear
+:class:`~shardkit.errors.StoreError` instead (use the ``spawn`` or ``forkserver`` start methods;
+the torch adapter's ``loader()`` picks ``spawn`` for remote datasets).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import queue
+import random
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from shardkit.errors import (
+    ObjectChangedError,
+    ObjectNotFoundError,
+    ObjectTooLargeError,
+    ShardkitError,
+    StoreError,
+    StorePermissionError,
+    TruncatedShardError,
+)
+from shardkit.stores.base import DEFAULT_OPTIONS, ByteRange, Fetched, ObjectMeta, Store, StoreOptions, check_key
+from shardkit.stores.retry import ShortResponse, backoff_seconds, first_line, is_transient
+
+__all__ = ["ObjectStore", "import_obstore", "RequestCounters"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+def import_obstore() -> Any:
+    """``obstore``, or a :class:`~shardkit.errors.MissingExtraError` naming the ``remote`` extra."""
+    from shardkit._extras import import_extra
+
+    return import_extra("obstore", "remote", needed_by="shardkit.stores (s3://, gs://, az://, http(s):// datasets)")
+
+
+# ---------------------------------------------------------------------- the process's event loop
+class _Runner:
+    """One daemon thread running an asyncio loop for every ObjectStore of this process."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._run, name="shardkit-store-io", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def submit(self, coro: Awaitable[T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
+
+
+_runner: _Runner | None = None
+_runner_lock = threading.Lock()
+#: Set in a child forked from a process that had used obstore (see the module docstring).
+_forked_after_use = False
+_used = False
+
+
+def _after_fork_in_child() -> None:
+    global _forked_after_use, _runner, _used
+    if _used:
+        _forked_after_use = True
+    _runner = None
+    _used = False
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _check_fork(url: str) -> None:
+    global _used
+    if _forked_after_use:
+        raise StoreError(
+            f"{url}: this process was forked from one that had already used an object store, and obstore's "
+            "runtime does not survive fork(); start worker processes with the 'spawn' or 'forkserver' method "
+            "(DataLoader(multiprocessing_context='spawn'), which ShardIterableDataset.loader() picks for remote "
+            "datasets)"
+        )
+    _used = True
+
+
+def _get_runner() -> _Runner:
+    global _runner
+    with _runner_lock:
+        if _runner is None:
+            _runner = _Runner()
+        return _runner
+
+
+class RequestCounters:
+    """Requests, bytes and retries of one store (thread-safe), for instrumentation and tests."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.requests = 0
+        self.bytes = 0
+        self.retries = 0
+
+    def add(self, requests: int = 0, nbytes: int = 0, retries: int = 0) -> None:
+        with self._lock:
+            self.requests += requests
+            self.bytes += nbytes
+            self.retries += retries
+
+    def as_dict(self) -> dict[str, int]:
+        return {"requests": self.requests, "bytes": self.bytes, "retries": self.retries}
+
+
+#: obstore attributes that are HTTP headers, not user metadata.
+_STANDARD_ATTRIBUTES = frozenset(
+    {"Content-Disposition", "Content-Encoding", "Content-Language", "Content-Type", "Cache-Control"}
+)
+
+
+def _meta(d: dict[str, Any], key: str) -> ObjectMeta:
+    mtime = d.get("last_modified")
+    return ObjectMeta(
+        key=key,
+        size=int(d["size"]),
+        etag=d.get("e_tag"),
+        mtime=mtime.timestamp() if isinstance(mtime, datetime) else None,
+    )
+
+
+class ObjectStore(Store):
+    """A bucket/container prefix or an HTTP base URL as a :class:`~shardkit.stores.base.Store`.
+
+    Build one with :func:`shardkit.stores.open_store` (it parses the URL and reads credentials from
+    the environment); this class wraps an obstore store that is already configured.
+
+    Parameters
+    ----------
+    url
+        The root as the user wrote it (``s3://bucket/prefix``), for messages.
+    inner
+        The obstore store, rooted at that prefix.
+    options
+        Concurrency, timeouts and retry budget.
+    read_only
+        Refuse writes (HTTP stores).
+    make_child
+        Builds the store of a sub-prefix (used by :meth:`child`).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        inner: Any,
+        options: StoreOptions = DEFAULT_OPTIONS,
+        *,
+        read_only: bool = False,
+        make_child: Callable[[str], ObjectStore] | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.inner = inner
+        self.options = options
+        self._read_only = read_only
+        self._make_child = make_child
+        self._obs = import_obstore()
+        self.counters = RequestCounters()
+        self._rng = random.Random()  # backoff jitter: decorrelates processes, not reproducible on purpose
+
+    @property
+    def is_local(self) -> bool:
+        return False
+
+    @property
+    def read_only(self) -> bool:
+        return self._read_only
+
+    def child(self, prefix: str) -> ObjectStore:
+        check_key(prefix, where=self.url)
+        if self._make_child is None:
+            raise StoreError(f"{self.url}: cannot open a sub-prefix of this store")
+        return self._make_child(prefix)
+
+    # ------------------------------------------------------------------ errors and retries
+    def _final_error(self, exc: BaseException, what: str) -> Exception:
+        """The shardkit error for a failure that will not be retried (again)."""
+        text = first_line(exc)
+        if isinstance(exc, FileNotFoundError):
+            return ObjectNotFoundError(f"{what}: not found")
+        name = type(exc).__name__
+        if isinstance(exc, PermissionError) or name in ("PermissionDeniedError", "UnauthenticatedError"):
+            return StorePermissionError(
+                f"{what}: access denied ({text}); check the credentials in the environment (see the README's "
+                "object-store section)"
+            )
+        if name == "PreconditionError":
+            return ObjectChangedError(f"{what}: the object changed since it was first read (its ETag differs)")
+        if is_transient(exc):
+            return StoreError(f"{what}: failed after {self.options.retries} retries / {self.options.retry_seconds:g} s: {text}")
+        return StoreError(f"{what}: {text}")
+
+    def _call(self, fn: Callable[[], T], what: str) -> T:
+        """Run a blocking obstore call with the retry policy."""
+        _check_fork(self.url)
+        t0 = time.monotonic()
+        attempt = 0
+        while True:
+            try:
+                result = fn()
+                self.counters.add(requests=1)
+                return result
+            except ShardkitError:
+                raise
+            except Exception as exc:
+                if not self._should_retry(exc, attempt, t0, what):
+                    raise self._final_error(exc, what) from None
+            time.sleep(backoff_seconds(attempt, self.options, self._rng))
+            attempt += 1
+
+    async def _call_async(self, fn: Callable[[], Awaitable[T]], what: str) -> T:
+        t0 = time.monotonic()
+        attempt = 0
+        while True:
+            try:
+                result = await fn()
+                self.counters.add(requests=1)
+                return result
+            except (asyncio.CancelledError, ShardkitError):
+                raise
+            except Exception as exc:
+                if not self._should_retry(exc, attempt, t0, what):
+                    raise self._final_error(exc, what) from None
+            await asyncio.sleep(backoff_seconds(attempt, self.options, self._rng))
+            attempt += 1
+
+    def _should_retry(self, exc: BaseException, attempt: int, t0: float, what: str) -> bool:
+        self.counters.add(requests=1)
+        o = self.options
+        if not is_transient(exc) or attempt >= o.retries or time.monotonic() - t0 >= o.retry_seconds:
+            return False
+        self.counters.add(retries=1)
+        logger.info("%s: transient failure (%s); retry %d", what, first_line(exc), attempt + 1)
+        return True
+
+    def _writable(self, key: str) -> None:
+        if self._read_only:
+            raise StorePermissionError(f"{self.describe(key)}: {self.url} is read-only (http(s) stores cannot be written)")
+
+    # ------------------------------------------------------------------ reading
+    def head(self, key: str) -> ObjectMeta:
+        """Size, ETag and user metadata (a GET with ``head``: obstore's HEAD drops the metadata)."""
+        check_key(key, where=self.url)
+
+        def once() -> tuple[dict[str, Any], dict[str, Any]]:
+            result = self._obs.get(self.inner, key, options={"head": True})
+            return result.meta, dict(result.attributes)
+
+        meta, attributes = self._call(once, self.describe(key))
+        user = {k: str(v) for k, v in attributes.items() if k not in _STANDARD_ATTRIBUTES}
+        return replace(_meta(meta, key), metadata=user)
+
+    def get(self, key: str, *, max_nbytes: int | None = None) -> bytes:
+        """One GET; the size in its headers is checked against ``max_nbytes`` before the body is read."""
+        check_key(key, where=self.url)
+        what = self.describe(key)
+
+        def once() -> bytes:
+            result = self._obs.get(self.inner, key)
+            size = int(result.meta["size"])
+            if max_nbytes is not None and size > max_nbytes:
+                raise ObjectTooLargeError(f"{what}: {size} bytes, more than the {max_nbytes} bytes allowed")
+            data = bytes(result.bytes())
+            if len(data) != size:
+                raise ShortResponse(f"expected {size} bytes, received {len(data)}")
+            return data
+
+        data = self._call(once, what)
+        self.counters.add(nbytes=len(data))
+        return data
+
+    def fetch(self, ranges: Sequence[ByteRange]) -> Iterator[Fetched]:
+        if not ranges:
+            return
+        _check_fork(self.url)
+        for r in ranges:
+            check_key(r.key, where=self.url)
+            if r.start < 0 or r.end <= r.start:
+                raise StoreError(f"{r.describe(self.describe(r.key))}: not a valid byte range")
+        results: queue.Queue[Fetched | BaseException] = queue.Queue()
+        future = _get_runner().submit(self._drive(ranges, results))
+        try:
+            for _ in range(len(ranges)):
+                while True:
+                    try:
+                        item = results.get(timeout=1.0)
+                        break
+                    except queue.Empty:
+                        if future.done() and results.empty():
+                            future.result()  # raises what the driver raised
+                            raise StoreError(f"{self.url}: fetch ended without all its ranges") from None
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            future.cancel()
+
+    async def _drive(self, ranges: Sequence[ByteRange], results: queue.Queue[Fetched | BaseException]) -> None:
+        sem = asyncio.Semaphore(self.options.concurrency)
+
+        async def one(i: int, r: ByteRange) -> None:
+            async with sem:
+                got = await self._call_async(lambda: self._get_range_async(i, r), r.describe(self.describe(r.key)))
+            self.counters.add(nbytes=r.nbytes)
+            results.put(got)
+
+        tasks = [asyncio.ensure_future(one(i, r)) for i, r in enumerate(ranges)]
+        try:
+            for done in asyncio.as_completed(tasks):
+                await done
+        except BaseException as exc:
+            for t in tasks:
+                t.cancel()
+            if not isinstance(exc, asyncio.CancelledError):
+                results.put(exc)
+            raise
+
+    async def _get_range_async(self, i: int, r: ByteRange) -> Fetched:
+        options: dict[str, Any] = {"range": (r.start, r.end)}
+        if r.etag is not None:
+            options["if_match"] = r.etag
+        result = await self._obs.get_async(self.inner, r.key, options=options)
+        size = int(result.meta["size"])
+        if r.end > size:  # the object is shorter than the range: no retry can change that
+            raise TruncatedShardError(
+                f"{r.describe(self.describe(r.key))}: the object is only {size} bytes, the range ends past it"
+            )
+        data = await result.bytes_async()
+        view = memoryview(data)  # obstore.Bytes implements the buffer protocol (zero-copy view)
+        if view.nbytes != r.nbytes:  # a body cut short (or padded) on the way: retried
+            raise ShortResponse(f"expected {r.nbytes} bytes, received {view.nbytes}")
+        return Fetched(i, view, size, result.meta.get("e_tag"))
+
+    def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
+        what = self.describe(prefix)
+        base = getattr(self.inner, "prefix", None)
+        strip = f"{base}/" if base else ""
+
+        def all_pages() -> list[dict[str, Any]]:
+            out: list[dict[str, Any]] = []
+            for page in self._obs.list(self.inner, prefix=prefix or None, chunk_size=1000):
+                out.extend(page)
+            return out
+
+        for d in self._call(all_pages, what):
+            key = str(d["path"])
+            if strip and key.startswith(strip):
+                key = key[len(strip) :]
+            yield _meta(d, key)
+
+    # ------------------------------------------------------------------ writing
+    def put(self, key: str, data: bytes | memoryview, *, metadata: Mapping[str, str] | None = None) -> ObjectMeta:
+        check_key(key, where=self.url)
+        self._writable(key)
+        payload = bytes(data)
+        attributes = dict(metadata or {})
+        self._call(lambda: self._obs.put(self.inner, key, payload, use_multipart=False, attributes=attributes),
+                   self.describe(key))
+        self.counters.add(nbytes=len(payload))
+        return ObjectMeta(key, len(payload), metadata=attributes)
+
+    def put_file(
+        self, key: str, source: str | os.PathLike[str], *, metadata: Mapping[str, str] | None = None
+    ) -> ObjectMeta:
+        """Upload ``source``; multipart (``part_bytes`` parts, ``concurrency`` at once) when it is
+        larger than ``multipart_threshold``. A failed upload is retried whole; S3 never shows a
+        partial object."""
+        check_key(key, where=self.url)
+        self._writable(key)
+        path = Path(source)
+        size = path.stat().st_size
+        o = self.options
+        multipart = size > o.multipart_threshold
+
+        attributes = dict(metadata or {})
+
+        def upload() -> Any:
+            with open(path, "rb") as fh:
+                return self._obs.put(
+                    self.inner, key, fh, use_multipart=multipart, chunk_size=o.part_bytes,
+                    max_concurrency=min(o.concurrency, 16), attributes=attributes,
+                )
+
+        self._call(upload, self.describe(key))
+        self.counters.add(nbytes=size)
+        return ObjectMeta(key, size, metadata=attributes)
+
+    def delete(self, key: str) -> None:
+        check_key(key, where=self.url)
+        self._writable(key)
+        try:
+            self._call(lambda: self._obs.delete(self.inner, key), self.describe(key))
+        except ObjectNotFoundError:
+            pass
+
+    def copy(self, src: str, dst: str) -> None:
+        check_key(src, where=self.url)
+        check_key(dst, where=self.url)
+        self._writable(dst)
+        self._call(lambda: self._obs.copy(self.inner, src, dst), f"{self.describe(src)} -> {dst}")

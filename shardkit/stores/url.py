@@ -1,0 +1,239 @@
+"""Where a dataset lives: a local path or a URL, opened as a :class:`~shardkit.stores.base.Store`.
+
+Accepted locations (every command and every Python entry point takes them):
+
+==========================================  ====================================================
+``/data/ds``, ``ds``, ``file:///data/ds``    a local directory (:class:`LocalStore`)
+``s3://bucket/prefix``                       S3 or any S3-compatible store (SeaweedFS, MinIO, R2, ...)
+``gs://bucket/prefix``                       Google Cloud Storage
+``az://container/prefix``                    Azure Blob Storage (also ``azure://``, ``abfs[s]://...``)
+``http://host/path``, ``https://...``         any HTTP server with range requests, read-only
+==========================================  ====================================================
+
+Credentials and endpoints come from each cloud's standard environment, read by obstore, plus what
+obstore does not read itself:
+
+* S3: ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``; ``AWS_REGION`` (or
+  ``AWS_DEFAULT_REGION``; ``us-east-1`` when neither is set); ``AWS_ENDPOINT_URL_S3`` or
+  ``AWS_ENDPOINT_URL`` for an S3-compatible server (an ``http://`` endpoint turns plain HTTP on for
+  that store only); and, when no key is in the environment, the profile ``AWS_PROFILE`` (default
+  ``default``) of ``~/.aws/credentials`` and ``~/.aws/config`` (``AWS_SHARED_CREDENTIALS_FILE``,
+  ``AWS_CONFIG_FILE``): ``aws_access_key_id``, ``aws_secret_access_key``, ``aws_session_token``,
+  ``region``, ``endpoint_url``. Instance and container roles (``AWS_CONTAINER_*``,
+  ``AWS_WEB_IDENTITY_TOKEN_FILE``) are obstore's own.
+* GCS: ``GOOGLE_APPLICATION_CREDENTIALS`` / ``GOOGLE_SERVICE_ACCOUNT`` (a service-account JSON file),
+  or the metadata server on GCP.
+* Azure: ``AZURE_STORAGE_ACCOUNT_NAME`` plus ``AZURE_STORAGE_ACCOUNT_KEY``, ``AZURE_STORAGE_SAS_KEY``
+  or a managed identity / ``AZURE_CLIENT_ID`` ... (obstore's Azure environment).
+* HTTP(S): anonymous; ``http://`` URLs are allowed as written.
+
+:func:`open_store` keeps one store per location, options and environment in each process, so every
+reader of a dataset shares one connection pool.
+"""
+
+from __future__ import annotations
+
+import configparser
+import os
+import re
+import threading
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from shardkit.errors import ConfigError
+from shardkit.stores.base import DEFAULT_OPTIONS, Store, StoreOptions, check_key
+from shardkit.stores.local import LocalStore
+from shardkit.stores.objectstore import ObjectStore, import_obstore
+
+__all__ = ["Location", "open_store", "is_url", "as_location", "location_string", "s3_settings", "SCHEMES"]
+
+#: Anything that names a dataset: a local path, a URL, or an opened store.
+Location = str | os.PathLike[str] | Store
+
+#: URL schemes understood, besides ``file``.
+SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "azure", "abfs", "abfss", "http", "https")
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_S3_ENV = (
+    "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION", "AWS_DEFAULT_REGION",
+    "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE",
+)
+
+_stores: dict[tuple[Any, ...], Store] = {}
+_stores_lock = threading.Lock()
+
+
+def is_url(location: object) -> bool:
+    """True for ``scheme://...`` strings (``file://`` included)."""
+    return isinstance(location, str) and bool(_URL.match(location))
+
+
+def location_string(location: Location) -> str:
+    """The location as the user would write it (a path or a URL)."""
+    if isinstance(location, Store):
+        return location.url
+    return str(location) if is_url(location) else os.fspath(location)
+
+
+def as_location(location: Location, *, resolve: bool = False) -> Path | str:
+    """A local ``Path`` (resolved with ``resolve``) or an object-store URL string, from any location.
+
+    What samplers and servers keep, pickle and pass to their workers: a plain value each process
+    opens on its own.
+    """
+    if isinstance(location, Store):
+        return location.local_path() if location.is_local else location.url
+    if is_url(location):
+        url = str(location)
+        parts = urlsplit(url)
+        if parts.scheme.lower() != "file":
+            return url
+        location = unquote(parts.path)
+    path = Path(location)
+    return path.resolve() if resolve else path
+
+
+def open_store(location: Location, options: StoreOptions | None = None) -> Store:
+    """The store for ``location`` (see the module docstring); a Store passes through unchanged.
+
+    Raises
+    ------
+    ConfigError
+        An unknown URL scheme or a URL without a bucket/container.
+    MissingExtraError
+        An object-store URL without the ``remote`` extra (obstore) installed.
+    """
+    if isinstance(location, Store):
+        return location
+    opts = options or DEFAULT_OPTIONS
+    if not is_url(location):
+        return LocalStore(Path(location), opts)
+    url = str(location)
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme == "file":
+        return LocalStore(Path(unquote(parts.path)), opts)
+    if scheme not in SCHEMES:
+        raise ConfigError(
+            f"{url}: unknown URL scheme {scheme!r}; expected a local path or one of "
+            + ", ".join(f"{s}://" for s in SCHEMES)
+        )
+    env_key = tuple(os.environ.get(k) for k in _S3_ENV) if scheme in ("s3", "s3a") else ()
+    key = (os.getpid(), url.rstrip("/"), opts, env_key)
+    with _stores_lock:
+        store = _stores.get(key)
+        if store is None:
+            store = _open_object_store(url, scheme, parts.netloc, parts.path, opts)
+            _stores[key] = store
+        return store
+
+
+def _prefix(path: str, url: str) -> str:
+    prefix = unquote(path).strip("/")
+    if prefix:
+        check_key(prefix, what="prefix", where=url)
+    return prefix
+
+
+def _client_options(opts: StoreOptions, allow_http: bool) -> dict[str, Any]:
+    return {
+        "allow_http": allow_http,
+        "timeout": timedelta(seconds=opts.timeout),
+        "connect_timeout": timedelta(seconds=opts.connect_timeout),
+    }
+
+
+#: obstore's own retries are off: shardkit retries (see shardkit.stores.retry).
+_NO_RETRY: dict[str, Any] = {"max_retries": 0}
+
+
+def _open_object_store(url: str, scheme: str, netloc: str, path: str, opts: StoreOptions) -> ObjectStore:
+    import_obstore()  # MissingExtraError with the install hint when obstore is absent
+    from obstore import store as obstores
+
+    if scheme in ("http", "https"):
+        def http(sub: str) -> ObjectStore:
+            full = f"{url.rstrip('/')}/{sub}" if sub else url
+            inner = obstores.HTTPStore.from_url(
+                full, client_options=_client_options(opts, scheme == "http"), retry_config=_NO_RETRY
+            )
+            return ObjectStore(full, inner, opts, read_only=True, make_child=http)
+
+        return http("")
+    if not netloc:
+        raise ConfigError(f"{url}: expected {scheme}://BUCKET/PREFIX, found no bucket or container name")
+    prefix = _prefix(path, url)
+
+    def child_of(base_prefix: str) -> Any:
+        def make(sub: str) -> ObjectStore:
+            full = "/".join(p for p in (base_prefix, sub) if p)
+            return build(full)
+
+        return make
+
+    def build(full_prefix: str) -> ObjectStore:
+        shown = f"{scheme}://{netloc}/{full_prefix}".rstrip("/")
+        if scheme in ("s3", "s3a"):
+            settings = s3_settings(os.environ)
+            endpoint = settings.get("endpoint", "")
+            inner = obstores.S3Store(
+                netloc, prefix=full_prefix or None, config=settings,
+                client_options=_client_options(opts, endpoint.startswith("http://")), retry_config=_NO_RETRY,
+            )
+        elif scheme in ("gs", "gcs"):
+            inner = obstores.GCSStore(
+                netloc, prefix=full_prefix or None, client_options=_client_options(opts, False), retry_config=_NO_RETRY
+            )
+        elif scheme in ("az", "azure"):
+            inner = obstores.AzureStore(
+                netloc, prefix=full_prefix or None, client_options=_client_options(opts, False), retry_config=_NO_RETRY
+            )
+        else:  # abfs[s]://container@account.dfs.core.windows.net/prefix
+            inner = obstores.AzureStore.from_url(
+                f"{scheme}://{netloc}", prefix=full_prefix or None, client_options=_client_options(opts, False),
+                retry_config=_NO_RETRY,
+            )
+        return ObjectStore(shown, inner, opts, make_child=child_of(full_prefix))
+
+    return build(prefix)
+
+
+def s3_settings(env: Any) -> dict[str, str]:
+    """obstore S3 configuration from the AWS environment variables and profile files.
+
+    Keys in the environment win; a profile is read only when ``AWS_ACCESS_KEY_ID`` is not set (see
+    the module docstring for every variable).
+    """
+    settings: dict[str, str] = {}
+    profile = _aws_profile(env) if not env.get("AWS_ACCESS_KEY_ID") else {}
+    for ours, theirs in (("access_key_id", "aws_access_key_id"), ("secret_access_key", "aws_secret_access_key"),
+                         ("session_token", "aws_session_token")):
+        if profile.get(theirs):
+            settings[ours] = profile[theirs]
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or profile.get("endpoint_url")
+    if endpoint:
+        settings["endpoint"] = endpoint
+    settings["region"] = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or profile.get("region") or "us-east-1"
+    return settings
+
+
+def _aws_profile(env: Any) -> dict[str, str]:
+    """The ``AWS_PROFILE`` section of the shared credentials and config files (missing files: empty)."""
+    name = env.get("AWS_PROFILE") or env.get("AWS_DEFAULT_PROFILE") or "default"
+    home = Path(env.get("HOME") or Path.home())
+    creds_file = Path(env.get("AWS_SHARED_CREDENTIALS_FILE") or home / ".aws" / "credentials")
+    config_file = Path(env.get("AWS_CONFIG_FILE") or home / ".aws" / "config")
+    out: dict[str, str] = {}
+    for file, section in ((config_file, name if name == "default" else f"profile {name}"), (creds_file, name)):
+        parser = configparser.RawConfigParser()
+        try:
+            parser.read(file, encoding="utf-8")
+        except (configparser.Error, OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{file}: cannot read the AWS profile {name!r} ({exc})") from None
+        if parser.has_section(section):
+            out.update({k.lower(): v.strip() for k, v in parser.items(section)})
+    if env.get("AWS_PROFILE") and not out:
+        raise ConfigError(f"AWS_PROFILE={name!r}: no such profile in {creds_file} or {config_file}")
+    return out

@@ -1,0 +1,157 @@
+"""The local cache of remote shards: later epochs read locally with the order unchanged, every
+cached shard verified against the metadata's checksums, a budget without thrashing, LRU eviction
+across datasets, private files, and concurrent processes sharing one cache directory."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from shardkit.errors import InsecurePathError
+from shardkit.readers import TieredSampler
+from tests.conftest import upload
+from tests.readers.conftest import check_batch, make_dataset
+
+N, REC = 60, 16  # make_dataset's records are 16 bytes
+
+
+def _cached_files(cache_dir: Path) -> list[Path]:
+    return sorted(p for p in cache_dir.rglob("shard-*") if p.is_file())
+
+
+def _run(url: str, cache_dir: Path, epochs: int = 1, start_epoch: int = 0, **kw: Any) -> tuple[TieredSampler, np.ndarray]:
+    s = TieredSampler(url, batch_size=4, epochs=epochs, seed=6, ram_size="12records", cache_dir=cache_dir,
+                      start_epoch=start_epoch, **kw)
+    keys = np.concatenate([check_batch(b) for b in s])
+    return s, keys
+
+
+@pytest.fixture
+def remote(s3: Any, tmp_path: Path) -> str:
+    return upload(make_dataset(tmp_path / "ds", N, records_per_shard=7), s3.url("ds"))
+
+
+def test_later_epochs_read_locally_order_unchanged(remote: str, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    plain = TieredSampler(remote, batch_size=4, epochs=3, seed=6, ram_size="12records")
+    expected = np.concatenate([check_batch(b) for b in plain])
+    s, keys = _run(remote, cache, epochs=1)
+    first = s.stats.disk.read_calls
+    assert first > 0 and len(_cached_files(cache)) == 9  # every shard complete and verified after epoch 0
+    s2, keys2 = _run(remote, cache, epochs=2, start_epoch=1)
+    np.testing.assert_array_equal(np.concatenate([keys, keys2]), expected)  # the order does not change
+    assert s2.stats.disk.read_calls == 0 and s2.stats.disk.bytes_read == 0  # nothing requested
+    assert s2.stats.remote_cache.bytes_read >= 2 * N * REC
+    # Within one sampler too: epoch 0 fills the cache, epoch 1 reads it.
+    cache_b = tmp_path / "cache-b"
+    cache_b.mkdir()
+    s3_, _ = _run(remote, cache_b, epochs=1)
+    requests_epoch0 = s3_.stats.disk.read_calls
+    s4, _ = _run(remote, cache_b, epochs=1, start_epoch=1)
+    assert requests_epoch0 > 0 and s4.stats.disk.read_calls == 0
+
+
+def test_cache_is_private(remote: str, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    old = os.umask(0o022)
+    try:
+        _run(remote, cache)
+    finally:
+        os.umask(old)
+    root = cache / f"shardkit-cache-{os.geteuid()}"
+    for p in [root, *root.rglob("*")]:
+        mode = stat.S_IMODE(p.lstat().st_mode)
+        assert mode & 0o077 == 0, f"{p} is {oct(mode)}"
+    # A planted symlink in place of the cache root is refused, not followed.
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    (evil / f"shardkit-cache-{os.geteuid()}").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (tmp_path / "elsewhere").mkdir()
+    with pytest.raises(InsecurePathError, match="symlink"):
+        _run(remote, evil)
+
+
+def test_damaged_cached_shard_is_dropped_not_served(remote: str, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    _run(remote, cache)
+    victim = _cached_files(cache)[2]
+    raw = bytearray(victim.read_bytes())
+    raw[5] ^= 0xFF
+    victim.write_bytes(bytes(raw))
+    s, keys = _run(remote, cache, epochs=1, start_epoch=1)  # check_batch proves every byte is right
+    assert sorted(keys.tolist()) == list(range(N))
+    assert 0 < s.stats.disk.read_calls  # the damaged shard was fetched again
+    assert s.stats.disk.bytes_read <= 7 * REC + 64  # ... and only that one (7 records)
+
+
+def test_budget_caches_what_fits_without_thrashing(remote: str, tmp_path: Path) -> None:
+    """A budget of 4 shards: 4 stay cached epoch after epoch (no eviction among this job's own
+    shards), the others are read remotely each epoch."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    shard_bytes = 7 * REC + 7 * 16 + 4
+    budget = 4 * shard_bytes + shard_bytes // 2
+    _run(remote, cache, cache_size=budget)
+    kept = _cached_files(cache)
+    assert len(kept) == 4
+    s, _ = _run(remote, cache, epochs=1, start_epoch=1, cache_size=budget)
+    assert _cached_files(cache) == kept
+    assert 0 < s.stats.disk.bytes_read < N * REC  # the uncached shards, and only those
+    assert s.stats.remote_cache.bytes_read > 0
+
+
+def test_lru_eviction_across_datasets(s3: Any, remote: str, tmp_path: Path) -> None:
+    """A second dataset in the same cache directory evicts the least recently used copies of the first."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    shard_bytes = 7 * REC + 7 * 16 + 4
+    budget = 10 * shard_bytes
+    _run(remote, cache, cache_size=budget)
+    first = {p.parent.name for p in _cached_files(cache)}
+    other = upload(make_dataset(tmp_path / "ds2", N, records_per_shard=7), s3.url("ds2"))
+    _run(other, cache, cache_size=budget)
+    by_ns: dict[str, int] = {}
+    for p in _cached_files(cache):
+        by_ns[p.parent.name] = by_ns.get(p.parent.name, 0) + 1
+    (ns_a,) = first
+    ns_b = next(k for k in by_ns if k != ns_a)
+    assert by_ns[ns_b] == 9 and by_ns.get(ns_a, 0) == 1  # 10 fit: the newest dataset whole, one old shard
+    assert sum(p.stat().st_size for p in _cached_files(cache)) <= budget
+
+
+_WORKER = """
+import sys, numpy as np
+from shardkit.readers import TieredSampler
+from tests.readers.conftest import check_batch
+url, cache, rank = sys.argv[1], sys.argv[2], int(sys.argv[3])
+s = TieredSampler(url, batch_size=4, epochs=2, seed=6, ram_size="12records", cache_dir=cache, rank=rank, world_size=2)
+keys = np.concatenate([check_batch(b) for b in s])
+print(keys.size, s.stats.disk.read_calls)
+"""
+
+
+def test_concurrent_processes_share_one_cache(remote: str, tmp_path: Path) -> None:
+    """Two ranks on one machine read their halves concurrently into one cache directory; the cache
+    ends complete and verified, and a later run requests nothing."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    procs = [subprocess.Popen([sys.executable, "-c", _WORKER, remote, str(cache), str(r)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for r in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (_out, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+    assert sum(int(out.split()[0]) for out, _ in outs) == 2 * N
+    assert len(_cached_files(cache)) == 9
+    s, keys = _run(remote, cache, epochs=1, start_epoch=2)
+    assert s.stats.disk.read_calls == 0 and sorted(keys.tolist()) == list(range(N))
