@@ -321,3 +321,28 @@ def test_state_dict_is_the_same_with_and_without_locality(ds: Path) -> None:
     a.close(), b.close()
     with pytest.raises(SamplerError):
         b.load_state_dict({**b.state_dict(), "seed": 99})
+
+
+def test_locality_over_an_object_store(s3: Any, tmp_path: Path) -> None:
+    """A dataset in an object store: the node caches are written from it once, then storage serves
+    only the misses (the remote requests of the later epochs)."""
+    from tests.conftest import upload
+
+    url = upload(make_dataset(tmp_path / "remote-ds", 40, records_per_shard=6), s3.url("locality-ds"))
+    caches = tmp_path / "caches"
+    for node in range(2):
+        (caches / f"n{node}").mkdir(parents=True)
+    part = node_partition(2, 40, 2, 16)
+    for c in range(4):
+        s = TieredSampler(url, rank=c, world_size=4, nodes=2, locality=True, batch_size=3, seed=2, epochs=1,
+                          static_cache="8records", node_cache="8records", node_cache_dir=caches / f"n{c // 2}")  # fmt: skip
+        try:
+            first = np.concatenate(collect(s))
+            s.set_epoch(1)
+            before = s.stats.disk.records
+            keys = np.concatenate(collect(s))
+        finally:
+            s.close()
+        misses = int(np.count_nonzero(part.holders(keys) != c // 2))
+        assert s.stats.disk.records - before == misses
+        assert first.size == keys.size == [12, 10, 9, 9][c]  # 3 global batches of 12, a tail of 4 = 3 + 1
