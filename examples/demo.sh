@@ -10,9 +10,14 @@ shardkit convert datasets/coco -o out/coco
 shardkit convert datasets/imagefolder -o out/imagefolder --split train --size 64
 shardkit convert datasets/speech -o out/speech --kind audio --split all --sample-rate 16000 --duration 1.0
 
-echo "== info =="
+echo "== info: what a dataset holds, and where any record came from =="
 shardkit info out/coco
-shardkit info out/speech --json
+shardkit info out/coco --record 3
+shardkit info out/speech --record 0
+
+echo "== show: look at the records (COCO boxes drawn; audio waveforms and spectrograms) =="
+shardkit show out/coco --random 12 --seed 0 -o out/coco-show.png
+shardkit show out/speech --random 4 --seed 0 -o out/speech-show.png --wav out/speech-wav
 
 echo "== verify =="
 shardkit verify out/coco

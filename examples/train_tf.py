@@ -7,13 +7,42 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+import tempfile
+from types import ModuleType
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import tensorflow as tf
 
-from shardkit.adapters.tf import make_tf_dataset
-from shardkit.formats import open_dataset
+def import_tensorflow_quietly() -> ModuleType:
+    """Import TensorFlow without its start-up banners.
+
+    While it loads, TensorFlow's C++ side writes notices straight to file descriptor 2 (absl's
+    "All log messages before absl::InitializeLog()..." and the oneDNN notice), past
+    TF_CPP_MIN_LOG_LEVEL. They are held back during the import only, and shown after all if the
+    import fails.
+    """
+    with tempfile.TemporaryFile() as held:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(held.fileno(), 2)
+        try:
+            import tensorflow
+        except BaseException:
+            os.dup2(saved, 2)
+            held.seek(0)
+            sys.stderr.write(held.read().decode(errors="replace"))
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+    return tensorflow
+
+
+tf = import_tensorflow_quietly()
+
+from shardkit.adapters.tf import make_tf_dataset  # noqa: E402  (after TensorFlow, imported quietly above)
+from shardkit.formats import open_dataset  # noqa: E402
 
 
 def main() -> None:

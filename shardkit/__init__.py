@@ -7,10 +7,15 @@ lazily.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from shardkit import errors
 from shardkit._version import __version__
 from shardkit.converters import convert
 from shardkit.formats import Dataset, DatasetWriter, FieldSpec, open_dataset, verify
+
+if TYPE_CHECKING:
+    from shardkit.viz import export, show
 
 __all__ = [
     "__version__",
@@ -21,4 +26,16 @@ __all__ = [
     "open_dataset",
     "verify",
     "convert",
+    "show",
+    "export",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # show / export live in shardkit.viz, which needs the readers' seed domains: imported on first
+    # use, so `import shardkit` stays as light as before.
+    if name in ("show", "export"):
+        import shardkit.viz
+
+        return getattr(shardkit.viz, name)
+    raise AttributeError(f"module 'shardkit' has no attribute {name!r}")

@@ -40,6 +40,7 @@ __all__ = [
     "parse_duration",
     "parse_rate",
     "human_bytes",
+    "human_count",
     "human_duration",
 ]
 
@@ -206,6 +207,11 @@ def human_bytes(n: float) -> str:
             return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def human_count(n: int, noun: str) -> str:
+    """``(1, "shard")`` -> ``"1 shard"``, ``(3, "shard")`` -> ``"3 shards"``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def human_duration(seconds: float) -> str:

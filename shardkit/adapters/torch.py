@@ -88,9 +88,18 @@ from torch.utils.data import Dataset as _TorchDataset
 from torch.utils.data import IterableDataset as _TorchIterableDataset
 from torch.utils.data import get_worker_info
 
-__all__ = ["ShardIterableDataset", "ShardMapDataset", "to_tensors"]
+__all__ = ["ShardIterableDataset", "ShardMapDataset", "accelerator_present", "to_tensors"]
 
 logger = logging.getLogger(__name__)
+
+
+def accelerator_present() -> bool:
+    """Whether PyTorch sees an accelerator that pinned memory would feed (``torch.accelerator``,
+    or CUDA on PyTorch releases without it)."""
+    acc = getattr(torch, "accelerator", None)
+    if acc is not None and hasattr(acc, "is_available"):
+        return bool(acc.is_available())
+    return bool(torch.cuda.is_available())
 
 TensorDict = dict[str, "torch.Tensor"]
 
@@ -534,16 +543,22 @@ class ShardIterableDataset(_TorchIterableDataset):
         self._close_kept()
         self._sampler = None
 
-    def loader(self, num_workers: int = 0, **kwargs: Any) -> torch.utils.data.DataLoader:
+    def loader(self, num_workers: int = 0, *, pin_memory: bool | None = None, **kwargs: Any) -> torch.utils.data.DataLoader:
         """A ``DataLoader`` over this dataset (``batch_size=None`` unless ``unbatched``) with
         ``num_workers`` recorded for ``len()`` and :meth:`state_dict_after`; ``kwargs`` go to the
-        DataLoader (``pin_memory``, ``persistent_workers``, ``collate_fn``, ``batch_size`` when
-        unbatched, ...).
+        DataLoader (``persistent_workers``, ``collate_fn``, ``batch_size`` when unbatched, ...).
+
+        ``pin_memory`` defaults to pinning only when an accelerator (CUDA, MPS, XPU, ...) is present:
+        pinned host memory only speeds up copies to a device, and on a CPU-only machine PyTorch warns
+        that it is useless. ``True`` / ``False`` are passed through.
 
         For a dataset in an object store with workers, the workers start with ``spawn`` unless
         ``multiprocessing_context`` says otherwise: the object-store client (obstore's runtime) does
         not survive ``fork()`` in a process that already used it (a forked worker would get a
         :class:`~shardkit.errors.StoreError` saying so)."""
+        if pin_memory is None:
+            pin_memory = accelerator_present()
+        kwargs["pin_memory"] = pin_memory
         self.num_workers = int(num_workers)
         if num_workers > 0 and is_url(self.path) and not self.path.startswith("file:"):
             kwargs.setdefault("multiprocessing_context", "spawn")

@@ -12,14 +12,14 @@ from __future__ import annotations
 import inspect
 import logging
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from shardkit.cli.app import app, echo_err, setup_logging
+from shardkit.cli.app import app, setup_logging
 from shardkit.converters.options import Option
+from shardkit.converters.progress import progress_bar
 from shardkit.converters.registry import available_kinds, kind_options
 from shardkit.units import human_bytes, parse_bytes
 
@@ -96,30 +96,9 @@ def _common_parameters() -> list[inspect.Parameter]:
         p("shard_size", str | None, typer.Option(None, "--shard-size", metavar="SIZE", show_default=False,
                                                  help="Target shard file size, e.g. 64MiB (default 256MiB).")),
         p("quiet", bool, typer.Option(False, "--quiet", "-q", help="No progress bar.")),
-        p("verbose", bool, typer.Option(False, "--verbose", "-v", help="Log every skipped input.")),
+        p("verbose", bool, typer.Option(False, "--verbose", "-v",
+                                        help="Log every skipped input and annotation entry, with its reason.")),
     ]
-
-
-def _progress_bar(quiet: bool, unit: str, desc: str) -> tuple[Callable[[int, int, int], None], Callable[[], None]]:
-    """A tqdm progress callback (created at the first call, when the total is known) and its closer."""
-    from tqdm import tqdm
-
-    bar: Any = None
-
-    def progress(done: int, total: int, records: int) -> None:
-        nonlocal bar
-        if quiet:
-            return
-        if bar is None:
-            bar = tqdm(total=total, initial=done, unit=unit, desc=desc, dynamic_ncols=True, smoothing=0.1)
-            return
-        bar.update(done - bar.n)
-
-    def close() -> None:
-        if bar is not None:
-            bar.close()
-
-    return progress, close
 
 
 def convert(
@@ -140,6 +119,7 @@ def convert(
     """Convert a corpus into a dataset; resumable, deterministic whatever --workers."""
     from shardkit.converters import convert as run_convert
     from shardkit.converters import detect_kind, get_converter
+    from shardkit.converters.provenance import change_lines
 
     setup_logging(verbose)
     options = {k: v for k, v in given.items() if v is not None}
@@ -149,15 +129,12 @@ def convert(
     extra: dict[str, Any] = {}
     if shard_size is not None:
         extra["shard_bytes"] = parse_bytes(shard_size, what="--shard-size")
-    progress, close_bar = _progress_bar(quiet, get_converter(kind).progress_unit, f"convert {kind}")
     t0 = time.perf_counter()
-    try:
+    with progress_bar(get_converter(kind).progress_unit, f"convert {kind}", disable=quiet) as progress:
         summary = run_convert(
             src, output, kind, workers=workers, strict=strict, overwrite=overwrite, compression=compression,
             progress=progress, naming="cli", staging_dir=staging_dir, **extra, **options,
         )
-    finally:
-        close_bar()
     if summary.already_complete:
         typer.echo(f"{summary.output}: already converted with the same parameters ({summary.records} records); nothing to do")
         return
@@ -172,12 +149,8 @@ def convert(
     ]
     for k, v in summary.notes.items():
         lines.append(f"note         {k}: {v}")
+    lines += [f"changed      {line}" for line in change_lines(summary.changes)]
     typer.echo("\n".join(lines))
-    if summary.skipped and not verbose:
-        echo_err(
-            f"{summary.num_skipped} inputs skipped; run with --verbose to list them, or read "
-            f"attributes.shardkit.skipped in {summary.output}/zarr.json"
-        )
 
 
 convert.__signature__ = inspect.Signature(  # type: ignore[attr-defined]

@@ -9,6 +9,7 @@ import typer
 from shardkit.cli.app import app, echo_err, setup_logging
 from shardkit.readers.shared.server import ServeOptions, TierServer
 from shardkit.readers.shared.server import serve as run_server
+from shardkit.units import human_bytes
 
 
 @app.command()
@@ -50,7 +51,7 @@ def serve(
     server = run_server(path, name=name, ready=ready, options=options)
     st = server.stats
     typer.echo(
-        f"served {server.epochs_served} epochs, {server.published} reservoir blocks; disk {st.disk.bytes_read / 1e6:,.1f} MB "
+        f"served {server.epochs_served} epochs, {server.published} reservoir blocks; disk {human_bytes(st.disk.bytes_read)} "
         f"read in {st.disk.read_calls} calls"
     )
 

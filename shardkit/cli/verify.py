@@ -6,6 +6,7 @@ import typer
 
 from shardkit.cli.app import app, echo_err
 from shardkit.formats import verify as verify_dataset
+from shardkit.units import human_bytes, human_count
 
 
 @app.command()
@@ -22,7 +23,9 @@ def verify(
 
     with open_dataset(path) as ds:
         total = ds.meta.payload_nbytes
-    with tqdm(total=total, unit="B", unit_scale=True, desc="verify", disable=None, leave=False) as bar:
+    # IEC units as everywhere in shardkit: tqdm scales by 1024 and prints the prefix before the unit "iB".
+    with tqdm(total=total, unit="iB", unit_scale=True, unit_divisor=1024, desc="verify", disable=None,
+              leave=False) as bar:
         report = verify_dataset(path, quick=quick, progress=bar.update)
     for note in report.limitations:
         echo_err(f"note: {note}")
@@ -31,11 +34,11 @@ def verify(
     mode = "quick" if quick else "full"
     if not report.ok:
         echo_err(
-            f"{report.path}: {len(report.problems)} problem(s) in {report.shards_checked} shards and "
-            f"{report.files_checked} other files ({mode})"
+            f"{report.path}: {len(report.problems)} problem(s) in {human_count(report.shards_checked, 'shard')} and "
+            f"{human_count(report.files_checked, 'other file')} ({mode})"
         )
         raise typer.Exit(1)
     typer.echo(
-        f"{report.path}: OK, {report.shards_checked} shards and {report.files_checked} other files "
-        f"(format {report.format}, {mode}" + (f", {report.bytes_checked / 1e6:.1f} MB checksummed)" if not quick else ")")
+        f"{report.path}: OK, {human_count(report.shards_checked, 'shard')} and {human_count(report.files_checked, 'other file')} "
+        f"(format {report.format}, {mode}" + (f", {human_bytes(report.bytes_checked)} checksummed)" if not quick else ")")
     )

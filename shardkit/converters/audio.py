@@ -18,13 +18,14 @@ from typing import Any
 import numpy as np
 
 from shardkit.converters.audio_transforms import (
+    AUDIO_COLUMNS,
     AUDIO_EXTENSIONS,
     MAX_FILE_CHANNELS,
     MAX_RATE,
     MIN_RATE,
     AudioTransform,
 )
-from shardkit.converters.base import RECORD_BYTES_PER_CALL, Decoded, ScanResult
+from shardkit.converters.base import PROVENANCE, RECORD_BYTES_PER_CALL, Decoded, ScanResult
 from shardkit.converters.classfolders import ClassFolderConverter, ClassFolderDecoder, choose_split, class_names, find_splits
 from shardkit.converters.options import Option, choice, count, duration, flag, rate, text
 from shardkit.errors import ConfigError, ConversionError
@@ -58,8 +59,10 @@ class AudioDecoder(ClassFolderDecoder):
 
     def decode(self, item: tuple[str, int], start: int = 0) -> Decoded:
         rel, label = item
-        clips, more = self.audio.load(self.checked_path(rel), start, self.per_call)
-        return Decoded([{"audio": clip, "label": np.int64(label)} for clip in clips], start, more)
+        clips = self.audio.read(self.checked_path(rel), start, self.per_call)
+        source = clips.provenance()
+        return Decoded([{"audio": clip, "label": np.int64(label), PROVENANCE: source} for clip in clips.records],
+                       start, clips.more)
 
 
 class AudioFolderConverter(ClassFolderConverter):
@@ -72,6 +75,7 @@ class AudioFolderConverter(ClassFolderConverter):
     options = _OPTIONS
     chunk_size = 16
     progress_unit = "file"
+    provenance_columns = AUDIO_COLUMNS
 
     def __init__(self, src: str | Path, **options: Any) -> None:
         super().__init__(src, **options)

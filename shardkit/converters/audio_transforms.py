@@ -56,7 +56,9 @@ from shardkit.converters.images import check_regular_file
 from shardkit.errors import ConfigError, InputFileError
 
 __all__ = [
+    "AUDIO_COLUMNS",
     "AUDIO_EXTENSIONS",
+    "AudioClips",
     "BLOCK_BYTES",
     "MAX_FILE_CHANNELS",
     "MAX_RATE",
@@ -66,6 +68,8 @@ __all__ = [
     "Resampler",
 ]
 
+#: Provenance columns of audio records: the file's sample rate, channels and length in frames.
+AUDIO_COLUMNS = ("rate", "channels", "frames")
 #: File extensions that audio class-folder scans treat as audio.
 AUDIO_EXTENSIONS = frozenset({".wav", ".flac", ".ogg", ".oga", ".aif", ".aiff"})
 #: Lowest sample rate accepted, of a file or of the output (see the module notes).
@@ -398,5 +402,34 @@ class AudioTransform:
 
         Reads only the frames those records need (see the module notes).
         """
+        clips = self.read(path, start, limit)
+        return clips.records, clips.more
+
+    def read(self, path: Path, start: int = 0, limit: int | None = None) -> AudioClips:
+        """:meth:`load`, with what the file was (rate, channels, length) for the records' provenance."""
         with _open(path) as (frames, rate):
-            return self._records(frames, rate, str(path), start, limit)
+            records, more = self._records(frames, rate, str(path), start, limit)
+            return AudioClips(records, more, rate, frames.channels, frames.frames)
+
+
+@dataclass(frozen=True)
+class AudioClips:
+    """Records of one audio file and what the file was.
+
+    Attributes
+    ----------
+    records, more
+        The records asked for, and whether the file has more.
+    rate, channels, frames
+        The file's sample rate, channels and length in frames (its provenance columns,
+        :data:`AUDIO_COLUMNS`).
+    """
+
+    records: list[np.ndarray]
+    more: bool
+    rate: int
+    channels: int
+    frames: int
+
+    def provenance(self) -> dict[str, int]:
+        return {"rate": self.rate, "channels": self.channels, "frames": self.frames}

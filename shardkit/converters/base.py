@@ -15,34 +15,51 @@ stays deterministic:
   never the corpus listing) that a worker process receives once. :meth:`Decoder.decode` turns one
   item into its records (an image gives one, an audio file cut into windows may give several) or
   raises :class:`~shardkit.errors.InputFileError`, which becomes a skip with its reason.
+
+Provenance
+    Every record can be traced to its input (see :mod:`shardkit.formats.provenance`). The pipeline
+    knows each record's input and part number; a decoder adds what it measured under the record key
+    :data:`PROVENANCE` (a dict with an integer for each of :attr:`Converter.provenance_columns`), and
+    :meth:`Converter.input_name` names each input. Kinds that declare no columns still get the input
+    and part of every record.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import zlib
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
+
 from shardkit.converters.options import Option, OptionNaming, parse_options
 from shardkit.errors import DatasetNotFoundError
 from shardkit.formats import FieldSpec
+from shardkit.formats.provenance import BASE_COLUMNS, PROVENANCE_FIELD, ProvenanceSpec
 
 __all__ = [
     "Converter",
     "Decoder",
     "Decoded",
+    "InputNames",
     "Note",
     "Record",
     "ScanResult",
     "Skip",
     "MAX_RECORDS_PER_INPUT",
+    "PROVENANCE",
     "RECORD_BYTES_PER_CALL",
     "reason_category",
 ]
+
+#: Record key under which a decoder gives the record's provenance columns (a ``{column: int}`` dict);
+#: the pipeline turns it into the dataset's provenance field.
+PROVENANCE = PROVENANCE_FIELD
 
 #: One record as produced by :meth:`Decoder.decode`: the payload and every declared field.
 Record = dict[str, Any]
@@ -131,6 +148,22 @@ def reason_category(reason: str) -> str:
     return head if sep else reason
 
 
+class InputNames(Sequence[str]):
+    """The names of ``count`` inputs, made one at a time by ``name_of(index)`` (a corpus of millions
+    never holds them all)."""
+
+    def __init__(self, count: int, name_of: Callable[[int], str]) -> None:
+        self.size, self.name_of = count, name_of
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return self.name_of(i)
+
+
 class Decoder(ABC):
     """Decode work items into records; runs in worker processes, so it must stay small and picklable.
 
@@ -193,6 +226,9 @@ class Converter(ABC):
     progress_unit: ClassVar[str] = "item"
     #: Every input gives at most one record (then a corpus smaller than a shard gets a smaller shard).
     one_record_per_input: ClassVar[bool] = False
+    #: The kind's own provenance columns, after ``input`` and ``part``: each record's decoder output
+    #: holds an integer for each under :data:`PROVENANCE` (missing ones are stored as 0).
+    provenance_columns: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, src: str | Path, *, naming: OptionNaming = "python", **options: Any) -> None:
         src = Path(src)
@@ -263,6 +299,44 @@ class Converter(ABC):
     def item_path(self, item: Any) -> str:
         """Human-readable name of an item (the decoder's)."""
         return self.decoder.item_path(item)
+
+    # ------------------------------------------------------------------ provenance
+    def source_root(self) -> Path:
+        """The directory input names are relative to (the corpus root)."""
+        return self.src
+
+    def input_name(self, item: Any) -> str:
+        """The name of an item stored in the provenance table: its path relative to
+        :meth:`source_root` (``train/cat/001.jpg``), or the whole path when it lies elsewhere."""
+        path = self.item_path(item)
+        root = str(self.source_root())
+        if path.startswith(root + os.sep):
+            return path[len(root) + 1 :]
+        return path
+
+    def provenance_spec(self, scan: ScanResult) -> ProvenanceSpec:
+        """What the writer stores about every record's source (names are made lazily, at commit)."""
+        columns = (*BASE_COLUMNS, *self.provenance_columns)
+        return ProvenanceSpec(
+            columns=columns,
+            root=str(self.source_root()),
+            inputs=self.input_names(scan.items),
+            summarize=lambda values: self.summarize_changes(columns, values),
+        )
+
+    def input_names(self, items: Sequence[Any]) -> Sequence[str]:
+        """:meth:`input_name` of every item, made one at a time when asked for."""
+        return InputNames(len(items), lambda i: self.input_name(items[i]))
+
+    def summarize_changes(self, columns: Sequence[str], values: np.ndarray) -> dict[str, Any]:
+        """Counts of what conversion changed over every record (the metadata's ``provenance.changes``).
+
+        ``values`` is the whole provenance field. The default understands image and audio kinds
+        (:func:`shardkit.converters.provenance.summarize`); another kind may count its own.
+        """
+        from shardkit.converters.provenance import summarize
+
+        return summarize(self.payload, self.transform(), columns, values)
 
     def inputs_fingerprint(self, scan: ScanResult) -> str:
         """Fingerprint of the input sequence, stored in the config.

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardkit.converters.images import Geometry
+from shardkit.converters.images import Geometry, orient_boxes
 
 __all__ = ["xywh_to_xyxy", "orient_boxes", "map_boxes"]
 
@@ -23,38 +23,6 @@ def xywh_to_xyxy(boxes: np.ndarray) -> np.ndarray:
     """``[x, y, w, h]`` rows -> ``[x0, y0, x1, y1]`` rows (float64)."""
     b = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
     return np.stack([b[:, 0], b[:, 1], b[:, 0] + b[:, 2], b[:, 1] + b[:, 3]], axis=1)
-
-
-def orient_boxes(boxes: np.ndarray, orientation: int, width: int, height: int) -> np.ndarray:
-    """Apply EXIF ``orientation`` (1-8) to ``[x0, y0, x1, y1]`` boxes of a stored ``width x height`` image.
-
-    The mapping of points matches what ``PIL.ImageOps.exif_transpose`` does to pixels
-    (2 mirror, 3 rotate 180, 4 flip, 5 transpose, 6 rotate 90 clockwise, 7 transverse,
-    8 rotate 90 counter-clockwise).
-    """
-    b = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
-    if orientation == 1 or b.shape[0] == 0:
-        return b.copy()
-    w, h = float(width), float(height)
-    xs = b[:, [0, 2]]
-    ys = b[:, [1, 3]]
-    if orientation == 2:
-        nx, ny = w - xs, ys
-    elif orientation == 3:
-        nx, ny = w - xs, h - ys
-    elif orientation == 4:
-        nx, ny = xs, h - ys
-    elif orientation == 5:
-        nx, ny = ys, xs
-    elif orientation == 6:
-        nx, ny = h - ys, xs
-    elif orientation == 7:
-        nx, ny = h - ys, w - xs
-    elif orientation == 8:
-        nx, ny = ys, w - xs
-    else:
-        return b.copy()
-    return np.stack([nx.min(axis=1), ny.min(axis=1), nx.max(axis=1), ny.max(axis=1)], axis=1)
 
 
 def map_boxes(boxes: np.ndarray, geo: Geometry) -> tuple[np.ndarray, np.ndarray]:

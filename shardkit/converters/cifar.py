@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from shardkit.converters.base import Converter, Decoded, Decoder, ScanResult
-from shardkit.converters.images import ImageTransform, image_options
+from shardkit.converters.base import PROVENANCE, Converter, Decoded, Decoder, InputNames, ScanResult
+from shardkit.converters.images import IMAGE_COLUMNS, ImageTransform, image_options
 from shardkit.converters.options import Option, choice
 from shardkit.errors import ConversionError, InputFileError
 from shardkit.formats import FieldSpec
@@ -164,25 +164,36 @@ def _batch_dir(src: Path, marker: str, parent_name: str) -> Path | None:
 
 
 class _Rows(Sequence[Any]):
-    """The input sequence: ``(row, raw 3072 bytes, label, coarse label)`` per image, built lazily.
+    """The input sequence: ``(row, raw 3072 bytes, label, coarse label, "batch#index")`` per image,
+    built lazily.
 
-    A label that was not an integer is given as the text found (the decoder skips its image).
+    A label that was not an integer is given as the text found (the decoder skips its image). The
+    last entry names the image by its batch file and its index in that file (``data_batch_3#417``),
+    which is where a person finds it again.
     """
 
     def __init__(self, data: np.ndarray, labels: np.ndarray, coarse: np.ndarray | None,
-                 bad: dict[int, str], bad_coarse: dict[int, str]) -> None:
+                 bad: dict[int, str], bad_coarse: dict[int, str], batches: list[tuple[str, int]]) -> None:
         self.data, self.labels, self.coarse = data, labels, coarse
         self.bad, self.bad_coarse = bad, bad_coarse
+        self.batches = batches
+        self._starts = np.array([start for _, start in batches], dtype=np.int64)
 
     def __len__(self) -> int:
         return int(self.data.shape[0])
+
+    def name(self, i: int) -> str:
+        """``batch file#index in it`` of row ``i``."""
+        b = int(np.searchsorted(self._starts, i, side="right")) - 1
+        fname, start = self.batches[b]
+        return f"{fname}#{i - start}"
 
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         label: int | str = self.bad.get(i, int(self.labels[i]))
         coarse: int | str | None = None if self.coarse is None else self.bad_coarse.get(i, int(self.coarse[i]))
-        return (i, self.data[i].tobytes(), label, coarse)
+        return (i, self.data[i].tobytes(), label, coarse, self.name(i))
 
 
 class CifarDecoder(Decoder):
@@ -197,7 +208,7 @@ class CifarDecoder(Decoder):
         self.coarse_classes = coarse_classes
 
     def item_path(self, item: Any) -> str:
-        return f"{self.where}#{item[0]}"
+        return f"{self.where}/{item[4]}"
 
     def _label(self, item: Any, value: int | str, classes: int, name: str) -> np.int64:
         if isinstance(value, str) or not 0 <= value < classes:
@@ -216,6 +227,7 @@ class CifarDecoder(Decoder):
             from PIL import Image
 
             record["image"], _ = self.image.apply(Image.fromarray(np.ascontiguousarray(arr), "RGB"))
+        record[PROVENANCE] = {"width": 32, "height": 32, "orientation": 1, "flags": 0, "reduce": 1}
         return Decoded([record])
 
 
@@ -228,6 +240,7 @@ class _CifarBase(Converter):
     detect_priority = 5
     progress_unit = "img"
     one_record_per_input = True
+    provenance_columns = IMAGE_COLUMNS
     marker = ""
     parent_name = ""
     splits: dict[str, list[str]] = {}
@@ -279,7 +292,9 @@ class _CifarBase(Converter):
         bad: dict[int, str] = {}
         bad_coarse: dict[int, str] = {}
         offset = 0
+        batches = []
         for fname in self.splits[self.split]:
+            batches.append((fname, offset))
             data, (lab, lab_bad), coarse_part = self._load_batch(self.base / fname)
             datas.append(data)
             labels.append(lab)
@@ -289,7 +304,7 @@ class _CifarBase(Converter):
                 bad_coarse.update({offset + k: v for k, v in coarse_part[1].items()})
             offset += data.shape[0]
         rows = _Rows(np.concatenate(datas), np.concatenate(labels),
-                     np.concatenate(coarse) if self.coarse_key else None, bad, bad_coarse)
+                     np.concatenate(coarse) if self.coarse_key else None, bad, bad_coarse, batches)
         return ScanResult(items=rows)
 
     def fields(self) -> dict[str, FieldSpec]:
@@ -303,7 +318,7 @@ class _CifarBase(Converter):
 
     def make_decoder(self) -> CifarDecoder:
         coarse = self.names.get("coarse_label")
-        return CifarDecoder(self.image, self.native, f"{self.base}[{self.split}]", len(self.names["label"]),
+        return CifarDecoder(self.image, self.native, str(self.base), len(self.names["label"]),
                             None if coarse is None else len(coarse))
 
     def transform(self) -> dict[str, Any]:
@@ -311,6 +326,13 @@ class _CifarBase(Converter):
 
     def config(self) -> dict[str, Any]:
         return {**super().config(), "transform": self.transform()}
+
+    def input_names(self, items: Sequence[Any]) -> Sequence[str]:
+        """Names without building the items (which copy each image's bytes)."""
+        if not isinstance(items, _Rows):
+            return super().input_names(items)
+        prefix = self.input_name((0, b"", 0, None, ""))
+        return InputNames(len(items), lambda i: prefix + items.name(i))
 
     def inputs_fingerprint(self, scan: ScanResult) -> str:
         rows = scan.items

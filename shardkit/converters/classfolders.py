@@ -9,12 +9,17 @@ Rules, the same for both media:
 * Every non-hidden entry below a class folder is an input, walked in sorted order, whatever its
   type: files with an unexpected extension, FIFOs, directories named like a media file and broken
   symlinks become skips with a reason instead of silently disappearing.
+* A class folder that holds none of the media's files (a COCO root's ``annotations/`` converted as
+  class folders) would become a class without records: it is logged as a warning that names it,
+  with the kind the corpus looks like when detection says so.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from abc import abstractmethod
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -33,6 +38,8 @@ __all__ = [
     "scan_class_files",
     "media_share",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: Directory names that mark a split layout.
 SPLIT_NAMES = ("train", "val", "valid", "validation", "test")
@@ -182,8 +189,33 @@ class ClassFolderConverter(Converter):
         return total > 0 and media * 2 > total
 
     def scan_files(self) -> list[tuple[str, int]]:
-        """Every input below the class folders of :attr:`base`."""
-        return scan_class_files(self.base, self.classes, self.media_extensions)
+        """Every input below the class folders of :attr:`base` (a class folder holding none of this
+        kind's files is logged as a warning: it would silently become a class without records)."""
+        items = scan_class_files(self.base, self.classes, self.media_extensions)
+        self._warn_empty_classes(items)
+        return items
+
+    def _warn_empty_classes(self, items: list[tuple[str, int]]) -> None:
+        media = Counter(label for rel, label in items if Path(rel).suffix.lower() in self.media_extensions)
+        others = Counter(label for rel, label in items if Path(rel).suffix.lower() not in self.media_extensions)
+        empty = [k for k, name in enumerate(self.classes) if (self.base / name).is_dir() and not media[k]]
+        if not empty:
+            return
+        shown = ", ".join(f"{self.classes[k]}/ ({others[k]} other file{'s' if others[k] != 1 else ''})" for k in empty[:5])
+        hint = "is --kind right?" if self.naming == "cli" else "is the kind right?"
+        try:
+            from shardkit.converters.registry import detect_kind
+
+            detected = detect_kind(self.src)
+        except ConversionError:
+            detected = self.name
+        if detected != self.name:
+            hint = (f"{self.src} looks like a {detected} corpus: pass --kind {detected}" if self.naming == "cli"
+                    else f"{self.src} looks like a {detected} corpus: pass kind={detected!r}")
+        logger.warning(
+            "%s: %d of %d class folders hold no %s files and give classes without records: %s%s; %s",
+            self.base, len(empty), len(self.classes), self.media_name, shown, ", ..." if len(empty) > 5 else "", hint,
+        )
 
     @abstractmethod
     def media_transform(self) -> Any:

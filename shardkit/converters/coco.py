@@ -46,9 +46,9 @@ from typing import Any
 import numpy as np
 
 from shardkit.converters import untrusted_json
-from shardkit.converters.base import Converter, Decoded, Decoder, Note, Record, ScanResult, Skip
+from shardkit.converters.base import PROVENANCE, Converter, Decoded, Decoder, Note, Record, ScanResult, Skip
 from shardkit.converters.boxes import map_boxes, orient_boxes, xywh_to_xyxy
-from shardkit.converters.images import IMAGE_OPTIONS, ImageTransform
+from shardkit.converters.images import IMAGE_COLUMNS, IMAGE_OPTIONS, ImageTransform
 from shardkit.converters.options import Option, count, path_text, text
 from shardkit.errors import ConfigError, ConversionError, InputFileError
 from shardkit.formats import FieldSpec
@@ -178,6 +178,7 @@ class CocoDecoder(Decoder):
             "num_boxes": np.int32(n),
             "iscrowd": out_crowd,
             "orig_size": np.array([geo.src_h, geo.src_w], np.int32),
+            PROVENANCE: {**loaded.provenance(), "boxes": int(np.flatnonzero(keep).size)},
         }
         return Decoded([record], notes=notes)
 
@@ -192,6 +193,8 @@ class CocoConverter(Converter):
     detect_priority = 10
     progress_unit = "img"
     one_record_per_input = True
+    #: The image columns, and how many boxes were visible in the frame (more than ``max_boxes``: capped).
+    provenance_columns = (*IMAGE_COLUMNS, "boxes")
 
     def __init__(self, src: str | Path, **options: Any) -> None:
         super().__init__(src, **options)
@@ -376,6 +379,9 @@ class CocoConverter(Converter):
             ))
 
     # ------------------------------------------------------------------ converter interface
+    def source_root(self) -> Path:
+        return self.root
+
     def scan(self) -> ScanResult:
         return ScanResult(items=self._items, skipped=list(self._doc_skips))
 

@@ -3,6 +3,8 @@
 :func:`outcomes` yields one :data:`Outcome` per decode call, strictly in input order whatever the
 number of workers: tasks (chunks of consecutive inputs) go to a process pool and their results are
 consumed in submission order. ``workers=1`` decodes in the calling process (no inter-process copies).
+Workers start with ``forkserver`` (or ``spawn``), or are forked when the calling script would start
+the conversion again in each of them (see :mod:`~shardkit.converters.main_guard`).
 
 Workers receive the converter's :class:`~shardkit.converters.base.Decoder` once, when they start: a
 small picklable object (the transform and a few paths), never the converter with its corpus listing.
@@ -26,7 +28,6 @@ import logging
 import multiprocessing as mp
 import os
 import signal
-import sys
 import tempfile
 import threading
 import time
@@ -41,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from shardkit.converters.base import Decoded, Decoder
+from shardkit.converters.main_guard import GUARD, start_method
 from shardkit.errors import ConversionError, InputFileError
 
 __all__ = ["Failed", "Outcome", "Produced", "Skipped", "default_workers", "outcomes"]
@@ -218,13 +220,6 @@ def _remove_stale_rings(directory: str) -> None:
             path.unlink(missing_ok=True)
 
 
-def _main_is_importable() -> bool:
-    """Whether spawned workers can re-import ``__main__`` (they must, as for DataLoader workers)."""
-    main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
-    return path is None or os.path.exists(path) or getattr(main, "__spec__", None) is not None
-
-
 # ---------------------------------------------------------------------- the ordered stream
 def _continued(first: Outcome, decode: Callable[[int, int], Outcome]) -> Iterator[Outcome]:
     """``first``, then the further parts of its input while it says there are more."""
@@ -257,25 +252,20 @@ def outcomes(
     chunk_size
         Inputs per task sent to a worker.
     """
-    if workers > 1 and not _main_is_importable():
-        # Worker processes start by re-importing the caller's main module (forkserver / spawn); a
-        # program read from stdin or typed with ``python -c`` has no file to import from.
-        logger.warning("the calling program has no importable main module (stdin?): decoding in this "
-                       "process instead of %d workers", workers)
-        workers = 1
+    method = start_method(workers) if workers > 1 else None
     start_index, start_record = first
-    if workers <= 1:
+    if method is None:
         def here(index: int, start: int) -> Outcome:
             return decode_one(decoder, index, items[index], start)
 
         for i in range(start_index, len(items)):
             yield from _continued(here(i, start_record if i == start_index else 0), here)
         return
-    yield from _pool_outcomes(decoder, items, first, workers, max(1, int(chunk_size)))
+    yield from _pool_outcomes(decoder, items, first, workers, max(1, int(chunk_size)), method)
 
 
 def _pool_outcomes(
-    decoder: Decoder, items: Sequence[Any], first: tuple[int, int], workers: int, chunk: int
+    decoder: Decoder, items: Sequence[Any], first: tuple[int, int], workers: int, chunk: int, method: str
 ) -> Iterator[Outcome]:
     n = len(items)
     inflight = workers * _INFLIGHT_PER_WORKER
@@ -288,19 +278,28 @@ def _pool_outcomes(
         os.close(fd)
     ring = ring_spec.open("r")
     free = list(range(inflight))
-    ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
-    pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
+    pool = ProcessPoolExecutor(workers, mp_context=mp.get_context(method), initializer=_init_worker,
                                initargs=(decoder, os.getpid(), ring_spec))
     pending: deque[tuple[int, Future[list[Outcome]]]] = deque()
+    decoded_any = False
 
     def result(fut: Future[list[Outcome]]) -> list[Outcome]:
+        nonlocal decoded_any
         try:
-            return fut.result()
+            out = fut.result()
         except BrokenProcessPool:
+            if not decoded_any:
+                raise ConversionError(
+                    "a decode worker process died before it decoded anything (see the messages above: a worker "
+                    f"that runs the calling script again needs its top-level code under `{GUARD}`); "
+                    "completed shards are kept, and --workers 1 decodes without worker processes"
+                ) from None
             raise ConversionError(
-                "a decode worker process died (killed, out of memory or a crashing decoder); "
-                "completed shards are kept: re-run the same command to resume"
+                "a decode worker process died (killed, out of memory or a crashing decoder); completed shards "
+                "are kept: once the cause is gone, the same conversion resumes after them"
             ) from None
+        decoded_any = True
+        return out
 
     def more(index: int, start: int) -> Outcome:
         # Further records of one input: decoded by a worker, returned pickled (no ring slot).

@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from shardkit.converters.base import Decoded, ScanResult
+from shardkit.converters.base import PROVENANCE, Decoded, ScanResult
 from shardkit.converters.classfolders import ClassFolderConverter, ClassFolderDecoder
-from shardkit.converters.images import IMAGE_EXTENSIONS, IMAGE_OPTIONS, ImageTransform
+from shardkit.converters.images import IMAGE_COLUMNS, IMAGE_EXTENSIONS, IMAGE_OPTIONS, ImageTransform
 from shardkit.converters.options import Option, text
 from shardkit.errors import ConversionError
 from shardkit.formats import FieldSpec
@@ -34,7 +34,7 @@ class ImageFolderDecoder(ClassFolderDecoder):
     def decode(self, item: tuple[str, int], start: int = 0) -> Decoded:
         rel, label = item
         loaded = self.image.load(self.checked_path(rel))
-        return Decoded([{"image": loaded.array, "label": np.int64(label)}])
+        return Decoded([{"image": loaded.array, "label": np.int64(label), PROVENANCE: loaded.provenance()}])
 
 
 class ImageFolderConverter(ClassFolderConverter):
@@ -48,6 +48,7 @@ class ImageFolderConverter(ClassFolderConverter):
     chunk_size = 4
     progress_unit = "img"
     one_record_per_input = True
+    provenance_columns = IMAGE_COLUMNS
 
     def __init__(self, src: str | Path, **options: Any) -> None:
         super().__init__(src, **options)

@@ -41,15 +41,18 @@ from typing import Any
 
 import numpy as np
 
-from shardkit.converters.base import MAX_RECORDS_PER_INPUT, Converter, ScanResult, reason_category
+from shardkit.converters.base import MAX_RECORDS_PER_INPUT, PROVENANCE, Converter, Record, ScanResult, reason_category
 from shardkit.converters.decoding import Failed, Produced, Skipped, default_workers, outcomes
+from shardkit.converters.main_guard import refuse_inside_worker_start
 from shardkit.converters.options import OptionNaming
+from shardkit.converters.progress import progress_bar
 from shardkit.converters.registry import detect_kind, get_converter
 from shardkit.converters.remote_output import RemoteOutput, is_remote_output
 from shardkit.converters.staging import StagedWriter, Staging, input_cursor, split_cursor
 from shardkit.errors import ConversionError
-from shardkit.formats import DatasetMeta, get_codec
-from shardkit.formats.spec import DEFAULT_SHARD_BYTES, records_per_shard_for
+from shardkit.formats import DatasetMeta, FieldSpec, get_codec
+from shardkit.formats.provenance import ProvenanceSpec
+from shardkit.formats.spec import DEFAULT_SHARD_BYTES, ZARR_JSON, records_per_shard_for
 from shardkit.units import parse_bytes, parse_count
 
 __all__ = ["ConvertSummary", "ProgressFn", "convert", "run_converter"]
@@ -85,9 +88,15 @@ class ConvertSummary:
     records_this_run
         Records written by this run (``records`` minus what a resume found done).
     notes
-        Things worth knowing that are not skips (``{"capped": 3}``: COCO images over ``max_boxes``).
+        Things worth knowing that are not skips (``{"capped": 3}``: COCO images over ``max_boxes``),
+        counted by this run.
     already_complete
         The same dataset was already there; nothing was done.
+    changes
+        What conversion changed, over every record of the dataset (clips trimmed, images upscaled
+        ...; see :func:`shardkit.converters.provenance.summarize`), as stored in its metadata.
+    skipped_inputs
+        Every skipped input with its reason, ``(path, reason)``, in input order.
     """
 
     output: Path | str
@@ -99,6 +108,8 @@ class ConvertSummary:
     records_this_run: int = 0
     notes: Mapping[str, int] = field(default_factory=dict)
     already_complete: bool = False
+    changes: Mapping[str, Any] = field(default_factory=dict)
+    skipped_inputs: tuple[tuple[str, str], ...] = ()
 
     @property
     def num_skipped(self) -> int:
@@ -269,10 +280,11 @@ def _decode_and_write(
     """Decode the inputs from cursor ``start`` and hand their records and skips to ``sink``."""
     items = scan.items
     n = len(items)
-    batcher = _Batcher(sink, [conv.payload, *conv.fields()])
+    batcher = _Batcher(sink, [conv.payload, *conv.fields(), PROVENANCE])
     tally = _Tally()
     if start == 0:
         for s in scan.skipped:
+            logger.info("skipped %s: %s", s.path, s.reason)
             sink.skip(s.path, s.reason, 0)
             tally.skips[reason_category(s.reason)] += 1
     for outcome in outcomes(conv.decoder, items, split_cursor(start), workers, conv.chunk_size):
@@ -287,6 +299,7 @@ def _decode_and_write(
                     raise ConversionError(f"{conv.item_path(items[index])}: gives more than {MAX_RECORDS_PER_INPUT} records")
                 for w, rec in enumerate(decoded.records, decoded.start):
                     after = input_cursor(index + 1) if done and w == last - 1 else input_cursor(index, w + 1)
+                    rec[PROVENANCE] = _provenance_row(conv, rec, index, w)
                     batcher.add(rec, after)
                 if done and last == 0:
                     sink.skip(conv.item_path(items[index]), "empty: no records", input_cursor(index))
@@ -307,8 +320,18 @@ def _decode_and_write(
     return tally
 
 
-def _dataset_config(conv: Converter, scan: ScanResult, records_per_shard: int, shard_bytes: int | None,
-                    compression: str | None) -> dict[str, Any]:
+def _provenance_row(conv: Converter, rec: Record, index: int, part: int) -> np.ndarray:
+    """The record's provenance: its input and part number, then the kind's columns its decoder measured."""
+    measured = rec.get(PROVENANCE) or {}
+    unknown = set(measured) - set(conv.provenance_columns)
+    if unknown:
+        raise ConversionError(f"kind {conv.name!r}: decoder gave provenance column(s) {sorted(unknown)} that the kind "
+                              f"does not declare in provenance_columns {list(conv.provenance_columns)}")
+    return np.array([index, part, *(int(measured.get(c, 0)) for c in conv.provenance_columns)], dtype=np.int64)
+
+
+def _dataset_config(conv: Converter, scan: ScanResult, fields: Mapping[str, FieldSpec], provenance: ProvenanceSpec,
+                    records_per_shard: int, shard_bytes: int | None, compression: str | None) -> dict[str, Any]:
     """Every parameter that shapes the output (the staging config and the dataset's fingerprint)."""
     codec = get_codec(compression)
     return {
@@ -316,7 +339,8 @@ def _dataset_config(conv: Converter, scan: ScanResult, records_per_shard: int, s
         "kind": conv.name,
         "payload": conv.payload,
         "record": conv.record_spec().to_json(),
-        "fields": {k: v.to_json() for k, v in conv.fields().items()},
+        "fields": {k: v.to_json() for k, v in fields.items()},
+        "provenance": list(provenance.columns),
         "records_per_shard": records_per_shard,
         "compression": None if codec is None else codec.to_json(),
     }
@@ -336,6 +360,7 @@ def run_converter(
     staging_dir: str | os.PathLike[str] | None = None,
 ) -> ConvertSummary:
     """Convert with an already constructed converter (see :func:`convert`; sizes already parsed)."""
+    refuse_inside_worker_start()
     t0 = time.perf_counter()
     out = str(out) if is_remote_output(out) else Path(out)
     workers = default_workers() if workers is None else workers
@@ -350,36 +375,30 @@ def run_converter(
         full = records_per_shard_for(spec.nbytes, shard_bytes)
         records_per_shard = min(full, n) if n < full else None
     rps = records_per_shard or records_per_shard_for(spec.nbytes, shard_bytes)
-    config = _dataset_config(conv, scan, rps, None if records_per_shard else int(shard_bytes), compression)
+    provenance = conv.provenance_spec(scan)
+    fields = {**conv.fields(), PROVENANCE: provenance.field_spec}
+    config = _dataset_config(conv, scan, fields, provenance, rps, None if records_per_shard else int(shard_bytes),
+                             compression)
     remote = RemoteOutput(str(out), staging_dir) if is_remote_output(out) else None
     local_out = remote.local if remote is not None else Path(out)
     staging = Staging(
-        local_out, config, conv.payload, conv.fields(),
+        local_out, config, conv.payload, fields,
         shard_present=remote.shard_present if remote is not None else None,
         on_recorded=remote.shard_done if remote is not None else None,
     )
     done = _finished(staging, remote, overwrite)
     if done is not None:
         logger.info("%s: already converted with the same parameters", out)
-        return ConvertSummary(
-            output=out, kind=done.kind, records=done.num_records,
-            skipped=dict(Counter(reason_category(s.reason) for s in done.skipped)),
-            bytes=_output_bytes(out, done), seconds=time.perf_counter() - t0, already_complete=True,
-        )
+        return _summary(out, done, time.perf_counter() - t0, already_complete=True)
     if remote is not None:
         remote.check_destination(staging.names, overwrite=overwrite)
-        if (local_done := staging.finished()) is not None:  # killed while publishing: finish that
-            meta = remote.publish()
-            return ConvertSummary(
-                output=out, kind=meta.kind, records=meta.num_records,
-                skipped=dict(Counter(reason_category(s.reason) for s in local_done.skipped)),
-                bytes=_output_bytes(out, meta), seconds=time.perf_counter() - t0,
-            )
+        if staging.finished() is not None:  # killed while publishing: finish that
+            return _summary(out, remote.publish(), time.perf_counter() - t0)
     resumed = staging.begin(overwrite=overwrite)
     sink = _BackgroundWriter(staging.writer(
-        resumed, kind=conv.name, payload=conv.payload, record=spec, fields=conv.fields(), labels=conv.labels(),
+        resumed, kind=conv.name, payload=conv.payload, record=spec, fields=fields, labels=conv.labels(),
         records_per_shard=rps, compression=compression, transform=conv.transform(), source=conv.source(),
-        extra=conv.extra(),
+        extra=conv.extra(), provenance=provenance,
     ))
     start = resumed[-1].cursor if resumed else 0
     resumed_records = sink.records_written
@@ -403,14 +422,28 @@ def run_converter(
     except BaseException:
         sink.abort()
         raise
-    skipped = Counter(reason_category(s.reason) for s in meta.skipped)
-    summary = ConvertSummary(
-        output=out, kind=meta.kind, records=meta.num_records, skipped=dict(sorted(skipped.items())),
-        bytes=_output_bytes(out, meta), seconds=time.perf_counter() - t0,
-        records_this_run=meta.num_records - resumed_records, notes=dict(sorted(tally.notes.items())),
-    )
+    summary = _summary(out, meta, time.perf_counter() - t0, records_this_run=meta.num_records - resumed_records,
+                       notes=dict(sorted(tally.notes.items())))
     logger.info("%s: %d records, %d skipped, %.1f s", out, summary.records, summary.num_skipped, summary.seconds)
+    if summary.skipped:
+        listed = "listed above" if logger.isEnabledFor(logging.INFO) else (
+            "--verbose lists them" if conv.naming == "cli" else "logging at level INFO lists them")
+        logger.warning(
+            "%s: %d inputs skipped (%s); %s, and attributes.shardkit.skipped in %s keeps every reason",
+            out, summary.num_skipped, ", ".join(f"{k}: {v}" for k, v in summary.skipped.items()), listed,
+            f"{out}/{ZARR_JSON}",
+        )
     return summary
+
+
+def _summary(out: str | Path, meta: DatasetMeta, seconds: float, **extra: Any) -> ConvertSummary:
+    """The summary of a finished dataset (``extra``: what only this run knows)."""
+    skipped = Counter(reason_category(s.reason) for s in meta.skipped)
+    return ConvertSummary(
+        output=out, kind=meta.kind, records=meta.num_records, skipped=dict(sorted(skipped.items())),
+        bytes=_output_bytes(out, meta), seconds=seconds, changes=dict(meta.provenance.get("changes", {})),
+        skipped_inputs=tuple((s.path, s.reason) for s in meta.skipped), **extra,
+    )
 
 
 def _label(name: str, naming: OptionNaming) -> str:
@@ -429,7 +462,7 @@ def convert(
     compression: str | None = None,
     shard_bytes: int | str = DEFAULT_SHARD_BYTES,
     records_per_shard: int | str | None = None,
-    progress: ProgressFn | None = None,
+    progress: ProgressFn | bool | None = None,
     naming: OptionNaming = "python",
     staging_dir: str | os.PathLike[str] | None = None,
     **options: Any,
@@ -451,9 +484,10 @@ def convert(
         Corpus kind (``coco``, ``imagefolder``, ``cifar10``, ``cifar100``, ``audio`` or one added
         through the ``shardkit.converters`` entry points); detected when ``None``.
     workers
-        Decode processes (default: the cores available). The output does not depend on it. As
-        with DataLoader workers, the processes re-import the calling script: guard its top-level
-        code with ``if __name__ == "__main__":``. A program read from stdin decodes in-process.
+        Decode processes (default: the cores available). The output does not depend on it. A
+        script may call this at its top level without ``if __name__ == "__main__":``: the workers
+        are then forked so they do not run the script again (decoded in-process where ``fork`` is
+        not available, with a warning). A program read from stdin decodes in-process.
     strict
         Stop at the first bad input (``ConversionError`` naming it) instead of skipping it.
     overwrite
@@ -464,7 +498,9 @@ def convert(
         Target shard size (bytes or a size such as ``"256MiB"``), or an exact number of records per
         shard.
     progress
-        Called as ``progress(inputs_done, inputs_total, records)`` after every input.
+        Called as ``progress(inputs_done, inputs_total, records)`` after every input. By default
+        (``None``) a progress bar is drawn when standard error is a terminal (someone is watching);
+        ``True`` always draws it, ``False`` never.
     naming
         How errors name options: ``"python"`` (``sample_rate``) or ``"cli"`` (``--sample-rate``).
     staging_dir
@@ -488,7 +524,13 @@ def convert(
     n_workers = None if workers is None else parse_count(workers, what=_label("workers", naming), minimum=1)
     kind = kind or detect_kind(Path(src))
     conv = get_converter(kind)(Path(src), naming=naming, **options)
-    return run_converter(
-        conv, out, workers=n_workers, strict=strict, overwrite=overwrite, compression=compression,
-        shard_bytes=nbytes, records_per_shard=rps, progress=progress, staging_dir=staging_dir,
-    )
+    if callable(progress):
+        return run_converter(
+            conv, out, workers=n_workers, strict=strict, overwrite=overwrite, compression=compression,
+            shard_bytes=nbytes, records_per_shard=rps, progress=progress, staging_dir=staging_dir,
+        )
+    with progress_bar(conv.progress_unit, f"convert {kind}", disable=None if progress is None else not progress) as bar:
+        return run_converter(
+            conv, out, workers=n_workers, strict=strict, overwrite=overwrite, compression=compression,
+            shard_bytes=nbytes, records_per_shard=rps, progress=bar, staging_dir=staging_dir,
+        )

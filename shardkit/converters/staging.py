@@ -61,6 +61,7 @@ from shardkit.formats import DatasetMeta, DatasetWriter, FieldSpec, ShardInfo
 from shardkit.formats.atomic import write_bytes_atomic
 from shardkit.formats.index import crc32c_of
 from shardkit.formats.metadata import read_dataset_meta, read_json, write_json_atomic
+from shardkit.formats.provenance import TABLE_ARRAYS
 from shardkit.formats.spec import ATTRS_KEY, ZARR_JSON, SkippedInput
 from shardkit.formats.writer import WrittenShard
 
@@ -195,7 +196,9 @@ class Staging:
         self.config: dict[str, Any] = json.loads(json.dumps(config))
         self.payload = payload
         self.fields = dict(fields)
-        self.names = [payload, *fields]
+        #: Every array the dataset may hold: the payload, the fields and the provenance table (written
+        #: with the metadata, so cleared on resume like the field arrays).
+        self.names = [payload, *fields, *TABLE_ARRAYS]
         #: Whether this run created ``out`` (then, and only then, it may delete it).
         self.created_out = False
         self._shard_present = shard_present or self._local_shard_present

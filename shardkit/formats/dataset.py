@@ -14,6 +14,7 @@ from shardkit.errors import NotADatasetError
 from shardkit.formats.checksums import read_object, read_objects
 from shardkit.formats.fields import read_field_array
 from shardkit.formats.metadata import MAX_DOCUMENT_NBYTES, DatasetMeta, read_dataset_meta
+from shardkit.formats.provenance import Provenance, RecordSource
 from shardkit.formats.ranged import DEFAULT_REMOTE_GAP_BYTES, RangedPayloadArray
 from shardkit.formats.reader import DEFAULT_GAP_BYTES, PayloadArray, ReadStats
 from shardkit.formats.spec import ZARR_JSON
@@ -119,6 +120,8 @@ class Dataset:
                 f"the dataset's {ZARR_JSON} says {self.meta.num_records} records of {self.meta.record.shape} "
                 f"{self.meta.record.dtype}"
             )
+        #: Where the records came from (``None`` for a dataset written without provenance).
+        self.provenance: Provenance | None = Provenance.from_meta(self.meta, where=self.store.describe(ZARR_JSON))
         self._fields: dict[str, np.ndarray] | None = None
 
     # ------------------------------------------------------------------ description
@@ -147,7 +150,11 @@ class Dataset:
 
     @property
     def fields(self) -> dict[str, np.ndarray]:
-        """Every small per-record field as one in-RAM array ``[N, ...]`` (loaded once, every chunk checked).
+        """Every small per-record field that batches carry, as one in-RAM array ``[N, ...]`` each
+        (loaded once, every chunk checked).
+
+        The provenance field is not among them: it says where records came from, which training
+        does not need (:meth:`source` and :meth:`field` read it).
 
         Raises
         ------
@@ -155,12 +162,30 @@ class Dataset:
             A field chunk is missing, damaged or changed (see :func:`~shardkit.formats.fields.read_field_array`).
         """
         if self._fields is None:
-            m = self.meta
-            self._fields = {
-                name: read_field_array(self.store, name, spec, m.num_records, m.field_chunk_records, m.files)
-                for name, spec in m.fields.items()
-            }
+            skip = None if self.provenance is None else self.provenance.field
+            self._fields = {name: self.field(name) for name in self.meta.fields if name != skip}
         return self._fields
+
+    def field(self, name: str) -> np.ndarray:
+        """Any declared per-record field, provenance included, read whole (every chunk checked)."""
+        m = self.meta
+        if name not in m.fields:
+            raise KeyError(f"{self.path}: no field {name!r}; fields: {', '.join(m.fields) or 'none'}")
+        if self._fields is not None and name in self._fields:
+            return self._fields[name]
+        return read_field_array(self.store, name, m.fields[name], m.num_records, m.field_chunk_records, m.files)
+
+    def source(self, key: int) -> RecordSource | None:
+        """Where record ``key`` came from (``None`` for a dataset written without provenance).
+
+        Reads one chunk of the provenance field and of the input table, not the whole of them.
+        """
+        if self.provenance is None:
+            return None
+        k = int(key)
+        if not 0 <= k < self.num_records:
+            raise IndexError(f"{self.path}: record {key} outside [0, {self.num_records})")
+        return self.provenance.source(self.store, self.meta, k)
 
     def info(self) -> dict[str, Any]:
         """Summary for ``shardkit info --json``."""
@@ -180,9 +205,15 @@ class Dataset:
             "shards": len(m.shards),
             "bytes": m.payload_nbytes,
             "compression": m.compression,
-            "fields": {k: v.to_json() for k, v in m.fields.items()},
+            "fields": {k: v.to_json() for k, v in m.fields.items()
+                       if self.provenance is None or k != self.provenance.field},
             "labels": m.labels,
             "skipped": len(m.skipped),
+            "skipped_inputs": [s.to_json() for s in m.skipped],
+            "changes": {} if self.provenance is None else dict(self.provenance.changes),
+            **({} if self.provenance is None else {"provenance": {
+                "field": self.provenance.field, "columns": list(self.provenance.columns),
+                "root": self.provenance.root, "inputs": self.provenance.count}}),
             "transform": m.transform,
             "source": m.source,
             "created_by": m.created_by,

@@ -14,7 +14,6 @@ the metadata. Every size is checked before the buffer it determines is allocated
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from shardkit.formats.paths import resolve_inside
 from shardkit.formats.spec import MAX_NDIM, ZARR_JSON, FieldSpec, chunk_key
 from shardkit.stores import LocalStore, Store
 
-__all__ = ["read_field_array", "write_field_array"]
+__all__ = ["read_field_array", "read_field_rows", "write_field_array"]
 
 
 def write_field_array(
@@ -101,8 +100,30 @@ def read_field_array(
     MissingShardError, TruncatedShardError, ChecksumError, CorruptShardError
         A chunk (or the document) is missing, has the wrong size or checksum, or does not decode.
     """
+    return read_field_rows(root, name, spec, num_records, chunk_records, files)
+
+
+def read_field_rows(
+    root: Path | Store,
+    name: str,
+    spec: FieldSpec,
+    num_records: int,
+    chunk_records: int,
+    files: Mapping[str, FileDigest] | None = None,
+    start: int = 0,
+    stop: int | None = None,
+) -> np.ndarray:
+    """Rows ``[start, stop)`` of field ``name``, reading only the chunks that hold them.
+
+    The same checks as :func:`read_field_array` (which reads every row): the document must describe
+    the declared field, and every chunk read must exist and match its recorded digest. A lookup of
+    one record of a large field (``shardkit info --record K``) reads one chunk, not the whole array.
+    """
     files = files or {}
+    stop = num_records if stop is None else stop
     store = root if isinstance(root, Store) else LocalStore(root)
+    if not 0 <= start <= stop <= num_records:
+        raise IndexError(f"{store.describe(name)}: rows [{start}, {stop}) outside [0, {num_records})")
     if store.is_local:
         resolve_inside(store.local_path(), name, "field array")
     doc_rel = f"{name}/{ZARR_JSON}"
@@ -115,14 +136,14 @@ def read_field_array(
     codec = _check_field_document(doc, store.describe(doc_rel), spec, num_records, chunk_records)
     dtype = np.dtype(spec.dtype).newbyteorder("<")
     block = np.empty((chunk_records, *spec.shape), dtype=dtype)
+    wanted = range(start // chunk_records, -(-stop // chunk_records))
     # Any codec's worst case is far below twice the raw size: a larger file is not a chunk.
-    chunks = _chunk_sources(store, name, 1 + len(spec.shape), math.ceil(num_records / chunk_records), files,
-                            max_nbytes=2 * block.nbytes + 1024)
-    # Allocation bounded by what exists: every chunk is there (checked just above), each one
+    chunks = _chunk_sources(store, name, 1 + len(spec.shape), wanted, files, max_nbytes=2 * block.nbytes + 1024)
+    # Allocation bounded by what exists: every chunk read is there (checked just above), each one
     # decodes to chunk_records x spec.nbytes <= MAX_FIELD_CHUNK_NBYTES (DatasetMeta.check_layout), so
     # a document that claims more records than the dataset holds fails before this line.
-    out = np.empty((num_records, *spec.shape), dtype=dtype)
-    for j, (rel, load) in enumerate(chunks):
+    out = np.empty((stop - start, *spec.shape), dtype=dtype)
+    for j, (rel, load) in zip(wanted, chunks):
         data = load()
         try:
             if codec is None:
@@ -131,22 +152,23 @@ def read_field_array(
                 codec.decode(data, block)
         except Exception as exc:
             raise CorruptShardError(f"{store.describe(rel)}: field chunk does not decode to {block.shape} {dtype} ({exc})") from None
-        start = j * chunk_records
-        out[start : start + chunk_records] = block[: num_records - start]
+        first = j * chunk_records
+        lo, hi = max(start, first), min(stop, first + chunk_records)
+        out[lo - start : hi - start] = block[lo - first : hi - first]
     return out
 
 
 def _chunk_sources(
-    store: Store, name: str, ndim: int, count: int, files: Mapping[str, FileDigest], *, max_nbytes: int
+    store: Store, name: str, ndim: int, wanted: range, files: Mapping[str, FileDigest], *, max_nbytes: int
 ) -> list[tuple[str, Callable[[], bytes]]]:
-    """``(relative key, loader)`` of every chunk of field ``name``; each must exist.
+    """``(relative key, loader)`` of the ``wanted`` chunks of field ``name``; each must exist.
 
     zarr reads a missing chunk as the fill value, but shardkit writes every chunk, so a missing one
     was lost: an error, in every format version. Local chunks are checked to exist here and read
     one at a time later; remote chunks are downloaded here, all at once (sizes bounded first), so a
     missing one fails before the field's array is allocated.
     """
-    keys = [chunk_key(name, j, ndim) for j in range(count)]
+    keys = [chunk_key(name, j, ndim) for j in wanted]
     if store.is_local:
         out: list[tuple[str, Callable[[], bytes]]] = []
         for rel in keys:

@@ -118,6 +118,10 @@ class DatasetMeta:
     files
         Format 1.1: size and crc32c of every array document and every field chunk, by path relative
         to the dataset root (see :mod:`shardkit.formats.checksums`). Empty in 1.0 datasets.
+    provenance
+        Where every record came from and what conversion changed (see
+        :mod:`shardkit.formats.provenance`); empty for a dataset written without it. An optional key
+        that readers without provenance support ignore, so it needs no new format version.
     format_version, format_minor
         Format version ``MAJOR.MINOR`` (see :mod:`shardkit.formats.spec`).
     """
@@ -140,6 +144,7 @@ class DatasetMeta:
     created_by: str = ""
     format_minor: int = FORMAT_MINOR
     files: dict[str, FileDigest] = field(default_factory=dict)
+    provenance: dict[str, Any] = field(default_factory=dict)
 
     @property
     def label_names(self) -> list[str] | None:
@@ -202,6 +207,8 @@ class DatasetMeta:
             "skipped": [s.to_json() for s in self.skipped],
             "shards": [s.to_json() for s in self.shards],
         }
+        if self.provenance:
+            doc["provenance"] = self.provenance
         if self.format_minor >= 1:
             doc["files"] = {k: v.to_json() for k, v in self.files.items()}
             doc[ATTRIBUTES_CRC_KEY] = attributes_crc32c(doc)
@@ -342,6 +349,7 @@ def _parse_attributes(data: dict[str, Any], where: str, major: int, minor: int) 
             k: FileDigest.from_json(v, where=where, what=f"files[{k!r}]")
             for k, v in jv.mapping(get("files", {}), "files", where).items()
         },
+        provenance=jv.mapping(get("provenance", {}), "provenance", where),
     )
 
 

@@ -11,6 +11,9 @@ a report. Then, per file:
   recorded ``data_crc32c`` (its records) and whole-file ``crc32c``; every field chunk is compared with
   its recorded crc32c and decoded (zstd frame checksums included) into the declared shape.
 
+The provenance field is a field like the others; the files of the provenance table (input names,
+see :mod:`shardkit.formats.provenance`) are checked against the digests its metadata block records.
+
 Each failed check is a :class:`Problem` naming the file. Checks a dataset cannot have because of the
 version that wrote it are listed in :attr:`VerifyReport.limitations` (e.g. format 1.0 recorded no
 checksum of its field chunks), so a user knows what "OK" covers.
@@ -203,9 +206,11 @@ def object_crc32c(store: Store, key: str, size: int, data_nbytes: int) -> tuple[
 
 
 def _check_files(ds: Dataset, quick: bool, report: VerifyReport) -> set[str]:
-    """Every file with a recorded digest (format 1.1); returns the names of fields with a damaged file."""
+    """Every file with a recorded digest (format 1.1, and the provenance table's); returns the names
+    of fields with a damaged file."""
     damaged: set[str] = set()
-    for rel, digest in ds.meta.files.items():
+    table = {} if ds.provenance is None else dict(ds.provenance.files)
+    for rel, digest in {**ds.meta.files, **table}.items():
         where = ds.store.describe(rel)
         try:
             try:

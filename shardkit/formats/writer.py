@@ -40,6 +40,7 @@ from shardkit.formats.metadata import (
     write_json_atomic,
 )
 from shardkit.formats.paths import check_name
+from shardkit.formats.provenance import PROVENANCE_FIELD, TABLE_ARRAYS, ProvenanceSpec, write_provenance
 from shardkit.formats.spec import (
     DEFAULT_SHARD_BYTES,
     MAX_FIELD_CHUNK_NBYTES,
@@ -255,6 +256,10 @@ class DatasetWriter:
         conversion's): they are listed in the metadata, not written again, and new shards follow.
     on_shard
         Called with each shard this writer completes, once its file is in place.
+    provenance
+        Where the records came from (see :mod:`shardkit.formats.provenance`): ``fields`` must then
+        hold the per-record field ``provenance`` of the spec's columns; the input table and the
+        metadata's ``provenance`` block are written by :meth:`close`.
 
     Raises
     ------
@@ -281,6 +286,7 @@ class DatasetWriter:
         durable: bool = True,
         start: Sequence[WrittenShard] = (),
         on_shard: Callable[[WrittenShard], None] | None = None,
+        provenance: ProvenanceSpec | None = None,
     ) -> None:
         self.path = Path(path)
         self.durable = durable
@@ -288,6 +294,14 @@ class DatasetWriter:
         self.fields = dict(fields or {})
         if payload in self.fields or "key" in self.fields or payload == "key":
             raise SchemaError(f"field names must differ from the payload {payload!r} and from 'key'")
+        if {payload, *self.fields} & set(TABLE_ARRAYS):
+            raise SchemaError(f"field names must differ from the provenance table's arrays {list(TABLE_ARRAYS)}")
+        if provenance is not None and self.fields.get(PROVENANCE_FIELD) != provenance.field_spec:
+            raise SchemaError(
+                f"{self.path}: provenance needs the field {PROVENANCE_FIELD!r} {provenance.field_spec.to_json()}, "
+                f"found {self.fields.get(PROVENANCE_FIELD)}"
+            )
+        self.provenance = provenance
         for name in (payload, *self.fields):
             check_name(name, "array name", str(self.path))
         if isinstance(compression, str):
@@ -422,6 +436,9 @@ class DatasetWriter:
         self.meta = self.meta.with_(num_records=n)
         chunk = self.meta.field_chunk_records
         files = self._write_fields(chunk)
+        if self.provenance is not None:
+            self.meta = self.meta.with_(provenance=write_provenance(
+                self.path, self.provenance, self._field_values(PROVENANCE_FIELD), durable=self.durable))
         ndim = 1 + len(self.record.shape)
         files[f"{self.meta.payload}/{ZARR_JSON}"] = write_json_atomic(
             self.path / self.meta.payload / ZARR_JSON,
@@ -452,10 +469,14 @@ class DatasetWriter:
         codec = get_codec(_FIELD_CODEC)
         files: dict[str, FileDigest] = {}
         for name, spec in self.fields.items():
-            parts = self._field_parts[name]
-            data = np.concatenate(parts) if parts else np.empty((0, *spec.shape), spec.dtype)
-            files |= write_field_array(self.path, name, spec, data, chunk, codec, durable=self.durable)
+            files |= write_field_array(self.path, name, spec, self._field_values(name), chunk, codec, durable=self.durable)
         return files
+
+    def _field_values(self, name: str) -> np.ndarray:
+        """Every record's value of field ``name`` so far (completed shards)."""
+        parts = self._field_parts[name]
+        spec = self.fields[name]
+        return np.concatenate(parts) if parts else np.empty((0, *spec.shape), spec.dtype)
 
     def abort(self) -> None:
         """Stop writing: the open shard is deleted, completed shard files stay (see ``on_shard``)."""

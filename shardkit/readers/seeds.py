@@ -52,6 +52,8 @@ class Domain(enum.IntEnum):
     MIXTURE = 7
     #: Statistical order tests' simulated nulls: ``(seed, test)``.
     ORDER_TEST = 8
+    #: The records ``shardkit show`` / ``export`` pick with ``--random N --seed S``: ``(seed,)``.
+    RECORD_SAMPLE = 9
 
 
 def check_seed(seed: object, *, what: str = "seed") -> int:

@@ -32,7 +32,9 @@ def _reference(path: Path, size: int) -> np.ndarray:
 @pytest.fixture(scope="module")
 def coco(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("real") / "coco"
-    shardkit.convert(DATASETS / "coco", out, size=96, workers=2)
+    # The exact decode, which _reference re-implements pixel for pixel (test_decode_fast.py compares
+    # the default fast decode with it).
+    shardkit.convert(DATASETS / "coco", out, size=96, workers=2, decode="exact")
     return out
 
 
@@ -70,7 +72,7 @@ def test_real_coco(coco: Path) -> None:
 
 
 def test_real_imagefolder(tmp_path: Path) -> None:
-    s = shardkit.convert(DATASETS / "imagefolder", tmp_path / "if", size=64, workers=2)
+    s = shardkit.convert(DATASETS / "imagefolder", tmp_path / "if", size=64, workers=2, decode="exact")
     assert s.num_skipped == 0
     root = DATASETS / "imagefolder" / "train"
     files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())

@@ -1,0 +1,145 @@
+"""Decode workers and the calling script: start them so a script without a ``__main__`` guard works.
+
+Worker processes started with ``forkserver`` or ``spawn`` (shardkit's default: they inherit no
+threads or locks of the caller) first re-run the caller's main script, the way multiprocessing
+prepares every child, so that objects defined there can be unpickled. A script that calls
+``shardkit.convert(...)`` at its top level, without ``if __name__ == "__main__":``, would therefore
+start the conversion again in every worker: each worker dies while starting, and the conversion
+fails with a worker error that a re-run only repeats.
+
+So before starting workers, :func:`start_method` looks at the call: when multiprocessing would
+re-run the main script and the statement of that script that is running now is not inside a
+``__main__`` guard (read from the script's own syntax tree), the workers are forked instead (the
+start method PyTorch's DataLoader uses on Linux): a forked child starts as a copy of the caller and
+re-runs nothing. Where ``fork`` does not exist, decoding falls back to the calling process, with
+one line saying how to get the workers back. Output is byte-identical either way.
+
+As a last line of defence, :func:`refuse_inside_worker_start` stops a conversion that is being
+started by a worker re-running a script (``__name__ == "__mp_main__"``), before it touches the output
+directory that the real conversion is writing.
+"""
+
+from __future__ import annotations
+
+import ast
+import logging
+import multiprocessing as mp
+import os
+import sys
+import tokenize
+from types import FrameType, ModuleType
+
+from shardkit.errors import ConversionError
+
+__all__ = ["GUARD", "workers_rerun_main", "call_is_guarded", "start_method", "refuse_inside_worker_start"]
+
+logger = logging.getLogger(__name__)
+
+#: The guard, as written in messages.
+GUARD = 'if __name__ == "__main__":'
+#: The name multiprocessing runs the main script under in a child.
+_CHILD_MAIN = "__mp_main__"
+
+
+def workers_rerun_main(main: ModuleType | None = None) -> bool:
+    """Whether forkserver / spawn workers re-run the main module (as ``multiprocessing.spawn`` decides).
+
+    A package's ``__main__.py`` (``python -m pkg``) and interactive sessions are left alone; a
+    script file, or a module run with ``python -m pkg.mod``, is re-run.
+    """
+    main = sys.modules.get("__main__") if main is None else main
+    if main is None:
+        return False
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    if name is not None:
+        return name != "__main__" and not name.endswith(".__main__")
+    path = getattr(main, "__file__", None)
+    return path is not None and os.path.splitext(os.path.basename(path))[0] != "ipython" and os.path.exists(path)
+
+
+def _main_frame(main: ModuleType) -> FrameType | None:
+    """The frame running the main module's top-level code, if this call came from it."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals is main.__dict__:
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def _is_main_test(test: ast.expr) -> bool:
+    """``__name__ == "__main__"`` (either way round)."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return False
+    sides = [test.left, test.comparators[0]]
+    names = [s for s in sides if isinstance(s, ast.Name) and s.id == "__name__"]
+    consts = [s for s in sides if isinstance(s, ast.Constant) and s.value == "__main__"]
+    return len(names) == 1 and len(consts) == 1
+
+
+def call_is_guarded(main: ModuleType | None = None) -> bool | None:
+    """Whether the main script's statement that led to this call sits inside a ``__main__`` guard.
+
+    ``None`` when that cannot be told (no script file, not called from the script's top level, a
+    file that does not parse): then nothing is changed.
+    """
+    main = sys.modules.get("__main__") if main is None else main
+    path = getattr(main, "__file__", None)
+    if main is None or path is None:
+        return None
+    frame = _main_frame(main)
+    if frame is None:
+        return None
+    line = frame.f_lineno
+    try:
+        with tokenize.open(path) as fh:
+            tree = ast.parse(fh.read(), filename=path)
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return None
+    for stmt in tree.body:
+        if stmt.lineno <= line <= (stmt.end_lineno or stmt.lineno):
+            return isinstance(stmt, ast.If) and _is_main_test(stmt.test) and any(
+                s.lineno <= line <= (s.end_lineno or s.lineno) for s in stmt.body)
+    return None
+
+
+def start_method(workers: int) -> str | None:
+    """How to start ``workers`` decode processes for this caller: a multiprocessing start method, or
+    ``None`` to decode in the calling process (one line logged says why)."""
+    methods = mp.get_all_start_methods()
+    preferred = "forkserver" if "forkserver" in methods else "spawn"
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if path is not None and getattr(main, "__spec__", None) is None and not os.path.exists(path):
+        # A program read from stdin or typed with ``python -c`` has no file for workers to import.
+        logger.warning("the calling program has no importable main file (%s): decoding in this process instead of "
+                       "%d workers", path, workers)
+        return None
+    if not workers_rerun_main(main) or call_is_guarded(main) is not False:
+        return preferred
+    if "fork" in methods:
+        logger.info("%s calls shardkit.convert() outside `%s`: forking the %d decode workers so they do not run "
+                    "the script again", path, GUARD, workers)
+        return "fork"
+    logger.warning("%s calls shardkit.convert() outside `%s`: decoding in this process instead of %d workers "
+                   "(worker processes would run the script again); put the call under the guard to use them",
+                   path, GUARD, workers)
+    return None
+
+
+def refuse_inside_worker_start() -> None:
+    """Stop a conversion started by a worker process that is re-running the main script.
+
+    Raises
+    ------
+    ConversionError
+        The caller is the top level of the main script run as ``__mp_main__`` (a worker starting).
+    """
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == _CHILD_MAIN:
+            raise ConversionError(
+                f"{frame.f_code.co_filename}: shardkit.convert() was called again by a worker process starting "
+                f"up (it re-runs the script); put the call under `{GUARD}`"
+            )
+        frame = frame.f_back

@@ -1,0 +1,54 @@
+"""The conversion progress bar: tqdm, shown where a person watches.
+
+``shardkit convert`` always draws it (``--quiet`` turns it off); :func:`shardkit.convert` draws it
+when its standard error is a terminal (tqdm's own detection, ``disable=None``), so a script run by
+hand shows progress and a batch job's log stays clean.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+__all__ = ["progress_bar"]
+
+
+@contextmanager
+def progress_bar(unit: str, desc: str, *, disable: bool | None = None) -> Iterator[Callable[[int, int, int], None]]:
+    """A ``progress(inputs_done, inputs_total, records)`` callback drawing a tqdm bar.
+
+    The bar is created at the first call, when the total is known, and closed on exit. Log records
+    written while it runs go through tqdm, so they do not tear the bar apart.
+
+    Parameters
+    ----------
+    unit, desc
+        What one input is called (``img``) and the bar's label.
+    disable
+        ``True``: no bar; ``False``: always; ``None``: only when standard error is a terminal.
+    """
+    from tqdm import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    bar: Any = None
+
+    def progress(done: int, total: int, records: int) -> None:
+        nonlocal bar
+        if disable is True:
+            return
+        if bar is None:
+            bar = tqdm(total=total, initial=done, unit=unit, desc=desc, dynamic_ncols=True, smoothing=0.1,
+                       disable=disable)
+            return
+        bar.update(done - bar.n)
+
+    try:
+        if disable is True:
+            yield progress
+        else:
+            with logging_redirect_tqdm():
+                yield progress
+    finally:
+        if bar is not None:
+            bar.close()

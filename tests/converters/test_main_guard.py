@@ -1,0 +1,205 @@
+"""``shardkit.convert`` from a script as users write it: no ``__main__`` guard, a progress bar when a
+person watches, a summary of skipped inputs in the log."""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import pty
+import select
+import struct
+import subprocess
+import sys
+import termios
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import shardkit
+from tests.converters.corpora import make_imagefolder
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def _script(tmp_path: Path, name: str, body: str) -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def _run(script: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(script)], cwd=script.parent, capture_output=True, text=True,
+                          timeout=timeout, env=_env())
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("guard") / "corpus"
+    make_imagefolder(root, per_class=4, bad=False)
+    return root
+
+
+def test_readme_example_without_guard_runs_with_worker_processes(corpus: Path, tmp_path: Path) -> None:
+    # The README's example, saved as a script as it is written: convert at the top level, then read.
+    script = _script(tmp_path, "example.py", f"""
+        import logging
+        import shardkit
+        from shardkit.readers import TieredSampler
+
+        logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+        shardkit.convert({str(corpus)!r}, "out/a", size=24, workers=2)
+        with TieredSampler("out/a", tiers="ram", ram_size="1MiB", batch_size=4, epochs=1, seed=0) as s:
+            n = sum(len(b["key"]) for b in s)
+        print("read", n)
+    """)
+    r = _run(script)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "read 12" in r.stdout
+    assert "forking the 2 decode workers" in r.stderr  # workers ran, without re-running the script
+    assert "Traceback" not in r.stderr
+    one = shardkit.convert(corpus, tmp_path / "one", size=24, workers=1)
+    assert one.records == 12
+    assert _files(tmp_path / "out" / "a") == _files(tmp_path / "one")  # byte-identical to one process
+
+
+def test_the_readme_python_example_runs_as_a_script(tmp_path: Path) -> None:
+    text = (REPO / "README.md").read_text()
+    tour = text[text.index("## 30-second tour") :]
+    code = tour[tour.index("```python\n") + len("```python\n") :]
+    code = code[: code.index("```")]
+    assert "shardkit.convert(" in code and "__main__" not in code  # as documented: no guard
+    (tmp_path / "datasets").symlink_to(REPO / "datasets")
+    script = _script(tmp_path, "readme.py", code + "print('images', images.shape)\n")
+    r = _run(script)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "images (" in r.stdout and (tmp_path / "sheet.png").is_file()
+    assert "Traceback" not in r.stderr and "Warning" not in r.stderr
+
+
+def test_guarded_script_keeps_forkserver_workers(corpus: Path, tmp_path: Path) -> None:
+    script = _script(tmp_path, "guarded.py", f"""
+        import logging
+        import shardkit
+
+        def main():
+            logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+            s = shardkit.convert({str(corpus)!r}, "out/g", size=24, workers=2)
+            print("records", s.records)
+
+        if __name__ == "__main__":
+            main()
+    """)
+    r = _run(script)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "records 12" in r.stdout and "forking" not in r.stderr
+
+
+@pytest.mark.parametrize("body,expected", [
+    ("print(call_is_guarded())", "False"),
+    ("if __name__ == '__main__':\n    print(call_is_guarded())", "True"),
+    ("if '__main__' == __name__:\n    print(call_is_guarded())", "True"),
+    ("def f():\n    print(call_is_guarded())\nif __name__ == '__main__':\n    f()", "True"),
+    ("def f():\n    print(call_is_guarded())\nf()", "False"),
+    ("if __name__ != '__main__':\n    pass\nelse:\n    print(call_is_guarded())", "False"),
+    ("if __name__ == '__main__':\n    pass\nelse:\n    pass\nprint(call_is_guarded())", "False"),
+])
+def test_guard_is_read_from_the_script(tmp_path: Path, body: str, expected: str) -> None:
+    script = _script(tmp_path, "s.py", "from shardkit.converters.main_guard import call_is_guarded\n" + body + "\n")
+    r = _run(script, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == expected
+
+
+def test_without_fork_the_script_decodes_in_process_and_says_how_to_get_workers(corpus: Path, tmp_path: Path) -> None:
+    script = _script(tmp_path, "nofork.py", f"""
+        import multiprocessing
+        import shardkit
+
+        multiprocessing.get_all_start_methods = lambda: ["spawn", "forkserver"]   # as on a system without fork
+        s = shardkit.convert({str(corpus)!r}, "out/n", size=24, workers=2)
+        print("records", s.records)
+    """)
+    r = _run(script)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "records 12" in r.stdout
+    lines = [ln for ln in r.stderr.splitlines() if "decoding in this process instead of 2 workers" in ln]
+    assert len(lines) == 1 and 'if __name__ == "__main__":' in lines[0]
+
+
+def test_a_worker_re_running_the_script_never_touches_the_output(corpus: Path, tmp_path: Path) -> None:
+    # What a forkserver / spawn worker does while it starts: run the script as __mp_main__.
+    target = _script(tmp_path, "unguarded.py", f"""
+        import shardkit
+        shardkit.convert({str(corpus)!r}, "out/w", size=24, workers=1)
+    """)
+    script = _script(tmp_path, "runner.py", f"""
+        import runpy
+        from shardkit.errors import ConversionError
+        try:
+            runpy.run_path({str(target)!r}, run_name="__mp_main__")
+        except ConversionError as exc:
+            print("refused:", exc)
+    """)
+    r = _run(script)
+    assert r.returncode == 0, r.stderr
+    assert "refused:" in r.stdout and "worker process" in r.stdout and "__name__" in r.stdout
+    assert not (tmp_path / "out").exists()
+
+
+def _stderr_through_a_terminal(script: Path) -> str:
+    """Run ``script`` with its standard error on a pseudo-terminal, as when a person runs it."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # a terminal has a size
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=script.parent, stdout=subprocess.DEVNULL,
+                            stderr=slave, env=_env())
+    os.close(slave)
+    chunks = []
+    while True:
+        ready, _, _ = select.select([master], [], [], 300)
+        if not ready:
+            proc.kill()
+            break
+        try:
+            data = os.read(master, 4096)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    proc.wait(timeout=60)
+    os.close(master)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_python_api_draws_a_progress_bar_only_when_someone_watches(corpus: Path, tmp_path: Path) -> None:
+    script = _script(tmp_path, "bar.py", f"""
+        import shardkit
+        if __name__ == "__main__":
+            shardkit.convert({str(corpus)!r}, "out/b", size=24, workers=1, overwrite=True)
+    """)
+    watched = _stderr_through_a_terminal(script)
+    assert "convert imagefolder" in watched and "12/12" in watched
+    piped = _run(script)
+    assert piped.returncode == 0 and "convert imagefolder" not in piped.stderr
+
+
+def test_python_api_logs_a_summary_of_skipped_inputs(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    root = tmp_path / "corpus"
+    expected = make_imagefolder(root, per_class=2)
+    with caplog.at_level(logging.WARNING, logger="shardkit"):
+        s = shardkit.convert(root, tmp_path / "out", size=16, workers=1)
+    assert s.num_skipped == len(expected)
+    lines = [r.getMessage() for r in caplog.records if "inputs skipped" in r.getMessage()]
+    assert len(lines) == 1
+    assert f"{len(expected)} inputs skipped" in lines[0] and "corrupt: 1" in lines[0]
+    assert "logging at level INFO lists them" in lines[0]
