@@ -11,10 +11,12 @@ Four parts:
    node's cache holds a fraction ``f`` (25 / 50 / 100 %) of its ``N / M`` share in the static cache.
    *Locality off*: today's sampler with the same per-node budget (every node pins the same random
    ``f N / M`` records, so a consumer hits ``f / M`` of its keys). *Locality on*: the node
-   partition and the node-aware assignment. Epoch 0 fills the caches; reported for epoch 1: bytes
-   and requests read from storage (the sampler's disk counters, summed over consumers), the local
-   hit rate next to the model (:func:`shardkit.readers.locality.expected_hit_fraction`), and
-   records/s (all records / the consumers' summed epoch time, the page cache dropped first).
+   partition and the node-aware assignment. The static cache fills as epochs read its records;
+   the table is the steady state (caches filled first): bytes and requests read from storage in
+   one epoch (the sampler's disk counters, summed over consumers), the local hit rate next to the
+   model (:func:`shardkit.readers.locality.expected_hit_fraction`), and records/s (all records /
+   the consumers' summed epoch time, the page cache dropped first). Then, from cold caches, the
+   storage records of each epoch: how soon the steady state comes with locality on and off.
 2. **The hit-rate model** (pure arithmetic, no I/O): the exact expected hit fraction for ``R``
    ranks per node, ``sum_m E[min(X_m, R B)] / (M R B)`` with ``X_m`` hypergeometric, next to the
    mean over many global batches of the real assignment and the approximation
@@ -44,6 +46,8 @@ import numpy as np
 from _common import drop_cache, synthetic_dataset
 from scipy import stats
 
+from shardkit.formats import open_dataset
+from shardkit.formats.reader import Destination
 from shardkit.readers import TieredSampler, epoch_permutation
 from shardkit.readers.locality import NodeLayout, assign_rows, expected_hit_fraction, local_consumer_plan, node_partition
 from shardkit.readers.schedule import step_group_positions
@@ -52,34 +56,46 @@ HERE = Path(__file__).resolve().parent
 
 
 # ---------------------------------------------------------------------------------------------- part 1
+def _prefill(s: TieredSampler) -> None:
+    """Fill the sampler's static cache now, as enough epochs would (the cache fills as epochs read
+    its records; a node sees only its share of every epoch, so without locality that takes about
+    M ln(1/eps) epochs): the measured epoch is then the steady state."""
+    cache = s._cache
+    if cache is None:
+        return
+    cache.attach()
+    assert cache.rows is not None
+    keys = cache.keys()
+    rows = cache.lookup(keys)[1]
+    with open_dataset(s.path) as ds:
+        ds.payload.read_into(keys, Destination((cache.rows,), np.zeros(keys.size, dtype=np.int64), rows))
+    cache.publish(rows)
+
+
 def run_config(path: Path, nodes: int, ranks: int, batch: int, fraction: float, locality: bool, n: int,
                rec: int) -> dict[str, Any]:  # fmt: skip
-    """One configuration: every consumer for two epochs; epoch 1's storage traffic, hits and time."""
+    """One configuration at steady state: every consumer's cache filled first, then one epoch's storage
+    traffic, hits and time (page cache dropped). Without locality each consumer's cache is its own
+    (one rank per node here, so it is the node's); with it the node's consumers share theirs."""
     world = nodes * ranks
     per_node = int(round(fraction * -(-n // nodes)))
-    totals = dict(bytes=0, requests=0, storage_records=0, records=0, hits=0, seconds=0.0, fill_bytes=0)
+    totals = dict(bytes=0, requests=0, storage_records=0, records=0, hits=0, seconds=0.0)
     for c in range(world):
         s = TieredSampler(path, rank=c, world_size=world, batch_size=batch, seed=3, epochs=1, drop_last=True,
-                          ram_size=f"{max(4 * batch, 256)}records", static_cache=f"{max(per_node, 0)}records",
-                          locality=locality, nodes=nodes if locality else 1)  # fmt: skip
+                          ram_size=f"{per_node + max(8 * batch, 256)}records", static_cache=f"{max(per_node, 0)}records",
+                          locality=locality, nodes=nodes if locality else 1, node_sharing=locality)  # fmt: skip
         try:
-            for _ in s:
-                pass
-            fill = s.stats.disk.bytes_read
-            s.set_epoch(1)
+            _prefill(s)
             drop_cache(path)
-            d0, r0, k0, h0 = s.stats.disk.bytes_read, s.stats.disk.read_calls, s.stats.records, s.stats.cache.records
-            s0 = s.stats.disk.records
             t0 = time.perf_counter()
             for _ in s:
                 pass
             totals["seconds"] += time.perf_counter() - t0
-            totals["bytes"] += s.stats.disk.bytes_read - d0
-            totals["requests"] += s.stats.disk.read_calls - r0
-            totals["storage_records"] += s.stats.disk.records - s0
-            totals["records"] += s.stats.records - k0
-            totals["hits"] += s.stats.cache.records - h0
-            totals["fill_bytes"] += fill
+            totals["bytes"] += s.stats.disk.bytes_read
+            totals["requests"] += s.stats.disk.read_calls
+            totals["storage_records"] += s.stats.disk.records
+            totals["records"] += s.stats.records
+            totals["hits"] += s.stats.cache.records
         finally:
             s.close()
     model = expected_hit_fraction(n, nodes, ranks, batch, per_node) if locality else per_node / n
@@ -87,8 +103,33 @@ def run_config(path: Path, nodes: int, ranks: int, batch: int, fraction: float, 
             "per_node": per_node, "model_hit": model, **totals,
             "hit_rate": totals["hits"] / max(1, totals["records"]),
             # against the plain loader, which reads every delivered record from storage every epoch
-            "vs_plain": totals["bytes"] / max(1, totals["records"] * rec),
+            "vs_plain": totals["storage_records"] / max(1, totals["records"]),
             "records_per_s": totals["records"] / max(1e-9, totals["seconds"])}  # fmt: skip
+
+
+def warmup(path: Path, nodes: int, batch: int, n: int, epochs: int, locality: bool) -> list[int]:
+    """Storage records per epoch from cold caches (full coverage, one rank per node, the nodes'
+    consumers run epoch by epoch): how fast the lazily filled caches reach the steady state."""
+    per_node = -(-n // nodes)
+    samplers = [TieredSampler(path, rank=c, world_size=nodes, batch_size=batch, seed=3, epochs=1, drop_last=True,
+                              ram_size=f"{per_node + max(8 * batch, 256)}records", static_cache=f"{per_node}records",
+                              locality=locality, nodes=nodes if locality else 1, node_sharing=locality)
+                for c in range(nodes)]  # fmt: skip
+    reads = []
+    try:
+        for s in samplers:
+            s.hold_shared()
+        for epoch in range(epochs):
+            before = sum(s.stats.disk.records for s in samplers)
+            for s in samplers:
+                s.set_epoch(epoch)
+                for _ in s:
+                    pass
+            reads.append(int(sum(s.stats.disk.records for s in samplers) - before))
+    finally:
+        for s in samplers:
+            s.close()
+    return reads
 
 
 def part1(path: Path, n: int, rec: int, batch: int, ranks: int) -> list[dict[str, Any]]:
@@ -101,10 +142,22 @@ def part1(path: Path, n: int, rec: int, batch: int, ranks: int) -> list[dict[str
                 row = run_config(path, nodes, ranks, batch, fraction, locality, n, rec)
                 rows.append(row)
                 print(f"  M={nodes} f={fraction:>4.0%} locality={'on ' if locality else 'off'}: storage "
-                      f"{row['storage_records']:6d} records, {row['bytes'] / 1e6:9.1f} MB ({row['vs_plain']:6.1%} of "
-                      f"plain) in {row['requests']:6d} requests, hits {row['hit_rate']:.3f} (model "
+                      f"{row['storage_records']:6d} records ({row['vs_plain']:6.1%} of plain), {row['bytes'] / 1e6:9.1f} "
+                      f"MB in {row['requests']:6d} requests, hits {row['hit_rate']:.3f} (model "
                       f"{row['model_hit']:.3f}), {row['records_per_s']:,.0f} records/s", flush=True)  # fmt: skip
     return rows
+
+
+def part1_warmup(path: Path, n: int, batch: int, quick: bool) -> dict[str, list[int]]:
+    nodes = 4 if 4 * batch <= n else 2
+    epochs = 4 if quick else 6
+    out = {}
+    for locality in (False, True):
+        reads = warmup(path, nodes, batch, n, epochs, locality)
+        out["on" if locality else "off"] = reads
+        print(f"  M={nodes}, full coverage, cold caches, locality {'on ' if locality else 'off'}: storage records "
+              f"per epoch {reads}", flush=True)  # fmt: skip
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- part 2
@@ -286,8 +339,9 @@ def main() -> None:
     rec = int(np.prod(shape))
     print(f"# multinode benchmark: {n} records of {shape} ({rec} B), B={batch}, R={args.ranks_per_node}, "
           f"{platform.node()}, load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
-    print("1. storage per epoch after the first, locality off vs on")
+    print("1. storage per epoch at steady state, locality off vs on")
     rows = part1(data, n, rec, batch, args.ranks_per_node)
+    fill = part1_warmup(data, n, batch, quick)
     print("2. hit-rate model vs the assignment")
     model = part2(quick)
     print("3. peer exchange vs storage")
@@ -296,7 +350,8 @@ def main() -> None:
     print("4. simulation, 4-256 nodes (ImageNet-1k size, records of this run's size)")
     sim = part4(rows, rec, quick, batch, args.ranks_per_node)
     if args.json is not None:
-        args.json.write_text(json.dumps({"measured": rows, "model": model, "exchange": exchange, "simulation": sim}, indent=1))
+        args.json.write_text(json.dumps({"measured": rows, "warmup": fill, "model": model, "exchange": exchange,
+                                         "simulation": sim}, indent=1))  # fmt: skip
 
 
 if __name__ == "__main__":

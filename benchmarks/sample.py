@@ -1,301 +1,295 @@
-"""Benchmark of the tiered sampler against raw sequential reads and a random-order baseline.
+"""Benchmark of the tiered sampler: the hot path (issue 18) and large RAM budgets (issue 24).
 
-Run: ``python benchmarks/sample.py`` (generates ``benchmarks/_data/sample-bench`` once: >= 4 GiB of
-224x224x3 uint8 records). The page cache is dropped (posix_fadvise DONTNEED on every shard file)
-before each cold measurement. Prints a markdown table; the numbers go to benchmarks/RESULTS.md.
+Run: ``python benchmarks/sample.py [--quick] [--before /path/to/previous/tree] [--rounds N]``
+(generates ``benchmarks/_data/sample-bench`` once: ``--gib`` of 224x224x3 uint8 records).
+
+* **Hot path**: the second epoch of a run (the steady state, after the batch buffers were first
+  touched) at RAM-block densities of about 1%, 5% and 20% of the dataset, cold (page cache dropped
+  on every shard file) and warm; records/s, MB/s and CPU seconds per GB delivered,
+  next to a raw sequential scan of the same files (cold) and a plain read of the cached files
+  (warm) measured in the same round.
+* **Budgets**: RAM budgets of 5%, 25%, 100% and 200% of the dataset, three epochs each, cold before
+  every epoch; per epoch MB/s, bytes read from storage and time to the first batch, and the peak
+  RSS against the budget (+15%).
+* ``--io-modes``: the bottom tier's read modes on one sparse block: buffered ``preadv`` after
+  announcing every run (what the reader does) against ``O_DIRECT`` reads from a thread pool.
+
+Every sampler run is its own process (clean CPU and RSS accounting). ``--before TREE`` runs each
+configuration a second time with the shardkit in ``TREE`` (e.g. a checkout of the previous
+version), so before and after are compared within one run. The virtual disk's speed drifts by 2-4x
+within minutes: compare ratios (each run against the baseline of its own round), not absolute
+numbers. Prints markdown tables; the numbers go to benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
+import json
+import mmap
 import os
-import shutil
 import statistics
+import subprocess
 import sys
-import tempfile
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from _common import drop_cache, synthetic_dataset
 
 from shardkit.formats import open_dataset
-from shardkit.readers import TieredSampler
-from shardkit.readers.pipeline import assemble_batch
-from shardkit.units import capacity_bytes
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "_data" / "sample-bench"
 SHAPE = (224, 224, 3)
 REC = int(np.prod(SHAPE))
+DENSITIES = (0.01, 0.05, 0.20)
+BUDGETS = (0.05, 0.25, 1.0, 2.0)
+EPOCHS = 3
+AFTER = str(HERE.parent)
 
 
+# ---------------------------------------------------------------------------------------------- baselines
+def _shard_files(ds_path: Path) -> list[Path]:
+    with open_dataset(ds_path) as ds:
+        return [ds.payload.shard_path(i) for i in range(len(ds.payload.shards))]
 
 
-def raw_sequential(ds_path: Path) -> float:
-    """MB/s of reading every shard file front to back in 8 MiB reads."""
-    ds = open_dataset(ds_path)
-    files = [ds.payload.shard_path(i) for i in range(len(ds.payload.shards))]
-    drop_cache(ds_path)
+def scan(ds_path: Path, cold: bool) -> dict[str, float]:
+    """Every shard file front to back in 8 MiB reads: the raw sequential scan (cold) or a plain
+    read of the cached files (warm). MB/s and CPU seconds per GB."""
+    files = _shard_files(ds_path)
+    if cold:
+        drop_cache(ds_path)
     buf = bytearray(8 << 20)
     total = 0
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for f in files:
         fd = os.open(f, os.O_RDONLY)
         try:
-            while True:
-                n = os.readv(fd, [buf])
-                if n <= 0:
-                    break
+            while (n := os.readv(fd, [buf])) > 0:
                 total += n
         finally:
             os.close(fd)
-    return total / (time.perf_counter() - t0) / 1e6
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return {"mbps": total / dt / 1e6, "cpu_per_gb": cpu / (total / 1e9)}
 
 
-def random_baseline(ds_path: Path, seconds: float = 20.0) -> float:
-    """MB/s of reading records one pread each in permutation order (how exact shuffles read)."""
-    ds = open_dataset(ds_path)
-    pa = ds.payload
-    drop_cache(ds_path)
-    perm = np.random.default_rng(1).permutation(ds.num_records)
-    buf = bytearray(REC)
-    fds = [os.open(pa.shard_path(i), os.O_RDONLY) for i in range(len(pa.shards))]
-    done = 0
-    t0 = time.perf_counter()
-    for k in perm.tolist():
-        s, r = divmod(k, pa.records_per_shard)
-        os.preadv(fds[s], [buf], r * REC)
-        done += 1
-        if done % 256 == 0 and time.perf_counter() - t0 > seconds:
-            break
-    dt = time.perf_counter() - t0
-    for fd in fds:
-        os.close(fd)
-    return done * REC / dt / 1e6
+# ---------------------------------------------------------------------------------------------- one run
+def worker(cfg: dict[str, Any]) -> dict[str, Any]:
+    """One sampler configuration in this (fresh) process; see :func:`run`."""
+    from shardkit.readers import TieredSampler, schedule
+
+    path, batch = Path(cfg["path"]), cfg["batch"]
+    kw: dict[str, Any] = {"batch_size": batch, "epochs": 1, "seed": 0}
+    new = hasattr(schedule, "block_limits")
+    if cfg.get("block") is not None:
+        k = int(cfg["block"])  # force RAM blocks of k records, no cache
+        kw.update(ram_size=(2 * k + 4 * batch) * REC)  # two blocks and the batches in flight
+        if new:
+            schedule.MIN_BLOCK_BYTES = schedule.FIRST_BLOCK_BYTES = k * REC
+            kw.update(static_cache=0)
+    else:
+        kw.update(ram_size=int(cfg["ram"]))
+    base = _rss_kib()
+    s = TieredSampler(path, **kw)
+    epochs = []
+    for _ in range(cfg["epochs"]):
+        if cfg["cold"]:
+            drop_cache(path)
+        disk0, t0, c0 = s.stats.disk.bytes_read, time.perf_counter(), time.process_time()
+        first, nbytes, records = None, 0, 0
+        for b in s:
+            if first is None:
+                first = time.perf_counter() - t0
+            nbytes += b["image"].nbytes
+            records += b["key"].shape[0]
+            del b
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+        epochs.append({"seconds": dt, "bytes": nbytes, "records": records, "cpu": cpu,
+                       "disk": s.stats.disk.bytes_read - disk0, "first": first or 0.0})  # fmt: skip
+    plan = [s.ram_block, s.static_cache] if not new else [*s.block_schedule, s.static_cache]
+    return {"epochs": epochs, "peak_rss": _peak_rss_kib() * 1024, "base_rss": base * 1024, "plan": plan}
 
 
-class PeakRss:
-    """Sample this process's RSS every 10 ms (ru_maxrss is a lifetime maximum, useless per run)."""
-
-    def __init__(self) -> None:
-        import psutil
-
-        self.proc = psutil.Process()
-        self.base = self.proc.memory_info().rss
-        self.peak = self.base
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self.proc.memory_info().rss)
-            time.sleep(0.01)
-
-    def stop(self) -> tuple[int, int]:
-        self._stop.set()
-        self._t.join()
-        return self.base, self.peak
+def _rss_kib() -> int:
+    return _status("VmRSS")
 
 
-def run_sampler(ds_path: Path, tiers: str, ram: str, ssd: str, ssd_dir: Path, batch: int) -> dict:
-    drop_cache(ds_path)
-    rss = PeakRss()
-    s = TieredSampler(ds_path, tiers=tiers, ram_size=ram, ssd_size=ssd, ssd_dir=ssd_dir, batch_size=batch, seed=0)
-    lat = []
-    t = time.perf_counter()
-    for b in s:
-        now = time.perf_counter()
-        lat.append(now - t)
-        t = now
-        del b
-    base, peak = rss.stop()
-    st = s.stats
-    return {"mbps": st.bytes_per_s / 1e6, "stall": st.stall_seconds, "elapsed": st.elapsed, "lat": np.array(lat),
-            "disk": st.disk.bytes_read, "ssd": st.ssd.bytes_read, "peak_rss": peak, "base_rss": base,
-            "ram_block": s.ram_block, "ssd_block": s.ssd_block}
+def _peak_rss_kib() -> int:
+    return _status("VmHWM")
 
 
-def assembly_rate(batch: int, block_records: int = 4096, repeats: int = 3) -> float:
-    """GB/s of cutting batches out of a filled RAM block (the batch creator's copy + field gather)."""
-    block = np.random.default_rng(0).integers(0, 256, size=(block_records, *SHAPE), dtype=np.uint8)
-    fields = {"label": np.arange(block_records, dtype=np.int64)}
-    keys = np.arange(block_records, dtype=np.int64)
-    best = 0.0
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for a in range(0, block_records - batch + 1, batch):
-            out = np.empty((batch, *SHAPE), dtype=np.uint8)
-            out[:] = block[a : a + batch]
-            assemble_batch("image", out, fields, keys[a : a + batch])
-        dt = time.perf_counter() - t0
-        best = max(best, (block_records // batch) * batch * REC / dt / 1e9)
-    return best
+def _status(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
 
 
-def _busy_python(seconds: float) -> int:
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        n += sum(range(200))
-    return n
+def run(tree: str, **cfg: Any) -> dict[str, Any]:
+    """Run :func:`worker` in a new process whose ``shardkit`` is the one in ``tree``."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tree, str(HERE)])}
+    out = subprocess.run([sys.executable, __file__, "--worker", json.dumps(cfg)], env=env, check=True,
+                         capture_output=True, text=True, timeout=3600)  # fmt: skip
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _proc_reader(path: str, keys: np.ndarray, shm_name: str) -> None:
-    from multiprocessing import shared_memory
-
-    shm = shared_memory.SharedMemory(name=shm_name)
-    ds = open_dataset(path)
-    out = np.ndarray((len(keys), *SHAPE), dtype=np.uint8, buffer=shm.buf)
-    for a in range(0, len(keys), 1024):
-        ds.payload.read(keys[a : a + 1024], out=out[a : a + 1024])
-    del out
-    shm.close()
+def _rate(e: dict[str, Any]) -> dict[str, float]:
+    return {"mbps": e["bytes"] / e["seconds"] / 1e6, "rps": e["records"] / e["seconds"],
+            "cpu_per_gb": e["cpu"] / (e["bytes"] / 1e9)}  # fmt: skip
 
 
-def threads_vs_processes(ds_path: Path, n: int = 8192) -> dict:
-    """Read the same n random records (in 1024-record blocks) while the main thread runs pure-Python
-    work, once with the reader in a thread, once in a process writing into shared memory."""
-    from multiprocessing import shared_memory
+# ---------------------------------------------------------------------------------------------- sections
+def hot_path(path: Path, n: int, batch: int, trees: dict[str, str], rounds: int) -> list[str]:
+    rows: dict[tuple[str, str, float], list[dict[str, float]]] = {}
+    base: dict[str, list[dict[str, float]]] = {"cold": [], "warm": []}
+    for _ in range(rounds):
+        raw, plain = scan(path, cold=True), None
+        base["cold"].append(raw)
+        for temp in ("cold", "warm"):
+            for d in DENSITIES:
+                k = max(batch, round(d * n / batch) * batch)
+                for name, tree in trees.items():
+                    if temp == "warm":
+                        plain = scan(path, cold=False)  # warms the files, then measures the plain read
+                    # Two epochs, the second reported: the steady state, without the pool's first touch.
+                    res = run(tree, path=str(path), records=n, batch=batch, epochs=2, cold=temp == "cold", block=k)
+                    r = _rate(res["epochs"][1])
+                    ref = raw if temp == "cold" else plain
+                    assert ref is not None
+                    r["ratio"] = r["mbps"] / ref["mbps"]
+                    rows.setdefault((temp, name, d), []).append(r)
+            if temp == "warm" and plain is not None:
+                base["warm"].append(plain)
+    med = statistics.median
+    lines = [
+        f"Hot path: {n} records of {REC} B ({n * REC / 1e9:.2f} GB), batch {batch}, second epoch of a run (steady "
+        "state), static cache off, "
+        f"{rounds} round(s), medians; ratios against the raw scan (cold) / plain cached read (warm) of the same round",
+        "",
+        "| | block density | records/s | MB/s | ratio | CPU s/GB |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for temp in ("cold", "warm"):
+        b = base[temp]
+        label = "raw sequential scan" if temp == "cold" else "plain read of the cached files"
+        lines.append(f"| {label} ({temp}) | | | {med(x['mbps'] for x in b):,.0f} | 1.00 | "
+                     f"{med(x['cpu_per_gb'] for x in b):.3f} |")  # fmt: skip
+        for name in trees:
+            for d in DENSITIES:
+                rs = rows[(temp, name, d)]
+                lines.append(f"| sampler {name} ({temp}) | {d:.0%} | {med(r['rps'] for r in rs):,.0f} | "
+                             f"{med(r['mbps'] for r in rs):,.0f} | {med(r['ratio'] for r in rs):.2f} | "
+                             f"{med(r['cpu_per_gb'] for r in rs):.3f} |")  # fmt: skip
+    if "before" in trees:
+        ratios = [med(r["cpu_per_gb"] for r in rows[(t, "after", d)]) / med(r["cpu_per_gb"] for r in rows[(t, "before", d)])
+                  for t in ("cold", "warm") for d in DENSITIES]  # fmt: skip
+        lines.append(f"\nCPU per GB after / before: {', '.join(f'{x:.2f}' for x in ratios)} (target <= 0.5)")
+    return lines
 
-    keys = np.random.default_rng(2).permutation(open_dataset(ds_path).num_records)[:n]
-    res = {}
-    # thread
-    drop_cache(ds_path)
-    ds = open_dataset(ds_path)
-    out = np.empty((n, *SHAPE), dtype=np.uint8)
 
-    def reader() -> None:
-        for a in range(0, n, 1024):
-            ds.payload.read(keys[a : a + 1024], out=out[a : a + 1024])
+def budgets(path: Path, n: int, batch: int, trees: dict[str, str], rounds: int) -> list[str]:
+    results: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    raws = []
+    for _ in range(rounds):
+        raw = scan(path, cold=True)
+        raws.append(raw["mbps"])
+        for frac in BUDGETS:
+            for name, tree in trees.items():
+                res = run(tree, path=str(path), records=n, batch=batch, epochs=EPOCHS, cold=True, ram=int(frac * n * REC))
+                res["raw"] = raw["mbps"]
+                results.setdefault((name, frac), []).append(res)
+    med = statistics.median
+    lines = [
+        f"Budgets: {n} records ({n * REC / 1e9:.2f} GB), batch {batch}, {EPOCHS} epochs, page cache dropped before "
+        f"each, {rounds} round(s), medians; raw scan {med(raws):,.0f} MB/s",
+        "",
+        "| sampler | budget | plan | epoch | MB/s | x raw | from storage | first batch | peak RSS - start | <= budget+15% |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for (name, frac), rs in results.items():
+        budget = frac * n * REC
+        rss = max(r["peak_rss"] - r["base_rss"] for r in rs)
+        for e in range(EPOCHS):
+            mbps = med(_rate(r["epochs"][e])["mbps"] for r in rs)
+            ratio = med(_rate(r["epochs"][e])["mbps"] / r["raw"] for r in rs)
+            disk = med(r["epochs"][e]["disk"] for r in rs)
+            first = med(r["epochs"][e]["first"] for r in rs)
+            lines.append(
+                f"| {name} | {frac:.0%} | {rs[0]['plan']} | {e + 1} | {mbps:,.0f} | {ratio:.2f} | {disk / 1e6:,.1f} MB | "
+                f"{first * 1e3:.0f} ms | {rss / 2**20:,.0f} MiB | {'met' if rss <= 1.15 * budget else '**missed**'} |"
+            )
+    return lines
 
-    t0 = time.perf_counter()
-    th = threading.Thread(target=reader)
-    th.start()
-    work = 0
-    while th.is_alive():
-        work += _busy_python(0.01)
-    res["thread_s"] = time.perf_counter() - t0
-    res["thread_work"] = work
-    # process
-    drop_cache(ds_path)
-    shm = shared_memory.SharedMemory(create=True, size=n * REC)
-    t0 = time.perf_counter()
-    p = mp.get_context("fork").Process(target=_proc_reader, args=(str(ds_path), keys, shm.name))
-    p.start()
-    work = 0
-    while p.is_alive():
-        work += _busy_python(0.01)
-    p.join()
-    res["process_s"] = time.perf_counter() - t0
-    res["process_work"] = work
-    shm.close()
-    shm.unlink()
-    res["mb"] = n * REC / 1e6
-    return res
+
+def io_modes(path: Path, n: int, density: float = 0.05, threads: int = 16) -> list[str]:
+    """One sparse block read cold two ways (see module docstring)."""
+    with open_dataset(path) as ds:
+        pa = ds.payload
+        for i in range(len(pa.shards)):
+            pa.index(i)
+        keys = np.random.default_rng(5).permutation(n)[: max(1, int(density * n))]
+        out = pa.empty(keys.size)
+        drop_cache(path)
+        t0, c0 = time.perf_counter(), time.process_time()
+        pa.read(keys, out)
+        buffered = (keys.size * REC / (time.perf_counter() - t0) / 1e6, time.process_time() - c0)
+        rps = pa.records_per_shard
+        fds = {i: os.open(pa.shard_path(i), os.O_RDONLY | os.O_DIRECT) for i in range(len(pa.shards))}
+        arena = mmap.mmap(-1, keys.size * REC)  # page aligned, as O_DIRECT needs
+        rows = np.frombuffer(arena, dtype=np.uint8).reshape(keys.size, REC)
+        order = np.argsort(keys)
+
+        def read(chunk: np.ndarray) -> None:
+            for p in chunk.tolist():
+                s, r = divmod(int(keys[p]), rps)
+                os.preadv(fds[s], [rows[p].data], r * REC)
+
+        drop_cache(path)
+        t0, c0 = time.perf_counter(), time.process_time()
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(read, np.array_split(order, threads)))
+        direct = (keys.size * REC / (time.perf_counter() - t0) / 1e6, time.process_time() - c0)
+        for fd in fds.values():
+            os.close(fd)
+    gb = keys.size * REC / 1e9
+    return [
+        f"Bottom-tier read modes, one block of {density:.0%} of the dataset ({keys.size} records), cold:",
+        f"- announced buffered preadv (the reader): {buffered[0]:,.0f} MB/s, {buffered[1] / gb:.3f} CPU s/GB",
+        f"- O_DIRECT, {threads} threads: {direct[0]:,.0f} MB/s, {direct[1] / gb:.3f} CPU s/GB",
+    ]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--gib", type=float, default=4.2, help="dataset size")
-    ap.add_argument("--ram", default="1GiB")
-    ap.add_argument("--ssd", default="2GiB")
-    ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--plot", default=str(HERE / "sample_latency.png"))
+    ap.add_argument("--gib", type=float, default=0.85, help="dataset size (the issues measured ~0.9 GB)")
+    ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3, help="repeat every measurement; report medians")
+    ap.add_argument("--before", help="a shardkit tree to compare with (its sampler runs the same configurations)")
+    ap.add_argument("--quick", action="store_true", help="a small dataset and one round: a smoke run")
+    ap.add_argument("--io-modes", action="store_true", help="also compare buffered and O_DIRECT reads")
+    ap.add_argument("--sections", default="hot,budgets", help="comma-separated: hot, budgets")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.worker:
+        print(json.dumps(worker(json.loads(args.worker))))
+        return
+    if args.quick:
+        args.gib, args.rounds = 0.06, 1
     n = int(args.gib * 2**30 // REC)
-    t0 = time.perf_counter()
-    path = synthetic_dataset(DATA, n)
-    print(f"dataset: {n} records of {REC} B = {n * REC / 2**30:.2f} GiB ({time.perf_counter() - t0:.0f} s to prepare)",
-          file=sys.stderr)
-    ssd_dir = Path(tempfile.mkdtemp(prefix="sk-bench-ssd-", dir=HERE / "_data"))  # same disk
-    # The virtual disk's speed drifts by 2-4x within minutes: run every measurement in each of
-    # several rounds and compare each sampler pass with the raw pass of the *same* round.
-    rounds = []
-    for r in range(args.rounds):
-        rounds.append({
-            "raw": raw_sequential(path),
-            "ram": run_sampler(path, "ram", args.ram, args.ssd, ssd_dir, args.batch),
-            "ssd": run_sampler(path, "ram,ssd", args.ram, args.ssd, ssd_dir, args.batch),
-            "rnd": random_baseline(path),
-        })
-        x = rounds[-1]
-        print(f"round {r + 1}: raw {x['raw']:,.0f}, ram {x['ram']['mbps']:,.0f}, ram,ssd {x['ssd']['mbps']:,.0f}, "
-              f"random {x['rnd']:,.0f} MB/s", file=sys.stderr)
-    med = statistics.median
-    raw = med(x["raw"] for x in rounds)
-    rnd = med(x["rnd"] for x in rounds)
-    ram = dict(rounds[-1]["ram"], mbps=med(x["ram"]["mbps"] for x in rounds),
-               peak_rss=max(x["ram"]["peak_rss"] for x in rounds))
-    ssd = dict(rounds[-1]["ssd"], mbps=med(x["ssd"]["mbps"] for x in rounds),
-               peak_rss=max(x["ssd"]["peak_rss"] for x in rounds))
-    ram_raw = med(x["ram"]["mbps"] / x["raw"] for x in rounds)
-    ram_rnd = med(x["ram"]["mbps"] / x["rnd"] for x in rounds)
-    ssd_raw = med(x["ssd"]["mbps"] / x["raw"] for x in rounds)
-    ssd_rnd = med(x["ssd"]["mbps"] / x["rnd"] for x in rounds)
-    asm = assembly_rate(args.batch)
-    tvp = threads_vs_processes(path)
-    shutil.rmtree(ssd_dir, ignore_errors=True)
-    ram_bytes = capacity_bytes(args.ram, REC, what="--ram")
-    dataset_gb = n * REC / 1e9
-
-    def row(name: str, value: str, target: str, ok: bool | None) -> str:
-        return f"| {name} | {value} | {target} | {'' if ok is None else ('met' if ok else '**missed**')} |"
-
-    lines = [
-        f"dataset {n} x {SHAPE} uint8 = {dataset_gb:.2f} GB, RAM tier {args.ram} (K2 = {ram['ram_block']}), "
-        f"SSD tier {args.ssd} (K1 = {ssd['ssd_block']}), batch {args.batch}; {args.rounds} rounds, medians "
-        "(ratios: each sampler pass against the raw / random pass of the same round)",
-        "",
-        "| measurement | value | target | |",
-        "|---|---|---|---|",
-        row("raw sequential read (cold)", f"{raw:,.0f} MB/s", "baseline", None),
-        row("random-order baseline (one pread per record, cold)", f"{rnd:,.0f} MB/s", "baseline", None),
-        row("sample, tiers ram (cold)", f"{ram['mbps']:,.0f} MB/s = {ram_raw:.0%} of raw, "
-            f"{ram_rnd:.1f}x random", ">= 85% raw, >= 2x random", ram_raw >= 0.85 and ram_rnd >= 2),
-        row("sample, tiers ram,ssd (cold, ssd_dir on the same disk)", f"{ssd['mbps']:,.0f} MB/s = "
-            f"{ssd_raw:.0%} of raw, {ssd_rnd:.1f}x random", ">= 85% raw, >= 2x random",
-            ssd_raw >= 0.85 and ssd_rnd >= 2),
-        row("disk bytes read per epoch (ram / ram,ssd)", f"{ram['disk'] / 1e9:.3f} / {ssd['disk'] / 1e9:.3f} GB",
-            f"{dataset_gb:.3f} GB", abs(ram['disk'] - n * REC) < 0.001 * n * REC),
-        row("batch assembly from the RAM tier", f"{asm:.1f} GB/s", ">= 4 GB/s", asm >= 4),
-        row("peak RSS, tiers ram", f"{ram['peak_rss'] / 2**30:.2f} GiB (start {ram['base_rss'] / 2**30:.2f} GiB)",
-            f"<= {ram_bytes * 1.15 / 2**30:.2f} GiB", ram['peak_rss'] <= ram_bytes * 1.15),
-        row("peak RSS, tiers ram,ssd", f"{ssd['peak_rss'] / 2**30:.2f} GiB", f"<= {ram_bytes * 1.15 / 2**30:.2f} GiB",
-            ssd['peak_rss'] <= ram_bytes * 1.15),
-        row("consumer stall (ram / ram,ssd)", f"{ram['stall']:.1f} s of {ram['elapsed']:.1f} s / "
-            f"{ssd['stall']:.1f} s of {ssd['elapsed']:.1f} s", "(consumer does nothing: I/O bound)", None),
-        row("per-batch latency p50 / p99 / max (ram)", " / ".join(f"{np.percentile(ram['lat'], q) * 1e3:.1f}"
-            for q in (50, 99, 100)) + " ms", "", None),
-        "",
-        f"threads vs processes (reading {tvp['mb']:.0f} MB of random records in 1024-record blocks while the "
-        f"consumer runs pure Python): thread {tvp['thread_s']:.2f} s ({tvp['mb'] / tvp['thread_s']:.0f} MB/s, "
-        f"consumer work {tvp['thread_work']:,}), process + shared memory {tvp['process_s']:.2f} s "
-        f"({tvp['mb'] / tvp['process_s']:.0f} MB/s, consumer work {tvp['process_work']:,})",
-    ]
-    print("\n".join(lines))
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(9, 4))
-        ax.plot(ram["lat"] * 1e3, lw=0.6, label="tiers ram")
-        ax.plot(ssd["lat"] * 1e3, lw=0.6, label="tiers ram,ssd")
-        ax.set_xlabel("batch")
-        ax.set_ylabel("latency (ms)")
-        ax.set_yscale("log")
-        ax.set_title(f"per-batch latency, {args.batch} x 150 KB records, cold page cache")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(args.plot, dpi=110)
-        print(f"\nplot: {args.plot}", file=sys.stderr)
-    except ImportError:
-        pass
+    path = synthetic_dataset(DATA.with_name(DATA.name + ("-quick" if args.quick else "")), n)
+    trees = {"after": AFTER, **({"before": args.before} if args.before else {})}
+    sections = set(args.sections.split(","))
+    out: list[str] = []
+    if "hot" in sections:
+        out += [*hot_path(path, n, args.batch, trees, args.rounds), ""]
+    if "budgets" in sections:
+        out += [*budgets(path, n, args.batch, trees, args.rounds), ""]
+    if args.io_modes:
+        out += io_modes(path, n)
+    print("\n".join(out))
 
 
 if __name__ == "__main__":

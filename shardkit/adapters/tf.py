@@ -46,7 +46,7 @@ import numpy as np
 from shardkit.adapters._extras import import_extra
 from shardkit.adapters._options import PayloadOptions, SamplerFactory
 from shardkit.errors import ConfigError
-from shardkit.readers import DEFAULTS, SamplerOptions
+from shardkit.readers import DEFAULTS, SamplerOptions, TieredSampler
 from shardkit.readers.schedule import pass_length
 from shardkit.units import Capacity
 
@@ -108,6 +108,8 @@ def make_tf_dataset(
     prefetch: bool | int = True,
     shared: str | None = None,
     static_cache: int | str | Capacity = DEFAULTS.static_cache,
+    permutation: str = DEFAULTS.permutation,
+    node_sharing: bool = DEFAULTS.node_sharing,
     locality: bool = DEFAULTS.locality,
     nodes: int | None = None,
     node_cache: int | str | Capacity = DEFAULTS.node_cache,
@@ -127,6 +129,9 @@ def make_tf_dataset(
         overrides ``batch_size``).
     tiers, ram_size, ssd_size, ssd_dir, seed, mode, drop_last, limit, gap_bytes, cache_dir, cache_size
         Passed to :class:`~shardkit.readers.TieredSampler` unchanged.
+    static_cache, permutation, node_sharing
+        Passed to :class:`~shardkit.readers.TieredSampler` unchanged; the static cache is held by
+        the returned dataset across iterations (see ``TieredSampler.hold_shared``).
     epochs, start_epoch
         Sampler epochs per iteration of the dataset (``None``: endless), and the first one; each
         finished iteration moves on to the next epochs.
@@ -150,10 +155,8 @@ def make_tf_dataset(
     shared
         Name of a running ``shardkit serve`` to attach to (:class:`~shardkit.readers.SharedSampler`,
         ``seed`` as the job seed; mode ``"epoch"`` only).
-    static_cache
-        RAM for records pinned for the whole run (see :class:`~shardkit.readers.SamplerOptions`).
     locality, nodes, node_cache, node_cache_dir
-        Many nodes (see the module notes): each node pins its part of the dataset (``static_cache``
+        Many nodes (see the module notes): each node pins its part of the dataset (the static cache
         in RAM, ``node_cache`` records on its local disk) and takes its keys of every global batch
         from there where it can. With ``input_context`` every input pipeline is a node of its own
         (``nodes`` defaults to ``num_input_pipelines``: one pipeline per worker machine); with
@@ -172,21 +175,24 @@ def make_tf_dataset(
     options = SamplerOptions.parse(
         batch_size=per_consumer, tiers=tiers, ram_size=ram_size, ssd_size=ssd_size, ssd_dir=ssd_dir, seed=seed,
         mode=mode, epochs=epochs, start_epoch=start_epoch, drop_last=drop_last, limit=limit, gap_bytes=gap_bytes,
-        cache_dir=cache_dir, cache_size=cache_size,
-        rank=consumer, world_size=consumers, static_cache=static_cache, locality=locality, nodes=nodes,
-        node_cache=node_cache, node_cache_dir=node_cache_dir,
+        cache_dir=cache_dir, cache_size=cache_size, rank=consumer, world_size=consumers, static_cache=static_cache,
+        permutation=permutation, node_sharing=node_sharing, locality=locality, nodes=nodes, node_cache=node_cache,
+        node_cache_dir=node_cache_dir,
     )  # fmt: skip
     factory = SamplerFactory(options, shared=shared)
     present = PayloadOptions(layout=layout, scale=scale)
     path = os.fspath(path)
 
-    probe = factory.build(path, consumer=consumer, num_consumers=consumers, start_epoch=options.start_epoch)
-    try:
-        spec = probe.element_spec()
-        payload = probe.payload_name
-        num_records = probe.num_records
-    finally:
-        probe.close()
+    # Each iteration builds its own sampler; this one, kept for as long as the dataset exists, holds
+    # the node-shared static cache, so later iterations read only the uncached records.
+    holder = factory.build(path, consumer=consumer, num_consumers=consumers, start_epoch=options.start_epoch)
+    spec = holder.element_spec()
+    payload = holder.payload_name
+    num_records = holder.num_records
+    if isinstance(holder, TieredSampler):
+        holder.hold_shared()
+    else:
+        holder.close()
     present.check(spec[payload][0], path)
     names = list(spec)
     if as_tuple is not None:
@@ -202,27 +208,16 @@ def make_tf_dataset(
     }
     next_epoch = [options.start_epoch]  # advanced by each finished iteration
 
-    # A sampler that pins records keeps them across iterations (Keras epochs): built once, moved on
-    # with set_epoch, closed when the dataset's last reference goes.
-    caching = options.locality or bool(options.static_cache.to_bytes(1))
-    kept: list[Any] = []
-
     def generate() -> Iterator[dict[str, np.ndarray]]:
+        assert holder is not None
         epoch = next_epoch[0]
-        if caching and kept:
-            sampler = kept[0]
-            sampler.set_epoch(epoch)
-        else:
-            sampler = factory.build(path, consumer=consumer, num_consumers=consumers, start_epoch=epoch)
-            if caching:
-                kept.append(sampler)
+        sampler = factory.build(path, consumer=consumer, num_consumers=consumers, start_epoch=epoch)
         try:
             yield from sampler
             if options.epochs is not None:
                 next_epoch[0] = epoch + options.epochs
         finally:
-            if not caching:
-                sampler.close()
+            sampler.close()
 
     dataset = tf.data.Dataset.from_generator(generate, output_signature=signature)
     if options.epochs is not None:

@@ -31,8 +31,8 @@ batches than the others, and a rank that stops early leaves the others waiting i
 
 Many nodes
 ----------
-With ``locality=True`` each node pins a disjoint random part of the dataset (``static_cache`` in
-RAM per consumer, ``node_cache`` on the node's disk, shared by its processes) and the keys of every
+With ``locality=True`` each node pins a disjoint random part of the dataset (the static cache in
+RAM and ``node_cache`` on the node's disk, both shared by its processes) and the keys of every
 training step's global batch go to the ranks so that each takes as many as possible from its own
 node's cache; storage serves only the rest. The consumers that make one training step together are
 worker ``w`` of every rank (the DataLoader hands out its workers' batches in turn), and keys move
@@ -75,7 +75,7 @@ from shardkit.adapters._extras import import_extra
 from shardkit.adapters._options import PayloadOptions, SamplerFactory
 from shardkit.errors import ConfigError, SamplerError
 from shardkit.formats import Dataset, open_dataset
-from shardkit.readers import DEFAULTS, Sampler, SamplerOptions
+from shardkit.readers import DEFAULTS, Sampler, SamplerOptions, TieredSampler
 from shardkit.readers.schedule import batches_per_consumer, pass_length, position_after
 from shardkit.stores import is_url
 from shardkit.units import Capacity, parse_count
@@ -107,8 +107,9 @@ TensorDict = dict[str, "torch.Tensor"]
 def _tensor(array: np.ndarray) -> torch.Tensor:
     """Zero-copy ``torch.from_numpy`` when torch may own the memory, a copy otherwise.
 
-    Batches from the sampler are fresh arrays, but a read-only or non-native-endian array (possible
-    from other sources) cannot be shared with torch safely.
+    The sampler's payload is a view of one of its batch buffers, which it never reuses while a tensor
+    (or anything else) references it, so sharing it is safe; a read-only or non-native-endian array
+    (possible from other sources) cannot be shared with torch safely.
     """
     if not array.flags.writeable or not array.dtype.isnative:
         array = np.array(array, dtype=array.dtype.newbyteorder("=") if not array.dtype.isnative else None)
@@ -217,6 +218,11 @@ class ShardIterableDataset(_TorchIterableDataset):
     tiers, ram_size, ssd_size, ssd_dir, seed, mode, drop_last, limit, gap_bytes, cache_dir, cache_size
         Passed to :class:`~shardkit.readers.TieredSampler` unchanged (each consumer gets its own
         sampler; ``ram_size`` / ``ssd_size`` are therefore *per consumer*).
+    static_cache, permutation, node_sharing
+        Passed to :class:`~shardkit.readers.TieredSampler` unchanged. The static cache (by
+        default the part of ``ram_size`` the blocks do not need) is one per machine, shared by the
+        workers and ranks on it, and held by this dataset object across passes, so with a budget
+        that covers the dataset every epoch after the first reads nothing from storage.
     epochs
         Epochs per pass (per ``iter(loader)``), from the current epoch; ``None`` for one endless pass
         (step-based training).
@@ -235,11 +241,8 @@ class ShardIterableDataset(_TorchIterableDataset):
     shared
         Name of a running ``shardkit serve`` to attach to (:class:`~shardkit.readers.SharedSampler`,
         ``seed`` as the job seed; mode ``"epoch"`` only, no resume inside an epoch).
-    static_cache
-        RAM per consumer for records pinned for the whole run (see
-        :class:`~shardkit.readers.SamplerOptions`).
     locality, nodes, node_cache, node_cache_dir
-        Many nodes (see the module notes): each node pins its part of the dataset (``static_cache``
+        Many nodes (see the module notes): each node pins its part of the dataset (the static cache
         in RAM, ``node_cache`` records on its local disk under ``node_cache_dir``) and each rank
         takes its keys of every global batch from its own node's cache where it can. ``nodes``
         defaults to torchrun's ``WORLD_SIZE / LOCAL_WORLD_SIZE``; pass it to simulate nodes on one
@@ -277,6 +280,8 @@ class ShardIterableDataset(_TorchIterableDataset):
         num_workers: int = 0,
         shared: str | None = None,
         static_cache: int | str | Capacity = DEFAULTS.static_cache,
+        permutation: str = DEFAULTS.permutation,
+        node_sharing: bool = DEFAULTS.node_sharing,
         locality: bool = DEFAULTS.locality,
         nodes: int | None = None,
         node_cache: int | str | Capacity = DEFAULTS.node_cache,
@@ -290,7 +295,8 @@ class ShardIterableDataset(_TorchIterableDataset):
             seed=seed, mode=mode, epochs=epochs, drop_last=drop_last, limit=limit, gap_bytes=gap_bytes,
             cache_dir=cache_dir, cache_size=cache_size,
             rank=0 if rank is None else rank, world_size=1 if world_size is None else world_size,
-            static_cache=static_cache, locality=locality, node_cache=node_cache, node_cache_dir=node_cache_dir,
+            static_cache=static_cache, permutation=permutation, node_sharing=node_sharing, locality=locality,
+            node_cache=node_cache, node_cache_dir=node_cache_dir,
         )  # fmt: skip
         self.factory = SamplerFactory(self.options, shared=shared)
         self.payload_options = PayloadOptions(layout=layout, scale=scale)
@@ -312,7 +318,24 @@ class ShardIterableDataset(_TorchIterableDataset):
         self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
         self._resume: dict[str, Any] | None = None
         self._sampler: Sampler | None = None  # the sampler of a pass running in this process (num_workers=0)
-        self._kept: tuple[tuple[int, int, int], Sampler] | None = None  # reused across passes (see _pass_sampler)
+        self._holder: Sampler | None = None
+        self._hold_shared()
+
+    def _hold_shared(self) -> None:
+        """Keep the node-shared static cache alive across passes (see ``TieredSampler.hold_shared``):
+        every pass builds its samplers afresh, in this process or in the workers, and each lets go
+        of the cache when its pass ends."""
+        if self._holder is not None:
+            self._holder.close()
+            self._holder = None
+        if self.factory.shared is not None:
+            return
+        workers = max(1, self.num_workers)
+        holder = self.factory.build(self.path, consumer=self.rank * workers, num_consumers=self.world_size * workers,
+                                    start_epoch=0, workers_per_rank=workers, nodes=self.nodes)  # fmt: skip
+        if isinstance(holder, TieredSampler):
+            holder.hold_shared()
+        self._holder = holder
 
     # ------------------------------------------------------------------ consumers
     def _rank_world(self) -> tuple[int, int]:
@@ -481,11 +504,13 @@ class ShardIterableDataset(_TorchIterableDataset):
         consumer, consumers, workers = self._consumer()
         epoch = self.epoch
         state = self._resume if self._resume is not None and int(self._resume["epoch"]) == epoch else None
-        sampler = self._pass_sampler((consumer, consumers, workers), epoch, state)
+        sampler = self.factory.build(
+            self.path, consumer=consumer, num_consumers=consumers, start_epoch=epoch, state=state,
+            workers_per_rank=workers, nodes=self.nodes,
+        )  # fmt: skip
         self._sampler = sampler  # for state_dict() in the main process, stats in tests
         payload = self.meta.payload
         options = self.payload_options
-        kept = self._kept is not None and self._kept[1] is sampler
         try:
             for batch in sampler:
                 tensors = to_tensors(batch, payload, options)
@@ -500,48 +525,8 @@ class ShardIterableDataset(_TorchIterableDataset):
                 done = epoch + self.options.epochs
                 if int(self._epoch[0]) < done:
                     self._epoch[0] = done
-        except Exception:
-            self._close_kept()  # a failed sampler is not reused; a pass left early (break) keeps it
-            raise
         finally:
-            if not kept:
-                sampler.close()
-
-    def _pass_sampler(self, consumer: tuple[int, int, int], epoch: int, state: dict[str, Any] | None) -> Sampler:
-        """The sampler of a pass of ``consumer = (index, count, workers per rank)``.
-
-        A sampler that pins records (``static_cache``, ``locality``) is kept in this process and
-        reused by the next pass of the same consumer, so its caches are read once per run rather than
-        once per pass (a DataLoader worker keeps it only with ``persistent_workers=True``); other
-        samplers are built per pass.
-        """
-        if self._kept is not None and self._kept[0] == consumer:
-            sampler = self._kept[1]
-            if state is not None:
-                sampler.load_state_dict({**state, "start_epoch": epoch})
-            else:
-                sampler.set_epoch(epoch)
-            return sampler
-        self._close_kept()
-        index, count, workers = consumer
-        sampler = self.factory.build(
-            self.path, consumer=index, num_consumers=count, start_epoch=epoch, state=state,
-            workers_per_rank=workers, nodes=self.nodes,
-        )  # fmt: skip
-        o = self.options
-        if self.factory.shared is None and (o.locality or o.static_cache.to_bytes(1)):
-            self._kept = (consumer, sampler)
-        return sampler
-
-    def _close_kept(self) -> None:
-        if self._kept is not None:
-            self._kept[1].close()
-            self._kept = None
-
-    def close(self) -> None:
-        """Free the sampler this process keeps between passes (its static and node caches)."""
-        self._close_kept()
-        self._sampler = None
+            sampler.close()
 
     def loader(self, num_workers: int = 0, *, pin_memory: bool | None = None, **kwargs: Any) -> torch.utils.data.DataLoader:
         """A ``DataLoader`` over this dataset (``batch_size=None`` unless ``unbatched``) with
@@ -559,7 +544,9 @@ class ShardIterableDataset(_TorchIterableDataset):
         if pin_memory is None:
             pin_memory = accelerator_present()
         kwargs["pin_memory"] = pin_memory
-        self.num_workers = int(num_workers)
+        if int(num_workers) != self.num_workers:
+            self.num_workers = int(num_workers)
+            self._hold_shared()  # the consumers' budgets (and so their cache) depend on their number
         if num_workers > 0 and is_url(self.path) and not self.path.startswith("file:"):
             kwargs.setdefault("multiprocessing_context", "spawn")
         if not self.unbatched:
@@ -571,11 +558,17 @@ class ShardIterableDataset(_TorchIterableDataset):
             kwargs["batch_size"] = None
         return torch.utils.data.DataLoader(self, num_workers=num_workers, **kwargs)
 
+    def close(self) -> None:
+        """Let go of the node-shared caches this dataset holds across passes."""
+        if self._holder is not None:
+            self._holder.close()
+            self._holder = None
+        self._sampler = None
+
     def __getstate__(self) -> dict[str, Any]:
         # A running sampler (threads, buffers) never travels to a worker; each builds its own.
         state = dict(self.__dict__)
-        state["_sampler"] = None
-        state["_kept"] = None
+        state["_sampler"] = state["_holder"] = None
         return state
 
     def __repr__(self) -> str:

@@ -21,8 +21,9 @@ def sample(
     ),
     ram_size: str = typer.Option(
         str(DEFAULTS.ram_size), "--ram-size",
-        help="RAM-tier budget of this consumer, bytes (2GiB, 500MB) or records (10000records), at least two "
-             "records. Two RAM blocks of half the budget each (minus batches in flight).",
+        help="Everything this consumer's sampler holds in RAM, bytes (2GiB, 500MB) or records (10000records), at "
+             "least two records: batch buffers for the blocks in flight, then a static cache of what is left "
+             "(the whole dataset when it fits: later epochs read nothing). The summary shows the split.",
     ),
     ssd_size: str = typer.Option(
         str(DEFAULTS.ssd_size), "--ssd-size",
@@ -46,8 +47,13 @@ def sample(
     ),
     static_cache: str = typer.Option(
         str(DEFAULTS.static_cache), "--static-cache",
-        help="Pin a random subset of records in RAM for the whole run, never evicted (on top of --ram-size): "
-             "bytes (256MiB) or records (1000records); 0 = off.",
+        help="The part of --ram-size that pins a random subset of records for the whole run, never evicted: "
+             "auto (what the blocks do not need), bytes (256MiB), records (1000records), or 0 = off.",
+    ),
+    permutation: str = typer.Option(
+        DEFAULTS.permutation, "--permutation",
+        help="Epoch order: exact (numpy permutation, 8 bytes a record), feistel (on-demand bijection, "
+             "statistically uniform) or auto (exact up to 1e8 records).",
     ),
     locality: bool = typer.Option(
         DEFAULTS.locality, "--locality/--no-locality",
@@ -113,7 +119,7 @@ def sample(
     options = SamplerOptions.parse(
         source="cli", tiers=tiers, ram_size=ram_size, ssd_size=ssd_size, ssd_dir=ssd_dir, batch_size=batch_size,
         epochs=epochs, seed=seed, mode=mode, rank=rank, world_size=world_size, limit=limit,
-        static_cache=static_cache, gap_bytes=gap_bytes, remote_gap_bytes=remote_gap_bytes,
+        static_cache=static_cache, gap_bytes=gap_bytes, permutation=permutation, remote_gap_bytes=remote_gap_bytes,
         remote_concurrency=remote_concurrency, remote_timeout=remote_timeout, remote_retry=remote_retry,
         cache_dir=cache_dir, cache_size=cache_size, locality=locality, nodes=nodes,
         workers_per_rank=workers_per_rank, node_cache=node_cache, node_cache_dir=node_cache_dir,
@@ -142,6 +148,7 @@ def summary(sampler: TieredSampler) -> list[str]:
     can exceed deliveries."""
     st: SamplerStats = sampler.stats
     lines = [
+        *sampler.memory_plan.describe(),
         f"records      {st.records} in {st.batches} batches, {st.elapsed:.2f} s",
         f"throughput   {st.records_per_s:,.0f} records/s, {st.bytes_per_s / 2**20:,.1f} MiB/s",
         f"delivered    {human_bytes(st.bytes)} of payload",
@@ -153,10 +160,21 @@ def summary(sampler: TieredSampler) -> list[str]:
         if ((name == "ssd" and "ssd" not in sampler.tiers) or (name == "cache" and not sampler.pinned_keys.size)
                 or (name == "remote_cache" and not (remote and sampler.options.cache_dir))):
             continue
-        what = {"ram": "assembled", "cache": "served", "remote_cache": "read locally"}.get(name, "read")
-        calls = "requests" if remote and name == "disk" else "calls"
+        if name == "node":
+            if t.read_calls:
+                lines.append(f"{name:<12} {human_bytes(t.bytes_read)} read from the node cache on local disk "
+                             f"in {t.read_calls} calls ({t.records} records)")  # fmt: skip
+            continue
         shown = {"disk": "remote", "remote_cache": "local cache"}.get(name, name) if remote else name
+        if name == "cache":
+            lines.append(f"{shown:<12} {human_bytes(t.bytes_read)} served from RAM ({t.records} records)")
+            continue
+        what = {"ram": "delivered", "remote_cache": "read locally"}.get(name, "read")
+        calls = "requests" if remote and name == "disk" else "calls"
         lines.append(f"{shown:<12} {human_bytes(t.bytes_read)} {what} in {t.read_calls} {calls} ({t.records} records)")
+    if st.disk_bytes_by_epoch:
+        per = ", ".join(f"{e}: {human_bytes(b)}" for e, b in sorted(st.disk_bytes_by_epoch.items()))
+        lines.append(f"{'remote' if remote else 'disk'}/epoch {per}" if remote else f"disk/epoch   {per}")
     if "ssd" in sampler.tiers:
         lines.append(f"ssd written  {human_bytes(st.ssd_bytes_written)}")
     lines.append(f"stall        {st.stall_seconds:.2f} s waiting for batches")

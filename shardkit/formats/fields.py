@@ -79,6 +79,7 @@ def read_field_array(
     num_records: int,
     chunk_records: int,
     files: Mapping[str, FileDigest] | None = None,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Read field ``name`` of the dataset at ``root`` (a directory or a store) whole into RAM,
     checking everything.
@@ -90,6 +91,9 @@ def read_field_array(
         of ``spec.dtype`` in chunks of ``chunk_records`` records.
     files
         The metadata's digests (format 1.1), or ``None`` / empty for a 1.0 dataset.
+    out
+        Where to decode the field (``[num_records, *spec.shape]`` of the little-endian dtype, e.g. a
+        node-shared region); a new array by default. Checked before any chunk is decoded.
 
     Raises
     ------
@@ -100,7 +104,7 @@ def read_field_array(
     MissingShardError, TruncatedShardError, ChecksumError, CorruptShardError
         A chunk (or the document) is missing, has the wrong size or checksum, or does not decode.
     """
-    return read_field_rows(root, name, spec, num_records, chunk_records, files)
+    return read_field_rows(root, name, spec, num_records, chunk_records, files, out=out)
 
 
 def read_field_rows(
@@ -112,6 +116,7 @@ def read_field_rows(
     files: Mapping[str, FileDigest] | None = None,
     start: int = 0,
     stop: int | None = None,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Rows ``[start, stop)`` of field ``name``, reading only the chunks that hold them.
 
@@ -142,7 +147,11 @@ def read_field_rows(
     # Allocation bounded by what exists: every chunk read is there (checked just above), each one
     # decodes to chunk_records x spec.nbytes <= MAX_FIELD_CHUNK_NBYTES (DatasetMeta.check_layout), so
     # a document that claims more records than the dataset holds fails before this line.
-    out = np.empty((stop - start, *spec.shape), dtype=dtype)
+    if out is None:
+        out = np.empty((stop - start, *spec.shape), dtype=dtype)
+    elif out.shape != (stop - start, *spec.shape) or out.dtype != dtype:
+        raise ValueError(f"{store.describe(name)}: destination {out.shape} {out.dtype}, expected "
+                         f"{(stop - start, *spec.shape)} {dtype}")  # fmt: skip
     for j, (rel, load) in zip(wanted, chunks):
         data = load()
         try:

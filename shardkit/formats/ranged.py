@@ -47,7 +47,7 @@ from shardkit.errors import ConfigError, CorruptShardError, MissingShardError, O
 from shardkit.formats.checksums import FileDigest, fd_crc32c
 from shardkit.formats.index import ShardIndex
 from shardkit.formats.metadata import read_json_object
-from shardkit.formats.reader import DEFAULT_GAP_BYTES, PayloadArray, ReadStats, _Run
+from shardkit.formats.reader import DEFAULT_GAP_BYTES, Destination, PayloadArray, ReadStats, _Plan, _Rows, _Run
 from shardkit.formats.spec import ZARR_JSON, ShardInfo, index_nbytes
 from shardkit.stores import ByteRange, Fetched, Store
 from shardkit.stores.cache import ShardCache
@@ -175,20 +175,22 @@ class RangedPayloadArray(PayloadArray):
                 f"bytes, the store says {got.object_size}"
             )
 
-    def _mappable(self, i: int) -> bool:
-        return False
-
     def memmap(self, i: int) -> np.memmap:
         raise ConfigError(f"{self.shard_location(i)}: memmap needs a local shard file; read records with read()")
 
     # ------------------------------------------------------------------ reading
-    def read(self, keys: np.ndarray | list[int], out: np.ndarray | None = None) -> np.ndarray:
-        """As :meth:`PayloadArray.read`; the indexes of every shard involved are fetched first,
-        concurrently, so a block over many shards costs one round trip for them, not one each."""
+    def read_into(self, keys: np.ndarray | list[int], dest: Destination) -> None:
+        """As :meth:`PayloadArray.read_into` (and so :meth:`~PayloadArray.read`); the indexes of every
+        shard involved are fetched first, concurrently, so a block over many shards costs one round
+        trip for them, not one each."""
         k = np.asarray(keys, dtype=np.int64).reshape(-1)
         if k.size and int(k.min()) >= 0 and int(k.max()) < self.num_records:
             self._prefetch_indexes(np.unique(k // self.records_per_shard).tolist())
-        return super().read(k, out)
+        super().read_into(k, dest)
+
+    def _read_plan(self, plan: _Plan, rows: list[np.ndarray]) -> None:
+        """Fetch the plan run by run (see :meth:`_read_runs`); each record goes to its destination row."""
+        self._read_runs(plan.as_runs(self.shard_location), _Rows(rows, plan))
 
     def _prefetch_indexes(self, shards: list[int]) -> None:
         missing = [i for i in shards if i not in self._indexes and self._known_index(i) is None]
@@ -207,7 +209,7 @@ class RangedPayloadArray(PayloadArray):
         for i in missing:
             self.index(i)
 
-    def _read_runs(self, runs: list[_Run], rows: np.ndarray) -> None:
+    def _read_runs(self, runs: list[_Run], rows: _Rows) -> None:
         """Runs of shards the local cache holds are read from it; the others are fetched (split
         into requests of at most ``request_bytes``) and each response scattered into its rows as it
         arrives, and stored in the cache."""
@@ -242,7 +244,7 @@ class RangedPayloadArray(PayloadArray):
             self.stats.add(run.path, ask.start, ask.nbytes)
             self._to_cache(run.shard, ask.start, got.data)
 
-    def _read_cached(self, fd: int, run: _Run, rows: np.ndarray) -> None:
+    def _read_cached(self, fd: int, run: _Run, rows: _Rows) -> None:
         """One run from the shard's verified local copy: the run's span in one ``pread``, then
         scattered (or decoded) into the rows; counted in ``cache_stats``, not as requests."""
         start = int(run.offs[0])
@@ -307,7 +309,7 @@ class RangedPayloadArray(PayloadArray):
         data_crc, crc, size = fd_crc32c(fd, self._data_nbytes(i))
         return size == info.nbytes and crc == info.crc32c and info.data_crc32c in (None, data_crc)
 
-    def _scatter(self, run: _Run, a: int, b: int, start: int, data: memoryview, rows: np.ndarray) -> None:
+    def _scatter(self, run: _Run, a: int, b: int, start: int, data: memoryview, rows: _Rows) -> None:
         """Copy records ``a:b`` of ``run`` out of a response that begins at byte ``start``."""
         buf = np.frombuffer(data, dtype=np.uint8)
         offs = (run.offs[a:b] - start).tolist()

@@ -27,8 +27,19 @@ from shardkit import units
 from shardkit.errors import ConfigError
 from shardkit.formats import DEFAULT_GAP_BYTES
 from shardkit.formats.ranged import DEFAULT_REMOTE_GAP_BYTES
-from shardkit.readers.schedule import MODES, consumer_records_bound, ram_block, ssd_block
+from shardkit.readers.buffers import HOLD_BATCHES
+from shardkit.readers.schedule import (
+    BATCH_PREFETCH,
+    MODES,
+    PERMUTATIONS,
+    block_limits,
+    consumer_records_bound,
+    pool_batches,
+    ram_block,
+    ssd_block,
+)
 from shardkit.readers.seeds import check_seed
+from shardkit.readers.ssd import READ_CHUNK_BYTES
 from shardkit.stores import DEFAULT_OPTIONS
 from shardkit.units import Capacity, human_bytes, parse_bytes, parse_count
 
@@ -71,14 +82,30 @@ def parse_tiers(tiers: str | Sequence[str], *, what: str = "tiers") -> tuple[str
 class TierSizes:
     """The options' budgets resolved for one dataset and consumer count (see :meth:`SamplerOptions.tier_sizes`).
 
+    This is the sampler's whole memory plan: ``ram_bytes`` covers everything it holds in RAM —
+    the batch buffers that RAM blocks are read into (``pool_batches`` of ``batch_size`` records),
+    the static cache (``static_records``), and with the SSD tier its copy buffer
+    (``ssd_copy_bytes``). The small per-record fields and the epoch order are not in it: they are
+    per dataset, shared by every process of a node (see :mod:`shardkit.readers.node`).
+
     Attributes
     ----------
-    ram_bytes, ram_block
-        The RAM budget in bytes and ``K2``, records per RAM block.
+    ram_bytes
+        The RAM budget in bytes.
+    ram_block, first_block
+        ``K2``, the largest RAM block, and the run's first (smaller) block, in records; blocks
+        double from the first up to ``K2`` (see :func:`~shardkit.readers.schedule.block_bounds`).
+    pool_batches, batch_size
+        Batch buffers of the run (two blocks in flight and the batches the consumer holds).
+    static_records, num_records
+        ``M``, records pinned by the static cache (0 = off; ``num_records`` = the whole dataset),
+        and ``N``.
     ssd_bytes, ssd_block
-        The SSD budget and ``K1``, records per SSD reservoir (``None`` without the SSD tier).
-    static_records
-        ``M``, records the static cache pins (0 = off).
+        The SSD budget and ``K1``, the largest SSD reservoir (``None`` without the SSD tier).
+    ssd_copy_bytes
+        The disk -> SSD copy buffer (0 without the SSD tier).
+    record_nbytes
+        Bytes of one record.
     node_records
         Records the node cache pins on the node's local disk (0 = off; only with ``locality``).
     """
@@ -88,6 +115,12 @@ class TierSizes:
     ssd_bytes: int | None
     ssd_block: int | None
     static_records: int
+    first_block: int = 1
+    pool_batches: int = 1
+    batch_size: int = 1
+    num_records: int = 0
+    ssd_copy_bytes: int = 0
+    record_nbytes: int = 1
     node_records: int = 0
 
     @property
@@ -95,6 +128,45 @@ class TierSizes:
         """``K``: records per reservoir of the top tier (``K1`` with the SSD tier, else ``K2``)."""
         return self.ssd_block if self.ssd_block is not None else self.ram_block
 
+    @property
+    def cache_fraction(self) -> float:
+        """``M / N``: the fraction of every epoch after the first served from RAM, not storage."""
+        return self.static_records / self.num_records if self.num_records else 0.0
+
+    @property
+    def full_cache(self) -> bool:
+        """The whole dataset is cached: epochs after the first read nothing from storage."""
+        return self.num_records > 0 and self.static_records >= self.num_records
+
+    @property
+    def pool_bytes(self) -> int:
+        return self.pool_batches * self.batch_size * self.record_nbytes
+
+    @property
+    def cache_bytes(self) -> int:
+        return self.static_records * self.record_nbytes
+
+    def describe(self) -> list[str]:
+        """What the budget was spent on, one line each (``shardkit sample`` prints these)."""
+        rec = self.record_nbytes
+        lines = [
+            f"blocks       {self.first_block} records first, doubling to {self.ram_block} records "
+            f"({human_bytes(self.ram_block * rec)}, {self.ram_block / max(1, self.num_records):.1%} of the dataset)",
+            f"buffers      {self.pool_batches} batches of {self.batch_size} ({human_bytes(self.pool_bytes)})",
+            f"cache        {self.static_records} records ({human_bytes(self.cache_bytes)}, "
+            f"{self.cache_fraction:.1%} of the dataset)" + (": every epoch after the first reads nothing"
+                                                           " from storage" if self.full_cache else ""),
+        ]
+        if self.ssd_block is not None:
+            lines.append(f"ssd          reservoirs of up to {self.ssd_block} records, copy buffer "
+                         f"{human_bytes(self.ssd_copy_bytes)}")
+        used = self.pool_bytes + self.cache_bytes + self.ssd_copy_bytes
+        lines.append(f"ram budget   {human_bytes(self.ram_bytes)}, planned {human_bytes(used)}")
+        return lines
+
+
+#: The smallest disk -> SSD copy buffer worth taking out of the RAM budget (see tier_sizes).
+MIN_COPY_BYTES = 1 << 20
 
 # Default budgets (values, so every SamplerOptions shares them).
 _RAM_SIZE = Capacity(nbytes=512 << 20)
@@ -115,10 +187,15 @@ class SamplerOptions:
     tiers
         ``("ram",)`` or ``("ssd", "ram")``; given as ``"ram"``, ``"ram,ssd"`` (any order) or a list.
     ram_size
-        This consumer's whole RAM-tier budget: bytes (int), a size (``"512MiB"``) or a record count
-        (``"10000records"``). It covers the two RAM blocks (double buffering) and, when the budget
-        is at least twice their size, the batches in flight (``batch_size * 4`` records). ``K2`` =
-        remaining budget / (2 * record size); it must hold at least two records.
+        This consumer's whole RAM budget: bytes (int), a size (``"512MiB"``) or a record count
+        (``"10000records"``); at least two records. It covers everything the sampler holds in RAM
+        for this consumer: the batch buffers that RAM blocks are read into (two blocks in flight
+        plus the batches the consumer holds), the static cache (see ``static_cache``) and, with the
+        SSD tier, the disk -> SSD copy buffer. Blocks are sized for read speed (see
+        :mod:`shardkit.readers.schedule`), and what they do not need caches records across
+        epochs; when it is at least the dataset's payload, every epoch after the first reads
+        nothing from storage. Not in it: the per-record fields and the epoch order, which are per
+        dataset and shared by the processes of a node (``node_sharing``).
     ssd_size, ssd_dir
         SSD-tier budget (same syntax; two reservoirs of ``K1`` = ``ssd_size / (2 * record size)``
         records; at least two records and at least ``ram_size``), and the directory that holds the
@@ -160,12 +237,19 @@ class SamplerOptions:
     start_epoch
         First epoch of the first iteration.
     static_cache
-        RAM on top of ``ram_size`` for records pinned for the whole run (CoorDL's MinIO policy):
-        ``0`` (off), bytes, a size or a record count. See :mod:`shardkit.readers.static_cache`.
-        With ``locality`` it holds this node's part of the node partition.
+        The part of ``ram_size`` that pins records for the whole run (CoorDL's MinIO policy):
+        ``"auto"`` (default: whatever the blocks do not need, the whole dataset when it fits),
+        ``0`` (off), or bytes, a size or a record count taken out of ``ram_size``. The cache is
+        shared by the processes of a node that use the same dataset, seed and size. See
+        :mod:`shardkit.readers.static_cache`.
+    permutation
+        How ``epoch`` mode draws its order: ``"exact"`` (numpy's uniform permutation, 8 bytes a
+        record), ``"feistel"`` (an on-demand keyed bijection, statistically uniform, nothing per
+        record; see :mod:`shardkit.readers.bijection`), ``"auto"`` (default: exact up to
+        :data:`~shardkit.readers.schedule.EXACT_PERMUTATION_LIMIT` records).
     locality
         Many nodes (DESIGN §10, :mod:`shardkit.readers.locality`): each node pins a disjoint random
-        part of the dataset (``static_cache`` in RAM, ``node_cache`` on its local disk) and every
+        part of the dataset (the static cache in RAM, ``node_cache`` on its local disk) and every
         global batch's keys go to the ranks so that each takes as many as possible from its own
         node's cache. The sets of keys each training step sees are exactly those without it.
         Default ``False``: the plain slicing.
@@ -177,10 +261,15 @@ class SamplerOptions:
         rank ``c // workers_per_rank``). With ``locality`` keys move only between the consumers
         whose batches make one training step.
     node_cache, node_cache_dir
-        With ``locality``: records this node pins on its local disk on top of ``static_cache``
-        (``0`` off, bytes, a size or a record count), written once per node into a private
-        directory under ``node_cache_dir`` (default: the system temporary directory) and reused by
-        every process of the node and by later runs. See :mod:`shardkit.readers.node_cache`.
+        With ``locality`` and ``tiers="ram"``: records this node pins on its local disk on top of
+        the static cache (``0`` off, bytes, a size or a record count), written once per node into a
+        private directory under ``node_cache_dir`` (default: the system temporary directory) and
+        reused by every process of the node and by later runs. See
+        :mod:`shardkit.readers.node_cache`.
+    node_sharing
+        Share per-dataset memory (fields, the exact epoch order, the static cache) among the
+        processes of this machine through private files under ``/dev/shm`` (default ``True``);
+        ``False`` keeps everything private to the process. See :mod:`shardkit.readers.node`.
     source
         ``"python"`` or ``"cli"``: how error messages spell option names. Not part of equality.
     """
@@ -205,7 +294,9 @@ class SamplerOptions:
     cache_dir: Path | None = None
     cache_size: int | None = None
     start_epoch: int = 0
-    static_cache: Capacity = _OFF
+    static_cache: Capacity | Literal["auto"] = "auto"
+    permutation: str = "auto"
+    node_sharing: bool = True
     locality: bool = False
     nodes: int = 1
     workers_per_rank: int = 1
@@ -238,8 +329,9 @@ class SamplerOptions:
             "cache_dir": _path_or_none(self.cache_dir, name("cache_dir")),
             "cache_size": None if self.cache_size is None else parse_bytes(self.cache_size, what=name("cache_size")),
             "start_epoch": parse_count(self.start_epoch, what=name("start_epoch"), minimum=0),
-            "static_cache": units.parse_capacity(0 if self.static_cache is None else self.static_cache,
-                                           what=name("static_cache"), allow_zero=True),
+            "static_cache": _cache_option(self.static_cache, name("static_cache")),
+            "permutation": self.permutation,
+            "node_sharing": _flag(self.node_sharing, name("node_sharing")),
             "locality": _flag(self.locality, name("locality")),
             "nodes": parse_count(self.nodes, what=name("nodes"), minimum=1),
             "workers_per_rank": parse_count(self.workers_per_rank, what=name("workers_per_rank"), minimum=1),
@@ -247,6 +339,8 @@ class SamplerOptions:
                                                what=name("node_cache"), allow_zero=True),
             "node_cache_dir": _path_or_none(self.node_cache_dir, name("node_cache_dir")),
         }  # fmt: skip
+        if self.permutation not in PERMUTATIONS:
+            raise ConfigError(f"{name('permutation')}: expected one of {', '.join(PERMUTATIONS)}, found {self.permutation!r}")
         if self.mode not in MODES:
             raise ConfigError(f"{name('mode')}: expected one of {', '.join(MODES)}, found {self.mode!r}")
         rank = parse_count(self.rank, what=name("rank"), minimum=0)
@@ -261,7 +355,8 @@ class SamplerOptions:
             object.__setattr__(self, key, value)
 
     def _check_layout(self, values: dict[str, Any]) -> None:
-        """Consumers, workers per rank and nodes must nest: W = ranks * k, ranks = M * R."""
+        """Consumers, workers per rank and nodes must nest (W = ranks * k, ranks = M * R); the node
+        cache needs locality and the RAM tier alone."""
         name = self.name
         w, k, m = values["world_size"], values["workers_per_rank"], values["nodes"]
         if w % k:
@@ -274,11 +369,18 @@ class SamplerOptions:
                 f"{name('nodes')}: expected a divisor of the {w // k} ranks ({name('world_size')} / "
                 f"{name('workers_per_rank')}), found {m}"
             )
-        if values["node_cache"].to_bytes(1) and not values["locality"]:
-            raise ConfigError(
-                f"{name('node_cache')}: a node's disk cache holds its part of the node partition, which only "
-                f"{name('locality')} uses; found {name('node_cache')}={values['node_cache']} without {name('locality')}"
-            )
+        if values["node_cache"].to_bytes(1):
+            if not values["locality"]:
+                raise ConfigError(
+                    f"{name('node_cache')}: a node's disk cache holds its part of the node partition, which only "
+                    f"{name('locality')} uses; found {name('node_cache')}={values['node_cache']} without {name('locality')}"
+                )
+            if "ssd" in values["tiers"]:
+                raise ConfigError(
+                    f"{name('node_cache')}: the node cache is this node's local-disk tier; with "
+                    f"{name('tiers')}={','.join(values['tiers'])} the SSD tier would copy the same records again. "
+                    f"Use {name('tiers')}='ram' with {name('node_cache')}, or the SSD tier without it"
+                )
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -312,19 +414,21 @@ class SamplerOptions:
 
     # ------------------------------------------------------------------ resolution
     def tier_sizes(self, record_nbytes: int, num_records: int) -> TierSizes:
-        """The budgets in bytes and the block sizes for records of ``record_nbytes`` bytes.
+        """The memory plan for records of ``record_nbytes`` bytes: budgets in bytes, block sizes,
+        batch buffers and the static cache (see :class:`TierSizes`).
 
         Raises :class:`~shardkit.errors.ConfigError`, naming the option and the record size, when a
         tier budget holds fewer than two records (each tier double-buffers blocks of at least one
         record, so a smaller budget cannot be honoured), when the SSD budget is below the RAM
-        budget (the SSD tier exists to hold more than RAM), or when a static cache that is not off
-        holds no record at all.
+        budget (the SSD tier exists to hold more than RAM), when a static cache that is not off
+        holds no record at all, or when it leaves ``ram_size`` fewer than two records for blocks.
         """
-        rec = int(record_nbytes)
-        bound = consumer_records_bound(num_records, self.batch_size, self.world_size)
+        rec, n, b = int(record_nbytes), int(num_records), self.batch_size
+        bound = consumer_records_bound(n, b, self.world_size)
         ram = self._budget("ram_size", rec)
         ssd: int | None = None
         k1: int | None = None
+        copy = 0
         if "ssd" in self.tiers:
             ssd = self._budget("ssd_size", rec)
             if ssd < ram:
@@ -333,25 +437,68 @@ class SamplerOptions:
                     f"{_describe(ram, rec)}; the SSD tier feeds the RAM tier, so give it at least as much"
                 )
             k1 = ssd_block(ssd, rec, bound)
-        return TierSizes(
-            ram_bytes=ram,
-            ram_block=ram_block(ram, rec, self.batch_size, bound),
-            ssd_bytes=ssd,
-            ssd_block=k1,
-            static_records=self._cache_records("static_cache", rec, num_records),
-            node_records=self._cache_records("node_cache", rec, num_records),
-        )
+            # The disk -> SSD copy buffer comes out of the RAM budget: an eighth of it, at most
+            # READ_CHUNK_BYTES; below MIN_COPY_BYTES it copies one record at a time (not counted).
+            copy = min(READ_CHUNK_BYTES, ram // 8) // rec * rec
+            copy = copy if copy >= MIN_COPY_BYTES else 0
+        blocks_budget = ram - copy
+        copy_bytes = max(copy, rec) if ssd is not None else 0
+        pinned = self._static_records(blocks_budget, rec, n)
+        full = n > 0 and pinned is None and blocks_budget >= n * rec
+        if full or (pinned is not None and pinned >= n > 0):
+            # Everything cached: blocks are read into the cache, batches gathered from it.
+            first, largest = block_limits(ram_block(ram, rec, b, bound), rec, b, n, self.gap_bytes, bound, ssd is None)
+            return TierSizes(ram, largest, ssd, k1, n, first, BATCH_PREFETCH + HOLD_BATCHES + 1, b, n, copy_bytes, rec,
+                             self._node_records(rec, n))  # fmt: skip
+        if pinned is not None:
+            blocks_budget -= pinned * rec
+        # Blocks of whole batches, read straight into the batch buffers: the pool is the memory.
+        # SSD reservoirs are not whole batches, so their blocks may start inside one (one more each).
+        aligned = ssd is None
+        per_block = (blocks_budget // (b * rec) - HOLD_BATCHES) // 2 - (0 if aligned else 1)
+        if per_block >= 1:
+            first, largest = block_limits(per_block * b, rec, b, n, self.gap_bytes, bound, aligned)
+        else:
+            # A budget of fewer batches than the pipeline holds: blocks smaller than a batch (the
+            # batch buffers then exceed the budget; a batch cannot be smaller than the batch size).
+            aligned = False
+            first, largest = block_limits(ram_block(blocks_budget, rec, b, bound), rec, b, n, self.gap_bytes,
+                                          bound, aligned)  # fmt: skip
+        pool = pool_batches(largest, b, aligned)
+        if pinned is None:  # auto: the budget the blocks do not need caches records
+            pinned = min(n, max(0, blocks_budget - pool * b * rec) // rec)
+        return TierSizes(ram, largest, ssd, k1, pinned, first, pool, b, n, copy_bytes, rec, self._node_records(rec, n))
 
-    def _cache_records(self, option: str, rec: int, num_records: int) -> int:
-        """Records a cache budget holds (0 = off); a budget that holds no record is an error."""
-        capacity: Capacity = getattr(self, option)
-        cache = capacity.to_bytes(rec)
+    def _node_records(self, rec: int, n: int) -> int:
+        """Records ``node_cache`` pins on the node's disk (0 = off); a budget of no record is an error."""
+        cache = self.node_cache.to_bytes(rec)
         if 0 < cache < rec:
             raise ConfigError(
-                f"{self.name(option)}: {human_bytes(cache)} holds no record of {human_bytes(rec)} "
-                f"({rec} bytes); use 0 to turn the cache off or at least {rec} bytes"
+                f"{self.name('node_cache')}: {human_bytes(cache)} holds no record of {human_bytes(rec)} "
+                f"({rec} bytes); use 0 to turn the node cache off or at least {rec} bytes"
             )
-        return min(cache // rec, int(num_records))
+        return min(cache // rec, n)
+
+    def _static_records(self, budget: int, rec: int, n: int) -> int | None:
+        """Records an explicit ``static_cache`` pins (``None`` for ``"auto"``), checked against the
+        part of ``ram_size`` it comes out of."""
+        if self.static_cache == "auto":
+            return None
+        assert isinstance(self.static_cache, Capacity)
+        cache = self.static_cache.to_bytes(rec)
+        if 0 < cache < rec:
+            raise ConfigError(
+                f"{self.name('static_cache')}: {human_bytes(cache)} holds no record of {human_bytes(rec)} "
+                f"({rec} bytes); use 0 to turn the static cache off or at least {rec} bytes"
+            )
+        pinned = min(cache // rec, n)
+        if pinned < n and budget - pinned * rec < 2 * rec:
+            raise ConfigError(
+                f"{self.name('static_cache')}: {_describe(pinned * rec, rec)} leaves {self.name('ram_size')} "
+                f"{_describe(budget, rec)} fewer than two records for blocks; the static cache is part of "
+                f"{self.name('ram_size')}, so raise it, lower {self.name('static_cache')} or use 'auto'"
+            )
+        return pinned
 
     def _budget(self, option: str, rec: int) -> int:
         capacity: Capacity = getattr(self, option)
@@ -386,6 +533,17 @@ def _check_names(values: dict[str, Any], source: Source) -> None:
 
 def _describe(nbytes: int, rec: int) -> str:
     return f"{human_bytes(nbytes)} ({nbytes // rec} records of {rec} bytes)"
+
+
+def _cache_option(value: object, what: str) -> Capacity | Literal["auto"]:
+    """``"auto"`` or a parsed capacity (0 = off)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        return units.parse_capacity(0 if value is None else value, what=what, allow_zero=True)  # type: ignore[arg-type]
+    except ConfigError:
+        raise ConfigError(f"{what}: expected 'auto', 0 (off), a size such as 512MiB or a record count such as "
+                          f"1000records, found {value!r}") from None
 
 
 def _path_or_none(value: object, what: str) -> Path | None:

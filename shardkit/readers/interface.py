@@ -7,9 +7,10 @@ for them, and a future sampler (a mixture, a remote source) plugs in by implemen
 
 A sampler is an iterable of batches. A batch is a dict of numpy arrays with a leading batch axis:
 the payload (``"image"`` / ``"audio"``), every per-record field, and ``"key"`` (int64 record
-index); each batch owns its arrays. Iterating runs the sampler's epochs from where it stands;
-:meth:`Sampler.close` stops a running iteration and frees what it holds (threads, SSD space, shared
-memory). A sampler that cannot resume (a shared one: the server owns the epochs) raises
+index); the consumer may keep a batch as long as it likes (a sampler may hand over views of its
+own buffers, but never writes to one while anything references it). Iterating runs the sampler's
+epochs from where it stands; :meth:`Sampler.close` stops a running iteration and frees what it
+holds (threads, SSD space, shared memory). A sampler that cannot resume (a shared one: the server owns the epochs) raises
 :class:`~shardkit.errors.SamplerError` from the resume methods instead of omitting them.
 """
 

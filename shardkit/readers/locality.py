@@ -57,7 +57,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardkit.errors import ConfigError
-from shardkit.readers.schedule import ConsumerPlan, consumer_plan, step_group_positions
+from shardkit.readers.schedule import ConsumerPlan, EpochOrder, PlanShape, consumer_plan, step_group_positions
 from shardkit.readers.seeds import Domain, rng
 
 __all__ = [
@@ -70,6 +70,8 @@ __all__ = [
     "LocalPlan",
     "local_positions",
     "local_consumer_plan",
+    "LocalShape",
+    "local_shape",
     "expected_hit_fraction",
 ]
 
@@ -442,6 +444,40 @@ def local_consumer_plan(
     if positions.size != plain.keys.size:  # pragma: no cover - quotas are the plain plan's by construction
         raise ConfigError(f"node-aware plan of consumer {rank}: {positions.size} keys, expected {plain.keys.size}")
     return LocalPlan(plan=dataclasses.replace(plain, keys=stream[positions].astype(np.int64, copy=False)), hit=hit)
+
+
+@dataclass(frozen=True, eq=False)
+class LocalShape(PlanShape):
+    """A :class:`~shardkit.readers.schedule.PlanShape` whose epoch positions come from the
+    node-aware assignment: the same batches and global positions, another split of every step's
+    positions among the consumers.
+
+    ``table`` holds the consumer's epoch positions in plan order (8 bytes per record of the
+    consumer's share of the epoch), computed once per epoch by :func:`local_shape`.
+    """
+
+    table: np.ndarray = dataclasses.field(default_factory=lambda: np.empty(0, dtype=np.int64), repr=False)
+
+    def epoch_positions(self, a: int, b: int) -> np.ndarray:
+        return np.asarray(self.table[int(a) : int(b)], dtype=np.int64)
+
+    def truncated(self, left: int) -> LocalShape:
+        cut = super().truncated(left)
+        return LocalShape(cut.start, cut.batch_size, cut.rank, cut.world_size, cut.length, cut.batch_sizes,
+                          cut.positions, table=self.table[: int(left)])  # fmt: skip
+
+
+def local_shape(
+    shape: PlanShape, order: EpochOrder, layout: NodeLayout, partition: NodePartition, drop_last: bool = False
+) -> LocalShape:
+    """``shape`` (a consumer's plain plan of one epoch) with the node-aware split of ``order``'s
+    global batches among the consumers of each step (:func:`local_positions`)."""
+    table, _ = local_positions(order.keys, order.size, shape.start, shape.batch_size, shape.rank, layout, partition,
+                               drop_last)  # fmt: skip
+    if table.size != shape.length:  # pragma: no cover - quotas are the plain plan's by construction
+        raise ConfigError(f"node-aware plan of consumer {shape.rank}: {table.size} positions, expected {shape.length}")
+    return LocalShape(shape.start, shape.batch_size, shape.rank, shape.world_size, shape.length, shape.batch_sizes,
+                      shape.positions, table=table)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------- model

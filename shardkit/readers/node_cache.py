@@ -1,11 +1,13 @@
-"""A node's cache: its part of the node partition, pinned in RAM and on the node's local disk.
+"""A node's cache on its local disk: the part of the node partition beyond the RAM static cache.
 
 With ``locality`` (:mod:`shardkit.readers.locality`) node ``m`` pins the keys of its home list up
 to depth ``c = static_cache + node_cache`` records: depths ``[0, static_cache)`` in RAM (the static
-cache, :class:`~shardkit.readers.static_cache.StaticCache`), depths ``[static_cache, c)`` on its
-local disk. Both parts are uniformly random subsets of the dataset, disjoint from every other
-node's. :class:`NodeCache` serves a block's keys from whichever part holds them and reads only the
-rest from storage, so after the caches are filled every storage read is a miss of the assignment.
+cache, :class:`~shardkit.readers.static_cache.StaticCache`, node variant), depths
+``[static_cache, c)`` on its local disk (:class:`NodeDiskCache`). Both parts are uniformly random
+subsets of the dataset, disjoint from every other node's. The pipeline reads a block's records that
+the RAM cache does not hold through :meth:`NodeDiskCache.reader`, which takes the disk part's
+records from the node's entry and only the rest from storage, so once the caches are filled every
+storage read is a miss of the assignment.
 
 The disk part
 -------------
@@ -49,13 +51,13 @@ import numpy as np
 
 from shardkit.errors import OutOfSpaceError, SamplerError, ShardkitError
 from shardkit.formats import Dataset, PayloadArray, ReadStats
+from shardkit.formats.reader import Destination
 from shardkit.formats.verify import verify
 from shardkit.readers.shared.rundir import RunDir
 from shardkit.readers.ssd import make_private, write_reservoir
-from shardkit.readers.static_cache import StaticCache
 from shardkit.readers.stopping import POLL_SECONDS, Stopped
 
-__all__ = ["NodeCache", "DIR_PREFIX", "node_cache_dir", "entry_name"]
+__all__ = ["NodeDiskCache", "DIR_PREFIX", "node_cache_dir", "entry_name"]
 
 logger = logging.getLogger(__name__)
 
@@ -94,32 +96,27 @@ def _sync_tree(path: Path) -> None:
         _fsync(root)
 
 
-class NodeCache(StaticCache):
-    """This node's pinned records: ``ram_keys`` in RAM, ``disk_keys`` in an entry on local disk.
-
-    It is a :class:`~shardkit.readers.static_cache.StaticCache` over all of them (``keys``,
-    ``count`` and ``lookup`` cover both parts), so the pipeline treats it as one; :meth:`fill`
-    takes each part's records from where they are.
+class NodeDiskCache:
+    """This node's records on its local disk (see the module docstring).
 
     Parameters
     ----------
-    ram_keys, disk_keys
-        Disjoint key sets (any order).
+    keys
+        The keys of the disk part (any order; stored ascending).
     dataset, dataset_options
-        The dataset (a directory or a URL; the disk part is written from it) and the keyword
-        arguments the sampler opens it with (:meth:`SamplerOptions.dataset_options`).
+        The dataset (a directory or a URL; the entry is written from it) and the keyword arguments
+        the sampler opens it with (:meth:`~shardkit.readers.SamplerOptions.dataset_options`).
     directory
         The user's node-cache directory (:func:`node_cache_dir`), created private if missing.
     name
-        The disk part's entry name (:func:`entry_name`).
+        The entry name (:func:`entry_name`).
     stats
-        Where reads from the disk part are counted (the sampler's ``stats.cache``).
+        Where reads from the entry are counted (the sampler's ``stats.cache``).
     """
 
     def __init__(
         self,
-        ram_keys: np.ndarray,
-        disk_keys: np.ndarray,
+        keys: np.ndarray,
         *,
         dataset: Path | str,
         directory: Path,
@@ -127,36 +124,59 @@ class NodeCache(StaticCache):
         stats: ReadStats,
         dataset_options: dict[str, Any] | None = None,
     ) -> None:
-        ram = np.unique(np.asarray(ram_keys, dtype=np.int64))
-        disk = np.unique(np.asarray(disk_keys, dtype=np.int64))
-        if np.intersect1d(ram, disk).size:
-            raise SamplerError("node cache: the RAM and disk parts overlap (internal error)")
-        super().__init__(np.union1d(ram, disk))
-        self.ram_keys = ram
-        self.disk_keys = disk
-        self._in_ram = np.isin(self.keys, ram)
-        self._ram_row = np.cumsum(self._in_ram) - 1
-        self._disk_row = np.cumsum(~self._in_ram) - 1
+        self.keys = np.unique(np.asarray(keys, dtype=np.int64))
         self.dataset = dataset
+        self._options = dict(dataset_options or {})
         self.directory = Path(directory)
         self.entry = self.directory / name
         self._stats = stats
-        self._options = dict(dataset_options or {})
         self._disk: Dataset | None = None
+        self._lock = threading.Lock()
 
-    # ------------------------------------------------------------------ loading
-    def ensure_loaded(self, payload: PayloadArray, stop: threading.Event | None = None) -> bool:
-        """Load the RAM part from ``payload`` and open (first writing, if needed) the disk part."""
+    @property
+    def count(self) -> int:
+        return int(self.keys.size)
+
+    def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(hit, row)``: which of ``keys`` the entry holds, and each one's record in it."""
+        if self.count == 0:
+            return np.zeros(keys.shape, dtype=bool), np.zeros(keys.shape, dtype=np.int64)
+        row = np.minimum(np.searchsorted(self.keys, keys), self.count - 1)
+        return self.keys[row] == keys, row.astype(np.int64)
+
+    def reader(
+        self, payload: PayloadArray, stop: threading.Event
+    ) -> Callable[[np.ndarray, Destination], None]:
+        """``read(keys, destination)`` as :meth:`~shardkit.formats.PayloadArray.read_into` of the
+        dataset, except that the entry's records come from the entry (written on first use)."""
+
+        def read(keys: np.ndarray, dest: Destination) -> None:
+            keys = np.asarray(keys, dtype=np.int64)
+            local = self.open(payload, stop)
+            hit, row = self.lookup(keys)
+            if hit.any():
+                local.payload.read_into(row[hit], Destination(dest.buffers, dest.which[hit], dest.rows[hit]))
+            if not hit.all():
+                miss = ~hit
+                payload.read_into(keys[miss], Destination(dest.buffers, dest.which[miss], dest.rows[miss]))
+
+        return read
+
+    def open(self, payload: PayloadArray, stop: threading.Event) -> Dataset:
+        """The entry's dataset, written first (once per node) if no valid one exists."""
         with self._lock:
-            if self.data is not None:
-                return False
-            data = payload.empty(self.ram_keys.size)
-            payload.read(self.ram_keys, out=data)
-            if self.disk_keys.size and self._disk is None:
-                self._disk = self._open_or_build(payload, stop if stop is not None else threading.Event())
-            self.data = data
-            return True
+            if self._disk is None:
+                self._disk = self._open_or_build(payload, stop)
+            return self._disk
 
+    def close(self) -> None:
+        """Close the entry (it stays on disk for later runs)."""
+        with self._lock:
+            if self._disk is not None:
+                self._disk.close()
+                self._disk = None
+
+    # ------------------------------------------------------------------ the entry
     def _open_or_build(self, payload: PayloadArray, stop: threading.Event) -> Dataset:
         """The disk part's dataset, written under the directory lock unless a valid one exists."""
         if not self.directory.parent.is_dir():
@@ -205,24 +225,24 @@ class NodeCache(StaticCache):
             self.entry.unlink()
         elif self.entry.exists():
             shutil.rmtree(self.entry)
-        need = self.disk_keys.size * payload.record_nbytes + _OVERHEAD
+        need = self.keys.size * payload.record_nbytes + _OVERHEAD
         free = shutil.disk_usage(self.directory).free
         if free < need:
             raise OutOfSpaceError(
-                f"{self.directory}: the node cache needs {need} bytes ({self.disk_keys.size} records), the "
+                f"{self.directory}: the node cache needs {need} bytes ({self.keys.size} records), the "
                 f"filesystem has {free} free; lower node_cache or choose another node_cache_dir"
             )
         tmp = self.directory / f".{self.entry.name}.building-{os.getpid()}-{secrets.token_hex(4)}"
         with Dataset(self.dataset, stats=payload.stats, **self._options) as source:
-            write_reservoir(source, self.disk_keys, tmp, stop)
+            write_reservoir(source, self.keys, tmp, stop)
         make_private(tmp)
         _sync_tree(tmp)  # unlike a reservoir, the entry outlives the run: only whole entries get a name
         os.rename(tmp, self.entry)
         _fsync(self.directory)
-        logger.info("%s: wrote %d pinned records of this node", self.entry, self.disk_keys.size)
+        logger.info("%s: wrote %d pinned records of this node", self.entry, self.keys.size)
 
     def _valid_entry(self, payload: PayloadArray) -> Dataset | None:
-        """The entry opened, if it holds exactly ``disk_keys`` in the dataset's record format."""
+        """The entry opened, if it holds exactly ``keys`` in the dataset's record format."""
         if not self.entry.is_dir() or self.entry.is_symlink():
             return None
         try:
@@ -235,53 +255,12 @@ class NodeCache(StaticCache):
             return None
         source = ds.fields.get("source_key")
         if (
-            ds.num_records != self.disk_keys.size
+            ds.num_records != self.keys.size
             or ds.payload.record != payload.record
             or source is None
-            or not np.array_equal(source, self.disk_keys)
+            or not np.array_equal(source, self.keys)
         ):
             logger.warning("%s: node cache entry does not hold the expected records; writing it again", self.entry)
             ds.close()
             return None
         return ds
-
-    def release(self) -> None:
-        """Free the RAM part and close the disk part (the entry stays for later runs)."""
-        with self._lock:
-            self.data = None
-            if self._disk is not None:
-                self._disk.close()
-                self._disk = None
-
-    # ------------------------------------------------------------------ serving
-    def fill(
-        self,
-        keys: np.ndarray,
-        out: np.ndarray,
-        read: Callable[[np.ndarray, np.ndarray], None],
-        stats: ReadStats | None = None,
-    ) -> np.ndarray:
-        """As :meth:`StaticCache.fill`: storage misses land in ``out[:u]``, disk-part hits next
-        (read with ascending offsets), RAM-part hits last; returns the row of each key."""
-        if self.data is None or (self.disk_keys.size and self._disk is None):
-            raise SamplerError("node cache: used before it was loaded (internal error)")
-        hit, row = self.lookup(keys)
-        in_ram = hit & self._in_ram[row]
-        on_disk = hit & ~self._in_ram[row]
-        miss_idx, disk_idx, ram_idx = np.flatnonzero(~hit), np.flatnonzero(on_disk), np.flatnonzero(in_ram)
-        u, v = int(miss_idx.size), int(disk_idx.size)
-        if u:
-            read(keys[miss_idx], out)
-        if v:
-            assert self._disk is not None
-            self._disk.payload.read(self._disk_row[row[disk_idx]], out=out[u : u + v])
-        if ram_idx.size:
-            out[u + v : u + v + ram_idx.size] = self.data[self._ram_row[row[ram_idx]]]
-            if stats is not None:
-                stats.add("static-cache", 0, int(ram_idx.size) * int(self.data[0].nbytes))
-                stats.add_records(int(ram_idx.size))
-        rows = np.empty(keys.size, dtype=np.int64)
-        rows[miss_idx] = np.arange(u, dtype=np.int64)
-        rows[disk_idx] = u + np.arange(v, dtype=np.int64)
-        rows[ram_idx] = u + v + np.arange(ram_idx.size, dtype=np.int64)
-        return rows

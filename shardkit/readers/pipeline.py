@@ -1,22 +1,40 @@
-"""The background half of the tiered sampler: sample creators and the batch creator as threads.
+"""The background half of the tiered sampler: the block reader and the batch assembler as threads.
 
 One run (one iteration over the sampler) owns one :class:`Pipeline`::
 
-    plans ─▶ [ssd creator] ─ssd_q─▶ [ram creator] ─ready_q─▶ [batch creator] ─batch_q─▶ consumer
-              disk → SSD            SSD/disk → RAM            RAM → batches
-              (optional)            2 RAM buffers             copies, fields by key
+    segments ─▶ [ssd creator] ─ssd_q─▶ [block reader] ─blocks_q─▶ [assembler] ─batches─▶ consumer
+                 disk → SSD             disk/SSD → batch           cache rows → batches;
+                 (optional)             buffers and cache rows     batches handed over as they are
 
-Every queue is bounded, and the two RAM buffers (and two SSD reservoir slots) circulate through
-"free" queues, so each tier is double-buffered: while the consumer drains block ``b`` the creator
-fills block ``b + 1``. What travels on the queues are small frozen values (:class:`ReservoirWritten`,
-:class:`BlockFilled`, :class:`EpochEnd`, :class:`RunDone`, :class:`BatchReady`). Blocking calls go
+One copy per byte
+-----------------
+A batch is a run of consecutive plan positions, so the buffer and row every record of a block will
+occupy is known before the block is read. The block reader therefore reads a block's records, in
+ascending offsets within each file, straight into the batch buffers the consumer will receive
+(:meth:`~shardkit.formats.PayloadArray.read_into`): pinned records that the static cache does not
+hold yet go into their cache rows instead (filling the cache as a side effect of the epoch's own
+reads), and the assembler copies the pinned records of each batch from the cache. The batch handed
+to the consumer is a view of its pool buffer, not a copy; the pool (:mod:`shardkit.readers.buffers`)
+reuses a buffer only once nothing outside it references the memory. Batches that span two blocks
+(blocks smaller than a batch) stay open in the reader until the next block completes them.
+
+Overlap
+-------
+Blocks follow :func:`~shardkit.readers.schedule.block_bounds`: the run's first block is small (the
+first batch arrives after a short read), later ones grow to the largest block. The reader works on
+block ``k + 1`` while the assembler and the consumer drain block ``k``; the pool holds two blocks
+and the batches the consumer keeps, so reading never waits for emitting unless the consumer is the
+slower side. When the whole dataset is cached the reader reads blocks into the cache alone and the
+assembler gathers every batch from it, a few batch buffers deep.
+
+Everything that travels between threads is a small frozen value (:class:`ReservoirWritten`,
+:class:`BlockRead`, :class:`EpochEnd`, :class:`RunDone`, :class:`BatchReady`); blocking calls go
 through :mod:`shardkit.readers.stopping`, so a run that is abandoned (break, exception, Ctrl-C,
 garbage collection) stops within about a tenth of a second plus one in-flight read.
 
 Why threads and not processes: ``preadv``, ``os.write`` and numpy copies release the GIL, so
-threads overlap I/O with the consumer's Python code while sharing the RAM buffers with zero copies;
-processes would have to hand payload over through shared memory, and buy nothing measurable (see
-the Sampler section of ``benchmarks/RESULTS.md`` for the measurement).
+threads overlap I/O with the consumer's Python code while sharing the buffers with zero copies
+(see the Sampler section of ``benchmarks/RESULTS.md`` for the measurement).
 """
 
 from __future__ import annotations
@@ -27,78 +45,113 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from shardkit.errors import SamplerError, ShardkitError
 from shardkit.formats import DEFAULT_GAP_BYTES, Dataset
+from shardkit.formats.reader import Destination, aligned_empty
 from shardkit.readers import stopping
+from shardkit.readers.buffers import BatchBuffer, BatchPool
+from shardkit.readers.config import TierSizes
 from shardkit.readers.identity import DatasetIdentity
-from shardkit.readers.schedule import BATCH_PREFETCH, ConsumerPlan
+from shardkit.readers.schedule import BATCH_PREFETCH, EpochOrder, PlanShape, block_bounds
 from shardkit.readers.ssd import SsdSpace, write_reservoir
 from shardkit.readers.static_cache import StaticCache
 from shardkit.readers.stats import SamplerStats
 from shardkit.readers.stopping import POLL_SECONDS, Stopped
 
+if TYPE_CHECKING:  # node_cache imports the shared stack's run directory, which imports this module
+    from shardkit.readers.node_cache import NodeDiskCache
+
 __all__ = [
     "Segment",
     "ReservoirWritten",
-    "BlockFilled",
+    "BlockRead",
     "EpochEnd",
     "RunDone",
     "BatchReady",
     "Pipeline",
     "assemble_batch",
+    "gather_rows",
     "POLL_SECONDS",
     "BATCH_PREFETCH",
 ]
 
 logger = logging.getLogger(__name__)
 
+#: Rows copied per numpy call when gathering scattered rows (a small temporary stays in the CPU cache).
+_GATHER_ROWS = 8
+
 
 @dataclass(frozen=True, eq=False)
 class Segment:
-    """One epoch's share of a consumer: its plan (keys, batch sizes, positions) and epoch number."""
+    """One epoch's share of a consumer: its plan (positions and batches), the epoch's order, and
+    what to release once every key was computed (a node-shared order)."""
 
     epoch: int
-    plan: ConsumerPlan
+    shape: PlanShape
+    order: EpochOrder
     #: False when the plan was cut short by ``limit`` (the epoch is not over after it).
     complete: bool = True
-    batch_starts: np.ndarray = field(init=False, repr=False, compare=False)
+    release: Callable[[], None] | None = field(default=None, repr=False)
 
-    def __post_init__(self) -> None:
-        starts = np.concatenate(([0], np.cumsum(self.plan.batch_sizes)[:-1])).astype(np.int64)
-        object.__setattr__(self, "batch_starts", starts)
+    def keys(self, a: int, b: int) -> np.ndarray:
+        """Keys of plan positions ``[a, b)``."""
+        return self.order.keys(self.shape.epoch_positions(a, b))
 
     @property
-    def keys(self) -> np.ndarray:
-        return self.plan.keys
+    def length(self) -> int:
+        return self.shape.length
+
+    def done(self) -> None:
+        """Every key was computed: let go of the order's shared memory."""
+        if self.release is not None:
+            self.release()
 
 
 # Items that travel between the threads (see the module docstring's diagram).
 @dataclass(frozen=True, eq=False)
 class ReservoirWritten:
-    """SSD creator -> RAM creator: reservoir of plan positions ``[start, start + K1)`` of ``segment``
-    is on SSD at ``path`` (``None`` when all its keys are pinned in the static cache), in ``slot``."""
+    """SSD creator -> block reader: plan positions ``[start, stop)`` of ``segment`` (``keys``) are on
+    SSD at ``path`` (``None`` when all of them are in the static cache), in ``slot``; the reservoir
+    holds ``stored``, its unpinned keys, in ascending order."""
 
     segment: Segment
     start: int
+    stop: int
+    keys: np.ndarray
+    stored: np.ndarray
     path: Path | None
     slot: int
 
 
 @dataclass(frozen=True, eq=False)
-class BlockFilled:
-    """RAM creator -> batch creator: RAM buffer ``buffer`` holds the ``count`` records of plan
-    positions ``[start, start + count)``; plan position ``start + j`` is row ``rows[j]`` (row ``j``
-    when ``rows`` is ``None``)."""
+class _Copy:
+    """Block positions ``positions`` (relative to the block's start, ascending) are rows ``rows``
+    of ``source`` (the static cache's rows, or a block of records the cache had no room for)."""
+
+    positions: np.ndarray
+    source: np.ndarray
+    rows: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
+class BlockRead:
+    """Block reader -> assembler: plan positions ``[start, stop)`` of ``segment`` are read.
+
+    ``buffers`` maps each batch the block touches to its buffer (``None`` when the whole dataset is
+    cached: the assembler takes buffers itself); ``copies`` are the records the assembler copies
+    into their batches (from the cache).
+    """
 
     segment: Segment
     start: int
-    count: int
-    buffer: int
-    rows: np.ndarray | None
+    stop: int
+    keys: np.ndarray
+    buffers: dict[int, BatchBuffer] | None
+    copies: tuple[_Copy, ...] = ()
 
 
 @dataclass(frozen=True, eq=False)
@@ -115,11 +168,12 @@ class RunDone:
 
 @dataclass(frozen=True, eq=False)
 class BatchReady:
-    """Batch creator -> consumer: a batch, its epoch and the global position after it."""
+    """Assembler -> consumer: a batch, its epoch, the global position after it, and its buffer."""
 
     batch: dict[str, np.ndarray]
     epoch: int
     position: int
+    buffer: BatchBuffer | None = None
 
 
 def assemble_batch(
@@ -136,8 +190,25 @@ def assemble_batch(
     return batch
 
 
+def gather_rows(dst: np.ndarray, dst_rows: np.ndarray, src: np.ndarray, src_rows: np.ndarray) -> None:
+    """``dst[dst_rows] = src[src_rows]`` without a large temporary.
+
+    Consecutive destination rows (a batch filled from the cache) are one ``np.take`` straight into
+    them; scattered ones are copied a few rows at a time.
+    """
+    n = int(dst_rows.size)
+    if n == 0:
+        return
+    r0 = int(dst_rows[0])
+    if int(dst_rows[-1]) - r0 == n - 1 and np.all(np.diff(dst_rows) == 1):
+        np.take(src, src_rows, axis=0, out=dst[r0 : r0 + n], mode="clip")
+        return
+    for a in range(0, n, _GATHER_ROWS):
+        dst[dst_rows[a : a + _GATHER_ROWS]] = src[src_rows[a : a + _GATHER_ROWS]]
+
+
 class Pipeline:
-    """Background creators for one run. Consumer side: :meth:`get`; teardown: :meth:`shutdown`.
+    """Background threads for one run. Consumer side: :meth:`get`; teardown: :meth:`shutdown`.
 
     Parameters
     ----------
@@ -147,16 +218,19 @@ class Pipeline:
         gap threshold, concurrency and local cache of an object store).
     segments
         Iterator of the run's :class:`Segment` objects, in order (consumed by the first creator).
-    ram_block
-        K2, records per RAM block.
-    ssd_block
-        K1, records per SSD reservoir, or ``None`` without the SSD tier.
+    sizes
+        The memory plan (block sizes, SSD reservoirs, copy buffer; see
+        :class:`~shardkit.readers.config.TierSizes`).
+    pool
+        The batch buffers (kept by the sampler across runs, so memory is touched once).
     ssd_dir
-        Parent of the run's private SSD directory.
+        Parent of the run's private SSD directory (with the SSD tier).
     static_cache
-        Pinned records (see :mod:`shardkit.readers.static_cache`), or ``None``. Loaded by the first
-        creator before its first read; pinned keys of a block are then copied from it and only the
-        unpinned ones are read from disk (or from the SSD reservoir, which holds only those).
+        Pinned records (see :mod:`shardkit.readers.static_cache`), or ``None``.
+    node_disk
+        With ``locality``, the node's pinned records on its local disk
+        (:class:`~shardkit.readers.node_cache.NodeDiskCache`): blocks read them from there (the
+        RAM tier only; the options refuse it with the SSD tier).
     identity
         The dataset's identity when the sampler opened it, checked after every read from the disk
         tier (see :mod:`shardkit.readers.identity`), so no block read from a replaced dataset is
@@ -170,16 +244,18 @@ class Pipeline:
         *,
         fields: dict[str, np.ndarray],
         stats: SamplerStats,
-        ram_block: int,
-        ssd_block: int | None,
+        sizes: TierSizes,
+        pool: BatchPool,
         ssd_dir: Path | None,
         gap_bytes: int = DEFAULT_GAP_BYTES,
         dataset_options: Mapping[str, Any] | None = None,
         static_cache: StaticCache | None = None,
+        node_disk: NodeDiskCache | None = None,
         identity: DatasetIdentity | None = None,
     ) -> None:
         self.stop = threading.Event()
         self.cache = static_cache
+        self.node_disk = node_disk
         self.error: BaseException | None = None
         self._error_lock = threading.Lock()
         self._stats = stats
@@ -190,19 +266,18 @@ class Pipeline:
                             **{"gap_bytes": gap_bytes, **(dataset_options or {})})
         self._payload_name = self.disk.payload_name
         self._segments = segments
-        self.ram_block = int(ram_block)
-        self.ssd_block = None if ssd_block is None else int(ssd_block)
+        self.sizes = sizes
+        self.pool = pool
+        #: The whole dataset is pinned: the reader fills the cache, the assembler takes buffers.
+        self.assemble_only = static_cache is not None and static_cache.variant == "all"
         self.space: SsdSpace | None = None
-        self._buffers = [self.disk.payload.empty(self.ram_block) for _ in range(2)]
-        self._free: queue.Queue[int] = queue.Queue()
-        for i in range(len(self._buffers)):
-            self._free.put(i)
-        self._ready: queue.Queue[BlockFilled | EpochEnd | RunDone] = queue.Queue(maxsize=2)
+        self._blocks: queue.Queue[BlockRead | EpochEnd | RunDone] = queue.Queue(maxsize=1)
         self.batches: queue.Queue[BatchReady | EpochEnd | RunDone] = queue.Queue(maxsize=BATCH_PREFETCH)
-        self._ssd_q: queue.Queue[ReservoirWritten | EpochEnd | RunDone] = queue.Queue(maxsize=2)
+        self._ssd_q: queue.Queue[ReservoirWritten | EpochEnd | RunDone] = queue.Queue(maxsize=1)
         self._ssd_slots: queue.Queue[int] = queue.Queue()
+        self._first_block = True
         threads: list[tuple[str, Callable[[], None]]] = []
-        if self.ssd_block is not None:
+        if sizes.ssd_block is not None:
             assert ssd_dir is not None
             self.space = SsdSpace(ssd_dir)
             for i in range(2):
@@ -211,7 +286,7 @@ class Pipeline:
             threads.append(("shardkit-ram-creator", self._ram_from_ssd))
         else:
             threads.append(("shardkit-ram-creator", self._ram_from_disk))
-        threads.append(("shardkit-batch-creator", self._batch_creator))
+        threads.append(("shardkit-batch-creator", self._assembler))
         self.threads = [threading.Thread(target=self._guard, args=(fn,), name=name, daemon=True) for name, fn in threads]
         for t in self.threads:
             t.start()
@@ -282,78 +357,189 @@ class Pipeline:
             self.space.close()
         self.disk.close()
 
-    # ------------------------------------------------------------------ creators
-    def _load_cache(self) -> None:
-        """Load the static cache (first run of the sampler only), before any block is read."""
-        if self.cache is not None and self.cache.ensure_loaded(self.disk.payload, self.stop):
-            self._verify()
-            logger.info("static cache: pinned %d records (%.1f MiB)", self.cache.count,
-                        self.cache.count * self.disk.record_nbytes / 2**20)
+    # ------------------------------------------------------------------ blocks
+    def _bounds(self, seg: Segment, start: int, stop: int, largest: int) -> Iterator[tuple[int, int]]:
+        """The blocks of ``[start, stop)``: the run's very first block is small, then they grow."""
+        first = self.sizes.first_block if self._first_block else largest
+        self._first_block = False
+        return block_bounds(start, stop, min(first, largest), largest)
 
-    def _fill(self, keys: np.ndarray, out: np.ndarray, read: Callable[[np.ndarray, np.ndarray], None]) -> np.ndarray | None:
-        """Fill a RAM block; ``rows`` maps plan order to buffer rows (``None``: identity)."""
+    def _read_block(
+        self,
+        seg: Segment,
+        a: int,
+        b: int,
+        keys: np.ndarray,
+        read: Callable[[np.ndarray, Destination], None],
+        open_buffers: dict[int, BatchBuffer],
+    ) -> BlockRead:
+        """Read plan positions ``[a, b)`` (``keys``) with ``read(keys, destination)``: uncached records
+        into their batch rows, pinned ones the cache lacks into their cache rows (then published).
+
+        ``open_buffers`` holds the buffer of a batch an earlier block began (blocks smaller than a
+        batch); it is updated for the next block.
+        """
+        cached, crow, fill = self._cache_plan(keys)
+        positions = np.arange(a, b, dtype=np.int64)
+        bs = seg.shape.batch_size
+        batch_of = positions // bs
+        buffers: dict[int, BatchBuffer] | None = None
+        if not self.assemble_only:
+            buffers = {}
+            for g in range(int(batch_of[0]), int(batch_of[-1]) + 1):
+                buf = open_buffers.pop(g, None)
+                buffers[g] = buf if buf is not None else self.pool.acquire(self.stop)
+            last = int(batch_of[-1])
+            if int(seg.shape.batch_sizes[last]) > b - last * bs:  # the last batch continues in the next block
+                open_buffers[last] = buffers[last]
+        copies: list[_Copy] = []
+        if cached.any():
+            assert self.cache is not None and self.cache.rows is not None
+            copies.append(_Copy(np.flatnonzero(cached), self.cache.rows, crow[cached]))
+        wanted = np.flatnonzero(~cached | fill)
+        if wanted.size:
+            arrays: list[np.ndarray] = []
+            which = np.empty(wanted.size, dtype=np.int64)
+            rows = np.empty(wanted.size, dtype=np.int64)
+            to_cache = fill[wanted]
+            if to_cache.any():
+                assert self.cache is not None and self.cache.rows is not None
+                arrays.append(self.cache.rows)
+                which[to_cache], rows[to_cache] = 0, crow[wanted[to_cache]]
+            direct = wanted[~to_cache]  # block positions read straight into their batch
+            if direct.size and buffers is not None:
+                order = sorted(buffers)
+                slot = {g: len(arrays) + i for i, g in enumerate(order)}
+                arrays += [buffers[g].array for g in order]
+                which[~to_cache] = np.array([slot[int(g)] for g in batch_of[direct]], dtype=np.int64)
+                rows[~to_cache] = positions[direct] - batch_of[direct] * bs
+            elif direct.size:
+                # Everything is pinned, but these rows found no memory on the node: read them into a
+                # block of their own, and the assembler copies them like cache rows.
+                spill = aligned_empty(direct.size, self.pool.record_shape, self.pool.dtype)
+                which[~to_cache], rows[~to_cache] = len(arrays), np.arange(direct.size)
+                arrays.append(spill)
+                copies.append(_Copy(direct, spill, np.arange(direct.size)))
+            read(keys[wanted], Destination(tuple(arrays), which, rows))
+            if self.cache is not None:
+                self.cache.publish(crow[fill])
+        return BlockRead(seg, a, b, keys, buffers, tuple(copies))
+
+    def _cache_plan(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(cached, row, fill)`` for a block's keys: served from the cache (pinned and with memory
+        on the node), their cache rows, and which of them the block must read first."""
+        n = keys.size
         if self.cache is None:
-            read(keys, out)
-            return None
-        return self.cache.fill(keys, out, read, stats=self._stats.cache)
+            return np.zeros(n, dtype=bool), np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool)
+        cached, crow = self.cache.lookup(keys)
+        fill = np.zeros(n, dtype=bool)
+        if cached.any():
+            fill[cached] = ~self.cache.filled(crow[cached])
+            if fill.any():
+                # Rows the node has no memory for are read like uncached records.
+                spare = np.flatnonzero(fill)[~self.cache.reserve(crow[fill])]
+                cached[spare] = fill[spare] = False
+        return cached, crow, fill
 
-    def _ssd_creator(self) -> None:
-        """Disk -> SSD: reservoir j = the next K1 keys of the plan, written in ascending key order."""
-        assert self.space is not None and self.ssd_block is not None
-        self._load_cache()
-        j = 0
+    def _ram_from_disk(self) -> None:
+        """Disk -> batch buffers: each block of the plan read in ascending offsets."""
+        read: Callable[[np.ndarray, Destination], None] = self.disk.payload.read_into
+        if self.node_disk is not None:  # locality: the node's records on its disk come from there
+            read = self.node_disk.reader(self.disk.payload, self.stop)
+        disk = self.disk.payload.stats
         for seg in self._segments:
-            keys = seg.keys
-            for a in range(0, keys.size, self.ssd_block):
-                res_keys = keys[a : a + self.ssd_block]
+            open_buffers: dict[int, BatchBuffer] = {}
+            for a, b in self._bounds(seg, 0, seg.length, self.sizes.ram_block):
+                keys = seg.keys(a, b)
+                before = disk.bytes_read
+                block = self._read_block(seg, a, b, keys, read, open_buffers)
+                self._verify()
+                self._stats.add_epoch_disk(seg.epoch, disk.bytes_read - before)
+                self._put(self._blocks, block)
+            seg.done()
+            self._put(self._blocks, EpochEnd(seg))
+        self._put(self._blocks, RunDone())
+
+    # ------------------------------------------------------------------ SSD tier
+    def _ssd_creator(self) -> None:
+        """Disk -> SSD: reservoirs of consecutive plan positions, written in ascending key order.
+
+        Pinned records the cache lacks are read from disk straight into their cache rows (their
+        own ascending pass) and never written to SSD.
+        """
+        assert self.space is not None and self.sizes.ssd_block is not None
+        j = 0
+        first = True
+        for seg in self._segments:
+            size = self.sizes.first_block if first else self.sizes.ssd_block
+            first = False
+            for a, b in block_bounds(0, seg.length, min(size, self.sizes.ssd_block), self.sizes.ssd_block):
+                keys = seg.keys(a, b)
                 slot = self._get(self._ssd_slots)
-                dest: Path | None = None
+                before = self.disk.payload.stats.bytes_read
+                stored = np.unique(keys)
                 if self.cache is not None:
-                    res_keys = res_keys[~self.cache.lookup(res_keys)[0]]  # pinned keys stay in RAM
-                if res_keys.size:
-                    dest = self.space.reservoir_path(j)
-                    written = write_reservoir(self.disk, res_keys, dest, self.stop)
+                    hit, crow = self.cache.lookup(keys)
+                    if hit.any():
+                        missing = hit.copy()
+                        missing[hit] = ~self.cache.filled(crow[hit])
+                        if missing.any():  # rows the node has no memory for go through the SSD tier
+                            spare = np.flatnonzero(missing)[~self.cache.reserve(crow[missing])]
+                            hit[spare] = missing[spare] = False
+                        if missing.any():
+                            dest = Destination((self._cache_rows(),), np.zeros(int(missing.sum()), np.int64), crow[missing])
+                            self.disk.payload.read_into(keys[missing], dest)
+                            self._verify()
+                            self.cache.publish(crow[missing])
+                    stored = np.unique(keys[~hit])
+                path: Path | None = None
+                if stored.size:
+                    path = self.space.reservoir_path(j)
+                    written = write_reservoir(self.disk, stored, path, self.stop, chunk_bytes=self.sizes.ssd_copy_bytes)
                     self._verify()
                     self._stats.add_written(written)
-                self._put(self._ssd_q, ReservoirWritten(seg, a, dest, slot))
+                self._stats.add_epoch_disk(seg.epoch, self.disk.payload.stats.bytes_read - before)
+                self._put(self._ssd_q, ReservoirWritten(seg, a, b, keys, stored, path, slot))
                 j += 1
+            seg.done()
             self._put(self._ssd_q, EpochEnd(seg))
         self._put(self._ssd_q, RunDone())
 
+    def _cache_rows(self) -> np.ndarray:
+        assert self.cache is not None and self.cache.rows is not None
+        return self.cache.rows
+
     def _ram_from_ssd(self) -> None:
-        """SSD -> RAM: RAM blocks of K2 positions inside each reservoir, read in ascending offsets."""
-        assert self.space is not None and self.ssd_block is not None
+        """SSD -> batch buffers: blocks inside each reservoir, read in ascending offsets."""
+        assert self.space is not None
+        open_buffers: dict[int, BatchBuffer] = {}
+        seg: Segment | None = None
         while True:
             match self._get(self._ssd_q):
                 case ReservoirWritten() as res:
-                    self._blocks_of_reservoir(res)
+                    if res.segment is not seg:
+                        seg, open_buffers = res.segment, {}
+                    self._blocks_of_reservoir(res, open_buffers)
                 case RunDone() as done:
-                    self._put(self._ready, done)
+                    self._put(self._blocks, done)
                     return
                 case other:
-                    self._put(self._ready, other)
+                    self._put(self._blocks, other)
 
-    def _blocks_of_reservoir(self, item: ReservoirWritten) -> None:
-        """Pass one SSD reservoir on as RAM blocks, then delete it and free its slot."""
-        assert self.space is not None and self.ssd_block is not None
-        seg, a = item.segment, item.start
-        res_keys = seg.keys[a : a + self.ssd_block]
-        if self.cache is not None:
-            stored = np.unique(res_keys[~self.cache.lookup(res_keys)[0]])
-        else:
-            stored = np.unique(res_keys)  # the reservoir holds its keys in ascending order
+    def _blocks_of_reservoir(self, item: ReservoirWritten, open_buffers: dict[int, BatchBuffer]) -> None:
+        """Pass one SSD reservoir on as blocks, then delete it and free its slot."""
+        assert self.space is not None
         res = Dataset(item.path, stats=self._stats.ssd, gap_bytes=self._gap) if item.path is not None else None
 
-        def read(keys: np.ndarray, out: np.ndarray) -> None:
-            assert res is not None  # only unpinned keys are read, and then the reservoir exists
-            res.payload.read(np.searchsorted(stored, keys), out=out)
+        def read(keys: np.ndarray, dest: Destination) -> None:
+            if res is None:  # every key is in the cache (already filled by the SSD creator)
+                raise SamplerError("SSD reservoir missing for uncached records (internal error)")
+            res.payload.read_into(np.searchsorted(item.stored, keys), dest)
 
         try:
-            for b in range(0, res_keys.size, self.ram_block):
-                block_keys = res_keys[b : b + self.ram_block]
-                idx = self._get(self._free)
-                rows = self._fill(block_keys, self._buffers[idx], read)
-                self._put(self._ready, BlockFilled(seg, a + b, block_keys.size, idx, rows))
+            for a, b in self._bounds(item.segment, item.start, item.stop, self.sizes.ram_block):
+                keys = item.keys[a - item.start : b - item.start]
+                self._put(self._blocks, self._read_block(item.segment, a, b, keys, read, open_buffers))
         finally:
             if res is not None:
                 res.close()
@@ -361,67 +547,61 @@ class Pipeline:
                 self.space.remove(item.path)
         self._ssd_slots.put(item.slot)
 
-    def _ram_from_disk(self) -> None:
-        """Disk -> RAM: RAM block b = the next K2 keys of the plan, read in ascending offsets."""
-        self._load_cache()
-
-        def read(keys: np.ndarray, out: np.ndarray) -> None:
-            self.disk.payload.read(keys, out=out)
-
-        for seg in self._segments:
-            keys = seg.keys
-            for a in range(0, keys.size, self.ram_block):
-                block_keys = keys[a : a + self.ram_block]
-                idx = self._get(self._free)
-                rows = self._fill(block_keys, self._buffers[idx], read)
-                self._verify()
-                self._put(self._ready, BlockFilled(seg, a, block_keys.size, idx, rows))
-            self._put(self._ready, EpochEnd(seg))
-        self._put(self._ready, RunDone())
-
-    def _batch_creator(self) -> None:
-        """RAM -> batches: consecutive slices of the plan, in order; a batch may span two blocks."""
+    # ------------------------------------------------------------------ batches
+    def _assembler(self) -> None:
+        """Blocks -> batches: pinned rows copied from the cache, every batch handed over as soon as
+        its last record is in place (a batch may span two blocks)."""
         seg: Segment | None = None
-        bi = 0
-        cur: np.ndarray | None = None
-        filled = 0
+        open_batches: dict[int, _OpenBatch] = {}
         while True:
-            match self._get(self._ready):
+            match self._get(self._blocks):
                 case RunDone() as done:
                     self._put(self.batches, done)
                     return
                 case EpochEnd() as end:
                     self._put(self.batches, end)
-                    seg, cur = None, None
-                case BlockFilled() as block:
+                    seg, open_batches = None, {}
+                case BlockRead() as block:
                     if block.segment is not seg:
-                        seg, bi, cur, filled = block.segment, 0, None, 0
-                    bi, cur, filled = self._batches_from_block(block, bi, cur, filled)
-                    self._free.put(block.buffer)
+                        seg, open_batches = block.segment, {}
+                    self._batches_of_block(block, open_batches)
 
-    def _batches_from_block(
-        self, block: BlockFilled, bi: int, cur: np.ndarray | None, filled: int
-    ) -> tuple[int, np.ndarray | None, int]:
-        """Copy one RAM block into batches; returns the state of the batch being built
-        (its index in the plan, its buffer, rows filled) for the next block."""
-        seg, n, rows = block.segment, block.count, block.rows
-        payload = self.disk.payload
-        data = self._buffers[block.buffer]
-        c = 0
-        while c < n:
-            size = int(seg.plan.batch_sizes[bi])
-            if cur is None:
-                cur, filled = payload.empty(size), 0
-            take = min(size - filled, n - c)
-            cur[filled : filled + take] = data[c : c + take] if rows is None else data[rows[c : c + take]]
-            self._stats.ram.add("ram", block.start + c, take * payload.record_nbytes)
-            filled += take
-            c += take
-            if filled == size:
-                b0 = int(seg.batch_starts[bi])
-                batch = assemble_batch(self._payload_name, cur, self._fields, seg.keys[b0 : b0 + size])
-                self._stats.ram.add_records(size)
-                self._put(self.batches, BatchReady(batch, seg.epoch, int(seg.plan.positions[bi])))
-                bi += 1
-                cur = None
-        return bi, cur, filled
+    def _batches_of_block(self, block: BlockRead, open_batches: dict[int, _OpenBatch]) -> None:
+        seg, a, b = block.segment, block.start, block.stop
+        bs = seg.shape.batch_size
+        rec = self.disk.record_nbytes
+        for g in range(a // bs, (b - 1) // bs + 1):
+            g0, size = g * bs, int(seg.shape.batch_sizes[g])
+            lo, hi = max(a, g0), min(b, g0 + size)
+            part = open_batches.pop(g, None)
+            if block.buffers is not None:
+                buf = block.buffers[g]
+            else:
+                buf = part.buffer if part is not None else self.pool.acquire(self.stop)
+            keys = block.keys[lo - a : hi - a]
+            if part is not None:
+                keys = np.concatenate([part.keys, keys])
+            for copy in block.copies:
+                positions = copy.positions + a  # plan positions
+                sel = slice(*np.searchsorted(positions, [lo, hi]))
+                if sel.stop > sel.start:
+                    gather_rows(buf.array, positions[sel] - g0, copy.source, copy.rows[sel])
+                    if self.cache is not None and copy.source is self.cache.rows:
+                        count = sel.stop - sel.start
+                        self._stats.cache.add("static-cache", 0, count * rec)
+                        self._stats.cache.add_records(count)
+            if g0 + size > b:
+                open_batches[g] = _OpenBatch(buf, keys)  # completed by the next block
+                continue
+            batch = assemble_batch(self._payload_name, buf.array[:size], self._fields, keys)
+            self._stats.ram.add("ram", g0, size * rec)
+            self._stats.ram.add_records(size)
+            self._put(self.batches, BatchReady(batch, seg.epoch, int(seg.shape.positions[g]), buf))
+
+
+@dataclass(frozen=True, eq=False)
+class _OpenBatch:
+    """A batch the assembler began with one block and completes with the next."""
+
+    buffer: BatchBuffer
+    keys: np.ndarray

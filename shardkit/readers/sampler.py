@@ -10,7 +10,7 @@ import shutil
 import tempfile
 import time
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +18,23 @@ import numpy as np
 
 from shardkit.errors import ConfigError, OutOfSpaceError, SamplerError
 from shardkit.formats import Dataset
+from shardkit.readers import node
+from shardkit.readers.buffers import BatchPool
 from shardkit.readers.config import SamplerOptions, TierSizes
 from shardkit.readers.identity import DatasetIdentity, dataset_fingerprint
 from shardkit.readers.interface import Batch, ElementSpec
-from shardkit.readers.locality import NodeLayout, NodePartition, local_consumer_plan, node_partition
-from shardkit.readers.node_cache import NodeCache, entry_name, node_cache_dir
+from shardkit.readers.locality import NodeLayout, NodePartition, local_shape, node_partition
+from shardkit.readers.node_cache import NodeDiskCache, entry_name, node_cache_dir
 from shardkit.readers.pipeline import BatchReady, EpochEnd, Pipeline, RunDone, Segment
-from shardkit.readers.schedule import ConsumerPlan, batches_per_consumer, consumer_plan, epoch_stream, truncate_plan
-from shardkit.readers.static_cache import StaticCache, pinned_keys
+from shardkit.readers.schedule import (
+    ArrayOrder,
+    EpochOrder,
+    batches_per_consumer,
+    epoch_order,
+    plan_shape,
+    resolve_permutation,
+)
+from shardkit.readers.static_cache import StaticCache
 from shardkit.readers.stats import SamplerStats
 from shardkit.stores import Location, as_location
 from shardkit.units import human_bytes, parse_count
@@ -45,11 +54,11 @@ _SSD_OVERHEAD = 1 << 20
 class TieredSampler:
     """Batches of a shardkit dataset in an exactly uniform random order, with sequential reads.
 
-    Tiers are ordered slow -> fast: the dataset on disk, an optional SSD tier (reservoirs of ``K1``
-    records written as shardkit datasets under a private directory of ``ssd_dir``) and the RAM
-    tier (two buffers of ``K2`` records). Records cross every tier boundary once per epoch, in
-    ascending offset order within each file; the batch creator emits them in the epoch's order.
-    Implements the :class:`~shardkit.readers.interface.Sampler` protocol.
+    Tiers are ordered slow -> fast: the dataset on disk, an optional SSD tier (reservoirs written as
+    shardkit datasets under a private directory of ``ssd_dir``) and the RAM tier. Records cross
+    every tier boundary once per epoch, in ascending offset order within each file, straight into
+    the batch the consumer receives; the batches come in the epoch's order. Implements the
+    :class:`~shardkit.readers.interface.Sampler` protocol.
 
     Parameters
     ----------
@@ -63,16 +72,29 @@ class TieredSampler:
         Any option of :class:`~shardkit.readers.config.SamplerOptions` by name (``tiers``,
         ``ram_size``, ``ssd_size``, ``ssd_dir``, ``batch_size``, ``epochs``, ``seed``, ``mode``,
         ``rank``, ``world_size``, ``drop_last``, ``limit``, ``gap_bytes``, ``start_epoch``,
-        ``static_cache``), applied on top of ``options``; the option documentation lives there.
+        ``static_cache``, ``permutation``, ``node_sharing``), applied on top of ``options``; the
+        option documentation lives there.
 
     Notes
     -----
     Order: in ``epoch`` mode each epoch's order ``pi`` is ``schedule.epoch_permutation(seed,
-    epoch, N)``; consumer ``c`` of ``W`` takes its slice of every global batch (see
-    :mod:`shardkit.readers.schedule`), and its creators read only those keys.
+    epoch, N)`` (with ``permutation="feistel"``, or ``"auto"`` beyond
+    :data:`~shardkit.readers.schedule.EXACT_PERMUTATION_LIMIT` records, an on-demand keyed
+    bijection instead, see :mod:`shardkit.readers.bijection`); consumer ``c`` of ``W`` takes its
+    slice of every global batch (see :mod:`shardkit.readers.schedule`), and its creators read only
+    those keys.
+
+    Memory: ``ram_size`` covers everything the sampler holds in RAM for this consumer, split as
+    :attr:`memory_plan` says (``shardkit sample`` prints it): the batch buffers blocks are read
+    into, the static cache, the SSD tier's copy buffer. Blocks grow from a small first block to the
+    largest one (:attr:`block_schedule`); what they do not need caches records across epochs
+    (:attr:`cache_fraction`, 1.0 when the whole dataset fits). The per-record fields and the exact
+    epoch order are per dataset and shared by the processes of a node (``node_sharing``).
 
     Batches are dicts of numpy arrays: the payload (``"image"``/``"audio"``) ``[n, ...]``, every
-    per-record field, and ``"key"`` (int64 global record index). Each batch owns its arrays.
+    per-record field, and ``"key"`` (int64 global record index). The payload is a view of one of
+    the sampler's batch buffers, handed over without a copy: it is never overwritten while anything
+    references it (a kept batch, a ``torch.from_numpy`` tensor), and reused once nothing does.
 
     Resume: :meth:`state_dict` holds ``(seed, epoch, position)``, where position counts records of
     ``pi`` consumed by all consumers together (a multiple of the global batch ``B * W`` except at
@@ -80,9 +102,9 @@ class TieredSampler:
     world size continues the same order from that position, reading only the records that are left.
 
     Static cache: ``M`` records (a uniformly random subset P of the whole dataset drawn once from
-    the seed, independent of the epoch orders) are read once at the start of the first epoch into
-    one RAM array and kept until :meth:`close`; each RAM block copies its pinned keys from there and
-    reads only the others. The order is unchanged. See :mod:`shardkit.readers.static_cache`.
+    the seed, independent of the epoch orders) are kept in RAM for the whole run, filled as the
+    first epoch reads them; a block reads only its records the cache does not hold. The order is
+    unchanged. See :mod:`shardkit.readers.static_cache`.
 
     Many nodes (``locality=True``, DESIGN §10): node ``m`` of ``nodes`` pins its part of a node
     partition (a uniformly random subset of the keys, disjoint from every other node's, drawn from
@@ -91,7 +113,8 @@ class TieredSampler:
     consumer takes exactly its usual number of keys, as many as possible from its own node's cache
     (:mod:`shardkit.readers.locality`), so storage serves only the misses. Every consumer computes
     the same assignment from the options alone, without communication: every rank must be given
-    the same options (``static_cache``, ``node_cache``, ``nodes``, ``workers_per_rank``, seed).
+    the same options (``ram_size``, ``static_cache``, ``node_cache``, ``nodes``,
+    ``workers_per_rank``, seed). A budget that caches the whole dataset needs no partition.
 
     Dataset identity: the sampler checks before each epoch and after every block it reads that the
     dataset is still the one it opened, and stops with a :class:`~shardkit.errors.SamplerError`
@@ -115,60 +138,69 @@ class TieredSampler:
         self.num_records = self._ds.num_records
         self.record_nbytes = self._ds.record_nbytes
         self.payload_name = self._ds.payload_name
-        self.fields = self._ds.fields
-        self._ds.close()  # payload reads go through each run's own reader
-        #: The dataset as it was when the fields above were loaded (see shardkit.readers.identity).
+        #: The dataset as it was when the fields below were loaded (see shardkit.readers.identity).
         self.identity = DatasetIdentity.of(self.path, opts.dataset_options()["store_options"])
         if before != self.identity.fingerprint:
             raise SamplerError(f"{self.path}: the dataset changed while the sampler opened it; try again once it is complete")
+        self._share_key = node.dataset_key(self.path, self.identity.fingerprint) if opts.node_sharing else None
+        self.fields, regions = node.node_fields(self._ds, self._share_key)
+        self._ds.close()  # payload reads go through each run's own reader
         self.sizes: TierSizes = opts.tier_sizes(self.record_nbytes, self.num_records)
+        #: ``"exact"`` or ``"feistel"``: how ``epoch`` mode draws its orders for this dataset.
+        self.permutation = resolve_permutation(opts.permutation, self.num_records)
         self.ssd_dir: Path | None = None
         if self.sizes.ssd_block is not None:
             self.ssd_dir = opts.ssd_dir if opts.ssd_dir is not None else Path(tempfile.gettempdir())
             if not self.ssd_dir.is_dir():
                 raise ConfigError(f"{opts.name('ssd_dir')}: expected an existing directory, found {str(self.ssd_dir)!r}")
             self._check_ssd_space()
+        rec = self._ds.meta.record
         self.stats = SamplerStats()
         self._cache: StaticCache | None = None
         #: Where the consumers sit and which node pins which key (``locality`` only).
         self.layout: NodeLayout | None = None
         self.partition: NodePartition | None = None
-        if opts.locality:
-            self._cache = self._node_cache()
+        self._node_disk: NodeDiskCache | None = None
+        #: The node this consumer runs on (``None`` without ``locality``).
+        self.node = NodeLayout(opts.world_size, opts.workers_per_rank, opts.nodes).node_of(opts.rank) if opts.locality else None
+        if opts.locality and not self.sizes.full_cache:
+            self._cache = self._node_caches(tuple(rec.shape), np.dtype(rec.dtype))
         elif self.sizes.static_records:
-            self._cache = StaticCache(pinned_keys(opts.seed, self.num_records, self.sizes.static_records))
+            self._cache = StaticCache(
+                opts.seed, self.num_records, self.sizes.static_records, tuple(rec.shape), np.dtype(rec.dtype),
+                bijection=self.permutation == "feistel", share_key=self._share_key,
+            )  # fmt: skip
+        self._pool = BatchPool(opts.batch_size, tuple(rec.shape), np.dtype(rec.dtype).newbyteorder("<"),
+                               self.sizes.pool_batches)  # fmt: skip
         self._start_epoch = opts.start_epoch
         self._epoch = opts.start_epoch
         self._position = 0
         self._run_ref: weakref.ref[_Run] | None = None
+        self._finalizer = weakref.finalize(self, _release, self._cache, regions)
 
-    def _node_cache(self) -> StaticCache | None:
-        """This node's part of the node partition: depths ``[0, static)`` in RAM, the next
-        ``node_cache`` records on the node's disk (see :mod:`shardkit.readers.node_cache`)."""
+    def _node_caches(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> StaticCache | None:
+        """This node's part of the node partition: depths ``[0, static)`` in the static cache (the
+        node variant, shared by the node's processes), the next ``node_cache`` records on its disk
+        (:mod:`shardkit.readers.node_cache`). With a budget that holds the whole dataset every node
+        caches everything and there is nothing to steer (see ``__init__``)."""
         o, sizes = self.options, self.sizes
         self.layout = NodeLayout(o.world_size, o.workers_per_rank, o.nodes)
-        node = self.layout.node_of(o.rank)
+        me = self.layout.node_of(o.rank)
         self.partition = node_partition(o.seed, self.num_records, o.nodes, sizes.static_records + sizes.node_records)
         ram = min(sizes.static_records, self.partition.per_node)
-        ram_keys = self.partition.pinned_keys(node, 0, ram)
-        disk_keys = self.partition.pinned_keys(node, ram)
-        if not disk_keys.size:
-            return StaticCache(ram_keys) if ram_keys.size else None
-        if o.node_cache_dir is not None and not o.node_cache_dir.is_dir():
-            raise ConfigError(f"{o.name('node_cache_dir')}: expected an existing directory, found {str(o.node_cache_dir)!r}")
-        return NodeCache(
-            ram_keys, disk_keys, dataset=self.path, directory=node_cache_dir(o.node_cache_dir),
-            name=entry_name(self.identity.fingerprint, o.seed, o.nodes, node, ram, self.partition.per_node),
-            stats=self.stats.cache, dataset_options=o.dataset_options(),
-        )  # fmt: skip
-
-    def _plan(self, stream: np.ndarray, position: int) -> ConsumerPlan:
-        """This consumer's keys of ``stream`` from ``position``: its slices of the global batches, or
-        with ``locality`` its node-aware share of them (same counts, same global batches)."""
-        o = self.options
-        if self.layout is not None and self.partition is not None:
-            return local_consumer_plan(stream, position, o.batch_size, o.rank, self.layout, self.partition, o.drop_last).plan
-        return consumer_plan(stream, position, o.batch_size, o.rank, o.world_size, o.drop_last)
+        disk_keys = self.partition.pinned_keys(me, ram)
+        if disk_keys.size:
+            if o.node_cache_dir is not None and not o.node_cache_dir.is_dir():
+                raise ConfigError(f"{o.name('node_cache_dir')}: expected an existing directory, found {str(o.node_cache_dir)!r}")
+            self._node_disk = NodeDiskCache(
+                disk_keys, dataset=self.path, directory=node_cache_dir(o.node_cache_dir),
+                name=entry_name(self.identity.fingerprint, o.seed, o.nodes, me, ram, self.partition.per_node),
+                stats=self.stats.node, dataset_options=o.dataset_options(),
+            )  # fmt: skip
+        count = min(ram, len(range(me, self.num_records, o.nodes)))
+        if not count:
+            return None
+        return StaticCache(o.seed, self.num_records, count, shape, dtype, part=(o.nodes, me), share_key=self._share_key)
 
     # ------------------------------------------------------------------ options
     @property
@@ -211,9 +243,21 @@ class TieredSampler:
         return self.sizes.static_records
 
     @property
-    def node(self) -> int | None:
-        """The node this consumer runs on (``None`` without ``locality``)."""
-        return None if self.layout is None else self.layout.node_of(self.options.rank)
+    def memory_plan(self) -> TierSizes:
+        """How ``ram_size`` is spent: blocks, batch buffers, static cache, SSD copy buffer."""
+        return self.sizes
+
+    @property
+    def block_schedule(self) -> tuple[int, int]:
+        """``(first, largest)`` RAM block in records: the run's first block, then blocks doubling
+        up to the largest (see :func:`~shardkit.readers.schedule.block_bounds`)."""
+        return self.sizes.first_block, self.sizes.ram_block
+
+    @property
+    def cache_fraction(self) -> float:
+        """Fraction of the dataset the static cache pins: the share of every epoch after the first
+        that is served from RAM instead of storage (1.0: nothing is read after the first epoch)."""
+        return self.sizes.cache_fraction
 
     @property
     def reservoir_size(self) -> int:
@@ -274,6 +318,7 @@ class TieredSampler:
             "position": self._position,
             "start_epoch": self._start_epoch,
             "reservoir_size": self.reservoir_size if self.mode == "replacement" else None,
+            "permutation": self.permutation if self.mode == "epoch" else None,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -299,6 +344,12 @@ class TieredSampler:
             )
         if n != self.num_records:
             raise SamplerError(f"state dict: saved for {n} records, {self.path} has {self.num_records}")
+        kind = state.get("permutation") or "exact"
+        if mode == "epoch" and kind != self.permutation:
+            raise SamplerError(
+                f"state dict: was saved with the {kind} permutation, this sampler draws the {self.permutation} "
+                f"one (a different order); set {self.options.name('permutation')}={kind!r}"
+            )
         k = state.get("reservoir_size")
         if mode == "replacement" and k is not None and int(k) != self.reservoir_size:
             name = self.options.name
@@ -324,18 +375,31 @@ class TieredSampler:
         epoch, pos = first_epoch, first_position
         while end is None or epoch < end:
             self.identity.check()
-            stream = epoch_stream(o.mode, o.seed, epoch, self.num_records, self.reservoir_size)
-            plan = self._plan(stream, pos)
+            shape = plan_shape(self.num_records, pos, o.batch_size, o.rank, o.world_size, o.drop_last)
+            order, release = self._order(epoch)
+            if self.layout is not None and self.partition is not None:
+                shape = local_shape(shape, order, self.layout, self.partition, o.drop_last)
             complete = True
-            if left is not None and plan.keys.size > left:
-                plan = truncate_plan(plan, left, o.world_size)
+            if left is not None and shape.length > left:
+                shape = shape.truncated(left)
                 complete = False
-            yield Segment(epoch, plan, complete)
+            yield Segment(epoch, shape, order, complete, release)
             if left is not None:
-                left -= plan.keys.size
+                left -= shape.length
                 if left <= 0:
                     return
             epoch, pos = epoch + 1, 0
+
+    def _order(self, epoch: int) -> tuple[EpochOrder, Callable[[], None] | None]:
+        """Epoch ``epoch``'s order: the exact permutation computed once per node when sharing is on,
+        else this process's own (see :func:`~shardkit.readers.schedule.epoch_order`)."""
+        o = self.options
+        if o.mode == "epoch" and self.permutation == "exact" and o.node_sharing:
+            shared = node.node_permutation(o.seed, epoch, self.num_records)
+            if shared is not None:
+                array, region = shared
+                return ArrayOrder(array), region.release
+        return epoch_order(o.mode, o.seed, epoch, self.num_records, self.reservoir_size, self.permutation), None
 
     def __iter__(self) -> _Run:
         self._close_run()
@@ -357,14 +421,31 @@ class TieredSampler:
 
     @property
     def pinned_keys(self) -> np.ndarray:
-        """The static cache's pinned keys P, ascending (empty when the cache is off)."""
-        return self._cache.keys.copy() if self._cache is not None else np.empty(0, dtype=np.int64)
+        """The keys this consumer's caches pin, ascending: the static cache's P, and with
+        ``locality`` the node's part on its disk too (empty when nothing is pinned)."""
+        parts = [c.keys() if isinstance(c, StaticCache) else c.keys for c in (self._cache, self._node_disk) if c is not None]
+        return np.sort(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
+
+    def hold_shared(self) -> None:
+        """Attach the node-shared memory (fields, static cache) now and keep it until :meth:`close`.
+
+        The static cache lives as long as some process of the node holds it. Samplers built per
+        pass (the adapters build one per epoch, in each DataLoader worker) let go of it at the end
+        of their pass; a long-lived sampler of the same configuration that holds it (the adapter
+        keeps one in the process that owns the loader) keeps it filled across passes, so later
+        epochs still read only the uncached records.
+        """
+        if self._cache is not None:
+            self._cache.attach()
 
     def close(self) -> None:
-        """Stop a running iteration, free its SSD directory and the static cache's RAM."""
+        """Stop a running iteration, free its SSD directory and let go of the static cache (the
+        node's last user frees its RAM; iterating again starts a new cache)."""
         self._close_run()
         if self._cache is not None:
             self._cache.release()
+        if self._node_disk is not None:
+            self._node_disk.close()
 
     def __enter__(self) -> TieredSampler:
         return self
@@ -383,9 +464,10 @@ class TieredSampler:
     def __repr__(self) -> str:
         return (
             f"TieredSampler({str(self.path)!r}, tiers={','.join(self.tiers)}, mode={self.mode}, "
-            f"K2={self.ram_block}, K1={self.ssd_block}, static_cache={self.static_cache}, batch_size={self.batch_size}, "
+            f"blocks={self.sizes.first_block}..{self.ram_block}, K1={self.ssd_block}, static_cache={self.static_cache}, "
+            f"batch_size={self.batch_size}, "
             f"rank={self.rank}/{self.world_size}, epoch={self._epoch}, position={self._position}"
-            + (f", node={self.node}/{self.options.nodes})" if self.layout is not None else ")")
+            + (f", node={self.node}/{self.options.nodes})" if self.options.locality else ")")
         )
 
 
@@ -412,12 +494,13 @@ class _Run:
             sampler._segments(first_epoch, first_pos, end),
             fields=sampler.fields,
             stats=sampler.stats,
-            ram_block=sampler.ram_block,
-            ssd_block=sampler.ssd_block,
+            sizes=sampler.sizes,
+            pool=sampler._pool,
             ssd_dir=sampler.ssd_dir,
             gap_bytes=sampler.options.gap_bytes,
             dataset_options=sampler.options.dataset_options(),
             static_cache=sampler._cache,
+            node_disk=sampler._node_disk,
             identity=sampler.identity,
         )
         self._finalizer = weakref.finalize(self, self._pipeline.shutdown)
@@ -430,11 +513,14 @@ class _Run:
             raise StopIteration
         s = self._s
         s.stats.start_clock()
+        s._pool.consumer_waits()
         t0 = time.perf_counter()
         try:
             while True:
                 match self._pipeline.get():
-                    case BatchReady(batch=batch, epoch=epoch, position=position):
+                    case BatchReady(batch=batch, epoch=epoch, position=position, buffer=buffer):
+                        if buffer is not None:
+                            s._pool.hand_over(buffer)  # from now on, references decide its reuse
                         s._epoch, s._position = epoch, position
                         n = int(batch["key"].shape[0])
                         s.stats.add_delivered(n, batch[s.payload_name].nbytes, time.perf_counter() - t0)
@@ -462,6 +548,14 @@ class _Run:
             self.close()
         except Exception:
             pass
+
+
+def _release(cache: StaticCache | None, regions: list[node.SharedRegion]) -> None:
+    """Let go of a sampler's node-shared memory (its finalizer: never references the sampler)."""
+    if cache is not None:
+        cache.release()
+    for region in regions:
+        region.release()
 
 
 def _fingerprint_or_none(path: Path | str) -> str | None:

@@ -54,6 +54,10 @@ class Domain(enum.IntEnum):
     ORDER_TEST = 8
     #: The records ``shardkit show`` / ``export`` pick with ``--random N --seed S``: ``(seed,)``.
     RECORD_SAMPLE = 9
+    #: Round keys of the on-demand epoch order (a Feistel bijection): ``(seed, epoch)``.
+    EPOCH_BIJECTION = 10
+    #: Round keys of the static cache's pinned set when it is drawn by a bijection: ``(seed,)``.
+    STATIC_CACHE_BIJECTION = 11
 
 
 def check_seed(seed: object, *, what: str = "seed") -> int:

@@ -3,38 +3,62 @@
 This is CoorDL's MinIO policy. A page cache (LRU) thrashes under a fresh random order every epoch
 and, with sequential shard reads, evicts exactly what the next epoch needs; a cache that never
 evicts instead hits exactly its own size every epoch. With ``M`` of ``N`` records pinned, every
-epoch after the first reads ``N - M`` records from disk, and pinned records are never read again.
+epoch after the first reads ``N - M`` records from storage, and pinned records are never read
+again; with ``M = N`` every epoch after the first reads nothing.
 
 Design choices (documented for users in :class:`~shardkit.readers.TieredSampler`):
 
-* **The pinned set P** is a uniform ``M``-subset of all ``N`` keys drawn once per run from
-  ``seeds.rng(Domain.STATIC_CACHE, seed)``, a stream no epoch order or replacement reservoir can
-  share for any seeds. P decides *where* records come from, never *which order* they are emitted
-  in: the order is the sampler's ``pi`` with or without the cache, so it stays exactly uniform.
-* **A separate budget**: the static cache is RAM on top of ``ram_size`` (the double-buffered RAM
-  blocks are sized exactly as without it), so turning it on never shrinks the blocks and never
-  changes ``K``.
-* **Ranks**: every consumer pins the same P (it depends on the seed only) — a subset of the whole
-  dataset, not of its own keys, because a consumer's keys change every epoch. Each consumer serves
-  from P those of its own keys that are pinned; its disk bytes per epoch are the bytes of its
-  unpinned keys (expected fraction ``1 - M/N`` of its share).
-* **Loading**: in the first epoch of the run, before the first block, P is read once with
-  ascending offsets (one :meth:`~shardkit.formats.PayloadArray.read` pass) into one numpy array. It
-  stays loaded across iterations and epochs until :meth:`TieredSampler.close`.
+* **The pinned set P** is a uniform ``M``-subset of all ``N`` keys drawn once from
+  ``seeds.rng(Domain.STATIC_CACHE, seed)`` (:class:`SortedKeys`; when the epoch order is a
+  bijection because ``N`` is huge, P is the preimage of ``[0, M)`` under a keyed bijection of its
+  own domain, :class:`BijectionKeys`, which needs no per-key memory; ``M = N`` is
+  :class:`AllKeys`). P decides *where* records come from, never *which order* they are emitted in:
+  the order is the sampler's ``pi`` with or without the cache, so it stays exactly uniform.
+* **Part of the budget**: the cache is carved out of ``ram_size`` (by default whatever the blocks
+  do not need; see :class:`~shardkit.readers.SamplerOptions`).
+* **Filled as a side effect of reading**: there is no up-front load that would delay the first
+  batch. When a block holds a pinned key whose row is not filled yet, the reader reads that record
+  from storage straight into its cache row (in the same ascending pass as the block's other
+  records, :meth:`~shardkit.formats.PayloadArray.read_into`), marks the row filled, and the batch
+  gets it from there. So every record is still read from storage at most once per epoch, and a
+  pinned record once in the run.
+* **A node's part, with locality**: with ``locality`` (:mod:`shardkit.readers.locality`) P is
+  this node's part of the node partition instead: a uniformly random subset too, disjoint from
+  every other node's, and what the node-aware assignment steers to this node's consumers.
+* **One cache per node**: the rows live in a node-shared region (:mod:`shardkit.readers.node`)
+  named by the dataset, the pinned set and the record layout, so every process of the machine that
+  reads the same dataset with the same seed and cache size (DataLoader workers, ranks) fills and
+  reads the same rows. Consumers of one epoch read disjoint keys, so together they fill P in the
+  first epoch; a consumer whose keys were pinned and filled by another reads nothing for them.
+* **Safe concurrent filling**: a row is published by setting its one-byte flag *after* its bytes
+  are written, inside an exclusive ``flock`` on the region's file, and readers copy the flags they
+  need inside a shared ``flock`` on it before they read rows: the lock's release/acquire orders the
+  row's bytes before the flag on every architecture. A row never changes once its flag is set (two
+  processes that fill the same row at once write the same bytes), and flags are never cleared.
 """
 
 from __future__ import annotations
 
+import fcntl
+import logging
+import mmap
 import threading
-from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 
 from shardkit.errors import SamplerError
-from shardkit.formats import PayloadArray, ReadStats
+from shardkit.formats.reader import aligned_empty
+from shardkit.readers import node
+from shardkit.readers.bijection import ROUNDS, FeistelPermutation
+from shardkit.readers.locality import node_partition
 from shardkit.readers.seeds import Domain, rng
 
-__all__ = ["StaticCache", "pinned_keys"]
+__all__ = ["StaticCache", "pinned_keys", "PinnedSet", "SortedKeys", "AllKeys", "BijectionKeys"]
+
+logger = logging.getLogger(__name__)
+
+_PAGE = mmap.PAGESIZE
 
 
 def pinned_keys(seed: int, num_records: int, count: int) -> np.ndarray:
@@ -43,75 +67,273 @@ def pinned_keys(seed: int, num_records: int, count: int) -> np.ndarray:
     return np.sort(keys).astype(np.int64, copy=False)
 
 
-class StaticCache:
-    """Pinned records of one sampler: their keys (ascending) and, once loaded, their payload.
+class PinnedSet(Protocol):
+    """Which keys are pinned, and the cache row of each."""
 
-    Thread-safe loading: the first creator thread that needs the cache loads it; later runs of the
-    same sampler reuse it.
-    """
+    @property
+    def count(self) -> int:
+        """``M``."""
+        ...
+
+    def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(hit, row)``: which of ``keys`` are pinned, and each one's row (meaningful where hit)."""
+        ...
+
+    def keys(self) -> np.ndarray:
+        """Every pinned key, ascending."""
+        ...
+
+
+class SortedKeys:
+    """P as its sorted keys (row = rank in P); the keys may live in node-shared memory."""
 
     def __init__(self, keys: np.ndarray) -> None:
-        self.keys = np.asarray(keys, dtype=np.int64)
-        self.data: np.ndarray | None = None
+        self._keys = keys
+
+    @property
+    def count(self) -> int:
+        return int(self._keys.shape[0])
+
+    def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self.count == 0:
+            return np.zeros(keys.shape, dtype=bool), np.zeros(keys.shape, dtype=np.int64)
+        row = np.minimum(np.searchsorted(self._keys, keys), self.count - 1)
+        return self._keys[row] == keys, row.astype(np.int64)
+
+    def keys(self) -> np.ndarray:
+        return np.array(self._keys, dtype=np.int64)
+
+
+class AllKeys:
+    """P = every key (the whole dataset is cached): row = key."""
+
+    def __init__(self, n: int) -> None:
+        self.n = int(n)
+
+    @property
+    def count(self) -> int:
+        return self.n
+
+    def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return np.ones(keys.shape, dtype=bool), np.asarray(keys, dtype=np.int64)
+
+    def keys(self) -> np.ndarray:
+        return np.arange(self.n, dtype=np.int64)
+
+
+class BijectionKeys:
+    """P = ``{k : sigma(k) < M}`` for a keyed bijection ``sigma`` of ``range(N)``: row = ``sigma(k)``.
+
+    A uniform ``M``-subset when ``sigma`` is a uniform permutation (the preimage of any fixed
+    ``M``-set), statistically so for the Feistel bijection (see :mod:`shardkit.readers.bijection`);
+    it needs no memory per key, for datasets too large for :func:`pinned_keys`.
+    """
+
+    def __init__(self, seed: int, n: int, m: int) -> None:
+        keys = rng(Domain.STATIC_CACHE_BIJECTION, seed).integers(0, 2**64, size=ROUNDS, dtype=np.uint64)
+        self.sigma = FeistelPermutation(max(1, int(n)), keys)
+        self.n, self.m = int(n), int(m)
+
+    @property
+    def count(self) -> int:
+        return self.m
+
+    def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        row = self.sigma(keys)
+        return row < self.m, row
+
+    def keys(self) -> np.ndarray:
+        out = [a + np.flatnonzero(self.sigma(np.arange(a, min(a + (1 << 20), self.n))) < self.m)
+               for a in range(0, self.n, 1 << 20)]  # fmt: skip
+        return np.concatenate(out).astype(np.int64) if out else np.empty(0, np.int64)
+
+
+class StaticCache:
+    """Pinned records of one sampler: P, the rows that hold them, and which rows are filled.
+
+    Parameters
+    ----------
+    seed, num_records, count
+        P is drawn from ``seed`` (see module docstring); ``count`` = ``M``.
+    record_shape, dtype
+        One record.
+    bijection
+        Draw P with a bijection (:class:`BijectionKeys`) rather than :func:`pinned_keys`.
+    part
+        ``(nodes, node)`` with ``locality``: P is node ``node``'s part of the node partition of
+        ``(seed, nodes)`` (:mod:`shardkit.readers.locality`), ``count`` of its keys, instead of a
+        subset drawn for the static cache alone.
+    share_key
+        Identity of the dataset for node sharing (``None``: private to this process).
+
+    Storage is attached on first use (:meth:`attach`) and kept until :meth:`release`.
+    """
+
+    def __init__(
+        self,
+        seed: int,
+        num_records: int,
+        count: int,
+        record_shape: tuple[int, ...],
+        dtype: np.dtype[Any],
+        *,
+        bijection: bool = False,
+        part: tuple[int, int] | None = None,
+        share_key: str | None = None,
+    ) -> None:
+        self.seed, self.n, self.m = int(seed), int(num_records), int(count)
+        self.record_shape, self.dtype = tuple(record_shape), np.dtype(dtype)
+        self.part = None if part is None else (int(part[0]), int(part[1]))
+        self.variant = "all" if self.m >= self.n else "node" if part else ("bijection" if bijection else "sorted")
+        self.share_key = share_key
+        self.rows: np.ndarray | None = None
+        self.flags: np.ndarray | None = None
+        self.pinned: PinnedSet | None = None
+        self.shared = False
+        self._region: node.SharedRegion | None = None
+        self._fd: int | None = None
         self._lock = threading.Lock()
 
     @property
     def count(self) -> int:
-        return int(self.keys.size)
+        return self.m
 
-    def ensure_loaded(self, payload: PayloadArray, stop: threading.Event | None = None) -> bool:
-        """Read P from ``payload`` (ascending offsets, one pass) unless already loaded; True if read now.
+    @property
+    def record_nbytes(self) -> int:
+        return int(np.prod(self.record_shape, dtype=np.int64)) * self.dtype.itemsize
 
-        ``stop`` is for caches that may wait for another process (the node cache); this one does not.
-        """
+    def _layout(self) -> tuple[int, int, int]:
+        """Byte offsets of the rows and the sorted keys, and the total size of the region."""
+        rows_at = -(-self.m // _PAGE) * _PAGE  # flags first, one byte a row, page aligned
+        keys_at = rows_at + -(-self.m * self.record_nbytes // _PAGE) * _PAGE
+        total = keys_at + (8 * self.m if self.variant in ("sorted", "node") else 0)
+        return rows_at, keys_at, total
+
+    def attach(self) -> None:
+        """Map the cache: the node's shared region for it when sharing is on, else private memory."""
         with self._lock:
-            if self.data is not None:
-                return False
-            data = payload.empty(self.count)
-            payload.read(self.keys, out=data)
-            self.data = data
-            return True
+            if self.rows is not None:
+                return
+            rows_at, keys_at, total = self._layout()
+            region = None
+            if self.share_key is not None:
+                name = node.region_name("cache", self.share_key, self.variant, self.seed, self.n, self.m,
+                                        self.record_shape, self.dtype.str, self.part)  # fmt: skip
+
+                def init(m: mmap.mmap) -> None:
+                    if self.variant in ("sorted", "node"):
+                        keys = np.frombuffer(m, dtype=np.int64, count=self.m, offset=keys_at)
+                        keys[:] = self._sorted_keys()
+                        del keys
+
+                region = node.attach(name, total, init, writable=True, reserve=total if self.variant in ("sorted", "node") else rows_at)
+            if region is not None:
+                self._region, self.shared = region, True
+                self._fd = region._data_fd
+                self.flags = region.array(np.uint8, (self.m,))
+                self.rows = region.array(self.dtype, (self.m, *self.record_shape), rows_at)
+                sorted_keys = region.array(np.int64, (self.m,), keys_at) if self.variant in ("sorted", "node") else None
+            else:
+                self.flags = np.zeros(self.m, dtype=np.uint8)
+                self.rows = aligned_empty(self.m, self.record_shape, self.dtype)
+                sorted_keys = self._sorted_keys() if self.variant in ("sorted", "node") else None
+            if self.variant == "all":
+                self.pinned = AllKeys(self.n)
+            elif self.variant == "bijection":
+                self.pinned = BijectionKeys(self.seed, self.n, self.m)
+            else:
+                assert sorted_keys is not None
+                self.pinned = SortedKeys(sorted_keys)
+
+    def keys(self) -> np.ndarray:
+        """The pinned keys P, ascending (computed without attaching the storage)."""
+        if self.pinned is not None:
+            return self.pinned.keys()
+        if self.variant == "all":
+            return AllKeys(self.n).keys()
+        if self.variant == "bijection":
+            return BijectionKeys(self.seed, self.n, self.m).keys()
+        return self._sorted_keys()
+
+    def _sorted_keys(self) -> np.ndarray:
+        """P as sorted keys: drawn for the static cache, or this node's part of the node partition."""
+        if self.part is None:
+            return pinned_keys(self.seed, self.n, self.m)
+        nodes, me = self.part
+        keys = node_partition(self.seed, self.n, nodes, self.m).pinned_keys(me)
+        if keys.size != self.m:
+            raise SamplerError(f"static cache: node {me} of {nodes} pins {keys.size} records, expected {self.m} (internal error)")
+        return keys
 
     def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(hit, row)``: which of ``keys`` are pinned, and each one's row in :attr:`data`."""
-        if self.count == 0:
-            return np.zeros(keys.shape, dtype=bool), np.zeros(keys.shape, dtype=np.int64)
-        row = np.searchsorted(self.keys, keys)
-        row = np.minimum(row, self.count - 1)
-        return self.keys[row] == keys, row
+        """``(hit, row)``: which of ``keys`` are pinned, and each one's cache row."""
+        self.attach()
+        assert self.pinned is not None
+        return self.pinned.lookup(np.asarray(keys, dtype=np.int64))
+
+    def filled(self, rows: np.ndarray) -> np.ndarray:
+        """Which of ``rows`` hold their record (published by this or any process of the node)."""
+        assert self.flags is not None
+        with self._publication(fcntl.LOCK_SH):
+            have: np.ndarray = self.flags[rows] != 0
+        return have
+
+    def reserve(self, rows: np.ndarray) -> np.ndarray:
+        """Make sure ``rows`` have memory before the reader writes them (node-shared rows are
+        allocated as they are first filled, so a large cache costs nothing before its first use);
+        False for rows the node has no memory for (then they are read like uncached records)."""
+        if not self.shared or self._region is None or rows.size == 0:
+            return np.ones(rows.shape, dtype=bool)
+        rows_at = self._layout()[0]
+        rec = self.record_nbytes
+        order = np.sort(rows)
+        runs = np.split(order, np.flatnonzero(np.diff(order) != 1) + 1)  # consecutive rows: one range
+        ok = self._region.reserve([(rows_at + int(r[0]) * rec, r.size * rec) for r in runs])
+        bad = [run for run, good in zip(runs, ok) if not good]
+        if not bad:
+            return np.ones(rows.shape, dtype=bool)
+        logger.warning("static cache: no memory left in %s for %d rows; they are read like uncached records",
+                       node.SHM_ROOT, sum(r.size for r in bad))  # fmt: skip
+        return ~np.isin(rows, np.concatenate(bad))
+
+    def publish(self, rows: np.ndarray) -> None:
+        """Mark ``rows`` filled: their bytes are in place (call after writing them)."""
+        if rows.size == 0:
+            return
+        assert self.flags is not None
+        with self._publication(fcntl.LOCK_EX):
+            self.flags[rows] = 1
+
+    def _publication(self, how: int) -> _Publication:
+        return _Publication(self._fd if self.shared else None, how, self._lock)
 
     def release(self) -> None:
-        """Free the payload (it is read again if the sampler is iterated again)."""
+        """Let go of the rows (the node's last user deletes the shared region); attached again on
+        the next use."""
         with self._lock:
-            self.data = None
+            self.rows = self.flags = None
+            self.pinned = None
+            region, self._region, self._fd = self._region, None, None
+            self.shared = False
+        if region is not None:
+            region.release()
 
-    def fill(
-        self,
-        keys: np.ndarray,
-        out: np.ndarray,
-        read: Callable[[np.ndarray, np.ndarray], None],
-        stats: ReadStats | None = None,
-    ) -> np.ndarray:
-        """Fill ``out`` with records ``keys``: unpinned ones through ``read(keys, out)``, pinned ones
-        copied from the cache. Returns ``rows`` such that ``out[rows[j]]`` is record ``keys[j]``.
 
-        Unpinned records land in ``out[:u]`` straight from storage (no extra copy), pinned ones in
-        ``out[u:]``; the batch creator gathers through ``rows``.
-        """
-        if self.data is None:
-            raise SamplerError("static cache: used before it was loaded (internal error)")
-        hit, crow = self.lookup(keys)
-        miss_idx = np.flatnonzero(~hit)
-        hit_idx = np.flatnonzero(hit)
-        u = int(miss_idx.size)
-        if u:
-            read(keys[miss_idx], out)
-        if hit_idx.size:
-            out[u : u + hit_idx.size] = self.data[crow[hit_idx]]
-            if stats is not None:
-                stats.add("static-cache", 0, int(hit_idx.size) * int(self.data[0].nbytes))
-                stats.add_records(int(hit_idx.size))
-        rows = np.empty(keys.size, dtype=np.int64)
-        rows[miss_idx] = np.arange(u, dtype=np.int64)
-        rows[hit_idx] = u + np.arange(hit_idx.size, dtype=np.int64)
-        return rows
+class _Publication:
+    """The publication lock: ``flock`` on the shared region's file (orders memory across
+    processes), or the cache's thread lock when the rows are private."""
+
+    def __init__(self, fd: int | None, how: int, lock: threading.Lock) -> None:
+        self.fd, self.how, self.lock = fd, how, lock
+
+    def __enter__(self) -> None:
+        if self.fd is not None:
+            fcntl.flock(self.fd, self.how)
+        else:
+            self.lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+        else:
+            self.lock.release()

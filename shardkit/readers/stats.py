@@ -23,6 +23,9 @@ class SamplerStats:
         (batch assembly). Set ``stats.disk.trace = []`` to record every disk request.
     cache
         Records and bytes served from the static cache (pinned records) instead of disk or SSD.
+    node
+        With ``locality``: reads from the node's cache on its local disk
+        (:mod:`shardkit.readers.node_cache`), which the dataset's storage no longer serves.
     remote_cache
         For a dataset in an object store with a ``cache_dir``: reads served from the local copies
         of its shards instead of requests (``disk`` counts only the requests).
@@ -34,25 +37,32 @@ class SamplerStats:
         Wall time from the first ``__next__`` of the first iteration to the last batch.
     ssd_bytes_written
         Payload bytes written into SSD reservoirs.
+    disk_bytes_by_epoch
+        Bytes read from the dataset (the bottom tier) for each epoch: with a static cache of ``M``
+        records, every epoch after the first reads ``N - M`` records' bytes, none when it holds the
+        whole dataset.
     """
 
     disk: ReadStats = field(default_factory=ReadStats)
     ssd: ReadStats = field(default_factory=ReadStats)
     ram: ReadStats = field(default_factory=ReadStats)
     cache: ReadStats = field(default_factory=ReadStats)
+    node: ReadStats = field(default_factory=ReadStats)
     remote_cache: ReadStats = field(default_factory=ReadStats)
     stall_seconds: float = 0.0
     records: int = 0
     bytes: int = 0
     batches: int = 0
     ssd_bytes_written: int = 0
+    disk_bytes_by_epoch: dict[int, int] = field(default_factory=dict)
     _t0: float | None = field(default=None, repr=False)
     _t1: float | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
     def tiers(self) -> dict[str, ReadStats]:
-        return {"disk": self.disk, "ssd": self.ssd, "ram": self.ram, "cache": self.cache, "remote_cache": self.remote_cache}
+        return {"disk": self.disk, "ssd": self.ssd, "ram": self.ram, "cache": self.cache, "node": self.node,
+                "remote_cache": self.remote_cache}
 
     @property
     def elapsed(self) -> float:
@@ -88,6 +98,11 @@ class SamplerStats:
         """Count time the consumer waited without getting a batch (the run ended or failed)."""
         with self._lock:
             self.stall_seconds += seconds
+
+    def add_epoch_disk(self, epoch: int, nbytes: int) -> None:
+        """Count bytes read from the dataset for ``epoch``."""
+        with self._lock:
+            self.disk_bytes_by_epoch[epoch] = self.disk_bytes_by_epoch.get(epoch, 0) + int(nbytes)
 
     def add_written(self, nbytes: int) -> None:
         """Count payload bytes written into an SSD reservoir."""

@@ -48,19 +48,28 @@ class _StatsDataset(ShardIterableDataset):
         yield {"stats": torch.tensor([0 if info is None else info.id, s.disk.records, s.records])}
 
 
+def _pass(loader: DataLoader) -> tuple[list[np.ndarray], dict[int, int], dict[int, int]]:
+    """One pass of a _StatsDataset loader: each batch's keys (checked), and per consumer the records
+    its sampler read from disk and delivered."""
+    keys, disk, delivered = [], {}, {}
+    for batch in loader:
+        if "stats" in batch:
+            wid, read, got = batch["stats"].tolist()
+            disk[wid], delivered[wid] = read, got
+            continue
+        assert batch["image"].dtype == torch.uint8 and tuple(batch["image"].shape[1:]) == SHAPE
+        keys.append(_check_batch(batch))
+    return keys, disk, delivered
+
+
 @pytest.mark.parametrize("workers", [0, 1, 3])
 def test_exactly_once_per_epoch_in_sampler_order(keyed: Path, workers: int) -> None:
-    ds = _StatsDataset(keyed, batch_size=8, seed=SEED)
+    """The uncached contract (static cache off): every epoch each consumer reads exactly what it
+    delivers. test_cache_held_across_passes proves the cached default."""
+    ds = _StatsDataset(keyed, batch_size=8, seed=SEED, static_cache=0)
     loader = ds.loader(num_workers=workers)
     for epoch in range(2):  # no set_epoch: a finished pass advances the shared epoch
-        keys, disk, delivered = [], {}, {}
-        for batch in loader:
-            if "stats" in batch:
-                wid, read, got = batch["stats"].tolist()
-                disk[wid], delivered[wid] = read, got
-                continue
-            assert batch["image"].dtype == torch.uint8 and tuple(batch["image"].shape[1:]) == SHAPE
-            keys.append(_check_batch(batch))
+        keys, disk, delivered = _pass(loader)
         order = np.concatenate(keys)
         np.testing.assert_array_equal(order, epoch_permutation(SEED, epoch, N_KEYED))
         # No worker re-reads another's records: each read exactly what it delivered.
@@ -68,6 +77,20 @@ def test_exactly_once_per_epoch_in_sampler_order(keyed: Path, workers: int) -> N
         assert disk == delivered and sum(disk.values()) == N_KEYED
         assert len(keys) == len(ds)  # len() counts batches of all workers, ragged tails included
     assert ds.epoch == 2
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_cache_held_across_passes(keyed: Path, workers: int) -> None:
+    """Default budget covers the dataset: the first pass reads every record once (filling the node's
+    cache), later passes read nothing from storage though every pass builds new samplers (in fresh
+    worker processes too), because the dataset object holds the cache; the order is unchanged."""
+    ds = _StatsDataset(keyed, batch_size=8, seed=SEED)
+    loader = ds.loader(num_workers=workers)
+    for epoch in range(3):
+        keys, disk, delivered = _pass(loader)
+        np.testing.assert_array_equal(np.concatenate(keys), epoch_permutation(SEED, epoch, N_KEYED))
+        assert sum(delivered.values()) == N_KEYED
+        assert disk == (delivered if epoch == 0 else dict.fromkeys(delivered, 0)), (epoch, disk)
 
 
 def test_two_ranks_explicit_with_workers_are_disjoint_and_cover(keyed: Path) -> None:

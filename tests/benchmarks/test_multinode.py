@@ -21,5 +21,9 @@ def test_one_configuration_and_the_model(tmp_path: Path, monkeypatch: pytest.Mon
     assert off["hit_rate"] == pytest.approx(0.25)  # every node pins the same quarter without locality
     assert on["hit_rate"] > 0.85
     assert on["storage_records"] == n - on["hits"] and off["storage_records"] == n - off["hits"]
+    on_reads = mn.warmup(data, 4, 32, n, 3, True)
+    off_reads = mn.warmup(data, 4, 32, n, 3, False)
+    assert on_reads[0] == n and off_reads[0] == n  # cold: everything from storage
+    assert on_reads[2] < off_reads[2]  # locality fills its caches within a couple of epochs
     for row in mn.part2(quick=True):
         assert abs(row["measured"] - row["model"]) <= 4 * row["se"] + 1e-3

@@ -57,3 +57,19 @@ def test_sample_bad_options(tmp_path: Path, args: list[str], capsys: pytest.Capt
     assert _run(["sample", str(ds), *args]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:")
+
+
+def test_sample_prints_the_memory_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The block schedule, the buffers, the cache fraction and the disk bytes of every epoch."""
+    ds = make_dataset(tmp_path / "ds", 20)
+    assert _run(["sample", str(ds), "--ram-size", "20records", "--batch-size", "4", "--epochs", "3",
+                 "--gap-bytes", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "blocks       " in out and "records first, doubling to" in out
+    assert "cache        20 records (320 B, 100.0% of the dataset): every epoch after the first reads nothing" in out
+    assert "disk/epoch   0: " in out and "1: 0 B, 2: 0 B" in out
+    assert _run(["sample", str(ds), "--ram-size", "20records", "--batch-size", "4", "--static-cache", "0"]) == 0
+    assert "cache        0 records (0 B, 0.0% of the dataset)" in capsys.readouterr().out
+    assert _run(["sample", str(ds), "--permutation", "random"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --permutation: ")

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from shardkit.formats import PayloadArray
+from shardkit.formats.reader import Destination
 from shardkit.formats.spec import index_nbytes
 from shardkit.readers import TieredSampler
 from tests.readers.conftest import collect, make_dataset
@@ -21,15 +22,15 @@ PASS = ("<pass>", -1, 0)
 
 @pytest.fixture
 def pass_markers(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Mark the start of every read() call (one pass) in the trace."""
-    real = PayloadArray.read
+    """Mark the start of every read pass in the trace: every read_into() call (read() is one)."""
+    real = PayloadArray.read_into
 
-    def marked(self: PayloadArray, keys: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    def marked(self: PayloadArray, keys: np.ndarray, dest: Destination) -> None:
         if self.stats.trace is not None:
             self.stats.trace.append(PASS)
-        return real(self, keys, out)
+        real(self, keys, dest)
 
-    monkeypatch.setattr(PayloadArray, "read", marked)
+    monkeypatch.setattr(PayloadArray, "read_into", marked)
 
 
 def _passes(trace: list[tuple[str, int, int]]) -> list[list[tuple[str, int, int]]]:

@@ -164,10 +164,10 @@ def test_background_error_reraised(tmp_path: Path, ssd_dir: Path, monkeypatch: p
     s = TieredSampler(ds, ram_size="4records", batch_size=2)
     from shardkit.formats import PayloadArray
 
-    def broken(self: PayloadArray, keys: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    def broken(self: PayloadArray, keys: np.ndarray, dest: object) -> None:
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(PayloadArray, "read", broken)
+    monkeypatch.setattr(PayloadArray, "read_into", broken)  # the primitive every read goes through
     with pytest.raises(SamplerError, match="disk on fire"):
         collect(s)
     _wait_clean(ssd_dir)

@@ -59,7 +59,7 @@ CONFIGS = [
     dict(world=4, k=1, nodes=2, extra=dict(static_cache="31records", drop_last=True)),
     dict(world=6, k=2, nodes=3, extra=dict(static_cache="9records")),
     dict(world=4, k=1, nodes=4, extra=dict(static_cache="16records", mode="replacement")),
-    dict(world=4, k=2, nodes=1, extra=dict(static_cache="30records", tiers="ram,ssd", ssd_size="12records")),
+    dict(world=4, k=2, nodes=1, extra=dict(static_cache="30records", tiers="ram,ssd", ssd_size="80records")),
     dict(world=3, k=1, nodes=3, extra=dict(static_cache="5records", node_cache="6records")),
 ]
 
@@ -67,7 +67,7 @@ CONFIGS = [
 @pytest.mark.parametrize("cfg", CONFIGS, ids=[str(i) for i in range(len(CONFIGS))])
 def test_every_step_keeps_its_keys_and_every_consumer_its_count(ds: Path, tmp_path: Path, ssd_dir: Path, cfg: dict[str, Any]) -> None:
     w, k, m = cfg["world"], cfg["k"], cfg["nodes"]
-    extra = dict(batch_size=3, ram_size="8records", seed=5, ssd_dir=ssd_dir, workers_per_rank=k, **cfg["extra"])
+    extra = dict(batch_size=3, ram_size="72records", seed=5, ssd_dir=ssd_dir, workers_per_rank=k, **cfg["extra"])
     node = dict(locality=True, nodes=m, node_cache=extra.pop("node_cache", 0), node_cache_dir=tmp_path)
     for epoch in (0, 1):
         plain = _run(ds, w, start_epoch=epoch, **extra)
@@ -85,35 +85,47 @@ def test_every_step_keeps_its_keys_and_every_consumer_its_count(ds: Path, tmp_pa
 
 
 def test_without_pinned_records_locality_is_the_plain_order(ds: Path) -> None:
-    plain = _run(ds, 4, batch_size=3, seed=2)
-    local = _run(ds, 4, batch_size=3, seed=2, locality=True, nodes=2)
+    plain = _run(ds, 4, batch_size=3, seed=2, static_cache=0)
+    local = _run(ds, 4, batch_size=3, seed=2, locality=True, nodes=2, static_cache=0)
     for p, q in zip(plain, local):
         np.testing.assert_array_equal(np.concatenate(p), np.concatenate(q))
 
 
+def _check_reads_are_misses(samplers: list[TieredSampler], part: Any, ram: int, disk: int, epochs: int) -> None:
+    """Storage reads of every consumer (two per node) and epoch, exactly: its misses (keys its node
+    does not pin), the node's RAM-pinned keys it is the first on its node to take (the static cache
+    fills as a side effect of reading), and the node's disk part once per node (the first consumer
+    to read); once every pinned key has come up, only the misses."""
+    nodes = len(samplers) // 2
+    ram_part = [set(part.pinned_keys(node, 0, ram).tolist()) for node in range(nodes)]
+    filled: list[set[int]] = [set() for _ in range(nodes)]
+    fills = []
+    for epoch in range(epochs):
+        fills.append(0)
+        for c, s in enumerate(samplers):
+            node = c // 2
+            s.set_epoch(epoch)
+            before = s.stats.disk.records
+            keys = np.concatenate(collect(s))
+            misses = int(np.count_nonzero(part.holders(keys) != node))
+            new = (set(keys.tolist()) & ram_part[node]) - filled[node]
+            filled[node] |= new
+            fills[-1] += len(new)
+            build = disk if epoch == 0 and c % 2 == 0 else 0
+            assert s.stats.disk.records - before == misses + len(new) + build, (epoch, c)
+    assert filled == ram_part  # every pinned record was read once, by one consumer of its node
+    assert fills[-1] == 0  # from then on, storage reads are the misses only
+
+
 def test_storage_reads_per_epoch_are_the_misses(ds: Path, tmp_path: Path) -> None:
-    """Epochs after the first read from storage exactly the keys the consumer's node does not pin."""
+    """Storage reads per consumer and epoch are its misses (see _check_reads_are_misses)."""
     w, m, ram, disk = 4, 2, 10, 8
     part = node_partition(3, N, m, ram + disk)
     samplers = [TieredSampler(ds, rank=c, world_size=w, nodes=m, locality=True, batch_size=4, seed=3, epochs=1,
-                              static_cache=f"{ram}records", node_cache=f"{disk}records", ram_size="6records",
+                              static_cache=f"{ram}records", node_cache=f"{disk}records", ram_size=f"{ram + 40}records",
                               node_cache_dir=tmp_path, gap_bytes=0) for c in range(w)]  # fmt: skip
     try:
-        for epoch in range(4):
-            for c, s in enumerate(samplers):
-                s.set_epoch(epoch)
-                before = s.stats.disk.records
-                s.stats.disk.trace = []
-                keys = np.concatenate(collect(s))
-                misses = keys[part.holders(keys) != c // 2]
-                read = s.stats.disk.records - before
-                if epoch == 0:
-                    # The RAM part in every process, the disk part once per node (both nodes share
-                    # tmp_path here, each with its own entry), then the misses.
-                    assert read == ram + (disk if c % 2 == 0 else 0) + misses.size
-                else:
-                    assert read == misses.size
-                    assert s.stats.disk.trace and all(nb > 0 for _, _, nb in s.stats.disk.trace)
+        _check_reads_are_misses(samplers, part, ram, disk, epochs=8)
     finally:
         for s in samplers:
             s.close()
@@ -158,7 +170,7 @@ def test_node_cache_is_written_once_and_reused_by_later_runs(ds: Path, tmp_path:
     later = _node_sampler(ds, tmp_path)
     keys = np.concatenate(collect(later))
     assert later.stats.disk.records == int(np.count_nonzero(part.holders(keys) != 0))
-    assert later.stats.cache.records == keys.size - later.stats.disk.records
+    assert later.stats.node.records + later.stats.cache.records == keys.size - later.stats.disk.records
     later.close()
     users = list(tmp_path.iterdir())
     assert users == [node_cache_dir(tmp_path)]
@@ -324,8 +336,8 @@ def test_state_dict_is_the_same_with_and_without_locality(ds: Path) -> None:
 
 
 def test_locality_over_an_object_store(s3: Any, tmp_path: Path) -> None:
-    """A dataset in an object store: the node caches are written from it once, then storage serves
-    only the misses (the remote requests of the later epochs)."""
+    """A dataset in an object store: each node's disk cache is written from it once, the static
+    cache fills from it as it is read, and then the store serves only the misses (its requests)."""
     from tests.conftest import upload
 
     url = upload(make_dataset(tmp_path / "remote-ds", 40, records_per_shard=6), s3.url("locality-ds"))
@@ -333,16 +345,12 @@ def test_locality_over_an_object_store(s3: Any, tmp_path: Path) -> None:
     for node in range(2):
         (caches / f"n{node}").mkdir(parents=True)
     part = node_partition(2, 40, 2, 16)
-    for c in range(4):
-        s = TieredSampler(url, rank=c, world_size=4, nodes=2, locality=True, batch_size=3, seed=2, epochs=1,
-                          static_cache="8records", node_cache="8records", node_cache_dir=caches / f"n{c // 2}")  # fmt: skip
-        try:
-            first = np.concatenate(collect(s))
-            s.set_epoch(1)
-            before = s.stats.disk.records
-            keys = np.concatenate(collect(s))
-        finally:
+    samplers = [TieredSampler(url, rank=c, world_size=4, nodes=2, locality=True, batch_size=3, seed=2, epochs=1,
+                              static_cache="8records", node_cache="8records", ram_size="48records",
+                              node_cache_dir=caches / f"n{c // 2}") for c in range(4)]  # fmt: skip
+    try:
+        _check_reads_are_misses(samplers, part, 8, 8, epochs=8)
+        assert [s.stats.records // 8 for s in samplers] == [12, 10, 9, 9]  # 3 global batches of 12, a tail of 4
+    finally:
+        for s in samplers:
             s.close()
-        misses = int(np.count_nonzero(part.holders(keys) != c // 2))
-        assert s.stats.disk.records - before == misses
-        assert first.size == keys.size == [12, 10, 9, 9][c]  # 3 global batches of 12, a tail of 4 = 3 + 1

@@ -25,7 +25,8 @@ def test_defaults_live_in_the_options() -> None:
     assert (o.batch_size, o.ram_size, o.ssd_size, o.tiers, o.mode, o.seed) == (
         256, Capacity(nbytes=512 << 20), Capacity(nbytes=4 << 30), ("ram",), "epoch", 0
     )
-    assert (o.epochs, o.drop_last, o.limit, o.gap_bytes, o.static_cache) == (1, False, None, 64 << 10, Capacity(nbytes=0))
+    assert (o.epochs, o.drop_last, o.limit, o.gap_bytes, o.static_cache) == (1, False, None, 64 << 10, "auto")
+    assert (o.permutation, o.node_sharing) == ("auto", True)
     assert (o.rank, o.world_size, o.start_epoch, o.ssd_dir) == (0, 1, 0, None)
     with pytest.raises(dataclasses.FrozenInstanceError):
         o.batch_size = 3  # type: ignore[misc]
@@ -47,7 +48,8 @@ def test_values_are_parsed_and_normalised() -> None:
     "option,value",
     [("ram_size", "lots"), ("ssd_size", 0), ("batch_size", 0), ("batch_size", 2.5), ("batch_size", True),
      ("epochs", -1), ("seed", -3), ("seed", 2**64), ("mode", "random"), ("tiers", "ram,gpu"), ("limit", -1),
-     ("gap_bytes", -1), ("static_cache", "many"), ("start_epoch", -2), ("world_size", 0), ("drop_last", "yes")],
+     ("gap_bytes", -1), ("static_cache", "many"), ("start_epoch", -2), ("world_size", 0), ("drop_last", "yes"),
+     ("permutation", "shuffled"), ("node_sharing", "yes")],
 )
 def test_errors_name_the_option_as_written(option: str, value: object) -> None:
     with pytest.raises(ConfigError, match=rf"^{option}: "):
@@ -103,6 +105,20 @@ def test_budget_errors_say_the_record_size(tmp_path: Path, ssd_dir: Path, kw: di
     with pytest.raises(ConfigError, match=rf"^{option}: .*16 bytes") as info:
         TieredSampler(ds, ssd_dir=ssd_dir, **kw)
     assert "record" in str(info.value)
+
+
+def test_static_cache_is_part_of_the_ram_budget(tmp_path: Path) -> None:
+    """An explicit cache comes out of ram_size and must leave two records for blocks; "auto" takes
+    what the blocks do not need; 0 turns it off."""
+    ds = make_dataset(tmp_path / "ds", 50)
+    with pytest.raises(ConfigError, match=r"^static_cache: .*leaves ram_size .*fewer than two records") as info:
+        TieredSampler(ds, ram_size="10records", static_cache="9records")
+    assert "16 bytes" in str(info.value)
+    assert TieredSampler(ds, ram_size="10records", static_cache="8records").static_cache == 8
+    assert TieredSampler(ds, ram_size="10records", static_cache=0).static_cache == 0
+    assert TieredSampler(ds, ram_size="10records", static_cache="50records").memory_plan.full_cache
+    assert TieredSampler(ds, ram_size="50records").memory_plan.full_cache  # auto: the budget covers it
+    assert SamplerOptions(static_cache="AUTO").static_cache == "auto"
 
 
 def test_smallest_budgets_work(tmp_path: Path, ssd_dir: Path) -> None:

@@ -1,5 +1,9 @@
 """The static (never-evicted) cache tier: same order, fewer disk bytes, pinned records read once.
 
+The cache is part of ``ram_size`` (it used to come on top of it), so every test here gives the RAM
+tier its block budget plus the cache (:func:`with_cache`), and the cache fills as the first epoch
+reads its records (it used to be loaded up front).
+
 Statistical tests use alpha = 1e-3 and fixed seeds. Checked once against a broken cache that ignores
 the row map (emits each block's unpinned records first, then its pinned ones): 8 of the 11 tests fail.
 """
@@ -25,6 +29,15 @@ STACKS = {
     "ram": dict(tiers="ram", ram_size="6records"),
     "ram+ssd": dict(tiers="ram,ssd", ram_size="4records", ssd_size="10records"),
 }
+
+
+def with_cache(stack: str, records: int) -> dict[str, object]:
+    """``STACKS[stack]`` with a static cache of ``records`` records added to its budgets."""
+    kw = dict(STACKS[stack])
+    kw["ram_size"] = f"{int(str(kw['ram_size']).removesuffix('records')) + records}records"
+    if "ssd_size" in kw:
+        kw["ssd_size"] = f"{int(str(kw['ssd_size']).removesuffix('records')) + records}records"
+    return {**kw, "static_cache": f"{records}records"}
 
 
 def _is_index(nb: int) -> bool:
@@ -92,10 +105,11 @@ def test_pinned_set_is_uniform() -> None:
 @pytest.mark.parametrize("rank,world", [(0, 1), (1, 3)])
 def test_order_identical_to_uncached(tmp_path: Path, ssd_dir: Path, stack: str, rank: int, world: int) -> None:
     ds = make_dataset(tmp_path / "ds", 41, records_per_shard=4)
-    kw = dict(ssd_dir=ssd_dir, batch_size=4, epochs=3, seed=9, rank=rank, world_size=world, **STACKS[stack])
-    plain = collect(TieredSampler(ds, **kw))  # type: ignore[arg-type]
-    cached_sampler = TieredSampler(ds, static_cache="15 records", **kw)  # type: ignore[arg-type]
-    assert cached_sampler.static_cache == 15 and cached_sampler.ram_block == TieredSampler(ds, **kw).ram_block  # type: ignore[arg-type]
+    kw = dict(ssd_dir=ssd_dir, batch_size=4, epochs=3, seed=9, rank=rank, world_size=world)
+    plain = collect(TieredSampler(ds, **kw, **STACKS[stack]))  # type: ignore[arg-type]
+    cached_sampler = TieredSampler(ds, **kw, **with_cache(stack, 15))  # type: ignore[arg-type]
+    assert cached_sampler.static_cache == 15
+    assert cached_sampler.ram_block == TieredSampler(ds, **kw, **STACKS[stack]).ram_block  # type: ignore[arg-type]
     cached = collect(cached_sampler)  # collect() checks every row's payload belongs to its key
     assert [b.tolist() for b in cached] == [b.tolist() for b in plain]
     pinned = set(cached_sampler.pinned_keys.tolist())
@@ -109,8 +123,8 @@ def test_disk_bytes_per_epoch_and_pinned_read_once(tmp_path: Path, ssd_dir: Path
     reads exactly dataset bytes - pinned bytes; a pinned record is read exactly once in the run."""
     n, rps, m = 53, 4, 20
     ds = make_dataset(tmp_path / "ds", n, records_per_shard=rps)
-    s = TieredSampler(ds, ssd_dir=ssd_dir, batch_size=5, epochs=1, seed=4, gap_bytes=0, static_cache=m * REC,
-                      **STACKS[stack])  # type: ignore[arg-type]
+    s = TieredSampler(ds, ssd_dir=ssd_dir, batch_size=5, epochs=1, seed=4, gap_bytes=0,
+                      **with_cache(stack, m))  # type: ignore[arg-type]
     s.stats.disk.trace = []
     per_epoch = []
     for e in range(4):  # four iterations of one epoch each: the cache persists across them
@@ -131,26 +145,31 @@ def test_disk_bytes_per_epoch_and_pinned_read_once(tmp_path: Path, ssd_dir: Path
     if stack == "ram+ssd":
         assert s.stats.ssd_bytes_written == 4 * (n - m) * REC  # pinned records never go to SSD either
     s.close()
-    assert s._cache is not None and s._cache.data is None  # close() frees the cache's RAM
+    assert s._cache is not None and s._cache.rows is None  # close() lets go of the cache's RAM
 
 
 def test_rank_slices_read_only_their_unpinned_keys(tmp_path: Path, ssd_dir: Path) -> None:
+    """Four consumers share one node cache: in the first epoch each reads its own keys once (pinned
+    ones into the shared rows), in the second only its unpinned keys; every consumer pins the same
+    P (the whole dataset's, from the seed), and the node reads each pinned record once."""
     n, b, w, m = 40, 4, 4, 10
     ds = make_dataset(tmp_path / "ds", n)
-    s = TieredSampler(ds, ram_size="6records", batch_size=b, rank=1, world_size=w, seed=2, epochs=2,
-                      static_cache=f"{m}records", gap_bytes=0)
-    batches = collect(s)
-    pinned = set(s.pinned_keys.tolist())
-    mine = np.concatenate(batches).reshape(2, -1)
+    samplers = [TieredSampler(ds, ram_size=f"{6 + m}records", batch_size=b, rank=r, world_size=w, seed=2, epochs=1,
+                              static_cache=f"{m}records", gap_bytes=0) for r in range(w)]  # fmt: skip
+    pinned = set(samplers[0].pinned_keys.tolist())
+    assert len(pinned) == m
+    for s in samplers[1:]:
+        np.testing.assert_array_equal(s.pinned_keys, samplers[0].pinned_keys)
     for e in range(2):
+        before = [s.stats.disk.records for s in samplers]
         pi = epoch_permutation(2, e, n)
-        np.testing.assert_array_equal(mine[e], np.concatenate([pi[4:8], pi[20:24], pi[36:40]]))
-    unpinned = sum(k not in pinned for k in mine.reshape(-1).tolist())
-    # every consumer pins the same P (whole dataset): loaded once, then only its unpinned keys
-    assert s.stats.disk.records == m + unpinned
-    other = TieredSampler(ds, ram_size="6records", batch_size=b, rank=3, world_size=w, seed=2,
-                          static_cache=f"{m}records")
-    np.testing.assert_array_equal(other.pinned_keys, s.pinned_keys)
+        for r, s in enumerate(samplers):
+            mine = np.concatenate(collect(s))
+            np.testing.assert_array_equal(mine, np.concatenate([pi[g * b * w + r * b : g * b * w + (r + 1) * b]
+                                                                for g in range(n // (b * w) + 1)]))  # fmt: skip
+            read = s.stats.disk.records - before[r]
+            assert read == (mine.size if e == 0 else sum(k not in pinned for k in mine.tolist()))
+    assert sum(s.stats.disk.records for s in samplers) == n + (n - m)
 
 
 def test_item_position_uniform_through_cache(tmp_path: Path, ssd_dir: Path) -> None:
@@ -158,8 +177,8 @@ def test_item_position_uniform_through_cache(tmp_path: Path, ssd_dir: Path) -> N
     n = 8
     ds = make_dataset(tmp_path / "ds", n)
     for stack, epochs in (("ram", 1200), ("ram+ssd", 300)):
-        s = TieredSampler(ds, ssd_dir=ssd_dir, batch_size=3, epochs=epochs, seed=11, static_cache="3records",
-                          **STACKS[stack])  # type: ignore[arg-type]
+        s = TieredSampler(ds, ssd_dir=ssd_dir, batch_size=3, epochs=epochs, seed=11,
+                          **with_cache(stack, 3))  # type: ignore[arg-type]
         orders = epochs_of(s, n)
         assert (np.sort(orders, axis=1) == np.arange(n)).all()
         assert item_position_pvalue(orders) > ALPHA
@@ -172,7 +191,7 @@ def test_cli_static_cache(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     ds = make_dataset(tmp_path / "ds", 25)
     out = tmp_path / "o.npy"
     try:
-        main(["sample", str(ds), "--ram-size", "6records", "--batch-size", "4", "--epochs", "2",
+        main(["sample", str(ds), "--ram-size", "16records", "--batch-size", "4", "--epochs", "2",
               "--static-cache", "10records", "--order-out", str(out)])
     except SystemExit as exc:
         assert not exc.code

@@ -1,0 +1,162 @@
+"""The batch buffers of one run: a bounded pool that recycles a buffer only when nobody holds it.
+
+The sampler reads every record of a RAM block straight into the batch it belongs to, and hands
+that batch to the consumer as it is: the payload array the consumer receives *is* a view of a pool
+buffer. So a buffer can be reused only once the consumer has let go of every view of it, and the
+pool decides that from the reference count of the buffer's owning array
+(``sys.getrefcount(owner)``): every numpy view of the payload, every ``torch.from_numpy`` tensor
+made from it (which keeps the array alive), every ``memoryview`` pins it. That gives both
+properties the sampler promises:
+
+* a consumer that keeps batches (a list of every batch of an epoch, a framework that prefetches a
+  few) never sees one overwritten: a referenced buffer is never handed out again;
+* a consumer that drops each batch before asking for the one after next gets its buffers back:
+  no allocation and no page faults after the first blocks (the pool's memory is touched once).
+
+A consumer that keeps more than :data:`HOLD_BATCHES` batches would otherwise starve the reader of
+buffers (it waits for a buffer the consumer never returns, while the consumer waits for a batch):
+a buffer handed out more than ``HOLD_BATCHES`` batches ago and still referenced is *retired* —
+the pool forgets it (it becomes the consumer's memory, freed when the consumer drops it) and
+allocates a fresh one in its place. Retired buffers are counted in :attr:`BatchPool.retired`.
+
+The pool is the run's whole batch memory; its capacity comes from the RAM budget (see
+:func:`shardkit.readers.schedule.pool_batches`).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from shardkit.formats.reader import aligned_empty
+from shardkit.readers.stopping import Stopped
+
+__all__ = ["BatchBuffer", "BatchPool", "HOLD_BATCHES"]
+
+#: Batches a consumer may keep after it received them before the pool stops waiting for them: the
+#: one it works on and the one before (``for b in sampler`` still holds the previous batch while
+#: ``__next__`` runs; a pin-memory step or a framework hand-over holds one more for a moment).
+HOLD_BATCHES = 2
+#: How often a reader that waits for a buffer re-checks the pool (the consumer frees buffers by
+#: dropping references, which sends no signal).
+_POLL_SECONDS = 0.002
+
+
+@dataclass(eq=False)
+class BatchBuffer:
+    """One pooled buffer: ``array`` is ``[rows, *record_shape]``; ``owner`` the array that owns the
+    memory (``array.base``), whose reference count tells whether anybody outside holds a view."""
+
+    array: np.ndarray
+    owner: np.ndarray
+    baseline: int = 0
+    array_baseline: int = 0
+    #: The consumer's batch count when this buffer was handed over (``None``: with the pipeline).
+    handed: int | None = None
+    in_use: bool = True
+    number: int = field(default=0)
+
+    def referenced(self) -> bool:
+        """Does anything besides the pool hold the memory (a view of it, or the pool's own view)?"""
+        return sys.getrefcount(self.owner) > self.baseline or sys.getrefcount(self.array) > self.array_baseline
+
+
+class BatchPool:
+    """At most ``capacity`` buffers of ``rows`` records each (see module docstring).
+
+    Parameters
+    ----------
+    rows, record_shape, dtype
+        Every buffer is ``[rows, *record_shape]`` of ``dtype``, page aligned.
+    capacity
+        Buffers the pool may own at once (retired buffers do not count).
+    hold
+        See :data:`HOLD_BATCHES`.
+    """
+
+    def __init__(
+        self, rows: int, record_shape: tuple[int, ...], dtype: np.dtype[Any], capacity: int, hold: int = HOLD_BATCHES
+    ) -> None:
+        self.rows = int(rows)
+        self.record_shape = tuple(record_shape)
+        self.dtype = np.dtype(dtype)
+        self.capacity = max(1, int(capacity))
+        self.hold = int(hold)
+        self._buffers: list[BatchBuffer] = []
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        #: Batches the consumer has received so far (advanced by :meth:`hand_over`).
+        self.delivered = 0
+        #: Buffers allocated and retired over the pool's life.
+        self.allocated = 0
+        self.retired = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of one buffer."""
+        return self.rows * int(np.prod(self.record_shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def acquire(self, stop: threading.Event) -> BatchBuffer:
+        """A buffer nobody references, for the pipeline to fill (blocks until there is one).
+
+        Raises :class:`~shardkit.readers.stopping.Stopped` when ``stop`` is set while waiting.
+        """
+        while True:
+            with self._changed:
+                buf = self._take()
+                if buf is not None:
+                    return buf
+                # Woken by the consumer asking for a batch (it has just dropped the one before
+                # last, in the usual loop), else re-checked every few milliseconds.
+                self._changed.wait(_POLL_SECONDS)
+            if stop.is_set():
+                raise Stopped()
+
+    def consumer_waits(self) -> None:
+        """The consumer asks for its next batch: buffers it dropped may be free now."""
+        with self._changed:
+            self._changed.notify_all()
+
+    def _take(self) -> BatchBuffer | None:
+        for buf in self._buffers:
+            if not buf.in_use and not buf.referenced():
+                buf.in_use, buf.handed = True, None
+                return buf
+        if len(self._buffers) >= self.capacity:
+            # Full: give up buffers the consumer kept for longer than `hold` batches.
+            kept = [b for b in self._buffers
+                    if not b.in_use and b.handed is not None and b.handed <= self.delivered - self.hold]  # fmt: skip
+            if not kept:
+                return None
+            for b in kept:
+                self._buffers.remove(b)
+            self.retired += len(kept)
+        array = aligned_empty(self.rows, self.record_shape, self.dtype)
+        owner = array.base
+        assert isinstance(owner, np.ndarray)
+        buf = BatchBuffer(array=array, owner=owner, number=self.allocated)
+        del array, owner  # the baseline counts the pool's own references only
+        buf.baseline = sys.getrefcount(buf.owner)
+        buf.array_baseline = sys.getrefcount(buf.array)
+        self._buffers.append(buf)
+        self.allocated += 1
+        return buf
+
+    def hand_over(self, buf: BatchBuffer) -> None:
+        """The consumer received the batch in ``buf``: from now on only references decide."""
+        with self._lock:
+            self.delivered += 1
+            buf.handed = self.delivered
+            buf.in_use = False
+
+    def release(self, buf: BatchBuffer) -> None:
+        """The pipeline gives ``buf`` back without handing it over (e.g. a batch it abandoned)."""
+        with self._lock:
+            buf.in_use = False
+
+    def __len__(self) -> int:
+        return len(self._buffers)

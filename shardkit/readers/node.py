@@ -1,0 +1,540 @@
+"""Memory shared by the processes of one machine: private, named regions under ``/dev/shm``.
+
+With ``W`` ranks of ``k`` DataLoader workers on a node, every one of the ``W * k`` samplers used to
+hold its own copy of what is the same for all of them: the per-record fields (COCO boxes are
+1.6 KB a record), the epoch order ``pi`` (8 bytes a record) and the static cache. A
+:class:`SharedRegion` is one such object, held once per node: a file in a private directory of
+``/dev/shm`` (memory, not disk), created once, mapped by every process that needs it, so each page
+exists once and each process's proportional set size (PSS) carries only its share.
+
+Names and privacy
+-----------------
+* The directory is ``/dev/shm/shardkit-<uid>``: created ``0700``; before any use it is opened with
+  ``O_NOFOLLOW | O_DIRECTORY`` and must be a real directory owned by this user with no group or
+  other permissions, else sharing is off for the process (a warning says why) and everything is
+  kept private. Every file is then opened relative to that descriptor, never by path, with
+  ``O_NOFOLLOW``, created ``0600``, and checked (regular file, owner, size) before it is mapped.
+  Another user cannot create, replace or read anything in it.
+* A region's name is a hash of everything its bytes depend on (for a dataset: its path, its root
+  document's inode, modification time and SHA-256; for an order: seed, epoch and size; for a cache:
+  the pinned set and the record layout), so two datasets, seeds or epochs never meet in one file.
+
+Creation and lifetime
+---------------------
+* A region ``R`` has a lock file ``R.lock``. Every process that uses ``R`` holds a shared
+  ``flock`` on it for as long as it does; the kernel drops the lock when the process dies, even by
+  ``SIGKILL``.
+* The first process to find ``R`` missing takes the lock exclusively, writes the content into a
+  temporary file and renames it to ``R``: a region appears complete or not at all, and is created
+  once per node however many processes start together (the others wait for the rename).
+* The last process to let go (it can take the lock exclusively without waiting) deletes ``R`` and
+  ``R.lock``; regions whose lock nobody holds (their users died) are deleted by the next process
+  that attaches to any region. A process that opened ``R.lock`` just before it was deleted notices
+  (the name no longer refers to the file it locked) and starts again.
+* A child created by ``fork`` inherits its parent's mappings and lock descriptors; it never
+  touches the parent's locks (``os.register_at_fork``), and attaches anew if it needs a region.
+
+Writable regions (the static cache) are filled by several processes at once; what makes that safe
+is described in :mod:`shardkit.readers.static_cache`.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import logging
+import mmap
+import os
+import random
+import secrets
+import stat
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shardkit.formats import Dataset, FieldSpec
+from shardkit.formats.fields import read_field_array
+
+__all__ = [
+    "SharedRegion",
+    "attach",
+    "region_name",
+    "sharing_available",
+    "dataset_key",
+    "node_fields",
+    "node_permutation",
+    "remove_stale",
+    "SHM_ROOT",
+    "DIR_MODE",
+    "FILE_MODE",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Where shared regions live (a tmpfs on Linux).
+SHM_ROOT = Path("/dev/shm")
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+#: How long a process waits for another one to finish creating a region before it gives up and
+#: keeps a private copy (a stuck creator must not hang training).
+CREATE_TIMEOUT = 600.0
+_POLL = 0.01
+#: ``madvise(MADV_POPULATE_WRITE)`` (Linux 5.14): map pages ahead of writing them.
+MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
+_populate = [True]
+
+_dir_lock = threading.Lock()
+_dir_state: dict[str, object] = {}  # "pid", "fd", "cleaned"
+_live: weakref.WeakSet[SharedRegion] = weakref.WeakSet()
+
+
+def region_name(kind: str, *parts: object) -> str:
+    """``<kind>-<hash>``: a name that differs whenever any of ``parts`` differs."""
+    digest = hashlib.sha256("\0".join(map(str, parts)).encode()).hexdigest()[:40]
+    return f"{kind}-{digest}"
+
+
+def _private_dir() -> int | None:
+    """A descriptor of ``/dev/shm/shardkit-<uid>`` (created and checked once per process), or None."""
+    with _dir_lock:
+        if _dir_state.get("pid") == os.getpid():
+            fd = _dir_state.get("fd")
+            return fd if isinstance(fd, int) else None
+        _dir_state.clear()
+        _dir_state["pid"] = os.getpid()
+        path = SHM_ROOT / f"shardkit-{os.geteuid()}"
+        try:
+            if not SHM_ROOT.is_dir():
+                raise OSError(errno.ENOENT, f"{SHM_ROOT} does not exist")
+            try:
+                os.mkdir(path, DIR_MODE)
+            except FileExistsError:
+                pass
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            logger.warning("node sharing is off: cannot use %s (%s); every process keeps its own copies", path, exc)
+            return None
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
+            os.close(fd)
+            logger.warning(
+                "node sharing is off: %s belongs to uid %d with mode %o, expected uid %d and no access for "
+                "others; every process keeps its own copies", path, st.st_uid, stat.S_IMODE(st.st_mode), os.geteuid(),
+            )  # fmt: skip
+            return None
+        _dir_state["fd"] = fd
+        return fd
+
+
+def sharing_available() -> bool:
+    """Can this process share regions with others on the machine?"""
+    return _private_dir() is not None
+
+
+def _open_checked(name: str, dfd: int, flags: int) -> int:
+    """Open ``name`` in the private directory: never through a symlink, a regular file of ours."""
+    fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE, dir_fd=dfd)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
+        os.close(fd)
+        raise PermissionError(errno.EPERM, f"{name}: not a private regular file of this user")
+    return fd
+
+
+def _same_file(name: str, dfd: int, fd: int) -> bool:
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    own = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
+
+
+def _remove_stale(dfd: int) -> None:
+    """Delete regions nobody holds (their processes died) and creators' leftovers of dead pids."""
+    for entry in os.scandir(dfd):
+        name = entry.name
+        if name.endswith(".tmp") and name.startswith("."):
+            pid = name.split(".")[2] if name.count(".") >= 3 else ""
+            if pid.isdigit() and not _pid_alive(int(pid)):
+                _unlink(name, dfd)
+            continue
+        if not name.endswith(".lock"):
+            continue
+        try:
+            lfd = _open_checked(name, dfd, os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(lfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(lfd)
+            continue
+        try:
+            if _same_file(name, dfd, lfd):
+                _unlink(name[: -len(".lock")], dfd)
+                _unlink(name, dfd)
+                logger.debug("removed the shared region %s of processes that no longer exist", name[:-5])
+        finally:
+            os.close(lfd)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _reserve(fd: int, m: mmap.mmap, offset: int, length: int) -> bool:
+    """Allocate (and map) bytes ``[offset, offset + length)`` of a shared region; False if the node
+    has no memory for them.
+
+    ``madvise(MADV_POPULATE_WRITE)`` (Linux 5.14) allocates, zeroes and maps the pages in one call,
+    and reports a failure as an error where a write would raise SIGBUS; older kernels reserve with
+    ``posix_fallocate`` and the writes fault the pages in.
+    """
+    if _populate[0]:
+        start = offset - offset % mmap.PAGESIZE
+        try:
+            m.madvise(MADV_POPULATE_WRITE, start, offset + length - start)
+            return True
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                return False  # EFAULT/ENOMEM: no memory for it
+            _populate[0] = False  # not supported here
+    try:
+        os.posix_fallocate(fd, offset, length)
+    except OSError:
+        return False
+    return True
+
+
+def _drop_unused_lock(name: str, dfd: int, lfd: int) -> None:
+    """After a failed creation: delete ``name.lock`` unless another process uses it; close it."""
+    try:
+        fcntl.flock(lfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if _same_file(f"{name}.lock", dfd, lfd) and not _exists(name, dfd):
+            _unlink(f"{name}.lock", dfd)
+    except OSError:
+        pass
+    finally:
+        os.close(lfd)
+
+
+class _Unusable(Exception):
+    """A region's file exists but may not be used (the caller keeps a private copy)."""
+
+
+def remove_stale() -> None:
+    """Delete the regions of this user whose processes all died (``attach`` does this once per
+    process; long-running processes may call it again)."""
+    dfd = _private_dir()
+    if dfd is not None:
+        _remove_stale(dfd)
+
+
+def _exists(name: str, dfd: int) -> bool:
+    try:
+        os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _unlink(name: str, dfd: int) -> None:
+    try:
+        os.unlink(name, dir_fd=dfd)
+    except FileNotFoundError:
+        pass
+
+
+class SharedRegion:
+    """A mapped region of node-shared memory (see module docstring); use :func:`attach`.
+
+    Attributes
+    ----------
+    name
+        The region's file name.
+    nbytes
+        Its size.
+    created
+        True in the process that created (and filled) it.
+    """
+
+    def __init__(self, name: str, nbytes: int, mapping: mmap.mmap, lock_fd: int, data_fd: int, created: bool) -> None:
+        self.name, self.nbytes, self.created = name, int(nbytes), created
+        self._mmap: mmap.mmap | None = mapping
+        self._lock_fd: int | None = lock_fd
+        self._data_fd: int | None = data_fd
+        self._pid = os.getpid()
+        self._guard = threading.Lock()
+        _live.add(self)
+
+    def array(self, dtype: np.dtype[Any] | type, shape: tuple[int, ...], offset: int = 0) -> np.ndarray:
+        """A numpy view of the region (read-only unless the region was attached writable)."""
+        assert self._mmap is not None, "region already released"
+        count = int(np.prod(shape, dtype=np.int64))
+        return np.frombuffer(self._mmap, dtype=dtype, count=count, offset=offset).reshape(shape)
+
+    def reserve(self, ranges: list[tuple[int, int]]) -> list[bool]:
+        """Allocate the memory of byte ranges ``(offset, length)`` of a writable region before they
+        are written; False for a range the node has no memory for (its writer must not write it:
+        on a full tmpfs a write through the mapping is a SIGBUS, an allocation here is an error)."""
+        fd, m = self._data_fd, self._mmap
+        out = []
+        for offset, length in ranges:
+            out.append(fd is not None and m is not None and _reserve(fd, m, offset, length))
+        return out
+
+    def _forget(self) -> None:
+        """In a forked child: the lock descriptors are the parent's; never use them."""
+        self._lock_fd = self._data_fd = None
+
+    def release(self) -> None:
+        """Let go of the region; the last process on the node deletes it (idempotent).
+
+        The mapping stays valid for views that still exist (it is unmapped when the last one goes).
+        """
+        with self._guard:
+            lfd, dfd_data = self._lock_fd, self._data_fd
+            self._lock_fd = self._data_fd = None
+            self._mmap = None
+        if lfd is None or os.getpid() != self._pid:
+            return
+        try:
+            dfd = _private_dir()
+            try:
+                fcntl.flock(lfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return  # another process still uses it
+            if dfd is not None and _same_file(f"{self.name}.lock", dfd, lfd):
+                if dfd_data is not None and _same_file(self.name, dfd, dfd_data):
+                    _unlink(self.name, dfd)
+                _unlink(f"{self.name}.lock", dfd)
+        finally:
+            os.close(lfd)
+            if dfd_data is not None:
+                os.close(dfd_data)
+
+    def __del__(self) -> None:
+        try:
+            self.release()
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
+
+    def __repr__(self) -> str:
+        return f"SharedRegion({self.name!r}, {self.nbytes} bytes, created={self.created})"
+
+
+def attach(
+    name: str,
+    nbytes: int,
+    init: Callable[[mmap.mmap], None],
+    *,
+    writable: bool = False,
+    reserve: int | None = None,
+    timeout: float = CREATE_TIMEOUT,
+) -> SharedRegion | None:
+    """Map region ``name`` of ``nbytes`` bytes, creating it with ``init(mapping)`` if no process on
+    the node has; ``None`` when node sharing is unavailable (the caller keeps a private copy).
+
+    ``init`` fills a fresh zeroed mapping (and keeps no view of it); it runs in exactly one process
+    per node while the region does not exist. ``writable`` maps the region read-write (the static
+    cache), else read-only. The first ``reserve`` bytes (default: all) are allocated before ``init``
+    runs; a writable region reserves the rest piece by piece as it fills them
+    (:meth:`SharedRegion.reserve`), so a large cache costs nothing before its first use.
+    """
+    reserve = nbytes if reserve is None else int(reserve)
+    dfd = _private_dir()
+    if dfd is None or nbytes <= 0:
+        return None
+    with _dir_lock:
+        if not _dir_state.get("cleaned"):
+            _dir_state["cleaned"] = True
+            _remove_stale(dfd)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            lfd = _open_checked(f"{name}.lock", dfd, os.O_RDWR | os.O_CREAT)
+        except OSError as exc:  # not a private regular file of ours (a planted symlink, say)
+            logger.warning("node sharing: %s.lock in %s is unusable (%s); keeping a private copy", name, SHM_ROOT, exc)
+            return None
+        fcntl.flock(lfd, fcntl.LOCK_SH)
+        if not _same_file(f"{name}.lock", dfd, lfd):
+            os.close(lfd)  # deleted by its last user while we waited: start again
+            continue
+        try:
+            region = _open_or_create(name, nbytes, init, writable, dfd, lfd, deadline, reserve)
+        except BaseException as exc:
+            _drop_unused_lock(name, dfd, lfd)
+            if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.ENOMEM):
+                logger.warning("node sharing: no room for %s (%d bytes) in %s; keeping a private copy",
+                               name, nbytes, SHM_ROOT)  # fmt: skip
+                return None
+            if isinstance(exc, _Unusable):
+                logger.warning("node sharing: %s; keeping a private copy", exc)
+                return None
+            raise
+        if region is not None:
+            return region
+        os.close(lfd)  # start over (the lock file was replaced), or give up
+        if time.monotonic() > deadline:
+            logger.warning("node sharing: gave up waiting for %s to be created; keeping a private copy", name)
+            return None
+
+
+def _open_or_create(
+    name: str,
+    nbytes: int,
+    init: Callable[[mmap.mmap], None],
+    writable: bool,
+    dfd: int,
+    lfd: int,
+    deadline: float,
+    reserve: int,
+) -> SharedRegion | None:
+    """With a shared lock on ``name.lock``: map the region, creating it if it is missing."""
+    flags = os.O_RDWR if writable else os.O_RDONLY
+    prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+    where = f"{SHM_ROOT}/shardkit-{os.geteuid()}/{name}"
+    while True:
+        try:
+            fd = _open_checked(name, dfd, flags)
+        except FileNotFoundError:
+            fd = -1
+        except OSError as exc:  # a symlink, another owner, group/other permissions: never used
+            raise _Unusable(f"{where} is not a private regular file of this user ({exc})") from None
+        if fd >= 0:
+            size = os.fstat(fd).st_size
+            if size != nbytes:
+                os.close(fd)
+                raise _Unusable(f"{where} has {size} bytes, expected {nbytes}")
+            return SharedRegion(name, nbytes, mmap.mmap(fd, nbytes, mmap.MAP_SHARED, prot), lfd, fd, False)
+        try:
+            fcntl.flock(lfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            # Another process is creating it (or holds it while it is missing). The failed
+            # conversion dropped our shared lock: wait without it (a random while, so two waiters
+            # cannot keep blocking each other), take it again, start over if the lock file was deleted
+            # meanwhile (its last user let go), and look again.
+            time.sleep(_POLL * (0.5 + random.random()))
+            fcntl.flock(lfd, fcntl.LOCK_SH)
+            if not _same_file(f"{name}.lock", dfd, lfd) or time.monotonic() > deadline:
+                return None
+            continue
+        try:
+            if not _same_file(f"{name}.lock", dfd, lfd):
+                return None  # deleted while we had no lock: start over with the current one
+            if _exists(name, dfd):
+                continue  # created meanwhile
+            fd = _create(name, nbytes, init, dfd, reserve)
+        finally:
+            fcntl.flock(lfd, fcntl.LOCK_SH)
+        if not writable:
+            os.close(fd)
+            fd = _open_checked(name, dfd, flags)
+        return SharedRegion(name, nbytes, mmap.mmap(fd, nbytes, mmap.MAP_SHARED, prot), lfd, fd, True)
+
+
+def _create(name: str, nbytes: int, init: Callable[[mmap.mmap], None], dfd: int, reserve: int) -> int:
+    """Write the region under a temporary name and rename it into place; return a descriptor."""
+    tmp = f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE, dir_fd=dfd)
+    try:
+        os.fchmod(fd, FILE_MODE)  # exact, whatever the umask
+        os.ftruncate(fd, nbytes)
+        # Reserve the memory ``init`` writes now: a full tmpfs must fail here (ENOSPC, then a
+        # private copy), not with SIGBUS on the first write through the mapping.
+        if reserve:
+            os.posix_fallocate(fd, 0, min(reserve, nbytes))
+        m = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        try:
+            init(m)
+        finally:
+            try:
+                m.close()
+            except BufferError:
+                pass  # a view is still alive (held by a failing init's traceback): unmapped with it
+        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    except BaseException:
+        os.close(fd)
+        _unlink(tmp, dfd)
+        raise
+    return fd
+
+
+def _after_fork_in_child() -> None:
+    for region in list(_live):
+        region._forget()
+    _dir_state.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# ---------------------------------------------------------------------------------------------- users
+def dataset_key(path: Path | str, fingerprint: str) -> str:
+    """What node-shared regions of a dataset are named by: its real path, its root document's
+    inode and modification time, and its SHA-256 (a dataset replaced in place gets new regions);
+    for a dataset in an object store (a URL), the URL and the SHA-256."""
+    if isinstance(path, str):
+        return "\0".join(("url", path, fingerprint))
+    real = os.path.realpath(path)
+    st = os.stat(os.path.join(real, "zarr.json"))
+    return "\0".join(map(str, (real, st.st_dev, st.st_ino, st.st_mtime_ns, fingerprint)))
+
+
+def node_fields(dataset: Dataset, key: str | None) -> tuple[dict[str, np.ndarray], list[SharedRegion]]:
+    """Every per-record field of ``dataset`` as a read-only array, decoded (and checked) once per
+    node into a shared region; private arrays when ``key`` is ``None`` or sharing is unavailable.
+
+    Returns the arrays and the regions to release when they are no longer needed.
+    """
+    meta = dataset.meta
+    fields: dict[str, np.ndarray] = {}
+    regions: list[SharedRegion] = []
+    for name, spec in meta.fields.items():
+        dtype = np.dtype(spec.dtype).newbyteorder("<")
+        shape = (meta.num_records, *spec.shape)
+
+        def init(m: mmap.mmap, name: str = name, spec: FieldSpec = spec, dtype: np.dtype[Any] = dtype,
+                 shape: tuple[int, ...] = shape) -> None:  # fmt: skip
+            out = np.frombuffer(m, dtype=dtype, count=int(np.prod(shape, dtype=np.int64))).reshape(shape)
+            read_field_array(dataset.store, name, spec, meta.num_records, meta.field_chunk_records, meta.files, out=out)
+            del out
+
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        region = attach(region_name("field", key, name, spec.dtype, spec.shape), nbytes, init) if key else None
+        if region is None:
+            fields[name] = read_field_array(dataset.store, name, spec, meta.num_records, meta.field_chunk_records,
+                                            meta.files)  # fmt: skip
+        else:
+            fields[name] = region.array(dtype, shape)
+            regions.append(region)
+    return fields, regions
+
+
+def node_permutation(seed: int, epoch: int, n: int) -> tuple[np.ndarray, SharedRegion] | None:
+    """The exact epoch order of ``(seed, epoch)`` computed once per node into a shared region (a
+    read-only int64 array and its region), or ``None`` when sharing is unavailable."""
+    from shardkit.readers.schedule import permute_into
+
+    def init(m: mmap.mmap) -> None:
+        out = np.frombuffer(m, dtype=np.int64, count=int(n))
+        permute_into(seed, epoch, out)
+        del out
+
+    region = attach(region_name("order", "epoch", seed, epoch, n), 8 * int(n), init)
+    if region is None:
+        return None
+    return region.array(np.int64, (int(n),)), region

@@ -1,0 +1,112 @@
+"""``PayloadArray.read_into``: records read straight into rows of several destination buffers.
+
+The destination API generalises ``read(keys, out)``: every layout (large records scattered with one
+``iovec`` each, small records through the bounce buffer, compressed records decoded in place) must put
+record ``keys[j]`` exactly into ``buffers[which[j]][rows[j]]`` and touch nothing else.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shardkit.errors import ConfigError
+from shardkit.formats import open_dataset
+from shardkit.formats.reader import BUFFER_ALIGNMENT, SCATTER_MIN_BYTES, Destination, aligned_empty
+from tests.conftest import make_records, write_dataset
+
+# (record shape, compression): small records (bounce path), large ones (one iovec each), compressed.
+LAYOUTS = {
+    "small": ((4, 3, 3), None),
+    "large": ((SCATTER_MIN_BYTES // 8 + 16, 8), None),
+    "zstd": ((4, 3, 3), "zstd"),
+}
+
+
+def _dataset(tmp_path: Path, layout: str, n: int = 61) -> tuple[Path, np.ndarray]:
+    shape, compression = LAYOUTS[layout]
+    recs = make_records(n, shape=shape)
+    return write_dataset(tmp_path / layout, recs, records_per_shard=7, compression=compression), recs
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("gap", [0, 1 << 16])
+def test_records_land_in_their_rows(tmp_path: Path, layout: str, gap: int) -> None:
+    path, recs = _dataset(tmp_path, layout)
+    n = recs.shape[0]
+    rng = np.random.default_rng(3)
+    with open_dataset(path, gap_bytes=gap) as ds:
+        for _ in range(6):
+            k = int(rng.integers(1, 3 * n))
+            keys = rng.integers(0, n, size=k)  # duplicates included
+            sizes = [int(rng.integers(1, k + 2)) for _ in range(3)]
+            buffers = tuple(ds.payload.empty(m + k) for m in sizes)
+            for b in buffers:
+                b[...] = 0xAB if b.dtype == np.uint8 else 0
+            which = rng.integers(0, 3, size=k)
+            # distinct rows per buffer, so every destination is written once
+            rows = np.empty(k, dtype=np.int64)
+            for w in range(3):
+                sel = np.flatnonzero(which == w)
+                rows[sel] = rng.permutation(buffers[w].shape[0])[: sel.size]
+            before = [b.copy() for b in buffers]
+            ds.payload.read_into(keys, Destination(buffers, which, rows))
+            for w in range(3):
+                untouched = np.ones(buffers[w].shape[0], dtype=bool)
+                sel = np.flatnonzero(which == w)
+                untouched[rows[sel]] = False
+                np.testing.assert_array_equal(buffers[w][rows[sel]], recs[keys[sel]])
+                np.testing.assert_array_equal(buffers[w][untouched], before[w][untouched])
+
+
+def test_read_is_read_into_one_buffer(tmp_path: Path) -> None:
+    path, recs = _dataset(tmp_path, "small")
+    keys = np.array([5, 3, 3, 60, 0, 5])
+    with open_dataset(path) as ds:
+        np.testing.assert_array_equal(ds.payload.read(keys), recs[keys])
+        out = ds.payload.empty(10)
+        assert ds.payload.read(keys, out) is out
+        np.testing.assert_array_equal(out[:6], recs[keys])
+
+
+@pytest.mark.parametrize("layout", ["small", "large"])
+def test_dense_read_into_consecutive_rows_is_one_request_per_shard(tmp_path: Path, layout: str) -> None:
+    """Consecutive keys into consecutive rows (filling a cache in storage order): one request per
+    shard, with no per-record split, for large records too."""
+    path, recs = _dataset(tmp_path, layout)
+    with open_dataset(path, gap_bytes=0) as ds:
+        for i in range(len(ds.payload.shards)):
+            ds.payload.index(i)
+        calls = ds.payload.stats.read_calls
+        out = ds.payload.empty(recs.shape[0])
+        ds.payload.read_into(np.arange(recs.shape[0]), Destination.rows_of(out, recs.shape[0]))
+        np.testing.assert_array_equal(out, recs)
+        assert ds.payload.stats.read_calls - calls == len(ds.payload.shards)
+
+
+def test_bad_destinations(tmp_path: Path) -> None:
+    path, _ = _dataset(tmp_path, "small")
+    with open_dataset(path) as ds:
+        pa = ds.payload
+        good = pa.empty(4)
+        cases = [
+            Destination((good,), np.zeros(3, np.int64), np.arange(3)),  # 3 rows for 4 keys
+            Destination((good,), np.zeros(4, np.int64), np.array([0, 1, 2, 4])),  # row past the end
+            Destination((good,), np.array([0, 0, 0, 1]), np.arange(4)),  # no buffer 1
+            Destination((np.zeros((4, 4, 3, 3), np.int16),), np.zeros(4, np.int64), np.arange(4)),  # dtype
+            Destination((good[:, ::-1],), np.zeros(4, np.int64), np.arange(4)),  # not contiguous
+        ]
+        for dest in cases:
+            with pytest.raises(ConfigError, match="destination"):
+                pa.read_into(np.arange(4), dest)
+        with pytest.raises(IndexError, match="outside"):
+            pa.read_into(np.array([0, 1, 2, 99]), Destination.rows_of(good, 4))
+
+
+def test_buffers_are_page_aligned() -> None:
+    for n in (1, 3, 100):
+        a = aligned_empty(n, (5, 7), np.dtype(np.float32))
+        assert a.shape == (n, 5, 7) and a.dtype == np.float32 and a.flags.c_contiguous
+        assert a.ctypes.data % BUFFER_ALIGNMENT == 0
