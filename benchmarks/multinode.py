@@ -351,7 +351,14 @@ def main() -> None:
     sim = part4(rows, rec, quick, batch, args.ranks_per_node)
     if args.json is not None:
         args.json.write_text(json.dumps({"measured": rows, "warmup": fill, "model": model, "exchange": exchange,
-                                         "simulation": sim}, indent=1))  # fmt: skip
+                                         "simulation": sim}, indent=1, default=_plain))  # fmt: skip
+
+
+def _plain(value: object) -> object:
+    """numpy scalars in the results as JSON numbers."""
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ def test_one_configuration_and_the_model(tmp_path: Path, monkeypatch: pytest.Mon
     assert off["hit_rate"] == pytest.approx(0.25)  # every node pins the same quarter without locality
     assert on["hit_rate"] > 0.85
     assert on["storage_records"] == n - on["hits"] and off["storage_records"] == n - off["hits"]
+    assert json.loads(json.dumps([off, on], default=mn._plain))[1]["hits"] == on["hits"]  # --json writes them
     on_reads = mn.warmup(data, 4, 32, n, 3, True)
     off_reads = mn.warmup(data, 4, 32, n, 3, False)
     assert on_reads[0] == n and off_reads[0] == n  # cold: everything from storage
