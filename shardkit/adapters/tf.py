@@ -17,6 +17,17 @@ strategy deals out to the replicas of its worker in turn, so replicas receive di
 together cover each epoch. Without a strategy, ``rank`` / ``world_size`` do the same for any other
 launcher (one process per consumer).
 
+Many nodes
+----------
+``locality=True`` makes each node pin a disjoint random part of the dataset and take its keys of
+every global batch from there where it can (see :mod:`shardkit.readers.locality`). Under
+``tf.distribute`` with one input pipeline per worker machine (``MultiWorkerMirroredStrategy``),
+every pipeline is a node: the keys of each sampler global batch move between pipelines only, so a
+training step, which takes one batch per replica of every pipeline (``r`` consecutive sampler
+global batches with ``r`` replicas per worker), trains on the same set of records as without
+locality: a contiguous slice of the epoch's uniform order. With one pipeline (``MirroredStrategy``
+on one machine) there is one node and nothing to gain.
+
 Epochs
 ------
 Each full iteration of the dataset (each Keras epoch) runs ``epochs`` sampler epochs and then
@@ -100,6 +111,10 @@ def make_tf_dataset(
     static_cache: int | str | Capacity = DEFAULTS.static_cache,
     permutation: str = DEFAULTS.permutation,
     node_sharing: bool = DEFAULTS.node_sharing,
+    locality: bool = DEFAULTS.locality,
+    nodes: int | None = None,
+    node_cache: int | str | Capacity = DEFAULTS.node_cache,
+    node_cache_dir: str | os.PathLike[str] | None = DEFAULTS.node_cache_dir,
 ) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of batches from the tiered sampler.
 
@@ -142,6 +157,12 @@ def make_tf_dataset(
     shared
         Name of a running ``shardkit serve`` to attach to (:class:`~shardkit.readers.SharedSampler`,
         ``seed`` as the job seed; mode ``"epoch"`` only).
+    locality, nodes, node_cache, node_cache_dir
+        Many nodes (see the module notes): each node pins its part of the dataset (the static cache
+        in RAM, ``node_cache`` records on its local disk) and takes its keys of every global batch
+        from there where it can. With ``input_context`` every input pipeline is a node of its own
+        (``nodes`` defaults to ``num_input_pipelines``: one pipeline per worker machine); with
+        ``rank`` / ``world_size``, ``nodes`` defaults to 1. Every consumer must get the same values.
 
     Returns
     -------
@@ -151,11 +172,14 @@ def make_tf_dataset(
         ``limit``) makes every batch full.
     """
     consumer, consumers, per_consumer = _consumer(input_context, rank, world_size, batch_size, global_batch_size)
+    if nodes is None:
+        nodes = consumers if input_context is not None and locality else 1
     options = SamplerOptions.parse(
         batch_size=per_consumer, tiers=tiers, ram_size=ram_size, ssd_size=ssd_size, ssd_dir=ssd_dir, seed=seed,
         mode=mode, epochs=epochs, start_epoch=start_epoch, drop_last=drop_last, limit=limit, gap_bytes=gap_bytes,
         cache_dir=cache_dir, cache_size=cache_size, rank=consumer, world_size=consumers, static_cache=static_cache,
-        permutation=permutation, node_sharing=node_sharing,
+        permutation=permutation, node_sharing=node_sharing, locality=locality, nodes=nodes, node_cache=node_cache,
+        node_cache_dir=node_cache_dir,
     )  # fmt: skip
     factory = SamplerFactory(options, shared=shared)
     present = PayloadOptions(layout=layout, scale=scale)

@@ -67,6 +67,25 @@ def sample(
         help="Epoch order: exact (numpy permutation, 8 bytes a record), feistel (on-demand bijection, "
              "statistically uniform) or auto (exact up to 1e8 records).",
     ),
+    locality: bool = typer.Option(
+        DEFAULTS.locality, "--locality/--no-locality",
+        help="Many nodes: each node pins a disjoint random part of the dataset (--static-cache in RAM, "
+             "--node-cache on its disk) and the ranks take their keys of every global batch from their own "
+             "node's cache where they can; every step keeps its set of records.",
+    ),
+    nodes: int = typer.Option(DEFAULTS.nodes, "--nodes", help="Nodes M the ranks run on (with --locality)."),
+    workers_per_rank: int = typer.Option(
+        DEFAULTS.workers_per_rank, "--workers-per-rank",
+        help="Consumers per rank (DataLoader workers): consumer c is worker c mod k of rank c div k.",
+    ),
+    node_cache: str = typer.Option(
+        str(DEFAULTS.node_cache), "--node-cache",
+        help="With --locality: records this node pins on its local disk on top of --static-cache, bytes or "
+             "records; 0 = off.",
+    ),
+    node_cache_dir: Path = typer.Option(
+        None, "--node-cache-dir", help="Node-local directory of the node cache (default: the system temp dir).",
+    ),
     gap_bytes: str = typer.Option(
         human_bytes(DEFAULTS.gap_bytes), "--gap-bytes",
         help="Gaps between wanted records up to this size (bytes or 64KiB) are read rather than skipped, "
@@ -115,7 +134,8 @@ def sample(
         epochs=epochs, seed=seed, mode=mode, rank=rank, world_size=world_size, limit=limit,
         static_cache=static_cache, gap_bytes=gap_bytes, permutation=permutation, remote_gap_bytes=remote_gap_bytes,
         remote_concurrency=remote_concurrency, remote_timeout=remote_timeout, remote_retry=remote_retry,
-        cache_dir=cache_dir, cache_size=cache_size,
+        cache_dir=cache_dir, cache_size=cache_size, locality=locality, nodes=nodes,
+        workers_per_rank=workers_per_rank, node_cache=node_cache, node_cache_dir=node_cache_dir,
     )  # fmt: skip
     sampler = TieredSampler(source_of(paths, weights, epoch_size, source="cli"), options)
     total = len(sampler) * epochs if limit is None else None
@@ -148,10 +168,17 @@ def summary(sampler: TieredSampler) -> list[str]:
         f"throughput   {st.records_per_s:,.0f} records/s, {st.bytes_per_s / 2**20:,.1f} MiB/s",
         f"delivered    {human_bytes(st.bytes)} of payload",
     ]
+    if sampler.node is not None:
+        lines.append(f"node         {sampler.node} of {sampler.options.nodes}, pinning {sampler.pinned_keys.size} records")
     remote = isinstance(sampler.path, str)
     for name, t in st.tiers.items():
-        if ((name == "ssd" and "ssd" not in sampler.tiers) or (name == "cache" and not sampler.static_cache)
+        if ((name == "ssd" and "ssd" not in sampler.tiers) or (name == "cache" and not sampler.pinned_keys.size)
                 or (name == "remote_cache" and not (remote and sampler.options.cache_dir))):
+            continue
+        if name == "node":
+            if t.read_calls:
+                lines.append(f"{name:<12} {human_bytes(t.bytes_read)} read from the node cache on local disk "
+                             f"in {t.read_calls} calls ({t.records} records)")  # fmt: skip
             continue
         shown = {"disk": "remote", "remote_cache": "local cache"}.get(name, name) if remote else name
         if name == "cache":

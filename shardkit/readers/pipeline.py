@@ -48,12 +48,12 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from shardkit.errors import SamplerError, ShardkitError
-from shardkit.formats import DEFAULT_GAP_BYTES
+from shardkit.formats import DEFAULT_GAP_BYTES, PayloadArray
 from shardkit.formats.reader import Destination, aligned_empty
 from shardkit.readers import stopping
 from shardkit.readers.buffers import BatchBuffer, BatchPool
@@ -66,6 +66,9 @@ from shardkit.readers.ssd import SsdSpace
 from shardkit.readers.static_cache import StaticCache
 from shardkit.readers.stats import SamplerStats
 from shardkit.readers.stopping import POLL_SECONDS, Stopped
+
+if TYPE_CHECKING:  # node_cache imports the shared stack's run directory, which imports this module
+    from shardkit.readers.node_cache import NodeDiskCache
 
 __all__ = [
     "Segment",
@@ -232,6 +235,10 @@ class Pipeline:
     key_map
         Applied to every batch's ``key`` (a mixture's global keys become the records' keys in their
         datasets); ``None`` keeps the keys.
+    node_disk
+        With ``locality``, the node's pinned records on its local disk
+        (:class:`~shardkit.readers.node_cache.NodeDiskCache`): blocks read them from there (the
+        RAM tier only; the options refuse it with the SSD tier).
     identity
         The dataset's identity when the sampler opened it, checked after every read from the disk
         tier (see :mod:`shardkit.readers.identity`), so no block read from a replaced dataset is
@@ -251,11 +258,13 @@ class Pipeline:
         gap_bytes: int = DEFAULT_GAP_BYTES,
         dataset_options: Mapping[str, Any] | None = None,
         static_cache: StaticCache | None = None,
+        node_disk: NodeDiskCache | None = None,
         identity: DatasetIdentity | MixedIdentity | None = None,
         key_map: Callable[[np.ndarray], np.ndarray] | None = None,
     ) -> None:
         self.stop = threading.Event()
         self.cache = static_cache
+        self.node_disk = node_disk
         self.error: BaseException | None = None
         self._error_lock = threading.Lock()
         self._stats = stats
@@ -456,7 +465,10 @@ class Pipeline:
 
     def _ram_from_disk(self) -> None:
         """Disk -> batch buffers: each block of the plan read in ascending offsets."""
-        read = self.disk.payload.read_into
+        read: Callable[[np.ndarray, Destination], None] = self.disk.payload.read_into
+        if self.node_disk is not None:  # locality: the node's records on its disk come from there
+            assert isinstance(self.disk.payload, PayloadArray)  # the sampler refuses locality for a mixture
+            read = self.node_disk.reader(self.disk.payload, self.stop)
         disk = self.disk.payload.stats
         for seg in self._segments:
             open_buffers: dict[int, BatchBuffer] = {}

@@ -24,7 +24,9 @@ from shardkit.readers.buffers import BatchPool
 from shardkit.readers.config import SamplerOptions, TierSizes
 from shardkit.readers.identity import DatasetIdentity, dataset_fingerprint
 from shardkit.readers.interface import Batch, ElementSpec
+from shardkit.readers.locality import NodeLayout, NodePartition, local_shape, node_partition
 from shardkit.readers.mixture import MixturePlan
+from shardkit.readers.node_cache import NodeDiskCache, entry_name, node_cache_dir
 from shardkit.readers.pipeline import BatchReady, EpochEnd, Pipeline, RunDone, Segment
 from shardkit.readers.schedule import (
     ArrayOrder,
@@ -108,6 +110,16 @@ class TieredSampler:
     first epoch reads them; a block reads only its records the cache does not hold. The order is
     unchanged. See :mod:`shardkit.readers.static_cache`.
 
+    Many nodes (``locality=True``, DESIGN §10): node ``m`` of ``nodes`` pins its part of a node
+    partition (a uniformly random subset of the keys, disjoint from every other node's, drawn from
+    the seed and the node count) in the static cache and, with ``node_cache``, on its local disk.
+    ``pi`` and its global batches stay what they are; inside each step's global batch every
+    consumer takes exactly its usual number of keys, as many as possible from its own node's cache
+    (:mod:`shardkit.readers.locality`), so storage serves only the misses. Every consumer computes
+    the same assignment from the options alone, without communication: every rank must be given
+    the same options (``ram_size``, ``static_cache``, ``node_cache``, ``nodes``,
+    ``workers_per_rank``, seed). A budget that caches the whole dataset needs no partition.
+
     Dataset identity: the sampler checks before each epoch and after every block it reads that the
     dataset is still the one it opened, and stops with a :class:`~shardkit.errors.SamplerError`
     naming the path otherwise (see :mod:`shardkit.readers.identity`).
@@ -128,6 +140,8 @@ class TieredSampler:
         #: A mixture's global key -> the record's key in its dataset (batches carry the latter).
         self._local_keys: Callable[[np.ndarray], np.ndarray] | None = None
         if isinstance(dataset, Mixture):
+            if opts.locality:  # the node partition is drawn over one dataset's keys (issue 12)
+                raise ConfigError(f"{opts.name('locality')}: not available for a mixture of datasets; read it without locality")
             opts = _mixture_options(dataset, opts, "seed" in overrides)
             self.options = opts
             regions = self._open_mixture(dataset)
@@ -145,15 +159,23 @@ class TieredSampler:
                 raise ConfigError(f"{opts.name('ssd_dir')}: expected an existing directory, found {str(self.ssd_dir)!r}")
             self._check_ssd_space()
         rec = self._record
+        self.stats = SamplerStats()
         self._cache: StaticCache | None = None
-        if self.sizes.static_records:
+        #: Where the consumers sit and which node pins which key (``locality`` only).
+        self.layout: NodeLayout | None = None
+        self.partition: NodePartition | None = None
+        self._node_disk: NodeDiskCache | None = None
+        #: The node this consumer runs on (``None`` without ``locality``).
+        self.node = NodeLayout(opts.world_size, opts.workers_per_rank, opts.nodes).node_of(opts.rank) if opts.locality else None
+        if opts.locality and not self.sizes.full_cache:
+            self._cache = self._node_caches(tuple(rec.shape), np.dtype(rec.dtype))
+        elif self.sizes.static_records:
             self._cache = StaticCache(
                 opts.seed, self.num_keys, self.sizes.static_records, tuple(rec.shape), np.dtype(rec.dtype),
                 bijection=self.permutation == "feistel", share_key=self._share_key,
             )  # fmt: skip
         self._pool = BatchPool(opts.batch_size, tuple(rec.shape), np.dtype(rec.dtype).newbyteorder("<"),
                                self.sizes.pool_batches)  # fmt: skip
-        self.stats = SamplerStats()
         self._start_epoch = opts.start_epoch
         self._epoch = opts.start_epoch
         self._position = 0
@@ -216,6 +238,31 @@ class TieredSampler:
         self.fields = gathered
         self._local_keys = functools.partial(local_keys, offsets)
         return regions
+
+    def _node_caches(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> StaticCache | None:
+        """This node's part of the node partition: depths ``[0, static)`` in the static cache (the
+        node variant, shared by the node's processes), the next ``node_cache`` records on its disk
+        (:mod:`shardkit.readers.node_cache`). With a budget that holds the whole dataset every node
+        caches everything and there is nothing to steer (see ``__init__``)."""
+        o, sizes = self.options, self.sizes
+        self.layout = NodeLayout(o.world_size, o.workers_per_rank, o.nodes)
+        me = self.layout.node_of(o.rank)
+        self.partition = node_partition(o.seed, self.num_records, o.nodes, sizes.static_records + sizes.node_records)
+        ram = min(sizes.static_records, self.partition.per_node)
+        disk_keys = self.partition.pinned_keys(me, ram)
+        if disk_keys.size:
+            assert isinstance(self.identity, DatasetIdentity)  # locality refuses a mixture (see __init__)
+            if o.node_cache_dir is not None and not o.node_cache_dir.is_dir():
+                raise ConfigError(f"{o.name('node_cache_dir')}: expected an existing directory, found {str(o.node_cache_dir)!r}")
+            self._node_disk = NodeDiskCache(
+                disk_keys, dataset=self.path, directory=node_cache_dir(o.node_cache_dir),
+                name=entry_name(self.identity.fingerprint, o.seed, o.nodes, me, ram, self.partition.per_node),
+                stats=self.stats.node, dataset_options=o.dataset_options(),
+            )  # fmt: skip
+        count = min(ram, len(range(me, self.num_records, o.nodes)))
+        if not count:
+            return None
+        return StaticCache(o.seed, self.num_records, count, shape, dtype, part=(o.nodes, me), share_key=self._share_key)
 
     # ------------------------------------------------------------------ options
     @property
@@ -405,11 +452,13 @@ class TieredSampler:
         while end is None or epoch < end:
             self.identity.check()
             shape = plan_shape(self.num_records, pos, o.batch_size, o.rank, o.world_size, o.drop_last)
+            order, release = self._order(epoch)
+            if self.layout is not None and self.partition is not None:
+                shape = local_shape(shape, order, self.layout, self.partition, o.drop_last)
             complete = True
             if left is not None and shape.length > left:
                 shape = shape.truncated(left)
                 complete = False
-            order, release = self._order(epoch)
             yield Segment(epoch, shape, order, complete, release)
             if left is not None:
                 left -= shape.length
@@ -450,8 +499,10 @@ class TieredSampler:
 
     @property
     def pinned_keys(self) -> np.ndarray:
-        """The static cache's pinned keys P, ascending (empty when the cache is off)."""
-        return self._cache.keys() if self._cache is not None else np.empty(0, dtype=np.int64)
+        """The keys this consumer's caches pin, ascending: the static cache's P, and with
+        ``locality`` the node's part on its disk too (empty when nothing is pinned)."""
+        parts = [c.keys() if isinstance(c, StaticCache) else c.keys for c in (self._cache, self._node_disk) if c is not None]
+        return np.sort(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
 
     def hold_shared(self) -> None:
         """Attach the node-shared memory (fields, static cache) now and keep it until :meth:`close`.
@@ -471,6 +522,8 @@ class TieredSampler:
         self._close_run()
         if self._cache is not None:
             self._cache.release()
+        if self._node_disk is not None:
+            self._node_disk.close()
 
     def __enter__(self) -> TieredSampler:
         return self
@@ -492,7 +545,8 @@ class TieredSampler:
             f"TieredSampler({str(self.path)!r}, tiers={','.join(self.tiers)}, mode={self.mode}, "
             f"blocks={self.sizes.first_block}..{self.ram_block}, K1={self.ssd_block}, static_cache={self.static_cache}, "
             f"batch_size={self.batch_size}, "
-            f"rank={self.rank}/{self.world_size}, epoch={self._epoch}, position={self._position})"
+            f"rank={self.rank}/{self.world_size}, epoch={self._epoch}, position={self._position}"
+            + (f", node={self.node}/{self.options.nodes})" if self.options.locality else ")")
         )
 
 
@@ -525,6 +579,7 @@ class _Run:
             gap_bytes=sampler.options.gap_bytes,
             dataset_options=sampler.options.dataset_options(),
             static_cache=sampler._cache,
+            node_disk=sampler._node_disk,
             identity=sampler.identity,
             key_map=sampler._local_keys,
         )

@@ -26,6 +26,9 @@ class SamplerStats:
         (batch assembly). Set ``stats.disk.trace = []`` to record every disk request.
     cache
         Records and bytes served from the static cache (pinned records) instead of disk or SSD.
+    node
+        With ``locality``: reads from the node's cache on its local disk
+        (:mod:`shardkit.readers.node_cache`), which the dataset's storage no longer serves.
     remote_cache
         For a dataset in an object store with a ``cache_dir``: reads served from the local copies
         of its shards instead of requests (``disk`` counts only the requests).
@@ -59,6 +62,7 @@ class SamplerStats:
     ssd: ReadStats = field(default_factory=ReadStats)
     ram: ReadStats = field(default_factory=ReadStats)
     cache: ReadStats = field(default_factory=ReadStats)
+    node: ReadStats = field(default_factory=ReadStats)
     remote_cache: ReadStats = field(default_factory=ReadStats)
     stall_seconds: float = 0.0
     records: int = 0
@@ -74,7 +78,8 @@ class SamplerStats:
 
     @property
     def tiers(self) -> dict[str, ReadStats]:
-        return {"disk": self.disk, "ssd": self.ssd, "ram": self.ram, "cache": self.cache, "remote_cache": self.remote_cache}
+        return {"disk": self.disk, "ssd": self.ssd, "ram": self.ram, "cache": self.cache, "node": self.node,
+                "remote_cache": self.remote_cache}
 
     @property
     def elapsed(self) -> float:

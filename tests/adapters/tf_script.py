@@ -85,6 +85,16 @@ def main() -> None:
     res["mixture_spec"] = spec_of(mds)
     res["mixture"] = [{k: b[k].numpy().tolist() for k in ("dataset", "key", "image")} for b in mds]
 
+    # locality: two input pipelines are two nodes (nodes defaults to num_input_pipelines); two
+    # iterations (Keras epochs) of each, batches kept apart.
+    local = []
+    for i in range(2):
+        ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=i, num_replicas_in_sync=2)
+        ds_i = make_tf_dataset(keyed, global_batch_size=8, input_context=ctx, seed=seed, locality=True,
+                               static_cache="30records", drop_last=True)  # fmt: skip
+        local.append([[b["key"].numpy().tolist() for b in ds_i] for _ in range(2)])
+    res["local_pipelines"] = local
+
     # Training: shardkit dataset vs tf.data's own full in-memory shuffle, same model and seeds.
     images, labels = blobs(1200, seed=1)
     test_images, test_labels = blobs(2000, seed=99)
