@@ -258,3 +258,10 @@ def test_a_static_cache_pins_global_keys(tmp_path: Path) -> None:
     pairs = _pairs(s).reshape(2, sum(SIZES), 2)
     np.testing.assert_array_equal(pairs[1], m.plan(8).pairs(1))
     assert s.stats.disk_bytes_by_epoch[1] == (sum(SIZES) - 9) * 16
+
+
+def test_locality_is_refused_for_a_mixture(tmp_path: Path) -> None:
+    """The node partition is drawn over one dataset's keys: a mixture with locality is a clear error."""
+    m = shardkit.mix(list(zip(_datasets(tmp_path), [1, 1, 1])))
+    with pytest.raises(ConfigError, match="locality: not available for a mixture"):
+        TieredSampler(m, batch_size=4, locality=True, nodes=1)
