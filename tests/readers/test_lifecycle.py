@@ -24,7 +24,9 @@ from tests.readers.conftest import check_batch, collect, make_dataset
 
 
 def _sampler_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("shardkit-")]
+    """The sampler's threads; not the object stores' one event-loop thread, which lives for the process
+    once any test of this process used an object store (shardkit/stores/objectstore.py)."""
+    return [t for t in threading.enumerate() if t.name.startswith("shardkit-") and t.name != "shardkit-store-io"]
 
 
 def _wait_clean(ssd_dir: Path, timeout: float = 5.0) -> None:
