@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
@@ -10,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from shardkit.formats import DatasetWriter, FieldSpec, open_dataset
+from shardkit.profiling.phases import evict_page_cache
 
 __all__ = ["drop_cache", "synthetic_dataset", "IMAGE_SHAPE"]
 
@@ -17,27 +17,11 @@ __all__ = ["drop_cache", "synthetic_dataset", "IMAGE_SHAPE"]
 IMAGE_SHAPE = (224, 224, 3)
 
 
-def _files(paths: Path | Iterable[Path]) -> Iterable[Path]:
-    if isinstance(paths, Path):
-        return [paths] if paths.is_file() else (f for f in paths.rglob("*") if f.is_file())
-    return paths
-
-
 def drop_cache(paths: Path | Iterable[Path]) -> None:
-    """Evict files (or every file under a directory) from the page cache.
-
-    fsync first: dirty pages cannot be dropped, so a freshly written file would otherwise stay cached.
-    """
-    for f in _files(paths):
-        try:
-            fd = os.open(f, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+    """Evict files (or every file under a directory) from the page cache
+    (:func:`shardkit.profiling.phases.evict_page_cache`: flushed first, so written files drop too)."""
+    for f in [paths] if isinstance(paths, Path) else paths:
+        evict_page_cache(f)
 
 
 def synthetic_dataset(path: Path, n: int, shape: tuple[int, ...] = IMAGE_SHAPE) -> Path:

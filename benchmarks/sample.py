@@ -11,6 +11,12 @@ Run: ``python benchmarks/sample.py [--quick] [--before /path/to/previous/tree] [
 * **Budgets**: RAM budgets of 5%, 25%, 100% and 200% of the dataset, three epochs each, cold before
   every epoch; per epoch MB/s, bytes read from storage and time to the first batch, and the peak
   RSS against the budget (+15%).
+* **SSD tier** (``--sections ssd``, issue 17): the second epoch of a run, cold (page cache dropped
+  on every shard file before each epoch), of ``tiers=ram`` and of ``tiers=ram,ssd`` with the SSD directory on tmpfs
+  (``/dev/shm``) and on the dataset's own disk, next to the raw sequential scan of the same round;
+  static cache off, so every record crosses every tier. On one disk each byte crosses the device
+  three times (read from the dataset, written to the reservoir, read back unless the reservoir is
+  still in the page cache), so a third of the raw scan is the physical bound there.
 * ``--io-modes``: the bottom tier's read modes on one sparse block: buffered ``preadv`` after
   announcing every run (what the reader does) against ``O_DIRECT`` reads from a thread pool.
 
@@ -92,6 +98,10 @@ def worker(cfg: dict[str, Any]) -> dict[str, Any]:
             kw.update(static_cache=0)
     else:
         kw.update(ram_size=int(cfg["ram"]))
+    if cfg.get("ssd_dir"):
+        kw.update(tiers="ram,ssd", ssd_dir=cfg["ssd_dir"], ssd_size=int(cfg["ssd"]))
+    if cfg.get("static_cache") is not None:
+        kw.update(static_cache=cfg["static_cache"])
     base = _rss_kib()
     s = TieredSampler(path, **kw)
     epochs = []
@@ -224,6 +234,46 @@ def budgets(path: Path, n: int, batch: int, trees: dict[str, str], rounds: int) 
     return lines
 
 
+def ssd_tier(path: Path, n: int, batch: int, trees: dict[str, str], rounds: int, ram: int, ssd: int) -> list[str]:
+    """``tiers=ram`` against ``tiers=ram,ssd`` on tmpfs and on the dataset's disk, cold (see module docstring)."""
+    disk_dir = path.parent / "_ssd-tier"
+    disk_dir.mkdir(exist_ok=True)
+    places = {"tiers=ram": None, "tiers=ram,ssd on tmpfs": "/dev/shm", "tiers=ram,ssd on the dataset's disk": str(disk_dir)}
+    rows: dict[tuple[str, str], list[dict[str, float]]] = {}
+    raws: list[dict[str, float]] = []
+    for _ in range(rounds):
+        raw = scan(path, cold=True)
+        raws.append(raw)
+        for label, where in places.items():
+            for name, tree in trees.items():
+                # Two epochs, the dataset's page cache dropped before each, the second reported: the
+                # steady state (batch buffers and SSD slot files exist), as in the hot path section.
+                res = run(tree, path=str(path), records=n, batch=batch, epochs=2, cold=True, ram=ram, ssd=ssd,
+                          ssd_dir=where, static_cache=0)  # fmt: skip
+                r = _rate(res["epochs"][1])
+                r["ratio"] = r["mbps"] / raw["mbps"]
+                rows.setdefault((label, name), []).append(r)
+    med = statistics.median
+    lines = [
+        f"SSD tier: {n} records ({n * REC / 1e9:.2f} GB), batch {batch}, ram_size {ram / 2**20:.0f} MiB, ssd_size "
+        f"{ssd / 2**20:.0f} MiB, static cache off, second epoch of a run (page cache dropped before each), {rounds} "
+        "round(s), medians; ratios against the raw scan and tiers=ram of the same round",
+        "",
+        "| | records/s | MB/s | x raw | x tiers=ram | CPU s/GB |",
+        "|---|---:|---:|---:|---:|---:|",
+        f"| raw sequential scan (cold) | | {med(x['mbps'] for x in raws):,.0f} | 1.00 | | "
+        f"{med(x['cpu_per_gb'] for x in raws):.3f} |",
+    ]
+    for name in trees:
+        ram_rows = rows[("tiers=ram", name)]
+        for label in places:
+            rs = rows[(label, name)]
+            vs_ram = med(r["mbps"] / q["mbps"] for r, q in zip(rs, ram_rows))  # within each round
+            lines.append(f"| {label} ({name}) | {med(r['rps'] for r in rs):,.0f} | {med(r['mbps'] for r in rs):,.0f} | "
+                         f"{med(r['ratio'] for r in rs):.2f} | {vs_ram:.2f} | {med(r['cpu_per_gb'] for r in rs):.3f} |")
+    return lines
+
+
 def io_modes(path: Path, n: int, density: float = 0.05, threads: int = 16) -> list[str]:
     """One sparse block read cold two ways (see module docstring)."""
     with open_dataset(path) as ds:
@@ -270,14 +320,16 @@ def main() -> None:
     ap.add_argument("--before", help="a shardkit tree to compare with (its sampler runs the same configurations)")
     ap.add_argument("--quick", action="store_true", help="a small dataset and one round: a smoke run")
     ap.add_argument("--io-modes", action="store_true", help="also compare buffered and O_DIRECT reads")
-    ap.add_argument("--sections", default="hot,budgets", help="comma-separated: hot, budgets")
+    ap.add_argument("--sections", default="hot,budgets,ssd", help="comma-separated: hot, budgets, ssd")
+    ap.add_argument("--ssd-ram", type=float, default=128, help="SSD section: ram_size in MiB")
+    ap.add_argument("--ssd-size", type=float, default=512, help="SSD section: ssd_size in MiB")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
         return
     if args.quick:
-        args.gib, args.rounds = 0.06, 1
+        args.gib, args.rounds, args.ssd_ram, args.ssd_size = 0.06, 1, 16, 32
     n = int(args.gib * 2**30 // REC)
     path = synthetic_dataset(DATA.with_name(DATA.name + ("-quick" if args.quick else "")), n)
     trees = {"after": AFTER, **({"before": args.before} if args.before else {})}
@@ -287,6 +339,9 @@ def main() -> None:
         out += [*hot_path(path, n, args.batch, trees, args.rounds), ""]
     if "budgets" in sections:
         out += [*budgets(path, n, args.batch, trees, args.rounds), ""]
+    if "ssd" in sections:
+        out += [*ssd_tier(path, n, args.batch, trees, args.rounds, int(args.ssd_ram * 2**20), int(args.ssd_size * 2**20)),
+                ""]
     if args.io_modes:
         out += io_modes(path, n)
     print("\n".join(out))

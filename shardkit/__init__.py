@@ -12,9 +12,11 @@ from typing import TYPE_CHECKING, Any
 from shardkit import errors
 from shardkit._version import __version__
 from shardkit.converters import convert
+from shardkit.converters.merging import merge
 from shardkit.formats import Dataset, DatasetWriter, FieldSpec, open_dataset, verify
 
 if TYPE_CHECKING:
+    from shardkit.readers.sources import Mixture, mix
     from shardkit.viz import export, show
 
 __all__ = [
@@ -26,8 +28,11 @@ __all__ = [
     "open_dataset",
     "verify",
     "convert",
+    "merge",
     "show",
     "export",
+    "mix",
+    "Mixture",
 ]
 
 
@@ -38,4 +43,9 @@ def __getattr__(name: str) -> Any:
         import shardkit.viz
 
         return getattr(shardkit.viz, name)
+    if name in ("mix", "Mixture"):
+        # Mixtures are a sampler source (shardkit.readers), imported on first use like show / export.
+        import shardkit.readers.sources
+
+        return getattr(shardkit.readers.sources, name)
     raise AttributeError(f"module 'shardkit' has no attribute {name!r}")

@@ -33,6 +33,8 @@ __all__ = [
     "ProtocolError",
     "PeerTimeoutError",
     "InsecurePathError",
+    "VersionGoneError",
+    "WorkerError",
     "StoreError",
     "StorePermissionError",
     "ObjectNotFoundError",
@@ -132,6 +134,16 @@ class PeerTimeoutError(SamplerError, TimeoutError):
 
 class InsecurePathError(ShardkitError, PermissionError):
     """A path that must be private to this user is not: another owner, wider permissions, or a symlink."""
+
+
+class VersionGoneError(ShardkitError, FileNotFoundError):
+    """A reader holds a version of a dataset that later commits replaced and then pruned: the files of
+    that version are gone and the dataset must be reopened (see :mod:`shardkit.formats.versions`)."""
+
+
+class WorkerError(ConversionError):
+    """A worker of a cluster conversion cannot do its part (cannot see the corpus or the output, or
+    died too often); the message names the worker and the path."""
 
 
 class StoreError(ShardkitError, OSError):

@@ -14,7 +14,8 @@ the upstream server and its answer back. For each *ranged GET* (a data read) it 
 * ``"flip"``: forward the answer with one body byte flipped (same length);
 * ``"slow"``: wait ``slow_seconds`` before forwarding (a timeout when it exceeds the client's).
 
-Counts what it did in :attr:`FaultProxy.done`.
+Counts what it did in :attr:`FaultProxy.done`, and records every GET as ``(path, ranged)`` in
+:attr:`FaultProxy.gets` (so tests can tell whole-object downloads from ranged reads).
 """
 
 from __future__ import annotations
@@ -32,11 +33,16 @@ _REASONS = {"503": b"503 Slow Down", "500": b"500 Internal Server Error"}
 
 
 class FaultProxy:
-    def __init__(self, upstream_port: int, plan: Callable[[int], str], *, slow_seconds: float = 5.0) -> None:
+    def __init__(self, upstream_port: int, plan: Callable[[int], str], *, slow_seconds: float = 5.0,
+                 stall_whole: float = 0.0) -> None:
+        """``stall_whole``: seconds every whole-object GET answer larger than 64 KiB pauses after
+        half its body (a download caught mid-way)."""
+        self.stall_whole = stall_whole
         self.upstream = ("127.0.0.1", upstream_port)
         self.plan = plan
         self.slow_seconds = slow_seconds
         self.done: collections.Counter[str] = collections.Counter()
+        self.gets: list[tuple[str, bool]] = []
         self._n = 0
         self._lock = threading.Lock()
         self.loop = asyncio.new_event_loop()
@@ -88,6 +94,8 @@ class FaultProxy:
                 body = await _read_body(cr, head)
                 method = head.split(b" ", 1)[0].upper()
                 ranged = method == b"GET" and b"\nrange:" in head.lower()
+                if method == b"GET":
+                    self.gets.append((head.split(b" ", 2)[1].decode("latin-1"), ranged))
                 action = self._next() if ranged else "ok"
                 if action in _REASONS:
                     cw.write(b"HTTP/1.1 " + _REASONS[action] + b"\r\nContent-Length: 0\r\nRetry-After: 0\r\n\r\n")
@@ -119,6 +127,11 @@ class FaultProxy:
                     rbody = rbody[:half]
                 if action == "flip" and rbody:
                     rbody = rbody[:-1] + bytes([rbody[-1] ^ 0xFF])
+                if self.stall_whole and method == b"GET" and not ranged and len(rbody) > 1 << 16:
+                    cw.write(rhead + rbody[: len(rbody) // 2])
+                    await cw.drain()
+                    await asyncio.sleep(self.stall_whole)
+                    rhead, rbody = b"", rbody[len(rbody) // 2 :]
                 cw.write(rhead + rbody)
                 await cw.drain()
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError, asyncio.CancelledError):

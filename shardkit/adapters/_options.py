@@ -18,6 +18,7 @@ import numpy as np
 from shardkit.errors import ConfigError
 from shardkit.formats import Dataset
 from shardkit.readers import Sampler, SamplerOptions, SharedSampler, TieredSampler
+from shardkit.readers.sources import Mixture
 
 __all__ = ["LAYOUTS", "SCALES", "SamplerFactory", "PayloadOptions"]
 
@@ -52,22 +53,32 @@ class SamplerFactory:
             raise ConfigError(
                 f"shared={self.shared!r}: only mode='epoch' without limit, found mode={o.mode!r}, limit={o.limit!r}"
             )
+        if self.shared is not None and o.locality:
+            raise ConfigError(
+                f"shared={self.shared!r}: a shared tier stack serves one machine's jobs; locality (many nodes) "
+                "works with the job's own sampler: drop shared or locality"
+            )
 
     def build(
         self,
-        dataset: str | os.PathLike[str] | Dataset,
+        dataset: str | os.PathLike[str] | Dataset | Mixture,
         *,
         consumer: int,
         num_consumers: int,
         start_epoch: int,
         state: dict[str, Any] | None = None,
+        workers_per_rank: int = 1,
+        nodes: int | None = None,
     ) -> Sampler:
         """A sampler for one consumer whose first iteration runs ``epochs`` epochs from ``start_epoch``.
 
         ``state`` (a sampler state dict of epoch ``start_epoch``) resumes inside that epoch; its
         ``start_epoch`` is replaced so the iteration still runs ``epochs`` whole epochs' worth.
+        ``workers_per_rank`` and ``nodes`` place the consumer for ``locality`` (see
+        :class:`~shardkit.readers.SamplerOptions`); ``nodes=None`` keeps the options' value.
         """
-        options = self.options.replace(rank=consumer, world_size=num_consumers, start_epoch=start_epoch)
+        placed = {"workers_per_rank": workers_per_rank, "nodes": self.options.nodes if nodes is None else nodes}
+        options = self.options.replace(rank=consumer, world_size=num_consumers, start_epoch=start_epoch, **placed)
         if self.shared is not None:
             if state is not None and int(state.get("position", 0)):
                 raise ConfigError(f"shared={self.shared!r}: a shared job cannot resume inside an epoch")

@@ -17,6 +17,17 @@ strategy deals out to the replicas of its worker in turn, so replicas receive di
 together cover each epoch. Without a strategy, ``rank`` / ``world_size`` do the same for any other
 launcher (one process per consumer).
 
+Many nodes
+----------
+``locality=True`` makes each node pin a disjoint random part of the dataset and take its keys of
+every global batch from there where it can (see :mod:`shardkit.readers.locality`). Under
+``tf.distribute`` with one input pipeline per worker machine (``MultiWorkerMirroredStrategy``),
+every pipeline is a node: the keys of each sampler global batch move between pipelines only, so a
+training step, which takes one batch per replica of every pipeline (``r`` consecutive sampler
+global batches with ``r`` replicas per worker), trains on the same set of records as without
+locality: a contiguous slice of the epoch's uniform order. With one pipeline (``MirroredStrategy``
+on one machine) there is one node and nothing to gain.
+
 Epochs
 ------
 Each full iteration of the dataset (each Keras epoch) runs ``epochs`` sampler epochs and then
@@ -37,6 +48,7 @@ from shardkit.adapters._options import PayloadOptions, SamplerFactory
 from shardkit.errors import ConfigError
 from shardkit.readers import DEFAULTS, SamplerOptions, TieredSampler
 from shardkit.readers.schedule import pass_length
+from shardkit.readers.sources import Mixture
 from shardkit.units import Capacity
 
 if TYPE_CHECKING:
@@ -71,7 +83,7 @@ def _consumer(
 
 
 def make_tf_dataset(
-    path: str | os.PathLike[str],
+    path: str | os.PathLike[str] | Mixture,
     *,
     batch_size: int = DEFAULTS.batch_size,
     global_batch_size: int | None = None,
@@ -99,13 +111,18 @@ def make_tf_dataset(
     static_cache: int | str | Capacity = DEFAULTS.static_cache,
     permutation: str = DEFAULTS.permutation,
     node_sharing: bool = DEFAULTS.node_sharing,
+    locality: bool = DEFAULTS.locality,
+    nodes: int | None = None,
+    node_cache: int | str | Capacity = DEFAULTS.node_cache,
+    node_cache_dir: str | os.PathLike[str] | None = DEFAULTS.node_cache_dir,
 ) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of batches from the tiered sampler.
 
     Parameters
     ----------
     path
-        Dataset directory.
+        Dataset directory or URL, or a :func:`shardkit.mix` mixture (elements then carry
+        ``dataset``, each record's dataset index, and ``key`` is the record's key in it).
     batch_size
         Records per batch for this consumer (per input pipeline / rank).
     global_batch_size
@@ -140,6 +157,12 @@ def make_tf_dataset(
     shared
         Name of a running ``shardkit serve`` to attach to (:class:`~shardkit.readers.SharedSampler`,
         ``seed`` as the job seed; mode ``"epoch"`` only).
+    locality, nodes, node_cache, node_cache_dir
+        Many nodes (see the module notes): each node pins its part of the dataset (the static cache
+        in RAM, ``node_cache`` records on its local disk) and takes its keys of every global batch
+        from there where it can. With ``input_context`` every input pipeline is a node of its own
+        (``nodes`` defaults to ``num_input_pipelines``: one pipeline per worker machine); with
+        ``rank`` / ``world_size``, ``nodes`` defaults to 1. Every consumer must get the same values.
 
     Returns
     -------
@@ -149,15 +172,18 @@ def make_tf_dataset(
         ``limit``) makes every batch full.
     """
     consumer, consumers, per_consumer = _consumer(input_context, rank, world_size, batch_size, global_batch_size)
+    if nodes is None:
+        nodes = consumers if input_context is not None and locality else 1
     options = SamplerOptions.parse(
         batch_size=per_consumer, tiers=tiers, ram_size=ram_size, ssd_size=ssd_size, ssd_dir=ssd_dir, seed=seed,
         mode=mode, epochs=epochs, start_epoch=start_epoch, drop_last=drop_last, limit=limit, gap_bytes=gap_bytes,
         cache_dir=cache_dir, cache_size=cache_size, rank=consumer, world_size=consumers, static_cache=static_cache,
-        permutation=permutation, node_sharing=node_sharing,
+        permutation=permutation, node_sharing=node_sharing, locality=locality, nodes=nodes, node_cache=node_cache,
+        node_cache_dir=node_cache_dir,
     )  # fmt: skip
     factory = SamplerFactory(options, shared=shared)
     present = PayloadOptions(layout=layout, scale=scale)
-    path = os.fspath(path)
+    path = path if isinstance(path, Mixture) else os.fspath(path)
 
     # Each iteration builds its own sampler; this one, kept for as long as the dataset exists, holds
     # the node-shared static cache, so later iterations read only the uncached records.
@@ -169,7 +195,7 @@ def make_tf_dataset(
         holder.hold_shared()
     else:
         holder.close()
-    present.check(spec[payload][0], path)
+    present.check(spec[payload][0], str(path))
     names = list(spec)
     if as_tuple is not None:
         as_tuple = tuple(as_tuple)

@@ -29,6 +29,17 @@ Ranks
 Under DDP pass ``drop_last=True``: with a ragged final global batch the last consumers get fewer
 batches than the others, and a rank that stops early leaves the others waiting in a collective.
 
+Many nodes
+----------
+With ``locality=True`` each node pins a disjoint random part of the dataset (the static cache in
+RAM and ``node_cache`` on the node's disk, both shared by its processes) and the keys of every
+training step's global batch go to the ranks so that each takes as many as possible from its own
+node's cache; storage serves only the rest. The consumers that make one training step together are
+worker ``w`` of every rank (the DataLoader hands out its workers' batches in turn), and keys move
+only among them, so each step trains on exactly the set of records it gets without locality: under
+synchronous data parallelism (gradients summed over ranks) the training is that of a uniform
+permutation. Nodes come from torchrun (``WORLD_SIZE / LOCAL_WORLD_SIZE``) or ``nodes=``.
+
 Epochs
 ------
 The dataset holds the *next epoch* in a one-element shared-memory tensor, so the value is the same
@@ -52,6 +63,7 @@ iterating resumes that epoch at that position, with any number of workers or ran
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
@@ -65,8 +77,9 @@ from shardkit.errors import ConfigError, SamplerError
 from shardkit.formats import Dataset, open_dataset
 from shardkit.readers import DEFAULTS, Sampler, SamplerOptions, TieredSampler
 from shardkit.readers.schedule import batches_per_consumer, pass_length, position_after
+from shardkit.readers.sources import Mixture
 from shardkit.stores import is_url
-from shardkit.units import Capacity
+from shardkit.units import Capacity, parse_count
 
 if TYPE_CHECKING:
     import torch
@@ -140,13 +153,67 @@ def _distributed_rank_world() -> tuple[int, int] | None:
     return None
 
 
+def _nodes(explicit: int | None, rank: int, world_size: int) -> int:
+    """Nodes of a run: ``explicit``, else torchrun's ``WORLD_SIZE / LOCAL_WORLD_SIZE``, else 1.
+
+    torchrun numbers the ranks of node ``GROUP_RANK`` consecutively (``RANK = GROUP_RANK *
+    LOCAL_WORLD_SIZE + LOCAL_RANK``), which is what the node-aware assignment assumes; an environment
+    that says otherwise (nodes of different sizes) is refused rather than guessed at.
+    """
+    if explicit is not None:
+        nodes = parse_count(explicit, what="nodes", minimum=1)
+        if world_size % nodes:
+            raise ConfigError(f"nodes: expected a divisor of world_size={world_size}, found {explicit}")
+        return nodes
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    if local is None or os.environ.get("WORLD_SIZE") is None:
+        return 1
+    try:
+        local_size, env_world = int(local), int(os.environ["WORLD_SIZE"])
+        group = int(os.environ.get("GROUP_RANK", rank // max(1, local_size)))
+    except ValueError:
+        raise ConfigError(f"torchrun environment: expected integers, found LOCAL_WORLD_SIZE={local!r}") from None
+    if env_world != world_size or local_size < 1 or world_size % local_size or rank // local_size != group:
+        raise ConfigError(
+            f"locality: torchrun says WORLD_SIZE={env_world}, LOCAL_WORLD_SIZE={local_size}, GROUP_RANK={group} for "
+            f"rank {rank} of {world_size}, which is not nodes of equal size numbered consecutively; pass nodes= explicitly"
+        )
+    return world_size // local_size
+
+
+def _check_ranks_agree(path: str, options: SamplerOptions, nodes: int, num_records: int) -> None:
+    """Under torch.distributed, refuse to start if ranks were given different locality options.
+
+    Every rank derives the partition and the assignment from its options alone; ranks with different
+    cache budgets, seeds or node counts would compute different assignments and deliver some records
+    twice and others never. One all-reduce of a digest (at construction, never per batch) rules that out.
+    """
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    fields = (options.seed, options.mode, options.batch_size, str(options.static_cache), str(options.node_cache),
+              nodes, options.drop_last, num_records)  # fmt: skip
+    digest = int.from_bytes(hashlib.sha256(repr(fields).encode()).digest()[:7], "little")
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    low = torch.tensor([digest], dtype=torch.int64, device=device)
+    high = low.clone()
+    dist.all_reduce(low, op=dist.ReduceOp.MIN)
+    dist.all_reduce(high, op=dist.ReduceOp.MAX)
+    if int(low.item()) != int(high.item()):
+        raise ConfigError(
+            f"{path}: with locality every rank must be given the same seed, mode, batch_size, static_cache, node_cache "
+            f"and nodes (each derives the whole assignment alone); this rank has {fields[:-1]}, another differs"
+        )
+
+
 class ShardIterableDataset(_TorchIterableDataset):
     """The tiered sampler as an ``IterableDataset`` of batches (or of records) as tensors.
 
     Parameters
     ----------
     path
-        Dataset directory.
+        Dataset directory or URL, or a :func:`shardkit.mix` mixture (batches then carry ``dataset``,
+        each record's dataset index, and ``key`` is the record's key in it).
     batch_size
         Records per batch *per consumer* (per DataLoader worker of each rank); a rank's main process
         receives batches of this size. Use ``DataLoader(ds, batch_size=None)``.
@@ -176,6 +243,12 @@ class ShardIterableDataset(_TorchIterableDataset):
     shared
         Name of a running ``shardkit serve`` to attach to (:class:`~shardkit.readers.SharedSampler`,
         ``seed`` as the job seed; mode ``"epoch"`` only, no resume inside an epoch).
+    locality, nodes, node_cache, node_cache_dir
+        Many nodes (see the module notes): each node pins its part of the dataset (the static cache
+        in RAM, ``node_cache`` records on its local disk under ``node_cache_dir``) and each rank
+        takes its keys of every global batch from its own node's cache where it can. ``nodes``
+        defaults to torchrun's ``WORLD_SIZE / LOCAL_WORLD_SIZE``; pass it to simulate nodes on one
+        machine. Every rank must get the same values (checked once under torch.distributed).
 
     Notes
     -----
@@ -186,7 +259,7 @@ class ShardIterableDataset(_TorchIterableDataset):
 
     def __init__(
         self,
-        path: str | os.PathLike[str],
+        path: str | os.PathLike[str] | Mixture,
         *,
         batch_size: int = DEFAULTS.batch_size,
         tiers: str | Sequence[str] = DEFAULTS.tiers,
@@ -211,16 +284,22 @@ class ShardIterableDataset(_TorchIterableDataset):
         static_cache: int | str | Capacity = DEFAULTS.static_cache,
         permutation: str = DEFAULTS.permutation,
         node_sharing: bool = DEFAULTS.node_sharing,
+        locality: bool = DEFAULTS.locality,
+        nodes: int | None = None,
+        node_cache: int | str | Capacity = DEFAULTS.node_cache,
+        node_cache_dir: str | os.PathLike[str] | None = DEFAULTS.node_cache_dir,
     ) -> None:
         super().__init__()
-        self.path = os.fspath(path)
+        #: The dataset (a path or URL) or the mixture this dataset samples.
+        self.path: str | Mixture = path if isinstance(path, Mixture) else os.fspath(path)
         #: The sampler options of this rank (each consumer's sampler gets its own consumer index).
         self.options = SamplerOptions.parse(
             batch_size=batch_size, tiers=tiers, ram_size=ram_size, ssd_size=ssd_size, ssd_dir=ssd_dir,
             seed=seed, mode=mode, epochs=epochs, drop_last=drop_last, limit=limit, gap_bytes=gap_bytes,
             cache_dir=cache_dir, cache_size=cache_size,
             rank=0 if rank is None else rank, world_size=1 if world_size is None else world_size,
-            static_cache=static_cache, permutation=permutation, node_sharing=node_sharing,
+            static_cache=static_cache, permutation=permutation, node_sharing=node_sharing, locality=locality,
+            node_cache=node_cache, node_cache_dir=node_cache_dir,
         )  # fmt: skip
         self.factory = SamplerFactory(self.options, shared=shared)
         self.payload_options = PayloadOptions(layout=layout, scale=scale)
@@ -228,11 +307,23 @@ class ShardIterableDataset(_TorchIterableDataset):
         if num_workers < 0:
             raise ConfigError(f"num_workers: expected >= 0, found {num_workers}")
         self.num_workers = int(num_workers)
-        with open_dataset(self.path) as ds:
-            self.meta = ds.meta
-        self.payload_options.check(tuple(self.meta.record.shape), self.path)
+        if isinstance(self.path, Mixture):
+            self.meta = self.path.metas[0]
+            #: Records per epoch (a mixture's ``L``).
+            self.num_records = self.path.epoch_size
+        else:
+            with open_dataset(self.path) as ds:
+                self.meta = ds.meta
+            self.num_records = self.meta.num_records
+        self.payload_options.check(tuple(self.meta.record.shape), str(self.path))
         self._explicit = (rank, world_size)
         self.rank, self.world_size = self._rank_world()
+        #: Nodes the ranks run on (``locality``): explicit, or from torchrun's environment.
+        self.nodes = _nodes(nodes, self.rank, self.world_size) if locality else 1
+        if locality:
+            if not isinstance(self.path, str):
+                raise ConfigError("locality: not available for a mixture of datasets; read it without locality")
+            _check_ranks_agree(self.path, self.options, self.nodes, self.meta.num_records)
         # Next epoch, in shared memory: set_epoch in the main process reaches persistent workers,
         # and a worker finishing a pass advances it for everyone.
         self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
@@ -252,7 +343,7 @@ class ShardIterableDataset(_TorchIterableDataset):
             return
         workers = max(1, self.num_workers)
         holder = self.factory.build(self.path, consumer=self.rank * workers, num_consumers=self.world_size * workers,
-                                    start_epoch=0)  # fmt: skip
+                                    start_epoch=0, workers_per_rank=workers, nodes=self.nodes)  # fmt: skip
         if isinstance(holder, TieredSampler):
             holder.hold_shared()
         self._holder = holder
@@ -355,7 +446,7 @@ class ShardIterableDataset(_TorchIterableDataset):
         epoch = self.epoch if epoch is None else int(epoch)
         workers = max(1, self.num_workers)
         start = self._resume_position(epoch)
-        n = self.meta.num_records
+        n = self.num_records
         per_pass = sum(
             batches_per_consumer(n, self.options.batch_size, self.rank * workers + w, self.world_size * workers,
                                  drop_last=self.options.drop_last, start=start)
@@ -391,8 +482,9 @@ class ShardIterableDataset(_TorchIterableDataset):
             # reservoir size, which a replacement-mode state must record.
             workers = max(1, self.num_workers)
             sampler = self.factory.build(
-                self.path, consumer=self.rank * workers, num_consumers=self.world_size * workers, start_epoch=epoch
-            )
+                self.path, consumer=self.rank * workers, num_consumers=self.world_size * workers, start_epoch=epoch,
+                workers_per_rank=workers, nodes=self.nodes,
+            )  # fmt: skip
             try:
                 template = dict(sampler.state_dict())
             finally:
@@ -412,7 +504,7 @@ class ShardIterableDataset(_TorchIterableDataset):
         total = 0
         for w in range(workers):
             batches, records = pass_length(
-                self.meta.num_records, self.options.batch_size, self.rank * workers + w, self.world_size * workers,
+                self.num_records, self.options.batch_size, self.rank * workers + w, self.world_size * workers,
                 drop_last=self.options.drop_last, start=self._resume_position(self.epoch),
                 epochs=self.options.epochs, limit=self.options.limit,
             )  # fmt: skip
@@ -420,12 +512,13 @@ class ShardIterableDataset(_TorchIterableDataset):
         return total
 
     def __iter__(self) -> Iterator[TensorDict]:
-        consumer, consumers, _ = self._consumer()
+        consumer, consumers, workers = self._consumer()
         epoch = self.epoch
         state = self._resume if self._resume is not None and int(self._resume["epoch"]) == epoch else None
         sampler = self.factory.build(
-            self.path, consumer=consumer, num_consumers=consumers, start_epoch=epoch, state=state
-        )
+            self.path, consumer=consumer, num_consumers=consumers, start_epoch=epoch, state=state,
+            workers_per_rank=workers, nodes=self.nodes,
+        )  # fmt: skip
         self._sampler = sampler  # for state_dict() in the main process, stats in tests
         payload = self.meta.payload
         options = self.payload_options
@@ -465,7 +558,8 @@ class ShardIterableDataset(_TorchIterableDataset):
         if int(num_workers) != self.num_workers:
             self.num_workers = int(num_workers)
             self._hold_shared()  # the consumers' budgets (and so their cache) depend on their number
-        if num_workers > 0 and is_url(self.path) and not self.path.startswith("file:"):
+        paths = self.path.paths if isinstance(self.path, Mixture) else (self.path,)
+        if num_workers > 0 and any(isinstance(p, str) and is_url(p) and not p.startswith("file:") for p in paths):
             kwargs.setdefault("multiprocessing_context", "spawn")
         if not self.unbatched:
             if kwargs.get("batch_size") is not None:
@@ -475,6 +569,13 @@ class ShardIterableDataset(_TorchIterableDataset):
                 )
             kwargs["batch_size"] = None
         return torch.utils.data.DataLoader(self, num_workers=num_workers, **kwargs)
+
+    def close(self) -> None:
+        """Let go of the node-shared caches this dataset holds across passes."""
+        if self._holder is not None:
+            self._holder.close()
+            self._holder = None
+        self._sampler = None
 
     def __getstate__(self) -> dict[str, Any]:
         # A running sampler (threads, buffers) never travels to a worker; each builds its own.

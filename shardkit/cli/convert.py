@@ -17,10 +17,11 @@ from typing import Any
 
 import typer
 
-from shardkit.cli.app import app, setup_logging
+from shardkit.cli.app import app, echo_err, setup_logging
 from shardkit.converters.options import Option
 from shardkit.converters.progress import progress_bar
 from shardkit.converters.registry import available_kinds, kind_options
+from shardkit.formats.versions import DEFAULT_KEEP_VERSIONS
 from shardkit.units import human_bytes, parse_bytes
 
 __all__ = ["convert", "kind_option_parameters"]
@@ -95,6 +96,16 @@ def _common_parameters() -> list[inspect.Parameter]:
                                                   help="Per-record codec: zstd, gzip, blosc-lz4 (default none).")),
         p("shard_size", str | None, typer.Option(None, "--shard-size", metavar="SIZE", show_default=False,
                                                  help="Target shard file size, e.g. 64MiB (default 256MiB).")),
+        p("scheduler", str | None, typer.Option(None, "--scheduler", metavar="ADDRESS", show_default=False, help=(
+            "Run the conversion in parts on this Dask cluster (tcp://host:8786; default: $DASK_SCHEDULER_ADDRESS "
+            "if set; 'local' for this machine). Workers must see SRC and the output at the same paths."))),
+        p("append", bool, typer.Option(False, "--append", help=(
+            "Add SRC's records after those of the dataset at the output, as its next version (same kind, record "
+            "shape and transform); readers that opened it keep their version."))),
+        p("part_size", str | None, typer.Option(None, "--part-size", metavar="N", show_default=False, help=(
+            "Inputs per part of a conversion in parts (default: about 64 parts, 1 to 16 shards each)."))),
+        p("keep_versions", str, typer.Option(str(DEFAULT_KEEP_VERSIONS), "--keep-versions", metavar="N", help=(
+            "Older versions kept openable after an append; older ones are deleted."))),
         p("quiet", bool, typer.Option(False, "--quiet", "-q", help="No progress bar.")),
         p("verbose", bool, typer.Option(False, "--verbose", "-v",
                                         help="Log every skipped input and annotation entry, with its reason.")),
@@ -112,13 +123,18 @@ def convert(
     overwrite: bool,
     compression: str | None,
     shard_size: str | None,
+    scheduler: str | None,
+    append: bool,
+    part_size: str | None,
+    keep_versions: str,
     quiet: bool,
     verbose: bool,
     **given: Any,
 ) -> None:
-    """Convert a corpus into a dataset; resumable, deterministic whatever --workers."""
+    """Convert a corpus into a dataset; resumable, deterministic whatever --workers or --scheduler."""
     from shardkit.converters import convert as run_convert
     from shardkit.converters import detect_kind, get_converter
+    from shardkit.converters.executors import DASK_SCHEDULER_ENV, scheduler_address
     from shardkit.converters.provenance import change_lines
 
     setup_logging(verbose)
@@ -129,24 +145,41 @@ def convert(
     extra: dict[str, Any] = {}
     if shard_size is not None:
         extra["shard_bytes"] = parse_bytes(shard_size, what="--shard-size")
+    extra["keep_versions"] = keep_versions
+    if part_size is not None:
+        extra["part_size"] = part_size
+    address = scheduler_address(scheduler)
+    if address is not None:
+        extra["scheduler"] = address
+        if scheduler is None:
+            echo_err(f"converting on the Dask cluster at {address} (from {DASK_SCHEDULER_ENV}; --scheduler local to stay here)")
     t0 = time.perf_counter()
     with progress_bar(get_converter(kind).progress_unit, f"convert {kind}", disable=quiet) as progress:
         summary = run_convert(
             src, output, kind, workers=workers, strict=strict, overwrite=overwrite, compression=compression,
-            progress=progress, naming="cli", staging_dir=staging_dir, **extra, **options,
+            progress=progress, naming="cli", append=append, staging_dir=staging_dir, **extra, **options,
         )
     if summary.already_complete:
-        typer.echo(f"{summary.output}: already converted with the same parameters ({summary.records} records); nothing to do")
+        what = "already holds these records as its latest addition" if append else "already converted with the same parameters"
+        typer.echo(f"{summary.output}: {what} ({summary.records} records); nothing to do")
         return
     elapsed = max(summary.seconds, time.perf_counter() - t0)
+    added = summary.commit.records_added if summary.commit is not None else summary.records
     lines = [
-        f"wrote        {summary.records} records to {summary.output}"
-        + (f" ({summary.records - summary.records_this_run} from a previous run)" if summary.records != summary.records_this_run else ""),
+        f"wrote        {added} records to {summary.output}"
+        + (f" ({added - summary.records_this_run} by a previous run)" if added != summary.records_this_run else "")
+        + (f", {summary.records} in all" if added != summary.records else ""),
         f"skipped      {summary.num_skipped}"
         + (" (" + ", ".join(f"{k}: {v}" for k, v in summary.skipped.items()) + ")" if summary.skipped else ""),
         f"bytes        {human_bytes(summary.bytes)}",
         f"time         {elapsed:.1f} s, {summary.records_this_run / elapsed if elapsed else 0:.1f} records/s",
     ]
+    if summary.commit is not None:
+        c = summary.commit
+        lines.insert(1, f"version      {summary.version}")
+        lines.append(f"parts        {summary.parts} ({summary.parts_converted} converted by this run)")
+        lines.append(f"commit       {c.seconds:.1f} s: shards {c.shards_in_place} in place, {c.shards_linked} linked, "
+                     f"{c.shards_repacked} re-packed ({human_bytes(c.bytes_repacked)})")
     for k, v in summary.notes.items():
         lines.append(f"note         {k}: {v}")
     lines += [f"changed      {line}" for line in change_lines(summary.changes)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import numpy as np
@@ -109,4 +110,30 @@ def info(
         lines.append(f"transform    {json.dumps(data['transform'])}")
     if "provenance" in data:
         lines.append(f"provenance   every record's source: shardkit info {data['path']} --record K")
+    lines += _history_lines(data)
     typer.echo("\n".join(lines))
+
+
+def _history_lines(data: dict[str, Any]) -> list[str]:
+    """The dataset's versions (those kept openable marked) and what each one added, part by part."""
+    kept = {v["version"]: v for v in data["versions"]}
+    lines = []
+    if data["history"] or kept:
+        lines.append(f"version      {data['version']}" + (f" (kept: {', '.join(map(str, sorted(kept)))})" if kept else ""))
+    for entry in data["history"]:
+        if not isinstance(entry, dict):
+            continue
+        number = entry.get("version")
+        start, stop = (entry.get("records") or [0, 0])[:2]
+        when = kept.get(number, {}).get("committed")
+        stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(when)) if isinstance(when, (int, float)) else "pruned"
+        source = entry.get("source")
+        what = source.get("path") if isinstance(source, dict) else None
+        if what is None and isinstance(entry.get("inputs"), list):
+            what = ", ".join(map(str, entry["inputs"]))
+        lines.append(f"  v{number:<4}     {entry.get('operation', '?'):<8} records {start}-{stop}  {stamp}  {what or ''}")
+        parts = entry.get("parts")
+        if isinstance(parts, list) and len(parts) > 1:
+            shown = ", ".join(f"{p[0]}-{p[1]}:{p[2]}" for p in parts[:6] if isinstance(p, list) and len(p) == 3)
+            lines.append(f"              {len(parts)} parts (inputs:records) {shown}{', ...' if len(parts) > 6 else ''}")
+    return lines

@@ -17,7 +17,7 @@ from shardkit.errors import ShardkitError
 __all__ = ["main", "COMMAND_MODULES"]
 
 #: Modules that each register one subcommand on the app.
-COMMAND_MODULES = ("convert", "info", "show", "export", "verify", "sample", "serve", "order_test")
+COMMAND_MODULES = ("convert", "merge", "info", "show", "export", "verify", "sample", "serve", "order_test", "profile")
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130
 

@@ -7,11 +7,15 @@ one-line error naming the file or option) or nothing that can be tested.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from shardkit.cli.app import app, echo_err
 from shardkit.errors import ConfigError, InputFileError, ShardkitError
+
+if TYPE_CHECKING:
+    from shardkit.ordertest.mixture import MixtureReport
 
 EXIT_BAD_INPUT = 2
 
@@ -20,7 +24,7 @@ EXIT_BAD_INPUT = 2
 def order_test(
     keys: Path = typer.Argument(
         ..., help="KEYS.npy: int [epochs, N], the keys a loader emitted, one row per epoch "
-                  "(e.g. from `shardkit sample --order-out`)."),
+                  "(e.g. from `shardkit sample --order-out`); or a mixture's int [epochs, L, 2] (dataset index, key)."),
     alpha: str = typer.Option("1e-3", "--alpha", help="Significance level of every verdict."),
     labels: Path = typer.Option(None, "--labels", help="LABELS.npy: one label per key, for distinct labels per batch."),
     batch_size: str = typer.Option(None, "--batch-size", help="The loader's batch size (with --labels)."),
@@ -31,6 +35,10 @@ def order_test(
     effect: str = typer.Option(
         "0.1", "--effect", help="Power is stated against buffer / block shuffles of this fraction of N."),
     seed: int = typer.Option(0, "--seed", help="Seed of the simulated null and the power simulations."),
+    sizes: str | None = typer.Option(
+        None, "--sizes", help="A mixture's dataset sizes, comma-separated (default: the largest key + 1 of each)."),
+    weights: str | None = typer.Option(
+        None, "--weights", help="A mixture's weights, comma-separated: the counts test then checks their rounding."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable JSON on stdout."),
     plot: Path = typer.Option(
         None, "--plot", help="FILE.png: item x position heat map and adjacent-pair deviations (needs the viz extra)."),
@@ -44,6 +52,12 @@ def order_test(
     from shardkit.units import parse_count
 
     try:
+        if _is_mixture(keys):
+            mixed = _mixture(keys, sizes, weights, alpha, bins, seed, labels, plot, records)
+            typer.echo(mixed.to_json() if as_json else mixed.format())
+            raise typer.Exit(mixed.exit_code)
+        if sizes is not None or weights is not None:
+            raise ConfigError("--sizes and --weights describe a mixture: KEYS must then be [epochs, L, 2]")
         if labels is not None and batch_size is None:
             raise ConfigError("--labels needs --batch-size (the loader's batch size)")
         if plot is not None:
@@ -67,3 +81,29 @@ def order_test(
     if plot is not None and not as_json:
         echo_err(f"wrote {plot}")
     raise typer.Exit(report.exit_code)
+
+
+def _is_mixture(keys: Path) -> bool:
+    from shardkit.ordertest.keys import npy_shape
+
+    return len(npy_shape(keys)) == 3
+
+
+def _mixture(keys: Path, sizes: str | None, weights: str | None, alpha: str, bins: str, seed: int,
+             labels: Path | None, plot: Path | None, records: str | None) -> MixtureReport:
+    """``order-test`` on a mixture's ``[epochs, L, 2]`` order (see :mod:`shardkit.ordertest.mixture`)."""
+    from shardkit.ordertest.battery import check_fraction
+    from shardkit.ordertest.mixture import run_mixture
+    from shardkit.readers.mixture import parse_weights
+    from shardkit.readers.seeds import check_seed
+    from shardkit.units import parse_count
+
+    for option, value in (("--labels", labels), ("--plot", plot), ("--records", records)):
+        if value is not None:
+            raise ConfigError(f"{option}: not available for a mixture's [epochs, L, 2] order (use --sizes for its datasets)")
+    size_list = None
+    if sizes is not None:
+        size_list = [parse_count(s.strip(), what="--sizes", minimum=1) for s in sizes.split(",")]
+    weight_list = None if weights is None else list(parse_weights(weights.split(","), what="--weights"))
+    return run_mixture(keys, sizes=size_list, weights=weight_list, alpha=check_fraction(alpha, "--alpha"),
+                       bins=parse_count(bins, what="--bins", minimum=2), seed=check_seed(seed, what="--seed"))

@@ -10,12 +10,24 @@ import typer
 from shardkit.cli.app import app, echo_err
 from shardkit.errors import ConfigError
 from shardkit.readers import DEFAULTS, SamplerOptions, SamplerStats, TieredSampler
+from shardkit.readers.sources import DATASET_FIELD, source_of
 from shardkit.units import human_bytes
 
 
 @app.command()
 def sample(
-    path: str = typer.Argument(..., help="Dataset directory or URL (s3://bucket/ds, gs://, az://, http(s)://)."),
+    paths: list[str] = typer.Argument(
+        ..., help="Dataset directory or URL (s3://bucket/ds, gs://, az://, http(s)://); several for a mixture "
+                  "(see --weights)."),
+    weights: str = typer.Option(
+        None, "--weights",
+        help="Mix the datasets with these relative weights, comma-separated (3,1): every epoch holds exactly the "
+             "largest-remainder rounding of each share, every record once before any twice, in a uniformly "
+             "random arrangement. Default with several datasets: their sizes.",
+    ),
+    epoch_size: str = typer.Option(
+        None, "--epoch-size", help="Records per epoch of a mixture (10000, 10k; default: the sum of the sizes).",
+    ),
     tiers: str = typer.Option(
         ",".join(DEFAULTS.tiers), "--tiers", help="Tiers below the consumer: 'ram' or 'ram,ssd' (either order)."
     ),
@@ -55,6 +67,25 @@ def sample(
         help="Epoch order: exact (numpy permutation, 8 bytes a record), feistel (on-demand bijection, "
              "statistically uniform) or auto (exact up to 1e8 records).",
     ),
+    locality: bool = typer.Option(
+        DEFAULTS.locality, "--locality/--no-locality",
+        help="Many nodes: each node pins a disjoint random part of the dataset (--static-cache in RAM, "
+             "--node-cache on its disk) and the ranks take their keys of every global batch from their own "
+             "node's cache where they can; every step keeps its set of records.",
+    ),
+    nodes: int = typer.Option(DEFAULTS.nodes, "--nodes", help="Nodes M the ranks run on (with --locality)."),
+    workers_per_rank: int = typer.Option(
+        DEFAULTS.workers_per_rank, "--workers-per-rank",
+        help="Consumers per rank (DataLoader workers): consumer c is worker c mod k of rank c div k.",
+    ),
+    node_cache: str = typer.Option(
+        str(DEFAULTS.node_cache), "--node-cache",
+        help="With --locality: records this node pins on its local disk on top of --static-cache, bytes or "
+             "records; 0 = off.",
+    ),
+    node_cache_dir: Path = typer.Option(
+        None, "--node-cache-dir", help="Node-local directory of the node cache (default: the system temp dir).",
+    ),
     gap_bytes: str = typer.Option(
         human_bytes(DEFAULTS.gap_bytes), "--gap-bytes",
         help="Gaps between wanted records up to this size (bytes or 64KiB) are read rather than skipped, "
@@ -89,7 +120,8 @@ def sample(
     order_out: Path = typer.Option(
         None, "--order-out",
         help="Write the emitted keys as .npy int64: shape (epochs, records) in epoch/sequential mode (this "
-             "consumer's keys), one flat row in replacement mode.",
+             "consumer's keys), one flat row in replacement mode; (epochs, records, 2) (dataset index, key) for "
+             "a mixture.",
     ),
 ) -> None:
     """Sample batches like a training job would, with a progress bar and a throughput summary."""
@@ -102,15 +134,17 @@ def sample(
         epochs=epochs, seed=seed, mode=mode, rank=rank, world_size=world_size, limit=limit,
         static_cache=static_cache, gap_bytes=gap_bytes, permutation=permutation, remote_gap_bytes=remote_gap_bytes,
         remote_concurrency=remote_concurrency, remote_timeout=remote_timeout, remote_retry=remote_retry,
-        cache_dir=cache_dir, cache_size=cache_size,
+        cache_dir=cache_dir, cache_size=cache_size, locality=locality, nodes=nodes,
+        workers_per_rank=workers_per_rank, node_cache=node_cache, node_cache_dir=node_cache_dir,
     )  # fmt: skip
-    sampler = TieredSampler(path, options)
+    sampler = TieredSampler(source_of(paths, weights, epoch_size, source="cli"), options)
     total = len(sampler) * epochs if limit is None else None
     keys: list[np.ndarray] = []
     epoch_of: list[int] = []
     with sampler, tqdm(total=total, unit="batch", desc="sample", dynamic_ncols=True) as bar:
         for batch in sampler:
-            keys.append(batch["key"])
+            k = batch["key"]
+            keys.append(k if sampler.mixture is None else np.stack([batch[DATASET_FIELD], k], axis=1))
             epoch_of.append(sampler.epoch)
             bar.update(1)
     if order_out is not None:
@@ -128,15 +162,23 @@ def summary(sampler: TieredSampler) -> list[str]:
     can exceed deliveries."""
     st: SamplerStats = sampler.stats
     lines = [
+        *(_mixture_lines(sampler) if sampler.mixture is not None else []),
         *sampler.memory_plan.describe(),
         f"records      {st.records} in {st.batches} batches, {st.elapsed:.2f} s",
         f"throughput   {st.records_per_s:,.0f} records/s, {st.bytes_per_s / 2**20:,.1f} MiB/s",
         f"delivered    {human_bytes(st.bytes)} of payload",
     ]
+    if sampler.node is not None:
+        lines.append(f"node         {sampler.node} of {sampler.options.nodes}, pinning {sampler.pinned_keys.size} records")
     remote = isinstance(sampler.path, str)
     for name, t in st.tiers.items():
-        if ((name == "ssd" and "ssd" not in sampler.tiers) or (name == "cache" and not sampler.static_cache)
+        if ((name == "ssd" and "ssd" not in sampler.tiers) or (name == "cache" and not sampler.pinned_keys.size)
                 or (name == "remote_cache" and not (remote and sampler.options.cache_dir))):
+            continue
+        if name == "node":
+            if t.read_calls:
+                lines.append(f"{name:<12} {human_bytes(t.bytes_read)} read from the node cache on local disk "
+                             f"in {t.read_calls} calls ({t.records} records)")  # fmt: skip
             continue
         shown = {"disk": "remote", "remote_cache": "local cache"}.get(name, name) if remote else name
         if name == "cache":
@@ -152,6 +194,8 @@ def summary(sampler: TieredSampler) -> list[str]:
         lines.append(f"ssd written  {human_bytes(st.ssd_bytes_written)}")
     lines.append(f"stall        {st.stall_seconds:.2f} s waiting for batches")
     extra = st.disk.bytes_read - st.disk.records * sampler.record_nbytes
+    if sampler.mixture is not None and any(c > n for c, n in zip(sampler.mixture.counts, sampler.mixture.sizes)):
+        lines.append("note         a record that occurs more than once in a block is read once and copied")
     if extra > 0:
         gap = sampler.options.remote_gap_bytes if remote else sampler.options.gap_bytes
         option = "--remote-gap-bytes" if remote else "--gap-bytes"
@@ -164,14 +208,26 @@ def summary(sampler: TieredSampler) -> list[str]:
     return lines
 
 
+def _mixture_lines(sampler: TieredSampler) -> list[str]:
+    """What a mixture's epoch holds: each dataset's weight and records per epoch."""
+    m = sampler.mixture
+    assert m is not None
+    lines = [f"mixture      {m.epoch_size} records per epoch from {len(m.paths)} datasets"]
+    for i, (p, w, c, n) in enumerate(zip(m.paths, m.weights, m.counts, m.sizes)):
+        lines.append(f"  dataset {i}   {p}: weight {w}, {c} of its {n} records per epoch")
+    return lines
+
+
 def _by_epoch(keys: list[np.ndarray], epoch_of: list[int]) -> np.ndarray:
-    """Rows per epoch; a row cut short by --limit is padded with -1."""
+    """Rows per epoch (``[epochs, records]``, or ``[epochs, records, 2]`` for a mixture's (dataset,
+    key) pairs); a row cut short by --limit is padded with -1."""
     rows: dict[int, list[np.ndarray]] = {}
     for k, e in zip(keys, epoch_of):
         rows.setdefault(e, []).append(k)
     joined = [np.concatenate(rows[e]) for e in sorted(rows)]
-    width = max((r.size for r in joined), default=0)
-    out = np.full((len(joined), width), -1, dtype=np.int64)
+    width = max((r.shape[0] for r in joined), default=0)
+    tail = joined[0].shape[1:] if joined else ()
+    out = np.full((len(joined), width, *tail), -1, dtype=np.int64)
     for i, r in enumerate(joined):
-        out[i, : r.size] = r
+        out[i, : r.shape[0]] = r
     return out

@@ -9,12 +9,20 @@ import typer
 from shardkit.cli.app import app, echo_err, setup_logging
 from shardkit.readers.shared.server import ServeOptions, TierServer
 from shardkit.readers.shared.server import serve as run_server
+from shardkit.readers.sources import source_of
 from shardkit.units import human_bytes
 
 
 @app.command()
 def serve(
-    path: str = typer.Argument(..., help="Dataset directory or URL (s3://bucket/ds, gs://, az://, http(s)://)."),
+    paths: list[str] = typer.Argument(
+        ..., help="Dataset directory or URL (s3://bucket/ds, gs://, az://, http(s)://); several for a mixture (see --weights)."),
+    weights: str = typer.Option(
+        None, "--weights", help="Serve a mixture of the datasets with these relative weights, comma-separated (3,1); "
+                                "default with several datasets: their sizes.",
+    ),
+    epoch_size: str = typer.Option(
+        None, "--epoch-size", help="Records per epoch of a mixture (default: the sum of the datasets' sizes)."),
     name: str = typer.Option("default", "--name", help="Name jobs attach to: SharedSampler(NAME) or shared=NAME."),
     tiers: str = typer.Option("ram", "--tiers", help="'ram' or 'ram,ssd'."),
     ram_size: str = typer.Option(
@@ -43,12 +51,14 @@ def serve(
     )  # fmt: skip
 
     def ready(server: TierServer) -> None:
+        what = server.path if server.mixture is None else server.mixture.describe()
         echo_err(
-            f"serving {server.path} as {server.name!r} (pid {server.info.pid if server.info else '?'}): {server.slots} "
+            f"serving {what} as {server.name!r} (pid {server.info.pid if server.info else '?'}): {server.slots} "
             f"slots of {server.slot_records} records in shared memory; attach with SharedSampler({server.name!r}, ...)"
         )
 
-    server = run_server(path, name=name, ready=ready, options=options)
+    dataset = source_of(paths, weights, epoch_size, source="cli")
+    server = run_server(dataset, name=name, ready=ready, options=options)
     st = server.stats
     typer.echo(
         f"served {server.epochs_served} epochs, {server.published} reservoir blocks; disk {human_bytes(st.disk.bytes_read)} "

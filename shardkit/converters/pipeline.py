@@ -34,14 +34,15 @@ import queue
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from shardkit.converters.base import MAX_RECORDS_PER_INPUT, PROVENANCE, Converter, Record, ScanResult, reason_category
+from shardkit.converters.base import MAX_RECORDS_PER_INPUT, PROVENANCE, Converter, Decoder, Record, ScanResult, reason_category
 from shardkit.converters.decoding import Failed, Produced, Skipped, default_workers, outcomes
 from shardkit.converters.main_guard import refuse_inside_worker_start
 from shardkit.converters.options import OptionNaming
@@ -49,13 +50,32 @@ from shardkit.converters.progress import progress_bar
 from shardkit.converters.registry import detect_kind, get_converter
 from shardkit.converters.remote_output import RemoteOutput, is_remote_output
 from shardkit.converters.staging import StagedWriter, Staging, input_cursor, split_cursor
-from shardkit.errors import ConversionError
+from shardkit.errors import ConfigError, ConversionError
 from shardkit.formats import DatasetMeta, FieldSpec, get_codec
+from shardkit.formats.codecs import RecordCodec
+from shardkit.formats.commit import CommitReport
 from shardkit.formats.provenance import ProvenanceSpec
 from shardkit.formats.spec import DEFAULT_SHARD_BYTES, ZARR_JSON, records_per_shard_for
+from shardkit.formats.versions import DEFAULT_KEEP_VERSIONS
 from shardkit.units import parse_bytes, parse_count
 
-__all__ = ["ConvertSummary", "ProgressFn", "convert", "run_converter"]
+__all__ = [
+    "ConvertSummary",
+    "NothingConverted",
+    "ProgressFn",
+    "RecordSink",
+    "Tally",
+    "convert",
+    "dataset_config",
+    "decode_into",
+    "dataset_fields",
+    "dir_bytes",
+    "provenance_row",
+    "run_converter",
+    "shard_layout",
+    "strict_stop",
+    "summary_of",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +117,13 @@ class ConvertSummary:
         ...; see :func:`shardkit.converters.provenance.summarize`), as stored in its metadata.
     skipped_inputs
         Every skipped input with its reason, ``(path, reason)``, in input order.
+    version
+        The dataset's version after this run (2 after the first append, ...).
+    parts, parts_converted
+        A conversion in parts (an executor, a cluster, an append): how many parts the plan has, and
+        how many this run converted (the others were finished by an earlier, interrupted run).
+    commit
+        What the commit of a conversion in parts did (shards in place, linked, re-packed; time).
     """
 
     output: Path | str
@@ -110,6 +137,10 @@ class ConvertSummary:
     already_complete: bool = False
     changes: Mapping[str, Any] = field(default_factory=dict)
     skipped_inputs: tuple[tuple[str, str], ...] = ()
+    version: int = 1
+    parts: int = 0
+    parts_converted: int = 0
+    commit: CommitReport | None = None
 
     @property
     def num_skipped(self) -> int:
@@ -139,10 +170,11 @@ def _output_bytes(out: str | os.PathLike[str], meta: DatasetMeta) -> int:
     """Bytes of the output: the directory's files, or for an object store what the metadata lists."""
     if is_remote_output(out):
         return meta.payload_nbytes + sum(d.nbytes for d in meta.files.values())
-    return _dir_bytes(Path(out))
+    return dir_bytes(Path(out))
 
 
-def _dir_bytes(path: Path) -> int:
+def dir_bytes(path: Path) -> int:
+    """Bytes of every file under ``path`` (the summary's size)."""
     total = 0
     for dirpath, _, files in os.walk(path):
         for f in files:
@@ -153,15 +185,37 @@ def _dir_bytes(path: Path) -> int:
     return total
 
 
-class _NothingConverted(ConversionError):
+class NothingConverted(ConversionError):
     """Every input was skipped: an empty dataset would look complete, so none is written."""
 
+    @classmethod
+    def of(cls, conv: Converter, inputs: int, skips: Mapping[str, int], what: str = "Nothing was written") -> NothingConverted:
+        return cls(
+            f"{conv.src}: no input could be converted as kind {conv.name!r} ({inputs} inputs, skipped: "
+            + (", ".join(f"{k} {v}" for k, v in sorted(skips.items())) or "none")
+            + f"); is --kind right? {what}"
+        )
 
-def _strict_stop(path: str, reason: str) -> ConversionError:
+
+def strict_stop(path: str, reason: str) -> ConversionError:
     return ConversionError(
         f"{path}: {reason} (stopped by --strict; completed shards are kept: fix or remove the input, "
         "or re-run without --strict to skip it)"
     )
+
+
+class RecordSink(Protocol):
+    """Where the decode loop hands records and skips: the staged writer of a conversion, or a part's writer."""
+
+    @property
+    def records_per_shard(self) -> int: ...
+
+    @property
+    def records_written(self) -> int: ...
+
+    def write(self, batch: dict[str, np.ndarray], cursors: np.ndarray) -> None: ...
+
+    def skip(self, path: str, reason: str, cursor: int) -> None: ...
 
 
 class _BackgroundWriter:
@@ -236,7 +290,7 @@ class _BackgroundWriter:
 class _Batcher:
     """Gather records and hand them to the writer in batches, with their input cursors."""
 
-    def __init__(self, writer: _BackgroundWriter, names: list[str]) -> None:
+    def __init__(self, writer: RecordSink, names: list[str]) -> None:
         self.writer = writer
         self.names = names
         self.rows: list[dict[str, Any]] = []
@@ -260,53 +314,58 @@ class _Batcher:
 
 
 @dataclass
-class _Tally:
+class Tally:
     """What the decode loop counted: notes and skips by category."""
 
     notes: Counter[str] = field(default_factory=Counter)
     skips: Counter[str] = field(default_factory=Counter)
 
 
-def _decode_and_write(
-    conv: Converter,
-    scan: ScanResult,
-    sink: _BackgroundWriter,
+def decode_into(
+    decoder: Decoder,
+    items: Sequence[Any],
+    sink: RecordSink,
     start: int,
     *,
+    names: list[str],
+    chunk_size: int,
     workers: int,
     strict: bool,
     progress: ProgressFn | None,
-) -> _Tally:
-    """Decode the inputs from cursor ``start`` and hand their records and skips to ``sink``."""
-    items = scan.items
+    provenance: tuple[str, tuple[str, ...]],
+    first_input: int = 0,
+    tally: Tally | None = None,
+) -> Tally:
+    """Decode ``items`` from cursor ``start`` and hand their records (fields ``names``) and skips to ``sink``.
+
+    The one decode loop of every conversion: a whole corpus here (:func:`run_converter`) or one part
+    of it on a worker (:mod:`shardkit.converters.parts`). ``provenance`` is the kind's name and its
+    provenance columns; ``first_input`` is the number of ``items[0]`` in the whole input sequence (a
+    record's provenance names its input by that number).
+    """
     n = len(items)
-    batcher = _Batcher(sink, [conv.payload, *conv.fields(), PROVENANCE])
-    tally = _Tally()
-    if start == 0:
-        for s in scan.skipped:
-            logger.info("skipped %s: %s", s.path, s.reason)
-            sink.skip(s.path, s.reason, 0)
-            tally.skips[reason_category(s.reason)] += 1
-    for outcome in outcomes(conv.decoder, items, split_cursor(start), workers, conv.chunk_size):
+    batcher = _Batcher(sink, names)
+    tally = tally if tally is not None else Tally()
+    for outcome in outcomes(decoder, items, split_cursor(start), workers, chunk_size):
         match outcome:
             case Produced(index=index, decoded=decoded):
                 for note in decoded.notes:
                     tally.notes[note.category] += 1
-                    logger.warning("%s: %s", conv.item_path(items[index]), note)
+                    logger.warning("%s: %s", decoder.item_path(items[index]), note)
                 done = decoded.next_start is None
                 last = decoded.start + len(decoded.records)
                 if last > MAX_RECORDS_PER_INPUT:
-                    raise ConversionError(f"{conv.item_path(items[index])}: gives more than {MAX_RECORDS_PER_INPUT} records")
+                    raise ConversionError(f"{decoder.item_path(items[index])}: gives more than {MAX_RECORDS_PER_INPUT} records")
                 for w, rec in enumerate(decoded.records, decoded.start):
                     after = input_cursor(index + 1) if done and w == last - 1 else input_cursor(index, w + 1)
-                    rec[PROVENANCE] = _provenance_row(conv, rec, index, w)
+                    rec[PROVENANCE] = provenance_row(*provenance, rec, first_input + index, w)
                     batcher.add(rec, after)
                 if done and last == 0:
-                    sink.skip(conv.item_path(items[index]), "empty: no records", input_cursor(index))
+                    sink.skip(decoder.item_path(items[index]), "empty: no records", input_cursor(index))
             case Skipped(index=index, path=path, reason=reason):
                 if strict:
                     batcher.flush()
-                    raise _strict_stop(path, reason)
+                    raise strict_stop(path, reason)
                 logger.info("skipped %s: %s", path, reason)
                 tally.skips[reason_category(reason)] += 1
                 # The writer files a skip with the first shard whose cursor range covers it.
@@ -320,20 +379,24 @@ def _decode_and_write(
     return tally
 
 
-def _provenance_row(conv: Converter, rec: Record, index: int, part: int) -> np.ndarray:
+def provenance_row(kind: str, columns: tuple[str, ...], rec: Record, index: int, part: int) -> np.ndarray:
     """The record's provenance: its input and part number, then the kind's columns its decoder measured."""
     measured = rec.get(PROVENANCE) or {}
-    unknown = set(measured) - set(conv.provenance_columns)
+    unknown = set(measured) - set(columns)
     if unknown:
-        raise ConversionError(f"kind {conv.name!r}: decoder gave provenance column(s) {sorted(unknown)} that the kind "
-                              f"does not declare in provenance_columns {list(conv.provenance_columns)}")
-    return np.array([index, part, *(int(measured.get(c, 0)) for c in conv.provenance_columns)], dtype=np.int64)
+        raise ConversionError(f"kind {kind!r}: decoder gave provenance column(s) {sorted(unknown)} that the kind "
+                              f"does not declare in provenance_columns {list(columns)}")
+    return np.array([index, part, *(int(measured.get(c, 0)) for c in columns)], dtype=np.int64)
 
 
-def _dataset_config(conv: Converter, scan: ScanResult, fields: Mapping[str, FieldSpec], provenance: ProvenanceSpec,
-                    records_per_shard: int, shard_bytes: int | None, compression: str | None) -> dict[str, Any]:
+def dataset_fields(conv: Converter, provenance: ProvenanceSpec) -> dict[str, FieldSpec]:
+    """Every small field of the dataset: the kind's, then the per-record provenance."""
+    return {**conv.fields(), PROVENANCE: provenance.field_spec}
+
+
+def dataset_config(conv: Converter, scan: ScanResult, fields: Mapping[str, FieldSpec], provenance: ProvenanceSpec,
+                   records_per_shard: int, shard_bytes: int | None, codec: RecordCodec | None) -> dict[str, Any]:
     """Every parameter that shapes the output (the staging config and the dataset's fingerprint)."""
-    codec = get_codec(compression)
     return {
         "config": {"converter": conv.config(), "inputs": conv.inputs_fingerprint(scan), "shard_bytes": shard_bytes},
         "kind": conv.name,
@@ -344,6 +407,18 @@ def _dataset_config(conv: Converter, scan: ScanResult, fields: Mapping[str, Fiel
         "records_per_shard": records_per_shard,
         "compression": None if codec is None else codec.to_json(),
     }
+
+
+def shard_layout(conv: Converter, inputs: int, shard_bytes: int, records_per_shard: int | None) -> tuple[int, int | None]:
+    """``(records per shard, the shard size that chose it)``; the size is ``None`` when the count was given
+    or came from the corpus size (then it is what the config records)."""
+    if records_per_shard is None and conv.one_record_per_input and inputs:
+        # A corpus smaller than a shard gets a shard (and a shard index, which has one entry per
+        # slot) of its own size instead of a mostly empty one.
+        full = records_per_shard_for(conv.record_spec().nbytes, shard_bytes)
+        records_per_shard = min(full, inputs) if inputs < full else None
+    rps = records_per_shard or records_per_shard_for(conv.record_spec().nbytes, shard_bytes)
+    return rps, None if records_per_shard else int(shard_bytes)
 
 
 def run_converter(
@@ -367,18 +442,12 @@ def run_converter(
     scan = conv.scan()
     n = len(scan.items)
     if strict and scan.skipped:
-        raise _strict_stop(scan.skipped[0].path, scan.skipped[0].reason)
+        raise strict_stop(scan.skipped[0].path, scan.skipped[0].reason)
     spec = conv.record_spec()
-    if records_per_shard is None and conv.one_record_per_input and n:
-        # A corpus smaller than a shard gets a shard (and a shard index, which has one entry per
-        # slot) of its own size instead of a mostly empty one.
-        full = records_per_shard_for(spec.nbytes, shard_bytes)
-        records_per_shard = min(full, n) if n < full else None
-    rps = records_per_shard or records_per_shard_for(spec.nbytes, shard_bytes)
+    rps, size = shard_layout(conv, n, shard_bytes, records_per_shard)
     provenance = conv.provenance_spec(scan)
-    fields = {**conv.fields(), PROVENANCE: provenance.field_spec}
-    config = _dataset_config(conv, scan, fields, provenance, rps, None if records_per_shard else int(shard_bytes),
-                             compression)
+    fields = dataset_fields(conv, provenance)
+    config = dataset_config(conv, scan, fields, provenance, rps, size, get_codec(compression))
     remote = RemoteOutput(str(out), staging_dir) if is_remote_output(out) else None
     local_out = remote.local if remote is not None else Path(out)
     staging = Staging(
@@ -389,11 +458,11 @@ def run_converter(
     done = _finished(staging, remote, overwrite)
     if done is not None:
         logger.info("%s: already converted with the same parameters", out)
-        return _summary(out, done, time.perf_counter() - t0, already_complete=True)
+        return summary_of(out, done, time.perf_counter() - t0, already_complete=True)
     if remote is not None:
         remote.check_destination(staging.names, overwrite=overwrite)
         if staging.finished() is not None:  # killed while publishing: finish that
-            return _summary(out, remote.publish(), time.perf_counter() - t0)
+            return summary_of(out, remote.publish(), time.perf_counter() - t0)
     resumed = staging.begin(overwrite=overwrite)
     sink = _BackgroundWriter(staging.writer(
         resumed, kind=conv.name, payload=conv.payload, record=spec, fields=fields, labels=conv.labels(),
@@ -405,9 +474,17 @@ def run_converter(
     if progress is not None:
         progress(split_cursor(start)[0], n, resumed_records)
     try:
-        tally = _decode_and_write(conv, scan, sink, start, workers=workers, strict=strict, progress=progress)
+        tally = Tally()
+        if start == 0:
+            for s in scan.skipped:
+                logger.info("skipped %s: %s", s.path, s.reason)
+                sink.skip(s.path, s.reason, 0)
+                tally.skips[reason_category(s.reason)] += 1
+        decode_into(conv.decoder, scan.items, sink, start, names=[conv.payload, *fields], chunk_size=conv.chunk_size,
+                    workers=workers, strict=strict, progress=progress, tally=tally,
+                    provenance=(conv.name, conv.provenance_columns))
         if sink.records_written == 0:
-            raise _NothingConverted(
+            raise NothingConverted(
                 f"{conv.src}: no input could be converted as kind {conv.name!r} ({n} inputs, skipped: "
                 + (", ".join(f"{k} {v}" for k, v in sorted(tally.skips.items())) or "none")
                 + "); is --kind right? Nothing was written"
@@ -415,14 +492,14 @@ def run_converter(
         meta = sink.close()
         if remote is not None:
             meta = remote.publish()
-    except _NothingConverted:
+    except NothingConverted:
         sink.abort()
         staging.discard()
         raise
     except BaseException:
         sink.abort()
         raise
-    summary = _summary(out, meta, time.perf_counter() - t0, records_this_run=meta.num_records - resumed_records,
+    summary = summary_of(out, meta, time.perf_counter() - t0, records_this_run=meta.num_records - resumed_records,
                        notes=dict(sorted(tally.notes.items())))
     logger.info("%s: %d records, %d skipped, %.1f s", out, summary.records, summary.num_skipped, summary.seconds)
     if summary.skipped:
@@ -436,14 +513,15 @@ def run_converter(
     return summary
 
 
-def _summary(out: str | Path, meta: DatasetMeta, seconds: float, **extra: Any) -> ConvertSummary:
-    """The summary of a finished dataset (``extra``: what only this run knows)."""
+def summary_of(out: str | Path, meta: DatasetMeta, seconds: float, **extra: Any) -> ConvertSummary:
+    """The summary of a finished dataset (``extra``: what only this run knows, or counts it overrides)."""
     skipped = Counter(reason_category(s.reason) for s in meta.skipped)
-    return ConvertSummary(
+    values: dict[str, Any] = dict(
         output=out, kind=meta.kind, records=meta.num_records, skipped=dict(sorted(skipped.items())),
         bytes=_output_bytes(out, meta), seconds=seconds, changes=dict(meta.provenance.get("changes", {})),
-        skipped_inputs=tuple((s.path, s.reason) for s in meta.skipped), **extra,
+        skipped_inputs=tuple((s.path, s.reason) for s in meta.skipped),
     )
+    return ConvertSummary(**{**values, **extra})
 
 
 def _label(name: str, naming: OptionNaming) -> str:
@@ -464,6 +542,11 @@ def convert(
     records_per_shard: int | str | None = None,
     progress: ProgressFn | bool | None = None,
     naming: OptionNaming = "python",
+    executor: Executor | None = None,
+    scheduler: str | None = None,
+    append: bool = False,
+    part_size: int | str | None = None,
+    keep_versions: int | str = DEFAULT_KEEP_VERSIONS,
     staging_dir: str | os.PathLike[str] | None = None,
     **options: Any,
 ) -> ConvertSummary:
@@ -503,6 +586,24 @@ def convert(
         ``True`` always draws it, ``False`` never.
     naming
         How errors name options: ``"python"`` (``sample_rate``) or ``"cli"`` (``--sample-rate``).
+    executor
+        Any ``concurrent.futures.Executor`` (a process pool, ``dask.distributed.Client(...).get_executor()``):
+        the corpus is converted in parts on it, each written straight to ``out``, then committed
+        (:mod:`shardkit.converters.partrun`). The result is the same records, fields, labels and
+        skips as without it. Its workers must see ``src`` and ``out`` at the same paths. Default:
+        one conversion with ``workers`` local decode processes.
+    scheduler
+        Address of a Dask scheduler (``tcp://host:8786``): the parts run on that cluster (needs
+        ``pip install "shardkit[dask]"``).
+    append
+        Add the corpus's records after those of the dataset at ``out`` (same kind, record, fields and
+        transform, or it is refused naming the difference and nothing changes), as its next
+        version; new class names extend the label list. A reader that opened the dataset before
+        keeps reading the version it opened.
+    part_size
+        Inputs per part of a conversion in parts (default: about 64 parts, 1 to 16 shards each).
+    keep_versions
+        Older versions a commit keeps openable (their replaced files); older ones are deleted.
     staging_dir
         For an object-store ``out``: where the local staging directory lives (default: the system
         temporary directory); a re-run must see the same one to resume.
@@ -522,15 +623,37 @@ def convert(
         records_per_shard, what=_label("records_per_shard", naming), minimum=1
     )
     n_workers = None if workers is None else parse_count(workers, what=_label("workers", naming), minimum=1)
+    n_part = None if part_size is None else parse_count(part_size, what=_label("part_size", naming), minimum=1)
+    keep = parse_count(keep_versions, what=_label("keep_versions", naming))
     kind = kind or detect_kind(Path(src))
     conv = get_converter(kind)(Path(src), naming=naming, **options)
+
+    def run(report: ProgressFn | None) -> ConvertSummary:
+        if executor is None and scheduler is None and not append:
+            return run_converter(
+                conv, out, workers=n_workers, strict=strict, overwrite=overwrite, compression=compression,
+                shard_bytes=nbytes, records_per_shard=rps, progress=report, staging_dir=staging_dir,
+            )
+        # partrun builds on this module (the decode loop, the summary): imported here, not at the top.
+        from shardkit.converters.executors import dask_executor
+        from shardkit.converters.partrun import convert_in_parts
+
+        def in_parts(ex: Executor | None) -> ConvertSummary:
+            return convert_in_parts(
+                conv, out, executor=ex, append=append, part_size=n_part,
+                workers=default_workers() if n_workers is None else n_workers, strict=strict, overwrite=overwrite,
+                compression=compression, shard_bytes=nbytes, records_per_shard=rps, progress=report,
+                keep_versions=keep, naming=naming,
+            )
+
+        if scheduler is not None:
+            if executor is not None:
+                raise ConfigError(f"{_label('scheduler', naming)} and {_label('executor', naming)}: give one of them")
+            with dask_executor(scheduler, naming=naming) as dask:
+                return in_parts(dask)
+        return in_parts(executor)
+
     if callable(progress):
-        return run_converter(
-            conv, out, workers=n_workers, strict=strict, overwrite=overwrite, compression=compression,
-            shard_bytes=nbytes, records_per_shard=rps, progress=progress, staging_dir=staging_dir,
-        )
+        return run(progress)
     with progress_bar(conv.progress_unit, f"convert {kind}", disable=None if progress is None else not progress) as bar:
-        return run_converter(
-            conv, out, workers=n_workers, strict=strict, overwrite=overwrite, compression=compression,
-            shard_bytes=nbytes, records_per_shard=rps, progress=bar, staging_dir=staging_dir,
-        )
+        return run(bar)

@@ -42,6 +42,7 @@ def progress_bar(unit: str, desc: str, *, disable: bool | None = None) -> Iterat
                        disable=disable)
             return
         bar.update(done - bar.n)
+        bar.set_postfix_str(f"{records} records", refresh=False)  # a cluster conversion: counted on every worker
 
     try:
         if disable is True:

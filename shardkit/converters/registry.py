@@ -55,6 +55,7 @@ BUILTIN: dict[str, str] = {
 RESERVED_OPTIONS = frozenset({
     "src", "out", "output", "kind", "workers", "strict", "overwrite", "compression", "shard_bytes",
     "shard_size", "records_per_shard", "progress", "naming", "quiet", "verbose", "help",
+    "executor", "scheduler", "append", "part_size", "keep_versions",
 })
 
 #: Kinds added with :func:`register`: name -> class or ``"module:Class"``.

@@ -61,8 +61,9 @@ from shardkit.formats import DatasetMeta, DatasetWriter, FieldSpec, ShardInfo
 from shardkit.formats.atomic import write_bytes_atomic
 from shardkit.formats.index import crc32c_of
 from shardkit.formats.metadata import read_dataset_meta, read_json, write_json_atomic
+from shardkit.formats.outputs import STAGING_DIR, clear_output, remove_path
 from shardkit.formats.provenance import TABLE_ARRAYS
-from shardkit.formats.spec import ATTRS_KEY, ZARR_JSON, SkippedInput
+from shardkit.formats.spec import ZARR_JSON, SkippedInput
 from shardkit.formats.writer import WrittenShard
 
 __all__ = [
@@ -72,20 +73,23 @@ __all__ = [
     "StagedWriter",
     "Staging",
     "clear_output",
+    "config_fingerprint",
     "input_cursor",
     "split_cursor",
 ]
 
 logger = logging.getLogger(__name__)
 
-#: Directory inside an unfinished dataset that holds what is needed to resume (the format's reader
-#: knows the name too: it reports such a directory as an incomplete dataset).
-STAGING_DIR = ".shardkit-staging"
 #: Low bits of an input cursor that count records already written from the current input.
 WINDOW_BITS = 20
 _WINDOW_MASK = (1 << WINDOW_BITS) - 1
 _CONFIG = "config.json"
 _PARTIAL = ".partial"
+
+
+def config_fingerprint(config: Mapping[str, Any]) -> str:
+    """crc32c of a conversion's config (``source.config_fingerprint``): the same conversion, whatever ran it."""
+    return f"{crc32c_of(json.dumps(config, sort_keys=True).encode()):08x}"
 
 
 def input_cursor(index: int, records: int = 0) -> int:
@@ -117,48 +121,6 @@ class StagedShard:
     shard: WrittenShard
     cursor: int
     skipped: tuple[SkippedInput, ...]
-
-
-def _looks_like_output(path: Path) -> bool:
-    """Empty, or a shardkit dataset, or an interrupted conversion."""
-    if not any(path.iterdir()) or (path / STAGING_DIR).is_dir():
-        return True
-    doc = path / ZARR_JSON
-    if doc.is_file():
-        try:
-            return ATTRS_KEY in read_json(doc).get("attributes", {})
-        except ShardkitError:
-            return False
-    return False
-
-
-def _remove(path: Path) -> None:
-    """Delete a file or a directory tree (never following a symlink), if it exists."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    elif path.exists() or path.is_symlink():
-        path.unlink()
-
-
-def clear_output(path: Path) -> None:
-    """Delete the contents of a previous shardkit output at ``path`` (``--overwrite``), keeping ``path``.
-
-    Its ``zarr.json`` goes first, so a clearing cut short never leaves something that looks complete.
-
-    Raises
-    ------
-    ConversionError
-        ``path`` holds files that are not a shardkit output.
-    """
-    if not path.exists():
-        return
-    if not path.is_dir() or not _looks_like_output(path):
-        raise ConversionError(
-            f"{path}: refusing to overwrite: expected an empty directory or a shardkit dataset, found other files"
-        )
-    _remove(path / ZARR_JSON)
-    for entry in sorted(path.iterdir()):
-        _remove(entry)
 
 
 class Staging:
@@ -207,7 +169,7 @@ class Staging:
     @property
     def fingerprint(self) -> str:
         """crc32c of the config: stored in the finished dataset to recognise the same conversion."""
-        return f"{crc32c_of(json.dumps(self.config, sort_keys=True).encode()):08x}"
+        return config_fingerprint(self.config)
 
     # ------------------------------------------------------------------ before writing
     def finished(self) -> DatasetMeta | None:
@@ -230,7 +192,7 @@ class Staging:
                 + "; use --overwrite to replace it"
             )
         if self.dir.exists():
-            _remove(self.dir)
+            remove_path(self.dir)
         return existing
 
     def begin(self, *, overwrite: bool = False) -> list[StagedShard]:
@@ -284,7 +246,7 @@ class Staging:
             self.out.mkdir(parents=True)
             self.created_out = True
         for name in (STAGING_DIR, ZARR_JSON + _PARTIAL, *self.names):
-            _remove(self.out / name)
+            remove_path(self.out / name)
         self.dir.mkdir()
         write_json_atomic(self.dir / _CONFIG, self.config)
 
@@ -300,8 +262,8 @@ class Staging:
                 path.unlink()
         for name in self.names:
             if name != payload:
-                _remove(self.out / name)  # field arrays are only written by the final commit
-        _remove(self.out / (ZARR_JSON + _PARTIAL))
+                remove_path(self.out / name)  # field arrays are only written by the final commit
+        remove_path(self.out / (ZARR_JSON + _PARTIAL))
         for path in self.dir.iterdir():
             if path.name.endswith(_PARTIAL) or (
                 path.name.startswith(("shard-", "fields-")) and _shard_number(path.name) >= len(shards)
@@ -366,7 +328,7 @@ class Staging:
     # ------------------------------------------------------------------ after writing
     def commit_done(self) -> None:
         """The dataset's metadata is in place: the staging area is not needed any more."""
-        _remove(self.dir)
+        remove_path(self.dir)
 
     def discard(self) -> None:
         """Delete what this conversion wrote (it produced nothing worth keeping).
@@ -379,7 +341,7 @@ class Staging:
             shutil.rmtree(self.out)
         else:
             for name in (ZARR_JSON, STAGING_DIR, ZARR_JSON + _PARTIAL, *self.names):
-                _remove(self.out / name)
+                remove_path(self.out / name)
 
 
 def _shard_number(name: str) -> int:

@@ -10,14 +10,15 @@ from typing import Any
 
 import numpy as np
 
-from shardkit.errors import NotADatasetError
-from shardkit.formats.checksums import read_object, read_objects
+from shardkit.errors import ChecksumError, NotADatasetError, TruncatedShardError
+from shardkit.formats.checksums import read_objects
 from shardkit.formats.fields import read_field_array
 from shardkit.formats.metadata import MAX_DOCUMENT_NBYTES, DatasetMeta, read_dataset_meta
 from shardkit.formats.provenance import Provenance, RecordSource
 from shardkit.formats.ranged import DEFAULT_REMOTE_GAP_BYTES, RangedPayloadArray
 from shardkit.formats.reader import DEFAULT_GAP_BYTES, PayloadArray, ReadStats
 from shardkit.formats.spec import ZARR_JSON
+from shardkit.formats.versions import list_versions, read_versioned, version_key, version_of
 from shardkit.stores import Location, Store, StoreOptions, open_store
 from shardkit.stores.cache import ShardCache, cache_namespace
 
@@ -48,6 +49,8 @@ class Dataset:
         ``cache_size`` bytes for the whole directory; ``None``: no limit) and read them from there
         once complete and verified (:mod:`shardkit.stores.cache`); reads served by it are counted in
         ``cache_stats``. Ignored for local datasets.
+    version
+        Open this kept older version instead of the current one (``shardkit info`` lists them).
 
     Notes
     -----
@@ -58,6 +61,10 @@ class Dataset:
     checksum, and (format 1.1) the checksum of every array document. Loading the fields checks every
     field chunk; reading a shard's index checks it against the checksum in the metadata. Only the
     payload records themselves are left to :func:`~shardkit.formats.verify`, which reads every byte.
+
+    A dataset opened here keeps reading the version it opened while a commit (``convert --append``)
+    adds a newer one: files the commit replaces are read from the copies it keeps for older
+    versions (:mod:`~shardkit.formats.versions`).
     """
 
     def __init__(
@@ -71,19 +78,20 @@ class Dataset:
         cache_dir: str | os.PathLike[str] | None = None,
         cache_size: int | None = None,
         cache_stats: ReadStats | None = None,
+        version: int | None = None,
     ) -> None:
         self.store: Store = open_store(path, store_options)
         #: The local cache of remote shards (``cache_dir``), or None.
         self.cache: ShardCache | None = None
         #: The dataset directory (a Path) or, for an object store, its URL.
         self.path: Path | str = self.store.local_path() if self.store.is_local else self.store.url
-        self.meta: DatasetMeta = read_dataset_meta(self.store)
+        self.meta: DatasetMeta = read_dataset_meta(self.store, ZARR_JSON if version is None else version_key(version))
         files = self.meta.files
         # The payload document is checked as the payload reader reads it.
         docs = [f"{name}/{ZARR_JSON}" for name in self.meta.fields if f"{name}/{ZARR_JSON}" in files]
         if self.store.is_local:
             for rel in docs:
-                read_object(self.store, rel, files[rel], what="field array document")
+                read_versioned(self.store, rel, files[rel], what="field array document")
             self.store.local_path(f"{self.meta.payload}/{ZARR_JSON}")  # inside the dataset, or UnsafePathError
             self.payload: PayloadArray = PayloadArray(
                 self.store.local_path() / self.meta.payload,
@@ -93,7 +101,12 @@ class Dataset:
                 document_digest=files.get(f"{self.meta.payload}/{ZARR_JSON}"),
             )
         else:
-            read_objects(self.store, docs, files, what="field array document", max_nbytes=MAX_DOCUMENT_NBYTES)
+            try:
+                read_objects(self.store, docs, files, what="field array document", max_nbytes=MAX_DOCUMENT_NBYTES)
+            except (TruncatedShardError, ChecksumError):  # a newer version replaced one: as this one recorded it
+                for rel in docs:
+                    read_versioned(self.store, rel, files[rel], what="field array document",
+                                   max_nbytes=MAX_DOCUMENT_NBYTES)
             self.cache = None if cache_dir is None else ShardCache(cache_dir, cache_namespace(
                 self.store.url, hashlib.sha256(json.dumps(self.meta.to_json(), sort_keys=True).encode()).hexdigest()
             ), cache_size)
@@ -217,6 +230,9 @@ class Dataset:
             "transform": m.transform,
             "source": m.source,
             "created_by": m.created_by,
+            "version": version_of(m.to_json()),
+            "versions": [v.to_json() for v in list_versions(self.store)],
+            "history": m.source.get("history", []),
         }
 
     # ------------------------------------------------------------------ reading

@@ -20,21 +20,23 @@ from typing import Any
 
 import numpy as np
 
-from shardkit.errors import CorruptShardError, MissingShardError, NotADatasetError
+from shardkit.errors import ChecksumError, CorruptShardError, MissingShardError, NotADatasetError, TruncatedShardError
 from shardkit.formats import jsonvalues as jv
 from shardkit.formats.atomic import write_bytes_atomic
-from shardkit.formats.checksums import FileDigest, read_objects, read_verified
+from shardkit.formats.checksums import FileDigest, read_objects
 from shardkit.formats.codecs import RecordCodec, codec_from_zarr
-from shardkit.formats.metadata import array_metadata, read_json_object, write_json_atomic
+from shardkit.formats.metadata import array_metadata, encode_json
 from shardkit.formats.paths import resolve_inside
+from shardkit.formats.publish import put_checked
 from shardkit.formats.spec import MAX_NDIM, ZARR_JSON, FieldSpec, chunk_key
+from shardkit.formats.versions import read_document, read_versioned
 from shardkit.stores import LocalStore, Store
 
 __all__ = ["read_field_array", "read_field_rows", "write_field_array"]
 
 
 def write_field_array(
-    root: Path,
+    root: Path | Store,
     name: str,
     spec: FieldSpec,
     data: np.ndarray,
@@ -42,25 +44,30 @@ def write_field_array(
     codec: RecordCodec | None,
     *,
     durable: bool = True,
+    first_chunk: int = 0,
 ) -> dict[str, FileDigest]:
-    """Write field ``name`` (``data`` of shape ``[n, *spec.shape]``) and its ``zarr.json`` under ``root``.
+    """Write field ``name`` (``data`` of shape ``[n, *spec.shape]``) and its ``zarr.json`` under ``root``
+    (a directory or a store).
 
     Returns the digest of every file written, by path relative to ``root`` (the document last), for
     the metadata's ``files`` map. Each file appears atomically; a full disk raises OutOfSpaceError
     naming the file and leaves no partial file.
+
+    With ``first_chunk``, ``data`` holds only the records from chunk ``first_chunk`` on, and only
+    those chunks are written (a commit that appends records keeps the full chunks before them).
     """
-    n = data.shape[0]
+    base = first_chunk * chunk
+    n = base + data.shape[0]
     ndim = 1 + len(spec.shape)
     le = np.dtype(spec.dtype).newbyteorder("<")
     digests: dict[str, FileDigest] = {}
-    for j, start in enumerate(range(0, n, chunk)):
+    for j, start in enumerate(range(base, n, chunk), first_chunk):
         block = np.zeros((chunk, *spec.shape), dtype=le)
-        part = data[start : start + chunk]
+        part = data[start - base : start - base + chunk]
         block[: part.shape[0]] = part
         blob = codec.encode(block) if codec is not None else block.tobytes()
         rel = chunk_key(name, j, ndim)
-        write_bytes_atomic(root / rel, blob, durable=durable)
-        digests[rel] = FileDigest.of(blob)
+        digests[rel] = _put(root, rel, blob, durable)
     document = array_metadata(
         shape=(n, *spec.shape),
         dtype=spec.dtype,
@@ -68,8 +75,20 @@ def write_field_array(
         codec=codec,
         itemsize=le.itemsize,
     )
-    digests[f"{name}/{ZARR_JSON}"] = write_json_atomic(root / name / ZARR_JSON, document, durable=durable)
+    digests[f"{name}/{ZARR_JSON}"] = _put(root, f"{name}/{ZARR_JSON}", encode_json(document), durable)
     return digests
+
+
+def _put(root: Path | Store, key: str, data: bytes, durable: bool) -> FileDigest:
+    """One file of a dataset, whole or not at all: an atomic local write, or one PUT (its crc32c in
+    the object's metadata, as every uploaded object of a dataset has)."""
+    digest = FileDigest.of(data)
+    if isinstance(root, Store) and not root.is_local:
+        put_checked(root, key, data, digest.crc32c)
+    else:
+        local = root.local_path() if isinstance(root, Store) else root
+        write_bytes_atomic(resolve_inside(local, key, "field array file"), data, durable=durable)
+    return digest
 
 
 def read_field_array(
@@ -90,7 +109,9 @@ def read_field_array(
         What the dataset metadata declares: the document must say exactly ``[num_records, *spec.shape]``
         of ``spec.dtype`` in chunks of ``chunk_records`` records.
     files
-        The metadata's digests (format 1.1), or ``None`` / empty for a 1.0 dataset.
+        The metadata's digests (format 1.1), or ``None`` / empty for a 1.0 dataset. A file a newer
+        version of the dataset replaced is read from the copy kept for this one
+        (:mod:`~shardkit.formats.versions`).
     out
         Where to decode the field (``[num_records, *spec.shape]`` of the little-endian dtype, e.g. a
         node-shared region); a new array by default. Checked before any chunk is decoded.
@@ -135,7 +156,7 @@ def read_field_rows(
     if store.is_local and not store.local_path(doc_rel).exists():
         raise NotADatasetError(f"{store.describe(name)}: field array metadata {store.describe(doc_rel)} is missing")
     try:
-        doc = read_json_object(store, doc_rel, files.get(doc_rel))
+        doc = read_document(store, doc_rel, files.get(doc_rel))
     except MissingShardError:
         raise NotADatasetError(f"{store.describe(name)}: field array metadata {store.describe(doc_rel)} is missing") from None
     codec = _check_field_document(doc, store.describe(doc_rel), spec, num_records, chunk_records)
@@ -184,9 +205,13 @@ def _chunk_sources(
             real = resolve_inside(store.local_path(), rel, "field chunk")
             if not real.is_file():
                 raise MissingShardError(f"{store.describe(rel)}: field chunk listed in the dataset metadata is missing")
-            out.append((rel, functools.partial(read_verified, real, files.get(rel), what="field chunk", max_nbytes=max_nbytes)))
+            out.append((rel, functools.partial(read_versioned, store, rel, files.get(rel), what="field chunk",
+                                               max_nbytes=max_nbytes)))
         return out
-    blobs = read_objects(store, keys, files, what="field chunk", max_nbytes=max_nbytes)
+    try:
+        blobs = read_objects(store, keys, files, what="field chunk", max_nbytes=max_nbytes)
+    except (TruncatedShardError, ChecksumError):  # a newer version replaced a chunk: one at a time, as recorded
+        blobs = [read_versioned(store, k, files.get(k), what="field chunk", max_nbytes=max_nbytes) for k in keys]
     return [(rel, functools.partial(bytes, blob)) for rel, blob in zip(keys, blobs)]
 
 

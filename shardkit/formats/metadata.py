@@ -81,6 +81,8 @@ logger = logging.getLogger(__name__)
 MAX_DOCUMENT_NBYTES = 1 << 30
 #: Directory (local) or key prefix (object stores) of an unfinished conversion's resume state.
 STAGING_NAME = ".shardkit-staging"
+#: Directory of the parts of a conversion in parts not committed yet (:mod:`shardkit.formats.outputs`).
+PARTS_NAME = ".shardkit-parts"
 #: Default records per chunk of the small per-record fields.
 DEFAULT_FIELD_CHUNK = 65536
 
@@ -476,8 +478,11 @@ def parse_json(raw: bytes, where: str) -> dict[str, Any]:
     return doc
 
 
-def read_dataset_meta(root: Path | Store) -> DatasetMeta:
+def read_dataset_meta(root: Path | Store, document: str = ZARR_JSON) -> DatasetMeta:
     """Read and validate the dataset metadata of the directory or store ``root``.
+
+    ``document`` is the root document to read (a key of ``root``): ``zarr.json``, the current
+    version, or a kept older version's (see :mod:`shardkit.formats.versions`).
 
     Raises
     ------
@@ -497,10 +502,13 @@ def read_dataset_meta(root: Path | Store) -> DatasetMeta:
             raise DatasetNotFoundError(f"{local}: no such dataset directory")
         if not local.is_dir():
             raise NotADatasetError(f"{local}: expected a dataset directory, found a file")
-    if not store.exists(ZARR_JSON):
+    if document != ZARR_JSON and not store.exists(document):
+        raise DatasetNotFoundError(f"{store.describe(document)}: this version of the dataset is not kept "
+                                   f"(`shardkit info {store.url}` lists the versions kept)")
+    if not store.exists(document):
         _raise_missing_root(store)
-    where = store.describe(ZARR_JSON)
-    doc = read_json_object(store, ZARR_JSON)
+    where = store.describe(document)
+    doc = read_json_object(store, document)
     if doc.get("zarr_format") != 3 or doc.get("node_type") != "group":
         raise NotADatasetError(
             f"{where}: expected a zarr v3 group, found zarr_format={doc.get('zarr_format')!r} "
@@ -518,14 +526,16 @@ def _raise_missing_root(store: Store) -> NoReturn:
     if store.is_local:
         local = store.local_path()
         # A conversion's staging area, an array document or chunks of an array: a write was cut short.
-        started = (local / STAGING_NAME).exists() or any(local.glob(f"*/{ZARR_JSON}")) or any(local.glob("*/c"))
+        started = (local / STAGING_NAME).exists() or (local / PARTS_NAME).exists() or any(local.glob(f"*/{ZARR_JSON}")) \
+            or any(local.glob("*/c"))
     else:
         # One listing (at most a page) tells an empty prefix from an interrupted upload.
         started = False
         empty = True
         for meta in store.list(""):
             empty = False
-            if meta.key.startswith(f"{STAGING_NAME}/") or meta.key.endswith(f"/{ZARR_JSON}") or "/c/" in meta.key:
+            if meta.key.startswith((f"{STAGING_NAME}/", f"{PARTS_NAME}/")) or meta.key.endswith(f"/{ZARR_JSON}") \
+                    or "/c/" in meta.key:
                 started = True
                 break
         if empty:

@@ -127,8 +127,8 @@ class ProvenanceSpec:
         return FieldSpec((len(self.columns),), "int64")
 
 
-def write_provenance(root: Path, spec: ProvenanceSpec, values: np.ndarray, *, durable: bool = True) -> dict[str, Any]:
-    """Write the input table under ``root`` and return the metadata's ``provenance`` block.
+def write_provenance(root: Path | Store, spec: ProvenanceSpec, values: np.ndarray, *, durable: bool = True) -> dict[str, Any]:
+    """Write the input table under ``root`` (a directory or a store) and return the metadata's ``provenance`` block.
 
     ``values`` is the whole per-record field (``[N, C]``), from which ``changes`` is computed.
     """
@@ -310,6 +310,17 @@ class Provenance:
         raw = read_field_rows(store, NAMES_ARRAY, FieldSpec((), "uint8"), self.nbytes, self.names_chunk, self.files,
                               begin, end)
         return decode_name(raw.tobytes())
+
+    def names(self, root: Path | Store) -> list[str]:
+        """The name of every input, in order (both table arrays read whole: what a commit that extends
+        the table needs)."""
+        store = root if isinstance(root, Store) else LocalStore(root)
+        ends = read_field_rows(store, ENDS_ARRAY, FieldSpec((), "int64"), self.count, self.ends_chunk, self.files)
+        raw = read_field_rows(store, NAMES_ARRAY, FieldSpec((), "uint8"), self.nbytes, self.names_chunk, self.files)
+        starts = np.concatenate(([0], ends[:-1])).astype(np.int64)
+        if np.any(starts > ends) or (ends.size and not 0 <= int(ends[-1]) <= self.nbytes):
+            raise NotADatasetError(f"{store.describe(ENDS_ARRAY)}: input name ends are not increasing within the table")
+        return [decode_name(raw[a:b].tobytes()) for a, b in zip(starts.tolist(), ends.tolist())]
 
     def source(self, root: Path | Store, meta: DatasetMeta, record: int) -> RecordSource:
         """Where record ``record`` came from (its provenance values and its input's name)."""

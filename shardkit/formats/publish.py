@@ -9,18 +9,33 @@ until then opening the URL reports an incomplete dataset.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
-from collections.abc import Callable
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from shardkit.errors import NotADatasetError
+from shardkit.formats.atomic import fsync_dir
 from shardkit.formats.index import crc32c_of, extend_crc32c
 from shardkit.formats.metadata import DatasetMeta, read_dataset_meta
 from shardkit.formats.spec import ZARR_JSON
 from shardkit.stores import Location, ObjectMeta, Store, open_store
 
-__all__ = ["CRC_METADATA_KEY", "file_crc32c", "object_matches", "put_checked", "upload_dataset"]
+__all__ = [
+    "CRC_METADATA_KEY",
+    "file_crc32c",
+    "object_matches",
+    "put_checked",
+    "upload_dataset",
+    "copy_object",
+    "link_file",
+    "writing",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -101,3 +116,84 @@ def _upload_one(store: Store, key: str, path: Path) -> None:
         logger.debug("%s: already uploaded", store.describe(key))
         return
     put_checked(store, key, path, crc)
+
+
+def link_file(src: Path, dst: Path, *, durable: bool = True) -> None:
+    """Make ``dst`` a hard link of ``src`` (a copy where the file system cannot link), atomically."""
+    tmp = dst.with_name(dst.name + ".partial")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise
+        with open(src, "rb") as fin, open(tmp, "wb") as fout:
+            shutil.copyfileobj(fin, fout, _CHUNK)
+            if durable:
+                fout.flush()
+                os.fsync(fout.fileno())
+    os.replace(tmp, dst)
+    if durable:
+        fsync_dir(dst.parent)
+
+
+def _bucket_root(a: Store, b: Store) -> tuple[Store, str, str] | None:
+    """A store over the bucket both object stores ``a`` and ``b`` live in, and their prefixes in it."""
+    ua, ub = urlsplit(a.url), urlsplit(b.url)
+    if a.is_local or b.is_local or a.read_only or b.read_only or (ua.scheme, ua.netloc) != (ub.scheme, ub.netloc):
+        return None
+    return open_store(f"{ua.scheme}://{ua.netloc}", b.options), ua.path.strip("/"), ub.path.strip("/")
+
+
+def copy_object(src: Store, src_key: str, dst: Store, dst_key: str, *, durable: bool = True) -> str:
+    """Copy ``src_key`` of ``src`` to ``dst_key`` of ``dst`` without moving its bytes through this
+    machine where the stores can: a hard link between local directories, a server-side copy inside
+    one bucket; otherwise (another bucket, another cloud, local to remote) a download and an upload.
+
+    Returns how: ``"link"``, ``"server"`` or ``"transfer"``.
+    """
+    if src.is_local and dst.is_local:
+        link_file(src.local_path(src_key), dst.local_path(dst_key), durable=durable)
+        return "link"
+    if src is dst or (not src.is_local and src.url == dst.url):
+        dst.copy(src_key, dst_key)
+        return "server"
+    shared = _bucket_root(src, dst)
+    if shared is not None:
+        root, a, b = shared
+        root.copy("/".join(p for p in (a, src_key) if p), "/".join(p for p in (b, dst_key) if p))
+        return "server"
+    logger.info("%s -> %s: no server-side copy between these stores; transferring the bytes",
+                src.describe(src_key), dst.describe(dst_key))
+    if src.is_local:
+        put_checked(dst, dst_key, src.local_path(src_key))
+    else:
+        with writing(dst, dst_key) as path:
+            data = src.get(src_key)
+            with open(path, "wb") as fh:
+                fh.write(data)
+    return "transfer"
+
+
+@contextmanager
+def writing(store: Store, key: str) -> Iterator[Path]:
+    """A local path to write the file ``key`` of ``store`` through.
+
+    A local store gives the file's own path (the writer makes it appear atomically, as
+    :class:`~shardkit.formats.writer.ShardWriter` does); an object store a private temporary file,
+    uploaded as ``key`` (its crc32c in the object's metadata) when the block ends without an error,
+    and deleted in any case.
+    """
+    if store.is_local:
+        yield store.local_path(key)
+        return
+    fd, name = tempfile.mkstemp(prefix="shardkit-put-")
+    os.close(fd)
+    path = Path(name)
+    try:
+        yield path
+        put_checked(store, key, path)
+    finally:
+        path.unlink(missing_ok=True)
+        path.with_name(path.name + ".partial").unlink(missing_ok=True)

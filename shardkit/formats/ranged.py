@@ -29,6 +29,15 @@ What is checked, so that a short read, a wrong length or a changed object never 
   equals the recorded ``index_crc32c`` it is not fetched at all (one request per shard saved);
 * compressed records carry their codec's own checksum (zstd frames), as locally.
 
+With a local cache (``cache_dir``) the first read starts a :class:`~shardkit.stores.prefetch.ShardPrefetcher`
+that downloads every shard the cache admits whole, in ascending order, in the background; runs of a
+shard whose copy is complete are read locally (no request), runs of a shard still being downloaded
+wait for it (:data:`WAIT_FOR_PREFETCH`: fetching them by range instead would compete with the
+downloads for the link and fetch those bytes twice; a uniformly random block needs nearly every
+shard, so it completes about when the download does either way), and only shards the cache cannot
+hold are read by range. That is what lifts a cold epoch from the store's request rate to its
+whole-object bandwidth (``benchmarks/remote.py``).
+
 Uncompressed records fetched by range are not covered by a per-record checksum (format 1.1 records
 one crc32c per shard); the local cache (:mod:`shardkit.stores.cache`) checks whole shards against
 it before serving them, and ``shardkit verify`` checks every byte.
@@ -43,20 +52,32 @@ from typing import NoReturn
 
 import numpy as np
 
-from shardkit.errors import ConfigError, CorruptShardError, MissingShardError, ObjectChangedError, TruncatedShardError
+from shardkit.errors import (
+    ConfigError,
+    CorruptShardError,
+    MissingShardError,
+    ObjectChangedError,
+    ShardkitError,
+    TruncatedShardError,
+)
 from shardkit.formats.checksums import FileDigest, fd_crc32c
 from shardkit.formats.index import ShardIndex
-from shardkit.formats.metadata import read_json_object
 from shardkit.formats.reader import DEFAULT_GAP_BYTES, Destination, PayloadArray, ReadStats, _Plan, _Rows, _Run
 from shardkit.formats.spec import ZARR_JSON, ShardInfo, index_nbytes
+from shardkit.formats.versions import older_copy, read_document
 from shardkit.stores import ByteRange, Fetched, Store
 from shardkit.stores.cache import ShardCache
+from shardkit.stores.prefetch import PrefetchItem, ShardPrefetcher
 
 __all__ = ["RangedPayloadArray", "DEFAULT_REMOTE_GAP_BYTES"]
 
 #: Gaps up to this many bytes between wanted records of a remote shard are read rather than
 #: requested separately (see the module docstring for how it was chosen).
 DEFAULT_REMOTE_GAP_BYTES = 1 << 20
+
+#: With a cache, a block's records in a shard still being prefetched wait for its local copy
+#: (True) rather than being fetched by range (see the module docstring for why).
+WAIT_FOR_PREFETCH = True
 
 
 class RangedPayloadArray(PayloadArray):
@@ -101,15 +122,17 @@ class RangedPayloadArray(PayloadArray):
         self.path = store.describe(array)
         doc_key = f"{array}/{ZARR_JSON}"
         try:
-            doc = read_json_object(store, doc_key, document_digest)
+            doc = read_document(store, doc_key, document_digest)
         except MissingShardError:
             raise MissingShardError(f"{store.describe(doc_key)}: the payload array document is missing") from None
         checked = self._init_layout(doc, store.describe(doc_key), array, shards)
         self._init_state(checked, stats, DEFAULT_GAP_BYTES)
         self.gap_bytes = int(gap_bytes)
         self._etags: dict[int, str | None] = {}
+        #: Shards a newer version of the dataset replaced: read from the copy kept for this version.
+        self._keys: dict[int, str] = {}
         self._pending_index: dict[int, bytes] = {}
-        self._index_cached: set[int] = set()
+        self.prefetcher: ShardPrefetcher | None = None
 
     # ------------------------------------------------------------------ files and indexes
     def shard_path(self, i: int) -> NoReturn:
@@ -141,11 +164,10 @@ class RangedPayloadArray(PayloadArray):
 
     def _fetch_index(self, i: int, start: int) -> tuple[bytes, int]:
         info = self.shards[i]
-        ask = ByteRange(info.path, start, info.nbytes, self._etags.get(i))
+        ask = ByteRange(self._key(i), start, info.nbytes, self._etags.get(i))
         got = next(_shards_present(self.store.fetch([ask])))
         self._check_response(i, got, ask)
         self.stats.add(self.shard_location(i), start, ask.nbytes)
-        self._to_cache(i, start, got.data)
         return bytes(got.data), got.object_size
 
     def _index_bytes(self, i: int, isize: int) -> tuple[bytes, int]:
@@ -160,20 +182,56 @@ class RangedPayloadArray(PayloadArray):
             return pending, info.nbytes
         return self._fetch_index(i, info.nbytes - isize)
 
+    def _key(self, i: int) -> str:
+        return self._keys.get(i, self.shards[i].path)
+
     def _check_response(self, i: int, got: Fetched, asked: ByteRange) -> None:
-        """The object behind a response is the shard the metadata describes, in one version."""
+        """The object behind a response is the shard the metadata describes, in one version.
+
+        When it is not, and a newer version of the dataset replaced the shard (the store keeps the
+        copy of this reader's version, :mod:`~shardkit.formats.versions`), :class:`_Replaced` asks
+        the caller to read that copy instead.
+        """
         info = self.shards[i]
-        pinned = self._etags.setdefault(i, got.etag)
-        if pinned is not None and got.etag is not None and got.etag != pinned:
-            raise ObjectChangedError(
-                f"{asked.describe(self.shard_location(i))}: the shard changed while it was being read "
-                f"(ETag {pinned} became {got.etag})"
-            )
-        if got.object_size != info.nbytes:
-            raise TruncatedShardError(
+        cause: ShardkitError | None = None
+        try:
+            self._pin(i, got.etag, asked.describe(self.shard_location(i)))
+        except ObjectChangedError as exc:
+            cause = exc
+        if cause is None and got.object_size != info.nbytes:
+            cause = TruncatedShardError(
                 f"{self.shard_location(i)}: shard {i} (records {info.start}-{info.stop - 1}) should be {info.nbytes} "
                 f"bytes, the store says {got.object_size}"
             )
+        if cause is None:
+            return
+        if i in self._keys or info.crc32c is None:
+            raise cause
+        raise _Replaced(i, older_copy(self.store, info.path, info.nbytes, info.crc32c, cause))
+
+    def _switch(self, replaced: _Replaced) -> None:
+        """Read shard ``replaced.shard`` from the copy kept for this version from now on."""
+        self._keys[replaced.shard] = replaced.key
+        self._etags.pop(replaced.shard, None)
+        self._indexes.pop(replaced.shard, None)
+        self._pending_index.pop(replaced.shard, None)
+
+    def index(self, i: int) -> ShardIndex:
+        while True:
+            try:
+                return super().index(i)
+            except _Replaced as moved:
+                self._switch(moved)
+
+    def _pin(self, i: int, etag: str | None, what: str) -> str | None:
+        """Pin shard ``i``'s ETag at the first response that names one; a later response with
+        another ETag is :class:`~shardkit.errors.ObjectChangedError`. Returns the pinned ETag."""
+        pinned = self._etags.setdefault(i, etag) if etag is not None else self._etags.get(i)
+        if pinned is not None and etag is not None and etag != pinned:
+            raise ObjectChangedError(
+                f"{what}: the shard changed while it was being read (ETag {pinned} became {etag})"
+            )
+        return pinned
 
     def memmap(self, i: int) -> np.memmap:
         raise ConfigError(f"{self.shard_location(i)}: memmap needs a local shard file; read records with read()")
@@ -184,9 +242,18 @@ class RangedPayloadArray(PayloadArray):
         shard involved are fetched first, concurrently, so a block over many shards costs one round
         trip for them, not one each."""
         k = np.asarray(keys, dtype=np.int64).reshape(-1)
-        if k.size and int(k.min()) >= 0 and int(k.max()) < self.num_records:
-            self._prefetch_indexes(np.unique(k // self.records_per_shard).tolist())
-        super().read_into(k, dest)
+        if self.cache is not None and self.prefetcher is None:
+            self.prefetcher = self._start_prefetch()
+        while True:  # at most once more per shard a newer version replaced
+            if self.prefetcher is not None:
+                self.prefetcher.raise_error()
+            try:
+                if k.size and int(k.min()) >= 0 and int(k.max()) < self.num_records:
+                    self._prefetch_indexes(np.unique(k // self.records_per_shard).tolist())
+                super().read_into(k, dest)
+                return
+            except _Replaced as moved:
+                self._switch(moved)
 
     def _read_plan(self, plan: _Plan, rows: list[np.ndarray]) -> None:
         """Fetch the plan run by run (see :meth:`_read_runs`); each record goes to its destination row."""
@@ -197,13 +264,12 @@ class RangedPayloadArray(PayloadArray):
         if len(missing) < 2:
             return
         isize = index_nbytes(self.records_per_shard)
-        asks = [ByteRange(self.shards[i].path, self.shards[i].nbytes - isize, self.shards[i].nbytes) for i in missing]
+        asks = [ByteRange(self._key(i), self.shards[i].nbytes - isize, self.shards[i].nbytes) for i in missing]
         raws: dict[int, bytes] = {}
         for got in _shards_present(self.store.fetch(asks)):
             i = missing[got.index]
             self._check_response(i, got, asks[got.index])
             self.stats.add(self.shard_location(i), asks[got.index].start, isize)
-            self._to_cache(i, asks[got.index].start, got.data)
             raws[i] = bytes(got.data)
         self._pending_index.update(raws)
         for i in missing:
@@ -213,16 +279,34 @@ class RangedPayloadArray(PayloadArray):
         """Runs of shards the local cache holds are read from it; the others are fetched (split
         into requests of at most ``request_bytes``) and each response scattered into its rows as it
         arrives, and stored in the cache."""
-        if self.cache is not None:
-            self._fill_cache(sorted({run.shard for run in runs}))
         remote: list[_Run] = []
+        waiting: list[_Run] = []
         for run in runs:
-            fd = (self.cache.open(_entry(run.shard), functools.partial(self._verify_copy, run.shard))
-                  if self.cache is not None else None)
-            if fd is None:
-                remote.append(run)
-            else:
+            fd = self._cached_fd(run.shard)
+            if fd is not None:
                 self._read_cached(fd, run, rows)
+            elif self.prefetcher is not None and self.prefetcher.pending(run.shard) and WAIT_FOR_PREFETCH:
+                waiting.append(run)
+            else:
+                remote.append(run)
+        self._fetch_runs(remote, rows)
+        for run in waiting:  # ascending shards: the order the prefetcher completes them in
+            assert self.prefetcher is not None
+            fd = self._cached_fd(run.shard) if self.prefetcher.wait(run.shard) else None
+            if fd is not None:
+                self._read_cached(fd, run, rows)
+            else:
+                self._fetch_runs([run], rows)
+
+    def _cached_fd(self, i: int) -> int | None:
+        """A descriptor of shard ``i``'s complete, verified local copy, or None."""
+        if self.cache is None:
+            return None
+        return self.cache.open(_entry(i), functools.partial(self._verify_copy, i))
+
+    def _fetch_runs(self, remote: list[_Run], rows: _Rows) -> None:
+        """Fetch runs by range (split into requests of at most ``request_bytes``), each response
+        scattered into its rows as it arrives."""
         pieces: list[tuple[_Run, int, int]] = []  # (run, first record, end record) per request
         asks: list[ByteRange] = []
         limit = self.store.options.request_bytes
@@ -234,7 +318,7 @@ class RangedPayloadArray(PayloadArray):
                 # the last record that still ends within ``limit`` of the start (at least one record)
                 b = max(a + 1, int(np.searchsorted(ends, start + limit, side="right")))
                 pieces.append((run, a, b))
-                asks.append(ByteRange(self.shards[run.shard].path, start, int(ends[b - 1]), self._etags.get(run.shard)))
+                asks.append(ByteRange(self._key(run.shard), start, int(ends[b - 1]), self._etags.get(run.shard)))
                 a = b
         for got in _shards_present(self.store.fetch(asks)):
             run, a, b = pieces[got.index]
@@ -242,7 +326,6 @@ class RangedPayloadArray(PayloadArray):
             self._check_response(run.shard, got, ask)
             self._scatter(run, a, b, ask.start, got.data, rows)
             self.stats.add(run.path, ask.start, ask.nbytes)
-            self._to_cache(run.shard, ask.start, got.data)
 
     def _read_cached(self, fd: int, run: _Run, rows: _Rows) -> None:
         """One run from the shard's verified local copy: the run's span in one ``pread``, then
@@ -257,51 +340,26 @@ class RangedPayloadArray(PayloadArray):
         self._scatter(run, 0, run.offs.size, start, memoryview(buf), rows)
 
     # ------------------------------------------------------------------ the local cache
-    def _fill_cache(self, shards: list[int]) -> None:
-        """Download every shard of ``shards`` that the cache admits and does not hold yet *whole*
-        (pieces of ``request_bytes``, all in flight together up to ``concurrency``), so its records
-        are then read locally.
-
-        Why whole shards: a block of a uniformly random order wants a scattered ``K/N`` of each
-        shard, and fetching those records by range costs one request per run of them; an object
-        store serves large GETs at full bandwidth but small ones at its request rate. When the
-        shard is going to be kept anyway, reading all of it once, in large sequential pieces, is
-        the cheapest way to get the block's records and every later block's: each byte is fetched
-        once per epoch, and not at all in later epochs.
-        """
+    def _start_prefetch(self) -> ShardPrefetcher:
+        """Download every shard whole into the cache, in the background, ascending (see
+        :mod:`shardkit.stores.prefetch` for why whole shards, and the module docstring here)."""
         assert self.cache is not None
-        limit = self.store.options.request_bytes
-        asks: list[tuple[int, ByteRange]] = []
-        for i in shards:
-            info = self.shards[i]
-            name = _entry(i)
-            if self.cache.open(name, functools.partial(self._verify_copy, i)) is not None:
-                continue
-            if not self.cache.admit(name, info.nbytes):
-                continue
-            known = self._known_index(i)
-            end = info.nbytes - (len(known) if known is not None else 0)
-            asks += [(i, ByteRange(info.path, a, min(a + limit, end), self._etags.get(i))) for a in range(0, end, limit)]
-        for got in _shards_present(self.store.fetch([ask for _, ask in asks])):
-            i, ask = asks[got.index]
-            self._check_response(i, got, ask)
-            self.stats.add(self.shard_location(i), ask.start, ask.nbytes)
-            self._to_cache(i, ask.start, got.data)
+        # A shard a newer version replaced has another size: the prefetcher leaves it remote, and the
+        # ranged path reads the copy kept for this version (see _check_response).
+        items = [PrefetchItem(self._key(i), _entry(i), info.nbytes) for i, info in enumerate(self.shards)]
 
-    def _to_cache(self, i: int, offset: int, data: memoryview) -> None:
-        """Store fetched bytes of shard ``i`` in the cache (the index too, when the metadata fixes it
-        and it is therefore never fetched)."""
-        if self.cache is None:
-            return
-        info = self.shards[i]
-        name = _entry(i)
-        verify = functools.partial(self._verify_copy, i)
-        if i not in self._index_cached:
-            self._index_cached.add(i)
-            known = self._known_index(i)
-            if known is not None:
-                self.cache.add(name, info.nbytes, info.nbytes - len(known), known, verify)
-        self.cache.add(name, info.nbytes, offset, data, verify)
+        def account(i: int, nbytes: int) -> None:
+            self.stats.add(self.shard_location(i), 0, nbytes)
+
+        return ShardPrefetcher(
+            self.store, self.cache, items, verify=self._verify_copy,
+            pin=lambda i, etag: self._pin(i, etag, self.shard_location(i)), account=account,
+        )
+
+    def close(self) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.close()
+        super().close()
 
     def _verify_copy(self, i: int, fd: int) -> bool:
         """A complete local copy of shard ``i`` has the checksums recorded in the metadata."""
@@ -326,6 +384,15 @@ class RangedPayloadArray(PayloadArray):
                 raise CorruptShardError(
                     f"{run.path}: record at offset {start + o} does not decode ({exc})"
                 ) from None
+
+
+class _Replaced(Exception):
+    """Shard ``shard`` was replaced by a newer version; this reader's version is at ``key``."""
+
+    def __init__(self, shard: int, key: str) -> None:
+        super().__init__(shard, key)
+        self.shard = shard
+        self.key = key
 
 
 def _shards_present(fetched: Iterator[Fetched]) -> Iterator[Fetched]:

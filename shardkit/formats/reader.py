@@ -66,6 +66,8 @@ from shardkit.formats.spec import (
     chunk_key,
     index_nbytes,
 )
+from shardkit.formats.versions import older_copy, read_document
+from shardkit.stores import LocalStore
 
 __all__ = [
     "ReadStats",
@@ -405,7 +407,11 @@ class PayloadArray:
         doc_path = local / ZARR_JSON
         if not doc_path.exists():
             raise NotADatasetError(f"{local}: no payload array ({doc_path} is missing)")
-        shards = self._init_layout(read_json(doc_path, document_digest), str(doc_path), local.name, shards)
+        if document_digest is None:
+            doc = read_json(doc_path, None)
+        else:  # a dataset's array: as the version this reader opened recorded it
+            doc = read_document(LocalStore(local.parent), f"{local.name}/{ZARR_JSON}", document_digest)
+        shards = self._init_layout(doc, str(doc_path), local.name, shards)
         self._rel_base = local.parent if self._from_metadata else local
         self._init_state(shards, stats, gap_bytes)
 
@@ -414,6 +420,7 @@ class PayloadArray:
         self.stats = stats if stats is not None else ReadStats()
         self.gap_bytes = int(gap_bytes)
         self._fds: dict[int, int] = {}
+        self._opened: dict[int, Path] = {}
         self._indexes: dict[int, ShardIndex] = {}
         self._shard_names: dict[int, str] = {}
         self._lock = threading.Lock()
@@ -457,8 +464,10 @@ class PayloadArray:
 
     # ------------------------------------------------------------------ files and indexes
     def shard_path(self, i: int) -> Path:
-        """The local file of shard ``i``."""
-        return self._rel_base / self.shards[i].path
+        """The local file of shard ``i`` (once opened: the one read, which is the retired copy of the
+        version this reader opened when a later version replaced the shard; see
+        :mod:`~shardkit.formats.versions`)."""
+        return self._opened.get(i) or self._rel_base / self.shards[i].path
 
     def shard_location(self, i: int) -> str:
         """Shard ``i`` as a path or URL, for messages."""
@@ -479,6 +488,7 @@ class PayloadArray:
                         raise MissingShardError(
                             f"{path}: shard {i} (records {info.start}-{info.stop - 1}) is missing"
                         ) from None
+                    fd = self._of_this_version(i, fd, real)
                     # Every pass over a shard reads ascending offsets: ask for aggressive readahead.
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
                     self._fds[i] = fd
@@ -490,6 +500,26 @@ class PayloadArray:
         if name is None:
             name = self._shard_names[i] = self.shard_location(i)
         return name
+
+    def _of_this_version(self, i: int, fd: int, real: Path) -> int:
+        """``fd``, or the retired copy of shard ``i`` when a later version replaced the file (it has
+        grown: a commit only ever adds records to a shard). Checked on the open descriptor, so a
+        replacement between the check and the open is caught."""
+        info = self.shards[i]
+        if info.nbytes < 0 or os.fstat(fd).st_size == info.nbytes:
+            return fd
+        store = LocalStore(self._rel_base)
+        try:
+            older = older_copy(store, info.path, info.nbytes, info.crc32c,
+                               TruncatedShardError(f"{real}: shard {i} is not the {info.nbytes} bytes recorded"))
+        except TruncatedShardError:
+            return fd  # damaged, not replaced: index() reports it
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+        self._opened[i] = store.local_path(older)
+        return os.open(self._opened[i], os.O_RDONLY)
 
     def index(self, i: int) -> ShardIndex:
         """The checked index of shard ``i`` (read once, then cached)."""
@@ -619,14 +649,18 @@ class PayloadArray:
         if plan.num_runs > 1:
             # A sparse selection: announce every run first, so the kernel queues all of them at
             # once (asynchronous readahead at a deep device queue) instead of one at a time.
-            for shard, off, end in plan.extents():
-                os.posix_fadvise(self._fd(shard), off, end - off, os.POSIX_FADV_WILLNEED)
+            self._announce(plan)
         if self.codec is not None:
             self._read_compressed(plan, rows)
         else:
             bounced = plan.dense_runs() if self.record_nbytes < SCATTER_MIN_BYTES else np.zeros(plan.num_runs, bool)
             self._read_scattered(plan, rows, np.flatnonzero(~bounced))
             self._read_bounced(plan, rows, np.flatnonzero(bounced))
+
+    def _announce(self, plan: _Plan) -> None:
+        """``POSIX_FADV_WILLNEED`` for every run of ``plan``: the kernel starts reading all of them."""
+        for shard, off, end in plan.extents():
+            os.posix_fadvise(self._fd(shard), off, end - off, os.POSIX_FADV_WILLNEED)
 
     def _plan(self, keys: np.ndarray, which: np.ndarray, row: np.ndarray, rows: list[np.ndarray]) -> _Plan:
         """Every distinct wanted record (``keys`` ascending) in read order: by shard, then by
@@ -770,6 +804,64 @@ class PayloadArray:
                     self.codec.decode(view[off : off + size], rows[w][r])
                 except Exception as exc:
                     raise CorruptShardError(f"{path}: record at offset {start + off} does not decode ({exc})") from None
+
+    def can_copy_to_file(self) -> bool:
+        """True when :meth:`copy_to_file` can copy records without passing them through user space:
+        local shard files of a dataset (every record present), uncompressed, and records large enough
+        (:data:`SCATTER_MIN_BYTES`) that a system call per record costs less than copying it."""
+        return (type(self) is PayloadArray and self.codec is None and self.record_nbytes >= SCATTER_MIN_BYTES
+                and all(info.nbytes >= 0 for info in self.shards))  # fmt: skip
+
+    def announce(self, keys: np.ndarray) -> None:
+        """Tell the kernel that records ``keys`` (ascending, distinct) will be read soon, so it starts
+        reading them (``POSIX_FADV_WILLNEED`` per run, what :meth:`read_into` does first); from
+        another thread, this overlaps the device and the page cache's work with copying earlier
+        records (see :mod:`shardkit.readers.scratch`)."""
+        if self.codec is None and type(self) is PayloadArray:
+            self._announce(self._copy_plan(keys, 0))
+
+    def _copy_plan(self, keys: np.ndarray, first_row: int) -> _Plan:
+        """The plan of :meth:`copy_to_file` (checked keys, rows from ``first_row``)."""
+        keys = np.asarray(keys, dtype=np.int64).reshape(-1)
+        if keys.size and (int(keys[0]) < 0 or int(keys[-1]) >= self.num_records or np.any(np.diff(keys) <= 0)):
+            raise ConfigError(f"{self.path}: copy_to_file needs ascending distinct keys in [0, {self.num_records})")
+        rows = np.arange(first_row, first_row + keys.size, dtype=np.int64)
+        return self._plan(keys, np.zeros(keys.size, dtype=np.int64), rows, [])
+
+    def copy_to_file(self, keys: np.ndarray, fd: int, first_row: int = 0, announce: bool = True) -> None:
+        """Copy records ``keys`` (ascending, distinct) into the file ``fd``, record ``keys[j]`` at byte
+        ``(first_row + j) * record_nbytes``, inside the kernel (``sendfile``: page cache to page
+        cache, one copy, no buffer in user space). Shards are visited once with ascending offsets,
+        every run announced first (``announce``, unless :meth:`announce` did it) as :meth:`read_into`
+        does; records adjacent in both files move in one call. Only where :meth:`can_copy_to_file`
+        is true.
+        """
+        if np.size(keys) == 0:
+            return
+        if not self.can_copy_to_file():
+            raise ConfigError(f"{self.path}: records of this array cannot be copied inside the kernel")
+        rec = self.record_nbytes
+        plan = self._copy_plan(keys, first_row)
+        if announce and plan.num_runs > 1:
+            self._announce(plan)
+        # Pieces: records contiguous in their shard and in the destination.
+        head = np.ones(plan.size, dtype=bool)
+        head[1:] = (plan.gap[1:] != 0) | plan.new_shard[1:] | (plan.row[1:] != plan.row[:-1] + 1)
+        starts = np.flatnonzero(head)
+        counts = np.diff(np.append(starts, plan.size))
+        for a, count in zip(starts.tolist(), counts.tolist()):
+            i = int(plan.shard[a])
+            src, path = self._fd(i), self._shard_str(i)
+            off, nbytes, out = int(plan.offs[a]), count * rec, int(plan.row[a]) * rec
+            done = 0
+            while done < nbytes:
+                os.lseek(fd, out + done, os.SEEK_SET)
+                n = os.sendfile(fd, src, off + done, nbytes - done)
+                if n <= 0:
+                    raise TruncatedShardError(f"{path}: expected {nbytes} bytes at offset {off}, the file ended after {done}")
+                done += n
+            self.stats.add(path, off, nbytes)
+        self.stats.add_records(plan.size)
 
     def read_range(self, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
         """Records ``[start, stop)`` in storage order (one sequential read per shard)."""

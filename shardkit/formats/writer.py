@@ -53,12 +53,12 @@ from shardkit.formats.spec import (
     records_per_shard_for,
 )
 
-__all__ = ["ShardWriter", "ShardChecksums", "DatasetWriter", "WrittenShard"]
+__all__ = ["ShardWriter", "ShardChecksums", "DatasetWriter", "WrittenShard", "payload_document", "field_chunk_for", "FIELD_CODEC"]
 
 logger = logging.getLogger(__name__)
 
 #: Codec used for the small per-record field arrays (mostly zeros for boxes; cheap to decode).
-_FIELD_CODEC = "zstd"
+FIELD_CODEC = "zstd"
 
 
 def _write_all(fd: int, data: memoryview, path: Path) -> None:
@@ -156,6 +156,34 @@ class ShardWriter:
                 self._write(memoryview(blob))
         self.count += k
 
+    def append_stored(self, data: bytes | memoryview, sizes: Sequence[int]) -> None:
+        """Append records already in their stored form, without decoding or encoding them.
+
+        ``data`` holds the stored records one after the other and ``sizes`` the stored size of each
+        (``record.nbytes`` when uncompressed, the encoded size otherwise). A commit re-packs records
+        from other shards this way (:mod:`shardkit.formats.commit`): a codec is deterministic, so
+        the bytes are the ones the record's own writer would have produced.
+        """
+        if self._fd is None:
+            raise ShardkitError(f"{self.partial}: shard writer already closed")
+        k = len(sizes)
+        view = memoryview(data).cast("B")
+        if self.count + k > self.capacity:
+            raise SchemaError(f"{self.path}: shard holds {self.capacity} records, cannot append {k} more to {self.count}")
+        if sum(int(n) for n in sizes) != view.nbytes:
+            raise SchemaError(f"{self.path}: stored records of {sum(sizes)} bytes, given {view.nbytes}")
+        if self.codec is None:
+            if any(int(n) != self.record.nbytes for n in sizes):
+                raise SchemaError(f"{self.path}: uncompressed records must be {self.record.nbytes} bytes each")
+        else:
+            offset = self._offset
+            for n in sizes:
+                self._offsets.append(offset)
+                self._sizes.append(int(n))
+                offset += int(n)
+        self._write(view)
+        self.count += k
+
     def _write(self, data: memoryview) -> None:
         assert self._fd is not None
         try:
@@ -203,7 +231,22 @@ class ShardWriter:
         self.partial.unlink(missing_ok=True)
 
 
-def _field_chunk_for(fields: Mapping[str, FieldSpec], requested: int) -> int:
+def payload_document(meta: DatasetMeta) -> dict[str, Any]:
+    """The payload array's ``zarr.json`` for a dataset of ``meta.num_records`` records."""
+    record = meta.record
+    codec = None if meta.compression is None else codec_from_json(meta.compression)
+    return array_metadata(
+        shape=(meta.num_records, *record.shape),
+        dtype=record.dtype,
+        chunk_shape=(meta.records_per_shard, *record.shape),
+        inner_chunk_shape=(1, *record.shape),
+        codec=codec,
+        itemsize=np.dtype(record.dtype).itemsize,
+        dimension_names=["record", *[f"dim_{d}" for d in range(1, 1 + len(record.shape))]],
+    )
+
+
+def field_chunk_for(fields: Mapping[str, FieldSpec], requested: int) -> int:
     """Records per field chunk: ``requested``, fewer if a chunk would decode to more than readers allow."""
     if int(requested) < 1:
         raise SchemaError(f"field_chunk must be positive, found {requested}")
@@ -313,7 +356,7 @@ class DatasetWriter:
         self.records_per_shard = int(records_per_shard or records_per_shard_for(record.nbytes, shard_bytes))
         if not 1 <= self.records_per_shard <= MAX_RECORDS_PER_SHARD:
             raise SchemaError(f"records_per_shard must be in [1, {MAX_RECORDS_PER_SHARD}], found {self.records_per_shard}")
-        field_chunk = _field_chunk_for(self.fields, field_chunk)
+        field_chunk = field_chunk_for(self.fields, field_chunk)
         self.meta = DatasetMeta(
             kind=kind,
             payload=payload,
@@ -439,19 +482,8 @@ class DatasetWriter:
         if self.provenance is not None:
             self.meta = self.meta.with_(provenance=write_provenance(
                 self.path, self.provenance, self._field_values(PROVENANCE_FIELD), durable=self.durable))
-        ndim = 1 + len(self.record.shape)
         files[f"{self.meta.payload}/{ZARR_JSON}"] = write_json_atomic(
-            self.path / self.meta.payload / ZARR_JSON,
-            array_metadata(
-                shape=(n, *self.record.shape),
-                dtype=self.record.dtype,
-                chunk_shape=(self.records_per_shard, *self.record.shape),
-                inner_chunk_shape=(1, *self.record.shape),
-                codec=self.codec,
-                itemsize=np.dtype(self.record.dtype).itemsize,
-                dimension_names=["record", *[f"dim_{d}" for d in range(1, ndim)]],
-            ),
-            durable=self.durable,
+            self.path / self.meta.payload / ZARR_JSON, payload_document(self.meta), durable=self.durable
         )
         self.meta = self.meta.with_(
             field_chunk=chunk,
@@ -466,7 +498,7 @@ class DatasetWriter:
 
     def _write_fields(self, chunk: int) -> dict[str, FileDigest]:
         """Every field array in chunks of ``chunk`` records, then its document; returns the digests."""
-        codec = get_codec(_FIELD_CODEC)
+        codec = get_codec(FIELD_CODEC)
         files: dict[str, FileDigest] = {}
         for name, spec in self.fields.items():
             files |= write_field_array(self.path, name, spec, self._field_values(name), chunk, codec, durable=self.durable)

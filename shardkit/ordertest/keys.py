@@ -28,7 +28,7 @@ import numpy as np
 
 from shardkit.errors import ConfigError, InputFileError
 
-__all__ = ["OrderKeys", "Kind", "load_npy", "prepare", "MAX_ELEMENTS"]
+__all__ = ["OrderKeys", "Kind", "npy_shape", "load_npy", "prepare", "MAX_ELEMENTS"]
 
 Kind = Literal["permutation", "distinct", "repeats"]
 #: Largest array the tool reads (elements): 2**30 keys is 8 GiB of int64, several times that in use.
@@ -93,6 +93,16 @@ def _header(fh: BinaryIO, name: str) -> tuple[tuple[int, ...], bool, np.dtype[np
     except (ValueError, OSError, EOFError) as exc:
         raise InputFileError(name, f"not a .npy file ({exc})") from None
     return tuple(int(s) for s in shape), bool(fortran), np.dtype(dtype)
+
+
+def npy_shape(path: str | os.PathLike[str]) -> tuple[int, ...]:
+    """The shape a ``.npy`` file's header states (nothing else is read), for choosing what to run."""
+    name = str(path)
+    p = Path(path)
+    if not p.is_file():
+        raise InputFileError(name, "no such file" if not p.exists() else "not a regular file")
+    with open(p, "rb") as fh:
+        return _header(fh, name)[0]
 
 
 def load_npy(path: str | os.PathLike[str], *, kinds: str = "iu") -> np.ndarray:

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-__all__ = ["Result", "Report", "Verdict", "format_p"]
+__all__ = ["Result", "Report", "Verdict", "format_p", "find_result"]
 
 Verdict = Literal["pass", "fail", "n/a"]
 
@@ -90,6 +90,14 @@ class Result:
                 "alternative": self.alternative}
 
 
+def find_result(results: tuple[Result, ...] | list[Result], name: str) -> Result:
+    """The result of test ``name`` among ``results`` (KeyError naming the tests there are)."""
+    for r in results:
+        if r.name == name:
+            return r
+    raise KeyError(f"no test named {name!r}; tests: {', '.join(r.name for r in results)}")
+
+
 @dataclass(frozen=True)
 class Report:
     """Everything :func:`shardkit.ordertest.run` found.
@@ -128,10 +136,7 @@ class Report:
 
     def result(self, name: str) -> Result:
         """The result of test ``name`` (KeyError if the battery has no such test)."""
-        for r in self.results:
-            if r.name == name:
-                return r
-        raise KeyError(f"no test named {name!r}; tests: {', '.join(r.name for r in self.results)}")
+        return find_result(self.results, name)
 
     def to_dict(self) -> dict[str, Any]:
         return {"source": self.source, "kind": self.kind, "records": self.records, "epochs": self.epochs,

@@ -24,6 +24,7 @@ from shardkit.readers.schedule import (
     records_per_consumer,
 )
 from shardkit.readers.shared import SharedSampler, TierServer, serve
+from shardkit.readers.sources import Mixture, mix
 from shardkit.readers.stats import SamplerStats
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "DEFAULTS",
     "ConsumerPlan",
     "DatasetIdentity",
+    "Mixture",
     "EpochShare",
     "Sampler",
     "SamplerOptions",
@@ -46,6 +48,7 @@ __all__ = [
     "epoch_permutation",
     "epoch_share",
     "epoch_stream",
+    "mix",
     "pass_length",
     "parse_tiers",
     "records_per_consumer",

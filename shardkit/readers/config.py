@@ -103,9 +103,13 @@ class TierSizes:
     ssd_bytes, ssd_block
         The SSD budget and ``K1``, the largest SSD reservoir (``None`` without the SSD tier).
     ssd_copy_bytes
-        The disk -> SSD copy buffer (0 without the SSD tier).
+        The disk -> SSD copy buffer (0 without the SSD tier): two halves, one read while the other
+        is written (see :mod:`shardkit.readers.scratch`). A local, uncompressed dataset of large
+        records is copied inside the kernel and leaves it untouched.
     record_nbytes
         Bytes of one record.
+    node_records
+        Records the node cache pins on the node's local disk (0 = off; only with ``locality``).
     """
 
     ram_bytes: int
@@ -119,6 +123,7 @@ class TierSizes:
     num_records: int = 0
     ssd_copy_bytes: int = 0
     record_nbytes: int = 1
+    node_records: int = 0
 
     @property
     def reservoir(self) -> int:
@@ -244,6 +249,25 @@ class SamplerOptions:
         record), ``"feistel"`` (an on-demand keyed bijection, statistically uniform, nothing per
         record; see :mod:`shardkit.readers.bijection`), ``"auto"`` (default: exact up to
         :data:`~shardkit.readers.schedule.EXACT_PERMUTATION_LIMIT` records).
+    locality
+        Many nodes (DESIGN §10, :mod:`shardkit.readers.locality`): each node pins a disjoint random
+        part of the dataset (the static cache in RAM, ``node_cache`` on its local disk) and every
+        global batch's keys go to the ranks so that each takes as many as possible from its own
+        node's cache. The sets of keys each training step sees are exactly those without it.
+        Default ``False``: the plain slicing.
+    nodes
+        ``M``: nodes the ranks run on; the ranks (``world_size / workers_per_rank``) of node ``m``
+        are the consecutive ranks ``m * R .. (m + 1) * R - 1`` as torchrun numbers them.
+    workers_per_rank
+        Consumers per rank (DataLoader workers; consumer ``c`` is worker ``c % workers_per_rank`` of
+        rank ``c // workers_per_rank``). With ``locality`` keys move only between the consumers
+        whose batches make one training step.
+    node_cache, node_cache_dir
+        With ``locality`` and ``tiers="ram"``: records this node pins on its local disk on top of
+        the static cache (``0`` off, bytes, a size or a record count), written once per node into a
+        private directory under ``node_cache_dir`` (default: the system temporary directory) and
+        reused by every process of the node and by later runs. See
+        :mod:`shardkit.readers.node_cache`.
     node_sharing
         Share per-dataset memory (fields, the exact epoch order, the static cache) among the
         processes of this machine through private files under ``/dev/shm`` (default ``True``);
@@ -275,6 +299,11 @@ class SamplerOptions:
     static_cache: Capacity | Literal["auto"] = "auto"
     permutation: str = "auto"
     node_sharing: bool = True
+    locality: bool = False
+    nodes: int = 1
+    workers_per_rank: int = 1
+    node_cache: Capacity = _OFF
+    node_cache_dir: Path | None = None
     source: Source = field(default="python", compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -305,6 +334,12 @@ class SamplerOptions:
             "static_cache": _cache_option(self.static_cache, name("static_cache")),
             "permutation": self.permutation,
             "node_sharing": _flag(self.node_sharing, name("node_sharing")),
+            "locality": _flag(self.locality, name("locality")),
+            "nodes": parse_count(self.nodes, what=name("nodes"), minimum=1),
+            "workers_per_rank": parse_count(self.workers_per_rank, what=name("workers_per_rank"), minimum=1),
+            "node_cache": units.parse_capacity(0 if self.node_cache is None else self.node_cache,
+                                               what=name("node_cache"), allow_zero=True),
+            "node_cache_dir": _path_or_none(self.node_cache_dir, name("node_cache_dir")),
         }  # fmt: skip
         if self.permutation not in PERMUTATIONS:
             raise ConfigError(f"{name('permutation')}: expected one of {', '.join(PERMUTATIONS)}, found {self.permutation!r}")
@@ -317,8 +352,37 @@ class SamplerOptions:
                 f"found {self.rank!r}"
             )
         values["rank"] = rank
+        self._check_layout(values)
         for key, value in values.items():
             object.__setattr__(self, key, value)
+
+    def _check_layout(self, values: dict[str, Any]) -> None:
+        """Consumers, workers per rank and nodes must nest (W = ranks * k, ranks = M * R); the node
+        cache needs locality and the RAM tier alone."""
+        name = self.name
+        w, k, m = values["world_size"], values["workers_per_rank"], values["nodes"]
+        if w % k:
+            raise ConfigError(
+                f"{name('workers_per_rank')}: expected a divisor of {name('world_size')}={w} (consumers are "
+                f"ranks x workers), found {k}"
+            )
+        if (w // k) % m:
+            raise ConfigError(
+                f"{name('nodes')}: expected a divisor of the {w // k} ranks ({name('world_size')} / "
+                f"{name('workers_per_rank')}), found {m}"
+            )
+        if values["node_cache"].to_bytes(1):
+            if not values["locality"]:
+                raise ConfigError(
+                    f"{name('node_cache')}: a node's disk cache holds its part of the node partition, which only "
+                    f"{name('locality')} uses; found {name('node_cache')}={values['node_cache']} without {name('locality')}"
+                )
+            if "ssd" in values["tiers"]:
+                raise ConfigError(
+                    f"{name('node_cache')}: the node cache is this node's local-disk tier; with "
+                    f"{name('tiers')}={','.join(values['tiers'])} the SSD tier would copy the same records again. "
+                    f"Use {name('tiers')}='ram' with {name('node_cache')}, or the SSD tier without it"
+                )
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -351,9 +415,14 @@ class SamplerOptions:
         }
 
     # ------------------------------------------------------------------ resolution
-    def tier_sizes(self, record_nbytes: int, num_records: int) -> TierSizes:
+    def tier_sizes(self, record_nbytes: int, num_records: int, num_keys: int | None = None) -> TierSizes:
         """The memory plan for records of ``record_nbytes`` bytes: budgets in bytes, block sizes,
         batch buffers and the static cache (see :class:`TierSizes`).
+
+        ``num_records`` is the length of an epoch's order (what consumers split into batches);
+        ``num_keys`` the distinct records behind it (what blocks are dense in and what the static
+        cache may pin), the same by default. They differ for a mixture, whose epoch of ``L`` slots
+        draws on the records of all its datasets.
 
         Raises :class:`~shardkit.errors.ConfigError`, naming the option and the record size, when a
         tier budget holds fewer than two records (each tier double-buffers blocks of at least one
@@ -361,8 +430,9 @@ class SamplerOptions:
         budget (the SSD tier exists to hold more than RAM), when a static cache that is not off
         holds no record at all, or when it leaves ``ram_size`` fewer than two records for blocks.
         """
-        rec, n, b = int(record_nbytes), int(num_records), self.batch_size
-        bound = consumer_records_bound(n, b, self.world_size)
+        rec, b = int(record_nbytes), self.batch_size
+        n = int(num_records if num_keys is None else num_keys)
+        bound = consumer_records_bound(int(num_records), b, self.world_size)
         ram = self._budget("ram_size", rec)
         ssd: int | None = None
         k1: int | None = None
@@ -386,7 +456,8 @@ class SamplerOptions:
         if full or (pinned is not None and pinned >= n > 0):
             # Everything cached: blocks are read into the cache, batches gathered from it.
             first, largest = block_limits(ram_block(ram, rec, b, bound), rec, b, n, self.gap_bytes, bound, ssd is None)
-            return TierSizes(ram, largest, ssd, k1, n, first, BATCH_PREFETCH + HOLD_BATCHES + 1, b, n, copy_bytes, rec)
+            return TierSizes(ram, largest, ssd, k1, n, first, BATCH_PREFETCH + HOLD_BATCHES + 1, b, n, copy_bytes, rec,
+                             self._node_records(rec, n))  # fmt: skip
         if pinned is not None:
             blocks_budget -= pinned * rec
         # Blocks of whole batches, read straight into the batch buffers: the pool is the memory.
@@ -404,7 +475,17 @@ class SamplerOptions:
         pool = pool_batches(largest, b, aligned)
         if pinned is None:  # auto: the budget the blocks do not need caches records
             pinned = min(n, max(0, blocks_budget - pool * b * rec) // rec)
-        return TierSizes(ram, largest, ssd, k1, pinned, first, pool, b, n, copy_bytes, rec)
+        return TierSizes(ram, largest, ssd, k1, pinned, first, pool, b, n, copy_bytes, rec, self._node_records(rec, n))
+
+    def _node_records(self, rec: int, n: int) -> int:
+        """Records ``node_cache`` pins on the node's disk (0 = off); a budget of no record is an error."""
+        cache = self.node_cache.to_bytes(rec)
+        if 0 < cache < rec:
+            raise ConfigError(
+                f"{self.name('node_cache')}: {human_bytes(cache)} holds no record of {human_bytes(rec)} "
+                f"({rec} bytes); use 0 to turn the node cache off or at least {rec} bytes"
+            )
+        return min(cache // rec, n)
 
     def _static_records(self, budget: int, rec: int, n: int) -> int | None:
         """Records an explicit ``static_cache`` pins (``None`` for ``"auto"``), checked against the

@@ -4,7 +4,9 @@ One run (one iteration over the sampler) owns one :class:`Pipeline`::
 
     segments ─▶ [ssd creator] ─ssd_q─▶ [block reader] ─blocks_q─▶ [assembler] ─batches─▶ consumer
                  disk → SSD             disk/SSD → batch           cache rows → batches;
-                 (optional)             buffers and cache rows     batches handed over as they are
+                 (optional; a writer    buffers and cache rows     batches handed over as they are
+                 thread writes while
+                 the next chunk is read)
 
 One copy per byte
 -----------------
@@ -42,25 +44,31 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from shardkit.errors import SamplerError, ShardkitError
-from shardkit.formats import DEFAULT_GAP_BYTES, Dataset
+from shardkit.formats import DEFAULT_GAP_BYTES, PayloadArray
 from shardkit.formats.reader import Destination, aligned_empty
 from shardkit.readers import stopping
 from shardkit.readers.buffers import BatchBuffer, BatchPool
 from shardkit.readers.config import TierSizes
 from shardkit.readers.identity import DatasetIdentity
 from shardkit.readers.schedule import BATCH_PREFETCH, EpochOrder, PlanShape, block_bounds
-from shardkit.readers.ssd import SsdSpace, write_reservoir
+from shardkit.readers.scratch import ReservoirSlots
+from shardkit.readers.sources import MixedIdentity, Mixture, open_source
+from shardkit.readers.ssd import SsdSpace
 from shardkit.readers.static_cache import StaticCache
 from shardkit.readers.stats import SamplerStats
 from shardkit.readers.stopping import POLL_SECONDS, Stopped
+
+if TYPE_CHECKING:  # node_cache imports the shared stack's run directory, which imports this module
+    from shardkit.readers.node_cache import NodeDiskCache
 
 __all__ = [
     "Segment",
@@ -112,15 +120,14 @@ class Segment:
 @dataclass(frozen=True, eq=False)
 class ReservoirWritten:
     """SSD creator -> block reader: plan positions ``[start, stop)`` of ``segment`` (``keys``) are on
-    SSD at ``path`` (``None`` when all of them are in the static cache), in ``slot``; the reservoir
-    holds ``stored``, its unpinned keys, in ascending order."""
+    SSD in slot ``slot``, which holds ``stored``, their unpinned keys, in ascending order (empty
+    when all of them are in the static cache)."""
 
     segment: Segment
     start: int
     stop: int
     keys: np.ndarray
     stored: np.ndarray
-    path: Path | None
     slot: int
 
 
@@ -210,9 +217,10 @@ class Pipeline:
     Parameters
     ----------
     dataset_path
-        The dataset (disk tier: a local directory or an object-store URL); opened here with the disk
-        tier's counters and ``dataset_options`` (:meth:`SamplerOptions.dataset_options`: the remote
-        gap threshold, concurrency and local cache of an object store).
+        The dataset (disk tier: a local directory or an object-store URL), or a mixture of datasets
+        (:class:`~shardkit.readers.sources.MixedDataset` over its global keys); opened here with the
+        disk tier's counters and ``dataset_options`` (:meth:`SamplerOptions.dataset_options`: the
+        remote gap threshold, concurrency and local cache of an object store).
     segments
         Iterator of the run's :class:`Segment` objects, in order (consumed by the first creator).
     sizes
@@ -224,6 +232,13 @@ class Pipeline:
         Parent of the run's private SSD directory (with the SSD tier).
     static_cache
         Pinned records (see :mod:`shardkit.readers.static_cache`), or ``None``.
+    key_map
+        Applied to every batch's ``key`` (a mixture's global keys become the records' keys in their
+        datasets); ``None`` keeps the keys.
+    node_disk
+        With ``locality``, the node's pinned records on its local disk
+        (:class:`~shardkit.readers.node_cache.NodeDiskCache`): blocks read them from there (the
+        RAM tier only; the options refuse it with the SSD tier).
     identity
         The dataset's identity when the sampler opened it, checked after every read from the disk
         tier (see :mod:`shardkit.readers.identity`), so no block read from a replaced dataset is
@@ -232,7 +247,7 @@ class Pipeline:
 
     def __init__(
         self,
-        dataset_path: Path | str,
+        dataset_path: Path | str | Mixture,
         segments: Iterator[Segment],
         *,
         fields: dict[str, np.ndarray],
@@ -243,18 +258,22 @@ class Pipeline:
         gap_bytes: int = DEFAULT_GAP_BYTES,
         dataset_options: Mapping[str, Any] | None = None,
         static_cache: StaticCache | None = None,
-        identity: DatasetIdentity | None = None,
+        node_disk: NodeDiskCache | None = None,
+        identity: DatasetIdentity | MixedIdentity | None = None,
+        key_map: Callable[[np.ndarray], np.ndarray] | None = None,
     ) -> None:
         self.stop = threading.Event()
         self.cache = static_cache
+        self.node_disk = node_disk
         self.error: BaseException | None = None
         self._error_lock = threading.Lock()
         self._stats = stats
         self._gap = gap_bytes
         self._fields = fields
         self._identity = identity
-        self.disk = Dataset(dataset_path, stats=stats.disk, cache_stats=stats.remote_cache,
-                            **{"gap_bytes": gap_bytes, **(dataset_options or {})})
+        self.disk = open_source(dataset_path, stats=stats.disk, cache_stats=stats.remote_cache,
+                                **{"gap_bytes": gap_bytes, **(dataset_options or {})})
+        self._key_map = key_map
         self._payload_name = self.disk.payload_name
         self._segments = segments
         self.sizes = sizes
@@ -262,6 +281,7 @@ class Pipeline:
         #: The whole dataset is pinned: the reader fills the cache, the assembler takes buffers.
         self.assemble_only = static_cache is not None and static_cache.variant == "all"
         self.space: SsdSpace | None = None
+        self.slots: ReservoirSlots | None = None
         self._blocks: queue.Queue[BlockRead | EpochEnd | RunDone] = queue.Queue(maxsize=1)
         self.batches: queue.Queue[BatchReady | EpochEnd | RunDone] = queue.Queue(maxsize=BATCH_PREFETCH)
         self._ssd_q: queue.Queue[ReservoirWritten | EpochEnd | RunDone] = queue.Queue(maxsize=1)
@@ -271,6 +291,11 @@ class Pipeline:
         if sizes.ssd_block is not None:
             assert ssd_dir is not None
             self.space = SsdSpace(ssd_dir)
+            try:
+                self.slots = ReservoirSlots(self.space, self.disk.payload, sizes.ssd_copy_bytes)
+            except BaseException:
+                self.space.close()
+                raise
             for i in range(2):
                 self._ssd_slots.put(i)
             threads.append(("shardkit-ssd-creator", self._ssd_creator))
@@ -344,6 +369,8 @@ class Pipeline:
                 t.join(timeout)
                 if t.is_alive():
                     logger.warning("sampler thread %s did not stop within %.0f s", t.name, timeout)
+        if self.slots is not None:
+            self.slots.close()
         if self.space is not None:
             self.space.close()
         self.disk.close()
@@ -363,12 +390,13 @@ class Pipeline:
         keys: np.ndarray,
         read: Callable[[np.ndarray, Destination], None],
         open_buffers: dict[int, BatchBuffer],
+        tier: str = "disk",
     ) -> BlockRead:
         """Read plan positions ``[a, b)`` (``keys``) with ``read(keys, destination)``: uncached records
         into their batch rows, pinned ones the cache lacks into their cache rows (then published).
 
         ``open_buffers`` holds the buffer of a batch an earlier block began (blocks smaller than a
-        batch); it is updated for the next block.
+        batch); it is updated for the next block. The read's time counts as ``tier``'s busy time.
         """
         cached, crow, fill = self._cache_plan(keys)
         positions = np.arange(a, b, dtype=np.int64)
@@ -411,7 +439,10 @@ class Pipeline:
                 which[~to_cache], rows[~to_cache] = len(arrays), np.arange(direct.size)
                 arrays.append(spill)
                 copies.append(_Copy(direct, spill, np.arange(direct.size)))
+            t0, c0 = time.perf_counter(), time.thread_time()
             read(keys[wanted], Destination(tuple(arrays), which, rows))
+            self._stats.add_busy(tier, time.perf_counter() - t0)
+            self._stats.add_busy(f"{tier}_cpu", time.thread_time() - c0)
             if self.cache is not None:
                 self.cache.publish(crow[fill])
         return BlockRead(seg, a, b, keys, buffers, tuple(copies))
@@ -434,7 +465,10 @@ class Pipeline:
 
     def _ram_from_disk(self) -> None:
         """Disk -> batch buffers: each block of the plan read in ascending offsets."""
-        read = self.disk.payload.read_into
+        read: Callable[[np.ndarray, Destination], None] = self.disk.payload.read_into
+        if self.node_disk is not None:  # locality: the node's records on its disk come from there
+            assert isinstance(self.disk.payload, PayloadArray)  # the sampler refuses locality for a mixture
+            read = self.node_disk.reader(self.disk.payload, self.stop)
         disk = self.disk.payload.stats
         for seg in self._segments:
             open_buffers: dict[int, BatchBuffer] = {}
@@ -456,8 +490,7 @@ class Pipeline:
         Pinned records the cache lacks are read from disk straight into their cache rows (their
         own ascending pass) and never written to SSD.
         """
-        assert self.space is not None and self.sizes.ssd_block is not None
-        j = 0
+        assert self.slots is not None and self.sizes.ssd_block is not None
         first = True
         for seg in self._segments:
             size = self.sizes.first_block if first else self.sizes.ssd_block
@@ -477,19 +510,19 @@ class Pipeline:
                             hit[spare] = missing[spare] = False
                         if missing.any():
                             dest = Destination((self._cache_rows(),), np.zeros(int(missing.sum()), np.int64), crow[missing])
+                            t0 = time.perf_counter()
                             self.disk.payload.read_into(keys[missing], dest)
+                            self._stats.add_busy("disk", time.perf_counter() - t0)
                             self._verify()
                             self.cache.publish(crow[missing])
                     stored = np.unique(keys[~hit])
-                path: Path | None = None
                 if stored.size:
-                    path = self.space.reservoir_path(j)
-                    written = write_reservoir(self.disk, stored, path, self.stop, chunk_bytes=self.sizes.ssd_copy_bytes)
+                    t0 = time.perf_counter()
+                    self._stats.add_written(self.slots.write(slot, self.disk.payload, stored, self.stop))
+                    self._stats.add_busy("ssd_fill", time.perf_counter() - t0)
                     self._verify()
-                    self._stats.add_written(written)
                 self._stats.add_epoch_disk(seg.epoch, self.disk.payload.stats.bytes_read - before)
-                self._put(self._ssd_q, ReservoirWritten(seg, a, b, keys, stored, path, slot))
-                j += 1
+                self._put(self._ssd_q, ReservoirWritten(seg, a, b, keys, stored, slot))
             seg.done()
             self._put(self._ssd_q, EpochEnd(seg))
         self._put(self._ssd_q, RunDone())
@@ -500,7 +533,6 @@ class Pipeline:
 
     def _ram_from_ssd(self) -> None:
         """SSD -> batch buffers: blocks inside each reservoir, read in ascending offsets."""
-        assert self.space is not None
         open_buffers: dict[int, BatchBuffer] = {}
         seg: Segment | None = None
         while True:
@@ -516,24 +548,18 @@ class Pipeline:
                     self._put(self._blocks, other)
 
     def _blocks_of_reservoir(self, item: ReservoirWritten, open_buffers: dict[int, BatchBuffer]) -> None:
-        """Pass one SSD reservoir on as blocks, then delete it and free its slot."""
-        assert self.space is not None
-        res = Dataset(item.path, stats=self._stats.ssd, gap_bytes=self._gap) if item.path is not None else None
+        """Pass one SSD reservoir on as blocks, then free its slot (rewritten by a later reservoir)."""
+        assert self.slots is not None
+        res = self.slots.records(item.slot, item.stored.size, self._stats.ssd, self._gap) if item.stored.size else None
 
         def read(keys: np.ndarray, dest: Destination) -> None:
             if res is None:  # every key is in the cache (already filled by the SSD creator)
                 raise SamplerError("SSD reservoir missing for uncached records (internal error)")
-            res.payload.read_into(np.searchsorted(item.stored, keys), dest)
+            res.read_into(np.searchsorted(item.stored, keys), dest)
 
-        try:
-            for a, b in self._bounds(item.segment, item.start, item.stop, self.sizes.ram_block):
-                keys = item.keys[a - item.start : b - item.start]
-                self._put(self._blocks, self._read_block(item.segment, a, b, keys, read, open_buffers))
-        finally:
-            if res is not None:
-                res.close()
-            if item.path is not None:
-                self.space.remove(item.path)
+        for a, b in self._bounds(item.segment, item.start, item.stop, self.sizes.ram_block):
+            keys = item.keys[a - item.start : b - item.start]
+            self._put(self._blocks, self._read_block(item.segment, a, b, keys, read, open_buffers, "ssd"))
         self._ssd_slots.put(item.slot)
 
     # ------------------------------------------------------------------ batches
@@ -567,6 +593,7 @@ class Pipeline:
                 buf = block.buffers[g]
             else:
                 buf = part.buffer if part is not None else self.pool.acquire(self.stop)
+            t0 = time.perf_counter()  # assembly time: not the waits for a buffer or for the consumer
             keys = block.keys[lo - a : hi - a]
             if part is not None:
                 keys = np.concatenate([part.keys, keys])
@@ -581,10 +608,14 @@ class Pipeline:
                         self._stats.cache.add_records(count)
             if g0 + size > b:
                 open_batches[g] = _OpenBatch(buf, keys)  # completed by the next block
+                self._stats.add_busy("assembly", time.perf_counter() - t0)
                 continue
             batch = assemble_batch(self._payload_name, buf.array[:size], self._fields, keys)
+            if self._key_map is not None:
+                batch["key"] = self._key_map(batch["key"])  # a mixture's global key -> the record's key in its dataset
             self._stats.ram.add("ram", g0, size * rec)
             self._stats.ram.add_records(size)
+            self._stats.add_busy("assembly", time.perf_counter() - t0)
             self._put(self.batches, BatchReady(batch, seg.epoch, int(seg.shape.positions[g]), buf))
 
 

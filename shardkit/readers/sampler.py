@@ -5,6 +5,7 @@ See :class:`TieredSampler`; its options are :class:`~shardkit.readers.config.Sam
 
 from __future__ import annotations
 
+import functools
 import logging
 import shutil
 import tempfile
@@ -23,6 +24,9 @@ from shardkit.readers.buffers import BatchPool
 from shardkit.readers.config import SamplerOptions, TierSizes
 from shardkit.readers.identity import DatasetIdentity, dataset_fingerprint
 from shardkit.readers.interface import Batch, ElementSpec
+from shardkit.readers.locality import NodeLayout, NodePartition, local_shape, node_partition
+from shardkit.readers.mixture import MixturePlan
+from shardkit.readers.node_cache import NodeDiskCache, entry_name, node_cache_dir
 from shardkit.readers.pipeline import BatchReady, EpochEnd, Pipeline, RunDone, Segment
 from shardkit.readers.schedule import (
     ArrayOrder,
@@ -32,6 +36,7 @@ from shardkit.readers.schedule import (
     plan_shape,
     resolve_permutation,
 )
+from shardkit.readers.sources import DATASET_FIELD, DatasetIndex, MixedField, MixedIdentity, Mixture, local_keys
 from shardkit.readers.static_cache import StaticCache
 from shardkit.readers.stats import SamplerStats
 from shardkit.stores import Location, as_location
@@ -45,7 +50,8 @@ logger = logging.getLogger(__name__)
 #: orders are drawn from :mod:`shardkit.readers.seeds` domains, so a version-1 position points into
 #: an order that is no longer produced.
 STATE_VERSION = 2
-#: Bytes per SSD reservoir directory beyond the payload (zarr documents, index, fields).
+#: Bytes per SSD reservoir beyond the payload: none in the slot file itself (see
+#: :mod:`shardkit.readers.scratch`); a margin for the filesystem's own blocks.
 _SSD_OVERHEAD = 1 << 20
 
 
@@ -104,6 +110,16 @@ class TieredSampler:
     first epoch reads them; a block reads only its records the cache does not hold. The order is
     unchanged. See :mod:`shardkit.readers.static_cache`.
 
+    Many nodes (``locality=True``, DESIGN §10): node ``m`` of ``nodes`` pins its part of a node
+    partition (a uniformly random subset of the keys, disjoint from every other node's, drawn from
+    the seed and the node count) in the static cache and, with ``node_cache``, on its local disk.
+    ``pi`` and its global batches stay what they are; inside each step's global batch every
+    consumer takes exactly its usual number of keys, as many as possible from its own node's cache
+    (:mod:`shardkit.readers.locality`), so storage serves only the misses. Every consumer computes
+    the same assignment from the options alone, without communication: every rank must be given
+    the same options (``ram_size``, ``static_cache``, ``node_cache``, ``nodes``,
+    ``workers_per_rank``, seed). A budget that caches the whole dataset needs no partition.
+
     Dataset identity: the sampler checks before each epoch and after every block it reads that the
     dataset is still the one it opened, and stops with a :class:`~shardkit.errors.SamplerError`
     naming the path otherwise (see :mod:`shardkit.readers.identity`).
@@ -111,52 +127,142 @@ class TieredSampler:
 
     def __init__(
         self,
-        dataset: Location | Dataset,
+        dataset: Location | Dataset | Mixture,
         options: SamplerOptions | None = None,
         **overrides: Any,
     ) -> None:
         if options is not None and not isinstance(options, SamplerOptions):
             raise ConfigError(f"options: expected a SamplerOptions, found {type(options).__name__}")
         opts = SamplerOptions.parse(**overrides) if options is None else options.replace(**overrides)
-        self.options = opts
-        #: The dataset: a local directory (Path) or an object-store URL (str).
-        self.path: Path | str = as_location(dataset.path if isinstance(dataset, Dataset) else dataset)
-        before = _fingerprint_or_none(self.path)
-        self._ds = Dataset(self.path, **opts.dataset_options())  # metadata + small fields
-        self.num_records = self._ds.num_records
-        self.record_nbytes = self._ds.record_nbytes
-        self.payload_name = self._ds.payload_name
-        #: The dataset as it was when the fields below were loaded (see shardkit.readers.identity).
-        self.identity = DatasetIdentity.of(self.path, opts.dataset_options()["store_options"])
-        if before != self.identity.fingerprint:
-            raise SamplerError(f"{self.path}: the dataset changed while the sampler opened it; try again once it is complete")
-        self._share_key = node.dataset_key(self.path, self.identity.fingerprint) if opts.node_sharing else None
-        self.fields, regions = node.node_fields(self._ds, self._share_key)
-        self._ds.close()  # payload reads go through each run's own reader
-        self.sizes: TierSizes = opts.tier_sizes(self.record_nbytes, self.num_records)
-        #: ``"exact"`` or ``"feistel"``: how ``epoch`` mode draws its orders for this dataset.
-        self.permutation = resolve_permutation(opts.permutation, self.num_records)
+        #: The mixture this sampler reads (``None``: one dataset); see :mod:`shardkit.readers.sources`.
+        self.mixture: Mixture | None = None
+        self._plan: MixturePlan | None = None
+        #: A mixture's global key -> the record's key in its dataset (batches carry the latter).
+        self._local_keys: Callable[[np.ndarray], np.ndarray] | None = None
+        if isinstance(dataset, Mixture):
+            if opts.locality:  # the node partition is drawn over one dataset's keys (issue 12)
+                raise ConfigError(f"{opts.name('locality')}: not available for a mixture of datasets; read it without locality")
+            opts = _mixture_options(dataset, opts, "seed" in overrides)
+            self.options = opts
+            regions = self._open_mixture(dataset)
+        else:
+            self.options = opts
+            regions = self._open_dataset(dataset)
+        self.sizes: TierSizes = opts.tier_sizes(self.record_nbytes, self.num_records, self.num_keys)
+        #: ``"exact"`` or ``"feistel"``: how ``epoch`` mode draws its orders for this dataset (a
+        #: mixture's order is always an exact array, see :mod:`shardkit.readers.mixture`).
+        self.permutation = "exact" if self.mixture is not None else resolve_permutation(opts.permutation, self.num_records)
         self.ssd_dir: Path | None = None
         if self.sizes.ssd_block is not None:
             self.ssd_dir = opts.ssd_dir if opts.ssd_dir is not None else Path(tempfile.gettempdir())
             if not self.ssd_dir.is_dir():
                 raise ConfigError(f"{opts.name('ssd_dir')}: expected an existing directory, found {str(self.ssd_dir)!r}")
             self._check_ssd_space()
-        rec = self._ds.meta.record
+        rec = self._record
+        self.stats = SamplerStats()
         self._cache: StaticCache | None = None
-        if self.sizes.static_records:
+        #: Where the consumers sit and which node pins which key (``locality`` only).
+        self.layout: NodeLayout | None = None
+        self.partition: NodePartition | None = None
+        self._node_disk: NodeDiskCache | None = None
+        #: The node this consumer runs on (``None`` without ``locality``).
+        self.node = NodeLayout(opts.world_size, opts.workers_per_rank, opts.nodes).node_of(opts.rank) if opts.locality else None
+        if opts.locality and not self.sizes.full_cache:
+            self._cache = self._node_caches(tuple(rec.shape), np.dtype(rec.dtype))
+        elif self.sizes.static_records:
             self._cache = StaticCache(
-                opts.seed, self.num_records, self.sizes.static_records, tuple(rec.shape), np.dtype(rec.dtype),
+                opts.seed, self.num_keys, self.sizes.static_records, tuple(rec.shape), np.dtype(rec.dtype),
                 bijection=self.permutation == "feistel", share_key=self._share_key,
             )  # fmt: skip
         self._pool = BatchPool(opts.batch_size, tuple(rec.shape), np.dtype(rec.dtype).newbyteorder("<"),
                                self.sizes.pool_batches)  # fmt: skip
-        self.stats = SamplerStats()
         self._start_epoch = opts.start_epoch
         self._epoch = opts.start_epoch
         self._position = 0
         self._run_ref: weakref.ref[_Run] | None = None
         self._finalizer = weakref.finalize(self, _release, self._cache, regions)
+
+    def _open_dataset(self, dataset: Location | Dataset) -> list[node.SharedRegion]:
+        """Metadata, identity and node-shared fields of one dataset; returns the fields' regions."""
+        opts = self.options
+        #: The dataset: a local directory (Path) or an object-store URL (str).
+        self.path: Path | str = as_location(dataset.path if isinstance(dataset, Dataset) else dataset)
+        before = _fingerprint_or_none(self.path)
+        ds = Dataset(self.path, **opts.dataset_options())  # metadata + small fields
+        try:
+            self.num_records = self.num_keys = ds.num_records
+            self.record_nbytes = ds.record_nbytes
+            self.payload_name = ds.payload_name
+            self._record = ds.meta.record
+            #: The dataset as it was when the fields below were loaded (see shardkit.readers.identity).
+            identity = DatasetIdentity.of(self.path, opts.dataset_options()["store_options"])
+            if before != identity.fingerprint:
+                raise SamplerError(f"{self.path}: the dataset changed while the sampler opened it; try again once it is complete")
+            self.identity: DatasetIdentity | MixedIdentity = identity
+            self._share_key = node.dataset_key(self.path, identity.fingerprint) if opts.node_sharing else None
+            self.fields, regions = node.node_fields(ds, self._share_key)
+        finally:
+            ds.close()  # payload reads go through each run's own reader
+        return regions
+
+    def _open_mixture(self, m: Mixture) -> list[node.SharedRegion]:
+        """A mixture's datasets: identities, node-shared fields gathered by global key, its order."""
+        opts = self.options
+        self.mixture = m
+        self.path = m.paths[0]
+        self._plan = m.plan(opts.seed)
+        #: Records per epoch ``L`` (the order's length) and the global keys behind them (``sum N_i``).
+        self.num_records, self.num_keys = m.epoch_size, sum(m.sizes)
+        self.record_nbytes, self.payload_name, self._record = m.record.nbytes, m.payload_name, m.record
+        identity = MixedIdentity.of(m.paths, opts.dataset_options()["store_options"])
+        fields: list[dict[str, np.ndarray]] = []
+        regions: list[node.SharedRegion] = []
+        keys: list[str] = []
+        for p, part, made in zip(m.paths, identity.parts, m.fingerprints):
+            if part.fingerprint != made:
+                raise SamplerError(f"{p}: the dataset changed since the mixture was made; make it again with shardkit.mix")
+            ds = Dataset(p, **opts.dataset_options())
+            try:
+                key = node.dataset_key(p, part.fingerprint) if opts.node_sharing else None
+                f, r = node.node_fields(ds, key)
+            finally:
+                ds.close()
+            fields.append(f)
+            regions += r
+            keys.append(key or "")
+        self.identity = identity
+        self._share_key = "\0mixture\0".join(keys) if opts.node_sharing else None
+        offsets = self._plan.offsets
+        gathered: dict[str, Any] = {name: MixedField([f[name] for f in fields], offsets) for name in fields[0]}
+        gathered[DATASET_FIELD] = DatasetIndex(offsets)
+        self.fields = gathered
+        self._local_keys = functools.partial(local_keys, offsets)
+        return regions
+
+    def _node_caches(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> StaticCache | None:
+        """This node's part of the node partition: depths ``[0, static)`` in the static cache (the
+        node variant, shared by the node's processes), the next ``node_cache`` records on its disk
+        (:mod:`shardkit.readers.node_cache`). With a budget that holds the whole dataset every node
+        caches everything and there is nothing to steer (see ``__init__``)."""
+        o, sizes = self.options, self.sizes
+        self.layout = NodeLayout(o.world_size, o.workers_per_rank, o.nodes)
+        me = self.layout.node_of(o.rank)
+        self.partition = node_partition(o.seed, self.num_records, o.nodes, sizes.static_records + sizes.node_records)
+        ram = min(sizes.static_records, self.partition.per_node)
+        disk_keys = self.partition.pinned_keys(me, ram)
+        if disk_keys.size:
+            assert isinstance(self.identity, DatasetIdentity)  # locality refuses a mixture (see __init__)
+            if o.node_cache_dir is not None and not o.node_cache_dir.is_dir():
+                raise ConfigError(f"{o.name('node_cache_dir')}: expected an existing directory, found {str(o.node_cache_dir)!r}")
+            self._node_disk = NodeDiskCache(
+                disk_keys, dataset=self.path, directory=node_cache_dir(o.node_cache_dir),
+                name=entry_name(self.identity.fingerprint, o.seed, o.nodes, me, ram, self.partition.per_node),
+                stats=self.stats.node, dataset_options=o.dataset_options(),
+            )  # fmt: skip
+        count = min(ram, len(range(me, self.num_records, o.nodes)))
+        if not count:
+            return None
+        return StaticCache(o.seed, self.num_records, count, shape, dtype, part=(o.nodes, me), share_key=self._share_key)
 
     # ------------------------------------------------------------------ options
     @property
@@ -239,8 +345,9 @@ class TieredSampler:
         return batches_per_consumer(self.num_records, o.batch_size, o.rank, o.world_size, drop_last=o.drop_last)
 
     def element_spec(self) -> ElementSpec:
-        """Per-record ``(shape, dtype)`` of every batch entry (payload, fields, ``key``)."""
-        rec = self._ds.meta.record
+        """Per-record ``(shape, dtype)`` of every batch entry (payload, fields, ``key``; a mixture's
+        ``dataset``)."""
+        rec = self._record
         spec: ElementSpec = {self.payload_name: (tuple(rec.shape), np.dtype(rec.dtype))}
         for name, values in self.fields.items():
             spec[name] = (tuple(values.shape[1:]), values.dtype)
@@ -275,7 +382,14 @@ class TieredSampler:
             "start_epoch": self._start_epoch,
             "reservoir_size": self.reservoir_size if self.mode == "replacement" else None,
             "permutation": self.permutation if self.mode == "epoch" else None,
+            "mixture": self._mixture_state(),
         }
+
+    def _mixture_state(self) -> dict[str, Any] | None:
+        """What a mixture's order depends on besides the seed: sizes, counts, epoch size."""
+        if self._plan is None:
+            return None
+        return {"sizes": list(self._plan.sizes), "counts": list(self._plan.counts), "epoch_size": self._plan.epoch_size}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state`` on the next iteration (ends a running iteration)."""
@@ -297,6 +411,12 @@ class TieredSampler:
             raise SamplerError(
                 f"state dict: was saved with seed={seed}, mode={mode!r}; this sampler has seed={self.seed}, "
                 f"mode={self.mode!r} (the order would differ)"
+            )
+        mixture = state.get("mixture")
+        if mixture != self._mixture_state():
+            raise SamplerError(
+                f"state dict: saved for {'a mixture ' + str(mixture) if mixture else 'one dataset'}, this sampler reads "
+                f"{'a mixture ' + str(self._mixture_state()) if self.mixture is not None else 'one dataset'} (another order)"
             )
         if n != self.num_records:
             raise SamplerError(f"state dict: saved for {n} records, {self.path} has {self.num_records}")
@@ -332,11 +452,13 @@ class TieredSampler:
         while end is None or epoch < end:
             self.identity.check()
             shape = plan_shape(self.num_records, pos, o.batch_size, o.rank, o.world_size, o.drop_last)
+            order, release = self._order(epoch)
+            if self.layout is not None and self.partition is not None:
+                shape = local_shape(shape, order, self.layout, self.partition, o.drop_last)
             complete = True
             if left is not None and shape.length > left:
                 shape = shape.truncated(left)
                 complete = False
-            order, release = self._order(epoch)
             yield Segment(epoch, shape, order, complete, release)
             if left is not None:
                 left -= shape.length
@@ -348,6 +470,8 @@ class TieredSampler:
         """Epoch ``epoch``'s order: the exact permutation computed once per node when sharing is on,
         else this process's own (see :func:`~shardkit.readers.schedule.epoch_order`)."""
         o = self.options
+        if self._plan is not None:
+            return ArrayOrder(self._plan.stream(epoch)), None
         if o.mode == "epoch" and self.permutation == "exact" and o.node_sharing:
             shared = node.node_permutation(o.seed, epoch, self.num_records)
             if shared is not None:
@@ -375,8 +499,10 @@ class TieredSampler:
 
     @property
     def pinned_keys(self) -> np.ndarray:
-        """The static cache's pinned keys P, ascending (empty when the cache is off)."""
-        return self._cache.keys() if self._cache is not None else np.empty(0, dtype=np.int64)
+        """The keys this consumer's caches pin, ascending: the static cache's P, and with
+        ``locality`` the node's part on its disk too (empty when nothing is pinned)."""
+        parts = [c.keys() if isinstance(c, StaticCache) else c.keys for c in (self._cache, self._node_disk) if c is not None]
+        return np.sort(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
 
     def hold_shared(self) -> None:
         """Attach the node-shared memory (fields, static cache) now and keep it until :meth:`close`.
@@ -396,6 +522,8 @@ class TieredSampler:
         self._close_run()
         if self._cache is not None:
             self._cache.release()
+        if self._node_disk is not None:
+            self._node_disk.close()
 
     def __enter__(self) -> TieredSampler:
         return self
@@ -405,7 +533,8 @@ class TieredSampler:
 
     def __getstate__(self) -> dict[str, Any]:
         # Picklable for DataLoader workers started with spawn: rebuild from options + state.
-        return {"path": str(self.path), "options": self.options, "state": self.state_dict()}
+        source = self.mixture if self.mixture is not None else str(self.path)
+        return {"path": source, "options": self.options, "state": self.state_dict()}
 
     def __setstate__(self, d: dict[str, Any]) -> None:
         self.__init__(d["path"], d["options"])  # type: ignore[misc]
@@ -416,7 +545,8 @@ class TieredSampler:
             f"TieredSampler({str(self.path)!r}, tiers={','.join(self.tiers)}, mode={self.mode}, "
             f"blocks={self.sizes.first_block}..{self.ram_block}, K1={self.ssd_block}, static_cache={self.static_cache}, "
             f"batch_size={self.batch_size}, "
-            f"rank={self.rank}/{self.world_size}, epoch={self._epoch}, position={self._position})"
+            f"rank={self.rank}/{self.world_size}, epoch={self._epoch}, position={self._position}"
+            + (f", node={self.node}/{self.options.nodes})" if self.options.locality else ")")
         )
 
 
@@ -439,7 +569,7 @@ class _Run:
             return
         sampler.identity.check()  # before the run opens the dataset's files
         self._pipeline = Pipeline(
-            sampler.path,
+            sampler.mixture if sampler.mixture is not None else sampler.path,
             sampler._segments(first_epoch, first_pos, end),
             fields=sampler.fields,
             stats=sampler.stats,
@@ -449,7 +579,9 @@ class _Run:
             gap_bytes=sampler.options.gap_bytes,
             dataset_options=sampler.options.dataset_options(),
             static_cache=sampler._cache,
+            node_disk=sampler._node_disk,
             identity=sampler.identity,
+            key_map=sampler._local_keys,
         )
         self._finalizer = weakref.finalize(self, self._pipeline.shutdown)
 
@@ -467,12 +599,16 @@ class _Run:
             while True:
                 match self._pipeline.get():
                     case BatchReady(batch=batch, epoch=epoch, position=position, buffer=buffer):
+                        t1 = time.perf_counter()
                         if buffer is not None:
                             s._pool.hand_over(buffer)  # from now on, references decide its reuse
                         s._epoch, s._position = epoch, position
                         n = int(batch["key"].shape[0])
-                        s.stats.add_delivered(n, batch[s.payload_name].nbytes, time.perf_counter() - t0)
-                        return dict(batch)
+                        out = dict(batch)
+                        t2 = time.perf_counter()
+                        s.stats.add_busy("handover", t2 - t1)
+                        s.stats.add_delivered(n, batch[s.payload_name].nbytes, t1 - t0)
+                        return out
                     case EpochEnd(segment=seg):
                         if seg.complete:
                             s._epoch, s._position = seg.epoch + 1, 0
@@ -496,6 +632,25 @@ class _Run:
             self.close()
         except Exception:
             pass
+
+
+def _mixture_options(m: Mixture, opts: SamplerOptions, seed_given: bool) -> SamplerOptions:
+    """The options a mixture is sampled with: its own seed (when it has one), ``epoch`` mode, the exact order."""
+    if opts.mode != "epoch":
+        raise ConfigError(
+            f"{opts.name('mode')}: a mixture is sampled in 'epoch' mode (exact counts and walks per epoch), "
+            f"found {opts.mode!r}"
+        )
+    if opts.permutation == "feistel":
+        raise ConfigError(f"{opts.name('permutation')}: a mixture's order is an exact array, found 'feistel'")
+    if m.seed is not None and m.seed != opts.seed:
+        if seed_given or opts.seed != 0:
+            raise ConfigError(
+                f"{opts.name('seed')}: the mixture was made with seed={m.seed}, the sampler was given {opts.seed}; "
+                "give the seed once (to shardkit.mix, or to the sampler with mix(..., seed=None))"
+            )
+        opts = opts.replace(seed=m.seed)
+    return opts
 
 
 def _release(cache: StaticCache | None, regions: list[node.SharedRegion]) -> None:

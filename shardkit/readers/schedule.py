@@ -78,6 +78,8 @@ __all__ = [
     "ConsumerPlan",
     "consumer_plan",
     "truncate_plan",
+    "GroupRows",
+    "step_group_positions",
 ]
 
 MODES = ("epoch", "replacement", "sequential")
@@ -582,3 +584,52 @@ def _cut_batches(
         if world_size == 1:
             positions[-1] -= cut
     return sizes, positions
+
+
+# ---------------------------------------------------------------------------------------------- step groups
+@dataclass(frozen=True, eq=False)
+class GroupRows:
+    """The epoch positions one step group takes from each global batch (see :func:`step_group_positions`).
+
+    Attributes
+    ----------
+    full
+        ``[G, ranks * B]``: row ``g`` holds the group's positions in full global batch ``g``;
+        member ``r`` (rank ``r``) takes columns ``[r*B, (r+1)*B)`` in the plain slicing.
+    tail
+        The group's positions in the ragged final global batch (members' slices one after
+        another; empty when there is none or ``drop_last`` drops it).
+    tail_quotas
+        ``[ranks]``: how many of ``tail`` each member takes.
+    """
+
+    full: np.ndarray
+    tail: np.ndarray
+    tail_quotas: np.ndarray
+
+
+def step_group_positions(
+    n: int, start: int, batch_size: int, world_size: int, workers_per_rank: int, group: int, *, drop_last: bool = False
+) -> GroupRows:
+    """Epoch positions of step group ``group`` in every global batch of ``[start, n)``.
+
+    With ``k = workers_per_rank`` consumers per rank, consumer ``c`` is worker ``c % k`` of rank
+    ``c // k``, and a rank's DataLoader hands out its workers' batches in turn, so the training step
+    that uses batch ``g`` of worker ``w`` gets, from every rank ``r``, consumer ``r*k + w``'s slice of
+    global batch ``g``. Those consumers are step group ``w``: the positions a step trains on
+    together. Node-aware assignment (:mod:`shardkit.readers.locality`) moves keys only inside a
+    group's row, so every step keeps the set of positions of ``pi`` it has here.
+    """
+    b, w, k, grp = int(batch_size), int(world_size), int(workers_per_rank), int(group)
+    if k < 1 or w % k or not 0 <= grp < k:
+        raise ConfigError(f"workers_per_rank: expected a divisor of world_size={w} above group {grp}, found {k}")
+    consumers = np.arange(w // k, dtype=np.int64) * k + grp
+    full = epoch_share(n, b, 0, w, drop_last=drop_last, start=start).full
+    cols = (consumers[:, None] * b + np.arange(b, dtype=np.int64)[None, :]).reshape(-1)
+    rows = int(start) + np.arange(full, dtype=np.int64)[:, None] * (b * w) + cols[None, :]
+    quotas = np.array(
+        [epoch_share(n, b, int(c), w, drop_last=drop_last, start=start).tail for c in consumers], dtype=np.int64
+    )
+    lo = int(start) + full * b * w
+    tail = np.concatenate([lo + int(c) * b + np.arange(q, dtype=np.int64) for c, q in zip(consumers, quotas)])
+    return GroupRows(full=rows, tail=tail.astype(np.int64, copy=False), tail_quotas=quotas)

@@ -48,7 +48,8 @@ class Domain(enum.IntEnum):
     JOB_PERMUTATION = 5
     #: The keys each node pins in its local tiers: ``(seed, nodes)``.
     NODE_PARTITION = 6
-    #: A mixture's per-dataset walks and slot arrangement: ``(seed, dataset, walk)`` etc.
+    #: A mixture's draws: ``(seed, part, dataset, walk)`` for a walk's head, tail and middle, ``(seed,
+    #: part, epoch)`` for an epoch's slot arrangement (parts in :mod:`shardkit.readers.mixture`).
     MIXTURE = 7
     #: Statistical order tests' simulated nulls: ``(seed, test)``.
     ORDER_TEST = 8

@@ -15,9 +15,8 @@ directory: it never follows a symbolic link (a planted ``shardkit-ssd-x -> /some
 alone, and nothing is created or deleted behind it), only touches directories owned by the current
 user, and deletes the contents through a descriptor of the directory it checked.
 
-A reservoir is a shardkit dataset in the same format (payload uncompressed, plus an int64
-``source_key`` field): records in ascending key order, i.e. read from the disk tier with ascending
-offsets, written sequentially.
+The reservoirs themselves are two scratch files in this directory, rewritten in place (see
+:mod:`shardkit.readers.scratch`).
 """
 
 from __future__ import annotations
@@ -32,14 +31,9 @@ import stat
 import threading
 from pathlib import Path
 
-import numpy as np
+from shardkit.errors import ConfigError, SamplerError
 
-from shardkit.errors import ConfigError, OutOfSpaceError, SamplerError
-from shardkit.formats import Dataset, DatasetWriter, FieldSpec
-from shardkit.formats.spec import records_per_shard_for
-from shardkit.readers.stopping import Stopped
-
-__all__ = ["SsdSpace", "PREFIX", "remove_stale", "write_reservoir", "READ_CHUNK_BYTES", "DIR_MODE", "FILE_MODE"]
+__all__ = ["SsdSpace", "PREFIX", "remove_stale", "READ_CHUNK_BYTES", "DIR_MODE", "FILE_MODE"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,9 +43,9 @@ LOCK_NAME = "lock"
 #: Permissions of every directory and file of the SSD tier: the owner's alone.
 DIR_MODE = 0o700
 FILE_MODE = 0o600
-#: Disk -> SSD copies go through a reusable buffer of about this size, so memory stays bounded
-#: whatever the reservoir size; 64 MiB is ~30 ms of sequential reading, long enough to amortise a
-#: request, small next to the RAM tier.
+#: Disk -> SSD copies go through a reusable buffer of at most this size (two halves: one is read
+#: while the other is written), so memory stays bounded whatever the reservoir size; 32 MiB a half
+#: is ~15 ms of sequential reading, long enough to amortise a request, small next to the RAM tier.
 READ_CHUNK_BYTES = 64 << 20
 
 
@@ -128,16 +122,6 @@ def _clear(dfd: int) -> None:
             logger.debug("could not remove %s of a stale SSD directory", entry.name, exc_info=True)
 
 
-def make_private(path: Path) -> None:
-    """``DIR_MODE`` / ``FILE_MODE`` for ``path`` and everything under it (symlinks are skipped)."""
-    os.chmod(path, DIR_MODE)
-    for root, dirs, files in os.walk(path):
-        for name, mode in [(d, DIR_MODE) for d in dirs] + [(f, FILE_MODE) for f in files]:
-            full = os.path.join(root, name)
-            if not os.path.islink(full):
-                os.chmod(full, mode)
-
-
 class SsdSpace:
     """A run's private, locked SSD directory (see module docstring)."""
 
@@ -159,11 +143,17 @@ class SsdSpace:
         os.rename(building, self.path)
         self._closed = threading.Lock()
 
-    def reservoir_path(self, j: int) -> Path:
-        return self.path / f"reservoir-{j:08d}"
-
-    def remove(self, path: Path) -> None:
-        shutil.rmtree(path, ignore_errors=True)
+    def create_file(self, name: str) -> int:
+        """Create ``name`` in the run directory, ``FILE_MODE`` whatever the umask, and return its
+        descriptor (read and write). It must not exist; a symlink is never followed."""
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(self.path / name, flags, FILE_MODE)
+        try:
+            os.fchmod(fd, FILE_MODE)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def close(self) -> None:
         """Delete everything and release the lock (idempotent)."""
@@ -173,62 +163,3 @@ class SsdSpace:
             shutil.rmtree(self.path, ignore_errors=True)
             os.close(self._lock_fd)
             self._lock_fd = None
-
-
-def write_reservoir(
-    disk: Dataset,
-    keys: np.ndarray,
-    dest: Path,
-    stop: threading.Event,
-    chunk_bytes: int = READ_CHUNK_BYTES,
-) -> int:
-    """Copy records ``keys`` from ``disk`` into a new dataset at ``dest`` in ascending key order.
-
-    Reads in chunks of about ``chunk_bytes`` (ascending offsets inside each shard, one pass) into one
-    reused buffer, writes each chunk sequentially. Returns the number of payload bytes written. On
-    any failure (including ``OutOfSpaceError``) or when ``stop`` is set, the partial reservoir is
-    deleted, so no half-written reservoir is ever read.
-    """
-    sorted_keys = np.unique(np.asarray(keys, dtype=np.int64))
-    rec = disk.meta.record
-    per_chunk = max(1, chunk_bytes // max(1, disk.record_nbytes))
-    buf = disk.payload.empty(min(per_chunk, max(1, sorted_keys.size)))
-    written = 0
-    try:
-        writer = DatasetWriter(
-            dest,
-            kind=disk.meta.kind,
-            payload=disk.payload_name,
-            record=FieldSpec(rec.shape, rec.dtype),
-            fields={"source_key": FieldSpec((), "int64")},
-            # Shards no larger than the reservoir, so a small reservoir gets a small index.
-            records_per_shard=max(1, min(sorted_keys.size, records_per_shard_for(disk.record_nbytes))),
-            compression=None,
-            # Scratch data: worthless after a crash, so nothing waits for the disk (no fsync);
-            # renames still make every file appear whole or not at all.
-            durable=False,
-        )
-        try:
-            for a in range(0, sorted_keys.size, per_chunk):
-                if stop.is_set():
-                    writer.abort()
-                    raise Stopped()
-                chunk = sorted_keys[a : a + per_chunk]
-                out = disk.payload.read(chunk, out=buf)[: chunk.size]
-                writer.write({disk.payload_name: out, "source_key": chunk})
-                written += out.nbytes
-            writer.close()
-            make_private(dest)
-        except BaseException:
-            writer.abort()
-            raise
-    except BaseException as exc:
-        shutil.rmtree(dest, ignore_errors=True)
-        if isinstance(exc, OSError) and not isinstance(exc, OutOfSpaceError) and exc.errno in (
-            errno.ENOSPC,
-            errno.EDQUOT,
-        ):
-            raise OutOfSpaceError(f"{dest}: no space left on device while writing an SSD reservoir") from None
-        raise
-    return written
-

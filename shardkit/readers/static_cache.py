@@ -22,6 +22,9 @@ Design choices (documented for users in :class:`~shardkit.readers.TieredSampler`
   records, :meth:`~shardkit.formats.PayloadArray.read_into`), marks the row filled, and the batch
   gets it from there. So every record is still read from storage at most once per epoch, and a
   pinned record once in the run.
+* **A node's part, with locality**: with ``locality`` (:mod:`shardkit.readers.locality`) P is
+  this node's part of the node partition instead: a uniformly random subset too, disjoint from
+  every other node's, and what the node-aware assignment steers to this node's consumers.
 * **One cache per node**: the rows live in a node-shared region (:mod:`shardkit.readers.node`)
   named by the dataset, the pinned set and the record layout, so every process of the machine that
   reads the same dataset with the same seed and cache size (DataLoader workers, ranks) fills and
@@ -44,9 +47,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from shardkit.errors import SamplerError
 from shardkit.formats.reader import aligned_empty
 from shardkit.readers import node
 from shardkit.readers.bijection import ROUNDS, FeistelPermutation
+from shardkit.readers.locality import node_partition
 from shardkit.readers.seeds import Domain, rng
 
 __all__ = ["StaticCache", "pinned_keys", "PinnedSet", "SortedKeys", "AllKeys", "BijectionKeys"]
@@ -154,6 +159,10 @@ class StaticCache:
         One record.
     bijection
         Draw P with a bijection (:class:`BijectionKeys`) rather than :func:`pinned_keys`.
+    part
+        ``(nodes, node)`` with ``locality``: P is node ``node``'s part of the node partition of
+        ``(seed, nodes)`` (:mod:`shardkit.readers.locality`), ``count`` of its keys, instead of a
+        subset drawn for the static cache alone.
     share_key
         Identity of the dataset for node sharing (``None``: private to this process).
 
@@ -169,11 +178,13 @@ class StaticCache:
         dtype: np.dtype[Any],
         *,
         bijection: bool = False,
+        part: tuple[int, int] | None = None,
         share_key: str | None = None,
     ) -> None:
         self.seed, self.n, self.m = int(seed), int(num_records), int(count)
         self.record_shape, self.dtype = tuple(record_shape), np.dtype(dtype)
-        self.variant = "all" if self.m >= self.n else ("bijection" if bijection else "sorted")
+        self.part = None if part is None else (int(part[0]), int(part[1]))
+        self.variant = "all" if self.m >= self.n else "node" if part else ("bijection" if bijection else "sorted")
         self.share_key = share_key
         self.rows: np.ndarray | None = None
         self.flags: np.ndarray | None = None
@@ -195,7 +206,7 @@ class StaticCache:
         """Byte offsets of the rows and the sorted keys, and the total size of the region."""
         rows_at = -(-self.m // _PAGE) * _PAGE  # flags first, one byte a row, page aligned
         keys_at = rows_at + -(-self.m * self.record_nbytes // _PAGE) * _PAGE
-        total = keys_at + (8 * self.m if self.variant == "sorted" else 0)
+        total = keys_at + (8 * self.m if self.variant in ("sorted", "node") else 0)
         return rows_at, keys_at, total
 
     def attach(self) -> None:
@@ -207,25 +218,25 @@ class StaticCache:
             region = None
             if self.share_key is not None:
                 name = node.region_name("cache", self.share_key, self.variant, self.seed, self.n, self.m,
-                                        self.record_shape, self.dtype.str)  # fmt: skip
+                                        self.record_shape, self.dtype.str, self.part)  # fmt: skip
 
                 def init(m: mmap.mmap) -> None:
-                    if self.variant == "sorted":
+                    if self.variant in ("sorted", "node"):
                         keys = np.frombuffer(m, dtype=np.int64, count=self.m, offset=keys_at)
-                        keys[:] = pinned_keys(self.seed, self.n, self.m)
+                        keys[:] = self._sorted_keys()
                         del keys
 
-                region = node.attach(name, total, init, writable=True, reserve=rows_at if self.variant != "sorted" else total)
+                region = node.attach(name, total, init, writable=True, reserve=total if self.variant in ("sorted", "node") else rows_at)
             if region is not None:
                 self._region, self.shared = region, True
                 self._fd = region._data_fd
                 self.flags = region.array(np.uint8, (self.m,))
                 self.rows = region.array(self.dtype, (self.m, *self.record_shape), rows_at)
-                sorted_keys = region.array(np.int64, (self.m,), keys_at) if self.variant == "sorted" else None
+                sorted_keys = region.array(np.int64, (self.m,), keys_at) if self.variant in ("sorted", "node") else None
             else:
                 self.flags = np.zeros(self.m, dtype=np.uint8)
                 self.rows = aligned_empty(self.m, self.record_shape, self.dtype)
-                sorted_keys = pinned_keys(self.seed, self.n, self.m) if self.variant == "sorted" else None
+                sorted_keys = self._sorted_keys() if self.variant in ("sorted", "node") else None
             if self.variant == "all":
                 self.pinned = AllKeys(self.n)
             elif self.variant == "bijection":
@@ -242,7 +253,17 @@ class StaticCache:
             return AllKeys(self.n).keys()
         if self.variant == "bijection":
             return BijectionKeys(self.seed, self.n, self.m).keys()
-        return pinned_keys(self.seed, self.n, self.m)
+        return self._sorted_keys()
+
+    def _sorted_keys(self) -> np.ndarray:
+        """P as sorted keys: drawn for the static cache, or this node's part of the node partition."""
+        if self.part is None:
+            return pinned_keys(self.seed, self.n, self.m)
+        nodes, me = self.part
+        keys = node_partition(self.seed, self.n, nodes, self.m).pinned_keys(me)
+        if keys.size != self.m:
+            raise SamplerError(f"static cache: node {me} of {nodes} pins {keys.size} records, expected {self.m} (internal error)")
+        return keys
 
     def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(hit, row)``: which of ``keys`` are pinned, and each one's cache row."""

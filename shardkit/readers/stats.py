@@ -8,7 +8,10 @@ from dataclasses import dataclass, field
 
 from shardkit.formats import ReadStats
 
-__all__ = ["SamplerStats"]
+__all__ = ["STAGES", "SamplerStats"]
+
+#: The pipeline stages :attr:`SamplerStats.busy_seconds` times, from storage to the consumer.
+STAGES = ("disk", "disk_cpu", "ssd_fill", "ssd", "ssd_cpu", "assembly", "handover")
 
 
 @dataclass
@@ -23,6 +26,9 @@ class SamplerStats:
         (batch assembly). Set ``stats.disk.trace = []`` to record every disk request.
     cache
         Records and bytes served from the static cache (pinned records) instead of disk or SSD.
+    node
+        With ``locality``: reads from the node's cache on its local disk
+        (:mod:`shardkit.readers.node_cache`), which the dataset's storage no longer serves.
     remote_cache
         For a dataset in an object store with a ``cache_dir``: reads served from the local copies
         of its shards instead of requests (``disk`` counts only the requests).
@@ -38,12 +44,25 @@ class SamplerStats:
         Bytes read from the dataset (the bottom tier) for each epoch: with a static cache of ``M``
         records, every epoch after the first reads ``N - M`` records' bytes, none when it holds the
         whole dataset.
+    busy_seconds
+        Time each stage of the pipeline spent working (not waiting for another stage), by
+        :data:`STAGES` name: ``disk`` reading the dataset into batch buffers or cache rows, ``ssd_fill``
+        copying reservoirs from the dataset to SSD, ``ssd`` reading SSD reservoirs, ``assembly``
+        turning blocks into batches (cache copies, fields, keys), ``handover`` the consumer's side of
+        taking a batch; ``disk_cpu`` and ``ssd_cpu`` the reading thread's CPU time within ``disk``
+        and ``ssd`` (a read from the page cache is a CPU copy: its CPU time is its cost even when
+        other threads compete for the cores). Divided by the bytes or batches of the stage, these are the per-tier rates
+        ``shardkit profile`` builds its predictions from (see :mod:`shardkit.profiling`). Two clock
+        reads per block or batch: no measurable cost.
+    first_batch_seconds
+        Time from the consumer's first request to its first batch (the pipeline's start-up).
     """
 
     disk: ReadStats = field(default_factory=ReadStats)
     ssd: ReadStats = field(default_factory=ReadStats)
     ram: ReadStats = field(default_factory=ReadStats)
     cache: ReadStats = field(default_factory=ReadStats)
+    node: ReadStats = field(default_factory=ReadStats)
     remote_cache: ReadStats = field(default_factory=ReadStats)
     stall_seconds: float = 0.0
     records: int = 0
@@ -51,13 +70,16 @@ class SamplerStats:
     batches: int = 0
     ssd_bytes_written: int = 0
     disk_bytes_by_epoch: dict[int, int] = field(default_factory=dict)
+    busy_seconds: dict[str, float] = field(default_factory=dict)
+    first_batch_seconds: float | None = None
     _t0: float | None = field(default=None, repr=False)
     _t1: float | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
     def tiers(self) -> dict[str, ReadStats]:
-        return {"disk": self.disk, "ssd": self.ssd, "ram": self.ram, "cache": self.cache, "remote_cache": self.remote_cache}
+        return {"disk": self.disk, "ssd": self.ssd, "ram": self.ram, "cache": self.cache, "node": self.node,
+                "remote_cache": self.remote_cache}
 
     @property
     def elapsed(self) -> float:
@@ -88,6 +110,8 @@ class SamplerStats:
             self.batches += 1
             self.stall_seconds += stalled
             self._t1 = time.perf_counter()
+            if self.first_batch_seconds is None and self._t0 is not None:
+                self.first_batch_seconds = self._t1 - self._t0
 
     def add_stall(self, seconds: float) -> None:
         """Count time the consumer waited without getting a batch (the run ended or failed)."""
@@ -98,6 +122,11 @@ class SamplerStats:
         """Count bytes read from the dataset for ``epoch``."""
         with self._lock:
             self.disk_bytes_by_epoch[epoch] = self.disk_bytes_by_epoch.get(epoch, 0) + int(nbytes)
+
+    def add_busy(self, stage: str, seconds: float) -> None:
+        """Count ``seconds`` of work of pipeline stage ``stage`` (one of :data:`STAGES`)."""
+        with self._lock:
+            self.busy_seconds[stage] = self.busy_seconds.get(stage, 0.0) + seconds
 
     def add_written(self, nbytes: int) -> None:
         """Count payload bytes written into an SSD reservoir."""

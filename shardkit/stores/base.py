@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import abc
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shardkit.errors import ConfigError, UnsafePathError
+from shardkit.errors import ConfigError, TruncatedShardError, UnsafePathError
 
 __all__ = [
     "Store",
@@ -39,6 +39,7 @@ __all__ = [
     "check_key",
     "join_key",
     "DEFAULT_OPTIONS",
+    "write_all",
 ]
 
 
@@ -187,6 +188,14 @@ def join_key(*parts: str) -> str:
     return check_key(key)
 
 
+def write_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    """``pwrite`` all of ``data`` at ``offset`` (a short write is continued, never dropped)."""
+    view = memoryview(data).cast("B")
+    written = 0
+    while written < view.nbytes:
+        written += os.pwrite(fd, view[written:], offset + written)
+
+
 class Store(abc.ABC):
     """A root of immutable objects: local directory or object-store prefix (see the module docstring).
 
@@ -257,6 +266,28 @@ class Store(abc.ABC):
         fails raises :class:`~shardkit.errors.StoreError` naming the object and the byte range, and
         a wrong length is never yielded. Leaving the iterator early cancels what is still in flight.
         """
+
+    def download(self, key: str, fd: int, *, size: int, etag: str | None = None,
+                 progress: Callable[[int], None] | None = None) -> str | None:
+        """Write the whole ``size``-byte object ``key`` into the file ``fd`` (from offset 0) and
+        return its ETag; ``etag`` (if set) must still match. ``progress(n)`` is called as each
+        ``n`` bytes land. An object of another size is a :class:`~shardkit.errors.TruncatedShardError`.
+
+        This default reads the object in ranges of ``options.request_bytes``; object stores
+        override it with one streamed GET (see :meth:`ObjectStore.download
+        <shardkit.stores.objectstore.ObjectStore.download>`).
+        """
+        limit = self.options.request_bytes
+        asks = [ByteRange(key, a, min(a + limit, size), etag) for a in range(0, size, limit)]
+        tag = etag
+        for got in self.fetch(asks):
+            if got.object_size != size:
+                raise TruncatedShardError(f"{self.describe(key)}: expected {size} bytes, the store says {got.object_size}")
+            tag = tag or got.etag
+            write_all(fd, got.data, asks[got.index].start)
+            if progress is not None:
+                progress(got.data.nbytes)
+        return tag
 
     @abc.abstractmethod
     def list(self, prefix: str = "") -> Iterator[ObjectMeta]:

@@ -1,13 +1,14 @@
 """A local cache of remote shards for repeated epochs, shared safely by the processes of one machine.
 
-The first epoch over a dataset in an object store fetches every record once, as ranges. The cache
-keeps those bytes: each response is also written (``pwrite``) into a sparse local copy of its shard,
-and the byte ranges a copy holds are recorded next to it. Once a copy holds every byte of its shard
-it is checked against the checksums recorded in the dataset metadata (the caller's ``verify``: for
-shards the records' ``data_crc32c`` and the whole-file ``crc32c``) and renamed to its final name;
-from then on readers use it with local ``pread`` s and no request. A copy that fails the check is
-deleted (and the shard is fetched remotely again), so cached bytes are never trusted unchecked. The
-order of the records is not affected: the cache changes where bytes come from, never which.
+A remote shard gets here whole: :mod:`shardkit.stores.prefetch` downloads it with one GET into
+``<entry>.part`` (claimed exclusively with :meth:`ShardCache.claim`, so one writer per machine
+fills it), then :meth:`ShardCache.complete` checks it against the checksums recorded in the dataset
+metadata (the caller's ``verify``: for shards the records' ``data_crc32c`` and the whole-file
+``crc32c``) and renames it to its final name; from then on readers use it with local ``pread`` s
+and no request. A copy that fails the check is deleted, so cached bytes are never trusted
+unchecked, and a file under a final name is always complete and verified (a run killed mid-download
+leaves only a ``.part``, removed once stale). The order of the records is not affected: the cache
+changes where bytes come from, never which.
 
 Layout (everything private to the user: directories 0700, files 0600, owner checked, symlinks
 never followed)::
@@ -15,9 +16,9 @@ never followed)::
     <cache_dir>/shardkit-cache-<uid>/          the root; ``lock`` inside serialises bookkeeping
         <namespace>/                          one per dataset version (hash of URL + root document)
             <entry>                           a complete, verified copy
-            <entry>.part, <entry>.ranges      a copy being filled, and the ranges it holds (JSON)
+            <entry>.part                      a copy being downloaded
 
-Concurrency: bookkeeping (ranges, admission, eviction, promotion) happens under an exclusive
+Concurrency: bookkeeping (claims, admission, eviction, promotion) happens under an exclusive
 ``flock`` of ``lock`` (plus a thread lock, since a flock does not exclude threads of one process);
 data is written outside it. Renames are atomic; a reader that opened an entry keeps reading it even
 if another process evicts it (an unlinked file stays readable through an open descriptor).
@@ -35,10 +36,8 @@ died) are removed.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import hashlib
-import json
 import logging
 import os
 import stat
@@ -56,11 +55,11 @@ logger = logging.getLogger(__name__)
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
-#: A copy being filled that nobody wrote to for this long belongs to a dead run and is removed.
-STALE_SECONDS = 3600.0
-_MAX_RANGES_BYTES = 1 << 20
+#: A copy being filled that nobody wrote to for this long belongs to a dead run and is removed. A
+#: download writes continuously, and gives up after ``StoreOptions.retry_seconds`` (2 min) without
+#: progress, so 10 minutes of silence means its writer is gone.
+STALE_SECONDS = 600.0
 _PART = ".part"
-_RANGES = ".ranges"
 
 
 def cache_namespace(url: str, fingerprint: str) -> str:
@@ -120,7 +119,6 @@ class ShardCache:
         self._verified: set[str] = set()
         self._fds: dict[str, int] = {}
         self.hits = 0
-        self.stored_bytes = 0
 
     # ------------------------------------------------------------------ locking
     @contextmanager
@@ -164,107 +162,72 @@ class ShardCache:
         return fd
 
     # ------------------------------------------------------------------ filling
-    def admit(self, name: str, size: int) -> bool:
-        """Whether ``name`` is (or may now be) cached: complete, being filled, or newly admitted
-        (its whole ``size`` reserved in the budget, see the module docstring)."""
+    def claim(self, name: str, size: int) -> int | None:
+        """Start filling the copy ``name`` of a ``size``-byte object: a writable descriptor of a
+        new ``<name>.part`` that this instance alone fills (its whole size reserved in the budget),
+        or None when there is nothing to fill here: the copy is complete, another writer (a
+        process of this machine) is filling it, or it does not fit in the budget (then the shard
+        stays remote, see the module docstring).
+        """
         if name in self._refused:
-            return False
+            return None
         part = name + _PART
         with self._locked():
-            if _exists(name, self._dir_fd) or _exists(part, self._dir_fd):
-                return True
+            if _exists(name, self._dir_fd):
+                return None
+            try:
+                st = os.stat(part, dir_fd=self._dir_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                pass
+            else:
+                if time.time() - st.st_mtime < STALE_SECONDS:
+                    return None  # someone is filling it
+                _unlink(part, self._dir_fd)  # its writer died
             if not self._admit(size):
                 self._refused.add(name)
                 logger.info("%s: cache full (budget %s bytes); %s stays remote", self.dir, self.budget, name)
-                return False
-            fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, FILE_MODE, dir_fd=self._dir_fd)
+                return None
+            fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE, dir_fd=self._dir_fd)
             try:
                 os.ftruncate(fd, size)
-            finally:
+            except OSError:
                 os.close(fd)
-        return True
+                _unlink(part, self._dir_fd)
+                raise
+        return fd
 
-    def add(self, name: str, size: int, offset: int, data: memoryview | bytes,
-            verify: Callable[[int], bool]) -> None:
-        """Store bytes ``[offset, offset + len(data))`` of the ``size``-byte object ``name``.
-
-        When the copy is complete, ``verify(fd)`` (given a descriptor of it) decides whether it is
-        kept (renamed to ``name``) or deleted. Does nothing when the copy is already complete or
-        does not fit in the budget.
-        """
-        if name in self._fds or not self.admit(name, size):
-            return
+    def complete(self, name: str, fd: int, size: int, verify: Callable[[int], bool]) -> bool:
+        """Finish a copy :meth:`claim` started (``fd`` is closed here): if it has ``size`` bytes and
+        passes ``verify(fd)`` it is renamed to ``name`` (atomically: a reader sees the whole copy
+        or none) and True is returned; otherwise it is deleted and False is returned."""
         part = name + _PART
         try:
-            fd = os.open(part, os.O_WRONLY | os.O_NOFOLLOW, dir_fd=self._dir_fd)
-        except FileNotFoundError:
-            return  # promoted or dropped by another process in the meantime
-        try:
-            view = memoryview(data).cast("B")
-            written = 0
-            while written < view.nbytes:
-                written += os.pwrite(fd, view[written:], offset + written)
-        except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                self._refused.add(name)
-                logger.warning("%s: no space left for the cache; %s stays remote", self.dir, name)
-                return
-            raise
-        finally:
-            os.close(fd)
-        self.stored_bytes += len(data)
-        with self._locked():
-            if not _exists(part, self._dir_fd):
-                return
-            ranges = _merge((self._ranges(name) or []) + [(offset, offset + len(data))])
-            if ranges == [(0, size)]:
-                self._promote(name, size, verify)
-            else:
-                self._write_ranges(name, ranges)
-        self._used.add(name)
-
-    def _promote(self, name: str, size: int, verify: Callable[[int], bool]) -> None:
-        part = name + _PART
-        fd = os.open(part, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self._dir_fd)
-        try:
+            os.fsync(fd)
             ok = os.fstat(fd).st_size == size and verify(fd)
         finally:
             os.close(fd)
-        _unlink(name + _RANGES, self._dir_fd)
+        with self._locked():
+            if ok:
+                os.rename(part, name, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
+                self._verified.add(name)  # just checked: the first open need not read it again
+                self._used.add(name)
+            else:
+                _unlink(part, self._dir_fd)
         if ok:
-            os.rename(part, name, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
-            self._verified.add(name)  # just checked: the first open need not read it again
             logger.info("%s: cached %s (%d bytes, checksums verified)", self.dir, name, size)
-        else:
-            _unlink(part, self._dir_fd)
-            logger.warning("%s: the cached copy of %s failed its checksum; dropped (it will be fetched again)",
-                           self.dir, name)
+        return ok
+
+    def refuse(self, name: str) -> None:
+        """Keep ``name`` remote from now on in this instance (e.g. the disk is full)."""
+        self._refused.add(name)
+
+    def abandon(self, name: str, fd: int) -> None:
+        """Give up a copy :meth:`claim` started (a failed or cancelled download): close and delete it."""
+        os.close(fd)
+        with self._locked():
+            _unlink(name + _PART, self._dir_fd)
 
     # ------------------------------------------------------------------ bookkeeping (under the lock)
-    def _ranges(self, name: str) -> list[tuple[int, int]] | None:
-        try:
-            fd = os.open(name + _RANGES, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self._dir_fd)
-        except FileNotFoundError:
-            return None
-        try:
-            raw = os.read(fd, _MAX_RANGES_BYTES)
-        finally:
-            os.close(fd)
-        try:
-            doc = json.loads(raw)
-            return [(int(a), int(b)) for a, b in doc]
-        except (ValueError, TypeError):
-            return []  # unreadable bookkeeping: start the copy over
-
-    def _write_ranges(self, name: str, ranges: list[tuple[int, int]]) -> None:
-        tmp = name + _RANGES + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, FILE_MODE, dir_fd=self._dir_fd)
-        try:
-            os.write(fd, json.dumps(ranges).encode())
-        finally:
-            os.close(fd)
-        os.rename(tmp, name + _RANGES, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
-
     def _admit(self, size: int) -> bool:
         """Make room for ``size`` more bytes (see the module docstring); True if they fit."""
         if self.budget is None:
@@ -283,8 +246,6 @@ class ShardCache:
                 continue  # a shard of this very dataset version: evicting it would only thrash
             try:
                 os.unlink(path)
-                if not complete:
-                    _unlink_path(path[: -len(_PART)] + _RANGES)
                 used -= nbytes
                 logger.info("cache: evicted %s (%d bytes)", path, nbytes)
             except FileNotFoundError:
@@ -299,7 +260,7 @@ class ShardCache:
                 continue
             base = os.path.join(str(self.root), ns.name)
             for entry in os.scandir(base):
-                if not entry.is_file(follow_symlinks=False) or entry.name.endswith((_RANGES, ".tmp")):
+                if not entry.is_file(follow_symlinks=False):
                     continue
                 st = entry.stat(follow_symlinks=False)
                 complete = not entry.name.endswith(_PART)
@@ -319,16 +280,6 @@ class ShardCache:
         self._lock_fd = self._dir_fd = self._root_fd = -1
 
 
-def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for a, b in sorted(ranges):
-        if out and a <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], b))
-        else:
-            out.append((a, b))
-    return out
-
-
 def _exists(name: str, dir_fd: int) -> bool:
     try:
         os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
@@ -340,12 +291,5 @@ def _exists(name: str, dir_fd: int) -> bool:
 def _unlink(name: str, dir_fd: int) -> None:
     try:
         os.unlink(name, dir_fd=dir_fd)
-    except FileNotFoundError:
-        pass
-
-
-def _unlink_path(path: str) -> None:
-    try:
-        os.unlink(path)
     except FileNotFoundError:
         pass

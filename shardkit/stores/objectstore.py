@@ -49,7 +49,16 @@ from shardkit.errors import (
     StorePermissionError,
     TruncatedShardError,
 )
-from shardkit.stores.base import DEFAULT_OPTIONS, ByteRange, Fetched, ObjectMeta, Store, StoreOptions, check_key
+from shardkit.stores.base import (
+    DEFAULT_OPTIONS,
+    ByteRange,
+    Fetched,
+    ObjectMeta,
+    Store,
+    StoreOptions,
+    check_key,
+    write_all,
+)
 from shardkit.stores.retry import ShortResponse, backoff_seconds, first_line, is_transient
 
 __all__ = ["ObjectStore", "import_obstore", "RequestCounters"]
@@ -57,6 +66,9 @@ __all__ = ["ObjectStore", "import_obstore", "RequestCounters"]
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+#: Smallest chunk a streamed :meth:`ObjectStore.download` writes at once (bounds its memory).
+DOWNLOAD_CHUNK_BYTES = 4 << 20
 
 def import_obstore() -> Any:
     """``obstore``, or a :class:`~shardkit.errors.MissingExtraError` naming the ``remote`` extra."""
@@ -366,6 +378,50 @@ class ObjectStore(Store):
         if view.nbytes != r.nbytes:  # a body cut short (or padded) on the way: retried
             raise ShortResponse(f"expected {r.nbytes} bytes, received {view.nbytes}")
         return Fetched(i, view, size, result.meta.get("e_tag"))
+
+    def download(self, key: str, fd: int, *, size: int, etag: str | None = None,
+                 progress: Callable[[int], None] | None = None) -> str | None:
+        """One GET of the whole object, its body streamed into ``fd`` in chunks (memory stays
+        bounded by a chunk, not the object), returning the ETag.
+
+        A transient failure mid-body is retried as in :meth:`fetch`, resuming with a ranged GET
+        from the first byte not yet written, with ``If-Match`` on the ETag of the first response,
+        so the file never mixes two versions (a changed object is
+        :class:`~shardkit.errors.ObjectChangedError`). A body longer or shorter than ``size`` is an
+        error, never a file of the wrong length.
+        """
+        check_key(key, where=self.url)
+        what = self.describe(key)
+        _check_fork(self.url)
+        state = {"done": 0, "etag": etag}
+
+        def once() -> None:
+            options: dict[str, Any] = {}
+            if state["done"]:
+                options["range"] = (state["done"], size)
+            if state["etag"] is not None:
+                options["if_match"] = state["etag"]
+            result = self._obs.get(self.inner, key, options=options)
+            total = int(result.meta["size"])
+            if total != size:
+                raise TruncatedShardError(f"{what}: expected {size} bytes, the store says {total}")
+            state["etag"] = state["etag"] or result.meta.get("e_tag")
+            for chunk in result.stream(min_chunk_size=DOWNLOAD_CHUNK_BYTES):
+                view = memoryview(chunk)
+                at = int(state["done"] or 0)
+                if at + view.nbytes > size:
+                    raise ShortResponse(f"received more than the {size} bytes of the object")
+                write_all(fd, view, at)
+                state["done"] = at + view.nbytes
+                self.counters.add(nbytes=view.nbytes)
+                if progress is not None:
+                    progress(view.nbytes)
+            if state["done"] != size:
+                raise ShortResponse(f"expected {size} bytes, received {state['done']}")
+
+        self._call(once, what)
+        tag = state["etag"]
+        return None if tag is None else str(tag)
 
     def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
         what = self.describe(prefix)

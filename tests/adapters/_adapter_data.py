@@ -41,8 +41,13 @@ def decode_keys(images: np.ndarray, layout: str = "NHWC") -> np.ndarray:
     return hi.astype(np.int64) * 256 + lo.astype(np.int64)
 
 
-def write_keyed(path: Path, n: int, records_per_shard: int = 16) -> Path:
-    keys = np.arange(n, dtype=np.int64)
+#: Sizes of the keyed mixture's datasets (their records spell keys 0..45, 46..62).
+MIX_SIZES = (46, 17)
+
+
+def write_keyed(path: Path, n: int, records_per_shard: int = 16, first: int = 0) -> Path:
+    """``n`` keyed records; record ``i`` spells ``first + i`` (a mixture's datasets spell disjoint keys)."""
+    keys = np.arange(first, first + n, dtype=np.int64)
     with DatasetWriter(
         path, kind="test", payload="image", record=FieldSpec(SHAPE, "uint8"),
         fields={"label": FieldSpec((), "int64"), "weight": FieldSpec((2,), "float32")},
@@ -73,3 +78,15 @@ def write_blobs(path: Path, n: int, seed: int, records_per_shard: int = 128) -> 
     ) as w:  # fmt: skip
         w.write({"image": images, "label": labels})
     return images, labels
+
+
+def write_keyed_mixture(root: Path) -> list[Path]:
+    """The datasets of a keyed mixture (sizes :data:`MIX_SIZES`), written once under ``root``."""
+    paths, first = [], 0
+    for i, n in enumerate(MIX_SIZES):
+        p = root / f"mix{i}"
+        if not (p / "zarr.json").exists():
+            write_keyed(p, n, records_per_shard=8, first=first)
+        paths.append(p)
+        first += n
+    return paths

@@ -95,9 +95,44 @@ def test_input_pipelines_are_sampler_consumers(observed: dict) -> None:
         np.testing.assert_array_equal(keys, want)
 
 
+def test_locality_keeps_every_global_batch(observed: dict) -> None:
+    """Two input pipelines with locality (each its own node): every step's union is the epoch order's
+    slice, each pipeline gives 4 records per batch, and the split differs from the plain slicing."""
+    local = observed["local_pipelines"]
+    moved = False
+    for epoch in range(2):
+        pi = epoch_permutation(SEED, epoch, N_KEYED)
+        a, b = local[0][epoch], local[1][epoch]
+        assert len(a) == len(b) == N_KEYED // 8
+        for g, (x, y) in enumerate(zip(a, b)):
+            assert len(x) == len(y) == 4
+            np.testing.assert_array_equal(np.sort(x + y), np.sort(pi[8 * g : 8 * g + 8]))
+            moved |= x != list(pi[8 * g : 8 * g + 4])
+    assert moved
+
+
 def test_training_matches_in_memory_shuffle(observed: dict) -> None:
     """Tolerance: 0.03 absolute accuracy on 2000 held-out records (blobs' Bayes accuracy about
     0.85); the reference is tf.data's own full-size shuffle buffer over the same records."""
     acc = observed["acc"]
     assert acc["theirs"] > 0.75, acc
     assert abs(acc["ours"] - acc["theirs"]) <= 0.03, acc
+
+
+def test_a_mixture_is_a_dataset_source(observed: dict, keyed_mixture: list[Path]) -> None:
+    """make_tf_dataset(shardkit.mix(...)): elements carry the dataset index, the key in that dataset
+    and its record, in the mixture's order with its exact counts."""
+    from _adapter_data import MIX_SIZES
+
+    import shardkit
+
+    assert observed["mixture_spec"]["dataset"] == [[None], "int64"]
+    batches = observed["mixture"]
+    ds = np.concatenate([b["dataset"] for b in batches])
+    keys = np.concatenate([b["key"] for b in batches])
+    plan = shardkit.mix(list(zip(keyed_mixture, [3, 1])), epoch_size=40).plan(SEED)
+    np.testing.assert_array_equal(np.stack([ds, keys], 1), plan.pairs(0))
+    first = np.array([0, MIX_SIZES[0]])
+    for b in batches:
+        g = first[np.asarray(b["dataset"])] + np.asarray(b["key"])
+        np.testing.assert_array_equal(decode_keys(np.asarray(b["image"], dtype=np.uint8)), g)

@@ -309,3 +309,30 @@ def test_training_matches_in_memory_shuffle(blob_train) -> None:
     acc_ours, acc_theirs = _accuracy(ours, test_images, test_labels), _accuracy(theirs, test_images, test_labels)
     assert acc_theirs > 0.85, acc_theirs  # the task is learnable at all
     assert abs(acc_ours - acc_theirs) <= 0.03, (acc_ours, acc_theirs)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_mixture_is_a_dataset_source(keyed_mixture: list[Path], workers: int) -> None:
+    """ShardIterableDataset(shardkit.mix(...)) with DataLoader workers: batches carry ``dataset`` and
+    the record's key in it; the workers' slices, in order, are the mixture's epoch; a resumed
+    dataset with another worker count continues the same order."""
+    from _adapter_data import MIX_SIZES
+
+    import shardkit
+
+    m = shardkit.mix(list(zip(keyed_mixture, [3, 1])), epoch_size=50)
+    plan = m.plan(SEED)
+    first = np.array([0, MIX_SIZES[0]])
+    ds = ShardIterableDataset(m, batch_size=4, seed=SEED, num_workers=workers)
+    assert len(ds) == 13
+    got = []
+    for batch in ds.loader(num_workers=workers):
+        d, k = batch["dataset"].numpy(), batch["key"].numpy()
+        np.testing.assert_array_equal(decode_keys(batch["image"].numpy()), first[d] + k)
+        got.append(np.stack([d, k], 1))
+    np.testing.assert_array_equal(np.concatenate(got), plan.pairs(0))
+    state = ds.state_dict_after(6, epoch=1)
+    resumed = ShardIterableDataset(m, batch_size=4, seed=SEED, num_workers=0)
+    resumed.load_state_dict(state)
+    rest = [np.stack([b["dataset"].numpy(), b["key"].numpy()], 1) for b in resumed.loader(num_workers=0)]
+    np.testing.assert_array_equal(np.concatenate(rest), plan.pairs(1)[24:])

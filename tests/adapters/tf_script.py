@@ -15,8 +15,9 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
 import numpy as np
 import tensorflow as tf
-from _adapter_data import blobs
+from _adapter_data import blobs, write_keyed_mixture
 
+import shardkit
 from shardkit.adapters.tf import make_tf_dataset
 
 cpu = tf.config.list_physical_devices("CPU")[0]
@@ -75,6 +76,24 @@ def main() -> None:
         pipelines.append([int(k) for b in make_tf_dataset(keyed, global_batch_size=8, input_context=ctx, seed=seed)
                           for k in b["key"].numpy()])  # fmt: skip
     res["pipelines"] = pipelines
+
+    # A mixture (weights 3:1, 40 records per epoch): its spec and one epoch of (dataset, key, image).
+    from pathlib import Path
+
+    m = shardkit.mix(list(zip(write_keyed_mixture(Path(out).parent), [3, 1])), epoch_size=40)
+    mds = make_tf_dataset(m, batch_size=8, seed=seed)
+    res["mixture_spec"] = spec_of(mds)
+    res["mixture"] = [{k: b[k].numpy().tolist() for k in ("dataset", "key", "image")} for b in mds]
+
+    # locality: two input pipelines are two nodes (nodes defaults to num_input_pipelines); two
+    # iterations (Keras epochs) of each, batches kept apart.
+    local = []
+    for i in range(2):
+        ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=i, num_replicas_in_sync=2)
+        ds_i = make_tf_dataset(keyed, global_batch_size=8, input_context=ctx, seed=seed, locality=True,
+                               static_cache="30records", drop_last=True)  # fmt: skip
+        local.append([[b["key"].numpy().tolist() for b in ds_i] for _ in range(2)])
+    res["local_pipelines"] = local
 
     # Training: shardkit dataset vs tf.data's own full in-memory shuffle, same model and seeds.
     images, labels = blobs(1200, seed=1)

@@ -10,11 +10,15 @@ A *step* is one call that changes something inside the output directory: ``mkdir
 ``fsync`` and ``ftruncate``. The hooked child counts the steps it performs and sends itself SIGKILL
 right after step ``k``: no timing is involved, so every instant between two steps is reached.
 
-SPEC_JSON: ``{"src": ..., "out": ..., "kwargs": {...}, "double": [j, ...], "every": n}``. For every
-``k`` (every ``n``-th with ``every``), the child is killed at step ``k``, then the same conversion
-runs again (and, for each ``j`` of ``double``, that re-run is itself killed at its step ``j`` first).
-Prints one JSON object: the uninterrupted run's step count and digest, and per ``k`` the digest
-after the re-run(s).
+SPEC_JSON: ``{"src": ..., "out": ..., "kwargs": {...}, "double": [j, ...], "every": n, "executor": e,
+"base": dir}``. For every ``k`` (every ``n``-th with ``every``), the child is killed at step ``k``, then
+the same conversion runs again (and, for each ``j`` of ``double``, that re-run is itself killed at its
+step ``j`` first). ``executor`` runs the conversion in parts: ``"inline"`` (parts converted in the
+killed process itself) or ``"threads:N"``; ``base`` is a dataset copied to ``out`` before every run
+(the conversion appends to it). Prints one JSON object: the uninterrupted run's step count and
+digest, and per ``k`` the digest after the re-run(s), how many parts were finished when the kill
+came (their manifests), whether the commit had already published the root document, and how many
+parts the final run converted.
 """
 
 from __future__ import annotations
@@ -107,6 +111,19 @@ def install_hooks(out: Path, kill_at: int | None, count_file: Path | None) -> No
     io.open = py_open
 
 
+def inject(spec: dict[str, Any], timeout: float = 3000) -> dict[str, Any]:
+    """Run this module on ``spec`` in a fresh interpreter (see the module docstring) and return its report."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-m", "tests.converters.fault_injection", json.dumps(spec)],
+                          cwd=repo, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": str(repo)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result: dict[str, Any] = json.loads(proc.stdout)
+    return result
+
+
 def digest(out: Path) -> dict[str, str]:
     """Every entry under ``out``: relative path -> sha256 of a file's bytes, or ``"dir"``."""
     result: dict[str, str] = {}
@@ -118,8 +135,27 @@ def digest(out: Path) -> dict[str, str]:
     return result
 
 
+def _executor(name: str | None) -> Any:
+    if name is None:
+        return None
+    if name == "inline":
+        from shardkit.converters.executors import InlineExecutor
+
+        return InlineExecutor()
+    kind, _, n = name.partition(":")
+    if kind == "threads":
+        from concurrent.futures import ThreadPoolExecutor
+
+        return ThreadPoolExecutor(int(n))
+    raise ValueError(f"unknown executor {name!r}")
+
+
+#: Parts converted by the last run that finished ("ok"), read by :func:`main`.
+_LAST: dict[str, int] = {}
+
+
 def run(src: str, out: Path, kwargs: dict[str, Any], kill_at: int | None = None,
-        count_file: Path | None = None) -> str:
+        count_file: Path | None = None, executor: str | None = None) -> str:
     """Convert in a forked child; ``"killed"``, ``"ok"`` or ``"error: ..."``."""
     rd, wr = os.pipe()
     pid = os.fork()
@@ -128,7 +164,8 @@ def run(src: str, out: Path, kwargs: dict[str, Any], kill_at: int | None = None,
         code, message = 0, b""
         try:
             install_hooks(out, kill_at, count_file)
-            shardkit.convert(src, out, **kwargs)
+            summary = shardkit.convert(src, out, **kwargs, **({"executor": _executor(executor)} if executor else {}))
+            message = json.dumps({"parts_converted": summary.parts_converted}).encode()
         except BaseException as exc:
             code, message = 3, f"{type(exc).__name__}: {exc}".encode()
         os.write(wr, message)
@@ -139,31 +176,52 @@ def run(src: str, out: Path, kwargs: dict[str, Any], kill_at: int | None = None,
     _, status = os.waitpid(pid, 0)
     if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL:
         return "killed"
-    return "ok" if os.waitstatus_to_exitcode(status) == 0 else f"error: {message}"
+    if os.waitstatus_to_exitcode(status) == 0:
+        _LAST.clear()
+        _LAST.update(json.loads(message))
+        return "ok"
+    return f"error: {message}"
+
+
+def finished_parts(out: Path) -> int:
+    """Parts of an unfinished conversion in parts whose manifest is written."""
+    return len(list(out.glob(".shardkit-parts/*/p[0-9][0-9][0-9][0-9][0-9][0-9].json")))
+
+
+def _fresh(out: Path, base: str | None) -> None:
+    shutil.rmtree(out, ignore_errors=True)
+    if base is not None:
+        shutil.copytree(base, out, symlinks=True)
 
 
 def main(spec: dict[str, Any]) -> dict[str, Any]:
     src, out, kwargs = spec["src"], Path(spec["out"]), spec["kwargs"]
+    executor, base = spec.get("executor"), spec.get("base")
     counter = out.with_name(out.name + ".steps")
     ref = out.with_name(out.name + ".ref")
-    status = run(src, ref, kwargs, None, counter)
+    _fresh(ref, base)
+    status = run(src, ref, kwargs, None, counter, executor)
     total = int(counter.read_text())
     reference = digest(ref)
+    parts = _LAST.get("parts_converted", 0)
     shutil.rmtree(ref)
     runs = []
     for k in range(1, total + 1, int(spec.get("every", 1))):
-        shutil.rmtree(out, ignore_errors=True)
-        first = run(src, out, kwargs, kill_at=k)
-        second = [run(src, out, kwargs, kill_at=j) for j in spec.get("double", [])]
-        final = run(src, out, kwargs)
+        _fresh(out, base)
+        first = run(src, out, kwargs, kill_at=k, executor=executor)
+        done_before = finished_parts(out)
+        committed = digest(out).get("zarr.json") == reference.get("zarr.json")
+        second = [run(src, out, kwargs, kill_at=j, executor=executor) for j in spec.get("double", [])]
+        final = run(src, out, kwargs, executor=executor)
         got = digest(out)
         runs.append({
             "k": k, "first": first, "double": second, "final": final,
-            "same": got == reference,
+            "same": got == reference, "parts_done_before": done_before, "committed_before": committed,
+            "parts_converted": _LAST.get("parts_converted", 0) if final == "ok" else None,
             "differs": sorted(p for p in set(got) | set(reference) if got.get(p) != reference.get(p))[:10],
         })
     shutil.rmtree(out, ignore_errors=True)
-    return {"reference": status, "steps": total, "files": len(reference), "runs": runs}
+    return {"reference": status, "steps": total, "files": len(reference), "parts": parts, "runs": runs}
 
 
 if __name__ == "__main__":

@@ -3,7 +3,6 @@ directory, refusing to mix conversions."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import stat
@@ -19,6 +18,7 @@ from shardkit.converters.staging import STAGING_DIR, Staging, clear_output
 from shardkit.errors import ConversionError, IncompleteDatasetError
 from shardkit.formats import FieldSpec, open_dataset, verify
 from tests.converters.corpora import interrupt_after, make_imagefolder
+from tests.converters.fault_injection import inject
 
 REPO = Path(__file__).resolve().parents[2]
 DATASETS = REPO / "datasets"
@@ -38,11 +38,7 @@ def _real_subset(root: Path, per_class: int) -> Path:
 
 
 def _inject(spec: dict) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "tests.converters.fault_injection", json.dumps(spec)],
-                          cwd=REPO, capture_output=True, text=True, timeout=1200,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout)
+    return inject(spec, timeout=1200)
 
 
 def _assert_all_resumed(report: dict, min_steps: int) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from shardkit.errors import ChecksumError, NotADatasetError
 from shardkit.formats import DatasetWriter, FieldSpec, open_dataset, verify
-from shardkit.formats import fields as fields_module
+from shardkit.formats import checksums as checksums_module
 from shardkit.formats.checksums import attributes_crc32c
 from shardkit.formats.fields import read_field_rows
 from shardkit.formats.provenance import ENDS_ARRAY, NAMES_ARRAY, PROVENANCE_FIELD, ProvenanceSpec
@@ -60,13 +60,13 @@ def test_a_lookup_reads_only_the_chunks_it_needs(tmp_path: Path, monkeypatch: py
     path = _write(tmp_path / "ds")
     with open_dataset(path) as ds:
         read: list[str] = []
-        real = fields_module.read_verified
+        real = checksums_module.read_verified  # every local read of a dataset file (versioned reads too)
 
         def spy(p, digest, **kw):
             read.append(Path(p).relative_to(path).as_posix())
             return real(p, digest, **kw)
 
-        monkeypatch.setattr(fields_module, "read_verified", spy)
+        monkeypatch.setattr(checksums_module, "read_verified", spy)
         ds.source(22)
     chunks = [p for p in read if not p.endswith(ZARR_JSON)]
     assert chunks == [f"{PROVENANCE_FIELD}/c/3/0", f"{ENDS_ARRAY}/c/0", f"{NAMES_ARRAY}/c/0"]

@@ -216,13 +216,13 @@ def test_other_write_errors_also_leave_no_partial(tmp_path: Path, monkeypatch) -
 
 def test_field_chunks_stay_within_the_readers_decode_bound(tmp_path: Path) -> None:
     from shardkit.formats.spec import MAX_FIELD_CHUNK_NBYTES
-    from shardkit.formats.writer import _field_chunk_for
+    from shardkit.formats.writer import field_chunk_for
 
     wide = {"a": FieldSpec((2**20,), "int64"), "b": FieldSpec((), "int64")}  # 8 MiB records of field a
-    assert _field_chunk_for(wide, 65536) == MAX_FIELD_CHUNK_NBYTES // 2**23 == 128
-    assert _field_chunk_for({"b": FieldSpec((), "int64")}, 1000) == 1000
+    assert field_chunk_for(wide, 65536) == MAX_FIELD_CHUNK_NBYTES // 2**23 == 128
+    assert field_chunk_for({"b": FieldSpec((), "int64")}, 1000) == 1000
     with pytest.raises(errors.SchemaError, match="field_chunk must be positive"):
-        _field_chunk_for(wide, 0)
+        field_chunk_for(wide, 0)
     recs = make_records(9, (4, 4))
     with DatasetWriter(tmp_path / "ds", kind="test", payload="image", record=REC, field_chunk=4,
                        fields={"label": FieldSpec((), "int64")}) as w:

@@ -25,8 +25,11 @@ def encode(keys: np.ndarray, shape: tuple[int, ...] = (4, 4, 1)) -> np.ndarray:
     return rec.reshape(keys.size, *shape)
 
 
-def make_dataset(path: Path, n: int, *, records_per_shard: int = 3, shape: tuple[int, ...] = (4, 4, 1)) -> Path:
-    keys = np.arange(n, dtype=np.int64)
+def make_dataset(
+    path: Path, n: int, *, records_per_shard: int = 3, shape: tuple[int, ...] = (4, 4, 1), first: int = 0
+) -> Path:
+    """``n`` records; record ``i`` encodes ``first + i`` (a mixture's datasets get disjoint codes)."""
+    keys = np.arange(first, first + n, dtype=np.int64)
     with DatasetWriter(
         path,
         kind="test",

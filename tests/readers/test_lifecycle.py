@@ -18,12 +18,15 @@ import pytest
 
 from shardkit.errors import ConfigError, OutOfSpaceError, SamplerError
 from shardkit.readers import TieredSampler
+from shardkit.readers.scratch import SLOT_PREFIX
 from shardkit.readers.ssd import PREFIX, SsdSpace, remove_stale
 from tests.readers.conftest import check_batch, collect, make_dataset
 
 
 def _sampler_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("shardkit-")]
+    """The sampler's threads; not the object stores' one event-loop thread, which lives for the process
+    once any test of this process used an object store (shardkit/stores/objectstore.py)."""
+    return [t for t in threading.enumerate() if t.name.startswith("shardkit-") and t.name != "shardkit-store-io"]
 
 
 def _wait_clean(ssd_dir: Path, timeout: float = 5.0) -> None:
@@ -46,7 +49,7 @@ def test_break_then_gc(tmp_path: Path, ssd_dir: Path) -> None:
         check_batch(batch)
         if i == 0:
             assert len(list(ssd_dir.glob(PREFIX + "*"))) == 1
-            assert len(_sampler_threads()) == 3
+            assert len(_sampler_threads()) == 4  # SSD creator and its writer, RAM creator, batch creator
         if i == 5:
             break
     gc.collect()
@@ -128,16 +131,16 @@ def test_stale_dir_removed_live_dir_kept(ssd_dir: Path) -> None:
 
 def test_enospc_surfaces_as_out_of_space(tmp_path: Path, ssd_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     s = _make(tmp_path, ssd_dir)
-    real_write = os.write
+    real_write = os.pwrite
     calls = {"n": 0}
 
-    def full_disk(fd: int, data: object) -> int:
+    def full_disk(fd: int, data: object, offset: int) -> int:
         calls["n"] += 1
         if calls["n"] > 3:  # the first reservoir gets written, then the disk is full
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real_write(fd, data)  # type: ignore[arg-type]
+        return real_write(fd, data, offset)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(os, "write", full_disk)
+    monkeypatch.setattr(os, "pwrite", full_disk)
     with pytest.raises(OutOfSpaceError):
         for batch in s:
             check_batch(batch)  # batches before the failure are intact
@@ -217,13 +220,8 @@ def _settled_modes(root: Path, timeout: float = 20.0) -> dict[Path, tuple[bool, 
 
 
 def test_ssd_tier_is_private(tmp_path: Path, ssd_dir: Path) -> None:
-    """The run directory is 0700 from the moment it exists; every reservoir directory and file in it
-    is 0700 / 0600 once written, whatever the umask.
-
-    A reservoir that is still being written has the dataset writer's default modes inside the
-    0700 run directory (no other user can reach it); the check runs when the creators are blocked
-    (the consumer stopped asking), so every reservoir present is complete.
-    """
+    """The run directory is 0700 from the moment it exists, and the reservoir files in it are 0600
+    from the moment they exist, whatever the umask (sampled while reservoirs are being written)."""
     old = os.umask(0)  # the most permissive umask: nothing may rely on it
     try:
         space = SsdSpace(ssd_dir)
@@ -232,17 +230,18 @@ def test_ssd_tier_is_private(tmp_path: Path, ssd_dir: Path) -> None:
         space.close()
         s = _make(tmp_path, ssd_dir)
         it = iter(s)
-        for _ in range(5):
+        seen: dict[Path, tuple[bool, int]] = {}
+        for _ in range(40):  # several reservoirs, modes sampled while they are written
             check_batch(next(it))
-        (run,) = ssd_dir.glob(PREFIX + "*")
-        modes = _settled_modes(run)
+            (run,) = ssd_dir.glob(PREFIX + "*")
+            seen.update(_modes(run))
+        seen.update(_settled_modes(run))
     finally:
         os.umask(old)
     s.close()
-    dirs = {p: m for p, (is_dir, m) in modes.items() if is_dir}
-    files = {p: m for p, (is_dir, m) in modes.items() if not is_dir}
-    assert any(p.name.startswith("reservoir-") for p in dirs)  # reservoirs were on disk
-    assert any("reservoir-" in str(p) and p.name == "zarr.json" for p in files)
+    dirs = {p: m for p, (is_dir, m) in seen.items() if is_dir}
+    files = {p: m for p, (is_dir, m) in seen.items() if not is_dir}
+    assert sorted(p.name for p in files) == ["lock", f"{SLOT_PREFIX}0", f"{SLOT_PREFIX}1"]  # reservoirs were on disk
     assert set(dirs.values()) == {0o700}, {str(p): oct(m) for p, m in dirs.items()}
     assert set(files.values()) == {0o600}, {str(p): oct(m) for p, m in files.items()}
     _wait_clean(ssd_dir)

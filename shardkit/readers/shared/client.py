@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,7 @@ from shardkit.readers.shared.protocol import (
 )
 from shardkit.readers.shared.ring import Ring, RingLayout
 from shardkit.readers.shared.rundir import RunDir, check_name, run_dir_path
+from shardkit.readers.sources import MixedDataset, Mixture, mix
 from shardkit.readers.stats import SamplerStats
 from shardkit.readers.stopping import POLL_SECONDS, Stopped, put
 from shardkit.stores import Location, as_location, location_string
@@ -131,7 +132,9 @@ class SharedSampler:
     epochs
         Whole server epochs per iteration; the first is the next one that starts after attaching.
     dataset
-        Optional dataset path: the server must serve exactly this dataset (fingerprint check).
+        Optional dataset path (or :class:`~shardkit.readers.sources.Mixture`): the server must serve
+        exactly this dataset or mixture (fingerprint check). A server that serves a mixture gives
+        every batch the mixture's ``dataset`` entry, and ``key`` is the record's key in its dataset.
     base_dir
         Where the server's run directory lives (default: ``/dev/shm`` or the temp dir).
     connect_timeout
@@ -163,7 +166,7 @@ class SharedSampler:
         job_seed: int | None = None,
         batch_size: int = 256,
         epochs: int | None = 1,
-        dataset: Location | None = None,
+        dataset: Location | Mixture | None = None,
         base_dir: str | os.PathLike[str] | None = None,
         connect_timeout: float = 10.0,
         rank: int = 0,
@@ -195,21 +198,38 @@ class SharedSampler:
         run, info = _open_server(self.name, base_dir, self.connect_timeout)
         run.close()
         self.path: Path | str = as_location(info.dataset)
-        if dataset is not None and dataset_fingerprint(dataset) != info.fingerprint:
-            raise SamplerError(
-                f"server {self.name!r} (pid {info.pid}) serves {info.dataset}, not {location_string(dataset)} "
-                f"(dataset fingerprints differ); refusing to attach"
-            )
         self._info = info
         #: The server's lease: this job heartbeats every quarter of it, and gives up on a server
         #: silent for that long.
         self.lease_seconds = info.lease_seconds
+        #: The mixture the server serves (``None``: one dataset); batches then carry ``dataset``.
+        self.mixture: Mixture | None = None
+        self._local_keys: Callable[[np.ndarray], np.ndarray] | None = None
+        if info.mixture is not None:
+            self._open_mixture(info, dataset)
+        else:
+            self._open_dataset(info, dataset)
+        self._layout = RingLayout(info.slots, info.slot_records, *self._record)
+        self.stats = SamplerStats()
+        self._epoch: int | None = None
+        self._run_ref: weakref.ref[_SharedRun] | None = None
+
+    def _refuse(self, info: ServerInfo, dataset: Location | Mixture) -> SamplerError:
+        what = dataset if isinstance(dataset, Mixture) else location_string(dataset)
+        return SamplerError(
+            f"server {self.name!r} (pid {info.pid}) serves {info.dataset if info.mixture is None else 'a mixture'}, "
+            f"not {what} (fingerprints differ); refusing to attach"
+        )
+
+    def _open_dataset(self, info: ServerInfo, dataset: Location | Mixture | None) -> None:
+        if isinstance(dataset, Mixture) or (dataset is not None and dataset_fingerprint(dataset) != info.fingerprint):
+            raise self._refuse(info, dataset)
         ds = Dataset(self.path)
         try:
             self.num_records = ds.num_records
             self.record_nbytes = ds.record_nbytes
             self.payload_name = ds.payload_name
-            self.fields = ds.fields
+            self.fields: dict[str, Any] = dict(ds.fields)
             self._record = (tuple(ds.meta.record.shape), np.dtype(ds.meta.record.dtype))
         finally:
             ds.close()
@@ -217,10 +237,26 @@ class SharedSampler:
                 or self.record_nbytes != info.record_nbytes):
             raise SamplerError(f"{self.path}: the dataset changed since server {self.name!r} (pid {info.pid}) started; "
                                f"restart the server")
-        self._layout = RingLayout(info.slots, info.slot_records, *self._record)
-        self.stats = SamplerStats()
-        self._epoch: int | None = None
-        self._run_ref: weakref.ref[_SharedRun] | None = None
+
+    def _open_mixture(self, info: ServerInfo, dataset: Location | Mixture | None) -> None:
+        """The served mixture's fields (gathered by global key) and its dataset index; the mixture is
+        rebuilt from ``info.json`` and must have the server's fingerprint."""
+        assert info.mixture is not None
+        mi = info.mixture
+        m = mix(list(zip(mi.datasets, mi.weights)), epoch_size=mi.epoch_size, seed=info.seed)
+        if dataset is not None and (not isinstance(dataset, Mixture) or dataset.fingerprint() != info.fingerprint):
+            raise self._refuse(info, dataset)
+        if m.fingerprint() != info.fingerprint or m.epoch_size != info.num_records or m.record.nbytes != info.record_nbytes:
+            raise SamplerError(f"{self.path}: a dataset of the mixture changed since server {self.name!r} (pid {info.pid}) "
+                               f"started; restart the server")
+        with MixedDataset(m) as md:
+            self.fields = dict(md.fields)
+            self._local_keys = md.local_keys
+        self.mixture = m
+        self.num_records = m.epoch_size
+        self.record_nbytes = m.record.nbytes
+        self.payload_name = m.payload_name
+        self._record = (tuple(m.record.shape), np.dtype(m.record.dtype))
 
     @property
     def epoch(self) -> int | None:
@@ -480,7 +516,10 @@ class _Link:
         if filled == 0:
             return None
         payload = out if filled == b else out[:filled].copy()
-        return ("batch", assemble_batch(s.payload_name, payload, s.fields, keys[:filled]), epoch)
+        batch = assemble_batch(s.payload_name, payload, s.fields, keys[:filled])
+        if s._local_keys is not None:
+            batch["key"] = s._local_keys(batch["key"])  # a mixture's global key -> the record's key in its dataset
+        return ("batch", batch, epoch)
 
     def close(self) -> None:
         """Say goodbye, stop the threads, unmap the ring (idempotent)."""

@@ -58,12 +58,14 @@ __all__ = [
     "Channel",
     "PeerClosed",
     "ServerInfo",
+    "MixtureInfo",
     "MAX_INFO_BYTES",
     "dataset_fingerprint",
 ]
 
-#: Bumped whenever a message or ``info.json`` changes meaning; both sides refuse any other.
-PROTOCOL_VERSION = 2
+#: Bumped whenever a message or ``info.json`` changes meaning; both sides refuse any other. Version 3:
+#: ``info.json`` describes a mixture (``mixture``: its datasets, weights and epoch size).
+PROTOCOL_VERSION = 3
 MAGIC = b"SKSV"
 HEADER = struct.Struct("<4sHHI")
 #: Largest body any message may have (a :class:`Refused` reason); checked before reading it.
@@ -368,6 +370,38 @@ def dataset_fingerprint(path: Location) -> str:
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _MAX_SLOTS = 1 << 16
 _MAX_RECORDS = 1 << 48
+#: A weight as ``info.json`` spells it: an exact positive rational ``p`` or ``p/q``.
+_WEIGHT = re.compile(r"[1-9][0-9]{0,30}(/[1-9][0-9]{0,30})?")
+
+
+#: Most datasets a served mixture may name (bounds ``info.json`` parsing).
+MAX_MIXTURE_DATASETS = 256
+
+
+@dataclass(frozen=True)
+class MixtureInfo:
+    """The mixture a server serves, as ``info.json`` states it (see :class:`ServerInfo`)."""
+
+    datasets: tuple[str, ...]
+    weights: tuple[str, ...]
+    epoch_size: int
+
+    @classmethod
+    def parse(cls, doc: object, source: str) -> MixtureInfo:
+        """Validate the ``mixture`` object of ``info.json``; ProtocolError naming ``source``."""
+        if not isinstance(doc, dict) or set(doc) != {"datasets", "weights", "epoch_size"}:
+            raise ProtocolError(f"{source}: mixture: expected an object with datasets, weights, epoch_size, found {doc!r}")
+        datasets, weights, size = doc["datasets"], doc["weights"], doc["epoch_size"]
+        if not (isinstance(datasets, list) and 0 < len(datasets) <= MAX_MIXTURE_DATASETS
+                and all(isinstance(d, str) and 0 < len(d) <= 4096 and "\0" not in d
+                        and (PurePosixPath(d).is_absolute() or is_url(d)) for d in datasets)):
+            raise ProtocolError(f"{source}: mixture.datasets: expected 1-{MAX_MIXTURE_DATASETS} absolute paths or URLs")
+        if not (isinstance(weights, list) and len(weights) == len(datasets)
+                and all(isinstance(w, str) and _WEIGHT.fullmatch(w) for w in weights)):
+            raise ProtocolError(f"{source}: mixture.weights: expected one weight per dataset such as '3' or '1/3'")
+        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= _MAX_RECORDS:
+            raise ProtocolError(f"{source}: mixture.epoch_size: expected an integer in [1, {_MAX_RECORDS}], found {size!r}")
+        return cls(tuple(datasets), tuple(weights), size)
 
 
 @dataclass(frozen=True)
@@ -393,9 +427,17 @@ class ServerInfo:
     tiers: tuple[str, ...]
     lease_seconds: float
     started: float
+    #: A mixture's datasets (absolute paths), weights (exact, as text such as ``"3"`` or ``"1/3"``) and
+    #: epoch size; ``None`` when the server serves one dataset. ``num_records`` is then the epoch size,
+    #: ``dataset`` the first dataset and ``fingerprint`` :func:`shardkit.readers.sources.mixture_fingerprint`.
+    mixture: MixtureInfo | None = None
 
     def to_json(self) -> bytes:
-        return json.dumps({**asdict(self), "tiers": list(self.tiers)}, indent=1).encode()
+        doc = {**asdict(self), "tiers": list(self.tiers)}
+        if self.mixture is not None:
+            doc["mixture"] = {**asdict(self.mixture), "datasets": list(self.mixture.datasets),
+                              "weights": list(self.mixture.weights)}
+        return json.dumps(doc, indent=1).encode()
 
     @classmethod
     def from_json(cls, raw: bytes, *, source: str) -> ServerInfo:
@@ -438,10 +480,11 @@ class ServerInfo:
         if not (isinstance(tiers, list) and tiers and all(t in ("ssd", "ram") for t in tiers) and len(set(tiers)) == len(tiers)):
             raise ProtocolError(f"{source}: tiers: expected a list drawn from 'ssd', 'ram', found {tiers!r}")
         num_records = num("num_records", 0, _MAX_RECORDS)
+        mixture = None if doc["mixture"] is None else MixtureInfo.parse(doc["mixture"], source)
         return cls(
             version=version, name=name, pid=num("pid", 1, (1 << 31) - 1), dataset=dataset, fingerprint=fingerprint,
             slots=num("slots", 2, _MAX_SLOTS), slot_records=num("slot_records", 1, max(1, num_records)),
             seed=num("seed", 0, (1 << 64) - 1), num_records=num_records,
             record_nbytes=num("record_nbytes", 1, 1 << 40), tiers=tuple(tiers),
-            lease_seconds=real("lease_seconds", True), started=real("started", False),
+            lease_seconds=real("lease_seconds", True), started=real("started", False), mixture=mixture,
         )  # fmt: skip

@@ -26,8 +26,10 @@ from typing import Any
 import numpy as np
 
 from shardkit.errors import ConfigError, PeerTimeoutError, ProtocolError, SamplerError, ShardkitError
-from shardkit.formats import Dataset
+from shardkit.formats import Dataset, PayloadArray
 from shardkit.readers.config import DEFAULTS, SamplerOptions, Source, option_name
+from shardkit.readers.mixture import MixturePlan
+from shardkit.readers.scratch import ReservoirSlots
 from shardkit.readers.shared.order import blocks, partition
 from shardkit.readers.shared.protocol import (
     MAX_INFO_BYTES,
@@ -39,6 +41,7 @@ from shardkit.readers.shared.protocol import (
     Done,
     Hello,
     Message,
+    MixtureInfo,
     PeerClosed,
     Refused,
     Release,
@@ -50,7 +53,8 @@ from shardkit.readers.shared.protocol import (
 )
 from shardkit.readers.shared.ring import Ring, RingLayout
 from shardkit.readers.shared.rundir import RunDir, check_name, run_dir_path
-from shardkit.readers.ssd import SsdSpace, write_reservoir
+from shardkit.readers.sources import MixedDataset, Mixture
+from shardkit.readers.ssd import READ_CHUNK_BYTES, SsdSpace
 from shardkit.readers.stats import SamplerStats
 from shardkit.readers.stopping import Stopped
 from shardkit.stores import Location, as_location
@@ -157,7 +161,11 @@ class TierServer:
     Parameters
     ----------
     dataset
-        Dataset directory (the disk tier).
+        Dataset directory (the disk tier), or a :class:`~shardkit.readers.sources.Mixture`: the
+        server then reads the mixture's order (exact per-epoch counts, walks, a uniform arrangement;
+        :mod:`shardkit.readers.mixture`) seeded with the mixture's seed or ``seed``, and every job's
+        permutation inside each published block keeps the arrangement uniform, as it does for one
+        dataset's partition.
     name
         The name jobs attach to (``[A-Za-z0-9_-]``, at most 64 characters).
     tiers
@@ -194,7 +202,7 @@ class TierServer:
     handshake_seconds = 10.0
 
     def __init__(
-        self, dataset: Location, *, name: str, options: ServeOptions | None = None, **values: Any
+        self, dataset: Location | Mixture, *, name: str, options: ServeOptions | None = None, **values: Any
     ) -> None:
         self.name = check_name(name)
         if options is None:
@@ -203,17 +211,32 @@ class TierServer:
             ServeOptions.parse(source=options.source, **values)  # unknown names are refused as such
             options = replace(options, **values)
         self.options = o = options
-        self.path: Path | str = as_location(dataset, resolve=True)
+        self.path: Path | str
         self.tiers, self.seed, self.slots, self.epochs = o.tiers, o.seed, o.slots, o.epochs
         self.lease_seconds = o.lease_seconds
-        ds = Dataset(self.path, gap_bytes=o.gap_bytes)  # a missing or broken dataset fails here, clearly
-        self.fingerprint = dataset_fingerprint(self.path)
-        try:
-            self.num_records = ds.num_records
-            self.record_nbytes = rec = ds.record_nbytes
-            record = (tuple(ds.meta.record.shape), np.dtype(ds.meta.record.dtype))
-        finally:
-            ds.close()
+        #: The mixture served (``None``: one dataset); see :mod:`shardkit.readers.sources`.
+        self.mixture: Mixture | None = None
+        self._plan: MixturePlan | None = None
+        if isinstance(dataset, Mixture):
+            m = self.mixture = dataset.resolved()
+            self.path = m.paths[0]
+            if m.seed is not None:
+                self.seed = m.seed  # the mixture's own seed defines its order
+            self._plan = m.plan(self.seed)
+            self.fingerprint = m.fingerprint()
+            self.num_records = m.epoch_size
+            self.record_nbytes = rec = m.record.nbytes
+            record = (tuple(m.record.shape), np.dtype(m.record.dtype))
+        else:
+            self.path = as_location(dataset, resolve=True)
+            ds = Dataset(self.path, gap_bytes=o.gap_bytes)  # a missing or broken dataset fails here, clearly
+            self.fingerprint = dataset_fingerprint(self.path)
+            try:
+                self.num_records = ds.num_records
+                self.record_nbytes = rec = ds.record_nbytes
+                record = (tuple(ds.meta.record.shape), np.dtype(ds.meta.record.dtype))
+            finally:
+                ds.close()
         n = max(1, self.num_records)
         #: K, records per slot (= per published reservoir block).
         self.slot_records = max(1, min(o.ram_size.to_bytes(rec) // (o.slots * rec), n))
@@ -255,7 +278,7 @@ class TierServer:
         self._listener: socket.socket | None = None
         self._threads: list[threading.Thread] = []
         self._space: SsdSpace | None = None
-        self._ssd_written = 0
+        self._slots: ReservoirSlots | None = None
         self._closed = False
 
     # ------------------------------------------------------------------ start / stop
@@ -295,9 +318,14 @@ class TierServer:
         self._token = secrets.token_bytes(TOKEN_BYTES)
         run.write_file("token", self._token.hex().encode())
         self._ring = Ring.create(run, self.layout)
-        self.disk = Dataset(self.path, stats=self.stats.disk, gap_bytes=self.options.gap_bytes)
+        self.disk: Dataset | MixedDataset
+        if self.mixture is not None:
+            self.disk = MixedDataset(self.mixture, stats=self.stats.disk, gap_bytes=self.options.gap_bytes)
+        else:
+            self.disk = Dataset(self.path, stats=self.stats.disk, gap_bytes=self.options.gap_bytes)
         if self.ssd_dir is not None:
             self._space = SsdSpace(self.ssd_dir)
+            self._slots = ReservoirSlots(self._space, self.disk.payload, READ_CHUNK_BYTES)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._listener = listener
         listener.bind(run.address())
@@ -308,15 +336,26 @@ class TierServer:
             version=PROTOCOL_VERSION, name=self.name, pid=os.getpid(), dataset=str(self.path),
             fingerprint=self.fingerprint, slots=self.slots, slot_records=self.slot_records, seed=self.seed,
             num_records=self.num_records, record_nbytes=self.record_nbytes, tiers=self.tiers,
-            lease_seconds=self.lease_seconds, started=time.time(),
+            lease_seconds=self.lease_seconds, started=time.time(), mixture=self._mixture_info(),
         )  # fmt: skip
-        run.write_file("info.json", self.info.to_json())  # last: a job never sees a half-started server
+        doc = self.info.to_json()
+        if len(doc) > MAX_INFO_BYTES:
+            raise ConfigError(f"server {self.name!r}: its info.json would be {len(doc)} bytes, jobs read at most "
+                              f"{MAX_INFO_BYTES}; shorten the dataset paths")
+        run.write_file("info.json", doc)  # last: a job never sees a half-started server
         for target, tname in ((self._accept_loop, "shardkit-serve-accept"), (self._produce, "shardkit-serve-producer")):
             t = threading.Thread(target=target, name=tname, daemon=True)
             t.start()
             self._threads.append(t)
         logger.info("server %s: serving %s (N=%d, %d slots of %d records) at %s", self.name, self.path,
                     self.num_records, self.slots, self.slot_records, self.rundir)
+
+    def _mixture_info(self) -> MixtureInfo | None:
+        m = self.mixture
+        if m is None:
+            return None
+        return MixtureInfo(datasets=tuple(str(p) for p in m.paths), weights=tuple(str(w) for w in m.weights),
+                           epoch_size=m.epoch_size)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the server has served its epochs (or failed); True if it has finished."""
@@ -356,6 +395,8 @@ class TierServer:
         if self._ring is not None:
             self._ring.close()
             self._ring = None
+        if self._slots is not None:
+            self._slots.close()
         if self._space is not None:
             self._space.close()
         if getattr(self, "disk", None) is not None:
@@ -645,48 +686,41 @@ class TierServer:
 
     def _blocks(self, epoch: int) -> Generator[tuple[np.ndarray, Callable[[np.ndarray, np.ndarray], Any]]]:
         """Yield ``(sorted keys, read(keys, out))`` per published block of the epoch, in ``pi`` order."""
-        pi = partition(self.seed, epoch, self.num_records)
+        pi = self._plan.stream(epoch) if self._plan is not None else partition(self.seed, epoch, self.num_records)
         k = self.slot_records
         if self.ssd_block is None:
             payload = self.disk.payload
             for a, b in blocks(pi.size, k):
                 yield np.sort(pi[a:b]), payload.read
             return
-        assert self._space is not None
+        assert self._slots is not None
         outer = blocks(pi.size, self.ssd_block)
         pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="shardkit-serve-ssd")
-        space = self._space
+        slots = self._slots
 
-        def write(a: int, b: int) -> tuple[Path, np.ndarray]:
-            self._ssd_written += 1
-            dest = space.reservoir_path(self._ssd_written)
-            self.stats.add_written(write_reservoir(self.disk, pi[a:b], dest, self._stop))
-            return dest, np.sort(pi[a:b])
+        def write(i: int) -> np.ndarray:
+            """Reservoir ``i`` into slot ``i % 2`` (the other slot is being read meanwhile)."""
+            a, b = outer[i]
+            stored = np.unique(pi[a:b])  # ascending; a mixture's key may repeat in a block
+            self.stats.add_written(slots.write(i % 2, self.disk.payload, stored, self._stop))
+            return stored
 
-        fut = pool.submit(write, *outer[0]) if outer else None
+        fut = pool.submit(write, 0) if outer else None
         try:
             for i, (a, b) in enumerate(outer):
                 assert fut is not None
-                dest, stored = fut.result()
-                fut = pool.submit(write, *outer[i + 1]) if i + 1 < len(outer) else None
-                res = Dataset(dest, stats=self.stats.ssd, gap_bytes=self.options.gap_bytes)
-                try:
-                    for c, d in blocks(b - a, k):
+                stored = fut.result()
+                fut = pool.submit(write, i + 1) if i + 1 < len(outer) else None
+                res = slots.records(i % 2, stored.size, self.stats.ssd, self.options.gap_bytes)
+                for c, d in blocks(b - a, k):
 
-                        def read(keys: np.ndarray, out: np.ndarray, res: Dataset = res, stored: np.ndarray = stored) -> np.ndarray:
-                            return res.payload.read(np.searchsorted(stored, keys), out=out)
+                    def read(keys: np.ndarray, out: np.ndarray, res: PayloadArray = res, stored: np.ndarray = stored) -> np.ndarray:
+                        return res.read(np.searchsorted(stored, keys), out=out)
 
-                        yield np.sort(pi[a + c : a + d]), read
-                finally:
-                    res.close()
-                    space.remove(dest)
+                    yield np.sort(pi[a + c : a + d]), read
         finally:
             if fut is not None:
-                try:
-                    dest, _ = fut.result()
-                    space.remove(dest)
-                except BaseException:
-                    pass
+                concurrent.futures.wait([fut])
             pool.shutdown(wait=True)
 
     def _run_epoch(self, epoch: int) -> bool:
@@ -754,7 +788,7 @@ class _Terminated(SystemExit):
     """SIGTERM received: leave through the normal cleanup path."""
 
 
-def serve(dataset: Location, *, name: str, ready: Callable[[TierServer], Any] | None = None,
+def serve(dataset: Location | Mixture, *, name: str, ready: Callable[[TierServer], Any] | None = None,
           **options: Any) -> TierServer:
     """Run a :class:`TierServer` in the foreground until its epochs are served, SIGTERM or Ctrl-C.
 

@@ -1,0 +1,73 @@
+"""``shardkit profile``: measure data stalls differentially and predict other configurations."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+from shardkit.cli.app import app, echo_err
+from shardkit.errors import ConfigError
+from shardkit.readers import DEFAULTS, SamplerOptions
+from shardkit.units import parse_duration
+
+
+@app.command()
+def profile(
+    path: str = typer.Argument(..., help="Dataset directory or URL (s3://bucket/ds, gs://, az://, http(s)://)."),
+    step_ms: str = typer.Option(
+        None,
+        "--step-ms",
+        help="The training step takes this long (milliseconds, or a duration such as 20ms) without using the "
+        "CPU, like an accelerator. Give this or --step.",
+    ),
+    step: str = typer.Option(None, "--step", help="Your training step as module:function (called with every batch, a dict of arrays)."),
+    tiers: str = typer.Option(",".join(DEFAULTS.tiers), "--tiers", help="Tiers below the consumer: 'ram' or 'ram,ssd'."),
+    ram_size: str = typer.Option(str(DEFAULTS.ram_size), "--ram-size", help="The sampler's RAM budget (see sample)."),
+    ssd_size: str = typer.Option(str(DEFAULTS.ssd_size), "--ssd-size", help="SSD-tier budget (with --tiers ram,ssd)."),
+    ssd_dir: Path = typer.Option(None, "--ssd-dir", help="SSD directory; given without --tiers ram,ssd it is only probed for its rates."),
+    static_cache: str = typer.Option(str(DEFAULTS.static_cache), "--static-cache", help="auto, 0 or a size (see sample)."),
+    batch_size: int = typer.Option(DEFAULTS.batch_size, "--batch-size", help="Records per batch."),
+    epochs: int = typer.Option(2, "--epochs", help="Epochs per phase (the first fills the static cache)."),
+    seed: int = typer.Option(DEFAULTS.seed, "--seed", help="Seed of the epoch orders."),
+    warm: bool = typer.Option(
+        False, "--warm", help="Start the measured runs with the page cache as it is instead of dropping the dataset from it."
+    ),
+    check: bool = typer.Option(
+        False, "--check", help="Also run three other configurations and show their predictions next to what they measure."
+    ),
+    plot_out: Path = typer.Option(
+        None, "--plot", help="Write a PNG of predicted epoch time against the static cache size (needs shardkit[viz])."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the whole profile as JSON instead of the report."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="A progress bar per phase (on stderr)."),
+) -> None:
+    """Measure data stalls (pipeline alone, step alone, both) and predict what more RAM, SSD, cache,
+    workers or bandwidth would buy."""
+    from shardkit.profiling import load_step, plot, profile, report_lines, to_json
+
+    if (step_ms is None) == (step is None):
+        raise ConfigError("give exactly one of --step-ms (a duration) and --step (module:function)")
+    if plot_out is not None and plot_out.suffix.lower() != ".png":
+        raise ConfigError(f"--plot: expected a file name ending in .png, found {str(plot_out)!r}")
+    step_time = None
+    if step_ms is not None:
+        text = step_ms.strip()
+        step_time = parse_duration(f"{text}ms" if text.replace(".", "", 1).isdigit() else text, what="--step-ms")
+    options = SamplerOptions.parse(
+        source="cli", tiers=tiers, ram_size=ram_size, ssd_size=ssd_size, ssd_dir=ssd_dir, static_cache=static_cache,
+        batch_size=batch_size, epochs=epochs, seed=seed,
+    )  # fmt: skip
+    if step is not None and "" not in sys.path:
+        sys.path.insert(0, "")  # --step train:step finds train.py in the working directory, as python -m would
+    fn = load_step(step) if step is not None else None
+    prof = profile(path, options, step=fn, step_time=step_time, cold=not warm, check=check,
+                   progress_bars=progress and not as_json)  # fmt: skip
+    if as_json:
+        typer.echo(json.dumps(to_json(prof), indent=1))
+    else:
+        typer.echo("\n".join(report_lines(prof)))
+    if plot_out is not None:
+        echo_err(f"wrote {plot(prof, plot_out)}")

@@ -1,0 +1,690 @@
+"""Parts of a conversion: contiguous runs of the input sequence, each converted on its own (DESIGN §11).
+
+The plan
+    :class:`PartPlan` cuts the scanned input sequence into runs of ``part_size`` inputs. It is a pure
+    function of the corpus and the options (never of the number of workers), so a re-run finds the
+    parts a killed run finished, whatever executor it uses.
+
+Where a part's records go
+    A part's records are numbered after every record of the parts before it, and shards hold a fixed
+    number S of records, so a part can only cut its shards on the global grid once it knows its
+    offset, the record count of everything before it. Counts are known only after decoding (inputs
+    are skipped, an audio file gives several windows). So a part is converted in up to two tasks:
+
+    * :func:`count_part` decodes the part into a *spill* on the worker's local disk (raw records,
+      field values, skips) and returns its record count. No bytes reach the destination.
+    * :func:`write_part` runs once the offset is known: it writes the part's records to the
+      destination cut on the global grid, full shards under their final names, the (at most two)
+      partial shards at its ends as *pieces* in the plan directory, then its field values and, last,
+      its manifest. It reads the spill when it runs where the spill is (the scheduler asks for that
+      worker), and decodes the inputs again otherwise. When the offset is known before the part
+      starts (the first part, or a sequential executor) it is the only task.
+
+    Every payload byte therefore crosses the destination once, and the commit
+    (:mod:`shardkit.formats.commit`) re-packs at most the one boundary shard each part shares with
+    its neighbour.
+
+Destination layout (until the commit)::
+
+    OUT/.shardkit-parts/<plan>/plan.json          the plan (config, input ranges, base version)
+    OUT/.shardkit-parts/<plan>/p000003.json       part 3's manifest, written last: the part is done
+    OUT/.shardkit-parts/<plan>/p000003-0.shard    its pieces (and its full shards, until moved)
+    OUT/.shardkit-parts/<plan>/p000003.npz        its field values
+    OUT/.shardkit-parts/<plan>/progress/p000003   inputs and records decoded so far (the progress bar)
+    OUT/<payload>/c/<k>/...                       its full shards, under their final names
+
+Workers must see the corpus and the output at the same paths as the caller; a task that cannot
+says so, naming the path and the worker (:class:`~shardkit.errors.WorkerError`).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import math
+import os
+import shutil
+import socket
+import stat
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shardkit.converters.base import Decoder
+from shardkit.converters.pipeline import ProgressFn, Tally, decode_into
+from shardkit.errors import ConversionError, InsecurePathError, NotADatasetError, SchemaError, ShardkitError, WorkerError
+from shardkit.formats import FieldSpec
+from shardkit.formats import jsonvalues as jv
+from shardkit.formats.atomic import write_bytes_atomic
+from shardkit.formats.checksums import FileDigest, read_object
+from shardkit.formats.codecs import RecordCodec, codec_from_json
+from shardkit.formats.commit import Segment, StoredShard
+from shardkit.formats.metadata import encode_json, read_json_object
+from shardkit.formats.outputs import PARTS_DIR
+from shardkit.formats.publish import put_checked
+from shardkit.formats.spec import MAX_CRC32C, SkippedInput, chunk_key
+from shardkit.formats.writer import ShardWriter
+from shardkit.stores import Store, open_store
+
+__all__ = [
+    "PARTS_DIR",
+    "PartPlan",
+    "PartJob",
+    "Spilled",
+    "PartManifest",
+    "default_part_size",
+    "count_part",
+    "write_part",
+    "read_manifest",
+    "part_key",
+    "worker_name",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Parts a corpus is cut into by default, when that keeps parts at most :data:`_MAX_SHARDS_PER_PART`
+#: shards: enough to balance a cluster's workers (a slow part delays the end by 1/64 of the work).
+_DEFAULT_PARTS = 64
+#: Largest default part, in shards: bounds the spill (a part's records) a worker holds on its disk.
+_MAX_SHARDS_PER_PART = 16
+#: Progress files are rewritten at most this often (seconds).
+_PROGRESS_EVERY = 1.0
+#: Spills of another plan untouched this long are deleted by the next part on that machine.
+_STALE_SPILL_SECONDS = 24 * 3600.0
+
+
+def default_part_size(inputs: int, records_per_shard: int) -> int:
+    """Inputs per part: about 64 parts, each between one and 16 shards' worth (one record per input).
+
+    More parts balance a cluster better; larger ones re-pack less at the commit (at most one shard
+    per part, so a part of one shard could be re-packed whole). A pure function of the corpus and the
+    options, so every run finds the same parts whatever executor runs them.
+    """
+    s = max(1, records_per_shard)
+    return max(1, min(_MAX_SHARDS_PER_PART * s, max(s, math.ceil(inputs / _DEFAULT_PARTS))))
+
+
+@dataclass(frozen=True)
+class PartPlan:
+    """``inputs`` cut into consecutive runs of ``part_size`` (the last one shorter)."""
+
+    inputs: int
+    part_size: int
+
+    def __post_init__(self) -> None:
+        if self.part_size < 1:
+            raise ConversionError(f"part size must be at least 1 input, found {self.part_size}")
+
+    def ranges(self) -> list[tuple[int, int]]:
+        """``[(first input, end)]`` of every part."""
+        return [(a, min(a + self.part_size, self.inputs)) for a in range(0, self.inputs, self.part_size)]
+
+
+def part_key(plan: str, part: int, suffix: str) -> str:
+    """Path (relative to the output) of one file of part ``part`` of plan ``plan``."""
+    return f"{PARTS_DIR}/{plan}/p{part:06d}{suffix}"
+
+
+@dataclass(frozen=True)
+class PartJob:
+    """Everything a worker needs to convert one part (small and picklable: no corpus listing).
+
+    Attributes
+    ----------
+    plan, part
+        Plan id and part number.
+    first
+        Index of the part's first input in the whole input sequence.
+    items
+        The part's inputs (work items of :meth:`~shardkit.converters.base.Converter.scan`).
+    decoder
+        The converter's picklable decoder.
+    src, out
+        Corpus and output paths (absolute), which the worker must see.
+    payload, record, fields
+        Payload name, record spec and field specs (the kind's, and the per-record provenance).
+    provenance
+        The kind's name and its provenance columns (each record's provenance names its input by its
+        number in the whole input sequence, ``first + index``).
+    records_per_shard, compression
+        The dataset's S and codec JSON.
+    chunk_size
+        Inputs per decode task (when ``workers`` > 1).
+    workers
+        Decode processes inside this task: 1 on a cluster (the cluster is the parallelism).
+    strict
+        Stop at the first bad input.
+    durable
+        fsync what is written to the output.
+    progress
+        Called like a conversion's progress callback with the part's own counts; by default the
+        part writes its counts to its progress file in the output.
+    """
+
+    plan: str
+    part: int
+    first: int
+    items: Sequence[Any]
+    decoder: Decoder
+    src: str
+    out: str
+    payload: str
+    record: FieldSpec
+    fields: Mapping[str, FieldSpec]
+    records_per_shard: int
+    compression: dict[str, Any] | None
+    provenance: tuple[str, tuple[str, ...]] = ("", ())
+    chunk_size: int = 4
+    workers: int = 1
+    strict: bool = False
+    durable: bool = True
+    progress: ProgressFn | None = None
+
+    @property
+    def names(self) -> list[str]:
+        return [self.payload, *self.fields]
+
+    @property
+    def codec(self) -> RecordCodec | None:
+        return None if self.compression is None else codec_from_json(self.compression)
+
+
+def worker_name() -> str:
+    """Who runs this task, for error messages: the Dask worker's address, else host and pid."""
+    if "distributed" in sys.modules:
+        try:
+            from distributed import get_worker
+
+            return f"Dask worker {get_worker().address} on {socket.gethostname()}"
+        except (ImportError, ValueError):
+            pass
+    return f"{socket.gethostname()} (pid {os.getpid()})"
+
+
+def _check_reach(job: PartJob) -> Store:
+    """The output's store, after checking that this worker sees the corpus and the output."""
+    if not os.path.exists(job.src):
+        raise WorkerError(
+            f"{worker_name()} cannot see the corpus {job.src}: every worker must reach the corpus and the output "
+            "at the same paths as the machine that runs the conversion (a shared file system)"
+        )
+    try:
+        store = open_store(job.out)
+        seen = store.exists(f"{PARTS_DIR}/{job.plan}/plan.json")
+    except (OSError, ShardkitError) as exc:
+        raise WorkerError(f"{worker_name()} cannot reach the output {job.out} ({exc})") from None
+    if not seen:
+        raise WorkerError(
+            f"{worker_name()} cannot see the output {job.out} (no {PARTS_DIR}/{job.plan} there): every worker must "
+            "reach the output at the same path or URL as the machine that runs the conversion"
+        )
+    return store
+
+
+class ProgressFile:
+    """A part's progress callback: its counts in a small file of the output, at most once a second."""
+
+    def __init__(self, out: str, key: str) -> None:
+        self.out = out
+        self.key = key
+        self._last = 0.0
+
+    def __call__(self, done: int, total: int, records: int) -> None:
+        now = time.monotonic()
+        if done < total and now - self._last < _PROGRESS_EVERY:
+            return
+        self._last = now
+        data = f"{done} {records}\n".encode()
+        try:
+            store = open_store(self.out)
+            if store.is_local:
+                write_bytes_atomic(store.local_path(self.key), data, durable=False)
+            else:
+                store.put(self.key, data)
+        except (OSError, ShardkitError) as exc:
+            raise WorkerError(f"{worker_name()} cannot write to the output ({self.out}/{self.key}: {exc})") from None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ProgressFile, (self.out, self.key))
+
+
+def progress_key(plan: str, part: int) -> str:
+    return f"{PARTS_DIR}/{plan}/progress/p{part:06d}"
+
+
+def read_progress(store: Store, plan: str, part: int) -> tuple[int, int]:
+    """``(inputs, records)`` a part reported so far (``(0, 0)`` when it has not started)."""
+    try:
+        inputs, records = store.get(progress_key(plan, part), max_nbytes=64).decode().split()
+        return int(inputs), int(records)
+    except (OSError, ShardkitError, ValueError):
+        return 0, 0
+
+
+def _progress(job: PartJob) -> ProgressFn:
+    return job.progress or ProgressFile(job.out, progress_key(job.plan, job.part))
+
+
+# ---------------------------------------------------------------------- spills
+@dataclass(frozen=True)
+class Spilled:
+    """A part decoded into a spill on one machine: its record count and where the spill is."""
+
+    part: int
+    records: int
+    host: str
+    path: str
+    worker: str = ""
+
+
+def _spill_base() -> Path:
+    """This user's spill directory in the temp dir: created 0700, refused unless ours and private."""
+    base = Path(tempfile.gettempdir()) / f"shardkit-spill-{os.geteuid()}"
+    try:
+        base.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(base)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) != 0o700:
+        raise InsecurePathError(
+            f"{base}: a spill directory must be a directory owned by uid {os.geteuid()} with mode 0o700; refusing to "
+            "write decoded records there (another user may control it). Remove it or set TMPDIR"
+        )
+    return base
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_stale_spills(base: Path, plan: str) -> None:
+    """Spills a killed task left half-written, and other plans' spills untouched for a day."""
+    now = time.time()
+    for entry in base.iterdir():
+        name = entry.name
+        if ".tmp-" in name:
+            pid = name.rsplit(".tmp-", 1)[1]
+            if pid.isdigit() and not _pid_alive(int(pid)):
+                shutil.rmtree(entry, ignore_errors=True)
+        elif not name.startswith(plan) and now - entry.stat().st_mtime > _STALE_SPILL_SECONDS:
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+class _SpillWriter:
+    """A :class:`~shardkit.converters.pipeline.RecordSink` that keeps a part's records on local disk."""
+
+    def __init__(self, job: PartJob, path: Path) -> None:
+        self.job = job
+        self.path = path
+        self.records_per_shard = job.records_per_shard
+        self.records_written = 0
+        self.fields: dict[str, list[np.ndarray]] = {k: [] for k in job.fields}
+        self.skipped: list[SkippedInput] = []
+        self._fh = open(path / "records.bin", "wb")  # closed in finish() / abort()
+
+    def write(self, batch: dict[str, np.ndarray], cursors: np.ndarray) -> None:
+        payload = self.job.record.check(self.job.payload, batch[self.job.payload], cursors.shape[0])
+        self._fh.write(payload.astype(payload.dtype.newbyteorder("<"), copy=False).tobytes())
+        for name, spec in self.job.fields.items():
+            self.fields[name].append(spec.check(name, batch[name], cursors.shape[0]))
+        self.records_written += int(cursors.shape[0])
+
+    def skip(self, path: str, reason: str, cursor: int) -> None:
+        self.skipped.append(SkippedInput(path, reason))
+
+    def finish(self, tally: Tally) -> None:
+        self._fh.close()
+        (self.path / "fields.npz").write_bytes(_fields_npz(self.job.fields, self.fields))
+        doc = {"part": self.job.part, "records": self.records_written, "skipped": [s.to_json() for s in self.skipped],
+               "notes": dict(tally.notes), "skips": dict(tally.skips)}
+        (self.path / "spill.json").write_text(json.dumps(doc))
+
+    def abort(self) -> None:
+        self._fh.close()
+
+
+def _fields_npz(specs: Mapping[str, FieldSpec], parts: Mapping[str, list[np.ndarray]]) -> bytes:
+    """A part's field values as the bytes of an ``.npz`` (no pickles: numeric arrays only)."""
+    arrays = {name: np.concatenate(parts[name]) if parts[name] else np.empty((0, *spec.shape), spec.dtype)
+              for name, spec in specs.items()}
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)  # type: ignore[arg-type]  # numpy stubs type **kwds as allow_pickle
+    return buffer.getvalue()
+
+
+def _load_fields(data: bytes, specs: Mapping[str, FieldSpec], count: int, where: str) -> dict[str, np.ndarray]:
+    """Field values saved by a part: exactly the declared fields, ``count`` rows each, no pickles."""
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            return {name: spec.check(name, npz[name], count) for name, spec in specs.items()}
+    except (KeyError, ValueError, OSError, EOFError, SchemaError) as exc:
+        raise NotADatasetError(f"{where}: field values of the part do not load ({exc})") from None
+
+
+def count_part(job: PartJob) -> Spilled:
+    """Decode a part into a spill on this machine's disk and return its record count (see the module docstring).
+
+    A complete spill of the same plan and part left by an earlier run on this machine is reused.
+    """
+    _check_reach(job)
+    base = _spill_base()
+    _remove_stale_spills(base, job.plan)
+    final = base / f"{job.plan}-p{job.part:06d}"
+    done = _read_spill(final, job)
+    if done is not None:
+        return Spilled(job.part, done, socket.gethostname(), str(final), worker_name())
+    tmp = base / f"{final.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(mode=0o700)
+    sink = _SpillWriter(job, tmp)
+    try:
+        tally = decode_into(job.decoder, job.items, sink, 0, names=job.names, chunk_size=job.chunk_size,
+                            workers=job.workers, strict=job.strict, progress=_progress(job),
+                            provenance=job.provenance, first_input=job.first)
+        sink.finish(tally)
+    except BaseException:
+        sink.abort()
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(final, ignore_errors=True)
+    os.rename(tmp, final)
+    return Spilled(job.part, sink.records_written, socket.gethostname(), str(final), worker_name())
+
+
+def _read_spill(path: Path, job: PartJob) -> int | None:
+    """The record count of a complete spill of ``job`` at ``path``, or ``None``."""
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            return None
+        doc = json.loads((path / "spill.json").read_text())
+        records = int(doc["records"])
+        if doc["part"] != job.part or (path / "records.bin").stat().st_size != records * job.record.nbytes:
+            return None
+        return records
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+# ---------------------------------------------------------------------- writing a part at its offset
+class _AlignedWriter:
+    """A :class:`~shardkit.converters.pipeline.RecordSink` writing a part's records cut on the global grid.
+
+    Each output file is written locally (in the plan directory of a local output, a temporary file
+    otherwise); when it is closed it goes to its place in the output: under its final chunk key if it
+    is a whole global shard, else as a piece in the plan directory for the commit to re-pack (at most
+    the first and the last file of a part).
+    """
+
+    def __init__(self, job: PartJob, offset: int, store: Store) -> None:
+        self.job = job
+        self.offset = offset
+        self.store = store
+        self.records_per_shard = job.records_per_shard
+        self.records_written = 0
+        self.fields: dict[str, list[np.ndarray]] = {k: [] for k in job.fields}
+        self.skipped: list[SkippedInput] = []
+        self.pieces: list[dict[str, Any]] = []
+        self._writer: Any = None
+        self._file: Path | None = None
+        self._start = 0  # local record where the open file starts
+        self.codec = job.codec
+
+    def _open(self) -> None:
+        s = self.records_per_shard
+        g = self.offset + self.records_written
+        key = part_key(self.job.plan, self.job.part, f"-{len(self.pieces)}.shard")
+        if self.store.is_local:
+            self._file = self.store.local_path(key)
+        else:
+            fd, name = tempfile.mkstemp(prefix="shardkit-piece-")
+            os.close(fd)
+            self._file = Path(name)
+        self._writer = ShardWriter(self._file, s - g % s, self.job.record, self.codec, durable=self.job.durable)
+        self._key = key
+        self._start = self.records_written
+
+    def _close(self) -> None:
+        w, local = self._writer, self._file
+        assert local is not None
+        sums = w.close()
+        s, ndim = self.records_per_shard, 1 + len(self.job.record.shape)
+        g = self.offset + self._start
+        key = self._key
+        if w.capacity == s and w.count == s and g % s == 0:
+            key = chunk_key(self.job.payload, g // s, ndim)  # a whole global shard: its final name
+        if self.store.is_local:
+            if key != self._key:
+                target = self.store.local_path(key)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(local, target)
+        else:
+            try:
+                put_checked(self.store, key, local, sums.crc32c)
+            finally:
+                local.unlink(missing_ok=True)
+        self.pieces.append({"key": key, "start": self._start, "count": w.count, "capacity": w.capacity,
+                            "nbytes": sums.nbytes, "crc32c": sums.crc32c, "data_crc32c": sums.data_crc32c,
+                            "index_crc32c": sums.index_crc32c})
+        self._writer = self._file = None
+
+    def write(self, batch: dict[str, np.ndarray], cursors: np.ndarray) -> None:
+        k = int(cursors.shape[0])
+        payload = self.job.record.check(self.job.payload, batch[self.job.payload], k)
+        for name, spec in self.job.fields.items():
+            self.fields[name].append(spec.check(name, batch[name], k))
+        pos = 0
+        while pos < k:
+            if self._writer is None:
+                self._open()
+            take = min(k - pos, self._writer.capacity - self._writer.count)
+            self._writer.append(payload[pos : pos + take])
+            self.records_written += take
+            pos += take
+            if self._writer.full:
+                self._close()
+
+    def skip(self, path: str, reason: str, cursor: int) -> None:
+        self.skipped.append(SkippedInput(path, reason))
+
+    def finish(self, tally: Tally, inputs: tuple[int, int]) -> PartManifest:
+        """Close the last file, save the field values, then the manifest (last: the part is done)."""
+        if self._writer is not None:
+            if self._writer.count:
+                self._close()
+            else:
+                self.abort()
+        data = _fields_npz(self.job.fields, self.fields)
+        put_checked(self.store, part_key(self.job.plan, self.job.part, ".npz"), data)
+        manifest = PartManifest(
+            part=self.job.part, inputs=inputs, offset=self.offset, records=self.records_written,
+            pieces=tuple(self.pieces), fields=FileDigest.of(data), skipped=tuple(self.skipped),
+            notes=dict(tally.notes), skips=dict(tally.skips),
+        )
+        put_checked(self.store, part_key(self.job.plan, self.job.part, ".json"), encode_json(manifest.to_json()))
+        return manifest
+
+    def abort(self) -> None:
+        if self._writer is not None:
+            self._writer.abort()
+            if not self.store.is_local and self._file is not None:
+                self._file.unlink(missing_ok=True)
+            self._writer = self._file = None
+
+
+@dataclass(frozen=True)
+class PartManifest:
+    """A finished part, as its manifest in the output says (written last: its presence means done).
+
+    Attributes
+    ----------
+    part, inputs
+        Part number and its input range ``[first, end)``.
+    offset, records
+        Global number of its first record, and how many it gave.
+    pieces
+        Its output files in record order: ``key`` (relative to the output: a final chunk key for a
+        whole shard, a piece in the plan directory otherwise), ``start`` (its first record within
+        the part), ``count``, ``capacity`` and the checksums.
+    fields
+        Size and crc32c of its field values (``p<part>.npz``).
+    skipped
+        Inputs it skipped, in order.
+    notes, skips
+        Its notes and skips by category (the summary).
+    """
+
+    part: int
+    inputs: tuple[int, int]
+    offset: int
+    records: int
+    pieces: tuple[dict[str, Any], ...]
+    fields: FileDigest
+    skipped: tuple[SkippedInput, ...] = ()
+    notes: Mapping[str, int] = field(default_factory=dict)
+    skips: Mapping[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "part": self.part, "inputs": list(self.inputs), "offset": self.offset, "records": self.records,
+            "pieces": list(self.pieces), "fields": self.fields.to_json(),
+            "skipped": [s.to_json() for s in self.skipped], "notes": dict(self.notes), "skips": dict(self.skips),
+        }
+
+    def segment(self, store: Store, plan: str, specs: Mapping[str, FieldSpec], labels: Mapping[str, list[str]],
+                first_skips: Sequence[SkippedInput] = (), table: int | None = None) -> Segment:
+        """The part as a :class:`~shardkit.formats.commit.Segment` of the commit."""
+        shards = tuple(StoredShard(store, p["key"], p["count"], p["capacity"], p["nbytes"], p["crc32c"],
+                                   p["data_crc32c"], p["index_crc32c"]) for p in self.pieces)
+        key = part_key(plan, self.part, ".npz")
+        digest, count = self.fields, self.records
+
+        def load() -> dict[str, np.ndarray]:
+            data = read_object(store, key, digest, what="part field values", max_nbytes=digest.nbytes)
+            return _load_fields(data, specs, count, store.describe(key))
+
+        return Segment(self.records, shards, load, labels, (*first_skips, *self.skipped), table)
+
+
+def read_manifest(store: Store, plan: str, part: int, inputs: tuple[int, int], records_per_shard: int,
+                  payload: str, ndim: int) -> PartManifest | None:
+    """Part ``part``'s manifest, strictly checked, or ``None`` when the part is not finished.
+
+    Keys are not trusted: each piece must be exactly the file this part would have written there
+    (its own piece in the plan directory, or the chunk key of the whole shard it holds), its records
+    must follow each other, and every number is bounded.
+    """
+    key = part_key(plan, part, ".json")
+    where = store.describe(key)
+    if not store.exists(key):
+        return None
+    try:
+        doc = read_json_object(store, key)
+        m = _parse_manifest(doc, where, records_per_shard, payload, ndim, plan)
+    except (ShardkitError, KeyError, TypeError, ValueError) as exc:
+        logger.warning("%s: unreadable part manifest (%s); the part is converted again", where, exc)
+        return None
+    if m.part != part or m.inputs != inputs:
+        logger.warning("%s: manifest of another part; the part is converted again", where)
+        return None
+    for piece in m.pieces:
+        try:
+            size = store.head(piece["key"]).size
+        except FileNotFoundError:
+            size = -1
+        if size != piece["nbytes"]:
+            logger.info("%s: a file of the part is missing or changed; the part is converted again", where)
+            return None
+    return m
+
+
+def _parse_manifest(doc: dict[str, Any], where: str, s: int, payload: str, ndim: int, plan: str) -> PartManifest:
+    part = jv.integer(doc.get("part"), "part", where)
+    a, b = (jv.integer(x, "inputs[]", where) for x in jv.array(doc.get("inputs"), "inputs", where))
+    offset = jv.integer(doc.get("offset"), "offset", where)
+    records = jv.integer(doc.get("records"), "records", where)
+    pieces = []
+    start = 0
+    for i, raw in enumerate(jv.array(doc.get("pieces"), "pieces", where)):
+        p = jv.mapping(raw, f"pieces[{i}]", where)
+        piece: dict[str, Any] = {
+            k: jv.integer(p.get(k), f"pieces[{i}].{k}", where, hi=MAX_CRC32C if "crc" in k else None)
+            for k in ("start", "count", "capacity", "nbytes", "crc32c", "data_crc32c", "index_crc32c")
+        }
+        g = offset + piece["start"]
+        whole = piece["count"] == piece["capacity"] == s and g % s == 0
+        expected = chunk_key(payload, g // s, ndim) if whole else part_key(plan, part, f"-{i}.shard")
+        if p.get("key") != expected or piece["start"] != start or not 0 < piece["count"] <= piece["capacity"] <= s:
+            raise NotADatasetError(f"{where}: pieces[{i}] is not what part {part} writes there")
+        piece["key"] = expected
+        start += piece["count"]
+        pieces.append(piece)
+    if start != records:
+        raise NotADatasetError(f"{where}: pieces hold {start} records, the manifest says {records}")
+    skipped = tuple(SkippedInput(jv.string(jv.mapping(x, "skipped[]", where).get("path"), "skipped[].path", where),
+                                 jv.string(x.get("reason"), "skipped[].reason", where))
+                    for x in jv.array(doc.get("skipped", []), "skipped", where))
+    counts = {k: {str(n): jv.integer(v, f"{k}[]", where) for n, v in jv.mapping(doc.get(k, {}), k, where).items()}
+              for k in ("notes", "skips")}
+    return PartManifest(part, (a, b), offset, records, tuple(pieces),
+                        FileDigest.from_json(doc.get("fields"), where=where, what="fields"), skipped,
+                        counts["notes"], counts["skips"])
+
+
+def write_part(job: PartJob, offset: int, spilled: Spilled | None = None) -> PartManifest:
+    """Write part ``job`` to the output with its first record at global number ``offset`` (see the module docstring).
+
+    Reads the spill :func:`count_part` left when it is on this machine, and decodes the inputs
+    again otherwise (same bytes: decoding is deterministic).
+    """
+    store = _check_reach(job)
+    sink = _AlignedWriter(job, offset, store)
+    try:
+        if spilled is not None and spilled.host == socket.gethostname() and _read_spill(Path(spilled.path), job) is not None:
+            tally = _replay_spill(Path(spilled.path), job, sink)
+        else:
+            if spilled is not None:
+                logger.info("part %d: its spill is on %s, not here (%s): decoding it again", job.part, spilled.host,
+                            worker_name())
+            tally = decode_into(job.decoder, job.items, sink, 0, names=job.names, chunk_size=job.chunk_size,
+                                workers=job.workers, strict=job.strict, progress=_progress(job),
+                                provenance=job.provenance, first_input=job.first)
+        manifest = sink.finish(tally, (job.first, job.first + len(job.items)))
+    except BaseException:
+        sink.abort()
+        raise
+    if spilled is not None and spilled.host == socket.gethostname():
+        shutil.rmtree(spilled.path, ignore_errors=True)
+    return manifest
+
+
+def _replay_spill(path: Path, job: PartJob, sink: _AlignedWriter) -> Tally:
+    """Feed a spill's records, fields and skips to ``sink`` (in batches of about one shard)."""
+    doc = json.loads((path / "spill.json").read_text())
+    n = int(doc["records"])
+    fields = _load_fields((path / "fields.npz").read_bytes(), job.fields, n, str(path / "fields.npz"))
+    dtype = np.dtype(job.record.dtype).newbyteorder("<")
+    records = np.memmap(path / "records.bin", dtype=dtype, mode="r", shape=(n, *job.record.shape)) if n else None
+    step = max(1, min(job.records_per_shard, (64 << 20) // max(1, job.record.nbytes)))
+    for a in range(0, n, step):
+        assert records is not None
+        batch = {job.payload: np.asarray(records[a : a + step]), **{k: v[a : a + step] for k, v in fields.items()}}
+        sink.write(batch, np.zeros(min(step, n - a), dtype=np.int64))
+    for s in doc["skipped"]:
+        sink.skip(str(s["path"]), str(s["reason"]), 0)
+    del records
+    return Tally(Counter(doc.get("notes", {})), Counter(doc.get("skips", {})))

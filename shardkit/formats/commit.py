@@ -1,0 +1,762 @@
+"""Commit records as a new version of a dataset: boundary shards re-packed, metadata last (DESIGN §11).
+
+A commit takes the dataset as it is (the *base*, or nothing for a new dataset) and *segments*: runs
+of records stored in files of the shard layout somewhere it can read them (the parts of a cluster
+conversion, the datasets being merged), each with its field values, label names and skips. It
+produces one ordinary format 1.1 dataset whose records are the base's followed by every segment's,
+in order.
+
+Shards hold a fixed number S of records, so the records of a segment land on the global grid at an
+offset that is rarely a multiple of S. For each global shard of the new records a commit does the
+cheapest thing that is correct:
+
+* **in place**: a segment already wrote it under its final name (a part that knew its offset);
+* **linked**: one source file is exactly that shard (full, S index entries, aligned): hard-linked on
+  a local file system (server-side copied on an object store), no payload bytes move;
+* **re-packed**: otherwise (a boundary between two segments, the base's last shard when it was not
+  full, a segment that is not aligned) its records are copied, in their stored form, from the source
+  files into a new shard. Records are never decoded or re-encoded (codecs are deterministic, so the
+  bytes are what one writer would have written), and each source file's checksums are verified
+  first, so a damaged source is never laundered into fresh checksums.
+
+Then the field arrays from their first chunk that changes, the payload document, the root document
+of the new version (saved under ``.shardkit-versions/``), and last the root ``zarr.json``: a reader
+sees the old version or the new one, never a mix. A file the commit replaces (the base's last shard,
+last field chunks, array documents) is first kept as a retired copy for readers of the old version
+(:mod:`shardkit.formats.versions`).
+
+Every step is idempotent and the inputs are immutable, so a commit killed at any instant is finished
+by running it again: the base is still the version the root document describes (it is written
+last), the base's replaced files are read back from their retired copies, and the same bytes are
+written again. A commit whose root document was already written (``source.plan`` is this commit's
+plan) only finishes its cleanup.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor, Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from shardkit.errors import ChecksumError, ConversionError, ObjectTooLargeError, SchemaError, TruncatedShardError
+from shardkit.formats.checksums import FileDigest
+from shardkit.formats.codecs import codec_from_json, get_codec
+from shardkit.formats.fields import read_field_rows, write_field_array
+from shardkit.formats.index import ShardIndex, crc32c_of
+from shardkit.formats.metadata import (
+    DEFAULT_FIELD_CHUNK,
+    MAX_DOCUMENT_NBYTES,
+    DatasetMeta,
+    encode_json,
+    group_metadata,
+    read_json_object,
+)
+from shardkit.formats.provenance import (
+    PROVENANCE_FIELD,
+    Provenance,
+    ProvenanceSpec,
+    write_provenance,
+)
+from shardkit.formats.publish import copy_object, object_matches, put_checked, writing
+from shardkit.formats.spec import (
+    ATTRS_KEY,
+    FORMAT_MINOR,
+    ZARR_JSON,
+    FieldSpec,
+    ShardInfo,
+    SkippedInput,
+    chunk_key,
+    index_nbytes,
+)
+from shardkit.formats.versions import (
+    DEFAULT_KEEP_VERSIONS,
+    VERSIONS_DIR,
+    prune,
+    retired_key,
+    version_key,
+    version_of,
+)
+from shardkit.formats.writer import FIELD_CODEC, ShardWriter, field_chunk_for, payload_document
+from shardkit.stores import Location, Store, open_store
+
+__all__ = [
+    "StoredShard",
+    "Segment",
+    "CommitReport",
+    "ShardRecipe",
+    "InputTable",
+    "commit",
+    "merge_labels",
+    "plan_shards",
+    "build_shard",
+]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StoredShard:
+    """A file in the shard layout (records, then an index of ``capacity`` entries and its crc32c).
+
+    Attributes
+    ----------
+    store, key
+        Where it is: object ``key`` of ``store`` (a local directory or an object-store prefix; a
+        store pickles as its URL, so a shard can be handed to a task on another machine).
+    count
+        Records it holds (entries ``0 .. count - 1`` of its index).
+    capacity
+        Entries of its index (S of the dataset that wrote it, or ``count`` for a piece).
+    nbytes, crc32c, data_crc32c, index_crc32c
+        Its size and checksums, as its writer recorded them (see
+        :class:`~shardkit.formats.spec.ShardInfo`).
+    """
+
+    store: Store
+    key: str
+    count: int
+    capacity: int
+    nbytes: int
+    crc32c: int
+    data_crc32c: int
+    index_crc32c: int
+
+    @classmethod
+    def of(cls, store: Store, info: ShardInfo, capacity: int, key: str | None = None) -> StoredShard:
+        """The shard file ``info`` describes (``info.path``, or ``key``, in ``store``)."""
+        if info.data_crc32c is None or info.index_crc32c is None:
+            raise SchemaError(f"{store.describe(key or info.path)}: a shard without data/index checksums (format 1.0) "
+                              "cannot be re-packed; convert it again with this shardkit")
+        return cls(store, key or info.path, info.count, capacity, info.nbytes, info.crc32c,
+                   info.data_crc32c, info.index_crc32c)
+
+    def info_at(self, key: str, start: int) -> ShardInfo:
+        """Its :class:`ShardInfo` as global shard ``key`` starting at record ``start``."""
+        return ShardInfo(key, start, start + self.count, self.nbytes, self.crc32c, self.data_crc32c, self.index_crc32c)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Records a commit appends: ``records`` of them, stored in ``shards`` in order.
+
+    Attributes
+    ----------
+    records
+        How many (the ``count`` of its shards add up to it).
+    shards
+        The files holding them, in record order.
+    fields
+        Loads the values of every small field for its records (called once, by the commit).
+    labels
+        The class names its label fields index (``{"label": [...]}``): the commit maps them onto
+        the dataset's label list, extending it with new names.
+    skipped
+        Inputs skipped while producing it, in order (they follow the base's in the metadata).
+    table
+        Which of the commit's :class:`InputTable` its records' provenance numbers its inputs in
+        (``None``: it has no provenance).
+    """
+
+    records: int
+    shards: tuple[StoredShard, ...]
+    fields: Callable[[], Mapping[str, np.ndarray]]
+    labels: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    skipped: tuple[SkippedInput, ...] = ()
+    table: int | None = None
+
+    def __post_init__(self) -> None:
+        if sum(s.count for s in self.shards) != self.records:
+            raise SchemaError(f"segment of {self.records} records stored in shards of {sum(s.count for s in self.shards)}")
+
+
+@dataclass(frozen=True)
+class InputTable:
+    """Inputs some segments' records came from: their names, relative to ``root`` (a corpus root).
+
+    A commit appends them to the dataset's provenance table (:mod:`shardkit.formats.provenance`) and
+    renumbers the ``input`` column of those segments' provenance after the inputs already there.
+    """
+
+    names: Sequence[str]
+    root: str
+
+
+@dataclass(frozen=True)
+class ShardRecipe:
+    """How global shard ``index`` of the new version is made: from ``pieces`` (``(file, first record,
+    count)``), or ``in_place`` when a segment already wrote it under its final name, or ``link`` when
+    one source file is exactly this shard."""
+
+    index: int
+    start: int
+    stop: int
+    pieces: tuple[tuple[StoredShard, int, int], ...]
+    in_place: bool = False
+    link: bool = False
+
+
+@dataclass(frozen=True)
+class CommitReport:
+    """What a commit did (the benchmark reads it: the rewritten bytes must stay within one shard per segment).
+
+    Attributes
+    ----------
+    meta
+        Metadata of the new version.
+    version
+        Its number.
+    records_added
+        Records the segments added.
+    shards_in_place, shards_linked, shards_repacked
+        New shards that were already in place, linked (or copied server-side), and re-packed.
+    bytes_linked, bytes_repacked
+        Payload bytes of the linked and of the re-packed shards (re-packing reads and writes them).
+    retired
+        Files kept for readers of older versions.
+    seconds
+        Wall time.
+    already_committed
+        The root document already described this commit (a re-run after a kill): only cleanup ran.
+    """
+
+    meta: DatasetMeta
+    version: int
+    records_added: int = 0
+    shards_in_place: int = 0
+    shards_linked: int = 0
+    shards_repacked: int = 0
+    bytes_linked: int = 0
+    bytes_repacked: int = 0
+    retired: int = 0
+    seconds: float = 0.0
+    already_committed: bool = False
+
+
+def merge_labels(
+    base: Mapping[str, Sequence[str]], incoming: Sequence[Mapping[str, Sequence[str]]]
+) -> tuple[dict[str, list[str]], list[dict[str, np.ndarray]]]:
+    """The dataset's label lists after appending segments, and how to map each segment's label values.
+
+    Every name keeps its index; a name the dataset does not have yet is appended to its list, in the
+    order the segments bring them. Returns ``(labels, remaps)``: ``remaps[i][field][v]`` is the new
+    index of segment ``i``'s label value ``v`` (only fields whose indices change are listed).
+    """
+    labels = {k: list(v) for k, v in base.items()}
+    remaps: list[dict[str, np.ndarray]] = []
+    for names_by_field in incoming:
+        remap: dict[str, np.ndarray] = {}
+        for name, names in names_by_field.items():
+            target = labels.setdefault(name, [])
+            position = {n: i for i, n in enumerate(target)}
+            lookup = np.empty(len(names), dtype=np.int64)
+            for i, n in enumerate(names):
+                if n not in position:
+                    position[n] = len(target)
+                    target.append(n)
+                lookup[i] = position[n]
+            if not np.array_equal(lookup, np.arange(len(names))):
+                remap[name] = lookup
+        remaps.append(remap)
+    return labels, remaps
+
+
+def _remapped(values: np.ndarray, lookup: np.ndarray) -> np.ndarray:
+    """Label values mapped through ``lookup``; values outside it (``-1`` for "no box") are kept."""
+    out = values.copy()
+    valid = (values >= 0) & (values < lookup.shape[0])
+    out[valid] = lookup[values[valid]].astype(values.dtype)
+    return out
+
+
+def plan_shards(
+    base_records: int, base_last: StoredShard | None, segments: Sequence[Segment], records_per_shard: int, root: Store,
+    payload: str, ndim: int,
+) -> list[ShardRecipe]:
+    """Recipes of every global shard from the base's last (not full) one to the end.
+
+    ``base_last`` holds the base's records of shard ``base_records // S`` when ``base_records`` is not
+    a multiple of S. Pure: nothing is read or written.
+    """
+    s = records_per_shard
+    total = base_records + sum(seg.records for seg in segments)
+    # Every stored file as (global start, file), in record order.
+    runs: list[tuple[int, StoredShard]] = []
+    if base_last is not None:
+        runs.append(((base_records // s) * s, base_last))
+    g = base_records
+    for seg in segments:
+        for shard in seg.shards:
+            if shard.count:
+                runs.append((g, shard))
+                g += shard.count
+    recipes = []
+    r = 0
+    for k in range(base_records // s, math.ceil(total / s)):
+        lo, hi = k * s, min((k + 1) * s, total)
+        pieces = []
+        while r < len(runs) and runs[r][0] < hi:
+            start, shard = runs[r]
+            a, b = max(lo, start), min(hi, start + shard.count)
+            if b > a:
+                pieces.append((shard, a - start, b - a))
+            if start + shard.count <= hi:
+                r += 1
+            else:
+                break
+        whole = (len(pieces) == 1 and pieces[0][1] == 0 and pieces[0][0].count == hi - lo
+                 and pieces[0][0].capacity == s)
+        key = chunk_key(payload, k, ndim)
+        in_place = whole and pieces[0][0].store.url == root.url and pieces[0][0].key == key
+        recipes.append(ShardRecipe(k, lo, hi, tuple(pieces), in_place=in_place, link=whole and not in_place))
+    return recipes
+
+
+def _stored_records(shard: StoredShard, first: int, count: int, record: FieldSpec, compressed: bool) -> tuple[bytes, list[int]]:
+    """Records ``first .. first + count - 1`` of ``shard`` in their stored form, after checking the file.
+
+    The whole file is read and checked against its recorded size, index crc32c and records crc32c,
+    so a damaged source is refused (naming it) instead of being re-packed under fresh checksums.
+    """
+    path = shard.store.describe(shard.key)
+    try:
+        if shard.store.is_local:
+            with open(shard.store.local_path(shard.key), "rb") as fh:
+                data = fh.read(shard.nbytes + 1)
+        else:
+            data = shard.store.get(shard.key, max_nbytes=shard.nbytes)
+    except (FileNotFoundError, ObjectTooLargeError) as exc:
+        raise TruncatedShardError(f"{path}: expected {shard.nbytes} bytes as recorded ({exc})") from None
+    if len(data) != shard.nbytes:
+        raise TruncatedShardError(f"{path}: expected {shard.nbytes} bytes as recorded, found {len(data)}")
+    isize = index_nbytes(shard.capacity)
+    data_n = shard.nbytes - isize
+    idx = ShardIndex.decode(data[data_n:], shard.capacity, path=path, data_nbytes=data_n,
+                            recorded_crc32c=shard.index_crc32c)
+    if crc32c_of(memoryview(data)[:data_n]) != shard.data_crc32c:
+        raise ChecksumError(f"{path}: records crc32c differs from the {shard.data_crc32c:#010x} recorded")
+    if int(idx.present[: shard.count].sum()) != shard.count:
+        raise ChecksumError(f"{path}: index holds fewer than the {shard.count} records recorded")
+    if not compressed:
+        idx.check_dense(path, shard.count, record.nbytes)
+        rn = record.nbytes
+        return data[first * rn : (first + count) * rn], [rn] * count
+    offs = idx.offsets[first : first + count].astype(np.int64)
+    sizes = idx.nbytes[first : first + count].astype(np.int64)
+    view = memoryview(data)
+    blob = b"".join(view[o : o + n] for o, n in zip(offs.tolist(), sizes.tolist()))
+    return blob, sizes.tolist()
+
+
+def build_shard(store: Store, key: str, pieces: Sequence[tuple[StoredShard, int, int]], capacity: int, record: FieldSpec,
+                compression: dict[str, Any] | None, durable: bool, start: int, stop: int) -> ShardInfo:
+    """Re-pack one shard (records ``start .. stop - 1``) from its pieces into ``key`` of ``store``.
+
+    A task of its own (module level, small arguments), so a commit can run it on any executor.
+    """
+    codec = None if compression is None else codec_from_json(compression)
+    with writing(store, key) as path:
+        writer = ShardWriter(path, capacity, record, codec, durable=durable)
+        try:
+            for shard, first, count in pieces:
+                data, sizes = _stored_records(shard, first, count, record, codec is not None)
+                writer.append_stored(data, sizes)
+            sums = writer.close()
+        except BaseException:
+            writer.abort()
+            raise
+    return ShardInfo(key, start, stop, sums.nbytes, sums.crc32c, sums.data_crc32c, sums.index_crc32c)
+
+
+def _done(value: ShardInfo) -> Future[ShardInfo]:
+    future: Future[ShardInfo] = Future()
+    future.set_result(value)
+    return future
+
+
+class _Commit:
+    """One commit in progress (see :func:`commit`); each method is one idempotent step."""
+
+    def __init__(self, store: Store, template: DatasetMeta, base: DatasetMeta | None, segments: Sequence[Segment],
+                 plan: str, durable: bool) -> None:
+        self.store = store
+        self.base = base
+        self.segments = list(segments)
+        self.plan = plan
+        self.durable = durable
+        self.template = template
+        self.s = template.records_per_shard
+        self.n_base = base.num_records if base else 0
+        self.total = self.n_base + sum(seg.records for seg in self.segments)
+        self.number = (version_of(base.to_json()) + 1) if base else 1
+        self.retired = 0
+        #: Every record's provenance (the base's, then the segments', renumbered), for the change counts.
+        self.provenance_values: list[np.ndarray] = []
+
+    # ------------------------------------------------------------------ retiring old files
+    def retire(self, rel: str, nbytes: int, crc: int, *, check_crc: bool) -> None:
+        """Keep the base's ``rel`` (``nbytes``, ``crc``) as a retired copy before it is replaced."""
+        store = self.store
+        dst = retired_key(rel, nbytes, crc)
+        if store.exists(dst):
+            return
+        try:
+            size = store.head(rel).size
+        except FileNotFoundError:
+            size = -1
+        same = size == nbytes and (not check_crc or crc32c_of(store.get(rel, max_nbytes=nbytes)) == crc)
+        if not same:
+            raise ConversionError(
+                f"{store.describe(rel)}: expected the bytes version {self.number - 1} recorded ({nbytes} bytes, crc32c "
+                f"{crc:#010x}) and found others, with no retired copy in {store.describe(VERSIONS_DIR)}; the dataset "
+                "was changed outside shardkit"
+            )
+        copy_object(store, rel, store, dst, durable=self.durable)
+        self.retired += 1
+
+    def holds(self, key: str, src: StoredShard) -> bool:
+        """``key`` is already ``src`` (linked by an interrupted earlier run): a hard link to it, or an
+        object with its size and crc32c (one HEAD)."""
+        if self.store.is_local:
+            dst = self.store.local_path(key)
+            return src.store.is_local and dst.is_file() and os.path.samefile(dst, src.store.local_path(src.key))
+        return object_matches(self.store, key, src.nbytes, src.crc32c)
+
+    # ------------------------------------------------------------------ steps
+    def save_base_version(self) -> None:
+        """The base's root document as version ``n - 1`` (a dataset written before versions existed)."""
+        if self.base is None:
+            return
+        key = version_key(self.number - 1)
+        if not self.store.exists(key):
+            put_checked(self.store, key, self.store.get(ZARR_JSON, max_nbytes=MAX_DOCUMENT_NBYTES))
+
+    def shards(self, report: dict[str, int], executor: Executor | None) -> list[ShardInfo]:
+        """Every new global shard in place (built, linked or already there); returns the shard list.
+
+        Shards to re-pack are independent of each other: with an ``executor`` they are built by its
+        workers (each reads its pieces and writes its shard straight to the dataset), so the commit
+        of a cluster conversion does not funnel every boundary through this machine.
+        """
+        base = self.base
+        ndim = 1 + len(self.template.record.shape)
+        payload = self.template.payload
+        base_last = None
+        out: list[ShardInfo] = []
+        if base is not None:
+            out = list(base.shards[: self.n_base // self.s])
+            if self.n_base % self.s:
+                base_last = StoredShard.of(self.store, base.shards[-1], self.s)
+        recipes = plan_shards(self.n_base, base_last, self.segments, self.s, self.store, payload, ndim)
+        builds: dict[int, Future[ShardInfo]] = {}
+        for recipe in recipes:
+            key = chunk_key(payload, recipe.index, ndim)
+            if recipe.in_place or recipe.link:
+                continue
+            pieces = recipe.pieces
+            if base_last is not None and pieces and pieces[0][0] is base_last and base is not None:
+                # The base's last shard is retired first and its records read back from the retired copy,
+                # which holds them whether this run or an interrupted earlier one replaced the file.
+                info = base.shards[-1]
+                self.retire(info.path, info.nbytes, info.crc32c, check_crc=False)
+                kept = StoredShard.of(self.store, info, self.s, key=retired_key(info.path, info.nbytes, info.crc32c))
+                pieces = ((kept, *pieces[0][1:]), *pieces[1:])
+            args = (self.store, key, pieces, self.s, self.template.record, self.template.compression, self.durable,
+                    recipe.start, recipe.stop)
+            builds[recipe.index] = executor.submit(build_shard, *args) if executor is not None else _done(build_shard(*args))
+        for recipe in recipes:
+            key = chunk_key(payload, recipe.index, ndim)
+            if recipe.in_place:
+                out.append(recipe.pieces[0][0].info_at(key, recipe.start))
+                report["in_place"] += 1
+            elif recipe.link:
+                src = recipe.pieces[0][0]
+                if not self.holds(key, src):
+                    copy_object(src.store, src.key, self.store, key, durable=self.durable)
+                out.append(src.info_at(key, recipe.start))
+                report["linked"] += 1
+                report["bytes_linked"] += src.nbytes
+            else:
+                info = builds[recipe.index].result()
+                out.append(info)
+                report["repacked"] += 1
+                report["bytes_repacked"] += info.nbytes
+        return out
+
+    def fields(self, remaps: list[dict[str, np.ndarray]], chunk: int, offsets: Sequence[int]) -> dict[str, FileDigest]:
+        """Every field array from its first chunk that changes; returns the digests of all its files.
+
+        The ``input`` column of the provenance field is renumbered by each segment's table
+        ``offsets``; the whole provenance field (every version's records) is kept in
+        :attr:`provenance_values` for the change counts.
+        """
+        base, t = self.base, self.template
+        codec = get_codec(FIELD_CODEC)
+        values = [seg.fields() for seg in self.segments]
+        files: dict[str, FileDigest] = {}
+        for name, spec in t.fields.items():
+            parts = []
+            first = 0
+            if base is not None and self.n_base:
+                old_chunk = base.field_chunk_records
+                first = self.n_base // chunk if old_chunk == chunk else 0
+                start = 0 if name == PROVENANCE_FIELD else first * chunk
+                old = read_field_rows(self.store, name, spec, self.n_base, old_chunk, base.files, start)
+                if name == PROVENANCE_FIELD:
+                    self.provenance_values.append(old)
+                parts.append(old[first * chunk - start :])
+                for rel, digest in base.files.items():
+                    if rel.startswith(f"{name}/") and rel != f"{name}/{ZARR_JSON}":
+                        j = int(rel[len(name) + 3 :].split("/", 1)[0])
+                        if j < first:
+                            files[rel] = digest
+                        else:
+                            self.retire(rel, digest.nbytes, digest.crc32c, check_crc=True)
+                doc = base.files.get(f"{name}/{ZARR_JSON}")
+                if doc is not None:
+                    self.retire(f"{name}/{ZARR_JSON}", doc.nbytes, doc.crc32c, check_crc=True)
+            for seg, seg_values, remap in zip(self.segments, values, remaps):
+                v = spec.check(name, seg_values[name], seg_values[name].shape[0])
+                if name == PROVENANCE_FIELD and seg.table is not None and offsets[seg.table]:
+                    v = v.copy()
+                    v[:, 0] += offsets[seg.table]  # the input's number: after the inputs already in the table
+                if name == PROVENANCE_FIELD:
+                    self.provenance_values.append(v)
+                parts.append(_remapped(v, remap[name]) if name in remap else v)
+            data = np.concatenate(parts) if parts else np.empty((0, *spec.shape), spec.dtype)
+            files |= write_field_array(self.store, name, spec, data, chunk, codec, durable=self.durable, first_chunk=first)
+        return files
+
+    def provenance(self, inputs: Sequence[InputTable], summarize: Callable[[np.ndarray], dict[str, Any]] | None,
+                   ) -> dict[str, Any]:
+        """The provenance table of the new version (the base's inputs, then every table's) and its block.
+
+        Names of a table whose corpus root is not the dataset's are stored whole (a reader joins a
+        name to the root, and an absolute name stays itself).
+        """
+        base, t = self.base, self.template
+        old = Provenance.from_meta(base, where=self.store.describe(ZARR_JSON)) if base is not None else None
+        root = old.root if old is not None else (inputs[0].root if inputs else "")
+        names: list[str] = []
+        if old is not None:
+            names = old.names(self.store)
+            for rel, digest in old.files.items():
+                self.retire(rel, digest.nbytes, digest.crc32c, check_crc=True)
+        for table in inputs:
+            names += [_relative(table.root, root, n) for n in table.names]
+        columns = tuple(str(c) for c in t.provenance["columns"])
+        values = np.concatenate(self.provenance_values) if self.provenance_values else np.empty((0, len(columns)), "int64")
+        spec = ProvenanceSpec(columns=columns, root=root, inputs=names, summarize=summarize)
+        return write_provenance(self.store, spec, values, durable=self.durable)
+
+    def payload_doc(self, meta: DatasetMeta) -> FileDigest:
+        rel = f"{meta.payload}/{ZARR_JSON}"
+        if self.base is not None and rel in self.base.files:
+            doc = self.base.files[rel]
+            self.retire(rel, doc.nbytes, doc.crc32c, check_crc=True)
+        data = encode_json(payload_document(meta))
+        put_checked(self.store, rel, data)
+        return FileDigest.of(data)
+
+    def publish(self, meta: DatasetMeta) -> None:
+        """The new version's root document: its copy under ``.shardkit-versions``, then ``zarr.json``."""
+        data = encode_json(group_metadata(meta))
+        put_checked(self.store, version_key(self.number), data)
+        put_checked(self.store, ZARR_JSON, data)
+
+    def drop_strays(self, shards: int) -> None:
+        """Delete payload shard files past the last shard (left by an abandoned plan; no version lists them)."""
+        prefix = f"{self.template.payload}/c"
+        if self.store.is_local:
+            top = self.store.local_path(prefix)
+            for entry in list(top.iterdir()) if top.is_dir() else []:
+                if entry.name.isdigit() and int(entry.name) >= shards:
+                    shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+            return
+        for meta in list(self.store.list(prefix)):
+            index = meta.key[len(prefix) + 1 :].split("/", 1)[0]
+            if index.isdigit() and int(index) >= shards:
+                self.store.delete(meta.key)
+
+
+def _committed(store: Store, plan: str) -> DatasetMeta | None:
+    """The dataset's metadata if its root document already describes the commit ``plan``."""
+    if not store.exists(ZARR_JSON):
+        return None
+    doc = read_json_object(store, ZARR_JSON)
+    attrs = doc.get("attributes", {}).get(ATTRS_KEY) if isinstance(doc.get("attributes"), dict) else None
+    if not isinstance(attrs, dict) or not isinstance(attrs.get("source"), dict) or attrs["source"].get("plan") != plan:
+        return None
+    return DatasetMeta.from_json(attrs, where=store.describe(ZARR_JSON))
+
+
+def commit(
+    root: Location,
+    template: DatasetMeta,
+    segments: Sequence[Segment],
+    *,
+    base: DatasetMeta | None,
+    plan: str,
+    history: Mapping[str, Any],
+    keep_versions: int = DEFAULT_KEEP_VERSIONS,
+    durable: bool = True,
+    executor: Executor | None = None,
+    inputs: Sequence[InputTable] = (),
+    summarize: Callable[[np.ndarray], dict[str, Any]] | None = None,
+) -> CommitReport:
+    """Write the base's records followed by every segment's as the next version of the dataset at ``root``.
+
+    Parameters
+    ----------
+    root
+        Dataset directory (created if needed), object-store URL, or store.
+    template
+        Kind, payload, record, fields, records per shard, compression, field chunk, labels, transform,
+        extra and source of the dataset (the base's own metadata when there is a base).
+    segments
+        The records to append, in order.
+    base
+        The dataset's current metadata (``None`` for a new dataset). If the root document no longer
+        describes it, another commit came first and this one is refused.
+    plan
+        Identifies this commit: recorded as ``source.plan``, so running it again after it completed
+        only finishes its cleanup.
+    history
+        Provenance of this version (``operation``, sources, parts), appended to ``source.history``
+        with the version number and its record range.
+    keep_versions
+        Older versions kept openable; older ones are pruned after the commit.
+    durable
+        fsync every file before it is renamed into place.
+    executor
+        Re-pack the shards that need it as tasks of this executor (its workers must see ``root`` and
+        the segments' files); in this process when ``None``.
+    inputs, summarize
+        Provenance (:mod:`shardkit.formats.provenance`): the tables of inputs the segments' records
+        came from (each segment names its own, :attr:`Segment.table`), appended to the dataset's
+        table; and how to count what conversion changed over every record's provenance (the
+        ``changes`` of the block; none without it). Used when the template declares the provenance
+        field and a provenance block (at least its ``columns``; a base's whole block).
+
+    Returns
+    -------
+    CommitReport
+    """
+    t0 = time.perf_counter()
+    store = open_store(root)
+    if store.is_local:
+        store.local_path().mkdir(parents=True, exist_ok=True)
+    done = _committed(store, plan)
+    if done is not None:
+        prune(store, keep_versions)
+        return CommitReport(done, version_of(done.to_json()), seconds=time.perf_counter() - t0, already_committed=True)
+    if base is not None:
+        current = _committed_version(store)
+        if current != version_of(base.to_json()):
+            raise ConversionError(
+                f"{root}: the dataset is at version {current}, but this commit was planned on version "
+                f"{version_of(base.to_json())}; another commit came first. Re-run the command to plan it again"
+            )
+    job = _Commit(store, template, base, segments, plan, durable)
+    labels, remaps = merge_labels(template.labels, [seg.labels for seg in job.segments])
+    job.save_base_version()
+    report = {"in_place": 0, "linked": 0, "repacked": 0, "bytes_linked": 0, "bytes_repacked": 0}
+    shards = job.shards(report, executor)
+    skipped = (list(base.skipped) if base else []) + [s for seg in job.segments for s in seg.skipped]
+    entry = {**history, "version": job.number, "records": [job.n_base, job.total]}
+    old_history = _history_of(base) if base is not None else []
+    source = {**template.source, "version": job.number, "plan": plan, "history": [*old_history, entry]}
+    meta = template.with_(num_records=job.total, shards=shards, skipped=skipped, labels=labels, source=source,
+                          format_minor=FORMAT_MINOR, field_chunk=_field_chunk(template, base))
+    meta = meta.with_(field_chunk=meta.field_chunk_records)  # what a writer records: the chunk actually used
+    offsets = _table_offsets(base, inputs)
+    files = job.fields(remaps, meta.field_chunk_records, offsets)
+    if PROVENANCE_FIELD in meta.fields and template.provenance:
+        meta = meta.with_(provenance=job.provenance(inputs, summarize))
+    files[f"{meta.payload}/{ZARR_JSON}"] = job.payload_doc(meta)
+    meta = meta.with_(files=dict(sorted(files.items(), key=lambda kv: _file_order(kv[0], meta))))
+    meta.check_layout(store.describe(ZARR_JSON))
+    job.publish(meta)
+    job.drop_strays(len(shards))
+    prune(store, keep_versions)
+    result = CommitReport(
+        meta, job.number, records_added=job.total - job.n_base, shards_in_place=report["in_place"],
+        shards_linked=report["linked"], shards_repacked=report["repacked"], bytes_linked=report["bytes_linked"],
+        bytes_repacked=report["bytes_repacked"], retired=job.retired, seconds=time.perf_counter() - t0,
+    )
+    logger.info("%s: version %d committed (%d records added; shards: %d in place, %d linked, %d re-packed, %d bytes)",
+                store.url, job.number, result.records_added, result.shards_in_place, result.shards_linked,
+                result.shards_repacked, result.bytes_repacked)
+    return result
+
+
+def _history_of(base: DatasetMeta) -> list[Any]:
+    """The base's ``source.history``; for a dataset written in one go, one entry describing it."""
+    history = base.source.get("history")
+    if isinstance(history, list):
+        return history
+    source = {k: v for k, v in base.source.items() if k not in ("version", "plan", "history")}
+    entry = {"operation": "convert", "source": source, "version": version_of(base.to_json()), "records": [0, base.num_records]}
+    if "config_fingerprint" in source:
+        entry["config_fingerprint"] = source["config_fingerprint"]
+    return [entry]
+
+
+def _table_offsets(base: DatasetMeta | None, inputs: Sequence[InputTable]) -> list[int]:
+    """Where each input table starts in the dataset's table: after the base's inputs and the tables before it."""
+    count = 0
+    if base is not None and base.provenance:
+        inputs_block = base.provenance.get("inputs")
+        count = int(inputs_block.get("count", 0)) if isinstance(inputs_block, dict) else 0
+    out = []
+    for table in inputs:
+        out.append(count)
+        count += len(table.names)
+    return out
+
+
+def _relative(table_root: str, root: str, name: str) -> str:
+    """``name`` (relative to ``table_root``) as a name relative to ``root``: the same when the roots
+    agree, relative when the input lies below ``root``, else its whole path."""
+    if table_root == root:
+        return name
+    full = os.path.join(table_root, name)
+    if root and full.startswith(root.rstrip("/") + "/"):
+        return full[len(root.rstrip("/")) + 1 :]
+    return full
+
+
+def _field_chunk(template: DatasetMeta, base: DatasetMeta | None) -> int:
+    """Records per field chunk to aim for: the base's, unless it was only capped by its size.
+
+    A writer records the chunk it used, ``min(requested, N)``; when that is N the request is
+    unknown and the default is assumed, so a dataset grown by appends is chunked like one written
+    in one go.
+    """
+    if base is not None and base.field_chunk < base.num_records:
+        return base.field_chunk
+    return field_chunk_for(template.fields, DEFAULT_FIELD_CHUNK)
+
+
+def _committed_version(store: Store) -> int:
+    doc = read_json_object(store, ZARR_JSON)
+    attrs = doc.get("attributes", {}).get(ATTRS_KEY) if isinstance(doc.get("attributes"), dict) else None
+    return version_of(attrs) if isinstance(attrs, dict) else 0
+
+
+def _file_order(rel: str, meta: DatasetMeta) -> tuple[int, str, int]:
+    """The order a single writer lists ``files`` in: each field's chunks then its document, the payload document last."""
+    names = list(meta.fields)
+    head, _, rest = rel.partition("/")
+    if head == meta.payload:
+        return (len(names), head, 0)
+    if rest == ZARR_JSON:
+        return (names.index(head), head, 1 << 62)
+    return (names.index(head), head, int(rest.split("/")[1]))

@@ -1,0 +1,106 @@
+"""Output directories: what shardkit itself keeps next to a dataset, and clearing one for ``--overwrite``.
+
+Besides the zarr group, a dataset directory may hold directories of shardkit's own, all starting with
+``.`` (no array or field may, see :mod:`shardkit.formats.paths`):
+
+* :data:`STAGING_DIR`: an unfinished conversion in one process (its resume records);
+* :data:`PARTS_DIR`: an unfinished conversion, append or merge in parts (plans, part manifests, pieces);
+* ``.shardkit-versions``: older versions kept for their readers (:mod:`shardkit.formats.versions`).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+
+from shardkit.errors import ConversionError, ShardkitError
+from shardkit.formats.metadata import PARTS_NAME, STAGING_NAME, read_dataset_meta, read_json
+from shardkit.formats.spec import ATTRS_KEY, ZARR_JSON
+from shardkit.stores import Store
+
+__all__ = ["STAGING_DIR", "PARTS_DIR", "looks_like_output", "remove_path", "clear_output", "top_names", "clear_store"]
+
+#: Directory inside an unfinished dataset that holds what is needed to resume a conversion in one
+#: process (the format's reader knows the name too: it reports such a directory as an incomplete dataset).
+STAGING_DIR = STAGING_NAME
+#: Directory inside an output of the parts of conversions (or appends) not committed yet.
+PARTS_DIR = PARTS_NAME
+
+
+def looks_like_output(path: Path) -> bool:
+    """Empty, or a shardkit dataset, or an interrupted conversion."""
+    if not any(path.iterdir()) or (path / STAGING_DIR).is_dir() or (path / PARTS_DIR).is_dir():
+        return True
+    doc = path / ZARR_JSON
+    if doc.is_file():
+        try:
+            return ATTRS_KEY in read_json(doc).get("attributes", {})
+        except ShardkitError:
+            return False
+    return False
+
+
+def remove_path(path: Path) -> None:
+    """Delete a file or a directory tree (never following a symlink), if it exists."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+def clear_output(path: Path) -> None:
+    """Delete the contents of a previous shardkit output at ``path`` (``--overwrite``), keeping ``path``.
+
+    Its ``zarr.json`` goes first, so a clearing cut short never leaves something that looks complete.
+
+    Raises
+    ------
+    ConversionError
+        ``path`` holds files that are not a shardkit output.
+    """
+    if not path.exists():
+        return
+    if not path.is_dir() or not looks_like_output(path):
+        raise ConversionError(
+            f"{path}: refusing to overwrite: expected an empty directory or a shardkit dataset, found other files"
+        )
+    remove_path(path / ZARR_JSON)
+    for entry in sorted(path.iterdir()):
+        remove_path(entry)
+
+
+def top_names(store: Store, allowed: Iterable[str] = ()) -> list[str]:
+    """The top-level names in ``store`` (directory entries, or first key segments of an object store)
+    that are not in ``allowed``, sorted."""
+    ok = set(allowed)
+    if store.is_local:
+        root = store.local_path()
+        names = {e.name for e in root.iterdir()} if root.is_dir() else set()
+    else:
+        names = {m.key.split("/", 1)[0] for m in store.list("")}
+    return sorted(names - ok)
+
+
+def clear_store(store: Store) -> None:
+    """:func:`clear_output` for any store: the contents of a previous shardkit output, root document
+    first; an object-store prefix that holds anything but a shardkit dataset is refused.
+
+    Raises
+    ------
+    ConversionError
+        The directory or prefix holds other files or objects.
+    """
+    if store.is_local:
+        clear_output(store.local_path())
+        return
+    objects = list(store.list(""))
+    if not objects:
+        return
+    if any(m.key == ZARR_JSON for m in objects):
+        read_dataset_meta(store)  # a shardkit dataset, or a named error: never delete anything else
+    elif top_names(store, (STAGING_DIR, PARTS_DIR, ".shardkit-versions")):
+        raise ConversionError(f"{store.url}: refusing to overwrite: expected a shardkit dataset, found other objects")
+    store.delete(ZARR_JSON)
+    for m in objects:
+        store.delete(m.key)

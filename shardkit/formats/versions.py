@@ -1,0 +1,294 @@
+"""Versions of a dataset: a reader keeps the version it opened while a later commit changes the dataset.
+
+A dataset that grows (``convert --append``, see :mod:`shardkit.formats.commit`) stays an ordinary
+format 1.1 dataset in place: the root ``zarr.json`` always describes the newest version, and zarr
+readers see that. Growing it changes a few files in place: the last payload shard when it was not
+full (it receives the first new records), the last chunk of each field array when it was not full,
+and the array documents (their shape). Every other file is never rewritten: full shards and full
+field chunks keep their bytes, and new ones get new names.
+
+Layout, next to the data::
+
+    DATASET/.shardkit-versions/
+      v000001.json, v000002.json, ...   the root document of every kept version, byte for byte
+      retired/<path>@<nbytes>-<crc32c>  the old bytes of a file a later version replaced
+
+A commit saves each file it is about to replace under ``retired/``, named by the path and the size
+and crc32c the *old* metadata recorded for it (a hard link on a local file system, a server-side
+copy on an object store: no payload bytes move), before it writes the new bytes in place. A reader
+of an older version finds a replaced file by exactly what its own metadata recorded: a shard whose
+size (or, in an object store, ETag) changed, or a document or field chunk whose size or crc32c is
+not what it expects, is read from its retired copy instead (:func:`older_copy`,
+:func:`read_versioned`). Files are found by content, not by version number, so a reader needs
+nothing but its own metadata, and a file replaced twice (two small appends filling one shard)
+leaves one copy per content. The same layout works in every store (:mod:`shardkit.stores`).
+
+Cleanup
+    Each commit keeps the newest ``keep`` older versions openable (default
+    :data:`DEFAULT_KEEP_VERSIONS`) and prunes the rest (:func:`prune`): a version's retired copies
+    are the files whose content the next version changed, so pruning version ``m`` deletes
+    ``retired/<k>@<m's digest of k>`` for every ``k`` that version ``m + 1`` records differently,
+    and then ``v<m>.json``. A reader still holding a pruned version gets an error saying so
+    (:class:`~shardkit.errors.VersionGoneError`) and must reopen the dataset.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from shardkit.errors import ChecksumError, MissingShardError, NotADatasetError, ShardkitError, TruncatedShardError, VersionGoneError
+from shardkit.formats import jsonvalues as jv
+from shardkit.formats.checksums import FileDigest, read_object
+from shardkit.formats.metadata import MAX_DOCUMENT_NBYTES, parse_json, read_json_object
+from shardkit.formats.spec import ATTRS_KEY, ZARR_JSON
+from shardkit.stores import Location, Store, open_store
+
+__all__ = [
+    "VERSIONS_DIR",
+    "DEFAULT_KEEP_VERSIONS",
+    "VersionInfo",
+    "version_key",
+    "retired_key",
+    "read_versioned",
+    "older_copy",
+    "read_document",
+    "version_of",
+    "list_versions",
+    "digests_of",
+    "prune",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Directory (inside the dataset) holding the version documents and the retired files.
+VERSIONS_DIR = ".shardkit-versions"
+#: Older versions a commit keeps openable by default.
+DEFAULT_KEEP_VERSIONS = 2
+_RETIRED = "retired"
+_VERSION_RE = re.compile(r"v(\d{6,})\.json")
+
+
+def version_key(number: int) -> str:
+    """Key (relative to the dataset root) of the root document of version ``number``."""
+    return f"{VERSIONS_DIR}/v{number:06d}.json"
+
+
+def retired_key(rel: str, nbytes: int, crc32c: int) -> str:
+    """Key (relative to the root) of the retired copy of file ``rel`` whose bytes had that size and crc32c."""
+    return f"{VERSIONS_DIR}/{_RETIRED}/{rel}@{nbytes}-{crc32c:08x}"
+
+
+def _is_versioned(store: Store) -> bool:
+    if store.is_local:
+        return store.local_path(VERSIONS_DIR).is_dir()
+    return next(iter(store.list(VERSIONS_DIR)), None) is not None
+
+
+def read_versioned(store: Store, key: str, digest: FileDigest | None, *, what: str, max_nbytes: int | None = None) -> bytes:
+    """The bytes of ``key`` as the reader's metadata recorded them (``digest``), from its retired copy
+    when a later version replaced the file.
+
+    Raises
+    ------
+    VersionGoneError
+        The file changed and its copy for this version was pruned (the reader must reopen).
+    MissingShardError, TruncatedShardError, ChecksumError, NotADatasetError
+        As :func:`~shardkit.formats.checksums.read_object`, when the file is simply damaged.
+    """
+    try:
+        return read_object(store, key, digest, what=what, max_nbytes=max_nbytes)
+    except (TruncatedShardError, ChecksumError, MissingShardError) as exc:
+        if digest is None:
+            raise
+        older = older_copy(store, key, digest.nbytes, digest.crc32c, exc)
+        return read_object(store, older, digest, what=what, max_nbytes=max_nbytes)
+
+
+def read_document(store: Store, key: str, digest: FileDigest | None) -> dict[str, Any]:
+    """A JSON document of the dataset (an array's ``zarr.json``) as this reader's version recorded it."""
+    raw = read_versioned(store, key, digest, what="metadata document", max_nbytes=MAX_DOCUMENT_NBYTES)
+    return parse_json(raw, store.describe(key))
+
+
+def older_copy(store: Store, rel: str, nbytes: int, crc32c: int, cause: ShardkitError) -> str:
+    """The key of the retired copy of ``rel`` with that size and crc32c, for a reader whose file did not match.
+
+    Raises
+    ------
+    VersionGoneError
+        The current version records other bytes for ``rel`` (a later commit replaced it) and the
+        copy was pruned.
+    ShardkitError
+        ``cause``, re-raised, when the file is simply damaged (the current version records the same
+        bytes, or the dataset has no versions).
+    """
+    key = retired_key(rel, nbytes, crc32c)
+    if store.exists(key):
+        return key
+    if _is_versioned(store):
+        try:
+            now = digests_of(_current_attrs(store), store.url).get(rel)
+        except ShardkitError:
+            now = None
+        if now is not None and now != (nbytes, crc32c):
+            raise VersionGoneError(
+                f"{store.describe(rel)}: a newer version of the dataset replaced this file, and the copy kept for "
+                f"the version this reader opened was pruned ({cause}); reopen the dataset to read its current version"
+            ) from None
+    raise cause
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    """One kept version of a dataset, as ``shardkit info`` shows it.
+
+    Attributes
+    ----------
+    number
+        Version number (1 for the first commit).
+    records
+        Records in that version.
+    operation
+        ``convert``, ``append`` or ``merge``.
+    committed
+        When its root document was written (seconds since the epoch, from the store), or ``None``.
+    current
+        It is the version the root ``zarr.json`` describes.
+    """
+
+    number: int
+    records: int
+    operation: str
+    committed: float | None
+    current: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.number, "records": self.records, "operation": self.operation,
+                "committed": self.committed, "current": self.current}
+
+
+def version_of(attrs: dict[str, Any]) -> int:
+    """The version number recorded in a dataset's ``shardkit`` attributes (1 when none is recorded)."""
+    source = attrs.get("source")
+    number = source.get("version", 1) if isinstance(source, dict) else 1
+    return number if isinstance(number, int) and not isinstance(number, bool) and number >= 1 else 1
+
+
+def _version_docs(store: Store) -> dict[int, float | None]:
+    """``{number: modification time}`` of every version document in the store."""
+    out: dict[int, float | None] = {}
+    for meta in store.list(VERSIONS_DIR):
+        m = _VERSION_RE.fullmatch(meta.key[len(VERSIONS_DIR) + 1 :])
+        if m is not None:
+            out[int(m.group(1))] = meta.mtime
+    return out
+
+
+def _attrs_of(store: Store, key: str) -> dict[str, Any]:
+    """The ``shardkit`` attributes of the root document ``key`` (bounded, strictly parsed JSON)."""
+    where = store.describe(key)
+    doc = read_json_object(store, key)
+    return jv.mapping(jv.mapping(doc.get("attributes", {}), "attributes", where).get(ATTRS_KEY), ATTRS_KEY, where)
+
+
+def _current_attrs(store: Store) -> dict[str, Any]:
+    try:
+        return _attrs_of(store, ZARR_JSON)
+    except NotADatasetError:
+        raise NotADatasetError(f"{store.describe(ZARR_JSON)}: a zarr group without 'shardkit' attributes") from None
+
+
+def list_versions(location: Location) -> list[VersionInfo]:
+    """Every version of the dataset at ``location`` whose root document is kept, oldest first.
+
+    A dataset written without versions (a single conversion by an older shardkit) has none.
+    """
+    store = open_store(location)
+    docs = _version_docs(store)
+    if not docs:
+        return []
+    current = version_of(_current_attrs(store))
+    out = []
+    for number in sorted(v for v in docs if v <= current):  # a later one belongs to an unfinished commit
+        try:
+            attrs = _attrs_of(store, version_key(number))
+        except ShardkitError as exc:
+            logger.warning("%s: version %d unreadable (%s)", store.url, number, exc)
+            continue
+        source = attrs.get("source") if isinstance(attrs.get("source"), dict) else {}
+        history = source.get("history") if isinstance(source, dict) else None
+        operation = "convert"
+        if isinstance(history, list) and history and isinstance(history[-1], dict):
+            operation = str(history[-1].get("operation", "convert"))
+        records = attrs.get("num_records")
+        out.append(VersionInfo(number, records if isinstance(records, int) else -1, operation, docs[number],
+                               number == current))
+    return out
+
+
+def digests_of(attrs: dict[str, Any], where: str) -> dict[str, tuple[int, int]]:
+    """``{path: (nbytes, crc32c)}`` of every file a version's attributes record: shards and ``files``."""
+    out: dict[str, tuple[int, int]] = {}
+    for i, shard in enumerate(jv.array(attrs.get("shards", []), "shards", where)):
+        doc = jv.mapping(shard, f"shards[{i}]", where)
+        out[jv.string(doc.get("path"), f"shards[{i}].path", where)] = (
+            jv.integer(doc.get("nbytes"), f"shards[{i}].nbytes", where),
+            jv.integer(doc.get("crc32c"), f"shards[{i}].crc32c", where),
+        )
+    for rel, digest in jv.mapping(attrs.get("files", {}), "files", where).items():
+        d = FileDigest.from_json(digest, where=where, what=f"files[{rel!r}]")
+        out[rel] = (d.nbytes, d.crc32c)
+    return out
+
+
+def _retired_by(store: Store, older: int, newer: int) -> list[str]:
+    """Retired copies that only version ``older`` (and versions before it) needed: the files whose
+    content version ``newer`` records differently."""
+    old = digests_of(_attrs_of(store, version_key(older)), store.describe(version_key(older)))
+    new = digests_of(_attrs_of(store, version_key(newer)), store.describe(version_key(newer)))
+    return [retired_key(rel, n, c) for rel, (n, c) in old.items() if rel in new and new[rel] != (n, c)]
+
+
+def prune(location: Location, keep: int = DEFAULT_KEEP_VERSIONS) -> list[int]:
+    """Delete every version older than the newest ``keep + 1`` (their retired files and documents).
+
+    Returns the pruned version numbers. Versions are pruned oldest first, each one's retired copies
+    before its document, so a prune cut short is finished by the next one.
+    """
+    store = open_store(location)
+    docs = _version_docs(store)
+    if not docs:
+        return []
+    current = version_of(_current_attrs(store))
+    numbers = sorted(v for v in docs if v <= current)
+    pruned = []
+    for older, newer in itertools.pairwise(numbers):
+        if older >= current - keep:
+            break
+        for key in _retired_by(store, older, newer):
+            store.delete(key)
+        store.delete(version_key(older))
+        pruned.append(older)
+    if pruned:
+        if store.is_local:
+            _remove_empty_dirs(store, f"{VERSIONS_DIR}/{_RETIRED}")
+        logger.info("%s: pruned versions %s", store.url, ", ".join(map(str, pruned)))
+    return pruned
+
+
+def _remove_empty_dirs(store: Store, key: str) -> None:
+    import os
+
+    top = store.local_path(key)
+    if not top.is_dir() or top.is_symlink():
+        return
+    for dirpath, _dirs, _files in sorted(os.walk(top), key=lambda t: -len(t[0])):
+        if dirpath != str(top):
+            try:
+                os.rmdir(dirpath)
+            except OSError:
+                pass

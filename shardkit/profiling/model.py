@@ -1,0 +1,274 @@
+"""The cost model of ``shardkit profile``: epoch time and stalls from per-tier rates and cache sizes.
+
+DS-Analyzer (Mohan et al., VLDB'21) predicts what more memory, CPU or storage bandwidth would buy
+from rates measured once. This module is that prediction for the tiered sampler, as plain
+arithmetic on a few measured :class:`Rates` (so tests can check it against hand-computed cases):
+
+* **What each epoch reads.** The static cache pins ``M`` of the ``N`` records (``M`` comes from
+  :meth:`~shardkit.readers.SamplerOptions.tier_sizes`, the sampler's own memory plan). The first
+  epoch of a run reads every record from storage (the pinned ones into the cache), every later
+  epoch only the ``N - M`` others. A block of ``K`` keys reads its records at density ``d = K / N``;
+  gaps of up to ``gap_bytes`` are read rather than skipped, so a wanted record costs
+  :func:`read_amplification` times its own bytes.
+* **Where the bytes come from.** Storage reads hit the OS page cache with probability
+  ``min(1, page_cache / dataset)`` (a uniformly random order meets an LRU cache of ``C`` bytes about
+  ``C / D`` of the time), except in the first epoch of a cold start. The page cache is what the
+  machine has available less the sampler's own ``ram_size``.
+* **Stages.** The block reader (storage, or storage -> SSD -> RAM with the SSD tier: two threads),
+  the assembler (per batch, plus copying cached records) and the consumer (training step plus
+  hand-over) run concurrently, so an epoch takes as long as the slowest of them, or as the CPU work
+  of all of them spread over the cores, plus the start-up read of the first block in a run's first
+  epoch. The consumer stalls for whatever the epoch takes beyond its own work.
+* **Workers.** ``W`` DataLoader workers each run a sampler over ``N / W`` records with its own
+  budget (the static cache is shared per node); storage bandwidth is shared, CPU work spreads over
+  ``min(W, cores)`` cores.
+
+The model is deliberately small: every term is a measured rate times a count the schedule fixes.
+What it leaves out (per-request latency of sparse reads, a framework's inter-process hand-over with
+workers) is named in the README's profile section.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from shardkit.errors import ConfigError
+from shardkit.readers.config import SamplerOptions, TierSizes
+
+__all__ = [
+    "Rates",
+    "Workload",
+    "Scenario",
+    "EpochPrediction",
+    "Prediction",
+    "read_amplification",
+    "page_cache_hit",
+    "predict",
+    "with_options",
+    "RESOURCES",
+]
+
+#: Stages of an epoch as :class:`EpochPrediction` names them (slowest one = the bottleneck).
+RESOURCES = ("storage", "page cache", "ssd", "assembly", "compute", "cpu")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The dataset and the job: ``N`` records of ``record_nbytes`` bytes, in batches of ``batch_size``."""
+
+    num_records: int
+    record_nbytes: int
+    batch_size: int
+    epochs: int = 2
+
+    @property
+    def dataset_bytes(self) -> int:
+        return self.num_records * self.record_nbytes
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Rates measured by the profile's phases (bytes per second, seconds per batch).
+
+    Attributes
+    ----------
+    storage_bps
+        The bottom tier read cold (a disk with the page cache dropped, or an object store).
+    page_cache_bps
+        The bottom tier read warm (from the OS page cache: the CPU copying bytes).
+    copy_bps
+        The RAM tier: cached records copied into batches.
+    assembly_s
+        Seconds per batch the assembler spends besides copying cached records (fields, keys).
+    handover_s
+        Seconds per batch of the consumer's side of taking a batch.
+    step_s, step_cpu_s
+        Wall and CPU seconds of one training step (a sleeping step stands for an accelerator: no CPU).
+    ssd_write_bps, ssd_read_bps
+        The SSD tier (``None`` when not measured: predictions with the SSD tier are then refused).
+    cores
+        CPU cores the job may use.
+    page_cache_bytes
+        Memory the OS may use to cache the dataset (``MemAvailable`` when measured).
+    """
+
+    storage_bps: float
+    page_cache_bps: float
+    copy_bps: float
+    assembly_s: float
+    handover_s: float
+    step_s: float
+    step_cpu_s: float = 0.0
+    ssd_write_bps: float | None = None
+    ssd_read_bps: float | None = None
+    cores: int = 1
+    page_cache_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One configuration to predict: sampler options plus the machine's what-ifs.
+
+    ``storage_bps``, ``step_s`` and ``page_cache_bytes`` replace the measured rate when given;
+    ``cold_start`` says whether the run starts with the dataset out of the page cache.
+    """
+
+    label: str
+    options: SamplerOptions
+    workers: int = 1
+    storage_bps: float | None = None
+    step_s: float | None = None
+    page_cache_bytes: int | None = None
+    cold_start: bool = True
+
+
+@dataclass(frozen=True)
+class EpochPrediction:
+    """One epoch of one consumer: its time, the consumer's stall, and each stage's time.
+
+    ``stages`` maps every name of :data:`RESOURCES` to the seconds that resource alone would need;
+    the reader thread needs storage and page cache together.
+    """
+
+    seconds: float
+    stall_seconds: float
+    storage_bytes: float
+    startup_seconds: float
+    stages: dict[str, float] = field(default_factory=dict)
+    #: The resource the epoch waits for (a name of :data:`RESOURCES`).
+    bottleneck: str = "compute"
+
+    @property
+    def stall_fraction(self) -> float:
+        return self.stall_seconds / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The epochs of one :class:`Scenario` and the memory plan they follow."""
+
+    scenario: Scenario
+    sizes: TierSizes
+    epochs: tuple[EpochPrediction, ...]
+
+    @property
+    def seconds(self) -> float:
+        """The whole run."""
+        return sum(e.seconds for e in self.epochs)
+
+    @property
+    def stall_seconds(self) -> float:
+        return sum(e.stall_seconds for e in self.epochs)
+
+    @property
+    def stall_fraction(self) -> float:
+        return self.stall_seconds / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def steady(self) -> EpochPrediction:
+        """The last epoch: after the first, every epoch is the same."""
+        return self.epochs[-1]
+
+    @property
+    def cache_fraction(self) -> float:
+        return self.sizes.cache_fraction
+
+
+def read_amplification(density: float, gap_bytes: int, record_nbytes: int) -> float:
+    """Bytes read per wanted byte when a fraction ``density`` of the records is wanted.
+
+    Between two wanted records lie ``k`` unwanted ones with ``P(k) = d (1 - d)^k`` (records wanted
+    independently with probability ``d``). A gap of ``k`` records is read rather than skipped when
+    ``k * record_nbytes <= gap_bytes``, i.e. ``k <= G = gap_bytes // record_nbytes``, so a wanted
+    record costs ``1 + sum_{k=1..G} k d (1-d)^k`` records:
+    ``1 + q (1 - (G+1) q^G + G q^(G+1)) / d`` with ``q = 1 - d``.
+    """
+    if not 0 < density <= 1:
+        raise ConfigError(f"density: expected 0 < density <= 1, found {density}")
+    g = gap_bytes // max(1, record_nbytes)
+    q = 1.0 - density
+    if g == 0 or q == 0:
+        return 1.0
+    return 1.0 + q * (1 - (g + 1) * q**g + g * q ** (g + 1)) / density
+
+
+def page_cache_hit(page_cache_bytes: float, dataset_bytes: float) -> float:
+    """Fraction of uniformly random reads an LRU page cache of ``page_cache_bytes`` serves."""
+    if dataset_bytes <= 0:
+        return 1.0
+    return max(0.0, min(1.0, page_cache_bytes / dataset_bytes))
+
+
+def predict(work: Workload, rates: Rates, scenario: Scenario) -> Prediction:
+    """Predict every epoch of ``scenario`` (see the module docstring for the model)."""
+    w = scenario.workers
+    if w < 1:
+        raise ConfigError(f"workers: expected at least 1, found {w}")
+    opts = scenario.options
+    sizes = opts.replace(world_size=opts.world_size * w, rank=0).tier_sizes(work.record_nbytes, work.num_records)
+    if sizes.ssd_block is not None and (rates.ssd_write_bps is None or rates.ssd_read_bps is None):
+        raise ConfigError(f"{scenario.label}: the SSD tier's rates were not measured (profile with --ssd-dir)")
+    page_cache = rates.page_cache_bytes if scenario.page_cache_bytes is None else scenario.page_cache_bytes
+    later_hit = page_cache_hit(max(0, page_cache - w * sizes.ram_bytes), work.dataset_bytes)
+    first_hit = 0.0 if scenario.cold_start else later_hit
+    epochs = tuple(
+        _epoch(work, rates, scenario, sizes, first=e == 0, hit=first_hit if e == 0 else later_hit) for e in range(max(1, work.epochs))
+    )
+    return Prediction(scenario, sizes, epochs)
+
+
+def _epoch(work: Workload, rates: Rates, sc: Scenario, sizes: TierSizes, *, first: bool, hit: float) -> EpochPrediction:
+    """One epoch of one consumer (one of ``sc.workers``)."""
+    n, rec, w = work.num_records, work.record_nbytes, sc.workers
+    n, rec = int(n), int(rec)
+    per = n / w  # records of this consumer
+    batches = math.ceil(per / work.batch_size)
+    cached = sizes.static_records / n if n else 0.0
+    unread = 0.0 if first else cached  # the first epoch reads the pinned records into the cache
+    records = per * (1 - unread)
+    gap = sc.options.gap_bytes
+    top = sizes.ssd_block if sizes.ssd_block is not None else sizes.ram_block
+    density = min(1.0, top * w / n) * (1 - unread)  # a block's keys are a random subset of all N keys
+    storage_bytes = records * rec * (read_amplification(density, gap, rec) if records else 1.0)
+    bw = sc.storage_bps if sc.storage_bps is not None else rates.storage_bps
+    cold_s = storage_bytes * (1 - hit) / bw
+    warm_s = storage_bytes * hit / rates.page_cache_bps
+    reader = cold_s + warm_s
+    ssd = 0.0
+    if sizes.ssd_block is not None:
+        assert rates.ssd_write_bps is not None and rates.ssd_read_bps is not None
+        inner = min(1.0, sizes.ram_block / max(1, sizes.ssd_block))
+        ssd_read = records * rec * read_amplification(inner, gap, rec) / rates.ssd_read_bps
+        reader += records * rec / rates.ssd_write_bps  # the SSD creator reads, then writes
+        ssd = max(ssd_read, records * rec / rates.ssd_write_bps)
+        reader = max(reader, ssd_read)
+    assembly = batches * rates.assembly_s + per * cached * rec / rates.copy_bps
+    step = sc.step_s if sc.step_s is not None else rates.step_s
+    step_cpu = rates.step_cpu_s * (step / rates.step_s) if rates.step_s > 0 else 0.0
+    compute = batches * (step + rates.handover_s)
+    # Every byte read is copied by a CPU at page-cache speed; the SSD tier copies it twice more.
+    cpu_read = storage_bytes / rates.page_cache_bps + (2 * records * rec / rates.page_cache_bps if ssd else 0.0)
+    cpu = w * (cpu_read + assembly + batches * (step_cpu + rates.handover_s)) / max(1, rates.cores)
+    stages = {
+        "storage": w * cold_s,  # bandwidth is shared by the workers
+        "page cache": warm_s,
+        "ssd": ssd,
+        "assembly": assembly,
+        "compute": compute,
+        "cpu": cpu,
+    }
+    startup = 0.0
+    if first:
+        first_bytes = min(sizes.first_block, per) * rec
+        startup = first_bytes * (1 - hit) / bw + first_bytes * hit / rates.page_cache_bps
+    neck = max(stages, key=lambda k: stages[k])
+    if reader > stages[neck]:  # the reader thread, storage and page cache together
+        neck = "storage" if stages["storage"] >= stages["page cache"] else "page cache"
+    seconds = max(reader, *stages.values()) + startup
+    return EpochPrediction(seconds, max(0.0, seconds - compute), float(storage_bytes), startup, stages, neck)
+
+
+def with_options(scenario: Scenario, label: str, **options: object) -> Scenario:
+    """``scenario`` with sampler options changed (validated) and a new label."""
+    return replace(scenario, label=label, options=scenario.options.replace(**options))

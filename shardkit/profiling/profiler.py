@@ -1,0 +1,207 @@
+"""``profile()``: run the phases, derive the per-tier rates, predict, and optionally check predictions.
+
+Phases (each with its own progress bar when ``progress`` is on):
+
+1. ``ingest-cold``: the sampler alone over one epoch, the dataset dropped from the page cache first
+   (for an object store: the first run) -> the storage rate;
+2. ``ingest-warm``: the sampler alone over the job's epochs, page cache warm -> the page-cache
+   rate, the assembler's and the hand-over's cost per batch, the maximum ingestion rate;
+3. ``ssd`` (with the SSD tier, or when ``ssd_dir`` is given): the SSD tier's write and read rates;
+4. ``compute``: the step alone on a synthetic batch in memory -> the step rate;
+5. ``both``: the job as configured -> the measured epoch times and stall;
+6. ``check`` (optional): other configurations run like ``both``, next to their predictions.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from shardkit.errors import ConfigError
+from shardkit.profiling.model import Prediction, Rates, Scenario, Workload, predict, with_options
+from shardkit.profiling.phases import (
+    PhaseResult,
+    Step,
+    copy_rate,
+    page_cache_capacity,
+    progress,
+    run_pipeline,
+    run_steps,
+    sleep_step,
+    synthetic_batch,
+)
+from shardkit.profiling.whatif import Advice, advise, cache_curve, whatif_grid
+from shardkit.readers import SamplerOptions, TieredSampler
+from shardkit.stores import Location, as_location
+from shardkit.units import human_bytes, parse_duration
+
+__all__ = ["Check", "Profile", "profile", "default_checks"]
+
+#: Compute-phase steps at most (the step's rate settles quickly; a slow step must not dominate).
+MAX_COMPUTE_STEPS = 50
+
+
+@dataclass(frozen=True)
+class Check:
+    """A configuration run for real next to its prediction."""
+
+    prediction: Prediction
+    measured: PhaseResult
+
+    @property
+    def error(self) -> float:
+        """Relative error of the predicted run time: ``(predicted - measured) / measured``."""
+        m = self.measured.seconds
+        return (self.prediction.seconds - m) / m if m > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Everything ``shardkit profile`` measured and predicted (see :mod:`shardkit.profiling.report`)."""
+
+    path: str
+    workload: Workload
+    options: SamplerOptions
+    step_name: str
+    phases: dict[str, PhaseResult]
+    rates: Rates
+    measured: Prediction
+    whatifs: tuple[Prediction, ...]
+    curve: tuple[Prediction, ...]
+    advice: Advice
+    checks: tuple[Check, ...] = ()
+    remote: bool = False
+
+
+def default_checks(work: Workload, base: Scenario) -> list[Scenario]:
+    """Three configurations unlike ``base``: no static cache, half the dataset pinned, all of it."""
+    pool = base.options.tier_sizes(work.record_nbytes, work.num_records).pool_bytes
+    half = (work.num_records // 2) * work.record_nbytes
+    out = [
+        with_options(base, "static_cache 0", static_cache=0),
+        with_options(base, f"half cached ({human_bytes(half)})", ram_size=pool + half, static_cache=half),
+        with_options(base, "all cached", ram_size=pool + 2 * work.dataset_bytes, static_cache="auto"),
+    ]
+    if base.options.static_cache == out[0].options.static_cache:
+        quarter = (work.num_records // 4) * work.record_nbytes
+        out[0] = with_options(base, f"quarter cached ({human_bytes(quarter)})", ram_size=pool + quarter,
+                              static_cache=quarter)  # fmt: skip
+    return out
+
+
+def profile(
+    path: Location,
+    options: SamplerOptions | None = None,
+    *,
+    step: Step | None = None,
+    step_time: float | str | None = None,
+    cold: bool = True,
+    check: bool | Sequence[Mapping[str, Any]] = False,
+    progress_bars: bool = False,
+    **overrides: Any,
+) -> Profile:
+    """Measure ``path``'s data stalls differentially and predict other configurations.
+
+    Parameters
+    ----------
+    path
+        Dataset directory or object-store URL.
+    options, **overrides
+        The job's sampler options (:class:`~shardkit.readers.SamplerOptions`; ``epochs`` defaults
+        to 2 here: the first epoch fills the static cache, the second is the steady state).
+    step, step_time
+        The training step: a callable taking a batch, or a duration the step sleeps (an accelerator
+        that leaves the CPU free; seconds or ``"20ms"``). Exactly one of them.
+    cold
+        Start the ``both`` and ``check`` runs with the dataset out of the page cache (local datasets).
+    check
+        ``True`` for :func:`default_checks`, or a list of option overrides (one configuration each).
+    progress_bars
+        A tqdm bar per phase (for a person watching; off for library use).
+    """
+    if (step is None) == (step_time is None):
+        raise ConfigError("profile: give exactly one of step (a function) and step_time (a duration such as 20ms)")
+    if step is None:
+        seconds = parse_duration(step_time if step_time is not None else 0, what="step_time")
+        step, step_name = sleep_step(seconds), f"sleep {seconds * 1e3:g} ms"
+    else:
+        step_name = getattr(step, "__qualname__", repr(step))
+    if options is None:
+        overrides.setdefault("epochs", 2)
+    opts = SamplerOptions.parse(**overrides) if options is None else options.replace(**overrides)
+    if opts.epochs is None or opts.epochs < 1:
+        raise ConfigError(f"{opts.name('epochs')}: profile runs a whole number of epochs (at least 1), found {opts.epochs}")
+    location = as_location(path)
+    remote = isinstance(location, str)
+    probe = TieredSampler(location, opts)
+    with probe:
+        work = Workload(int(probe.num_records), int(probe.record_nbytes), opts.batch_size, opts.epochs)
+        spec, nbatches = probe.element_spec(), len(probe)
+    phases: dict[str, PhaseResult] = {}
+    plain = opts.replace(tiers="ram")
+
+    def phase(name: str, o: SamplerOptions, fn: Step | None, is_cold: bool) -> PhaseResult:
+        epochs = o.epochs or 1
+        with progress(progress_bars, name, nbatches * epochs) as bar:
+            result = run_pipeline(name, location, o, fn, cold=is_cold, bar=bar)
+        phases[name] = result
+        return result
+
+    phase("ingest-cold", plain.replace(epochs=1), None, True)
+    phase("ingest-warm", plain, None, False)
+    if "ssd" in opts.tiers or opts.ssd_dir is not None:
+        ram = opts.ram_size.to_bytes(work.record_nbytes)
+        ssd_opts = opts if "ssd" in opts.tiers else opts.replace(tiers="ram,ssd", ssd_size=max(4 * ram, ram))
+        phase("ssd", ssd_opts.replace(epochs=1), None, False)
+    count = min(MAX_COMPUTE_STEPS, nbatches * work.epochs)
+    with progress(progress_bars, "compute", count) as bar:
+        step_s, step_cpu = run_steps(step, synthetic_batch(spec, opts.batch_size), count, bar)
+    rates = derive_rates(work, phases, step_s, step_cpu, remote=remote)
+    base = Scenario("measured", opts, cold_start=cold and not remote)
+    phase("both", opts, step, base.cold_start)
+    checks: list[Check] = []
+    if check:
+        scenarios = (
+            default_checks(work, base)
+            if check is True
+            else [replace(base, label=", ".join(f"{k}={v}" for k, v in c.items()), options=opts.replace(**c)) for c in check]
+        )
+        for sc in scenarios:
+            pred = predict(work, rates, sc)
+            checks.append(Check(pred, phase(f"check: {sc.label}", sc.options, step, sc.cold_start)))
+    return Profile(
+        str(location), work, opts, step_name, phases, rates, predict(work, rates, base),
+        tuple(whatif_grid(work, rates, base)), tuple(cache_curve(work, rates, base)), advise(work, rates, base),
+        tuple(checks), remote,
+    )  # fmt: skip
+
+
+def derive_rates(work: Workload, phases: Mapping[str, PhaseResult], step_s: float, step_cpu: float,
+                 *, remote: bool) -> Rates:  # fmt: skip
+    """The model's rates from the phases: bytes over busy seconds per tier, seconds per batch."""
+    cold, warm = phases["ingest-cold"], phases["ingest-warm"]
+    copy_bps = copy_rate(work.record_nbytes, work.batch_size)
+    storage = _bps(cold.storage_bytes, cold.busy.get("disk", 0.0)) or _bps(warm.storage_bytes, warm.busy.get("disk", 0.0))
+    # Page-cache reads are CPU copies: their CPU time is their cost (the wall time of the unthrottled
+    # ingest phase also counts waiting for a core the assembler and the consumer loop hold).
+    warm_cpu = warm.busy.get("disk_cpu", 0.0) or warm.busy.get("disk", 0.0)
+    page = copy_bps if remote else (_bps(warm.storage_bytes, warm_cpu) or storage)
+    if not storage or not page:
+        raise ConfigError(f"{phases['ingest-cold'].name}: the dataset delivered no bytes to time (is it empty?)")
+    batches = max(1, warm.batches)
+    assembly = max(0.0, warm.busy.get("assembly", 0.0) - warm.cache_bytes / copy_bps) / batches
+    ssd_w = ssd_r = None
+    if "ssd" in phases:
+        s = phases["ssd"]
+        fill = s.busy.get("ssd_fill", 0.0) - s.ssd_written / page  # what writing took beyond reading
+        ssd_w = _bps(s.ssd_written, max(fill, 1e-6))
+        ssd_r = _bps(s.ssd_bytes, s.busy.get("ssd", 0.0))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return Rates(storage, page, copy_bps, assembly, warm.busy.get("handover", 0.0) / batches, step_s, step_cpu,
+                 ssd_w, ssd_r, cores, 0 if remote else page_cache_capacity())  # fmt: skip
+
+
+def _bps(nbytes: int, seconds: float) -> float:
+    return nbytes / seconds if nbytes > 0 and seconds > 0 else 0.0

@@ -1,0 +1,364 @@
+"""Mixtures of datasets with weights: the mixed epoch order as pure arithmetic on keys (DESIGN §12).
+
+A mixture of ``m`` datasets of sizes ``N_i`` with relative weights ``w_i`` and an epoch length
+``L`` (default ``sum N_i``) emits, in every epoch, ``L`` records. Everything here depends only on
+``(seed, epoch)`` and the sizes, never on the world size, the budgets or the resume position, so
+the tiered sampler can treat the mixed order exactly like the single-dataset permutation ``pi``:
+slice it into global batches, resume it at any position, read each block in ascending offsets.
+
+The guarantee
+-------------
+1. **Exact counts.** Dataset ``i`` contributes exactly ``n_i`` records to every epoch, the
+   largest-remainder rounding of ``w_i L / sum(w)`` (:func:`epoch_counts`): each ``n_i`` is the
+   floor of its quota or one more, and the ``n_i`` sum to ``L``. The leftover records go to the
+   largest fractional parts; equal fractional parts are broken by the lower dataset index (so
+   weights ``1,1`` with ``L = 3`` give ``2,1``). Weights are exact: ints and fractions as they are,
+   floats and strings at their decimal spelling (``0.1`` is one tenth, not the binary double).
+2. **Walks: every record once before any twice.** Write ``n_i = q_i N_i + r_i`` (``0 <= r_i <
+   N_i``). Each epoch holds ``q_i`` copies of every record of dataset ``i`` plus ``r_i`` *extras*,
+   distinct records taken from dataset ``i``'s *walk*: a stream of permutations of ``range(N_i)``
+   (walk 0, walk 1, ...) read ``r_i`` at a time, continued across epochs. So when ``n_i <= N_i``
+   (``q_i = 0``) the epoch's records are a uniformly random ``n_i``-subset without replacement and
+   no record is used a second time before every record was used once; when ``n_i > N_i`` every
+   record appears ``q_i`` times plus a uniformly random ``r_i``-subset once more, and the extras
+   rotate through the dataset the same way. An epoch that straddles two walks (the end of walk
+   ``w`` and the start of walk ``w + 1``) must not take a record twice, so walk ``w + 1`` starts
+   with records the end of walk ``w`` did not use. Precisely, the walks are independent uniform
+   permutations *conditioned on no epoch holding an extra twice*; :class:`Walks` draws them
+   sequentially (the head of walk ``w + 1`` uniformly from the records outside the tail of walk
+   ``w``, then the rest uniformly), and because the number of admissible continuations does not
+   depend on which records the tail held, the product of those steps is exactly that conditional
+   law. Marginally, every epoch's extras are a uniform subset in uniform order.
+3. **Uniform interleaving.** The ``L`` slots are a uniformly random arrangement of the epoch's
+   multiset of ``(dataset, key)`` items: one uniform permutation of the ``L`` items
+   (:func:`arrangement`), so with the ``n_i`` fixed every ordering of the dataset indices is
+   equally likely, every dataset's records are in uniformly random order among its slots, and
+   the arrangement is independent of every other epoch's.
+
+Keys
+----
+The sampler addresses the records of all datasets in one *global key* space: dataset ``i``'s
+record ``k`` is ``offsets[i] + k`` with ``offsets`` the running sums of the sizes
+(:meth:`MixturePlan.global_keys`, :meth:`MixturePlan.split`). An epoch's mixed order is
+:meth:`MixturePlan.stream` (global keys, length ``L``, a record repeats when ``n_i > N_i``) or
+:meth:`MixturePlan.pairs` (``[L, 2]``: dataset index, record key).
+
+Random streams
+--------------
+Every draw comes from ``seeds.rng(Domain.MIXTURE, seed, part, ...)`` with one ``part`` per use
+(never renumber): walk ``w`` of dataset ``i`` draws its head, tail and middle from parts
+:data:`HEAD`, :data:`TAIL`, :data:`MIDDLE` with values ``(i, w)``; epoch ``e``'s arrangement from
+part :data:`ARRANGE` with value ``e``.
+
+Cost
+----
+An epoch costs ``O(L)`` for the arrangement and, per dataset, one walk permutation of ``N_i`` keys
+for each walk it touches (the last walk is kept, so consecutive epochs inside one walk share it).
+Resuming at a late epoch replays only the heads and tails of the walks since the last walk that
+began on an epoch boundary (every ``r_i / gcd(N_i, r_i)`` walks), never the epochs' arrangements.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+import numpy as np
+
+from shardkit.errors import ConfigError
+from shardkit.readers.seeds import Domain, check_seed, rng
+from shardkit.units import parse_count
+
+__all__ = [
+    "HEAD",
+    "TAIL",
+    "MIDDLE",
+    "ARRANGE",
+    "MAX_EPOCH_SIZE",
+    "parse_weights",
+    "epoch_counts",
+    "walk_bounds",
+    "Walks",
+    "arrangement",
+    "MixturePlan",
+]
+
+#: Parts of :attr:`Domain.MIXTURE` (part of the numbers drawn: never renumber).
+HEAD, TAIL, MIDDLE, ARRANGE = 0, 1, 2, 3
+#: Largest epoch length accepted: an epoch's order holds 8 bytes per slot in RAM.
+MAX_EPOCH_SIZE = 1 << 40
+
+
+# ---------------------------------------------------------------------------------------------- counts
+def parse_weights(weights: Sequence[object], *, what: str = "weights") -> tuple[Fraction, ...]:
+    """Relative weights as exact positive fractions.
+
+    Ints and :class:`~fractions.Fraction` are taken as they are; floats and strings (``"3"``,
+    ``"0.25"``, ``"1/3"``) at their decimal spelling, so ``0.1`` is exactly one tenth. Every weight
+    must be finite and positive (a dataset that should contribute nothing does not belong in the
+    mixture).
+    """
+    if isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence) or not weights:
+        raise ConfigError(f"{what}: expected one positive number per dataset, found {weights!r}")
+    out: list[Fraction] = []
+    for i, w in enumerate(weights):
+        value: Fraction | None = None
+        flag = isinstance(w, (bool, np.bool_))
+        if isinstance(w, Fraction):
+            value = w
+        elif isinstance(w, numbers.Integral) and not flag:
+            value = Fraction(int(w))
+        elif isinstance(w, (numbers.Real, str)) and not flag:
+            try:  # a float at its shortest decimal spelling: 0.1 is one tenth
+                value = Fraction(w.strip() if isinstance(w, str) else repr(float(w)))
+            except (ValueError, ZeroDivisionError):
+                value = None
+        if value is None or value <= 0:
+            raise ConfigError(f"{what}: weight {i} must be a finite number > 0 (such as 3, 0.25 or 1/3), found {w!r}")
+        out.append(value)
+    return tuple(out)
+
+
+def epoch_counts(weights: Sequence[object], epoch_size: int) -> tuple[int, ...]:
+    """``n_i``: the largest-remainder rounding of ``w_i L / sum(w)`` (see module docstring, item 1).
+
+    Exact rational arithmetic: each ``n_i`` is ``floor(quota_i)`` or ``floor(quota_i) + 1``, the
+    ``n_i`` sum to ``L``, and ties between equal fractional parts go to the lower index.
+    """
+    ws = parse_weights(weights)
+    total = int(epoch_size)
+    whole = sum(ws, Fraction(0))
+    quotas = [w * total / whole for w in ws]
+    counts = [math.floor(q) for q in quotas]
+    left = total - sum(counts)
+    by_remainder = sorted(range(len(ws)), key=lambda i: (-(quotas[i] - counts[i]), i))
+    for i in by_remainder[:left]:
+        counts[i] += 1
+    return tuple(counts)
+
+
+# ---------------------------------------------------------------------------------------------- walks
+def walk_bounds(walk: int, size: int, extras: int) -> tuple[int, int]:
+    """``(h, t)``: how many leading and trailing records of walk ``walk`` belong to epochs that
+    straddle the walk's start and end (``extras`` records of a walk of ``size`` per epoch).
+
+    Walk ``w`` covers extras positions ``[w N, (w+1) N)``, epoch ``e`` positions ``[e r, (e+1) r)``;
+    with ``r < N`` an epoch meets at most two walks, so the head and the tail never overlap, and
+    ``h(w + 1) + t(w) = r`` whenever an epoch straddles the boundary.
+    """
+    n, r, w = int(size), int(extras), int(walk)
+    if r == 0:
+        return 0, 0
+    start, end = w * n, (w + 1) * n
+    head = 0 if start % r == 0 else r - start % r
+    return head, end % r
+
+
+def _sample_outside(gen: np.random.Generator, n: int, k: int, excluded: np.ndarray) -> np.ndarray:
+    """A uniformly random ordered ``k``-sample of ``range(n)`` without the keys in ``excluded``."""
+    ex = np.unique(excluded)
+    idx = gen.choice(n - ex.size, size=k, replace=False, shuffle=True).astype(np.int64, copy=False)
+    if ex.size:
+        # The j-th kept key is j plus the number of excluded keys at or below it.
+        adjusted = ex - np.arange(ex.size, dtype=np.int64)
+        idx = idx + np.searchsorted(adjusted, idx, side="right")
+    return idx
+
+
+class Walks:
+    """Dataset ``dataset``'s extras, epoch by epoch (module docstring, item 2).
+
+    Walk ``w`` is ``[head H_w | middle M_w | tail T_w]``: ``H_w`` a uniform ordered sample of the
+    records outside ``T_{w-1}`` (:data:`HEAD`), ``T_w`` a uniform ordered sample of the records
+    outside ``H_w`` (:data:`TAIL`), ``M_w`` a uniform permutation of the rest (:data:`MIDDLE`).
+    The tails chain the walks together; the chain restarts at every walk that begins on an epoch
+    boundary (empty head). The object keeps the last tail and the last whole walk it computed, so
+    epochs requested in increasing order cost one walk per walk; it is thread-safe.
+
+    Parameters
+    ----------
+    seed, dataset
+        The mixture's seed and this dataset's index in it.
+    size
+        ``N``, records in the dataset (at least 1).
+    extras
+        ``r``, extras per epoch (``0 <= r < N``).
+    """
+
+    def __init__(self, seed: int, dataset: int, size: int, extras: int) -> None:
+        self.seed, self.dataset, self.size, self.extras = int(seed), int(dataset), int(size), int(extras)
+        if not 0 <= self.extras < self.size:
+            raise ConfigError(f"walks: expected 0 <= extras < size, found extras={extras}, size={size}")
+        # Walks between two chain restarts (walks that begin on an epoch boundary).
+        self._period = self.extras // math.gcd(self.size, self.extras) if self.extras else 1
+        self._lock = threading.Lock()
+        self._tail: tuple[int, np.ndarray] | None = None  # (w, T_w)
+        self._walk: tuple[int, np.ndarray] | None = None  # (w, whole walk w)
+
+    def _gen(self, part: int, walk: int) -> np.random.Generator:
+        return rng(Domain.MIXTURE, self.seed, part, self.dataset, walk)
+
+    def _head_and_tail(self, walk: int, prev_tail: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        h, t = walk_bounds(walk, self.size, self.extras)
+        head = _sample_outside(self._gen(HEAD, walk), self.size, h, prev_tail)
+        tail = _sample_outside(self._gen(TAIL, walk), self.size, t, head)
+        return head, tail
+
+    def _tail_before(self, walk: int) -> np.ndarray:
+        """``T_{walk-1}`` (empty for walk 0 and for a walk that begins on an epoch boundary)."""
+        if walk == 0 or walk_bounds(walk, self.size, self.extras)[0] == 0:
+            return np.empty(0, dtype=np.int64)
+        if self._tail is not None and self._tail[0] == walk - 1:
+            return self._tail[1]
+        # Replay from the last restart at or before walk - 1 (or from the kept tail, if later).
+        v = ((walk - 1) // self._period) * self._period
+        tail = np.empty(0, dtype=np.int64)
+        if self._tail is not None and v <= self._tail[0] < walk - 1:
+            v, tail = self._tail[0] + 1, self._tail[1]
+        for u in range(v, walk):
+            tail = self._head_and_tail(u, tail)[1]
+        self._tail = (walk - 1, tail)
+        return tail
+
+    def walk(self, walk: int) -> np.ndarray:
+        """The whole walk ``walk``: a permutation of ``range(N)`` (int64)."""
+        with self._lock:
+            return self._whole(int(walk)).copy()
+
+    def _whole(self, walk: int) -> np.ndarray:
+        if self._walk is not None and self._walk[0] == walk:
+            return self._walk[1]
+        head, tail = self._head_and_tail(walk, self._tail_before(walk))
+        mask = np.ones(self.size, dtype=bool)
+        mask[head] = False
+        mask[tail] = False
+        middle = self._gen(MIDDLE, walk).permutation(np.flatnonzero(mask))
+        whole = np.concatenate([head, middle, tail]).astype(np.int64, copy=False)
+        self._tail = (walk, tail)
+        self._walk = (walk, whole)
+        return whole
+
+    def epoch(self, epoch: int) -> np.ndarray:
+        """Epoch ``epoch``'s ``r`` extras: distinct record keys, in walk order (int64)."""
+        e, n, r = int(epoch), self.size, self.extras
+        if r == 0:
+            return np.empty(0, dtype=np.int64)
+        a, b = e * r, (e + 1) * r
+        w0, w1 = a // n, (b - 1) // n
+        with self._lock:
+            if w0 == w1:
+                return self._whole(w0)[a - w0 * n : b - w0 * n].copy()
+            # The epoch straddles walks w0 and w1 = w0 + 1: the tail of one and the head of the next.
+            tail = self._tail_before(w1)
+            head = _sample_outside(self._gen(HEAD, w1), n, b - w1 * n, tail)
+            return np.concatenate([tail, head])
+
+
+# ---------------------------------------------------------------------------------------------- plan
+def arrangement(seed: int, epoch: int, length: int) -> np.ndarray:
+    """Epoch ``epoch``'s arrangement of the ``L`` slots: a uniform permutation of ``range(L)``."""
+    return rng(Domain.MIXTURE, seed, ARRANGE, epoch).permutation(int(length)).astype(np.int64, copy=False)
+
+
+@dataclass(frozen=True)
+class MixturePlan:
+    """The mixed order of a mixture: sizes, exact counts and seed; every epoch on demand.
+
+    Build it with :meth:`create` (validates and rounds); its value fields define the order.
+
+    Attributes
+    ----------
+    sizes
+        ``N_i``, records per dataset.
+    weights
+        ``w_i``, exact relative weights.
+    epoch_size
+        ``L``, slots per epoch.
+    counts
+        ``n_i``, records of dataset ``i`` per epoch (:func:`epoch_counts`).
+    seed
+        The mixture's seed.
+    """
+
+    sizes: tuple[int, ...]
+    weights: tuple[Fraction, ...]
+    epoch_size: int
+    counts: tuple[int, ...]
+    seed: int
+    _walks: tuple[Walks, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        walks = tuple(Walks(self.seed, i, n, c % n) for i, (n, c) in enumerate(zip(self.sizes, self.counts)))
+        object.__setattr__(self, "_walks", walks)
+
+    @classmethod
+    def create(
+        cls, sizes: Sequence[int], weights: Sequence[object], epoch_size: int | str | None = None, seed: int = 0
+    ) -> MixturePlan:
+        """Validate the inputs (errors name ``weights``, ``epoch_size``, ``seed``) and round the counts."""
+        ws = parse_weights(weights)
+        ns = tuple(parse_count(n, what=f"dataset {i} size", minimum=1) for i, n in enumerate(sizes))
+        if len(ns) != len(ws):
+            raise ConfigError(f"weights: expected one weight per dataset ({len(ns)}), found {len(ws)}")
+        length = sum(ns) if epoch_size is None else parse_count(epoch_size, what="epoch_size", minimum=1)
+        if length > MAX_EPOCH_SIZE:
+            raise ConfigError(
+                f"epoch_size: an epoch's order holds 8 bytes per slot in RAM; expected at most {MAX_EPOCH_SIZE}, "
+                f"found {length}"
+            )
+        s = check_seed(seed)
+        return cls(sizes=ns, weights=ws, epoch_size=length, counts=epoch_counts(ws, length), seed=s)
+
+    @property
+    def num_datasets(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """First global key of each dataset, and the total as the last entry (``m + 1`` values)."""
+        return np.concatenate([[0], np.cumsum(self.sizes, dtype=np.int64)]).astype(np.int64)
+
+    @property
+    def num_keys(self) -> int:
+        """Records of all datasets together (the global key space)."""
+        return int(sum(self.sizes))
+
+    def dataset_keys(self, dataset: int, epoch: int) -> np.ndarray:
+        """Dataset ``dataset``'s ``n_i`` record keys of epoch ``epoch``: ``q_i`` copies of every
+        record, then the epoch's extras (walk order; the arrangement shuffles them)."""
+        i = int(dataset)
+        n, c = self.sizes[i], self.counts[i]
+        full = np.tile(np.arange(n, dtype=np.int64), c // n)
+        return np.concatenate([full, self._walks[i].epoch(epoch)])
+
+    def walk(self, dataset: int, walk: int) -> np.ndarray:
+        """Dataset ``dataset``'s walk ``walk`` (a permutation of its keys; for tests and tools)."""
+        return self._walks[int(dataset)].walk(walk)
+
+    def stream(self, epoch: int) -> np.ndarray:
+        """Epoch ``epoch``'s mixed order as ``L`` global keys (see module docstring)."""
+        off = self.offsets
+        items: np.ndarray = np.concatenate([off[i] + self.dataset_keys(i, epoch) for i in range(self.num_datasets)])
+        out: np.ndarray = items[arrangement(self.seed, epoch, self.epoch_size)]
+        return out
+
+    def split(self, global_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(dataset index, record key)`` of each global key."""
+        g = np.asarray(global_keys, dtype=np.int64)
+        off = self.offsets
+        ds = np.searchsorted(off, g, side="right") - 1
+        return ds.astype(np.int64), g - off[ds]
+
+    def global_keys(self, datasets: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        """The global key of each ``(dataset index, record key)``."""
+        return self.offsets[np.asarray(datasets, dtype=np.int64)] + np.asarray(keys, dtype=np.int64)
+
+    def pairs(self, epoch: int) -> np.ndarray:
+        """Epoch ``epoch``'s mixed order as ``[L, 2]`` int64 (dataset index, record key)."""
+        ds, keys = self.split(self.stream(epoch))
+        out: np.ndarray = np.stack([ds, keys], axis=1)
+        return out

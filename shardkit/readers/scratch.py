@@ -1,0 +1,246 @@
+"""The SSD tier's reservoirs: two scratch files, rewritten in place, filled while the next chunk is read.
+
+A reservoir lives for one pass: the SSD creator writes it, the RAM creator reads it back seconds
+later, and nothing else ever sees it. So it is not a dataset. Each of the two slots of the SSD tier
+is one file, ``reservoir-<slot>`` in the run's private directory (see :mod:`shardkit.readers.ssd`),
+created ``0600`` with ``O_EXCL | O_NOFOLLOW`` and kept open for the run: record ``i`` of the
+reservoir held in the slot (its ``i``-th smallest key) is at byte ``i * record_nbytes``, and nothing
+else is in the file. The keys stay in memory (:class:`~shardkit.readers.pipeline.ReservoirWritten`).
+
+What the former layout (a shardkit dataset per reservoir) cost, measured on this machine per GB
+moved, and why it went:
+
+* a new file per reservoir: writing fresh pages costs 1.2 CPU s/GB on tmpfs and 2.5 on the page
+  cache of an ext4 file (the kernel allocates and zeroes every page), rewriting pages that exist
+  0.25 s/GB. The slot files are therefore rewritten in place, never truncated or deleted during a
+  run: only the first two reservoirs pay for the pages.
+* the crc32c of every byte written (0.08 s/GB), the index with its checksum, the zarr documents,
+  the zstd-compressed ``source_key`` field, and on reading back the metadata parse and index check:
+  they protect files that are shared, durable or written by someone else, and a slot file is none
+  of these. It is reached only through the descriptor this run created it with (no name is ever
+  opened again) inside a ``0700`` directory.
+* two copies and no overlap on the way to SSD (read a chunk into a buffer, then write it, then
+  read the next). A local, uncompressed dataset of records of at least 16 KiB is now copied inside
+  the kernel (``sendfile``, page cache to page cache: one copy, 0.3 CPU s/GB against 0.5-0.6
+  through a buffer, measured here), while the writer thread announces the next chunk's runs
+  (``POSIX_FADV_WILLNEED``: the kernel allocates their pages and queues their reads on that thread,
+  0.25 CPU s/GB of a cold read that no longer holds up the copying thread). Any other bottom tier
+  (an object store, compressed records, small records) goes through the copy buffer, double buffered: a writer thread writes chunk ``c``
+  while the creator reads chunk ``c + 1`` into the other half (``pread``/``pwrite`` and the
+  object-store client release the GIL).
+
+What stays, because it protects against wrong data at no measurable cost: the slot must be as long
+as the reservoir before anything is read from it, and every read back is exactly as long as
+requested (a short read is a :class:`~shardkit.errors.TruncatedShardError`, never data). Reading a
+reservoir back into a RAM block goes through :meth:`~shardkit.formats.PayloadArray.read_into` (one
+``preadv`` per run of records, ascending offsets, straight into the batch buffers): the file is the
+simplest possible layout of that reader, a single dense shard.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from shardkit.errors import OutOfSpaceError, SamplerError, TruncatedShardError
+from shardkit.formats import PayloadArray
+from shardkit.formats.index import ShardIndex
+from shardkit.formats.reader import ReadStats
+from shardkit.formats.spec import ShardInfo
+from shardkit.readers.ssd import SsdSpace
+from shardkit.readers.stopping import Stopped
+from shardkit.stores.atomic import is_out_of_space
+
+__all__ = ["ReservoirSlots", "ScratchRecords", "SLOT_PREFIX"]
+
+logger = logging.getLogger(__name__)
+
+#: Name prefix of the slot files inside the run's directory.
+SLOT_PREFIX = "reservoir-"
+#: Records copied inside the kernel per call of :meth:`~shardkit.formats.PayloadArray.copy_to_file`
+#: (a stop request is seen between two; ~15 ms of reading at 2 GB/s); the next chunk is announced
+#: while one is copied.
+KERNEL_CHUNK_BYTES = 32 << 20
+
+
+class RecordSource(Protocol):
+    """What the SSD tier needs of the bottom tier's payload: a :class:`~shardkit.formats.PayloadArray`,
+    or a mixture's payload over several datasets (:class:`~shardkit.readers.sources.MixedPayload`)."""
+
+    record: Any
+    dtype: np.dtype[Any]
+    record_nbytes: int
+    fill_value: Any
+
+    def empty(self, n: int) -> np.ndarray: ...
+
+    def read(self, keys: np.ndarray | list[int], out: np.ndarray | None = None) -> np.ndarray: ...
+
+
+class ScratchRecords(PayloadArray):
+    """Records ``0 .. count - 1`` of one slot file, read with the dataset reader's read path.
+
+    The file is one dense shard of ``count`` records without index or metadata; the slot's own
+    descriptor is used for every read (and not closed here: the slot owns it).
+    """
+
+    def __init__(self, fd: int, path: Path, like: RecordSource, count: int, stats: ReadStats, gap_bytes: int) -> None:
+        rec = like.record_nbytes
+        size = os.fstat(fd).st_size
+        if size < count * rec:
+            raise TruncatedShardError(f"{path}: SSD reservoir of {count} records should hold {count * rec} bytes, "
+                                      f"found {size}")  # fmt: skip
+        self.path = path
+        self.record, self.dtype, self.record_nbytes = like.record, like.dtype, rec
+        self.shape = (count, *like.record.shape)
+        self.num_records, self.records_per_shard = count, max(1, count)
+        self.codec, self.fill_value = None, like.fill_value
+        self._init_state([ShardInfo(path.name, 0, count, count * rec, 0)], stats, gap_bytes)
+        self._slot_fd = fd
+        self._dense = ShardIndex.dense(count, self.records_per_shard, rec)
+
+    def _fd(self, i: int) -> int:
+        return self._slot_fd
+
+    def index(self, i: int) -> ShardIndex:
+        return self._dense
+
+    def shard_location(self, i: int) -> str:
+        return str(self.path)
+
+    def close(self) -> None:
+        """Nothing to close: the descriptor belongs to the slot."""
+
+
+class ReservoirSlots:
+    """The SSD tier's slot files and the writer thread that fills them (see the module docstring).
+
+    Parameters
+    ----------
+    space
+        The run's private SSD directory; the slot files are created in it.
+    like
+        The bottom tier's payload (record shape and dtype; copy buffers are allocated like its rows).
+    copy_bytes
+        The disk -> SSD copy buffer of the memory plan (part of ``ram_size``): two halves, one read
+        while the other is written; below two records it is one buffer and nothing overlaps.
+    slots
+        Reservoirs on SSD at once (two: one written while the other is read back).
+    """
+
+    def __init__(self, space: SsdSpace, like: RecordSource, copy_bytes: int, slots: int = 2) -> None:
+        rec = like.record_nbytes
+        self._like = like
+        halves = 2 if copy_bytes >= 2 * rec else 1
+        rows = max(1, copy_bytes // halves // rec)
+        self._buffers = [like.empty(rows) for _ in range(halves)]
+        self.paths = [space.path / f"{SLOT_PREFIX}{i}" for i in range(slots)]
+        self._fds: list[int] = []
+        self._closed = threading.Lock()
+        try:
+            for p in self.paths:
+                self._fds.append(space.create_file(p.name))
+        except BaseException:
+            self.close()
+            raise
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="shardkit-ssd-writer")
+
+    def write(self, slot: int, payload: RecordSource, keys: np.ndarray, stop: threading.Event) -> int:
+        """Copy records ``keys`` (ascending, distinct) of ``payload`` into slot ``slot``; returns the bytes written.
+
+        One pass over the bottom tier in ascending order: inside the kernel where the payload
+        allows it (:meth:`~shardkit.formats.PayloadArray.can_copy_to_file`), else chunk by chunk
+        into the two halves of the copy buffer by turns, each written by the writer thread while
+        the next is read. On failure or when ``stop`` is set the slot is emptied (its space freed and
+        nothing of it readable); a full disk is an :class:`~shardkit.errors.OutOfSpaceError`.
+        """
+        fd, path = self._fds[slot], self.paths[slot]
+        rec = payload.record_nbytes
+        if isinstance(payload, PayloadArray) and payload.can_copy_to_file():  # a mixture's records: buffered
+            self._copy_in_kernel(fd, path, payload, keys, stop)
+            return int(keys.size) * rec
+        per = self._buffers[0].shape[0]
+        pending: Future[None] | None = None
+        try:
+            for c, a in enumerate(range(0, keys.size, per)):
+                if stop.is_set():
+                    raise Stopped()
+                buf = self._buffers[c % len(self._buffers)]
+                if len(self._buffers) == 1 and pending is not None:
+                    pending.result()  # one buffer: it is free only once written
+                    pending = None
+                chunk = keys[a : a + per]
+                out = payload.read(chunk, out=buf)[: chunk.size]
+                if pending is not None:
+                    pending.result()  # chunk c - 1 is written: its half is free for chunk c + 1
+                pending = self._writer.submit(_pwrite_all, fd, out, a * rec, path)
+            if pending is not None:
+                pending.result()
+                pending = None
+        except BaseException:
+            if pending is not None:
+                wait([pending])  # never reuse or free a buffer a write still reads
+            os.ftruncate(fd, 0)
+            raise
+        return int(keys.size) * rec
+
+    def _copy_in_kernel(self, fd: int, path: Path, payload: PayloadArray, keys: np.ndarray, stop: threading.Event) -> None:
+        """The in-kernel copy, chunk by chunk: the writer thread announces chunk ``c + 1`` (the kernel
+        allocates its pages and queues its reads there) while this thread copies chunk ``c``, so
+        the two halves of a cold read's CPU cost run on two cores."""
+        per = max(1, KERNEL_CHUNK_BYTES // payload.record_nbytes)
+        starts = list(range(0, keys.size, per))
+        ahead: Future[None] | None = self._writer.submit(payload.announce, keys[:per])
+        try:
+            for c, a in enumerate(starts):
+                if stop.is_set():
+                    raise Stopped()
+                assert ahead is not None
+                ahead.result()
+                ahead = None
+                if c + 1 < len(starts):
+                    ahead = self._writer.submit(payload.announce, keys[starts[c + 1] : starts[c + 1] + per])
+                payload.copy_to_file(keys[a : a + per], fd, first_row=a, announce=False)
+        except BaseException as exc:
+            if ahead is not None:
+                wait([ahead])
+            os.ftruncate(fd, 0)
+            if is_out_of_space(exc):
+                raise OutOfSpaceError(f"{path}: no space left on device while writing an SSD reservoir") from None
+            raise
+
+    def records(self, slot: int, count: int, stats: ReadStats, gap_bytes: int) -> ScratchRecords:
+        """The ``count`` records just written to slot ``slot``, for reading back."""
+        return ScratchRecords(self._fds[slot], self.paths[slot], self._like, count, stats, gap_bytes)
+
+    def close(self) -> None:
+        """Stop the writer thread and close the slot files (idempotent; the files go with the
+        run's directory)."""
+        with self._closed:
+            writer = getattr(self, "_writer", None)
+            if writer is not None:
+                writer.shutdown(wait=True)
+            for fd in self._fds:
+                os.close(fd)
+            self._fds = []
+
+
+def _pwrite_all(fd: int, records: np.ndarray, offset: int, path: Path) -> None:
+    """Write ``records`` at ``offset`` of ``fd`` completely; a full disk is an OutOfSpaceError."""
+    view = records.reshape(-1).view(np.uint8).data
+    try:
+        while view:
+            n = os.pwrite(fd, view, offset)
+            if n <= 0:
+                raise SamplerError(f"{path}: writing an SSD reservoir made no progress at offset {offset}")
+            view, offset = view[n:], offset + n
+    except OSError as exc:
+        if is_out_of_space(exc):
+            raise OutOfSpaceError(f"{path}: no space left on device while writing an SSD reservoir") from None
+        raise

@@ -1,0 +1,442 @@
+"""What a sampler reads: one dataset, or a mixture of datasets with weights (DESIGN §12).
+
+:func:`mix` describes a mixture and checks, from the datasets' metadata alone (before any payload or
+field byte is read), that all of them share one record schema. A :class:`Mixture` is accepted
+wherever a dataset is: :class:`~shardkit.readers.TieredSampler`, both adapters, ``shardkit sample A B
+--weights 3,1``. Its order is :class:`~shardkit.readers.mixture.MixturePlan`'s.
+
+Under the sampler, a mixture is one *global key* space (dataset ``i``'s record ``k`` is
+``offsets[i] + k``), read through :class:`MixedDataset`: the disk tier of all datasets at once, with
+one set of read counters, so one tier stack and one RAM/SSD budget serve the whole mixture. A block
+of global keys is split by dataset and each dataset's part is read in ascending offsets within
+each of its shards; a record that occurs twice in one block is read once and copied.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shardkit.errors import ConfigError, SamplerError, SchemaError
+from shardkit.formats import Dataset, FieldSpec
+from shardkit.formats.metadata import DatasetMeta, read_dataset_meta
+from shardkit.formats.reader import Destination, ReadStats
+from shardkit.readers.config import Source, option_name
+from shardkit.readers.identity import DatasetIdentity, dataset_fingerprint
+from shardkit.readers.mixture import MixturePlan, parse_weights
+from shardkit.readers.seeds import check_seed
+from shardkit.stores import Location, Store, StoreOptions, as_location, open_store
+from shardkit.units import parse_count
+
+__all__ = [
+    "DATASET_FIELD",
+    "Mixture",
+    "mix",
+    "source_of",
+    "check_schema",
+    "MixedPayload",
+    "MixedField",
+    "DatasetIndex",
+    "MixedDataset",
+    "MixedIdentity",
+    "local_keys",
+    "open_source",
+]
+
+logger = logging.getLogger(__name__)
+
+#: The batch entry that carries each record's dataset index in a mixture.
+DATASET_FIELD = "dataset"
+
+
+# ---------------------------------------------------------------------------------------------- schema
+def _schema_of(meta: DatasetMeta) -> list[tuple[str, object]]:
+    """The schema as ``(what, value)`` pairs in the order differences are reported."""
+    items: list[tuple[str, object]] = [
+        ("payload name", meta.payload),
+        (f"{meta.payload} record shape", tuple(meta.record.shape)),
+        (f"{meta.payload} record dtype", meta.record.dtype),
+        ("fields", sorted(meta.fields)),
+    ]
+    for name in sorted(meta.fields):
+        spec: FieldSpec = meta.fields[name]
+        items += [(f"field {name!r} shape", tuple(spec.shape)), (f"field {name!r} dtype", spec.dtype)]
+    return items
+
+
+def check_schema(paths: Sequence[Path | str], metas: Sequence[DatasetMeta]) -> None:
+    """Raise :class:`~shardkit.errors.SchemaError` naming the first difference from the first dataset.
+
+    Same payload name, record shape and dtype, the same fields with the same shapes and dtypes; the
+    compression and shard size may differ (they are how records are stored, not what they are).
+    Label names that differ are logged (integer labels then mean different classes), not refused.
+    """
+    ref = dict(_schema_of(metas[0]))
+    for path, meta in zip(paths[1:], metas[1:]):
+        for what, value in _schema_of(meta):
+            expected = ref.get(what)
+            if expected != value:
+                raise SchemaError(
+                    f"{path}: {what} differs from the mixture's first dataset {paths[0]}: expected {expected!r}, "
+                    f"found {value!r}; every dataset of a mixture needs the same record schema"
+                )
+        if meta.labels != metas[0].labels:
+            logger.warning("%s: label names differ from %s; integer labels mean different classes in the two", path, paths[0])
+    if DATASET_FIELD in metas[0].fields:
+        raise SchemaError(
+            f"{paths[0]}: has a field named {DATASET_FIELD!r}, which a mixture's batches use for the dataset index"
+        )
+
+
+# ---------------------------------------------------------------------------------------------- mixture
+@dataclass(frozen=True)
+class Mixture:
+    """Datasets with relative weights, as one sampler source (build it with :func:`mix`).
+
+    Attributes
+    ----------
+    paths
+        The datasets, in the order of their dataset index: local directories (``Path``) or
+        object-store URLs (``str``), as :func:`shardkit.stores.as_location` gives them.
+    weights
+        Exact relative weights (:func:`~shardkit.readers.mixture.parse_weights`).
+    epoch_size
+        ``L``, records per epoch (default: the sum of the datasets' sizes).
+    seed
+        The mixture's seed, or ``None`` to take the sampler's ``seed``.
+    sizes
+        ``N_i``, records per dataset (from the metadata).
+    """
+
+    paths: tuple[Path | str, ...]
+    weights: tuple[Fraction, ...]
+    epoch_size: int
+    seed: int | None
+    sizes: tuple[int, ...]
+    metas: tuple[DatasetMeta, ...] = field(repr=False, compare=False)
+    #: Each dataset's identity when the mixture was made (:func:`~shardkit.readers.identity.dataset_fingerprint`).
+    fingerprints: tuple[str, ...] = field(default=(), repr=False, compare=False)
+
+    def resolved(self) -> Mixture:
+        """The same mixture with absolute dataset paths."""
+        return dataclasses.replace(self, paths=tuple(as_location(p, resolve=True) for p in self.paths))
+
+    def plan(self, seed: int) -> MixturePlan:
+        """The mixed order for ``seed`` (this mixture's own seed when it has one)."""
+        s = self.seed if self.seed is not None else seed
+        return MixturePlan.create(self.sizes, self.weights, self.epoch_size, s)
+
+    @property
+    def counts(self) -> tuple[int, ...]:
+        """``n_i``, records of dataset ``i`` per epoch."""
+        return MixturePlan.create(self.sizes, self.weights, self.epoch_size, 0).counts
+
+    @property
+    def payload_name(self) -> str:
+        return self.metas[0].payload
+
+    @property
+    def record(self) -> FieldSpec:
+        return self.metas[0].record
+
+    def describe(self) -> str:
+        """``a.ds x3 (n=750/1000), b.ds x1 (n=250/200)``: weights and counts, for logs and the CLI."""
+        return ", ".join(
+            f"{p} weight {w} ({c} of {n} records per epoch)"
+            for p, w, c, n in zip(self.paths, self.weights, self.counts, self.sizes)
+        )
+
+    def __str__(self) -> str:
+        return "mix(" + ", ".join(f"{p}:{w}" for p, w in zip(self.paths, self.weights)) + ")"
+
+    def fingerprint(self) -> str:
+        """SHA-256 (hex) of what defines the mixture's records and counts: every dataset's identity
+        when the mixture was made (:attr:`fingerprints`), the weights and the epoch size."""
+        doc = {"datasets": list(self.fingerprints), "weights": [str(w) for w in self.weights],
+               "epoch_size": self.epoch_size}
+        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def _fingerprint(path: Location) -> str:
+    """The dataset's fingerprint; a location without a dataset is reported as the metadata reader
+    reports it (:class:`~shardkit.errors.DatasetNotFoundError` naming the path)."""
+    try:
+        return dataset_fingerprint(path)
+    except FileNotFoundError:
+        read_dataset_meta(open_store(path))
+        raise
+
+
+def mix(
+    datasets: Sequence[tuple[Location | Dataset, object]],
+    epoch_size: int | str | None = None,
+    seed: int | None = None,
+) -> Mixture:
+    """A mixture of datasets with relative weights, usable wherever a dataset is.
+
+    Parameters
+    ----------
+    datasets
+        ``[(dataset, weight), ...]``: dataset directories or URLs (or opened datasets) and positive
+        relative weights (``3``, ``0.25``, ``"1/3"``).
+    epoch_size
+        ``L``, records per epoch (a count: ``10000``, ``"10k"``); default: the sum of the sizes.
+    seed
+        Seed of the mixed order; ``None`` (default) takes the sampler's ``seed``.
+
+    Every epoch then holds exactly ``n_i`` records of dataset ``i`` (the largest-remainder rounding
+    of ``w_i L / sum(w)``), each dataset's records walk a permutation across epochs (every record
+    once before any twice), and the ``L`` slots are a uniformly random arrangement (see
+    :mod:`shardkit.readers.mixture`). Only the metadata is read here: datasets that do not share one
+    record schema are refused with a :class:`~shardkit.errors.SchemaError` naming the first difference.
+    """
+    if isinstance(datasets, (str, bytes, os.PathLike)) or not isinstance(datasets, Sequence) or not datasets:
+        raise ConfigError(f"datasets: expected a list of (dataset, weight) pairs, found {datasets!r}")
+    paths: list[Path | str] = []
+    raw_weights: list[object] = []
+    for i, item in enumerate(datasets):
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise ConfigError(f"datasets: entry {i} must be a (dataset, weight) pair, found {item!r}")
+        ds, w = item
+        if isinstance(ds, Dataset):
+            paths.append(as_location(ds.path))
+        elif isinstance(ds, (str, os.PathLike, Store)):
+            paths.append(as_location(ds))
+        else:
+            raise ConfigError(f"datasets: entry {i} must name a dataset directory or URL, found {ds!r}")
+        raw_weights.append(w)
+    weights = parse_weights(raw_weights)
+    fingerprints = tuple(_fingerprint(p) for p in paths)
+    metas = tuple(read_dataset_meta(open_store(p)) for p in paths)
+    check_schema(paths, metas)
+    sizes = tuple(m.num_records for m in metas)
+    for p, n in zip(paths, sizes):
+        if n < 1:
+            raise ConfigError(f"{p}: holds no records; every dataset of a mixture needs at least one")
+    length = sum(sizes) if epoch_size is None else parse_count(epoch_size, what="epoch_size", minimum=1)
+    s = None if seed is None else check_seed(seed)
+    MixturePlan.create(sizes, weights, length, 0)  # validates the epoch size
+    if fingerprints != tuple(dataset_fingerprint(p) for p in paths):
+        raise SamplerError("a dataset of the mixture changed while its metadata was read; try again once it is complete")
+    return Mixture(paths=tuple(paths), weights=weights, epoch_size=length, seed=s, sizes=sizes, metas=metas,
+                   fingerprints=fingerprints)
+
+
+def source_of(
+    paths: Sequence[Location],
+    weights: str | Sequence[object] | None = None,
+    epoch_size: int | str | None = None,
+    seed: int | None = None,
+    *,
+    source: Source = "python",
+) -> Location | Mixture:
+    """What a command reads: one dataset path, or a mixture of several (``shardkit sample A B
+    --weights 3,1 --epoch-size 10k``; ``shardkit serve`` likewise).
+
+    One path without weights or epoch size is the dataset itself. Otherwise a :class:`Mixture`:
+    ``weights`` is a comma-separated string or a sequence (default: the datasets' sizes, so every
+    record appears once per epoch), ``epoch_size`` defaults to the sum of the sizes. Errors name
+    the options as the user wrote them (``--weights`` on the command line).
+    """
+    if not paths:
+        raise ConfigError("expected at least one dataset")
+    if len(paths) == 1 and weights is None and epoch_size is None:
+        return paths[0]
+    name = {o: option_name(o, source) for o in ("weights", "epoch_size", "seed")}
+    if weights is None:
+        ws: list[object] = [read_dataset_meta(open_store(p)).num_records for p in paths]
+    else:
+        ws = [w.strip() for w in weights.split(",")] if isinstance(weights, str) else list(weights)
+        if len(ws) != len(paths):
+            raise ConfigError(f"{name['weights']}: expected one weight per dataset ({len(paths)}), found {len(ws)}: {weights!r}")
+    parse_weights(ws, what=name["weights"])
+    size = None if epoch_size is None else parse_count(epoch_size, what=name["epoch_size"], minimum=1)
+    return mix(list(zip(paths, ws)), epoch_size=size, seed=None if seed is None else check_seed(seed, what=name["seed"]))
+
+
+# ---------------------------------------------------------------------------------------------- disk tier
+class MixedPayload:
+    """The payload of every dataset of a mixture, addressed by global key (see module docstring).
+
+    Offers what the sampler's tiers use of :class:`~shardkit.formats.PayloadArray`: ``read_into``,
+    ``read``, ``empty``, ``record``, ``record_nbytes``, ``dtype``, ``fill_value``, ``num_records`` and ``stats``
+    (the counters all datasets share).
+    """
+
+    def __init__(self, datasets: Sequence[Dataset], offsets: np.ndarray) -> None:
+        self._parts = [d.payload for d in datasets]
+        self.offsets = np.asarray(offsets, dtype=np.int64)
+        first = self._parts[0]
+        self.record, self.record_nbytes, self.dtype = first.record, first.record_nbytes, first.dtype
+        self.fill_value = first.fill_value
+        self.num_records = int(self.offsets[-1])
+        self.path = first.path
+        self.stats = first.stats
+
+    def empty(self, n: int) -> np.ndarray:
+        return self._parts[0].empty(n)
+
+    def split(self, keys: np.ndarray) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """``(dataset, request indices, local keys)`` for each dataset that ``keys`` touch."""
+        keys = np.asarray(keys, dtype=np.int64).reshape(-1)
+        if keys.size and (int(keys.min()) < 0 or int(keys.max()) >= self.num_records):
+            bad = int(keys[(keys < 0) | (keys >= self.num_records)][0])
+            raise IndexError(f"mixture: global key {bad} outside [0, {self.num_records})")
+        ds = np.searchsorted(self.offsets, keys, side="right") - 1
+        for i in np.unique(ds).tolist():
+            idx = np.flatnonzero(ds == i)
+            yield int(i), idx, keys[idx] - self.offsets[i]
+
+    def read_into(self, keys: np.ndarray | list[int], dest: Destination) -> None:
+        """Records ``keys`` straight into their destinations, each dataset's part in one ascending
+        pass per shard (:meth:`~shardkit.formats.PayloadArray.read_into`)."""
+        keys = np.asarray(keys, dtype=np.int64).reshape(-1)
+        dest.check(keys.size, tuple(self.record.shape), self.dtype, "mixture")
+        for i, idx, local in self.split(keys):
+            self._parts[i].read_into(local, Destination(dest.buffers, dest.which[idx], dest.rows[idx]))
+
+    def read(self, keys: np.ndarray | list[int], out: np.ndarray | None = None) -> np.ndarray:
+        """Records ``keys`` into ``out[j]`` (:meth:`read_into` with one buffer)."""
+        keys = np.asarray(keys, dtype=np.int64).reshape(-1)
+        if out is None:
+            out = self.empty(keys.size)
+        self.read_into(keys, Destination.rows_of(out, keys.size))
+        return out
+
+    def close(self) -> None:
+        for p in self._parts:
+            p.close()
+
+
+class MixedField:
+    """One small field of every dataset, gathered by global key without concatenating the arrays."""
+
+    def __init__(self, parts: Sequence[np.ndarray], offsets: np.ndarray) -> None:
+        self._parts = list(parts)
+        self._offsets = np.asarray(offsets, dtype=np.int64)
+        self.shape: tuple[int, ...] = (int(self._offsets[-1]), *parts[0].shape[1:])
+        self.dtype = parts[0].dtype
+
+    def __getitem__(self, keys: np.ndarray) -> np.ndarray:
+        keys = np.asarray(keys, dtype=np.int64)
+        ds = np.searchsorted(self._offsets, keys, side="right") - 1
+        out = np.empty((keys.size, *self.shape[1:]), dtype=self.dtype)
+        for i in np.unique(ds).tolist():
+            sel = ds == i
+            out[sel] = self._parts[i][keys[sel] - self._offsets[i]]
+        return out
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+
+class DatasetIndex:
+    """The ``dataset`` field: each global key's dataset index, computed, not stored."""
+
+    def __init__(self, offsets: np.ndarray) -> None:
+        self._offsets = np.asarray(offsets, dtype=np.int64)
+        self.shape = (int(self._offsets[-1]),)
+        self.dtype = np.dtype(np.int64)
+
+    def __getitem__(self, keys: np.ndarray) -> np.ndarray:
+        out: np.ndarray = np.searchsorted(self._offsets, np.asarray(keys, dtype=np.int64), side="right") - 1
+        return out.astype(np.int64, copy=False)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+
+@dataclass(frozen=True)
+class MixedIdentity:
+    """The identities of every dataset of a mixture: :meth:`check` checks them all."""
+
+    parts: tuple[DatasetIdentity, ...]
+
+    @classmethod
+    def of(cls, paths: Sequence[Path | str], options: StoreOptions | None = None) -> MixedIdentity:
+        return cls(tuple(DatasetIdentity.of(p, options) for p in paths))
+
+    @property
+    def path(self) -> Path | str:
+        return self.parts[0].path
+
+    def check(self) -> None:
+        for part in self.parts:
+            part.check()
+
+
+def local_keys(offsets: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Each global key's record key within its dataset (``offsets``: first global key of each)."""
+    g = np.asarray(keys, dtype=np.int64)
+    out: np.ndarray = g - offsets[np.searchsorted(offsets, g, side="right") - 1]
+    return out
+
+
+def open_source(source: Location | Mixture, **options: Any) -> Dataset | MixedDataset:
+    """The bottom tier of a sampler: the dataset itself, or a mixture's :class:`MixedDataset`
+    (``options`` go to :class:`~shardkit.formats.Dataset`: counters, gap thresholds, store options)."""
+    if isinstance(source, Mixture):
+        return MixedDataset(source, **options)
+    return Dataset(source, **options)
+
+
+class MixedDataset:
+    """The disk tier of a mixture: every dataset opened with one set of read counters.
+
+    Offers what the sampler's tiers use of :class:`~shardkit.formats.Dataset` (``payload``,
+    ``payload_name``, ``record_nbytes``, ``num_records``, ``meta``, ``fields``, ``close``), over
+    global keys; ``fields`` gains :data:`DATASET_FIELD`, each record's dataset index. ``options``
+    go to every :class:`~shardkit.formats.Dataset` (gap thresholds, store options, a shard cache).
+    """
+
+    def __init__(self, mixture: Mixture, *, stats: ReadStats | None = None, **options: Any) -> None:
+        stats = stats if stats is not None else ReadStats()
+        self.mixture = mixture
+        self.path = mixture.paths[0]
+        self._datasets = [Dataset(p, stats=stats, **options) for p in mixture.paths]
+        self.offsets = np.concatenate([[0], np.cumsum(mixture.sizes)]).astype(np.int64)
+        self.payload = MixedPayload(self._datasets, self.offsets)
+        self.meta = self._datasets[0].meta
+        self.payload_name = self.meta.payload
+        self.record_nbytes = self.meta.record.nbytes
+        self.num_records = int(self.offsets[-1])
+        self._fields: dict[str, Any] | None = None
+
+    @property
+    def stats(self) -> ReadStats:
+        return self._datasets[0].stats
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        """Every small field gathered across datasets by global key, and :data:`DATASET_FIELD`."""
+        if self._fields is None:
+            out: dict[str, Any] = {
+                name: MixedField([d.fields[name] for d in self._datasets], self.offsets) for name in self.meta.fields
+            }
+            out[DATASET_FIELD] = DatasetIndex(self.offsets)
+            self._fields = out
+        return self._fields
+
+    def local_keys(self, keys: np.ndarray) -> np.ndarray:
+        """Each global key's record key within its dataset."""
+        return local_keys(self.offsets, keys)
+
+    def close(self) -> None:
+        for d in self._datasets:
+            d.close()
+
+    def __enter__(self) -> MixedDataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,222 @@
+"""Whole-object downloads of a remote dataset's shards into the local cache, behind the epoch.
+
+Why: a RAM block of a uniformly random order is a sparse, uniform sample of the whole dataset, so
+reading it by byte ranges costs about one request per record run in *every* shard: a cold epoch is
+then bound by the store's request rate (0.1-0.3 of what whole-object GETs deliver, issue 11). When
+a local cache directory is configured, :class:`ShardPrefetcher` instead downloads each shard whole,
+with one streamed GET per shard (:meth:`~shardkit.stores.base.Store.download`), a few in parallel,
+in ascending shard order, from the moment the first block is read; block reads use a shard's local
+copy as soon as it is complete. Each byte of the dataset is then fetched once per epoch, in large
+sequential transfers at the store's full bandwidth, and never again in later epochs.
+
+What "read once" means here: the sampler still asks for each record once per epoch; the storage
+sees each shard object fetched once (storage bytes of a cold epoch = the dataset's bytes, plus the
+ranged reads of blocks that needed a shard long before it could arrive, see
+:meth:`shardkit.formats.ranged.RangedPayloadArray.read_into`).
+
+Bounds: at most ``concurrency`` downloads run at once (memory: one chunk each, see
+:data:`~shardkit.stores.objectstore.DOWNLOAD_CHUNK_BYTES`), and only shards the cache admits within
+its budget are downloaded (:meth:`~shardkit.stores.cache.ShardCache.claim`), so the cache never
+holds more than ``cache_size``; the others stay remote and are read by range as before.
+
+Checks: the ETag of each download is pinned with the ranged reads' (a shard changed on the server
+mid-run is :class:`~shardkit.errors.ObjectChangedError` naming it), and a complete copy is checked
+against the crc32c and size recorded in the metadata before it gets its final name; a copy that
+does not match is refused with :class:`~shardkit.errors.CorruptShardError` naming the shard (the
+object in the store is damaged: reading it by range would pass the damage on unchecked).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from shardkit.errors import CorruptShardError, TruncatedShardError
+from shardkit.stores.base import Store
+from shardkit.stores.cache import ShardCache
+
+__all__ = ["ShardPrefetcher", "PrefetchItem", "PREFETCH_CONCURRENCY"]
+
+logger = logging.getLogger(__name__)
+
+#: Whole-object downloads in flight at once (at most; never more than the store's concurrency).
+#: Eight 32 MiB GETs keep the measured loopback and +20/+50 ms links at their whole-object
+#: bandwidth (``benchmarks/remote.py``: more in flight gained nothing).
+PREFETCH_CONCURRENCY = 8
+
+_QUEUED, _ACTIVE, _DONE, _SKIPPED, _FAILED = range(5)
+
+
+@dataclass(frozen=True)
+class PrefetchItem:
+    """One object to download: ``key`` in the store, ``name`` in the cache, its recorded ``size``."""
+
+    key: str
+    name: str
+    size: int
+
+
+class _Stop(BaseException):
+    """The prefetcher is closing: abandon the download in progress (a BaseException, so the
+    store's retry loop does not take it for a failed request)."""
+
+
+class ShardPrefetcher:
+    """Downloads ``items`` (in the order given: ascending shards) into ``cache`` in the background.
+
+    Parameters
+    ----------
+    store, cache
+        Where the objects are and where their copies go.
+    items
+        The objects, in download order.
+    verify
+        ``verify(index, fd)``: the complete copy of ``items[index]`` has its recorded checksums.
+    pin
+        ``pin(index, etag)``: the ETag the download saw, checked against the one the ranged reads
+        pinned (raises :class:`~shardkit.errors.ObjectChangedError`); returns the pinned ETag the
+        download must match (``If-Match``), or None.
+    account
+        ``account(index, nbytes)``: counts the request (``read_calls`` / ``bytes_read``).
+    concurrency
+        Downloads in flight at once.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        cache: ShardCache,
+        items: Sequence[PrefetchItem],
+        *,
+        verify: Callable[[int, int], bool],
+        pin: Callable[[int, str | None], str | None],
+        account: Callable[[int, int], None],
+        concurrency: int = PREFETCH_CONCURRENCY,
+    ) -> None:
+        self.store = store
+        self.cache = cache
+        self.items = list(items)
+        self._verify = verify
+        self._pin = pin
+        self._account = account
+        self._state = [_QUEUED] * len(self.items)
+        self._errors: dict[int, BaseException] = {}
+        self._next = 0
+        self._cond = threading.Condition()
+        self._closing = False
+        self.error: BaseException | None = None
+        n = max(1, min(concurrency, store.options.concurrency, len(self.items)))
+        self._threads = [threading.Thread(target=self._work, name=f"shardkit-prefetch-{k}", daemon=True) for k in range(n)]
+        for t in self._threads:
+            t.start()
+
+    # ------------------------------------------------------------------ reader side
+    def pending(self, index: int) -> bool:
+        """``items[index]`` is queued or being downloaded by this prefetcher."""
+        with self._cond:
+            return self._state[index] in (_QUEUED, _ACTIVE)
+
+    def wait(self, index: int) -> bool:
+        """Block until ``items[index]`` is no longer pending; True if its copy is now complete.
+
+        Raises the download's error (a changed or damaged object, or a store failure after the
+        retry budget) so it is never silently replaced by unchecked ranged reads.
+        """
+        with self._cond:
+            while self._state[index] in (_QUEUED, _ACTIVE) and not self._closing:
+                self._cond.wait(1.0)
+            if self._state[index] == _FAILED:
+                raise self._errors[index]
+            return self._state[index] == _DONE
+
+    def raise_error(self) -> None:
+        """Re-raise the first download failure (called before each block read)."""
+        if self.error is not None:
+            raise self.error
+
+    def close(self) -> None:
+        """Stop: downloads in progress are abandoned (their ``.part`` deleted), threads joined."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        for t in self._threads:
+            t.join(30.0)
+
+    # ------------------------------------------------------------------ worker side
+    def _take(self) -> int | None:
+        with self._cond:
+            if self._closing or self._next >= len(self.items):
+                return None
+            i = self._next
+            self._next += 1
+            self._state[i] = _ACTIVE
+            return i
+
+    def _finish(self, i: int, state: int, error: BaseException | None = None) -> None:
+        with self._cond:
+            self._state[i] = state
+            if error is not None:
+                self._errors[i] = error
+                if self.error is None:
+                    self.error = error
+            self._cond.notify_all()
+
+    def _work(self) -> None:
+        while (i := self._take()) is not None:
+            try:
+                state = self._download(i)
+            except _Stop:
+                self._finish(i, _SKIPPED)
+                return
+            except BaseException as exc:  # reported to the reader, which raises it
+                logger.debug("prefetch of %s failed", self.items[i].key, exc_info=True)
+                self._finish(i, _FAILED, exc)
+                if not isinstance(exc, Exception):
+                    raise
+                return
+            self._finish(i, state)
+
+    def _download(self, i: int) -> int:
+        item = self.items[i]
+        fd = self.cache.claim(item.name, item.size)
+        if fd is None:
+            return _SKIPPED  # complete already, filled by another process, or over the budget
+
+        def progress(_: int) -> None:
+            if self._closing:
+                raise _Stop
+
+        t0 = time.monotonic()
+        try:
+            etag = self.store.download(item.key, fd, size=item.size, etag=self._pin(i, None), progress=progress)
+            self._pin(i, etag)
+        except TruncatedShardError as exc:
+            # Not the recorded size: a newer version of the dataset replaced the object (the reader
+            # then reads the copy kept for its version by range) or it is damaged (the ranged read
+            # reports it, naming the shard). Either way the object stays remote.
+            self.cache.abandon(item.name, fd)
+            self.cache.refuse(item.name)
+            logger.info("%s: %s; read by range", item.key, exc)
+            return _SKIPPED
+        except OSError as exc:
+            self.cache.abandon(item.name, fd)
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                self.cache.refuse(item.name)
+                logger.warning("%s: no space left for the cache; %s stays remote", self.cache.dir, item.name)
+                return _SKIPPED
+            raise
+        except BaseException:
+            self.cache.abandon(item.name, fd)
+            raise
+        self._account(i, item.size)
+        if not self.cache.complete(item.name, fd, item.size, lambda f: self._verify(i, f)):
+            raise CorruptShardError(
+                f"{self.store.describe(item.key)}: the object's bytes do not match the size and crc32c recorded in "
+                "the dataset metadata; refused (not cached, not read)"
+            )
+        logger.debug("prefetched %s (%d bytes) in %.2f s", item.key, item.size, time.monotonic() - t0)
+        return _DONE

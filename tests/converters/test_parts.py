@@ -1,0 +1,378 @@
+"""Conversions in parts on local executors, appends and merges (issue 22): the same dataset as one
+process, killed at every step and resumed without converting a finished part again, refusals that
+change nothing, readers that keep their version, and the sampler's proof tests on the results."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import shardkit
+from shardkit.converters import register
+from shardkit.converters.executors import InlineExecutor
+from shardkit.converters.parts import PartPlan, default_part_size, read_manifest
+from shardkit.errors import ConfigError, ConversionError, InsecurePathError, MissingExtraError
+from shardkit.formats import open_dataset, verify
+from shardkit.readers import TieredSampler
+from shardkit.stores import LocalStore
+from tests.converters.corpora import make_imagefolder
+from tests.converters.fault_injection import inject
+from tests.converters.kinds_for_parts import Keyed, keyed_corpus
+from tests.converters.parts_helpers import DATASETS, assert_same_records, class_corpus, tree_digest
+from tests.order_stats import ALPHA, item_position_pvalue
+from tests.readers.conftest import check_batch, epochs_of
+
+BAD = {"plant/zero.jpg": "", "plant/text.jpg": "not an image\n", "object/notes.txt": "a stray file\n"}
+
+
+@pytest.fixture(scope="module")
+def keyed_kind() -> None:
+    register(Keyed, replace=True)
+
+
+def _executor(name: str):  # type: ignore[no-untyped-def]
+    return {"inline": InlineExecutor, "threads": lambda: ThreadPoolExecutor(3),
+            "processes": lambda: ProcessPoolExecutor(2)}[name]()
+
+
+@pytest.mark.parametrize("executor", ["inline", "threads", "processes"])
+def test_parts_on_any_executor_equal_one_process(tmp_path: Path, executor: str) -> None:
+    # Generated class folders with every bad-input case: skips inside parts, parts smaller and
+    # larger than a shard, shards cut across part boundaries.
+    src = tmp_path / "corpus"
+    make_imagefolder(src, per_class=4, splits=("train",))
+    one = shardkit.convert(src, tmp_path / "one", size=16, records_per_shard=3, workers=1)
+    got = shardkit.convert(src, tmp_path / "parts", size=16, records_per_shard=3, executor=_executor(executor),
+                           part_size=5)
+    assert got.records == one.records and got.parts == 5 and got.parts_converted == 5
+    assert got.skipped == one.skipped and got.num_skipped >= 8
+    assert_same_records(tmp_path / "parts", tmp_path / "one")
+    assert verify(tmp_path / "parts").ok
+    assert not (tmp_path / "parts" / ".shardkit-parts").exists()  # the plan directory is gone after the commit
+    # At most one shard per part is re-packed by the commit; the rest was written in place.
+    assert got.commit is not None and got.commit.shards_repacked <= got.parts + 1
+    assert got.commit.shards_in_place + got.commit.shards_linked + got.commit.shards_repacked == len(
+        open_dataset(tmp_path / "parts").meta.shards)
+
+
+def test_windows_and_compression_in_parts(tmp_path: Path) -> None:
+    # Audio cut into windows: inputs give several records, part boundaries fall inside shards; zstd.
+    speech = tmp_path / "speech"
+    for word in sorted(p.name for p in (DATASETS / "speech").iterdir() if p.is_dir())[:6]:
+        shutil.copytree(DATASETS / "speech" / word, speech / word)
+    kw = dict(window=True, duration=0.25, sample_rate=8000, records_per_shard=4, compression="zstd")
+    shardkit.convert(speech, tmp_path / "one", workers=1, **kw)
+    s = shardkit.convert(speech, tmp_path / "parts", executor=ThreadPoolExecutor(2), part_size=2, **kw)
+    assert s.records > 2 * s.parts  # several records per input
+    assert_same_records(tmp_path / "parts", tmp_path / "one")
+
+
+def test_plan_is_a_function_of_the_corpus_and_options_only() -> None:
+    assert PartPlan(10, 4).ranges() == [(0, 4), (4, 8), (8, 10)]
+    assert PartPlan(0, 4).ranges() == []
+    # About 64 parts, each at least one shard and at most 16 shards of inputs.
+    assert default_part_size(6400, 10) == 100
+    assert default_part_size(100, 10) == 10
+    assert default_part_size(10**7, 100) == 1600
+    with pytest.raises(ConversionError, match="at least 1"):
+        PartPlan(10, 0)
+
+
+def _assert_resumes_without_redoing_parts(report: dict, min_steps: int) -> None:
+    assert report["reference"] == "ok" and report["steps"] >= min_steps, report
+    for r in report["runs"]:
+        assert r["first"] == "killed", r  # every step was reached: no timing involved
+        assert r["final"] == "ok" and r["same"], r
+        # Parts whose manifest was written before the kill are not converted again (nor any part,
+        # once the commit had published the new root document: only its cleanup was left).
+        expected = 0 if r["committed_before"] else report["parts"] - r["parts_done_before"]
+        assert r["parts_converted"] == expected, r
+
+
+def test_killed_at_every_step_of_parts_and_commit_resumes(tmp_path: Path) -> None:
+    # Inline: the killed process converts the parts itself, so the kill lands at every step of every
+    # part (pieces, whole shards moved into place, field values, manifest) and of the commit.
+    src = class_corpus(tmp_path / "corpus", ["landscape", "object"], bad={"object/zero.jpg": ""})
+    report = inject({"src": str(src), "out": str(tmp_path / "out"), "executor": "inline",
+                      "kwargs": {"size": 16, "records_per_shard": 3, "part_size": 5, "workers": 1}})
+    _assert_resumes_without_redoing_parts(report, min_steps=60)
+    assert report["parts"] == 3 and any(r["parts_done_before"] == 3 for r in report["runs"])
+
+
+def test_append_killed_at_every_step_resumes(tmp_path: Path) -> None:
+    # The commit of an append replaces the base's last shard, field chunks and documents: a kill
+    # between any two steps is finished by the same command, and the base's readers keep version 1.
+    base = tmp_path / "base"
+    shardkit.convert(class_corpus(tmp_path / "c1", ["landscape"]), base, size=16, records_per_shard=3, workers=1)
+    src = class_corpus(tmp_path / "c2", ["object"], bad={"object/text.jpg": "x"})
+    report = inject({"src": str(src), "out": str(tmp_path / "out"), "executor": "inline", "base": str(base),
+                      "kwargs": {"size": 16, "part_size": 4, "workers": 1, "append": True}, "every": 2})
+    _assert_resumes_without_redoing_parts(report, min_steps=40)
+
+
+def _split_corpora(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """One corpus of three classes, and the same split in two: classes 1-2, and class 3 (with bad files)."""
+    bad = BAD
+    whole = class_corpus(tmp_path / "whole", ["landscape", "object", "plant"], bad=bad)
+    first = class_corpus(tmp_path / "first", ["landscape", "object"], bad=bad)
+    second = class_corpus(tmp_path / "second", ["plant"], bad=bad)
+    return whole, first, second
+
+
+def test_append_equals_converting_both_in_one_go(tmp_path: Path) -> None:
+    whole, first, second = _split_corpora(tmp_path)
+    kw = dict(size=16, records_per_shard=4, workers=1)
+    shardkit.convert(whole, tmp_path / "one", **kw)
+    out = tmp_path / "grown"
+    shardkit.convert(first, out, **kw)
+    before = open_dataset(out)  # a reader of version 1, opened before the append
+    n1 = before.num_records
+    v1_images = before.payload.read_range(0, n1).copy()
+    s = shardkit.convert(second, out, append=True, size=16, workers=1, part_size=3)
+    assert s.version == 2 and s.commit is not None and s.commit.records_added == s.records - n1
+    assert s.skipped == {"empty": 1, "unsupported": 1}  # this run's skips
+    # Same records, fields, labels ("plant" extends the list) and skips as one conversion of both.
+    assert_same_records(out, tmp_path / "one", roots=(whole, first, second))
+    # Existing records keep their indices and bytes; the old reader still reads version 1.
+    with open_dataset(out) as now:
+        np.testing.assert_array_equal(now.payload.read_range(0, n1), v1_images)
+        assert now.label_names == ["landscape", "object", "plant"]
+    np.testing.assert_array_equal(before.payload.read_range(0, n1), v1_images)
+    assert before.label_names == ["landscape", "object"] and before.fields["label"].shape == (n1,)
+    assert verify(out).ok
+    # The same command again is a no-op; `info` shows both versions.
+    again = shardkit.convert(second, out, append=True, size=16, workers=1, part_size=3)
+    assert again.already_complete and again.records == s.records
+    info = subprocess.run([sys.executable, "-m", "shardkit", "info", str(out)], capture_output=True, text=True, timeout=120)
+    assert info.returncode == 0, info.stderr
+    assert "version      2 (kept: 1, 2)" in info.stdout and "append" in info.stdout and str(second) in info.stdout
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(size=24), "record shape"),
+    (dict(kind="audio", sample_rate=8000, duration=0.2), "kind"),
+    (dict(size=16, crop="pad"), "transform"),
+    (dict(size=16, compression="zstd"), "compression"),
+])
+def test_refused_appends_change_nothing_on_disk(tmp_path: Path, change: dict, message: str) -> None:
+    out = tmp_path / "ds"
+    shardkit.convert(class_corpus(tmp_path / "c1", ["landscape"]), out, size=16, workers=1)
+    before = tree_digest(out)
+    other = DATASETS / "speech" if change.get("kind") == "audio" else class_corpus(tmp_path / "c2", ["plant"])
+    with pytest.raises(ConversionError, match=f"cannot append .*its {message}.*Nothing was changed"):
+        shardkit.convert(other, out, append=True, workers=1, **change)
+    assert tree_digest(out) == before
+
+
+def test_append_refusals_on_the_command_line(tmp_path: Path) -> None:
+    out = tmp_path / "ds"
+    shardkit.convert(class_corpus(tmp_path / "c1", ["landscape"]), out, size=16, workers=1)
+    before = tree_digest(out)
+    r = subprocess.run([sys.executable, "-m", "shardkit", "convert", str(class_corpus(tmp_path / "c2", ["plant"])),
+                        "-o", str(out), "--append", "--size", "24", "-q"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.count("\n") == 1 and "record shape (24, 24, 3) differs from the dataset's (16, 16, 3)" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "shardkit", "convert", str(tmp_path / "c2"), "-o", str(tmp_path / "none"),
+                        "--append", "--size", "16", "-q"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and "no dataset to append to" in r.stderr
+    assert tree_digest(out) == before
+
+
+def test_merge_of_two_datasets_equals_their_append(tmp_path: Path) -> None:
+    _, first, second = _split_corpora(tmp_path)
+    kw = dict(size=16, records_per_shard=4, workers=1)
+    shardkit.convert(first, tmp_path / "a", **kw)
+    shardkit.convert(second, tmp_path / "b", **kw)
+    shardkit.convert(first, tmp_path / "grown", **kw)
+    shardkit.convert(second, tmp_path / "grown", append=True, size=16, workers=1)
+    r = subprocess.run([sys.executable, "-m", "shardkit", "merge", str(tmp_path / "a"), str(tmp_path / "b"),
+                        "-o", str(tmp_path / "merged")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "merged       2 datasets" in r.stdout and "linked" in r.stdout
+    assert_same_records(tmp_path / "merged", tmp_path / "grown")  # the same corpora: the same skip paths
+    assert verify(tmp_path / "merged").ok
+    # Datasets of another schema are refused, naming the difference, and nothing is written.
+    shardkit.convert(second, tmp_path / "c", size=24, workers=1)
+    with pytest.raises(ConversionError, match=r"record shape .* differs"):
+        shardkit.merge([tmp_path / "a", tmp_path / "c"], tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()
+
+
+def test_merge_links_aligned_shards(tmp_path: Path) -> None:
+    # 12 + 8 records in shards of 4: every shard of both inputs lands on the grid as it is.
+    a = shardkit.convert(class_corpus(tmp_path / "c1", ["landscape"]), tmp_path / "a", size=16, records_per_shard=4,
+                         workers=1)
+    assert a.records % 4 == 0
+    shardkit.convert(class_corpus(tmp_path / "c2", ["object"]), tmp_path / "b", size=16, records_per_shard=4, workers=1)
+    report = shardkit.merge([tmp_path / "a", tmp_path / "b"], tmp_path / "m")
+    assert report.shards_repacked == 0 and report.bytes_repacked == 0 and report.shards_linked == 4
+    assert os.path.samefile(tmp_path / "m" / "image/c/0/0/0/0", tmp_path / "a" / "image/c/0/0/0/0")
+
+
+def _sampler_orders(path: Path, ssd_dir: Path, n: int, epochs: int) -> np.ndarray:
+    sampler = TieredSampler(path, tiers="ram,ssd", ram_size="4records", ssd_size="10records", ssd_dir=ssd_dir,
+                            batch_size=3, epochs=epochs, seed=23)
+    return epochs_of(sampler, n)
+
+
+@pytest.mark.parametrize("how", ["append", "merge"])
+def test_sampler_proof_on_appended_and_merged_datasets(tmp_path: Path, keyed_kind: None, how: str) -> None:
+    """The item x position chi-square (scaled by (N-1)/N, (N-1)^2 dof, alpha 1e-3) on a dataset made of
+    two conversions; every batch row carries its own key's payload and fields."""
+    n = 8
+    first, second = keyed_corpus(tmp_path / "k1", range(5)), keyed_corpus(tmp_path / "k2", range(5, n))
+    out = tmp_path / "ds"
+    if how == "append":
+        shardkit.convert(first, out, kind="keyed", records_per_shard=3, workers=1)
+        shardkit.convert(second, out, kind="keyed", append=True, workers=1, part_size=1)
+    else:
+        shardkit.convert(first, tmp_path / "a", kind="keyed", records_per_shard=3, workers=1)
+        shardkit.convert(second, tmp_path / "b", kind="keyed", records_per_shard=3, workers=1)
+        shardkit.merge([tmp_path / "a", tmp_path / "b"], out)
+    with open_dataset(out) as ds:
+        assert ds.num_records == n and [(s.start, s.stop) for s in ds.meta.shards] == [(0, 3), (3, 6), (6, 8)]
+        check_batch(ds.read(np.arange(n)))
+    ssd = tmp_path / "ssd"
+    ssd.mkdir()
+    orders = _sampler_orders(out, ssd, n, 400)
+    assert (np.sort(orders, axis=1) == np.arange(n)).all()
+    assert item_position_pvalue(orders) > ALPHA
+
+
+def test_a_hostile_manifest_is_not_trusted(tmp_path: Path) -> None:
+    src = class_corpus(tmp_path / "corpus", ["landscape"])
+    out = tmp_path / "out"
+
+    def stop_after_parts(done: int, total: int, records: int) -> None:
+        if done == total:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        shardkit.convert(src, out, size=16, records_per_shard=3, part_size=4, workers=1, executor=InlineExecutor(),
+                         progress=stop_after_parts)
+    manifests = sorted(out.glob(".shardkit-parts/*/p000000.json"))
+    assert manifests
+    doc = json.loads(manifests[0].read_text())
+    plan = manifests[0].parent.name
+    args = (LocalStore(out), plan, 0, tuple(doc["inputs"]), 3, "image", 4)
+    assert read_manifest(*args) is not None
+    doc["pieces"][0]["key"] = "../../../../etc/passwd"
+    manifests[0].write_text(json.dumps(doc))
+    assert read_manifest(*args) is None  # not followed: the part is converted again
+    s = shardkit.convert(src, out, size=16, records_per_shard=3, part_size=4, workers=1, executor=InlineExecutor())
+    assert s.parts_converted == 1
+    shardkit.convert(src, tmp_path / "one", size=16, records_per_shard=3, workers=1)
+    assert_same_records(out, tmp_path / "one")
+
+
+def test_a_spill_directory_of_someone_else_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    spill = tmp_path / "tmp" / f"shardkit-spill-{os.geteuid()}"
+    spill.mkdir(parents=True, mode=0o777)
+    os.chmod(spill, 0o777)  # writable by anyone: decoded records must not go there
+    src = class_corpus(tmp_path / "corpus", ["landscape"])
+    with pytest.raises(InsecurePathError, match="mode 0o700"):
+        shardkit.convert(src, tmp_path / "out", size=16, part_size=2, executor=ThreadPoolExecutor(2))
+
+
+def test_scheduler_needs_the_dask_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "distributed", None)
+    with pytest.raises(MissingExtraError, match=r'pip install "shardkit\[dask\]"'):
+        shardkit.convert(DATASETS / "imagefolder", tmp_path / "out", size=16, scheduler="tcp://127.0.0.1:1")
+
+
+def test_an_unreachable_scheduler_is_one_line(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "shardkit", "convert", str(DATASETS / "imagefolder"), "-o",
+                        str(tmp_path / "out"), "--size", "16", "--scheduler", "tcp://127.0.0.1:9", "-q"],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "2s"})
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "internal error" not in r.stderr
+    assert "--scheduler tcp://127.0.0.1:9: no Dask scheduler answered" in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_options_and_outputs_are_checked(tmp_path: Path) -> None:
+    src = class_corpus(tmp_path / "corpus", ["landscape"])
+    with pytest.raises(ConfigError, match="part_size"):
+        shardkit.convert(src, tmp_path / "out", size=16, part_size="many", executor=InlineExecutor())
+    r = subprocess.run([sys.executable, "-m", "shardkit", "convert", str(src), "-o", str(tmp_path / "out"), "--size",
+                        "16", "--append", "--part-size", "many", "-q"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and "--part-size" in r.stderr and "Traceback" not in r.stderr
+    # A dataset is there: a new conversion in parts refuses to replace it and says how to add to it.
+    shardkit.convert(src, tmp_path / "ds", size=16, workers=1)
+    with pytest.raises(ConversionError, match="--append"):
+        shardkit.convert(src, tmp_path / "ds", size=24, executor=InlineExecutor())
+    # An interrupted conversion with other parameters is named, with how to discard it.
+    with pytest.raises(KeyboardInterrupt):
+        shardkit.convert(src, tmp_path / "half", size=16, part_size=2, executor=InlineExecutor(),
+                         progress=lambda done, total, records: (_ for _ in ()).throw(KeyboardInterrupt) if done else None)
+    with pytest.raises(ConversionError, match=r"interrupted conversion or append with other parameters .* delete"):
+        shardkit.convert(src, tmp_path / "half", size=24, part_size=2, executor=InlineExecutor())
+
+
+def test_scheduler_local_overrides_the_environment(tmp_path: Path) -> None:
+    src = class_corpus(tmp_path / "corpus", ["landscape"])
+    r = subprocess.run([sys.executable, "-m", "shardkit", "convert", str(src), "-o", str(tmp_path / "out"), "--size",
+                        "16", "--scheduler", "local", "-q"], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "DASK_SCHEDULER_ADDRESS": "tcp://127.0.0.1:9"})
+    assert r.returncode == 0, r.stderr
+    assert "Dask" not in r.stderr and verify(tmp_path / "out").ok
+
+
+def test_a_dead_pool_worker_is_reported_and_finished_parts_kept(tmp_path: Path) -> None:
+    from tests.converters.kinds_for_parts import DyingImages
+
+    register(DyingImages, replace=True)
+    src = class_corpus(tmp_path / "corpus", ["landscape", "plant"])
+    with pytest.raises(ConversionError, match=r"worker process died .* re-run the same command"):
+        shardkit.convert(src, tmp_path / "out", kind="dyingimages", size=16, part_size=4,
+                         executor=ProcessPoolExecutor(1))
+    # Parts before the dying one were written and stay for the re-run.
+    assert list((tmp_path / "out").glob(".shardkit-parts/*/p000000.json"))
+
+
+def test_stray_shards_of_an_abandoned_append_are_removed(tmp_path: Path) -> None:
+    out = tmp_path / "ds"
+    shardkit.convert(class_corpus(tmp_path / "c1", ["landscape"]), out, size=16, records_per_shard=2, workers=1)
+
+    def stop(done: int, total: int, records: int) -> None:
+        if done == total:
+            raise KeyboardInterrupt
+
+    big = class_corpus(tmp_path / "c2", ["plant"])
+    with pytest.raises(KeyboardInterrupt):  # its parts are written (whole shards under their final names) ...
+        shardkit.convert(big, out, append=True, size=16, workers=1, part_size=8, progress=stop)
+    strays = sorted(p for p in (out / "image" / "c").iterdir() if int(p.name) >= 4)
+    assert strays
+    shutil.rmtree(out / ".shardkit-parts")  # ... and then abandoned
+    s = shardkit.convert(class_corpus(tmp_path / "c3", ["object"]), out, append=True, size=16, workers=1)
+    n_shards = len(open_dataset(out).meta.shards)
+    assert s.records == 14 and sorted(int(p.name) for p in (out / "image" / "c").iterdir()) == list(range(n_shards))
+    assert verify(out).ok
+
+
+@pytest.mark.parametrize("executor", ["inline", "threads"])
+def test_commit_rewrites_at_most_one_shard_per_part(tmp_path: Path, executor: str) -> None:
+    # 23 photos, shards of 2, parts of 7 inputs: each part writes its whole shards under their final
+    # names, and only the shard it shares with its neighbour is re-packed at the commit.
+    src = DATASETS / "imagefolder"
+    s = shardkit.convert(src, tmp_path / "parts", size=16, records_per_shard=2, part_size=7,
+                         executor=_executor(executor))
+    c = s.commit
+    assert c is not None and s.parts == 4
+    shards = len(open_dataset(tmp_path / "parts").meta.shards)
+    assert c.shards_in_place + c.shards_linked + c.shards_repacked == shards == 12
+    assert c.shards_repacked <= s.parts and c.shards_in_place >= shards - s.parts
+    assert c.bytes_repacked <= s.parts * max(info.nbytes for info in open_dataset(tmp_path / "parts").meta.shards)
+    shardkit.convert(src, tmp_path / "one", size=16, records_per_shard=2, workers=1)
+    assert_same_records(tmp_path / "parts", tmp_path / "one")

@@ -1,0 +1,244 @@
+"""``shardkit profile``: the model's arithmetic against hand-computed cases, the stage timers, and the
+phases end to end on tiny datasets (local and in an object store, CLI and Python). No timing
+assertions: the machine is shared; tests check what was measured is consistent, not how fast."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from shardkit.cli.main import main
+from shardkit.errors import ConfigError
+from shardkit.profiling import (
+    Rates,
+    Scenario,
+    Workload,
+    load_step,
+    page_cache_hit,
+    predict,
+    profile,
+    read_amplification,
+    report_lines,
+    to_json,
+)
+from shardkit.profiling.whatif import advise
+from shardkit.readers import SamplerOptions, TieredSampler
+from tests.readers.conftest import make_dataset
+
+REC = 1000  # bytes of a record in the model cases
+
+
+def _rates(**kw: Any) -> Rates:
+    base: dict[str, Any] = dict(storage_bps=1e6, page_cache_bps=1e7, copy_bps=1e8, assembly_s=0.0, handover_s=0.0,
+                                step_s=0.01, step_cpu_s=0.0, cores=4, page_cache_bytes=0)  # fmt: skip
+    base.update(kw)
+    return Rates(**base)
+
+
+def _run(args: list[str]) -> int:
+    try:
+        main(args)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return 0
+
+
+# ------------------------------------------------------------------ model arithmetic
+def test_read_amplification_hand_computed() -> None:
+    # gaps smaller than a record are never read
+    assert read_amplification(0.1, 500, REC) == 1.0
+    # G = 1: a gap of exactly one record is read, with probability d(1-d): 1 + 1 * 0.5 * 0.5
+    assert read_amplification(0.5, 1000, REC) == pytest.approx(1.25)
+    # G = 2, d = 0.5: 1 + 1*0.25 + 2*0.125 = 1.5
+    assert read_amplification(0.5, 2000, REC) == pytest.approx(1.5)
+    assert read_amplification(1.0, 10_000, REC) == 1.0  # everything wanted: no gaps
+    with pytest.raises(ConfigError):
+        read_amplification(0.0, 1000, REC)
+
+
+def test_page_cache_hit() -> None:
+    assert page_cache_hit(50, 200) == 0.25
+    assert page_cache_hit(500, 200) == 1.0
+    assert page_cache_hit(-1, 200) == 0.0
+
+
+def test_predict_without_cache_hand_computed() -> None:
+    # 1000 records of 1000 B, batches of 100, blocks of 100 records; no static cache; cold storage 1 MB/s
+    work = Workload(1000, REC, 100, epochs=2)
+    opts = SamplerOptions(ram_size=100 * REC * 5, static_cache=0, batch_size=100, gap_bytes=0)
+    p = predict(work, _rates(), Scenario("x", opts))
+    e0, e1 = p.epochs
+    assert e0.storage_bytes == e1.storage_bytes == 1_000_000
+    # page cache 0: both epochs read 1 MB cold = 1 s; compute 10 batches x 10 ms = 0.1 s
+    assert e1.stages["storage"] == pytest.approx(1.0)
+    assert e1.stages["compute"] == pytest.approx(0.1)
+    assert e1.seconds == pytest.approx(1.0)
+    assert e1.stall_seconds == pytest.approx(0.9)
+    assert e1.bottleneck == "storage"
+    first = p.sizes.first_block * REC / 1e6  # the first block is read before the first batch
+    assert e0.seconds == pytest.approx(1.0 + first)
+    assert p.seconds == pytest.approx(2.0 + first)
+
+
+def test_predict_static_cache_and_page_cache_hand_computed() -> None:
+    work = Workload(1000, REC, 100, epochs=2)
+    # half the dataset pinned, page cache holds half the dataset (after the sampler's own RAM)
+    opts = SamplerOptions(ram_size=2 * 1000 * REC, static_cache=500 * REC, batch_size=100, gap_bytes=0)
+    ram = opts.tier_sizes(REC, 1000).ram_bytes
+    rates = _rates(page_cache_bytes=ram + 500 * REC)
+    p = predict(work, rates, Scenario("x", opts, cold_start=True))
+    assert p.sizes.static_records == 500
+    e0, e1 = p.epochs
+    # epoch 0 (cold): all 1000 records from storage, 1 s; later: 500 records, half of them page-cache hits
+    assert e0.stages["storage"] == pytest.approx(1.0)
+    assert e1.storage_bytes == pytest.approx(500 * REC)
+    assert e1.stages["storage"] == pytest.approx(250 * REC / 1e6)
+    assert e1.stages["page cache"] == pytest.approx(250 * REC / 1e7)
+    # the assembler copies the 500 cached records at 1e8 B/s
+    assert e1.stages["assembly"] == pytest.approx(500 * REC / 1e8)
+    assert e1.seconds == pytest.approx(0.25 + 0.025)  # one reader thread: storage + page cache
+    # a warm start: epoch 0's reads hit the page cache like the later ones
+    warm = predict(work, rates, Scenario("x", opts, cold_start=False))
+    assert warm.epochs[0].stages["storage"] == pytest.approx(0.5)
+
+
+def test_predict_compute_bound_workers_and_bandwidth() -> None:
+    work = Workload(1000, REC, 100, epochs=1)
+    opts = SamplerOptions(ram_size=100 * REC * 5, static_cache=0, batch_size=100, gap_bytes=0)
+    slow_step = _rates(step_s=1.0)
+    p = predict(work, slow_step, Scenario("x", opts, cold_start=False, page_cache_bytes=10**9))
+    assert p.steady.bottleneck == "compute" and p.steady.stall_seconds == pytest.approx(p.steady.startup_seconds)
+    # two workers: each consumer has 500 records, 5 batches; storage bandwidth shared (cold)
+    base = Scenario("x", opts)
+    one, two = predict(work, _rates(), base), predict(work, _rates(), Scenario("x", opts, workers=2))
+    assert two.steady.stages["compute"] == pytest.approx(one.steady.stages["compute"] / 2)
+    assert two.steady.stages["storage"] == pytest.approx(one.steady.stages["storage"])
+    fast = predict(work, _rates(), Scenario("x", opts, storage_bps=4e6))
+    assert fast.steady.stages["storage"] == pytest.approx(one.steady.stages["storage"] / 4)
+    with pytest.raises(ConfigError, match="SSD"):
+        predict(work, _rates(), Scenario("x", opts.replace(tiers="ram,ssd", ssd_size=10**6)))
+
+
+def test_predict_ssd_tier_hand_computed() -> None:
+    work = Workload(1000, REC, 100, epochs=2)
+    opts = SamplerOptions(tiers="ram,ssd", ram_size=100 * REC * 5, ssd_size=1000 * REC, static_cache=0,
+                          batch_size=100, gap_bytes=0)  # fmt: skip
+    rates = _rates(storage_bps=1e7, ssd_write_bps=2e6, ssd_read_bps=4e6)
+    e1 = predict(work, rates, Scenario("x", opts)).steady
+    # creator: read 1 MB at 10 MB/s + write it at 2 MB/s = 0.6 s; reader: 1 MB at 4 MB/s = 0.25 s
+    assert e1.stages["ssd"] == pytest.approx(0.5)
+    assert e1.seconds == pytest.approx(0.6)
+
+
+def test_advice_names_bottleneck_and_fix() -> None:
+    work = Workload(1000, REC, 100, epochs=2)
+    opts = SamplerOptions(ram_size=100 * REC * 5, static_cache=0, batch_size=100, gap_bytes=0)
+    adv = advise(work, _rates(), Scenario("x", opts))  # no page cache: every epoch reads storage
+    assert adv.bottleneck == "storage" and adv.stall_fraction > 0.5
+    assert adv.change is not None and "ram-size" in adv.change  # the cache removes steady-state reads
+    fast = advise(work, _rates(step_s=10.0), Scenario("x", opts))
+    assert fast.change is None and "keeps up" in fast.sentence()
+
+
+# ------------------------------------------------------------------ instrumentation
+def test_stage_timers_count_each_tier(tmp_path: Path, ssd_dir: Path) -> None:
+    ds = make_dataset(tmp_path / "ds", 40)
+    with TieredSampler(ds, batch_size=4, ram_size="12records", static_cache=0, epochs=1) as s:
+        batches = list(s)
+    busy = s.stats.busy_seconds
+    assert set(busy) == {"disk", "disk_cpu", "assembly", "handover"} and all(v >= 0 for v in busy.values())
+    assert busy["disk"] > 0 and busy["assembly"] > 0
+    assert s.stats.first_batch_seconds is not None and 0 < s.stats.first_batch_seconds <= s.stats.elapsed
+    assert len(batches) == 10
+    with TieredSampler(ds, tiers="ram,ssd", batch_size=4, ram_size="12records", ssd_size="24records",
+                       ssd_dir=ssd_dir, static_cache=0, epochs=1) as s2:  # fmt: skip
+        list(s2)
+    assert {"ssd_fill", "ssd", "assembly"} <= set(s2.stats.busy_seconds)
+
+
+# ------------------------------------------------------------------ phases end to end
+def check_profile(prof: Any, n: int, epochs: int) -> None:
+    assert set(prof.phases) >= {"ingest-cold", "ingest-warm", "both"}
+    assert prof.phases["ingest-cold"].records == n
+    assert prof.phases["both"].records == n * epochs
+    assert len(prof.phases["both"].epoch_seconds) == epochs
+    assert prof.rates.storage_bps > 0 and prof.rates.step_s > 0
+    assert prof.measured.seconds > 0 and len(prof.measured.epochs) == epochs
+    assert any(p.scenario.label.startswith("ram_size") for p in prof.whatifs)
+    json.dumps(to_json(prof))  # JSON-able, numpy scalars included
+    text = "\n".join(report_lines(prof))
+    assert "advice" in text and "stall" in text
+
+
+def test_profile_python_api_with_step_function_and_checks(tmp_path: Path) -> None:
+    ds = make_dataset(tmp_path / "ds", 60, records_per_shard=7)
+    seen: list[int] = []
+
+    def step(batch: dict[str, np.ndarray]) -> None:
+        seen.append(int(batch["key"].shape[0]))
+
+    prof = profile(ds, step=step, batch_size=8, ram_size="40records", check=True)
+    check_profile(prof, 60, 2)
+    assert sum(seen) >= 60 * 2  # compute phase (synthetic) + both + checks
+    assert len(prof.checks) == 3
+    fractions = {round(c.prediction.cache_fraction, 2) for c in prof.checks}
+    assert len(fractions) == 3 and 1.0 in fractions and 0.0 in fractions
+    for c in prof.checks:
+        assert c.measured.records == 60 * 2 and math.isfinite(c.error)
+    assert "check" in "\n".join(report_lines(prof))
+    with pytest.raises(ConfigError, match="exactly one"):
+        profile(ds, batch_size=8)
+
+
+def test_profile_ssd_probe(tmp_path: Path, ssd_dir: Path) -> None:
+    ds = make_dataset(tmp_path / "ds", 40)
+    prof = profile(ds, step_time="1ms", batch_size=4, ram_size="12records", ssd_dir=ssd_dir, epochs=1)
+    assert "ssd" in prof.phases and prof.rates.ssd_write_bps and prof.rates.ssd_read_bps
+    assert any(p.scenario.label.startswith("ssd tier") for p in prof.whatifs)
+
+
+def test_profile_cli_report_json_plot_and_step(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    pytest.importorskip("matplotlib")
+    ds = make_dataset(tmp_path / "ds", 30)
+    png = tmp_path / "p.png"
+    assert _run(["profile", str(ds), "--step-ms", "1", "--batch-size", "4", "--ram-size", "12records",
+                 "--plot", str(png), "--no-progress"]) == 0  # fmt: skip
+    out = capsys.readouterr()
+    assert "ingest-cold" in out.out and "advice" in out.out and png.read_bytes()[:4] == b"\x89PNG"
+    (tmp_path / "mystep.py").write_text("def step(batch):\n    assert 'image' in batch\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    assert _run(["profile", str(ds), "--step", "mystep:step", "--batch-size", "4", "--json", "--epochs", "1"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["step"] == "step" and doc["workload"]["num_records"] == 30 and doc["phases"]["both"]["records"] == 30
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--batch-size", "4"], "exactly one of --step-ms"),
+        (["--step-ms", "abc"], "--step-ms"),
+        (["--step", "nosuchmodule_xyz:step"], "cannot import"),
+        (["--step", "json"], "module:function"),
+        (["--step-ms", "1", "--plot", "x.jpg"], "--plot"),
+        (["--step-ms", "1", "--ram-size", "1"], "--ram-size"),
+    ],
+)
+def test_profile_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
+    ds = make_dataset(tmp_path / "ds", 10)
+    assert _run(["profile", str(ds), *args]) == 1
+    err = capsys.readouterr().err
+    assert message in err and "internal error" not in err and "Traceback" not in err
+
+
+def test_load_step_errors() -> None:
+    with pytest.raises(ConfigError, match="no function"):
+        load_step("json:no_such_function")
+    assert load_step("json:dumps") is json.dumps

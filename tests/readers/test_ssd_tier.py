@@ -1,0 +1,231 @@
+"""The SSD tier's reservoirs (issue 17): scratch slot files, the in-kernel copy, the double-buffered
+copy with its writer thread, and the checks on the way back into RAM."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shardkit.errors import ConfigError, TruncatedShardError
+from shardkit.formats import Dataset, PayloadArray
+from shardkit.formats.reader import ReadStats
+from shardkit.readers import TieredSampler
+from shardkit.readers.scratch import ReservoirSlots, ScratchRecords
+from shardkit.readers.ssd import SsdSpace
+from shardkit.readers.stopping import Stopped
+from tests.readers.conftest import collect, make_dataset
+
+BIG = (128, 128, 1)  # 16 KiB records: copied inside the kernel
+BIG_REC = int(np.prod(BIG))
+
+
+def _sampler(ds: Path, ssd_dir: Path, **kw: object) -> TieredSampler:
+    return TieredSampler(ds, tiers="ram,ssd", ram_size="6records", ssd_size="14records", ssd_dir=ssd_dir,
+                         batch_size=4, seed=3, **kw)  # type: ignore[arg-type]
+
+
+def test_kernel_copy_reads_each_record_once_in_ascending_offsets(tmp_path: Path, ssd_dir: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Large uncompressed local records go to SSD by sendfile: every epoch a permutation, each record's
+    bytes read from the dataset once per epoch, ascending offsets within every reservoir, no user-space
+    read of the dataset at all, and every batch holds the right bytes."""
+    n, epochs = 41, 2
+    ds = make_dataset(tmp_path / "ds", n, records_per_shard=5, shape=BIG)
+    calls: list[tuple[int, int, int]] = []
+    real_sendfile = os.sendfile
+
+    def counting(out_fd: int, in_fd: int, offset: int | None, count: int) -> int:
+        calls.append((in_fd, offset or 0, count))
+        return real_sendfile(out_fd, in_fd, offset, count)
+
+    monkeypatch.setattr(os, "sendfile", counting)
+    read_into_calls: list[str] = []
+    real_read_into = PayloadArray.read_into
+
+    def tracking(self: PayloadArray, keys: np.ndarray, dest: object) -> None:
+        read_into_calls.append(type(self).__name__)
+        real_read_into(self, keys, dest)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(PayloadArray, "read_into", tracking)
+    trace: list[tuple[str, int, int]] = []
+    real_copy = PayloadArray.copy_to_file
+
+    def marking(self: PayloadArray, *args: object, **kw: object) -> None:
+        trace.append(("PASS", 0, 0))  # one call per reservoir here (far below KERNEL_CHUNK_BYTES)
+        real_copy(self, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(PayloadArray, "copy_to_file", marking)
+    announcers: list[str] = []
+    real_announce = PayloadArray.announce
+
+    def announcing(self: PayloadArray, keys: np.ndarray) -> None:
+        announcers.append(threading.current_thread().name)
+        real_announce(self, keys)
+
+    monkeypatch.setattr(PayloadArray, "announce", announcing)
+    s = _sampler(ds, ssd_dir, epochs=epochs, static_cache=0, gap_bytes=0)
+    s.stats.disk.trace = trace
+    keys = np.concatenate(collect(s)).reshape(epochs, n)  # collect checks every batch's bytes
+    for e in range(epochs):
+        assert sorted(keys[e].tolist()) == list(range(n))
+    assert calls, "the in-kernel copy was not used"
+    # Reads are announced by the writer thread, so the copying thread does not pay for them.
+    assert announcers and all(t.startswith("shardkit-ssd-writer") for t in announcers)
+    assert "PayloadArray" not in read_into_calls  # the dataset itself is never read through user space
+    assert "ScratchRecords" in read_into_calls  # reservoirs are read back into the batch buffers
+    data = [t for t in trace if t[0] != "PASS" and t[2] % BIG_REC == 0]
+    assert sum(t[2] for t in data) == epochs * n * BIG_REC == s.stats.ssd_bytes_written
+    covered: dict[tuple[str, int], int] = defaultdict(int)
+    for f, off, nb in data:
+        for r in range(off // BIG_REC, (off + nb) // BIG_REC):
+            covered[(f, r)] += 1
+    assert len(covered) == n and set(covered.values()) == {epochs}
+    # Each reservoir is one ascending pass: within a reservoir, offsets never go back in a file.
+    passes = 0
+    last: dict[str, int] = {}
+    for f, off, nb in trace:
+        if f == "PASS":
+            passes, last = passes + 1, {}
+        elif nb % BIG_REC == 0:
+            assert off >= last.get(f, 0), (f, off, last)
+            last[f] = off + nb
+    assert passes >= epochs * 3  # several reservoirs per epoch
+    assert s.stats.ssd.records == epochs * n
+
+
+def _slots(tmp_path: Path, ssd_dir: Path, n: int, copy_records: int) -> tuple[Dataset, SsdSpace, ReservoirSlots]:
+    ds = Dataset(make_dataset(tmp_path / "ds", n, records_per_shard=4))
+    space = SsdSpace(ssd_dir)
+    return ds, space, ReservoirSlots(space, ds.payload, copy_records * ds.record_nbytes)
+
+
+def test_buffered_copy_overlaps_reading_and_writing(tmp_path: Path, ssd_dir: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small records go through the copy buffer: while the writer thread writes chunk c, the creator
+    already reads chunk c + 1. Each write waits (bounded) for the next read to start: without the
+    overlap every wait would run out, and the log would show the read after the write."""
+    ds, space, slots = _slots(tmp_path, ssd_dir, 30, copy_records=4)  # two halves of 2 records
+    log: list[tuple[str, int]] = []
+    lock = threading.Lock()
+    reads = threading.Condition(lock)
+    real_read = PayloadArray.read
+    real_pwrite = os.pwrite
+    writer_threads: set[str] = set()
+
+    def reading(self: PayloadArray, keys: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        with reads:
+            log.append(("read", int(np.asarray(keys)[0])))
+            reads.notify_all()
+        return real_read(self, keys, out)
+
+    def writing(fd: int, data: object, offset: int) -> int:
+        writer_threads.add(threading.current_thread().name)
+        chunk = offset // ds.record_nbytes
+        with reads:  # wait (bounded) for the read of the next chunk; there is none after the last
+            reads.wait_for(lambda: sum(e[0] == "read" for e in log) > chunk // 2 + 1, timeout=2.0)
+            log.append(("write-end", chunk))
+        return real_pwrite(fd, data, offset)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(PayloadArray, "read", reading)
+    monkeypatch.setattr(os, "pwrite", writing)
+    keys = np.array([0, 2, 3, 7, 8, 11, 19, 20, 25], dtype=np.int64)
+    t0 = time.monotonic()
+    try:
+        assert slots.write(1, ds.payload, keys, threading.Event()) == keys.size * ds.record_nbytes
+        monkeypatch.undo()
+        back = slots.records(1, keys.size, ReadStats(), 0).read(np.arange(keys.size))
+        np.testing.assert_array_equal(back, ds.payload.read(keys))
+    finally:
+        slots.close()
+        space.close()
+        ds.close()
+    assert writer_threads and all(t.startswith("shardkit-ssd-writer") for t in writer_threads)
+    for c in range(0, keys.size - 2, 2):  # every chunk but the last: the next read began first
+        assert log.index(("read", int(keys[c + 2]))) < log.index(("write-end", c)), log
+    assert time.monotonic() - t0 < 2.0 + 30  # only the last write may have waited out its timeout
+
+
+def test_slot_is_rewritten_and_checked_on_the_way_back(tmp_path: Path, ssd_dir: Path) -> None:
+    """A slot holds the latest reservoir, read back in any subset; a slot shorter than its reservoir
+    (or emptied by a failed write) is a TruncatedShardError, never data."""
+    ds, space, slots = _slots(tmp_path, ssd_dir, 30, copy_records=4)
+    stop = threading.Event()
+    try:
+        slots.write(0, ds.payload, np.arange(20, dtype=np.int64), stop)
+        slots.write(0, ds.payload, np.array([1, 5, 9], dtype=np.int64), stop)  # a smaller one after it
+        res = slots.records(0, 3, ReadStats(), 0)
+        np.testing.assert_array_equal(res.read([2, 0]), ds.payload.read([9, 1]))
+        os.truncate(slots.paths[0], 2 * ds.record_nbytes)
+        with pytest.raises(TruncatedShardError, match="reservoir-0"):
+            slots.records(0, 3, ReadStats(), 0)
+        stop.set()
+        with pytest.raises(Stopped):
+            slots.write(0, ds.payload, np.arange(10, dtype=np.int64), stop)
+        assert os.path.getsize(slots.paths[0]) == 0  # a write that did not finish leaves nothing to read
+    finally:
+        slots.close()
+        space.close()
+        ds.close()
+
+
+def test_copy_to_file_refuses_what_it_cannot_copy(tmp_path: Path) -> None:
+    """The in-kernel copy takes ascending distinct keys of large uncompressed local records only; it
+    places record keys[j] at row first_row + j and counts each record once."""
+    big = Dataset(make_dataset(tmp_path / "big", 12, records_per_shard=5, shape=BIG))
+    small = Dataset(make_dataset(tmp_path / "small", 12))
+    fd = os.open(tmp_path / "out", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        assert big.payload.can_copy_to_file() and not small.payload.can_copy_to_file()
+        for bad in ([3, 1], [2, 2], [-1, 4], [4, 12]):
+            with pytest.raises(ConfigError, match="ascending distinct keys"):
+                big.payload.copy_to_file(np.array(bad), fd)
+        with pytest.raises(ConfigError, match="cannot be copied inside the kernel"):
+            small.payload.copy_to_file(np.array([1, 2]), fd)
+        keys = np.array([0, 4, 5, 6, 11], dtype=np.int64)  # 4-5 and 5-6 cross a shard boundary
+        big.payload.copy_to_file(keys, fd, first_row=2)
+        assert big.payload.stats.records == keys.size
+        got = np.fromfile(tmp_path / "out", dtype=np.uint8).reshape(-1, *BIG)
+        np.testing.assert_array_equal(got[2:], big.payload.read(keys))
+    finally:
+        os.close(fd)
+        big.close()
+        small.close()
+
+
+@pytest.mark.parametrize("shape", [BIG, (4, 4, 1)], ids=["kernel-copy", "buffered"])
+def test_ram_creator_reads_back_while_the_next_reservoir_is_written(tmp_path: Path, ssd_dir: Path, shape: tuple[int, ...],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading reservoir 0 back into RAM overlaps with writing reservoir 1: the first read back waits
+    (bounded) until the write into the other slot has begun, which only happens if the two creators
+    run at once."""
+    ds = make_dataset(tmp_path / "ds", 40, records_per_shard=5, shape=shape)
+    started: list[int] = []
+    overlapped: list[bool] = []
+    cond = threading.Condition()
+    real_write = ReservoirSlots.write
+    real_read_into = ScratchRecords.read_into
+
+    def writing(self: ReservoirSlots, slot: int, *args: object) -> int:
+        with cond:
+            started.append(slot)
+            cond.notify_all()
+        return real_write(self, slot, *args)  # type: ignore[arg-type]
+
+    def reading(self: ScratchRecords, keys: np.ndarray, dest: object) -> None:
+        if not overlapped:
+            with cond:
+                overlapped.append(cond.wait_for(lambda: len(started) >= 2, timeout=5.0))
+        real_read_into(self, keys, dest)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ReservoirSlots, "write", writing)
+    monkeypatch.setattr(ScratchRecords, "read_into", reading)
+    s = _sampler(ds, ssd_dir, epochs=1, static_cache=0)
+    keys = np.concatenate(collect(s))
+    assert sorted(keys.tolist()) == list(range(40))
+    assert started[:2] == [0, 1] and overlapped == [True]
