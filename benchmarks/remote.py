@@ -211,7 +211,7 @@ def main() -> None:
     from shardkit.formats.publish import upload_dataset
     from shardkit.stores import open_store
     from shardkit.units import parse_bytes
-    from tests.seaweed import SeaweedServer
+    from tests.helpers.seaweed import SeaweedServer
 
     work = Path(tempfile.mkdtemp(prefix="shardkit-bench-remote-"))
     server = SeaweedServer(work / "seaweed").start()

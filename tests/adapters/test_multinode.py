@@ -35,7 +35,7 @@ from _adapter_data import write_keyed
 
 from shardkit.readers import epoch_permutation
 from shardkit.readers.locality import node_partition
-from tests.order_stats import ALPHA, item_position_pvalue
+from tests.helpers.order_stats import ALPHA, item_position_pvalue
 
 HERE = Path(__file__).parent
 SEED = 11

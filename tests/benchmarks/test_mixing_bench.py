@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.benchmarks.loader import load_benchmark
+from tests.helpers.benchmarks import load_benchmark
 
 
 def test_mixing_benchmark_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

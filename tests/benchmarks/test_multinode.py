@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.benchmarks.loader import load_benchmark
+from tests.helpers.benchmarks import load_benchmark
 
 
 def test_one_configuration_and_the_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from tests.order_stats import ALPHA, om
+from tests.helpers.order_stats import ALPHA, om
 
 
 def uniform_orders(n: int, epochs: int, seed: int) -> np.ndarray:

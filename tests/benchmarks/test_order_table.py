@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from shardkit.ordertest import alternatives
-from tests.benchmarks.loader import load_benchmark
+from tests.helpers.benchmarks import load_benchmark
 
 
 @pytest.fixture

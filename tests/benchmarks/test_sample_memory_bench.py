@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.benchmarks.loader import load_benchmark
+from tests.helpers.benchmarks import load_benchmark
 
 
 def test_sample_worker_measures_every_epoch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

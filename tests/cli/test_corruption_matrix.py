@@ -39,7 +39,7 @@ import pytest
 from shardkit.cli.main import main
 from shardkit.formats import DatasetWriter, FieldSpec
 from shardkit.formats.codecs import get_codec
-from tests.conftest import edit_attributes, flip_byte, make_records, rewrite_shard_index
+from tests.helpers.datasets import edit_attributes, flip_byte, make_records, rewrite_shard_index
 
 N, PER_SHARD, FIELD_CHUNK = 25, 10, 16
 REC_NBYTES = 4 * 3 * 3

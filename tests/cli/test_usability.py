@@ -20,9 +20,9 @@ import pytest
 import shardkit
 from shardkit.readers import SharedSampler
 from shardkit.readers.shared import wait_for_server
-from tests.converters.corpora import natural_image, save_jpeg
-from tests.helpers import run_cli
-from tests.readers.conftest import make_dataset
+from tests.helpers.cli import run_cli
+from tests.helpers.corpora import natural_image, save_jpeg
+from tests.helpers.sampler_data import make_dataset
 
 REPO = Path(__file__).resolve().parents[2]
 DATASETS = REPO / "datasets"

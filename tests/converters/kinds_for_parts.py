@@ -5,7 +5,7 @@
 * ``vanishingimages``: class-folder images whose corpus disappears right after the scan (renamed
   aside), which is what a worker sees when the corpus is not mounted there.
 * ``keyed``: "inputs" are text files holding record numbers; record ``k`` is the pattern of
-  ``tests/readers/conftest.encode`` with ``label = 3k`` and ``pair = (k, -k)``, so the sampler's
+  ``tests/helpers/sampler_data.encode`` with ``label = 3k`` and ``pair = (k, -k)``, so the sampler's
   proof tests can run on a dataset made by appends and merges.
 """
 
@@ -61,7 +61,7 @@ class KeyedDecoder(Decoder):
         self.root = root
 
     def decode(self, item: str, start: int = 0) -> Decoded:
-        from tests.readers.conftest import encode
+        from tests.helpers.sampler_data import encode
 
         keys = np.array([int(x) for x in (self.root / item).read_text().split()], dtype=np.int64)
         return Decoded([{"image": encode(keys[i : i + 1])[0], "label": keys[i] * 3,

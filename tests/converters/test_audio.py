@@ -10,7 +10,7 @@ import pytest
 import shardkit
 from shardkit.converters.audio_transforms import AudioTransform
 from shardkit.formats import open_dataset
-from tests.converters.corpora import tone, write_wav
+from tests.helpers.corpora import tone, write_wav
 
 
 def _dominant(x: np.ndarray, rate: int) -> float:

@@ -19,7 +19,7 @@ from shardkit.converters.audio import AudioDecoder
 from shardkit.converters.audio_transforms import BLOCK_BYTES, MAX_RATE, MIN_RATE, AudioTransform, Resampler
 from shardkit.errors import InputFileError
 from shardkit.formats import open_dataset
-from tests.converters.corpora import tone, write_wav
+from tests.helpers.corpora import tone, write_wav
 
 HOUR_FRAMES = 3600 * 44100
 

@@ -11,7 +11,7 @@ import shardkit
 from shardkit.converters.cifar import safe_load
 from shardkit.errors import ConversionError
 from shardkit.formats import open_dataset
-from tests.converters.corpora import _Evil, make_cifar10, make_cifar100, write_pickle
+from tests.helpers.corpora import _Evil, make_cifar10, make_cifar100, write_pickle
 
 
 def test_cifar10_native_size(tmp_path: Path) -> None:

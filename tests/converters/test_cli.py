@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from shardkit.formats import open_dataset
-from tests.converters.corpora import make_imagefolder
+from tests.helpers.corpora import make_imagefolder
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,11 +27,11 @@ from shardkit.errors import WorkerError
 from shardkit.formats import verify
 from tests.converters.fault_injection import inject
 from tests.converters.kinds_for_parts import SlowImages, VanishingImages
-from tests.converters.parts_helpers import DATASETS, REPO, assert_same_records, class_corpus
+from tests.helpers.parts import DATASETS, REPO, assert_same_records, class_corpus
 
 pytest.importorskip("distributed")  # the dask extra
 
-from tests.converters.dask_cluster import DaskCluster  # after importorskip: needs the extra
+from tests.helpers.dask_cluster import DaskCluster  # after importorskip: needs the extra
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +105,11 @@ def test_a_worker_killed_mid_part_has_its_part_redone(cluster: DaskCluster, tmp_
         if killed or records == 0:
             return
         with Client(cluster.address, set_as_default=False) as c:
+            deadline = time.monotonic() + 10  # between two parts a worker can be idle for a moment
             busy = [addr for addr, tasks in c.processing().items() if tasks]
+            while not busy and time.monotonic() < deadline:
+                time.sleep(0.05)
+                busy = [addr for addr, tasks in c.processing().items() if tasks]
         if busy:  # SIGKILL a worker (and its nanny) while it runs a part
             name = names[busy[0]]
             cluster.kill_worker(int(name[1:]))

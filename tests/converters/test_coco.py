@@ -11,7 +11,7 @@ import pytest
 import shardkit
 from shardkit.errors import ConversionError
 from shardkit.formats import open_dataset
-from tests.converters.corpora import coco_doc, natural_image, save_jpeg, write_json
+from tests.helpers.corpora import coco_doc, natural_image, save_jpeg, write_json
 
 # Image 1 is 200 x 100 with these boxes [x, y, w, h] and original category ids.
 BOXES = [[60, 20, 40, 40], [0, 0, 20, 20], [180, 0, 20, 100], [40, 10, 40, 50]]

@@ -13,7 +13,7 @@ from PIL import Image
 import shardkit
 from shardkit.converters.images import DEFAULT_DECODE, ImageTransform
 from shardkit.formats import open_dataset
-from tests.converters.corpora import natural_image
+from tests.helpers.corpora import natural_image
 
 DATASETS = Path(__file__).resolve().parents[2] / "datasets"
 PHOTOS = sorted(DATASETS.rglob("*.jpg"))

@@ -14,7 +14,7 @@ from shardkit.converters import Converter, Decoded, Note, get_converter
 from shardkit.converters.classfolders import ClassFolderConverter, ClassFolderDecoder
 from shardkit.converters.decoding import Failed, Produced, Skipped, decode_one
 from shardkit.formats import FieldSpec, open_dataset
-from tests.converters.corpora import make_cifar10
+from tests.helpers.corpora import make_cifar10
 
 DATASETS = Path(__file__).resolve().parents[2] / "datasets"
 

@@ -10,7 +10,7 @@ import pytest
 import shardkit
 from shardkit.errors import ConfigError, ConversionError
 from shardkit.formats import open_dataset, verify
-from tests.converters.corpora import make_imagefolder
+from tests.helpers.corpora import make_imagefolder
 
 
 @pytest.fixture(scope="module")

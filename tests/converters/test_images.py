@@ -10,7 +10,7 @@ from PIL import Image
 
 from shardkit.converters.images import ImageTransform, open_image, parse_hw, to_rgb
 from shardkit.errors import ConfigError, InputFileError
-from tests.converters.corpora import add_bad_images, natural_image, save_jpeg
+from tests.helpers.corpora import add_bad_images, natural_image, save_jpeg
 
 
 def _rgb(img: Image.Image) -> np.ndarray:

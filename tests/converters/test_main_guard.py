@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import shardkit
-from tests.converters.corpora import make_imagefolder
+from tests.helpers.corpora import make_imagefolder
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -13,7 +13,7 @@ import pytest
 import shardkit
 from shardkit.errors import ConversionError
 from shardkit.formats import open_dataset
-from tests.converters.corpora import coco_doc, make_cifar10, make_cifar100, natural_image, save_jpeg, write_pickle
+from tests.helpers.corpora import coco_doc, make_cifar10, make_cifar100, natural_image, save_jpeg, write_pickle
 
 REPO = Path(__file__).resolve().parents[2]
 DEEP = 100_000  # far beyond Python's recursion limit

@@ -23,12 +23,12 @@ from shardkit.errors import ConfigError, ConversionError, InsecurePathError, Mis
 from shardkit.formats import open_dataset, verify
 from shardkit.readers import TieredSampler
 from shardkit.stores import LocalStore
-from tests.converters.corpora import make_imagefolder
 from tests.converters.fault_injection import inject
 from tests.converters.kinds_for_parts import Keyed, keyed_corpus
-from tests.converters.parts_helpers import DATASETS, assert_same_records, class_corpus, tree_digest
-from tests.order_stats import ALPHA, item_position_pvalue
-from tests.readers.conftest import check_batch, epochs_of
+from tests.helpers.corpora import make_imagefolder
+from tests.helpers.order_stats import ALPHA, item_position_pvalue
+from tests.helpers.parts import DATASETS, assert_same_records, class_corpus, tree_digest
+from tests.helpers.sampler_data import check_batch, epochs_of
 
 BAD = {"plant/zero.jpg": "", "plant/text.jpg": "not an image\n", "object/notes.txt": "a stray file\n"}
 

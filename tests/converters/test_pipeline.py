@@ -14,7 +14,7 @@ import pytest
 import shardkit
 from shardkit.errors import ConversionError
 from shardkit.formats import open_dataset, verify
-from tests.converters.corpora import interrupt_after, make_imagefolder, tone, write_wav
+from tests.helpers.corpora import interrupt_after, make_imagefolder, tone, write_wav
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -15,7 +15,7 @@ import shardkit
 from shardkit.converters.images import ImageTransform
 from shardkit.converters.provenance import change_lines
 from shardkit.formats import open_dataset
-from tests.converters.corpora import (
+from tests.helpers.corpora import (
     coco_doc,
     make_cifar10,
     make_imagefolder,

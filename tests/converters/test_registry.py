@@ -19,7 +19,7 @@ from shardkit.converters.base import Converter
 from shardkit.converters.imagefolder import ImageFolderConverter
 from shardkit.errors import ConfigError
 from shardkit.formats import open_dataset
-from tests.converters.corpora import make_imagefolder, tone, write_wav
+from tests.helpers.corpora import make_imagefolder, tone, write_wav
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -17,8 +17,8 @@ import shardkit
 from shardkit.converters.staging import STAGING_DIR, Staging, clear_output
 from shardkit.errors import ConversionError, IncompleteDatasetError
 from shardkit.formats import FieldSpec, open_dataset, verify
-from tests.converters.corpora import interrupt_after, make_imagefolder
 from tests.converters.fault_injection import inject
+from tests.helpers.corpora import interrupt_after, make_imagefolder
 
 REPO = Path(__file__).resolve().parents[2]
 DATASETS = REPO / "datasets"

@@ -13,7 +13,7 @@ from shardkit import errors
 from shardkit.formats import PayloadArray, codecs
 from shardkit.formats.codecs import RecordCodec, codec_from_zarr, get_codec, register_codec
 from shardkit.formats.reader import ShardedLayout
-from tests.conftest import make_records, write_dataset
+from tests.helpers.datasets import make_records, write_dataset
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from shardkit.formats import Dataset, DatasetWriter, FieldSpec, open_dataset, ve
 from shardkit.formats.commit import Segment, StoredShard, commit, merge_labels, plan_shards
 from shardkit.formats.versions import VERSIONS_DIR, list_versions, retired_key
 from shardkit.stores import LocalStore
-from tests.conftest import make_records
+from tests.helpers.datasets import make_records
 
 S = 10
 

@@ -21,7 +21,7 @@ from shardkit import errors
 from shardkit.cli.main import main
 from shardkit.formats import PayloadArray, open_dataset
 from shardkit.formats.checksums import FileDigest
-from tests.conftest import edit_attributes, make_records, write_dataset
+from tests.helpers.datasets import edit_attributes, make_records, write_dataset
 
 #: No case may allocate more than this while failing (the datasets here are a few KB).
 PEAK_BYTES = 32 * 1024 * 1024

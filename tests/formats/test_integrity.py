@@ -17,7 +17,7 @@ import pytest
 from shardkit import errors
 from shardkit.formats import DatasetWriter, FieldSpec, open_dataset, verify
 from shardkit.formats.codecs import get_codec
-from tests.conftest import edit_attributes, flip_byte, make_records, rewrite_shard_index, write_dataset
+from tests.helpers.datasets import edit_attributes, flip_byte, make_records, rewrite_shard_index, write_dataset
 
 GOLDEN = Path(__file__).parent / "golden"
 REC = FieldSpec((4, 3, 3), "uint8")  # 36-byte records

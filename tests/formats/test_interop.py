@@ -10,7 +10,7 @@ import zarr
 import zarr.codecs
 
 from shardkit.formats import PayloadArray, open_dataset
-from tests.conftest import make_records, write_dataset
+from tests.helpers.datasets import make_records, write_dataset
 
 
 @pytest.mark.parametrize("codec", [None, "zstd", "gzip", "blosc-lz4"])

@@ -12,7 +12,7 @@ import pytest
 
 from shardkit import errors
 from shardkit.formats import DatasetWriter, FieldSpec, open_dataset, verify
-from tests.conftest import edit_attributes, make_records, write_dataset
+from tests.helpers.datasets import edit_attributes, make_records, write_dataset
 
 
 @pytest.fixture

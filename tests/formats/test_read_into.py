@@ -15,7 +15,7 @@ import pytest
 from shardkit.errors import ConfigError
 from shardkit.formats import open_dataset
 from shardkit.formats.reader import BUFFER_ALIGNMENT, SCATTER_MIN_BYTES, Destination, aligned_empty
-from tests.conftest import make_records, write_dataset
+from tests.helpers.datasets import make_records, write_dataset
 
 # (record shape, compression): small records (bounce path), large ones (one iovec each), compressed.
 LAYOUTS = {

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from shardkit.formats import DatasetWriter, FieldSpec, ReadStats, open_dataset
 from shardkit.formats.spec import INDEX_ENTRY_NBYTES, chunk_key
-from tests.conftest import make_records, write_dataset
+from tests.helpers.datasets import make_records, write_dataset
 
 CODECS = [None, "zstd", "gzip", "blosc-lz4"]
 

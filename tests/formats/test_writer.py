@@ -12,7 +12,7 @@ import pytest
 from shardkit import errors
 from shardkit.formats import DatasetWriter, FieldSpec, open_dataset, verify
 from shardkit.formats.writer import WrittenShard
-from tests.conftest import make_records
+from tests.helpers.datasets import make_records
 
 REC = FieldSpec((4, 4), "uint8")
 

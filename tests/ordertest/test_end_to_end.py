@@ -13,9 +13,9 @@ import pytest
 from shardkit.cli.main import main
 from shardkit.formats import open_dataset
 from shardkit.ordertest import run
-from tests.benchmarks.loader import load_benchmark
-from tests.conftest import DATASETS
-from tests.readers.conftest import make_dataset
+from tests.helpers.benchmarks import load_benchmark
+from tests.helpers.datasets import DATASETS
+from tests.helpers.sampler_data import make_dataset
 
 
 def shardkit(*args: str) -> subprocess.CompletedProcess[str]:

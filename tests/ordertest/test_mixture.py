@@ -15,7 +15,7 @@ from scipy import stats
 
 from shardkit.ordertest.mixture import arrangement_table_test, equal_neighbours_moments, run_mixture
 from shardkit.readers.mixture import MixturePlan
-from tests.order_stats import ALPHA
+from tests.helpers.order_stats import ALPHA
 from tests.ordertest.test_cli import cli
 
 SIZES = (60, 20)

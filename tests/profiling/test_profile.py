@@ -25,11 +25,11 @@ from shardkit.profiling import (
     profile,
     read_amplification,
     report_lines,
-    to_json,
 )
 from shardkit.profiling.whatif import advise
 from shardkit.readers import SamplerOptions, TieredSampler
-from tests.readers.conftest import make_dataset
+from tests.helpers.profiling import check_profile
+from tests.helpers.sampler_data import make_dataset
 
 REC = 1000  # bytes of a record in the model cases
 
@@ -163,17 +163,6 @@ def test_stage_timers_count_each_tier(tmp_path: Path, ssd_dir: Path) -> None:
 
 
 # ------------------------------------------------------------------ phases end to end
-def check_profile(prof: Any, n: int, epochs: int) -> None:
-    assert set(prof.phases) >= {"ingest-cold", "ingest-warm", "both"}
-    assert prof.phases["ingest-cold"].records == n
-    assert prof.phases["both"].records == n * epochs
-    assert len(prof.phases["both"].epoch_seconds) == epochs
-    assert prof.rates.storage_bps > 0 and prof.rates.step_s > 0
-    assert prof.measured.seconds > 0 and len(prof.measured.epochs) == epochs
-    assert any(p.scenario.label.startswith("ram_size") for p in prof.whatifs)
-    json.dumps(to_json(prof))  # JSON-able, numpy scalars included
-    text = "\n".join(report_lines(prof))
-    assert "advice" in text and "stall" in text
 
 
 def test_profile_python_api_with_step_function_and_checks(tmp_path: Path) -> None:

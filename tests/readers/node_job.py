@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from shardkit.readers import TieredSampler, node
-from tests.readers.conftest import check_batch
+from tests.helpers.sampler_data import check_batch
 
 
 def _barrier(directory: Path, name: str, parties: int, timeout: float = 120.0) -> None:

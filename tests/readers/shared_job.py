@@ -16,7 +16,7 @@ import signal
 import numpy as np
 
 from shardkit.readers import SharedSampler
-from tests.readers.conftest import check_batch
+from tests.helpers.sampler_data import check_batch
 
 
 def main() -> None:

@@ -23,8 +23,8 @@ from shardkit.readers import TieredSampler, schedule
 from shardkit.readers.bijection import ROUNDS, FeistelPermutation
 from shardkit.readers.schedule import BijectionOrder, epoch_order, resolve_permutation
 from shardkit.readers.static_cache import BijectionKeys
-from tests.order_stats import ALPHA, item_position_pvalue, om
-from tests.readers.conftest import check_batch, collect, make_dataset
+from tests.helpers.order_stats import ALPHA, item_position_pvalue, om
+from tests.helpers.sampler_data import check_batch, collect, make_dataset
 
 
 def _orders(seed: int, n: int, epochs: int) -> np.ndarray:

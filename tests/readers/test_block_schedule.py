@@ -24,8 +24,8 @@ from shardkit.formats.spec import index_nbytes
 from shardkit.readers import TieredSampler, epoch_permutation, schedule
 from shardkit.readers.config import MIN_COPY_BYTES
 from shardkit.readers.schedule import block_bounds, read_efficiency
-from tests.order_stats import ALPHA, item_position_pvalue
-from tests.readers.conftest import check_batch, collect, make_dataset
+from tests.helpers.order_stats import ALPHA, item_position_pvalue
+from tests.helpers.sampler_data import check_batch, collect, make_dataset
 
 SHAPE = (16, 16, 4)  # 1 KiB records
 REC = 1024

@@ -13,7 +13,7 @@ from shardkit.formats import open_dataset
 from shardkit.readers import TieredSampler, epoch_permutation
 from shardkit.readers.buffers import HOLD_BATCHES, BatchPool
 from shardkit.readers.stopping import Stopped
-from tests.readers.conftest import check_batch, make_dataset
+from tests.helpers.sampler_data import check_batch, make_dataset
 
 SHAPE = (8, 8, 4)
 

@@ -9,7 +9,7 @@ import pytest
 
 from shardkit.cli.main import main
 from shardkit.readers import epoch_permutation, epoch_stream
-from tests.readers.conftest import make_dataset
+from tests.helpers.sampler_data import make_dataset
 
 
 def _run(args: list[str]) -> int:

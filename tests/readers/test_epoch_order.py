@@ -19,8 +19,8 @@ import pytest
 from scipy import stats
 
 from shardkit.readers import TieredSampler, epoch_permutation
-from tests.order_stats import ALPHA, item_position_pvalue
-from tests.readers.conftest import collect, epochs_of, make_dataset
+from tests.helpers.order_stats import ALPHA, item_position_pvalue
+from tests.helpers.sampler_data import collect, epochs_of, make_dataset
 
 # tests/readers/test_shared.py imports the statistic under this name.
 _item_position_pvalue = item_position_pvalue

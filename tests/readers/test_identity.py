@@ -16,7 +16,7 @@ from shardkit.errors import MissingShardError, SamplerError
 from shardkit.formats import DatasetWriter, FieldSpec
 from shardkit.readers import TieredSampler
 from shardkit.readers.identity import DatasetIdentity
-from tests.readers.conftest import check_batch, collect, encode, make_dataset
+from tests.helpers.sampler_data import check_batch, collect, encode, make_dataset
 
 N = 40
 STACKS = {

@@ -15,7 +15,7 @@ from shardkit.formats import PayloadArray
 from shardkit.formats.reader import Destination
 from shardkit.formats.spec import index_nbytes
 from shardkit.readers import TieredSampler
-from tests.readers.conftest import collect, make_dataset
+from tests.helpers.sampler_data import collect, make_dataset
 
 PASS = ("<pass>", -1, 0)
 

@@ -20,7 +20,7 @@ from shardkit.errors import ConfigError, OutOfSpaceError, SamplerError
 from shardkit.readers import TieredSampler
 from shardkit.readers.scratch import SLOT_PREFIX
 from shardkit.readers.ssd import PREFIX, SsdSpace, remove_stale
-from tests.readers.conftest import check_batch, collect, make_dataset
+from tests.helpers.sampler_data import check_batch, collect, make_dataset
 
 
 def _sampler_threads() -> list[threading.Thread]:

@@ -27,7 +27,7 @@ from shardkit.readers.locality import (
 )
 from shardkit.readers.schedule import ConsumerPlan, consumer_plan, epoch_permutation, step_group_positions
 from shardkit.readers.seeds import Domain, rng
-from tests.order_stats import ALPHA
+from tests.helpers.order_stats import ALPHA
 
 
 # ---------------------------------------------------------------------------------------------- partition

@@ -23,7 +23,7 @@ from shardkit.errors import ConfigError, InsecurePathError, SamplerError
 from shardkit.readers import SamplerOptions, TieredSampler, epoch_permutation, epoch_stream
 from shardkit.readers.locality import node_partition
 from shardkit.readers.node_cache import node_cache_dir
-from tests.readers.conftest import collect, make_dataset
+from tests.helpers.sampler_data import collect, make_dataset
 
 N = 61  # prime: ragged tails everywhere
 
@@ -338,7 +338,7 @@ def test_state_dict_is_the_same_with_and_without_locality(ds: Path) -> None:
 def test_locality_over_an_object_store(s3: Any, tmp_path: Path) -> None:
     """A dataset in an object store: each node's disk cache is written from it once, the static
     cache fills from it as it is read, and then the store serves only the misses (its requests)."""
-    from tests.conftest import upload
+    from tests.helpers.datasets import upload
 
     url = upload(make_dataset(tmp_path / "remote-ds", 40, records_per_shard=6), s3.url("locality-ds"))
     caches = tmp_path / "caches"

@@ -1,6 +1,6 @@
 """The mixed order on keys alone (shardkit.readers.mixture): exact counts, walks, uniform interleaving.
 
-Statistical tests use alpha = 1e-3 (tests.order_stats.ALPHA) and fixed seeds. Exact-law tests enumerate
+Statistical tests use alpha = 1e-3 (tests.helpers.order_stats.ALPHA) and fixed seeds. Exact-law tests enumerate
 every admissible outcome of a tiny mixture and compare its frequencies over many seeds with chi-square.
 They were checked once against broken variants (see each test's docstring).
 """
@@ -31,7 +31,7 @@ from shardkit.readers.mixture import (
     walk_bounds,
 )
 from shardkit.readers.seeds import Domain, rng
-from tests.order_stats import ALPHA, item_position_pvalue
+from tests.helpers.order_stats import ALPHA, item_position_pvalue
 
 
 # ---------------------------------------------------------------------------------------------- counts

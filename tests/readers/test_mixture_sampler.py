@@ -22,8 +22,8 @@ from shardkit.formats.reader import Destination
 from shardkit.ordertest.mixture import run_mixture
 from shardkit.readers import TieredSampler
 from shardkit.readers.sources import MixedPayload, Mixture
-from tests.order_stats import ALPHA
-from tests.readers.conftest import encode, make_dataset
+from tests.helpers.order_stats import ALPHA
+from tests.helpers.sampler_data import encode, make_dataset
 
 STACKS = {
     "ram": dict(tiers="ram", ram_size="6records"),

@@ -14,7 +14,7 @@ import shardkit
 from shardkit.errors import ConfigError, DatasetNotFoundError, SchemaError
 from shardkit.formats import DatasetWriter, FieldSpec, ReadStats
 from shardkit.readers.sources import DATASET_FIELD, MixedDataset, Mixture, mix
-from tests.readers.conftest import encode, make_dataset
+from tests.helpers.sampler_data import encode, make_dataset
 
 
 def _write(path: Path, n: int, *, shape: tuple[int, ...] = (4, 4, 1), dtype: str = "uint8",

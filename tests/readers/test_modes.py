@@ -9,8 +9,8 @@ import pytest
 from scipy import stats
 
 from shardkit.readers import TieredSampler, epoch_stream
-from tests.order_stats import ALPHA
-from tests.readers.conftest import collect, make_dataset
+from tests.helpers.order_stats import ALPHA
+from tests.helpers.sampler_data import collect, make_dataset
 
 
 @pytest.mark.parametrize("tiers,kw", [("ram", {"ram_size": "8records"}), ("ram,ssd", {"ram_size": "4records", "ssd_size": "8records"})])

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from shardkit.readers import TieredSampler, epoch_permutation, node
-from tests.readers.conftest import collect, make_dataset
+from tests.helpers.sampler_data import collect, make_dataset
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not node.sharing_available(), reason="no usable /dev/shm on this machine")

@@ -13,7 +13,7 @@ import pytest
 from shardkit.errors import ConfigError
 from shardkit.readers import DEFAULTS, SamplerOptions, TieredSampler
 from shardkit.units import Capacity
-from tests.readers.conftest import collect, make_dataset
+from tests.helpers.sampler_data import collect, make_dataset
 from tests.readers.test_cli_sample import _run as _cli
 
 REC = 16  # bytes per record of the test datasets (4 x 4 x 1 uint8)

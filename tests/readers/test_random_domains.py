@@ -24,8 +24,8 @@ from shardkit.readers.sampler import STATE_VERSION
 from shardkit.readers.schedule import replacement_stream
 from shardkit.readers.seeds import Domain, rng
 from shardkit.readers.static_cache import pinned_keys
-from tests.order_stats import ALPHA, item_position_chi2, item_position_pvalue
-from tests.readers.conftest import collect, epochs_of, make_dataset
+from tests.helpers.order_stats import ALPHA, item_position_chi2, item_position_pvalue
+from tests.helpers.sampler_data import collect, epochs_of, make_dataset
 
 BIG = 5 + 3 * 2**32
 

@@ -15,7 +15,7 @@ from scipy import stats
 
 from shardkit.errors import ConfigError
 from shardkit.readers import algorithm_l, algorithm_r, reservoir_keys, sample_of_sample
-from tests.order_stats import ALPHA
+from tests.helpers.order_stats import ALPHA
 
 ALGORITHMS = {"R": algorithm_r, "L": algorithm_l}
 

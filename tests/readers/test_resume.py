@@ -10,7 +10,7 @@ import pytest
 
 from shardkit.errors import SamplerError
 from shardkit.readers import TieredSampler, epoch_permutation
-from tests.readers.conftest import check_batch, collect, make_dataset
+from tests.helpers.sampler_data import check_batch, collect, make_dataset
 
 STACKS = {
     "ram": dict(tiers="ram", ram_size="6records"),

@@ -25,7 +25,7 @@ from shardkit.readers.schedule import (
     records_per_consumer,
     ssd_block,
 )
-from tests.readers.conftest import collect, make_dataset
+from tests.helpers.sampler_data import collect, make_dataset
 
 GRID = list(itertools.product([0, 1, 7, 12, 13, 30], [1, 2, 5], [1, 2, 3], [False, True], [0, 4, 11]))
 

@@ -26,8 +26,8 @@ from shardkit.formats.spec import index_nbytes
 from shardkit.readers import Sampler, SharedSampler, TierServer
 from shardkit.readers.shared import job_order, wait_for_server
 from shardkit.readers.shared.rundir import run_dir_path
-from tests.order_stats import ALPHA, item_position_pvalue
-from tests.readers.conftest import check_batch, make_dataset
+from tests.helpers.order_stats import ALPHA, item_position_pvalue
+from tests.helpers.sampler_data import check_batch, make_dataset
 
 REC = 16
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ from shardkit.errors import SamplerError
 from shardkit.readers import SharedSampler, TierServer
 from shardkit.readers.shared.order import blocks, job_permutation
 from shardkit.readers.sources import mix
-from tests.readers.conftest import encode, make_dataset
+from tests.helpers.sampler_data import encode, make_dataset
 
 
 @pytest.fixture

@@ -23,8 +23,8 @@ from scipy import stats
 from shardkit.readers import SharedSampler, TierServer
 from shardkit.readers.shared import wait_for_server
 from shardkit.readers.shared.order import job_order, job_permutation, partition
-from tests.order_stats import ALPHA, item_position_pvalue
-from tests.readers.conftest import check_batch, make_dataset
+from tests.helpers.order_stats import ALPHA, item_position_pvalue
+from tests.helpers.sampler_data import check_batch, make_dataset
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -33,7 +33,7 @@ from shardkit.readers import SharedSampler, TierServer
 from shardkit.readers.shared import job_order, wait_for_server
 from shardkit.readers.shared.protocol import HEADER, MAGIC, PROTOCOL_VERSION, Hello, Release, Welcome, encode
 from shardkit.readers.shared.rundir import run_dir_path
-from tests.readers.conftest import check_batch, make_dataset
+from tests.helpers.sampler_data import check_batch, make_dataset
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 30

@@ -19,7 +19,7 @@ from shardkit.readers import TieredSampler
 from shardkit.readers.scratch import ReservoirSlots, ScratchRecords
 from shardkit.readers.ssd import SsdSpace
 from shardkit.readers.stopping import Stopped
-from tests.readers.conftest import collect, make_dataset
+from tests.helpers.sampler_data import collect, make_dataset
 
 BIG = (128, 128, 1)  # 16 KiB records: copied inside the kernel
 BIG_REC = int(np.prod(BIG))

@@ -21,8 +21,8 @@ from shardkit.errors import ConfigError
 from shardkit.formats.spec import index_nbytes
 from shardkit.readers import SamplerOptions, TieredSampler, epoch_permutation
 from shardkit.readers.static_cache import pinned_keys
-from tests.order_stats import ALPHA, item_position_pvalue
-from tests.readers.conftest import collect, epochs_of, make_dataset
+from tests.helpers.order_stats import ALPHA, item_position_pvalue
+from tests.helpers.sampler_data import collect, epochs_of, make_dataset
 
 REC = 16  # bytes per record of the test datasets
 STACKS = {

@@ -13,8 +13,8 @@ import pytest
 
 from shardkit.errors import StoreError
 from shardkit.stores import open_store
-from tests.conftest import upload
-from tests.readers.conftest import encode, make_dataset
+from tests.helpers.datasets import upload
+from tests.helpers.sampler_data import encode, make_dataset
 
 N = 30
 

@@ -16,8 +16,8 @@ import pytest
 
 from shardkit.errors import InsecurePathError
 from shardkit.readers import TieredSampler
-from tests.conftest import upload
-from tests.readers.conftest import check_batch, make_dataset
+from tests.helpers.datasets import upload
+from tests.helpers.sampler_data import check_batch, make_dataset
 
 N, REC = 60, 16  # make_dataset's records are 16 bytes
 
@@ -132,7 +132,7 @@ def test_lru_eviction_across_datasets(s3: Any, remote: str, tmp_path: Path) -> N
 _WORKER = """
 import sys, numpy as np
 from shardkit.readers import TieredSampler
-from tests.readers.conftest import check_batch
+from tests.helpers.sampler_data import check_batch
 url, cache, rank = sys.argv[1], sys.argv[2], int(sys.argv[3])
 s = TieredSampler(url, batch_size=4, epochs=2, seed=6, ram_size="12records", cache_dir=cache, rank=rank, world_size=2)
 keys = np.concatenate([check_batch(b) for b in s])

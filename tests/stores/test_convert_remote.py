@@ -17,7 +17,7 @@ import shardkit
 from shardkit.errors import ConversionError, IncompleteDatasetError
 from shardkit.formats import open_dataset, verify
 from shardkit.stores import open_store
-from tests.converters.corpora import make_imagefolder
+from tests.helpers.corpora import make_imagefolder
 
 REPO = Path(__file__).resolve().parents[2]
 OPTIONS = {"size": 16, "records_per_shard": 3, "workers": 1}

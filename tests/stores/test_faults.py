@@ -21,9 +21,9 @@ from shardkit.errors import CorruptShardError, StoreError
 from shardkit.formats import open_dataset
 from shardkit.readers import TieredSampler
 from shardkit.stores import StoreOptions
-from tests.conftest import make_records, upload, write_dataset
-from tests.faultproxy import FaultProxy
-from tests.readers.conftest import check_batch, make_dataset
+from tests.helpers.datasets import make_records, upload, write_dataset
+from tests.helpers.faultproxy import FaultProxy
+from tests.helpers.sampler_data import check_batch, make_dataset
 
 
 @pytest.fixture

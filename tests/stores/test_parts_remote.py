@@ -1,5 +1,5 @@
 """Conversions in parts, appends and merges with an object store as the output (issue 22 on issue 11's
-stores): a real S3-compatible server (SeaweedFS, tests/seaweed.py)."""
+stores): a real S3-compatible server (SeaweedFS, tests/helpers/seaweed.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from shardkit.converters.executors import InlineExecutor
 from shardkit.errors import ConversionError
 from shardkit.formats import open_dataset, verify
 from shardkit.stores import ObjectStore, open_store
-from tests.converters.parts_helpers import assert_same_records, class_corpus
+from tests.helpers.parts import assert_same_records, class_corpus
 
 OPTIONS = {"size": 16, "records_per_shard": 3}
 

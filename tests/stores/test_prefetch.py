@@ -22,9 +22,9 @@ from shardkit.formats.reader import ReadStats
 from shardkit.readers import TieredSampler
 from shardkit.readers.schedule import epoch_permutation
 from shardkit.stores import open_store
-from tests.conftest import upload
-from tests.faultproxy import FaultProxy
-from tests.readers.conftest import check_batch, make_dataset
+from tests.helpers.datasets import upload
+from tests.helpers.faultproxy import FaultProxy
+from tests.helpers.sampler_data import check_batch, make_dataset
 
 N, PER_SHARD = 60, 7
 SHARDS = -(-N // PER_SHARD)

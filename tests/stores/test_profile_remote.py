@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from shardkit.profiling import profile, report_lines
-from tests.conftest import upload
-from tests.profiling.test_profile import check_profile
-from tests.readers.conftest import make_dataset
+from tests.helpers.datasets import upload
+from tests.helpers.profiling import check_profile
+from tests.helpers.sampler_data import make_dataset
 
 
 def test_profile_remote_dataset(tmp_path: Path, s3: Any) -> None:

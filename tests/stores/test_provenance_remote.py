@@ -10,7 +10,7 @@ from PIL import Image
 
 import shardkit
 from shardkit.formats import open_dataset
-from tests.converters.corpora import make_imagefolder
+from tests.helpers.corpora import make_imagefolder
 
 
 def test_sources_and_show_of_a_bucket_dataset_equal_the_local_ones(s3: Any, tmp_path: Path) -> None:

@@ -23,9 +23,9 @@ from shardkit.errors import (
 from shardkit.formats import open_dataset, verify
 from shardkit.readers import TieredSampler
 from shardkit.stores import open_store
-from tests.conftest import edit_attributes, flip_byte, make_records, upload, write_dataset
-from tests.order_stats import ALPHA, item_position_pvalue
-from tests.readers.conftest import check_batch, make_dataset
+from tests.helpers.datasets import edit_attributes, flip_byte, make_records, upload, write_dataset
+from tests.helpers.order_stats import ALPHA, item_position_pvalue
+from tests.helpers.sampler_data import check_batch, make_dataset
 
 
 @pytest.fixture(params=[None, "zstd"])

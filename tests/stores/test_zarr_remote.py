@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from shardkit.formats import open_dataset
-from tests.conftest import make_records, upload, write_dataset
-from tests.seaweed import ACCESS_KEY, SECRET_KEY
+from tests.helpers.datasets import make_records, upload, write_dataset
+from tests.helpers.seaweed import ACCESS_KEY, SECRET_KEY
 
 
 @pytest.mark.parametrize("compression", [None, "zstd"])

@@ -21,8 +21,8 @@ from shardkit.formats import DatasetWriter, FieldSpec, open_dataset
 from shardkit.readers.seeds import Domain, rng
 from shardkit.viz import Selection, select_keys
 from shardkit.viz.sheet import BOX_COLORS
-from tests.converters.corpora import coco_doc, tone, write_json, write_wav
-from tests.order_stats import ALPHA
+from tests.helpers.corpora import coco_doc, tone, write_json, write_wav
+from tests.helpers.order_stats import ALPHA
 
 REPO = Path(__file__).resolve().parents[2]
 GREY = 128

@@ -27,7 +27,7 @@ def _load_order_metrics() -> ModuleType:
     # benchmarks/ is not a package; load its metrics module once, under its own name.
     if "order_metrics" in sys.modules:
         return sys.modules["order_metrics"]
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "order_metrics.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "order_metrics.py"
     spec = importlib.util.spec_from_file_location("order_metrics", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

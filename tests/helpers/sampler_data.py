@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from shardkit.formats import DatasetWriter, FieldSpec
 from shardkit.readers import TieredSampler
@@ -64,13 +59,3 @@ def epochs_of(sampler: TieredSampler, n_per_epoch: int) -> np.ndarray:
     keys = np.concatenate(collect(sampler))
     assert keys.size % n_per_epoch == 0
     return keys.reshape(-1, n_per_epoch)
-
-
-@pytest.fixture
-def ssd_dir(tmp_path: Path) -> Iterator[Path]:
-    """Where SSD reservoirs go in tests: a tmpfs when there is one (fsync is free there)."""
-    shm = Path("/dev/shm")
-    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else tmp_path
-    d = Path(tempfile.mkdtemp(prefix="sk-test-", dir=base))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
