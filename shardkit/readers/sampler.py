@@ -19,7 +19,7 @@ import numpy as np
 from shardkit.errors import ConfigError, OutOfSpaceError, SamplerError
 from shardkit.formats import Dataset
 from shardkit.readers import node
-from shardkit.readers.buffers import BatchPool
+from shardkit.readers.buffers import BatchPool, BufferMemory
 from shardkit.readers.config import SamplerOptions, TierSizes
 from shardkit.readers.identity import DatasetIdentity, dataset_fingerprint
 from shardkit.readers.interface import Batch, ElementSpec
@@ -377,6 +377,16 @@ class TieredSampler:
     def pinned_keys(self) -> np.ndarray:
         """The static cache's pinned keys P, ascending (empty when the cache is off)."""
         return self._cache.keys() if self._cache is not None else np.empty(0, dtype=np.int64)
+
+    def use_buffer_memory(self, memory: BufferMemory) -> None:
+        """Put the batch buffers in ``memory`` (e.g. shared memory another process maps) from the next
+        iteration on; see :class:`~shardkit.readers.buffers.BufferMemory`.
+
+        The pool is replaced, so call it before iterating: buffers of a running iteration stay where
+        they are.
+        """
+        rec = self._pool
+        self._pool = BatchPool(rec.rows, rec.record_shape, rec.dtype, self.sizes.pool_batches, memory=memory)
 
     def hold_shared(self) -> None:
         """Attach the node-shared memory (fields, static cache) now and keep it until :meth:`close`.
