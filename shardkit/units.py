@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import operator
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import SupportsIndex, TypeGuard
 
@@ -163,19 +164,22 @@ def parse_count(value: int | str, *, what: str, minimum: int = 0) -> int:
     return count
 
 
+def _parse_quantity(value: float | int | str, table: Mapping[str, float], *, what: str, example: str) -> float:
+    """A number, or a number with a unit of ``table`` (``"1.5s"``, ``"16k"``) scaled to its base unit;
+    ``example`` completes the error message (``"a duration such as 1.5s or 20ms"``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ConfigError(f"{what}: expected {example}, found {value!r}")
+    if isinstance(value, (int, float)) or _is_int(value):
+        return float(value)
+    parsed = _split(value)
+    if parsed is None or parsed[1] not in table:
+        raise ConfigError(f"{what}: expected {example}, found {value!r}")
+    return float(parsed[0] * table[parsed[1]])
+
+
 def parse_duration(value: float | int | str, *, what: str, allow_zero: bool = True) -> float:
     """Seconds from a number or ``"1.5s"``, ``"20ms"``, ``"2min"``, ``"1h"``."""
-    if isinstance(value, bool):
-        raise ConfigError(f"{what}: expected a duration such as 1.5s or 20ms, found {value!r}")
-    if isinstance(value, (int, float)) or _is_int(value):
-        seconds = float(value)
-    elif isinstance(value, str):
-        parsed = _split(value)
-        if parsed is None or parsed[1] not in _DURATION_UNITS:
-            raise ConfigError(f"{what}: expected a duration such as 1.5s, 20ms or 2min, found {value!r}")
-        seconds = parsed[0] * _DURATION_UNITS[parsed[1]]
-    else:
-        raise ConfigError(f"{what}: expected a duration such as 1.5s or 20ms, found {value!r}")
+    seconds = _parse_quantity(value, _DURATION_UNITS, what=what, example="a duration such as 1.5s, 20ms or 2min")
     if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
         raise ConfigError(f"{what}: expected a {'non-negative' if allow_zero else 'positive'} duration, found {value!r}")
     return seconds
@@ -183,17 +187,7 @@ def parse_duration(value: float | int | str, *, what: str, allow_zero: bool = Tr
 
 def parse_rate(value: int | float | str, *, what: str) -> int:
     """A positive whole rate in hertz from ``16000``, ``"16k"``, ``"16kHz"`` or ``"44.1k"``."""
-    if isinstance(value, bool):
-        raise ConfigError(f"{what}: expected a rate such as 16000 or 16k, found {value!r}")
-    if isinstance(value, (int, float)) or _is_int(value):
-        hz = float(value)
-    elif isinstance(value, str):
-        parsed = _split(value)
-        if parsed is None or parsed[1] not in _RATE_UNITS:
-            raise ConfigError(f"{what}: expected a rate such as 16000, 16k or 44.1kHz, found {value!r}")
-        hz = parsed[0] * _RATE_UNITS[parsed[1]]
-    else:
-        raise ConfigError(f"{what}: expected a rate such as 16000 or 16k, found {value!r}")
+    hz = _parse_quantity(value, _RATE_UNITS, what=what, example="a rate such as 16000, 16k or 44.1kHz")
     if not math.isfinite(hz) or hz <= 0 or hz != int(hz):
         raise ConfigError(f"{what}: expected a positive whole number of hertz, found {value!r}")
     return int(hz)

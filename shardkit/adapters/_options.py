@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -76,9 +76,7 @@ class SamplerFactory:
                 rank=options.rank, world_size=options.world_size, drop_last=options.drop_last,
                 dataset=dataset.path if isinstance(dataset, Dataset) else dataset,
             )  # fmt: skip
-            # SharedSampler offers everything the adapters use; it declares the whole Sampler
-            # protocol once the serve stack adds set_epoch/load_state_dict (see readers/interface.py).
-            return cast(Sampler, shared)
+            return shared
         sampler = TieredSampler(dataset, options)
         if state is not None:
             sampler.load_state_dict({**state, "start_epoch": start_epoch})

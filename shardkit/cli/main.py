@@ -40,12 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         echo_err("interrupted")
         sys.exit(EXIT_INTERRUPTED)
-    except ShardkitError as exc:
-        if debug:
-            raise
-        echo_err(f"error: {exc}")
-        sys.exit(EXIT_ERROR)
-    except OSError as exc:
+    except (ShardkitError, OSError) as exc:  # an OSError names its file (ENOSPC, EACCES, ...)
         if debug:
             raise
         echo_err(f"error: {exc}")

@@ -442,15 +442,6 @@ class SamplerOptions:
 _FIELDS = frozenset(f.name for f in dataclasses.fields(SamplerOptions)) - {"source"}
 
 
-def parse_capacity(value: int | str | Capacity, record_nbytes: int, *, what: str) -> int:
-    """A positive budget in bytes (:func:`shardkit.units.capacity_bytes`).
-
-    Kept only for ``readers/server.py``, which calls it with this signature; remove it once the
-    serve stack builds its budgets through :mod:`shardkit.units` or :class:`SamplerOptions`.
-    """
-    return units.capacity_bytes(value, record_nbytes, what=what)
-
-
 def _check_names(values: dict[str, Any], source: Source) -> None:
     unknown = sorted(set(values) - _FIELDS)
     if unknown:

@@ -54,10 +54,6 @@ FILE_MODE = 0o600
 #: request, small next to the RAM tier.
 READ_CHUNK_BYTES = 64 << 20
 
-# readers/server.py imports the stop signal from here under its former name; remove this alias once
-# the serve stack imports shardkit.readers.stopping.Stopped.
-_Stopped = Stopped
-
 
 def _lock(path: str | os.PathLike[str], *, dir_fd: int | None = None, create: bool = False) -> int | None:
     """Open ``path`` (never through a symlink) and lock it exclusively without blocking.

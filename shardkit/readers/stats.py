@@ -103,9 +103,3 @@ class SamplerStats:
         """Count payload bytes written into an SSD reservoir."""
         with self._lock:
             self.ssd_bytes_written += nbytes
-
-    # The serve stack (readers/shared.py, readers/server.py) still calls the former private names;
-    # remove these aliases once it uses the public ones.
-    _start = start_clock
-    _delivered = add_delivered
-    _wrote = add_written

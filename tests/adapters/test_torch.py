@@ -16,13 +16,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from _adapter_data import N_KEYED, NUM_CLASSES, SHAPE, blobs, decode_keys
-from torch.utils.data import DataLoader
 
-from shardkit.adapters.torch import ShardIterableDataset, ShardMapDataset
-from shardkit.errors import ConfigError, SamplerError
-from shardkit.readers import epoch_permutation
+torch = pytest.importorskip("torch", reason="the 'torch' extra is not installed")  # CI installs it
+
+from torch.utils.data import DataLoader  # noqa: E402
+
+from shardkit.adapters.torch import ShardIterableDataset, ShardMapDataset  # noqa: E402
+from shardkit.errors import ConfigError, SamplerError  # noqa: E402
+from shardkit.readers import epoch_permutation  # noqa: E402
 
 HERE = Path(__file__).parent
 SEED = 7

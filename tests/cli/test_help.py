@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -39,3 +42,14 @@ def test_help_is_plain(command: str) -> None:
         # Every command with options that have defaults shows them (convert's per-kind options say
         # "Default: ..." in their help because the default depends on the kind).
         assert command in {"verify", "info"}, f"{command} --help shows no defaults"
+
+
+def test_subprocess_smoke(small_dataset: Any) -> None:
+    """The one test that runs the CLI as a user does, in its own process (the others run it in-process
+    through tests.helpers.run_cli): a command's output, and a bad path's one-line error, exit code 1."""
+    path, _ = small_dataset(n=5)
+    ok = subprocess.run([sys.executable, "-m", "shardkit", "info", str(path)], capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0 and "records      5" in ok.stdout, ok.stderr
+    bad = subprocess.run([sys.executable, "-m", "shardkit", "info", str(path / "nope")], capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import run_cli
 
-def run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "shardkit", *args], capture_output=True, text=True, timeout=120)
+run = run_cli
 
 
 def test_info_text_and_json(small_dataset) -> None:

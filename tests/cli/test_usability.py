@@ -21,15 +21,14 @@ import shardkit
 from shardkit.readers import SharedSampler
 from shardkit.readers.shared import wait_for_server
 from tests.converters.corpora import natural_image, save_jpeg
+from tests.helpers import run_cli
 from tests.readers.conftest import make_dataset
 
 REPO = Path(__file__).resolve().parents[2]
 DATASETS = REPO / "datasets"
 
 
-def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "shardkit", *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+run = run_cli
 
 
 def test_ram_budget_below_one_record_says_the_record_size(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ fails (p underflows to 0). Timeouts below only guard against hangs; nothing asse
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import secrets
 import signal
@@ -323,6 +324,9 @@ def test_adapters_attach_with_shared(tmp_path: Path, name: str) -> None:
     """``ShardIterableDataset(..., shared=NAME)`` with two DataLoader workers (one job of two
     consumers) and ``make_tf_dataset(..., shared=NAME)`` (in its own process, as TensorFlow and
     torch are best not mixed in one): each a whole epoch in the job's own order."""
+    pytest.importorskip("torch", reason="the 'torch' extra is not installed")
+    if importlib.util.find_spec("tensorflow") is None:  # not imported here: the job below runs it
+        pytest.skip("the 'tensorflow' extra is not installed")
     from shardkit.adapters.torch import ShardIterableDataset
 
     n = 26
