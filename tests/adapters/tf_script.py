@@ -61,7 +61,8 @@ def main() -> None:
     adopted = adopt_payload({"image": aligned}, "image")["image"]
     aligned[1, 2, 3, 0] = 9
     odd = np.zeros(200, np.uint8)[1:193].reshape(1, 8, 8, 3)
-    res["adopt"] = {"shares": int(adopted[1, 2, 3, 0]), "odd": type(adopt_payload({"image": odd}, "image")["image"]).__name__}
+    res["adopt"] = {"tensor": isinstance(adopted, tf.Tensor), "shares": int(adopted[1, 2, 3, 0]),
+                    "odd": type(adopt_payload({"image": odd}, "image")["image"]).__name__}
     kept = list(make_tf_dataset(keyed, batch_size=4, seed=seed, ram_size="4KiB", static_cache=0))
     res["kept"] = [{"key": b["key"].numpy().tolist(), "image": b["image"].numpy().tolist()} for b in kept]
 
