@@ -13,6 +13,10 @@ one run measures images/s of:
 * decoding less (issue 15): ``--decode exact`` against ``--decode fast`` with 1 worker, at 224 and at
   ``--decode-size`` (default 64: the ~500x375 JPEGs shrink by ~6x, so a fast decode reads them at 1/2
   scale; at 224 they shrink by less than the reducing gap, so both decodes must run the same code);
+* the peers' writers (issue 15): LitData ``optimize``, MosaicML ``MDSWriter`` and WebDataset
+  ``ShardWriter`` writing the same JPEGs as the same 224x224 uint8 records with 1 and 2 worker
+  processes, each decoding with the bare loop's transform (``_convert_peers.py``, run in the bench
+  venv ``SHARDKIT_BENCH_PYTHON``, default ``/work/benchvenv/bin/python``; skipped with ``--no-peers``);
 * the fidelity of a fast decode on the real photographs in ``datasets/`` (every JPEG of
   ``coco/``, ``imagefolder/``): PSNR against the exact decode at several frame sizes, over the photos
   the fast path actually reduced, and whether ``datasets/coco`` converted both ways has identical
@@ -22,27 +26,32 @@ one run measures images/s of:
 Every file's page cache is dropped before each measured pass (``POSIX_FADV_DONTNEED``), so all
 passes read from the same (cold) state. Prints markdown tables; record them in RESULTS.md.
 
-Usage: ``python benchmarks/convert.py [--images 2000] [--repeat 1] [--decode-size 64] [--quick]``
+Usage: ``python benchmarks/convert.py [--images 2000] [--repeat 1] [--decode-size 64] [--no-peers] [--quick]``
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shutil
+import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 from _common import drop_cache
+from _convert_peers import SIZE, transform
 from PIL import Image
 
 import shardkit
 
-DATA = Path(__file__).resolve().parent / "_data" / "convert_jpegs"
-SIZE = 224
+HERE = Path(__file__).resolve().parent
+DATA = HERE / "_data" / "convert_jpegs"
+BENCH_PYTHON = Path(os.environ.get("SHARDKIT_BENCH_PYTHON", "/work/benchvenv/bin/python"))
+PEERS = {"litdata": "LitData optimize", "mds": "MosaicML MDSWriter", "wds": "WebDataset ShardWriter"}
 REPO = Path(__file__).resolve().parents[1]
 #: A fast decode is the default only if every bundled photo stays at least this close to the exact
 #: decode (RMS error at most 1% of the range): far below what re-saving the same output as a quality-95
@@ -82,18 +91,11 @@ def make_corpus(n: int) -> list[Path]:
 
 
 def bare_loop(files: list[Path]) -> float:
+    """The bare loop: the same transform the peers' writers use (``_convert_peers.transform``)."""
     t0 = time.perf_counter()
     acc = 0
     for f in files:
-        with Image.open(f) as img:
-            img = img.convert("RGB")
-            w, h = img.size
-            s = max(SIZE / w, SIZE / h)
-            nw, nh = round(w * s), round(h * s)
-            img = img.resize((nw, nh), Image.Resampling.BILINEAR)
-            left, top = (nw - SIZE) // 2, (nh - SIZE) // 2
-            arr = np.asarray(img.crop((left, top, left + SIZE, top + SIZE)))
-            acc += int(arr[0, 0, 0])
+        acc += int(transform(str(f))[0, 0, 0])
     return time.perf_counter() - t0
 
 
@@ -116,6 +118,21 @@ def shardkit_run(out: Path, workers: int, size: int = SIZE, decode: str | None =
     dt = time.perf_counter() - t0
     assert s.records > 0
     return dt
+
+
+def peer_run(system: str, out: Path, workers: int) -> float:
+    """Seconds the peer's writer took (measured inside its own interpreter), or inf with a message."""
+    if not BENCH_PYTHON.exists():
+        print(f"[{system}] skipped: {BENCH_PYTHON} not found (set SHARDKIT_BENCH_PYTHON)")
+        return float("inf")
+    cmd = [str(BENCH_PYTHON), str(HERE / "_convert_peers.py"), system, str(DATA), str(out), str(workers)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    res = json.loads(lines[-1]) if lines else {"error": proc.stderr.strip().splitlines()[-1:] or "no output"}
+    if "error" in res:
+        print(f"[{system}, {workers} workers] failed: {res['error']}")
+        return float("inf")
+    return float(res["seconds"])
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
@@ -163,6 +180,7 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=2000)
     ap.add_argument("--repeat", type=int, default=1, help="passes per variant (best is kept)")
     ap.add_argument("--decode-size", type=int, default=64, help="frame size of the second exact/fast comparison")
+    ap.add_argument("--no-peers", action="store_true", help="skip the peers' writers")
     ap.add_argument("--quick", action="store_true", help="200 images, one pass: a smoke run")
     args = ap.parse_args()
     if args.quick:
@@ -183,6 +201,8 @@ def main() -> None:
                 (f"--workers 1 --decode fast, {SIZE}x{SIZE}", lambda: shardkit_run(tmp / "fa", 1, SIZE, "fast")),
                 (f"--workers 1 --decode exact, {ds}x{ds}", lambda: shardkit_run(tmp / "ex2", 1, ds, "exact")),
                 (f"--workers 1 --decode fast, {ds}x{ds}", lambda: shardkit_run(tmp / "fa2", 1, ds, "fast")),
+                *[(f"{label}, {w} worker{'s' * (w > 1)}", lambda s=system, w=w: peer_run(s, tmp / f"{s}{w}", w))
+                  for system, label in ({} if args.no_peers else PEERS).items() for w in (1, 2)],
             ]:
                 drop_cache(files)
                 dt = fn()
@@ -214,6 +234,14 @@ def main() -> None:
     ceiling = n / results["bare Pillow loop, 2 processes (ceiling)"] / bare
     print(f"- the bare loop itself speeds up {ceiling:.2f}x on 2 processes on this machine right now")
     print(f"- payload shards byte-identical for 1 and 2 workers: {same}")
+    for w in (1, 2):
+        ours = results[f"shardkit convert --workers {w}"]
+        peers = {label: results.get(f"{label}, {w} worker{'s' * (w > 1)}", float("inf")) for label in PEERS.values()}
+        measured = {k: v for k, v in peers.items() if v != float("inf")}
+        if measured:
+            best = min(measured, key=lambda k: measured[k])
+            print(f"- {w} worker(s): shardkit {n / ours:.1f} images/s, fastest peer {best} {n / measured[best]:.1f} "
+                  f"(target: shardkit fastest): {'met' if ours <= measured[best] else 'MISSED'}")
     for size in (SIZE, ds):
         gain = results[f"--workers 1 --decode exact, {size}x{size}"] / results[f"--workers 1 --decode fast, {size}x{size}"]
         print(f"- decode fast vs exact at {size}x{size}: {gain:.2f}x images/s")

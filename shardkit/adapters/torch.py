@@ -18,11 +18,13 @@ Workers or not
 --------------
 The sampler already reads in background threads and ``torch.from_numpy`` shares its arrays without
 a copy, so ``num_workers=0`` is the fast path: it delivers the bare sampler's throughput. Each
-DataLoader worker runs its own sampler, but every batch it yields is copied into shared memory and
-shipped to the main process; for 224x224x3 batches that transfer alone caps throughput well below
-the sampler's on a small machine (see benchmarks/RESULTS.md, "Adapters"). Use workers when
-per-record CPU work in the dataset (decoding, augmentation in a subclass or in ``unbatched`` mode
-with a ``collate_fn``) is the bottleneck, not for I/O.
+DataLoader worker runs its own sampler whose batch buffers are shared memory: records are read
+straight into them and the hand-over to the main process sends a file descriptor, not the batch
+(see :mod:`shardkit.adapters._handover`); a buffer is reused once the main process has dropped
+every tensor viewing it. That holds for stored bytes (``layout="NHWC"``, no ``scale``); a
+presented payload (``NCHW``, ``float``) is new memory made in the worker and PyTorch copies it into
+shared memory as usual. Workers help when per-record CPU work (a subclass, a ``collate_fn``) needs
+more cores than the main process has; for reading alone ``num_workers=0`` is as fast and simpler.
 
 Ranks
 -----
@@ -72,6 +74,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from shardkit.adapters._extras import import_extra
+from shardkit.adapters._handover import SharedBatchMemory, shared_batch
 from shardkit.adapters._options import PayloadOptions, SamplerFactory
 from shardkit.errors import ConfigError, SamplerError
 from shardkit.formats import Dataset, open_dataset
@@ -328,6 +331,8 @@ class ShardIterableDataset(_TorchIterableDataset):
         # and a worker finishing a pass advances it for everyone.
         self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
         self._resume: dict[str, Any] | None = None
+        #: The DataLoader's prefetch_factor (set by loader()): batches a worker has in flight.
+        self._prefetch_factor = 2
         self._sampler: Sampler | None = None  # the sampler of a pass running in this process (num_workers=0)
         self._holder: Sampler | None = None
         self._hold_shared()
@@ -522,10 +527,19 @@ class ShardIterableDataset(_TorchIterableDataset):
         self._sampler = sampler  # for state_dict() in the main process, stats in tests
         payload = self.meta.payload
         options = self.payload_options
+        # In a DataLoader worker, batches of stored bytes are read into shared memory and handed
+        # to the main process by handle (see shardkit.adapters._handover).
+        handover = (get_worker_info() is not None and not self.unbatched and options.identity
+                    and isinstance(sampler, TieredSampler))  # fmt: skip
+        if handover:
+            assert isinstance(sampler, TieredSampler)
+            sampler.use_buffer_memory(SharedBatchMemory(extra_hold=self._prefetch_factor + 2))
         try:
             for batch in sampler:
                 tensors = to_tensors(batch, payload, options)
-                if self.unbatched:
+                if handover:
+                    yield shared_batch(batch, payload, tensors)
+                elif self.unbatched:
                     count = next(iter(tensors.values())).shape[0]
                     for i in range(count):
                         yield {name: t[i] for name, t in tensors.items()}
@@ -555,6 +569,8 @@ class ShardIterableDataset(_TorchIterableDataset):
         if pin_memory is None:
             pin_memory = accelerator_present()
         kwargs["pin_memory"] = pin_memory
+        if kwargs.get("prefetch_factor") is not None:
+            self._prefetch_factor = int(kwargs["prefetch_factor"])
         if int(num_workers) != self.num_workers:
             self.num_workers = int(num_workers)
             self._hold_shared()  # the consumers' budgets (and so their cache) depend on their number

@@ -21,6 +21,11 @@ allocates a fresh one in its place. Retired buffers are counted in :attr:`BatchP
 
 The pool is the run's whole batch memory; its capacity comes from the RAM budget (see
 :func:`shardkit.readers.schedule.pool_batches`).
+
+Where the buffers live is a :class:`BufferMemory`: private process memory by default; an adapter
+that hands batches to another process (PyTorch DataLoader workers) puts them in shared memory and
+tells the pool when the other process still holds one (:meth:`BufferMemory.busy`), so the
+hand-over moves a handle instead of copying the batch.
 """
 
 from __future__ import annotations
@@ -28,14 +33,14 @@ from __future__ import annotations
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from shardkit.formats.reader import aligned_empty
 from shardkit.readers.stopping import Stopped
 
-__all__ = ["BatchBuffer", "BatchPool", "HOLD_BATCHES"]
+__all__ = ["BatchBuffer", "BatchPool", "BufferMemory", "HOLD_BATCHES"]
 
 #: Batches a consumer may keep after it received them before the pool stops waiting for them: the
 #: one it works on and the one before (``for b in sampler`` still holds the previous batch while
@@ -44,6 +49,24 @@ HOLD_BATCHES = 2
 #: How often a reader that waits for a buffer re-checks the pool (the consumer frees buffers by
 #: dropping references, which sends no signal).
 _POLL_SECONDS = 0.002
+
+
+@runtime_checkable
+class BufferMemory(Protocol):
+    """Where a pool's buffers live, and whether something outside this process still uses one."""
+
+    #: Batches the other side may hold besides the consumer's :data:`HOLD_BATCHES` (the pool waits
+    #: that much longer before retiring a buffer, and may own that many more).
+    extra_hold: int
+
+    def allocate(self, rows: int, record_shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
+        """An uninitialised C-contiguous ``[rows, *record_shape]`` array whose ``base`` owns the memory
+        (the contract of :func:`~shardkit.formats.reader.aligned_empty`)."""
+        ...
+
+    def busy(self, owner: np.ndarray) -> bool:
+        """Does another process still use the buffer whose owning array is ``owner``?"""
+        ...
 
 
 @dataclass(eq=False)
@@ -59,10 +82,14 @@ class BatchBuffer:
     handed: int | None = None
     in_use: bool = True
     number: int = field(default=0)
+    memory: BufferMemory | None = None
 
     def referenced(self) -> bool:
-        """Does anything besides the pool hold the memory (a view of it, or the pool's own view)?"""
-        return sys.getrefcount(self.owner) > self.baseline or sys.getrefcount(self.array) > self.array_baseline
+        """Does anything besides the pool hold the memory (a view of it, or the pool's own view, or
+        another process the memory handed it to)?"""
+        if sys.getrefcount(self.owner) > self.baseline or sys.getrefcount(self.array) > self.array_baseline:
+            return True
+        return self.memory is not None and self.memory.busy(self.owner)
 
 
 class BatchPool:
@@ -76,16 +103,27 @@ class BatchPool:
         Buffers the pool may own at once (retired buffers do not count).
     hold
         See :data:`HOLD_BATCHES`.
+    memory
+        Where the buffers live (default: private, page-aligned process memory); its ``extra_hold``
+        adds to ``capacity`` and ``hold``.
     """
 
     def __init__(
-        self, rows: int, record_shape: tuple[int, ...], dtype: np.dtype[Any], capacity: int, hold: int = HOLD_BATCHES
+        self,
+        rows: int,
+        record_shape: tuple[int, ...],
+        dtype: np.dtype[Any],
+        capacity: int,
+        hold: int = HOLD_BATCHES,
+        memory: BufferMemory | None = None,
     ) -> None:
         self.rows = int(rows)
         self.record_shape = tuple(record_shape)
         self.dtype = np.dtype(dtype)
-        self.capacity = max(1, int(capacity))
-        self.hold = int(hold)
+        extra = 0 if memory is None else max(0, int(memory.extra_hold))
+        self.capacity = max(1, int(capacity)) + extra
+        self.hold = int(hold) + extra
+        self.memory = memory
         self._buffers: list[BatchBuffer] = []
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -135,10 +173,13 @@ class BatchPool:
             for b in kept:
                 self._buffers.remove(b)
             self.retired += len(kept)
-        array = aligned_empty(self.rows, self.record_shape, self.dtype)
+        if self.memory is None:
+            array = aligned_empty(self.rows, self.record_shape, self.dtype)
+        else:
+            array = self.memory.allocate(self.rows, self.record_shape, self.dtype)
         owner = array.base
         assert isinstance(owner, np.ndarray)
-        buf = BatchBuffer(array=array, owner=owner, number=self.allocated)
+        buf = BatchBuffer(array=array, owner=owner, number=self.allocated, memory=self.memory)
         del array, owner  # the baseline counts the pool's own references only
         buf.baseline = sys.getrefcount(buf.owner)
         buf.array_baseline = sys.getrefcount(buf.array)

@@ -20,7 +20,7 @@ import numpy as np
 from shardkit.errors import ConfigError, OutOfSpaceError, SamplerError
 from shardkit.formats import Dataset
 from shardkit.readers import node
-from shardkit.readers.buffers import BatchPool
+from shardkit.readers.buffers import BatchPool, BufferMemory
 from shardkit.readers.config import SamplerOptions, TierSizes
 from shardkit.readers.identity import DatasetIdentity, dataset_fingerprint
 from shardkit.readers.interface import Batch, ElementSpec
@@ -503,6 +503,16 @@ class TieredSampler:
         ``locality`` the node's part on its disk too (empty when nothing is pinned)."""
         parts = [c.keys() if isinstance(c, StaticCache) else c.keys for c in (self._cache, self._node_disk) if c is not None]
         return np.sort(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
+
+    def use_buffer_memory(self, memory: BufferMemory) -> None:
+        """Put the batch buffers in ``memory`` (e.g. shared memory another process maps) from the next
+        iteration on; see :class:`~shardkit.readers.buffers.BufferMemory`.
+
+        The pool is replaced, so call it before iterating: buffers of a running iteration stay where
+        they are.
+        """
+        rec = self._pool
+        self._pool = BatchPool(rec.rows, rec.record_shape, rec.dtype, self.sizes.pool_batches, memory=memory)
 
     def hold_shared(self) -> None:
         """Attach the node-shared memory (fields, static cache) now and keep it until :meth:`close`.

@@ -68,6 +68,15 @@ def test_full_iterations_follow_the_sampler_order(observed: dict) -> None:
         assert [len(b["key"]) for b in batches] == [8] * 12 + [7]
 
 
+def test_payload_adopted_without_copy_and_kept_batches_intact(observed: dict) -> None:
+    # A tensor that sees a write made after it was created: the same memory, not a copy.
+    assert observed["adopt"] == {"tensor": True, "shares": 9, "odd": "ndarray"}
+    keys = [np.asarray(b["key"], dtype=np.int64) for b in observed["kept"]]
+    np.testing.assert_array_equal(np.concatenate(keys), epoch_permutation(SEED, 0, N_KEYED))
+    for b, k in zip(observed["kept"], keys):
+        np.testing.assert_array_equal(decode_keys(np.asarray(b["image"], dtype=np.uint8)), k)
+
+
 def test_tuple_layout_and_scale(observed: dict) -> None:
     keys = epoch_permutation(SEED, 0, N_KEYED)[:8]
     x = np.asarray(observed["tuple_first"]["x"], dtype=np.float32)

@@ -18,7 +18,8 @@ import tensorflow as tf
 from _adapter_data import blobs, write_keyed_mixture
 
 import shardkit
-from shardkit.adapters.tf import make_tf_dataset
+from shardkit.adapters.tf import adopt_payload, make_tf_dataset
+from shardkit.formats.reader import aligned_empty
 
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
@@ -53,6 +54,18 @@ def main() -> None:
     res["spec_tuple"] = spec_of(tup)
     x, y = next(iter(tup))
     res["tuple_first"] = {"x": x.numpy().tolist(), "y": y.numpy().tolist()}
+
+    # Zero copy: the payload tensor adopts an aligned array (writes show through); other arrays are
+    # left to TensorFlow's copy. Batches the consumer keeps are never overwritten by buffer reuse.
+    aligned = aligned_empty(2, (8, 8, 3), np.dtype(np.uint8))
+    aligned[:] = 0
+    adopted = adopt_payload({"image": aligned}, "image")["image"]
+    aligned[1, 2, 3, 0] = 9
+    odd = np.zeros(200, np.uint8)[1:193].reshape(1, 8, 8, 3)
+    res["adopt"] = {"tensor": isinstance(adopted, tf.Tensor), "shares": int(adopted[1, 2, 3, 0]),
+                    "odd": type(adopt_payload({"image": odd}, "image")["image"]).__name__}
+    kept = list(make_tf_dataset(keyed, batch_size=4, seed=seed, ram_size="4KiB", static_cache=0))
+    res["kept"] = [{"key": b["key"].numpy().tolist(), "image": b["image"].numpy().tolist()} for b in kept]
 
     # Two replicas of a MirroredStrategy on 2 logical CPUs; global batch 16 -> 8 per replica.
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])

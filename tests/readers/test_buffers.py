@@ -38,6 +38,40 @@ def test_pool_recycles_only_unreferenced_buffers() -> None:
     del also_held
 
 
+class _ElsewhereMemory:
+    """A BufferMemory whose buffers another process may hold (``held`` says which, by owner id)."""
+
+    extra_hold = 3
+
+    def __init__(self) -> None:
+        self.held: set[int] = set()
+        self.allocations = 0
+
+    def allocate(self, rows: int, record_shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        self.allocations += 1
+        raw = np.empty(rows * int(np.prod(record_shape)) * dtype.itemsize + 64, np.uint8)
+        return raw[: rows * int(np.prod(record_shape)) * dtype.itemsize].view(dtype).reshape((rows, *record_shape))
+
+    def busy(self, owner: np.ndarray) -> bool:
+        return id(owner) in self.held
+
+
+def test_pool_with_memory_elsewhere_waits_for_the_other_process() -> None:
+    memory = _ElsewhereMemory()
+    pool = BatchPool(4, (3,), np.dtype(np.uint8), capacity=2, memory=memory)
+    assert pool.capacity == 2 + 3 and pool.hold == HOLD_BATCHES + 3
+    stop = threading.Event()
+    a = pool.acquire(stop)
+    assert memory.allocations == 1 and a.array.shape == (4, 3)
+    memory.held.add(id(a.owner))  # handed to the other process
+    pool.hand_over(a)
+    b = pool.acquire(stop)
+    assert b is not a and memory.allocations == 2  # a is busy elsewhere though nothing here holds it
+    memory.held.clear()  # released
+    pool.hand_over(b)
+    assert pool.acquire(stop) in (a, b) and memory.allocations == 2
+
+
 def test_pool_keeps_views_of_every_kind_alive() -> None:
     torch = pytest.importorskip("torch")
     pool = BatchPool(4, (3,), np.dtype(np.uint8), capacity=1, hold=10)

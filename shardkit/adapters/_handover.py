@@ -1,0 +1,155 @@
+"""Batches handed from a DataLoader worker to the main process by handle instead of by copy.
+
+A DataLoader worker sends what it yields to the main process through a pipe; for a tensor in
+ordinary memory PyTorch first copies the whole storage into a new shared-memory segment (38.5 MB
+for a batch of 256 224x224 images), and that copy and the page faults of the fresh segment cost
+more than the sampler's own reading. A tensor whose storage *already* is shared memory travels as a
+file descriptor: nothing is copied.
+
+So in a worker the sampler's batch buffers (its :class:`~shardkit.readers.buffers.BatchPool`) are
+allocated as shared memory (:class:`SharedBatchMemory`) and every record is read straight into
+them, as in the main process. What remains is knowing when a buffer may be reused: the main process
+holds the batch after the worker forgot it. Each buffer carries two counters behind its payload,
+in the same shared memory: *sent* (the worker's pickling of a batch adds one, :class:`SharedBatch`)
+and *released* (the main process adds one when the last tensor or array viewing that batch is gone,
+via :func:`weakref.finalize` on the numpy array every such view keeps alive). The pool reuses a
+buffer only when both counts agree and nothing in the worker references it; a main process that
+keeps batches makes the pool retire their buffers (the memory then lives until the main process
+drops them) instead of waiting for ever. Nothing is unpickled from bytes another user can write:
+the pipe is the DataLoader's own, between processes of this program.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from shardkit.adapters._extras import import_extra
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = import_extra("torch", "torch", needed_by="shardkit.adapters.torch")
+
+__all__ = ["SharedBatch", "SharedBatchMemory", "shared_batch"]
+
+#: Bytes after each buffer's payload: ``[sent, released]`` as int64, padded to a cache line.
+_HEADER = 64
+#: Small fields (labels, keys) travel inside the pickle: a few KiB through the pipe cost less
+#: than a shared-memory segment and a file-descriptor transfer of their own.
+_INLINE_BYTES = 1 << 20
+
+
+def _counters(owner: np.ndarray) -> np.ndarray:
+    """The ``[sent, released]`` counters of a buffer, from its owning uint8 array."""
+    return owner[owner.size - _HEADER : owner.size - _HEADER + 16].view(np.int64)
+
+
+class SharedBatchMemory:
+    """A :class:`~shardkit.readers.buffers.BufferMemory` of shared-memory buffers for a DataLoader worker.
+
+    Parameters
+    ----------
+    extra_hold
+        Batches the main process may hold at once besides the worker's own (the DataLoader's
+        ``prefetch_factor``, the one the training step uses, one in the pin-memory thread).
+    """
+
+    def __init__(self, extra_hold: int) -> None:
+        self.extra_hold = int(extra_hold)
+
+    def allocate(self, rows: int, record_shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
+        """A ``[rows, *record_shape]`` array in a new shared-memory segment (page aligned); its
+        ``base`` is the segment's uint8 array, whose ``base`` is the torch tensor that owns it."""
+        nbytes = int(rows) * int(np.prod(record_shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
+        if new_shared is not None:
+            whole = torch.empty(0, dtype=torch.uint8).set_(new_shared(nbytes + _HEADER))
+        else:  # pragma: no cover - older PyTorch
+            whole = torch.empty(nbytes + _HEADER, dtype=torch.uint8).share_memory_()
+        owner: np.ndarray = whole.numpy()
+        _counters(owner)[:] = 0
+        return owner[:nbytes].view(dtype).reshape((int(rows), *record_shape))
+
+    def busy(self, owner: np.ndarray) -> bool:
+        """Has the main process not yet released every batch sent from this buffer?"""
+        sent, released = (int(c) for c in _counters(owner))
+        return sent != released
+
+
+def _release(counters: torch.Tensor) -> None:
+    counters[1] += 1
+
+
+def _rebuild(
+    whole: torch.Tensor,
+    offset: int,
+    shape: tuple[int, ...],
+    dtype: str,
+    names: list[str],
+    payload: str,
+    fields: dict[str, Any],
+) -> dict[str, torch.Tensor]:
+    """In the main process: the batch as tensors viewing the worker's buffer, released when the
+    last of them is gone."""
+    raw = whole.numpy()
+    array = raw[offset : offset + int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize]
+    array = array.view(dtype).reshape(shape)
+    # The counters are a torch view of the storage, not of `array`: the finalizer must not keep
+    # alive the array whose death it waits for.
+    weakref.finalize(array, _release, whole[raw.size - _HEADER : raw.size - _HEADER + 16].view(torch.int64))
+    out: dict[str, torch.Tensor] = {}
+    for name in names:
+        if name == payload:
+            out[name] = torch.from_numpy(array)  # keeps `array` alive as long as any view of it
+        else:
+            value = fields[name]
+            out[name] = torch.from_numpy(value) if isinstance(value, np.ndarray) else value
+    return out
+
+
+class SharedBatch(dict[str, "torch.Tensor"]):
+    """A worker's batch of tensors whose payload views a :class:`SharedBatchMemory` buffer.
+
+    It is the plain dict of tensors a ``collate_fn`` expects; pickling it (the DataLoader's
+    hand-over to the main process) sends the buffer's file descriptor and counts the batch as
+    sent, and unpickling gives a plain dict of tensors again. If the payload entry was replaced
+    (a ``collate_fn`` that transforms it), the batch travels as an ordinary dict.
+    """
+
+    def __init__(self, tensors: dict[str, torch.Tensor], payload: str, array: np.ndarray) -> None:
+        super().__init__(tensors)
+        self._payload = payload
+        self._tensor = tensors[payload]
+        self._array = array
+
+    def __copy__(self) -> SharedBatch:
+        # copy.copy (DataLoader's default_convert clones mutable mappings) must not count a send.
+        return SharedBatch(dict(self), self._payload, self._array)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if self.get(self._payload) is not self._tensor:
+            return (dict, (dict(self),))
+        array = self._array
+        owner = array.base
+        assert isinstance(owner, np.ndarray) and isinstance(owner.base, torch.Tensor)
+        fields: dict[str, Any] = {}
+        for name, value in self.items():
+            if name != self._payload:
+                small = isinstance(value, torch.Tensor) and value.nbytes <= _INLINE_BYTES and not value.is_shared()
+                fields[name] = value.numpy() if small else value
+        offset = array.ctypes.data - owner.ctypes.data
+        _counters(owner)[0] += 1  # before the worker drops its references (the pool sees one or the other)
+        return (_rebuild, (owner.base, offset, tuple(array.shape), array.dtype.str, list(self), self._payload, fields))
+
+
+def shared_batch(batch: dict[str, np.ndarray], payload: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``tensors`` as a :class:`SharedBatch` when its payload views a shared buffer, else as is."""
+    array = batch[payload]
+    owner = array.base
+    if isinstance(owner, np.ndarray) and isinstance(owner.base, torch.Tensor) and owner.base.is_shared():
+        return SharedBatch(tensors, payload, array)
+    return tensors
+

@@ -1,0 +1,118 @@
+"""DataLoader workers hand batches to the main process by handle (shardkit.adapters._handover).
+
+What is proved: the main process's payload is the worker's shared buffer itself (no copy), the
+worker reuses a buffer only after the main process let go of every view of it, batches the main
+process keeps are never overwritten (their buffers are retired), the order and exactly-once
+contract holds, and a collate_fn that replaces the payload still gets an ordinary batch.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+from multiprocessing.reduction import ForkingPickler
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.multiprocessing
+from _adapter_data import N_KEYED, SHAPE, decode_keys
+
+from shardkit.adapters._handover import SharedBatch, SharedBatchMemory, shared_batch
+from shardkit.adapters.torch import ShardIterableDataset, to_tensors
+from shardkit.readers import epoch_permutation
+
+SEED = 11
+
+
+def _worker_batch(rows: int = 4) -> tuple[SharedBatchMemory, np.ndarray, dict[str, torch.Tensor]]:
+    memory = SharedBatchMemory(extra_hold=2)
+    array = memory.allocate(rows, SHAPE, np.dtype(np.uint8))
+    array[:] = 7
+    batch = {"image": array, "label": np.arange(rows, dtype=np.int64), "key": np.arange(rows, dtype=np.int64)}
+    return memory, array, shared_batch(batch, "image", to_tensors(batch, "image"))
+
+
+def test_pickled_batch_views_the_worker_buffer_until_released() -> None:
+    memory, array, batch = _worker_batch()
+    assert isinstance(batch, SharedBatch)
+    owner = array.base
+    assert not memory.busy(owner)
+    wire = ForkingPickler.dumps(batch)
+    assert len(wire) < 4096  # a handle and the small fields, not the 4 x 192 bytes... nor a copy
+    assert memory.busy(owner)  # sent, not yet received
+    received = ForkingPickler.loads(wire)
+    assert type(received) is dict and list(received) == ["image", "label", "key"]
+    np.testing.assert_array_equal(received["label"].numpy(), np.arange(4))
+    # The same memory: what the worker writes shows in the main process's tensor.
+    array[1, 2, 3, 0] = 99
+    assert int(received["image"][1, 2, 3, 0]) == 99
+    view = received["image"][2:]  # a view keeps the batch held
+    del received
+    gc.collect()
+    assert memory.busy(owner)
+    del view
+    gc.collect()
+    assert not memory.busy(owner)
+
+
+def test_copy_counts_no_send_and_replaced_payload_travels_as_a_copy() -> None:
+    memory, array, batch = _worker_batch()
+    clone = copy.copy(batch)
+    assert isinstance(clone, SharedBatch) and not memory.busy(array.base)
+    clone["image"] = clone["image"].clone()  # what a transforming collate_fn does
+    received = ForkingPickler.loads(ForkingPickler.dumps(clone))
+    assert not memory.busy(array.base)
+    array[0, 0, 0, 0] = 1
+    assert int(received["image"][0, 0, 0, 0]) == 7  # its own memory
+
+
+def _keys(batch: dict[str, torch.Tensor]) -> np.ndarray:
+    keys = batch["key"].numpy()
+    np.testing.assert_array_equal(decode_keys(batch["image"].numpy()), keys)
+    return keys
+
+
+class _PoolDataset(ShardIterableDataset):
+    """Appends per worker what its pool did: buffers allocated, retired, capacity, shared or not."""
+
+    def __iter__(self):  # type: ignore[override]
+        yield from super().__iter__()
+        pool = self._sampler._pool  # type: ignore[union-attr]
+        shared = isinstance(pool.memory, SharedBatchMemory)
+        yield {"pool": torch.tensor([pool.allocated, pool.retired, pool.capacity, int(shared)])}
+
+
+def test_workers_reuse_shared_buffers_in_order(keyed: Path) -> None:
+    ds = _PoolDataset(keyed, batch_size=4, seed=SEED, num_workers=2, ram_size="4KiB", static_cache=0)
+    loader = ds.loader(num_workers=2)
+    for epoch in range(2):
+        keys, pools = [], []
+        for batch in loader:
+            if "pool" in batch:
+                pools.append(batch["pool"].tolist())
+            else:
+                keys.append(_keys(batch))
+        np.testing.assert_array_equal(np.concatenate(keys), epoch_permutation(SEED, epoch, N_KEYED))
+        assert len(pools) == 2
+        for allocated, retired, capacity, shared in pools:
+            # 13 batches per worker through a pool of fewer buffers: they were reused, none retired.
+            assert shared == 1 and retired == 0 and allocated <= capacity < 13, pools
+
+
+def test_batches_kept_by_the_main_process_are_never_overwritten(keyed: Path) -> None:
+    ds = _PoolDataset(keyed, batch_size=4, seed=SEED, num_workers=2, ram_size="4KiB", static_cache=0)
+    kept = list(ds.loader(num_workers=2))
+    pools = [b["pool"].tolist() for b in kept if "pool" in b]
+    assert all(retired > 0 for _, retired, _, _ in pools), pools  # the pool had to give buffers up
+    keys = np.concatenate([_keys(b) for b in kept if "pool" not in b])
+    np.testing.assert_array_equal(keys, epoch_permutation(SEED, 0, N_KEYED))
+
+
+def test_collate_fn_replacing_the_payload(keyed: Path) -> None:
+    def collate(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {**batch, "image": batch["image"].flip(0).flip(0).contiguous()}
+
+    ds = ShardIterableDataset(keyed, batch_size=8, seed=SEED, num_workers=2)
+    keys = np.concatenate([_keys(b) for b in ds.loader(num_workers=2, collate_fn=collate)])
+    np.testing.assert_array_equal(keys, epoch_permutation(SEED, 0, N_KEYED))
