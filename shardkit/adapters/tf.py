@@ -193,6 +193,11 @@ def make_tf_dataset(
         Elements are dicts ``{payload, every field, "key"}`` (or tuples per ``as_tuple``) with a
         leading batch dimension that is ``None``, or ``batch_size`` when ``drop_last`` (and no
         ``limit``) makes every batch full.
+    Notes
+    -----
+    Long because it is the adapter's whole surface in one place: the options (the sampler's, passed
+    through), ``tf.distribute`` sharding, the element spec and the generator are all derived from the
+    same arguments, and splitting them would pass a dozen values between helpers.
     """
     consumer, consumers, per_consumer = _consumer(input_context, rank, world_size, batch_size, global_batch_size)
     if nodes is None:

@@ -124,7 +124,10 @@ def sample(
              "a mixture.",
     ),
 ) -> None:
-    """Sample batches like a training job would, with a progress bar and a throughput summary."""
+    """Sample batches like a training job would, with a progress bar and a throughput summary.
+
+    Long only because its signature is the command's option list (typer reads it); the body is short.
+    """
     from tqdm import tqdm
 
     if order_out is not None and order_out.suffix != ".npy":

@@ -434,7 +434,11 @@ def run_converter(
     progress: ProgressFn | None = None,
     staging_dir: str | os.PathLike[str] | None = None,
 ) -> ConvertSummary:
-    """Convert with an already constructed converter (see :func:`convert`; sizes already parsed)."""
+    """Convert with an already constructed converter (see :func:`convert`; sizes already parsed).
+
+    One function on purpose: the staging, the pool and the writer share one ``try``/``finally`` that
+    decides what a failure at any step leaves behind (see :mod:`shardkit.converters.staging`).
+    """
     refuse_inside_worker_start()
     t0 = time.perf_counter()
     out = str(out) if is_remote_output(out) else Path(out)
