@@ -44,6 +44,7 @@ import numpy as np
 from shardkit.converters.base import Decoded, Decoder
 from shardkit.converters.main_guard import GUARD, start_method
 from shardkit.errors import ConversionError, InputFileError
+from shardkit.processes import pid_alive
 
 __all__ = ["Failed", "Outcome", "Produced", "Skipped", "default_workers", "outcomes"]
 
@@ -108,23 +109,8 @@ def decode_one(decoder: Decoder, index: int, item: Any, start: int = 0) -> Outco
 
 
 # ---------------------------------------------------------------------- worker processes
-def _parent_alive(pid: int) -> bool:
-    # A SIGKILLed parent stays a zombie until its own parent reaps it: treat "Z" as dead.
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-    except FileNotFoundError:
-        return False
-    except OSError:  # pragma: no cover - no procfs: fall back to a signal-0 probe
-        try:
-            os.kill(pid, 0)
-            return True
-        except ProcessLookupError:
-            return False
-
-
 def _watch_parent(pid: int) -> None:
-    while _parent_alive(pid):
+    while pid_alive(pid):
         time.sleep(0.5)
     os._exit(1)
 
@@ -216,7 +202,7 @@ def _remove_stale_rings(directory: str) -> None:
             pid = int(path.name.split("-")[2])
         except (IndexError, ValueError):
             continue
-        if pid != os.getpid() and not _parent_alive(pid):
+        if pid != os.getpid() and not pid_alive(pid):
             path.unlink(missing_ok=True)
 
 

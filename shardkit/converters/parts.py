@@ -72,6 +72,7 @@ from shardkit.formats.outputs import PARTS_DIR
 from shardkit.formats.publish import put_checked
 from shardkit.formats.spec import MAX_CRC32C, SkippedInput, chunk_key
 from shardkit.formats.writer import ShardWriter
+from shardkit.processes import pid_alive
 from shardkit.stores import Store, open_store
 
 __all__ = [
@@ -301,16 +302,6 @@ def _spill_base() -> Path:
     return base
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _remove_stale_spills(base: Path, plan: str) -> None:
     """Spills a killed task left half-written, and other plans' spills untouched for a day."""
     now = time.time()
@@ -318,7 +309,7 @@ def _remove_stale_spills(base: Path, plan: str) -> None:
         name = entry.name
         if ".tmp-" in name:
             pid = name.rsplit(".tmp-", 1)[1]
-            if pid.isdigit() and not _pid_alive(int(pid)):
+            if pid.isdigit() and not pid_alive(int(pid)):
                 shutil.rmtree(entry, ignore_errors=True)
         elif not name.startswith(plan) and now - entry.stat().st_mtime > _STALE_SPILL_SECONDS:
             shutil.rmtree(entry, ignore_errors=True)

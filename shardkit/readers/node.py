@@ -60,6 +60,7 @@ import numpy as np
 
 from shardkit.formats import Dataset, FieldSpec
 from shardkit.formats.fields import read_field_array
+from shardkit.processes import pid_alive
 
 __all__ = [
     "SharedRegion",
@@ -162,7 +163,7 @@ def _remove_stale(dfd: int) -> None:
         name = entry.name
         if name.endswith(".tmp") and name.startswith("."):
             pid = name.split(".")[2] if name.count(".") >= 3 else ""
-            if pid.isdigit() and not _pid_alive(int(pid)):
+            if pid.isdigit() and not pid_alive(int(pid)):
                 _unlink(name, dfd)
             continue
         if not name.endswith(".lock"):
@@ -183,16 +184,6 @@ def _remove_stale(dfd: int) -> None:
                 logger.debug("removed the shared region %s of processes that no longer exist", name[:-5])
         finally:
             os.close(lfd)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _reserve(fd: int, m: mmap.mmap, offset: int, length: int) -> bool:

@@ -80,10 +80,11 @@ def test_resume_after_sigkill_matches_uninterrupted(corpus: Path, tmp_path: Path
     assert_same_dataset(tmp_path / "ref", out)
     assert verify(out).ok
     # The killed run's payload ring (shared memory) was removed by the next conversion.
-    from shardkit.converters.decoding import _parent_alive, _ring_dir
+    from shardkit.converters.decoding import _ring_dir
+    from shardkit.processes import pid_alive
 
     leftovers = [p for p in Path(_ring_dir()).glob("shardkit-convert-*.ring")
-                 if not _parent_alive(int(p.name.split("-")[2]))]
+                 if not pid_alive(int(p.name.split("-")[2]))]
     assert leftovers == []
 
 
