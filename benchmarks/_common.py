@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
@@ -9,7 +10,6 @@ from pathlib import Path
 import numpy as np
 
 from shardkit.formats import DatasetWriter, FieldSpec, open_dataset
-from shardkit.profiling.phases import evict_page_cache
 
 __all__ = ["drop_cache", "synthetic_dataset", "IMAGE_SHAPE"]
 
@@ -18,10 +18,21 @@ IMAGE_SHAPE = (224, 224, 3)
 
 
 def drop_cache(paths: Path | Iterable[Path]) -> None:
-    """Evict files (or every file under a directory) from the page cache
-    (:func:`shardkit.profiling.phases.evict_page_cache`: flushed first, so written files drop too)."""
-    for f in [paths] if isinstance(paths, Path) else paths:
-        evict_page_cache(f)
+    """Evict files (or every file under a directory) from the page cache: each is flushed first (dirty
+    pages cannot be dropped), then ``posix_fadvise(DONTNEED)``.
+
+    Written here rather than imported from the library (``shardkit.profiling.phases.evict_page_cache``
+    does the same for ``shardkit profile``): ``--before TREE`` runs these scripts against an older
+    shardkit that does not have it.
+    """
+    for p in [paths] if isinstance(paths, Path) else paths:
+        for f in [p] if p.is_file() else [f for f in p.rglob("*") if f.is_file()]:
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
 
 
 def synthetic_dataset(path: Path, n: int, shape: tuple[int, ...] = IMAGE_SHAPE) -> Path:
