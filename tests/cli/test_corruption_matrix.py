@@ -36,9 +36,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardkit.cli.main import main
 from shardkit.formats import DatasetWriter, FieldSpec
 from shardkit.formats.codecs import get_codec
+from tests.helpers.cli import run_main
 from tests.helpers.datasets import edit_attributes, flip_byte, make_records, rewrite_shard_index
 
 N, PER_SHARD, FIELD_CHUNK = 25, 10, 16
@@ -121,11 +121,7 @@ def _damage(dataset: Path, rel: str, mutation: str) -> int | None:
 
 
 def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
+    code = run_main(*args)
     out = capsys.readouterr()
     return code, out.out, out.err
 

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["CliResult", "run_cli"]
+__all__ = ["CliResult", "run_cli", "run_main"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,18 @@ class CliResult:
     stderr: str
 
 
+def run_main(*args: str) -> int:
+    """Run ``shardkit *args`` in this process and return its exit code; what it prints stays with the
+    caller's capture (pytest's ``capsys``)."""
+    from shardkit.cli.main import main
+
+    try:
+        main(list(args))
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return 0
+
+
 def run_cli(*args: str, env: Mapping[str, str | None] | None = None) -> CliResult:
     """Run ``shardkit *args`` in-process with captured stdout/stderr (click's isolation).
 
@@ -33,8 +45,6 @@ def run_cli(*args: str, env: Mapping[str, str | None] | None = None) -> CliResul
     the level the CLI would choose, so warnings reach ``stderr`` as they do for a user.
     """
     from click.testing import CliRunner
-
-    from shardkit.cli.main import main
 
     verbose = "-v" in args or "--verbose" in args
     root = logging.getLogger()
@@ -46,10 +56,7 @@ def run_cli(*args: str, env: Mapping[str, str | None] | None = None) -> CliResul
         root.addHandler(handler)
         root.setLevel(min(old_level or logging.WARNING, handler.level))
         try:
-            main(list(args))
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            code = run_main(*args)
         finally:
             root.removeHandler(handler)
             root.setLevel(old_level)

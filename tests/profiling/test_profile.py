@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from shardkit.cli.main import main
 from shardkit.errors import ConfigError
 from shardkit.profiling import (
     Rates,
@@ -28,6 +27,7 @@ from shardkit.profiling import (
 )
 from shardkit.profiling.whatif import advise
 from shardkit.readers import SamplerOptions, TieredSampler
+from tests.helpers.cli import run_main
 from tests.helpers.profiling import check_profile
 from tests.helpers.sampler_data import make_dataset
 
@@ -42,11 +42,7 @@ def _rates(**kw: Any) -> Rates:
 
 
 def _run(args: list[str]) -> int:
-    try:
-        main(args)
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    return 0
+    return run_main(*args)
 
 
 # ------------------------------------------------------------------ model arithmetic

@@ -7,17 +7,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardkit.cli.main import main
 from shardkit.readers import epoch_permutation, epoch_stream
+from tests.helpers.cli import run_main
 from tests.helpers.sampler_data import make_dataset
 
 
 def _run(args: list[str]) -> int:
-    try:
-        main(args)
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    return 0
+    return run_main(*args)
 
 
 def test_sample_order_out(tmp_path: Path, ssd_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
