@@ -31,3 +31,11 @@ def test_mypy_strict_passes() -> None:
 
 def test_package_is_typed() -> None:
     assert (ROOT / "shardkit" / "py.typed").is_file()
+
+
+def test_no_script_shadows_a_standard_module() -> None:
+    # A script's folder comes first on sys.path, so `benchmarks/profile.py` once made every peer run
+    # from benchmarks/ import it instead of the standard `profile` (LitData and MosaicML failed).
+    for folder in ("benchmarks", "examples", "tests"):
+        shadows = sorted(p.name for p in (ROOT / folder).rglob("*.py") if p.stem in sys.stdlib_module_names)
+        assert not shadows, f"{folder}/ has modules named like standard ones: {shadows}"

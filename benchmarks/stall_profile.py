@@ -1,6 +1,6 @@
 """Benchmark of ``shardkit profile``: predictions next to measurements (issue 16).
 
-Run: ``python benchmarks/profile.py [--quick] [--records N] [--step-ms MS] [--rounds R]``
+Run: ``python benchmarks/stall_profile.py [--quick] [--records N] [--step-ms MS] [--rounds R]``
 (generates ``benchmarks/_data/profile-bench``: N records of 224x224x3 uint8).
 
 Profiles the dataset with a sleeping step (an accelerator) and a RAM budget of a tenth of the
