@@ -103,7 +103,8 @@ def _common_parameters() -> list[inspect.Parameter]:
             "Add SRC's records after those of the dataset at the output, as its next version (same kind, record "
             "shape and transform); readers that opened it keep their version."))),
         p("part_size", str | None, typer.Option(None, "--part-size", metavar="N", show_default=False, help=(
-            "Inputs per part of a conversion in parts (default: about 64 parts, 1 to 16 shards each)."))),
+            "Convert in parts of N inputs (default with --scheduler or --append: about 64 parts, 1 to 16 shards "
+            "each). Without --scheduler the parts run on --workers local processes, each writing its own shards."))),
         p("keep_versions", str, typer.Option(str(DEFAULT_KEEP_VERSIONS), "--keep-versions", metavar="N", help=(
             "Older versions kept openable after an append; older ones are deleted."))),
         p("quiet", bool, typer.Option(False, "--quiet", "-q", help="No progress bar.")),

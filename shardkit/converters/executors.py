@@ -1,4 +1,4 @@
-"""Executors that run the parts of a conversion: inline, any ``concurrent.futures.Executor``, a Dask cluster.
+"""Executors that run the parts of a conversion: inline, local processes, any ``concurrent.futures.Executor``, a Dask cluster.
 
 A conversion in parts (:mod:`shardkit.converters.partrun`) needs three things from an executor:
 ``submit``, how many tasks it runs at once (:func:`slots`, so no more are queued than run), and,
@@ -14,16 +14,18 @@ Dask is an optional extra (``pip install "shardkit[dask]"``), imported only when
 from __future__ import annotations
 
 import logging
+import multiprocessing as mp
 import os
 from collections.abc import Callable, Iterator
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from shardkit._extras import import_extra
+from shardkit.converters.main_guard import start_method
 from shardkit.errors import ConfigError
 
-__all__ = ["InlineExecutor", "slots", "submit", "dask_executor", "is_inline", "scheduler_address"]
+__all__ = ["InlineExecutor", "slots", "submit", "dask_executor", "is_inline", "local_pool", "scheduler_address"]
 
 logger = logging.getLogger(__name__)
 
@@ -135,3 +137,23 @@ def dask_executor(address: str, *, timeout: float = 30.0, naming: str = "python"
         yield client.get_executor()
     finally:
         client.close()
+
+
+@contextmanager
+def local_pool(workers: int) -> Iterator[Executor]:
+    """The executor of a conversion in parts on this machine: ``workers`` processes, each converting
+    whole parts and writing their shards itself (shut down on exit).
+
+    The processes start the way decode workers do (:func:`~shardkit.converters.main_guard.start_method`:
+    forkserver, or fork for a script without a main guard). One worker, or a caller whose workers
+    could not start, gets :class:`InlineExecutor`: the parts are converted one after another here.
+    """
+    method = start_method(workers) if workers > 1 else None
+    if method is None:
+        yield InlineExecutor()
+        return
+    pool = ProcessPoolExecutor(workers, mp_context=mp.get_context(method))
+    try:
+        yield pool
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)

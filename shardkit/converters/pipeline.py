@@ -605,7 +605,13 @@ def convert(
         version; new class names extend the label list. A reader that opened the dataset before
         keeps reading the version it opened.
     part_size
-        Inputs per part of a conversion in parts (default: about 64 parts, 1 to 16 shards each).
+        Inputs per part of a conversion in parts (default: about 64 parts, 1 to 16 shards each). Given
+        without ``executor``, ``scheduler`` or ``append``, it asks for a conversion in parts on this
+        machine: ``workers`` processes each convert whole parts and write their shards themselves,
+        and the calling process only plans and commits (the same records, byte for byte, as one
+        conversion). It pays when parts are several shards each: a part whose start is not yet known
+        when it begins is decoded into a local spill first, and the commit re-packs the shard each
+        part shares with the next (measured in ``benchmarks/convert.py``).
     keep_versions
         Older versions a commit keeps openable (their replaced files); older ones are deleted.
     staging_dir
@@ -633,13 +639,13 @@ def convert(
     conv = get_converter(kind)(Path(src), naming=naming, **options)
 
     def run(report: ProgressFn | None) -> ConvertSummary:
-        if executor is None and scheduler is None and not append:
+        if executor is None and scheduler is None and not append and n_part is None:
             return run_converter(
                 conv, out, workers=n_workers, strict=strict, overwrite=overwrite, compression=compression,
                 shard_bytes=nbytes, records_per_shard=rps, progress=report, staging_dir=staging_dir,
             )
         # partrun builds on this module (the decode loop, the summary): imported here, not at the top.
-        from shardkit.converters.executors import dask_executor
+        from shardkit.converters.executors import dask_executor, local_pool
         from shardkit.converters.partrun import convert_in_parts
 
         def in_parts(ex: Executor | None) -> ConvertSummary:
@@ -655,6 +661,9 @@ def convert(
                 raise ConfigError(f"{_label('scheduler', naming)} and {_label('executor', naming)}: give one of them")
             with dask_executor(scheduler, naming=naming) as dask:
                 return in_parts(dask)
+        if executor is None and not append:  # only part_size given: the parts run on local processes
+            with local_pool(default_workers() if n_workers is None else n_workers) as pool:
+                return in_parts(pool)
         return in_parts(executor)
 
     if callable(progress):

@@ -61,7 +61,7 @@ from shardkit.formats import DatasetMeta, DatasetWriter, FieldSpec, ShardInfo
 from shardkit.formats.atomic import write_bytes_atomic
 from shardkit.formats.index import crc32c_of
 from shardkit.formats.metadata import read_dataset_meta, read_json, write_json_atomic
-from shardkit.formats.outputs import STAGING_DIR, clear_output, remove_path
+from shardkit.formats.outputs import PARTS_DIR, STAGING_DIR, clear_output, remove_path
 from shardkit.formats.provenance import TABLE_ARRAYS
 from shardkit.formats.spec import ZARR_JSON, SkippedInput
 from shardkit.formats.writer import WrittenShard
@@ -214,6 +214,11 @@ class Staging:
             raise ConversionError(
                 f"{self.out}: an interrupted conversion with different parameters is here; "
                 "re-run with the same parameters to resume, or use --overwrite to start fresh"
+            )
+        if (self.out / PARTS_DIR).is_dir():
+            raise ConversionError(
+                f"{self.out}: an interrupted conversion in parts ({PARTS_DIR}: --part-size, --scheduler or --append) "
+                "is here; re-run that command to resume it, or use --overwrite to start fresh"
             )
         if self.out.exists():
             ours = {STAGING_DIR, ZARR_JSON + _PARTIAL, *self.names}

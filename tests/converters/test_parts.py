@@ -25,6 +25,7 @@ from shardkit.readers import TieredSampler
 from shardkit.stores import LocalStore
 from tests.converters.fault_injection import inject
 from tests.converters.kinds_for_parts import Keyed, keyed_corpus
+from tests.helpers.cli import run_cli
 from tests.helpers.corpora import make_imagefolder
 from tests.helpers.order_stats import ALPHA, item_position_pvalue
 from tests.helpers.parts import DATASETS, assert_same_records, class_corpus, tree_digest
@@ -376,3 +377,37 @@ def test_commit_rewrites_at_most_one_shard_per_part(tmp_path: Path, executor: st
     assert c.bytes_repacked <= s.parts * max(info.nbytes for info in open_dataset(tmp_path / "parts").meta.shards)
     shardkit.convert(src, tmp_path / "one", size=16, records_per_shard=2, workers=1)
     assert_same_records(tmp_path / "parts", tmp_path / "one")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_part_size_alone_converts_in_parts_on_this_machine(tmp_path: Path, workers: int) -> None:
+    # --part-size without a scheduler: local processes each convert whole parts and write their own
+    # shards (issue 15 item 2); one worker converts the parts here, one after another.
+    src = tmp_path / "corpus"
+    make_imagefolder(src, per_class=4, splits=("train",))
+    one = shardkit.convert(src, tmp_path / "one", size=16, records_per_shard=3, workers=1)
+    got = shardkit.convert(src, tmp_path / "parts", size=16, records_per_shard=3, workers=workers, part_size=5)
+    assert got.parts == 5 and got.parts_converted == 5 and one.parts == 0
+    assert_same_records(tmp_path / "parts", tmp_path / "one")
+    assert verify(tmp_path / "parts").ok and not (tmp_path / "parts" / ".shardkit-parts").exists()
+
+
+def test_cli_part_size_converts_in_parts_and_a_plain_rerun_names_the_parts(tmp_path: Path) -> None:
+    src = tmp_path / "corpus"
+    make_imagefolder(src, per_class=4, splits=("train",))
+    shardkit.convert(src, tmp_path / "one", size=16, shard_bytes=3 * 16 * 16 * 3, workers=1)
+    res = run_cli("convert", str(src), "-o", str(tmp_path / "cli"), "--size", "16", "--shard-size", "2304B",
+                  "--part-size", "6", "-j", "2", "-q")
+    assert res.returncode == 0, res.stderr
+    assert_same_records(tmp_path / "cli", tmp_path / "one")
+    # An interrupted conversion in parts, then the same command without --part-size: the error says
+    # what is there and how to finish it, and nothing is touched.
+    out = tmp_path / "interrupted"
+    (out / ".shardkit-parts" / "0123456789abcdef").mkdir(parents=True)
+    (out / ".shardkit-parts" / "0123456789abcdef" / "plan.json").write_text("{}")
+    before = tree_digest(out)
+    with pytest.raises(ConversionError, match=r"interrupted conversion in parts .*re-run that command"):
+        shardkit.convert(src, out, size=16, records_per_shard=3, workers=1)
+    res = run_cli("convert", str(src), "-o", str(out), "--size", "16", "--shard-size", "2304B", "-q")
+    assert res.returncode != 0 and "interrupted conversion in parts" in res.stderr
+    assert tree_digest(out) == before
