@@ -25,7 +25,6 @@ Payload path
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import os
 import signal
 import tempfile
@@ -42,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from shardkit.converters.base import Decoded, Decoder
-from shardkit.converters.main_guard import GUARD, start_method
+from shardkit.converters.main_guard import GUARD, start_method, worker_context
 from shardkit.errors import ConversionError, InputFileError
 from shardkit.processes import pid_alive
 
@@ -264,7 +263,8 @@ def _pool_outcomes(
         os.close(fd)
     ring = ring_spec.open("r")
     free = list(range(inflight))
-    pool = ProcessPoolExecutor(workers, mp_context=mp.get_context(method), initializer=_init_worker,
+    context = worker_context(method, (__name__, type(decoder).__module__))
+    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
                                initargs=(decoder, os.getpid(), ring_spec))
     pending: deque[tuple[int, Future[list[Outcome]]]] = deque()
     decoded_any = False

@@ -14,7 +14,6 @@ Dask is an optional extra (``pip install "shardkit[dask]"``), imported only when
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
@@ -22,7 +21,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from shardkit._extras import import_extra
-from shardkit.converters.main_guard import start_method
+from shardkit.converters.main_guard import start_method, worker_context
 from shardkit.errors import ConfigError
 
 __all__ = ["InlineExecutor", "slots", "submit", "dask_executor", "is_inline", "local_pool", "scheduler_address"]
@@ -152,7 +151,7 @@ def local_pool(workers: int) -> Iterator[Executor]:
     if method is None:
         yield InlineExecutor()
         return
-    pool = ProcessPoolExecutor(workers, mp_context=mp.get_context(method))
+    pool = ProcessPoolExecutor(workers, mp_context=worker_context(method, ("shardkit.converters.parts",)))
     try:
         yield pool
     finally:

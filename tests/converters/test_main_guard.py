@@ -203,3 +203,32 @@ def test_python_api_logs_a_summary_of_skipped_inputs(tmp_path: Path, caplog: pyt
     assert len(lines) == 1
     assert f"{len(expected)} inputs skipped" in lines[0] and "corrupt: 1" in lines[0]
     assert "logging at level INFO lists them" in lines[0]
+
+
+def test_fork_server_imports_the_decoder_once_and_keeps_the_programs_own_preload(tmp_path: Path) -> None:
+    # A fresh interpreter (its fork server not started yet): the program asked for `csv`; a conversion
+    # with 2 workers adds shardkit's decoding modules, keeps `csv`, and its workers find them imported.
+    src = tmp_path / "corpus"
+    make_imagefolder(src, per_class=2, splits=("train",))
+    script = tmp_path / "preload.py"
+    script.write_text(textwrap.dedent(f"""
+        import multiprocessing as mp, sys
+        from multiprocessing import forkserver
+        import shardkit
+        from concurrent.futures import ProcessPoolExecutor
+
+        def loaded(_):
+            return sorted(m for m in ("csv", "shardkit.converters.decoding") if m in sys.modules)
+
+        if __name__ == "__main__":
+            mp.set_forkserver_preload(["csv"])
+            shardkit.convert({str(src)!r}, {str(tmp_path / "out")!r}, size=8, workers=2, progress=False)
+            print(forkserver._forkserver._preload_modules)
+            with ProcessPoolExecutor(1, mp_context=mp.get_context("forkserver")) as pool:
+                print(pool.submit(loaded, 0).result())
+    """))
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 0, res.stderr
+    preload, in_worker = res.stdout.strip().splitlines()[-2:]
+    assert preload.startswith("['csv', ") and "'shardkit.converters.decoding'" in preload and "'shardkit.converters.imagefolder'" in preload
+    assert in_worker == "['csv', 'shardkit.converters.decoding']"
