@@ -60,7 +60,7 @@ import numpy as np
 
 from shardkit.dirfd import exists_at, unlink_at
 from shardkit.formats import Dataset, FieldSpec
-from shardkit.formats.fields import read_field_array
+from shardkit.formats.fields import read_field_rows
 from shardkit.processes import pid_alive
 
 __all__ = [
@@ -487,13 +487,13 @@ def node_fields(dataset: Dataset, key: str | None) -> tuple[dict[str, np.ndarray
         def init(m: mmap.mmap, name: str = name, spec: FieldSpec = spec, dtype: np.dtype[Any] = dtype,
                  shape: tuple[int, ...] = shape) -> None:  # fmt: skip
             out = np.frombuffer(m, dtype=dtype, count=int(np.prod(shape, dtype=np.int64))).reshape(shape)
-            read_field_array(dataset.store, name, spec, meta.num_records, meta.field_chunk_records, meta.files, out=out)
+            read_field_rows(dataset.store, name, spec, meta.num_records, meta.field_chunk_records, meta.files, out=out)
             del out
 
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         region = attach(region_name("field", key, name, spec.dtype, spec.shape), nbytes, init) if key else None
         if region is None:
-            fields[name] = read_field_array(dataset.store, name, spec, meta.num_records, meta.field_chunk_records,
+            fields[name] = read_field_rows(dataset.store, name, spec, meta.num_records, meta.field_chunk_records,
                                             meta.files)  # fmt: skip
         else:
             fields[name] = region.array(dtype, shape)
