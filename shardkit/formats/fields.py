@@ -102,11 +102,9 @@ def read_field_rows(
     stop: int | None = None,
     out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Rows ``[start, stop)`` of field ``name`` of the dataset at ``root`` (a directory or a store)
-    in RAM, reading only the chunks that hold them and checking everything.
-
-    The default reads every row. A lookup of one record of a large field
-    (``shardkit info --record K``) reads one chunk, not the whole array.
+    """Rows ``[start, stop)`` (by default every row; ``stop=None``: to the end) of field ``name`` of
+    the dataset at ``root`` (a directory or a store) in RAM, reading only the chunks that hold them and
+    checking everything: a lookup of one record of a large field (``shardkit info --record K``) reads one chunk.
 
     Parameters
     ----------
@@ -117,8 +115,6 @@ def read_field_rows(
         The metadata's digests (format 1.1), or ``None`` / empty for a 1.0 dataset. A file a newer
         version of the dataset replaced is read from the copy kept for this one
         (:mod:`~shardkit.formats.versions`).
-    start, stop
-        The rows wanted (``stop=None``: to the end).
     out
         Where to decode the rows (``[stop - start, *spec.shape]`` of the little-endian dtype, e.g. a
         node-shared region); a new array by default. Checked before any chunk is decoded.
