@@ -89,7 +89,7 @@ from shardkit.readers.schedule import consumer_records_bound, ram_block, ssd_blo
 from shardkit.units import parse_bytes  # noqa: E402
 
 logger = logging.getLogger("compare")
-ALPHA = 1e-3
+ALPHA = om.ALPHA
 #: MosaicML's default shuffle block (262,144 samples) over ImageNet-1k's 1,281,167 training images.
 MDS_IMAGENET_RATIO = (1 << 18) / 1_281_167
 #: Storage block (keys) of the adjacent-pairs test on the N = 200 corpus.

@@ -26,9 +26,11 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as _stats
 
+from shardkit.ordertest import Settings
 from shardkit.ordertest import stats as _st
 
 __all__ = [
+    "ALPHA",
     "ChiSquare",
     "PairTest",
     "adjacent_pairs_test",
@@ -41,19 +43,28 @@ __all__ = [
     "default_batch_sizes",
 ]
 
+#: Significance level of the verdicts: the order-test battery's default (``shardkit order-test``).
+ALPHA = Settings().alpha
+
+
+class _Verdict:
+    """A test result that passes when uniformity is *not* rejected at level ``alpha``."""
+
+    pvalue: float
+
+    def passes(self, alpha: float = ALPHA) -> bool:
+        """True when uniformity is *not* rejected at level ``alpha``."""
+        return self.pvalue >= alpha
+
 
 @dataclass(frozen=True)
-class ChiSquare:
+class ChiSquare(_Verdict):
     """Result of :func:`uniformity_chi2`: the scaled statistic ``X2 (N-1)/N``, its dof, p-value, epochs."""
 
     statistic: float
     dof: int
     pvalue: float
     epochs: int
-
-    def passes(self, alpha: float = 1e-3) -> bool:
-        """True when uniformity is *not* rejected at level ``alpha``."""
-        return self.pvalue >= alpha
 
 
 def _as_orders(orders: Sequence[np.ndarray] | np.ndarray, n: int) -> np.ndarray:
@@ -97,7 +108,7 @@ def uniformity_chi2(
 
 
 @dataclass(frozen=True)
-class PairTest:
+class PairTest(_Verdict):
     """Result of :func:`adjacent_pairs_test`.
 
     Attributes
@@ -119,9 +130,6 @@ class PairTest:
     statistic: float
     pvalue: float
     epochs: int
-
-    def passes(self, alpha: float = 1e-3) -> bool:
-        return self.pvalue >= alpha
 
 
 def adjacent_pairs_test(orders: Sequence[np.ndarray] | np.ndarray, n: int, block: int) -> PairTest:

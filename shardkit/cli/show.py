@@ -7,31 +7,20 @@ from pathlib import Path
 import typer
 
 from shardkit.cli.app import app
+from shardkit.cli.selection import keys_option, selection_option
 
-__all__ = ["show", "KEYS_HELP"]
-
-KEYS_HELP = "Records by key: 3,10-12,40 (at most 256)."
-RANDOM_HELP = "Pick N records uniformly at random, without replacement (seeded by --seed)."
-LABEL_HELP = "Only records of this class (by name), the first ones unless --random."
-
-
-def keys_option(text: str | None) -> list[int] | None:
-    """``--keys`` parsed (``None`` when not given)."""
-    from shardkit.viz import parse_keys
-
-    return None if text is None else parse_keys(text, what="--keys")
-
+__all__ = ["show"]
 
 @app.command()
 def show(
     path: str = typer.Argument(..., help="Dataset directory or URL (s3://bucket/ds, gs://, az://, http(s)://)."),
     output: Path = typer.Option(None, "-o", "--output", metavar="PNG",
                                 help="Image to write (default <dataset name>-show.png here)."),
-    keys: str = typer.Option(None, "--keys", metavar="KEYS", help=KEYS_HELP),
-    random: int = typer.Option(None, "--random", metavar="N", help=RANDOM_HELP),
-    seed: int = typer.Option(0, "--seed", help="Seed of --random, an integer in [0, 2**64)."),
-    label: str = typer.Option(None, "--label", metavar="NAME", help=LABEL_HELP),
-    limit: int = typer.Option(16, "--limit", metavar="N", help="Records when neither --keys nor --random is given."),
+    keys: str = selection_option("keys"),
+    random: int = selection_option("random"),
+    seed: int = selection_option("seed"),
+    label: str = selection_option("label"),
+    limit: int = selection_option("limit"),
     columns: int = typer.Option(None, "--columns", metavar="N", help="Frames per row of a contact sheet."),
     wav: Path = typer.Option(None, "--wav", metavar="DIR", help="Audio: also write each record as a WAV file here."),
 ) -> None:

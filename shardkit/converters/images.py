@@ -244,6 +244,20 @@ def _decode(
     return _Decoded(img, orientation, stored, scale, box)
 
 
+_Points = Callable[[np.ndarray, np.ndarray, float, float], tuple[np.ndarray, np.ndarray]]
+#: EXIF orientation -> where the points ``(xs, ys)`` of a stored ``w x h`` image land once it is
+#: shown upright: ``move(xs, ys, w, h) -> (xs', ys')``.
+_ORIENTED_POINTS: dict[int, _Points] = {
+    2: lambda x, y, w, h: (w - x, y),  # mirror
+    3: lambda x, y, w, h: (w - x, h - y),  # rotate 180
+    4: lambda x, y, w, h: (x, h - y),  # flip
+    5: lambda x, y, w, h: (y, x),  # transpose
+    6: lambda x, y, w, h: (h - y, x),  # rotate 90 clockwise
+    7: lambda x, y, w, h: (h - y, w - x),  # transverse
+    8: lambda x, y, w, h: (y, w - x),  # rotate 90 counter-clockwise
+}
+
+
 def orient_boxes(boxes: np.ndarray, orientation: int, width: int, height: int) -> np.ndarray:
     """Apply EXIF ``orientation`` (1-8) to ``[x0, y0, x1, y1]`` boxes of a stored ``width x height`` image.
 
@@ -253,27 +267,10 @@ def orient_boxes(boxes: np.ndarray, orientation: int, width: int, height: int) -
     decoded at a reduced scale.
     """
     b = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
-    if orientation == 1 or b.shape[0] == 0:
+    move = _ORIENTED_POINTS.get(orientation)  # None for 1 (as stored) and unknown values
+    if move is None or b.shape[0] == 0:
         return b.copy()
-    w, h = float(width), float(height)
-    xs = b[:, [0, 2]]
-    ys = b[:, [1, 3]]
-    if orientation == 2:
-        nx, ny = w - xs, ys
-    elif orientation == 3:
-        nx, ny = w - xs, h - ys
-    elif orientation == 4:
-        nx, ny = xs, h - ys
-    elif orientation == 5:
-        nx, ny = ys, xs
-    elif orientation == 6:
-        nx, ny = h - ys, xs
-    elif orientation == 7:
-        nx, ny = h - ys, w - xs
-    elif orientation == 8:
-        nx, ny = ys, w - xs
-    else:
-        return b.copy()
+    nx, ny = move(b[:, [0, 2]], b[:, [1, 3]], float(width), float(height))
     return np.stack([nx.min(axis=1), ny.min(axis=1), nx.max(axis=1), ny.max(axis=1)], axis=1)
 
 

@@ -315,46 +315,59 @@ def _remove_stale_spills(base: Path, plan: str) -> None:
             shutil.rmtree(entry, ignore_errors=True)
 
 
-class _SpillWriter:
-    """A :class:`~shardkit.converters.pipeline.RecordSink` that keeps a part's records on local disk."""
+class _PartSink:
+    """What both sinks of a part share (:class:`~shardkit.converters.pipeline.RecordSink`): the job,
+    the records written, the field values kept for the end of the part and the skipped inputs."""
 
-    def __init__(self, job: PartJob, path: Path) -> None:
+    def __init__(self, job: PartJob) -> None:
         self.job = job
-        self.path = path
         self.records_per_shard = job.records_per_shard
         self.records_written = 0
         self.fields: dict[str, list[np.ndarray]] = {k: [] for k in job.fields}
         self.skipped: list[SkippedInput] = []
-        self._fh = open(path / "records.bin", "wb")  # closed in finish() / abort()
 
-    def write(self, batch: dict[str, np.ndarray], cursors: np.ndarray) -> None:
-        payload = self.job.record.check(self.job.payload, batch[self.job.payload], cursors.shape[0])
-        self._fh.write(payload.astype(payload.dtype.newbyteorder("<"), copy=False).tobytes())
+    def _take(self, batch: dict[str, np.ndarray], count: int) -> np.ndarray:
+        """Check the batch of ``count`` records against the job, keep its field values, and return
+        its payload for the sink to write."""
+        payload = self.job.record.check(self.job.payload, batch[self.job.payload], count)
         for name, spec in self.job.fields.items():
-            self.fields[name].append(spec.check(name, batch[name], cursors.shape[0]))
-        self.records_written += int(cursors.shape[0])
+            self.fields[name].append(spec.check(name, batch[name], count))
+        return payload
+
+    def _fields_npz(self) -> bytes:
+        """The part's field values as the bytes of an ``.npz`` (no pickles: numeric arrays only)."""
+        arrays = {name: np.concatenate(self.fields[name]) if self.fields[name] else np.empty((0, *spec.shape), spec.dtype)
+                  for name, spec in self.job.fields.items()}  # fmt: skip
+        buffer = io.BytesIO()
+        np.savez(buffer, **arrays)  # type: ignore[arg-type]  # numpy stubs type **kwds as allow_pickle
+        return buffer.getvalue()
 
     def skip(self, path: str, reason: str, cursor: int) -> None:
         self.skipped.append(SkippedInput(path, reason))
 
+
+class _SpillWriter(_PartSink):
+    """A :class:`~shardkit.converters.pipeline.RecordSink` that keeps a part's records on local disk."""
+
+    def __init__(self, job: PartJob, path: Path) -> None:
+        super().__init__(job)
+        self.path = path
+        self._fh = open(path / "records.bin", "wb")  # closed in finish() / abort()
+
+    def write(self, batch: dict[str, np.ndarray], cursors: np.ndarray) -> None:
+        payload = self._take(batch, int(cursors.shape[0]))
+        self._fh.write(payload.astype(payload.dtype.newbyteorder("<"), copy=False).tobytes())
+        self.records_written += int(cursors.shape[0])
+
     def finish(self, tally: Tally) -> None:
         self._fh.close()
-        (self.path / "fields.npz").write_bytes(_fields_npz(self.job.fields, self.fields))
+        (self.path / "fields.npz").write_bytes(self._fields_npz())
         doc = {"part": self.job.part, "records": self.records_written, "skipped": [s.to_json() for s in self.skipped],
                "notes": dict(tally.notes), "skips": dict(tally.skips)}
         (self.path / "spill.json").write_text(json.dumps(doc))
 
     def abort(self) -> None:
         self._fh.close()
-
-
-def _fields_npz(specs: Mapping[str, FieldSpec], parts: Mapping[str, list[np.ndarray]]) -> bytes:
-    """A part's field values as the bytes of an ``.npz`` (no pickles: numeric arrays only)."""
-    arrays = {name: np.concatenate(parts[name]) if parts[name] else np.empty((0, *spec.shape), spec.dtype)
-              for name, spec in specs.items()}
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)  # type: ignore[arg-type]  # numpy stubs type **kwds as allow_pickle
-    return buffer.getvalue()
 
 
 def _load_fields(data: bytes, specs: Mapping[str, FieldSpec], count: int, where: str) -> dict[str, np.ndarray]:
@@ -412,7 +425,7 @@ def _read_spill(path: Path, job: PartJob) -> int | None:
 
 
 # ---------------------------------------------------------------------- writing a part at its offset
-class _AlignedWriter:
+class _AlignedWriter(_PartSink):
     """A :class:`~shardkit.converters.pipeline.RecordSink` writing a part's records cut on the global grid.
 
     Each output file is written locally (in the plan directory of a local output, a temporary file
@@ -422,13 +435,9 @@ class _AlignedWriter:
     """
 
     def __init__(self, job: PartJob, offset: int, store: Store) -> None:
-        self.job = job
+        super().__init__(job)
         self.offset = offset
         self.store = store
-        self.records_per_shard = job.records_per_shard
-        self.records_written = 0
-        self.fields: dict[str, list[np.ndarray]] = {k: [] for k in job.fields}
-        self.skipped: list[SkippedInput] = []
         self.pieces: list[dict[str, Any]] = []
         self._writer: Any = None
         self._file: Path | None = None
@@ -475,9 +484,7 @@ class _AlignedWriter:
 
     def write(self, batch: dict[str, np.ndarray], cursors: np.ndarray) -> None:
         k = int(cursors.shape[0])
-        payload = self.job.record.check(self.job.payload, batch[self.job.payload], k)
-        for name, spec in self.job.fields.items():
-            self.fields[name].append(spec.check(name, batch[name], k))
+        payload = self._take(batch, k)
         pos = 0
         while pos < k:
             if self._writer is None:
@@ -489,9 +496,6 @@ class _AlignedWriter:
             if self._writer.full:
                 self._close()
 
-    def skip(self, path: str, reason: str, cursor: int) -> None:
-        self.skipped.append(SkippedInput(path, reason))
-
     def finish(self, tally: Tally, inputs: tuple[int, int]) -> PartManifest:
         """Close the last file, save the field values, then the manifest (last: the part is done)."""
         if self._writer is not None:
@@ -499,7 +503,7 @@ class _AlignedWriter:
                 self._close()
             else:
                 self.abort()
-        data = _fields_npz(self.job.fields, self.fields)
+        data = self._fields_npz()
         put_checked(self.store, part_key(self.job.plan, self.job.part, ".npz"), data)
         manifest = PartManifest(
             part=self.job.part, inputs=inputs, offset=self.offset, records=self.records_written,

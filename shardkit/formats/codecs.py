@@ -119,13 +119,28 @@ def codec_from_json(data: dict[str, Any] | None) -> RecordCodec | None:
     return get_codec(config.pop("name"), **config)
 
 
-def _decode_into(codec: Any, data: bytes | memoryview, out: np.ndarray) -> None:
-    # numcodecs decodes into a flat buffer; view the record as bytes so shapes never disagree.
-    codec.decode(data, out=out.reshape(-1).view(np.uint8))
+class _NumcodecsCodec(RecordCodec):
+    """A codec whose byte stream a numcodecs codec (``_codec``, built by the subclass) writes and reads.
+
+    Records go in and come out as flat bytes, so shapes never disagree; a codec whose stream depends
+    on the item size (blosc's shuffle) overrides :meth:`encode`.
+    """
+
+    _codec: Any
+    level: int
+
+    def encode(self, record: np.ndarray) -> bytes:
+        return bytes(self._codec.encode(np.ascontiguousarray(record).reshape(-1).view(np.uint8)))
+
+    def decode(self, data: bytes | memoryview, out: np.ndarray) -> None:
+        self._codec.decode(data, out=out.reshape(-1).view(np.uint8))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "level": self.level}
 
 
 @register_codec
-class ZstdCodec(RecordCodec):
+class ZstdCodec(_NumcodecsCodec):
     """Zstandard; ``level`` 1-22 (3 is zstd's default trade-off).
 
     ``checksum`` (default on) appends zstd's 4-byte content checksum to every frame, which the
@@ -146,12 +161,6 @@ class ZstdCodec(RecordCodec):
     def from_zarr(cls, configuration: dict[str, Any]) -> RecordCodec:
         return cls(level=configuration.get("level", 3), checksum=configuration.get("checksum", False))
 
-    def encode(self, record: np.ndarray) -> bytes:
-        return bytes(self._codec.encode(np.ascontiguousarray(record).reshape(-1).view(np.uint8)))
-
-    def decode(self, data: bytes | memoryview, out: np.ndarray) -> None:
-        _decode_into(self._codec, data, out)
-
     def zarr_codecs(self, itemsize: int) -> list[dict[str, Any]]:
         return [{"name": "zstd", "configuration": {"level": self.level, "checksum": self.checksum}}]
 
@@ -160,7 +169,7 @@ class ZstdCodec(RecordCodec):
 
 
 @register_codec
-class GzipCodec(RecordCodec):
+class GzipCodec(_NumcodecsCodec):
     """gzip (zlib deflate with a gzip header), ``level`` 0-9."""
 
     name = "gzip"
@@ -176,21 +185,12 @@ class GzipCodec(RecordCodec):
     def from_zarr(cls, configuration: dict[str, Any]) -> RecordCodec:
         return cls(level=configuration.get("level", 5))
 
-    def encode(self, record: np.ndarray) -> bytes:
-        return bytes(self._codec.encode(np.ascontiguousarray(record).reshape(-1).view(np.uint8)))
-
-    def decode(self, data: bytes | memoryview, out: np.ndarray) -> None:
-        _decode_into(self._codec, data, out)
-
     def zarr_codecs(self, itemsize: int) -> list[dict[str, Any]]:
         return [{"name": "gzip", "configuration": {"level": self.level}}]
 
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "level": self.level}
-
 
 @register_codec
-class BloscLz4Codec(RecordCodec):
+class BloscLz4Codec(_NumcodecsCodec):
     """Blosc with the lz4 compressor and byte shuffle: fastest to decode, modest ratio."""
 
     name = "blosc-lz4"
@@ -211,9 +211,6 @@ class BloscLz4Codec(RecordCodec):
         # Blosc frames are self-describing: this decoder reads any compressor and shuffle.
         return cls(level=configuration.get("clevel", 5))
 
-    def decode(self, data: bytes | memoryview, out: np.ndarray) -> None:
-        _decode_into(self._codec, data, out)
-
     def zarr_codecs(self, itemsize: int) -> list[dict[str, Any]]:
         return [
             {
@@ -227,9 +224,6 @@ class BloscLz4Codec(RecordCodec):
                 },
             }
         ]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "level": self.level}
 
 
 def codec_from_zarr(codecs: Any, *, where: str) -> RecordCodec | None:

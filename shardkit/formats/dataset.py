@@ -12,7 +12,7 @@ import numpy as np
 
 from shardkit.errors import ChecksumError, NotADatasetError, TruncatedShardError
 from shardkit.formats.checksums import read_objects
-from shardkit.formats.fields import read_field_array
+from shardkit.formats.fields import read_field_rows
 from shardkit.formats.metadata import MAX_DOCUMENT_NBYTES, DatasetMeta, read_dataset_meta
 from shardkit.formats.provenance import Provenance, RecordSource
 from shardkit.formats.ranged import DEFAULT_REMOTE_GAP_BYTES, RangedPayloadArray
@@ -172,7 +172,7 @@ class Dataset:
         Raises
         ------
         MissingShardError, TruncatedShardError, ChecksumError, CorruptShardError
-            A field chunk is missing, damaged or changed (see :func:`~shardkit.formats.fields.read_field_array`).
+            A field chunk is missing, damaged or changed (see :func:`~shardkit.formats.fields.read_field_rows`).
         """
         if self._fields is None:
             skip = None if self.provenance is None else self.provenance.field
@@ -186,7 +186,7 @@ class Dataset:
             raise KeyError(f"{self.path}: no field {name!r}; fields: {', '.join(m.fields) or 'none'}")
         if self._fields is not None and name in self._fields:
             return self._fields[name]
-        return read_field_array(self.store, name, m.fields[name], m.num_records, m.field_chunk_records, m.files)
+        return read_field_rows(self.store, name, m.fields[name], m.num_records, m.field_chunk_records, m.files)
 
     def source(self, key: int) -> RecordSource | None:
         """Where record ``key`` came from (``None`` for a dataset written without provenance).

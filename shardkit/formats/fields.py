@@ -32,7 +32,7 @@ from shardkit.formats.spec import MAX_NDIM, ZARR_JSON, FieldSpec, chunk_key
 from shardkit.formats.versions import read_document, read_versioned
 from shardkit.stores import LocalStore, Store
 
-__all__ = ["read_field_array", "read_field_rows", "write_field_array"]
+__all__ = ["read_field_rows", "write_field_array"]
 
 
 def write_field_array(
@@ -91,43 +91,6 @@ def _put(root: Path | Store, key: str, data: bytes, durable: bool) -> FileDigest
     return digest
 
 
-def read_field_array(
-    root: Path | Store,
-    name: str,
-    spec: FieldSpec,
-    num_records: int,
-    chunk_records: int,
-    files: Mapping[str, FileDigest] | None = None,
-    out: np.ndarray | None = None,
-) -> np.ndarray:
-    """Read field ``name`` of the dataset at ``root`` (a directory or a store) whole into RAM,
-    checking everything.
-
-    Parameters
-    ----------
-    spec, num_records, chunk_records
-        What the dataset metadata declares: the document must say exactly ``[num_records, *spec.shape]``
-        of ``spec.dtype`` in chunks of ``chunk_records`` records.
-    files
-        The metadata's digests (format 1.1), or ``None`` / empty for a 1.0 dataset. A file a newer
-        version of the dataset replaced is read from the copy kept for this one
-        (:mod:`~shardkit.formats.versions`).
-    out
-        Where to decode the field (``[num_records, *spec.shape]`` of the little-endian dtype, e.g. a
-        node-shared region); a new array by default. Checked before any chunk is decoded.
-
-    Raises
-    ------
-    NotADatasetError
-        The document is not the declared field (shape, dtype, chunks, codec, chunk key encoding).
-    UnsafePathError
-        The field directory or a chunk resolves outside the dataset.
-    MissingShardError, TruncatedShardError, ChecksumError, CorruptShardError
-        A chunk (or the document) is missing, has the wrong size or checksum, or does not decode.
-    """
-    return read_field_rows(root, name, spec, num_records, chunk_records, files, out=out)
-
-
 def read_field_rows(
     root: Path | Store,
     name: str,
@@ -139,11 +102,33 @@ def read_field_rows(
     stop: int | None = None,
     out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Rows ``[start, stop)`` of field ``name``, reading only the chunks that hold them.
+    """Rows ``[start, stop)`` (by default every row; ``stop=None``: to the end) of field ``name`` of
+    the dataset at ``root`` (a directory or a store) in RAM, reading only the chunks that hold them and
+    checking everything: a lookup of one record of a large field (``shardkit info --record K``) reads one chunk.
 
-    The same checks as :func:`read_field_array` (which reads every row): the document must describe
-    the declared field, and every chunk read must exist and match its recorded digest. A lookup of
-    one record of a large field (``shardkit info --record K``) reads one chunk, not the whole array.
+    Parameters
+    ----------
+    spec, num_records, chunk_records
+        What the dataset metadata declares: the document must say exactly ``[num_records, *spec.shape]``
+        of ``spec.dtype`` in chunks of ``chunk_records`` records.
+    files
+        The metadata's digests (format 1.1), or ``None`` / empty for a 1.0 dataset. A file a newer
+        version of the dataset replaced is read from the copy kept for this one
+        (:mod:`~shardkit.formats.versions`).
+    out
+        Where to decode the rows (``[stop - start, *spec.shape]`` of the little-endian dtype, e.g. a
+        node-shared region); a new array by default. Checked before any chunk is decoded.
+
+    Raises
+    ------
+    IndexError
+        ``[start, stop)`` is not inside ``[0, num_records)``.
+    NotADatasetError
+        The document is not the declared field (shape, dtype, chunks, codec, chunk key encoding).
+    UnsafePathError
+        The field directory or a chunk resolves outside the dataset.
+    MissingShardError, TruncatedShardError, ChecksumError, CorruptShardError
+        A chunk (or the document) is missing, has the wrong size or checksum, or does not decode.
     """
     files = files or {}
     stop = num_records if stop is None else stop

@@ -30,7 +30,7 @@ from pathlib import Path
 from shardkit.errors import ChecksumError, CorruptShardError, MissingShardError, ShardkitError, TruncatedShardError
 from shardkit.formats.checksums import fd_crc32c
 from shardkit.formats.dataset import Dataset
-from shardkit.formats.fields import read_field_array
+from shardkit.formats.fields import read_field_rows
 from shardkit.formats.index import extend_crc32c
 from shardkit.formats.metadata import DatasetMeta
 from shardkit.formats.spec import FORMAT_MINOR, FORMAT_VERSION, ShardInfo, format_string, index_nbytes
@@ -236,7 +236,7 @@ def _check_fields(ds: Dataset, damaged: set[str], report: VerifyReport) -> None:
         if name in damaged:
             continue
         try:
-            read_field_array(ds.store, name, spec, m.num_records, m.field_chunk_records, m.files)
+            read_field_rows(ds.store, name, spec, m.num_records, m.field_chunk_records, m.files)
         except ShardkitError as exc:
             report.problems.append(Problem(ds.store.describe(name), 0, 0, str(exc)))
 

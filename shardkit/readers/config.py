@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, Self
 
 import numpy as np
 
@@ -43,7 +43,7 @@ from shardkit.readers.ssd import READ_CHUNK_BYTES
 from shardkit.stores import DEFAULT_OPTIONS
 from shardkit.units import Capacity, human_bytes, parse_bytes, parse_count
 
-__all__ = ["TIERS", "Source", "option_name", "parse_tiers", "SamplerOptions", "TierSizes", "DEFAULTS"]
+__all__ = ["TIERS", "Source", "option_name", "parse_tiers", "path_or_none", "UserOptions", "SamplerOptions", "TierSizes", "DEFAULTS"]
 
 #: Known tiers, ordered slow -> fast. ``disk`` (the dataset itself) is implicit.
 TIERS = ("ssd", "ram")
@@ -76,6 +76,58 @@ def parse_tiers(tiers: str | Sequence[str], *, what: str = "tiers") -> tuple[str
     if "ram" not in names:
         raise ConfigError(f"{what}: 'ram' is required (batches are assembled in RAM), found {names}")
     return tuple(t for t in TIERS if t in names)
+
+
+@dataclass(frozen=True)
+class UserOptions:
+    """What every set of options a user gives by name shares (:class:`SamplerOptions`,
+    :class:`~shardkit.readers.shared.server.ServeOptions`): where they came from, how errors spell
+    their names, and the refusal of a name the set does not have.
+
+    Attributes
+    ----------
+    source
+        ``"python"`` or ``"cli"``: how error messages spell option names (``ram_size`` or
+        ``--ram-size``). Keyword-only, and not part of equality.
+    """
+
+    #: What one option is called in the error for an unknown name ("sampler option").
+    KIND: ClassVar[str] = "option"
+
+    source: Source = field(default="python", compare=False, repr=False, kw_only=True)
+
+    def __post_init__(self) -> None:
+        if self.source not in ("python", "cli"):
+            raise ConfigError(f"source: expected 'python' or 'cli', found {self.source!r}")
+
+    @classmethod
+    def option_names(cls) -> frozenset[str]:
+        """The options of the set (every field but ``source``)."""
+        return frozenset(f.name for f in dataclasses.fields(cls)) - {"source"}
+
+    @classmethod
+    def spell(cls, option: str, source: Source) -> str:
+        """``option`` as a user of ``source`` writes it (see :func:`option_name`)."""
+        return option_name(option, source)
+
+    @classmethod
+    def parse(cls, *, source: Source = "python", **values: Any) -> Self:
+        """Options from user-given values (any accepted spelling); unknown names are a ConfigError."""
+        cls.check_names(values, source)
+        return cls(source=source, **values)
+
+    @classmethod
+    def check_names(cls, values: Mapping[str, Any], source: Source) -> None:
+        """Refuse the names in ``values`` that are not options of the set, spelled as the user wrote them."""
+        known = cls.option_names()
+        unknown = sorted(set(values) - known)
+        if unknown:
+            names = ", ".join(cls.spell(u, source) for u in unknown)
+            raise ConfigError(f"unknown {cls.KIND} {names}; expected some of {', '.join(sorted(known))}")
+
+    def name(self, option: str) -> str:
+        """``option`` as the user wrote it."""
+        return self.spell(option, self.source)
 
 
 @dataclass(frozen=True)
@@ -177,7 +229,7 @@ _OFF = Capacity(nbytes=0)
 
 
 @dataclass(frozen=True)
-class SamplerOptions:
+class SamplerOptions(UserOptions):
     """Every option of the tiered sampler, validated and normalised on construction.
 
     Build one with keyword arguments (values are parsed: ``ram_size="2GiB"``, ``tiers="ram,ssd"``),
@@ -304,17 +356,17 @@ class SamplerOptions:
     workers_per_rank: int = 1
     node_cache: Capacity = _OFF
     node_cache_dir: Path | None = None
-    source: Source = field(default="python", compare=False, repr=False)
+
+    KIND = "sampler option"
 
     def __post_init__(self) -> None:
-        if self.source not in ("python", "cli"):
-            raise ConfigError(f"source: expected 'python' or 'cli', found {self.source!r}")
+        super().__post_init__()
         name = self.name
         values: dict[str, Any] = {
             "tiers": parse_tiers(self.tiers, what=name("tiers")),
             "ram_size": units.parse_capacity(self.ram_size, what=name("ram_size")),
             "ssd_size": units.parse_capacity(self.ssd_size, what=name("ssd_size")),
-            "ssd_dir": _path_or_none(self.ssd_dir, name("ssd_dir")),
+            "ssd_dir": path_or_none(self.ssd_dir, name("ssd_dir")),
             "batch_size": parse_count(self.batch_size, what=name("batch_size"), minimum=1),
             "epochs": None if self.epochs is None else parse_count(self.epochs, what=name("epochs"), minimum=0),
             "seed": check_seed(self.seed, what=name("seed")),
@@ -328,7 +380,7 @@ class SamplerOptions:
             "remote_concurrency": parse_count(self.remote_concurrency, what=name("remote_concurrency"), minimum=1),
             "remote_timeout": units.parse_duration(self.remote_timeout, what=name("remote_timeout"), allow_zero=False),
             "remote_retry": units.parse_duration(self.remote_retry, what=name("remote_retry"), allow_zero=False),
-            "cache_dir": _path_or_none(self.cache_dir, name("cache_dir")),
+            "cache_dir": path_or_none(self.cache_dir, name("cache_dir")),
             "cache_size": None if self.cache_size is None else parse_bytes(self.cache_size, what=name("cache_size")),
             "start_epoch": parse_count(self.start_epoch, what=name("start_epoch"), minimum=0),
             "static_cache": _cache_option(self.static_cache, name("static_cache")),
@@ -339,7 +391,7 @@ class SamplerOptions:
             "workers_per_rank": parse_count(self.workers_per_rank, what=name("workers_per_rank"), minimum=1),
             "node_cache": units.parse_capacity(0 if self.node_cache is None else self.node_cache,
                                                what=name("node_cache"), allow_zero=True),
-            "node_cache_dir": _path_or_none(self.node_cache_dir, name("node_cache_dir")),
+            "node_cache_dir": path_or_none(self.node_cache_dir, name("node_cache_dir")),
         }  # fmt: skip
         if self.permutation not in PERMUTATIONS:
             raise ConfigError(f"{name('permutation')}: expected one of {', '.join(PERMUTATIONS)}, found {self.permutation!r}")
@@ -385,20 +437,10 @@ class SamplerOptions:
                 )
 
     # ------------------------------------------------------------------ construction
-    @classmethod
-    def parse(cls, *, source: Source = "python", **values: Any) -> SamplerOptions:
-        """Options from user-given values (any accepted spelling); unknown names are a ConfigError."""
-        _check_names(values, source)
-        return cls(source=source, **values)
-
     def replace(self, **values: Any) -> SamplerOptions:
         """A copy with ``values`` changed, validated again; unknown names are a ConfigError."""
-        _check_names(values, self.source)
+        self.check_names(values, self.source)
         return dataclasses.replace(self, **values)
-
-    def name(self, option: str) -> str:
-        """``option`` as the user wrote it (see :func:`option_name`)."""
-        return option_name(option, self.source)
 
     def dataset_options(self) -> dict[str, Any]:
         """Keyword arguments of :class:`~shardkit.formats.Dataset` for the bottom tier (the dataset
@@ -520,16 +562,6 @@ class SamplerOptions:
         return nbytes
 
 
-_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplerOptions)) - {"source"}
-
-
-def _check_names(values: dict[str, Any], source: Source) -> None:
-    unknown = sorted(set(values) - _FIELDS)
-    if unknown:
-        names = ", ".join(option_name(u, source) for u in unknown)
-        raise ConfigError(f"unknown sampler option {names}; expected some of {', '.join(sorted(_FIELDS))}")
-
-
 def _describe(nbytes: int, rec: int) -> str:
     return f"{human_bytes(nbytes)} ({nbytes // rec} records of {rec} bytes)"
 
@@ -545,7 +577,8 @@ def _cache_option(value: object, what: str) -> Capacity | Literal["auto"]:
                           f"1000records, found {value!r}") from None
 
 
-def _path_or_none(value: object, what: str) -> Path | None:
+def path_or_none(value: object, what: str) -> Path | None:
+    """A directory option: ``None`` or a path (text or ``os.PathLike``); anything else is a ConfigError naming ``what``."""
     if value is None:
         return None
     if isinstance(value, (str, os.PathLike)):

@@ -58,8 +58,9 @@ from typing import Any
 
 import numpy as np
 
+from shardkit.dirfd import exists_at, unlink_at
 from shardkit.formats import Dataset, FieldSpec
-from shardkit.formats.fields import read_field_array
+from shardkit.formats.fields import read_field_rows
 from shardkit.processes import pid_alive
 
 __all__ = [
@@ -164,7 +165,7 @@ def _remove_stale(dfd: int) -> None:
         if name.endswith(".tmp") and name.startswith("."):
             pid = name.split(".")[2] if name.count(".") >= 3 else ""
             if pid.isdigit() and not pid_alive(int(pid)):
-                _unlink(name, dfd)
+                unlink_at(name, dfd)
             continue
         if not name.endswith(".lock"):
             continue
@@ -179,8 +180,8 @@ def _remove_stale(dfd: int) -> None:
             continue
         try:
             if _same_file(name, dfd, lfd):
-                _unlink(name[: -len(".lock")], dfd)
-                _unlink(name, dfd)
+                unlink_at(name[: -len(".lock")], dfd)
+                unlink_at(name, dfd)
                 logger.debug("removed the shared region %s of processes that no longer exist", name[:-5])
         finally:
             os.close(lfd)
@@ -214,8 +215,8 @@ def _drop_unused_lock(name: str, dfd: int, lfd: int) -> None:
     """After a failed creation: delete ``name.lock`` unless another process uses it; close it."""
     try:
         fcntl.flock(lfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        if _same_file(f"{name}.lock", dfd, lfd) and not _exists(name, dfd):
-            _unlink(f"{name}.lock", dfd)
+        if _same_file(f"{name}.lock", dfd, lfd) and not exists_at(name, dfd):
+            unlink_at(f"{name}.lock", dfd)
     except OSError:
         pass
     finally:
@@ -232,21 +233,6 @@ def remove_stale() -> None:
     dfd = _private_dir()
     if dfd is not None:
         _remove_stale(dfd)
-
-
-def _exists(name: str, dfd: int) -> bool:
-    try:
-        os.stat(name, dir_fd=dfd, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return True
-
-
-def _unlink(name: str, dfd: int) -> None:
-    try:
-        os.unlink(name, dir_fd=dfd)
-    except FileNotFoundError:
-        pass
 
 
 class SharedRegion:
@@ -310,8 +296,8 @@ class SharedRegion:
                 return  # another process still uses it
             if dfd is not None and _same_file(f"{self.name}.lock", dfd, lfd):
                 if dfd_data is not None and _same_file(self.name, dfd, dfd_data):
-                    _unlink(self.name, dfd)
-                _unlink(f"{self.name}.lock", dfd)
+                    unlink_at(self.name, dfd)
+                unlink_at(f"{self.name}.lock", dfd)
         finally:
             os.close(lfd)
             if dfd_data is not None:
@@ -426,7 +412,7 @@ def _open_or_create(
         try:
             if not _same_file(f"{name}.lock", dfd, lfd):
                 return None  # deleted while we had no lock: start over with the current one
-            if _exists(name, dfd):
+            if exists_at(name, dfd):
                 continue  # created meanwhile
             fd = _create(name, nbytes, init, dfd, reserve)
         finally:
@@ -459,7 +445,7 @@ def _create(name: str, nbytes: int, init: Callable[[mmap.mmap], None], dfd: int,
         os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
     except BaseException:
         os.close(fd)
-        _unlink(tmp, dfd)
+        unlink_at(tmp, dfd)
         raise
     return fd
 
@@ -501,13 +487,13 @@ def node_fields(dataset: Dataset, key: str | None) -> tuple[dict[str, np.ndarray
         def init(m: mmap.mmap, name: str = name, spec: FieldSpec = spec, dtype: np.dtype[Any] = dtype,
                  shape: tuple[int, ...] = shape) -> None:  # fmt: skip
             out = np.frombuffer(m, dtype=dtype, count=int(np.prod(shape, dtype=np.int64))).reshape(shape)
-            read_field_array(dataset.store, name, spec, meta.num_records, meta.field_chunk_records, meta.files, out=out)
+            read_field_rows(dataset.store, name, spec, meta.num_records, meta.field_chunk_records, meta.files, out=out)
             del out
 
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         region = attach(region_name("field", key, name, spec.dtype, spec.shape), nbytes, init) if key else None
         if region is None:
-            fields[name] = read_field_array(dataset.store, name, spec, meta.num_records, meta.field_chunk_records,
+            fields[name] = read_field_rows(dataset.store, name, spec, meta.num_records, meta.field_chunk_records,
                                             meta.files)  # fmt: skip
         else:
             fields[name] = region.array(dtype, shape)

@@ -39,6 +39,7 @@ from shardkit.readers.schedule import (
 from shardkit.readers.sources import DATASET_FIELD, DatasetIndex, MixedField, MixedIdentity, Mixture, local_keys
 from shardkit.readers.static_cache import StaticCache
 from shardkit.readers.stats import SamplerStats
+from shardkit.readers.stopping import CurrentRun
 from shardkit.stores import Location, as_location
 from shardkit.units import human_bytes, parse_count
 
@@ -179,7 +180,7 @@ class TieredSampler:
         self._start_epoch = opts.start_epoch
         self._epoch = opts.start_epoch
         self._position = 0
-        self._run_ref: weakref.ref[_Run] | None = None
+        self._run: CurrentRun[_Run] = CurrentRun()
         self._finalizer = weakref.finalize(self, _release, self._cache, regions)
 
     def _open_dataset(self, dataset: Location | Dataset) -> list[node.SharedRegion]:
@@ -366,7 +367,7 @@ class TieredSampler:
     def set_epoch(self, epoch: int) -> None:
         """Start the next iteration at the beginning of ``epoch`` (ends a running iteration)."""
         e = parse_count(epoch, what="epoch")
-        self._close_run()
+        self._run.close()
         self._start_epoch = self._epoch = e
         self._position = 0
 
@@ -435,7 +436,7 @@ class TieredSampler:
             )
         if not 0 <= pos <= n or epoch < 0:
             raise SamplerError(f"state dict: position {pos} outside [0, {n}] or negative epoch {epoch}")
-        self._close_run()
+        self._run.close()
         self._epoch, self._position, self._start_epoch = epoch, pos, min(start, epoch)
 
     # ------------------------------------------------------------------ iteration
@@ -480,22 +481,14 @@ class TieredSampler:
         return epoch_order(o.mode, o.seed, epoch, self.num_records, self.reservoir_size, self.permutation), None
 
     def __iter__(self) -> _Run:
-        self._close_run()
+        self._run.close()
         end = self._end_epoch()
         if end is not None and self._epoch >= end:
             # The previous iteration finished: continue with the next window of epochs.
             self._start_epoch = self._epoch
             self._position = 0
             end = self._end_epoch()
-        run = _Run(self, end)
-        self._run_ref = weakref.ref(run)
-        return run
-
-    def _close_run(self) -> None:
-        run = self._run_ref() if self._run_ref is not None else None
-        if run is not None:
-            run.close()
-        self._run_ref = None
+        return self._run.start(_Run(self, end))
 
     @property
     def pinned_keys(self) -> np.ndarray:
@@ -529,7 +522,7 @@ class TieredSampler:
     def close(self) -> None:
         """Stop a running iteration, free its SSD directory and let go of the static cache (the
         node's last user frees its RAM; iterating again starts a new cache)."""
-        self._close_run()
+        self._run.close()
         if self._cache is not None:
             self._cache.release()
         if self._node_disk is not None:

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import TypeVar
+import weakref
+from typing import Generic, Protocol, TypeVar
 
-__all__ = ["Stopped", "POLL_SECONDS", "put", "get"]
+__all__ = ["Stopped", "POLL_SECONDS", "put", "get", "CurrentRun"]
 
 #: How often a blocked thread re-checks its stop event: short enough that an abandoned run stops
 #: within about a tenth of a second, long enough that an idle thread costs nothing measurable.
@@ -48,3 +49,35 @@ def get(q: queue.Queue[T], stop: threading.Event, poll: float = POLL_SECONDS) ->
             return q.get(timeout=poll)
         except queue.Empty:
             continue
+
+
+class _Closeable(Protocol):
+    def close(self) -> None: ...
+
+
+R = TypeVar("R", bound=_Closeable)
+
+
+class CurrentRun(Generic[R]):
+    """A sampler's running iteration, held weakly.
+
+    A run the caller abandons (``break`` out of the loop and drop the iterator) is garbage-collected
+    and stops its own threads; one still referenced is stopped here when the sampler starts the
+    next iteration or closes. Both samplers (:class:`~shardkit.readers.TieredSampler`,
+    :class:`~shardkit.readers.SharedSampler`) keep their run this way.
+    """
+
+    def __init__(self) -> None:
+        self._ref: weakref.ref[R] | None = None
+
+    def start(self, run: R) -> R:
+        """Remember ``run`` (weakly) as the running iteration and return it."""
+        self._ref = weakref.ref(run)
+        return run
+
+    def close(self) -> None:
+        """Stop the running iteration, if it is still alive (idempotent)."""
+        run = self._ref() if self._ref is not None else None
+        if run is not None:
+            run.close()
+        self._ref = None

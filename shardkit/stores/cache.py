@@ -47,6 +47,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from shardkit.dirfd import exists_at, unlink_at
 from shardkit.errors import ConfigError, InsecurePathError
 
 __all__ = ["ShardCache", "cache_namespace", "STALE_SECONDS"]
@@ -151,7 +152,7 @@ class ShardCache:
         if name not in self._verified and not verify(fd):
             os.close(fd)
             with self._locked():
-                _unlink(name, self._dir_fd)
+                unlink_at(name, self._dir_fd)
             logger.warning("%s: the cached copy of %s no longer matches its checksums; dropped", self.dir, name)
             return None
         if name not in self._used:
@@ -173,7 +174,7 @@ class ShardCache:
             return None
         part = name + _PART
         with self._locked():
-            if _exists(name, self._dir_fd):
+            if exists_at(name, self._dir_fd):
                 return None
             try:
                 st = os.stat(part, dir_fd=self._dir_fd, follow_symlinks=False)
@@ -182,7 +183,7 @@ class ShardCache:
             else:
                 if time.time() - st.st_mtime < STALE_SECONDS:
                     return None  # someone is filling it
-                _unlink(part, self._dir_fd)  # its writer died
+                unlink_at(part, self._dir_fd)  # its writer died
             if not self._admit(size):
                 self._refused.add(name)
                 logger.info("%s: cache full (budget %s bytes); %s stays remote", self.dir, self.budget, name)
@@ -192,7 +193,7 @@ class ShardCache:
                 os.ftruncate(fd, size)
             except OSError:
                 os.close(fd)
-                _unlink(part, self._dir_fd)
+                unlink_at(part, self._dir_fd)
                 raise
         return fd
 
@@ -212,7 +213,7 @@ class ShardCache:
                 self._verified.add(name)  # just checked: the first open need not read it again
                 self._used.add(name)
             else:
-                _unlink(part, self._dir_fd)
+                unlink_at(part, self._dir_fd)
         if ok:
             logger.info("%s: cached %s (%d bytes, checksums verified)", self.dir, name, size)
         return ok
@@ -225,7 +226,7 @@ class ShardCache:
         """Give up a copy :meth:`claim` started (a failed or cancelled download): close and delete it."""
         os.close(fd)
         with self._locked():
-            _unlink(name + _PART, self._dir_fd)
+            unlink_at(name + _PART, self._dir_fd)
 
     # ------------------------------------------------------------------ bookkeeping (under the lock)
     def _admit(self, size: int) -> bool:
@@ -278,18 +279,3 @@ class ShardCache:
             except OSError:
                 pass
         self._lock_fd = self._dir_fd = self._root_fd = -1
-
-
-def _exists(name: str, dir_fd: int) -> bool:
-    try:
-        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return True
-
-
-def _unlink(name: str, dir_fd: int) -> None:
-    try:
-        os.unlink(name, dir_fd=dir_fd)
-    except FileNotFoundError:
-        pass

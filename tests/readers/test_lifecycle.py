@@ -11,6 +11,7 @@ import sys
 import textwrap
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from shardkit.errors import ConfigError, OutOfSpaceError, SamplerError
 from shardkit.readers import TieredSampler
 from shardkit.readers.scratch import SLOT_PREFIX
 from shardkit.readers.ssd import PREFIX, SsdSpace, remove_stale
+from shardkit.readers.stopping import CurrentRun
 from tests.helpers.sampler_data import check_batch, collect, make_dataset
 
 
@@ -296,3 +298,24 @@ def test_stale_cleanup_only_touches_own_directories(ssd_dir: Path, monkeypatch: 
         monkeypatch.undo()
     assert remove_stale(ssd_dir) == [dead_dir]  # once it is ours, it goes
     assert not dead_dir.exists()
+
+
+def test_current_run_closes_a_live_run_and_does_not_keep_an_abandoned_one() -> None:
+    class Run:
+        closed = 0
+
+        def close(self) -> None:
+            self.closed += 1
+
+    current: CurrentRun[Run] = CurrentRun()
+    live = current.start(Run())
+    current.close()
+    current.close()  # idempotent: the run is forgotten once closed
+    assert live.closed == 1
+    abandoned = current.start(Run())
+    seen = weakref.ref(abandoned)
+    del abandoned
+    gc.collect()
+    assert seen() is None  # a dropped run is collected (and stops itself), not kept alive by the sampler
+    current.close()
+

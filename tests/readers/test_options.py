@@ -72,6 +72,22 @@ def test_rank_checked_against_world_size_and_unknown_names_refused() -> None:
         SamplerOptions().replace(batch_size=0)  # replace validates again
 
 
+def test_both_option_sets_share_source_naming_and_the_unknown_name_check() -> None:
+    from shardkit.readers.shared.server import ServeOptions
+
+    for cls in (SamplerOptions, ServeOptions):
+        with pytest.raises(ConfigError, match=r"^source: expected 'python' or 'cli', found 'shell'"):
+            cls(source="shell")  # type: ignore[arg-type]
+        assert cls(source="cli") == cls()  # where the options came from is not part of the value
+        assert "source" not in cls.option_names() and "seed" in cls.option_names()
+    with pytest.raises(ConfigError, match=r"^unknown sampler option --ram; expected some of .*ram_size"):
+        SamplerOptions.parse(source="cli", ram="1GiB")
+    with pytest.raises(ConfigError, match=r"^unknown server option ram; expected some of .*lease_seconds"):
+        ServeOptions.parse(ram="1GiB")
+    assert ServeOptions(source="cli").name("lease_seconds") == "--lease"
+    assert SamplerOptions(source="cli").name("ram_size") == "--ram-size"
+
+
 def test_keyword_arguments_and_options_build_the_same_sampler(tmp_path: Path) -> None:
     ds = make_dataset(tmp_path / "ds", 23)
     kw = dict(tiers="ram", ram_size="6records", batch_size=4, epochs=2, seed=3, rank=1, world_size=2)

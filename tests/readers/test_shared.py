@@ -28,6 +28,7 @@ from shardkit.readers.shared import job_order, wait_for_server
 from shardkit.readers.shared.rundir import run_dir_path
 from tests.helpers.order_stats import ALPHA, item_position_pvalue
 from tests.helpers.sampler_data import check_batch, make_dataset
+from tests.helpers.threads import Jobs, run_jobs
 
 REC = 16
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,22 +111,11 @@ def test_disk_bytes_independent_of_job_count(tmp_path: Path, ssd_dir: Path, name
     srv = TierServer(ds, name=name, tiers=tiers, ram_size="8records", ssd_size="16records", ssd_dir=ssd_dir,
                      slots=2, epochs=epochs, wait_for=k, seed=3, gap_bytes=0).start()
     try:
-        results: dict[int, list[np.ndarray]] = {}
-        errors: list[BaseException] = []
+        def run(j: int) -> list[np.ndarray]:
+            s = SharedSampler(name, job_seed=10 + j, batch_size=5, epochs=epochs, dataset=ds)
+            return [check_batch(b) for b in s]
 
-        def run(j: int) -> None:
-            try:
-                s = SharedSampler(name, job_seed=10 + j, batch_size=5, epochs=epochs, dataset=ds)
-                results[j] = [check_batch(b) for b in s]
-            except BaseException as exc:
-                errors.append(exc)
-
-        threads = [threading.Thread(target=run, args=(j,)) for j in range(k)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-        assert not errors, errors
+        results = run_jobs(run, range(k), timeout=60)
         assert srv.wait(30)
     finally:
         srv.close()
@@ -275,29 +265,17 @@ def test_consumers_of_one_job_take_its_global_batches(tmp_path: Path, name: str,
     n, b, w, epochs = 37, 4, 3, 2
     ds = make_dataset(tmp_path / "ds", n)
     with TierServer(ds, name=name, ram_size="10records", slots=2, epochs=epochs, seed=5, wait_for=w) as srv:
-        per_rank: dict[int, list[np.ndarray]] = {}
         samplers = [SharedSampler(name, job_seed=21, batch_size=b, epochs=epochs, rank=r, world_size=w,
                                   drop_last=drop_last) for r in range(w)]
-        errors: list[BaseException] = []
-
-        def run(r: int) -> None:
-            try:
-                per_rank[r] = [check_batch(x) for x in samplers[r]]
-            except BaseException as exc:
-                errors.append(exc)
-
-        threads = [threading.Thread(target=run, args=(r,)) for r in range(w)]
-        threads[0].start()
+        jobs = Jobs(lambda r: [check_batch(x) for x in samplers[r]], range(w))
+        jobs.start(0)
         deadline = time.monotonic() + 30
         while srv.jobs < 1 and time.monotonic() < deadline:
             time.sleep(0.01)
         with pytest.raises(SamplerError, match="already has a consumer of rank 0"):
             next(iter(SharedSampler(name, job_seed=21, batch_size=b, rank=0, world_size=w)))
-        for t in threads[1:]:
-            t.start()
-        for t in threads:
-            t.join(60)
-        assert not errors, errors
+        jobs.start()
+        per_rank = jobs.join(timeout=60)
         assert srv.wait(30)
     lens = [len(s) for s in samplers]
     assert lens == ([3, 3, 3] if drop_last else [4, 3, 3])  # 37 = 3 * 12 + 1: only rank 0 gets the tail

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +16,7 @@ from shardkit.readers import SharedSampler, TierServer
 from shardkit.readers.shared.order import blocks, job_permutation
 from shardkit.readers.sources import mix
 from tests.helpers.sampler_data import encode, make_dataset
+from tests.helpers.threads import run_jobs
 
 
 @pytest.fixture
@@ -52,24 +52,13 @@ def test_a_server_serves_a_mixture(tmp_path: Path, ssd_dir: Path, name: str, tie
     srv = TierServer(m, name=name, tiers=tiers, ram_size="8records", ssd_size="16records", ssd_dir=ssd_dir,
                      slots=2, epochs=epochs, wait_for=2, seed=5, gap_bytes=0).start()
     try:
-        results: dict[int, list[dict[str, np.ndarray]]] = {}
-        errors: list[BaseException] = []
+        def run(j: int) -> list[dict[str, np.ndarray]]:
+            with SharedSampler(name, job_seed=20 + j, batch_size=7, epochs=epochs, dataset=m) as s:
+                assert s.mixture is not None and s.num_records == 30
+                assert "dataset" in s.element_spec()
+                return list(s)
 
-        def run(j: int) -> None:
-            try:
-                with SharedSampler(name, job_seed=20 + j, batch_size=7, epochs=epochs, dataset=m) as s:
-                    assert s.mixture is not None and s.num_records == 30
-                    assert "dataset" in s.element_spec()
-                    results[j] = list(s)
-            except BaseException as exc:
-                errors.append(exc)
-
-        threads = [threading.Thread(target=run, args=(j,)) for j in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        assert not errors, errors
+        results = run_jobs(run, range(2), timeout=120)
         assert srv.wait(30)
     finally:
         srv.close()

@@ -13,7 +13,6 @@ import secrets
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +24,7 @@ from shardkit.readers.shared import wait_for_server
 from shardkit.readers.shared.order import job_order, job_permutation, partition
 from tests.helpers.order_stats import ALPHA, item_position_pvalue
 from tests.helpers.sampler_data import check_batch, make_dataset
+from tests.helpers.threads import run_jobs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -85,22 +85,12 @@ def test_two_jobs_orders_are_correlated_as_documented(tmp_path: Path, name: str)
     ds = make_dataset(tmp_path / "ds", n)
     with TierServer(ds, name=name, ram_size="12records", epochs=epochs, wait_for=2, seed=11) as srv:
         assert srv.slot_records == k
-        results: dict[int, np.ndarray] = {}
-        errors: list[BaseException] = []
 
-        def run(seed: int) -> None:
-            try:
-                s = SharedSampler(name, job_seed=seed, batch_size=n, epochs=epochs)
-                results[seed] = np.concatenate([check_batch(b) for b in s]).reshape(epochs, n)
-            except BaseException as exc:
-                errors.append(exc)
+        def run(seed: int) -> np.ndarray:
+            s = SharedSampler(name, job_seed=seed, batch_size=n, epochs=epochs)
+            return np.concatenate([check_batch(b) for b in s]).reshape(epochs, n)
 
-        threads = [threading.Thread(target=run, args=(seed,)) for seed in (1, 2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(300)
-        assert not errors, errors
+        results = run_jobs(run, (1, 2), timeout=300)
         assert srv.wait(60)
     pos = {seed: np.argsort(o, axis=1) for seed, o in results.items()}  # pos[e, item]
     for seed in (1, 2):

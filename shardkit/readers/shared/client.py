@@ -46,7 +46,7 @@ from shardkit.readers.shared.ring import Ring, RingLayout
 from shardkit.readers.shared.rundir import RunDir, check_name, run_dir_path
 from shardkit.readers.sources import MixedDataset, Mixture, mix
 from shardkit.readers.stats import SamplerStats
-from shardkit.readers.stopping import POLL_SECONDS, Stopped, put
+from shardkit.readers.stopping import POLL_SECONDS, CurrentRun, Stopped, put
 from shardkit.stores import Location, as_location, location_string
 
 __all__ = ["SharedSampler", "wait_for_server"]
@@ -212,7 +212,7 @@ class SharedSampler:
         self._layout = RingLayout(info.slots, info.slot_records, *self._record)
         self.stats = SamplerStats()
         self._epoch: int | None = None
-        self._run_ref: weakref.ref[_SharedRun] | None = None
+        self._run: CurrentRun[_SharedRun] = CurrentRun()
 
     def _refuse(self, info: ServerInfo, dataset: Location | Mixture) -> SamplerError:
         what = dataset if isinstance(dataset, Mixture) else location_string(dataset)
@@ -300,16 +300,11 @@ class SharedSampler:
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         self.close()
-        run = _SharedRun(self)
-        self._run_ref = weakref.ref(run)
-        return run
+        return self._run.start(_SharedRun(self))
 
     def close(self) -> None:
         """Detach from the server (idempotent)."""
-        run = self._run_ref() if self._run_ref is not None else None
-        if run is not None:
-            run.close()
-        self._run_ref = None
+        self._run.close()
 
     def __enter__(self) -> SharedSampler:
         return self

@@ -25,6 +25,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from shardkit.dirfd import unlink_at
 from shardkit.errors import ConfigError, InsecurePathError
 
 __all__ = ["RUN_PREFIX", "check_name", "default_base_dir", "run_dir_path", "RunDir"]
@@ -182,11 +183,7 @@ class RunDir:
 
     def unlink(self, name: str) -> bool:
         """Remove ``name`` (a symlink itself, never its target); False if it was not there."""
-        try:
-            os.unlink(name, dir_fd=self.fd)
-            return True
-        except FileNotFoundError:
-            return False
+        return unlink_at(name, self.fd)
 
     def clear(self, keep: tuple[str, ...] = ("lock",)) -> list[str]:
         """Remove every entry but ``keep`` (leftovers of a dead server); return their paths."""

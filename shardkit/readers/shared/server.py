@@ -18,7 +18,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Generator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -27,7 +27,7 @@ import numpy as np
 
 from shardkit.errors import ConfigError, PeerTimeoutError, ProtocolError, SamplerError, ShardkitError
 from shardkit.formats import Dataset, PayloadArray
-from shardkit.readers.config import DEFAULTS, SamplerOptions, Source, option_name
+from shardkit.readers.config import DEFAULTS, SamplerOptions, Source, UserOptions, option_name, path_or_none
 from shardkit.readers.mixture import MixturePlan
 from shardkit.readers.scratch import ReservoirSlots
 from shardkit.readers.shared.order import blocks, partition
@@ -71,14 +71,8 @@ _TICK = 0.2
 _COMMON = ("tiers", "ram_size", "ssd_size", "ssd_dir", "seed", "epochs", "gap_bytes")
 
 
-def _path(value: object, what: str) -> Path | None:
-    if value is None or isinstance(value, (str, os.PathLike)):
-        return None if value is None else Path(value)
-    raise ConfigError(f"{what}: expected a directory path, found {value!r}")
-
-
 @dataclass(frozen=True)
-class ServeOptions:
+class ServeOptions(UserOptions):
     """Every option of :class:`TierServer`, validated and normalised on construction.
 
     Values are parsed with :mod:`shardkit.units` (``ram_size="2GiB"``, ``lease_seconds="2min"``,
@@ -100,11 +94,11 @@ class ServeOptions:
     gap_bytes: int = DEFAULTS.gap_bytes
     max_connections: int = 64
     base_dir: Path | None = None
-    source: Source = field(default="python", compare=False, repr=False)
+
+    KIND = "server option"
 
     def __post_init__(self) -> None:
-        if self.source not in ("python", "cli"):
-            raise ConfigError(f"source: expected 'python' or 'cli', found {self.source!r}")
+        super().__post_init__()
         name = self.name
         # The options a sampler has too are checked (and spelled in errors) by the sampler's own options.
         common = SamplerOptions(tiers=self.tiers, ram_size=self.ram_size, ssd_size=self.ssd_size, ssd_dir=self.ssd_dir,
@@ -115,30 +109,15 @@ class ServeOptions:
             wait_for=parse_count(self.wait_for, what=name("wait_for"), minimum=1),
             lease_seconds=parse_duration(self.lease_seconds, what=name("lease_seconds"), allow_zero=False),
             max_connections=parse_count(self.max_connections, what=name("max_connections"), minimum=1),
-            base_dir=_path(self.base_dir, name("base_dir")),
+            base_dir=path_or_none(self.base_dir, name("base_dir")),
         )
         for key, value in values.items():
             object.__setattr__(self, key, value)
 
     @classmethod
-    def parse(cls, *, source: Source = "python", **values: Any) -> ServeOptions:
-        """Options from user-given values; unknown names are a ConfigError."""
-        unknown = sorted(set(values) - set(cls.__dataclass_fields__) - {"source"})
-        if unknown:
-            names = ", ".join(_option_name(u, source) for u in unknown)
-            raise ConfigError(f"unknown server option {names}; expected some of {', '.join(sorted(_FIELDS))}")
-        return cls(source=source, **values)
-
-    def name(self, option: str) -> str:
-        """``option`` as the user wrote it."""
-        return _option_name(option, self.source)
-
-
-def _option_name(option: str, source: Source) -> str:
-    return "--lease" if (option, source) == ("lease_seconds", "cli") else option_name(option, source)
-
-
-_FIELDS = frozenset(ServeOptions.__dataclass_fields__) - {"source"}
+    def spell(cls, option: str, source: Source) -> str:
+        """As :meth:`UserOptions.spell`, but ``lease_seconds`` is ``--lease`` on the command line."""
+        return "--lease" if (option, source) == ("lease_seconds", "cli") else option_name(option, source)
 
 
 class _Job:

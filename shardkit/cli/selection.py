@@ -1,0 +1,36 @@
+"""The options that choose records, shared by ``shardkit show`` and ``shardkit export``.
+
+Both commands pass them to :mod:`shardkit.viz` (see :class:`~shardkit.viz.selection.Selection`);
+they are declared once here, so the two commands spell, default and explain them alike.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+
+__all__ = ["selection_option", "keys_option"]
+
+#: Each option's default, flag, metavar and help.
+_SELECTION: dict[str, tuple[Any, str, str | None, str]] = {
+    "keys": (None, "--keys", "KEYS", "Records by key: 3,10-12,40 (at most 256)."),
+    "random": (None, "--random", "N", "Pick N records uniformly at random, without replacement (seeded by --seed)."),
+    "seed": (0, "--seed", None, "Seed of --random, an integer in [0, 2**64)."),
+    "label": (None, "--label", "NAME", "Only records of this class (by name), the first ones unless --random."),
+    "limit": (16, "--limit", "N", "Records when neither --keys nor --random is given."),
+}
+
+
+def selection_option(name: str) -> Any:
+    """The typer option ``name`` (``keys``, ``random``, ``seed``, ``label`` or ``limit``) for a
+    command's signature; a new one each call, as typer expects one per parameter."""
+    default, flag, metavar, help_text = _SELECTION[name]
+    return typer.Option(default, flag, metavar=metavar, help=help_text)
+
+
+def keys_option(text: str | None) -> list[int] | None:
+    """``--keys`` parsed (``None`` when not given)."""
+    from shardkit.viz import parse_keys
+
+    return None if text is None else parse_keys(text, what="--keys")
