@@ -142,17 +142,19 @@ def shardkit_run(out: Path, workers: int, size: int = SIZE, decode: str | None =
     shard's close excluded: what a conversion of hours runs at)."""
     shutil.rmtree(out, ignore_errors=True)
     marks: list[tuple[float, int]] = []
+    inputs = [0]
     t0 = time.perf_counter()
 
     def progress(done: int, total: int, records: int) -> None:
         marks.append((time.perf_counter() - t0, done))
+        inputs[0] = total
 
     extra = {} if part_size is None else {"part_size": part_size}
     s = shardkit.convert(DATA, out, kind="imagefolder", size=size, workers=workers, decode=decode, progress=progress,
                          **extra)
     dt = time.perf_counter() - t0
     assert s.records > 0 and (part_size is None or s.parts > 0)
-    total = len(list(DATA.rglob("*.jpg")))
+    total = inputs[0]  # as the conversion counted them, not a second listing of the corpus
     lo = next(((t, d) for t, d in marks if d >= 0.2 * total), None)
     hi = next(((t, d) for t, d in marks if d >= 0.8 * total), None)
     if lo is not None and hi is not None and hi[0] > lo[0]:
