@@ -13,6 +13,7 @@ import typer
 
 from shardkit.cli.app import app, echo_err
 from shardkit.errors import ConfigError, InputFileError, ShardkitError
+from shardkit.ordertest.settings import DEFAULTS
 
 if TYPE_CHECKING:
     from shardkit.ordertest.mixture import MixtureReport
@@ -25,16 +26,16 @@ def order_test(
     keys: Path = typer.Argument(
         ..., help="KEYS.npy: int [epochs, N], the keys a loader emitted, one row per epoch "
                   "(e.g. from `shardkit sample --order-out`); or a mixture's int [epochs, L, 2] (dataset index, key)."),
-    alpha: str = typer.Option("1e-3", "--alpha", help="Significance level of every verdict."),
+    alpha: str = typer.Option(f"{DEFAULTS.alpha:g}", "--alpha", help="Significance level of every verdict."),
     labels: Path = typer.Option(None, "--labels", help="LABELS.npy: one label per key, for distinct labels per batch."),
     batch_size: str = typer.Option(None, "--batch-size", help="The loader's batch size (with --labels)."),
     storage_order: Path = typer.Option(
         None, "--storage-order", help="MAP.npy: storage position of each key (default: the key is the position)."),
     records: str = typer.Option(None, "--records", help="Records in the dataset, if the rows do not show it."),
-    bins: str = typer.Option("16", "--bins", help="At most this many item / position bins."),
+    bins: str = typer.Option(str(DEFAULTS.bins), "--bins", help="At most this many item / position bins."),
     effect: str = typer.Option(
-        "0.1", "--effect", help="Power is stated against buffer / block shuffles of this fraction of N."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the simulated null and the power simulations."),
+        f"{DEFAULTS.effect:g}", "--effect", help="Power is stated against buffer / block shuffles of this fraction of N."),
+    seed: int = typer.Option(DEFAULTS.seed, "--seed", help="Seed of the simulated null and the power simulations."),
     sizes: str | None = typer.Option(
         None, "--sizes", help="A mixture's dataset sizes, comma-separated (default: the largest key + 1 of each)."),
     weights: str | None = typer.Option(

@@ -10,6 +10,7 @@ import typer
 
 from shardkit.cli.app import app, echo_err
 from shardkit.errors import ConfigError
+from shardkit.profiling.profiler import PROFILE_EPOCHS
 from shardkit.readers import DEFAULTS, SamplerOptions
 from shardkit.units import parse_duration
 
@@ -30,7 +31,7 @@ def profile(
     ssd_dir: Path = typer.Option(None, "--ssd-dir", help="SSD directory; given without --tiers ram,ssd it is only probed for its rates."),
     static_cache: str = typer.Option(str(DEFAULTS.static_cache), "--static-cache", help="auto, 0 or a size (see sample)."),
     batch_size: int = typer.Option(DEFAULTS.batch_size, "--batch-size", help="Records per batch."),
-    epochs: int = typer.Option(2, "--epochs", help="Epochs per phase (the first fills the static cache)."),
+    epochs: int = typer.Option(PROFILE_EPOCHS, "--epochs", help="Epochs per phase (the first fills the static cache)."),
     seed: int = typer.Option(DEFAULTS.seed, "--seed", help="Seed of the epoch orders."),
     warm: bool = typer.Option(
         False, "--warm", help="Start the measured runs with the page cache as it is instead of dropping the dataset from it."

@@ -10,15 +10,17 @@ from typing import Any
 
 import typer
 
+from shardkit.viz.selection import MAX_RECORDS, SELECTION_DEFAULTS
+
 __all__ = ["selection_option", "keys_option"]
 
 #: Each option's default, flag, metavar and help.
 _SELECTION: dict[str, tuple[Any, str, str | None, str]] = {
-    "keys": (None, "--keys", "KEYS", "Records by key: 3,10-12,40 (at most 256)."),
+    "keys": (None, "--keys", "KEYS", f"Records by key: 3,10-12,40 (at most {MAX_RECORDS})."),
     "random": (None, "--random", "N", "Pick N records uniformly at random, without replacement (seeded by --seed)."),
-    "seed": (0, "--seed", None, "Seed of --random, an integer in [0, 2**64)."),
+    "seed": (SELECTION_DEFAULTS.seed, "--seed", None, "Seed of --random, an integer in [0, 2**64)."),
     "label": (None, "--label", "NAME", "Only records of this class (by name), the first ones unless --random."),
-    "limit": (16, "--limit", "N", "Records when neither --keys nor --random is given."),
+    "limit": (SELECTION_DEFAULTS.limit, "--limit", "N", "Records when neither --keys nor --random is given."),
 }
 
 

@@ -7,10 +7,13 @@ from pathlib import Path
 import typer
 
 from shardkit.cli.app import app, echo_err, setup_logging
-from shardkit.readers.shared.server import ServeOptions, TierServer
+from shardkit.readers.shared.server import SERVE_DEFAULTS, ServeOptions, TierServer
 from shardkit.readers.shared.server import serve as run_server
 from shardkit.readers.sources import source_of
 from shardkit.units import human_bytes
+
+#: The defaults the flags show and pass: the library's own.
+_D = SERVE_DEFAULTS
 
 
 @app.command()
@@ -24,22 +27,25 @@ def serve(
     epoch_size: str = typer.Option(
         None, "--epoch-size", help="Records per epoch of a mixture (default: the sum of the datasets' sizes)."),
     name: str = typer.Option("default", "--name", help="Name jobs attach to: SharedSampler(NAME) or shared=NAME."),
-    tiers: str = typer.Option("ram", "--tiers", help="'ram' or 'ram,ssd'."),
+    tiers: str = typer.Option(",".join(_D.tiers), "--tiers", help="'ram' or 'ram,ssd'."),
     ram_size: str = typer.Option(
-        "512MiB", "--ram-size",
+        str(_D.ram_size), "--ram-size",
         help="The shared-memory ring: --slots slots of ram-size/slots each (bytes like 2GiB, or 10000records).",
     ),
-    ssd_size: str = typer.Option("4GiB", "--ssd-size", help="SSD-tier budget: two reservoirs of half of it."),
+    ssd_size: str = typer.Option(str(_D.ssd_size), "--ssd-size", help="SSD-tier budget: two reservoirs of half of it."),
     ssd_dir: Path = typer.Option(None, "--ssd-dir", help="Directory for the SSD reservoirs (default: temp dir)."),
-    seed: int = typer.Option(0, "--seed", help="Seeds the server's partition of every epoch into reservoirs."),
+    seed: int = typer.Option(_D.seed, "--seed", help="Seeds the server's partition of every epoch into reservoirs."),
     epochs: str = typer.Option(None, "--epochs", help="Serve this many epochs, then stop (default: until SIGTERM/Ctrl-C)."),
-    slots: str = typer.Option("3", "--slots", help="Ring slots (>= 2); a slow job holds the others back by at most this many reservoirs."),
-    wait_for: str = typer.Option("1", "--wait-for", help="Jobs to wait for before the first epoch."),
+    slots: str = typer.Option(
+        str(_D.slots), "--slots",
+        help="Ring slots (>= 2); a slow job holds the others back by at most this many reservoirs.",
+    ),
+    wait_for: str = typer.Option(str(_D.wait_for), "--wait-for", help="Jobs to wait for before the first epoch."),
     lease: str = typer.Option(
-        "30s", "--lease",
+        f"{_D.lease_seconds:g}s", "--lease",
         help="A job silent this long is dropped, and a job hearing nothing from the server this long gives up (30s, 2min).",
     ),
-    max_connections: str = typer.Option("64", "--max-connections", help="Connections served at once; more are refused."),
+    max_connections: str = typer.Option(str(_D.max_connections), "--max-connections", help="Connections served at once; more are refused."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log jobs attaching and leaving, and each epoch."),
 ) -> None:
     """Serve a dataset to this user's jobs on this machine: each reservoir is read once, each job gets its own uniform order."""

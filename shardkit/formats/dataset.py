@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from shardkit.closing import Closing
 from shardkit.errors import ChecksumError, NotADatasetError, TruncatedShardError
 from shardkit.formats.checksums import read_objects
 from shardkit.formats.fields import read_field_rows
@@ -28,7 +29,7 @@ __all__ = ["Dataset", "open_dataset", "Batch"]
 Batch = dict[str, np.ndarray]
 
 
-class Dataset:
+class Dataset(Closing):
     """A shardkit dataset opened for reading.
 
     Parameters
@@ -258,12 +259,6 @@ class Dataset:
         self.payload.close()
         if self.cache is not None:
             self.cache.close()
-
-    def __enter__(self) -> Dataset:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         m = self.meta

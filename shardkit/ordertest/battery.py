@@ -30,7 +30,6 @@ import itertools
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -41,6 +40,7 @@ from shardkit.ordertest import alternatives as alt
 from shardkit.ordertest import stats as st
 from shardkit.ordertest.keys import ArrayOrPath, Kind, OrderKeys, prepare
 from shardkit.ordertest.report import Report, Result, Verdict
+from shardkit.ordertest.settings import DEFAULTS, Settings
 from shardkit.readers.seeds import Domain, check_seed, rng
 from shardkit.units import parse_count
 
@@ -56,20 +56,6 @@ NULL_BUDGET = 20_000_000
 
 # Random streams (part of the numbers drawn: never renumber).
 _STREAM_BUFFER, _STREAM_BLOCK, _STREAM_REPEATED, _STREAM_BUFFER2 = 101, 102, 103, 104
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Options of one battery run (validated by :func:`run`)."""
-
-    alpha: float = 1e-3
-    power: float = 0.8
-    seed: int = 0
-    bins: int = 16
-    batch_size: int | None = None
-    null_draws: int = 500
-    compute_power: bool = True
-    effect: float = 0.1
 
 
 class _Context:
@@ -560,13 +546,13 @@ def run(
     batch_size: int | str | None = None,
     storage_order: ArrayOrPath | None = None,
     records: int | str | None = None,
-    alpha: float = 1e-3,
-    power: float = 0.8,
-    seed: int = 0,
-    bins: int | str = 16,
-    null_draws: int | str = 500,
-    compute_power: bool = True,
-    effect: float = 0.1,
+    alpha: float = DEFAULTS.alpha,
+    power: float = DEFAULTS.power,
+    seed: int = DEFAULTS.seed,
+    bins: int | str = DEFAULTS.bins,
+    null_draws: int | str = DEFAULTS.null_draws,
+    compute_power: bool = DEFAULTS.compute_power,
+    effect: float = DEFAULTS.effect,
 ) -> Report:
     """Run the uniformity battery on the keys a loader emitted.
 

@@ -43,6 +43,7 @@ from shardkit.ordertest import stats as st
 from shardkit.ordertest.battery import MIN_EXPECTED, run
 from shardkit.ordertest.keys import MAX_ELEMENTS, ArrayOrPath, load_npy
 from shardkit.ordertest.report import Report, Result, Verdict, find_result, format_p
+from shardkit.ordertest.settings import DEFAULTS
 
 __all__ = ["MixtureReport", "prepare_mixture", "run_mixture", "arrangement_table_test", "equal_neighbours_moments"]
 
@@ -365,10 +366,10 @@ def run_mixture(
     *,
     sizes: Sequence[int] | None = None,
     weights: Sequence[object] | None = None,
-    alpha: float = 1e-3,
-    seed: int = 0,
-    bins: int = 16,
-    compute_power: bool = True,
+    alpha: float = DEFAULTS.alpha,
+    seed: int = DEFAULTS.seed,
+    bins: int = DEFAULTS.bins,
+    compute_power: bool = DEFAULTS.compute_power,
 ) -> MixtureReport:
     """Test a mixture's order (see module docstring).
 

@@ -37,10 +37,13 @@ from shardkit.readers import SamplerOptions, TieredSampler
 from shardkit.stores import Location, as_location
 from shardkit.units import human_bytes, parse_duration
 
-__all__ = ["Check", "Profile", "profile", "default_checks"]
+__all__ = ["Check", "Profile", "profile", "default_checks", "PROFILE_EPOCHS"]
 
 #: Compute-phase steps at most (the step's rate settles quickly; a slow step must not dominate).
 MAX_COMPUTE_STEPS = 50
+#: Epochs per phase unless the options say otherwise: the first fills the static cache, the second is
+#: the steady state.
+PROFILE_EPOCHS = 2
 
 
 @dataclass(frozen=True)
@@ -110,7 +113,7 @@ def profile(
         Dataset directory or object-store URL.
     options, **overrides
         The job's sampler options (:class:`~shardkit.readers.SamplerOptions`; ``epochs`` defaults
-        to 2 here: the first epoch fills the static cache, the second is the steady state).
+        to :data:`PROFILE_EPOCHS`, 2, here: the first epoch fills the static cache, the second is the steady state).
     step, step_time
         The training step: a callable taking a batch, or a duration the step sleeps (an accelerator
         that leaves the CPU free; seconds or ``"20ms"``). Exactly one of them.
@@ -129,7 +132,7 @@ def profile(
     else:
         step_name = getattr(step, "__qualname__", repr(step))
     if options is None:
-        overrides.setdefault("epochs", 2)
+        overrides.setdefault("epochs", PROFILE_EPOCHS)
     opts = SamplerOptions.parse(**overrides) if options is None else options.replace(**overrides)
     if opts.epochs is None or opts.epochs < 1:
         raise ConfigError(f"{opts.name('epochs')}: profile runs a whole number of epochs (at least 1), found {opts.epochs}")

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from shardkit.closing import Closing
 from shardkit.errors import ConfigError, OutOfSpaceError, SamplerError
 from shardkit.formats import Dataset
 from shardkit.readers import node
@@ -56,7 +57,7 @@ STATE_VERSION = 2
 _SSD_OVERHEAD = 1 << 20
 
 
-class TieredSampler:
+class TieredSampler(Closing):
     """Batches of a shardkit dataset in an exactly uniform random order, with sequential reads.
 
     Tiers are ordered slow -> fast: the dataset on disk, an optional SSD tier (reservoirs written as
@@ -527,12 +528,6 @@ class TieredSampler:
             self._cache.release()
         if self._node_disk is not None:
             self._node_disk.close()
-
-    def __enter__(self) -> TieredSampler:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __getstate__(self) -> dict[str, Any]:
         # Picklable for DataLoader workers started with spawn: rebuild from options + state.

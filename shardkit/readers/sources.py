@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from shardkit.closing import Closing
 from shardkit.errors import ConfigError, SamplerError, SchemaError
 from shardkit.formats import Dataset, FieldSpec
 from shardkit.formats.metadata import DatasetMeta, read_dataset_meta
@@ -390,7 +391,7 @@ def open_source(source: Location | Mixture, **options: Any) -> Dataset | MixedDa
     return Dataset(source, **options)
 
 
-class MixedDataset:
+class MixedDataset(Closing):
     """The disk tier of a mixture: every dataset opened with one set of read counters.
 
     Offers what the sampler's tiers use of :class:`~shardkit.formats.Dataset` (``payload``,
@@ -435,8 +436,3 @@ class MixedDataset:
         for d in self._datasets:
             d.close()
 
-    def __enter__(self) -> MixedDataset:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

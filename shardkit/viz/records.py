@@ -20,7 +20,7 @@ import numpy as np
 
 from shardkit.errors import ConfigError
 from shardkit.formats import Batch, Dataset, open_dataset
-from shardkit.viz.selection import Selection, select_keys
+from shardkit.viz.selection import SELECTION_DEFAULTS, Selection, select_keys
 from shardkit.viz.sheet import SheetLayout, as_rgb, contact_sheet
 
 __all__ = ["ShowResult", "show", "export", "is_audio", "file_stem"]
@@ -119,9 +119,9 @@ def show(
     *,
     keys: Sequence[int] | None = None,
     random: int | None = None,
-    seed: int = 0,
+    seed: int = SELECTION_DEFAULTS.seed,
     label: str | None = None,
-    limit: int = 16,
+    limit: int = SELECTION_DEFAULTS.limit,
     columns: int | None = None,
     wav_dir: str | os.PathLike[str] | None = None,
     naming: str = "python",
@@ -207,9 +207,9 @@ def export(
     *,
     keys: Sequence[int] | None = None,
     random: int | None = None,
-    seed: int = 0,
+    seed: int = SELECTION_DEFAULTS.seed,
     label: str | None = None,
-    limit: int = 16,
+    limit: int = SELECTION_DEFAULTS.limit,
     naming: str = "python",
 ) -> list[Path]:
     """Write records of the dataset at ``path`` back as files in ``out_dir``: images as PNG (the frame

@@ -12,7 +12,7 @@ from shardkit.errors import ConfigError
 from shardkit.formats import Dataset
 from shardkit.readers.seeds import Domain, check_seed, rng
 
-__all__ = ["MAX_RECORDS", "Selection", "parse_keys", "select_keys"]
+__all__ = ["MAX_RECORDS", "Selection", "SELECTION_DEFAULTS", "parse_keys", "select_keys"]
 
 #: Most records one sheet or export holds (a contact sheet of 256 frames of 224 x 224 is 38 MiB).
 MAX_RECORDS = 256
@@ -43,6 +43,10 @@ class Selection:
     seed: int = 0
     label: str | None = None
     limit: int = 16
+
+
+#: The defaults of :func:`~shardkit.viz.show`, :func:`~shardkit.viz.export` and their CLI options.
+SELECTION_DEFAULTS = Selection()
 
 
 def parse_keys(text: str, *, what: str = "--keys") -> list[int]:

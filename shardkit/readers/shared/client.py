@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from shardkit.closing import Closing
 from shardkit.errors import ConfigError, InsecurePathError, PeerTimeoutError, ProtocolError, SamplerError, ShardkitError
 from shardkit.formats import Dataset
 from shardkit.readers.pipeline import assemble_batch
@@ -111,7 +112,7 @@ def _read_token(run: RunDir) -> bytes:
     return token
 
 
-class SharedSampler:
+class SharedSampler(Closing):
     """Batches from a running :class:`~shardkit.readers.TierServer`, in this job's own order.
 
     A plain iterator of batch dicts like :class:`~shardkit.readers.TieredSampler`: the payload
@@ -305,12 +306,6 @@ class SharedSampler:
     def close(self) -> None:
         """Detach from the server (idempotent)."""
         self._run.close()
-
-    def __enter__(self) -> SharedSampler:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return (f"SharedSampler({self.name!r}, dataset={str(self.path)!r}, job_seed={self.job_seed}, "

@@ -60,7 +60,7 @@ from shardkit.readers.stopping import Stopped
 from shardkit.stores import Location, as_location
 from shardkit.units import Capacity, parse_count, parse_duration
 
-__all__ = ["ServeOptions", "TierServer", "serve"]
+__all__ = ["ServeOptions", "SERVE_DEFAULTS", "TierServer", "serve"]
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +118,10 @@ class ServeOptions(UserOptions):
     def spell(cls, option: str, source: Source) -> str:
         """As :meth:`UserOptions.spell`, but ``lease_seconds`` is ``--lease`` on the command line."""
         return "--lease" if (option, source) == ("lease_seconds", "cli") else option_name(option, source)
+
+
+#: Every server option's default, validated: what ``shardkit serve`` shows and passes when a flag is not given.
+SERVE_DEFAULTS = ServeOptions()
 
 
 class _Job:
