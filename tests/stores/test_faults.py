@@ -128,18 +128,27 @@ def test_server_killed_and_restarted_mid_epoch(private_seaweed: Any, tmp_path: P
     s = TieredSampler(url, batch_size=4, epochs=2, seed=8, ram_size="6records")
     keys: list[np.ndarray] = []
     restarted = threading.Event()
+    failed: list[BaseException] = []
 
     def restart() -> None:
         time.sleep(1.0)
-        private_seaweed.restart()
+        try:
+            private_seaweed.restart()
+        except BaseException as exc:  # shown as the cause below, with the server's log
+            failed.append(exc)
         restarted.set()
 
-    for i, batch in enumerate(s):
-        keys.append(check_batch(batch))
-        if i == 3:
-            private_seaweed.kill()
-            threading.Thread(target=restart, daemon=True).start()
-    assert restarted.is_set()
+    try:
+        for i, batch in enumerate(s):
+            keys.append(check_batch(batch))
+            if i == 3:
+                private_seaweed.kill()
+                threading.Thread(target=restart, daemon=True).start()
+    except StoreError as exc:
+        if failed:  # the server did not come back: say so rather than only what the sampler saw
+            raise AssertionError(f"the restart failed: {failed[0]}") from exc
+        raise
+    assert restarted.is_set() and not failed, failed
     flat = np.concatenate(keys).reshape(2, n)
     assert all(sorted(row.tolist()) == list(range(n)) for row in flat)
 
