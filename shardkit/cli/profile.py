@@ -9,9 +9,10 @@ from pathlib import Path
 import typer
 
 from shardkit.cli.app import app, echo_err
+from shardkit.cli.sampler_options import sampler_option
 from shardkit.errors import ConfigError
 from shardkit.profiling.profiler import PROFILE_EPOCHS
-from shardkit.readers import DEFAULTS, SamplerOptions
+from shardkit.readers import SamplerOptions
 from shardkit.units import parse_duration
 
 
@@ -25,14 +26,14 @@ def profile(
         "CPU, like an accelerator. Give this or --step.",
     ),
     step: str = typer.Option(None, "--step", help="Your training step as module:function (called with every batch, a dict of arrays)."),
-    tiers: str = typer.Option(",".join(DEFAULTS.tiers), "--tiers", help="Tiers below the consumer: 'ram' or 'ram,ssd'."),
-    ram_size: str = typer.Option(str(DEFAULTS.ram_size), "--ram-size", help="The sampler's RAM budget (see sample)."),
-    ssd_size: str = typer.Option(str(DEFAULTS.ssd_size), "--ssd-size", help="SSD-tier budget (with --tiers ram,ssd)."),
+    tiers: str = sampler_option("tiers"),
+    ram_size: str = sampler_option("ram_size"),
+    ssd_size: str = sampler_option("ssd_size"),
     ssd_dir: Path = typer.Option(None, "--ssd-dir", help="SSD directory; given without --tiers ram,ssd it is only probed for its rates."),
-    static_cache: str = typer.Option(str(DEFAULTS.static_cache), "--static-cache", help="auto, 0 or a size (see sample)."),
-    batch_size: int = typer.Option(DEFAULTS.batch_size, "--batch-size", help="Records per batch."),
+    static_cache: str = sampler_option("static_cache"),
+    batch_size: int = sampler_option("batch_size"),
     epochs: int = typer.Option(PROFILE_EPOCHS, "--epochs", help="Epochs per phase (the first fills the static cache)."),
-    seed: int = typer.Option(DEFAULTS.seed, "--seed", help="Seed of the epoch orders."),
+    seed: int = sampler_option("seed"),
     warm: bool = typer.Option(
         False, "--warm", help="Start the measured runs with the page cache as it is instead of dropping the dataset from it."
     ),

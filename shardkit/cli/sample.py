@@ -8,8 +8,9 @@ import numpy as np
 import typer
 
 from shardkit.cli.app import app, echo_err
+from shardkit.cli.sampler_options import sampler_option
 from shardkit.errors import ConfigError
-from shardkit.readers import DEFAULTS, SamplerOptions, SamplerStats, TieredSampler
+from shardkit.readers import SamplerOptions, SamplerStats, TieredSampler
 from shardkit.readers.sources import DATASET_FIELD, source_of
 from shardkit.units import human_bytes
 
@@ -28,95 +29,31 @@ def sample(
     epoch_size: str = typer.Option(
         None, "--epoch-size", help="Records per epoch of a mixture (10000, 10k; default: the sum of the sizes).",
     ),
-    tiers: str = typer.Option(
-        ",".join(DEFAULTS.tiers), "--tiers", help="Tiers below the consumer: 'ram' or 'ram,ssd' (either order)."
-    ),
-    ram_size: str = typer.Option(
-        str(DEFAULTS.ram_size), "--ram-size",
-        help="Everything this consumer's sampler holds in RAM, bytes (2GiB, 500MB) or records (10000records), at "
-             "least two records: batch buffers for the blocks in flight, then a static cache of what is left "
-             "(the whole dataset when it fits: later epochs read nothing). The summary shows the split.",
-    ),
-    ssd_size: str = typer.Option(
-        str(DEFAULTS.ssd_size), "--ssd-size",
-        help="SSD-tier budget (same syntax, at least --ram-size): two reservoirs of half of it. Only with "
-             "--tiers ram,ssd.",
-    ),
-    ssd_dir: Path = typer.Option(
-        None, "--ssd-dir", help="Directory for the run's private SSD reservoirs (default: the system temp dir).",
-    ),
-    batch_size: int = typer.Option(DEFAULTS.batch_size, "--batch-size", help="Records per batch of this consumer."),
-    epochs: int = typer.Option(DEFAULTS.epochs, "--epochs", help="Epochs to run."),
-    seed: int = typer.Option(DEFAULTS.seed, "--seed", help="An integer in [0, 2**64); (seed, epoch) defines each epoch's order."),
-    mode: str = typer.Option(
-        DEFAULTS.mode, "--mode",
-        help="epoch: uniform random permutation per epoch; replacement: independent uniform reservoirs; "
-             "sequential: storage order.",
-    ),
-    rank: int = typer.Option(DEFAULTS.rank, "--rank", help="This consumer's index c (0 <= c < world size)."),
-    world_size: int = typer.Option(
-        DEFAULTS.world_size, "--world-size", help="Number of consumers W sharing each global batch."
-    ),
-    static_cache: str = typer.Option(
-        str(DEFAULTS.static_cache), "--static-cache",
-        help="The part of --ram-size that pins a random subset of records for the whole run, never evicted: "
-             "auto (what the blocks do not need), bytes (256MiB), records (1000records), or 0 = off.",
-    ),
-    permutation: str = typer.Option(
-        DEFAULTS.permutation, "--permutation",
-        help="Epoch order: exact (numpy permutation, 8 bytes a record), feistel (on-demand bijection, "
-             "statistically uniform) or auto (exact up to 1e8 records).",
-    ),
-    locality: bool = typer.Option(
-        DEFAULTS.locality, "--locality/--no-locality",
-        help="Many nodes: each node pins a disjoint random part of the dataset (--static-cache in RAM, "
-             "--node-cache on its disk) and the ranks take their keys of every global batch from their own "
-             "node's cache where they can; every step keeps its set of records.",
-    ),
-    nodes: int = typer.Option(DEFAULTS.nodes, "--nodes", help="Nodes M the ranks run on (with --locality)."),
-    workers_per_rank: int = typer.Option(
-        DEFAULTS.workers_per_rank, "--workers-per-rank",
-        help="Consumers per rank (DataLoader workers): consumer c is worker c mod k of rank c div k.",
-    ),
-    node_cache: str = typer.Option(
-        str(DEFAULTS.node_cache), "--node-cache",
-        help="With --locality: records this node pins on its local disk on top of --static-cache, bytes or "
-             "records; 0 = off.",
-    ),
-    node_cache_dir: Path = typer.Option(
-        None, "--node-cache-dir", help="Node-local directory of the node cache (default: the system temp dir).",
-    ),
-    gap_bytes: str = typer.Option(
-        human_bytes(DEFAULTS.gap_bytes), "--gap-bytes",
-        help="Gaps between wanted records up to this size (bytes or 64KiB) are read rather than skipped, "
-             "so requests stay large and sequential.",
-    ),
-    remote_gap_bytes: str = typer.Option(
-        human_bytes(DEFAULTS.remote_gap_bytes), "--remote-gap-bytes",
-        help="For a dataset in an object store: gaps up to this size are read rather than requested separately.",
-    ),
-    remote_concurrency: int = typer.Option(
-        DEFAULTS.remote_concurrency, "--remote-concurrency",
-        help="For a dataset in an object store: requests in flight at once.",
-    ),
-    remote_timeout: str = typer.Option(
-        f"{DEFAULTS.remote_timeout:g}s", "--remote-timeout",
-        help="For a dataset in an object store: a request slower than this counts as a transient failure.",
-    ),
-    remote_retry: str = typer.Option(
-        f"{DEFAULTS.remote_retry:g}s", "--remote-retry",
-        help="For a dataset in an object store: retry transient failures (5xx, timeouts, resets) this long "
-             "before failing with an error naming the object and byte range.",
-    ),
-    cache_dir: Path = typer.Option(
-        None, "--cache-dir",
-        help="For a dataset in an object store: keep fetched shards in this local directory, so later epochs "
-             "read them locally (shared safely by concurrent runs).",
-    ),
-    cache_size: str = typer.Option(
-        None, "--cache-size", help="Budget of --cache-dir in bytes (e.g. 50GiB; default: the whole dataset).",
-    ),
-    limit: int = typer.Option(None, "--limit", help="Stop after this many records (default: all epochs)."),
+    tiers: str = sampler_option("tiers"),
+    ram_size: str = sampler_option("ram_size"),
+    ssd_size: str = sampler_option("ssd_size"),
+    ssd_dir: Path = sampler_option("ssd_dir"),
+    batch_size: int = sampler_option("batch_size"),
+    epochs: int = sampler_option("epochs"),
+    seed: int = sampler_option("seed"),
+    mode: str = sampler_option("mode"),
+    rank: int = sampler_option("rank"),
+    world_size: int = sampler_option("world_size"),
+    static_cache: str = sampler_option("static_cache"),
+    permutation: str = sampler_option("permutation"),
+    locality: bool = sampler_option("locality"),
+    nodes: int = sampler_option("nodes"),
+    workers_per_rank: int = sampler_option("workers_per_rank"),
+    node_cache: str = sampler_option("node_cache"),
+    node_cache_dir: Path = sampler_option("node_cache_dir"),
+    gap_bytes: str = sampler_option("gap_bytes"),
+    remote_gap_bytes: str = sampler_option("remote_gap_bytes"),
+    remote_concurrency: int = sampler_option("remote_concurrency"),
+    remote_timeout: str = sampler_option("remote_timeout"),
+    remote_retry: str = sampler_option("remote_retry"),
+    cache_dir: Path = sampler_option("cache_dir"),
+    cache_size: str = sampler_option("cache_size"),
+    limit: int = sampler_option("limit"),
     order_out: Path = typer.Option(
         None, "--order-out",
         help="Write the emitted keys as .npy int64: shape (epochs, records) in epoch/sequential mode (this "
