@@ -8,6 +8,8 @@ and compare it with the library default, so a default changed in one place and n
 from __future__ import annotations
 
 import inspect
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -76,3 +78,12 @@ def test_selection_defaults_are_the_viz_defaults(command: str, function: Any) ->
     keywords = inspect.signature(function).parameters
     for name in ("seed", "limit", "keys", "random", "label"):
         assert values[name] == keywords[name].default == getattr(SELECTION_DEFAULTS, name), name
+
+
+def test_reading_the_defaults_does_not_import_the_battery() -> None:
+    """The CLI reads the battery's defaults at start-up; SciPy (about a second) loads only when a test runs."""
+    code = ("import sys; from shardkit.cli.main import _register_commands; _register_commands(); "
+            "import shardkit.ordertest as o; o.DEFAULTS; "
+            "print(sorted(m for m in ('scipy', 'shardkit.ordertest.battery') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
