@@ -12,10 +12,9 @@ Each configuration is built before the clock starts and let go of after its pass
 builds its loader once and iterates it every epoch): building a ``ShardIterableDataset`` or
 ``make_tf_dataset`` attaches the node-shared static cache that its holder keeps across epochs
 (measured: about 0.11 s of ``posix_fallocate`` for this dataset), so the bare sampler attaches its own
-(``hold_shared``) before the clock too, and every pass of the torch process starts with an empty
-cache. In the tf.data process it does not: TensorFlow keeps a ``from_generator`` dataset's generator,
-and with it the holder, until the process ends, so the cache its first pass filled stays, and the bare
-passes of that process attach to the same cache (both sides of each tf.data pair alike).
+(``hold_shared``) before the clock too, and every pass starts with an empty cache (a tf.data dataset
+lets go of its holder when it is collected; before that was so, the tf.data process kept the cache its
+first pass filled for every later pass, bare and tf.data alike).
 
 Configurations: bare ``TieredSampler``; ``ShardIterableDataset`` through ``DataLoader`` with 0
 and 2 workers (``batch_size=None``); ``make_tf_dataset`` iterated eagerly, with its default
@@ -135,8 +134,7 @@ def tf_dataset(path: Path, epoch: int, prefetch: bool = True) -> Prepared:
     from shardkit.adapters.tf import make_tf_dataset
 
     ds = make_tf_dataset(path, batch_size=BATCH, seed=0, start_epoch=epoch, prefetch=prefetch)
-    # make_tf_dataset has no close(); TensorFlow keeps the generator (and the holder) to the end of
-    # the process whatever is collected (see the module docstring).
+    # make_tf_dataset has no close(): its holder goes when the dataset is collected.
     return Prepared(ds, gc.collect)
 
 

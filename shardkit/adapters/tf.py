@@ -38,6 +38,7 @@ advances to the next ones, so ``model.fit(ds, epochs=E)`` sees a new permutation
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -156,7 +157,8 @@ def make_tf_dataset(
         Passed to :class:`~shardkit.readers.TieredSampler` unchanged.
     static_cache, permutation, node_sharing
         Passed to :class:`~shardkit.readers.TieredSampler` unchanged; the static cache is held by
-        the returned dataset across iterations (see ``TieredSampler.hold_shared``).
+        the returned dataset across iterations (see ``TieredSampler.hold_shared``) and let go of
+        when it and every dataset derived from it are garbage-collected.
     epochs, start_epoch
         Sampler epochs per iteration of the dataset (``None``: endless), and the first one; each
         finished iteration moves on to the next epochs.
@@ -239,7 +241,8 @@ def make_tf_dataset(
     next_epoch = [options.start_epoch]  # advanced by each finished iteration
 
     def generate() -> Iterator[dict[str, Any]]:
-        assert holder is not None
+        # Refers to the factory, never to the holder: TensorFlow keeps this function to the end of the
+        # process, and the holder must go with the dataset (below).
         epoch = next_epoch[0]
         sampler = factory.build(path, consumer=consumer, num_consumers=consumers, start_epoch=epoch)
         try:
@@ -251,6 +254,10 @@ def make_tf_dataset(
             sampler.close()
 
     dataset = tf.data.Dataset.from_generator(generate, output_signature=signature)
+    # Every dataset derived from this one (map, prefetch, the user's own) refers to it, so it is
+    # collected when the last of them is: the node-shared static cache is let go of then, although
+    # TensorFlow keeps the generator function itself until the process ends.
+    weakref.finalize(dataset, holder.close)
     if options.epochs is not None:
         # A known length gives Keras its steps per epoch (progress bar, no "ran out of data").
         batches, _ = pass_length(

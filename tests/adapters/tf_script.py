@@ -6,6 +6,7 @@ Usage: tf_script.py KEYED BLOBS OUT.json SEED. Writes raw observations; test_tf.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -20,6 +21,7 @@ from _adapter_data import blobs, write_keyed_mixture
 import shardkit
 from shardkit.adapters.tf import adopt_payload, make_tf_dataset
 from shardkit.formats.reader import aligned_empty
+from shardkit.readers import node
 
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
@@ -133,8 +135,28 @@ def main() -> None:
         "ours": float(ours.evaluate(x_test, test_labels, verbose=0)[1]),
         "theirs": float(theirs.evaluate(x_test, test_labels, verbose=0)[1]),
     }
+    res["cache_regions"] = cache_regions_with_the_dataset(keyed, seed + 101)
     with open(out, "w") as f:
         json.dump(res, f)
+
+
+def cache_regions_with_the_dataset(keyed: str, seed: int) -> dict[str, list[str]]:
+    """The node-shared static-cache regions a dataset adds, while it lives and once it is deleted
+    (TensorFlow keeps the generator function to the end of the process; the cache must not stay)."""
+    shm = node.SHM_ROOT / f"shardkit-{os.geteuid()}"
+
+    def regions() -> set[str]:
+        names = (p.name for p in shm.iterdir()) if shm.is_dir() else ()
+        return {n for n in names if n.startswith("cache-") and not n.endswith(".lock")}
+
+    before = regions()
+    ds = make_tf_dataset(keyed, batch_size=8, seed=seed).map(lambda b: b)  # a derived dataset keeps it too
+    for _ in ds:
+        pass
+    during = regions() - before
+    del ds
+    gc.collect()
+    return {"during": sorted(during), "after": sorted(regions() & during)}
 
 
 if __name__ == "__main__":
