@@ -18,6 +18,7 @@ from typer.core import TyperOption
 
 from shardkit.cli.app import app
 from shardkit.cli.main import _register_commands
+from shardkit.cli.sampler_options import SAMPLER_FLAGS
 from shardkit.ordertest.battery import check_fraction
 from shardkit.ordertest.settings import DEFAULTS as BATTERY_DEFAULTS
 from shardkit.profiling.profiler import PROFILE_EPOCHS
@@ -42,8 +43,10 @@ def _sampler_part(values: dict[str, Any], options: type[SamplerOptions] | type[S
 
 
 def test_sample_defaults_are_the_sampler_options() -> None:
-    given = _sampler_part(_defaults("sample"), SamplerOptions)
-    # Every sampler option the command has is covered (a default that is not the library's shows here).
+    values = _defaults("sample")
+    # Every declared flag is a sampler option, and sample offers them all.
+    assert SAMPLER_FLAGS <= SamplerOptions.option_names() and SAMPLER_FLAGS <= set(values)
+    given = _sampler_part(values, SamplerOptions)
     assert {"batch_size", "ram_size", "ssd_size", "tiers", "seed", "mode", "static_cache", "gap_bytes"} <= set(given)
     assert SamplerOptions.parse(source="cli", **given) == DEFAULTS
 
