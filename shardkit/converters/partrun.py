@@ -1,4 +1,4 @@
-"""A conversion in parts: plan, run the parts on an executor, commit (DESIGN §11).
+"""A conversion in parts: plan, run the parts on an executor, commit (docs/design.md §11).
 
 :func:`convert_in_parts` is what ``convert(..., executor=...)``, ``--scheduler`` and ``--append`` run:
 

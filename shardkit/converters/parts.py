@@ -1,4 +1,4 @@
-"""Parts of a conversion: contiguous runs of the input sequence, each converted on its own (DESIGN §11).
+"""Parts of a conversion: contiguous runs of the input sequence, each converted on its own (docs/design.md §11).
 
 The plan
     :class:`PartPlan` cuts the scanned input sequence into runs of ``part_size`` inputs. It is a pure

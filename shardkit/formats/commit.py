@@ -1,4 +1,4 @@
-"""Commit records as a new version of a dataset: boundary shards re-packed, metadata last (DESIGN §11).
+"""Commit records as a new version of a dataset: boundary shards re-packed, metadata last (docs/design.md §11).
 
 A commit takes the dataset as it is (the *base*, or nothing for a new dataset) and *segments*: runs
 of records stored in files of the shard layout somewhere it can read them (the parts of a cluster

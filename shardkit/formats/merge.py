@@ -1,4 +1,4 @@
-"""``merge``: one dataset from several datasets of the same schema, with the commit of appends (DESIGN §11).
+"""``merge``: one dataset from several datasets of the same schema, with the commit of appends (docs/design.md §11).
 
 The inputs become the segments of one commit (:mod:`shardkit.formats.commit`) into a new dataset:
 records in input order, fields concatenated, label names extended (a name keeps the index it has

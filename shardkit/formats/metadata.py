@@ -1,14 +1,12 @@
 """Dataset metadata: the ``shardkit`` group attribute and the zarr v3 ``zarr.json`` documents.
 
-Decision: shardkit writes and parses zarr's JSON documents itself; zarr-python is not imported by the
-library (it is used by the interoperability tests, which prove that zarr-python reads what shardkit
-writes and the other way round). Issue 13 asked whether zarr-python should parse or validate the
-array and group documents instead. Measured here (zarr 3.1.6, warm page cache):
+shardkit writes and parses zarr's JSON documents itself; zarr-python is not imported by the library
+(the interoperability tests prove that zarr-python reads what shardkit writes and the other way
+round). Why not let zarr-python parse or validate them (docs/design.md §3):
 
-* importing zarr adds about 175 ms to every process that opens a dataset (``python -X importtime``:
-  zarr 174 ms cumulative on top of ``shardkit.formats`` at 142 ms with numpy), paid again by every
-  ``shardkit info`` and every spawned DataLoader worker; parsing one array document with
-  ``ArrayV3Metadata.from_dict`` then costs ~80 us, against a few us here;
+* importing zarr would cost every process that opens a dataset (every ``shardkit info``, every
+  spawned DataLoader worker) a noticeable start-up time, and its parser is much slower than these
+  small dictionaries need (``benchmarks/RESULTS.md``, "zarr-python for the metadata documents");
 * what zarr validates is the zarr spec (shape entries non-negative integers, known data types,
   codec configurations), raising bare ``TypeError`` / ``ValueError`` that would still need wrapping
   into named errors. It accepts what shardkit must refuse: a shape of ``2**70`` records, an index

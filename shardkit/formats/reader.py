@@ -11,15 +11,12 @@ storage order.
 
 A *sparse* selection (more than one run) is first announced to the kernel run by run
 (``POSIX_FADV_WILLNEED``), so the device works through all of them at a deep queue instead of one
-record at a time, and then read run by run with ``preadv``. Measured here (2 cores, virtual disk,
-7,000 records of 150 KB, blocks of 10% of the dataset): warm, one ``preadv`` per record moves
-6.7 GB/s at 0.15 CPU s/GB, the same as a plain read of the cached files, where the former mapped
-gather (``mmap`` windows and numpy fancy indexing, which copies through a temporary) moved
-6.1 GB/s; cold, announced ``preadv`` reached 0.7-1.1 GB/s at 0.4-0.6 CPU s/GB against 0.5-0.9 GB/s
-at 0.8-1.6 CPU s/GB for the mapped gather, and beside a thread running pure Python 0.6 against
-0.4-0.5 GB/s. Records smaller than :data:`SCATTER_MIN_BYTES` are different: one ``iovec`` each
-costs more Python time than copying them, so a run of small records is read whole (gaps included)
-into a small reused bounce buffer and scattered with one numpy copy per destination buffer.
+record at a time, and then read run by run with ``preadv``: warm, that moves bytes as fast as a
+plain read of the cached files, and cold it costs less CPU per byte than a gather through mapped
+windows, which copies through a temporary (``benchmarks/RESULTS.md``, "Sparse blocks"). Records
+smaller than :data:`SCATTER_MIN_BYTES` are different: one ``iovec`` each costs more Python time than
+copying them, so a run of small records is read whole (gaps included) into a small reused bounce
+buffer and scattered with one numpy copy per destination buffer.
 
 ``gap_bytes`` defaults to 64 KiB: at ~2 GB/s sequential, reading 64 KiB takes ~30 µs, about what one
 more request costs (syscall + device round trip) on a virtual disk, so reading a smaller gap is

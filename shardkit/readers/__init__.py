@@ -1,7 +1,7 @@
 """Readers: reservoir primitives, the schedule on keys, the tier stack and the tiered sampler.
 
-``TieredSampler`` is the public entry point, configured by one ``SamplerOptions`` value; see DESIGN
-§4 for the algorithm. Every sampler implements the ``Sampler`` protocol the adapters rely on.
+``TieredSampler`` is the public entry point, configured by one ``SamplerOptions`` value; see
+docs/design.md §4 for the algorithm. Every sampler implements the ``Sampler`` protocol the adapters rely on.
 ``TierServer`` / ``serve`` and ``SharedSampler`` share one tier stack between concurrent jobs
 (:mod:`shardkit.readers.shared`).
 """

@@ -302,7 +302,7 @@ class SamplerOptions(UserOptions):
         record; see :mod:`shardkit.readers.bijection`), ``"auto"`` (default: exact up to
         :data:`~shardkit.readers.schedule.EXACT_PERMUTATION_LIMIT` records).
     locality
-        Many nodes (DESIGN §10, :mod:`shardkit.readers.locality`): each node pins a disjoint random
+        Many nodes (docs/design.md §10, :mod:`shardkit.readers.locality`): each node pins a disjoint random
         part of the dataset (the static cache in RAM, ``node_cache`` on its local disk) and every
         global batch's keys go to the ranks so that each takes as many as possible from its own
         node's cache. The sets of keys each training step sees are exactly those without it.

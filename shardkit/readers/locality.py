@@ -1,6 +1,6 @@
 """Many nodes: which node caches which keys, and which consumer takes which keys of a global batch.
 
-This is DESIGN §10 as pure functions of keys (no payload, no I/O, no communication), so every rank
+This is docs/design.md §10 as pure functions of keys (no payload, no I/O, no communication), so every rank
 computes the same answers and the tests can check them exhaustively.
 
 Partition

@@ -1,4 +1,4 @@
-"""Mixtures of datasets with weights: the mixed epoch order as pure arithmetic on keys (DESIGN §12).
+"""Mixtures of datasets with weights: the mixed epoch order as pure arithmetic on keys (docs/design.md §12).
 
 A mixture of ``m`` datasets of sizes ``N_i`` with relative weights ``w_i`` and an epoch length
 ``L`` (default ``sum N_i``) emits, in every epoch, ``L`` records. Everything here depends only on

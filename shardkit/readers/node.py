@@ -1,7 +1,7 @@
 """Memory shared by the processes of one machine: private, named regions under ``/dev/shm``.
 
-With ``W`` ranks of ``k`` DataLoader workers on a node, every one of the ``W * k`` samplers used to
-hold its own copy of what is the same for all of them: the per-record fields (COCO boxes are
+With ``W`` ranks of ``k`` DataLoader workers on a node, each of the ``W * k`` samplers would
+otherwise hold its own copy of what is the same for all of them: the per-record fields (COCO boxes are
 1.6 KB a record), the epoch order ``pi`` (8 bytes a record) and the static cache. A
 :class:`SharedRegion` is one such object, held once per node: a file in a private directory of
 ``/dev/shm`` (memory, not disk), created once, mapped by every process that needs it, so each page

@@ -1,4 +1,4 @@
-"""The tiered sampler: an exactly uniform random order from sequential reads (DESIGN §4).
+"""The tiered sampler: an exactly uniform random order from sequential reads (docs/design.md §4).
 
 See :class:`TieredSampler`; its options are :class:`~shardkit.readers.config.SamplerOptions`.
 """
@@ -112,7 +112,7 @@ class TieredSampler(Closing):
     first epoch reads them; a block reads only its records the cache does not hold. The order is
     unchanged. See :mod:`shardkit.readers.static_cache`.
 
-    Many nodes (``locality=True``, DESIGN §10): node ``m`` of ``nodes`` pins its part of a node
+    Many nodes (``locality=True``, docs/design.md §10): node ``m`` of ``nodes`` pins its part of a node
     partition (a uniformly random subset of the keys, disjoint from every other node's, drawn from
     the seed and the node count) in the static cache and, with ``node_cache``, on its local disk.
     ``pi`` and its global batches stay what they are; inside each step's global batch every

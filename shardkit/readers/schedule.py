@@ -438,7 +438,7 @@ def block_bounds(start: int, stop: int, first: int, largest: int) -> Iterator[tu
     """Consecutive blocks ``[a, b)`` covering plan positions ``[start, stop)``: ``first`` records,
     then twice as many each time up to ``largest``.
 
-    Any partition of ``pi`` into consecutive blocks keeps the order exactly as it is (DESIGN §4),
+    Any partition of ``pi`` into consecutive blocks keeps the order exactly as it is (docs/design.md §4),
     so this is free to serve speed: a small first block gets the first batch out quickly, larger
     ones read near sequential speed.
     """

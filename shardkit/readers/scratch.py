@@ -7,25 +7,20 @@ created ``0600`` with ``O_EXCL | O_NOFOLLOW`` and kept open for the run: record 
 reservoir held in the slot (its ``i``-th smallest key) is at byte ``i * record_nbytes``, and nothing
 else is in the file. The keys stay in memory (:class:`~shardkit.readers.pipeline.ReservoirWritten`).
 
-What the former layout (a shardkit dataset per reservoir) cost, measured on this machine per GB
-moved, and why it went:
+Why this layout (the CPU cost of each step is in ``benchmarks/RESULTS.md``, "The SSD tier at the
+speed of the slower device"):
 
-* a new file per reservoir: writing fresh pages costs 1.2 CPU s/GB on tmpfs and 2.5 on the page
-  cache of an ext4 file (the kernel allocates and zeroes every page), rewriting pages that exist
-  0.25 s/GB. The slot files are therefore rewritten in place, never truncated or deleted during a
-  run: only the first two reservoirs pay for the pages.
-* the crc32c of every byte written (0.08 s/GB), the index with its checksum, the zarr documents,
-  the zstd-compressed ``source_key`` field, and on reading back the metadata parse and index check:
-  they protect files that are shared, durable or written by someone else, and a slot file is none
-  of these. It is reached only through the descriptor this run created it with (no name is ever
-  opened again) inside a ``0700`` directory.
-* two copies and no overlap on the way to SSD (read a chunk into a buffer, then write it, then
-  read the next). A local, uncompressed dataset of records of at least 16 KiB is now copied inside
-  the kernel (``sendfile``, page cache to page cache: one copy, 0.3 CPU s/GB against 0.5-0.6
-  through a buffer, measured here), while the writer thread announces the next chunk's runs
-  (``POSIX_FADV_WILLNEED``: the kernel allocates their pages and queues their reads on that thread,
-  0.25 CPU s/GB of a cold read that no longer holds up the copying thread). Any other bottom tier
-  (an object store, compressed records, small records) goes through the copy buffer, double buffered: a writer thread writes chunk ``c``
+* the files are rewritten in place, never truncated or deleted during a run: writing fresh pages
+  costs several times more than rewriting pages that exist (the kernel allocates and zeroes every
+  new page), so only the first two reservoirs pay for the pages;
+* no checksums, index, zarr documents or metadata: those protect files that are shared, durable or
+  written by someone else, and a slot file is none of these. It is reached only through the
+  descriptor this run created it with (no name is ever opened again) inside a ``0700`` directory;
+* one copy where the kernel can do it: a local, uncompressed dataset of records of at least 16 KiB
+  is copied page cache to page cache with ``sendfile``, while a writer thread announces the next
+  chunk's runs (``POSIX_FADV_WILLNEED``: their pages are allocated and their reads queued on that
+  thread, not on the copying one). Any other bottom tier (an object store, compressed records,
+  small records) goes through a copy buffer, double buffered: the writer thread writes chunk ``c``
   while the creator reads chunk ``c + 1`` into the other half (``pread``/``pwrite`` and the
   object-store client release the GIL).
 

@@ -4,8 +4,8 @@ numpy's ``SeedSequence`` turns a list of integers into a stream, but two of its 
 hand-built seed lists collide:
 
 * it pads short lists with zero words, so ``[s, e]`` and ``[s, e, 0]`` are the same stream (a job
-  seeded ``[job_seed, epoch, 0]`` reused the server's ``[seed, epoch]`` stream when both seeds were
-  0, the defaults, and its order was far from uniform);
+  seeded ``[job_seed, epoch, 0]`` would reuse a server's ``[seed, epoch]`` stream when both seeds
+  are 0, the defaults, and its order would be far from uniform);
 * it splits every integer into 32-bit words, so ``[5 + 3 * 2**32, 0]`` and ``[5, 3]`` are the same
   stream (seed ``5 + 3 * 2**32`` at epoch 0 equalled seed 5 at epoch 3).
 

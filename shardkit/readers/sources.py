@@ -1,4 +1,4 @@
-"""What a sampler reads: one dataset, or a mixture of datasets with weights (DESIGN §12).
+"""What a sampler reads: one dataset, or a mixture of datasets with weights (docs/design.md §12).
 
 :func:`mix` describes a mixture and checks, from the datasets' metadata alone (before any payload or
 field byte is read), that all of them share one record schema. A :class:`Mixture` is accepted

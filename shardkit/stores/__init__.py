@@ -1,4 +1,4 @@
-"""One byte-store interface for datasets: local directories and object stores (DESIGN §2, §9).
+"""One byte-store interface for datasets: local directories and object stores (docs/design.md §2, §9).
 
 Everything that reads or writes a dataset goes through a :class:`Store`; :func:`open_store` turns a
 local path or a URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``) into one. See

@@ -1,4 +1,4 @@
-"""The byte-store interface every dataset read and write goes through (DESIGN §2, §9).
+"""The byte-store interface every dataset read and write goes through (docs/design.md §2, §9).
 
 A :class:`Store` is a flat namespace of immutable objects under one root: a local directory
 (:class:`~shardkit.stores.local.LocalStore`) or a prefix of a bucket or container in an object store

@@ -2,12 +2,13 @@
 
 Why: a RAM block of a uniformly random order is a sparse, uniform sample of the whole dataset, so
 reading it by byte ranges costs about one request per record run in *every* shard: a cold epoch is
-then bound by the store's request rate (0.1-0.3 of what whole-object GETs deliver, issue 11). When
-a local cache directory is configured, :class:`ShardPrefetcher` instead downloads each shard whole,
-with one streamed GET per shard (:meth:`~shardkit.stores.base.Store.download`), a few in parallel,
-in ascending shard order, from the moment the first block is read; block reads use a shard's local
-copy as soon as it is complete. Each byte of the dataset is then fetched once per epoch, in large
-sequential transfers at the store's full bandwidth, and never again in later epochs.
+then bound by the store's request rate, a fraction of what whole-object GETs deliver
+(``benchmarks/RESULTS.md``, "Object storage"). When a local cache directory is configured,
+:class:`ShardPrefetcher` instead downloads each shard whole, with one streamed GET per shard
+(:meth:`~shardkit.stores.base.Store.download`), a few in parallel, in ascending shard order, from the
+moment the first block is read; block reads use a shard's local copy as soon as it is complete.
+Each byte of the dataset is then fetched once per epoch, in large sequential transfers at the
+store's full bandwidth, and never again in later epochs.
 
 What "read once" means here: the sampler still asks for each record once per epoch; the storage
 sees each shard object fetched once (storage bytes of a cold epoch = the dataset's bytes, plus the

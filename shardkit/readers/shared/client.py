@@ -1,6 +1,6 @@
 """The job half of the shared tier stack: :class:`SharedSampler`.
 
-The design (order, ring, release bound, leases, security) is described in :mod:`shardkit.readers.shared`.
+The design (order, ring, release bound, leases) is docs/design.md §8, its security model docs/design.md §13.
 """
 
 from __future__ import annotations

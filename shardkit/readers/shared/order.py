@@ -9,7 +9,7 @@ the order of its own permutation of the block's stored (ascending) keys, drawn f
 Blocks of a uniform random partition, each permuted uniformly and independently, form an exactly
 uniform permutation: ``P(order) = prod_r 1/C(rest_r, n_r) * 1/n_r! = 1/N!``. That needs the job's
 permutations independent of the partition: the two domains guarantee it for every pair of seeds,
-including the defaults (server seed 0, job seed 0), which once shared one stream.
+including the defaults (server seed 0, job seed 0); see docs/design.md §8.
 """
 
 from __future__ import annotations

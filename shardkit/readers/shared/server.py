@@ -1,7 +1,7 @@
 """The server half of the shared tier stack: :class:`TierServer` and :func:`serve`.
 
-The design (order, ring, release bound, leases, lifetime, security) is described in
-:mod:`shardkit.readers.shared`.
+The design (order, ring, release bound, leases, lifetime) is docs/design.md §8, its security model
+docs/design.md §13.
 """
 
 from __future__ import annotations
