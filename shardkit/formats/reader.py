@@ -68,6 +68,7 @@ from shardkit.formats.spec import (
 )
 from shardkit.formats.versions import older_copy, read_document
 from shardkit.stores import LocalStore
+from shardkit.stores.local import open_regular
 
 __all__ = [
     "ReadStats",
@@ -482,7 +483,7 @@ class PayloadArray:
                     path = self.shard_path(i)
                     real = resolve_inside(self._rel_base, self.shards[i].path, "payload shard")
                     try:
-                        fd = os.open(real, os.O_RDONLY)
+                        fd = open_regular(real, "payload shard")
                     except FileNotFoundError:
                         info = self.shards[i]
                         raise MissingShardError(
@@ -519,7 +520,7 @@ class PayloadArray:
             raise
         os.close(fd)
         self._opened[i] = store.local_path(older)
-        return os.open(self._opened[i], os.O_RDONLY)
+        return open_regular(self._opened[i], "payload shard")
 
     def index(self, i: int) -> ShardIndex:
         """The checked index of shard ``i`` (read once, then cached)."""
