@@ -551,6 +551,14 @@ class PayloadArray:
             raw, self.records_per_shard, path=path, data_nbytes=size - isize, recorded_crc32c=info.index_crc32c
         )
         count = info.count
+        if info.nbytes >= 0 and not idx.present[:count].all():
+            # A dataset's shard holds every one of its records: an empty slot would read as the fill
+            # value (zarr), which the sampler and verify must both refuse, here, in the one check.
+            j = int(np.argmin(idx.present[:count]))
+            raise CorruptIndexError(
+                f"{path}: index slot {j} (record {info.start + j}) is empty, but the dataset metadata says the "
+                f"shard holds records {info.start}-{info.stop - 1}"
+            )
         if self.codec is None:
             if info.nbytes >= 0:  # a dataset's shard: exactly the fixed-size layout
                 idx.check_dense(path, count, self.record_nbytes)
