@@ -32,6 +32,7 @@ from shardkit.formats import jsonvalues as jv
 from shardkit.formats.index import crc32c_of, extend_crc32c
 from shardkit.formats.spec import MAX_CRC32C
 from shardkit.stores import ByteRange, Store
+from shardkit.stores.local import open_regular
 
 __all__ = ["FileDigest", "ATTRIBUTES_CRC_KEY", "attributes_crc32c", "read_verified", "read_object", "read_objects", "fd_crc32c"]
 
@@ -74,20 +75,22 @@ def read_verified(path: Path, digest: FileDigest | None, *, what: str = "file", 
     """The bytes of ``path``, checked against ``digest`` when there is one.
 
     The size is compared with the recorded size (and with ``max_nbytes``) *before* reading, so a
-    file that grew to many GiB is refused without reading it into memory.
+    file that grew to many GiB is refused without reading it into memory. Anything but a regular file
+    (a named pipe, a device, a directory) is refused by name (:func:`~shardkit.stores.local.open_regular`).
     """
     try:
-        size = path.stat().st_size
+        fd = open_regular(path, what)  # a named pipe or device is refused, never waited on
+    except FileNotFoundError:
+        raise MissingShardError(f"{path}: {what} listed in the dataset metadata is missing") from None
+    with os.fdopen(fd, "rb") as fh:
+        size = os.fstat(fd).st_size
         if digest is not None and size != digest.nbytes:
             raise TruncatedShardError(f"{path}: expected {digest.nbytes} bytes as recorded in the metadata, found {size}")
         if max_nbytes is not None and size > max_nbytes:
             raise NotADatasetError(f"{path}: {what} of {size} bytes, more than the {max_nbytes} bytes allowed")
-        with open(path, "rb") as fh:
-            data = fh.read()
-    except FileNotFoundError:
-        raise MissingShardError(f"{path}: {what} listed in the dataset metadata is missing") from None
-    except IsADirectoryError:
-        raise NotADatasetError(f"{path}: expected a {what}, found a directory") from None
+        data = fh.read(size + 1)  # one more byte: a file that grew since is caught below, not read whole
+    if digest is None and len(data) != size:
+        raise NotADatasetError(f"{path}: {what} changed size while it was read ({size} bytes, then {len(data)})")
     if digest is not None:
         digest.check(path, data)
     return data

@@ -188,7 +188,7 @@ def _chunk_sources(
         out: list[tuple[str, Callable[[], bytes]]] = []
         for rel in keys:
             real = resolve_inside(store.local_path(), rel, "field chunk")
-            if not real.is_file():
+            if not real.exists():  # a directory or a named pipe is refused by name when it is read
                 raise MissingShardError(f"{store.describe(rel)}: field chunk listed in the dataset metadata is missing")
             out.append((rel, functools.partial(read_versioned, store, rel, files.get(rel), what="field chunk",
                                                max_nbytes=max_nbytes)))

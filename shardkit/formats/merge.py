@@ -27,7 +27,7 @@ from shardkit.formats.commit import CommitReport, InputTable, Segment, StoredSha
 from shardkit.formats.dataset import Dataset
 from shardkit.formats.fields import read_field_rows
 from shardkit.formats.metadata import DEFAULT_FIELD_CHUNK, DatasetMeta, read_dataset_meta
-from shardkit.formats.outputs import PARTS_DIR, clear_store, top_names
+from shardkit.formats.outputs import PARTS_DIR, clear_store, refuse_overlap, top_names
 from shardkit.formats.provenance import Provenance
 from shardkit.formats.spec import ZARR_JSON
 from shardkit.formats.versions import DEFAULT_KEEP_VERSIONS, version_of
@@ -117,10 +117,13 @@ def merge(
     Raises
     ------
     ConversionError
-        Datasets of different schemas (naming the difference), or ``out`` holds something else.
+        Datasets of different schemas (naming the difference), ``out`` holds something else, or
+        ``out`` is, contains or lies inside an input (however spelled; refused before anything is
+        deleted, see :func:`~shardkit.formats.outputs.refuse_overlap`).
     """
     if not inputs:
         raise ConversionError("merge: give at least one dataset")
+    refuse_overlap(inputs, out, "merge")
     store = open_store(as_location(out, resolve=True))
     opened = [Dataset(as_location(p, resolve=True)) for p in inputs]
     try:

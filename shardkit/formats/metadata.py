@@ -33,6 +33,7 @@ from typing import Any, NoReturn
 from shardkit.errors import (
     ChecksumError,
     ConfigError,
+    ConversionError,
     DatasetNotFoundError,
     FormatVersionError,
     IncompleteDatasetError,
@@ -70,13 +71,26 @@ __all__ = [
     "read_dataset_meta",
     "fsync_dir",
     "MAX_DOCUMENT_NBYTES",
+    "MAX_DOCUMENT_VALUES",
+    "DOCUMENT_PEAK_NBYTES",
+    "check_document_bounds",
 ]
 
 logger = logging.getLogger(__name__)
 
-#: Largest JSON document a reader loads (the root document of a dataset with a million shards and a
-#: long skip list is a few hundred MB).
-MAX_DOCUMENT_NBYTES = 1 << 30
+#: Largest JSON document a reader loads or a writer writes: 64 MiB, about 250,000 shards in the root
+#: document (~250 bytes each as shardkit writes them), i.e. 60 TiB of 256 MiB shards.
+MAX_DOCUMENT_NBYTES = 64 << 20
+#: Most JSON values (counted as the ``[``, ``{``, ``,`` and ``:`` bytes, an upper bound found with a
+#: few ``bytes.count`` passes before parsing) a document may hold. Parsed, one value costs Python up to
+#: ~100 bytes (a one-entry dict or list), whatever its size in the file: without this bound a 64 MiB
+#: document of ``[[]],`` would take ~2.5 GB. A shard entry of the root document is ~15 values.
+MAX_DOCUMENT_VALUES = 1 << 22
+#: Bound on the peak memory (RSS) of ``shardkit info`` on any ``zarr.json``: the raw bytes, their text
+#: (up to 4 bytes a character), the parsed values and the interpreter. The worst case within both
+#: bounds above (a 64 MiB document of 4M nested lists and a long non-ASCII string) peaks at ~0.95 GiB;
+#: ``tests/formats/test_document_bounds.py`` checks it stays under this.
+DOCUMENT_PEAK_NBYTES = 1280 << 20
 #: Directory (local) or key prefix (object stores) of an unfinished conversion's resume state.
 STAGING_NAME = ".shardkit-staging"
 #: Directory of the parts of a conversion in parts not committed yet (:mod:`shardkit.formats.outputs`).
@@ -426,8 +440,42 @@ def group_metadata(meta: DatasetMeta | None) -> dict[str, Any]:
 
 
 def encode_json(document: dict[str, Any]) -> bytes:
-    """The bytes shardkit writes for a JSON document (indented, ASCII, trailing newline)."""
-    return (json.dumps(document, indent=2) + "\n").encode("ascii")
+    """The bytes shardkit writes for a JSON document (indented, ASCII, trailing newline).
+
+    Raises
+    ------
+    ConversionError
+        The document exceeds what readers accept (:func:`check_document_bounds`): refused before it
+        is written, so no dataset is left that no reader can open.
+    """
+    data = (json.dumps(document, indent=2) + "\n").encode("ascii")
+    try:
+        check_document_bounds(data, "the document to write")
+    except NotADatasetError as exc:
+        raise ConversionError(f"{exc}; split the dataset (fewer, larger shards or several datasets)") from None
+    return data
+
+
+def check_document_bounds(raw: bytes, where: str) -> None:
+    """Refuse a JSON document larger than :data:`MAX_DOCUMENT_NBYTES` or with more than
+    :data:`MAX_DOCUMENT_VALUES` values, before it is parsed, so parsing stays within
+    :data:`DOCUMENT_PEAK_NBYTES` whatever the document holds.
+
+    Raises
+    ------
+    NotADatasetError
+        Naming the bound exceeded.
+    """
+    if len(raw) > MAX_DOCUMENT_NBYTES:
+        raise NotADatasetError(f"{where}: JSON document of {len(raw)} bytes, more than the {MAX_DOCUMENT_NBYTES} allowed")
+    values = 1
+    for token in (b"[", b"{", b",", b":"):
+        values += raw.count(token)
+        if values > MAX_DOCUMENT_VALUES:
+            raise NotADatasetError(
+                f"{where}: JSON document of more than {MAX_DOCUMENT_VALUES} values (counting '[', '{{', ',' and ':'), "
+                "more than a reader parses"
+            )
 
 
 def write_json_atomic(path: Path, document: dict[str, Any], *, durable: bool = True) -> FileDigest:
@@ -462,7 +510,9 @@ def read_json_object(store: Store, key: str, digest: FileDigest | None = None) -
 
 
 def parse_json(raw: bytes, where: str) -> dict[str, Any]:
-    """A JSON object document's bytes as a dict (errors name ``where``)."""
+    """A JSON object document's bytes as a dict (errors name ``where``); its size and number of values
+    are bounded first (:func:`check_document_bounds`)."""
+    check_document_bounds(raw, where)
     try:
         doc = json.loads(raw.decode("utf-8"))
     except json.JSONDecodeError as exc:
@@ -471,6 +521,8 @@ def parse_json(raw: bytes, where: str) -> dict[str, Any]:
         raise NotADatasetError(f"{where}: not UTF-8 JSON") from None
     except RecursionError:
         raise NotADatasetError(f"{where}: JSON nested too deeply") from None
+    except ValueError as exc:  # an integer of more digits than Python converts
+        raise NotADatasetError(f"{where}: not a JSON document shardkit reads ({exc})") from None
     if not isinstance(doc, dict):
         raise NotADatasetError(f"{where}: expected a JSON object, found {type(doc).__name__}")
     return doc

@@ -6,20 +6,26 @@ Besides the zarr group, a dataset directory may hold directories of shardkit's o
 * :data:`STAGING_DIR`: an unfinished conversion in one process (its resume records);
 * :data:`PARTS_DIR`: an unfinished conversion, append or merge in parts (plans, part manifests, pieces);
 * ``.shardkit-versions``: older versions kept for their readers (:mod:`shardkit.formats.versions`).
+
+An output that is, contains or lies inside one of the operation's inputs is refused before anything
+is deleted (:func:`refuse_overlap`): ``--overwrite`` would otherwise empty an input first.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 from shardkit.errors import ConversionError, ShardkitError
 from shardkit.formats.metadata import PARTS_NAME, STAGING_NAME, read_dataset_meta, read_json
 from shardkit.formats.spec import ATTRS_KEY, ZARR_JSON
-from shardkit.stores import Store
+from shardkit.stores import Location, Store, as_location, location_string
 
-__all__ = ["STAGING_DIR", "PARTS_DIR", "looks_like_output", "remove_path", "clear_output", "top_names", "clear_store"]
+__all__ = ["STAGING_DIR", "PARTS_DIR", "looks_like_output", "remove_path", "clear_output", "top_names", "clear_store",
+           "refuse_overlap"]
 
 #: Directory inside an unfinished dataset that holds what is needed to resume a conversion in one
 #: process (the format's reader knows the name too: it reports such a directory as an incomplete dataset).
@@ -104,3 +110,66 @@ def clear_store(store: Store) -> None:
     store.delete(ZARR_JSON)
     for m in objects:
         store.delete(m.key)
+
+
+#: URL schemes that name the same kind of store under two spellings.
+_SCHEME_ALIASES = {"s3a": "s3", "gcs": "gs", "azure": "az"}
+
+
+def _place(location: Location) -> tuple[str, str, tuple[str, ...]]:
+    """Where ``location`` is, spelled one way: ``("file", "", parts of the resolved path)`` (symlinks,
+    ``..``, relative paths and trailing slashes resolved) or ``(scheme, bucket, prefix parts)``."""
+    where = as_location(location, resolve=True)
+    if isinstance(where, Path):
+        return "file", "", where.parts
+    parts = urlsplit(where)
+    scheme = parts.scheme.lower()
+    prefix = tuple(p for p in unquote(parts.path).split("/") if p not in ("", "."))
+    return _SCHEME_ALIASES.get(scheme, scheme), parts.netloc.lower(), prefix
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """``(device, inode)`` of ``path``, or None when it does not exist."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _identities(path: Path) -> set[tuple[int, int]]:
+    """The identities of ``path`` and of every ancestor of it that exists (a directory reached
+    through two mount points, e.g. a bind mount, has one identity)."""
+    return {i for i in map(_identity, (path, *path.parents)) if i is not None}
+
+
+def _inside(inner: tuple[str, str, tuple[str, ...]], outer: tuple[str, str, tuple[str, ...]]) -> bool:
+    return inner[:2] == outer[:2] and inner[2][: len(outer[2])] == outer[2]
+
+
+def refuse_overlap(inputs: Sequence[Location], out: Location, operation: str) -> None:
+    """Refuse an output that is, contains or lies inside one of ``inputs``, however each is spelled.
+
+    Local paths are compared resolved (relative paths, ``..``, symlinks, trailing slashes) and, for
+    what exists, by device and inode; object-store URLs by scheme (``s3a`` is ``s3``, ``gcs`` is
+    ``gs``, ``azure`` is ``az``), bucket (case-insensitive) and prefix, percent-escapes and
+    trailing or doubled slashes aside. Called before anything at the output is deleted or written.
+
+    Raises
+    ------
+    ConversionError
+        Naming the input and the output.
+    """
+    target = _place(out)
+    for given in inputs:
+        source = _place(given)
+        clash = _inside(target, source) or _inside(source, target)
+        if not clash and source[0] == target[0] == "file":
+            source_path, target_path = Path(*source[2]), Path(*target[2])
+            clash = (_identity(source_path) in _identities(target_path)
+                     or _identity(target_path) in _identities(source_path))
+        if clash:
+            raise ConversionError(
+                f"{operation}: the output {location_string(out)} is, contains or lies inside the input "
+                f"{location_string(given)}; write the result somewhere else. Nothing was changed"
+            )

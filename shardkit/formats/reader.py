@@ -65,6 +65,7 @@ from shardkit.formats.spec import (
 )
 from shardkit.formats.versions import older_copy, read_document
 from shardkit.stores import LocalStore
+from shardkit.stores.local import open_regular
 
 __all__ = [
     "ReadStats",
@@ -479,7 +480,7 @@ class PayloadArray:
                     path = self.shard_path(i)
                     real = resolve_inside(self._rel_base, self.shards[i].path, "payload shard")
                     try:
-                        fd = os.open(real, os.O_RDONLY)
+                        fd = open_regular(real, "payload shard")
                     except FileNotFoundError:
                         info = self.shards[i]
                         raise MissingShardError(
@@ -516,7 +517,7 @@ class PayloadArray:
             raise
         os.close(fd)
         self._opened[i] = store.local_path(older)
-        return os.open(self._opened[i], os.O_RDONLY)
+        return open_regular(self._opened[i], "payload shard")
 
     def index(self, i: int) -> ShardIndex:
         """The checked index of shard ``i`` (read once, then cached)."""
@@ -547,6 +548,14 @@ class PayloadArray:
             raw, self.records_per_shard, path=path, data_nbytes=size - isize, recorded_crc32c=info.index_crc32c
         )
         count = info.count
+        if info.nbytes >= 0 and not idx.present[:count].all():
+            # A dataset's shard holds every one of its records: an empty slot would read as the fill
+            # value (zarr), which the sampler and verify must both refuse, here, in the one check.
+            j = int(np.argmin(idx.present[:count]))
+            raise CorruptIndexError(
+                f"{path}: index slot {j} (record {info.start + j}) is empty, but the dataset metadata says the "
+                f"shard holds records {info.start}-{info.stop - 1}"
+            )
         if self.codec is None:
             if info.nbytes >= 0:  # a dataset's shard: exactly the fixed-size layout
                 idx.check_dense(path, count, self.record_nbytes)

@@ -35,6 +35,7 @@ from shardkit.formats.index import extend_crc32c
 from shardkit.formats.metadata import DatasetMeta
 from shardkit.formats.spec import FORMAT_MINOR, FORMAT_VERSION, ShardInfo, format_string, index_nbytes
 from shardkit.stores import ByteRange, Location, Store
+from shardkit.stores.local import open_regular
 
 __all__ = ["VerifyReport", "Problem", "verify", "limitations", "shard_crc32c", "object_crc32c"]
 
@@ -111,7 +112,7 @@ def shard_crc32c(path: Path, data_nbytes: int) -> tuple[int, int, int]:
 
     ``data_nbytes`` is where the records end and the index begins.
     """
-    fd = os.open(path, os.O_RDONLY)
+    fd = open_regular(path, "payload shard")
     try:
         return fd_crc32c(fd, data_nbytes, _CHUNK)
     finally:

@@ -2,7 +2,9 @@
 
 Keys resolve under the root with symlinks followed and must stay inside it (:func:`resolve_inside`):
 a dataset whose field directory is a symlink to ``/etc`` or whose shard links to ``~/.ssh/id_rsa`` is
-refused, symlinks that stay inside are allowed. Writes are atomic (``*.partial``, fsync, rename,
+refused, symlinks that stay inside are allowed. Every file is opened through :func:`open_regular`: a
+named pipe, socket or device in place of a dataset file is refused with an error naming it instead of
+blocking the reader forever. Writes are atomic (``*.partial``, fsync, rename,
 directory fsync: :mod:`shardkit.stores.atomic`). Readers of local datasets do not need :meth:`fetch`
 for payload (they ``pread``/``mmap`` :meth:`LocalStore.local_path` directly); it is here so every
 store answers the same interface.
@@ -11,6 +13,7 @@ store answers the same interface.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -18,7 +21,7 @@ from shardkit.errors import ObjectNotFoundError, ObjectTooLargeError, TruncatedS
 from shardkit.stores.atomic import atomic_file, fsync_dir, write_bytes_atomic
 from shardkit.stores.base import DEFAULT_OPTIONS, ByteRange, Fetched, ObjectMeta, Store, StoreOptions, check_key
 
-__all__ = ["LocalStore", "resolve_inside"]
+__all__ = ["LocalStore", "resolve_inside", "open_regular"]
 
 _COPY_CHUNK = 8 << 20
 
@@ -39,6 +42,40 @@ def resolve_inside(root: Path, relative: str | Path, what: str) -> Path:
             f"{root / rel}: {what} resolves to {target}, outside the dataset directory {base} (a symlink?)"
         )
     return target
+
+
+_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a named pipe (FIFO)", stat.S_IFSOCK: "a socket",
+          stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFLNK: "a symlink"}
+
+
+def _refuse_special(path: str | os.PathLike[str], mode: int, what: str) -> None:
+    if not stat.S_ISREG(mode):
+        kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+        raise UnsafePathError(f"{os.fspath(path)}: expected a {what} (a regular file), found {kind}")
+
+
+def open_regular(path: str | os.PathLike[str], what: str = "dataset file") -> int:
+    """A read-only descriptor of the regular file ``path``, never blocking on a special file.
+
+    ``path`` is checked with ``stat`` first (a device is never opened), opened with ``O_NONBLOCK``
+    (opening a named pipe would otherwise wait for a writer, forever, while the caller holds its
+    locks) and checked again with ``fstat`` on the descriptor, so a swap in between is caught.
+
+    Raises
+    ------
+    UnsafePathError
+        A directory, named pipe, socket or device, naming the file and what it is.
+    FileNotFoundError
+        ``path`` does not exist (the caller names what is missing).
+    """
+    _refuse_special(path, os.stat(path).st_mode, what)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        _refuse_special(path, os.fstat(fd).st_mode, what)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 class LocalStore(Store):
@@ -76,8 +113,9 @@ class LocalStore(Store):
             st = path.stat()
         except (FileNotFoundError, NotADirectoryError):
             raise ObjectNotFoundError(f"{self.describe(key)}: no such file") from None
-        if not path.is_file():
+        if stat.S_ISDIR(st.st_mode):
             raise ObjectNotFoundError(f"{self.describe(key)}: expected a file, found a directory")
+        _refuse_special(self.describe(key), st.st_mode, "file")
         return ObjectMeta(key, st.st_size, None, st.st_mtime)
 
     def get(self, key: str, *, max_nbytes: int | None = None) -> bytes:
@@ -85,7 +123,7 @@ class LocalStore(Store):
         if max_nbytes is not None and meta.size > max_nbytes:
             raise ObjectTooLargeError(f"{self.describe(key)}: {meta.size} bytes, more than the {max_nbytes} bytes allowed")
         try:
-            with open(self._file(key), "rb") as fh:
+            with os.fdopen(open_regular(self._file(key), "file"), "rb") as fh:
                 data = fh.read() if max_nbytes is None else fh.read(max_nbytes + 1)
         except (FileNotFoundError, NotADirectoryError):
             raise ObjectNotFoundError(f"{self.describe(key)}: no such file") from None
@@ -98,7 +136,7 @@ class LocalStore(Store):
         for i, r in enumerate(ranges):
             path = self._file(r.key)
             try:
-                fd = os.open(path, os.O_RDONLY)
+                fd = open_regular(path, "file")
             except FileNotFoundError:
                 raise ObjectNotFoundError(f"{self.describe(r.key)}: no such file") from None
             try:
@@ -138,7 +176,7 @@ class LocalStore(Store):
         self, key: str, source: str | os.PathLike[str], *, metadata: Mapping[str, str] | None = None
     ) -> ObjectMeta:
         """Copy ``source`` to ``key`` through ``key.partial`` (fsynced, then renamed)."""
-        with atomic_file(self._file(key), doing="copying") as fd, open(source, "rb") as src:
+        with atomic_file(self._file(key), doing="copying") as fd, os.fdopen(open_regular(source, "file"), "rb") as src:
             while chunk := src.read(_COPY_CHUNK):
                 view = memoryview(chunk)
                 while view:
