@@ -181,7 +181,8 @@ def make_tf_dataset(
     through), ``tf.distribute`` sharding, the element spec and the generator are all derived from the
     same arguments, and splitting them would pass a dozen values between helpers.
     """
-    base = SamplerOptions.given(options, **overrides)
+    placed = {"rank": rank, "world_size": world_size}
+    base = SamplerOptions.given(options, **overrides, **{k: v for k, v in placed.items() if v is not None})
     consumer, consumers, per_consumer = _consumer(input_context, rank, world_size, base, global_batch_size)
     if nodes is None:
         nodes = consumers if input_context is not None and base.locality else base.nodes
