@@ -47,10 +47,9 @@ import numpy as np
 from shardkit.adapters._extras import import_extra
 from shardkit.adapters._options import PayloadOptions, SamplerFactory
 from shardkit.errors import ConfigError
-from shardkit.readers import DEFAULTS, SamplerOptions, TieredSampler
+from shardkit.readers import SamplerOptions, TieredSampler
 from shardkit.readers.schedule import pass_length
 from shardkit.readers.sources import Mixture
-from shardkit.units import Capacity
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -84,7 +83,7 @@ def adopt_payload(batch: dict[str, np.ndarray], payload: str) -> dict[str, Any]:
 
 
 def _consumer(
-    input_context: Any, rank: int | None, world_size: int | None, batch_size: int, global_batch_size: int | None
+    input_context: Any, rank: int | None, world_size: int | None, options: SamplerOptions, global_batch_size: int | None
 ) -> tuple[int, int, int]:
     """(consumer, number of consumers, per-consumer batch size), before the options check them."""
     if input_context is not None:
@@ -94,6 +93,7 @@ def _consumer(
                 f"found input_context and rank={rank}, world_size={world_size}"
             )
         consumer, consumers = int(input_context.input_pipeline_id), int(input_context.num_input_pipelines)
+        batch_size = options.batch_size
         if global_batch_size is not None:
             batch_size = int(input_context.get_per_replica_batch_size(global_batch_size))
         return consumer, consumers, batch_size
@@ -103,42 +103,25 @@ def _consumer(
             f"found global_batch_size={global_batch_size} without one (use batch_size)"
         )
     # SamplerOptions checks the values (and names rank / world_size in its errors).
-    return (0 if rank is None else rank), (1 if world_size is None else world_size), batch_size
+    return (options.rank if rank is None else rank), (options.world_size if world_size is None else world_size), \
+        options.batch_size
 
 
 def make_tf_dataset(
     path: str | os.PathLike[str] | Mixture,
+    options: SamplerOptions | None = None,
     *,
-    batch_size: int = DEFAULTS.batch_size,
     global_batch_size: int | None = None,
-    tiers: str | Sequence[str] = DEFAULTS.tiers,
-    ram_size: int | str | Capacity = DEFAULTS.ram_size,
-    ssd_size: int | str | Capacity = DEFAULTS.ssd_size,
-    ssd_dir: str | os.PathLike[str] | None = DEFAULTS.ssd_dir,
-    seed: int = DEFAULTS.seed,
-    mode: str = DEFAULTS.mode,
-    epochs: int | None = DEFAULTS.epochs,
-    start_epoch: int = DEFAULTS.start_epoch,
-    drop_last: bool = DEFAULTS.drop_last,
-    limit: int | None = DEFAULTS.limit,
-    gap_bytes: int | str = DEFAULTS.gap_bytes,
-    cache_dir: str | os.PathLike[str] | None = DEFAULTS.cache_dir,
-    cache_size: int | str | None = DEFAULTS.cache_size,
     rank: int | None = None,
     world_size: int | None = None,
+    nodes: int | None = None,
     input_context: Any = None,
     as_tuple: Sequence[str] | None = None,
     layout: str = "NHWC",
     scale: str | None = None,
     prefetch: bool | int = True,
     shared: str | None = None,
-    static_cache: int | str | Capacity = DEFAULTS.static_cache,
-    permutation: str = DEFAULTS.permutation,
-    node_sharing: bool = DEFAULTS.node_sharing,
-    locality: bool = DEFAULTS.locality,
-    nodes: int | None = None,
-    node_cache: int | str | Capacity = DEFAULTS.node_cache,
-    node_cache_dir: str | os.PathLike[str] | None = DEFAULTS.node_cache_dir,
+    **overrides: Any,
 ) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of batches from the tiered sampler.
 
@@ -147,23 +130,21 @@ def make_tf_dataset(
     path
         Dataset directory or URL, or a :func:`shardkit.mix` mixture (elements then carry
         ``dataset``, each record's dataset index, and ``key`` is the record's key in it).
-    batch_size
-        Records per batch for this consumer (per input pipeline / rank).
+    options, **overrides
+        The sampler options (see the list below): a :class:`~shardkit.readers.SamplerOptions`, and
+        any of its options by name (``batch_size=64``, ``ram_size="2GiB"``), validated against its
+        declaration; an unknown name is an error naming the nearest ones. ``batch_size`` is per
+        consumer (per input pipeline / rank); the static cache is held by the returned dataset
+        across iterations and let go of when it and every dataset derived from it are
+        garbage-collected. Each iteration of the dataset runs ``epochs`` sampler epochs (``None``:
+        endless) from ``start_epoch``, and the next iteration moves on to the next epochs.
     global_batch_size
         With ``input_context``: the global batch; each pipeline yields
         ``input_context.get_per_replica_batch_size(global_batch_size)`` records per batch (this
         overrides ``batch_size``).
-    tiers, ram_size, ssd_size, ssd_dir, seed, mode, drop_last, limit, gap_bytes, cache_dir, cache_size
-        Passed to :class:`~shardkit.readers.TieredSampler` unchanged.
-    static_cache, permutation, node_sharing
-        Passed to :class:`~shardkit.readers.TieredSampler` unchanged; the static cache is held by
-        the returned dataset across iterations (see ``TieredSampler.hold_shared``) and let go of
-        when it and every dataset derived from it are garbage-collected.
-    epochs, start_epoch
-        Sampler epochs per iteration of the dataset (``None``: endless), and the first one; each
-        finished iteration moves on to the next epochs.
     rank, world_size
-        Consumer ``rank`` of ``world_size`` when no ``input_context`` is given (default 0 of 1).
+        Consumer ``rank`` of ``world_size`` when no ``input_context`` is given (default: the
+        options', 0 of 1).
     input_context
         The ``tf.distribute.InputContext`` from ``strategy.distribute_datasets_from_function``.
     as_tuple
@@ -182,12 +163,11 @@ def make_tf_dataset(
     shared
         Name of a running ``shardkit serve`` to attach to (:class:`~shardkit.readers.SharedSampler`,
         ``seed`` as the job seed; mode ``"epoch"`` only).
-    locality, nodes, node_cache, node_cache_dir
-        Many nodes (see the module notes): each node pins its part of the dataset (the static cache
-        in RAM, ``node_cache`` records on its local disk) and takes its keys of every global batch
-        from there where it can. With ``input_context`` every input pipeline is a node of its own
-        (``nodes`` defaults to ``num_input_pipelines``: one pipeline per worker machine); with
-        ``rank`` / ``world_size``, ``nodes`` defaults to 1. Every consumer must get the same values.
+    nodes
+        With ``locality`` (many nodes, see the module notes): with ``input_context`` every input
+        pipeline is a node of its own (``nodes`` defaults to ``num_input_pipelines``: one pipeline
+        per worker machine); with ``rank`` / ``world_size`` it defaults to the options'. Every
+        consumer must get the same values.
 
     Returns
     -------
@@ -201,16 +181,12 @@ def make_tf_dataset(
     through), ``tf.distribute`` sharding, the element spec and the generator are all derived from the
     same arguments, and splitting them would pass a dozen values between helpers.
     """
-    consumer, consumers, per_consumer = _consumer(input_context, rank, world_size, batch_size, global_batch_size)
+    placed = {"rank": rank, "world_size": world_size}
+    base = SamplerOptions.given(options, **overrides, **{k: v for k, v in placed.items() if v is not None})
+    consumer, consumers, per_consumer = _consumer(input_context, rank, world_size, base, global_batch_size)
     if nodes is None:
-        nodes = consumers if input_context is not None and locality else 1
-    options = SamplerOptions.parse(
-        batch_size=per_consumer, tiers=tiers, ram_size=ram_size, ssd_size=ssd_size, ssd_dir=ssd_dir, seed=seed,
-        mode=mode, epochs=epochs, start_epoch=start_epoch, drop_last=drop_last, limit=limit, gap_bytes=gap_bytes,
-        cache_dir=cache_dir, cache_size=cache_size, rank=consumer, world_size=consumers, static_cache=static_cache,
-        permutation=permutation, node_sharing=node_sharing, locality=locality, nodes=nodes, node_cache=node_cache,
-        node_cache_dir=node_cache_dir,
-    )  # fmt: skip
+        nodes = consumers if input_context is not None and base.locality else base.nodes
+    options = base.replace(batch_size=per_consumer, rank=consumer, world_size=consumers, nodes=nodes)
     factory = SamplerFactory(options, shared=shared)
     present = PayloadOptions(layout=layout, scale=scale)
     path = path if isinstance(path, Mixture) else os.fspath(path)
@@ -290,3 +266,7 @@ def make_tf_dataset(
     elif prefetch:
         dataset = dataset.prefetch(int(prefetch))
     return dataset
+
+
+#: Every sampler option, from its declaration, for help() and the IDE.
+make_tf_dataset.__doc__ = f"{make_tf_dataset.__doc__}{SamplerOptions.describe()}"

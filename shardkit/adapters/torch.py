@@ -68,7 +68,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -82,7 +82,7 @@ from shardkit.readers import DEFAULTS, Sampler, SamplerOptions, TieredSampler
 from shardkit.readers.schedule import batches_per_consumer, pass_length, position_after
 from shardkit.readers.sources import Mixture
 from shardkit.stores import is_url
-from shardkit.units import Capacity, parse_count
+from shardkit.units import parse_count
 
 if TYPE_CHECKING:
     import torch
@@ -217,23 +217,18 @@ class ShardIterableDataset(_TorchIterableDataset):
     path
         Dataset directory or URL, or a :func:`shardkit.mix` mixture (batches then carry ``dataset``,
         each record's dataset index, and ``key`` is the record's key in it).
-    batch_size
-        Records per batch *per consumer* (per DataLoader worker of each rank); a rank's main process
-        receives batches of this size. Use ``DataLoader(ds, batch_size=None)``.
-    tiers, ram_size, ssd_size, ssd_dir, seed, mode, drop_last, limit, gap_bytes, cache_dir, cache_size
-        Passed to :class:`~shardkit.readers.TieredSampler` unchanged (each consumer gets its own
-        sampler; ``ram_size`` / ``ssd_size`` are therefore *per consumer*).
-    static_cache, permutation, node_sharing
-        Passed to :class:`~shardkit.readers.TieredSampler` unchanged. The static cache (by
-        default the part of ``ram_size`` the blocks do not need) is one per machine, shared by the
-        workers and ranks on it, and held by this dataset object across passes, so with a budget
-        that covers the dataset every epoch after the first reads nothing from storage.
-    epochs
-        Epochs per pass (per ``iter(loader)``), from the current epoch; ``None`` for one endless pass
-        (step-based training).
+    options, **overrides
+        The sampler options (see the list below): a :class:`~shardkit.readers.SamplerOptions`, and
+        any of its options by name (``batch_size=64``, ``ram_size="2GiB"``), validated against its
+        declaration; an unknown name is an error naming the nearest ones. Each consumer (each
+        DataLoader worker of each rank) builds its own sampler, so ``batch_size``, ``ram_size`` and
+        ``ssd_size`` are *per consumer*; a rank's main process receives batches of ``batch_size``
+        (use ``DataLoader(ds, batch_size=None)``). The static cache is one per machine, shared by
+        the workers and ranks on it and held by this dataset across passes. ``epochs`` is per pass
+        (per ``iter(loader)``), from the current epoch; ``None`` for one endless pass.
     rank, world_size
-        Used when ``torch.distributed`` is not initialised (default 0 of 1). When it is, its rank
-        and world size are used and explicit values must agree with them.
+        Used when ``torch.distributed`` is not initialised (default: the options', 0 of 1). When it
+        is, its rank and world size are used and explicit values must agree with them.
     layout, scale
         Payload presentation, see :class:`~shardkit.adapters._options.PayloadOptions`: ``"NHWC"``
         uint8 as stored (default), ``"NCHW"``, ``scale="float"`` for float32 in ``[0, 1]``.
@@ -246,12 +241,11 @@ class ShardIterableDataset(_TorchIterableDataset):
     shared
         Name of a running ``shardkit serve`` to attach to (:class:`~shardkit.readers.SharedSampler`,
         ``seed`` as the job seed; mode ``"epoch"`` only, no resume inside an epoch).
-    locality, nodes, node_cache, node_cache_dir
-        Many nodes (see the module notes): each node pins its part of the dataset (the static cache
-        in RAM, ``node_cache`` records on its local disk under ``node_cache_dir``) and each rank
-        takes its keys of every global batch from its own node's cache where it can. ``nodes``
-        defaults to torchrun's ``WORLD_SIZE / LOCAL_WORLD_SIZE``; pass it to simulate nodes on one
-        machine. Every rank must get the same values (checked once under torch.distributed).
+    nodes
+        With ``locality`` (many nodes, see the module notes): nodes the ranks run on; by default the
+        options' when not 1, else torchrun's ``WORLD_SIZE / LOCAL_WORLD_SIZE``; pass it to simulate
+        nodes on one machine. Every rank must get the same locality options (checked once under
+        torch.distributed).
 
     Notes
     -----
@@ -263,47 +257,27 @@ class ShardIterableDataset(_TorchIterableDataset):
     def __init__(
         self,
         path: str | os.PathLike[str] | Mixture,
+        options: SamplerOptions | None = None,
         *,
-        batch_size: int = DEFAULTS.batch_size,
-        tiers: str | Sequence[str] = DEFAULTS.tiers,
-        ram_size: int | str | Capacity = DEFAULTS.ram_size,
-        ssd_size: int | str | Capacity = DEFAULTS.ssd_size,
-        ssd_dir: str | os.PathLike[str] | None = DEFAULTS.ssd_dir,
-        seed: int = DEFAULTS.seed,
-        mode: str = DEFAULTS.mode,
-        epochs: int | None = DEFAULTS.epochs,
-        drop_last: bool = DEFAULTS.drop_last,
         rank: int | None = None,
         world_size: int | None = None,
+        nodes: int | None = None,
         layout: str = "NHWC",
         scale: str | None = None,
         unbatched: bool = False,
-        limit: int | None = DEFAULTS.limit,
-        gap_bytes: int | str = DEFAULTS.gap_bytes,
-        cache_dir: str | os.PathLike[str] | None = DEFAULTS.cache_dir,
-        cache_size: int | str | None = DEFAULTS.cache_size,
         num_workers: int = 0,
         shared: str | None = None,
-        static_cache: int | str | Capacity = DEFAULTS.static_cache,
-        permutation: str = DEFAULTS.permutation,
-        node_sharing: bool = DEFAULTS.node_sharing,
-        locality: bool = DEFAULTS.locality,
-        nodes: int | None = None,
-        node_cache: int | str | Capacity = DEFAULTS.node_cache,
-        node_cache_dir: str | os.PathLike[str] | None = DEFAULTS.node_cache_dir,
+        **overrides: Any,
     ) -> None:
         super().__init__()
         #: The dataset (a path or URL) or the mixture this dataset samples.
         self.path: str | Mixture = path if isinstance(path, Mixture) else os.fspath(path)
+        placed = {"rank": rank, "world_size": world_size}
         #: The sampler options of this rank (each consumer's sampler gets its own consumer index).
-        self.options = SamplerOptions.parse(
-            batch_size=batch_size, tiers=tiers, ram_size=ram_size, ssd_size=ssd_size, ssd_dir=ssd_dir,
-            seed=seed, mode=mode, epochs=epochs, drop_last=drop_last, limit=limit, gap_bytes=gap_bytes,
-            cache_dir=cache_dir, cache_size=cache_size,
-            rank=0 if rank is None else rank, world_size=1 if world_size is None else world_size,
-            static_cache=static_cache, permutation=permutation, node_sharing=node_sharing, locality=locality,
-            node_cache=node_cache, node_cache_dir=node_cache_dir,
-        )  # fmt: skip
+        self.options = SamplerOptions.given(options, **overrides, **{k: v for k, v in placed.items() if v is not None})
+        locality = self.options.locality
+        if nodes is None and self.options.nodes != DEFAULTS.nodes:
+            nodes = self.options.nodes
         self.factory = SamplerFactory(self.options, shared=shared)
         self.payload_options = PayloadOptions(layout=layout, scale=scale)
         self.unbatched = bool(unbatched)
@@ -329,7 +303,7 @@ class ShardIterableDataset(_TorchIterableDataset):
             _check_ranks_agree(self.path, self.options, self.nodes, self.meta.num_records)
         # Next epoch, in shared memory: set_epoch in the main process reaches persistent workers,
         # and a worker finishing a pass advances it for everyone.
-        self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
+        self._epoch = torch.full((1,), self.options.start_epoch, dtype=torch.int64).share_memory_()
         self._resume: dict[str, Any] | None = None
         #: The DataLoader's prefetch_factor (set by loader()): batches a worker has in flight.
         self._prefetch_factor = 2
@@ -604,6 +578,10 @@ class ShardIterableDataset(_TorchIterableDataset):
             f"ShardIterableDataset({self.path!r}, batch_size={self.options.batch_size}, "
             f"mode={self.options.mode!r}, rank={self.rank}/{self.world_size}, epoch={self.epoch})"
         )
+
+
+#: Every sampler option, from its declaration, for help() and the IDE.
+ShardIterableDataset.__doc__ = f"{ShardIterableDataset.__doc__}{SamplerOptions.describe()}"
 
 
 class ShardMapDataset(_TorchDataset):

@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from shardkit.cli.app import app, echo_err
-from shardkit.cli.sampler_options import sampler_option
+from shardkit.cli.options import options_command
 from shardkit.errors import ConfigError
 from shardkit.profiling.profiler import PROFILE_EPOCHS
 from shardkit.readers import SamplerOptions
@@ -17,6 +17,10 @@ from shardkit.units import parse_duration
 
 
 @app.command()
+@options_command(SamplerOptions, changes={
+    "ssd_dir": {"help": "SSD directory; given without --tiers ram,ssd it is only probed for its rates."},
+    "epochs": {"default": PROFILE_EPOCHS, "help": "Epochs per phase (the first fills the static cache)."},
+})
 def profile(
     path: str = typer.Argument(..., help="Dataset directory or URL (s3://bucket/ds, gs://, az://, http(s)://)."),
     step_ms: str = typer.Option(
@@ -26,14 +30,6 @@ def profile(
         "CPU, like an accelerator. Give this or --step.",
     ),
     step: str = typer.Option(None, "--step", help="Your training step as module:function (called with every batch, a dict of arrays)."),
-    tiers: str = sampler_option("tiers"),
-    ram_size: str = sampler_option("ram_size"),
-    ssd_size: str = sampler_option("ssd_size"),
-    ssd_dir: Path = typer.Option(None, "--ssd-dir", help="SSD directory; given without --tiers ram,ssd it is only probed for its rates."),
-    static_cache: str = sampler_option("static_cache"),
-    batch_size: int = sampler_option("batch_size"),
-    epochs: int = typer.Option(PROFILE_EPOCHS, "--epochs", help="Epochs per phase (the first fills the static cache)."),
-    seed: int = sampler_option("seed"),
     warm: bool = typer.Option(
         False, "--warm", help="Start the measured runs with the page cache as it is instead of dropping the dataset from it."
     ),
@@ -45,6 +41,8 @@ def profile(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the whole profile as JSON instead of the report."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="A progress bar per phase (on stderr)."),
+    *,
+    options: SamplerOptions,
 ) -> None:
     """Measure data stalls (pipeline alone, step alone, both) and predict what more RAM, SSD, cache,
     workers or bandwidth would buy."""
@@ -58,10 +56,6 @@ def profile(
     if step_ms is not None:
         text = step_ms.strip()
         step_time = parse_duration(f"{text}ms" if text.replace(".", "", 1).isdigit() else text, what="--step-ms")
-    options = SamplerOptions.parse(
-        source="cli", tiers=tiers, ram_size=ram_size, ssd_size=ssd_size, ssd_dir=ssd_dir, static_cache=static_cache,
-        batch_size=batch_size, epochs=epochs, seed=seed,
-    )  # fmt: skip
     if step is not None and "" not in sys.path:
         sys.path.insert(0, "")  # --step train:step finds train.py in the working directory, as python -m would
     fn = load_step(step) if step is not None else None

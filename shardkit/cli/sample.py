@@ -8,7 +8,7 @@ import numpy as np
 import typer
 
 from shardkit.cli.app import app, echo_err
-from shardkit.cli.sampler_options import sampler_option
+from shardkit.cli.options import options_command
 from shardkit.errors import ConfigError
 from shardkit.readers import SamplerOptions, SamplerStats, TieredSampler
 from shardkit.readers.sources import DATASET_FIELD, source_of
@@ -16,6 +16,7 @@ from shardkit.units import human_bytes
 
 
 @app.command()
+@options_command(SamplerOptions)
 def sample(
     paths: list[str] = typer.Argument(
         ..., help="Dataset directory or URL (s3://bucket/ds, gs://, az://, http(s)://); several for a mixture "
@@ -29,56 +30,22 @@ def sample(
     epoch_size: str = typer.Option(
         None, "--epoch-size", help="Records per epoch of a mixture (10000, 10k; default: the sum of the sizes).",
     ),
-    tiers: str = sampler_option("tiers"),
-    ram_size: str = sampler_option("ram_size"),
-    ssd_size: str = sampler_option("ssd_size"),
-    ssd_dir: Path = sampler_option("ssd_dir"),
-    batch_size: int = sampler_option("batch_size"),
-    epochs: int = sampler_option("epochs"),
-    seed: int = sampler_option("seed"),
-    mode: str = sampler_option("mode"),
-    rank: int = sampler_option("rank"),
-    world_size: int = sampler_option("world_size"),
-    static_cache: str = sampler_option("static_cache"),
-    permutation: str = sampler_option("permutation"),
-    locality: bool = sampler_option("locality"),
-    nodes: int = sampler_option("nodes"),
-    workers_per_rank: int = sampler_option("workers_per_rank"),
-    node_cache: str = sampler_option("node_cache"),
-    node_cache_dir: Path = sampler_option("node_cache_dir"),
-    gap_bytes: str = sampler_option("gap_bytes"),
-    remote_gap_bytes: str = sampler_option("remote_gap_bytes"),
-    remote_concurrency: int = sampler_option("remote_concurrency"),
-    remote_timeout: str = sampler_option("remote_timeout"),
-    remote_retry: str = sampler_option("remote_retry"),
-    cache_dir: Path = sampler_option("cache_dir"),
-    cache_size: str = sampler_option("cache_size"),
-    limit: int = sampler_option("limit"),
     order_out: Path = typer.Option(
         None, "--order-out",
         help="Write the emitted keys as .npy int64: shape (epochs, records) in epoch/sequential mode (this "
              "consumer's keys), one flat row in replacement mode; (epochs, records, 2) (dataset index, key) for "
              "a mixture.",
     ),
+    *,
+    options: SamplerOptions,
 ) -> None:
-    """Sample batches like a training job would, with a progress bar and a throughput summary.
-
-    Long only because its signature is the command's option list (typer reads it); the body is short.
-    """
+    """Sample batches like a training job would, with a progress bar and a throughput summary."""
     from tqdm import tqdm
 
     if order_out is not None and order_out.suffix != ".npy":
         raise ConfigError(f"--order-out: expected a file name ending in .npy, found {str(order_out)!r}")
-    options = SamplerOptions.parse(
-        source="cli", tiers=tiers, ram_size=ram_size, ssd_size=ssd_size, ssd_dir=ssd_dir, batch_size=batch_size,
-        epochs=epochs, seed=seed, mode=mode, rank=rank, world_size=world_size, limit=limit,
-        static_cache=static_cache, gap_bytes=gap_bytes, permutation=permutation, remote_gap_bytes=remote_gap_bytes,
-        remote_concurrency=remote_concurrency, remote_timeout=remote_timeout, remote_retry=remote_retry,
-        cache_dir=cache_dir, cache_size=cache_size, locality=locality, nodes=nodes,
-        workers_per_rank=workers_per_rank, node_cache=node_cache, node_cache_dir=node_cache_dir,
-    )  # fmt: skip
     sampler = TieredSampler(source_of(paths, weights, epoch_size, source="cli"), options)
-    total = len(sampler) * epochs if limit is None else None
+    total = len(sampler) * options.epochs if options.epochs is not None and options.limit is None else None
     keys: list[np.ndarray] = []
     epoch_of: list[int] = []
     with sampler, tqdm(total=total, unit="batch", desc="sample", dynamic_ncols=True) as bar:

@@ -15,8 +15,10 @@ the block-size rules themselves live in :mod:`shardkit.readers.schedule`.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
-from collections.abc import Mapping, Sequence
+import textwrap
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Self
@@ -24,6 +26,7 @@ from typing import Any, ClassVar, Literal, Self
 import numpy as np
 
 from shardkit import units
+from shardkit.converters.options import Parser, choice, count, duration
 from shardkit.errors import ConfigError
 from shardkit.formats import DEFAULT_GAP_BYTES
 from shardkit.formats.ranged import DEFAULT_REMOTE_GAP_BYTES
@@ -41,9 +44,12 @@ from shardkit.readers.schedule import (
 from shardkit.readers.seeds import check_seed
 from shardkit.readers.ssd import READ_CHUNK_BYTES
 from shardkit.stores import DEFAULT_OPTIONS
-from shardkit.units import Capacity, human_bytes, parse_bytes, parse_count
+from shardkit.units import Capacity, human_bytes, parse_bytes
 
-__all__ = ["TIERS", "Source", "option_name", "parse_tiers", "path_or_none", "UserOptions", "SamplerOptions", "TierSizes", "DEFAULTS"]
+__all__ = [
+    "TIERS", "Source", "Option", "option", "shared_option", "option_name", "parse_tiers", "path_or_none", "UserOptions",
+    "SamplerOptions", "TierSizes", "DEFAULTS",
+]
 
 #: Known tiers, ordered slow -> fast. ``disk`` (the dataset itself) is implicit.
 TIERS = ("ssd", "ram")
@@ -79,10 +85,72 @@ def parse_tiers(tiers: str | Sequence[str], *, what: str = "tiers") -> tuple[str
 
 
 @dataclass(frozen=True)
+class Option:
+    """How one option is given, kept in its dataclass field's ``metadata`` (see :func:`option`).
+
+    The field holds the option's type and default; this holds the rest, so the field is the
+    option's one declaration, from which the command-line flags (:mod:`shardkit.cli.options`), the
+    adapters' keywords and the documentation are derived.
+
+    Attributes
+    ----------
+    group
+        The concern the option belongs to (``"Tiers"``, ``"Order"``, ...): a section of ``--help``.
+    parse
+        ``parse(value, name) -> normalised value``: the option's grammar (:mod:`shardkit.units`) and
+        range; raises a ConfigError starting with ``name``, the option as the user wrote it.
+    help, doc
+        One paragraph for ``--help`` and the docstrings; ``doc`` adds what only Python readers need.
+    flag
+        The command-line flag (default ``--name-with-dashes``; ``--name/--no-name`` for a flag);
+        ``None`` keeps the option off the command line.
+    cli_type
+        The type the command line parses the flag as (``str`` hands text to ``parse``).
+    show
+        The default as the flag shows and passes it (``512MiB``, ``60s``).
+    """
+
+    group: str
+    parse: Parser
+    help: str
+    doc: str = ""
+    flag: str | None = ""
+    cli_type: Any = str
+    show: Callable[[Any], Any] | None = None
+
+    def cli_flag(self, name: str) -> str | None:
+        """The flag as given on the command line (``None``: not offered there)."""
+        if self.flag != "":
+            return self.flag
+        dashed = name.replace("_", "-")
+        return f"--{dashed}/--no-{dashed}" if self.cli_type is bool else f"--{dashed}"
+
+    def cli_default(self, default: Any) -> Any:
+        """``default`` as the flag shows and passes it."""
+        if self.show is not None:
+            return self.show(default)
+        return str(default) if self.cli_type is str and default is not None else default
+
+
+def option(default: Any, group: str, parse: Parser, *, help: str, **more: Any) -> Any:
+    """A dataclass field declaring one option: its default here, the rest in an :class:`Option`."""
+    return field(default=default, metadata={"option": Option(group, parse, help, **more)})
+
+
+def shared_option(options: type[UserOptions], name: str, *, default: Any = dataclasses.MISSING, **changes: Any) -> Any:
+    """The field of option ``name`` of ``options``, for another set that has the same option
+    (its default and :class:`Option` attributes replaced by ``default`` and ``changes``)."""
+    f = next(f for f in dataclasses.fields(options) if f.name == name)
+    declared = dataclasses.replace(f.metadata["option"], **changes)
+    return field(default=f.default if default is dataclasses.MISSING else default, metadata={"option": declared})
+
+
+@dataclass(frozen=True)
 class UserOptions:
     """What every set of options a user gives by name shares (:class:`SamplerOptions`,
     :class:`~shardkit.readers.shared.server.ServeOptions`): where they came from, how errors spell
-    their names, and the refusal of a name the set does not have.
+    their names, the parsing of every declared option (its :class:`Option`), and the refusal of a
+    name the set does not have.
 
     Attributes
     ----------
@@ -99,16 +167,24 @@ class UserOptions:
     def __post_init__(self) -> None:
         if self.source not in ("python", "cli"):
             raise ConfigError(f"source: expected 'python' or 'cli', found {self.source!r}")
+        for key, declared in self.declared().items():
+            object.__setattr__(self, key, declared.parse(getattr(self, key), self.name(key)))
+
+    @classmethod
+    def declared(cls) -> dict[str, Option]:
+        """Every option of the set, in declaration order, with its :class:`Option`."""
+        return {f.name: f.metadata["option"] for f in dataclasses.fields(cls) if "option" in f.metadata}
 
     @classmethod
     def option_names(cls) -> frozenset[str]:
         """The options of the set (every field but ``source``)."""
-        return frozenset(f.name for f in dataclasses.fields(cls)) - {"source"}
+        return frozenset(cls.declared())
 
     @classmethod
     def spell(cls, option: str, source: Source) -> str:
-        """``option`` as a user of ``source`` writes it (see :func:`option_name`)."""
-        return option_name(option, source)
+        """``option`` as a user of ``source`` writes it: its declared flag on the command line."""
+        flag = cls.declared()[option].cli_flag(option) if option in cls.declared() and source == "cli" else None
+        return flag.split("/")[0] if flag else option_name(option, source)
 
     @classmethod
     def parse(cls, *, source: Source = "python", **values: Any) -> Self:
@@ -118,12 +194,26 @@ class UserOptions:
 
     @classmethod
     def check_names(cls, values: Mapping[str, Any], source: Source) -> None:
-        """Refuse the names in ``values`` that are not options of the set, spelled as the user wrote them."""
+        """Refuse the names in ``values`` that are not options of the set, spelled as the user wrote
+        them, with the nearest options' names."""
         known = cls.option_names()
         unknown = sorted(set(values) - known)
         if unknown:
             names = ", ".join(cls.spell(u, source) for u in unknown)
-            raise ConfigError(f"unknown {cls.KIND} {names}; expected some of {', '.join(sorted(known))}")
+            near = sorted({m for u in unknown for m in difflib.get_close_matches(u, known, n=3)})
+            hint = f" (did you mean {', '.join(cls.spell(m, source) for m in near)}?)" if near else ""
+            raise ConfigError(f"unknown {cls.KIND} {names}; expected some of {', '.join(sorted(known))}{hint}")
+
+    @classmethod
+    def describe(cls, indent: str = "    ") -> str:
+        """Every option with its default and help, as a numpydoc section for docstrings."""
+        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+        lines = [f"{cls.__name__} options", "-" * (len(cls.__name__) + 8)]
+        for key, declared in cls.declared().items():
+            lines.append(f"{key} ({declared.group}; default {declared.cli_default(defaults[key])})")
+            lines += textwrap.wrap(f"{declared.help} {declared.doc}".strip(), 96, initial_indent="    ",
+                                   subsequent_indent="    ")  # fmt: skip
+        return "\n\n" + "\n".join(indent + line for line in lines) + "\n"
 
     def name(self, option: str) -> str:
         """``option`` as the user wrote it."""
@@ -228,191 +318,208 @@ _SSD_SIZE = Capacity(nbytes=4 << 30)
 _OFF = Capacity(nbytes=0)
 
 
+def _cache_option(value: object, what: str) -> Capacity | Literal["auto"]:
+    """``"auto"`` or a parsed capacity (0 = off)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        return units.parse_capacity(0 if value is None else value, what=what, allow_zero=True)  # type: ignore[arg-type]
+    except ConfigError:
+        raise ConfigError(f"{what}: expected 'auto', 0 (off), a size such as 512MiB or a record count such as "
+                          f"1000records, found {value!r}") from None
+
+
+def path_or_none(value: object, what: str) -> Path | None:
+    """A directory option: ``None`` or a path (text or ``os.PathLike``); anything else is a ConfigError naming ``what``."""
+    if value is None:
+        return None
+    if isinstance(value, (str, os.PathLike)):
+        return Path(value)
+    raise ConfigError(f"{what}: expected a directory path, found {value!r}")
+
+
+def _flag(value: object, what: str) -> bool:
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise ConfigError(f"{what}: expected True or False, found {value!r}")
+
+
+def _tiers(value: Any, what: str) -> tuple[str, ...]:
+    return parse_tiers(value, what=what)
+
+
+def _capacity(value: Any, what: str) -> Capacity:
+    return units.parse_capacity(value, what=what)
+
+
+def _optional_capacity(value: Any, what: str) -> Capacity:
+    return units.parse_capacity(0 if value is None else value, what=what, allow_zero=True)
+
+
+def _count(minimum: int, optional: bool = False) -> Parser:
+    """A whole count of at least ``minimum`` (``None`` kept when ``optional``)."""
+    base = count(minimum)
+    return (lambda value, what: None if value is None else base(value, what)) if optional else base
+
+
+def _gap(value: Any, what: str) -> int:
+    return DEFAULT_GAP_BYTES if value is None else parse_bytes(value, what=what, allow_zero=True)
+
+
+def _remote_gap(value: Any, what: str) -> int:
+    return parse_bytes(value, what=what, allow_zero=True)
+
+
+def _optional_bytes(value: Any, what: str) -> int | None:
+    return None if value is None else parse_bytes(value, what=what)
+
+
+def _seed(value: Any, what: str) -> int:
+    return check_seed(value, what=what)
+
+
+def _seconds(seconds: float) -> str:
+    return f"{seconds:g}s"
+
+
 @dataclass(frozen=True)
 class SamplerOptions(UserOptions):
     """Every option of the tiered sampler, validated and normalised on construction.
 
     Build one with keyword arguments (values are parsed: ``ram_size="2GiB"``, ``tiers="ram,ssd"``),
     or with :meth:`parse` when the values come from a user (it refuses unknown names), and derive
-    variants with :meth:`replace` (validated again). Fields hold the normalised values.
-
-    Attributes
-    ----------
-    tiers
-        ``("ram",)`` or ``("ssd", "ram")``; given as ``"ram"``, ``"ram,ssd"`` (any order) or a list.
-    ram_size
-        This consumer's whole RAM budget: bytes (int), a size (``"512MiB"``) or a record count
-        (``"10000records"``); at least two records. It covers everything the sampler holds in RAM
-        for this consumer: the batch buffers that RAM blocks are read into (two blocks in flight
-        plus the batches the consumer holds), the static cache (see ``static_cache``) and, with the
-        SSD tier, the disk -> SSD copy buffer. Blocks are sized for read speed (see
-        :mod:`shardkit.readers.schedule`), and what they do not need caches records across
-        epochs; when it is at least the dataset's payload, every epoch after the first reads
-        nothing from storage. Not in it: the per-record fields and the epoch order, which are per
-        dataset and shared by the processes of a node (``node_sharing``).
-    ssd_size, ssd_dir
-        SSD-tier budget (same syntax; two reservoirs of ``K1`` = ``ssd_size / (2 * record size)``
-        records; at least two records and at least ``ram_size``), and the directory that holds the
-        run's private sub-directory (default: the system temporary directory).
-    batch_size
-        Per-consumer batch size ``B``.
-    epochs
-        Epochs per iteration (``None`` = forever). An iteration runs epochs
-        ``start_epoch .. start_epoch + epochs - 1``; iterating again continues with the next ones.
-    seed
-        An integer in ``[0, 2**64)``; with the epoch it defines every order (see
-        :mod:`shardkit.readers.seeds`).
-    mode
-        ``"epoch"`` (a uniform random permutation per epoch), ``"replacement"`` (independent uniform
-        reservoirs of ``K`` records) or ``"sequential"`` (storage order).
-    rank, world_size
-        This is consumer ``c = rank`` of ``W = world_size`` (see :mod:`shardkit.readers.schedule`).
-    drop_last
-        Drop the incomplete final global batch, so every consumer gets the same number of full
-        batches (what DDP needs).
-    limit
-        Stop an iteration after this many records were emitted to this consumer (``None``: no limit).
-    gap_bytes
-        Gaps between wanted records up to this size are read rather than skipped (64 KiB by default).
-    remote_gap_bytes
-        The same for a dataset in an object store, where a request costs far more than reading a
-        gap (1 MiB by default; see :mod:`shardkit.formats.ranged` for how it was chosen).
-    remote_concurrency
-        Requests in flight at once when reading a dataset in an object store (32 by default).
-    remote_timeout, remote_retry
-        For an object store: how long one request may take before it counts as a transient failure
-        (60 s), and how long transient failures are retried before the read fails with an error
-        naming the object and byte range (120 s: long enough to ride out a server restart). Seconds
-        or a duration (``"90s"``, ``"2min"``).
-    cache_dir, cache_size
-        A local directory that keeps the shards of a dataset in an object store once they were
-        fetched, so later epochs read them from local disk (see :mod:`shardkit.stores.cache`), and
-        its budget in bytes (``None``: as much as the dataset needs). Ignored for local datasets.
-    start_epoch
-        First epoch of the first iteration.
-    static_cache
-        The part of ``ram_size`` that pins records for the whole run (CoorDL's MinIO policy):
-        ``"auto"`` (default: whatever the blocks do not need, the whole dataset when it fits),
-        ``0`` (off), or bytes, a size or a record count taken out of ``ram_size``. The cache is
-        shared by the processes of a node that use the same dataset, seed and size. See
-        :mod:`shardkit.readers.static_cache`.
-    permutation
-        How ``epoch`` mode draws its order: ``"exact"`` (numpy's uniform permutation, 8 bytes a
-        record), ``"feistel"`` (an on-demand keyed bijection, statistically uniform, nothing per
-        record; see :mod:`shardkit.readers.bijection`), ``"auto"`` (default: exact up to
-        :data:`~shardkit.readers.schedule.EXACT_PERMUTATION_LIMIT` records).
-    locality
-        Many nodes (docs/design.md §10, :mod:`shardkit.readers.locality`): each node pins a disjoint random
-        part of the dataset (the static cache in RAM, ``node_cache`` on its local disk) and every
-        global batch's keys go to the ranks so that each takes as many as possible from its own
-        node's cache. The sets of keys each training step sees are exactly those without it.
-        Default ``False``: the plain slicing.
-    nodes
-        ``M``: nodes the ranks run on; the ranks (``world_size / workers_per_rank``) of node ``m``
-        are the consecutive ranks ``m * R .. (m + 1) * R - 1`` as torchrun numbers them.
-    workers_per_rank
-        Consumers per rank (DataLoader workers; consumer ``c`` is worker ``c % workers_per_rank`` of
-        rank ``c // workers_per_rank``). With ``locality`` keys move only between the consumers
-        whose batches make one training step.
-    node_cache, node_cache_dir
-        With ``locality`` and ``tiers="ram"``: records this node pins on its local disk on top of
-        the static cache (``0`` off, bytes, a size or a record count), written once per node into a
-        private directory under ``node_cache_dir`` (default: the system temporary directory) and
-        reused by every process of the node and by later runs. See
-        :mod:`shardkit.readers.node_cache`.
-    node_sharing
-        Share per-dataset memory (fields, the exact epoch order, the static cache) among the
-        processes of this machine through private files under ``/dev/shm`` (default ``True``);
-        ``False`` keeps everything private to the process. See :mod:`shardkit.readers.node`.
-    source
-        ``"python"`` or ``"cli"``: how error messages spell option names. Not part of equality.
+    variants with :meth:`replace` (validated again). Fields hold the normalised values. Each field
+    is the option's one declaration (default, grammar, help, flag; see :class:`Option`): the
+    ``sample``, ``profile`` and ``serve`` flags and both adapters are derived from it, and the list
+    of options below is generated from it. ``source`` (``"python"`` or ``"cli"``) says how errors
+    spell option names and is not part of equality.
     """
 
-    tiers: tuple[str, ...] = ("ram",)
-    ram_size: Capacity = _RAM_SIZE
-    ssd_size: Capacity = _SSD_SIZE
-    ssd_dir: Path | None = None
-    batch_size: int = 256
-    epochs: int | None = 1
-    seed: int = 0
-    mode: str = "epoch"
-    rank: int = 0
-    world_size: int = 1
-    drop_last: bool = False
-    limit: int | None = None
-    gap_bytes: int = DEFAULT_GAP_BYTES
-    remote_gap_bytes: int = DEFAULT_REMOTE_GAP_BYTES
-    remote_concurrency: int = DEFAULT_OPTIONS.concurrency
-    remote_timeout: float = DEFAULT_OPTIONS.timeout
-    remote_retry: float = DEFAULT_OPTIONS.retry_seconds
-    cache_dir: Path | None = None
-    cache_size: int | None = None
-    start_epoch: int = 0
-    static_cache: Capacity | Literal["auto"] = "auto"
-    permutation: str = "auto"
-    node_sharing: bool = True
-    locality: bool = False
-    nodes: int = 1
-    workers_per_rank: int = 1
-    node_cache: Capacity = _OFF
-    node_cache_dir: Path | None = None
+    # ------------------------------------------------------------------ tiers
+    tiers: tuple[str, ...] = option(
+        ("ram",), "Tiers", _tiers, show=",".join,
+        help="Tiers below the consumer: 'ram' or 'ram,ssd' (either order; a list in Python).")
+    ram_size: Capacity = option(
+        _RAM_SIZE, "Tiers", _capacity,
+        help="Everything this consumer's sampler holds in RAM, bytes (2GiB, 500MB) or records (10000records), at "
+             "least two records: batch buffers for the blocks in flight, then a static cache of what is left "
+             "(the whole dataset when it fits: later epochs read nothing). `shardkit sample` prints the split.",
+        doc="Blocks are sized for read speed (see :mod:`shardkit.readers.schedule`); with the SSD tier the "
+            "disk -> SSD copy buffer comes out of it too. Not in it: the per-record fields and the epoch order, "
+            "which are per dataset and shared by the processes of a node (``node_sharing``).")
+    ssd_size: Capacity = option(
+        _SSD_SIZE, "Tiers", _capacity,
+        help="SSD-tier budget (same syntax, at least --ram-size): two reservoirs of half of it. Only with "
+             "--tiers ram,ssd.")
+    ssd_dir: Path | None = option(
+        None, "Tiers", path_or_none, cli_type=Path,
+        help="Directory for the run's private SSD reservoirs (default: the system temp dir).")
+    static_cache: Capacity | Literal["auto"] = option(
+        "auto", "Tiers", _cache_option,
+        help="The part of --ram-size that pins a random subset of records for the whole run, never evicted: "
+             "auto (what the blocks do not need), bytes (256MiB), records (1000records), or 0 = off.",
+        doc="CoorDL's MinIO policy; shared by the processes of a node that use the same dataset, seed and size "
+            "(see :mod:`shardkit.readers.static_cache`).")
+    node_sharing: bool = option(
+        True, "Tiers", _flag, cli_type=bool,
+        help="Share per-dataset memory (fields, the exact epoch order, the static cache) among the processes of "
+             "this machine through private files under /dev/shm; off keeps everything private to the process.",
+        doc="See :mod:`shardkit.readers.node`.")
+    # ------------------------------------------------------------------ order
+    batch_size: int = option(256, "Order", count(1), cli_type=int, help="Records per batch of this consumer.")
+    epochs: int | None = option(
+        1, "Order", _count(0, optional=True), cli_type=int,
+        help="Epochs per iteration (None in Python: forever); iterating again continues with the next ones.")
+    start_epoch: int = option(0, "Order", count(0), cli_type=int, help="First epoch of the first iteration.")
+    seed: int = option(
+        0, "Order", _seed, cli_type=int, help="An integer in [0, 2**64); (seed, epoch) defines each epoch's order.",
+        doc="See :mod:`shardkit.readers.seeds`.")
+    mode: str = option(
+        "epoch", "Order", choice(*MODES),
+        help="epoch: uniform random permutation per epoch; replacement: independent uniform reservoirs; "
+             "sequential: storage order.")
+    permutation: str = option(
+        "auto", "Order", choice(*PERMUTATIONS),
+        help="Epoch order: exact (numpy permutation, 8 bytes a record), feistel (on-demand bijection, "
+             "statistically uniform) or auto (exact up to 1e8 records).",
+        doc="See :mod:`shardkit.readers.bijection`.")
+    limit: int | None = option(
+        None, "Order", _count(0, optional=True), cli_type=int,
+        help="Stop after this many records emitted to this consumer (default: all epochs).")
+    drop_last: bool = option(
+        False, "Order", _flag, cli_type=bool,
+        help="Drop the incomplete final global batch, so every consumer gets the same number of full batches "
+             "(what DDP needs).")
+    # ------------------------------------------------------------------ distribution
+    rank: int = option(0, "Distribution", count(0), cli_type=int, help="This consumer's index c (0 <= c < world size).")
+    world_size: int = option(1, "Distribution", count(1), cli_type=int,
+                             help="Number of consumers W sharing each global batch.")
+    locality: bool = option(
+        False, "Distribution", _flag, cli_type=bool,
+        help="Many nodes: each node pins a disjoint random part of the dataset (--static-cache in RAM, "
+             "--node-cache on its disk) and the ranks take their keys of every global batch from their own "
+             "node's cache where they can; every step keeps its set of records.",
+        doc="docs/design.md §10, :mod:`shardkit.readers.locality`.")
+    nodes: int = option(
+        1, "Distribution", count(1), cli_type=int,
+        help="Nodes M the ranks run on (with --locality); node m has the consecutive ranks m*R .. (m+1)*R-1.")
+    workers_per_rank: int = option(
+        1, "Distribution", count(1), cli_type=int,
+        help="Consumers per rank (DataLoader workers): consumer c is worker c mod k of rank c div k.")
+    node_cache: Capacity = option(
+        _OFF, "Distribution", _optional_capacity,
+        help="With --locality and --tiers ram: records this node pins on its local disk on top of "
+             "--static-cache, bytes or records; 0 = off.",
+        doc="Written once per node and reused by every process of the node and by later runs "
+            "(see :mod:`shardkit.readers.node_cache`).")
+    node_cache_dir: Path | None = option(
+        None, "Distribution", path_or_none, cli_type=Path,
+        help="Node-local directory of the node cache (default: the system temp dir).")
+    # ------------------------------------------------------------------ storage
+    gap_bytes: int = option(
+        DEFAULT_GAP_BYTES, "Storage", _gap, show=human_bytes,
+        help="Gaps between wanted records up to this size (bytes or 64KiB) are read rather than skipped, "
+             "so requests stay large and sequential.")
+    remote_gap_bytes: int = option(
+        DEFAULT_REMOTE_GAP_BYTES, "Storage", _remote_gap, show=human_bytes,
+        help="For a dataset in an object store: gaps up to this size are read rather than requested separately.",
+        doc="See :mod:`shardkit.formats.ranged` for how the default was chosen.")
+    remote_concurrency: int = option(
+        DEFAULT_OPTIONS.concurrency, "Storage", count(1), cli_type=int,
+        help="For a dataset in an object store: requests in flight at once.")
+    remote_timeout: float = option(
+        DEFAULT_OPTIONS.timeout, "Storage", duration, show=_seconds,
+        help="For a dataset in an object store: a request slower than this counts as a transient failure.")
+    remote_retry: float = option(
+        DEFAULT_OPTIONS.retry_seconds, "Storage", duration, show=_seconds,
+        help="For a dataset in an object store: retry transient failures (5xx, timeouts, resets) this long "
+             "before failing with an error naming the object and byte range.")
+    cache_dir: Path | None = option(
+        None, "Storage", path_or_none, cli_type=Path,
+        help="For a dataset in an object store: keep fetched shards in this local directory, so later epochs "
+             "read them locally (shared safely by concurrent runs).",
+        doc="Ignored for local datasets; see :mod:`shardkit.stores.cache`.")
+    cache_size: int | None = option(
+        None, "Storage", _optional_bytes,
+        help="Budget of --cache-dir in bytes (e.g. 50GiB; default: the whole dataset).")
 
     KIND = "sampler option"
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        name = self.name
-        values: dict[str, Any] = {
-            "tiers": parse_tiers(self.tiers, what=name("tiers")),
-            "ram_size": units.parse_capacity(self.ram_size, what=name("ram_size")),
-            "ssd_size": units.parse_capacity(self.ssd_size, what=name("ssd_size")),
-            "ssd_dir": path_or_none(self.ssd_dir, name("ssd_dir")),
-            "batch_size": parse_count(self.batch_size, what=name("batch_size"), minimum=1),
-            "epochs": None if self.epochs is None else parse_count(self.epochs, what=name("epochs"), minimum=0),
-            "seed": check_seed(self.seed, what=name("seed")),
-            "mode": self.mode,
-            "world_size": parse_count(self.world_size, what=name("world_size"), minimum=1),
-            "drop_last": _flag(self.drop_last, name("drop_last")),
-            "limit": None if self.limit is None else parse_count(self.limit, what=name("limit"), minimum=0),
-            "gap_bytes": DEFAULT_GAP_BYTES if self.gap_bytes is None
-            else parse_bytes(self.gap_bytes, what=name("gap_bytes"), allow_zero=True),
-            "remote_gap_bytes": parse_bytes(self.remote_gap_bytes, what=name("remote_gap_bytes"), allow_zero=True),
-            "remote_concurrency": parse_count(self.remote_concurrency, what=name("remote_concurrency"), minimum=1),
-            "remote_timeout": units.parse_duration(self.remote_timeout, what=name("remote_timeout"), allow_zero=False),
-            "remote_retry": units.parse_duration(self.remote_retry, what=name("remote_retry"), allow_zero=False),
-            "cache_dir": path_or_none(self.cache_dir, name("cache_dir")),
-            "cache_size": None if self.cache_size is None else parse_bytes(self.cache_size, what=name("cache_size")),
-            "start_epoch": parse_count(self.start_epoch, what=name("start_epoch"), minimum=0),
-            "static_cache": _cache_option(self.static_cache, name("static_cache")),
-            "permutation": self.permutation,
-            "node_sharing": _flag(self.node_sharing, name("node_sharing")),
-            "locality": _flag(self.locality, name("locality")),
-            "nodes": parse_count(self.nodes, what=name("nodes"), minimum=1),
-            "workers_per_rank": parse_count(self.workers_per_rank, what=name("workers_per_rank"), minimum=1),
-            "node_cache": units.parse_capacity(0 if self.node_cache is None else self.node_cache,
-                                               what=name("node_cache"), allow_zero=True),
-            "node_cache_dir": path_or_none(self.node_cache_dir, name("node_cache_dir")),
-        }  # fmt: skip
-        if self.permutation not in PERMUTATIONS:
-            raise ConfigError(f"{name('permutation')}: expected one of {', '.join(PERMUTATIONS)}, found {self.permutation!r}")
-        if self.mode not in MODES:
-            raise ConfigError(f"{name('mode')}: expected one of {', '.join(MODES)}, found {self.mode!r}")
-        rank = parse_count(self.rank, what=name("rank"), minimum=0)
-        if rank >= values["world_size"]:
+        if self.rank >= self.world_size:
+            name = self.name
             raise ConfigError(
-                f"{name('rank')}: expected 0 <= {name('rank')} < {name('world_size')}={values['world_size']}, "
+                f"{name('rank')}: expected 0 <= {name('rank')} < {name('world_size')}={self.world_size}, "
                 f"found {self.rank!r}"
             )
-        values["rank"] = rank
-        self._check_layout(values)
-        for key, value in values.items():
-            object.__setattr__(self, key, value)
+        self._check_layout()
 
-    def _check_layout(self, values: dict[str, Any]) -> None:
+    def _check_layout(self) -> None:
         """Consumers, workers per rank and nodes must nest (W = ranks * k, ranks = M * R); the node
         cache needs locality and the RAM tier alone."""
         name = self.name
-        w, k, m = values["world_size"], values["workers_per_rank"], values["nodes"]
+        w, k, m = self.world_size, self.workers_per_rank, self.nodes
         if w % k:
             raise ConfigError(
                 f"{name('workers_per_rank')}: expected a divisor of {name('world_size')}={w} (consumers are "
@@ -423,20 +530,30 @@ class SamplerOptions(UserOptions):
                 f"{name('nodes')}: expected a divisor of the {w // k} ranks ({name('world_size')} / "
                 f"{name('workers_per_rank')}), found {m}"
             )
-        if values["node_cache"].to_bytes(1):
-            if not values["locality"]:
+        if self.node_cache.to_bytes(1):
+            if not self.locality:
                 raise ConfigError(
                     f"{name('node_cache')}: a node's disk cache holds its part of the node partition, which only "
-                    f"{name('locality')} uses; found {name('node_cache')}={values['node_cache']} without {name('locality')}"
+                    f"{name('locality')} uses; found {name('node_cache')}={self.node_cache} without {name('locality')}"
                 )
-            if "ssd" in values["tiers"]:
+            if "ssd" in self.tiers:
                 raise ConfigError(
                     f"{name('node_cache')}: the node cache is this node's local-disk tier; with "
-                    f"{name('tiers')}={','.join(values['tiers'])} the SSD tier would copy the same records again. "
+                    f"{name('tiers')}={','.join(self.tiers)} the SSD tier would copy the same records again. "
                     f"Use {name('tiers')}='ram' with {name('node_cache')}, or the SSD tier without it"
                 )
 
     # ------------------------------------------------------------------ construction
+    @classmethod
+    def given(cls, options: SamplerOptions | None = None, **overrides: Any) -> SamplerOptions:
+        """What an entry point taking ``options`` and ``**overrides`` runs with: ``options`` (default:
+        the defaults) with ``overrides`` applied, validated; an unknown name is a ConfigError."""
+        if options is None:
+            return cls.parse(**overrides)
+        if not isinstance(options, SamplerOptions):
+            raise ConfigError(f"options: expected a SamplerOptions, found {type(options).__name__}")
+        return options.replace(**overrides)
+
     def replace(self, **values: Any) -> SamplerOptions:
         """A copy with ``values`` changed, validated again; unknown names are a ConfigError."""
         self.check_names(values, self.source)
@@ -566,31 +683,6 @@ def _describe(nbytes: int, rec: int) -> str:
     return f"{human_bytes(nbytes)} ({nbytes // rec} records of {rec} bytes)"
 
 
-def _cache_option(value: object, what: str) -> Capacity | Literal["auto"]:
-    """``"auto"`` or a parsed capacity (0 = off)."""
-    if isinstance(value, str) and value.strip().lower() == "auto":
-        return "auto"
-    try:
-        return units.parse_capacity(0 if value is None else value, what=what, allow_zero=True)  # type: ignore[arg-type]
-    except ConfigError:
-        raise ConfigError(f"{what}: expected 'auto', 0 (off), a size such as 512MiB or a record count such as "
-                          f"1000records, found {value!r}") from None
-
-
-def path_or_none(value: object, what: str) -> Path | None:
-    """A directory option: ``None`` or a path (text or ``os.PathLike``); anything else is a ConfigError naming ``what``."""
-    if value is None:
-        return None
-    if isinstance(value, (str, os.PathLike)):
-        return Path(value)
-    raise ConfigError(f"{what}: expected a directory path, found {value!r}")
-
-
-def _flag(value: object, what: str) -> bool:
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    raise ConfigError(f"{what}: expected True or False, found {value!r}")
-
-
 #: The defaults, for entry points that show them (CLI help) or take them as keyword defaults.
 DEFAULTS = SamplerOptions()
+SamplerOptions.__doc__ = f"{SamplerOptions.__doc__}{SamplerOptions.describe()}"

@@ -133,9 +133,7 @@ class TieredSampler(Closing):
         options: SamplerOptions | None = None,
         **overrides: Any,
     ) -> None:
-        if options is not None and not isinstance(options, SamplerOptions):
-            raise ConfigError(f"options: expected a SamplerOptions, found {type(options).__name__}")
-        opts = SamplerOptions.parse(**overrides) if options is None else options.replace(**overrides)
+        opts = SamplerOptions.given(options, **overrides)
         #: The mixture this sampler reads (``None``: one dataset); see :mod:`shardkit.readers.sources`.
         self.mixture: Mixture | None = None
         self._plan: MixturePlan | None = None

@@ -90,3 +90,38 @@ def write_keyed_mixture(root: Path) -> list[Path]:
         paths.append(p)
         first += n
     return paths
+
+
+#: For every sampler option, keyword values that set it to something other than its default (with
+#: the options it needs), valid for the keyed dataset; tests/adapters/test_option_declaration.py
+#: checks that the keys are exactly the declared options, so a new option needs a case here.
+OPTION_CASES: dict[str, dict[str, object]] = {
+    "tiers": {"tiers": "ram,ssd"},
+    "ram_size": {"ram_size": "8MiB"},
+    "ssd_size": {"ssd_size": "1GiB"},
+    "ssd_dir": {"ssd_dir": "/tmp/shardkit-option-case"},
+    "static_cache": {"static_cache": "0"},
+    "node_sharing": {"node_sharing": False},
+    "batch_size": {"batch_size": 7},
+    "epochs": {"epochs": 3},
+    "start_epoch": {"start_epoch": 2},
+    "seed": {"seed": 5},
+    "mode": {"mode": "sequential"},
+    "permutation": {"permutation": "feistel"},
+    "limit": {"limit": 10},
+    "drop_last": {"drop_last": True},
+    "rank": {"rank": 1, "world_size": 2},
+    "world_size": {"world_size": 2},
+    "locality": {"locality": True},
+    "nodes": {"nodes": 2, "world_size": 2, "locality": True},
+    "workers_per_rank": {"workers_per_rank": 2, "world_size": 2},
+    "node_cache": {"node_cache": "1MiB", "locality": True},
+    "node_cache_dir": {"node_cache_dir": "/tmp/shardkit-option-case"},
+    "gap_bytes": {"gap_bytes": "0"},
+    "remote_gap_bytes": {"remote_gap_bytes": "4KiB"},
+    "remote_concurrency": {"remote_concurrency": 4},
+    "remote_timeout": {"remote_timeout": "5s"},
+    "remote_retry": {"remote_retry": "7s"},
+    "cache_dir": {"cache_dir": "/tmp/shardkit-option-case"},
+    "cache_size": {"cache_size": "1GiB"},
+}

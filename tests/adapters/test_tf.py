@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from _adapter_data import N_KEYED, NUM_CLASSES, decode_keys, keyed_images
 
-from shardkit.readers import epoch_permutation
+from shardkit.readers import SamplerOptions, epoch_permutation
 
 if importlib.util.find_spec("tensorflow") is None:  # CI installs the extra; `.[dev]` alone skips these
     pytest.skip("the 'tensorflow' extra is not installed", allow_module_level=True)
@@ -153,3 +153,11 @@ def test_the_static_cache_goes_with_the_dataset(observed: dict) -> None:
     regions = observed["cache_regions"]
     assert len(regions["during"]) == 1, regions
     assert regions["after"] == [], regions
+
+
+def test_every_option_reaches_the_sampler(observed: dict) -> None:
+    """make_tf_dataset takes every declared sampler option, as an override and in ``options=``
+    (workers_per_rank is placed by the adapter: one consumer per input pipeline)."""
+    reached = observed["options_reached"]
+    assert sorted(reached) == sorted(SamplerOptions.declared())
+    assert {n for n, ok in reached.items() if ok != [True, True]} == {"workers_per_rank"}

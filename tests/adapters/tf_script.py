@@ -16,12 +16,12 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
 import numpy as np
 import tensorflow as tf
-from _adapter_data import blobs, write_keyed_mixture
+from _adapter_data import OPTION_CASES, blobs, write_keyed_mixture
 
 import shardkit
 from shardkit.adapters.tf import adopt_payload, make_tf_dataset
 from shardkit.formats.reader import aligned_empty
-from shardkit.readers import node
+from shardkit.readers import SamplerOptions, TieredSampler, node
 
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
@@ -40,6 +40,26 @@ def spec_of(ds: tf.data.Dataset) -> object:
 def main() -> None:
     keyed, blob_path, out, seed = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     res: dict[str, object] = {}
+
+    # Every sampler option reaches the sampler make_tf_dataset builds, as an override and in options=.
+    seen: list[SamplerOptions] = []
+    init = TieredSampler.__init__
+
+    def spy(self: TieredSampler, *args: object, **kwargs: object) -> None:
+        init(self, *args, **kwargs)  # type: ignore[arg-type]
+        seen.append(self.options)
+
+    TieredSampler.__init__ = spy  # type: ignore[method-assign]
+    reached = {}
+    for name, case in OPTION_CASES.items():
+        want = getattr(SamplerOptions(**case), name)  # type: ignore[arg-type]
+        make_tf_dataset(keyed, **case)
+        by_keyword = getattr(seen[-1], name)
+        make_tf_dataset(keyed, options=SamplerOptions(**case))  # type: ignore[arg-type]
+        reached[name] = [str(by_keyword) == str(want), str(getattr(seen[-1], name)) == str(want)]
+    TieredSampler.__init__ = init  # type: ignore[method-assign]
+    res["options_reached"] = reached
+    gc.collect()
 
     # Element spec and two full iterations (the second continues with the next epoch).
     ds = make_tf_dataset(keyed, batch_size=8, seed=seed)

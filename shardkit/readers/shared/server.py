@@ -25,9 +25,10 @@ from typing import Any
 
 import numpy as np
 
+from shardkit.converters.options import count, duration
 from shardkit.errors import ConfigError, PeerTimeoutError, ProtocolError, SamplerError, ShardkitError
 from shardkit.formats import Dataset, PayloadArray
-from shardkit.readers.config import DEFAULTS, SamplerOptions, Source, UserOptions, option_name, path_or_none
+from shardkit.readers.config import SamplerOptions, UserOptions, option, path_or_none, shared_option
 from shardkit.readers.mixture import MixturePlan
 from shardkit.readers.scratch import ReservoirSlots
 from shardkit.readers.shared.order import blocks, partition
@@ -58,7 +59,7 @@ from shardkit.readers.ssd import READ_CHUNK_BYTES, SsdSpace
 from shardkit.readers.stats import SamplerStats
 from shardkit.readers.stopping import Stopped
 from shardkit.stores import Location, as_location
-from shardkit.units import Capacity, parse_count, parse_duration
+from shardkit.units import Capacity
 
 __all__ = ["ServeOptions", "SERVE_DEFAULTS", "TierServer", "serve"]
 
@@ -68,60 +69,47 @@ logger = logging.getLogger(__name__)
 _TICK = 0.2
 
 
-_COMMON = ("tiers", "ram_size", "ssd_size", "ssd_dir", "seed", "epochs", "gap_bytes")
-
-
 @dataclass(frozen=True)
 class ServeOptions(UserOptions):
     """Every option of :class:`TierServer`, validated and normalised on construction.
 
     Values are parsed with :mod:`shardkit.units` (``ram_size="2GiB"``, ``lease_seconds="2min"``,
-    ``slots="4"``); :meth:`parse` also refuses unknown names. Budgets and the gap default are the
-    sampler's (:data:`~shardkit.readers.config.DEFAULTS`). ``source`` says how errors spell option
-    names: ``ram_size`` in Python, ``--ram-size`` on the command line (``lease_seconds`` is ``--lease``).
+    ``slots="4"``); :meth:`parse` also refuses unknown names. The options a sampler has too share
+    its declarations (:func:`~shardkit.readers.config.shared_option`: grammar, default, flag); only
+    what they mean here differs. ``source`` says how errors spell option names: ``ram_size`` in
+    Python, ``--ram-size`` on the command line (``lease_seconds`` is ``--lease``).
     """
 
-    tiers: tuple[str, ...] = DEFAULTS.tiers
-    #: The whole shared ring: ``slots`` slots of ``K = ram_size / (slots * record size)`` records.
-    ram_size: Capacity = DEFAULTS.ram_size
-    ssd_size: Capacity = DEFAULTS.ssd_size
-    ssd_dir: Path | None = None
-    seed: int = 0
-    epochs: int | None = None
-    slots: int = 3
-    wait_for: int = 1
-    lease_seconds: float = 30.0
-    gap_bytes: int = DEFAULTS.gap_bytes
-    max_connections: int = 64
-    base_dir: Path | None = None
+    tiers: tuple[str, ...] = shared_option(SamplerOptions, "tiers")
+    ram_size: Capacity = shared_option(
+        SamplerOptions, "ram_size", doc="",
+        help="The shared-memory ring: --slots slots of ram-size/slots each (bytes like 2GiB, or 10000records).")
+    ssd_size: Capacity = shared_option(
+        SamplerOptions, "ssd_size", help="SSD-tier budget: two reservoirs of half of it. Only with --tiers ram,ssd.")
+    ssd_dir: Path | None = shared_option(SamplerOptions, "ssd_dir")
+    seed: int = shared_option(SamplerOptions, "seed", doc="",
+                              help="Seeds the server's partition of every epoch into reservoirs.")
+    epochs: int | None = shared_option(
+        SamplerOptions, "epochs", default=None, cli_type=str,
+        help="Serve this many epochs, then stop (default: until SIGTERM/Ctrl-C).")
+    slots: int = option(3, "Server", count(2),
+                        help="Ring slots (>= 2); a slow job holds the others back by at most this many reservoirs.")
+    wait_for: int = option(1, "Server", count(1), help="Jobs to wait for before the first epoch.")
+    lease_seconds: float = option(
+        30.0, "Server", duration, flag="--lease", show=lambda s: f"{s:g}s",
+        help="A job silent this long is dropped, and a job hearing nothing from the server this long gives up "
+             "(30s, 2min).")
+    gap_bytes: int = shared_option(SamplerOptions, "gap_bytes")
+    max_connections: int = option(64, "Server", count(1), help="Connections served at once; more are refused.")
+    base_dir: Path | None = option(None, "Server", path_or_none, flag=None,
+                                   help="Where the run directory goes (default /dev/shm, else the temp dir).")
 
     KIND = "server option"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        name = self.name
-        # The options a sampler has too are checked (and spelled in errors) by the sampler's own options.
-        common = SamplerOptions(tiers=self.tiers, ram_size=self.ram_size, ssd_size=self.ssd_size, ssd_dir=self.ssd_dir,
-                                seed=self.seed, epochs=self.epochs, gap_bytes=self.gap_bytes, source=self.source)
-        values: dict[str, Any] = {f: getattr(common, f) for f in _COMMON}
-        values.update(
-            slots=parse_count(self.slots, what=name("slots"), minimum=2),
-            wait_for=parse_count(self.wait_for, what=name("wait_for"), minimum=1),
-            lease_seconds=parse_duration(self.lease_seconds, what=name("lease_seconds"), allow_zero=False),
-            max_connections=parse_count(self.max_connections, what=name("max_connections"), minimum=1),
-            base_dir=path_or_none(self.base_dir, name("base_dir")),
-        )
-        for key, value in values.items():
-            object.__setattr__(self, key, value)
-
-    @classmethod
-    def spell(cls, option: str, source: Source) -> str:
-        """As :meth:`UserOptions.spell`, but ``lease_seconds`` is ``--lease`` on the command line."""
-        return "--lease" if (option, source) == ("lease_seconds", "cli") else option_name(option, source)
 
 
 #: Every server option's default, validated: what ``shardkit serve`` shows and passes when a flag is not given.
 SERVE_DEFAULTS = ServeOptions()
+ServeOptions.__doc__ = f"{ServeOptions.__doc__}{ServeOptions.describe()}"
 
 
 class _Job:
