@@ -80,13 +80,15 @@ def open_private(
     the directory's path, for messages."""
     if flags & os.O_CREAT and not flags & os.O_EXCL:
         existing = flags & ~os.O_CREAT
-        try:
-            return open_private(dir_fd, name, existing, where=where, kind=kind)
-        except FileNotFoundError:
+        while True:  # each turn means another process created or deleted the file meanwhile
+            try:
+                return open_private(dir_fd, name, existing, where=where, kind=kind)
+            except FileNotFoundError:
+                pass
             try:
                 return open_private(dir_fd, name, flags | os.O_EXCL, where=where, kind=kind)
-            except FileExistsError:  # another process created it meanwhile
-                return open_private(dir_fd, name, existing, where=where, kind=kind)
+            except FileExistsError:
+                pass
     try:
         fd = os.open(name, flags | _NOFOLLOW, FILE_MODE, dir_fd=dir_fd)
     except OSError as exc:

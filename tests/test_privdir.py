@@ -188,3 +188,29 @@ def test_mutex_excludes_other_processes_while_held(tmp_path: Path) -> None:
         finally:
             os.close(probe)
             mutex.close()
+
+
+def test_open_or_create_survives_a_file_created_and_deleted_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opening a lock file that must exist afterwards (the node-shared regions' ``R.lock``) while
+    other processes create it and delete it again between our two attempts: it ends up opened,
+    never a FileNotFoundError (forced through os.open, no timing)."""
+    real_open = os.open
+    events: list[str] = []
+
+    def racing_open(name: str, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
+        if name == "lock" and flags & os.O_EXCL and not events:
+            os.close(real_open(name, os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=dir_fd))  # another process creates it
+            events.append("created")
+        elif name == "lock" and not flags & os.O_CREAT and events == ["created"]:
+            os.unlink(name, dir_fd=dir_fd)  # ... and its last user deletes it
+            events.append("deleted")
+        return real_open(name, flags, mode, dir_fd=dir_fd)
+
+    with PrivateDir.create(tmp_path / "d") as d:
+        with monkeypatch.context() as m:
+            m.setattr(os, "open", racing_open)
+            fd = d.lock()
+        assert events == ["created", "deleted"] and fd is not None
+        os.close(fd)
