@@ -60,7 +60,7 @@ import numpy as np
 
 from shardkit.converters.base import Decoder
 from shardkit.converters.pipeline import ProgressFn, Tally, decode_into
-from shardkit.errors import ConversionError, InsecurePathError, NotADatasetError, SchemaError, ShardkitError, WorkerError
+from shardkit.errors import ConversionError, NotADatasetError, SchemaError, ShardkitError, WorkerError
 from shardkit.formats import FieldSpec
 from shardkit.formats import jsonvalues as jv
 from shardkit.formats.atomic import write_bytes_atomic
@@ -72,6 +72,7 @@ from shardkit.formats.outputs import PARTS_DIR
 from shardkit.formats.publish import put_checked
 from shardkit.formats.spec import MAX_CRC32C, SkippedInput, chunk_key
 from shardkit.formats.writer import ShardWriter
+from shardkit.privdir import DIR_MODE, PrivateDir
 from shardkit.processes import pid_alive
 from shardkit.stores import Store, open_store
 
@@ -288,18 +289,9 @@ class Spilled:
 
 def _spill_base() -> Path:
     """This user's spill directory in the temp dir: created 0700, refused unless ours and private."""
-    base = Path(tempfile.gettempdir()) / f"shardkit-spill-{os.geteuid()}"
-    try:
-        base.mkdir(mode=0o700)
-    except FileExistsError:
-        pass
-    st = os.lstat(base)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) != 0o700:
-        raise InsecurePathError(
-            f"{base}: a spill directory must be a directory owned by uid {os.geteuid()} with mode 0o700; refusing to "
-            "write decoded records there (another user may control it). Remove it or set TMPDIR"
-        )
-    return base
+    with PrivateDir.create(Path(tempfile.gettempdir()) / f"shardkit-spill-{os.geteuid()}", what="a spill directory",
+                           advice="Remove it or set TMPDIR") as base:
+        return base.path
 
 
 def _remove_stale_spills(base: Path, plan: str) -> None:
@@ -393,7 +385,7 @@ def count_part(job: PartJob) -> Spilled:
         return Spilled(job.part, done, socket.gethostname(), str(final), worker_name())
     tmp = base / f"{final.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(mode=0o700)
+    tmp.mkdir(mode=DIR_MODE)
     sink = _SpillWriter(job, tmp)
     try:
         tally = decode_into(job.decoder, job.items, sink, 0, names=job.names, chunk_size=job.chunk_size,

@@ -30,11 +30,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from shardkit.errors import ConversionError, InsecurePathError
+from shardkit.errors import ConversionError
 from shardkit.formats import DatasetMeta, ShardInfo
 from shardkit.formats.metadata import read_dataset_meta
 from shardkit.formats.publish import object_matches, put_checked, upload_dataset
 from shardkit.formats.spec import ZARR_JSON
+from shardkit.privdir import PrivateDir
 from shardkit.stores import Store, location_string, open_store
 
 __all__ = ["RemoteOutput", "is_remote_output"]
@@ -68,14 +69,10 @@ class RemoteOutput:
         parent = Path(staging_dir) if staging_dir is not None else Path(tempfile.gettempdir())
         if not parent.is_dir():
             raise ConversionError(f"staging_dir: expected an existing directory, found {str(parent)!r}")
-        base = parent / f"shardkit-upload-{os.geteuid()}"
-        base.mkdir(mode=0o700, exist_ok=True)
-        st = base.lstat()
-        if base.is_symlink() or st.st_uid != os.geteuid():
-            raise InsecurePathError(f"{base}: the staging directory must be a real directory owned by this user")
-        os.chmod(base, 0o700)
-        #: The local directory the conversion writes (stable for one URL, so a re-run resumes).
-        self.local = base / hashlib.sha256(self.url.encode()).hexdigest()[:24]
+        with PrivateDir.create(parent / f"shardkit-upload-{os.geteuid()}", what="the staging directory",
+                               advice="Remove it, or choose another --staging-dir", tighten=True) as base:
+            #: The local directory the conversion writes (stable for one URL, so a re-run resumes).
+            self.local = base.path / hashlib.sha256(self.url.encode()).hexdigest()[:24]
 
     # ------------------------------------------------------------------ before converting
     def finished(self) -> DatasetMeta | None:

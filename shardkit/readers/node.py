@@ -9,12 +9,12 @@ exists once and each process's proportional set size (PSS) carries only its shar
 
 Names and privacy
 -----------------
-* The directory is ``/dev/shm/shardkit-<uid>``: created ``0700``; before any use it is opened with
-  ``O_NOFOLLOW | O_DIRECTORY`` and must be a real directory owned by this user with no group or
-  other permissions, else sharing is off for the process (a warning says why) and everything is
-  kept private. Every file is then opened relative to that descriptor, never by path, with
-  ``O_NOFOLLOW``, created ``0600``, and checked (regular file, owner, size) before it is mapped.
-  Another user cannot create, replace or read anything in it.
+* The directory is ``/dev/shm/shardkit-<uid>``, a :class:`~shardkit.privdir.PrivateDir`: created
+  ``0700``, or else it must be a real directory (not a symlink) owned by this user with mode
+  ``0700``, else sharing is off for the process (a warning says why) and everything is kept
+  private. Every file is then opened relative to its descriptor, never by path or through a
+  symlink, created ``0600``, and checked (regular file, owner, no group/other permissions, size)
+  before it is mapped. Another user cannot create, replace or read anything in it.
 * A region's name is a hash of everything its bytes depend on (for a dataset: its path, its root
   document's inode, modification time and SHA-256; for an order: seed, epoch and size; for a cache:
   the pinned set and the record layout), so two datasets, seeds or epochs never meet in one file.
@@ -48,7 +48,6 @@ import mmap
 import os
 import random
 import secrets
-import stat
 import threading
 import time
 import weakref
@@ -61,6 +60,7 @@ import numpy as np
 from shardkit.dirfd import exists_at, unlink_at
 from shardkit.formats import Dataset, FieldSpec
 from shardkit.formats.fields import read_field_rows
+from shardkit.privdir import PrivateDir, create_private, open_private
 from shardkit.processes import pid_alive
 
 __all__ = [
@@ -73,16 +73,12 @@ __all__ = [
     "node_permutation",
     "remove_stale",
     "SHM_ROOT",
-    "DIR_MODE",
-    "FILE_MODE",
 ]
 
 logger = logging.getLogger(__name__)
 
 #: Where shared regions live (a tmpfs on Linux).
 SHM_ROOT = Path("/dev/shm")
-DIR_MODE = 0o700
-FILE_MODE = 0o600
 #: How long a process waits for another one to finish creating a region before it gives up and
 #: keeps a private copy (a stuck creator must not hang training).
 CREATE_TIMEOUT = 600.0
@@ -114,39 +110,17 @@ def _private_dir() -> int | None:
         try:
             if not SHM_ROOT.is_dir():
                 raise OSError(errno.ENOENT, f"{SHM_ROOT} does not exist")
-            try:
-                os.mkdir(path, DIR_MODE)
-            except FileExistsError:
-                pass
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError as exc:
+            private = PrivateDir.create(path, what="the directory of node-shared memory")
+        except OSError as exc:  # InsecurePathError included: it says what was found
             logger.warning("node sharing is off: cannot use %s (%s); every process keeps its own copies", path, exc)
             return None
-        st = os.fstat(fd)
-        if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
-            os.close(fd)
-            logger.warning(
-                "node sharing is off: %s belongs to uid %d with mode %o, expected uid %d and no access for "
-                "others; every process keeps its own copies", path, st.st_uid, stat.S_IMODE(st.st_mode), os.geteuid(),
-            )  # fmt: skip
-            return None
-        _dir_state["fd"] = fd
-        return fd
+        _dir_state["fd"] = private.fd  # kept open for the process
+        return private.fd
 
 
 def sharing_available() -> bool:
     """Can this process share regions with others on the machine?"""
     return _private_dir() is not None
-
-
-def _open_checked(name: str, dfd: int, flags: int) -> int:
-    """Open ``name`` in the private directory: never through a symlink, a regular file of ours."""
-    fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE, dir_fd=dfd)
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
-        os.close(fd)
-        raise PermissionError(errno.EPERM, f"{name}: not a private regular file of this user")
-    return fd
 
 
 def _same_file(name: str, dfd: int, fd: int) -> bool:
@@ -170,7 +144,7 @@ def _remove_stale(dfd: int) -> None:
         if not name.endswith(".lock"):
             continue
         try:
-            lfd = _open_checked(name, dfd, os.O_RDWR)
+            lfd = open_private(dfd, name, os.O_RDWR)
         except OSError:
             continue
         try:
@@ -342,7 +316,7 @@ def attach(
     deadline = time.monotonic() + timeout
     while True:
         try:
-            lfd = _open_checked(f"{name}.lock", dfd, os.O_RDWR | os.O_CREAT)
+            lfd = open_private(dfd, f"{name}.lock", os.O_RDWR | os.O_CREAT)
         except OSError as exc:  # not a private regular file of ours (a planted symlink, say)
             logger.warning("node sharing: %s.lock in %s is unusable (%s); keeping a private copy", name, SHM_ROOT, exc)
             return None
@@ -386,7 +360,7 @@ def _open_or_create(
     where = f"{SHM_ROOT}/shardkit-{os.geteuid()}/{name}"
     while True:
         try:
-            fd = _open_checked(name, dfd, flags)
+            fd = open_private(dfd, name, flags)
         except FileNotFoundError:
             fd = -1
         except OSError as exc:  # a symlink, another owner, group/other permissions: never used
@@ -419,16 +393,15 @@ def _open_or_create(
             fcntl.flock(lfd, fcntl.LOCK_SH)
         if not writable:
             os.close(fd)
-            fd = _open_checked(name, dfd, flags)
+            fd = open_private(dfd, name, flags)
         return SharedRegion(name, nbytes, mmap.mmap(fd, nbytes, mmap.MAP_SHARED, prot), lfd, fd, True)
 
 
 def _create(name: str, nbytes: int, init: Callable[[mmap.mmap], None], dfd: int, reserve: int) -> int:
     """Write the region under a temporary name and rename it into place; return a descriptor."""
     tmp = f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE, dir_fd=dfd)
+    fd = create_private(dfd, tmp)
     try:
-        os.fchmod(fd, FILE_MODE)  # exact, whatever the umask
         os.ftruncate(fd, nbytes)
         # Reserve the memory ``init`` writes now: a full tmpfs must fail here (ENOSPC, then a
         # private copy), not with SIGBUS on the first write through the mapping.

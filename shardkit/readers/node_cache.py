@@ -12,7 +12,7 @@ storage read is a miss of the assignment.
 The disk part
 -------------
 ``<node_cache_dir>/shardkit-node-cache-<uid>/`` is the user's private directory (mode ``0700``,
-owner checked, never through a symlink: :class:`~shardkit.readers.shared.rundir.RunDir`). Each
+owner checked, never through a symlink: :class:`~shardkit.privdir.PrivateDir`). Each
 disk part is one entry in it: a shardkit dataset (:func:`_write_entry`: the pinned records in
 ascending key order and their ``source_key``), named by a digest of everything that decides its
 content (the dataset's identity, the seed, the node count, the node and the depth range). So
@@ -53,8 +53,7 @@ from shardkit.formats import Dataset, DatasetWriter, FieldSpec, PayloadArray, Re
 from shardkit.formats.reader import Destination
 from shardkit.formats.spec import records_per_shard_for
 from shardkit.formats.verify import verify
-from shardkit.readers.shared.rundir import RunDir
-from shardkit.readers.ssd import DIR_MODE, FILE_MODE
+from shardkit.privdir import DIR_MODE, FILE_MODE, PrivateDir
 from shardkit.readers.stopping import POLL_SECONDS, Stopped
 from shardkit.stores.atomic import is_out_of_space
 
@@ -233,7 +232,8 @@ class NodeDiskCache:
         """The disk part's dataset, written under the directory lock unless a valid one exists."""
         if not self.directory.parent.is_dir():
             raise SamplerError(f"node_cache_dir: expected an existing directory, found {str(self.directory.parent)!r}")
-        run = RunDir.claim(self.directory)
+        run = PrivateDir.create(self.directory, what="the node cache directory",
+                                advice="Remove it, or choose another node_cache_dir")  # fmt: skip
         try:
             found = self._valid_entry(payload)
             if found is not None:
@@ -253,7 +253,7 @@ class NodeDiskCache:
         finally:
             run.close()
 
-    def _wait_for_lock(self, run: RunDir, stop: threading.Event) -> int:
+    def _wait_for_lock(self, run: PrivateDir, stop: threading.Event) -> int:
         waited = 0.0
         while True:
             fd = run.lock()

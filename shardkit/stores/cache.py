@@ -10,17 +10,17 @@ unchecked, and a file under a final name is always complete and verified (a run 
 leaves only a ``.part``, removed once stale). The order of the records is not affected: the cache
 changes where bytes come from, never which.
 
-Layout (everything private to the user: directories 0700, files 0600, owner checked, symlinks
-never followed)::
+Layout (everything private to the user, :mod:`shardkit.privdir`: directories 0700, files 0600,
+owner checked, symlinks never followed)::
 
     <cache_dir>/shardkit-cache-<uid>/          the root; ``lock`` inside serialises bookkeeping
         <namespace>/                          one per dataset version (hash of URL + root document)
             <entry>                           a complete, verified copy
             <entry>.part                      a copy being downloaded
 
-Concurrency: bookkeeping (claims, admission, eviction, promotion) happens under an exclusive
-``flock`` of ``lock`` (plus a thread lock, since a flock does not exclude threads of one process);
-data is written outside it. Renames are atomic; a reader that opened an entry keeps reading it even
+Concurrency: bookkeeping (claims, admission, eviction, promotion) happens under the root's
+:class:`~shardkit.privdir.Mutex` on ``lock`` (one process and one thread at a time); data is
+written outside it. Renames are atomic; a reader that opened an entry keeps reading it even
 if another process evicts it (an unlinked file stays readable through an open descriptor).
 
 Budget and eviction: ``budget`` bytes cover complete copies and copies being filled (a copy reserves
@@ -36,57 +36,32 @@ died) are removed.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import logging
 import os
-import stat
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
-from shardkit.dirfd import exists_at, unlink_at
-from shardkit.errors import ConfigError, InsecurePathError
+from shardkit.errors import ConfigError
+from shardkit.privdir import PrivateDir
 
 __all__ = ["ShardCache", "cache_namespace", "STALE_SECONDS"]
 
 logger = logging.getLogger(__name__)
 
-DIR_MODE = 0o700
-FILE_MODE = 0o600
 #: A copy being filled that nobody wrote to for this long belongs to a dead run and is removed. A
 #: download writes continuously, and gives up after ``StoreOptions.retry_seconds`` (2 min) without
 #: progress, so 10 minutes of silence means its writer is gone.
 STALE_SECONDS = 600.0
 _PART = ".part"
+_ADVICE = "Remove it, or choose another cache_dir"
 
 
 def cache_namespace(url: str, fingerprint: str) -> str:
     """The directory name of one dataset version: a hash of its URL and root-document fingerprint,
     so a replaced dataset never reads another version's bytes."""
     return hashlib.sha256(f"{url}\0{fingerprint}".encode()).hexdigest()[:32]
-
-
-def _private_dir(path: Path, *, parent_fd: int | None = None) -> int:
-    """Open (creating it if needed) a directory that must be ours and private; returns its fd."""
-    name = path.name if parent_fd is not None else str(path)
-    try:
-        os.mkdir(name, DIR_MODE, dir_fd=parent_fd)
-    except FileExistsError:
-        pass
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent_fd)
-    except OSError as exc:
-        raise InsecurePathError(f"{path}: cannot use it as a private cache directory ({exc.strerror}; a symlink?)") from None
-    st = os.fstat(fd)
-    if st.st_uid != os.geteuid():
-        os.close(fd)
-        raise InsecurePathError(f"{path}: the cache directory belongs to uid {st.st_uid}, not to this user")
-    if stat.S_IMODE(st.st_mode) != DIR_MODE:
-        os.fchmod(fd, DIR_MODE)
-    return fd
 
 
 class ShardCache:
@@ -110,26 +85,15 @@ class ShardCache:
             raise ConfigError(f"cache_size: expected a non-negative size, found {budget}")
         self.root = parent / f"shardkit-cache-{os.geteuid()}"
         self.budget = budget
-        self._root_fd = _private_dir(self.root)
+        self._root = PrivateDir.create(self.root, what="the cache directory", advice=_ADVICE, tighten=True)
         self.dir = self.root / namespace
-        self._dir_fd = _private_dir(self.dir, parent_fd=self._root_fd)
-        self._lock_fd = os.open("lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, FILE_MODE, dir_fd=self._root_fd)
-        self._thread_lock = threading.Lock()
+        self._ns = self._root.subdir(namespace, what="the cache directory", advice=_ADVICE, tighten=True)
+        self._locked = self._root.mutex()
         self._used: set[str] = set()  # copies this instance opened (their recency was touched)
         self._refused: set[str] = set()
         self._verified: set[str] = set()
         self._fds: dict[str, int] = {}
         self.hits = 0
-
-    # ------------------------------------------------------------------ locking
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        with self._thread_lock:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
     # ------------------------------------------------------------------ reading
     def open(self, name: str, verify: Callable[[int], bool]) -> int | None:
@@ -146,13 +110,13 @@ class ShardCache:
         if name in self._refused:
             return None
         try:
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self._dir_fd)
+            fd = self._ns.open_file(name, os.O_RDONLY)
         except FileNotFoundError:
             return None
         if name not in self._verified and not verify(fd):
             os.close(fd)
-            with self._locked():
-                unlink_at(name, self._dir_fd)
+            with self._locked:
+                self._ns.unlink(name)
             logger.warning("%s: the cached copy of %s no longer matches its checksums; dropped", self.dir, name)
             return None
         if name not in self._used:
@@ -173,27 +137,27 @@ class ShardCache:
         if name in self._refused:
             return None
         part = name + _PART
-        with self._locked():
-            if exists_at(name, self._dir_fd):
+        with self._locked:
+            if self._ns.exists(name):
                 return None
             try:
-                st = os.stat(part, dir_fd=self._dir_fd, follow_symlinks=False)
+                st = os.stat(part, dir_fd=self._ns.fd, follow_symlinks=False)
             except FileNotFoundError:
                 pass
             else:
                 if time.time() - st.st_mtime < STALE_SECONDS:
                     return None  # someone is filling it
-                unlink_at(part, self._dir_fd)  # its writer died
+                self._ns.unlink(part)  # its writer died
             if not self._admit(size):
                 self._refused.add(name)
                 logger.info("%s: cache full (budget %s bytes); %s stays remote", self.dir, self.budget, name)
                 return None
-            fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE, dir_fd=self._dir_fd)
+            fd = self._ns.create_file(part)
             try:
                 os.ftruncate(fd, size)
             except OSError:
                 os.close(fd)
-                unlink_at(part, self._dir_fd)
+                self._ns.unlink(part)
                 raise
         return fd
 
@@ -207,13 +171,13 @@ class ShardCache:
             ok = os.fstat(fd).st_size == size and verify(fd)
         finally:
             os.close(fd)
-        with self._locked():
+        with self._locked:
             if ok:
-                os.rename(part, name, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
+                os.rename(part, name, src_dir_fd=self._ns.fd, dst_dir_fd=self._ns.fd)
                 self._verified.add(name)  # just checked: the first open need not read it again
                 self._used.add(name)
             else:
-                unlink_at(part, self._dir_fd)
+                self._ns.unlink(part)
         if ok:
             logger.info("%s: cached %s (%d bytes, checksums verified)", self.dir, name, size)
         return ok
@@ -225,8 +189,8 @@ class ShardCache:
     def abandon(self, name: str, fd: int) -> None:
         """Give up a copy :meth:`claim` started (a failed or cancelled download): close and delete it."""
         os.close(fd)
-        with self._locked():
-            unlink_at(name + _PART, self._dir_fd)
+        with self._locked:
+            self._ns.unlink(name + _PART)
 
     # ------------------------------------------------------------------ bookkeeping (under the lock)
     def _admit(self, size: int) -> bool:
@@ -256,7 +220,7 @@ class ShardCache:
     def _entries(self) -> list[tuple[float, str, int, bool]]:
         """``(mtime, path, bytes, complete)`` of every copy in the whole cache root (all datasets)."""
         out: list[tuple[float, str, int, bool]] = []
-        for ns in os.scandir(self._root_fd):
+        for ns in os.scandir(self._root.fd):
             if not ns.is_dir(follow_symlinks=False):
                 continue
             base = os.path.join(str(self.root), ns.name)
@@ -273,9 +237,6 @@ class ShardCache:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
-        for fd in (self._lock_fd, self._dir_fd, self._root_fd):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self._lock_fd = self._dir_fd = self._root_fd = -1
+        self._locked.close()
+        self._ns.close()
+        self._root.close()

@@ -1,0 +1,428 @@
+"""Directories private to this user: created ``0700``, held by descriptor, locked while a run lives.
+
+Shardkit keeps user data (SSD reservoirs, cached shards, spills, staged uploads, node-shared
+regions, a server's token and ring) in directories under shared places such as ``/tmp`` or
+``/dev/shm``, where anyone can plant a name. Every such directory is a :class:`PrivateDir`:
+
+* created with mode exactly ``0700`` whatever the umask or, when the name exists, opened with
+  ``O_NOFOLLOW | O_DIRECTORY`` and refused (:class:`~shardkit.errors.InsecurePathError`, saying
+  what was found) unless it is a real directory owned by this user with mode ``0700``;
+* then used only through that descriptor: every file is opened relative to it, never through a
+  symlink, and checked (type, owner, no group/other permission bits), so swapping a path after
+  the check changes nothing;
+* a ``lock`` file inside, held with ``flock``, says "this run is alive": the kernel drops it when
+  its holder dies, even by ``SIGKILL``. :func:`create_run_dir` makes a fresh per-run directory
+  that gets its name only once its lock is held, and :func:`sweep_stale` deletes sibling run
+  directories whose lock nobody holds.
+
+Callers keep only what is their own: the names and what they store.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import secrets
+import shutil
+import stat
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+from shardkit.dirfd import exists_at, unlink_at
+from shardkit.errors import InsecurePathError
+
+__all__ = [
+    "DIR_MODE",
+    "FILE_MODE",
+    "LOCK_NAME",
+    "PrivateDir",
+    "Mutex",
+    "create_private",
+    "create_run_dir",
+    "open_private",
+    "sweep_stale",
+]
+
+logger = logging.getLogger(__name__)
+
+#: The modes of every private directory and file: the owner's alone.
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+#: The liveness lock of a run directory.
+LOCK_NAME = "lock"
+_NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _where(dir_path: Path | None, name: str) -> str:
+    return str(dir_path / name) if dir_path is not None else name
+
+
+def _check_file(where: str, st: os.stat_result, kind: Callable[[int], bool]) -> None:
+    """``st`` is of the expected kind, owned by this user, without group/other permissions."""
+    if not kind(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
+        raise InsecurePathError(
+            f"{where}: expected a private file of uid {os.geteuid()} (mode 0o600), found uid {st.st_uid}, "
+            f"mode {stat.S_IMODE(st.st_mode):#o}; refusing to use it"
+        )
+
+
+def open_private(
+    dir_fd: int, name: str, flags: int, *, where: Path | None = None, kind: Callable[[int], bool] = stat.S_ISREG
+) -> int:
+    """``os.open`` of ``name`` in the directory ``dir_fd``, never through a symlink, checked private
+    (:class:`~shardkit.errors.InsecurePathError` otherwise). A file created here is exactly ``0600``
+    whatever the umask; an existing one is never loosened or tightened, only checked. ``where`` is
+    the directory's path, for messages."""
+    if flags & os.O_CREAT and not flags & os.O_EXCL:
+        existing = flags & ~os.O_CREAT
+        while True:  # each turn means another process created or deleted the file meanwhile
+            try:
+                return open_private(dir_fd, name, existing, where=where, kind=kind)
+            except FileNotFoundError:
+                pass
+            try:
+                return open_private(dir_fd, name, flags | os.O_EXCL, where=where, kind=kind)
+            except FileExistsError:
+                pass
+    try:
+        fd = os.open(name, flags | _NOFOLLOW, FILE_MODE, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise InsecurePathError(f"{_where(where, name)}: is a symlink; refusing to follow it") from None
+        raise
+    try:
+        if flags & os.O_EXCL:
+            os.fchmod(fd, FILE_MODE)  # created here: the umask may have dropped the owner's bits
+        _check_file(_where(where, name), os.fstat(fd), kind)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def create_private(dir_fd: int, name: str) -> int:
+    """Create ``name`` (it must not exist) in the directory ``dir_fd``, mode exactly ``0600``; its
+    descriptor, open for reading and writing."""
+    return open_private(dir_fd, name, os.O_RDWR | os.O_CREAT | os.O_EXCL)
+
+
+def _try_lock(fd: int, how: int) -> bool:
+    """``flock(fd, how)`` without blocking; False if it cannot be taken (another open file holds a
+    conflicting lock)."""
+    try:
+        fcntl.flock(fd, how | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    return True
+
+
+def _empty(dir_fd: int, where: Path) -> None:
+    """Delete everything inside the directory ``dir_fd`` (symlinks are unlinked, never followed)."""
+    for entry in os.scandir(dir_fd):
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.name, dir_fd=dir_fd)
+            else:
+                unlink_at(entry.name, dir_fd)
+        except OSError:
+            logger.debug("%s: could not remove %s", where, entry.name, exc_info=True)
+
+
+class Mutex:
+    """An exclusive lock across the processes (``flock``) and the threads (a thread lock: a flock
+    does not exclude threads sharing one open file) of a machine; a blocking context manager."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._thread = threading.Lock()
+
+    def __enter__(self) -> None:
+        self._thread.acquire()
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+        except BaseException:
+            self._thread.release()
+            raise
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        finally:
+            self._thread.release()
+
+    def close(self) -> None:
+        """Close the lock file (idempotent)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class PrivateDir:
+    """An open, verified private directory (see the module docstring); use :meth:`create` or :meth:`open`.
+
+    ``what`` names the directory in refusals (``"the cache directory"``) and ``advice`` says what to
+    do about one (``"Remove it, or choose another cache_dir"``).
+    """
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self.fd = fd
+        self._alive: int | None = None
+
+    # ------------------------------------------------------------------ opening
+    @classmethod
+    def create(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        what: str = "a shardkit private directory",
+        advice: str = "Remove it",
+        tighten: bool = False,
+        exclusive: bool = False,
+        parent: PrivateDir | None = None,
+    ) -> Self:
+        """Create ``path`` (mode ``0700``) or take the existing one if it is private.
+
+        ``parent``: ``path`` is a name inside that open private directory. ``tighten``: an existing
+        directory of this user with a wider mode is set to ``0700`` instead of refused.
+        ``exclusive``: the directory must not exist yet (:class:`FileExistsError`).
+        """
+        path = Path(path)
+        name, dir_fd = (path.name, parent.fd) if parent is not None else (str(path), None)
+        try:
+            os.mkdir(name, DIR_MODE, dir_fd=dir_fd)
+            created = True
+        except FileExistsError:
+            if exclusive:
+                raise
+            created = False
+        fd = cls._open_dir(path, name, dir_fd, what, advice)
+        try:
+            st = os.fstat(fd)
+            if (created or tighten) and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != DIR_MODE:
+                os.fchmod(fd, DIR_MODE)  # mkdir's mode is filtered by the umask; this is exact
+            cls._check_dir(path, fd, what, advice)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(path, fd)
+
+    @classmethod
+    def open(
+        cls, path: str | os.PathLike[str], *, what: str = "a shardkit private directory", advice: str = "Remove it"
+    ) -> Self:
+        """Open an existing private directory (:class:`FileNotFoundError` if there is none)."""
+        path = Path(path)
+        fd = cls._open_dir(path, str(path), None, what, advice)
+        try:
+            cls._check_dir(path, fd, what, advice)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(path, fd)
+
+    def subdir(self, name: str, *, what: str, advice: str, tighten: bool = False) -> PrivateDir:
+        """Create or open the private directory ``name`` inside this one (see :meth:`create`)."""
+        return PrivateDir.create(self.path / name, parent=self, what=what, advice=advice, tighten=tighten)
+
+    @staticmethod
+    def _refusal(path: Path, found: str, what: str, advice: str) -> InsecurePathError:
+        return InsecurePathError(
+            f"{path}: {found}; {what} must be a directory owned by uid {os.geteuid()} (this user) with mode 0o700. "
+            f"Refusing to use it: another user may control it. {advice}"
+        )
+
+    @staticmethod
+    def _open_dir(path: Path, name: str, dir_fd: int | None, what: str, advice: str) -> int:
+        try:
+            return os.open(name, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW, dir_fd=dir_fd)
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            link = stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+            raise PrivateDir._refusal(path, "is a symlink" if link else "is not a directory", what, advice) from None
+
+    @staticmethod
+    def _check_dir(path: Path, fd: int, what: str, advice: str) -> None:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            raise PrivateDir._refusal(path, f"is owned by uid {st.st_uid}", what, advice)
+        mode = stat.S_IMODE(st.st_mode)
+        if mode != DIR_MODE:
+            raise PrivateDir._refusal(path, f"has mode {mode:#o}", what, advice)
+
+    # ------------------------------------------------------------------ files inside
+    def open_file(self, name: str, flags: int, kind: Callable[[int], bool] = stat.S_ISREG) -> int:
+        """:func:`open_private` of ``name`` in this directory."""
+        return open_private(self.fd, name, flags, where=self.path, kind=kind)
+
+    def create_file(self, name: str) -> int:
+        """:func:`create_private` of ``name`` in this directory."""
+        return create_private(self.fd, name)
+
+    def check_file(self, name: str, kind: Callable[[int], bool] = stat.S_ISREG) -> None:
+        """``name`` is a private entry of this user of the given kind (not followed if a symlink)."""
+        _check_file(str(self.path / name), os.stat(name, dir_fd=self.fd, follow_symlinks=False), kind)
+
+    def read_file(self, name: str, limit: int) -> bytes:
+        """The bytes of a small private file, refusing one larger than ``limit`` before reading it."""
+        fd = self.open_file(name, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            if size > limit:
+                raise InsecurePathError(f"{self.path / name}: {size} bytes, at most {limit} expected; refusing to read it")
+            chunks, total = [], 0
+            while total < size and (chunk := os.read(fd, size - total)):
+                chunks.append(chunk)
+                total += len(chunk)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
+
+    def write_file(self, name: str, data: bytes) -> None:
+        """Replace ``name`` atomically with a private file holding ``data``: ``<name>.partial``, then rename."""
+        tmp = f"{name}.partial"
+        self.unlink(tmp)
+        fd = create_private(self.fd, tmp)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        os.replace(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+
+    def exists(self, name: str) -> bool:
+        """Whether ``name`` is in the directory (a symlink counts as itself)."""
+        return exists_at(name, self.fd)
+
+    def unlink(self, name: str) -> bool:
+        """Remove ``name`` (a symlink itself, never its target); False if it was not there."""
+        return unlink_at(name, self.fd)
+
+    def clear(self, keep: tuple[str, ...] = (LOCK_NAME,)) -> list[str]:
+        """Remove every file but ``keep`` (leftovers of a dead run); return their paths. A directory
+        inside is unexpected and left alone (with a warning)."""
+        removed = []
+        for entry in sorted(os.listdir(self.fd)):
+            if entry in keep:
+                continue
+            try:
+                if self.unlink(entry):
+                    removed.append(str(self.path / entry))
+            except IsADirectoryError:
+                logger.warning("%s: unexpected directory %s left alone", self.path, entry)
+        return removed
+
+    def remove(self) -> None:
+        """Delete everything inside (through the descriptor) and the directory itself."""
+        _empty(self.fd, self.path)
+        try:
+            os.rmdir(self.path)
+        except OSError:
+            pass  # emptied; whatever now sits at that name is not removed
+
+    # ------------------------------------------------------------------ locks
+    def lock(self, name: str = LOCK_NAME) -> int | None:
+        """Take the exclusive lock ``name`` (created if missing) without waiting: its descriptor (the
+        lock lasts until it is closed), or None if another process holds it."""
+        fd = self.open_file(name, os.O_RDWR | os.O_CREAT)
+        if not _try_lock(fd, fcntl.LOCK_EX):
+            os.close(fd)
+            return None
+        return fd
+
+    def lock_is_held(self, name: str = LOCK_NAME) -> bool:
+        """True if a live process holds the lock ``name`` (False when there is no such file)."""
+        try:
+            fd = self.open_file(name, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            return not _try_lock(fd, fcntl.LOCK_SH)
+        finally:
+            os.close(fd)
+
+    def mutex(self, name: str = LOCK_NAME) -> Mutex:
+        """A :class:`Mutex` on the lock file ``name`` (created if missing), for short critical sections."""
+        return Mutex(self.open_file(name, os.O_RDWR | os.O_CREAT))
+
+    def close(self) -> None:
+        """Close the descriptor, and release the liveness lock of a run directory (idempotent)."""
+        if self._alive is not None:
+            os.close(self._alive)
+            self._alive = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+
+def create_run_dir(parent: str | os.PathLike[str], prefix: str) -> PrivateDir:
+    """A fresh private directory ``<parent>/<prefix><pid>-<random>`` whose ``lock`` this process holds
+    until :meth:`PrivateDir.close`.
+
+    It is built under a hidden name and renamed only once its lock is held, so :func:`sweep_stale`
+    never sees a live run's directory without its lock.
+    """
+    parent = Path(parent)
+    name = f"{prefix}{os.getpid()}-{secrets.token_hex(4)}"
+    run = PrivateDir.create(parent / f".{name}.creating", exclusive=True)
+    try:
+        alive = run.lock()
+        if alive is None:
+            raise InsecurePathError(f"{run.path}: another process took the lock of a directory just created")
+        run._alive = alive
+        os.rename(run.path, parent / name)
+    except BaseException:
+        run.remove()
+        run.close()
+        raise
+    run.path = parent / name
+    return run
+
+
+def sweep_stale(parent: str | os.PathLike[str], prefix: str) -> list[Path]:
+    """Delete the ``<prefix>*`` directories under ``parent`` whose run is dead; return them.
+
+    A candidate is removed only if it is a private directory of this user (never a symlink: nothing
+    is created or deleted behind one) holding a ``lock`` file nobody holds; its contents are deleted
+    through the descriptor that was checked, so swapping the name meanwhile changes nothing.
+    """
+    parent = Path(parent)
+    removed: list[Path] = []
+    try:
+        names = sorted(n for n in os.listdir(parent) if n.startswith(prefix))
+    except FileNotFoundError:
+        return removed
+    for name in names:
+        try:
+            run = PrivateDir.open(parent / name)
+        except OSError:
+            continue  # a symlink, a file, another user's, or gone: not ours to touch
+        try:
+            try:
+                lock = open_private(run.fd, LOCK_NAME, os.O_RDWR)
+            except OSError:
+                continue  # not a run directory of ours
+            try:
+                if not _try_lock(lock, fcntl.LOCK_EX):
+                    continue  # a live run holds it
+                run.remove()
+                removed.append(run.path)
+                logger.info("%s: removed the directory of a run that no longer exists", run.path)
+            finally:
+                os.close(lock)
+        finally:
+            run.close()
+    return removed
