@@ -49,7 +49,7 @@ from shardkit.adapters._options import PayloadOptions, SamplerFactory
 from shardkit.errors import ConfigError
 from shardkit.readers import SamplerOptions, TieredSampler
 from shardkit.readers.schedule import pass_length
-from shardkit.readers.sources import Mixture
+from shardkit.readers.sources import Mixture, as_source
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -189,11 +189,11 @@ def make_tf_dataset(
     options = base.replace(batch_size=per_consumer, rank=consumer, world_size=consumers, nodes=nodes)
     factory = SamplerFactory(options, shared=shared)
     present = PayloadOptions(layout=layout, scale=scale)
-    path = path if isinstance(path, Mixture) else os.fspath(path)
+    source = as_source(path)  # a mixture of one dataset or more (shardkit.readers.sources)
 
     # Each iteration builds its own sampler; this one, kept for as long as the dataset exists, holds
     # the node-shared static cache, so later iterations read only the uncached records.
-    holder = factory.build(path, consumer=consumer, num_consumers=consumers, start_epoch=options.start_epoch)
+    holder = factory.build(source, consumer=consumer, num_consumers=consumers, start_epoch=options.start_epoch)
     spec = holder.element_spec()
     payload = holder.payload_name
     num_records = holder.num_records
@@ -220,7 +220,7 @@ def make_tf_dataset(
         # Refers to the factory, never to the holder: TensorFlow keeps this function to the end of the
         # process, and the holder must go with the dataset (below).
         epoch = next_epoch[0]
-        sampler = factory.build(path, consumer=consumer, num_consumers=consumers, start_epoch=epoch)
+        sampler = factory.build(source, consumer=consumer, num_consumers=consumers, start_epoch=epoch)
         try:
             for batch in sampler:
                 yield adopt_payload(batch, payload)

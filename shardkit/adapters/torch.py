@@ -80,7 +80,7 @@ from shardkit.errors import ConfigError, SamplerError
 from shardkit.formats import Dataset, open_dataset
 from shardkit.readers import DEFAULTS, Sampler, SamplerOptions, TieredSampler
 from shardkit.readers.schedule import batches_per_consumer, pass_length, position_after
-from shardkit.readers.sources import Mixture
+from shardkit.readers.sources import Mixture, as_source
 from shardkit.stores import is_url
 from shardkit.units import parse_count
 
@@ -270,8 +270,10 @@ class ShardIterableDataset(_TorchIterableDataset):
         **overrides: Any,
     ) -> None:
         super().__init__()
-        #: The dataset (a path or URL) or the mixture this dataset samples.
-        self.path: str | Mixture = path if isinstance(path, Mixture) else os.fspath(path)
+        #: What this dataset samples: a mixture of one dataset or more (:mod:`shardkit.readers.sources`).
+        self.source: Mixture = as_source(path)
+        #: The (first) dataset's path or URL, for messages.
+        self.path = os.fspath(self.source.paths[0])
         placed = {"rank": rank, "world_size": world_size}
         #: The sampler options of this rank (each consumer's sampler gets its own consumer index).
         self.options = SamplerOptions.given(options, **overrides, **{k: v for k, v in placed.items() if v is not None})
@@ -284,21 +286,16 @@ class ShardIterableDataset(_TorchIterableDataset):
         if num_workers < 0:
             raise ConfigError(f"num_workers: expected >= 0, found {num_workers}")
         self.num_workers = int(num_workers)
-        if isinstance(self.path, Mixture):
-            self.meta = self.path.metas[0]
-            #: Records per epoch (a mixture's ``L``).
-            self.num_records = self.path.epoch_size
-        else:
-            with open_dataset(self.path) as ds:
-                self.meta = ds.meta
-            self.num_records = self.meta.num_records
+        self.meta = self.source.metas[0]
+        #: Records per epoch (a mixture's ``L``).
+        self.num_records = self.source.epoch_size
         self.payload_options.check(tuple(self.meta.record.shape), str(self.path))
         self._explicit = (rank, world_size)
         self.rank, self.world_size = self._rank_world()
         #: Nodes the ranks run on (``locality``): explicit, or from torchrun's environment.
         self.nodes = _nodes(nodes, self.rank, self.world_size) if locality else 1
         if locality:
-            if not isinstance(self.path, str):
+            if not self.source.plan(0).single:
                 raise ConfigError("locality: not available for a mixture of datasets; read it without locality")
             _check_ranks_agree(self.path, self.options, self.nodes, self.meta.num_records)
         # Next epoch, in shared memory: set_epoch in the main process reaches persistent workers,
@@ -321,7 +318,7 @@ class ShardIterableDataset(_TorchIterableDataset):
         if self.factory.shared is not None:
             return
         workers = max(1, self.num_workers)
-        holder = self.factory.build(self.path, consumer=self.rank * workers, num_consumers=self.world_size * workers,
+        holder = self.factory.build(self.source, consumer=self.rank * workers, num_consumers=self.world_size * workers,
                                     start_epoch=0, workers_per_rank=workers, nodes=self.nodes)  # fmt: skip
         if isinstance(holder, TieredSampler):
             holder.hold_shared()
@@ -461,7 +458,7 @@ class ShardIterableDataset(_TorchIterableDataset):
             # reservoir size, which a replacement-mode state must record.
             workers = max(1, self.num_workers)
             sampler = self.factory.build(
-                self.path, consumer=self.rank * workers, num_consumers=self.world_size * workers, start_epoch=epoch,
+                self.source, consumer=self.rank * workers, num_consumers=self.world_size * workers, start_epoch=epoch,
                 workers_per_rank=workers, nodes=self.nodes,
             )  # fmt: skip
             try:
@@ -495,7 +492,7 @@ class ShardIterableDataset(_TorchIterableDataset):
         epoch = self.epoch
         state = self._resume if self._resume is not None and int(self._resume["epoch"]) == epoch else None
         sampler = self.factory.build(
-            self.path, consumer=consumer, num_consumers=consumers, start_epoch=epoch, state=state,
+            self.source, consumer=consumer, num_consumers=consumers, start_epoch=epoch, state=state,
             workers_per_rank=workers, nodes=self.nodes,
         )  # fmt: skip
         self._sampler = sampler  # for state_dict() in the main process, stats in tests
@@ -548,7 +545,7 @@ class ShardIterableDataset(_TorchIterableDataset):
         if int(num_workers) != self.num_workers:
             self.num_workers = int(num_workers)
             self._hold_shared()  # the consumers' budgets (and so their cache) depend on their number
-        paths = self.path.paths if isinstance(self.path, Mixture) else (self.path,)
+        paths = self.source.paths
         if num_workers > 0 and any(isinstance(p, str) and is_url(p) and not p.startswith("file:") for p in paths):
             kwargs.setdefault("multiprocessing_context", "spawn")
         if not self.unbatched:

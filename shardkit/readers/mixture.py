@@ -30,10 +30,15 @@ The guarantee
    depend on which records the tail held, the product of those steps is exactly that conditional
    law. Marginally, every epoch's extras are a uniform subset in uniform order.
 3. **Uniform interleaving.** The ``L`` slots are a uniformly random arrangement of the epoch's
-   multiset of ``(dataset, key)`` items: one uniform permutation of the ``L`` items
-   (:func:`arrangement`), so with the ``n_i`` fixed every ordering of the dataset indices is
-   equally likely, every dataset's records are in uniformly random order among its slots, and
-   the arrangement is independent of every other epoch's.
+   multiset of ``(dataset, key)`` items: the epoch's *slot order* (the single-dataset order of
+   ``range(L)``, :func:`~shardkit.readers.schedule.epoch_permutation` by default) applied to the
+   item table (:meth:`MixturePlan.slot_keys`), so with the ``n_i`` fixed every ordering of the
+   dataset indices is equally likely, every dataset's records are in uniformly random order among
+   its slots, and the arrangement is independent of every other epoch's.
+
+One dataset is a mixture of one: with ``L = N`` its item table is ``slot -> slot`` (one copy of
+every record, no extras), so its order is exactly the single-dataset slot order, whatever that
+order is (exact or Feistel permutation, replacement reservoirs, a server's partition).
 
 Keys
 ----
@@ -47,12 +52,12 @@ Random streams
 --------------
 Every draw comes from ``seeds.rng(Domain.MIXTURE, seed, part, ...)`` with one ``part`` per use
 (never renumber): walk ``w`` of dataset ``i`` draws its head, tail and middle from parts
-:data:`HEAD`, :data:`TAIL`, :data:`MIDDLE` with values ``(i, w)``; epoch ``e``'s arrangement from
-part :data:`ARRANGE` with value ``e``.
+:data:`HEAD`, :data:`TAIL`, :data:`MIDDLE` with values ``(i, w)`` (part 3 drew the arrangement
+before it became the slot order: never reuse it). The slot order draws from its own domain.
 
 Cost
 ----
-An epoch costs ``O(L)`` for the arrangement and, per dataset, one walk permutation of ``N_i`` keys
+An epoch costs its slot order (``O(L)`` for an exact permutation) and, per dataset, one walk permutation of ``N_i`` keys
 for each walk it touches (the last walk is kept, so consecutive epochs inside one walk share it).
 Resuming at a late epoch replays only the heads and tails of the walks since the last walk that
 began on an epoch boundary (every ``r_i / gcd(N_i, r_i)`` walks), never the epochs' arrangements.
@@ -70,6 +75,7 @@ from fractions import Fraction
 import numpy as np
 
 from shardkit.errors import ConfigError
+from shardkit.readers.schedule import EpochOrder, epoch_permutation
 from shardkit.readers.seeds import Domain, check_seed, rng
 from shardkit.units import parse_count
 
@@ -77,18 +83,17 @@ __all__ = [
     "HEAD",
     "TAIL",
     "MIDDLE",
-    "ARRANGE",
     "MAX_EPOCH_SIZE",
     "parse_weights",
     "epoch_counts",
     "walk_bounds",
     "Walks",
-    "arrangement",
     "MixturePlan",
+    "PlanOrder",
 ]
 
-#: Parts of :attr:`Domain.MIXTURE` (part of the numbers drawn: never renumber).
-HEAD, TAIL, MIDDLE, ARRANGE = 0, 1, 2, 3
+#: Parts of :attr:`Domain.MIXTURE` (part of the numbers drawn: never renumber; 3 is retired).
+HEAD, TAIL, MIDDLE = 0, 1, 2
 #: Largest epoch length accepted: an epoch's order holds 8 bytes per slot in RAM.
 MAX_EPOCH_SIZE = 1 << 40
 
@@ -198,6 +203,7 @@ class Walks:
         self._lock = threading.Lock()
         self._tail: tuple[int, np.ndarray] | None = None  # (w, T_w)
         self._walk: tuple[int, np.ndarray] | None = None  # (w, whole walk w)
+        self._straddling: tuple[int, np.ndarray] | None = None  # (e, extras of an epoch across two walks)
 
     def _gen(self, part: int, walk: int) -> np.random.Generator:
         return rng(Domain.MIXTURE, self.seed, part, self.dataset, walk)
@@ -252,18 +258,16 @@ class Walks:
         with self._lock:
             if w0 == w1:
                 return self._whole(w0)[a - w0 * n : b - w0 * n].copy()
+            if self._straddling is not None and self._straddling[0] == e:
+                return self._straddling[1].copy()
             # The epoch straddles walks w0 and w1 = w0 + 1: the tail of one and the head of the next.
             tail = self._tail_before(w1)
             head = _sample_outside(self._gen(HEAD, w1), n, b - w1 * n, tail)
-            return np.concatenate([tail, head])
+            self._straddling = (e, np.concatenate([tail, head]))
+            return self._straddling[1].copy()
 
 
 # ---------------------------------------------------------------------------------------------- plan
-def arrangement(seed: int, epoch: int, length: int) -> np.ndarray:
-    """Epoch ``epoch``'s arrangement of the ``L`` slots: a uniform permutation of ``range(L)``."""
-    return rng(Domain.MIXTURE, seed, ARRANGE, epoch).permutation(int(length)).astype(np.int64, copy=False)
-
-
 @dataclass(frozen=True)
 class MixturePlan:
     """The mixed order of a mixture: sizes, exact counts and seed; every epoch on demand.
@@ -339,12 +343,38 @@ class MixturePlan:
         """Dataset ``dataset``'s walk ``walk`` (a permutation of its keys; for tests and tools)."""
         return self._walks[int(dataset)].walk(walk)
 
-    def stream(self, epoch: int) -> np.ndarray:
-        """Epoch ``epoch``'s mixed order as ``L`` global keys (see module docstring)."""
+    @property
+    def single(self) -> bool:
+        """One dataset, every record once per epoch: the item table is ``slot -> slot``, so the
+        order is the slot order itself (what modes other than ``epoch``, locality and a resume
+        state without a mixture need)."""
+        return self.counts == self.sizes and self.num_datasets == 1
+
+    def slot_keys(self, epoch: int, slots: np.ndarray) -> np.ndarray:
+        """The global keys in epoch ``epoch``'s item table at ``slots``: slots ``[c_i, c_{i+1})``
+        (running sums of the counts) hold dataset ``i``'s items as :meth:`dataset_keys` lists them,
+        ``q_i`` copies of every record (``j mod N_i``), then the epoch's extras."""
+        s = np.asarray(slots, dtype=np.int64)
+        bounds = np.concatenate([[0], np.cumsum(self.counts, dtype=np.int64)]).astype(np.int64)
+        ds = np.searchsorted(bounds, s, side="right") - 1
+        j = s - bounds[ds]
+        out = np.empty_like(j)
         off = self.offsets
-        items: np.ndarray = np.concatenate([off[i] + self.dataset_keys(i, epoch) for i in range(self.num_datasets)])
-        out: np.ndarray = items[arrangement(self.seed, epoch, self.epoch_size)]
+        for i in np.unique(ds).tolist():
+            sel = ds == i
+            n, whole = self.sizes[i], self.counts[i] - self.counts[i] % self.sizes[i]
+            ji = j[sel]
+            keys = ji % n
+            extra = ji >= whole
+            if extra.any():
+                keys[extra] = self._walks[i].epoch(epoch)[ji[extra] - whole]
+            out[sel] = off[i] + keys
         return out
+
+    def stream(self, epoch: int) -> np.ndarray:
+        """Epoch ``epoch``'s mixed order as ``L`` global keys: the item table in the order of
+        :func:`~shardkit.readers.schedule.epoch_permutation` (see module docstring)."""
+        return self.slot_keys(epoch, epoch_permutation(self.seed, epoch, self.epoch_size))
 
     def split(self, global_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(dataset index, record key)`` of each global key."""
@@ -362,3 +392,19 @@ class MixturePlan:
         ds, keys = self.split(self.stream(epoch))
         out: np.ndarray = np.stack([ds, keys], axis=1)
         return out
+
+
+@dataclass(frozen=True, eq=False)
+class PlanOrder:
+    """An epoch's order of global keys: the slot order ``slots`` read through the plan's item table."""
+
+    plan: MixturePlan
+    epoch: int
+    slots: EpochOrder
+
+    @property
+    def size(self) -> int:
+        return self.slots.size
+
+    def keys(self, positions: np.ndarray) -> np.ndarray:
+        return self.plan.slot_keys(self.epoch, self.slots.keys(positions))

@@ -58,7 +58,6 @@ from shardkit.formats.reader import Destination, aligned_empty
 from shardkit.readers import stopping
 from shardkit.readers.buffers import BatchBuffer, BatchPool
 from shardkit.readers.config import TierSizes
-from shardkit.readers.identity import DatasetIdentity
 from shardkit.readers.schedule import BATCH_PREFETCH, EpochOrder, PlanShape, block_bounds
 from shardkit.readers.scratch import ReservoirSlots
 from shardkit.readers.sources import MixedIdentity, Mixture, open_source
@@ -216,9 +215,9 @@ class Pipeline:
 
     Parameters
     ----------
-    dataset_path
-        The dataset (disk tier: a local directory or an object-store URL), or a mixture of datasets
-        (:class:`~shardkit.readers.sources.MixedDataset` over its global keys); opened here with the
+    source
+        The datasets (disk tier: local directories or object-store URLs), opened here as one
+        :class:`~shardkit.readers.sources.MixedDataset` over their global keys, with the
         disk tier's counters and ``dataset_options`` (:meth:`SamplerOptions.dataset_options`: the
         remote gap threshold, concurrency and local cache of an object store).
     segments
@@ -233,8 +232,8 @@ class Pipeline:
     static_cache
         Pinned records (see :mod:`shardkit.readers.static_cache`), or ``None``.
     key_map
-        Applied to every batch's ``key`` (a mixture's global keys become the records' keys in their
-        datasets); ``None`` keeps the keys.
+        Applied to every batch's ``key`` (global keys become the records' keys in their datasets);
+        ``None`` keeps the keys.
     node_disk
         With ``locality``, the node's pinned records on its local disk
         (:class:`~shardkit.readers.node_cache.NodeDiskCache`): blocks read them from there (the
@@ -247,7 +246,7 @@ class Pipeline:
 
     def __init__(
         self,
-        dataset_path: Path | str | Mixture,
+        source: Mixture,
         segments: Iterator[Segment],
         *,
         fields: dict[str, np.ndarray],
@@ -259,7 +258,7 @@ class Pipeline:
         dataset_options: Mapping[str, Any] | None = None,
         static_cache: StaticCache | None = None,
         node_disk: NodeDiskCache | None = None,
-        identity: DatasetIdentity | MixedIdentity | None = None,
+        identity: MixedIdentity | None = None,
         key_map: Callable[[np.ndarray], np.ndarray] | None = None,
     ) -> None:
         self.stop = threading.Event()
@@ -271,7 +270,7 @@ class Pipeline:
         self._gap = gap_bytes
         self._fields = fields
         self._identity = identity
-        self.disk = open_source(dataset_path, stats=stats.disk, cache_stats=stats.remote_cache,
+        self.disk = open_source(source, stats=stats.disk, cache_stats=stats.remote_cache,
                                 **{"gap_bytes": gap_bytes, **(dataset_options or {})})
         self._key_map = key_map
         self._payload_name = self.disk.payload_name
@@ -467,7 +466,7 @@ class Pipeline:
         """Disk -> batch buffers: each block of the plan read in ascending offsets."""
         read: Callable[[np.ndarray, Destination], None] = self.disk.payload.read_into
         if self.node_disk is not None:  # locality: the node's records on its disk come from there
-            assert isinstance(self.disk.payload, PayloadArray)  # the sampler refuses locality for a mixture
+            assert isinstance(self.disk.payload, PayloadArray)  # locality: one dataset's own payload (sampler)
             read = self.node_disk.reader(self.disk.payload, self.stop)
         disk = self.disk.payload.stats
         for seg in self._segments:
@@ -612,7 +611,7 @@ class Pipeline:
                 continue
             batch = assemble_batch(self._payload_name, buf.array[:size], self._fields, keys)
             if self._key_map is not None:
-                batch["key"] = self._key_map(batch["key"])  # a mixture's global key -> the record's key in its dataset
+                batch["key"] = self._key_map(batch["key"])  # global key -> the record's key in its dataset
             self._stats.ram.add("ram", g0, size * rec)
             self._stats.ram.add_records(size)
             self._stats.add_busy("assembly", time.perf_counter() - t0)

@@ -23,10 +23,9 @@ from shardkit.formats import Dataset
 from shardkit.readers import node
 from shardkit.readers.buffers import BatchPool, BufferMemory
 from shardkit.readers.config import SamplerOptions, TierSizes
-from shardkit.readers.identity import DatasetIdentity, dataset_fingerprint
 from shardkit.readers.interface import Batch, ElementSpec
 from shardkit.readers.locality import NodeLayout, NodePartition, local_shape, node_partition
-from shardkit.readers.mixture import MixturePlan
+from shardkit.readers.mixture import PlanOrder
 from shardkit.readers.node_cache import NodeDiskCache, entry_name, node_cache_dir
 from shardkit.readers.pipeline import BatchReady, EpochEnd, Pipeline, RunDone, Segment
 from shardkit.readers.schedule import (
@@ -37,11 +36,11 @@ from shardkit.readers.schedule import (
     plan_shape,
     resolve_permutation,
 )
-from shardkit.readers.sources import DATASET_FIELD, DatasetIndex, MixedField, MixedIdentity, Mixture, local_keys
+from shardkit.readers.sources import MixedIdentity, Mixture, as_source, gather_fields, local_keys
 from shardkit.readers.static_cache import StaticCache
 from shardkit.readers.stats import SamplerStats
 from shardkit.readers.stopping import CurrentRun
-from shardkit.stores import Location, as_location
+from shardkit.stores import Location
 from shardkit.units import human_bytes, parse_count
 
 __all__ = ["TieredSampler", "STATE_VERSION"]
@@ -134,24 +133,15 @@ class TieredSampler(Closing):
         **overrides: Any,
     ) -> None:
         opts = SamplerOptions.given(options, **overrides)
-        #: The mixture this sampler reads (``None``: one dataset); see :mod:`shardkit.readers.sources`.
-        self.mixture: Mixture | None = None
-        self._plan: MixturePlan | None = None
-        #: A mixture's global key -> the record's key in its dataset (batches carry the latter).
-        self._local_keys: Callable[[np.ndarray], np.ndarray] | None = None
-        if isinstance(dataset, Mixture):
-            if opts.locality:  # the node partition is drawn over one dataset's keys (issue 12)
-                raise ConfigError(f"{opts.name('locality')}: not available for a mixture of datasets; read it without locality")
-            opts = _mixture_options(dataset, opts, "seed" in overrides)
-            self.options = opts
-            regions = self._open_mixture(dataset)
-        else:
-            self.options = opts
-            regions = self._open_dataset(dataset)
+        source = as_source(dataset)
+        #: What this sampler reads: a mixture of one dataset or more (see :mod:`shardkit.readers.sources`).
+        self.source: Mixture = source
+        opts = _source_options(source, opts, "seed" in overrides)
+        self.options = opts
+        regions = self._open(source)
         self.sizes: TierSizes = opts.tier_sizes(self.record_nbytes, self.num_records, self.num_keys)
-        #: ``"exact"`` or ``"feistel"``: how ``epoch`` mode draws its orders for this dataset (a
-        #: mixture's order is always an exact array, see :mod:`shardkit.readers.mixture`).
-        self.permutation = "exact" if self.mixture is not None else resolve_permutation(opts.permutation, self.num_records)
+        #: ``"exact"`` or ``"feistel"``: how ``epoch`` mode draws its slot orders for this source.
+        self.permutation = resolve_permutation(opts.permutation, self.num_records)
         self.ssd_dir: Path | None = None
         if self.sizes.ssd_block is not None:
             self.ssd_dir = opts.ssd_dir if opts.ssd_dir is not None else Path(tempfile.gettempdir())
@@ -182,62 +172,44 @@ class TieredSampler(Closing):
         self._run: CurrentRun[_Run] = CurrentRun()
         self._finalizer = weakref.finalize(self, _release, self._cache, regions)
 
-    def _open_dataset(self, dataset: Location | Dataset) -> list[node.SharedRegion]:
-        """Metadata, identity and node-shared fields of one dataset; returns the fields' regions."""
+    def _open(self, m: Mixture) -> list[node.SharedRegion]:
+        """The source's datasets: identities, node-shared fields by global key, its order; returns
+        the fields' regions."""
         opts = self.options
-        #: The dataset: a local directory (Path) or an object-store URL (str).
-        self.path: Path | str = as_location(dataset.path if isinstance(dataset, Dataset) else dataset)
-        before = _fingerprint_or_none(self.path)
-        ds = Dataset(self.path, **opts.dataset_options())  # metadata + small fields
-        try:
-            self.num_records = self.num_keys = ds.num_records
-            self.record_nbytes = ds.record_nbytes
-            self.payload_name = ds.payload_name
-            self._record = ds.meta.record
-            #: The dataset as it was when the fields below were loaded (see shardkit.readers.identity).
-            identity = DatasetIdentity.of(self.path, opts.dataset_options()["store_options"])
-            if before != identity.fingerprint:
-                raise SamplerError(f"{self.path}: the dataset changed while the sampler opened it; try again once it is complete")
-            self.identity: DatasetIdentity | MixedIdentity = identity
-            self._share_key = node.dataset_key(self.path, identity.fingerprint) if opts.node_sharing else None
-            self.fields, regions = node.node_fields(ds, self._share_key)
-        finally:
-            ds.close()  # payload reads go through each run's own reader
-        return regions
-
-    def _open_mixture(self, m: Mixture) -> list[node.SharedRegion]:
-        """A mixture's datasets: identities, node-shared fields gathered by global key, its order."""
-        opts = self.options
-        self.mixture = m
-        self.path = m.paths[0]
+        #: The (first) dataset: a local directory (Path) or an object-store URL (str).
+        self.path: Path | str = m.paths[0]
         self._plan = m.plan(opts.seed)
         #: Records per epoch ``L`` (the order's length) and the global keys behind them (``sum N_i``).
         self.num_records, self.num_keys = m.epoch_size, sum(m.sizes)
         self.record_nbytes, self.payload_name, self._record = m.record.nbytes, m.payload_name, m.record
-        identity = MixedIdentity.of(m.paths, opts.dataset_options()["store_options"])
+        #: The datasets as they were when the fields below were loaded (see shardkit.readers.identity).
+        self.identity = MixedIdentity.of(m.paths, opts.dataset_options()["store_options"])
         fields: list[dict[str, np.ndarray]] = []
         regions: list[node.SharedRegion] = []
         keys: list[str] = []
-        for p, part, made in zip(m.paths, identity.parts, m.fingerprints):
+        for p, part, made in zip(m.paths, self.identity.parts, m.fingerprints):
             if part.fingerprint != made:
-                raise SamplerError(f"{p}: the dataset changed since the mixture was made; make it again with shardkit.mix")
+                raise SamplerError(f"{p}: the dataset changed since the sampler opened it; try again once it is complete")
             ds = Dataset(p, **opts.dataset_options())
             try:
                 key = node.dataset_key(p, part.fingerprint) if opts.node_sharing else None
                 f, r = node.node_fields(ds, key)
             finally:
-                ds.close()
+                ds.close()  # payload reads go through each run's own reader
             fields.append(f)
             regions += r
             keys.append(key or "")
-        self.identity = identity
         self._share_key = "\0mixture\0".join(keys) if opts.node_sharing else None
-        offsets = self._plan.offsets
-        gathered: dict[str, Any] = {name: MixedField([f[name] for f in fields], offsets) for name in fields[0]}
-        gathered[DATASET_FIELD] = DatasetIndex(offsets)
-        self.fields = gathered
-        self._local_keys = functools.partial(local_keys, offsets)
+        self.fields = gather_fields(fields, self._plan.offsets, indexed=not self._plan.single)
+        #: Global key -> the record's key in its dataset (batches carry the latter).
+        self._local_keys = functools.partial(local_keys, self._plan.offsets)
         return regions
+
+    @property
+    def mixture(self) -> Mixture | None:
+        """The source when its order is a mixture's (several datasets, or one not read exactly once
+        per epoch; batches then carry ``dataset``), ``None`` for one dataset read as it is."""
+        return None if self._plan.single else self.source
 
     def _node_caches(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> StaticCache | None:
         """This node's part of the node partition: depths ``[0, static)`` in the static cache (the
@@ -251,12 +223,11 @@ class TieredSampler(Closing):
         ram = min(sizes.static_records, self.partition.per_node)
         disk_keys = self.partition.pinned_keys(me, ram)
         if disk_keys.size:
-            assert isinstance(self.identity, DatasetIdentity)  # locality refuses a mixture (see __init__)
             if o.node_cache_dir is not None and not o.node_cache_dir.is_dir():
                 raise ConfigError(f"{o.name('node_cache_dir')}: expected an existing directory, found {str(o.node_cache_dir)!r}")
             self._node_disk = NodeDiskCache(
                 disk_keys, dataset=self.path, directory=node_cache_dir(o.node_cache_dir),
-                name=entry_name(self.identity.fingerprint, o.seed, o.nodes, me, ram, self.partition.per_node),
+                name=entry_name(self.identity.parts[0].fingerprint, o.seed, o.nodes, me, ram, self.partition.per_node),
                 stats=self.stats.node, dataset_options=o.dataset_options(),
             )  # fmt: skip
         count = min(ram, len(range(me, self.num_records, o.nodes)))
@@ -386,8 +357,9 @@ class TieredSampler(Closing):
         }
 
     def _mixture_state(self) -> dict[str, Any] | None:
-        """What a mixture's order depends on besides the seed: sizes, counts, epoch size."""
-        if self._plan is None:
+        """What a mixture's order depends on besides the seed: sizes, counts, epoch size (``None``
+        for one dataset read once per epoch, whose order ``num_records`` and the seed define)."""
+        if self._plan.single:
             return None
         return {"sizes": list(self._plan.sizes), "counts": list(self._plan.counts), "epoch_size": self._plan.epoch_size}
 
@@ -416,7 +388,7 @@ class TieredSampler(Closing):
         if mixture != self._mixture_state():
             raise SamplerError(
                 f"state dict: saved for {'a mixture ' + str(mixture) if mixture else 'one dataset'}, this sampler reads "
-                f"{'a mixture ' + str(self._mixture_state()) if self.mixture is not None else 'one dataset'} (another order)"
+                f"{'a mixture ' + str(self._mixture_state()) if self._mixture_state() else 'one dataset'} (another order)"
             )
         if n != self.num_records:
             raise SamplerError(f"state dict: saved for {n} records, {self.path} has {self.num_records}")
@@ -470,14 +442,13 @@ class TieredSampler(Closing):
         """Epoch ``epoch``'s order: the exact permutation computed once per node when sharing is on,
         else this process's own (see :func:`~shardkit.readers.schedule.epoch_order`)."""
         o = self.options
-        if self._plan is not None:
-            return ArrayOrder(self._plan.stream(epoch)), None
         if o.mode == "epoch" and self.permutation == "exact" and o.node_sharing:
             shared = node.node_permutation(o.seed, epoch, self.num_records)
             if shared is not None:
                 array, region = shared
-                return ArrayOrder(array), region.release
-        return epoch_order(o.mode, o.seed, epoch, self.num_records, self.reservoir_size, self.permutation), None
+                return PlanOrder(self._plan, epoch, ArrayOrder(array)), region.release
+        slots = epoch_order(o.mode, o.seed, epoch, self.num_records, self.reservoir_size, self.permutation)
+        return PlanOrder(self._plan, epoch, slots), None
 
     def __iter__(self) -> _Run:
         self._run.close()
@@ -529,8 +500,7 @@ class TieredSampler(Closing):
 
     def __getstate__(self) -> dict[str, Any]:
         # Picklable for DataLoader workers started with spawn: rebuild from options + state.
-        source = self.mixture if self.mixture is not None else str(self.path)
-        return {"path": source, "options": self.options, "state": self.state_dict()}
+        return {"path": self.source, "options": self.options, "state": self.state_dict()}
 
     def __setstate__(self, d: dict[str, Any]) -> None:
         self.__init__(d["path"], d["options"])  # type: ignore[misc]
@@ -565,7 +535,7 @@ class _Run:
             return
         sampler.identity.check()  # before the run opens the dataset's files
         self._pipeline = Pipeline(
-            sampler.mixture if sampler.mixture is not None else sampler.path,
+            sampler.source,
             sampler._segments(first_epoch, first_pos, end),
             fields=sampler.fields,
             stats=sampler.stats,
@@ -630,15 +600,18 @@ class _Run:
             pass
 
 
-def _mixture_options(m: Mixture, opts: SamplerOptions, seed_given: bool) -> SamplerOptions:
-    """The options a mixture is sampled with: its own seed (when it has one), ``epoch`` mode, the exact order."""
-    if opts.mode != "epoch":
+def _source_options(m: Mixture, opts: SamplerOptions, seed_given: bool) -> SamplerOptions:
+    """The options a source is sampled with: its own seed (when it has one); modes other than
+    ``epoch`` and ``locality`` only where the order is the slot order itself (one dataset, every
+    record once per epoch: :attr:`~shardkit.readers.mixture.MixturePlan.single`)."""
+    single = m.plan(0).single
+    if opts.locality and not single:  # the node partition is drawn over one dataset's keys (issue 12)
+        raise ConfigError(f"{opts.name('locality')}: not available for a mixture of datasets; read it without locality")
+    if opts.mode != "epoch" and not single:
         raise ConfigError(
             f"{opts.name('mode')}: a mixture is sampled in 'epoch' mode (exact counts and walks per epoch), "
             f"found {opts.mode!r}"
         )
-    if opts.permutation == "feistel":
-        raise ConfigError(f"{opts.name('permutation')}: a mixture's order is an exact array, found 'feistel'")
     if m.seed is not None and m.seed != opts.seed:
         if seed_given or opts.seed != 0:
             raise ConfigError(
@@ -655,10 +628,3 @@ def _release(cache: StaticCache | None, regions: list[node.SharedRegion]) -> Non
         cache.release()
     for region in regions:
         region.release()
-
-
-def _fingerprint_or_none(path: Path | str) -> str | None:
-    try:
-        return dataset_fingerprint(path)
-    except FileNotFoundError:
-        return None  # opening the dataset says what is wrong

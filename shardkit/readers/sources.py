@@ -1,9 +1,11 @@
-"""What a sampler reads: one dataset, or a mixture of datasets with weights (docs/design.md §12).
+"""What a sampler reads: a source, a mixture of one or more datasets with weights (docs/design.md §12).
 
 :func:`mix` describes a mixture and checks, from the datasets' metadata alone (before any payload or
 field byte is read), that all of them share one record schema. A :class:`Mixture` is accepted
 wherever a dataset is: :class:`~shardkit.readers.TieredSampler`, both adapters, ``shardkit sample A B
---weights 3,1``. Its order is :class:`~shardkit.readers.mixture.MixturePlan`'s.
+--weights 3,1``. Its order is :class:`~shardkit.readers.mixture.MixturePlan`'s. A single dataset is
+the mixture of one (:func:`as_source`), whose plan reduces to the single-dataset order, so every
+reader handles one kind of source.
 
 Under the sampler, a mixture is one *global key* space (dataset ``i``'s record ``k`` is
 ``offsets[i] + k``), read through :class:`MixedDataset`: the disk tier of all datasets at once, with
@@ -15,11 +17,12 @@ each of its shards; a record that occurs twice in one block is read once and cop
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -29,7 +32,7 @@ import numpy as np
 
 from shardkit.closing import Closing
 from shardkit.errors import ConfigError, SamplerError, SchemaError
-from shardkit.formats import Dataset, FieldSpec
+from shardkit.formats import Dataset, FieldSpec, PayloadArray
 from shardkit.formats.metadata import DatasetMeta, read_dataset_meta
 from shardkit.formats.reader import Destination, ReadStats
 from shardkit.readers.config import Source, option_name
@@ -43,6 +46,7 @@ __all__ = [
     "DATASET_FIELD",
     "Mixture",
     "mix",
+    "as_source",
     "source_of",
     "check_schema",
     "MixedPayload",
@@ -50,6 +54,7 @@ __all__ = [
     "DatasetIndex",
     "MixedDataset",
     "MixedIdentity",
+    "gather_fields",
     "local_keys",
     "open_source",
 ]
@@ -75,12 +80,13 @@ def _schema_of(meta: DatasetMeta) -> list[tuple[str, object]]:
     return items
 
 
-def check_schema(paths: Sequence[Path | str], metas: Sequence[DatasetMeta]) -> None:
+def check_schema(paths: Sequence[Path | str], metas: Sequence[DatasetMeta], indexed: bool = True) -> None:
     """Raise :class:`~shardkit.errors.SchemaError` naming the first difference from the first dataset.
 
     Same payload name, record shape and dtype, the same fields with the same shapes and dtypes; the
     compression and shard size may differ (they are how records are stored, not what they are).
     Label names that differ are logged (integer labels then mean different classes), not refused.
+    With ``indexed`` (batches carry :data:`DATASET_FIELD`) no dataset may have a field of that name.
     """
     ref = dict(_schema_of(metas[0]))
     for path, meta in zip(paths[1:], metas[1:]):
@@ -93,7 +99,7 @@ def check_schema(paths: Sequence[Path | str], metas: Sequence[DatasetMeta]) -> N
                 )
         if meta.labels != metas[0].labels:
             logger.warning("%s: label names differ from %s; integer labels mean different classes in the two", path, paths[0])
-    if DATASET_FIELD in metas[0].fields:
+    if indexed and DATASET_FIELD in metas[0].fields:
         raise SchemaError(
             f"{paths[0]}: has a field named {DATASET_FIELD!r}, which a mixture's batches use for the dataset index"
         )
@@ -179,7 +185,7 @@ def _fingerprint(path: Location) -> str:
 
 
 def mix(
-    datasets: Sequence[tuple[Location | Dataset, object]],
+    datasets: Sequence[tuple[object, object]],
     epoch_size: int | str | None = None,
     seed: int | None = None,
 ) -> Mixture:
@@ -209,28 +215,49 @@ def mix(
         if not isinstance(item, (tuple, list)) or len(item) != 2:
             raise ConfigError(f"datasets: entry {i} must be a (dataset, weight) pair, found {item!r}")
         ds, w = item
-        if isinstance(ds, Dataset):
-            paths.append(as_location(ds.path))
-        elif isinstance(ds, (str, os.PathLike, Store)):
-            paths.append(as_location(ds))
-        else:
-            raise ConfigError(f"datasets: entry {i} must name a dataset directory or URL, found {ds!r}")
+        paths.append(_location(ds, i))
         raw_weights.append(w)
     weights = parse_weights(raw_weights)
     fingerprints = tuple(_fingerprint(p) for p in paths)
     metas = tuple(read_dataset_meta(open_store(p)) for p in paths)
-    check_schema(paths, metas)
     sizes = tuple(m.num_records for m in metas)
     for p, n in zip(paths, sizes):
         if n < 1:
             raise ConfigError(f"{p}: holds no records; every dataset of a mixture needs at least one")
     length = sum(sizes) if epoch_size is None else parse_count(epoch_size, what="epoch_size", minimum=1)
     s = None if seed is None else check_seed(seed)
-    MixturePlan.create(sizes, weights, length, 0)  # validates the epoch size
+    plan = MixturePlan.create(sizes, weights, length, 0)  # validates the epoch size
+    check_schema(paths, metas, indexed=not plan.single)
     if fingerprints != tuple(dataset_fingerprint(p) for p in paths):
         raise SamplerError("a dataset of the mixture changed while its metadata was read; try again once it is complete")
     return Mixture(paths=tuple(paths), weights=weights, epoch_size=length, seed=s, sizes=sizes, metas=metas,
                    fingerprints=fingerprints)
+
+
+@functools.singledispatch
+def _location(ds: object, i: int) -> Path | str:
+    """Entry ``i`` of :func:`mix`: a dataset directory or URL (an opened Dataset: its location)."""
+    if isinstance(ds, (str, os.PathLike, Store)):
+        return as_location(ds)
+    raise ConfigError(f"datasets: entry {i} must name a dataset directory or URL, found {ds!r}")
+
+
+@_location.register(Dataset)
+def _dataset_location(ds: Dataset, i: int) -> Path | str:
+    return as_location(ds.path)
+
+
+@functools.singledispatch
+def as_source(dataset: object) -> Mixture:
+    """What a sampler, server or adapter reads: a :class:`Mixture` as it is, a dataset (directory,
+    URL or opened :class:`~shardkit.formats.Dataset`) as the mixture of one with ``L = N``, whose
+    order is the dataset's own (see :mod:`shardkit.readers.mixture`)."""
+    return mix([(dataset, 1)])
+
+
+@as_source.register(Mixture)
+def _mixture_source(dataset: Mixture) -> Mixture:
+    return dataset
 
 
 def source_of(
@@ -383,12 +410,23 @@ def local_keys(offsets: np.ndarray, keys: np.ndarray) -> np.ndarray:
     return out
 
 
-def open_source(source: Location | Mixture, **options: Any) -> Dataset | MixedDataset:
-    """The bottom tier of a sampler: the dataset itself, or a mixture's :class:`MixedDataset`
-    (``options`` go to :class:`~shardkit.formats.Dataset`: counters, gap thresholds, store options)."""
-    if isinstance(source, Mixture):
-        return MixedDataset(source, **options)
-    return Dataset(source, **options)
+def gather_fields(parts: Sequence[Mapping[str, Any]], offsets: np.ndarray, indexed: bool) -> dict[str, Any]:
+    """The small fields of a source's datasets by global key (one dataset's global keys are its
+    own, so its fields are taken as they are; several are gathered by :class:`MixedField`), with
+    :data:`DATASET_FIELD`, each record's dataset index, when ``indexed`` (every source but one
+    dataset read once per epoch, :attr:`~shardkit.readers.mixture.MixturePlan.single`)."""
+    out: dict[str, Any] = (
+        dict(parts[0]) if len(parts) == 1 else {name: MixedField([f[name] for f in parts], offsets) for name in parts[0]}
+    )
+    if indexed:
+        out[DATASET_FIELD] = DatasetIndex(offsets)
+    return out
+
+
+def open_source(source: Mixture, **options: Any) -> MixedDataset:
+    """The bottom tier of a sampler: the source's :class:`MixedDataset` (``options`` go to
+    :class:`~shardkit.formats.Dataset`: counters, gap thresholds, store options)."""
+    return MixedDataset(source, **options)
 
 
 class MixedDataset(Closing):
@@ -406,7 +444,11 @@ class MixedDataset(Closing):
         self.path = mixture.paths[0]
         self._datasets = [Dataset(p, stats=stats, **options) for p in mixture.paths]
         self.offsets = np.concatenate([[0], np.cumsum(mixture.sizes)]).astype(np.int64)
-        self.payload = MixedPayload(self._datasets, self.offsets)
+        # One dataset's global keys are its own: its payload serves them as it is (the SSD tier
+        # then copies it in the kernel, and locality reads its shards from the node's disk).
+        self.payload: PayloadArray | MixedPayload = (
+            self._datasets[0].payload if len(self._datasets) == 1 else MixedPayload(self._datasets, self.offsets)
+        )
         self.meta = self._datasets[0].meta
         self.payload_name = self.meta.payload
         self.record_nbytes = self.meta.record.nbytes
@@ -419,13 +461,10 @@ class MixedDataset(Closing):
 
     @property
     def fields(self) -> dict[str, Any]:
-        """Every small field gathered across datasets by global key, and :data:`DATASET_FIELD`."""
+        """Every small field by global key (:func:`gather_fields`)."""
         if self._fields is None:
-            out: dict[str, Any] = {
-                name: MixedField([d.fields[name] for d in self._datasets], self.offsets) for name in self.meta.fields
-            }
-            out[DATASET_FIELD] = DatasetIndex(self.offsets)
-            self._fields = out
+            indexed = not self.mixture.plan(0).single
+            self._fields = gather_fields([d.fields for d in self._datasets], self.offsets, indexed)
         return self._fields
 
     def local_keys(self, keys: np.ndarray) -> np.ndarray:

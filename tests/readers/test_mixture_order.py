@@ -21,15 +21,14 @@ from scipy import stats
 from shardkit.errors import ConfigError
 from shardkit.ordertest import stats as ots
 from shardkit.readers.mixture import (
-    ARRANGE,
     HEAD,
     MixturePlan,
     Walks,
-    arrangement,
     epoch_counts,
     parse_weights,
     walk_bounds,
 )
+from shardkit.readers.schedule import epoch_order, epoch_permutation
 from shardkit.readers.seeds import Domain, rng
 from tests.helpers.order_stats import ALPHA, item_position_pvalue
 
@@ -187,8 +186,12 @@ def test_dataset_index_sequence_takes_every_arrangement_equally_often() -> None:
         assert _chi2_uniform(outcomes, math.comb(5, 2)) > ALPHA
 
 
-def test_arrangement_and_walks_draw_from_the_mixture_domain() -> None:
-    np.testing.assert_array_equal(arrangement(4, 7, 30), rng(Domain.MIXTURE, 4, ARRANGE, 7).permutation(30))
+def test_the_arrangement_is_the_slot_order_and_walks_draw_from_the_mixture_domain() -> None:
+    """The slots are arranged by the single-dataset epoch permutation (its own domain) applied to
+    the item table; the walks draw from the mixture's domain."""
+    plan = MixturePlan.create([6, 4], [1, 2], 30, seed=4)
+    items = np.concatenate([off + plan.dataset_keys(i, 7) for i, off in enumerate(plan.offsets[:-1].tolist())])
+    np.testing.assert_array_equal(plan.stream(7), items[rng(Domain.EPOCH_ORDER, 4, 7).permutation(30)])
     w = Walks(4, 1, 10, 3)
     # Walk 0 begins on an epoch boundary: no head; its first epoch is its first three records.
     np.testing.assert_array_equal(w.epoch(0), w.walk(0)[:3])
@@ -291,3 +294,19 @@ def test_stream_is_a_pure_function_of_seed_and_epoch() -> None:
     ds, keys = a.split(a.stream(4))
     np.testing.assert_array_equal(np.stack([ds, keys], 1), a.pairs(4))
     np.testing.assert_array_equal(a.global_keys(ds, keys), a.stream(4))
+
+
+@pytest.mark.parametrize("mode,permutation", [("epoch", "exact"), ("epoch", "feistel"), ("replacement", "exact"),
+                                              ("sequential", "exact")])
+def test_the_plan_of_one_dataset_is_the_single_dataset_order(mode: str, permutation: str) -> None:
+    """One dataset read once per epoch: the item table is slot -> slot, so the plan's order is the
+    single-dataset order itself, bit for bit, in every mode (the sampler reads every source so)."""
+    for n in (1, 7, 1000):
+        plan = MixturePlan.create([n], [1], None, seed=11)
+        assert plan.single
+        for epoch in (0, 3):
+            slots = epoch_order(mode, 11, epoch, n, reservoir=5, permutation=permutation)
+            positions = np.arange(n, dtype=np.int64)
+            np.testing.assert_array_equal(plan.slot_keys(epoch, slots.keys(positions)), slots.keys(positions))
+        np.testing.assert_array_equal(plan.stream(2), epoch_permutation(11, 2, n))
+    assert not MixturePlan.create([5], [1], 10).single and not MixturePlan.create([5, 5], [1, 1]).single

@@ -13,7 +13,7 @@ import pytest
 
 from shardkit.errors import SamplerError
 from shardkit.readers import SharedSampler, TierServer
-from shardkit.readers.shared.order import blocks, job_permutation
+from shardkit.readers.shared.order import blocks, job_permutation, partition
 from shardkit.readers.sources import mix
 from tests.helpers.sampler_data import encode, make_dataset
 from tests.helpers.threads import run_jobs
@@ -68,7 +68,9 @@ def test_a_server_serves_a_mixture(tmp_path: Path, ssd_dir: Path, name: str, tie
         for e in range(epochs):
             ds = (keys[e] >= 12).astype(int)
             assert np.bincount(ds).tolist() == [15, 15]
-            np.testing.assert_array_equal(keys[e], _job_epoch(plan.stream(e), 20 + j, e, srv.slot_records, srv.ssd_block))
+            # The server's partition of the 30 slots, read through the mixture's item table.
+            pi = plan.slot_keys(e, partition(5, e, 30))
+            np.testing.assert_array_equal(keys[e], _job_epoch(pi, 20 + j, e, srv.slot_records, srv.ssd_block))
     assert srv.stats.disk.records <= epochs * 30
 
 

@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +41,10 @@ from shardkit.readers.shared.protocol import (
     Reservoir,
     ServerInfo,
     Welcome,
-    dataset_fingerprint,
 )
 from shardkit.readers.shared.ring import Ring, RingLayout
 from shardkit.readers.shared.rundir import RunDir, check_name, run_dir_path
-from shardkit.readers.sources import MixedDataset, Mixture, mix
+from shardkit.readers.sources import MixedDataset, Mixture, as_source, mix
 from shardkit.readers.stats import SamplerStats
 from shardkit.readers.stopping import POLL_SECONDS, CurrentRun, Stopped, put
 from shardkit.stores import Location, as_location, location_string
@@ -167,7 +166,7 @@ class SharedSampler(Closing):
         job_seed: int | None = None,
         batch_size: int = 256,
         epochs: int | None = 1,
-        dataset: Location | Mixture | None = None,
+        dataset: Location | Dataset | Mixture | None = None,
         base_dir: str | os.PathLike[str] | None = None,
         connect_timeout: float = 10.0,
         rank: int = 0,
@@ -203,57 +202,41 @@ class SharedSampler(Closing):
         #: The server's lease: this job heartbeats every quarter of it, and gives up on a server
         #: silent for that long.
         self.lease_seconds = info.lease_seconds
-        #: The mixture the server serves (``None``: one dataset); batches then carry ``dataset``.
-        self.mixture: Mixture | None = None
-        self._local_keys: Callable[[np.ndarray], np.ndarray] | None = None
-        if info.mixture is not None:
-            self._open_mixture(info, dataset)
-        else:
-            self._open_dataset(info, dataset)
+        self._open(info, dataset)
         self._layout = RingLayout(info.slots, info.slot_records, *self._record)
         self.stats = SamplerStats()
         self._epoch: int | None = None
         self._run: CurrentRun[_SharedRun] = CurrentRun()
 
-    def _refuse(self, info: ServerInfo, dataset: Location | Mixture) -> SamplerError:
-        what = dataset if isinstance(dataset, Mixture) else location_string(dataset)
-        return SamplerError(
-            f"server {self.name!r} (pid {info.pid}) serves {info.dataset if info.mixture is None else 'a mixture'}, "
-            f"not {what} (fingerprints differ); refusing to attach"
-        )
+    @property
+    def mixture(self) -> Mixture | None:
+        """The served source when its order is a mixture's (batches carry ``dataset``), ``None``
+        for one dataset read as it is."""
+        return None if self.source.plan(0).single else self.source
 
-    def _open_dataset(self, info: ServerInfo, dataset: Location | Mixture | None) -> None:
-        if isinstance(dataset, Mixture) or (dataset is not None and dataset_fingerprint(dataset) != info.fingerprint):
-            raise self._refuse(info, dataset)
-        ds = Dataset(self.path)
-        try:
-            self.num_records = ds.num_records
-            self.record_nbytes = ds.record_nbytes
-            self.payload_name = ds.payload_name
-            self.fields: dict[str, Any] = dict(ds.fields)
-            self._record = (tuple(ds.meta.record.shape), np.dtype(ds.meta.record.dtype))
-        finally:
-            ds.close()
-        if (dataset_fingerprint(self.path) != info.fingerprint or self.num_records != info.num_records
-                or self.record_nbytes != info.record_nbytes):
-            raise SamplerError(f"{self.path}: the dataset changed since server {self.name!r} (pid {info.pid}) started; "
-                               f"restart the server")
-
-    def _open_mixture(self, info: ServerInfo, dataset: Location | Mixture | None) -> None:
-        """The served mixture's fields (gathered by global key) and its dataset index; the mixture is
-        rebuilt from ``info.json`` and must have the server's fingerprint."""
-        assert info.mixture is not None
+    def _open(self, info: ServerInfo, dataset: Location | Dataset | Mixture | None) -> None:
+        """The served source's fields (by global key; a mixture's with its dataset index); the
+        source is rebuilt from ``info.json`` and must have the server's fingerprint (and the job's
+        ``dataset``'s, when it names one)."""
         mi = info.mixture
+        if mi is None:
+            raise SamplerError(f"server {self.name!r} (pid {info.pid}) does not say what it serves; refusing to attach")
         m = mix(list(zip(mi.datasets, mi.weights)), epoch_size=mi.epoch_size, seed=info.seed)
-        if dataset is not None and (not isinstance(dataset, Mixture) or dataset.fingerprint() != info.fingerprint):
-            raise self._refuse(info, dataset)
+        if dataset is not None:
+            wanted = as_source(dataset)
+            if wanted.fingerprint() != info.fingerprint:
+                served = info.dataset if m.plan(0).single else "a mixture"
+                raise SamplerError(f"server {self.name!r} (pid {info.pid}) serves {served}, not "
+                                   f"{', '.join(location_string(p) for p in wanted.paths)} (fingerprints differ); "
+                                   "refusing to attach")
         if m.fingerprint() != info.fingerprint or m.epoch_size != info.num_records or m.record.nbytes != info.record_nbytes:
-            raise SamplerError(f"{self.path}: a dataset of the mixture changed since server {self.name!r} (pid {info.pid}) "
+            raise SamplerError(f"{self.path}: a dataset changed since server {self.name!r} (pid {info.pid}) "
                                f"started; restart the server")
         with MixedDataset(m) as md:
-            self.fields = dict(md.fields)
+            self.fields: dict[str, Any] = dict(md.fields)
             self._local_keys = md.local_keys
-        self.mixture = m
+        #: The source the server serves; :attr:`mixture` says whether batches carry ``dataset``.
+        self.source = m
         self.num_records = m.epoch_size
         self.record_nbytes = m.record.nbytes
         self.payload_name = m.payload_name
@@ -507,8 +490,7 @@ class _Link:
             return None
         payload = out if filled == b else out[:filled].copy()
         batch = assemble_batch(s.payload_name, payload, s.fields, keys[:filled])
-        if s._local_keys is not None:
-            batch["key"] = s._local_keys(batch["key"])  # a mixture's global key -> the record's key in its dataset
+        batch["key"] = s._local_keys(batch["key"])  # global key -> the record's key in its dataset
         return ("batch", batch, epoch)
 
     def close(self) -> None:

@@ -27,9 +27,8 @@ import numpy as np
 
 from shardkit.converters.options import count, duration
 from shardkit.errors import ConfigError, PeerTimeoutError, ProtocolError, SamplerError, ShardkitError
-from shardkit.formats import Dataset, PayloadArray
+from shardkit.formats import PayloadArray
 from shardkit.readers.config import SamplerOptions, UserOptions, option, path_or_none, shared_option
-from shardkit.readers.mixture import MixturePlan
 from shardkit.readers.scratch import ReservoirSlots
 from shardkit.readers.shared.order import blocks, partition
 from shardkit.readers.shared.protocol import (
@@ -49,16 +48,15 @@ from shardkit.readers.shared.protocol import (
     Reservoir,
     ServerInfo,
     Welcome,
-    dataset_fingerprint,
     encode,
 )
 from shardkit.readers.shared.ring import Ring, RingLayout
 from shardkit.readers.shared.rundir import RunDir, check_name, run_dir_path
-from shardkit.readers.sources import MixedDataset, Mixture
+from shardkit.readers.sources import MixedDataset, Mixture, as_source
 from shardkit.readers.ssd import READ_CHUNK_BYTES, SsdSpace
 from shardkit.readers.stats import SamplerStats
 from shardkit.readers.stopping import Stopped
-from shardkit.stores import Location, as_location
+from shardkit.stores import Location
 from shardkit.units import Capacity
 
 __all__ = ["ServeOptions", "SERVE_DEFAULTS", "TierServer", "serve"]
@@ -185,29 +183,16 @@ class TierServer:
         self.path: Path | str
         self.tiers, self.seed, self.slots, self.epochs = o.tiers, o.seed, o.slots, o.epochs
         self.lease_seconds = o.lease_seconds
-        #: The mixture served (``None``: one dataset); see :mod:`shardkit.readers.sources`.
-        self.mixture: Mixture | None = None
-        self._plan: MixturePlan | None = None
-        if isinstance(dataset, Mixture):
-            m = self.mixture = dataset.resolved()
-            self.path = m.paths[0]
-            if m.seed is not None:
-                self.seed = m.seed  # the mixture's own seed defines its order
-            self._plan = m.plan(self.seed)
-            self.fingerprint = m.fingerprint()
-            self.num_records = m.epoch_size
-            self.record_nbytes = rec = m.record.nbytes
-            record = (tuple(m.record.shape), np.dtype(m.record.dtype))
-        else:
-            self.path = as_location(dataset, resolve=True)
-            ds = Dataset(self.path, gap_bytes=o.gap_bytes)  # a missing or broken dataset fails here, clearly
-            self.fingerprint = dataset_fingerprint(self.path)
-            try:
-                self.num_records = ds.num_records
-                self.record_nbytes = rec = ds.record_nbytes
-                record = (tuple(ds.meta.record.shape), np.dtype(ds.meta.record.dtype))
-            finally:
-                ds.close()
+        #: What the server serves: a mixture of one dataset or more (see :mod:`shardkit.readers.sources`).
+        m = self.source = as_source(dataset).resolved()  # a missing or broken dataset fails here, clearly
+        self.path = m.paths[0]
+        if m.seed is not None:
+            self.seed = m.seed  # the mixture's own seed defines its order
+        self._plan = m.plan(self.seed)
+        self.fingerprint = m.fingerprint()
+        self.num_records = m.epoch_size
+        self.record_nbytes = rec = m.record.nbytes
+        record = (tuple(m.record.shape), np.dtype(m.record.dtype))
         n = max(1, self.num_records)
         #: K, records per slot (= per published reservoir block).
         self.slot_records = max(1, min(o.ram_size.to_bytes(rec) // (o.slots * rec), n))
@@ -289,11 +274,7 @@ class TierServer:
         self._token = secrets.token_bytes(TOKEN_BYTES)
         run.write_file("token", self._token.hex().encode())
         self._ring = Ring.create(run, self.layout)
-        self.disk: Dataset | MixedDataset
-        if self.mixture is not None:
-            self.disk = MixedDataset(self.mixture, stats=self.stats.disk, gap_bytes=self.options.gap_bytes)
-        else:
-            self.disk = Dataset(self.path, stats=self.stats.disk, gap_bytes=self.options.gap_bytes)
+        self.disk = MixedDataset(self.source, stats=self.stats.disk, gap_bytes=self.options.gap_bytes)
         if self.ssd_dir is not None:
             self._space = SsdSpace(self.ssd_dir)
             self._slots = ReservoirSlots(self._space, self.disk.payload, READ_CHUNK_BYTES)
@@ -321,10 +302,13 @@ class TierServer:
         logger.info("server %s: serving %s (N=%d, %d slots of %d records) at %s", self.name, self.path,
                     self.num_records, self.slots, self.slot_records, self.rundir)
 
-    def _mixture_info(self) -> MixtureInfo | None:
-        m = self.mixture
-        if m is None:
-            return None
+    @property
+    def mixture(self) -> Mixture | None:
+        """The source when its order is a mixture's, ``None`` for one dataset read as it is."""
+        return None if self._plan.single else self.source
+
+    def _mixture_info(self) -> MixtureInfo:
+        m = self.source
         return MixtureInfo(datasets=tuple(str(p) for p in m.paths), weights=tuple(str(w) for w in m.weights),
                            epoch_size=m.epoch_size)
 
@@ -657,7 +641,7 @@ class TierServer:
 
     def _blocks(self, epoch: int) -> Generator[tuple[np.ndarray, Callable[[np.ndarray, np.ndarray], Any]]]:
         """Yield ``(sorted keys, read(keys, out))`` per published block of the epoch, in ``pi`` order."""
-        pi = self._plan.stream(epoch) if self._plan is not None else partition(self.seed, epoch, self.num_records)
+        pi = self._plan.slot_keys(epoch, partition(self.seed, epoch, self.num_records))
         k = self.slot_records
         if self.ssd_block is None:
             payload = self.disk.payload
