@@ -85,7 +85,7 @@ class SamplerFactory:
             shared = SharedSampler(
                 self.shared, job_seed=options.seed, batch_size=options.batch_size, epochs=options.epochs,
                 rank=options.rank, world_size=options.world_size, drop_last=options.drop_last,
-                dataset=dataset.path if isinstance(dataset, Dataset) else dataset,
+                dataset=dataset.store if isinstance(dataset, Dataset) else dataset,
             )  # fmt: skip
             return shared
         sampler = TieredSampler(dataset, options)

@@ -13,8 +13,9 @@ import sys
 import typer
 
 from shardkit._version import __version__
+from shardkit.redact import redact_urls
 
-__all__ = ["app", "echo_err", "setup_logging"]
+__all__ = ["app", "echo_err", "echo_out", "setup_logging"]
 
 app = typer.Typer(
     name="shardkit",
@@ -45,15 +46,33 @@ def _main(
     exactly uniform random order with only sequential storage reads."""
 
 
+def echo_out(message: str) -> None:
+    """Print to stdout, URLs in it redacted (outputs and summaries name the locations given)."""
+    typer.echo(redact_urls(message))
+
+
 def echo_err(message: str) -> None:
-    """Print one line to stderr."""
-    typer.echo(message, err=True)
+    """Print one line to stderr, URLs in it redacted (a message may quote what the user typed)."""
+    typer.echo(redact_urls(message), err=True)
+
+
+class RedactingFilter(logging.Filter):
+    """Redacts the URLs of every record a handler prints (libraries below shardkit log URLs too)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        redacted = redact_urls(text)
+        if redacted != text:
+            record.msg, record.args = redacted, None
+        return True
 
 
 def setup_logging(verbose: bool) -> None:
-    """Library logging to stderr: warnings by default, info with --verbose."""
+    """Library logging to stderr: warnings by default, info with --verbose; URLs redacted."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(RedactingFilter())
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+        handlers=[handler],
     )

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from shardkit.cli.app import app, echo_err
+from shardkit.cli.app import app, echo_err, echo_out
 from shardkit.errors import ConfigError, InputFileError, ShardkitError
 from shardkit.ordertest.settings import DEFAULTS
 
@@ -55,7 +55,7 @@ def order_test(
     try:
         if _is_mixture(keys):
             mixed = _mixture(keys, sizes, weights, alpha, bins, seed, labels, plot, records)
-            typer.echo(mixed.to_json() if as_json else mixed.format())
+            echo_out(mixed.to_json() if as_json else mixed.format())
             raise typer.Exit(mixed.exit_code)
         if sizes is not None or weights is not None:
             raise ConfigError("--sizes and --weights describe a mixture: KEYS must then be [epochs, L, 2]")
@@ -78,7 +78,7 @@ def order_test(
     except (ShardkitError, OSError) as exc:
         echo_err(f"error: {exc}")
         raise typer.Exit(EXIT_BAD_INPUT) from None
-    typer.echo(report.to_json() if as_json else report.format())
+    echo_out(report.to_json() if as_json else report.format())
     if plot is not None and not as_json:
         echo_err(f"wrote {plot}")
     raise typer.Exit(report.exit_code)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from shardkit.cli.app import app, echo_err
+from shardkit.cli.app import app, echo_err, echo_out
 from shardkit.cli.sampler_options import sampler_option
 from shardkit.errors import ConfigError
 from shardkit.profiling.profiler import PROFILE_EPOCHS
@@ -68,8 +68,8 @@ def profile(
     prof = profile(path, options, step=fn, step_time=step_time, cold=not warm, check=check,
                    progress_bars=progress and not as_json)  # fmt: skip
     if as_json:
-        typer.echo(json.dumps(to_json(prof), indent=1))
+        echo_out(json.dumps(to_json(prof), indent=1))
     else:
-        typer.echo("\n".join(report_lines(prof)))
+        echo_out("\n".join(report_lines(prof)))
     if plot_out is not None:
         echo_err(f"wrote {plot(prof, plot_out)}")

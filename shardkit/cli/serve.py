@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from shardkit.cli.app import app, echo_err, setup_logging
+from shardkit.cli.app import app, echo_err, echo_out, setup_logging
 from shardkit.readers.shared.server import SERVE_DEFAULTS, ServeOptions, TierServer
 from shardkit.readers.shared.server import serve as run_server
 from shardkit.readers.sources import source_of
@@ -66,7 +66,7 @@ def serve(
     dataset = source_of(paths, weights, epoch_size, source="cli")
     server = run_server(dataset, name=name, ready=ready, options=options)
     st = server.stats
-    typer.echo(
+    echo_out(
         f"served {server.epochs_served} epochs, {server.published} reservoir blocks; disk {human_bytes(st.disk.bytes_read)} "
         f"read in {st.disk.read_calls} calls"
     )

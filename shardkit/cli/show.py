@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from shardkit.cli.app import app
+from shardkit.cli.app import app, echo_out
 from shardkit.cli.selection import keys_option, selection_option
 
 __all__ = ["show"]
@@ -30,6 +30,6 @@ def show(
 
     result = run_show(path, output, keys=keys_option(keys), random=random, seed=seed, label=label, limit=limit,
                       columns=columns, wav_dir=wav, naming="cli")
-    typer.echo(f"wrote {result.path} ({len(result.keys)} records: {', '.join(map(str, result.keys))})")
+    echo_out(f"wrote {result.path} ({len(result.keys)} records: {', '.join(map(str, result.keys))})")
     for w in result.wavs:
-        typer.echo(f"wrote {w}")
+        echo_out(f"wrote {w}")

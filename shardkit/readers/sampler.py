@@ -41,7 +41,7 @@ from shardkit.readers.sources import DATASET_FIELD, DatasetIndex, MixedField, Mi
 from shardkit.readers.static_cache import StaticCache
 from shardkit.readers.stats import SamplerStats
 from shardkit.readers.stopping import CurrentRun
-from shardkit.stores import Location, as_location
+from shardkit.stores import Location, as_location, location_string
 from shardkit.units import human_bytes, parse_count
 
 __all__ = ["TieredSampler", "STATE_VERSION"]
@@ -188,7 +188,7 @@ class TieredSampler(Closing):
         """Metadata, identity and node-shared fields of one dataset; returns the fields' regions."""
         opts = self.options
         #: The dataset: a local directory (Path) or an object-store URL (str).
-        self.path: Path | str = as_location(dataset.path if isinstance(dataset, Dataset) else dataset)
+        self.path: Path | str = as_location(dataset.store if isinstance(dataset, Dataset) else dataset)
         before = _fingerprint_or_none(self.path)
         ds = Dataset(self.path, **opts.dataset_options())  # metadata + small fields
         try:
@@ -540,7 +540,7 @@ class TieredSampler(Closing):
 
     def __repr__(self) -> str:
         return (
-            f"TieredSampler({str(self.path)!r}, tiers={','.join(self.tiers)}, mode={self.mode}, "
+            f"TieredSampler({location_string(self.path)!r}, tiers={','.join(self.tiers)}, mode={self.mode}, "
             f"blocks={self.sizes.first_block}..{self.ram_block}, K1={self.ssd_block}, static_cache={self.static_cache}, "
             f"batch_size={self.batch_size}, "
             f"rank={self.rank}/{self.world_size}, epoch={self._epoch}, position={self._position}"

@@ -210,7 +210,7 @@ def mix(
             raise ConfigError(f"datasets: entry {i} must be a (dataset, weight) pair, found {item!r}")
         ds, w = item
         if isinstance(ds, Dataset):
-            paths.append(as_location(ds.path))
+            paths.append(as_location(ds.store))  # ds.path is for messages (secrets redacted)
         elif isinstance(ds, (str, os.PathLike, Store)):
             paths.append(as_location(ds))
         else:

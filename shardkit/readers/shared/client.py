@@ -308,7 +308,7 @@ class SharedSampler(Closing):
         self._run.close()
 
     def __repr__(self) -> str:
-        return (f"SharedSampler({self.name!r}, dataset={str(self.path)!r}, job_seed={self.job_seed}, "
+        return (f"SharedSampler({self.name!r}, dataset={location_string(self.path)!r}, job_seed={self.job_seed}, "
                 f"batch_size={self.batch_size}, epochs={self.epochs})")
 
 
