@@ -15,7 +15,7 @@ import typer
 from shardkit._version import __version__
 from shardkit.redact import redact_urls
 
-__all__ = ["app", "echo_err", "echo_out", "setup_logging"]
+__all__ = ["app", "echo_err", "echo_out", "help_text", "setup_logging"]
 
 app = typer.Typer(
     name="shardkit",
@@ -28,6 +28,12 @@ app = typer.Typer(
     add_completion=True,
     pretty_exceptions_enable=False,
 )
+
+
+def help_text(text: str) -> str:
+    """``text`` for a help string: typer renders help as rich markup, where ``[viz]`` or ``[epochs, N]``
+    would be taken for a style tag and vanish (``pip install "shardkit"``), so every ``[`` is escaped."""
+    return text.replace("[", "\\[")
 
 
 def _print_version(value: bool) -> None:

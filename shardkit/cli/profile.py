@@ -8,7 +8,8 @@ from pathlib import Path
 
 import typer
 
-from shardkit.cli.app import app, echo_err, echo_out
+from shardkit._extras import pip_install
+from shardkit.cli.app import app, echo_err, echo_out, help_text
 from shardkit.cli.sampler_options import sampler_option
 from shardkit.errors import ConfigError
 from shardkit.profiling.profiler import PROFILE_EPOCHS
@@ -41,7 +42,7 @@ def profile(
         False, "--check", help="Also run three other configurations and show their predictions next to what they measure."
     ),
     plot_out: Path = typer.Option(
-        None, "--plot", help="Write a PNG of predicted epoch time against the static cache size (needs shardkit[viz])."
+        None, "--plot", help=help_text(f"Write a PNG of predicted epoch time against the static cache size (needs {pip_install('viz')}).")
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the whole profile as JSON instead of the report."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="A progress bar per phase (on stderr)."),
