@@ -25,7 +25,9 @@ from __future__ import annotations
 import builtins
 import io
 import math
+import os
 import pickle
+import stat
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,6 +50,8 @@ _OPTIONS = (
     *image_options("Output frame H or HxW in pixels (default: the native 32x32, no resizing)."),
 )
 
+#: Largest batch file read (CIFAR-100's train batch, the largest real one, is 155 MiB).
+_MAX_BATCH_BYTES = 1 << 30
 #: Most dimensions an unpickled array may claim (numpy itself allows 64; a CIFAR batch has 2).
 _MAX_NDIM = 32
 _BUILTINS = {"dict", "list", "tuple", "set", "frozenset", "str", "int", "float", "bool", "complex"}
@@ -233,12 +237,32 @@ def _resolve(obj: Any, path: Path) -> Any:
     return visit(obj, 0)
 
 
-def safe_load(path: Path) -> Any:
-    """Unpickle ``path`` with :class:`SafeUnpickler` (``ConversionError`` naming the file on refusal)."""
+def _read_batch(path: Path) -> bytes:
+    """The bytes of a batch file: a regular file (a FIFO or a device would never end) of at most
+    :data:`_MAX_BATCH_BYTES`, checked before reading."""
     try:
-        data = path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         raise ConversionError(f"{path}: cannot read the CIFAR batch: {exc}") from None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConversionError(f"{path}: expected a regular file holding a CIFAR batch, found a special file")
+        if st.st_size > _MAX_BATCH_BYTES:
+            raise ConversionError(f"{path}: {st.st_size} bytes; a CIFAR batch has at most {_MAX_BATCH_BYTES} "
+                                  "(the largest real one, CIFAR-100 train, is 155 MiB)")
+        try:
+            data = fh.read(_MAX_BATCH_BYTES + 1)
+        except OSError as exc:
+            raise ConversionError(f"{path}: cannot read the CIFAR batch: {exc}") from None
+    if len(data) > _MAX_BATCH_BYTES:  # grew since it was checked
+        raise ConversionError(f"{path}: more than {_MAX_BATCH_BYTES} bytes; not a CIFAR batch")
+    return data
+
+
+def safe_load(path: Path) -> Any:
+    """Unpickle ``path`` with :class:`SafeUnpickler` (``ConversionError`` naming the file on refusal)."""
+    data = _read_batch(path)
     try:
         obj = SafeUnpickler(io.BytesIO(data), encoding="bytes").load()
     except RecursionError:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 import shardkit
+from shardkit.converters import cifar
 from shardkit.converters.cifar import safe_load
 from shardkit.errors import ConversionError
 from shardkit.formats import open_dataset
@@ -156,3 +158,15 @@ def test_arrays_keep_order_and_byte_order(tmp_path: Path) -> None:
         assert got["z"].shape == (0, 3072) and got["s"] == np.float32(2.5) and isinstance(got["s"], np.float32)
         np.testing.assert_array_equal(got["t"][0], obj["t"][0])
         assert got["e"] == b"" and got["ba"] == bytearray(b"xy")
+
+
+@pytest.mark.timeout(120)
+def test_special_and_oversized_files_are_refused_before_reading(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fifo = tmp_path / "data_batch_1"
+    os.mkfifo(fifo)  # reading it would wait for a writer forever
+    with pytest.raises(ConversionError, match=r"data_batch_1: expected a regular file .* found a special file"):
+        safe_load(fifo)
+    write_pickle(tmp_path / "big", {b"data": b"x" * 100})
+    monkeypatch.setattr(cifar, "_MAX_BATCH_BYTES", 64)
+    with pytest.raises(ConversionError, match=r"big: \d+ bytes; a CIFAR batch has at most 64"):
+        safe_load(tmp_path / "big")
