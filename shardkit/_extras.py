@@ -7,7 +7,12 @@ from types import ModuleType
 
 from shardkit.errors import MissingExtraError
 
-__all__ = ["import_extra"]
+__all__ = ["import_extra", "pip_install"]
+
+
+def pip_install(extra: str) -> str:
+    """The command that installs a shardkit extra: ``pip install "shardkit[EXTRA]"``."""
+    return f'pip install "shardkit[{extra}]"'
 
 
 def import_extra(module: str, extra: str, *, needed_by: str) -> ModuleType:
@@ -33,5 +38,5 @@ def import_extra(module: str, extra: str, *, needed_by: str) -> ModuleType:
     except ImportError as exc:
         raise MissingExtraError(
             f"{needed_by} needs the optional dependency {module!r}, which could not be imported "
-            f"({exc}); install it with: pip install \"shardkit[{extra}]\""
+            f"({exc}); install it with: {pip_install(extra)}"
         ) from exc

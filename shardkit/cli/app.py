@@ -13,8 +13,9 @@ import sys
 import typer
 
 from shardkit._version import __version__
+from shardkit.redact import redact_urls
 
-__all__ = ["app", "echo_err", "setup_logging"]
+__all__ = ["app", "echo_err", "echo_out", "help_text", "setup_logging"]
 
 app = typer.Typer(
     name="shardkit",
@@ -27,6 +28,12 @@ app = typer.Typer(
     add_completion=True,
     pretty_exceptions_enable=False,
 )
+
+
+def help_text(text: str) -> str:
+    """``text`` for a help string: typer renders help as rich markup, where ``[viz]`` or ``[epochs, N]``
+    would be taken for a style tag and vanish (``pip install "shardkit"``), so every ``[`` is escaped."""
+    return text.replace("[", "\\[")
 
 
 def _print_version(value: bool) -> None:
@@ -45,15 +52,33 @@ def _main(
     exactly uniform random order with only sequential storage reads."""
 
 
+def echo_out(message: str) -> None:
+    """Print to stdout, URLs in it redacted (outputs and summaries name the locations given)."""
+    typer.echo(redact_urls(message))
+
+
 def echo_err(message: str) -> None:
-    """Print one line to stderr."""
-    typer.echo(message, err=True)
+    """Print one line to stderr, URLs in it redacted (a message may quote what the user typed)."""
+    typer.echo(redact_urls(message), err=True)
+
+
+class RedactingFilter(logging.Filter):
+    """Redacts the URLs of every record a handler prints (libraries below shardkit log URLs too)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        redacted = redact_urls(text)
+        if redacted != text:
+            record.msg, record.args = redacted, None
+        return True
 
 
 def setup_logging(verbose: bool) -> None:
-    """Library logging to stderr: warnings by default, info with --verbose."""
+    """Library logging to stderr: warnings by default, info with --verbose; URLs redacted."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(RedactingFilter())
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+        handlers=[handler],
     )

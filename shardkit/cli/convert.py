@@ -17,7 +17,7 @@ from typing import Any
 
 import typer
 
-from shardkit.cli.app import app, echo_err, setup_logging
+from shardkit.cli.app import app, echo_err, echo_out, setup_logging
 from shardkit.converters.options import Option
 from shardkit.converters.progress import progress_bar
 from shardkit.converters.registry import available_kinds, kind_options
@@ -162,7 +162,7 @@ def convert(
         )
     if summary.already_complete:
         what = "already holds these records as its latest addition" if append else "already converted with the same parameters"
-        typer.echo(f"{summary.output}: {what} ({summary.records} records); nothing to do")
+        echo_out(f"{summary.output}: {what} ({summary.records} records); nothing to do")
         return
     elapsed = max(summary.seconds, time.perf_counter() - t0)
     added = summary.commit.records_added if summary.commit is not None else summary.records
@@ -184,7 +184,7 @@ def convert(
     for k, v in summary.notes.items():
         lines.append(f"note         {k}: {v}")
     lines += [f"changed      {line}" for line in change_lines(summary.changes)]
-    typer.echo("\n".join(lines))
+    echo_out("\n".join(lines))
 
 
 convert.__signature__ = inspect.Signature(  # type: ignore[attr-defined]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from shardkit.cli.app import app
+from shardkit.cli.app import app, echo_out
 from shardkit.cli.selection import keys_option, selection_option
 
 __all__ = ["export"]
@@ -27,4 +27,4 @@ def export(
 
     for p in run_export(path, output, keys=keys_option(keys), random=random, seed=seed, label=label, limit=limit,
                         naming="cli"):
-        typer.echo(f"wrote {p}")
+        echo_out(f"wrote {p}")

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import typer
 
-from shardkit.cli.app import app
+from shardkit.cli.app import app, echo_out
 from shardkit.errors import ConfigError
 from shardkit.formats import Dataset, open_dataset
 from shardkit.units import human_bytes, human_count
@@ -77,16 +77,16 @@ def info(
         if record is not None:
             if as_json:
                 source = ds.source(record) if 0 <= record < ds.num_records else None
-                typer.echo(json.dumps({"record": record, "lines": record_lines(ds, record),
+                echo_out(json.dumps({"record": record, "lines": record_lines(ds, record),
                                        "source": None if source is None else {
                                            "path": source.path, "name": source.name, "input": source.input,
                                            "values": source.values}}, indent=2))
             else:
-                typer.echo("\n".join(record_lines(ds, record)))
+                echo_out("\n".join(record_lines(ds, record)))
             return
         data = ds.info()
     if as_json:
-        typer.echo(json.dumps(data, indent=2))
+        echo_out(json.dumps(data, indent=2))
         return
     lines = [
         f"dataset      {data['path']}",
@@ -111,7 +111,7 @@ def info(
     if "provenance" in data:
         lines.append(f"provenance   every record's source: shardkit info {data['path']} --record K")
     lines += _history_lines(data)
-    typer.echo("\n".join(lines))
+    echo_out("\n".join(lines))
 
 
 def _history_lines(data: dict[str, Any]) -> list[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from shardkit.cli.app import app, setup_logging
+from shardkit.cli.app import app, echo_out, setup_logging
 from shardkit.formats.versions import DEFAULT_KEEP_VERSIONS
 from shardkit.units import human_bytes, parse_count
 
@@ -30,9 +30,9 @@ def merge(
     keep = parse_count(keep_versions, what="--keep-versions")
     report = run_merge(inputs, output, overwrite=overwrite, keep_versions=keep)
     if report.already_committed:
-        typer.echo(f"{output}: already the merge of these datasets ({report.meta.num_records} records); nothing to do")
+        echo_out(f"{output}: already the merge of these datasets ({report.meta.num_records} records); nothing to do")
         return
-    typer.echo("\n".join([
+    echo_out("\n".join([
         f"merged       {len(inputs)} datasets, {report.meta.num_records} records, into {output}",
         f"shards       {report.shards_linked} linked ({human_bytes(report.bytes_linked)}, no bytes copied), "
         f"{report.shards_repacked} re-packed ({human_bytes(report.bytes_repacked)})",

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from shardkit.cli.app import app, echo_err
+from shardkit.cli.app import app, echo_err, echo_out, help_text
 from shardkit.errors import ConfigError, InputFileError, ShardkitError
 from shardkit.ordertest.settings import DEFAULTS
 
@@ -24,8 +24,9 @@ EXIT_BAD_INPUT = 2
 @app.command("order-test")
 def order_test(
     keys: Path = typer.Argument(
-        ..., help="KEYS.npy: int [epochs, N], the keys a loader emitted, one row per epoch "
-                  "(e.g. from `shardkit sample --order-out`); or a mixture's int [epochs, L, 2] (dataset index, key)."),
+        ..., help=help_text("KEYS.npy: int [epochs, N], the keys a loader emitted, one row per epoch "
+                            "(e.g. from `shardkit sample --order-out`); or a mixture's int [epochs, L, 2] (dataset "
+                            "index, key).")),
     alpha: str = typer.Option(f"{DEFAULTS.alpha:g}", "--alpha", help="Significance level of every verdict."),
     labels: Path = typer.Option(None, "--labels", help="LABELS.npy: one label per key, for distinct labels per batch."),
     batch_size: str = typer.Option(None, "--batch-size", help="The loader's batch size (with --labels)."),
@@ -55,7 +56,7 @@ def order_test(
     try:
         if _is_mixture(keys):
             mixed = _mixture(keys, sizes, weights, alpha, bins, seed, labels, plot, records)
-            typer.echo(mixed.to_json() if as_json else mixed.format())
+            echo_out(mixed.to_json() if as_json else mixed.format())
             raise typer.Exit(mixed.exit_code)
         if sizes is not None or weights is not None:
             raise ConfigError("--sizes and --weights describe a mixture: KEYS must then be [epochs, L, 2]")
@@ -78,7 +79,7 @@ def order_test(
     except (ShardkitError, OSError) as exc:
         echo_err(f"error: {exc}")
         raise typer.Exit(EXIT_BAD_INPUT) from None
-    typer.echo(report.to_json() if as_json else report.format())
+    echo_out(report.to_json() if as_json else report.format())
     if plot is not None and not as_json:
         echo_err(f"wrote {plot}")
     raise typer.Exit(report.exit_code)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import typer
 
-from shardkit.cli.app import app, echo_err
+from shardkit._extras import pip_install
+from shardkit.cli.app import app, echo_err, echo_out, help_text
 from shardkit.cli.options import options_command
 from shardkit.errors import ConfigError
 from shardkit.profiling.profiler import PROFILE_EPOCHS
@@ -37,7 +38,7 @@ def profile(
         False, "--check", help="Also run three other configurations and show their predictions next to what they measure."
     ),
     plot_out: Path = typer.Option(
-        None, "--plot", help="Write a PNG of predicted epoch time against the static cache size (needs shardkit[viz])."
+        None, "--plot", help=help_text(f"Write a PNG of predicted epoch time against the static cache size (needs {pip_install('viz')}).")
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the whole profile as JSON instead of the report."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="A progress bar per phase (on stderr)."),
@@ -62,8 +63,8 @@ def profile(
     prof = profile(path, options, step=fn, step_time=step_time, cold=not warm, check=check,
                    progress_bars=progress and not as_json)  # fmt: skip
     if as_json:
-        typer.echo(json.dumps(to_json(prof), indent=1))
+        echo_out(json.dumps(to_json(prof), indent=1))
     else:
-        typer.echo("\n".join(report_lines(prof)))
+        echo_out("\n".join(report_lines(prof)))
     if plot_out is not None:
         echo_err(f"wrote {plot(prof, plot_out)}")

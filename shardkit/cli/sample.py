@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import typer
 
-from shardkit.cli.app import app, echo_err
+from shardkit.cli.app import app, echo_err, echo_out
 from shardkit.cli.options import options_command
 from shardkit.errors import ConfigError
 from shardkit.readers import SamplerOptions, SamplerStats, TieredSampler
@@ -59,7 +59,7 @@ def sample(
         arr = flat[None, :] if options.mode == "replacement" else _by_epoch(keys, epoch_of)
         order_out.parent.mkdir(parents=True, exist_ok=True)
         np.save(order_out, arr.astype(np.int64))
-    typer.echo("\n".join(summary(sampler)))
+    echo_out("\n".join(summary(sampler)))
     if order_out is not None:
         echo_err(f"wrote {order_out}")
 

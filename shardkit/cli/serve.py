@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from shardkit.cli.app import app, echo_err, setup_logging
+from shardkit.cli.app import app, echo_err, echo_out, setup_logging
 from shardkit.cli.options import options_command
 from shardkit.readers.shared.server import ServeOptions, TierServer
 from shardkit.readers.shared.server import serve as run_server
@@ -40,7 +40,7 @@ def serve(
     dataset = source_of(paths, weights, epoch_size, source="cli")
     server = run_server(dataset, name=name, ready=ready, options=options)
     st = server.stats
-    typer.echo(
+    echo_out(
         f"served {server.epochs_served} epochs, {server.published} reservoir blocks; disk {human_bytes(st.disk.bytes_read)} "
         f"read in {st.disk.read_calls} calls"
     )

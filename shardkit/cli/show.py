@@ -6,12 +6,16 @@ from pathlib import Path
 
 import typer
 
-from shardkit.cli.app import app
+from shardkit._extras import pip_install
+from shardkit.cli.app import app, echo_out, help_text
 from shardkit.cli.selection import keys_option, selection_option
 
 __all__ = ["show"]
 
-@app.command()
+@app.command(help=help_text(
+    "Look at records: a contact sheet of images with key, class and COCO boxes, or a waveform and a spectrogram "
+    f"per audio record (needs the viz extra: {pip_install('viz')})."
+))
 def show(
     path: str = typer.Argument(..., help="Dataset directory or URL (s3://bucket/ds, gs://, az://, http(s)://)."),
     output: Path = typer.Option(None, "-o", "--output", metavar="PNG",
@@ -24,12 +28,11 @@ def show(
     columns: int = typer.Option(None, "--columns", metavar="N", help="Frames per row of a contact sheet."),
     wav: Path = typer.Option(None, "--wav", metavar="DIR", help="Audio: also write each record as a WAV file here."),
 ) -> None:
-    """Look at records: a contact sheet of images with key, class and COCO boxes, or a waveform and a
-    spectrogram per audio record (needs the viz extra: pip install "shardkit[viz]")."""
+    """Look at records (the help text, in the decorator, names the extra it needs)."""
     from shardkit.viz import show as run_show
 
     result = run_show(path, output, keys=keys_option(keys), random=random, seed=seed, label=label, limit=limit,
                       columns=columns, wav_dir=wav, naming="cli")
-    typer.echo(f"wrote {result.path} ({len(result.keys)} records: {', '.join(map(str, result.keys))})")
+    echo_out(f"wrote {result.path} ({len(result.keys)} records: {', '.join(map(str, result.keys))})")
     for w in result.wavs:
-        typer.echo(f"wrote {w}")
+        echo_out(f"wrote {w}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from shardkit.cli.app import app, echo_err
+from shardkit.cli.app import app, echo_err, echo_out
 from shardkit.formats import verify as verify_dataset
 from shardkit.units import human_bytes, human_count
 
@@ -38,7 +38,7 @@ def verify(
             f"{human_count(report.files_checked, 'other file')} ({mode})"
         )
         raise typer.Exit(1)
-    typer.echo(
+    echo_out(
         f"{report.path}: OK, {human_count(report.shards_checked, 'shard')} and {human_count(report.files_checked, 'other file')} "
         f"(format {report.format}, {mode}" + (f", {human_bytes(report.bytes_checked)} checksummed)" if not quick else ")")
     )

@@ -4,8 +4,11 @@ Pickle can execute arbitrary code: a "batch" downloaded from anywhere could run 
 loaded. :class:`SafeUnpickler` therefore resolves only the handful of globals that plain data needs
 (numpy's array and dtype reconstruction, builtin container/scalar types and latin-1 byte
 decoding); anything else is refused with a :class:`~shardkit.errors.ConversionError` naming the file
-and the global it asked for, and object arrays are refused too. A refused batch stops the run even
-without ``--strict``: silently dropping 10 000 records of an untrusted file is not a skip.
+and the global it asked for, and object arrays are refused too. Arrays are built only from bytes the
+file holds: numpy's own reconstruction would allocate whatever shape the pickle claims (uninitialised
+memory that would end up in the dataset), so the claimed shape times the item size must equal the
+length of the data before anything is allocated. A refused batch stops the run even without
+``--strict``: silently dropping 10 000 records of an untrusted file is not a skip.
 
 Layouts: CIFAR-10 ``data_batch_1..5`` (train), ``test_batch`` and ``batches.meta``; CIFAR-100
 ``train``, ``test`` and ``meta`` (fine and coarse labels). ``SRC`` may be the batch directory or its
@@ -19,8 +22,12 @@ under ``--strict``); a batch that is not the expected shape stops the run, namin
 
 from __future__ import annotations
 
+import builtins
 import io
+import math
+import os
 import pickle
+import stat
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,17 +50,11 @@ _OPTIONS = (
     *image_options("Output frame H or HxW in pixels (default: the native 32x32, no resizing)."),
 )
 
-_NUMPY_GLOBALS = {
-    ("numpy.core.multiarray", "_reconstruct"),
-    ("numpy._core.multiarray", "_reconstruct"),
-    ("numpy.core.multiarray", "scalar"),
-    ("numpy._core.multiarray", "scalar"),
-    ("numpy.core.numeric", "_frombuffer"),
-    ("numpy._core.numeric", "_frombuffer"),
-    ("numpy", "ndarray"),
-    ("numpy", "dtype"),
-}
-_BUILTINS = {"dict", "list", "tuple", "set", "frozenset", "bytes", "bytearray", "str", "int", "float", "bool", "complex"}
+#: Largest batch file read (CIFAR-100's train batch, the largest real one, is 155 MiB).
+_MAX_BATCH_BYTES = 1 << 30
+#: Most dimensions an unpickled array may claim (numpy itself allows 64; a CIFAR batch has 2).
+_MAX_NDIM = 32
+_BUILTINS = {"dict", "list", "tuple", "set", "frozenset", "str", "int", "float", "bool", "complex"}
 
 
 def _latin1_encode(text: str, encoding: str = "latin1") -> bytes:
@@ -63,42 +64,205 @@ def _latin1_encode(text: str, encoding: str = "latin1") -> bytes:
     return text.encode("latin1")
 
 
+def _checked_bytes(*args: Any) -> bytes:
+    """``bytes()`` / ``bytes(b"...")`` only: ``bytes(10**10)`` would allocate what the file never held."""
+    if not args:
+        return b""
+    if len(args) == 1 and isinstance(args[0], (bytes, bytearray)):
+        return bytes(args[0])
+    raise pickle.UnpicklingError(f"bytes() of {type(args[0]).__name__} is not allowed (only of bytes in the file)")
+
+
+def _checked_bytearray(*args: Any) -> bytearray:
+    """``bytearray()`` / ``bytearray(b"...")`` only, for the same reason as :func:`_checked_bytes`."""
+    if not args:
+        return bytearray()
+    if len(args) == 1 and isinstance(args[0], (bytes, bytearray)):
+        return bytearray(args[0])
+    raise pickle.UnpicklingError(f"bytearray() of {type(args[0]).__name__} is not allowed (only of bytes in the file)")
+
+
+def _claimed_shape(shape: Any) -> tuple[int, ...]:
+    """``shape`` as a tuple of non-negative ints, at most :data:`_MAX_NDIM` of them (nothing allocated)."""
+    if isinstance(shape, int) and not isinstance(shape, bool):
+        shape = (shape,)
+    if not isinstance(shape, (tuple, list)) or len(shape) > _MAX_NDIM:
+        raise pickle.UnpicklingError(f"an array claims shape {shape!r:.80}; expected a tuple of at most {_MAX_NDIM} sizes")
+    if not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**63 for d in shape):
+        raise pickle.UnpicklingError(f"an array claims shape {list(shape)!r:.80}; expected non-negative integer sizes")
+    return tuple(shape)
+
+
+def _array_from_bytes(data: Any, dtype: Any, shape: Any, fortran: bool) -> np.ndarray:
+    """The array of ``shape`` and ``dtype`` made of exactly the bytes ``data`` read from the file.
+
+    The claimed size (a Python int: no overflow) must equal ``len(data)`` before anything is allocated,
+    so an array can never be larger than the bytes present, and never hold uninitialised memory.
+    """
+    if not isinstance(dtype, np.dtype):
+        raise pickle.UnpicklingError(f"an array's dtype is a {type(dtype).__name__}, expected a numpy dtype")
+    if dtype.hasobject:
+        raise pickle.UnpicklingError(f"an array of dtype {dtype} holds Python objects")
+    dims = _claimed_shape(shape)
+    if isinstance(data, pickle.PickleBuffer):
+        data = data.raw()
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise pickle.UnpicklingError(f"an array's data is a {type(data).__name__}, expected bytes")
+    count = math.prod(dims)
+    claimed = count * dtype.itemsize
+    found = memoryview(data).nbytes
+    if count and not dtype.itemsize:
+        raise pickle.UnpicklingError(f"an array claims {count} items of the zero-size dtype {dtype}")
+    if claimed != found:
+        raise pickle.UnpicklingError(
+            f"an array claims shape {list(dims)} of {dtype} ({claimed} bytes) but holds {found} bytes of data")
+    flat = np.frombuffer(data, dtype=dtype, count=count) if count else np.zeros(0, dtype=dtype)
+    return flat.reshape(dims, order="F" if fortran else "C").copy(order="K")
+
+
+class _NdarrayType:
+    """What ``numpy.ndarray`` resolves to: only the type argument of ``_reconstruct``.
+
+    Calling ``numpy.ndarray(shape)`` would allocate uninitialised memory of a size the file merely
+    claims, so it is refused.
+    """
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise pickle.UnpicklingError("numpy.ndarray(...) is not allowed (it allocates memory the file does not hold)")
+
+
+_NDARRAY = _NdarrayType()
+
+
+class _PendingArray:
+    """What ``_reconstruct`` returns: no memory yet. Pickle's BUILD hands it the array's state
+    ``(version, shape, dtype, is_fortran, data)``, from which :func:`_array_from_bytes` makes the
+    array; :func:`_resolve` puts the array where the stand-in was."""
+
+    __slots__ = ("array",)
+
+    def __init__(self) -> None:
+        self.array: np.ndarray | None = None
+
+    def __setstate__(self, state: Any) -> None:
+        if not isinstance(state, tuple) or len(state) not in (4, 5):
+            raise pickle.UnpicklingError(f"an array's state is a {type(state).__name__}, expected (shape, dtype, fortran, data)")
+        shape, dtype, fortran, data = state[-4:]
+        self.array = _array_from_bytes(data, dtype, shape, bool(fortran))
+
+
+def _reconstruct(subtype: Any, shape: Any, dtype: Any) -> _PendingArray:
+    """Stand-in for ``numpy._core.multiarray._reconstruct``, which allocates ``shape`` uninitialised."""
+    if subtype is not _NDARRAY:
+        raise pickle.UnpicklingError(f"_reconstruct of {type(subtype).__name__} is not allowed (only numpy.ndarray)")
+    _claimed_shape(shape)
+    return _PendingArray()
+
+
+def _frombuffer(buf: Any, dtype: Any, shape: Any, order: Any) -> np.ndarray:
+    """Stand-in for ``numpy._core.numeric._frombuffer`` (pickle protocol 5), sizes checked first."""
+    return _array_from_bytes(buf, dtype, shape, order == "F")
+
+
+def _scalar(dtype: Any, data: Any = None) -> Any:
+    """Stand-in for ``numpy._core.multiarray.scalar``: one item made of exactly ``dtype.itemsize`` bytes."""
+    return _array_from_bytes(data, dtype, (), False)[()]
+
+
+#: The globals a batch may name, and what each resolves to: numpy's array constructors are replaced by
+#: checked stand-ins (they would allocate the claimed shape), ``bytes``/``bytearray`` likewise.
+_GLOBALS: dict[tuple[str, str], Any] = {
+    **{(f"numpy.{core}.multiarray", "_reconstruct"): _reconstruct for core in ("core", "_core")},
+    **{(f"numpy.{core}.multiarray", "scalar"): _scalar for core in ("core", "_core")},
+    **{(f"numpy.{core}.numeric", "_frombuffer"): _frombuffer for core in ("core", "_core")},
+    ("numpy", "ndarray"): _NDARRAY,
+    ("numpy", "dtype"): np.dtype,
+    ("_codecs", "encode"): _latin1_encode,
+    **{(mod, "bytes"): _checked_bytes for mod in ("builtins", "__builtin__")},
+    **{(mod, "bytearray"): _checked_bytearray for mod in ("builtins", "__builtin__")},
+    **{(mod, name): getattr(builtins, name) for mod in ("builtins", "__builtin__") for name in _BUILTINS},
+}
+
+
 class SafeUnpickler(pickle.Unpickler):
-    """Unpickler that allows only plain containers, bytes and numpy arrays/dtypes."""
+    """Unpickler that allows only plain containers, bytes and numpy arrays/dtypes.
+
+    Arrays are built only from bytes present in the file (see :func:`_array_from_bytes`); call
+    :func:`safe_load`, which also replaces the arrays' stand-ins, rather than ``load`` directly.
+    """
 
     def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _NUMPY_GLOBALS:
-            return super().find_class(module, name)
-        if module in ("builtins", "__builtin__") and name in _BUILTINS:
-            return super().find_class("builtins", name)
-        if module == "_codecs" and name == "encode":
-            return _latin1_encode
-        raise pickle.UnpicklingError(f"global {module}.{name} is not allowed")
+        try:
+            return _GLOBALS[(module, name)]
+        except KeyError:
+            raise pickle.UnpicklingError(f"global {module}.{name} is not allowed") from None
 
 
-def _check_plain(obj: Any, path: Path) -> None:
-    """Refuse object arrays anywhere in ``obj``, and nesting deeper than a real batch could have.
+def _resolve(obj: Any, path: Path) -> Any:
+    """``obj`` with every array stand-in replaced by its array; object arrays, arrays that never got
+    their data and nesting deeper than a real batch could have are refused.
 
-    Iterative: an unpickled list nested a million levels deep must not blow the recursion limit.
+    Each object is visited once (a pickle can reference one list from many places: without this, a
+    few hundred bytes could describe 2**60 visits); cycles end at the nesting limit.
     """
-    stack: list[tuple[Any, int]] = [(obj, 0)]
-    while stack:
-        value, depth = stack.pop()
-        if isinstance(value, np.ndarray) and value.dtype.hasobject:
+    done: dict[int, Any] = {}
+
+    def visit(value: Any, depth: int) -> Any:
+        if id(value) in done:
+            return done[id(value)]
+        if isinstance(value, _PendingArray):
+            if value.array is None:
+                raise ConversionError(f"{path}: an array without its data (pickle stopped before the array's state)")
+            out: Any = value.array
+        elif isinstance(value, np.ndarray) and value.dtype.hasobject:
             raise ConversionError(f"{path}: refused to load an object array (pickle can execute code)")
-        if isinstance(value, (dict, list, tuple, set, frozenset)):
+        elif isinstance(value, (dict, list, tuple, set, frozenset)):
             if depth >= _MAX_NESTING:
                 raise ConversionError(f"{path}: containers nested more than {_MAX_NESTING} levels deep; not a CIFAR batch")
-            children = [x for kv in value.items() for x in kv] if isinstance(value, dict) else list(value)
-            stack.extend((child, depth + 1) for child in children)
+            if isinstance(value, dict):
+                items = [(visit(k, depth + 1), visit(v, depth + 1)) for k, v in value.items()]
+                if any(isinstance(k, np.ndarray) for k, _ in items):
+                    raise ConversionError(f"{path}: an array used as a dict key; not a CIFAR batch")
+                out = dict(items)
+            else:
+                try:
+                    out = type(value)(visit(x, depth + 1) for x in value)
+                except TypeError:  # an array in a set
+                    raise ConversionError(f"{path}: an array inside a set; not a CIFAR batch") from None
+        else:
+            out = value
+        done[id(value)] = out
+        return out
+
+    return visit(obj, 0)
+
+
+def _read_batch(path: Path) -> bytes:
+    """The bytes of a batch file: a regular file (a FIFO or a device would never end) of at most
+    :data:`_MAX_BATCH_BYTES`, checked before reading."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise ConversionError(f"{path}: cannot read the CIFAR batch: {exc}") from None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConversionError(f"{path}: expected a regular file holding a CIFAR batch, found a special file")
+        if st.st_size > _MAX_BATCH_BYTES:
+            raise ConversionError(f"{path}: {st.st_size} bytes; a CIFAR batch has at most {_MAX_BATCH_BYTES} "
+                                  "(the largest real one, CIFAR-100 train, is 155 MiB)")
+        try:
+            data = fh.read(_MAX_BATCH_BYTES + 1)
+        except OSError as exc:
+            raise ConversionError(f"{path}: cannot read the CIFAR batch: {exc}") from None
+    if len(data) > _MAX_BATCH_BYTES:  # grew since it was checked
+        raise ConversionError(f"{path}: more than {_MAX_BATCH_BYTES} bytes; not a CIFAR batch")
+    return data
 
 
 def safe_load(path: Path) -> Any:
     """Unpickle ``path`` with :class:`SafeUnpickler` (``ConversionError`` naming the file on refusal)."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ConversionError(f"{path}: cannot read the CIFAR batch: {exc}") from None
+    data = _read_batch(path)
     try:
         obj = SafeUnpickler(io.BytesIO(data), encoding="bytes").load()
     except RecursionError:
@@ -110,8 +274,7 @@ def safe_load(path: Path) -> Any:
         ) from None
     except Exception as exc:
         raise ConversionError(f"{path}: not a readable CIFAR python batch ({type(exc).__name__}: {exc})") from None
-    _check_plain(obj, path)
-    return obj
+    return _resolve(obj, path)
 
 
 def _key(d: dict[Any, Any], name: str, path: Path) -> Any:

@@ -28,8 +28,6 @@ import logging
 import os
 import signal
 import tempfile
-import threading
-import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -43,7 +41,7 @@ import numpy as np
 from shardkit.converters.base import Decoded, Decoder
 from shardkit.converters.main_guard import GUARD, start_method, worker_context
 from shardkit.errors import ConversionError, InputFileError
-from shardkit.processes import pid_alive
+from shardkit.processes import exit_when_gone, pid_alive
 
 __all__ = ["Failed", "Outcome", "Produced", "Skipped", "default_workers", "outcomes"]
 
@@ -108,12 +106,6 @@ def decode_one(decoder: Decoder, index: int, item: Any, start: int = 0) -> Outco
 
 
 # ---------------------------------------------------------------------- worker processes
-def _watch_parent(pid: int) -> None:
-    while pid_alive(pid):
-        time.sleep(0.5)
-    os._exit(1)
-
-
 @dataclass(frozen=True)
 class _RingSpec:
     """Where decoded payloads travel from workers to the parent: a file-backed ring of slots.
@@ -151,9 +143,8 @@ def _init_worker(decoder: Decoder, parent_pid: int, ring: _RingSpec | None = Non
     _RING = None if ring is None else ring.open("r+")
     # Ctrl-C goes to the whole process group; the parent decides, workers must not print tracebacks.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # Pool workers hold both ends of their task queue, so they never see EOF when the parent is
-    # SIGKILLed: without this watchdog they would wait forever (and keep the parent's pipes open).
-    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True, name="shardkit-parent-watch").start()
+    # Pool workers never see EOF when the parent is SIGKILLed: without this they would wait forever.
+    exit_when_gone(parent_pid)
 
 
 def _decode_chunk(chunk: list[tuple[int, Any, int]], slot: int | None = None) -> list[Outcome]:

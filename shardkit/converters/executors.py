@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from shardkit._extras import import_extra
 from shardkit.converters.main_guard import start_method, worker_context
 from shardkit.errors import ConfigError
+from shardkit.processes import exit_when_gone
 
 __all__ = ["InlineExecutor", "slots", "submit", "dask_executor", "is_inline", "local_pool", "scheduler_address"]
 
@@ -146,12 +147,15 @@ def local_pool(workers: int) -> Iterator[Executor]:
     The processes start the way decode workers do (:func:`~shardkit.converters.main_guard.start_method`:
     forkserver, or fork for a script without a main guard). One worker, or a caller whose workers
     could not start, gets :class:`InlineExecutor`: the parts are converted one after another here.
+    Each worker ends itself when this process is gone (:func:`~shardkit.processes.exit_when_gone`),
+    so a SIGKILLed conversion leaves no workers, fork server or resource tracker behind.
     """
     method = start_method(workers) if workers > 1 else None
     if method is None:
         yield InlineExecutor()
         return
-    pool = ProcessPoolExecutor(workers, mp_context=worker_context(method, ("shardkit.converters.parts",)))
+    pool = ProcessPoolExecutor(workers, mp_context=worker_context(method, ("shardkit.converters.parts",)),
+                               initializer=exit_when_gone, initargs=(os.getpid(),))
     try:
         yield pool
     finally:

@@ -85,6 +85,7 @@ class Dataset(Closing):
         #: The local cache of remote shards (``cache_dir``), or None.
         self.cache: ShardCache | None = None
         #: The dataset directory (a Path) or, for an object store, its URL.
+        #: Local directory, or the URL for messages (secrets redacted; ``store.location`` reopens it).
         self.path: Path | str = self.store.local_path() if self.store.is_local else self.store.url
         self.meta: DatasetMeta = read_dataset_meta(self.store, ZARR_JSON if version is None else version_key(version))
         files = self.meta.files

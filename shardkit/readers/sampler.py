@@ -40,7 +40,7 @@ from shardkit.readers.sources import MixedIdentity, Mixture, as_source, gather_f
 from shardkit.readers.static_cache import StaticCache
 from shardkit.readers.stats import SamplerStats
 from shardkit.readers.stopping import CurrentRun
-from shardkit.stores import Location
+from shardkit.stores import Location, location_string
 from shardkit.units import human_bytes, parse_count
 
 __all__ = ["TieredSampler", "STATE_VERSION"]
@@ -508,7 +508,7 @@ class TieredSampler(Closing):
 
     def __repr__(self) -> str:
         return (
-            f"TieredSampler({str(self.path)!r}, tiers={','.join(self.tiers)}, mode={self.mode}, "
+            f"TieredSampler({location_string(self.path)!r}, tiers={','.join(self.tiers)}, mode={self.mode}, "
             f"blocks={self.sizes.first_block}..{self.ram_block}, K1={self.ssd_block}, static_cache={self.static_cache}, "
             f"batch_size={self.batch_size}, "
             f"rank={self.rank}/{self.world_size}, epoch={self._epoch}, position={self._position}"

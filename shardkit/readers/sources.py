@@ -244,7 +244,7 @@ def _location(ds: object, i: int) -> Path | str:
 
 @_location.register(Dataset)
 def _dataset_location(ds: Dataset, i: int) -> Path | str:
-    return as_location(ds.path)
+    return as_location(ds.store)  # ds.path is for messages (secrets redacted)
 
 
 @functools.singledispatch

@@ -202,7 +202,8 @@ class Store(abc.ABC):
     Implementations are thread-safe: one store may serve every reader thread of a process.
     """
 
-    #: The root as the user wrote it (a local path or a URL), for messages.
+    #: The root for messages: a local path, or a URL with its secrets redacted
+    #: (:func:`shardkit.redact.redact_url`).
     url: str
     options: StoreOptions = DEFAULT_OPTIONS
 
@@ -220,6 +221,11 @@ class Store(abc.ABC):
     def local_path(self, key: str = "") -> Path:
         """The local file of ``key`` (only for local stores)."""
         raise ConfigError(f"{self.url}: an object store has no local path; read it through the store")
+
+    @property
+    def location(self) -> str:
+        """The root as the user wrote it, secrets included: what reopens the store, never shown."""
+        return self.url
 
     def describe(self, key: str) -> str:
         """``url/key`` for messages."""
@@ -331,4 +337,4 @@ class Store(abc.ABC):
         # opens its own connections.
         from shardkit.stores.url import open_store
 
-        return (open_store, (self.url, self.options))
+        return (open_store, (self.location, self.options))

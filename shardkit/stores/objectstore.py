@@ -49,6 +49,7 @@ from shardkit.errors import (
     StorePermissionError,
     TruncatedShardError,
 )
+from shardkit.redact import redact_url, redact_urls
 from shardkit.stores.base import (
     DEFAULT_OPTIONS,
     ByteRange,
@@ -177,7 +178,7 @@ class ObjectStore(Store):
     Parameters
     ----------
     url
-        The root as the user wrote it (``s3://bucket/prefix``), for messages.
+        The root as the user wrote it (``s3://bucket/prefix``); messages show it redacted (:attr:`url`).
     inner
         The obstore store, rooted at that prefix.
     options
@@ -197,7 +198,8 @@ class ObjectStore(Store):
         read_only: bool = False,
         make_child: Callable[[str], ObjectStore] | None = None,
     ) -> None:
-        self.url = url.rstrip("/")
+        self._location = url.rstrip("/")
+        self.url = redact_url(self._location)
         self.inner = inner
         self.options = options
         self._read_only = read_only
@@ -211,6 +213,10 @@ class ObjectStore(Store):
         return False
 
     @property
+    def location(self) -> str:
+        return self._location
+
+    @property
     def read_only(self) -> bool:
         return self._read_only
 
@@ -221,9 +227,10 @@ class ObjectStore(Store):
         return self._make_child(prefix)
 
     # ------------------------------------------------------------------ errors and retries
-    def _final_error(self, exc: BaseException, what: str) -> Exception:
-        """The shardkit error for a failure that will not be retried (again)."""
-        text = first_line(exc)
+    def _final_error(self, exc: BaseException, what: str, attempts: int, t0: float) -> Exception:
+        """The shardkit error for a failure that will not be retried (again), after ``attempts``
+        tries since ``t0``; obstore's text is redacted (it repeats the URL, secrets included)."""
+        text = redact_urls(first_line(exc))
         if isinstance(exc, FileNotFoundError):
             return ObjectNotFoundError(f"{what}: not found")
         name = type(exc).__name__
@@ -235,7 +242,8 @@ class ObjectStore(Store):
         if name == "PreconditionError":
             return ObjectChangedError(f"{what}: the object changed since it was first read (its ETag differs)")
         if is_transient(exc):
-            return StoreError(f"{what}: failed after {self.options.retries} retries / {self.options.retry_seconds:g} s: {text}")
+            tries = "1 attempt" if attempts == 1 else f"{attempts} attempts"
+            return StoreError(f"{what}: failed after {tries} in {time.monotonic() - t0:.1f} s: {text}")
         return StoreError(f"{what}: {text}")
 
     def _call(self, fn: Callable[[], T], what: str) -> T:
@@ -252,7 +260,7 @@ class ObjectStore(Store):
                 raise
             except Exception as exc:
                 if not self._should_retry(exc, attempt, t0, what):
-                    raise self._final_error(exc, what) from None
+                    raise self._final_error(exc, what, attempt + 1, t0) from None
             time.sleep(backoff_seconds(attempt, self.options, self._rng))
             attempt += 1
 
@@ -268,7 +276,7 @@ class ObjectStore(Store):
                 raise
             except Exception as exc:
                 if not self._should_retry(exc, attempt, t0, what):
-                    raise self._final_error(exc, what) from None
+                    raise self._final_error(exc, what, attempt + 1, t0) from None
             await asyncio.sleep(backoff_seconds(attempt, self.options, self._rng))
             attempt += 1
 
@@ -278,7 +286,7 @@ class ObjectStore(Store):
         if not is_transient(exc) or attempt >= o.retries or time.monotonic() - t0 >= o.retry_seconds:
             return False
         self.counters.add(retries=1)
-        logger.info("%s: transient failure (%s); retry %d", what, first_line(exc), attempt + 1)
+        logger.info("%s: transient failure (%s); retry %d", what, redact_urls(first_line(exc)), attempt + 1)
         return True
 
     def _writable(self, key: str) -> None:

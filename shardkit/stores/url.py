@@ -27,6 +27,10 @@ obstore does not read itself:
   or a managed identity / ``AZURE_CLIENT_ID`` ... (obstore's Azure environment).
 * HTTP(S): anonymous; ``http://`` URLs are allowed as written.
 
+Credentials never go into an ``s3://``, ``gs://`` or ``az://`` URL (``s3://KEY:SECRET@bucket``): such a
+URL is refused, without repeating the secret. Wherever a URL is shown (messages, logs, reprs, CLI
+output) its user information and query values are redacted (:mod:`shardkit.redact`).
+
 :func:`open_store` keeps one store per location, options and environment in each process, so every
 reader of a dataset shares one connection pool.
 """
@@ -43,6 +47,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from shardkit.errors import ConfigError
+from shardkit.redact import redact_url
 from shardkit.stores.base import DEFAULT_OPTIONS, Store, StoreOptions, check_key
 from shardkit.stores.local import LocalStore
 from shardkit.stores.objectstore import ObjectStore, import_obstore
@@ -71,10 +76,10 @@ def is_url(location: object) -> bool:
 
 
 def location_string(location: Location) -> str:
-    """The location as the user would write it (a path or a URL)."""
+    """The location as the user would write it (a path or a URL), for messages: secrets redacted."""
     if isinstance(location, Store):
         return location.url
-    return str(location) if is_url(location) else os.fspath(location)
+    return redact_url(str(location)) if is_url(location) else os.fspath(location)
 
 
 def as_location(location: Location, *, resolve: bool = False) -> Path | str:
@@ -84,7 +89,7 @@ def as_location(location: Location, *, resolve: bool = False) -> Path | str:
     opens on its own.
     """
     if isinstance(location, Store):
-        return location.local_path() if location.is_local else location.url
+        return location.local_path() if location.is_local else location.location
     if is_url(location):
         url = str(location)
         parts = urlsplit(url)
@@ -101,7 +106,7 @@ def open_store(location: Location, options: StoreOptions | None = None) -> Store
     Raises
     ------
     ConfigError
-        An unknown URL scheme or a URL without a bucket/container.
+        An unknown URL scheme, a URL without a bucket/container, or credentials in a bucket URL.
     MissingExtraError
         An object-store URL without the ``remote`` extra (obstore) installed.
     """
@@ -117,7 +122,7 @@ def open_store(location: Location, options: StoreOptions | None = None) -> Store
         return LocalStore(Path(unquote(parts.path)), opts)
     if scheme not in SCHEMES:
         raise ConfigError(
-            f"{url}: unknown URL scheme {scheme!r}; expected a local path or one of "
+            f"{redact_url(url)}: unknown URL scheme {scheme!r}; expected a local path or one of "
             + ", ".join(f"{s}://" for s in SCHEMES)
         )
     env_key = tuple(os.environ.get(k) for k in _S3_ENV) if scheme in ("s3", "s3a") else ()
@@ -162,9 +167,16 @@ def _open_object_store(url: str, scheme: str, netloc: str, path: str, opts: Stor
             return ObjectStore(full, inner, opts, read_only=True, make_child=http)
 
         return http("")
+    shown = redact_url(url)
     if not netloc:
-        raise ConfigError(f"{url}: expected {scheme}://BUCKET/PREFIX, found no bucket or container name")
-    prefix = _prefix(path, url)
+        raise ConfigError(f"{shown}: expected {scheme}://BUCKET/PREFIX, found no bucket or container name")
+    userinfo = netloc.rpartition("@")[0] if "@" in netloc else None
+    if userinfo is not None and (scheme not in ("abfs", "abfss") or ":" in userinfo):
+        raise ConfigError(
+            f"{shown}: credentials in the URL are not accepted (and were not used); give the bare "
+            f"{scheme}://BUCKET/PREFIX and the credentials through the environment (see the README's object-store section)"
+        )
+    prefix = _prefix(path, shown)
 
     def child_of(base_prefix: str) -> Any:
         def make(sub: str) -> ObjectStore:

@@ -53,3 +53,36 @@ def test_subprocess_smoke(small_dataset: Any) -> None:
     bad = subprocess.run([sys.executable, "-m", "shardkit", "info", str(path / "nope")], capture_output=True, text=True,
                          timeout=300)  # fmt: skip
     assert bad.returncode == 1 and "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+def _rendered(args: list[str]) -> str:
+    """The help as a person reads it, panel borders and line wrapping taken out."""
+    result = runner.invoke(app, args, terminal_width=300)
+    assert result.exit_code == 0, result.output
+    return " ".join(re.sub(r"[│╭╮╰╯─]", " ", result.output).split())
+
+
+def test_help_names_the_viz_extra_literally() -> None:
+    """Typer renders help as rich markup, where ``[viz]`` is a style tag: it used to vanish and leave
+    ``pip install "shardkit"``."""
+    for args in (["--help"], ["show", "--help"]):
+        assert 'pip install "shardkit[viz]"' in _rendered(args), args
+    assert 'pip install "shardkit[viz]"' in _rendered(["profile", "--help"])
+
+
+@pytest.mark.parametrize("command", ["", *COMMANDS])
+def test_every_bracket_in_help_text_is_shown(command: str) -> None:
+    """Whatever help text holds in brackets (an extra, a shape ``[epochs, N]``) reaches the screen as
+    written, and no escaping backslash does."""
+    import typer
+
+    group = typer.main.get_command(app)
+    cmd = group.commands[command] if command else group  # type: ignore[attr-defined]
+    texts = [cmd.help or "", *(getattr(p, "help", None) or "" for p in cmd.params)]
+    if not command:
+        texts += [c.help or "" for c in group.commands.values()]  # type: ignore[attr-defined]
+    shown = _rendered([command, "--help"] if command else ["--help"])
+    assert "\\[" not in shown
+    for text in texts:
+        for token in re.findall(r"\[[^\[\]]*\]", text.replace("\\[", "[")):
+            assert " ".join(token.split()) in shown, (token, text)

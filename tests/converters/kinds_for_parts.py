@@ -7,11 +7,15 @@
 * ``keyed``: "inputs" are text files holding record numbers; record ``k`` is the pattern of
   ``tests/helpers/sampler_data.encode`` with ``label = 3k`` and ``pair = (k, -k)``, so the sampler's
   proof tests can run on a dataset made by appends and merges.
+* ``blockingimages``: class-folder images whose decoder, in a worker process, notes that the worker
+  is converting (a file named by its pid in ``started/`` next to the corpus) and then never returns,
+  so a test can kill the conversion while every worker is in the middle of a part.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any, ClassVar
@@ -20,9 +24,10 @@ import numpy as np
 
 from shardkit.converters.base import Converter, Decoded, Decoder, ScanResult
 from shardkit.converters.imagefolder import ImageFolderConverter, ImageFolderDecoder
+from shardkit.converters.images import ImageTransform
 from shardkit.formats import FieldSpec
 
-__all__ = ["SlowImages", "VanishingImages", "Keyed", "DyingImages"]
+__all__ = ["SlowImages", "VanishingImages", "Keyed", "DyingImages", "BlockingImages"]
 
 
 class SlowDecoder(ImageFolderDecoder):
@@ -121,3 +126,27 @@ class DyingImages(ImageFolderConverter):
 
     def make_decoder(self) -> ImageFolderDecoder:
         return DyingDecoder(self.base, self.image)
+
+
+class BlockingDecoder(ImageFolderDecoder):
+    def __init__(self, base: Path, image: ImageTransform, started: Path) -> None:
+        super().__init__(base, image)
+        self.started = started
+
+    def decode(self, item: tuple[str, int], start: int = 0) -> Decoded:
+        (self.started / str(os.getpid())).touch()
+        threading.Event().wait()  # until the process is ended
+        raise AssertionError("unreachable")
+
+
+class BlockingImages(ImageFolderConverter):
+    name = "blockingimages"
+
+    @classmethod
+    def detect(cls, src: Path) -> bool:
+        return False
+
+    def make_decoder(self) -> ImageFolderDecoder:
+        started = self.src.parent / "started"
+        started.mkdir(exist_ok=True)
+        return BlockingDecoder(self.base, self.image, started)

@@ -36,6 +36,7 @@ from shardkit.readers.shared.protocol import (
     Done,
     Hello,
     Message,
+    PeerClosed,
     Refused,
     Release,
     Reservoir,
@@ -291,7 +292,7 @@ class SharedSampler(Closing):
         self._run.close()
 
     def __repr__(self) -> str:
-        return (f"SharedSampler({self.name!r}, dataset={str(self.path)!r}, job_seed={self.job_seed}, "
+        return (f"SharedSampler({self.name!r}, dataset={location_string(self.path)!r}, job_seed={self.job_seed}, "
                 f"batch_size={self.batch_size}, epochs={self.epochs})")
 
 
@@ -338,12 +339,16 @@ class _Link:
             except OSError as exc:
                 raise SamplerError(f"cannot connect to shardkit server {s.name!r}: {exc}") from None
             chan = Channel(sock, send_timeout=self._silence, peer=f"shardkit server {s.name!r} (pid {info.pid})")
-            creds = chan.credentials()
+            try:
+                creds = chan.credentials()
+            except OSError as exc:
+                raise self._lost(exc, "checking who answered") from None
             if creds is not None and creds[1] != os.geteuid():
                 raise InsecurePathError(f"{run.path / 'sock'}: answered by pid {creds[0]} of uid {creds[1]}, expected "
                                         f"a process of uid {os.geteuid()} (this user); refusing to attach")
-            chan.send(Hello(token, bytes.fromhex(info.fingerprint), os.getpid(), s.rank, s.world_size, s.group))
             self._chan = chan
+            self._send(Hello(token, bytes.fromhex(info.fingerprint), os.getpid(), s.rank, s.world_size, s.group),
+                       "presenting this job")
             match self._recv():
                 case Welcome():
                     return ring, chan
@@ -360,6 +365,22 @@ class _Link:
             run.close()
 
     # ------------------------------------------------------------------ messaging
+    def _lost(self, exc: OSError, doing: str) -> SamplerError:
+        """The error for a socket failure: every OSError of the connection (a reset, a broken pipe, an
+        early EOF) is a SamplerError saying what happened and when."""
+        s = self._s
+        what = "it closed the connection" if isinstance(exc, PeerClosed) else f"{type(exc).__name__}: {exc.strerror or exc}"
+        return SamplerError(f"shardkit server {s.name!r} (pid {s._info.pid}) went away while {doing} ({what})")
+
+    def _send(self, msg: Message, doing: str) -> None:
+        """Send ``msg``; SamplerError (see :meth:`_lost`) if the socket fails."""
+        try:
+            self._chan.send(msg)
+        except PeerTimeoutError:
+            raise
+        except OSError as exc:
+            raise self._lost(exc, doing) from None
+
     def _recv(self) -> Message:
         """The server's next message other than a heartbeat; PeerTimeoutError after ``lease_seconds`` of silence."""
         s = self._s
@@ -371,8 +392,8 @@ class _Link:
                 msg = self._chan.recv(_POLL)
             except ProtocolError as exc:
                 raise ProtocolError(f"shardkit server {s.name!r}: {exc}") from None
-            except OSError:
-                raise SamplerError(f"shardkit server {s.name!r} went away") from None
+            except OSError as exc:
+                raise self._lost(exc, "this job waited for its next message") from None
             if msg is not None and not isinstance(msg, Beat):
                 return msg
             now = time.monotonic()
@@ -477,7 +498,7 @@ class _Link:
                     self._g += 1
                     complete = True
             if self._pos == n:
-                self._chan.send(Release(res.seq))
+                self._send(Release(res.seq), f"releasing reservoir {res.seq}")
                 self._cur = None
                 if res.last:
                     self._epochs_done += 1

@@ -56,7 +56,7 @@ from shardkit.readers.sources import MixedDataset, Mixture, as_source
 from shardkit.readers.ssd import READ_CHUNK_BYTES, SsdSpace
 from shardkit.readers.stats import SamplerStats
 from shardkit.readers.stopping import Stopped
-from shardkit.stores import Location
+from shardkit.stores import Location, location_string
 from shardkit.units import Capacity
 
 __all__ = ["ServeOptions", "SERVE_DEFAULTS", "TierServer", "serve"]
@@ -735,7 +735,7 @@ class TierServer:
         logger.info("server %s: served %d epochs", self.name, self.epochs_served)
 
     def __repr__(self) -> str:
-        return (f"TierServer({str(self.path)!r}, name={self.name!r}, tiers={','.join(self.tiers)}, "
+        return (f"TierServer({location_string(self.path)!r}, name={self.name!r}, tiers={','.join(self.tiers)}, "
                 f"slots={self.slots}x{self.slot_records}, K1={self.ssd_block}, seed={self.seed})")
 
 
