@@ -15,6 +15,7 @@ import shardkit
 from shardkit.converters import partrun, parts
 from shardkit.errors import ConversionError
 from shardkit.formats import open_dataset, verify
+from tests.converters.fault_injection import inject
 from tests.helpers.cli import run_cli
 from tests.helpers.parts import assert_same_records, class_corpus
 
@@ -129,3 +130,55 @@ def test_info_on_a_relative_path_to_an_appended_dataset(tmp_path: Path, corpora:
     assert "version      2 (kept: 1, 2)" in res.stdout and "append" in res.stdout
     res = run_cli("verify", "base")
     assert res.returncode == 0, res.stderr
+
+
+def test_an_append_killed_at_every_step_of_its_commit_says_so(tmp_path: Path) -> None:
+    # Killed after every file operation (SIGKILL, no timing): the dataset still opens at version 1,
+    # and verify either passes or says that an append was interrupted and how to finish it; info
+    # says so too; the same command then finishes it.
+    base = tmp_path / "base"
+    shardkit.convert(class_corpus(tmp_path / "c0", ["landscape"]), base, size=16, records_per_shard=3, workers=1)
+    src = class_corpus(tmp_path / "c1", ["object"])
+    report = inject({"src": str(src), "out": str(tmp_path / "out"), "executor": "inline", "base": str(base),
+                      "kwargs": {**KW, "append": True}, "check": True, "commit_only": True})
+    assert report["reference"] == "ok" and len(report["runs"]) >= 15, report
+    interrupted = 0
+    for r in report["runs"]:
+        assert r["first"] == "killed" and r["final"] == "ok" and r["same"], r
+        check = r["check"]
+        assert "error" not in check, r
+        if r["committed_before"]:
+            assert check["ok"], r  # only the cleanup was left
+            continue
+        assert check["ok"] or check["unfinished"], r
+        if check["unfinished"]:
+            interrupted += 1
+            assert check["info"] == check["unfinished"]
+            assert "an append into this dataset was interrupted" in check["unfinished"][0], r  # its plan is read
+            assert "run the same command again to finish it" in check["unfinished"][0], r
+    assert interrupted and any(not r["check"]["ok"] for r in report["runs"])  # the commit was hit while it replaced files
+
+
+def test_verify_and_info_name_an_interrupted_append(tmp_path: Path, corpora: tuple[Path, Path, Path],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from shardkit.formats import commit as commit_module
+
+    base, a, _ = corpora
+    ref = _appended(tmp_path, base, a)
+
+    def stop(self: Any, meta: Any) -> None:
+        raise KeyboardInterrupt  # the commit replaced the base's last shard and fields, not the root document
+
+    monkeypatch.setattr(commit_module._Commit, "publish", stop)
+    with pytest.raises(KeyboardInterrupt):
+        shardkit.convert(a, base, append=True, **KW)
+    monkeypatch.undo()
+    res = run_cli("verify", str(base))
+    assert "an append into this dataset was interrupted" in res.stderr, res.stderr
+    assert "run the same command again to finish it" in res.stderr and "version 1" in res.stderr
+    res = run_cli("info", str(base))
+    assert res.returncode == 0 and "unfinished   an append into this dataset was interrupted" in res.stdout, res.stdout
+    shardkit.convert(a, base, append=True, **KW)
+    assert verify(base).ok and not verify(base).unfinished
+    assert_same_records(base, ref)
+    assert "unfinished" not in run_cli("info", str(base)).stdout
