@@ -12,6 +12,7 @@ import typer
 from shardkit.cli.app import app, echo_out
 from shardkit.errors import ConfigError
 from shardkit.formats import Dataset, open_dataset
+from shardkit.formats.versions import unfinished
 from shardkit.units import human_bytes, human_count
 
 __all__ = ["info", "record_lines", "shard_line"]
@@ -85,6 +86,7 @@ def info(
                 echo_out("\n".join(record_lines(ds, record)))
             return
         data = ds.info()
+        data["unfinished"] = unfinished(ds.store)
     if as_json:
         echo_out(json.dumps(data, indent=2))
         return
@@ -111,6 +113,7 @@ def info(
     if "provenance" in data:
         lines.append(f"provenance   every record's source: shardkit info {data['path']} --record K")
     lines += _history_lines(data)
+    lines += [f"unfinished   {note}" for note in data["unfinished"]]
     echo_out("\n".join(lines))
 
 

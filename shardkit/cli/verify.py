@@ -31,6 +31,8 @@ def verify(
         echo_err(f"note: {note}")
     for problem in report.problems:
         echo_err(f"FAILED {problem}")
+    for note in report.unfinished:
+        echo_err(f"note: {note}")
     mode = "quick" if quick else "full"
     if not report.ok:
         echo_err(

@@ -17,10 +17,20 @@
 
 A re-run after a kill at any instant finishes the job without converting a finished part again:
 manifests are written last, and the commit is idempotent.
+
+One at a time
+    On a local (or shared) file system the run holds an exclusive ``flock`` on the output directory
+    from before it looks for another unfinished conversion until its commit and cleanup are done
+    (:class:`_OutputLock`): a second conversion or append into the same dataset is refused at once,
+    before it writes anything. An object store has no such lock; there an append's parts write only
+    in its own plan directory (``staged``, :mod:`shardkit.converters.parts`), and the commit checks
+    the dataset's version before it changes any of its files, so of two appends planned on one
+    version the second is refused and removes its plan directory; the dataset is never mixed.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -178,8 +188,52 @@ def _already_done(plan: _Plan) -> DatasetMeta | None:
     return meta if last.get("config_fingerprint") == plan.fingerprint else None
 
 
-def _claim(plan: _Plan, *, overwrite: bool) -> bool:
-    """Make the plan directory; returns whether the output directory was created by this run.
+class _OutputLock:
+    """An exclusive ``flock`` on a local output directory, held by one conversion in parts or append.
+
+    Taken before the run reads the dataset and looks for another unfinished conversion, released
+    after its commit and cleanup: the check and the writing of the plan are one step for every
+    process that honours the lock (any process of this machine, and of a shared file system with
+    working locks). The lock goes with its holder, so a killed run never blocks the next one.
+    Object stores have none (see the module docstring).
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        """Take the lock (once; nothing to take for an object store or a directory not made yet).
+
+        Raises
+        ------
+        ConversionError
+            Another run holds it.
+        """
+        if self.fd is not None or not self.store.is_local or not self.store.local_path().is_dir():
+            return
+        path = self.store.local_path()
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ConversionError(
+                f"{self.store.url}: another conversion or append into this dataset is running (it holds the lock on "
+                f"{path}); wait for it to finish, then run this command again. Nothing was changed"
+            ) from None
+        self.fd = fd
+
+    def release(self) -> None:
+        """Let go of the lock (explicitly: worker processes forked meanwhile share it until they exit)."""
+        if self.fd is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+
+def _claim(plan: _Plan, lock: _OutputLock, *, overwrite: bool) -> bool:
+    """Make the plan directory, holding ``lock``; returns whether the output directory was created by this run.
 
     Raises
     ------
@@ -207,6 +261,9 @@ def _claim(plan: _Plan, *, overwrite: bool) -> bool:
         if foreign:
             raise ConversionError(f"{where}: the output is not empty and is not a shardkit dataset (found "
                                   f"{', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); choose another one")
+    if local is not None:
+        local.mkdir(parents=True, exist_ok=True)
+    lock.acquire()  # held from here: no other run can claim the output between this check and the plan
     others = sorted({m.key.split("/")[1] for m in store.list(PARTS_DIR) if m.key.count("/") >= 2} - {plan.id})
     if others:
         there = store.describe(f"{PARTS_DIR}/{others[0]}")
@@ -214,8 +271,6 @@ def _claim(plan: _Plan, *, overwrite: bool) -> bool:
             f"{where}: an interrupted conversion or append with other parameters is in {there}; re-run that "
             f"command to finish it, or delete {there} to discard it (the dataset itself is unchanged)"
         )
-    if local is not None:
-        local.mkdir(parents=True, exist_ok=True)
     doc = {"operation": plan.operation, "fingerprint": plan.fingerprint, "ranges": plan.ranges,
            "base_version": None if plan.base is None else version_of(plan.base.to_json())}
     put_checked(store, f"{plan.dir}/plan.json", encode_json(doc))
@@ -260,7 +315,8 @@ class _Runner:
             fields=self.plan.fields, records_per_shard=self.plan.records_per_shard,
             compression=None if self.plan.codec is None else self.plan.codec.to_json(),
             provenance=(conv.name, conv.provenance_columns),
-            chunk_size=conv.chunk_size, workers=self.workers, strict=self.strict, progress=own,
+            chunk_size=conv.chunk_size, workers=self.workers, strict=self.strict, staged=self.plan.base is not None,
+            progress=own,
         )
 
     def offset(self, part: int) -> int | None:
@@ -277,7 +333,7 @@ class _Runner:
         ndim = 1 + len(self.plan.conv.record_spec().shape)
         for p, rng in enumerate(self.plan.ranges):
             m = read_manifest(self.plan.store, self.plan.id, p, rng, self.plan.records_per_shard, self.plan.conv.payload,
-                              ndim)
+                              ndim, staged=self.plan.base is not None)
             if m is not None:
                 self.finished(p, m)
         if self.done:
@@ -434,55 +490,76 @@ def convert_in_parts(
         raise ConversionError(f"{store.url}: cannot convert into a read-only store (http(s):// URLs are read-only)")
     output: Path | str = store.local_path() if store.is_local else store.url
     codec = get_codec(compression)
-    base = None
-    if append:
-        if not store.exists(ZARR_JSON):
-            raise ConversionError(f"{store.url}: no dataset to append to; convert the first corpus without --append")
-        base = read_dataset_meta(store)
-        check_appendable(base, conv, codec, records_per_shard, store.url)
-    scan = conv.scan()
-    if strict and scan.skipped:
-        raise strict_stop(scan.skipped[0].path, scan.skipped[0].reason)
-    plan = _make_plan(conv, scan, store, base, shard_bytes=shard_bytes, records_per_shard=records_per_shard,
-                      codec=codec, part_size=part_size)
-    if not overwrite and (done := _already_done(plan)) is not None:
-        logger.info("%s: already holds this %s", store.url, plan.operation)
-        committed = done.source.get("plan")
-        if isinstance(committed, str) and committed.isalnum():  # a run killed after its commit, before its cleanup
-            _cleanup(store, committed, keep_versions)
-        return summary_of(output, done, time.perf_counter() - t0, already_complete=True,
-                          version=version_of(done.to_json()), parts=len(plan.ranges))
-    created = _claim(plan, overwrite=overwrite)
-    executor = executor or InlineExecutor()
-    runner = _Runner(plan, executor, workers=workers, strict=strict, progress=progress)
-    manifests = runner.run()
-    new_records = sum(m.records for m in manifests.values())
-    tally: Counter[str] = Counter(reason_category(s.reason) for s in scan.skipped)
-    notes: Counter[str] = Counter()
-    for m in manifests.values():
-        tally.update(m.skips)
-        notes.update(m.notes)
-    if new_records == 0:
-        _cleanup(store, plan.id, keep_versions, prune_versions=False)
-        if created and store.is_local:
-            shutil.rmtree(store.local_path(), ignore_errors=True)
-        raise NothingConverted.of(conv, len(scan.items), tally,
-                                  "Nothing was appended" if append else "Nothing was written")
-    segments = _segments(plan, manifests)
-    history = {"operation": plan.operation, "config_fingerprint": plan.fingerprint, "source": conv.source(),
-               "inputs": len(scan.items), "parts": [[*plan.ranges[p], manifests[p].records] for p in sorted(manifests)]}
-    prov = plan.provenance
-    report = commit(store, _template(plan), segments, base=base, plan=plan.id, history=history,
-                    keep_versions=keep_versions, executor=None if is_inline(executor) else executor,
-                    inputs=[InputTable(prov.inputs, prov.root)], summarize=prov.summarize)
-    _cleanup(store, plan.id, keep_versions)
-    this_run = {"skipped": dict(sorted(tally.items()))} if append else {}  # an append reports its own skips
-    summary = summary_of(output, report.meta, time.perf_counter() - t0, records_this_run=runner.records_converted,
-                         notes=dict(sorted(notes.items())), version=report.version, parts=len(plan.ranges),
-                         parts_converted=runner.converted, commit=report, **this_run)
-    logger.info("%s: version %d, %d records (%d parts, %d converted now), %.1f s", store.url, report.version,
-                summary.records, summary.parts, runner.converted, summary.seconds)
-    return summary
+    lock = _OutputLock(store)
+    try:
+        lock.acquire()  # an append's dataset is there: held before its metadata is read
+        base = None
+        if append:
+            if not store.exists(ZARR_JSON):
+                raise ConversionError(f"{store.url}: no dataset to append to; convert the first corpus without --append")
+            base = read_dataset_meta(store)
+            check_appendable(base, conv, codec, records_per_shard, store.url)
+        scan = conv.scan()
+        if strict and scan.skipped:
+            raise strict_stop(scan.skipped[0].path, scan.skipped[0].reason)
+        plan = _make_plan(conv, scan, store, base, shard_bytes=shard_bytes, records_per_shard=records_per_shard,
+                          codec=codec, part_size=part_size)
+        if not overwrite and (done := _already_done(plan)) is not None:
+            logger.info("%s: already holds this %s", store.url, plan.operation)
+            committed = done.source.get("plan")
+            if isinstance(committed, str) and committed.isalnum():  # a run killed after its commit, before its cleanup
+                _cleanup(store, committed, keep_versions)
+            return summary_of(output, done, time.perf_counter() - t0, already_complete=True,
+                              version=version_of(done.to_json()), parts=len(plan.ranges))
+        created = _claim(plan, lock, overwrite=overwrite)
+        executor = executor or InlineExecutor()
+        runner = _Runner(plan, executor, workers=workers, strict=strict, progress=progress)
+        manifests = runner.run()
+        new_records = sum(m.records for m in manifests.values())
+        tally: Counter[str] = Counter(reason_category(s.reason) for s in scan.skipped)
+        notes: Counter[str] = Counter()
+        for m in manifests.values():
+            tally.update(m.skips)
+            notes.update(m.notes)
+        if new_records == 0:
+            _cleanup(store, plan.id, keep_versions, prune_versions=False)
+            if created and store.is_local:
+                shutil.rmtree(store.local_path(), ignore_errors=True)
+            raise NothingConverted.of(conv, len(scan.items), tally,
+                                      "Nothing was appended" if append else "Nothing was written")
+        segments = _segments(plan, manifests)
+        history = {"operation": plan.operation, "config_fingerprint": plan.fingerprint, "source": conv.source(),
+                   "inputs": len(scan.items), "parts": [[*plan.ranges[p], manifests[p].records] for p in sorted(manifests)]}
+        prov = plan.provenance
+        try:
+            report = commit(store, _template(plan), segments, base=base, plan=plan.id, history=history,
+                            keep_versions=keep_versions, executor=None if is_inline(executor) else executor,
+                            inputs=[InputTable(prov.inputs, prov.root)], summarize=prov.summarize)
+        except ConversionError:
+            if base is not None and _moved_on(store, base, plan.id):
+                # Another commit came first (an object store has no lock): this plan's parts were cut for a
+                # version that is gone, so they go too, and the same command plans the append again.
+                _cleanup(store, plan.id, keep_versions, prune_versions=False)
+            raise
+        _cleanup(store, plan.id, keep_versions)
+        this_run = {"skipped": dict(sorted(tally.items()))} if append else {}  # an append reports its own skips
+        summary = summary_of(output, report.meta, time.perf_counter() - t0, records_this_run=runner.records_converted,
+                             notes=dict(sorted(notes.items())), version=report.version, parts=len(plan.ranges),
+                             parts_converted=runner.converted, commit=report, **this_run)
+        logger.info("%s: version %d, %d records (%d parts, %d converted now), %.1f s", store.url, report.version,
+                    summary.records, summary.parts, runner.converted, summary.seconds)
+        return summary
+    finally:
+        lock.release()
+
+
+def _moved_on(store: Store, base: DatasetMeta, plan_id: str) -> bool:
+    """The dataset is at another version than ``base``'s, and not by committing ``plan_id``."""
+    try:
+        now = read_dataset_meta(store)
+    except ShardkitError:
+        return False
+    return version_of(now.to_json()) != version_of(base.to_json()) and now.source.get("plan") != plan_id
 
 
 def _cleanup(store: Store, plan_id: str, keep_versions: int, *, prune_versions: bool = True) -> None:

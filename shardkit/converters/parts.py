@@ -18,7 +18,10 @@ Where a part's records go
       partial shards at its ends as *pieces* in the plan directory, then its field values and, last,
       its manifest. It reads the spill when it runs where the spill is (the scheduler asks for that
       worker), and decodes the inputs again otherwise. When the offset is known before the part
-      starts (the first part, or a sequential executor) it is the only task.
+      starts (the first part, or a sequential executor) it is the only task. A part of an append
+      (``staged``) writes its full shards in the plan directory too: the dataset's own files change
+      only in the commit, after it checked that no other commit came first, so two appends planned
+      on one version can never overwrite each other's shards.
 
     Every payload byte therefore crosses the destination once, and the commit
     (:mod:`shardkit.formats.commit`) re-packs at most the one boundary shard each part shares with
@@ -32,6 +35,8 @@ Destination layout (until the commit)::
     OUT/.shardkit-parts/<plan>/p000003.npz        its field values
     OUT/.shardkit-parts/<plan>/progress/p000003   inputs and records decoded so far (the progress bar)
     OUT/<payload>/c/<k>/...                       its full shards, under their final names
+                                                  (in the plan directory for an append: hard-linked
+                                                  or copied server-side to these names by the commit)
 
 Workers must see the corpus and the output at the same paths as the caller; a task that cannot
 says so, naming the path and the worker (:class:`~shardkit.errors.WorkerError`).
@@ -166,6 +171,8 @@ class PartJob:
         Stop at the first bad input.
     durable
         fsync what is written to the output.
+    staged
+        Write whole shards in the plan directory too, not under their final names (an append).
     progress
         Called like a conversion's progress callback with the part's own counts; by default the
         part writes its counts to its progress file in the output.
@@ -188,6 +195,7 @@ class PartJob:
     workers: int = 1
     strict: bool = False
     durable: bool = True
+    staged: bool = False
     progress: ProgressFn | None = None
 
     @property
@@ -422,8 +430,8 @@ class _AlignedWriter(_PartSink):
 
     Each output file is written locally (in the plan directory of a local output, a temporary file
     otherwise); when it is closed it goes to its place in the output: under its final chunk key if it
-    is a whole global shard, else as a piece in the plan directory for the commit to re-pack (at most
-    the first and the last file of a part).
+    is a whole global shard (and the part is not ``staged``), else as a piece in the plan directory
+    for the commit to re-pack or link (re-packed: at most the first and the last file of a part).
     """
 
     def __init__(self, job: PartJob, offset: int, store: Store) -> None:
@@ -457,7 +465,7 @@ class _AlignedWriter(_PartSink):
         s, ndim = self.records_per_shard, 1 + len(self.job.record.shape)
         g = self.offset + self._start
         key = self._key
-        if w.capacity == s and w.count == s and g % s == 0:
+        if w.capacity == s and w.count == s and g % s == 0 and not self.job.staged:
             key = chunk_key(self.job.payload, g // s, ndim)  # a whole global shard: its final name
         if self.store.is_local:
             if key != self._key:
@@ -568,11 +576,12 @@ class PartManifest:
 
 
 def read_manifest(store: Store, plan: str, part: int, inputs: tuple[int, int], records_per_shard: int,
-                  payload: str, ndim: int) -> PartManifest | None:
+                  payload: str, ndim: int, *, staged: bool = False) -> PartManifest | None:
     """Part ``part``'s manifest, strictly checked, or ``None`` when the part is not finished.
 
     Keys are not trusted: each piece must be exactly the file this part would have written there
-    (its own piece in the plan directory, or the chunk key of the whole shard it holds), its records
+    (its own piece in the plan directory, or the chunk key of the whole shard it holds unless the
+    part is ``staged``, see :class:`PartJob`), its records
     must follow each other, and every number is bounded.
     """
     key = part_key(plan, part, ".json")
@@ -581,7 +590,7 @@ def read_manifest(store: Store, plan: str, part: int, inputs: tuple[int, int], r
         return None
     try:
         doc = read_json_object(store, key)
-        m = _parse_manifest(doc, where, records_per_shard, payload, ndim, plan)
+        m = _parse_manifest(doc, where, records_per_shard, payload, ndim, plan, staged)
     except (ShardkitError, KeyError, TypeError, ValueError) as exc:
         logger.warning("%s: unreadable part manifest (%s); the part is converted again", where, exc)
         return None
@@ -599,7 +608,8 @@ def read_manifest(store: Store, plan: str, part: int, inputs: tuple[int, int], r
     return m
 
 
-def _parse_manifest(doc: dict[str, Any], where: str, s: int, payload: str, ndim: int, plan: str) -> PartManifest:
+def _parse_manifest(doc: dict[str, Any], where: str, s: int, payload: str, ndim: int, plan: str,
+                    staged: bool) -> PartManifest:
     part = jv.integer(doc.get("part"), "part", where)
     a, b = (jv.integer(x, "inputs[]", where) for x in jv.array(doc.get("inputs"), "inputs", where))
     offset = jv.integer(doc.get("offset"), "offset", where)
@@ -613,7 +623,7 @@ def _parse_manifest(doc: dict[str, Any], where: str, s: int, payload: str, ndim:
             for k in ("start", "count", "capacity", "nbytes", "crc32c", "data_crc32c", "index_crc32c")
         }
         g = offset + piece["start"]
-        whole = piece["count"] == piece["capacity"] == s and g % s == 0
+        whole = piece["count"] == piece["capacity"] == s and g % s == 0 and not staged
         expected = chunk_key(payload, g // s, ndim) if whole else part_key(plan, part, f"-{i}.shard")
         if p.get("key") != expected or piece["start"] != start or not 0 < piece["count"] <= piece["capacity"] <= s:
             raise NotADatasetError(f"{where}: pieces[{i}] is not what part {part} writes there")

@@ -34,6 +34,7 @@ from shardkit.formats.fields import read_field_rows
 from shardkit.formats.index import extend_crc32c
 from shardkit.formats.metadata import DatasetMeta
 from shardkit.formats.spec import FORMAT_MINOR, FORMAT_VERSION, ShardInfo, format_string, index_nbytes
+from shardkit.formats.versions import unfinished
 from shardkit.stores import ByteRange, Location, Store
 from shardkit.stores.local import open_regular
 
@@ -72,6 +73,9 @@ class VerifyReport:
         Every failed check.
     limitations
         Checks this dataset cannot have (written by an older or newer format), one sentence each.
+    unfinished
+        An interrupted conversion or append found in the dataset and how to finish it, one sentence
+        each (:func:`~shardkit.formats.versions.unfinished`): the likely cause of any problem.
     """
 
     path: str
@@ -82,6 +86,7 @@ class VerifyReport:
     bytes_checked: int = 0
     problems: list[Problem] = field(default_factory=list)
     limitations: list[str] = field(default_factory=list)
+    unfinished: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -134,7 +139,8 @@ def verify(
         metadata or array document, unsafe paths, ...); the message names the file.
     """
     ds = Dataset(path)
-    report = VerifyReport(str(ds.path), quick, format=ds.meta.format, limitations=limitations(ds.meta))
+    report = VerifyReport(str(ds.path), quick, format=ds.meta.format, limitations=limitations(ds.meta),
+                          unfinished=unfinished(ds.store))
     try:
         for i, info in enumerate(ds.meta.shards):
             _check_shard(ds, i, info, quick, report)

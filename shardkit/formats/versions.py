@@ -44,6 +44,7 @@ from shardkit.errors import ChecksumError, MissingShardError, NotADatasetError, 
 from shardkit.formats import jsonvalues as jv
 from shardkit.formats.checksums import FileDigest, read_object
 from shardkit.formats.metadata import MAX_DOCUMENT_NBYTES, parse_json, read_json_object
+from shardkit.formats.outputs import PARTS_DIR
 from shardkit.formats.spec import ATTRS_KEY, ZARR_JSON
 from shardkit.stores import Location, Store, open_store
 
@@ -60,6 +61,7 @@ __all__ = [
     "list_versions",
     "digests_of",
     "prune",
+    "unfinished",
 ]
 
 logger = logging.getLogger(__name__)
@@ -292,3 +294,33 @@ def _remove_empty_dirs(store: Store, key: str) -> None:
                 os.rmdir(dirpath)
             except OSError:
                 pass
+
+
+def unfinished(location: Location) -> list[str]:
+    """What an interrupted conversion or append left in the dataset: one sentence each, saying how to finish it.
+
+    An append killed during its commit may already have replaced files in place (the base's last
+    shard, last field chunks, array documents): readers of the current version read their retired
+    copies, but ``verify`` compares the files in place, so ``verify`` and ``info`` say this. Its plan
+    directory (``.shardkit-parts/<plan>``) is there until the commit and its cleanup are done.
+    """
+    store = open_store(location)
+    plans = sorted({m.key.split("/")[1] for m in store.list(PARTS_DIR) if m.key.count("/") >= 2})
+    if not plans:
+        return []
+    try:
+        current = f"version {version_of(_current_attrs(store))}"
+    except ShardkitError:
+        current = "its previous version"
+    out = []
+    for plan in plans:
+        where = store.describe(f"{PARTS_DIR}/{plan}")
+        try:
+            operation = read_json_object(store, f"{PARTS_DIR}/{plan}/plan.json").get("operation")
+        except (ShardkitError, OSError):
+            operation = None
+        what = {"append": "an append", "convert": "a conversion in parts"}.get(str(operation), "a conversion or append")
+        out.append(f"{what} into this dataset was interrupted ({where}); run the same command again to finish it. "
+                   f"Until then the dataset opens at {current}, and verify may report the files its commit had "
+                   "already replaced (their old bytes are kept for readers)")
+    return out

@@ -156,13 +156,17 @@ class LocalStore(Store):
             yield Fetched(i, view, size, None)
 
     def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
-        top = self.local_path(prefix.strip("/")) if prefix.strip("/") else self.root
+        # Keys are made relative to ``top`` (a resolved path when there is a prefix, the root as given
+        # otherwise), never to ``self.root``, which may be relative while ``top`` is absolute.
+        head = prefix.strip("/")
+        top = self.local_path(head) if head else self.root
         if not top.is_dir():
             return
         for dirpath, _dirs, files in os.walk(top):
             for name in sorted(files):
                 full = Path(dirpath) / name
-                key = full.relative_to(self.root).as_posix()
+                rel = full.relative_to(top).as_posix()
+                key = f"{head}/{rel}" if head else rel
                 st = full.stat()
                 yield ObjectMeta(key, st.st_size, None, st.st_mtime)
 

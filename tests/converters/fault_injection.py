@@ -15,7 +15,10 @@ SPEC_JSON: ``{"src": ..., "out": ..., "kwargs": {...}, "double": [j, ...], "ever
 the same conversion runs again (and, for each ``j`` of ``double``, that re-run is itself killed at its
 step ``j`` first). ``executor`` runs the conversion in parts: ``"inline"`` (parts converted in the
 killed process itself) or ``"threads:N"``; ``base`` is a dataset copied to ``out`` before every run
-(the conversion appends to it). Prints one JSON object: the uninterrupted run's step count and
+(the conversion appends to it); ``check`` runs ``verify`` and looks for an unfinished append
+(:func:`shardkit.formats.versions.unfinished`, what ``info`` shows) right after each kill, before the
+re-run; ``commit_only`` kills only at the steps of the commit (and its cleanup).
+Prints one JSON object: the uninterrupted run's step count and
 digest, and per ``k`` the digest after the re-run(s), how many parts were finished when the kill
 came (their manifests), whether the commit had already published the root document, and how many
 parts the final run converted.
@@ -164,6 +167,8 @@ def run(src: str, out: Path, kwargs: dict[str, Any], kill_at: int | None = None,
         code, message = 0, b""
         try:
             install_hooks(out, kill_at, count_file)
+            if count_file is not None:
+                _note_commit_start(count_file)
             summary = shardkit.convert(src, out, **kwargs, **({"executor": _executor(executor)} if executor else {}))
             message = json.dumps({"parts_converted": summary.parts_converted}).encode()
         except BaseException as exc:
@@ -188,10 +193,37 @@ def finished_parts(out: Path) -> int:
     return len(list(out.glob(".shardkit-parts/*/p[0-9][0-9][0-9][0-9][0-9][0-9].json")))
 
 
+def _note_commit_start(count_file: Path) -> None:
+    """Record (in ``<count_file>.commit``) how many steps were done when the commit of a conversion in parts began."""
+    from shardkit.converters import partrun
+
+    real = partrun.commit
+
+    def commit(*args: Any, **kwargs: Any) -> Any:
+        count_file.with_name(count_file.name + ".commit").write_text(count_file.read_text())
+        return real(*args, **kwargs)
+
+    partrun.commit = commit  # type: ignore[assignment]
+
+
 def _fresh(out: Path, base: str | None) -> None:
     shutil.rmtree(out, ignore_errors=True)
     if base is not None:
         shutil.copytree(base, out, symlinks=True)
+
+
+def _check(out: Path) -> dict[str, Any]:
+    """``verify`` of the dataset a kill left (in this process: no hooks here), and what ``info`` would call unfinished."""
+    from shardkit.errors import ShardkitError
+    from shardkit.formats import verify
+    from shardkit.formats.versions import unfinished
+
+    try:
+        report = verify(out)
+    except ShardkitError as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return {"ok": report.ok, "unfinished": report.unfinished, "info": unfinished(out),
+            "problems": [str(p) for p in report.problems[:3]]}
 
 
 def main(spec: dict[str, Any]) -> dict[str, Any]:
@@ -205,11 +237,14 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
     reference = digest(ref)
     parts = _LAST.get("parts_converted", 0)
     shutil.rmtree(ref)
+    commit_file = counter.with_name(counter.name + ".commit")
+    first_step = int(commit_file.read_text()) + 1 if spec.get("commit_only") and commit_file.exists() else 1
     runs = []
-    for k in range(1, total + 1, int(spec.get("every", 1))):
+    for k in range(first_step, total + 1, int(spec.get("every", 1))):
         _fresh(out, base)
         first = run(src, out, kwargs, kill_at=k, executor=executor)
         done_before = finished_parts(out)
+        checked = _check(out) if spec.get("check") else None
         committed = digest(out).get("zarr.json") == reference.get("zarr.json")
         second = [run(src, out, kwargs, kill_at=j, executor=executor) for j in spec.get("double", [])]
         final = run(src, out, kwargs, executor=executor)
@@ -219,6 +254,7 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
             "same": got == reference, "parts_done_before": done_before, "committed_before": committed,
             "parts_converted": _LAST.get("parts_converted", 0) if final == "ok" else None,
             "differs": sorted(p for p in set(got) | set(reference) if got.get(p) != reference.get(p))[:10],
+            "check": checked,
         })
     shutil.rmtree(out, ignore_errors=True)
     return {"reference": status, "steps": total, "files": len(reference), "parts": parts, "runs": runs}
