@@ -1,21 +1,11 @@
 """Directories private to this user: created ``0700``, held by descriptor, locked while a run lives.
 
-Shardkit keeps user data (SSD reservoirs, cached shards, spills, staged uploads, node-shared
-regions, a server's token and ring) in directories under shared places such as ``/tmp`` or
-``/dev/shm``, where anyone can plant a name. Every such directory is a :class:`PrivateDir`:
-
-* created with mode exactly ``0700`` whatever the umask or, when the name exists, opened with
-  ``O_NOFOLLOW | O_DIRECTORY`` and refused (:class:`~shardkit.errors.InsecurePathError`, saying
-  what was found) unless it is a real directory owned by this user with mode ``0700``;
-* then used only through that descriptor: every file is opened relative to it, never through a
-  symlink, and checked (type, owner, no group/other permission bits), so swapping a path after
-  the check changes nothing;
-* a ``lock`` file inside, held with ``flock``, says "this run is alive": the kernel drops it when
-  its holder dies, even by ``SIGKILL``. :func:`create_run_dir` makes a fresh per-run directory
-  that gets its name only once its lock is held, and :func:`sweep_stale` deletes sibling run
-  directories whose lock nobody holds.
-
-Callers keep only what is their own: the names and what they store.
+Shardkit keeps user data (SSD reservoirs, cached shards, spills, staged uploads, node-shared regions,
+a server's token and ring) under shared places such as ``/tmp`` or ``/dev/shm``, where anyone can
+plant a name; every such directory is a :class:`PrivateDir`, so swapping a path after the check
+changes nothing. :func:`create_run_dir` and :func:`sweep_stale` use a ``flock``-held ``lock`` file to
+tell live runs from dead ones. Callers keep only what is their own: the names and what they store
+(docs/design.md §13).
 """
 
 from __future__ import annotations
@@ -163,7 +153,13 @@ class Mutex:
 
 
 class PrivateDir:
-    """An open, verified private directory (see the module docstring); use :meth:`create` or :meth:`open`.
+    """An open, verified private directory; use :meth:`create` or :meth:`open`.
+
+    Created with mode exactly ``0700`` whatever the umask or, when the name exists, opened with
+    ``O_NOFOLLOW | O_DIRECTORY`` and refused (:class:`~shardkit.errors.InsecurePathError`, saying what
+    was found) unless it is a real directory of this user with mode ``0700``; then used only through
+    that descriptor, every file opened relative to it, never through a symlink, and checked (type,
+    owner, no group/other permission bits).
 
     ``what`` names the directory in refusals (``"the cache directory"``) and ``advice`` says what to
     do about one (``"Remove it, or choose another cache_dir"``).

@@ -3,22 +3,8 @@
 Every option that takes a size (``ram_size``, ``--shard-size``, ``static_cache``, ``cache_size``, ...)
 goes through this module, from the CLI, the Python API, the server, the adapters and the benchmarks,
 so ``"1GiB"`` means the same thing everywhere and every error names the option the way the user
-wrote it (``--ram-size`` on the command line, ``ram_size`` in Python).
-
-Grammar
--------
-* **Bytes**: an integer (``1048576``) or a number with a unit. SI units are powers of 1000
-  (``kB``/``KB``/``K``, ``MB``/``M``, ``GB``/``G``, ``TB``/``T``), IEC units powers of 1024
-  (``KiB``, ``MiB``, ``GiB``, ``TiB``). Case is ignored, white space between number and unit is
-  allowed, and a fraction is rounded down to whole bytes (``1.5KiB`` = 1536).
-* **Capacity** (a tier budget): bytes as above, or a record count (``10000records``, ``10000rec``,
-  ``10000r``), converted to bytes with the record size.
-* **Counts**: a non-negative integer, optionally with SI multipliers (``10k`` = 10000).
-* **Durations**: seconds (``1.5``, ``1.5s``), milliseconds (``20ms``), minutes (``2m``/``2min``),
-  hours (``1h``).
-* **Rates**: hertz (``16000``, ``16kHz``, ``16k``, ``44.1k``).
-
-Formatting uses IEC units (``human_bytes(1536) == "1.5 KiB"``), the way the summaries print sizes.
+wrote it (``--ram-size`` or ``ram_size``; docs/design.md §7). Each ``parse_*`` function states its
+grammar; formatting uses IEC units (``human_bytes(1536) == "1.5 KiB"``), as the summaries print sizes.
 """
 
 from __future__ import annotations
@@ -94,6 +80,10 @@ class Capacity:
 def parse_bytes(value: int | str, *, what: str, allow_zero: bool = False) -> int:
     """Bytes from an int or a size string; ``ConfigError`` naming ``what`` otherwise.
 
+    SI units are powers of 1000 (``kB``/``KB``/``K``, ``MB``/``M``, ``GB``/``G``, ``TB``/``T``), IEC
+    units powers of 1024 (``KiB``, ``MiB``, ``GiB``, ``TiB``). Case is ignored, white space between
+    number and unit is allowed, and a fraction is rounded down to whole bytes (``1.5KiB`` = 1536).
+
     Parameters
     ----------
     value
@@ -118,7 +108,8 @@ def parse_bytes(value: int | str, *, what: str, allow_zero: bool = False) -> int
 
 
 def parse_capacity(value: int | str | Capacity, *, what: str, allow_zero: bool = False) -> Capacity:
-    """A tier budget: bytes (int or size string) or a record count (``"10000records"``).
+    """A tier budget: bytes (int or size string) or a record count (``"10000records"``,
+    ``"10000rec"``, ``"10000r"``), converted to bytes with the record size.
 
     ``allow_zero`` accepts ``0``, ``"0"``, ``"off"`` and ``"none"`` as a zero budget (an option that
     is off). The result is resolved to bytes with :meth:`Capacity.to_bytes` once the record size is
@@ -149,7 +140,7 @@ def capacity_bytes(value: int | str | Capacity, record_nbytes: int, *, what: str
 
 
 def parse_count(value: int | str, *, what: str, minimum: int = 0) -> int:
-    """A whole count (``10``, ``"10k"``) of at least ``minimum``."""
+    """A whole count (``10``, ``"10k"`` = 10000: SI multipliers) of at least ``minimum``."""
     if _is_int(value):
         count = operator.index(value)
     elif isinstance(value, str):
@@ -178,7 +169,7 @@ def _parse_quantity(value: float | int | str, table: Mapping[str, float], *, wha
 
 
 def parse_duration(value: float | int | str, *, what: str, allow_zero: bool = True) -> float:
-    """Seconds from a number or ``"1.5s"``, ``"20ms"``, ``"2min"``, ``"1h"``."""
+    """Seconds from a number or ``"1.5s"``, ``"20ms"``, ``"2m"``/``"2min"``, ``"1h"``."""
     seconds = _parse_quantity(value, _DURATION_UNITS, what=what, example="a duration such as 1.5s, 20ms or 2min")
     if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
         raise ConfigError(f"{what}: expected a {'non-negative' if allow_zero else 'positive'} duration, found {value!r}")

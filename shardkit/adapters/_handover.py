@@ -1,22 +1,9 @@
 """Batches handed from a DataLoader worker to the main process by handle instead of by copy.
 
-A DataLoader worker sends what it yields to the main process through a pipe; for a tensor in
-ordinary memory PyTorch first copies the whole storage into a new shared-memory segment (38.5 MB
-for a batch of 256 224x224 images), and that copy and the page faults of the fresh segment cost
-more than the sampler's own reading. A tensor whose storage *already* is shared memory travels as a
-file descriptor: nothing is copied.
-
-So in a worker the sampler's batch buffers (its :class:`~shardkit.readers.buffers.BatchPool`) are
-allocated as shared memory (:class:`SharedBatchMemory`) and every record is read straight into
-them, as in the main process. What remains is knowing when a buffer may be reused: the main process
-holds the batch after the worker forgot it. Each buffer carries two counters behind its payload,
-in the same shared memory: *sent* (the worker's pickling of a batch adds one, :class:`SharedBatch`)
-and *released* (the main process adds one when the last tensor or array viewing that batch is gone,
-via :func:`weakref.finalize` on the numpy array every such view keeps alive). The pool reuses a
-buffer only when both counts agree and nothing in the worker references it; a main process that
-keeps batches makes the pool retire their buffers (the memory then lives until the main process
-drops them) instead of waiting for ever. Nothing is unpickled from bytes another user can write:
-the pipe is the DataLoader's own, between processes of this program.
+A tensor whose storage already is shared memory travels through the DataLoader's pipe as a file
+descriptor, so a worker's batch buffers are shared memory (:class:`SharedBatchMemory`) and records
+are read straight into them. Two counters in each buffer (sent by the worker, :class:`SharedBatch`;
+released by the main process) tell the pool when it may reuse the buffer (docs/design.md §6).
 """
 
 from __future__ import annotations

@@ -1,38 +1,9 @@
-"""TensorFlow adapter: the tiered sampler as a ``tf.data.Dataset``.
+"""TensorFlow adapter: the tiered sampler as a ``tf.data.Dataset`` (docs/design.md §6).
 
 :func:`make_tf_dataset` wraps the sampler's iterator of numpy batches with
-``tf.data.Dataset.from_generator`` and a complete ``output_signature``, so ``element_spec`` names
-every entry with its dtype and shape before a single record is read, and Keras can build the model
-from it. The sampler already forms the batches (reading a batch's records together is what keeps
-storage access sequential), so the dataset yields batches: do not call ``.batch()`` on it.
-
-Splitting among consumers
--------------------------
-Under ``tf.distribute`` pass the :class:`tf.distribute.InputContext` that
-``strategy.distribute_datasets_from_function`` hands to your function: input pipeline ``i`` of ``P``
-becomes consumer ``i`` of ``P`` of the sampler (its slice of every global batch, reading only its
-own keys), and ``global_batch_size`` is turned into the per-replica batch with
-``ctx.get_per_replica_batch_size``. Each pipeline then yields per-replica batches, which the
-strategy deals out to the replicas of its worker in turn, so replicas receive disjoint slices that
-together cover each epoch. Without a strategy, ``rank`` / ``world_size`` do the same for any other
-launcher (one process per consumer).
-
-Many nodes
-----------
-``locality=True`` makes each node pin a disjoint random part of the dataset and take its keys of
-every global batch from there where it can (see :mod:`shardkit.readers.locality`). Under
-``tf.distribute`` with one input pipeline per worker machine (``MultiWorkerMirroredStrategy``),
-every pipeline is a node: the keys of each sampler global batch move between pipelines only, so a
-training step, which takes one batch per replica of every pipeline (``r`` consecutive sampler
-global batches with ``r`` replicas per worker), trains on the same set of records as without
-locality: a contiguous slice of the epoch's uniform order. With one pipeline (``MirroredStrategy``
-on one machine) there is one node and nothing to gain.
-
-Epochs
-------
-Each full iteration of the dataset (each Keras epoch) runs ``epochs`` sampler epochs and then
-advances to the next ones, so ``model.fit(ds, epochs=E)`` sees a new permutation every epoch.
-``epochs=None`` gives one endless iteration (use ``steps_per_epoch``).
+``tf.data.Dataset.from_generator`` and a complete ``output_signature``. The sampler already forms the
+batches (reading a batch's records together is what keeps storage access sequential), so the dataset
+yields batches; ``tf.distribute`` input pipelines become the sampler's consumers.
 """
 
 from __future__ import annotations
@@ -164,7 +135,7 @@ def make_tf_dataset(
         Name of a running ``shardkit serve`` to attach to (:class:`~shardkit.readers.SharedSampler`,
         ``seed`` as the job seed; mode ``"epoch"`` only).
     nodes
-        With ``locality`` (many nodes, see the module notes): with ``input_context`` every input
+        With ``locality`` (many nodes, see Notes): with ``input_context`` every input
         pipeline is a node of its own (``nodes`` defaults to ``num_input_pipelines``: one pipeline
         per worker machine); with ``rank`` / ``world_size`` it defaults to the options'. Every
         consumer must get the same values.
@@ -177,6 +148,24 @@ def make_tf_dataset(
         ``limit``) makes every batch full.
     Notes
     -----
+    The dataset yields the sampler's batches: do not call ``.batch()`` on it. ``element_spec`` is
+    complete before a record is read, so Keras can build the model from it.
+
+    Under ``tf.distribute`` pass the ``InputContext``: input pipeline ``i`` of ``P`` becomes consumer
+    ``i`` of ``P`` (its slice of every global batch, reading only its own keys), and each pipeline
+    yields per-replica batches that the strategy deals out to its replicas in turn, so replicas
+    receive disjoint slices that together cover each epoch. Without a strategy, ``rank`` /
+    ``world_size`` do the same for any other launcher (one process per consumer).
+
+    ``locality=True`` makes each node pin a disjoint random part of the dataset and take its keys of
+    every global batch from there where it can; with one pipeline per worker machine
+    (``MultiWorkerMirroredStrategy``) a training step still trains on the same records as without
+    locality. With one pipeline (``MirroredStrategy``) there is one node and nothing to gain.
+
+    Each full iteration (each Keras epoch) runs ``epochs`` sampler epochs, so
+    ``model.fit(ds, epochs=E)`` sees a new permutation every epoch; ``epochs=None`` gives one
+    endless iteration (use ``steps_per_epoch``).
+
     Long because it is the adapter's whole surface in one place: the options (the sampler's, passed
     through), ``tf.distribute`` sharding, the element spec and the generator are all derived from the
     same arguments, and splitting them would pass a dozen values between helpers.

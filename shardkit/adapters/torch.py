@@ -1,66 +1,9 @@
-"""PyTorch adapter: the tiered sampler as a ``torch.utils.data`` dataset.
+"""PyTorch adapter: the tiered sampler as a ``torch.utils.data`` dataset (docs/design.md §6).
 
 Training: :class:`ShardIterableDataset`, used with ``DataLoader(ds, batch_size=None, ...)`` because
 the sampler already forms the batches (reading a batch's records together is what keeps storage
-access sequential). Evaluation: :class:`ShardMapDataset`, map-style by record key.
-
-How records are split
----------------------
-Every ``__iter__`` runs in one *consumer*: the main process (``num_workers=0``) or one DataLoader
-worker of one rank. With ``W`` ranks of ``k`` workers there are ``W * k`` consumers and worker ``w``
-of rank ``r`` is consumer ``r * k + w``. Each builds its own
-:class:`~shardkit.readers.TieredSampler` for that consumer, so it reads only the keys of its own
-slice of every global batch (no worker re-reads another's records), and the records of all
-consumers together are the epoch's uniform order ``pi``, each exactly once. ``DataLoader`` hands out
-worker batches round-robin, so a rank's main process receives its slices in global-batch order.
-
-Workers or not
---------------
-The sampler already reads in background threads and ``torch.from_numpy`` shares its arrays without
-a copy, so ``num_workers=0`` is the fast path: it delivers the bare sampler's throughput. Each
-DataLoader worker runs its own sampler whose batch buffers are shared memory: records are read
-straight into them and the hand-over to the main process sends a file descriptor, not the batch
-(see :mod:`shardkit.adapters._handover`); a buffer is reused once the main process has dropped
-every tensor viewing it. That holds for stored bytes (``layout="NHWC"``, no ``scale``); a
-presented payload (``NCHW``, ``float``) is new memory made in the worker and PyTorch copies it into
-shared memory as usual. Workers help when per-record CPU work (a subclass, a ``collate_fn``) needs
-more cores than the main process has; for reading alone ``num_workers=0`` is as fast and simpler.
-
-Ranks
------
-Under DDP pass ``drop_last=True``: with a ragged final global batch the last consumers get fewer
-batches than the others, and a rank that stops early leaves the others waiting in a collective.
-
-Many nodes
-----------
-With ``locality=True`` each node pins a disjoint random part of the dataset (the static cache in
-RAM and ``node_cache`` on the node's disk, both shared by its processes) and the keys of every
-training step's global batch go to the ranks so that each takes as many as possible from its own
-node's cache; storage serves only the rest. The consumers that make one training step together are
-worker ``w`` of every rank (the DataLoader hands out its workers' batches in turn), and keys move
-only among them, so each step trains on exactly the set of records it gets without locality: under
-synchronous data parallelism (gradients summed over ranks) the training is that of a uniform
-permutation. Nodes come from torchrun (``WORLD_SIZE / LOCAL_WORLD_SIZE``) or ``nodes=``.
-
-Epochs
-------
-The dataset holds the *next epoch* in a one-element shared-memory tensor, so the value is the same
-in the main process and in every worker, persistent or not. ``set_epoch(e)`` sets it; a pass that
-runs to the end advances it, so ``for epoch in range(E): for batch in loader: ...`` sees a new
-permutation every epoch even if ``set_epoch`` is never called (calling it is harmless and needed to
-jump to a given epoch).
-
-Checkpoints
------------
-The sampler's state is the *global* position ``(seed, epoch, position in pi)``: the same for every
-worker and every rank. With ``num_workers=0`` the sampler lives in the main process and
-:meth:`ShardIterableDataset.state_dict` returns its exact state. With workers the samplers live in
-copies of the dataset in other processes, and the main process only knows how many batches it took,
-so use :meth:`ShardIterableDataset.state_dict_after` with that count: ``k`` consecutive batches are
-one global batch, so the position is exact whenever the count is a multiple of ``num_workers``
-(otherwise it rounds down to the last whole global batch and the few batches after it are delivered
-again after the resume; a warning says so). :meth:`~ShardIterableDataset.load_state_dict` before
-iterating resumes that epoch at that position, with any number of workers or ranks.
+access sequential). Evaluation: :class:`ShardMapDataset`, map-style by record key. Each DataLoader
+worker of each rank is one consumer with its own sampler for its slice of every global batch.
 """
 
 from __future__ import annotations
@@ -242,7 +185,7 @@ class ShardIterableDataset(_TorchIterableDataset):
         Name of a running ``shardkit serve`` to attach to (:class:`~shardkit.readers.SharedSampler`,
         ``seed`` as the job seed; mode ``"epoch"`` only, no resume inside an epoch).
     nodes
-        With ``locality`` (many nodes, see the module notes): nodes the ranks run on; by default the
+        With ``locality`` (many nodes, see Notes): nodes the ranks run on; by default the
         options' when not 1, else torchrun's ``WORLD_SIZE / LOCAL_WORLD_SIZE``; pass it to simulate
         nodes on one machine. Every rank must get the same locality options (checked once under
         torch.distributed).
@@ -252,6 +195,28 @@ class ShardIterableDataset(_TorchIterableDataset):
     Create the dataset after ``torch.distributed.init_process_group``: workers started with the
     ``spawn`` method do not inherit the process group, so the rank is resolved in the constructor
     as well as in ``__iter__``.
+
+    *Workers.* ``num_workers=0`` is the fast path (the sampler already reads in background threads
+    and ``torch.from_numpy`` shares its arrays). Workers help when per-record CPU work (a subclass,
+    a ``collate_fn``) needs more cores; stored bytes (``layout="NHWC"``, no ``scale``) then reach the
+    main process without a copy, a presented payload is copied into shared memory by PyTorch as usual.
+
+    *Ranks.* Under DDP pass ``drop_last=True``: with a ragged final global batch the last consumers
+    get fewer batches, and a rank that stops early leaves the others waiting in a collective.
+
+    *Many nodes.* With ``locality=True`` each node pins a disjoint random part of the dataset and the
+    keys of each training step go to the ranks so that each takes as many as possible from its own
+    node's cache; every step trains on the same set of records as without locality.
+
+    *Epochs.* The next epoch is held in shared memory, the same in the main process and every
+    worker. A pass that runs to the end advances it, so ``for epoch in range(E): for batch in
+    loader: ...`` sees a new permutation every epoch; ``set_epoch(e)`` jumps to a given epoch.
+
+    *Checkpoints.* With ``num_workers=0`` :meth:`state_dict` is exact. With workers use
+    :meth:`state_dict_after` with the number of batches the main process took: exact when it is a
+    multiple of ``num_workers``, otherwise rounded down to the last whole global batch (the batches
+    after it are delivered again after resuming; a warning says so). :meth:`load_state_dict` before
+    iterating resumes there with any number of workers or ranks.
     """
 
     def __init__(

@@ -1,42 +1,8 @@
 """Audio decoding with bounded memory, and the fixed-length transform of the audio corpus kind.
 
-Decoding uses soundfile (libsndfile: wav, flac, ogg/vorbis, aiff...). Channels are mixed to mono
-(the mean, so a mono file duplicated into two channels is unchanged) or kept; resampling is
-polyphase (``scipy.signal.resample_poly``: an anti-aliasing FIR filter applied at the rational rate
-``up/down``), which keeps the band below the new Nyquist frequency and does not smear energy
-across the spectrum as naive interpolation does. Each clip is then cut to a fixed number of samples:
-zero-padded or trimmed at the end, or, with ``window=True``, cut into consecutive non-overlapping
-windows (the last one zero-padded) so that no audio is thrown away.
-
-Bounded memory
-    A header may claim anything: a 1.4 MB FLAC can claim an hour of 8 channels (10 GiB as float64),
-    and a WAV at 1 Hz asks to be resampled by 16000x. So a file is never read whole. The frames a
-    record needs are computed exactly from the filter's support (:meth:`Resampler.span`): output
-    sample ``j`` of the polyphase filter depends only on input frames within ``half_len`` upsampled
-    samples of ``j * down / up``, so resampling just that span gives the same samples as resampling
-    the whole file. Those frames are read in blocks of about :data:`BLOCK_BYTES` (seek, then
-    ``SoundFile.read`` with a frame count), mixed to the output channels block by block. With
-    ``window=False`` only the first record's span is read; with ``window=True`` the windows are
-    produced a bounded number at a time (the pipeline asks for the next ones with ``start``), and a
-    file that needs several such calls is first streamed once to check that it decodes to the end,
-    so that no record of a file is written before the file is known to be good.
-
-Refused files (skips with a reason, category ``unsupported`` or ``too-long``)
-    * a sample rate outside :data:`MIN_RATE` .. :data:`MAX_RATE` (1 kHz to 768 kHz): below 1 kHz
-      nothing audible above 500 Hz survives, so such a header is damaged or not audio; 768 kHz is the
-      highest rate audio interfaces record, and the bound keeps the resampling ratio, hence the work
-      and the frames read per output second, below 768;
-    * more than :data:`MAX_FILE_CHANNELS` channels (more than any recording setup writes into one
-      file; libsndfile itself stops at 1024);
-    * rates whose resampling filter would be absurdly long: the filter has ``20 * max(up, down) + 1``
-      taps for the reduced ratio ``up/down``, so two rates sharing no common factor (47999 Hz to
-      16 kHz) would need a million taps; at most :data:`MAX_RATE_FACTOR` is allowed, which every pair
-      of standard rates (8k, 11.025k, ..., 768k) meets (the worst, 768 kHz to 11.025 kHz, is 10240);
-    * with ``window=True``, a file that would give more windows than a resume cursor can count
-      (:data:`~shardkit.converters.base.MAX_RECORDS_PER_INPUT`).
-
-Other failures are :class:`~shardkit.errors.InputFileError` with categorised reasons (``missing``,
-``unreadable``, ``empty``, ``unsupported``, ``corrupt``, ``channels``).
+Decoding uses soundfile (libsndfile: wav, flac, ogg/vorbis, aiff...); :class:`AudioTransform` mixes
+or keeps channels, resamples polyphase and cuts each clip to a fixed length. A header is never
+trusted for sizes: only the frames the records need are read (docs/design.md §5, §13).
 """
 
 from __future__ import annotations
@@ -72,13 +38,17 @@ __all__ = [
 AUDIO_COLUMNS = ("rate", "channels", "frames")
 #: File extensions that audio class-folder scans treat as audio.
 AUDIO_EXTENSIONS = frozenset({".wav", ".flac", ".ogg", ".oga", ".aif", ".aiff"})
-#: Lowest sample rate accepted, of a file or of the output (see the module notes).
+#: Lowest sample rate accepted, of a file or of the output: below 1 kHz nothing audible above 500 Hz
+#: survives, so such a header is damaged or not audio.
 MIN_RATE = 1_000
-#: Highest sample rate accepted, of a file or of the output.
+#: Highest sample rate accepted, of a file or of the output: the highest rate audio interfaces record;
+#: it keeps the resampling ratio, hence the work and the frames read per output second, below 768.
 MAX_RATE = 768_000
-#: Most channels a file may have.
+#: Most channels a file may have (more than any recording setup writes into one file).
 MAX_FILE_CHANNELS = 256
-#: Largest ``max(up, down)`` of the reduced resampling ratio (filter of ``20 * factor + 1`` taps).
+#: Largest ``max(up, down)`` of the reduced resampling ratio (filter of ``20 * factor + 1`` taps): two
+#: rates sharing no factor (47999 Hz to 16 kHz) would need a million taps, while every pair of standard
+#: rates (8k, 11.025k, ..., 768k) stays below it (the worst, 768 kHz to 11.025 kHz, is 10240).
 MAX_RATE_FACTOR = 1 << 15
 #: Frames are read in blocks of about this many bytes (as float64 in the file's channels).
 BLOCK_BYTES = 4 << 20
@@ -291,6 +261,19 @@ def _open(path: Path) -> Iterator[tuple[_FileFrames, int]]:
 class AudioTransform:
     """Decode, mix/keep channels, resample and cut to fixed-length records.
 
+    Mixing to mono takes the mean (a mono file duplicated into two channels is unchanged);
+    resampling is polyphase (:class:`Resampler`); a clip is zero-padded or trimmed at the end, or
+    with ``window=True`` cut into consecutive non-overlapping windows (the last one zero-padded) so no
+    audio is thrown away. Memory is bounded whatever the header claims (docs/design.md §5): only the
+    frames the records need are read, in blocks of about :data:`BLOCK_BYTES`.
+
+    Files with a rate outside :data:`MIN_RATE` .. :data:`MAX_RATE`, more than
+    :data:`MAX_FILE_CHANNELS` channels, a rate pair beyond :data:`MAX_RATE_FACTOR`, or (windowed)
+    more windows than :data:`~shardkit.converters.base.MAX_RECORDS_PER_INPUT` are skipped as
+    ``unsupported`` or ``too-long``; other failures are :class:`~shardkit.errors.InputFileError`
+    with a categorised reason (``missing``, ``unreadable``, ``empty``, ``unsupported``, ``corrupt``,
+    ``channels``).
+
     Parameters
     ----------
     sample_rate
@@ -400,7 +383,7 @@ class AudioTransform:
     def load(self, path: Path, start: int = 0, limit: int | None = None) -> tuple[list[np.ndarray], bool]:
         """Records ``start, start + 1, ...`` of ``path`` (at most ``limit``) and whether more follow.
 
-        Reads only the frames those records need (see the module notes).
+        Reads only the frames those records need (docs/design.md §5).
         """
         clips = self.read(path, start, limit)
         return clips.records, clips.more

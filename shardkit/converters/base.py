@@ -1,27 +1,12 @@
 """The converter seam: :class:`Converter` (the main-process half) and :class:`Decoder` (the worker half).
 
 A corpus kind is one module with a :class:`Converter` subclass, named in the registry
-(:mod:`shardkit.converters.registry`). The pipeline (:mod:`shardkit.converters.pipeline`) only talks
-to these two interfaces, and this module knows no kind, so adding a kind never touches the
-pipeline, the CLI or the other kinds.
-
-A conversion is split in two halves so that decoding can run in worker processes while the output
-stays deterministic:
-
-* :meth:`Converter.scan` runs once in the calling process. It reads directory listings and
-  annotation files and returns the *input sequence*: an ordered, indexable sequence of small
-  picklable work items. Its order alone fixes the order of the records.
-* :attr:`Converter.decoder` is a small picklable :class:`Decoder` (the transform and a few paths,
-  never the corpus listing) that a worker process receives once. :meth:`Decoder.decode` turns one
-  item into its records (an image gives one, an audio file cut into windows may give several) or
-  raises :class:`~shardkit.errors.InputFileError`, which becomes a skip with its reason.
-
-Provenance
-    Every record can be traced to its input (see :mod:`shardkit.formats.provenance`). The pipeline
-    knows each record's input and part number; a decoder adds what it measured under the record key
-    :data:`PROVENANCE` (a dict with an integer for each of :attr:`Converter.provenance_columns`), and
-    :meth:`Converter.input_name` names each input. Kinds that declare no columns still get the input
-    and part of every record.
+(:mod:`shardkit.converters.registry`). The pipeline only talks to these two interfaces and this module
+knows no kind, so adding a kind never touches the pipeline, the CLI or the other kinds.
+:meth:`Converter.scan` returns the input sequence, whose order alone fixes the record order; a small
+picklable :class:`Decoder` turns one input into records in a worker, or raises
+:class:`~shardkit.errors.InputFileError` (a skip with its reason). Every record can be traced to its
+input (:data:`PROVENANCE`). Why two halves: docs/design.md §2, §5.
 """
 
 from __future__ import annotations
@@ -57,8 +42,10 @@ __all__ = [
     "reason_category",
 ]
 
-#: Record key under which a decoder gives the record's provenance columns (a ``{column: int}`` dict);
-#: the pipeline turns it into the dataset's provenance field.
+#: Record key under which a decoder gives the record's provenance columns (a ``{column: int}`` dict
+#: with an integer for each of :attr:`Converter.provenance_columns`); the pipeline adds each record's
+#: input and part number and turns it into the dataset's provenance field. Kinds that declare no
+#: columns still get the input and part of every record; :meth:`Converter.input_name` names inputs.
 PROVENANCE = PROVENANCE_FIELD
 
 #: One record as produced by :meth:`Decoder.decode`: the payload and every declared field.

@@ -1,34 +1,8 @@
 """COCO detection corpora: ``annotations/instances_<split>.json`` plus the image folder.
 
-The image folder is ``<split>/``, ``images/<split>/`` or the ``image_dir`` option. ``SRC`` may also be
-the annotation file itself.
-
-Record fields (``M = max_boxes``, default 100):
-
-* ``image`` uint8 ``[H, W, 3]``; ``image_id`` int64; ``orig_size`` int32 ``[2]`` = upright
-  (height, width) of the source image.
-* ``boxes`` float32 ``[M, 4]``: ``x0, y0, x1, y1`` in output pixels (EXIF orientation, scale and
-  crop/pad applied, clipped to the frame); boxes with no area left are dropped; rows past
-  ``num_boxes`` are zero.
-* ``box_labels`` int32 ``[M]``: contiguous category ids (index into the sorted original ids);
-  rows past ``num_boxes`` are -1 (0 is a real class). ``iscrowd`` uint8 ``[M]``; ``num_boxes`` int32.
-* ``label`` int64: the ``box_label`` of the largest box in the output frame (first one on ties),
-  or -1 for an image without boxes, so every kind has a ``label``.
-
-Category names and original ids are kept in the metadata (``labels["label"]`` and
-``extra["categories"]``). Images with more than ``max_boxes`` visible boxes keep the first
-``max_boxes`` (annotation order) and are counted in the summary as ``capped``.
-
-Problems with the annotation file itself: JSON that does not parse, or a top level without an
-``images`` list, stops the run (there is nothing to skip to: an empty dataset would look complete).
-One bad entry never stops it: an entry of the wrong JSON type, with a field of the wrong type
-(``"id": "7"``, ``"bbox": "x"``, ``"iscrowd": [1]``), an id that does not fit int64 (``2**70``), or a
-value nested too deeply to parse (:mod:`shardkit.converters.untrusted_json`) is skipped as
-``malformed`` with a reason naming the entry; duplicate image ids (every entry claiming the id is
-skipped: its annotations cannot be attributed), annotations for unknown images or categories are
-skipped with a reason too. Under ``--strict`` the first such skip stops the run.
-``file_name`` entries that are absolute, contain ``..`` or resolve (through symlinks) outside the
-image folder are skipped as ``outside-corpus`` without opening them.
+:class:`CocoConverter` scans the annotation file (untrusted JSON, bounded and checked entry by entry)
+into one :class:`CocoItem` per image; :class:`CocoDecoder` decodes an image and maps its boxes through
+the transform's exact geometry into fixed-size ``boxes`` / ``box_labels`` fields (docs/design.md §5).
 """
 
 from __future__ import annotations
@@ -184,7 +158,34 @@ class CocoDecoder(Decoder):
 
 
 class CocoConverter(Converter):
-    """Convert a COCO ``instances_*.json`` detection corpus."""
+    """Convert a COCO ``instances_*.json`` detection corpus.
+
+    The image folder is ``<split>/``, ``images/<split>/`` or the ``image_dir`` option; ``SRC`` may
+    also be the annotation file itself. Record fields (``M = max_boxes``, default 100):
+
+    * ``image`` uint8 ``[H, W, 3]``; ``image_id`` int64; ``orig_size`` int32 ``[2]`` = upright
+      (height, width) of the source image.
+    * ``boxes`` float32 ``[M, 4]``: ``x0, y0, x1, y1`` in output pixels (EXIF orientation, scale and
+      crop/pad applied, clipped to the frame); boxes with no area left are dropped; rows past
+      ``num_boxes`` are zero.
+    * ``box_labels`` int32 ``[M]``: contiguous category ids (index into the sorted original ids);
+      rows past ``num_boxes`` are -1 (0 is a real class). ``iscrowd`` uint8 ``[M]``; ``num_boxes`` int32.
+    * ``label`` int64: the ``box_label`` of the largest box in the output frame (first one on ties),
+      or -1 for an image without boxes, so every kind has a ``label``.
+
+    Category names and original ids are kept in the metadata (``labels["label"]`` and
+    ``extra["categories"]``). Images with more than ``max_boxes`` visible boxes keep the first
+    ``max_boxes`` (annotation order) and are counted in the summary as ``capped``.
+
+    JSON that does not parse, or a top level without an ``images`` list, stops the run (an empty
+    dataset would look complete). One bad entry never does: an entry of the wrong JSON type, a field
+    of the wrong type (``"id": "7"``, ``"bbox": "x"``), an id that does not fit int64, or a value
+    nested too deeply (:mod:`shardkit.converters.untrusted_json`) is skipped as ``malformed`` with a
+    reason naming the entry; duplicate image ids (every entry claiming the id), annotations for
+    unknown images or categories are skipped with a reason too. Under ``--strict`` the first such
+    skip stops the run. ``file_name`` entries that are absolute, contain ``..`` or resolve (through
+    symlinks) outside the image folder are skipped as ``outside-corpus`` without opening them.
+    """
 
     name = "coco"
     payload = "image"

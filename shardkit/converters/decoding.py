@@ -1,25 +1,9 @@
 """Decoding the input sequence in input order, in this process or in a pool of worker processes.
 
 :func:`outcomes` yields one :data:`Outcome` per decode call, strictly in input order whatever the
-number of workers: tasks (chunks of consecutive inputs) go to a process pool and their results are
-consumed in submission order. ``workers=1`` decodes in the calling process (no inter-process copies).
-Workers start with ``forkserver`` (or ``spawn``), or are forked when the calling script would start
-the conversion again in each of them (see :mod:`~shardkit.converters.main_guard`).
-
-Workers receive the converter's :class:`~shardkit.converters.base.Decoder` once, when they start: a
-small picklable object (the transform and a few paths), never the converter with its corpus listing.
-
-Bounded memory
-    At most ``3 x workers`` tasks are in flight; a new one is submitted only when the oldest result
-    has been consumed. (``Pool.imap`` would read the whole input iterable ahead and let results pile
-    up when the consumer is slower, so it is not used.) An input with more records than one decode
-    call returns (:attr:`~shardkit.converters.base.Decoded.more`, a long audio file cut into windows)
-    is continued by further calls, one at a time, before any later input is yielded.
-
-Payload path
-    Decode workers write each task's decoded payloads into a slot of a file-backed ring in
-    ``/dev/shm`` and return only small fields; the parent copies the payloads out and reuses the
-    slot (see :class:`_RingSpec`).
+number of workers, with a bounded number of tasks in flight; workers receive the converter's small
+:class:`~shardkit.converters.base.Decoder` once and hand payloads back through a ring in ``/dev/shm``
+(:class:`_RingSpec`). Worker start: :mod:`~shardkit.converters.main_guard`; docs/design.md §5.
 """
 
 from __future__ import annotations

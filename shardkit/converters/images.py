@@ -1,40 +1,9 @@
 """Image decoding and the fixed-size transform shared by every image corpus kind.
 
-Decoding turns any file Pillow reads into an upright RGB picture:
-
-* EXIF orientation is applied (phones store sideways pixels plus a tag), and reported so that
-  annotations made on the stored pixels (COCO) can follow.
-* Every Pillow mode becomes correct RGB, not merely "some" RGB: alpha (``LA``, ``RGBA``, ``P`` with
-  transparency, premultiplied modes) is composited over white instead of dropped, because dropping
-  it exposes whatever colour hides under transparent pixels; 16-bit integer images (``I;16*``) are
-  scaled by 1/257 instead of clipped at 255; ``I`` (32-bit int) is read as 16-bit data (what
-  16-bit PNG/TIFF decode to) and clipped to 0..65535 first; ``F`` (float) is read as intensities in
-  0..1. ``1``, ``L``, ``CMYK``, ``YCbCr``... use Pillow's own conversions.
-* Pillow's decompression-bomb limit is enforced (its warning threshold, not only its error
-  threshold), and ``ImageFile.LOAD_TRUNCATED_IMAGES`` is forced off while decoding, so a truncated
-  file fails instead of silently becoming grey pixels.
-
-Every failure is an :class:`~shardkit.errors.InputFileError` whose reason starts with a category
-(``missing``, ``unreadable``, ``empty``, ``unsupported``, ``truncated``, ``corrupt``,
-``too-large``) that the conversion summary counts.
-
-The transform (:class:`ImageTransform`) scales the picture (``resize="shorter"``: cover the frame;
-``"longer"``: fit inside it) and then either centres it in the frame, cutting the excess or padding
-the shortfall equally on both sides (``crop="center"``), or anchors it top-left and pads right and
-bottom (``crop="pad"``, which keeps every pixel and makes box coordinates a pure scaling, the
-detection convention). :class:`Geometry` records the exact mapping so boxes can follow.
-
-Decoding less (``decode="fast"``)
-    A picture that the transform shrinks a lot need not be decoded whole: a JPEG can be decoded at
-    1/2, 1/4 or 1/8 scale in the DCT domain (Pillow's ``Image.draft``), and any other picture can be
-    reduced by a whole factor with a box filter (``Image.reduce``, through ``resize``'s
-    ``reducing_gap``) before the final resize. Both stop while the picture is still at least
-    :data:`REDUCING_GAP` times the size the resize produces, so the final antialiased resize does
-    the last step. The geometry (and so every COCO box) is computed from the *original* size, and
-    the resize reads exactly the region of the reduced picture that holds the whole original, so
-    boxes map exactly as in the exact path. ``decode="exact"`` decodes every pixel first. The
-    difference is measured on the bundled photographs by ``benchmarks/convert.py``: see
-    :data:`DECODES` for the numbers behind the default.
+:func:`open_image` turns any file Pillow reads into an upright picture (EXIF orientation applied and
+reported, bombs and truncation refused) and :func:`to_rgb` into correct RGB; :class:`ImageTransform`
+scales and crops or pads it to a fixed frame, with :class:`Geometry` recording the exact mapping so
+boxes can follow (docs/design.md §5).
 """
 
 from __future__ import annotations
@@ -83,13 +52,9 @@ IMAGE_EXTENSIONS = frozenset(
 #: ``exact``: decode every pixel, then resize. ``fast``: decode JPEGs at a reduced DCT scale and reduce
 #: other pictures by whole factors first, keeping at least :data:`REDUCING_GAP` times the resize target.
 DECODES = ("exact", "fast")
-#: The default decode. ``fast`` because the difference is negligible: measured by
-#: ``benchmarks/convert.py`` on the 50 photographs in ``datasets/`` at frames of 32 to 224 pixels, the
-#: worst photo a fast decode changed is 46.3 dB PSNR from the exact decode (mean 51-53 dB), against the
-#: threshold of 40 dB (RMS error at most 1% of the range; re-saving the same outputs as quality-95
-#: JPEGs costs 26-36 dB), and COCO boxes are identical because the geometry is computed from the
-#: original size. A picture shrunk by less than twice the gap (a 500x375 photo to 224x224) runs the
-#: same code either way, so its bytes do not change.
+#: The default decode: ``fast``, because its difference from ``exact`` stays far below the 40 dB PSNR
+#: threshold on the bundled photographs and COCO boxes are identical (benchmarks/RESULTS.md, "Decoding
+#: less"). A picture shrunk by less than twice the gap runs the same code either way.
 DEFAULT_DECODE = "fast"
 #: A fast decode keeps the picture at least this many times the size the final resize produces.
 REDUCING_GAP = 2.0
@@ -145,6 +110,13 @@ def _strict_pillow(max_pixels: int | None) -> Iterator[None]:
 
 def open_image(path: Path, *, max_pixels: int | None = None) -> tuple[Any, int, tuple[int, int]]:
     """Decode ``path`` fully and apply its EXIF orientation.
+
+    The orientation is applied (phones store sideways pixels plus a tag) and reported so that
+    annotations made on the stored pixels (COCO) can follow. Pillow's decompression-bomb limit is
+    enforced at its warning threshold, not only its error threshold, and truncated images are never
+    loaded (a truncated file fails instead of becoming grey pixels). Every failure is an
+    :class:`~shardkit.errors.InputFileError` whose reason starts with a category (``missing``,
+    ``unreadable``, ``empty``, ``unsupported``, ``truncated``, ``corrupt``, ``too-large``).
 
     Parameters
     ----------
@@ -296,7 +268,15 @@ def _composite(img: Any) -> Any:
 
 
 def to_rgb(img: Any, path: str = "<image>") -> Any:
-    """Convert a ``PIL.Image`` of any mode into correct RGB (see the module notes)."""
+    """Convert a ``PIL.Image`` of any mode into correct RGB, not merely "some" RGB.
+
+    Alpha (``LA``, ``RGBA``, ``P`` with transparency, premultiplied modes) is composited over
+    :data:`BACKGROUND` instead of dropped, since dropping it exposes whatever colour hides under
+    transparent pixels; 16-bit integer images (``I;16*``) are scaled by 1/257 instead of clipped at
+    255; ``I`` (32-bit int) is read as 16-bit data (what 16-bit PNG/TIFF decode to) and clipped to
+    0..65535 first; ``F`` (float) is read as intensities in 0..1. ``1``, ``L``, ``CMYK``, ``YCbCr``...
+    use Pillow's own conversions.
+    """
     from PIL import Image
 
     mode = img.mode
@@ -363,7 +343,15 @@ class ImageTransform:
         Decompression-bomb limit; ``None`` keeps Pillow's default (about 89.5 Mpixel).
     decode
         ``"exact"``: decode every pixel, then resize; ``"fast"``: decode less when the picture is
-        shrunk a lot (see the module notes).
+        shrunk a lot: a JPEG at 1/2, 1/4 or 1/8 scale in the DCT domain (``Image.draft``), any
+        other picture reduced by a whole factor (``Image.reduce``), both stopping while it is still
+        at least :data:`REDUCING_GAP` times the resize target so the antialiased resize does the
+        last step. The geometry (and every COCO box) is computed from the original size and the
+        resize reads exactly the region of the reduced picture that holds the whole original, so
+        boxes map exactly as with ``"exact"``.
+
+    :class:`Geometry` records the exact mapping so boxes can follow; ``crop="pad"`` makes box
+    coordinates a pure scaling (the detection convention).
     """
 
     height: int = 224

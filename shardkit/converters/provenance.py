@@ -1,19 +1,9 @@
 """What conversion did to each record, read back from its provenance (see :mod:`shardkit.formats.provenance`).
 
-A decoder measures a few integers per record (an image's stored size and EXIF orientation, an audio
-file's rate, channels and length); the pipeline stores them with the record's input and part number.
-Everything a person asks later is computed from those integers and the transform recorded in the
-metadata, so it never disagrees with what was stored:
-
-* :func:`summarize` counts, over the whole dataset, what conversion changed (clips trimmed or
-  padded and by how much at most, rates resampled from, images upscaled by more than 2x, crops that
-  kept less than half of the picture, transparency composited...). The pipeline stores the counts in
-  the metadata (``provenance.changes``) when the dataset is committed, so a resumed conversion or a
-  commit of parts counts every record, not only those of its last run; the summary prints them
-  (:func:`change_lines`).
-* :func:`describe` says what was done to one record (``shardkit info PATH --record K``).
-
-Both work from the metadata alone: the corpus may be gone.
+Everything is computed from the integers a decoder measured per record and the transform recorded in
+the metadata, so it never disagrees with what was stored and works when the corpus is gone:
+:func:`summarize` counts what conversion changed over the dataset (printed by :func:`change_lines`),
+:func:`describe` says what was done to one record (``shardkit info PATH --record K``).
 """
 
 from __future__ import annotations
@@ -202,6 +192,10 @@ def _is_audio(transform: Mapping[str, Any]) -> bool:
 def summarize(payload: str, transform: Mapping[str, Any], columns: Sequence[str], values: np.ndarray) -> dict[str, Any]:
     """Counts of what conversion changed over every record (``values``: the provenance field ``[N, C]``).
 
+    Clips trimmed or padded and by how much at most, rates resampled from, images upscaled by more
+    than 2x, crops that kept less than half of the picture, transparency composited... The pipeline
+    stores the counts as ``provenance.changes`` when the dataset is committed, so a resumed
+    conversion or a commit of parts counts every record, not only those of its last run.
     ``{}`` for a payload or transform this module does not know (a kind from another package).
     """
     values = np.asarray(values).reshape(-1, len(columns))

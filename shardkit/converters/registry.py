@@ -1,19 +1,11 @@
 """The registry of corpus kinds: a name maps to ``"module:Class"``, imported only when needed.
 
-Built-in kinds are listed in :data:`BUILTIN`; another package adds a kind by declaring an entry
-point in the group :data:`ENTRY_POINT_GROUP`, e.g. in its ``pyproject.toml``::
-
-    [project.entry-points."shardkit.converters"]
-    librispeech = "shardkit_librispeech:LibriSpeechConverter"
-
-and code can add one at run time with :func:`register`. As in fsspec's implementation registry,
-a kind's module is imported the first time the kind is asked for (:func:`get_converter`), so a
-broken or slow plugin costs nothing until it is used; :func:`detect_kind` and the CLI's option
-list need every kind and import them all, logging (not raising) a plugin that fails to import.
-
-A kind class must subclass :class:`~shardkit.converters.base.Converter`, have ``name`` equal to its
-registry name, and declare no option whose name is taken by :func:`~shardkit.converters.convert`
-or ``shardkit convert`` themselves (:data:`RESERVED_OPTIONS`).
+Built-in kinds are listed in :data:`BUILTIN`; another package adds a kind through the entry-point
+group :data:`ENTRY_POINT_GROUP` (``[project.entry-points."shardkit.converters"]`` with
+``librispeech = "shardkit_librispeech:LibriSpeechConverter"``), code with :func:`register`. A kind's
+module is imported the first time it is asked for (:func:`get_converter`), so a broken or slow
+plugin costs nothing until used; :func:`detect_kind` and the CLI import them all, logging (not
+raising) a plugin that fails to import (docs/design.md §2).
 """
 
 from __future__ import annotations
@@ -87,6 +79,10 @@ def _targets() -> dict[str, type[Converter] | str]:
 def register(kind: type[Converter] | str, target: type[Converter] | str | None = None, *, replace: bool = False) -> None:
     """Add a corpus kind: ``register(MyConverter)`` (named by its ``name``) or
     ``register("name", "module:Class")`` (imported when first used).
+
+    A kind class must subclass :class:`~shardkit.converters.base.Converter`, have ``name`` equal to
+    its registry name, and declare no option whose name ``convert`` or ``shardkit convert`` take
+    themselves (:data:`RESERVED_OPTIONS`).
 
     Raises
     ------

@@ -1,17 +1,8 @@
-"""Paths taken from metadata stay inside the dataset directory.
+"""Paths taken from metadata stay inside the dataset directory (docs/design.md §13).
 
-A dataset is input someone else may have written: its metadata names the payload array, the field
-arrays and every shard file, and a reader opens whatever those names point at. So:
-
-* an array or field name is one plain path component (:func:`check_name`): not empty, no ``/`` or
-  ``\\``, not ``.`` or ``..``, no NUL, not starting with ``.`` (that prefix is shardkit's own, e.g.
-  ``.shardkit-staging``), and not ``zarr.json``;
-* a shard path must be exactly the zarr chunk key of its shard (checked by the payload reader), so
-  it is built only from a checked name, ``c`` and digits;
-* every file a reader opens is resolved (symlinks followed) and must lie inside the resolved dataset
-  directory (:func:`resolve_inside`): a field directory that is a symlink to ``/etc`` or a shard
-  file linked to ``~/.ssh/id_rsa`` is refused. Symlinks that stay inside the dataset are allowed.
-
+Metadata someone else may have written names the arrays and every shard file, so names are single
+plain components (:func:`check_name`), shard paths are exactly their zarr chunk key, and every opened
+file must resolve inside the dataset (:func:`resolve_inside`; symlinks that stay inside are allowed).
 Every refusal is an :class:`~shardkit.errors.UnsafePathError` (a NotADatasetError, a ValueError).
 """
 
@@ -27,7 +18,11 @@ _MAX_NAME = 255
 
 
 def check_name(name: str, what: str, where: str) -> str:
-    """Return ``name`` if it is a safe single path component, else raise UnsafePathError."""
+    """Return ``name`` if it is a safe single path component, else raise UnsafePathError.
+
+    Safe: not empty, no ``/`` or ``\\``, not ``.`` or ``..``, no NUL, not starting with ``.`` (that
+    prefix is shardkit's own, e.g. ``.shardkit-staging``), and not ``zarr.json``.
+    """
     bad = (
         not name
         or len(name) > _MAX_NAME

@@ -1,33 +1,8 @@
 """Where every record came from: a per-record provenance field and a table of input names.
 
-A converter knows, for each record, which input it came from (a file, a COCO image, a row of a
-CIFAR batch, a window of an audio file) and what it measured while decoding it (stored size, EXIF
-orientation, sample rate, ...). This module stores that so ``shardkit info PATH --record K`` can say
-where record K came from and what was done to it, long after the corpus is gone.
-
-Layout, chosen to scale to many millions of records
-    * **Per-record values** are one ``int64 [N, C]`` field named :data:`PROVENANCE_FIELD`: the
-      input's number in the input sequence, the record's number inside its input (an audio window),
-      then the kind's own columns, named in the metadata. It is an ordinary field, so everything that
-      handles fields carries it without special code: the writer, a resumed conversion's staging
-      area, ``verify``, the checksums, a commit that concatenates parts. ``8 * C`` bytes a record
-      (about 56 MB for ImageNet's 1.28 M images), written once; it compresses well (zstd chunks).
-      Training readers do not load it (:attr:`~shardkit.formats.Dataset.fields` leaves it out), so
-      a sampler and every DataLoader worker pay nothing for it.
-    * **Input names** (relative paths, ``data_batch_3#417``) are text of any length, one per *input*
-      (an audio file cut into 500 windows is named once). They are kept out of the root document,
-      which every open parses and checksums: two zarr arrays, :data:`NAMES_ARRAY` (``uint8``, every
-      name's UTF-8 bytes back to back) and :data:`ENDS_ARRAY` (``int64``, where each name ends). A
-      lookup reads one chunk of each. ImageNet's names are about 40 MB of text, read only by the
-      tools that ask for them.
-    * **The ``provenance`` block** of the metadata names the field and its columns, the corpus root
-      the names are relative to, the table's size, the size and crc32c of each of its files, and
-      ``changes``: counts of what conversion did to the records (clips trimmed, images upscaled...),
-      computed from the field when the dataset is committed.
-
-The table's digests live in the block, not in the metadata's ``files`` map: a reader from before
-provenance checks that ``files`` lists exactly the arrays it knows, and must still open these
-datasets (the block is an optional key it ignores; the attributes' own crc32c covers it).
+A converter knows which input each record came from and what it measured while decoding it; this
+module stores that so ``shardkit info PATH --record K`` can answer long after the corpus is gone,
+at a cost that scales to many millions of records (layout: docs/design.md §3, provenance).
 """
 
 from __future__ import annotations

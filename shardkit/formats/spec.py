@@ -1,38 +1,8 @@
 """The on-disk format, version 1.1: names, constants and the value objects that describe it.
 
-A shardkit dataset is a directory that *is* a zarr v3 group::
-
-    DATASET/
-      zarr.json                 group metadata; attributes["shardkit"] lists everything (written last)
-      image/zarr.json           payload array metadata (sharding_indexed codec)
-      image/c/<i>/0/0/0         payload shard i: S records | index (S x [offset, nbytes] u64 LE) | crc32c
-      label/zarr.json, label/c/0 ...   small per-record fields, ordinary zarr arrays
-
-Everything here is pure data: no I/O. Readers and writers share these definitions so that the
-layout is described exactly once.
-
-Versions
---------
-The version is ``MAJOR.MINOR``, stored as two integers in the ``shardkit`` attributes:
-``format_version`` (the major, ``1`` since the first release, so a 1.0 reader still opens a 1.1
-dataset) and ``format_minor`` (absent means 0).
-
-* A **major** change means an older reader would read wrong values: readers refuse a newer major
-  with :class:`~shardkit.errors.FormatVersionError`.
-* A **minor** change only *adds* metadata an older reader may ignore without reading anything
-  wrongly (checksums, provenance). Readers accept a newer minor they do not know with a logged
-  warning, and check whatever they do know.
-
-1.0
-    The first format. Each shard's ``crc32c`` is a crc32c over the whole shard file.
-1.1
-    Everything a reader trusts is covered by a checksum recorded in the metadata: each shard's
-    ``data_crc32c`` (its records) and ``index_crc32c`` (its index; the whole-file ``crc32c`` of 1.0
-    cannot see the index, since a CRC over a message followed by its own CRC is a constant);
-    ``files``, the size and crc32c of every array document and every field chunk; and
-    ``attributes_crc32c``, a crc32c of the ``shardkit`` attributes themselves. zstd frames carry
-    their content checksum. The 1.0 whole-file ``crc32c`` is still written so 1.0 readers verify 1.1
-    datasets.
+A shardkit dataset is a directory that *is* a zarr v3 group (layout, versions and checksums:
+docs/design.md §3). Everything here is pure data, no I/O: readers and writers share these
+definitions so that the layout is described exactly once.
 """
 
 from __future__ import annotations

@@ -2,26 +2,8 @@
 
 Each test asks one question of the keys (in storage positions, see :mod:`shardkit.ordertest.keys`),
 states its null distribution, and says how many epochs it needs to reject a stated non-uniform
-reference order (:mod:`shardkit.ordertest.alternatives`) with the requested power.
-
-=====================  ================================================  ==========================
-test                   question                                          null
-=====================  ================================================  ==========================
-item_position          is every item equally likely at every position?    chi2((R-1)(C-1)), X2 (N-1)/N
-inclusion_frequency    is every key drawn equally often? (k < N, repeats) chi2(R-1), scaled
-adjacent_pairs         are emitted neighbours unrelated in storage?       weighted chi2, exact cov.
-joint_positions        are storage neighbours emitted at unrelated places? weighted chi2, exact cov.
-storage_spearman       does the emitted order follow storage order?       normal, var 1/(E (k-1))
-labels_per_batch       do batches mix the classes?                        t; exact mean, simulated var.
-epoch_independence     is an epoch's order unrelated to the previous one? chi2((C-1)^2), X2 (N-1)/N
-all_orders             are all N! orders equally frequent? (N <= 6)       chi2(N! - 1)
-=====================  ================================================  ==========================
-
-Binning: items by storage position and positions into at most ``bins`` contiguous bins (16 by default;
-no binning when N <= 16), fewer when the epochs are too few for an expected count of 5 per cell.
-Every random draw (the labels test's simulated null, the reference alternatives of the power
-figures) comes from ``shardkit.readers.seeds.rng(Domain.ORDER_TEST, seed, stream)`` with a stream
-number per use (never renumber them).
+reference order (:mod:`shardkit.ordertest.alternatives`) with the requested power. The tests and
+their nulls are listed in :func:`run`.
 """
 
 from __future__ import annotations
@@ -585,6 +567,27 @@ def run(
         Size of the reference alternatives, as a fraction of N: buffer and block shuffles of
         ``effect * N`` records (at least 2); for inclusion frequencies, half of the keys
         ``(1 + effect) / (1 - effect)`` times as likely as the other half.
+
+    Notes
+    -----
+    =====================  ================================================  ==========================
+    test                   question                                          null
+    =====================  ================================================  ==========================
+    item_position          is every item equally likely at every position?    chi2((R-1)(C-1)), X2 (N-1)/N
+    inclusion_frequency    is every key drawn equally often? (k < N, repeats) chi2(R-1), scaled
+    adjacent_pairs         are emitted neighbours unrelated in storage?       weighted chi2, exact cov.
+    joint_positions        are storage neighbours emitted at unrelated places? weighted chi2, exact cov.
+    storage_spearman       does the emitted order follow storage order?       normal, var 1/(E (k-1))
+    labels_per_batch       do batches mix the classes?                        t; exact mean, simulated var.
+    epoch_independence     is an epoch's order unrelated to the previous one? chi2((C-1)^2), X2 (N-1)/N
+    all_orders             are all N! orders equally frequent? (N <= 6)       chi2(N! - 1)
+    =====================  ================================================  ==========================
+
+    Binning: items by storage position and positions into at most ``bins`` contiguous bins (16 by default;
+    no binning when N <= 16), fewer when the epochs are too few for an expected count of 5 per cell.
+    Every random draw (the labels test's simulated null, the reference alternatives of the power
+    figures) comes from ``shardkit.readers.seeds.rng(Domain.ORDER_TEST, seed, stream)`` with a stream
+    number per use (never renumber them).
     """
     settings = Settings(
         alpha=check_fraction(alpha, "alpha"), power=check_fraction(power, "power"), seed=check_seed(seed, what="seed"),

@@ -1,29 +1,10 @@
 """Order tests for a mixture of datasets: ``[epochs, L, 2]`` (dataset index, record key) per slot.
 
-A mixed order (``shardkit sample A B --weights 3,1 --order-out``, or any loader's mixture recorded the
-same way) is tested on three levels:
-
-* **counts**: does every epoch hold the same number of records from each dataset (the
-  largest-remainder rounding of the weights, when they are given)?
-* **the slots**: given each epoch's counts, is the sequence of dataset indices a uniformly random
-  arrangement? ``slot_positions`` (dataset x position table), ``slot_runs`` (adjacent slots from
-  one dataset) and ``slot_independence`` (the dataset at a slot in consecutive epochs);
-  ``walk_balance`` asks whether every record of a dataset is used once before any is used twice;
-* **each dataset**: the uniformity battery (:func:`shardkit.ordertest.run`) on the dataset's own
-  records in the order they were emitted (rows cut to the fewest records any epoch has). For a
-  dataset that contributes fewer records than it holds, ``epoch_independence`` does not apply: a
-  walk makes which records an epoch holds depend on the epochs before it, by design.
-
-Nulls. For tables of a uniform arrangement given margins the covariance is exact: one epoch whose
-slots carry row labels with counts ``r`` and column labels with counts ``c`` (``sum = L``) has
-``Cov(O_ib, O_jc) = (r_i d_ij - r_i r_j / L)(c_b d_bc - c_b c_c / L) / (L - 1)`` (a uniform
-permutation matrix), epochs add, and the Pearson statistic with expected counts ``sum_e r c' / L``
-is then a weighted sum of chi2(1) with the eigenvalues of the standardised covariance
-(Lugannani-Rice tail, :func:`shardkit.ordertest.stats.weighted_chi2_sf`). With equal counts in
-every epoch this is the familiar ``X2 (L-1)/L ~ chi2((m-1)(C-1))``; with counts that drift between
-epochs (a loader that draws each slot's dataset at random) the weights say so. The runs test uses
-the exact mean and variance of the number of equal neighbours of a uniform arrangement of a
-multiset (falling factorials of the counts), summed over epochs.
+A mixed order (``shardkit sample A B --weights 3,1 --order-out``, or any loader's mixture recorded
+the same way) is tested for exact counts, a uniform arrangement of the slots and each dataset's own
+uniformity (:func:`run_mixture`). Nulls are exact: arrangement tables by their covariance
+(:func:`arrangement_table_test`), the runs test by the exact moments of equal neighbours
+(:func:`equal_neighbours_moments`), summed over epochs. The guarantee under test: docs/design.md §12.
 """
 
 from __future__ import annotations
@@ -66,8 +47,19 @@ def arrangement_table_test(
     Returns
     -------
     statistic, weights, expected
-        ``X2``, the weights ``w`` of ``sum w_j chi2(1)`` it follows under the null (module
-        docstring), and the expected table.
+        ``X2``, the weights ``w`` of ``sum w_j chi2(1)`` it follows under the null (see Notes),
+        and the expected table.
+
+    Notes
+    -----
+    For a uniform arrangement given margins the covariance is exact: one epoch whose slots carry
+    row labels with counts ``r`` and column labels with counts ``c`` (``sum = L``) has
+    ``Cov(O_ib, O_jc) = (r_i d_ij - r_i r_j / L)(c_b d_bc - c_b c_c / L) / (L - 1)`` (a uniform
+    permutation matrix), epochs add, and the Pearson statistic with expected counts
+    ``sum_e r c' / L`` is a weighted sum of chi2(1) with the eigenvalues of the standardised
+    covariance (Lugannani-Rice tail, :func:`shardkit.ordertest.stats.weighted_chi2_sf`). With equal
+    counts in every epoch this is the familiar ``X2 (L-1)/L ~ chi2((m-1)(C-1))``; with counts that
+    drift between epochs (a loader that draws each slot's dataset at random) the weights say so.
     """
     r = np.asarray(rows, dtype=np.float64)
     c = np.asarray(cols, dtype=np.float64)
@@ -371,7 +363,18 @@ def run_mixture(
     bins: int = DEFAULTS.bins,
     compute_power: bool = DEFAULTS.compute_power,
 ) -> MixtureReport:
-    """Test a mixture's order (see module docstring).
+    """Test a mixture's order on three levels.
+
+    * **counts**: does every epoch hold the same number of records from each dataset (the
+      largest-remainder rounding of the weights, when they are given)?
+    * **the slots**: given each epoch's counts, is the sequence of dataset indices a uniformly random
+      arrangement? ``slot_positions`` (dataset x position table), ``slot_runs`` (adjacent slots from
+      one dataset) and ``slot_independence`` (the dataset at a slot in consecutive epochs);
+      ``walk_balance`` asks whether every record of a dataset is used once before any is used twice;
+    * **each dataset**: the uniformity battery (:func:`shardkit.ordertest.run`) on the dataset's own
+      records in emitted order (rows cut to the fewest records any epoch has). For a dataset that
+      contributes fewer records than it holds, ``epoch_independence`` does not apply: a walk makes
+      which records an epoch holds depend on the epochs before it, by design.
 
     Parameters
     ----------

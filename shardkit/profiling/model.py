@@ -1,31 +1,11 @@
 """The cost model of ``shardkit profile``: epoch time and stalls from per-tier rates and cache sizes.
 
 DS-Analyzer (Mohan et al., VLDB'21) predicts what more memory, CPU or storage bandwidth would buy
-from rates measured once. This module is that prediction for the tiered sampler, as plain
-arithmetic on a few measured :class:`Rates` (so tests can check it against hand-computed cases):
-
-* **What each epoch reads.** The static cache pins ``M`` of the ``N`` records (``M`` comes from
-  :meth:`~shardkit.readers.SamplerOptions.tier_sizes`, the sampler's own memory plan). The first
-  epoch of a run reads every record from storage (the pinned ones into the cache), every later
-  epoch only the ``N - M`` others. A block of ``K`` keys reads its records at density ``d = K / N``;
-  gaps of up to ``gap_bytes`` are read rather than skipped, so a wanted record costs
-  :func:`read_amplification` times its own bytes.
-* **Where the bytes come from.** Storage reads hit the OS page cache with probability
-  ``min(1, page_cache / dataset)`` (a uniformly random order meets an LRU cache of ``C`` bytes about
-  ``C / D`` of the time), except in the first epoch of a cold start. The page cache is what the
-  machine has available less the sampler's own ``ram_size``.
-* **Stages.** The block reader (storage, or storage -> SSD -> RAM with the SSD tier: two threads),
-  the assembler (per batch, plus copying cached records) and the consumer (training step plus
-  hand-over) run concurrently, so an epoch takes as long as the slowest of them, or as the CPU work
-  of all of them spread over the cores, plus the start-up read of the first block in a run's first
-  epoch. The consumer stalls for whatever the epoch takes beyond its own work.
-* **Workers.** ``W`` DataLoader workers each run a sampler over ``N / W`` records with its own
-  budget (the static cache is shared per node); storage bandwidth is shared, CPU work spreads over
-  ``min(W, cores)`` cores.
-
-The model is deliberately small: every term is a measured rate times a count the schedule fixes.
-What it leaves out (per-request latency of sparse reads, a framework's inter-process hand-over with
-workers) is named in the README's profile section.
+from rates measured once; :func:`predict` is that prediction for the tiered sampler, as plain
+arithmetic on a few measured :class:`Rates` (so tests can check it against hand-computed cases).
+Every term is a measured rate times a count the schedule fixes; what it leaves out (per-request
+latency of sparse reads, a framework's inter-process hand-over with workers) is named in the
+README's profile section.
 """
 
 from __future__ import annotations
@@ -201,7 +181,27 @@ def page_cache_hit(page_cache_bytes: float, dataset_bytes: float) -> float:
 
 
 def predict(work: Workload, rates: Rates, scenario: Scenario) -> Prediction:
-    """Predict every epoch of ``scenario`` (see the module docstring for the model)."""
+    """Predict every epoch of ``scenario``.
+
+    * **What each epoch reads.** The static cache pins ``M`` of the ``N`` records (``M`` comes from
+      :meth:`~shardkit.readers.SamplerOptions.tier_sizes`, the sampler's own memory plan). The first
+      epoch of a run reads every record from storage (the pinned ones into the cache), every later
+      epoch only the ``N - M`` others. A block of ``K`` keys reads its records at density ``d = K / N``;
+      gaps of up to ``gap_bytes`` are read rather than skipped, so a wanted record costs
+      :func:`read_amplification` times its own bytes.
+    * **Where the bytes come from.** Storage reads hit the OS page cache with probability
+      ``min(1, page_cache / dataset)`` (a uniformly random order meets an LRU cache of ``C`` bytes about
+      ``C / D`` of the time), except in the first epoch of a cold start. The page cache is what the
+      machine has available less the sampler's own ``ram_size``.
+    * **Stages.** The block reader (storage, or storage -> SSD -> RAM with the SSD tier: two threads),
+      the assembler (per batch, plus copying cached records) and the consumer (training step plus
+      hand-over) run concurrently, so an epoch takes as long as the slowest of them, or as the CPU work
+      of all of them spread over the cores, plus the start-up read of the first block in a run's first
+      epoch. The consumer stalls for whatever the epoch takes beyond its own work.
+    * **Workers.** ``W`` DataLoader workers each run a sampler over ``N / W`` records with its own
+      budget (the static cache is shared per node); storage bandwidth is shared, CPU work spreads over
+      ``min(W, cores)`` cores.
+    """
     w = scenario.workers
     if w < 1:
         raise ConfigError(f"workers: expected at least 1, found {w}")

@@ -1,37 +1,9 @@
-"""A keyed pseudo-random permutation of ``range(n)`` evaluated on demand: a Feistel network with
-cycle walking.
+"""A keyed pseudo-random permutation of ``range(n)`` evaluated on demand (Feistel network, cycle walking).
 
-``numpy``'s ``permutation(n)`` costs 8 bytes a record: 8 GB per process at 10^9 records, and as
-many copies as there are processes. :class:`FeistelPermutation` instead computes ``pi(p)`` for any
-position ``p`` from a few 64-bit round keys, so a consumer computes exactly the keys of the block
-it is about to read and holds nothing else.
-
-Construction
-------------
-* Domain: ``k`` bits with ``2**k >= n`` (``k`` even, at least :data:`MIN_BITS`), split into two
-  halves of ``k / 2`` bits.
-* :data:`ROUNDS` balanced Feistel rounds ``(L, R) -> (R, L xor F(R, key_i))``, where ``F`` is the
-  SplitMix64 finaliser of ``R xor key_i`` truncated to ``k / 2`` bits, and the round keys are drawn
-  from the seed's own random domain (``seeds.rng(Domain.EPOCH_BIJECTION, seed, epoch)``). Every
-  Feistel network is a bijection of ``range(2**k)`` whatever ``F`` is.
-* Cycle walking: ``pi(p)`` applies the network to ``p`` again and again until the value falls
-  below ``n``. Restricted this way a bijection of ``range(2**k)`` is a bijection of ``range(n)``;
-  since ``2**k < 4 n``, it takes fewer than four steps on average.
-
-What "uniform" rests on
------------------------
-The exact ``numpy`` permutation is uniform over all ``n!`` orders *given a perfect random
-generator*. This one is not, and cannot be: its orders are indexed by ``ROUNDS`` 64-bit keys, a
-tiny subset of ``n!``, and a Feistel network on ``2**k`` values only ever produces even
-permutations of them. What it offers is the property of a pseudo-random permutation: by the
-Luby-Rackoff and Patarin results a Feistel network with independent pseudo-random round functions
-cannot be told from a uniformly random permutation by any test that uses far fewer than
-``2**(k/2)`` evaluations, with more rounds pushing that bound towards ``2**k``; SplitMix64 keyed
-by independent 64-bit words stands in for those round functions. The orders are therefore
-*statistically* uniform: they pass the same proof tests as the exact permutation (item x position
-chi-square, adjacent pairs; ``tests/readers/test_bijection.py``). Note that at 10^9 records any
-seeded generator, ``numpy``'s included, reaches only a vanishing fraction of the ``n!`` orders, so
-"exactly uniform" at that size was always a statement about an ideal generator.
+``numpy``'s ``permutation(n)`` costs 8 bytes a record in every process; :class:`FeistelPermutation`
+computes ``pi(p)`` for any position ``p`` from a few 64-bit round keys, so a consumer computes exactly
+the keys of the block it is about to read and holds nothing else. Construction and what its
+uniformity rests on: docs/design.md §4 (huge datasets).
 """
 
 from __future__ import annotations
@@ -74,7 +46,7 @@ def _mix(x: np.ndarray, key: np.uint64) -> np.ndarray:
 
 
 class FeistelPermutation:
-    """``pi``: a keyed bijection of ``range(n)`` (see module docstring).
+    """``pi``: a keyed bijection of ``range(n)`` (docs/design.md §4).
 
     Parameters
     ----------

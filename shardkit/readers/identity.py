@@ -1,25 +1,10 @@
 """Which dataset a sampler reads, so it notices when the dataset is replaced under it.
 
-A sampler loads the small fields (labels, boxes) into RAM when it is created and reads payload from
-the shard files for as long as it runs. If the directory is replaced in the meantime (``shardkit
-convert --overwrite`` of the same path, a ``mv`` of another version into place), payload from the
-new dataset would be paired with labels of the old one without any error. The sampler therefore
-records the dataset's identity when it opens it and checks it again before each epoch and after
-every block it reads from disk, and stops with a :class:`~shardkit.errors.SamplerError` that names
-the path.
-
-The identity is the SHA-256 of the root ``zarr.json``: it holds the schema, the record count and
-every shard's checksum, so a dataset with different records has a different identity, while a
-re-conversion that produces byte-identical data keeps it (nothing the sampler reads changed).
-For a dataset in an object store the check is a HEAD request first: while the root document's ETag
-is the one seen when the identity was taken, it has not changed; only a different ETag costs a GET
-and a hash (an identical re-upload keeps the identity). A round trip after every block would add a
-full request latency (20-100 ms) to each block, so remote checks run at most every
-:data:`REMOTE_CHECK_SECONDS`; in between, every shard read carries ``If-Match`` with the ETag it
-was first read with (:mod:`shardkit.formats.ranged`), so payload of a replaced shard is never
-passed on either way, and cached shards are kept per dataset version.
-During a conversion the root document does not exist (the writer deletes the old output first and
-writes the root document last), which the check reports as a dataset that is gone.
+The identity is the SHA-256 of the root ``zarr.json`` (schema, record count, every shard's checksum),
+taken at open and checked before each epoch and after every block read from disk; a change stops the
+sampler with a :class:`~shardkit.errors.SamplerError` naming the path instead of pairing new payload
+with old labels. Object stores are checked by ETag, at most every :data:`REMOTE_CHECK_SECONDS`
+(docs/design.md §4, dataset identity).
 """
 
 from __future__ import annotations
@@ -35,7 +20,7 @@ from shardkit.stores import Location, StoreOptions, as_location, open_store
 
 __all__ = ["DatasetIdentity", "dataset_fingerprint", "ROOT_DOCUMENT", "REMOTE_CHECK_SECONDS"]
 
-#: Least time between two identity checks of a dataset in an object store (see the module docstring).
+#: Least time between two identity checks of a dataset in an object store (docs/design.md §4, dataset identity).
 REMOTE_CHECK_SECONDS = 2.0
 
 #: The dataset's root document (the zarr group metadata with shardkit's attributes).

@@ -1,50 +1,9 @@
 """Many nodes: which node caches which keys, and which consumer takes which keys of a global batch.
 
-This is docs/design.md §10 as pure functions of keys (no payload, no I/O, no communication), so every rank
-computes the same answers and the tests can check them exhaustively.
-
-Partition
----------
-``M`` nodes each pin a disjoint random subset of the keys in their local tiers. The subsets come
-from one permutation ``sigma`` of ``range(N)`` drawn from ``seeds.rng(Domain.NODE_PARTITION, seed,
-M)``: key ``sigma[i]`` has *home* node ``i % M`` and *depth* ``i // M`` in that node's home list,
-and node ``m`` pins the keys of depth ``< c`` on its home list, ``c`` records per node (its cache
-budget, the same on every node, at most the ``ceil(N / M)`` keys a node's home list holds). So
-every node's pinned set is a uniformly random subset of the keys, the sets are disjoint, their union
-covers a fraction ``f = min(1, M * c / N)`` of the dataset, and a larger budget pins a superset.
-Every rank derives who holds every key from ``(seed, M, c)`` alone.
-
-Assignment
-----------
-The epoch order ``pi`` and its global batches do not change (:mod:`shardkit.readers.schedule` owns
-them); only *which consumer takes which key of a global batch* does. The consumers that train
-together in one step (a *step group*: one consumer per rank, see
-:func:`~shardkit.readers.schedule.step_group_positions`) share the group's keys so that
-
-* every member takes exactly its quota (``B`` keys, or its share of the ragged tail), so counts,
-  ``len`` and resume positions are those of the plain slicing;
-* node ``m``, whose members together take ``C_m`` keys, takes ``min(X_m, C_m)`` of the ``X_m``
-  keys it pins (the first ones in epoch order): the most any assignment can, since a node takes at
-  most ``C_m`` keys and hits only the keys it holds; ``sum_m min(X_m, C_m)`` hits in all;
-* the other keys (misses: unpinned keys, and pinned keys beyond their node's ``C_m``) fill the
-  nodes' remaining room in epoch order, node 0 first;
-* inside a node, its misses are split as evenly as the quotas allow (each member reads about the
-  same from storage) and each member takes contiguous runs (in epoch order) of the node's misses
-  and of its hits.
-
-Without any pinned key the assignment is exactly the plain slicing (member ``r`` takes the ``r``-th
-run of ``B`` positions), so locality with an empty cache changes nothing.
-
-Why the order stays exact
--------------------------
-Under synchronous data parallelism the update of step ``g`` depends only on the *set* of samples
-in the step's global batch (gradients are summed over ranks), not on which rank computed which
-sample. The assignment moves keys only between the members of one step group, so every step's set
-is the set of positions of ``pi`` that the plain slicing gives it: the sequence of training steps is
-exactly that of a uniform permutation. The assumption is that nothing else depends on the rank of a
-sample: per-rank state that sees samples (batch-norm statistics without synchronisation, per-rank
-data augmentation seeds tied to the sample order, gradient accumulation across uneven steps) would
-see a cache-dependent split.
+This is docs/design.md §10 as pure functions of keys (no payload, no I/O, no communication), so every
+rank computes the same answers and the tests can check them exhaustively. The epoch order and its
+global batches (:mod:`shardkit.readers.schedule`) do not change; only which member of a step group
+(:func:`~shardkit.readers.schedule.step_group_positions`) takes which key does.
 """
 
 from __future__ import annotations
@@ -123,7 +82,7 @@ class NodeLayout:
 
 @dataclass(frozen=True, eq=False)
 class NodePartition:
-    """Which node pins which key (see the module docstring); build it with :func:`node_partition`.
+    """Which node pins which key (docs/design.md §10, partition); build it with :func:`node_partition`.
 
     Attributes
     ----------
@@ -259,7 +218,7 @@ def assign_rows(holders: np.ndarray, quotas: Sequence[int] | np.ndarray, member_
     Returns
     -------
     Assignment
-        See the module docstring for the rule. Deterministic: the same inputs give the same answer
+        See docs/design.md §10 (assignment) for the rule. Deterministic: the same inputs give the same answer
         on every rank.
     """
     h = np.asarray(holders, dtype=np.int64)

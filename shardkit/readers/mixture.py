@@ -1,66 +1,10 @@
 """Mixtures of datasets with weights: the mixed epoch order as pure arithmetic on keys (docs/design.md §12).
 
-A mixture of ``m`` datasets of sizes ``N_i`` with relative weights ``w_i`` and an epoch length
-``L`` (default ``sum N_i``) emits, in every epoch, ``L`` records. Everything here depends only on
-``(seed, epoch)`` and the sizes, never on the world size, the budgets or the resume position, so
-the tiered sampler can treat the mixed order exactly like the single-dataset permutation ``pi``:
-slice it into global batches, resume it at any position, read each block in ascending offsets.
-
-The guarantee
--------------
-1. **Exact counts.** Dataset ``i`` contributes exactly ``n_i`` records to every epoch, the
-   largest-remainder rounding of ``w_i L / sum(w)`` (:func:`epoch_counts`): each ``n_i`` is the
-   floor of its quota or one more, and the ``n_i`` sum to ``L``. The leftover records go to the
-   largest fractional parts; equal fractional parts are broken by the lower dataset index (so
-   weights ``1,1`` with ``L = 3`` give ``2,1``). Weights are exact: ints and fractions as they are,
-   floats and strings at their decimal spelling (``0.1`` is one tenth, not the binary double).
-2. **Walks: every record once before any twice.** Write ``n_i = q_i N_i + r_i`` (``0 <= r_i <
-   N_i``). Each epoch holds ``q_i`` copies of every record of dataset ``i`` plus ``r_i`` *extras*,
-   distinct records taken from dataset ``i``'s *walk*: a stream of permutations of ``range(N_i)``
-   (walk 0, walk 1, ...) read ``r_i`` at a time, continued across epochs. So when ``n_i <= N_i``
-   (``q_i = 0``) the epoch's records are a uniformly random ``n_i``-subset without replacement and
-   no record is used a second time before every record was used once; when ``n_i > N_i`` every
-   record appears ``q_i`` times plus a uniformly random ``r_i``-subset once more, and the extras
-   rotate through the dataset the same way. An epoch that straddles two walks (the end of walk
-   ``w`` and the start of walk ``w + 1``) must not take a record twice, so walk ``w + 1`` starts
-   with records the end of walk ``w`` did not use. Precisely, the walks are independent uniform
-   permutations *conditioned on no epoch holding an extra twice*; :class:`Walks` draws them
-   sequentially (the head of walk ``w + 1`` uniformly from the records outside the tail of walk
-   ``w``, then the rest uniformly), and because the number of admissible continuations does not
-   depend on which records the tail held, the product of those steps is exactly that conditional
-   law. Marginally, every epoch's extras are a uniform subset in uniform order.
-3. **Uniform interleaving.** The ``L`` slots are a uniformly random arrangement of the epoch's
-   multiset of ``(dataset, key)`` items: the epoch's *slot order* (the single-dataset order of
-   ``range(L)``, :func:`~shardkit.readers.schedule.epoch_permutation` by default) applied to the
-   item table (:meth:`MixturePlan.slot_keys`), so with the ``n_i`` fixed every ordering of the
-   dataset indices is equally likely, every dataset's records are in uniformly random order among
-   its slots, and the arrangement is independent of every other epoch's.
-
-One dataset is a mixture of one: with ``L = N`` its item table is ``slot -> slot`` (one copy of
-every record, no extras), so its order is exactly the single-dataset slot order, whatever that
-order is (exact or Feistel permutation, replacement reservoirs, a server's partition).
-
-Keys
-----
-The sampler addresses the records of all datasets in one *global key* space: dataset ``i``'s
-record ``k`` is ``offsets[i] + k`` with ``offsets`` the running sums of the sizes
-(:meth:`MixturePlan.global_keys`, :meth:`MixturePlan.split`). An epoch's mixed order is
-:meth:`MixturePlan.stream` (global keys, length ``L``, a record repeats when ``n_i > N_i``) or
-:meth:`MixturePlan.pairs` (``[L, 2]``: dataset index, record key).
-
-Random streams
---------------
-Every draw comes from ``seeds.rng(Domain.MIXTURE, seed, part, ...)`` with one ``part`` per use
-(never renumber): walk ``w`` of dataset ``i`` draws its head, tail and middle from parts
-:data:`HEAD`, :data:`TAIL`, :data:`MIDDLE` with values ``(i, w)`` (part 3 drew the arrangement
-before it became the slot order: never reuse it). The slot order draws from its own domain.
-
-Cost
-----
-An epoch costs its slot order (``O(L)`` for an exact permutation) and, per dataset, one walk permutation of ``N_i`` keys
-for each walk it touches (the last walk is kept, so consecutive epochs inside one walk share it).
-Resuming at a late epoch replays only the heads and tails of the walks since the last walk that
-began on an epoch boundary (every ``r_i / gcd(N_i, r_i)`` walks), never the epochs' arrangements.
+The order depends only on ``(seed, epoch)`` and the dataset sizes, never on the world size, the
+budgets or the resume position, so the tiered sampler treats it exactly like a single dataset's
+permutation: global batches, resume anywhere, ascending reads per block. The datasets share one
+global key space (dataset ``i``'s record ``k`` is ``offsets[i] + k``); :meth:`MixturePlan.stream`
+gives an epoch as global keys, :meth:`MixturePlan.pairs` as ``(dataset index, record key)``.
 """
 
 from __future__ import annotations
@@ -129,7 +73,7 @@ def parse_weights(weights: Sequence[object], *, what: str = "weights") -> tuple[
 
 
 def epoch_counts(weights: Sequence[object], epoch_size: int) -> tuple[int, ...]:
-    """``n_i``: the largest-remainder rounding of ``w_i L / sum(w)`` (see module docstring, item 1).
+    """``n_i``: the largest-remainder rounding of ``w_i L / sum(w)`` (docs/design.md §12, exact counts).
 
     Exact rational arithmetic: each ``n_i`` is ``floor(quota_i)`` or ``floor(quota_i) + 1``, the
     ``n_i`` sum to ``L``, and ties between equal fractional parts go to the lower index.
@@ -175,7 +119,7 @@ def _sample_outside(gen: np.random.Generator, n: int, k: int, excluded: np.ndarr
 
 
 class Walks:
-    """Dataset ``dataset``'s extras, epoch by epoch (module docstring, item 2).
+    """Dataset ``dataset``'s extras, epoch by epoch (docs/design.md §12, walks).
 
     Walk ``w`` is ``[head H_w | middle M_w | tail T_w]``: ``H_w`` a uniform ordered sample of the
     records outside ``T_{w-1}`` (:data:`HEAD`), ``T_w`` a uniform ordered sample of the records
@@ -373,7 +317,7 @@ class MixturePlan:
 
     def stream(self, epoch: int) -> np.ndarray:
         """Epoch ``epoch``'s mixed order as ``L`` global keys: the item table in the order of
-        :func:`~shardkit.readers.schedule.epoch_permutation` (see module docstring)."""
+        :func:`~shardkit.readers.schedule.epoch_permutation` (docs/design.md §12)."""
         return self.slot_keys(epoch, epoch_permutation(self.seed, epoch, self.epoch_size))
 
     def split(self, global_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -1,41 +1,9 @@
 """Memory shared by the processes of one machine: private, named regions under ``/dev/shm``.
 
-With ``W`` ranks of ``k`` DataLoader workers on a node, each of the ``W * k`` samplers would
-otherwise hold its own copy of what is the same for all of them: the per-record fields (COCO boxes are
-1.6 KB a record), the epoch order ``pi`` (8 bytes a record) and the static cache. A
-:class:`SharedRegion` is one such object, held once per node: a file in a private directory of
-``/dev/shm`` (memory, not disk), created once, mapped by every process that needs it, so each page
-exists once and each process's proportional set size (PSS) carries only its share.
-
-Names and privacy
------------------
-* The directory is ``/dev/shm/shardkit-<uid>``, a :class:`~shardkit.privdir.PrivateDir`: created
-  ``0700``, or else it must be a real directory (not a symlink) owned by this user with mode
-  ``0700``, else sharing is off for the process (a warning says why) and everything is kept
-  private. Every file is then opened relative to its descriptor, never by path or through a
-  symlink, created ``0600``, and checked (regular file, owner, no group/other permissions, size)
-  before it is mapped. Another user cannot create, replace or read anything in it.
-* A region's name is a hash of everything its bytes depend on (for a dataset: its path, its root
-  document's inode, modification time and SHA-256; for an order: seed, epoch and size; for a cache:
-  the pinned set and the record layout), so two datasets, seeds or epochs never meet in one file.
-
-Creation and lifetime
----------------------
-* A region ``R`` has a lock file ``R.lock``. Every process that uses ``R`` holds a shared
-  ``flock`` on it for as long as it does; the kernel drops the lock when the process dies, even by
-  ``SIGKILL``.
-* The first process to find ``R`` missing takes the lock exclusively, writes the content into a
-  temporary file and renames it to ``R``: a region appears complete or not at all, and is created
-  once per node however many processes start together (the others wait for the rename).
-* The last process to let go (it can take the lock exclusively without waiting) deletes ``R`` and
-  ``R.lock``; regions whose lock nobody holds (their users died) are deleted by the next process
-  that attaches to any region. A process that opened ``R.lock`` just before it was deleted notices
-  (the name no longer refers to the file it locked) and starts again.
-* A child created by ``fork`` inherits its parent's mappings and lock descriptors; it never
-  touches the parent's locks (``os.register_at_fork``), and attaches anew if it needs a region.
-
-Writable regions (the static cache) are filled by several processes at once; what makes that safe
-is described in :mod:`shardkit.readers.static_cache`.
+The ranks and DataLoader workers of a node would otherwise each hold a copy of the same fields,
+epoch order and static cache; a :class:`SharedRegion` is held once per node, created once and
+mapped by every process that needs it. Naming, privacy and lifetime (``flock``-counted users, atomic
+creation, clean-up of the dead's regions): docs/design.md §4 and §13 (node-shared memory, security).
 """
 
 from __future__ import annotations
@@ -210,7 +178,7 @@ def remove_stale() -> None:
 
 
 class SharedRegion:
-    """A mapped region of node-shared memory (see module docstring); use :func:`attach`.
+    """A mapped region of node-shared memory (docs/design.md §4, node-shared memory); use :func:`attach`.
 
     Attributes
     ----------

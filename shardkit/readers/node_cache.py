@@ -1,35 +1,9 @@
 """A node's cache on its local disk: the part of the node partition beyond the RAM static cache.
 
-With ``locality`` (:mod:`shardkit.readers.locality`) node ``m`` pins the keys of its home list up
-to depth ``c = static_cache + node_cache`` records: depths ``[0, static_cache)`` in RAM (the static
-cache, :class:`~shardkit.readers.static_cache.StaticCache`, node variant), depths
-``[static_cache, c)`` on its local disk (:class:`NodeDiskCache`). Both parts are uniformly random
-subsets of the dataset, disjoint from every other node's. The pipeline reads a block's records that
-the RAM cache does not hold through :meth:`NodeDiskCache.reader`, which takes the disk part's
-records from the node's entry and only the rest from storage, so once the caches are filled every
-storage read is a miss of the assignment.
-
-The disk part
--------------
-``<node_cache_dir>/shardkit-node-cache-<uid>/`` is the user's private directory (mode ``0700``,
-owner checked, never through a symlink: :class:`~shardkit.privdir.PrivateDir`). Each
-disk part is one entry in it: a shardkit dataset (:func:`_write_entry`: the pinned records in
-ascending key order and their ``source_key``), named by a digest of everything that decides its
-content (the dataset's identity, the seed, the node count, the node and the depth range). So
-
-* every process of a node (ranks, DataLoader workers) uses one copy: the first to take the
-  directory's lock writes the entry under a temporary name and renames it into place, the others
-  wait for the lock and then open it; records are read from storage for it once per node;
-* a later run with the same dataset, seed and nodes finds the entry and reads nothing for it;
-* another dataset (or a re-converted one), seed or partition has another name, and an entry is
-  used only after a quick check (every file present with its recorded size, every shard index
-  intact: :func:`~shardkit.formats.verify.verify` ``quick=True``) and after its record count,
-  record shape and ``source_key`` field match what is expected; anything else is deleted and
-  written again. Entries are fsynced before they get their name, so a crash leaves a nameless
-  partial (removed by the next writer), never a torn entry.
-
-Entries stay until deleted (they are a cache, worth keeping between runs); any entry whose job is
-not running can be removed at any time.
+With ``locality`` node ``m`` pins its home keys up to depth ``static_cache + node_cache``: the first
+part in RAM (the static cache), the rest here, as one verified dataset per partition in a private
+directory, written once per node and kept between runs. :meth:`NodeDiskCache.reader` takes those
+records from the entry and only the rest from storage (docs/design.md §10).
 """
 
 from __future__ import annotations
@@ -148,7 +122,7 @@ def _sync_tree(path: Path) -> None:
 
 
 class NodeDiskCache:
-    """This node's records on its local disk (see the module docstring).
+    """This node's records on its local disk (docs/design.md §10).
 
     Parameters
     ----------

@@ -1,21 +1,10 @@
 """Streaming reservoir sampling: Vitter's Algorithm R and Li's Algorithm L.
 
-Both keep a uniform random ``k``-subset of a stream whose length need not be known in advance
-(OneAccess, Theorems 1-3): after the whole stream of ``n`` items, every item is in the reservoir with
-probability ``k / n`` and every ``k``-subset is equally likely; a uniform sample of a uniform sample
-is again a uniform sample of the stream (:func:`sample_of_sample`).
-
-* **R** draws one random number per item (``O(n)``) and is the reference implementation.
-* **L** draws the *gap* to the next accepted item from a geometric-like distribution, so it touches
-  only ``O(k (1 + log(n / k)))`` items; on a sized sequence (``range``, an array) the skipped items
-  are never even produced, which is why replacement mode draws its reservoirs with L over
-  ``range(N)``.
-
-The slot order of a reservoir is *not* uniformly random (the first ``k`` items start in slot order);
-callers that emit a reservoir permute it (``rng.permutation``) first.
-
-All randomness comes from a caller-supplied :class:`numpy.random.Generator` so results are
-reproducible from a seed.
+Both keep a uniform random ``k``-subset of a stream whose length need not be known in advance:
+every item is in the reservoir with probability ``k / n`` and every ``k``-subset is equally likely;
+a uniform sample of a uniform sample is again uniform (:func:`sample_of_sample`). A reservoir's slot
+order is *not* uniform: callers that emit one permute it first. Randomness comes from a
+caller-supplied :class:`numpy.random.Generator` (docs/design.md §4, modes).
 """
 
 from __future__ import annotations

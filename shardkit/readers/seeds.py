@@ -1,19 +1,9 @@
 """Random-number domains: every random use draws from a stream no other use can ever share.
 
-numpy's ``SeedSequence`` turns a list of integers into a stream, but two of its conveniences make
-hand-built seed lists collide:
-
-* it pads short lists with zero words, so ``[s, e]`` and ``[s, e, 0]`` are the same stream (a job
-  seeded ``[job_seed, epoch, 0]`` would reuse a server's ``[seed, epoch]`` stream when both seeds
-  are 0, the defaults, and its order would be far from uniform);
-* it splits every integer into 32-bit words, so ``[5 + 3 * 2**32, 0]`` and ``[5, 3]`` are the same
-  stream (seed ``5 + 3 * 2**32`` at epoch 0 equalled seed 5 at epoch 3).
-
-:func:`rng` therefore encodes its input unambiguously: a constant tag, the domain's number, the
-number of values, then every value as exactly two 32-bit words (values must lie in
-``[0, 2**64)``). Two different ``(domain, values)`` give two different word lists of at least five
-words (never padded), hence independent streams. Add a new :class:`Domain` member for every new
-random use; never reuse one.
+numpy's ``SeedSequence`` pads short seed lists with zeros and splits integers into 32-bit words, so
+hand-built seed lists collide; :func:`rng` encodes ``(domain, values)`` unambiguously instead
+(docs/design.md §4, randomness domains). Add a new :class:`Domain` member for every new random use;
+never reuse one.
 """
 
 from __future__ import annotations
@@ -75,7 +65,7 @@ def check_seed(seed: object, *, what: str = "seed") -> int:
 
 
 def seed_words(domain: Domain, *values: int) -> list[int]:
-    """The unambiguous 32-bit word list for ``(domain, values)`` (see module docstring)."""
+    """The unambiguous 32-bit word list for ``(domain, values)`` (docs/design.md §4, randomness domains)."""
     words = [_TAG, int(domain), len(values)]
     for i, v in enumerate(values):
         x = check_seed(v, what=f"{domain.name.lower()} value {i}")

@@ -1,40 +1,10 @@
 """The static cache tier: a uniformly random subset of records pinned in RAM for the whole run.
 
-This is CoorDL's MinIO policy. A page cache (LRU) thrashes under a fresh random order every epoch
-and, with sequential shard reads, evicts exactly what the next epoch needs; a cache that never
-evicts instead hits exactly its own size every epoch. With ``M`` of ``N`` records pinned, every
-epoch after the first reads ``N - M`` records from storage, and pinned records are never read
-again; with ``M = N`` every epoch after the first reads nothing.
-
-Design choices (documented for users in :class:`~shardkit.readers.TieredSampler`):
-
-* **The pinned set P** is a uniform ``M``-subset of all ``N`` keys drawn once from
-  ``seeds.rng(Domain.STATIC_CACHE, seed)`` (:class:`SortedKeys`; when the epoch order is a
-  bijection because ``N`` is huge, P is the preimage of ``[0, M)`` under a keyed bijection of its
-  own domain, :class:`BijectionKeys`, which needs no per-key memory; ``M = N`` is
-  :class:`AllKeys`). P decides *where* records come from, never *which order* they are emitted in:
-  the order is the sampler's ``pi`` with or without the cache, so it stays exactly uniform.
-* **Part of the budget**: the cache is carved out of ``ram_size`` (by default whatever the blocks
-  do not need; see :class:`~shardkit.readers.SamplerOptions`).
-* **Filled as a side effect of reading**: there is no up-front load that would delay the first
-  batch. When a block holds a pinned key whose row is not filled yet, the reader reads that record
-  from storage straight into its cache row (in the same ascending pass as the block's other
-  records, :meth:`~shardkit.formats.PayloadArray.read_into`), marks the row filled, and the batch
-  gets it from there. So every record is still read from storage at most once per epoch, and a
-  pinned record once in the run.
-* **A node's part, with locality**: with ``locality`` (:mod:`shardkit.readers.locality`) P is
-  this node's part of the node partition instead: a uniformly random subset too, disjoint from
-  every other node's, and what the node-aware assignment steers to this node's consumers.
-* **One cache per node**: the rows live in a node-shared region (:mod:`shardkit.readers.node`)
-  named by the dataset, the pinned set and the record layout, so every process of the machine that
-  reads the same dataset with the same seed and cache size (DataLoader workers, ranks) fills and
-  reads the same rows. Consumers of one epoch read disjoint keys, so together they fill P in the
-  first epoch; a consumer whose keys were pinned and filled by another reads nothing for them.
-* **Safe concurrent filling**: a row is published by setting its one-byte flag *after* its bytes
-  are written, inside an exclusive ``flock`` on the region's file, and readers copy the flags they
-  need inside a shared ``flock`` on it before they read rows: the lock's release/acquire orders the
-  row's bytes before the flag on every architecture. A row never changes once its flag is set (two
-  processes that fill the same row at once write the same bytes), and flags are never cleared.
+CoorDL's policy: an LRU page cache thrashes under a fresh random order every epoch, while a cache
+that never evicts hits exactly its own size, so with ``M`` of ``N`` records pinned every epoch after
+the first reads ``N - M`` from storage. The pinned set decides only where bytes come from, never the
+order. It is filled as a side effect of reads, shared per node, and safe to fill concurrently:
+docs/design.md §4 (static cache). Documented for users in :class:`~shardkit.readers.TieredSampler`.
 """
 
 from __future__ import annotations
@@ -154,7 +124,7 @@ class StaticCache:
     Parameters
     ----------
     seed, num_records, count
-        P is drawn from ``seed`` (see module docstring); ``count`` = ``M``.
+        P is drawn from ``seed`` (docs/design.md §4, static cache); ``count`` = ``M``.
     record_shape, dtype
         One record.
     bijection

@@ -2,21 +2,7 @@
 
 A :class:`Store` is a flat namespace of immutable objects under one root: a local directory
 (:class:`~shardkit.stores.local.LocalStore`) or a prefix of a bucket or container in an object store
-(:class:`~shardkit.stores.objectstore.ObjectStore`: S3-compatible, GCS, Azure, read-only HTTP). Keys
-are ``/``-separated paths relative to that root (``zarr.json``, ``image/c/0/0/0/0``), always checked
-by :func:`check_key`, so a key taken from dataset metadata can never leave the root.
-
-The operations are the ones an object store has, because that is the smaller interface: whole and
-ranged reads (:meth:`Store.get`, :meth:`Store.get_range`, :meth:`Store.fetch` for many ranges at
-once with bounded concurrency), :meth:`Store.head`, :meth:`Store.list`, atomic writes
-(:meth:`Store.put` for bytes, :meth:`Store.put_file` for a local file, multipart when large),
-:meth:`Store.delete`, :meth:`Store.copy` (server-side where the store can) and :meth:`Store.rename`
-(copy + delete on object stores). Every write is atomic: an object appears whole or not at all.
-
-Errors are the hierarchy of :mod:`shardkit.errors`: :class:`~shardkit.errors.ObjectNotFoundError`
-(a ``FileNotFoundError``), :class:`~shardkit.errors.StorePermissionError` (a ``PermissionError``),
-:class:`~shardkit.errors.ObjectChangedError` when a pinned ETag no longer matches, and
-:class:`~shardkit.errors.StoreError` for anything that failed for good, naming the object and range.
+(:class:`~shardkit.stores.objectstore.ObjectStore`: S3-compatible, GCS, Azure, read-only HTTP).
 """
 
 from __future__ import annotations
@@ -197,7 +183,19 @@ def write_all(fd: int, data: bytes | memoryview, offset: int) -> None:
 
 
 class Store(abc.ABC):
-    """A root of immutable objects: local directory or object-store prefix (see the module docstring).
+    """A root of immutable objects: local directory or object-store prefix.
+
+    Keys are ``/``-separated paths relative to the root (``zarr.json``, ``image/c/0/0/0/0``), always
+    checked by :func:`check_key`, so a key taken from dataset metadata can never leave the root. The
+    operations are an object store's, the smaller interface: whole and ranged reads (:meth:`get`,
+    :meth:`get_range`, :meth:`fetch` for many ranges with bounded concurrency), :meth:`head`,
+    :meth:`list`, atomic writes (:meth:`put`, :meth:`put_file`, multipart when large; an object
+    appears whole or not at all), :meth:`delete`, :meth:`copy` (server-side where the store can) and
+    :meth:`rename` (copy + delete on object stores). Errors:
+    :class:`~shardkit.errors.ObjectNotFoundError` (a ``FileNotFoundError``),
+    :class:`~shardkit.errors.StorePermissionError` (a ``PermissionError``),
+    :class:`~shardkit.errors.ObjectChangedError` when a pinned ETag no longer matches, and
+    :class:`~shardkit.errors.StoreError` for anything that failed for good, naming the object and range.
 
     Implementations are thread-safe: one store may serve every reader thread of a process.
     """

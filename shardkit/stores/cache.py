@@ -1,37 +1,9 @@
 """A local cache of remote shards for repeated epochs, shared safely by the processes of one machine.
 
-A remote shard gets here whole: :mod:`shardkit.stores.prefetch` downloads it with one GET into
-``<entry>.part`` (claimed exclusively with :meth:`ShardCache.claim`, so one writer per machine
-fills it), then :meth:`ShardCache.complete` checks it against the checksums recorded in the dataset
-metadata (the caller's ``verify``: for shards the records' ``data_crc32c`` and the whole-file
-``crc32c``) and renames it to its final name; from then on readers use it with local ``pread`` s
-and no request. A copy that fails the check is deleted, so cached bytes are never trusted
-unchecked, and a file under a final name is always complete and verified (a run killed mid-download
-leaves only a ``.part``, removed once stale). The order of the records is not affected: the cache
-changes where bytes come from, never which.
-
-Layout (everything private to the user, :mod:`shardkit.privdir`: directories 0700, files 0600,
-owner checked, symlinks never followed)::
-
-    <cache_dir>/shardkit-cache-<uid>/          the root; ``lock`` inside serialises bookkeeping
-        <namespace>/                          one per dataset version (hash of URL + root document)
-            <entry>                           a complete, verified copy
-            <entry>.part                      a copy being downloaded
-
-Concurrency: bookkeeping (claims, admission, eviction, promotion) happens under the root's
-:class:`~shardkit.privdir.Mutex` on ``lock`` (one process and one thread at a time); data is
-written outside it. Renames are atomic; a reader that opened an entry keeps reading it even
-if another process evicts it (an unlinked file stays readable through an open descriptor).
-
-Budget and eviction: ``budget`` bytes cover complete copies and copies being filled (a copy reserves
-its whole size when it is started). When a new copy does not fit, complete copies of *other*
-datasets (or older versions of this one) are evicted, least recently used first (recency: the
-file's mtime, touched when a cache instance first uses a copy). Copies of the same dataset version
-are never evicted for each other: every epoch reads every shard in a uniformly random order, so an
-LRU over them keeps nothing and only re-downloads (the page-cache / Streaming #339 failure); instead
-the shards that fit stay cached and the rest is read remotely each epoch, a fixed cached fraction
-(CoorDL's MinIO policy). Copies being filled that nobody touched for ``STALE_SECONDS`` (their writer
-died) are removed.
+A shard arrives whole (:mod:`shardkit.stores.prefetch`), is checked against the checksums recorded
+in the dataset metadata and only then gets its final name; readers then use it with local ``pread``.
+Copies of one dataset version never evict each other (an LRU over a uniform order keeps nothing),
+other datasets' copies go least recently used first. Layout, locking and budget: docs/design.md §9.
 """
 
 from __future__ import annotations

@@ -1,30 +1,9 @@
 """Whole-object downloads of a remote dataset's shards into the local cache, behind the epoch.
 
-Why: a RAM block of a uniformly random order is a sparse, uniform sample of the whole dataset, so
-reading it by byte ranges costs about one request per record run in *every* shard: a cold epoch is
-then bound by the store's request rate, a fraction of what whole-object GETs deliver
-(``benchmarks/RESULTS.md``, "Object storage"). When a local cache directory is configured,
-:class:`ShardPrefetcher` instead downloads each shard whole, with one streamed GET per shard
-(:meth:`~shardkit.stores.base.Store.download`), a few in parallel, in ascending shard order, from the
-moment the first block is read; block reads use a shard's local copy as soon as it is complete.
-Each byte of the dataset is then fetched once per epoch, in large sequential transfers at the
-store's full bandwidth, and never again in later epochs.
-
-What "read once" means here: the sampler still asks for each record once per epoch; the storage
-sees each shard object fetched once (storage bytes of a cold epoch = the dataset's bytes, plus the
-ranged reads of blocks that needed a shard long before it could arrive, see
-:meth:`shardkit.formats.ranged.RangedPayloadArray.read_into`).
-
-Bounds: at most ``concurrency`` downloads run at once (memory: one chunk each, see
-:data:`~shardkit.stores.objectstore.DOWNLOAD_CHUNK_BYTES`), and only shards the cache admits within
-its budget are downloaded (:meth:`~shardkit.stores.cache.ShardCache.claim`), so the cache never
-holds more than ``cache_size``; the others stay remote and are read by range as before.
-
-Checks: the ETag of each download is pinned with the ranged reads' (a shard changed on the server
-mid-run is :class:`~shardkit.errors.ObjectChangedError` naming it), and a complete copy is checked
-against the crc32c and size recorded in the metadata before it gets its final name; a copy that
-does not match is refused with :class:`~shardkit.errors.CorruptShardError` naming the shard (the
-object in the store is damaged: reading it by range would pass the damage on unchecked).
+Reading a uniformly random block by byte ranges costs a request per record run in every shard, so a
+cold epoch is bound by the store's request rate; downloading each shard whole, in ascending order,
+fetches every byte once per epoch at full bandwidth and never again (docs/design.md §9; measured in
+``benchmarks/RESULTS.md``, "Object storage"). Downloads are bounded, ETag-pinned and checked.
 """
 
 from __future__ import annotations
