@@ -115,7 +115,7 @@ class StoredShard:
         Records it holds (entries ``0 .. count - 1`` of its index).
     capacity
         Entries of its index (S of the dataset that wrote it, or ``count`` for a piece).
-    nbytes, crc32c, data_crc32c, index_crc32c
+    nbytes, crc32c, data_crc32c, index_crc32c, tail_crc32c
         Its size and checksums, as its writer recorded them (see
         :class:`~shardkit.formats.spec.ShardInfo`).
     """
@@ -128,6 +128,7 @@ class StoredShard:
     crc32c: int
     data_crc32c: int
     index_crc32c: int
+    tail_crc32c: int | None = None
 
     @classmethod
     def of(cls, store: Store, info: ShardInfo, capacity: int, key: str | None = None) -> StoredShard:
@@ -136,11 +137,12 @@ class StoredShard:
             raise SchemaError(f"{store.describe(key or info.path)}: a shard without data/index checksums (format 1.0) "
                               "cannot be re-packed; convert it again with this shardkit")
         return cls(store, key or info.path, info.count, capacity, info.nbytes, info.crc32c,
-                   info.data_crc32c, info.index_crc32c)
+                   info.data_crc32c, info.index_crc32c, info.tail_crc32c)
 
     def info_at(self, key: str, start: int) -> ShardInfo:
         """Its :class:`ShardInfo` as global shard ``key`` starting at record ``start``."""
-        return ShardInfo(key, start, start + self.count, self.nbytes, self.crc32c, self.data_crc32c, self.index_crc32c)
+        return ShardInfo(key, start, start + self.count, self.nbytes, self.crc32c, self.data_crc32c, self.index_crc32c,
+                         self.tail_crc32c)
 
 
 @dataclass(frozen=True)
@@ -372,7 +374,7 @@ def build_shard(store: Store, key: str, pieces: Sequence[tuple[StoredShard, int,
         except BaseException:
             writer.abort()
             raise
-    return ShardInfo(key, start, stop, sums.nbytes, sums.crc32c, sums.data_crc32c, sums.index_crc32c)
+    return ShardInfo(key, start, stop, sums.nbytes, sums.crc32c, sums.data_crc32c, sums.index_crc32c, sums.tail_crc32c)
 
 
 def _done(value: ShardInfo) -> Future[ShardInfo]:

@@ -147,6 +147,11 @@ class RangedPayloadArray(PayloadArray):
     def _data_nbytes(self, i: int) -> int:
         return self.shards[i].nbytes - index_nbytes(self.records_per_shard)
 
+    def _tail_nbytes(self, i: int) -> int:
+        """0: a remote shard's ``tail_crc32c`` is not checked on open (fetching the tail would cost a
+        request per shard that the dense layout saves, and the local cache checks whole shards)."""
+        return 0
+
     def _known_index(self, i: int) -> bytes | None:
         """The index bytes of uncompressed shard ``i`` when the metadata fixes them: the dense
         layout's index, if its crc32c is the one recorded (the file's index must be exactly that)."""

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from shardkit.errors import (
+    ChecksumError,
     ConfigError,
     CorruptIndexError,
     CorruptShardError,
@@ -51,7 +52,7 @@ from shardkit.errors import (
 from shardkit.formats import jsonvalues as jv
 from shardkit.formats.checksums import FileDigest
 from shardkit.formats.codecs import RecordCodec, codec_from_zarr
-from shardkit.formats.index import ShardIndex
+from shardkit.formats.index import ShardIndex, crc32c_of
 from shardkit.formats.metadata import read_json
 from shardkit.formats.paths import resolve_inside
 from shardkit.formats.spec import (
@@ -544,6 +545,8 @@ class PayloadArray:
                 f"{path}: shard {i} (records {info.start}-{info.stop - 1}) should be {info.nbytes} bytes, "
                 f"found {size}"
             )
+        cut = max(0, len(raw) - isize)  # what precedes the index: the records' tail, when checked
+        sample, raw = raw[:cut], raw[cut:]
         idx = ShardIndex.decode(
             raw, self.records_per_shard, path=path, data_nbytes=size - isize, recorded_crc32c=info.index_crc32c
         )
@@ -563,11 +566,41 @@ class PayloadArray:
                 raise CorruptIndexError(
                     f"{path}: uncompressed records must be {self.record_nbytes} bytes, index says otherwise"
                 )
+        if self._tail_nbytes(i):
+            self._check_tail(i, sample)
         return idx
 
+    def _tail_nbytes(self, i: int) -> int:
+        """Bytes before shard ``i``'s index that are read with it to check its ``tail_crc32c`` (0 when
+        the metadata records none: an older dataset, or a bare array)."""
+        info = self.shards[i]
+        if info.tail_crc32c is None or info.nbytes < 0:
+            return 0
+        return ShardInfo.tail_nbytes(info.nbytes - index_nbytes(self.records_per_shard))
+
+    def _check_tail(self, i: int, sample: bytes) -> None:
+        """Refuse shard ``i`` when the end of its records is not what the metadata records for it.
+
+        What it catches, at no extra request (the bytes come with the index): a valid shard file that
+        is not this dataset's shard ``i``, i.e. one copied from another dataset or swapped with another
+        shard of this one, even when size and index are identical (uncompressed shards of the same
+        layout), and any change to the end of the last record. What it cannot: a change elsewhere in
+        the records (only ``verify``, which streams every byte against ``data_crc32c``, sees that), or
+        a shard that differs from the recorded one only before its last ``TAIL_SAMPLE_NBYTES`` bytes.
+        """
+        info = self.shards[i]
+        crc = crc32c_of(sample)
+        if crc != info.tail_crc32c:
+            raise ChecksumError(
+                f"{self.shard_location(i)}: shard {i} (records {info.start}-{info.stop - 1}): the last {len(sample)} "
+                f"bytes of its records have crc32c {crc:#010x}, the metadata records {info.tail_crc32c:#010x}: this "
+                "file is not the dataset's shard (a shard copied from another dataset or swapped with another "
+                "one?) or its last record was changed"
+            )
+
     def _index_bytes(self, i: int, isize: int) -> tuple[bytes, int]:
-        """The last ``isize`` bytes of shard ``i`` and the shard's size (a shard that is too small
-        for its index is a TruncatedShardError)."""
+        """The last ``isize`` bytes of shard ``i`` (preceded by the :meth:`_tail_nbytes` checked with
+        them) and the shard's size (a shard that is too small for its index is a TruncatedShardError)."""
         fd = self._fd(i)
         path = self.shard_location(i)
         size = os.fstat(fd).st_size
@@ -578,9 +611,10 @@ class PayloadArray:
             raise TruncatedShardError(
                 f"{path}: shard {i} is {size} bytes, smaller than its {isize}-byte index"
             )
-        offset = size - isize
-        raw = os.pread(fd, isize, offset)
-        self.stats.add(path, offset, isize)
+        want = isize + self._tail_nbytes(i)  # the records' tail comes with the index (one request)
+        offset = size - want
+        raw = os.pread(fd, want, offset)
+        self.stats.add(path, offset, want)
         return raw, size
 
     def is_dense(self, i: int) -> bool:

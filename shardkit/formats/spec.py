@@ -30,6 +30,7 @@ __all__ = [
     "MAX_RECORDS_PER_SHARD",
     "MAX_FIELD_CHUNK_NBYTES",
     "MAX_CRC32C",
+    "TAIL_SAMPLE_NBYTES",
     "FieldSpec",
     "ShardInfo",
     "SkippedInput",
@@ -72,6 +73,9 @@ MAX_RECORDS_PER_SHARD = 1 << 26
 MAX_FIELD_CHUNK_NBYTES = 1 << 30
 #: Largest crc32c value.
 MAX_CRC32C = 2**32 - 1
+#: Bytes at the end of a shard's records whose crc32c is recorded as its ``tail_crc32c`` (see
+#: :class:`ShardInfo`): read with the index in the same request, so the identity check is free.
+TAIL_SAMPLE_NBYTES = 4096
 #: numpy dtype kinds a field may have: bool, signed, unsigned, float, complex (zarr v3's numeric types).
 _NUMERIC_KINDS = "biufc"
 
@@ -174,6 +178,13 @@ class ShardInfo:
         crc32c of the index entries, equal to the file's last 4 bytes when intact (format 1.1). It
         binds the index to the metadata, and costs a reader nothing: the index's own crc32c is
         computed anyway whenever an index is read.
+    tail_crc32c
+        crc32c of the last :meth:`tail_nbytes` bytes of the records (the end of the last record),
+        or ``None`` (written before it existed; an optional key, so no new format version). Size
+        and index crc32c cannot tell apart two uncompressed shards of the same layout (their
+        indexes are identical), so a shard copied from another dataset, or two swapped shards,
+        would pass them; these bytes differ. Readers check it when they read the index, in the
+        same request (see :class:`~shardkit.formats.reader.PayloadArray`).
     """
 
     path: str
@@ -183,10 +194,16 @@ class ShardInfo:
     crc32c: int
     data_crc32c: int | None = None
     index_crc32c: int | None = None
+    tail_crc32c: int | None = None
 
     @property
     def count(self) -> int:
         return self.stop - self.start
+
+    @staticmethod
+    def tail_nbytes(data_nbytes: int) -> int:
+        """Bytes covered by ``tail_crc32c`` in a shard of ``data_nbytes`` bytes of records."""
+        return max(0, min(TAIL_SAMPLE_NBYTES, data_nbytes))
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -208,6 +225,7 @@ class ShardInfo:
             crc32c=crc("crc32c"),
             data_crc32c=crc("data_crc32c") if "data_crc32c" in doc else None,
             index_crc32c=crc("index_crc32c") if "index_crc32c" in doc else None,
+            tail_crc32c=crc("tail_crc32c") if "tail_crc32c" in doc else None,
         )
 
 

@@ -31,7 +31,7 @@ from shardkit.formats.atomic import fsync_dir, is_out_of_space, raise_out_of_spa
 from shardkit.formats.checksums import FileDigest
 from shardkit.formats.codecs import RecordCodec, codec_from_json, get_codec
 from shardkit.formats.fields import write_field_array
-from shardkit.formats.index import ShardIndex, extend_crc32c
+from shardkit.formats.index import ShardIndex, crc32c_of, extend_crc32c
 from shardkit.formats.metadata import (
     DEFAULT_FIELD_CHUNK,
     DatasetMeta,
@@ -45,6 +45,7 @@ from shardkit.formats.spec import (
     DEFAULT_SHARD_BYTES,
     MAX_FIELD_CHUNK_NBYTES,
     MAX_RECORDS_PER_SHARD,
+    TAIL_SAMPLE_NBYTES,
     ZARR_JSON,
     FieldSpec,
     ShardInfo,
@@ -82,6 +83,7 @@ class ShardChecksums:
     crc32c: int
     data_crc32c: int
     index_crc32c: int
+    tail_crc32c: int | None = None
 
 
 def _as_record_bytes(records: np.ndarray) -> memoryview:
@@ -127,6 +129,7 @@ class ShardWriter:
         self.count = 0
         self._offset = 0
         self._crc = 0  # running crc32c of everything written: the records, then the index
+        self._tail = b""  # the last TAIL_SAMPLE_NBYTES bytes written (ShardInfo.tail_crc32c)
         self._offsets: list[int] = []
         self._sizes: list[int] = []
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -193,6 +196,7 @@ class ShardWriter:
             raise
         self._crc = extend_crc32c(self._crc, data)
         self._offset += data.nbytes
+        self._tail = (self._tail + bytes(data[-TAIL_SAMPLE_NBYTES:]))[-TAIL_SAMPLE_NBYTES:]
 
     def close(self) -> ShardChecksums:
         """Append index + crc32c, fsync, rename. Returns the file's size and checksums."""
@@ -205,6 +209,7 @@ class ShardWriter:
             index.offsets[: self.count] = self._offsets
             index.nbytes[: self.count] = self._sizes
         data_crc = self._crc
+        tail_crc = crc32c_of(self._tail)
         encoded = index.encode()
         self._write(memoryview(encoded))
         if self.durable:
@@ -221,7 +226,7 @@ class ShardWriter:
         if self.durable:
             fsync_dir(self.path.parent)
         index_crc = int.from_bytes(encoded[-4:], "little")
-        return ShardChecksums(self._offset, self._crc, data_crc, index_crc)
+        return ShardChecksums(self._offset, self._crc, data_crc, index_crc, tail_crc)
 
     def abort(self) -> None:
         """Close and delete the partial file (nothing half-written survives)."""
@@ -453,7 +458,8 @@ class DatasetWriter:
         count = self._shard.count
         sums = self._shard.close()
         start = self._records - count
-        info = ShardInfo(self._shard_rel, start, self._records, sums.nbytes, sums.crc32c, sums.data_crc32c, sums.index_crc32c)
+        info = ShardInfo(self._shard_rel, start, self._records, sums.nbytes, sums.crc32c, sums.data_crc32c,
+                         sums.index_crc32c, sums.tail_crc32c)
         parts = {name: np.concatenate(self._shard_fields[name]) if self._shard_fields[name]
                  else np.empty((0, *spec.shape), spec.dtype) for name, spec in self.fields.items()}
         self.shards.append(info)

@@ -13,7 +13,7 @@ import pytest
 
 from shardkit.formats import PayloadArray
 from shardkit.formats.reader import Destination
-from shardkit.formats.spec import index_nbytes
+from shardkit.formats.spec import TAIL_SAMPLE_NBYTES, index_nbytes
 from shardkit.readers import TieredSampler
 from tests.helpers.sampler_data import collect, make_dataset
 
@@ -56,8 +56,9 @@ def test_ascending_offsets_and_exactly_once(tmp_path: Path, ssd_dir: Path, pass_
     assert keys.size == epochs * n
 
     def is_index(f: str, off: int, nb: int) -> bool:
-        # A shard's index (S * 16 + 4 bytes, read once per file on first access) sits at its end;
-        # with gap_bytes=0 every other request is a whole number of 16-byte records.
+        # A shard's index (S * 16 + 4 bytes, read once per file on first access, with the end of the
+        # records it checks against tail_crc32c) sits at its end; with gap_bytes=0 every other
+        # request is a whole number of 16-byte records.
         return nb % rec != 0 and (nb - 4) % 16 == 0
 
     for tier in ("disk", "ssd") if tiers == "ram,ssd" else ("disk",):
@@ -77,7 +78,9 @@ def test_ascending_offsets_and_exactly_once(tmp_path: Path, ssd_dir: Path, pass_
     index = [t for t in trace if is_index(*t)]
     data = [t for t in trace if not is_index(*t)]
     assert len(index) == len({t[0] for t in index}) == -(-n // rps)
-    assert all(t[2] == index_nbytes(rps) and t[1] + t[2] == os.path.getsize(t[0]) for t in index)
+    isize = index_nbytes(rps)
+    assert all(t[1] + t[2] == os.path.getsize(t[0]) for t in index)
+    assert all(t[2] == isize + min(TAIL_SAMPLE_NBYTES, os.path.getsize(t[0]) - isize) for t in index)
     assert sum(t[2] for t in data) == epochs * n * rec  # == dataset payload bytes per epoch
     covered: dict[tuple[str, int], int] = defaultdict(int)
     for f, off, nb in data:
