@@ -575,9 +575,9 @@ class _Run:
                         s.stats.add_busy("handover", t2 - t1)
                         s.stats.add_delivered(n, batch[s.payload_name].nbytes, t1 - t0)
                         return out
-                    case EpochEnd(segment=seg):
-                        if seg.complete:
-                            s._epoch, s._position = seg.epoch + 1, 0
+                    case EpochEnd(epoch=epoch, complete=complete):
+                        if complete:
+                            s._epoch, s._position = epoch + 1, 0
                     case RunDone():
                         self.close()
                         raise StopIteration
