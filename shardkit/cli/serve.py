@@ -40,8 +40,10 @@ def serve(
     dataset = source_of(paths, weights, epoch_size, source="cli")
     server = run_server(dataset, name=name, ready=ready, options=options)
     st = server.stats
+    ssd = (f"; SSD tier {human_bytes(st.ssd_bytes_written)} written, {human_bytes(st.ssd.bytes_read)} read"
+           if server.ssd_block is not None else "")
     echo_out(
         f"served {server.epochs_served} epochs, {server.published} reservoir blocks; disk {human_bytes(st.disk.bytes_read)} "
-        f"read in {st.disk.read_calls} calls"
+        f"read in {st.disk.read_calls} calls{ssd}"
     )
 

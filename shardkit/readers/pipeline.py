@@ -29,6 +29,16 @@ and the batches the consumer keeps, so reading never waits for emitting unless t
 slower side. When the whole dataset is cached the reader reads blocks into the cache alone and the
 assembler gathers every batch from it, a few batch buffers deep.
 
+Blocks into slots
+----------------
+A run that serves blocks rather than batches (the shared server, :mod:`shardkit.readers.shared`)
+gives the pipeline a :class:`SlotSink`: the block reader then reads each block's records, keys
+sorted ascending, into a slot the sink hands out (a slot of the shared ring), and the consumer gets
+the :class:`BlockRead` messages themselves; there is no assembler. Blocks then have the sink's one
+fixed size (``sizes.ram_block`` inside SSD reservoirs of ``sizes.ssd_block``), which the order of a
+shared run is defined by. Every other property (the SSD tier, coalesced reads, the stop paths) is
+the same code as the sampler's.
+
 Everything that travels between threads is a small frozen value (:class:`ReservoirWritten`,
 :class:`BlockRead`, :class:`EpochEnd`, :class:`RunDone`, :class:`BatchReady`); blocking calls go
 through :mod:`shardkit.readers.stopping`, so a run that is abandoned (break, exception, Ctrl-C,
@@ -48,7 +58,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -76,6 +86,7 @@ __all__ = [
     "EpochEnd",
     "RunDone",
     "BatchReady",
+    "SlotSink",
     "Pipeline",
     "assemble_batch",
     "gather_rows",
@@ -146,7 +157,8 @@ class BlockRead:
 
     ``buffers`` maps each batch the block touches to its buffer (``None`` when the whole dataset is
     cached: the assembler takes buffers itself); ``copies`` are the records the assembler copies
-    into their batches (from the cache).
+    into their batches (from the cache). With a :class:`SlotSink` the block went to sink slot
+    ``slot`` instead, its records in the order of ``keys`` (ascending), and goes to the consumer.
     """
 
     segment: Segment
@@ -155,13 +167,21 @@ class BlockRead:
     keys: np.ndarray
     buffers: dict[int, BatchBuffer] | None
     copies: tuple[_Copy, ...] = ()
+    slot: int | None = None
+
+    @property
+    def last(self) -> bool:
+        """The segment's last block."""
+        return self.stop == self.segment.length
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class EpochEnd:
-    """Every block of ``segment`` was passed on."""
+    """Every block of epoch ``epoch`` was passed on; ``complete`` is False when the plan was cut
+    short by ``limit`` (the epoch is not over after it)."""
 
-    segment: Segment
+    epoch: int
+    complete: bool = True
 
 
 @dataclass(frozen=True)
@@ -177,6 +197,15 @@ class BatchReady:
     epoch: int
     position: int
     buffer: BatchBuffer | None = None
+
+
+class SlotSink(Protocol):
+    """Where a pipeline that serves blocks puts them (see "Blocks into slots" above)."""
+
+    def acquire(self, stop: threading.Event) -> tuple[int, np.ndarray]:
+        """A free slot and its ``[K, *record_shape]`` payload array, blocking until there is one;
+        raises :class:`~shardkit.readers.stopping.Stopped` once ``stop`` is set."""
+        ...
 
 
 def assemble_batch(
@@ -234,6 +263,9 @@ class Pipeline:
     key_map
         Applied to every batch's ``key`` (global keys become the records' keys in their datasets);
         ``None`` keeps the keys.
+    sink
+        Read blocks into the sink's slots and pass them to the consumer instead of batches (no
+        ``pool``, no static cache).
     node_disk
         With ``locality``, the node's pinned records on its local disk
         (:class:`~shardkit.readers.node_cache.NodeDiskCache`): blocks read them from there (the
@@ -252,7 +284,7 @@ class Pipeline:
         fields: dict[str, np.ndarray],
         stats: SamplerStats,
         sizes: TierSizes,
-        pool: BatchPool,
+        pool: BatchPool | None,
         ssd_dir: Path | None,
         gap_bytes: int = DEFAULT_GAP_BYTES,
         dataset_options: Mapping[str, Any] | None = None,
@@ -260,8 +292,14 @@ class Pipeline:
         node_disk: NodeDiskCache | None = None,
         identity: MixedIdentity | None = None,
         key_map: Callable[[np.ndarray], np.ndarray] | None = None,
+        sink: SlotSink | None = None,
     ) -> None:
+        if sink is not None and static_cache is not None:
+            raise SamplerError("a pipeline that serves blocks into slots has no static cache (internal error)")
+        if sink is None and pool is None:
+            raise SamplerError("a pipeline that assembles batches needs a batch pool (internal error)")
         self.stop = threading.Event()
+        self.sink = sink
         self.cache = static_cache
         self.node_disk = node_disk
         self.error: BaseException | None = None
@@ -282,10 +320,13 @@ class Pipeline:
         self.space: SsdSpace | None = None
         self.slots: ReservoirSlots | None = None
         self._blocks: queue.Queue[BlockRead | EpochEnd | RunDone] = queue.Queue(maxsize=1)
-        self.batches: queue.Queue[BatchReady | EpochEnd | RunDone] = queue.Queue(maxsize=BATCH_PREFETCH)
+        self.batches: queue.Queue[BatchReady | BlockRead | EpochEnd | RunDone] = queue.Queue(maxsize=BATCH_PREFETCH)
+        if sink is not None:
+            self._blocks = self.batches  # type: ignore[assignment]  # no assembler: blocks go to the consumer
         self._ssd_q: queue.Queue[ReservoirWritten | EpochEnd | RunDone] = queue.Queue(maxsize=1)
         self._ssd_slots: queue.Queue[int] = queue.Queue()
-        self._first_block = True
+        #: Blocks grow from a small first one (batches); a sink's blocks have one fixed size.
+        self._first_block = self._grow = sink is None
         threads: list[tuple[str, Callable[[], None]]] = []
         if sizes.ssd_block is not None:
             assert ssd_dir is not None
@@ -301,7 +342,8 @@ class Pipeline:
             threads.append(("shardkit-ram-creator", self._ram_from_ssd))
         else:
             threads.append(("shardkit-ram-creator", self._ram_from_disk))
-        threads.append(("shardkit-batch-creator", self._assembler))
+        if sink is None:
+            threads.append(("shardkit-batch-creator", self._assembler))
         self.threads = [threading.Thread(target=self._guard, args=(fn,), name=name, daemon=True) for name, fn in threads]
         for t in self.threads:
             t.start()
@@ -348,8 +390,9 @@ class Pipeline:
             raise exc
         raise SamplerError(f"background sample creator failed: {type(exc).__name__}: {exc}") from exc
 
-    def get(self) -> BatchReady | EpochEnd | RunDone:
-        """Next item for the consumer: a :class:`BatchReady`, an :class:`EpochEnd` or :class:`RunDone`."""
+    def get(self) -> BatchReady | BlockRead | EpochEnd | RunDone:
+        """Next item for the consumer: a :class:`BatchReady` (a :class:`BlockRead` with a sink), an
+        :class:`EpochEnd` or :class:`RunDone`."""
         while True:
             self.raise_error()
             try:
@@ -396,7 +439,13 @@ class Pipeline:
 
         ``open_buffers`` holds the buffer of a batch an earlier block began (blocks smaller than a
         batch); it is updated for the next block. The read's time counts as ``tier``'s busy time.
+        With a sink the block's records go, keys ascending, into a slot of the sink.
         """
+        if self.sink is not None:
+            ring_slot, array = self.sink.acquire(self.stop)
+            keys = np.sort(keys)
+            self._timed_read(read, keys, Destination.rows_of(array, keys.size), tier)
+            return BlockRead(seg, a, b, keys, None, slot=ring_slot)
         cached, crow, fill = self._cache_plan(keys)
         positions = np.arange(a, b, dtype=np.int64)
         bs = seg.shape.batch_size
@@ -406,7 +455,7 @@ class Pipeline:
             buffers = {}
             for g in range(int(batch_of[0]), int(batch_of[-1]) + 1):
                 buf = open_buffers.pop(g, None)
-                buffers[g] = buf if buf is not None else self.pool.acquire(self.stop)
+                buffers[g] = buf if buf is not None else self._pool().acquire(self.stop)
             last = int(batch_of[-1])
             if int(seg.shape.batch_sizes[last]) > b - last * bs:  # the last batch continues in the next block
                 open_buffers[last] = buffers[last]
@@ -434,17 +483,23 @@ class Pipeline:
             elif direct.size:
                 # Everything is pinned, but these rows found no memory on the node: read them into a
                 # block of their own, and the assembler copies them like cache rows.
+                assert self.pool is not None
                 spill = aligned_empty(direct.size, self.pool.record_shape, self.pool.dtype)
                 which[~to_cache], rows[~to_cache] = len(arrays), np.arange(direct.size)
                 arrays.append(spill)
                 copies.append(_Copy(direct, spill, np.arange(direct.size)))
-            t0, c0 = time.perf_counter(), time.thread_time()
-            read(keys[wanted], Destination(tuple(arrays), which, rows))
-            self._stats.add_busy(tier, time.perf_counter() - t0)
-            self._stats.add_busy(f"{tier}_cpu", time.thread_time() - c0)
+            self._timed_read(read, keys[wanted], Destination(tuple(arrays), which, rows), tier)
             if self.cache is not None:
                 self.cache.publish(crow[fill])
         return BlockRead(seg, a, b, keys, buffers, tuple(copies))
+
+    def _timed_read(self, read: Callable[[np.ndarray, Destination], None], keys: np.ndarray,
+                    dest: Destination, tier: str) -> None:
+        """``read(keys, dest)``, its time counted as ``tier``'s busy (and CPU) time."""
+        t0, c0 = time.perf_counter(), time.thread_time()
+        read(keys, dest)
+        self._stats.add_busy(tier, time.perf_counter() - t0)
+        self._stats.add_busy(f"{tier}_cpu", time.thread_time() - c0)
 
     def _cache_plan(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(cached, row, fill)`` for a block's keys: served from the cache (pinned and with memory
@@ -479,7 +534,7 @@ class Pipeline:
                 self._stats.add_epoch_disk(seg.epoch, disk.bytes_read - before)
                 self._put(self._blocks, block)
             seg.done()
-            self._put(self._blocks, EpochEnd(seg))
+            self._put(self._blocks, EpochEnd(seg.epoch, seg.complete))
         self._put(self._blocks, RunDone())
 
     # ------------------------------------------------------------------ SSD tier
@@ -490,7 +545,7 @@ class Pipeline:
         own ascending pass) and never written to SSD.
         """
         assert self.slots is not None and self.sizes.ssd_block is not None
-        first = True
+        first = self._grow
         for seg in self._segments:
             size = self.sizes.first_block if first else self.sizes.ssd_block
             first = False
@@ -523,8 +578,12 @@ class Pipeline:
                 self._stats.add_epoch_disk(seg.epoch, self.disk.payload.stats.bytes_read - before)
                 self._put(self._ssd_q, ReservoirWritten(seg, a, b, keys, stored, slot))
             seg.done()
-            self._put(self._ssd_q, EpochEnd(seg))
+            self._put(self._ssd_q, EpochEnd(seg.epoch, seg.complete))
         self._put(self._ssd_q, RunDone())
+
+    def _pool(self) -> BatchPool:
+        assert self.pool is not None
+        return self.pool
 
     def _cache_rows(self) -> np.ndarray:
         assert self.cache is not None and self.cache.rows is not None
@@ -591,7 +650,7 @@ class Pipeline:
             if block.buffers is not None:
                 buf = block.buffers[g]
             else:
-                buf = part.buffer if part is not None else self.pool.acquire(self.stop)
+                buf = part.buffer if part is not None else self._pool().acquire(self.stop)
             t0 = time.perf_counter()  # assembly time: not the waits for a buffer or for the consumer
             keys = block.keys[lo - a : hi - a]
             if part is not None:

@@ -13,7 +13,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -27,7 +27,7 @@ from shardkit.readers.interface import Batch, ElementSpec
 from shardkit.readers.locality import NodeLayout, NodePartition, local_shape, node_partition
 from shardkit.readers.mixture import PlanOrder
 from shardkit.readers.node_cache import NodeDiskCache, entry_name, node_cache_dir
-from shardkit.readers.pipeline import BatchReady, EpochEnd, Pipeline, RunDone, Segment
+from shardkit.readers.pipeline import BatchReady, BlockRead, EpochEnd, Pipeline, RunDone, Segment
 from shardkit.readers.schedule import (
     ArrayOrder,
     EpochOrder,
@@ -43,7 +43,7 @@ from shardkit.readers.stopping import CurrentRun
 from shardkit.stores import Location, location_string
 from shardkit.units import human_bytes, parse_count
 
-__all__ = ["TieredSampler", "STATE_VERSION"]
+__all__ = ["TieredSampler", "STATE_VERSION", "BatchSupply", "RunOwner"]
 
 logger = logging.getLogger(__name__)
 
@@ -458,7 +458,33 @@ class TieredSampler(Closing):
             self._start_epoch = self._epoch
             self._position = 0
             end = self._end_epoch()
-        return self._run.start(_Run(self, end))
+        return self._run.start(_Run(self, self._pipeline(end), self._pool))
+
+    def _pipeline(self, end: int | None) -> Pipeline | None:
+        """The background half of an iteration up to epoch ``end`` (``None`` when nothing is left)."""
+        first_epoch, first_pos = self._epoch, self._position
+        if (end is not None and first_epoch >= end) or self.options.limit == 0:
+            return None
+        self.identity.check()  # before the run opens the dataset's files
+        return Pipeline(
+            self.source,
+            self._segments(first_epoch, first_pos, end),
+            fields=self.fields,
+            stats=self.stats,
+            sizes=self.sizes,
+            pool=self._pool,
+            ssd_dir=self.ssd_dir,
+            gap_bytes=self.options.gap_bytes,
+            dataset_options=self.options.dataset_options(),
+            static_cache=self._cache,
+            node_disk=self._node_disk,
+            identity=self.identity,
+            key_map=self._local_keys,
+        )
+
+    def _reached(self, epoch: int, position: int) -> None:
+        """The consumer is at ``position`` of ``epoch`` (what :meth:`state_dict` saves)."""
+        self._epoch, self._position = epoch, position
 
     @property
     def pinned_keys(self) -> np.ndarray:
@@ -516,71 +542,79 @@ class TieredSampler(Closing):
         )
 
 
-class _Run:
-    """One iteration: the consumer end of a :class:`Pipeline`.
+class BatchSupply(Protocol):
+    """Where an iteration's batches come from: a :class:`Pipeline`, or the batches a shared job
+    copies out of the server's ring (:mod:`shardkit.readers.shared.client`)."""
 
-    The background threads reference only the pipeline, never this object, so dropping the
+    def get(self) -> BatchReady | BlockRead | EpochEnd | RunDone:
+        """The next item; raises the background failure, if any."""
+        ...
+
+    def shutdown(self) -> None:
+        """Stop the background work and free what it holds (idempotent, any thread)."""
+        ...
+
+
+class RunOwner(Protocol):
+    """The sampler an iteration belongs to: its counters, its payload's name, where it stands."""
+
+    stats: SamplerStats
+    payload_name: str
+
+    def _reached(self, epoch: int, position: int) -> None: ...
+
+
+class _Run:
+    """One iteration: the consumer end of a :class:`BatchSupply` (a :class:`Pipeline` for the
+    sampler, the ring's batches for a shared job), the same for both.
+
+    The background threads reference only the supply, never this object, so dropping the
     iterator (``break`` then garbage collection) triggers :func:`weakref.finalize`, which stops the
-    threads and deletes the SSD directory.
+    threads and frees what they hold (the SSD directory, a shared job's connection).
     """
 
-    def __init__(self, sampler: TieredSampler, end: int | None) -> None:
-        self._s = sampler
-        self._done = False
-        self._pipeline: Pipeline | None = None
+    def __init__(self, owner: RunOwner, supply: BatchSupply | None, pool: BatchPool | None) -> None:
+        self._s = owner
+        self._pool = pool
+        self._done = supply is None
+        self._supply = supply
         self._finalizer: weakref.finalize[Any, Any] | None = None
-        first_epoch, first_pos = sampler._epoch, sampler._position
-        if (end is not None and first_epoch >= end) or sampler.options.limit == 0:
-            self._done = True
-            return
-        sampler.identity.check()  # before the run opens the dataset's files
-        self._pipeline = Pipeline(
-            sampler.source,
-            sampler._segments(first_epoch, first_pos, end),
-            fields=sampler.fields,
-            stats=sampler.stats,
-            sizes=sampler.sizes,
-            pool=sampler._pool,
-            ssd_dir=sampler.ssd_dir,
-            gap_bytes=sampler.options.gap_bytes,
-            dataset_options=sampler.options.dataset_options(),
-            static_cache=sampler._cache,
-            node_disk=sampler._node_disk,
-            identity=sampler.identity,
-            key_map=sampler._local_keys,
-        )
-        self._finalizer = weakref.finalize(self, self._pipeline.shutdown)
+        if supply is not None:
+            self._finalizer = weakref.finalize(self, supply.shutdown)
 
     def __iter__(self) -> _Run:
         return self
 
     def __next__(self) -> Batch:
-        if self._done or self._pipeline is None:
+        if self._done or self._supply is None:
             raise StopIteration
-        s = self._s
+        s, pool = self._s, self._pool
         s.stats.start_clock()
-        s._pool.consumer_waits()
+        if pool is not None:
+            pool.consumer_waits()
         t0 = time.perf_counter()
         try:
             while True:
-                match self._pipeline.get():
+                match self._supply.get():
                     case BatchReady(batch=batch, epoch=epoch, position=position, buffer=buffer):
                         t1 = time.perf_counter()
-                        if buffer is not None:
-                            s._pool.hand_over(buffer)  # from now on, references decide its reuse
-                        s._epoch, s._position = epoch, position
+                        if buffer is not None and pool is not None:
+                            pool.hand_over(buffer)  # from now on, references decide its reuse
+                        s._reached(epoch, position)
                         n = int(batch["key"].shape[0])
                         out = dict(batch)
                         t2 = time.perf_counter()
                         s.stats.add_busy("handover", t2 - t1)
                         s.stats.add_delivered(n, batch[s.payload_name].nbytes, t1 - t0)
                         return out
-                    case EpochEnd(segment=seg):
-                        if seg.complete:
-                            s._epoch, s._position = seg.epoch + 1, 0
+                    case EpochEnd(epoch=epoch, complete=complete):
+                        if complete:
+                            s._reached(epoch + 1, 0)
                     case RunDone():
                         self.close()
                         raise StopIteration
+                    case other:
+                        raise SamplerError(f"expected a batch, found {type(other).__name__} (internal error)")
         except BaseException:
             if not self._done:
                 s.stats.add_stall(time.perf_counter() - t0)

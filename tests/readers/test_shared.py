@@ -135,6 +135,70 @@ def test_disk_bytes_independent_of_job_count(tmp_path: Path, ssd_dir: Path, name
     assert _leftovers(name) == [] and list(ssd_dir.iterdir()) == []
 
 
+def test_ssd_tier_and_big_ram_through_the_pipeline(tmp_path: Path, ssd_dir: Path, name: str) -> None:
+    """A server with the SSD tier and a ring slot larger than an SSD reservoir (K = N > K1) fills its
+    ring through the sampler's pipeline: every job's epoch is the documented exact permutation,
+    every epoch reads the dataset once and writes it to SSD once, and the pipeline's own per-epoch
+    and per-stage counters (which the server's former block loop did not keep) say so."""
+    n, epochs, k1 = 29, 3, 8
+    ds = make_dataset(tmp_path / "ds", n, records_per_shard=4)
+    srv = TierServer(ds, name=name, tiers="ram,ssd", ram_size="64records", ssd_size=f"{2 * k1}records",
+                     ssd_dir=ssd_dir, slots=2, epochs=epochs, wait_for=2, seed=5, gap_bytes=0).start()
+    try:
+        assert (srv.slot_records, srv.ssd_block) == (n, k1)
+
+        def run(j: int) -> list[np.ndarray]:
+            return [check_batch(b) for b in SharedSampler(name, job_seed=40 + j, batch_size=5, epochs=epochs, dataset=ds)]
+
+        results = run_jobs(run, range(2), timeout=60)
+        assert srv.wait(30)
+    finally:
+        srv.close()
+    for j in range(2):
+        keys = np.concatenate(results[j]).reshape(epochs, n)
+        for e in range(epochs):
+            assert (np.sort(keys[e]) == np.arange(n)).all()
+            np.testing.assert_array_equal(keys[e], job_order(5, 40 + j, e, n, n, k1))
+    st = srv.stats
+    index = -(-n // 4) * index_nbytes(4)
+    assert sorted(st.disk_bytes_by_epoch) == list(range(epochs))
+    assert sum(st.disk_bytes_by_epoch.values()) == st.disk.bytes_read == epochs * n * REC + index
+    assert all(st.disk_bytes_by_epoch[e] == n * REC for e in range(1, epochs))  # each reservoir read once
+    assert st.ssd_bytes_written == st.ssd.bytes_read == epochs * n * REC and st.ssd.records == epochs * n
+    assert {"ssd_fill", "ssd"} <= set(st.busy_seconds)
+    assert srv.published == epochs * -(-n // k1)
+    assert _leftovers(name) == [] and list(ssd_dir.iterdir()) == []
+
+
+def test_cli_serve_with_the_ssd_tier(tmp_path: Path, ssd_dir: Path, name: str) -> None:
+    """``shardkit serve --tiers ram,ssd`` with a big ring: a job gets exact permutations in the
+    documented order, and the summary shows each epoch went through the SSD tier once."""
+    n, epochs = 20, 2
+    ds = make_dataset(tmp_path / "ds", n)
+    p = subprocess.Popen([sys.executable, "-m", "shardkit.cli.main", "serve", str(ds), "--name", name, "--tiers",
+                          "ram,ssd", "--ram-size", "40records", "--ssd-size", "12records", "--ssd-dir", str(ssd_dir),
+                          "--slots", "2", "--epochs", str(epochs), "--seed", "9"],
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        info = wait_for_server(name, timeout=60)
+        assert set(info.tiers) == {"ram", "ssd"} and info.slot_records == n
+        with SharedSampler(name, job_seed=3, batch_size=6, epochs=epochs) as job:
+            keys = np.concatenate([check_batch(b) for b in job]).reshape(epochs, n)
+        stdout, stderr = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate(timeout=30)
+    assert p.returncode == 0, stderr
+    for e in range(epochs):
+        np.testing.assert_array_equal(keys[e], job_order(9, 3, e, n, n, 6))
+    written = epochs * n * REC
+    assert f"served {epochs} epochs, {epochs * 4} reservoir blocks" in stdout, stdout
+    assert f"SSD tier {written} B written, {written} B read" in stdout, stdout
+    assert "Traceback" not in stderr
+    assert _leftovers(name) == [] and list(ssd_dir.iterdir()) == []
+
+
 def test_late_job_starts_at_next_epoch(tmp_path: Path, name: str) -> None:
     # 10 reservoirs of 6 per epoch, a ring of 2: while the first job holds its first batches (and
     # its prefetch of 2), the server cannot have published all of epoch 0, so the late job attaches

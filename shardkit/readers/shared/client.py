@@ -12,7 +12,6 @@ import secrets
 import socket
 import threading
 import time
-import weakref
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,9 @@ import numpy as np
 from shardkit.closing import Closing
 from shardkit.errors import ConfigError, InsecurePathError, PeerTimeoutError, ProtocolError, SamplerError, ShardkitError
 from shardkit.formats import Dataset
-from shardkit.readers.pipeline import assemble_batch
+from shardkit.readers.buffers import HOLD_BATCHES, BatchBuffer, BatchPool
+from shardkit.readers.pipeline import BatchReady, RunDone, assemble_batch
+from shardkit.readers.sampler import _Run
 from shardkit.readers.schedule import BATCH_PREFETCH, batches_per_consumer, consumer_slice
 from shardkit.readers.seeds import check_seed
 from shardkit.readers.shared.order import job_permutation
@@ -207,7 +208,9 @@ class SharedSampler(Closing):
         self._layout = RingLayout(info.slots, info.slot_records, *self._record)
         self.stats = SamplerStats()
         self._epoch: int | None = None
-        self._run: CurrentRun[_SharedRun] = CurrentRun()
+        #: Batch buffers, kept across iterations: a batch is a view of one, handed over without a copy.
+        self._pool = BatchPool(self.batch_size, *self._record, BATCH_PREFETCH + 1 + HOLD_BATCHES)
+        self._run: CurrentRun[_Run] = CurrentRun()
 
     @property
     def mixture(self) -> Mixture | None:
@@ -285,7 +288,11 @@ class SharedSampler(Closing):
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         self.close()
-        return self._run.start(_SharedRun(self))
+        return self._run.start(_Run(self, _Link(self), self._pool))
+
+    def _reached(self, epoch: int, position: int) -> None:
+        """A batch of server epoch ``epoch`` was handed over (a job keeps no position: it cannot resume)."""
+        self._epoch = epoch
 
     def close(self) -> None:
         """Detach from the server (idempotent)."""
@@ -297,11 +304,14 @@ class SharedSampler(Closing):
 
 
 class _Link:
-    """The background half of one iteration: a connection, the mapped ring, a heartbeat thread and
-    a batch-assembler thread (so copying batches out of the ring overlaps the job's own work, as
-    the batch creator does in :class:`~shardkit.readers.TieredSampler`). The threads reference
-    only this object, never the iterator, so an abandoned iterator is garbage collected and its
-    finalizer detaches the job (it would otherwise keep its lease and hold the other jobs back)."""
+    """The background half of one iteration, the batch supply of its run (the sampler's own
+    iteration, :class:`~shardkit.readers.sampler._Run`): a connection, the mapped ring, a heartbeat
+    thread and a batch-assembler thread (so copying batches out of the ring overlaps the job's own
+    work, as the batch creator does in :class:`~shardkit.readers.TieredSampler`). Batches are
+    :class:`~shardkit.readers.pipeline.BatchReady` messages in buffers of the sampler's pool; a job
+    keeps no resume position, so no epoch ends are passed on. The threads reference only this
+    object, never the iterator, so an abandoned iterator is garbage collected and its finalizer
+    detaches the job (it would otherwise keep its lease and hold the other jobs back)."""
 
     def __init__(self, s: SharedSampler) -> None:
         self._s = s
@@ -314,8 +324,9 @@ class _Link:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._silence = s.lease_seconds
+        self.error: BaseException | None = None
         self._ring, self._chan = self._connect()
-        self._batches: queue.Queue[tuple[Any, ...]] = queue.Queue(maxsize=BATCH_PREFETCH)
+        self._batches: queue.Queue[BatchReady | RunDone] = queue.Queue(maxsize=BATCH_PREFETCH)
         for target, tname in ((self._heartbeat, "shardkit-shared-heartbeat"), (self._assemble, "shardkit-shared-batches")):
             t = threading.Thread(target=target, name=tname, daemon=True)
             t.start()
@@ -430,16 +441,28 @@ class _Link:
                 item = self._next_batch()
                 if item is None:
                     self._detach()  # done: the server stops counting on us at once
-                    put(self._batches, ("done",), self._stop)
+                    put(self._batches, RunDone(), self._stop)
                     return
                 put(self._batches, item, self._stop)
         except Stopped:
             return
         except BaseException as exc:
+            self.error = exc
+
+    def get(self) -> BatchReady | RunDone:
+        """The next batch, or :class:`RunDone`; raises what stopped the batch thread."""
+        while True:
             try:
-                put(self._batches, ("error", exc), self._stop)
-            except Stopped:
-                pass
+                return self._batches.get(timeout=_POLL)
+            except queue.Empty:
+                if self._threads[-1].is_alive() or not self._batches.empty():
+                    continue
+            exc = self.error
+            if exc is None:
+                raise SamplerError("shared sampler: batch thread ended unexpectedly")
+            if isinstance(exc, ShardkitError):
+                raise exc
+            raise SamplerError(f"shared sampler: {type(exc).__name__}: {exc}") from exc
 
     def _target(self) -> tuple[int, int] | None:
         """Epoch positions ``[lo, hi)`` of this consumer's slice of global batch ``g`` (None: no more)."""
@@ -460,13 +483,27 @@ class _Link:
             case other:
                 raise ProtocolError(f"shardkit server {self._s.name!r}: unexpected or invalid {other!r}")
 
-    def _next_batch(self) -> tuple[Any, ...] | None:
-        """Copy this consumer's next batch out of the ring: ``("batch", dict, epoch)`` or None when
-        done. Walks every reservoir (releasing each), copying only its own positions."""
+    def _next_batch(self) -> BatchReady | None:
+        """Copy this consumer's next batch out of the ring into a pool buffer, or None when done.
+        Walks every reservoir (releasing each), copying only its own positions."""
         s = self._s
-        shape, dtype = s._record
+        buf: BatchBuffer | None = None
+        try:
+            buf = s._pool.acquire(self._stop)
+            batch = self._fill(buf.array)
+        except BaseException:
+            if buf is not None:
+                s._pool.release(buf)
+            raise
+        if batch is None:
+            s._pool.release(buf)
+            return None
+        return BatchReady(*batch, buf)
+
+    def _fill(self, out: np.ndarray) -> tuple[dict[str, np.ndarray], int, int] | None:
+        """Copy this consumer's next batch into ``out``: ``(batch, epoch, position after it)``."""
+        s = self._s
         b = s.batch_size
-        out = np.empty((b, *shape), dtype=dtype)
         keys = np.empty(b, dtype=np.int64)
         filled = 0
         epoch = -1
@@ -509,12 +546,11 @@ class _Link:
                 break
         if filled == 0:
             return None
-        payload = out if filled == b else out[:filled].copy()
-        batch = assemble_batch(s.payload_name, payload, s.fields, keys[:filled])
+        batch = assemble_batch(s.payload_name, out[:filled], s.fields, keys[:filled])
         batch["key"] = s._local_keys(batch["key"])  # global key -> the record's key in its dataset
-        return ("batch", batch, epoch)
+        return batch, epoch, self._epos
 
-    def close(self) -> None:
+    def shutdown(self) -> None:
         """Say goodbye, stop the threads, unmap the ring (idempotent)."""
         if self._stop.is_set():
             return
@@ -525,51 +561,3 @@ class _Link:
                 t.join(10.0)
         self._detach()
         self._ring.close()
-
-
-class _SharedRun:
-    """One iteration of a :class:`SharedSampler` (the consumer end of a :class:`_Link`)."""
-
-    def __init__(self, s: SharedSampler) -> None:
-        self._s = s
-        self._closed = False
-        self._link = _Link(s)
-        self._finalizer = weakref.finalize(self, self._link.close)
-
-    def __iter__(self) -> _SharedRun:
-        return self
-
-    def __next__(self) -> dict[str, np.ndarray]:
-        if self._closed:
-            raise StopIteration
-        s, link = self._s, self._link
-        s.stats.start_clock()
-        t0 = time.perf_counter()
-        try:
-            while True:
-                try:
-                    item = link._batches.get(timeout=_POLL)
-                    break
-                except queue.Empty:
-                    if not link._threads[-1].is_alive() and link._batches.empty():
-                        raise SamplerError("shared sampler: batch thread ended unexpectedly") from None
-        except BaseException:
-            self.close()
-            raise
-        if item[0] == "batch":
-            _, batch, epoch = item
-            s._epoch = epoch
-            s.stats.add_delivered(int(batch["key"].shape[0]), batch[s.payload_name].nbytes, time.perf_counter() - t0)
-            return batch  # type: ignore[no-any-return]
-        self.close()
-        if item[0] == "error":
-            exc = item[1]
-            if isinstance(exc, ShardkitError):
-                raise exc
-            raise SamplerError(f"shared sampler: {type(exc).__name__}: {exc}") from exc
-        raise StopIteration
-
-    def close(self) -> None:
-        """Detach now (idempotent)."""
-        self._closed = True
-        self._finalizer()

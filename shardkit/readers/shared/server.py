@@ -1,13 +1,15 @@
 """The server half of the shared tier stack: :class:`TierServer` and :func:`serve`.
 
-The design (order, ring, release bound, leases, lifetime) is docs/design.md §8, its security model
-docs/design.md §13.
+The server's tiers are the sampler's own :class:`~shardkit.readers.pipeline.Pipeline`, given the
+ring as its :class:`~shardkit.readers.pipeline.SlotSink`: the block reader reads each published
+block (its keys ascending) straight into a free ring slot, through the SSD tier when there is
+one, and the producer thread only publishes the blocks it is handed. The design (order, ring,
+release bound, leases, lifetime) is docs/design.md §8, its security model docs/design.md §13.
 """
 
 from __future__ import annotations
 
 import atexit
-import concurrent.futures
 import hmac
 import logging
 import os
@@ -17,7 +19,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
@@ -27,10 +29,10 @@ import numpy as np
 
 from shardkit.converters.options import count, duration
 from shardkit.errors import ConfigError, PeerTimeoutError, ProtocolError, SamplerError, ShardkitError
-from shardkit.formats import PayloadArray
-from shardkit.readers.config import SamplerOptions, UserOptions, option, path_or_none, shared_option
-from shardkit.readers.scratch import ReservoirSlots
-from shardkit.readers.shared.order import blocks, partition
+from shardkit.readers.config import SamplerOptions, TierSizes, UserOptions, option, path_or_none, shared_option
+from shardkit.readers.pipeline import BlockRead, EpochEnd, Pipeline, Segment
+from shardkit.readers.schedule import ArrayOrder, plan_shape
+from shardkit.readers.shared.order import partition
 from shardkit.readers.shared.protocol import (
     MAX_INFO_BYTES,
     PROTOCOL_VERSION,
@@ -52,8 +54,8 @@ from shardkit.readers.shared.protocol import (
 )
 from shardkit.readers.shared.ring import Ring, RingLayout
 from shardkit.readers.shared.rundir import RunDir, check_name, run_dir_path
-from shardkit.readers.sources import MixedDataset, Mixture, as_source
-from shardkit.readers.ssd import READ_CHUNK_BYTES, SsdSpace
+from shardkit.readers.sources import Mixture, as_source
+from shardkit.readers.ssd import READ_CHUNK_BYTES
 from shardkit.readers.stats import SamplerStats
 from shardkit.readers.stopping import Stopped
 from shardkit.stores import Location, location_string
@@ -233,8 +235,9 @@ class TierServer:
         self._ring: Ring | None = None
         self._listener: socket.socket | None = None
         self._threads: list[threading.Thread] = []
-        self._space: SsdSpace | None = None
-        self._slots: ReservoirSlots | None = None
+        #: Blocks the pipeline has taken a ring slot for (it runs at most ``slots`` ahead of publishing).
+        self._reserved = 0
+        self._pipeline: Pipeline | None = None
         self._closed = False
 
     # ------------------------------------------------------------------ start / stop
@@ -274,10 +277,6 @@ class TierServer:
         self._token = secrets.token_bytes(TOKEN_BYTES)
         run.write_file("token", self._token.hex().encode())
         self._ring = Ring.create(run, self.layout)
-        self.disk = MixedDataset(self.source, stats=self.stats.disk, gap_bytes=self.options.gap_bytes)
-        if self.ssd_dir is not None:
-            self._space = SsdSpace(self.ssd_dir)
-            self._slots = ReservoirSlots(self._space, self.disk.payload, READ_CHUNK_BYTES)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._listener = listener
         listener.bind(run.address())
@@ -331,9 +330,12 @@ class TierServer:
             return
         self._closed = True
         atexit.unregister(self.close)
-        self._stop.set()
         with self._cv:
+            self._stop.set()
             self._cv.notify_all()
+            pipeline = self._pipeline
+        if pipeline is not None:
+            pipeline.shutdown()  # the producer's wait for a block ends; the SSD directory goes
         me = threading.current_thread()
         with self._cv:
             threads = [*self._threads, *self._conn_threads]
@@ -350,12 +352,6 @@ class TierServer:
         if self._ring is not None:
             self._ring.close()
             self._ring = None
-        if self._slots is not None:
-            self._slots.close()
-        if self._space is not None:
-            self._space.close()
-        if getattr(self, "disk", None) is not None:
-            self.disk.close()
         if self._run is not None:
             if self._lock_fd is not None:
                 self._run.remove()
@@ -606,24 +602,35 @@ class TierServer:
 
     # ------------------------------------------------------------------ producing
     def _produce(self) -> None:
+        pipeline: Pipeline | None = None
         try:
             epoch = 0
             while not self._stop.is_set() and (self.epochs is None or epoch < self.epochs):
                 if not self._begin_epoch(epoch):
                     return
-                if self._run_epoch(epoch):
+                if pipeline is None:
+                    pipeline = self._start_pipeline(epoch)
+                if self._run_epoch(pipeline, epoch):
                     self.epochs_served += 1
+                else:  # its blocks read ahead are not published: the next epoch starts afresh
+                    self._stop_pipeline(pipeline)
+                    pipeline = None
                 epoch += 1
             self._finish()
         except Stopped:
             return
         except BaseException as exc:
+            if self._stop.is_set():  # closing: the pipeline was shut down under the producer
+                return
             self.error = exc
             logger.error("server %s: producer failed: %s: %s", self.name, type(exc).__name__, exc)
             with self._cv:
                 jobs = list(self._jobs.values())
             for job in jobs:
                 job.channel.close()
+        finally:
+            if pipeline is not None:
+                self._stop_pipeline(pipeline)
 
     def _begin_epoch(self, epoch: int) -> bool:
         need = self.options.wait_for if not self._started_first else 1
@@ -639,85 +646,93 @@ class TierServer:
             logger.info("server %s: epoch %d for jobs %s", self.name, epoch, sorted(self._active))
         return True
 
-    def _blocks(self, epoch: int) -> Generator[tuple[np.ndarray, Callable[[np.ndarray, np.ndarray], Any]]]:
-        """Yield ``(sorted keys, read(keys, out))`` per published block of the epoch, in ``pi`` order."""
-        pi = self._plan.slot_keys(epoch, partition(self.seed, epoch, self.num_records))
-        k = self.slot_records
-        if self.ssd_block is None:
-            payload = self.disk.payload
-            for a, b in blocks(pi.size, k):
-                yield np.sort(pi[a:b]), payload.read
-            return
-        assert self._slots is not None
-        outer = blocks(pi.size, self.ssd_block)
-        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="shardkit-serve-ssd")
-        slots = self._slots
+    def _segments(self, first: int) -> Iterator[Segment]:
+        """The epochs from ``first`` on as the pipeline's segments: the whole of ``pi_e`` in order
+        (one consumer; its blocks are the published blocks)."""
+        n = self.num_records
+        shape = plan_shape(n, 0, max(1, n), 0, 1)
+        epoch = first
+        while self.epochs is None or epoch < self.epochs:
+            pi = self._plan.slot_keys(epoch, partition(self.seed, epoch, n))
+            yield Segment(epoch, shape, ArrayOrder(pi))
+            epoch += 1
 
-        def write(i: int) -> np.ndarray:
-            """Reservoir ``i`` into slot ``i % 2`` (the other slot is being read meanwhile)."""
-            a, b = outer[i]
-            stored = np.unique(pi[a:b])  # ascending; a mixture's key may repeat in a block
-            self.stats.add_written(slots.write(i % 2, self.disk.payload, stored, self._stop))
-            return stored
+    def _start_pipeline(self, epoch: int) -> Pipeline:
+        """The tiers from ``epoch`` on: blocks of ``K`` records (inside SSD reservoirs of ``K1``)."""
+        rec, k = self.record_nbytes, self.slot_records
+        sizes = TierSizes(
+            ram_bytes=self.slots * k * rec, ram_block=k, first_block=k, ssd_bytes=None if self.ssd_block is None
+            else 2 * self.ssd_block * rec, ssd_block=self.ssd_block, static_records=0, num_records=self.num_records,
+            ssd_copy_bytes=READ_CHUNK_BYTES if self.ssd_block is not None else 0, record_nbytes=rec,
+        )  # fmt: skip
+        with self._cv:
+            if self._stop.is_set():
+                raise Stopped()
+            self._reserved = self.published
+            self._pipeline = Pipeline(self.source, self._segments(epoch), fields={}, stats=self.stats, sizes=sizes,
+                                      pool=None, ssd_dir=self.ssd_dir, gap_bytes=self.options.gap_bytes, sink=self)
+            return self._pipeline
 
-        fut = pool.submit(write, 0) if outer else None
-        try:
-            for i, (a, b) in enumerate(outer):
-                assert fut is not None
-                stored = fut.result()
-                fut = pool.submit(write, i + 1) if i + 1 < len(outer) else None
-                res = slots.records(i % 2, stored.size, self.stats.ssd, self.options.gap_bytes)
-                for c, d in blocks(b - a, k):
+    def _stop_pipeline(self, pipeline: Pipeline) -> None:
+        pipeline.shutdown()
+        with self._cv:
+            if self._pipeline is pipeline:
+                self._pipeline = None
 
-                    def read(keys: np.ndarray, out: np.ndarray, res: PayloadArray = res, stored: np.ndarray = stored) -> np.ndarray:
-                        return res.read(np.searchsorted(stored, keys), out=out)
+    def acquire(self, stop: threading.Event) -> tuple[int, np.ndarray]:
+        """The ring slot of the next block the pipeline reads (its :class:`SlotSink` side): slot
+        ``i % slots`` for block ``i``, once block ``i - slots`` was published and every job it was
+        published to has released it (or left)."""
+        with self._cv:
+            slot = self._reserved % self.slots
+            while self._reserved - self.published >= self.slots or self._holders[slot]:
+                if stop.is_set() or self._stop.is_set():
+                    raise Stopped()
+                self._expire_leases()
+                self._cv.wait(_TICK)
+            if stop.is_set() or self._stop.is_set():
+                raise Stopped()
+            self._reserved += 1
+            assert self._ring is not None
+            return slot, self._ring.payload[slot]
 
-                    yield np.sort(pi[a + c : a + d]), read
-        finally:
-            if fut is not None:
-                concurrent.futures.wait([fut])
-            pool.shutdown(wait=True)
-
-    def _run_epoch(self, epoch: int) -> bool:
-        """Publish every reservoir block of ``epoch``; False if every job left (epoch abandoned)."""
+    def _run_epoch(self, pipeline: Pipeline, epoch: int) -> bool:
+        """Publish every block of ``epoch`` the pipeline reads; False if every job left (epoch abandoned)."""
         assert self._ring is not None
         ring = self._ring
-        nblocks = len(blocks(self.num_records, self.slot_records, self.ssd_block))
-        stream = self._blocks(epoch)
-        try:
-            for r, (keys, read) in enumerate(stream):
-                slot = self.published % self.slots
-                with self._cv:
-                    while self._holders[slot] and self._active and not self._stop.is_set():
-                        self._expire_leases()
-                        self._cv.wait(_TICK)
+        r = 0
+        while True:
+            match pipeline.get():
+                case BlockRead(slot=int(slot), keys=keys) as block:
                     if self._stop.is_set():
                         raise Stopped()
-                    if not self._active:
-                        logger.info("server %s: every job left during epoch %d; skipping its rest", self.name, epoch)
-                        return False
-                    self._holders[slot].clear()
-                n = int(keys.size)
-                ring.keys[slot, :n] = keys
-                read(keys, ring.payload[slot])
-                with self._cv:
-                    self._seq += 1
-                    seq = self._seq
-                    self._slot_seq[slot] = seq
-                    recipients = [self._jobs[j] for j in sorted(self._active) if j in self._jobs]
-                    self._holders[slot] = {j.id for j in recipients}
-                self.published += 1
-                msg = Reservoir(seq, epoch, r, slot, n, r == nblocks - 1)
-                for job in recipients:
-                    try:
-                        job.send(msg)
-                    except OSError as exc:
-                        self._drop(job.id, f"went away ({exc})")
-                    except PeerTimeoutError as exc:
-                        self._drop(job.id, str(exc))
-            return True
-        finally:
-            stream.close()
+                    n = int(keys.size)
+                    ring.keys[slot, :n] = keys
+                    with self._cv:
+                        if not self._active:
+                            logger.info("server %s: every job left during epoch %d; skipping its rest", self.name, epoch)
+                            return False
+                        self._seq += 1
+                        seq = self._seq
+                        self._slot_seq[slot] = seq
+                        recipients = [self._jobs[j] for j in sorted(self._active) if j in self._jobs]
+                        self._holders[slot] = {j.id for j in recipients}
+                        self.published += 1
+                        self._cv.notify_all()
+                    msg = Reservoir(seq, epoch, r, slot, n, block.last)
+                    r += 1
+                    for job in recipients:
+                        try:
+                            job.send(msg)
+                        except OSError as exc:
+                            self._drop(job.id, f"went away ({exc})")
+                        except PeerTimeoutError as exc:
+                            self._drop(job.id, str(exc))
+                case EpochEnd():
+                    return True
+                case other:
+                    raise SamplerError(f"server {self.name}: expected a block of epoch {epoch}, found {other!r} "
+                                       "(internal error)")
 
     def _finish(self) -> None:
         """After the last epoch: wait until every slot is released (or its holders gone), then say done."""
