@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from shardkit.formats import DatasetWriter, FieldSpec
+from shardkit.formats.spec import TAIL_SAMPLE_NBYTES, index_nbytes
 from shardkit.readers import TieredSampler
 
 
@@ -59,3 +60,10 @@ def epochs_of(sampler: TieredSampler, n_per_epoch: int) -> np.ndarray:
     keys = np.concatenate(collect(sampler))
     assert keys.size % n_per_epoch == 0
     return keys.reshape(-1, n_per_epoch)
+
+
+def opening_nbytes(n: int, rps: int, rec: int) -> int:
+    """Bytes a reader reads to open every shard of an uncompressed dataset of ``n`` records of ``rec``
+    bytes, ``rps`` a shard, once: each shard's index with the end of its records (``tail_crc32c``)."""
+    sizes = [min(rps, n - a) for a in range(0, n, rps)]
+    return sum(index_nbytes(rps) + min(TAIL_SAMPLE_NBYTES, k * rec) for k in sizes)

@@ -20,12 +20,11 @@ import pytest
 
 from shardkit.formats import PayloadArray
 from shardkit.formats.reader import Destination
-from shardkit.formats.spec import index_nbytes
 from shardkit.readers import TieredSampler, epoch_permutation, schedule
 from shardkit.readers.config import MIN_COPY_BYTES
 from shardkit.readers.schedule import block_bounds, read_efficiency
 from tests.helpers.order_stats import ALPHA, item_position_pvalue
-from tests.helpers.sampler_data import check_batch, collect, make_dataset
+from tests.helpers.sampler_data import check_batch, collect, make_dataset, opening_nbytes
 
 SHAPE = (16, 16, 4)  # 1 KiB records
 REC = 1024
@@ -131,7 +130,7 @@ def test_storage_bytes_per_epoch(tmp_path: Path, small_blocks: None) -> None:
     covers the dataset."""
     n = 40
     ds = _ds(tmp_path, n)
-    index = index_nbytes(5) * (n // 5)  # each shard's index, read once per run
+    index = opening_nbytes(n, 5, REC)  # each shard's index (and records' end), read once per run
     for ram, expect_full in (("40records", True), ("33records", False), ("2records", False)):
         s = TieredSampler(ds, ram_size=ram, batch_size=2, epochs=4, seed=8, gap_bytes=0)
         keys = np.concatenate(collect(s)).reshape(4, n)

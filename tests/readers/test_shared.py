@@ -27,7 +27,7 @@ from shardkit.readers import Sampler, SharedSampler, TierServer
 from shardkit.readers.shared import job_order, wait_for_server
 from shardkit.readers.shared.rundir import run_dir_path
 from tests.helpers.order_stats import ALPHA, item_position_pvalue
-from tests.helpers.sampler_data import check_batch, make_dataset
+from tests.helpers.sampler_data import check_batch, make_dataset, opening_nbytes
 from tests.helpers.threads import Jobs, run_jobs
 
 REC = 16
@@ -129,7 +129,7 @@ def test_disk_bytes_independent_of_job_count(tmp_path: Path, ssd_dir: Path, name
         assert (np.sort(keys, 1) == np.arange(n)).all()
         for e in range(epochs):  # K = 4 divides K1 = 8: the same blocks with or without SSD
             np.testing.assert_array_equal(keys[e], _expected_order(3, 10 + j, e, n, 4))
-    assert srv.stats.disk.bytes_read - -(-n // 4) * index_nbytes(4) == epochs * n * REC  # one pass an epoch
+    assert srv.stats.disk.bytes_read - opening_nbytes(n, 4, REC) == epochs * n * REC  # one pass an epoch
     assert srv.stats.disk.records == epochs * n
     if tiers == "ram,ssd":
         assert srv.ssd_block == 8
@@ -163,7 +163,7 @@ def test_ssd_tier_and_big_ram_through_the_pipeline(tmp_path: Path, ssd_dir: Path
             assert (np.sort(keys[e]) == np.arange(n)).all()
             np.testing.assert_array_equal(keys[e], job_order(5, 40 + j, e, n, n, k1))
     st = srv.stats
-    index = -(-n // 4) * index_nbytes(4)
+    index = opening_nbytes(n, 4, REC)
     assert sorted(st.disk_bytes_by_epoch) == list(range(epochs))
     assert sum(st.disk_bytes_by_epoch.values()) == st.disk.bytes_read == epochs * n * REC + index
     assert all(st.disk_bytes_by_epoch[e] == n * REC for e in range(1, epochs))  # each reservoir read once
