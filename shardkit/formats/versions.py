@@ -305,6 +305,8 @@ def unfinished(location: Location) -> list[str]:
     directory (``.shardkit-parts/<plan>``) is there until the commit and its cleanup are done.
     """
     store = open_store(location)
+    if store.read_only:  # a read-only store (HTTP) cannot be listed, nor appended to through it
+        return []
     plans = sorted({m.key.split("/")[1] for m in store.list(PARTS_DIR) if m.key.count("/") >= 2})
     if not plans:
         return []
