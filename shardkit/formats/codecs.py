@@ -16,16 +16,24 @@ name, so a plug-in cannot silently replace a codec.
 
 zstd frames are written with their content checksum (format 1.1): a damaged compressed record or
 field chunk then fails to decode instead of decoding into different values.
+
+A record must decode to exactly its size. numcodecs decodes a frame that is shorter than the output
+buffer without a word (the rest of the row keeps whatever it held), so each codec here checks the
+number of bytes produced, and :func:`decode_record` is the one place readers, field chunks and
+``verify`` decode through: they all agree on what a valid record is.
 """
 
 from __future__ import annotations
 
+import gzip
+import io
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from shardkit.errors import ConfigError
+from shardkit.errors import ConfigError, CorruptShardError
 
 __all__ = [
     "RecordCodec",
@@ -34,6 +42,7 @@ __all__ = [
     "codec_from_json",
     "codec_from_zarr",
     "available_codecs",
+    "decode_record",
 ]
 
 
@@ -56,7 +65,11 @@ class RecordCodec(ABC):
 
     @abstractmethod
     def decode(self, data: bytes | memoryview, out: np.ndarray) -> None:
-        """Decompress ``data`` into ``out`` (a C-contiguous record buffer of the right size)."""
+        """Decompress ``data`` into ``out`` (a C-contiguous record buffer), filling it exactly.
+
+        Raises (any exception; :func:`decode_record` names the record) when ``data`` decodes to fewer
+        or more bytes than ``out.nbytes``: a short record must not leave stale bytes in ``out``.
+        """
 
     @abstractmethod
     def zarr_codecs(self, itemsize: int) -> list[dict[str, Any]]:
@@ -132,9 +145,6 @@ class _NumcodecsCodec(RecordCodec):
     def encode(self, record: np.ndarray) -> bytes:
         return bytes(self._codec.encode(np.ascontiguousarray(record).reshape(-1).view(np.uint8)))
 
-    def decode(self, data: bytes | memoryview, out: np.ndarray) -> None:
-        self._codec.decode(data, out=out.reshape(-1).view(np.uint8))
-
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "level": self.level}
 
@@ -167,6 +177,22 @@ class ZstdCodec(_NumcodecsCodec):
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "level": self.level, "checksum": self.checksum}
 
+    def decode(self, data: bytes | memoryview, out: np.ndarray) -> None:
+        """Fast path (every frame shardkit or zarr-python writes): the frame header declares exactly
+        the record size; zstd checks that a frame produces the size it declares and numcodecs that
+        further frames do not overflow ``out``. Any other frame (no size, another size, several
+        frames) is stream-decoded into ``out``, bounded, and must end exactly at its end."""
+        import zstandard
+
+        flat = _flat(out)
+        if zstandard.frame_content_size(data) == flat.nbytes:
+            self._codec.decode(data, out=flat)
+            return
+        # A window larger than the record (and zstd's usual 8 MiB) is not needed to decode it.
+        window = max(_ZSTD_MIN_WINDOW, 1 << max(0, flat.nbytes - 1).bit_length())
+        reader = zstandard.ZstdDecompressor(max_window_size=window).stream_reader(data, read_across_frames=True)
+        _read_exact(reader, flat, "zstd")
+
 
 @register_codec
 class GzipCodec(_NumcodecsCodec):
@@ -188,6 +214,11 @@ class GzipCodec(_NumcodecsCodec):
     def zarr_codecs(self, itemsize: int) -> list[dict[str, Any]]:
         return [{"name": "gzip", "configuration": {"level": self.level}}]
 
+    def decode(self, data: bytes | memoryview, out: np.ndarray) -> None:
+        """Every member decoded straight into ``out`` (as numcodecs reads them), bounded by its size."""
+        with gzip.GzipFile(fileobj=io.BytesIO(data), mode="rb") as reader:
+            _read_exact(reader, _flat(out), "gzip")
+
 
 @register_codec
 class BloscLz4Codec(_NumcodecsCodec):
@@ -205,6 +236,20 @@ class BloscLz4Codec(_NumcodecsCodec):
     def encode(self, record: np.ndarray) -> bytes:
         arr = np.ascontiguousarray(record)
         return bytes(self._codec.encode(arr))
+
+    def decode(self, data: bytes | memoryview, out: np.ndarray) -> None:
+        """The frame's header must declare the record size and the frame's own length before it is
+        decoded (blosc fills only the size its header declares)."""
+        flat = _flat(out)
+        if len(data) < _BLOSC_HEADER_NBYTES:
+            raise ValueError(f"{len(data)} bytes are shorter than a blosc header ({_BLOSC_HEADER_NBYTES} bytes)")
+        nbytes = int.from_bytes(data[4:8], "little")
+        cbytes = int.from_bytes(data[12:16], "little")
+        if nbytes != flat.nbytes:
+            raise ValueError(f"the blosc header says it decodes to {nbytes} bytes, expected {flat.nbytes}")
+        if cbytes != len(data):
+            raise ValueError(f"the blosc header says the frame is {cbytes} bytes, found {len(data)}")
+        self._codec.decode(data, out=flat)
 
     @classmethod
     def from_zarr(cls, configuration: dict[str, Any]) -> RecordCodec:
@@ -260,6 +305,55 @@ def codec_from_zarr(codecs: Any, *, where: str) -> RecordCodec | None:
         return cls.from_zarr(conf)
     except (ConfigError, TypeError, ValueError) as exc:
         raise NotADatasetError(f"{where}: codec {name!r}: bad configuration ({exc})") from None
+
+
+def decode_record(
+    codec: RecordCodec, data: bytes | memoryview, out: np.ndarray, *, where: str, what: str | Callable[[], str]
+) -> None:
+    """Decode ``data`` into ``out`` (exactly ``out.nbytes`` bytes), or raise CorruptShardError naming
+    the file (``where``) and the record or chunk (``what``, or a function that says it: called only
+    on an error, so the hot path does not format names).
+
+    The one decode every reader (local, ranged, field chunks) and ``verify`` use, so that what one
+    accepts the others accept too.
+    """
+    try:
+        codec.decode(data, out)
+    except Exception as exc:
+        name = what if isinstance(what, str) else what()
+        raise CorruptShardError(f"{where}: {name} does not decode to its {out.nbytes} bytes ({exc})") from None
+
+
+#: Bytes of a blosc frame header (version, flags, type size, nbytes, blocksize, cbytes).
+_BLOSC_HEADER_NBYTES = 16
+#: Smallest zstd window the stream decoder accepts (zstd's default window at most levels is smaller).
+_ZSTD_MIN_WINDOW = 8 << 20
+
+
+class _Reader(Protocol):
+    def readinto(self, buffer: Any, /) -> int: ...
+
+    def read(self, size: int = ..., /) -> bytes: ...
+
+
+def _flat(out: np.ndarray) -> np.ndarray:
+    """``out`` as a flat uint8 view (no copy: ``out`` is C-contiguous)."""
+    flat: np.ndarray = out.reshape(-1).view(np.uint8)
+    return flat
+
+
+def _read_exact(reader: _Reader, flat: np.ndarray, name: str) -> None:
+    """Fill ``flat`` from a decompressing ``reader`` (never more than its size), then probe one more
+    byte: fewer bytes, or any more, is an error."""
+    view = flat.data
+    got = 0
+    while got < flat.nbytes:
+        n = reader.readinto(view[got:])
+        if not n:
+            raise ValueError(f"{name} data decodes to {got} bytes, expected {flat.nbytes}")
+        got += n
+    if reader.read(1):
+        raise ValueError(f"{name} data decodes to more than the {flat.nbytes} bytes expected")
 
 
 def _level(level: Any, name: str) -> int:

@@ -24,7 +24,7 @@ from shardkit.errors import ChecksumError, CorruptShardError, MissingShardError,
 from shardkit.formats import jsonvalues as jv
 from shardkit.formats.atomic import write_bytes_atomic
 from shardkit.formats.checksums import FileDigest, read_objects
-from shardkit.formats.codecs import RecordCodec, codec_from_zarr
+from shardkit.formats.codecs import RecordCodec, codec_from_zarr, decode_record
 from shardkit.formats.metadata import array_metadata, encode_json
 from shardkit.formats.paths import resolve_inside
 from shardkit.formats.publish import put_checked
@@ -160,13 +160,13 @@ def read_field_rows(
                          f"{(stop - start, *spec.shape)} {dtype}")  # fmt: skip
     for j, (rel, load) in zip(wanted, chunks):
         data = load()
-        try:
-            if codec is None:
-                block[...] = np.frombuffer(data, dtype=dtype).reshape(block.shape)
-            else:
-                codec.decode(data, block)
-        except Exception as exc:
-            raise CorruptShardError(f"{store.describe(rel)}: field chunk does not decode to {block.shape} {dtype} ({exc})") from None
+        if codec is not None:  # exactly the block's bytes: a short chunk must not leave the last one's rows
+            decode_record(codec, data, block, where=store.describe(rel), what=f"field chunk {j} of {block.shape} {dtype}")
+        elif len(data) != block.nbytes:
+            raise CorruptShardError(f"{store.describe(rel)}: field chunk is {len(data)} bytes, expected {block.shape} "
+                                    f"{dtype} ({block.nbytes} bytes)")  # fmt: skip
+        else:
+            block[...] = np.frombuffer(data, dtype=dtype).reshape(block.shape)
         first = j * chunk_records
         lo, hi = max(start, first), min(stop, first + chunk_records)
         out[lo - start : hi - start] = block[lo - first : hi - first]

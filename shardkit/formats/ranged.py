@@ -27,6 +27,13 @@ What is checked, so that a short read, a wrong length or a changed object never 
 * shard indexes are checked against the crc32c recorded in the metadata, as locally. For the
   fixed-size layout the index is fully determined by the metadata: when the dense index's crc32c
   equals the recorded ``index_crc32c`` it is not fetched at all (one request per shard saved);
+* each shard's identity (``tail_crc32c``, the end of its records; see
+  :meth:`~shardkit.formats.reader.PayloadArray._check_tail`) is checked before any of its records is
+  served: where the index is fetched, its tail comes in the same request; where the index is known,
+  one small ranged GET of the tail, once per shard, before the shard's first records are fetched by
+  range (a 4 KiB request against shards of hundreds of MiB; a shard read from the local cache is
+  instead checked whole against its recorded crc32c), so a shard copied from another dataset or
+  swapped with another one is refused by the sampler, not served;
 * compressed records carry their codec's own checksum (zstd frames), as locally.
 
 With a local cache (``cache_dir``) the first read starts a :class:`~shardkit.stores.prefetch.ShardPrefetcher`
@@ -54,7 +61,6 @@ import numpy as np
 
 from shardkit.errors import (
     ConfigError,
-    CorruptShardError,
     MissingShardError,
     ObjectChangedError,
     ShardkitError,
@@ -132,6 +138,8 @@ class RangedPayloadArray(PayloadArray):
         #: Shards a newer version of the dataset replaced: read from the copy kept for this version.
         self._keys: dict[int, str] = {}
         self._pending_index: dict[int, bytes] = {}
+        #: Shards whose tail_crc32c was checked (with the index, or by _check_tails).
+        self._tails_checked: set[int] = set()
         self.prefetcher: ShardPrefetcher | None = None
 
     # ------------------------------------------------------------------ files and indexes
@@ -148,9 +156,33 @@ class RangedPayloadArray(PayloadArray):
         return self.shards[i].nbytes - index_nbytes(self.records_per_shard)
 
     def _tail_nbytes(self, i: int) -> int:
-        """0: a remote shard's ``tail_crc32c`` is not checked on open (fetching the tail would cost a
-        request per shard that the dense layout saves, and the local cache checks whole shards)."""
-        return 0
+        """The tail read with the index, when the index is fetched; 0 when the metadata fixes the index
+        (it is not fetched, and :meth:`_check_tails` fetches the tail alone before the first ranged
+        read of the shard)."""
+        if self._known_index(i) is not None:
+            return 0
+        return super()._tail_nbytes(i)
+
+    def _check_tail(self, i: int, sample: bytes) -> None:
+        super()._check_tail(i, sample)
+        self._tails_checked.add(i)
+
+    def _check_tails(self, shards: set[int]) -> None:
+        """Check the ``tail_crc32c`` of every shard of ``shards`` not checked yet, before any of its
+        records is fetched by range: the tails are fetched concurrently (one round trip, one small
+        request per shard, once per reader; a shard whose index was fetched was checked with it)."""
+        todo = [i for i in sorted(shards) if i not in self._tails_checked and PayloadArray._tail_nbytes(self, i)]
+        if not todo:
+            return
+        asks = []
+        for i in todo:
+            end = self._data_nbytes(i)
+            asks.append(ByteRange(self._key(i), end - PayloadArray._tail_nbytes(self, i), end, self._etags.get(i)))
+        for got in _shards_present(self.store.fetch(asks)):
+            i, ask = todo[got.index], asks[got.index]
+            self._check_response(i, got, ask)
+            self.stats.add(self.shard_location(i), ask.start, ask.nbytes)
+            self._check_tail(i, bytes(got.data))
 
     def _known_index(self, i: int) -> bytes | None:
         """The index bytes of uncompressed shard ``i`` when the metadata fixes them: the dense
@@ -163,9 +195,14 @@ class RangedPayloadArray(PayloadArray):
 
     def stored_index(self, i: int) -> ShardIndex:
         """The index bytes actually stored at the end of shard ``i``, fetched and checked (even when
-        :meth:`index` can compute them)."""
+        :meth:`index` can compute them), with the shard's tail in the same request, checked too."""
         info = self.shards[i]
-        return self._decode_index(i, *self._fetch_index(i, info.nbytes - index_nbytes(self.records_per_shard)))
+        tail = PayloadArray._tail_nbytes(self, i)
+        raw, size = self._fetch_index(i, info.nbytes - index_nbytes(self.records_per_shard) - tail)
+        idx = self._decode_index(i, raw, size)  # checks the tail when the index is not known
+        if tail and i not in self._tails_checked:
+            self._check_tail(i, raw[:tail])
+        return idx
 
     def _fetch_index(self, i: int, start: int) -> tuple[bytes, int]:
         info = self.shards[i]
@@ -185,7 +222,7 @@ class RangedPayloadArray(PayloadArray):
         pending = self._pending_index.pop(i, None)
         if pending is not None:
             return pending, info.nbytes
-        return self._fetch_index(i, info.nbytes - isize)
+        return self._fetch_index(i, info.nbytes - isize - self._tail_nbytes(i))
 
     def _key(self, i: int) -> str:
         return self._keys.get(i, self.shards[i].path)
@@ -220,6 +257,7 @@ class RangedPayloadArray(PayloadArray):
         self._etags.pop(replaced.shard, None)
         self._indexes.pop(replaced.shard, None)
         self._pending_index.pop(replaced.shard, None)
+        self._tails_checked.discard(replaced.shard)
 
     def index(self, i: int) -> ShardIndex:
         while True:
@@ -269,12 +307,14 @@ class RangedPayloadArray(PayloadArray):
         if len(missing) < 2:
             return
         isize = index_nbytes(self.records_per_shard)
-        asks = [ByteRange(self._key(i), self.shards[i].nbytes - isize, self.shards[i].nbytes) for i in missing]
+        # each index with the shard's tail before it (checked with it: one request per shard)
+        asks = [ByteRange(self._key(i), self.shards[i].nbytes - isize - self._tail_nbytes(i), self.shards[i].nbytes)
+                for i in missing]  # fmt: skip
         raws: dict[int, bytes] = {}
         for got in _shards_present(self.store.fetch(asks)):
             i = missing[got.index]
             self._check_response(i, got, asks[got.index])
-            self.stats.add(self.shard_location(i), asks[got.index].start, isize)
+            self.stats.add(self.shard_location(i), asks[got.index].start, asks[got.index].nbytes)
             raws[i] = bytes(got.data)
         self._pending_index.update(raws)
         for i in missing:
@@ -311,7 +351,9 @@ class RangedPayloadArray(PayloadArray):
 
     def _fetch_runs(self, remote: list[_Run], rows: _Rows) -> None:
         """Fetch runs by range (split into requests of at most ``request_bytes``), each response
-        scattered into its rows as it arrives."""
+        scattered into its rows as it arrives. Each shard's identity is checked first
+        (:meth:`_check_tails`), so no record of a foreign shard lands in a row."""
+        self._check_tails({run.shard for run in remote})
         pieces: list[tuple[_Run, int, int]] = []  # (run, first record, end record) per request
         asks: list[ByteRange] = []
         limit = self.store.options.request_bytes
@@ -383,12 +425,7 @@ class RangedPayloadArray(PayloadArray):
                 rows[p] = buf[o : o + size]
             return
         for o, size, p in zip(offs, sizes, pos):
-            try:
-                self.codec.decode(data[o : o + size], rows[p])
-            except Exception as exc:
-                raise CorruptShardError(
-                    f"{run.path}: record at offset {start + o} does not decode ({exc})"
-                ) from None
+            self._decode(run.shard, start + o, data[o : o + size], rows[p])
 
 
 class _Replaced(Exception):

@@ -42,7 +42,6 @@ from shardkit.errors import (
     ChecksumError,
     ConfigError,
     CorruptIndexError,
-    CorruptShardError,
     MissingShardError,
     NotADatasetError,
     SchemaError,
@@ -51,7 +50,7 @@ from shardkit.errors import (
 )
 from shardkit.formats import jsonvalues as jv
 from shardkit.formats.checksums import FileDigest
-from shardkit.formats.codecs import RecordCodec, codec_from_zarr
+from shardkit.formats.codecs import RecordCodec, codec_from_zarr, decode_record
 from shardkit.formats.index import ShardIndex, crc32c_of
 from shardkit.formats.metadata import read_json
 from shardkit.formats.paths import resolve_inside
@@ -840,10 +839,21 @@ class PayloadArray:
             self._preadv_all(self._fd(i), path, [view], start)
             for off, size, w, r in zip((plan.offs[a:b] - start).tolist(), plan.sizes[a:b].tolist(),
                                        plan.which[a:b].tolist(), plan.row[a:b].tolist()):  # fmt: skip
-                try:
-                    self.codec.decode(view[off : off + size], rows[w][r])
-                except Exception as exc:
-                    raise CorruptShardError(f"{path}: record at offset {start + off} does not decode ({exc})") from None
+                self._decode(i, start + off, view[off : off + size], rows[w][r])
+
+    def _decode(self, i: int, offset: int, data: bytes | memoryview, out: np.ndarray) -> None:
+        """Decode the compressed record at byte ``offset`` of shard ``i`` into ``out`` (exactly its
+        size, :func:`~shardkit.formats.codecs.decode_record`); the error names shard and record."""
+        assert self.codec is not None
+        decode_record(self.codec, data, out, where=self._shard_str(i), what=lambda: self._record_name(i, offset))
+
+    def _record_name(self, i: int, offset: int) -> str:
+        """Shard ``i``'s record stored at byte ``offset``, for messages (looked up in the index only
+        when a message needs it, so the read path carries no record numbers)."""
+        info = self.shards[i]
+        slots = np.flatnonzero(self.index(i).offsets[: info.count] == offset)
+        record = f"record {info.start + int(slots[0])}" if slots.size else "the record"
+        return f"shard {i} (records {info.start}-{info.stop - 1}): {record} at offset {offset}"
 
     def can_copy_to_file(self) -> bool:
         """True when :meth:`copy_to_file` can copy records without passing them through user space:

@@ -60,12 +60,19 @@ def test_remote_reads_are_coalesced_ranges(s3: Any, tmp_path: Path) -> None:
         ds.stats.trace = []
         keys = np.array([59, 0, 21, 3, 40, 45, 22])
         np.testing.assert_array_equal(ds.payload.read(keys), records[keys])
-        assert ds.stats.read_calls == 3  # one per shard: gaps are far below remote_gap_bytes
-        assert [t[1] for t in sorted(ds.stats.trace)] == [0, 21 * 36 - 20 * 36, 40 * 36 - 40 * 36]
+        # Per shard: one GET of its tail (the identity check, tail_crc32c: here the shard's whole 720 bytes
+        # of records, at most TAIL_SAMPLE_NBYTES), once per reader, and one of its records (gaps are far
+        # below remote_gap_bytes).
+        assert ds.stats.read_calls == 3 + 3
+        tails, runs = ds.stats.trace[:3], sorted(ds.stats.trace[3:])  # the tails come first
+        assert sorted(t[1:] for t in tails) == [(0, 20 * 36)] * 3
+        assert [t[1] for t in runs] == [0, 21 * 36 - 20 * 36, 40 * 36 - 40 * 36]
+        ds.payload.read(keys)
+        assert ds.stats.read_calls == 6 + 3  # the tails are checked once
     with open_dataset(url, remote_gap_bytes=0) as ds:
         ds.payload.read(keys)
-        assert ds.stats.read_calls == 6  # 0,3 | 21,22 | 40 | 45 | 59 : adjacent records still share one
-        assert ds.stats.bytes_read == 7 * 36
+        assert ds.stats.read_calls == 3 + 6  # 0,3 | 21,22 | 40 | 45 | 59 : adjacent records still share one
+        assert ds.stats.bytes_read == 3 * 20 * 36 + 7 * 36
 
 
 def test_verify_remote(pair: tuple[Path, str, np.ndarray], tmp_path: Path) -> None:
@@ -170,13 +177,22 @@ def test_each_record_fetched_once_per_epoch(s3: Any, tmp_path: Path) -> None:
     s = TieredSampler(url, batch_size=5, epochs=3, seed=2, ram_size="10records", remote_gap_bytes=0)
     s.stats.disk.trace = []
     assert sum(b["key"].size for b in s) == 3 * n
+    # The first request of each shard is its identity check (the tail, checked against tail_crc32c
+    # before any record is served: here the shard's whole records, which are smaller than the sample),
+    # once per reader; records are requested by the other requests, exactly once per epoch.
     per_record: dict[tuple[str, int], int] = {}
+    tails: dict[str, tuple[int, int]] = {}
     for path, off, nbytes in s.stats.disk.trace:
+        if path not in tails:
+            tails[path] = (off, nbytes)
+            continue
         assert nbytes % rec == 0
         for j in range(nbytes // rec):
             per_record[(path, off + j * rec)] = per_record.get((path, off + j * rec), 0) + 1
     assert len(per_record) == n and set(per_record.values()) == {3}
-    assert s.stats.disk.bytes_read == 3 * n * rec
+    shard_sizes = [min(7, n - 7 * i) * rec for i in range(len(tails))]
+    assert sorted(tails.values(), key=lambda t: -t[1]) == [(0, size) for size in shard_sizes]
+    assert s.stats.disk.bytes_read == 3 * n * rec + n * rec
     dense = TieredSampler(url, batch_size=5, epochs=3, seed=2, ram_size="10records")
     assert sum(b["key"].size for b in dense) == 3 * n
     assert dense.stats.disk.read_calls < s.stats.disk.read_calls  # coalesced into fewer requests
