@@ -26,9 +26,10 @@ from typing import Any
 import numpy as np
 
 from shardkit.converters.options import count, duration
+from shardkit.declare import UserOptions, option, shared_option
 from shardkit.errors import ConfigError, PeerTimeoutError, ProtocolError, SamplerError, ShardkitError
 from shardkit.formats import PayloadArray
-from shardkit.readers.config import SamplerOptions, UserOptions, option, path_or_none, shared_option
+from shardkit.readers.config import SamplerOptions, path_or_none
 from shardkit.readers.scratch import ReservoirSlots
 from shardkit.readers.shared.order import blocks, partition
 from shardkit.readers.shared.protocol import (
