@@ -1,8 +1,9 @@
 """Command-line flags derived from an options set's declaration (``shardkit sample``, ``profile``, ``serve``).
 
-Every option of :class:`~shardkit.readers.SamplerOptions` and
-:class:`~shardkit.readers.shared.server.ServeOptions` is declared once, as a dataclass field with an
-:class:`~shardkit.readers.config.Option` (default, grammar, help, flag). :func:`options_command`
+Every option of :class:`~shardkit.readers.SamplerOptions` (its object-store settings in
+:class:`~shardkit.stores.StoreOptions`) and :class:`~shardkit.readers.shared.server.ServeOptions`
+is declared once, as a dataclass field with an :class:`~shardkit.declare.Option` (default,
+grammar, help, flag). :func:`options_command`
 turns the declaration into the command's parameters (typer reads ``inspect.signature``), one help
 section per concern, and hands the command the parsed options, so a flag, its default and its help
 cannot drift from the library.
@@ -17,7 +18,7 @@ from typing import Any, get_type_hints
 
 import typer
 
-from shardkit.readers.config import UserOptions
+from shardkit.declare import UserOptions
 
 __all__ = ["option_parameters", "options_command"]
 
@@ -27,7 +28,7 @@ def option_parameters(
 ) -> list[inspect.Parameter]:
     """One keyword parameter (a typer option) per declared option of ``options`` that has a flag
     (those in ``only`` if given); ``changes[name]`` replaces a ``default`` or attributes of its Option."""
-    defaults = {f.name: f.default for f in dataclasses.fields(options)}
+    defaults = options.defaults()
     params = []
     for name, declared in options.declared().items():
         if only is not None and name not in only:

@@ -104,8 +104,8 @@ def summary(sampler: TieredSampler) -> list[str]:
     if sampler.mixture is not None and any(c > n for c, n in zip(sampler.mixture.counts, sampler.mixture.sizes)):
         lines.append("note         a record that occurs more than once in a block is read once and copied")
     if extra > 0:
-        gap = sampler.options.remote_gap_bytes if remote else sampler.options.gap_bytes
-        option = "--remote-gap-bytes" if remote else "--gap-bytes"
+        name = "remote_gap_bytes" if remote else "gap_bytes"
+        gap, option = sampler.options.value(name), SamplerOptions.spell(name, "cli")
         why = "each shard's index, read once per pass"
         if gap:
             why += (f", and gaps of up to {human_bytes(gap)} between wanted records, read rather than skipped "

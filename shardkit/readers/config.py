@@ -15,18 +15,17 @@ the block-size rules themselves live in :mod:`shardkit.readers.schedule`.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
-import textwrap
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Self
+from typing import Any, Literal
 
 import numpy as np
 
 from shardkit import units
-from shardkit.converters.options import Parser, choice, count, duration
+from shardkit.converters.options import choice, count
+from shardkit.declare import Option, Parser, Source, UserOptions, nested, option, option_name, shared_option
 from shardkit.errors import ConfigError
 from shardkit.formats import DEFAULT_GAP_BYTES
 from shardkit.formats.ranged import DEFAULT_REMOTE_GAP_BYTES
@@ -43,7 +42,7 @@ from shardkit.readers.schedule import (
 )
 from shardkit.readers.seeds import check_seed
 from shardkit.readers.ssd import READ_CHUNK_BYTES
-from shardkit.stores import DEFAULT_OPTIONS
+from shardkit.stores import StoreOptions
 from shardkit.units import Capacity, human_bytes, parse_bytes
 
 __all__ = [
@@ -53,14 +52,6 @@ __all__ = [
 
 #: Known tiers, ordered slow -> fast. ``disk`` (the dataset itself) is implicit.
 TIERS = ("ssd", "ram")
-
-#: Where options came from: decides how errors spell their names.
-Source = Literal["python", "cli"]
-
-
-def option_name(name: str, source: Source = "python") -> str:
-    """``ram_size`` as the user wrote it: ``--ram-size`` on the command line, ``ram_size`` in Python."""
-    return f"--{name.replace('_', '-')}" if source == "cli" else name
 
 
 def parse_tiers(tiers: str | Sequence[str], *, what: str = "tiers") -> tuple[str, ...]:
@@ -84,140 +75,6 @@ def parse_tiers(tiers: str | Sequence[str], *, what: str = "tiers") -> tuple[str
     return tuple(t for t in TIERS if t in names)
 
 
-@dataclass(frozen=True)
-class Option:
-    """How one option is given, kept in its dataclass field's ``metadata`` (see :func:`option`).
-
-    The field holds the option's type and default; this holds the rest, so the field is the
-    option's one declaration, from which the command-line flags (:mod:`shardkit.cli.options`), the
-    adapters' keywords and the documentation are derived.
-
-    Attributes
-    ----------
-    group
-        The concern the option belongs to (``"Tiers"``, ``"Order"``, ...): a section of ``--help``.
-    parse
-        ``parse(value, name) -> normalised value``: the option's grammar (:mod:`shardkit.units`) and
-        range; raises a ConfigError starting with ``name``, the option as the user wrote it.
-    help, doc
-        One paragraph for ``--help`` and the docstrings; ``doc`` adds what only Python readers need.
-    flag
-        The command-line flag (default ``--name-with-dashes``; ``--name/--no-name`` for a flag);
-        ``None`` keeps the option off the command line.
-    cli_type
-        The type the command line parses the flag as (``str`` hands text to ``parse``).
-    show
-        The default as the flag shows and passes it (``512MiB``, ``60s``).
-    """
-
-    group: str
-    parse: Parser
-    help: str
-    doc: str = ""
-    flag: str | None = ""
-    cli_type: Any = str
-    show: Callable[[Any], Any] | None = None
-
-    def cli_flag(self, name: str) -> str | None:
-        """The flag as given on the command line (``None``: not offered there)."""
-        if self.flag != "":
-            return self.flag
-        dashed = name.replace("_", "-")
-        return f"--{dashed}/--no-{dashed}" if self.cli_type is bool else f"--{dashed}"
-
-    def cli_default(self, default: Any) -> Any:
-        """``default`` as the flag shows and passes it."""
-        if self.show is not None:
-            return self.show(default)
-        return str(default) if self.cli_type is str and default is not None else default
-
-
-def option(default: Any, group: str, parse: Parser, *, help: str, **more: Any) -> Any:
-    """A dataclass field declaring one option: its default here, the rest in an :class:`Option`."""
-    return field(default=default, metadata={"option": Option(group, parse, help, **more)})
-
-
-def shared_option(options: type[UserOptions], name: str, *, default: Any = dataclasses.MISSING, **changes: Any) -> Any:
-    """The field of option ``name`` of ``options``, for another set that has the same option
-    (its default and :class:`Option` attributes replaced by ``default`` and ``changes``)."""
-    f = next(f for f in dataclasses.fields(options) if f.name == name)
-    declared = dataclasses.replace(f.metadata["option"], **changes)
-    return field(default=f.default if default is dataclasses.MISSING else default, metadata={"option": declared})
-
-
-@dataclass(frozen=True)
-class UserOptions:
-    """What every set of options a user gives by name shares (:class:`SamplerOptions`,
-    :class:`~shardkit.readers.shared.server.ServeOptions`): where they came from, how errors spell
-    their names, the parsing of every declared option (its :class:`Option`), and the refusal of a
-    name the set does not have.
-
-    Attributes
-    ----------
-    source
-        ``"python"`` or ``"cli"``: how error messages spell option names (``ram_size`` or
-        ``--ram-size``). Keyword-only, and not part of equality.
-    """
-
-    #: What one option is called in the error for an unknown name ("sampler option").
-    KIND: ClassVar[str] = "option"
-
-    source: Source = field(default="python", compare=False, repr=False, kw_only=True)
-
-    def __post_init__(self) -> None:
-        if self.source not in ("python", "cli"):
-            raise ConfigError(f"source: expected 'python' or 'cli', found {self.source!r}")
-        for key, declared in self.declared().items():
-            object.__setattr__(self, key, declared.parse(getattr(self, key), self.name(key)))
-
-    @classmethod
-    def declared(cls) -> dict[str, Option]:
-        """Every option of the set, in declaration order, with its :class:`Option`."""
-        return {f.name: f.metadata["option"] for f in dataclasses.fields(cls) if "option" in f.metadata}
-
-    @classmethod
-    def option_names(cls) -> frozenset[str]:
-        """The options of the set (every field but ``source``)."""
-        return frozenset(cls.declared())
-
-    @classmethod
-    def spell(cls, option: str, source: Source) -> str:
-        """``option`` as a user of ``source`` writes it: its declared flag on the command line."""
-        flag = cls.declared()[option].cli_flag(option) if option in cls.declared() and source == "cli" else None
-        return flag.split("/")[0] if flag else option_name(option, source)
-
-    @classmethod
-    def parse(cls, *, source: Source = "python", **values: Any) -> Self:
-        """Options from user-given values (any accepted spelling); unknown names are a ConfigError."""
-        cls.check_names(values, source)
-        return cls(source=source, **values)
-
-    @classmethod
-    def check_names(cls, values: Mapping[str, Any], source: Source) -> None:
-        """Refuse the names in ``values`` that are not options of the set, spelled as the user wrote
-        them, with the nearest options' names."""
-        known = cls.option_names()
-        unknown = sorted(set(values) - known)
-        if unknown:
-            names = ", ".join(cls.spell(u, source) for u in unknown)
-            near = sorted({m for u in unknown for m in difflib.get_close_matches(u, known, n=3)})
-            hint = f" (did you mean {', '.join(cls.spell(m, source) for m in near)}?)" if near else ""
-            raise ConfigError(f"unknown {cls.KIND} {names}; expected some of {', '.join(sorted(known))}{hint}")
-
-    @classmethod
-    def describe(cls, indent: str = "    ") -> str:
-        """Every option with its default and help, as a numpydoc section for docstrings."""
-        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
-        lines = [f"{cls.__name__} options", "-" * (len(cls.__name__) + 8)]
-        for key, declared in cls.declared().items():
-            lines.append(f"{key} ({declared.group}; default {declared.cli_default(defaults[key])})")
-            lines += textwrap.wrap(f"{declared.help} {declared.doc}".strip(), 96, initial_indent="    ",
-                                   subsequent_indent="    ")  # fmt: skip
-        return "\n\n" + "\n".join(indent + line for line in lines) + "\n"
-
-    def name(self, option: str) -> str:
-        """``option`` as the user wrote it."""
-        return self.spell(option, self.source)
 
 
 @dataclass(frozen=True)
@@ -378,10 +235,6 @@ def _seed(value: Any, what: str) -> int:
     return check_seed(value, what=what)
 
 
-def _seconds(seconds: float) -> str:
-    return f"{seconds:g}s"
-
-
 @dataclass(frozen=True)
 class SamplerOptions(UserOptions):
     """Every option of the tiered sampler, validated and normalised on construction.
@@ -391,8 +244,10 @@ class SamplerOptions(UserOptions):
     variants with :meth:`replace` (validated again). Fields hold the normalised values. Each field
     is the option's one declaration (default, grammar, help, flag; see :class:`Option`): the
     ``sample``, ``profile`` and ``serve`` flags and both adapters are derived from it, and the list
-    of options below is generated from it. ``source`` (``"python"`` or ``"cli"``) says how errors
-    spell option names and is not part of equality.
+    of options below is generated from it. The object-store settings are one
+    :class:`~shardkit.stores.StoreOptions`, ``store``, declared there; those with a flag are taken
+    by name too (``remote_concurrency=8``) and read with :meth:`value`. ``source`` (``"python"`` or
+    ``"cli"``) says how errors spell option names and is not part of equality.
     """
 
     # ------------------------------------------------------------------ tiers
@@ -484,16 +339,10 @@ class SamplerOptions(UserOptions):
         DEFAULT_REMOTE_GAP_BYTES, "Storage", _remote_gap, show=human_bytes,
         help="For a dataset in an object store: gaps up to this size are read rather than requested separately.",
         doc="See :mod:`shardkit.formats.ranged` for how the default was chosen.")
-    remote_concurrency: int = option(
-        DEFAULT_OPTIONS.concurrency, "Storage", count(1), cli_type=int,
-        help="For a dataset in an object store: requests in flight at once.")
-    remote_timeout: float = option(
-        DEFAULT_OPTIONS.timeout, "Storage", duration, show=_seconds,
-        help="For a dataset in an object store: a request slower than this counts as a transient failure.")
-    remote_retry: float = option(
-        DEFAULT_OPTIONS.retry_seconds, "Storage", duration, show=_seconds,
-        help="For a dataset in an object store: retry transient failures (5xx, timeouts, resets) this long "
-             "before failing with an error naming the object and byte range.")
+    store: StoreOptions = nested(
+        StoreOptions, "Storage",
+        help="For a dataset in an object store: how the store is driven (concurrency, timeouts, retries), "
+             "a StoreOptions; its options that have a flag are sampler options too.")
     cache_dir: Path | None = option(
         None, "Storage", path_or_none, cli_type=Path,
         help="For a dataset in an object store: keep fetched shards in this local directory, so later epochs "
@@ -565,10 +414,7 @@ class SamplerOptions(UserOptions):
         return {
             "gap_bytes": self.gap_bytes,
             "remote_gap_bytes": self.remote_gap_bytes,
-            "store_options": dataclasses.replace(
-                DEFAULT_OPTIONS, concurrency=self.remote_concurrency, timeout=self.remote_timeout,
-                retry_seconds=self.remote_retry,
-            ),
+            "store_options": self.store,
             "cache_dir": self.cache_dir,
             "cache_size": self.cache_size,
         }

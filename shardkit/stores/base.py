@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shardkit.declare import Parser, UserOptions, option
 from shardkit.errors import ConfigError, TruncatedShardError, UnsafePathError
+from shardkit.units import human_bytes, parse_bytes, parse_count, parse_duration
 
 __all__ = [
     "Store",
@@ -85,59 +87,68 @@ class Fetched:
     etag: str | None
 
 
+def _count(minimum: int) -> Parser:
+    return lambda value, what: parse_count(value, what=what, minimum=minimum)
+
+
+def _bytes(value: Any, what: str) -> int:
+    return parse_bytes(value, what=what)
+
+
+def _seconds(value: Any, what: str) -> float:
+    return parse_duration(value, what=what, allow_zero=False)
+
+
+def _show_seconds(seconds: float) -> str:
+    return f"{seconds:g}s"
+
+
 @dataclass(frozen=True)
-class StoreOptions:
+class StoreOptions(UserOptions):
     """How an object store is driven: concurrency, timeouts and the retry budget.
 
-    Attributes
-    ----------
-    concurrency
-        Requests in flight at once for :meth:`Store.fetch` (latency is hidden by concurrency: at
-        50 ms per request and 1 GB/s, about 50 requests of 1 MiB must be in flight).
-    request_bytes
-        Largest range one request asks for; longer ranges are split so their parts are fetched in
-        parallel (and a retry repeats only a part).
-    timeout, connect_timeout
-        Seconds a whole request, and its connection phase, may take before it counts as a (transient)
-        failure.
-    retries, retry_seconds
-        A transient failure (5xx, 408/429 throttling, timeout, connection reset or refused, a short
-        or over-long response) is retried up to ``retries`` times and while less than
-        ``retry_seconds`` have passed since the request was first tried, with exponential backoff
-        and full jitter between ``backoff_initial`` and ``backoff_max`` seconds. The default budget
-        (2 minutes) rides out a server restart; after it the error names the object and the range.
-    part_bytes, multipart_threshold
-        :meth:`Store.put_file` uploads files larger than ``multipart_threshold`` in parts of
-        ``part_bytes`` (S3 allows 5 MiB to 5 GiB per part, at most 10,000 parts).
+    Each field is the option's one declaration (default, grammar, help, flag; see
+    :class:`~shardkit.declare.Option`). The sampler, the adapters and ``shardkit sample`` hold one
+    whole, ``SamplerOptions.store`` (``store=StoreOptions(retries=3)``), rather than a flat copy of
+    each setting, so every one of them reaches :func:`~shardkit.stores.open_store`; the options with
+    a flag are also taken by the flag's name (``remote_concurrency=8``, ``--remote-concurrency 8``;
+    see :func:`~shardkit.declare.nested`). Latency is hidden by concurrency: at 50 ms per request and
+    1 GB/s, about 50 requests of 1 MiB must be in flight. A transient failure (5xx, 408/429
+    throttling, timeout, connection reset or refused, a short or over-long response) is retried with
+    exponential backoff and full jitter; after the budget the error names the object and the range.
     """
 
-    concurrency: int = 32
-    request_bytes: int = 8 << 20
-    timeout: float = 60.0
-    connect_timeout: float = 10.0
-    retries: int = 30
-    retry_seconds: float = 120.0
-    backoff_initial: float = 0.05
-    backoff_max: float = 5.0
-    part_bytes: int = 16 << 20
-    multipart_threshold: int = 64 << 20
+    concurrency: int = option(32, "Storage", _count(1), flag="--remote-concurrency", cli_type=int,
+                              help="For a dataset in an object store: requests in flight at once.")
+    request_bytes: int = option(8 << 20, "Storage", _bytes, flag=None, show=human_bytes,
+                                help="Largest range one request asks for; longer ones are split into parts fetched in parallel.")
+    timeout: float = option(
+        60.0, "Storage", _seconds, flag="--remote-timeout", show=_show_seconds,
+        help="For a dataset in an object store: a request slower than this counts as a transient failure.")
+    connect_timeout: float = option(10.0, "Storage", _seconds, flag=None, show=_show_seconds,
+                                    help="A connection slower than this counts as a transient failure.")
+    retries: int = option(30, "Storage", _count(0), flag=None, help="Retries of a transient failure, at most.")
+    retry_seconds: float = option(
+        120.0, "Storage", _seconds, flag="--remote-retry", show=_show_seconds,
+        help="For a dataset in an object store: retry transient failures (5xx, timeouts, resets) this long "
+             "before failing with an error naming the object and byte range.", doc="The default rides out a server restart.")
+    backoff_initial: float = option(0.05, "Storage", _seconds, flag=None, show=_show_seconds, help="The first retry's largest backoff.")
+    backoff_max: float = option(5.0, "Storage", _seconds, flag=None, show=_show_seconds, help="The largest backoff between retries.")
+    part_bytes: int = option(16 << 20, "Storage", _bytes, flag=None, show=human_bytes,
+                             help="put_file uploads a large file in parts of this size (S3: 5 MiB to 5 GiB, at most 10,000).")
+    multipart_threshold: int = option(64 << 20, "Storage", _bytes, flag=None, show=human_bytes,
+                                      help="put_file uploads files larger than this in parts.")
+
+    KIND = "store option"
 
     def __post_init__(self) -> None:
-        for name in ("concurrency", "request_bytes", "part_bytes", "multipart_threshold"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{name}: expected a positive integer, found {value!r}")
+        super().__post_init__()
         if self.part_bytes < 5 << 20:
-            raise ConfigError(f"part_bytes: S3 needs parts of at least 5 MiB, found {self.part_bytes}")
-        for name in ("timeout", "connect_timeout", "retry_seconds", "backoff_initial", "backoff_max"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-                raise ConfigError(f"{name}: expected a positive number of seconds, found {value!r}")
-        if not isinstance(self.retries, int) or isinstance(self.retries, bool) or self.retries < 0:
-            raise ConfigError(f"retries: expected a non-negative integer, found {self.retries!r}")
+            raise ConfigError(f"{self.name('part_bytes')}: S3 needs parts of at least 5 MiB, found {self.part_bytes}")
 
 
 DEFAULT_OPTIONS = StoreOptions()
+StoreOptions.__doc__ = f"{StoreOptions.__doc__}{StoreOptions.describe()}"
 
 _MAX_KEY = 1024
 

@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from shardkit.formats import DatasetWriter, FieldSpec
+from shardkit.readers import SamplerOptions
+from shardkit.stores import StoreOptions
 
 SHAPE = (8, 8, 3)
 #: Records of the keyed dataset: prime, so every batch size and worker count leaves a ragged tail.
@@ -92,6 +94,21 @@ def write_keyed_mixture(root: Path) -> list[Path]:
     return paths
 
 
+#: For every store option (StoreOptions), a value other than its default; the sampler options that
+#: are store options by their flat names (``remote_concurrency``) take their cases from here.
+STORE_CASES: dict[str, object] = {
+    "concurrency": 4,
+    "request_bytes": "1MiB",
+    "timeout": "5s",
+    "connect_timeout": "2s",
+    "retries": 3,
+    "retry_seconds": "7s",
+    "backoff_initial": "10ms",
+    "backoff_max": "1s",
+    "part_bytes": "8MiB",
+    "multipart_threshold": "32MiB",
+}
+
 #: For every sampler option, keyword values that set it to something other than its default (with
 #: the options it needs), valid for the keyed dataset; tests/adapters/test_option_declaration.py
 #: checks that the keys are exactly the declared options, so a new option needs a case here.
@@ -119,9 +136,8 @@ OPTION_CASES: dict[str, dict[str, object]] = {
     "node_cache_dir": {"node_cache_dir": "/tmp/shardkit-option-case"},
     "gap_bytes": {"gap_bytes": "0"},
     "remote_gap_bytes": {"remote_gap_bytes": "4KiB"},
-    "remote_concurrency": {"remote_concurrency": 4},
-    "remote_timeout": {"remote_timeout": "5s"},
-    "remote_retry": {"remote_retry": "7s"},
+    "store": {"store": StoreOptions(retries=3, concurrency=4)},
+    **{flat: {flat: STORE_CASES[key]} for flat, (_, key, _) in SamplerOptions.flat_options().items()},
     "cache_dir": {"cache_dir": "/tmp/shardkit-option-case"},
     "cache_size": {"cache_size": "1GiB"},
 }

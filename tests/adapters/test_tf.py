@@ -20,6 +20,7 @@ import pytest
 from _adapter_data import N_KEYED, NUM_CLASSES, decode_keys, keyed_images
 
 from shardkit.readers import SamplerOptions, epoch_permutation
+from shardkit.stores import StoreOptions
 
 if importlib.util.find_spec("tensorflow") is None:  # CI installs the extra; `.[dev]` alone skips these
     pytest.skip("the 'tensorflow' extra is not installed", allow_module_level=True)
@@ -161,3 +162,12 @@ def test_every_option_reaches_the_sampler(observed: dict) -> None:
     reached = observed["options_reached"]
     assert sorted(reached) == sorted(SamplerOptions.declared())
     assert {n for n, ok in reached.items() if ok != [True, True]} == {"workers_per_rank"}
+
+
+def test_every_store_option_reaches_the_store(observed: dict) -> None:
+    """make_tf_dataset hands every store option to the stores its sampler opens, in ``store=`` and
+    by the sampler option's flat name when it has one."""
+    reached = observed["stores_reached"]
+    assert sorted(reached) == sorted(StoreOptions.declared())
+    flat = {key for _, key, _ in SamplerOptions.flat_options().values()}
+    assert {k: ok for k, ok in reached.items() if ok != [True] * (1 + (k in flat))} == {}

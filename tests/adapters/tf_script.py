@@ -16,12 +16,13 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
 import numpy as np
 import tensorflow as tf
-from _adapter_data import OPTION_CASES, blobs, write_keyed_mixture
+from _adapter_data import OPTION_CASES, STORE_CASES, blobs, write_keyed_mixture
 
 import shardkit
 from shardkit.adapters.tf import adopt_payload, make_tf_dataset
 from shardkit.formats.reader import aligned_empty
 from shardkit.readers import SamplerOptions, TieredSampler, node
+from shardkit.stores import LocalStore, StoreOptions
 
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
@@ -52,13 +53,35 @@ def main() -> None:
     TieredSampler.__init__ = spy  # type: ignore[method-assign]
     reached = {}
     for name, case in OPTION_CASES.items():
-        want = getattr(SamplerOptions(**case), name)  # type: ignore[arg-type]
+        want = SamplerOptions(**case).value(name)  # type: ignore[arg-type]
         make_tf_dataset(keyed, **case)
-        by_keyword = getattr(seen[-1], name)
+        by_keyword = seen[-1].value(name)
         make_tf_dataset(keyed, options=SamplerOptions(**case))  # type: ignore[arg-type]
-        reached[name] = [str(by_keyword) == str(want), str(getattr(seen[-1], name)) == str(want)]
+        reached[name] = [str(by_keyword) == str(want), str(seen[-1].value(name)) == str(want)]
     TieredSampler.__init__ = init  # type: ignore[method-assign]
     res["options_reached"] = reached
+
+    # Every store option reaches the stores the sampler opens: in store=, and by its flat name if it has one.
+    opened: list[StoreOptions] = []
+    store_init = LocalStore.__init__
+
+    def store_spy(self: LocalStore, root: str, options: StoreOptions = StoreOptions()) -> None:
+        store_init(self, root, options)
+        opened.append(options)
+
+    LocalStore.__init__ = store_spy  # type: ignore[method-assign]
+    flat = {key: name for name, (_, key, _) in SamplerOptions.flat_options().items()}
+    stores_reached = {}
+    for key, value in STORE_CASES.items():
+        want = getattr(StoreOptions(**{key: value}), key)  # type: ignore[arg-type]
+        cases = [{"store": StoreOptions(**{key: value})}] + ([{flat[key]: value}] if key in flat else [])  # type: ignore[arg-type]
+        stores_reached[key] = []
+        for case in cases:
+            opened.clear()
+            make_tf_dataset(keyed, **case)
+            stores_reached[key].append(want in [getattr(o, key) for o in opened])
+    LocalStore.__init__ = store_init  # type: ignore[method-assign]
+    res["stores_reached"] = stores_reached
     gc.collect()
 
     # Element spec and two full iterations (the second continues with the next epoch).

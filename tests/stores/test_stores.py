@@ -184,3 +184,10 @@ def test_store_options_are_checked() -> None:
         StoreOptions(concurrency=0)
     with pytest.raises(ConfigError, match="part_bytes"):
         StoreOptions(part_bytes=1 << 20)
+    # Declared options: parsed with shardkit.units, errors named as the user wrote them.
+    assert StoreOptions(timeout="5s", part_bytes="8MiB", retries="3") == StoreOptions(timeout=5.0, part_bytes=8 << 20,
+                                                                                   retries=3)
+    with pytest.raises(ConfigError, match=r"^--remote-timeout: expected a positive duration"):
+        StoreOptions.parse(source="cli", timeout=0)
+    with pytest.raises(ConfigError, match=r"^unknown store option concurency; .*\(did you mean concurrency\?\)"):
+        StoreOptions.parse(concurency=3)

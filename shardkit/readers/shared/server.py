@@ -28,8 +28,9 @@ from typing import Any
 import numpy as np
 
 from shardkit.converters.options import count, duration
+from shardkit.declare import UserOptions, option, shared_option
 from shardkit.errors import ConfigError, PeerTimeoutError, ProtocolError, SamplerError, ShardkitError
-from shardkit.readers.config import SamplerOptions, TierSizes, UserOptions, option, path_or_none, shared_option
+from shardkit.readers.config import SamplerOptions, TierSizes, path_or_none
 from shardkit.readers.pipeline import BlockRead, EpochEnd, Pipeline, Segment
 from shardkit.readers.schedule import ArrayOrder, plan_shape
 from shardkit.readers.shared.order import partition
