@@ -25,7 +25,7 @@ import numpy as np
 
 from shardkit import units
 from shardkit.converters.options import choice, count
-from shardkit.declare import Option, Parser, Source, UserOptions, nested, option, option_name, shared_option
+from shardkit.declare import Parser, UserOptions, nested, option
 from shardkit.errors import ConfigError
 from shardkit.formats import DEFAULT_GAP_BYTES
 from shardkit.formats.ranged import DEFAULT_REMOTE_GAP_BYTES
@@ -45,10 +45,7 @@ from shardkit.readers.ssd import READ_CHUNK_BYTES
 from shardkit.stores import StoreOptions
 from shardkit.units import Capacity, human_bytes, parse_bytes
 
-__all__ = [
-    "TIERS", "Source", "Option", "option", "shared_option", "option_name", "parse_tiers", "path_or_none", "UserOptions",
-    "SamplerOptions", "TierSizes", "DEFAULTS",
-]
+__all__ = ["TIERS", "parse_tiers", "path_or_none", "SamplerOptions", "TierSizes", "DEFAULTS"]
 
 #: Known tiers, ordered slow -> fast. ``disk`` (the dataset itself) is implicit.
 TIERS = ("ssd", "ram")

@@ -31,11 +31,11 @@ from typing import Any
 import numpy as np
 
 from shardkit.closing import Closing
+from shardkit.declare import Source, option_name
 from shardkit.errors import ConfigError, SamplerError, SchemaError
 from shardkit.formats import Dataset, FieldSpec, PayloadArray
 from shardkit.formats.metadata import DatasetMeta, read_dataset_meta
 from shardkit.formats.reader import Destination, ReadStats
-from shardkit.readers.config import Source, option_name
 from shardkit.readers.identity import DatasetIdentity, dataset_fingerprint
 from shardkit.readers.mixture import MixturePlan, parse_weights
 from shardkit.readers.seeds import check_seed

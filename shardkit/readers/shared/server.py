@@ -76,7 +76,7 @@ class ServeOptions(UserOptions):
 
     Values are parsed with :mod:`shardkit.units` (``ram_size="2GiB"``, ``lease_seconds="2min"``,
     ``slots="4"``); :meth:`parse` also refuses unknown names. The options a sampler has too share
-    its declarations (:func:`~shardkit.readers.config.shared_option`: grammar, default, flag); only
+    its declarations (:func:`~shardkit.declare.shared_option`: grammar, default, flag); only
     what they mean here differs. ``source`` says how errors spell option names: ``ram_size`` in
     Python, ``--ram-size`` on the command line (``lease_seconds`` is ``--lease``).
     """
