@@ -85,7 +85,7 @@ from _compare_corpus import (  # noqa: E402
 )
 from _compare_loaders import RunConfig  # noqa: E402
 
-from shardkit.readers.schedule import consumer_records_bound, ram_block, ssd_block  # noqa: E402
+from shardkit.order.schedule import consumer_records_bound, ram_block, ssd_block  # noqa: E402
 from shardkit.units import parse_bytes  # noqa: E402
 
 logger = logging.getLogger("compare")

@@ -51,9 +51,9 @@ from _common import drop_cache, synthetic_dataset
 
 import shardkit
 from shardkit.formats import DatasetWriter, FieldSpec, open_dataset
+from shardkit.order.mixture import epoch_counts
 from shardkit.ordertest.mixture import MixtureReport, run_mixture
 from shardkit.readers import TieredSampler
-from shardkit.readers.mixture import epoch_counts
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "_data" / "mixing"

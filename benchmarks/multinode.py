@@ -14,7 +14,7 @@ Four parts:
    partition and the node-aware assignment. The static cache fills as epochs read its records;
    the table is the steady state (caches filled first): bytes and requests read from storage in
    one epoch (the sampler's disk counters, summed over consumers), the local hit rate next to the
-   model (:func:`shardkit.readers.locality.expected_hit_fraction`), and records/s (all records /
+   model (:func:`shardkit.order.locality.expected_hit_fraction`), and records/s (all records /
    the consumers' summed epoch time, the page cache dropped first). Then, from cold caches, the
    storage records of each epoch: how soon the steady state comes with locality on and off.
 2. **The hit-rate model** (pure arithmetic, no I/O): the exact expected hit fraction for ``R``
@@ -48,9 +48,9 @@ from scipy import stats
 
 from shardkit.formats import open_dataset
 from shardkit.formats.reader import Destination
+from shardkit.order.locality import NodeLayout, assign_rows, expected_hit_fraction, local_consumer_plan, node_partition
+from shardkit.order.schedule import step_group_positions
 from shardkit.readers import TieredSampler, epoch_permutation
-from shardkit.readers.locality import NodeLayout, assign_rows, expected_hit_fraction, local_consumer_plan, node_partition
-from shardkit.readers.schedule import step_group_positions
 
 HERE = Path(__file__).resolve().parent
 

@@ -85,7 +85,8 @@ def scan(ds_path: Path, cold: bool) -> dict[str, float]:
 # ---------------------------------------------------------------------------------------------- one run
 def worker(cfg: dict[str, Any]) -> dict[str, Any]:
     """One sampler configuration in this (fresh) process; see :func:`run`."""
-    from shardkit.readers import TieredSampler, schedule
+    from shardkit.order import schedule
+    from shardkit.readers import TieredSampler
 
     path, batch = Path(cfg["path"]), cfg["batch"]
     kw: dict[str, Any] = {"batch_size": batch, "epochs": 1, "seed": 0}

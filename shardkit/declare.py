@@ -131,7 +131,7 @@ class _TakesFlatNames(type):
 @dataclass(frozen=True)
 class UserOptions(metaclass=_TakesFlatNames):
     """What every set of options a user gives by name shares (:class:`~shardkit.readers.SamplerOptions`,
-    :class:`~shardkit.readers.shared.server.ServeOptions`, :class:`~shardkit.stores.StoreOptions`):
+    :class:`~shardkit.serve.server.ServeOptions`, :class:`~shardkit.stores.StoreOptions`):
     where they came from, how errors spell their names, the parsing of every declared option (its
     :class:`Option`), the options of the sets it holds (:func:`nested`), and the refusal of a name
     the set does not have.

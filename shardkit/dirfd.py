@@ -1,8 +1,8 @@
 """Names in a directory held open by descriptor (``dir_fd``).
 
-The private directories of the node-shared regions (:mod:`shardkit.readers.node`), of the local
+The private directories of the node-shared regions (:mod:`shardkit.tiers.shm`), of the local
 shard cache (:mod:`shardkit.stores.cache`) and of a shared tier stack's run
-(:mod:`shardkit.readers.shared.rundir`) are checked once when they are opened and then only used
+(:mod:`shardkit.serve.rundir`) are checked once when they are opened and then only used
 through their descriptor, so a path swapped for a symlink afterwards changes nothing. These are the
 lookups all of them need; a name that is already gone is an ordinary outcome (another process of
 the node removed it first), not an error.

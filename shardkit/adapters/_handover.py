@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from shardkit.adapters._extras import import_extra
+from shardkit._extras import import_extra
 
 if TYPE_CHECKING:
     import torch
@@ -35,7 +35,7 @@ def _counters(owner: np.ndarray) -> np.ndarray:
 
 
 class SharedBatchMemory:
-    """A :class:`~shardkit.readers.buffers.BufferMemory` of shared-memory buffers for a DataLoader worker.
+    """A :class:`~shardkit.tiers.buffers.BufferMemory` of shared-memory buffers for a DataLoader worker.
 
     Parameters
     ----------

@@ -3,7 +3,7 @@
 The adapters only *present* the sampler's batches; everything that decides which record goes where
 lives in :mod:`shardkit.readers`: the options and their checks in
 :class:`~shardkit.readers.SamplerOptions`, the global-batch arithmetic for ``len`` and resume in
-:mod:`shardkit.readers.schedule`, and the interface they consume in
+:mod:`shardkit.order.schedule`, and the interface they consume in
 :class:`~shardkit.readers.Sampler`.
 """
 

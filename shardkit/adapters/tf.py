@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from shardkit.adapters._extras import import_extra
+from shardkit._extras import import_extra
 from shardkit.adapters._options import PayloadOptions, SamplerFactory
 from shardkit.errors import ConfigError
+from shardkit.order.schedule import pass_length
 from shardkit.readers import SamplerOptions, TieredSampler
-from shardkit.readers.schedule import pass_length
 from shardkit.readers.sources import Mixture, as_source
 
 if TYPE_CHECKING:

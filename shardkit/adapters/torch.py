@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from shardkit.adapters._extras import import_extra
+from shardkit._extras import import_extra
 from shardkit.adapters._handover import SharedBatchMemory, shared_batch
 from shardkit.adapters._options import PayloadOptions, SamplerFactory
 from shardkit.errors import ConfigError, SamplerError
 from shardkit.formats import Dataset, open_dataset
+from shardkit.order.schedule import batches_per_consumer, pass_length, position_after
 from shardkit.readers import DEFAULTS, Sampler, SamplerOptions, TieredSampler
-from shardkit.readers.schedule import batches_per_consumer, pass_length, position_after
 from shardkit.readers.sources import Mixture, as_source
 from shardkit.stores import is_url
 from shardkit.units import parse_count

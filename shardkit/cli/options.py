@@ -1,7 +1,7 @@
 """Command-line flags derived from an options set's declaration (``shardkit sample``, ``profile``, ``serve``).
 
 Every option of :class:`~shardkit.readers.SamplerOptions` (its object-store settings in
-:class:`~shardkit.stores.StoreOptions`) and :class:`~shardkit.readers.shared.server.ServeOptions`
+:class:`~shardkit.stores.StoreOptions`) and :class:`~shardkit.serve.server.ServeOptions`
 is declared once, as a dataclass field with an :class:`~shardkit.declare.Option` (default,
 grammar, help, flag). :func:`options_command`
 turns the declaration into the command's parameters (typer reads ``inspect.signature``), one help

@@ -47,10 +47,10 @@ def order_test(
 ) -> None:
     """Test whether an order is a uniform shuffle: one line per test with its statistic, null, p-value,
     verdict and the epochs it needs for 80% power."""
+    from shardkit.order.seeds import check_seed
     from shardkit.ordertest import run
     from shardkit.ordertest.battery import check_fraction
     from shardkit.ordertest.plot import plot_report, require_matplotlib
-    from shardkit.readers.seeds import check_seed
     from shardkit.units import parse_count
 
     try:
@@ -94,10 +94,10 @@ def _is_mixture(keys: Path) -> bool:
 def _mixture(keys: Path, sizes: str | None, weights: str | None, alpha: str, bins: str, seed: int,
              labels: Path | None, plot: Path | None, records: str | None) -> MixtureReport:
     """``order-test`` on a mixture's ``[epochs, L, 2]`` order (see :mod:`shardkit.ordertest.mixture`)."""
+    from shardkit.order.mixture import parse_weights
+    from shardkit.order.seeds import check_seed
     from shardkit.ordertest.battery import check_fraction
     from shardkit.ordertest.mixture import run_mixture
-    from shardkit.readers.mixture import parse_weights
-    from shardkit.readers.seeds import check_seed
     from shardkit.units import parse_count
 
     for option, value in (("--labels", labels), ("--plot", plot), ("--records", records)):

@@ -6,9 +6,9 @@ import typer
 
 from shardkit.cli.app import app, echo_err, echo_out, setup_logging
 from shardkit.cli.options import options_command
-from shardkit.readers.shared.server import ServeOptions, TierServer
-from shardkit.readers.shared.server import serve as run_server
 from shardkit.readers.sources import source_of
+from shardkit.serve.server import ServeOptions, TierServer
+from shardkit.serve.server import serve as run_server
 from shardkit.units import human_bytes
 
 

@@ -68,7 +68,6 @@ from shardkit.converters.pipeline import ProgressFn, Tally, decode_into
 from shardkit.errors import ConversionError, NotADatasetError, SchemaError, ShardkitError, WorkerError
 from shardkit.formats import FieldSpec
 from shardkit.formats import jsonvalues as jv
-from shardkit.formats.atomic import write_bytes_atomic
 from shardkit.formats.checksums import FileDigest, read_object
 from shardkit.formats.codecs import RecordCodec, codec_from_json
 from shardkit.formats.commit import Segment, StoredShard
@@ -80,6 +79,7 @@ from shardkit.formats.writer import ShardWriter
 from shardkit.privdir import DIR_MODE, PrivateDir
 from shardkit.processes import pid_alive
 from shardkit.stores import Store, open_store
+from shardkit.stores.atomic import write_bytes_atomic
 
 __all__ = [
     "PARTS_DIR",

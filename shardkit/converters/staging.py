@@ -58,13 +58,13 @@ import numpy as np
 
 from shardkit.errors import ConversionError, ShardkitError
 from shardkit.formats import DatasetMeta, DatasetWriter, FieldSpec, ShardInfo
-from shardkit.formats.atomic import write_bytes_atomic
 from shardkit.formats.index import crc32c_of
 from shardkit.formats.metadata import read_dataset_meta, read_json, write_json_atomic
 from shardkit.formats.outputs import PARTS_DIR, STAGING_DIR, clear_output, remove_path
 from shardkit.formats.provenance import TABLE_ARRAYS
 from shardkit.formats.spec import ZARR_JSON, SkippedInput
 from shardkit.formats.writer import WrittenShard
+from shardkit.stores.atomic import write_bytes_atomic
 
 __all__ = [
     "STAGING_DIR",

@@ -22,7 +22,6 @@ import numpy as np
 
 from shardkit.errors import ChecksumError, CorruptShardError, MissingShardError, NotADatasetError, TruncatedShardError
 from shardkit.formats import jsonvalues as jv
-from shardkit.formats.atomic import write_bytes_atomic
 from shardkit.formats.checksums import FileDigest, read_objects
 from shardkit.formats.codecs import RecordCodec, codec_from_zarr, decode_record
 from shardkit.formats.metadata import array_metadata, encode_json
@@ -31,6 +30,7 @@ from shardkit.formats.publish import put_checked
 from shardkit.formats.spec import MAX_NDIM, ZARR_JSON, FieldSpec, chunk_key
 from shardkit.formats.versions import read_document, read_versioned
 from shardkit.stores import LocalStore, Store
+from shardkit.stores.atomic import write_bytes_atomic
 
 __all__ = ["read_field_rows", "write_field_array"]
 

@@ -40,7 +40,6 @@ from shardkit.errors import (
     NotADatasetError,
 )
 from shardkit.formats import jsonvalues as jv
-from shardkit.formats.atomic import fsync_dir, write_bytes_atomic
 from shardkit.formats.checksums import ATTRIBUTES_CRC_KEY, FileDigest, attributes_crc32c, read_object, read_verified
 from shardkit.formats.codecs import RecordCodec, codec_from_json
 from shardkit.formats.paths import check_name
@@ -59,6 +58,7 @@ from shardkit.formats.spec import (
     index_nbytes,
 )
 from shardkit.stores import LocalStore, Store
+from shardkit.stores.atomic import fsync_dir, write_bytes_atomic
 
 __all__ = [
     "DatasetMeta",
@@ -479,7 +479,7 @@ def check_document_bounds(raw: bytes, where: str) -> None:
 
 
 def write_json_atomic(path: Path, document: dict[str, Any], *, durable: bool = True) -> FileDigest:
-    """Write a JSON document atomically (see :func:`~shardkit.formats.atomic.write_bytes_atomic`).
+    """Write a JSON document atomically (see :func:`~shardkit.stores.atomic.write_bytes_atomic`).
 
     Returns the size and crc32c of the bytes written, for the metadata's ``files`` map. A full disk
     raises OutOfSpaceError naming ``path`` and leaves no partial file.

@@ -20,11 +20,11 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from shardkit.errors import NotADatasetError
-from shardkit.formats.atomic import fsync_dir
 from shardkit.formats.index import crc32c_of, extend_crc32c
 from shardkit.formats.metadata import DatasetMeta, read_dataset_meta
 from shardkit.formats.spec import ZARR_JSON
 from shardkit.stores import Location, ObjectMeta, Store, open_store
+from shardkit.stores.atomic import fsync_dir
 
 __all__ = [
     "CRC_METADATA_KEY",

@@ -316,7 +316,7 @@ def aligned_empty(n: int, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.nd
     numpy's large allocations start 16 bytes past a page; TensorFlow copies any array that is not
     64-byte aligned when it becomes a tensor, and ``O_DIRECT`` reads need sector alignment. The
     array's ``base`` is the one owner of the memory, which is what
-    :class:`~shardkit.readers.buffers.BatchPool` counts references of.
+    :class:`~shardkit.tiers.buffers.BatchPool` counts references of.
     """
     nbytes = int(n) * int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
     raw = np.empty(nbytes + BUFFER_ALIGNMENT, dtype=np.uint8)
@@ -866,7 +866,7 @@ class PayloadArray:
         """Tell the kernel that records ``keys`` (ascending, distinct) will be read soon, so it starts
         reading them (``POSIX_FADV_WILLNEED`` per run, what :meth:`read_into` does first); from
         another thread, this overlaps the device and the page cache's work with copying earlier
-        records (see :mod:`shardkit.readers.scratch`)."""
+        records (see :mod:`shardkit.tiers.ssd_slots`)."""
         if self.codec is None and type(self) is PayloadArray:
             self._announce(self._copy_plan(keys, 0))
 

@@ -27,7 +27,6 @@ import numpy as np
 
 from shardkit._version import __version__
 from shardkit.errors import ConfigError, SchemaError, ShardkitError
-from shardkit.formats.atomic import fsync_dir, is_out_of_space, raise_out_of_space
 from shardkit.formats.checksums import FileDigest
 from shardkit.formats.codecs import RecordCodec, codec_from_json, get_codec
 from shardkit.formats.fields import write_field_array
@@ -53,6 +52,7 @@ from shardkit.formats.spec import (
     chunk_key,
     records_per_shard_for,
 )
+from shardkit.stores.atomic import fsync_dir, is_out_of_space, raise_out_of_space
 
 __all__ = ["ShardWriter", "ShardChecksums", "DatasetWriter", "WrittenShard", "payload_document", "field_chunk_for", "FIELD_CODEC"]
 

@@ -18,12 +18,12 @@ import numpy as np
 from scipy import stats as _stats
 
 from shardkit.errors import ConfigError
+from shardkit.order.seeds import Domain, check_seed, rng
 from shardkit.ordertest import alternatives as alt
 from shardkit.ordertest import stats as st
 from shardkit.ordertest.keys import ArrayOrPath, Kind, OrderKeys, prepare
 from shardkit.ordertest.report import Report, Result, Verdict
 from shardkit.ordertest.settings import DEFAULTS, Settings
-from shardkit.readers.seeds import Domain, check_seed, rng
 from shardkit.units import parse_count
 
 __all__ = ["Settings", "BatteryTest", "BATTERY", "run", "run_prepared", "check_fraction", "MIN_EXPECTED"]
@@ -586,7 +586,7 @@ def run(
     Binning: items by storage position and positions into at most ``bins`` contiguous bins (16 by default;
     no binning when N <= 16), fewer when the epochs are too few for an expected count of 5 per cell.
     Every random draw (the labels test's simulated null, the reference alternatives of the power
-    figures) comes from ``shardkit.readers.seeds.rng(Domain.ORDER_TEST, seed, stream)`` with a stream
+    figures) comes from ``shardkit.order.seeds.rng(Domain.ORDER_TEST, seed, stream)`` with a stream
     number per use (never renumber them).
     """
     settings = Settings(

@@ -384,12 +384,12 @@ def run_mixture(
         Records per dataset (default: the largest key + 1 of each).
     weights
         The mixture's weights: the counts test then checks the largest-remainder counts of
-        :func:`shardkit.readers.mixture.epoch_counts`; without them it checks that counts are equal
+        :func:`shardkit.order.mixture.epoch_counts`; without them it checks that counts are equal
         across epochs.
     alpha, seed, bins, compute_power
         As for :func:`shardkit.ordertest.run` (each dataset's battery).
     """
-    from shardkit.readers.mixture import epoch_counts
+    from shardkit.order.mixture import epoch_counts
 
     arr, sizes_t, source, notes = prepare_mixture(pairs, sizes)
     ds, keys = arr[..., 0], arr[..., 1]

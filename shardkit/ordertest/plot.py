@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shardkit.adapters._extras import import_extra
+from shardkit._extras import import_extra
 from shardkit.errors import ConfigError
 from shardkit.ordertest.report import Report, Result, format_p
 

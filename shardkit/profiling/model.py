@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from shardkit.errors import ConfigError
-from shardkit.readers.config import SamplerOptions, TierSizes
+from shardkit.readers.options import SamplerOptions, TierSizes
 
 __all__ = [
     "Rates",

@@ -27,7 +27,7 @@ import numpy as np
 from shardkit.errors import ConfigError
 from shardkit.readers import SamplerOptions, TieredSampler
 from shardkit.readers.interface import Batch, ElementSpec
-from shardkit.readers.pipeline import gather_rows
+from shardkit.tiers.pipeline import gather_rows
 
 __all__ = [
     "Step",

@@ -3,16 +3,12 @@
 ``TieredSampler`` is the public entry point, configured by one ``SamplerOptions`` value; see
 docs/design.md §4 for the algorithm. Every sampler implements the ``Sampler`` protocol the adapters rely on.
 ``TierServer`` / ``serve`` and ``SharedSampler`` share one tier stack between concurrent jobs
-(:mod:`shardkit.readers.shared`).
+(:mod:`shardkit.serve`).
 """
 
 from shardkit.formats import DEFAULT_GAP_BYTES
-from shardkit.readers.config import DEFAULTS, SamplerOptions, TierSizes, parse_tiers
-from shardkit.readers.identity import DatasetIdentity
-from shardkit.readers.interface import Sampler
-from shardkit.readers.reservoir import algorithm_l, algorithm_r, reservoir_keys, sample_of_sample
-from shardkit.readers.sampler import TieredSampler
-from shardkit.readers.schedule import (
+from shardkit.order.reservoir import algorithm_l, algorithm_r, reservoir_keys, sample_of_sample
+from shardkit.order.schedule import (
     ConsumerPlan,
     EpochShare,
     batches_per_consumer,
@@ -23,9 +19,13 @@ from shardkit.readers.schedule import (
     pass_length,
     records_per_consumer,
 )
-from shardkit.readers.shared import SharedSampler, TierServer, serve
+from shardkit.readers.identity import DatasetIdentity
+from shardkit.readers.interface import Sampler
+from shardkit.readers.options import DEFAULTS, SamplerOptions, TierSizes, parse_tiers
+from shardkit.readers.sampler import TieredSampler
 from shardkit.readers.sources import Mixture, mix
-from shardkit.readers.stats import SamplerStats
+from shardkit.serve import SharedSampler, TierServer, serve
+from shardkit.tiers.stats import SamplerStats
 
 __all__ = [
     "DEFAULT_GAP_BYTES",

@@ -14,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from shardkit.readers.stats import SamplerStats
+from shardkit.tiers.stats import SamplerStats
 
 __all__ = ["Batch", "ElementSpec", "Sampler"]
 

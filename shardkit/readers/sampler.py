@@ -1,6 +1,6 @@
 """The tiered sampler: an exactly uniform random order from sequential reads (docs/design.md §4).
 
-See :class:`TieredSampler`; its options are :class:`~shardkit.readers.config.SamplerOptions`.
+See :class:`TieredSampler`; its options are :class:`~shardkit.readers.options.SamplerOptions`.
 """
 
 from __future__ import annotations
@@ -20,15 +20,9 @@ import numpy as np
 from shardkit.closing import Closing
 from shardkit.errors import ConfigError, OutOfSpaceError, SamplerError
 from shardkit.formats import Dataset
-from shardkit.readers import node
-from shardkit.readers.buffers import BatchPool, BufferMemory
-from shardkit.readers.config import SamplerOptions, TierSizes
-from shardkit.readers.interface import Batch, ElementSpec
-from shardkit.readers.locality import NodeLayout, NodePartition, local_shape, node_partition
-from shardkit.readers.mixture import PlanOrder
-from shardkit.readers.node_cache import NodeDiskCache, entry_name, node_cache_dir
-from shardkit.readers.pipeline import BatchReady, BlockRead, EpochEnd, Pipeline, RunDone, Segment
-from shardkit.readers.schedule import (
+from shardkit.order.locality import NodeLayout, NodePartition, local_shape, node_partition
+from shardkit.order.mixture import PlanOrder
+from shardkit.order.schedule import (
     ArrayOrder,
     EpochOrder,
     batches_per_consumer,
@@ -36,11 +30,17 @@ from shardkit.readers.schedule import (
     plan_shape,
     resolve_permutation,
 )
+from shardkit.readers.interface import Batch, ElementSpec
+from shardkit.readers.options import SamplerOptions, TierSizes
 from shardkit.readers.sources import MixedIdentity, Mixture, as_source, gather_fields, local_keys
-from shardkit.readers.static_cache import StaticCache
-from shardkit.readers.stats import SamplerStats
-from shardkit.readers.stopping import CurrentRun
 from shardkit.stores import Location, location_string
+from shardkit.tiers import shm as node
+from shardkit.tiers.buffers import BatchPool, BufferMemory
+from shardkit.tiers.node_cache import NodeDiskCache, entry_name, node_cache_dir
+from shardkit.tiers.pipeline import BatchReady, BlockRead, EpochEnd, Pipeline, RunDone, Segment
+from shardkit.tiers.static_cache import StaticCache
+from shardkit.tiers.stats import SamplerStats
+from shardkit.tiers.stopping import CurrentRun
 from shardkit.units import human_bytes, parse_count
 
 __all__ = ["TieredSampler", "STATE_VERSION", "BatchSupply", "RunOwner"]
@@ -48,11 +48,11 @@ __all__ = ["TieredSampler", "STATE_VERSION", "BatchSupply", "RunOwner"]
 logger = logging.getLogger(__name__)
 
 #: Version of the :meth:`TieredSampler.state_dict` layout and of the orders it refers to. Version 2:
-#: orders are drawn from :mod:`shardkit.readers.seeds` domains, so a version-1 position points into
+#: orders are drawn from :mod:`shardkit.order.seeds` domains, so a version-1 position points into
 #: an order that is no longer produced.
 STATE_VERSION = 2
 #: Bytes per SSD reservoir beyond the payload: none in the slot file itself (see
-#: :mod:`shardkit.readers.scratch`); a margin for the filesystem's own blocks.
+#: :mod:`shardkit.tiers.ssd_slots`); a margin for the filesystem's own blocks.
 _SSD_OVERHEAD = 1 << 20
 
 
@@ -72,9 +72,9 @@ class TieredSampler(Closing):
         or an opened :class:`~shardkit.formats.Dataset` (only its location is used; the sampler opens
         its own reader so it can count reads of the bottom tier).
     options
-        A :class:`~shardkit.readers.config.SamplerOptions` (default: all defaults).
+        A :class:`~shardkit.readers.options.SamplerOptions` (default: all defaults).
     **overrides
-        Any option of :class:`~shardkit.readers.config.SamplerOptions` by name (``tiers``,
+        Any option of :class:`~shardkit.readers.options.SamplerOptions` by name (``tiers``,
         ``ram_size``, ``ssd_size``, ``ssd_dir``, ``batch_size``, ``epochs``, ``seed``, ``mode``,
         ``rank``, ``world_size``, ``drop_last``, ``limit``, ``gap_bytes``, ``start_epoch``,
         ``static_cache``, ``permutation``, ``node_sharing``), applied on top of ``options``; the
@@ -84,9 +84,9 @@ class TieredSampler(Closing):
     -----
     Order: in ``epoch`` mode each epoch's order ``pi`` is ``schedule.epoch_permutation(seed,
     epoch, N)`` (with ``permutation="feistel"``, or ``"auto"`` beyond
-    :data:`~shardkit.readers.schedule.EXACT_PERMUTATION_LIMIT` records, an on-demand keyed
-    bijection instead, see :mod:`shardkit.readers.bijection`); consumer ``c`` of ``W`` takes its
-    slice of every global batch (see :mod:`shardkit.readers.schedule`), and its creators read only
+    :data:`~shardkit.order.schedule.EXACT_PERMUTATION_LIMIT` records, an on-demand keyed
+    bijection instead, see :mod:`shardkit.order.bijection`); consumer ``c`` of ``W`` takes its
+    slice of every global batch (see :mod:`shardkit.order.schedule`), and its creators read only
     those keys.
 
     Memory: ``ram_size`` covers everything the sampler holds in RAM for this consumer, split as
@@ -109,14 +109,14 @@ class TieredSampler(Closing):
     Static cache: ``M`` records (a uniformly random subset P of the whole dataset drawn once from
     the seed, independent of the epoch orders) are kept in RAM for the whole run, filled as the
     first epoch reads them; a block reads only its records the cache does not hold. The order is
-    unchanged. See :mod:`shardkit.readers.static_cache`.
+    unchanged. See :mod:`shardkit.tiers.static_cache`.
 
     Many nodes (``locality=True``, docs/design.md §10): node ``m`` of ``nodes`` pins its part of a node
     partition (a uniformly random subset of the keys, disjoint from every other node's, drawn from
     the seed and the node count) in the static cache and, with ``node_cache``, on its local disk.
     ``pi`` and its global batches stay what they are; inside each step's global batch every
     consumer takes exactly its usual number of keys, as many as possible from its own node's cache
-    (:mod:`shardkit.readers.locality`), so storage serves only the misses. Every consumer computes
+    (:mod:`shardkit.order.locality`), so storage serves only the misses. Every consumer computes
     the same assignment from the options alone, without communication: every rank must be given
     the same options (``ram_size``, ``static_cache``, ``node_cache``, ``nodes``,
     ``workers_per_rank``, seed). A budget that caches the whole dataset needs no partition.
@@ -214,7 +214,7 @@ class TieredSampler(Closing):
     def _node_caches(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> StaticCache | None:
         """This node's part of the node partition: depths ``[0, static)`` in the static cache (the
         node variant, shared by the node's processes), the next ``node_cache`` records on its disk
-        (:mod:`shardkit.readers.node_cache`). With a budget that holds the whole dataset every node
+        (:mod:`shardkit.tiers.node_cache`). With a budget that holds the whole dataset every node
         caches everything and there is nothing to steer (see ``__init__``)."""
         o, sizes = self.options, self.sizes
         self.layout = NodeLayout(o.world_size, o.workers_per_rank, o.nodes)
@@ -283,7 +283,7 @@ class TieredSampler(Closing):
     @property
     def block_schedule(self) -> tuple[int, int]:
         """``(first, largest)`` RAM block in records: the run's first block, then blocks doubling
-        up to the largest (see :func:`~shardkit.readers.schedule.block_bounds`)."""
+        up to the largest (see :func:`~shardkit.order.schedule.block_bounds`)."""
         return self.sizes.first_block, self.sizes.ram_block
 
     @property
@@ -440,7 +440,7 @@ class TieredSampler(Closing):
 
     def _order(self, epoch: int) -> tuple[EpochOrder, Callable[[], None] | None]:
         """Epoch ``epoch``'s order: the exact permutation computed once per node when sharing is on,
-        else this process's own (see :func:`~shardkit.readers.schedule.epoch_order`)."""
+        else this process's own (see :func:`~shardkit.order.schedule.epoch_order`)."""
         o = self.options
         if o.mode == "epoch" and self.permutation == "exact" and o.node_sharing:
             shared = node.node_permutation(o.seed, epoch, self.num_records)
@@ -495,7 +495,7 @@ class TieredSampler(Closing):
 
     def use_buffer_memory(self, memory: BufferMemory) -> None:
         """Put the batch buffers in ``memory`` (e.g. shared memory another process maps) from the next
-        iteration on; see :class:`~shardkit.readers.buffers.BufferMemory`.
+        iteration on; see :class:`~shardkit.tiers.buffers.BufferMemory`.
 
         The pool is replaced, so call it before iterating: buffers of a running iteration stay where
         they are.
@@ -544,7 +544,7 @@ class TieredSampler(Closing):
 
 class BatchSupply(Protocol):
     """Where an iteration's batches come from: a :class:`Pipeline`, or the batches a shared job
-    copies out of the server's ring (:mod:`shardkit.readers.shared.client`)."""
+    copies out of the server's ring (:mod:`shardkit.serve.client`)."""
 
     def get(self) -> BatchReady | BlockRead | EpochEnd | RunDone:
         """The next item; raises the background failure, if any."""
@@ -637,7 +637,7 @@ class _Run:
 def _source_options(m: Mixture, opts: SamplerOptions, seed_given: bool) -> SamplerOptions:
     """The options a source is sampled with: its own seed (when it has one); modes other than
     ``epoch`` and ``locality`` only where the order is the slot order itself (one dataset, every
-    record once per epoch: :attr:`~shardkit.readers.mixture.MixturePlan.single`)."""
+    record once per epoch: :attr:`~shardkit.order.mixture.MixturePlan.single`)."""
     single = m.plan(0).single
     if opts.locality and not single:  # the node partition is drawn over one dataset's keys (issue 12)
         raise ConfigError(f"{opts.name('locality')}: not available for a mixture of datasets; read it without locality")

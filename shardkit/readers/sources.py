@@ -3,7 +3,7 @@
 :func:`mix` describes a mixture and checks, from the datasets' metadata alone (before any payload or
 field byte is read), that all of them share one record schema. A :class:`Mixture` is accepted
 wherever a dataset is: :class:`~shardkit.readers.TieredSampler`, both adapters, ``shardkit sample A B
---weights 3,1``. Its order is :class:`~shardkit.readers.mixture.MixturePlan`'s. A single dataset is
+--weights 3,1``. Its order is :class:`~shardkit.order.mixture.MixturePlan`'s. A single dataset is
 the mixture of one (:func:`as_source`), whose plan reduces to the single-dataset order, so every
 reader handles one kind of source.
 
@@ -36,9 +36,9 @@ from shardkit.errors import ConfigError, SamplerError, SchemaError
 from shardkit.formats import Dataset, FieldSpec, PayloadArray
 from shardkit.formats.metadata import DatasetMeta, read_dataset_meta
 from shardkit.formats.reader import Destination, ReadStats
+from shardkit.order.mixture import MixturePlan, parse_weights
+from shardkit.order.seeds import check_seed
 from shardkit.readers.identity import DatasetIdentity, dataset_fingerprint
-from shardkit.readers.mixture import MixturePlan, parse_weights
-from shardkit.readers.seeds import check_seed
 from shardkit.stores import Location, Store, StoreOptions, as_location, open_store
 from shardkit.units import parse_count
 
@@ -116,7 +116,7 @@ class Mixture:
         The datasets, in the order of their dataset index: local directories (``Path``) or
         object-store URLs (``str``), as :func:`shardkit.stores.as_location` gives them.
     weights
-        Exact relative weights (:func:`~shardkit.readers.mixture.parse_weights`).
+        Exact relative weights (:func:`~shardkit.order.mixture.parse_weights`).
     epoch_size
         ``L``, records per epoch (default: the sum of the datasets' sizes).
     seed
@@ -204,7 +204,7 @@ def mix(
     Every epoch then holds exactly ``n_i`` records of dataset ``i`` (the largest-remainder rounding
     of ``w_i L / sum(w)``), each dataset's records walk a permutation across epochs (every record
     once before any twice), and the ``L`` slots are a uniformly random arrangement (see
-    :mod:`shardkit.readers.mixture`). Only the metadata is read here: datasets that do not share one
+    :mod:`shardkit.order.mixture`). Only the metadata is read here: datasets that do not share one
     record schema are refused with a :class:`~shardkit.errors.SchemaError` naming the first difference.
     """
     if isinstance(datasets, (str, bytes, os.PathLike)) or not isinstance(datasets, Sequence) or not datasets:
@@ -251,7 +251,7 @@ def _dataset_location(ds: Dataset, i: int) -> Path | str:
 def as_source(dataset: object) -> Mixture:
     """What a sampler, server or adapter reads: a :class:`Mixture` as it is, a dataset (directory,
     URL or opened :class:`~shardkit.formats.Dataset`) as the mixture of one with ``L = N``, whose
-    order is the dataset's own (see :mod:`shardkit.readers.mixture`)."""
+    order is the dataset's own (see :mod:`shardkit.order.mixture`)."""
     return mix([(dataset, 1)])
 
 
@@ -414,7 +414,7 @@ def gather_fields(parts: Sequence[Mapping[str, Any]], offsets: np.ndarray, index
     """The small fields of a source's datasets by global key (one dataset's global keys are its
     own, so its fields are taken as they are; several are gathered by :class:`MixedField`), with
     :data:`DATASET_FIELD`, each record's dataset index, when ``indexed`` (every source but one
-    dataset read once per epoch, :attr:`~shardkit.readers.mixture.MixturePlan.single`)."""
+    dataset read once per epoch, :attr:`~shardkit.order.mixture.MixturePlan.single`)."""
     out: dict[str, Any] = (
         dict(parts[0]) if len(parts) == 1 else {name: MixedField([f[name] for f in parts], offsets) for name in parts[0]}
     )

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from shardkit.adapters._extras import import_extra
+from shardkit._extras import import_extra
 
 __all__ = ["audio_figure", "as_float", "write_wav"]
 

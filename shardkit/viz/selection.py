@@ -10,7 +10,7 @@ import numpy as np
 
 from shardkit.errors import ConfigError
 from shardkit.formats import Dataset
-from shardkit.readers.seeds import Domain, check_seed, rng
+from shardkit.order.seeds import Domain, check_seed, rng
 
 __all__ = ["MAX_RECORDS", "Selection", "SELECTION_DEFAULTS", "parse_keys", "select_keys"]
 

@@ -33,8 +33,8 @@ import numpy as np
 import pytest
 from _adapter_data import write_keyed
 
+from shardkit.order.locality import node_partition
 from shardkit.readers import epoch_permutation
-from shardkit.readers.locality import node_partition
 from tests.helpers.order_stats import ALPHA, item_position_pvalue
 
 HERE = Path(__file__).parent

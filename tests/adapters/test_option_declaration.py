@@ -21,7 +21,7 @@ from shardkit.cli.app import app
 from shardkit.cli.main import _register_commands
 from shardkit.errors import ConfigError
 from shardkit.readers import DEFAULTS, SamplerOptions, TieredSampler
-from shardkit.readers.shared.server import ServeOptions
+from shardkit.serve.server import ServeOptions
 from shardkit.stores import DEFAULT_OPTIONS, LocalStore, StoreOptions
 from tests.helpers.cli import run_cli
 

@@ -11,8 +11,8 @@ from _adapter_data import N_KEYED
 
 from shardkit.adapters._options import PayloadOptions
 from shardkit.errors import ConfigError
+from shardkit.order.schedule import pass_length
 from shardkit.readers import TieredSampler
-from shardkit.readers.schedule import pass_length
 
 
 @pytest.mark.parametrize(

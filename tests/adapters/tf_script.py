@@ -21,8 +21,9 @@ from _adapter_data import OPTION_CASES, STORE_CASES, blobs, write_keyed_mixture
 import shardkit
 from shardkit.adapters.tf import adopt_payload, make_tf_dataset
 from shardkit.formats.reader import aligned_empty
-from shardkit.readers import SamplerOptions, TieredSampler, node
+from shardkit.readers import SamplerOptions, TieredSampler
 from shardkit.stores import LocalStore, StoreOptions
+from shardkit.tiers import shm as node
 
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)

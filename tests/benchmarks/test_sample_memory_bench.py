@@ -13,7 +13,7 @@ from tests.helpers.benchmarks import load_benchmark
 
 def test_sample_worker_measures_every_epoch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     bench = load_benchmark("sample", monkeypatch)
-    from shardkit.readers import schedule
+    from shardkit.order import schedule
 
     # worker() sets the block constants for its (normally fresh) process: restore them for later tests
     monkeypatch.setattr(schedule, "MIN_BLOCK_BYTES", schedule.MIN_BLOCK_BYTES)

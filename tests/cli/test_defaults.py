@@ -22,7 +22,7 @@ from shardkit.ordertest.battery import check_fraction
 from shardkit.ordertest.settings import DEFAULTS as BATTERY_DEFAULTS
 from shardkit.profiling.profiler import PROFILE_EPOCHS
 from shardkit.readers import DEFAULTS, SamplerOptions
-from shardkit.readers.shared.server import SERVE_DEFAULTS, ServeOptions
+from shardkit.serve.server import SERVE_DEFAULTS, ServeOptions
 from shardkit.units import parse_count
 from shardkit.viz import export, show
 from shardkit.viz.selection import SELECTION_DEFAULTS

@@ -19,7 +19,7 @@ import pytest
 
 import shardkit
 from shardkit.readers import SharedSampler
-from shardkit.readers.shared import wait_for_server
+from shardkit.serve import wait_for_server
 from tests.helpers.cli import run_cli
 from tests.helpers.corpora import natural_image, save_jpeg
 from tests.helpers.sampler_data import make_dataset

@@ -202,7 +202,7 @@ def test_write_json_atomic_out_of_space_at_fsync(tmp_path: Path, monkeypatch, er
 
 
 def test_other_write_errors_also_leave_no_partial(tmp_path: Path, monkeypatch) -> None:
-    from shardkit.formats.atomic import write_bytes_atomic
+    from shardkit.stores.atomic import write_bytes_atomic
 
     def broken(fd: int, data) -> int:
         raise OSError(errno.EIO, "I/O error")

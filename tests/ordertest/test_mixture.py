@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from shardkit.order.mixture import MixturePlan
 from shardkit.ordertest.mixture import arrangement_table_test, equal_neighbours_moments, run_mixture
-from shardkit.readers.mixture import MixturePlan
 from tests.helpers.order_stats import ALPHA
 from tests.ordertest.test_cli import cli
 

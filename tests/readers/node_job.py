@@ -20,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from shardkit.readers import TieredSampler, node
+from shardkit.readers import TieredSampler
+from shardkit.tiers import shm as node
 from tests.helpers.sampler_data import check_batch
 
 

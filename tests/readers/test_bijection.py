@@ -19,10 +19,11 @@ import pytest
 from scipy import stats
 
 from shardkit.errors import SamplerError
-from shardkit.readers import TieredSampler, schedule
-from shardkit.readers.bijection import ROUNDS, FeistelPermutation
-from shardkit.readers.schedule import BijectionOrder, epoch_order, resolve_permutation
-from shardkit.readers.static_cache import BijectionKeys
+from shardkit.order import schedule
+from shardkit.order.bijection import ROUNDS, FeistelPermutation
+from shardkit.order.schedule import BijectionOrder, epoch_order, resolve_permutation
+from shardkit.readers import TieredSampler
+from shardkit.tiers.static_cache import BijectionKeys
 from tests.helpers.order_stats import ALPHA, item_position_pvalue, om
 from tests.helpers.sampler_data import check_batch, collect, make_dataset
 

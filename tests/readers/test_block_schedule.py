@@ -20,9 +20,10 @@ import pytest
 
 from shardkit.formats import PayloadArray
 from shardkit.formats.reader import Destination
-from shardkit.readers import TieredSampler, epoch_permutation, schedule
-from shardkit.readers.config import MIN_COPY_BYTES
-from shardkit.readers.schedule import block_bounds, read_efficiency
+from shardkit.order import schedule
+from shardkit.order.schedule import block_bounds, read_efficiency
+from shardkit.readers import TieredSampler, epoch_permutation
+from shardkit.readers.options import MIN_COPY_BYTES
 from tests.helpers.order_stats import ALPHA, item_position_pvalue
 from tests.helpers.sampler_data import check_batch, collect, make_dataset, opening_nbytes
 

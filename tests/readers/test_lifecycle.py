@@ -19,9 +19,9 @@ import pytest
 
 from shardkit.errors import ConfigError, OutOfSpaceError, SamplerError
 from shardkit.readers import TieredSampler
-from shardkit.readers.scratch import SLOT_PREFIX
-from shardkit.readers.ssd import PREFIX, SsdSpace, remove_stale
-from shardkit.readers.stopping import CurrentRun
+from shardkit.tiers.ssd import PREFIX, SsdSpace, remove_stale
+from shardkit.tiers.ssd_slots import SLOT_PREFIX
+from shardkit.tiers.stopping import CurrentRun
 from tests.helpers.sampler_data import check_batch, collect, make_dataset
 
 
@@ -93,7 +93,7 @@ def test_normal_end_and_restart(tmp_path: Path, ssd_dir: Path) -> None:
 _HOLDER = textwrap.dedent(
     """
     import sys, time
-    from shardkit.readers.ssd import SsdSpace
+    from shardkit.tiers.ssd import SsdSpace
     space = SsdSpace(sys.argv[1])
     print(space.path, flush=True)
     if sys.argv[2] == "kill":

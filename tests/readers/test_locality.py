@@ -1,4 +1,4 @@
-"""Node partition and node-aware assignment (shardkit.readers.locality): pure functions of keys.
+"""Node partition and node-aware assignment (shardkit.order.locality): pure functions of keys.
 
 Exhaustive over small cases and property-based over larger ones: each member takes exactly its
 quota, every row keeps its set of positions, the hits are the most any assignment can get, misses are
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from shardkit.errors import ConfigError
-from shardkit.readers.locality import (
+from shardkit.order.locality import (
     NodeLayout,
     assign_rows,
     balanced_split,
@@ -25,8 +25,8 @@ from shardkit.readers.locality import (
     local_consumer_plan,
     node_partition,
 )
-from shardkit.readers.schedule import ConsumerPlan, consumer_plan, epoch_permutation, step_group_positions
-from shardkit.readers.seeds import Domain, rng
+from shardkit.order.schedule import ConsumerPlan, consumer_plan, epoch_permutation, step_group_positions
+from shardkit.order.seeds import Domain, rng
 from tests.helpers.order_stats import ALPHA
 
 
@@ -171,7 +171,7 @@ def test_assignment_with_ragged_quotas(nodes: int, per_node: int, seed: int, b: 
 
 def test_uniform_and_general_paths_agree() -> None:
     """The closed-form split for equal quotas is the water-filling loop's answer."""
-    from shardkit.readers import locality
+    from shardkit.order import locality
 
     gen = np.random.default_rng(5)
     for _ in range(200):

@@ -20,9 +20,9 @@ import pytest
 
 from shardkit.cli.main import main
 from shardkit.errors import ConfigError, InsecurePathError, SamplerError
+from shardkit.order.locality import node_partition
 from shardkit.readers import SamplerOptions, TieredSampler, epoch_permutation, epoch_stream
-from shardkit.readers.locality import node_partition
-from shardkit.readers.node_cache import node_cache_dir
+from shardkit.tiers.node_cache import node_cache_dir
 from tests.helpers.sampler_data import collect, make_dataset
 
 N = 61  # prime: ragged tails everywhere

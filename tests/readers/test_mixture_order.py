@@ -1,4 +1,4 @@
-"""The mixed order on keys alone (shardkit.readers.mixture): exact counts, walks, uniform interleaving.
+"""The mixed order on keys alone (shardkit.order.mixture): exact counts, walks, uniform interleaving.
 
 Statistical tests use alpha = 1e-3 (tests.helpers.order_stats.ALPHA) and fixed seeds. Exact-law tests enumerate
 every admissible outcome of a tiny mixture and compare its frequencies over many seeds with chi-square.
@@ -19,8 +19,7 @@ from hypothesis import strategies as hs
 from scipy import stats
 
 from shardkit.errors import ConfigError
-from shardkit.ordertest import stats as ots
-from shardkit.readers.mixture import (
+from shardkit.order.mixture import (
     HEAD,
     MixturePlan,
     Walks,
@@ -28,8 +27,9 @@ from shardkit.readers.mixture import (
     parse_weights,
     walk_bounds,
 )
-from shardkit.readers.schedule import epoch_order, epoch_permutation
-from shardkit.readers.seeds import Domain, rng
+from shardkit.order.schedule import epoch_order, epoch_permutation
+from shardkit.order.seeds import Domain, rng
+from shardkit.ordertest import stats as ots
 from tests.helpers.order_stats import ALPHA, item_position_pvalue
 
 

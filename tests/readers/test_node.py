@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardkit.readers import TieredSampler, epoch_permutation, node
+from shardkit.readers import TieredSampler, epoch_permutation
+from shardkit.tiers import shm as node
 from tests.helpers.sampler_data import collect, make_dataset
 
 REPO = Path(__file__).resolve().parents[2]
@@ -201,7 +202,7 @@ def test_a_full_node_degrades_to_uncached_reads(tmp_path: Path, private_root: Pa
 _CHURN = """
 import sys
 import numpy as np
-from shardkit.readers import node
+from shardkit.tiers import shm as node
 node.SHM_ROOT = type(node.SHM_ROOT)(sys.argv[1])
 for i in range(int(sys.argv[2])):
     name = f"churn-{i % 3}"

@@ -73,7 +73,7 @@ def test_rank_checked_against_world_size_and_unknown_names_refused() -> None:
 
 
 def test_both_option_sets_share_source_naming_and_the_unknown_name_check() -> None:
-    from shardkit.readers.shared.server import ServeOptions
+    from shardkit.serve.server import ServeOptions
 
     for cls in (SamplerOptions, ServeOptions):
         with pytest.raises(ConfigError, match=r"^source: expected 'python' or 'cli', found 'shell'"):

@@ -1,4 +1,4 @@
-"""Every random use of the sampler draws from its own shardkit.readers.seeds domain.
+"""Every random use of the sampler draws from its own shardkit.order.seeds domain.
 
 Seeds are integers in [0, 2**64): numpy's SeedSequence splits integers into 32-bit words, so the former
 seeding ``default_rng([seed, epoch])`` made seed ``5 + 3 * 2**32`` at epoch 0 the very stream of seed 5 at
@@ -19,11 +19,11 @@ import pytest
 from scipy import stats
 
 from shardkit.errors import ConfigError, SamplerError
+from shardkit.order.schedule import replacement_stream
+from shardkit.order.seeds import Domain, rng
 from shardkit.readers import DEFAULTS, SamplerOptions, TieredSampler, epoch_permutation, epoch_stream
 from shardkit.readers.sampler import STATE_VERSION
-from shardkit.readers.schedule import replacement_stream
-from shardkit.readers.seeds import Domain, rng
-from shardkit.readers.static_cache import pinned_keys
+from shardkit.tiers.static_cache import pinned_keys
 from tests.helpers.order_stats import ALPHA, item_position_chi2, item_position_pvalue
 from tests.helpers.sampler_data import collect, epochs_of, make_dataset
 
@@ -43,7 +43,7 @@ def test_each_use_draws_from_its_own_domain() -> None:
     np.testing.assert_array_equal(epoch_permutation(seed, epoch, n), rng(Domain.EPOCH_ORDER, seed, epoch).permutation(n))
     stream = replacement_stream(seed, epoch, n, 10)
     gen = rng(Domain.REPLACEMENT, seed, epoch)
-    from shardkit.readers.reservoir import reservoir_keys
+    from shardkit.order.reservoir import reservoir_keys
 
     np.testing.assert_array_equal(stream, np.concatenate([reservoir_keys(n, 10, gen) for _ in range(5)]))
     np.testing.assert_array_equal(

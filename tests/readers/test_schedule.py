@@ -12,8 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardkit.readers import Sampler, SharedSampler, TieredSampler, TierServer
-from shardkit.readers.schedule import (
+from shardkit.order.schedule import (
     BATCH_PREFETCH,
     batches_per_consumer,
     consumer_plan,
@@ -25,6 +24,7 @@ from shardkit.readers.schedule import (
     records_per_consumer,
     ssd_block,
 )
+from shardkit.readers import Sampler, SharedSampler, TieredSampler, TierServer
 from tests.helpers.sampler_data import collect, make_dataset
 
 GRID = list(itertools.product([0, 1, 7, 12, 13, 30], [1, 2, 5], [1, 2, 3], [False, True], [0, 4, 11]))

@@ -24,8 +24,8 @@ import pytest
 from shardkit.errors import ConfigError, SamplerError
 from shardkit.formats.spec import TAIL_SAMPLE_NBYTES, index_nbytes
 from shardkit.readers import Sampler, SharedSampler, TierServer
-from shardkit.readers.shared import job_order, wait_for_server
-from shardkit.readers.shared.rundir import run_dir_path
+from shardkit.serve import job_order, wait_for_server
+from shardkit.serve.rundir import run_dir_path
 from tests.helpers.order_stats import ALPHA, item_position_pvalue
 from tests.helpers.sampler_data import check_batch, make_dataset, opening_nbytes
 from tests.helpers.threads import Jobs, run_jobs

@@ -19,8 +19,8 @@ import pytest
 
 from shardkit.errors import SamplerError
 from shardkit.readers import SharedSampler, TierServer
-from shardkit.readers.shared.protocol import HEADER, Channel
-from shardkit.readers.shared.rundir import RunDir
+from shardkit.serve.protocol import HEADER, Channel
+from shardkit.serve.rundir import RunDir
 from tests.helpers.sampler_data import make_dataset
 
 #: Guards against a hang only; nothing waits this long when the code is right.

@@ -13,8 +13,8 @@ import pytest
 
 from shardkit.errors import SamplerError
 from shardkit.readers import SharedSampler, TierServer
-from shardkit.readers.shared.order import blocks, job_permutation, partition
 from shardkit.readers.sources import mix
+from shardkit.serve.order import blocks, job_permutation, partition
 from tests.helpers.sampler_data import encode, make_dataset
 from tests.helpers.threads import run_jobs
 
@@ -94,7 +94,7 @@ def test_cli_serves_a_mixture(tmp_path: Path, name: str) -> None:
     import subprocess
     import sys
 
-    from shardkit.readers.shared import wait_for_server
+    from shardkit.serve import wait_for_server
 
     a = make_dataset(tmp_path / "a", 6)
     b = make_dataset(tmp_path / "b", 4, first=6)

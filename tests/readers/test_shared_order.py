@@ -20,8 +20,8 @@ import pytest
 from scipy import stats
 
 from shardkit.readers import SharedSampler, TierServer
-from shardkit.readers.shared import wait_for_server
-from shardkit.readers.shared.order import job_order, job_permutation, partition
+from shardkit.serve import wait_for_server
+from shardkit.serve.order import job_order, job_permutation, partition
 from tests.helpers.order_stats import ALPHA, item_position_pvalue
 from tests.helpers.sampler_data import check_batch, make_dataset
 from tests.helpers.threads import run_jobs

@@ -13,9 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shardkit.errors import ConfigError, PeerTimeoutError, ProtocolError
-from shardkit.readers.config import DEFAULTS
-from shardkit.readers.shared.order import blocks
-from shardkit.readers.shared.protocol import (
+from shardkit.readers.options import DEFAULTS
+from shardkit.serve.order import blocks
+from shardkit.serve.protocol import (
     HEADER,
     MAGIC,
     MAX_BODY,
@@ -34,7 +34,7 @@ from shardkit.readers.shared.protocol import (
     Welcome,
     encode,
 )
-from shardkit.readers.shared.server import ServeOptions
+from shardkit.serve.server import ServeOptions
 
 U64 = st.integers(0, 2**64 - 1)
 U32 = st.integers(0, 2**32 - 1)

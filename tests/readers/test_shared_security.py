@@ -30,9 +30,9 @@ import pytest
 
 from shardkit.errors import InsecurePathError, PeerTimeoutError, ProtocolError, SamplerError
 from shardkit.readers import SharedSampler, TierServer
-from shardkit.readers.shared import job_order, wait_for_server
-from shardkit.readers.shared.protocol import HEADER, MAGIC, PROTOCOL_VERSION, Hello, Release, Welcome, encode
-from shardkit.readers.shared.rundir import run_dir_path
+from shardkit.serve import job_order, wait_for_server
+from shardkit.serve.protocol import HEADER, MAGIC, PROTOCOL_VERSION, Hello, Release, Welcome, encode
+from shardkit.serve.rundir import run_dir_path
 from tests.helpers.sampler_data import check_batch, make_dataset
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -215,7 +215,7 @@ def test_hostile_client_is_refused_and_the_server_keeps_serving(
 ) -> None:
     ds = make_dataset(tmp_path / "ds", N)
     marker = tmp_path / "unpickled"
-    with caplog.at_level(logging.INFO, logger="shardkit.readers.shared"):
+    with caplog.at_level(logging.INFO, logger="shardkit.serve"):
         with TierServer(ds, name=name, ram_size="6records", slots=2, max_connections=4, lease_seconds=30) as srv:
             job = SharedSampler(name, job_seed=3, batch_size=4, epochs=2)
             it = iter(job)
@@ -229,7 +229,7 @@ def test_hostile_client_is_refused_and_the_server_keeps_serving(
             np.testing.assert_array_equal(np.sort(late), np.arange(N))
     assert not marker.exists(), "the server unpickled bytes from a socket"
     assert "Traceback" not in capfd.readouterr().err
-    server_lines = [r for r in caplog.records if r.name.startswith("shardkit.readers.shared")]
+    server_lines = [r for r in caplog.records if r.name.startswith("shardkit.serve")]
     assert all(r.exc_info is None and "\n" not in r.getMessage() for r in server_lines)
     warnings = [r.getMessage() for r in server_lines if r.levelno >= logging.WARNING]
     assert any(expected_log in w for w in warnings), warnings
@@ -407,8 +407,8 @@ def test_stopped_server_is_a_timeout_not_a_hang(tmp_path: Path, name: str) -> No
 def test_jobs_map_the_ring_read_only(tmp_path: Path, name: str) -> None:
     """A job only copies out of the ring, so it maps it read-only: a bug in one job cannot corrupt
     the payload every other job is reading."""
-    from shardkit.readers.shared.ring import Ring
-    from shardkit.readers.shared.rundir import RunDir
+    from shardkit.serve.ring import Ring
+    from shardkit.serve.rundir import RunDir
 
     ds = make_dataset(tmp_path / "ds", 12)
     with TierServer(ds, name=name, ram_size="6records") as srv:

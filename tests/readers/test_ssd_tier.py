@@ -16,9 +16,9 @@ from shardkit.errors import ConfigError, TruncatedShardError
 from shardkit.formats import Dataset, PayloadArray
 from shardkit.formats.reader import ReadStats
 from shardkit.readers import TieredSampler
-from shardkit.readers.scratch import ReservoirSlots, ScratchRecords
-from shardkit.readers.ssd import SsdSpace
-from shardkit.readers.stopping import Stopped
+from shardkit.tiers.ssd import SsdSpace
+from shardkit.tiers.ssd_slots import ReservoirSlots, ScratchRecords
+from shardkit.tiers.stopping import Stopped
 from tests.helpers.sampler_data import collect, make_dataset
 
 BIG = (128, 128, 1)  # 16 KiB records: copied inside the kernel

@@ -20,7 +20,7 @@ import pytest
 from shardkit.errors import ConfigError
 from shardkit.formats.spec import index_nbytes
 from shardkit.readers import SamplerOptions, TieredSampler, epoch_permutation
-from shardkit.readers.static_cache import pinned_keys
+from shardkit.tiers.static_cache import pinned_keys
 from tests.helpers.order_stats import ALPHA, item_position_pvalue
 from tests.helpers.sampler_data import collect, epochs_of, make_dataset, opening_nbytes
 

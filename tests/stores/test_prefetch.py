@@ -19,8 +19,8 @@ import pytest
 from shardkit.errors import CorruptShardError, ObjectChangedError
 from shardkit.formats import Dataset
 from shardkit.formats.reader import ReadStats
+from shardkit.order.schedule import epoch_permutation
 from shardkit.readers import TieredSampler
-from shardkit.readers.schedule import epoch_permutation
 from shardkit.stores import open_store
 from tests.helpers.datasets import upload
 from tests.helpers.faultproxy import FaultProxy

@@ -18,7 +18,7 @@ from scipy import stats
 import shardkit
 from shardkit.errors import ConfigError, MissingExtraError
 from shardkit.formats import DatasetWriter, FieldSpec, open_dataset
-from shardkit.readers.seeds import Domain, rng
+from shardkit.order.seeds import Domain, rng
 from shardkit.viz import Selection, select_keys
 from shardkit.viz.sheet import BOX_COLORS
 from tests.helpers.corpora import coco_doc, tone, write_json, write_wav

@@ -1,10 +1,10 @@
 """The order of a shared tier stack: the server's partition into reservoirs and each job's permutations.
 
 For server epoch ``e`` the server draws ``pi_e``, a uniform permutation of the ``N`` keys, from its
-own domain (:attr:`~shardkit.readers.seeds.Domain.SERVER_PARTITION`) and cuts it into consecutive
+own domain (:attr:`~shardkit.order.seeds.Domain.SERVER_PARTITION`) and cuts it into consecutive
 blocks (:func:`blocks`): reservoir ``r`` is the key set of block ``r``. A job emits reservoir ``r`` in
 the order of its own permutation of the block's stored (ascending) keys, drawn from
-:attr:`~shardkit.readers.seeds.Domain.JOB_PERMUTATION` with ``(job_seed, e, r)``.
+:attr:`~shardkit.order.seeds.Domain.JOB_PERMUTATION` with ``(job_seed, e, r)``.
 
 Blocks of a uniform random partition, each permuted uniformly and independently, form an exactly
 uniform permutation: ``P(order) = prod_r 1/C(rest_r, n_r) * 1/n_r! = 1/N!``. That needs the job's
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardkit.readers.seeds import Domain, rng
+from shardkit.order.seeds import Domain, rng
 
 __all__ = ["blocks", "partition", "job_permutation", "job_order"]
 

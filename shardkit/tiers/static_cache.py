@@ -19,10 +19,10 @@ import numpy as np
 
 from shardkit.errors import SamplerError
 from shardkit.formats.reader import aligned_empty
-from shardkit.readers import node
-from shardkit.readers.bijection import ROUNDS, FeistelPermutation
-from shardkit.readers.locality import node_partition
-from shardkit.readers.seeds import Domain, rng
+from shardkit.order.bijection import ROUNDS, FeistelPermutation
+from shardkit.order.locality import node_partition
+from shardkit.order.seeds import Domain, rng
+from shardkit.tiers import shm as node
 
 __all__ = ["StaticCache", "pinned_keys", "PinnedSet", "SortedKeys", "AllKeys", "BijectionKeys"]
 
@@ -95,7 +95,7 @@ class BijectionKeys:
     """P = ``{k : sigma(k) < M}`` for a keyed bijection ``sigma`` of ``range(N)``: row = ``sigma(k)``.
 
     A uniform ``M``-subset when ``sigma`` is a uniform permutation (the preimage of any fixed
-    ``M``-set), statistically so for the Feistel bijection (see :mod:`shardkit.readers.bijection`);
+    ``M``-set), statistically so for the Feistel bijection (see :mod:`shardkit.order.bijection`);
     it needs no memory per key, for datasets too large for :func:`pinned_keys`.
     """
 
@@ -131,7 +131,7 @@ class StaticCache:
         Draw P with a bijection (:class:`BijectionKeys`) rather than :func:`pinned_keys`.
     part
         ``(nodes, node)`` with ``locality``: P is node ``node``'s part of the node partition of
-        ``(seed, nodes)`` (:mod:`shardkit.readers.locality`), ``count`` of its keys, instead of a
+        ``(seed, nodes)`` (:mod:`shardkit.order.locality`), ``count`` of its keys, instead of a
         subset drawn for the static cache alone.
     share_key
         Identity of the dataset for node sharing (``None``: private to this process).

@@ -2,8 +2,8 @@
 
 This is docs/design.md §10 as pure functions of keys (no payload, no I/O, no communication), so every
 rank computes the same answers and the tests can check them exhaustively. The epoch order and its
-global batches (:mod:`shardkit.readers.schedule`) do not change; only which member of a step group
-(:func:`~shardkit.readers.schedule.step_group_positions`) takes which key does.
+global batches (:mod:`shardkit.order.schedule`) do not change; only which member of a step group
+(:func:`~shardkit.order.schedule.step_group_positions`) takes which key does.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from shardkit.errors import ConfigError
-from shardkit.readers.schedule import ConsumerPlan, EpochOrder, PlanShape, consumer_plan, step_group_positions
-from shardkit.readers.seeds import Domain, rng
+from shardkit.order.schedule import ConsumerPlan, EpochOrder, PlanShape, consumer_plan, step_group_positions
+from shardkit.order.seeds import Domain, rng
 
 __all__ = [
     "NodeLayout",
@@ -330,7 +330,7 @@ class LocalPlan:
     ----------
     plan
         Keys in emission order (each batch's keys in epoch order), batch sizes and positions
-        exactly as :func:`~shardkit.readers.schedule.consumer_plan` has them.
+        exactly as :func:`~shardkit.order.schedule.consumer_plan` has them.
     hit
         Per key of ``plan.keys``: pinned on this consumer's node.
     """
@@ -355,7 +355,7 @@ def local_positions(
     ``keys_at(positions)`` gives the epoch order's keys at ``positions`` (an array's indexing, or an
     order computed on demand). Every consumer of the step group computes the same
     :func:`assign_rows` over the group's rows
-    (:func:`~shardkit.readers.schedule.step_group_positions`) and keeps its own member's positions,
+    (:func:`~shardkit.order.schedule.step_group_positions`) and keeps its own member's positions,
     so the consumers of a group take disjoint positions that together are the group's positions;
     batch ``j`` of the consumer is entries ``[j*B, (j+1)*B)`` (the ragged tail last), each batch in
     epoch order.
@@ -407,7 +407,7 @@ def local_consumer_plan(
 
 @dataclass(frozen=True, eq=False)
 class LocalShape(PlanShape):
-    """A :class:`~shardkit.readers.schedule.PlanShape` whose epoch positions come from the
+    """A :class:`~shardkit.order.schedule.PlanShape` whose epoch positions come from the
     node-aware assignment: the same batches and global positions, another split of every step's
     positions among the consumers.
 

@@ -35,9 +35,9 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from shardkit.errors import ConfigError
-from shardkit.readers.bijection import FeistelPermutation
-from shardkit.readers.reservoir import reservoir_keys
-from shardkit.readers.seeds import Domain, rng
+from shardkit.order.bijection import FeistelPermutation
+from shardkit.order.reservoir import reservoir_keys
+from shardkit.order.seeds import Domain, rng
 
 __all__ = [
     "MODES",
@@ -175,7 +175,7 @@ class ArrayOrder:
 
 @dataclass(frozen=True, eq=False)
 class BijectionOrder:
-    """``pi`` computed on demand by a keyed Feistel bijection (:mod:`shardkit.readers.bijection`)."""
+    """``pi`` computed on demand by a keyed Feistel bijection (:mod:`shardkit.order.bijection`)."""
 
     permutation: FeistelPermutation
 
@@ -208,7 +208,7 @@ def epoch_order(
 
     ``epoch`` mode with the ``feistel`` permutation is a :class:`BijectionOrder`, which is *not*
     :func:`epoch_permutation` (a different, statistically uniform order; see
-    :mod:`shardkit.readers.bijection`); every other combination is exactly :func:`epoch_stream`.
+    :mod:`shardkit.order.bijection`); every other combination is exactly :func:`epoch_stream`.
     """
     if mode == "epoch" and resolve_permutation(permutation, n) == "feistel":
         return BijectionOrder(FeistelPermutation.for_epoch(seed, epoch, max(1, int(n))))
@@ -452,10 +452,10 @@ def block_bounds(start: int, stop: int, first: int, largest: int) -> Iterator[tu
 
 def pool_batches(block: int, batch_size: int, aligned: bool = True) -> int:
     """Batch buffers a run needs: two blocks in flight (one being read, one being emitted) and the
-    batches the consumer holds (:data:`~shardkit.readers.buffers.HOLD_BATCHES`). A block of ``K``
+    batches the consumer holds (:data:`~shardkit.tiers.buffers.HOLD_BATCHES`). A block of ``K``
     records covers ``ceil(K / B)`` batches, one more when blocks are not ``aligned`` to batches
     (a batch then spans two blocks)."""
-    from shardkit.readers.buffers import HOLD_BATCHES
+    from shardkit.tiers.buffers import HOLD_BATCHES
 
     per_block = -(-int(block) // int(batch_size)) + (0 if aligned else 1)
     return 2 * per_block + HOLD_BATCHES
@@ -617,7 +617,7 @@ def step_group_positions(
     ``c // k``, and a rank's DataLoader hands out its workers' batches in turn, so the training step
     that uses batch ``g`` of worker ``w`` gets, from every rank ``r``, consumer ``r*k + w``'s slice of
     global batch ``g``. Those consumers are step group ``w``: the positions a step trains on
-    together. Node-aware assignment (:mod:`shardkit.readers.locality`) moves keys only inside a
+    together. Node-aware assignment (:mod:`shardkit.order.locality`) moves keys only inside a
     group's row, so every step keeps the set of positions of ``pi`` it has here.
     """
     b, w, k, grp = int(batch_size), int(world_size), int(workers_per_rank), int(group)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from shardkit.readers.seeds import Domain, rng
+from shardkit.order.seeds import Domain, rng
 
 __all__ = ["FeistelPermutation", "ROUNDS", "MIN_BITS"]
 

@@ -16,13 +16,13 @@ ascending offsets within each file, straight into the batch buffers the consumer
 (:meth:`~shardkit.formats.PayloadArray.read_into`): pinned records that the static cache does not
 hold yet go into their cache rows instead (filling the cache as a side effect of the epoch's own
 reads), and the assembler copies the pinned records of each batch from the cache. The batch handed
-to the consumer is a view of its pool buffer, not a copy; the pool (:mod:`shardkit.readers.buffers`)
+to the consumer is a view of its pool buffer, not a copy; the pool (:mod:`shardkit.tiers.buffers`)
 reuses a buffer only once nothing outside it references the memory. Batches that span two blocks
 (blocks smaller than a batch) stay open in the reader until the next block completes them.
 
 Overlap
 -------
-Blocks follow :func:`~shardkit.readers.schedule.block_bounds`: the run's first block is small (the
+Blocks follow :func:`~shardkit.order.schedule.block_bounds`: the run's first block is small (the
 first batch arrives after a short read), later ones grow to the largest block. The reader works on
 block ``k + 1`` while the assembler and the consumer drain block ``k``; the pool holds two blocks
 and the batches the consumer keeps, so reading never waits for emitting unless the consumer is the
@@ -31,7 +31,7 @@ assembler gathers every batch from it, a few batch buffers deep.
 
 Blocks into slots
 ----------------
-A run that serves blocks rather than batches (the shared server, :mod:`shardkit.readers.shared`)
+A run that serves blocks rather than batches (the shared server, :mod:`shardkit.serve`)
 gives the pipeline a :class:`SlotSink`: the block reader then reads each block's records, keys
 sorted ascending, into a slot the sink hands out (a slot of the shared ring), and the consumer gets
 the :class:`BlockRead` messages themselves; there is no assembler. Blocks then have the sink's one
@@ -41,7 +41,7 @@ the same code as the sampler's.
 
 Everything that travels between threads is a small frozen value (:class:`ReservoirWritten`,
 :class:`BlockRead`, :class:`EpochEnd`, :class:`RunDone`, :class:`BatchReady`); blocking calls go
-through :mod:`shardkit.readers.stopping`, so a run that is abandoned (break, exception, Ctrl-C,
+through :mod:`shardkit.tiers.stopping`, so a run that is abandoned (break, exception, Ctrl-C,
 garbage collection) stops within about a tenth of a second plus one in-flight read.
 
 Why threads and not processes: ``preadv``, ``os.write`` and numpy copies release the GIL, so
@@ -65,19 +65,19 @@ import numpy as np
 from shardkit.errors import SamplerError, ShardkitError
 from shardkit.formats import DEFAULT_GAP_BYTES, PayloadArray
 from shardkit.formats.reader import Destination, aligned_empty
-from shardkit.readers import stopping
-from shardkit.readers.buffers import BatchBuffer, BatchPool
-from shardkit.readers.config import TierSizes
-from shardkit.readers.schedule import BATCH_PREFETCH, EpochOrder, PlanShape, block_bounds
-from shardkit.readers.scratch import ReservoirSlots
+from shardkit.order.schedule import BATCH_PREFETCH, EpochOrder, PlanShape, block_bounds
+from shardkit.readers.options import TierSizes
 from shardkit.readers.sources import MixedIdentity, Mixture, open_source
-from shardkit.readers.ssd import SsdSpace
-from shardkit.readers.static_cache import StaticCache
-from shardkit.readers.stats import SamplerStats
-from shardkit.readers.stopping import POLL_SECONDS, Stopped
+from shardkit.tiers import stopping
+from shardkit.tiers.buffers import BatchBuffer, BatchPool
+from shardkit.tiers.ssd import SsdSpace
+from shardkit.tiers.ssd_slots import ReservoirSlots
+from shardkit.tiers.static_cache import StaticCache
+from shardkit.tiers.stats import SamplerStats
+from shardkit.tiers.stopping import POLL_SECONDS, Stopped
 
 if TYPE_CHECKING:  # node_cache imports the shared stack's run directory, which imports this module
-    from shardkit.readers.node_cache import NodeDiskCache
+    from shardkit.tiers.node_cache import NodeDiskCache
 
 __all__ = [
     "Segment",
@@ -204,7 +204,7 @@ class SlotSink(Protocol):
 
     def acquire(self, stop: threading.Event) -> tuple[int, np.ndarray]:
         """A free slot and its ``[K, *record_shape]`` payload array, blocking until there is one;
-        raises :class:`~shardkit.readers.stopping.Stopped` once ``stop`` is set."""
+        raises :class:`~shardkit.tiers.stopping.Stopped` once ``stop`` is set."""
         ...
 
 
@@ -253,13 +253,13 @@ class Pipeline:
         Iterator of the run's :class:`Segment` objects, in order (consumed by the first creator).
     sizes
         The memory plan (block sizes, SSD reservoirs, copy buffer; see
-        :class:`~shardkit.readers.config.TierSizes`).
+        :class:`~shardkit.readers.options.TierSizes`).
     pool
         The batch buffers (kept by the sampler across runs, so memory is touched once).
     ssd_dir
         Parent of the run's private SSD directory (with the SSD tier).
     static_cache
-        Pinned records (see :mod:`shardkit.readers.static_cache`), or ``None``.
+        Pinned records (see :mod:`shardkit.tiers.static_cache`), or ``None``.
     key_map
         Applied to every batch's ``key`` (global keys become the records' keys in their datasets);
         ``None`` keeps the keys.
@@ -268,7 +268,7 @@ class Pipeline:
         ``pool``, no static cache).
     node_disk
         With ``locality``, the node's pinned records on its local disk
-        (:class:`~shardkit.readers.node_cache.NodeDiskCache`): blocks read them from there (the
+        (:class:`~shardkit.tiers.node_cache.NodeDiskCache`): blocks read them from there (the
         RAM tier only; the options refuse it with the SSD tier).
     identity
         The dataset's identity when the sampler opened it, checked after every read from the disk

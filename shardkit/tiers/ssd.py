@@ -9,7 +9,7 @@ process, or another sampler in this one) are left alone; the clean-up never foll
 link and only touches this user's private directories.
 
 The reservoirs themselves are two scratch files in this directory, rewritten in place (see
-:mod:`shardkit.readers.scratch`).
+:mod:`shardkit.tiers.ssd_slots`).
 """
 
 from __future__ import annotations

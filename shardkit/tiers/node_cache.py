@@ -28,8 +28,8 @@ from shardkit.formats.reader import Destination
 from shardkit.formats.spec import records_per_shard_for
 from shardkit.formats.verify import verify
 from shardkit.privdir import DIR_MODE, FILE_MODE, PrivateDir
-from shardkit.readers.stopping import POLL_SECONDS, Stopped
 from shardkit.stores.atomic import is_out_of_space
+from shardkit.tiers.stopping import POLL_SECONDS, Stopped
 
 __all__ = ["NodeDiskCache", "DIR_PREFIX", "node_cache_dir", "entry_name"]
 
@@ -55,7 +55,7 @@ def _write_entry(disk: Dataset, keys: np.ndarray, dest: Path, stop: threading.Ev
     """Copy records ``keys`` of ``disk`` into a new dataset at ``dest`` in ascending key order, with
     their ``source_key``; returns the payload bytes written.
 
-    An entry outlives the run, so unlike the SSD tier's scratch slots (:mod:`shardkit.readers.scratch`)
+    An entry outlives the run, so unlike the SSD tier's scratch slots (:mod:`shardkit.tiers.ssd_slots`)
     it is a whole dataset that :func:`~shardkit.formats.verify.verify` can check when it is reused.
     Reads go through one reused buffer of about ``chunk_bytes``; on any failure, or when ``stop`` is
     set, the partial entry is deleted.

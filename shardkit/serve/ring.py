@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from shardkit.errors import OutOfSpaceError, SamplerError
-from shardkit.readers.shared.rundir import RunDir
+from shardkit.serve.rundir import RunDir
 from shardkit.units import human_bytes
 
 __all__ = ["RingLayout", "Ring"]

@@ -21,13 +21,12 @@ import numpy as np
 from shardkit.closing import Closing
 from shardkit.errors import ConfigError, InsecurePathError, PeerTimeoutError, ProtocolError, SamplerError, ShardkitError
 from shardkit.formats import Dataset
-from shardkit.readers.buffers import HOLD_BATCHES, BatchBuffer, BatchPool
-from shardkit.readers.pipeline import BatchReady, RunDone, assemble_batch
+from shardkit.order.schedule import BATCH_PREFETCH, batches_per_consumer, consumer_slice
+from shardkit.order.seeds import check_seed
 from shardkit.readers.sampler import _Run
-from shardkit.readers.schedule import BATCH_PREFETCH, batches_per_consumer, consumer_slice
-from shardkit.readers.seeds import check_seed
-from shardkit.readers.shared.order import job_permutation
-from shardkit.readers.shared.protocol import (
+from shardkit.readers.sources import MixedDataset, Mixture, as_source, mix
+from shardkit.serve.order import job_permutation
+from shardkit.serve.protocol import (
     MAX_GROUP_BYTES,
     MAX_INFO_BYTES,
     TOKEN_BYTES,
@@ -44,12 +43,13 @@ from shardkit.readers.shared.protocol import (
     ServerInfo,
     Welcome,
 )
-from shardkit.readers.shared.ring import Ring, RingLayout
-from shardkit.readers.shared.rundir import RunDir, check_name, run_dir_path
-from shardkit.readers.sources import MixedDataset, Mixture, as_source, mix
-from shardkit.readers.stats import SamplerStats
-from shardkit.readers.stopping import POLL_SECONDS, CurrentRun, Stopped, put
+from shardkit.serve.ring import Ring, RingLayout
+from shardkit.serve.rundir import RunDir, check_name, run_dir_path
 from shardkit.stores import Location, as_location, location_string
+from shardkit.tiers.buffers import HOLD_BATCHES, BatchBuffer, BatchPool
+from shardkit.tiers.pipeline import BatchReady, RunDone, assemble_batch
+from shardkit.tiers.stats import SamplerStats
+from shardkit.tiers.stopping import POLL_SECONDS, CurrentRun, Stopped, put
 
 __all__ = ["SharedSampler", "wait_for_server"]
 
@@ -118,7 +118,7 @@ class SharedSampler(Closing):
 
     A plain iterator of batch dicts like :class:`~shardkit.readers.TieredSampler`: the payload
     (``"image"``/``"audio"``), every per-record field and ``"key"``. See
-    :mod:`shardkit.readers.shared` for the design and guarantees.
+    :mod:`shardkit.serve` for the design and guarantees.
 
     Parameters
     ----------
@@ -308,7 +308,7 @@ class _Link:
     iteration, :class:`~shardkit.readers.sampler._Run`): a connection, the mapped ring, a heartbeat
     thread and a batch-assembler thread (so copying batches out of the ring overlaps the job's own
     work, as the batch creator does in :class:`~shardkit.readers.TieredSampler`). Batches are
-    :class:`~shardkit.readers.pipeline.BatchReady` messages in buffers of the sampler's pool; a job
+    :class:`~shardkit.tiers.pipeline.BatchReady` messages in buffers of the sampler's pool; a job
     keeps no resume position, so no epoch ends are passed on. The threads reference only this
     object, never the iterator, so an abandoned iterator is garbage collected and its finalizer
     detaches the job (it would otherwise keep its lease and hold the other jobs back)."""

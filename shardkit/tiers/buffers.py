@@ -20,7 +20,7 @@ the pool forgets it (it becomes the consumer's memory, freed when the consumer d
 allocates a fresh one in its place. Retired buffers are counted in :attr:`BatchPool.retired`.
 
 The pool is the run's whole batch memory; its capacity comes from the RAM budget (see
-:func:`shardkit.readers.schedule.pool_batches`).
+:func:`shardkit.order.schedule.pool_batches`).
 
 Where the buffers live is a :class:`BufferMemory`: private process memory by default; an adapter
 that hands batches to another process (PyTorch DataLoader workers) puts them in shared memory and
@@ -38,7 +38,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from shardkit.formats.reader import aligned_empty
-from shardkit.readers.stopping import Stopped
+from shardkit.tiers.stopping import Stopped
 
 __all__ = ["BatchBuffer", "BatchPool", "BufferMemory", "HOLD_BATCHES"]
 
@@ -141,7 +141,7 @@ class BatchPool:
     def acquire(self, stop: threading.Event) -> BatchBuffer:
         """A buffer nobody references, for the pipeline to fill (blocks until there is one).
 
-        Raises :class:`~shardkit.readers.stopping.Stopped` when ``stop`` is set while waiting.
+        Raises :class:`~shardkit.tiers.stopping.Stopped` when ``stop`` is set while waiting.
         """
         while True:
             with self._changed:

@@ -1,7 +1,7 @@
 """The server half of the shared tier stack: :class:`TierServer` and :func:`serve`.
 
-The server's tiers are the sampler's own :class:`~shardkit.readers.pipeline.Pipeline`, given the
-ring as its :class:`~shardkit.readers.pipeline.SlotSink`: the block reader reads each published
+The server's tiers are the sampler's own :class:`~shardkit.tiers.pipeline.Pipeline`, given the
+ring as its :class:`~shardkit.tiers.pipeline.SlotSink`: the block reader reads each published
 block (its keys ascending) straight into a free ring slot, through the SSD tier when there is
 one, and the producer thread only publishes the blocks it is handed. The design (order, ring,
 release bound, leases, lifetime) is docs/design.md §8, its security model docs/design.md §13.
@@ -30,11 +30,11 @@ import numpy as np
 from shardkit.converters.options import count, duration
 from shardkit.declare import UserOptions, option, shared_option
 from shardkit.errors import ConfigError, PeerTimeoutError, ProtocolError, SamplerError, ShardkitError
-from shardkit.readers.config import SamplerOptions, TierSizes, path_or_none
-from shardkit.readers.pipeline import BlockRead, EpochEnd, Pipeline, Segment
-from shardkit.readers.schedule import ArrayOrder, plan_shape
-from shardkit.readers.shared.order import partition
-from shardkit.readers.shared.protocol import (
+from shardkit.order.schedule import ArrayOrder, plan_shape
+from shardkit.readers.options import SamplerOptions, TierSizes, path_or_none
+from shardkit.readers.sources import Mixture, as_source
+from shardkit.serve.order import partition
+from shardkit.serve.protocol import (
     MAX_INFO_BYTES,
     PROTOCOL_VERSION,
     TOKEN_BYTES,
@@ -53,13 +53,13 @@ from shardkit.readers.shared.protocol import (
     Welcome,
     encode,
 )
-from shardkit.readers.shared.ring import Ring, RingLayout
-from shardkit.readers.shared.rundir import RunDir, check_name, run_dir_path
-from shardkit.readers.sources import Mixture, as_source
-from shardkit.readers.ssd import READ_CHUNK_BYTES
-from shardkit.readers.stats import SamplerStats
-from shardkit.readers.stopping import Stopped
+from shardkit.serve.ring import Ring, RingLayout
+from shardkit.serve.rundir import RunDir, check_name, run_dir_path
 from shardkit.stores import Location, location_string
+from shardkit.tiers.pipeline import BlockRead, EpochEnd, Pipeline, Segment
+from shardkit.tiers.ssd import READ_CHUNK_BYTES
+from shardkit.tiers.stats import SamplerStats
+from shardkit.tiers.stopping import Stopped
 from shardkit.units import Capacity
 
 __all__ = ["ServeOptions", "SERVE_DEFAULTS", "TierServer", "serve"]
@@ -135,7 +135,7 @@ class TierServer:
     dataset
         Dataset directory (the disk tier), or a :class:`~shardkit.readers.sources.Mixture`: the
         server then reads the mixture's order (exact per-epoch counts, walks, a uniform arrangement;
-        :mod:`shardkit.readers.mixture`) seeded with the mixture's seed or ``seed``, and every job's
+        :mod:`shardkit.order.mixture`) seeded with the mixture's seed or ``seed``, and every job's
         permutation inside each published block keeps the arrangement uniform, as it does for one
         dataset's partition.
     name

@@ -15,8 +15,8 @@ leases, epoch boundaries, lifetime) is docs/design.md §8; its security model (p
 secret token, a protocol without pickle) is docs/design.md §13.
 """
 
-from shardkit.readers.shared.client import SharedSampler, wait_for_server
-from shardkit.readers.shared.order import job_order
-from shardkit.readers.shared.server import ServeOptions, TierServer, serve
+from shardkit.serve.client import SharedSampler, wait_for_server
+from shardkit.serve.order import job_order
+from shardkit.serve.server import ServeOptions, TierServer, serve
 
 __all__ = ["SharedSampler", "TierServer", "ServeOptions", "serve", "wait_for_server", "job_order"]

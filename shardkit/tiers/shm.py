@@ -445,7 +445,7 @@ def node_fields(dataset: Dataset, key: str | None) -> tuple[dict[str, np.ndarray
 def node_permutation(seed: int, epoch: int, n: int) -> tuple[np.ndarray, SharedRegion] | None:
     """The exact epoch order of ``(seed, epoch)`` computed once per node into a shared region (a
     read-only int64 array and its region), or ``None`` when sharing is unavailable."""
-    from shardkit.readers.schedule import permute_into
+    from shardkit.order.schedule import permute_into
 
     def init(m: mmap.mmap) -> None:
         out = np.frombuffer(m, dtype=np.int64, count=int(n))

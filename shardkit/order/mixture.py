@@ -19,8 +19,8 @@ from fractions import Fraction
 import numpy as np
 
 from shardkit.errors import ConfigError
-from shardkit.readers.schedule import EpochOrder, epoch_permutation
-from shardkit.readers.seeds import Domain, check_seed, rng
+from shardkit.order.schedule import EpochOrder, epoch_permutation
+from shardkit.order.seeds import Domain, check_seed, rng
 from shardkit.units import parse_count
 
 __all__ = [
@@ -317,7 +317,7 @@ class MixturePlan:
 
     def stream(self, epoch: int) -> np.ndarray:
         """Epoch ``epoch``'s mixed order as ``L`` global keys: the item table in the order of
-        :func:`~shardkit.readers.schedule.epoch_permutation` (docs/design.md §12)."""
+        :func:`~shardkit.order.schedule.epoch_permutation` (docs/design.md §12)."""
         return self.slot_keys(epoch, epoch_permutation(self.seed, epoch, self.epoch_size))
 
     def split(self, global_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -9,7 +9,7 @@ way the user wrote it, ``--ram-size`` on the command line and ``ram_size`` in Py
 
 Options that need the dataset to be checked (a budget smaller than two records, an SSD budget below
 the RAM budget) are resolved by :meth:`SamplerOptions.tier_sizes` once the record size is known;
-the block-size rules themselves live in :mod:`shardkit.readers.schedule`.
+the block-size rules themselves live in :mod:`shardkit.order.schedule`.
 """
 
 from __future__ import annotations
@@ -29,8 +29,7 @@ from shardkit.declare import Parser, UserOptions, nested, option
 from shardkit.errors import ConfigError
 from shardkit.formats import DEFAULT_GAP_BYTES
 from shardkit.formats.ranged import DEFAULT_REMOTE_GAP_BYTES
-from shardkit.readers.buffers import HOLD_BATCHES
-from shardkit.readers.schedule import (
+from shardkit.order.schedule import (
     BATCH_PREFETCH,
     MODES,
     PERMUTATIONS,
@@ -40,9 +39,10 @@ from shardkit.readers.schedule import (
     ram_block,
     ssd_block,
 )
-from shardkit.readers.seeds import check_seed
-from shardkit.readers.ssd import READ_CHUNK_BYTES
+from shardkit.order.seeds import check_seed
 from shardkit.stores import StoreOptions
+from shardkit.tiers.buffers import HOLD_BATCHES
+from shardkit.tiers.ssd import READ_CHUNK_BYTES
 from shardkit.units import Capacity, human_bytes, parse_bytes
 
 __all__ = ["TIERS", "parse_tiers", "path_or_none", "SamplerOptions", "TierSizes", "DEFAULTS"]
@@ -82,7 +82,7 @@ class TierSizes:
     the batch buffers that RAM blocks are read into (``pool_batches`` of ``batch_size`` records),
     the static cache (``static_records``), and with the SSD tier its copy buffer
     (``ssd_copy_bytes``). The small per-record fields and the epoch order are not in it: they are
-    per dataset, shared by every process of a node (see :mod:`shardkit.readers.node`).
+    per dataset, shared by every process of a node (see :mod:`shardkit.tiers.shm`).
 
     Attributes
     ----------
@@ -90,7 +90,7 @@ class TierSizes:
         The RAM budget in bytes.
     ram_block, first_block
         ``K2``, the largest RAM block, and the run's first (smaller) block, in records; blocks
-        double from the first up to ``K2`` (see :func:`~shardkit.readers.schedule.block_bounds`).
+        double from the first up to ``K2`` (see :func:`~shardkit.order.schedule.block_bounds`).
     pool_batches, batch_size
         Batch buffers of the run (two blocks in flight and the batches the consumer holds).
     static_records, num_records
@@ -100,7 +100,7 @@ class TierSizes:
         The SSD budget and ``K1``, the largest SSD reservoir (``None`` without the SSD tier).
     ssd_copy_bytes
         The disk -> SSD copy buffer (0 without the SSD tier): two halves, one read while the other
-        is written (see :mod:`shardkit.readers.scratch`). A local, uncompressed dataset of large
+        is written (see :mod:`shardkit.tiers.ssd_slots`). A local, uncompressed dataset of large
         records is copied inside the kernel and leaves it untouched.
     record_nbytes
         Bytes of one record.
@@ -256,7 +256,7 @@ class SamplerOptions(UserOptions):
         help="Everything this consumer's sampler holds in RAM, bytes (2GiB, 500MB) or records (10000records), at "
              "least two records: batch buffers for the blocks in flight, then a static cache of what is left "
              "(the whole dataset when it fits: later epochs read nothing). `shardkit sample` prints the split.",
-        doc="Blocks are sized for read speed (see :mod:`shardkit.readers.schedule`); with the SSD tier the "
+        doc="Blocks are sized for read speed (see :mod:`shardkit.order.schedule`); with the SSD tier the "
             "disk -> SSD copy buffer comes out of it too. Not in it: the per-record fields and the epoch order, "
             "which are per dataset and shared by the processes of a node (``node_sharing``).")
     ssd_size: Capacity = option(
@@ -271,12 +271,12 @@ class SamplerOptions(UserOptions):
         help="The part of --ram-size that pins a random subset of records for the whole run, never evicted: "
              "auto (what the blocks do not need), bytes (256MiB), records (1000records), or 0 = off.",
         doc="CoorDL's MinIO policy; shared by the processes of a node that use the same dataset, seed and size "
-            "(see :mod:`shardkit.readers.static_cache`).")
+            "(see :mod:`shardkit.tiers.static_cache`).")
     node_sharing: bool = option(
         True, "Tiers", _flag, cli_type=bool,
         help="Share per-dataset memory (fields, the exact epoch order, the static cache) among the processes of "
              "this machine through private files under /dev/shm; off keeps everything private to the process.",
-        doc="See :mod:`shardkit.readers.node`.")
+        doc="See :mod:`shardkit.tiers.shm`.")
     # ------------------------------------------------------------------ order
     batch_size: int = option(256, "Order", count(1), cli_type=int, help="Records per batch of this consumer.")
     epochs: int | None = option(
@@ -285,7 +285,7 @@ class SamplerOptions(UserOptions):
     start_epoch: int = option(0, "Order", count(0), cli_type=int, help="First epoch of the first iteration.")
     seed: int = option(
         0, "Order", _seed, cli_type=int, help="An integer in [0, 2**64); (seed, epoch) defines each epoch's order.",
-        doc="See :mod:`shardkit.readers.seeds`.")
+        doc="See :mod:`shardkit.order.seeds`.")
     mode: str = option(
         "epoch", "Order", choice(*MODES),
         help="epoch: uniform random permutation per epoch; replacement: independent uniform reservoirs; "
@@ -294,7 +294,7 @@ class SamplerOptions(UserOptions):
         "auto", "Order", choice(*PERMUTATIONS),
         help="Epoch order: exact (numpy permutation, 8 bytes a record), feistel (on-demand bijection, "
              "statistically uniform) or auto (exact up to 1e8 records).",
-        doc="See :mod:`shardkit.readers.bijection`.")
+        doc="See :mod:`shardkit.order.bijection`.")
     limit: int | None = option(
         None, "Order", _count(0, optional=True), cli_type=int,
         help="Stop after this many records emitted to this consumer (default: all epochs).")
@@ -311,7 +311,7 @@ class SamplerOptions(UserOptions):
         help="Many nodes: each node pins a disjoint random part of the dataset (--static-cache in RAM, "
              "--node-cache on its disk) and the ranks take their keys of every global batch from their own "
              "node's cache where they can; every step keeps its set of records.",
-        doc="docs/design.md §10, :mod:`shardkit.readers.locality`.")
+        doc="docs/design.md §10, :mod:`shardkit.order.locality`.")
     nodes: int = option(
         1, "Distribution", count(1), cli_type=int,
         help="Nodes M the ranks run on (with --locality); node m has the consecutive ranks m*R .. (m+1)*R-1.")
@@ -323,7 +323,7 @@ class SamplerOptions(UserOptions):
         help="With --locality and --tiers ram: records this node pins on its local disk on top of "
              "--static-cache, bytes or records; 0 = off.",
         doc="Written once per node and reused by every process of the node and by later runs "
-            "(see :mod:`shardkit.readers.node_cache`).")
+            "(see :mod:`shardkit.tiers.node_cache`).")
     node_cache_dir: Path | None = option(
         None, "Distribution", path_or_none, cli_type=Path,
         help="Node-local directory of the node cache (default: the system temp dir).")

@@ -28,7 +28,7 @@ class SamplerStats:
         Records and bytes served from the static cache (pinned records) instead of disk or SSD.
     node
         With ``locality``: reads from the node's cache on its local disk
-        (:mod:`shardkit.readers.node_cache`), which the dataset's storage no longer serves.
+        (:mod:`shardkit.tiers.node_cache`), which the dataset's storage no longer serves.
     remote_cache
         For a dataset in an object store with a ``cache_dir``: reads served from the local copies
         of its shards instead of requests (``disk`` counts only the requests).

@@ -39,7 +39,7 @@ class Domain(enum.IntEnum):
     #: The keys each node pins in its local tiers: ``(seed, nodes)``.
     NODE_PARTITION = 6
     #: A mixture's draws: ``(seed, part, dataset, walk)`` for a walk's head, tail and middle, ``(seed,
-    #: part, epoch)`` for an epoch's slot arrangement (parts in :mod:`shardkit.readers.mixture`).
+    #: part, epoch)`` for an epoch's slot arrangement (parts in :mod:`shardkit.order.mixture`).
     MIXTURE = 7
     #: Statistical order tests' simulated nulls: ``(seed, test)``.
     ORDER_TEST = 8

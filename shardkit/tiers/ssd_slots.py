@@ -2,10 +2,10 @@
 
 A reservoir lives for one pass: the SSD creator writes it, the RAM creator reads it back seconds
 later, and nothing else ever sees it. So it is not a dataset. Each of the two slots of the SSD tier
-is one file, ``reservoir-<slot>`` in the run's private directory (see :mod:`shardkit.readers.ssd`),
+is one file, ``reservoir-<slot>`` in the run's private directory (see :mod:`shardkit.tiers.ssd`),
 created ``0600`` with ``O_EXCL | O_NOFOLLOW`` and kept open for the run: record ``i`` of the
 reservoir held in the slot (its ``i``-th smallest key) is at byte ``i * record_nbytes``, and nothing
-else is in the file. The keys stay in memory (:class:`~shardkit.readers.pipeline.ReservoirWritten`).
+else is in the file. The keys stay in memory (:class:`~shardkit.tiers.pipeline.ReservoirWritten`).
 
 Why this layout (the CPU cost of each step is in ``benchmarks/RESULTS.md``, "The SSD tier at the
 speed of the slower device"):
@@ -48,9 +48,9 @@ from shardkit.formats import PayloadArray
 from shardkit.formats.index import ShardIndex
 from shardkit.formats.reader import ReadStats
 from shardkit.formats.spec import ShardInfo
-from shardkit.readers.ssd import SsdSpace
-from shardkit.readers.stopping import Stopped
 from shardkit.stores.atomic import is_out_of_space
+from shardkit.tiers.ssd import SsdSpace
+from shardkit.tiers.stopping import Stopped
 
 __all__ = ["ReservoirSlots", "ScratchRecords", "SLOT_PREFIX"]
 
