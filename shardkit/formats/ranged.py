@@ -1,53 +1,11 @@
 """Reading payload shards from an object store: coalesced byte ranges, many requests in flight.
 
-:class:`RangedPayloadArray` is the :class:`~shardkit.formats.reader.PayloadArray` of a dataset in an
-object store. It plans exactly like the local reader (per shard, ascending offsets, records closer
-than ``gap_bytes`` coalesced into one run), then fetches the runs with
-:meth:`~shardkit.stores.base.Store.fetch`: up to ``concurrency`` ranged GETs in flight across every
-shard of the block, each run cut into requests of at most ``request_bytes`` at record boundaries so
-one large run is fetched in parallel too. Each response is scattered into its destination rows as
-soon as it arrives (one copy, from obstore's buffer; see :mod:`shardkit.stores.objectstore`).
-
-Why the remote gap threshold is much larger than the local one: a request to an object store costs a
-round trip (1 ms on loopback, 20-100 ms to a cloud region) plus per-request overhead on the server,
-while reading a gap costs only bandwidth. At bandwidth ``R`` and per-request cost ``t``, reading a
-gap is cheaper than a new request while ``gap < R * t``; with concurrency the round trip is
-overlapped, so ``t`` is what a request costs the *throughput* (measured in
-``benchmarks/remote.py``). :data:`DEFAULT_REMOTE_GAP_BYTES` (1 MiB) is the measured knee: larger
-thresholds read noticeably more bytes without reducing the time, smaller ones multiply requests.
-Records that are read are still each read once per epoch; the gaps are read and dropped.
-
-What is checked, so that a short read, a wrong length or a changed object never becomes data:
-
-* every response has exactly the length asked for (else it is retried, then an error);
-* every response names the object's total size, which must be the size recorded in the metadata;
-* the first response of a shard pins its ETag, and every later request carries ``If-Match``, so a
-  shard replaced mid-epoch fails with :class:`~shardkit.errors.ObjectChangedError` instead of
-  mixing two versions;
-* shard indexes are checked against the crc32c recorded in the metadata, as locally. For the
-  fixed-size layout the index is fully determined by the metadata: when the dense index's crc32c
-  equals the recorded ``index_crc32c`` it is not fetched at all (one request per shard saved);
-* each shard's identity (``tail_crc32c``, the end of its records; see
-  :meth:`~shardkit.formats.reader.PayloadArray._check_tail`) is checked before any of its records is
-  served: where the index is fetched, its tail comes in the same request; where the index is known,
-  one small ranged GET of the tail, once per shard, before the shard's first records are fetched by
-  range (a 4 KiB request against shards of hundreds of MiB; a shard read from the local cache is
-  instead checked whole against its recorded crc32c), so a shard copied from another dataset or
-  swapped with another one is refused by the sampler, not served;
-* compressed records carry their codec's own checksum (zstd frames), as locally.
-
-With a local cache (``cache_dir``) the first read starts a :class:`~shardkit.stores.prefetch.ShardPrefetcher`
-that downloads every shard the cache admits whole, in ascending order, in the background; runs of a
-shard whose copy is complete are read locally (no request), runs of a shard still being downloaded
-wait for it (:data:`WAIT_FOR_PREFETCH`: fetching them by range instead would compete with the
-downloads for the link and fetch those bytes twice; a uniformly random block needs nearly every
-shard, so it completes about when the download does either way), and only shards the cache cannot
-hold are read by range. That is what lifts a cold epoch from the store's request rate to its
-whole-object bandwidth (``benchmarks/remote.py``).
-
-Uncompressed records fetched by range are not covered by a per-record checksum (format 1.1 records
-one crc32c per shard); the local cache (:mod:`shardkit.stores.cache`) checks whole shards against
-it before serving them, and ``shardkit verify`` checks every byte.
+:class:`RangedPayloadArray` is the :class:`~shardkit.formats.reader.PayloadArray` of a dataset in a
+store. It plans a block exactly like the local reader and fetches the runs concurrently, checking
+every response's length, object size, ETag and each shard's identity before its records are
+served; with a local cache it reads the shards a
+:class:`~shardkit.stores.prefetch.ShardPrefetcher` downloaded whole. The checks and the reasons
+(gap threshold, whole shards) are in docs/design.md §9.
 """
 
 from __future__ import annotations
@@ -78,16 +36,17 @@ from shardkit.stores.prefetch import PrefetchItem, ShardPrefetcher
 __all__ = ["RangedPayloadArray", "DEFAULT_REMOTE_GAP_BYTES"]
 
 #: Gaps up to this many bytes between wanted records of a remote shard are read rather than
-#: requested separately (see the module docstring for how it was chosen).
+#: requested separately (why it is larger than the local one: docs/design.md §9).
 DEFAULT_REMOTE_GAP_BYTES = 1 << 20
 
 #: With a cache, a block's records in a shard still being prefetched wait for its local copy
-#: (True) rather than being fetched by range (see the module docstring for why).
+#: (True) rather than being fetched by range, which would compete with the downloads for the link
+#: and fetch those bytes twice (docs/design.md §9).
 WAIT_FOR_PREFETCH = True
 
 
 class RangedPayloadArray(PayloadArray):
-    """The payload array of a dataset in a (remote) store; see the module docstring.
+    """The payload array of a dataset in a (remote) store (docs/design.md §9).
 
     Parameters
     ----------
@@ -389,7 +348,7 @@ class RangedPayloadArray(PayloadArray):
     # ------------------------------------------------------------------ the local cache
     def _start_prefetch(self) -> ShardPrefetcher:
         """Download every shard whole into the cache, in the background, ascending (see
-        :mod:`shardkit.stores.prefetch` for why whole shards, and the module docstring here)."""
+        :mod:`shardkit.stores.prefetch` and docs/design.md §9 for why whole shards)."""
         assert self.cache is not None
         # A shard a newer version replaced has another size: the prefetcher leaves it remote, and the
         # ranged path reads the copy kept for this version (see _check_response).

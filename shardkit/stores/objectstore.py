@@ -1,27 +1,9 @@
 """Object stores (S3-compatible, GCS, Azure, read-only HTTP) through ``obstore``.
 
-``obstore`` (Python bindings of the Rust ``object_store`` crate, the library zarr-python 3's
-``ObjectStore`` is built on) does the HTTP: request signing, connection pools, concurrent ranged
-GETs, multipart uploads. It is an optional dependency (``pip install 'shardkit[remote]'``), imported
-on first use with an install hint.
-
-Concurrency: :meth:`ObjectStore.fetch` runs its ranged GETs as asyncio tasks on one event-loop
-thread per process, at most ``options.concurrency`` at a time (a semaphore), and hands each
-completed range to the calling thread through a queue; the caller scatters it into place while the
-next ones are in flight. Latency is hidden by concurrency, not by order.
-
-Copies: obstore returns each response body as its own Rust-owned buffer (it has no "read into this
-buffer" call), so a fetched record is copied once, from that buffer into its destination row. That
-copy runs at memory speed (several GB/s), well above what a network delivers.
-
-Faults: obstore's own retries are turned off; :mod:`shardkit.stores.retry` decides what to retry,
-checks every response's length, and raises an error that names the object and the byte range once
-the budget in :class:`~shardkit.stores.base.StoreOptions` is spent.
-
-Fork: obstore's runtime (tokio) does not survive ``fork()``: a forked child that touches it hangs.
-A process forked after this one used an object store therefore gets a clear
-:class:`~shardkit.errors.StoreError` instead (use the ``spawn`` or ``forkserver`` start methods;
-the torch adapter's ``loader()`` picks ``spawn`` for remote datasets).
+``obstore`` (Python bindings of the Rust ``object_store`` crate, which zarr-python 3's
+``ObjectStore`` is also built on) does the HTTP: signing, connection pools, concurrent ranged GETs,
+multipart uploads. It is an optional extra (``pip install 'shardkit[remote]'``), imported on first
+use. Retries, fetch concurrency, copies and the behaviour after ``fork()``: docs/design.md §9.
 """
 
 from __future__ import annotations
@@ -98,7 +80,8 @@ class _Runner:
 
 _runner: _Runner | None = None
 _runner_lock = threading.Lock()
-#: Set in a child forked from a process that had used obstore (see the module docstring).
+#: Set in a child forked from a process that had used obstore: its runtime (tokio) does not
+#: survive ``fork()``, so the child gets a StoreError instead of a hang (docs/design.md §9).
 _forked_after_use = False
 _used = False
 

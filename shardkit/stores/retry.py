@@ -1,16 +1,8 @@
 """Which object-store failures are worth retrying, and how long to wait between tries.
 
-shardkit runs obstore with its own retries off and retries here instead, for three reasons: a
-response of the wrong length (a proxy that cut the body short) is a failure obstore cannot see, the
-final error must name the object *and the byte range*, and the number of retries is instrumented.
-
-Transient (retried): HTTP 5xx, 408 and 429 (throttling, also S3's ``SlowDown`` 503), timeouts,
-connection refused / reset / closed early, a body that ended early, and responses of the wrong
-length. Permanent (raised at once): a missing object (``FileNotFoundError``), 401/403, a failed
-``If-Match`` (the object changed), invalid paths or configuration, and any other 4xx.
-
-Backoff is exponential with *full jitter* (a uniformly random wait in ``[0, min(max, initial *
-2**attempt)]``), so many readers that failed together do not retry together.
+shardkit runs obstore with its own retries off and decides here: a response of the wrong length is
+a failure obstore cannot see, the final error must name the object and the byte range, and retries
+are counted. Which failures are transient, and the jittered backoff: docs/design.md §9.
 """
 
 from __future__ import annotations
@@ -61,7 +53,12 @@ def first_line(exc: BaseException) -> str:
 
 
 def is_transient(exc: BaseException) -> bool:
-    """True for failures that another try may cure (see the module docstring)."""
+    """True for failures that another try may cure.
+
+    Transient: HTTP 5xx, 408 and 429 (also S3's ``SlowDown`` 503), timeouts, connections refused,
+    reset or closed early, a body that ended early, a response of the wrong length. Permanent: a
+    missing object, 401/403, a failed ``If-Match``, invalid paths or configuration, any other 4xx.
+    """
     if isinstance(exc, ShortResponse | TimeoutError | ConnectionError):
         return True
     if isinstance(exc, FileNotFoundError | PermissionError):

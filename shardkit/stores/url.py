@@ -1,38 +1,10 @@
 """Where a dataset lives: a local path or a URL, opened as a :class:`~shardkit.stores.base.Store`.
 
-Accepted locations (every command and every Python entry point takes them):
-
-==========================================  ====================================================
-``/data/ds``, ``ds``, ``file:///data/ds``    a local directory (:class:`LocalStore`)
-``s3://bucket/prefix``                       S3 or any S3-compatible store (SeaweedFS, MinIO, R2, ...)
-``gs://bucket/prefix``                       Google Cloud Storage
-``az://container/prefix``                    Azure Blob Storage (also ``azure://``, ``abfs[s]://...``)
-``http://host/path``, ``https://...``         any HTTP server with range requests, read-only
-==========================================  ====================================================
-
-Credentials and endpoints come from each cloud's standard environment, read by obstore, plus what
-obstore does not read itself:
-
-* S3: ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``; ``AWS_REGION`` (or
-  ``AWS_DEFAULT_REGION``; ``us-east-1`` when neither is set); ``AWS_ENDPOINT_URL_S3`` or
-  ``AWS_ENDPOINT_URL`` for an S3-compatible server (an ``http://`` endpoint turns plain HTTP on for
-  that store only); and, when no key is in the environment, the profile ``AWS_PROFILE`` (default
-  ``default``) of ``~/.aws/credentials`` and ``~/.aws/config`` (``AWS_SHARED_CREDENTIALS_FILE``,
-  ``AWS_CONFIG_FILE``): ``aws_access_key_id``, ``aws_secret_access_key``, ``aws_session_token``,
-  ``region``, ``endpoint_url``. Instance and container roles (``AWS_CONTAINER_*``,
-  ``AWS_WEB_IDENTITY_TOKEN_FILE``) are obstore's own.
-* GCS: ``GOOGLE_APPLICATION_CREDENTIALS`` / ``GOOGLE_SERVICE_ACCOUNT`` (a service-account JSON file),
-  or the metadata server on GCP.
-* Azure: ``AZURE_STORAGE_ACCOUNT_NAME`` plus ``AZURE_STORAGE_ACCOUNT_KEY``, ``AZURE_STORAGE_SAS_KEY``
-  or a managed identity / ``AZURE_CLIENT_ID`` ... (obstore's Azure environment).
-* HTTP(S): anonymous; ``http://`` URLs are allowed as written.
-
-Credentials never go into an ``s3://``, ``gs://`` or ``az://`` URL (``s3://KEY:SECRET@bucket``): such a
-URL is refused, without repeating the secret. Wherever a URL is shown (messages, logs, reprs, CLI
-output) its user information and query values are redacted (:mod:`shardkit.redact`).
-
-:func:`open_store` keeps one store per location, options and environment in each process, so every
-reader of a dataset shares one connection pool.
+Every command and Python entry point takes a location; :func:`open_store` turns it into a
+:class:`LocalStore` or an :class:`~shardkit.stores.objectstore.ObjectStore`, keeping one store per
+location, options and environment in each process so that every reader of a dataset shares one
+connection pool. Credentials come from each cloud's standard environment, never from a URL, and
+are never shown (docs/design.md §9, §13).
 """
 
 from __future__ import annotations
@@ -101,7 +73,35 @@ def as_location(location: Location, *, resolve: bool = False) -> Path | str:
 
 
 def open_store(location: Location, options: StoreOptions | None = None) -> Store:
-    """The store for ``location`` (see the module docstring); a Store passes through unchanged.
+    """The store for ``location``; a Store passes through unchanged.
+
+    Accepted locations:
+
+    ==========================================  ====================================================
+    ``/data/ds``, ``ds``, ``file:///data/ds``    a local directory (:class:`LocalStore`)
+    ``s3://bucket/prefix``                       S3 or any S3-compatible store (SeaweedFS, MinIO, R2, ...)
+    ``gs://bucket/prefix``                       Google Cloud Storage
+    ``az://container/prefix``                    Azure Blob Storage (also ``azure://``, ``abfs[s]://...``)
+    ``http://host/path``, ``https://...``         any HTTP server with range requests, read-only
+    ==========================================  ====================================================
+
+    Credentials and endpoints come from each cloud's standard environment, read by obstore, plus
+    what obstore does not read itself (:func:`s3_settings`):
+
+    * S3: the ``AWS_*`` variables and profile files listed in :func:`s3_settings`; instance and
+      container roles (``AWS_CONTAINER_*``, ``AWS_WEB_IDENTITY_TOKEN_FILE``) are obstore's own.
+    * GCS: ``GOOGLE_APPLICATION_CREDENTIALS`` / ``GOOGLE_SERVICE_ACCOUNT`` (a service-account JSON
+      file), or the metadata server on GCP.
+    * Azure: ``AZURE_STORAGE_ACCOUNT_NAME`` plus ``AZURE_STORAGE_ACCOUNT_KEY``,
+      ``AZURE_STORAGE_SAS_KEY`` or a managed identity / ``AZURE_CLIENT_ID`` ... (obstore's Azure
+      environment).
+    * HTTP(S): anonymous; ``http://`` URLs are allowed as written.
+
+    Credentials never go into an ``s3://``, ``gs://`` or ``az://`` URL (``s3://KEY:SECRET@bucket``):
+    such a URL is refused without repeating the secret, and wherever a URL is shown (messages, logs,
+    reprs, CLI output) its user information and query values are redacted (:mod:`shardkit.redact`).
+    One store is kept per location, options and environment in each process, so every reader of a
+    dataset shares one connection pool.
 
     Raises
     ------
@@ -215,8 +215,14 @@ def _open_object_store(url: str, scheme: str, netloc: str, path: str, opts: Stor
 def s3_settings(env: Any) -> dict[str, str]:
     """obstore S3 configuration from the AWS environment variables and profile files.
 
-    Keys in the environment win; a profile is read only when ``AWS_ACCESS_KEY_ID`` is not set (see
-    the module docstring for every variable).
+    Keys in the environment win; a profile is read only when ``AWS_ACCESS_KEY_ID`` is not set.
+    Variables: ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``;
+    ``AWS_REGION`` (or ``AWS_DEFAULT_REGION``; ``us-east-1`` when neither is set);
+    ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` for an S3-compatible server (an ``http://``
+    endpoint turns plain HTTP on for that store only); and, when no key is in the environment, the
+    profile ``AWS_PROFILE`` (default ``default``) of ``~/.aws/credentials`` and ``~/.aws/config``
+    (``AWS_SHARED_CREDENTIALS_FILE``, ``AWS_CONFIG_FILE``): ``aws_access_key_id``,
+    ``aws_secret_access_key``, ``aws_session_token``, ``region``, ``endpoint_url``.
     """
     settings: dict[str, str] = {}
     profile = _aws_profile(env) if not env.get("AWS_ACCESS_KEY_ID") else {}
