@@ -1,31 +1,10 @@
 """The batch buffers of one run: a bounded pool that recycles a buffer only when nobody holds it.
 
-The sampler reads every record of a RAM block straight into the batch it belongs to, and hands
-that batch to the consumer as it is: the payload array the consumer receives *is* a view of a pool
-buffer. So a buffer can be reused only once the consumer has let go of every view of it, and the
-pool decides that from the reference count of the buffer's owning array
-(``sys.getrefcount(owner)``): every numpy view of the payload, every ``torch.from_numpy`` tensor
-made from it (which keeps the array alive), every ``memoryview`` pins it. That gives both
-properties the sampler promises:
-
-* a consumer that keeps batches (a list of every batch of an epoch, a framework that prefetches a
-  few) never sees one overwritten: a referenced buffer is never handed out again;
-* a consumer that drops each batch before asking for the one after next gets its buffers back:
-  no allocation and no page faults after the first blocks (the pool's memory is touched once).
-
-A consumer that keeps more than :data:`HOLD_BATCHES` batches would otherwise starve the reader of
-buffers (it waits for a buffer the consumer never returns, while the consumer waits for a batch):
-a buffer handed out more than ``HOLD_BATCHES`` batches ago and still referenced is *retired* —
-the pool forgets it (it becomes the consumer's memory, freed when the consumer drops it) and
-allocates a fresh one in its place. Retired buffers are counted in :attr:`BatchPool.retired`.
-
-The pool is the run's whole batch memory; its capacity comes from the RAM budget (see
-:func:`shardkit.order.schedule.pool_batches`).
-
-Where the buffers live is a :class:`BufferMemory`: private process memory by default; an adapter
-that hands batches to another process (PyTorch DataLoader workers) puts them in shared memory and
-tells the pool when the other process still holds one (:meth:`BufferMemory.busy`), so the
-hand-over moves a handle instead of copying the batch.
+The batch a consumer receives is a view of a pool buffer (the sampler reads records straight into
+it), so a buffer is reused only once the reference count of its owning array says the consumer let
+go of every view; buffers a consumer keeps too long are retired instead of waited for. Where the
+buffers live is a :class:`BufferMemory` (shared memory for the torch adapter's workers). Design:
+docs/design.md §4 (*The pipeline*, batch buffers).
 """
 
 from __future__ import annotations
@@ -93,7 +72,12 @@ class BatchBuffer:
 
 
 class BatchPool:
-    """At most ``capacity`` buffers of ``rows`` records each (see module docstring).
+    """At most ``capacity`` buffers of ``rows`` records each, reused only when nobody holds them.
+
+    A consumer that keeps batches never sees one overwritten; one that drops each batch before asking
+    for the one after next gets its buffers back (no allocation after the first blocks). A buffer
+    handed out more than ``hold`` batches ago and still referenced is retired (it becomes the
+    consumer's memory, counted in :attr:`retired`) and replaced, so the reader never waits for it.
 
     Parameters
     ----------

@@ -1,52 +1,10 @@
 """The background half of the tiered sampler: the block reader and the batch assembler as threads.
 
-One run (one iteration over the sampler) owns one :class:`Pipeline`::
-
-    segments ─▶ [ssd creator] ─ssd_q─▶ [block reader] ─blocks_q─▶ [assembler] ─batches─▶ consumer
-                 disk → SSD             disk/SSD → batch           cache rows → batches;
-                 (optional; a writer    buffers and cache rows     batches handed over as they are
-                 thread writes while
-                 the next chunk is read)
-
-One copy per byte
------------------
-A batch is a run of consecutive plan positions, so the buffer and row every record of a block will
-occupy is known before the block is read. The block reader therefore reads a block's records, in
-ascending offsets within each file, straight into the batch buffers the consumer will receive
-(:meth:`~shardkit.formats.PayloadArray.read_into`): pinned records that the static cache does not
-hold yet go into their cache rows instead (filling the cache as a side effect of the epoch's own
-reads), and the assembler copies the pinned records of each batch from the cache. The batch handed
-to the consumer is a view of its pool buffer, not a copy; the pool (:mod:`shardkit.tiers.buffers`)
-reuses a buffer only once nothing outside it references the memory. Batches that span two blocks
-(blocks smaller than a batch) stay open in the reader until the next block completes them.
-
-Overlap
--------
-Blocks follow :func:`~shardkit.order.schedule.block_bounds`: the run's first block is small (the
-first batch arrives after a short read), later ones grow to the largest block. The reader works on
-block ``k + 1`` while the assembler and the consumer drain block ``k``; the pool holds two blocks
-and the batches the consumer keeps, so reading never waits for emitting unless the consumer is the
-slower side. When the whole dataset is cached the reader reads blocks into the cache alone and the
-assembler gathers every batch from it, a few batch buffers deep.
-
-Blocks into slots
-----------------
-A run that serves blocks rather than batches (the shared server, :mod:`shardkit.serve`)
-gives the pipeline a :class:`SlotSink`: the block reader then reads each block's records, keys
-sorted ascending, into a slot the sink hands out (a slot of the shared ring), and the consumer gets
-the :class:`BlockRead` messages themselves; there is no assembler. Blocks then have the sink's one
-fixed size (``sizes.ram_block`` inside SSD reservoirs of ``sizes.ssd_block``), which the order of a
-shared run is defined by. Every other property (the SSD tier, coalesced reads, the stop paths) is
-the same code as the sampler's.
-
-Everything that travels between threads is a small frozen value (:class:`ReservoirWritten`,
-:class:`BlockRead`, :class:`EpochEnd`, :class:`RunDone`, :class:`BatchReady`); blocking calls go
-through :mod:`shardkit.tiers.stopping`, so a run that is abandoned (break, exception, Ctrl-C,
-garbage collection) stops within about a tenth of a second plus one in-flight read.
-
-Why threads and not processes: ``preadv``, ``os.write`` and numpy copies release the GIL, so
-threads overlap I/O with the consumer's Python code while sharing the buffers with zero copies
-(see the Sampler section of ``benchmarks/RESULTS.md`` for the measurement).
+One run (one iteration over a sampler, or one ``serve`` run) owns one :class:`Pipeline`: an
+optional SSD creator, a block reader that reads each block's records in ascending offsets straight
+into the batch buffers (or into a :class:`SlotSink`'s slot for ``serve``), and an assembler that
+hands the batches over without copying. Threads, because ``preadv``, ``os.write`` and numpy copies
+release the GIL. The diagram and the rules: docs/design.md §4 (*The pipeline*).
 """
 
 from __future__ import annotations
@@ -126,7 +84,7 @@ class Segment:
             self.release()
 
 
-# Items that travel between the threads (see the module docstring's diagram).
+# Items that travel between the threads (the diagram is in docs/design.md §4, The pipeline).
 @dataclass(frozen=True, eq=False)
 class ReservoirWritten:
     """SSD creator -> block reader: plan positions ``[start, stop)`` of ``segment`` (``keys``) are on

@@ -1,15 +1,9 @@
 """The SSD tier: a run's private directory of reservoirs, and writing one reservoir.
 
-Each run gets ``<ssd_dir>/shardkit-ssd-<pid>-<random>/``, a run directory of
-:mod:`shardkit.privdir`: private (``0700``, every file in it ``0600``), held by descriptor, with a
-``lock`` held for the run's lifetime. Reservoirs hold the user's data and ``ssd_dir`` is often a
-shared directory such as ``/tmp``, hence the privacy. At start-up the ``shardkit-ssd-*`` siblings
-whose lock is free (their run died, even by SIGKILL) are deleted, while those of live runs (another
-process, or another sampler in this one) are left alone; the clean-up never follows a symbolic
-link and only touches this user's private directories.
-
-The reservoirs themselves are two scratch files in this directory, rewritten in place (see
-:mod:`shardkit.tiers.ssd_slots`).
+Each run gets ``<ssd_dir>/shardkit-ssd-<pid>-<random>/``, a private run directory of
+:mod:`shardkit.privdir` (reservoirs hold the user's data, and ``ssd_dir`` is often shared, like
+``/tmp``); stale siblings whose run died are deleted at start-up. The reservoirs are two slot files
+in it (:mod:`shardkit.tiers.ssd_slots`); docs/design.md §4 (*The pipeline*) and §13.
 """
 
 from __future__ import annotations
@@ -37,7 +31,7 @@ def remove_stale(ssd_dir: str | os.PathLike[str]) -> list[Path]:
 
 
 class SsdSpace:
-    """A run's private, locked SSD directory (see module docstring)."""
+    """A run's private, locked SSD directory ``<ssd_dir>/shardkit-ssd-<pid>-<random>/``."""
 
     def __init__(self, ssd_dir: str | os.PathLike[str]) -> None:
         self.parent = Path(ssd_dir)

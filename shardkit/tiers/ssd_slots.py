@@ -1,35 +1,10 @@
 """The SSD tier's reservoirs: two scratch files, rewritten in place, filled while the next chunk is read.
 
-A reservoir lives for one pass: the SSD creator writes it, the RAM creator reads it back seconds
-later, and nothing else ever sees it. So it is not a dataset. Each of the two slots of the SSD tier
-is one file, ``reservoir-<slot>`` in the run's private directory (see :mod:`shardkit.tiers.ssd`),
-created ``0600`` with ``O_EXCL | O_NOFOLLOW`` and kept open for the run: record ``i`` of the
-reservoir held in the slot (its ``i``-th smallest key) is at byte ``i * record_nbytes``, and nothing
-else is in the file. The keys stay in memory (:class:`~shardkit.tiers.pipeline.ReservoirWritten`).
-
-Why this layout (the CPU cost of each step is in ``benchmarks/RESULTS.md``, "The SSD tier at the
-speed of the slower device"):
-
-* the files are rewritten in place, never truncated or deleted during a run: writing fresh pages
-  costs several times more than rewriting pages that exist (the kernel allocates and zeroes every
-  new page), so only the first two reservoirs pay for the pages;
-* no checksums, index, zarr documents or metadata: those protect files that are shared, durable or
-  written by someone else, and a slot file is none of these. It is reached only through the
-  descriptor this run created it with (no name is ever opened again) inside a ``0700`` directory;
-* one copy where the kernel can do it: a local, uncompressed dataset of records of at least 16 KiB
-  is copied page cache to page cache with ``sendfile``, while a writer thread announces the next
-  chunk's runs (``POSIX_FADV_WILLNEED``: their pages are allocated and their reads queued on that
-  thread, not on the copying one). Any other bottom tier (an object store, compressed records,
-  small records) goes through a copy buffer, double buffered: the writer thread writes chunk ``c``
-  while the creator reads chunk ``c + 1`` into the other half (``pread``/``pwrite`` and the
-  object-store client release the GIL).
-
-What stays, because it protects against wrong data at no measurable cost: the slot must be as long
-as the reservoir before anything is read from it, and every read back is exactly as long as
-requested (a short read is a :class:`~shardkit.errors.TruncatedShardError`, never data). Reading a
-reservoir back into a RAM block goes through :meth:`~shardkit.formats.PayloadArray.read_into` (one
-``preadv`` per run of records, ascending offsets, straight into the batch buffers): the file is the
-simplest possible layout of that reader, a single dense shard.
+A reservoir lives for one pass of one run, so it is not a dataset: each slot is one private file,
+opened once and kept, record ``i`` of the reservoir (its ``i``-th smallest key) at byte
+``i * record_nbytes``, keys in memory, nothing else. Filling uses ``sendfile`` where the kernel can
+copy, a double-buffered copy otherwise; why this layout and what is still checked: docs/design.md
+§4 (*The pipeline*, SSD reservoirs).
 """
 
 from __future__ import annotations
@@ -114,7 +89,7 @@ class ScratchRecords(PayloadArray):
 
 
 class ReservoirSlots:
-    """The SSD tier's slot files and the writer thread that fills them (see the module docstring).
+    """The SSD tier's slot files and the writer thread that fills them (docs/design.md §4).
 
     Parameters
     ----------
