@@ -3,7 +3,7 @@
 Each run gets ``<ssd_dir>/shardkit-ssd-<pid>-<random>/``, a private run directory of
 :mod:`shardkit.privdir` (reservoirs hold the user's data, and ``ssd_dir`` is often shared, like
 ``/tmp``); stale siblings whose run died are deleted at start-up. The reservoirs are two slot files
-in it (:mod:`shardkit.tiers.ssd_slots`); docs/design.md §4 (*The pipeline*) and §13.
+in it (:mod:`shardkit.tiers.ssd_slots`); docs/design.md §4 (*The pipeline*) and docs/design.md §13.
 """
 
 from __future__ import annotations
