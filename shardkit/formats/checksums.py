@@ -1,21 +1,10 @@
 """Checksums recorded in the metadata for every file a reader trusts (format 1.1).
 
-What is covered, and where the checksum lives:
-
-* payload shards: ``data_crc32c`` and ``index_crc32c`` in each shard's entry (see
-  :class:`~shardkit.formats.spec.ShardInfo`);
-* array documents (``image/zarr.json``, ``label/zarr.json``, ...) and every chunk of every field
-  array: a :class:`FileDigest` (size and crc32c of the file's bytes) in the ``files`` map of the
-  ``shardkit`` attributes, keyed by the path relative to the dataset root;
-* the root document ``zarr.json`` cannot hold a checksum of itself, so it is the trust anchor: the
-  ``shardkit`` attributes carry ``attributes_crc32c``, a crc32c of their own canonical JSON
-  (``sort_keys``, no whitespace, ASCII) without that key. Any change to shardkit's metadata that
-  still parses as JSON (a digit of a size, a label name) therefore fails the check, while zarr-python
-  may still re-serialise the document or add attributes of its own. Whoever rewrites the root
-  document *and* recomputes that value can claim anything; only a signature could prevent that, and
-  signing is out of scope.
-
-crc32c detects every error burst of up to 32 bits, so every single-bit flip of a covered file.
+Payload shards carry ``data_crc32c`` and ``index_crc32c`` in their entry; array documents and field
+chunks a :class:`FileDigest` (size and crc32c) in the ``files`` map of the ``shardkit`` attributes;
+the root document, which cannot checksum itself, carries ``attributes_crc32c`` over the canonical
+JSON of those attributes and is the trust anchor. What each covers and why: docs/design.md §3
+(*Integrity*).
 """
 
 from __future__ import annotations

@@ -1,26 +1,10 @@
 """Per-record compression codecs, by name (numcodecs style registry).
 
-Each codec compresses ONE record (one zarr inner chunk) on its own, so a record can still be read
-without touching its neighbours; the shard index then gives each record's offset and size. The codec's
-configuration is stored twice: as a zarr v3 codec in the payload array's ``zarr.json`` (so zarr-python
-decodes the same bytes) and as shardkit JSON in the group attributes (so shardkit does not have to
-interpret zarr's codec pipeline).
-
-The byte streams are exactly zarr v3's ``zstd``, ``gzip`` and ``blosc`` codecs; numcodecs implements
-them, so we encode and decode with numcodecs directly instead of zarr's async codec pipeline, which is
-far too slow per record on the hot path.
-
-Two registries map names to classes: shardkit's own names (``--compression``, the ``compression`` JSON)
-and zarr v3 codec names (to read a ``zarr.json`` that zarr-python wrote). Both refuse a duplicate
-name, so a plug-in cannot silently replace a codec.
-
-zstd frames are written with their content checksum (format 1.1): a damaged compressed record or
-field chunk then fails to decode instead of decoding into different values.
-
-A record must decode to exactly its size. numcodecs decodes a frame that is shorter than the output
-buffer without a word (the rest of the row keeps whatever it held), so each codec here checks the
-number of bytes produced, and :func:`decode_record` is the one place readers, field chunks and
-``verify`` decode through: they all agree on what a valid record is.
+Each codec compresses one record (one zarr inner chunk) on its own, so a record stays readable
+without its neighbours. The byte streams are exactly zarr v3's ``zstd``, ``gzip`` and ``blosc``,
+encoded with numcodecs directly; two registries (shardkit's names and zarr v3's) refuse duplicates,
+and :func:`decode_record` is the one place every reader decodes through, checking the decoded size.
+Why: docs/design.md §3 (*Codecs*).
 """
 
 from __future__ import annotations

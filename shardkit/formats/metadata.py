@@ -1,24 +1,9 @@
 """Dataset metadata: the ``shardkit`` group attribute and the zarr v3 ``zarr.json`` documents.
 
 shardkit writes and parses zarr's JSON documents itself; zarr-python is not imported by the library
-(the interoperability tests prove that zarr-python reads what shardkit writes and the other way
-round). Why not let zarr-python parse or validate them (docs/design.md §3):
-
-* importing zarr would cost every process that opens a dataset (every ``shardkit info``, every
-  spawned DataLoader worker) a noticeable start-up time, and its parser is much slower than these
-  small dictionaries need (``benchmarks/RESULTS.md``, "zarr-python for the metadata documents");
-* what zarr validates is the zarr spec (shape entries non-negative integers, known data types,
-  codec configurations), raising bare ``TypeError`` / ``ValueError`` that would still need wrapping
-  into named errors. It accepts what shardkit must refuse: a shape of ``2**70`` records, an index
-  without crc32c, big-endian records, several records per inner chunk, index at the start. shardkit's
-  checks (:mod:`shardkit.formats.reader`, :mod:`shardkit.formats.jsonvalues`) would stay anyway;
-* writing through zarr-python creates the root group document as a side effect when an array is
-  created, but the root document must appear *last*: its presence with a ``shardkit`` attribute is
-  what marks a dataset complete (and in format 1.1 it holds the checksums of every other document,
-  which exist only once they are written).
-
-So the documents are small, fully specified dictionaries built by :func:`array_metadata` and
-:func:`group_metadata`, and parsed strictly by the readers.
+(the interoperability tests prove both read what the other writes). The documents are small, fully
+specified dictionaries built by :func:`array_metadata` and :func:`group_metadata` and parsed
+strictly by the readers; why not through zarr-python: docs/design.md §3 (*Metadata*).
 """
 
 from __future__ import annotations

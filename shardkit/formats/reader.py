@@ -1,28 +1,10 @@
 """Reading payload shards with ``pread``/``preadv`` straight into preallocated numpy buffers.
 
-The primitive everything else builds on is :meth:`PayloadArray.read_into`: given record keys in any
-order and a :class:`Destination` for each (a row of one of several buffers), it visits each shard
-file once, in ascending byte offsets, coalesces records whose gap is below ``gap_bytes`` into one
-``preadv`` call, and scatters the bytes directly into the destination rows (one ``iovec`` per
-record, gaps land in a scratch buffer): every byte is copied once, from the page cache to the place
-the caller wants it. :meth:`PayloadArray.read` (``out[j] = record keys[j]``) is the special case of
-one buffer. Reading a block of a random permutation costs the same as reading the same records in
-storage order.
-
-A *sparse* selection (more than one run) is first announced to the kernel run by run
-(``POSIX_FADV_WILLNEED``), so the device works through all of them at a deep queue instead of one
-record at a time, and then read run by run with ``preadv``: warm, that moves bytes as fast as a
-plain read of the cached files, and cold it costs less CPU per byte than a gather through mapped
-windows, which copies through a temporary (``benchmarks/RESULTS.md``, "Sparse blocks"). Records
-smaller than :data:`SCATTER_MIN_BYTES` are different: one ``iovec`` each costs more Python time than
-copying them, so a run of small records is read whole (gaps included) into a small reused bounce
-buffer and scattered with one numpy copy per destination buffer.
-
-``gap_bytes`` defaults to 64 KiB: at ~2 GB/s sequential, reading 64 KiB takes ~30 µs, about what one
-more request costs (syscall + device round trip) on a virtual disk, so reading a smaller gap is
-cheaper than skipping it; bigger gaps are skipped so that each record is read from storage once.
-Records of 150 KB are never coalesced across a gap (a gap is a whole record); tiny records
-(CIFAR's 3 KB) are.
+The primitive everything else builds on is :meth:`PayloadArray.read_into`: records in any order,
+each with its destination row, read shard by shard in ascending offsets, close records coalesced
+into one call, every byte copied once from the page cache to where the caller wants it. So reading
+a block of a random permutation costs the same as reading its records in storage order. The read
+path (announced runs, small records through a bounce buffer, the gap threshold): docs/design.md §3.
 """
 
 from __future__ import annotations
@@ -80,11 +62,12 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Gaps up to this many bytes between wanted records are read (and discarded) rather than skipped.
+#: Gaps up to this many bytes between wanted records are read (and discarded) rather than skipped:
+#: about what one more request costs on a virtual disk (docs/design.md §3).
 DEFAULT_GAP_BYTES = 64 * 1024
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 1024)
 #: Records at least this large are read straight into their destination rows (one ``iovec`` each);
-#: smaller ones through a bounce buffer (see the module docstring).
+#: smaller ones through a bounce buffer, since an ``iovec`` costs more Python time than copying them.
 SCATTER_MIN_BYTES = 16 * 1024
 #: Size of the bounce buffer that small records are read through, per run.
 BOUNCE_BYTES = 4 << 20
@@ -379,7 +362,7 @@ class PayloadArray:
     stats
         Counters to update; a fresh :class:`ReadStats` by default.
     gap_bytes
-        Coalescing threshold, see module docstring.
+        Coalescing threshold (default :data:`DEFAULT_GAP_BYTES`).
     document_digest
         Size and crc32c of ``zarr.json`` recorded in the dataset metadata (format 1.1), checked before
         the document is parsed.
@@ -633,7 +616,7 @@ class PayloadArray:
     def read(self, keys: np.ndarray | list[int], out: np.ndarray | None = None) -> np.ndarray:
         """Read records ``keys`` (any order, duplicates allowed) into ``out[j] = record keys[j]``.
 
-        Each shard is visited once with ascending offsets; see the module docstring. This is
+        Each shard is visited once with ascending offsets. This is
         :meth:`read_into` with every record going to its own row of one buffer.
         """
         keys = np.asarray(keys, dtype=np.int64).reshape(-1)
@@ -653,7 +636,7 @@ class PayloadArray:
 
         Record ``keys[j]`` lands in row ``dest.rows[j]`` of ``dest.buffers[dest.which[j]]``, with no
         intermediate copy for records of at least :data:`SCATTER_MIN_BYTES` (one ``iovec`` per
-        record; smaller records go through a small reused bounce buffer, see the module docstring).
+        record; smaller records go through a small reused bounce buffer).
         Each shard is visited once with ascending offsets. A key that appears twice is read once
         and copied to its other destination.
         """

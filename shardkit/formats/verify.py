@@ -1,23 +1,10 @@
 """``verify``: prove every file of a dataset is exactly what the metadata says.
 
-Opening the dataset already checks the metadata (types, bounds, layout, its own ``attributes_crc32c``)
-and, in format 1.1, every array document's checksum; a dataset that cannot be opened is an error, not
-a report. Then, per file:
-
-* quick mode: every shard's size and index (its own crc32c, the ``index_crc32c`` recorded in the
-  metadata, entries inside the file and not overlapping, the fixed-size layout when uncompressed, the
-  recorded number of records), and every field chunk's presence and size;
-* full mode, in addition: every shard file is streamed once through crc32c and compared with the
-  recorded ``data_crc32c`` (its records) and whole-file ``crc32c``, and the records of a compressed
-  shard are decoded, each to exactly its size, as the readers decode them; every field chunk is
-  compared with its recorded crc32c and decoded (zstd frame checksums included) into the declared shape.
-
-The provenance field is a field like the others; the files of the provenance table (input names,
-see :mod:`shardkit.formats.provenance`) are checked against the digests its metadata block records.
-
-Each failed check is a :class:`Problem` naming the file. Checks a dataset cannot have because of the
-version that wrote it are listed in :attr:`VerifyReport.limitations` (e.g. format 1.0 recorded no
-checksum of its field chunks), so a user knows what "OK" covers.
+:func:`verify` opens the dataset (which checks the metadata itself) and then checks each shard,
+array document, field chunk and provenance-table file against the sizes and checksums the metadata
+records, quickly (sizes and indexes) or fully (every byte). Each failure is a :class:`Problem`
+naming the file, and what a dataset's format version cannot cover is listed, so a user knows what
+"OK" means. What is recorded, and why: docs/design.md §3 (*Integrity*).
 """
 
 from __future__ import annotations
@@ -134,6 +121,18 @@ def verify(
     progress: Callable[[int], None] | None = None,
 ) -> VerifyReport:
     """Check a dataset; never raises for a damaged shard or field, reports it instead.
+
+    Opening already checks the metadata (types, bounds, layout, its ``attributes_crc32c``) and, in
+    format 1.1, every array document's checksum. Then ``quick`` checks every shard's size and index
+    (its own crc32c, the recorded ``index_crc32c``, entries inside the file and not overlapping, the
+    fixed-size layout when uncompressed, the recorded record count) and every field chunk's presence
+    and size. The full check also streams every shard once through crc32c against the recorded
+    ``data_crc32c`` and whole-file ``crc32c``, decodes the records of compressed shards (each to
+    exactly its size, as the readers do), compares every field chunk with its recorded crc32c and
+    decodes it (zstd frame checksums included) into the declared shape, and checks the provenance
+    table's files against the digests its metadata block records. Checks the dataset's format
+    version cannot have (format 1.0 recorded no field-chunk checksums) are listed in
+    :attr:`VerifyReport.limitations`.
 
     Raises
     ------

@@ -1,35 +1,10 @@
 """Versions of a dataset: a reader keeps the version it opened while a later commit changes the dataset.
 
-A dataset that grows (``convert --append``, see :mod:`shardkit.formats.commit`) stays an ordinary
-format 1.1 dataset in place: the root ``zarr.json`` always describes the newest version, and zarr
-readers see that. Growing it changes a few files in place: the last payload shard when it was not
-full (it receives the first new records), the last chunk of each field array when it was not full,
-and the array documents (their shape). Every other file is never rewritten: full shards and full
-field chunks keep their bytes, and new ones get new names.
-
-Layout, next to the data::
-
-    DATASET/.shardkit-versions/
-      v000001.json, v000002.json, ...   the root document of every kept version, byte for byte
-      retired/<path>@<nbytes>-<crc32c>  the old bytes of a file a later version replaced
-
-A commit saves each file it is about to replace under ``retired/``, named by the path and the size
-and crc32c the *old* metadata recorded for it (a hard link on a local file system, a server-side
-copy on an object store: no payload bytes move), before it writes the new bytes in place. A reader
-of an older version finds a replaced file by exactly what its own metadata recorded: a shard whose
-size (or, in an object store, ETag) changed, or a document or field chunk whose size or crc32c is
-not what it expects, is read from its retired copy instead (:func:`older_copy`,
-:func:`read_versioned`). Files are found by content, not by version number, so a reader needs
-nothing but its own metadata, and a file replaced twice (two small appends filling one shard)
-leaves one copy per content. The same layout works in every store (:mod:`shardkit.stores`).
-
-Cleanup
-    Each commit keeps the newest ``keep`` older versions openable (default
-    :data:`DEFAULT_KEEP_VERSIONS`) and prunes the rest (:func:`prune`): a version's retired copies
-    are the files whose content the next version changed, so pruning version ``m`` deletes
-    ``retired/<k>@<m's digest of k>`` for every ``k`` that version ``m + 1`` records differently,
-    and then ``v<m>.json``. A reader still holding a pruned version gets an error saying so
-    (:class:`~shardkit.errors.VersionGoneError`) and must reopen the dataset.
+A commit (:mod:`shardkit.formats.commit`) rewrites a few files in place; before it does, each old
+file is kept under ``.shardkit-versions/retired/`` named by the size and crc32c the old metadata
+recorded, next to every kept version's root document. A reader of an older version finds a replaced
+file by exactly what its own metadata records (:func:`older_copy`, :func:`read_versioned`), and
+:func:`prune` keeps the newest ``keep`` older versions. Layout and rules: docs/design.md §11.
 """
 
 from __future__ import annotations
