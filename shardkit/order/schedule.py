@@ -1,28 +1,10 @@
 """The sampler's schedule on keys alone: which keys, in which order, for which consumer, in what blocks.
 
 Everything here is pure arithmetic on record keys (no payload, no I/O), so it can be tested
-exhaustively and the tier stack only has to deliver the keys it is given, in that order. This module
-is the **only** owner of the global-batch arithmetic and of the block-size rules: the tiered
-sampler, the shared tier stack, the adapters (``len``, resume) and the benchmarks all call it, so a
-change of the rule (node-aware assignment, say) is made here once.
-
-Global-batch semantics
-----------------------
-An epoch's *global stream* ``pi`` has ``N`` keys:
-
-* ``epoch`` mode: a uniform random permutation of ``range(N)`` drawn from
-  ``seeds.rng(Domain.EPOCH_ORDER, seed, epoch)``;
-* ``replacement`` mode: ``ceil(N / K)`` independent reservoirs, each a uniform ``K``-subset of
-  ``range(N)`` drawn with Algorithm L from ``seeds.rng(Domain.REPLACEMENT, seed, epoch)`` and
-  emitted in uniformly random order, truncated to ``N`` keys;
-* ``sequential`` mode: ``range(N)``.
-
-Global batch ``g`` is ``pi[p0 + g*B*W : p0 + (g+1)*B*W]`` where ``p0`` is the resume position, ``B``
-the per-consumer batch size and ``W`` the number of consumers; consumer ``c`` takes
-``pi[p0 + g*B*W + c*B : p0 + g*B*W + (c+1)*B]``. ``pi`` itself does not depend on ``W``, so a run
-resumed at position ``p0`` with another world size continues the same order. In a ragged final
-global batch the first consumers get records and the last may get fewer or none; ``drop_last``
-drops that incomplete global batch so every consumer gets the same number of batches.
+exhaustively and the tier stack only delivers the keys it is given, in that order. This module is
+the only owner of the global-batch arithmetic and the block-size rules: the sampler, ``serve``, the
+adapters (``len``, resume) and the benchmarks all call it, so a rule changes here once. Semantics
+of global batches, blocks and resume: docs/design.md §4 (*The schedule*).
 """
 
 from __future__ import annotations
@@ -120,7 +102,13 @@ def replacement_stream(seed: int, epoch: int, n: int, k: int) -> np.ndarray:
 
 
 def epoch_stream(mode: str, seed: int, epoch: int, n: int, reservoir: int = 1) -> np.ndarray:
-    """The global stream of one epoch in ``mode`` (see module docstring); ``reservoir`` is ``K``."""
+    """The global stream of one epoch in ``mode``; ``reservoir`` is ``K``.
+
+    ``epoch``: a uniform permutation of ``range(n)`` from ``Domain.EPOCH_ORDER`` with ``(seed,
+    epoch)``. ``replacement``: ``ceil(n / K)`` independent reservoirs, each a uniform ``K``-subset
+    drawn with Algorithm L from ``Domain.REPLACEMENT`` and emitted in uniform order, truncated to
+    ``n`` keys. ``sequential``: ``range(n)``.
+    """
     if mode == "epoch":
         return epoch_permutation(seed, epoch, n)
     if mode == "replacement":

@@ -1,15 +1,10 @@
 """The sampler's options: one frozen, validated value that every entry point builds and passes down.
 
 :class:`SamplerOptions` holds every option of the tiered sampler with its default and its check, so
-the CLI (``shardkit sample``), the Python API (:class:`~shardkit.readers.TieredSampler` keyword
-arguments), the adapters and the benchmarks cannot drift apart: a default or a range is written
-here once. Sizes go through :mod:`shardkit.units` (one grammar); every error names the option the
-way the user wrote it, ``--ram-size`` on the command line and ``ram_size`` in Python (the
-``source`` the options were built from).
-
-Options that need the dataset to be checked (a budget smaller than two records, an SSD budget below
-the RAM budget) are resolved by :meth:`SamplerOptions.tier_sizes` once the record size is known;
-the block-size rules themselves live in :mod:`shardkit.order.schedule`.
+the CLI, the Python API, the adapters and the benchmarks cannot drift apart; errors name the option
+as the user wrote it (``--ram-size`` or ``ram_size``). Checks that need the record size are made by
+:meth:`SamplerOptions.tier_sizes`; the block-size rules live in :mod:`shardkit.order.schedule`.
+Design: docs/design.md §2 (*Seams*) and docs/design.md §7.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """What a sampler reads: a source, a mixture of one or more datasets with weights (docs/design.md §12).
 
-:func:`mix` describes a mixture and checks, from the datasets' metadata alone (before any payload or
-field byte is read), that all of them share one record schema. A :class:`Mixture` is accepted
-wherever a dataset is: :class:`~shardkit.readers.TieredSampler`, both adapters, ``shardkit sample A B
---weights 3,1``. Its order is :class:`~shardkit.order.mixture.MixturePlan`'s. A single dataset is
-the mixture of one (:func:`as_source`), whose plan reduces to the single-dataset order, so every
-reader handles one kind of source.
-
-Under the sampler, a mixture is one *global key* space (dataset ``i``'s record ``k`` is
-``offsets[i] + k``), read through :class:`MixedDataset`: the disk tier of all datasets at once, with
-one set of read counters, so one tier stack and one RAM/SSD budget serve the whole mixture. A block
-of global keys is split by dataset and each dataset's part is read in ascending offsets within
-each of its shards; a record that occurs twice in one block is read once and copied.
+:func:`mix` describes a mixture and checks from the metadata alone that its datasets share one
+record schema; a :class:`Mixture` is accepted wherever a dataset is, and a single dataset is the
+mixture of one (:func:`as_source`), so every reader handles one kind of source. Under the sampler
+a mixture is one global key space read through :class:`MixedDataset`, one tier stack and budget
+for all of its datasets.
 """
 
 from __future__ import annotations
@@ -294,7 +287,10 @@ def source_of(
 
 # ---------------------------------------------------------------------------------------------- disk tier
 class MixedPayload:
-    """The payload of every dataset of a mixture, addressed by global key (see module docstring).
+    """The payload of every dataset of a mixture, addressed by global key (``offsets[i] + k``).
+
+    A block of global keys is split by dataset and each part read in ascending offsets within each
+    of its shards; a record that occurs twice in one block is read once and copied.
 
     Offers what the sampler's tiers use of :class:`~shardkit.formats.PayloadArray`: ``read_into``,
     ``read``, ``empty``, ``record``, ``record_nbytes``, ``dtype``, ``fill_value``, ``num_records`` and ``stats``

@@ -1,15 +1,10 @@
 """The order of a shared tier stack: the server's partition into reservoirs and each job's permutations.
 
-For server epoch ``e`` the server draws ``pi_e``, a uniform permutation of the ``N`` keys, from its
-own domain (:attr:`~shardkit.order.seeds.Domain.SERVER_PARTITION`) and cuts it into consecutive
-blocks (:func:`blocks`): reservoir ``r`` is the key set of block ``r``. A job emits reservoir ``r`` in
-the order of its own permutation of the block's stored (ascending) keys, drawn from
-:attr:`~shardkit.order.seeds.Domain.JOB_PERMUTATION` with ``(job_seed, e, r)``.
-
-Blocks of a uniform random partition, each permuted uniformly and independently, form an exactly
-uniform permutation: ``P(order) = prod_r 1/C(rest_r, n_r) * 1/n_r! = 1/N!``. That needs the job's
-permutations independent of the partition: the two domains guarantee it for every pair of seeds,
-including the defaults (server seed 0, job seed 0); see docs/design.md §8.
+For server epoch ``e`` the server cuts ``pi_e`` (domain ``SERVER_PARTITION``) into consecutive
+blocks (:func:`blocks`); a job emits reservoir ``r`` in the order of its own permutation of the
+block's ascending keys (domain ``JOB_PERMUTATION``, values ``(job_seed, e, r)``). The separate
+domains keep the two independent for every pair of seeds, which is what makes each job's order
+exactly uniform (proof: docs/design.md §8).
 """
 
 from __future__ import annotations

@@ -1,26 +1,10 @@
 """The wire protocol between a :class:`~shardkit.readers.TierServer` and its jobs.
 
-Why not pickle: a socket is input from another process, and unpickling runs whatever the bytes ask
-for. Every message is therefore a small frozen dataclass with an explicit binary encoding, and the
-receiving side checks every field before anything acts on it.
-
-Frame
------
-``magic b"SKSV" | version u16 | type u16 | body length u32`` (little-endian, 12 bytes), then the body.
-The header is checked in full (magic, :data:`PROTOCOL_VERSION`, a known type, a length the type
-allows, at most :data:`MAX_BODY`) *before* a byte of the body is read, so a peer cannot make the
-other side allocate or wait for more than one small message.
-
-Messages
---------
-job -> server: :class:`Hello` (first, with the run's secret token), :class:`Release`,
-:class:`Beat`, :class:`Bye`. server -> job: :class:`Welcome` or :class:`Refused` (answer to the
-hello), :class:`Reservoir`, :class:`Beat`, :class:`Done`. Both sides heartbeat with :class:`Beat`, so
-silence longer than the lease means a stopped or hung peer, which :class:`Channel` reports as
-:class:`~shardkit.errors.PeerTimeoutError` instead of blocking.
-
-:class:`ServerInfo` is the other half of the protocol: the ``info.json`` a server publishes in its
-run directory, validated field by field (and size-bounded) before a job uses any of it.
+A socket is input from another process, so nothing is unpickled: every message is a small frozen
+dataclass with an explicit binary encoding, framed by a 12-byte header that is checked in full
+before a byte of the body is read, and every field is checked before anything acts on it.
+:class:`ServerInfo` is the ``info.json`` a server publishes, validated field by field. Frames,
+messages and heartbeats: docs/design.md §8 (*Protocol*); security: docs/design.md §13.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """A server's run directory: private to its user, checked before anything in it is trusted.
 
-``<base>/shardkit-serve-<uid>-<NAME>/`` (base = ``/dev/shm`` when writable, else the temp dir)
-holds the server's ``lock`` (an exclusive ``flock`` for its whole life), its secret ``token``, the
-shared-memory ``ring``, the Unix ``sock`` and ``info.json``. Whoever controls that directory
-controls what a job maps and whom it talks to, so both sides refuse it unless it is a real
-directory (not a symlink), owned by the current user, with mode exactly ``0700``.
-
-It is a :class:`~shardkit.privdir.PrivateDir`: checked on an open descriptor, every file inside
-opened relative to it and checked the same way (owner, no group/other permission bits), so a path
-swapped after the check is never followed. The socket is reached through
-``/proc/self/fd/<fd>/sock`` where Linux offers it, which also keeps the address short whatever the
-base directory.
+``<base>/shardkit-serve-<uid>-<NAME>/`` (``/dev/shm`` when writable, else the temp dir) holds the
+server's ``lock``, secret ``token``, shared-memory ``ring``, Unix ``sock`` and ``info.json``.
+Whoever controls it controls what a job maps and whom it talks to, so it is a
+:class:`~shardkit.privdir.PrivateDir` both sides refuse unless it is a real 0700 directory of the
+user, every file reached through its descriptor (docs/design.md §13).
 """
 
 from __future__ import annotations
@@ -55,7 +49,11 @@ def run_dir_path(name: str, base_dir: str | os.PathLike[str] | None = None) -> P
 
 
 class RunDir(PrivateDir):
-    """An open, verified run directory (see module docstring); files are reached through its descriptor."""
+    """An open, verified run directory; files are reached through its descriptor.
+
+    The socket is reached through ``/proc/self/fd/<fd>/sock`` where Linux offers it, which also
+    keeps the address short whatever the base directory.
+    """
 
     @classmethod
     def claim(cls, path: Path) -> Self:
