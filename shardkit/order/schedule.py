@@ -348,10 +348,8 @@ MIN_BLOCK_BYTES = 64 << 20
 BLOCK_EFFICIENCY = 0.9
 #: A request announced ahead (the reader announces every run of a block before reading it) costs
 #: ``gap_bytes / QUEUE_OVERLAP`` of sequential transfer: the device overlaps it with the ones queued
-#: behind it. Calibrated on the measured density curve (``benchmarks/sample.py``): with 150 KB
-#: records on this machine's virtual disk, blocks of 1% to 40% of the dataset read at the same
-#: speed within the run-to-run noise, which the model reproduces (0.90 to 0.94) with 4 and not
-#: with 1 (0.70 to 0.79).
+#: behind it. Calibrated on the measured density curve (``benchmarks/RESULTS.md``, "Calibration of
+#: the block read model").
 QUEUE_OVERLAP = 4
 
 

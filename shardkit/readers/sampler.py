@@ -639,7 +639,7 @@ def _source_options(m: Mixture, opts: SamplerOptions, seed_given: bool) -> Sampl
     ``epoch`` and ``locality`` only where the order is the slot order itself (one dataset, every
     record once per epoch: :attr:`~shardkit.order.mixture.MixturePlan.single`)."""
     single = m.plan(0).single
-    if opts.locality and not single:  # the node partition is drawn over one dataset's keys (issue 12)
+    if opts.locality and not single:  # the node partition is drawn over one dataset's keys
         raise ConfigError(f"{opts.name('locality')}: not available for a mixture of datasets; read it without locality")
     if opts.mode != "epoch" and not single:
         raise ConfigError(
