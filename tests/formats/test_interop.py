@@ -9,6 +9,7 @@ import pytest
 import zarr
 import zarr.codecs
 
+from shardkit import errors
 from shardkit.formats import PayloadArray, open_dataset
 from tests.helpers.datasets import make_records, write_dataset
 
@@ -55,11 +56,18 @@ def test_shardkit_reads_zarr_missing_chunks_as_fill(tmp_path: Path) -> None:
 
 
 def test_zarr_written_group_with_shardkit_layout_opens_as_dataset(tmp_path: Path) -> None:
-    # Rewrite a dataset's payload with zarr-python into the same layout: shardkit must still read it.
+    # Rewrite a dataset's payload with zarr-python into the same layout: the same records give the same
+    # shard files byte for byte, which shardkit reads; other records are refused by the shard identity
+    # check (the metadata's tail_crc32c), as a shard from another dataset is.
     recs = make_records(21, (3, 3, 3))
     path = write_dataset(tmp_path / "ds", recs, records_per_shard=10)
+    shards = sorted(p for p in (path / "image" / "c").rglob("*") if p.is_file())
+    before = [p.read_bytes() for p in shards]
     arr = zarr.open_array(path / "image", mode="r+")
-    arr[:] = recs[::-1]
+    arr[:] = recs
+    assert [p.read_bytes() for p in shards] == before
     with open_dataset(path) as ds:
-        # sizes in the metadata still match (same layout), content is zarr's
-        np.testing.assert_array_equal(ds.payload.read(np.arange(21)), recs[::-1])
+        np.testing.assert_array_equal(ds.payload.read(np.arange(21)), recs)
+    arr[:] = recs[::-1]
+    with open_dataset(path) as ds, pytest.raises(errors.ChecksumError, match=r"image/c/0/0/0/0.*not the dataset's shard"):
+        ds.payload.read(np.arange(21))
