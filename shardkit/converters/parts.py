@@ -51,7 +51,6 @@ import math
 import os
 import shutil
 import socket
-import stat
 import sys
 import tempfile
 import time
@@ -72,12 +71,12 @@ from shardkit.formats.atomic import write_bytes_atomic
 from shardkit.formats.checksums import FileDigest, read_object
 from shardkit.formats.codecs import RecordCodec, codec_from_json
 from shardkit.formats.commit import Segment, StoredShard
-from shardkit.formats.metadata import encode_json, read_json_object
+from shardkit.formats.metadata import MAX_DOCUMENT_NBYTES, encode_json, read_json_object
 from shardkit.formats.outputs import PARTS_DIR
 from shardkit.formats.publish import put_checked
 from shardkit.formats.spec import MAX_CRC32C, SkippedInput, chunk_key
 from shardkit.formats.writer import ShardWriter
-from shardkit.privdir import DIR_MODE, PrivateDir
+from shardkit.privdir import PrivateDir
 from shardkit.processes import pid_alive
 from shardkit.stores import Store, open_store
 
@@ -347,12 +346,13 @@ class _PartSink:
 
 
 class _SpillWriter(_PartSink):
-    """A :class:`~shardkit.converters.pipeline.RecordSink` that keeps a part's records on local disk."""
+    """A :class:`~shardkit.converters.pipeline.RecordSink` that keeps a part's records on local disk,
+    in files private to this user (``0600``, in the private directory ``spill``)."""
 
-    def __init__(self, job: PartJob, path: Path) -> None:
+    def __init__(self, job: PartJob, spill: PrivateDir) -> None:
         super().__init__(job)
-        self.path = path
-        self._fh = open(path / "records.bin", "wb")  # closed in finish() / abort()
+        self.spill = spill
+        self._fh = os.fdopen(spill.create_file("records.bin"), "wb")  # closed in finish() / abort()
 
     def write(self, batch: dict[str, np.ndarray], cursors: np.ndarray) -> None:
         payload = self._take(batch, int(cursors.shape[0]))
@@ -361,10 +361,10 @@ class _SpillWriter(_PartSink):
 
     def finish(self, tally: Tally) -> None:
         self._fh.close()
-        (self.path / "fields.npz").write_bytes(self._fields_npz())
+        self.spill.write_file("fields.npz", self._fields_npz())
         doc = {"part": self.job.part, "records": self.records_written, "skipped": [s.to_json() for s in self.skipped],
                "notes": dict(tally.notes), "skips": dict(tally.skips)}
-        (self.path / "spill.json").write_text(json.dumps(doc))
+        self.spill.write_file("spill.json", json.dumps(doc).encode())
 
     def abort(self) -> None:
         self._fh.close()
@@ -393,34 +393,35 @@ def count_part(job: PartJob) -> Spilled:
         return Spilled(job.part, done, socket.gethostname(), str(final), worker_name())
     tmp = base / f"{final.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(mode=DIR_MODE)
-    sink = _SpillWriter(job, tmp)
-    try:
-        tally = decode_into(job.decoder, job.items, sink, 0, names=job.names, chunk_size=job.chunk_size,
-                            workers=job.workers, strict=job.strict, progress=_progress(job),
-                            provenance=job.provenance, first_input=job.first)
-        sink.finish(tally)
-    except BaseException:
-        sink.abort()
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with PrivateDir.create(tmp, what="a spill directory", advice="Remove it or set TMPDIR", exclusive=True) as spill:
+        sink = _SpillWriter(job, spill)
+        try:
+            tally = decode_into(job.decoder, job.items, sink, 0, names=job.names, chunk_size=job.chunk_size,
+                                workers=job.workers, strict=job.strict, progress=_progress(job),
+                                provenance=job.provenance, first_input=job.first)
+            sink.finish(tally)
+        except BaseException:
+            sink.abort()
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     shutil.rmtree(final, ignore_errors=True)
     os.rename(tmp, final)
     return Spilled(job.part, sink.records_written, socket.gethostname(), str(final), worker_name())
 
 
 def _read_spill(path: Path, job: PartJob) -> int | None:
-    """The record count of a complete spill of ``job`` at ``path``, or ``None``."""
+    """The record count of a complete spill of ``job`` at ``path``, or ``None`` (also when the directory
+    is not a private one of this user: its records could have been planted)."""
     try:
-        st = os.lstat(path)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-            return None
-        doc = json.loads((path / "spill.json").read_text())
+        with PrivateDir.open(path, what="a spill directory", advice="Remove it") as spill:
+            doc = json.loads(spill.read_file("spill.json", MAX_DOCUMENT_NBYTES))
+            spill.check_file("records.bin")
+            size = os.stat("records.bin", dir_fd=spill.fd, follow_symlinks=False).st_size
         records = int(doc["records"])
-        if doc["part"] != job.part or (path / "records.bin").stat().st_size != records * job.record.nbytes:
+        if doc["part"] != job.part or size != records * job.record.nbytes:
             return None
         return records
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ShardkitError, ValueError, KeyError, TypeError):
         return None
 
 
@@ -479,7 +480,7 @@ class _AlignedWriter(_PartSink):
                 local.unlink(missing_ok=True)
         self.pieces.append({"key": key, "start": self._start, "count": w.count, "capacity": w.capacity,
                             "nbytes": sums.nbytes, "crc32c": sums.crc32c, "data_crc32c": sums.data_crc32c,
-                            "index_crc32c": sums.index_crc32c})
+                            "index_crc32c": sums.index_crc32c, "tail_crc32c": sums.tail_crc32c})
         self._writer = self._file = None
 
     def write(self, batch: dict[str, np.ndarray], cursors: np.ndarray) -> None:
@@ -564,7 +565,7 @@ class PartManifest:
                 first_skips: Sequence[SkippedInput] = (), table: int | None = None) -> Segment:
         """The part as a :class:`~shardkit.formats.commit.Segment` of the commit."""
         shards = tuple(StoredShard(store, p["key"], p["count"], p["capacity"], p["nbytes"], p["crc32c"],
-                                   p["data_crc32c"], p["index_crc32c"]) for p in self.pieces)
+                                   p["data_crc32c"], p["index_crc32c"], p["tail_crc32c"]) for p in self.pieces)
         key = part_key(plan, self.part, ".npz")
         digest, count = self.fields, self.records
 
@@ -620,7 +621,7 @@ def _parse_manifest(doc: dict[str, Any], where: str, s: int, payload: str, ndim:
         p = jv.mapping(raw, f"pieces[{i}]", where)
         piece: dict[str, Any] = {
             k: jv.integer(p.get(k), f"pieces[{i}].{k}", where, hi=MAX_CRC32C if "crc" in k else None)
-            for k in ("start", "count", "capacity", "nbytes", "crc32c", "data_crc32c", "index_crc32c")
+            for k in ("start", "count", "capacity", "nbytes", "crc32c", "data_crc32c", "index_crc32c", "tail_crc32c")
         }
         g = offset + piece["start"]
         whole = piece["count"] == piece["capacity"] == s and g % s == 0 and not staged
