@@ -248,17 +248,18 @@ def test_sampler_proof_on_appended_and_merged_datasets(tmp_path: Path, keyed_kin
     assert item_position_pvalue(orders) > ALPHA
 
 
-def test_a_hostile_manifest_is_not_trusted(tmp_path: Path) -> None:
+def test_a_hostile_manifest_is_not_trusted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     src = class_corpus(tmp_path / "corpus", ["landscape"])
     out = tmp_path / "out"
 
-    def stop_after_parts(done: int, total: int, records: int) -> None:
-        if done == total:
-            raise KeyboardInterrupt
+    def stop_after_parts(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt  # every part is written, the commit does not start
 
-    with pytest.raises(KeyboardInterrupt):
-        shardkit.convert(src, out, size=16, records_per_shard=3, part_size=4, workers=1, executor=InlineExecutor(),
-                         progress=stop_after_parts)
+    from shardkit.converters import partrun
+
+    with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):
+        m.setattr(partrun, "commit", stop_after_parts)
+        shardkit.convert(src, out, size=16, records_per_shard=3, part_size=4, workers=1, executor=InlineExecutor())
     manifests = sorted(out.glob(".shardkit-parts/*/p000000.json"))
     assert manifests
     doc = json.loads(manifests[0].read_text())
