@@ -81,10 +81,9 @@ def _common_parameters() -> list[inspect.Parameter]:
             "Corpus: COCO root (or instances_*.json), class folders, CIFAR batches, audio folders."))),
         p("output", str, typer.Option(..., "-o", "--output", metavar="PATH|URL", help=(
             "Output dataset directory, or an object-store URL (s3://bucket/ds, gs://, az://): shards are "
-            "staged locally and uploaded as they complete, metadata last."))),
+            "uploaded as they complete, metadata last."))),
         p("staging_dir", Path | None, typer.Option(None, "--staging-dir", metavar="DIR", show_default=False, help=(
-            "For a URL output: where shards are staged before upload (default: the temp dir); a re-run "
-            "must see the same one to resume."))),
+            "For a URL output: where each shard is written before its upload (default: the temp dir)."))),
         p("kind", str | None, typer.Option(None, "--kind", metavar="KIND", show_default=False,
                                            help=f"{', '.join(available_kinds())} (default: detect).")),
         p("workers", int | None, typer.Option(None, "--workers", "-j", min=1, show_default=False,

@@ -9,7 +9,8 @@ entry points. Nothing here imports torch or tensorflow.
 
 from shardkit.converters.base import Converter, Decoded, Decoder, Note, ScanResult, Skip
 from shardkit.converters.options import Option
-from shardkit.converters.pipeline import ConvertSummary, convert, run_converter
+from shardkit.converters.partrun import convert, run_converter
+from shardkit.converters.pipeline import ConvertSummary
 from shardkit.converters.registry import available_kinds, detect_kind, get_converter, register
 
 __all__ = [

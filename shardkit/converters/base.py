@@ -52,7 +52,7 @@ PROVENANCE = PROVENANCE_FIELD
 Record = dict[str, Any]
 
 #: Most records one input may give (an audio file cut into windows): a resume cursor keeps the
-#: record number inside its input in 20 bits (see :mod:`shardkit.converters.staging`).
+#: record number inside its input in 20 bits (see :func:`shardkit.converters.pipeline.input_cursor`).
 MAX_RECORDS_PER_INPUT = (1 << 20) - 1
 #: A decode call returns about this many bytes of records at most (at least one record); an input
 #: with more says so with :attr:`Decoded.more` and is continued by further calls, so one long
@@ -148,7 +148,9 @@ class InputNames(Sequence[str]):
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        return self.name_of(i)
+        if not -self.size <= i < self.size:
+            raise IndexError(f"input {i} of {self.size}")  # ends iteration (the sequence protocol)
+        return self.name_of(i % self.size)
 
 
 class Decoder(ABC):

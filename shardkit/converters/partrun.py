@@ -1,6 +1,8 @@
-"""A conversion in parts: plan, run the parts on an executor, commit (docs/design.md §11).
+"""The conversion engine: plan parts, run them on an executor, commit (docs/design.md §11).
 
-:func:`convert_in_parts` is what ``convert(..., executor=...)``, ``--scheduler`` and ``--append`` run:
+:func:`convert_in_parts` runs every conversion: ``convert`` in one process (:func:`run_converter`: the
+corpus is one part, converted inline with local decode processes), ``--part-size``, an executor,
+``--scheduler`` and ``--append``. Into a directory or an object store alike:
 
 1. scan the corpus (here, once) and, for ``append``, check that the new records fit the dataset
    (kind, record, fields, transform, compression, records per shard, kind metadata): a mismatch is
@@ -15,8 +17,10 @@
    boundary shards re-packed, fields and skips concatenated, label names extended, metadata last;
    then the plan directory is removed.
 
-A re-run after a kill at any instant finishes the job without converting a finished part again:
-manifests are written last, and the commit is idempotent.
+A re-run after a kill at any instant finishes the job without converting a finished part again
+(manifests are written last, and the commit is idempotent), and continues an unfinished part after
+its last complete shard (its checkpoints, :mod:`shardkit.converters.parts`): the result is
+byte-identical to an uninterrupted run.
 
 One at a time
     On a local (or shared) file system the run holds an exclusive ``flock`` on the output directory
@@ -46,7 +50,8 @@ from typing import Any
 
 from shardkit._version import __version__
 from shardkit.converters.base import PROVENANCE, Converter, ScanResult, reason_category
-from shardkit.converters.executors import InlineExecutor, is_inline, slots, submit
+from shardkit.converters.decoding import default_workers
+from shardkit.converters.executors import InlineExecutor, dask_executor, is_inline, local_pool, slots, submit
 from shardkit.converters.main_guard import refuse_inside_worker_start
 from shardkit.converters.options import OptionNaming
 from shardkit.converters.parts import (
@@ -64,26 +69,29 @@ from shardkit.converters.pipeline import (
     ConvertSummary,
     NothingConverted,
     ProgressFn,
+    config_fingerprint,
     dataset_config,
     dataset_fields,
     shard_layout,
     strict_stop,
     summary_of,
 )
-from shardkit.converters.staging import config_fingerprint
-from shardkit.errors import ConversionError, ShardkitError, WorkerError
+from shardkit.converters.progress import progress_bar
+from shardkit.converters.registry import detect_kind, get_converter
+from shardkit.errors import ConfigError, ConversionError, ShardkitError, WorkerError
 from shardkit.formats import DatasetMeta, FieldSpec, get_codec
 from shardkit.formats.codecs import RecordCodec, codec_from_json
 from shardkit.formats.commit import InputTable, Segment, commit
 from shardkit.formats.metadata import DEFAULT_FIELD_CHUNK, encode_json, read_dataset_meta
-from shardkit.formats.outputs import PARTS_DIR, STAGING_DIR, clear_store, top_names
+from shardkit.formats.outputs import PARTS_DIR, STAGING_DIR, clear_store, remove_path, top_names
 from shardkit.formats.provenance import TABLE_ARRAYS, ProvenanceSpec
 from shardkit.formats.publish import put_checked
-from shardkit.formats.spec import ZARR_JSON, SkippedInput
+from shardkit.formats.spec import DEFAULT_SHARD_BYTES, ZARR_JSON, SkippedInput
 from shardkit.formats.versions import DEFAULT_KEEP_VERSIONS, VERSIONS_DIR, prune, version_of
 from shardkit.stores import Store, as_location, is_url, open_store
+from shardkit.units import parse_bytes, parse_count
 
-__all__ = ["convert_in_parts", "check_appendable"]
+__all__ = ["convert", "convert_in_parts", "check_appendable", "run_converter"]
 
 logger = logging.getLogger(__name__)
 
@@ -160,7 +168,8 @@ class _Plan:
 
 
 def _make_plan(conv: Converter, scan: ScanResult, store: Store, base: DatasetMeta | None, *, shard_bytes: int,
-               records_per_shard: int | None, codec: RecordCodec | None, part_size: int | None) -> _Plan:
+               records_per_shard: int | None, codec: RecordCodec | None, part_size: int | None,
+               single: bool = False) -> _Plan:
     n = len(scan.items)
     if base is not None:
         rps, size = base.records_per_shard, None
@@ -170,7 +179,7 @@ def _make_plan(conv: Converter, scan: ScanResult, store: Store, base: DatasetMet
     provenance = conv.provenance_spec(scan)
     fields = dataset_fields(conv, provenance)
     config = dataset_config(conv, scan, fields, provenance, rps, size, codec)
-    ranges = PartPlan(n, part_size or default_part_size(n, rps)).ranges()
+    ranges = PartPlan(n, max(1, n) if single else part_size or default_part_size(n, rps)).ranges()
     identity = {"config": config, "ranges": ranges,
                 "base": None if base is None else {"version": version_of(base.to_json()), "records": base.num_records,
                                                    "attributes_crc32c": base.to_json().get("attributes_crc32c")}}
@@ -248,27 +257,32 @@ def _claim(plan: _Plan, lock: _OutputLock, *, overwrite: bool) -> bool:
         if overwrite:
             clear_store(store)
         elif store.exists(ZARR_JSON):
-            raise ConversionError(f"{where}: a dataset already exists here; use --overwrite to replace it, "
-                                  "or --append to add these records to it")
+            made = read_dataset_meta(store).source.get("config_fingerprint") is not None
+            raise ConversionError(f"{where}: a dataset already exists here{' with different parameters' if made else ''}; "
+                                  "use --overwrite to replace it, or --append to add these records to it")
         if local is not None and local.exists() and not local.is_dir():
             raise ConversionError(f"{where}: output exists and is not a directory")
-        if local is not None and (local / STAGING_DIR).exists():
-            raise ConversionError(f"{where}: an interrupted conversion (one process, {STAGING_DIR}) is here; re-run it "
-                                  "the same way to resume it, or use --overwrite to start fresh")
         # What this conversion writes before its root document (a commit cut short leaves them).
-        foreign = top_names(store, (PARTS_DIR, VERSIONS_DIR, plan.conv.payload, *plan.fields, *TABLE_ARRAYS,
-                                    f"{ZARR_JSON}.partial"))
+        foreign = top_names(store, (PARTS_DIR, VERSIONS_DIR, STAGING_DIR, plan.conv.payload, *plan.fields,
+                                    *TABLE_ARRAYS, f"{ZARR_JSON}.partial"))
         if foreign:
             raise ConversionError(f"{where}: the output is not empty and is not a shardkit dataset (found "
                                   f"{', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); choose another one")
+        if local is not None and (local / STAGING_DIR / "config.json").exists():
+            raise ConversionError(f"{where}: an interrupted conversion by an earlier shardkit ({STAGING_DIR}) is here; "
+                                  "this version cannot resume it: finish it with the shardkit that started it, or use "
+                                  "--overwrite to start fresh")
     if local is not None:
         local.mkdir(parents=True, exist_ok=True)
     lock.acquire()  # held from here: no other run can claim the output between this check and the plan
+    if plan.base is None and local is not None:
+        remove_path(local / STAGING_DIR)  # left by an earlier shardkit killed before it staged anything
     others = sorted({m.key.split("/")[1] for m in store.list(PARTS_DIR) if m.key.count("/") >= 2} - {plan.id})
     if others:
         there = store.describe(f"{PARTS_DIR}/{others[0]}")
         raise ConversionError(
-            f"{where}: an interrupted conversion or append with other parameters is in {there}; re-run that "
+            f"{where}: an interrupted conversion or append with other parameters is in {there} (different "
+            "parameters, or an interrupted conversion in parts (--part-size, --scheduler or --append)); re-run that "
             f"command to finish it, or delete {there} to discard it (the dataset itself is unchanged)"
         )
     doc = {"operation": plan.operation, "fingerprint": plan.fingerprint, "ranges": plan.ranges,
@@ -282,8 +296,10 @@ def _claim(plan: _Plan, lock: _OutputLock, *, overwrite: bool) -> bool:
 class _Runner:
     """Run every part of a plan on an executor (see the module docstring): counting, writing, progress."""
 
-    def __init__(self, plan: _Plan, executor: Executor, *, workers: int, strict: bool, progress: ProgressFn | None) -> None:
+    def __init__(self, plan: _Plan, executor: Executor, *, workers: int, strict: bool, progress: ProgressFn | None,
+                 scratch: str | None = None) -> None:
         self.plan = plan
+        self.scratch = scratch
         self.executor = executor
         self.inline = is_inline(executor)
         self.workers = workers if self.inline else 1
@@ -316,7 +332,7 @@ class _Runner:
             compression=None if self.plan.codec is None else self.plan.codec.to_json(),
             provenance=(conv.name, conv.provenance_columns),
             chunk_size=conv.chunk_size, workers=self.workers, strict=self.strict, staged=self.plan.base is not None,
-            progress=own,
+            progress=own, scratch=self.scratch,
         )
 
     def offset(self, part: int) -> int | None:
@@ -388,14 +404,14 @@ class _Runner:
             self.spilled.pop(part, None)
             self.finished(part, result)
             self.converted += 1
-            self.records_converted += result.records
+            self.records_converted += result.records - result.resumed
 
     def report(self, force: bool = False) -> None:
         if self.progress is None:
             return
         now = time.monotonic()
-        if not force and now - self._last_poll < _POLL:
-            return
+        if not force and not self.inline and now - self._last_poll < _POLL:
+            return  # parts elsewhere report through their progress files: polled at most every _POLL
         self._last_poll = now
         if not self.inline:
             for p in range(len(self.plan.ranges)):
@@ -477,11 +493,14 @@ def convert_in_parts(
     progress: ProgressFn | None = None,
     keep_versions: int = DEFAULT_KEEP_VERSIONS,
     naming: OptionNaming = "python",
+    single: bool = False,
+    staging_dir: str | os.PathLike[str] | None = None,
 ) -> ConvertSummary:
     """Convert ``conv``'s corpus in parts on ``executor`` (inline when ``None``) and commit them at ``out``.
 
     See :func:`shardkit.converters.convert` for the parameters; with ``append`` the records are added
-    after the dataset's at ``out`` as its next version.
+    after the dataset's at ``out`` as its next version. ``single``: the whole corpus is one part (a
+    conversion in one process; its summary lists no parts).
     """
     refuse_inside_worker_start()
     t0 = time.perf_counter()
@@ -489,6 +508,8 @@ def convert_in_parts(
     if store.read_only:
         raise ConversionError(f"{store.url}: cannot convert into a read-only store (http(s):// URLs are read-only)")
     output: Path | str = store.local_path() if store.is_local else store.url
+    if staging_dir is not None and not store.is_local and not Path(staging_dir).is_dir():
+        raise ConversionError(f"staging_dir: expected an existing directory, found {str(staging_dir)!r}")
     codec = get_codec(compression)
     lock = _OutputLock(store)
     try:
@@ -502,18 +523,22 @@ def convert_in_parts(
         scan = conv.scan()
         if strict and scan.skipped:
             raise strict_stop(scan.skipped[0].path, scan.skipped[0].reason)
+        for s in scan.skipped:
+            logger.info("skipped %s: %s", s.path, s.reason)
         plan = _make_plan(conv, scan, store, base, shard_bytes=shard_bytes, records_per_shard=records_per_shard,
-                          codec=codec, part_size=part_size)
+                          codec=codec, part_size=part_size, single=single)
+        n_parts = 0 if single else len(plan.ranges)
         if not overwrite and (done := _already_done(plan)) is not None:
             logger.info("%s: already holds this %s", store.url, plan.operation)
             committed = done.source.get("plan")
             if isinstance(committed, str) and committed.isalnum():  # a run killed after its commit, before its cleanup
                 _cleanup(store, committed, keep_versions)
             return summary_of(output, done, time.perf_counter() - t0, already_complete=True,
-                              version=version_of(done.to_json()), parts=len(plan.ranges))
+                              version=version_of(done.to_json()), parts=n_parts)
         created = _claim(plan, lock, overwrite=overwrite)
         executor = executor or InlineExecutor()
-        runner = _Runner(plan, executor, workers=workers, strict=strict, progress=progress)
+        runner = _Runner(plan, executor, workers=workers, strict=strict, progress=progress,
+                         scratch=None if staging_dir is None else str(staging_dir))
         manifests = runner.run()
         new_records = sum(m.records for m in manifests.values())
         tally: Counter[str] = Counter(reason_category(s.reason) for s in scan.skipped)
@@ -544,10 +569,18 @@ def convert_in_parts(
         _cleanup(store, plan.id, keep_versions)
         this_run = {"skipped": dict(sorted(tally.items()))} if append else {}  # an append reports its own skips
         summary = summary_of(output, report.meta, time.perf_counter() - t0, records_this_run=runner.records_converted,
-                             notes=dict(sorted(notes.items())), version=report.version, parts=len(plan.ranges),
-                             parts_converted=runner.converted, commit=report, **this_run)
+                             notes=dict(sorted(notes.items())), version=report.version, parts=n_parts,
+                             parts_converted=0 if single else runner.converted, commit=report, **this_run)
         logger.info("%s: version %d, %d records (%d parts, %d converted now), %.1f s", store.url, report.version,
-                    summary.records, summary.parts, runner.converted, summary.seconds)
+                    summary.records, len(plan.ranges), runner.converted, summary.seconds)
+        if summary.skipped:
+            listed = "listed above" if logger.isEnabledFor(logging.INFO) else (
+                "--verbose lists them" if naming == "cli" else "logging at level INFO lists them")
+            logger.warning(
+                "%s: %d inputs skipped (%s); %s, and attributes.shardkit.skipped in %s keeps every reason",
+                output, summary.num_skipped, ", ".join(f"{k}: {v}" for k, v in summary.skipped.items()), listed,
+                f"{output}/{ZARR_JSON}",
+            )
         return summary
     finally:
         lock.release()
@@ -583,3 +616,170 @@ def _segments(plan: _Plan, manifests: dict[int, PartManifest]) -> list[Segment]:
     first_skips = [SkippedInput(s.path, s.reason) for s in plan.scan.skipped]
     return [manifests[p].segment(plan.store, plan.id, plan.fields, labels, first_skips if p == 0 else (), table=0)
             for p in sorted(manifests)]
+
+
+def run_converter(
+    conv: Converter,
+    out: str | os.PathLike[str],
+    *,
+    workers: int | None = None,
+    strict: bool = False,
+    overwrite: bool = False,
+    compression: str | None = None,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
+    records_per_shard: int | None = None,
+    progress: ProgressFn | None = None,
+    staging_dir: str | os.PathLike[str] | None = None,
+) -> ConvertSummary:
+    """Convert with an already constructed converter in this process (see :func:`convert`; sizes already parsed).
+
+    The corpus is one part converted inline, its inputs decoded by ``workers`` processes: the engine
+    of every conversion (:func:`convert_in_parts`), so resume, object stores and the commit are the
+    same as for a conversion in parts.
+    """
+    return convert_in_parts(
+        conv, out, executor=InlineExecutor(), workers=default_workers() if workers is None else workers, strict=strict,
+        overwrite=overwrite, compression=compression, shard_bytes=shard_bytes, records_per_shard=records_per_shard,
+        progress=progress, naming=conv.naming, single=True, staging_dir=staging_dir,
+    )
+
+
+def _label(name: str, naming: OptionNaming) -> str:
+    cli = {"shard_bytes": "--shard-size"}
+    return cli.get(name, "--" + name.replace("_", "-")) if naming == "cli" else name
+
+
+def convert(
+    src: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    kind: str | None = None,
+    *,
+    workers: int | str | None = None,
+    strict: bool = False,
+    overwrite: bool = False,
+    compression: str | None = None,
+    shard_bytes: int | str = DEFAULT_SHARD_BYTES,
+    records_per_shard: int | str | None = None,
+    progress: ProgressFn | bool | None = None,
+    naming: OptionNaming = "python",
+    executor: Executor | None = None,
+    scheduler: str | None = None,
+    append: bool = False,
+    part_size: int | str | None = None,
+    keep_versions: int | str = DEFAULT_KEEP_VERSIONS,
+    staging_dir: str | os.PathLike[str] | None = None,
+    **options: Any,
+) -> ConvertSummary:
+    """Convert the corpus at ``src`` into a shardkit dataset at ``out``.
+
+    Parameters
+    ----------
+    src
+        Corpus root (COCO root or annotation file, class-folder root, CIFAR batch directory, audio
+        class-folder root). A relative and an absolute path to the same corpus are the same
+        conversion.
+    out
+        Output dataset directory, or an object-store URL (``s3://bucket/ds``, ``gs://``, ``az://``:
+        shards are uploaded as they complete, the metadata last). An interrupted conversion there
+        with the same parameters is resumed from its last complete shard; a finished one with the
+        same parameters is left alone.
+    kind
+        Corpus kind (``coco``, ``imagefolder``, ``cifar10``, ``cifar100``, ``audio`` or one added
+        through the ``shardkit.converters`` entry points); detected when ``None``.
+    workers
+        Decode processes (default: the cores available). The output does not depend on it. A
+        script may call this at its top level without ``if __name__ == "__main__":``: the workers
+        are then forked so they do not run the script again (decoded in-process where ``fork`` is
+        not available, with a warning). A program read from stdin decodes in-process.
+    strict
+        Stop at the first bad input (``ConversionError`` naming it) instead of skipping it.
+    overwrite
+        Replace a previous shardkit output at ``out`` (its contents; the directory is kept).
+    compression
+        Per-record codec name (``zstd``, ``gzip``, ``blosc-lz4``) or ``None``.
+    shard_bytes, records_per_shard
+        Target shard size (bytes or a size such as ``"256MiB"``), or an exact number of records per
+        shard.
+    progress
+        Called as ``progress(inputs_done, inputs_total, records)`` after every input. By default
+        (``None``) a progress bar is drawn when standard error is a terminal (someone is watching);
+        ``True`` always draws it, ``False`` never.
+    naming
+        How errors name options: ``"python"`` (``sample_rate``) or ``"cli"`` (``--sample-rate``).
+    executor
+        Any ``concurrent.futures.Executor`` (a process pool, ``dask.distributed.Client(...).get_executor()``):
+        the corpus is converted in parts on it, each written straight to ``out``, then committed.
+        The result is the same records, fields, labels and skips as without it. Its workers must see
+        ``src`` and ``out`` at the same paths. Default: the corpus is one part, converted here with
+        ``workers`` local decode processes.
+    scheduler
+        Address of a Dask scheduler (``tcp://host:8786``): the parts run on that cluster (needs
+        ``pip install "shardkit[dask]"``).
+    append
+        Add the corpus's records after those of the dataset at ``out`` (same kind, record, fields and
+        transform, or it is refused naming the difference and nothing changes), as its next
+        version; new class names extend the label list. A reader that opened the dataset before
+        keeps reading the version it opened.
+    part_size
+        Inputs per part of a conversion in parts (default: about 64 parts, 1 to 16 shards each). Given
+        without ``executor``, ``scheduler`` or ``append``, it asks for a conversion in parts on this
+        machine: ``workers`` processes each convert whole parts and write their shards themselves,
+        and the calling process only plans and commits (the same records, byte for byte, as one
+        conversion). It pays when parts are several shards each: a part whose start is not yet known
+        when it begins is decoded into a local spill first, and the commit re-packs the shard each
+        part shares with the next (measured in ``benchmarks/convert.py``).
+    keep_versions
+        Older versions a commit keeps openable (their replaced files); older ones are deleted.
+    staging_dir
+        For an object-store ``out``: where each shard is written before its upload (a private
+        ``shardkit-upload-<uid>`` directory inside it; default: the system temporary directory).
+    **options
+        Kind options, each parsed by the kind's option schema (``shardkit convert --help`` lists
+        them): ``split``; images: ``size`` (``224`` or ``"HxW"``), ``resize``, ``crop``,
+        ``interpolation``, ``max_pixels``; COCO: ``max_boxes``, ``image_dir``; audio:
+        ``sample_rate`` (``16000`` or ``"16k"``), ``duration`` (``1.5`` or ``"1500ms"``),
+        ``channels``, ``window``, ``dtype``.
+
+    Returns
+    -------
+    ConvertSummary
+    """
+    nbytes = parse_bytes(shard_bytes, what=_label("shard_bytes", naming))
+    rps = None if records_per_shard is None else parse_count(
+        records_per_shard, what=_label("records_per_shard", naming), minimum=1
+    )
+    n_workers = None if workers is None else parse_count(workers, what=_label("workers", naming), minimum=1)
+    n_part = None if part_size is None else parse_count(part_size, what=_label("part_size", naming), minimum=1)
+    keep = parse_count(keep_versions, what=_label("keep_versions", naming))
+    kind = kind or detect_kind(Path(src))
+    conv = get_converter(kind)(Path(src), naming=naming, **options)
+
+    def run(report: ProgressFn | None) -> ConvertSummary:
+        if executor is None and scheduler is None and not append and n_part is None:
+            return run_converter(
+                conv, out, workers=n_workers, strict=strict, overwrite=overwrite, compression=compression,
+                shard_bytes=nbytes, records_per_shard=rps, progress=report, staging_dir=staging_dir,
+            )
+
+        def in_parts(ex: Executor | None) -> ConvertSummary:
+            return convert_in_parts(
+                conv, out, executor=ex, append=append, part_size=n_part,
+                workers=default_workers() if n_workers is None else n_workers, strict=strict, overwrite=overwrite,
+                compression=compression, shard_bytes=nbytes, records_per_shard=rps, progress=report,
+                keep_versions=keep, naming=naming, staging_dir=staging_dir,
+            )
+
+        if scheduler is not None:
+            if executor is not None:
+                raise ConfigError(f"{_label('scheduler', naming)} and {_label('executor', naming)}: give one of them")
+            with dask_executor(scheduler, naming=naming) as dask:
+                return in_parts(dask)
+        if executor is None and not append:  # only part_size given: the parts run on local processes
+            with local_pool(default_workers() if n_workers is None else n_workers) as pool:
+                return in_parts(pool)
+        return in_parts(executor)
+
+    if callable(progress):
+        return run(progress)
+    with progress_bar(conv.progress_unit, f"convert {kind}", disable=None if progress is None else not progress) as bar:
+        return run(bar)

@@ -32,6 +32,8 @@ Destination layout (until the commit)::
     OUT/.shardkit-parts/<plan>/plan.json          the plan (config, input ranges, base version)
     OUT/.shardkit-parts/<plan>/p000003.json       part 3's manifest, written last: the part is done
     OUT/.shardkit-parts/<plan>/p000003-0.shard    its pieces (and its full shards, until moved)
+    OUT/.shardkit-parts/<plan>/p000003-0.npz      field values of its file 0, then its checkpoint
+    OUT/.shardkit-parts/<plan>/p000003-0.json     (the input cursor after that file: a resume starts there)
     OUT/.shardkit-parts/<plan>/p000003.npz        its field values
     OUT/.shardkit-parts/<plan>/progress/p000003   inputs and records decoded so far (the progress bar)
     OUT/<payload>/c/<k>/...                       its full shards, under their final names
@@ -51,7 +53,6 @@ import math
 import os
 import shutil
 import socket
-import stat
 import sys
 import tempfile
 import time
@@ -63,20 +64,20 @@ from typing import Any
 
 import numpy as np
 
-from shardkit.converters.base import Decoder
-from shardkit.converters.pipeline import ProgressFn, Tally, decode_into
+from shardkit.converters.base import Decoder, reason_category
+from shardkit.converters.pipeline import BackgroundWriter, ProgressFn, RecordSink, Tally, decode_into, input_cursor, split_cursor
 from shardkit.errors import ConversionError, NotADatasetError, SchemaError, ShardkitError, WorkerError
 from shardkit.formats import FieldSpec
 from shardkit.formats import jsonvalues as jv
 from shardkit.formats.checksums import FileDigest, read_object
 from shardkit.formats.codecs import RecordCodec, codec_from_json
 from shardkit.formats.commit import Segment, StoredShard
-from shardkit.formats.metadata import encode_json, read_json_object
+from shardkit.formats.metadata import MAX_DOCUMENT_NBYTES, encode_json, read_json_object
 from shardkit.formats.outputs import PARTS_DIR
 from shardkit.formats.publish import put_checked
 from shardkit.formats.spec import MAX_CRC32C, SkippedInput, chunk_key
 from shardkit.formats.writer import ShardWriter
-from shardkit.privdir import DIR_MODE, PrivateDir
+from shardkit.privdir import PrivateDir
 from shardkit.processes import pid_alive
 from shardkit.stores import Store, open_store
 from shardkit.stores.atomic import write_bytes_atomic
@@ -104,6 +105,8 @@ _DEFAULT_PARTS = 64
 _MAX_SHARDS_PER_PART = 16
 #: Progress files are rewritten at most this often (seconds).
 _PROGRESS_EVERY = 1.0
+#: Name of a file on its way to an object store: this prefix, then the pid of the task writing it.
+_PIECE_PREFIX = "shardkit-piece-"
 #: Spills of another plan untouched this long are deleted by the next part on that machine.
 _STALE_SPILL_SECONDS = 24 * 3600.0
 
@@ -176,6 +179,9 @@ class PartJob:
     progress
         Called like a conversion's progress callback with the part's own counts; by default the
         part writes its counts to its progress file in the output.
+    scratch
+        For an object-store output: the directory whose private ``shardkit-upload-<uid>`` holds each
+        file while it is written, before its upload (default: the system temporary directory).
     """
 
     plan: str
@@ -197,6 +203,7 @@ class PartJob:
     durable: bool = True
     staged: bool = False
     progress: ProgressFn | None = None
+    scratch: str | None = None
 
     @property
     def names(self) -> list[str]:
@@ -302,6 +309,19 @@ def _spill_base() -> Path:
         return base.path
 
 
+def _scratch(job: PartJob, *, sweep: bool = False) -> str:
+    """This user's private directory for files on their way to an object store; with ``sweep``, files
+    there that a killed task left (its pid is gone) are deleted first."""
+    parent = Path(job.scratch) if job.scratch is not None else Path(tempfile.gettempdir())
+    with PrivateDir.create(parent / f"shardkit-upload-{os.geteuid()}", what="the staging directory",
+                           advice="Remove it, or choose another --staging-dir", tighten=True) as scratch:
+        for name in os.listdir(scratch.fd) if sweep else []:
+            pid = name[len(_PIECE_PREFIX) :].split("-", 1)[0] if name.startswith(_PIECE_PREFIX) else ""
+            if pid.isdigit() and not pid_alive(int(pid)):
+                scratch.unlink(name)
+        return str(scratch.path)
+
+
 def _remove_stale_spills(base: Path, plan: str) -> None:
     """Spills a killed task left half-written, and other plans' spills untouched for a day."""
     now = time.time()
@@ -347,12 +367,13 @@ class _PartSink:
 
 
 class _SpillWriter(_PartSink):
-    """A :class:`~shardkit.converters.pipeline.RecordSink` that keeps a part's records on local disk."""
+    """A :class:`~shardkit.converters.pipeline.RecordSink` that keeps a part's records on local disk,
+    in files private to this user (``0600``, in the private directory ``spill``)."""
 
-    def __init__(self, job: PartJob, path: Path) -> None:
+    def __init__(self, job: PartJob, spill: PrivateDir) -> None:
         super().__init__(job)
-        self.path = path
-        self._fh = open(path / "records.bin", "wb")  # closed in finish() / abort()
+        self.spill = spill
+        self._fh = os.fdopen(spill.create_file("records.bin"), "wb")  # closed in finish() / abort()
 
     def write(self, batch: dict[str, np.ndarray], cursors: np.ndarray) -> None:
         payload = self._take(batch, int(cursors.shape[0]))
@@ -361,10 +382,10 @@ class _SpillWriter(_PartSink):
 
     def finish(self, tally: Tally) -> None:
         self._fh.close()
-        (self.path / "fields.npz").write_bytes(self._fields_npz())
+        self.spill.write_file("fields.npz", self._fields_npz())
         doc = {"part": self.job.part, "records": self.records_written, "skipped": [s.to_json() for s in self.skipped],
                "notes": dict(tally.notes), "skips": dict(tally.skips)}
-        (self.path / "spill.json").write_text(json.dumps(doc))
+        self.spill.write_file("spill.json", json.dumps(doc).encode())
 
     def abort(self) -> None:
         self._fh.close()
@@ -393,34 +414,35 @@ def count_part(job: PartJob) -> Spilled:
         return Spilled(job.part, done, socket.gethostname(), str(final), worker_name())
     tmp = base / f"{final.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(mode=DIR_MODE)
-    sink = _SpillWriter(job, tmp)
-    try:
-        tally = decode_into(job.decoder, job.items, sink, 0, names=job.names, chunk_size=job.chunk_size,
-                            workers=job.workers, strict=job.strict, progress=_progress(job),
-                            provenance=job.provenance, first_input=job.first)
-        sink.finish(tally)
-    except BaseException:
-        sink.abort()
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with PrivateDir.create(tmp, what="a spill directory", advice="Remove it or set TMPDIR", exclusive=True) as spill:
+        sink = _SpillWriter(job, spill)
+        try:
+            tally = decode_into(job.decoder, job.items, sink, 0, names=job.names, chunk_size=job.chunk_size,
+                                workers=job.workers, strict=job.strict, progress=_progress(job),
+                                provenance=job.provenance, first_input=job.first)
+            sink.finish(tally)
+        except BaseException:
+            sink.abort()
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     shutil.rmtree(final, ignore_errors=True)
     os.rename(tmp, final)
     return Spilled(job.part, sink.records_written, socket.gethostname(), str(final), worker_name())
 
 
 def _read_spill(path: Path, job: PartJob) -> int | None:
-    """The record count of a complete spill of ``job`` at ``path``, or ``None``."""
+    """The record count of a complete spill of ``job`` at ``path``, or ``None`` (also when the directory
+    is not a private one of this user: its records could have been planted)."""
     try:
-        st = os.lstat(path)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-            return None
-        doc = json.loads((path / "spill.json").read_text())
+        with PrivateDir.open(path, what="a spill directory", advice="Remove it") as spill:
+            doc = json.loads(spill.read_file("spill.json", MAX_DOCUMENT_NBYTES))
+            spill.check_file("records.bin")
+            size = os.stat("records.bin", dir_fd=spill.fd, follow_symlinks=False).st_size
         records = int(doc["records"])
-        if doc["part"] != job.part or (path / "records.bin").stat().st_size != records * job.record.nbytes:
+        if doc["part"] != job.part or size != records * job.record.nbytes:
             return None
         return records
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ShardkitError, ValueError, KeyError, TypeError):
         return None
 
 
@@ -428,21 +450,35 @@ def _read_spill(path: Path, job: PartJob) -> int | None:
 class _AlignedWriter(_PartSink):
     """A :class:`~shardkit.converters.pipeline.RecordSink` writing a part's records cut on the global grid.
 
-    Each output file is written locally (in the plan directory of a local output, a temporary file
-    otherwise); when it is closed it goes to its place in the output: under its final chunk key if it
-    is a whole global shard (and the part is not ``staged``), else as a piece in the plan directory
-    for the commit to re-pack or link (re-packed: at most the first and the last file of a part).
+    Each output file is written locally (in the plan directory of a local output, a temporary file in
+    the private scratch directory otherwise); when it is closed it goes to its place in the output:
+    under its final chunk key if it is a whole global shard (and the part is not ``staged``), else as
+    a piece in the plan directory for the commit to re-pack or link (re-packed: at most the first and
+    the last file of a part).
+
+    Checkpoints
+        After each full file, its field values (``p<part>-<i>.npz``) and then a checkpoint
+        (``p<part>-<i>.json``: the file, the input cursor after its last record, the skips before that
+        cursor) are saved next to it. A part killed at any instant is resumed by :meth:`resume` from
+        the cursor of its last intact checkpoint, so a conversion in one part loses at most one shard.
     """
 
-    def __init__(self, job: PartJob, offset: int, store: Store) -> None:
+    def __init__(self, job: PartJob, offset: int, store: Store, *, checkpoints: bool = True) -> None:
         super().__init__(job)
         self.offset = offset
         self.store = store
+        self.checkpoints = checkpoints
         self.pieces: list[dict[str, Any]] = []
         self._writer: Any = None
         self._file: Path | None = None
         self._start = 0  # local record where the open file starts
         self.codec = job.codec
+        #: Input cursor after the last record of the last closed file, and the records restored from checkpoints.
+        self.cursor = 0
+        self.resumed = 0
+        self._open_fields: dict[str, list[np.ndarray]] = {k: [] for k in job.fields}
+        self._saved_skips = 0
+        self._restored_skips = 0
 
     def _open(self) -> None:
         s = self.records_per_shard
@@ -451,14 +487,15 @@ class _AlignedWriter(_PartSink):
         if self.store.is_local:
             self._file = self.store.local_path(key)
         else:
-            fd, name = tempfile.mkstemp(prefix="shardkit-piece-")
+            fd, name = tempfile.mkstemp(prefix=f"{_PIECE_PREFIX}{os.getpid()}-", dir=_scratch(self.job))
             os.close(fd)
             self._file = Path(name)
         self._writer = ShardWriter(self._file, s - g % s, self.job.record, self.codec, durable=self.job.durable)
         self._key = key
         self._start = self.records_written
 
-    def _close(self) -> None:
+    def _close(self, cursor: int | None) -> None:
+        """Put the open file in its place; with the ``cursor`` after its last record, checkpoint it."""
         w, local = self._writer, self._file
         assert local is not None
         sums = w.close()
@@ -477,38 +514,135 @@ class _AlignedWriter(_PartSink):
                 put_checked(self.store, key, local, sums.crc32c)
             finally:
                 local.unlink(missing_ok=True)
-        self.pieces.append({"key": key, "start": self._start, "count": w.count, "capacity": w.capacity,
-                            "nbytes": sums.nbytes, "crc32c": sums.crc32c, "data_crc32c": sums.data_crc32c,
-                            "index_crc32c": sums.index_crc32c})
+        piece = {"key": key, "start": self._start, "count": w.count, "capacity": w.capacity, "nbytes": sums.nbytes,
+                 "crc32c": sums.crc32c, "data_crc32c": sums.data_crc32c, "index_crc32c": sums.index_crc32c,
+                 "tail_crc32c": sums.tail_crc32c}
+        self.pieces.append(piece)
         self._writer = self._file = None
+        values = {name: np.concatenate(self._open_fields[name]) for name in self.job.fields}
+        self._open_fields = {k: [] for k in self.job.fields}
+        for name, v in values.items():
+            self.fields[name].append(v)
+        if cursor is not None and self.checkpoints:
+            self._checkpoint(piece, values, cursor)
+
+    def _checkpoint(self, piece: dict[str, Any], values: dict[str, np.ndarray], cursor: int) -> None:
+        i = len(self.pieces) - 1
+        buffer = io.BytesIO()
+        np.savez(buffer, **values)  # type: ignore[arg-type]  # numpy stubs type **kwds as allow_pickle
+        data = buffer.getvalue()
+        put_checked(self.store, part_key(self.job.plan, self.job.part, f"-{i}.npz"), data)
+        later = next((j for j in range(self._saved_skips, len(self.skipped)) if self.skipped[j].cursor >= cursor),
+                     len(self.skipped))
+        mine = self.skipped[self._saved_skips : later]
+        self._saved_skips = later
+        doc = {"part": self.job.part, "offset": self.offset, "cursor": cursor, "piece": piece,
+               "fields": FileDigest.of(data).to_json(),
+               "skipped": [{**s.to_json(), "cursor": s.cursor} for s in mine]}
+        put_checked(self.store, part_key(self.job.plan, self.job.part, f"-{i}.json"), encode_json(doc))
+        self.cursor = cursor
+
+    def resume(self) -> int:
+        """Continue after the intact checkpoints of an earlier run at this offset; returns the input cursor to
+        decode from (0: from the start). Checkpoints after the first missing or damaged one are deleted."""
+        ndim = 1 + len(self.job.record.shape)
+        while True:
+            key = part_key(self.job.plan, self.job.part, f"-{len(self.pieces)}.json")
+            if not self.store.exists(key):
+                break
+            try:
+                piece, values, cursor, skipped = self._read_checkpoint(key, ndim)
+            except (ShardkitError, OSError, KeyError, TypeError, ValueError) as exc:
+                logger.info("%s: checkpoint not used (%s); the part continues before it", self.store.describe(key), exc)
+                break
+            self.pieces.append(piece)
+            for name, v in values.items():
+                self.fields[name].append(v)
+            self.skipped += skipped
+            self._saved_skips = len(self.skipped)
+            self.records_written += piece["count"]
+            self.cursor = cursor
+        self.resumed = self.records_written
+        self._restored_skips = len(self.skipped)
+        stale = len(self.pieces)
+        while self.store.exists(key := part_key(self.job.plan, self.job.part, f"-{stale}.json")):
+            self.store.delete(key)
+            stale += 1
+        if self.resumed:
+            logger.info("%s: part %d resumes after %d records (input %d of %d)", self.store.url, self.job.part,
+                        self.resumed, split_cursor(self.cursor)[0], len(self.job.items))
+        return self.cursor
+
+    def _read_checkpoint(self, key: str, ndim: int) -> tuple[dict[str, Any], dict[str, np.ndarray], int, list[SkippedInput]]:
+        """A checkpoint, strictly checked: this part at this offset, the next file in order and present with its
+        recorded size, a cursor after the previous one and inside the part, field values of exactly its records."""
+        where = self.store.describe(key)
+        doc = read_json_object(self.store, key)
+        i = len(self.pieces)
+        if jv.integer(doc.get("part"), "part", where) != self.job.part or \
+                jv.integer(doc.get("offset"), "offset", where) != self.offset:
+            raise NotADatasetError(f"{where}: a checkpoint of another part or offset")
+        piece = _parse_piece(doc.get("piece"), i, where, self.records_per_shard, self.job.payload, ndim, self.job.plan,
+                             self.job.part, self.offset, self.records_written, self.job.staged)
+        cursor = jv.integer(doc.get("cursor"), "cursor", where)
+        if not self.cursor < cursor <= input_cursor(len(self.job.items)):
+            raise NotADatasetError(f"{where}: cursor {cursor} is not after {self.cursor} inside the part")
+        skipped = []
+        for raw in jv.array(doc.get("skipped"), "skipped", where):
+            m = jv.mapping(raw, "skipped[]", where)
+            at = jv.integer(m.get("cursor"), "skipped[].cursor", where)
+            if not self.cursor <= at < cursor:
+                raise NotADatasetError(f"{where}: a skip at cursor {at} outside the checkpoint")
+            skipped.append(SkippedInput(jv.string(m.get("path"), "skipped[].path", where),
+                                        jv.string(m.get("reason"), "skipped[].reason", where), at))
+        try:
+            size = self.store.head(piece["key"]).size
+        except FileNotFoundError:
+            size = -1
+        if size != piece["nbytes"]:
+            raise NotADatasetError(f"{self.store.describe(piece['key'])}: missing or changed since its checkpoint")
+        digest = FileDigest.from_json(doc.get("fields"), where=where, what="fields")
+        bound = piece["count"] * sum(spec.nbytes for spec in self.job.fields.values()) + (64 << 10)
+        if digest.nbytes > bound:
+            raise NotADatasetError(f"{where}: field values of {digest.nbytes} bytes, at most {bound} expected")
+        npz = part_key(self.job.plan, self.job.part, f"-{i}.npz")
+        data = read_object(self.store, npz, digest, what="checkpoint field values", max_nbytes=digest.nbytes)
+        return piece, _load_fields(data, self.job.fields, piece["count"], self.store.describe(npz)), cursor, skipped
 
     def write(self, batch: dict[str, np.ndarray], cursors: np.ndarray) -> None:
         k = int(cursors.shape[0])
-        payload = self._take(batch, k)
+        payload = self.job.record.check(self.job.payload, batch[self.job.payload], k)
+        values = {name: spec.check(name, batch[name], k) for name, spec in self.job.fields.items()}
         pos = 0
         while pos < k:
             if self._writer is None:
                 self._open()
             take = min(k - pos, self._writer.capacity - self._writer.count)
             self._writer.append(payload[pos : pos + take])
+            for name, v in values.items():
+                self._open_fields[name].append(v[pos : pos + take])
             self.records_written += take
             pos += take
             if self._writer.full:
-                self._close()
+                self._close(int(cursors[pos - 1]))
+
+    def skip(self, path: str, reason: str, cursor: int) -> None:
+        self.skipped.append(SkippedInput(path, reason, cursor))
 
     def finish(self, tally: Tally, inputs: tuple[int, int]) -> PartManifest:
         """Close the last file, save the field values, then the manifest (last: the part is done)."""
         if self._writer is not None:
             if self._writer.count:
-                self._close()
+                self._close(None)
             else:
                 self.abort()
         data = self._fields_npz()
         put_checked(self.store, part_key(self.job.plan, self.job.part, ".npz"), data)
+        skips = tally.skips + Counter(reason_category(s.reason) for s in self.skipped[: self._restored_skips])
         manifest = PartManifest(
             part=self.job.part, inputs=inputs, offset=self.offset, records=self.records_written,
             pieces=tuple(self.pieces), fields=FileDigest.of(data), skipped=tuple(self.skipped),
-            notes=dict(tally.notes), skips=dict(tally.skips),
+            notes=dict(tally.notes), skips=dict(skips), resumed=self.resumed,
         )
         put_checked(self.store, part_key(self.job.plan, self.job.part, ".json"), encode_json(manifest.to_json()))
         return manifest
@@ -541,6 +675,8 @@ class PartManifest:
         Inputs it skipped, in order.
     notes, skips
         Its notes and skips by category (the summary).
+    resumed
+        Records restored from checkpoints of an earlier run (not in the manifest: what this run did).
     """
 
     part: int
@@ -552,6 +688,7 @@ class PartManifest:
     skipped: tuple[SkippedInput, ...] = ()
     notes: Mapping[str, int] = field(default_factory=dict)
     skips: Mapping[str, int] = field(default_factory=dict)
+    resumed: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -564,7 +701,7 @@ class PartManifest:
                 first_skips: Sequence[SkippedInput] = (), table: int | None = None) -> Segment:
         """The part as a :class:`~shardkit.formats.commit.Segment` of the commit."""
         shards = tuple(StoredShard(store, p["key"], p["count"], p["capacity"], p["nbytes"], p["crc32c"],
-                                   p["data_crc32c"], p["index_crc32c"]) for p in self.pieces)
+                                   p["data_crc32c"], p["index_crc32c"], p["tail_crc32c"]) for p in self.pieces)
         key = part_key(plan, self.part, ".npz")
         digest, count = self.fields, self.records
 
@@ -608,6 +745,24 @@ def read_manifest(store: Store, plan: str, part: int, inputs: tuple[int, int], r
     return m
 
 
+def _parse_piece(raw: Any, i: int, where: str, s: int, payload: str, ndim: int, plan: str, part: int, offset: int,
+                 start: int, staged: bool) -> dict[str, Any]:
+    """File ``i`` of part ``part`` (at record ``offset``), starting at its record ``start``, strictly checked:
+    its key must be exactly the one the part writes there, its numbers bounded."""
+    p = jv.mapping(raw, f"pieces[{i}]", where)
+    piece: dict[str, Any] = {
+        k: jv.integer(p.get(k), f"pieces[{i}].{k}", where, hi=MAX_CRC32C if "crc" in k else None)
+        for k in ("start", "count", "capacity", "nbytes", "crc32c", "data_crc32c", "index_crc32c", "tail_crc32c")
+    }
+    g = offset + piece["start"]
+    whole = piece["count"] == piece["capacity"] == s and g % s == 0 and not staged
+    expected = chunk_key(payload, g // s, ndim) if whole else part_key(plan, part, f"-{i}.shard")
+    if p.get("key") != expected or piece["start"] != start or not 0 < piece["count"] <= piece["capacity"] <= s:
+        raise NotADatasetError(f"{where}: pieces[{i}] is not what part {part} writes there")
+    piece["key"] = expected
+    return piece
+
+
 def _parse_manifest(doc: dict[str, Any], where: str, s: int, payload: str, ndim: int, plan: str,
                     staged: bool) -> PartManifest:
     part = jv.integer(doc.get("part"), "part", where)
@@ -617,17 +772,7 @@ def _parse_manifest(doc: dict[str, Any], where: str, s: int, payload: str, ndim:
     pieces = []
     start = 0
     for i, raw in enumerate(jv.array(doc.get("pieces"), "pieces", where)):
-        p = jv.mapping(raw, f"pieces[{i}]", where)
-        piece: dict[str, Any] = {
-            k: jv.integer(p.get(k), f"pieces[{i}].{k}", where, hi=MAX_CRC32C if "crc" in k else None)
-            for k in ("start", "count", "capacity", "nbytes", "crc32c", "data_crc32c", "index_crc32c")
-        }
-        g = offset + piece["start"]
-        whole = piece["count"] == piece["capacity"] == s and g % s == 0 and not staged
-        expected = chunk_key(payload, g // s, ndim) if whole else part_key(plan, part, f"-{i}.shard")
-        if p.get("key") != expected or piece["start"] != start or not 0 < piece["count"] <= piece["capacity"] <= s:
-            raise NotADatasetError(f"{where}: pieces[{i}] is not what part {part} writes there")
-        piece["key"] = expected
+        piece = _parse_piece(raw, i, where, s, payload, ndim, plan, part, offset, start, staged)
         start += piece["count"]
         pieces.append(piece)
     if start != records:
@@ -645,23 +790,31 @@ def _parse_manifest(doc: dict[str, Any], where: str, s: int, payload: str, ndim:
 def write_part(job: PartJob, offset: int, spilled: Spilled | None = None) -> PartManifest:
     """Write part ``job`` to the output with its first record at global number ``offset`` (see the module docstring).
 
-    Reads the spill :func:`count_part` left when it is on this machine, and decodes the inputs
-    again otherwise (same bytes: decoding is deterministic).
+    Reads the spill :func:`count_part` left when it is on this machine; otherwise decodes the inputs
+    (same bytes: decoding is deterministic), from the last checkpoint an interrupted run left.
     """
     store = _check_reach(job)
-    sink = _AlignedWriter(job, offset, store)
+    if not store.is_local:
+        _scratch(job, sweep=True)
+    replay = spilled is not None and spilled.host == socket.gethostname() and _read_spill(Path(spilled.path), job) is not None
+    sink = _AlignedWriter(job, offset, store, checkpoints=not replay)
+    writer = BackgroundWriter(sink)
     try:
-        if spilled is not None and spilled.host == socket.gethostname() and _read_spill(Path(spilled.path), job) is not None:
-            tally = _replay_spill(Path(spilled.path), job, sink)
+        if spilled is not None and replay:
+            tally = _replay_spill(Path(spilled.path), job, writer)
         else:
             if spilled is not None:
                 logger.info("part %d: its spill is on %s, not here (%s): decoding it again", job.part, spilled.host,
                             worker_name())
-            tally = decode_into(job.decoder, job.items, sink, 0, names=job.names, chunk_size=job.chunk_size,
+            start = sink.resume()
+            writer.records_written = sink.records_written
+            tally = decode_into(job.decoder, job.items, writer, start, names=job.names, chunk_size=job.chunk_size,
                                 workers=job.workers, strict=job.strict, progress=_progress(job),
                                 provenance=job.provenance, first_input=job.first)
+        writer.drain()
         manifest = sink.finish(tally, (job.first, job.first + len(job.items)))
     except BaseException:
+        writer.stop()
         sink.abort()
         raise
     if spilled is not None and spilled.host == socket.gethostname():
@@ -669,7 +822,7 @@ def write_part(job: PartJob, offset: int, spilled: Spilled | None = None) -> Par
     return manifest
 
 
-def _replay_spill(path: Path, job: PartJob, sink: _AlignedWriter) -> Tally:
+def _replay_spill(path: Path, job: PartJob, sink: RecordSink) -> Tally:
     """Feed a spill's records, fields and skips to ``sink`` (in batches of about one shard)."""
     doc = json.loads((path / "spill.json").read_text())
     n = int(doc["records"])

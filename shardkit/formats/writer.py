@@ -8,8 +8,7 @@ and on :meth:`DatasetWriter.close` writes the field arrays, the zarr array docum
 root group document that lists every shard. Until that last rename the directory is recognisably
 incomplete (``IncompleteDatasetError`` on open).
 
-The writer knows nothing of resuming. A producer that wants to (a conversion, see
-:mod:`shardkit.converters.staging`) keeps its own records through the ``on_shard`` callback, which
+The writer knows nothing of resuming. A producer that wants to keeps its own records through the ``on_shard`` callback, which
 hands over each completed shard with its field values, and starts a later writer after those shards
 with ``start``: shards are then cut at the same record boundaries as in one uninterrupted write.
 """

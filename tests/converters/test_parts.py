@@ -248,17 +248,18 @@ def test_sampler_proof_on_appended_and_merged_datasets(tmp_path: Path, keyed_kin
     assert item_position_pvalue(orders) > ALPHA
 
 
-def test_a_hostile_manifest_is_not_trusted(tmp_path: Path) -> None:
+def test_a_hostile_manifest_is_not_trusted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     src = class_corpus(tmp_path / "corpus", ["landscape"])
     out = tmp_path / "out"
 
-    def stop_after_parts(done: int, total: int, records: int) -> None:
-        if done == total:
-            raise KeyboardInterrupt
+    def stop_after_parts(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt  # every part is written, the commit does not start
 
-    with pytest.raises(KeyboardInterrupt):
-        shardkit.convert(src, out, size=16, records_per_shard=3, part_size=4, workers=1, executor=InlineExecutor(),
-                         progress=stop_after_parts)
+    from shardkit.converters import partrun
+
+    with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):
+        m.setattr(partrun, "commit", stop_after_parts)
+        shardkit.convert(src, out, size=16, records_per_shard=3, part_size=4, workers=1, executor=InlineExecutor())
     manifests = sorted(out.glob(".shardkit-parts/*/p000000.json"))
     assert manifests
     doc = json.loads(manifests[0].read_text())
@@ -415,3 +416,55 @@ def test_cli_part_size_converts_in_parts_and_a_plain_rerun_names_the_parts(tmp_p
     res = run_cli("convert", str(src), "-o", str(out), "--size", "16", "--shard-size", "2304B", "-q")
     assert res.returncode != 0 and "interrupted conversion in parts" in res.stderr
     assert tree_digest(out) == before
+
+
+def test_every_shard_of_a_conversion_in_parts_and_its_append_records_its_tail(tmp_path: Path) -> None:
+    # Shards written by parts (in place, linked, re-packed) and by an append's commit all carry
+    # tail_crc32c, so two swapped shards of such a dataset are refused on open like any other's.
+    from shardkit.errors import ChecksumError
+    from shardkit.formats import Dataset
+
+    out = tmp_path / "parts"
+    s = shardkit.convert(class_corpus(tmp_path / "c1", ["landscape", "object"]), out, size=16, records_per_shard=3,
+                         part_size=4, workers=1)
+    assert s.parts > 1 and s.commit is not None and s.commit.shards_in_place and s.commit.shards_repacked
+    shardkit.convert(class_corpus(tmp_path / "c2", ["plant"]), out, size=16, part_size=3, workers=1, append=True)
+    shards = open_dataset(out).meta.shards
+    assert len(shards) > 4 and all(info.tail_crc32c is not None for info in shards)
+    a, b = (out / shards[0].path).read_bytes(), (out / shards[1].path).read_bytes()
+    assert len(a) == len(b)
+    (out / shards[0].path).write_bytes(b)
+    (out / shards[1].path).write_bytes(a)
+    with Dataset(out) as ds, pytest.raises(ChecksumError, match="not the dataset's shard"):
+        ds.payload.read([0])
+
+
+def test_a_spill_that_is_not_private_is_not_reused(tmp_path: Path) -> None:
+    # A complete spill is reused only from a private (0700) directory of this user, checked through
+    # shardkit.privdir: records planted in a directory others can write are decoded again instead.
+    from shardkit.converters.parts import PartJob, _read_spill
+    from shardkit.formats import FieldSpec
+
+    job = PartJob(plan="p", part=3, first=0, items=[], decoder=None, src="", out="",  # type: ignore[arg-type]
+                  payload="x", record=FieldSpec((4,), "uint8"), fields={}, records_per_shard=2, compression=None)
+    spill = tmp_path / "spill"
+    spill.mkdir(mode=0o700)
+    os.chmod(spill, 0o700)
+    (spill / "spill.json").write_text(json.dumps({"part": 3, "records": 5}))
+    (spill / "records.bin").write_bytes(bytes(20))
+    for f in ("spill.json", "records.bin"):
+        os.chmod(spill / f, 0o600)
+    assert _read_spill(spill, job) == 5
+    os.chmod(spill / "records.bin", 0o644)  # a file others may have written
+    assert _read_spill(spill, job) is None
+    os.chmod(spill / "records.bin", 0o600)
+    os.chmod(spill, 0o755)
+    assert _read_spill(spill, job) is None
+    os.chmod(spill, 0o700)
+    (tmp_path / "link").symlink_to(spill)
+    assert _read_spill(tmp_path / "link", job) is None
+    (spill / "records.bin").unlink()
+    (spill / "records.bin").symlink_to(tmp_path / "elsewhere.bin")
+    (tmp_path / "elsewhere.bin").write_bytes(bytes(20))
+    os.chmod(tmp_path / "elsewhere.bin", 0o600)
+    assert _read_spill(spill, job) is None

@@ -71,8 +71,8 @@ def test_resume_after_sigkill_matches_uninterrupted(corpus: Path, tmp_path: Path
     proc = subprocess.run([sys.executable, "-c", KILLER % shard_bytes, str(corpus), str(out), "30"],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == -9, proc.stderr
-    staged = sorted((out / ".shardkit-staging").glob("shard-*.json"))
-    assert len(staged) >= 3  # several shards completed before the kill
+    checkpoints = sorted(out.glob(".shardkit-parts/*/p000000-*.json"))
+    assert len(checkpoints) >= 3  # several shards completed (and checkpointed) before the kill
     with pytest.raises(shardkit.errors.IncompleteDatasetError):
         open_dataset(out)
     resumed = shardkit.convert(corpus, out, size=24, workers=2, shard_bytes=shard_bytes)

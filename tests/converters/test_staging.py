@@ -1,5 +1,6 @@
-"""Resume and the output directory: killed at every step, relative/absolute paths, never deleting a user's
-directory, refusing to mix conversions."""
+"""Resume of a conversion in one process (one part with a checkpoint per shard) and the output directory:
+killed at every step, relative/absolute paths, never deleting a user's directory, refusing to mix
+conversions, and what an earlier shardkit's staging directory gets."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ import numpy as np
 import pytest
 
 import shardkit
-from shardkit.converters.staging import STAGING_DIR, Staging, clear_output
 from shardkit.errors import ConversionError, IncompleteDatasetError
-from shardkit.formats import FieldSpec, open_dataset, verify
+from shardkit.formats import open_dataset, verify
+from shardkit.formats.outputs import STAGING_DIR, clear_output
 from tests.converters.fault_injection import inject
 from tests.helpers.corpora import interrupt_after, make_imagefolder
 
@@ -49,8 +50,8 @@ def _assert_all_resumed(report: dict, min_steps: int) -> None:
 
 
 def test_killed_after_every_step_the_same_command_resumes_byte_identical(tmp_path: Path) -> None:
-    # Images: scan skips + decode skips, 4 records per shard; every file-system step of the run,
-    # from creating the output directory to removing the staging area after the commit.
+    # Images: scan skips + decode skips, 3 records per shard; every file-system step of the run,
+    # from creating the output directory to removing the plan directory after the commit.
     src = _real_subset(tmp_path / "corpus", per_class=2)
     report = _inject({"src": str(src), "out": str(tmp_path / "out"),
                       "kwargs": {"size": 16, "records_per_shard": 3, "workers": 1}})
@@ -75,8 +76,8 @@ def test_killed_twice_inside_audio_windows_resumes_byte_identical(tmp_path: Path
 
 
 def test_staging_directory_without_its_config_is_started_afresh(tmp_path: Path) -> None:
-    # The repro of a kill between creating the staging directory and writing its config:
-    # mkdir -p o/.shardkit-staging && shardkit convert SRC -o o
+    # An earlier shardkit killed between creating its staging directory and writing its config:
+    # mkdir -p o/.shardkit-staging && shardkit convert SRC -o o (nothing was staged: it is removed)
     src = DATASETS / "imagefolder"
     out = tmp_path / "o"
     (out / STAGING_DIR).mkdir(parents=True)
@@ -170,15 +171,20 @@ def test_foreign_directories_are_refused_and_never_cleared(corpus: Path, tmp_pat
         clear_output(tmp_path / "home" / "thesis.tex")
 
 
-def test_an_unreadable_staging_record_means_that_shard_is_redone(corpus: Path, tmp_path: Path) -> None:
+def _checkpoints(out: Path) -> list[Path]:
+    """The shard checkpoints of the one part of an interrupted conversion in one process."""
+    return sorted(out.glob(".shardkit-parts/*/p000000-[0-9]*.json"), key=lambda p: int(p.stem.split("-")[1]))
+
+
+def test_an_unreadable_checkpoint_means_that_shard_is_redone(corpus: Path, tmp_path: Path) -> None:
     kw = dict(size=16, workers=1, records_per_shard=3)
     with pytest.raises(KeyboardInterrupt):
         shardkit.convert(corpus, tmp_path / "out", progress=interrupt_after(16), **kw)
     with pytest.raises(IncompleteDatasetError):
         open_dataset(tmp_path / "out")
-    staged = sorted((tmp_path / "out" / STAGING_DIR).glob("shard-*.json"))
+    staged = _checkpoints(tmp_path / "out")
     assert len(staged) >= 3
-    (tmp_path / "out" / STAGING_DIR / "fields-000001.npz").write_bytes(b"truncated by a power cut")
+    staged[1].with_suffix(".npz").write_bytes(b"truncated by a power cut")
     resumed = shardkit.convert(corpus, tmp_path / "out", **kw)
     assert resumed.records_this_run == resumed.records - 3  # shard 0 kept, everything from shard 1 redone
     ref = shardkit.convert(corpus, tmp_path / "ref", **kw)
@@ -188,30 +194,35 @@ def test_an_unreadable_staging_record_means_that_shard_is_redone(corpus: Path, t
     assert ref.records == resumed.records
 
 
-def test_staging_refuses_a_staged_config_it_cannot_read(tmp_path: Path) -> None:
+@pytest.mark.parametrize("doc", ['{"previous": "format"}', "[1, 2"])
+def test_an_earlier_shardkits_staging_directory_is_named_and_overwrite_starts_fresh(corpus: Path, tmp_path: Path,
+                                                                                   doc: str) -> None:
+    # A conversion an earlier shardkit interrupted (its staging config written, readable or not): this
+    # version cannot resume it, says so and what to do, and changes nothing; --overwrite starts fresh.
     out = tmp_path / "out"
     (out / STAGING_DIR).mkdir(parents=True)
-    (out / STAGING_DIR / "config.json").write_text("[1, 2")
-    staging = Staging(out, {"a": 1}, "image", {"label": FieldSpec((), "int64")})
-    with pytest.raises(ConversionError, match="unreadable staging config"):
-        staging.begin()
-    assert staging.begin(overwrite=True) == [] and (out / STAGING_DIR / "config.json").is_file()
+    (out / STAGING_DIR / "config.json").write_text(doc)
+    with pytest.raises(ConversionError, match=r"interrupted conversion by an earlier shardkit .*--overwrite"):
+        shardkit.convert(corpus, out, size=16, workers=1)
+    assert sorted(p.name for p in out.iterdir()) == [STAGING_DIR]
+    shardkit.convert(corpus, out, size=16, workers=1, overwrite=True)
+    assert not (out / STAGING_DIR).exists() and verify(out).ok
 
 
-def test_a_full_disk_while_staging_names_the_file_and_the_rerun_resumes(corpus: Path, tmp_path: Path,
+def test_a_full_disk_while_checkpointing_names_the_file_and_the_rerun_resumes(corpus: Path, tmp_path: Path,
                                                                       monkeypatch) -> None:
     import errno
 
     real = os.write
 
     def full_at_second_record(fd: int, data) -> int:
-        if os.readlink(f"/proc/self/fd/{fd}").endswith("fields-000001.npz.partial"):
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("p000000-1.npz.partial"):
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(fd, data)
 
     kw = dict(size=16, workers=1, records_per_shard=4)
     monkeypatch.setattr(os, "write", full_at_second_record)
-    with pytest.raises(shardkit.errors.OutOfSpaceError, match=r"fields-000001\.npz: no space left on device"):
+    with pytest.raises(shardkit.errors.OutOfSpaceError, match=r"p000000-1\.npz: no space left on device"):
         shardkit.convert(corpus, tmp_path / "out", **kw)
     monkeypatch.setattr(os, "write", real)
     assert not list((tmp_path / "out").rglob("*.partial"))
