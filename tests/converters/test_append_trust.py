@@ -62,8 +62,8 @@ def _at(monkeypatch: pytest.MonkeyPatch, point: str, action: Callable[[], None])
     else:
         real_close = parts._AlignedWriter._close
 
-        def close(self: parts._AlignedWriter) -> None:
-            real_close(self)
+        def close(self: parts._AlignedWriter, cursor: int | None) -> None:
+            real_close(self, cursor)
             once()
 
         monkeypatch.setattr(parts._AlignedWriter, "_close", close)
