@@ -1,6 +1,6 @@
 """The statistics the order tests share: one implementation of the item x position chi-square.
 
-Every test of an emitted order (tests/readers, tests/adapters, tests/benchmarks) scores it with
+Every test of an emitted order (tests/readers, tests/order, tests/serve, tests/adapters, tests/benchmarks) scores it with
 :func:`item_position_chi2`, which is ``benchmarks/order_metrics.uniformity_chi2``: the Pearson
 statistic of the item x position table summed over epochs, scaled by ``(N - 1) / N``, against
 chi-square with ``(N - 1)^2`` degrees of freedom. The scaling matters: rows of a permutation matrix

@@ -22,13 +22,13 @@ from shardkit.readers import TieredSampler, epoch_permutation
 from tests.helpers.order_stats import ALPHA, item_position_pvalue
 from tests.helpers.sampler_data import collect, epochs_of, make_dataset
 
-# tests/readers/test_shared.py imports the statistic under this name.
+# tests/serve/test_shared.py imports the statistic under this name.
 _item_position_pvalue = item_position_pvalue
 
 # (tiers, ram_size, ssd_size): RAM blocks of 2-3 records, SSD reservoirs of 4-5 records, so every
 # epoch crosses several reservoir and block boundaries. The static cache is off: these tests prove
 # the uncached contract (every record read once per epoch); a budget that covers a tiny dataset
-# would otherwise cache it whole (tests/readers/test_block_schedule.py proves the cached stacks).
+# would otherwise cache it whole (tests/order/test_block_schedule.py proves the cached stacks).
 STACKS = {
     "ram": dict(tiers="ram", ram_size="6records", static_cache=0),
     "ram+ssd": dict(tiers="ram,ssd", ram_size="4records", ssd_size="10records", static_cache=0),

@@ -46,7 +46,7 @@ def _run_jobs(ds: Path, tmp_path: Path, world: int, epochs: int, cache: int, ram
     procs = []
     for r in range(world):
         out = tmp_path / f"job{r}.json"
-        args = [sys.executable, "-m", "tests.readers.node_job", str(ds), str(out), "--rank", str(r), "--world",
+        args = [sys.executable, "-m", "tests.tiers.node_job", str(ds), str(out), "--rank", str(r), "--world",
                 str(world), "--epochs", str(epochs), "--cache", str(cache), "--ram", str(ram), "--barrier", str(barrier)]
         procs.append((subprocess.Popen([*args, *(["--kill"] if kill else [])], cwd=REPO, env=env), out))
     results = []

@@ -40,7 +40,7 @@ def name() -> str:
 
 
 def _job(name: str, out: Path, seed: int, epochs: int, batch: int, **extra: object) -> subprocess.Popen[bytes]:
-    args = [sys.executable, "-m", "tests.readers.shared_job", name, str(out), "--job-seed", str(seed),
+    args = [sys.executable, "-m", "tests.serve.shared_job", name, str(out), "--job-seed", str(seed),
             "--epochs", str(epochs), "--batch", str(batch)]
     for k, v in extra.items():
         args += [f"--{k.replace('_', '-')}", str(v)]
