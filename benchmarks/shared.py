@@ -22,14 +22,24 @@ an epoch (about 0 for independent jobs; ``(N^2 - K^2) / (N^2 - 1)`` for jobs sha
 ring holds reservoirs of ``K`` records: the cost of sharing, see the README).
 
 ``--quick`` runs a small configuration (600 records, jobs 1 and 2, one epoch) as a smoke test.
+``--before TREE --rounds N`` runs every configuration with this tree's shardkit and with the one in
+``TREE`` (e.g. a checkout of an earlier version), alternating which goes first, ``N`` rounds, each run
+in its own process, and prints the medians side by side with their spread (after / before per row).
+``--server-tiers ram,ssd`` gives the server an SSD tier (``--ssd-size``, in a private directory under
+``/dev/shm`` or ``--ssd-dir``); it is a run of this tree only when the other tree's server had no SSD tier.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
 import os
 import platform
+import statistics
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -99,10 +109,10 @@ def shared_job(name: str, seed: int, epochs: int, batch: int, step: float, q: An
     _consume(s, q, start, step)
 
 
-def server_proc(path: str, name: str, k: int, epochs: int, ram: str, q: Any) -> None:
+def server_proc(path: str, name: str, k: int, epochs: int, ram: str, q: Any, tiers: dict[str, Any]) -> None:
     from shardkit.readers import serve
 
-    srv = serve(path, name=name, ram_size=ram, slots=3, epochs=epochs, wait_for=k, seed=99)
+    srv = serve(path, name=name, ram_size=ram, slots=3, epochs=epochs, wait_for=k, seed=99, **tiers)
     q.put({"disk": srv.stats.disk.bytes_read, "epochs": srv.epochs_served, "slot_records": srv.slot_records})
 
 
@@ -112,7 +122,7 @@ def device_read_bytes() -> int:
 
 
 def run_config(path: Path, mode: str, k: int, epochs: int, ram: str, batch: int, evict: bool,
-               step: float = 0.0) -> dict[str, Any]:
+               step: float = 0.0, tiers: dict[str, Any] | None = None) -> dict[str, Any]:
     ctx = mp.get_context("fork")
     q: Any = ctx.Queue()
     start = ctx.Event()
@@ -122,7 +132,7 @@ def run_config(path: Path, mode: str, k: int, epochs: int, ram: str, batch: int,
     sq: Any = ctx.Queue()
     name = f"bench-{os.getpid()}-{k}"
     if mode == "shared":
-        server = ctx.Process(target=server_proc, args=(str(path), name, k, epochs, ram, sq))
+        server = ctx.Process(target=server_proc, args=(str(path), name, k, epochs, ram, sq, tiers or {}))
         server.start()
         for j in range(k):
             procs.append(ctx.Process(target=shared_job, args=(name, j + 1, epochs, batch, step, q, start)))
@@ -196,6 +206,57 @@ def spearman_cell(r: dict[str, Any], n: int) -> str:
     return f"{r['spearman']:.4f} (K = {k}: (N²-K²)/(N²-1) = {(n * n - k * k) / (n * n - 1):.4f})"
 
 
+def server_tiers(args: argparse.Namespace, scratch: str) -> dict[str, Any]:
+    if args.server_tiers == "ram":
+        return {}
+    return {"tiers": args.server_tiers, "ssd_size": args.ssd_size, "ssd_dir": args.ssd_dir or scratch}
+
+
+def run_all(path: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every configuration of one pass (independent and shared for each job count), printed as it ends."""
+    rows = []
+    with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as scratch:
+        for evict in ([False, True] if args.evict else [False]):
+            for k in [int(x) for x in args.jobs.split(",")]:
+                for mode in ("independent", "shared"):
+                    r = run_config(path, mode, k, args.epochs, args.ram_size, args.batch, evict, args.step_ms / 1e3,
+                                   server_tiers(args, scratch) if mode == "shared" else None)
+                    r["evict"] = evict
+                    rows.append(r)
+                    print(f"  {mode:<11} k={k}: {r['requested'] / 1e9:.2f} GB requested, {r['device'] / 1e9:.2f} GB "
+                          f"device, rates {[round(x) for x in r['rates']]}, wall {r['wall']:.1f} s", file=sys.stderr,
+                          flush=True)
+    return rows
+
+
+def compare(path: Path, args: argparse.Namespace) -> None:
+    """``--before``: each round runs this tree and ``args.before`` in fresh processes, alternating the order."""
+    trees = {"after": str(HERE.parent), "before": args.before}
+    passthrough = [a for a in sys.argv[1:] if a not in ("--before", args.before)]
+    runs: dict[str, list[list[dict[str, Any]]]] = {t: [] for t in trees}
+    for r in range(args.rounds):
+        for t in (("after", "before") if r % 2 == 0 else ("before", "after")):
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join([trees[t], str(HERE)])}
+            print(f"round {r + 1}: {t}", file=sys.stderr, flush=True)
+            out = subprocess.run([sys.executable, __file__, *passthrough, "--rounds", "1", "--json"], env=env,
+                                 check=True, stdout=subprocess.PIPE, text=True, timeout=7200)
+            runs[t].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    print(f"{args.rounds} rounds, medians (min-max) of records/s per job (mean over the round's jobs); "
+          "requested bytes per configuration")
+    print("| evicted | jobs | mode | before records/s | after records/s | after / before | requested before | "
+          "requested after |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|")
+    for i, row in enumerate(runs["after"][0]):
+        cells = {}
+        for t in trees:
+            rates = [float(np.mean(rs[i]["rates"])) for rs in runs[t]]
+            cells[t] = (statistics.median(rates), min(rates), max(rates), statistics.median(rs[i]["requested"]
+                                                                                            for rs in runs[t]))
+        b, a = cells["before"], cells["after"]
+        print(f"| {'yes' if row['evict'] else 'no'} | {row['k']} | {row['mode']} | {b[0]:,.0f} ({b[1]:,.0f}-{b[2]:,.0f}) "
+              f"| {a[0]:,.0f} ({a[1]:,.0f}-{a[2]:,.0f}) | {a[0] / b[0]:.2f} | {b[3] / 1e9:.2f} GB | {a[3] / 1e9:.2f} GB |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--records", type=int, default=10_000, help="dataset size (10,000 x 150 KB = 1.5 GB)")
@@ -207,6 +268,12 @@ def main() -> None:
     ap.add_argument("--step-ms", type=float, default=0.0,
                     help="sleep per batch in every job: an accelerator step (time passes, the CPU is free)")
     ap.add_argument("--quick", action="store_true", help="smoke test: 600 records, 24MiB ring, jobs 1,2, one epoch")
+    ap.add_argument("--before", help="a shardkit tree to compare with, configuration by configuration")
+    ap.add_argument("--rounds", type=int, default=1, help="with --before: rounds (medians and spread reported)")
+    ap.add_argument("--server-tiers", default="ram", help="the server's tiers: ram or ram,ssd")
+    ap.add_argument("--ssd-size", default="768MiB", help="with --server-tiers ram,ssd: the server's SSD tier")
+    ap.add_argument("--ssd-dir", help="with --server-tiers ram,ssd: where (default a private directory in /dev/shm)")
+    ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.quick:
         args.records, args.epochs, args.ram_size, args.jobs = 600, 1, "24MiB", "1,2"
@@ -215,19 +282,17 @@ def main() -> None:
           f"load {os.getloadavg()}; date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(f"dataset: {args.records} records x {REC} B = {args.records * REC / 1e9:.2f} GB; epochs per job {args.epochs}; "
           f"ram {args.ram_size}; batch {args.batch}; step {args.step_ms} ms per batch")
+    if args.before:
+        compare(path, args)
+        return
+    rows = run_all(path, args)
+    if args.json:
+        print(json.dumps([{k: v for k, v in r.items() if k != "keys"} for r in rows]))
+        return
     for evict in ([False, True] if args.evict else [False]):
-        rows = []
-        for k in [int(x) for x in args.jobs.split(",")]:
-            for mode in ("independent", "shared"):
-                r = run_config(path, mode, k, args.epochs, args.ram_size, args.batch, evict, args.step_ms / 1e3)
-                rows.append(r)
-                print(f"  {mode:<11} k={k}: {r['requested'] / 1e9:.2f} GB requested, {r['device'] / 1e9:.2f} GB device, "
-                      f"rates {[round(x) for x in r['rates']]}, wall {r['wall']:.1f} s", flush=True)
-        print()
         print("page cache evicted every 0.2 s (dataset >> RAM emulation)" if evict else "page cache dropped before each configuration")
-        print(table(rows, args.records, args.epochs))
+        print(table([r for r in rows if r["evict"] == evict], args.records, args.epochs))
         print()
-
 
 if __name__ == "__main__":
     main()
