@@ -30,6 +30,7 @@ numbers. Prints markdown tables; the numbers go to benchmarks/RESULTS.md.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import mmap
 import os
@@ -85,8 +86,14 @@ def scan(ds_path: Path, cold: bool) -> dict[str, float]:
 # ---------------------------------------------------------------------------------------------- one run
 def worker(cfg: dict[str, Any]) -> dict[str, Any]:
     """One sampler configuration in this (fresh) process; see :func:`run`."""
-    from shardkit.order import schedule
+    import shardkit
     from shardkit.readers import TieredSampler
+
+    # The schedule module of the tree under test (it moved from readers/ to order/); an import by the new
+    # name from an older tree could resolve through the editable install into another tree.
+    tree = Path(shardkit.__file__).parent
+    schedule = importlib.import_module("shardkit.order.schedule" if (tree / "order").is_dir() else "shardkit.readers.schedule")
+    assert Path(schedule.__file__).is_relative_to(tree), schedule.__file__
 
     path, batch = Path(cfg["path"]), cfg["batch"]
     kw: dict[str, Any] = {"batch_size": batch, "epochs": 1, "seed": 0}
