@@ -95,16 +95,6 @@ class PayloadOptions:
                 f"{where}: layout='NCHW' needs image records of shape (H, W, C), found {record_shape}"
             )
 
-    def shape(self, record_shape: tuple[int, ...]) -> tuple[int, ...]:
-        """Per-record payload shape after the layout change."""
-        if self.layout == "NCHW":
-            h, w, c = record_shape
-            return (c, h, w)
-        return tuple(record_shape)
-
-    def dtype(self, stored: np.dtype) -> np.dtype:
-        return np.dtype(np.float32) if self.scale == "float" else np.dtype(stored)
-
     def factor(self, stored: np.dtype) -> float:
         """Multiplier applied after the cast to float32."""
         stored = np.dtype(stored)

@@ -256,7 +256,6 @@ class ShardIterableDataset(_TorchIterableDataset):
         return self.factory.build(self.source, consumer=self.rank * workers, num_consumers=self.world_size * workers,
                                   start_epoch=start_epoch, workers_per_rank=workers, nodes=self.nodes)
 
-    # ------------------------------------------------------------------ consumers
     def _rank_world(self) -> tuple[int, int]:
         rank, world = self._explicit
         found = _distributed_rank_world()
@@ -283,7 +282,6 @@ class ShardIterableDataset(_TorchIterableDataset):
         rank, world = self._rank_world() if _distributed_rank_world() else (self.rank, self.world_size)
         return rank * workers + worker, world * workers, workers
 
-    # ------------------------------------------------------------------ epochs and resume
     @property
     def epoch(self) -> int:
         """The epoch the next pass starts with."""
@@ -381,22 +379,20 @@ class ShardIterableDataset(_TorchIterableDataset):
                 sampler.close()
         return {**template, "epoch": int(epoch), "position": int(position), "start_epoch": int(epoch)}
 
-    # ------------------------------------------------------------------ iteration
     def __len__(self) -> int:
         """Batches (records when ``unbatched``) this rank's main process receives per pass, with
         :attr:`num_workers` workers; endless passes (``epochs=None``) have no length."""
         if self.options.epochs is None:
             raise TypeError(f"{self.path}: an endless pass (epochs=None) has no len()")
         workers = max(1, self.num_workers)
-        total = 0
-        for w in range(workers):
-            batches, records = pass_length(
+        return sum(
+            pass_length(
                 self.num_records, self.options.batch_size, self.rank * workers + w, self.world_size * workers,
                 drop_last=self.options.drop_last, start=self._resume_position(self.epoch),
                 epochs=self.options.epochs, limit=self.options.limit,
-            )  # fmt: skip
-            total += records if self.unbatched else batches
-        return total
+            )[1 if self.unbatched else 0]
+            for w in range(workers)
+        )  # fmt: skip
 
     def __iter__(self) -> Iterator[TensorDict]:
         consumer, consumers, workers = self._consumer()
