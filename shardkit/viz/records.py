@@ -51,9 +51,7 @@ def _class_name(ds: Dataset, field: str, value: int) -> str:
 
 def _caption(ds: Dataset, batch: Batch, i: int) -> str:
     key = int(batch["key"][i])
-    if "label" not in batch:
-        return f"#{key}"
-    return f"#{key}  {_class_name(ds, 'label', int(batch['label'][i]))}"
+    return f"#{key}  {_class_name(ds, 'label', int(batch['label'][i]))}" if "label" in batch else f"#{key}"
 
 
 def file_stem(ds: Dataset, batch: Batch, i: int) -> str:
