@@ -1,10 +1,5 @@
-"""Batches handed from a DataLoader worker to the main process by handle instead of by copy.
-
-A tensor whose storage already is shared memory travels through the DataLoader's pipe as a file
-descriptor, so a worker's batch buffers are shared memory (:class:`SharedBatchMemory`) and records
-are read straight into them. Two counters in each buffer (sent by the worker, :class:`SharedBatch`;
-released by the main process) tell the pool when it may reuse the buffer (docs/design.md §6).
-"""
+"""Batches handed from a DataLoader worker to the main process as shared-memory file descriptors
+instead of copies; two counters per buffer (sent, released) say when it may be reused (docs/design.md §6)."""
 
 from __future__ import annotations
 
@@ -35,14 +30,8 @@ def _counters(owner: np.ndarray) -> np.ndarray:
 
 
 class SharedBatchMemory:
-    """A :class:`~shardkit.tiers.buffers.BufferMemory` of shared-memory buffers for a DataLoader worker.
-
-    Parameters
-    ----------
-    extra_hold
-        Batches the main process may hold at once besides the worker's own (the DataLoader's
-        ``prefetch_factor``, the one the training step uses, one in the pin-memory thread).
-    """
+    """A :class:`~shardkit.tiers.buffers.BufferMemory` of shared-memory buffers for a DataLoader worker;
+    ``extra_hold`` is how many batches the main process may hold at once besides the worker's own."""
 
     def __init__(self, extra_hold: int) -> None:
         self.extra_hold = int(extra_hold)
@@ -98,13 +87,9 @@ def _rebuild(
 
 
 class SharedBatch(dict[str, "torch.Tensor"]):
-    """A worker's batch of tensors whose payload views a :class:`SharedBatchMemory` buffer.
-
-    It is the plain dict of tensors a ``collate_fn`` expects; pickling it (the DataLoader's
-    hand-over to the main process) sends the buffer's file descriptor and counts the batch as
-    sent, and unpickling gives a plain dict of tensors again. If the payload entry was replaced
-    (a ``collate_fn`` that transforms it), the batch travels as an ordinary dict.
-    """
+    """A worker's dict of tensors whose payload views a :class:`SharedBatchMemory` buffer; pickling it
+    sends the buffer's file descriptor and counts a send, unpickling gives a plain dict. A batch whose
+    payload a ``collate_fn`` replaced travels as an ordinary dict."""
 
     def __init__(self, tensors: dict[str, torch.Tensor], payload: str, array: np.ndarray) -> None:
         super().__init__(tensors)

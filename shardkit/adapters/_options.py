@@ -1,11 +1,5 @@
 """What both adapters share: how a consumer's sampler is built, and how payload is presented.
-
-The adapters only *present* the sampler's batches; everything that decides which record goes where
-lives in :mod:`shardkit.readers`: the options and their checks in
-:class:`~shardkit.readers.SamplerOptions`, the global-batch arithmetic for ``len`` and resume in
-:mod:`shardkit.order.schedule`, and the interface they consume in
-:class:`~shardkit.readers.Sampler`.
-"""
+Which record goes where is decided in :mod:`shardkit.readers` and :mod:`shardkit.order.schedule`."""
 
 from __future__ import annotations
 
@@ -30,19 +24,9 @@ SCALES = (None, "float")
 
 @dataclass(frozen=True)
 class SamplerFactory:
-    """Builds the sampler of one consumer: the user's options, and which sampler reads.
-
-    Attributes
-    ----------
-    options
-        The sampler options the user chose (validated once, by :class:`~shardkit.readers.SamplerOptions`).
-        The consumer index and count in it are replaced per consumer: each adapter works them out
-        where it runs (a DataLoader worker, a torchrun rank, a tf.distribute input pipeline).
-    shared
-        Name of a running ``shardkit serve`` to attach to instead of reading the dataset alone
-        (:class:`~shardkit.readers.SharedSampler`); ``options.seed`` then seeds this job's own
-        order. Only ``mode="epoch"`` without ``limit``.
-    """
+    """Builds the sampler of one consumer from the user's ``options`` (whose consumer index and count
+    are replaced per consumer), reading alone or attached to the ``shardkit serve`` named ``shared``
+    (``options.seed`` then seeds this job's order; only ``mode="epoch"`` without ``limit``)."""
 
     options: SamplerOptions
     shared: str | None = None
@@ -70,24 +54,19 @@ class SamplerFactory:
         workers_per_rank: int = 1,
         nodes: int | None = None,
     ) -> Sampler:
-        """A sampler for one consumer whose first iteration runs ``epochs`` epochs from ``start_epoch``.
-
-        ``state`` (a sampler state dict of epoch ``start_epoch``) resumes inside that epoch; its
-        ``start_epoch`` is replaced so the iteration still runs ``epochs`` whole epochs' worth.
-        ``workers_per_rank`` and ``nodes`` place the consumer for ``locality`` (see
-        :class:`~shardkit.readers.SamplerOptions`); ``nodes=None`` keeps the options' value.
-        """
+        """A sampler for one consumer whose first iteration runs ``epochs`` epochs from ``start_epoch``;
+        ``state`` (of epoch ``start_epoch``) resumes inside it. ``workers_per_rank`` and ``nodes``
+        place the consumer for ``locality``; ``nodes=None`` keeps the options' value."""
         placed = {"workers_per_rank": workers_per_rank, "nodes": self.options.nodes if nodes is None else nodes}
         options = self.options.replace(rank=consumer, world_size=num_consumers, start_epoch=start_epoch, **placed)
         if self.shared is not None:
             if state is not None and int(state.get("position", 0)):
                 raise ConfigError(f"shared={self.shared!r}: a shared job cannot resume inside an epoch")
-            shared = SharedSampler(
+            return SharedSampler(
                 self.shared, job_seed=options.seed, batch_size=options.batch_size, epochs=options.epochs,
                 rank=options.rank, world_size=options.world_size, drop_last=options.drop_last,
                 dataset=dataset,
             )  # fmt: skip
-            return shared
         sampler = TieredSampler(dataset, options)
         if state is not None:
             sampler.load_state_dict({**state, "start_epoch": start_epoch})
@@ -96,15 +75,9 @@ class SamplerFactory:
 
 @dataclass(frozen=True)
 class PayloadOptions:
-    """How the payload is presented: memory layout and scaling.
-
-    ``layout="NCHW"`` moves the channel axis of image records ``(H, W, C)`` first, as torchvision
-    and Keras ``channels_first`` models expect; it is refused for other record shapes (audio),
-    where it has no meaning. ``scale="float"`` converts to float32: unsigned integers are divided
-    by their maximum (uint8 images land in ``[0, 1]``), signed integers by ``-min`` (int16 audio
-    lands in ``[-1, 1)``) and floating payloads are only cast. Both are done by the framework's own
-    kernels after conversion, so the stored bytes stay zero-copy until the model needs them.
-    """
+    """How the payload is presented: ``layout="NCHW"`` moves the channel axis of image records
+    ``(H, W, C)`` first (refused for other shapes); ``scale="float"`` gives float32, unsigned integers
+    divided by their maximum (uint8 in ``[0, 1]``), signed by ``-min`` (int16 in ``[-1, 1)``)."""
 
     layout: str = "NHWC"
     scale: str | None = None
@@ -121,16 +94,6 @@ class PayloadOptions:
             raise ConfigError(
                 f"{where}: layout='NCHW' needs image records of shape (H, W, C), found {record_shape}"
             )
-
-    def shape(self, record_shape: tuple[int, ...]) -> tuple[int, ...]:
-        """Per-record payload shape after the layout change."""
-        if self.layout == "NCHW":
-            h, w, c = record_shape
-            return (c, h, w)
-        return tuple(record_shape)
-
-    def dtype(self, stored: np.dtype) -> np.dtype:
-        return np.dtype(np.float32) if self.scale == "float" else np.dtype(stored)
 
     def factor(self, stored: np.dtype) -> float:
         """Multiplier applied after the cast to float32."""

@@ -1,10 +1,4 @@
-"""TensorFlow adapter: the tiered sampler as a ``tf.data.Dataset`` (docs/design.md §6).
-
-:func:`make_tf_dataset` wraps the sampler's iterator of numpy batches with
-``tf.data.Dataset.from_generator`` and a complete ``output_signature``. The sampler already forms the
-batches (reading a batch's records together is what keeps storage access sequential), so the dataset
-yields batches; ``tf.distribute`` input pipelines become the sampler's consumers.
-"""
+"""TensorFlow adapter: the tiered sampler as a ``tf.data.Dataset`` of its batches (docs/design.md §6)."""
 
 from __future__ import annotations
 
@@ -35,15 +29,10 @@ _TF_ALIGNMENT = 64
 
 
 def adopt_payload(batch: dict[str, np.ndarray], payload: str) -> dict[str, Any]:
-    """The batch with its payload as a tensor *viewing* the sampler's buffer (via DLPack).
-
-    ``from_generator`` turns a numpy array into a tensor by copying it (38.5 MB for 256 images of
-    224x224x3: more CPU than the sampler spends reading the batch); a DLPack import adopts the
-    memory instead. The tensor keeps the array alive, so the sampler's pool does not reuse the
-    buffer while TensorFlow holds the batch (prefetch buffers included). Arrays TensorFlow cannot
-    adopt safely (read-only, not C-contiguous, non-native byte order, not 64-byte aligned, empty)
-    are left for the usual copy.
-    """
+    """The batch with its payload as a tensor *viewing* the sampler's buffer (DLPack), saving the
+    copy ``from_generator`` would make; the tensor keeps the buffer from reuse. Arrays TensorFlow
+    cannot adopt safely (read-only, not C-contiguous or native-endian, not 64-byte aligned, empty)
+    are left for the usual copy."""
     array = batch[payload]
     if not (
         array.flags.writeable and array.flags.c_contiguous and array.dtype.isnative and array.size
@@ -102,13 +91,11 @@ def make_tf_dataset(
         Dataset directory or URL, or a :func:`shardkit.mix` mixture (elements then carry
         ``dataset``, each record's dataset index, and ``key`` is the record's key in it).
     options, **overrides
-        The sampler options (see the list below): a :class:`~shardkit.readers.SamplerOptions`, and
-        any of its options by name (``batch_size=64``, ``ram_size="2GiB"``), validated against its
-        declaration; an unknown name is an error naming the nearest ones. ``batch_size`` is per
-        consumer (per input pipeline / rank); the static cache is held by the returned dataset
-        across iterations and let go of when it and every dataset derived from it are
-        garbage-collected. Each iteration of the dataset runs ``epochs`` sampler epochs (``None``:
-        endless) from ``start_epoch``, and the next iteration moves on to the next epochs.
+        The sampler options (listed below): a :class:`~shardkit.readers.SamplerOptions`, and any of
+        its options by name (``batch_size=64``, ``ram_size="2GiB"``), validated against its
+        declaration. ``batch_size`` is per consumer (input pipeline or rank); the static cache is
+        held until the dataset and all derived from it are collected. Each iteration runs ``epochs``
+        sampler epochs (``None``: endless), the next iteration the next epochs.
     global_batch_size
         With ``input_context``: the global batch; each pipeline yields
         ``input_context.get_per_replica_batch_size(global_batch_size)`` records per batch (this
@@ -129,8 +116,7 @@ def make_tf_dataset(
         ``True`` (default): append ``.prefetch(tf.data.AUTOTUNE)`` so a device step overlaps the
         next batch; an int: a fixed prefetch buffer of that many batches; ``False``: none. The
         sampler already prefetches batches in its own threads, so on a machine with very few cores
-        ``False`` can be faster (TensorFlow's prefetch and autotuning threads compete with the
-        sampler's for CPU; see benchmarks/RESULTS.md, "Adapters").
+        ``False`` can be faster (benchmarks/RESULTS.md, "Adapters").
     shared
         Name of a running ``shardkit serve`` to attach to (:class:`~shardkit.readers.SharedSampler`,
         ``seed`` as the job seed; mode ``"epoch"`` only).
@@ -146,29 +132,15 @@ def make_tf_dataset(
         Elements are dicts ``{payload, every field, "key"}`` (or tuples per ``as_tuple``) with a
         leading batch dimension that is ``None``, or ``batch_size`` when ``drop_last`` (and no
         ``limit``) makes every batch full.
+
     Notes
     -----
     The dataset yields the sampler's batches: do not call ``.batch()`` on it. ``element_spec`` is
-    complete before a record is read, so Keras can build the model from it.
-
-    Under ``tf.distribute`` pass the ``InputContext``: input pipeline ``i`` of ``P`` becomes consumer
-    ``i`` of ``P`` (its slice of every global batch, reading only its own keys), and each pipeline
-    yields per-replica batches that the strategy deals out to its replicas in turn, so replicas
-    receive disjoint slices that together cover each epoch. Without a strategy, ``rank`` /
-    ``world_size`` do the same for any other launcher (one process per consumer).
-
-    ``locality=True`` makes each node pin a disjoint random part of the dataset and take its keys of
-    every global batch from there where it can; with one pipeline per worker machine
-    (``MultiWorkerMirroredStrategy``) a training step still trains on the same records as without
-    locality. With one pipeline (``MirroredStrategy``) there is one node and nothing to gain.
-
-    Each full iteration (each Keras epoch) runs ``epochs`` sampler epochs, so
-    ``model.fit(ds, epochs=E)`` sees a new permutation every epoch; ``epochs=None`` gives one
-    endless iteration (use ``steps_per_epoch``).
-
-    Long because it is the adapter's whole surface in one place: the options (the sampler's, passed
-    through), ``tf.distribute`` sharding, the element spec and the generator are all derived from the
-    same arguments, and splitting them would pass a dozen values between helpers.
+    complete before a record is read. Under ``tf.distribute`` input pipeline ``i`` of ``P`` is
+    consumer ``i`` of ``P``; ``rank`` / ``world_size`` do the same for other launchers. With
+    ``locality=True`` and one pipeline per worker machine a step trains on the same records as
+    without locality (docs/design.md §6, §10). ``model.fit(ds, epochs=E)`` sees a new permutation
+    every epoch; ``epochs=None`` gives one endless iteration (use ``steps_per_epoch``).
     """
     placed = {"rank": rank, "world_size": world_size}
     base = SamplerOptions.given(options, **overrides, **{k: v for k, v in placed.items() if v is not None})

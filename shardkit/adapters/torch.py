@@ -1,10 +1,5 @@
-"""PyTorch adapter: the tiered sampler as a ``torch.utils.data`` dataset (docs/design.md §6).
-
-Training: :class:`ShardIterableDataset`, used with ``DataLoader(ds, batch_size=None, ...)`` because
-the sampler already forms the batches (reading a batch's records together is what keeps storage
-access sequential). Evaluation: :class:`ShardMapDataset`, map-style by record key. Each DataLoader
-worker of each rank is one consumer with its own sampler for its slice of every global batch.
-"""
+"""PyTorch adapter: :class:`ShardIterableDataset` for training (the sampler's batches, so
+``DataLoader(ds, batch_size=None)``) and :class:`ShardMapDataset` for evaluation by key (docs/design.md §6)."""
 
 from __future__ import annotations
 
@@ -52,12 +47,8 @@ TensorDict = dict[str, "torch.Tensor"]
 
 
 def _tensor(array: np.ndarray) -> torch.Tensor:
-    """Zero-copy ``torch.from_numpy`` when torch may own the memory, a copy otherwise.
-
-    The sampler's payload is a view of one of its batch buffers, which it never reuses while a tensor
-    (or anything else) references it, so sharing it is safe; a read-only or non-native-endian array
-    (possible from other sources) cannot be shared with torch safely.
-    """
+    """Zero-copy ``torch.from_numpy`` (the sampler never reuses a buffer a tensor references); a copy
+    for a read-only or non-native-endian array, which torch cannot share safely."""
     if not array.flags.writeable or not array.dtype.isnative:
         array = np.array(array, dtype=array.dtype.newbyteorder("=") if not array.dtype.isnative else None)
     return torch.from_numpy(array)
@@ -100,12 +91,9 @@ def _distributed_rank_world() -> tuple[int, int] | None:
 
 
 def _nodes(explicit: int | None, rank: int, world_size: int) -> int:
-    """Nodes of a run: ``explicit``, else torchrun's ``WORLD_SIZE / LOCAL_WORLD_SIZE``, else 1.
-
-    torchrun numbers the ranks of node ``GROUP_RANK`` consecutively (``RANK = GROUP_RANK *
-    LOCAL_WORLD_SIZE + LOCAL_RANK``), which is what the node-aware assignment assumes; an environment
-    that says otherwise (nodes of different sizes) is refused rather than guessed at.
-    """
+    """Nodes of a run: ``explicit``, else torchrun's ``WORLD_SIZE / LOCAL_WORLD_SIZE``, else 1. The
+    assignment assumes each node's ranks are numbered consecutively; an environment that says
+    otherwise (nodes of different sizes) is refused rather than guessed at."""
     if explicit is not None:
         nodes = parse_count(explicit, what="nodes", minimum=1)
         if world_size % nodes:
@@ -128,12 +116,9 @@ def _nodes(explicit: int | None, rank: int, world_size: int) -> int:
 
 
 def _check_ranks_agree(path: str, options: SamplerOptions, nodes: int, num_records: int) -> None:
-    """Under torch.distributed, refuse to start if ranks were given different locality options.
-
-    Every rank derives the partition and the assignment from its options alone; ranks with different
-    cache budgets, seeds or node counts would compute different assignments and deliver some records
-    twice and others never. One all-reduce of a digest (at construction, never per batch) rules that out.
-    """
+    """Under torch.distributed, refuse to start if ranks were given different locality options: each
+    derives the assignment alone, so a difference would deliver some records twice and others never.
+    One all-reduce of a digest, at construction."""
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()):
         return
@@ -161,14 +146,11 @@ class ShardIterableDataset(_TorchIterableDataset):
         Dataset directory or URL, or a :func:`shardkit.mix` mixture (batches then carry ``dataset``,
         each record's dataset index, and ``key`` is the record's key in it).
     options, **overrides
-        The sampler options (see the list below): a :class:`~shardkit.readers.SamplerOptions`, and
-        any of its options by name (``batch_size=64``, ``ram_size="2GiB"``), validated against its
-        declaration; an unknown name is an error naming the nearest ones. Each consumer (each
-        DataLoader worker of each rank) builds its own sampler, so ``batch_size``, ``ram_size`` and
-        ``ssd_size`` are *per consumer*; a rank's main process receives batches of ``batch_size``
-        (use ``DataLoader(ds, batch_size=None)``). The static cache is one per machine, shared by
-        the workers and ranks on it and held by this dataset across passes. ``epochs`` is per pass
-        (per ``iter(loader)``), from the current epoch; ``None`` for one endless pass.
+        The sampler options (listed below): a :class:`~shardkit.readers.SamplerOptions`, and any of
+        its options by name (``batch_size=64``, ``ram_size="2GiB"``), validated against its
+        declaration. ``batch_size``, ``ram_size`` and ``ssd_size`` are *per consumer* (each
+        DataLoader worker of each rank); the static cache is one per machine, held across passes.
+        ``epochs`` is per pass (``iter(loader)``) from the current epoch; ``None``: one endless pass.
     rank, world_size
         Used when ``torch.distributed`` is not initialised (default: the options', 0 of 1). When it
         is, its rank and world size are used and explicit values must agree with them.
@@ -192,31 +174,14 @@ class ShardIterableDataset(_TorchIterableDataset):
 
     Notes
     -----
-    Create the dataset after ``torch.distributed.init_process_group``: workers started with the
-    ``spawn`` method do not inherit the process group, so the rank is resolved in the constructor
-    as well as in ``__iter__``.
-
-    *Workers.* ``num_workers=0`` is the fast path (the sampler already reads in background threads
-    and ``torch.from_numpy`` shares its arrays). Workers help when per-record CPU work (a subclass,
-    a ``collate_fn``) needs more cores; stored bytes (``layout="NHWC"``, no ``scale``) then reach the
-    main process without a copy, a presented payload is copied into shared memory by PyTorch as usual.
-
-    *Ranks.* Under DDP pass ``drop_last=True``: with a ragged final global batch the last consumers
-    get fewer batches, and a rank that stops early leaves the others waiting in a collective.
-
-    *Many nodes.* With ``locality=True`` each node pins a disjoint random part of the dataset and the
-    keys of each training step go to the ranks so that each takes as many as possible from its own
-    node's cache; every step trains on the same set of records as without locality.
-
-    *Epochs.* The next epoch is held in shared memory, the same in the main process and every
-    worker. A pass that runs to the end advances it, so ``for epoch in range(E): for batch in
-    loader: ...`` sees a new permutation every epoch; ``set_epoch(e)`` jumps to a given epoch.
-
-    *Checkpoints.* With ``num_workers=0`` :meth:`state_dict` is exact. With workers use
-    :meth:`state_dict_after` with the number of batches the main process took: exact when it is a
-    multiple of ``num_workers``, otherwise rounded down to the last whole global batch (the batches
-    after it are delivered again after resuming; a warning says so). :meth:`load_state_dict` before
-    iterating resumes there with any number of workers or ranks.
+    Create the dataset after ``torch.distributed.init_process_group`` (spawned workers do not
+    inherit the process group). ``num_workers=0`` is the fast path; workers help when per-record CPU
+    work needs more cores, and stored bytes then reach the main process without a copy. Under DDP
+    pass ``drop_last=True``, or a rank that stops early leaves the others waiting in a collective.
+    With ``locality=True`` every step trains on the same records as without it (docs/design.md §10).
+    A pass that runs to the end advances the epoch (shared by all workers); ``set_epoch(e)`` jumps.
+    Checkpoints: :meth:`state_dict` with ``num_workers=0``, else :meth:`state_dict_after` (exact at
+    multiples of ``num_workers``); :meth:`load_state_dict` resumes with any number of workers or ranks.
     """
 
     def __init__(
@@ -274,22 +239,23 @@ class ShardIterableDataset(_TorchIterableDataset):
         self._hold_shared()
 
     def _hold_shared(self) -> None:
-        """Keep the node-shared static cache alive across passes (see ``TieredSampler.hold_shared``):
-        every pass builds its samplers afresh, in this process or in the workers, and each lets go
-        of the cache when its pass ends."""
+        """Keep the node-shared static cache alive across passes, whose samplers each let go of it."""
         if self._holder is not None:
             self._holder.close()
             self._holder = None
         if self.factory.shared is not None:
             return
-        workers = max(1, self.num_workers)
-        holder = self.factory.build(self.source, consumer=self.rank * workers, num_consumers=self.world_size * workers,
-                                    start_epoch=0, workers_per_rank=workers, nodes=self.nodes)  # fmt: skip
+        holder = self._rank_sampler(0)
         if isinstance(holder, TieredSampler):
             holder.hold_shared()
         self._holder = holder
 
-    # ------------------------------------------------------------------ consumers
+    def _rank_sampler(self, start_epoch: int) -> Sampler:
+        """A sampler of this rank's first consumer (reads metadata only until iterated)."""
+        workers = max(1, self.num_workers)
+        return self.factory.build(self.source, consumer=self.rank * workers, num_consumers=self.world_size * workers,
+                                  start_epoch=start_epoch, workers_per_rank=workers, nodes=self.nodes)
+
     def _rank_world(self) -> tuple[int, int]:
         rank, world = self._explicit
         found = _distributed_rank_world()
@@ -316,7 +282,6 @@ class ShardIterableDataset(_TorchIterableDataset):
         rank, world = self._rank_world() if _distributed_rank_world() else (self.rank, self.world_size)
         return rank * workers + worker, world * workers, workers
 
-    # ------------------------------------------------------------------ epochs and resume
     @property
     def epoch(self) -> int:
         """The epoch the next pass starts with."""
@@ -332,12 +297,8 @@ class ShardIterableDataset(_TorchIterableDataset):
             self._resume = None  # the checkpointed epoch is over
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume at a sampler state (from :meth:`state_dict` or :meth:`state_dict_after`).
-
-        Call it before iterating (before the first ``iter(loader)`` when workers are persistent):
-        workers copy it when they start. The next pass starts in the state's epoch at its position;
-        later passes start at the beginning of their epoch.
-        """
+        """Resume at a sampler state (from :meth:`state_dict` or :meth:`state_dict_after`); call it
+        before the first ``iter(loader)``. Only the next pass starts inside its epoch."""
         if "epoch" not in state or "position" not in state:
             raise SamplerError(f"{self.path}: state dict lacks 'epoch'/'position', found keys {sorted(state)}")
         self._resume = dict(state)
@@ -345,13 +306,8 @@ class ShardIterableDataset(_TorchIterableDataset):
         self._sampler = None
 
     def state_dict(self) -> dict[str, Any]:
-        """The exact sampler state after the batches yielded so far in this process.
-
-        Only meaningful with ``num_workers=0`` (or before iterating, where it is the start of the
-        next pass); with workers use :meth:`state_dict_after`. In ``unbatched`` mode it is the
-        position after the sampler batch the last record came from, so it is exact at multiples of
-        ``batch_size`` records.
-        """
+        """The exact sampler state after the batches yielded so far in this process (``num_workers=0``;
+        with workers use :meth:`state_dict_after`). Unbatched, it is exact at multiples of ``batch_size``."""
         if self._sampler is not None:
             return dict(self._sampler.state_dict())
         if get_worker_info() is None and self.num_workers > 0:
@@ -374,13 +330,9 @@ class ShardIterableDataset(_TorchIterableDataset):
             Epoch of the pass; defaults to :attr:`epoch`, which is right until the pass ends (a finished
             pass advances it). Pass the loop variable to be safe.
 
-        Notes
-        -----
-        Worker ``w`` delivers its ``i``-th batch as the loader's batch ``i * k + w``, so ``k``
-        consecutive batches are one global batch of ``batch_size * k * world_size`` records. The
-        position is rounded down to whole global batches: exact when ``num_batches`` is a multiple
-        of ``num_workers`` (checkpoint every multiple of it), otherwise the remainder is read again
-        after the resume (logged as a warning).
+        The position is rounded down to whole global batches (``num_workers`` consecutive loader
+        batches): exact at multiples of ``num_workers``, otherwise the remainder is delivered again
+        after resuming (logged as a warning).
         """
         if num_batches < 0:
             raise ConfigError(f"num_batches: expected >= 0, found {num_batches}")
@@ -419,38 +371,28 @@ class ShardIterableDataset(_TorchIterableDataset):
         """A sampler state dict for ``(epoch, position)`` in the sampler's own format."""
         template = self._resume
         if template is None:
-            # Constructing a sampler reads metadata only (no threads, no payload): it knows its
-            # reservoir size, which a replacement-mode state must record.
-            workers = max(1, self.num_workers)
-            sampler = self.factory.build(
-                self.source, consumer=self.rank * workers, num_consumers=self.world_size * workers, start_epoch=epoch,
-                workers_per_rank=workers, nodes=self.nodes,
-            )  # fmt: skip
+            # A new sampler knows the reservoir size that a replacement-mode state records.
+            sampler = self._rank_sampler(epoch)
             try:
                 template = dict(sampler.state_dict())
             finally:
                 sampler.close()
         return {**template, "epoch": int(epoch), "position": int(position), "start_epoch": int(epoch)}
 
-    # ------------------------------------------------------------------ iteration
     def __len__(self) -> int:
-        """Batches (records when ``unbatched``) this rank's main process receives per pass.
-
-        Assumes the loader runs :attr:`num_workers` workers (see the class notes); endless passes
-        (``epochs=None``) have no length.
-        """
+        """Batches (records when ``unbatched``) this rank's main process receives per pass, with
+        :attr:`num_workers` workers; endless passes (``epochs=None``) have no length."""
         if self.options.epochs is None:
             raise TypeError(f"{self.path}: an endless pass (epochs=None) has no len()")
         workers = max(1, self.num_workers)
-        total = 0
-        for w in range(workers):
-            batches, records = pass_length(
+        return sum(
+            pass_length(
                 self.num_records, self.options.batch_size, self.rank * workers + w, self.world_size * workers,
                 drop_last=self.options.drop_last, start=self._resume_position(self.epoch),
                 epochs=self.options.epochs, limit=self.options.limit,
-            )  # fmt: skip
-            total += records if self.unbatched else batches
-        return total
+            )[1 if self.unbatched else 0]
+            for w in range(workers)
+        )  # fmt: skip
 
     def __iter__(self) -> Iterator[TensorDict]:
         consumer, consumers, workers = self._consumer()
@@ -492,16 +434,9 @@ class ShardIterableDataset(_TorchIterableDataset):
     def loader(self, num_workers: int = 0, *, pin_memory: bool | None = None, **kwargs: Any) -> torch.utils.data.DataLoader:
         """A ``DataLoader`` over this dataset (``batch_size=None`` unless ``unbatched``) with
         ``num_workers`` recorded for ``len()`` and :meth:`state_dict_after`; ``kwargs`` go to the
-        DataLoader (``persistent_workers``, ``collate_fn``, ``batch_size`` when unbatched, ...).
-
-        ``pin_memory`` defaults to pinning only when an accelerator (CUDA, MPS, XPU, ...) is present:
-        pinned host memory only speeds up copies to a device, and on a CPU-only machine PyTorch warns
-        that it is useless. ``True`` / ``False`` are passed through.
-
-        For a dataset in an object store with workers, the workers start with ``spawn`` unless
-        ``multiprocessing_context`` says otherwise: the object-store client (obstore's runtime) does
-        not survive ``fork()`` in a process that already used it (a forked worker would get a
-        :class:`~shardkit.errors.StoreError` saying so)."""
+        DataLoader. ``pin_memory`` defaults to whether an accelerator is present. Workers over an
+        object store start with ``spawn`` unless ``multiprocessing_context`` says otherwise (the
+        object-store client does not survive ``fork()``)."""
         if pin_memory is None:
             pin_memory = accelerator_present()
         kwargs["pin_memory"] = pin_memory
@@ -561,10 +496,8 @@ class ShardMapDataset(_TorchDataset):
 
     Notes
     -----
-    With a ``DataLoader`` (``batch_size=b``, ``shuffle=False``) torch calls ``__getitems__`` with the
-    keys of a whole batch, which becomes one ``Dataset.read``: each shard visited once with
-    ascending offsets. The dataset is opened lazily in each process (file descriptors are not shared
-    with forked workers).
+    A DataLoader batch (``__getitems__``) is one ``Dataset.read``: each shard visited once, offsets
+    ascending. The dataset is opened lazily in each process.
     """
 
     def __init__(

@@ -1,9 +1,5 @@
-"""The typer application object and shared CLI helpers.
-
-Subcommands live in one module each (``info``, ``verify``, ``convert``, ``sample``) and register
-themselves on :data:`app` when :mod:`shardkit.cli.main` imports them. Sizes and counts are parsed
-and printed by :mod:`shardkit.units` (one grammar for the CLI and the Python API).
-"""
+"""The typer application object and shared CLI helpers; each subcommand's module registers itself
+on :data:`app` when :mod:`shardkit.cli.main` imports it."""
 
 from __future__ import annotations
 

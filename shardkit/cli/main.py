@@ -1,9 +1,5 @@
-"""Entry point of the ``shardkit`` console script.
-
-Every :class:`~shardkit.errors.ShardkitError`, ``OSError`` or other failure becomes one line on
-stderr and a non-zero exit code; a traceback is shown only with ``SHARDKIT_DEBUG=1``. Usage errors
-are reported by typer itself (exit code 2).
-"""
+"""Entry point of the ``shardkit`` console script: every failure becomes one line on stderr and a
+non-zero exit code, a traceback only with ``SHARDKIT_DEBUG=1`` (docs/design.md §7)."""
 
 from __future__ import annotations
 
@@ -40,15 +36,13 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         echo_err("interrupted")
         sys.exit(EXIT_INTERRUPTED)
-    except (ShardkitError, OSError) as exc:  # an OSError names its file (ENOSPC, EACCES, ...)
-        if debug:
-            raise
-        echo_err(f"error: {exc}")
-        sys.exit(EXIT_ERROR)
     except Exception as exc:
         if debug:
             raise
-        echo_err(f"internal error: {type(exc).__name__}: {exc} (set SHARDKIT_DEBUG=1 for a traceback)")
+        if isinstance(exc, (ShardkitError, OSError)):  # an OSError names its file (ENOSPC, EACCES, ...)
+            echo_err(f"error: {exc}")
+        else:
+            echo_err(f"internal error: {type(exc).__name__}: {exc} (set SHARDKIT_DEBUG=1 for a traceback)")
         sys.exit(EXIT_ERROR)
 
 

@@ -1,13 +1,5 @@
-"""Command-line flags derived from an options set's declaration (``shardkit sample``, ``profile``, ``serve``).
-
-Every option of :class:`~shardkit.readers.SamplerOptions` (its object-store settings in
-:class:`~shardkit.stores.StoreOptions`) and :class:`~shardkit.serve.server.ServeOptions`
-is declared once, as a dataclass field with an :class:`~shardkit.declare.Option` (default,
-grammar, help, flag). :func:`options_command`
-turns the declaration into the command's parameters (typer reads ``inspect.signature``), one help
-section per concern, and hands the command the parsed options, so a flag, its default and its help
-cannot drift from the library.
-"""
+"""Command-line flags derived from an options set's declaration (``shardkit sample``, ``profile``,
+``serve``; docs/design.md §7): a flag, its default and its help cannot drift from the library."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""``shardkit order-test``: run the uniformity battery on the keys any loader emitted.
-
-Exit codes: 0 every applicable test passes, 1 some test rejects a uniform order, 2 bad input (a
-one-line error naming the file or option) or nothing that can be tested.
-"""
+"""``shardkit order-test``: run the uniformity battery on the keys any loader emitted. Exit codes:
+0 every applicable test passes, 1 some test rejects a uniform order, 2 bad input or nothing testable."""
 
 from __future__ import annotations
 

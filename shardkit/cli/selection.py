@@ -1,8 +1,4 @@
-"""The options that choose records, shared by ``shardkit show`` and ``shardkit export``.
-
-Both commands pass them to :mod:`shardkit.viz` (see :class:`~shardkit.viz.selection.Selection`);
-they are declared once here, so the two commands spell, default and explain them alike.
-"""
+"""The options that choose records, declared once for ``shardkit show`` and ``shardkit export``."""
 
 from __future__ import annotations
 

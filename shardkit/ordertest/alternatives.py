@@ -1,19 +1,6 @@
-"""Orders known *not* to be uniform: what real loaders do instead of a full shuffle.
-
-The battery states its power against these (how many epochs each test needs to reject them with 80%
-probability), and the tests of the tool feed them in to check that each is rejected by the test
-designed for it. Every function returns storage positions ``0..n-1`` in emitted order and draws only
-from the generator it is given.
-
-* :func:`buffer_shuffle`: sequential reads through a shuffle buffer (WebDataset ``.shuffle``,
-  ``tf.data`` ``shuffle``): storage neighbours come out close together and early records come out early.
-* :func:`block_shuffle`: whole blocks (shards, chunks) in random order, records shuffled inside each
-  (LitData's chunk shuffle, MosaicML's block shuffles at small blocks): every single item's position is
-  nearly uniform, but storage neighbours are emitted together.
-* :func:`interleave`: shards read sequentially and interleaved round robin (``tf.data`` ``interleave``).
-* :func:`repeated_block_orders`: a block shuffle whose block order is drawn once and repeats every
-  epoch (WebDataset's shard order, seeded once per dataset object): consecutive epochs are dependent.
-"""
+"""Orders known *not* to be uniform, what real loaders do instead of a full shuffle: the battery
+states its power against them (docs/design.md §15). Each returns storage positions in emitted order
+and draws only from the generator it is given."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""The uniformity battery: statistical tests of the order a loader emitted, with their power.
-
-Each test asks one question of the keys (in storage positions, see :mod:`shardkit.ordertest.keys`),
-states its null distribution, and says how many epochs it needs to reject a stated non-uniform
-reference order (:mod:`shardkit.ordertest.alternatives`) with the requested power. The tests and
-their nulls are listed in :func:`run`.
-"""
+"""The uniformity battery: statistical tests of the order a loader emitted, each with its null and
+the epochs it needs to reject a reference non-uniform order (docs/design.md §15; tests listed in :func:`run`)."""
 
 from __future__ import annotations
 
@@ -58,19 +53,16 @@ class _Context:
         if name not in self._refs:
             n, m = self.data.n, self.alt_epochs()
             b = _reference_size(n, self.settings.effect)
-            if name == "buffer":
-                g = self.rng(_STREAM_BUFFER)
-                self._refs[name] = np.stack([alt.buffer_shuffle(g, n, b) for _ in range(m)])
-            elif name == "block":
-                g = self.rng(_STREAM_BLOCK)
-                self._refs[name] = np.stack([alt.block_shuffle(g, n, b) for _ in range(m)])
-            elif name == "repeated":
+            if name == "repeated":
                 self._refs[name] = alt.repeated_block_orders(self.rng(_STREAM_REPEATED), n, b, m)
-            elif name == "buffer2":
-                g = self.rng(_STREAM_BUFFER2)
-                self._refs[name] = np.stack([alt.buffer_shuffle(g, n, 2) for _ in range(4000)])
-            else:  # pragma: no cover - programming error
-                raise KeyError(name)
+            else:
+                stream, shuffle, size, epochs = {
+                    "buffer": (_STREAM_BUFFER, alt.buffer_shuffle, b, m),
+                    "block": (_STREAM_BLOCK, alt.block_shuffle, b, m),
+                    "buffer2": (_STREAM_BUFFER2, alt.buffer_shuffle, 2, 4000),
+                }[name]
+                g = self.rng(stream)
+                self._refs[name] = np.stack([shuffle(g, n, size) for _ in range(epochs)])
         return self._refs[name]
 
     def reference_rows(self, name: str) -> np.ndarray:
@@ -102,10 +94,7 @@ def _describe(name: str, n: int, effect: float) -> str:
 
 def _fit_bins(cap: int, fits: Callable[[int], bool]) -> int | None:
     """Largest bin count in ``cap..2`` for which ``fits`` holds, else None."""
-    for b in range(cap, 1, -1):
-        if fits(b):
-            return b
-    return None
+    return next((b for b in range(cap, 1, -1) if fits(b)), None)
 
 
 def _position_bins(pb_rows: np.ndarray, k: int, n: int, bins: int) -> tuple[np.ndarray, np.ndarray]:
@@ -165,7 +154,6 @@ def _needed(valid: int, power: int | None, compute_power: bool) -> int | None:
     return None if power is None else max(valid, power)
 
 
-# ---------------------------------------------------------------------------------------------- tests
 class ItemPosition(BatteryTest):
     name = "item_position"
     question = "is every item equally likely at every position?"
@@ -570,24 +558,11 @@ def run(
 
     Notes
     -----
-    =====================  ================================================  ==========================
-    test                   question                                          null
-    =====================  ================================================  ==========================
-    item_position          is every item equally likely at every position?    chi2((R-1)(C-1)), X2 (N-1)/N
-    inclusion_frequency    is every key drawn equally often? (k < N, repeats) chi2(R-1), scaled
-    adjacent_pairs         are emitted neighbours unrelated in storage?       weighted chi2, exact cov.
-    joint_positions        are storage neighbours emitted at unrelated places? weighted chi2, exact cov.
-    storage_spearman       does the emitted order follow storage order?       normal, var 1/(E (k-1))
-    labels_per_batch       do batches mix the classes?                        t; exact mean, simulated var.
-    epoch_independence     is an epoch's order unrelated to the previous one? chi2((C-1)^2), X2 (N-1)/N
-    all_orders             are all N! orders equally frequent? (N <= 6)       chi2(N! - 1)
-    =====================  ================================================  ==========================
-
-    Binning: items by storage position and positions into at most ``bins`` contiguous bins (16 by default;
-    no binning when N <= 16), fewer when the epochs are too few for an expected count of 5 per cell.
-    Every random draw (the labels test's simulated null, the reference alternatives of the power
-    figures) comes from ``shardkit.order.seeds.rng(Domain.ORDER_TEST, seed, stream)`` with a stream
-    number per use (never renumber them).
+    The tests (:data:`BATTERY`; each result names its question and null): ``item_position``,
+    ``inclusion_frequency`` (k < N, repeats), ``adjacent_pairs``, ``joint_positions``,
+    ``storage_spearman``, ``labels_per_batch``, ``epoch_independence``, ``all_orders`` (N <= 6).
+    Items and positions go into at most ``bins`` contiguous bins, fewer when the epochs are too few
+    for an expected count of 5 per cell. Every random draw comes from ``Domain.ORDER_TEST``.
     """
     settings = Settings(
         alpha=check_fraction(alpha, "alpha"), power=check_fraction(power, "power"), seed=check_seed(seed, what="seed"),

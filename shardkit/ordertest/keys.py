@@ -1,19 +1,7 @@
 """Reading and checking what a loader emitted: keys per epoch, labels, a storage-order map.
 
-Everything the battery tests is expressed in *storage positions* (0..N-1, the order records sit on
-storage), so a key -> storage position map (``storage_order``) is applied once here and every test
-after it speaks of storage neighbours.
-
-Three kinds of rows are recognised, and the battery runs the tests that hold for each:
-
-* ``permutation``: every row is a permutation of 0..N-1 (one full epoch per row);
-* ``distinct``: every row holds k < N distinct keys (a rank's or worker's slice, ``drop_last``, a
-  partial epoch): under a uniform order each row is a uniformly random k-permutation of the N keys;
-* ``repeats``: some row repeats a key (sampling with replacement): only the tests that need
-  exchangeability alone (inclusion frequencies, storage-vs-emitted Spearman) apply.
-
-``.npy`` files are read with ``allow_pickle=False`` after checking the header: no code in a file is
-ever executed, and sizes are checked before anything is allocated.
+Rows are turned into storage positions once, and classified as ``permutation``, ``distinct`` or
+``repeats`` (docs/design.md §15). ``.npy`` files are read without pickles, sizes bounded first.
 """
 
 from __future__ import annotations
@@ -39,24 +27,9 @@ ArrayOrPath = np.ndarray | str | os.PathLike[str]
 
 @dataclass(frozen=True, eq=False)
 class OrderKeys:
-    """Validated orders, in storage positions.
-
-    Attributes
-    ----------
-    storage
-        ``[epochs, k]`` int64: row e holds the storage positions of the keys emitted in epoch e, in
-        emitted order.
-    n
-        Records in the dataset (the keys' universe).
-    kind
-        ``"permutation"``, ``"distinct"`` or ``"repeats"`` (see the module docstring).
-    labels
-        ``[n]`` int64 class codes indexed by storage position, or None.
-    source
-        Where the keys came from (a file name), for messages.
-    notes
-        What was inferred or dropped on the way (shown in the report).
-    """
+    """Validated orders: ``storage`` ``[epochs, k]`` int64 holds each epoch's keys as storage positions in
+    emitted order; ``n`` records; ``kind`` (docs/design.md §15); ``labels`` ``[n]`` class codes by storage
+    position or None; ``source`` for messages; ``notes`` on what was inferred or dropped."""
 
     storage: np.ndarray
     n: int
@@ -80,14 +53,12 @@ _KIND_NAMES = {"iu": "integers", "biuUS": "integer, boolean or string labels"}
 
 def _header(fh: BinaryIO, name: str) -> tuple[tuple[int, ...], bool, np.dtype[np.generic]]:
     fmt = np.lib.format
+    readers = {(1, 0): fmt.read_array_header_1_0, (2, 0): fmt.read_array_header_2_0}
     try:
         version = fmt.read_magic(fh)
-        if version == (1, 0):
-            shape, fortran, dtype = fmt.read_array_header_1_0(fh)
-        elif version == (2, 0):
-            shape, fortran, dtype = fmt.read_array_header_2_0(fh)
-        else:
+        if version not in readers:
             raise InputFileError(name, f"unsupported .npy format version {version}")
+        shape, fortran, dtype = readers[version](fh)
     except InputFileError:
         raise
     except (ValueError, OSError, EOFError) as exc:
@@ -95,35 +66,26 @@ def _header(fh: BinaryIO, name: str) -> tuple[tuple[int, ...], bool, np.dtype[np
     return tuple(int(s) for s in shape), bool(fortran), np.dtype(dtype)
 
 
-def npy_shape(path: str | os.PathLike[str]) -> tuple[int, ...]:
-    """The shape a ``.npy`` file's header states (nothing else is read), for choosing what to run."""
-    name = str(path)
+def _regular_file(path: str | os.PathLike[str]) -> Path:
+    """``path``, refused unless it is a regular file (a fifo or device would hang or never end)."""
     p = Path(path)
     if not p.is_file():
-        raise InputFileError(name, "no such file" if not p.exists() else "not a regular file")
-    with open(p, "rb") as fh:
-        return _header(fh, name)[0]
+        raise InputFileError(str(path), "no such file" if not p.exists() else "not a regular file")
+    return p
+
+
+def npy_shape(path: str | os.PathLike[str]) -> tuple[int, ...]:
+    """The shape a ``.npy`` file's header states (nothing else is read), for choosing what to run."""
+    with open(_regular_file(path), "rb") as fh:
+        return _header(fh, str(path))[0]
 
 
 def load_npy(path: str | os.PathLike[str], *, kinds: str = "iu") -> np.ndarray:
-    """Read a ``.npy`` array safely: no pickles, a known dtype kind, bounded size, named errors.
-
-    The header is checked first (dtype, element count, file size), then exactly that many elements
-    are read from the same open file: nothing is unpickled and nothing larger than the file and
-    :data:`MAX_ELEMENTS` is allocated, even if the file changes meanwhile.
-
-    Parameters
-    ----------
-    path
-        The file.
-    kinds
-        Accepted ``dtype.kind`` letters (``"iu"``: integers).
-    """
+    """Read a ``.npy`` array of dtype kind in ``kinds`` (``"iu"``: integers) safely: the header is
+    checked first (dtype, element count, file size), then exactly that many elements are read from the
+    same open file, so nothing is unpickled and nothing beyond :data:`MAX_ELEMENTS` is allocated."""
     name = str(path)
-    p = Path(path)
-    if not p.is_file():
-        raise InputFileError(name, "no such file" if not p.exists() else "not a regular file")
-    with open(p, "rb") as fh:
+    with open(_regular_file(path), "rb") as fh:
         shape, fortran, dtype = _header(fh, name)
         if dtype.hasobject:
             raise InputFileError(name, "holds Python objects (a pickle); only plain numeric arrays are read")

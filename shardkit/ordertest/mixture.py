@@ -1,10 +1,7 @@
 """Order tests for a mixture of datasets: ``[epochs, L, 2]`` (dataset index, record key) per slot.
 
-A mixed order (``shardkit sample A B --weights 3,1 --order-out``, or any loader's mixture recorded
-the same way) is tested for exact counts, a uniform arrangement of the slots and each dataset's own
-uniformity (:func:`run_mixture`). Nulls are exact: arrangement tables by their covariance
-(:func:`arrangement_table_test`), the runs test by the exact moments of equal neighbours
-(:func:`equal_neighbours_moments`), summed over epochs. The guarantee under test: docs/design.md §12.
+:func:`run_mixture` tests exact counts, a uniform arrangement of the slots and each dataset's own
+uniformity, with exact nulls (docs/design.md §12, §15).
 """
 
 from __future__ import annotations
@@ -29,37 +26,17 @@ from shardkit.ordertest.settings import DEFAULTS
 __all__ = ["MixtureReport", "prepare_mixture", "run_mixture", "arrangement_table_test", "equal_neighbours_moments"]
 
 
-# ---------------------------------------------------------------------------------------------- nulls
 def arrangement_table_test(
     observed: np.ndarray, rows: np.ndarray, cols: np.ndarray, length: int
 ) -> tuple[float, np.ndarray, np.ndarray]:
-    """Pearson statistic of a table summed over independent uniform arrangements, and its null.
+    """Pearson statistic ``X2`` of a table summed over independent uniform arrangements, the weights
+    ``w`` of the ``sum w_j chi2(1)`` it follows under the null, and the expected table.
 
-    Parameters
-    ----------
-    observed
-        ``[m, c]`` counts summed over the arrangements.
-    rows, cols
-        ``[E, m]`` and ``[E, c]``: each arrangement's row and column margins (each sums to ``length``).
-    length
-        ``L``, slots per arrangement.
-
-    Returns
-    -------
-    statistic, weights, expected
-        ``X2``, the weights ``w`` of ``sum w_j chi2(1)`` it follows under the null (see Notes),
-        and the expected table.
-
-    Notes
-    -----
-    For a uniform arrangement given margins the covariance is exact: one epoch whose slots carry
-    row labels with counts ``r`` and column labels with counts ``c`` (``sum = L``) has
-    ``Cov(O_ib, O_jc) = (r_i d_ij - r_i r_j / L)(c_b d_bc - c_b c_c / L) / (L - 1)`` (a uniform
-    permutation matrix), epochs add, and the Pearson statistic with expected counts
-    ``sum_e r c' / L`` is a weighted sum of chi2(1) with the eigenvalues of the standardised
-    covariance (Lugannani-Rice tail, :func:`shardkit.ordertest.stats.weighted_chi2_sf`). With equal
-    counts in every epoch this is the familiar ``X2 (L-1)/L ~ chi2((m-1)(C-1))``; with counts that
-    drift between epochs (a loader that draws each slot's dataset at random) the weights say so.
+    ``observed`` ``[m, c]`` counts; ``rows`` ``[E, m]`` and ``cols`` ``[E, c]`` each arrangement's margins,
+    each summing to ``length`` L. Given margins, one arrangement (a uniform permutation matrix) has
+    ``Cov(O_ib, O_jc) = (r_i d_ij - r_i r_j / L)(c_b d_bc - c_b c_c / L) / (L - 1)``; epochs add, and the
+    weights are the eigenvalues of the standardised covariance. Equal counts in every epoch give the
+    familiar ``X2 (L-1)/L ~ chi2((m-1)(C-1))``; counts that drift between epochs show in the weights.
     """
     r = np.asarray(rows, dtype=np.float64)
     c = np.asarray(cols, dtype=np.float64)
@@ -79,13 +56,10 @@ def arrangement_table_test(
 
 
 def equal_neighbours_moments(counts: np.ndarray) -> tuple[float, float]:
-    """Mean and variance of the number of adjacent slots holding the same dataset, for a uniformly
-    random arrangement of a multiset with ``counts`` (exact).
-
-    ``S = sum_p X_p`` over the ``L - 1`` neighbour pairs; ``E X_p = sum n_i^(2) / L^(2)``,
-    ``E X_p X_(p+1) = sum n_i^(3) / L^(3)``, and for disjoint pairs ``E X_p X_q = (sum_i n_i^(4) +
-    sum_(i != j) n_i^(2) n_j^(2)) / L^(4)`` (``x^(k)`` falling factorials).
-    """
+    """Exact mean and variance of the number of adjacent slots holding the same dataset in a uniformly
+    random arrangement of a multiset with ``counts``, from falling factorials ``x^(k)``:
+    ``E X_p = sum n_i^(2) / L^(2)``, ``E X_p X_(p+1) = sum n_i^(3) / L^(3)``, disjoint pairs
+    ``(sum_i n_i^(4) + sum_(i != j) n_i^(2) n_j^(2)) / L^(4)``."""
     n = np.asarray(counts, dtype=np.float64)
     big_l = float(n.sum())
     if big_l < 2:
@@ -108,7 +82,6 @@ def equal_neighbours_moments(counts: np.ndarray) -> tuple[float, float]:
     return mean, max(second - mean * mean, 0.0)
 
 
-# ---------------------------------------------------------------------------------------------- input
 def prepare_mixture(
     pairs: ArrayOrPath, sizes: Sequence[int] | None = None
 ) -> tuple[np.ndarray, tuple[int, ...], str, list[str]]:
@@ -160,13 +133,9 @@ def prepare_mixture(
     return arr, sizes_t, name, notes
 
 
-# ---------------------------------------------------------------------------------------------- report
 @dataclass(frozen=True, eq=False)
 class MixtureReport:
-    """What :func:`run_mixture` found: the mixture-level results and one battery report per dataset.
-
-    ``passed`` is True when no mixture-level test and no dataset's test failed at ``alpha``.
-    """
+    """What :func:`run_mixture` found: the mixture-level results and one battery report per dataset."""
 
     source: str
     epochs: int
@@ -250,7 +219,6 @@ def _null_text(weights: np.ndarray) -> tuple[str, float]:
     return f"sum of {w.size} weighted chi2(1), exact cov.", dof
 
 
-# ---------------------------------------------------------------------------------------------- tests
 def _counts_result(counts: np.ndarray, target: tuple[int, ...] | None, alpha: float) -> Result:
     lo, hi = counts.min(axis=0), counts.max(axis=0)
     spread = int((hi - lo).max())
@@ -363,18 +331,10 @@ def run_mixture(
     bins: int = DEFAULTS.bins,
     compute_power: bool = DEFAULTS.compute_power,
 ) -> MixtureReport:
-    """Test a mixture's order on three levels.
-
-    * **counts**: does every epoch hold the same number of records from each dataset (the
-      largest-remainder rounding of the weights, when they are given)?
-    * **the slots**: given each epoch's counts, is the sequence of dataset indices a uniformly random
-      arrangement? ``slot_positions`` (dataset x position table), ``slot_runs`` (adjacent slots from
-      one dataset) and ``slot_independence`` (the dataset at a slot in consecutive epochs);
-      ``walk_balance`` asks whether every record of a dataset is used once before any is used twice;
-    * **each dataset**: the uniformity battery (:func:`shardkit.ordertest.run`) on the dataset's own
-      records in emitted order (rows cut to the fewest records any epoch has). For a dataset that
-      contributes fewer records than it holds, ``epoch_independence`` does not apply: a walk makes
-      which records an epoch holds depend on the epochs before it, by design.
+    """Test a mixture's order: the **counts** per epoch (the largest-remainder rounding of ``weights``
+    when given, else equal across epochs), the **slots** (``slot_positions``, ``slot_runs``,
+    ``slot_independence``, ``walk_balance``) and **each dataset** (the battery on its records in
+    emitted order, rows cut to the fewest any epoch has; docs/design.md §15).
 
     Parameters
     ----------
@@ -383,9 +343,7 @@ def run_mixture(
     sizes
         Records per dataset (default: the largest key + 1 of each).
     weights
-        The mixture's weights: the counts test then checks the largest-remainder counts of
-        :func:`shardkit.order.mixture.epoch_counts`; without them it checks that counts are equal
-        across epochs.
+        The mixture's weights (see :func:`shardkit.order.mixture.epoch_counts`).
     alpha, seed, bins, compute_power
         As for :func:`shardkit.ordertest.run` (each dataset's battery).
     """

@@ -1,11 +1,6 @@
-"""A picture of where an order departs from uniform: the item x position heat map and the
-adjacent-pair deviations, as standardised residuals ``(observed - expected) / sqrt(expected)``.
-
-Under a uniform order every cell is roughly standard normal (speckle within +-3); a buffer shuffle
-paints a diagonal band on the item x position map, a block or shard shuffle a bright diagonal on the
-pair map (storage neighbours emitted together). Needs matplotlib (the ``viz`` extra); only the
-object-oriented API is used, so no global pyplot state or backend is touched.
-"""
+"""A picture of where an order departs from uniform: the item x position and adjacent-pair maps of
+standardised residuals (how to read them: docs/design.md §15). Needs matplotlib (the ``viz`` extra);
+only the object-oriented API is used, so no global pyplot state is touched."""
 
 from __future__ import annotations
 
@@ -50,11 +45,8 @@ def _title(r: Result) -> str:
 
 
 def plot_report(report: Report, path: str | os.PathLike[str], *, needed_by: str = "shardkit.ordertest.plot") -> Path:
-    """Write the residual maps of ``report`` to ``path`` (``.png``, ``.pdf`` or ``.svg``).
-
-    The colour scale is symmetric and at least +-3, so a uniform order looks like grey speckle and a
-    failing one shows its structure instead of one saturated colour.
-    """
+    """Write the residual maps of ``report`` to ``path`` (``.png``, ``.pdf`` or ``.svg``), on a
+    symmetric colour scale of at least +-3 so a failing order shows its structure."""
     out = Path(path)
     if out.suffix.lower() not in FORMATS:
         raise ConfigError(f"plot: expected a file name ending in {', '.join(FORMATS)}, found {str(out)!r}")

@@ -29,33 +29,21 @@ class Result:
 
     Attributes
     ----------
-    name
-        Stable identifier (``item_position``, ``adjacent_pairs``, ...), also the JSON key.
-    question
-        What the test asks, in one phrase.
-    statistic
-        The test statistic (None when the test does not apply).
-    null
-        Its null distribution as printed: ``chi2(225)``, ``sum of 255 weighted chi2(1), exact
-        covariance``, ``normal``, ``t(499), simulated null: 500 draws`` (mean exact, variance simulated).
-    dof
-        Degrees of freedom when the null is a chi-square (effective ones for a weighted sum).
+    name, question
+        Stable identifier (``item_position``, ...; also the JSON key) and what the test asks.
+    statistic, null, dof
+        The test statistic (None when the test does not apply), its null distribution as printed
+        (``chi2(225)``, ``t(499), simulated null: 500 draws``, ...), and the (effective) degrees of
+        freedom of a chi-square null.
     null_draws
         Simulated epochs behind the null, when part of it is simulated.
-    pvalue
-        Upper-tail (chi-square) or two-sided (z, t) p-value.
-    verdict
-        ``pass`` (p >= alpha), ``fail`` or ``n/a`` (the test does not apply to this input; ``detail``
-        says why).
+    pvalue, verdict
+        Upper-tail (chi-square) or two-sided (z, t) p-value; ``pass`` (p >= alpha), ``fail`` or ``n/a``.
     detail
         Observed vs expected values, binning, or why the test does not apply.
-    epochs
-        Epochs (rows) in the input.
-    epochs_needed
-        Fewest epochs for the stated power against ``alternative`` (and for the approximation of the
-        null to hold); None when no number of epochs reaches it.
-    alternative
-        The reference non-uniform order the power is stated against.
+    epochs, epochs_needed, alternative
+        Epochs in the input; the fewest for the stated power against the reference ``alternative``
+        and for the null's approximation (None when no number of epochs reaches it).
     residuals
         Standardised residuals of the test's table, for plots (not in JSON).
     """
@@ -100,11 +88,8 @@ def find_result(results: tuple[Result, ...] | list[Result], name: str) -> Result
 
 @dataclass(frozen=True)
 class Report:
-    """Everything :func:`shardkit.ordertest.run` found.
-
-    ``passed`` is True when no test failed at ``alpha`` (tests that do not apply are not failures);
-    ``exit_code`` is what ``shardkit order-test`` returns: 0 all pass, 1 any fails.
-    """
+    """Everything :func:`shardkit.ordertest.run` found; ``passed`` when no test failed at ``alpha``
+    (``n/a`` is no failure), ``exit_code`` 0 if so, else 1."""
 
     source: str
     kind: str

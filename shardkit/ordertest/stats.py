@@ -1,18 +1,5 @@
-"""Null distributions behind the order battery: binned tables, exact covariances, tail probabilities, power.
-
-Everything here is a pure function of numpy arrays, so the battery (:mod:`shardkit.ordertest.battery`),
-the benchmarks and the tests share one implementation.
-
-Three facts carry the battery; each is proved in the docstring of the function that uses it:
-
-* the item x position table over permutation rows has Pearson mean ``N (N - 1)`` per cell family, not
-  ``(N - 1)^2``: the statistic is scaled by ``(N - 1) / N`` (:func:`item_position_statistic`);
-* the table of adjacent pairs of a uniformly random arrangement of a multiset has an exact covariance
-  built from falling factorials (:func:`pair_moments`), so pair tests need no simulated null;
-* a Pearson statistic whose null covariance is known is a weighted sum of chi-square(1) variables; its
-  upper tail is computed with the Lugannani-Rice saddlepoint formula (:func:`weighted_chi2_sf`), which
-  keeps a small relative error far into the tail.
-"""
+"""Null distributions behind the order battery: binned tables, exact covariances, tail probabilities,
+power. Pure functions of numpy arrays; the facts they rest on are proved in docs/design.md §15."""
 
 from __future__ import annotations
 
@@ -48,13 +35,9 @@ __all__ = [
 ]
 
 
-# ---------------------------------------------------------------------------------------------- bins
 def bin_index(values: np.ndarray, n: int, bins: int) -> np.ndarray:
-    """Bin of each value in ``0..n-1`` when ``0..n-1`` is cut into ``bins`` contiguous near-equal bins.
-
-    Bins need not divide ``n``: every statistic here uses each bin's own size, so unequal bins keep
-    the exact null (the Kronecker structure of the covariance survives any partition into bins).
-    """
+    """Bin of each value in ``0..n-1`` when ``0..n-1`` is cut into ``bins`` contiguous near-equal bins
+    (unequal bins keep the exact nulls: every statistic uses each bin's own size)."""
     return (np.asarray(values, dtype=np.int64) * bins) // n
 
 
@@ -63,7 +46,6 @@ def bin_sizes(n: int, bins: int) -> np.ndarray:
     return np.bincount(bin_index(np.arange(n), n, bins), minlength=bins).astype(np.float64)
 
 
-# ---------------------------------------------------------------------------------------------- item x position
 def position_table(storage: np.ndarray, n: int, item_bins: int, pos_bins: int) -> np.ndarray:
     """Counts ``[item bin, position bin]`` over all rows of ``storage`` (``[epochs, k]`` storage positions)."""
     rows = np.asarray(storage, dtype=np.int64)
@@ -75,23 +57,9 @@ def position_table(storage: np.ndarray, n: int, item_bins: int, pos_bins: int) -
 
 
 def item_position_statistic(table: np.ndarray, n: int, k: int, epochs: int) -> tuple[float, np.ndarray]:
-    """Scaled Pearson statistic of an item x position table and its standardised residuals.
-
-    Rows of ``table`` are item bins (sizes ``g``), columns position bins (sizes ``h``) of rows that are
-    ``k`` distinct keys out of ``n`` (``k = n``: permutations).
-
-    Notes
-    -----
-    One uniform row is an ``n x k`` 0/1 matrix ``P`` (item i at position p). Its covariance is
-    ``Q_n (x) M`` with ``Q_n = I - J/n`` and ``M = (I_k - J_k / n) / (n - 1)``. Binning keeps the
-    Kronecker form, so with expected counts ``e = E g h / n`` the standardised table ``Y = (O - e) /
-    sqrt(e)`` has covariance ``n/(n-1) (I - sg sg'/n) (x) (I - sh sh'/n)`` (``sg = sqrt(g)``): the
-    eigenvalue ``n/(n-1)`` on the ``(R-1)(C-1)``-dimensional interaction space and ``(n-k)/(n-1)`` on
-    the item-frequency space. The interaction part is ``X2 = sum (O - r h / k)^2 / e`` (``r`` the row
-    sums), so ``X2 (n-1)/n ~ chi2((R-1)(C-1))``. For permutations ``r = E g`` and this is Pearson's
-    plain statistic, whose mean is ``n (n-1)`` unbinned, not ``(n-1)^2``: hence the scaling. The
-    item-frequency part is tested separately (``inclusion_frequency``) when ``k < n``.
-    """
+    """Scaled Pearson statistic ``X2 (n-1)/n ~ chi2((R-1)(C-1))`` of an item x position table (item
+    bins of sizes ``g`` by position bins of sizes ``h``, rows of ``k`` distinct keys out of ``n``) and its
+    standardised residuals; the item-frequency part is left out (proof: docs/design.md §15)."""
     t = np.asarray(table, dtype=np.float64)
     r_bins, c_bins = t.shape
     g, h = bin_sizes(n, r_bins), bin_sizes(k, c_bins)
@@ -101,7 +69,6 @@ def item_position_statistic(table: np.ndarray, n: int, k: int, epochs: int) -> t
     return x2 * (n - 1) / n, (t - e) / np.sqrt(e)
 
 
-# ---------------------------------------------------------------------------------------------- pairs
 def pair_table(bins_seq: np.ndarray, nbins: int) -> np.ndarray:
     """Per-row tables ``[rows, nbins * nbins]`` of consecutive pairs ``(x[p], x[p+1])`` of each row."""
     seq = np.asarray(bins_seq, dtype=np.int64)
@@ -129,30 +96,10 @@ def _falling(g: np.ndarray, eye: np.ndarray, order: int) -> np.ndarray:
 
 
 def pair_moments(sizes: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
-    """Exact mean and covariance of the adjacent-pair table of a uniformly random arrangement.
-
-    Parameters
-    ----------
-    sizes
-        ``g[a]``: how many of the ``n = sum(g)`` elements carry bin label ``a``.
-    length
-        Only the first ``length`` elements of the arrangement are seen (``length = n``: all).
-
-    Returns
-    -------
-    mean, cov
-        ``[R*R]`` and ``[R*R, R*R]`` for the table ``T[a, b] = #{p < length - 1: x[p] = a, x[p+1] = b}``.
-
-    Notes
-    -----
-    In a uniform arrangement, the labels at any ``m`` distinct positions have probability
-    ``prod_a (g_a)_(m_a) / (n)_m`` (falling factorials; ``m_a`` = how often ``a`` occurs). Writing
-    ``T = sum_p X_p`` with ``X_p`` the indicator of pair ``(p, p+1)``, ``E[T T']`` sums over pairs of
-    pairs: the same pair (``length - 1`` of them), pairs sharing one position (``q = p + 1`` or
-    ``p - 1``: ``length - 2`` each, three distinct positions) and disjoint pairs
-    (``(length - 2)(length - 3)`` ordered couples, four positions). Exact for every ``n`` and bin
-    sizes (checked against full enumeration of all orders in the tests).
-    """
+    """Exact mean ``[R*R]`` and covariance ``[R*R, R*R]`` of the adjacent-pair table
+    ``T[a, b] = #{p < length - 1: x[p] = a, x[p+1] = b}`` of a uniformly random arrangement of ``n =
+    sum(sizes)`` elements, ``sizes[a]`` of them labelled ``a``, of which the first ``length`` are seen
+    (proof: docs/design.md §15)."""
     g = np.asarray(sizes, dtype=np.float64)
     n, r = float(g.sum()), g.size
     k = int(length)
@@ -173,11 +120,8 @@ def pair_moments(sizes: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray
 
 
 def same_bin_pair_moments(sizes: np.ndarray, length: int) -> tuple[float, float]:
-    """Exact mean and variance of ``#{p: x[p], x[p+1] share a bin}`` (the trace of the pair table).
-
-    The same arrangement argument as :func:`pair_moments`, summed over the diagonal only, in O(R):
-    how many emitted neighbours come from one storage block, without the ``R^4`` covariance.
-    """
+    """Exact mean and variance of ``#{p: x[p], x[p+1] share a bin}`` (the trace of the pair table of
+    :func:`pair_moments`), in O(R)."""
     g = np.asarray(sizes, dtype=np.float64)
     n, k = float(g.sum()), int(length)
     ff = [n * (n - 1), n * (n - 1) * (n - 2), n * (n - 1) * (n - 2) * (n - 3)]
@@ -204,12 +148,8 @@ def _pair_null_cached(sizes: tuple[float, ...], length: int) -> tuple[np.ndarray
 
 
 def pair_null(sizes: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-epoch mean pair table and the eigenvalues of the Pearson statistic's null (cached).
-
-    The Pearson statistic ``sum (O - E m)^2 / (E m)`` over cells with ``m > 0``, summed over E
-    independent epochs, tends to ``sum_j lambda_j chi2_1`` with ``lambda`` the eigenvalues of
-    ``D^-1/2 C D^-1/2`` (``C`` the per-epoch covariance, ``D = diag(m)``): independent of E.
-    """
+    """Per-epoch mean pair table and the eigenvalues ``lambda`` of the Pearson statistic's null
+    ``sum lambda_j chi2_1`` over E independent epochs (independent of E; cached)."""
     return _pair_null_cached(tuple(float(x) for x in sizes), int(length))
 
 
@@ -223,7 +163,6 @@ def pearson(observed: np.ndarray, expected: np.ndarray) -> tuple[float, np.ndarr
     return float((resid[live] ** 2).sum()), resid
 
 
-# ---------------------------------------------------------------------------------------------- tails
 def satterthwaite(weights: np.ndarray) -> tuple[float, float]:
     """``(scale, dof)`` of the scaled chi-square with the mean and variance of ``sum w_j chi2_1``."""
     w = np.asarray(weights, dtype=np.float64)
@@ -232,15 +171,8 @@ def satterthwaite(weights: np.ndarray) -> tuple[float, float]:
 
 
 def weighted_chi2_sf(x: float, weights: np.ndarray) -> float:
-    """``P(sum_j w_j chi2_1 > x)`` by the Lugannani-Rice saddlepoint formula (Kuonen 1999).
-
-    Equal weights give the exact chi-square tail. Otherwise the cumulant generating function
-    ``K(t) = -1/2 sum log(1 - 2 w t)`` is solved for ``K'(t) = x`` and
-    ``P = 1 - Phi(r) + phi(r) (1/u - 1/r)`` with ``r = sign(t) sqrt(2 (t x - K(t)))``,
-    ``u = t sqrt(K''(t))``; the relative error stays small far into the tail, where a two-moment
-    approximation does not. Near the mean (where the formula is 0/0) the two-moment approximation
-    is used.
-    """
+    """``P(sum_j w_j chi2_1 > x)`` by the Lugannani-Rice saddlepoint formula (Kuonen 1999), exact for
+    equal weights, small relative error far into the tail (docs/design.md §15)."""
     w = np.asarray(weights, dtype=np.float64)
     w = w[w > 0]
     if w.size == 0 or x <= 0:
@@ -287,7 +219,6 @@ def weighted_chi2_sf(x: float, weights: np.ndarray) -> float:
     return min(max(p, 0.0), 1.0)
 
 
-# ---------------------------------------------------------------------------------------------- power
 def noncentrality_for_power(dof: float, alpha: float, power: float) -> float:
     """Smallest noncentrality ``lam`` with ``P(ncx2(dof, lam) > chi2.isf(alpha, dof)) >= power``."""
     crit = float(_stats.chi2.isf(alpha, dof))
@@ -303,12 +234,7 @@ def noncentrality_for_power(dof: float, alpha: float, power: float) -> float:
 
 def epochs_for_power(per_epoch: float, dof: float, alpha: float, power: float) -> int | None:
     """Epochs E for which noncentrality ``E * per_epoch`` reaches ``power``; None when it never does.
-
-    ``per_epoch`` is the noncentrality one epoch adds, estimated from the reference alternative's
-    mean table (split-half, so noise does not inflate it). The local-alternative approximation
-    (the alternative's covariance ~ the null's) makes this a planning figure, checked in the tests
-    against simulated rejection rates.
-    """
+    A planning figure under the local-alternative approximation (docs/design.md §15)."""
     if not per_epoch > 0 or not math.isfinite(per_epoch):
         return None
     return max(1, math.ceil(noncentrality_for_power(dof, alpha, power) / per_epoch))
@@ -323,12 +249,9 @@ def z_epochs_for_power(effect_per_sd: float, alpha: float, power: float) -> int 
 
 
 def split_half_noncentrality(tables: np.ndarray, mean: np.ndarray, weight: np.ndarray) -> float:
-    """``d_A' diag(weight) d_B``: the per-epoch noncentrality of an alternative, without noise bias.
-
-    ``tables`` ``[M, cells]`` are per-epoch tables under the alternative; ``d_A``, ``d_B`` the
-    deviations of the two halves' means from the null ``mean``. Independent halves make the cross
-    product unbiased for ``d' W d``, where the square of one noisy mean would add ``tr(W C) / M``.
-    """
+    """``d_A' diag(weight) d_B``: the per-epoch noncentrality of an alternative from ``[M, cells]``
+    ``tables``, ``d_A``, ``d_B`` the deviations of the two halves' means from ``mean`` (unbiased, unlike
+    squaring one noisy mean)."""
     t = np.asarray(tables, dtype=np.float64)
     half = t.shape[0] // 2
     d_a = t[:half].mean(axis=0) - mean
@@ -336,7 +259,6 @@ def split_half_noncentrality(tables: np.ndarray, mean: np.ndarray, weight: np.nd
     return float((d_a * d_b * weight).sum())
 
 
-# ---------------------------------------------------------------------------------------------- labels
 def batch_sizes(length: int, batch: int) -> list[int]:
     """Sizes of consecutive batches of ``batch`` over ``length`` keys (the last one partial)."""
     sizes = [batch] * (length // batch)
@@ -346,13 +268,8 @@ def batch_sizes(length: int, batch: int) -> list[int]:
 
 
 def expected_distinct_labels(class_counts: np.ndarray, sizes: list[int] | int) -> float:
-    """Mean number of distinct labels per batch when batches are uniform subsets (a uniform shuffle).
-
-    A batch of b keys of a uniform order is a uniform b-subset of the n records, so class c (``n_c``
-    records) is missing with the hypergeometric probability ``C(n - n_c, b) / C(n, b) =
-    prod_{j<b} (1 - n_c / (n - j))`` and ``E = sum_c 1 - P(miss c)``. ``sizes``: the batch sizes as
-    emitted (the result is their mean), or one int.
-    """
+    """Mean number of distinct labels per batch under a uniform shuffle (docs/design.md §15), for
+    ``class_counts`` and ``sizes`` the batch sizes as emitted (the result is their mean) or one int."""
     counts = np.asarray(class_counts, dtype=np.float64)
     counts = counts[counts > 0]
     n = float(counts.sum())
@@ -375,11 +292,8 @@ def expected_distinct_labels(class_counts: np.ndarray, sizes: list[int] | int) -
 
 
 def distinct_per_batch(codes: np.ndarray, batch: int | Sequence[int]) -> np.ndarray:
-    """Mean number of distinct labels per batch of each row of ``codes`` (``[rows, k]`` integers).
-
-    ``batch``: one batch size (consecutive batches, the last one partial), or the sizes of the
-    batches as emitted (they must add up to k: DataLoader workers may emit several partial batches).
-    """
+    """Mean number of distinct labels per batch of each row of ``codes`` (``[rows, k]`` integers);
+    ``batch`` is one size (the last batch partial) or the sizes as emitted, adding up to k."""
     c = np.asarray(codes, dtype=np.int64)
     if c.ndim == 1:
         c = c[None, :]
@@ -407,14 +321,9 @@ def distinct_per_batch(codes: np.ndarray, batch: int | Sequence[int]) -> np.ndar
     return out
 
 
-# ---------------------------------------------------------------------------------------------- spearman
 def row_spearman(rows: np.ndarray) -> np.ndarray:
-    """Spearman's rho between each row's values (ties averaged) and their positions ``0..k-1``.
-
-    NaN for a row whose values are all equal. Under any exchangeable order (a uniform shuffle, or
-    i.i.d. draws) each rho has mean 0 and variance exactly ``1 / (k - 1)``: it is Pearson's r of two
-    fixed vectors under a uniformly random matching.
-    """
+    """Spearman's rho between each row's values (ties averaged) and their positions ``0..k-1``; NaN for
+    a row of equal values. Under an exchangeable order: mean 0, variance ``1 / (k - 1)``."""
     r = np.asarray(_stats.rankdata(np.asarray(rows), axis=1), dtype=np.float64)
     k = r.shape[1]
     pos = np.arange(k, dtype=np.float64) - (k - 1) / 2

@@ -1,11 +1,5 @@
 """``shardkit profile``: measure data stalls differentially and predict what more RAM, SSD, cache,
-workers or bandwidth would buy (DS-Analyzer's method applied to the tiered sampler).
-
-:func:`profile` runs the phases (:mod:`~shardkit.profiling.phases`) and returns a :class:`Profile`;
-:mod:`~shardkit.profiling.model` holds the arithmetic, :mod:`~shardkit.profiling.whatif` the
-configurations it is asked about and the advice, :mod:`~shardkit.profiling.report` the table, the
-JSON and the plot.
-"""
+workers or bandwidth would buy (docs/design.md §15)."""
 
 from shardkit.profiling.model import (
     EpochPrediction,

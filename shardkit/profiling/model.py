@@ -1,12 +1,5 @@
-"""The cost model of ``shardkit profile``: epoch time and stalls from per-tier rates and cache sizes.
-
-DS-Analyzer (Mohan et al., VLDB'21) predicts what more memory, CPU or storage bandwidth would buy
-from rates measured once; :func:`predict` is that prediction for the tiered sampler, as plain
-arithmetic on a few measured :class:`Rates` (so tests can check it against hand-computed cases).
-Every term is a measured rate times a count the schedule fixes; what it leaves out (per-request
-latency of sparse reads, a framework's inter-process hand-over with workers) is named in the
-README's profile section.
-"""
+"""The cost model of ``shardkit profile``: epoch time and stalls as plain arithmetic on a few
+measured :class:`Rates` and the cache sizes (docs/design.md §15)."""
 
 from __future__ import annotations
 
@@ -51,26 +44,12 @@ class Workload:
 class Rates:
     """Rates measured by the profile's phases (bytes per second, seconds per batch).
 
-    Attributes
-    ----------
-    storage_bps
-        The bottom tier read cold (a disk with the page cache dropped, or an object store).
-    page_cache_bps
-        The bottom tier read warm (from the OS page cache: the CPU copying bytes).
-    copy_bps
-        The RAM tier: cached records copied into batches.
-    assembly_s
-        Seconds per batch the assembler spends besides copying cached records (fields, keys).
-    handover_s
-        Seconds per batch of the consumer's side of taking a batch.
-    step_s, step_cpu_s
-        Wall and CPU seconds of one training step (a sleeping step stands for an accelerator: no CPU).
-    ssd_write_bps, ssd_read_bps
-        The SSD tier (``None`` when not measured: predictions with the SSD tier are then refused).
-    cores
-        CPU cores the job may use.
-    page_cache_bytes
-        Memory the OS may use to cache the dataset (``MemAvailable`` when measured).
+    ``storage_bps`` / ``page_cache_bps``: the bottom tier read cold / warm; ``copy_bps``: cached records
+    copied into batches; ``assembly_s``: the assembler's other work per batch; ``handover_s``: the
+    consumer's side of taking a batch; ``step_s`` / ``step_cpu_s``: wall and CPU seconds of one step (a
+    sleeping step has no CPU); ``ssd_write_bps`` / ``ssd_read_bps``: the SSD tier (``None``: not
+    measured, SSD predictions refused); ``cores``; ``page_cache_bytes``: memory the OS may use to cache
+    the dataset.
     """
 
     storage_bps: float
@@ -88,11 +67,8 @@ class Rates:
 
 @dataclass(frozen=True)
 class Scenario:
-    """One configuration to predict: sampler options plus the machine's what-ifs.
-
-    ``storage_bps``, ``step_s`` and ``page_cache_bytes`` replace the measured rate when given;
-    ``cold_start`` says whether the run starts with the dataset out of the page cache.
-    """
+    """One configuration to predict: sampler options plus the machine's what-ifs (``storage_bps``,
+    ``step_s``, ``page_cache_bytes`` replace the measured rate; ``cold_start``: dataset out of the page cache)."""
 
     label: str
     options: SamplerOptions
@@ -105,11 +81,8 @@ class Scenario:
 
 @dataclass(frozen=True)
 class EpochPrediction:
-    """One epoch of one consumer: its time, the consumer's stall, and each stage's time.
-
-    ``stages`` maps every name of :data:`RESOURCES` to the seconds that resource alone would need;
-    the reader thread needs storage and page cache together.
-    """
+    """One epoch of one consumer: its time, the consumer's stall, and in ``stages`` the seconds each
+    resource of :data:`RESOURCES` alone would need."""
 
     seconds: float
     stall_seconds: float
@@ -156,13 +129,10 @@ class Prediction:
 
 
 def read_amplification(density: float, gap_bytes: int, record_nbytes: int) -> float:
-    """Bytes read per wanted byte when a fraction ``density`` of the records is wanted.
+    """Bytes read per wanted byte when a fraction ``density`` d of the records is wanted independently.
 
-    Between two wanted records lie ``k`` unwanted ones with ``P(k) = d (1 - d)^k`` (records wanted
-    independently with probability ``d``). A gap of ``k`` records is read rather than skipped when
-    ``k * record_nbytes <= gap_bytes``, i.e. ``k <= G = gap_bytes // record_nbytes``, so a wanted
-    record costs ``1 + sum_{k=1..G} k d (1-d)^k`` records:
-    ``1 + q (1 - (G+1) q^G + G q^(G+1)) / d`` with ``q = 1 - d``.
+    A gap of k unwanted records (``P(k) = d (1-d)^k``) is read when ``k <= G = gap_bytes // record_nbytes``,
+    so a wanted record costs ``1 + q (1 - (G+1) q^G + G q^(G+1)) / d`` records, ``q = 1 - d``.
     """
     if not 0 < density <= 1:
         raise ConfigError(f"density: expected 0 < density <= 1, found {density}")
@@ -181,27 +151,8 @@ def page_cache_hit(page_cache_bytes: float, dataset_bytes: float) -> float:
 
 
 def predict(work: Workload, rates: Rates, scenario: Scenario) -> Prediction:
-    """Predict every epoch of ``scenario``.
-
-    * **What each epoch reads.** The static cache pins ``M`` of the ``N`` records (``M`` comes from
-      :meth:`~shardkit.readers.SamplerOptions.tier_sizes`, the sampler's own memory plan). The first
-      epoch of a run reads every record from storage (the pinned ones into the cache), every later
-      epoch only the ``N - M`` others. A block of ``K`` keys reads its records at density ``d = K / N``;
-      gaps of up to ``gap_bytes`` are read rather than skipped, so a wanted record costs
-      :func:`read_amplification` times its own bytes.
-    * **Where the bytes come from.** Storage reads hit the OS page cache with probability
-      ``min(1, page_cache / dataset)`` (a uniformly random order meets an LRU cache of ``C`` bytes about
-      ``C / D`` of the time), except in the first epoch of a cold start. The page cache is what the
-      machine has available less the sampler's own ``ram_size``.
-    * **Stages.** The block reader (storage, or storage -> SSD -> RAM with the SSD tier: two threads),
-      the assembler (per batch, plus copying cached records) and the consumer (training step plus
-      hand-over) run concurrently, so an epoch takes as long as the slowest of them, or as the CPU work
-      of all of them spread over the cores, plus the start-up read of the first block in a run's first
-      epoch. The consumer stalls for whatever the epoch takes beyond its own work.
-    * **Workers.** ``W`` DataLoader workers each run a sampler over ``N / W`` records with its own
-      budget (the static cache is shared per node); storage bandwidth is shared, CPU work spreads over
-      ``min(W, cores)`` cores.
-    """
+    """Predict every epoch of ``scenario``: what each epoch reads, from which tier, and how long its
+    slowest stage takes (the model is in docs/design.md §15)."""
     w = scenario.workers
     if w < 1:
         raise ConfigError(f"workers: expected at least 1, found {w}")

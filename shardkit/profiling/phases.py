@@ -1,14 +1,5 @@
-"""The measuring half of ``shardkit profile``: the pipeline alone, the step alone, both together.
-
-DS-Analyzer's differential technique: a data stall is the time the consumer waits beyond its own
-work, so measure the data pipeline with no consumer work (its maximum ingestion rate), the
-training step with no data pipeline (synthetic batches already in memory: its maximum rate), and
-then both; the difference is the stall, and the pipeline's stage timers
-(:attr:`~shardkit.readers.SamplerStats.busy_seconds`) say which tier it comes from.
-
-A step is any callable taking a batch (a dict of numpy arrays). ``--step-ms`` builds one that
-sleeps: it stands for an accelerator, which keeps the CPU free while it computes.
-"""
+"""The measuring half of ``shardkit profile``: the pipeline alone, the step alone, both together
+(DS-Analyzer's differential technique, docs/design.md §15). A step is any callable taking a batch."""
 
 from __future__ import annotations
 
@@ -18,7 +9,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,12 +39,8 @@ Step = Callable[[Batch], object]
 
 @dataclass(frozen=True)
 class PhaseResult:
-    """What one phase measured (a run of the sampler, with or without a step).
-
-    ``epoch_seconds`` are wall times between the consumer's last batches of consecutive epochs
-    (the first from the first request); ``busy`` the pipeline's stage timers; the byte counts are
-    the sampler's per-tier counters for the phase.
-    """
+    """What one phase measured: ``epoch_seconds`` between the consumer's last batches of consecutive
+    epochs (the first from the first request), the stage timers (``busy``) and per-tier byte counts."""
 
     name: str
     seconds: float
@@ -79,22 +66,14 @@ class PhaseResult:
         return self.stall_seconds / self.seconds if self.seconds > 0 else 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name, "seconds": self.seconds, "records": self.records, "batches": self.batches,
-            "records_per_s": self.records_per_s, "epoch_seconds": list(self.epoch_seconds),
-            "stall_seconds": self.stall_seconds, "stall_fraction": self.stall_fraction,
-            "first_batch_seconds": self.first_batch_seconds, "busy_seconds": dict(self.busy),
-            "storage_bytes": self.storage_bytes, "storage_calls": self.storage_calls, "ssd_bytes": self.ssd_bytes,
-            "ssd_written": self.ssd_written, "cache_bytes": self.cache_bytes, "step_seconds": self.step_seconds,
-        }  # fmt: skip
+        out = asdict(self)
+        out["busy_seconds"], out["epoch_seconds"] = out.pop("busy"), list(self.epoch_seconds)
+        return {**out, "records_per_s": self.records_per_s, "stall_fraction": self.stall_fraction}
 
 
 def evict_page_cache(path: Path | str) -> bool:
-    """Drop a local dataset's files from the OS page cache (``False`` for an object store).
-
-    ``posix_fadvise(DONTNEED)`` needs no privileges; dirty pages cannot be dropped, so each file is
-    flushed first. Files that cannot be opened are skipped (the phase then reads them warm).
-    """
+    """Drop a local dataset's files from the page cache (``False`` for an object store); each file is
+    flushed first, and files that cannot be opened are skipped (then read warm)."""
     if isinstance(path, str) or not hasattr(os, "posix_fadvise"):
         return False
     files = [path] if path.is_file() else [f for f in path.rglob("*") if f.is_file()]

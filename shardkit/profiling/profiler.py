@@ -1,16 +1,5 @@
-"""``profile()``: run the phases, derive the per-tier rates, predict, and optionally check predictions.
-
-Phases (each with its own progress bar when ``progress`` is on):
-
-1. ``ingest-cold``: the sampler alone over one epoch, the dataset dropped from the page cache first
-   (for an object store: the first run) -> the storage rate;
-2. ``ingest-warm``: the sampler alone over the job's epochs, page cache warm -> the page-cache
-   rate, the assembler's and the hand-over's cost per batch, the maximum ingestion rate;
-3. ``ssd`` (with the SSD tier, or when ``ssd_dir`` is given): the SSD tier's write and read rates;
-4. ``compute``: the step alone on a synthetic batch in memory -> the step rate;
-5. ``both``: the job as configured -> the measured epoch times and stall;
-6. ``check`` (optional): other configurations run like ``both``, next to their predictions.
-"""
+"""``profile()``: run the phases (ingest-cold, ingest-warm, ssd, compute, both, check; docs/design.md
+§15), derive the per-tier rates, predict, and optionally check the predictions."""
 
 from __future__ import annotations
 
@@ -112,17 +101,17 @@ def profile(
     path
         Dataset directory or object-store URL.
     options, **overrides
-        The job's sampler options (:class:`~shardkit.readers.SamplerOptions`; ``epochs`` defaults
-        to :data:`PROFILE_EPOCHS`, 2, here: the first epoch fills the static cache, the second is the steady state).
+        The job's sampler options; ``epochs`` defaults to :data:`PROFILE_EPOCHS` (2: the first epoch
+        fills the static cache, the second is the steady state).
     step, step_time
-        The training step: a callable taking a batch, or a duration the step sleeps (an accelerator
-        that leaves the CPU free; seconds or ``"20ms"``). Exactly one of them.
+        The training step: a callable taking a batch, or a duration the step sleeps (seconds or
+        ``"20ms"``). Exactly one of them.
     cold
         Start the ``both`` and ``check`` runs with the dataset out of the page cache (local datasets).
     check
         ``True`` for :func:`default_checks`, or a list of option overrides (one configuration each).
     progress_bars
-        A tqdm bar per phase (for a person watching; off for library use).
+        A tqdm bar per phase.
     """
     if (step is None) == (step_time is None):
         raise ConfigError("profile: give exactly one of step (a function) and step_time (a duration such as 20ms)")

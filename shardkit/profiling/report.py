@@ -1,8 +1,5 @@
-"""What ``shardkit profile`` shows: the text report, the JSON document and the plot.
-
-The plot (predicted epoch time against the static cache's size) needs matplotlib, the ``viz``
-extra, imported only when a plot is written.
-"""
+"""What ``shardkit profile`` shows: the text report, the JSON document and the plot (matplotlib,
+the ``viz`` extra, imported only when a plot is written)."""
 
 from __future__ import annotations
 

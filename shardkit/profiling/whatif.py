@@ -1,13 +1,5 @@
-"""What-if questions for the cost model: other cache sizes, workers, bandwidths; the cheapest fix.
-
-:func:`whatif_grid` lists the configurations ``shardkit profile`` predicts (RAM budgets from a
-twentieth of the dataset to all of it, explicit static-cache sizes, SSD tiers, workers, storage
-bandwidths); :func:`advise` names the bottleneck and the cheapest change that removes it. Changes
-are tried in order of what they cost: first a configuration change on the machine as it is (more
-DataLoader workers on idle cores, a larger ``ram_size`` within the memory available, the SSD tier),
-then hardware (faster storage); the first that brings the predicted stall under
-:data:`STALL_TARGET` wins.
-"""
+"""What-if questions for the cost model: :func:`whatif_grid` lists the configurations ``shardkit
+profile`` predicts; :func:`advise` names the bottleneck and the cheapest fix (docs/design.md §15)."""
 
 from __future__ import annotations
 
@@ -84,8 +76,7 @@ def whatif_grid(work: Workload, rates: Rates, base: Scenario) -> list[Prediction
     for f in BANDWIDTH_FACTORS:
         bw = rates.storage_bps * f
         scenarios.append(replace(base, label=f"storage {human_bytes(bw)}/s", storage_bps=bw))
-    out = [p for p in (_try(work, rates, s) for s in scenarios) if p is not None]
-    return out
+    return [p for p in (_try(work, rates, s) for s in scenarios) if p is not None]
 
 
 def cache_curve(work: Workload, rates: Rates, base: Scenario, points: int = 21) -> list[Prediction]:
@@ -95,16 +86,13 @@ def cache_curve(work: Workload, rates: Rates, base: Scenario, points: int = 21) 
 
 
 def advise(work: Workload, rates: Rates, base: Scenario) -> Advice:
-    """The bottleneck of ``base`` and the first change (cheapest first) that removes its stall.
-
-    Judged on the steady-state epoch (every epoch after the first): a training job runs many, while
-    the first epoch's cold reads are paid once whatever the configuration.
-    """
+    """The bottleneck of ``base`` and the first change (cheapest first) that removes its stall, judged
+    on the steady-state epoch (the first epoch's cold reads are paid once whatever the configuration)."""
     steady = predict(work, rates, base).steady
     if steady.stall_fraction < STALL_TARGET:
         return Advice(steady.bottleneck, steady.stall_fraction, None, None)
     candidates: list[tuple[str, Scenario]] = []
-    for w in (2, 4, 8):
+    for w in WORKERS:
         if w <= rates.cores:
             candidates.append((f"{w} DataLoader workers (idle cores)", replace(base, label=f"{w} workers", workers=w)))
     for s in ram_scenarios(work, base):

@@ -1,8 +1,5 @@
-"""Looking at a dataset's records: contact sheets, audio plots, and records written back as files.
-
-``show`` draws chosen records into one PNG (images with Pillow alone; audio plots with matplotlib,
-the ``viz`` extra, imported only when an audio dataset is shown); ``export`` writes them as PNG / WAV.
-"""
+"""Looking at a dataset's records: contact sheets, audio plots (matplotlib, the ``viz`` extra), and
+records written back as PNG / WAV files."""
 
 from shardkit.viz.records import ShowResult, export, show
 from shardkit.viz.selection import MAX_RECORDS, Selection, parse_keys, select_keys

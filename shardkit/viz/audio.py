@@ -22,13 +22,8 @@ def as_float(record: np.ndarray) -> np.ndarray:
 
 
 def audio_figure(records: Sequence[np.ndarray], titles: Sequence[str], rate: int, out: Path) -> Path:
-    """Write one PNG with, per record, its waveform (left) and spectrogram (right).
-
-    Raises
-    ------
-    MissingExtraError
-        matplotlib is not installed (``pip install "shardkit[viz]"``).
-    """
+    """Write one PNG with, per record, its waveform (left) and spectrogram (right); ``MissingExtraError``
+    without matplotlib."""
     import_extra("matplotlib", "viz", needed_by="shardkit show (audio plots)")
     from matplotlib.figure import Figure
 

@@ -1,10 +1,8 @@
 """``show`` and ``export``: look at the records of a dataset, or write them back as PNG / WAV files.
 
-Both read the chosen records (:mod:`~shardkit.viz.selection`) with one random-access read, so they
-cost a few milliseconds on any dataset size. Files they write get a name built from the record's
-key and class name, with every character outside ``[A-Za-z0-9._-]`` replaced (a class name comes
-from the dataset's metadata, which may hold anything, so it never chooses a directory), and are no
-more readable than the dataset's own payload files.
+Both read the chosen records with one random-access read. File names are built from the key and
+class name with every character outside ``[A-Za-z0-9._-]`` replaced (metadata may hold anything, so
+it never chooses a directory), and files are no more readable than the dataset's payload files.
 """
 
 from __future__ import annotations
@@ -30,19 +28,8 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 @dataclass(frozen=True)
 class ShowResult:
-    """What :func:`show` wrote.
-
-    Attributes
-    ----------
-    path
-        The PNG: a contact sheet (images) or waveform and spectrogram plots (audio).
-    keys
-        The records shown, in order.
-    layout
-        Where each image record landed on the sheet (``None`` for audio).
-    wavs
-        WAV files written for audio records (with ``wav_dir``).
-    """
+    """What :func:`show` wrote: ``path`` (the PNG), ``keys`` (the records shown, in order), ``layout``
+    (where each image landed on the sheet; ``None`` for audio) and ``wavs`` (WAV files, with ``wav_dir``)."""
 
     path: Path
     keys: tuple[int, ...]
@@ -64,9 +51,7 @@ def _class_name(ds: Dataset, field: str, value: int) -> str:
 
 def _caption(ds: Dataset, batch: Batch, i: int) -> str:
     key = int(batch["key"][i])
-    if "label" not in batch:
-        return f"#{key}"
-    return f"#{key}  {_class_name(ds, 'label', int(batch['label'][i]))}"
+    return f"#{key}  {_class_name(ds, 'label', int(batch['label'][i]))}" if "label" in batch else f"#{key}"
 
 
 def file_stem(ds: Dataset, batch: Batch, i: int) -> str:
@@ -126,12 +111,8 @@ def show(
     wav_dir: str | os.PathLike[str] | None = None,
     naming: str = "python",
 ) -> ShowResult:
-    """Draw records of the dataset at ``path`` into one PNG.
-
-    Image records make a contact sheet (Pillow): each frame as stored, its key and class under it,
-    and COCO boxes outlined in the frame with their class names. Audio records make a figure with a
-    waveform and a spectrogram per record (matplotlib, ``pip install "shardkit[viz]"``), and with
-    ``wav_dir`` a WAV file per record.
+    """Draw records of the dataset at ``path`` into one PNG: a contact sheet for images (key, class and
+    COCO boxes), a waveform and a spectrogram per record for audio (the ``viz`` extra).
 
     Parameters
     ----------
@@ -140,9 +121,7 @@ def show(
     out
         PNG to write (default ``<dataset name>-show.png`` in the current directory).
     keys, random, seed, label, limit
-        Which records (see :class:`~shardkit.viz.selection.Selection`): these keys; or ``random``
-        records drawn uniformly without replacement with ``seed``; ``label`` keeps one class; else
-        the first ``limit`` records.
+        Which records (see :class:`~shardkit.viz.selection.Selection`).
     columns
         Frames per row of a contact sheet (default: about square).
     wav_dir
@@ -212,12 +191,8 @@ def export(
     limit: int = SELECTION_DEFAULTS.limit,
     naming: str = "python",
 ) -> list[Path]:
-    """Write records of the dataset at ``path`` back as files in ``out_dir``: images as PNG (the frame
-    exactly as stored), audio as WAV (int16 as 16-bit PCM, float32 as float, at the dataset's rate).
-
-    Files are named ``<key>-<class>.png`` / ``.wav`` (six-digit key). Records are chosen as for
-    :func:`show`. Returns the paths written, in record order.
-    """
+    """Write records of the dataset at ``path`` to ``out_dir`` as ``<key>-<class>.png`` (the frame as
+    stored) or ``.wav`` (at the dataset's rate), chosen as for :func:`show`; returns the paths in record order."""
     sel = Selection(keys=keys, random=random, seed=seed, label=label, limit=limit)
     with open_dataset(path) as ds:
         batch = _read(ds, sel, naming)

@@ -21,22 +21,9 @@ _RANGE = re.compile(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?")
 
 @dataclass(frozen=True)
 class Selection:
-    """How to choose records (``keys`` wins; else ``label`` restricts, ``random`` samples).
-
-    Attributes
-    ----------
-    keys
-        Record keys, in the order to show them.
-    random
-        Pick this many records uniformly at random without replacement (seeded by ``seed``).
-    seed
-        Seed of the random pick, an integer in ``[0, 2**64)`` (its own random domain).
-    label
-        Only records whose ``label`` is this class name.
-    limit
-        Records when neither ``keys`` nor ``random`` says how many (the first of the class, or of
-        the dataset).
-    """
+    """How to choose records: ``keys`` in order; else the first ``limit`` records, or ``random`` ones
+    drawn uniformly without replacement with ``seed`` (an integer in ``[0, 2**64)``), of class ``label``
+    when given."""
 
     keys: Sequence[int] | None = None
     random: int | None = None
@@ -72,14 +59,8 @@ def _label_id(ds: Dataset, name: str, what: str) -> int:
 
 
 def select_keys(ds: Dataset, sel: Selection, *, naming: str = "python") -> np.ndarray:
-    """The keys ``sel`` picks in ``ds`` (at most :data:`MAX_RECORDS`), in the order to show them.
-
-    Raises
-    ------
-    ConfigError
-        A key outside the dataset, an unknown class, a count out of range (named as the user wrote it:
-        ``--random`` on the command line, ``random`` in Python).
-    """
+    """The keys ``sel`` picks in ``ds`` (at most :data:`MAX_RECORDS`), in the order to show them; a
+    ``ConfigError`` names the option as the user wrote it (``--random`` or ``random``)."""
     def name(option: str) -> str:
         return f"--{option}" if naming == "cli" else option
 

@@ -1,12 +1,6 @@
-"""A contact sheet of image records, drawn with Pillow alone: frames in a grid, each captioned with its
-key and class, COCO boxes drawn in the record frame with their class names.
-
-The frame is shown exactly as stored (zoomed by a whole factor for small frames, so a 32 x 32 CIFAR
-image is 4 x 4 screen pixels per pixel, never smoothed), so what the sheet shows is what training
-gets. A box ``[x0, y0, x1, y1]`` (continuous pixel edges, the converters' convention) is outlined on
-the frame pixels it covers: its first row and column are ``floor(x0), floor(y0)``, its last are
-``ceil(x1) - 1, ceil(y1) - 1``, times the zoom.
-"""
+"""A contact sheet of image records, drawn with Pillow alone: frames in a grid, captioned with key and
+class, COCO boxes drawn with their class names. Frames are shown as stored (zoomed by a whole factor,
+never smoothed); a box ``[x0, y0, x1, y1]`` covers pixels ``floor(x0)..ceil(x1) - 1`` (likewise y)."""
 
 from __future__ import annotations
 
@@ -101,24 +95,10 @@ def contact_sheet(
     *,
     columns: int | None = None,
 ) -> tuple[Any, SheetLayout]:
-    """Draw a contact sheet.
-
-    Parameters
-    ----------
-    frames
-        Image records (any layout :func:`as_rgb` accepts), all of one shape.
-    keys, captions
-        Each record's key and the text under it (``"12  dog"``).
-    boxes
-        Per record: ``([M, 4] boxes, their class ids, their class names)``; ``None`` for no boxes.
-    columns
-        Tiles per row (default: about square).
-
-    Returns
-    -------
-    image, layout
-        The ``PIL.Image`` (RGB) and where every tile is.
-    """
+    """Draw a contact sheet of ``frames`` (one shape, any layout :func:`as_rgb` accepts) captioned with
+    each record's ``keys`` and ``captions``, with ``boxes`` per record (``([M, 4] boxes, class ids,
+    class names)`` or ``None``) and ``columns`` tiles per row (default: about square); returns the RGB
+    ``PIL.Image`` and each tile's place."""
     from PIL import Image, ImageDraw
 
     if not frames:

@@ -43,7 +43,6 @@ def test_payload_options() -> None:
     assert PayloadOptions(scale="float").factor(np.dtype("uint8")) == 1 / 255
     assert PayloadOptions(scale="float").factor(np.dtype("int16")) == 1 / 32768
     assert PayloadOptions(scale="float").factor(np.dtype("float32")) == 1.0
-    assert PayloadOptions(layout="NCHW").shape((224, 200, 3)) == (3, 224, 200)
     with pytest.raises(ConfigError, match="NCHW"):
         PayloadOptions(layout="NCHW").check((16000,), "audio")
     with pytest.raises(ConfigError, match="layout"):

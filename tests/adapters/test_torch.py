@@ -163,6 +163,16 @@ def test_tensors_share_the_batch_memory(keyed: Path) -> None:
     assert to_tensors({"x": readonly}, "image")["x"].shape == (3,)  # copied, no warning
 
 
+def test_nchw_moves_the_channel_axis_first() -> None:
+    """``layout="NCHW"`` presents ``(H, W, C)`` records as ``(C, H, W)``, batched or one record."""
+    from shardkit.adapters._options import PayloadOptions
+    from shardkit.adapters.torch import to_tensors
+
+    nchw = PayloadOptions(layout="NCHW")
+    assert tuple(to_tensors({"image": np.zeros((2, 224, 200, 3), np.uint8)}, "image", nchw)["image"].shape) == (2, 3, 224, 200)
+    assert tuple(to_tensors({"image": np.zeros((224, 200, 3), np.uint8)}, "image", nchw, batched=False)["image"].shape) == (3, 224, 200)
+
+
 def test_unbatched_with_own_collate(keyed: Path) -> None:
     ds = ShardIterableDataset(keyed, batch_size=8, unbatched=True, seed=SEED, num_workers=2)
     sample = next(iter(ds))
