@@ -21,17 +21,12 @@ class SamplerStats:
     Attributes
     ----------
     disk, ssd, ram
-        :class:`~shardkit.formats.ReadStats` per tier: ``disk`` counts reads from the dataset,
-        ``ssd`` reads from SSD reservoirs, ``ram`` the bytes copied out of RAM blocks into batches
-        (batch assembly). Set ``stats.disk.trace = []`` to record every disk request.
-    cache
-        Records and bytes served from the static cache (pinned records) instead of disk or SSD.
-    node
-        With ``locality``: reads from the node's cache on its local disk
-        (:mod:`shardkit.tiers.node_cache`), which the dataset's storage no longer serves.
+        :class:`~shardkit.formats.ReadStats` per tier: reads from the dataset, from SSD reservoirs,
+        and bytes copied into batches. Set ``stats.disk.trace = []`` to record every disk request.
+    cache, node
+        Reads served from the static cache, and (``locality``) from the node's local-disk cache.
     remote_cache
-        For a dataset in an object store with a ``cache_dir``: reads served from the local copies
-        of its shards instead of requests (``disk`` counts only the requests).
+        Reads served from a ``cache_dir``'s local copies of an object store's shards.
     stall_seconds
         Time the consumer spent inside ``__next__`` waiting for a batch: zero means storage kept up.
     records, bytes
@@ -41,20 +36,15 @@ class SamplerStats:
     ssd_bytes_written
         Payload bytes written into SSD reservoirs.
     disk_bytes_by_epoch
-        Bytes read from the dataset (the bottom tier) for each epoch: with a static cache of ``M``
-        records, every epoch after the first reads ``N - M`` records' bytes, none when it holds the
-        whole dataset.
+        Bytes read from the dataset for each epoch (``N - M`` records' after the first with a static
+        cache of ``M``).
     busy_seconds
-        Time each stage of the pipeline spent working (not waiting for another stage), by
-        :data:`STAGES` name: ``disk`` reading the dataset into batch buffers or cache rows, ``ssd_fill``
-        copying reservoirs from the dataset to SSD, ``ssd`` reading SSD reservoirs, ``assembly``
-        turning blocks into batches (cache copies, fields, keys), ``handover`` the consumer's side of
-        taking a batch; ``disk_cpu`` and ``ssd_cpu`` the reading thread's CPU time within ``disk``
-        and ``ssd`` (a read from the page cache is a CPU copy: its CPU time is its cost even when
-        other threads compete for the cores). Divided by the bytes or batches of the stage, these are the per-tier rates
-        ``shardkit profile`` builds its predictions from (see :mod:`shardkit.profiling`). Two clock
-        reads per block or batch: no measurable cost.
+        Time each pipeline stage of :data:`STAGES` spent working (not waiting): ``disk`` reading
+        the dataset, ``ssd_fill`` copying it to SSD, ``ssd`` reading reservoirs, ``assembly``
+        building batches, ``handover`` the consumer's side; ``disk_cpu``/``ssd_cpu`` the reading
+        thread's CPU time. ``shardkit profile`` builds its rates from them.
     first_batch_seconds
+
         Time from the consumer's first request to its first batch (the pipeline's start-up).
     """
 
