@@ -30,32 +30,21 @@ def option_name(name: str, source: Source = "python") -> str:
 @dataclass(frozen=True)
 class Option:
     """How one option is given, kept in its dataclass field's ``metadata`` (see :func:`option`); the
-    field holds the option's type and default.
+    field holds the option's type and default."""
 
-    Attributes
-    ----------
-    group
-        The concern the option belongs to (``"Tiers"``, ``"Order"``, ...): a section of ``--help``.
-    parse
-        ``parse(value, name) -> normalised value``: the option's grammar (:mod:`shardkit.units`) and
-        range; raises a ConfigError starting with ``name``, the option as the user wrote it.
-    help, doc
-        One paragraph for ``--help`` and the docstrings; ``doc`` adds what only Python readers need.
-    flag
-        The command-line flag (default ``--name-with-dashes``; ``--name/--no-name`` for a flag);
-        ``None`` keeps the option off the command line.
-    cli_type
-        The type the command line parses the flag as (``str`` hands text to ``parse``).
-    show
-        The default as the flag shows and passes it (``512MiB``, ``60s``).
-    """
-
+    #: The concern the option belongs to (``"Tiers"``, ``"Order"``, ...): a section of ``--help``.
     group: str
+    #: The option's grammar (:mod:`shardkit.units`) and range (see :data:`Parser`).
     parse: Parser
+    #: One paragraph for ``--help`` and the docstrings; ``doc`` adds what only Python readers need.
     help: str
     doc: str = ""
+    #: The command-line flag (default ``--name-with-dashes``; ``--name/--no-name`` for a flag);
+    #: ``None`` keeps the option off the command line.
     flag: str | None = ""
+    #: The type the command line parses the flag as (``str`` hands text to ``parse``).
     cli_type: Any = str
+    #: The default as the flag shows and passes it (``512MiB``, ``60s``).
     show: Callable[[Any], Any] | None = None
 
     def cli_flag(self, name: str) -> str | None:
@@ -120,20 +109,14 @@ class _TakesFlatNames(type):
 @dataclass(frozen=True)
 class UserOptions(metaclass=_TakesFlatNames):
     """What every set of options a user gives by name shares: the parsing of every declared option,
-    the options of the sets it holds (:func:`nested`), how errors spell names, the refusal of
-    unknown names.
-
-    Attributes
-
-    ----------
-    source
-        ``"python"`` or ``"cli"``: how error messages spell option names (``ram_size`` or
-        ``--ram-size``). Keyword-only, and not part of equality.
-    """
+    the options of the sets it holds (:func:`nested`), how errors spell names (``source``), the
+    refusal of unknown names."""
 
     #: What one option is called in the error for an unknown name ("sampler option").
     KIND: ClassVar[str] = "option"
 
+    #: ``"python"`` or ``"cli"``: how error messages spell option names (``ram_size`` or ``--ram-size``).
+    #: Keyword-only, and not part of equality.
     source: Source = field(default="python", compare=False, repr=False, kw_only=True)
 
     def __post_init__(self) -> None:

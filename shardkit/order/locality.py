@@ -75,22 +75,15 @@ class NodeLayout:
 
 @dataclass(frozen=True, eq=False)
 class NodePartition:
-    """Which node pins which key (docs/design.md §10, partition); build it with :func:`node_partition`.
-
-    Attributes
-    ----------
-    seed, num_records, nodes
-        ``(seed, N, M)``.
-    per_node
-        ``c``: keys each node pins (at most ``ceil(N / M)``).
-    holder
-        ``[N]`` small ints: the node that pins each key, ``-1`` for none (the only per-key state).
-    """
+    """Which node of ``nodes`` pins which of ``num_records`` keys (docs/design.md §10, partition);
+    build it with :func:`node_partition`."""
 
     seed: int
     num_records: int
     nodes: int
+    #: ``c``: keys each node pins (at most ``ceil(N / M)``).
     per_node: int
+    #: ``[N]`` small ints: the node that pins each key, ``-1`` for none (the only per-key state).
     holder: np.ndarray
 
     @property
@@ -144,17 +137,11 @@ def node_partition(seed: int, num_records: int, nodes: int, per_node: int) -> No
 # ---------------------------------------------------------------------------------------------- assignment
 @dataclass(frozen=True, eq=False)
 class Assignment:
-    """Which member takes each position of each row, and whether it is a hit.
+    """Which member takes each position of each row, and whether it is a hit."""
 
-    Attributes
-    ----------
-    member
-        ``[G, S]`` int64: the member (rank index in the step group) that takes each position.
-    hit
-        ``[G, S]`` bool: the position's key is pinned on the node of the member that takes it.
-    """
-
+    #: ``[G, S]`` int64: the member (rank index in the step group) that takes each position.
     member: np.ndarray
+    #: ``[G, S]`` bool: the position's key is pinned on the node of the member that takes it.
     hit: np.ndarray
 
     def positions_of(self, member: int) -> np.ndarray:
@@ -302,18 +289,12 @@ def _members_general(
 # ---------------------------------------------------------------------------------------------- plans
 @dataclass(frozen=True, eq=False)
 class LocalPlan:
-    """A consumer's node-aware plan: the plain plan's batch sizes and positions, its own keys.
+    """A consumer's node-aware plan: the plain plan's batch sizes and positions, its own keys."""
 
-    Attributes
-    ----------
-    plan
-        Keys in emission order (each batch's keys in epoch order), batch sizes and positions
-        exactly as :func:`~shardkit.order.schedule.consumer_plan` has them.
-    hit
-        Per key of ``plan.keys``: pinned on this consumer's node.
-    """
-
+    #: Keys in emission order (each batch's in epoch order), batch sizes and positions as
+    #: :func:`~shardkit.order.schedule.consumer_plan` has them.
     plan: ConsumerPlan
+    #: Per key of ``plan.keys``: pinned on this consumer's node.
     hit: np.ndarray
 
 
@@ -408,7 +389,6 @@ def local_shape(
 def expected_hit_fraction(num_records: int, nodes: int, ranks_per_node: int, batch_size: int, per_node: int) -> float:
     """The expected fraction of a full global batch's keys that are hits under :func:`assign_rows`:
     ``sum_m E[min(X_m, R B)] / S``, ``X_m`` hypergeometric (docs/design.md §10, *Expected hits*)."""
-
     from scipy import stats
 
     n, m, r, b = int(num_records), int(nodes), int(ranks_per_node), int(batch_size)

@@ -105,17 +105,9 @@ def _sample_outside(gen: np.random.Generator, n: int, k: int, excluded: np.ndarr
 class Walks:
     """Dataset ``dataset``'s extras, epoch by epoch (docs/design.md §12, walks): walk ``w`` is
     ``[head | middle | tail]``, the head drawn outside the previous tail. Keeps the last tail and
-    walk, so epochs in increasing order cost one walk per walk; thread-safe.
-
-    Parameters
-    ----------
-    seed, dataset
-        The mixture's seed and this dataset's index in it.
-    size
-        ``N``, records in the dataset (at least 1).
-    extras
-        ``r``, extras per epoch (``0 <= r < N``).
-    """
+    walk, so epochs in increasing order cost one walk per walk; thread-safe. ``seed`` and ``dataset``
+    are the mixture's seed and this dataset's index, ``size`` its ``N`` records, ``extras`` the ``r``
+    extras per epoch (``0 <= r < N``)."""
 
     def __init__(self, seed: int, dataset: int, size: int, extras: int) -> None:
         self.seed, self.dataset, self.size, self.extras = int(seed), int(dataset), int(size), int(extras)
@@ -193,25 +185,15 @@ class Walks:
 # ---------------------------------------------------------------------------------------------- plan
 @dataclass(frozen=True)
 class MixturePlan:
-    """The mixed order of a mixture, every epoch on demand; build it with :meth:`create`.
+    """The mixed order of a mixture, every epoch on demand; build it with :meth:`create`."""
 
-    Attributes
-    ----------
-    sizes
-        ``N_i``, records per dataset.
-    weights
-        ``w_i``, exact relative weights.
-    epoch_size
-        ``L``, slots per epoch.
-    counts
-        ``n_i``, records of dataset ``i`` per epoch (:func:`epoch_counts`).
-    seed
-        The mixture's seed.
-    """
-
+    #: ``N_i``, records per dataset.
     sizes: tuple[int, ...]
+    #: ``w_i``, exact relative weights.
     weights: tuple[Fraction, ...]
+    #: ``L``, slots per epoch.
     epoch_size: int
+    #: ``n_i``, records of dataset ``i`` per epoch (:func:`epoch_counts`).
     counts: tuple[int, ...]
     seed: int
     _walks: tuple[Walks, ...] = field(init=False, repr=False, compare=False)
@@ -239,18 +221,9 @@ class MixturePlan:
         return cls(sizes=ns, weights=ws, epoch_size=length, counts=epoch_counts(ws, length), seed=s)
 
     @property
-    def num_datasets(self) -> int:
-        return len(self.sizes)
-
-    @property
     def offsets(self) -> np.ndarray:
         """First global key of each dataset, and the total as the last entry (``m + 1`` values)."""
         return np.concatenate([[0], np.cumsum(self.sizes, dtype=np.int64)]).astype(np.int64)
-
-    @property
-    def num_keys(self) -> int:
-        """Records of all datasets together (the global key space)."""
-        return int(sum(self.sizes))
 
     def dataset_keys(self, dataset: int, epoch: int) -> np.ndarray:
         """Dataset ``dataset``'s ``n_i`` record keys of epoch ``epoch``: ``q_i`` copies of every
@@ -260,19 +233,14 @@ class MixturePlan:
         full = np.tile(np.arange(n, dtype=np.int64), c // n)
         return np.concatenate([full, self._walks[i].epoch(epoch)])
 
-    def walk(self, dataset: int, walk: int) -> np.ndarray:
-        """Dataset ``dataset``'s walk ``walk`` (a permutation of its keys; for tests and tools)."""
-        return self._walks[int(dataset)].walk(walk)
-
     @property
     def single(self) -> bool:
         """One dataset, every record once per epoch: the order is the slot order itself."""
-        return self.counts == self.sizes and self.num_datasets == 1
+        return self.counts == self.sizes and len(self.sizes) == 1
 
     def slot_keys(self, epoch: int, slots: np.ndarray) -> np.ndarray:
         """The global keys in epoch ``epoch``'s item table at ``slots``: dataset ``i``'s slots (after
         those of ``0..i-1``) hold its items as :meth:`dataset_keys` lists them."""
-
         s = np.asarray(slots, dtype=np.int64)
         bounds = np.concatenate([[0], np.cumsum(self.counts, dtype=np.int64)]).astype(np.int64)
         ds = np.searchsorted(bounds, s, side="right") - 1

@@ -188,21 +188,13 @@ def epoch_order(
 # ---------------------------------------------------------------------------------------------- counts
 @dataclass(frozen=True)
 class EpochShare:
-    """What one consumer gets from one epoch, counted from a start position.
+    """What one consumer gets from one epoch, counted from a start position."""
 
-    Attributes
-    ----------
-    full
-        Whole global batches left in the epoch: the consumer gets ``B`` records from each.
-    tail
-        The consumer's records in the ragged final global batch (0 when there is none, when
-        ``drop_last`` drops it, or when the consumer's slice of it is empty).
-    batch_size
-        ``B``.
-    """
-
+    #: Whole global batches left in the epoch: the consumer gets ``B`` records from each.
     full: int
+    #: The consumer's records in the ragged final global batch (0: none, dropped, or an empty slice).
     tail: int
+    #: ``B``.
     batch_size: int
 
     @property
@@ -395,20 +387,13 @@ def pool_batches(block: int, batch_size: int, aligned: bool = True) -> int:
 # ---------------------------------------------------------------------------------------------- plans
 @dataclass(frozen=True)
 class ConsumerPlan:
-    """One consumer's share of one epoch from a start position.
+    """One consumer's share of one epoch from a start position."""
 
-    Attributes
-    ----------
-    keys
-        The consumer's keys ``sigma_c`` in emission order (its slices of the global batches).
-    batch_sizes
-        Length of each of its batches (all ``B`` except possibly the last).
-    positions
-        Global position (records of ``pi`` consumed) after each of its batches.
-    """
-
+    #: The consumer's keys ``sigma_c`` in emission order (its slices of the global batches).
     keys: np.ndarray
+    #: Length of each of its batches (all ``B`` except possibly the last).
     batch_sizes: np.ndarray
+    #: Global position (records of ``pi`` consumed) after each of its batches.
     positions: np.ndarray
 
     @property
@@ -419,26 +404,18 @@ class ConsumerPlan:
 @dataclass(frozen=True, eq=False)
 class PlanShape:
     """One consumer's share of one epoch as arithmetic: plan position ``p`` (the consumer's ``p``-th
-    record) is epoch position :meth:`epoch_positions` of ``p``; keys are not materialised.
-
-    Attributes
-    ----------
-    start, batch_size, rank, world_size
-        The resume position, ``B``, ``c`` and ``W``.
-    length
-        Records in the plan.
-    batch_sizes
-        Length of each batch (all ``B`` except possibly the last).
-    positions
-        Global position after each batch.
-    """
+    record) is epoch position :meth:`epoch_positions` of ``p``; keys are not materialised. ``start``,
+    ``batch_size``, ``rank`` and ``world_size`` are the resume position, ``B``, ``c`` and ``W``."""
 
     start: int
     batch_size: int
     rank: int
     world_size: int
+    #: Records in the plan.
     length: int
+    #: Length of each batch (all ``B`` except possibly the last).
     batch_sizes: np.ndarray = field(repr=False)
+    #: Global position after each batch.
     positions: np.ndarray = field(repr=False)
 
     @property
@@ -499,22 +476,14 @@ def consumer_plan(
 # ---------------------------------------------------------------------------------------------- step groups
 @dataclass(frozen=True, eq=False)
 class GroupRows:
-    """The epoch positions one step group takes from each global batch (see :func:`step_group_positions`).
+    """The epoch positions one step group takes from each global batch (see :func:`step_group_positions`)."""
 
-    Attributes
-    ----------
-    full
-        ``[G, ranks * B]``: row ``g`` holds the group's positions in full global batch ``g``;
-        member ``r`` (rank ``r``) takes columns ``[r*B, (r+1)*B)`` in the plain slicing.
-    tail
-        The group's positions in the ragged final global batch (members' slices one after
-        another; empty when there is none or ``drop_last`` drops it).
-    tail_quotas
-        ``[ranks]``: how many of ``tail`` each member takes.
-    """
-
+    #: ``[G, ranks * B]``: the group's positions in each full global batch (member ``r`` takes
+    #: columns ``[r*B, (r+1)*B)`` in the plain slicing).
     full: np.ndarray
+    #: The group's positions in the ragged final global batch (members' slices one after another).
     tail: np.ndarray
+    #: ``[ranks]``: how many of ``tail`` each member takes.
     tail_quotas: np.ndarray
 
 
@@ -524,7 +493,6 @@ def step_group_positions(
     """Epoch positions of step group ``group`` in every global batch of ``[start, n)``: the slices of
     consumers ``r*k + group`` of every rank ``r`` (``k = workers_per_rank``), which one training
     step uses together (docs/design.md §10, *Assignment*)."""
-
     b, w, k, grp = int(batch_size), int(world_size), int(workers_per_rank), int(group)
     if k < 1 or w % k or not 0 <= grp < k:
         raise ConfigError(f"workers_per_rank: expected a divisor of world_size={w} above group {grp}, found {k}")

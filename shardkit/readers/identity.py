@@ -2,7 +2,6 @@
 dataset is replaced under it (docs/design.md §4, *Other duties*, dataset identity).
 """
 
-
 from __future__ import annotations
 
 import hashlib

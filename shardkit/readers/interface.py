@@ -26,7 +26,6 @@ class Sampler(Protocol):
     every per-record field, ``"key"``) that the consumer may keep as long as it likes. A sampler
     that cannot resume raises :class:`~shardkit.errors.SamplerError` from the resume methods."""
 
-
     @property
     def path(self) -> Path | str:
         """The dataset: its directory, or its URL when it lives in an object store."""

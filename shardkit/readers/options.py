@@ -65,40 +65,27 @@ class TierSizes:
     """The sampler's whole memory plan for one dataset and consumer count (see
     :meth:`SamplerOptions.tier_sizes`): ``ram_bytes`` covers the batch buffers, the static cache
     and the SSD copy buffer (not the node-shared fields and epoch order).
-
-    Attributes
-    ----------
-    ram_bytes
-        The RAM budget in bytes.
-    ram_block, first_block
-        ``K2``, the largest RAM block, and the run's first (smaller) block, in records; blocks
-        double from the first up to ``K2`` (see :func:`~shardkit.order.schedule.block_bounds`).
-    pool_batches, batch_size
-        Batch buffers of the run (two blocks in flight and the batches the consumer holds).
-    static_records, num_records
-        ``M``, records pinned by the static cache (0 = off; ``num_records`` = the whole dataset),
-        and ``N``.
-    ssd_bytes, ssd_block
-        The SSD budget and ``K1``, the largest SSD reservoir (``None`` without the SSD tier).
-    ssd_copy_bytes
-        The disk -> SSD copy buffer (0 without the SSD tier; see :mod:`shardkit.tiers.ssd_slots`).
-    record_nbytes
-        Bytes of one record.
-    node_records
-        Records the node cache pins on the node's local disk (0 = off; only with ``locality``).
     """
 
+    #: The RAM budget in bytes.
     ram_bytes: int
+    #: ``K2``, the largest RAM block in records (blocks double from ``first_block`` up to it).
     ram_block: int
+    #: The SSD budget and ``K1``, the largest SSD reservoir (``None`` without the SSD tier).
     ssd_bytes: int | None
     ssd_block: int | None
+    #: ``M``, records pinned by the static cache (0 = off; ``num_records`` = the whole dataset).
     static_records: int
     first_block: int = 1
+    #: Batch buffers of the run (two blocks in flight and the batches the consumer holds).
     pool_batches: int = 1
     batch_size: int = 1
+    #: ``N``.
     num_records: int = 0
+    #: The disk -> SSD copy buffer (0 without the SSD tier; see :mod:`shardkit.tiers.ssd_slots`).
     ssd_copy_bytes: int = 0
     record_nbytes: int = 1
+    #: Records the node cache pins on the node's local disk (0 = off; only with ``locality``).
     node_records: int = 0
 
     @property

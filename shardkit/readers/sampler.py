@@ -73,11 +73,9 @@ class TieredSampler(Closing):
     options
         A :class:`~shardkit.readers.options.SamplerOptions` (default: all defaults).
     **overrides
-        Any option of :class:`~shardkit.readers.options.SamplerOptions` by name (``tiers``,
-        ``ram_size``, ``ssd_size``, ``ssd_dir``, ``batch_size``, ``epochs``, ``seed``, ``mode``,
-        ``rank``, ``world_size``, ``drop_last``, ``limit``, ``gap_bytes``, ``start_epoch``,
-        ``static_cache``, ``permutation``, ``node_sharing``), applied on top of ``options``; the
-        option documentation lives there.
+        Any option of :class:`~shardkit.readers.options.SamplerOptions` by name (``ram_size``,
+        ``batch_size``, ...), applied on top of ``options``; the options are documented there.
+
 
     Notes
     -----
@@ -584,7 +582,6 @@ class _Run:
 def _source_options(m: Mixture, opts: SamplerOptions, seed_given: bool) -> SamplerOptions:
     """The options a source is sampled with: its own seed (when it has one); other modes than
     ``epoch``, and ``locality``, only for one dataset read once per epoch."""
-
     single = m.plan(0).single
     if opts.locality and not single:  # the node partition is drawn over one dataset's keys
         raise ConfigError(f"{opts.name('locality')}: not available for a mixture of datasets; read it without locality")

@@ -93,26 +93,17 @@ def check_schema(paths: Sequence[Path | str], metas: Sequence[DatasetMeta], inde
 # ---------------------------------------------------------------------------------------------- mixture
 @dataclass(frozen=True)
 class Mixture:
-    """Datasets with relative weights, as one sampler source (build it with :func:`mix`).
+    """Datasets with relative weights, as one sampler source (build it with :func:`mix`)."""
 
-    Attributes
-    ----------
-    paths
-        The datasets in the order of their index: directories (``Path``) or object-store URLs (``str``).
-    weights
-        Exact relative weights (:func:`~shardkit.order.mixture.parse_weights`).
-    epoch_size
-        ``L``, records per epoch (default: the sum of the datasets' sizes).
-    seed
-        The mixture's seed, or ``None`` to take the sampler's ``seed``.
-    sizes
-        ``N_i``, records per dataset (from the metadata).
-    """
-
+    #: The datasets in the order of their index: directories (``Path``) or object-store URLs (``str``).
     paths: tuple[Path | str, ...]
+    #: Exact relative weights (:func:`~shardkit.order.mixture.parse_weights`).
     weights: tuple[Fraction, ...]
+    #: ``L``, records per epoch (default: the sum of the datasets' sizes).
     epoch_size: int
+    #: The mixture's seed, or ``None`` to take the sampler's ``seed``.
     seed: int | None
+    #: ``N_i``, records per dataset (from the metadata).
     sizes: tuple[int, ...]
     metas: tuple[DatasetMeta, ...] = field(repr=False, compare=False)
     #: Each dataset's identity when the mixture was made (:func:`~shardkit.readers.identity.dataset_fingerprint`).
@@ -366,11 +357,8 @@ class MixedIdentity:
     def of(cls, paths: Sequence[Path | str], options: StoreOptions | None = None) -> MixedIdentity:
         return cls(tuple(DatasetIdentity.of(p, options) for p in paths))
 
-    @property
-    def path(self) -> Path | str:
-        return self.parts[0].path
-
     def check(self) -> None:
+
         for part in self.parts:
             part.check()
 
@@ -401,7 +389,6 @@ def gather_fields(parts: Sequence[Mapping[str, Any]], offsets: np.ndarray, index
 class MixedDataset(Closing):
     """The disk tier of a mixture: what the tiers use of :class:`~shardkit.formats.Dataset`, over
     global keys, every dataset opened with ``options`` and one set of read counters."""
-
 
     def __init__(self, mixture: Mixture, *, stats: ReadStats | None = None, **options: Any) -> None:
         stats = stats if stats is not None else ReadStats()
@@ -439,4 +426,3 @@ class MixedDataset(Closing):
     def close(self) -> None:
         for d in self._datasets:
             d.close()
-

@@ -69,17 +69,9 @@ class BatchPool:
     buffer handed out more than ``hold`` batches ago and still referenced is retired (counted in
     :attr:`retired`) and replaced, so the reader never waits for it.
 
-    Parameters
-    ----------
-    rows, record_shape, dtype
-        Every buffer is ``[rows, *record_shape]`` of ``dtype``, page aligned.
-    capacity
-        Buffers the pool may own at once (retired buffers do not count).
-    hold
-        See :data:`HOLD_BATCHES`.
-    memory
-        Where the buffers live (default: private, page-aligned process memory); its ``extra_hold``
-        adds to ``capacity`` and ``hold``.
+    Every buffer is ``[rows, *record_shape]`` of ``dtype``, page aligned; ``capacity`` does not count
+    retired buffers; ``memory`` is where buffers live (default: process memory), its ``extra_hold``
+    added to ``capacity`` and ``hold``.
     """
 
     def __init__(
@@ -115,7 +107,6 @@ class BatchPool:
     def acquire(self, stop: threading.Event) -> BatchBuffer:
         """A buffer nobody references, for the pipeline to fill (blocks until there is one; raises
         :class:`~shardkit.tiers.stopping.Stopped` when ``stop`` is set)."""
-
         while True:
             with self._changed:
                 buf = self._take()

@@ -120,16 +120,13 @@ class NodeDiskCache:
     Parameters
     ----------
     keys
-        The keys of the disk part (any order; stored ascending).
+        The keys of the disk part (any order).
     dataset, dataset_options
-        The dataset (a directory or a URL; the entry is written from it) and the keyword arguments
-        the sampler opens it with (:meth:`~shardkit.readers.SamplerOptions.dataset_options`).
-    directory
-        The user's node-cache directory (:func:`node_cache_dir`), created private if missing.
-    name
-        The entry name (:func:`entry_name`).
+        The dataset the entry is written from, and the keyword arguments of its :class:`Dataset`.
+    directory, name
+        The user's node-cache directory (:func:`node_cache_dir`) and the entry (:func:`entry_name`).
     stats
-        Where reads from the entry are counted (the sampler's ``stats.cache``).
+        Where reads from the entry are counted.
     """
 
     def __init__(
@@ -234,7 +231,6 @@ class NodeDiskCache:
     def _build(self, payload: PayloadArray, stop: threading.Event) -> None:
         """Write the entry under a temporary name, then rename it into place (with the directory
         lock held, so leftovers of writers that died are removed first)."""
-
         for stale in self.directory.glob(".entry-*.building-*"):
             if stale.is_dir() and not stale.is_symlink():
                 shutil.rmtree(stale, ignore_errors=True)

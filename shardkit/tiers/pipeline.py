@@ -504,7 +504,6 @@ class Pipeline:
         assert self.pool is not None
         return self.pool
 
-
     def _ram_from_ssd(self) -> None:
         """SSD -> batch buffers: blocks inside each reservoir, read in ascending offsets."""
         open_buffers: dict[int, BatchBuffer] = {}

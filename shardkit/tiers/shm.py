@@ -170,16 +170,7 @@ def remove_stale() -> None:
 
 class SharedRegion:
     """A mapped region of node-shared memory (docs/design.md §4, node-shared memory); use :func:`attach`.
-
-    Attributes
-    ----------
-    name
-        The region's file name.
-    nbytes
-        Its size.
-    created
-        True in the process that created (and filled) it.
-    """
+    ``name`` is its file name, ``created`` true in the process that created (and filled) it."""
 
     def __init__(self, name: str, nbytes: int, mapping: mmap.mmap, lock_fd: int, data_fd: int, created: bool) -> None:
         self.name, self.nbytes, self.created = name, int(nbytes), created

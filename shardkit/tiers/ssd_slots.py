@@ -81,19 +81,9 @@ class ScratchRecords(PayloadArray):
 
 
 class ReservoirSlots:
-    """The SSD tier's slot files and the writer thread that fills them (docs/design.md §4).
-
-    Parameters
-    ----------
-    space
-        The run's private SSD directory; the slot files are created in it.
-    like
-        The bottom tier's payload (copy buffers are allocated like its rows).
-    copy_bytes
-        The disk -> SSD copy buffer: two halves, one read while the other is written (one below two records).
-    slots
-        Reservoirs on SSD at once (two: one written while the other is read back).
-    """
+    """The SSD tier's ``slots`` slot files in the run directory ``space`` and the writer thread that
+    fills them through a copy buffer of ``copy_bytes`` (two halves, one read while the other is
+    written), allocated like the rows of ``like`` (docs/design.md §4)."""
 
     def __init__(self, space: SsdSpace, like: RecordSource, copy_bytes: int, slots: int = 2) -> None:
         rec = like.record_nbytes
@@ -149,7 +139,6 @@ class ReservoirSlots:
     def _copy_in_kernel(self, fd: int, path: Path, payload: PayloadArray, keys: np.ndarray, stop: threading.Event) -> None:
         """The in-kernel copy, chunk by chunk, the writer thread announcing chunk ``c + 1`` while this
         thread copies chunk ``c``."""
-
         per = max(1, KERNEL_CHUNK_BYTES // payload.record_nbytes)
         starts = list(range(0, keys.size, per))
         ahead: Future[None] | None = self._writer.submit(payload.announce, keys[:per])

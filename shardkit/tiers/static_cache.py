@@ -113,22 +113,11 @@ class BijectionKeys:
 
 
 class StaticCache:
-    """Pinned records of one sampler: P, the rows that hold them, and which rows are filled.
-
-    Parameters
-    ----------
-    seed, num_records, count
-        P is drawn from ``seed`` (docs/design.md §4, static cache); ``count`` = ``M``.
-    record_shape, dtype
-        One record.
-    bijection
-        Draw P with a bijection (:class:`BijectionKeys`) rather than :func:`pinned_keys`.
-    part
-        ``(nodes, node)`` with ``locality``: P is ``count`` keys of node ``node``'s part of the
-        node partition of ``(seed, nodes)`` (:mod:`shardkit.order.locality`).
-    share_key
-        Identity of the dataset for node sharing (``None``: private to this process).
-    """
+    """Pinned records of one sampler: P (``count`` keys drawn from ``seed``), the rows that hold them
+    (records of ``record_shape`` and ``dtype``), and which rows are filled. P is drawn with a
+    bijection (:class:`BijectionKeys`) when ``bijection``; with ``part = (nodes, node)`` it is node
+    ``node``'s part of the node partition. ``share_key`` names the dataset for node sharing
+    (``None``: private to this process)."""
 
     def __init__(
         self,
@@ -290,4 +279,3 @@ class StaticCache:
             self.shared = False
         if region is not None:
             region.release()
-

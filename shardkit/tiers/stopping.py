@@ -56,7 +56,6 @@ class CurrentRun(Generic[R]):
     """A sampler's running iteration, held weakly: an abandoned one is garbage-collected and stops
     itself, one still referenced is stopped here when the next starts or the sampler closes."""
 
-
     def __init__(self) -> None:
         self._ref: weakref.ref[R] | None = None
 
