@@ -1,12 +1,6 @@
-"""Options declared once: each is a dataclass field whose metadata holds the rest of its declaration.
-
-:class:`Option` is that metadata (grammar, help, flag), :func:`option` declares a field with it, and
-:class:`UserOptions` is what every set of options a user gives by name shares: parsing, naming in
-errors, the refusal of unknown names. The command-line flags (:mod:`shardkit.cli.options`), the
-adapters' keywords and the documentation are derived from the declarations. A set may hold another
-whole (:func:`nested`: ``SamplerOptions.store`` is a :class:`~shardkit.stores.StoreOptions`) and
-take its options by their flags' names too. This module sits below :mod:`shardkit.stores` so the
-store's options are declared the same way.
+"""Options declared once: each is a dataclass field whose metadata (:class:`Option`) holds the rest of
+its declaration; the command-line flags, the adapters' keywords and the documentation are derived
+from it. :class:`UserOptions` is what every set of options shares (docs/design.md §7).
 """
 
 from __future__ import annotations
@@ -35,36 +29,22 @@ def option_name(name: str, source: Source = "python") -> str:
 
 @dataclass(frozen=True)
 class Option:
-    """How one option is given, kept in its dataclass field's ``metadata`` (see :func:`option`).
+    """How one option is given, kept in its dataclass field's ``metadata`` (see :func:`option`); the
+    field holds the option's type and default."""
 
-    The field holds the option's type and default; this holds the rest, so the field is the
-    option's one declaration, from which the command-line flags (:mod:`shardkit.cli.options`), the
-    adapters' keywords and the documentation are derived.
-
-    Attributes
-    ----------
-    group
-        The concern the option belongs to (``"Tiers"``, ``"Order"``, ...): a section of ``--help``.
-    parse
-        ``parse(value, name) -> normalised value``: the option's grammar (:mod:`shardkit.units`) and
-        range; raises a ConfigError starting with ``name``, the option as the user wrote it.
-    help, doc
-        One paragraph for ``--help`` and the docstrings; ``doc`` adds what only Python readers need.
-    flag
-        The command-line flag (default ``--name-with-dashes``; ``--name/--no-name`` for a flag);
-        ``None`` keeps the option off the command line.
-    cli_type
-        The type the command line parses the flag as (``str`` hands text to ``parse``).
-    show
-        The default as the flag shows and passes it (``512MiB``, ``60s``).
-    """
-
+    #: The concern the option belongs to (``"Tiers"``, ``"Order"``, ...): a section of ``--help``.
     group: str
+    #: The option's grammar (:mod:`shardkit.units`) and range (see :data:`Parser`).
     parse: Parser
+    #: One paragraph for ``--help`` and the docstrings; ``doc`` adds what only Python readers need.
     help: str
     doc: str = ""
+    #: The command-line flag (default ``--name-with-dashes``; ``--name/--no-name`` for a flag);
+    #: ``None`` keeps the option off the command line.
     flag: str | None = ""
+    #: The type the command line parses the flag as (``str`` hands text to ``parse``).
     cli_type: Any = str
+    #: The default as the flag shows and passes it (``512MiB``, ``60s``).
     show: Callable[[Any], Any] | None = None
 
     def cli_flag(self, name: str) -> str | None:
@@ -95,10 +75,8 @@ def shared_option(options: type[UserOptions], name: str, *, default: Any = datac
 
 
 def nested(options: type[UserOptions], group: str, *, help: str, **more: Any) -> Any:
-    """A field holding a whole set of ``options`` (by default its defaults), one value in Python
-    (``store=StoreOptions(retries=3)``). Its options that have a flag are options of the holding set
-    too, by the flag's name (``remote_concurrency=8``, ``--remote-concurrency 8``): each is declared
-    once, in its own set, and the holding set neither copies nor maps it."""
+    """A field holding a whole set of ``options`` (``store=StoreOptions(retries=3)``); its options
+    that have a flag are options of the holding set too, by the flag's name (``remote_concurrency=8``)."""
 
     def parse(value: Any, what: str) -> Any:
         if not isinstance(value, options):
@@ -130,22 +108,15 @@ class _TakesFlatNames(type):
 
 @dataclass(frozen=True)
 class UserOptions(metaclass=_TakesFlatNames):
-    """What every set of options a user gives by name shares (:class:`~shardkit.readers.SamplerOptions`,
-    :class:`~shardkit.serve.server.ServeOptions`, :class:`~shardkit.stores.StoreOptions`):
-    where they came from, how errors spell their names, the parsing of every declared option (its
-    :class:`Option`), the options of the sets it holds (:func:`nested`), and the refusal of a name
-    the set does not have.
-
-    Attributes
-    ----------
-    source
-        ``"python"`` or ``"cli"``: how error messages spell option names (``ram_size`` or
-        ``--ram-size``). Keyword-only, and not part of equality.
-    """
+    """What every set of options a user gives by name shares: the parsing of every declared option,
+    the options of the sets it holds (:func:`nested`), how errors spell names (``source``), the
+    refusal of unknown names."""
 
     #: What one option is called in the error for an unknown name ("sampler option").
     KIND: ClassVar[str] = "option"
 
+    #: ``"python"`` or ``"cli"``: how error messages spell option names (``ram_size`` or ``--ram-size``).
+    #: Keyword-only, and not part of equality.
     source: Source = field(default="python", compare=False, repr=False, kw_only=True)
 
     def __post_init__(self) -> None:

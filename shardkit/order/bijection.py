@@ -1,9 +1,5 @@
-"""A keyed pseudo-random permutation of ``range(n)`` evaluated on demand (Feistel network, cycle walking).
-
-``numpy``'s ``permutation(n)`` costs 8 bytes a record in every process; :class:`FeistelPermutation`
-computes ``pi(p)`` for any position ``p`` from a few 64-bit round keys, so a consumer computes exactly
-the keys of the block it is about to read and holds nothing else. Construction and what its
-uniformity rests on: docs/design.md §4 (huge datasets).
+"""A keyed pseudo-random permutation of ``range(n)`` evaluated on demand from a few 64-bit round keys
+(Feistel network, cycle walking; docs/design.md §4, *The schedule*, huge datasets).
 """
 
 from __future__ import annotations
@@ -46,15 +42,8 @@ def _mix(x: np.ndarray, key: np.uint64) -> np.ndarray:
 
 
 class FeistelPermutation:
-    """``pi``: a keyed bijection of ``range(n)`` (docs/design.md §4).
-
-    Parameters
-    ----------
-    n
-        Domain size (records), at least 1.
-    keys
-        :data:`ROUNDS` round keys (uint64).
-    """
+    """``pi``: a keyed bijection of ``range(n)`` (``n >= 1`` records) from :data:`ROUNDS` uint64
+    round ``keys`` (docs/design.md §4)."""
 
     def __init__(self, n: int, keys: np.ndarray) -> None:
         self.n = int(n)

@@ -1,9 +1,7 @@
 """Many nodes: which node caches which keys, and which consumer takes which keys of a global batch.
 
-This is docs/design.md §10 as pure functions of keys (no payload, no I/O, no communication), so every
-rank computes the same answers and the tests can check them exhaustively. The epoch order and its
-global batches (:mod:`shardkit.order.schedule`) do not change; only which member of a step group
-(:func:`~shardkit.order.schedule.step_group_positions`) takes which key does.
+docs/design.md §10 as pure functions of keys (no I/O, no communication): every rank computes the
+same answers, and only which member of a step group takes which key changes.
 """
 
 from __future__ import annotations
@@ -37,14 +35,9 @@ __all__ = [
 
 @dataclass(frozen=True)
 class NodeLayout:
-    """Where the consumers of a run sit.
-
-    Consumer ``c`` of ``consumers`` is worker ``c % workers_per_rank`` of rank ``c //
-    workers_per_rank`` (the PyTorch adapter's numbering; one consumer per rank without DataLoader
-    workers), and rank ``r`` lives on node ``r // ranks_per_node`` (torchrun numbers the ranks of one
-    node consecutively). A step group is the consumers with one worker index: they deliver the
-    batches of one training step together.
-    """
+    """Where the consumers of a run sit: consumer ``c`` is worker ``c % workers_per_rank`` of rank
+    ``c // workers_per_rank`` (the PyTorch adapter's numbering), rank ``r`` on node ``r //
+    ranks_per_node`` (torchrun's). A step group is the consumers with one worker index."""
 
     consumers: int
     workers_per_rank: int = 1
@@ -82,23 +75,15 @@ class NodeLayout:
 
 @dataclass(frozen=True, eq=False)
 class NodePartition:
-    """Which node pins which key (docs/design.md §10, partition); build it with :func:`node_partition`.
-
-    Attributes
-    ----------
-    seed, num_records, nodes
-        ``(seed, N, M)``.
-    per_node
-        ``c``: keys each node pins (at most ``ceil(N / M)``).
-    holder
-        ``[N]`` small ints: the node that pins each key, ``-1`` for keys no node pins. It is the
-        only per-key state (1 to 4 bytes a key).
-    """
+    """Which node of ``nodes`` pins which of ``num_records`` keys (docs/design.md §10, partition);
+    build it with :func:`node_partition`."""
 
     seed: int
     num_records: int
     nodes: int
+    #: ``c``: keys each node pins (at most ``ceil(N / M)``).
     per_node: int
+    #: ``[N]`` small ints: the node that pins each key, ``-1`` for none (the only per-key state).
     holder: np.ndarray
 
     @property
@@ -115,11 +100,8 @@ class NodePartition:
         return self.holder[np.asarray(keys, dtype=np.int64)].astype(np.int64)
 
     def pinned_keys(self, node: int, lo: int = 0, hi: int | None = None) -> np.ndarray:
-        """The keys node ``node`` pins at depths ``[lo, hi)`` of its home list, ascending.
-
-        ``[0, per_node)`` (the default) is the node's whole pinned set; a split by depth gives
-        disjoint uniformly random parts (one for RAM, one for a local SSD, say).
-        """
+        """The keys node ``node`` pins at depths ``[lo, hi)`` of its home list (default: all),
+        ascending; a split by depth gives disjoint uniformly random parts (RAM, local disk)."""
         node = int(node)
         if not 0 <= node < self.nodes:
             raise ConfigError(f"node: expected 0 <= node < {self.nodes}, found {node}")
@@ -135,11 +117,8 @@ def _sigma(seed: int, n: int, nodes: int) -> np.ndarray:
 
 
 def node_partition(seed: int, num_records: int, nodes: int, per_node: int) -> NodePartition:
-    """The partition of ``range(num_records)`` among ``nodes`` nodes pinning ``per_node`` keys each.
-
-    ``per_node`` is capped at ``ceil(num_records / nodes)``, the length of the longest home list: a
-    key is pinned by at most one node.
-    """
+    """The partition of ``range(num_records)`` among ``nodes`` nodes pinning ``per_node`` keys each
+    (capped at ``ceil(num_records / nodes)``: a key is pinned by at most one node)."""
     n, m = int(num_records), int(nodes)
     if m < 1:
         raise ConfigError(f"nodes: expected at least 1, found {nodes}")
@@ -158,17 +137,11 @@ def node_partition(seed: int, num_records: int, nodes: int, per_node: int) -> No
 # ---------------------------------------------------------------------------------------------- assignment
 @dataclass(frozen=True, eq=False)
 class Assignment:
-    """Which member takes each position of each row, and whether it is a hit.
+    """Which member takes each position of each row, and whether it is a hit."""
 
-    Attributes
-    ----------
-    member
-        ``[G, S]`` int64: the member (rank index in the step group) that takes each position.
-    hit
-        ``[G, S]`` bool: the position's key is pinned on the node of the member that takes it.
-    """
-
+    #: ``[G, S]`` int64: the member (rank index in the step group) that takes each position.
     member: np.ndarray
+    #: ``[G, S]`` bool: the position's key is pinned on the node of the member that takes it.
     hit: np.ndarray
 
     def positions_of(self, member: int) -> np.ndarray:
@@ -178,11 +151,7 @@ class Assignment:
 
 def balanced_split(total: int, caps: Sequence[int] | np.ndarray) -> np.ndarray:
     """``total`` items split over members with room ``caps``: as even as the caps allow, the
-    remainder one each to the first members that have room (water filling).
-
-    With equal caps ``B`` and ``total <= len(caps) * B`` this is ``total // R`` each and one more
-    for the first ``total % R`` members.
-    """
+    remainder one each to the first members that have room (water filling)."""
     caps = np.asarray(caps, dtype=np.int64)
     total = int(total)
     if total < 0 or total > int(caps.sum()):
@@ -215,11 +184,7 @@ def assign_rows(holders: np.ndarray, quotas: Sequence[int] | np.ndarray, member_
     member_nodes
         ``[P]``: each member's node, non-decreasing (the members of a node are consecutive).
 
-    Returns
-    -------
-    Assignment
-        See docs/design.md §10 (assignment) for the rule. Deterministic: the same inputs give the same answer
-        on every rank.
+    The rule: docs/design.md §10 (*Assignment*); the same inputs give the same answer on every rank.
     """
     h = np.asarray(holders, dtype=np.int64)
     if h.ndim != 2:
@@ -324,18 +289,12 @@ def _members_general(
 # ---------------------------------------------------------------------------------------------- plans
 @dataclass(frozen=True, eq=False)
 class LocalPlan:
-    """A consumer's node-aware plan: the plain plan's batch sizes and positions, its own keys.
+    """A consumer's node-aware plan: the plain plan's batch sizes and positions, its own keys."""
 
-    Attributes
-    ----------
-    plan
-        Keys in emission order (each batch's keys in epoch order), batch sizes and positions
-        exactly as :func:`~shardkit.order.schedule.consumer_plan` has them.
-    hit
-        Per key of ``plan.keys``: pinned on this consumer's node.
-    """
-
+    #: Keys in emission order (each batch's in epoch order), batch sizes and positions as
+    #: :func:`~shardkit.order.schedule.consumer_plan` has them.
     plan: ConsumerPlan
+    #: Per key of ``plan.keys``: pinned on this consumer's node.
     hit: np.ndarray
 
 
@@ -350,16 +309,8 @@ def local_positions(
     drop_last: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The epoch positions consumer ``rank`` takes from ``[start, n)`` under the node-aware
-    assignment, in its emission order, and whether each one's key is pinned on its node.
-
-    ``keys_at(positions)`` gives the epoch order's keys at ``positions`` (an array's indexing, or an
-    order computed on demand). Every consumer of the step group computes the same
-    :func:`assign_rows` over the group's rows
-    (:func:`~shardkit.order.schedule.step_group_positions`) and keeps its own member's positions,
-    so the consumers of a group take disjoint positions that together are the group's positions;
-    batch ``j`` of the consumer is entries ``[j*B, (j+1)*B)`` (the ragged tail last), each batch in
-    epoch order.
-    """
+    assignment, in its emission order (each batch in epoch order), and whether each one's key is
+    pinned on its node; ``keys_at(positions)`` gives the epoch order's keys."""
     if partition.nodes != layout.nodes:
         raise ConfigError(f"node partition for {partition.nodes} nodes used with a layout of {layout.nodes} nodes")
     if int(n) != partition.num_records:
@@ -407,13 +358,8 @@ def local_consumer_plan(
 
 @dataclass(frozen=True, eq=False)
 class LocalShape(PlanShape):
-    """A :class:`~shardkit.order.schedule.PlanShape` whose epoch positions come from the
-    node-aware assignment: the same batches and global positions, another split of every step's
-    positions among the consumers.
-
-    ``table`` holds the consumer's epoch positions in plan order (8 bytes per record of the
-    consumer's share of the epoch), computed once per epoch by :func:`local_shape`.
-    """
+    """A :class:`~shardkit.order.schedule.PlanShape` whose epoch positions (``table``, in plan
+    order, computed once per epoch by :func:`local_shape`) come from the node-aware assignment."""
 
     table: np.ndarray = dataclasses.field(default_factory=lambda: np.empty(0, dtype=np.int64), repr=False)
 
@@ -441,21 +387,8 @@ def local_shape(
 
 # ---------------------------------------------------------------------------------------------- model
 def expected_hit_fraction(num_records: int, nodes: int, ranks_per_node: int, batch_size: int, per_node: int) -> float:
-    """The expected fraction of a full global batch's keys that are hits under :func:`assign_rows`.
-
-    A step group's global batch is a uniform ``S``-subset of the ``N`` keys (``S = M * R * B`` for
-    ``M`` nodes of ``R`` ranks taking ``B`` keys each). Node ``m`` pins ``c_m`` keys, so the number
-    ``X_m`` of its keys in the batch is hypergeometric ``(N, c_m, S)`` (about Binomial(S, c_m / N)),
-    and it takes ``min(X_m, R * B)`` of them. The expected hit fraction is therefore exactly
-
-        ``sum_m E[min(X_m, R B)] / S``
-
-    With full coverage (``c_m = N / M``, ``E[X_m] = R B``) ``min(X, RB) = X - (X - RB)^+`` and
-    ``E|X - RB| = 2 E[(X - RB)^+]``, so the fraction is ``1 - E|X - RB| / (2 R B)``: the misses
-    shrink like ``sqrt((1 - 1/M) / (2 pi R B))`` (normal approximation), e.g. 2.5 % for ``R B = 256``
-    and 0.9 % for ``R B = 2048``. With coverage ``f < 1`` overflow is rare and the fraction is close
-    to ``f``.
-    """
+    """The expected fraction of a full global batch's keys that are hits under :func:`assign_rows`:
+    ``sum_m E[min(X_m, R B)] / S``, ``X_m`` hypergeometric (docs/design.md §10, *Expected hits*)."""
     from scipy import stats
 
     n, m, r, b = int(num_records), int(nodes), int(ranks_per_node), int(batch_size)

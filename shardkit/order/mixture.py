@@ -1,10 +1,7 @@
 """Mixtures of datasets with weights: the mixed epoch order as pure arithmetic on keys (docs/design.md §12).
 
-The order depends only on ``(seed, epoch)`` and the dataset sizes, never on the world size, the
-budgets or the resume position, so the tiered sampler treats it exactly like a single dataset's
-permutation: global batches, resume anywhere, ascending reads per block. The datasets share one
-global key space (dataset ``i``'s record ``k`` is ``offsets[i] + k``); :meth:`MixturePlan.stream`
-gives an epoch as global keys, :meth:`MixturePlan.pairs` as ``(dataset index, record key)``.
+Dataset ``i``'s record ``k`` is global key ``offsets[i] + k``; :meth:`MixturePlan.stream` gives an
+epoch as global keys, :meth:`MixturePlan.pairs` as ``(dataset index, record key)``.
 """
 
 from __future__ import annotations
@@ -44,13 +41,8 @@ MAX_EPOCH_SIZE = 1 << 40
 
 # ---------------------------------------------------------------------------------------------- counts
 def parse_weights(weights: Sequence[object], *, what: str = "weights") -> tuple[Fraction, ...]:
-    """Relative weights as exact positive fractions.
-
-    Ints and :class:`~fractions.Fraction` are taken as they are; floats and strings (``"3"``,
-    ``"0.25"``, ``"1/3"``) at their decimal spelling, so ``0.1`` is exactly one tenth. Every weight
-    must be finite and positive (a dataset that should contribute nothing does not belong in the
-    mixture).
-    """
+    """Relative weights as exact positive fractions: floats and strings (``"0.25"``, ``"1/3"``) at
+    their decimal spelling, so ``0.1`` is exactly one tenth; each must be finite and positive."""
     if isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence) or not weights:
         raise ConfigError(f"{what}: expected one positive number per dataset, found {weights!r}")
     out: list[Fraction] = []
@@ -73,11 +65,8 @@ def parse_weights(weights: Sequence[object], *, what: str = "weights") -> tuple[
 
 
 def epoch_counts(weights: Sequence[object], epoch_size: int) -> tuple[int, ...]:
-    """``n_i``: the largest-remainder rounding of ``w_i L / sum(w)`` (docs/design.md §12, exact counts).
-
-    Exact rational arithmetic: each ``n_i`` is ``floor(quota_i)`` or ``floor(quota_i) + 1``, the
-    ``n_i`` sum to ``L``, and ties between equal fractional parts go to the lower index.
-    """
+    """``n_i``: the largest-remainder rounding of ``w_i L / sum(w)``, in exact rational arithmetic
+    (docs/design.md §12, exact counts); they sum to ``L``, ties go to the lower index."""
     ws = parse_weights(weights)
     total = int(epoch_size)
     whole = sum(ws, Fraction(0))
@@ -92,13 +81,8 @@ def epoch_counts(weights: Sequence[object], epoch_size: int) -> tuple[int, ...]:
 
 # ---------------------------------------------------------------------------------------------- walks
 def walk_bounds(walk: int, size: int, extras: int) -> tuple[int, int]:
-    """``(h, t)``: how many leading and trailing records of walk ``walk`` belong to epochs that
-    straddle the walk's start and end (``extras`` records of a walk of ``size`` per epoch).
-
-    Walk ``w`` covers extras positions ``[w N, (w+1) N)``, epoch ``e`` positions ``[e r, (e+1) r)``;
-    with ``r < N`` an epoch meets at most two walks, so the head and the tail never overlap, and
-    ``h(w + 1) + t(w) = r`` whenever an epoch straddles the boundary.
-    """
+    """``(h, t)``: how many leading and trailing records of walk ``walk`` (covering extras positions
+    ``[w N, (w+1) N)``) belong to epochs that straddle its start and end, ``extras`` per epoch."""
     n, r, w = int(size), int(extras), int(walk)
     if r == 0:
         return 0, 0
@@ -119,24 +103,11 @@ def _sample_outside(gen: np.random.Generator, n: int, k: int, excluded: np.ndarr
 
 
 class Walks:
-    """Dataset ``dataset``'s extras, epoch by epoch (docs/design.md §12, walks).
-
-    Walk ``w`` is ``[head H_w | middle M_w | tail T_w]``: ``H_w`` a uniform ordered sample of the
-    records outside ``T_{w-1}`` (:data:`HEAD`), ``T_w`` a uniform ordered sample of the records
-    outside ``H_w`` (:data:`TAIL`), ``M_w`` a uniform permutation of the rest (:data:`MIDDLE`).
-    The tails chain the walks together; the chain restarts at every walk that begins on an epoch
-    boundary (empty head). The object keeps the last tail and the last whole walk it computed, so
-    epochs requested in increasing order cost one walk per walk; it is thread-safe.
-
-    Parameters
-    ----------
-    seed, dataset
-        The mixture's seed and this dataset's index in it.
-    size
-        ``N``, records in the dataset (at least 1).
-    extras
-        ``r``, extras per epoch (``0 <= r < N``).
-    """
+    """Dataset ``dataset``'s extras, epoch by epoch (docs/design.md §12, walks): walk ``w`` is
+    ``[head | middle | tail]``, the head drawn outside the previous tail. Keeps the last tail and
+    walk, so epochs in increasing order cost one walk per walk; thread-safe. ``seed`` and ``dataset``
+    are the mixture's seed and this dataset's index, ``size`` its ``N`` records, ``extras`` the ``r``
+    extras per epoch (``0 <= r < N``)."""
 
     def __init__(self, seed: int, dataset: int, size: int, extras: int) -> None:
         self.seed, self.dataset, self.size, self.extras = int(seed), int(dataset), int(size), int(extras)
@@ -214,27 +185,15 @@ class Walks:
 # ---------------------------------------------------------------------------------------------- plan
 @dataclass(frozen=True)
 class MixturePlan:
-    """The mixed order of a mixture: sizes, exact counts and seed; every epoch on demand.
+    """The mixed order of a mixture, every epoch on demand; build it with :meth:`create`."""
 
-    Build it with :meth:`create` (validates and rounds); its value fields define the order.
-
-    Attributes
-    ----------
-    sizes
-        ``N_i``, records per dataset.
-    weights
-        ``w_i``, exact relative weights.
-    epoch_size
-        ``L``, slots per epoch.
-    counts
-        ``n_i``, records of dataset ``i`` per epoch (:func:`epoch_counts`).
-    seed
-        The mixture's seed.
-    """
-
+    #: ``N_i``, records per dataset.
     sizes: tuple[int, ...]
+    #: ``w_i``, exact relative weights.
     weights: tuple[Fraction, ...]
+    #: ``L``, slots per epoch.
     epoch_size: int
+    #: ``n_i``, records of dataset ``i`` per epoch (:func:`epoch_counts`).
     counts: tuple[int, ...]
     seed: int
     _walks: tuple[Walks, ...] = field(init=False, repr=False, compare=False)
@@ -262,18 +221,9 @@ class MixturePlan:
         return cls(sizes=ns, weights=ws, epoch_size=length, counts=epoch_counts(ws, length), seed=s)
 
     @property
-    def num_datasets(self) -> int:
-        return len(self.sizes)
-
-    @property
     def offsets(self) -> np.ndarray:
         """First global key of each dataset, and the total as the last entry (``m + 1`` values)."""
         return np.concatenate([[0], np.cumsum(self.sizes, dtype=np.int64)]).astype(np.int64)
-
-    @property
-    def num_keys(self) -> int:
-        """Records of all datasets together (the global key space)."""
-        return int(sum(self.sizes))
 
     def dataset_keys(self, dataset: int, epoch: int) -> np.ndarray:
         """Dataset ``dataset``'s ``n_i`` record keys of epoch ``epoch``: ``q_i`` copies of every
@@ -283,21 +233,14 @@ class MixturePlan:
         full = np.tile(np.arange(n, dtype=np.int64), c // n)
         return np.concatenate([full, self._walks[i].epoch(epoch)])
 
-    def walk(self, dataset: int, walk: int) -> np.ndarray:
-        """Dataset ``dataset``'s walk ``walk`` (a permutation of its keys; for tests and tools)."""
-        return self._walks[int(dataset)].walk(walk)
-
     @property
     def single(self) -> bool:
-        """One dataset, every record once per epoch: the item table is ``slot -> slot``, so the
-        order is the slot order itself (what modes other than ``epoch``, locality and a resume
-        state without a mixture need)."""
-        return self.counts == self.sizes and self.num_datasets == 1
+        """One dataset, every record once per epoch: the order is the slot order itself."""
+        return self.counts == self.sizes and len(self.sizes) == 1
 
     def slot_keys(self, epoch: int, slots: np.ndarray) -> np.ndarray:
-        """The global keys in epoch ``epoch``'s item table at ``slots``: slots ``[c_i, c_{i+1})``
-        (running sums of the counts) hold dataset ``i``'s items as :meth:`dataset_keys` lists them,
-        ``q_i`` copies of every record (``j mod N_i``), then the epoch's extras."""
+        """The global keys in epoch ``epoch``'s item table at ``slots``: dataset ``i``'s slots (after
+        those of ``0..i-1``) hold its items as :meth:`dataset_keys` lists them."""
         s = np.asarray(slots, dtype=np.int64)
         bounds = np.concatenate([[0], np.cumsum(self.counts, dtype=np.int64)]).astype(np.int64)
         ds = np.searchsorted(bounds, s, side="right") - 1

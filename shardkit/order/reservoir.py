@@ -1,10 +1,5 @@
-"""Streaming reservoir sampling: Vitter's Algorithm R and Li's Algorithm L.
-
-Both keep a uniform random ``k``-subset of a stream whose length need not be known in advance:
-every item is in the reservoir with probability ``k / n`` and every ``k``-subset is equally likely;
-a uniform sample of a uniform sample is again uniform (:func:`sample_of_sample`). A reservoir's slot
-order is *not* uniform: callers that emit one permute it first. Randomness comes from a
-caller-supplied :class:`numpy.random.Generator` (docs/design.md §4, modes).
+"""Streaming reservoir sampling: Vitter's Algorithm R and Li's Algorithm L, each a uniform random
+``k``-subset of a stream of unknown length, whose slot order is *not* uniform (docs/design.md §4, modes).
 """
 
 from __future__ import annotations
@@ -33,11 +28,8 @@ def _as_array(items: list[Any]) -> np.ndarray:
 
 
 def algorithm_r(items: Iterable[Any], k: int, rng: np.random.Generator) -> np.ndarray:
-    """Vitter's Algorithm R: a uniform ``k``-subset of ``items`` (all of them if fewer than ``k``).
-
-    Item ``i`` (0-based) past the first ``k`` replaces a uniformly chosen slot with probability
-    ``k / (i + 1)``, which keeps every prefix's reservoir uniform by induction.
-    """
+    """Vitter's Algorithm R: a uniform ``k``-subset of ``items`` (all of them if fewer than ``k``):
+    item ``i`` past the first ``k`` replaces a uniform slot with probability ``k / (i + 1)``."""
     k = _check_k(k)
     reservoir: list[Any] = []
     if k == 0:
@@ -58,12 +50,8 @@ def _log_u(rng: np.random.Generator) -> float:
 
 
 def algorithm_l(items: Iterable[Any], k: int, rng: np.random.Generator) -> np.ndarray:
-    """Li's Algorithm L: the same distribution as R with geometric skips.
-
-    ``w`` is the running maximum-of-uniforms threshold; the number of items skipped before the next
-    replacement is ``floor(log U / log(1 - w))``. On a :class:`~collections.abc.Sequence` (``range``,
-    list, array) the skips are index arithmetic; other iterables are advanced with ``islice``.
-    """
+    """Li's Algorithm L: the same distribution as R with geometric skips (``floor(log U / log(1 - w))``,
+    ``w`` the running threshold); on a sequence the skips are index arithmetic."""
     k = _check_k(k)
     if k == 0:
         return _as_array([])

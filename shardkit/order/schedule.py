@@ -1,10 +1,7 @@
 """The sampler's schedule on keys alone: which keys, in which order, for which consumer, in what blocks.
 
-Everything here is pure arithmetic on record keys (no payload, no I/O), so it can be tested
-exhaustively and the tier stack only delivers the keys it is given, in that order. This module is
-the only owner of the global-batch arithmetic and the block-size rules: the sampler, ``serve``, the
-adapters (``len``, resume) and the benchmarks all call it, so a rule changes here once. Semantics
-of global batches, blocks and resume: docs/design.md §4 (*The schedule*).
+Pure arithmetic on record keys, the one owner of the global-batch arithmetic and the block-size
+rules (docs/design.md §4, *The schedule*).
 """
 
 from __future__ import annotations
@@ -59,7 +56,6 @@ __all__ = [
     "plan_shape",
     "ConsumerPlan",
     "consumer_plan",
-    "truncate_plan",
     "GroupRows",
     "step_group_positions",
 ]
@@ -82,10 +78,8 @@ def epoch_permutation(seed: int, epoch: int, n: int) -> np.ndarray:
 
 
 def permute_into(seed: int, epoch: int, out: np.ndarray) -> np.ndarray:
-    """:func:`epoch_permutation` written into ``out`` (int64, e.g. node-shared memory), no other copy.
-
-    Identical to ``Generator.permutation(n)``, which is ``arange(n)`` shuffled in place.
-    """
+    """:func:`epoch_permutation` written into ``out`` (int64, e.g. node-shared memory), no other copy;
+    identical to ``Generator.permutation(n)``."""
     out[:] = np.arange(out.shape[0], dtype=np.int64)
     rng(Domain.EPOCH_ORDER, seed, epoch).shuffle(out)
     return out
@@ -102,13 +96,7 @@ def replacement_stream(seed: int, epoch: int, n: int, k: int) -> np.ndarray:
 
 
 def epoch_stream(mode: str, seed: int, epoch: int, n: int, reservoir: int = 1) -> np.ndarray:
-    """The global stream of one epoch in ``mode``; ``reservoir`` is ``K``.
-
-    ``epoch``: a uniform permutation of ``range(n)`` from ``Domain.EPOCH_ORDER`` with ``(seed,
-    epoch)``. ``replacement``: ``ceil(n / K)`` independent reservoirs, each a uniform ``K``-subset
-    drawn with Algorithm L from ``Domain.REPLACEMENT`` and emitted in uniform order, truncated to
-    ``n`` keys. ``sequential``: ``range(n)``.
-    """
+    """The global stream of one epoch in ``mode`` (docs/design.md §4, *Modes*); ``reservoir`` is ``K``."""
     if mode == "epoch":
         return epoch_permutation(seed, epoch, n)
     if mode == "replacement":
@@ -130,12 +118,8 @@ def resolve_permutation(permutation: str, n: int) -> str:
 
 @runtime_checkable
 class EpochOrder(Protocol):
-    """One epoch's global stream ``pi`` as a function: the key at any set of positions.
-
-    The pipeline asks for the keys of one block at a time, so an order that computes them on
-    demand (:class:`BijectionOrder`) holds nothing per record, and one that is an array
-    (:class:`ArrayOrder`) may live in memory shared by every process of a node.
-    """
+    """One epoch's global stream ``pi`` as a function: the key at any set of positions (asked one
+    block at a time, so an order may be computed on demand or live in node-shared memory)."""
 
     @property
     def size(self) -> int:
@@ -192,12 +176,8 @@ class RangeOrder:
 def epoch_order(
     mode: str, seed: int, epoch: int, n: int, reservoir: int = 1, permutation: str = "auto"
 ) -> EpochOrder:
-    """The global stream of one epoch (as :func:`epoch_stream`) in the form the pipeline reads it.
-
-    ``epoch`` mode with the ``feistel`` permutation is a :class:`BijectionOrder`, which is *not*
-    :func:`epoch_permutation` (a different, statistically uniform order; see
-    :mod:`shardkit.order.bijection`); every other combination is exactly :func:`epoch_stream`.
-    """
+    """The global stream of one epoch in the form the pipeline reads it: exactly :func:`epoch_stream`,
+    except ``epoch`` mode with the ``feistel`` permutation (a :class:`BijectionOrder`)."""
     if mode == "epoch" and resolve_permutation(permutation, n) == "feistel":
         return BijectionOrder(FeistelPermutation.for_epoch(seed, epoch, max(1, int(n))))
     if mode == "sequential":
@@ -208,21 +188,13 @@ def epoch_order(
 # ---------------------------------------------------------------------------------------------- counts
 @dataclass(frozen=True)
 class EpochShare:
-    """What one consumer gets from one epoch, counted from a start position.
+    """What one consumer gets from one epoch, counted from a start position."""
 
-    Attributes
-    ----------
-    full
-        Whole global batches left in the epoch: the consumer gets ``B`` records from each.
-    tail
-        The consumer's records in the ragged final global batch (0 when there is none, when
-        ``drop_last`` drops it, or when the consumer's slice of it is empty).
-    batch_size
-        ``B``.
-    """
-
+    #: Whole global batches left in the epoch: the consumer gets ``B`` records from each.
     full: int
+    #: The consumer's records in the ragged final global batch (0: none, dropped, or an empty slice).
     tail: int
+    #: ``B``.
     batch_size: int
 
     @property
@@ -259,12 +231,8 @@ def records_per_consumer(
 
 
 def consumer_records_bound(n: int, batch_size: int, world_size: int) -> int:
-    """An upper bound of any consumer's records in one epoch, ``ceil(N / (B*W)) * B``.
-
-    Block sizes are capped by it (a block larger than what a consumer ever reads would only waste
-    RAM); it depends on neither the rank nor the resume position, so every consumer of a run, and a
-    resumed run, derives the same ``K`` (which replacement mode's stream depends on).
-    """
+    """An upper bound of any consumer's records in one epoch, ``ceil(N / (B*W)) * B``: the cap of block
+    sizes, the same for every rank and resume position (replacement mode's stream depends on ``K``)."""
     b = int(batch_size)
     return math.ceil(int(n) / (b * int(world_size))) * b if n else 0
 
@@ -317,12 +285,8 @@ def position_after(start: int, global_batches: int, batch_size: int, world_size:
 
 # ---------------------------------------------------------------------------------------------- blocks
 def ram_block(ram_bytes: int, record_nbytes: int, batch_size: int, records_bound: int) -> int:
-    """``K2``, records per RAM block, from a consumer's whole RAM budget.
-
-    The budget covers two blocks (double buffering) and, when it is at least twice their size, the
-    batches in flight (``BATCH_PREFETCH + 2`` batches: prefetched, being built, held by the
-    consumer). At least one record; at most ``records_bound`` (see :func:`consumer_records_bound`).
-    """
+    """``K2``, records per RAM block: two blocks fill the budget, less the ``BATCH_PREFETCH + 2``
+    batches in flight when it is at least twice that; at least one record, at most ``records_bound``."""
     rec = int(record_nbytes)
     reserve = (BATCH_PREFETCH + 2) * int(batch_size) * rec
     blocks = ram_bytes - reserve if ram_bytes >= 2 * reserve else ram_bytes
@@ -335,37 +299,22 @@ def ssd_block(ssd_bytes: int, record_nbytes: int, records_bound: int) -> int:
     return max(1, min(int(ssd_bytes) // (2 * int(record_nbytes)), max(1, int(records_bound))))
 
 
-#: The run's first RAM block holds about this many bytes (at least one batch): read in a few tens
-#: of milliseconds, so the first batch arrives quickly whatever the budget. Later blocks double
-#: until they reach the largest block (:func:`block_bounds`).
+#: The run's first RAM block holds about this many bytes (at least one batch), so the first batch
+#: arrives quickly whatever the budget.
 FIRST_BLOCK_BYTES = 16 << 20
-#: Blocks are at least this large when the budget allows: each block costs a few Python passes
-#: and one announcement per run, and a block of a few hundred large records keeps a device queue
-#: of that depth busy.
+#: Blocks are at least this large when the budget allows (per-block overhead; device queue depth).
 MIN_BLOCK_BYTES = 64 << 20
-#: The read efficiency (see :func:`read_efficiency`) a block's density should reach, if the budget
-#: allows; blocks no larger than needed leave the rest of the budget to the static cache.
+#: The read efficiency a block's density should reach, if the budget allows (the rest of the budget
+#: goes to the static cache).
 BLOCK_EFFICIENCY = 0.9
-#: A request announced ahead (the reader announces every run of a block before reading it) costs
-#: ``gap_bytes / QUEUE_OVERLAP`` of sequential transfer: the device overlaps it with the ones queued
-#: behind it. Calibrated on the measured density curve (``benchmarks/RESULTS.md``, "Calibration of
-#: the block read model").
+#: An announced request costs ``gap_bytes / QUEUE_OVERLAP`` of sequential transfer (calibrated:
+#: ``benchmarks/RESULTS.md``, "Calibration of the block read model").
 QUEUE_OVERLAP = 4
 
 
 def read_efficiency(density: float, record_nbytes: int, gap_bytes: int) -> float:
     """Fraction of sequential speed at which a block of ``density`` (records in the block / records
-    in the dataset) is read, in a cost model of the bottom tier.
-
-    The wanted records of a shard are a uniform random subset, so between two of them lie ``j``
-    unwanted records with ``P(j) = d (1 - d)**j``. A gap of ``j * record_nbytes <= gap_bytes`` is
-    read (coalesced) and costs its bytes; a larger gap is skipped at the price of one more request,
-    ``gap_bytes / QUEUE_OVERLAP`` bytes of transfer time. The efficiency is
-    ``record_nbytes / (record_nbytes + E[gap bytes read] + P(new request) * request cost)``: near 1
-    for large records at any density, and close to the density itself for records much smaller
-    than ``gap_bytes`` (reading everything to use a fraction) until blocks are nearly the whole
-    dataset.
-    """
+    in the dataset) is read, in the cost model of docs/design.md §4 (*The schedule*, Blocks)."""
     rec = float(record_nbytes)
     d = min(1.0, max(0.0, float(density)))
     if d >= 1.0:
@@ -401,14 +350,9 @@ def block_limits(
     records_bound: int,
     aligned: bool = True,
 ) -> tuple[int, int]:
-    """``(first, largest)`` RAM block of a run, in records.
-
-    ``largest`` is what the density rule asks for (:func:`density_block`, and at least
-    :data:`MIN_BLOCK_BYTES`), never more than ``budget_records`` (what the budget allows per block)
-    or ``records_bound``; ``first`` is about :data:`FIRST_BLOCK_BYTES` and at most ``largest``.
-    ``aligned``: both are whole batches when they hold at least one, so no batch spans two blocks
-    and a block needs exactly ``largest / B`` batch buffers.
-    """
+    """``(first, largest)`` RAM block of a run, in records: ``largest`` as the density rule asks (at
+    least :data:`MIN_BLOCK_BYTES`) within ``budget_records`` and ``records_bound``, ``first`` about
+    :data:`FIRST_BLOCK_BYTES`; with ``aligned`` both are whole batches when they hold one."""
     rec, b = int(record_nbytes), int(batch_size)
     want = max(density_block(num_records, rec, gap_bytes), -(-MIN_BLOCK_BYTES // rec))
     largest = max(1, min(want, int(budget_records), max(1, int(records_bound))))
@@ -422,12 +366,7 @@ def block_limits(
 
 def block_bounds(start: int, stop: int, first: int, largest: int) -> Iterator[tuple[int, int]]:
     """Consecutive blocks ``[a, b)`` covering plan positions ``[start, stop)``: ``first`` records,
-    then twice as many each time up to ``largest``.
-
-    Any partition of ``pi`` into consecutive blocks keeps the order exactly as it is (docs/design.md §4),
-    so this is free to serve speed: a small first block gets the first batch out quickly, larger
-    ones read near sequential speed.
-    """
+    then twice as many each time up to ``largest`` (any such partition keeps the order)."""
     size, a = max(1, int(first)), int(start)
     largest = max(size, int(largest))
     while a < stop:
@@ -437,10 +376,8 @@ def block_bounds(start: int, stop: int, first: int, largest: int) -> Iterator[tu
 
 
 def pool_batches(block: int, batch_size: int, aligned: bool = True) -> int:
-    """Batch buffers a run needs: two blocks in flight (one being read, one being emitted) and the
-    batches the consumer holds (:data:`~shardkit.tiers.buffers.HOLD_BATCHES`). A block of ``K``
-    records covers ``ceil(K / B)`` batches, one more when blocks are not ``aligned`` to batches
-    (a batch then spans two blocks)."""
+    """Batch buffers a run needs: two blocks in flight of ``ceil(K / B)`` batches each (one more when
+    not ``aligned``) and the batches the consumer holds (``HOLD_BATCHES``)."""
     from shardkit.tiers.buffers import HOLD_BATCHES
 
     per_block = -(-int(block) // int(batch_size)) + (0 if aligned else 1)
@@ -450,20 +387,13 @@ def pool_batches(block: int, batch_size: int, aligned: bool = True) -> int:
 # ---------------------------------------------------------------------------------------------- plans
 @dataclass(frozen=True)
 class ConsumerPlan:
-    """One consumer's share of one epoch from a start position.
+    """One consumer's share of one epoch from a start position."""
 
-    Attributes
-    ----------
-    keys
-        The consumer's keys ``sigma_c`` in emission order (its slices of the global batches).
-    batch_sizes
-        Length of each of its batches (all ``B`` except possibly the last).
-    positions
-        Global position (records of ``pi`` consumed) after each of its batches.
-    """
-
+    #: The consumer's keys ``sigma_c`` in emission order (its slices of the global batches).
     keys: np.ndarray
+    #: Length of each of its batches (all ``B`` except possibly the last).
     batch_sizes: np.ndarray
+    #: Global position (records of ``pi`` consumed) after each of its batches.
     positions: np.ndarray
 
     @property
@@ -473,30 +403,19 @@ class ConsumerPlan:
 
 @dataclass(frozen=True, eq=False)
 class PlanShape:
-    """One consumer's share of one epoch as arithmetic: which positions of ``pi``, in which batches.
-
-    The keys are not materialised: plan position ``p`` (the consumer's ``p``-th record) is epoch
-    position :meth:`epoch_positions` of ``p``, so the pipeline asks the epoch's order for the keys
-    of one block at a time.
-
-    Attributes
-    ----------
-    start, batch_size, rank, world_size
-        The resume position, ``B``, ``c`` and ``W``.
-    length
-        Records in the plan.
-    batch_sizes
-        Length of each batch (all ``B`` except possibly the last).
-    positions
-        Global position after each batch.
-    """
+    """One consumer's share of one epoch as arithmetic: plan position ``p`` (the consumer's ``p``-th
+    record) is epoch position :meth:`epoch_positions` of ``p``; keys are not materialised. ``start``,
+    ``batch_size``, ``rank`` and ``world_size`` are the resume position, ``B``, ``c`` and ``W``."""
 
     start: int
     batch_size: int
     rank: int
     world_size: int
+    #: Records in the plan.
     length: int
+    #: Length of each batch (all ``B`` except possibly the last).
     batch_sizes: np.ndarray = field(repr=False)
+    #: Global position after each batch.
     positions: np.ndarray = field(repr=False)
 
     @property
@@ -511,8 +430,16 @@ class PlanShape:
         return self.start + (p // bs) * gb + self.rank * bs + p % bs
 
     def truncated(self, left: int) -> PlanShape:
-        """The plan cut after ``left`` records (see :func:`truncate_plan`)."""
-        sizes, positions = _cut_batches(self.batch_sizes, self.positions, left, self.world_size)
+        """The plan cut after ``left`` records (the sampler's ``limit``): the last batch is cut short;
+        its position is exact with one consumer, else the end of its global batch."""
+        ends = np.cumsum(self.batch_sizes)
+        nb = int(np.searchsorted(ends, left, side="left")) + 1
+        sizes, positions = self.batch_sizes[:nb].copy(), self.positions[:nb].copy()
+        cut = int(ends[nb - 1] - left)
+        if cut:
+            sizes[-1] -= cut
+            if self.world_size == 1:
+                positions[-1] -= cut
         return PlanShape(self.start, self.batch_size, self.rank, self.world_size, int(left), sizes, positions)
 
 
@@ -546,66 +473,26 @@ def consumer_plan(
     )
 
 
-def truncate_plan(plan: ConsumerPlan, left: int, world_size: int) -> ConsumerPlan:
-    """Cut a plan after ``left`` keys (the sampler's ``limit``).
-
-    The last batch is cut short. With one consumer its position is exact (the rest of the batch is
-    emitted after a resume); with several the position stays at the end of the global batch, since
-    the other consumers' slices of it are not accounted for here.
-    """
-    sizes, positions = _cut_batches(plan.batch_sizes, plan.positions, left, world_size)
-    return ConsumerPlan(keys=plan.keys[:left], batch_sizes=sizes, positions=positions)
-
-
-def _cut_batches(
-    batch_sizes: np.ndarray, positions: np.ndarray, left: int, world_size: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Batch sizes and positions of a plan cut after ``left`` records (see :func:`truncate_plan`)."""
-    ends = np.cumsum(batch_sizes)
-    nb = int(np.searchsorted(ends, left, side="left")) + 1
-    sizes, positions = batch_sizes[:nb].copy(), positions[:nb].copy()
-    cut = int(ends[nb - 1] - left)
-    if cut:
-        sizes[-1] -= cut
-        if world_size == 1:
-            positions[-1] -= cut
-    return sizes, positions
-
-
 # ---------------------------------------------------------------------------------------------- step groups
 @dataclass(frozen=True, eq=False)
 class GroupRows:
-    """The epoch positions one step group takes from each global batch (see :func:`step_group_positions`).
+    """The epoch positions one step group takes from each global batch (see :func:`step_group_positions`)."""
 
-    Attributes
-    ----------
-    full
-        ``[G, ranks * B]``: row ``g`` holds the group's positions in full global batch ``g``;
-        member ``r`` (rank ``r``) takes columns ``[r*B, (r+1)*B)`` in the plain slicing.
-    tail
-        The group's positions in the ragged final global batch (members' slices one after
-        another; empty when there is none or ``drop_last`` drops it).
-    tail_quotas
-        ``[ranks]``: how many of ``tail`` each member takes.
-    """
-
+    #: ``[G, ranks * B]``: the group's positions in each full global batch (member ``r`` takes
+    #: columns ``[r*B, (r+1)*B)`` in the plain slicing).
     full: np.ndarray
+    #: The group's positions in the ragged final global batch (members' slices one after another).
     tail: np.ndarray
+    #: ``[ranks]``: how many of ``tail`` each member takes.
     tail_quotas: np.ndarray
 
 
 def step_group_positions(
     n: int, start: int, batch_size: int, world_size: int, workers_per_rank: int, group: int, *, drop_last: bool = False
 ) -> GroupRows:
-    """Epoch positions of step group ``group`` in every global batch of ``[start, n)``.
-
-    With ``k = workers_per_rank`` consumers per rank, consumer ``c`` is worker ``c % k`` of rank
-    ``c // k``, and a rank's DataLoader hands out its workers' batches in turn, so the training step
-    that uses batch ``g`` of worker ``w`` gets, from every rank ``r``, consumer ``r*k + w``'s slice of
-    global batch ``g``. Those consumers are step group ``w``: the positions a step trains on
-    together. Node-aware assignment (:mod:`shardkit.order.locality`) moves keys only inside a
-    group's row, so every step keeps the set of positions of ``pi`` it has here.
-    """
+    """Epoch positions of step group ``group`` in every global batch of ``[start, n)``: the slices of
+    consumers ``r*k + group`` of every rank ``r`` (``k = workers_per_rank``), which one training
+    step uses together (docs/design.md §10, *Assignment*)."""
     b, w, k, grp = int(batch_size), int(world_size), int(workers_per_rank), int(group)
     if k < 1 or w % k or not 0 <= grp < k:
         raise ConfigError(f"workers_per_rank: expected a divisor of world_size={w} above group {grp}, found {k}")

@@ -1,9 +1,5 @@
-"""Random-number domains: every random use draws from a stream no other use can ever share.
-
-numpy's ``SeedSequence`` pads short seed lists with zeros and splits integers into 32-bit words, so
-hand-built seed lists collide; :func:`rng` encodes ``(domain, values)`` unambiguously instead
-(docs/design.md §4, randomness domains). Add a new :class:`Domain` member for every new random use;
-never reuse one.
+"""Random-number domains: every random use draws from a stream no other use can ever share
+(docs/design.md §4, randomness domains). A new random use gets a new :class:`Domain` member.
 """
 
 from __future__ import annotations
@@ -53,15 +49,14 @@ class Domain(enum.IntEnum):
 
 def check_seed(seed: object, *, what: str = "seed") -> int:
     """A seed as a Python int in ``[0, 2**64)``; ``ConfigError`` naming ``what`` otherwise."""
-    if isinstance(seed, bool):
-        raise ConfigError(f"{what}: expected an integer in [0, 2**64), found {seed!r}")
     try:
-        value = operator.index(seed)  # type: ignore[arg-type]
+        value = None if isinstance(seed, bool) else operator.index(seed)  # type: ignore[arg-type]
     except TypeError:
-        raise ConfigError(f"{what}: expected an integer in [0, 2**64), found {seed!r}") from None
-    if not 0 <= value < _LIMIT:
+        value = None
+    if value is None or not 0 <= value < _LIMIT:
         raise ConfigError(f"{what}: expected an integer in [0, 2**64), found {seed!r}")
     return value
+
 
 
 def seed_words(domain: Domain, *values: int) -> list[int]:

@@ -1,9 +1,6 @@
-"""Readers: reservoir primitives, the schedule on keys, the tier stack and the tiered sampler.
-
-``TieredSampler`` is the public entry point, configured by one ``SamplerOptions`` value; see
-docs/design.md §4 for the algorithm. Every sampler implements the ``Sampler`` protocol the adapters rely on.
-``TierServer`` / ``serve`` and ``SharedSampler`` share one tier stack between concurrent jobs
-(:mod:`shardkit.serve`).
+"""Readers: the tiered sampler (``TieredSampler``, configured by one ``SamplerOptions``), its sources,
+and the ``Sampler`` protocol the adapters rely on (docs/design.md §4); ``TierServer``, ``serve`` and
+``SharedSampler`` (:mod:`shardkit.serve`) share one tier stack between jobs.
 """
 
 from shardkit.formats import DEFAULT_GAP_BYTES

@@ -1,10 +1,5 @@
-"""Which dataset a sampler reads, so it notices when the dataset is replaced under it.
-
-The identity is the SHA-256 of the root ``zarr.json`` (schema, record count, every shard's checksum),
-taken at open and checked before each epoch and after every block read from disk; a change stops the
-sampler with a :class:`~shardkit.errors.SamplerError` naming the path instead of pairing new payload
-with old labels. Object stores are checked by ETag, at most every :data:`REMOTE_CHECK_SECONDS`
-(docs/design.md §4, dataset identity).
+"""Which dataset a sampler reads (the SHA-256 of its root ``zarr.json``), so it notices when the
+dataset is replaced under it (docs/design.md §4, *Other duties*, dataset identity).
 """
 
 from __future__ import annotations

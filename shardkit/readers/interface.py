@@ -1,9 +1,5 @@
-"""What every sampler offers its consumers: the :class:`Sampler` protocol (docs/design.md §2).
-
-The adapters (PyTorch, TensorFlow) and the CLI rely on this interface only, never on a concrete
-class, so :class:`~shardkit.readers.TieredSampler` (one job reading alone) and
-:class:`~shardkit.readers.SharedSampler` (a job attached to ``shardkit serve``) are interchangeable
-for them, and another sampler plugs in by implementing it.
+"""What every sampler offers its consumers: the :class:`Sampler` protocol (docs/design.md §2), the
+only interface the adapters and the CLI rely on.
 """
 
 from __future__ import annotations
@@ -26,19 +22,9 @@ ElementSpec = dict[str, tuple[tuple[int, ...], np.dtype[Any]]]
 
 @runtime_checkable
 class Sampler(Protocol):
-    """The interface of every sampler: an iterable of batches.
-
-    A batch is a dict of numpy arrays with a leading batch axis: the payload (``"image"`` /
-    ``"audio"``), every per-record field, and ``"key"`` (int64 record index). The consumer may keep a
-    batch as long as it likes (a sampler may hand over views of its own buffers, but never writes to
-    one while anything references it). Iterating runs the sampler's epochs from where it stands;
-    :meth:`close` stops a running iteration and frees what it holds (threads, SSD space, shared
-    memory). A sampler that cannot resume (a shared one: the server owns the epochs) raises
-    :class:`~shardkit.errors.SamplerError` from the resume methods instead of omitting them.
-
-    ``isinstance(x, Sampler)`` checks that the members exist (a runtime-checkable protocol cannot
-    check signatures; mypy does).
-    """
+    """The interface of every sampler: an iterable of batches, dicts of numpy arrays (the payload,
+    every per-record field, ``"key"``) that the consumer may keep as long as it likes. A sampler
+    that cannot resume raises :class:`~shardkit.errors.SamplerError` from the resume methods."""
 
     @property
     def path(self) -> Path | str:

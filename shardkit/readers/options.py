@@ -1,10 +1,5 @@
-"""The sampler's options: one frozen, validated value that every entry point builds and passes down.
-
-:class:`SamplerOptions` holds every option of the tiered sampler with its default and its check, so
-the CLI, the Python API, the adapters and the benchmarks cannot drift apart; errors name the option
-as the user wrote it (``--ram-size`` or ``ram_size``). Checks that need the record size are made by
-:meth:`SamplerOptions.tier_sizes`; the block-size rules live in :mod:`shardkit.order.schedule`.
-Design: docs/design.md §2 (*Seams*) and docs/design.md §7.
+"""The sampler's options: one frozen, validated value that every entry point builds and passes down,
+and the memory plan they resolve to (docs/design.md §2, *Seams*, and §7).
 """
 
 from __future__ import annotations
@@ -47,10 +42,8 @@ TIERS = ("ssd", "ram")
 
 
 def parse_tiers(tiers: str | Sequence[str], *, what: str = "tiers") -> tuple[str, ...]:
-    """Normalise ``"ram"``, ``"ram,ssd"``, ``"ssd,ram"`` or ``["ram", "ssd"]`` to slow -> fast order.
-
-    ``ram`` is mandatory (batches are assembled there); ``ssd`` is optional.
-    """
+    """Normalise ``"ram"``, ``"ram,ssd"``, ``"ssd,ram"`` or ``["ram", "ssd"]`` to slow -> fast order
+    (``ram`` is mandatory)."""
     if isinstance(tiers, str):
         names = [t.strip().lower() for t in tiers.split(",") if t.strip()]
     elif isinstance(tiers, Sequence):
@@ -67,53 +60,32 @@ def parse_tiers(tiers: str | Sequence[str], *, what: str = "tiers") -> tuple[str
     return tuple(t for t in TIERS if t in names)
 
 
-
-
 @dataclass(frozen=True)
 class TierSizes:
-    """The options' budgets resolved for one dataset and consumer count (see :meth:`SamplerOptions.tier_sizes`).
-
-    This is the sampler's whole memory plan: ``ram_bytes`` covers everything it holds in RAM —
-    the batch buffers that RAM blocks are read into (``pool_batches`` of ``batch_size`` records),
-    the static cache (``static_records``), and with the SSD tier its copy buffer
-    (``ssd_copy_bytes``). The small per-record fields and the epoch order are not in it: they are
-    per dataset, shared by every process of a node (see :mod:`shardkit.tiers.shm`).
-
-    Attributes
-    ----------
-    ram_bytes
-        The RAM budget in bytes.
-    ram_block, first_block
-        ``K2``, the largest RAM block, and the run's first (smaller) block, in records; blocks
-        double from the first up to ``K2`` (see :func:`~shardkit.order.schedule.block_bounds`).
-    pool_batches, batch_size
-        Batch buffers of the run (two blocks in flight and the batches the consumer holds).
-    static_records, num_records
-        ``M``, records pinned by the static cache (0 = off; ``num_records`` = the whole dataset),
-        and ``N``.
-    ssd_bytes, ssd_block
-        The SSD budget and ``K1``, the largest SSD reservoir (``None`` without the SSD tier).
-    ssd_copy_bytes
-        The disk -> SSD copy buffer (0 without the SSD tier): two halves, one read while the other
-        is written (see :mod:`shardkit.tiers.ssd_slots`). A local, uncompressed dataset of large
-        records is copied inside the kernel and leaves it untouched.
-    record_nbytes
-        Bytes of one record.
-    node_records
-        Records the node cache pins on the node's local disk (0 = off; only with ``locality``).
+    """The sampler's whole memory plan for one dataset and consumer count (see
+    :meth:`SamplerOptions.tier_sizes`): ``ram_bytes`` covers the batch buffers, the static cache
+    and the SSD copy buffer (not the node-shared fields and epoch order).
     """
 
+    #: The RAM budget in bytes.
     ram_bytes: int
+    #: ``K2``, the largest RAM block in records (blocks double from ``first_block`` up to it).
     ram_block: int
+    #: The SSD budget and ``K1``, the largest SSD reservoir (``None`` without the SSD tier).
     ssd_bytes: int | None
     ssd_block: int | None
+    #: ``M``, records pinned by the static cache (0 = off; ``num_records`` = the whole dataset).
     static_records: int
     first_block: int = 1
+    #: Batch buffers of the run (two blocks in flight and the batches the consumer holds).
     pool_batches: int = 1
     batch_size: int = 1
+    #: ``N``.
     num_records: int = 0
+    #: The disk -> SSD copy buffer (0 without the SSD tier; see :mod:`shardkit.tiers.ssd_slots`).
     ssd_copy_bytes: int = 0
     record_nbytes: int = 1
+    #: Records the node cache pins on the node's local disk (0 = off; only with ``locality``).
     node_records: int = 0
 
     @property
@@ -233,13 +205,10 @@ class SamplerOptions(UserOptions):
 
     Build one with keyword arguments (values are parsed: ``ram_size="2GiB"``, ``tiers="ram,ssd"``),
     or with :meth:`parse` when the values come from a user (it refuses unknown names), and derive
-    variants with :meth:`replace` (validated again). Fields hold the normalised values. Each field
-    is the option's one declaration (default, grammar, help, flag; see :class:`Option`): the
-    ``sample``, ``profile`` and ``serve`` flags and both adapters are derived from it, and the list
-    of options below is generated from it. The object-store settings are one
-    :class:`~shardkit.stores.StoreOptions`, ``store``, declared there; those with a flag are taken
-    by name too (``remote_concurrency=8``) and read with :meth:`value`. ``source`` (``"python"`` or
-    ``"cli"``) says how errors spell option names and is not part of equality.
+    variants with :meth:`replace` (validated again). The options of ``store`` (a
+    :class:`~shardkit.stores.StoreOptions`) that have a flag are taken by name too
+    (``remote_concurrency=8``) and read with :meth:`value`. ``source`` (``"python"`` or ``"cli"``)
+    says how errors spell option names.
     """
 
     # ------------------------------------------------------------------ tiers
@@ -413,19 +382,13 @@ class SamplerOptions(UserOptions):
 
     # ------------------------------------------------------------------ resolution
     def tier_sizes(self, record_nbytes: int, num_records: int, num_keys: int | None = None) -> TierSizes:
-        """The memory plan for records of ``record_nbytes`` bytes: budgets in bytes, block sizes,
-        batch buffers and the static cache (see :class:`TierSizes`).
+        """The memory plan for records of ``record_nbytes`` bytes (see :class:`TierSizes`).
 
-        ``num_records`` is the length of an epoch's order (what consumers split into batches);
-        ``num_keys`` the distinct records behind it (what blocks are dense in and what the static
-        cache may pin), the same by default. They differ for a mixture, whose epoch of ``L`` slots
-        draws on the records of all its datasets.
-
-        Raises :class:`~shardkit.errors.ConfigError`, naming the option and the record size, when a
-        tier budget holds fewer than two records (each tier double-buffers blocks of at least one
-        record, so a smaller budget cannot be honoured), when the SSD budget is below the RAM
-        budget (the SSD tier exists to hold more than RAM), when a static cache that is not off
-        holds no record at all, or when it leaves ``ram_size`` fewer than two records for blocks.
+        ``num_records`` is the length of an epoch's order; ``num_keys`` the distinct records behind
+        it (default: the same; a mixture's differ). Raises :class:`~shardkit.errors.ConfigError`,
+        naming the option and the record size, when a tier budget holds fewer than two records, the
+        SSD budget is below the RAM budget, or a static cache that is not off holds no record or
+        leaves ``ram_size`` fewer than two records for blocks.
         """
         rec, b = int(record_nbytes), self.batch_size
         n = int(num_records if num_keys is None else num_keys)
@@ -475,28 +438,26 @@ class SamplerOptions(UserOptions):
         return TierSizes(ram, largest, ssd, k1, pinned, first, pool, b, n, copy_bytes, rec, self._node_records(rec, n))
 
     def _node_records(self, rec: int, n: int) -> int:
-        """Records ``node_cache`` pins on the node's disk (0 = off); a budget of no record is an error."""
-        cache = self.node_cache.to_bytes(rec)
+        """Records ``node_cache`` pins on the node's disk (0 = off)."""
+        return min(self._cache_records("node_cache", "node cache", rec), n)
+
+    def _cache_records(self, option: str, what: str, rec: int) -> int:
+        """Records cache ``option`` (a Capacity) holds; a budget of no record is an error."""
+        cache = getattr(self, option).to_bytes(rec)
         if 0 < cache < rec:
             raise ConfigError(
-                f"{self.name('node_cache')}: {human_bytes(cache)} holds no record of {human_bytes(rec)} "
-                f"({rec} bytes); use 0 to turn the node cache off or at least {rec} bytes"
+                f"{self.name(option)}: {human_bytes(cache)} holds no record of {human_bytes(rec)} "
+                f"({rec} bytes); use 0 to turn the {what} off or at least {rec} bytes"
             )
-        return min(cache // rec, n)
+        return int(cache // rec)
 
     def _static_records(self, budget: int, rec: int, n: int) -> int | None:
         """Records an explicit ``static_cache`` pins (``None`` for ``"auto"``), checked against the
         part of ``ram_size`` it comes out of."""
         if self.static_cache == "auto":
             return None
-        assert isinstance(self.static_cache, Capacity)
-        cache = self.static_cache.to_bytes(rec)
-        if 0 < cache < rec:
-            raise ConfigError(
-                f"{self.name('static_cache')}: {human_bytes(cache)} holds no record of {human_bytes(rec)} "
-                f"({rec} bytes); use 0 to turn the static cache off or at least {rec} bytes"
-            )
-        pinned = min(cache // rec, n)
+        pinned = min(self._cache_records("static_cache", "static cache", rec), n)
+
         if pinned < n and budget - pinned * rec < 2 * rec:
             raise ConfigError(
                 f"{self.name('static_cache')}: {_describe(pinned * rec, rec)} leaves {self.name('ram_size')} "

@@ -47,9 +47,8 @@ __all__ = ["TieredSampler", "STATE_VERSION", "BatchSupply", "RunOwner"]
 
 logger = logging.getLogger(__name__)
 
-#: Version of the :meth:`TieredSampler.state_dict` layout and of the orders it refers to. Version 2:
-#: orders are drawn from :mod:`shardkit.order.seeds` domains, so a version-1 position points into
-#: an order that is no longer produced.
+#: Version of the :meth:`TieredSampler.state_dict` layout and of its orders (2: drawn from
+#: :mod:`shardkit.order.seeds` domains; a version-1 position points into an order no longer made).
 STATE_VERSION = 2
 #: Bytes per SSD reservoir beyond the payload: none in the slot file itself (see
 #: :mod:`shardkit.tiers.ssd_slots`); a margin for the filesystem's own blocks.
@@ -74,56 +73,19 @@ class TieredSampler(Closing):
     options
         A :class:`~shardkit.readers.options.SamplerOptions` (default: all defaults).
     **overrides
-        Any option of :class:`~shardkit.readers.options.SamplerOptions` by name (``tiers``,
-        ``ram_size``, ``ssd_size``, ``ssd_dir``, ``batch_size``, ``epochs``, ``seed``, ``mode``,
-        ``rank``, ``world_size``, ``drop_last``, ``limit``, ``gap_bytes``, ``start_epoch``,
-        ``static_cache``, ``permutation``, ``node_sharing``), applied on top of ``options``; the
-        option documentation lives there.
+        Any option of :class:`~shardkit.readers.options.SamplerOptions` by name (``ram_size``,
+        ``batch_size``, ...), applied on top of ``options``; the options are documented there.
+
 
     Notes
     -----
-    Order: in ``epoch`` mode each epoch's order ``pi`` is ``schedule.epoch_permutation(seed,
-    epoch, N)`` (with ``permutation="feistel"``, or ``"auto"`` beyond
-    :data:`~shardkit.order.schedule.EXACT_PERMUTATION_LIMIT` records, an on-demand keyed
-    bijection instead, see :mod:`shardkit.order.bijection`); consumer ``c`` of ``W`` takes its
-    slice of every global batch (see :mod:`shardkit.order.schedule`), and its creators read only
-    those keys.
-
-    Memory: ``ram_size`` covers everything the sampler holds in RAM for this consumer, split as
-    :attr:`memory_plan` says (``shardkit sample`` prints it): the batch buffers blocks are read
-    into, the static cache, the SSD tier's copy buffer. Blocks grow from a small first block to the
-    largest one (:attr:`block_schedule`); what they do not need caches records across epochs
-    (:attr:`cache_fraction`, 1.0 when the whole dataset fits). The per-record fields and the exact
-    epoch order are per dataset and shared by the processes of a node (``node_sharing``).
-
     Batches are dicts of numpy arrays: the payload (``"image"``/``"audio"``) ``[n, ...]``, every
-    per-record field, and ``"key"`` (int64 global record index). The payload is a view of one of
-    the sampler's batch buffers, handed over without a copy: it is never overwritten while anything
-    references it (a kept batch, a ``torch.from_numpy`` tensor), and reused once nothing does.
-
-    Resume: :meth:`state_dict` holds ``(seed, epoch, position)``, where position counts records of
-    ``pi`` consumed by all consumers together (a multiple of the global batch ``B * W`` except at
-    the tail). ``pi`` does not depend on ``W``, so :meth:`load_state_dict` on a sampler with another
-    world size continues the same order from that position, reading only the records that are left.
-
-    Static cache: ``M`` records (a uniformly random subset P of the whole dataset drawn once from
-    the seed, independent of the epoch orders) are kept in RAM for the whole run, filled as the
-    first epoch reads them; a block reads only its records the cache does not hold. The order is
-    unchanged. See :mod:`shardkit.tiers.static_cache`.
-
-    Many nodes (``locality=True``, docs/design.md §10): node ``m`` of ``nodes`` pins its part of a node
-    partition (a uniformly random subset of the keys, disjoint from every other node's, drawn from
-    the seed and the node count) in the static cache and, with ``node_cache``, on its local disk.
-    ``pi`` and its global batches stay what they are; inside each step's global batch every
-    consumer takes exactly its usual number of keys, as many as possible from its own node's cache
-    (:mod:`shardkit.order.locality`), so storage serves only the misses. Every consumer computes
-    the same assignment from the options alone, without communication: every rank must be given
-    the same options (``ram_size``, ``static_cache``, ``node_cache``, ``nodes``,
-    ``workers_per_rank``, seed). A budget that caches the whole dataset needs no partition.
-
-    Dataset identity: the sampler checks before each epoch and after every block it reads that the
-    dataset is still the one it opened, and stops with a :class:`~shardkit.errors.SamplerError`
-    naming the path otherwise (see :mod:`shardkit.readers.identity`).
+    per-record field, and ``"key"`` (int64 record index). The payload is a view of a batch buffer,
+    never overwritten while anything references it. ``ram_size`` covers everything the sampler holds
+    in RAM, split as :attr:`memory_plan` says. :meth:`state_dict` holds ``(seed, epoch, position)``
+    in the order shared by all consumers, so a sampler with another world size resumes it. With
+    ``locality`` every rank must be given the same options. A dataset replaced under the sampler
+    stops it with a :class:`~shardkit.errors.SamplerError`. Design: docs/design.md §4 and §10.
     """
 
     def __init__(
@@ -212,10 +174,8 @@ class TieredSampler(Closing):
         return None if self._plan.single else self.source
 
     def _node_caches(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> StaticCache | None:
-        """This node's part of the node partition: depths ``[0, static)`` in the static cache (the
-        node variant, shared by the node's processes), the next ``node_cache`` records on its disk
-        (:mod:`shardkit.tiers.node_cache`). With a budget that holds the whole dataset every node
-        caches everything and there is nothing to steer (see ``__init__``)."""
+        """This node's part of the node partition: the static cache's share, and the next
+        ``node_cache`` records on its disk (docs/design.md §10)."""
         o, sizes = self.options, self.sizes
         self.layout = NodeLayout(o.world_size, o.workers_per_rank, o.nodes)
         me = self.layout.node_of(o.rank)
@@ -494,24 +454,14 @@ class TieredSampler(Closing):
         return np.sort(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
 
     def use_buffer_memory(self, memory: BufferMemory) -> None:
-        """Put the batch buffers in ``memory`` (e.g. shared memory another process maps) from the next
-        iteration on; see :class:`~shardkit.tiers.buffers.BufferMemory`.
-
-        The pool is replaced, so call it before iterating: buffers of a running iteration stay where
-        they are.
-        """
+        """Put the batch buffers in ``memory`` (:class:`~shardkit.tiers.buffers.BufferMemory`) from
+        the next iteration on; a running iteration's buffers stay where they are."""
         rec = self._pool
         self._pool = BatchPool(rec.rows, rec.record_shape, rec.dtype, self.sizes.pool_batches, memory=memory)
 
     def hold_shared(self) -> None:
-        """Attach the node-shared memory (fields, static cache) now and keep it until :meth:`close`.
-
-        The static cache lives as long as some process of the node holds it. Samplers built per
-        pass (the adapters build one per epoch, in each DataLoader worker) let go of it at the end
-        of their pass; a long-lived sampler of the same configuration that holds it (the adapter
-        keeps one in the process that owns the loader) keeps it filled across passes, so later
-        epochs still read only the uncached records.
-        """
+        """Attach the node-shared memory (fields, static cache) now and keep it until :meth:`close`,
+        so the static cache stays filled across the per-pass samplers an adapter builds."""
         if self._cache is not None:
             self._cache.attach()
 
@@ -565,13 +515,8 @@ class RunOwner(Protocol):
 
 
 class _Run:
-    """One iteration: the consumer end of a :class:`BatchSupply` (a :class:`Pipeline` for the
-    sampler, the ring's batches for a shared job), the same for both.
-
-    The background threads reference only the supply, never this object, so dropping the
-    iterator (``break`` then garbage collection) triggers :func:`weakref.finalize`, which stops the
-    threads and frees what they hold (the SSD directory, a shared job's connection).
-    """
+    """One iteration: the consumer end of a :class:`BatchSupply`. The background threads never
+    reference it, so dropping the iterator finalizes it, which stops the supply."""
 
     def __init__(self, owner: RunOwner, supply: BatchSupply | None, pool: BatchPool | None) -> None:
         self._s = owner
@@ -635,9 +580,8 @@ class _Run:
 
 
 def _source_options(m: Mixture, opts: SamplerOptions, seed_given: bool) -> SamplerOptions:
-    """The options a source is sampled with: its own seed (when it has one); modes other than
-    ``epoch`` and ``locality`` only where the order is the slot order itself (one dataset, every
-    record once per epoch: :attr:`~shardkit.order.mixture.MixturePlan.single`)."""
+    """The options a source is sampled with: its own seed (when it has one); other modes than
+    ``epoch``, and ``locality``, only for one dataset read once per epoch."""
     single = m.plan(0).single
     if opts.locality and not single:  # the node partition is drawn over one dataset's keys
         raise ConfigError(f"{opts.name('locality')}: not available for a mixture of datasets; read it without locality")

@@ -1,10 +1,7 @@
-"""What a sampler reads: a source, a mixture of one or more datasets with weights (docs/design.md §12).
+"""What a sampler reads: a mixture of one or more datasets with weights (docs/design.md §12).
 
-:func:`mix` describes a mixture and checks from the metadata alone that its datasets share one
-record schema; a :class:`Mixture` is accepted wherever a dataset is, and a single dataset is the
-mixture of one (:func:`as_source`), so every reader handles one kind of source. Under the sampler
-a mixture is one global key space read through :class:`MixedDataset`, one tier stack and budget
-for all of its datasets.
+A single dataset is the mixture of one (:func:`as_source`), so every reader handles one kind of
+source: one global key space read through :class:`MixedDataset`.
 """
 
 from __future__ import annotations
@@ -49,7 +46,6 @@ __all__ = [
     "MixedIdentity",
     "gather_fields",
     "local_keys",
-    "open_source",
 ]
 
 logger = logging.getLogger(__name__)
@@ -74,13 +70,9 @@ def _schema_of(meta: DatasetMeta) -> list[tuple[str, object]]:
 
 
 def check_schema(paths: Sequence[Path | str], metas: Sequence[DatasetMeta], indexed: bool = True) -> None:
-    """Raise :class:`~shardkit.errors.SchemaError` naming the first difference from the first dataset.
-
-    Same payload name, record shape and dtype, the same fields with the same shapes and dtypes; the
-    compression and shard size may differ (they are how records are stored, not what they are).
-    Label names that differ are logged (integer labels then mean different classes), not refused.
-    With ``indexed`` (batches carry :data:`DATASET_FIELD`) no dataset may have a field of that name.
-    """
+    """Raise :class:`~shardkit.errors.SchemaError` naming the first difference from the first dataset
+    (payload, fields, shapes, dtypes; compression and shard size may differ). Differing label names
+    are logged. With ``indexed`` no dataset may have a field named :data:`DATASET_FIELD`."""
     ref = dict(_schema_of(metas[0]))
     for path, meta in zip(paths[1:], metas[1:]):
         for what, value in _schema_of(meta):
@@ -101,27 +93,17 @@ def check_schema(paths: Sequence[Path | str], metas: Sequence[DatasetMeta], inde
 # ---------------------------------------------------------------------------------------------- mixture
 @dataclass(frozen=True)
 class Mixture:
-    """Datasets with relative weights, as one sampler source (build it with :func:`mix`).
+    """Datasets with relative weights, as one sampler source (build it with :func:`mix`)."""
 
-    Attributes
-    ----------
-    paths
-        The datasets, in the order of their dataset index: local directories (``Path``) or
-        object-store URLs (``str``), as :func:`shardkit.stores.as_location` gives them.
-    weights
-        Exact relative weights (:func:`~shardkit.order.mixture.parse_weights`).
-    epoch_size
-        ``L``, records per epoch (default: the sum of the datasets' sizes).
-    seed
-        The mixture's seed, or ``None`` to take the sampler's ``seed``.
-    sizes
-        ``N_i``, records per dataset (from the metadata).
-    """
-
+    #: The datasets in the order of their index: directories (``Path``) or object-store URLs (``str``).
     paths: tuple[Path | str, ...]
+    #: Exact relative weights (:func:`~shardkit.order.mixture.parse_weights`).
     weights: tuple[Fraction, ...]
+    #: ``L``, records per epoch (default: the sum of the datasets' sizes).
     epoch_size: int
+    #: The mixture's seed, or ``None`` to take the sampler's ``seed``.
     seed: int | None
+    #: ``N_i``, records per dataset (from the metadata).
     sizes: tuple[int, ...]
     metas: tuple[DatasetMeta, ...] = field(repr=False, compare=False)
     #: Each dataset's identity when the mixture was made (:func:`~shardkit.readers.identity.dataset_fingerprint`).
@@ -194,11 +176,9 @@ def mix(
     seed
         Seed of the mixed order; ``None`` (default) takes the sampler's ``seed``.
 
-    Every epoch then holds exactly ``n_i`` records of dataset ``i`` (the largest-remainder rounding
-    of ``w_i L / sum(w)``), each dataset's records walk a permutation across epochs (every record
-    once before any twice), and the ``L`` slots are a uniformly random arrangement (see
-    :mod:`shardkit.order.mixture`). Only the metadata is read here: datasets that do not share one
-    record schema are refused with a :class:`~shardkit.errors.SchemaError` naming the first difference.
+    Every epoch holds exactly ``n_i`` records of dataset ``i`` (``w_i L / sum(w)``, rounded by largest
+    remainder) in a uniformly random arrangement (:mod:`shardkit.order.mixture`). Datasets that do
+    not share one record schema are a :class:`~shardkit.errors.SchemaError`.
     """
     if isinstance(datasets, (str, bytes, os.PathLike)) or not isinstance(datasets, Sequence) or not datasets:
         raise ConfigError(f"datasets: expected a list of (dataset, weight) pairs, found {datasets!r}")
@@ -261,14 +241,9 @@ def source_of(
     *,
     source: Source = "python",
 ) -> Location | Mixture:
-    """What a command reads: one dataset path, or a mixture of several (``shardkit sample A B
-    --weights 3,1 --epoch-size 10k``; ``shardkit serve`` likewise).
-
-    One path without weights or epoch size is the dataset itself. Otherwise a :class:`Mixture`:
-    ``weights`` is a comma-separated string or a sequence (default: the datasets' sizes, so every
-    record appears once per epoch), ``epoch_size`` defaults to the sum of the sizes. Errors name
-    the options as the user wrote them (``--weights`` on the command line).
-    """
+    """What a command reads: one path without weights or epoch size is the dataset itself, else a
+    :class:`Mixture` (``weights``: a comma-separated string or a sequence, default the datasets'
+    sizes). Errors name the options as the user wrote them (``--weights`` on the command line)."""
     if not paths:
         raise ConfigError("expected at least one dataset")
     if len(paths) == 1 and weights is None and epoch_size is None:
@@ -287,15 +262,8 @@ def source_of(
 
 # ---------------------------------------------------------------------------------------------- disk tier
 class MixedPayload:
-    """The payload of every dataset of a mixture, addressed by global key (``offsets[i] + k``).
-
-    A block of global keys is split by dataset and each part read in ascending offsets within each
-    of its shards; a record that occurs twice in one block is read once and copied.
-
-    Offers what the sampler's tiers use of :class:`~shardkit.formats.PayloadArray`: ``read_into``,
-    ``read``, ``empty``, ``record``, ``record_nbytes``, ``dtype``, ``fill_value``, ``num_records`` and ``stats``
-    (the counters all datasets share).
-    """
+    """The payload of every dataset of a mixture, addressed by global key (``offsets[i] + k``): what
+    the tiers use of :class:`~shardkit.formats.PayloadArray`, each dataset's part read in one pass."""
 
     def __init__(self, datasets: Sequence[Dataset], offsets: np.ndarray) -> None:
         self._parts = [d.payload for d in datasets]
@@ -316,7 +284,7 @@ class MixedPayload:
         if keys.size and (int(keys.min()) < 0 or int(keys.max()) >= self.num_records):
             bad = int(keys[(keys < 0) | (keys >= self.num_records)][0])
             raise IndexError(f"mixture: global key {bad} outside [0, {self.num_records})")
-        ds = np.searchsorted(self.offsets, keys, side="right") - 1
+        ds = _dataset_of(self.offsets, keys)
         for i in np.unique(ds).tolist():
             idx = np.flatnonzero(ds == i)
             yield int(i), idx, keys[idx] - self.offsets[i]
@@ -353,7 +321,7 @@ class MixedField:
 
     def __getitem__(self, keys: np.ndarray) -> np.ndarray:
         keys = np.asarray(keys, dtype=np.int64)
-        ds = np.searchsorted(self._offsets, keys, side="right") - 1
+        ds = _dataset_of(self._offsets, keys)
         out = np.empty((keys.size, *self.shape[1:]), dtype=self.dtype)
         for i in np.unique(ds).tolist():
             sel = ds == i
@@ -373,8 +341,7 @@ class DatasetIndex:
         self.dtype = np.dtype(np.int64)
 
     def __getitem__(self, keys: np.ndarray) -> np.ndarray:
-        out: np.ndarray = np.searchsorted(self._offsets, np.asarray(keys, dtype=np.int64), side="right") - 1
-        return out.astype(np.int64, copy=False)
+        return _dataset_of(self._offsets, np.asarray(keys, dtype=np.int64))
 
     def __len__(self) -> int:
         return self.shape[0]
@@ -390,27 +357,27 @@ class MixedIdentity:
     def of(cls, paths: Sequence[Path | str], options: StoreOptions | None = None) -> MixedIdentity:
         return cls(tuple(DatasetIdentity.of(p, options) for p in paths))
 
-    @property
-    def path(self) -> Path | str:
-        return self.parts[0].path
-
     def check(self) -> None:
+
         for part in self.parts:
             part.check()
+
+
+def _dataset_of(offsets: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Each global key's dataset index (``offsets``: first global key of each dataset)."""
+    return (np.searchsorted(offsets, keys, side="right") - 1).astype(np.int64, copy=False)
 
 
 def local_keys(offsets: np.ndarray, keys: np.ndarray) -> np.ndarray:
     """Each global key's record key within its dataset (``offsets``: first global key of each)."""
     g = np.asarray(keys, dtype=np.int64)
-    out: np.ndarray = g - offsets[np.searchsorted(offsets, g, side="right") - 1]
+    out: np.ndarray = g - offsets[_dataset_of(offsets, g)]
     return out
 
 
 def gather_fields(parts: Sequence[Mapping[str, Any]], offsets: np.ndarray, indexed: bool) -> dict[str, Any]:
-    """The small fields of a source's datasets by global key (one dataset's global keys are its
-    own, so its fields are taken as they are; several are gathered by :class:`MixedField`), with
-    :data:`DATASET_FIELD`, each record's dataset index, when ``indexed`` (every source but one
-    dataset read once per epoch, :attr:`~shardkit.order.mixture.MixturePlan.single`)."""
+    """The small fields of a source's datasets by global key (one dataset's as they are), with
+    :data:`DATASET_FIELD`, each record's dataset index, when ``indexed``."""
     out: dict[str, Any] = (
         dict(parts[0]) if len(parts) == 1 else {name: MixedField([f[name] for f in parts], offsets) for name in parts[0]}
     )
@@ -419,20 +386,9 @@ def gather_fields(parts: Sequence[Mapping[str, Any]], offsets: np.ndarray, index
     return out
 
 
-def open_source(source: Mixture, **options: Any) -> MixedDataset:
-    """The bottom tier of a sampler: the source's :class:`MixedDataset` (``options`` go to
-    :class:`~shardkit.formats.Dataset`: counters, gap thresholds, store options)."""
-    return MixedDataset(source, **options)
-
-
 class MixedDataset(Closing):
-    """The disk tier of a mixture: every dataset opened with one set of read counters.
-
-    Offers what the sampler's tiers use of :class:`~shardkit.formats.Dataset` (``payload``,
-    ``payload_name``, ``record_nbytes``, ``num_records``, ``meta``, ``fields``, ``close``), over
-    global keys; ``fields`` gains :data:`DATASET_FIELD`, each record's dataset index. ``options``
-    go to every :class:`~shardkit.formats.Dataset` (gap thresholds, store options, a shard cache).
-    """
+    """The disk tier of a mixture: what the tiers use of :class:`~shardkit.formats.Dataset`, over
+    global keys, every dataset opened with ``options`` and one set of read counters."""
 
     def __init__(self, mixture: Mixture, *, stats: ReadStats | None = None, **options: Any) -> None:
         stats = stats if stats is not None else ReadStats()
@@ -470,4 +426,3 @@ class MixedDataset(Closing):
     def close(self) -> None:
         for d in self._datasets:
             d.close()
-

@@ -1,10 +1,5 @@
-"""The batch buffers of one run: a bounded pool that recycles a buffer only when nobody holds it.
-
-The batch a consumer receives is a view of a pool buffer (the sampler reads records straight into
-it), so a buffer is reused only once the reference count of its owning array says the consumer let
-go of every view; buffers a consumer keeps too long are retired instead of waited for. Where the
-buffers live is a :class:`BufferMemory` (shared memory for the torch adapter's workers). Design:
-docs/design.md §4 (*The pipeline*, batch buffers).
+"""The batch buffers of one run: a bounded pool that recycles a buffer only when nobody holds it
+(docs/design.md §4, *The pipeline*, batch buffers).
 """
 
 from __future__ import annotations
@@ -22,11 +17,9 @@ from shardkit.tiers.stopping import Stopped
 __all__ = ["BatchBuffer", "BatchPool", "BufferMemory", "HOLD_BATCHES"]
 
 #: Batches a consumer may keep after it received them before the pool stops waiting for them: the
-#: one it works on and the one before (``for b in sampler`` still holds the previous batch while
-#: ``__next__`` runs; a pin-memory step or a framework hand-over holds one more for a moment).
+#: one it works on and the one before (``for b in sampler`` holds it while ``__next__`` runs).
 HOLD_BATCHES = 2
-#: How often a reader that waits for a buffer re-checks the pool (the consumer frees buffers by
-#: dropping references, which sends no signal).
+#: How often a reader that waits for a buffer re-checks the pool (dropping a reference sends no signal).
 _POLL_SECONDS = 0.002
 
 
@@ -72,24 +65,13 @@ class BatchBuffer:
 
 
 class BatchPool:
-    """At most ``capacity`` buffers of ``rows`` records each, reused only when nobody holds them.
+    """At most ``capacity`` buffers of ``rows`` records each, reused only when nobody holds them; a
+    buffer handed out more than ``hold`` batches ago and still referenced is retired (counted in
+    :attr:`retired`) and replaced, so the reader never waits for it.
 
-    A consumer that keeps batches never sees one overwritten; one that drops each batch before asking
-    for the one after next gets its buffers back (no allocation after the first blocks). A buffer
-    handed out more than ``hold`` batches ago and still referenced is retired (it becomes the
-    consumer's memory, counted in :attr:`retired`) and replaced, so the reader never waits for it.
-
-    Parameters
-    ----------
-    rows, record_shape, dtype
-        Every buffer is ``[rows, *record_shape]`` of ``dtype``, page aligned.
-    capacity
-        Buffers the pool may own at once (retired buffers do not count).
-    hold
-        See :data:`HOLD_BATCHES`.
-    memory
-        Where the buffers live (default: private, page-aligned process memory); its ``extra_hold``
-        adds to ``capacity`` and ``hold``.
+    Every buffer is ``[rows, *record_shape]`` of ``dtype``, page aligned; ``capacity`` does not count
+    retired buffers; ``memory`` is where buffers live (default: process memory), its ``extra_hold``
+    added to ``capacity`` and ``hold``.
     """
 
     def __init__(
@@ -123,10 +105,8 @@ class BatchPool:
         return self.rows * int(np.prod(self.record_shape, dtype=np.int64)) * self.dtype.itemsize
 
     def acquire(self, stop: threading.Event) -> BatchBuffer:
-        """A buffer nobody references, for the pipeline to fill (blocks until there is one).
-
-        Raises :class:`~shardkit.tiers.stopping.Stopped` when ``stop`` is set while waiting.
-        """
+        """A buffer nobody references, for the pipeline to fill (blocks until there is one; raises
+        :class:`~shardkit.tiers.stopping.Stopped` when ``stop`` is set)."""
         while True:
             with self._changed:
                 buf = self._take()

@@ -1,9 +1,5 @@
-"""A node's cache on its local disk: the part of the node partition beyond the RAM static cache.
-
-With ``locality`` node ``m`` pins its home keys up to depth ``static_cache + node_cache``: the first
-part in RAM (the static cache), the rest here, as one verified dataset per partition in a private
-directory, written once per node and kept between runs. :meth:`NodeDiskCache.reader` takes those
-records from the entry and only the rest from storage (docs/design.md §10).
+"""A node's cache on its local disk: the part of the node partition beyond the RAM static cache, one
+verified dataset per partition, written once per node and kept between runs (docs/design.md §10).
 """
 
 from __future__ import annotations
@@ -29,6 +25,7 @@ from shardkit.formats.spec import records_per_shard_for
 from shardkit.formats.verify import verify
 from shardkit.privdir import DIR_MODE, FILE_MODE, PrivateDir
 from shardkit.stores.atomic import is_out_of_space
+from shardkit.tiers.static_cache import SortedKeys
 from shardkit.tiers.stopping import POLL_SECONDS, Stopped
 
 __all__ = ["NodeDiskCache", "DIR_PREFIX", "node_cache_dir", "entry_name"]
@@ -53,12 +50,8 @@ def _make_private(path: Path) -> None:
 
 def _write_entry(disk: Dataset, keys: np.ndarray, dest: Path, stop: threading.Event, chunk_bytes: int = 64 << 20) -> int:
     """Copy records ``keys`` of ``disk`` into a new dataset at ``dest`` in ascending key order, with
-    their ``source_key``; returns the payload bytes written.
-
-    An entry outlives the run, so unlike the SSD tier's scratch slots (:mod:`shardkit.tiers.ssd_slots`)
-    it is a whole dataset that :func:`~shardkit.formats.verify.verify` can check when it is reused.
-    Reads go through one reused buffer of about ``chunk_bytes``; on any failure, or when ``stop`` is
-    set, the partial entry is deleted.
+    their ``source_key`` (a whole dataset, verifiable when reused), through one buffer of about
+    ``chunk_bytes``; returns the payload bytes written. A failure or ``stop`` deletes the partial entry.
     """
     sorted_keys = np.unique(np.asarray(keys, dtype=np.int64))
     rec = disk.meta.record
@@ -127,16 +120,13 @@ class NodeDiskCache:
     Parameters
     ----------
     keys
-        The keys of the disk part (any order; stored ascending).
+        The keys of the disk part (any order).
     dataset, dataset_options
-        The dataset (a directory or a URL; the entry is written from it) and the keyword arguments
-        the sampler opens it with (:meth:`~shardkit.readers.SamplerOptions.dataset_options`).
-    directory
-        The user's node-cache directory (:func:`node_cache_dir`), created private if missing.
-    name
-        The entry name (:func:`entry_name`).
+        The dataset the entry is written from, and the keyword arguments of its :class:`Dataset`.
+    directory, name
+        The user's node-cache directory (:func:`node_cache_dir`) and the entry (:func:`entry_name`).
     stats
-        Where reads from the entry are counted (the sampler's ``stats.cache``).
+        Where reads from the entry are counted.
     """
 
     def __init__(
@@ -150,6 +140,7 @@ class NodeDiskCache:
         dataset_options: dict[str, Any] | None = None,
     ) -> None:
         self.keys = np.unique(np.asarray(keys, dtype=np.int64))
+        self._rows = SortedKeys(self.keys)
         self.dataset = dataset
         self._options = dict(dataset_options or {})
         self.directory = Path(directory)
@@ -164,10 +155,7 @@ class NodeDiskCache:
 
     def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(hit, row)``: which of ``keys`` the entry holds, and each one's record in it."""
-        if self.count == 0:
-            return np.zeros(keys.shape, dtype=bool), np.zeros(keys.shape, dtype=np.int64)
-        row = np.minimum(np.searchsorted(self.keys, keys), self.count - 1)
-        return self.keys[row] == keys, row.astype(np.int64)
+        return self._rows.lookup(keys)
 
     def reader(
         self, payload: PayloadArray, stop: threading.Event
@@ -241,9 +229,8 @@ class NodeDiskCache:
             waited += POLL_SECONDS
 
     def _build(self, payload: PayloadArray, stop: threading.Event) -> None:
-        """Write the entry from the dataset (ascending offsets, once) under a temporary name, then
-        rename it into place. Called with the directory lock held, so leftovers of writers that died
-        are removed first."""
+        """Write the entry under a temporary name, then rename it into place (with the directory
+        lock held, so leftovers of writers that died are removed first)."""
         for stale in self.directory.glob(".entry-*.building-*"):
             if stale.is_dir() and not stale.is_symlink():
                 shutil.rmtree(stale, ignore_errors=True)

@@ -1,11 +1,5 @@
-"""The background half of the tiered sampler: the block reader and the batch assembler as threads.
-
-One run (one iteration over a sampler, or one ``serve`` run) owns one :class:`Pipeline`: an
-optional SSD creator, a block reader that reads each block's records in ascending offsets straight
-into the batch buffers (or into a :class:`SlotSink`'s slot for ``serve``), and an assembler that
-hands the batches over without copying. Threads, because ``preadv``, ``os.write`` and numpy copies
-release the GIL. The diagram and the rules: docs/design.md §4 (*The pipeline*).
-"""
+"""The background half of the tiered sampler: SSD creator, block reader and batch assembler threads
+of one run (docs/design.md §4, *The pipeline*)."""
 
 from __future__ import annotations
 
@@ -25,7 +19,7 @@ from shardkit.formats import DEFAULT_GAP_BYTES, PayloadArray
 from shardkit.formats.reader import Destination, aligned_empty
 from shardkit.order.schedule import BATCH_PREFETCH, EpochOrder, PlanShape, block_bounds
 from shardkit.readers.options import TierSizes
-from shardkit.readers.sources import MixedIdentity, Mixture, open_source
+from shardkit.readers.sources import MixedDataset, MixedIdentity, Mixture
 from shardkit.tiers import stopping
 from shardkit.tiers.buffers import BatchBuffer, BatchPool
 from shardkit.tiers.ssd import SsdSpace
@@ -111,13 +105,9 @@ class _Copy:
 
 @dataclass(frozen=True, eq=False)
 class BlockRead:
-    """Block reader -> assembler: plan positions ``[start, stop)`` of ``segment`` are read.
-
-    ``buffers`` maps each batch the block touches to its buffer (``None`` when the whole dataset is
-    cached: the assembler takes buffers itself); ``copies`` are the records the assembler copies
-    into their batches (from the cache). With a :class:`SlotSink` the block went to sink slot
-    ``slot`` instead, its records in the order of ``keys`` (ascending), and goes to the consumer.
-    """
+    """Block reader -> assembler: plan positions ``[start, stop)`` of ``segment`` are read into
+    ``buffers`` (by batch; ``None`` when everything is cached), ``copies`` still to be copied in;
+    with a :class:`SlotSink`, into sink slot ``slot`` in the order of ``keys`` (ascending)."""
 
     segment: Segment
     start: int
@@ -181,11 +171,8 @@ def assemble_batch(
 
 
 def gather_rows(dst: np.ndarray, dst_rows: np.ndarray, src: np.ndarray, src_rows: np.ndarray) -> None:
-    """``dst[dst_rows] = src[src_rows]`` without a large temporary.
-
-    Consecutive destination rows (a batch filled from the cache) are one ``np.take`` straight into
-    them; scattered ones are copied a few rows at a time.
-    """
+    """``dst[dst_rows] = src[src_rows]`` without a large temporary: consecutive destination rows in
+    one ``np.take``, scattered ones a few rows at a time."""
     n = int(dst_rows.size)
     if n == 0:
         return
@@ -203,35 +190,22 @@ class Pipeline:
     Parameters
     ----------
     source
-        The datasets (disk tier: local directories or object-store URLs), opened here as one
-        :class:`~shardkit.readers.sources.MixedDataset` over their global keys, with the
-        disk tier's counters and ``dataset_options`` (:meth:`SamplerOptions.dataset_options`: the
-        remote gap threshold, concurrency and local cache of an object store).
+        The datasets, opened here as one :class:`~shardkit.readers.sources.MixedDataset` with
+        ``dataset_options`` (:meth:`SamplerOptions.dataset_options`).
     segments
-        Iterator of the run's :class:`Segment` objects, in order (consumed by the first creator).
-    sizes
-        The memory plan (block sizes, SSD reservoirs, copy buffer; see
-        :class:`~shardkit.readers.options.TierSizes`).
-    pool
-        The batch buffers (kept by the sampler across runs, so memory is touched once).
+        The run's :class:`Segment` objects, in order (consumed by the first creator).
+    sizes, pool
+        The memory plan (:class:`~shardkit.readers.options.TierSizes`) and the batch buffers.
     ssd_dir
         Parent of the run's private SSD directory (with the SSD tier).
-    static_cache
-        Pinned records (see :mod:`shardkit.tiers.static_cache`), or ``None``.
+    static_cache, node_disk
+        Pinned records in RAM, and with ``locality`` on the node's disk, or ``None``.
     key_map
-        Applied to every batch's ``key`` (global keys become the records' keys in their datasets);
-        ``None`` keeps the keys.
+        Applied to every batch's ``key`` (global key -> key in its dataset); ``None`` keeps it.
     sink
-        Read blocks into the sink's slots and pass them to the consumer instead of batches (no
-        ``pool``, no static cache).
-    node_disk
-        With ``locality``, the node's pinned records on its local disk
-        (:class:`~shardkit.tiers.node_cache.NodeDiskCache`): blocks read them from there (the
-        RAM tier only; the options refuse it with the SSD tier).
+        Read blocks into the sink's slots and pass them on instead of batches (no pool, no cache).
     identity
-        The dataset's identity when the sampler opened it, checked after every read from the disk
-        tier (see :mod:`shardkit.readers.identity`), so no block read from a replaced dataset is
-        ever passed on.
+        Checked after every read from the disk tier, so no block of a replaced dataset is passed on.
     """
 
     def __init__(
@@ -266,7 +240,7 @@ class Pipeline:
         self._gap = gap_bytes
         self._fields = fields
         self._identity = identity
-        self.disk = open_source(source, stats=stats.disk, cache_stats=stats.remote_cache,
+        self.disk = MixedDataset(source, stats=stats.disk, cache_stats=stats.remote_cache,
                                 **{"gap_bytes": gap_bytes, **(dataset_options or {})})
         self._key_map = key_map
         self._payload_name = self.disk.payload_name
@@ -393,12 +367,8 @@ class Pipeline:
         tier: str = "disk",
     ) -> BlockRead:
         """Read plan positions ``[a, b)`` (``keys``) with ``read(keys, destination)``: uncached records
-        into their batch rows, pinned ones the cache lacks into their cache rows (then published).
-
-        ``open_buffers`` holds the buffer of a batch an earlier block began (blocks smaller than a
-        batch); it is updated for the next block. The read's time counts as ``tier``'s busy time.
-        With a sink the block's records go, keys ascending, into a slot of the sink.
-        """
+        into their batch rows (or a sink slot), pinned ones the cache lacks into their cache rows.
+        ``open_buffers`` carries a batch an earlier block began into the next block."""
         if self.sink is not None:
             ring_slot, array = self.sink.acquire(self.stop)
             keys = np.sort(keys)
@@ -497,11 +467,8 @@ class Pipeline:
 
     # ------------------------------------------------------------------ SSD tier
     def _ssd_creator(self) -> None:
-        """Disk -> SSD: reservoirs of consecutive plan positions, written in ascending key order.
-
-        Pinned records the cache lacks are read from disk straight into their cache rows (their
-        own ascending pass) and never written to SSD.
-        """
+        """Disk -> SSD: reservoirs of consecutive plan positions, written in ascending key order;
+        pinned records the cache lacks go straight into their cache rows, never to SSD."""
         assert self.slots is not None and self.sizes.ssd_block is not None
         first = self._grow
         for seg in self._segments:
@@ -511,24 +478,18 @@ class Pipeline:
                 keys = seg.keys(a, b)
                 slot = self._get(self._ssd_slots)
                 before = self.disk.payload.stats.bytes_read
-                stored = np.unique(keys)
-                if self.cache is not None:
-                    hit, crow = self.cache.lookup(keys)
-                    if hit.any():
-                        missing = hit.copy()
-                        missing[hit] = ~self.cache.filled(crow[hit])
-                        if missing.any():  # rows the node has no memory for go through the SSD tier
-                            spare = np.flatnonzero(missing)[~self.cache.reserve(crow[missing])]
-                            hit[spare] = missing[spare] = False
-                        if missing.any():
-                            dest = Destination((self._cache_rows(),), np.zeros(int(missing.sum()), np.int64), crow[missing])
-                            t0 = time.perf_counter()
-                            self.disk.payload.read_into(keys[missing], dest)
-                            self._stats.add_busy("disk", time.perf_counter() - t0)
-                            self._verify()
-                            self.cache.publish(crow[missing])
-                    stored = np.unique(keys[~hit])
+                cached, crow, fill = self._cache_plan(keys)
+                if fill.any():
+                    assert self.cache is not None and self.cache.rows is not None
+                    dest = Destination((self.cache.rows,), np.zeros(int(fill.sum()), np.int64), crow[fill])
+                    t0 = time.perf_counter()
+                    self.disk.payload.read_into(keys[fill], dest)
+                    self._stats.add_busy("disk", time.perf_counter() - t0)
+                    self._verify()
+                    self.cache.publish(crow[fill])
+                stored = np.unique(keys[~cached])
                 if stored.size:
+
                     t0 = time.perf_counter()
                     self._stats.add_written(self.slots.write(slot, self.disk.payload, stored, self.stop))
                     self._stats.add_busy("ssd_fill", time.perf_counter() - t0)
@@ -542,10 +503,6 @@ class Pipeline:
     def _pool(self) -> BatchPool:
         assert self.pool is not None
         return self.pool
-
-    def _cache_rows(self) -> np.ndarray:
-        assert self.cache is not None and self.cache.rows is not None
-        return self.cache.rows
 
     def _ram_from_ssd(self) -> None:
         """SSD -> batch buffers: blocks inside each reservoir, read in ascending offsets."""

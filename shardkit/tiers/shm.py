@@ -1,10 +1,5 @@
-"""Memory shared by the processes of one machine: private, named regions under ``/dev/shm``.
-
-The ranks and DataLoader workers of a node would otherwise each hold a copy of the same fields,
-epoch order and static cache; a :class:`SharedRegion` is held once per node, created once and
-mapped by every process that needs it. Naming, privacy and lifetime (``flock``-counted users, atomic
-creation, clean-up of the dead's regions): docs/design.md §4 and §13 (node-shared memory, security).
-"""
+"""Memory shared by the processes of one machine: private, named regions under ``/dev/shm``, each
+created once and mapped by every process (docs/design.md §4 *Node-shared memory*, and §13)."""
 
 from __future__ import annotations
 
@@ -131,12 +126,8 @@ def _remove_stale(dfd: int) -> None:
 
 def _reserve(fd: int, m: mmap.mmap, offset: int, length: int) -> bool:
     """Allocate (and map) bytes ``[offset, offset + length)`` of a shared region; False if the node
-    has no memory for them.
-
-    ``madvise(MADV_POPULATE_WRITE)`` (Linux 5.14) allocates, zeroes and maps the pages in one call,
-    and reports a failure as an error where a write would raise SIGBUS; older kernels reserve with
-    ``posix_fallocate`` and the writes fault the pages in.
-    """
+    has no memory for them (``MADV_POPULATE_WRITE`` where the kernel has it, else ``posix_fallocate``),
+    where a write through the mapping would be a SIGBUS."""
     if _populate[0]:
         start = offset - offset % mmap.PAGESIZE
         try:
@@ -179,16 +170,7 @@ def remove_stale() -> None:
 
 class SharedRegion:
     """A mapped region of node-shared memory (docs/design.md §4, node-shared memory); use :func:`attach`.
-
-    Attributes
-    ----------
-    name
-        The region's file name.
-    nbytes
-        Its size.
-    created
-        True in the process that created (and filled) it.
-    """
+    ``name`` is its file name, ``created`` true in the process that created (and filled) it."""
 
     def __init__(self, name: str, nbytes: int, mapping: mmap.mmap, lock_fd: int, data_fd: int, created: bool) -> None:
         self.name, self.nbytes, self.created = name, int(nbytes), created
@@ -220,10 +202,8 @@ class SharedRegion:
         self._lock_fd = self._data_fd = None
 
     def release(self) -> None:
-        """Let go of the region; the last process on the node deletes it (idempotent).
-
-        The mapping stays valid for views that still exist (it is unmapped when the last one goes).
-        """
+        """Let go of the region; the last process on the node deletes it (idempotent). Views that
+        still exist keep the mapping valid."""
         with self._guard:
             lfd, dfd_data = self._lock_fd, self._data_fd
             self._lock_fd = self._data_fd = None
@@ -264,15 +244,10 @@ def attach(
     reserve: int | None = None,
     timeout: float = CREATE_TIMEOUT,
 ) -> SharedRegion | None:
-    """Map region ``name`` of ``nbytes`` bytes, creating it with ``init(mapping)`` if no process on
-    the node has; ``None`` when node sharing is unavailable (the caller keeps a private copy).
-
-    ``init`` fills a fresh zeroed mapping (and keeps no view of it); it runs in exactly one process
-    per node while the region does not exist. ``writable`` maps the region read-write (the static
-    cache), else read-only. The first ``reserve`` bytes (default: all) are allocated before ``init``
-    runs; a writable region reserves the rest piece by piece as it fills them
-    (:meth:`SharedRegion.reserve`), so a large cache costs nothing before its first use.
-    """
+    """Map region ``name`` of ``nbytes`` bytes, creating it with ``init(mapping)`` (in one process per
+    node; it keeps no view) if it does not exist; ``None`` when node sharing is unavailable.
+    ``writable`` maps it read-write. The first ``reserve`` bytes (default: all) are allocated before
+    ``init`` runs, the rest by :meth:`SharedRegion.reserve` as a writable region fills them."""
     reserve = nbytes if reserve is None else int(reserve)
     dfd = _private_dir()
     if dfd is None or nbytes <= 0:
@@ -414,10 +389,8 @@ def dataset_key(path: Path | str, fingerprint: str) -> str:
 
 def node_fields(dataset: Dataset, key: str | None) -> tuple[dict[str, np.ndarray], list[SharedRegion]]:
     """Every per-record field of ``dataset`` as a read-only array, decoded (and checked) once per
-    node into a shared region; private arrays when ``key`` is ``None`` or sharing is unavailable.
-
-    Returns the arrays and the regions to release when they are no longer needed.
-    """
+    node into a shared region (private arrays when ``key`` is ``None`` or sharing is unavailable),
+    and the regions to release."""
     meta = dataset.meta
     fields: dict[str, np.ndarray] = {}
     regions: list[SharedRegion] = []
@@ -434,9 +407,9 @@ def node_fields(dataset: Dataset, key: str | None) -> tuple[dict[str, np.ndarray
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         region = attach(region_name("field", key, name, spec.dtype, spec.shape), nbytes, init) if key else None
         if region is None:
-            fields[name] = read_field_rows(dataset.store, name, spec, meta.num_records, meta.field_chunk_records,
-                                            meta.files)  # fmt: skip
+            fields[name] = dataset.field(name)
         else:
+
             fields[name] = region.array(dtype, shape)
             regions.append(region)
     return fields, regions

@@ -1,9 +1,5 @@
-"""The SSD tier: a run's private directory of reservoirs, and writing one reservoir.
-
-Each run gets ``<ssd_dir>/shardkit-ssd-<pid>-<random>/``, a private run directory of
-:mod:`shardkit.privdir` (reservoirs hold the user's data, and ``ssd_dir`` is often shared, like
-``/tmp``); stale siblings whose run died are deleted at start-up. The reservoirs are two slot files
-in it (:mod:`shardkit.tiers.ssd_slots`); docs/design.md §4 (*The pipeline*) and docs/design.md §13.
+"""The SSD tier's private run directory ``<ssd_dir>/shardkit-ssd-<pid>-<random>/`` (stale siblings
+deleted at start-up); docs/design.md §4 (*The pipeline*, SSD reservoirs) and §13.
 """
 
 from __future__ import annotations
@@ -19,9 +15,8 @@ __all__ = ["SsdSpace", "PREFIX", "remove_stale", "READ_CHUNK_BYTES"]
 
 #: Name prefix of a run's private directory.
 PREFIX = "shardkit-ssd-"
-#: Disk -> SSD copies go through a reusable buffer of at most this size (two halves: one is read
-#: while the other is written), so memory stays bounded whatever the reservoir size; 32 MiB a half
-#: is ~15 ms of sequential reading, long enough to amortise a request, small next to the RAM tier.
+#: Disk -> SSD copies go through a reusable buffer of at most this size (two halves, one read while
+#: the other is written): bounded memory whatever the reservoir size.
 READ_CHUNK_BYTES = 64 << 20
 
 

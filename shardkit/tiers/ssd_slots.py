@@ -1,10 +1,6 @@
-"""The SSD tier's reservoirs: two scratch files, rewritten in place, filled while the next chunk is read.
-
-A reservoir lives for one pass of one run, so it is not a dataset: each slot is one private file,
-opened once and kept, record ``i`` of the reservoir (its ``i``-th smallest key) at byte
-``i * record_nbytes``, keys in memory, nothing else. Filling uses ``sendfile`` where the kernel can
-copy, a double-buffered copy otherwise; why this layout and what is still checked: docs/design.md
-§4 (*The pipeline*, SSD reservoirs).
+"""The SSD tier's reservoirs: two scratch files, rewritten in place, filled while the next chunk is
+read; record ``i`` (the ``i``-th smallest key) at byte ``i * record_nbytes`` (docs/design.md §4,
+*The pipeline*, SSD reservoirs).
 """
 
 from __future__ import annotations
@@ -33,9 +29,8 @@ logger = logging.getLogger(__name__)
 
 #: Name prefix of the slot files inside the run's directory.
 SLOT_PREFIX = "reservoir-"
-#: Records copied inside the kernel per call of :meth:`~shardkit.formats.PayloadArray.copy_to_file`
-#: (a stop request is seen between two; ~15 ms of reading at 2 GB/s); the next chunk is announced
-#: while one is copied.
+#: Bytes copied inside the kernel per :meth:`~shardkit.formats.PayloadArray.copy_to_file` call (a
+#: stop request is seen between two); the next chunk is announced while one is copied.
 KERNEL_CHUNK_BYTES = 32 << 20
 
 
@@ -54,11 +49,8 @@ class RecordSource(Protocol):
 
 
 class ScratchRecords(PayloadArray):
-    """Records ``0 .. count - 1`` of one slot file, read with the dataset reader's read path.
-
-    The file is one dense shard of ``count`` records without index or metadata; the slot's own
-    descriptor is used for every read (and not closed here: the slot owns it).
-    """
+    """Records ``0 .. count - 1`` of one slot file (one dense shard, through the slot's own
+    descriptor), read with the dataset reader's read path."""
 
     def __init__(self, fd: int, path: Path, like: RecordSource, count: int, stats: ReadStats, gap_bytes: int) -> None:
         rec = like.record_nbytes
@@ -89,20 +81,9 @@ class ScratchRecords(PayloadArray):
 
 
 class ReservoirSlots:
-    """The SSD tier's slot files and the writer thread that fills them (docs/design.md §4).
-
-    Parameters
-    ----------
-    space
-        The run's private SSD directory; the slot files are created in it.
-    like
-        The bottom tier's payload (record shape and dtype; copy buffers are allocated like its rows).
-    copy_bytes
-        The disk -> SSD copy buffer of the memory plan (part of ``ram_size``): two halves, one read
-        while the other is written; below two records it is one buffer and nothing overlaps.
-    slots
-        Reservoirs on SSD at once (two: one written while the other is read back).
-    """
+    """The SSD tier's ``slots`` slot files in the run directory ``space`` and the writer thread that
+    fills them through a copy buffer of ``copy_bytes`` (two halves, one read while the other is
+    written), allocated like the rows of ``like`` (docs/design.md §4)."""
 
     def __init__(self, space: SsdSpace, like: RecordSource, copy_bytes: int, slots: int = 2) -> None:
         rec = like.record_nbytes
@@ -122,14 +103,9 @@ class ReservoirSlots:
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="shardkit-ssd-writer")
 
     def write(self, slot: int, payload: RecordSource, keys: np.ndarray, stop: threading.Event) -> int:
-        """Copy records ``keys`` (ascending, distinct) of ``payload`` into slot ``slot``; returns the bytes written.
-
-        One pass over the bottom tier in ascending order: inside the kernel where the payload
-        allows it (:meth:`~shardkit.formats.PayloadArray.can_copy_to_file`), else chunk by chunk
-        into the two halves of the copy buffer by turns, each written by the writer thread while
-        the next is read. On failure or when ``stop`` is set the slot is emptied (its space freed and
-        nothing of it readable); a full disk is an :class:`~shardkit.errors.OutOfSpaceError`.
-        """
+        """Copy records ``keys`` (ascending, distinct) of ``payload`` into slot ``slot`` in one pass;
+        returns the bytes written. On failure or ``stop`` the slot is emptied; a full disk is an
+        :class:`~shardkit.errors.OutOfSpaceError`."""
         fd, path = self._fds[slot], self.paths[slot]
         rec = payload.record_nbytes
         if isinstance(payload, PayloadArray) and payload.can_copy_to_file():  # a mixture's records: buffered
@@ -161,9 +137,8 @@ class ReservoirSlots:
         return int(keys.size) * rec
 
     def _copy_in_kernel(self, fd: int, path: Path, payload: PayloadArray, keys: np.ndarray, stop: threading.Event) -> None:
-        """The in-kernel copy, chunk by chunk: the writer thread announces chunk ``c + 1`` (the kernel
-        allocates its pages and queues its reads there) while this thread copies chunk ``c``, so
-        the two halves of a cold read's CPU cost run on two cores."""
+        """The in-kernel copy, chunk by chunk, the writer thread announcing chunk ``c + 1`` while this
+        thread copies chunk ``c``."""
         per = max(1, KERNEL_CHUNK_BYTES // payload.record_nbytes)
         starts = list(range(0, keys.size, per))
         ahead: Future[None] | None = self._writer.submit(payload.announce, keys[:per])

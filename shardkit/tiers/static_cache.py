@@ -1,18 +1,15 @@
-"""The static cache tier: a uniformly random subset of records pinned in RAM for the whole run.
-
-CoorDL's policy: an LRU page cache thrashes under a fresh random order every epoch, while a cache
-that never evicts hits exactly its own size, so with ``M`` of ``N`` records pinned every epoch after
-the first reads ``N - M`` from storage. The pinned set decides only where bytes come from, never the
-order. It is filled as a side effect of reads, shared per node, and safe to fill concurrently:
-docs/design.md §4 (static cache). Documented for users in :class:`~shardkit.readers.TieredSampler`.
+"""The static cache tier: a uniformly random subset of records pinned in RAM for the whole run
+(CoorDL's policy), filled by the epoch's own reads and shared per node (docs/design.md §4, *Static cache*).
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import mmap
 import threading
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 import numpy as np
@@ -92,12 +89,9 @@ class AllKeys:
 
 
 class BijectionKeys:
-    """P = ``{k : sigma(k) < M}`` for a keyed bijection ``sigma`` of ``range(N)``: row = ``sigma(k)``.
-
-    A uniform ``M``-subset when ``sigma`` is a uniform permutation (the preimage of any fixed
-    ``M``-set), statistically so for the Feistel bijection (see :mod:`shardkit.order.bijection`);
-    it needs no memory per key, for datasets too large for :func:`pinned_keys`.
-    """
+    """P = ``{k : sigma(k) < M}`` for a keyed bijection ``sigma`` of ``range(N)``: row = ``sigma(k)``;
+    a (statistically) uniform ``M``-subset with no memory per key, for datasets too large for
+    :func:`pinned_keys`."""
 
     def __init__(self, seed: int, n: int, m: int) -> None:
         keys = rng(Domain.STATIC_CACHE_BIJECTION, seed).integers(0, 2**64, size=ROUNDS, dtype=np.uint64)
@@ -119,25 +113,11 @@ class BijectionKeys:
 
 
 class StaticCache:
-    """Pinned records of one sampler: P, the rows that hold them, and which rows are filled.
-
-    Parameters
-    ----------
-    seed, num_records, count
-        P is drawn from ``seed`` (docs/design.md §4, static cache); ``count`` = ``M``.
-    record_shape, dtype
-        One record.
-    bijection
-        Draw P with a bijection (:class:`BijectionKeys`) rather than :func:`pinned_keys`.
-    part
-        ``(nodes, node)`` with ``locality``: P is node ``node``'s part of the node partition of
-        ``(seed, nodes)`` (:mod:`shardkit.order.locality`), ``count`` of its keys, instead of a
-        subset drawn for the static cache alone.
-    share_key
-        Identity of the dataset for node sharing (``None``: private to this process).
-
-    Storage is attached on first use (:meth:`attach`) and kept until :meth:`release`.
-    """
+    """Pinned records of one sampler: P (``count`` keys drawn from ``seed``), the rows that hold them
+    (records of ``record_shape`` and ``dtype``), and which rows are filled. P is drawn with a
+    bijection (:class:`BijectionKeys`) when ``bijection``; with ``part = (nodes, node)`` it is node
+    ``node``'s part of the node partition. ``share_key`` names the dataset for node sharing
+    (``None``: private to this process)."""
 
     def __init__(
         self,
@@ -172,11 +152,16 @@ class StaticCache:
     def record_nbytes(self) -> int:
         return int(np.prod(self.record_shape, dtype=np.int64)) * self.dtype.itemsize
 
+    @property
+    def _keyed(self) -> bool:
+        """P is held as its sorted keys (:class:`SortedKeys`)."""
+        return self.variant in ("sorted", "node")
+
     def _layout(self) -> tuple[int, int, int]:
         """Byte offsets of the rows and the sorted keys, and the total size of the region."""
         rows_at = -(-self.m // _PAGE) * _PAGE  # flags first, one byte a row, page aligned
         keys_at = rows_at + -(-self.m * self.record_nbytes // _PAGE) * _PAGE
-        total = keys_at + (8 * self.m if self.variant in ("sorted", "node") else 0)
+        total = keys_at + (8 * self.m if self._keyed else 0)
         return rows_at, keys_at, total
 
     def attach(self) -> None:
@@ -191,39 +176,35 @@ class StaticCache:
                                         self.record_shape, self.dtype.str, self.part)  # fmt: skip
 
                 def init(m: mmap.mmap) -> None:
-                    if self.variant in ("sorted", "node"):
+                    if self._keyed:
                         keys = np.frombuffer(m, dtype=np.int64, count=self.m, offset=keys_at)
                         keys[:] = self._sorted_keys()
                         del keys
 
-                region = node.attach(name, total, init, writable=True, reserve=total if self.variant in ("sorted", "node") else rows_at)
+                region = node.attach(name, total, init, writable=True, reserve=total if self._keyed else rows_at)
+            sorted_keys = None
             if region is not None:
                 self._region, self.shared = region, True
                 self._fd = region._data_fd
                 self.flags = region.array(np.uint8, (self.m,))
                 self.rows = region.array(self.dtype, (self.m, *self.record_shape), rows_at)
-                sorted_keys = region.array(np.int64, (self.m,), keys_at) if self.variant in ("sorted", "node") else None
+                sorted_keys = region.array(np.int64, (self.m,), keys_at) if self._keyed else None
             else:
                 self.flags = np.zeros(self.m, dtype=np.uint8)
                 self.rows = aligned_empty(self.m, self.record_shape, self.dtype)
-                sorted_keys = self._sorted_keys() if self.variant in ("sorted", "node") else None
-            if self.variant == "all":
-                self.pinned = AllKeys(self.n)
-            elif self.variant == "bijection":
-                self.pinned = BijectionKeys(self.seed, self.n, self.m)
-            else:
-                assert sorted_keys is not None
-                self.pinned = SortedKeys(sorted_keys)
+            self.pinned = self._pinned_set(sorted_keys)
+
+    def _pinned_set(self, sorted_keys: np.ndarray | None = None) -> PinnedSet:
+        """P in the form of the variant (``sorted_keys``: P's keys already at hand, e.g. shared)."""
+        if self.variant == "all":
+            return AllKeys(self.n)
+        if self.variant == "bijection":
+            return BijectionKeys(self.seed, self.n, self.m)
+        return SortedKeys(self._sorted_keys() if sorted_keys is None else sorted_keys)
 
     def keys(self) -> np.ndarray:
         """The pinned keys P, ascending (computed without attaching the storage)."""
-        if self.pinned is not None:
-            return self.pinned.keys()
-        if self.variant == "all":
-            return AllKeys(self.n).keys()
-        if self.variant == "bijection":
-            return BijectionKeys(self.seed, self.n, self.m).keys()
-        return self._sorted_keys()
+        return (self.pinned or self._pinned_set()).keys()
 
     def _sorted_keys(self) -> np.ndarray:
         """P as sorted keys: drawn for the static cache, or this node's part of the node partition."""
@@ -249,9 +230,8 @@ class StaticCache:
         return have
 
     def reserve(self, rows: np.ndarray) -> np.ndarray:
-        """Make sure ``rows`` have memory before the reader writes them (node-shared rows are
-        allocated as they are first filled, so a large cache costs nothing before its first use);
-        False for rows the node has no memory for (then they are read like uncached records)."""
+        """Make sure ``rows`` have memory before the reader writes them (shared rows are allocated as
+        they are first filled); False for rows the node has no memory for."""
         if not self.shared or self._region is None or rows.size == 0:
             return np.ones(rows.shape, dtype=bool)
         rows_at = self._layout()[0]
@@ -274,8 +254,20 @@ class StaticCache:
         with self._publication(fcntl.LOCK_EX):
             self.flags[rows] = 1
 
-    def _publication(self, how: int) -> _Publication:
-        return _Publication(self._fd if self.shared else None, how, self._lock)
+    @contextlib.contextmanager
+    def _publication(self, how: int) -> Iterator[None]:
+        """The publication lock: ``flock`` ``how`` on the shared region's file (orders memory across
+        processes), or the cache's thread lock when the rows are private."""
+        fd = self._fd if self.shared else None
+        if fd is None:
+            with self._lock:
+                yield
+            return
+        fcntl.flock(fd, how)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
 
     def release(self) -> None:
         """Let go of the rows (the node's last user deletes the shared region); attached again on
@@ -287,23 +279,3 @@ class StaticCache:
             self.shared = False
         if region is not None:
             region.release()
-
-
-class _Publication:
-    """The publication lock: ``flock`` on the shared region's file (orders memory across
-    processes), or the cache's thread lock when the rows are private."""
-
-    def __init__(self, fd: int | None, how: int, lock: threading.Lock) -> None:
-        self.fd, self.how, self.lock = fd, how, lock
-
-    def __enter__(self) -> None:
-        if self.fd is not None:
-            fcntl.flock(self.fd, self.how)
-        else:
-            self.lock.acquire()
-
-    def __exit__(self, *exc: object) -> None:
-        if self.fd is not None:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-        else:
-            self.lock.release()

@@ -16,61 +16,36 @@ STAGES = ("disk", "disk_cpu", "ssd_fill", "ssd", "ssd_cpu", "assembly", "handove
 
 @dataclass
 class SamplerStats:
-    """Counters of one sampler, cumulative over its lifetime.
+    """Counters of one sampler, cumulative over its lifetime (:attr:`elapsed`: wall time from the
+    first ``__next__`` of the first iteration to the last batch)."""
 
-    Attributes
-    ----------
-    disk, ssd, ram
-        :class:`~shardkit.formats.ReadStats` per tier: ``disk`` counts reads from the dataset,
-        ``ssd`` reads from SSD reservoirs, ``ram`` the bytes copied out of RAM blocks into batches
-        (batch assembly). Set ``stats.disk.trace = []`` to record every disk request.
-    cache
-        Records and bytes served from the static cache (pinned records) instead of disk or SSD.
-    node
-        With ``locality``: reads from the node's cache on its local disk
-        (:mod:`shardkit.tiers.node_cache`), which the dataset's storage no longer serves.
-    remote_cache
-        For a dataset in an object store with a ``cache_dir``: reads served from the local copies
-        of its shards instead of requests (``disk`` counts only the requests).
-    stall_seconds
-        Time the consumer spent inside ``__next__`` waiting for a batch: zero means storage kept up.
-    records, bytes
-        Records and payload bytes delivered to the consumer.
-    elapsed
-        Wall time from the first ``__next__`` of the first iteration to the last batch.
-    ssd_bytes_written
-        Payload bytes written into SSD reservoirs.
-    disk_bytes_by_epoch
-        Bytes read from the dataset (the bottom tier) for each epoch: with a static cache of ``M``
-        records, every epoch after the first reads ``N - M`` records' bytes, none when it holds the
-        whole dataset.
-    busy_seconds
-        Time each stage of the pipeline spent working (not waiting for another stage), by
-        :data:`STAGES` name: ``disk`` reading the dataset into batch buffers or cache rows, ``ssd_fill``
-        copying reservoirs from the dataset to SSD, ``ssd`` reading SSD reservoirs, ``assembly``
-        turning blocks into batches (cache copies, fields, keys), ``handover`` the consumer's side of
-        taking a batch; ``disk_cpu`` and ``ssd_cpu`` the reading thread's CPU time within ``disk``
-        and ``ssd`` (a read from the page cache is a CPU copy: its CPU time is its cost even when
-        other threads compete for the cores). Divided by the bytes or batches of the stage, these are the per-tier rates
-        ``shardkit profile`` builds its predictions from (see :mod:`shardkit.profiling`). Two clock
-        reads per block or batch: no measurable cost.
-    first_batch_seconds
-        Time from the consumer's first request to its first batch (the pipeline's start-up).
-    """
-
+    #: :class:`~shardkit.formats.ReadStats` per tier: reads from the dataset, from SSD reservoirs, and
+    #: bytes copied into batches. Set ``stats.disk.trace = []`` to record every disk request.
     disk: ReadStats = field(default_factory=ReadStats)
     ssd: ReadStats = field(default_factory=ReadStats)
     ram: ReadStats = field(default_factory=ReadStats)
+    #: Reads served from the static cache, and (``locality``) from the node's local-disk cache.
     cache: ReadStats = field(default_factory=ReadStats)
     node: ReadStats = field(default_factory=ReadStats)
+    #: Reads served from a ``cache_dir``'s local copies of an object store's shards.
     remote_cache: ReadStats = field(default_factory=ReadStats)
+    #: Time the consumer spent inside ``__next__`` waiting for a batch: zero means storage kept up.
     stall_seconds: float = 0.0
+    #: Records, payload bytes and batches delivered to the consumer.
     records: int = 0
     bytes: int = 0
     batches: int = 0
+    #: Payload bytes written into SSD reservoirs.
     ssd_bytes_written: int = 0
+    #: Bytes read from the dataset for each epoch (``N - M`` records' after the first with a static
+    #: cache of ``M``).
     disk_bytes_by_epoch: dict[int, int] = field(default_factory=dict)
+    #: Time each pipeline stage of :data:`STAGES` spent working (not waiting): ``disk`` reading the
+    #: dataset, ``ssd_fill`` copying it to SSD, ``ssd`` reading reservoirs, ``assembly`` building
+    #: batches, ``handover`` the consumer's side; ``disk_cpu``/``ssd_cpu`` the reading thread's CPU
+    #: time. ``shardkit profile`` builds its rates from them.
     busy_seconds: dict[str, float] = field(default_factory=dict)
+    #: Time from the consumer's first request to its first batch (the pipeline's start-up).
     first_batch_seconds: float | None = None
     _t0: float | None = field(default=None, repr=False)
     _t1: float | None = field(default=None, repr=False)

@@ -1,11 +1,5 @@
-"""Stopping background threads: one internal exception and the queue calls that honour a stop event.
-
-The sampler's creator threads block on bounded queues (double buffering is what bounds memory). A
-blocked thread must still notice when its run is abandoned (``break``, an exception, Ctrl-C,
-garbage collection), so every blocking call waits in short slices and re-checks the run's
-:class:`threading.Event`; when it is set the call raises :class:`Stopped`, which unwinds the thread
-without being reported as an error. Everything that stops this way uses these two calls, so there
-is one polling rule and one exception for "asked to stop".
+"""Stopping background threads: one internal exception, :class:`Stopped`, and the queue calls that
+wait in short slices and raise it once the run's stop event is set (docs/design.md §4, *Stopping*).
 """
 
 from __future__ import annotations
@@ -59,13 +53,8 @@ R = TypeVar("R", bound=_Closeable)
 
 
 class CurrentRun(Generic[R]):
-    """A sampler's running iteration, held weakly.
-
-    A run the caller abandons (``break`` out of the loop and drop the iterator) is garbage-collected
-    and stops its own threads; one still referenced is stopped here when the sampler starts the
-    next iteration or closes. Both samplers (:class:`~shardkit.readers.TieredSampler`,
-    :class:`~shardkit.readers.SharedSampler`) keep their run this way.
-    """
+    """A sampler's running iteration, held weakly: an abandoned one is garbage-collected and stops
+    itself, one still referenced is stopped here when the next starts or the sampler closes."""
 
     def __init__(self) -> None:
         self._ref: weakref.ref[R] | None = None
