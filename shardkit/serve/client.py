@@ -13,6 +13,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +60,7 @@ _POLL = POLL_SECONDS
 
 
 def _open_server(name: str, base_dir: str | os.PathLike[str] | None, timeout: float) -> tuple[RunDir, ServerInfo]:
-    """The checked run directory and validated ``info.json`` of this user's live server ``name``,
-    waiting up to ``timeout`` seconds for it to start."""
+    """The checked run directory and ``info.json`` of this user's live server ``name``, waited for up to ``timeout`` s."""
     path = run_dir_path(name, base_dir)
     deadline = time.monotonic() + timeout
     while True:
@@ -117,8 +117,7 @@ class SharedSampler(Closing):
     """Batches from a running :class:`~shardkit.readers.TierServer`, in this job's own order.
 
     A plain iterator of batch dicts like :class:`~shardkit.readers.TieredSampler`: the payload
-    (``"image"``/``"audio"``), every per-record field and ``"key"``. See
-    :mod:`shardkit.serve` for the design and guarantees.
+    (``"image"``/``"audio"``), every per-record field and ``"key"`` (design: docs/design.md §8).
 
     Parameters
     ----------
@@ -142,23 +141,15 @@ class SharedSampler(Closing):
     connect_timeout
         Seconds to wait for the server to appear (e.g. started at the same time).
     rank, world_size, drop_last, group
-        Consumer ``c = rank`` of ``W = world_size`` consumers of *one* job (DataLoader workers,
-        ranks): with the same ``job_seed`` they share the job's order and take its global batches
-        as :class:`~shardkit.readers.TieredSampler` does (consumer ``c`` takes positions
-        ``[g*B*W + c*B, g*B*W + (c+1)*B)`` of global batch ``g``; ``drop_last`` drops the ragged
-        final global batch). Every consumer attaches with its own connection and reads every
-        reservoir's slot, copying only its positions. The ``W`` members of ``group`` (default
-        ``"job-<job_seed>"`` when ``W > 1``) start together: the server activates a group only
-        once all ``W`` ranks are attached, at the next epoch boundary.
+        Consumer ``rank`` of ``world_size`` consumers of *one* job (DataLoader workers, ranks): with
+        the same ``job_seed`` they share the job's order and take its global batches as
+        :class:`~shardkit.readers.TieredSampler` does (``drop_last`` drops the ragged final global
+        batch). The members of ``group`` (default ``"job-<job_seed>"`` when ``world_size > 1``)
+        start together, at the first epoch boundary after all have attached.
 
-    Notes
-    -----
-    The job heartbeats every quarter of the server's ``lease_seconds`` from a background thread,
-    so a long training step does not lose the lease; a job that stops iterating without closing
-    (e.g. a long evaluation between epochs) keeps its lease and holds the others back by at most
-    the ring size. If the server sends nothing (not even its heartbeat) for ``lease_seconds`` while
-    the job waits, the iteration raises :class:`~shardkit.errors.PeerTimeoutError`. :meth:`close`
-    (or leaving a ``with`` block, or finishing ``epochs``) detaches.
+    Heartbeats run in a background thread, so a long training step (or evaluation) keeps the lease;
+    a server silent for ``lease_seconds`` raises :class:`~shardkit.errors.PeerTimeoutError`.
+    :meth:`close` (or leaving a ``with`` block, or finishing ``epochs``) detaches.
     """
 
     def __init__(
@@ -219,9 +210,7 @@ class SharedSampler(Closing):
         return None if self.source.plan(0).single else self.source
 
     def _open(self, info: ServerInfo, dataset: Location | Dataset | Mixture | None) -> None:
-        """The served source's fields (by global key; a mixture's with its dataset index); the
-        source is rebuilt from ``info.json`` and must have the server's fingerprint (and the job's
-        ``dataset``'s, when it names one)."""
+        """Rebuild the served source from ``info.json``, check its fingerprint (and ``dataset``'s), open its fields."""
         mi = info.mixture
         if mi is None:
             raise SamplerError(f"server {self.name!r} (pid {info.pid}) does not say what it serves; refusing to attach")
@@ -304,14 +293,9 @@ class SharedSampler(Closing):
 
 
 class _Link:
-    """The background half of one iteration, the batch supply of its run (the sampler's own
-    iteration, :class:`~shardkit.readers.sampler._Run`): a connection, the mapped ring, a heartbeat
-    thread and a batch-assembler thread (so copying batches out of the ring overlaps the job's own
-    work, as the batch creator does in :class:`~shardkit.readers.TieredSampler`). Batches are
-    :class:`~shardkit.tiers.pipeline.BatchReady` messages in buffers of the sampler's pool; a job
-    keeps no resume position, so no epoch ends are passed on. The threads reference only this
-    object, never the iterator, so an abandoned iterator is garbage collected and its finalizer
-    detaches the job (it would otherwise keep its lease and hold the other jobs back)."""
+    """The batch supply of one iteration (:class:`~shardkit.readers.sampler._Run`): a connection, the
+    mapped ring, a heartbeat thread and a thread copying batches out of the ring. The threads never
+    reference the iterator, so an abandoned one is collected and its finalizer detaches the job."""
 
     def __init__(self, s: SharedSampler) -> None:
         self._s = s
@@ -377,8 +361,7 @@ class _Link:
 
     # ------------------------------------------------------------------ messaging
     def _lost(self, exc: OSError, doing: str) -> SamplerError:
-        """The error for a socket failure: every OSError of the connection (a reset, a broken pipe, an
-        early EOF) is a SamplerError saying what happened and when."""
+        """The SamplerError for a failure of the connection (a reset, a broken pipe, an early EOF)."""
         s = self._s
         what = "it closed the connection" if isinstance(exc, PeerClosed) else f"{type(exc).__name__}: {exc.strerror or exc}"
         return SamplerError(f"shardkit server {s.name!r} (pid {s._info.pid}) went away while {doing} ({what})")
@@ -428,10 +411,8 @@ class _Link:
         """Tell the server we are gone and close the socket (any thread; idempotent)."""
         if self._chan.closed:
             return
-        try:
+        with suppress(OSError, PeerTimeoutError):
             self._chan.send(Bye())
-        except (OSError, PeerTimeoutError):
-            pass
         self._chan.close()
 
     # ------------------------------------------------------------------ background assembly
@@ -484,8 +465,7 @@ class _Link:
                 raise ProtocolError(f"shardkit server {self._s.name!r}: unexpected or invalid {other!r}")
 
     def _next_batch(self) -> BatchReady | None:
-        """Copy this consumer's next batch out of the ring into a pool buffer, or None when done.
-        Walks every reservoir (releasing each), copying only its own positions."""
+        """This consumer's next batch, copied out of the ring into a pool buffer, or None when done."""
         s = self._s
         buf: BatchBuffer | None = None
         try:

@@ -1,10 +1,8 @@
 """The server half of the shared tier stack: :class:`TierServer` and :func:`serve`.
 
-The server's tiers are the sampler's own :class:`~shardkit.tiers.pipeline.Pipeline`, given the
-ring as its :class:`~shardkit.tiers.pipeline.SlotSink`: the block reader reads each published
-block (its keys ascending) straight into a free ring slot, through the SSD tier when there is
-one, and the producer thread only publishes the blocks it is handed. The design (order, ring,
-release bound, leases, lifetime) is docs/design.md §8, its security model docs/design.md §13.
+Its tiers are the sampler's own :class:`~shardkit.tiers.pipeline.Pipeline`, which reads each
+published block straight into a free ring slot (the server is its
+:class:`~shardkit.tiers.pipeline.SlotSink`). Design: docs/design.md §8; security: §13.
 """
 
 from __future__ import annotations
@@ -20,6 +18,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
@@ -74,11 +73,8 @@ _TICK = 0.2
 class ServeOptions(UserOptions):
     """Every option of :class:`TierServer`, validated and normalised on construction.
 
-    Values are parsed with :mod:`shardkit.units` (``ram_size="2GiB"``, ``lease_seconds="2min"``,
-    ``slots="4"``); :meth:`parse` also refuses unknown names. The options a sampler has too share
-    its declarations (:func:`~shardkit.declare.shared_option`: grammar, default, flag); only
-    what they mean here differs. ``source`` says how errors spell option names: ``ram_size`` in
-    Python, ``--ram-size`` on the command line (``lease_seconds`` is ``--lease``).
+    Values use :mod:`shardkit.units` (``ram_size="2GiB"``, ``lease_seconds="2min"``); options a
+    sampler has too share its declarations (:func:`~shardkit.declare.shared_option`).
     """
 
     tiers: tuple[str, ...] = shared_option(SamplerOptions, "tiers")
@@ -133,41 +129,15 @@ class TierServer:
     Parameters
     ----------
     dataset
-        Dataset directory (the disk tier), or a :class:`~shardkit.readers.sources.Mixture`: the
-        server then reads the mixture's order (exact per-epoch counts, walks, a uniform arrangement;
-        :mod:`shardkit.order.mixture`) seeded with the mixture's seed or ``seed``, and every job's
-        permutation inside each published block keeps the arrangement uniform, as it does for one
-        dataset's partition.
+        Dataset directory (the disk tier), or a :class:`~shardkit.readers.sources.Mixture`, whose
+        order (seeded with its own seed, else ``seed``) the server then reads.
     name
         The name jobs attach to (``[A-Za-z0-9_-]``, at most 64 characters).
-    tiers
-        ``"ram"`` or ``"ram,ssd"``.
-    ram_size
-        The whole shared ring: ``slots`` slots of ``K = ram_size / (slots * record size)`` records.
-    ssd_size, ssd_dir
-        With the SSD tier: two SSD reservoirs of ``K1 = ssd_size / (2 * record size)`` records
-        (one being served while the next is written), in a private directory under ``ssd_dir``.
-    seed
-        Seeds the server's partition of every epoch into reservoirs.
-    epochs
-        Epochs to serve, then tell every job it is done and stop (``None``: until closed).
-    slots
-        Ring size (>= 2). Bounds how far the server (and the fastest job) can run ahead of the
-        slowest job: ``slots`` reservoirs.
-    wait_for
-        Jobs to wait for before the first epoch (later epochs start when at least one job is there).
-    lease_seconds
-        A job silent for this long (no release, no heartbeat) is dropped; a job hearing nothing
-        from the server for this long gives up with :class:`~shardkit.errors.PeerTimeoutError`.
-    gap_bytes
-        Read coalescing threshold of the disk reader.
-    max_connections
-        Connections served at once (attached jobs and handshakes); more are refused.
-    base_dir
-        Where the run directory goes (default ``/dev/shm``, else the temp dir).
-    options
-        All of the above as one :class:`ServeOptions` (what the CLI builds); keyword values given as
-        well replace its fields.
+    options, **values
+        The options of :class:`ServeOptions` (each documented there: ``tiers``, ``ram_size`` = the
+        whole ring of ``slots`` slots of ``K`` records, ``ssd_size``, ``ssd_dir``, ``seed``,
+        ``epochs``, ``slots``, ``wait_for``, ``lease_seconds``, ``gap_bytes``, ``max_connections``,
+        ``base_dir``) as one object (what the CLI builds) or as keywords, which replace its fields.
     """
 
     #: Seconds a new connection has to present its :class:`Hello`.
@@ -183,12 +153,11 @@ class TierServer:
             ServeOptions.parse(source=options.source, **values)  # unknown names are refused as such
             options = replace(options, **values)
         self.options = o = options
-        self.path: Path | str
         self.tiers, self.seed, self.slots, self.epochs = o.tiers, o.seed, o.slots, o.epochs
         self.lease_seconds = o.lease_seconds
         #: What the server serves: a mixture of one dataset or more (see :mod:`shardkit.readers.sources`).
         m = self.source = as_source(dataset).resolved()  # a missing or broken dataset fails here, clearly
-        self.path = m.paths[0]
+        self.path: Path | str = m.paths[0]
         if m.seed is not None:
             self.seed = m.seed  # the mixture's own seed defines its order
         self._plan = m.plan(self.seed)
@@ -424,19 +393,12 @@ class TierServer:
         """Refuse a connection beyond ``max_connections`` without reading from it."""
         limit = self.options.max_connections
         logger.warning("server %s: refused a connection: already %d connections (max_connections)", self.name, limit)
-        try:
+        with suppress(OSError), sock:
             sock.settimeout(1.0)
             sock.sendall(encode(Refused(f"server {self.name!r} already serves {limit} connections (max_connections)")))
-        except OSError:
-            pass
-        finally:
-            sock.close()
 
     def _serve_connection(self, sock: socket.socket) -> None:
-        """One connection's thread: handshake, then the job's releases and heartbeats until it leaves.
-
-        Every way out logs at most one line (no traceback reaches stderr) and frees the connection.
-        """
+        """One connection's thread: handshake, then the job's messages; every way out logs one line at most."""
         channel = Channel(sock, send_timeout=self.lease_seconds, peer="a job")
         job: _Job | None = None
         why = "detached"
@@ -465,10 +427,8 @@ class TierServer:
                 self._conn_threads.discard(threading.current_thread())
 
     def _reply(self, channel: Channel, msg: Message) -> None:
-        try:
+        with suppress(OSError):
             channel.send(msg)
-        except OSError:
-            pass
 
     def _handshake(self, channel: Channel) -> _Job | None:
         """Check the peer and its :class:`Hello`; register and welcome the job, or refuse (None)."""
@@ -648,8 +608,7 @@ class TierServer:
         return True
 
     def _segments(self, first: int) -> Iterator[Segment]:
-        """The epochs from ``first`` on as the pipeline's segments: the whole of ``pi_e`` in order
-        (one consumer; its blocks are the published blocks)."""
+        """The epochs from ``first`` on as the pipeline's segments: each ``pi_e`` whole, for one consumer."""
         n = self.num_records
         shape = plan_shape(n, 0, max(1, n), 0, 1)
         epoch = first
@@ -681,9 +640,7 @@ class TierServer:
                 self._pipeline = None
 
     def acquire(self, stop: threading.Event) -> tuple[int, np.ndarray]:
-        """The ring slot of the next block the pipeline reads (its :class:`SlotSink` side): slot
-        ``i % slots`` for block ``i``, once block ``i - slots`` was published and every job it was
-        published to has released it (or left)."""
+        """The ring slot ``i % slots`` for the pipeline's block ``i``, once every job released block ``i - slots``."""
         with self._cv:
             slot = self._reserved % self.slots
             while self._reserved - self.published >= self.slots or self._holders[slot]:
@@ -744,10 +701,8 @@ class TierServer:
             self._finished = True
             jobs = list(self._jobs.values())
         for job in jobs:
-            try:
+            with suppress(OSError, PeerTimeoutError):
                 job.send(Done())
-            except (OSError, PeerTimeoutError):
-                pass
         logger.info("server %s: served %d epochs", self.name, self.epochs_served)
 
     def __repr__(self) -> str:
@@ -761,11 +716,9 @@ class _Terminated(SystemExit):
 
 def serve(dataset: Location | Mixture, *, name: str, ready: Callable[[TierServer], Any] | None = None,
           **options: Any) -> TierServer:
-    """Run a :class:`TierServer` in the foreground until its epochs are served, SIGTERM or Ctrl-C.
+    """Run a :class:`TierServer` in the foreground until its epochs are served, SIGTERM or Ctrl-C; clean up always.
 
-    Cleans up in every case (the ring, the SSD directory and the run directory). ``ready`` is called
-    with the started server (the CLI prints where it listens). Returns the closed server (its
-    :attr:`~TierServer.stats` hold what was read).
+    ``ready(server)`` is called once it listens. Returns the closed server (its :attr:`~TierServer.stats`).
     """
     server = TierServer(dataset, name=name, **options)
     in_main = threading.current_thread() is threading.main_thread()
