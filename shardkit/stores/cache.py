@@ -1,9 +1,7 @@
 """A local cache of remote shards for repeated epochs, shared safely by the processes of one machine.
 
-A shard arrives whole (:mod:`shardkit.stores.prefetch`), is checked against the checksums recorded
-in the dataset metadata and only then gets its final name; readers then use it with local ``pread``.
-Copies of one dataset version never evict each other (an LRU over a uniform order keeps nothing),
-other datasets' copies go least recently used first. Layout, locking and budget: docs/design.md §9.
+Copies are checked before they get their final name; layout, locking, eviction and budget:
+docs/design.md §9 (*Shard cache*).
 """
 
 from __future__ import annotations
@@ -22,9 +20,8 @@ __all__ = ["ShardCache", "cache_namespace", "STALE_SECONDS"]
 
 logger = logging.getLogger(__name__)
 
-#: A copy being filled that nobody wrote to for this long belongs to a dead run and is removed. A
-#: download writes continuously, and gives up after ``StoreOptions.retry_seconds`` (2 min) without
-#: progress, so 10 minutes of silence means its writer is gone.
+#: A copy being filled that nobody wrote to for this long belongs to a dead run and is removed (a
+#: download gives up after ``StoreOptions.retry_seconds``, 2 min, without progress).
 STALE_SECONDS = 600.0
 _PART = ".part"
 _ADVICE = "Remove it, or choose another cache_dir"
@@ -37,17 +34,8 @@ def cache_namespace(url: str, fingerprint: str) -> str:
 
 
 class ShardCache:
-    """The cache of one dataset version (see the module docstring).
-
-    Parameters
-    ----------
-    directory
-        The user's ``cache_dir`` (must exist); the cache lives in ``shardkit-cache-<uid>`` inside it.
-    namespace
-        :func:`cache_namespace` of the dataset version.
-    budget
-        Bytes the whole cache directory may hold (``None``: no limit).
-    """
+    """The cache of one dataset version: ``namespace`` (:func:`cache_namespace`) in
+    ``<directory>/shardkit-cache-<uid>``, whose whole content may hold ``budget`` bytes (``None``: no limit)."""
 
     def __init__(self, directory: str | os.PathLike[str], namespace: str, budget: int | None = None) -> None:
         parent = Path(directory)
@@ -71,10 +59,8 @@ class ShardCache:
     def open(self, name: str, verify: Callable[[int], bool]) -> int | None:
         """A descriptor of the complete copy ``name`` (kept open until :meth:`close`), or None.
 
-        The first time a cache instance opens a copy it checks it again with ``verify`` (a cached
-        shard that rotted on disk or was edited is dropped and read remotely instead), unless this
-        instance verified it itself when completing it, so no cached byte is used unchecked by a
-        process.
+        A copy this instance did not complete itself is checked with ``verify`` on first use; one
+        that fails is dropped (then read remotely).
         """
         fd = self._fds.get(name)
         if fd is not None:
@@ -100,11 +86,8 @@ class ShardCache:
 
     # ------------------------------------------------------------------ filling
     def claim(self, name: str, size: int) -> int | None:
-        """Start filling the copy ``name`` of a ``size``-byte object: a writable descriptor of a
-        new ``<name>.part`` that this instance alone fills (its whole size reserved in the budget),
-        or None when there is nothing to fill here: the copy is complete, another writer (a
-        process of this machine) is filling it, or it does not fit in the budget (then the shard
-        stays remote, see the module docstring).
+        """A writable descriptor of a new ``<name>.part`` (its ``size`` reserved in the budget) that
+        this instance alone fills, or None: the copy is complete, being filled, or over the budget.
         """
         if name in self._refused:
             return None
@@ -134,9 +117,8 @@ class ShardCache:
         return fd
 
     def complete(self, name: str, fd: int, size: int, verify: Callable[[int], bool]) -> bool:
-        """Finish a copy :meth:`claim` started (``fd`` is closed here): if it has ``size`` bytes and
-        passes ``verify(fd)`` it is renamed to ``name`` (atomically: a reader sees the whole copy
-        or none) and True is returned; otherwise it is deleted and False is returned."""
+        """Finish a copy :meth:`claim` started and close ``fd``: renamed to ``name`` if it has ``size``
+        bytes and passes ``verify(fd)`` (True), else deleted (False)."""
         part = name + _PART
         try:
             os.fsync(fd)

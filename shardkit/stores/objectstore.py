@@ -132,9 +132,6 @@ class RequestCounters:
             self.bytes += nbytes
             self.retries += retries
 
-    def as_dict(self) -> dict[str, int]:
-        return {"requests": self.requests, "bytes": self.bytes, "retries": self.retries}
-
 
 #: obstore attributes that are HTTP headers, not user metadata.
 _STANDARD_ATTRIBUTES = frozenset(
@@ -144,19 +141,13 @@ _STANDARD_ATTRIBUTES = frozenset(
 
 def _meta(d: dict[str, Any], key: str) -> ObjectMeta:
     mtime = d.get("last_modified")
-    return ObjectMeta(
-        key=key,
-        size=int(d["size"]),
-        etag=d.get("e_tag"),
-        mtime=mtime.timestamp() if isinstance(mtime, datetime) else None,
-    )
+    return ObjectMeta(key, int(d["size"]), d.get("e_tag"), mtime.timestamp() if isinstance(mtime, datetime) else None)
 
 
 class ObjectStore(Store):
     """A bucket/container prefix or an HTTP base URL as a :class:`~shardkit.stores.base.Store`.
 
-    Build one with :func:`shardkit.stores.open_store` (it parses the URL and reads credentials from
-    the environment); this class wraps an obstore store that is already configured.
+    Built by :func:`shardkit.stores.open_store`, around an obstore store already configured.
 
     Parameters
     ----------
@@ -211,8 +202,7 @@ class ObjectStore(Store):
 
     # ------------------------------------------------------------------ errors and retries
     def _final_error(self, exc: BaseException, what: str, attempts: int, t0: float) -> Exception:
-        """The shardkit error for a failure that will not be retried (again), after ``attempts``
-        tries since ``t0``; obstore's text is redacted (it repeats the URL, secrets included)."""
+        """The shardkit error for a failure not retried (again); obstore's text is redacted (it repeats the URL)."""
         text = redact_urls(first_line(exc))
         if isinstance(exc, FileNotFoundError):
             return ObjectNotFoundError(f"{what}: not found")
@@ -372,14 +362,10 @@ class ObjectStore(Store):
 
     def download(self, key: str, fd: int, *, size: int, etag: str | None = None,
                  progress: Callable[[int], None] | None = None) -> str | None:
-        """One GET of the whole object, its body streamed into ``fd`` in chunks (memory stays
-        bounded by a chunk, not the object), returning the ETag.
+        """One GET of the whole object streamed into ``fd`` a chunk at a time; returns the ETag.
 
-        A transient failure mid-body is retried as in :meth:`fetch`, resuming with a ranged GET
-        from the first byte not yet written, with ``If-Match`` on the ETag of the first response,
-        so the file never mixes two versions (a changed object is
-        :class:`~shardkit.errors.ObjectChangedError`). A body longer or shorter than ``size`` is an
-        error, never a file of the wrong length.
+        A failure mid-body resumes from the first byte not yet written, with ``If-Match`` on the
+        first response's ETag (a changed object is :class:`~shardkit.errors.ObjectChangedError`).
         """
         check_key(key, where=self.url)
         what = self.describe(key)

@@ -1,10 +1,7 @@
 """Where a dataset lives: a local path or a URL, opened as a :class:`~shardkit.stores.base.Store`.
 
-Every command and Python entry point takes a location; :func:`open_store` turns it into a
-:class:`LocalStore` or an :class:`~shardkit.stores.objectstore.ObjectStore`, keeping one store per
-location, options and environment in each process so that every reader of a dataset shares one
-connection pool. Credentials come from each cloud's standard environment, never from a URL, and
-are never shown (docs/design.md §9, §13).
+Credentials come from each cloud's standard environment, never from a URL, and are never shown
+(docs/design.md §9, §13).
 """
 
 from __future__ import annotations
@@ -55,11 +52,7 @@ def location_string(location: Location) -> str:
 
 
 def as_location(location: Location, *, resolve: bool = False) -> Path | str:
-    """A local ``Path`` (resolved with ``resolve``) or an object-store URL string, from any location.
-
-    What samplers and servers keep, pickle and pass to their workers: a plain value each process
-    opens on its own.
-    """
+    """A local ``Path`` (resolved with ``resolve``) or an object-store URL string: what samplers keep and pickle."""
     if isinstance(location, Store):
         return location.local_path() if location.is_local else location.location
     if is_url(location):
@@ -97,11 +90,9 @@ def open_store(location: Location, options: StoreOptions | None = None) -> Store
       environment).
     * HTTP(S): anonymous; ``http://`` URLs are allowed as written.
 
-    Credentials never go into an ``s3://``, ``gs://`` or ``az://`` URL (``s3://KEY:SECRET@bucket``):
-    such a URL is refused without repeating the secret, and wherever a URL is shown (messages, logs,
-    reprs, CLI output) its user information and query values are redacted (:mod:`shardkit.redact`).
-    One store is kept per location, options and environment in each process, so every reader of a
-    dataset shares one connection pool.
+    A URL with credentials (``s3://KEY:SECRET@bucket``) is refused without repeating them; shown URLs
+    are redacted (:mod:`shardkit.redact`). One store is kept per location, options and environment in
+    each process, so every reader of a dataset shares one connection pool.
 
     Raises
     ------
@@ -178,36 +169,22 @@ def _open_object_store(url: str, scheme: str, netloc: str, path: str, opts: Stor
         )
     prefix = _prefix(path, shown)
 
-    def child_of(base_prefix: str) -> Any:
-        def make(sub: str) -> ObjectStore:
-            full = "/".join(p for p in (base_prefix, sub) if p)
-            return build(full)
-
-        return make
-
     def build(full_prefix: str) -> ObjectStore:
         shown = f"{scheme}://{netloc}/{full_prefix}".rstrip("/")
+        common: dict[str, Any] = dict(prefix=full_prefix or None, client_options=_client_options(opts, False),
+                                      retry_config=_NO_RETRY)
         if scheme in ("s3", "s3a"):
             settings = s3_settings(os.environ)
-            endpoint = settings.get("endpoint", "")
-            inner = obstores.S3Store(
-                netloc, prefix=full_prefix or None, config=settings,
-                client_options=_client_options(opts, endpoint.startswith("http://")), retry_config=_NO_RETRY,
-            )
+            common["client_options"] = _client_options(opts, settings.get("endpoint", "").startswith("http://"))
+            inner = obstores.S3Store(netloc, config=settings, **common)
         elif scheme in ("gs", "gcs"):
-            inner = obstores.GCSStore(
-                netloc, prefix=full_prefix or None, client_options=_client_options(opts, False), retry_config=_NO_RETRY
-            )
+            inner = obstores.GCSStore(netloc, **common)
         elif scheme in ("az", "azure"):
-            inner = obstores.AzureStore(
-                netloc, prefix=full_prefix or None, client_options=_client_options(opts, False), retry_config=_NO_RETRY
-            )
+            inner = obstores.AzureStore(netloc, **common)
         else:  # abfs[s]://container@account.dfs.core.windows.net/prefix
-            inner = obstores.AzureStore.from_url(
-                f"{scheme}://{netloc}", prefix=full_prefix or None, client_options=_client_options(opts, False),
-                retry_config=_NO_RETRY,
-            )
-        return ObjectStore(shown, inner, opts, make_child=child_of(full_prefix))
+            inner = obstores.AzureStore.from_url(f"{scheme}://{netloc}", **common)
+        return ObjectStore(shown, inner, opts,
+                           make_child=lambda sub: build("/".join(p for p in (full_prefix, sub) if p)))
 
     return build(prefix)
 
@@ -215,14 +192,11 @@ def _open_object_store(url: str, scheme: str, netloc: str, path: str, opts: Stor
 def s3_settings(env: Any) -> dict[str, str]:
     """obstore S3 configuration from the AWS environment variables and profile files.
 
-    Keys in the environment win; a profile is read only when ``AWS_ACCESS_KEY_ID`` is not set.
-    Variables: ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``;
-    ``AWS_REGION`` (or ``AWS_DEFAULT_REGION``; ``us-east-1`` when neither is set);
-    ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` for an S3-compatible server (an ``http://``
-    endpoint turns plain HTTP on for that store only); and, when no key is in the environment, the
-    profile ``AWS_PROFILE`` (default ``default``) of ``~/.aws/credentials`` and ``~/.aws/config``
-    (``AWS_SHARED_CREDENTIALS_FILE``, ``AWS_CONFIG_FILE``): ``aws_access_key_id``,
-    ``aws_secret_access_key``, ``aws_session_token``, ``region``, ``endpoint_url``.
+    ``AWS_REGION`` (or ``AWS_DEFAULT_REGION``; else ``us-east-1``), ``AWS_ENDPOINT_URL_S3`` or
+    ``AWS_ENDPOINT_URL`` (an ``http://`` endpoint allows plain HTTP for that store only); keys are
+    obstore's own ``AWS_*`` reading, or, when ``AWS_ACCESS_KEY_ID`` is not set, the profile
+    ``AWS_PROFILE`` of ``~/.aws/credentials`` and ``~/.aws/config`` (``AWS_SHARED_CREDENTIALS_FILE``,
+    ``AWS_CONFIG_FILE``).
     """
     settings: dict[str, str] = {}
     profile = _aws_profile(env) if not env.get("AWS_ACCESS_KEY_ID") else {}
