@@ -265,11 +265,8 @@ class SharedSampler(Closing):
 
     def element_spec(self) -> dict[str, tuple[tuple[int, ...], np.dtype[Any]]]:
         """Per-record ``(shape, dtype)`` of every batch entry (payload, fields, ``key``)."""
-        spec: dict[str, tuple[tuple[int, ...], np.dtype[Any]]] = {self.payload_name: self._record}
-        for fname, values in self.fields.items():
-            spec[fname] = (tuple(values.shape[1:]), values.dtype)
-        spec["key"] = ((), np.dtype(np.int64))
-        return spec
+        fields = {name: (tuple(values.shape[1:]), values.dtype) for name, values in self.fields.items()}
+        return {self.payload_name: self._record, **fields, "key": ((), np.dtype(np.int64))}
 
     def order_of(self, epoch: int, reservoir: int, n: int) -> np.ndarray:
         """This job's permutation of a reservoir's ``n`` stored (ascending) keys."""

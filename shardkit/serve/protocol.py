@@ -400,11 +400,7 @@ class ServerInfo:
     mixture: MixtureInfo | None = None
 
     def to_json(self) -> bytes:
-        doc = {**asdict(self), "tiers": list(self.tiers)}
-        if self.mixture is not None:
-            doc["mixture"] = {**asdict(self.mixture), "datasets": list(self.mixture.datasets),
-                              "weights": list(self.mixture.weights)}
-        return json.dumps(doc, indent=1).encode()
+        return json.dumps(asdict(self), indent=1).encode()  # tuples become JSON arrays
 
     @classmethod
     def from_json(cls, raw: bytes, *, source: str) -> ServerInfo:

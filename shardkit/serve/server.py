@@ -257,7 +257,8 @@ class TierServer:
             version=PROTOCOL_VERSION, name=self.name, pid=os.getpid(), dataset=str(self.path),
             fingerprint=self.fingerprint, slots=self.slots, slot_records=self.slot_records, seed=self.seed,
             num_records=self.num_records, record_nbytes=self.record_nbytes, tiers=self.tiers,
-            lease_seconds=self.lease_seconds, started=time.time(), mixture=self._mixture_info(),
+            lease_seconds=self.lease_seconds, started=time.time(), mixture=MixtureInfo(
+                tuple(map(str, self.source.paths)), tuple(map(str, self.source.weights)), self.source.epoch_size),
         )  # fmt: skip
         doc = self.info.to_json()
         if len(doc) > MAX_INFO_BYTES:
@@ -275,11 +276,6 @@ class TierServer:
     def mixture(self) -> Mixture | None:
         """The source when its order is a mixture's, ``None`` for one dataset read as it is."""
         return None if self._plan.single else self.source
-
-    def _mixture_info(self) -> MixtureInfo:
-        m = self.source
-        return MixtureInfo(datasets=tuple(str(p) for p in m.paths), weights=tuple(str(w) for w in m.weights),
-                           epoch_size=m.epoch_size)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the server has served its epochs (or failed); True if it has finished."""

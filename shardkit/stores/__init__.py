@@ -4,7 +4,7 @@
 is imported only when the first object-store URL is opened.
 """
 
-from shardkit.stores.base import DEFAULT_OPTIONS, ByteRange, Fetched, ObjectMeta, Store, StoreOptions, check_key, join_key
+from shardkit.stores.base import DEFAULT_OPTIONS, ByteRange, Fetched, ObjectMeta, Store, StoreOptions, check_key
 from shardkit.stores.local import LocalStore
 from shardkit.stores.objectstore import ObjectStore
 from shardkit.stores.url import Location, as_location, is_url, location_string, open_store
@@ -24,5 +24,4 @@ __all__ = [
     "is_url",
     "location_string",
     "check_key",
-    "join_key",
 ]

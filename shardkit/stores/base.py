@@ -20,7 +20,6 @@ __all__ = [
     "Fetched",
     "StoreOptions",
     "check_key",
-    "join_key",
     "DEFAULT_OPTIONS",
     "write_all",
 ]
@@ -149,12 +148,6 @@ def check_key(key: str, *, what: str = "key", where: str = "") -> str:
             "names without '.', '..', empty parts, '\\\\' or control characters)"
         )
     return key
-
-
-def join_key(*parts: str) -> str:
-    """``a/b/c`` from parts, each checked (an empty part is skipped)."""
-    key = "/".join(p.strip("/") for p in parts if p and p.strip("/"))
-    return check_key(key)
 
 
 def write_all(fd: int, data: bytes | memoryview, offset: int) -> None:

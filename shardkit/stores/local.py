@@ -8,6 +8,7 @@ are atomic (:mod:`shardkit.stores.atomic`).
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -160,11 +161,9 @@ class LocalStore(Store):
         self, key: str, source: str | os.PathLike[str], *, metadata: Mapping[str, str] | None = None
     ) -> ObjectMeta:
         """Copy ``source`` to ``key`` through ``key.partial`` (fsynced, then renamed)."""
-        with atomic_file(self._file(key), doing="copying") as fd, os.fdopen(open_regular(source, "file"), "rb") as src:
-            while chunk := src.read(_COPY_CHUNK):
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(fd, view) :]
+        with (atomic_file(self._file(key), doing="copying") as fd, open(fd, "wb", closefd=False) as dst,
+              os.fdopen(open_regular(source, "file"), "rb") as src):
+            shutil.copyfileobj(src, dst, _COPY_CHUNK)
         return self.head(key)
 
     def delete(self, key: str) -> None:

@@ -16,7 +16,7 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
@@ -61,25 +61,9 @@ def import_obstore() -> Any:
 
 
 # ---------------------------------------------------------------------- the process's event loop
-class _Runner:
-    """One daemon thread running an asyncio loop for every ObjectStore of this process."""
-
-    def __init__(self) -> None:
-        self.pid = os.getpid()
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self._run, name="shardkit-store-io", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
-
-    def submit(self, coro: Awaitable[T]) -> concurrent.futures.Future[T]:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
-
-
-_runner: _Runner | None = None
-_runner_lock = threading.Lock()
+#: One daemon thread runs this asyncio loop for every ObjectStore of this process.
+_loop: asyncio.AbstractEventLoop | None = None
+_loop_lock = threading.Lock()
 #: Set in a child forked from a process that had used obstore: its runtime (tokio) does not
 #: survive ``fork()``, so the child gets a StoreError instead of a hang (docs/design.md §9).
 _forked_after_use = False
@@ -87,10 +71,10 @@ _used = False
 
 
 def _after_fork_in_child() -> None:
-    global _forked_after_use, _runner, _used
+    global _forked_after_use, _loop, _used
     if _used:
         _forked_after_use = True
-    _runner = None
+    _loop = None
     _used = False
 
 
@@ -109,12 +93,14 @@ def _check_fork(url: str) -> None:
     _used = True
 
 
-def _get_runner() -> _Runner:
-    global _runner
-    with _runner_lock:
-        if _runner is None:
-            _runner = _Runner()
-        return _runner
+def _submit(coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+    """Run ``coro`` on the process's event loop (started on first use)."""
+    global _loop
+    with _loop_lock:
+        if _loop is None:
+            _loop = asyncio.new_event_loop()
+            threading.Thread(target=_loop.run_forever, name="shardkit-store-io", daemon=True).start()
+        return asyncio.run_coroutine_threadsafe(coro, _loop)
 
 
 class RequestCounters:
@@ -147,20 +133,9 @@ def _meta(d: dict[str, Any], key: str) -> ObjectMeta:
 class ObjectStore(Store):
     """A bucket/container prefix or an HTTP base URL as a :class:`~shardkit.stores.base.Store`.
 
-    Built by :func:`shardkit.stores.open_store`, around an obstore store already configured.
-
-    Parameters
-    ----------
-    url
-        The root as the user wrote it (``s3://bucket/prefix``); messages show it redacted (:attr:`url`).
-    inner
-        The obstore store, rooted at that prefix.
-    options
-        Concurrency, timeouts and retry budget.
-    read_only
-        Refuse writes (HTTP stores).
-    make_child
-        Builds the store of a sub-prefix (used by :meth:`child`).
+    Built by :func:`shardkit.stores.open_store` around ``inner``, an obstore store rooted at ``url``
+    (as the user wrote it; messages show :attr:`url`, redacted); ``make_child(prefix)`` builds the
+    store of a sub-prefix, ``read_only`` refuses writes (HTTP).
     """
 
     def __init__(
@@ -232,9 +207,7 @@ class ObjectStore(Store):
             except ShardkitError:
                 raise
             except Exception as exc:
-                if not self._should_retry(exc, attempt, t0, what):
-                    raise self._final_error(exc, what, attempt + 1, t0) from None
-            time.sleep(backoff_seconds(attempt, self.options, self._rng))
+                time.sleep(self._retry_wait(exc, attempt, t0, what))
             attempt += 1
 
     async def _call_async(self, fn: Callable[[], Awaitable[T]], what: str) -> T:
@@ -248,19 +221,19 @@ class ObjectStore(Store):
             except (asyncio.CancelledError, ShardkitError):
                 raise
             except Exception as exc:
-                if not self._should_retry(exc, attempt, t0, what):
-                    raise self._final_error(exc, what, attempt + 1, t0) from None
-            await asyncio.sleep(backoff_seconds(attempt, self.options, self._rng))
+                await asyncio.sleep(self._retry_wait(exc, attempt, t0, what))
             attempt += 1
 
-    def _should_retry(self, exc: BaseException, attempt: int, t0: float, what: str) -> bool:
+    def _retry_wait(self, exc: Exception, attempt: int, t0: float, what: str) -> float:
+        """Seconds to wait before retrying the failed request ``exc``; raises the final error instead
+        when it is not transient or the retry budget is spent."""
         self.counters.add(requests=1)
         o = self.options
         if not is_transient(exc) or attempt >= o.retries or time.monotonic() - t0 >= o.retry_seconds:
-            return False
+            raise self._final_error(exc, what, attempt + 1, t0) from None
         self.counters.add(retries=1)
         logger.info("%s: transient failure (%s); retry %d", what, redact_urls(first_line(exc)), attempt + 1)
-        return True
+        return backoff_seconds(attempt, o, self._rng)
 
     def _writable(self, key: str) -> None:
         if self._read_only:
@@ -307,7 +280,7 @@ class ObjectStore(Store):
             if r.start < 0 or r.end <= r.start:
                 raise StoreError(f"{r.describe(self.describe(r.key))}: not a valid byte range")
         results: queue.Queue[Fetched | BaseException] = queue.Queue()
-        future = _get_runner().submit(self._drive(ranges, results))
+        future = _submit(self._drive(ranges, results))
         try:
             for _ in range(len(ranges)):
                 while True:

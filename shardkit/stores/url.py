@@ -104,13 +104,11 @@ def open_store(location: Location, options: StoreOptions | None = None) -> Store
     if isinstance(location, Store):
         return location
     opts = options or DEFAULT_OPTIONS
-    if not is_url(location):
-        return LocalStore(Path(location), opts)
-    url = str(location)
+    url = as_location(location)
+    if isinstance(url, Path):  # a local path or file:// URL
+        return LocalStore(url, opts)
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
-    if scheme == "file":
-        return LocalStore(Path(unquote(parts.path)), opts)
     if scheme not in SCHEMES:
         raise ConfigError(
             f"{redact_url(url)}: unknown URL scheme {scheme!r}; expected a local path or one of "
@@ -119,18 +117,9 @@ def open_store(location: Location, options: StoreOptions | None = None) -> Store
     env_key = tuple(os.environ.get(k) for k in _S3_ENV) if scheme in ("s3", "s3a") else ()
     key = (os.getpid(), url.rstrip("/"), opts, env_key)
     with _stores_lock:
-        store = _stores.get(key)
-        if store is None:
-            store = _open_object_store(url, scheme, parts.netloc, parts.path, opts)
-            _stores[key] = store
-        return store
-
-
-def _prefix(path: str, url: str) -> str:
-    prefix = unquote(path).strip("/")
-    if prefix:
-        check_key(prefix, what="prefix", where=url)
-    return prefix
+        if key not in _stores:
+            _stores[key] = _open_object_store(url, scheme, parts.netloc, parts.path, opts)
+        return _stores[key]
 
 
 def _client_options(opts: StoreOptions, allow_http: bool) -> dict[str, Any]:
@@ -167,7 +156,9 @@ def _open_object_store(url: str, scheme: str, netloc: str, path: str, opts: Stor
             f"{shown}: credentials in the URL are not accepted (and were not used); give the bare "
             f"{scheme}://BUCKET/PREFIX and the credentials through the environment (see the README's object-store section)"
         )
-    prefix = _prefix(path, shown)
+    prefix = unquote(path).strip("/")
+    if prefix:
+        check_key(prefix, what="prefix", where=shown)
 
     def build(full_prefix: str) -> ObjectStore:
         shown = f"{scheme}://{netloc}/{full_prefix}".rstrip("/")
