@@ -64,12 +64,11 @@ def _open_server(name: str, base_dir: str | os.PathLike[str] | None, timeout: fl
     path = run_dir_path(name, base_dir)
     deadline = time.monotonic() + timeout
     while True:
-        what = "no run directory"
         try:
-            run: RunDir | None = RunDir.open(path)
+            run = RunDir.open(path)
         except FileNotFoundError:
-            run = None
-        if run is not None:
+            what = "no run directory"
+        else:
             try:
                 if not run.lock_is_held():
                     what = "stale files of a dead server"
@@ -188,8 +187,7 @@ class SharedSampler(Closing):
         self.group = group
         self.base_dir = base_dir
         self.connect_timeout = float(connect_timeout)
-        run, info = _open_server(self.name, base_dir, self.connect_timeout)
-        run.close()
+        info = wait_for_server(self.name, base_dir=base_dir, timeout=self.connect_timeout)
         self.path: Path | str = as_location(info.dataset)
         self._info = info
         #: The server's lease: this job heartbeats every quarter of it, and gives up on a server
@@ -442,11 +440,6 @@ class _Link:
                 raise exc
             raise SamplerError(f"shared sampler: {type(exc).__name__}: {exc}") from exc
 
-    def _target(self) -> tuple[int, int] | None:
-        """Epoch positions ``[lo, hi)`` of this consumer's slice of global batch ``g`` (None: no more)."""
-        s = self._s
-        return consumer_slice(self._g, s.num_records, s.batch_size, s.rank, s.world_size, drop_last=s.drop_last)
-
     def _next_reservoir(self) -> bool:
         """Wait for the next reservoir (into ``_cur``); False when the server is done."""
         layout = self._s._layout
@@ -480,8 +473,7 @@ class _Link:
     def _fill(self, out: np.ndarray) -> tuple[dict[str, np.ndarray], int, int] | None:
         """Copy this consumer's next batch into ``out``: ``(batch, epoch, position after it)``."""
         s = self._s
-        b = s.batch_size
-        keys = np.empty(b, dtype=np.int64)
+        keys = np.empty(s.batch_size, dtype=np.int64)
         filled = 0
         epoch = -1
         while True:
@@ -492,11 +484,9 @@ class _Link:
             res, order = self._cur
             n, epoch = res.count, res.epoch
             complete = False
-            target = self._target()
-            if target is None:
-                skip = n - self._pos  # nothing more for us this epoch: pass the reservoir on
-            else:
-                skip = min(max(0, target[0] - self._epos), n - self._pos)
+            # Epoch positions [lo, hi) of our slice of global batch g; None: nothing more this epoch, pass it on.
+            target = consumer_slice(self._g, s.num_records, s.batch_size, s.rank, s.world_size, drop_last=s.drop_last)
+            skip = n - self._pos if target is None else min(max(0, target[0] - self._epos), n - self._pos)
             self._pos += skip
             self._epos += skip
             if target is not None and self._pos < n:

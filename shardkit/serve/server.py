@@ -193,7 +193,6 @@ class TierServer:
         self._pending: set[int] = set()
         self._holders: list[set[int]] = [set() for _ in range(self.slots)]
         self._slot_seq = [0] * self.slots
-        self._seq = 0
         self._next_job = 1
         self._started_first = False
         self._finished = False
@@ -208,7 +207,6 @@ class TierServer:
         #: Blocks the pipeline has taken a ring slot for (it runs at most ``slots`` ahead of publishing).
         self._reserved = 0
         self._pipeline: Pipeline | None = None
-        self._closed = False
 
     # ------------------------------------------------------------------ start / stop
     def start(self) -> TierServer:
@@ -227,11 +225,9 @@ class TierServer:
         fd = run.lock()
         if fd is None:
             who = ""
-            try:
+            with suppress(OSError, ShardkitError):
                 info = ServerInfo.from_json(run.read_file("info.json", MAX_INFO_BYTES), source="info.json")
                 who = f" (pid {info.pid}, serving {info.dataset})"
-            except (OSError, ShardkitError):
-                pass
             run.close()
             raise ConfigError(
                 f"a shardkit server named {self.name!r} is already running{who}; stop it or choose another --name"
@@ -247,8 +243,7 @@ class TierServer:
         self._token = secrets.token_bytes(TOKEN_BYTES)
         run.write_file("token", self._token.hex().encode())
         self._ring = Ring.create(run, self.layout)
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener = listener
+        self._listener = listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(run.address())
         os.chmod(run.address(), 0o600)
         listener.listen(min(self.options.max_connections, 128))
@@ -292,9 +287,8 @@ class TierServer:
 
     def close(self) -> None:
         """Stop serving; unlink the ring, the SSD directory and the run directory (idempotent)."""
-        if self._closed:
+        if self._stop.is_set():
             return
-        self._closed = True
         atexit.unregister(self.close)
         with self._cv:
             self._stop.set()
@@ -666,12 +660,10 @@ class TierServer:
                         if not self._active:
                             logger.info("server %s: every job left during epoch %d; skipping its rest", self.name, epoch)
                             return False
-                        self._seq += 1
-                        seq = self._seq
-                        self._slot_seq[slot] = seq
+                        self.published += 1
+                        seq = self._slot_seq[slot] = self.published  # jobs release the slot by it
                         recipients = [self._jobs[j] for j in sorted(self._active) if j in self._jobs]
                         self._holders[slot] = {j.id for j in recipients}
-                        self.published += 1
                         self._cv.notify_all()
                     msg = Reservoir(seq, epoch, r, slot, n, block.last)
                     r += 1
