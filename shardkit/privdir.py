@@ -16,10 +16,12 @@ import shutil
 import stat
 import threading
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from shardkit.closing import Closing
 from shardkit.dirfd import exists_at, unlink_at
 from shardkit.errors import InsecurePathError
 
@@ -45,10 +47,6 @@ LOCK_NAME = "lock"
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _where(dir_path: Path | None, name: str) -> str:
-    return str(dir_path / name) if dir_path is not None else name
-
-
 def _check_file(where: str, st: os.stat_result, kind: Callable[[int], bool]) -> None:
     """``st`` is of the expected kind, owned by this user, without group/other permissions."""
     if not kind(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
@@ -67,24 +65,21 @@ def open_private(
     if flags & os.O_CREAT and not flags & os.O_EXCL:
         existing = flags & ~os.O_CREAT
         while True:  # each turn means another process created or deleted the file meanwhile
-            try:
+            with suppress(FileNotFoundError):
                 return open_private(dir_fd, name, existing, where=where, kind=kind)
-            except FileNotFoundError:
-                pass
-            try:
+            with suppress(FileExistsError):
                 return open_private(dir_fd, name, flags | os.O_EXCL, where=where, kind=kind)
-            except FileExistsError:
-                pass
+    shown = str(where / name) if where is not None else name
     try:
         fd = os.open(name, flags | _NOFOLLOW, FILE_MODE, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise InsecurePathError(f"{_where(where, name)}: is a symlink; refusing to follow it") from None
+            raise InsecurePathError(f"{shown}: is a symlink; refusing to follow it") from None
         raise
     try:
         if flags & os.O_EXCL:
             os.fchmod(fd, FILE_MODE)  # created here: the umask may have dropped the owner's bits
-        _check_file(_where(where, name), os.fstat(fd), kind)
+        _check_file(shown, os.fstat(fd), kind)
     except BaseException:
         os.close(fd)
         raise
@@ -103,18 +98,6 @@ def _try_lock(fd: int, how: int) -> bool:
     except OSError:
         return False
     return True
-
-
-def _empty(dir_fd: int, where: Path) -> None:
-    """Delete everything inside the directory ``dir_fd`` (symlinks are unlinked, never followed)."""
-    for entry in os.scandir(dir_fd):
-        try:
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.name, dir_fd=dir_fd)
-            else:
-                unlink_at(entry.name, dir_fd)
-        except OSError:
-            logger.debug("%s: could not remove %s", where, entry.name, exc_info=True)
 
 
 class Mutex:
@@ -146,7 +129,7 @@ class Mutex:
             self._fd = -1
 
 
-class PrivateDir:
+class PrivateDir(Closing):
     """An open, verified private directory; use :meth:`create` or :meth:`open`.
 
     Refused (:class:`~shardkit.errors.InsecurePathError`) unless a real directory of this user with
@@ -283,12 +266,17 @@ class PrivateDir:
         return removed
 
     def remove(self) -> None:
-        """Delete everything inside (through the descriptor) and the directory itself."""
-        _empty(self.fd, self.path)
-        try:
+        """Delete everything inside (through the descriptor; symlinks unlinked, never followed) and the directory."""
+        for entry in os.scandir(self.fd):
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.name, dir_fd=self.fd)
+                else:
+                    self.unlink(entry.name)
+            except OSError:
+                logger.debug("%s: could not remove %s", self.path, entry.name, exc_info=True)
+        with suppress(OSError):  # emptied; whatever now sits at that name is not removed
             os.rmdir(self.path)
-        except OSError:
-            pass  # emptied; whatever now sits at that name is not removed
 
     # ------------------------------------------------------------------ locks
     def lock(self, name: str = LOCK_NAME) -> int | None:
@@ -323,12 +311,6 @@ class PrivateDir:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        self.close()
 
 
 def create_run_dir(parent: str | os.PathLike[str], prefix: str) -> PrivateDir:
@@ -365,7 +347,7 @@ def sweep_stale(parent: str | os.PathLike[str], prefix: str) -> list[Path]:
             run = PrivateDir.open(parent / name)
         except OSError:
             continue  # a symlink, a file, another user's, or gone: not ours to touch
-        try:
+        with run:
             try:
                 lock = open_private(run.fd, LOCK_NAME, os.O_RDWR)
             except OSError:
@@ -378,6 +360,4 @@ def sweep_stale(parent: str | os.PathLike[str], prefix: str) -> list[Path]:
                 logger.info("%s: removed the directory of a run that no longer exists", run.path)
             finally:
                 os.close(lock)
-        finally:
-            run.close()
     return removed

@@ -17,6 +17,7 @@ import socket
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import suppress
 from dataclasses import dataclass, replace
@@ -361,16 +362,15 @@ class TierServer:
 
     def _admit(self, sock: socket.socket) -> None:
         """Serve ``sock`` in its own thread, or turn it away beyond ``max_connections``."""
+        t = threading.Thread(target=self._serve_connection, args=(sock,), name="shardkit-serve-job", daemon=True)
         with self._cv:
             full = self._connections >= self.options.max_connections
             if not full:
                 self._connections += 1
+                self._conn_threads.add(t)
         if full:
             self._turn_away(sock)
             return
-        t = threading.Thread(target=self._serve_connection, args=(sock,), name="shardkit-serve-job", daemon=True)
-        with self._cv:
-            self._conn_threads.add(t)
         try:
             t.start()
         except BaseException:
@@ -426,20 +426,16 @@ class TierServer:
         if creds is not None and creds[1] != os.geteuid():
             logger.warning("server %s: refused pid %d of uid %d (jobs must run as uid %d)", self.name, *creds, os.geteuid())
             return None
-        msg = None
+        hello = None
         deadline = time.monotonic() + self.handshake_seconds
-        while msg is None and not self._stop.is_set() and time.monotonic() < deadline:
-            msg = channel.recv(min(_TICK, max(0.0, deadline - time.monotonic())))
-        match msg:
-            case None:
-                if not self._stop.is_set():
-                    logger.warning("server %s: a connection sent no hello within %g s; closed", self.name,
-                                   self.handshake_seconds)
-                return None
-            case Hello() as hello:
-                pass
-            case _:
-                raise ProtocolError(f"expected Hello first, found {type(msg).__name__}")
+        while hello is None and not self._stop.is_set() and time.monotonic() < deadline:
+            hello = channel.recv(min(_TICK, max(0.0, deadline - time.monotonic())))
+        if hello is None:
+            if not self._stop.is_set():
+                logger.warning("server %s: a connection sent no hello within %g s; closed", self.name, self.handshake_seconds)
+            return None
+        if not isinstance(hello, Hello):
+            raise ProtocolError(f"expected Hello first, found {type(hello).__name__}")
         pid = creds[0] if creds is not None else hello.pid  # the kernel's word over the peer's
         channel.peer = f"job pid {pid}"
         if not hmac.compare_digest(hello.token, self._token):
@@ -506,27 +502,17 @@ class TierServer:
 
     def _activatable(self) -> set[int]:
         """Pending jobs that may start now: single jobs, and groups whose every rank is attached."""
-        ready: set[int] = set()
-        groups: dict[str, list[_Job]] = {}
-        for jid in self._pending:
-            job = self._jobs[jid]
-            if job.group is None:
-                ready.add(jid)
-            else:
-                groups.setdefault(job.group, []).append(job)
-        for members in groups.values():
-            if len(members) == members[0].world:
-                ready.update(j.id for j in members)
-        return ready
+        pending = [self._jobs[jid] for jid in self._pending]
+        attached = Counter(job.group for job in pending)  # a group's members all have one world size
+        return {job.id for job in pending if job.group is None or attached[job.group] == job.world}
 
     def _release(self, jid: int, seq: int) -> None:
         with self._cv:
-            for slot in range(self.slots):
-                if self._slot_seq[slot] == seq:
-                    self._holders[slot].discard(jid)
-                    if not self._holders[slot]:
-                        self._cv.notify_all()
-                    return
+            if seq in self._slot_seq:
+                holders = self._holders[self._slot_seq.index(seq)]
+                holders.discard(jid)
+                if not holders:
+                    self._cv.notify_all()
 
     def _drop(self, jid: int, why: str) -> None:
         with self._cv:

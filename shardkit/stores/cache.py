@@ -11,6 +11,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 
 from shardkit.errors import ConfigError
@@ -163,12 +164,10 @@ class ShardCache:
                 continue  # someone is filling it
             if complete and path.startswith(here):
                 continue  # a shard of this very dataset version: evicting it would only thrash
-            try:
+            with suppress(FileNotFoundError):
                 os.unlink(path)
                 used -= nbytes
                 logger.info("cache: evicted %s (%d bytes)", path, nbytes)
-            except FileNotFoundError:
-                pass
         return used + size <= self.budget
 
     def _entries(self) -> list[tuple[float, str, int, bool]]:

@@ -17,9 +17,9 @@ import random
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import replace
 from datetime import datetime
-from pathlib import Path
 from typing import Any, TypeVar
 
 from shardkit.errors import (
@@ -43,6 +43,7 @@ from shardkit.stores.base import (
     write_all,
 )
 from shardkit.stores.retry import ShortResponse, backoff_seconds, first_line, is_transient
+from shardkit.units import human_count
 
 __all__ = ["ObjectStore", "import_obstore", "RequestCounters"]
 
@@ -144,8 +145,8 @@ class ObjectStore(Store):
         inner: Any,
         options: StoreOptions = DEFAULT_OPTIONS,
         *,
+        make_child: Callable[[str], ObjectStore],
         read_only: bool = False,
-        make_child: Callable[[str], ObjectStore] | None = None,
     ) -> None:
         self._location = url.rstrip("/")
         self.url = redact_url(self._location)
@@ -170,10 +171,7 @@ class ObjectStore(Store):
         return self._read_only
 
     def child(self, prefix: str) -> ObjectStore:
-        check_key(prefix, where=self.url)
-        if self._make_child is None:
-            raise StoreError(f"{self.url}: cannot open a sub-prefix of this store")
-        return self._make_child(prefix)
+        return self._make_child(check_key(prefix, where=self.url))
 
     # ------------------------------------------------------------------ errors and retries
     def _final_error(self, exc: BaseException, what: str, attempts: int, t0: float) -> Exception:
@@ -190,8 +188,7 @@ class ObjectStore(Store):
         if name == "PreconditionError":
             return ObjectChangedError(f"{what}: the object changed since it was first read (its ETag differs)")
         if is_transient(exc):
-            tries = "1 attempt" if attempts == 1 else f"{attempts} attempts"
-            return StoreError(f"{what}: failed after {tries} in {time.monotonic() - t0:.1f} s: {text}")
+            return StoreError(f"{what}: failed after {human_count(attempts, 'attempt')} in {time.monotonic() - t0:.1f} s: {text}")
         return StoreError(f"{what}: {text}")
 
     def _call(self, fn: Callable[[], T], what: str) -> T:
@@ -236,6 +233,8 @@ class ObjectStore(Store):
         return backoff_seconds(attempt, o, self._rng)
 
     def _writable(self, key: str) -> None:
+        """Check ``key`` and that this store can be written."""
+        check_key(key, where=self.url)
         if self._read_only:
             raise StorePermissionError(f"{self.describe(key)}: {self.url} is read-only (http(s) stores cannot be written)")
 
@@ -342,57 +341,45 @@ class ObjectStore(Store):
         """
         check_key(key, where=self.url)
         what = self.describe(key)
-        _check_fork(self.url)
-        state = {"done": 0, "etag": etag}
+        done = 0  # bytes written: a retry resumes there
 
         def once() -> None:
+            nonlocal done, etag
             options: dict[str, Any] = {}
-            if state["done"]:
-                options["range"] = (state["done"], size)
-            if state["etag"] is not None:
-                options["if_match"] = state["etag"]
+            if done:
+                options["range"] = (done, size)
+            if etag is not None:
+                options["if_match"] = etag
             result = self._obs.get(self.inner, key, options=options)
             total = int(result.meta["size"])
             if total != size:
                 raise TruncatedShardError(f"{what}: expected {size} bytes, the store says {total}")
-            state["etag"] = state["etag"] or result.meta.get("e_tag")
+            etag = etag or result.meta.get("e_tag")
             for chunk in result.stream(min_chunk_size=DOWNLOAD_CHUNK_BYTES):
                 view = memoryview(chunk)
-                at = int(state["done"] or 0)
-                if at + view.nbytes > size:
+                if done + view.nbytes > size:
                     raise ShortResponse(f"received more than the {size} bytes of the object")
-                write_all(fd, view, at)
-                state["done"] = at + view.nbytes
+                write_all(fd, view, done)
+                done += view.nbytes
                 self.counters.add(nbytes=view.nbytes)
                 if progress is not None:
                     progress(view.nbytes)
-            if state["done"] != size:
-                raise ShortResponse(f"expected {size} bytes, received {state['done']}")
+            if done != size:
+                raise ShortResponse(f"expected {size} bytes, received {done}")
 
         self._call(once, what)
-        tag = state["etag"]
-        return None if tag is None else str(tag)
+        return None if etag is None else str(etag)
 
     def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
-        what = self.describe(prefix)
         base = getattr(self.inner, "prefix", None)
         strip = f"{base}/" if base else ""
-
-        def all_pages() -> list[dict[str, Any]]:
-            out: list[dict[str, Any]] = []
-            for page in self._obs.list(self.inner, prefix=prefix or None, chunk_size=1000):
-                out.extend(page)
-            return out
-
-        for d in self._call(all_pages, what):
-            key = str(d["path"])
-            if strip and key.startswith(strip):
-                key = key[len(strip) :]
-            yield _meta(d, key)
+        pages = self._call(lambda: [d for page in self._obs.list(self.inner, prefix=prefix or None, chunk_size=1000)
+                                    for d in page], self.describe(prefix))
+        for d in pages:
+            yield _meta(d, str(d["path"]).removeprefix(strip))
 
     # ------------------------------------------------------------------ writing
     def put(self, key: str, data: bytes | memoryview, *, metadata: Mapping[str, str] | None = None) -> ObjectMeta:
-        check_key(key, where=self.url)
         self._writable(key)
         payload = bytes(data)
         attributes = dict(metadata or {})
@@ -407,36 +394,26 @@ class ObjectStore(Store):
         """Upload ``source``; multipart (``part_bytes`` parts, ``concurrency`` at once) when it is
         larger than ``multipart_threshold``. A failed upload is retried whole; S3 never shows a
         partial object."""
-        check_key(key, where=self.url)
         self._writable(key)
-        path = Path(source)
-        size = path.stat().st_size
+        size = os.stat(source).st_size
         o = self.options
-        multipart = size > o.multipart_threshold
-
         attributes = dict(metadata or {})
 
         def upload() -> Any:
-            with open(path, "rb") as fh:
-                return self._obs.put(
-                    self.inner, key, fh, use_multipart=multipart, chunk_size=o.part_bytes,
-                    max_concurrency=min(o.concurrency, 16), attributes=attributes,
-                )
+            with open(source, "rb") as fh:
+                return self._obs.put(self.inner, key, fh, use_multipart=size > o.multipart_threshold, chunk_size=o.part_bytes,
+                                     max_concurrency=min(o.concurrency, 16), attributes=attributes)
 
         self._call(upload, self.describe(key))
         self.counters.add(nbytes=size)
         return ObjectMeta(key, size, metadata=attributes)
 
     def delete(self, key: str) -> None:
-        check_key(key, where=self.url)
         self._writable(key)
-        try:
+        with suppress(ObjectNotFoundError):
             self._call(lambda: self._obs.delete(self.inner, key), self.describe(key))
-        except ObjectNotFoundError:
-            pass
 
     def copy(self, src: str, dst: str) -> None:
         check_key(src, where=self.url)
-        check_key(dst, where=self.url)
         self._writable(dst)
         self._call(lambda: self._obs.copy(self.inner, src, dst), f"{self.describe(src)} -> {dst}")

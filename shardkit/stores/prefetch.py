@@ -5,7 +5,6 @@ Why whole objects, and how they are bounded, pinned and checked: docs/design.md 
 
 from __future__ import annotations
 
-import errno
 import logging
 import threading
 import time
@@ -13,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from shardkit.errors import CorruptShardError, TruncatedShardError
+from shardkit.stores.atomic import is_out_of_space
 from shardkit.stores.base import Store
 from shardkit.stores.cache import ShardCache
 
@@ -155,22 +155,16 @@ class ShardPrefetcher:
         try:
             etag = self.store.download(item.key, fd, size=item.size, etag=self._pin(i, None), progress=progress)
             self._pin(i, etag)
-        except TruncatedShardError as exc:
-            # Replaced by a newer version or damaged: it stays remote (a ranged read reports damage).
+        except BaseException as exc:
             self.cache.abandon(item.name, fd)
-            self.cache.refuse(item.name)
-            logger.info("%s: %s; read by range", item.key, exc)
-            return _SKIPPED
-        except OSError as exc:
-            self.cache.abandon(item.name, fd)
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                self.cache.refuse(item.name)
+            if isinstance(exc, TruncatedShardError):  # replaced by a newer version, or damaged (a ranged read says so)
+                logger.info("%s: %s; read by range", item.key, exc)
+            elif is_out_of_space(exc):
                 logger.warning("%s: no space left for the cache; %s stays remote", self.cache.dir, item.name)
-                return _SKIPPED
-            raise
-        except BaseException:
-            self.cache.abandon(item.name, fd)
-            raise
+            else:
+                raise
+            self.cache.refuse(item.name)
+            return _SKIPPED
         self._account(i, item.size)
         if not self.cache.complete(item.name, fd, item.size, lambda f: self._verify(i, f)):
             raise CorruptShardError(

@@ -78,17 +78,9 @@ def open_store(location: Location, options: StoreOptions | None = None) -> Store
     ``http://host/path``, ``https://...``         any HTTP server with range requests, read-only
     ==========================================  ====================================================
 
-    Credentials and endpoints come from each cloud's standard environment, read by obstore, plus
-    what obstore does not read itself (:func:`s3_settings`):
-
-    * S3: the ``AWS_*`` variables and profile files listed in :func:`s3_settings`; instance and
-      container roles (``AWS_CONTAINER_*``, ``AWS_WEB_IDENTITY_TOKEN_FILE``) are obstore's own.
-    * GCS: ``GOOGLE_APPLICATION_CREDENTIALS`` / ``GOOGLE_SERVICE_ACCOUNT`` (a service-account JSON
-      file), or the metadata server on GCP.
-    * Azure: ``AZURE_STORAGE_ACCOUNT_NAME`` plus ``AZURE_STORAGE_ACCOUNT_KEY``,
-      ``AZURE_STORAGE_SAS_KEY`` or a managed identity / ``AZURE_CLIENT_ID`` ... (obstore's Azure
-      environment).
-    * HTTP(S): anonymous; ``http://`` URLs are allowed as written.
+    Credentials and endpoints come from each cloud's standard environment, read by obstore (the
+    README's object-store section lists the variables), plus the AWS profile files (:func:`s3_settings`);
+    HTTP(S) is anonymous.
 
     A URL with credentials (``s3://KEY:SECRET@bucket``) is refused without repeating them; shown URLs
     are redacted (:mod:`shardkit.redact`). One store is kept per location, options and environment in
