@@ -29,17 +29,15 @@ def redact_url(url: str) -> str:
     does not parse loses everything after its scheme)."""
     try:
         parts = urlsplit(url)
-        host = parts.netloc.rpartition("@")[2]
-        userinfo = parts.netloc.rpartition("@")[0] if "@" in parts.netloc else None
     except ValueError:
         scheme, sep, _ = url.partition("://")
         return f"{scheme}{sep}{HIDDEN}" if sep else HIDDEN
-    if userinfo is not None:
+    userinfo, at, host = parts.netloc.rpartition("@")
+    if at:
         keep = parts.scheme.lower() in _CONTAINER_SCHEMES and ":" not in userinfo
         host = f"{userinfo if keep else HIDDEN}@{host}"
     query = _query(parts.query) if parts.query else ""
-    fragment = HIDDEN if parts.fragment else ""
-    return urlunsplit((parts.scheme, host, parts.path, query, fragment))
+    return urlunsplit((parts.scheme, host, parts.path, query, HIDDEN if parts.fragment else ""))
 
 
 def redact_urls(text: str) -> str:

@@ -10,6 +10,7 @@ import os
 import queue
 import secrets
 import socket
+import stat
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -47,7 +48,7 @@ from shardkit.serve.protocol import (
 from shardkit.serve.ring import Ring, RingLayout
 from shardkit.serve.rundir import RunDir, check_name, run_dir_path
 from shardkit.stores import Location, as_location, location_string
-from shardkit.tiers.buffers import HOLD_BATCHES, BatchBuffer, BatchPool
+from shardkit.tiers.buffers import HOLD_BATCHES, BatchPool
 from shardkit.tiers.pipeline import BatchReady, RunDone, assemble_batch
 from shardkit.tiers.stats import SamplerStats
 from shardkit.tiers.stopping import POLL_SECONDS, CurrentRun, Stopped, put
@@ -322,7 +323,7 @@ class _Link:
                 raise SamplerError(f"server {s.name!r} was restarted with pid {info.pid}; create a new SharedSampler")
             token = _read_token(run)
             ring = Ring.attach(run, s._layout)
-            run.check_socket("sock")
+            run.check_file("sock", stat.S_ISSOCK)
             sock.settimeout(max(s.connect_timeout, self._silence))
             try:
                 sock.connect(run.address())
@@ -413,13 +414,10 @@ class _Link:
     # ------------------------------------------------------------------ background assembly
     def _assemble(self) -> None:
         try:
-            while True:
-                item = self._next_batch()
-                if item is None:
-                    self._detach()  # done: the server stops counting on us at once
-                    put(self._batches, RunDone(), self._stop)
-                    return
+            while (item := self._next_batch()) is not None:
                 put(self._batches, item, self._stop)
+            self._detach()  # done: the server stops counting on us at once
+            put(self._batches, RunDone(), self._stop)
         except Stopped:
             return
         except BaseException as exc:
@@ -456,17 +454,15 @@ class _Link:
 
     def _next_batch(self) -> BatchReady | None:
         """This consumer's next batch, copied out of the ring into a pool buffer, or None when done."""
-        s = self._s
-        buf: BatchBuffer | None = None
+        pool = self._s._pool
+        buf = pool.acquire(self._stop)
         try:
-            buf = s._pool.acquire(self._stop)
             batch = self._fill(buf.array)
         except BaseException:
-            if buf is not None:
-                s._pool.release(buf)
+            pool.release(buf)
             raise
         if batch is None:
-            s._pool.release(buf)
+            pool.release(buf)
             return None
         return BatchReady(*batch, buf)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 import tempfile
 from pathlib import Path
 from typing import Self
@@ -52,10 +51,6 @@ class RunDir(PrivateDir):
     def open(cls, path: str | os.PathLike[str], *, what: str = _WHAT, advice: str = _ADVICE) -> Self:
         """The job side: open an existing run directory (FileNotFoundError if there is none)."""
         return super().open(path, what=what, advice=advice)
-
-    def check_socket(self, name: str) -> None:
-        """``name`` is a private socket of this user (a job checks before it connects)."""
-        self.check_file(name, stat.S_ISSOCK)
 
     def address(self, name: str = "sock") -> str:
         """The socket address of ``name``, through this descriptor where the OS allows it."""

@@ -124,8 +124,7 @@ class LocalStore(Store):
             fd = self._open(r.key)
             try:
                 size = os.fstat(fd).st_size
-                buf = bytearray(r.nbytes)
-                view = memoryview(buf)
+                view = memoryview(bytearray(r.nbytes))
                 got = 0
                 while got < r.nbytes:
                     n = os.preadv(fd, [view[got:]], r.start + got)
