@@ -95,12 +95,11 @@ def parse_capacity(value: int | str | Capacity, *, what: str, allow_zero: bool =
     if isinstance(value, Capacity):
         return value
     if isinstance(value, str):
-        text = value.strip().lower()
-        if allow_zero and text in ("off", "none", ""):
+        if allow_zero and value.strip().lower() in ("off", "none", ""):
             return Capacity(nbytes=0)
         parsed = _split(value)
         if parsed is not None and parsed[1] in _RECORD_UNITS:
-            number, _ = parsed
+            number = parsed[0]
             if number != int(number) or number < 0 or (number == 0 and not allow_zero):
                 raise ConfigError(f"{what}: expected a positive whole number of records, found {value!r}")
             return Capacity(records=int(number))

@@ -302,15 +302,14 @@ class _Link:
         self._epos = 0  # its position in the job's epoch order
         self._g = 0  # the global batch this consumer fills
         self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
         self._silence = s.lease_seconds
         self.error: BaseException | None = None
         self._ring, self._chan = self._connect()
         self._batches: queue.Queue[BatchReady | RunDone] = queue.Queue(maxsize=BATCH_PREFETCH)
-        for target, tname in ((self._heartbeat, "shardkit-shared-heartbeat"), (self._assemble, "shardkit-shared-batches")):
-            t = threading.Thread(target=target, name=tname, daemon=True)
+        self._threads = [threading.Thread(target=target, name=tname, daemon=True) for target, tname in
+                         ((self._heartbeat, "shardkit-shared-heartbeat"), (self._assemble, "shardkit-shared-batches"))]
+        for t in self._threads:
             t.start()
-            self._threads.append(t)
 
     def _connect(self) -> tuple[Ring, Channel]:
         """Check the run directory again, map the ring, connect, present the token and be welcomed."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import hmac
+import itertools
 import logging
 import os
 import secrets
@@ -587,11 +588,8 @@ class TierServer:
         """The epochs from ``first`` on as the pipeline's segments: each ``pi_e`` whole, for one consumer."""
         n = self.num_records
         shape = plan_shape(n, 0, max(1, n), 0, 1)
-        epoch = first
-        while self.epochs is None or epoch < self.epochs:
-            pi = self._plan.slot_keys(epoch, partition(self.seed, epoch, n))
-            yield Segment(epoch, shape, ArrayOrder(pi))
-            epoch += 1
+        for epoch in itertools.count(first) if self.epochs is None else range(first, self.epochs):
+            yield Segment(epoch, shape, ArrayOrder(self._plan.slot_keys(epoch, partition(self.seed, epoch, n))))
 
     def _start_pipeline(self, epoch: int) -> Pipeline:
         """The tiers from ``epoch`` on: blocks of ``K`` records (inside SSD reservoirs of ``K1``)."""

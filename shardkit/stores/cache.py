@@ -176,14 +176,12 @@ class ShardCache:
         for ns in os.scandir(self._root.fd):
             if not ns.is_dir(follow_symlinks=False):
                 continue
-            base = os.path.join(str(self.root), ns.name)
-            for entry in os.scandir(base):
+            for entry in os.scandir(os.path.join(str(self.root), ns.name)):
                 if not entry.is_file(follow_symlinks=False):
                     continue
                 st = entry.stat(follow_symlinks=False)
-                complete = not entry.name.endswith(_PART)
                 # A partial copy reserves its whole (sparse) size: st_size is the shard's size.
-                out.append((st.st_mtime, entry.path, st.st_size, complete))
+                out.append((st.st_mtime, entry.path, st.st_size, not entry.name.endswith(_PART)))
         return out
 
     def close(self) -> None:
