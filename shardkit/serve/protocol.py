@@ -43,8 +43,7 @@ __all__ = [
     "MAX_INFO_BYTES",
 ]
 
-#: Bumped whenever a message or ``info.json`` changes meaning; both sides refuse any other. Version 3:
-#: ``info.json`` describes a mixture (``mixture``: its datasets, weights and epoch size).
+#: Bumped whenever a message or ``info.json`` changes meaning; both sides refuse any other.
 PROTOCOL_VERSION = 3
 MAGIC = b"SKSV"
 HEADER = struct.Struct("<4sHHI")
@@ -394,9 +393,8 @@ class ServerInfo:
     tiers: tuple[str, ...]
     lease_seconds: float
     started: float
-    #: A mixture's datasets (absolute paths), weights (exact, as text such as ``"3"`` or ``"1/3"``) and
-    #: epoch size; ``None`` when the server serves one dataset. ``num_records`` is then the epoch size,
-    #: ``dataset`` the first dataset and ``fingerprint`` :func:`shardkit.readers.sources.mixture_fingerprint`.
+    #: What the server serves: datasets, exact weights (``"3"``, ``"1/3"``) and epoch size (``num_records``);
+    #: ``dataset`` is the first dataset, ``fingerprint`` the mixture's (:mod:`shardkit.readers.sources`).
     mixture: MixtureInfo | None = None
 
     def to_json(self) -> bytes:
