@@ -68,5 +68,7 @@ def atomic_file(path: Path, *, durable: bool = True, doing: str = "writing") -> 
 
 def write_bytes_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
     """:func:`atomic_file` holding ``data``; ``durable=False`` skips the fsyncs (scratch data), not the rename."""
-    with atomic_file(path, durable=durable) as fd, open(fd, "wb", closefd=False) as fh:
-        fh.write(data)
+    with atomic_file(path, durable=durable) as fd:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]

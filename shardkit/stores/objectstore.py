@@ -16,7 +16,7 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import replace
 from datetime import datetime
@@ -62,9 +62,24 @@ def import_obstore() -> Any:
 
 
 # ---------------------------------------------------------------------- the process's event loop
-#: One daemon thread runs this asyncio loop for every ObjectStore of this process.
-_loop: asyncio.AbstractEventLoop | None = None
-_loop_lock = threading.Lock()
+class _Runner:
+    """One daemon thread running an asyncio loop for every ObjectStore of this process."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._run, name="shardkit-store-io", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def submit(self, coro: Awaitable[T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
+
+
+_runner: _Runner | None = None
+_runner_lock = threading.Lock()
 #: Set in a child forked from a process that had used obstore: its runtime (tokio) does not
 #: survive ``fork()``, so the child gets a StoreError instead of a hang (docs/design.md §9).
 _forked_after_use = False
@@ -72,10 +87,10 @@ _used = False
 
 
 def _after_fork_in_child() -> None:
-    global _forked_after_use, _loop, _used
+    global _forked_after_use, _runner, _used
     if _used:
         _forked_after_use = True
-    _loop = None
+    _runner = None
     _used = False
 
 
@@ -94,14 +109,12 @@ def _check_fork(url: str) -> None:
     _used = True
 
 
-def _submit(coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-    """Run ``coro`` on the process's event loop (started on first use)."""
-    global _loop
-    with _loop_lock:
-        if _loop is None:
-            _loop = asyncio.new_event_loop()
-            threading.Thread(target=_loop.run_forever, name="shardkit-store-io", daemon=True).start()
-        return asyncio.run_coroutine_threadsafe(coro, _loop)
+def _get_runner() -> _Runner:
+    global _runner
+    with _runner_lock:
+        if _runner is None:
+            _runner = _Runner()
+        return _runner
 
 
 class RequestCounters:
@@ -279,7 +292,7 @@ class ObjectStore(Store):
             if r.start < 0 or r.end <= r.start:
                 raise StoreError(f"{r.describe(self.describe(r.key))}: not a valid byte range")
         results: queue.Queue[Fetched | BaseException] = queue.Queue()
-        future = _submit(self._drive(ranges, results))
+        future = _get_runner().submit(self._drive(ranges, results))
         try:
             for _ in range(len(ranges)):
                 while True:
