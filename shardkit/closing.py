@@ -9,13 +9,8 @@ __all__ = ["Closing"]
 
 
 class Closing(ABC):
-    """A context manager whose exit calls :meth:`close` (as files and ``zarr`` stores do).
-
-    Datasets, mixtures and samplers hold mappings, threads, shared memory or a server connection;
-    each says in its own ``close`` what it releases, and this base gives all of them the same ``with``
-    behaviour: ``__enter__`` returns the object itself, ``__exit__`` closes it and lets any exception
-    propagate.
-    """
+    """A context manager whose exit calls :meth:`close` (as files do): the ``with`` behaviour of
+    datasets, mixtures and samplers; ``__enter__`` returns the object, exceptions propagate."""
 
     @abstractmethod
     def close(self) -> None:

@@ -1,11 +1,6 @@
-"""Names in a directory held open by descriptor (``dir_fd``).
+"""Names in a directory held open by descriptor (``dir_fd``), as private directories are used.
 
-The private directories of the node-shared regions (:mod:`shardkit.tiers.shm`), of the local
-shard cache (:mod:`shardkit.stores.cache`) and of a shared tier stack's run
-(:mod:`shardkit.serve.rundir`) are checked once when they are opened and then only used
-through their descriptor, so a path swapped for a symlink afterwards changes nothing. These are the
-lookups all of them need; a name that is already gone is an ordinary outcome (another process of
-the node removed it first), not an error.
+A name already gone is an ordinary outcome (another process removed it first), not an error.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""The one error hierarchy of shardkit.
+"""The one error hierarchy of shardkit: every deliberate error is a :class:`ShardkitError`.
 
-Every error shardkit raises on purpose is a :class:`ShardkitError`. Each specific error also
-inherits the builtin exception a caller would naturally catch (``FileNotFoundError`` for a missing
-shard, ``ValueError`` for a corrupt one, ``ImportError`` for a missing extra, ...), so code that
-does not know shardkit still handles it sensibly, and the CLI can turn any of them into one line on
-stderr instead of a traceback.
-
-Messages always say which file, what was expected and what was found.
+Each also inherits the builtin a caller would catch (``FileNotFoundError`` for a missing shard,
+``ValueError`` for a corrupt one, ...). Messages say which file, what was expected and what was found.
 """
 
 from __future__ import annotations
@@ -64,8 +59,7 @@ class FormatVersionError(ShardkitError, ValueError):
 
 
 class UnsafePathError(NotADatasetError):
-    """A path taken from the metadata (shard path, array or field name) would leave the dataset
-    directory: absolute, ``..``, or a symlink that resolves outside it."""
+    """A path taken from the metadata would leave the dataset directory (absolute, ``..``, a symlink out)."""
 
 
 class MissingShardError(ShardkitError, FileNotFoundError):
@@ -73,8 +67,7 @@ class MissingShardError(ShardkitError, FileNotFoundError):
 
 
 class CorruptShardError(ShardkitError, ValueError):
-    """A dataset file (shard, field chunk, array document) exists but its bytes are not what the
-    metadata promises."""
+    """A dataset file (shard, field chunk, array document) is not what the metadata promises."""
 
 
 class TruncatedShardError(CorruptShardError):
@@ -82,13 +75,11 @@ class TruncatedShardError(CorruptShardError):
 
 
 class CorruptIndexError(CorruptShardError):
-    """A shard's index fails its crc32c, differs from the one recorded in the metadata, or describes
-    records that cannot be in the file."""
+    """A shard's index fails its crc32c, differs from the recorded one, or describes impossible records."""
 
 
 class ChecksumError(CorruptShardError):
-    """A file's checksum differs from the one recorded at write time (shard data, field chunk, array
-    document, or the dataset attributes themselves)."""
+    """A file's (or the dataset attributes') checksum differs from the one recorded at write time."""
 
 
 class SchemaError(ShardkitError, ValueError):
@@ -137,24 +128,20 @@ class InsecurePathError(ShardkitError, PermissionError):
 
 
 class VersionGoneError(ShardkitError, FileNotFoundError):
-    """A reader holds a version of a dataset that later commits replaced and then pruned: the files of
-    that version are gone and the dataset must be reopened (see :mod:`shardkit.formats.versions`)."""
+    """The files of the dataset version a reader holds were pruned: reopen it (:mod:`shardkit.formats.versions`)."""
 
 
 class WorkerError(ConversionError):
-    """A worker of a cluster conversion cannot do its part (cannot see the corpus or the output, or
-    died too often); the message names the worker and the path."""
+    """A worker of a cluster conversion cannot do its part; the message names the worker and the path."""
 
 
 class StoreError(ShardkitError, OSError):
-    """An object-store request failed for good: a permanent error, or transient errors (5xx,
-    timeouts, resets, throttling, short responses) that outlasted the retry budget. The message names
-    the object's URL and, for reads, the byte range."""
+    """An object-store request failed for good (permanent, or past the retry budget), naming the object
+    and, for reads, the byte range."""
 
 
 class StorePermissionError(StoreError, PermissionError):
-    """The store refused the request (credentials missing or wrong, no permission), or the store is
-    read-only (``http(s)://`` datasets)."""
+    """The store refused the request (credentials, permission), or is read-only (``http(s)://``)."""
 
 
 class ObjectNotFoundError(StoreError, FileNotFoundError):
@@ -162,8 +149,7 @@ class ObjectNotFoundError(StoreError, FileNotFoundError):
 
 
 class ObjectChangedError(StoreError):
-    """An object changed between two reads of one reader (its ETag or size differs): bytes of two
-    versions are never mixed."""
+    """An object changed between two reads of one reader (its ETag or size differs)."""
 
 
 class ObjectTooLargeError(StoreError):

@@ -1,11 +1,8 @@
 """Directories private to this user: created ``0700``, held by descriptor, locked while a run lives.
 
-Shardkit keeps user data (SSD reservoirs, cached shards, spills, staged uploads, node-shared regions,
-a server's token and ring) under shared places such as ``/tmp`` or ``/dev/shm``, where anyone can
-plant a name; every such directory is a :class:`PrivateDir`, so swapping a path after the check
-changes nothing. :func:`create_run_dir` and :func:`sweep_stale` use a ``flock``-held ``lock`` file to
-tell live runs from dead ones. Callers keep only what is their own: the names and what they store
-(docs/design.md §13).
+Every directory of user data under a shared place (``/tmp``, ``/dev/shm``) is a :class:`PrivateDir`,
+so a path swapped after the check changes nothing; a ``flock``-held ``lock`` tells live runs from
+dead ones (docs/design.md §13).
 """
 
 from __future__ import annotations
@@ -19,10 +16,12 @@ import shutil
 import stat
 import threading
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from shardkit.closing import Closing
 from shardkit.dirfd import exists_at, unlink_at
 from shardkit.errors import InsecurePathError
 
@@ -48,10 +47,6 @@ LOCK_NAME = "lock"
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _where(dir_path: Path | None, name: str) -> str:
-    return str(dir_path / name) if dir_path is not None else name
-
-
 def _check_file(where: str, st: os.stat_result, kind: Callable[[int], bool]) -> None:
     """``st`` is of the expected kind, owned by this user, without group/other permissions."""
     if not kind(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
@@ -64,31 +59,27 @@ def _check_file(where: str, st: os.stat_result, kind: Callable[[int], bool]) -> 
 def open_private(
     dir_fd: int, name: str, flags: int, *, where: Path | None = None, kind: Callable[[int], bool] = stat.S_ISREG
 ) -> int:
-    """``os.open`` of ``name`` in the directory ``dir_fd``, never through a symlink, checked private
-    (:class:`~shardkit.errors.InsecurePathError` otherwise). A file created here is exactly ``0600``
-    whatever the umask; an existing one is never loosened or tightened, only checked. ``where`` is
-    the directory's path, for messages."""
+    """``os.open`` of ``name`` in the directory ``dir_fd`` (whose path ``where`` names it in messages),
+    never through a symlink, checked private (:class:`~shardkit.errors.InsecurePathError` otherwise).
+    A file created here is exactly ``0600`` whatever the umask; an existing one is only checked."""
     if flags & os.O_CREAT and not flags & os.O_EXCL:
         existing = flags & ~os.O_CREAT
         while True:  # each turn means another process created or deleted the file meanwhile
-            try:
+            with suppress(FileNotFoundError):
                 return open_private(dir_fd, name, existing, where=where, kind=kind)
-            except FileNotFoundError:
-                pass
-            try:
+            with suppress(FileExistsError):
                 return open_private(dir_fd, name, flags | os.O_EXCL, where=where, kind=kind)
-            except FileExistsError:
-                pass
+    shown = str(where / name) if where is not None else name
     try:
         fd = os.open(name, flags | _NOFOLLOW, FILE_MODE, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise InsecurePathError(f"{_where(where, name)}: is a symlink; refusing to follow it") from None
+            raise InsecurePathError(f"{shown}: is a symlink; refusing to follow it") from None
         raise
     try:
         if flags & os.O_EXCL:
             os.fchmod(fd, FILE_MODE)  # created here: the umask may have dropped the owner's bits
-        _check_file(_where(where, name), os.fstat(fd), kind)
+        _check_file(shown, os.fstat(fd), kind)
     except BaseException:
         os.close(fd)
         raise
@@ -96,31 +87,17 @@ def open_private(
 
 
 def create_private(dir_fd: int, name: str) -> int:
-    """Create ``name`` (it must not exist) in the directory ``dir_fd``, mode exactly ``0600``; its
-    descriptor, open for reading and writing."""
+    """Create ``name`` (it must not exist) in the directory ``dir_fd``, mode ``0600``, open for reading and writing."""
     return open_private(dir_fd, name, os.O_RDWR | os.O_CREAT | os.O_EXCL)
 
 
 def _try_lock(fd: int, how: int) -> bool:
-    """``flock(fd, how)`` without blocking; False if it cannot be taken (another open file holds a
-    conflicting lock)."""
+    """``flock(fd, how)`` without blocking; False if another open file holds a conflicting lock."""
     try:
         fcntl.flock(fd, how | fcntl.LOCK_NB)
     except OSError:
         return False
     return True
-
-
-def _empty(dir_fd: int, where: Path) -> None:
-    """Delete everything inside the directory ``dir_fd`` (symlinks are unlinked, never followed)."""
-    for entry in os.scandir(dir_fd):
-        try:
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.name, dir_fd=dir_fd)
-            else:
-                unlink_at(entry.name, dir_fd)
-        except OSError:
-            logger.debug("%s: could not remove %s", where, entry.name, exc_info=True)
 
 
 class Mutex:
@@ -152,17 +129,12 @@ class Mutex:
             self._fd = -1
 
 
-class PrivateDir:
+class PrivateDir(Closing):
     """An open, verified private directory; use :meth:`create` or :meth:`open`.
 
-    Created with mode exactly ``0700`` whatever the umask or, when the name exists, opened with
-    ``O_NOFOLLOW | O_DIRECTORY`` and refused (:class:`~shardkit.errors.InsecurePathError`, saying what
-    was found) unless it is a real directory of this user with mode ``0700``; then used only through
-    that descriptor, every file opened relative to it, never through a symlink, and checked (type,
-    owner, no group/other permission bits).
-
-    ``what`` names the directory in refusals (``"the cache directory"``) and ``advice`` says what to
-    do about one (``"Remove it, or choose another cache_dir"``).
+    Refused (:class:`~shardkit.errors.InsecurePathError`) unless a real directory of this user with
+    mode ``0700``, then used only through its descriptor. ``what`` names it in refusals (``"the cache
+    directory"``), ``advice`` says what to do (``"Remove it, or choose another cache_dir"``).
     """
 
     def __init__(self, path: Path, fd: int) -> None:
@@ -197,16 +169,7 @@ class PrivateDir:
             if exclusive:
                 raise
             created = False
-        fd = cls._open_dir(path, name, dir_fd, what, advice)
-        try:
-            st = os.fstat(fd)
-            if (created or tighten) and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != DIR_MODE:
-                os.fchmod(fd, DIR_MODE)  # mkdir's mode is filtered by the umask; this is exact
-            cls._check_dir(path, fd, what, advice)
-        except BaseException:
-            os.close(fd)
-            raise
-        return cls(path, fd)
+        return cls._verified(path, name, dir_fd, what, advice, tighten=created or tighten)
 
     @classmethod
     def open(
@@ -214,13 +177,7 @@ class PrivateDir:
     ) -> Self:
         """Open an existing private directory (:class:`FileNotFoundError` if there is none)."""
         path = Path(path)
-        fd = cls._open_dir(path, str(path), None, what, advice)
-        try:
-            cls._check_dir(path, fd, what, advice)
-        except BaseException:
-            os.close(fd)
-            raise
-        return cls(path, fd)
+        return cls._verified(path, str(path), None, what, advice, tighten=False)
 
     def subdir(self, name: str, *, what: str, advice: str, tighten: bool = False) -> PrivateDir:
         """Create or open the private directory ``name`` inside this one (see :meth:`create`)."""
@@ -233,24 +190,30 @@ class PrivateDir:
             f"Refusing to use it: another user may control it. {advice}"
         )
 
-    @staticmethod
-    def _open_dir(path: Path, name: str, dir_fd: int | None, what: str, advice: str) -> int:
+    @classmethod
+    def _verified(cls, path: Path, name: str, dir_fd: int | None, what: str, advice: str, *, tighten: bool) -> Self:
+        """Open the directory ``name`` (never through a symlink) and check it; ``tighten`` first sets
+        a directory of this user to mode ``0700`` (mkdir's mode is filtered by the umask)."""
         try:
-            return os.open(name, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW, dir_fd=dir_fd)
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW, dir_fd=dir_fd)
         except OSError as exc:
             if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
                 raise
             link = stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
-            raise PrivateDir._refusal(path, "is a symlink" if link else "is not a directory", what, advice) from None
-
-    @staticmethod
-    def _check_dir(path: Path, fd: int, what: str, advice: str) -> None:
-        st = os.fstat(fd)
-        if st.st_uid != os.geteuid():
-            raise PrivateDir._refusal(path, f"is owned by uid {st.st_uid}", what, advice)
-        mode = stat.S_IMODE(st.st_mode)
-        if mode != DIR_MODE:
-            raise PrivateDir._refusal(path, f"has mode {mode:#o}", what, advice)
+            raise cls._refusal(path, "is a symlink" if link else "is not a directory", what, advice) from None
+        try:
+            st = os.fstat(fd)
+            if tighten and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != DIR_MODE:
+                os.fchmod(fd, DIR_MODE)
+                st = os.fstat(fd)
+            if st.st_uid != os.geteuid():
+                raise cls._refusal(path, f"is owned by uid {st.st_uid}", what, advice)
+            if stat.S_IMODE(st.st_mode) != DIR_MODE:
+                raise cls._refusal(path, f"has mode {stat.S_IMODE(st.st_mode):#o}", what, advice)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(path, fd)
 
     # ------------------------------------------------------------------ files inside
     def open_file(self, name: str, flags: int, kind: Callable[[int], bool] = stat.S_ISREG) -> int:
@@ -267,30 +230,18 @@ class PrivateDir:
 
     def read_file(self, name: str, limit: int) -> bytes:
         """The bytes of a small private file, refusing one larger than ``limit`` before reading it."""
-        fd = self.open_file(name, os.O_RDONLY)
-        try:
-            size = os.fstat(fd).st_size
+        with open(self.open_file(name, os.O_RDONLY), "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
             if size > limit:
                 raise InsecurePathError(f"{self.path / name}: {size} bytes, at most {limit} expected; refusing to read it")
-            chunks, total = [], 0
-            while total < size and (chunk := os.read(fd, size - total)):
-                chunks.append(chunk)
-                total += len(chunk)
-            return b"".join(chunks)
-        finally:
-            os.close(fd)
+            return fh.read(size)
 
     def write_file(self, name: str, data: bytes) -> None:
         """Replace ``name`` atomically with a private file holding ``data``: ``<name>.partial``, then rename."""
         tmp = f"{name}.partial"
         self.unlink(tmp)
-        fd = create_private(self.fd, tmp)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-        finally:
-            os.close(fd)
+        with open(create_private(self.fd, tmp), "wb") as fh:
+            fh.write(data)
         os.replace(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
 
     def exists(self, name: str) -> bool:
@@ -302,8 +253,7 @@ class PrivateDir:
         return unlink_at(name, self.fd)
 
     def clear(self, keep: tuple[str, ...] = (LOCK_NAME,)) -> list[str]:
-        """Remove every file but ``keep`` (leftovers of a dead run); return their paths. A directory
-        inside is unexpected and left alone (with a warning)."""
+        """Remove every file but ``keep`` (leftovers of a dead run); return their paths (directories stay)."""
         removed = []
         for entry in sorted(os.listdir(self.fd)):
             if entry in keep:
@@ -316,17 +266,22 @@ class PrivateDir:
         return removed
 
     def remove(self) -> None:
-        """Delete everything inside (through the descriptor) and the directory itself."""
-        _empty(self.fd, self.path)
-        try:
+        """Delete everything inside (through the descriptor; symlinks unlinked, never followed) and the directory."""
+        for entry in os.scandir(self.fd):
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.name, dir_fd=self.fd)
+                else:
+                    self.unlink(entry.name)
+            except OSError:
+                logger.debug("%s: could not remove %s", self.path, entry.name, exc_info=True)
+        with suppress(OSError):  # emptied; whatever now sits at that name is not removed
             os.rmdir(self.path)
-        except OSError:
-            pass  # emptied; whatever now sits at that name is not removed
 
     # ------------------------------------------------------------------ locks
     def lock(self, name: str = LOCK_NAME) -> int | None:
-        """Take the exclusive lock ``name`` (created if missing) without waiting: its descriptor (the
-        lock lasts until it is closed), or None if another process holds it."""
+        """Take the exclusive lock ``name`` (created if missing) without waiting: its descriptor (held
+        until closed), or None if another process holds it."""
         fd = self.open_file(name, os.O_RDWR | os.O_CREAT)
         if not _try_lock(fd, fcntl.LOCK_EX):
             os.close(fd)
@@ -357,20 +312,10 @@ class PrivateDir:
             os.close(self.fd)
             self.fd = -1
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        self.close()
-
 
 def create_run_dir(parent: str | os.PathLike[str], prefix: str) -> PrivateDir:
     """A fresh private directory ``<parent>/<prefix><pid>-<random>`` whose ``lock`` this process holds
-    until :meth:`PrivateDir.close`.
-
-    It is built under a hidden name and renamed only once its lock is held, so :func:`sweep_stale`
-    never sees a live run's directory without its lock.
-    """
+    until :meth:`PrivateDir.close` (it gets that name only once locked, so :func:`sweep_stale` spares it)."""
     parent = Path(parent)
     name = f"{prefix}{os.getpid()}-{secrets.token_hex(4)}"
     run = PrivateDir.create(parent / f".{name}.creating", exclusive=True)
@@ -389,12 +334,8 @@ def create_run_dir(parent: str | os.PathLike[str], prefix: str) -> PrivateDir:
 
 
 def sweep_stale(parent: str | os.PathLike[str], prefix: str) -> list[Path]:
-    """Delete the ``<prefix>*`` directories under ``parent`` whose run is dead; return them.
-
-    A candidate is removed only if it is a private directory of this user (never a symlink: nothing
-    is created or deleted behind one) holding a ``lock`` file nobody holds; its contents are deleted
-    through the descriptor that was checked, so swapping the name meanwhile changes nothing.
-    """
+    """Delete the ``<prefix>*`` directories under ``parent`` whose run is dead (a private directory of
+    this user, never a symlink, whose ``lock`` nobody holds), through their checked descriptor; return them."""
     parent = Path(parent)
     removed: list[Path] = []
     try:
@@ -406,7 +347,7 @@ def sweep_stale(parent: str | os.PathLike[str], prefix: str) -> list[Path]:
             run = PrivateDir.open(parent / name)
         except OSError:
             continue  # a symlink, a file, another user's, or gone: not ours to touch
-        try:
+        with run:
             try:
                 lock = open_private(run.fd, LOCK_NAME, os.O_RDWR)
             except OSError:
@@ -419,6 +360,4 @@ def sweep_stale(parent: str | os.PathLike[str], prefix: str) -> list[Path]:
                 logger.info("%s: removed the directory of a run that no longer exists", run.path)
             finally:
                 os.close(lock)
-        finally:
-            run.close()
     return removed

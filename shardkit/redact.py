@@ -1,11 +1,8 @@
 """Secrets out of URLs before a URL is shown: the one redaction every message, log line and repr uses.
 
-A location may carry credentials: ``https://user:password@host/ds``, a presigned
-``...?X-Amz-Signature=...&X-Amz-Credential=...``, an Azure SAS ``?sv=...&sig=...``. Shown URLs keep
-their scheme, host, port and path (what a person needs to find the dataset) and lose the rest:
-the user information becomes ``***`` and every query value and the fragment become ``***`` (query
-keys stay, so a reader still sees *that* a URL was signed). Only the container name of
-``abfs[s]://container@account...`` stays, since that is Azure's address syntax, not a credential.
+Shown URLs keep scheme, host, port and path; user information, query values (keys stay, to show a
+URL was signed) and the fragment become ``***``. The container of ``abfs[s]://container@account``
+stays: it is Azure's address syntax, not a credential.
 """
 
 from __future__ import annotations
@@ -28,24 +25,19 @@ def _query(query: str) -> str:
 
 
 def redact_url(url: str) -> str:
-    """``url`` with its user information, query values and fragment replaced by ``***``.
-
-    Anything that does not parse as a URL loses everything after its scheme: a secret must not
-    survive because its URL was malformed.
-    """
+    """``url`` with its user information, query values and fragment replaced by ``***`` (a URL that
+    does not parse loses everything after its scheme)."""
     try:
         parts = urlsplit(url)
-        host = parts.netloc.rpartition("@")[2]
-        userinfo = parts.netloc.rpartition("@")[0] if "@" in parts.netloc else None
     except ValueError:
         scheme, sep, _ = url.partition("://")
         return f"{scheme}{sep}{HIDDEN}" if sep else HIDDEN
-    if userinfo is not None:
+    userinfo, at, host = parts.netloc.rpartition("@")
+    if at:
         keep = parts.scheme.lower() in _CONTAINER_SCHEMES and ":" not in userinfo
         host = f"{userinfo if keep else HIDDEN}@{host}"
     query = _query(parts.query) if parts.query else ""
-    fragment = HIDDEN if parts.fragment else ""
-    return urlunsplit((parts.scheme, host, parts.path, query, fragment))
+    return urlunsplit((parts.scheme, host, parts.path, query, HIDDEN if parts.fragment else ""))
 
 
 def redact_urls(text: str) -> str:

@@ -1,10 +1,7 @@
-"""The one grammar of sizes, record counts, durations and rates, parsed and formatted.
+"""The one grammar of sizes, record counts, durations and rates, parsed and formatted (docs/design.md §7).
 
-Every option that takes a size (``ram_size``, ``--shard-size``, ``static_cache``, ``cache_size``, ...)
-goes through this module, from the CLI, the Python API, the server, the adapters and the benchmarks,
-so ``"1GiB"`` means the same thing everywhere and every error names the option the way the user
-wrote it (``--ram-size`` or ``ram_size``; docs/design.md §7). Each ``parse_*`` function states its
-grammar; formatting uses IEC units (``human_bytes(1536) == "1.5 KiB"``), as the summaries print sizes.
+Every error names the option the way the user wrote it (``--ram-size`` or ``ram_size``); sizes are
+shown in IEC units (``human_bytes(1536) == "1.5 KiB"``).
 """
 
 from __future__ import annotations
@@ -22,13 +19,11 @@ __all__ = [
     "Capacity",
     "parse_bytes",
     "parse_capacity",
-    "capacity_bytes",
     "parse_count",
     "parse_duration",
     "parse_rate",
     "human_bytes",
     "human_count",
-    "human_duration",
 ]
 
 _SI = {"": 1, "B": 1, "K": 1000, "KB": 1000, "M": 1000**2, "MB": 1000**2, "G": 1000**3, "GB": 1000**3,
@@ -57,11 +52,7 @@ def _is_int(value: object) -> TypeGuard[SupportsIndex]:
 
 @dataclass(frozen=True)
 class Capacity:
-    """A parsed budget: either ``nbytes`` or ``records`` is set, never both.
-
-    Kept unresolved until the record size is known (a sampler learns it when it opens the dataset),
-    so an options object can be validated before any file is read.
-    """
+    """A parsed budget, ``nbytes`` or ``records``, resolved once the record size is known (:meth:`to_bytes`)."""
 
     nbytes: int | None = None
     records: int | None = None
@@ -78,20 +69,11 @@ class Capacity:
 
 
 def parse_bytes(value: int | str, *, what: str, allow_zero: bool = False) -> int:
-    """Bytes from an int or a size string; ``ConfigError`` naming ``what`` otherwise.
+    """Bytes from an int or a size string (``"512MiB"``, ``"2GB"``, ``"1.5 KiB"``); ConfigError naming ``what``.
 
-    SI units are powers of 1000 (``kB``/``KB``/``K``, ``MB``/``M``, ``GB``/``G``, ``TB``/``T``), IEC
-    units powers of 1024 (``KiB``, ``MiB``, ``GiB``, ``TiB``). Case is ignored, white space between
-    number and unit is allowed, and a fraction is rounded down to whole bytes (``1.5KiB`` = 1536).
-
-    Parameters
-    ----------
-    value
-        ``1048576``, ``"512MiB"``, ``"2GB"``, ``"1.5 KiB"``.
-    what
-        The option as the user wrote it (``"--shard-size"`` or ``"shard_bytes"``).
-    allow_zero
-        Accept 0 (for options where 0 means "off").
+    SI units (``K``/``kB``, ``M``, ``G``, ``T``, ``P``) are powers of 1000, IEC units (``KiB`` ...)
+    powers of 1024; case is ignored and a fraction is rounded down (``1.5KiB`` = 1536). ``allow_zero``
+    accepts 0 (an option that is off).
     """
     if _is_int(value):
         nbytes = operator.index(value)
@@ -108,22 +90,16 @@ def parse_bytes(value: int | str, *, what: str, allow_zero: bool = False) -> int
 
 
 def parse_capacity(value: int | str | Capacity, *, what: str, allow_zero: bool = False) -> Capacity:
-    """A tier budget: bytes (int or size string) or a record count (``"10000records"``,
-    ``"10000rec"``, ``"10000r"``), converted to bytes with the record size.
-
-    ``allow_zero`` accepts ``0``, ``"0"``, ``"off"`` and ``"none"`` as a zero budget (an option that
-    is off). The result is resolved to bytes with :meth:`Capacity.to_bytes` once the record size is
-    known.
-    """
+    """A tier budget: bytes (as :func:`parse_bytes`) or a record count (``"10000records"``, ``"10000rec"``,
+    ``"10000r"``). ``allow_zero`` also accepts ``"off"`` and ``"none"`` as a zero budget."""
     if isinstance(value, Capacity):
         return value
     if isinstance(value, str):
-        text = value.strip().lower()
-        if allow_zero and text in ("off", "none", ""):
+        if allow_zero and value.strip().lower() in ("off", "none", ""):
             return Capacity(nbytes=0)
         parsed = _split(value)
         if parsed is not None and parsed[1] in _RECORD_UNITS:
-            number, _ = parsed
+            number = parsed[0]
             if number != int(number) or number < 0 or (number == 0 and not allow_zero):
                 raise ConfigError(f"{what}: expected a positive whole number of records, found {value!r}")
             return Capacity(records=int(number))
@@ -132,11 +108,6 @@ def parse_capacity(value: int | str | Capacity, *, what: str, allow_zero: bool =
                 f"{what}: expected a size such as 512MiB, 2GB, 1048576 or 10000records, found {value!r}"
             )
     return Capacity(nbytes=parse_bytes(value, what=what, allow_zero=allow_zero))
-
-
-def capacity_bytes(value: int | str | Capacity, record_nbytes: int, *, what: str, allow_zero: bool = False) -> int:
-    """:func:`parse_capacity` resolved to bytes for records of ``record_nbytes`` bytes."""
-    return parse_capacity(value, what=what, allow_zero=allow_zero).to_bytes(record_nbytes)
 
 
 def parse_count(value: int | str, *, what: str, minimum: int = 0) -> int:
@@ -156,8 +127,8 @@ def parse_count(value: int | str, *, what: str, minimum: int = 0) -> int:
 
 
 def _parse_quantity(value: float | int | str, table: Mapping[str, float], *, what: str, example: str) -> float:
-    """A number, or a number with a unit of ``table`` (``"1.5s"``, ``"16k"``) scaled to its base unit;
-    ``example`` completes the error message (``"a duration such as 1.5s or 20ms"``)."""
+    """A number, or a number with a unit of ``table`` (``"1.5s"``) scaled to its base unit; ``example``
+    completes the error message."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ConfigError(f"{what}: expected {example}, found {value!r}")
     if isinstance(value, (int, float)) or _is_int(value):
@@ -197,17 +168,3 @@ def human_bytes(n: float) -> str:
 def human_count(n: int, noun: str) -> str:
     """``(1, "shard")`` -> ``"1 shard"``, ``(3, "shard")`` -> ``"3 shards"``."""
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
-
-
-def human_duration(seconds: float) -> str:
-    """``0.0123`` -> ``"12.3 ms"``, ``95`` -> ``"1 min 35 s"``."""
-    s = float(seconds)
-    if s < 1:
-        return f"{s * 1e3:.1f} ms"
-    if s < 60:
-        return f"{s:.2f} s"
-    minutes, rest = divmod(int(round(s)), 60)
-    if minutes < 60:
-        return f"{minutes} min {rest} s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes} min"

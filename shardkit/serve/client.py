@@ -10,9 +10,11 @@ import os
 import queue
 import secrets
 import socket
+import stat
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +48,7 @@ from shardkit.serve.protocol import (
 from shardkit.serve.ring import Ring, RingLayout
 from shardkit.serve.rundir import RunDir, check_name, run_dir_path
 from shardkit.stores import Location, as_location, location_string
-from shardkit.tiers.buffers import HOLD_BATCHES, BatchBuffer, BatchPool
+from shardkit.tiers.buffers import HOLD_BATCHES, BatchPool
 from shardkit.tiers.pipeline import BatchReady, RunDone, assemble_batch
 from shardkit.tiers.stats import SamplerStats
 from shardkit.tiers.stopping import POLL_SECONDS, CurrentRun, Stopped, put
@@ -59,17 +61,15 @@ _POLL = POLL_SECONDS
 
 
 def _open_server(name: str, base_dir: str | os.PathLike[str] | None, timeout: float) -> tuple[RunDir, ServerInfo]:
-    """The checked run directory and validated ``info.json`` of this user's live server ``name``,
-    waiting up to ``timeout`` seconds for it to start."""
+    """The checked run directory and ``info.json`` of this user's live server ``name``, waited for up to ``timeout`` s."""
     path = run_dir_path(name, base_dir)
     deadline = time.monotonic() + timeout
     while True:
-        what = "no run directory"
         try:
-            run: RunDir | None = RunDir.open(path)
+            run = RunDir.open(path)
         except FileNotFoundError:
-            run = None
-        if run is not None:
+            what = "no run directory"
+        else:
             try:
                 if not run.lock_is_held():
                     what = "stale files of a dead server"
@@ -117,8 +117,7 @@ class SharedSampler(Closing):
     """Batches from a running :class:`~shardkit.readers.TierServer`, in this job's own order.
 
     A plain iterator of batch dicts like :class:`~shardkit.readers.TieredSampler`: the payload
-    (``"image"``/``"audio"``), every per-record field and ``"key"``. See
-    :mod:`shardkit.serve` for the design and guarantees.
+    (``"image"``/``"audio"``), every per-record field and ``"key"`` (design: docs/design.md §8).
 
     Parameters
     ----------
@@ -142,23 +141,15 @@ class SharedSampler(Closing):
     connect_timeout
         Seconds to wait for the server to appear (e.g. started at the same time).
     rank, world_size, drop_last, group
-        Consumer ``c = rank`` of ``W = world_size`` consumers of *one* job (DataLoader workers,
-        ranks): with the same ``job_seed`` they share the job's order and take its global batches
-        as :class:`~shardkit.readers.TieredSampler` does (consumer ``c`` takes positions
-        ``[g*B*W + c*B, g*B*W + (c+1)*B)`` of global batch ``g``; ``drop_last`` drops the ragged
-        final global batch). Every consumer attaches with its own connection and reads every
-        reservoir's slot, copying only its positions. The ``W`` members of ``group`` (default
-        ``"job-<job_seed>"`` when ``W > 1``) start together: the server activates a group only
-        once all ``W`` ranks are attached, at the next epoch boundary.
+        Consumer ``rank`` of ``world_size`` consumers of *one* job (DataLoader workers, ranks): with
+        the same ``job_seed`` they share the job's order and take its global batches as
+        :class:`~shardkit.readers.TieredSampler` does (``drop_last`` drops the ragged final global
+        batch). The members of ``group`` (default ``"job-<job_seed>"`` when ``world_size > 1``)
+        start together, at the first epoch boundary after all have attached.
 
-    Notes
-    -----
-    The job heartbeats every quarter of the server's ``lease_seconds`` from a background thread,
-    so a long training step does not lose the lease; a job that stops iterating without closing
-    (e.g. a long evaluation between epochs) keeps its lease and holds the others back by at most
-    the ring size. If the server sends nothing (not even its heartbeat) for ``lease_seconds`` while
-    the job waits, the iteration raises :class:`~shardkit.errors.PeerTimeoutError`. :meth:`close`
-    (or leaving a ``with`` block, or finishing ``epochs``) detaches.
+    Heartbeats run in a background thread, so a long training step (or evaluation) keeps the lease;
+    a server silent for ``lease_seconds`` raises :class:`~shardkit.errors.PeerTimeoutError`.
+    :meth:`close` (or leaving a ``with`` block, or finishing ``epochs``) detaches.
     """
 
     def __init__(
@@ -197,8 +188,7 @@ class SharedSampler(Closing):
         self.group = group
         self.base_dir = base_dir
         self.connect_timeout = float(connect_timeout)
-        run, info = _open_server(self.name, base_dir, self.connect_timeout)
-        run.close()
+        info = wait_for_server(self.name, base_dir=base_dir, timeout=self.connect_timeout)
         self.path: Path | str = as_location(info.dataset)
         self._info = info
         #: The server's lease: this job heartbeats every quarter of it, and gives up on a server
@@ -219,9 +209,7 @@ class SharedSampler(Closing):
         return None if self.source.plan(0).single else self.source
 
     def _open(self, info: ServerInfo, dataset: Location | Dataset | Mixture | None) -> None:
-        """The served source's fields (by global key; a mixture's with its dataset index); the
-        source is rebuilt from ``info.json`` and must have the server's fingerprint (and the job's
-        ``dataset``'s, when it names one)."""
+        """Rebuild the served source from ``info.json``, check its fingerprint (and ``dataset``'s), open its fields."""
         mi = info.mixture
         if mi is None:
             raise SamplerError(f"server {self.name!r} (pid {info.pid}) does not say what it serves; refusing to attach")
@@ -276,11 +264,8 @@ class SharedSampler(Closing):
 
     def element_spec(self) -> dict[str, tuple[tuple[int, ...], np.dtype[Any]]]:
         """Per-record ``(shape, dtype)`` of every batch entry (payload, fields, ``key``)."""
-        spec: dict[str, tuple[tuple[int, ...], np.dtype[Any]]] = {self.payload_name: self._record}
-        for fname, values in self.fields.items():
-            spec[fname] = (tuple(values.shape[1:]), values.dtype)
-        spec["key"] = ((), np.dtype(np.int64))
-        return spec
+        fields = {name: (tuple(values.shape[1:]), values.dtype) for name, values in self.fields.items()}
+        return {self.payload_name: self._record, **fields, "key": ((), np.dtype(np.int64))}
 
     def order_of(self, epoch: int, reservoir: int, n: int) -> np.ndarray:
         """This job's permutation of a reservoir's ``n`` stored (ascending) keys."""
@@ -304,14 +289,9 @@ class SharedSampler(Closing):
 
 
 class _Link:
-    """The background half of one iteration, the batch supply of its run (the sampler's own
-    iteration, :class:`~shardkit.readers.sampler._Run`): a connection, the mapped ring, a heartbeat
-    thread and a batch-assembler thread (so copying batches out of the ring overlaps the job's own
-    work, as the batch creator does in :class:`~shardkit.readers.TieredSampler`). Batches are
-    :class:`~shardkit.tiers.pipeline.BatchReady` messages in buffers of the sampler's pool; a job
-    keeps no resume position, so no epoch ends are passed on. The threads reference only this
-    object, never the iterator, so an abandoned iterator is garbage collected and its finalizer
-    detaches the job (it would otherwise keep its lease and hold the other jobs back)."""
+    """The batch supply of one iteration (:class:`~shardkit.readers.sampler._Run`): a connection, the
+    mapped ring, a heartbeat thread and a thread copying batches out of the ring. The threads never
+    reference the iterator, so an abandoned one is collected and its finalizer detaches the job."""
 
     def __init__(self, s: SharedSampler) -> None:
         self._s = s
@@ -322,15 +302,14 @@ class _Link:
         self._epos = 0  # its position in the job's epoch order
         self._g = 0  # the global batch this consumer fills
         self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
         self._silence = s.lease_seconds
         self.error: BaseException | None = None
         self._ring, self._chan = self._connect()
         self._batches: queue.Queue[BatchReady | RunDone] = queue.Queue(maxsize=BATCH_PREFETCH)
-        for target, tname in ((self._heartbeat, "shardkit-shared-heartbeat"), (self._assemble, "shardkit-shared-batches")):
-            t = threading.Thread(target=target, name=tname, daemon=True)
+        self._threads = [threading.Thread(target=target, name=tname, daemon=True) for target, tname in
+                         ((self._heartbeat, "shardkit-shared-heartbeat"), (self._assemble, "shardkit-shared-batches"))]
+        for t in self._threads:
             t.start()
-            self._threads.append(t)
 
     def _connect(self) -> tuple[Ring, Channel]:
         """Check the run directory again, map the ring, connect, present the token and be welcomed."""
@@ -343,7 +322,7 @@ class _Link:
                 raise SamplerError(f"server {s.name!r} was restarted with pid {info.pid}; create a new SharedSampler")
             token = _read_token(run)
             ring = Ring.attach(run, s._layout)
-            run.check_socket("sock")
+            run.check_file("sock", stat.S_ISSOCK)
             sock.settimeout(max(s.connect_timeout, self._silence))
             try:
                 sock.connect(run.address())
@@ -377,8 +356,7 @@ class _Link:
 
     # ------------------------------------------------------------------ messaging
     def _lost(self, exc: OSError, doing: str) -> SamplerError:
-        """The error for a socket failure: every OSError of the connection (a reset, a broken pipe, an
-        early EOF) is a SamplerError saying what happened and when."""
+        """The SamplerError for a failure of the connection (a reset, a broken pipe, an early EOF)."""
         s = self._s
         what = "it closed the connection" if isinstance(exc, PeerClosed) else f"{type(exc).__name__}: {exc.strerror or exc}"
         return SamplerError(f"shardkit server {s.name!r} (pid {s._info.pid}) went away while {doing} ({what})")
@@ -428,22 +406,17 @@ class _Link:
         """Tell the server we are gone and close the socket (any thread; idempotent)."""
         if self._chan.closed:
             return
-        try:
+        with suppress(OSError, PeerTimeoutError):
             self._chan.send(Bye())
-        except (OSError, PeerTimeoutError):
-            pass
         self._chan.close()
 
     # ------------------------------------------------------------------ background assembly
     def _assemble(self) -> None:
         try:
-            while True:
-                item = self._next_batch()
-                if item is None:
-                    self._detach()  # done: the server stops counting on us at once
-                    put(self._batches, RunDone(), self._stop)
-                    return
+            while (item := self._next_batch()) is not None:
                 put(self._batches, item, self._stop)
+            self._detach()  # done: the server stops counting on us at once
+            put(self._batches, RunDone(), self._stop)
         except Stopped:
             return
         except BaseException as exc:
@@ -464,11 +437,6 @@ class _Link:
                 raise exc
             raise SamplerError(f"shared sampler: {type(exc).__name__}: {exc}") from exc
 
-    def _target(self) -> tuple[int, int] | None:
-        """Epoch positions ``[lo, hi)`` of this consumer's slice of global batch ``g`` (None: no more)."""
-        s = self._s
-        return consumer_slice(self._g, s.num_records, s.batch_size, s.rank, s.world_size, drop_last=s.drop_last)
-
     def _next_reservoir(self) -> bool:
         """Wait for the next reservoir (into ``_cur``); False when the server is done."""
         layout = self._s._layout
@@ -484,27 +452,23 @@ class _Link:
                 raise ProtocolError(f"shardkit server {self._s.name!r}: unexpected or invalid {other!r}")
 
     def _next_batch(self) -> BatchReady | None:
-        """Copy this consumer's next batch out of the ring into a pool buffer, or None when done.
-        Walks every reservoir (releasing each), copying only its own positions."""
-        s = self._s
-        buf: BatchBuffer | None = None
+        """This consumer's next batch, copied out of the ring into a pool buffer, or None when done."""
+        pool = self._s._pool
+        buf = pool.acquire(self._stop)
         try:
-            buf = s._pool.acquire(self._stop)
             batch = self._fill(buf.array)
         except BaseException:
-            if buf is not None:
-                s._pool.release(buf)
+            pool.release(buf)
             raise
         if batch is None:
-            s._pool.release(buf)
+            pool.release(buf)
             return None
         return BatchReady(*batch, buf)
 
     def _fill(self, out: np.ndarray) -> tuple[dict[str, np.ndarray], int, int] | None:
         """Copy this consumer's next batch into ``out``: ``(batch, epoch, position after it)``."""
         s = self._s
-        b = s.batch_size
-        keys = np.empty(b, dtype=np.int64)
+        keys = np.empty(s.batch_size, dtype=np.int64)
         filled = 0
         epoch = -1
         while True:
@@ -515,11 +479,9 @@ class _Link:
             res, order = self._cur
             n, epoch = res.count, res.epoch
             complete = False
-            target = self._target()
-            if target is None:
-                skip = n - self._pos  # nothing more for us this epoch: pass the reservoir on
-            else:
-                skip = min(max(0, target[0] - self._epos), n - self._pos)
+            # Epoch positions [lo, hi) of our slice of global batch g; None: nothing more this epoch, pass it on.
+            target = consumer_slice(self._g, s.num_records, s.batch_size, s.rank, s.world_size, drop_last=s.drop_last)
+            skip = n - self._pos if target is None else min(max(0, target[0] - self._epos), n - self._pos)
             self._pos += skip
             self._epos += skip
             if target is not None and self._pos < n:

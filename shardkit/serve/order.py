@@ -1,10 +1,7 @@
 """The order of a shared tier stack: the server's partition into reservoirs and each job's permutations.
 
-For server epoch ``e`` the server cuts ``pi_e`` (domain ``SERVER_PARTITION``) into consecutive
-blocks (:func:`blocks`); a job emits reservoir ``r`` in the order of its own permutation of the
-block's ascending keys (domain ``JOB_PERMUTATION``, values ``(job_seed, e, r)``). The separate
-domains keep the two independent for every pair of seeds, which is what makes each job's order
-exactly uniform (proof: docs/design.md §8).
+Separate random domains (``SERVER_PARTITION``, ``JOB_PERMUTATION``) keep the two independent, which
+makes each job's order exactly uniform (docs/design.md §8).
 """
 
 from __future__ import annotations
@@ -17,12 +14,8 @@ __all__ = ["blocks", "partition", "job_permutation", "job_order"]
 
 
 def blocks(n: int, k: int, k1: int | None = None) -> list[tuple[int, int]]:
-    """Positions ``[a, b)`` of the published blocks of an epoch of ``n`` keys.
-
-    Blocks of ``k`` consecutive positions; with an SSD tier, blocks of ``k`` inside each SSD reservoir
-    of ``k1`` consecutive positions (the last block of each SSD reservoir may be short). Sizes depend
-    on ``n``, ``k`` and ``k1`` only, never on the draw, which the uniformity argument needs.
-    """
+    """Positions ``[a, b)`` of the published blocks of an epoch of ``n`` keys: ``k`` consecutive ones,
+    inside each SSD reservoir of ``k1`` when there is one (sizes never depend on the draw)."""
     outer = [(a, min(a + k1, n)) for a in range(0, n, k1)] if k1 is not None else [(0, n)]
     return [(b, min(b + k, hi)) for lo, hi in outer for b in range(lo, hi, k)]
 
@@ -38,10 +31,8 @@ def job_permutation(job_seed: int, epoch: int, reservoir: int, n: int) -> np.nda
 
 
 def job_order(seed: int, job_seed: int, epoch: int, n: int, k: int, k1: int | None = None) -> np.ndarray:
-    """The whole epoch order job ``job_seed`` sees from a server ``seed`` with blocks of ``k`` (and ``k1``).
-
-    What a job emits, recomputed without a server: to audit or reproduce a run.
-    """
+    """The whole epoch order job ``job_seed`` sees from a server ``seed`` with blocks of ``k`` (and ``k1``),
+    recomputed without a server: to audit or reproduce a run."""
     pi = partition(seed, epoch, n)
     parts = []
     for r, (a, b) in enumerate(blocks(n, k, k1)):

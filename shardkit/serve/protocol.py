@@ -1,10 +1,7 @@
-"""The wire protocol between a :class:`~shardkit.readers.TierServer` and its jobs.
+"""The wire protocol between a :class:`~shardkit.readers.TierServer` and its jobs, and its ``info.json``.
 
-A socket is input from another process, so nothing is unpickled: every message is a small frozen
-dataclass with an explicit binary encoding, framed by a 12-byte header that is checked in full
-before a byte of the body is read, and every field is checked before anything acts on it.
-:class:`ServerInfo` is the ``info.json`` a server publishes, validated field by field. Frames,
-messages and heartbeats: docs/design.md §8 (*Protocol*); security: docs/design.md §13.
+Explicit binary messages, never pickles, each checked before it is acted on: docs/design.md §8
+(*Protocol*), §13.
 """
 
 from __future__ import annotations
@@ -17,13 +14,13 @@ import socket
 import struct
 import threading
 import time
+from contextlib import suppress
 from dataclasses import asdict, dataclass
 from pathlib import PurePosixPath
 from typing import ClassVar, Self
 
-from shardkit.errors import ConfigError, PeerTimeoutError, ProtocolError
-from shardkit.readers import identity
-from shardkit.stores import Location, is_url, location_string
+from shardkit.errors import PeerTimeoutError, ProtocolError
+from shardkit.stores import is_url
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -44,11 +41,9 @@ __all__ = [
     "ServerInfo",
     "MixtureInfo",
     "MAX_INFO_BYTES",
-    "dataset_fingerprint",
 ]
 
-#: Bumped whenever a message or ``info.json`` changes meaning; both sides refuse any other. Version 3:
-#: ``info.json`` describes a mixture (``mixture``: its datasets, weights and epoch size).
+#: Bumped whenever a message or ``info.json`` changes meaning; both sides refuse any other.
 PROTOCOL_VERSION = 3
 MAGIC = b"SKSV"
 HEADER = struct.Struct("<4sHHI")
@@ -328,29 +323,12 @@ class Channel:
             if self.closed:
                 return
             self.closed = True
-        try:
+        with suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
         self.sock.close()
 
 
 # ---------------------------------------------------------------------------------------------- info.json
-def dataset_fingerprint(path: Location) -> str:
-    """SHA-256 (hex) of the dataset's root ``zarr.json`` (schema, shard list and shard checksums),
-    local or in an object store (:func:`shardkit.readers.identity.dataset_fingerprint`).
-
-    Server and job compare it (in ``info.json`` and :class:`Hello`) so a job never reads fields of
-    one dataset next to payload of another.
-    """
-    try:
-        return identity.dataset_fingerprint(path)
-    except FileNotFoundError:
-        raise ConfigError(
-            f"{location_string(path)}/zarr.json: expected the root metadata of a shardkit dataset, found no file"
-        ) from None
-
-
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _MAX_SLOTS = 1 << 16
 _MAX_RECORDS = 1 << 48
@@ -360,6 +338,12 @@ _WEIGHT = re.compile(r"[1-9][0-9]{0,30}(/[1-9][0-9]{0,30})?")
 
 #: Most datasets a served mixture may name (bounds ``info.json`` parsing).
 MAX_MIXTURE_DATASETS = 256
+
+
+def _is_location(value: object) -> bool:
+    """A dataset as ``info.json`` may name it: an absolute path or a URL of bounded length."""
+    return (isinstance(value, str) and 0 < len(value) <= 4096 and "\0" not in value
+            and (PurePosixPath(value).is_absolute() or is_url(value)))
 
 
 @dataclass(frozen=True)
@@ -377,8 +361,7 @@ class MixtureInfo:
             raise ProtocolError(f"{source}: mixture: expected an object with datasets, weights, epoch_size, found {doc!r}")
         datasets, weights, size = doc["datasets"], doc["weights"], doc["epoch_size"]
         if not (isinstance(datasets, list) and 0 < len(datasets) <= MAX_MIXTURE_DATASETS
-                and all(isinstance(d, str) and 0 < len(d) <= 4096 and "\0" not in d
-                        and (PurePosixPath(d).is_absolute() or is_url(d)) for d in datasets)):
+                and all(_is_location(d) for d in datasets)):
             raise ProtocolError(f"{source}: mixture.datasets: expected 1-{MAX_MIXTURE_DATASETS} absolute paths or URLs")
         if not (isinstance(weights, list) and len(weights) == len(datasets)
                 and all(isinstance(w, str) and _WEIGHT.fullmatch(w) for w in weights)):
@@ -392,8 +375,7 @@ class MixtureInfo:
 class ServerInfo:
     """What a server publishes in ``info.json``: who it is, what it serves and its ring's geometry.
 
-    A job reads it from a run directory it has checked is private to its own user, and still
-    validates every field (:meth:`from_json`) before using it: a file is input like a socket is.
+    A job validates every field (:meth:`from_json`) before using it, even from its private run directory.
     """
 
     version: int
@@ -411,17 +393,12 @@ class ServerInfo:
     tiers: tuple[str, ...]
     lease_seconds: float
     started: float
-    #: A mixture's datasets (absolute paths), weights (exact, as text such as ``"3"`` or ``"1/3"``) and
-    #: epoch size; ``None`` when the server serves one dataset. ``num_records`` is then the epoch size,
-    #: ``dataset`` the first dataset and ``fingerprint`` :func:`shardkit.readers.sources.mixture_fingerprint`.
+    #: What the server serves: datasets, exact weights (``"3"``, ``"1/3"``) and epoch size (``num_records``);
+    #: ``dataset`` is the first dataset, ``fingerprint`` the mixture's (:mod:`shardkit.readers.sources`).
     mixture: MixtureInfo | None = None
 
     def to_json(self) -> bytes:
-        doc = {**asdict(self), "tiers": list(self.tiers)}
-        if self.mixture is not None:
-            doc["mixture"] = {**asdict(self.mixture), "datasets": list(self.mixture.datasets),
-                              "weights": list(self.mixture.weights)}
-        return json.dumps(doc, indent=1).encode()
+        return json.dumps(asdict(self), indent=1).encode()  # tuples become JSON arrays
 
     @classmethod
     def from_json(cls, raw: bytes, *, source: str) -> ServerInfo:
@@ -456,8 +433,7 @@ class ServerInfo:
         name, dataset, fingerprint, tiers = doc["name"], doc["dataset"], doc["fingerprint"], doc["tiers"]
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
             raise ProtocolError(f"{source}: name: expected 1-64 characters of [A-Za-z0-9_-], found {name!r}")
-        if not (isinstance(dataset, str) and 0 < len(dataset) <= 4096 and "\0" not in dataset
-                and (PurePosixPath(dataset).is_absolute() or is_url(dataset))):
+        if not _is_location(dataset):
             raise ProtocolError(f"{source}: dataset: expected an absolute path or a URL, found {dataset!r}")
         if not isinstance(fingerprint, str) or not _HEX64.fullmatch(fingerprint):
             raise ProtocolError(f"{source}: fingerprint: expected 64 lowercase hex digits, found {fingerprint!r}")

@@ -1,11 +1,8 @@
 """The shared-memory ring: ``slots`` payload slots of ``K`` records, then ``slots`` key arrays.
 
-The ring is the file ``ring`` in the server's run directory, which lives on ``/dev/shm`` (a RAM file
-system) by default, mapped by the server and by every job. Being a file in the private run directory
-makes it private (0600, reachable only through a 0700 directory of its user) and lets the server's
-clean-up, and the next server's stale clean-up, find it without a global name; nothing registers it
-with Python's resource tracker, which would unlink it when a *job* exits. Its size is reserved when
-it is created, so a full ``/dev/shm`` is a clear error at start rather than a ``SIGBUS`` mid-epoch.
+The file ``ring`` of the private run directory (on ``/dev/shm`` by default), so no global name and
+no resource tracker that would unlink it when a job exits; its size is reserved at creation, so a
+full ``/dev/shm`` fails at start rather than with ``SIGBUS`` mid-epoch.
 """
 
 from __future__ import annotations

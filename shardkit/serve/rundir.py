@@ -1,17 +1,11 @@
-"""A server's run directory: private to its user, checked before anything in it is trusted.
-
-``<base>/shardkit-serve-<uid>-<NAME>/`` (``/dev/shm`` when writable, else the temp dir) holds the
-server's ``lock``, secret ``token``, shared-memory ``ring``, Unix ``sock`` and ``info.json``.
-Whoever controls it controls what a job maps and whom it talks to, so it is a
-:class:`~shardkit.privdir.PrivateDir` both sides refuse unless it is a real 0700 directory of the
-user, every file reached through its descriptor (docs/design.md §13).
+"""A server's run directory ``<base>/shardkit-serve-<uid>-<NAME>/``: its ``lock``, ``token``, ``ring``,
+``sock`` and ``info.json``, in a :class:`~shardkit.privdir.PrivateDir` (docs/design.md §13).
 """
 
 from __future__ import annotations
 
 import os
 import re
-import stat
 import tempfile
 from pathlib import Path
 from typing import Self
@@ -19,7 +13,7 @@ from typing import Self
 from shardkit.errors import ConfigError
 from shardkit.privdir import PrivateDir
 
-__all__ = ["RUN_PREFIX", "check_name", "default_base_dir", "run_dir_path", "RunDir"]
+__all__ = ["RUN_PREFIX", "check_name", "run_dir_path", "RunDir"]
 
 RUN_PREFIX = "shardkit-serve-"
 _NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -34,26 +28,17 @@ def check_name(name: str) -> str:
     return name
 
 
-def default_base_dir() -> Path:
-    """Where run directories live: ``/dev/shm`` when writable (RAM, so the ring is shared memory), else the temp dir."""
-    shm = Path("/dev/shm")
-    if shm.is_dir() and os.access(shm, os.W_OK):
-        return shm
-    return Path(tempfile.gettempdir())
-
-
 def run_dir_path(name: str, base_dir: str | os.PathLike[str] | None = None) -> Path:
-    """The run directory of this user's server ``name``."""
-    base = Path(base_dir) if base_dir is not None else default_base_dir()
-    return base / f"{RUN_PREFIX}{os.geteuid()}-{check_name(name)}"
+    """The run directory of this user's server ``name``, by default in ``/dev/shm`` (RAM, so the ring is
+    shared memory) when writable, else in the temp dir."""
+    shm = Path("/dev/shm")
+    if base_dir is None:
+        base_dir = shm if shm.is_dir() and os.access(shm, os.W_OK) else tempfile.gettempdir()
+    return Path(base_dir) / f"{RUN_PREFIX}{os.geteuid()}-{check_name(name)}"
 
 
 class RunDir(PrivateDir):
-    """An open, verified run directory; files are reached through its descriptor.
-
-    The socket is reached through ``/proc/self/fd/<fd>/sock`` where Linux offers it, which also
-    keeps the address short whatever the base directory.
-    """
+    """An open, verified run directory; files (the socket too, where ``/proc`` allows) are reached through its descriptor."""
 
     @classmethod
     def claim(cls, path: Path) -> Self:
@@ -66,10 +51,6 @@ class RunDir(PrivateDir):
     def open(cls, path: str | os.PathLike[str], *, what: str = _WHAT, advice: str = _ADVICE) -> Self:
         """The job side: open an existing run directory (FileNotFoundError if there is none)."""
         return super().open(path, what=what, advice=advice)
-
-    def check_socket(self, name: str) -> None:
-        """``name`` is a private socket of this user (a job checks before it connects)."""
-        self.check_file(name, stat.S_ISSOCK)
 
     def address(self, name: str = "sock") -> str:
         """The socket address of ``name``, through this descriptor where the OS allows it."""

@@ -1,16 +1,15 @@
 """The server half of the shared tier stack: :class:`TierServer` and :func:`serve`.
 
-The server's tiers are the sampler's own :class:`~shardkit.tiers.pipeline.Pipeline`, given the
-ring as its :class:`~shardkit.tiers.pipeline.SlotSink`: the block reader reads each published
-block (its keys ascending) straight into a free ring slot, through the SSD tier when there is
-one, and the producer thread only publishes the blocks it is handed. The design (order, ring,
-release bound, leases, lifetime) is docs/design.md §8, its security model docs/design.md §13.
+Its tiers are the sampler's own :class:`~shardkit.tiers.pipeline.Pipeline`, which reads each
+published block straight into a free ring slot (the server is its
+:class:`~shardkit.tiers.pipeline.SlotSink`). Design: docs/design.md §8; security: §13.
 """
 
 from __future__ import annotations
 
 import atexit
 import hmac
+import itertools
 import logging
 import os
 import secrets
@@ -19,7 +18,9 @@ import socket
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
@@ -74,11 +75,8 @@ _TICK = 0.2
 class ServeOptions(UserOptions):
     """Every option of :class:`TierServer`, validated and normalised on construction.
 
-    Values are parsed with :mod:`shardkit.units` (``ram_size="2GiB"``, ``lease_seconds="2min"``,
-    ``slots="4"``); :meth:`parse` also refuses unknown names. The options a sampler has too share
-    its declarations (:func:`~shardkit.declare.shared_option`: grammar, default, flag); only
-    what they mean here differs. ``source`` says how errors spell option names: ``ram_size`` in
-    Python, ``--ram-size`` on the command line (``lease_seconds`` is ``--lease``).
+    Values use :mod:`shardkit.units` (``ram_size="2GiB"``, ``lease_seconds="2min"``); options a
+    sampler has too share its declarations (:func:`~shardkit.declare.shared_option`).
     """
 
     tiers: tuple[str, ...] = shared_option(SamplerOptions, "tiers")
@@ -133,41 +131,15 @@ class TierServer:
     Parameters
     ----------
     dataset
-        Dataset directory (the disk tier), or a :class:`~shardkit.readers.sources.Mixture`: the
-        server then reads the mixture's order (exact per-epoch counts, walks, a uniform arrangement;
-        :mod:`shardkit.order.mixture`) seeded with the mixture's seed or ``seed``, and every job's
-        permutation inside each published block keeps the arrangement uniform, as it does for one
-        dataset's partition.
+        Dataset directory (the disk tier), or a :class:`~shardkit.readers.sources.Mixture`, whose
+        order (seeded with its own seed, else ``seed``) the server then reads.
     name
         The name jobs attach to (``[A-Za-z0-9_-]``, at most 64 characters).
-    tiers
-        ``"ram"`` or ``"ram,ssd"``.
-    ram_size
-        The whole shared ring: ``slots`` slots of ``K = ram_size / (slots * record size)`` records.
-    ssd_size, ssd_dir
-        With the SSD tier: two SSD reservoirs of ``K1 = ssd_size / (2 * record size)`` records
-        (one being served while the next is written), in a private directory under ``ssd_dir``.
-    seed
-        Seeds the server's partition of every epoch into reservoirs.
-    epochs
-        Epochs to serve, then tell every job it is done and stop (``None``: until closed).
-    slots
-        Ring size (>= 2). Bounds how far the server (and the fastest job) can run ahead of the
-        slowest job: ``slots`` reservoirs.
-    wait_for
-        Jobs to wait for before the first epoch (later epochs start when at least one job is there).
-    lease_seconds
-        A job silent for this long (no release, no heartbeat) is dropped; a job hearing nothing
-        from the server for this long gives up with :class:`~shardkit.errors.PeerTimeoutError`.
-    gap_bytes
-        Read coalescing threshold of the disk reader.
-    max_connections
-        Connections served at once (attached jobs and handshakes); more are refused.
-    base_dir
-        Where the run directory goes (default ``/dev/shm``, else the temp dir).
-    options
-        All of the above as one :class:`ServeOptions` (what the CLI builds); keyword values given as
-        well replace its fields.
+    options, **values
+        The options of :class:`ServeOptions` (each documented there: ``tiers``, ``ram_size`` = the
+        whole ring of ``slots`` slots of ``K`` records, ``ssd_size``, ``ssd_dir``, ``seed``,
+        ``epochs``, ``slots``, ``wait_for``, ``lease_seconds``, ``gap_bytes``, ``max_connections``,
+        ``base_dir``) as one object (what the CLI builds) or as keywords, which replace its fields.
     """
 
     #: Seconds a new connection has to present its :class:`Hello`.
@@ -183,12 +155,11 @@ class TierServer:
             ServeOptions.parse(source=options.source, **values)  # unknown names are refused as such
             options = replace(options, **values)
         self.options = o = options
-        self.path: Path | str
         self.tiers, self.seed, self.slots, self.epochs = o.tiers, o.seed, o.slots, o.epochs
         self.lease_seconds = o.lease_seconds
         #: What the server serves: a mixture of one dataset or more (see :mod:`shardkit.readers.sources`).
         m = self.source = as_source(dataset).resolved()  # a missing or broken dataset fails here, clearly
-        self.path = m.paths[0]
+        self.path: Path | str = m.paths[0]
         if m.seed is not None:
             self.seed = m.seed  # the mixture's own seed defines its order
         self._plan = m.plan(self.seed)
@@ -224,7 +195,6 @@ class TierServer:
         self._pending: set[int] = set()
         self._holders: list[set[int]] = [set() for _ in range(self.slots)]
         self._slot_seq = [0] * self.slots
-        self._seq = 0
         self._next_job = 1
         self._started_first = False
         self._finished = False
@@ -239,7 +209,6 @@ class TierServer:
         #: Blocks the pipeline has taken a ring slot for (it runs at most ``slots`` ahead of publishing).
         self._reserved = 0
         self._pipeline: Pipeline | None = None
-        self._closed = False
 
     # ------------------------------------------------------------------ start / stop
     def start(self) -> TierServer:
@@ -258,11 +227,9 @@ class TierServer:
         fd = run.lock()
         if fd is None:
             who = ""
-            try:
+            with suppress(OSError, ShardkitError):
                 info = ServerInfo.from_json(run.read_file("info.json", MAX_INFO_BYTES), source="info.json")
                 who = f" (pid {info.pid}, serving {info.dataset})"
-            except (OSError, ShardkitError):
-                pass
             run.close()
             raise ConfigError(
                 f"a shardkit server named {self.name!r} is already running{who}; stop it or choose another --name"
@@ -278,8 +245,7 @@ class TierServer:
         self._token = secrets.token_bytes(TOKEN_BYTES)
         run.write_file("token", self._token.hex().encode())
         self._ring = Ring.create(run, self.layout)
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener = listener
+        self._listener = listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(run.address())
         os.chmod(run.address(), 0o600)
         listener.listen(min(self.options.max_connections, 128))
@@ -288,7 +254,8 @@ class TierServer:
             version=PROTOCOL_VERSION, name=self.name, pid=os.getpid(), dataset=str(self.path),
             fingerprint=self.fingerprint, slots=self.slots, slot_records=self.slot_records, seed=self.seed,
             num_records=self.num_records, record_nbytes=self.record_nbytes, tiers=self.tiers,
-            lease_seconds=self.lease_seconds, started=time.time(), mixture=self._mixture_info(),
+            lease_seconds=self.lease_seconds, started=time.time(), mixture=MixtureInfo(
+                tuple(map(str, self.source.paths)), tuple(map(str, self.source.weights)), self.source.epoch_size),
         )  # fmt: skip
         doc = self.info.to_json()
         if len(doc) > MAX_INFO_BYTES:
@@ -307,11 +274,6 @@ class TierServer:
         """The source when its order is a mixture's, ``None`` for one dataset read as it is."""
         return None if self._plan.single else self.source
 
-    def _mixture_info(self) -> MixtureInfo:
-        m = self.source
-        return MixtureInfo(datasets=tuple(str(p) for p in m.paths), weights=tuple(str(w) for w in m.weights),
-                           epoch_size=m.epoch_size)
-
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the server has served its epochs (or failed); True if it has finished."""
         if not self._threads:
@@ -327,9 +289,8 @@ class TierServer:
 
     def close(self) -> None:
         """Stop serving; unlink the ring, the SSD directory and the run directory (idempotent)."""
-        if self._closed:
+        if self._stop.is_set():
             return
-        self._closed = True
         atexit.unregister(self.close)
         with self._cv:
             self._stop.set()
@@ -402,16 +363,15 @@ class TierServer:
 
     def _admit(self, sock: socket.socket) -> None:
         """Serve ``sock`` in its own thread, or turn it away beyond ``max_connections``."""
+        t = threading.Thread(target=self._serve_connection, args=(sock,), name="shardkit-serve-job", daemon=True)
         with self._cv:
             full = self._connections >= self.options.max_connections
             if not full:
                 self._connections += 1
+                self._conn_threads.add(t)
         if full:
             self._turn_away(sock)
             return
-        t = threading.Thread(target=self._serve_connection, args=(sock,), name="shardkit-serve-job", daemon=True)
-        with self._cv:
-            self._conn_threads.add(t)
         try:
             t.start()
         except BaseException:
@@ -424,19 +384,12 @@ class TierServer:
         """Refuse a connection beyond ``max_connections`` without reading from it."""
         limit = self.options.max_connections
         logger.warning("server %s: refused a connection: already %d connections (max_connections)", self.name, limit)
-        try:
+        with suppress(OSError), sock:
             sock.settimeout(1.0)
             sock.sendall(encode(Refused(f"server {self.name!r} already serves {limit} connections (max_connections)")))
-        except OSError:
-            pass
-        finally:
-            sock.close()
 
     def _serve_connection(self, sock: socket.socket) -> None:
-        """One connection's thread: handshake, then the job's releases and heartbeats until it leaves.
-
-        Every way out logs at most one line (no traceback reaches stderr) and frees the connection.
-        """
+        """One connection's thread: handshake, then the job's messages; every way out logs one line at most."""
         channel = Channel(sock, send_timeout=self.lease_seconds, peer="a job")
         job: _Job | None = None
         why = "detached"
@@ -465,10 +418,8 @@ class TierServer:
                 self._conn_threads.discard(threading.current_thread())
 
     def _reply(self, channel: Channel, msg: Message) -> None:
-        try:
+        with suppress(OSError):
             channel.send(msg)
-        except OSError:
-            pass
 
     def _handshake(self, channel: Channel) -> _Job | None:
         """Check the peer and its :class:`Hello`; register and welcome the job, or refuse (None)."""
@@ -476,20 +427,16 @@ class TierServer:
         if creds is not None and creds[1] != os.geteuid():
             logger.warning("server %s: refused pid %d of uid %d (jobs must run as uid %d)", self.name, *creds, os.geteuid())
             return None
-        msg = None
+        hello = None
         deadline = time.monotonic() + self.handshake_seconds
-        while msg is None and not self._stop.is_set() and time.monotonic() < deadline:
-            msg = channel.recv(min(_TICK, max(0.0, deadline - time.monotonic())))
-        match msg:
-            case None:
-                if not self._stop.is_set():
-                    logger.warning("server %s: a connection sent no hello within %g s; closed", self.name,
-                                   self.handshake_seconds)
-                return None
-            case Hello() as hello:
-                pass
-            case _:
-                raise ProtocolError(f"expected Hello first, found {type(msg).__name__}")
+        while hello is None and not self._stop.is_set() and time.monotonic() < deadline:
+            hello = channel.recv(min(_TICK, max(0.0, deadline - time.monotonic())))
+        if hello is None:
+            if not self._stop.is_set():
+                logger.warning("server %s: a connection sent no hello within %g s; closed", self.name, self.handshake_seconds)
+            return None
+        if not isinstance(hello, Hello):
+            raise ProtocolError(f"expected Hello first, found {type(hello).__name__}")
         pid = creds[0] if creds is not None else hello.pid  # the kernel's word over the peer's
         channel.peer = f"job pid {pid}"
         if not hmac.compare_digest(hello.token, self._token):
@@ -556,27 +503,17 @@ class TierServer:
 
     def _activatable(self) -> set[int]:
         """Pending jobs that may start now: single jobs, and groups whose every rank is attached."""
-        ready: set[int] = set()
-        groups: dict[str, list[_Job]] = {}
-        for jid in self._pending:
-            job = self._jobs[jid]
-            if job.group is None:
-                ready.add(jid)
-            else:
-                groups.setdefault(job.group, []).append(job)
-        for members in groups.values():
-            if len(members) == members[0].world:
-                ready.update(j.id for j in members)
-        return ready
+        pending = [self._jobs[jid] for jid in self._pending]
+        attached = Counter(job.group for job in pending)  # a group's members all have one world size
+        return {job.id for job in pending if job.group is None or attached[job.group] == job.world}
 
     def _release(self, jid: int, seq: int) -> None:
         with self._cv:
-            for slot in range(self.slots):
-                if self._slot_seq[slot] == seq:
-                    self._holders[slot].discard(jid)
-                    if not self._holders[slot]:
-                        self._cv.notify_all()
-                    return
+            if seq in self._slot_seq:
+                holders = self._holders[self._slot_seq.index(seq)]
+                holders.discard(jid)
+                if not holders:
+                    self._cv.notify_all()
 
     def _drop(self, jid: int, why: str) -> None:
         with self._cv:
@@ -648,15 +585,11 @@ class TierServer:
         return True
 
     def _segments(self, first: int) -> Iterator[Segment]:
-        """The epochs from ``first`` on as the pipeline's segments: the whole of ``pi_e`` in order
-        (one consumer; its blocks are the published blocks)."""
+        """The epochs from ``first`` on as the pipeline's segments: each ``pi_e`` whole, for one consumer."""
         n = self.num_records
         shape = plan_shape(n, 0, max(1, n), 0, 1)
-        epoch = first
-        while self.epochs is None or epoch < self.epochs:
-            pi = self._plan.slot_keys(epoch, partition(self.seed, epoch, n))
-            yield Segment(epoch, shape, ArrayOrder(pi))
-            epoch += 1
+        for epoch in itertools.count(first) if self.epochs is None else range(first, self.epochs):
+            yield Segment(epoch, shape, ArrayOrder(self._plan.slot_keys(epoch, partition(self.seed, epoch, n))))
 
     def _start_pipeline(self, epoch: int) -> Pipeline:
         """The tiers from ``epoch`` on: blocks of ``K`` records (inside SSD reservoirs of ``K1``)."""
@@ -681,9 +614,7 @@ class TierServer:
                 self._pipeline = None
 
     def acquire(self, stop: threading.Event) -> tuple[int, np.ndarray]:
-        """The ring slot of the next block the pipeline reads (its :class:`SlotSink` side): slot
-        ``i % slots`` for block ``i``, once block ``i - slots`` was published and every job it was
-        published to has released it (or left)."""
+        """The ring slot ``i % slots`` for the pipeline's block ``i``, once every job released block ``i - slots``."""
         with self._cv:
             slot = self._reserved % self.slots
             while self._reserved - self.published >= self.slots or self._holders[slot]:
@@ -713,12 +644,10 @@ class TierServer:
                         if not self._active:
                             logger.info("server %s: every job left during epoch %d; skipping its rest", self.name, epoch)
                             return False
-                        self._seq += 1
-                        seq = self._seq
-                        self._slot_seq[slot] = seq
+                        self.published += 1
+                        seq = self._slot_seq[slot] = self.published  # jobs release the slot by it
                         recipients = [self._jobs[j] for j in sorted(self._active) if j in self._jobs]
                         self._holders[slot] = {j.id for j in recipients}
-                        self.published += 1
                         self._cv.notify_all()
                     msg = Reservoir(seq, epoch, r, slot, n, block.last)
                     r += 1
@@ -744,10 +673,8 @@ class TierServer:
             self._finished = True
             jobs = list(self._jobs.values())
         for job in jobs:
-            try:
+            with suppress(OSError, PeerTimeoutError):
                 job.send(Done())
-            except (OSError, PeerTimeoutError):
-                pass
         logger.info("server %s: served %d epochs", self.name, self.epochs_served)
 
     def __repr__(self) -> str:
@@ -761,11 +688,9 @@ class _Terminated(SystemExit):
 
 def serve(dataset: Location | Mixture, *, name: str, ready: Callable[[TierServer], Any] | None = None,
           **options: Any) -> TierServer:
-    """Run a :class:`TierServer` in the foreground until its epochs are served, SIGTERM or Ctrl-C.
+    """Run a :class:`TierServer` in the foreground until its epochs are served, SIGTERM or Ctrl-C; clean up always.
 
-    Cleans up in every case (the ring, the SSD directory and the run directory). ``ready`` is called
-    with the started server (the CLI prints where it listens). Returns the closed server (its
-    :attr:`~TierServer.stats` hold what was read).
+    ``ready(server)`` is called once it listens. Returns the closed server (its :attr:`~TierServer.stats`).
     """
     server = TierServer(dataset, name=name, **options)
     in_main = threading.current_thread() is threading.main_thread()

@@ -1,10 +1,8 @@
 """Files that appear whole or not at all, and a full disk that says which file it stopped.
 
-Every small file of a dataset (array documents, field chunks, the root document) is written to
-``<name>.partial``, fsynced, and renamed over ``<name>``; the directory is fsynced so the rename is
-durable. A failure at any step removes the ``.partial`` file, so no half-written file is left behind,
-and a full disk (``ENOSPC``, or ``EDQUOT`` for a quota) becomes an
-:class:`~shardkit.errors.OutOfSpaceError` naming the file, not a bare ``OSError``.
+A file is written to ``<name>.partial``, fsynced and renamed over ``<name>`` (then the directory is
+fsynced); any failure removes the ``.partial``, and a full disk or quota is an
+:class:`~shardkit.errors.OutOfSpaceError` naming the file.
 """
 
 from __future__ import annotations
@@ -69,12 +67,7 @@ def atomic_file(path: Path, *, durable: bool = True, doing: str = "writing") -> 
 
 
 def write_bytes_atomic(path: Path, data: bytes, *, durable: bool = True) -> None:
-    """Write ``data`` to ``path.partial``, fsync, rename over ``path``: readers never see half a file.
-
-    ``durable=False`` skips the fsyncs (scratch data such as SSD-tier reservoirs, worthless after a
-    crash anyway); the rename still makes the file appear atomically. On any failure the partial file
-    is removed; a full disk raises OutOfSpaceError naming ``path``.
-    """
+    """:func:`atomic_file` holding ``data``; ``durable=False`` skips the fsyncs (scratch data), not the rename."""
     with atomic_file(path, durable=durable) as fd:
         view = memoryview(data)
         while view:

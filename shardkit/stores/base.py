@@ -1,9 +1,4 @@
-"""The byte-store interface every dataset read and write goes through (docs/design.md §2, §9).
-
-A :class:`Store` is a flat namespace of immutable objects under one root: a local directory
-(:class:`~shardkit.stores.local.LocalStore`) or a prefix of a bucket or container in an object store
-(:class:`~shardkit.stores.objectstore.ObjectStore`: S3-compatible, GCS, Azure, read-only HTTP).
-"""
+"""The byte-store interface every dataset read and write goes through (docs/design.md §2, §9)."""
 
 from __future__ import annotations
 
@@ -25,7 +20,6 @@ __all__ = [
     "Fetched",
     "StoreOptions",
     "check_key",
-    "join_key",
     "DEFAULT_OPTIONS",
     "write_all",
 ]
@@ -33,29 +27,15 @@ __all__ = [
 
 @dataclass(frozen=True)
 class ObjectMeta:
-    """What a store says about one object.
-
-    Attributes
-    ----------
-    key
-        Key relative to the store's root.
-    size
-        Size in bytes.
-    etag
-        The store's version tag (``None`` for local files): a reader pins it and reads every later
-        range with ``If-Match``, so bytes of two versions of an object are never mixed.
-    mtime
-        Last modification, seconds since the epoch (``None`` when the store does not say).
-    metadata
-        User metadata stored with the object (S3 ``x-amz-meta-*``, GCS/Azure custom metadata), e.g.
-        ``{"shardkit-crc32c": "..."}`` that conversions record so a resumed upload can check an
-        object without downloading it. Local files have none (empty).
-    """
+    """What a store says about one object: its ``key`` (relative to the root) and ``size`` in bytes."""
 
     key: str
     size: int
+    #: The store's version tag (``None`` for local files), pinned by readers with ``If-Match``.
     etag: str | None = None
+    #: Last modification, seconds since the epoch (``None`` when the store does not say).
     mtime: float | None = None
+    #: User metadata stored with the object (``{"shardkit-crc32c": ...}``); local files have none.
     metadata: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -105,17 +85,10 @@ def _show_seconds(seconds: float) -> str:
 
 @dataclass(frozen=True)
 class StoreOptions(UserOptions):
-    """How an object store is driven: concurrency, timeouts and the retry budget.
+    """How an object store is driven: concurrency, timeouts and the retry budget (docs/design.md §9).
 
-    Each field is the option's one declaration (default, grammar, help, flag; see
-    :class:`~shardkit.declare.Option`). The sampler, the adapters and ``shardkit sample`` hold one
-    whole, ``SamplerOptions.store`` (``store=StoreOptions(retries=3)``), rather than a flat copy of
-    each setting, so every one of them reaches :func:`~shardkit.stores.open_store`; the options with
-    a flag are also taken by the flag's name (``remote_concurrency=8``, ``--remote-concurrency 8``;
-    see :func:`~shardkit.declare.nested`). Latency is hidden by concurrency: at 50 ms per request and
-    1 GB/s, about 50 requests of 1 MiB must be in flight. A transient failure (5xx, 408/429
-    throttling, timeout, connection reset or refused, a short or over-long response) is retried with
-    exponential backoff and full jitter; after the budget the error names the object and the range.
+    Samplers and adapters hold one whole (``store=StoreOptions(retries=3)``); options with a flag are
+    also taken by the flag's name (``remote_concurrency=8``; :func:`~shardkit.declare.nested`).
     """
 
     concurrency: int = option(32, "Storage", _count(1), flag="--remote-concurrency", cli_type=int,
@@ -156,10 +129,8 @@ _MAX_KEY = 1024
 def check_key(key: str, *, what: str = "key", where: str = "") -> str:
     """Return ``key`` if it is a plain relative key inside a store's root, else raise UnsafePathError.
 
-    Refused: empty keys and segments, ``.`` and ``..`` segments, a leading ``/``, ``\\``, NUL and
-    other control characters, and keys longer than 1,024 characters. Object stores have no
-    directories to escape through, but ``..`` is resolved by HTTP servers and by local paths, and a
-    key with control characters could be smuggled into a request line.
+    Refused: empty keys and segments, ``.`` and ``..`` segments, a leading ``/``, ``\\``, control
+    characters (smuggled into a request line), and keys longer than 1,024 characters.
     """
     bad = (
         not isinstance(key, str)
@@ -179,12 +150,6 @@ def check_key(key: str, *, what: str = "key", where: str = "") -> str:
     return key
 
 
-def join_key(*parts: str) -> str:
-    """``a/b/c`` from parts, each checked (an empty part is skipped)."""
-    key = "/".join(p.strip("/") for p in parts if p and p.strip("/"))
-    return check_key(key)
-
-
 def write_all(fd: int, data: bytes | memoryview, offset: int) -> None:
     """``pwrite`` all of ``data`` at ``offset`` (a short write is continued, never dropped)."""
     view = memoryview(data).cast("B")
@@ -194,25 +159,16 @@ def write_all(fd: int, data: bytes | memoryview, offset: int) -> None:
 
 
 class Store(abc.ABC):
-    """A root of immutable objects: local directory or object-store prefix.
+    """A root of immutable objects, local directory or object-store prefix; thread-safe (docs/design.md §9).
 
-    Keys are ``/``-separated paths relative to the root (``zarr.json``, ``image/c/0/0/0/0``), always
-    checked by :func:`check_key`, so a key taken from dataset metadata can never leave the root. The
-    operations are an object store's, the smaller interface: whole and ranged reads (:meth:`get`,
-    :meth:`get_range`, :meth:`fetch` for many ranges with bounded concurrency), :meth:`head`,
-    :meth:`list`, atomic writes (:meth:`put`, :meth:`put_file`, multipart when large; an object
-    appears whole or not at all), :meth:`delete`, :meth:`copy` (server-side where the store can) and
-    :meth:`rename` (copy + delete on object stores). Errors:
+    Keys are ``/``-separated paths relative to the root, always checked by :func:`check_key`. Errors:
     :class:`~shardkit.errors.ObjectNotFoundError` (a ``FileNotFoundError``),
     :class:`~shardkit.errors.StorePermissionError` (a ``PermissionError``),
-    :class:`~shardkit.errors.ObjectChangedError` when a pinned ETag no longer matches, and
+    :class:`~shardkit.errors.ObjectChangedError` (a pinned ETag no longer matches), and
     :class:`~shardkit.errors.StoreError` for anything that failed for good, naming the object and range.
-
-    Implementations are thread-safe: one store may serve every reader thread of a process.
     """
 
-    #: The root for messages: a local path, or a URL with its secrets redacted
-    #: (:func:`shardkit.redact.redact_url`).
+    #: The root for messages: a local path, or a URL with its secrets redacted.
     url: str
     options: StoreOptions = DEFAULT_OPTIONS
 
@@ -276,10 +232,9 @@ class Store(abc.ABC):
     def fetch(self, ranges: Sequence[ByteRange]) -> Iterator[Fetched]:
         """Read many ranges (of any objects) with up to ``options.concurrency`` requests in flight.
 
-        Yields one :class:`Fetched` per range *in completion order*; each holds exactly the bytes
-        asked for. Transient failures are retried (see :class:`StoreOptions`); a range that still
-        fails raises :class:`~shardkit.errors.StoreError` naming the object and the byte range, and
-        a wrong length is never yielded. Leaving the iterator early cancels what is still in flight.
+        Yields one :class:`Fetched` per range *in completion order*, each exactly the bytes asked
+        for, or raises :class:`~shardkit.errors.StoreError` naming the object and range once retries
+        are spent. Leaving the iterator early cancels what is still in flight.
         """
 
     def download(self, key: str, fd: int, *, size: int, etag: str | None = None,
@@ -287,10 +242,6 @@ class Store(abc.ABC):
         """Write the whole ``size``-byte object ``key`` into the file ``fd`` (from offset 0) and
         return its ETag; ``etag`` (if set) must still match. ``progress(n)`` is called as each
         ``n`` bytes land. An object of another size is a :class:`~shardkit.errors.TruncatedShardError`.
-
-        This default reads the object in ranges of ``options.request_bytes``; object stores
-        override it with one streamed GET (see :meth:`ObjectStore.download
-        <shardkit.stores.objectstore.ObjectStore.download>`).
         """
         limit = self.options.request_bytes
         asks = [ByteRange(key, a, min(a + limit, size), etag) for a in range(0, size, limit)]

@@ -1,9 +1,7 @@
 """A local cache of remote shards for repeated epochs, shared safely by the processes of one machine.
 
-A shard arrives whole (:mod:`shardkit.stores.prefetch`), is checked against the checksums recorded
-in the dataset metadata and only then gets its final name; readers then use it with local ``pread``.
-Copies of one dataset version never evict each other (an LRU over a uniform order keeps nothing),
-other datasets' copies go least recently used first. Layout, locking and budget: docs/design.md §9.
+Copies are checked before they get their final name; layout, locking, eviction and budget:
+docs/design.md §9 (*Shard cache*).
 """
 
 from __future__ import annotations
@@ -13,6 +11,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 
 from shardkit.errors import ConfigError
@@ -22,9 +21,8 @@ __all__ = ["ShardCache", "cache_namespace", "STALE_SECONDS"]
 
 logger = logging.getLogger(__name__)
 
-#: A copy being filled that nobody wrote to for this long belongs to a dead run and is removed. A
-#: download writes continuously, and gives up after ``StoreOptions.retry_seconds`` (2 min) without
-#: progress, so 10 minutes of silence means its writer is gone.
+#: A copy being filled that nobody wrote to for this long belongs to a dead run and is removed (a
+#: download gives up after ``StoreOptions.retry_seconds``, 2 min, without progress).
 STALE_SECONDS = 600.0
 _PART = ".part"
 _ADVICE = "Remove it, or choose another cache_dir"
@@ -37,17 +35,8 @@ def cache_namespace(url: str, fingerprint: str) -> str:
 
 
 class ShardCache:
-    """The cache of one dataset version (see the module docstring).
-
-    Parameters
-    ----------
-    directory
-        The user's ``cache_dir`` (must exist); the cache lives in ``shardkit-cache-<uid>`` inside it.
-    namespace
-        :func:`cache_namespace` of the dataset version.
-    budget
-        Bytes the whole cache directory may hold (``None``: no limit).
-    """
+    """The cache of one dataset version: ``namespace`` (:func:`cache_namespace`) in
+    ``<directory>/shardkit-cache-<uid>``, whose whole content may hold ``budget`` bytes (``None``: no limit)."""
 
     def __init__(self, directory: str | os.PathLike[str], namespace: str, budget: int | None = None) -> None:
         parent = Path(directory)
@@ -71,10 +60,8 @@ class ShardCache:
     def open(self, name: str, verify: Callable[[int], bool]) -> int | None:
         """A descriptor of the complete copy ``name`` (kept open until :meth:`close`), or None.
 
-        The first time a cache instance opens a copy it checks it again with ``verify`` (a cached
-        shard that rotted on disk or was edited is dropped and read remotely instead), unless this
-        instance verified it itself when completing it, so no cached byte is used unchecked by a
-        process.
+        A copy this instance did not complete itself is checked with ``verify`` on first use; one
+        that fails is dropped (then read remotely).
         """
         fd = self._fds.get(name)
         if fd is not None:
@@ -100,11 +87,8 @@ class ShardCache:
 
     # ------------------------------------------------------------------ filling
     def claim(self, name: str, size: int) -> int | None:
-        """Start filling the copy ``name`` of a ``size``-byte object: a writable descriptor of a
-        new ``<name>.part`` that this instance alone fills (its whole size reserved in the budget),
-        or None when there is nothing to fill here: the copy is complete, another writer (a
-        process of this machine) is filling it, or it does not fit in the budget (then the shard
-        stays remote, see the module docstring).
+        """A writable descriptor of a new ``<name>.part`` (its ``size`` reserved in the budget) that
+        this instance alone fills, or None: the copy is complete, being filled, or over the budget.
         """
         if name in self._refused:
             return None
@@ -134,9 +118,8 @@ class ShardCache:
         return fd
 
     def complete(self, name: str, fd: int, size: int, verify: Callable[[int], bool]) -> bool:
-        """Finish a copy :meth:`claim` started (``fd`` is closed here): if it has ``size`` bytes and
-        passes ``verify(fd)`` it is renamed to ``name`` (atomically: a reader sees the whole copy
-        or none) and True is returned; otherwise it is deleted and False is returned."""
+        """Finish a copy :meth:`claim` started and close ``fd``: renamed to ``name`` if it has ``size``
+        bytes and passes ``verify(fd)`` (True), else deleted (False)."""
         part = name + _PART
         try:
             os.fsync(fd)
@@ -181,12 +164,10 @@ class ShardCache:
                 continue  # someone is filling it
             if complete and path.startswith(here):
                 continue  # a shard of this very dataset version: evicting it would only thrash
-            try:
+            with suppress(FileNotFoundError):
                 os.unlink(path)
                 used -= nbytes
                 logger.info("cache: evicted %s (%d bytes)", path, nbytes)
-            except FileNotFoundError:
-                pass
         return used + size <= self.budget
 
     def _entries(self) -> list[tuple[float, str, int, bool]]:
@@ -195,14 +176,12 @@ class ShardCache:
         for ns in os.scandir(self._root.fd):
             if not ns.is_dir(follow_symlinks=False):
                 continue
-            base = os.path.join(str(self.root), ns.name)
-            for entry in os.scandir(base):
+            for entry in os.scandir(os.path.join(str(self.root), ns.name)):
                 if not entry.is_file(follow_symlinks=False):
                     continue
                 st = entry.stat(follow_symlinks=False)
-                complete = not entry.name.endswith(_PART)
                 # A partial copy reserves its whole (sparse) size: st_size is the shard's size.
-                out.append((st.st_mtime, entry.path, st.st_size, complete))
+                out.append((st.st_mtime, entry.path, st.st_size, not entry.name.endswith(_PART)))
         return out
 
     def close(self) -> None:

@@ -1,18 +1,14 @@
 """A local directory as a :class:`~shardkit.stores.base.Store`.
 
-Keys resolve under the root with symlinks followed and must stay inside it (:func:`resolve_inside`):
-a dataset whose field directory is a symlink to ``/etc`` or whose shard links to ``~/.ssh/id_rsa`` is
-refused, symlinks that stay inside are allowed. Every file is opened through :func:`open_regular`: a
-named pipe, socket or device in place of a dataset file is refused with an error naming it instead of
-blocking the reader forever. Writes are atomic (``*.partial``, fsync, rename,
-directory fsync: :mod:`shardkit.stores.atomic`). Readers of local datasets do not need :meth:`fetch`
-for payload (they ``pread``/``mmap`` :meth:`LocalStore.local_path` directly); it is here so every
-store answers the same interface.
+Keys resolve under the root with symlinks followed and must stay inside it (:func:`resolve_inside`);
+every file is opened through :func:`open_regular`, so a pipe or device never blocks a reader; writes
+are atomic (:mod:`shardkit.stores.atomic`).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -27,11 +23,7 @@ _COPY_CHUNK = 8 << 20
 
 
 def resolve_inside(root: Path, relative: str | Path, what: str) -> Path:
-    """``root / relative`` with symlinks resolved, refused unless it lies inside ``root``.
-
-    ``relative`` may name a file that does not exist (the caller reports that as missing); the part
-    that exists is resolved, so a symlinked parent directory is still caught.
-    """
+    """``root / relative`` with symlinks resolved, refused unless it lies inside ``root`` (it need not exist)."""
     rel = Path(relative)
     if rel.is_absolute() or ".." in rel.parts:
         raise UnsafePathError(f"{root}: {what} path {str(relative)!r} leaves the dataset directory")
@@ -57,16 +49,9 @@ def _refuse_special(path: str | os.PathLike[str], mode: int, what: str) -> None:
 def open_regular(path: str | os.PathLike[str], what: str = "dataset file") -> int:
     """A read-only descriptor of the regular file ``path``, never blocking on a special file.
 
-    ``path`` is checked with ``stat`` first (a device is never opened), opened with ``O_NONBLOCK``
-    (opening a named pipe would otherwise wait for a writer, forever, while the caller holds its
-    locks) and checked again with ``fstat`` on the descriptor, so a swap in between is caught.
-
-    Raises
-    ------
-    UnsafePathError
-        A directory, named pipe, socket or device, naming the file and what it is.
-    FileNotFoundError
-        ``path`` does not exist (the caller names what is missing).
+    Checked with ``stat``, opened ``O_NONBLOCK`` (a named pipe would wait for a writer forever) and
+    checked again with ``fstat``. UnsafePathError for a directory, pipe, socket or device;
+    FileNotFoundError when ``path`` does not exist (the caller names what is missing).
     """
     _refuse_special(path, os.stat(path).st_mode, what)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -92,19 +77,24 @@ class LocalStore(Store):
 
     def local_path(self, key: str = "") -> Path:
         """The resolved file of ``key`` inside the root (UnsafePathError if it would leave it)."""
-        if not key:
-            return self.root
-        return resolve_inside(self.root, check_key(key, where=self.url), "dataset file")
+        return self._file(key) if key else self.root
 
     def _file(self, key: str) -> Path:
         """The file of an object key (never the root itself)."""
         return resolve_inside(self.root, check_key(key, where=self.url), "dataset file")
 
+    def _open(self, key: str) -> int:
+        """:func:`open_regular` of the file of ``key``; ObjectNotFoundError if there is none."""
+        try:
+            return open_regular(self._file(key), "file")
+        except (FileNotFoundError, NotADirectoryError):
+            raise ObjectNotFoundError(f"{self.describe(key)}: no such file") from None
+
     def describe(self, key: str) -> str:
         return str(self.root / key) if key else str(self.root)
 
     def child(self, prefix: str) -> LocalStore:
-        return LocalStore(self.local_path(check_key(prefix, where=self.url)), self.options)
+        return LocalStore(self._file(prefix), self.options)
 
     # ------------------------------------------------------------------ reading
     def head(self, key: str) -> ObjectMeta:
@@ -122,11 +112,8 @@ class LocalStore(Store):
         meta = self.head(key)
         if max_nbytes is not None and meta.size > max_nbytes:
             raise ObjectTooLargeError(f"{self.describe(key)}: {meta.size} bytes, more than the {max_nbytes} bytes allowed")
-        try:
-            with os.fdopen(open_regular(self._file(key), "file"), "rb") as fh:
-                data = fh.read() if max_nbytes is None else fh.read(max_nbytes + 1)
-        except (FileNotFoundError, NotADirectoryError):
-            raise ObjectNotFoundError(f"{self.describe(key)}: no such file") from None
+        with os.fdopen(self._open(key), "rb") as fh:
+            data = fh.read() if max_nbytes is None else fh.read(max_nbytes + 1)
         if max_nbytes is not None and len(data) > max_nbytes:  # it grew after the stat
             raise ObjectTooLargeError(f"{self.describe(key)}: more than the {max_nbytes} bytes allowed")
         return data
@@ -134,15 +121,10 @@ class LocalStore(Store):
     def fetch(self, ranges: Sequence[ByteRange]) -> Iterator[Fetched]:
         """Each range with ``pread`` in the calling thread (local disks need no concurrency here)."""
         for i, r in enumerate(ranges):
-            path = self._file(r.key)
-            try:
-                fd = open_regular(path, "file")
-            except FileNotFoundError:
-                raise ObjectNotFoundError(f"{self.describe(r.key)}: no such file") from None
+            fd = self._open(r.key)
             try:
                 size = os.fstat(fd).st_size
-                buf = bytearray(r.nbytes)
-                view = memoryview(buf)
+                view = memoryview(bytearray(r.nbytes))
                 got = 0
                 while got < r.nbytes:
                     n = os.preadv(fd, [view[got:]], r.start + got)
@@ -156,8 +138,7 @@ class LocalStore(Store):
             yield Fetched(i, view, size, None)
 
     def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
-        # Keys are made relative to ``top`` (a resolved path when there is a prefix, the root as given
-        # otherwise), never to ``self.root``, which may be relative while ``top`` is absolute.
+        # Keys are relative to ``top``, never to ``self.root`` (relative, while a resolved ``top`` is absolute).
         head = prefix.strip("/")
         top = self.local_path(head) if head else self.root
         if not top.is_dir():
@@ -172,19 +153,16 @@ class LocalStore(Store):
 
     # ------------------------------------------------------------------ writing
     def put(self, key: str, data: bytes | memoryview, *, metadata: Mapping[str, str] | None = None) -> ObjectMeta:
-        path = self._file(key)
-        write_bytes_atomic(path, bytes(data))
+        write_bytes_atomic(self._file(key), bytes(data))
         return self.head(key)
 
     def put_file(
         self, key: str, source: str | os.PathLike[str], *, metadata: Mapping[str, str] | None = None
     ) -> ObjectMeta:
         """Copy ``source`` to ``key`` through ``key.partial`` (fsynced, then renamed)."""
-        with atomic_file(self._file(key), doing="copying") as fd, os.fdopen(open_regular(source, "file"), "rb") as src:
-            while chunk := src.read(_COPY_CHUNK):
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(fd, view) :]
+        with (atomic_file(self._file(key), doing="copying") as fd, open(fd, "wb", closefd=False) as dst,
+              os.fdopen(open_regular(source, "file"), "rb") as src):
+            shutil.copyfileobj(src, dst, _COPY_CHUNK)
         return self.head(key)
 
     def delete(self, key: str) -> None:

@@ -17,9 +17,9 @@ import random
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import replace
 from datetime import datetime
-from pathlib import Path
 from typing import Any, TypeVar
 
 from shardkit.errors import (
@@ -43,6 +43,7 @@ from shardkit.stores.base import (
     write_all,
 )
 from shardkit.stores.retry import ShortResponse, backoff_seconds, first_line, is_transient
+from shardkit.units import human_count
 
 __all__ = ["ObjectStore", "import_obstore", "RequestCounters"]
 
@@ -65,7 +66,6 @@ class _Runner:
     """One daemon thread running an asyncio loop for every ObjectStore of this process."""
 
     def __init__(self) -> None:
-        self.pid = os.getpid()
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self._run, name="shardkit-store-io", daemon=True)
         self.thread.start()
@@ -132,9 +132,6 @@ class RequestCounters:
             self.bytes += nbytes
             self.retries += retries
 
-    def as_dict(self) -> dict[str, int]:
-        return {"requests": self.requests, "bytes": self.bytes, "retries": self.retries}
-
 
 #: obstore attributes that are HTTP headers, not user metadata.
 _STANDARD_ATTRIBUTES = frozenset(
@@ -144,32 +141,15 @@ _STANDARD_ATTRIBUTES = frozenset(
 
 def _meta(d: dict[str, Any], key: str) -> ObjectMeta:
     mtime = d.get("last_modified")
-    return ObjectMeta(
-        key=key,
-        size=int(d["size"]),
-        etag=d.get("e_tag"),
-        mtime=mtime.timestamp() if isinstance(mtime, datetime) else None,
-    )
+    return ObjectMeta(key, int(d["size"]), d.get("e_tag"), mtime.timestamp() if isinstance(mtime, datetime) else None)
 
 
 class ObjectStore(Store):
     """A bucket/container prefix or an HTTP base URL as a :class:`~shardkit.stores.base.Store`.
 
-    Build one with :func:`shardkit.stores.open_store` (it parses the URL and reads credentials from
-    the environment); this class wraps an obstore store that is already configured.
-
-    Parameters
-    ----------
-    url
-        The root as the user wrote it (``s3://bucket/prefix``); messages show it redacted (:attr:`url`).
-    inner
-        The obstore store, rooted at that prefix.
-    options
-        Concurrency, timeouts and retry budget.
-    read_only
-        Refuse writes (HTTP stores).
-    make_child
-        Builds the store of a sub-prefix (used by :meth:`child`).
+    Built by :func:`shardkit.stores.open_store` around ``inner``, an obstore store rooted at ``url``
+    (as the user wrote it; messages show :attr:`url`, redacted); ``make_child(prefix)`` builds the
+    store of a sub-prefix, ``read_only`` refuses writes (HTTP).
     """
 
     def __init__(
@@ -178,8 +158,8 @@ class ObjectStore(Store):
         inner: Any,
         options: StoreOptions = DEFAULT_OPTIONS,
         *,
+        make_child: Callable[[str], ObjectStore],
         read_only: bool = False,
-        make_child: Callable[[str], ObjectStore] | None = None,
     ) -> None:
         self._location = url.rstrip("/")
         self.url = redact_url(self._location)
@@ -204,15 +184,11 @@ class ObjectStore(Store):
         return self._read_only
 
     def child(self, prefix: str) -> ObjectStore:
-        check_key(prefix, where=self.url)
-        if self._make_child is None:
-            raise StoreError(f"{self.url}: cannot open a sub-prefix of this store")
-        return self._make_child(prefix)
+        return self._make_child(check_key(prefix, where=self.url))
 
     # ------------------------------------------------------------------ errors and retries
     def _final_error(self, exc: BaseException, what: str, attempts: int, t0: float) -> Exception:
-        """The shardkit error for a failure that will not be retried (again), after ``attempts``
-        tries since ``t0``; obstore's text is redacted (it repeats the URL, secrets included)."""
+        """The shardkit error for a failure not retried (again); obstore's text is redacted (it repeats the URL)."""
         text = redact_urls(first_line(exc))
         if isinstance(exc, FileNotFoundError):
             return ObjectNotFoundError(f"{what}: not found")
@@ -225,8 +201,7 @@ class ObjectStore(Store):
         if name == "PreconditionError":
             return ObjectChangedError(f"{what}: the object changed since it was first read (its ETag differs)")
         if is_transient(exc):
-            tries = "1 attempt" if attempts == 1 else f"{attempts} attempts"
-            return StoreError(f"{what}: failed after {tries} in {time.monotonic() - t0:.1f} s: {text}")
+            return StoreError(f"{what}: failed after {human_count(attempts, 'attempt')} in {time.monotonic() - t0:.1f} s: {text}")
         return StoreError(f"{what}: {text}")
 
     def _call(self, fn: Callable[[], T], what: str) -> T:
@@ -242,9 +217,7 @@ class ObjectStore(Store):
             except ShardkitError:
                 raise
             except Exception as exc:
-                if not self._should_retry(exc, attempt, t0, what):
-                    raise self._final_error(exc, what, attempt + 1, t0) from None
-            time.sleep(backoff_seconds(attempt, self.options, self._rng))
+                time.sleep(self._retry_wait(exc, attempt, t0, what))
             attempt += 1
 
     async def _call_async(self, fn: Callable[[], Awaitable[T]], what: str) -> T:
@@ -258,21 +231,23 @@ class ObjectStore(Store):
             except (asyncio.CancelledError, ShardkitError):
                 raise
             except Exception as exc:
-                if not self._should_retry(exc, attempt, t0, what):
-                    raise self._final_error(exc, what, attempt + 1, t0) from None
-            await asyncio.sleep(backoff_seconds(attempt, self.options, self._rng))
+                await asyncio.sleep(self._retry_wait(exc, attempt, t0, what))
             attempt += 1
 
-    def _should_retry(self, exc: BaseException, attempt: int, t0: float, what: str) -> bool:
+    def _retry_wait(self, exc: Exception, attempt: int, t0: float, what: str) -> float:
+        """Seconds to wait before retrying the failed request ``exc``; raises the final error instead
+        when it is not transient or the retry budget is spent."""
         self.counters.add(requests=1)
         o = self.options
         if not is_transient(exc) or attempt >= o.retries or time.monotonic() - t0 >= o.retry_seconds:
-            return False
+            raise self._final_error(exc, what, attempt + 1, t0) from None
         self.counters.add(retries=1)
         logger.info("%s: transient failure (%s); retry %d", what, redact_urls(first_line(exc)), attempt + 1)
-        return True
+        return backoff_seconds(attempt, o, self._rng)
 
     def _writable(self, key: str) -> None:
+        """Check ``key`` and that this store can be written."""
+        check_key(key, where=self.url)
         if self._read_only:
             raise StorePermissionError(f"{self.describe(key)}: {self.url} is read-only (http(s) stores cannot be written)")
 
@@ -372,68 +347,52 @@ class ObjectStore(Store):
 
     def download(self, key: str, fd: int, *, size: int, etag: str | None = None,
                  progress: Callable[[int], None] | None = None) -> str | None:
-        """One GET of the whole object, its body streamed into ``fd`` in chunks (memory stays
-        bounded by a chunk, not the object), returning the ETag.
+        """One GET of the whole object streamed into ``fd`` a chunk at a time; returns the ETag.
 
-        A transient failure mid-body is retried as in :meth:`fetch`, resuming with a ranged GET
-        from the first byte not yet written, with ``If-Match`` on the ETag of the first response,
-        so the file never mixes two versions (a changed object is
-        :class:`~shardkit.errors.ObjectChangedError`). A body longer or shorter than ``size`` is an
-        error, never a file of the wrong length.
+        A failure mid-body resumes from the first byte not yet written, with ``If-Match`` on the
+        first response's ETag (a changed object is :class:`~shardkit.errors.ObjectChangedError`).
         """
         check_key(key, where=self.url)
         what = self.describe(key)
-        _check_fork(self.url)
-        state = {"done": 0, "etag": etag}
+        done = 0  # bytes written: a retry resumes there
 
         def once() -> None:
+            nonlocal done, etag
             options: dict[str, Any] = {}
-            if state["done"]:
-                options["range"] = (state["done"], size)
-            if state["etag"] is not None:
-                options["if_match"] = state["etag"]
+            if done:
+                options["range"] = (done, size)
+            if etag is not None:
+                options["if_match"] = etag
             result = self._obs.get(self.inner, key, options=options)
             total = int(result.meta["size"])
             if total != size:
                 raise TruncatedShardError(f"{what}: expected {size} bytes, the store says {total}")
-            state["etag"] = state["etag"] or result.meta.get("e_tag")
+            etag = etag or result.meta.get("e_tag")
             for chunk in result.stream(min_chunk_size=DOWNLOAD_CHUNK_BYTES):
                 view = memoryview(chunk)
-                at = int(state["done"] or 0)
-                if at + view.nbytes > size:
+                if done + view.nbytes > size:
                     raise ShortResponse(f"received more than the {size} bytes of the object")
-                write_all(fd, view, at)
-                state["done"] = at + view.nbytes
+                write_all(fd, view, done)
+                done += view.nbytes
                 self.counters.add(nbytes=view.nbytes)
                 if progress is not None:
                     progress(view.nbytes)
-            if state["done"] != size:
-                raise ShortResponse(f"expected {size} bytes, received {state['done']}")
+            if done != size:
+                raise ShortResponse(f"expected {size} bytes, received {done}")
 
         self._call(once, what)
-        tag = state["etag"]
-        return None if tag is None else str(tag)
+        return None if etag is None else str(etag)
 
     def list(self, prefix: str = "") -> Iterator[ObjectMeta]:
-        what = self.describe(prefix)
         base = getattr(self.inner, "prefix", None)
         strip = f"{base}/" if base else ""
-
-        def all_pages() -> list[dict[str, Any]]:
-            out: list[dict[str, Any]] = []
-            for page in self._obs.list(self.inner, prefix=prefix or None, chunk_size=1000):
-                out.extend(page)
-            return out
-
-        for d in self._call(all_pages, what):
-            key = str(d["path"])
-            if strip and key.startswith(strip):
-                key = key[len(strip) :]
-            yield _meta(d, key)
+        pages = self._call(lambda: [d for page in self._obs.list(self.inner, prefix=prefix or None, chunk_size=1000)
+                                    for d in page], self.describe(prefix))
+        for d in pages:
+            yield _meta(d, str(d["path"]).removeprefix(strip))
 
     # ------------------------------------------------------------------ writing
     def put(self, key: str, data: bytes | memoryview, *, metadata: Mapping[str, str] | None = None) -> ObjectMeta:
-        check_key(key, where=self.url)
         self._writable(key)
         payload = bytes(data)
         attributes = dict(metadata or {})
@@ -448,36 +407,26 @@ class ObjectStore(Store):
         """Upload ``source``; multipart (``part_bytes`` parts, ``concurrency`` at once) when it is
         larger than ``multipart_threshold``. A failed upload is retried whole; S3 never shows a
         partial object."""
-        check_key(key, where=self.url)
         self._writable(key)
-        path = Path(source)
-        size = path.stat().st_size
+        size = os.stat(source).st_size
         o = self.options
-        multipart = size > o.multipart_threshold
-
         attributes = dict(metadata or {})
 
         def upload() -> Any:
-            with open(path, "rb") as fh:
-                return self._obs.put(
-                    self.inner, key, fh, use_multipart=multipart, chunk_size=o.part_bytes,
-                    max_concurrency=min(o.concurrency, 16), attributes=attributes,
-                )
+            with open(source, "rb") as fh:
+                return self._obs.put(self.inner, key, fh, use_multipart=size > o.multipart_threshold, chunk_size=o.part_bytes,
+                                     max_concurrency=min(o.concurrency, 16), attributes=attributes)
 
         self._call(upload, self.describe(key))
         self.counters.add(nbytes=size)
         return ObjectMeta(key, size, metadata=attributes)
 
     def delete(self, key: str) -> None:
-        check_key(key, where=self.url)
         self._writable(key)
-        try:
+        with suppress(ObjectNotFoundError):
             self._call(lambda: self._obs.delete(self.inner, key), self.describe(key))
-        except ObjectNotFoundError:
-            pass
 
     def copy(self, src: str, dst: str) -> None:
         check_key(src, where=self.url)
-        check_key(dst, where=self.url)
         self._writable(dst)
         self._call(lambda: self._obs.copy(self.inner, src, dst), f"{self.describe(src)} -> {dst}")

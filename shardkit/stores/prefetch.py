@@ -1,14 +1,10 @@
 """Whole-object downloads of a remote dataset's shards into the local cache, behind the epoch.
 
-Reading a uniformly random block by byte ranges costs a request per record run in every shard, so a
-cold epoch is bound by the store's request rate; downloading each shard whole, in ascending order,
-fetches every byte once per epoch at full bandwidth and never again (docs/design.md §9; measured in
-``benchmarks/RESULTS.md``, "Object storage"). Downloads are bounded, ETag-pinned and checked.
+Why whole objects, and how they are bounded, pinned and checked: docs/design.md §9 (*Shard cache*).
 """
 
 from __future__ import annotations
 
-import errno
 import logging
 import threading
 import time
@@ -16,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from shardkit.errors import CorruptShardError, TruncatedShardError
+from shardkit.stores.atomic import is_out_of_space
 from shardkit.stores.base import Store
 from shardkit.stores.cache import ShardCache
 
@@ -41,29 +38,16 @@ class PrefetchItem:
 
 
 class _Stop(BaseException):
-    """The prefetcher is closing: abandon the download in progress (a BaseException, so the
-    store's retry loop does not take it for a failed request)."""
+    """The prefetcher is closing (a BaseException: the store's retry loop must not retry it)."""
 
 
 class ShardPrefetcher:
     """Downloads ``items`` (in the order given: ascending shards) into ``cache`` in the background.
 
-    Parameters
-    ----------
-    store, cache
-        Where the objects are and where their copies go.
-    items
-        The objects, in download order.
-    verify
-        ``verify(index, fd)``: the complete copy of ``items[index]`` has its recorded checksums.
-    pin
-        ``pin(index, etag)``: the ETag the download saw, checked against the one the ranged reads
-        pinned (raises :class:`~shardkit.errors.ObjectChangedError`); returns the pinned ETag the
-        download must match (``If-Match``), or None.
-    account
-        ``account(index, nbytes)``: counts the request (``read_calls`` / ``bytes_read``).
-    concurrency
-        Downloads in flight at once.
+    ``verify(index, fd)``: the complete copy of ``items[index]`` has its recorded checksums.
+    ``pin(index, etag)``: checks the ETag a download saw against the ranged reads' (raising
+    :class:`~shardkit.errors.ObjectChangedError`), returns the ETag to match (``If-Match``) or None.
+    ``account(index, nbytes)``: counts the request.
     """
 
     def __init__(
@@ -102,10 +86,7 @@ class ShardPrefetcher:
 
     def wait(self, index: int) -> bool:
         """Block until ``items[index]`` is no longer pending; True if its copy is now complete.
-
-        Raises the download's error (a changed or damaged object, or a store failure after the
-        retry budget) so it is never silently replaced by unchecked ranged reads.
-        """
+        Raises the download's error, so it is never silently replaced by ranged reads."""
         with self._cond:
             while self._state[index] in (_QUEUED, _ACTIVE) and not self._closing:
                 self._cond.wait(1.0)
@@ -174,24 +155,16 @@ class ShardPrefetcher:
         try:
             etag = self.store.download(item.key, fd, size=item.size, etag=self._pin(i, None), progress=progress)
             self._pin(i, etag)
-        except TruncatedShardError as exc:
-            # Not the recorded size: a newer version of the dataset replaced the object (the reader
-            # then reads the copy kept for its version by range) or it is damaged (the ranged read
-            # reports it, naming the shard). Either way the object stays remote.
+        except BaseException as exc:
             self.cache.abandon(item.name, fd)
-            self.cache.refuse(item.name)
-            logger.info("%s: %s; read by range", item.key, exc)
-            return _SKIPPED
-        except OSError as exc:
-            self.cache.abandon(item.name, fd)
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                self.cache.refuse(item.name)
+            if isinstance(exc, TruncatedShardError):  # replaced by a newer version, or damaged (a ranged read says so)
+                logger.info("%s: %s; read by range", item.key, exc)
+            elif is_out_of_space(exc):
                 logger.warning("%s: no space left for the cache; %s stays remote", self.cache.dir, item.name)
-                return _SKIPPED
-            raise
-        except BaseException:
-            self.cache.abandon(item.name, fd)
-            raise
+            else:
+                raise
+            self.cache.refuse(item.name)
+            return _SKIPPED
         self._account(i, item.size)
         if not self.cache.complete(item.name, fd, item.size, lambda f: self._verify(i, f)):
             raise CorruptShardError(

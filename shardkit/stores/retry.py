@@ -1,9 +1,4 @@
-"""Which object-store failures are worth retrying, and how long to wait between tries.
-
-shardkit runs obstore with its own retries off and decides here: a response of the wrong length is
-a failure obstore cannot see, the final error must name the object and the byte range, and retries
-are counted. Which failures are transient, and the jittered backoff: docs/design.md §9.
-"""
+"""Which object-store failures are worth retrying, and how long to wait between tries (docs/design.md §9)."""
 
 from __future__ import annotations
 
@@ -53,12 +48,7 @@ def first_line(exc: BaseException) -> str:
 
 
 def is_transient(exc: BaseException) -> bool:
-    """True for failures that another try may cure.
-
-    Transient: HTTP 5xx, 408 and 429 (also S3's ``SlowDown`` 503), timeouts, connections refused,
-    reset or closed early, a body that ended early, a response of the wrong length. Permanent: a
-    missing object, 401/403, a failed ``If-Match``, invalid paths or configuration, any other 4xx.
-    """
+    """True for failures that another try may cure (the lists: docs/design.md §9, *Retries*)."""
     if isinstance(exc, ShortResponse | TimeoutError | ConnectionError):
         return True
     if isinstance(exc, FileNotFoundError | PermissionError):

@@ -1,10 +1,7 @@
 """Where a dataset lives: a local path or a URL, opened as a :class:`~shardkit.stores.base.Store`.
 
-Every command and Python entry point takes a location; :func:`open_store` turns it into a
-:class:`LocalStore` or an :class:`~shardkit.stores.objectstore.ObjectStore`, keeping one store per
-location, options and environment in each process so that every reader of a dataset shares one
-connection pool. Credentials come from each cloud's standard environment, never from a URL, and
-are never shown (docs/design.md §9, §13).
+Credentials come from each cloud's standard environment, never from a URL, and are never shown
+(docs/design.md §9, §13).
 """
 
 from __future__ import annotations
@@ -55,11 +52,7 @@ def location_string(location: Location) -> str:
 
 
 def as_location(location: Location, *, resolve: bool = False) -> Path | str:
-    """A local ``Path`` (resolved with ``resolve``) or an object-store URL string, from any location.
-
-    What samplers and servers keep, pickle and pass to their workers: a plain value each process
-    opens on its own.
-    """
+    """A local ``Path`` (resolved with ``resolve``) or an object-store URL string: what samplers keep and pickle."""
     if isinstance(location, Store):
         return location.local_path() if location.is_local else location.location
     if is_url(location):
@@ -85,23 +78,13 @@ def open_store(location: Location, options: StoreOptions | None = None) -> Store
     ``http://host/path``, ``https://...``         any HTTP server with range requests, read-only
     ==========================================  ====================================================
 
-    Credentials and endpoints come from each cloud's standard environment, read by obstore, plus
-    what obstore does not read itself (:func:`s3_settings`):
+    Credentials and endpoints come from each cloud's standard environment, read by obstore (the
+    README's object-store section lists the variables), plus the AWS profile files (:func:`s3_settings`);
+    HTTP(S) is anonymous.
 
-    * S3: the ``AWS_*`` variables and profile files listed in :func:`s3_settings`; instance and
-      container roles (``AWS_CONTAINER_*``, ``AWS_WEB_IDENTITY_TOKEN_FILE``) are obstore's own.
-    * GCS: ``GOOGLE_APPLICATION_CREDENTIALS`` / ``GOOGLE_SERVICE_ACCOUNT`` (a service-account JSON
-      file), or the metadata server on GCP.
-    * Azure: ``AZURE_STORAGE_ACCOUNT_NAME`` plus ``AZURE_STORAGE_ACCOUNT_KEY``,
-      ``AZURE_STORAGE_SAS_KEY`` or a managed identity / ``AZURE_CLIENT_ID`` ... (obstore's Azure
-      environment).
-    * HTTP(S): anonymous; ``http://`` URLs are allowed as written.
-
-    Credentials never go into an ``s3://``, ``gs://`` or ``az://`` URL (``s3://KEY:SECRET@bucket``):
-    such a URL is refused without repeating the secret, and wherever a URL is shown (messages, logs,
-    reprs, CLI output) its user information and query values are redacted (:mod:`shardkit.redact`).
-    One store is kept per location, options and environment in each process, so every reader of a
-    dataset shares one connection pool.
+    A URL with credentials (``s3://KEY:SECRET@bucket``) is refused without repeating them; shown URLs
+    are redacted (:mod:`shardkit.redact`). One store is kept per location, options and environment in
+    each process, so every reader of a dataset shares one connection pool.
 
     Raises
     ------
@@ -113,13 +96,11 @@ def open_store(location: Location, options: StoreOptions | None = None) -> Store
     if isinstance(location, Store):
         return location
     opts = options or DEFAULT_OPTIONS
-    if not is_url(location):
-        return LocalStore(Path(location), opts)
-    url = str(location)
+    url = as_location(location)
+    if isinstance(url, Path):  # a local path or file:// URL
+        return LocalStore(url, opts)
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
-    if scheme == "file":
-        return LocalStore(Path(unquote(parts.path)), opts)
     if scheme not in SCHEMES:
         raise ConfigError(
             f"{redact_url(url)}: unknown URL scheme {scheme!r}; expected a local path or one of "
@@ -128,18 +109,9 @@ def open_store(location: Location, options: StoreOptions | None = None) -> Store
     env_key = tuple(os.environ.get(k) for k in _S3_ENV) if scheme in ("s3", "s3a") else ()
     key = (os.getpid(), url.rstrip("/"), opts, env_key)
     with _stores_lock:
-        store = _stores.get(key)
-        if store is None:
-            store = _open_object_store(url, scheme, parts.netloc, parts.path, opts)
-            _stores[key] = store
-        return store
-
-
-def _prefix(path: str, url: str) -> str:
-    prefix = unquote(path).strip("/")
-    if prefix:
-        check_key(prefix, what="prefix", where=url)
-    return prefix
+        if key not in _stores:
+            _stores[key] = _open_object_store(url, scheme, parts.netloc, parts.path, opts)
+        return _stores[key]
 
 
 def _client_options(opts: StoreOptions, allow_http: bool) -> dict[str, Any]:
@@ -176,38 +148,26 @@ def _open_object_store(url: str, scheme: str, netloc: str, path: str, opts: Stor
             f"{shown}: credentials in the URL are not accepted (and were not used); give the bare "
             f"{scheme}://BUCKET/PREFIX and the credentials through the environment (see the README's object-store section)"
         )
-    prefix = _prefix(path, shown)
-
-    def child_of(base_prefix: str) -> Any:
-        def make(sub: str) -> ObjectStore:
-            full = "/".join(p for p in (base_prefix, sub) if p)
-            return build(full)
-
-        return make
+    prefix = unquote(path).strip("/")
+    if prefix:
+        check_key(prefix, what="prefix", where=shown)
 
     def build(full_prefix: str) -> ObjectStore:
         shown = f"{scheme}://{netloc}/{full_prefix}".rstrip("/")
+        common: dict[str, Any] = dict(prefix=full_prefix or None, client_options=_client_options(opts, False),
+                                      retry_config=_NO_RETRY)
         if scheme in ("s3", "s3a"):
             settings = s3_settings(os.environ)
-            endpoint = settings.get("endpoint", "")
-            inner = obstores.S3Store(
-                netloc, prefix=full_prefix or None, config=settings,
-                client_options=_client_options(opts, endpoint.startswith("http://")), retry_config=_NO_RETRY,
-            )
+            common["client_options"] = _client_options(opts, settings.get("endpoint", "").startswith("http://"))
+            inner = obstores.S3Store(netloc, config=settings, **common)
         elif scheme in ("gs", "gcs"):
-            inner = obstores.GCSStore(
-                netloc, prefix=full_prefix or None, client_options=_client_options(opts, False), retry_config=_NO_RETRY
-            )
+            inner = obstores.GCSStore(netloc, **common)
         elif scheme in ("az", "azure"):
-            inner = obstores.AzureStore(
-                netloc, prefix=full_prefix or None, client_options=_client_options(opts, False), retry_config=_NO_RETRY
-            )
+            inner = obstores.AzureStore(netloc, **common)
         else:  # abfs[s]://container@account.dfs.core.windows.net/prefix
-            inner = obstores.AzureStore.from_url(
-                f"{scheme}://{netloc}", prefix=full_prefix or None, client_options=_client_options(opts, False),
-                retry_config=_NO_RETRY,
-            )
-        return ObjectStore(shown, inner, opts, make_child=child_of(full_prefix))
+            inner = obstores.AzureStore.from_url(f"{scheme}://{netloc}", **common)
+        return ObjectStore(shown, inner, opts,
+                           make_child=lambda sub: build("/".join(p for p in (full_prefix, sub) if p)))
 
     return build(prefix)
 
@@ -215,14 +175,11 @@ def _open_object_store(url: str, scheme: str, netloc: str, path: str, opts: Stor
 def s3_settings(env: Any) -> dict[str, str]:
     """obstore S3 configuration from the AWS environment variables and profile files.
 
-    Keys in the environment win; a profile is read only when ``AWS_ACCESS_KEY_ID`` is not set.
-    Variables: ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``;
-    ``AWS_REGION`` (or ``AWS_DEFAULT_REGION``; ``us-east-1`` when neither is set);
-    ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` for an S3-compatible server (an ``http://``
-    endpoint turns plain HTTP on for that store only); and, when no key is in the environment, the
-    profile ``AWS_PROFILE`` (default ``default``) of ``~/.aws/credentials`` and ``~/.aws/config``
-    (``AWS_SHARED_CREDENTIALS_FILE``, ``AWS_CONFIG_FILE``): ``aws_access_key_id``,
-    ``aws_secret_access_key``, ``aws_session_token``, ``region``, ``endpoint_url``.
+    ``AWS_REGION`` (or ``AWS_DEFAULT_REGION``; else ``us-east-1``), ``AWS_ENDPOINT_URL_S3`` or
+    ``AWS_ENDPOINT_URL`` (an ``http://`` endpoint allows plain HTTP for that store only); keys are
+    obstore's own ``AWS_*`` reading, or, when ``AWS_ACCESS_KEY_ID`` is not set, the profile
+    ``AWS_PROFILE`` of ``~/.aws/credentials`` and ``~/.aws/config`` (``AWS_SHARED_CREDENTIALS_FILE``,
+    ``AWS_CONFIG_FILE``).
     """
     settings: dict[str, str] = {}
     profile = _aws_profile(env) if not env.get("AWS_ACCESS_KEY_ID") else {}

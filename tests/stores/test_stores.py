@@ -52,6 +52,17 @@ def test_put_get_head_list_delete(store: Store, tmp_path: Path) -> None:
     assert isinstance(err.value, FileNotFoundError) and "nope.bin" in str(err.value)
 
 
+def test_a_key_below_a_file_is_not_found_by_any_local_read(tmp_path: Path) -> None:
+    """``a/b.bin/x`` where ``a/b.bin`` is a file: every read says "no such file" (ObjectNotFoundError),
+    the ranged read too, never a bare NotADirectoryError."""
+    store = LocalStore(tmp_path / "root")
+    store.put("a/b.bin", b"hello")
+    for read in (lambda: store.get("a/b.bin/x"), lambda: store.head("a/b.bin/x"),
+                 lambda: store.get_range("a/b.bin/x", 0, 1)):
+        with pytest.raises(ObjectNotFoundError, match=r"a/b\.bin/x: no such file"):
+            read()
+
+
 def test_get_refuses_large_objects_before_reading(store: Store) -> None:
     store.put("big", b"0" * 1000)
     with pytest.raises(ObjectTooLargeError, match="1000 bytes, more than the 999"):
