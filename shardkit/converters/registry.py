@@ -80,14 +80,9 @@ def register(kind: type[Converter] | str, target: type[Converter] | str | None =
     """Add a corpus kind: ``register(MyConverter)`` (named by its ``name``) or
     ``register("name", "module:Class")`` (imported when first used).
 
-    A kind class must subclass :class:`~shardkit.converters.base.Converter`, have ``name`` equal to
-    its registry name, and declare no option whose name ``convert`` or ``shardkit convert`` take
-    themselves (:data:`RESERVED_OPTIONS`).
-
-    Raises
-    ------
-    ConfigError
-        The name is taken by another kind (pass ``replace=True`` to replace it).
+    The class must subclass :class:`~shardkit.converters.base.Converter`, have ``name`` equal to its
+    registry name and no option in :data:`RESERVED_OPTIONS`; ConfigError when the name is taken
+    (unless ``replace=True``).
     """
     if isinstance(kind, str):
         if target is None:
@@ -135,14 +130,9 @@ def available_kinds() -> list[str]:
 
 
 def get_converter(name: str) -> type[Converter]:
-    """The converter class of kind ``name``, imported on first use.
+    """The converter class of kind ``name``, imported on first use; ConfigError for an unknown kind
+    (naming the known ones), one claimed by two entry points, or one that fails to import or is not a converter."""
 
-    Raises
-    ------
-    ConfigError
-        Unknown kind (naming the known ones), two entry points claiming it, or a kind that fails to
-        import or is not a proper converter.
-    """
     if name in _LOADED:
         return _LOADED[name]
     targets = _targets()
