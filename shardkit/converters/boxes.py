@@ -27,6 +27,5 @@ def map_boxes(boxes: np.ndarray, geo: Geometry) -> tuple[np.ndarray, np.ndarray]
     out = np.empty_like(b)
     out[:, [0, 2]] = np.clip(b[:, [0, 2]] * geo.sx - geo.off_x, 0.0, float(geo.out_w))
     out[:, [1, 3]] = np.clip(b[:, [1, 3]] * geo.sy - geo.off_y, 0.0, float(geo.out_h))
-
     keep = (out[:, 2] > out[:, 0]) & (out[:, 3] > out[:, 1])
     return out, keep

@@ -52,22 +52,15 @@ def _latin1_encode(text: str, encoding: str = "latin1") -> bytes:
     return text.encode("latin1")
 
 
-def _checked_bytes(*args: Any) -> bytes:
-    """``bytes()`` / ``bytes(b"...")`` only: ``bytes(10**10)`` would allocate what the file never held."""
-    if not args:
-        return b""
-    if len(args) == 1 and isinstance(args[0], (bytes, bytearray)):
-        return bytes(args[0])
-    raise pickle.UnpicklingError(f"bytes() of {type(args[0]).__name__} is not allowed (only of bytes in the file)")
+def _of_file_bytes(kind: type[bytes] | type[bytearray]) -> Any:
+    """``kind()`` / ``kind(b"...")`` only: ``bytes(10**10)`` would allocate what the file never held."""
 
+    def make(*args: Any) -> bytes | bytearray:
+        if not args or (len(args) == 1 and isinstance(args[0], (bytes, bytearray))):
+            return kind(*args)
+        raise pickle.UnpicklingError(f"{kind.__name__}() of {type(args[0]).__name__} is not allowed (only of bytes in the file)")
 
-def _checked_bytearray(*args: Any) -> bytearray:
-    """``bytearray()`` / ``bytearray(b"...")`` only, for the same reason as :func:`_checked_bytes`."""
-    if not args:
-        return bytearray()
-    if len(args) == 1 and isinstance(args[0], (bytes, bytearray)):
-        return bytearray(args[0])
-    raise pickle.UnpicklingError(f"bytearray() of {type(args[0]).__name__} is not allowed (only of bytes in the file)")
+    return make
 
 
 def _claimed_shape(shape: Any) -> tuple[int, ...]:
@@ -160,8 +153,7 @@ _GLOBALS: dict[tuple[str, str], Any] = {
     ("numpy", "ndarray"): _NDARRAY,
     ("numpy", "dtype"): np.dtype,
     ("_codecs", "encode"): _latin1_encode,
-    **{(mod, "bytes"): _checked_bytes for mod in ("builtins", "__builtin__")},
-    **{(mod, "bytearray"): _checked_bytearray for mod in ("builtins", "__builtin__")},
+    **{(mod, kind.__name__): _of_file_bytes(kind) for mod in ("builtins", "__builtin__") for kind in (bytes, bytearray)},
     **{(mod, name): getattr(builtins, name) for mod in ("builtins", "__builtin__") for name in _BUILTINS},
 }
 

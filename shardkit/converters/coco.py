@@ -180,9 +180,7 @@ class CocoConverter(Converter):
     JSON that does not parse, or without an ``images`` list, stops the run. A bad entry (``malformed``:
     wrong type, id beyond int64, nested too deeply; a duplicate image id, an unknown image or category)
     is skipped with a reason naming it; a ``file_name`` outside the image folder as ``outside-corpus``.
-
     """
-
 
     name = "coco"
     payload = "image"

@@ -194,7 +194,6 @@ def outcomes(
 ) -> Iterator[Outcome]:
     """The outcomes of decoding ``items`` from input ``first[0]``, record ``first[1]`` (a resume may start
     inside an input), in order, by ``workers`` processes (1: here) given ``chunk_size`` inputs a task."""
-
     method = start_method(workers) if workers > 1 else None
     start_index, start_record = first
     if method is None:

@@ -120,7 +120,6 @@ def local_pool(workers: int) -> Iterator[Executor]:
     """The executor of a conversion in parts on this machine: ``workers`` processes started as decode
     workers are (:func:`~shardkit.converters.main_guard.start_method`), each ending itself when this
     process is gone; :class:`InlineExecutor` for one worker or when workers cannot start."""
-
     method = start_method(workers) if workers > 1 else None
     if method is None:
         yield InlineExecutor()

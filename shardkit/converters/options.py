@@ -71,7 +71,6 @@ def parse_options(
     if unknown:
         shown, accepted = [option_name(n, naming) for n in unknown], [option_name(n, naming) for n in options]
         raise ConfigError(
-
             f"kind {kind!r} does not accept option(s) {', '.join(shown)}; "
             f"expected some of: {', '.join(sorted(accepted)) or 'none'}"
         )

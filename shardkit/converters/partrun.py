@@ -676,7 +676,6 @@ def convert(
         ``image_dir``; audio: ``sample_rate`` (``"16k"``), ``duration`` (``"1500ms"``), ``channels``,
         ``window``, ``dtype``.
     """
-
     nbytes = parse_bytes(shard_bytes, what=_label("shard_bytes", naming))
     rps = None if records_per_shard is None else parse_count(
         records_per_shard, what=_label("records_per_shard", naming), minimum=1

@@ -9,6 +9,7 @@ the start). The files a part leaves until the commit: design §11, "Plan directo
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import logging
@@ -114,7 +115,6 @@ class PartJob:
     ``scratch`` holds the private ``shardkit-upload-<uid>`` directory where files wait for their
     upload to an object store (default: the system temporary directory).
     """
-
 
     plan: str
     part: int
@@ -287,12 +287,9 @@ class _PartSink:
         return payload
 
     def _fields_npz(self) -> bytes:
-        """The part's field values as the bytes of an ``.npz`` (no pickles: numeric arrays only)."""
-        arrays = {name: np.concatenate(self.fields[name]) if self.fields[name] else np.empty((0, *spec.shape), spec.dtype)
-                  for name, spec in self.job.fields.items()}  # fmt: skip
-        buffer = io.BytesIO()
-        np.savez(buffer, **arrays)  # type: ignore[arg-type]  # numpy stubs type **kwds as allow_pickle
-        return buffer.getvalue()
+        """The part's field values as the bytes of an ``.npz``."""
+        return _npz({name: np.concatenate(self.fields[name]) if self.fields[name] else np.empty((0, *spec.shape), spec.dtype)
+                     for name, spec in self.job.fields.items()})  # fmt: skip
 
     def skip(self, path: str, reason: str, cursor: int) -> None:
         self.skipped.append(SkippedInput(path, reason))
@@ -321,6 +318,21 @@ class _SpillWriter(_PartSink):
 
     def abort(self) -> None:
         self._fh.close()
+
+
+def _npz(arrays: Mapping[str, np.ndarray]) -> bytes:
+    """``arrays`` as the bytes of an ``.npz`` (no pickles: numeric arrays only)."""
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)  # type: ignore[arg-type]  # numpy stubs type **kwds as allow_pickle
+    return buffer.getvalue()
+
+
+def _size(store: Store, key: str) -> int:
+    """The size of ``key`` in ``store``, -1 when it is missing."""
+    try:
+        return store.head(key).size
+    except FileNotFoundError:
+        return -1
 
 
 def _load_fields(data: bytes, specs: Mapping[str, FieldSpec], count: int, where: str) -> dict[str, np.ndarray]:
@@ -438,9 +450,7 @@ class _AlignedWriter(_PartSink):
                 put_checked(self.store, key, local, sums.crc32c)
             finally:
                 local.unlink(missing_ok=True)
-        piece = {"key": key, "start": self._start, "count": w.count, "capacity": w.capacity, "nbytes": sums.nbytes,
-                 "crc32c": sums.crc32c, "data_crc32c": sums.data_crc32c, "index_crc32c": sums.index_crc32c,
-                 "tail_crc32c": sums.tail_crc32c}
+        piece = {"key": key, "start": self._start, "count": w.count, "capacity": w.capacity, **dataclasses.asdict(sums)}
         self.pieces.append(piece)
         self._writer = self._file = None
         values = {name: np.concatenate(self._open_fields[name]) for name in self.job.fields}
@@ -452,9 +462,7 @@ class _AlignedWriter(_PartSink):
 
     def _checkpoint(self, piece: dict[str, Any], values: dict[str, np.ndarray], cursor: int) -> None:
         i = len(self.pieces) - 1
-        buffer = io.BytesIO()
-        np.savez(buffer, **values)  # type: ignore[arg-type]  # numpy stubs type **kwds as allow_pickle
-        data = buffer.getvalue()
+        data = _npz(values)
         put_checked(self.store, part_key(self.job.plan, self.job.part, f"-{i}.npz"), data)
         later = next((j for j in range(self._saved_skips, len(self.skipped)) if self.skipped[j].cursor >= cursor),
                      len(self.skipped))
@@ -519,11 +527,7 @@ class _AlignedWriter(_PartSink):
                 raise NotADatasetError(f"{where}: a skip at cursor {at} outside the checkpoint")
             skipped.append(SkippedInput(jv.string(m.get("path"), "skipped[].path", where),
                                         jv.string(m.get("reason"), "skipped[].reason", where), at))
-        try:
-            size = self.store.head(piece["key"]).size
-        except FileNotFoundError:
-            size = -1
-        if size != piece["nbytes"]:
+        if _size(self.store, piece["key"]) != piece["nbytes"]:
             raise NotADatasetError(f"{self.store.describe(piece['key'])}: missing or changed since its checkpoint")
         digest = FileDigest.from_json(doc.get("fields"), where=where, what="fields")
         bound = piece["count"] * sum(spec.nbytes for spec in self.job.fields.values()) + (64 << 10)
@@ -643,11 +647,7 @@ def read_manifest(store: Store, plan: str, part: int, inputs: tuple[int, int], r
         logger.warning("%s: manifest of another part; the part is converted again", where)
         return None
     for piece in m.pieces:
-        try:
-            size = store.head(piece["key"]).size
-        except FileNotFoundError:
-            size = -1
-        if size != piece["nbytes"]:
+        if _size(store, piece["key"]) != piece["nbytes"]:
             logger.info("%s: a file of the part is missing or changed; the part is converted again", where)
             return None
     return m

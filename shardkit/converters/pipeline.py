@@ -108,7 +108,6 @@ class ConvertSummary:
         A conversion in parts: parts in the plan, parts this run converted, what the commit did.
     """
 
-
     output: Path | str
     kind: str
     records: int
@@ -295,7 +294,6 @@ def decode_into(
     ``provenance`` is the kind's name and its provenance columns; ``first_input`` is the number of
     ``items[0]`` in the whole input sequence (a record's provenance names its input by it).
     """
-
     n = len(items)
     batcher = _Batcher(sink, names)
     tally = tally if tally is not None else Tally()

@@ -15,7 +15,6 @@ def progress_bar(unit: str, desc: str, *, disable: bool | None = None) -> Iterat
     """A ``progress(inputs_done, inputs_total, records)`` callback drawing a tqdm bar of ``unit`` (``img``)
     labelled ``desc``, created at the first call and closed on exit; logging goes through tqdm meanwhile.
     ``disable``: ``True`` no bar, ``False`` always, ``None`` only when standard error is a terminal."""
-
     from tqdm import tqdm
     from tqdm.contrib.logging import logging_redirect_tqdm
 

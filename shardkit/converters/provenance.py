@@ -193,7 +193,6 @@ def summarize(payload: str, transform: Mapping[str, Any], columns: Sequence[str]
     """Counts of what conversion changed over every record (``values``: the provenance field ``[N, C]``):
     clips trimmed or padded, rates resampled from, images upscaled more than 2x, ... Stored at the commit
     as ``provenance.changes``; ``{}`` for a payload or transform this module does not know."""
-
     values = np.asarray(values).reshape(-1, len(columns))
     out: dict[str, Any]
     if payload == "image" and (image := _image_transform(transform)) is not None:

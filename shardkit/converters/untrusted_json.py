@@ -25,7 +25,6 @@ _TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
 def loads(raw: bytes) -> tuple[Any, bool]:
     """Parse ``raw``; returns ``(document, truncated)`` where ``truncated`` says :data:`TOO_DEEP`
     replaced something. JSONDecodeError when it is not JSON, RecursionError when brackets never close."""
-
     try:
         return json.loads(raw), False
     except RecursionError:

@@ -89,22 +89,9 @@ def _as_record_bytes(records: np.ndarray) -> memoryview:
 
 
 class ShardWriter:
-    """Stream records into one payload shard file.
-
-    Parameters
-    ----------
-    path
-        Final path of the shard; bytes go to ``path.partial`` until :meth:`close`.
-    capacity
-        Records per shard S (the index always has S entries; unused ones are marked empty).
-    record
-        Shape and dtype of one record.
-    codec
-        Per-record compression, or ``None`` for the fixed-size layout.
-    durable
-        fsync before the rename (default). ``False`` for scratch files (SSD-tier reservoirs): the
-        rename still makes the file appear complete or not at all, but nothing waits for the disk.
-    """
+    """Stream records (``record``, compressed by ``codec`` or fixed-size) into one payload shard file of
+    ``capacity`` records: bytes go to ``path.partial`` until :meth:`close`. ``durable=False`` (scratch
+    files) keeps the atomic rename but skips the fsync."""
 
     def __init__(
         self,
@@ -155,13 +142,8 @@ class ShardWriter:
         self.count += k
 
     def append_stored(self, data: bytes | memoryview, sizes: Sequence[int]) -> None:
-        """Append records already in their stored form, without decoding or encoding them.
-
-        ``data`` holds the stored records one after the other and ``sizes`` the stored size of each
-        (``record.nbytes`` when uncompressed, the encoded size otherwise). A commit re-packs records
-        from other shards this way (:mod:`shardkit.formats.commit`): a codec is deterministic, so
-        the bytes are the ones the record's own writer would have produced.
-        """
+        """Append records already in their stored form (``data``: one after the other, ``sizes``: the
+        stored size of each), as a commit re-packs them: a codec is deterministic, so the bytes are the same."""
         if self._fd is None:
             raise ShardkitError(f"{self.partial}: shard writer already closed")
         k = len(sizes)
@@ -272,25 +254,20 @@ class DatasetWriter:
     records_per_shard
         S; by default chosen so an uncompressed shard is about ``shard_bytes``.
     field_chunk
-        Records per chunk of the small field arrays (fewer when the dataset or a chunk's decoded
-        size would be smaller, see ``DatasetMeta.field_chunk_records``).
+        Records per chunk of the small field arrays (fewer when the dataset is smaller or a chunk
+        would decode to too much).
     compression
         Codec name (``"zstd"``), codec JSON, a codec object, or ``None``.
     transform, source, extra
         Provenance stored in the metadata.
     durable
-        fsync every file before it is renamed into place (default), so that the metadata, written
-        last, never lists a file a power cut could still lose. ``False`` for scratch datasets
-        (SSD-tier reservoirs) that nobody needs after a crash: same atomic renames, no waiting.
+        fsync every file before it is renamed into place (default), so the metadata never lists a
+        file a power cut could lose; ``False`` for scratch datasets: same atomic renames, no waiting.
     provenance
-        Where the records came from (see :mod:`shardkit.formats.provenance`): ``fields`` must then
-        hold the per-record field ``provenance`` of the spec's columns; the input table and the
-        metadata's ``provenance`` block are written by :meth:`close`.
+        Where the records came from (:mod:`shardkit.formats.provenance`): ``fields`` then holds the
+        per-record field ``provenance``; :meth:`close` writes the input table.
 
-    Raises
-    ------
-    ConfigError
-        ``path`` already holds a dataset (the writer never replaces one).
+    ConfigError when ``path`` already holds a dataset (the writer never replaces one).
     """
 
     def __init__(
