@@ -145,12 +145,9 @@ class ClassFolderDecoder(Decoder):
 
 
 class ClassFolderConverter(Converter):
-    """A corpus of class folders, whatever the media: the ``label`` field, its names (the sorted class
-    folders), inputs scanned below ``base`` in sorted order, detection by file extensions.
-
-    Subclasses set :attr:`media_extensions` and :attr:`media_name`, implement :meth:`media_transform`
-    and :meth:`make_decoder`, and may override :meth:`layout` (audio corpora also split by lists).
-    """
+    """A corpus of class folders, whatever the media: the ``label`` field and its names, inputs in
+    sorted order, detection by extension. Subclasses set :attr:`media_extensions` and :attr:`media_name`,
+    implement :meth:`media_transform` and :meth:`make_decoder`, and may override :meth:`layout`."""
 
     #: Extensions (lower case, with the dot) of this media's files.
     media_extensions: ClassVar[frozenset[str]] = frozenset()

@@ -150,12 +150,8 @@ def _upright(size: tuple[int, int], orientation: int) -> tuple[int, int]:
 def _decode(
     path: Path, *, max_pixels: int | None = None, want: Callable[[int, int], tuple[int, int]] | None = None
 ) -> _Decoded:
-    """Decode ``path`` (at a reduced JPEG scale when ``want`` allows) and apply its EXIF orientation.
-
-    ``want(width, height)`` gives, for the upright original size, the smallest upright size the
-    caller needs; a JPEG at least twice that size in both directions is decoded at the largest DCT
-    scale (1/2, 1/4, 1/8) that still gives it.
-    """
+    """Decode ``path`` and apply its EXIF orientation; a JPEG at least twice the upright size
+    ``want(width, height)`` asks for is decoded at the largest DCT scale (1/2, 1/4, 1/8) that gives it."""
     from PIL import Image, ImageOps, UnidentifiedImageError
 
     check_regular_file(path)

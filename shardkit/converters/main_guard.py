@@ -64,11 +64,8 @@ def _is_main_test(test: ast.expr) -> bool:
 
 
 def call_is_guarded(main: ModuleType | None = None) -> bool | None:
-    """Whether the main script's statement that led to this call sits inside a ``__main__`` guard.
-
-    ``None`` when that cannot be told (no script file, not called from the script's top level, a
-    file that does not parse): then nothing is changed.
-    """
+    """Whether the main script's statement that led to this call sits inside a ``__main__`` guard;
+    ``None`` when that cannot be told (no script file, not called from its top level, does not parse)."""
     main = sys.modules.get("__main__") if main is None else main
     path = getattr(main, "__file__", None)
     if main is None or path is None:

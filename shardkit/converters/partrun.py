@@ -3,7 +3,7 @@
 :func:`convert_in_parts` runs every conversion: ``convert`` in one process (:func:`run_converter`: the
 corpus is one part, converted inline), ``--part-size``, an executor, ``--scheduler`` and ``--append``,
 into a directory or an object store alike. A re-run after a kill at any instant finishes the job and
-gives a byte-identical result; two runs into one output never mix (design §11, "One at a time").
+gives a byte-identical result; two runs into one output never mix (docs/design.md §11).
 """
 
 from __future__ import annotations
@@ -451,12 +451,8 @@ def convert_in_parts(
     single: bool = False,
     staging_dir: str | os.PathLike[str] | None = None,
 ) -> ConvertSummary:
-    """Convert ``conv``'s corpus in parts on ``executor`` (inline when ``None``) and commit them at ``out``.
-
-    See :func:`shardkit.converters.convert` for the parameters; with ``append`` the records are added
-    after the dataset's at ``out`` as its next version. ``single``: the whole corpus is one part (a
-    conversion in one process; its summary lists no parts).
-    """
+    """Convert ``conv``'s corpus in parts on ``executor`` (inline when ``None``) and commit them at ``out``
+    (parameters: :func:`shardkit.converters.convert`); ``single``: the whole corpus is one part."""
     refuse_inside_worker_start()
     t0 = time.perf_counter()
     store = open_store(as_location(out, resolve=False) if is_url(out) else Path(os.path.abspath(out)))

@@ -4,7 +4,7 @@ A :class:`PartPlan` cuts the input sequence into runs of ``part_size`` inputs. A
 follow every record of the parts before it, so it is converted in up to two tasks: :func:`count_part`
 decodes it into a spill on the worker's disk and returns its record count, then :func:`write_part`,
 once its offset is known, writes it on the global shard grid (directly when the offset is known from
-the start). The files a part leaves until the commit: design §11, "Plan directory".
+the start). The files a part leaves until the commit: docs/design.md §11, "Plan directory".
 """
 
 from __future__ import annotations
@@ -696,11 +696,8 @@ def _parse_manifest(doc: dict[str, Any], where: str, s: int, payload: str, ndim:
 
 
 def write_part(job: PartJob, offset: int, spilled: Spilled | None = None) -> PartManifest:
-    """Write part ``job`` to the output with its first record at global number ``offset`` (see the module docstring).
-
-    Reads the spill :func:`count_part` left when it is on this machine; otherwise decodes the inputs
-    (same bytes: decoding is deterministic), from the last checkpoint an interrupted run left.
-    """
+    """Write part ``job`` to the output with its first record at global number ``offset``: from the spill
+    :func:`count_part` left when it is on this machine, else decoding from the last checkpoint."""
     store = _check_reach(job)
     if not store.is_local:
         _scratch(job, sweep=True)

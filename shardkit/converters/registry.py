@@ -1,11 +1,9 @@
 """The registry of corpus kinds: a name maps to ``"module:Class"``, imported only when needed.
 
-Built-in kinds are listed in :data:`BUILTIN`; another package adds a kind through the entry-point
-group :data:`ENTRY_POINT_GROUP` (``[project.entry-points."shardkit.converters"]`` with
-``librispeech = "shardkit_librispeech:LibriSpeechConverter"``), code with :func:`register`. A kind's
-module is imported the first time it is asked for (:func:`get_converter`), so a broken or slow
-plugin costs nothing until used; :func:`detect_kind` and the CLI import them all, logging (not
-raising) a plugin that fails to import (docs/design.md §2).
+Built-in kinds are in :data:`BUILTIN`; a package adds one through the entry-point group
+:data:`ENTRY_POINT_GROUP` (``librispeech = "shardkit_librispeech:LibriSpeechConverter"``), code with
+:func:`register`. :func:`detect_kind` and the CLI import every kind, logging (not raising) a plugin
+that fails to import (docs/design.md §2).
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Writing datasets: payload shards streamed sequentially, metadata last.
 
-A :class:`ShardWriter` streams records into ``<shard>.partial`` with plain ``os.write`` calls, appends
-the index and its crc32c, fsyncs and renames: a shard file either exists complete or not at all.
-
-A :class:`DatasetWriter` cuts the stream of records into shards, keeps the small per-record fields,
-and on :meth:`DatasetWriter.close` writes the field arrays, the zarr array documents and finally the
-root group document that lists every shard. Until that last rename the directory is recognisably
-incomplete (``IncompleteDatasetError`` on open).
+A :class:`ShardWriter` streams records into ``<shard>.partial``, appends the index and its crc32c,
+fsyncs and renames: a shard file exists complete or not at all. A :class:`DatasetWriter` cuts records
+into shards and on :meth:`DatasetWriter.close` writes the field arrays, the array documents and last
+the root group document; until then the directory is incomplete (``IncompleteDatasetError`` on open).
 """
 
 from __future__ import annotations
