@@ -372,16 +372,9 @@ class AudioTransform:
         records, _ = self._records(_ArrayFrames(data, path), rate, path, 0, None)
         return records
 
-    def load(self, path: Path, start: int = 0, limit: int | None = None) -> tuple[list[np.ndarray], bool]:
-        """Records ``start, start + 1, ...`` of ``path`` (at most ``limit``) and whether more follow.
-
-        Reads only the frames those records need (docs/design.md §5).
-        """
-        clips = self.read(path, start, limit)
-        return clips.records, clips.more
-
     def read(self, path: Path, start: int = 0, limit: int | None = None) -> AudioClips:
-        """:meth:`load`, with what the file was (rate, channels, length) for the records' provenance."""
+        """Records ``start, start + 1, ...`` of ``path`` (at most ``limit``), whether more follow, and what the
+        file was; reads only the frames those records need (docs/design.md §5)."""
         with _open(path) as (frames, rate):
             records, more = self._records(frames, rate, str(path), start, limit)
             return AudioClips(records, more, rate, frames.channels, frames.frames)
@@ -391,7 +384,6 @@ class AudioTransform:
 class AudioClips:
     """The records asked for of one audio file, whether it has more, and its rate, channels and
     length in frames (its provenance columns, :data:`AUDIO_COLUMNS`)."""
-
 
     records: list[np.ndarray]
     more: bool

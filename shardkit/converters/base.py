@@ -193,7 +193,6 @@ class Converter(ABC):
         """``option`` as the user wrote it (``--sample-rate`` on the CLI, ``sample_rate`` in Python)."""
         return option_name(option, self.naming)
 
-
     # ------------------------------------------------------------------ detection
     @classmethod
     @abstractmethod

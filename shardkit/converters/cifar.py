@@ -162,7 +162,6 @@ class SafeUnpickler(pickle.Unpickler):
     """Unpickler that allows only plain containers, bytes and numpy arrays/dtypes; call :func:`safe_load`
     (which also replaces the arrays' stand-ins) rather than ``load`` directly."""
 
-
     def find_class(self, module: str, name: str) -> Any:
         try:
             return _GLOBALS[(module, name)]

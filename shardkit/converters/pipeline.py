@@ -9,6 +9,7 @@ Determinism, bounded memory and bad inputs: docs/design.md §5.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -234,10 +235,8 @@ class BackgroundWriter:
     def stop(self) -> None:
         """Finish what was queued (completed shards are kept for a resume), swallowing a failure:
         the caller is already handling one."""
-        try:
+        with contextlib.suppress(BaseException):
             self.drain()
-        except BaseException:
-            pass
 
 
 class _Batcher:
