@@ -1,10 +1,8 @@
 """``shardkit convert``: turn a raw corpus into a dataset, with a progress bar and a summary.
 
-The corpus options (``--size``, ``--sample-rate``, ...) are not written here: they are generated from
-the option schema of every registered kind (:attr:`shardkit.converters.base.Converter.options`,
-including kinds added by other packages), so a new kind or option changes nothing in this module.
-Their values reach the kind as text and are parsed by the kind's own option parsers, which name the
-flag in their errors.
+The corpus options (``--size``, ``--sample-rate``, ...) are generated from the option schema of every
+registered kind (:attr:`shardkit.converters.base.Converter.options`); their text values are parsed by
+the kind's own parsers, which name the flag in their errors.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Converters: raw corpora (COCO, class folders, CIFAR batches, audio folders) into shardkit datasets.
 
-``convert(src, out, kind=None, **options)`` is the entry point. Each corpus kind is one module with a
-:class:`~shardkit.converters.base.Converter` subclass (the main-process half) and a small picklable
-:class:`~shardkit.converters.base.Decoder` (the worker half), named in
-:mod:`~shardkit.converters.registry` or added by another package through the ``shardkit.converters``
-entry points. Nothing here imports torch or tensorflow.
+``convert(src, out, kind=None, **options)`` is the entry point; a corpus kind is a
+:class:`~shardkit.converters.base.Converter` named in :mod:`~shardkit.converters.registry` or added
+through the ``shardkit.converters`` entry points. Nothing here imports torch or tensorflow.
 """
 
 from shardkit.converters.base import Converter, Decoded, Decoder, Note, ScanResult, Skip

@@ -1,13 +1,9 @@
 """Audio class-folder corpora, Speech-Commands style: ``ROOT/<word>/<clip>.{wav,flac,ogg}``.
 
-Splits come either from split directories (``ROOT/train/<word>/...``) or, Speech-Commands style,
-from ``validation_list.txt`` / ``testing_list.txt`` (paths relative to ROOT, one a line): split
-``validation`` (alias ``val``) and ``test`` (alias ``testing``) are the listed files, ``train`` is
-every other file, ``all`` is everything. Without ``split`` a corpus with lists converts ``train``.
-
-Record: ``audio`` int16 or float32 ``[T]`` (mono) or ``[T, C]``, and ``label`` int64. With
-``window=True`` one file may give several records; they are decoded a bounded number at a time
-(:mod:`shardkit.converters.audio_transforms`).
+Splits come from split directories (``ROOT/train/<word>/...``) or from ``validation_list.txt`` /
+``testing_list.txt``: ``validation`` (``val``) and ``test`` (``testing``) are the listed files,
+``train`` (the default) every other one, ``all`` everything. Record: ``audio`` int16 or float32
+``[T]`` or ``[T, C]`` and ``label`` int64; with ``window=True`` a file may give several records.
 """
 
 from __future__ import annotations

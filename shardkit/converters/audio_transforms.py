@@ -259,20 +259,12 @@ def _open(path: Path) -> Iterator[tuple[_FileFrames, int]]:
 
 @dataclass(frozen=True)
 class AudioTransform:
-    """Decode, mix/keep channels, resample and cut to fixed-length records.
+    """Decode, mix/keep channels, resample and cut to fixed-length records (docs/design.md §5).
 
-    Mixing to mono takes the mean (a mono file duplicated into two channels is unchanged);
-    resampling is polyphase (:class:`Resampler`); a clip is zero-padded or trimmed at the end, or
-    with ``window=True`` cut into consecutive non-overlapping windows (the last one zero-padded) so no
-    audio is thrown away. Memory is bounded whatever the header claims (docs/design.md §5): only the
-    frames the records need are read, in blocks of about :data:`BLOCK_BYTES`.
-
-    Files with a rate outside :data:`MIN_RATE` .. :data:`MAX_RATE`, more than
-    :data:`MAX_FILE_CHANNELS` channels, a rate pair beyond :data:`MAX_RATE_FACTOR`, or (windowed)
-    more windows than :data:`~shardkit.converters.base.MAX_RECORDS_PER_INPUT` are skipped as
-    ``unsupported`` or ``too-long``; other failures are :class:`~shardkit.errors.InputFileError`
-    with a categorised reason (``missing``, ``unreadable``, ``empty``, ``unsupported``, ``corrupt``,
-    ``channels``).
+    Mixing to mono takes the mean; a clip is zero-padded or trimmed at the end, or with
+    ``window=True`` cut into consecutive windows (the last one zero-padded). Rates outside
+    :data:`MIN_RATE` .. :data:`MAX_RATE`, more than :data:`MAX_FILE_CHANNELS` channels, a rate pair
+    beyond :data:`MAX_RATE_FACTOR` or too many windows are skipped (``unsupported``, ``too-long``).
 
     Parameters
     ----------
@@ -380,16 +372,9 @@ class AudioTransform:
         records, _ = self._records(_ArrayFrames(data, path), rate, path, 0, None)
         return records
 
-    def load(self, path: Path, start: int = 0, limit: int | None = None) -> tuple[list[np.ndarray], bool]:
-        """Records ``start, start + 1, ...`` of ``path`` (at most ``limit``) and whether more follow.
-
-        Reads only the frames those records need (docs/design.md §5).
-        """
-        clips = self.read(path, start, limit)
-        return clips.records, clips.more
-
     def read(self, path: Path, start: int = 0, limit: int | None = None) -> AudioClips:
-        """:meth:`load`, with what the file was (rate, channels, length) for the records' provenance."""
+        """Records ``start, start + 1, ...`` of ``path`` (at most ``limit``), whether more follow, and what the
+        file was; reads only the frames those records need (docs/design.md §5)."""
         with _open(path) as (frames, rate):
             records, more = self._records(frames, rate, str(path), start, limit)
             return AudioClips(records, more, rate, frames.channels, frames.frames)
@@ -397,16 +382,8 @@ class AudioTransform:
 
 @dataclass(frozen=True)
 class AudioClips:
-    """Records of one audio file and what the file was.
-
-    Attributes
-    ----------
-    records, more
-        The records asked for, and whether the file has more.
-    rate, channels, frames
-        The file's sample rate, channels and length in frames (its provenance columns,
-        :data:`AUDIO_COLUMNS`).
-    """
+    """The records asked for of one audio file, whether it has more, and its rate, channels and
+    length in frames (its provenance columns, :data:`AUDIO_COLUMNS`)."""
 
     records: list[np.ndarray]
     more: bool

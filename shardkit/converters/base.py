@@ -1,12 +1,10 @@
 """The converter seam: :class:`Converter` (the main-process half) and :class:`Decoder` (the worker half).
 
 A corpus kind is one module with a :class:`Converter` subclass, named in the registry
-(:mod:`shardkit.converters.registry`). The pipeline only talks to these two interfaces and this module
-knows no kind, so adding a kind never touches the pipeline, the CLI or the other kinds.
-:meth:`Converter.scan` returns the input sequence, whose order alone fixes the record order; a small
-picklable :class:`Decoder` turns one input into records in a worker, or raises
-:class:`~shardkit.errors.InputFileError` (a skip with its reason). Every record can be traced to its
-input (:data:`PROVENANCE`). Why two halves: docs/design.md §2, §5.
+(:mod:`shardkit.converters.registry`); this module knows no kind. :meth:`Converter.scan` returns the
+input sequence, whose order alone fixes the record order; a small picklable :class:`Decoder` turns one
+input into records in a worker, or raises :class:`~shardkit.errors.InputFileError` (a skip). Why two
+halves: docs/design.md §2, §5.
 """
 
 from __future__ import annotations
@@ -23,6 +21,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from shardkit.converters.options import Option, OptionNaming, parse_options
+from shardkit.declare import option_name
 from shardkit.errors import DatasetNotFoundError
 from shardkit.formats import FieldSpec
 from shardkit.formats.provenance import BASE_COLUMNS, PROVENANCE_FIELD, ProvenanceSpec
@@ -43,9 +42,7 @@ __all__ = [
 ]
 
 #: Record key under which a decoder gives the record's provenance columns (a ``{column: int}`` dict
-#: with an integer for each of :attr:`Converter.provenance_columns`); the pipeline adds each record's
-#: input and part number and turns it into the dataset's provenance field. Kinds that declare no
-#: columns still get the input and part of every record; :meth:`Converter.input_name` names inputs.
+#: for :attr:`Converter.provenance_columns`); the pipeline adds each record's input and part number.
 PROVENANCE = PROVENANCE_FIELD
 
 #: One record as produced by :meth:`Decoder.decode`: the payload and every declared field.
@@ -62,11 +59,8 @@ RECORD_BYTES_PER_CALL = 4 << 20
 
 @dataclass(frozen=True)
 class Skip:
-    """An input found unusable while scanning (before any decode), with its reason.
-
-    ``reason`` always starts with a short category followed by ``": "`` (``"missing: ..."``); the
-    summary counts skips by that category, the metadata keeps the full text.
-    """
+    """An input found unusable while scanning, with its reason: a short category, ``": "``, then the
+    detail (``"missing: ..."``); the summary counts skips by category."""
 
     path: str
     reason: str
@@ -86,20 +80,9 @@ class Note:
 
 @dataclass(frozen=True)
 class Decoded:
-    """Records ``start, start + 1, ...`` of one input, as returned by :meth:`Decoder.decode`.
-
-    Attributes
-    ----------
-    records
-        The records, in order.
-    start
-        Number of the first record within its input.
-    more
-        The input has records after these: the pipeline asks for them with
-        ``decode(item, start=start + len(records))`` before it moves to the next input.
-    notes
-        Notes about the input (reported once per decode call).
-    """
+    """Records ``start, start + 1, ...`` of one input, as returned by :meth:`Decoder.decode`; with
+    ``more`` the pipeline asks for the next ones (``start=start + len(records)``) before the next
+    input. ``notes`` are reported once per call."""
 
     records: list[Record]
     start: int = 0
@@ -114,16 +97,8 @@ class Decoded:
 
 @dataclass
 class ScanResult:
-    """What :meth:`Converter.scan` found.
-
-    Attributes
-    ----------
-    items
-        The input sequence: work items in record order (any indexable sequence with ``len``).
-    skipped
-        Problems found while scanning that are not items of the sequence (for example COCO
-        annotations for unknown images); they are reported once, with the first shard.
-    """
+    """What :meth:`Converter.scan` found: the input sequence (work items in record order, any indexable
+    sequence with ``len``) and problems that are not items of it (COCO annotations for unknown images)."""
 
     items: Sequence[Any]
     skipped: list[Skip] = field(default_factory=list)
@@ -154,15 +129,8 @@ class InputNames(Sequence[str]):
 
 
 class Decoder(ABC):
-    """Decode work items into records; runs in worker processes, so it must stay small and picklable.
-
-    Parameters
-    ----------
-    payload
-        Name of the payload field of every record.
-    record
-        Shape and dtype of one payload record.
-    """
+    """Decode work items into records (payload ``payload`` of spec ``record``); runs in worker
+    processes, so it must stay small and picklable."""
 
     def __init__(self, payload: str, record: FieldSpec) -> None:
         self.payload = payload
@@ -170,12 +138,8 @@ class Decoder(ABC):
 
     @abstractmethod
     def decode(self, item: Any, start: int = 0) -> Decoded:
-        """Records ``start, start + 1, ...`` of ``item``; raise ``InputFileError`` to skip it.
-
-        Kinds with one record per input only ever see ``start == 0``. A kind that cuts an input
-        into several records returns at most about :data:`RECORD_BYTES_PER_CALL` bytes of them per
-        call and sets :attr:`Decoded.more` when records remain.
-        """
+        """Records ``start, start + 1, ...`` of ``item`` (at most about :data:`RECORD_BYTES_PER_CALL`
+        bytes, with :attr:`Decoded.more` when records remain); raise ``InputFileError`` to skip it."""
 
     @abstractmethod
     def item_path(self, item: Any) -> str:
@@ -185,19 +149,16 @@ class Decoder(ABC):
 class Converter(ABC):
     """Turn one corpus kind into records (the main-process half; see the module docstring).
 
-    Subclasses set :attr:`name`, :attr:`payload`, :attr:`options`, implement the abstract methods
-    and are named in :mod:`shardkit.converters.registry` (or an entry point).
+    Subclasses set :attr:`name`, :attr:`payload`, :attr:`options` and implement the abstract methods.
 
     Parameters
     ----------
     src
-        Corpus root directory (or file, for kinds that accept one). It is resolved to an absolute
-        path, so a relative and an absolute spelling of the same corpus are the same conversion.
+        Corpus root directory (or file, for kinds that accept one), resolved to an absolute path.
     naming
         How errors name options: ``"python"`` (``sample_rate``) or ``"cli"`` (``--sample-rate``).
     **options
-        Kind-specific options (see :attr:`options`); unknown names are a
-        :class:`~shardkit.errors.ConfigError`, and each value is parsed by its :class:`Option`.
+        Kind-specific options (see :attr:`options`), each parsed by its :class:`Option`.
     """
 
     #: Registry name of the kind (``--kind``).
@@ -230,12 +191,7 @@ class Converter(ABC):
 
     def label(self, option: str) -> str:
         """``option`` as the user wrote it (``--sample-rate`` on the CLI, ``sample_rate`` in Python)."""
-        return "--" + option.replace("_", "-") if self.naming == "cli" else option
-
-    @classmethod
-    def option_defaults(cls) -> dict[str, Any]:
-        """Every option with its default."""
-        return {o.name: o.default for o in cls.options}
+        return option_name(option, self.naming)
 
     # ------------------------------------------------------------------ detection
     @classmethod
@@ -318,22 +274,16 @@ class Converter(ABC):
         return InputNames(len(items), lambda i: self.input_name(items[i]))
 
     def summarize_changes(self, columns: Sequence[str], values: np.ndarray) -> dict[str, Any]:
-        """Counts of what conversion changed over every record (the metadata's ``provenance.changes``).
-
-        ``values`` is the whole provenance field. The default understands image and audio kinds
-        (:func:`shardkit.converters.provenance.summarize`); another kind may count its own.
-        """
+        """Counts of what conversion changed over the whole provenance field ``values`` (the metadata's
+        ``provenance.changes``); another kind than image or audio may count its own."""
         from shardkit.converters.provenance import summarize
 
         return summarize(self.payload, self.transform(), columns, values)
 
     def inputs_fingerprint(self, scan: ScanResult) -> str:
-        """Fingerprint of the input sequence, stored in the config.
+        """Fingerprint of the input sequence, stored in the config: a resume counts inputs by position,
+        so it is refused when the corpus changed. By default the crc32 of the item names."""
 
-        A resume counts inputs by position, so it must be refused when the corpus changed in
-        between (a file added or removed shifts every position). By default: crc32 of the item
-        names; kinds whose names do not capture the content (annotation files, batches) extend it.
-        """
         crc = 0
         for i in range(len(scan.items)):
             crc = zlib.crc32(self.item_path(scan.items[i]).encode("utf-8", "surrogateescape") + b"\n", crc)

@@ -1,23 +1,11 @@
-"""CIFAR-10 / CIFAR-100 python batches, read with a restricted unpickler.
+"""CIFAR-10 / CIFAR-100 python batches, read with a restricted unpickler (docs/design.md §13).
 
-Pickle can execute arbitrary code: a "batch" downloaded from anywhere could run a program when
-loaded. :class:`SafeUnpickler` therefore resolves only the handful of globals that plain data needs
-(numpy's array and dtype reconstruction, builtin container/scalar types and latin-1 byte
-decoding); anything else is refused with a :class:`~shardkit.errors.ConversionError` naming the file
-and the global it asked for, and object arrays are refused too. Arrays are built only from bytes the
-file holds: numpy's own reconstruction would allocate whatever shape the pickle claims (uninitialised
-memory that would end up in the dataset), so the claimed shape times the item size must equal the
-length of the data before anything is allocated. A refused batch stops the run even without
-``--strict``: silently dropping 10 000 records of an untrusted file is not a skip.
-
-Layouts: CIFAR-10 ``data_batch_1..5`` (train), ``test_batch`` and ``batches.meta``; CIFAR-100
-``train``, ``test`` and ``meta`` (fine and coarse labels). ``SRC`` may be the batch directory or its
-parent holding ``cifar-10-batches-py`` / ``cifar-100-python``.
-
-Records: ``image`` uint8 ``[H, W, 3]`` (native 32x32 unless ``size`` is given), ``label`` int64,
-and for CIFAR-100 ``coarse_label`` int64. An image whose label is not an index into the class names
-(``-1``, ``10`` for CIFAR-10, ``2**70``, ``"cat"``) is skipped with a ``label`` reason (or stops the run
-under ``--strict``); a batch that is not the expected shape stops the run, naming the file.
+:class:`SafeUnpickler` resolves only the globals plain data needs and builds arrays only from bytes the
+file holds; anything else stops the run with a :class:`~shardkit.errors.ConversionError` naming the
+file. ``SRC`` is the batch directory (CIFAR-10 ``data_batch_1..5``, ``test_batch``, ``batches.meta``;
+CIFAR-100 ``train``, ``test``, ``meta``) or its parent. Records: ``image`` uint8 ``[H, W, 3]``,
+``label`` int64 (and ``coarse_label`` for CIFAR-100); an image whose label is not a class index is a
+``label`` skip.
 """
 
 from __future__ import annotations
@@ -64,22 +52,15 @@ def _latin1_encode(text: str, encoding: str = "latin1") -> bytes:
     return text.encode("latin1")
 
 
-def _checked_bytes(*args: Any) -> bytes:
-    """``bytes()`` / ``bytes(b"...")`` only: ``bytes(10**10)`` would allocate what the file never held."""
-    if not args:
-        return b""
-    if len(args) == 1 and isinstance(args[0], (bytes, bytearray)):
-        return bytes(args[0])
-    raise pickle.UnpicklingError(f"bytes() of {type(args[0]).__name__} is not allowed (only of bytes in the file)")
+def _of_file_bytes(kind: type[bytes] | type[bytearray]) -> Any:
+    """``kind()`` / ``kind(b"...")`` only: ``bytes(10**10)`` would allocate what the file never held."""
 
+    def make(*args: Any) -> bytes | bytearray:
+        if not args or (len(args) == 1 and isinstance(args[0], (bytes, bytearray))):
+            return kind(*args)
+        raise pickle.UnpicklingError(f"{kind.__name__}() of {type(args[0]).__name__} is not allowed (only of bytes in the file)")
 
-def _checked_bytearray(*args: Any) -> bytearray:
-    """``bytearray()`` / ``bytearray(b"...")`` only, for the same reason as :func:`_checked_bytes`."""
-    if not args:
-        return bytearray()
-    if len(args) == 1 and isinstance(args[0], (bytes, bytearray)):
-        return bytearray(args[0])
-    raise pickle.UnpicklingError(f"bytearray() of {type(args[0]).__name__} is not allowed (only of bytes in the file)")
+    return make
 
 
 def _claimed_shape(shape: Any) -> tuple[int, ...]:
@@ -94,11 +75,8 @@ def _claimed_shape(shape: Any) -> tuple[int, ...]:
 
 
 def _array_from_bytes(data: Any, dtype: Any, shape: Any, fortran: bool) -> np.ndarray:
-    """The array of ``shape`` and ``dtype`` made of exactly the bytes ``data`` read from the file.
-
-    The claimed size (a Python int: no overflow) must equal ``len(data)`` before anything is allocated,
-    so an array can never be larger than the bytes present, and never hold uninitialised memory.
-    """
+    """The array of ``shape`` and ``dtype`` made of exactly the bytes ``data`` read from the file (the
+    claimed size, a Python int, must equal ``len(data)`` before anything is allocated)."""
     if not isinstance(dtype, np.dtype):
         raise pickle.UnpicklingError(f"an array's dtype is a {type(dtype).__name__}, expected a numpy dtype")
     if dtype.hasobject:
@@ -121,11 +99,8 @@ def _array_from_bytes(data: Any, dtype: Any, shape: Any, fortran: bool) -> np.nd
 
 
 class _NdarrayType:
-    """What ``numpy.ndarray`` resolves to: only the type argument of ``_reconstruct``.
-
-    Calling ``numpy.ndarray(shape)`` would allocate uninitialised memory of a size the file merely
-    claims, so it is refused.
-    """
+    """What ``numpy.ndarray`` resolves to: only the type argument of ``_reconstruct`` (calling it would
+    allocate memory of a size the file merely claims)."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise pickle.UnpicklingError("numpy.ndarray(...) is not allowed (it allocates memory the file does not hold)")
@@ -178,18 +153,14 @@ _GLOBALS: dict[tuple[str, str], Any] = {
     ("numpy", "ndarray"): _NDARRAY,
     ("numpy", "dtype"): np.dtype,
     ("_codecs", "encode"): _latin1_encode,
-    **{(mod, "bytes"): _checked_bytes for mod in ("builtins", "__builtin__")},
-    **{(mod, "bytearray"): _checked_bytearray for mod in ("builtins", "__builtin__")},
+    **{(mod, kind.__name__): _of_file_bytes(kind) for mod in ("builtins", "__builtin__") for kind in (bytes, bytearray)},
     **{(mod, name): getattr(builtins, name) for mod in ("builtins", "__builtin__") for name in _BUILTINS},
 }
 
 
 class SafeUnpickler(pickle.Unpickler):
-    """Unpickler that allows only plain containers, bytes and numpy arrays/dtypes.
-
-    Arrays are built only from bytes present in the file (see :func:`_array_from_bytes`); call
-    :func:`safe_load`, which also replaces the arrays' stand-ins, rather than ``load`` directly.
-    """
+    """Unpickler that allows only plain containers, bytes and numpy arrays/dtypes; call :func:`safe_load`
+    (which also replaces the arrays' stand-ins) rather than ``load`` directly."""
 
     def find_class(self, module: str, name: str) -> Any:
         try:
@@ -200,11 +171,7 @@ class SafeUnpickler(pickle.Unpickler):
 
 def _resolve(obj: Any, path: Path) -> Any:
     """``obj`` with every array stand-in replaced by its array; object arrays, arrays that never got
-    their data and nesting deeper than a real batch could have are refused.
-
-    Each object is visited once (a pickle can reference one list from many places: without this, a
-    few hundred bytes could describe 2**60 visits); cycles end at the nesting limit.
-    """
+    their data and nesting deeper than a real batch are refused. Each object is visited once."""
     done: dict[int, Any] = {}
 
     def visit(value: Any, depth: int) -> Any:
@@ -295,11 +262,8 @@ def _names(values: Any, path: Path, key: str) -> list[str]:
 
 
 def _int_labels(values: Any, path: Path, key: str, n: int) -> tuple[np.ndarray, dict[int, str]]:
-    """``n`` labels as int64, and ``{row: what was found}`` for entries that are not int64 integers.
-
-    The batch as a whole must be a list or 1-D integer array of ``n`` entries; one bad entry only
-    makes its image a skip (its row holds -1 here).
-    """
+    """``n`` labels as int64 (-1 for a bad entry), and ``{row: what was found}`` for entries that are not
+    int64 integers; the whole must be a list or 1-D integer array of ``n`` entries."""
     if isinstance(values, np.ndarray) and values.dtype.kind in "iu" and values.shape == (n,):
         if values.dtype.kind == "u" and values.dtype.itemsize == 8 and n and values.max() > np.iinfo(np.int64).max:
             values = list(values.tolist())  # uint64 beyond int64: check entry by entry
@@ -327,13 +291,8 @@ def _batch_dir(src: Path, marker: str, parent_name: str) -> Path | None:
 
 
 class _Rows(Sequence[Any]):
-    """The input sequence: ``(row, raw 3072 bytes, label, coarse label, "batch#index")`` per image,
-    built lazily.
-
-    A label that was not an integer is given as the text found (the decoder skips its image). The
-    last entry names the image by its batch file and its index in that file (``data_batch_3#417``),
-    which is where a person finds it again.
-    """
+    """The input sequence, built lazily: ``(row, raw 3072 bytes, label, coarse label, "batch#index")`` per
+    image; a label that was not an integer is the text found (the decoder skips its image)."""
 
     def __init__(self, data: np.ndarray, labels: np.ndarray, coarse: np.ndarray | None,
                  bad: dict[int, str], bad_coarse: dict[int, str], batches: list[tuple[str, int]]) -> None:

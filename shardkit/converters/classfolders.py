@@ -1,17 +1,9 @@
 """Scanning class-folder corpora (``ROOT/[split/]<class>/<files>``), shared by images and audio.
 
-Rules, the same for both media:
-
-* A class is a sub-directory of the (split) root; names starting with ``.`` or ``_`` are not
-  classes (Speech Commands keeps noise in ``_background_noise_``). Label names are the sorted union
-  of the class names of *every* split, so a label id means the same class in ``train`` and ``val``
-  even when a split lacks a class.
-* Every non-hidden entry below a class folder is an input, walked in sorted order, whatever its
-  type: files with an unexpected extension, FIFOs, directories named like a media file and broken
-  symlinks become skips with a reason instead of silently disappearing.
-* A class folder that holds none of the media's files (a COCO root's ``annotations/`` converted as
-  class folders) would become a class without records: it is logged as a warning that names it,
-  with the kind the corpus looks like when detection says so.
+A class is a sub-directory of the (split) root not starting with ``.`` or ``_``; label names are the
+sorted union of every split's classes, so an id means the same class in each. Every non-hidden entry
+below a class folder is an input, in sorted order, whatever its type (a wrong extension, a FIFO, a
+broken symlink becomes a skip with a reason); a class folder with no media file is logged by name.
 """
 
 from __future__ import annotations
@@ -153,12 +145,9 @@ class ClassFolderDecoder(Decoder):
 
 
 class ClassFolderConverter(Converter):
-    """A corpus of class folders, whatever the media: the ``label`` field, its names (the sorted class
-    folders), inputs scanned below ``base`` in sorted order, detection by file extensions.
-
-    Subclasses set :attr:`media_extensions` and :attr:`media_name`, implement :meth:`media_transform`
-    and :meth:`make_decoder`, and may override :meth:`layout` (audio corpora also split by lists).
-    """
+    """A corpus of class folders, whatever the media: the ``label`` field and its names, inputs in
+    sorted order, detection by extension. Subclasses set :attr:`media_extensions` and :attr:`media_name`,
+    implement :meth:`media_transform` and :meth:`make_decoder`, and may override :meth:`layout`."""
 
     #: Extensions (lower case, with the dot) of this media's files.
     media_extensions: ClassVar[frozenset[str]] = frozenset()

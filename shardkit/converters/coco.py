@@ -177,14 +177,9 @@ class CocoConverter(Converter):
     ``extra["categories"]``). Images with more than ``max_boxes`` visible boxes keep the first
     ``max_boxes`` (annotation order) and are counted in the summary as ``capped``.
 
-    JSON that does not parse, or a top level without an ``images`` list, stops the run (an empty
-    dataset would look complete). One bad entry never does: an entry of the wrong JSON type, a field
-    of the wrong type (``"id": "7"``, ``"bbox": "x"``), an id that does not fit int64, or a value
-    nested too deeply (:mod:`shardkit.converters.untrusted_json`) is skipped as ``malformed`` with a
-    reason naming the entry; duplicate image ids (every entry claiming the id), annotations for
-    unknown images or categories are skipped with a reason too. Under ``--strict`` the first such
-    skip stops the run. ``file_name`` entries that are absolute, contain ``..`` or resolve (through
-    symlinks) outside the image folder are skipped as ``outside-corpus`` without opening them.
+    JSON that does not parse, or without an ``images`` list, stops the run. A bad entry (``malformed``:
+    wrong type, id beyond int64, nested too deeply; a duplicate image id, an unknown image or category)
+    is skipped with a reason naming it; a ``file_name`` outside the image folder as ``outside-corpus``.
     """
 
     name = "coco"

@@ -92,13 +92,8 @@ def decode_one(decoder: Decoder, index: int, item: Any, start: int = 0) -> Outco
 # ---------------------------------------------------------------------- worker processes
 @dataclass(frozen=True)
 class _RingSpec:
-    """Where decoded payloads travel from workers to the parent: a file-backed ring of slots.
-
-    Pickling every decoded 150 KB image through the pool's pipe cost about a quarter of two
-    workers' time on 2 cores (measured: 2,000 images in 3.0-3.5 s returning arrays vs 2.6 s
-    returning nothing). Instead each task gets a slot; the worker writes the chunk's payloads there
-    and returns only small fields, and the parent copies the payloads out and frees the slot.
-    """
+    """Where decoded payloads travel from workers to the parent: a file-backed ring of slots, one per
+    task (pickling every 150 KB image through the pipe cost about a quarter of two workers' time)."""
 
     path: str
     slots: int
@@ -197,21 +192,8 @@ def outcomes(
     workers: int,
     chunk_size: int,
 ) -> Iterator[Outcome]:
-    """The outcomes of decoding ``items`` from input ``first[0]``, record ``first[1]``, in order.
-
-    Parameters
-    ----------
-    decoder
-        The converter's decoder (sent once to each worker process).
-    items
-        The input sequence.
-    first
-        ``(input index, record)`` to start at (a resume may start inside an input).
-    workers
-        Decode processes; 1 decodes in this process.
-    chunk_size
-        Inputs per task sent to a worker.
-    """
+    """The outcomes of decoding ``items`` from input ``first[0]``, record ``first[1]`` (a resume may start
+    inside an input), in order, by ``workers`` processes (1: here) given ``chunk_size`` inputs a task."""
     method = start_method(workers) if workers > 1 else None
     start_index, start_record = first
     if method is None:

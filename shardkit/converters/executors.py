@@ -1,14 +1,8 @@
 """Executors that run the parts of a conversion: inline, local processes, any ``concurrent.futures.Executor``, a Dask cluster.
 
-A conversion in parts (:mod:`shardkit.converters.partrun`) needs three things from an executor:
-``submit``, how many tasks it runs at once (:func:`slots`, so no more are queued than run), and,
-on a Dask cluster, running a task *near* a given worker (:func:`submit`, so a part is written where
-its spill is). Anything else is the executor's own business: a Dask cluster re-runs the tasks of a
-worker that died on another worker, a process pool does not (its error says so and a re-run
-resumes).
-
-Dask is an optional extra (``pip install "shardkit[dask]"``), imported only when
-:func:`dask_executor` is called.
+A conversion in parts needs ``submit``, how many tasks the executor runs at once (:func:`slots`) and,
+on Dask, running a task near a given worker (:func:`submit`: a part is written where its spill is).
+Dask (``pip install "shardkit[dask]"``) is imported only by :func:`dask_executor`.
 """
 
 from __future__ import annotations
@@ -25,7 +19,7 @@ from shardkit.converters.main_guard import start_method, worker_context
 from shardkit.errors import ConfigError
 from shardkit.processes import exit_when_gone
 
-__all__ = ["InlineExecutor", "slots", "submit", "dask_executor", "is_inline", "local_pool", "scheduler_address"]
+__all__ = ["InlineExecutor", "slots", "submit", "dask_executor", "local_pool", "scheduler_address"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,12 +30,8 @@ DASK_SCHEDULER_ENV = "DASK_SCHEDULER_ADDRESS"
 
 
 class InlineExecutor(Executor):
-    """Runs each task in the calling thread when it is submitted (one at a time).
-
-    What a conversion in parts uses when no executor is given (``append`` without one): every part
-    then knows its offset when it starts, so nothing is spilled, and each part decodes with the
-    conversion's own ``workers`` processes.
-    """
+    """Runs each task in the calling thread when it is submitted: every part then knows its offset
+    when it starts (nothing is spilled) and decodes with the conversion's own ``workers`` processes."""
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         future: Future[T] = Future()
@@ -54,9 +44,6 @@ class InlineExecutor(Executor):
         return future
 
 
-def is_inline(executor: Executor) -> bool:
-    return isinstance(executor, InlineExecutor)
-
 
 def _dask_client(executor: Executor) -> Any | None:
     """The Dask client behind ``client.get_executor()``, or ``None`` for any other executor."""
@@ -66,12 +53,9 @@ def _dask_client(executor: Executor) -> Any | None:
 
 
 def slots(executor: Executor) -> int:
-    """How many tasks ``executor`` runs at once (the scheduler keeps that many in flight).
-
-    Dask: the threads of every worker now connected; process and thread pools: their size; inline:
-    1; anything else: 4.
-    """
-    if is_inline(executor):
+    """How many tasks ``executor`` runs at once: Dask's connected worker threads, a pool's size, 1
+    inline, else 4."""
+    if isinstance(executor, InlineExecutor):
         return 1
     client = _dask_client(executor)
     if client is not None:
@@ -84,11 +68,8 @@ def slots(executor: Executor) -> int:
 
 
 def submit(executor: Executor, fn: Callable[..., T], *args: Any, near: str = "") -> Future[T]:
-    """``executor.submit(fn, *args)``; on a Dask cluster preferably on worker ``near`` (an address).
-
-    Tasks go to Dask with ``pure=False`` (every submission runs, none is served from a cached
-    result) and ``allow_other_workers`` (a worker that died does not hold its tasks back).
-    """
+    """``executor.submit(fn, *args)``; on a Dask cluster (``pure=False``: never a cached result)
+    preferably on worker ``near`` (an address) but not only there (it may die)."""
     client = _dask_client(executor)
     if client is None:
         return executor.submit(fn, *args)
@@ -113,13 +94,8 @@ def scheduler_address(given: str | None) -> str | None:
 def dask_executor(address: str, *, timeout: float = 30.0, naming: str = "python") -> Iterator[Executor]:
     """A ``concurrent.futures`` executor on the Dask cluster at ``address`` (closed on exit).
 
-    Raises
-    ------
-    MissingExtraError
-        Dask is not installed (``pip install "shardkit[dask]"``).
-    ConfigError
-        The scheduler does not answer within ``timeout`` seconds (naming the address), or the address
-        is not one.
+    MissingExtraError without Dask; ConfigError naming the address when it is not one or no scheduler
+    answers within ``timeout`` seconds.
     """
     distributed = import_extra("distributed", "dask", needed_by="shardkit convert --scheduler")
     label = "--scheduler" if naming == "cli" else "scheduler"
@@ -141,15 +117,9 @@ def dask_executor(address: str, *, timeout: float = 30.0, naming: str = "python"
 
 @contextmanager
 def local_pool(workers: int) -> Iterator[Executor]:
-    """The executor of a conversion in parts on this machine: ``workers`` processes, each converting
-    whole parts and writing their shards itself (shut down on exit).
-
-    The processes start the way decode workers do (:func:`~shardkit.converters.main_guard.start_method`:
-    forkserver, or fork for a script without a main guard). One worker, or a caller whose workers
-    could not start, gets :class:`InlineExecutor`: the parts are converted one after another here.
-    Each worker ends itself when this process is gone (:func:`~shardkit.processes.exit_when_gone`),
-    so a SIGKILLed conversion leaves no workers, fork server or resource tracker behind.
-    """
+    """The executor of a conversion in parts on this machine: ``workers`` processes started as decode
+    workers are (:func:`~shardkit.converters.main_guard.start_method`), each ending itself when this
+    process is gone; :class:`InlineExecutor` for one worker or when workers cannot start."""
     method = start_method(workers) if workers > 1 else None
     if method is None:
         yield InlineExecutor()

@@ -71,11 +71,9 @@ PAD_VALUE = 0
 
 
 def check_regular_file(path: Path) -> int:
-    """Return the size of ``path`` or raise ``InputFileError`` (missing, unreadable, not a file, empty).
+    """Return the size of ``path`` or raise ``InputFileError`` (missing, unreadable, not a regular file:
+    opening a FIFO would block, or empty)."""
 
-    Checking the file type before opening matters: opening a FIFO blocks forever, and a directory
-    named ``x.jpg`` must be a skip, not a crash.
-    """
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -109,27 +107,12 @@ def _strict_pillow(max_pixels: int | None) -> Iterator[None]:
 
 
 def open_image(path: Path, *, max_pixels: int | None = None) -> tuple[Any, int, tuple[int, int]]:
-    """Decode ``path`` fully and apply its EXIF orientation.
+    """Decode ``path`` fully; returns the upright ``PIL.Image`` (any mode), the EXIF orientation applied
+    (1 = none, reported so annotations can follow) and the stored ``(width, height)``.
 
-    The orientation is applied (phones store sideways pixels plus a tag) and reported so that
-    annotations made on the stored pixels (COCO) can follow. Pillow's decompression-bomb limit is
-    enforced at its warning threshold, not only its error threshold, and truncated images are never
-    loaded (a truncated file fails instead of becoming grey pixels). Every failure is an
-    :class:`~shardkit.errors.InputFileError` whose reason starts with a category (``missing``,
-    ``unreadable``, ``empty``, ``unsupported``, ``truncated``, ``corrupt``, ``too-large``).
-
-    Parameters
-    ----------
-    path
-        Image file.
-    max_pixels
-        Decompression-bomb limit (pixels); ``None`` keeps Pillow's default.
-
-    Returns
-    -------
-    image, orientation, stored_size
-        The upright ``PIL.Image`` (any mode), the EXIF orientation that was applied (1 = none), and
-        the ``(width, height)`` of the stored pixels before orientation.
+    Pillow's bomb limit (``max_pixels``, ``None``: Pillow's default) is enforced at its warning
+    threshold and truncated images are refused; every failure is an
+    :class:`~shardkit.errors.InputFileError` whose reason starts with a category.
     """
     opened = _decode(path, max_pixels=max_pixels)
     return opened.image, opened.orientation, opened.stored_size
@@ -167,12 +150,8 @@ def _upright(size: tuple[int, int], orientation: int) -> tuple[int, int]:
 def _decode(
     path: Path, *, max_pixels: int | None = None, want: Callable[[int, int], tuple[int, int]] | None = None
 ) -> _Decoded:
-    """Decode ``path`` (at a reduced JPEG scale when ``want`` allows) and apply its EXIF orientation.
-
-    ``want(width, height)`` gives, for the upright original size, the smallest upright size the
-    caller needs; a JPEG at least twice that size in both directions is decoded at the largest DCT
-    scale (1/2, 1/4, 1/8) that still gives it.
-    """
+    """Decode ``path`` and apply its EXIF orientation; a JPEG at least twice the upright size
+    ``want(width, height)`` asks for is decoded at the largest DCT scale (1/2, 1/4, 1/8) that gives it."""
     from PIL import Image, ImageOps, UnidentifiedImageError
 
     check_regular_file(path)
@@ -231,13 +210,8 @@ _ORIENTED_POINTS: dict[int, _Points] = {
 
 
 def orient_boxes(boxes: np.ndarray, orientation: int, width: int, height: int) -> np.ndarray:
-    """Apply EXIF ``orientation`` (1-8) to ``[x0, y0, x1, y1]`` boxes of a stored ``width x height`` image.
-
-    The mapping of points matches what ``PIL.ImageOps.exif_transpose`` does to pixels
-    (2 mirror, 3 rotate 180, 4 flip, 5 transpose, 6 rotate 90 clockwise, 7 transverse,
-    8 rotate 90 counter-clockwise). COCO boxes follow it, and so does the region of a picture
-    decoded at a reduced scale.
-    """
+    """Apply EXIF ``orientation`` (1-8) to ``[x0, y0, x1, y1]`` boxes of a stored ``width x height``
+    image, mapping points as ``PIL.ImageOps.exif_transpose`` maps pixels."""
     b = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
     move = _ORIENTED_POINTS.get(orientation)  # None for 1 (as stored) and unknown values
     if move is None or b.shape[0] == 0:
@@ -268,26 +242,16 @@ def _composite(img: Any) -> Any:
 
 
 def to_rgb(img: Any, path: str = "<image>") -> Any:
-    """Convert a ``PIL.Image`` of any mode into correct RGB, not merely "some" RGB.
-
-    Alpha (``LA``, ``RGBA``, ``P`` with transparency, premultiplied modes) is composited over
-    :data:`BACKGROUND` instead of dropped, since dropping it exposes whatever colour hides under
-    transparent pixels; 16-bit integer images (``I;16*``) are scaled by 1/257 instead of clipped at
-    255; ``I`` (32-bit int) is read as 16-bit data (what 16-bit PNG/TIFF decode to) and clipped to
-    0..65535 first; ``F`` (float) is read as intensities in 0..1. ``1``, ``L``, ``CMYK``, ``YCbCr``...
-    use Pillow's own conversions.
-    """
+    """Convert a ``PIL.Image`` of any mode into correct RGB: alpha composited over :data:`BACKGROUND`
+    (not dropped), 16-bit (and ``I``, clipped to 0..65535) scaled by 1/257, ``F`` read as 0..1
+    intensities; other modes by Pillow's own conversions."""
     from PIL import Image
 
     mode = img.mode
     if mode == "RGB":
         return img
-    if mode in ("RGBA", "LA", "PA", "La", "RGBa"):
+    if color_flags(img) == COMPOSITED:
         return _composite(img)
-    if mode == "P":
-        if "transparency" in img.info or img.has_transparency_data:
-            return _composite(img)
-        return img.convert("RGB")
     if mode.startswith("I;16") or mode == "I":
         arr = np.asarray(img).astype(np.float64)
         gray = np.clip(np.rint(np.clip(arr, 0, 65535) / 257.0), 0, 255).astype(np.uint8)
@@ -342,16 +306,9 @@ class ImageTransform:
     max_pixels
         Decompression-bomb limit; ``None`` keeps Pillow's default (about 89.5 Mpixel).
     decode
-        ``"exact"``: decode every pixel, then resize; ``"fast"``: decode less when the picture is
-        shrunk a lot: a JPEG at 1/2, 1/4 or 1/8 scale in the DCT domain (``Image.draft``), any
-        other picture reduced by a whole factor (``Image.reduce``), both stopping while it is still
-        at least :data:`REDUCING_GAP` times the resize target so the antialiased resize does the
-        last step. The geometry (and every COCO box) is computed from the original size and the
-        resize reads exactly the region of the reduced picture that holds the whole original, so
-        boxes map exactly as with ``"exact"``.
-
-    :class:`Geometry` records the exact mapping so boxes can follow; ``crop="pad"`` makes box
-    coordinates a pure scaling (the detection convention).
+        ``"exact"``: decode every pixel, then resize; ``"fast"``: a picture shrunk a lot is decoded
+        smaller first (JPEG DCT scaling, else ``Image.reduce``), at least :data:`REDUCING_GAP` times
+        the target; boxes map exactly as with ``"exact"``.
     """
 
     height: int = 224
@@ -363,8 +320,6 @@ class ImageTransform:
     decode: str = DEFAULT_DECODE
 
     def __post_init__(self) -> None:
-        # Converters check options (naming them as the user wrote them) before building a
-        # transform; these checks guard direct construction.
         if self.height <= 0 or self.width <= 0:
             raise ConfigError(f"ImageTransform: expected positive height and width, found {self.height}x{self.width}")
         if self.resize not in ("shorter", "longer"):
@@ -441,21 +396,11 @@ class ImageTransform:
         return int(np.ceil(new_w * REDUCING_GAP)), int(np.ceil(new_h * REDUCING_GAP))
 
     def _apply(self, img: Any, src: tuple[int, int], box: tuple[float, float, float, float] | None) -> tuple[np.ndarray, Geometry]:
-        """Transform ``img``, which shows an upright picture of original size ``src`` in its region ``box``.
-
-        The geometry comes from ``src`` whatever size ``img`` was decoded at, so a reduced decode
-        lands every original pixel (and box) exactly where the full decode does.
-        """
+        """Transform ``img``, which shows an upright picture of original size ``src`` in its region ``box``
+        (the geometry comes from ``src``, so a reduced decode lands every pixel where the full one does)."""
         from PIL import Image
 
-        resample = {
-            "nearest": Image.Resampling.NEAREST,
-            "box": Image.Resampling.BOX,
-            "bilinear": Image.Resampling.BILINEAR,
-            "hamming": Image.Resampling.HAMMING,
-            "bicubic": Image.Resampling.BICUBIC,
-            "lanczos": Image.Resampling.LANCZOS,
-        }[self.interpolation]
+        resample = Image.Resampling[self.interpolation.upper()]
         geo = self.geometry(*src)
         new_w, new_h = int(round(geo.sx * geo.src_w)), int(round(geo.sy * geo.src_h))
         if self.decode == "fast":
@@ -489,23 +434,9 @@ class ImageTransform:
 
 @dataclass(frozen=True)
 class LoadedImage:
-    """A decoded, transformed image and how it got there.
-
-    Attributes
-    ----------
-    array
-        ``uint8 [H, W, 3]`` in the output frame.
-    geometry
-        How the upright picture landed in the frame (boxes follow it).
-    orientation
-        The EXIF orientation that was applied (1 = none).
-    stored_size
-        ``(width, height)`` of the stored pixels, before orientation.
-    flags
-        What the colour conversion did (:data:`COMPOSITED`, :data:`DEPTH_SCALED`).
-    scale
-        The DCT scale of a fast JPEG decode (2, 4, 8), or 1.
-    """
+    """A decoded, transformed image (``uint8 [H, W, 3]``) and how it got there: its :class:`Geometry`,
+    the EXIF orientation applied (1 = none), the ``(width, height)`` stored before orientation, what
+    the colour conversion did (:data:`COMPOSITED`, :data:`DEPTH_SCALED`) and the DCT scale (2, 4, 8, or 1)."""
 
     array: np.ndarray
     geometry: Geometry

@@ -1,22 +1,8 @@
 """Decode workers and the calling script: start them so a script without a ``__main__`` guard works.
 
-Worker processes started with ``forkserver`` or ``spawn`` (shardkit's default: they inherit no
-threads or locks of the caller) first re-run the caller's main script, the way multiprocessing
-prepares every child, so that objects defined there can be unpickled. A script that calls
-``shardkit.convert(...)`` at its top level, without ``if __name__ == "__main__":``, would therefore
-start the conversion again in every worker: each worker dies while starting, and the conversion
-fails with a worker error that a re-run only repeats.
-
-So before starting workers, :func:`start_method` looks at the call: when multiprocessing would
-re-run the main script and the statement of that script that is running now is not inside a
-``__main__`` guard (read from the script's own syntax tree), the workers are forked instead (the
-start method PyTorch's DataLoader uses on Linux): a forked child starts as a copy of the caller and
-re-runs nothing. Where ``fork`` does not exist, decoding falls back to the calling process, with
-one line saying how to get the workers back. Output is byte-identical either way.
-
-As a last line of defence, :func:`refuse_inside_worker_start` stops a conversion that is being
-started by a worker re-running a script (``__name__ == "__mp_main__"``), before it touches the output
-directory that the real conversion is writing.
+:func:`start_method` forks the workers when ``forkserver``/``spawn`` would re-run a main script whose
+running statement is not under the guard (or decodes in-process where there is no ``fork``), and
+:func:`refuse_inside_worker_start` stops a conversion started by such a re-run (docs/design.md §5).
 """
 
 from __future__ import annotations
@@ -44,11 +30,9 @@ _CHILD_MAIN = "__mp_main__"
 
 
 def workers_rerun_main(main: ModuleType | None = None) -> bool:
-    """Whether forkserver / spawn workers re-run the main module (as ``multiprocessing.spawn`` decides).
+    """Whether forkserver / spawn workers re-run the main module (as ``multiprocessing.spawn`` decides):
+    a script file or ``python -m pkg.mod``, not a package's ``__main__.py`` nor an interactive session."""
 
-    A package's ``__main__.py`` (``python -m pkg``) and interactive sessions are left alone; a
-    script file, or a module run with ``python -m pkg.mod``, is re-run.
-    """
     main = sys.modules.get("__main__") if main is None else main
     if main is None:
         return False
@@ -80,11 +64,8 @@ def _is_main_test(test: ast.expr) -> bool:
 
 
 def call_is_guarded(main: ModuleType | None = None) -> bool | None:
-    """Whether the main script's statement that led to this call sits inside a ``__main__`` guard.
-
-    ``None`` when that cannot be told (no script file, not called from the script's top level, a
-    file that does not parse): then nothing is changed.
-    """
+    """Whether the main script's statement that led to this call sits inside a ``__main__`` guard;
+    ``None`` when that cannot be told (no script file, not called from its top level, does not parse)."""
     main = sys.modules.get("__main__") if main is None else main
     path = getattr(main, "__file__", None)
     if main is None or path is None:
@@ -130,14 +111,8 @@ def start_method(workers: int) -> str | None:
 
 
 def worker_context(method: str, modules: Sequence[str]) -> BaseContext:
-    """The multiprocessing context for ``method``; with ``forkserver``, ``modules`` are imported once by
-    the fork server so every worker it forks has them already.
-
-    Without it each worker imports shardkit, NumPy and Pillow itself when it unpickles its decoder
-    (about 0.3 s of CPU per worker and per conversion, measured here). The modules are added to the
-    fork server's list (``__main__`` by default), which takes effect only while the fork server of
-    this process has not started yet; after that, workers import as before.
-    """
+    """The multiprocessing context for ``method``; with ``forkserver``, ``modules`` are added to the
+    fork server's preload list (effective only until this process's fork server has started)."""
     ctx = mp.get_context(method)
     if method == "forkserver":
         from multiprocessing import forkserver
@@ -151,13 +126,8 @@ def worker_context(method: str, modules: Sequence[str]) -> BaseContext:
 
 
 def refuse_inside_worker_start() -> None:
-    """Stop a conversion started by a worker process that is re-running the main script.
-
-    Raises
-    ------
-    ConversionError
-        The caller is the top level of the main script run as ``__mp_main__`` (a worker starting).
-    """
+    """ConversionError when the caller is the top level of the main script re-run as ``__mp_main__``
+    by a worker process starting."""
     frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == _CHILD_MAIN:

@@ -1,10 +1,5 @@
-"""``shardkit.merge``: :func:`shardkit.formats.merge.merge` with the change counts the converters know.
-
-The merged dataset's ``provenance.changes`` (images upscaled, clips trimmed, ...) is counted again over
-every merged record's provenance, by the same function a conversion uses
-(:func:`shardkit.converters.provenance.summarize`), so it equals what converting the corpora in one
-go, or appending them, records.
-"""
+"""``shardkit.merge``: :func:`shardkit.formats.merge.merge` with the change counts the converters know
+(``provenance.changes`` recounted over every merged record by :func:`shardkit.converters.provenance.summarize`)."""
 
 from __future__ import annotations
 
@@ -36,9 +31,7 @@ def merge(
     overwrite: bool = False,
     keep_versions: int = DEFAULT_KEEP_VERSIONS,
 ) -> CommitReport:
-    """One new dataset at ``out`` from the datasets ``inputs`` (one schema), their records in order.
+    """One new dataset at ``out`` from the datasets ``inputs`` (one schema), their records in order
+    (see :func:`shardkit.formats.merge.merge`)."""
 
-    See :func:`shardkit.formats.merge.merge`: aligned shards are hard-linked or copied server-side,
-    the others re-packed; label names are extended; provenance tables are concatenated.
-    """
     return merge_datasets(inputs, out, overwrite=overwrite, keep_versions=keep_versions, summarize=_changes)

@@ -1,13 +1,8 @@
 """Converter options as data: each kind declares its :class:`Option` schema once.
 
-The schema is the single description of a kind's options: :class:`~shardkit.converters.base.Converter`
-parses keyword arguments with it, and ``shardkit convert`` builds its command-line flags, help and
-defaults from it (:mod:`shardkit.cli.convert`), so a new kind or option touches nothing else.
-
-Each option parses its own value with a parser built here (or a kind's own), which accepts what a
-person would type (``"16k"`` for a rate, ``"2.5s"`` for a duration, via :mod:`shardkit.units`) as well
-as plain Python values, and names the option the way the user wrote it: ``--sample-rate`` on the
-command line, ``sample_rate`` in Python.
+:class:`~shardkit.converters.base.Converter` parses keyword arguments with it and ``shardkit convert``
+builds its flags, help and defaults from it (:mod:`shardkit.cli.convert`). The parsers accept what a
+person types (``"16k"``, ``"2.5s"``, via :mod:`shardkit.units`) and name the option as the user wrote it.
 """
 
 from __future__ import annotations
@@ -15,8 +10,9 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
+from shardkit.declare import Source, option_name
 from shardkit.errors import ConfigError
 from shardkit.units import parse_count, parse_duration, parse_rate
 
@@ -35,31 +31,16 @@ __all__ = [
 ]
 
 #: How errors name an option: as a Python keyword or as a command-line flag.
-OptionNaming = Literal["python", "cli"]
+OptionNaming = Source
 #: ``parser(value, label) -> canonical value``; raises ``ConfigError`` starting with ``label``.
 Parser = Callable[[Any, str], Any]
 
 
 @dataclass(frozen=True)
 class Option:
-    """One option of a corpus kind.
-
-    Attributes
-    ----------
-    name
-        Python keyword (``sample_rate``); the flag is derived from it (``--sample-rate``).
-    type
-        ``bool`` makes an on/off flag (``--window/--no-window``); any other type takes a value, given
-        as text on the command line and parsed by :attr:`parse`.
-    default
-        Value when the option is not given (``None``: the kind decides, see :attr:`help`).
-    help
-        One line for ``--help``; say what the default means when it is ``None``.
-    parse
-        Turns a given value into the canonical one (also checking its range); ``None`` keeps it.
-    metavar
-        Placeholder shown in ``--help`` (``HZ``, ``HxW``).
-    """
+    """One option of a corpus kind: its Python keyword (the flag ``--sample-rate`` derives from it), its
+    type (``bool`` makes an on/off flag), its default (``None``: the kind decides, and ``help`` says
+    how), one line of help, the parser of a given value (``None`` keeps it) and ``--help``'s metavar."""
 
     name: str
     type: type
@@ -71,36 +52,24 @@ class Option:
     @property
     def flag(self) -> str:
         """The command-line flag: ``--sample-rate``."""
-        return "--" + self.name.replace("_", "-")
-
-    def label(self, naming: OptionNaming) -> str:
-        """The option as the user wrote it."""
-        return self.flag if naming == "cli" else self.name
+        return option_name(self.name, "cli")
 
     def value(self, given: Any, naming: OptionNaming) -> Any:
         """The canonical value of ``given`` (the default when ``None``)."""
         if given is None:
             return self.default
-        return given if self.parse is None else self.parse(given, self.label(naming))
+        return given if self.parse is None else self.parse(given, option_name(self.name, naming))
 
 
 def parse_options(
     kind: str, schema: Iterable[Option], given: Mapping[str, Any], naming: OptionNaming = "python"
 ) -> dict[str, Any]:
-    """Every option of ``schema`` parsed from ``given`` (``None`` values count as not given).
-
-    Raises
-    ------
-    ConfigError
-        An option the kind does not accept (naming the ones it does), or a value its parser refuses.
-    """
+    """Every option of ``schema`` parsed from ``given`` (``None`` values count as not given); ConfigError
+    for an option the kind does not accept (naming the ones it does) or a value its parser refuses."""
     options = {o.name: o for o in schema}
     unknown = sorted(set(given) - set(options))
     if unknown:
-        if naming == "cli":
-            shown, accepted = [Option(n, str, None, "").flag for n in unknown], [o.flag for o in options.values()]
-        else:
-            shown, accepted = unknown, list(options)
+        shown, accepted = [option_name(n, naming) for n in unknown], [option_name(n, naming) for n in options]
         raise ConfigError(
             f"kind {kind!r} does not accept option(s) {', '.join(shown)}; "
             f"expected some of: {', '.join(sorted(accepted)) or 'none'}"

@@ -1,35 +1,9 @@
 """The conversion engine: plan parts, run them on an executor, commit (docs/design.md §11).
 
 :func:`convert_in_parts` runs every conversion: ``convert`` in one process (:func:`run_converter`: the
-corpus is one part, converted inline with local decode processes), ``--part-size``, an executor,
-``--scheduler`` and ``--append``. Into a directory or an object store alike:
-
-1. scan the corpus (here, once) and, for ``append``, check that the new records fit the dataset
-   (kind, record, fields, transform, compression, records per shard, kind metadata): a mismatch is
-   refused before anything is written, naming the difference;
-2. cut the input sequence into a :class:`~shardkit.converters.parts.PartPlan`; the plan's id is a
-   hash of everything that shapes the output (and, for ``append``, of the version it appends to), so
-   a re-run of the same command finds the same plan directory and every part finished there;
-3. run the parts (:class:`_Runner`): each part is counted into a spill and written at its offset,
-   or written directly when its offset is already known; at most as many tasks are in flight as the
-   executor runs at once, parts that can be written first;
-4. commit (:func:`shardkit.formats.commit.commit`): records numbered in input order across parts,
-   boundary shards re-packed, fields and skips concatenated, label names extended, metadata last;
-   then the plan directory is removed.
-
-A re-run after a kill at any instant finishes the job without converting a finished part again
-(manifests are written last, and the commit is idempotent), and continues an unfinished part after
-its last complete shard (its checkpoints, :mod:`shardkit.converters.parts`): the result is
-byte-identical to an uninterrupted run.
-
-One at a time
-    On a local (or shared) file system the run holds an exclusive ``flock`` on the output directory
-    from before it looks for another unfinished conversion until its commit and cleanup are done
-    (:class:`_OutputLock`): a second conversion or append into the same dataset is refused at once,
-    before it writes anything. An object store has no such lock; there an append's parts write only
-    in its own plan directory (``staged``, :mod:`shardkit.converters.parts`), and the commit checks
-    the dataset's version before it changes any of its files, so of two appends planned on one
-    version the second is refused and removes its plan directory; the dataset is never mixed.
+corpus is one part, converted inline), ``--part-size``, an executor, ``--scheduler`` and ``--append``,
+into a directory or an object store alike. A re-run after a kill at any instant finishes the job and
+gives a byte-identical result; two runs into one output never mix (docs/design.md §11).
 """
 
 from __future__ import annotations
@@ -51,7 +25,7 @@ from typing import Any
 from shardkit._version import __version__
 from shardkit.converters.base import PROVENANCE, Converter, ScanResult, reason_category
 from shardkit.converters.decoding import default_workers
-from shardkit.converters.executors import InlineExecutor, dask_executor, is_inline, local_pool, slots, submit
+from shardkit.converters.executors import InlineExecutor, dask_executor, local_pool, slots, submit
 from shardkit.converters.main_guard import refuse_inside_worker_start
 from shardkit.converters.options import OptionNaming
 from shardkit.converters.parts import (
@@ -78,6 +52,7 @@ from shardkit.converters.pipeline import (
 )
 from shardkit.converters.progress import progress_bar
 from shardkit.converters.registry import detect_kind, get_converter
+from shardkit.declare import option_name
 from shardkit.errors import ConfigError, ConversionError, ShardkitError, WorkerError
 from shardkit.formats import DatasetMeta, FieldSpec, get_codec
 from shardkit.formats.codecs import RecordCodec, codec_from_json
@@ -101,14 +76,8 @@ _POLL = 0.5
 
 def check_appendable(base: DatasetMeta, conv: Converter, codec: RecordCodec | None, records_per_shard: int | None,
                      where: str) -> None:
-    """Refuse to append ``conv``'s records to the dataset ``base`` unless they are the same kind of records.
-
-    Raises
-    ------
-    ConversionError
-        Naming the first difference: kind, payload, record shape or dtype, fields, transform, kind
-        metadata, compression or records per shard (the last two only when given explicitly).
-    """
+    """Refuse to append ``conv``'s records to the dataset ``base`` unless they are the same kind of records:
+    ConversionError naming the first difference (compression and records per shard only when given)."""
     checks: list[tuple[str, Any, Any]] = [
         ("kind", base.kind, conv.name),
         ("payload", base.payload, conv.payload),
@@ -198,27 +167,16 @@ def _already_done(plan: _Plan) -> DatasetMeta | None:
 
 
 class _OutputLock:
-    """An exclusive ``flock`` on a local output directory, held by one conversion in parts or append.
-
-    Taken before the run reads the dataset and looks for another unfinished conversion, released
-    after its commit and cleanup: the check and the writing of the plan are one step for every
-    process that honours the lock (any process of this machine, and of a shared file system with
-    working locks). The lock goes with its holder, so a killed run never blocks the next one.
-    Object stores have none (see the module docstring).
-    """
+    """An exclusive ``flock`` on a local output directory, from before the run looks for another
+    unfinished conversion until its commit and cleanup (docs/design.md §11, "One at a time")."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
         self.fd: int | None = None
 
     def acquire(self) -> None:
-        """Take the lock (once; nothing to take for an object store or a directory not made yet).
-
-        Raises
-        ------
-        ConversionError
-            Another run holds it.
-        """
+        """Take the lock (once; not for an object store or a directory not made yet); ConversionError
+        when another run holds it."""
         if self.fd is not None or not self.store.is_local or not self.store.local_path().is_dir():
             return
         path = self.store.local_path()
@@ -242,13 +200,10 @@ class _OutputLock:
 
 
 def _claim(plan: _Plan, lock: _OutputLock, *, overwrite: bool) -> bool:
-    """Make the plan directory, holding ``lock``; returns whether the output directory was created by this run.
+    """Make the plan directory, holding ``lock``; returns whether this run created the output directory.
 
-    Raises
-    ------
-    ConversionError
-        The output holds something else: files that are not a shardkit output, a dataset (for a new
-        conversion, without ``overwrite``), another unfinished conversion.
+    ConversionError when the output holds something else: files that are not a shardkit output, a
+    dataset (for a new conversion, without ``overwrite``), another unfinished conversion.
     """
     store, where = plan.store, plan.store.url
     local = store.local_path() if store.is_local else None
@@ -301,7 +256,7 @@ class _Runner:
         self.plan = plan
         self.scratch = scratch
         self.executor = executor
-        self.inline = is_inline(executor)
+        self.inline = isinstance(executor, InlineExecutor)
         self.workers = workers if self.inline else 1
         self.strict = strict
         self.progress = progress
@@ -496,12 +451,8 @@ def convert_in_parts(
     single: bool = False,
     staging_dir: str | os.PathLike[str] | None = None,
 ) -> ConvertSummary:
-    """Convert ``conv``'s corpus in parts on ``executor`` (inline when ``None``) and commit them at ``out``.
-
-    See :func:`shardkit.converters.convert` for the parameters; with ``append`` the records are added
-    after the dataset's at ``out`` as its next version. ``single``: the whole corpus is one part (a
-    conversion in one process; its summary lists no parts).
-    """
+    """Convert ``conv``'s corpus in parts on ``executor`` (inline when ``None``) and commit them at ``out``
+    (parameters: :func:`shardkit.converters.convert`); ``single``: the whole corpus is one part."""
     refuse_inside_worker_start()
     t0 = time.perf_counter()
     store = open_store(as_location(out, resolve=False) if is_url(out) else Path(os.path.abspath(out)))
@@ -558,7 +509,7 @@ def convert_in_parts(
         prov = plan.provenance
         try:
             report = commit(store, _template(plan), segments, base=base, plan=plan.id, history=history,
-                            keep_versions=keep_versions, executor=None if is_inline(executor) else executor,
+                            keep_versions=keep_versions, executor=None if isinstance(executor, InlineExecutor) else executor,
                             inputs=[InputTable(prov.inputs, prov.root)], summarize=prov.summarize)
         except ConversionError:
             if base is not None and _moved_on(store, base, plan.id):
@@ -631,12 +582,8 @@ def run_converter(
     progress: ProgressFn | None = None,
     staging_dir: str | os.PathLike[str] | None = None,
 ) -> ConvertSummary:
-    """Convert with an already constructed converter in this process (see :func:`convert`; sizes already parsed).
-
-    The corpus is one part converted inline, its inputs decoded by ``workers`` processes: the engine
-    of every conversion (:func:`convert_in_parts`), so resume, object stores and the commit are the
-    same as for a conversion in parts.
-    """
+    """Convert with an already constructed converter in this process (see :func:`convert`; sizes already
+    parsed): the corpus is one part of :func:`convert_in_parts`, decoded by ``workers`` processes."""
     return convert_in_parts(
         conv, out, executor=InlineExecutor(), workers=default_workers() if workers is None else workers, strict=strict,
         overwrite=overwrite, compression=compression, shard_bytes=shard_bytes, records_per_shard=records_per_shard,
@@ -645,8 +592,7 @@ def run_converter(
 
 
 def _label(name: str, naming: OptionNaming) -> str:
-    cli = {"shard_bytes": "--shard-size"}
-    return cli.get(name, "--" + name.replace("_", "-")) if naming == "cli" else name
+    return "--shard-size" if naming == "cli" and name == "shard_bytes" else option_name(name, naming)
 
 
 def convert(
@@ -676,21 +622,16 @@ def convert(
     ----------
     src
         Corpus root (COCO root or annotation file, class-folder root, CIFAR batch directory, audio
-        class-folder root). A relative and an absolute path to the same corpus are the same
-        conversion.
+        class-folder root).
     out
-        Output dataset directory, or an object-store URL (``s3://bucket/ds``, ``gs://``, ``az://``:
-        shards are uploaded as they complete, the metadata last). An interrupted conversion there
-        with the same parameters is resumed from its last complete shard; a finished one with the
-        same parameters is left alone.
+        Output dataset directory, or an object-store URL (``s3://bucket/ds``, ``gs://``, ``az://``).
+        An interrupted conversion there with the same parameters is resumed; a finished one is left alone.
     kind
         Corpus kind (``coco``, ``imagefolder``, ``cifar10``, ``cifar100``, ``audio`` or one added
         through the ``shardkit.converters`` entry points); detected when ``None``.
     workers
-        Decode processes (default: the cores available). The output does not depend on it. A
-        script may call this at its top level without ``if __name__ == "__main__":``: the workers
-        are then forked so they do not run the script again (decoded in-process where ``fork`` is
-        not available, with a warning). A program read from stdin decodes in-process.
+        Decode processes (default: the cores available); the output does not depend on it. A script
+        without ``if __name__ == "__main__":`` works too (:mod:`shardkit.converters.main_guard`).
     strict
         Stop at the first bad input (``ConversionError`` naming it) instead of skipping it.
     overwrite
@@ -701,48 +642,35 @@ def convert(
         Target shard size (bytes or a size such as ``"256MiB"``), or an exact number of records per
         shard.
     progress
-        Called as ``progress(inputs_done, inputs_total, records)`` after every input. By default
-        (``None``) a progress bar is drawn when standard error is a terminal (someone is watching);
-        ``True`` always draws it, ``False`` never.
+        Called as ``progress(inputs_done, inputs_total, records)`` after every input. ``None``: a
+        progress bar when standard error is a terminal; ``True`` always, ``False`` never.
     naming
         How errors name options: ``"python"`` (``sample_rate``) or ``"cli"`` (``--sample-rate``).
     executor
         Any ``concurrent.futures.Executor`` (a process pool, ``dask.distributed.Client(...).get_executor()``):
-        the corpus is converted in parts on it, each written straight to ``out``, then committed.
-        The result is the same records, fields, labels and skips as without it. Its workers must see
-        ``src`` and ``out`` at the same paths. Default: the corpus is one part, converted here with
-        ``workers`` local decode processes.
+        the corpus is converted in parts on it (same result); its workers must see ``src`` and ``out``
+        at the same paths.
     scheduler
         Address of a Dask scheduler (``tcp://host:8786``): the parts run on that cluster (needs
         ``pip install "shardkit[dask]"``).
     append
         Add the corpus's records after those of the dataset at ``out`` (same kind, record, fields and
-        transform, or it is refused naming the difference and nothing changes), as its next
-        version; new class names extend the label list. A reader that opened the dataset before
-        keeps reading the version it opened.
+        transform, or refused naming the difference) as its next version; new class names extend the
+        label list.
     part_size
-        Inputs per part of a conversion in parts (default: about 64 parts, 1 to 16 shards each). Given
-        without ``executor``, ``scheduler`` or ``append``, it asks for a conversion in parts on this
-        machine: ``workers`` processes each convert whole parts and write their shards themselves,
-        and the calling process only plans and commits (the same records, byte for byte, as one
-        conversion). It pays when parts are several shards each: a part whose start is not yet known
-        when it begins is decoded into a local spill first, and the commit re-packs the shard each
-        part shares with the next (measured in ``benchmarks/convert.py``).
+        Inputs per part (default: about 64 parts, 1 to 16 shards each). Alone, it asks for a
+        conversion in parts on this machine, ``workers`` processes each converting whole parts (same
+        bytes; pays when parts are several shards each, see ``benchmarks/convert.py``).
     keep_versions
         Older versions a commit keeps openable (their replaced files); older ones are deleted.
     staging_dir
         For an object-store ``out``: where each shard is written before its upload (a private
         ``shardkit-upload-<uid>`` directory inside it; default: the system temporary directory).
     **options
-        Kind options, each parsed by the kind's option schema (``shardkit convert --help`` lists
-        them): ``split``; images: ``size`` (``224`` or ``"HxW"``), ``resize``, ``crop``,
-        ``interpolation``, ``max_pixels``; COCO: ``max_boxes``, ``image_dir``; audio:
-        ``sample_rate`` (``16000`` or ``"16k"``), ``duration`` (``1.5`` or ``"1500ms"``),
-        ``channels``, ``window``, ``dtype``.
-
-    Returns
-    -------
-    ConvertSummary
+        Kind options (``shardkit convert --help`` lists them): ``split``; images: ``size`` (``224``
+        or ``"HxW"``), ``resize``, ``crop``, ``interpolation``, ``max_pixels``; COCO: ``max_boxes``,
+        ``image_dir``; audio: ``sample_rate`` (``"16k"``), ``duration`` (``"1500ms"``), ``channels``,
+        ``window``, ``dtype``.
     """
     nbytes = parse_bytes(shard_bytes, what=_label("shard_bytes", naming))
     rps = None if records_per_shard is None else parse_count(

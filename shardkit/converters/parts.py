@@ -1,51 +1,15 @@
 """Parts of a conversion: contiguous runs of the input sequence, each converted on its own (docs/design.md §11).
 
-The plan
-    :class:`PartPlan` cuts the scanned input sequence into runs of ``part_size`` inputs. It is a pure
-    function of the corpus and the options (never of the number of workers), so a re-run finds the
-    parts a killed run finished, whatever executor it uses.
-
-Where a part's records go
-    A part's records are numbered after every record of the parts before it, and shards hold a fixed
-    number S of records, so a part can only cut its shards on the global grid once it knows its
-    offset, the record count of everything before it. Counts are known only after decoding (inputs
-    are skipped, an audio file gives several windows). So a part is converted in up to two tasks:
-
-    * :func:`count_part` decodes the part into a *spill* on the worker's local disk (raw records,
-      field values, skips) and returns its record count. No bytes reach the destination.
-    * :func:`write_part` runs once the offset is known: it writes the part's records to the
-      destination cut on the global grid, full shards under their final names, the (at most two)
-      partial shards at its ends as *pieces* in the plan directory, then its field values and, last,
-      its manifest. It reads the spill when it runs where the spill is (the scheduler asks for that
-      worker), and decodes the inputs again otherwise. When the offset is known before the part
-      starts (the first part, or a sequential executor) it is the only task. A part of an append
-      (``staged``) writes its full shards in the plan directory too: the dataset's own files change
-      only in the commit, after it checked that no other commit came first, so two appends planned
-      on one version can never overwrite each other's shards.
-
-    Every payload byte therefore crosses the destination once, and the commit
-    (:mod:`shardkit.formats.commit`) re-packs at most the one boundary shard each part shares with
-    its neighbour.
-
-Destination layout (until the commit)::
-
-    OUT/.shardkit-parts/<plan>/plan.json          the plan (config, input ranges, base version)
-    OUT/.shardkit-parts/<plan>/p000003.json       part 3's manifest, written last: the part is done
-    OUT/.shardkit-parts/<plan>/p000003-0.shard    its pieces (and its full shards, until moved)
-    OUT/.shardkit-parts/<plan>/p000003-0.npz      field values of its file 0, then its checkpoint
-    OUT/.shardkit-parts/<plan>/p000003-0.json     (the input cursor after that file: a resume starts there)
-    OUT/.shardkit-parts/<plan>/p000003.npz        its field values
-    OUT/.shardkit-parts/<plan>/progress/p000003   inputs and records decoded so far (the progress bar)
-    OUT/<payload>/c/<k>/...                       its full shards, under their final names
-                                                  (in the plan directory for an append: hard-linked
-                                                  or copied server-side to these names by the commit)
-
-Workers must see the corpus and the output at the same paths as the caller; a task that cannot
-says so, naming the path and the worker (:class:`~shardkit.errors.WorkerError`).
+A :class:`PartPlan` cuts the input sequence into runs of ``part_size`` inputs. A part's records
+follow every record of the parts before it, so it is converted in up to two tasks: :func:`count_part`
+decodes it into a spill on the worker's disk and returns its record count, then :func:`write_part`,
+once its offset is known, writes it on the global shard grid (directly when the offset is known from
+the start). The files a part leaves until the commit: docs/design.md §11, "Plan directory".
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import logging
@@ -113,11 +77,8 @@ _STALE_SPILL_SECONDS = 24 * 3600.0
 
 def default_part_size(inputs: int, records_per_shard: int) -> int:
     """Inputs per part: about 64 parts, each between one and 16 shards' worth (one record per input).
+    More parts balance a cluster better; larger ones re-pack less at the commit."""
 
-    More parts balance a cluster better; larger ones re-pack less at the commit (at most one shard
-    per part, so a part of one shard could be re-packed whole). A pure function of the corpus and the
-    options, so every run finds the same parts whatever executor runs them.
-    """
     s = max(1, records_per_shard)
     return max(1, min(_MAX_SHARDS_PER_PART * s, max(s, math.ceil(inputs / _DEFAULT_PARTS))))
 
@@ -147,41 +108,12 @@ def part_key(plan: str, part: int, suffix: str) -> str:
 class PartJob:
     """Everything a worker needs to convert one part (small and picklable: no corpus listing).
 
-    Attributes
-    ----------
-    plan, part
-        Plan id and part number.
-    first
-        Index of the part's first input in the whole input sequence.
-    items
-        The part's inputs (work items of :meth:`~shardkit.converters.base.Converter.scan`).
-    decoder
-        The converter's picklable decoder.
-    src, out
-        Corpus and output paths (absolute), which the worker must see.
-    payload, record, fields
-        Payload name, record spec and field specs (the kind's, and the per-record provenance).
-    provenance
-        The kind's name and its provenance columns (each record's provenance names its input by its
-        number in the whole input sequence, ``first + index``).
-    records_per_shard, compression
-        The dataset's S and codec JSON.
-    chunk_size
-        Inputs per decode task (when ``workers`` > 1).
-    workers
-        Decode processes inside this task: 1 on a cluster (the cluster is the parallelism).
-    strict
-        Stop at the first bad input.
-    durable
-        fsync what is written to the output.
-    staged
-        Write whole shards in the plan directory too, not under their final names (an append).
-    progress
-        Called like a conversion's progress callback with the part's own counts; by default the
-        part writes its counts to its progress file in the output.
-    scratch
-        For an object-store output: the directory whose private ``shardkit-upload-<uid>`` holds each
-        file while it is written, before its upload (default: the system temporary directory).
+    ``first`` is the number of the part's first input in the whole sequence (provenance names inputs
+    by ``first + index``); ``src`` and ``out`` are absolute and must be seen by the worker; ``workers``
+    are decode processes inside this task (1 on a cluster); ``staged`` writes whole shards in the plan
+    directory too (an append); ``progress`` defaults to the part's progress file in the output;
+    ``scratch`` holds the private ``shardkit-upload-<uid>`` directory where files wait for their
+    upload to an object store (default: the system temporary directory).
     """
 
     plan: str
@@ -355,12 +287,9 @@ class _PartSink:
         return payload
 
     def _fields_npz(self) -> bytes:
-        """The part's field values as the bytes of an ``.npz`` (no pickles: numeric arrays only)."""
-        arrays = {name: np.concatenate(self.fields[name]) if self.fields[name] else np.empty((0, *spec.shape), spec.dtype)
-                  for name, spec in self.job.fields.items()}  # fmt: skip
-        buffer = io.BytesIO()
-        np.savez(buffer, **arrays)  # type: ignore[arg-type]  # numpy stubs type **kwds as allow_pickle
-        return buffer.getvalue()
+        """The part's field values as the bytes of an ``.npz``."""
+        return _npz({name: np.concatenate(self.fields[name]) if self.fields[name] else np.empty((0, *spec.shape), spec.dtype)
+                     for name, spec in self.job.fields.items()})  # fmt: skip
 
     def skip(self, path: str, reason: str, cursor: int) -> None:
         self.skipped.append(SkippedInput(path, reason))
@@ -389,6 +318,21 @@ class _SpillWriter(_PartSink):
 
     def abort(self) -> None:
         self._fh.close()
+
+
+def _npz(arrays: Mapping[str, np.ndarray]) -> bytes:
+    """``arrays`` as the bytes of an ``.npz`` (no pickles: numeric arrays only)."""
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)  # type: ignore[arg-type]  # numpy stubs type **kwds as allow_pickle
+    return buffer.getvalue()
+
+
+def _size(store: Store, key: str) -> int:
+    """The size of ``key`` in ``store``, -1 when it is missing."""
+    try:
+        return store.head(key).size
+    except FileNotFoundError:
+        return -1
 
 
 def _load_fields(data: bytes, specs: Mapping[str, FieldSpec], count: int, where: str) -> dict[str, np.ndarray]:
@@ -450,17 +394,9 @@ def _read_spill(path: Path, job: PartJob) -> int | None:
 class _AlignedWriter(_PartSink):
     """A :class:`~shardkit.converters.pipeline.RecordSink` writing a part's records cut on the global grid.
 
-    Each output file is written locally (in the plan directory of a local output, a temporary file in
-    the private scratch directory otherwise); when it is closed it goes to its place in the output:
-    under its final chunk key if it is a whole global shard (and the part is not ``staged``), else as
-    a piece in the plan directory for the commit to re-pack or link (re-packed: at most the first and
-    the last file of a part).
-
-    Checkpoints
-        After each full file, its field values (``p<part>-<i>.npz``) and then a checkpoint
-        (``p<part>-<i>.json``: the file, the input cursor after its last record, the skips before that
-        cursor) are saved next to it. A part killed at any instant is resumed by :meth:`resume` from
-        the cursor of its last intact checkpoint, so a conversion in one part loses at most one shard.
+    A closed file goes under its final chunk key when it is a whole global shard (and the part is not
+    ``staged``), else it is a piece in the plan directory. After each file come its field values and a
+    checkpoint with the input cursor after it, from which :meth:`resume` continues a killed part.
     """
 
     def __init__(self, job: PartJob, offset: int, store: Store, *, checkpoints: bool = True) -> None:
@@ -514,9 +450,7 @@ class _AlignedWriter(_PartSink):
                 put_checked(self.store, key, local, sums.crc32c)
             finally:
                 local.unlink(missing_ok=True)
-        piece = {"key": key, "start": self._start, "count": w.count, "capacity": w.capacity, "nbytes": sums.nbytes,
-                 "crc32c": sums.crc32c, "data_crc32c": sums.data_crc32c, "index_crc32c": sums.index_crc32c,
-                 "tail_crc32c": sums.tail_crc32c}
+        piece = {"key": key, "start": self._start, "count": w.count, "capacity": w.capacity, **dataclasses.asdict(sums)}
         self.pieces.append(piece)
         self._writer = self._file = None
         values = {name: np.concatenate(self._open_fields[name]) for name in self.job.fields}
@@ -528,9 +462,7 @@ class _AlignedWriter(_PartSink):
 
     def _checkpoint(self, piece: dict[str, Any], values: dict[str, np.ndarray], cursor: int) -> None:
         i = len(self.pieces) - 1
-        buffer = io.BytesIO()
-        np.savez(buffer, **values)  # type: ignore[arg-type]  # numpy stubs type **kwds as allow_pickle
-        data = buffer.getvalue()
+        data = _npz(values)
         put_checked(self.store, part_key(self.job.plan, self.job.part, f"-{i}.npz"), data)
         later = next((j for j in range(self._saved_skips, len(self.skipped)) if self.skipped[j].cursor >= cursor),
                      len(self.skipped))
@@ -595,11 +527,7 @@ class _AlignedWriter(_PartSink):
                 raise NotADatasetError(f"{where}: a skip at cursor {at} outside the checkpoint")
             skipped.append(SkippedInput(jv.string(m.get("path"), "skipped[].path", where),
                                         jv.string(m.get("reason"), "skipped[].reason", where), at))
-        try:
-            size = self.store.head(piece["key"]).size
-        except FileNotFoundError:
-            size = -1
-        if size != piece["nbytes"]:
+        if _size(self.store, piece["key"]) != piece["nbytes"]:
             raise NotADatasetError(f"{self.store.describe(piece['key'])}: missing or changed since its checkpoint")
         digest = FileDigest.from_json(doc.get("fields"), where=where, what="fields")
         bound = piece["count"] * sum(spec.nbytes for spec in self.job.fields.values()) + (64 << 10)
@@ -659,24 +587,10 @@ class _AlignedWriter(_PartSink):
 class PartManifest:
     """A finished part, as its manifest in the output says (written last: its presence means done).
 
-    Attributes
-    ----------
-    part, inputs
-        Part number and its input range ``[first, end)``.
-    offset, records
-        Global number of its first record, and how many it gave.
-    pieces
-        Its output files in record order: ``key`` (relative to the output: a final chunk key for a
-        whole shard, a piece in the plan directory otherwise), ``start`` (its first record within
-        the part), ``count``, ``capacity`` and the checksums.
-    fields
-        Size and crc32c of its field values (``p<part>.npz``).
-    skipped
-        Inputs it skipped, in order.
-    notes, skips
-        Its notes and skips by category (the summary).
-    resumed
-        Records restored from checkpoints of an earlier run (not in the manifest: what this run did).
+    ``inputs`` is its input range ``[first, end)``, ``offset`` the global number of its first record;
+    ``pieces`` are its files in record order (``key``, ``start`` within the part, ``count``,
+    ``capacity``, checksums); ``fields`` the digest of ``p<part>.npz``; ``resumed`` the records this
+    run restored from checkpoints (not stored).
     """
 
     part: int
@@ -716,10 +630,8 @@ def read_manifest(store: Store, plan: str, part: int, inputs: tuple[int, int], r
                   payload: str, ndim: int, *, staged: bool = False) -> PartManifest | None:
     """Part ``part``'s manifest, strictly checked, or ``None`` when the part is not finished.
 
-    Keys are not trusted: each piece must be exactly the file this part would have written there
-    (its own piece in the plan directory, or the chunk key of the whole shard it holds unless the
-    part is ``staged``, see :class:`PartJob`), its records
-    must follow each other, and every number is bounded.
+    Keys are not trusted: each piece must be exactly the file this part writes there, pieces must
+    follow each other, and every number is bounded.
     """
     key = part_key(plan, part, ".json")
     where = store.describe(key)
@@ -735,11 +647,7 @@ def read_manifest(store: Store, plan: str, part: int, inputs: tuple[int, int], r
         logger.warning("%s: manifest of another part; the part is converted again", where)
         return None
     for piece in m.pieces:
-        try:
-            size = store.head(piece["key"]).size
-        except FileNotFoundError:
-            size = -1
-        if size != piece["nbytes"]:
+        if _size(store, piece["key"]) != piece["nbytes"]:
             logger.info("%s: a file of the part is missing or changed; the part is converted again", where)
             return None
     return m
@@ -788,11 +696,8 @@ def _parse_manifest(doc: dict[str, Any], where: str, s: int, payload: str, ndim:
 
 
 def write_part(job: PartJob, offset: int, spilled: Spilled | None = None) -> PartManifest:
-    """Write part ``job`` to the output with its first record at global number ``offset`` (see the module docstring).
-
-    Reads the spill :func:`count_part` left when it is on this machine; otherwise decodes the inputs
-    (same bytes: decoding is deterministic), from the last checkpoint an interrupted run left.
-    """
+    """Write part ``job`` to the output with its first record at global number ``offset``: from the spill
+    :func:`count_part` left when it is on this machine, else decoding from the last checkpoint."""
     store = _check_reach(job)
     if not store.is_local:
         _scratch(job, sweep=True)

@@ -1,35 +1,15 @@
 """The decode loop every conversion runs, and what the conversion engine shares with it.
 
-:func:`decode_into` decodes a run of inputs (a whole corpus converted in one part, or one part of
-it) and hands the records, in input order, to a :class:`RecordSink`; the engine that plans the
-parts, resumes them and commits them is :mod:`shardkit.converters.partrun`.
-
-Order and determinism
-    The converter's :meth:`~shardkit.converters.base.Converter.scan` fixes the input sequence, and
-    :func:`~shardkit.converters.decoding.outcomes` yields decoded records strictly in input order
-    whatever ``workers`` is, so the payload shards are byte-identical for any worker count.
-
-Bounded memory
-    Decoding keeps a bounded number of tasks in flight (see :mod:`~shardkit.converters.decoding`),
-    and a sink streams records to the open shard file, so memory stays at about ``workers x chunk``
-    decoded inputs plus small per-shard field buffers. Writes run on a background thread
-    (:class:`BackgroundWriter`), so decoding never waits for a shard's fsync.
-
-Input cursor
-    One input may give several records (audio windows), so each record carries the cursor *after*
-    it: ``input_index << WINDOW_BITS | records_done`` inside its input, or ``(input_index + 1) <<
-    WINDOW_BITS`` after its input's last record (:func:`input_cursor`). A part resumed from the cursor
-    after its last complete shard cuts shards at exactly the same records as an uninterrupted run.
-
-Bad inputs
-    A decode that raises :class:`~shardkit.errors.InputFileError` becomes a skip (path + reason,
-    in the summary and in the dataset metadata), or with ``strict`` stops the run with a
-    :class:`~shardkit.errors.ConversionError` naming the file; completed shards are kept.
-    Any other exception in a decoder is a bug or a crash, never a silent skip: it stops the run.
+:func:`decode_into` decodes a run of inputs (a whole corpus, or one part of it) and hands the
+records, in input order whatever ``workers`` is, to a :class:`RecordSink`; writes run on a
+:class:`BackgroundWriter` thread. Each record carries the input cursor after it
+(:func:`input_cursor`), from which a resumed part cuts shards at exactly the same records.
+Determinism, bounded memory and bad inputs: docs/design.md §5.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -109,38 +89,24 @@ class ConvertSummary:
 
     Attributes
     ----------
-    output
-        Dataset directory, or the URL of a dataset in an object store.
-    kind
-        Corpus kind.
-    records
-        Records in the finished dataset (including any written before a resume).
-    skipped
-        Skipped inputs by reason category (``{"corrupt": 2, "missing": 1}``); the full reasons are in
-        the dataset metadata.
-    bytes
-        Size of the dataset directory.
-    seconds
-        Wall time of this run.
-    records_this_run
-        Records written by this run (``records`` minus what a resume found done).
+    output, kind
+        Dataset directory (or object-store URL) and corpus kind.
+    records, records_this_run
+        Records in the finished dataset, and those this run wrote (a resume finds some done).
+    skipped, skipped_inputs
+        Skipped inputs by reason category (``{"corrupt": 2}``), and each as ``(path, reason)``.
+    bytes, seconds
+        Size of the dataset directory; wall time of this run.
     notes
-        Things worth knowing that are not skips (``{"capped": 3}``: COCO images over ``max_boxes``),
-        counted by this run.
+        Things worth knowing that are not skips (``{"capped": 3}``), counted by this run.
     already_complete
         The same dataset was already there; nothing was done.
     changes
-        What conversion changed, over every record of the dataset (clips trimmed, images upscaled
-        ...; see :func:`shardkit.converters.provenance.summarize`), as stored in its metadata.
-    skipped_inputs
-        Every skipped input with its reason, ``(path, reason)``, in input order.
+        What conversion changed over every record (:func:`shardkit.converters.provenance.summarize`).
     version
         The dataset's version after this run (2 after the first append, ...).
-    parts, parts_converted
-        A conversion in parts (an executor, a cluster, an append): how many parts the plan has, and
-        how many this run converted (the others were finished by an earlier, interrupted run).
-    commit
-        What the commit of a conversion in parts did (shards in place, linked, re-packed; time).
+    parts, parts_converted, commit
+        A conversion in parts: parts in the plan, parts this run converted, what the commit did.
     """
 
     output: Path | str
@@ -217,15 +183,9 @@ class RecordSink(Protocol):
 
 
 class BackgroundWriter:
-    """Run a :class:`RecordSink`'s writes and skips, in order, on one background thread.
-
-    Decoding and writing then overlap: while the sink streams a batch and waits for a shard's
-    fsync, the caller (or the decode processes feeding it) keeps decoding. Measured with
-    ``benchmarks/convert.py``: with writes in the decoding thread, ``--workers 1`` was 15% slower
-    than a bare decode loop, most of it the wait for each shard's fsync. At most ``_QUEUED``
-    batches wait, so memory stays bounded. Operations keep their order (one thread, one FIFO), so
-    the output is the same as writing inline; a failure is re-raised in the caller at its next call.
-    """
+    """Run a :class:`RecordSink`'s writes and skips, in order, on one background thread, so decoding
+    never waits for a shard's fsync (15% at ``--workers 1``, ``benchmarks/convert.py``). At most
+    ``_QUEUED`` batches wait; a failure is re-raised in the caller at its next call."""
 
     _QUEUED = 2
 
@@ -275,10 +235,8 @@ class BackgroundWriter:
     def stop(self) -> None:
         """Finish what was queued (completed shards are kept for a resume), swallowing a failure:
         the caller is already handling one."""
-        try:
+        with contextlib.suppress(BaseException):
             self.drain()
-        except BaseException:
-            pass
 
 
 class _Batcher:
@@ -332,10 +290,8 @@ def decode_into(
 ) -> Tally:
     """Decode ``items`` from cursor ``start`` and hand their records (fields ``names``) and skips to ``sink``.
 
-    The one decode loop of every conversion, run for one part (:mod:`shardkit.converters.parts`; a
-    conversion in one process is one part). ``provenance`` is the kind's name and its
-    provenance columns; ``first_input`` is the number of ``items[0]`` in the whole input sequence (a
-    record's provenance names its input by that number).
+    ``provenance`` is the kind's name and its provenance columns; ``first_input`` is the number of
+    ``items[0]`` in the whole input sequence (a record's provenance names its input by it).
     """
     n = len(items)
     batcher = _Batcher(sink, names)

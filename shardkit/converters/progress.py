@@ -1,9 +1,5 @@
-"""The conversion progress bar: tqdm, shown where a person watches.
-
-``shardkit convert`` always draws it (``--quiet`` turns it off); :func:`shardkit.convert` draws it
-when its standard error is a terminal (tqdm's own detection, ``disable=None``), so a script run by
-hand shows progress and a batch job's log stays clean.
-"""
+"""The conversion progress bar: tqdm, shown where a person watches (``shardkit convert`` unless
+``--quiet``; :func:`shardkit.convert` when standard error is a terminal)."""
 
 from __future__ import annotations
 
@@ -16,18 +12,9 @@ __all__ = ["progress_bar"]
 
 @contextmanager
 def progress_bar(unit: str, desc: str, *, disable: bool | None = None) -> Iterator[Callable[[int, int, int], None]]:
-    """A ``progress(inputs_done, inputs_total, records)`` callback drawing a tqdm bar.
-
-    The bar is created at the first call, when the total is known, and closed on exit. Log records
-    written while it runs go through tqdm, so they do not tear the bar apart.
-
-    Parameters
-    ----------
-    unit, desc
-        What one input is called (``img``) and the bar's label.
-    disable
-        ``True``: no bar; ``False``: always; ``None``: only when standard error is a terminal.
-    """
+    """A ``progress(inputs_done, inputs_total, records)`` callback drawing a tqdm bar of ``unit`` (``img``)
+    labelled ``desc``, created at the first call and closed on exit; logging goes through tqdm meanwhile.
+    ``disable``: ``True`` no bar, ``False`` always, ``None`` only when standard error is a terminal."""
     from tqdm import tqdm
     from tqdm.contrib.logging import logging_redirect_tqdm
 

@@ -190,14 +190,9 @@ def _is_audio(transform: Mapping[str, Any]) -> bool:
 
 
 def summarize(payload: str, transform: Mapping[str, Any], columns: Sequence[str], values: np.ndarray) -> dict[str, Any]:
-    """Counts of what conversion changed over every record (``values``: the provenance field ``[N, C]``).
-
-    Clips trimmed or padded and by how much at most, rates resampled from, images upscaled by more
-    than 2x, crops that kept less than half of the picture, transparency composited... The pipeline
-    stores the counts as ``provenance.changes`` when the dataset is committed, so a resumed
-    conversion or a commit of parts counts every record, not only those of its last run.
-    ``{}`` for a payload or transform this module does not know (a kind from another package).
-    """
+    """Counts of what conversion changed over every record (``values``: the provenance field ``[N, C]``):
+    clips trimmed or padded, rates resampled from, images upscaled more than 2x, ... Stored at the commit
+    as ``provenance.changes``; ``{}`` for a payload or transform this module does not know."""
     values = np.asarray(values).reshape(-1, len(columns))
     out: dict[str, Any]
     if payload == "image" and (image := _image_transform(transform)) is not None:

@@ -1,11 +1,9 @@
 """The registry of corpus kinds: a name maps to ``"module:Class"``, imported only when needed.
 
-Built-in kinds are listed in :data:`BUILTIN`; another package adds a kind through the entry-point
-group :data:`ENTRY_POINT_GROUP` (``[project.entry-points."shardkit.converters"]`` with
-``librispeech = "shardkit_librispeech:LibriSpeechConverter"``), code with :func:`register`. A kind's
-module is imported the first time it is asked for (:func:`get_converter`), so a broken or slow
-plugin costs nothing until used; :func:`detect_kind` and the CLI import them all, logging (not
-raising) a plugin that fails to import (docs/design.md §2).
+Built-in kinds are in :data:`BUILTIN`; a package adds one through the entry-point group
+:data:`ENTRY_POINT_GROUP` (``librispeech = "shardkit_librispeech:LibriSpeechConverter"``), code with
+:func:`register`. :func:`detect_kind` and the CLI import every kind, logging (not raising) a plugin
+that fails to import (docs/design.md §2).
 """
 
 from __future__ import annotations
@@ -80,14 +78,9 @@ def register(kind: type[Converter] | str, target: type[Converter] | str | None =
     """Add a corpus kind: ``register(MyConverter)`` (named by its ``name``) or
     ``register("name", "module:Class")`` (imported when first used).
 
-    A kind class must subclass :class:`~shardkit.converters.base.Converter`, have ``name`` equal to
-    its registry name, and declare no option whose name ``convert`` or ``shardkit convert`` take
-    themselves (:data:`RESERVED_OPTIONS`).
-
-    Raises
-    ------
-    ConfigError
-        The name is taken by another kind (pass ``replace=True`` to replace it).
+    The class must subclass :class:`~shardkit.converters.base.Converter`, have ``name`` equal to its
+    registry name and no option in :data:`RESERVED_OPTIONS`; ConfigError when the name is taken
+    (unless ``replace=True``).
     """
     if isinstance(kind, str):
         if target is None:
@@ -135,14 +128,9 @@ def available_kinds() -> list[str]:
 
 
 def get_converter(name: str) -> type[Converter]:
-    """The converter class of kind ``name``, imported on first use.
+    """The converter class of kind ``name``, imported on first use; ConfigError for an unknown kind
+    (naming the known ones), one claimed by two entry points, or one that fails to import or is not a converter."""
 
-    Raises
-    ------
-    ConfigError
-        Unknown kind (naming the known ones), two entry points claiming it, or a kind that fails to
-        import or is not a proper converter.
-    """
     if name in _LOADED:
         return _LOADED[name]
     targets = _targets()

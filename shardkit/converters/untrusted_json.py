@@ -1,12 +1,9 @@
 """Parsing JSON written by someone else (annotation files) without letting its nesting crash us.
 
-``json.loads`` recurses once per level of nesting and raises ``RecursionError`` somewhere below
-Python's recursion limit, so a file with one value nested ten thousand levels deep cannot be parsed
-at all, and every later recursive walk of the result is at risk too. Real annotation files nest a
-handful of levels (COCO: object, list, entry, segmentation, polygon). So :func:`loads` parses
-normally and, only when that recursion fails, replaces every value nested deeper than
-:data:`MAX_DEPTH` by the string :data:`TOO_DEEP` and parses again: the rest of the file stays usable,
-and the entries that held such a value can be skipped with a reason (:func:`holds_too_deep`).
+``json.loads`` recurses per nesting level, so a value nested ten thousand levels deep cannot be parsed
+(and would endanger every recursive walk of the result). :func:`loads` parses normally and only when
+that fails replaces every value nested deeper than :data:`MAX_DEPTH` by :data:`TOO_DEEP` and parses
+again, so the entries holding one can be skipped with a reason (:func:`holds_too_deep`).
 """
 
 from __future__ import annotations
@@ -27,15 +24,7 @@ _TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
 
 def loads(raw: bytes) -> tuple[Any, bool]:
     """Parse ``raw``; returns ``(document, truncated)`` where ``truncated`` says :data:`TOO_DEEP`
-    replaced something.
-
-    Raises
-    ------
-    json.JSONDecodeError
-        The text is not JSON (also after the replacement).
-    RecursionError
-        The nesting cannot be repaired (brackets that never close).
-    """
+    replaced something. JSONDecodeError when it is not JSON, RecursionError when brackets never close."""
     try:
         return json.loads(raw), False
     except RecursionError:

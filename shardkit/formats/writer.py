@@ -1,23 +1,16 @@
 """Writing datasets: payload shards streamed sequentially, metadata last.
 
-A :class:`ShardWriter` streams records into ``<shard>.partial`` with plain ``os.write`` calls, appends
-the index and its crc32c, fsyncs and renames: a shard file either exists complete or not at all.
-
-A :class:`DatasetWriter` cuts the stream of records into shards, keeps the small per-record fields,
-and on :meth:`DatasetWriter.close` writes the field arrays, the zarr array documents and finally the
-root group document that lists every shard. Until that last rename the directory is recognisably
-incomplete (``IncompleteDatasetError`` on open).
-
-The writer knows nothing of resuming. A producer that wants to keeps its own records through the ``on_shard`` callback, which
-hands over each completed shard with its field values, and starts a later writer after those shards
-with ``start``: shards are then cut at the same record boundaries as in one uninterrupted write.
+A :class:`ShardWriter` streams records into ``<shard>.partial``, appends the index and its crc32c,
+fsyncs and renames: a shard file exists complete or not at all. A :class:`DatasetWriter` cuts records
+into shards and on :meth:`DatasetWriter.close` writes the field arrays, the array documents and last
+the root group document; until then the directory is incomplete (``IncompleteDatasetError`` on open).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,7 +46,7 @@ from shardkit.formats.spec import (
 )
 from shardkit.stores.atomic import fsync_dir, is_out_of_space, raise_out_of_space
 
-__all__ = ["ShardWriter", "ShardChecksums", "DatasetWriter", "WrittenShard", "payload_document", "field_chunk_for", "FIELD_CODEC"]
+__all__ = ["ShardWriter", "ShardChecksums", "DatasetWriter", "payload_document", "field_chunk_for", "FIELD_CODEC"]
 
 logger = logging.getLogger(__name__)
 
@@ -93,22 +86,9 @@ def _as_record_bytes(records: np.ndarray) -> memoryview:
 
 
 class ShardWriter:
-    """Stream records into one payload shard file.
-
-    Parameters
-    ----------
-    path
-        Final path of the shard; bytes go to ``path.partial`` until :meth:`close`.
-    capacity
-        Records per shard S (the index always has S entries; unused ones are marked empty).
-    record
-        Shape and dtype of one record.
-    codec
-        Per-record compression, or ``None`` for the fixed-size layout.
-    durable
-        fsync before the rename (default). ``False`` for scratch files (SSD-tier reservoirs): the
-        rename still makes the file appear complete or not at all, but nothing waits for the disk.
-    """
+    """Stream records (``record``, compressed by ``codec`` or fixed-size) into one payload shard file of
+    ``capacity`` records: bytes go to ``path.partial`` until :meth:`close`. ``durable=False`` (scratch
+    files) keeps the atomic rename but skips the fsync."""
 
     def __init__(
         self,
@@ -159,13 +139,8 @@ class ShardWriter:
         self.count += k
 
     def append_stored(self, data: bytes | memoryview, sizes: Sequence[int]) -> None:
-        """Append records already in their stored form, without decoding or encoding them.
-
-        ``data`` holds the stored records one after the other and ``sizes`` the stored size of each
-        (``record.nbytes`` when uncompressed, the encoded size otherwise). A commit re-packs records
-        from other shards this way (:mod:`shardkit.formats.commit`): a codec is deterministic, so
-        the bytes are the ones the record's own writer would have produced.
-        """
+        """Append records already in their stored form (``data``: one after the other, ``sizes``: the
+        stored size of each), as a commit re-packs them: a codec is deterministic, so the bytes are the same."""
         if self._fd is None:
             raise ShardkitError(f"{self.partial}: shard writer already closed")
         k = len(sizes)
@@ -258,18 +233,6 @@ def field_chunk_for(fields: Mapping[str, FieldSpec], requested: int) -> int:
     return max(1, min(int(requested), MAX_FIELD_CHUNK_NBYTES // widest))
 
 
-@dataclass(frozen=True)
-class WrittenShard:
-    """A completed payload shard and the values of the small fields for its records.
-
-    What :class:`DatasetWriter` hands to ``on_shard`` after each shard, and what it takes back as
-    ``start`` to continue after shards already on disk.
-    """
-
-    info: ShardInfo
-    fields: Mapping[str, np.ndarray]
-
-
 class DatasetWriter:
     """Write a whole dataset: payload shards, small fields, metadata (last).
 
@@ -288,30 +251,20 @@ class DatasetWriter:
     records_per_shard
         S; by default chosen so an uncompressed shard is about ``shard_bytes``.
     field_chunk
-        Records per chunk of the small field arrays (fewer when the dataset or a chunk's decoded
-        size would be smaller, see ``DatasetMeta.field_chunk_records``).
+        Records per chunk of the small field arrays (fewer when the dataset is smaller or a chunk
+        would decode to too much).
     compression
         Codec name (``"zstd"``), codec JSON, a codec object, or ``None``.
     transform, source, extra
         Provenance stored in the metadata.
     durable
-        fsync every file before it is renamed into place (default), so that the metadata, written
-        last, never lists a file a power cut could still lose. ``False`` for scratch datasets
-        (SSD-tier reservoirs) that nobody needs after a crash: same atomic renames, no waiting.
-    start
-        Shards already on disk in ``path`` that the dataset begins with, in order (a resumed
-        conversion's): they are listed in the metadata, not written again, and new shards follow.
-    on_shard
-        Called with each shard this writer completes, once its file is in place.
+        fsync every file before it is renamed into place (default), so the metadata never lists a
+        file a power cut could lose; ``False`` for scratch datasets: same atomic renames, no waiting.
     provenance
-        Where the records came from (see :mod:`shardkit.formats.provenance`): ``fields`` must then
-        hold the per-record field ``provenance`` of the spec's columns; the input table and the
-        metadata's ``provenance`` block are written by :meth:`close`.
+        Where the records came from (:mod:`shardkit.formats.provenance`): ``fields`` then holds the
+        per-record field ``provenance``; :meth:`close` writes the input table.
 
-    Raises
-    ------
-    ConfigError
-        ``path`` already holds a dataset (the writer never replaces one).
+    ConfigError when ``path`` already holds a dataset (the writer never replaces one).
     """
 
     def __init__(
@@ -331,8 +284,6 @@ class DatasetWriter:
         source: dict[str, Any] | None = None,
         extra: dict[str, Any] | None = None,
         durable: bool = True,
-        start: Sequence[WrittenShard] = (),
-        on_shard: Callable[[WrittenShard], None] | None = None,
         provenance: ProvenanceSpec | None = None,
     ) -> None:
         self.path = Path(path)
@@ -376,40 +327,20 @@ class DatasetWriter:
             extra=dict(extra or {}),
             created_by=f"shardkit {__version__}",
         )
-        self.on_shard = on_shard
         self.shards: list[ShardInfo] = []
         self.skipped: list[SkippedInput] = []
         self._field_parts: dict[str, list[np.ndarray]] = {k: [] for k in self.fields}
         self._shard: ShardWriter | None = None
-        self._shard_fields: dict[str, list[np.ndarray]] = {k: [] for k in self.fields}
         self._records = 0
         self._closed = False
         if (self.path / ZARR_JSON).exists():
             raise ConfigError(f"{self.path}: a dataset already exists here; write to another directory")
         self.path.mkdir(parents=True, exist_ok=True)
-        for shard in start:
-            self._adopt(shard)
-
-    def _adopt(self, shard: WrittenShard) -> None:
-        """List ``shard`` (already on disk) as the next shard of the dataset."""
-        info = shard.info
-        expected = chunk_key(self.meta.payload, len(self.shards), 1 + len(self.record.shape))
-        if info.path != expected or info.start != self._records or not 0 < info.count <= self.records_per_shard:
-            raise SchemaError(
-                f"{self.path}: cannot continue after shard {info.path} [{info.start}, {info.stop}): expected "
-                f"{expected} starting at record {self._records} with 1 to {self.records_per_shard} records"
-            )
-        for name, spec in self.fields.items():
-            if name not in shard.fields:
-                raise SchemaError(f"{self.path}: shard {info.path} lacks field {name!r}")
-            self._field_parts[name].append(spec.check(name, shard.fields[name], info.count))
-        self.shards.append(info)
-        self._records = info.stop
 
     # ------------------------------------------------------------------ writing
     @property
     def records_written(self) -> int:
-        """Records accepted so far (including resumed shards)."""
+        """Records accepted so far."""
         return self._records
 
     def skip(self, path: str, reason: str) -> None:
@@ -438,7 +369,7 @@ class DatasetWriter:
             take = min(k - pos, self._shard.capacity - self._shard.count)
             self._shard.append(payload[pos : pos + take])
             for name in self.fields:
-                self._shard_fields[name].append(values[name][pos : pos + take])
+                self._field_parts[name].append(values[name][pos : pos + take])
             self._records += take
             pos += take
             if self._shard.full:
@@ -459,15 +390,8 @@ class DatasetWriter:
         start = self._records - count
         info = ShardInfo(self._shard_rel, start, self._records, sums.nbytes, sums.crc32c, sums.data_crc32c,
                          sums.index_crc32c, sums.tail_crc32c)
-        parts = {name: np.concatenate(self._shard_fields[name]) if self._shard_fields[name]
-                 else np.empty((0, *spec.shape), spec.dtype) for name, spec in self.fields.items()}
         self.shards.append(info)
-        for name in self.fields:
-            self._field_parts[name].append(parts[name])
-            self._shard_fields[name] = []
         self._shard = None
-        if self.on_shard is not None:
-            self.on_shard(WrittenShard(info, parts))
 
     # ------------------------------------------------------------------ finishing
     def close(self) -> DatasetMeta:
@@ -510,13 +434,13 @@ class DatasetWriter:
         return files
 
     def _field_values(self, name: str) -> np.ndarray:
-        """Every record's value of field ``name`` so far (completed shards)."""
+        """Every record's value of field ``name`` so far."""
         parts = self._field_parts[name]
         spec = self.fields[name]
         return np.concatenate(parts) if parts else np.empty((0, *spec.shape), spec.dtype)
 
     def abort(self) -> None:
-        """Stop writing: the open shard is deleted, completed shard files stay (see ``on_shard``)."""
+        """Stop writing: the open shard is deleted, completed shard files stay."""
         if self._shard is not None:
             self._shard.abort()
             self._shard = None
