@@ -4,13 +4,15 @@ A :class:`ShardWriter` streams records into ``<shard>.partial``, appends the ind
 fsyncs and renames: a shard file exists complete or not at all. A :class:`DatasetWriter` cuts records
 into shards and on :meth:`DatasetWriter.close` writes the field arrays, the array documents and last
 the root group document; until then the directory is incomplete (``IncompleteDatasetError`` on open).
+DatasetWriter can continue after shards already on disk (``start``) and reports each shard it
+completes (``on_shard``), cut at the same record boundaries as one uninterrupted write.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +48,7 @@ from shardkit.formats.spec import (
 )
 from shardkit.stores.atomic import fsync_dir, is_out_of_space, raise_out_of_space
 
-__all__ = ["ShardWriter", "ShardChecksums", "DatasetWriter", "payload_document", "field_chunk_for", "FIELD_CODEC"]
+__all__ = ["ShardWriter", "ShardChecksums", "DatasetWriter", "WrittenShard", "payload_document", "field_chunk_for", "FIELD_CODEC"]
 
 logger = logging.getLogger(__name__)
 
@@ -233,6 +235,18 @@ def field_chunk_for(fields: Mapping[str, FieldSpec], requested: int) -> int:
     return max(1, min(int(requested), MAX_FIELD_CHUNK_NBYTES // widest))
 
 
+@dataclass(frozen=True)
+class WrittenShard:
+    """A completed payload shard and the values of the small fields for its records.
+
+    What :class:`DatasetWriter` hands to ``on_shard`` after each shard, and what it takes back as
+    ``start`` to continue after shards already on disk.
+    """
+
+    info: ShardInfo
+    fields: Mapping[str, np.ndarray]
+
+
 class DatasetWriter:
     """Write a whole dataset: payload shards, small fields, metadata (last).
 
@@ -260,6 +274,11 @@ class DatasetWriter:
     durable
         fsync every file before it is renamed into place (default), so the metadata never lists a
         file a power cut could lose; ``False`` for scratch datasets: same atomic renames, no waiting.
+    start
+        Shards already on disk in ``path`` that the dataset begins with, in order: listed in the
+        metadata, not written again; new shards follow.
+    on_shard
+        Called with each shard this writer completes, once its file is in place.
     provenance
         Where the records came from (:mod:`shardkit.formats.provenance`): ``fields`` then holds the
         per-record field ``provenance``; :meth:`close` writes the input table.
@@ -284,6 +303,8 @@ class DatasetWriter:
         source: dict[str, Any] | None = None,
         extra: dict[str, Any] | None = None,
         durable: bool = True,
+        start: Sequence[WrittenShard] = (),
+        on_shard: Callable[[WrittenShard], None] | None = None,
         provenance: ProvenanceSpec | None = None,
     ) -> None:
         self.path = Path(path)
@@ -327,20 +348,40 @@ class DatasetWriter:
             extra=dict(extra or {}),
             created_by=f"shardkit {__version__}",
         )
+        self.on_shard = on_shard
         self.shards: list[ShardInfo] = []
         self.skipped: list[SkippedInput] = []
         self._field_parts: dict[str, list[np.ndarray]] = {k: [] for k in self.fields}
         self._shard: ShardWriter | None = None
+        self._shard_fields: dict[str, list[np.ndarray]] = {k: [] for k in self.fields}
         self._records = 0
         self._closed = False
         if (self.path / ZARR_JSON).exists():
             raise ConfigError(f"{self.path}: a dataset already exists here; write to another directory")
         self.path.mkdir(parents=True, exist_ok=True)
+        for shard in start:
+            self._adopt(shard)
+
+    def _adopt(self, shard: WrittenShard) -> None:
+        """List ``shard`` (already on disk) as the next shard of the dataset."""
+        info = shard.info
+        expected = chunk_key(self.meta.payload, len(self.shards), 1 + len(self.record.shape))
+        if info.path != expected or info.start != self._records or not 0 < info.count <= self.records_per_shard:
+            raise SchemaError(
+                f"{self.path}: cannot continue after shard {info.path} [{info.start}, {info.stop}): expected "
+                f"{expected} starting at record {self._records} with 1 to {self.records_per_shard} records"
+            )
+        for name, spec in self.fields.items():
+            if name not in shard.fields:
+                raise SchemaError(f"{self.path}: shard {info.path} lacks field {name!r}")
+            self._field_parts[name].append(spec.check(name, shard.fields[name], info.count))
+        self.shards.append(info)
+        self._records = info.stop
 
     # ------------------------------------------------------------------ writing
     @property
     def records_written(self) -> int:
-        """Records accepted so far."""
+        """Records accepted so far (including resumed shards)."""
         return self._records
 
     def skip(self, path: str, reason: str) -> None:
@@ -369,7 +410,7 @@ class DatasetWriter:
             take = min(k - pos, self._shard.capacity - self._shard.count)
             self._shard.append(payload[pos : pos + take])
             for name in self.fields:
-                self._field_parts[name].append(values[name][pos : pos + take])
+                self._shard_fields[name].append(values[name][pos : pos + take])
             self._records += take
             pos += take
             if self._shard.full:
@@ -390,8 +431,15 @@ class DatasetWriter:
         start = self._records - count
         info = ShardInfo(self._shard_rel, start, self._records, sums.nbytes, sums.crc32c, sums.data_crc32c,
                          sums.index_crc32c, sums.tail_crc32c)
+        parts = {name: np.concatenate(self._shard_fields[name]) if self._shard_fields[name]
+                 else np.empty((0, *spec.shape), spec.dtype) for name, spec in self.fields.items()}
         self.shards.append(info)
+        for name in self.fields:
+            self._field_parts[name].append(parts[name])
+            self._shard_fields[name] = []
         self._shard = None
+        if self.on_shard is not None:
+            self.on_shard(WrittenShard(info, parts))
 
     # ------------------------------------------------------------------ finishing
     def close(self) -> DatasetMeta:
@@ -434,13 +482,13 @@ class DatasetWriter:
         return files
 
     def _field_values(self, name: str) -> np.ndarray:
-        """Every record's value of field ``name`` so far."""
+        """Every record's value of field ``name`` so far (completed shards)."""
         parts = self._field_parts[name]
         spec = self.fields[name]
         return np.concatenate(parts) if parts else np.empty((0, *spec.shape), spec.dtype)
 
     def abort(self) -> None:
-        """Stop writing: the open shard is deleted, completed shard files stay."""
+        """Stop writing: the open shard is deleted, completed shard files stay (see ``on_shard``)."""
         if self._shard is not None:
             self._shard.abort()
             self._shard = None

@@ -1,4 +1,4 @@
-"""Atomic shard files, metadata last, completed shards kept on abort, clean out-of-space errors."""
+"""Atomic shard files, metadata last, continuing after completed shards, clean out-of-space errors."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from shardkit import errors
-from shardkit.formats import DatasetWriter, FieldSpec, open_dataset
+from shardkit.formats import DatasetWriter, FieldSpec, open_dataset, verify
+from shardkit.formats.writer import WrittenShard
 from tests.helpers.datasets import make_records
 
 REC = FieldSpec((4, 4), "uint8")
@@ -30,34 +31,52 @@ def _feed(w: DatasetWriter, recs: np.ndarray, start: int, stop: int) -> None:
         w.write({"image": recs[i : i + 1], "label": np.array([i])})
 
 
-def test_aborted_write_is_incomplete_and_keeps_completed_shards(tmp_path: Path) -> None:
+def test_aborted_write_is_incomplete_and_a_writer_continues_after_given_shards(tmp_path: Path) -> None:
     recs = make_records(40, (4, 4))
     ref = tmp_path / "ref"
     with _writer(ref) as w:
         _feed(w, recs, 0, 40)
 
     out = tmp_path / "out"
-    w = _writer(out)
+    completed: list[WrittenShard] = []
+    w = _writer(out, on_shard=completed.append)
     _feed(w, recs, 0, 22)  # 19 records: 3 complete shards, 4 records in the open one
     w.abort()  # the open shard is gone, complete shard files stay
-    assert [s.stop for s in w.shards] == [5, 10, 15]
+    assert [c.info.stop for c in completed] == [5, 10, 15]
+    assert completed[1].fields["label"].tolist() == [6, 7, 8, 9, 11]  # input 10 was skipped
     with pytest.raises(errors.IncompleteDatasetError):
         open_dataset(out)
     assert not list(out.rglob("*.partial"))
-    a = open_dataset(ref)
-    assert [s.to_json() for s in a.meta.shards[:3]] == [s.to_json() for s in w.shards]
-    for s in w.shards:  # cut at the same record boundaries as the uninterrupted write
+
+    w2 = _writer(out, start=completed)
+    assert w2.records_written == 15
+    for i in range(40):
+        if i % 7 == 3:
+            w2.skip(f"in/{i}.jpg", "corrupt")
+    for i in range(17, 40):
+        if i % 7 != 3:
+            w2.write({"image": recs[i : i + 1], "label": np.array([i])})
+    w2.close()
+
+    a, b = open_dataset(ref), open_dataset(out)
+    assert [s.to_json() for s in a.meta.shards] == [s.to_json() for s in b.meta.shards]
+    for s in a.meta.shards:
         assert (ref / s.path).read_bytes() == (out / s.path).read_bytes()
-    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == [s.path for s in w.shards]
+    np.testing.assert_array_equal(a.fields["label"], b.fields["label"])
+    assert [x.path for x in a.meta.skipped] == [x.path for x in b.meta.skipped] == [
+        f"in/{i}.jpg" for i in range(40) if i % 7 == 3]
 
 
-def test_writer_refuses_writes_once_closed_or_aborted(tmp_path: Path) -> None:
-    for finish in ("close", "abort"):
-        w = _writer(tmp_path / finish)
-        w.write({"image": make_records(3, (4, 4)), "label": np.arange(3)})
-        getattr(w, finish)()
-        with pytest.raises(errors.ShardkitError, match="writer is closed"):
-            w.write({"image": make_records(1, (4, 4)), "label": np.arange(1)})
+def test_start_must_continue_the_shard_sequence(tmp_path: Path) -> None:
+    completed: list[WrittenShard] = []
+    w = _writer(tmp_path / "out", on_shard=completed.append)
+    w.write({"image": make_records(10, (4, 4)), "label": np.arange(10)})
+    w.abort()
+    with pytest.raises(errors.SchemaError, match="cannot continue after shard image/c/1/0/0"):
+        _writer(tmp_path / "out", start=completed[1:])
+    bad = WrittenShard(completed[0].info, {"label": np.arange(4)})
+    with pytest.raises(errors.SchemaError, match="label"):
+        _writer(tmp_path / "out", start=[bad])
 
 
 def test_writer_never_replaces_a_dataset(tmp_path: Path) -> None:
@@ -71,7 +90,8 @@ def test_writer_never_replaces_a_dataset(tmp_path: Path) -> None:
 
 def test_out_of_space_is_a_clear_error_and_leaves_no_partial(tmp_path: Path, monkeypatch) -> None:
     recs = make_records(12, (4, 4))
-    w = _writer(tmp_path / "out")
+    completed: list[WrittenShard] = []
+    w = _writer(tmp_path / "out", on_shard=completed.append)
     _feed(w, recs, 0, 6)  # first shard complete
     real_write = os.write
 
@@ -84,10 +104,12 @@ def test_out_of_space_is_a_clear_error_and_leaves_no_partial(tmp_path: Path, mon
     monkeypatch.setattr(os, "write", real_write)
     assert not list((tmp_path / "out").rglob("*.partial"))
     w.abort()
-    # the completed shard survived, whole
-    [shard] = w.shards
-    assert (shard.start, shard.stop) == (0, 5)
-    assert (tmp_path / "out" / shard.path).stat().st_size == shard.nbytes
+    # the completed shard survived; a writer continues after it
+    w2 = _writer(tmp_path / "out", start=completed)
+    assert w2.records_written == 5
+    _feed(w2, recs, 6, 12)
+    w2.close()
+    assert verify(tmp_path / "out").ok
 
 
 def test_schema_mismatch_is_reported(tmp_path: Path) -> None:
