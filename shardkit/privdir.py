@@ -22,7 +22,6 @@ from types import TracebackType
 from typing import Self
 
 from shardkit.closing import Closing
-from shardkit.dirfd import exists_at, unlink_at
 from shardkit.errors import InsecurePathError
 
 __all__ = [
@@ -33,8 +32,10 @@ __all__ = [
     "Mutex",
     "create_private",
     "create_run_dir",
+    "exists_at",
     "open_private",
     "sweep_stale",
+    "unlink_at",
 ]
 
 logger = logging.getLogger(__name__)
@@ -45,6 +46,25 @@ FILE_MODE = 0o600
 #: The liveness lock of a run directory.
 LOCK_NAME = "lock"
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def exists_at(name: str, dir_fd: int) -> bool:
+    """Whether ``name`` is in the directory ``dir_fd`` (a symlink counts as itself: it is never followed)."""
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def unlink_at(name: str, dir_fd: int) -> bool:
+    """Remove ``name`` from the directory ``dir_fd`` (a symlink itself, never its target); ``False`` if it
+    was not there (another process removed it first: an ordinary outcome)."""
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _check_file(where: str, st: os.stat_result, kind: Callable[[int], bool]) -> None:

@@ -20,10 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from shardkit.dirfd import exists_at, unlink_at
 from shardkit.formats import Dataset, FieldSpec
 from shardkit.formats.fields import read_field_rows
-from shardkit.privdir import PrivateDir, create_private, open_private
+from shardkit.privdir import PrivateDir, create_private, exists_at, open_private, unlink_at
 from shardkit.processes import pid_alive
 
 __all__ = [
