@@ -15,6 +15,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -146,11 +147,10 @@ def _reserve(fd: int, m: mmap.mmap, offset: int, length: int) -> bool:
 def _drop_unused_lock(name: str, dfd: int, lfd: int) -> None:
     """After a failed creation: delete ``name.lock`` unless another process uses it; close it."""
     try:
-        fcntl.flock(lfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        if _same_file(f"{name}.lock", dfd, lfd) and not exists_at(name, dfd):
-            unlink_at(f"{name}.lock", dfd)
-    except OSError:
-        pass
+        with suppress(OSError):
+            fcntl.flock(lfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if _same_file(f"{name}.lock", dfd, lfd) and not exists_at(name, dfd):
+                unlink_at(f"{name}.lock", dfd)
     finally:
         os.close(lfd)
 
@@ -191,10 +191,7 @@ class SharedRegion:
         are written; False for a range the node has no memory for (its writer must not write it:
         on a full tmpfs a write through the mapping is a SIGBUS, an allocation here is an error)."""
         fd, m = self._data_fd, self._mmap
-        out = []
-        for offset, length in ranges:
-            out.append(fd is not None and m is not None and _reserve(fd, m, offset, length))
-        return out
+        return [fd is not None and m is not None and _reserve(fd, m, offset, length) for offset, length in ranges]
 
     def _forget(self) -> None:
         """In a forked child: the lock descriptors are the parent's; never use them."""
@@ -225,10 +222,8 @@ class SharedRegion:
                 os.close(dfd_data)
 
     def __del__(self) -> None:
-        try:
+        with suppress(Exception):  # interpreter shutdown
             self.release()
-        except Exception:  # pragma: no cover - interpreter shutdown
-            pass
 
     def __repr__(self) -> str:
         return f"SharedRegion({self.name!r}, {self.nbytes} bytes, created={self.created})"
@@ -353,10 +348,8 @@ def _create(name: str, nbytes: int, init: Callable[[mmap.mmap], None], dfd: int,
         try:
             init(m)
         finally:
-            try:
+            with suppress(BufferError):  # a view is still alive (held by a failing init's traceback): unmapped with it
                 m.close()
-            except BufferError:
-                pass  # a view is still alive (held by a failing init's traceback): unmapped with it
         os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
     except BaseException:
         os.close(fd)
@@ -408,7 +401,6 @@ def node_fields(dataset: Dataset, key: str | None) -> tuple[dict[str, np.ndarray
         if region is None:
             fields[name] = dataset.field(name)
         else:
-
             fields[name] = region.array(dtype, shape)
             regions.append(region)
     return fields, regions
