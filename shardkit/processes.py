@@ -32,19 +32,18 @@ def pid_alive(pid: int) -> bool:
         return True
 
 
-def _exit_when_gone(pid: int, interval: float) -> None:
-    while pid_alive(pid):
-        time.sleep(interval)
-    os._exit(1)
-
-
 def exit_when_gone(pid: int, interval: float = WATCH_INTERVAL) -> threading.Thread:
     """Start a daemon thread that ends this process (``os._exit(1)``) once process ``pid`` is gone.
 
     For pool workers, ``pid`` owning the pool: a ``ProcessPoolExecutor`` worker never notices a
     SIGKILLed owner by itself (it holds both ends of its queue) and would wait forever.
     """
-    thread = threading.Thread(target=_exit_when_gone, args=(pid, interval), daemon=True,
-                              name=f"shardkit-exit-when-{pid}-gone")
+
+    def watch() -> None:
+        while pid_alive(pid):
+            time.sleep(interval)
+        os._exit(1)
+
+    thread = threading.Thread(target=watch, daemon=True, name=f"shardkit-exit-when-{pid}-gone")
     thread.start()
     return thread

@@ -654,10 +654,8 @@ class TierServer:
                     for job in recipients:
                         try:
                             job.send(msg)
-                        except OSError as exc:
+                        except OSError as exc:  # PeerTimeoutError too (a TimeoutError)
                             self._drop(job.id, f"went away ({exc})")
-                        except PeerTimeoutError as exc:
-                            self._drop(job.id, str(exc))
                 case EpochEnd():
                     return True
                 case other:
