@@ -223,10 +223,8 @@ class Store(abc.ABC):
 
     def get_ranges(self, key: str, starts: Sequence[int], ends: Sequence[int]) -> list[memoryview]:
         """Several ranges of one object, fetched concurrently, returned in the order asked."""
-        out: list[memoryview | None] = [None] * len(starts)
-        for got in self.fetch([ByteRange(key, int(a), int(b)) for a, b in zip(starts, ends)]):
-            out[got.index] = got.data
-        return [d for d in out if d is not None]
+        done = self.fetch([ByteRange(key, int(a), int(b)) for a, b in zip(starts, ends)])
+        return [got.data for got in sorted(done, key=lambda got: got.index)]
 
     @abc.abstractmethod
     def fetch(self, ranges: Sequence[ByteRange]) -> Iterator[Fetched]:
