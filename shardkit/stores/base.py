@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from shardkit.declare import Parser, UserOptions, option
-from shardkit.errors import ConfigError, UnsafePathError
+from shardkit.errors import ConfigError, TruncatedShardError, UnsafePathError
 from shardkit.units import human_bytes, parse_bytes, parse_count, parse_duration
 
 __all__ = [
@@ -240,9 +240,18 @@ class Store(abc.ABC):
         """Write the whole ``size``-byte object ``key`` into the file ``fd`` (from offset 0) and
         return its ETag; ``etag`` (if set) must still match. ``progress(n)`` is called as each
         ``n`` bytes land. An object of another size is a :class:`~shardkit.errors.TruncatedShardError`.
-        Only object stores download (into the shard cache); a local file is read where it is.
         """
-        raise ConfigError(f"{self.describe(key)}: a local file is read in place, never downloaded")
+        limit = self.options.request_bytes
+        asks = [ByteRange(key, a, min(a + limit, size), etag) for a in range(0, size, limit)]
+        tag = etag
+        for got in self.fetch(asks):
+            if got.object_size != size:
+                raise TruncatedShardError(f"{self.describe(key)}: expected {size} bytes, the store says {got.object_size}")
+            tag = tag or got.etag
+            write_all(fd, got.data, asks[got.index].start)
+            if progress is not None:
+                progress(got.data.nbytes)
+        return tag
 
     @abc.abstractmethod
     def list(self, prefix: str = "") -> Iterator[ObjectMeta]:

@@ -63,19 +63,6 @@ def test_a_key_below_a_file_is_not_found_by_any_local_read(tmp_path: Path) -> No
             read()
 
 
-def test_a_local_store_never_downloads(tmp_path: Path) -> None:
-    """Only object stores download (into the shard cache); a local file is read in place."""
-    store = LocalStore(tmp_path / "root")
-    store.put("a.bin", b"hello")
-    fd = os.open(tmp_path / "copy", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        with pytest.raises(ConfigError, match=r"a\.bin: a local file is read in place"):
-            store.download("a.bin", fd, size=5)
-        assert os.fstat(fd).st_size == 0
-    finally:
-        os.close(fd)
-
-
 def test_get_refuses_large_objects_before_reading(store: Store) -> None:
     store.put("big", b"0" * 1000)
     with pytest.raises(ObjectTooLargeError, match="1000 bytes, more than the 999"):
