@@ -1,35 +1,9 @@
 """Commit records as a new version of a dataset: boundary shards re-packed, metadata last (docs/design.md §11).
 
-A commit takes the dataset as it is (the *base*, or nothing for a new dataset) and *segments*: runs
-of records stored in files of the shard layout somewhere it can read them (the parts of a cluster
-conversion, the datasets being merged), each with its field values, label names and skips. It
-produces one ordinary format 1.1 dataset whose records are the base's followed by every segment's,
-in order.
-
-Shards hold a fixed number S of records, so the records of a segment land on the global grid at an
-offset that is rarely a multiple of S. For each global shard of the new records a commit does the
-cheapest thing that is correct:
-
-* **in place**: a segment already wrote it under its final name (a part that knew its offset);
-* **linked**: one source file is exactly that shard (full, S index entries, aligned): hard-linked on
-  a local file system (server-side copied on an object store), no payload bytes move;
-* **re-packed**: otherwise (a boundary between two segments, the base's last shard when it was not
-  full, a segment that is not aligned) its records are copied, in their stored form, from the source
-  files into a new shard. Records are never decoded or re-encoded (codecs are deterministic, so the
-  bytes are what one writer would have written), and each source file's checksums are verified
-  first, so a damaged source is never laundered into fresh checksums.
-
-Then the field arrays from their first chunk that changes, the payload document, the root document
-of the new version (saved under ``.shardkit-versions/``), and last the root ``zarr.json``: a reader
-sees the old version or the new one, never a mix. A file the commit replaces (the base's last shard,
-last field chunks, array documents) is first kept as a retired copy for readers of the old version
-(:mod:`shardkit.formats.versions`).
-
-Every step is idempotent and the inputs are immutable, so a commit killed at any instant is finished
-by running it again: the base is still the version the root document describes (it is written
-last), the base's replaced files are read back from their retired copies, and the same bytes are
-written again. A commit whose root document was already written (``source.plan`` is this commit's
-plan) only finishes its cleanup.
+A commit appends *segments* (runs of records stored in files of the shard layout: the parts of a
+conversion, the datasets being merged) to the *base* (or to nothing) and writes one ordinary dataset.
+Each new shard is in place, linked, or re-packed in stored form (never re-encoded) from sources whose
+checksums are verified first. Every step is idempotent, so running a killed commit again finishes it.
 """
 
 from __future__ import annotations
@@ -42,6 +16,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
 import numpy as np
@@ -104,21 +79,9 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class StoredShard:
-    """A file in the shard layout (records, then an index of ``capacity`` entries and its crc32c).
-
-    Attributes
-    ----------
-    store, key
-        Where it is: object ``key`` of ``store`` (a local directory or an object-store prefix; a
-        store pickles as its URL, so a shard can be handed to a task on another machine).
-    count
-        Records it holds (entries ``0 .. count - 1`` of its index).
-    capacity
-        Entries of its index (S of the dataset that wrote it, or ``count`` for a piece).
-    nbytes, crc32c, data_crc32c, index_crc32c, tail_crc32c
-        Its size and checksums, as its writer recorded them (see
-        :class:`~shardkit.formats.spec.ShardInfo`).
-    """
+    """A file in the shard layout: object ``key`` of ``store`` (pickles as its URL, for remote tasks),
+    ``count`` records, an index of ``capacity`` entries (S, or ``count`` for a piece), and its size and
+    checksums as its writer recorded them (:class:`~shardkit.formats.spec.ShardInfo`)."""
 
     store: Store
     key: str
@@ -149,22 +112,9 @@ class StoredShard:
 class Segment:
     """Records a commit appends: ``records`` of them, stored in ``shards`` in order.
 
-    Attributes
-    ----------
-    records
-        How many (the ``count`` of its shards add up to it).
-    shards
-        The files holding them, in record order.
-    fields
-        Loads the values of every small field for its records (called once, by the commit).
-    labels
-        The class names its label fields index (``{"label": [...]}``): the commit maps them onto
-        the dataset's label list, extending it with new names.
-    skipped
-        Inputs skipped while producing it, in order (they follow the base's in the metadata).
-    table
-        Which of the commit's :class:`InputTable` its records' provenance numbers its inputs in
-        (``None``: it has no provenance).
+    ``fields`` loads their small fields (called once); ``labels`` are the class names their label
+    fields index (mapped onto the dataset's, see :func:`merge_labels`); ``skipped`` follow the base's;
+    ``table`` is the :class:`InputTable` their provenance numbers inputs in (``None``: no provenance).
     """
 
     records: int
@@ -207,27 +157,9 @@ class ShardRecipe:
 
 @dataclass(frozen=True)
 class CommitReport:
-    """What a commit did (the benchmark reads it: the rewritten bytes must stay within one shard per segment).
-
-    Attributes
-    ----------
-    meta
-        Metadata of the new version.
-    version
-        Its number.
-    records_added
-        Records the segments added.
-    shards_in_place, shards_linked, shards_repacked
-        New shards that were already in place, linked (or copied server-side), and re-packed.
-    bytes_linked, bytes_repacked
-        Payload bytes of the linked and of the re-packed shards (re-packing reads and writes them).
-    retired
-        Files kept for readers of older versions.
-    seconds
-        Wall time.
-    already_committed
-        The root document already described this commit (a re-run after a kill): only cleanup ran.
-    """
+    """What a commit did: the new version's metadata and number, records added, new shards by how they
+    were made and their payload bytes, files retired for older versions, wall time, and whether the
+    root document already described this commit (a re-run after a kill: only cleanup ran)."""
 
     meta: DatasetMeta
     version: int
@@ -588,13 +520,17 @@ class _Commit:
                 self.store.delete(meta.key)
 
 
-def _committed(store: Store, plan: str) -> DatasetMeta | None:
-    """The dataset's metadata if its root document already describes the commit ``plan``."""
-    if not store.exists(ZARR_JSON):
-        return None
+def _root_attrs(store: Store) -> dict[str, Any] | None:
+    """The ``shardkit`` attributes of the root document, or ``None``."""
     doc = read_json_object(store, ZARR_JSON)
     attrs = doc.get("attributes", {}).get(ATTRS_KEY) if isinstance(doc.get("attributes"), dict) else None
-    if not isinstance(attrs, dict) or not isinstance(attrs.get("source"), dict) or attrs["source"].get("plan") != plan:
+    return attrs if isinstance(attrs, dict) else None
+
+
+def _committed(store: Store, plan: str) -> DatasetMeta | None:
+    """The dataset's metadata if its root document already describes the commit ``plan``."""
+    attrs = _root_attrs(store) if store.exists(ZARR_JSON) else None
+    if attrs is None or not isinstance(attrs.get("source"), dict) or attrs["source"].get("plan") != plan:
         return None
     return DatasetMeta.from_json(attrs, where=store.describe(ZARR_JSON))
 
@@ -615,41 +551,13 @@ def commit(
 ) -> CommitReport:
     """Write the base's records followed by every segment's as the next version of the dataset at ``root``.
 
-    Parameters
-    ----------
-    root
-        Dataset directory (created if needed), object-store URL, or store.
-    template
-        Kind, payload, record, fields, records per shard, compression, field chunk, labels, transform,
-        extra and source of the dataset (the base's own metadata when there is a base).
-    segments
-        The records to append, in order.
-    base
-        The dataset's current metadata (``None`` for a new dataset). If the root document no longer
-        describes it, another commit came first and this one is refused.
-    plan
-        Identifies this commit: recorded as ``source.plan``, so running it again after it completed
-        only finishes its cleanup.
-    history
-        Provenance of this version (``operation``, sources, parts), appended to ``source.history``
-        with the version number and its record range.
-    keep_versions
-        Older versions kept openable; older ones are pruned after the commit.
-    durable
-        fsync every file before it is renamed into place.
-    executor
-        Re-pack the shards that need it as tasks of this executor (its workers must see ``root`` and
-        the segments' files); in this process when ``None``.
-    inputs, summarize
-        Provenance (:mod:`shardkit.formats.provenance`): the tables of inputs the segments' records
-        came from (each segment names its own, :attr:`Segment.table`), appended to the dataset's
-        table; and how to count what conversion changed over every record's provenance (the
-        ``changes`` of the block; none without it). Used when the template declares the provenance
-        field and a provenance block (at least its ``columns``; a base's whole block).
-
-    Returns
-    -------
-    CommitReport
+    ``template`` is the dataset's metadata (the base's own when there is one); ``base`` the version
+    this commit was planned on (``None``: a new dataset), refused if another commit came first.
+    ``plan`` is recorded as ``source.plan``, so a re-run after completion only cleans up; ``history``
+    is appended to ``source.history``. Shards to re-pack run on ``executor`` (whose workers must see
+    ``root`` and the segments' files) or here. ``inputs`` (one table per :attr:`Segment.table`) are
+    appended to the provenance table and ``summarize`` counts its ``changes``, when the template
+    declares provenance.
     """
     t0 = time.perf_counter()
     store = open_store(root)
@@ -660,7 +568,8 @@ def commit(
         prune(store, keep_versions)
         return CommitReport(done, version_of(done.to_json()), seconds=time.perf_counter() - t0, already_committed=True)
     if base is not None:
-        current = _committed_version(store)
+        attrs = _root_attrs(store)
+        current = version_of(attrs) if attrs is not None else 0
         if current != version_of(base.to_json()):
             raise ConversionError(
                 f"{root}: the dataset is at version {current}, but this commit was planned on version "
@@ -717,11 +626,7 @@ def _table_offsets(base: DatasetMeta | None, inputs: Sequence[InputTable]) -> li
     if base is not None and base.provenance:
         inputs_block = base.provenance.get("inputs")
         count = int(inputs_block.get("count", 0)) if isinstance(inputs_block, dict) else 0
-    out = []
-    for table in inputs:
-        out.append(count)
-        count += len(table.names)
-    return out
+    return list(accumulate((len(table.names) for table in inputs[:-1]), initial=count)) if inputs else []
 
 
 def _relative(table_root: str, root: str, name: str) -> str:
@@ -736,21 +641,11 @@ def _relative(table_root: str, root: str, name: str) -> str:
 
 
 def _field_chunk(template: DatasetMeta, base: DatasetMeta | None) -> int:
-    """Records per field chunk to aim for: the base's, unless it was only capped by its size.
-
-    A writer records the chunk it used, ``min(requested, N)``; when that is N the request is
-    unknown and the default is assumed, so a dataset grown by appends is chunked like one written
-    in one go.
-    """
+    """Records per field chunk to aim for: the base's, unless it was only capped by its size (a writer
+    records ``min(requested, N)``; at N the default is assumed, as for a dataset written in one go)."""
     if base is not None and base.field_chunk < base.num_records:
         return base.field_chunk
     return field_chunk_for(template.fields, DEFAULT_FIELD_CHUNK)
-
-
-def _committed_version(store: Store) -> int:
-    doc = read_json_object(store, ZARR_JSON)
-    attrs = doc.get("attributes", {}).get(ATTRS_KEY) if isinstance(doc.get("attributes"), dict) else None
-    return version_of(attrs) if isinstance(attrs, dict) else 0
 
 
 def _file_order(rel: str, meta: DatasetMeta) -> tuple[int, str, int]:

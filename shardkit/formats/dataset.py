@@ -47,25 +47,14 @@ class Dataset(Closing):
         Concurrency, timeouts and retries of an object store (:class:`~shardkit.stores.StoreOptions`).
     cache_dir, cache_size, cache_stats
         For a dataset in an object store: keep fetched shards in this local directory (at most
-        ``cache_size`` bytes for the whole directory; ``None``: no limit) and read them from there
-        once complete and verified (:mod:`shardkit.stores.cache`); reads served by it are counted in
-        ``cache_stats``. Ignored for local datasets.
+        ``cache_size`` bytes in all; ``None``: no limit) and read them from there once complete and
+        verified (:mod:`shardkit.stores.cache`), counting those reads in ``cache_stats``.
     version
         Open this kept older version instead of the current one (``shardkit info`` lists them).
 
-    Notes
-    -----
-    Small per-record fields are loaded into RAM on first use (``fields``); payload bytes are read on
-    demand with :meth:`read` / :attr:`payload`.
-
-    Opening checks everything that is cheap: the metadata's types, bounds and layout, its own
-    checksum, and (format 1.1) the checksum of every array document. Loading the fields checks every
-    field chunk; reading a shard's index checks it against the checksum in the metadata. Only the
-    payload records themselves are left to :func:`~shardkit.formats.verify`, which reads every byte.
-
-    A dataset opened here keeps reading the version it opened while a commit (``convert --append``)
-    adds a newer one: files the commit replaces are read from the copies it keeps for older
-    versions (:mod:`~shardkit.formats.versions`).
+    Opening checks everything cheap (metadata, its checksum, every array document); fields are loaded
+    on first use, each chunk checked; payload records are checked only by
+    :func:`~shardkit.formats.verify`. The opened version stays readable while a commit adds a newer one.
     """
 
     def __init__(
@@ -84,7 +73,6 @@ class Dataset(Closing):
         self.store: Store = open_store(path, store_options)
         #: The local cache of remote shards (``cache_dir``), or None.
         self.cache: ShardCache | None = None
-        #: The dataset directory (a Path) or, for an object store, its URL.
         #: Local directory, or the URL for messages (secrets redacted; ``store.location`` reopens it).
         self.path: Path | str = self.store.local_path() if self.store.is_local else self.store.url
         self.meta: DatasetMeta = read_dataset_meta(self.store, ZARR_JSON if version is None else version_key(version))
@@ -165,17 +153,9 @@ class Dataset(Closing):
 
     @property
     def fields(self) -> dict[str, np.ndarray]:
-        """Every small per-record field that batches carry, as one in-RAM array ``[N, ...]`` each
-        (loaded once, every chunk checked).
-
-        The provenance field is not among them: it says where records came from, which training
-        does not need (:meth:`source` and :meth:`field` read it).
-
-        Raises
-        ------
-        MissingShardError, TruncatedShardError, ChecksumError, CorruptShardError
-            A field chunk is missing, damaged or changed (see :func:`~shardkit.formats.fields.read_field_rows`).
-        """
+        """Every per-record field that batches carry, as one in-RAM array ``[N, ...]`` each (loaded once,
+        every chunk checked: :func:`~shardkit.formats.fields.read_field_rows`); not the provenance
+        field, which training does not need (:meth:`source` and :meth:`field` read it)."""
         if self._fields is None:
             skip = None if self.provenance is None else self.provenance.field
             self._fields = {name: self.field(name) for name in self.meta.fields if name != skip}
@@ -191,10 +171,8 @@ class Dataset(Closing):
         return read_field_rows(self.store, name, m.fields[name], m.num_records, m.field_chunk_records, m.files)
 
     def source(self, key: int) -> RecordSource | None:
-        """Where record ``key`` came from (``None`` for a dataset written without provenance).
-
-        Reads one chunk of the provenance field and of the input table, not the whole of them.
-        """
+        """Where record ``key`` came from (``None`` without provenance); reads one chunk of the
+        provenance field and of the input table."""
         if self.provenance is None:
             return None
         k = int(key)

@@ -1,9 +1,6 @@
 """Dataset metadata: the ``shardkit`` group attribute and the zarr v3 ``zarr.json`` documents.
 
-shardkit writes and parses zarr's JSON documents itself; zarr-python is not imported by the library
-(the interoperability tests prove both read what the other writes). The documents are small, fully
-specified dictionaries built by :func:`array_metadata` and :func:`group_metadata` and parsed
-strictly by the readers; why not through zarr-python: docs/design.md §3 (*Metadata*).
+shardkit builds and strictly parses these documents itself, without zarr-python (docs/design.md §3).
 """
 
 from __future__ import annotations
@@ -90,37 +87,23 @@ class DatasetMeta:
 
     Attributes
     ----------
-    kind
-        Corpus kind that produced it (``coco``, ``imagefolder``, ``cifar10``, ``audio``, ...).
-    payload
-        Name of the payload array (``image`` or ``audio``).
-    record
-        Shape and dtype of one payload record.
+    kind, payload, record
+        Corpus kind (``coco``, ``audio``, ...), payload array name, shape and dtype of one record.
     num_records, records_per_shard
         Total records N and records per shard S.
-    fields
-        Small per-record fields (``label``, ``boxes``, ...) by name.
-    field_chunk
-        Records per zarr chunk of the small fields (the chunk actually used is
-        :attr:`field_chunk_records`).
+    fields, field_chunk
+        Small per-record fields by name; records per chunk (as used: :attr:`field_chunk_records`).
     labels
         Class names per label field (``{"label": [...], "coarse_label": [...]}``).
     compression
-        Codec JSON (``{"name": "zstd", "level": 3, "checksum": true}``) or ``None`` for uncompressed
-        records.
-    transform, source, extra
-        Free-form provenance: the transform applied, where the data came from, kind-specific data.
-    skipped
-        Inputs that did not become records, with reasons.
-    shards
-        Every payload shard file: record range, size, checksums.
-    files
-        Format 1.1: size and crc32c of every array document and every field chunk, by path relative
-        to the dataset root (see :mod:`shardkit.formats.checksums`). Empty in 1.0 datasets.
+        Codec JSON (``{"name": "zstd", "level": 3, "checksum": true}``) or ``None``.
+    transform, source, extra, skipped
+        Free-form provenance (transform, origin, kind-specific data); inputs skipped, with reasons.
+    shards, files
+        Every payload shard (range, size, checksums); size and crc32c of every array document and
+        field chunk by relative path (format 1.1, :mod:`shardkit.formats.checksums`).
     provenance
-        Where every record came from and what conversion changed (see
-        :mod:`shardkit.formats.provenance`); empty for a dataset written without it. An optional key
-        that readers without provenance support ignore, so it needs no new format version.
+        Where records came from (:mod:`shardkit.formats.provenance`); empty without it.
     format_version, format_minor
         Format version ``MAJOR.MINOR`` (see :mod:`shardkit.formats.spec`).
     """
@@ -217,16 +200,9 @@ class DatasetMeta:
     def from_json(cls, data: dict[str, Any], *, where: str) -> DatasetMeta:
         """Parse and validate the ``shardkit`` attributes read from the document ``where``.
 
-        Raises
-        ------
-        FormatVersionError
-            A newer major version. (A newer minor is read, with a warning.)
-        ChecksumError
-            The attributes differ from their recorded ``attributes_crc32c``.
-        NotADatasetError
-            A missing key, a value of the wrong JSON type or outside its bounds, or a layout that
-            does not add up (shards not covering the records, files missing from ``files``, ...);
-            :class:`~shardkit.errors.UnsafePathError` for a name that is not a plain path component.
+        Raises FormatVersionError for a newer major (a newer minor is read, with a warning),
+        ChecksumError when ``attributes_crc32c`` differs, UnsafePathError for a name that is not a
+        plain path component, NotADatasetError for any other bad value or a layout that does not add up.
         """
         major = jv.integer(data.get("format_version"), "format_version", where, lo=1)
         if major > FORMAT_VERSION:
@@ -360,10 +336,6 @@ def _skipped(value: Any, where: str) -> SkippedInput:
     )
 
 
-def _zarr_dtype_and_fill(dtype: str) -> tuple[str, int | float]:
-    return dtype, (0.0 if dtype.startswith("float") else 0)
-
-
 def array_metadata(
     *,
     shape: tuple[int, ...],
@@ -375,41 +347,23 @@ def array_metadata(
     dimension_names: list[str] | None = None,
     attributes: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """zarr v3 array metadata.
-
-    With ``inner_chunk_shape`` the array is sharded: ``chunk_shape`` is the shard shape and every
-    inner chunk (one record) is encoded with ``bytes`` (+ the codec), index at the end with crc32c.
-    Without it the array is a plain chunked array with ``bytes`` (+ the codec).
-    """
-    data_type, fill = _zarr_dtype_and_fill(dtype)
-    inner: list[dict[str, Any]] = [{"name": "bytes", "configuration": {"endian": "little"}}]
-    if codec is not None:
-        inner += codec.zarr_codecs(itemsize)
+    """zarr v3 array metadata: with ``inner_chunk_shape`` sharded (``chunk_shape`` is the shard shape,
+    one record per inner chunk, index at the end with crc32c), else plain chunks; ``bytes`` + codec."""
+    little = {"name": "bytes", "configuration": {"endian": "little"}}
+    inner: list[dict[str, Any]] = [little, *(codec.zarr_codecs(itemsize) if codec is not None else [])]
+    codecs = inner
     if inner_chunk_shape is not None:
-        codecs: list[dict[str, Any]] = [
-            {
-                "name": "sharding_indexed",
-                "configuration": {
-                    "chunk_shape": list(inner_chunk_shape),
-                    "codecs": inner,
-                    "index_codecs": [
-                        {"name": "bytes", "configuration": {"endian": "little"}},
-                        {"name": "crc32c"},
-                    ],
-                    "index_location": "end",
-                },
-            }
-        ]
-    else:
-        codecs = inner
+        codecs = [{"name": "sharding_indexed", "configuration": {
+            "chunk_shape": list(inner_chunk_shape), "codecs": inner,
+            "index_codecs": [little, {"name": "crc32c"}], "index_location": "end"}}]
     meta: dict[str, Any] = {
         "zarr_format": 3,
         "node_type": "array",
         "shape": list(shape),
-        "data_type": data_type,
+        "data_type": dtype,
         "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(chunk_shape)}},
         "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
-        "fill_value": fill,
+        "fill_value": 0.0 if dtype.startswith("float") else 0,
         "codecs": codecs,
         "attributes": attributes or {},
     }
@@ -425,14 +379,8 @@ def group_metadata(meta: DatasetMeta | None) -> dict[str, Any]:
 
 
 def encode_json(document: dict[str, Any]) -> bytes:
-    """The bytes shardkit writes for a JSON document (indented, ASCII, trailing newline).
-
-    Raises
-    ------
-    ConversionError
-        The document exceeds what readers accept (:func:`check_document_bounds`): refused before it
-        is written, so no dataset is left that no reader can open.
-    """
+    """The bytes shardkit writes for a JSON document (indented, ASCII, trailing newline); ConversionError
+    if it exceeds what readers accept (:func:`check_document_bounds`), so none is left unreadable."""
     data = (json.dumps(document, indent=2) + "\n").encode("ascii")
     try:
         check_document_bounds(data, "the document to write")
@@ -442,15 +390,8 @@ def encode_json(document: dict[str, Any]) -> bytes:
 
 
 def check_document_bounds(raw: bytes, where: str) -> None:
-    """Refuse a JSON document larger than :data:`MAX_DOCUMENT_NBYTES` or with more than
-    :data:`MAX_DOCUMENT_VALUES` values, before it is parsed, so parsing stays within
-    :data:`DOCUMENT_PEAK_NBYTES` whatever the document holds.
-
-    Raises
-    ------
-    NotADatasetError
-        Naming the bound exceeded.
-    """
+    """NotADatasetError for a JSON document larger than :data:`MAX_DOCUMENT_NBYTES` or of more than
+    :data:`MAX_DOCUMENT_VALUES` values, before parsing, so parsing stays within :data:`DOCUMENT_PEAK_NBYTES`."""
     if len(raw) > MAX_DOCUMENT_NBYTES:
         raise NotADatasetError(f"{where}: JSON document of {len(raw)} bytes, more than the {MAX_DOCUMENT_NBYTES} allowed")
     values = 1
@@ -464,26 +405,16 @@ def check_document_bounds(raw: bytes, where: str) -> None:
 
 
 def write_json_atomic(path: Path, document: dict[str, Any], *, durable: bool = True) -> FileDigest:
-    """Write a JSON document atomically (see :func:`~shardkit.stores.atomic.write_bytes_atomic`).
-
-    Returns the size and crc32c of the bytes written, for the metadata's ``files`` map. A full disk
-    raises OutOfSpaceError naming ``path`` and leaves no partial file.
-    """
+    """Write a JSON document atomically (:func:`~shardkit.stores.atomic.write_bytes_atomic`: a full disk
+    leaves no partial file); returns the size and crc32c of the bytes, for the ``files`` map."""
     data = encode_json(document)
     write_bytes_atomic(path, data, durable=durable)
     return FileDigest.of(data)
 
 
 def read_json(path: Path, digest: FileDigest | None = None) -> dict[str, Any]:
-    """Read a local JSON object document, checked against ``digest`` when the metadata records one.
-
-    Raises
-    ------
-    NotADatasetError
-        Larger than :data:`MAX_DOCUMENT_NBYTES`, not UTF-8, not valid JSON, or not a JSON object.
-    ChecksumError, TruncatedShardError
-        The bytes differ from ``digest``.
-    """
+    """Read a local JSON object document, checked against ``digest`` when the metadata records one
+    (ChecksumError, TruncatedShardError); NotADatasetError if too large or not a UTF-8 JSON object."""
     raw = read_verified(path, digest, what="metadata document", max_nbytes=MAX_DOCUMENT_NBYTES)
     return parse_json(raw, str(path))
 
@@ -514,21 +445,12 @@ def parse_json(raw: bytes, where: str) -> dict[str, Any]:
 
 
 def read_dataset_meta(root: Path | Store, document: str = ZARR_JSON) -> DatasetMeta:
-    """Read and validate the dataset metadata of the directory or store ``root``.
+    """Read and validate the dataset metadata of the directory or store ``root``, from its root
+    document ``document`` (``zarr.json`` or a kept version's, :mod:`shardkit.formats.versions`).
 
-    ``document`` is the root document to read (a key of ``root``): ``zarr.json``, the current
-    version, or a kept older version's (see :mod:`shardkit.formats.versions`).
-
-    Raises
-    ------
-    DatasetNotFoundError
-        ``root`` does not exist (also a ``FileNotFoundError``).
-    IncompleteDatasetError
-        The directory has payload data but no final group metadata (an interrupted write).
-    NotADatasetError
-        Anything else that is not a shardkit dataset.
-    FormatVersionError
-        Written by a newer format version.
+    Raises DatasetNotFoundError (also a FileNotFoundError) when ``root`` does not exist,
+    IncompleteDatasetError after an interrupted write, FormatVersionError for a newer format, and
+    NotADatasetError for anything else that is not a shardkit dataset.
     """
     store = root if isinstance(root, Store) else LocalStore(root)
     if store.is_local:

@@ -155,36 +155,22 @@ class FieldSpec:
 
 @dataclass(frozen=True)
 class ShardInfo:
-    """What the group metadata records about one payload shard file.
+    """What the group metadata records about one payload shard file (checksums: docs/design.md §3).
 
     Attributes
     ----------
     path
-        Path of the shard file relative to the dataset root: always the zarr chunk key of the
-        payload array (readers refuse anything else, see :mod:`shardkit.formats.paths`).
+        The payload array's zarr chunk key, relative to the dataset root (nothing else is accepted).
     start, stop
         Global record range ``[start, stop)`` held by the shard.
     nbytes
-        Exact size of the file in bytes (records + index + index checksum); ``-1`` for a bare zarr
-        array read without shardkit metadata.
-    crc32c
-        crc32c of the whole file (format 1.0). It cannot see the index: the file ends with the
-        crc32c of its index, and a CRC over a message followed by its own CRC is a constant, so any
-        index edit that rewrites that trailer keeps this value. Still written so 1.0 readers verify.
-    data_crc32c
-        crc32c of the records, i.e. of the first ``nbytes - index_nbytes(S)`` bytes (format 1.1;
-        ``None`` in 1.0 datasets).
-    index_crc32c
-        crc32c of the index entries, equal to the file's last 4 bytes when intact (format 1.1). It
-        binds the index to the metadata, and costs a reader nothing: the index's own crc32c is
-        computed anyway whenever an index is read.
+        Exact size of the file (records + index + its crc32c); ``-1`` for a bare zarr array.
+    crc32c, data_crc32c, index_crc32c
+        crc32c of the whole file (format 1.0, blind to the index), of the records (the first
+        ``nbytes - index_nbytes(S)`` bytes) and of the index entries (format 1.1; ``None`` in 1.0).
     tail_crc32c
-        crc32c of the last :meth:`tail_nbytes` bytes of the records (the end of the last record),
-        or ``None`` (written before it existed; an optional key, so no new format version). Size
-        and index crc32c cannot tell apart two uncompressed shards of the same layout (their
-        indexes are identical), so a shard copied from another dataset, or two swapped shards,
-        would pass them; these bytes differ. Readers check it when they read the index, in the
-        same request (see :class:`~shardkit.formats.reader.PayloadArray`).
+        crc32c of the last :meth:`tail_nbytes` bytes of the records, or ``None`` (written before it
+        existed); it tells apart swapped or copied shards of one layout, whose indexes are identical.
     """
 
     path: str
