@@ -70,20 +70,10 @@ def decode_name(raw: bytes) -> str:
 
 @dataclass(frozen=True)
 class ProvenanceSpec:
-    """What a :class:`~shardkit.formats.DatasetWriter` is given to store provenance.
-
-    Attributes
-    ----------
-    columns
-        Every column of the per-record field, starting with :data:`BASE_COLUMNS`.
-    root
-        The corpus root the input names are relative to.
-    inputs
-        The name of every input, in input order (a lazy sequence is fine: it is read once, at commit).
-    summarize
-        Turns the whole provenance field ``[N, C]`` into the ``changes`` counts of the metadata
-        (``None``: no counts).
-    """
+    """What a :class:`~shardkit.formats.DatasetWriter` is given to store provenance: the field's
+    ``columns`` (starting with :data:`BASE_COLUMNS`), the corpus ``root`` the ``inputs`` names are
+    relative to (read once, at commit, so a lazy sequence is fine), and ``summarize``, which turns the
+    whole field ``[N, C]`` into the metadata's ``changes`` counts (``None``: no counts)."""
 
     columns: tuple[str, ...]
     root: str
@@ -103,18 +93,10 @@ class ProvenanceSpec:
 
 
 def write_provenance(root: Path | Store, spec: ProvenanceSpec, values: np.ndarray, *, durable: bool = True) -> dict[str, Any]:
-    """Write the input table under ``root`` (a directory or a store) and return the metadata's ``provenance`` block.
-
-    ``values`` is the whole per-record field (``[N, C]``), from which ``changes`` is computed.
-    """
-    ends = np.empty(len(spec.inputs), dtype=np.int64)
-    parts: list[bytes] = []
-    total = 0
-    for i in range(len(spec.inputs)):
-        raw = encode_name(spec.inputs[i])
-        parts.append(raw)
-        total += len(raw)
-        ends[i] = total
+    """Write the input table under ``root`` (a directory or a store) and return the metadata's ``provenance``
+    block, its ``changes`` computed from ``values``, the whole per-record field ``[N, C]``."""
+    parts = [encode_name(name) for name in spec.inputs]
+    ends = np.cumsum([len(raw) for raw in parts], dtype=np.int64)
     names = np.frombuffer(b"".join(parts), dtype=np.uint8)
     codec = get_codec("zstd")
     files: dict[str, FileDigest] = {}
@@ -126,12 +108,7 @@ def write_provenance(root: Path | Store, spec: ProvenanceSpec, values: np.ndarra
         "field": PROVENANCE_FIELD,
         "columns": list(spec.columns),
         "root": spec.root,
-        "inputs": {
-            "count": int(ends.size),
-            "nbytes": int(names.size),
-            "names_chunk": names_chunk,
-            "ends_chunk": ends_chunk,
-        },
+        "inputs": {"count": int(ends.size), "nbytes": int(names.size), "names_chunk": names_chunk, "ends_chunk": ends_chunk},
         "files": {k: v.to_json() for k, v in files.items()},
         "changes": {} if spec.summarize is None else spec.summarize(values),
     }
@@ -139,21 +116,9 @@ def write_provenance(root: Path | Store, spec: ProvenanceSpec, values: np.ndarra
 
 @dataclass(frozen=True)
 class RecordSource:
-    """Where one record came from.
-
-    Attributes
-    ----------
-    record
-        The record's key.
-    input
-        The input's number in the input sequence (a dataset's inputs include the skipped ones).
-    name
-        The input's name, relative to :attr:`root` (``train/cat/001.jpg``, ``data_batch_3#417``).
-    root
-        The corpus root at conversion time.
-    values
-        Every provenance column of the record (``input``, ``part`` and the kind's own).
-    """
+    """Where record ``record`` came from: input number ``input`` (skipped inputs count), named ``name``
+    relative to the corpus ``root`` at conversion time (``train/cat/001.jpg``, ``data_batch_3#417``),
+    and every provenance column's value (``input``, ``part`` and the kind's own)."""
 
     record: int
     input: int
@@ -186,14 +151,8 @@ class Provenance:
 
     @classmethod
     def from_meta(cls, meta: DatasetMeta, *, where: str) -> Provenance | None:
-        """The block of ``meta`` (``None`` when the dataset has none).
-
-        Raises
-        ------
-        NotADatasetError
-            A value of the wrong type or out of bounds, or a field that is not a declared
-            ``int64 [C]`` field with one entry per column.
-        """
+        """The block of ``meta`` (``None`` when the dataset has none); NotADatasetError for a bad value or
+        a field that is not a declared ``int64 [C]`` field with one entry per column."""
         doc = meta.provenance
         if not doc:
             return None
@@ -259,16 +218,8 @@ class Provenance:
                                meta.files, start, stop)
 
     def input_name(self, root: Path | Store, index: int) -> str:
-        """The name of input ``index``, reading one chunk of each table array.
-
-        Raises
-        ------
-        IndexError
-            ``index`` is not an input of this table.
-        CorruptShardError, NotADatasetError
-            The table contradicts itself (ends not increasing, a name longer than
-            :data:`MAX_NAME_NBYTES`) or a file differs from its recorded digest.
-        """
+        """The name of input ``index`` (else IndexError), reading one chunk of each table array;
+        NotADatasetError or CorruptShardError for a table that contradicts itself or its digests."""
         store = root if isinstance(root, Store) else LocalStore(root)
         if not 0 <= index < self.count:
             raise IndexError(f"{store.describe('')}: input {index} outside the {self.count} inputs of the provenance table")

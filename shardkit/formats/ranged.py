@@ -1,11 +1,8 @@
 """Reading payload shards from an object store: coalesced byte ranges, many requests in flight.
 
-:class:`RangedPayloadArray` is the :class:`~shardkit.formats.reader.PayloadArray` of a dataset in a
-store. It plans a block exactly like the local reader and fetches the runs concurrently, checking
-every response's length, object size, ETag and each shard's identity before its records are
-served; with a local cache it reads the shards a
-:class:`~shardkit.stores.prefetch.ShardPrefetcher` downloaded whole. The checks and the reasons
-(gap threshold, whole shards) are in docs/design.md §9.
+Blocks are planned exactly like the local reader's and their runs fetched concurrently, every
+response and each shard's identity checked before its records are served; with a local cache, shards
+downloaded whole are read from it. The checks and the reasons: docs/design.md §9.
 """
 
 from __future__ import annotations
@@ -17,13 +14,7 @@ from typing import NoReturn
 
 import numpy as np
 
-from shardkit.errors import (
-    ConfigError,
-    MissingShardError,
-    ObjectChangedError,
-    ShardkitError,
-    TruncatedShardError,
-)
+from shardkit.errors import ConfigError, MissingShardError, ObjectChangedError, ShardkitError, TruncatedShardError
 from shardkit.formats.checksums import FileDigest, fd_crc32c
 from shardkit.formats.index import ShardIndex
 from shardkit.formats.reader import DEFAULT_GAP_BYTES, Destination, PayloadArray, ReadStats, _Plan, _Rows, _Run
@@ -46,27 +37,12 @@ WAIT_FOR_PREFETCH = True
 
 
 class RangedPayloadArray(PayloadArray):
-    """The payload array of a dataset in a (remote) store (docs/design.md §9).
+    """The payload array ``array`` of the dataset at the root of ``store`` (docs/design.md §9).
 
-    Parameters
-    ----------
-    store
-        The dataset's store (its root is the dataset).
-    array
-        The payload array's name (``image``).
-    shards
-        Shard list from the dataset metadata (required: sizes and checksums come from it).
-    stats
-        Counters: one ``read_calls`` per request, ``bytes_read`` its bytes.
-    gap_bytes
-        Coalescing threshold (default :data:`DEFAULT_REMOTE_GAP_BYTES`).
-    document_digest
-        Recorded size and crc32c of the array's ``zarr.json``.
-    cache
-        A local :class:`~shardkit.stores.cache.ShardCache` of this dataset version: responses are
-        also stored there, and shards it holds complete (and verified) are read locally.
-    cache_stats
-        Counters of the reads served from ``cache`` (not requests to the store).
+    As :class:`~shardkit.formats.reader.PayloadArray`, with ``stats`` counting one ``read_calls`` per
+    request. With a ``cache`` (a :class:`~shardkit.stores.cache.ShardCache` of this version), shards
+    are downloaded whole in the background and read from their verified local copies, counted in
+    ``cache_stats``.
     """
 
     def __init__(
@@ -133,10 +109,8 @@ class RangedPayloadArray(PayloadArray):
         todo = [i for i in sorted(shards) if i not in self._tails_checked and PayloadArray._tail_nbytes(self, i)]
         if not todo:
             return
-        asks = []
-        for i in todo:
-            end = self._data_nbytes(i)
-            asks.append(ByteRange(self._key(i), end - PayloadArray._tail_nbytes(self, i), end, self._etags.get(i)))
+        asks = [ByteRange(self._key(i), self._data_nbytes(i) - PayloadArray._tail_nbytes(self, i), self._data_nbytes(i),
+                          self._etags.get(i)) for i in todo]  # fmt: skip
         for got in _shards_present(self.store.fetch(asks)):
             i, ask = todo[got.index], asks[got.index]
             self._check_response(i, got, ask)
@@ -187,12 +161,8 @@ class RangedPayloadArray(PayloadArray):
         return self._keys.get(i, self.shards[i].path)
 
     def _check_response(self, i: int, got: Fetched, asked: ByteRange) -> None:
-        """The object behind a response is the shard the metadata describes, in one version.
-
-        When it is not, and a newer version of the dataset replaced the shard (the store keeps the
-        copy of this reader's version, :mod:`~shardkit.formats.versions`), :class:`_Replaced` asks
-        the caller to read that copy instead.
-        """
+        """The object behind a response is the shard the metadata describes, in one version; when a
+        newer version replaced it, :class:`_Replaced` asks the caller to read this version's kept copy."""
         info = self.shards[i]
         cause: ShardkitError | None = None
         try:
@@ -230,9 +200,7 @@ class RangedPayloadArray(PayloadArray):
         another ETag is :class:`~shardkit.errors.ObjectChangedError`. Returns the pinned ETag."""
         pinned = self._etags.setdefault(i, etag) if etag is not None else self._etags.get(i)
         if pinned is not None and etag is not None and etag != pinned:
-            raise ObjectChangedError(
-                f"{what}: the shard changed while it was being read (ETag {pinned} became {etag})"
-            )
+            raise ObjectChangedError(f"{what}: the shard changed while it was being read (ETag {pinned} became {etag})")
         return pinned
 
     def memmap(self, i: int) -> np.memmap:

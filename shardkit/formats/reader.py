@@ -78,11 +78,8 @@ BUFFER_ALIGNMENT = 4096
 
 @dataclass
 class ReadStats:
-    """Counters of one reader (one tier): what was asked of storage.
-
-    ``trace`` (off by default) records every request as ``(file, offset, nbytes)`` so tests can prove
-    the access pattern (ascending offsets within a pass).
-    """
+    """Counters of one reader (one tier): what was asked of storage; ``trace`` (off by default) records
+    every request as ``(file, offset, nbytes)`` so tests can prove the access pattern."""
 
     bytes_read: int = 0
     read_calls: int = 0
@@ -107,23 +104,9 @@ class ReadStats:
 
 @dataclass(frozen=True)
 class ShardedLayout:
-    """What a reader needs from a sharded payload array's ``zarr.json``.
-
-    Attributes
-    ----------
-    shape
-        Array shape ``(N, *record_shape)``.
-    dtype
-        Little-endian numpy dtype of the records.
-    records_per_shard
-        Records per shard S (the shard shape along axis 0).
-    codec
-        Per-record codec, or ``None`` for the fixed-size layout.
-    fill_value
-        What a record never written reads as (zarr semantics).
-    separator
-        Chunk key separator of the ``default`` chunk key encoding.
-    """
+    """What a reader needs from a sharded payload array's ``zarr.json``: shape ``(N, *record_shape)``,
+    little-endian dtype, records per shard S, per-record codec (``None``: fixed-size layout), the fill
+    value a record never written reads as, and the chunk key separator."""
 
     shape: tuple[int, ...]
     dtype: np.dtype[Any]
@@ -294,13 +277,9 @@ class _Rows:
 
 
 def aligned_empty(n: int, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
-    """An uninitialised C-contiguous ``[n, *shape]`` array starting on a :data:`BUFFER_ALIGNMENT` boundary.
-
-    numpy's large allocations start 16 bytes past a page; TensorFlow copies any array that is not
-    64-byte aligned when it becomes a tensor, and ``O_DIRECT`` reads need sector alignment. The
-    array's ``base`` is the one owner of the memory, which is what
-    :class:`~shardkit.tiers.buffers.BatchPool` counts references of.
-    """
+    """An uninitialised C-contiguous ``[n, *shape]`` array starting on a :data:`BUFFER_ALIGNMENT` boundary
+    (numpy's start 16 bytes past a page); its ``base`` owns the memory, which is what
+    :class:`~shardkit.tiers.buffers.BatchPool` counts references of."""
     nbytes = int(n) * int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
     raw = np.empty(nbytes + BUFFER_ALIGNMENT, dtype=np.uint8)
     start = -raw.ctypes.data % BUFFER_ALIGNMENT
@@ -309,15 +288,9 @@ def aligned_empty(n: int, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.nd
 
 @dataclass(frozen=True, eq=False)
 class Destination:
-    """Where :meth:`PayloadArray.read_into` puts each record: record ``j`` of the request lands in
-    row ``rows[j]`` of ``buffers[which[j]]``.
-
-    ``read(keys, out)`` is the special case of one buffer and ``rows = arange(n)``; the sampler
-    uses several (the batch buffers a block's records belong to, and the static cache's rows), so
-    each record is read from storage straight into the place the consumer will see it.
-
-    Every buffer is a C-contiguous, writeable ``[n_i, *record_shape]`` array of the payload dtype.
-    """
+    """Where :meth:`PayloadArray.read_into` puts each record: record ``j`` of the request lands in row
+    ``rows[j]`` of ``buffers[which[j]]``, each a C-contiguous, writeable ``[n_i, *record_shape]`` array
+    of the payload dtype (the sampler's batch buffers and static cache: no copy after the read)."""
 
     buffers: tuple[np.ndarray, ...]
     which: np.ndarray
@@ -357,21 +330,17 @@ class PayloadArray:
     path
         The array directory (holding ``zarr.json``).
     shards
-        Shard list from the dataset metadata. Without it (a bare zarr array) shards are derived from
-        the chunk grid and their sizes are not checked against a record.
+        Shard list from the dataset metadata; without it (a bare zarr array) shards are derived from
+        the chunk grid and their sizes are not checked.
     stats
         Counters to update; a fresh :class:`ReadStats` by default.
     gap_bytes
         Coalescing threshold (default :data:`DEFAULT_GAP_BYTES`).
     document_digest
-        Size and crc32c of ``zarr.json`` recorded in the dataset metadata (format 1.1), checked before
-        the document is parsed.
+        Recorded size and crc32c of ``zarr.json``, checked before it is parsed.
 
-    Notes
-    -----
-    ``read`` may be called from several threads at once: file descriptors are opened under a lock,
-    indexes are immutable once read, and the shared scratch buffer only ever receives gap bytes that
-    nobody looks at.
+    ``read`` is thread-safe: descriptors open under a lock, indexes are immutable, and the shared
+    scratch buffer only receives gap bytes nobody looks at.
     """
 
     def __init__(
@@ -561,15 +530,9 @@ class PayloadArray:
         return ShardInfo.tail_nbytes(info.nbytes - index_nbytes(self.records_per_shard))
 
     def _check_tail(self, i: int, sample: bytes) -> None:
-        """Refuse shard ``i`` when the end of its records is not what the metadata records for it.
-
-        What it catches, at no extra request (the bytes come with the index): a valid shard file that
-        is not this dataset's shard ``i``, i.e. one copied from another dataset or swapped with another
-        shard of this one, even when size and index are identical (uncompressed shards of the same
-        layout), and any change to the end of the last record. What it cannot: a change elsewhere in
-        the records (only ``verify``, which streams every byte against ``data_crc32c``, sees that), or
-        a shard that differs from the recorded one only before its last ``TAIL_SAMPLE_NBYTES`` bytes.
-        """
+        """Refuse shard ``i`` when the end of its records (read with the index) is not what the metadata
+        records: a shard copied or swapped, or its last record changed. Changes elsewhere in the records
+        are only seen by ``verify``."""
         info = self.shards[i]
         crc = crc32c_of(sample)
         if crc != info.tail_crc32c:
@@ -590,9 +553,7 @@ class PayloadArray:
         if info.nbytes >= 0 and size != info.nbytes:
             return b"", size  # index() reports the size mismatch
         if size < isize:
-            raise TruncatedShardError(
-                f"{path}: shard {i} is {size} bytes, smaller than its {isize}-byte index"
-            )
+            raise TruncatedShardError(f"{path}: shard {i} is {size} bytes, smaller than its {isize}-byte index")
         want = isize + self._tail_nbytes(i)  # the records' tail comes with the index (one request)
         offset = size - want
         raw = os.pread(fd, want, offset)
@@ -614,11 +575,8 @@ class PayloadArray:
         return aligned_empty(n, self.record.shape, self.dtype)
 
     def read(self, keys: np.ndarray | list[int], out: np.ndarray | None = None) -> np.ndarray:
-        """Read records ``keys`` (any order, duplicates allowed) into ``out[j] = record keys[j]``.
-
-        Each shard is visited once with ascending offsets. This is
-        :meth:`read_into` with every record going to its own row of one buffer.
-        """
+        """Read records ``keys`` (any order, duplicates allowed) into ``out[j] = record keys[j]``
+        (:meth:`read_into` with every record going to its own row of one buffer)."""
         keys = np.asarray(keys, dtype=np.int64).reshape(-1)
         n = keys.shape[0]
         if out is None:
@@ -632,14 +590,8 @@ class PayloadArray:
         return out
 
     def read_into(self, keys: np.ndarray | list[int], dest: Destination) -> None:
-        """Read records ``keys`` (any order, duplicates allowed) straight into their destinations.
-
-        Record ``keys[j]`` lands in row ``dest.rows[j]`` of ``dest.buffers[dest.which[j]]``, with no
-        intermediate copy for records of at least :data:`SCATTER_MIN_BYTES` (one ``iovec`` per
-        record; smaller records go through a small reused bounce buffer).
-        Each shard is visited once with ascending offsets. A key that appears twice is read once
-        and copied to its other destination.
-        """
+        """Read records ``keys`` (any order, duplicates allowed: read once, then copied) straight into
+        their :class:`Destination` rows, each shard visited once with ascending offsets (docs/design.md §3)."""
         keys = np.asarray(keys, dtype=np.int64).reshape(-1)
         n = keys.shape[0]
         dest.check(n, self.record.shape, self.dtype, str(self.path))
@@ -863,12 +815,8 @@ class PayloadArray:
 
     def copy_to_file(self, keys: np.ndarray, fd: int, first_row: int = 0, announce: bool = True) -> None:
         """Copy records ``keys`` (ascending, distinct) into the file ``fd``, record ``keys[j]`` at byte
-        ``(first_row + j) * record_nbytes``, inside the kernel (``sendfile``: page cache to page
-        cache, one copy, no buffer in user space). Shards are visited once with ascending offsets,
-        every run announced first (``announce``, unless :meth:`announce` did it) as :meth:`read_into`
-        does; records adjacent in both files move in one call. Only where :meth:`can_copy_to_file`
-        is true.
-        """
+        ``(first_row + j) * record_nbytes``, inside the kernel (``sendfile``), planned and announced
+        (unless ``announce`` is false) as :meth:`read_into`. Only where :meth:`can_copy_to_file` is true."""
         if np.size(keys) == 0:
             return
         if not self.can_copy_to_file():
