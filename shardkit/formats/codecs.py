@@ -1,10 +1,5 @@
-"""Per-record compression codecs, by name (numcodecs style registry).
-
-Each codec compresses one record (one zarr inner chunk) on its own, so a record stays readable
-without its neighbours. The byte streams are exactly zarr v3's ``zstd``, ``gzip`` and ``blosc``,
-encoded with numcodecs directly; two registries (shardkit's names and zarr v3's) refuse duplicates,
-and :func:`decode_record` is the one place every reader decodes through, checking the decoded size.
-Why: docs/design.md §3 (*Codecs*).
+"""Per-record compression codecs, by name: zarr v3's ``zstd``, ``gzip`` and ``blosc`` byte streams,
+one record each, and :func:`decode_record`, the one decode every reader uses (docs/design.md §3, *Codecs*).
 """
 
 from __future__ import annotations
@@ -17,7 +12,7 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from shardkit.errors import ConfigError, CorruptShardError
+from shardkit.errors import ConfigError, CorruptShardError, NotADatasetError
 
 __all__ = [
     "RecordCodec",
@@ -69,13 +64,8 @@ _ZARR_REGISTRY: dict[str, type[RecordCodec]] = {}
 
 
 def register_codec(cls: type[RecordCodec]) -> type[RecordCodec]:
-    """Class decorator: make ``cls`` available under ``cls.name`` and its zarr name ``cls.zarr_name``.
-
-    Raises
-    ------
-    ConfigError
-        Either name is already taken (or is ``none``): registering twice is a bug, not an override.
-    """
+    """Class decorator: make ``cls`` available under ``cls.name`` and its zarr name ``cls.zarr_name``;
+    ConfigError when either is taken (or ``none``): registering twice is a bug, not an override."""
     if cls.name == "none" or cls.name in _REGISTRY:
         raise ConfigError(f"codec name {cls.name!r} is already registered (by {_REGISTRY.get(cls.name)})")
     if cls.zarr_name in _ZARR_REGISTRY:
@@ -97,9 +87,7 @@ def get_codec(name: str | None, **config: Any) -> RecordCodec | None:
     try:
         cls = _REGISTRY[name]
     except KeyError:
-        raise ConfigError(
-            f"unknown compression {name!r}: expected one of {', '.join(available_codecs())}"
-        ) from None
+        raise ConfigError(f"unknown compression {name!r}: expected one of {', '.join(available_codecs())}") from None
     try:
         return cls(**config)
     except TypeError as exc:
@@ -218,8 +206,7 @@ class BloscLz4Codec(_NumcodecsCodec):
         self._codec = Blosc(cname="lz4", clevel=self.level, shuffle=Blosc.SHUFFLE, blocksize=0)
 
     def encode(self, record: np.ndarray) -> bytes:
-        arr = np.ascontiguousarray(record)
-        return bytes(self._codec.encode(arr))
+        return bytes(self._codec.encode(np.ascontiguousarray(record)))
 
     def decode(self, data: bytes | memoryview, out: np.ndarray) -> None:
         """The frame's header must declare the record size and the frame's own length before it is
@@ -241,29 +228,13 @@ class BloscLz4Codec(_NumcodecsCodec):
         return cls(level=configuration.get("clevel", 5))
 
     def zarr_codecs(self, itemsize: int) -> list[dict[str, Any]]:
-        return [
-            {
-                "name": "blosc",
-                "configuration": {
-                    "typesize": itemsize,
-                    "cname": "lz4",
-                    "clevel": self.level,
-                    "shuffle": "shuffle",
-                    "blocksize": 0,
-                },
-            }
-        ]
+        conf = {"typesize": itemsize, "cname": "lz4", "clevel": self.level, "shuffle": "shuffle", "blocksize": 0}
+        return [{"name": "blosc", "configuration": conf}]
 
 
 def codec_from_zarr(codecs: Any, *, where: str) -> RecordCodec | None:
-    """Map a zarr v3 inner-chunk codec list (``bytes`` [+ one compressor]) to a RecordCodec.
-
-    Used to read arrays written by zarr-python; anything else (transpose, big-endian, two
-    compressors, a codec shardkit has not registered) is refused with a NotADatasetError naming
-    ``where`` rather than decoded wrongly.
-    """
-    from shardkit.errors import NotADatasetError
-
+    """Map a zarr v3 inner-chunk codec list (``bytes`` [+ one compressor]) to a RecordCodec; anything
+    else (transpose, big-endian, an unregistered codec) is a NotADatasetError, never decoded wrongly."""
     if not isinstance(codecs, list) or not all(isinstance(c, dict) for c in codecs):
         raise NotADatasetError(f"{where}: expected a list of codec objects, found {codecs!r}"[:300])
     if not codecs or codecs[0].get("name") != "bytes":
@@ -280,9 +251,7 @@ def codec_from_zarr(codecs: Any, *, where: str) -> RecordCodec | None:
     conf = rest[0].get("configuration") or {}
     cls = _ZARR_REGISTRY.get(name) if isinstance(name, str) else None
     if cls is None:
-        raise NotADatasetError(
-            f"{where}: unsupported zarr codec {name!r} (shardkit reads {', '.join(sorted(_ZARR_REGISTRY))})"
-        )
+        raise NotADatasetError(f"{where}: unsupported zarr codec {name!r} (shardkit reads {', '.join(sorted(_ZARR_REGISTRY))})")
     if not isinstance(conf, dict):
         raise NotADatasetError(f"{where}: codec {name!r}: expected a configuration object, found {conf!r}")
     try:
@@ -294,13 +263,9 @@ def codec_from_zarr(codecs: Any, *, where: str) -> RecordCodec | None:
 def decode_record(
     codec: RecordCodec, data: bytes | memoryview, out: np.ndarray, *, where: str, what: str | Callable[[], str]
 ) -> None:
-    """Decode ``data`` into ``out`` (exactly ``out.nbytes`` bytes), or raise CorruptShardError naming
-    the file (``where``) and the record or chunk (``what``, or a function that says it: called only
-    on an error, so the hot path does not format names).
-
-    The one decode every reader (local, ranged, field chunks) and ``verify`` use, so that what one
-    accepts the others accept too.
-    """
+    """Decode ``data`` into ``out`` (exactly ``out.nbytes`` bytes), or raise CorruptShardError naming the
+    file (``where``) and the record or chunk (``what``, or a function called only on an error). Every
+    reader and ``verify`` decode through it, so what one accepts the others accept too."""
     try:
         codec.decode(data, out)
     except Exception as exc:

@@ -1,14 +1,8 @@
 """Output directories: what shardkit itself keeps next to a dataset, and clearing one for ``--overwrite``.
 
-Besides the zarr group, a dataset directory may hold directories of shardkit's own, all starting with
-``.`` (no array or field may, see :mod:`shardkit.formats.paths`):
-
-* :data:`STAGING_DIR`: an unfinished conversion in one process (its resume records);
-* :data:`PARTS_DIR`: an unfinished conversion, append or merge in parts (plans, part manifests, pieces);
-* ``.shardkit-versions``: older versions kept for their readers (:mod:`shardkit.formats.versions`).
-
-An output that is, contains or lies inside one of the operation's inputs is refused before anything
-is deleted (:func:`refuse_overlap`): ``--overwrite`` would otherwise empty an input first.
+shardkit's own directories start with ``.`` (no array or field may): :data:`STAGING_DIR`,
+:data:`PARTS_DIR` and ``.shardkit-versions`` (docs/design.md §3). An output that overlaps an input is
+refused before anything is deleted (:func:`refuse_overlap`).
 """
 
 from __future__ import annotations
@@ -56,15 +50,8 @@ def remove_path(path: Path) -> None:
 
 
 def clear_output(path: Path) -> None:
-    """Delete the contents of a previous shardkit output at ``path`` (``--overwrite``), keeping ``path``.
-
-    Its ``zarr.json`` goes first, so a clearing cut short never leaves something that looks complete.
-
-    Raises
-    ------
-    ConversionError
-        ``path`` holds files that are not a shardkit output.
-    """
+    """Delete the contents of a previous shardkit output at ``path`` (``--overwrite``), keeping ``path``,
+    its ``zarr.json`` first so a clearing cut short never looks complete; ConversionError for other files."""
     if not path.exists():
         return
     if not path.is_dir() or not looks_like_output(path):
@@ -89,14 +76,8 @@ def top_names(store: Store, allowed: Iterable[str] = ()) -> list[str]:
 
 
 def clear_store(store: Store) -> None:
-    """:func:`clear_output` for any store: the contents of a previous shardkit output, root document
-    first; an object-store prefix that holds anything but a shardkit dataset is refused.
-
-    Raises
-    ------
-    ConversionError
-        The directory or prefix holds other files or objects.
-    """
+    """:func:`clear_output` for any store: a directory or prefix that holds anything but a shardkit
+    output is refused (ConversionError)."""
     if store.is_local:
         clear_output(store.local_path())
         return
@@ -148,18 +129,9 @@ def _inside(inner: tuple[str, str, tuple[str, ...]], outer: tuple[str, str, tupl
 
 
 def refuse_overlap(inputs: Sequence[Location], out: Location, operation: str) -> None:
-    """Refuse an output that is, contains or lies inside one of ``inputs``, however each is spelled.
-
-    Local paths are compared resolved (relative paths, ``..``, symlinks, trailing slashes) and, for
-    what exists, by device and inode; object-store URLs by scheme (``s3a`` is ``s3``, ``gcs`` is
-    ``gs``, ``azure`` is ``az``), bucket (case-insensitive) and prefix, percent-escapes and
-    trailing or doubled slashes aside. Called before anything at the output is deleted or written.
-
-    Raises
-    ------
-    ConversionError
-        Naming the input and the output.
-    """
+    """ConversionError (naming both) for an output that is, contains or lies inside one of ``inputs``,
+    however each is spelled: local paths resolved and compared by device and inode, URLs by scheme
+    alias, bucket (case-insensitive) and prefix."""
     target = _place(out)
     for given in inputs:
         source = _place(given)
