@@ -14,15 +14,7 @@ import numpy as np
 
 from shardkit.errors import ConfigError, CorruptShardError, NotADatasetError
 
-__all__ = [
-    "RecordCodec",
-    "register_codec",
-    "get_codec",
-    "codec_from_json",
-    "codec_from_zarr",
-    "available_codecs",
-    "decode_record",
-]
+__all__ = ["RecordCodec", "register_codec", "get_codec", "codec_from_json", "codec_from_zarr", "available_codecs", "decode_record"]
 
 
 class RecordCodec(ABC):

@@ -26,53 +26,15 @@ from shardkit.formats.checksums import FileDigest
 from shardkit.formats.codecs import codec_from_json, get_codec
 from shardkit.formats.fields import read_field_rows, write_field_array
 from shardkit.formats.index import ShardIndex, crc32c_of
-from shardkit.formats.metadata import (
-    DEFAULT_FIELD_CHUNK,
-    MAX_DOCUMENT_NBYTES,
-    DatasetMeta,
-    encode_json,
-    group_metadata,
-    read_json_object,
-)
-from shardkit.formats.provenance import (
-    PROVENANCE_FIELD,
-    Provenance,
-    ProvenanceSpec,
-    write_provenance,
-)
+from shardkit.formats.metadata import DEFAULT_FIELD_CHUNK, MAX_DOCUMENT_NBYTES, DatasetMeta, encode_json, group_metadata, read_json_object
+from shardkit.formats.provenance import PROVENANCE_FIELD, Provenance, ProvenanceSpec, write_provenance
 from shardkit.formats.publish import copy_object, object_matches, put_checked, writing
-from shardkit.formats.spec import (
-    ATTRS_KEY,
-    FORMAT_MINOR,
-    ZARR_JSON,
-    FieldSpec,
-    ShardInfo,
-    SkippedInput,
-    chunk_key,
-    index_nbytes,
-)
-from shardkit.formats.versions import (
-    DEFAULT_KEEP_VERSIONS,
-    VERSIONS_DIR,
-    prune,
-    retired_key,
-    version_key,
-    version_of,
-)
+from shardkit.formats.spec import ATTRS_KEY, FORMAT_MINOR, ZARR_JSON, FieldSpec, ShardInfo, SkippedInput, chunk_key, index_nbytes
+from shardkit.formats.versions import DEFAULT_KEEP_VERSIONS, VERSIONS_DIR, prune, retired_key, version_key, version_of
 from shardkit.formats.writer import FIELD_CODEC, ShardWriter, field_chunk_for, payload_document
 from shardkit.stores import Location, Store, open_store
 
-__all__ = [
-    "StoredShard",
-    "Segment",
-    "CommitReport",
-    "ShardRecipe",
-    "InputTable",
-    "commit",
-    "merge_labels",
-    "plan_shards",
-    "build_shard",
-]
+__all__ = ["StoredShard", "Segment", "CommitReport", "ShardRecipe", "InputTable", "commit", "merge_labels", "plan_shards", "build_shard"]
 
 logger = logging.getLogger(__name__)
 
@@ -104,8 +66,7 @@ class StoredShard:
 
     def info_at(self, key: str, start: int) -> ShardInfo:
         """Its :class:`ShardInfo` as global shard ``key`` starting at record ``start``."""
-        return ShardInfo(key, start, start + self.count, self.nbytes, self.crc32c, self.data_crc32c, self.index_crc32c,
-                         self.tail_crc32c)
+        return ShardInfo(key, start, start + self.count, self.nbytes, self.crc32c, self.data_crc32c, self.index_crc32c, self.tail_crc32c)
 
 
 @dataclass(frozen=True)
@@ -245,8 +206,7 @@ def plan_shards(
                 r += 1
             else:
                 break
-        whole = (len(pieces) == 1 and pieces[0][1] == 0 and pieces[0][0].count == hi - lo
-                 and pieces[0][0].capacity == s)
+        whole = (len(pieces) == 1 and pieces[0][1] == 0 and pieces[0][0].count == hi - lo and pieces[0][0].capacity == s)
         key = chunk_key(payload, k, ndim)
         in_place = whole and pieces[0][0].store.url == root.url and pieces[0][0].key == key
         recipes.append(ShardRecipe(k, lo, hi, tuple(pieces), in_place=in_place, link=whole and not in_place))
@@ -272,8 +232,7 @@ def _stored_records(shard: StoredShard, first: int, count: int, record: FieldSpe
         raise TruncatedShardError(f"{path}: expected {shard.nbytes} bytes as recorded, found {len(data)}")
     isize = index_nbytes(shard.capacity)
     data_n = shard.nbytes - isize
-    idx = ShardIndex.decode(data[data_n:], shard.capacity, path=path, data_nbytes=data_n,
-                            recorded_crc32c=shard.index_crc32c)
+    idx = ShardIndex.decode(data[data_n:], shard.capacity, path=path, data_nbytes=data_n, recorded_crc32c=shard.index_crc32c)
     if crc32c_of(memoryview(data)[:data_n]) != shard.data_crc32c:
         raise ChecksumError(f"{path}: records crc32c differs from the {shard.data_crc32c:#010x} recorded")
     if int(idx.present[: shard.count].sum()) != shard.count:

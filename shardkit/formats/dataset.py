@@ -95,8 +95,7 @@ class Dataset(Closing):
                 read_objects(self.store, docs, files, what="field array document", max_nbytes=MAX_DOCUMENT_NBYTES)
             except (TruncatedShardError, ChecksumError):  # a newer version replaced one: as this one recorded it
                 for rel in docs:
-                    read_versioned(self.store, rel, files[rel], what="field array document",
-                                   max_nbytes=MAX_DOCUMENT_NBYTES)
+                    read_versioned(self.store, rel, files[rel], what="field array document", max_nbytes=MAX_DOCUMENT_NBYTES)
             self.cache = None if cache_dir is None else ShardCache(cache_dir, cache_namespace(
                 self.store.url, hashlib.sha256(json.dumps(self.meta.to_json(), sort_keys=True).encode()).hexdigest()
             ), cache_size)

@@ -154,8 +154,7 @@ def _chunk_sources(
             real = resolve_inside(store.local_path(), rel, "field chunk")
             if not real.exists():  # a directory or a named pipe is refused by name when it is read
                 raise MissingShardError(f"{store.describe(rel)}: field chunk listed in the dataset metadata is missing")
-            out.append((rel, functools.partial(read_versioned, store, rel, files.get(rel), what="field chunk",
-                                               max_nbytes=max_nbytes)))
+            out.append((rel, functools.partial(read_versioned, store, rel, files.get(rel), what="field chunk", max_nbytes=max_nbytes)))
         return out
     try:
         blobs = read_objects(store, keys, files, what="field chunk", max_nbytes=max_nbytes)

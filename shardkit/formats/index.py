@@ -82,9 +82,7 @@ class ShardIndex:
         the records, or two overlapping entries."""
         expected = index_nbytes(capacity)
         if len(raw) != expected:
-            raise CorruptIndexError(
-                f"{path}: expected a {expected}-byte shard index for {capacity} records, found {len(raw)} bytes"
-            )
+            raise CorruptIndexError(f"{path}: expected a {expected}-byte shard index for {capacity} records, found {len(raw)} bytes")
         body = memoryview(raw)[: expected - CHECKSUM_NBYTES]
         stored = int(np.frombuffer(raw, dtype="<u4", offset=expected - CHECKSUM_NBYTES)[0])
         computed = crc32c_of(body)

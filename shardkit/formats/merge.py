@@ -108,8 +108,7 @@ def merge(
         first = opened[0].meta
         for ds in opened[1:]:
             check_same_schema(first, ds.meta, str(ds.path))
-        identity = [{"path": str(ds.path), "crc": ds.meta.to_json().get("attributes_crc32c"),
-                     "records": ds.num_records} for ds in opened]
+        identity = [{"path": str(ds.path), "crc": ds.meta.to_json().get("attributes_crc32c"), "records": ds.num_records} for ds in opened]
         plan = "merge-" + hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
         if store.exists(ZARR_JSON) and not overwrite:
             done = read_dataset_meta(store)

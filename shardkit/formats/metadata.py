@@ -42,21 +42,8 @@ from shardkit.formats.spec import (
 from shardkit.stores import LocalStore, Store
 from shardkit.stores.atomic import fsync_dir, write_bytes_atomic
 
-__all__ = [
-    "DatasetMeta",
-    "array_metadata",
-    "group_metadata",
-    "write_json_atomic",
-    "read_json",
-    "read_json_object",
-    "parse_json",
-    "read_dataset_meta",
-    "fsync_dir",
-    "MAX_DOCUMENT_NBYTES",
-    "MAX_DOCUMENT_VALUES",
-    "DOCUMENT_PEAK_NBYTES",
-    "check_document_bounds",
-]
+__all__ = ["DatasetMeta", "array_metadata", "group_metadata", "write_json_atomic", "read_json", "read_json_object", "parse_json",
+           "read_dataset_meta", "fsync_dir", "MAX_DOCUMENT_NBYTES", "MAX_DOCUMENT_VALUES", "DOCUMENT_PEAK_NBYTES", "check_document_bounds"]
 
 logger = logging.getLogger(__name__)
 
@@ -266,9 +253,7 @@ class DatasetMeta:
         s, n = self.records_per_shard, self.num_records
         start, stop = i * s, min((i + 1) * s, n)
         if (info.start, info.stop) != (start, stop):
-            raise NotADatasetError(
-                f"{where}: shard {i} must hold records [{start}, {stop}), the metadata says [{info.start}, {info.stop})"
-            )
+            raise NotADatasetError(f"{where}: shard {i} must hold records [{start}, {stop}), the metadata says [{info.start}, {info.stop})")
         least = index_nbytes(s) + (info.count * self.record.nbytes if self.compression is None else 0)
         if info.nbytes < least or (self.compression is None and info.nbytes != least):
             raise NotADatasetError(

@@ -18,8 +18,7 @@ from shardkit.formats.metadata import PARTS_NAME, STAGING_NAME, read_dataset_met
 from shardkit.formats.spec import ATTRS_KEY, ZARR_JSON
 from shardkit.stores import Location, Store, as_location, location_string
 
-__all__ = ["STAGING_DIR", "PARTS_DIR", "looks_like_output", "remove_path", "clear_output", "top_names", "clear_store",
-           "refuse_overlap"]
+__all__ = ["STAGING_DIR", "PARTS_DIR", "looks_like_output", "remove_path", "clear_output", "top_names", "clear_store", "refuse_overlap"]
 
 #: Directory inside an unfinished dataset that holds what is needed to resume a conversion in one
 #: process (the format's reader knows the name too: it reports such a directory as an incomplete dataset).
@@ -55,9 +54,7 @@ def clear_output(path: Path) -> None:
     if not path.exists():
         return
     if not path.is_dir() or not looks_like_output(path):
-        raise ConversionError(
-            f"{path}: refusing to overwrite: expected an empty directory or a shardkit dataset, found other files"
-        )
+        raise ConversionError(f"{path}: refusing to overwrite: expected an empty directory or a shardkit dataset, found other files")
     remove_path(path / ZARR_JSON)
     for entry in sorted(path.iterdir()):
         remove_path(entry)
@@ -138,8 +135,7 @@ def refuse_overlap(inputs: Sequence[Location], out: Location, operation: str) ->
         clash = _inside(target, source) or _inside(source, target)
         if not clash and source[0] == target[0] == "file":
             source_path, target_path = Path(*source[2]), Path(*target[2])
-            clash = (_identity(source_path) in _identities(target_path)
-                     or _identity(target_path) in _identities(source_path))
+            clash = (_identity(source_path) in _identities(target_path) or _identity(target_path) in _identities(source_path))
         if clash:
             raise ConversionError(
                 f"{operation}: the output {location_string(out)} is, contains or lies inside the input "

@@ -25,20 +25,8 @@ from shardkit.formats.metadata import DatasetMeta
 from shardkit.formats.spec import ZARR_JSON, FieldSpec, chunk_key
 from shardkit.stores import LocalStore, Store
 
-__all__ = [
-    "PROVENANCE_FIELD",
-    "NAMES_ARRAY",
-    "ENDS_ARRAY",
-    "TABLE_ARRAYS",
-    "BASE_COLUMNS",
-    "MAX_NAME_NBYTES",
-    "ProvenanceSpec",
-    "Provenance",
-    "RecordSource",
-    "write_provenance",
-    "encode_name",
-    "decode_name",
-]
+__all__ = ["PROVENANCE_FIELD", "NAMES_ARRAY", "ENDS_ARRAY", "TABLE_ARRAYS", "BASE_COLUMNS", "MAX_NAME_NBYTES", "ProvenanceSpec",
+           "Provenance", "RecordSource", "write_provenance", "encode_name", "decode_name"]
 
 #: Name of the per-record provenance field.
 PROVENANCE_FIELD = "provenance"
@@ -224,8 +212,7 @@ class Provenance:
         if not 0 <= index < self.count:
             raise IndexError(f"{store.describe('')}: input {index} outside the {self.count} inputs of the provenance table")
         lo = max(0, index - 1)
-        ends = read_field_rows(store, ENDS_ARRAY, FieldSpec((), "int64"), self.count, self.ends_chunk, self.files,
-                               lo, index + 1)
+        ends = read_field_rows(store, ENDS_ARRAY, FieldSpec((), "int64"), self.count, self.ends_chunk, self.files, lo, index + 1)
         begin = 0 if index == 0 else int(ends[0])
         end = int(ends[-1])
         if not 0 <= begin <= end <= self.nbytes or end - begin > MAX_NAME_NBYTES:
@@ -233,8 +220,7 @@ class Provenance:
                 f"{store.describe(ENDS_ARRAY)}: input {index} would span bytes [{begin}, {end}) of {self.nbytes} "
                 f"(names are at most {MAX_NAME_NBYTES} bytes)"
             )
-        raw = read_field_rows(store, NAMES_ARRAY, FieldSpec((), "uint8"), self.nbytes, self.names_chunk, self.files,
-                              begin, end)
+        raw = read_field_rows(store, NAMES_ARRAY, FieldSpec((), "uint8"), self.nbytes, self.names_chunk, self.files, begin, end)
         return decode_name(raw.tobytes())
 
     def names(self, root: Path | Store) -> list[str]:

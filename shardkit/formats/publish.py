@@ -23,8 +23,7 @@ from shardkit.formats.spec import ZARR_JSON
 from shardkit.stores import Location, ObjectMeta, Store, open_store
 from shardkit.stores.atomic import fsync_dir
 
-__all__ = ["CRC_METADATA_KEY", "file_crc32c", "object_matches", "put_checked", "upload_dataset", "copy_object", "link_file",
-           "writing"]
+__all__ = ["CRC_METADATA_KEY", "file_crc32c", "object_matches", "put_checked", "upload_dataset", "copy_object", "link_file", "writing"]
 
 logger = logging.getLogger(__name__)
 
@@ -142,8 +141,7 @@ def copy_object(src: Store, src_key: str, dst: Store, dst_key: str, *, durable: 
         root, a, b = shared
         root.copy("/".join(p for p in (a, src_key) if p), "/".join(p for p in (b, dst_key) if p))
         return "server"
-    logger.info("%s -> %s: no server-side copy between these stores; transferring the bytes",
-                src.describe(src_key), dst.describe(dst_key))
+    logger.info("%s -> %s: no server-side copy between these stores; transferring the bytes", src.describe(src_key), dst.describe(dst_key))
     if src.is_local:
         put_checked(dst, dst_key, src.local_path(src_key))
     else:

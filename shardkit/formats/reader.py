@@ -36,29 +36,13 @@ from shardkit.formats.codecs import RecordCodec, codec_from_zarr, decode_record
 from shardkit.formats.index import ShardIndex, crc32c_of
 from shardkit.formats.metadata import read_json
 from shardkit.formats.paths import resolve_inside
-from shardkit.formats.spec import (
-    MAX_NDIM,
-    MAX_RECORDS_PER_SHARD,
-    ZARR_JSON,
-    FieldSpec,
-    ShardInfo,
-    chunk_key,
-    index_nbytes,
-)
+from shardkit.formats.spec import MAX_NDIM, MAX_RECORDS_PER_SHARD, ZARR_JSON, FieldSpec, ShardInfo, chunk_key, index_nbytes
 from shardkit.formats.versions import older_copy, read_document
 from shardkit.stores import LocalStore
 from shardkit.stores.local import open_regular
 
-__all__ = [
-    "ReadStats",
-    "PayloadArray",
-    "ShardedLayout",
-    "Destination",
-    "aligned_empty",
-    "DEFAULT_GAP_BYTES",
-    "BUFFER_ALIGNMENT",
-    "SCATTER_MIN_BYTES",
-]
+__all__ = ["ReadStats", "PayloadArray", "ShardedLayout", "Destination", "aligned_empty", "DEFAULT_GAP_BYTES", "BUFFER_ALIGNMENT",
+           "SCATTER_MIN_BYTES"]
 
 logger = logging.getLogger(__name__)
 
@@ -117,16 +101,20 @@ class ShardedLayout:
 
     @classmethod
     def parse(cls, doc: dict[str, Any], where: str) -> ShardedLayout:
-        """Check that ``doc`` is a shardkit-compatible sharded zarr v3 array and extract its layout.
-
-        Every size is bounded (record bytes, records per shard) before a caller allocates from it.
-        """
+        """Check that ``doc`` is a shardkit-compatible sharded zarr v3 array and extract its layout,
+        every size bounded (at most 2**62 records, record bytes, records per shard) before use."""
         if doc.get("zarr_format") != 3 or doc.get("node_type") != "array":
             raise NotADatasetError(f"{where}: expected zarr v3 array metadata")
-        shape = _array_shape(doc, where)
+        shape = jv.shape(jv.member(doc, "shape", where), "shape", where, max_ndim=MAX_NDIM + 1, lo=0, hi=2**62)
+        if 0 in shape[1:]:
+            raise NotADatasetError(f"{where}: record dimensions must be positive, found shape {list(shape)}")
         if not shape:
             raise NotADatasetError(f"{where}: expected an array with a record axis, found a scalar")
-        dtype = _record_dtype(doc, shape, where)
+        data_type = jv.string(jv.member(doc, "data_type", where), "data_type", where)
+        try:  # numeric, one record within the record-size bound
+            dtype = np.dtype(FieldSpec(shape[1:], data_type).dtype).newbyteorder("<")
+        except SchemaError as exc:
+            raise NotADatasetError(f"{where}: {exc}") from None
         grid = jv.mapping(jv.member(doc, "chunk_grid", where), "chunk_grid", where)
         if grid.get("name") != "regular":
             raise NotADatasetError(f"{where}: expected a 'regular' chunk grid, found {grid.get('name')!r}")
@@ -143,9 +131,7 @@ class ShardedLayout:
                 f"found inner chunk {inner} in shard {shard_shape}"
             )
         if not 1 <= shard_shape[0] <= MAX_RECORDS_PER_SHARD:
-            raise NotADatasetError(
-                f"{where}: expected 1 to {MAX_RECORDS_PER_SHARD} records per shard, found {shard_shape[0]}"
-            )
+            raise NotADatasetError(f"{where}: expected 1 to {MAX_RECORDS_PER_SHARD} records per shard, found {shard_shape[0]}")
         index_codecs = [c.get("name") if isinstance(c, dict) else c for c in jv.array(conf.get("index_codecs", []), "index_codecs", where)]
         if index_codecs != ["bytes", "crc32c"]:
             raise NotADatasetError(f"{where}: expected index codecs [bytes, crc32c], found {index_codecs}")
@@ -160,24 +146,6 @@ class ShardedLayout:
             raise NotADatasetError(f"{where}: expected index_location 'end', found {conf['index_location']!r}")
         fill = _fill_value(doc.get("fill_value", 0), dtype, where)
         return cls(shape, dtype, shard_shape[0], codec, fill, sep)
-
-
-def _array_shape(doc: dict[str, Any], where: str) -> tuple[int, ...]:
-    """``shape``: N >= 0 records (at most 2**62), every record dimension >= 1."""
-    shape = jv.shape(jv.member(doc, "shape", where), "shape", where, max_ndim=MAX_NDIM + 1, lo=0, hi=2**62)
-    if any(d == 0 for d in shape[1:]):
-        raise NotADatasetError(f"{where}: record dimensions must be positive, found shape {list(shape)}")
-    return shape
-
-
-def _record_dtype(doc: dict[str, Any], shape: tuple[int, ...], where: str) -> np.dtype[Any]:
-    """A numeric little-endian dtype, with one record (``shape[1:]``) within the record-size bound."""
-    name = jv.string(jv.member(doc, "data_type", where), "data_type", where)
-    try:
-        spec = FieldSpec(shape[1:], name)
-    except SchemaError as exc:
-        raise NotADatasetError(f"{where}: {exc}") from None
-    return np.dtype(spec.dtype).newbyteorder("<")
 
 
 def _fill_value(value: Any, dtype: np.dtype[Any], where: str) -> Any:
@@ -224,11 +192,6 @@ class _Plan:
         last = np.append(self.run_starts[1:], self.size) - 1
         return self.offs[self.run_starts], self.offs[last] + self.sizes[last]
 
-    def extents(self) -> list[tuple[int, int, int]]:
-        """``(shard, start, end)`` of every run: the byte ranges the read will request."""
-        start, end = self.spans()
-        return list(zip(self.shard[self.run_starts].tolist(), start.tolist(), end.tolist()))
-
     def dense_runs(self) -> np.ndarray:
         """Runs whose wanted records fill at least half of the bytes they read (for each run)."""
         start, end = self.spans()
@@ -236,14 +199,13 @@ class _Plan:
         dense: np.ndarray = 2 * wanted >= end - start
         return dense
 
-
     def as_runs(self, location: Callable[[int], str]) -> list[_Run]:
         """The plan as one :class:`_Run` per request, for readers that fetch run by run (the
         object-store reader); ``pos`` is the record's index in the plan (see :class:`_Rows`)."""
         out = []
         for a, b in self.runs():
             i = int(self.shard[a])
-            out.append(_Run(i, -1, location(i), self.offs[a:b], self.sizes[a:b], np.arange(a, b, dtype=np.int64)))
+            out.append(_Run(i, location(i), self.offs[a:b], self.sizes[a:b], np.arange(a, b, dtype=np.int64)))
         return out
 
 
@@ -253,7 +215,6 @@ class _Run:
     goes to ``rows[pos[j]]``."""
 
     shard: int
-    fd: int
     path: str
     offs: np.ndarray
     sizes: np.ndarray
@@ -435,9 +396,7 @@ class PayloadArray:
                         fd = open_regular(real, "payload shard")
                     except FileNotFoundError:
                         info = self.shards[i]
-                        raise MissingShardError(
-                            f"{path}: shard {i} (records {info.start}-{info.stop - 1}) is missing"
-                        ) from None
+                        raise MissingShardError(f"{path}: shard {i} (records {info.start}-{info.stop - 1}) is missing") from None
                     fd = self._of_this_version(i, fd, real)
                     # Every pass over a shard reads ascending offsets: ask for aggressive readahead.
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
@@ -498,9 +457,7 @@ class PayloadArray:
             )
         cut = max(0, len(raw) - isize)  # what precedes the index: the records' tail, when checked
         sample, raw = raw[:cut], raw[cut:]
-        idx = ShardIndex.decode(
-            raw, self.records_per_shard, path=path, data_nbytes=size - isize, recorded_crc32c=info.index_crc32c
-        )
+        idx = ShardIndex.decode(raw, self.records_per_shard, path=path, data_nbytes=size - isize, recorded_crc32c=info.index_crc32c)
         count = info.count
         if info.nbytes >= 0 and not idx.present[:count].all():
             # A dataset's shard holds every one of its records: an empty slot would read as the fill
@@ -514,9 +471,7 @@ class PayloadArray:
             if info.nbytes >= 0:  # a dataset's shard: exactly the fixed-size layout
                 idx.check_dense(path, count, self.record_nbytes)
             elif np.any(idx.nbytes[:count][idx.present[:count]] != self.record_nbytes):
-                raise CorruptIndexError(
-                    f"{path}: uncompressed records must be {self.record_nbytes} bytes, index says otherwise"
-                )
+                raise CorruptIndexError(f"{path}: uncompressed records must be {self.record_nbytes} bytes, index says otherwise")
         if self._tail_nbytes(i):
             self._check_tail(i, sample)
         return idx
@@ -633,8 +588,9 @@ class PayloadArray:
 
     def _announce(self, plan: _Plan) -> None:
         """``POSIX_FADV_WILLNEED`` for every run of ``plan``: the kernel starts reading all of them."""
-        for shard, off, end in plan.extents():
-            os.posix_fadvise(self._fd(shard), off, end - off, os.POSIX_FADV_WILLNEED)
+        start, end = plan.spans()
+        for shard, a, b in zip(plan.shard[plan.run_starts].tolist(), start.tolist(), end.tolist()):
+            os.posix_fadvise(self._fd(shard), a, b - a, os.POSIX_FADV_WILLNEED)
 
     def _plan(self, keys: np.ndarray, which: np.ndarray, row: np.ndarray, rows: list[np.ndarray]) -> _Plan:
         """Every distinct wanted record (``keys`` ascending) in read order: by shard, then by
@@ -753,9 +709,7 @@ class PayloadArray:
                     done = 0
                 more = os.preadv(fd, rest, offset + got) if rest else 0
                 if more <= 0:
-                    raise TruncatedShardError(
-                        f"{path}: expected {want} bytes at offset {offset}, the file ended after {got}"
-                    )
+                    raise TruncatedShardError(f"{path}: expected {want} bytes at offset {offset}, the file ended after {got}")
                 got += more
             self.stats.add(path, offset, want)
             offset += want

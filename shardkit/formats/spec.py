@@ -16,29 +16,10 @@ import numpy as np
 from shardkit.errors import NotADatasetError, SchemaError
 from shardkit.formats import jsonvalues as jv
 
-__all__ = [
-    "FORMAT_VERSION",
-    "FORMAT_MINOR",
-    "ATTRS_KEY",
-    "ZARR_JSON",
-    "INDEX_ENTRY_NBYTES",
-    "CHECKSUM_NBYTES",
-    "EMPTY_ENTRY",
-    "DEFAULT_SHARD_BYTES",
-    "MAX_NDIM",
-    "MAX_RECORD_NBYTES",
-    "MAX_RECORDS_PER_SHARD",
-    "MAX_FIELD_CHUNK_NBYTES",
-    "MAX_CRC32C",
-    "TAIL_SAMPLE_NBYTES",
-    "FieldSpec",
-    "ShardInfo",
-    "SkippedInput",
-    "chunk_key",
-    "index_nbytes",
-    "records_per_shard_for",
-    "format_string",
-]
+__all__ = ["FORMAT_VERSION", "FORMAT_MINOR", "ATTRS_KEY", "ZARR_JSON", "INDEX_ENTRY_NBYTES", "CHECKSUM_NBYTES", "EMPTY_ENTRY",
+           "DEFAULT_SHARD_BYTES", "MAX_NDIM", "MAX_RECORD_NBYTES", "MAX_RECORDS_PER_SHARD", "MAX_FIELD_CHUNK_NBYTES", "MAX_CRC32C",
+           "TAIL_SAMPLE_NBYTES", "FieldSpec", "ShardInfo", "SkippedInput", "chunk_key", "index_nbytes", "records_per_shard_for",
+           "format_string"]
 
 #: Major version of the layout described in this module. Readers refuse a newer major.
 FORMAT_VERSION = 1
@@ -132,8 +113,7 @@ class FieldSpec:
     def from_json(cls, data: Any, *, where: str, what: str = "field") -> FieldSpec:
         """Parse ``{"shape": [...], "dtype": "..."}`` strictly (NotADatasetError naming ``where``)."""
         doc = jv.mapping(data, what, where)
-        shape = jv.shape(jv.member(doc, "shape", where), f"{what}.shape", where, max_ndim=MAX_NDIM,
-                         hi=MAX_RECORD_NBYTES)
+        shape = jv.shape(jv.member(doc, "shape", where), f"{what}.shape", where, max_ndim=MAX_NDIM, hi=MAX_RECORD_NBYTES)
         dtype = jv.string(jv.member(doc, "dtype", where), f"{what}.dtype", where)
         try:
             return cls(shape=shape, dtype=dtype)

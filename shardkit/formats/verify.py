@@ -120,8 +120,7 @@ def verify(
     Raises ShardkitError (naming the file) only when the dataset cannot be opened at all.
     """
     ds = Dataset(path)
-    report = VerifyReport(str(ds.path), quick, format=ds.meta.format, limitations=limitations(ds.meta),
-                          unfinished=unfinished(ds.store))
+    report = VerifyReport(str(ds.path), quick, format=ds.meta.format, limitations=limitations(ds.meta), unfinished=unfinished(ds.store))
     try:
         for i, info in enumerate(ds.meta.shards):
             _check_shard(ds, i, info, quick, report)
@@ -158,9 +157,7 @@ def _check_shard(ds: Dataset, i: int, info: ShardInfo, quick: bool, report: Veri
                 data_crc, crc, size = object_crc32c(ds.store, info.path, info.nbytes, data_nbytes)
             report.bytes_checked += size
             if info.data_crc32c is not None and data_crc != info.data_crc32c:
-                raise ChecksumError(
-                    f"records crc32c {data_crc:#010x} differs from the {info.data_crc32c:#010x} recorded in the metadata"
-                )
+                raise ChecksumError(f"records crc32c {data_crc:#010x} differs from the {info.data_crc32c:#010x} recorded in the metadata")
             if crc != info.crc32c:
                 raise ChecksumError(f"content crc32c {crc:#010x} differs from the recorded {info.crc32c:#010x}")
             if ds.payload.codec is not None:

@@ -22,21 +22,8 @@ from shardkit.formats.outputs import PARTS_DIR
 from shardkit.formats.spec import ATTRS_KEY, ZARR_JSON
 from shardkit.stores import Location, Store, open_store
 
-__all__ = [
-    "VERSIONS_DIR",
-    "DEFAULT_KEEP_VERSIONS",
-    "VersionInfo",
-    "version_key",
-    "retired_key",
-    "read_versioned",
-    "older_copy",
-    "read_document",
-    "version_of",
-    "list_versions",
-    "digests_of",
-    "prune",
-    "unfinished",
-]
+__all__ = ["VERSIONS_DIR", "DEFAULT_KEEP_VERSIONS", "VersionInfo", "version_key", "retired_key", "read_versioned", "older_copy",
+           "read_document", "version_of", "list_versions", "digests_of", "prune", "unfinished"]
 
 logger = logging.getLogger(__name__)
 
@@ -172,8 +159,7 @@ def list_versions(location: Location) -> list[VersionInfo]:
         if isinstance(history, list) and history and isinstance(history[-1], dict):
             operation = str(history[-1].get("operation", "convert"))
         records = attrs.get("num_records")
-        out.append(VersionInfo(number, records if isinstance(records, int) else -1, operation, docs[number],
-                               number == current))
+        out.append(VersionInfo(number, records if isinstance(records, int) else -1, operation, docs[number], number == current))
     return out
 
 
