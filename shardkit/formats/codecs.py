@@ -112,6 +112,10 @@ class _NumcodecsCodec(RecordCodec):
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "level": self.level}
 
+    def zarr_codecs(self, itemsize: int) -> list[dict[str, Any]]:
+        """The zarr codec of the same name, configured by :meth:`to_json` (zstd's and gzip's agree)."""
+        return [{"name": self.zarr_name, "configuration": {k: v for k, v in self.to_json().items() if k != "name"}}]
+
 
 @register_codec
 class ZstdCodec(_NumcodecsCodec):
@@ -135,17 +139,12 @@ class ZstdCodec(_NumcodecsCodec):
     def from_zarr(cls, configuration: dict[str, Any]) -> RecordCodec:
         return cls(level=configuration.get("level", 3), checksum=configuration.get("checksum", False))
 
-    def zarr_codecs(self, itemsize: int) -> list[dict[str, Any]]:
-        return [{"name": "zstd", "configuration": {"level": self.level, "checksum": self.checksum}}]
-
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "level": self.level, "checksum": self.checksum}
 
     def decode(self, data: bytes | memoryview, out: np.ndarray) -> None:
-        """Fast path (every frame shardkit or zarr-python writes): the frame header declares exactly
-        the record size; zstd checks that a frame produces the size it declares and numcodecs that
-        further frames do not overflow ``out``. Any other frame (no size, another size, several
-        frames) is stream-decoded into ``out``, bounded, and must end exactly at its end."""
+        """Fast path when the frame header declares exactly the record size (zstd and numcodecs check
+        the frames fill exactly ``out``); any other frame is stream-decoded, bounded, and must end there."""
         import zstandard
 
         flat = _flat(out)
@@ -174,9 +173,6 @@ class GzipCodec(_NumcodecsCodec):
     @classmethod
     def from_zarr(cls, configuration: dict[str, Any]) -> RecordCodec:
         return cls(level=configuration.get("level", 5))
-
-    def zarr_codecs(self, itemsize: int) -> list[dict[str, Any]]:
-        return [{"name": "gzip", "configuration": {"level": self.level}}]
 
     def decode(self, data: bytes | memoryview, out: np.ndarray) -> None:
         """Every member decoded straight into ``out`` (as numcodecs reads them), bounded by its size."""

@@ -278,11 +278,10 @@ class _Commit:
     """One commit in progress (see :func:`commit`); each method is one idempotent step."""
 
     def __init__(self, store: Store, template: DatasetMeta, base: DatasetMeta | None, segments: Sequence[Segment],
-                 plan: str, durable: bool) -> None:
+                 durable: bool) -> None:
         self.store = store
         self.base = base
         self.segments = list(segments)
-        self.plan = plan
         self.durable = durable
         self.template = template
         self.s = template.records_per_shard
@@ -534,7 +533,7 @@ def commit(
                 f"{root}: the dataset is at version {current}, but this commit was planned on version "
                 f"{version_of(base.to_json())}; another commit came first. Re-run the command to plan it again"
             )
-    job = _Commit(store, template, base, segments, plan, durable)
+    job = _Commit(store, template, base, segments, durable)
     labels, remaps = merge_labels(template.labels, [seg.labels for seg in job.segments])
     job.save_base_version()
     report = {"in_place": 0, "linked": 0, "repacked": 0, "bytes_linked": 0, "bytes_repacked": 0}

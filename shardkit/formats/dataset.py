@@ -35,14 +35,12 @@ class Dataset(Closing):
     Parameters
     ----------
     path
-        Dataset directory, a URL (``s3://bucket/ds``, ``gs://``, ``az://``, ``http(s)://``; see
-        :mod:`shardkit.stores.url`) or an opened :class:`~shardkit.stores.Store`.
+        Dataset directory, a URL (``s3://bucket/ds``, ``gs://``, ``az://``, ``http(s)://``) or a
+        :class:`~shardkit.stores.Store`.
     stats
-        Read counters for the payload (the sampler passes one per tier). For a dataset in an
-        object store one ``read_calls`` is one request.
+        Read counters for the payload (one ``read_calls`` is one request to an object store).
     gap_bytes, remote_gap_bytes
-        Coalescing threshold for sparse reads of a local dataset, and of a dataset in an object store
-        (see :mod:`shardkit.formats.ranged`).
+        Coalescing threshold for sparse reads of a local dataset, and of one in an object store.
     store_options
         Concurrency, timeouts and retries of an object store (:class:`~shardkit.stores.StoreOptions`).
     cache_dir, cache_size, cache_stats

@@ -72,27 +72,13 @@ DEFAULT_FIELD_CHUNK = 65536
 class DatasetMeta:
     """Everything the group attribute ``shardkit`` says about a dataset.
 
-    Attributes
-    ----------
-    kind, payload, record
-        Corpus kind (``coco``, ``audio``, ...), payload array name, shape and dtype of one record.
-    num_records, records_per_shard
-        Total records N and records per shard S.
-    fields, field_chunk
-        Small per-record fields by name; records per chunk (as used: :attr:`field_chunk_records`).
-    labels
-        Class names per label field (``{"label": [...], "coarse_label": [...]}``).
-    compression
-        Codec JSON (``{"name": "zstd", "level": 3, "checksum": true}``) or ``None``.
-    transform, source, extra, skipped
-        Free-form provenance (transform, origin, kind-specific data); inputs skipped, with reasons.
-    shards, files
-        Every payload shard (range, size, checksums); size and crc32c of every array document and
-        field chunk by relative path (format 1.1, :mod:`shardkit.formats.checksums`).
-    provenance
-        Where records came from (:mod:`shardkit.formats.provenance`); empty without it.
-    format_version, format_minor
-        Format version ``MAJOR.MINOR`` (see :mod:`shardkit.formats.spec`).
+    The corpus ``kind`` (``coco``, ``audio``, ...), the ``payload`` array's name and one ``record``'s
+    shape and dtype; N ``num_records`` in shards of S ``records_per_shard``; the small per-record
+    ``fields`` by name, chunked by ``field_chunk`` records (as used: :attr:`field_chunk_records`);
+    class names per label field (``labels``); the ``compression`` codec JSON or ``None``; free-form
+    ``transform``, ``source`` and ``extra``; inputs ``skipped`` with reasons; every payload shard
+    (``shards``: range, size, checksums) and the size and crc32c of every other file (``files``, format
+    1.1); ``provenance`` (empty without it); and the format version ``MAJOR.MINOR``.
     """
 
     kind: str

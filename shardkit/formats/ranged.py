@@ -91,9 +91,8 @@ class RangedPayloadArray(PayloadArray):
         return self.shards[i].nbytes - index_nbytes(self.records_per_shard)
 
     def _tail_nbytes(self, i: int) -> int:
-        """The tail read with the index, when the index is fetched; 0 when the metadata fixes the index
-        (it is not fetched, and :meth:`_check_tails` fetches the tail alone before the first ranged
-        read of the shard)."""
+        """The tail read with the index when it is fetched; 0 when the metadata fixes the index (then
+        :meth:`_check_tails` fetches the tail alone before the first ranged read of the shard)."""
         if self._known_index(i) is not None:
             return 0
         return super()._tail_nbytes(i)
@@ -104,18 +103,20 @@ class RangedPayloadArray(PayloadArray):
 
     def _check_tails(self, shards: set[int]) -> None:
         """Check the ``tail_crc32c`` of every shard of ``shards`` not checked yet, before any of its
-        records is fetched by range: the tails are fetched concurrently (one round trip, one small
-        request per shard, once per reader; a shard whose index was fetched was checked with it)."""
+        records is fetched by range (one concurrent round trip, once per reader)."""
         todo = [i for i in sorted(shards) if i not in self._tails_checked and PayloadArray._tail_nbytes(self, i)]
-        if not todo:
-            return
         asks = [ByteRange(self._key(i), self._data_nbytes(i) - PayloadArray._tail_nbytes(self, i), self._data_nbytes(i),
                           self._etags.get(i)) for i in todo]  # fmt: skip
-        for got in _shards_present(self.store.fetch(asks)):
-            i, ask = todo[got.index], asks[got.index]
+        for i, got in self._fetched(todo, asks):
+            self._check_tail(i, bytes(got.data))
+
+    def _fetched(self, shards: list[int], asks: list[ByteRange]) -> Iterator[tuple[int, Fetched]]:
+        """The responses to ``asks`` (``asks[k]`` reads shard ``shards[k]``), each checked and counted."""
+        for got in _shards_present(self.store.fetch(asks)) if asks else ():
+            i, ask = shards[got.index], asks[got.index]
             self._check_response(i, got, ask)
             self.stats.add(self.shard_location(i), ask.start, ask.nbytes)
-            self._check_tail(i, bytes(got.data))
+            yield i, got
 
     def _known_index(self, i: int) -> bytes | None:
         """The index bytes of uncompressed shard ``i`` when the metadata fixes them: the dense
@@ -139,10 +140,7 @@ class RangedPayloadArray(PayloadArray):
 
     def _fetch_index(self, i: int, start: int) -> tuple[bytes, int]:
         info = self.shards[i]
-        ask = ByteRange(self._key(i), start, info.nbytes, self._etags.get(i))
-        got = next(_shards_present(self.store.fetch([ask])))
-        self._check_response(i, got, ask)
-        self.stats.add(self.shard_location(i), start, ask.nbytes)
+        _, got = next(self._fetched([i], [ByteRange(self._key(i), start, info.nbytes, self._etags.get(i))]))
         return bytes(got.data), got.object_size
 
     def _index_bytes(self, i: int, isize: int) -> tuple[bytes, int]:
@@ -237,20 +235,13 @@ class RangedPayloadArray(PayloadArray):
         # each index with the shard's tail before it (checked with it: one request per shard)
         asks = [ByteRange(self._key(i), self.shards[i].nbytes - isize - self._tail_nbytes(i), self.shards[i].nbytes)
                 for i in missing]  # fmt: skip
-        raws: dict[int, bytes] = {}
-        for got in _shards_present(self.store.fetch(asks)):
-            i = missing[got.index]
-            self._check_response(i, got, asks[got.index])
-            self.stats.add(self.shard_location(i), asks[got.index].start, asks[got.index].nbytes)
-            raws[i] = bytes(got.data)
-        self._pending_index.update(raws)
+        self._pending_index.update({i: bytes(got.data) for i, got in self._fetched(missing, asks)})
         for i in missing:
             self.index(i)
 
     def _read_runs(self, runs: list[_Run], rows: _Rows) -> None:
-        """Runs of shards the local cache holds are read from it; the others are fetched (split
-        into requests of at most ``request_bytes``) and each response scattered into its rows as it
-        arrives, and stored in the cache."""
+        """Runs of shards the local cache holds are read from it (or waited for while it is being
+        prefetched); the others are fetched by range (:meth:`_fetch_runs`)."""
         remote: list[_Run] = []
         waiting: list[_Run] = []
         for run in runs:
@@ -277,9 +268,8 @@ class RangedPayloadArray(PayloadArray):
         return self.cache.open(_entry(i), functools.partial(self._verify_copy, i))
 
     def _fetch_runs(self, remote: list[_Run], rows: _Rows) -> None:
-        """Fetch runs by range (split into requests of at most ``request_bytes``), each response
-        scattered into its rows as it arrives. Each shard's identity is checked first
-        (:meth:`_check_tails`), so no record of a foreign shard lands in a row."""
+        """Fetch runs in requests of at most ``request_bytes``, each response scattered into its rows as
+        it arrives, after each shard's identity is checked (:meth:`_check_tails`)."""
         self._check_tails({run.shard for run in remote})
         pieces: list[tuple[_Run, int, int]] = []  # (run, first record, end record) per request
         asks: list[ByteRange] = []
@@ -294,12 +284,9 @@ class RangedPayloadArray(PayloadArray):
                 pieces.append((run, a, b))
                 asks.append(ByteRange(self._key(run.shard), start, int(ends[b - 1]), self._etags.get(run.shard)))
                 a = b
-        for got in _shards_present(self.store.fetch(asks)):
+        for _, got in self._fetched([run.shard for run, _, _ in pieces], asks):
             run, a, b = pieces[got.index]
-            ask = asks[got.index]
-            self._check_response(run.shard, got, ask)
-            self._scatter(run, a, b, ask.start, got.data, rows)
-            self.stats.add(run.path, ask.start, ask.nbytes)
+            self._scatter(run, a, b, asks[got.index].start, got.data, rows)
 
     def _read_cached(self, fd: int, run: _Run, rows: _Rows) -> None:
         """One run from the shard's verified local copy: the run's span in one ``pread``, then

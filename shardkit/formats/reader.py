@@ -1,10 +1,8 @@
 """Reading payload shards with ``pread``/``preadv`` straight into preallocated numpy buffers.
 
-The primitive everything else builds on is :meth:`PayloadArray.read_into`: records in any order,
-each with its destination row, read shard by shard in ascending offsets, close records coalesced
-into one call, every byte copied once from the page cache to where the caller wants it. So reading
-a block of a random permutation costs the same as reading its records in storage order. The read
-path (announced runs, small records through a bounce buffer, the gap threshold): docs/design.md §3.
+:meth:`PayloadArray.read_into` reads records in any order, shard by shard in ascending offsets, close
+records coalesced, every byte copied once to its destination row: a block of a random permutation
+costs what its records in storage order cost. The read path: docs/design.md §3 (*The hot path*).
 """
 
 from __future__ import annotations
@@ -281,27 +279,14 @@ class Destination:
 
 
 class PayloadArray:
-    """Random and sequential access to the records of a sharded payload array.
+    """Random and sequential access to the records of a sharded payload array with the shardkit layout,
+    whether shardkit or zarr-python wrote it.
 
-    Works on any zarr v3 array with the shardkit layout (one record per inner chunk, index with
-    crc32c), whether shardkit or zarr-python wrote it.
-
-    Parameters
-    ----------
-    path
-        The array directory (holding ``zarr.json``).
-    shards
-        Shard list from the dataset metadata; without it (a bare zarr array) shards are derived from
-        the chunk grid and their sizes are not checked.
-    stats
-        Counters to update; a fresh :class:`ReadStats` by default.
-    gap_bytes
-        Coalescing threshold (default :data:`DEFAULT_GAP_BYTES`).
-    document_digest
-        Recorded size and crc32c of ``zarr.json``, checked before it is parsed.
-
-    ``read`` is thread-safe: descriptors open under a lock, indexes are immutable, and the shared
-    scratch buffer only receives gap bytes nobody looks at.
+    ``path`` is the array directory; ``shards`` the dataset metadata's shard list (without it, a bare
+    zarr array's shards come from the chunk grid, sizes unchecked); ``stats`` the counters to update;
+    ``gap_bytes`` the coalescing threshold; ``document_digest`` the recorded size and crc32c of
+    ``zarr.json``, checked before it is parsed. ``read`` is thread-safe (descriptors open under a lock,
+    indexes are immutable, the shared scratch buffer only receives gap bytes).
     """
 
     def __init__(

@@ -1,8 +1,5 @@
-"""The on-disk format, version 1.1: names, constants and the value objects that describe it.
-
-A shardkit dataset is a directory that *is* a zarr v3 group (layout, versions and checksums:
-docs/design.md §3). Everything here is pure data, no I/O: readers and writers share these
-definitions so that the layout is described exactly once.
+"""The on-disk format, version 1.1 (docs/design.md §3): names, constants and the value objects that
+describe it, pure data shared by readers and writers so the layout is described exactly once.
 """
 
 from __future__ import annotations
@@ -39,9 +36,8 @@ EMPTY_ENTRY = np.uint64(2**64 - 1)
 #: sequential read, small enough that a writer's shard buffer and a verify pass stay cheap.
 DEFAULT_SHARD_BYTES = 256 * 1024 * 1024
 
-# Bounds on sizes read from metadata. Every buffer a reader allocates is derived from these values,
-# so a damaged or hostile document must fail with a named error *before* the allocation, not with a
-# MemoryError (or a machine swapping) after it. Each bound is far above any real dataset.
+# Bounds on sizes read from metadata, far above any real dataset: a hostile document fails with a
+# named error before a reader allocates from it, not with a MemoryError after.
 #: Dimensions of one record (numpy allows 64).
 MAX_NDIM = 32
 #: Bytes of one record of any field: 1 GiB (an hour of 48 kHz float32 stereo audio is 1.4 GB; one
@@ -70,13 +66,9 @@ def format_string(major: int, minor: int) -> str:
 class FieldSpec:
     """Shape and dtype of one field of a record (the payload or a small per-record field).
 
-    Parameters
-    ----------
-    shape
-        Shape of the field for ONE record (``()`` for a scalar such as ``label``); every dimension
-        positive, at most :data:`MAX_NDIM` of them, at most :data:`MAX_RECORD_NBYTES` bytes in all.
-    dtype
-        numpy dtype string of a numeric type, e.g. ``"uint8"``, ``"int64"``, ``"float32"``.
+    ``shape`` is the field's for ONE record (``()`` for a scalar such as ``label``): every dimension
+    positive, at most :data:`MAX_NDIM`, at most :data:`MAX_RECORD_NBYTES` bytes in all. ``dtype`` is a
+    numeric numpy dtype string (``"uint8"``, ``"int64"``, ``"float32"``); anything else is a SchemaError.
     """
 
     shape: tuple[int, ...]
@@ -137,20 +129,10 @@ class FieldSpec:
 class ShardInfo:
     """What the group metadata records about one payload shard file (checksums: docs/design.md §3).
 
-    Attributes
-    ----------
-    path
-        The payload array's zarr chunk key, relative to the dataset root (nothing else is accepted).
-    start, stop
-        Global record range ``[start, stop)`` held by the shard.
-    nbytes
-        Exact size of the file (records + index + its crc32c); ``-1`` for a bare zarr array.
-    crc32c, data_crc32c, index_crc32c
-        crc32c of the whole file (format 1.0, blind to the index), of the records (the first
-        ``nbytes - index_nbytes(S)`` bytes) and of the index entries (format 1.1; ``None`` in 1.0).
-    tail_crc32c
-        crc32c of the last :meth:`tail_nbytes` bytes of the records, or ``None`` (written before it
-        existed); it tells apart swapped or copied shards of one layout, whose indexes are identical.
+    ``path`` is the payload array's chunk key (nothing else is accepted), ``[start, stop)`` its global
+    record range, ``nbytes`` its exact size (``-1`` for a bare zarr array). ``crc32c`` covers the whole
+    file (format 1.0), ``data_crc32c`` the records and ``index_crc32c`` the index entries (1.1; ``None``
+    in 1.0), ``tail_crc32c`` the last :meth:`tail_nbytes` bytes of the records (``None`` if older).
     """
 
     path: str
@@ -218,10 +200,8 @@ def index_nbytes(records_per_shard: int) -> int:
 
 
 def records_per_shard_for(record_nbytes: int, shard_bytes: int = DEFAULT_SHARD_BYTES) -> int:
-    """Records per shard so that an uncompressed shard file is about ``shard_bytes`` bytes.
-
-    Never more than :data:`MAX_RECORDS_PER_SHARD` (the bound readers enforce on the index size).
-    """
+    """Records per shard so that an uncompressed shard file is about ``shard_bytes`` bytes (at most
+    :data:`MAX_RECORDS_PER_SHARD`, the bound readers enforce on the index size)."""
     if record_nbytes <= 0:
         raise SchemaError(f"record size must be positive, found {record_nbytes} bytes")
     if shard_bytes <= 0:

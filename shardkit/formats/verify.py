@@ -48,18 +48,10 @@ class Problem:
 
 @dataclass
 class VerifyReport:
-    """Outcome of :func:`verify`.
-
-    Attributes
-    ----------
-    format
-        Format version of the dataset (``"1.1"``).
-    shards_checked, files_checked, bytes_checked
-        Payload shards, other files (array documents and field chunks), and bytes streamed.
-    problems, limitations, unfinished
-        Every failed check; checks this dataset's format cannot have; interrupted conversions or
-        appends and how to finish them (the likely cause of any problem). One sentence each.
-    """
+    """Outcome of :func:`verify`: the dataset's ``format`` (``"1.1"``); payload shards, other files and
+    bytes checked; and, one sentence each, every failed check (``problems``), the checks its format
+    cannot have (``limitations``), and interrupted conversions or appends and how to finish them
+    (``unfinished``, the likely cause of any problem)."""
 
     path: str
     quick: bool
