@@ -197,8 +197,7 @@ class BloscLz4Codec(_NumcodecsCodec):
         return bytes(self._codec.encode(np.ascontiguousarray(record)))
 
     def decode(self, data: bytes | memoryview, out: np.ndarray) -> None:
-        """The frame's header must declare the record size and the frame's own length before it is
-        decoded (blosc fills only the size its header declares)."""
+        """The header must declare the record size and the frame's length (blosc fills only that size)."""
         flat = _flat(out)
         if len(data) < _BLOSC_HEADER_NBYTES:
             raise ValueError(f"{len(data)} bytes are shorter than a blosc header ({_BLOSC_HEADER_NBYTES} bytes)")
@@ -280,8 +279,7 @@ def _flat(out: np.ndarray) -> np.ndarray:
 
 
 def _read_exact(reader: _Reader, flat: np.ndarray, name: str) -> None:
-    """Fill ``flat`` from a decompressing ``reader`` (never more than its size), then probe one more
-    byte: fewer bytes, or any more, is an error."""
+    """Fill ``flat`` from a decompressing ``reader``; fewer bytes, or any more, is an error."""
     view = flat.data
     got = 0
     while got < flat.nbytes:

@@ -92,11 +92,7 @@ class Segment:
 
 @dataclass(frozen=True)
 class InputTable:
-    """Inputs some segments' records came from: their names, relative to ``root`` (a corpus root).
-
-    A commit appends them to the dataset's provenance table (:mod:`shardkit.formats.provenance`) and
-    renumbers the ``input`` column of those segments' provenance after the inputs already there.
-    """
+    """Inputs some segments' records came from, by name relative to the corpus ``root`` (appended to the table)."""
 
     names: Sequence[str]
     root: str
@@ -175,11 +171,7 @@ def plan_shards(
     base_records: int, base_last: StoredShard | None, segments: Sequence[Segment], records_per_shard: int, root: Store,
     payload: str, ndim: int,
 ) -> list[ShardRecipe]:
-    """Recipes of every global shard from the base's last (not full) one to the end.
-
-    ``base_last`` holds the base's records of shard ``base_records // S`` when ``base_records`` is not
-    a multiple of S. Pure: nothing is read or written.
-    """
+    """Recipes of every global shard from the base's last (not full) one, ``base_last``, to the end; reads nothing."""
     s = records_per_shard
     total = base_records + sum(seg.records for seg in segments)
     # Every stored file as (global start, file), in record order.
@@ -214,11 +206,7 @@ def plan_shards(
 
 
 def _stored_records(shard: StoredShard, first: int, count: int, record: FieldSpec, compressed: bool) -> tuple[bytes, list[int]]:
-    """Records ``first .. first + count - 1`` of ``shard`` in their stored form, after checking the file.
-
-    The whole file is read and checked against its recorded size, index crc32c and records crc32c,
-    so a damaged source is refused (naming it) instead of being re-packed under fresh checksums.
-    """
+    """Records ``first .. first + count - 1`` of ``shard`` in stored form, after checking its size and checksums."""
     path = shard.store.describe(shard.key)
     try:
         if shard.store.is_local:
@@ -250,10 +238,7 @@ def _stored_records(shard: StoredShard, first: int, count: int, record: FieldSpe
 
 def build_shard(store: Store, key: str, pieces: Sequence[tuple[StoredShard, int, int]], capacity: int, record: FieldSpec,
                 compression: dict[str, Any] | None, durable: bool, start: int, stop: int) -> ShardInfo:
-    """Re-pack one shard (records ``start .. stop - 1``) from its pieces into ``key`` of ``store``.
-
-    A task of its own (module level, small arguments), so a commit can run it on any executor.
-    """
+    """Re-pack records ``start .. stop - 1`` from their pieces into ``key`` of ``store`` (a task for any executor)."""
     codec = None if compression is None else codec_from_json(compression)
     with writing(store, key) as path:
         writer = ShardWriter(path, capacity, record, codec, durable=durable)
@@ -331,12 +316,7 @@ class _Commit:
             put_checked(self.store, key, self.store.get(ZARR_JSON, max_nbytes=MAX_DOCUMENT_NBYTES))
 
     def shards(self, report: dict[str, int], executor: Executor | None) -> list[ShardInfo]:
-        """Every new global shard in place (built, linked or already there); returns the shard list.
-
-        Shards to re-pack are independent of each other: with an ``executor`` they are built by its
-        workers (each reads its pieces and writes its shard straight to the dataset), so the commit
-        of a cluster conversion does not funnel every boundary through this machine.
-        """
+        """Every new global shard in place (built, possibly on ``executor``'s workers, linked, or already there)."""
         base = self.base
         ndim = 1 + len(self.template.record.shape)
         payload = self.template.payload
@@ -383,12 +363,7 @@ class _Commit:
         return out
 
     def fields(self, remaps: list[dict[str, np.ndarray]], chunk: int, offsets: Sequence[int]) -> dict[str, FileDigest]:
-        """Every field array from its first chunk that changes; returns the digests of all its files.
-
-        The ``input`` column of the provenance field is renumbered by each segment's table
-        ``offsets``; the whole provenance field (every version's records) is kept in
-        :attr:`provenance_values` for the change counts.
-        """
+        """Every field array from its first chunk that changes (provenance inputs renumbered by ``offsets``); their digests."""
         base, t = self.base, self.template
         codec = get_codec(FIELD_CODEC)
         values = [seg.fields() for seg in self.segments]
@@ -428,11 +403,7 @@ class _Commit:
 
     def provenance(self, inputs: Sequence[InputTable], summarize: Callable[[np.ndarray], dict[str, Any]] | None,
                    ) -> dict[str, Any]:
-        """The provenance table of the new version (the base's inputs, then every table's) and its block.
-
-        Names of a table whose corpus root is not the dataset's are stored whole (a reader joins a
-        name to the root, and an absolute name stays itself).
-        """
+        """The new version's provenance block: the base's inputs, then every table's (names outside the root whole)."""
         base, t = self.base, self.template
         old = Provenance.from_meta(base, where=self.store.describe(ZARR_JSON)) if base is not None else None
         root = old.root if old is not None else (inputs[0].root if inputs else "")

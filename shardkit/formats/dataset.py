@@ -75,19 +75,14 @@ class Dataset(Closing):
         self.path: Path | str = self.store.local_path() if self.store.is_local else self.store.url
         self.meta: DatasetMeta = read_dataset_meta(self.store, ZARR_JSON if version is None else version_key(version))
         files = self.meta.files
-        # The payload document is checked as the payload reader reads it.
         docs = [f"{name}/{ZARR_JSON}" for name in self.meta.fields if f"{name}/{ZARR_JSON}" in files]
+        payload_digest = files.get(f"{self.meta.payload}/{ZARR_JSON}")  # checked as the payload reader reads it
         if self.store.is_local:
             for rel in docs:
                 read_versioned(self.store, rel, files[rel], what="field array document")
             self.store.local_path(f"{self.meta.payload}/{ZARR_JSON}")  # inside the dataset, or UnsafePathError
-            self.payload: PayloadArray = PayloadArray(
-                self.store.local_path() / self.meta.payload,
-                shards=self.meta.shards,
-                stats=stats,
-                gap_bytes=gap_bytes,
-                document_digest=files.get(f"{self.meta.payload}/{ZARR_JSON}"),
-            )
+            self.payload: PayloadArray = PayloadArray(self.store.local_path() / self.meta.payload, shards=self.meta.shards,
+                                                      stats=stats, gap_bytes=gap_bytes, document_digest=payload_digest)
         else:
             try:
                 read_objects(self.store, docs, files, what="field array document", max_nbytes=MAX_DOCUMENT_NBYTES)
@@ -97,16 +92,9 @@ class Dataset(Closing):
             self.cache = None if cache_dir is None else ShardCache(cache_dir, cache_namespace(
                 self.store.url, hashlib.sha256(json.dumps(self.meta.to_json(), sort_keys=True).encode()).hexdigest()
             ), cache_size)
-            self.payload = RangedPayloadArray(
-                self.store,
-                self.meta.payload,
-                shards=self.meta.shards,
-                stats=stats,
-                gap_bytes=remote_gap_bytes,
-                document_digest=files.get(f"{self.meta.payload}/{ZARR_JSON}"),
-                cache=self.cache,
-                cache_stats=cache_stats,
-            )
+            self.payload = RangedPayloadArray(self.store, self.meta.payload, shards=self.meta.shards, stats=stats,
+                                              gap_bytes=remote_gap_bytes, document_digest=payload_digest, cache=self.cache,
+                                              cache_stats=cache_stats)
         if (self.payload.records_per_shard != self.meta.records_per_shard
                 or (self.payload.codec is None) != (self.meta.compression is None)):
             raise NotADatasetError(
@@ -168,8 +156,7 @@ class Dataset(Closing):
         return read_field_rows(self.store, name, m.fields[name], m.num_records, m.field_chunk_records, m.files)
 
     def source(self, key: int) -> RecordSource | None:
-        """Where record ``key`` came from (``None`` without provenance); reads one chunk of the
-        provenance field and of the input table."""
+        """Where record ``key`` came from (``None`` without provenance), reading one chunk of each table."""
         if self.provenance is None:
             return None
         k = int(key)

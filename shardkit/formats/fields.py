@@ -55,13 +55,8 @@ def write_field_array(
         blob = codec.encode(block) if codec is not None else block.tobytes()
         rel = chunk_key(name, j, ndim)
         digests[rel] = _put(root, rel, blob, durable)
-    document = array_metadata(
-        shape=(n, *spec.shape),
-        dtype=spec.dtype,
-        chunk_shape=(chunk, *spec.shape),
-        codec=codec,
-        itemsize=le.itemsize,
-    )
+    document = array_metadata(shape=(n, *spec.shape), dtype=spec.dtype, chunk_shape=(chunk, *spec.shape), codec=codec,
+                              itemsize=le.itemsize)
     digests[f"{name}/{ZARR_JSON}"] = _put(root, f"{name}/{ZARR_JSON}", encode_json(document), durable)
     return digests
 

@@ -52,8 +52,7 @@ def check_same_schema(first: DatasetMeta, other: DatasetMeta, where: str) -> Non
 
 
 def _segment(ds: Dataset, table: int | None) -> Segment:
-    """A dataset's records as a segment of the commit (its fields, provenance included, loaded and
-    checked when needed)."""
+    """A dataset's records as a segment of the commit (fields loaded when the commit asks)."""
     shards = tuple(StoredShard.of(ds.store, info, ds.meta.records_per_shard) for info in ds.meta.shards)
 
     def fields() -> dict[str, np.ndarray]:

@@ -397,8 +397,7 @@ def read_json_object(store: Store, key: str, digest: FileDigest | None = None) -
 
 
 def parse_json(raw: bytes, where: str) -> dict[str, Any]:
-    """A JSON object document's bytes as a dict (errors name ``where``); its size and number of values
-    are bounded first (:func:`check_document_bounds`)."""
+    """A JSON object document's bytes as a dict, bounded first (:func:`check_document_bounds`)."""
     check_document_bounds(raw, where)
     try:
         doc = json.loads(raw.decode("utf-8"))

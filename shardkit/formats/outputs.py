@@ -61,8 +61,7 @@ def clear_output(path: Path) -> None:
 
 
 def top_names(store: Store, allowed: Iterable[str] = ()) -> list[str]:
-    """The top-level names in ``store`` (directory entries, or first key segments of an object store)
-    that are not in ``allowed``, sorted."""
+    """The top-level names in ``store`` that are not in ``allowed``, sorted."""
     ok = set(allowed)
     if store.is_local:
         root = store.local_path()
@@ -73,8 +72,7 @@ def top_names(store: Store, allowed: Iterable[str] = ()) -> list[str]:
 
 
 def clear_store(store: Store) -> None:
-    """:func:`clear_output` for any store: a directory or prefix that holds anything but a shardkit
-    output is refused (ConversionError)."""
+    """:func:`clear_output` for any store (a directory or prefix holding anything else is refused)."""
     if store.is_local:
         clear_output(store.local_path())
         return
@@ -116,8 +114,7 @@ def _identity(path: Path) -> tuple[int, int] | None:
 
 
 def _identities(path: Path) -> set[tuple[int, int]]:
-    """The identities of ``path`` and of every ancestor of it that exists (a directory reached
-    through two mount points, e.g. a bind mount, has one identity)."""
+    """The identities of ``path`` and of every existing ancestor (a bind mount has one identity)."""
     return {i for i in map(_identity, (path, *path.parents)) if i is not None}
 
 

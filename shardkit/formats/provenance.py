@@ -122,10 +122,7 @@ class RecordSource:
 
 @dataclass(frozen=True)
 class Provenance:
-    """The parsed ``provenance`` block of a dataset's metadata, and lookups in its table.
-
-    Build it with :meth:`from_meta`; every value is checked before anything is read from it.
-    """
+    """The parsed ``provenance`` block of a dataset's metadata (:meth:`from_meta`), and lookups in its table."""
 
     field: str
     columns: tuple[str, ...]
@@ -200,8 +197,7 @@ class Provenance:
         return out
 
     def values(self, root: Path | Store, meta: DatasetMeta, start: int, stop: int) -> np.ndarray:
-        """The provenance field of records ``[start, stop)`` (``int64 [stop - start, C]``) of the dataset
-        at ``root`` (a directory or a store)."""
+        """The provenance field of records ``[start, stop)`` of the dataset at ``root``."""
         return read_field_rows(root, self.field, meta.fields[self.field], meta.num_records, meta.field_chunk_records,
                                meta.files, start, stop)
 
@@ -224,8 +220,7 @@ class Provenance:
         return decode_name(raw.tobytes())
 
     def names(self, root: Path | Store) -> list[str]:
-        """The name of every input, in order (both table arrays read whole: what a commit that extends
-        the table needs)."""
+        """The name of every input, in order (both table arrays read whole)."""
         store = root if isinstance(root, Store) else LocalStore(root)
         ends = read_field_rows(store, ENDS_ARRAY, FieldSpec((), "int64"), self.count, self.ends_chunk, self.files)
         raw = read_field_rows(store, NAMES_ARRAY, FieldSpec((), "uint8"), self.nbytes, self.names_chunk, self.files)

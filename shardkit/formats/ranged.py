@@ -144,8 +144,7 @@ class RangedPayloadArray(PayloadArray):
         return bytes(got.data), got.object_size
 
     def _index_bytes(self, i: int, isize: int) -> tuple[bytes, int]:
-        """The shard's index: computed when the metadata fixes it, else fetched (one ranged GET,
-        or prefetched with the other shards of a block by :meth:`read`)."""
+        """The shard's index: computed when the metadata fixes it, else prefetched or fetched."""
         info = self.shards[i]
         known = self._known_index(i)
         if known is not None:
@@ -302,8 +301,7 @@ class RangedPayloadArray(PayloadArray):
 
     # ------------------------------------------------------------------ the local cache
     def _start_prefetch(self) -> ShardPrefetcher:
-        """Download every shard whole into the cache, in the background, ascending (see
-        :mod:`shardkit.stores.prefetch` and docs/design.md §9 for why whole shards)."""
+        """Download every shard whole into the cache, in the background, ascending (docs/design.md §9)."""
         assert self.cache is not None
         # A shard a newer version replaced has another size: the prefetcher leaves it remote, and the
         # ranged path reads the copy kept for this version (see _check_response).

@@ -7,6 +7,7 @@ costs what its records in storage order cost. The read path: docs/design.md §3 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -198,8 +199,7 @@ class _Plan:
         return dense
 
     def as_runs(self, location: Callable[[int], str]) -> list[_Run]:
-        """The plan as one :class:`_Run` per request, for readers that fetch run by run (the
-        object-store reader); ``pos`` is the record's index in the plan (see :class:`_Rows`)."""
+        """The plan as one :class:`_Run` per request, ``pos`` indexing the plan (see :class:`_Rows`)."""
         out = []
         for a, b in self.runs():
             i = int(self.shard[a])
@@ -209,8 +209,7 @@ class _Plan:
 
 @dataclass(frozen=True)
 class _Run:
-    """Records of one shard read by one request: ascending offsets, gaps <= gap_bytes; record ``j``
-    goes to ``rows[pos[j]]``."""
+    """Records of one shard read by one request; record ``j`` goes to ``rows[pos[j]]``."""
 
     shard: int
     path: str
@@ -426,8 +425,7 @@ class PayloadArray:
         return idx
 
     def stored_index(self, i: int) -> ShardIndex:
-        """The index as stored in shard ``i``'s file, checked (what ``verify`` inspects; for local
-        shards the same as :meth:`index`)."""
+        """The index as stored in shard ``i``'s file, checked (what ``verify`` inspects)."""
         return self.index(i)
 
     def _decode_index(self, i: int, raw: bytes, size: int) -> ShardIndex:
@@ -515,8 +513,7 @@ class PayloadArray:
         return aligned_empty(n, self.record.shape, self.dtype)
 
     def read(self, keys: np.ndarray | list[int], out: np.ndarray | None = None) -> np.ndarray:
-        """Read records ``keys`` (any order, duplicates allowed) into ``out[j] = record keys[j]``
-        (:meth:`read_into` with every record going to its own row of one buffer)."""
+        """Read records ``keys`` (any order, duplicates allowed) into ``out[j] = record keys[j]``."""
         keys = np.asarray(keys, dtype=np.int64).reshape(-1)
         n = keys.shape[0]
         if out is None:
@@ -558,8 +555,7 @@ class PayloadArray:
         self.stats.add_records(n)
 
     def _read_plan(self, plan: _Plan, rows: list[np.ndarray]) -> None:
-        """Read every record of ``plan`` into its row (the I/O half of :meth:`read_into`; the
-        object-store reader overrides it)."""
+        """Read every record of ``plan`` into its row (the I/O half of :meth:`read_into`)."""
         if plan.num_runs > 1:
             # A sparse selection: announce every run first, so the kernel queues all of them at
             # once (asynchronous readahead at a deep device queue) instead of one at a time.
@@ -578,8 +574,7 @@ class PayloadArray:
             os.posix_fadvise(self._fd(shard), a, b - a, os.POSIX_FADV_WILLNEED)
 
     def _plan(self, keys: np.ndarray, which: np.ndarray, row: np.ndarray, rows: list[np.ndarray]) -> _Plan:
-        """Every distinct wanted record (``keys`` ascending) in read order: by shard, then by
-        ascending offset, cut into coalesced runs (gaps <= ``gap_bytes``)."""
+        """Every distinct wanted record (``keys`` ascending) in read order, cut into coalesced runs."""
         shard_of = keys // self.records_per_shard
         bounds = (np.flatnonzero(np.diff(shard_of)) + 1).tolist()
         parts: list[tuple[np.ndarray, ...]] = []
@@ -700,8 +695,7 @@ class PayloadArray:
             offset += want
 
     def _read_compressed(self, plan: _Plan, rows: list[np.ndarray]) -> None:
-        """Compressed records: each run is read whole into a temporary, then every record is
-        decoded straight into its row."""
+        """Compressed records: each run is read whole into a temporary, each record decoded into its row."""
         assert self.codec is not None
         for a, b in plan.runs():
             i = int(plan.shard[a])
@@ -716,8 +710,7 @@ class PayloadArray:
                 self._decode(i, start + off, view[off : off + size], rows[w][r])
 
     def _decode(self, i: int, offset: int, data: bytes | memoryview, out: np.ndarray) -> None:
-        """Decode the compressed record at byte ``offset`` of shard ``i`` into ``out`` (exactly its
-        size, :func:`~shardkit.formats.codecs.decode_record`); the error names shard and record."""
+        """Decode the compressed record at byte ``offset`` of shard ``i`` into ``out``, naming it on error."""
         assert self.codec is not None
         decode_record(self.codec, data, out, where=self._shard_str(i), what=lambda: self._record_name(i, offset))
 
@@ -805,7 +798,5 @@ class PayloadArray:
             self._fds.clear()
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:
-            pass

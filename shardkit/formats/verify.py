@@ -88,8 +88,7 @@ def limitations(meta: DatasetMeta) -> list[str]:
 
 
 def shard_crc32c(path: Path, data_nbytes: int) -> tuple[int, int, int]:
-    """``(data crc32c, whole-file crc32c, size)`` of a shard whose records end at ``data_nbytes``,
-    streamed once in 8 MiB reads."""
+    """``(data crc32c, whole-file crc32c, size)`` of a shard whose records end at ``data_nbytes``."""
     fd = open_regular(path, "payload shard")
     try:
         return fd_crc32c(fd, data_nbytes, _CHUNK)
@@ -194,8 +193,7 @@ def object_crc32c(store: Store, key: str, size: int, data_nbytes: int) -> tuple[
 
 
 def _check_files(ds: Dataset, quick: bool, report: VerifyReport) -> set[str]:
-    """Every file with a recorded digest (format 1.1, and the provenance table's); returns the names
-    of fields with a damaged file."""
+    """Check every file with a recorded digest; returns the names of fields with a damaged file."""
     damaged: set[str] = set()
     table = {} if ds.provenance is None else dict(ds.provenance.files)
     for rel, digest in {**ds.meta.files, **table}.items():

@@ -139,8 +139,7 @@ def _current_attrs(store: Store) -> dict[str, Any]:
 
 
 def list_versions(location: Location) -> list[VersionInfo]:
-    """Every version of the dataset at ``location`` whose root document is kept, oldest first (none
-    for a dataset written before versions existed)."""
+    """Every version of the dataset at ``location`` whose root document is kept, oldest first."""
     store = open_store(location)
     docs = _version_docs(store)
     if not docs:
@@ -179,8 +178,7 @@ def digests_of(attrs: dict[str, Any], where: str) -> dict[str, tuple[int, int]]:
 
 
 def _retired_by(store: Store, older: int, newer: int) -> list[str]:
-    """Retired copies that only version ``older`` (and versions before it) needed: the files whose
-    content version ``newer`` records differently."""
+    """Retired copies only versions up to ``older`` need: files whose content ``newer`` records differently."""
     old = digests_of(_attrs_of(store, version_key(older)), store.describe(version_key(older)))
     new = digests_of(_attrs_of(store, version_key(newer)), store.describe(version_key(newer)))
     return [retired_key(rel, n, c) for rel, (n, c) in old.items() if rel in new and new[rel] != (n, c)]
