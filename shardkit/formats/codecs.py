@@ -76,10 +76,9 @@ def get_codec(name: str | None, **config: Any) -> RecordCodec | None:
     """Instantiate the codec ``name``; ``None`` or ``"none"`` means uncompressed."""
     if name is None or name == "none":
         return None
-    try:
-        cls = _REGISTRY[name]
-    except KeyError:
-        raise ConfigError(f"unknown compression {name!r}: expected one of {', '.join(available_codecs())}") from None
+    cls = _REGISTRY.get(name)
+    if cls is None:
+        raise ConfigError(f"unknown compression {name!r}: expected one of {', '.join(available_codecs())}")
     try:
         return cls(**config)
     except TypeError as exc:

@@ -480,13 +480,12 @@ def commit(
 ) -> CommitReport:
     """Write the base's records followed by every segment's as the next version of the dataset at ``root``.
 
-    ``template`` is the dataset's metadata (the base's own when there is one); ``base`` the version
-    this commit was planned on (``None``: a new dataset), refused if another commit came first.
-    ``plan`` is recorded as ``source.plan``, so a re-run after completion only cleans up; ``history``
-    is appended to ``source.history``. Shards to re-pack run on ``executor`` (whose workers must see
-    ``root`` and the segments' files) or here. ``inputs`` (one table per :attr:`Segment.table`) are
-    appended to the provenance table and ``summarize`` counts its ``changes``, when the template
-    declares provenance.
+    ``template`` is the dataset's metadata (the base's own when there is one); ``base`` the version this
+    commit was planned on (``None``: a new dataset), refused if another commit came first. ``plan`` is
+    recorded as ``source.plan`` (a re-run after completion only cleans up); ``history`` is appended to
+    ``source.history``. Shards to re-pack run on ``executor`` (its workers must see ``root`` and the
+    segments' files) or here. With provenance, ``inputs`` (one table per :attr:`Segment.table`) extend
+    the table and ``summarize`` counts its ``changes``.
     """
     t0 = time.perf_counter()
     store = open_store(root)

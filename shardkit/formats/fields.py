@@ -85,9 +85,8 @@ def read_field_rows(
     out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Rows ``[start, stop)`` (``stop=None``: to the end) of field ``name`` of the dataset at ``root``,
-    reading only the chunks that hold them and checking everything.
-
-    The document must say exactly ``[num_records, *spec.shape]`` of ``spec.dtype`` in chunks of
+    reading only the chunks that hold them and checking everything. The document must say exactly
+    ``[num_records, *spec.shape]`` of ``spec.dtype`` in chunks of
     ``chunk_records`` (else NotADatasetError); ``files`` are the metadata's digests (empty for 1.0),
     a file a newer version replaced is read from its kept copy. ``out`` (checked first) receives the
     rows instead of a new array. IndexError for rows outside ``[0, num_records)``; MissingShardError,

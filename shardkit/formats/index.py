@@ -57,10 +57,7 @@ class ShardIndex:
         return ~empty
 
     def encode(self) -> bytes:
-        table = np.empty((self.capacity, 2), dtype=_INDEX_DTYPE)
-        table[:, 0] = self.offsets
-        table[:, 1] = self.nbytes
-        raw = table.tobytes()
+        raw = np.stack([self.offsets, self.nbytes], axis=1).astype(_INDEX_DTYPE).tobytes()
         return raw + crc32c_of(raw).to_bytes(4, "little")
 
     @classmethod

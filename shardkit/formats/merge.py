@@ -79,20 +79,10 @@ def merge(
 ) -> CommitReport:
     """Write the records of every dataset in ``inputs``, in order, as one new dataset at ``out``.
 
-    Parameters
-    ----------
-    inputs
-        At least one dataset (directory or URL), all of one schema.
-    out
-        The new dataset's directory or URL: absent or empty (a merge of the same inputs there is
-        left alone).
-    overwrite
-        Replace a shardkit dataset at ``out``.
-    keep_versions
-        As for a conversion (a new dataset has only one version).
-    summarize
-        ``summarize(meta, values)`` counts what conversion changed over the merged provenance
-        (``provenance.changes``); none without it.
+    ``inputs`` are at least one dataset (directory or URL), all of one schema; ``out`` is absent or
+    empty (a merge of the same inputs there is left alone), or a shardkit dataset to replace with
+    ``overwrite``; ``keep_versions`` is as for a conversion; ``summarize(meta, values)`` counts what
+    conversion changed over the merged provenance (``provenance.changes``; none without it).
 
     Returns the :class:`CommitReport`. Raises ConversionError for datasets of different schemas,
     an ``out`` that holds something else, or one that overlaps an input (refused before anything

@@ -5,6 +5,7 @@ shardkit builds and strictly parses these documents itself, without zarr-python 
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -50,15 +51,12 @@ logger = logging.getLogger(__name__)
 #: Largest JSON document a reader loads or a writer writes: 64 MiB, about 250,000 shards in the root
 #: document (~250 bytes each as shardkit writes them), i.e. 60 TiB of 256 MiB shards.
 MAX_DOCUMENT_NBYTES = 64 << 20
-#: Most JSON values (counted as the ``[``, ``{``, ``,`` and ``:`` bytes, an upper bound found with a
-#: few ``bytes.count`` passes before parsing) a document may hold. Parsed, one value costs Python up to
-#: ~100 bytes (a one-entry dict or list), whatever its size in the file: without this bound a 64 MiB
-#: document of ``[[]],`` would take ~2.5 GB. A shard entry of the root document is ~15 values.
+#: Most JSON values a document may hold, counted before parsing as its ``[``, ``{``, ``,`` and ``:``
+#: bytes. Parsed, one value costs Python up to ~100 bytes: without this bound a 64 MiB document of
+#: ``[[]],`` would take ~2.5 GB. A shard entry of the root document is ~15 values.
 MAX_DOCUMENT_VALUES = 1 << 22
-#: Bound on the peak memory (RSS) of ``shardkit info`` on any ``zarr.json``: the raw bytes, their text
-#: (up to 4 bytes a character), the parsed values and the interpreter. The worst case within both
-#: bounds above (a 64 MiB document of 4M nested lists and a long non-ASCII string) peaks at ~0.95 GiB;
-#: ``tests/formats/test_document_bounds.py`` checks it stays under this.
+#: Bound on the peak memory (RSS) of ``shardkit info`` on any ``zarr.json`` (bytes, text, parsed values,
+#: interpreter): the worst case within both bounds above peaks at ~0.95 GiB (tests/formats/test_document_bounds.py).
 DOCUMENT_PEAK_NBYTES = 1280 << 20
 #: Directory (local) or key prefix (object stores) of an unfinished conversion's resume state.
 STAGING_NAME = ".shardkit-staging"
@@ -457,19 +455,13 @@ def _raise_missing_root(store: Store) -> NoReturn:
             or any(local.glob("*/c"))
     else:
         # One listing (at most a page) tells an empty prefix from an interrupted upload.
-        started = False
-        empty = True
-        for meta in store.list(""):
-            empty = False
-            if meta.key.startswith((f"{STAGING_NAME}/", f"{PARTS_NAME}/")) or meta.key.endswith(f"/{ZARR_JSON}") \
-                    or "/c/" in meta.key:
-                started = True
-                break
-        if empty:
+        keys = (meta.key for meta in store.list(""))
+        first = next(keys, None)
+        if first is None:
             raise DatasetNotFoundError(f"{store.url}: no such dataset (nothing stored under this prefix)")
+        started = any(k.startswith((f"{STAGING_NAME}/", f"{PARTS_NAME}/")) or k.endswith(f"/{ZARR_JSON}") or "/c/" in k
+                      for k in itertools.chain([first], keys))  # fmt: skip
     if started:
-        raise IncompleteDatasetError(
-            f"{store.url}: incomplete dataset (no {ZARR_JSON} group metadata; a conversion was "
-            "interrupted — re-run it to resume)"
-        )
+        raise IncompleteDatasetError(f"{store.url}: incomplete dataset (no {ZARR_JSON} group metadata; a conversion was "
+                                     "interrupted — re-run it to resume)")
     raise NotADatasetError(f"{store.url}: not a shardkit dataset (no {ZARR_JSON})")

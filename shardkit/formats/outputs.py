@@ -20,10 +20,9 @@ from shardkit.stores import Location, Store, as_location, location_string
 
 __all__ = ["STAGING_DIR", "PARTS_DIR", "looks_like_output", "remove_path", "clear_output", "top_names", "clear_store", "refuse_overlap"]
 
-#: Directory inside an unfinished dataset that holds what is needed to resume a conversion in one
-#: process (the format's reader knows the name too: it reports such a directory as an incomplete dataset).
+#: Resume state of a conversion in one process (readers report a dataset holding it as incomplete).
 STAGING_DIR = STAGING_NAME
-#: Directory inside an output of the parts of conversions (or appends) not committed yet.
+#: Parts of conversions, appends or merges not committed yet.
 PARTS_DIR = PARTS_NAME
 
 

@@ -1,8 +1,5 @@
-"""Where every record came from: a per-record provenance field and a table of input names.
-
-A converter knows which input each record came from and what it measured while decoding it; this
-module stores that so ``shardkit info PATH --record K`` can answer long after the corpus is gone,
-at a cost that scales to many millions of records (layout: docs/design.md §3, provenance).
+"""Where every record came from: a per-record provenance field and a table of input names, so
+``shardkit info PATH --record K`` answers long after the corpus is gone (docs/design.md §3, *Provenance*).
 """
 
 from __future__ import annotations
@@ -87,11 +84,10 @@ def write_provenance(root: Path | Store, spec: ProvenanceSpec, values: np.ndarra
     ends = np.cumsum([len(raw) for raw in parts], dtype=np.int64)
     names = np.frombuffer(b"".join(parts), dtype=np.uint8)
     codec = get_codec("zstd")
-    files: dict[str, FileDigest] = {}
     names_chunk = max(1, min(_NAMES_CHUNK, names.size))
     ends_chunk = max(1, min(_ENDS_CHUNK, ends.size))
-    files |= write_field_array(root, NAMES_ARRAY, FieldSpec((), "uint8"), names, names_chunk, codec, durable=durable)
-    files |= write_field_array(root, ENDS_ARRAY, FieldSpec((), "int64"), ends, ends_chunk, codec, durable=durable)
+    files = (write_field_array(root, NAMES_ARRAY, FieldSpec((), "uint8"), names, names_chunk, codec, durable=durable)
+             | write_field_array(root, ENDS_ARRAY, FieldSpec((), "int64"), ends, ends_chunk, codec, durable=durable))
     return {
         "field": PROVENANCE_FIELD,
         "columns": list(spec.columns),

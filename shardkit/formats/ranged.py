@@ -30,9 +30,8 @@ __all__ = ["RangedPayloadArray", "DEFAULT_REMOTE_GAP_BYTES"]
 #: requested separately (why it is larger than the local one: docs/design.md §9).
 DEFAULT_REMOTE_GAP_BYTES = 1 << 20
 
-#: With a cache, a block's records in a shard still being prefetched wait for its local copy
-#: (True) rather than being fetched by range, which would compete with the downloads for the link
-#: and fetch those bytes twice (docs/design.md §9).
+#: With a cache, records of a shard still being prefetched wait for its local copy rather than being
+#: fetched by range, competing with the downloads and fetching those bytes twice (docs/design.md §9).
 WAIT_FOR_PREFETCH = True
 
 

@@ -336,13 +336,10 @@ class PayloadArray:
         n_shards = math.ceil(self.num_records / self.records_per_shard) if self.num_records else 0
         ndim = len(self.shape)
         self._from_metadata = shards is not None
+        s = self.records_per_shard
         if shards is None:
-            shards = []
-            for i in range(n_shards):
-                rel = chunk_key(array_name, i, ndim, self.layout.separator).split("/", 1)[1]
-                start = i * self.records_per_shard
-                shards.append(ShardInfo(rel, start, min(start + self.records_per_shard, self.num_records), -1, -1))
-            return shards
+            return [ShardInfo(chunk_key(array_name, i, ndim, self.layout.separator).split("/", 1)[1], i * s,
+                              min((i + 1) * s, self.num_records), -1, -1) for i in range(n_shards)]  # fmt: skip
         if len(shards) != n_shards:
             raise NotADatasetError(
                 f"{self.path}: metadata lists {len(shards)} shards, expected {n_shards} for "

@@ -104,11 +104,11 @@ def verify(
 ) -> VerifyReport:
     """Check a dataset; never raises for a damaged shard or field, reports it instead.
 
-    Opening checks the metadata and array documents. ``quick`` then checks every shard's size and
-    index (checksums, bounds, layout, record count) and every file's presence and size; the full check
-    also streams every byte through crc32c against the recorded checksums and decodes compressed
-    records and every field chunk, as the readers do. ``progress`` is called with each shard's bytes.
-    Raises ShardkitError (naming the file) only when the dataset cannot be opened at all.
+    Opening checks the metadata and array documents; ``quick`` then checks every shard's size and index
+    (checksums, bounds, layout, record count) and every file's presence and size; the full check also
+    streams every byte against the recorded checksums and decodes compressed records and every field
+    chunk, as the readers do. ``progress`` gets each shard's bytes. Raises ShardkitError (naming the
+    file) only when the dataset cannot be opened at all.
     """
     ds = Dataset(path)
     report = VerifyReport(str(ds.path), quick, format=ds.meta.format, limitations=limitations(ds.meta), unfinished=unfinished(ds.store))
