@@ -36,11 +36,7 @@ class RecordCodec(ABC):
 
     @abstractmethod
     def decode(self, data: bytes | memoryview, out: np.ndarray) -> None:
-        """Decompress ``data`` into ``out`` (a C-contiguous record buffer), filling it exactly.
-
-        Raises (any exception; :func:`decode_record` names the record) when ``data`` decodes to fewer
-        or more bytes than ``out.nbytes``: a short record must not leave stale bytes in ``out``.
-        """
+        """Decompress ``data`` into ``out`` (a C-contiguous record), filling it exactly, else raise."""
 
     @abstractmethod
     def zarr_codecs(self, itemsize: int) -> list[dict[str, Any]]:
@@ -96,11 +92,7 @@ def codec_from_json(data: dict[str, Any] | None) -> RecordCodec | None:
 
 
 class _NumcodecsCodec(RecordCodec):
-    """A codec whose byte stream a numcodecs codec (``_codec``, built by the subclass) writes and reads.
-
-    Records go in and come out as flat bytes, so shapes never disagree; a codec whose stream depends
-    on the item size (blosc's shuffle) overrides :meth:`encode`.
-    """
+    """A codec whose byte stream a numcodecs ``_codec`` writes and reads, records as flat bytes."""
 
     _codec: Any
     level: int
@@ -118,11 +110,8 @@ class _NumcodecsCodec(RecordCodec):
 
 @register_codec
 class ZstdCodec(_NumcodecsCodec):
-    """Zstandard; ``level`` 1-22 (3 is zstd's default trade-off).
-
-    ``checksum`` (default on) appends zstd's 4-byte content checksum to every frame, which the
-    decoder verifies. Frames without one (format 1.0, or zarr-python's default) decode as well.
-    """
+    """Zstandard; ``level`` 1-22 (3 is zstd's default trade-off); ``checksum`` (default on) appends the
+    content checksum the decoder verifies (frames without one, as format 1.0 wrote them, decode too)."""
 
     name = "zstd"
     zarr_name = "zstd"

@@ -635,10 +635,7 @@ class PayloadArray:
             self._preadv_all(self._fd(i), self._shard_str(i), buffers, start)
 
     def _read_bounced(self, plan: _Plan, rows: list[np.ndarray], runs: np.ndarray) -> None:
-        """Runs ``runs`` of small records: each is read whole, gaps included, in pieces of at most
-        :data:`BOUNCE_BYTES` into one reused buffer, and its records are scattered with one numpy
-        copy per destination buffer and piece (per-record ``iovec`` s would cost more CPU than the
-        copy)."""
+        """Runs ``runs`` of small records: read whole in pieces of at most :data:`BOUNCE_BYTES`, scattered by numpy copies."""
         if runs.size == 0:
             return
         rec = self.record_nbytes
@@ -727,10 +724,7 @@ class PayloadArray:
                 and all(info.nbytes >= 0 for info in self.shards))  # fmt: skip
 
     def announce(self, keys: np.ndarray) -> None:
-        """Tell the kernel that records ``keys`` (ascending, distinct) will be read soon, so it starts
-        reading them (``POSIX_FADV_WILLNEED`` per run, what :meth:`read_into` does first); from
-        another thread, this overlaps the device and the page cache's work with copying earlier
-        records (see :mod:`shardkit.tiers.ssd_slots`)."""
+        """``POSIX_FADV_WILLNEED`` for the runs of records ``keys`` (ascending, distinct), from another thread."""
         if self.codec is None and type(self) is PayloadArray:
             self._announce(self._copy_plan(keys, 0))
 
