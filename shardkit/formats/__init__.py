@@ -8,22 +8,6 @@ from shardkit.formats.spec import FORMAT_MINOR, FORMAT_VERSION, FieldSpec, Shard
 from shardkit.formats.verify import VerifyReport, verify
 from shardkit.formats.writer import DatasetWriter, ShardWriter
 
-__all__ = [
-    "FORMAT_VERSION",
-    "FORMAT_MINOR",
-    "Batch",
-    "Dataset",
-    "DatasetMeta",
-    "DatasetWriter",
-    "DEFAULT_GAP_BYTES",
-    "FieldSpec",
-    "PayloadArray",
-    "ReadStats",
-    "ShardInfo",
-    "ShardWriter",
-    "VerifyReport",
-    "available_codecs",
-    "get_codec",
-    "open_dataset",
-    "verify",
-]
+__all__ = ["FORMAT_VERSION", "FORMAT_MINOR", "Batch", "Dataset", "DatasetMeta", "DatasetWriter", "DEFAULT_GAP_BYTES", "FieldSpec",
+           "PayloadArray", "ReadStats", "ShardInfo", "ShardWriter", "VerifyReport", "available_codecs", "get_codec", "open_dataset",
+           "verify"]

@@ -1,10 +1,5 @@
-"""Checksums recorded in the metadata for every file a reader trusts (format 1.1).
-
-Payload shards carry ``data_crc32c`` and ``index_crc32c`` in their entry; array documents and field
-chunks a :class:`FileDigest` (size and crc32c) in the ``files`` map of the ``shardkit`` attributes;
-the root document, which cannot checksum itself, carries ``attributes_crc32c`` over the canonical
-JSON of those attributes and is the trust anchor. What each covers and why: docs/design.md §3
-(*Integrity*).
+"""Checksums recorded in the metadata for every file a reader trusts (format 1.1), and reading files
+checked against them. What each covers and why: docs/design.md §3 (*Integrity*).
 """
 
 from __future__ import annotations
@@ -61,12 +56,8 @@ class FileDigest:
 
 
 def read_verified(path: Path, digest: FileDigest | None, *, what: str = "file", max_nbytes: int | None = None) -> bytes:
-    """The bytes of ``path``, checked against ``digest`` when there is one.
-
-    The size is compared with the recorded size (and with ``max_nbytes``) *before* reading, so a
-    file that grew to many GiB is refused without reading it into memory. Anything but a regular file
-    (a named pipe, a device, a directory) is refused by name (:func:`~shardkit.stores.local.open_regular`).
-    """
+    """The bytes of ``path``, checked against ``digest`` when there is one; the size is checked against
+    it (and ``max_nbytes``) before reading, and anything but a regular file is refused by name."""
     try:
         fd = open_regular(path, what)  # a named pipe or device is refused, never waited on
     except FileNotFoundError:
@@ -88,13 +79,8 @@ def read_verified(path: Path, digest: FileDigest | None, *, what: str = "file", 
 def read_object(
     store: Store, key: str, digest: FileDigest | None = None, *, what: str = "file", max_nbytes: int | None = None
 ) -> bytes:
-    """The bytes of object ``key`` of ``store``, checked like :func:`read_verified`.
-
-    Local stores go through :func:`read_verified` (the key resolved inside the dataset). Object
-    stores fetch the object with one GET whose announced size is checked against the recorded size
-    (or ``max_nbytes``) before the body is read, so an object that grew to many GiB is refused
-    without downloading it.
-    """
+    """The bytes of object ``key`` of ``store``, checked like :func:`read_verified` (remotely: one GET
+    whose announced size is bounded before the body is read)."""
     if store.is_local:
         return read_verified(store.local_path(key), digest, what=what, max_nbytes=max_nbytes)
     where = store.describe(key)
@@ -115,11 +101,8 @@ def read_object(
 def read_objects(
     store: Store, keys: list[str], files: Mapping[str, FileDigest], *, what: str, max_nbytes: int
 ) -> list[bytes]:
-    """Several objects of a remote store, each checked like :func:`read_object`.
-
-    Objects whose size is recorded (format 1.1) are fetched concurrently as whole-object ranges (the
-    recorded size bounds the request); the others one GET each.
-    """
+    """Several objects of a remote store, each checked like :func:`read_object`: those whose size is
+    recorded fetched concurrently as whole-object ranges, the others one GET each."""
     known = [k for k in keys if k in files and files[k].nbytes > 0]
     got: dict[str, bytes] = {}
     ranges = [ByteRange(k, 0, files[k].nbytes) for k in known]

@@ -1,10 +1,5 @@
-"""Per-record compression codecs, by name (numcodecs style registry).
-
-Each codec compresses one record (one zarr inner chunk) on its own, so a record stays readable
-without its neighbours. The byte streams are exactly zarr v3's ``zstd``, ``gzip`` and ``blosc``,
-encoded with numcodecs directly; two registries (shardkit's names and zarr v3's) refuse duplicates,
-and :func:`decode_record` is the one place every reader decodes through, checking the decoded size.
-Why: docs/design.md §3 (*Codecs*).
+"""Per-record compression codecs, by name: zarr v3's ``zstd``, ``gzip`` and ``blosc`` byte streams,
+one record each, and :func:`decode_record`, the one decode every reader uses (docs/design.md §3, *Codecs*).
 """
 
 from __future__ import annotations
@@ -17,17 +12,9 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from shardkit.errors import ConfigError, CorruptShardError
+from shardkit.errors import ConfigError, CorruptShardError, NotADatasetError
 
-__all__ = [
-    "RecordCodec",
-    "register_codec",
-    "get_codec",
-    "codec_from_json",
-    "codec_from_zarr",
-    "available_codecs",
-    "decode_record",
-]
+__all__ = ["RecordCodec", "register_codec", "get_codec", "codec_from_json", "codec_from_zarr", "available_codecs", "decode_record"]
 
 
 class RecordCodec(ABC):
@@ -49,11 +36,7 @@ class RecordCodec(ABC):
 
     @abstractmethod
     def decode(self, data: bytes | memoryview, out: np.ndarray) -> None:
-        """Decompress ``data`` into ``out`` (a C-contiguous record buffer), filling it exactly.
-
-        Raises (any exception; :func:`decode_record` names the record) when ``data`` decodes to fewer
-        or more bytes than ``out.nbytes``: a short record must not leave stale bytes in ``out``.
-        """
+        """Decompress ``data`` into ``out`` (a C-contiguous record), filling it exactly, else raise."""
 
     @abstractmethod
     def zarr_codecs(self, itemsize: int) -> list[dict[str, Any]]:
@@ -69,13 +52,8 @@ _ZARR_REGISTRY: dict[str, type[RecordCodec]] = {}
 
 
 def register_codec(cls: type[RecordCodec]) -> type[RecordCodec]:
-    """Class decorator: make ``cls`` available under ``cls.name`` and its zarr name ``cls.zarr_name``.
-
-    Raises
-    ------
-    ConfigError
-        Either name is already taken (or is ``none``): registering twice is a bug, not an override.
-    """
+    """Class decorator: make ``cls`` available under ``cls.name`` and its zarr name ``cls.zarr_name``;
+    ConfigError when either is taken (or ``none``): registering twice is a bug, not an override."""
     if cls.name == "none" or cls.name in _REGISTRY:
         raise ConfigError(f"codec name {cls.name!r} is already registered (by {_REGISTRY.get(cls.name)})")
     if cls.zarr_name in _ZARR_REGISTRY:
@@ -94,12 +72,9 @@ def get_codec(name: str | None, **config: Any) -> RecordCodec | None:
     """Instantiate the codec ``name``; ``None`` or ``"none"`` means uncompressed."""
     if name is None or name == "none":
         return None
-    try:
-        cls = _REGISTRY[name]
-    except KeyError:
-        raise ConfigError(
-            f"unknown compression {name!r}: expected one of {', '.join(available_codecs())}"
-        ) from None
+    cls = _REGISTRY.get(name)
+    if cls is None:
+        raise ConfigError(f"unknown compression {name!r}: expected one of {', '.join(available_codecs())}")
     try:
         return cls(**config)
     except TypeError as exc:
@@ -117,11 +92,7 @@ def codec_from_json(data: dict[str, Any] | None) -> RecordCodec | None:
 
 
 class _NumcodecsCodec(RecordCodec):
-    """A codec whose byte stream a numcodecs codec (``_codec``, built by the subclass) writes and reads.
-
-    Records go in and come out as flat bytes, so shapes never disagree; a codec whose stream depends
-    on the item size (blosc's shuffle) overrides :meth:`encode`.
-    """
+    """A codec whose byte stream a numcodecs ``_codec`` writes and reads, records as flat bytes."""
 
     _codec: Any
     level: int
@@ -132,14 +103,15 @@ class _NumcodecsCodec(RecordCodec):
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "level": self.level}
 
+    def zarr_codecs(self, itemsize: int) -> list[dict[str, Any]]:
+        """The zarr codec of the same name, configured by :meth:`to_json` (zstd's and gzip's agree)."""
+        return [{"name": self.zarr_name, "configuration": {k: v for k, v in self.to_json().items() if k != "name"}}]
+
 
 @register_codec
 class ZstdCodec(_NumcodecsCodec):
-    """Zstandard; ``level`` 1-22 (3 is zstd's default trade-off).
-
-    ``checksum`` (default on) appends zstd's 4-byte content checksum to every frame, which the
-    decoder verifies. Frames without one (format 1.0, or zarr-python's default) decode as well.
-    """
+    """Zstandard; ``level`` 1-22 (3 is zstd's default trade-off); ``checksum`` (default on) appends the
+    content checksum the decoder verifies (frames without one, as format 1.0 wrote them, decode too)."""
 
     name = "zstd"
     zarr_name = "zstd"
@@ -155,17 +127,12 @@ class ZstdCodec(_NumcodecsCodec):
     def from_zarr(cls, configuration: dict[str, Any]) -> RecordCodec:
         return cls(level=configuration.get("level", 3), checksum=configuration.get("checksum", False))
 
-    def zarr_codecs(self, itemsize: int) -> list[dict[str, Any]]:
-        return [{"name": "zstd", "configuration": {"level": self.level, "checksum": self.checksum}}]
-
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "level": self.level, "checksum": self.checksum}
 
     def decode(self, data: bytes | memoryview, out: np.ndarray) -> None:
-        """Fast path (every frame shardkit or zarr-python writes): the frame header declares exactly
-        the record size; zstd checks that a frame produces the size it declares and numcodecs that
-        further frames do not overflow ``out``. Any other frame (no size, another size, several
-        frames) is stream-decoded into ``out``, bounded, and must end exactly at its end."""
+        """Fast path when the frame header declares exactly the record size (zstd and numcodecs check
+        the frames fill exactly ``out``); any other frame is stream-decoded, bounded, and must end there."""
         import zstandard
 
         flat = _flat(out)
@@ -195,9 +162,6 @@ class GzipCodec(_NumcodecsCodec):
     def from_zarr(cls, configuration: dict[str, Any]) -> RecordCodec:
         return cls(level=configuration.get("level", 5))
 
-    def zarr_codecs(self, itemsize: int) -> list[dict[str, Any]]:
-        return [{"name": "gzip", "configuration": {"level": self.level}}]
-
     def decode(self, data: bytes | memoryview, out: np.ndarray) -> None:
         """Every member decoded straight into ``out`` (as numcodecs reads them), bounded by its size."""
         with gzip.GzipFile(fileobj=io.BytesIO(data), mode="rb") as reader:
@@ -218,12 +182,10 @@ class BloscLz4Codec(_NumcodecsCodec):
         self._codec = Blosc(cname="lz4", clevel=self.level, shuffle=Blosc.SHUFFLE, blocksize=0)
 
     def encode(self, record: np.ndarray) -> bytes:
-        arr = np.ascontiguousarray(record)
-        return bytes(self._codec.encode(arr))
+        return bytes(self._codec.encode(np.ascontiguousarray(record)))
 
     def decode(self, data: bytes | memoryview, out: np.ndarray) -> None:
-        """The frame's header must declare the record size and the frame's own length before it is
-        decoded (blosc fills only the size its header declares)."""
+        """The header must declare the record size and the frame's length (blosc fills only that size)."""
         flat = _flat(out)
         if len(data) < _BLOSC_HEADER_NBYTES:
             raise ValueError(f"{len(data)} bytes are shorter than a blosc header ({_BLOSC_HEADER_NBYTES} bytes)")
@@ -241,29 +203,13 @@ class BloscLz4Codec(_NumcodecsCodec):
         return cls(level=configuration.get("clevel", 5))
 
     def zarr_codecs(self, itemsize: int) -> list[dict[str, Any]]:
-        return [
-            {
-                "name": "blosc",
-                "configuration": {
-                    "typesize": itemsize,
-                    "cname": "lz4",
-                    "clevel": self.level,
-                    "shuffle": "shuffle",
-                    "blocksize": 0,
-                },
-            }
-        ]
+        conf = {"typesize": itemsize, "cname": "lz4", "clevel": self.level, "shuffle": "shuffle", "blocksize": 0}
+        return [{"name": "blosc", "configuration": conf}]
 
 
 def codec_from_zarr(codecs: Any, *, where: str) -> RecordCodec | None:
-    """Map a zarr v3 inner-chunk codec list (``bytes`` [+ one compressor]) to a RecordCodec.
-
-    Used to read arrays written by zarr-python; anything else (transpose, big-endian, two
-    compressors, a codec shardkit has not registered) is refused with a NotADatasetError naming
-    ``where`` rather than decoded wrongly.
-    """
-    from shardkit.errors import NotADatasetError
-
+    """Map a zarr v3 inner-chunk codec list (``bytes`` [+ one compressor]) to a RecordCodec; anything
+    else (transpose, big-endian, an unregistered codec) is a NotADatasetError, never decoded wrongly."""
     if not isinstance(codecs, list) or not all(isinstance(c, dict) for c in codecs):
         raise NotADatasetError(f"{where}: expected a list of codec objects, found {codecs!r}"[:300])
     if not codecs or codecs[0].get("name") != "bytes":
@@ -280,9 +226,7 @@ def codec_from_zarr(codecs: Any, *, where: str) -> RecordCodec | None:
     conf = rest[0].get("configuration") or {}
     cls = _ZARR_REGISTRY.get(name) if isinstance(name, str) else None
     if cls is None:
-        raise NotADatasetError(
-            f"{where}: unsupported zarr codec {name!r} (shardkit reads {', '.join(sorted(_ZARR_REGISTRY))})"
-        )
+        raise NotADatasetError(f"{where}: unsupported zarr codec {name!r} (shardkit reads {', '.join(sorted(_ZARR_REGISTRY))})")
     if not isinstance(conf, dict):
         raise NotADatasetError(f"{where}: codec {name!r}: expected a configuration object, found {conf!r}")
     try:
@@ -294,13 +238,9 @@ def codec_from_zarr(codecs: Any, *, where: str) -> RecordCodec | None:
 def decode_record(
     codec: RecordCodec, data: bytes | memoryview, out: np.ndarray, *, where: str, what: str | Callable[[], str]
 ) -> None:
-    """Decode ``data`` into ``out`` (exactly ``out.nbytes`` bytes), or raise CorruptShardError naming
-    the file (``where``) and the record or chunk (``what``, or a function that says it: called only
-    on an error, so the hot path does not format names).
-
-    The one decode every reader (local, ranged, field chunks) and ``verify`` use, so that what one
-    accepts the others accept too.
-    """
+    """Decode ``data`` into ``out`` (exactly ``out.nbytes`` bytes), or raise CorruptShardError naming the
+    file (``where``) and the record or chunk (``what``, or a function called only on an error). Every
+    reader and ``verify`` decode through it, so what one accepts the others accept too."""
     try:
         codec.decode(data, out)
     except Exception as exc:
@@ -327,8 +267,7 @@ def _flat(out: np.ndarray) -> np.ndarray:
 
 
 def _read_exact(reader: _Reader, flat: np.ndarray, name: str) -> None:
-    """Fill ``flat`` from a decompressing ``reader`` (never more than its size), then probe one more
-    byte: fewer bytes, or any more, is an error."""
+    """Fill ``flat`` from a decompressing ``reader``; fewer bytes, or any more, is an error."""
     view = flat.data
     got = 0
     while got < flat.nbytes:

@@ -1,35 +1,9 @@
 """Commit records as a new version of a dataset: boundary shards re-packed, metadata last (docs/design.md §11).
 
-A commit takes the dataset as it is (the *base*, or nothing for a new dataset) and *segments*: runs
-of records stored in files of the shard layout somewhere it can read them (the parts of a cluster
-conversion, the datasets being merged), each with its field values, label names and skips. It
-produces one ordinary format 1.1 dataset whose records are the base's followed by every segment's,
-in order.
-
-Shards hold a fixed number S of records, so the records of a segment land on the global grid at an
-offset that is rarely a multiple of S. For each global shard of the new records a commit does the
-cheapest thing that is correct:
-
-* **in place**: a segment already wrote it under its final name (a part that knew its offset);
-* **linked**: one source file is exactly that shard (full, S index entries, aligned): hard-linked on
-  a local file system (server-side copied on an object store), no payload bytes move;
-* **re-packed**: otherwise (a boundary between two segments, the base's last shard when it was not
-  full, a segment that is not aligned) its records are copied, in their stored form, from the source
-  files into a new shard. Records are never decoded or re-encoded (codecs are deterministic, so the
-  bytes are what one writer would have written), and each source file's checksums are verified
-  first, so a damaged source is never laundered into fresh checksums.
-
-Then the field arrays from their first chunk that changes, the payload document, the root document
-of the new version (saved under ``.shardkit-versions/``), and last the root ``zarr.json``: a reader
-sees the old version or the new one, never a mix. A file the commit replaces (the base's last shard,
-last field chunks, array documents) is first kept as a retired copy for readers of the old version
-(:mod:`shardkit.formats.versions`).
-
-Every step is idempotent and the inputs are immutable, so a commit killed at any instant is finished
-by running it again: the base is still the version the root document describes (it is written
-last), the base's replaced files are read back from their retired copies, and the same bytes are
-written again. A commit whose root document was already written (``source.plan`` is this commit's
-plan) only finishes its cleanup.
+A commit appends *segments* (runs of records stored in files of the shard layout: the parts of a
+conversion, the datasets being merged) to the *base* (or to nothing) and writes one ordinary dataset.
+Each new shard is in place, linked, or re-packed in stored form (never re-encoded) from sources whose
+checksums are verified first. Every step is idempotent, so running a killed commit again finishes it.
 """
 
 from __future__ import annotations
@@ -42,6 +16,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
 import numpy as np
@@ -51,74 +26,24 @@ from shardkit.formats.checksums import FileDigest
 from shardkit.formats.codecs import codec_from_json, get_codec
 from shardkit.formats.fields import read_field_rows, write_field_array
 from shardkit.formats.index import ShardIndex, crc32c_of
-from shardkit.formats.metadata import (
-    DEFAULT_FIELD_CHUNK,
-    MAX_DOCUMENT_NBYTES,
-    DatasetMeta,
-    encode_json,
-    group_metadata,
-    read_json_object,
-)
-from shardkit.formats.provenance import (
-    PROVENANCE_FIELD,
-    Provenance,
-    ProvenanceSpec,
-    write_provenance,
-)
+from shardkit.formats.metadata import DEFAULT_FIELD_CHUNK, MAX_DOCUMENT_NBYTES, DatasetMeta, encode_json, group_metadata, read_json_object
+from shardkit.formats.provenance import PROVENANCE_FIELD, Provenance, ProvenanceSpec, write_provenance
 from shardkit.formats.publish import copy_object, object_matches, put_checked, writing
-from shardkit.formats.spec import (
-    ATTRS_KEY,
-    FORMAT_MINOR,
-    ZARR_JSON,
-    FieldSpec,
-    ShardInfo,
-    SkippedInput,
-    chunk_key,
-    index_nbytes,
-)
-from shardkit.formats.versions import (
-    DEFAULT_KEEP_VERSIONS,
-    VERSIONS_DIR,
-    prune,
-    retired_key,
-    version_key,
-    version_of,
-)
+from shardkit.formats.spec import ATTRS_KEY, FORMAT_MINOR, ZARR_JSON, FieldSpec, ShardInfo, SkippedInput, chunk_key, index_nbytes
+from shardkit.formats.versions import DEFAULT_KEEP_VERSIONS, VERSIONS_DIR, prune, retired_key, version_key, version_of
 from shardkit.formats.writer import FIELD_CODEC, ShardWriter, field_chunk_for, payload_document
 from shardkit.stores import Location, Store, open_store
 
-__all__ = [
-    "StoredShard",
-    "Segment",
-    "CommitReport",
-    "ShardRecipe",
-    "InputTable",
-    "commit",
-    "merge_labels",
-    "plan_shards",
-    "build_shard",
-]
+__all__ = ["StoredShard", "Segment", "CommitReport", "ShardRecipe", "InputTable", "commit", "merge_labels", "plan_shards", "build_shard"]
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class StoredShard:
-    """A file in the shard layout (records, then an index of ``capacity`` entries and its crc32c).
-
-    Attributes
-    ----------
-    store, key
-        Where it is: object ``key`` of ``store`` (a local directory or an object-store prefix; a
-        store pickles as its URL, so a shard can be handed to a task on another machine).
-    count
-        Records it holds (entries ``0 .. count - 1`` of its index).
-    capacity
-        Entries of its index (S of the dataset that wrote it, or ``count`` for a piece).
-    nbytes, crc32c, data_crc32c, index_crc32c, tail_crc32c
-        Its size and checksums, as its writer recorded them (see
-        :class:`~shardkit.formats.spec.ShardInfo`).
-    """
+    """A file in the shard layout: object ``key`` of ``store`` (pickles as its URL, for remote tasks),
+    ``count`` records, an index of ``capacity`` entries (S, or ``count`` for a piece), and its size and
+    checksums as its writer recorded them (:class:`~shardkit.formats.spec.ShardInfo`)."""
 
     store: Store
     key: str
@@ -141,30 +66,16 @@ class StoredShard:
 
     def info_at(self, key: str, start: int) -> ShardInfo:
         """Its :class:`ShardInfo` as global shard ``key`` starting at record ``start``."""
-        return ShardInfo(key, start, start + self.count, self.nbytes, self.crc32c, self.data_crc32c, self.index_crc32c,
-                         self.tail_crc32c)
+        return ShardInfo(key, start, start + self.count, self.nbytes, self.crc32c, self.data_crc32c, self.index_crc32c, self.tail_crc32c)
 
 
 @dataclass(frozen=True)
 class Segment:
     """Records a commit appends: ``records`` of them, stored in ``shards`` in order.
 
-    Attributes
-    ----------
-    records
-        How many (the ``count`` of its shards add up to it).
-    shards
-        The files holding them, in record order.
-    fields
-        Loads the values of every small field for its records (called once, by the commit).
-    labels
-        The class names its label fields index (``{"label": [...]}``): the commit maps them onto
-        the dataset's label list, extending it with new names.
-    skipped
-        Inputs skipped while producing it, in order (they follow the base's in the metadata).
-    table
-        Which of the commit's :class:`InputTable` its records' provenance numbers its inputs in
-        (``None``: it has no provenance).
+    ``fields`` loads their small fields (called once); ``labels`` are the class names their label
+    fields index (mapped onto the dataset's, see :func:`merge_labels`); ``skipped`` follow the base's;
+    ``table`` is the :class:`InputTable` their provenance numbers inputs in (``None``: no provenance).
     """
 
     records: int
@@ -181,11 +92,7 @@ class Segment:
 
 @dataclass(frozen=True)
 class InputTable:
-    """Inputs some segments' records came from: their names, relative to ``root`` (a corpus root).
-
-    A commit appends them to the dataset's provenance table (:mod:`shardkit.formats.provenance`) and
-    renumbers the ``input`` column of those segments' provenance after the inputs already there.
-    """
+    """Inputs some segments' records came from, by name relative to the corpus ``root`` (appended to the table)."""
 
     names: Sequence[str]
     root: str
@@ -207,27 +114,9 @@ class ShardRecipe:
 
 @dataclass(frozen=True)
 class CommitReport:
-    """What a commit did (the benchmark reads it: the rewritten bytes must stay within one shard per segment).
-
-    Attributes
-    ----------
-    meta
-        Metadata of the new version.
-    version
-        Its number.
-    records_added
-        Records the segments added.
-    shards_in_place, shards_linked, shards_repacked
-        New shards that were already in place, linked (or copied server-side), and re-packed.
-    bytes_linked, bytes_repacked
-        Payload bytes of the linked and of the re-packed shards (re-packing reads and writes them).
-    retired
-        Files kept for readers of older versions.
-    seconds
-        Wall time.
-    already_committed
-        The root document already described this commit (a re-run after a kill): only cleanup ran.
-    """
+    """What a commit did: the new version's metadata and number, records added, new shards by how they
+    were made and their payload bytes, files retired for older versions, wall time, and whether the
+    root document already described this commit (a re-run after a kill: only cleanup ran)."""
 
     meta: DatasetMeta
     version: int
@@ -282,11 +171,7 @@ def plan_shards(
     base_records: int, base_last: StoredShard | None, segments: Sequence[Segment], records_per_shard: int, root: Store,
     payload: str, ndim: int,
 ) -> list[ShardRecipe]:
-    """Recipes of every global shard from the base's last (not full) one to the end.
-
-    ``base_last`` holds the base's records of shard ``base_records // S`` when ``base_records`` is not
-    a multiple of S. Pure: nothing is read or written.
-    """
+    """Recipes of every global shard from the base's last (not full) one, ``base_last``, to the end; reads nothing."""
     s = records_per_shard
     total = base_records + sum(seg.records for seg in segments)
     # Every stored file as (global start, file), in record order.
@@ -313,8 +198,7 @@ def plan_shards(
                 r += 1
             else:
                 break
-        whole = (len(pieces) == 1 and pieces[0][1] == 0 and pieces[0][0].count == hi - lo
-                 and pieces[0][0].capacity == s)
+        whole = (len(pieces) == 1 and pieces[0][1] == 0 and pieces[0][0].count == hi - lo and pieces[0][0].capacity == s)
         key = chunk_key(payload, k, ndim)
         in_place = whole and pieces[0][0].store.url == root.url and pieces[0][0].key == key
         recipes.append(ShardRecipe(k, lo, hi, tuple(pieces), in_place=in_place, link=whole and not in_place))
@@ -322,11 +206,7 @@ def plan_shards(
 
 
 def _stored_records(shard: StoredShard, first: int, count: int, record: FieldSpec, compressed: bool) -> tuple[bytes, list[int]]:
-    """Records ``first .. first + count - 1`` of ``shard`` in their stored form, after checking the file.
-
-    The whole file is read and checked against its recorded size, index crc32c and records crc32c,
-    so a damaged source is refused (naming it) instead of being re-packed under fresh checksums.
-    """
+    """Records ``first .. first + count - 1`` of ``shard`` in stored form, after checking its size and checksums."""
     path = shard.store.describe(shard.key)
     try:
         if shard.store.is_local:
@@ -340,8 +220,7 @@ def _stored_records(shard: StoredShard, first: int, count: int, record: FieldSpe
         raise TruncatedShardError(f"{path}: expected {shard.nbytes} bytes as recorded, found {len(data)}")
     isize = index_nbytes(shard.capacity)
     data_n = shard.nbytes - isize
-    idx = ShardIndex.decode(data[data_n:], shard.capacity, path=path, data_nbytes=data_n,
-                            recorded_crc32c=shard.index_crc32c)
+    idx = ShardIndex.decode(data[data_n:], shard.capacity, path=path, data_nbytes=data_n, recorded_crc32c=shard.index_crc32c)
     if crc32c_of(memoryview(data)[:data_n]) != shard.data_crc32c:
         raise ChecksumError(f"{path}: records crc32c differs from the {shard.data_crc32c:#010x} recorded")
     if int(idx.present[: shard.count].sum()) != shard.count:
@@ -359,10 +238,7 @@ def _stored_records(shard: StoredShard, first: int, count: int, record: FieldSpe
 
 def build_shard(store: Store, key: str, pieces: Sequence[tuple[StoredShard, int, int]], capacity: int, record: FieldSpec,
                 compression: dict[str, Any] | None, durable: bool, start: int, stop: int) -> ShardInfo:
-    """Re-pack one shard (records ``start .. stop - 1``) from its pieces into ``key`` of ``store``.
-
-    A task of its own (module level, small arguments), so a commit can run it on any executor.
-    """
+    """Re-pack records ``start .. stop - 1`` from their pieces into ``key`` of ``store`` (a task for any executor)."""
     codec = None if compression is None else codec_from_json(compression)
     with writing(store, key) as path:
         writer = ShardWriter(path, capacity, record, codec, durable=durable)
@@ -387,11 +263,10 @@ class _Commit:
     """One commit in progress (see :func:`commit`); each method is one idempotent step."""
 
     def __init__(self, store: Store, template: DatasetMeta, base: DatasetMeta | None, segments: Sequence[Segment],
-                 plan: str, durable: bool) -> None:
+                 durable: bool) -> None:
         self.store = store
         self.base = base
         self.segments = list(segments)
-        self.plan = plan
         self.durable = durable
         self.template = template
         self.s = template.records_per_shard
@@ -441,12 +316,7 @@ class _Commit:
             put_checked(self.store, key, self.store.get(ZARR_JSON, max_nbytes=MAX_DOCUMENT_NBYTES))
 
     def shards(self, report: dict[str, int], executor: Executor | None) -> list[ShardInfo]:
-        """Every new global shard in place (built, linked or already there); returns the shard list.
-
-        Shards to re-pack are independent of each other: with an ``executor`` they are built by its
-        workers (each reads its pieces and writes its shard straight to the dataset), so the commit
-        of a cluster conversion does not funnel every boundary through this machine.
-        """
+        """Every new global shard in place (built, possibly on ``executor``'s workers, linked, or already there)."""
         base = self.base
         ndim = 1 + len(self.template.record.shape)
         payload = self.template.payload
@@ -493,12 +363,7 @@ class _Commit:
         return out
 
     def fields(self, remaps: list[dict[str, np.ndarray]], chunk: int, offsets: Sequence[int]) -> dict[str, FileDigest]:
-        """Every field array from its first chunk that changes; returns the digests of all its files.
-
-        The ``input`` column of the provenance field is renumbered by each segment's table
-        ``offsets``; the whole provenance field (every version's records) is kept in
-        :attr:`provenance_values` for the change counts.
-        """
+        """Every field array from its first chunk that changes (provenance inputs renumbered by ``offsets``); their digests."""
         base, t = self.base, self.template
         codec = get_codec(FIELD_CODEC)
         values = [seg.fields() for seg in self.segments]
@@ -538,11 +403,7 @@ class _Commit:
 
     def provenance(self, inputs: Sequence[InputTable], summarize: Callable[[np.ndarray], dict[str, Any]] | None,
                    ) -> dict[str, Any]:
-        """The provenance table of the new version (the base's inputs, then every table's) and its block.
-
-        Names of a table whose corpus root is not the dataset's are stored whole (a reader joins a
-        name to the root, and an absolute name stays itself).
-        """
+        """The new version's provenance block: the base's inputs, then every table's (names outside the root whole)."""
         base, t = self.base, self.template
         old = Provenance.from_meta(base, where=self.store.describe(ZARR_JSON)) if base is not None else None
         root = old.root if old is not None else (inputs[0].root if inputs else "")
@@ -588,13 +449,17 @@ class _Commit:
                 self.store.delete(meta.key)
 
 
-def _committed(store: Store, plan: str) -> DatasetMeta | None:
-    """The dataset's metadata if its root document already describes the commit ``plan``."""
-    if not store.exists(ZARR_JSON):
-        return None
+def _root_attrs(store: Store) -> dict[str, Any] | None:
+    """The ``shardkit`` attributes of the root document, or ``None``."""
     doc = read_json_object(store, ZARR_JSON)
     attrs = doc.get("attributes", {}).get(ATTRS_KEY) if isinstance(doc.get("attributes"), dict) else None
-    if not isinstance(attrs, dict) or not isinstance(attrs.get("source"), dict) or attrs["source"].get("plan") != plan:
+    return attrs if isinstance(attrs, dict) else None
+
+
+def _committed(store: Store, plan: str) -> DatasetMeta | None:
+    """The dataset's metadata if its root document already describes the commit ``plan``."""
+    attrs = _root_attrs(store) if store.exists(ZARR_JSON) else None
+    if attrs is None or not isinstance(attrs.get("source"), dict) or attrs["source"].get("plan") != plan:
         return None
     return DatasetMeta.from_json(attrs, where=store.describe(ZARR_JSON))
 
@@ -615,41 +480,12 @@ def commit(
 ) -> CommitReport:
     """Write the base's records followed by every segment's as the next version of the dataset at ``root``.
 
-    Parameters
-    ----------
-    root
-        Dataset directory (created if needed), object-store URL, or store.
-    template
-        Kind, payload, record, fields, records per shard, compression, field chunk, labels, transform,
-        extra and source of the dataset (the base's own metadata when there is a base).
-    segments
-        The records to append, in order.
-    base
-        The dataset's current metadata (``None`` for a new dataset). If the root document no longer
-        describes it, another commit came first and this one is refused.
-    plan
-        Identifies this commit: recorded as ``source.plan``, so running it again after it completed
-        only finishes its cleanup.
-    history
-        Provenance of this version (``operation``, sources, parts), appended to ``source.history``
-        with the version number and its record range.
-    keep_versions
-        Older versions kept openable; older ones are pruned after the commit.
-    durable
-        fsync every file before it is renamed into place.
-    executor
-        Re-pack the shards that need it as tasks of this executor (its workers must see ``root`` and
-        the segments' files); in this process when ``None``.
-    inputs, summarize
-        Provenance (:mod:`shardkit.formats.provenance`): the tables of inputs the segments' records
-        came from (each segment names its own, :attr:`Segment.table`), appended to the dataset's
-        table; and how to count what conversion changed over every record's provenance (the
-        ``changes`` of the block; none without it). Used when the template declares the provenance
-        field and a provenance block (at least its ``columns``; a base's whole block).
-
-    Returns
-    -------
-    CommitReport
+    ``template`` is the dataset's metadata (the base's own when there is one); ``base`` the version this
+    commit was planned on (``None``: a new dataset), refused if another commit came first. ``plan`` is
+    recorded as ``source.plan`` (a re-run after completion only cleans up); ``history`` is appended to
+    ``source.history``. Shards to re-pack run on ``executor`` (its workers must see ``root`` and the
+    segments' files) or here. With provenance, ``inputs`` (one table per :attr:`Segment.table`) extend
+    the table and ``summarize`` counts its ``changes``.
     """
     t0 = time.perf_counter()
     store = open_store(root)
@@ -660,13 +496,14 @@ def commit(
         prune(store, keep_versions)
         return CommitReport(done, version_of(done.to_json()), seconds=time.perf_counter() - t0, already_committed=True)
     if base is not None:
-        current = _committed_version(store)
+        attrs = _root_attrs(store)
+        current = version_of(attrs) if attrs is not None else 0
         if current != version_of(base.to_json()):
             raise ConversionError(
                 f"{root}: the dataset is at version {current}, but this commit was planned on version "
                 f"{version_of(base.to_json())}; another commit came first. Re-run the command to plan it again"
             )
-    job = _Commit(store, template, base, segments, plan, durable)
+    job = _Commit(store, template, base, segments, durable)
     labels, remaps = merge_labels(template.labels, [seg.labels for seg in job.segments])
     job.save_base_version()
     report = {"in_place": 0, "linked": 0, "repacked": 0, "bytes_linked": 0, "bytes_repacked": 0}
@@ -717,11 +554,7 @@ def _table_offsets(base: DatasetMeta | None, inputs: Sequence[InputTable]) -> li
     if base is not None and base.provenance:
         inputs_block = base.provenance.get("inputs")
         count = int(inputs_block.get("count", 0)) if isinstance(inputs_block, dict) else 0
-    out = []
-    for table in inputs:
-        out.append(count)
-        count += len(table.names)
-    return out
+    return list(accumulate((len(table.names) for table in inputs[:-1]), initial=count)) if inputs else []
 
 
 def _relative(table_root: str, root: str, name: str) -> str:
@@ -736,21 +569,11 @@ def _relative(table_root: str, root: str, name: str) -> str:
 
 
 def _field_chunk(template: DatasetMeta, base: DatasetMeta | None) -> int:
-    """Records per field chunk to aim for: the base's, unless it was only capped by its size.
-
-    A writer records the chunk it used, ``min(requested, N)``; when that is N the request is
-    unknown and the default is assumed, so a dataset grown by appends is chunked like one written
-    in one go.
-    """
+    """Records per field chunk to aim for: the base's, unless it was only capped by its size (a writer
+    records ``min(requested, N)``; at N the default is assumed, as for a dataset written in one go)."""
     if base is not None and base.field_chunk < base.num_records:
         return base.field_chunk
     return field_chunk_for(template.fields, DEFAULT_FIELD_CHUNK)
-
-
-def _committed_version(store: Store) -> int:
-    doc = read_json_object(store, ZARR_JSON)
-    attrs = doc.get("attributes", {}).get(ATTRS_KEY) if isinstance(doc.get("attributes"), dict) else None
-    return version_of(attrs) if isinstance(attrs, dict) else 0
 
 
 def _file_order(rel: str, meta: DatasetMeta) -> tuple[int, str, int]:

@@ -35,37 +35,24 @@ class Dataset(Closing):
     Parameters
     ----------
     path
-        Dataset directory, a URL (``s3://bucket/ds``, ``gs://``, ``az://``, ``http(s)://``; see
-        :mod:`shardkit.stores.url`) or an opened :class:`~shardkit.stores.Store`.
+        Dataset directory, a URL (``s3://bucket/ds``, ``gs://``, ``az://``, ``http(s)://``) or a
+        :class:`~shardkit.stores.Store`.
     stats
-        Read counters for the payload (the sampler passes one per tier). For a dataset in an
-        object store one ``read_calls`` is one request.
+        Read counters for the payload (one ``read_calls`` is one request to an object store).
     gap_bytes, remote_gap_bytes
-        Coalescing threshold for sparse reads of a local dataset, and of a dataset in an object store
-        (see :mod:`shardkit.formats.ranged`).
+        Coalescing threshold for sparse reads of a local dataset, and of one in an object store.
     store_options
         Concurrency, timeouts and retries of an object store (:class:`~shardkit.stores.StoreOptions`).
     cache_dir, cache_size, cache_stats
         For a dataset in an object store: keep fetched shards in this local directory (at most
-        ``cache_size`` bytes for the whole directory; ``None``: no limit) and read them from there
-        once complete and verified (:mod:`shardkit.stores.cache`); reads served by it are counted in
-        ``cache_stats``. Ignored for local datasets.
+        ``cache_size`` bytes in all; ``None``: no limit) and read them from there once complete and
+        verified (:mod:`shardkit.stores.cache`), counting those reads in ``cache_stats``.
     version
         Open this kept older version instead of the current one (``shardkit info`` lists them).
 
-    Notes
-    -----
-    Small per-record fields are loaded into RAM on first use (``fields``); payload bytes are read on
-    demand with :meth:`read` / :attr:`payload`.
-
-    Opening checks everything that is cheap: the metadata's types, bounds and layout, its own
-    checksum, and (format 1.1) the checksum of every array document. Loading the fields checks every
-    field chunk; reading a shard's index checks it against the checksum in the metadata. Only the
-    payload records themselves are left to :func:`~shardkit.formats.verify`, which reads every byte.
-
-    A dataset opened here keeps reading the version it opened while a commit (``convert --append``)
-    adds a newer one: files the commit replaces are read from the copies it keeps for older
-    versions (:mod:`~shardkit.formats.versions`).
+    Opening checks everything cheap (metadata, its checksum, every array document); fields are loaded
+    on first use, each chunk checked; payload records are checked only by
+    :func:`~shardkit.formats.verify`. The opened version stays readable while a commit adds a newer one.
     """
 
     def __init__(
@@ -84,44 +71,30 @@ class Dataset(Closing):
         self.store: Store = open_store(path, store_options)
         #: The local cache of remote shards (``cache_dir``), or None.
         self.cache: ShardCache | None = None
-        #: The dataset directory (a Path) or, for an object store, its URL.
         #: Local directory, or the URL for messages (secrets redacted; ``store.location`` reopens it).
         self.path: Path | str = self.store.local_path() if self.store.is_local else self.store.url
         self.meta: DatasetMeta = read_dataset_meta(self.store, ZARR_JSON if version is None else version_key(version))
         files = self.meta.files
-        # The payload document is checked as the payload reader reads it.
         docs = [f"{name}/{ZARR_JSON}" for name in self.meta.fields if f"{name}/{ZARR_JSON}" in files]
+        payload_digest = files.get(f"{self.meta.payload}/{ZARR_JSON}")  # checked as the payload reader reads it
         if self.store.is_local:
             for rel in docs:
                 read_versioned(self.store, rel, files[rel], what="field array document")
             self.store.local_path(f"{self.meta.payload}/{ZARR_JSON}")  # inside the dataset, or UnsafePathError
-            self.payload: PayloadArray = PayloadArray(
-                self.store.local_path() / self.meta.payload,
-                shards=self.meta.shards,
-                stats=stats,
-                gap_bytes=gap_bytes,
-                document_digest=files.get(f"{self.meta.payload}/{ZARR_JSON}"),
-            )
+            self.payload: PayloadArray = PayloadArray(self.store.local_path() / self.meta.payload, shards=self.meta.shards,
+                                                      stats=stats, gap_bytes=gap_bytes, document_digest=payload_digest)
         else:
             try:
                 read_objects(self.store, docs, files, what="field array document", max_nbytes=MAX_DOCUMENT_NBYTES)
             except (TruncatedShardError, ChecksumError):  # a newer version replaced one: as this one recorded it
                 for rel in docs:
-                    read_versioned(self.store, rel, files[rel], what="field array document",
-                                   max_nbytes=MAX_DOCUMENT_NBYTES)
+                    read_versioned(self.store, rel, files[rel], what="field array document", max_nbytes=MAX_DOCUMENT_NBYTES)
             self.cache = None if cache_dir is None else ShardCache(cache_dir, cache_namespace(
                 self.store.url, hashlib.sha256(json.dumps(self.meta.to_json(), sort_keys=True).encode()).hexdigest()
             ), cache_size)
-            self.payload = RangedPayloadArray(
-                self.store,
-                self.meta.payload,
-                shards=self.meta.shards,
-                stats=stats,
-                gap_bytes=remote_gap_bytes,
-                document_digest=files.get(f"{self.meta.payload}/{ZARR_JSON}"),
-                cache=self.cache,
-                cache_stats=cache_stats,
-            )
+            self.payload = RangedPayloadArray(self.store, self.meta.payload, shards=self.meta.shards, stats=stats,
+                                              gap_bytes=remote_gap_bytes, document_digest=payload_digest, cache=self.cache,
+                                              cache_stats=cache_stats)
         if (self.payload.records_per_shard != self.meta.records_per_shard
                 or (self.payload.codec is None) != (self.meta.compression is None)):
             raise NotADatasetError(
@@ -165,17 +138,9 @@ class Dataset(Closing):
 
     @property
     def fields(self) -> dict[str, np.ndarray]:
-        """Every small per-record field that batches carry, as one in-RAM array ``[N, ...]`` each
-        (loaded once, every chunk checked).
-
-        The provenance field is not among them: it says where records came from, which training
-        does not need (:meth:`source` and :meth:`field` read it).
-
-        Raises
-        ------
-        MissingShardError, TruncatedShardError, ChecksumError, CorruptShardError
-            A field chunk is missing, damaged or changed (see :func:`~shardkit.formats.fields.read_field_rows`).
-        """
+        """Every per-record field that batches carry, as one in-RAM array ``[N, ...]`` each (loaded once,
+        every chunk checked: :func:`~shardkit.formats.fields.read_field_rows`); not the provenance
+        field, which training does not need (:meth:`source` and :meth:`field` read it)."""
         if self._fields is None:
             skip = None if self.provenance is None else self.provenance.field
             self._fields = {name: self.field(name) for name in self.meta.fields if name != skip}
@@ -191,10 +156,7 @@ class Dataset(Closing):
         return read_field_rows(self.store, name, m.fields[name], m.num_records, m.field_chunk_records, m.files)
 
     def source(self, key: int) -> RecordSource | None:
-        """Where record ``key`` came from (``None`` for a dataset written without provenance).
-
-        Reads one chunk of the provenance field and of the input table, not the whole of them.
-        """
+        """Where record ``key`` came from (``None`` without provenance), reading one chunk of each table."""
         if self.provenance is None:
             return None
         k = int(key)

@@ -1,14 +1,8 @@
 """The small per-record fields (``label``, ``boxes``, ...): ordinary chunked zarr v3 arrays.
 
-Each field is an array ``[N, *shape]`` chunked along the record axis only (``field_chunk`` records a
-chunk, every chunk written, the last one padded), each chunk compressed with zstd with frame
-checksums. Readers load a field whole into RAM, once.
-
-Reading is strict, because a label that silently changes is worse than an error: the document must
-describe exactly the field the dataset metadata declares, every chunk must exist (a missing chunk
-would read as zeros in zarr's semantics, but shardkit writes every chunk, so one that is missing was
-lost), and in format 1.1 every chunk and the document must match the size and crc32c recorded in
-the metadata. Every size is checked before the buffer it determines is allocated.
+Each is ``[N, *shape]`` chunked along the record axis, every chunk written (the last padded). Reading
+is strict, since a label that silently changes is worse than an error: the document must be exactly
+the declared field, every chunk must exist and match its recorded digest, sizes bounded before allocating.
 """
 
 from __future__ import annotations
@@ -46,16 +40,9 @@ def write_field_array(
     durable: bool = True,
     first_chunk: int = 0,
 ) -> dict[str, FileDigest]:
-    """Write field ``name`` (``data`` of shape ``[n, *spec.shape]``) and its ``zarr.json`` under ``root``
-    (a directory or a store).
-
-    Returns the digest of every file written, by path relative to ``root`` (the document last), for
-    the metadata's ``files`` map. Each file appears atomically; a full disk raises OutOfSpaceError
-    naming the file and leaves no partial file.
-
-    With ``first_chunk``, ``data`` holds only the records from chunk ``first_chunk`` on, and only
-    those chunks are written (a commit that appends records keeps the full chunks before them).
-    """
+    """Write field ``name`` (``data``: ``[n, *spec.shape]``, the records from chunk ``first_chunk`` on)
+    and its ``zarr.json`` under ``root``, each file atomically; returns their digests by relative path
+    (the document last), for the metadata's ``files`` map."""
     base = first_chunk * chunk
     n = base + data.shape[0]
     ndim = 1 + len(spec.shape)
@@ -68,13 +55,8 @@ def write_field_array(
         blob = codec.encode(block) if codec is not None else block.tobytes()
         rel = chunk_key(name, j, ndim)
         digests[rel] = _put(root, rel, blob, durable)
-    document = array_metadata(
-        shape=(n, *spec.shape),
-        dtype=spec.dtype,
-        chunk_shape=(chunk, *spec.shape),
-        codec=codec,
-        itemsize=le.itemsize,
-    )
+    document = array_metadata(shape=(n, *spec.shape), dtype=spec.dtype, chunk_shape=(chunk, *spec.shape), codec=codec,
+                              itemsize=le.itemsize)
     digests[f"{name}/{ZARR_JSON}"] = _put(root, f"{name}/{ZARR_JSON}", encode_json(document), durable)
     return digests
 
@@ -102,33 +84,13 @@ def read_field_rows(
     stop: int | None = None,
     out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Rows ``[start, stop)`` (by default every row; ``stop=None``: to the end) of field ``name`` of
-    the dataset at ``root`` (a directory or a store) in RAM, reading only the chunks that hold them and
-    checking everything: a lookup of one record of a large field (``shardkit info --record K``) reads one chunk.
-
-    Parameters
-    ----------
-    spec, num_records, chunk_records
-        What the dataset metadata declares: the document must say exactly ``[num_records, *spec.shape]``
-        of ``spec.dtype`` in chunks of ``chunk_records`` records.
-    files
-        The metadata's digests (format 1.1), or ``None`` / empty for a 1.0 dataset. A file a newer
-        version of the dataset replaced is read from the copy kept for this one
-        (:mod:`~shardkit.formats.versions`).
-    out
-        Where to decode the rows (``[stop - start, *spec.shape]`` of the little-endian dtype, e.g. a
-        node-shared region); a new array by default. Checked before any chunk is decoded.
-
-    Raises
-    ------
-    IndexError
-        ``[start, stop)`` is not inside ``[0, num_records)``.
-    NotADatasetError
-        The document is not the declared field (shape, dtype, chunks, codec, chunk key encoding).
-    UnsafePathError
-        The field directory or a chunk resolves outside the dataset.
-    MissingShardError, TruncatedShardError, ChecksumError, CorruptShardError
-        A chunk (or the document) is missing, has the wrong size or checksum, or does not decode.
+    """Rows ``[start, stop)`` (``stop=None``: to the end) of field ``name`` of the dataset at ``root``,
+    reading only the chunks that hold them and checking everything. The document must say exactly
+    ``[num_records, *spec.shape]`` of ``spec.dtype`` in chunks of
+    ``chunk_records`` (else NotADatasetError); ``files`` are the metadata's digests (empty for 1.0),
+    a file a newer version replaced is read from its kept copy. ``out`` (checked first) receives the
+    rows instead of a new array. IndexError for rows outside ``[0, num_records)``; MissingShardError,
+    TruncatedShardError, ChecksumError or CorruptShardError for a damaged chunk or document.
     """
     files = files or {}
     stop = num_records if stop is None else stop
@@ -176,13 +138,9 @@ def read_field_rows(
 def _chunk_sources(
     store: Store, name: str, ndim: int, wanted: range, files: Mapping[str, FileDigest], *, max_nbytes: int
 ) -> list[tuple[str, Callable[[], bytes]]]:
-    """``(relative key, loader)`` of the ``wanted`` chunks of field ``name``; each must exist.
-
-    zarr reads a missing chunk as the fill value, but shardkit writes every chunk, so a missing one
-    was lost: an error, in every format version. Local chunks are checked to exist here and read
-    one at a time later; remote chunks are downloaded here, all at once (sizes bounded first), so a
-    missing one fails before the field's array is allocated.
-    """
+    """``(relative key, loader)`` of the ``wanted`` chunks of field ``name``; each must exist (shardkit
+    writes every chunk, so a missing one was lost). Remote chunks are downloaded here, so a missing one
+    fails before the field's array is allocated."""
     keys = [chunk_key(name, j, ndim) for j in wanted]
     if store.is_local:
         out: list[tuple[str, Callable[[], bytes]]] = []
@@ -190,8 +148,7 @@ def _chunk_sources(
             real = resolve_inside(store.local_path(), rel, "field chunk")
             if not real.exists():  # a directory or a named pipe is refused by name when it is read
                 raise MissingShardError(f"{store.describe(rel)}: field chunk listed in the dataset metadata is missing")
-            out.append((rel, functools.partial(read_versioned, store, rel, files.get(rel), what="field chunk",
-                                               max_nbytes=max_nbytes)))
+            out.append((rel, functools.partial(read_versioned, store, rel, files.get(rel), what="field chunk", max_nbytes=max_nbytes)))
         return out
     try:
         blobs = read_objects(store, keys, files, what="field chunk", max_nbytes=max_nbytes)

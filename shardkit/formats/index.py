@@ -30,8 +30,7 @@ def extend_crc32c(crc: int, data: bytes | bytearray | memoryview | np.ndarray) -
 
 
 def _readonly(data: bytes | bytearray | memoryview | np.ndarray) -> bytes | np.ndarray:
-    # google-crc32c accepts bytes and numpy arrays but, surprisingly, not memoryviews: wrap
-    # everything else in a zero-copy uint8 array.
+    # google-crc32c takes bytes and numpy arrays, not memoryviews: the rest as a zero-copy uint8 array.
     if isinstance(data, bytes):
         return data
     if isinstance(data, np.ndarray):
@@ -41,13 +40,8 @@ def _readonly(data: bytes | bytearray | memoryview | np.ndarray) -> bytes | np.n
 
 @dataclass(frozen=True)
 class ShardIndex:
-    """Offsets and sizes of every inner chunk (record) of one shard.
-
-    Attributes
-    ----------
-    offsets, nbytes
-        ``uint64`` arrays of length S (records per shard). Empty entries hold 2**64 - 1.
-    """
+    """Offsets and sizes of every inner chunk (record) of one shard: ``uint64`` arrays of length S,
+    empty entries holding 2**64 - 1."""
 
     offsets: np.ndarray
     nbytes: np.ndarray
@@ -63,10 +57,7 @@ class ShardIndex:
         return ~empty
 
     def encode(self) -> bytes:
-        table = np.empty((self.capacity, 2), dtype=_INDEX_DTYPE)
-        table[:, 0] = self.offsets
-        table[:, 1] = self.nbytes
-        raw = table.tobytes()
+        raw = np.stack([self.offsets, self.nbytes], axis=1).astype(_INDEX_DTYPE).tobytes()
         return raw + crc32c_of(raw).to_bytes(4, "little")
 
     @classmethod
@@ -80,46 +71,20 @@ class ShardIndex:
 
     @classmethod
     def decode(
-        cls,
-        raw: bytes | memoryview,
-        capacity: int,
-        *,
-        path: str,
-        data_nbytes: int,
-        recorded_crc32c: int | None = None,
+        cls, raw: bytes | memoryview, capacity: int, *, path: str, data_nbytes: int, recorded_crc32c: int | None = None
     ) -> ShardIndex:
-        """Parse and check an index read from ``path``.
-
-        Parameters
-        ----------
-        raw
-            The ``index_nbytes(capacity)`` bytes of the index including its crc32c.
-        data_nbytes
-            Bytes of the file that are not the index; every present entry must lie inside them.
-        recorded_crc32c
-            The index crc32c recorded in the dataset metadata (format 1.1), or ``None``. The file's
-            own trailer only proves the index is self-consistent; anyone who edits an offset can
-            rewrite the trailer too. Comparing with the metadata binds the index to the dataset,
-            at no cost: the crc32c is computed here anyway.
-
-        Raises
-        ------
-        CorruptIndexError
-            Wrong size, crc32c mismatch (with the trailer or the metadata), an entry past the data,
-            or two entries whose byte ranges overlap (one record read as another).
-        """
+        """Parse the index bytes ``raw`` (crc32c included) read from ``path``, whose records take
+        ``data_nbytes``; CorruptIndexError for a wrong size, a crc32c that differs from its trailer or
+        from ``recorded_crc32c`` (the metadata's, which binds the index to the dataset), an entry past
+        the records, or two overlapping entries."""
         expected = index_nbytes(capacity)
         if len(raw) != expected:
-            raise CorruptIndexError(
-                f"{path}: expected a {expected}-byte shard index for {capacity} records, found {len(raw)} bytes"
-            )
+            raise CorruptIndexError(f"{path}: expected a {expected}-byte shard index for {capacity} records, found {len(raw)} bytes")
         body = memoryview(raw)[: expected - CHECKSUM_NBYTES]
         stored = int(np.frombuffer(raw, dtype="<u4", offset=expected - CHECKSUM_NBYTES)[0])
         computed = crc32c_of(body)
         if stored != computed:
-            raise CorruptIndexError(
-                f"{path}: shard index crc32c mismatch (stored {stored:#010x}, computed {computed:#010x})"
-            )
+            raise CorruptIndexError(f"{path}: shard index crc32c mismatch (stored {stored:#010x}, computed {computed:#010x})")
         if recorded_crc32c is not None and computed != recorded_crc32c:
             raise CorruptIndexError(
                 f"{path}: shard index crc32c {computed:#010x} differs from the {recorded_crc32c:#010x} recorded "
@@ -155,13 +120,9 @@ class ShardIndex:
             raise CorruptIndexError(f"{path}: index entries {a} and {b} overlap (records would be read from the same bytes)")
 
     def check_dense(self, path: str, count: int, record_nbytes: int) -> None:
-        """Refuse an uncompressed shard whose present records are not at ``j * record_nbytes``.
-
-        Every uncompressed shard shardkit (or zarr-python) writes has this layout, and readers rely
-        on it for ``memmap``. An index rewritten with a valid crc32c that moves a record (record
-        108 read as record 105) breaks it: this is the check that catches such an edit in a format
-        1.0 dataset, whose metadata holds no index checksum.
-        """
+        """Refuse an uncompressed shard whose present records are not at ``j * record_nbytes``: the
+        layout every writer produces and ``memmap`` relies on, and the only check of an index
+        rewritten with a valid crc32c in a format 1.0 dataset."""
         live = self.present[:count]
         expected = np.arange(count, dtype=np.uint64) * np.uint64(record_nbytes)
         wrong = live & ((self.offsets[:count] != expected) | (self.nbytes[:count] != np.uint64(record_nbytes)))

@@ -1,13 +1,8 @@
-"""Strict readers of values taken from JSON metadata documents.
+"""Strict readers of values taken from JSON metadata documents (metadata is hostile input too).
 
-Metadata is input like any other: a document edited by hand, damaged on disk or written by a
-hostile tool may put a string where a count belongs, ``true`` where a size belongs, ``2**70`` where a
-shape belongs. ``int(x)`` and ``tuple(x)`` would quietly accept many of those (``int(True) == 1``,
-``tuple("12") == ("1", "2")``), and the rest would surface as a bare ``KeyError`` / ``TypeError``
-far from the document. Every value shardkit reads from a document goes through one of these
-functions, which either return a value of the expected type inside its bounds or raise
-:class:`~shardkit.errors.NotADatasetError` naming the document, the key, what was expected and what
-was found, before anything is allocated from it.
+Each returns a value of the expected type inside its bounds (``int(True)`` or ``tuple("12")`` would
+quietly accept nonsense) or raises NotADatasetError naming the document, the key, what was expected
+and what was found, before anything is allocated from it.
 """
 
 from __future__ import annotations

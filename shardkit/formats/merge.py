@@ -1,14 +1,8 @@
 """``merge``: one dataset from several datasets of the same schema, with the commit of appends (docs/design.md §11).
 
-The inputs become the segments of one commit (:mod:`shardkit.formats.commit`) into a new dataset:
-records in input order, fields concatenated, label names extended (a name keeps the index it has
-in the first input that has it), skips concatenated, the inputs named in ``source.history``.
-
-A payload shard of an input that lands on the output's shard grid unchanged (same records per
-shard, and every input before it holds a multiple of them) is hard-linked (a server-side copy on an
-object store): no payload bytes move through this machine. Otherwise its records are re-packed
-into new shards, reading and checking every source shard; the report says how many bytes that was.
-Merging A and B gives exactly what appending B's corpus to A's dataset would.
+The inputs become the segments of one commit into a new dataset: records in input order, label names
+extended, skips concatenated; shards on the output's grid are linked, the others re-packed. Merging A
+and B gives exactly what appending B's corpus to A's dataset would.
 """
 
 from __future__ import annotations
@@ -39,14 +33,8 @@ logger = logging.getLogger(__name__)
 
 
 def check_same_schema(first: DatasetMeta, other: DatasetMeta, where: str) -> None:
-    """Refuse to put ``other``'s records after ``first``'s unless they are the same kind of records.
-
-    Raises
-    ------
-    ConversionError
-        Naming the first difference (kind, payload, record shape or dtype, fields, transform,
-        compression, kind metadata).
-    """
+    """ConversionError naming the first difference (kind, payload, record, fields, transform,
+    compression, kind metadata) that forbids putting ``other``'s records after ``first``'s."""
     for what, a, b in [
         ("kind", first.kind, other.kind),
         ("payload", first.payload, other.payload),
@@ -64,8 +52,7 @@ def check_same_schema(first: DatasetMeta, other: DatasetMeta, where: str) -> Non
 
 
 def _segment(ds: Dataset, table: int | None) -> Segment:
-    """A dataset's records as a segment of the commit (its fields, provenance included, loaded and
-    checked when needed)."""
+    """A dataset's records as a segment of the commit (fields loaded when the commit asks)."""
     shards = tuple(StoredShard.of(ds.store, info, ds.meta.records_per_shard) for info in ds.meta.shards)
 
     def fields() -> dict[str, np.ndarray]:
@@ -92,34 +79,14 @@ def merge(
 ) -> CommitReport:
     """Write the records of every dataset in ``inputs``, in order, as one new dataset at ``out``.
 
-    Parameters
-    ----------
-    inputs
-        At least one dataset (directory or URL), all of one schema (kind, record, fields, transform,
-        compression).
-    out
-        The new dataset's directory or URL (absent or empty; a merge of the same inputs there is left
-        alone).
-    overwrite
-        Replace a shardkit dataset at ``out``.
-    keep_versions
-        As for a conversion (a new dataset has only one version).
-    summarize
-        Counts what conversion changed over the merged provenance (``summarize(meta, values)``, the
-        metadata's ``provenance.changes``); :func:`shardkit.merge` passes the converters' counting.
-        Without it the merged dataset records no counts.
+    ``inputs`` are at least one dataset (directory or URL), all of one schema; ``out`` is absent or
+    empty (a merge of the same inputs there is left alone), or a shardkit dataset to replace with
+    ``overwrite``; ``keep_versions`` is as for a conversion; ``summarize(meta, values)`` counts what
+    conversion changed over the merged provenance (``provenance.changes``; none without it).
 
-    Returns
-    -------
-    CommitReport
-        The new dataset's metadata and how its shards were made (linked or re-packed, bytes).
-
-    Raises
-    ------
-    ConversionError
-        Datasets of different schemas (naming the difference), ``out`` holds something else, or
-        ``out`` is, contains or lies inside an input (however spelled; refused before anything is
-        deleted, see :func:`~shardkit.formats.outputs.refuse_overlap`).
+    Returns the :class:`CommitReport`. Raises ConversionError for datasets of different schemas,
+    an ``out`` that holds something else, or one that overlaps an input (refused before anything
+    is deleted, :func:`~shardkit.formats.outputs.refuse_overlap`).
     """
     if not inputs:
         raise ConversionError("merge: give at least one dataset")
@@ -130,8 +97,7 @@ def merge(
         first = opened[0].meta
         for ds in opened[1:]:
             check_same_schema(first, ds.meta, str(ds.path))
-        identity = [{"path": str(ds.path), "crc": ds.meta.to_json().get("attributes_crc32c"),
-                     "records": ds.num_records} for ds in opened]
+        identity = [{"path": str(ds.path), "crc": ds.meta.to_json().get("attributes_crc32c"), "records": ds.num_records} for ds in opened]
         plan = "merge-" + hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
         if store.exists(ZARR_JSON) and not overwrite:
             done = read_dataset_meta(store)

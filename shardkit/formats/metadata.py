@@ -1,13 +1,11 @@
 """Dataset metadata: the ``shardkit`` group attribute and the zarr v3 ``zarr.json`` documents.
 
-shardkit writes and parses zarr's JSON documents itself; zarr-python is not imported by the library
-(the interoperability tests prove both read what the other writes). The documents are small, fully
-specified dictionaries built by :func:`array_metadata` and :func:`group_metadata` and parsed
-strictly by the readers; why not through zarr-python: docs/design.md §3 (*Metadata*).
+shardkit builds and strictly parses these documents itself, without zarr-python (docs/design.md §3).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -45,36 +43,20 @@ from shardkit.formats.spec import (
 from shardkit.stores import LocalStore, Store
 from shardkit.stores.atomic import fsync_dir, write_bytes_atomic
 
-__all__ = [
-    "DatasetMeta",
-    "array_metadata",
-    "group_metadata",
-    "write_json_atomic",
-    "read_json",
-    "read_json_object",
-    "parse_json",
-    "read_dataset_meta",
-    "fsync_dir",
-    "MAX_DOCUMENT_NBYTES",
-    "MAX_DOCUMENT_VALUES",
-    "DOCUMENT_PEAK_NBYTES",
-    "check_document_bounds",
-]
+__all__ = ["DatasetMeta", "array_metadata", "group_metadata", "write_json_atomic", "read_json", "read_json_object", "parse_json",
+           "read_dataset_meta", "fsync_dir", "MAX_DOCUMENT_NBYTES", "MAX_DOCUMENT_VALUES", "DOCUMENT_PEAK_NBYTES", "check_document_bounds"]
 
 logger = logging.getLogger(__name__)
 
 #: Largest JSON document a reader loads or a writer writes: 64 MiB, about 250,000 shards in the root
 #: document (~250 bytes each as shardkit writes them), i.e. 60 TiB of 256 MiB shards.
 MAX_DOCUMENT_NBYTES = 64 << 20
-#: Most JSON values (counted as the ``[``, ``{``, ``,`` and ``:`` bytes, an upper bound found with a
-#: few ``bytes.count`` passes before parsing) a document may hold. Parsed, one value costs Python up to
-#: ~100 bytes (a one-entry dict or list), whatever its size in the file: without this bound a 64 MiB
-#: document of ``[[]],`` would take ~2.5 GB. A shard entry of the root document is ~15 values.
+#: Most JSON values a document may hold, counted before parsing as its ``[``, ``{``, ``,`` and ``:``
+#: bytes. Parsed, one value costs Python up to ~100 bytes: without this bound a 64 MiB document of
+#: ``[[]],`` would take ~2.5 GB. A shard entry of the root document is ~15 values.
 MAX_DOCUMENT_VALUES = 1 << 22
-#: Bound on the peak memory (RSS) of ``shardkit info`` on any ``zarr.json``: the raw bytes, their text
-#: (up to 4 bytes a character), the parsed values and the interpreter. The worst case within both
-#: bounds above (a 64 MiB document of 4M nested lists and a long non-ASCII string) peaks at ~0.95 GiB;
-#: ``tests/formats/test_document_bounds.py`` checks it stays under this.
+#: Bound on the peak memory (RSS) of ``shardkit info`` on any ``zarr.json`` (bytes, text, parsed values,
+#: interpreter): the worst case within both bounds above peaks at ~0.95 GiB (tests/formats/test_document_bounds.py).
 DOCUMENT_PEAK_NBYTES = 1280 << 20
 #: Directory (local) or key prefix (object stores) of an unfinished conversion's resume state.
 STAGING_NAME = ".shardkit-staging"
@@ -88,41 +70,13 @@ DEFAULT_FIELD_CHUNK = 65536
 class DatasetMeta:
     """Everything the group attribute ``shardkit`` says about a dataset.
 
-    Attributes
-    ----------
-    kind
-        Corpus kind that produced it (``coco``, ``imagefolder``, ``cifar10``, ``audio``, ...).
-    payload
-        Name of the payload array (``image`` or ``audio``).
-    record
-        Shape and dtype of one payload record.
-    num_records, records_per_shard
-        Total records N and records per shard S.
-    fields
-        Small per-record fields (``label``, ``boxes``, ...) by name.
-    field_chunk
-        Records per zarr chunk of the small fields (the chunk actually used is
-        :attr:`field_chunk_records`).
-    labels
-        Class names per label field (``{"label": [...], "coarse_label": [...]}``).
-    compression
-        Codec JSON (``{"name": "zstd", "level": 3, "checksum": true}``) or ``None`` for uncompressed
-        records.
-    transform, source, extra
-        Free-form provenance: the transform applied, where the data came from, kind-specific data.
-    skipped
-        Inputs that did not become records, with reasons.
-    shards
-        Every payload shard file: record range, size, checksums.
-    files
-        Format 1.1: size and crc32c of every array document and every field chunk, by path relative
-        to the dataset root (see :mod:`shardkit.formats.checksums`). Empty in 1.0 datasets.
-    provenance
-        Where every record came from and what conversion changed (see
-        :mod:`shardkit.formats.provenance`); empty for a dataset written without it. An optional key
-        that readers without provenance support ignore, so it needs no new format version.
-    format_version, format_minor
-        Format version ``MAJOR.MINOR`` (see :mod:`shardkit.formats.spec`).
+    The corpus ``kind`` (``coco``, ``audio``, ...), the ``payload`` array's name and one ``record``'s
+    shape and dtype; N ``num_records`` in shards of S ``records_per_shard``; the small per-record
+    ``fields`` by name, chunked by ``field_chunk`` records (as used: :attr:`field_chunk_records`);
+    class names per label field (``labels``); the ``compression`` codec JSON or ``None``; free-form
+    ``transform``, ``source`` and ``extra``; inputs ``skipped`` with reasons; every payload shard
+    (``shards``: range, size, checksums) and the size and crc32c of every other file (``files``, format
+    1.1); ``provenance`` (empty without it); and the format version ``MAJOR.MINOR``.
     """
 
     kind: str
@@ -217,16 +171,9 @@ class DatasetMeta:
     def from_json(cls, data: dict[str, Any], *, where: str) -> DatasetMeta:
         """Parse and validate the ``shardkit`` attributes read from the document ``where``.
 
-        Raises
-        ------
-        FormatVersionError
-            A newer major version. (A newer minor is read, with a warning.)
-        ChecksumError
-            The attributes differ from their recorded ``attributes_crc32c``.
-        NotADatasetError
-            A missing key, a value of the wrong JSON type or outside its bounds, or a layout that
-            does not add up (shards not covering the records, files missing from ``files``, ...);
-            :class:`~shardkit.errors.UnsafePathError` for a name that is not a plain path component.
+        Raises FormatVersionError for a newer major (a newer minor is read, with a warning),
+        ChecksumError when ``attributes_crc32c`` differs, UnsafePathError for a name that is not a
+        plain path component, NotADatasetError for any other bad value or a layout that does not add up.
         """
         major = jv.integer(data.get("format_version"), "format_version", where, lo=1)
         if major > FORMAT_VERSION:
@@ -290,9 +237,7 @@ class DatasetMeta:
         s, n = self.records_per_shard, self.num_records
         start, stop = i * s, min((i + 1) * s, n)
         if (info.start, info.stop) != (start, stop):
-            raise NotADatasetError(
-                f"{where}: shard {i} must hold records [{start}, {stop}), the metadata says [{info.start}, {info.stop})"
-            )
+            raise NotADatasetError(f"{where}: shard {i} must hold records [{start}, {stop}), the metadata says [{info.start}, {info.stop})")
         least = index_nbytes(s) + (info.count * self.record.nbytes if self.compression is None else 0)
         if info.nbytes < least or (self.compression is None and info.nbytes != least):
             raise NotADatasetError(
@@ -360,10 +305,6 @@ def _skipped(value: Any, where: str) -> SkippedInput:
     )
 
 
-def _zarr_dtype_and_fill(dtype: str) -> tuple[str, int | float]:
-    return dtype, (0.0 if dtype.startswith("float") else 0)
-
-
 def array_metadata(
     *,
     shape: tuple[int, ...],
@@ -375,41 +316,23 @@ def array_metadata(
     dimension_names: list[str] | None = None,
     attributes: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """zarr v3 array metadata.
-
-    With ``inner_chunk_shape`` the array is sharded: ``chunk_shape`` is the shard shape and every
-    inner chunk (one record) is encoded with ``bytes`` (+ the codec), index at the end with crc32c.
-    Without it the array is a plain chunked array with ``bytes`` (+ the codec).
-    """
-    data_type, fill = _zarr_dtype_and_fill(dtype)
-    inner: list[dict[str, Any]] = [{"name": "bytes", "configuration": {"endian": "little"}}]
-    if codec is not None:
-        inner += codec.zarr_codecs(itemsize)
+    """zarr v3 array metadata: with ``inner_chunk_shape`` sharded (``chunk_shape`` is the shard shape,
+    one record per inner chunk, index at the end with crc32c), else plain chunks; ``bytes`` + codec."""
+    little = {"name": "bytes", "configuration": {"endian": "little"}}
+    inner: list[dict[str, Any]] = [little, *(codec.zarr_codecs(itemsize) if codec is not None else [])]
+    codecs = inner
     if inner_chunk_shape is not None:
-        codecs: list[dict[str, Any]] = [
-            {
-                "name": "sharding_indexed",
-                "configuration": {
-                    "chunk_shape": list(inner_chunk_shape),
-                    "codecs": inner,
-                    "index_codecs": [
-                        {"name": "bytes", "configuration": {"endian": "little"}},
-                        {"name": "crc32c"},
-                    ],
-                    "index_location": "end",
-                },
-            }
-        ]
-    else:
-        codecs = inner
+        codecs = [{"name": "sharding_indexed", "configuration": {
+            "chunk_shape": list(inner_chunk_shape), "codecs": inner,
+            "index_codecs": [little, {"name": "crc32c"}], "index_location": "end"}}]
     meta: dict[str, Any] = {
         "zarr_format": 3,
         "node_type": "array",
         "shape": list(shape),
-        "data_type": data_type,
+        "data_type": dtype,
         "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(chunk_shape)}},
         "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
-        "fill_value": fill,
+        "fill_value": 0.0 if dtype.startswith("float") else 0,
         "codecs": codecs,
         "attributes": attributes or {},
     }
@@ -425,14 +348,8 @@ def group_metadata(meta: DatasetMeta | None) -> dict[str, Any]:
 
 
 def encode_json(document: dict[str, Any]) -> bytes:
-    """The bytes shardkit writes for a JSON document (indented, ASCII, trailing newline).
-
-    Raises
-    ------
-    ConversionError
-        The document exceeds what readers accept (:func:`check_document_bounds`): refused before it
-        is written, so no dataset is left that no reader can open.
-    """
+    """The bytes shardkit writes for a JSON document (indented, ASCII, trailing newline); ConversionError
+    if it exceeds what readers accept (:func:`check_document_bounds`), so none is left unreadable."""
     data = (json.dumps(document, indent=2) + "\n").encode("ascii")
     try:
         check_document_bounds(data, "the document to write")
@@ -442,15 +359,8 @@ def encode_json(document: dict[str, Any]) -> bytes:
 
 
 def check_document_bounds(raw: bytes, where: str) -> None:
-    """Refuse a JSON document larger than :data:`MAX_DOCUMENT_NBYTES` or with more than
-    :data:`MAX_DOCUMENT_VALUES` values, before it is parsed, so parsing stays within
-    :data:`DOCUMENT_PEAK_NBYTES` whatever the document holds.
-
-    Raises
-    ------
-    NotADatasetError
-        Naming the bound exceeded.
-    """
+    """NotADatasetError for a JSON document larger than :data:`MAX_DOCUMENT_NBYTES` or of more than
+    :data:`MAX_DOCUMENT_VALUES` values, before parsing, so parsing stays within :data:`DOCUMENT_PEAK_NBYTES`."""
     if len(raw) > MAX_DOCUMENT_NBYTES:
         raise NotADatasetError(f"{where}: JSON document of {len(raw)} bytes, more than the {MAX_DOCUMENT_NBYTES} allowed")
     values = 1
@@ -464,26 +374,16 @@ def check_document_bounds(raw: bytes, where: str) -> None:
 
 
 def write_json_atomic(path: Path, document: dict[str, Any], *, durable: bool = True) -> FileDigest:
-    """Write a JSON document atomically (see :func:`~shardkit.stores.atomic.write_bytes_atomic`).
-
-    Returns the size and crc32c of the bytes written, for the metadata's ``files`` map. A full disk
-    raises OutOfSpaceError naming ``path`` and leaves no partial file.
-    """
+    """Write a JSON document atomically (:func:`~shardkit.stores.atomic.write_bytes_atomic`: a full disk
+    leaves no partial file); returns the size and crc32c of the bytes, for the ``files`` map."""
     data = encode_json(document)
     write_bytes_atomic(path, data, durable=durable)
     return FileDigest.of(data)
 
 
 def read_json(path: Path, digest: FileDigest | None = None) -> dict[str, Any]:
-    """Read a local JSON object document, checked against ``digest`` when the metadata records one.
-
-    Raises
-    ------
-    NotADatasetError
-        Larger than :data:`MAX_DOCUMENT_NBYTES`, not UTF-8, not valid JSON, or not a JSON object.
-    ChecksumError, TruncatedShardError
-        The bytes differ from ``digest``.
-    """
+    """Read a local JSON object document, checked against ``digest`` when the metadata records one
+    (ChecksumError, TruncatedShardError); NotADatasetError if too large or not a UTF-8 JSON object."""
     raw = read_verified(path, digest, what="metadata document", max_nbytes=MAX_DOCUMENT_NBYTES)
     return parse_json(raw, str(path))
 
@@ -495,8 +395,7 @@ def read_json_object(store: Store, key: str, digest: FileDigest | None = None) -
 
 
 def parse_json(raw: bytes, where: str) -> dict[str, Any]:
-    """A JSON object document's bytes as a dict (errors name ``where``); its size and number of values
-    are bounded first (:func:`check_document_bounds`)."""
+    """A JSON object document's bytes as a dict, bounded first (:func:`check_document_bounds`)."""
     check_document_bounds(raw, where)
     try:
         doc = json.loads(raw.decode("utf-8"))
@@ -514,21 +413,12 @@ def parse_json(raw: bytes, where: str) -> dict[str, Any]:
 
 
 def read_dataset_meta(root: Path | Store, document: str = ZARR_JSON) -> DatasetMeta:
-    """Read and validate the dataset metadata of the directory or store ``root``.
+    """Read and validate the dataset metadata of the directory or store ``root``, from its root
+    document ``document`` (``zarr.json`` or a kept version's, :mod:`shardkit.formats.versions`).
 
-    ``document`` is the root document to read (a key of ``root``): ``zarr.json``, the current
-    version, or a kept older version's (see :mod:`shardkit.formats.versions`).
-
-    Raises
-    ------
-    DatasetNotFoundError
-        ``root`` does not exist (also a ``FileNotFoundError``).
-    IncompleteDatasetError
-        The directory has payload data but no final group metadata (an interrupted write).
-    NotADatasetError
-        Anything else that is not a shardkit dataset.
-    FormatVersionError
-        Written by a newer format version.
+    Raises DatasetNotFoundError (also a FileNotFoundError) when ``root`` does not exist,
+    IncompleteDatasetError after an interrupted write, FormatVersionError for a newer format, and
+    NotADatasetError for anything else that is not a shardkit dataset.
     """
     store = root if isinstance(root, Store) else LocalStore(root)
     if store.is_local:
@@ -565,19 +455,13 @@ def _raise_missing_root(store: Store) -> NoReturn:
             or any(local.glob("*/c"))
     else:
         # One listing (at most a page) tells an empty prefix from an interrupted upload.
-        started = False
-        empty = True
-        for meta in store.list(""):
-            empty = False
-            if meta.key.startswith((f"{STAGING_NAME}/", f"{PARTS_NAME}/")) or meta.key.endswith(f"/{ZARR_JSON}") \
-                    or "/c/" in meta.key:
-                started = True
-                break
-        if empty:
+        keys = (meta.key for meta in store.list(""))
+        first = next(keys, None)
+        if first is None:
             raise DatasetNotFoundError(f"{store.url}: no such dataset (nothing stored under this prefix)")
+        started = any(k.startswith((f"{STAGING_NAME}/", f"{PARTS_NAME}/")) or k.endswith(f"/{ZARR_JSON}") or "/c/" in k
+                      for k in itertools.chain([first], keys))  # fmt: skip
     if started:
-        raise IncompleteDatasetError(
-            f"{store.url}: incomplete dataset (no {ZARR_JSON} group metadata; a conversion was "
-            "interrupted — re-run it to resume)"
-        )
+        raise IncompleteDatasetError(f"{store.url}: incomplete dataset (no {ZARR_JSON} group metadata; a conversion was "
+                                     "interrupted — re-run it to resume)")
     raise NotADatasetError(f"{store.url}: not a shardkit dataset (no {ZARR_JSON})")

@@ -1,14 +1,8 @@
 """Output directories: what shardkit itself keeps next to a dataset, and clearing one for ``--overwrite``.
 
-Besides the zarr group, a dataset directory may hold directories of shardkit's own, all starting with
-``.`` (no array or field may, see :mod:`shardkit.formats.paths`):
-
-* :data:`STAGING_DIR`: an unfinished conversion in one process (its resume records);
-* :data:`PARTS_DIR`: an unfinished conversion, append or merge in parts (plans, part manifests, pieces);
-* ``.shardkit-versions``: older versions kept for their readers (:mod:`shardkit.formats.versions`).
-
-An output that is, contains or lies inside one of the operation's inputs is refused before anything
-is deleted (:func:`refuse_overlap`): ``--overwrite`` would otherwise empty an input first.
+shardkit's own directories start with ``.`` (no array or field may): :data:`STAGING_DIR`,
+:data:`PARTS_DIR` and ``.shardkit-versions`` (docs/design.md §3). An output that overlaps an input is
+refused before anything is deleted (:func:`refuse_overlap`).
 """
 
 from __future__ import annotations
@@ -24,13 +18,11 @@ from shardkit.formats.metadata import PARTS_NAME, STAGING_NAME, read_dataset_met
 from shardkit.formats.spec import ATTRS_KEY, ZARR_JSON
 from shardkit.stores import Location, Store, as_location, location_string
 
-__all__ = ["STAGING_DIR", "PARTS_DIR", "looks_like_output", "remove_path", "clear_output", "top_names", "clear_store",
-           "refuse_overlap"]
+__all__ = ["STAGING_DIR", "PARTS_DIR", "looks_like_output", "remove_path", "clear_output", "top_names", "clear_store", "refuse_overlap"]
 
-#: Directory inside an unfinished dataset that holds what is needed to resume a conversion in one
-#: process (the format's reader knows the name too: it reports such a directory as an incomplete dataset).
+#: Resume state of a conversion in one process (readers report a dataset holding it as incomplete).
 STAGING_DIR = STAGING_NAME
-#: Directory inside an output of the parts of conversions (or appends) not committed yet.
+#: Parts of conversions, appends or merges not committed yet.
 PARTS_DIR = PARTS_NAME
 
 
@@ -56,29 +48,19 @@ def remove_path(path: Path) -> None:
 
 
 def clear_output(path: Path) -> None:
-    """Delete the contents of a previous shardkit output at ``path`` (``--overwrite``), keeping ``path``.
-
-    Its ``zarr.json`` goes first, so a clearing cut short never leaves something that looks complete.
-
-    Raises
-    ------
-    ConversionError
-        ``path`` holds files that are not a shardkit output.
-    """
+    """Delete the contents of a previous shardkit output at ``path`` (``--overwrite``), keeping ``path``,
+    its ``zarr.json`` first so a clearing cut short never looks complete; ConversionError for other files."""
     if not path.exists():
         return
     if not path.is_dir() or not looks_like_output(path):
-        raise ConversionError(
-            f"{path}: refusing to overwrite: expected an empty directory or a shardkit dataset, found other files"
-        )
+        raise ConversionError(f"{path}: refusing to overwrite: expected an empty directory or a shardkit dataset, found other files")
     remove_path(path / ZARR_JSON)
     for entry in sorted(path.iterdir()):
         remove_path(entry)
 
 
 def top_names(store: Store, allowed: Iterable[str] = ()) -> list[str]:
-    """The top-level names in ``store`` (directory entries, or first key segments of an object store)
-    that are not in ``allowed``, sorted."""
+    """The top-level names in ``store`` that are not in ``allowed``, sorted."""
     ok = set(allowed)
     if store.is_local:
         root = store.local_path()
@@ -89,14 +71,7 @@ def top_names(store: Store, allowed: Iterable[str] = ()) -> list[str]:
 
 
 def clear_store(store: Store) -> None:
-    """:func:`clear_output` for any store: the contents of a previous shardkit output, root document
-    first; an object-store prefix that holds anything but a shardkit dataset is refused.
-
-    Raises
-    ------
-    ConversionError
-        The directory or prefix holds other files or objects.
-    """
+    """:func:`clear_output` for any store (a directory or prefix holding anything else is refused)."""
     if store.is_local:
         clear_output(store.local_path())
         return
@@ -138,8 +113,7 @@ def _identity(path: Path) -> tuple[int, int] | None:
 
 
 def _identities(path: Path) -> set[tuple[int, int]]:
-    """The identities of ``path`` and of every ancestor of it that exists (a directory reached
-    through two mount points, e.g. a bind mount, has one identity)."""
+    """The identities of ``path`` and of every existing ancestor (a bind mount has one identity)."""
     return {i for i in map(_identity, (path, *path.parents)) if i is not None}
 
 
@@ -148,26 +122,16 @@ def _inside(inner: tuple[str, str, tuple[str, ...]], outer: tuple[str, str, tupl
 
 
 def refuse_overlap(inputs: Sequence[Location], out: Location, operation: str) -> None:
-    """Refuse an output that is, contains or lies inside one of ``inputs``, however each is spelled.
-
-    Local paths are compared resolved (relative paths, ``..``, symlinks, trailing slashes) and, for
-    what exists, by device and inode; object-store URLs by scheme (``s3a`` is ``s3``, ``gcs`` is
-    ``gs``, ``azure`` is ``az``), bucket (case-insensitive) and prefix, percent-escapes and
-    trailing or doubled slashes aside. Called before anything at the output is deleted or written.
-
-    Raises
-    ------
-    ConversionError
-        Naming the input and the output.
-    """
+    """ConversionError (naming both) for an output that is, contains or lies inside one of ``inputs``,
+    however each is spelled: local paths resolved and compared by device and inode, URLs by scheme
+    alias, bucket (case-insensitive) and prefix."""
     target = _place(out)
     for given in inputs:
         source = _place(given)
         clash = _inside(target, source) or _inside(source, target)
         if not clash and source[0] == target[0] == "file":
             source_path, target_path = Path(*source[2]), Path(*target[2])
-            clash = (_identity(source_path) in _identities(target_path)
-                     or _identity(target_path) in _identities(source_path))
+            clash = (_identity(source_path) in _identities(target_path) or _identity(target_path) in _identities(source_path))
         if clash:
             raise ConversionError(
                 f"{operation}: the output {location_string(out)} is, contains or lies inside the input "

@@ -1,9 +1,5 @@
-"""Paths taken from metadata stay inside the dataset directory (docs/design.md §13).
-
-Metadata someone else may have written names the arrays and every shard file, so names are single
-plain components (:func:`check_name`), shard paths are exactly their zarr chunk key, and every opened
-file must resolve inside the dataset (:func:`resolve_inside`; symlinks that stay inside are allowed).
-Every refusal is an :class:`~shardkit.errors.UnsafePathError` (a NotADatasetError, a ValueError).
+"""Paths taken from metadata stay inside the dataset directory (docs/design.md §13): names are single
+plain components, and every opened file resolves inside the dataset, else UnsafePathError.
 """
 
 from __future__ import annotations
@@ -18,11 +14,8 @@ _MAX_NAME = 255
 
 
 def check_name(name: str, what: str, where: str) -> str:
-    """Return ``name`` if it is a safe single path component, else raise UnsafePathError.
-
-    Safe: not empty, no ``/`` or ``\\``, not ``.`` or ``..``, no NUL, not starting with ``.`` (that
-    prefix is shardkit's own, e.g. ``.shardkit-staging``), and not ``zarr.json``.
-    """
+    """Return ``name`` if it is a safe single path component, else raise UnsafePathError: not empty, no
+    ``/``, ``\\`` or NUL, not ``zarr.json``, no leading ``.`` (shardkit's own prefix, also ``.`` and ``..``)."""
     bad = (
         not name
         or len(name) > _MAX_NAME

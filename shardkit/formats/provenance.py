@@ -1,8 +1,5 @@
-"""Where every record came from: a per-record provenance field and a table of input names.
-
-A converter knows which input each record came from and what it measured while decoding it; this
-module stores that so ``shardkit info PATH --record K`` can answer long after the corpus is gone,
-at a cost that scales to many millions of records (layout: docs/design.md §3, provenance).
+"""Where every record came from: a per-record provenance field and a table of input names, so
+``shardkit info PATH --record K`` answers long after the corpus is gone (docs/design.md §3, *Provenance*).
 """
 
 from __future__ import annotations
@@ -25,20 +22,8 @@ from shardkit.formats.metadata import DatasetMeta
 from shardkit.formats.spec import ZARR_JSON, FieldSpec, chunk_key
 from shardkit.stores import LocalStore, Store
 
-__all__ = [
-    "PROVENANCE_FIELD",
-    "NAMES_ARRAY",
-    "ENDS_ARRAY",
-    "TABLE_ARRAYS",
-    "BASE_COLUMNS",
-    "MAX_NAME_NBYTES",
-    "ProvenanceSpec",
-    "Provenance",
-    "RecordSource",
-    "write_provenance",
-    "encode_name",
-    "decode_name",
-]
+__all__ = ["PROVENANCE_FIELD", "NAMES_ARRAY", "ENDS_ARRAY", "TABLE_ARRAYS", "BASE_COLUMNS", "MAX_NAME_NBYTES", "ProvenanceSpec",
+           "Provenance", "RecordSource", "write_provenance", "encode_name", "decode_name"]
 
 #: Name of the per-record provenance field.
 PROVENANCE_FIELD = "provenance"
@@ -70,20 +55,10 @@ def decode_name(raw: bytes) -> str:
 
 @dataclass(frozen=True)
 class ProvenanceSpec:
-    """What a :class:`~shardkit.formats.DatasetWriter` is given to store provenance.
-
-    Attributes
-    ----------
-    columns
-        Every column of the per-record field, starting with :data:`BASE_COLUMNS`.
-    root
-        The corpus root the input names are relative to.
-    inputs
-        The name of every input, in input order (a lazy sequence is fine: it is read once, at commit).
-    summarize
-        Turns the whole provenance field ``[N, C]`` into the ``changes`` counts of the metadata
-        (``None``: no counts).
-    """
+    """What a :class:`~shardkit.formats.DatasetWriter` is given to store provenance: the field's
+    ``columns`` (starting with :data:`BASE_COLUMNS`), the corpus ``root`` the ``inputs`` names are
+    relative to (read once, at commit, so a lazy sequence is fine), and ``summarize``, which turns the
+    whole field ``[N, C]`` into the metadata's ``changes`` counts (``None``: no counts)."""
 
     columns: tuple[str, ...]
     root: str
@@ -103,35 +78,21 @@ class ProvenanceSpec:
 
 
 def write_provenance(root: Path | Store, spec: ProvenanceSpec, values: np.ndarray, *, durable: bool = True) -> dict[str, Any]:
-    """Write the input table under ``root`` (a directory or a store) and return the metadata's ``provenance`` block.
-
-    ``values`` is the whole per-record field (``[N, C]``), from which ``changes`` is computed.
-    """
-    ends = np.empty(len(spec.inputs), dtype=np.int64)
-    parts: list[bytes] = []
-    total = 0
-    for i in range(len(spec.inputs)):
-        raw = encode_name(spec.inputs[i])
-        parts.append(raw)
-        total += len(raw)
-        ends[i] = total
+    """Write the input table under ``root`` (a directory or a store) and return the metadata's ``provenance``
+    block, its ``changes`` computed from ``values``, the whole per-record field ``[N, C]``."""
+    parts = [encode_name(name) for name in spec.inputs]
+    ends = np.cumsum([len(raw) for raw in parts], dtype=np.int64)
     names = np.frombuffer(b"".join(parts), dtype=np.uint8)
     codec = get_codec("zstd")
-    files: dict[str, FileDigest] = {}
     names_chunk = max(1, min(_NAMES_CHUNK, names.size))
     ends_chunk = max(1, min(_ENDS_CHUNK, ends.size))
-    files |= write_field_array(root, NAMES_ARRAY, FieldSpec((), "uint8"), names, names_chunk, codec, durable=durable)
-    files |= write_field_array(root, ENDS_ARRAY, FieldSpec((), "int64"), ends, ends_chunk, codec, durable=durable)
+    files = (write_field_array(root, NAMES_ARRAY, FieldSpec((), "uint8"), names, names_chunk, codec, durable=durable)
+             | write_field_array(root, ENDS_ARRAY, FieldSpec((), "int64"), ends, ends_chunk, codec, durable=durable))
     return {
         "field": PROVENANCE_FIELD,
         "columns": list(spec.columns),
         "root": spec.root,
-        "inputs": {
-            "count": int(ends.size),
-            "nbytes": int(names.size),
-            "names_chunk": names_chunk,
-            "ends_chunk": ends_chunk,
-        },
+        "inputs": {"count": int(ends.size), "nbytes": int(names.size), "names_chunk": names_chunk, "ends_chunk": ends_chunk},
         "files": {k: v.to_json() for k, v in files.items()},
         "changes": {} if spec.summarize is None else spec.summarize(values),
     }
@@ -139,21 +100,9 @@ def write_provenance(root: Path | Store, spec: ProvenanceSpec, values: np.ndarra
 
 @dataclass(frozen=True)
 class RecordSource:
-    """Where one record came from.
-
-    Attributes
-    ----------
-    record
-        The record's key.
-    input
-        The input's number in the input sequence (a dataset's inputs include the skipped ones).
-    name
-        The input's name, relative to :attr:`root` (``train/cat/001.jpg``, ``data_batch_3#417``).
-    root
-        The corpus root at conversion time.
-    values
-        Every provenance column of the record (``input``, ``part`` and the kind's own).
-    """
+    """Where record ``record`` came from: input number ``input`` (skipped inputs count), named ``name``
+    relative to the corpus ``root`` at conversion time (``train/cat/001.jpg``, ``data_batch_3#417``),
+    and every provenance column's value (``input``, ``part`` and the kind's own)."""
 
     record: int
     input: int
@@ -169,10 +118,7 @@ class RecordSource:
 
 @dataclass(frozen=True)
 class Provenance:
-    """The parsed ``provenance`` block of a dataset's metadata, and lookups in its table.
-
-    Build it with :meth:`from_meta`; every value is checked before anything is read from it.
-    """
+    """The parsed ``provenance`` block of a dataset's metadata (:meth:`from_meta`), and lookups in its table."""
 
     field: str
     columns: tuple[str, ...]
@@ -186,14 +132,8 @@ class Provenance:
 
     @classmethod
     def from_meta(cls, meta: DatasetMeta, *, where: str) -> Provenance | None:
-        """The block of ``meta`` (``None`` when the dataset has none).
-
-        Raises
-        ------
-        NotADatasetError
-            A value of the wrong type or out of bounds, or a field that is not a declared
-            ``int64 [C]`` field with one entry per column.
-        """
+        """The block of ``meta`` (``None`` when the dataset has none); NotADatasetError for a bad value or
+        a field that is not a declared ``int64 [C]`` field with one entry per column."""
         doc = meta.provenance
         if not doc:
             return None
@@ -253,28 +193,18 @@ class Provenance:
         return out
 
     def values(self, root: Path | Store, meta: DatasetMeta, start: int, stop: int) -> np.ndarray:
-        """The provenance field of records ``[start, stop)`` (``int64 [stop - start, C]``) of the dataset
-        at ``root`` (a directory or a store)."""
+        """The provenance field of records ``[start, stop)`` of the dataset at ``root``."""
         return read_field_rows(root, self.field, meta.fields[self.field], meta.num_records, meta.field_chunk_records,
                                meta.files, start, stop)
 
     def input_name(self, root: Path | Store, index: int) -> str:
-        """The name of input ``index``, reading one chunk of each table array.
-
-        Raises
-        ------
-        IndexError
-            ``index`` is not an input of this table.
-        CorruptShardError, NotADatasetError
-            The table contradicts itself (ends not increasing, a name longer than
-            :data:`MAX_NAME_NBYTES`) or a file differs from its recorded digest.
-        """
+        """The name of input ``index`` (else IndexError), reading one chunk of each table array;
+        NotADatasetError or CorruptShardError for a table that contradicts itself or its digests."""
         store = root if isinstance(root, Store) else LocalStore(root)
         if not 0 <= index < self.count:
             raise IndexError(f"{store.describe('')}: input {index} outside the {self.count} inputs of the provenance table")
         lo = max(0, index - 1)
-        ends = read_field_rows(store, ENDS_ARRAY, FieldSpec((), "int64"), self.count, self.ends_chunk, self.files,
-                               lo, index + 1)
+        ends = read_field_rows(store, ENDS_ARRAY, FieldSpec((), "int64"), self.count, self.ends_chunk, self.files, lo, index + 1)
         begin = 0 if index == 0 else int(ends[0])
         end = int(ends[-1])
         if not 0 <= begin <= end <= self.nbytes or end - begin > MAX_NAME_NBYTES:
@@ -282,13 +212,11 @@ class Provenance:
                 f"{store.describe(ENDS_ARRAY)}: input {index} would span bytes [{begin}, {end}) of {self.nbytes} "
                 f"(names are at most {MAX_NAME_NBYTES} bytes)"
             )
-        raw = read_field_rows(store, NAMES_ARRAY, FieldSpec((), "uint8"), self.nbytes, self.names_chunk, self.files,
-                              begin, end)
+        raw = read_field_rows(store, NAMES_ARRAY, FieldSpec((), "uint8"), self.nbytes, self.names_chunk, self.files, begin, end)
         return decode_name(raw.tobytes())
 
     def names(self, root: Path | Store) -> list[str]:
-        """The name of every input, in order (both table arrays read whole: what a commit that extends
-        the table needs)."""
+        """The name of every input, in order (both table arrays read whole)."""
         store = root if isinstance(root, Store) else LocalStore(root)
         ends = read_field_rows(store, ENDS_ARRAY, FieldSpec((), "int64"), self.count, self.ends_chunk, self.files)
         raw = read_field_rows(store, NAMES_ARRAY, FieldSpec((), "uint8"), self.nbytes, self.names_chunk, self.files)

@@ -1,10 +1,7 @@
 """Putting dataset files into a store: checked uploads, and a whole local dataset copied to a store.
 
-Every object shardkit uploads carries its crc32c as user metadata (``shardkit-crc32c``), so a
-resumed upload can tell an object that is already complete from one that is missing, partial or
-different with one HEAD request, without downloading it (:func:`object_matches`). The dataset's root
-document goes last (:func:`upload_dataset`), so a reader sees either the whole dataset or none:
-until then opening the URL reports an incomplete dataset.
+Every object shardkit uploads carries its crc32c as user metadata, so a resumed upload tells a
+complete object from another with one HEAD; the root document goes last (docs/design.md §9).
 """
 
 from __future__ import annotations
@@ -26,16 +23,7 @@ from shardkit.formats.spec import ZARR_JSON
 from shardkit.stores import Location, ObjectMeta, Store, open_store
 from shardkit.stores.atomic import fsync_dir
 
-__all__ = [
-    "CRC_METADATA_KEY",
-    "file_crc32c",
-    "object_matches",
-    "put_checked",
-    "upload_dataset",
-    "copy_object",
-    "link_file",
-    "writing",
-]
+__all__ = ["CRC_METADATA_KEY", "file_crc32c", "object_matches", "put_checked", "upload_dataset", "copy_object", "link_file", "writing"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,12 +42,8 @@ def file_crc32c(path: str | os.PathLike[str]) -> int:
 
 
 def object_matches(store: Store, key: str, size: int, crc32c: int) -> bool:
-    """True when ``key`` exists with exactly ``size`` bytes and the crc32c ``crc32c``.
-
-    Object stores answer from the size and the ``shardkit-crc32c`` metadata recorded at upload (one
-    HEAD); an object without that metadata (uploaded by something else) does not match. Local files
-    are checksummed.
-    """
+    """True when ``key`` exists with exactly ``size`` bytes and the crc32c ``crc32c``: one HEAD for an
+    object (one without shardkit's crc32c metadata does not match), a checksum for a local file."""
     try:
         meta = store.head(key)
     except FileNotFoundError:
@@ -86,12 +70,9 @@ def upload_dataset(
     *,
     progress: Callable[[int], None] | None = None,
 ) -> DatasetMeta:
-    """Copy the complete local dataset ``src`` into ``dest`` (a URL or store), root document last.
-
-    Objects already at ``dest`` with the same size and crc32c are not uploaded again, so an
-    interrupted upload resumes where it stopped. ``progress`` is called with the bytes of each file
-    done. Returns the dataset's metadata.
-    """
+    """Copy the complete local dataset ``src`` into ``dest`` (a URL or store), root document last, and
+    return its metadata; objects already there are skipped (a resumed upload), ``progress`` gets the
+    bytes of each file done."""
     root = Path(src)
     meta = read_dataset_meta(root)  # a complete, valid dataset, or a named error
     store = open_store(dest)
@@ -147,12 +128,8 @@ def _bucket_root(a: Store, b: Store) -> tuple[Store, str, str] | None:
 
 
 def copy_object(src: Store, src_key: str, dst: Store, dst_key: str, *, durable: bool = True) -> str:
-    """Copy ``src_key`` of ``src`` to ``dst_key`` of ``dst`` without moving its bytes through this
-    machine where the stores can: a hard link between local directories, a server-side copy inside
-    one bucket; otherwise (another bucket, another cloud, local to remote) a download and an upload.
-
-    Returns how: ``"link"``, ``"server"`` or ``"transfer"``.
-    """
+    """Copy ``src_key`` of ``src`` to ``dst_key`` of ``dst`` and say how: ``"link"`` (local), ``"server"``
+    (a server-side copy inside one bucket) or ``"transfer"`` (download and upload, as a last resort)."""
     if src.is_local and dst.is_local:
         link_file(src.local_path(src_key), dst.local_path(dst_key), durable=durable)
         return "link"
@@ -164,8 +141,7 @@ def copy_object(src: Store, src_key: str, dst: Store, dst_key: str, *, durable: 
         root, a, b = shared
         root.copy("/".join(p for p in (a, src_key) if p), "/".join(p for p in (b, dst_key) if p))
         return "server"
-    logger.info("%s -> %s: no server-side copy between these stores; transferring the bytes",
-                src.describe(src_key), dst.describe(dst_key))
+    logger.info("%s -> %s: no server-side copy between these stores; transferring the bytes", src.describe(src_key), dst.describe(dst_key))
     if src.is_local:
         put_checked(dst, dst_key, src.local_path(src_key))
     else:
@@ -178,13 +154,8 @@ def copy_object(src: Store, src_key: str, dst: Store, dst_key: str, *, durable: 
 
 @contextmanager
 def writing(store: Store, key: str) -> Iterator[Path]:
-    """A local path to write the file ``key`` of ``store`` through.
-
-    A local store gives the file's own path (the writer makes it appear atomically, as
-    :class:`~shardkit.formats.writer.ShardWriter` does); an object store a private temporary file,
-    uploaded as ``key`` (its crc32c in the object's metadata) when the block ends without an error,
-    and deleted in any case.
-    """
+    """A local path to write the file ``key`` of ``store`` through: the file's own (the writer makes it
+    appear atomically), or a private temporary file uploaded when the block ends without an error."""
     if store.is_local:
         yield store.local_path(key)
         return

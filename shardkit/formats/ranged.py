@@ -1,11 +1,8 @@
 """Reading payload shards from an object store: coalesced byte ranges, many requests in flight.
 
-:class:`RangedPayloadArray` is the :class:`~shardkit.formats.reader.PayloadArray` of a dataset in a
-store. It plans a block exactly like the local reader and fetches the runs concurrently, checking
-every response's length, object size, ETag and each shard's identity before its records are
-served; with a local cache it reads the shards a
-:class:`~shardkit.stores.prefetch.ShardPrefetcher` downloaded whole. The checks and the reasons
-(gap threshold, whole shards) are in docs/design.md §9.
+Blocks are planned exactly like the local reader's and their runs fetched concurrently, every
+response and each shard's identity checked before its records are served; with a local cache, shards
+downloaded whole are read from it. The checks and the reasons: docs/design.md §9.
 """
 
 from __future__ import annotations
@@ -17,13 +14,7 @@ from typing import NoReturn
 
 import numpy as np
 
-from shardkit.errors import (
-    ConfigError,
-    MissingShardError,
-    ObjectChangedError,
-    ShardkitError,
-    TruncatedShardError,
-)
+from shardkit.errors import ConfigError, MissingShardError, ObjectChangedError, ShardkitError, TruncatedShardError
 from shardkit.formats.checksums import FileDigest, fd_crc32c
 from shardkit.formats.index import ShardIndex
 from shardkit.formats.reader import DEFAULT_GAP_BYTES, Destination, PayloadArray, ReadStats, _Plan, _Rows, _Run
@@ -39,34 +30,18 @@ __all__ = ["RangedPayloadArray", "DEFAULT_REMOTE_GAP_BYTES"]
 #: requested separately (why it is larger than the local one: docs/design.md §9).
 DEFAULT_REMOTE_GAP_BYTES = 1 << 20
 
-#: With a cache, a block's records in a shard still being prefetched wait for its local copy
-#: (True) rather than being fetched by range, which would compete with the downloads for the link
-#: and fetch those bytes twice (docs/design.md §9).
+#: With a cache, records of a shard still being prefetched wait for its local copy rather than being
+#: fetched by range, competing with the downloads and fetching those bytes twice (docs/design.md §9).
 WAIT_FOR_PREFETCH = True
 
 
 class RangedPayloadArray(PayloadArray):
-    """The payload array of a dataset in a (remote) store (docs/design.md §9).
+    """The payload array ``array`` of the dataset at the root of ``store`` (docs/design.md §9).
 
-    Parameters
-    ----------
-    store
-        The dataset's store (its root is the dataset).
-    array
-        The payload array's name (``image``).
-    shards
-        Shard list from the dataset metadata (required: sizes and checksums come from it).
-    stats
-        Counters: one ``read_calls`` per request, ``bytes_read`` its bytes.
-    gap_bytes
-        Coalescing threshold (default :data:`DEFAULT_REMOTE_GAP_BYTES`).
-    document_digest
-        Recorded size and crc32c of the array's ``zarr.json``.
-    cache
-        A local :class:`~shardkit.stores.cache.ShardCache` of this dataset version: responses are
-        also stored there, and shards it holds complete (and verified) are read locally.
-    cache_stats
-        Counters of the reads served from ``cache`` (not requests to the store).
+    As :class:`~shardkit.formats.reader.PayloadArray`, with ``stats`` counting one ``read_calls`` per
+    request. With a ``cache`` (a :class:`~shardkit.stores.cache.ShardCache` of this version), shards
+    are downloaded whole in the background and read from their verified local copies, counted in
+    ``cache_stats``.
     """
 
     def __init__(
@@ -115,9 +90,8 @@ class RangedPayloadArray(PayloadArray):
         return self.shards[i].nbytes - index_nbytes(self.records_per_shard)
 
     def _tail_nbytes(self, i: int) -> int:
-        """The tail read with the index, when the index is fetched; 0 when the metadata fixes the index
-        (it is not fetched, and :meth:`_check_tails` fetches the tail alone before the first ranged
-        read of the shard)."""
+        """The tail read with the index when it is fetched; 0 when the metadata fixes the index (then
+        :meth:`_check_tails` fetches the tail alone before the first ranged read of the shard)."""
         if self._known_index(i) is not None:
             return 0
         return super()._tail_nbytes(i)
@@ -128,20 +102,20 @@ class RangedPayloadArray(PayloadArray):
 
     def _check_tails(self, shards: set[int]) -> None:
         """Check the ``tail_crc32c`` of every shard of ``shards`` not checked yet, before any of its
-        records is fetched by range: the tails are fetched concurrently (one round trip, one small
-        request per shard, once per reader; a shard whose index was fetched was checked with it)."""
+        records is fetched by range (one concurrent round trip, once per reader)."""
         todo = [i for i in sorted(shards) if i not in self._tails_checked and PayloadArray._tail_nbytes(self, i)]
-        if not todo:
-            return
-        asks = []
-        for i in todo:
-            end = self._data_nbytes(i)
-            asks.append(ByteRange(self._key(i), end - PayloadArray._tail_nbytes(self, i), end, self._etags.get(i)))
-        for got in _shards_present(self.store.fetch(asks)):
-            i, ask = todo[got.index], asks[got.index]
+        asks = [ByteRange(self._key(i), self._data_nbytes(i) - PayloadArray._tail_nbytes(self, i), self._data_nbytes(i),
+                          self._etags.get(i)) for i in todo]  # fmt: skip
+        for i, got in self._fetched(todo, asks):
+            self._check_tail(i, bytes(got.data))
+
+    def _fetched(self, shards: list[int], asks: list[ByteRange]) -> Iterator[tuple[int, Fetched]]:
+        """The responses to ``asks`` (``asks[k]`` reads shard ``shards[k]``), each checked and counted."""
+        for got in _shards_present(self.store.fetch(asks)) if asks else ():
+            i, ask = shards[got.index], asks[got.index]
             self._check_response(i, got, ask)
             self.stats.add(self.shard_location(i), ask.start, ask.nbytes)
-            self._check_tail(i, bytes(got.data))
+            yield i, got
 
     def _known_index(self, i: int) -> bytes | None:
         """The index bytes of uncompressed shard ``i`` when the metadata fixes them: the dense
@@ -165,15 +139,11 @@ class RangedPayloadArray(PayloadArray):
 
     def _fetch_index(self, i: int, start: int) -> tuple[bytes, int]:
         info = self.shards[i]
-        ask = ByteRange(self._key(i), start, info.nbytes, self._etags.get(i))
-        got = next(_shards_present(self.store.fetch([ask])))
-        self._check_response(i, got, ask)
-        self.stats.add(self.shard_location(i), start, ask.nbytes)
+        _, got = next(self._fetched([i], [ByteRange(self._key(i), start, info.nbytes, self._etags.get(i))]))
         return bytes(got.data), got.object_size
 
     def _index_bytes(self, i: int, isize: int) -> tuple[bytes, int]:
-        """The shard's index: computed when the metadata fixes it, else fetched (one ranged GET,
-        or prefetched with the other shards of a block by :meth:`read`)."""
+        """The shard's index: computed when the metadata fixes it, else prefetched or fetched."""
         info = self.shards[i]
         known = self._known_index(i)
         if known is not None:
@@ -187,12 +157,8 @@ class RangedPayloadArray(PayloadArray):
         return self._keys.get(i, self.shards[i].path)
 
     def _check_response(self, i: int, got: Fetched, asked: ByteRange) -> None:
-        """The object behind a response is the shard the metadata describes, in one version.
-
-        When it is not, and a newer version of the dataset replaced the shard (the store keeps the
-        copy of this reader's version, :mod:`~shardkit.formats.versions`), :class:`_Replaced` asks
-        the caller to read that copy instead.
-        """
+        """The object behind a response is the shard the metadata describes, in one version; when a
+        newer version replaced it, :class:`_Replaced` asks the caller to read this version's kept copy."""
         info = self.shards[i]
         cause: ShardkitError | None = None
         try:
@@ -230,9 +196,7 @@ class RangedPayloadArray(PayloadArray):
         another ETag is :class:`~shardkit.errors.ObjectChangedError`. Returns the pinned ETag."""
         pinned = self._etags.setdefault(i, etag) if etag is not None else self._etags.get(i)
         if pinned is not None and etag is not None and etag != pinned:
-            raise ObjectChangedError(
-                f"{what}: the shard changed while it was being read (ETag {pinned} became {etag})"
-            )
+            raise ObjectChangedError(f"{what}: the shard changed while it was being read (ETag {pinned} became {etag})")
         return pinned
 
     def memmap(self, i: int) -> np.memmap:
@@ -269,20 +233,13 @@ class RangedPayloadArray(PayloadArray):
         # each index with the shard's tail before it (checked with it: one request per shard)
         asks = [ByteRange(self._key(i), self.shards[i].nbytes - isize - self._tail_nbytes(i), self.shards[i].nbytes)
                 for i in missing]  # fmt: skip
-        raws: dict[int, bytes] = {}
-        for got in _shards_present(self.store.fetch(asks)):
-            i = missing[got.index]
-            self._check_response(i, got, asks[got.index])
-            self.stats.add(self.shard_location(i), asks[got.index].start, asks[got.index].nbytes)
-            raws[i] = bytes(got.data)
-        self._pending_index.update(raws)
+        self._pending_index.update({i: bytes(got.data) for i, got in self._fetched(missing, asks)})
         for i in missing:
             self.index(i)
 
     def _read_runs(self, runs: list[_Run], rows: _Rows) -> None:
-        """Runs of shards the local cache holds are read from it; the others are fetched (split
-        into requests of at most ``request_bytes``) and each response scattered into its rows as it
-        arrives, and stored in the cache."""
+        """Runs of shards the local cache holds are read from it (or waited for while it is being
+        prefetched); the others are fetched by range (:meth:`_fetch_runs`)."""
         remote: list[_Run] = []
         waiting: list[_Run] = []
         for run in runs:
@@ -309,9 +266,8 @@ class RangedPayloadArray(PayloadArray):
         return self.cache.open(_entry(i), functools.partial(self._verify_copy, i))
 
     def _fetch_runs(self, remote: list[_Run], rows: _Rows) -> None:
-        """Fetch runs by range (split into requests of at most ``request_bytes``), each response
-        scattered into its rows as it arrives. Each shard's identity is checked first
-        (:meth:`_check_tails`), so no record of a foreign shard lands in a row."""
+        """Fetch runs in requests of at most ``request_bytes``, each response scattered into its rows as
+        it arrives, after each shard's identity is checked (:meth:`_check_tails`)."""
         self._check_tails({run.shard for run in remote})
         pieces: list[tuple[_Run, int, int]] = []  # (run, first record, end record) per request
         asks: list[ByteRange] = []
@@ -326,12 +282,9 @@ class RangedPayloadArray(PayloadArray):
                 pieces.append((run, a, b))
                 asks.append(ByteRange(self._key(run.shard), start, int(ends[b - 1]), self._etags.get(run.shard)))
                 a = b
-        for got in _shards_present(self.store.fetch(asks)):
+        for _, got in self._fetched([run.shard for run, _, _ in pieces], asks):
             run, a, b = pieces[got.index]
-            ask = asks[got.index]
-            self._check_response(run.shard, got, ask)
-            self._scatter(run, a, b, ask.start, got.data, rows)
-            self.stats.add(run.path, ask.start, ask.nbytes)
+            self._scatter(run, a, b, asks[got.index].start, got.data, rows)
 
     def _read_cached(self, fd: int, run: _Run, rows: _Rows) -> None:
         """One run from the shard's verified local copy: the run's span in one ``pread``, then
@@ -347,8 +300,7 @@ class RangedPayloadArray(PayloadArray):
 
     # ------------------------------------------------------------------ the local cache
     def _start_prefetch(self) -> ShardPrefetcher:
-        """Download every shard whole into the cache, in the background, ascending (see
-        :mod:`shardkit.stores.prefetch` and docs/design.md §9 for why whole shards)."""
+        """Download every shard whole into the cache, in the background, ascending (docs/design.md §9)."""
         assert self.cache is not None
         # A shard a newer version replaced has another size: the prefetcher leaves it remote, and the
         # ranged path reads the copy kept for this version (see _check_response).

@@ -1,14 +1,13 @@
 """Reading payload shards with ``pread``/``preadv`` straight into preallocated numpy buffers.
 
-The primitive everything else builds on is :meth:`PayloadArray.read_into`: records in any order,
-each with its destination row, read shard by shard in ascending offsets, close records coalesced
-into one call, every byte copied once from the page cache to where the caller wants it. So reading
-a block of a random permutation costs the same as reading its records in storage order. The read
-path (announced runs, small records through a bounce buffer, the gap threshold): docs/design.md §3.
+:meth:`PayloadArray.read_into` reads records in any order, shard by shard in ascending offsets, close
+records coalesced, every byte copied once to its destination row: a block of a random permutation
+costs what its records in storage order cost. The read path: docs/design.md §3 (*The hot path*).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -36,29 +35,13 @@ from shardkit.formats.codecs import RecordCodec, codec_from_zarr, decode_record
 from shardkit.formats.index import ShardIndex, crc32c_of
 from shardkit.formats.metadata import read_json
 from shardkit.formats.paths import resolve_inside
-from shardkit.formats.spec import (
-    MAX_NDIM,
-    MAX_RECORDS_PER_SHARD,
-    ZARR_JSON,
-    FieldSpec,
-    ShardInfo,
-    chunk_key,
-    index_nbytes,
-)
+from shardkit.formats.spec import MAX_NDIM, MAX_RECORDS_PER_SHARD, ZARR_JSON, FieldSpec, ShardInfo, chunk_key, index_nbytes
 from shardkit.formats.versions import older_copy, read_document
 from shardkit.stores import LocalStore
 from shardkit.stores.local import open_regular
 
-__all__ = [
-    "ReadStats",
-    "PayloadArray",
-    "ShardedLayout",
-    "Destination",
-    "aligned_empty",
-    "DEFAULT_GAP_BYTES",
-    "BUFFER_ALIGNMENT",
-    "SCATTER_MIN_BYTES",
-]
+__all__ = ["ReadStats", "PayloadArray", "ShardedLayout", "Destination", "aligned_empty", "DEFAULT_GAP_BYTES", "BUFFER_ALIGNMENT",
+           "SCATTER_MIN_BYTES"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,11 +61,8 @@ BUFFER_ALIGNMENT = 4096
 
 @dataclass
 class ReadStats:
-    """Counters of one reader (one tier): what was asked of storage.
-
-    ``trace`` (off by default) records every request as ``(file, offset, nbytes)`` so tests can prove
-    the access pattern (ascending offsets within a pass).
-    """
+    """Counters of one reader (one tier): what was asked of storage; ``trace`` (off by default) records
+    every request as ``(file, offset, nbytes)`` so tests can prove the access pattern."""
 
     bytes_read: int = 0
     read_calls: int = 0
@@ -107,23 +87,9 @@ class ReadStats:
 
 @dataclass(frozen=True)
 class ShardedLayout:
-    """What a reader needs from a sharded payload array's ``zarr.json``.
-
-    Attributes
-    ----------
-    shape
-        Array shape ``(N, *record_shape)``.
-    dtype
-        Little-endian numpy dtype of the records.
-    records_per_shard
-        Records per shard S (the shard shape along axis 0).
-    codec
-        Per-record codec, or ``None`` for the fixed-size layout.
-    fill_value
-        What a record never written reads as (zarr semantics).
-    separator
-        Chunk key separator of the ``default`` chunk key encoding.
-    """
+    """What a reader needs from a sharded payload array's ``zarr.json``: shape ``(N, *record_shape)``,
+    little-endian dtype, records per shard S, per-record codec (``None``: fixed-size layout), the fill
+    value a record never written reads as, and the chunk key separator."""
 
     shape: tuple[int, ...]
     dtype: np.dtype[Any]
@@ -134,16 +100,20 @@ class ShardedLayout:
 
     @classmethod
     def parse(cls, doc: dict[str, Any], where: str) -> ShardedLayout:
-        """Check that ``doc`` is a shardkit-compatible sharded zarr v3 array and extract its layout.
-
-        Every size is bounded (record bytes, records per shard) before a caller allocates from it.
-        """
+        """Check that ``doc`` is a shardkit-compatible sharded zarr v3 array and extract its layout,
+        every size bounded (at most 2**62 records, record bytes, records per shard) before use."""
         if doc.get("zarr_format") != 3 or doc.get("node_type") != "array":
             raise NotADatasetError(f"{where}: expected zarr v3 array metadata")
-        shape = _array_shape(doc, where)
+        shape = jv.shape(jv.member(doc, "shape", where), "shape", where, max_ndim=MAX_NDIM + 1, lo=0, hi=2**62)
+        if 0 in shape[1:]:
+            raise NotADatasetError(f"{where}: record dimensions must be positive, found shape {list(shape)}")
         if not shape:
             raise NotADatasetError(f"{where}: expected an array with a record axis, found a scalar")
-        dtype = _record_dtype(doc, shape, where)
+        data_type = jv.string(jv.member(doc, "data_type", where), "data_type", where)
+        try:  # numeric, one record within the record-size bound
+            dtype = np.dtype(FieldSpec(shape[1:], data_type).dtype).newbyteorder("<")
+        except SchemaError as exc:
+            raise NotADatasetError(f"{where}: {exc}") from None
         grid = jv.mapping(jv.member(doc, "chunk_grid", where), "chunk_grid", where)
         if grid.get("name") != "regular":
             raise NotADatasetError(f"{where}: expected a 'regular' chunk grid, found {grid.get('name')!r}")
@@ -160,9 +130,7 @@ class ShardedLayout:
                 f"found inner chunk {inner} in shard {shard_shape}"
             )
         if not 1 <= shard_shape[0] <= MAX_RECORDS_PER_SHARD:
-            raise NotADatasetError(
-                f"{where}: expected 1 to {MAX_RECORDS_PER_SHARD} records per shard, found {shard_shape[0]}"
-            )
+            raise NotADatasetError(f"{where}: expected 1 to {MAX_RECORDS_PER_SHARD} records per shard, found {shard_shape[0]}")
         index_codecs = [c.get("name") if isinstance(c, dict) else c for c in jv.array(conf.get("index_codecs", []), "index_codecs", where)]
         if index_codecs != ["bytes", "crc32c"]:
             raise NotADatasetError(f"{where}: expected index codecs [bytes, crc32c], found {index_codecs}")
@@ -177,24 +145,6 @@ class ShardedLayout:
             raise NotADatasetError(f"{where}: expected index_location 'end', found {conf['index_location']!r}")
         fill = _fill_value(doc.get("fill_value", 0), dtype, where)
         return cls(shape, dtype, shard_shape[0], codec, fill, sep)
-
-
-def _array_shape(doc: dict[str, Any], where: str) -> tuple[int, ...]:
-    """``shape``: N >= 0 records (at most 2**62), every record dimension >= 1."""
-    shape = jv.shape(jv.member(doc, "shape", where), "shape", where, max_ndim=MAX_NDIM + 1, lo=0, hi=2**62)
-    if any(d == 0 for d in shape[1:]):
-        raise NotADatasetError(f"{where}: record dimensions must be positive, found shape {list(shape)}")
-    return shape
-
-
-def _record_dtype(doc: dict[str, Any], shape: tuple[int, ...], where: str) -> np.dtype[Any]:
-    """A numeric little-endian dtype, with one record (``shape[1:]``) within the record-size bound."""
-    name = jv.string(jv.member(doc, "data_type", where), "data_type", where)
-    try:
-        spec = FieldSpec(shape[1:], name)
-    except SchemaError as exc:
-        raise NotADatasetError(f"{where}: {exc}") from None
-    return np.dtype(spec.dtype).newbyteorder("<")
 
 
 def _fill_value(value: Any, dtype: np.dtype[Any], where: str) -> Any:
@@ -241,11 +191,6 @@ class _Plan:
         last = np.append(self.run_starts[1:], self.size) - 1
         return self.offs[self.run_starts], self.offs[last] + self.sizes[last]
 
-    def extents(self) -> list[tuple[int, int, int]]:
-        """``(shard, start, end)`` of every run: the byte ranges the read will request."""
-        start, end = self.spans()
-        return list(zip(self.shard[self.run_starts].tolist(), start.tolist(), end.tolist()))
-
     def dense_runs(self) -> np.ndarray:
         """Runs whose wanted records fill at least half of the bytes they read (for each run)."""
         start, end = self.spans()
@@ -253,24 +198,20 @@ class _Plan:
         dense: np.ndarray = 2 * wanted >= end - start
         return dense
 
-
     def as_runs(self, location: Callable[[int], str]) -> list[_Run]:
-        """The plan as one :class:`_Run` per request, for readers that fetch run by run (the
-        object-store reader); ``pos`` is the record's index in the plan (see :class:`_Rows`)."""
+        """The plan as one :class:`_Run` per request, ``pos`` indexing the plan (see :class:`_Rows`)."""
         out = []
         for a, b in self.runs():
             i = int(self.shard[a])
-            out.append(_Run(i, -1, location(i), self.offs[a:b], self.sizes[a:b], np.arange(a, b, dtype=np.int64)))
+            out.append(_Run(i, location(i), self.offs[a:b], self.sizes[a:b], np.arange(a, b, dtype=np.int64)))
         return out
 
 
 @dataclass(frozen=True)
 class _Run:
-    """Records of one shard read by one request: ascending offsets, gaps <= gap_bytes; record ``j``
-    goes to ``rows[pos[j]]``."""
+    """Records of one shard read by one request; record ``j`` goes to ``rows[pos[j]]``."""
 
     shard: int
-    fd: int
     path: str
     offs: np.ndarray
     sizes: np.ndarray
@@ -294,13 +235,9 @@ class _Rows:
 
 
 def aligned_empty(n: int, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
-    """An uninitialised C-contiguous ``[n, *shape]`` array starting on a :data:`BUFFER_ALIGNMENT` boundary.
-
-    numpy's large allocations start 16 bytes past a page; TensorFlow copies any array that is not
-    64-byte aligned when it becomes a tensor, and ``O_DIRECT`` reads need sector alignment. The
-    array's ``base`` is the one owner of the memory, which is what
-    :class:`~shardkit.tiers.buffers.BatchPool` counts references of.
-    """
+    """An uninitialised C-contiguous ``[n, *shape]`` array starting on a :data:`BUFFER_ALIGNMENT` boundary
+    (numpy's start 16 bytes past a page); its ``base`` owns the memory, which is what
+    :class:`~shardkit.tiers.buffers.BatchPool` counts references of."""
     nbytes = int(n) * int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
     raw = np.empty(nbytes + BUFFER_ALIGNMENT, dtype=np.uint8)
     start = -raw.ctypes.data % BUFFER_ALIGNMENT
@@ -309,15 +246,9 @@ def aligned_empty(n: int, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.nd
 
 @dataclass(frozen=True, eq=False)
 class Destination:
-    """Where :meth:`PayloadArray.read_into` puts each record: record ``j`` of the request lands in
-    row ``rows[j]`` of ``buffers[which[j]]``.
-
-    ``read(keys, out)`` is the special case of one buffer and ``rows = arange(n)``; the sampler
-    uses several (the batch buffers a block's records belong to, and the static cache's rows), so
-    each record is read from storage straight into the place the consumer will see it.
-
-    Every buffer is a C-contiguous, writeable ``[n_i, *record_shape]`` array of the payload dtype.
-    """
+    """Where :meth:`PayloadArray.read_into` puts each record: record ``j`` of the request lands in row
+    ``rows[j]`` of ``buffers[which[j]]``, each a C-contiguous, writeable ``[n_i, *record_shape]`` array
+    of the payload dtype (the sampler's batch buffers and static cache: no copy after the read)."""
 
     buffers: tuple[np.ndarray, ...]
     which: np.ndarray
@@ -347,31 +278,14 @@ class Destination:
 
 
 class PayloadArray:
-    """Random and sequential access to the records of a sharded payload array.
+    """Random and sequential access to the records of a sharded payload array with the shardkit layout,
+    whether shardkit or zarr-python wrote it.
 
-    Works on any zarr v3 array with the shardkit layout (one record per inner chunk, index with
-    crc32c), whether shardkit or zarr-python wrote it.
-
-    Parameters
-    ----------
-    path
-        The array directory (holding ``zarr.json``).
-    shards
-        Shard list from the dataset metadata. Without it (a bare zarr array) shards are derived from
-        the chunk grid and their sizes are not checked against a record.
-    stats
-        Counters to update; a fresh :class:`ReadStats` by default.
-    gap_bytes
-        Coalescing threshold (default :data:`DEFAULT_GAP_BYTES`).
-    document_digest
-        Size and crc32c of ``zarr.json`` recorded in the dataset metadata (format 1.1), checked before
-        the document is parsed.
-
-    Notes
-    -----
-    ``read`` may be called from several threads at once: file descriptors are opened under a lock,
-    indexes are immutable once read, and the shared scratch buffer only ever receives gap bytes that
-    nobody looks at.
+    ``path`` is the array directory; ``shards`` the dataset metadata's shard list (without it, a bare
+    zarr array's shards come from the chunk grid, sizes unchecked); ``stats`` the counters to update;
+    ``gap_bytes`` the coalescing threshold; ``document_digest`` the recorded size and crc32c of
+    ``zarr.json``, checked before it is parsed. ``read`` is thread-safe (descriptors open under a lock,
+    indexes are immutable, the shared scratch buffer only receives gap bytes).
     """
 
     def __init__(
@@ -422,13 +336,10 @@ class PayloadArray:
         n_shards = math.ceil(self.num_records / self.records_per_shard) if self.num_records else 0
         ndim = len(self.shape)
         self._from_metadata = shards is not None
+        s = self.records_per_shard
         if shards is None:
-            shards = []
-            for i in range(n_shards):
-                rel = chunk_key(array_name, i, ndim, self.layout.separator).split("/", 1)[1]
-                start = i * self.records_per_shard
-                shards.append(ShardInfo(rel, start, min(start + self.records_per_shard, self.num_records), -1, -1))
-            return shards
+            return [ShardInfo(chunk_key(array_name, i, ndim, self.layout.separator).split("/", 1)[1], i * s,
+                              min((i + 1) * s, self.num_records), -1, -1) for i in range(n_shards)]  # fmt: skip
         if len(shards) != n_shards:
             raise NotADatasetError(
                 f"{self.path}: metadata lists {len(shards)} shards, expected {n_shards} for "
@@ -466,9 +377,7 @@ class PayloadArray:
                         fd = open_regular(real, "payload shard")
                     except FileNotFoundError:
                         info = self.shards[i]
-                        raise MissingShardError(
-                            f"{path}: shard {i} (records {info.start}-{info.stop - 1}) is missing"
-                        ) from None
+                        raise MissingShardError(f"{path}: shard {i} (records {info.start}-{info.stop - 1}) is missing") from None
                     fd = self._of_this_version(i, fd, real)
                     # Every pass over a shard reads ascending offsets: ask for aggressive readahead.
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
@@ -513,8 +422,7 @@ class PayloadArray:
         return idx
 
     def stored_index(self, i: int) -> ShardIndex:
-        """The index as stored in shard ``i``'s file, checked (what ``verify`` inspects; for local
-        shards the same as :meth:`index`)."""
+        """The index as stored in shard ``i``'s file, checked (what ``verify`` inspects)."""
         return self.index(i)
 
     def _decode_index(self, i: int, raw: bytes, size: int) -> ShardIndex:
@@ -529,9 +437,7 @@ class PayloadArray:
             )
         cut = max(0, len(raw) - isize)  # what precedes the index: the records' tail, when checked
         sample, raw = raw[:cut], raw[cut:]
-        idx = ShardIndex.decode(
-            raw, self.records_per_shard, path=path, data_nbytes=size - isize, recorded_crc32c=info.index_crc32c
-        )
+        idx = ShardIndex.decode(raw, self.records_per_shard, path=path, data_nbytes=size - isize, recorded_crc32c=info.index_crc32c)
         count = info.count
         if info.nbytes >= 0 and not idx.present[:count].all():
             # A dataset's shard holds every one of its records: an empty slot would read as the fill
@@ -545,9 +451,7 @@ class PayloadArray:
             if info.nbytes >= 0:  # a dataset's shard: exactly the fixed-size layout
                 idx.check_dense(path, count, self.record_nbytes)
             elif np.any(idx.nbytes[:count][idx.present[:count]] != self.record_nbytes):
-                raise CorruptIndexError(
-                    f"{path}: uncompressed records must be {self.record_nbytes} bytes, index says otherwise"
-                )
+                raise CorruptIndexError(f"{path}: uncompressed records must be {self.record_nbytes} bytes, index says otherwise")
         if self._tail_nbytes(i):
             self._check_tail(i, sample)
         return idx
@@ -561,15 +465,9 @@ class PayloadArray:
         return ShardInfo.tail_nbytes(info.nbytes - index_nbytes(self.records_per_shard))
 
     def _check_tail(self, i: int, sample: bytes) -> None:
-        """Refuse shard ``i`` when the end of its records is not what the metadata records for it.
-
-        What it catches, at no extra request (the bytes come with the index): a valid shard file that
-        is not this dataset's shard ``i``, i.e. one copied from another dataset or swapped with another
-        shard of this one, even when size and index are identical (uncompressed shards of the same
-        layout), and any change to the end of the last record. What it cannot: a change elsewhere in
-        the records (only ``verify``, which streams every byte against ``data_crc32c``, sees that), or
-        a shard that differs from the recorded one only before its last ``TAIL_SAMPLE_NBYTES`` bytes.
-        """
+        """Refuse shard ``i`` when the end of its records (read with the index) is not what the metadata
+        records: a shard copied or swapped, or its last record changed. Changes elsewhere in the records
+        are only seen by ``verify``."""
         info = self.shards[i]
         crc = crc32c_of(sample)
         if crc != info.tail_crc32c:
@@ -590,9 +488,7 @@ class PayloadArray:
         if info.nbytes >= 0 and size != info.nbytes:
             return b"", size  # index() reports the size mismatch
         if size < isize:
-            raise TruncatedShardError(
-                f"{path}: shard {i} is {size} bytes, smaller than its {isize}-byte index"
-            )
+            raise TruncatedShardError(f"{path}: shard {i} is {size} bytes, smaller than its {isize}-byte index")
         want = isize + self._tail_nbytes(i)  # the records' tail comes with the index (one request)
         offset = size - want
         raw = os.pread(fd, want, offset)
@@ -614,11 +510,7 @@ class PayloadArray:
         return aligned_empty(n, self.record.shape, self.dtype)
 
     def read(self, keys: np.ndarray | list[int], out: np.ndarray | None = None) -> np.ndarray:
-        """Read records ``keys`` (any order, duplicates allowed) into ``out[j] = record keys[j]``.
-
-        Each shard is visited once with ascending offsets. This is
-        :meth:`read_into` with every record going to its own row of one buffer.
-        """
+        """Read records ``keys`` (any order, duplicates allowed) into ``out[j] = record keys[j]``."""
         keys = np.asarray(keys, dtype=np.int64).reshape(-1)
         n = keys.shape[0]
         if out is None:
@@ -632,14 +524,8 @@ class PayloadArray:
         return out
 
     def read_into(self, keys: np.ndarray | list[int], dest: Destination) -> None:
-        """Read records ``keys`` (any order, duplicates allowed) straight into their destinations.
-
-        Record ``keys[j]`` lands in row ``dest.rows[j]`` of ``dest.buffers[dest.which[j]]``, with no
-        intermediate copy for records of at least :data:`SCATTER_MIN_BYTES` (one ``iovec`` per
-        record; smaller records go through a small reused bounce buffer).
-        Each shard is visited once with ascending offsets. A key that appears twice is read once
-        and copied to its other destination.
-        """
+        """Read records ``keys`` (any order, duplicates allowed: read once, then copied) straight into
+        their :class:`Destination` rows, each shard visited once with ascending offsets (docs/design.md §3)."""
         keys = np.asarray(keys, dtype=np.int64).reshape(-1)
         n = keys.shape[0]
         dest.check(n, self.record.shape, self.dtype, str(self.path))
@@ -666,8 +552,7 @@ class PayloadArray:
         self.stats.add_records(n)
 
     def _read_plan(self, plan: _Plan, rows: list[np.ndarray]) -> None:
-        """Read every record of ``plan`` into its row (the I/O half of :meth:`read_into`; the
-        object-store reader overrides it)."""
+        """Read every record of ``plan`` into its row (the I/O half of :meth:`read_into`)."""
         if plan.num_runs > 1:
             # A sparse selection: announce every run first, so the kernel queues all of them at
             # once (asynchronous readahead at a deep device queue) instead of one at a time.
@@ -681,12 +566,12 @@ class PayloadArray:
 
     def _announce(self, plan: _Plan) -> None:
         """``POSIX_FADV_WILLNEED`` for every run of ``plan``: the kernel starts reading all of them."""
-        for shard, off, end in plan.extents():
-            os.posix_fadvise(self._fd(shard), off, end - off, os.POSIX_FADV_WILLNEED)
+        start, end = plan.spans()
+        for shard, a, b in zip(plan.shard[plan.run_starts].tolist(), start.tolist(), end.tolist()):
+            os.posix_fadvise(self._fd(shard), a, b - a, os.POSIX_FADV_WILLNEED)
 
     def _plan(self, keys: np.ndarray, which: np.ndarray, row: np.ndarray, rows: list[np.ndarray]) -> _Plan:
-        """Every distinct wanted record (``keys`` ascending) in read order: by shard, then by
-        ascending offset, cut into coalesced runs (gaps <= ``gap_bytes``)."""
+        """Every distinct wanted record (``keys`` ascending) in read order, cut into coalesced runs."""
         shard_of = keys // self.records_per_shard
         bounds = (np.flatnonzero(np.diff(shard_of)) + 1).tolist()
         parts: list[tuple[np.ndarray, ...]] = []
@@ -750,10 +635,7 @@ class PayloadArray:
             self._preadv_all(self._fd(i), self._shard_str(i), buffers, start)
 
     def _read_bounced(self, plan: _Plan, rows: list[np.ndarray], runs: np.ndarray) -> None:
-        """Runs ``runs`` of small records: each is read whole, gaps included, in pieces of at most
-        :data:`BOUNCE_BYTES` into one reused buffer, and its records are scattered with one numpy
-        copy per destination buffer and piece (per-record ``iovec`` s would cost more CPU than the
-        copy)."""
+        """Runs ``runs`` of small records: read whole in pieces of at most :data:`BOUNCE_BYTES`, scattered by numpy copies."""
         if runs.size == 0:
             return
         rec = self.record_nbytes
@@ -801,16 +683,13 @@ class PayloadArray:
                     done = 0
                 more = os.preadv(fd, rest, offset + got) if rest else 0
                 if more <= 0:
-                    raise TruncatedShardError(
-                        f"{path}: expected {want} bytes at offset {offset}, the file ended after {got}"
-                    )
+                    raise TruncatedShardError(f"{path}: expected {want} bytes at offset {offset}, the file ended after {got}")
                 got += more
             self.stats.add(path, offset, want)
             offset += want
 
     def _read_compressed(self, plan: _Plan, rows: list[np.ndarray]) -> None:
-        """Compressed records: each run is read whole into a temporary, then every record is
-        decoded straight into its row."""
+        """Compressed records: each run is read whole into a temporary, each record decoded into its row."""
         assert self.codec is not None
         for a, b in plan.runs():
             i = int(plan.shard[a])
@@ -825,8 +704,7 @@ class PayloadArray:
                 self._decode(i, start + off, view[off : off + size], rows[w][r])
 
     def _decode(self, i: int, offset: int, data: bytes | memoryview, out: np.ndarray) -> None:
-        """Decode the compressed record at byte ``offset`` of shard ``i`` into ``out`` (exactly its
-        size, :func:`~shardkit.formats.codecs.decode_record`); the error names shard and record."""
+        """Decode the compressed record at byte ``offset`` of shard ``i`` into ``out``, naming it on error."""
         assert self.codec is not None
         decode_record(self.codec, data, out, where=self._shard_str(i), what=lambda: self._record_name(i, offset))
 
@@ -846,10 +724,7 @@ class PayloadArray:
                 and all(info.nbytes >= 0 for info in self.shards))  # fmt: skip
 
     def announce(self, keys: np.ndarray) -> None:
-        """Tell the kernel that records ``keys`` (ascending, distinct) will be read soon, so it starts
-        reading them (``POSIX_FADV_WILLNEED`` per run, what :meth:`read_into` does first); from
-        another thread, this overlaps the device and the page cache's work with copying earlier
-        records (see :mod:`shardkit.tiers.ssd_slots`)."""
+        """``POSIX_FADV_WILLNEED`` for the runs of records ``keys`` (ascending, distinct), from another thread."""
         if self.codec is None and type(self) is PayloadArray:
             self._announce(self._copy_plan(keys, 0))
 
@@ -863,12 +738,8 @@ class PayloadArray:
 
     def copy_to_file(self, keys: np.ndarray, fd: int, first_row: int = 0, announce: bool = True) -> None:
         """Copy records ``keys`` (ascending, distinct) into the file ``fd``, record ``keys[j]`` at byte
-        ``(first_row + j) * record_nbytes``, inside the kernel (``sendfile``: page cache to page
-        cache, one copy, no buffer in user space). Shards are visited once with ascending offsets,
-        every run announced first (``announce``, unless :meth:`announce` did it) as :meth:`read_into`
-        does; records adjacent in both files move in one call. Only where :meth:`can_copy_to_file`
-        is true.
-        """
+        ``(first_row + j) * record_nbytes``, inside the kernel (``sendfile``), planned and announced
+        (unless ``announce`` is false) as :meth:`read_into`. Only where :meth:`can_copy_to_file` is true."""
         if np.size(keys) == 0:
             return
         if not self.can_copy_to_file():
@@ -918,7 +789,5 @@ class PayloadArray:
             self._fds.clear()
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:
-            pass

@@ -1,8 +1,5 @@
-"""The on-disk format, version 1.1: names, constants and the value objects that describe it.
-
-A shardkit dataset is a directory that *is* a zarr v3 group (layout, versions and checksums:
-docs/design.md §3). Everything here is pure data, no I/O: readers and writers share these
-definitions so that the layout is described exactly once.
+"""The on-disk format, version 1.1 (docs/design.md §3): names, constants and the value objects that
+describe it, pure data shared by readers and writers so the layout is described exactly once.
 """
 
 from __future__ import annotations
@@ -16,29 +13,10 @@ import numpy as np
 from shardkit.errors import NotADatasetError, SchemaError
 from shardkit.formats import jsonvalues as jv
 
-__all__ = [
-    "FORMAT_VERSION",
-    "FORMAT_MINOR",
-    "ATTRS_KEY",
-    "ZARR_JSON",
-    "INDEX_ENTRY_NBYTES",
-    "CHECKSUM_NBYTES",
-    "EMPTY_ENTRY",
-    "DEFAULT_SHARD_BYTES",
-    "MAX_NDIM",
-    "MAX_RECORD_NBYTES",
-    "MAX_RECORDS_PER_SHARD",
-    "MAX_FIELD_CHUNK_NBYTES",
-    "MAX_CRC32C",
-    "TAIL_SAMPLE_NBYTES",
-    "FieldSpec",
-    "ShardInfo",
-    "SkippedInput",
-    "chunk_key",
-    "index_nbytes",
-    "records_per_shard_for",
-    "format_string",
-]
+__all__ = ["FORMAT_VERSION", "FORMAT_MINOR", "ATTRS_KEY", "ZARR_JSON", "INDEX_ENTRY_NBYTES", "CHECKSUM_NBYTES", "EMPTY_ENTRY",
+           "DEFAULT_SHARD_BYTES", "MAX_NDIM", "MAX_RECORD_NBYTES", "MAX_RECORDS_PER_SHARD", "MAX_FIELD_CHUNK_NBYTES", "MAX_CRC32C",
+           "TAIL_SAMPLE_NBYTES", "FieldSpec", "ShardInfo", "SkippedInput", "chunk_key", "index_nbytes", "records_per_shard_for",
+           "format_string"]
 
 #: Major version of the layout described in this module. Readers refuse a newer major.
 FORMAT_VERSION = 1
@@ -58,9 +36,8 @@ EMPTY_ENTRY = np.uint64(2**64 - 1)
 #: sequential read, small enough that a writer's shard buffer and a verify pass stay cheap.
 DEFAULT_SHARD_BYTES = 256 * 1024 * 1024
 
-# Bounds on sizes read from metadata. Every buffer a reader allocates is derived from these values,
-# so a damaged or hostile document must fail with a named error *before* the allocation, not with a
-# MemoryError (or a machine swapping) after it. Each bound is far above any real dataset.
+# Bounds on sizes read from metadata, far above any real dataset: a hostile document fails with a
+# named error before a reader allocates from it, not with a MemoryError after.
 #: Dimensions of one record (numpy allows 64).
 MAX_NDIM = 32
 #: Bytes of one record of any field: 1 GiB (an hour of 48 kHz float32 stereo audio is 1.4 GB; one
@@ -89,13 +66,9 @@ def format_string(major: int, minor: int) -> str:
 class FieldSpec:
     """Shape and dtype of one field of a record (the payload or a small per-record field).
 
-    Parameters
-    ----------
-    shape
-        Shape of the field for ONE record (``()`` for a scalar such as ``label``); every dimension
-        positive, at most :data:`MAX_NDIM` of them, at most :data:`MAX_RECORD_NBYTES` bytes in all.
-    dtype
-        numpy dtype string of a numeric type, e.g. ``"uint8"``, ``"int64"``, ``"float32"``.
+    ``shape`` is the field's for ONE record (``()`` for a scalar such as ``label``): every dimension
+    positive, at most :data:`MAX_NDIM`, at most :data:`MAX_RECORD_NBYTES` bytes in all. ``dtype`` is a
+    numeric numpy dtype string (``"uint8"``, ``"int64"``, ``"float32"``); anything else is a SchemaError.
     """
 
     shape: tuple[int, ...]
@@ -132,8 +105,7 @@ class FieldSpec:
     def from_json(cls, data: Any, *, where: str, what: str = "field") -> FieldSpec:
         """Parse ``{"shape": [...], "dtype": "..."}`` strictly (NotADatasetError naming ``where``)."""
         doc = jv.mapping(data, what, where)
-        shape = jv.shape(jv.member(doc, "shape", where), f"{what}.shape", where, max_ndim=MAX_NDIM,
-                         hi=MAX_RECORD_NBYTES)
+        shape = jv.shape(jv.member(doc, "shape", where), f"{what}.shape", where, max_ndim=MAX_NDIM, hi=MAX_RECORD_NBYTES)
         dtype = jv.string(jv.member(doc, "dtype", where), f"{what}.dtype", where)
         try:
             return cls(shape=shape, dtype=dtype)
@@ -155,36 +127,12 @@ class FieldSpec:
 
 @dataclass(frozen=True)
 class ShardInfo:
-    """What the group metadata records about one payload shard file.
+    """What the group metadata records about one payload shard file (checksums: docs/design.md §3).
 
-    Attributes
-    ----------
-    path
-        Path of the shard file relative to the dataset root: always the zarr chunk key of the
-        payload array (readers refuse anything else, see :mod:`shardkit.formats.paths`).
-    start, stop
-        Global record range ``[start, stop)`` held by the shard.
-    nbytes
-        Exact size of the file in bytes (records + index + index checksum); ``-1`` for a bare zarr
-        array read without shardkit metadata.
-    crc32c
-        crc32c of the whole file (format 1.0). It cannot see the index: the file ends with the
-        crc32c of its index, and a CRC over a message followed by its own CRC is a constant, so any
-        index edit that rewrites that trailer keeps this value. Still written so 1.0 readers verify.
-    data_crc32c
-        crc32c of the records, i.e. of the first ``nbytes - index_nbytes(S)`` bytes (format 1.1;
-        ``None`` in 1.0 datasets).
-    index_crc32c
-        crc32c of the index entries, equal to the file's last 4 bytes when intact (format 1.1). It
-        binds the index to the metadata, and costs a reader nothing: the index's own crc32c is
-        computed anyway whenever an index is read.
-    tail_crc32c
-        crc32c of the last :meth:`tail_nbytes` bytes of the records (the end of the last record),
-        or ``None`` (written before it existed; an optional key, so no new format version). Size
-        and index crc32c cannot tell apart two uncompressed shards of the same layout (their
-        indexes are identical), so a shard copied from another dataset, or two swapped shards,
-        would pass them; these bytes differ. Readers check it when they read the index, in the
-        same request (see :class:`~shardkit.formats.reader.PayloadArray`).
+    ``path`` is the payload array's chunk key (nothing else is accepted), ``[start, stop)`` its global
+    record range, ``nbytes`` its exact size (``-1`` for a bare zarr array). ``crc32c`` covers the whole
+    file (format 1.0), ``data_crc32c`` the records and ``index_crc32c`` the index entries (1.1; ``None``
+    in 1.0), ``tail_crc32c`` the last :meth:`tail_nbytes` bytes of the records (``None`` if older).
     """
 
     path: str
@@ -252,10 +200,8 @@ def index_nbytes(records_per_shard: int) -> int:
 
 
 def records_per_shard_for(record_nbytes: int, shard_bytes: int = DEFAULT_SHARD_BYTES) -> int:
-    """Records per shard so that an uncompressed shard file is about ``shard_bytes`` bytes.
-
-    Never more than :data:`MAX_RECORDS_PER_SHARD` (the bound readers enforce on the index size).
-    """
+    """Records per shard so that an uncompressed shard file is about ``shard_bytes`` bytes (at most
+    :data:`MAX_RECORDS_PER_SHARD`, the bound readers enforce on the index size)."""
     if record_nbytes <= 0:
         raise SchemaError(f"record size must be positive, found {record_nbytes} bytes")
     if shard_bytes <= 0:

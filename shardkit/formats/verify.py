@@ -1,10 +1,7 @@
-"""``verify``: prove every file of a dataset is exactly what the metadata says.
+"""``verify``: prove every file of a dataset is exactly what the metadata says (docs/design.md §3, *Integrity*).
 
-:func:`verify` opens the dataset (which checks the metadata itself) and then checks each shard,
-array document, field chunk and provenance-table file against the sizes and checksums the metadata
-records, quickly (sizes and indexes) or fully (every byte). Each failure is a :class:`Problem`
-naming the file, and what a dataset's format version cannot cover is listed, so a user knows what
-"OK" means. What is recorded, and why: docs/design.md §3 (*Integrity*).
+Each failure is a :class:`Problem` naming the file, and what a dataset's format version cannot cover
+is listed, so a user knows what "OK" means.
 """
 
 from __future__ import annotations
@@ -51,22 +48,10 @@ class Problem:
 
 @dataclass
 class VerifyReport:
-    """Outcome of :func:`verify`.
-
-    Attributes
-    ----------
-    format
-        Format version of the dataset (``"1.1"``).
-    shards_checked, files_checked, bytes_checked
-        Payload shards, other files (array documents and field chunks), and bytes streamed.
-    problems
-        Every failed check.
-    limitations
-        Checks this dataset cannot have (written by an older or newer format), one sentence each.
-    unfinished
-        An interrupted conversion or append found in the dataset and how to finish it, one sentence
-        each (:func:`~shardkit.formats.versions.unfinished`): the likely cause of any problem.
-    """
+    """Outcome of :func:`verify`: the dataset's ``format`` (``"1.1"``); payload shards, other files and
+    bytes checked; and, one sentence each, every failed check (``problems``), the checks its format
+    cannot have (``limitations``), and interrupted conversions or appends and how to finish them
+    (``unfinished``, the likely cause of any problem)."""
 
     path: str
     quick: bool
@@ -103,10 +88,7 @@ def limitations(meta: DatasetMeta) -> list[str]:
 
 
 def shard_crc32c(path: Path, data_nbytes: int) -> tuple[int, int, int]:
-    """``(data crc32c, whole-file crc32c, size)`` of a shard, streamed once in 8 MiB reads.
-
-    ``data_nbytes`` is where the records end and the index begins.
-    """
+    """``(data crc32c, whole-file crc32c, size)`` of a shard whose records end at ``data_nbytes``."""
     fd = open_regular(path, "payload shard")
     try:
         return fd_crc32c(fd, data_nbytes, _CHUNK)
@@ -122,27 +104,14 @@ def verify(
 ) -> VerifyReport:
     """Check a dataset; never raises for a damaged shard or field, reports it instead.
 
-    Opening already checks the metadata (types, bounds, layout, its ``attributes_crc32c``) and, in
-    format 1.1, every array document's checksum. Then ``quick`` checks every shard's size and index
-    (its own crc32c, the recorded ``index_crc32c``, entries inside the file and not overlapping, the
-    fixed-size layout when uncompressed, the recorded record count) and every field chunk's presence
-    and size. The full check also streams every shard once through crc32c against the recorded
-    ``data_crc32c`` and whole-file ``crc32c``, decodes the records of compressed shards (each to
-    exactly its size, as the readers do), compares every field chunk with its recorded crc32c and
-    decodes it (zstd frame checksums included) into the declared shape, and checks the provenance
-    table's files against the digests its metadata block records. Checks the dataset's format
-    version cannot have (format 1.0 recorded no field-chunk checksums) are listed in
-    :attr:`VerifyReport.limitations`.
-
-    Raises
-    ------
-    ShardkitError
-        Only when the dataset cannot be opened at all (not a dataset, newer major version, damaged
-        metadata or array document, unsafe paths, ...); the message names the file.
+    Opening checks the metadata and array documents; ``quick`` then checks every shard's size and index
+    (checksums, bounds, layout, record count) and every file's presence and size; the full check also
+    streams every byte against the recorded checksums and decodes compressed records and every field
+    chunk, as the readers do. ``progress`` gets each shard's bytes. Raises ShardkitError (naming the
+    file) only when the dataset cannot be opened at all.
     """
     ds = Dataset(path)
-    report = VerifyReport(str(ds.path), quick, format=ds.meta.format, limitations=limitations(ds.meta),
-                          unfinished=unfinished(ds.store))
+    report = VerifyReport(str(ds.path), quick, format=ds.meta.format, limitations=limitations(ds.meta), unfinished=unfinished(ds.store))
     try:
         for i, info in enumerate(ds.meta.shards):
             _check_shard(ds, i, info, quick, report)
@@ -179,13 +148,9 @@ def _check_shard(ds: Dataset, i: int, info: ShardInfo, quick: bool, report: Veri
                 data_crc, crc, size = object_crc32c(ds.store, info.path, info.nbytes, data_nbytes)
             report.bytes_checked += size
             if info.data_crc32c is not None and data_crc != info.data_crc32c:
-                raise ChecksumError(
-                    f"records crc32c {data_crc:#010x} differs from the {info.data_crc32c:#010x} recorded in the metadata"
-                )
+                raise ChecksumError(f"records crc32c {data_crc:#010x} differs from the {info.data_crc32c:#010x} recorded in the metadata")
             if crc != info.crc32c:
-                raise ChecksumError(
-                    f"content crc32c {crc:#010x} differs from the recorded {info.crc32c:#010x}"
-                )
+                raise ChecksumError(f"content crc32c {crc:#010x} differs from the recorded {info.crc32c:#010x}")
             if ds.payload.codec is not None:
                 _decode_records(ds, info)
     except ShardkitError as exc:
@@ -193,9 +158,8 @@ def _check_shard(ds: Dataset, i: int, info: ShardInfo, quick: bool, report: Veri
 
 
 def _decode_records(ds: Dataset, info: ShardInfo) -> None:
-    """Decode every record of a compressed shard, in batches of at most :data:`_CHUNK` bytes, through
-    the readers' own decode (:func:`~shardkit.formats.codecs.decode_record`): a record whose checksums
-    match but that does not decode to exactly its size fails here as it would in the sampler."""
+    """Decode every record of a compressed shard through the readers' own path, in batches of at most
+    :data:`_CHUNK` bytes: a record that does not decode to exactly its size fails here as in the sampler."""
     payload = ds.payload
     step = max(1, _CHUNK // payload.record_nbytes)
     out = payload.empty(min(step, info.count))
@@ -229,8 +193,7 @@ def object_crc32c(store: Store, key: str, size: int, data_nbytes: int) -> tuple[
 
 
 def _check_files(ds: Dataset, quick: bool, report: VerifyReport) -> set[str]:
-    """Every file with a recorded digest (format 1.1, and the provenance table's); returns the names
-    of fields with a damaged file."""
+    """Check every file with a recorded digest; returns the names of fields with a damaged file."""
     damaged: set[str] = set()
     table = {} if ds.provenance is None else dict(ds.provenance.files)
     for rel, digest in {**ds.meta.files, **table}.items():

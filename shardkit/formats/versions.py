@@ -1,16 +1,15 @@
 """Versions of a dataset: a reader keeps the version it opened while a later commit changes the dataset.
 
-A commit (:mod:`shardkit.formats.commit`) rewrites a few files in place; before it does, each old
-file is kept under ``.shardkit-versions/retired/`` named by the size and crc32c the old metadata
-recorded, next to every kept version's root document. A reader of an older version finds a replaced
-file by exactly what its own metadata records (:func:`older_copy`, :func:`read_versioned`), and
-:func:`prune` keeps the newest ``keep`` older versions. Layout and rules: docs/design.md §11.
+A replaced file is kept under ``.shardkit-versions/retired/``, named by the size and crc32c the old
+metadata recorded, so a reader finds it by what its own metadata says. Layout and rules: docs/design.md §11.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
+import os
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -23,21 +22,8 @@ from shardkit.formats.outputs import PARTS_DIR
 from shardkit.formats.spec import ATTRS_KEY, ZARR_JSON
 from shardkit.stores import Location, Store, open_store
 
-__all__ = [
-    "VERSIONS_DIR",
-    "DEFAULT_KEEP_VERSIONS",
-    "VersionInfo",
-    "version_key",
-    "retired_key",
-    "read_versioned",
-    "older_copy",
-    "read_document",
-    "version_of",
-    "list_versions",
-    "digests_of",
-    "prune",
-    "unfinished",
-]
+__all__ = ["VERSIONS_DIR", "DEFAULT_KEEP_VERSIONS", "VersionInfo", "version_key", "retired_key", "read_versioned", "older_copy",
+           "read_document", "version_of", "list_versions", "digests_of", "prune", "unfinished"]
 
 logger = logging.getLogger(__name__)
 
@@ -67,15 +53,8 @@ def _is_versioned(store: Store) -> bool:
 
 def read_versioned(store: Store, key: str, digest: FileDigest | None, *, what: str, max_nbytes: int | None = None) -> bytes:
     """The bytes of ``key`` as the reader's metadata recorded them (``digest``), from its retired copy
-    when a later version replaced the file.
-
-    Raises
-    ------
-    VersionGoneError
-        The file changed and its copy for this version was pruned (the reader must reopen).
-    MissingShardError, TruncatedShardError, ChecksumError, NotADatasetError
-        As :func:`~shardkit.formats.checksums.read_object`, when the file is simply damaged.
-    """
+    when a later version replaced the file (VersionGoneError if that copy was pruned); a damaged file
+    raises as :func:`~shardkit.formats.checksums.read_object`."""
     try:
         return read_object(store, key, digest, what=what, max_nbytes=max_nbytes)
     except (TruncatedShardError, ChecksumError, MissingShardError) as exc:
@@ -92,17 +71,9 @@ def read_document(store: Store, key: str, digest: FileDigest | None) -> dict[str
 
 
 def older_copy(store: Store, rel: str, nbytes: int, crc32c: int, cause: ShardkitError) -> str:
-    """The key of the retired copy of ``rel`` with that size and crc32c, for a reader whose file did not match.
-
-    Raises
-    ------
-    VersionGoneError
-        The current version records other bytes for ``rel`` (a later commit replaced it) and the
-        copy was pruned.
-    ShardkitError
-        ``cause``, re-raised, when the file is simply damaged (the current version records the same
-        bytes, or the dataset has no versions).
-    """
+    """The key of the retired copy of ``rel`` with that size and crc32c, for a reader whose file did not
+    match. VersionGoneError when a later commit replaced the file and the copy was pruned; ``cause``,
+    re-raised, when the file is simply damaged."""
     key = retired_key(rel, nbytes, crc32c)
     if store.exists(key):
         return key
@@ -121,21 +92,9 @@ def older_copy(store: Store, rel: str, nbytes: int, crc32c: int, cause: Shardkit
 
 @dataclass(frozen=True)
 class VersionInfo:
-    """One kept version of a dataset, as ``shardkit info`` shows it.
-
-    Attributes
-    ----------
-    number
-        Version number (1 for the first commit).
-    records
-        Records in that version.
-    operation
-        ``convert``, ``append`` or ``merge``.
-    committed
-        When its root document was written (seconds since the epoch, from the store), or ``None``.
-    current
-        It is the version the root ``zarr.json`` describes.
-    """
+    """One kept version of a dataset, as ``shardkit info`` shows it: its number (1 for the first
+    commit), records, operation (``convert``, ``append``, ``merge``), when its root document was
+    written (epoch seconds, or ``None``) and whether the root ``zarr.json`` describes it."""
 
     number: int
     records: int
@@ -180,10 +139,7 @@ def _current_attrs(store: Store) -> dict[str, Any]:
 
 
 def list_versions(location: Location) -> list[VersionInfo]:
-    """Every version of the dataset at ``location`` whose root document is kept, oldest first.
-
-    A dataset written without versions (a single conversion by an older shardkit) has none.
-    """
+    """Every version of the dataset at ``location`` whose root document is kept, oldest first."""
     store = open_store(location)
     docs = _version_docs(store)
     if not docs:
@@ -202,8 +158,7 @@ def list_versions(location: Location) -> list[VersionInfo]:
         if isinstance(history, list) and history and isinstance(history[-1], dict):
             operation = str(history[-1].get("operation", "convert"))
         records = attrs.get("num_records")
-        out.append(VersionInfo(number, records if isinstance(records, int) else -1, operation, docs[number],
-                               number == current))
+        out.append(VersionInfo(number, records if isinstance(records, int) else -1, operation, docs[number], number == current))
     return out
 
 
@@ -223,19 +178,15 @@ def digests_of(attrs: dict[str, Any], where: str) -> dict[str, tuple[int, int]]:
 
 
 def _retired_by(store: Store, older: int, newer: int) -> list[str]:
-    """Retired copies that only version ``older`` (and versions before it) needed: the files whose
-    content version ``newer`` records differently."""
+    """Retired copies only versions up to ``older`` need: files whose content ``newer`` records differently."""
     old = digests_of(_attrs_of(store, version_key(older)), store.describe(version_key(older)))
     new = digests_of(_attrs_of(store, version_key(newer)), store.describe(version_key(newer)))
     return [retired_key(rel, n, c) for rel, (n, c) in old.items() if rel in new and new[rel] != (n, c)]
 
 
 def prune(location: Location, keep: int = DEFAULT_KEEP_VERSIONS) -> list[int]:
-    """Delete every version older than the newest ``keep + 1`` (their retired files and documents).
-
-    Returns the pruned version numbers. Versions are pruned oldest first, each one's retired copies
-    before its document, so a prune cut short is finished by the next one.
-    """
+    """Delete every version older than the newest ``keep + 1``; returns their numbers. Oldest first,
+    retired copies before the document, so a prune cut short is finished by the next one."""
     store = open_store(location)
     docs = _version_docs(store)
     if not docs:
@@ -258,27 +209,19 @@ def prune(location: Location, keep: int = DEFAULT_KEEP_VERSIONS) -> list[int]:
 
 
 def _remove_empty_dirs(store: Store, key: str) -> None:
-    import os
-
     top = store.local_path(key)
     if not top.is_dir() or top.is_symlink():
         return
-    for dirpath, _dirs, _files in sorted(os.walk(top), key=lambda t: -len(t[0])):
+    for dirpath, _dirs, _files in os.walk(top, topdown=False):  # children before their parent
         if dirpath != str(top):
-            try:
+            with contextlib.suppress(OSError):
                 os.rmdir(dirpath)
-            except OSError:
-                pass
 
 
 def unfinished(location: Location) -> list[str]:
-    """What an interrupted conversion or append left in the dataset: one sentence each, saying how to finish it.
-
-    An append killed during its commit may already have replaced files in place (the base's last
-    shard, last field chunks, array documents): readers of the current version read their retired
-    copies, but ``verify`` compares the files in place, so ``verify`` and ``info`` say this. Its plan
-    directory (``.shardkit-parts/<plan>``) is there until the commit and its cleanup are done.
-    """
+    """What an interrupted conversion or append left in the dataset (its ``.shardkit-parts/<plan>``):
+    one sentence each, saying how to finish it and that ``verify`` may report the files its commit
+    already replaced in place (readers read their retired copies)."""
     store = open_store(location)
     if store.read_only:  # a read-only store (HTTP) cannot be listed, nor appended to through it
         return []
