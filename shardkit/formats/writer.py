@@ -48,17 +48,7 @@ from shardkit.formats.spec import (
 )
 from shardkit.stores.atomic import fsync_dir, is_out_of_space, raise_out_of_space
 
-__all__ = [
-    "ShardWriter",
-    "ShardChecksums",
-    "DatasetWriter",
-    "WrittenShard",
-    "payload_document",
-    "field_chunk_for",
-    "FIELD_CODEC",
-    "shard_runs",
-    "stacked",
-]
+__all__ = ["ShardWriter", "ShardChecksums", "DatasetWriter", "WrittenShard", "payload_document", "field_chunk_for", "FIELD_CODEC"]
 
 logger = logging.getLogger(__name__)
 
