@@ -40,7 +40,7 @@ from shardkit.formats.metadata import MAX_DOCUMENT_NBYTES, encode_json, read_jso
 from shardkit.formats.outputs import PARTS_DIR
 from shardkit.formats.publish import put_checked
 from shardkit.formats.spec import MAX_CRC32C, SkippedInput, chunk_key
-from shardkit.formats.writer import ShardWriter
+from shardkit.formats.writer import ShardWriter, shard_runs, stacked
 from shardkit.privdir import PrivateDir
 from shardkit.processes import pid_alive
 from shardkit.stores import Store, open_store
@@ -288,8 +288,7 @@ class _PartSink:
 
     def _fields_npz(self) -> bytes:
         """The part's field values as the bytes of an ``.npz``."""
-        return _npz({name: np.concatenate(self.fields[name]) if self.fields[name] else np.empty((0, *spec.shape), spec.dtype)
-                     for name, spec in self.job.fields.items()})  # fmt: skip
+        return _npz({name: stacked(self.fields[name], spec) for name, spec in self.job.fields.items()})
 
     def skip(self, path: str, reason: str, cursor: int) -> None:
         self.skipped.append(SkippedInput(path, reason))
@@ -405,7 +404,7 @@ class _AlignedWriter(_PartSink):
         self.store = store
         self.checkpoints = checkpoints
         self.pieces: list[dict[str, Any]] = []
-        self._writer: Any = None
+        self._writer: ShardWriter | None = None
         self._file: Path | None = None
         self._start = 0  # local record where the open file starts
         self.codec = job.codec
@@ -416,7 +415,10 @@ class _AlignedWriter(_PartSink):
         self._saved_skips = 0
         self._restored_skips = 0
 
-    def _open(self) -> None:
+    def _open(self) -> ShardWriter:
+        """The open file, or a new one after the last."""
+        if self._writer is not None:
+            return self._writer
         s = self.records_per_shard
         g = self.offset + self.records_written
         key = part_key(self.job.plan, self.job.part, f"-{len(self.pieces)}.shard")
@@ -429,11 +431,12 @@ class _AlignedWriter(_PartSink):
         self._writer = ShardWriter(self._file, s - g % s, self.job.record, self.codec, durable=self.job.durable)
         self._key = key
         self._start = self.records_written
+        return self._writer
 
     def _close(self, cursor: int | None) -> None:
         """Put the open file in its place; with the ``cursor`` after its last record, checkpoint it."""
         w, local = self._writer, self._file
-        assert local is not None
+        assert w is not None and local is not None
         sums = w.close()
         s, ndim = self.records_per_shard, 1 + len(self.job.record.shape)
         g = self.offset + self._start
@@ -541,18 +544,13 @@ class _AlignedWriter(_PartSink):
         k = int(cursors.shape[0])
         payload = self.job.record.check(self.job.payload, batch[self.job.payload], k)
         values = {name: spec.check(name, batch[name], k) for name, spec in self.job.fields.items()}
-        pos = 0
-        while pos < k:
-            if self._writer is None:
-                self._open()
-            take = min(k - pos, self._writer.capacity - self._writer.count)
-            self._writer.append(payload[pos : pos + take])
+        for writer, run in shard_runs(k, self._open):
+            writer.append(payload[run])
             for name, v in values.items():
-                self._open_fields[name].append(v[pos : pos + take])
-            self.records_written += take
-            pos += take
-            if self._writer.full:
-                self._close(int(cursors[pos - 1]))
+                self._open_fields[name].append(v[run])
+            self.records_written += run.stop - run.start
+            if writer.full:
+                self._close(int(cursors[run.stop - 1]))
 
     def skip(self, path: str, reason: str, cursor: int) -> None:
         self.skipped.append(SkippedInput(path, reason, cursor))

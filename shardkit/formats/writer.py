@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -212,6 +212,22 @@ class ShardWriter:
         self.partial.unlink(missing_ok=True)
 
 
+def shard_runs(count: int, open_writer: Callable[[], ShardWriter]) -> Iterator[tuple[ShardWriter, slice]]:
+    """Cut a batch of ``count`` records at shard boundaries: each run goes to the writer ``open_writer()``
+    returns (the open one, or a new one once the caller has closed the full one)."""
+    pos = 0
+    while pos < count:
+        writer = open_writer()
+        run = slice(pos, pos + min(count - pos, writer.capacity - writer.count))
+        yield writer, run
+        pos = run.stop
+
+
+def stacked(parts: Sequence[np.ndarray], spec: FieldSpec) -> np.ndarray:
+    """The rows of ``parts`` in one array (an empty one of ``spec`` when there are none)."""
+    return np.concatenate(parts) if parts else np.empty((0, *spec.shape), spec.dtype)
+
+
 def payload_document(meta: DatasetMeta) -> dict[str, Any]:
     """The payload array's ``zarr.json`` for a dataset of ``meta.num_records`` records."""
     record = meta.record
@@ -402,27 +418,22 @@ class DatasetWriter:
         if missing:
             raise SchemaError(f"{self.path}: batch lacks fields {sorted(missing)}")
         values = {name: spec.check(name, batch[name], k) for name, spec in self.fields.items()}
-        pos = 0
-        while pos < k:
-            if self._shard is None:
-                self._open_shard()
-            assert self._shard is not None
-            take = min(k - pos, self._shard.capacity - self._shard.count)
-            self._shard.append(payload[pos : pos + take])
+        for shard, run in shard_runs(k, self._open_shard):
+            shard.append(payload[run])
             for name in self.fields:
-                self._shard_fields[name].append(values[name][pos : pos + take])
-            self._records += take
-            pos += take
-            if self._shard.full:
+                self._shard_fields[name].append(values[name][run])
+            self._records += run.stop - run.start
+            if shard.full:
                 self._finish_shard()
 
-    def _open_shard(self) -> None:
-        i = len(self.shards)
-        rel = chunk_key(self.meta.payload, i, 1 + len(self.record.shape))
-        self._shard = ShardWriter(
-            self.path / rel, self.records_per_shard, self.record, self.codec, durable=self.durable
-        )
-        self._shard_rel = rel
+    def _open_shard(self) -> ShardWriter:
+        """The open shard, or a new one after the last."""
+        if self._shard is None:
+            self._shard_rel = chunk_key(self.meta.payload, len(self.shards), 1 + len(self.record.shape))
+            self._shard = ShardWriter(
+                self.path / self._shard_rel, self.records_per_shard, self.record, self.codec, durable=self.durable
+            )
+        return self._shard
 
     def _finish_shard(self) -> None:
         assert self._shard is not None
@@ -431,8 +442,7 @@ class DatasetWriter:
         start = self._records - count
         info = ShardInfo(self._shard_rel, start, self._records, sums.nbytes, sums.crc32c, sums.data_crc32c,
                          sums.index_crc32c, sums.tail_crc32c)
-        parts = {name: np.concatenate(self._shard_fields[name]) if self._shard_fields[name]
-                 else np.empty((0, *spec.shape), spec.dtype) for name, spec in self.fields.items()}
+        parts = {name: stacked(self._shard_fields[name], spec) for name, spec in self.fields.items()}
         self.shards.append(info)
         for name in self.fields:
             self._field_parts[name].append(parts[name])
@@ -483,9 +493,7 @@ class DatasetWriter:
 
     def _field_values(self, name: str) -> np.ndarray:
         """Every record's value of field ``name`` so far (completed shards)."""
-        parts = self._field_parts[name]
-        spec = self.fields[name]
-        return np.concatenate(parts) if parts else np.empty((0, *spec.shape), spec.dtype)
+        return stacked(self._field_parts[name], self.fields[name])
 
     def abort(self) -> None:
         """Stop writing: the open shard is deleted, completed shard files stay (see ``on_shard``)."""
