@@ -456,8 +456,8 @@ class TieredSampler(Closing):
     def use_buffer_memory(self, memory: BufferMemory) -> None:
         """Put the batch buffers in ``memory`` (:class:`~shardkit.tiers.buffers.BufferMemory`) from
         the next iteration on; a running iteration's buffers stay where they are."""
-        rec = self._pool
-        self._pool = BatchPool(rec.rows, rec.record_shape, rec.dtype, self.sizes.pool_batches, memory=memory)
+        pool = self._pool
+        self._pool = BatchPool(pool.rows, pool.record_shape, pool.dtype, self.sizes.pool_batches, memory=memory)
 
     def hold_shared(self) -> None:
         """Attach the node-shared memory (fields, static cache) now and keep it until :meth:`close`,
@@ -546,11 +546,9 @@ class _Run:
                         if buffer is not None and pool is not None:
                             pool.hand_over(buffer)  # from now on, references decide its reuse
                         s._reached(epoch, position)
-                        n = int(batch["key"].shape[0])
                         out = dict(batch)
-                        t2 = time.perf_counter()
-                        s.stats.add_busy("handover", t2 - t1)
-                        s.stats.add_delivered(n, batch[s.payload_name].nbytes, t1 - t0)
+                        s.stats.add_busy("handover", time.perf_counter() - t1)
+                        s.stats.add_delivered(int(batch["key"].shape[0]), batch[s.payload_name].nbytes, t1 - t0)
                         return out
                     case EpochEnd(epoch=epoch, complete=complete):
                         if complete:
