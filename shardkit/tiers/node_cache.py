@@ -24,7 +24,7 @@ from shardkit.formats.reader import Destination
 from shardkit.formats.spec import records_per_shard_for
 from shardkit.formats.verify import verify
 from shardkit.privdir import DIR_MODE, FILE_MODE, PrivateDir
-from shardkit.stores.atomic import is_out_of_space
+from shardkit.stores.atomic import is_out_of_space, raise_out_of_space
 from shardkit.tiers.static_cache import SortedKeys
 from shardkit.tiers.stopping import POLL_SECONDS, Stopped
 
@@ -80,7 +80,7 @@ def _write_entry(disk: Dataset, keys: np.ndarray, dest: Path, stop: threading.Ev
     except BaseException as exc:
         shutil.rmtree(dest, ignore_errors=True)
         if is_out_of_space(exc):
-            raise OutOfSpaceError(f"{dest}: no space left on device while writing a node cache entry") from None
+            raise_out_of_space(dest, "writing a node cache entry")
         raise
     return written
 

@@ -270,8 +270,7 @@ class Pipeline:
                 raise
             for i in range(2):
                 self._ssd_slots.put(i)
-            threads.append(("shardkit-ssd-creator", self._ssd_creator))
-            threads.append(("shardkit-ram-creator", self._ram_from_ssd))
+            threads += [("shardkit-ssd-creator", self._ssd_creator), ("shardkit-ram-creator", self._ram_from_ssd)]
         else:
             threads.append(("shardkit-ram-creator", self._ram_from_disk))
         if sink is None:
@@ -489,7 +488,6 @@ class Pipeline:
                     self.cache.publish(crow[fill])
                 stored = np.unique(keys[~cached])
                 if stored.size:
-
                     t0 = time.perf_counter()
                     self._stats.add_written(self.slots.write(slot, self.disk.payload, stored, self.stop))
                     self._stats.add_busy("ssd_fill", time.perf_counter() - t0)
