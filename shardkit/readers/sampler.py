@@ -523,9 +523,7 @@ class _Run:
         self._pool = pool
         self._done = supply is None
         self._supply = supply
-        self._finalizer: weakref.finalize[Any, Any] | None = None
-        if supply is not None:
-            self._finalizer = weakref.finalize(self, supply.shutdown)
+        self._finalizer: weakref.finalize[Any, Any] | None = weakref.finalize(self, supply.shutdown) if supply is not None else None
 
     def __iter__(self) -> _Run:
         return self
