@@ -152,12 +152,9 @@ class TieredSampler(Closing):
         for p, part, made in zip(m.paths, self.identity.parts, m.fingerprints):
             if part.fingerprint != made:
                 raise SamplerError(f"{p}: the dataset changed since the sampler opened it; try again once it is complete")
-            ds = Dataset(p, **opts.dataset_options())
-            try:
+            with Dataset(p, **opts.dataset_options()) as ds:  # closed here: payload reads go through each run's own reader
                 key = node.dataset_key(p, part.fingerprint) if opts.node_sharing else None
                 f, r = node.node_fields(ds, key)
-            finally:
-                ds.close()  # payload reads go through each run's own reader
             fields.append(f)
             regions += r
             keys.append(key or "")
