@@ -59,13 +59,12 @@ def _write_entry(disk: Dataset, keys: np.ndarray, dest: Path, stop: threading.Ev
     buf = disk.payload.empty(min(per_chunk, max(1, sorted_keys.size)))
     written = 0
     try:
-        writer = DatasetWriter(
+        with DatasetWriter(
             dest, kind=disk.meta.kind, payload=disk.payload_name, record=FieldSpec(rec.shape, rec.dtype),
             fields={"source_key": FieldSpec((), "int64")},
             records_per_shard=max(1, min(sorted_keys.size, records_per_shard_for(disk.record_nbytes))),
             compression=None, durable=False,  # the caller syncs the whole tree before naming it
-        )  # fmt: skip
-        try:
+        ) as writer:  # fmt: skip
             for a in range(0, sorted_keys.size, per_chunk):
                 if stop.is_set():
                     raise Stopped()
@@ -73,10 +72,7 @@ def _write_entry(disk: Dataset, keys: np.ndarray, dest: Path, stop: threading.Ev
                 out = disk.payload.read(chunk, out=buf)[: chunk.size]
                 writer.write({disk.payload_name: out, "source_key": chunk})
                 written += out.nbytes
-            writer.close()
-        except BaseException:
-            writer.abort()
-            raise
+            writer.close()  # inside the block, so a failing close aborts the writer too
     except BaseException as exc:
         shutil.rmtree(dest, ignore_errors=True)
         if is_out_of_space(exc):
@@ -194,9 +190,8 @@ class NodeDiskCache:
         """The disk part's dataset, written under the directory lock unless a valid one exists."""
         if not self.directory.parent.is_dir():
             raise SamplerError(f"node_cache_dir: expected an existing directory, found {str(self.directory.parent)!r}")
-        run = PrivateDir.create(self.directory, what="the node cache directory",
-                                advice="Remove it, or choose another node_cache_dir")  # fmt: skip
-        try:
+        with PrivateDir.create(self.directory, what="the node cache directory",
+                               advice="Remove it, or choose another node_cache_dir") as run:  # fmt: skip
             found = self._valid_entry(payload)
             if found is not None:
                 return found
@@ -212,8 +207,6 @@ class NodeDiskCache:
             if built is None:
                 raise SamplerError(f"{self.entry}: the node cache just written does not match its keys")
             return built
-        finally:
-            run.close()
 
     def _wait_for_lock(self, run: PrivateDir, stop: threading.Event) -> int:
         waited = 0.0
