@@ -11,7 +11,6 @@ import secrets
 import shutil
 import tempfile
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -209,17 +208,14 @@ class NodeDiskCache:
             return built
 
     def _wait_for_lock(self, run: PrivateDir, stop: threading.Event) -> int:
-        waited = 0.0
-        while True:
-            fd = run.lock()
-            if fd is not None:
-                return fd
-            if stop.is_set():
+        fd = run.lock()
+        if fd is None and not stop.is_set():
+            logger.info("%s: another process of this node is writing the node cache; waiting", self.entry)
+        while fd is None:
+            if stop.wait(POLL_SECONDS):
                 raise Stopped()
-            if waited == 0.0:
-                logger.info("%s: another process of this node is writing the node cache; waiting", self.entry)
-            time.sleep(POLL_SECONDS)
-            waited += POLL_SECONDS
+            fd = run.lock()
+        return fd
 
     def _build(self, payload: PayloadArray, stop: threading.Event) -> None:
         """Write the entry under a temporary name, then rename it into place (with the directory
