@@ -243,7 +243,6 @@ class Pipeline:
         self.disk = MixedDataset(source, stats=stats.disk, cache_stats=stats.remote_cache,
                                 **{"gap_bytes": gap_bytes, **(dataset_options or {})})
         self._key_map = key_map
-        self._payload_name = self.disk.payload_name
         self._segments = segments
         self.sizes = sizes
         self.pool = pool
@@ -581,7 +580,7 @@ class Pipeline:
                 open_batches[g] = _OpenBatch(buf, keys)  # completed by the next block
                 self._stats.add_busy("assembly", time.perf_counter() - t0)
                 continue
-            batch = assemble_batch(self._payload_name, buf.array[:size], self._fields, keys)
+            batch = assemble_batch(self.disk.payload_name, buf.array[:size], self._fields, keys)
             if self._key_map is not None:
                 batch["key"] = self._key_map(batch["key"])  # global key -> the record's key in its dataset
             self._stats.ram.add("ram", g0, size * rec)
