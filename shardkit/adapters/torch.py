@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -372,11 +373,8 @@ class ShardIterableDataset(_TorchIterableDataset):
         template = self._resume
         if template is None:
             # A new sampler knows the reservoir size that a replacement-mode state records.
-            sampler = self._rank_sampler(epoch)
-            try:
+            with contextlib.closing(self._rank_sampler(epoch)) as sampler:
                 template = dict(sampler.state_dict())
-            finally:
-                sampler.close()
         return {**template, "epoch": int(epoch), "position": int(position), "start_epoch": int(epoch)}
 
     def __len__(self) -> int:
@@ -412,7 +410,7 @@ class ShardIterableDataset(_TorchIterableDataset):
         if handover:
             assert isinstance(sampler, TieredSampler)
             sampler.use_buffer_memory(SharedBatchMemory(extra_hold=self._prefetch_factor + 2))
-        try:
+        with contextlib.closing(sampler):
             for batch in sampler:
                 tensors = to_tensors(batch, payload, options)
                 if handover:
@@ -428,8 +426,6 @@ class ShardIterableDataset(_TorchIterableDataset):
                 done = epoch + self.options.epochs
                 if int(self._epoch[0]) < done:
                     self._epoch[0] = done
-        finally:
-            sampler.close()
 
     def loader(self, num_workers: int = 0, *, pin_memory: bool | None = None, **kwargs: Any) -> torch.utils.data.DataLoader:
         """A ``DataLoader`` over this dataset (``batch_size=None`` unless ``unbatched``) with

@@ -106,10 +106,8 @@ class NodePartition:
         if not 0 <= node < self.nodes:
             raise ConfigError(f"node: expected 0 <= node < {self.nodes}, found {node}")
         hi = self.per_node if hi is None else min(int(hi), self.per_node)
-        lo = max(0, int(lo))
-        sigma = _sigma(self.seed, self.num_records, self.nodes)
-        home = sigma[node :: self.nodes]
-        return np.sort(home[lo:hi]).astype(np.int64, copy=False)
+        home = _sigma(self.seed, self.num_records, self.nodes)[node :: self.nodes]
+        return np.sort(home[max(0, int(lo)) : hi]).astype(np.int64, copy=False)
 
 
 def _sigma(seed: int, n: int, nodes: int) -> np.ndarray:
@@ -319,18 +317,17 @@ def local_positions(
     rows = step_group_positions(n, start, b, layout.consumers, k, int(rank) % k, drop_last=drop_last)
     member = layout.rank_of(rank)
     nodes_of = layout.member_nodes()
-    positions, hits = [], []
+    groups = []  # (rows of epoch positions, each member's quota in every row)
     if rows.full.size:
-        full_keys = np.asarray(keys_at(rows.full.reshape(-1)), dtype=np.int64).reshape(rows.full.shape)
-        got = assign_rows(partition.holders(full_keys), np.full(layout.ranks, b), nodes_of)
-        mine = got.positions_of(member)
-        positions.append(rows.full[mine])  # row-major: global batch by global batch, epoch order inside
-        hits.append(got.hit[mine])
+        groups.append((rows.full, np.full(layout.ranks, b)))
     if rows.tail_quotas[member]:
-        tail_keys = np.asarray(keys_at(rows.tail), dtype=np.int64)
-        got = assign_rows(partition.holders(tail_keys)[None, :], rows.tail_quotas, nodes_of)
+        groups.append((rows.tail[None, :], rows.tail_quotas))
+    positions, hits = [], []
+    for table, quotas in groups:
+        keys = np.asarray(keys_at(table.reshape(-1)), dtype=np.int64).reshape(table.shape)
+        got = assign_rows(partition.holders(keys), quotas, nodes_of)
         mine = got.positions_of(member)
-        positions.append(rows.tail[None, :][mine])
+        positions.append(table[mine])  # row-major: global batch by global batch, epoch order inside
         hits.append(got.hit[mine])
     if not positions:
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=bool)

@@ -447,9 +447,8 @@ def plan_shape(n: int, start: int, batch_size: int, rank: int, world_size: int, 
     """Consumer ``rank`` of ``world_size``'s share of positions ``[start, n)`` (global-batch semantics)."""
     b, w, c, start = int(batch_size), int(world_size), int(rank), int(start)
     share = epoch_share(n, b, c, w, drop_last=drop_last, start=start)
-    full = share.full
-    sizes = [np.full(full, b, dtype=np.int64)]
-    positions = [start + (np.arange(full, dtype=np.int64) + 1) * b * w]
+    sizes = [np.full(share.full, b, dtype=np.int64)]
+    positions = [start + (np.arange(share.full, dtype=np.int64) + 1) * b * w]
     if share.tail:
         sizes.append(np.array([share.tail], dtype=np.int64))
         positions.append(np.array([int(n)], dtype=np.int64))

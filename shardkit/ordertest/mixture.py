@@ -57,29 +57,11 @@ def arrangement_table_test(
 
 def equal_neighbours_moments(counts: np.ndarray) -> tuple[float, float]:
     """Exact mean and variance of the number of adjacent slots holding the same dataset in a uniformly
-    random arrangement of a multiset with ``counts``, from falling factorials ``x^(k)``:
-    ``E X_p = sum n_i^(2) / L^(2)``, ``E X_p X_(p+1) = sum n_i^(3) / L^(3)``, disjoint pairs
-    ``(sum_i n_i^(4) + sum_(i != j) n_i^(2) n_j^(2)) / L^(4)``."""
+    random arrangement of a multiset with ``counts``: the same-bin pair count of the whole arrangement
+    (:func:`shardkit.ordertest.stats.same_bin_pair_moments`)."""
     n = np.asarray(counts, dtype=np.float64)
-    big_l = float(n.sum())
-    if big_l < 2:
-        return 0.0, 0.0
-
-    def ff(x: np.ndarray | float, k: int) -> np.ndarray | float:
-        out = np.ones_like(x) if isinstance(x, np.ndarray) else 1.0
-        for j in range(k):
-            out = out * (x - j)
-        return out
-
-    n2 = ff(n, 2)
-    mean = (big_l - 1) * float(np.sum(n2)) / float(ff(big_l, 2))
-    adjacent = float(np.sum(ff(n, 3))) / float(ff(big_l, 3)) if big_l >= 3 else 0.0
-    disjoint = 0.0
-    if big_l >= 4:
-        s2 = float(np.sum(n2))
-        disjoint = (float(np.sum(ff(n, 4))) + s2 * s2 - float(np.sum(n2 * n2))) / float(ff(big_l, 4))
-    second = mean + 2 * (big_l - 2) * adjacent + (big_l - 2) * (big_l - 3) * disjoint
-    return mean, max(second - mean * mean, 0.0)
+    mean, var = st.same_bin_pair_moments(n, int(n.sum()))
+    return mean, max(var, 0.0)
 
 
 def prepare_mixture(

@@ -152,12 +152,9 @@ class TieredSampler(Closing):
         for p, part, made in zip(m.paths, self.identity.parts, m.fingerprints):
             if part.fingerprint != made:
                 raise SamplerError(f"{p}: the dataset changed since the sampler opened it; try again once it is complete")
-            ds = Dataset(p, **opts.dataset_options())
-            try:
+            with Dataset(p, **opts.dataset_options()) as ds:  # closed here: payload reads go through each run's own reader
                 key = node.dataset_key(p, part.fingerprint) if opts.node_sharing else None
                 f, r = node.node_fields(ds, key)
-            finally:
-                ds.close()  # payload reads go through each run's own reader
             fields.append(f)
             regions += r
             keys.append(key or "")
@@ -456,8 +453,8 @@ class TieredSampler(Closing):
     def use_buffer_memory(self, memory: BufferMemory) -> None:
         """Put the batch buffers in ``memory`` (:class:`~shardkit.tiers.buffers.BufferMemory`) from
         the next iteration on; a running iteration's buffers stay where they are."""
-        rec = self._pool
-        self._pool = BatchPool(rec.rows, rec.record_shape, rec.dtype, self.sizes.pool_batches, memory=memory)
+        pool = self._pool
+        self._pool = BatchPool(pool.rows, pool.record_shape, pool.dtype, self.sizes.pool_batches, memory=memory)
 
     def hold_shared(self) -> None:
         """Attach the node-shared memory (fields, static cache) now and keep it until :meth:`close`,
@@ -523,9 +520,7 @@ class _Run:
         self._pool = pool
         self._done = supply is None
         self._supply = supply
-        self._finalizer: weakref.finalize[Any, Any] | None = None
-        if supply is not None:
-            self._finalizer = weakref.finalize(self, supply.shutdown)
+        self._finalizer: weakref.finalize[Any, Any] | None = weakref.finalize(self, supply.shutdown) if supply is not None else None
 
     def __iter__(self) -> _Run:
         return self
@@ -546,11 +541,9 @@ class _Run:
                         if buffer is not None and pool is not None:
                             pool.hand_over(buffer)  # from now on, references decide its reuse
                         s._reached(epoch, position)
-                        n = int(batch["key"].shape[0])
                         out = dict(batch)
-                        t2 = time.perf_counter()
-                        s.stats.add_busy("handover", t2 - t1)
-                        s.stats.add_delivered(n, batch[s.payload_name].nbytes, t1 - t0)
+                        s.stats.add_busy("handover", time.perf_counter() - t1)
+                        s.stats.add_delivered(int(batch["key"].shape[0]), batch[s.payload_name].nbytes, t1 - t0)
                         return out
                     case EpochEnd(epoch=epoch, complete=complete):
                         if complete:

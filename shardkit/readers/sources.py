@@ -183,14 +183,11 @@ def mix(
     if isinstance(datasets, (str, bytes, os.PathLike)) or not isinstance(datasets, Sequence) or not datasets:
         raise ConfigError(f"datasets: expected a list of (dataset, weight) pairs, found {datasets!r}")
     paths: list[Path | str] = []
-    raw_weights: list[object] = []
     for i, item in enumerate(datasets):
         if not isinstance(item, (tuple, list)) or len(item) != 2:
             raise ConfigError(f"datasets: entry {i} must be a (dataset, weight) pair, found {item!r}")
-        ds, w = item
-        paths.append(_location(ds, i))
-        raw_weights.append(w)
-    weights = parse_weights(raw_weights)
+        paths.append(_location(item[0], i))
+    weights = parse_weights([w for _, w in datasets])
     fingerprints = tuple(_fingerprint(p) for p in paths)
     metas = tuple(read_dataset_meta(open_store(p)) for p in paths)
     sizes = tuple(m.num_records for m in metas)
@@ -358,7 +355,6 @@ class MixedIdentity:
         return cls(tuple(DatasetIdentity.of(p, options) for p in paths))
 
     def check(self) -> None:
-
         for part in self.parts:
             part.check()
 

@@ -11,7 +11,6 @@ import secrets
 import shutil
 import tempfile
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from shardkit.formats.reader import Destination
 from shardkit.formats.spec import records_per_shard_for
 from shardkit.formats.verify import verify
 from shardkit.privdir import DIR_MODE, FILE_MODE, PrivateDir
-from shardkit.stores.atomic import is_out_of_space
+from shardkit.stores.atomic import is_out_of_space, raise_out_of_space
 from shardkit.tiers.static_cache import SortedKeys
 from shardkit.tiers.stopping import POLL_SECONDS, Stopped
 
@@ -59,13 +58,12 @@ def _write_entry(disk: Dataset, keys: np.ndarray, dest: Path, stop: threading.Ev
     buf = disk.payload.empty(min(per_chunk, max(1, sorted_keys.size)))
     written = 0
     try:
-        writer = DatasetWriter(
+        with DatasetWriter(
             dest, kind=disk.meta.kind, payload=disk.payload_name, record=FieldSpec(rec.shape, rec.dtype),
             fields={"source_key": FieldSpec((), "int64")},
             records_per_shard=max(1, min(sorted_keys.size, records_per_shard_for(disk.record_nbytes))),
             compression=None, durable=False,  # the caller syncs the whole tree before naming it
-        )  # fmt: skip
-        try:
+        ) as writer:  # fmt: skip
             for a in range(0, sorted_keys.size, per_chunk):
                 if stop.is_set():
                     raise Stopped()
@@ -73,14 +71,11 @@ def _write_entry(disk: Dataset, keys: np.ndarray, dest: Path, stop: threading.Ev
                 out = disk.payload.read(chunk, out=buf)[: chunk.size]
                 writer.write({disk.payload_name: out, "source_key": chunk})
                 written += out.nbytes
-            writer.close()
-        except BaseException:
-            writer.abort()
-            raise
+            writer.close()  # inside the block, so a failing close aborts the writer too
     except BaseException as exc:
         shutil.rmtree(dest, ignore_errors=True)
         if is_out_of_space(exc):
-            raise OutOfSpaceError(f"{dest}: no space left on device while writing a node cache entry") from None
+            raise_out_of_space(dest, "writing a node cache entry")
         raise
     return written
 
@@ -194,9 +189,8 @@ class NodeDiskCache:
         """The disk part's dataset, written under the directory lock unless a valid one exists."""
         if not self.directory.parent.is_dir():
             raise SamplerError(f"node_cache_dir: expected an existing directory, found {str(self.directory.parent)!r}")
-        run = PrivateDir.create(self.directory, what="the node cache directory",
-                                advice="Remove it, or choose another node_cache_dir")  # fmt: skip
-        try:
+        with PrivateDir.create(self.directory, what="the node cache directory",
+                               advice="Remove it, or choose another node_cache_dir") as run:  # fmt: skip
             found = self._valid_entry(payload)
             if found is not None:
                 return found
@@ -212,21 +206,16 @@ class NodeDiskCache:
             if built is None:
                 raise SamplerError(f"{self.entry}: the node cache just written does not match its keys")
             return built
-        finally:
-            run.close()
 
     def _wait_for_lock(self, run: PrivateDir, stop: threading.Event) -> int:
-        waited = 0.0
-        while True:
-            fd = run.lock()
-            if fd is not None:
-                return fd
-            if stop.is_set():
+        fd = run.lock()
+        if fd is None and not stop.is_set():
+            logger.info("%s: another process of this node is writing the node cache; waiting", self.entry)
+        while fd is None:
+            if stop.wait(POLL_SECONDS):
                 raise Stopped()
-            if waited == 0.0:
-                logger.info("%s: another process of this node is writing the node cache; waiting", self.entry)
-            time.sleep(POLL_SECONDS)
-            waited += POLL_SECONDS
+            fd = run.lock()
+        return fd
 
     def _build(self, payload: PayloadArray, stop: threading.Event) -> None:
         """Write the entry under a temporary name, then rename it into place (with the directory

@@ -243,7 +243,6 @@ class Pipeline:
         self.disk = MixedDataset(source, stats=stats.disk, cache_stats=stats.remote_cache,
                                 **{"gap_bytes": gap_bytes, **(dataset_options or {})})
         self._key_map = key_map
-        self._payload_name = self.disk.payload_name
         self._segments = segments
         self.sizes = sizes
         self.pool = pool
@@ -270,8 +269,7 @@ class Pipeline:
                 raise
             for i in range(2):
                 self._ssd_slots.put(i)
-            threads.append(("shardkit-ssd-creator", self._ssd_creator))
-            threads.append(("shardkit-ram-creator", self._ram_from_ssd))
+            threads += [("shardkit-ssd-creator", self._ssd_creator), ("shardkit-ram-creator", self._ram_from_ssd)]
         else:
             threads.append(("shardkit-ram-creator", self._ram_from_disk))
         if sink is None:
@@ -489,7 +487,6 @@ class Pipeline:
                     self.cache.publish(crow[fill])
                 stored = np.unique(keys[~cached])
                 if stored.size:
-
                     t0 = time.perf_counter()
                     self._stats.add_written(self.slots.write(slot, self.disk.payload, stored, self.stop))
                     self._stats.add_busy("ssd_fill", time.perf_counter() - t0)
@@ -583,7 +580,7 @@ class Pipeline:
                 open_batches[g] = _OpenBatch(buf, keys)  # completed by the next block
                 self._stats.add_busy("assembly", time.perf_counter() - t0)
                 continue
-            batch = assemble_batch(self._payload_name, buf.array[:size], self._fields, keys)
+            batch = assemble_batch(self.disk.payload_name, buf.array[:size], self._fields, keys)
             if self._key_map is not None:
                 batch["key"] = self._key_map(batch["key"])  # global key -> the record's key in its dataset
             self._stats.ram.add("ram", g0, size * rec)
