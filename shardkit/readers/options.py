@@ -1,5 +1,5 @@
 """The sampler's options: one frozen, validated value that every entry point builds and passes down,
-and the memory plan they resolve to (docs/design.md §2, *Seams*, and §7).
+and the memory plan they resolve to (docs/design.md §2, *Seams*, and docs/design.md §7).
 """
 
 from __future__ import annotations

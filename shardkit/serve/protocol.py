@@ -1,7 +1,7 @@
 """The wire protocol between a :class:`~shardkit.readers.TierServer` and its jobs, and its ``info.json``.
 
 Explicit binary messages, never pickles, each checked before it is acted on: docs/design.md §8
-(*Protocol*), §13.
+(*Protocol*) and docs/design.md §13.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Its tiers are the sampler's own :class:`~shardkit.tiers.pipeline.Pipeline`, which reads each
 published block straight into a free ring slot (the server is its
-:class:`~shardkit.tiers.pipeline.SlotSink`). Design: docs/design.md §8; security: §13.
+:class:`~shardkit.tiers.pipeline.SlotSink`). Design: docs/design.md §8; security:
+docs/design.md §13.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Memory shared by the processes of one machine: private, named regions under ``/dev/shm``, each
-created once and mapped by every process (docs/design.md §4 *Node-shared memory*, and §13)."""
+created once and mapped by every process (docs/design.md §4 *Node-shared memory*,
+and docs/design.md §13)."""
 
 from __future__ import annotations
 

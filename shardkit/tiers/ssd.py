@@ -1,5 +1,6 @@
 """The SSD tier's private run directory ``<ssd_dir>/shardkit-ssd-<pid>-<random>/`` (stale siblings
-deleted at start-up); docs/design.md §4 (*The pipeline*, SSD reservoirs) and §13.
+deleted at start-up); docs/design.md §4 (*The pipeline*, SSD reservoirs) and
+docs/design.md §13.
 """
 
 from __future__ import annotations
