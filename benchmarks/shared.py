@@ -232,7 +232,8 @@ def run_all(path: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
 def compare(path: Path, args: argparse.Namespace) -> None:
     """``--before``: each round runs this tree and ``args.before`` in fresh processes, alternating the order."""
     trees = {"after": str(HERE.parent), "before": args.before}
-    passthrough = [a for a in sys.argv[1:] if a not in ("--before", args.before)]
+    # Every argument but --before (either spelling), so that each child runs one tree, not a comparison.
+    passthrough = [a for a in sys.argv[1:] if a not in ("--before", args.before) and not a.startswith("--before=")]
     runs: dict[str, list[list[dict[str, Any]]]] = {t: [] for t in trees}
     for r in range(args.rounds):
         for t in (("after", "before") if r % 2 == 0 else ("before", "after")):
