@@ -193,12 +193,11 @@ class Store(abc.ABC):
         return self.url
 
     def describe(self, key: str) -> str:
-        """``url/key`` for messages."""
-        return f"{self.url.rstrip('/')}/{key}" if key else self.url
-
-    @abc.abstractmethod
-    def child(self, prefix: str) -> Store:
-        """A store rooted at ``prefix`` (a checked key) inside this one, with the same options."""
+        """``url/key`` for messages (before the URL's query, where the store puts the key too)."""
+        if not key:
+            return self.url
+        base, sep, query = self.url.partition("?")
+        return f"{base.rstrip('/')}/{key}{sep}{query}"
 
     # ------------------------------------------------------------------ reading
     @abc.abstractmethod

@@ -93,9 +93,6 @@ class LocalStore(Store):
     def describe(self, key: str) -> str:
         return str(self.root / key) if key else str(self.root)
 
-    def child(self, prefix: str) -> LocalStore:
-        return LocalStore(self._file(prefix), self.options)
-
     # ------------------------------------------------------------------ reading
     def head(self, key: str) -> ObjectMeta:
         path = self._file(key)

@@ -148,8 +148,7 @@ class ObjectStore(Store):
     """A bucket/container prefix or an HTTP base URL as a :class:`~shardkit.stores.base.Store`.
 
     Built by :func:`shardkit.stores.open_store` around ``inner``, an obstore store rooted at ``url``
-    (as the user wrote it; messages show :attr:`url`, redacted); ``make_child(prefix)`` builds the
-    store of a sub-prefix, ``read_only`` refuses writes (HTTP).
+    (as the user wrote it; messages show :attr:`url`, redacted); ``read_only`` refuses writes (HTTP).
     """
 
     def __init__(
@@ -158,7 +157,6 @@ class ObjectStore(Store):
         inner: Any,
         options: StoreOptions = DEFAULT_OPTIONS,
         *,
-        make_child: Callable[[str], ObjectStore],
         read_only: bool = False,
     ) -> None:
         self._location = url.rstrip("/")
@@ -166,7 +164,6 @@ class ObjectStore(Store):
         self.inner = inner
         self.options = options
         self._read_only = read_only
-        self._make_child = make_child
         self._obs = import_obstore()
         self.counters = RequestCounters()
         self._rng = random.Random()  # backoff jitter: decorrelates processes, not reproducible on purpose
@@ -182,9 +179,6 @@ class ObjectStore(Store):
     @property
     def read_only(self) -> bool:
         return self._read_only
-
-    def child(self, prefix: str) -> ObjectStore:
-        return self._make_child(check_key(prefix, where=self.url))
 
     # ------------------------------------------------------------------ errors and retries
     def _final_error(self, exc: BaseException, what: str, attempts: int, t0: float) -> Exception:

@@ -131,14 +131,9 @@ def _open_object_store(url: str, scheme: str, netloc: str, path: str, opts: Stor
     from obstore import store as obstores
 
     if scheme in ("http", "https"):
-        def http(sub: str) -> ObjectStore:
-            full = f"{url.rstrip('/')}/{sub}" if sub else url
-            inner = obstores.HTTPStore.from_url(
-                full, client_options=_client_options(opts, scheme == "http"), retry_config=_NO_RETRY
-            )
-            return ObjectStore(full, inner, opts, read_only=True, make_child=http)
-
-        return http("")
+        inner = obstores.HTTPStore.from_url(url, client_options=_client_options(opts, scheme == "http"),
+                                            retry_config=_NO_RETRY)
+        return ObjectStore(url, inner, opts, read_only=True)
     shown = redact_url(url)
     if not netloc:
         raise ConfigError(f"{shown}: expected {scheme}://BUCKET/PREFIX, found no bucket or container name")
@@ -152,24 +147,19 @@ def _open_object_store(url: str, scheme: str, netloc: str, path: str, opts: Stor
     if prefix:
         check_key(prefix, what="prefix", where=shown)
 
-    def build(full_prefix: str) -> ObjectStore:
-        shown = f"{scheme}://{netloc}/{full_prefix}".rstrip("/")
-        common: dict[str, Any] = dict(prefix=full_prefix or None, client_options=_client_options(opts, False),
-                                      retry_config=_NO_RETRY)
-        if scheme in ("s3", "s3a"):
-            settings = s3_settings(os.environ)
-            common["client_options"] = _client_options(opts, settings.get("endpoint", "").startswith("http://"))
-            inner = obstores.S3Store(netloc, config=settings, **common)
-        elif scheme in ("gs", "gcs"):
-            inner = obstores.GCSStore(netloc, **common)
-        elif scheme in ("az", "azure"):
-            inner = obstores.AzureStore(netloc, **common)
-        else:  # abfs[s]://container@account.dfs.core.windows.net/prefix
-            inner = obstores.AzureStore.from_url(f"{scheme}://{netloc}", **common)
-        return ObjectStore(shown, inner, opts,
-                           make_child=lambda sub: build("/".join(p for p in (full_prefix, sub) if p)))
-
-    return build(prefix)
+    common: dict[str, Any] = dict(prefix=prefix or None, client_options=_client_options(opts, False),
+                                  retry_config=_NO_RETRY)
+    if scheme in ("s3", "s3a"):
+        settings = s3_settings(os.environ)
+        common["client_options"] = _client_options(opts, settings.get("endpoint", "").startswith("http://"))
+        inner = obstores.S3Store(netloc, config=settings, **common)
+    elif scheme in ("gs", "gcs"):
+        inner = obstores.GCSStore(netloc, **common)
+    elif scheme in ("az", "azure"):
+        inner = obstores.AzureStore(netloc, **common)
+    else:  # abfs[s]://container@account.dfs.core.windows.net/prefix
+        inner = obstores.AzureStore.from_url(f"{scheme}://{netloc}", **common)
+    return ObjectStore(f"{scheme}://{netloc}/{prefix}".rstrip("/"), inner, opts)
 
 
 def s3_settings(env: Any) -> dict[str, str]:

@@ -225,6 +225,18 @@ def test_http_dataset(s3: Any, tmp_path: Path) -> None:
     assert sorted(np.concatenate([check_batch(b) for b in s]).tolist()) == list(range(12))
 
 
+def test_http_dataset_with_a_signed_query(s3: Any, tmp_path: Path) -> None:
+    """A base URL with a query (a shared-access signature) keeps the query after every key, in the
+    requests and in messages, where its values are hidden."""
+    local = make_dataset(tmp_path / "ds", 12, records_per_shard=5)
+    url = upload(local, s3.url("ds"))
+    http = f"{s3.endpoint}/{url[len('s3://'):]}?sig=S3CR3T"
+    s = TieredSampler(http, batch_size=4, epochs=1, seed=1)
+    assert sorted(np.concatenate([check_batch(b) for b in s]).tolist()) == list(range(12))
+    store = open_store(http)
+    assert store.describe("a/zarr.json") == f"{s3.endpoint}/{url[len('s3://'):]}/a/zarr.json?sig=***"
+
+
 # ---------------------------------------------------------------------- the CLI
 
 
