@@ -95,8 +95,10 @@ def summary(sampler: TieredSampler) -> list[str]:
         calls = "requests" if remote and name == "disk" else "calls"
         lines.append(f"{shown:<12} {human_bytes(t.bytes_read)} {what} in {t.read_calls} {calls} ({t.records} records)")
     if st.disk_bytes_by_epoch:
-        per = ", ".join(f"{e}: {human_bytes(b)}" for e, b in sorted(st.disk_bytes_by_epoch.items()))
-        lines.append(f"{'remote' if remote else 'disk'}/epoch {per}" if remote else f"disk/epoch   {per}")
+        calls = "requests" if remote else "calls"
+        per = ", ".join(f"{e}: {human_bytes(b)} in {st.disk_requests_by_epoch.get(e, 0)} {calls}"
+                        for e, b in sorted(st.disk_bytes_by_epoch.items()))
+        lines.append(f"remote/epoch {per}" if remote else f"disk/epoch   {per}")
     if "ssd" in sampler.tiers:
         lines.append(f"ssd written  {human_bytes(st.ssd_bytes_written)}")
     lines.append(f"stall        {st.stall_seconds:.2f} s waiting for batches")
