@@ -71,6 +71,7 @@ def summary(sampler: TieredSampler) -> list[str]:
     lines = [
         *(_mixture_lines(sampler) if sampler.mixture is not None else []),
         *sampler.memory_plan.describe(),
+        *sampler.remote_cache.describe(),
         f"records      {st.records} in {st.batches} batches, {st.elapsed:.2f} s",
         f"throughput   {st.records_per_s:,.0f} records/s, {st.bytes_per_s / 2**20:,.1f} MiB/s",
         f"delivered    {human_bytes(st.bytes)} of payload",
