@@ -520,7 +520,7 @@ def plan_remote_cache(mixture: Mixture, options: SamplerOptions) -> RemoteCache:
     if options.cache_dir is None:
         return RemoteCache(None, None, "off", nbytes, f"{opt} is none")
     if options.cache_dir != "auto":
-        return RemoteCache(Path(options.cache_dir), options.cache_size, "explicit", nbytes, f"{opt}")
+        return RemoteCache(Path(options.cache_dir), options.cache_size, "explicit", nbytes, f"set by {opt}")
     directory = default_cache_dir()
     if not directory.is_dir():
         raise ConfigError(f"{CACHE_DIR_ENV}: expected an existing directory for the default cache, "

@@ -107,8 +107,11 @@ def test_default_budget_from_free_space(url: str, monkeypatch: pytest.MonkeyPatc
     list(TieredSampler(url, batch_size=4, ram_size="10records"))
     _fake_disk(monkeypatch, 100 * GiB, 10 * GiB + nbytes - 1)
     assert plan_remote_cache(source, opts).budget == nbytes
-    # An explicit cache_size is the default cache's budget as it is.
+    # An explicit cache_size is the default cache's budget as it is; an explicit directory has no limit.
     assert plan_remote_cache(source, SamplerOptions(cache_size="1MiB")).budget == 1 << 20
+    explicit = plan_remote_cache(source, SamplerOptions(cache_dir=Path(os.environ[CACHE_DIR_ENV])))
+    assert explicit.kind == "explicit" and "budget no limit" in explicit.describe()[0]
+    assert "(set by cache_dir)" in explicit.describe()[0]
 
 
 def test_opting_out_gives_ranged_reads(url: str, monkeypatch: pytest.MonkeyPatch,
@@ -125,3 +128,21 @@ def test_opting_out_gives_ranged_reads(url: str, monkeypatch: pytest.MonkeyPatch
     assert "remote cache none: ranged reads of each block's records, every epoch (--cache-dir is none)" in out
     assert "remote/epoch 0: " in out and " requests" in out.split("remote/epoch 0: ")[1].splitlines()[0]
     assert not _cached_shards(Path(os.environ[CACHE_DIR_ENV]))
+
+
+def test_ranged_epochs_fetch_the_dataset_about_once(s3: Any, tmp_path: Path) -> None:
+    """Without a cache, sparse blocks (ram_size a quarter of the dataset) fetch at most 1.1x the
+    epoch's bytes (each shard's identity check included), and the stats count bytes and requests
+    of every epoch."""
+    n, shape = 64, (64, 64, 4)  # 16 KiB records, 256 KiB shards
+    url = upload(make_dataset(tmp_path / "ds", n, records_per_shard=16, shape=shape), s3.url("sparse"))
+    rec = int(np.prod(shape))
+    s = TieredSampler(url, batch_size=4, epochs=3, seed=5, ram_size=f"{n // 4}records", static_cache=0, cache_dir=None)
+    assert sum(b["key"].size for b in s) == 3 * n
+    st = s.stats
+    assert sorted(st.disk_bytes_by_epoch) == sorted(st.disk_requests_by_epoch) == [0, 1, 2]
+    for e in range(3):
+        assert n * rec <= st.disk_bytes_by_epoch[e] <= 1.1 * n * rec, (e, st.disk_bytes_by_epoch[e] / (n * rec))
+        assert st.disk_requests_by_epoch[e] > 0
+    assert sum(st.disk_requests_by_epoch.values()) == st.disk.read_calls
+    assert sum(st.disk_bytes_by_epoch.values()) == st.disk.bytes_read
