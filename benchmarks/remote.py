@@ -235,7 +235,7 @@ def main() -> None:
                 ssd = work / "ssd"
                 ssd.mkdir(exist_ok=True)
                 for tiers in ("ram", "ram,ssd"):
-                    r = shardkit_epoch(url, tiers, ram, ssd)
+                    r = shardkit_epoch(url, tiers, ram, ssd, cache_dir=None)  # ranged reads (no default cache)
                     r["ratio"] = r["MB/s"] / raw
                     row[f"shardkit {tiers}"] = r
                     # The same with the local disk as the cache of whole shards (cold: emptied first).
@@ -249,7 +249,8 @@ def main() -> None:
                     r["ratio"] = r["MB/s"] / raw
                     row[f"shardkit {tiers} +cache warm"] = r
                 for g in [x for x in a.sweep.split(",") if x]:
-                    r = shardkit_epoch(url, "ram", ram, ssd, remote_gap_bytes=parse_bytes(g, what="--sweep", allow_zero=True))
+                    r = shardkit_epoch(url, "ram", ram, ssd, remote_gap_bytes=parse_bytes(g, what="--sweep", allow_zero=True),
+                                       cache_dir=None)
                     r["ratio"] = r["MB/s"] / raw
                     row[f"gap {g}"] = r
                 if a.peers:

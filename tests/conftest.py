@@ -28,6 +28,24 @@ def small_dataset(tmp_path: Path) -> Callable[..., tuple[Path, np.ndarray]]:
     return make
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _default_cache_outside_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The default remote cache (``cache_dir="auto"``) goes to a directory of this session, never the
+    real temp dir's (the environment variable is inherited by the processes tests start)."""
+    from shardkit.readers.sources import CACHE_DIR_ENV
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(CACHE_DIR_ENV, str(tmp_path_factory.mktemp("default-cache")))
+        yield
+
+
+def _fresh_default_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A remote test's own default cache, so no test reads shards another test cached."""
+    from shardkit.readers.sources import CACHE_DIR_ENV
+
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path_factory.mktemp("default-cache")))
+
+
 _S3_VARIABLES = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION",
                  "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE")
 
@@ -55,8 +73,10 @@ def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 @pytest.fixture
-def s3(seaweed: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The session server, with the AWS environment pointing at it for this test."""
+def s3(seaweed: Any, monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The session server, with the AWS environment pointing at it for this test (and a default
+    cache of the test's own)."""
+    _fresh_default_cache(tmp_path_factory, monkeypatch)
     for name in _S3_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     for name, value in seaweed.env().items():
@@ -65,9 +85,10 @@ def s3(seaweed: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 @pytest.fixture
-def private_seaweed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+def private_seaweed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A server of this test alone (for killing, pausing and restarting), environment set."""
     _require_remote()
+    _fresh_default_cache(tmp_path_factory, monkeypatch)
     from tests.helpers.seaweed import SeaweedServer
 
     server = SeaweedServer(tmp_path / "seaweed")

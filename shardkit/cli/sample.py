@@ -71,6 +71,7 @@ def summary(sampler: TieredSampler) -> list[str]:
     lines = [
         *(_mixture_lines(sampler) if sampler.mixture is not None else []),
         *sampler.memory_plan.describe(),
+        *sampler.remote_cache.describe(),
         f"records      {st.records} in {st.batches} batches, {st.elapsed:.2f} s",
         f"throughput   {st.records_per_s:,.0f} records/s, {st.bytes_per_s / 2**20:,.1f} MiB/s",
         f"delivered    {human_bytes(st.bytes)} of payload",
@@ -95,8 +96,10 @@ def summary(sampler: TieredSampler) -> list[str]:
         calls = "requests" if remote and name == "disk" else "calls"
         lines.append(f"{shown:<12} {human_bytes(t.bytes_read)} {what} in {t.read_calls} {calls} ({t.records} records)")
     if st.disk_bytes_by_epoch:
-        per = ", ".join(f"{e}: {human_bytes(b)}" for e, b in sorted(st.disk_bytes_by_epoch.items()))
-        lines.append(f"{'remote' if remote else 'disk'}/epoch {per}" if remote else f"disk/epoch   {per}")
+        calls = "requests" if remote else "calls"
+        per = ", ".join(f"{e}: {human_bytes(b)} in {st.disk_requests_by_epoch.get(e, 0)} {calls}"
+                        for e, b in sorted(st.disk_bytes_by_epoch.items()))
+        lines.append(f"remote/epoch {per}" if remote else f"disk/epoch   {per}")
     if "ssd" in sampler.tiers:
         lines.append(f"ssd written  {human_bytes(st.ssd_bytes_written)}")
     lines.append(f"stall        {st.stall_seconds:.2f} s waiting for batches")

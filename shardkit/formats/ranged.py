@@ -27,8 +27,9 @@ from shardkit.stores.prefetch import PrefetchItem, ShardPrefetcher
 __all__ = ["RangedPayloadArray", "DEFAULT_REMOTE_GAP_BYTES"]
 
 #: Gaps up to this many bytes between wanted records of a remote shard are read rather than
-#: requested separately (why it is larger than the local one: docs/design.md §9).
-DEFAULT_REMOTE_GAP_BYTES = 1 << 20
+#: requested separately. 0: a sparse block read by range fetches only its records (a gap is paid
+#: for on every epoch's bill; adjacent records still share a request). Why: docs/design.md §9.
+DEFAULT_REMOTE_GAP_BYTES = 0
 
 #: With a cache, records of a shard still being prefetched wait for its local copy rather than being
 #: fetched by range, competing with the downloads and fetching those bytes twice (docs/design.md §9).

@@ -56,6 +56,9 @@ class PhaseResult:
     ssd_written: int = 0
     cache_bytes: int = 0
     step_seconds: float = 0.0
+    #: Storage bytes and read calls (requests, for an object store) of each epoch, in epoch order.
+    epoch_storage_bytes: tuple[int, ...] = ()
+    epoch_storage_calls: tuple[int, ...] = ()
 
     @property
     def records_per_s(self) -> float:
@@ -68,6 +71,7 @@ class PhaseResult:
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["busy_seconds"], out["epoch_seconds"] = out.pop("busy"), list(self.epoch_seconds)
+        out["epoch_storage_bytes"], out["epoch_storage_calls"] = list(self.epoch_storage_bytes), list(self.epoch_storage_calls)
         return {**out, "records_per_s": self.records_per_s, "stall_fraction": self.stall_fraction}
 
 
@@ -169,6 +173,8 @@ def run_pipeline(name: str, path: Path | str, options: SamplerOptions, step: Ste
         name, total, st.records, st.batches, tuple(b - a for a, b in itertools.pairwise(marks)), st.stall_seconds,
         st.first_batch_seconds or 0.0, dict(st.busy_seconds), st.disk.bytes_read, st.disk.read_calls,
         st.ssd.bytes_read, st.ssd_bytes_written, st.cache.bytes_read, step_s,
+        tuple(st.disk_bytes_by_epoch[e] for e in sorted(st.disk_bytes_by_epoch)),
+        tuple(st.disk_requests_by_epoch.get(e, 0) for e in sorted(st.disk_bytes_by_epoch)),
     )  # fmt: skip
 
 

@@ -42,6 +42,7 @@ def report_lines(prof: Profile) -> list[str]:
     for ph in prof.phases.values():
         epochs = " ".join(f"{s:.3f}" for s in ph.epoch_seconds)
         lines.append(f"{ph.name[:34]:<34} {ph.seconds:>8.3f} {ph.records_per_s:>10,.0f} {ph.stall_fraction:>7.1%}  {epochs}")
+    lines += _storage_lines(prof)
     compute_rate = w.batch_size / r.step_s if r.step_s > 0 else float("inf")
     both = prof.phases["both"]
     lines += [
@@ -74,6 +75,18 @@ def report_lines(prof: Profile) -> list[str]:
             lines.append(f"{c.prediction.scenario.label[:34]:<34} {c.prediction.seconds:>9.3f} {c.measured.seconds:>9.3f} "
                          f"{c.error:>+7.1%}  {c.prediction.stall_fraction:.1%} / {c.measured.stall_fraction:.1%}")  # fmt: skip
     lines += ["", "advice       " + prof.advice.sentence()]
+    return lines
+
+
+def _storage_lines(prof: Profile) -> list[str]:
+    """Bytes and requests (read calls) each phase fetched from storage per epoch, and their ratio to
+    the dataset's bytes: over 1x is over-fetch (gaps read, indexes), under it a cache at work."""
+    calls = "requests" if prof.remote else "calls"
+    lines = ["", f"storage per epoch (bytes, {calls}, x the dataset's {human_bytes(prof.workload.dataset_bytes)}):"]
+    for ph in prof.phases.values():
+        per = ", ".join(f"{human_bytes(b)} in {c} {calls} ({b / max(1, prof.workload.dataset_bytes):.2f}x)"
+                        for b, c in zip(ph.epoch_storage_bytes, ph.epoch_storage_calls))
+        lines.append(f"  {ph.name[:32]:<32} {per or 'nothing read'}")
     return lines
 
 

@@ -191,6 +191,15 @@ def _remote_gap(value: Any, what: str) -> int:
     return parse_bytes(value, what=what, allow_zero=True)
 
 
+def _cache_dir(value: object, what: str) -> Path | Literal["auto"] | None:
+    """``"auto"`` (the default cache), ``None`` or ``"none"`` (no cache: ranged reads) or a directory."""
+    if isinstance(value, str) and value.strip().lower() in ("auto", "none"):
+        return "auto" if value.strip().lower() == "auto" else None
+    if isinstance(value, str) and not value.strip():
+        raise ConfigError(f"{what}: expected 'auto', 'none' or a directory path, found {value!r}")
+    return path_or_none(value, what)
+
+
 def _optional_bytes(value: Any, what: str) -> int | None:
     return None if value is None else parse_bytes(value, what=what)
 
@@ -298,20 +307,29 @@ class SamplerOptions(UserOptions):
              "so requests stay large and sequential.")
     remote_gap_bytes: int = option(
         DEFAULT_REMOTE_GAP_BYTES, "Storage", _remote_gap, show=human_bytes,
-        help="For a dataset in an object store: gaps up to this size are read rather than requested separately.",
-        doc="See :mod:`shardkit.formats.ranged` for how the default was chosen.")
+        help="For a dataset in an object store read without a cache: gaps up to this size between wanted "
+             "records are read rather than requested separately. Default 0: an epoch fetches its records' bytes "
+             "once (at most 1.1x the dataset, measured with blocks of a quarter of it; a 1MiB gap fetched 3x) in "
+             "one request per run of adjacent records.",
+        doc="See docs/design.md §9 (*Ranged reads*) for the rule and the measurement.")
     store: StoreOptions = nested(
         StoreOptions, "Storage",
         help="For a dataset in an object store: how the store is driven (concurrency, timeouts, retries), "
              "a StoreOptions; its options that have a flag are sampler options too.")
-    cache_dir: Path | None = option(
-        None, "Storage", path_or_none, cli_type=Path,
-        help="For a dataset in an object store: keep fetched shards in this local directory, so later epochs "
-             "read them locally (shared safely by concurrent runs).",
-        doc="Ignored for local datasets; see :mod:`shardkit.stores.cache`.")
+    cache_dir: Path | Literal["auto"] | None = option(
+        "auto", "Storage", _cache_dir, show=lambda v: "none" if v is None else str(v),
+        help="For a dataset in an object store: the local directory whose node-shared cache keeps fetched "
+             "shards, so an epoch fetches the dataset once and later epochs and runs read it locally (shared "
+             "safely by concurrent processes). auto (default): the system temp dir, or $SHARDKIT_CACHE_DIR, "
+             "with a budget sized from free space; none (None in Python): no cache, ranged reads of only the "
+             "records each block needs, every epoch.",
+        doc="Ignored for local datasets; kept after the run (remove ``<dir>/shardkit-cache-<uid>`` to free it); "
+            "see :func:`shardkit.readers.sources.plan_remote_cache` for the budget rule and "
+            ":mod:`shardkit.stores.cache`.")
     cache_size: int | None = option(
         None, "Storage", _optional_bytes,
-        help="Budget of --cache-dir in bytes (e.g. 50GiB; default: the whole dataset).")
+        help="Budget of the cache in bytes (e.g. 50GiB). Default: with --cache-dir DIR the whole dataset; with "
+             "auto the dataset's size if that leaves 10% of the disk and at least 1GiB free, else what fits.")
 
     KIND = "sampler option"
 
@@ -371,12 +389,14 @@ class SamplerOptions(UserOptions):
 
     def dataset_options(self) -> dict[str, Any]:
         """Keyword arguments of :class:`~shardkit.formats.Dataset` for the bottom tier (the dataset
-        itself): gap thresholds, and for an object store its concurrency and local cache."""
+        itself): gap thresholds, and for an object store its concurrency and local cache. ``"auto"``
+        is resolved by the sampler first (:func:`~shardkit.readers.sources.plan_remote_cache`); left
+        unresolved it means no cache."""
         return {
             "gap_bytes": self.gap_bytes,
             "remote_gap_bytes": self.remote_gap_bytes,
             "store_options": self.store,
-            "cache_dir": self.cache_dir,
+            "cache_dir": None if self.cache_dir == "auto" else self.cache_dir,
             "cache_size": self.cache_size,
         }
 

@@ -32,7 +32,15 @@ from shardkit.order.schedule import (
 )
 from shardkit.readers.interface import Batch, ElementSpec
 from shardkit.readers.options import SamplerOptions, TierSizes
-from shardkit.readers.sources import MixedIdentity, Mixture, as_source, gather_fields, local_keys
+from shardkit.readers.sources import (
+    MixedIdentity,
+    Mixture,
+    RemoteCache,
+    as_source,
+    gather_fields,
+    local_keys,
+    plan_remote_cache,
+)
 from shardkit.stores import Location, location_string
 from shardkit.tiers import shm as node
 from shardkit.tiers.buffers import BatchPool, BufferMemory
@@ -99,6 +107,13 @@ class TieredSampler(Closing):
         #: What this sampler reads: a mixture of one dataset or more (see :mod:`shardkit.readers.sources`).
         self.source: Mixture = source
         opts = _source_options(source, opts, "seed" in overrides)
+        #: The local cache of the remote datasets' shards, or ranged reads, and why (the options then
+        #: name the resolved directory and budget, so a pickled sampler's workers share the cache).
+        self.remote_cache: RemoteCache = plan_remote_cache(source, opts)
+        if opts.cache_dir == "auto" and self.remote_cache.kind != "local":
+            opts = opts.replace(cache_dir=self.remote_cache.directory, cache_size=self.remote_cache.budget)
+        for line in self.remote_cache.describe():
+            logger.info("%s: %s", location_string(source.paths[0]), line)
         self.options = opts
         regions = self._open(source)
         self.sizes: TierSizes = opts.tier_sizes(self.record_nbytes, self.num_records, self.num_keys)

@@ -12,11 +12,13 @@ import hashlib
 import json
 import logging
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,7 +32,10 @@ from shardkit.order.mixture import MixturePlan, parse_weights
 from shardkit.order.seeds import check_seed
 from shardkit.readers.identity import DatasetIdentity, dataset_fingerprint
 from shardkit.stores import Location, Store, StoreOptions, as_location, open_store
-from shardkit.units import parse_count
+from shardkit.units import human_bytes, parse_count
+
+if TYPE_CHECKING:
+    from shardkit.readers.options import SamplerOptions
 
 __all__ = [
     "DATASET_FIELD",
@@ -46,6 +51,12 @@ __all__ = [
     "MixedIdentity",
     "gather_fields",
     "local_keys",
+    "CACHE_DIR_ENV",
+    "MIN_FREE_BYTES",
+    "MIN_FREE_FRACTION",
+    "RemoteCache",
+    "default_cache_dir",
+    "plan_remote_cache",
 ]
 
 logger = logging.getLogger(__name__)
@@ -422,3 +433,109 @@ class MixedDataset(Closing):
     def close(self) -> None:
         for d in self._datasets:
             d.close()
+
+
+# ---------------------------------------------------------------------------------------------- remote cache
+#: The environment variable that moves the default cache (``cache_dir="auto"``) out of the system
+#: temp directory (the test suite points it at a temporary directory of its own).
+CACHE_DIR_ENV = "SHARDKIT_CACHE_DIR"
+#: The default cache leaves at least this much of its disk free, and at least this share of it.
+MIN_FREE_BYTES = 1 << 30
+MIN_FREE_FRACTION = 0.10
+
+
+@dataclass(frozen=True)
+class RemoteCache:
+    """Where a sampler keeps the shards of its remote datasets (:func:`plan_remote_cache`): a cache
+    directory and its budget, or ``directory=None`` for ranged reads, with the reason."""
+
+    #: The directory the cache lives in (``<directory>/shardkit-cache-<uid>``), or None: no cache.
+    directory: Path | None
+    #: The budget of the whole cache root in bytes (``None``: no limit).
+    budget: int | None
+    #: ``"default"``, ``"explicit"``, ``"off"`` (opted out), ``"no space"`` or ``"local"`` (nothing remote).
+    kind: str
+    #: Bytes of the source's remote datasets (their shard objects).
+    dataset_bytes: int = 0
+    #: One line on why, for the plan (``shardkit sample``) and the log.
+    reason: str = ""
+
+    @property
+    def root(self) -> Path | None:
+        """The cache root, ``<directory>/shardkit-cache-<uid>`` (what to remove to free the cache)."""
+        return None if self.directory is None else self.directory / f"shardkit-cache-{os.geteuid()}"
+
+    def describe(self) -> list[str]:
+        """The memory plan's line about the remote tier (none for a local source)."""
+        if self.kind == "local":
+            return []
+        if self.directory is None:
+            return [f"remote cache none: ranged reads of each block's records, every epoch ({self.reason})"]
+        budget = "no limit" if self.budget is None else human_bytes(self.budget)
+        return [f"remote cache {self.root}, budget {budget} for a dataset of {human_bytes(self.dataset_bytes)} "
+                f"({self.reason})"]
+
+
+def default_cache_dir() -> Path:
+    """The directory of the default cache: ``$SHARDKIT_CACHE_DIR`` if set, else the system temp dir."""
+    return Path(os.environ.get(CACHE_DIR_ENV) or tempfile.gettempdir())
+
+
+def _cached_bytes(root: Path) -> int:
+    """Bytes of the copies already in a cache root (they count towards its budget, not against free
+    space); 0 when there is none yet."""
+    total = 0
+    try:
+        namespaces = list(os.scandir(root))
+    except OSError:
+        return 0
+    for ns in namespaces:
+        if not ns.is_dir(follow_symlinks=False):
+            continue
+        try:
+            for entry in os.scandir(ns.path):
+                if entry.is_file(follow_symlinks=False):
+                    total += entry.stat(follow_symlinks=False).st_size
+        except OSError:
+            continue
+    return total
+
+
+def plan_remote_cache(mixture: Mixture, options: SamplerOptions) -> RemoteCache:
+    """Which local cache the sampler uses for ``mixture``'s datasets in object stores.
+
+    ``cache_dir="auto"`` (the default) puts a node-shared cache in :func:`default_cache_dir`, with
+    ``cache_size`` as its budget or else the rule: the remote datasets' bytes if the disk keeps
+    :data:`MIN_FREE_FRACTION` of its size and :data:`MIN_FREE_BYTES` free, else what fits (copies
+    already in the cache count as room), else no cache (room for less than the largest shard).
+    ``cache_dir=None`` is no cache; a directory is used with ``cache_size`` (default: no limit).
+    Why the default is a cache: docs/design.md §9.
+    """
+    remote = [m for p, m in zip(mixture.paths, mixture.metas) if isinstance(p, str)]
+    shards = [max(0, s.nbytes) for m in remote for s in m.shards]
+    nbytes = sum(shards)
+    opt = options.name("cache_dir")
+    if not remote:
+        return RemoteCache(None, None, "local")
+    if options.cache_dir is None:
+        return RemoteCache(None, None, "off", nbytes, f"{opt} is none")
+    if options.cache_dir != "auto":
+        return RemoteCache(Path(options.cache_dir), options.cache_size, "explicit", nbytes, f"set by {opt}")
+    directory = default_cache_dir()
+    if not directory.is_dir():
+        raise ConfigError(f"{CACHE_DIR_ENV}: expected an existing directory for the default cache, "
+                          f"found {str(directory)!r}")
+    if options.cache_size is not None:
+        return RemoteCache(directory, options.cache_size, "default", nbytes, f"default, {options.name('cache_size')}")
+    usage = shutil.disk_usage(directory)
+    keep = max(MIN_FREE_BYTES, int(usage.total * MIN_FREE_FRACTION))
+    cached = _cached_bytes(directory / f"shardkit-cache-{os.geteuid()}")
+    room = usage.free + cached - keep
+    if room < max(shards, default=0) or room <= 0:
+        why = (f"{human_bytes(usage.free)} free on {directory}, the default cache keeps "
+               f"{human_bytes(keep)} free; set {opt} to a directory with room, or {options.name('cache_size')}")
+        return RemoteCache(None, None, "no space", nbytes, why)
+    if room >= nbytes:
+        return RemoteCache(directory, nbytes, "default", nbytes, "default: the whole dataset fits")
+    return RemoteCache(directory, room, "default", nbytes,
+                       f"default: what fits, keeping {human_bytes(keep)} of the disk free")

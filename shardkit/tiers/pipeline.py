@@ -454,10 +454,10 @@ class Pipeline:
             open_buffers: dict[int, BatchBuffer] = {}
             for a, b in self._bounds(seg, 0, seg.length, self.sizes.ram_block):
                 keys = seg.keys(a, b)
-                before = disk.bytes_read
+                before, calls = disk.bytes_read, disk.read_calls
                 block = self._read_block(seg, a, b, keys, read, open_buffers)
                 self._verify()
-                self._stats.add_epoch_disk(seg.epoch, disk.bytes_read - before)
+                self._stats.add_epoch_disk(seg.epoch, disk.bytes_read - before, disk.read_calls - calls)
                 self._put(self._blocks, block)
             seg.done()
             self._put(self._blocks, EpochEnd(seg.epoch, seg.complete))
@@ -475,7 +475,7 @@ class Pipeline:
             for a, b in block_bounds(0, seg.length, min(size, self.sizes.ssd_block), self.sizes.ssd_block):
                 keys = seg.keys(a, b)
                 slot = self._get(self._ssd_slots)
-                before = self.disk.payload.stats.bytes_read
+                before, calls = self.disk.payload.stats.bytes_read, self.disk.payload.stats.read_calls
                 cached, crow, fill = self._cache_plan(keys)
                 if fill.any():
                     assert self.cache is not None and self.cache.rows is not None
@@ -491,7 +491,8 @@ class Pipeline:
                     self._stats.add_written(self.slots.write(slot, self.disk.payload, stored, self.stop))
                     self._stats.add_busy("ssd_fill", time.perf_counter() - t0)
                     self._verify()
-                self._stats.add_epoch_disk(seg.epoch, self.disk.payload.stats.bytes_read - before)
+                self._stats.add_epoch_disk(seg.epoch, self.disk.payload.stats.bytes_read - before,
+                                           self.disk.payload.stats.read_calls - calls)
                 self._put(self._ssd_q, ReservoirWritten(seg, a, b, keys, stored, slot))
             seg.done()
             self._put(self._ssd_q, EpochEnd(seg.epoch, seg.complete))

@@ -40,6 +40,8 @@ class SamplerStats:
     #: Bytes read from the dataset for each epoch (``N - M`` records' after the first with a static
     #: cache of ``M``).
     disk_bytes_by_epoch: dict[int, int] = field(default_factory=dict)
+    #: Read calls on the dataset for each epoch (requests, for a dataset in an object store).
+    disk_requests_by_epoch: dict[int, int] = field(default_factory=dict)
     #: Time each pipeline stage of :data:`STAGES` spent working (not waiting): ``disk`` reading the
     #: dataset, ``ssd_fill`` copying it to SSD, ``ssd`` reading reservoirs, ``assembly`` building
     #: batches, ``handover`` the consumer's side; ``disk_cpu``/``ssd_cpu`` the reading thread's CPU
@@ -93,10 +95,11 @@ class SamplerStats:
         with self._lock:
             self.stall_seconds += seconds
 
-    def add_epoch_disk(self, epoch: int, nbytes: int) -> None:
-        """Count bytes read from the dataset for ``epoch``."""
+    def add_epoch_disk(self, epoch: int, nbytes: int, calls: int = 0) -> None:
+        """Count bytes read from the dataset for ``epoch``, in ``calls`` read calls (requests)."""
         with self._lock:
             self.disk_bytes_by_epoch[epoch] = self.disk_bytes_by_epoch.get(epoch, 0) + int(nbytes)
+            self.disk_requests_by_epoch[epoch] = self.disk_requests_by_epoch.get(epoch, 0) + int(calls)
 
     def add_busy(self, stage: str, seconds: float) -> None:
         """Count ``seconds`` of work of pipeline stage ``stage`` (one of :data:`STAGES`)."""

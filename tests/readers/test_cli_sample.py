@@ -63,7 +63,7 @@ def test_sample_prints_the_memory_plan(tmp_path: Path, capsys: pytest.CaptureFix
     out = capsys.readouterr().out
     assert "blocks       " in out and "records first, doubling to" in out
     assert "cache        20 records (320 B, 100.0% of the dataset): every epoch after the first reads nothing" in out
-    assert "disk/epoch   0: " in out and "1: 0 B, 2: 0 B" in out
+    assert "disk/epoch   0: " in out and "1: 0 B in 0 calls, 2: 0 B in 0 calls" in out
     assert _run(["sample", str(ds), "--ram-size", "20records", "--batch-size", "4", "--static-cache", "0"]) == 0
     assert "cache        0 records (0 B, 0.0% of the dataset)" in capsys.readouterr().out
     assert _run(["sample", str(ds), "--permutation", "random"]) == 1

@@ -347,7 +347,7 @@ def test_locality_over_an_object_store(s3: Any, tmp_path: Path) -> None:
     part = node_partition(2, 40, 2, 16)
     samplers = [TieredSampler(url, rank=c, world_size=4, nodes=2, locality=True, batch_size=3, seed=2, epochs=1,
                               static_cache="8records", node_cache="8records", ram_size="48records",
-                              node_cache_dir=caches / f"n{c // 2}") for c in range(4)]  # fmt: skip
+                              node_cache_dir=caches / f"n{c // 2}", cache_dir=None) for c in range(4)]  # fmt: skip
     try:
         _check_reads_are_misses(samplers, part, 8, 8, epochs=8)
         assert [s.stats.records // 8 for s in samplers] == [12, 10, 9, 9]  # 3 global batches of 12, a tail of 4

@@ -43,7 +43,7 @@ def proxied(s3: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
 
 def _epoch(url: str, n: int, **kw: Any) -> list[dict[str, np.ndarray]]:
-    s = TieredSampler(url, batch_size=4, epochs=1, seed=4, ram_size="6records", **kw)
+    s = TieredSampler(url, batch_size=4, epochs=1, seed=4, ram_size="6records", cache_dir=None, **kw)
     return list(s)
 
 
@@ -112,7 +112,7 @@ def test_server_paused_mid_epoch(private_seaweed: Any, tmp_path: Path) -> None:
     """SIGSTOP for a few seconds in the middle of an epoch, then SIGCONT: the epoch finishes."""
     n = 60
     url = upload(make_dataset(tmp_path / "ds", n, records_per_shard=5), private_seaweed.url("ds"))
-    s = TieredSampler(url, batch_size=4, epochs=1, seed=8, ram_size="6records")
+    s = TieredSampler(url, batch_size=4, epochs=1, seed=8, ram_size="6records", cache_dir=None)
     keys: list[np.ndarray] = []
     for i, batch in enumerate(s):
         keys.append(check_batch(batch))
@@ -127,7 +127,7 @@ def test_server_killed_and_restarted_mid_epoch(private_seaweed: Any, tmp_path: P
     retries ride it out and the epoch delivers every record exactly once, bytes intact."""
     n = 60
     url = upload(make_dataset(tmp_path / "ds", n, records_per_shard=5), private_seaweed.url("ds"))
-    s = TieredSampler(url, batch_size=4, epochs=2, seed=8, ram_size="6records")
+    s = TieredSampler(url, batch_size=4, epochs=2, seed=8, ram_size="6records", cache_dir=None)
     keys: list[np.ndarray] = []
     restarted = threading.Event()
     failed: list[BaseException] = []
@@ -158,7 +158,7 @@ def test_server_killed_and_restarted_mid_epoch(private_seaweed: Any, tmp_path: P
 def test_server_gone_for_good(private_seaweed: Any, tmp_path: Path) -> None:
     """A server that does not come back: the sampler stops with an error naming the object and range."""
     url = upload(make_dataset(tmp_path / "ds", 30, records_per_shard=5), private_seaweed.url("ds"))
-    s = TieredSampler(url, batch_size=4, epochs=1, seed=8, ram_size="6records", remote_retry="2s")
+    s = TieredSampler(url, batch_size=4, epochs=1, seed=8, ram_size="6records", remote_retry="2s", cache_dir=None)
     it = iter(s)
     check_batch(next(it))
     private_seaweed.kill()

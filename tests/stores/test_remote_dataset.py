@@ -56,13 +56,13 @@ def test_remote_reads_are_coalesced_ranges(s3: Any, tmp_path: Path) -> None:
     (the recorded crc32c fixes them); every response scattered into the right row."""
     records = make_records(60)
     url = upload(write_dataset(tmp_path / "ds", records, records_per_shard=20), s3.url("ds"))
-    with open_dataset(url) as ds:
+    with open_dataset(url, remote_gap_bytes=1 << 20) as ds:
         ds.stats.trace = []
         keys = np.array([59, 0, 21, 3, 40, 45, 22])
         np.testing.assert_array_equal(ds.payload.read(keys), records[keys])
         # Per shard: one GET of its tail (the identity check, tail_crc32c: here the shard's whole 720 bytes
         # of records, at most TAIL_SAMPLE_NBYTES), once per reader, and one of its records (gaps are far
-        # below remote_gap_bytes).
+        # below a remote_gap_bytes of 1 MiB).
         assert ds.stats.read_calls == 3 + 3
         tails, runs = ds.stats.trace[:3], sorted(ds.stats.trace[3:])  # the tails come first
         assert sorted(t[1:] for t in tails) == [(0, 20 * 36)] * 3
@@ -157,7 +157,7 @@ def test_remote_sample_equals_local(s3: Any, tmp_path: Path, stack: dict[str, st
     url = upload(local, s3.url("ds"))
     runs = []
     for where in (local, url):
-        s = TieredSampler(where, batch_size=4, epochs=2, seed=9, ssd_dir=tmp_path, **stack)  # type: ignore[arg-type]
+        s = TieredSampler(where, batch_size=4, epochs=2, seed=9, ssd_dir=tmp_path, cache_dir=None, **stack)  # type: ignore[arg-type]
         batches = list(s)
         for b in batches:
             check_batch(b)
@@ -174,7 +174,7 @@ def test_each_record_fetched_once_per_epoch(s3: Any, tmp_path: Path) -> None:
     trace proves it); with the default threshold the extra bytes are counted, never re-delivered."""
     n, rec = 60, 16
     url = upload(make_dataset(tmp_path / "ds", n, records_per_shard=7), s3.url("ds"))
-    s = TieredSampler(url, batch_size=5, epochs=3, seed=2, ram_size="10records", remote_gap_bytes=0)
+    s = TieredSampler(url, batch_size=5, epochs=3, seed=2, ram_size="10records", remote_gap_bytes=0, cache_dir=None)
     s.stats.disk.trace = []
     assert sum(b["key"].size for b in s) == 3 * n
     # The first request of each shard is its identity check (the tail, checked against tail_crc32c
@@ -193,7 +193,8 @@ def test_each_record_fetched_once_per_epoch(s3: Any, tmp_path: Path) -> None:
     shard_sizes = [min(7, n - 7 * i) * rec for i in range(len(tails))]
     assert sorted(tails.values(), key=lambda t: -t[1]) == [(0, size) for size in shard_sizes]
     assert s.stats.disk.bytes_read == 3 * n * rec + n * rec
-    dense = TieredSampler(url, batch_size=5, epochs=3, seed=2, ram_size="10records")
+    dense = TieredSampler(url, batch_size=5, epochs=3, seed=2, ram_size="10records", remote_gap_bytes="1MiB",
+                          cache_dir=None)
     assert sum(b["key"].size for b in dense) == 3 * n
     assert dense.stats.disk.read_calls < s.stats.disk.read_calls  # coalesced into fewer requests
 
@@ -205,12 +206,12 @@ def test_uniform_through_remote_tier(s3: Any, tmp_path: Path, stack: str) -> Non
     n = 8
     url = upload(make_dataset(tmp_path / "ds", n, records_per_shard=3), s3.url("ds"))
     sizes = dict(ram_size="3records") if stack == "ram" else dict(ram_size="2records", ssd_size="5records")
-    s = TieredSampler(url, tiers=stack, batch_size=3, epochs=600, seed=21, ssd_dir=tmp_path, **sizes)  # type: ignore[arg-type]
+    s = TieredSampler(url, tiers=stack, batch_size=3, epochs=600, seed=21, ssd_dir=tmp_path, cache_dir=None, **sizes)  # type: ignore[arg-type]
     orders = np.concatenate([check_batch(b) for b in s]).reshape(600, n)
     assert (np.sort(orders, axis=1) == np.arange(n)).all()
     assert item_position_pvalue(orders) > ALPHA
     assert s.stats.disk.records == 600 * n
-    default = TieredSampler(url, batch_size=3, epochs=300, seed=22)
+    default = TieredSampler(url, batch_size=3, epochs=300, seed=22, cache_dir=None)
     orders = np.concatenate([check_batch(b) for b in default]).reshape(300, n)
     assert item_position_pvalue(orders) > ALPHA
 
@@ -221,7 +222,7 @@ def test_http_dataset(s3: Any, tmp_path: Path) -> None:
     url = upload(local, s3.url("ds"))
     http = f"{s3.endpoint}/{url[len('s3://'):]}"
     assert verify(http).ok
-    s = TieredSampler(http, batch_size=4, epochs=1, seed=1)
+    s = TieredSampler(http, batch_size=4, epochs=1, seed=1, cache_dir=None)
     assert sorted(np.concatenate([check_batch(b) for b in s]).tolist()) == list(range(12))
 
 
@@ -257,7 +258,7 @@ def test_cli_info_verify_sample_on_urls(s3: Any, tmp_path: Path) -> None:
     assert ok.returncode == 0 and "OK, 5 shards" in ok.stdout
     order = tmp_path / "order.npy"
     out = _cli("sample", url, "--batch-size", "4", "--epochs", "2", "--seed", "3", "--ram-size", "8records",
-               "--order-out", str(order))
+               "--cache-dir", "none", "--order-out", str(order))
     assert out.returncode == 0, out.stderr
     assert "remote" in out.stdout and "requests" in out.stdout
     keys = np.load(order)
@@ -280,7 +281,7 @@ def test_dataset_replaced_mid_run_stops_the_sampler(s3: Any, tmp_path: Path) -> 
 
     url = upload(make_dataset(tmp_path / "a", 40, records_per_shard=5), s3.url("ds"))
     other = make_dataset(tmp_path / "b", 40, records_per_shard=5, shape=(4, 4, 2))
-    s = TieredSampler(url, batch_size=4, epochs=3, seed=1, ram_size="6records")
+    s = TieredSampler(url, batch_size=4, epochs=3, seed=1, ram_size="6records", cache_dir=None)
     it = iter(s)
     check_batch(next(it))
     upload(other, url)

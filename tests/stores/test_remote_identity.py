@@ -42,7 +42,7 @@ def test_swapped_shards_in_the_store_are_refused_by_the_sampler(s3: Any, tmp_pat
         np.testing.assert_array_equal(ds.payload.read([2 * PER_SHARD + 3]), records[[2 * PER_SHARD + 3]])
         with pytest.raises(ChecksumError, match=r"image/c/1/0/0/0: shard 1 \(records 200-399\).*not the dataset's shard"):
             ds.payload.read([PER_SHARD + 3])  # the first record, far from the tail
-    sampler = TieredSampler(url, ram_size="100records", batch_size=10, epochs=1, seed=0)
+    sampler = TieredSampler(url, ram_size="100records", batch_size=10, epochs=1, seed=0, cache_dir=None)
     served: list[np.ndarray] = []
     try:
         with pytest.raises(ChecksumError, match="not the dataset's shard"):
