@@ -2,7 +2,8 @@
 
 Blocks are planned exactly like the local reader's and their runs fetched concurrently, every
 response and each shard's identity checked before its records are served; with a local cache, shards
-downloaded whole are read from it. The checks and the reasons: docs/design.md §9.
+downloaded in parts are read from their local copies as soon as their pages land. The checks and
+the reasons: docs/design.md §9.
 """
 
 from __future__ import annotations
