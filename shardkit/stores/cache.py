@@ -133,9 +133,12 @@ class ShardCache:
             else:
                 if time.time() - st.st_mtime < STALE_SECONDS and self._filled_by_someone(part):
                     return None  # someone is filling it
+                resumed = self._resume(name, size)
+                if resumed is not None:
+                    logger.info("%s: %s was left by a filler that stopped or died; resumed", self.dir, part)
+                    return resumed
                 self._ns.unlink(part)  # its writer died
-                logger.info("%s: %s was left by a filler that died; taken over", self.dir, part)
-            self._ns.unlink(_MAP + name)
+            self._ns.unlink(_MAP + name)  # left by a filler that died before its copy existed
             if not self._admit(size + 2 * map_pages(size)):
                 self._refused.add(name)
                 logger.info("%s: cache full (budget %s bytes); %s stays remote", self.dir, self.budget, name)
@@ -154,6 +157,26 @@ class ShardCache:
                 self._ns.unlink(part)
                 self._ns.unlink(_MAP + name)
                 raise
+        return fd
+
+    def _resume(self, name: str, size: int) -> int | None:
+        """The filler's descriptor of a copy another filler left (closed, or died): kept when it has
+        the right size and a progress map (its present pages were written before they were marked),
+        else None (under the lock)."""
+        try:
+            fd = self._ns.open_file(name + _PART, os.O_RDWR)
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            mst = os.stat(_MAP + name, dir_fd=self._ns.fd, follow_symlinks=False)
+            ok = os.fstat(fd).st_size == size and mst.st_size == 2 * map_pages(size)
+        except OSError:  # locked after all, or no map (FileNotFoundError)
+            ok = False
+        if not ok:
+            os.close(fd)
+            return None
+        os.utime(fd)  # fresh again: a live filler
         return fd
 
     def _filled_by_someone(self, part: str) -> bool:
@@ -232,6 +255,10 @@ class ShardCache:
     def refuse(self, name: str) -> None:
         """Keep ``name`` remote from now on in this instance (e.g. the disk is full)."""
         self._refused.add(name)
+
+    def release(self, fd: int) -> None:
+        """Stop filling a copy :meth:`claim` started, keeping it for the next filler to resume."""
+        os.close(fd)
 
     def abandon(self, name: str, fd: int) -> None:
         """Give up a copy :meth:`claim` started (a failed or cancelled download): close and delete it."""

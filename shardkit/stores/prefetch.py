@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from shardkit.errors import CorruptShardError, TruncatedShardError
 from shardkit.stores.atomic import is_out_of_space
 from shardkit.stores.base import ByteRange, Store, write_all
-from shardkit.stores.cache import PAGE_BYTES, ShardCache, filler_alive, map_pages
+from shardkit.stores.cache import PAGE_BYTES, STALE_SECONDS, ShardCache, filler_alive, map_pages
 
 __all__ = ["ShardPrefetcher", "PrefetchItem", "PartialCopy", "PREFETCH_CONCURRENCY", "PART_BYTES", "MAX_PARTS_IN_FLIGHT"]
 
@@ -181,16 +181,21 @@ class ShardPrefetcher:
         return None if fds is None else PartialCopy(self, index, item.size, fds[0], fds[1], owned=True)
 
     def close(self) -> None:
-        """Stop: downloads in progress are abandoned (their ``.part`` deleted), threads joined."""
+        """Stop: threads joined; copies being filled are left for the next filler (of any process) to
+        resume from their present pages."""
         with self._cond:
             self._closing = True
             self._cond.notify_all()
+        deadline = time.monotonic() + 30.0  # a part stalled on a dead server: give up on it
         for t in self._threads:
-            t.join(30.0)
+            t.join(max(0.0, deadline - time.monotonic()))
         with self._cond:
             for fill in list(self._fills.values()):
-                if fill.inflight == 0:
-                    self._drop(fill, _SKIPPED)
+                if fill.inflight == 0:  # kept, with its map, for the next filler to resume
+                    del self._fills[fill.index]
+                    os.close(fill.map_fd)
+                    self.cache.release(fill.fd)
+                    self._finish(fill.index, _SKIPPED)
 
     # ------------------------------------------------------------------ scheduling (under the lock)
     def _open(self, i: int) -> _Fill | None:
@@ -207,8 +212,13 @@ class ShardPrefetcher:
             self._state[i] = _SKIPPED  # complete already, filled by another process, or over the budget
             return None
         fill = _Fill(i, item, fd, self.cache.open_map(item.name))
-        self._fills[i] = fill
+        fill.present[:] = ShardCache.present(fill.map_fd, item.size)  # a resumed copy's pages
+        fill.done = sum(fill.present)
         self._state[i] = _ACTIVE
+        if fill.done == fill.npages:
+            self._settle(fill)
+            return None
+        self._fills[i] = fill
         return fill
 
     def _demanded(self, i: int, lo: int, hi: int) -> None:
@@ -270,12 +280,6 @@ class ShardPrefetcher:
             self.limit = min(self._max_bg, self.limit + max(1, self.limit // 4))
             logger.debug("prefetch: %.0f MB/s, %d parts in flight", rate / 1e6, self.limit)
         self._best_rate = max(self._best_rate, rate)
-
-    def _drop(self, fill: _Fill, state: int, error: BaseException | None = None) -> None:
-        del self._fills[fill.index]
-        os.close(fill.map_fd)
-        self.cache.abandon(fill.item.name, fill.fd)
-        self._finish(fill.index, state, error)
 
     def _finish(self, i: int, state: int, error: BaseException | None = None) -> None:
         self._state[i] = state
@@ -418,7 +422,7 @@ class PartialCopy:
             if all(all(present[lo:hi]) for lo, hi in spans):
                 return True
             polls += 1
-            if polls % _ALIVE_EVERY == 0 and not filler_alive(self.fd):
+            if polls % _ALIVE_EVERY == 0 and (not filler_alive(self.fd) or _stale(self.fd)):
                 return all(all(ShardCache.present(self.map_fd, self.size)[lo:hi]) for lo, hi in spans)
             if pf._closing:
                 return False
@@ -427,3 +431,8 @@ class PartialCopy:
     def close(self) -> None:
         os.close(self.fd)
         os.close(self.map_fd)
+
+
+def _stale(fd: int) -> bool:
+    """The copy ``fd`` saw no write for STALE_SECONDS: its filler hangs (the next claim replaces it)."""
+    return time.time() - os.fstat(fd).st_mtime >= STALE_SECONDS

@@ -136,6 +136,26 @@ def test_first_block_is_served_before_any_shard_completes(dataset: tuple[Path, s
     assert stats.bytes_read == total
 
 
+def test_a_stopped_fill_is_resumed_not_fetched_again(dataset: tuple[Path, str], held: threading.Event,
+                                                     tmp_path: Path) -> None:
+    """A reader closed while its copies are partial leaves them with their maps; the next reader
+    resumes them and fetches only the pages that were missing."""
+    local, url = dataset
+    cache = _cache(tmp_path)
+    first, second = ReadStats(), ReadStats()
+    with Dataset(url, cache_dir=cache, stats=first) as ds:
+        ds.read(ONE_PER_SHARD)
+    assert not _final_copies(cache) and len(list(cache.rglob("shard-*.part"))) == SHARDS
+    held.set()
+    with Dataset(url, cache_dir=cache, stats=second) as ds:
+        batch = ds.read(list(range(N)))
+        check_batch({"key": np.arange(N), **batch})
+        _wait_all(ds)
+    assert [p.read_bytes() for p in _final_copies(cache)] == _shard_bytes(local)
+    assert first.bytes_read > 0
+    assert first.bytes_read + second.bytes_read == sum(len(b) for b in _shard_bytes(local))
+
+
 _SECOND = """
 import sys, numpy as np
 from shardkit.readers import TieredSampler
@@ -196,7 +216,8 @@ def _asked(map_file: Path) -> bool:
 
 def test_waiter_takes_over_from_a_dead_filler(dataset: tuple[Path, str], tmp_path: Path) -> None:
     """Another process claimed the copies and dies (SIGKILL) while this one waits on them: the
-    waiter sees the filler's lock gone, takes the copies over and reads the right records."""
+    waiter sees the filler's lock gone, takes the copies over (resuming their pages) and reads the
+    right records."""
     local, url = dataset
     cache = _cache(tmp_path)
     filler = subprocess.Popen([sys.executable, "-c", _FILLER, url, str(cache), *map(str, ONE_PER_SHARD)], env=_env(),
