@@ -247,6 +247,32 @@ def test_waiter_takes_over_from_a_dead_filler(dataset: tuple[Path, str], tmp_pat
     assert [p.read_bytes() for p in _final_copies(cache)] == _shard_bytes(local)
 
 
+def test_waiter_replaces_a_hung_filler(dataset: tuple[Path, str], tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A filler that holds its copies but writes nothing for STALE_SECONDS (here shortened) is
+    replaced by the process waiting on it, which downloads the copies itself."""
+    local, url = dataset
+    cache = _cache(tmp_path)
+    monkeypatch.setattr(cache_mod, "STALE_SECONDS", 1.0)
+    monkeypatch.setattr(prefetch, "STALE_SECONDS", 1.0)
+    filler = subprocess.Popen([sys.executable, "-c", _FILLER, url, str(cache), *map(str, ONE_PER_SHARD)], env=_env(),
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert filler.stdout is not None and filler.stdout.readline().strip() == "ready", filler.stderr
+        keys = [20, PER_SHARD + 30, 2 * PER_SHARD + 10]
+        with Dataset(url, cache_dir=cache) as ds:
+            t, out = _in_thread(lambda: ds.read(keys))
+            t.join(120)
+            assert out and not isinstance(out[0], BaseException), out
+            check_batch({"key": np.array(keys), **out[0]})
+            _wait_all(ds)
+        assert filler.poll() is None  # still alive (hung), its copies replaced
+    finally:
+        filler.kill()
+        filler.wait(30)
+    assert [p.read_bytes() for p in _final_copies(cache)] == _shard_bytes(local)
+
+
 @pytest.mark.parametrize("fault", ["short", "lie", "reset", "503"])
 def test_failed_parts_are_fetched_again_not_delivered(dataset: tuple[Path, str], s3: Any, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch, fault: str) -> None:
