@@ -80,8 +80,15 @@ class _Fill:
         """The first run of free pages in ``lo:hi`` (at most a part; only ``wanted`` ones, with
         gaps of up to DEMAND_GAP_PAGES, if given)."""
         p = lo
-        while p < hi and not (self.free(p) and (wanted is None or wanted[p])):
-            p += 1
+        if wanted is None:
+            while p < hi and not self.free(p):
+                p += 1
+        else:  # jump from one asked-for page to the next (usually none: one C-level scan)
+            p = wanted.find(1, p, hi)
+            while p >= 0 and not self.free(p):
+                p = wanted.find(1, p + 1, hi)
+            if p < 0:
+                return None
         if p >= hi:
             return None
         end, last, most = p + 1, p, max(1, PART_BYTES // PAGE_BYTES)
