@@ -280,8 +280,7 @@ class RangedPayloadArray(PayloadArray):
                         spans = _pages(run.offs, run.sizes)
                         if run.shard not in self._tails_checked:
                             spans += self._tail_pages(run.shard)
-                        for lo, hi in spans:
-                            copy.request(lo, hi)
+                        copy.request(spans)
                         waits.append((run, copy, spans))
                 self._fetch_runs(remote, rows)
                 remote = []

@@ -135,7 +135,9 @@ class ShardPrefetcher:
         self._fills: dict[int, _Fill] = {}
         self._demand: deque[tuple[int, int, int]] = deque()
         self._next = 0
-        self._cond = threading.Condition()
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)  # readers: states and pages changed
+        self._wake = threading.Condition(lock)  # workers: work to pick (woken one at a time when a slot frees)
         self._closing = False
         self.error: BaseException | None = None
         total = max(1, min(store.options.concurrency, MAX_PARTS_IN_FLIGHT * 2))
@@ -193,6 +195,7 @@ class ShardPrefetcher:
         with self._cond:
             self._closing = True
             self._cond.notify_all()
+            self._wake.notify_all()
         deadline = time.monotonic() + 30.0  # a part stalled on a dead server: give up on it
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
@@ -228,10 +231,10 @@ class ShardPrefetcher:
         self._fills[i] = fill
         return fill
 
-    def _demanded(self, i: int, lo: int, hi: int) -> None:
+    def _demanded(self, i: int, spans: list[tuple[int, int]]) -> None:
         with self._cond:
-            self._demand.append((i, lo, hi))
-            self._cond.notify_all()
+            self._demand.extend((i, lo, hi) for lo, hi in spans)
+            self._wake.notify_all()
 
     def _pick(self) -> tuple[_Fill, int, int, bool] | None:
         """The next part to fetch: demanded here, then asked for by other processes, then the
@@ -306,7 +309,7 @@ class ShardPrefetcher:
                         return
                     task = self._pick()
                     if task is None:  # the first thread looks for other processes' requests often
-                        self._cond.wait(_WANTED_POLL_SECONDS if k == 0 and self._fills else 1.0)
+                        self._wake.wait(_WANTED_POLL_SECONDS if k == 0 and self._fills else 1.0)
                 fill, lo, hi, demanded = task
                 fill.busy[lo:hi] = b"\1" * (hi - lo)
                 fill.inflight += 1
@@ -329,6 +332,7 @@ class ShardPrefetcher:
                 elif fill.error is None:
                     fill.error = error
                 self._cond.notify_all()
+                self._wake.notify()
                 if fill.inflight or (fill.error is None and fill.done < fill.npages):
                     continue
                 del self._fills[fill.index]
@@ -398,12 +402,13 @@ class PartialCopy:
     def __init__(self, owner: ShardPrefetcher, index: int, size: int, fd: int, map_fd: int, *, owned: bool) -> None:
         self.owner, self.index, self.size, self.fd, self.map_fd, self.owned = owner, index, size, fd, map_fd, owned
 
-    def request(self, lo: int, hi: int) -> None:
-        """Pages ``lo:hi`` are needed now: fetched before the background order."""
+    def request(self, spans: list[tuple[int, int]]) -> None:
+        """The pages of ``spans`` (``[lo, hi)`` each) are needed now: fetched before the background order."""
         if self.owned:
-            self.owner._demanded(self.index, lo, hi)
+            self.owner._demanded(self.index, spans)
         else:
-            ShardCache.want(self.map_fd, self.size, lo, hi)
+            for lo, hi in spans:
+                ShardCache.want(self.map_fd, self.size, lo, hi)
 
     def wait(self, spans: list[tuple[int, int]]) -> bool:
         """Block until every page of ``spans`` is present (True), or the fill ended without them
