@@ -23,7 +23,7 @@ from shardkit.formats.spec import ZARR_JSON, ShardInfo, index_nbytes
 from shardkit.formats.versions import older_copy, read_document
 from shardkit.stores import ByteRange, Fetched, Store
 from shardkit.stores.cache import PAGE_BYTES, ShardCache
-from shardkit.stores.prefetch import PartialCopy, PrefetchItem, ShardPrefetcher
+from shardkit.stores.prefetch import DEMAND_GAP_PAGES, PartialCopy, PrefetchItem, ShardPrefetcher
 
 __all__ = ["RangedPayloadArray", "DEFAULT_REMOTE_GAP_BYTES"]
 
@@ -411,14 +411,15 @@ def _shards_present(fetched: Iterator[Fetched]) -> Iterator[Fetched]:
 
 
 def _pages(offs: np.ndarray, sizes: np.ndarray) -> list[tuple[int, int]]:
-    """The pages (``[lo, hi)`` spans, ascending, merged) that hold the records at ``offs`` (ascending)."""
+    """The pages (``[lo, hi)`` spans, ascending) that hold the records at ``offs`` (ascending), spans
+    at most DEMAND_GAP_PAGES apart merged into one request."""
     if not offs.size:
         return []
     los = (offs // PAGE_BYTES).tolist()
     his = ((offs + np.maximum(sizes, 1) - 1) // PAGE_BYTES + 1).tolist()
     out: list[tuple[int, int]] = []
     for lo, hi in zip(los, his):
-        if out and lo <= out[-1][1]:
+        if out and lo <= out[-1][1] + DEMAND_GAP_PAGES:
             out[-1] = (out[-1][0], max(out[-1][1], hi))
         else:
             out.append((lo, hi))

@@ -32,8 +32,9 @@ MAX_PARTS_IN_FLIGHT = 16
 #: Size of a background part (a multiple of PAGE_BYTES); a shard no larger is fetched whole.
 #: 8 MiB is the whole-object bandwidth's knee on the measured links (docs/design.md §9).
 PART_BYTES = 8 << 20
-#: Demanded pages this close together are fetched in one request (the gap is needed later anyway).
-DEMAND_GAP_PAGES = 2
+#: Demanded pages this close together are fetched in one request (the gap is needed later anyway,
+#: and a request costs a round trip).
+DEMAND_GAP_PAGES = 4
 #: How often a process waiting on another's copy looks at its progress map, and checks the filler lives.
 POLL_SECONDS = 0.005
 _ALIVE_EVERY = 40
