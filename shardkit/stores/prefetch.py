@@ -30,7 +30,8 @@ PREFETCH_CONCURRENCY = 8
 #: The most background parts in flight (each holds one part in memory while it lands).
 MAX_PARTS_IN_FLIGHT = 16
 #: Size of a background part (a multiple of PAGE_BYTES); a shard no larger is fetched whole.
-#: 8 MiB is the whole-object bandwidth's knee on the measured links (docs/design.md §9).
+#: 8 MiB matches ``StoreOptions.request_bytes``, the size the ranged path already splits long reads
+#: at; it was not re-tuned here (the shared benchmark machine was too loaded to resolve 4 vs 16 MiB).
 PART_BYTES = 8 << 20
 #: Demanded pages this close together are fetched in one request (the gap is needed later anyway,
 #: and a request costs a round trip).
