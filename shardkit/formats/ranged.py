@@ -2,7 +2,8 @@
 
 Blocks are planned exactly like the local reader's and their runs fetched concurrently, every
 response and each shard's identity checked before its records are served; with a local cache, shards
-downloaded whole are read from it. The checks and the reasons: docs/design.md §9.
+downloaded in parts are read from their local copies as soon as their pages land. The checks and
+the reasons: docs/design.md §9.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from shardkit.formats.reader import DEFAULT_GAP_BYTES, Destination, PayloadArray
 from shardkit.formats.spec import ZARR_JSON, ShardInfo, index_nbytes
 from shardkit.formats.versions import older_copy, read_document
 from shardkit.stores import ByteRange, Fetched, Store
-from shardkit.stores.cache import ShardCache
-from shardkit.stores.prefetch import PrefetchItem, ShardPrefetcher
+from shardkit.stores.cache import PAGE_BYTES, ShardCache
+from shardkit.stores.prefetch import DEMAND_GAP_PAGES, PartialCopy, PrefetchItem, ShardPrefetcher
 
 __all__ = ["RangedPayloadArray", "DEFAULT_REMOTE_GAP_BYTES"]
 
@@ -31,9 +32,9 @@ __all__ = ["RangedPayloadArray", "DEFAULT_REMOTE_GAP_BYTES"]
 #: for on every epoch's bill; adjacent records still share a request). Why: docs/design.md §9.
 DEFAULT_REMOTE_GAP_BYTES = 0
 
-#: With a cache, records of a shard still being prefetched wait for its local copy rather than being
-#: fetched by range, competing with the downloads and fetching those bytes twice (docs/design.md §9).
-WAIT_FOR_PREFETCH = True
+#: With a cache, a block's records of a shard being downloaded are read from its partial copy once
+#: their pages are local (asked for first), never fetched by range a second time (docs/design.md §9).
+_RESOLVE_ATTEMPTS = 10
 
 
 class RangedPayloadArray(PayloadArray):
@@ -41,8 +42,9 @@ class RangedPayloadArray(PayloadArray):
 
     As :class:`~shardkit.formats.reader.PayloadArray`, with ``stats`` counting one ``read_calls`` per
     request. With a ``cache`` (a :class:`~shardkit.stores.cache.ShardCache` of this version), shards
-    are downloaded whole in the background and read from their verified local copies, counted in
-    ``cache_stats``.
+    are downloaded in parts in the background, the pages a block needs first; records are read
+    from the copy as soon as their pages are local (from verified complete copies later), counted
+    in ``cache_stats``.
     """
 
     def __init__(
@@ -239,26 +241,78 @@ class RangedPayloadArray(PayloadArray):
             self.index(i)
 
     def _read_runs(self, runs: list[_Run], rows: _Rows) -> None:
-        """Runs of shards the local cache holds are read from it (or waited for while it is being
-        prefetched); the others are fetched by range (:meth:`_fetch_runs`)."""
+        """Runs of shards the local cache holds are read from it; runs of shards being downloaded
+        (here or by another process) are read from the partial copy once their pages are local,
+        asked for first; the others are fetched by range (:meth:`_fetch_runs`)."""
         remote: list[_Run] = []
-        waiting: list[_Run] = []
+        filling: list[_Run] = []
         for run in runs:
             fd = self._cached_fd(run.shard)
             if fd is not None:
                 self._read_cached(fd, run, rows)
-            elif self.prefetcher is not None and self.prefetcher.pending(run.shard) and WAIT_FOR_PREFETCH:
-                waiting.append(run)
+            elif self.prefetcher is not None:
+                filling.append(run)
             else:
                 remote.append(run)
-        self._fetch_runs(remote, rows)
-        for run in waiting:  # ascending shards: the order the prefetcher completes them in
-            assert self.prefetcher is not None
-            fd = self._cached_fd(run.shard) if self.prefetcher.wait(run.shard) else None
-            if fd is not None:
-                self._read_cached(fd, run, rows)
-            else:
-                self._fetch_runs([run], rows)
+        if filling:
+            self._read_filling(filling, rows, remote)
+        else:
+            self._fetch_runs(remote, rows)
+
+    def _read_filling(self, runs: list[_Run], rows: _Rows, remote: list[_Run]) -> None:
+        """Ask for every page the runs need (and each shard's tail, for the identity check) at once,
+        fetch ``remote`` meanwhile, then read each run from its copy as its pages land."""
+        assert self.prefetcher is not None
+        todo = runs
+        for attempt in range(_RESOLVE_ATTEMPTS):
+            copies: dict[int, PartialCopy | None] = {}
+            waits: list[tuple[_Run, PartialCopy, list[tuple[int, int]]]] = []
+            try:
+                for run in todo:
+                    if run.shard not in copies:
+                        copies[run.shard] = None if self._cached_fd(run.shard) is not None else self.prefetcher.copy(run.shard)
+                    copy = copies[run.shard]
+                    fd = self._cached_fd(run.shard) if copy is None else None
+                    if fd is not None:
+                        self._read_cached(fd, run, rows)
+                    elif copy is None or attempt == _RESOLVE_ATTEMPTS - 1:
+                        remote.append(run)
+                    else:
+                        spans = _pages(run.offs, run.sizes)
+                        if run.shard not in self._tails_checked:
+                            spans += self._tail_pages(run.shard)
+                        copy.request(spans)
+                        waits.append((run, copy, spans))
+                self._fetch_runs(remote, rows)
+                remote = []
+                again: list[_Run] = []
+                for run, copy, spans in waits:
+                    if not copy.wait(spans):
+                        again.append(run)
+                        continue
+                    if run.shard not in self._tails_checked and PayloadArray._tail_nbytes(self, run.shard):
+                        self._check_tail(run.shard, self._tail_from(copy.fd, run.shard))
+                    self._read_cached(copy.fd, run, rows)
+            finally:
+                for c in copies.values():
+                    if c is not None:
+                        c.close()
+            if not again:
+                return
+            todo = again
+
+    def _tail_pages(self, i: int) -> list[tuple[int, int]]:
+        n = PayloadArray._tail_nbytes(self, i)
+        end = self._data_nbytes(i)
+        return _pages(np.array([end - n]), np.array([n])) if n else []
+
+    def _tail_from(self, fd: int, i: int) -> bytes:
+        n = PayloadArray._tail_nbytes(self, i)
+        start = self._data_nbytes(i) - n
+        data = os.pread(fd, n, start)
+        if len(data) != n:
+            raise TruncatedShardError(f"{self.shard_location(i)} (local cache copy): expected {n} bytes at {start}, read {len(data)}")
+        return data
 
     def _cached_fd(self, i: int) -> int | None:
         """A descriptor of shard ``i``'s complete, verified local copy, or None."""
@@ -301,7 +355,7 @@ class RangedPayloadArray(PayloadArray):
 
     # ------------------------------------------------------------------ the local cache
     def _start_prefetch(self) -> ShardPrefetcher:
-        """Download every shard whole into the cache, in the background, ascending (docs/design.md §9)."""
+        """Download every shard into the cache in parts, in the background, ascending (docs/design.md §9)."""
         assert self.cache is not None
         # A shard a newer version replaced has another size: the prefetcher leaves it remote, and the
         # ranged path reads the copy kept for this version (see _check_response).
@@ -355,6 +409,22 @@ def _shards_present(fetched: Iterator[Fetched]) -> Iterator[Fetched]:
         yield from fetched
     except FileNotFoundError as exc:
         raise MissingShardError(f"{exc}: a payload shard listed in the dataset metadata is missing") from None
+
+
+def _pages(offs: np.ndarray, sizes: np.ndarray) -> list[tuple[int, int]]:
+    """The pages (``[lo, hi)`` spans, ascending) that hold the records at ``offs`` (ascending), spans
+    at most DEMAND_GAP_PAGES apart merged into one request."""
+    if not offs.size:
+        return []
+    los = (offs // PAGE_BYTES).tolist()
+    his = ((offs + np.maximum(sizes, 1) - 1) // PAGE_BYTES + 1).tolist()
+    out: list[tuple[int, int]] = []
+    for lo, hi in zip(los, his):
+        if out and lo <= out[-1][1] + DEMAND_GAP_PAGES:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
 
 
 def _entry(i: int) -> str:

@@ -1,11 +1,13 @@
 """A local cache of remote shards for repeated epochs, shared safely by the processes of one machine.
 
-Copies are checked before they get their final name; layout, locking, eviction and budget:
-docs/design.md §9 (*Shard cache*).
+Copies are checked before they get their final name; a copy being filled carries a progress map
+that every process of the machine reads, so records are served as soon as their bytes are local.
+Layout, locking, eviction and budget: docs/design.md §9 (*Shard cache*).
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
@@ -17,7 +19,7 @@ from pathlib import Path
 from shardkit.errors import ConfigError
 from shardkit.privdir import PrivateDir
 
-__all__ = ["ShardCache", "cache_namespace", "STALE_SECONDS"]
+__all__ = ["ShardCache", "cache_namespace", "STALE_SECONDS", "PAGE_BYTES", "map_pages", "filler_alive"]
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +27,28 @@ logger = logging.getLogger(__name__)
 #: download gives up after ``StoreOptions.retry_seconds``, 2 min, without progress).
 STALE_SECONDS = 600.0
 _PART = ".part"
+_MAP = "map-"
+
+#: Granularity of a partial copy's progress map: a page of the shard is present (written, readable
+#: by every process) or not. 64 KiB keeps a 256 MiB shard's map at 4 KiB and the bytes a record
+#: read rounds up to at most two pages beyond it (docs/design.md §9).
+PAGE_BYTES = 64 << 10
+
+
+def map_pages(size: int) -> int:
+    """Pages of a ``size``-byte copy (at least one)."""
+    return max(1, -(-size // PAGE_BYTES))
+
+
+def filler_alive(fd: int) -> bool:
+    """Whether some open file of the partial copy ``fd`` refers to holds its lock: the process that
+    claimed it is alive (the kernel drops the lock of a dead process). ``fd`` must not be the filler's."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return False
 _ADVICE = "Remove it, or choose another cache_dir"
 
 
@@ -89,6 +113,12 @@ class ShardCache:
     def claim(self, name: str, size: int) -> int | None:
         """A writable descriptor of a new ``<name>.part`` (its ``size`` reserved in the budget) that
         this instance alone fills, or None: the copy is complete, being filled, or over the budget.
+
+        Next to it, ``map-<name>`` is the copy's progress map (:meth:`open_map`): :func:`map_pages`
+        bytes, one per page, set to 1 once the page is written (:meth:`mark_present`), then as many
+        bytes other processes set to ask for pages first (:meth:`want`). The descriptor holds an
+        ``flock`` until :meth:`complete` or :meth:`abandon`: a copy whose lock is free, or that saw
+        no write for :data:`STALE_SECONDS`, belongs to a dead filler and is removed here.
         """
         if name in self._refused:
             return None
@@ -101,38 +131,123 @@ class ShardCache:
             except FileNotFoundError:
                 pass
             else:
-                if time.time() - st.st_mtime < STALE_SECONDS:
+                if time.time() - st.st_mtime < STALE_SECONDS and self._filled_by_someone(part):
                     return None  # someone is filling it
+                resumed = self._resume(name, size)
+                if resumed is not None:
+                    logger.info("%s: %s was left by a filler that stopped or died; resumed", self.dir, part)
+                    return resumed
                 self._ns.unlink(part)  # its writer died
-            if not self._admit(size):
+            self._ns.unlink(_MAP + name)  # left by a filler that died before its copy existed
+            if not self._admit(size + 2 * map_pages(size)):
                 self._refused.add(name)
                 logger.info("%s: cache full (budget %s bytes); %s stays remote", self.dir, self.budget, name)
                 return None
             fd = self._ns.create_file(part)
             try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: nobody else holds it
                 os.ftruncate(fd, size)
+                mfd = self._ns.create_file(_MAP + name)
+                try:
+                    os.ftruncate(mfd, 2 * map_pages(size))
+                finally:
+                    os.close(mfd)
             except OSError:
                 os.close(fd)
                 self._ns.unlink(part)
+                self._ns.unlink(_MAP + name)
                 raise
         return fd
 
+    def _resume(self, name: str, size: int) -> int | None:
+        """The filler's descriptor of a copy another filler left (closed, or died): kept when it has
+        the right size and a progress map (its present pages were written before they were marked),
+        else None (under the lock)."""
+        try:
+            fd = self._ns.open_file(name + _PART, os.O_RDWR)
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            mst = os.stat(_MAP + name, dir_fd=self._ns.fd, follow_symlinks=False)
+            ok = os.fstat(fd).st_size == size and mst.st_size == 2 * map_pages(size)
+        except OSError:  # locked after all, or no map (FileNotFoundError)
+            ok = False
+        if not ok:
+            os.close(fd)
+            return None
+        os.utime(fd)  # fresh again: a live filler
+        return fd
+
+    def _filled_by_someone(self, part: str) -> bool:
+        try:
+            fd = self._ns.open_file(part, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            return filler_alive(fd)
+        finally:
+            os.close(fd)
+
+    def open_partial(self, name: str) -> tuple[int, int] | None:
+        """Descriptors of the copy ``name`` being filled and of its progress map (read-write: see
+        :meth:`want`), or None. Both stay valid when the copy completes or is abandoned."""
+        try:
+            fd = self._ns.open_file(name + _PART, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            return fd, self._ns.open_file(_MAP + name, os.O_RDWR)
+        except FileNotFoundError:
+            os.close(fd)
+            return None
+
+    def open_map(self, name: str) -> int:
+        """A read-write descriptor of the progress map of the copy ``name`` this instance claimed."""
+        return self._ns.open_file(_MAP + name, os.O_RDWR)
+
+    def refused(self, name: str) -> bool:
+        """``name`` stays remote in this instance (over the budget, out of space, or replaced)."""
+        return name in self._refused
+
+    @staticmethod
+    def present(map_fd: int, size: int) -> bytes:
+        """The present flags of the pages of a copy of ``size`` bytes, from its map."""
+        return os.pread(map_fd, map_pages(size), 0).ljust(map_pages(size), b"\0")
+
+    @staticmethod
+    def mark_present(map_fd: int, lo: int, hi: int) -> None:
+        """Pages ``lo:hi`` of the copy (already written) are present."""
+        os.pwrite(map_fd, b"\1" * (hi - lo), lo)
+
+    @staticmethod
+    def want(map_fd: int, size: int, lo: int, hi: int) -> None:
+        """Ask the filler of the copy for pages ``lo:hi`` first (any process may)."""
+        os.pwrite(map_fd, b"\1" * (hi - lo), map_pages(size) + lo)
+
+    @staticmethod
+    def wanted(map_fd: int, size: int) -> bytes:
+        """The pages other processes asked for (see :meth:`want`)."""
+        n = map_pages(size)
+        return os.pread(map_fd, n, n).ljust(n, b"\0")
+
     def complete(self, name: str, fd: int, size: int, verify: Callable[[int], bool]) -> bool:
         """Finish a copy :meth:`claim` started and close ``fd``: renamed to ``name`` if it has ``size``
-        bytes and passes ``verify(fd)`` (True), else deleted (False)."""
+        bytes and passes ``verify(fd)`` (True), else deleted (False); its map is deleted."""
         part = name + _PART
         try:
             os.fsync(fd)
             ok = os.fstat(fd).st_size == size and verify(fd)
+            with self._locked:  # renamed while the lock is held: a claim never sees it abandoned
+                if ok:
+                    os.rename(part, name, src_dir_fd=self._ns.fd, dst_dir_fd=self._ns.fd)
+                    self._verified.add(name)  # just checked: the first open need not read it again
+                    self._used.add(name)
+                else:
+                    self._ns.unlink(part)
+                self._ns.unlink(_MAP + name)
         finally:
             os.close(fd)
-        with self._locked:
-            if ok:
-                os.rename(part, name, src_dir_fd=self._ns.fd, dst_dir_fd=self._ns.fd)
-                self._verified.add(name)  # just checked: the first open need not read it again
-                self._used.add(name)
-            else:
-                self._ns.unlink(part)
         if ok:
             logger.info("%s: cached %s (%d bytes, checksums verified)", self.dir, name, size)
         return ok
@@ -141,11 +256,18 @@ class ShardCache:
         """Keep ``name`` remote from now on in this instance (e.g. the disk is full)."""
         self._refused.add(name)
 
+    def release(self, fd: int) -> None:
+        """Stop filling a copy :meth:`claim` started, keeping it for the next filler to resume."""
+        os.close(fd)
+
     def abandon(self, name: str, fd: int) -> None:
         """Give up a copy :meth:`claim` started (a failed or cancelled download): close and delete it."""
-        os.close(fd)
-        with self._locked:
-            self._ns.unlink(name + _PART)
+        try:
+            with self._locked:
+                self._ns.unlink(name + _PART)
+                self._ns.unlink(_MAP + name)
+        finally:
+            os.close(fd)
 
     # ------------------------------------------------------------------ bookkeeping (under the lock)
     def _admit(self, size: int) -> bool:
@@ -181,7 +303,8 @@ class ShardCache:
                     continue
                 st = entry.stat(follow_symlinks=False)
                 # A partial copy reserves its whole (sparse) size: st_size is the shard's size.
-                out.append((st.st_mtime, entry.path, st.st_size, not entry.name.endswith(_PART)))
+                done = not entry.name.endswith(_PART) and not entry.name.startswith(_MAP)
+                out.append((st.st_mtime, entry.path, st.st_size, done))
         return out
 
     def close(self) -> None:

@@ -1,29 +1,50 @@
-"""Whole-object downloads of a remote dataset's shards into the local cache, behind the epoch.
+"""Downloads of a remote dataset's shards into the local cache, in parallel ranged parts, behind
+the epoch; records are readable from a copy as soon as their pages are local.
 
-Why whole objects, and how they are bounded, pinned and checked: docs/design.md §9 (*Shard cache*).
+Why parts, the progress map, demand before background order, and how downloads are bounded, pinned
+and checked: docs/design.md §9 (*Shard cache*).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from shardkit.errors import CorruptShardError, TruncatedShardError
 from shardkit.stores.atomic import is_out_of_space
-from shardkit.stores.base import Store
-from shardkit.stores.cache import ShardCache
+from shardkit.stores.base import ByteRange, Store, write_all
+from shardkit.stores.cache import PAGE_BYTES, STALE_SECONDS, ShardCache, filler_alive, map_pages
 
-__all__ = ["ShardPrefetcher", "PrefetchItem", "PREFETCH_CONCURRENCY"]
+__all__ = ["ShardPrefetcher", "PrefetchItem", "PartialCopy", "PREFETCH_CONCURRENCY", "PART_BYTES", "MAX_PARTS_IN_FLIGHT"]
 
 logger = logging.getLogger(__name__)
 
-#: Whole-object downloads in flight at once (at most; never more than the store's concurrency).
-#: Eight 32 MiB GETs keep the measured loopback and +20/+50 ms links at their whole-object
-#: bandwidth (``benchmarks/remote.py``: more in flight gained nothing).
+#: Background parts in flight at first (never more than the store's concurrency); grown while the
+#: measured throughput rises, up to :data:`MAX_PARTS_IN_FLIGHT`.
 PREFETCH_CONCURRENCY = 8
+#: The most background parts in flight (each holds one part in memory while it lands).
+MAX_PARTS_IN_FLIGHT = 16
+#: Size of a background part (a multiple of PAGE_BYTES); a shard no larger is fetched whole.
+#: 8 MiB matches ``StoreOptions.request_bytes``, the size the ranged path already splits long reads
+#: at; it was not re-tuned here (the shared benchmark machine was too loaded to resolve 4 vs 16 MiB).
+PART_BYTES = 8 << 20
+#: Demanded pages this close together are fetched in one request (the gap is needed later anyway,
+#: and a request costs a round trip).
+DEMAND_GAP_PAGES = 4
+#: How often a process waiting on another's copy looks at its progress map, and checks the filler lives.
+POLL_SECONDS = 0.005
+_ALIVE_EVERY = 40
+#: How often an idle filler looks at its copies' maps for pages other processes asked for.
+_WANTED_POLL_SECONDS = 0.01
+#: Throughput is measured over windows this long to decide whether more parts in flight help.
+_WINDOW_SECONDS = 0.25
+#: Tests set this to an unset Event to hold back the background order (demanded pages still flow).
+hold_background: threading.Event | None = None
 
 _QUEUED, _ACTIVE, _DONE, _SKIPPED, _FAILED = range(5)
 
@@ -41,13 +62,57 @@ class _Stop(BaseException):
     """The prefetcher is closing (a BaseException: the store's retry loop must not retry it)."""
 
 
-class ShardPrefetcher:
-    """Downloads ``items`` (in the order given: ascending shards) into ``cache`` in the background.
+class _Fill:
+    """A copy this process claimed and fills: which pages are present or in flight."""
 
+    def __init__(self, index: int, item: PrefetchItem, fd: int, map_fd: int) -> None:
+        self.index, self.item, self.fd, self.map_fd = index, item, fd, map_fd
+        self.npages = map_pages(item.size)
+        self.present = bytearray(self.npages)
+        self.busy = bytearray(self.npages)
+        self.next_bg = 0
+        self.inflight = 0
+        self.error: BaseException | None = None
+        self.done = 0
+
+    def free(self, p: int) -> bool:
+        return not self.present[p] and not self.busy[p]
+
+    def span(self, lo: int, hi: int, wanted: bytes | None = None) -> tuple[int, int] | None:
+        """The first run of free pages in ``lo:hi`` (at most a part; only ``wanted`` ones, with
+        gaps of up to DEMAND_GAP_PAGES, if given)."""
+        p = lo
+        if wanted is None:
+            while p < hi and not self.free(p):
+                p += 1
+        else:  # jump from one asked-for page to the next (usually none: one C-level scan)
+            p = wanted.find(1, p, hi)
+            while p >= 0 and not self.free(p):
+                p = wanted.find(1, p + 1, hi)
+            if p < 0:
+                return None
+        if p >= hi:
+            return None
+        end, last, most = p + 1, p, max(1, PART_BYTES // PAGE_BYTES)
+        while end < hi and end - p < most and self.free(end):
+            if wanted is not None and not wanted[end]:
+                if end - last > DEMAND_GAP_PAGES:
+                    break
+            else:
+                last = end
+            end += 1
+        return p, (last + 1 if wanted is not None else end)
+
+
+class ShardPrefetcher:
+    """Downloads ``items`` (ascending shards) into ``cache`` in the background, in parts.
+
+    Pages a reader asks for (:meth:`copy`, :meth:`PartialCopy.request`) are fetched before the
+    background order; pages another process asks for through a copy's map come next.
     ``verify(index, fd)``: the complete copy of ``items[index]`` has its recorded checksums.
-    ``pin(index, etag)``: checks the ETag a download saw against the ranged reads' (raising
+    ``pin(index, etag)``: checks the ETag a response carried against the ranged reads' (raising
     :class:`~shardkit.errors.ObjectChangedError`), returns the ETag to match (``If-Match``) or None.
-    ``account(index, nbytes)``: counts the request.
+    ``account(index, nbytes)``: counts one request.
     """
 
     def __init__(
@@ -69,12 +134,22 @@ class ShardPrefetcher:
         self._account = account
         self._state = [_QUEUED] * len(self.items)
         self._errors: dict[int, BaseException] = {}
+        self._fills: dict[int, _Fill] = {}
+        self._demand: deque[tuple[int, int, int]] = deque()
         self._next = 0
-        self._cond = threading.Condition()
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)  # readers: states and pages changed
+        self._wake = threading.Condition(lock)  # workers: work to pick (woken one at a time when a slot frees)
         self._closing = False
         self.error: BaseException | None = None
-        n = max(1, min(concurrency, store.options.concurrency, len(self.items)))
-        self._threads = [threading.Thread(target=self._work, name=f"shardkit-prefetch-{k}", daemon=True) for k in range(n)]
+        total = max(1, min(store.options.concurrency, MAX_PARTS_IN_FLIGHT * 2))
+        self._max_bg = max(1, min(MAX_PARTS_IN_FLIGHT, store.options.concurrency))
+        self.limit = max(1, min(concurrency, self._max_bg))
+        self._bg_active = 0
+        self._window = (time.monotonic(), 0)
+        self._best_rate = 0.0
+        self._threads = [threading.Thread(target=self._work, args=(k,), name=f"shardkit-prefetch-{k}", daemon=True)
+                         for k in range(total)]  # fmt: skip
         for t in self._threads:
             t.start()
 
@@ -99,77 +174,279 @@ class ShardPrefetcher:
         if self.error is not None:
             raise self.error
 
+    def copy(self, index: int) -> PartialCopy | None:
+        """A view of ``items[index]``'s copy being filled, by this process (claimed now if it was
+        still queued) or by another one (taken over if that one died); None when there is none:
+        the copy is complete, stays remote, or failed (:meth:`raise_error`)."""
+        item = self.items[index]
+        with self._cond:
+            if self._state[index] == _FAILED:
+                raise self._errors[index]
+            if self._state[index] == _QUEUED or (self._state[index] == _SKIPPED and not self.cache.refused(item.name)):
+                self._open(index)
+            fill = self._fills.get(index)
+        if fill is None:
+            fds = self.cache.open_partial(item.name)
+            return None if fds is None else PartialCopy(self, index, item.size, fds[0], fds[1], owned=False)
+        fds = self.cache.open_partial(item.name)
+        return None if fds is None else PartialCopy(self, index, item.size, fds[0], fds[1], owned=True)
+
     def close(self) -> None:
-        """Stop: downloads in progress are abandoned (their ``.part`` deleted), threads joined."""
+        """Stop: threads joined; copies being filled are left for the next filler (of any process) to
+        resume from their present pages."""
         with self._cond:
             self._closing = True
             self._cond.notify_all()
+            self._wake.notify_all()
+        deadline = time.monotonic() + 30.0  # a part stalled on a dead server: give up on it
         for t in self._threads:
-            t.join(30.0)
-
-    # ------------------------------------------------------------------ worker side
-    def _take(self) -> int | None:
+            t.join(max(0.0, deadline - time.monotonic()))
         with self._cond:
-            if self._closing or self._next >= len(self.items):
-                return None
+            for fill in list(self._fills.values()):
+                if fill.inflight == 0:  # kept, with its map, for the next filler to resume
+                    del self._fills[fill.index]
+                    os.close(fill.map_fd)
+                    self.cache.release(fill.fd)
+                    self._finish(fill.index, _SKIPPED)
+
+    # ------------------------------------------------------------------ scheduling (under the lock)
+    def _open(self, i: int) -> _Fill | None:
+        item = self.items[i]
+        try:
+            fd = self.cache.claim(item.name, item.size)
+        except OSError as exc:
+            if not is_out_of_space(exc):
+                raise
+            logger.warning("%s: no space left for the cache; %s stays remote", self.cache.dir, item.name)
+            self.cache.refuse(item.name)
+            fd = None
+        if fd is None:
+            self._state[i] = _SKIPPED  # complete already, filled by another process, or over the budget
+            return None
+        fill = _Fill(i, item, fd, self.cache.open_map(item.name))
+        fill.present[:] = ShardCache.present(fill.map_fd, item.size)  # a resumed copy's pages
+        fill.done = sum(fill.present)
+        self._state[i] = _ACTIVE
+        if fill.done == fill.npages:
+            self._settle(fill)
+            return None
+        self._fills[i] = fill
+        return fill
+
+    def _demanded(self, i: int, spans: list[tuple[int, int]]) -> None:
+        with self._cond:
+            self._demand.extend((i, lo, hi) for lo, hi in spans)
+            self._wake.notify_all()
+
+    def _pick(self) -> tuple[_Fill, int, int, bool] | None:
+        """The next part to fetch: demanded here, then asked for by other processes, then the
+        lowest shard's next pages (opening the next shard when the open ones have none)."""
+        while self._demand:
+            i, lo, hi = self._demand.popleft()
+            fill = self._fills.get(i)
+            if fill is None or fill.error is not None:
+                continue
+            got = fill.span(lo, hi)
+            if got is not None:
+                if got[1] < hi:
+                    self._demand.appendleft((i, got[1], hi))
+                return fill, got[0], got[1], True
+        for fill in sorted(self._fills.values(), key=lambda f: f.index):
+            if fill.error is None:
+                got = fill.span(0, fill.npages, self.cache.wanted(fill.map_fd, fill.item.size))
+                if got is not None:
+                    return fill, got[0], got[1], True
+        if self._bg_active >= self.limit or (hold_background is not None and not hold_background.is_set()):
+            return None
+        for fill in sorted(self._fills.values(), key=lambda f: f.index):
+            if fill.error is None:
+                got = fill.span(fill.next_bg, fill.npages)
+                if got is not None:
+                    fill.next_bg = got[0]
+                    return fill, got[0], got[1], False
+        while self._next < len(self.items):
             i = self._next
             self._next += 1
-            self._state[i] = _ACTIVE
-            return i
+            try:
+                fill = self._open(i) if self._state[i] == _QUEUED else None
+            except Exception as exc:  # reported to the reader, which raises it
+                self._finish(i, _FAILED, exc)
+                continue
+            if fill is not None:
+                got = fill.span(0, fill.npages)
+                assert got is not None
+                return fill, got[0], got[1], False
+        return None
+
+    def _measure(self, nbytes: int) -> None:
+        """Grow the background parts in flight while throughput rises (by a quarter, at least one)."""
+        t0, total = self._window
+        total += nbytes
+        now = time.monotonic()
+        if now - t0 < _WINDOW_SECONDS:
+            self._window = (t0, total)
+            return
+        rate = total / (now - t0)
+        self._window = (now, 0)
+        if rate > self._best_rate * 1.05 and self.limit < self._max_bg and self._bg_active >= self.limit - 1:
+            self.limit = min(self._max_bg, self.limit + max(1, self.limit // 4))
+            logger.debug("prefetch: %.0f MB/s, %d parts in flight", rate / 1e6, self.limit)
+        self._best_rate = max(self._best_rate, rate)
 
     def _finish(self, i: int, state: int, error: BaseException | None = None) -> None:
-        with self._cond:
-            self._state[i] = state
-            if error is not None:
-                self._errors[i] = error
-                if self.error is None:
-                    self.error = error
-            self._cond.notify_all()
+        self._state[i] = state
+        if error is not None:
+            self._errors[i] = error
+            if self.error is None:
+                self.error = error
+        self._cond.notify_all()
 
-    def _work(self) -> None:
-        while (i := self._take()) is not None:
+    # ------------------------------------------------------------------ worker side
+    def _work(self, k: int) -> None:
+        while True:
+            with self._cond:
+                task = None
+                while task is None:
+                    if self._closing:
+                        return
+                    task = self._pick()
+                    if task is None:  # the first thread looks for other processes' requests often
+                        self._wake.wait(_WANTED_POLL_SECONDS if k == 0 and self._fills else 1.0)
+                fill, lo, hi, demanded = task
+                fill.busy[lo:hi] = b"\1" * (hi - lo)
+                fill.inflight += 1
+                if not demanded:
+                    self._bg_active += 1
+            error: BaseException | None = None
             try:
-                state = self._download(i)
-            except _Stop:
-                self._finish(i, _SKIPPED)
-                return
-            except BaseException as exc:  # reported to the reader, which raises it
-                logger.debug("prefetch of %s failed", self.items[i].key, exc_info=True)
-                self._finish(i, _FAILED, exc)
-                if not isinstance(exc, Exception):
-                    raise
-                return
-            self._finish(i, state)
+                self._fetch(fill, lo, hi)
+            except BaseException as exc:
+                error = exc
+            with self._cond:
+                fill.inflight -= 1
+                fill.busy[lo:hi] = bytes(hi - lo)
+                if not demanded:
+                    self._bg_active -= 1
+                if error is None:
+                    fill.present[lo:hi] = b"\1" * (hi - lo)
+                    fill.done += hi - lo
+                    self._measure(min(hi * PAGE_BYTES, fill.item.size) - lo * PAGE_BYTES)
+                elif fill.error is None:
+                    fill.error = error
+                self._cond.notify_all()
+                self._wake.notify()
+                if fill.inflight or (fill.error is None and fill.done < fill.npages):
+                    continue
+                del self._fills[fill.index]
+            self._settle(fill)
 
-    def _download(self, i: int) -> int:
-        item = self.items[i]
-        fd = self.cache.claim(item.name, item.size)
-        if fd is None:
-            return _SKIPPED  # complete already, filled by another process, or over the budget
+    def _settle(self, fill: _Fill) -> None:
+        """A fill with nothing in flight that is complete or failed: named, dropped or reported."""
+        i, item, exc = fill.index, fill.item, fill.error
+        os.close(fill.map_fd)
+        if exc is None:
+            if not self.cache.complete(item.name, fill.fd, item.size, lambda f: self._verify(i, f)):
+                exc = CorruptShardError(
+                    f"{self.store.describe(item.key)}: the object's bytes do not match the size and crc32c recorded in "
+                    "the dataset metadata; refused (not cached, not read)"
+                )
+                with self._cond:
+                    self._finish(i, _FAILED, exc)
+                return
+            with self._cond:
+                self._finish(i, _DONE)
+            return
+        self.cache.abandon(item.name, fill.fd)
+        with self._cond:
+            if isinstance(exc, _Stop):
+                self._finish(i, _SKIPPED)
+            elif isinstance(exc, TruncatedShardError) or is_out_of_space(exc):
+                # replaced by a newer version, or damaged (a ranged read says so); or no room
+                logger.info("%s: %s; read by range", item.key, exc)
+                self.cache.refuse(item.name)
+                self._finish(i, _SKIPPED)
+            else:
+                logger.debug("prefetch of %s failed", item.key, exc_info=exc)
+                self._finish(i, _FAILED, exc)
+
+    def _fetch(self, fill: _Fill, lo: int, hi: int) -> None:
+        """Pages ``lo:hi`` of ``fill``, written and marked present (the whole object in one GET
+        without a range when that is what they are); each response's size and ETag are checked."""
+        i, item = fill.index, fill.item
+        if self._closing:
+            raise _Stop
+        start, end = lo * PAGE_BYTES, min(hi * PAGE_BYTES, item.size)
 
         def progress(_: int) -> None:
             if self._closing:
                 raise _Stop
 
-        t0 = time.monotonic()
-        try:
-            etag = self.store.download(item.key, fd, size=item.size, etag=self._pin(i, None), progress=progress)
-            self._pin(i, etag)
-        except BaseException as exc:
-            self.cache.abandon(item.name, fd)
-            if isinstance(exc, TruncatedShardError):  # replaced by a newer version, or damaged (a ranged read says so)
-                logger.info("%s: %s; read by range", item.key, exc)
-            elif is_out_of_space(exc):
-                logger.warning("%s: no space left for the cache; %s stays remote", self.cache.dir, item.name)
-            else:
-                raise
-            self.cache.refuse(item.name)
-            return _SKIPPED
-        self._account(i, item.size)
-        if not self.cache.complete(item.name, fd, item.size, lambda f: self._verify(i, f)):
-            raise CorruptShardError(
-                f"{self.store.describe(item.key)}: the object's bytes do not match the size and crc32c recorded in "
-                "the dataset metadata; refused (not cached, not read)"
-            )
-        logger.debug("prefetched %s (%d bytes) in %.2f s", item.key, item.size, time.monotonic() - t0)
-        return _DONE
+        if start == 0 and end == item.size:
+            etag = self.store.download(item.key, fill.fd, size=item.size, etag=self._pin(i, None), progress=progress)
+        else:
+            got = next(iter(self.store.fetch([ByteRange(item.key, start, end, self._pin(i, None))])))
+            if got.object_size != item.size:
+                raise TruncatedShardError(f"{self.store.describe(item.key)}: expected {item.size} bytes, the store says {got.object_size}")
+            write_all(fill.fd, got.data, start)
+            etag = got.etag
+        self._pin(i, etag)
+        self._account(i, end - start)
+        ShardCache.mark_present(fill.map_fd, lo, hi)
+
+
+class PartialCopy:
+    """A reader's view of a copy being filled, by this process (``owned``) or another one.
+
+    Holds its own descriptors (valid after the copy completes or is abandoned). Pages are asked for
+    with :meth:`request` and waited for with :meth:`wait`; :meth:`close` releases it.
+    """
+
+    def __init__(self, owner: ShardPrefetcher, index: int, size: int, fd: int, map_fd: int, *, owned: bool) -> None:
+        self.owner, self.index, self.size, self.fd, self.map_fd, self.owned = owner, index, size, fd, map_fd, owned
+
+    def request(self, spans: list[tuple[int, int]]) -> None:
+        """The pages of ``spans`` (``[lo, hi)`` each) are needed now: fetched before the background order."""
+        if self.owned:
+            self.owner._demanded(self.index, spans)
+        else:
+            for lo, hi in spans:
+                ShardCache.want(self.map_fd, self.size, lo, hi)
+
+    def wait(self, spans: list[tuple[int, int]]) -> bool:
+        """Block until every page of ``spans`` is present (True), or the fill ended without them
+        (False: the caller looks again where the copy is); the fill's error is raised."""
+        pf = self.owner
+        if self.owned:
+            with pf._cond:
+                while True:
+                    fill = pf._fills.get(self.index)
+                    if fill is None:
+                        state = pf._state[self.index]
+                        if state == _FAILED:
+                            raise pf._errors[self.index]
+                        return state == _DONE
+                    if all(all(fill.present[lo:hi]) for lo, hi in spans):
+                        return True
+                    if pf._closing:
+                        return False
+                    pf._cond.wait(1.0)
+        polls = 0
+        while True:
+            present = ShardCache.present(self.map_fd, self.size)
+            if all(all(present[lo:hi]) for lo, hi in spans):
+                return True
+            polls += 1
+            if polls % _ALIVE_EVERY == 0 and (not filler_alive(self.fd) or _stale(self.fd)):
+                return all(all(ShardCache.present(self.map_fd, self.size)[lo:hi]) for lo, hi in spans)
+            if pf._closing:
+                return False
+            time.sleep(POLL_SECONDS)
+
+    def close(self) -> None:
+        os.close(self.fd)
+        os.close(self.map_fd)
+
+
+def _stale(fd: int) -> bool:
+    """The copy ``fd`` saw no write for STALE_SECONDS: its filler hangs (the next claim replaces it)."""
+    return time.time() - os.fstat(fd).st_mtime >= STALE_SECONDS

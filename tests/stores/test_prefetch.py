@@ -187,7 +187,7 @@ def test_killed_mid_prefetch_leaves_no_partial_final_file(s3: Any, tmp_path: Pat
     assert any(p.name.endswith(".part") for p in cache.rglob("*"))
     s = TieredSampler(url, batch_size=4, epochs=1, seed=2, ram_size="12records", cache_dir=cache)
     keys = np.concatenate([check_batch(b) for b in s])
-    np.testing.assert_array_equal(keys, epoch_permutation(2, 0, 400))  # the dead run's .part files are not used
+    np.testing.assert_array_equal(keys, epoch_permutation(2, 0, 400))  # the dead run's copies: no page marked, all fetched again
     for copy in _final_copies(cache):
         i = int(copy.name.split("-")[1])
         assert copy.read_bytes() == (local / "image" / "c" / str(i) / "0" / "0" / "0").read_bytes()

@@ -1,0 +1,294 @@
+"""Shards streamed into the cache in parts (issue 32, items 1 and 3): a cold epoch equals a local
+run and fetches each byte once; a block's records are served from partial copies before any shard
+is complete; a second process reads a copy another one fills without fetching anything; a waiter
+takes over the copy of a filler that died; failed parts are fetched again, never delivered."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from shardkit.formats import Dataset
+from shardkit.formats.reader import ReadStats
+from shardkit.readers import TieredSampler
+from shardkit.stores import cache as cache_mod
+from shardkit.stores import prefetch
+from tests.helpers.datasets import upload
+from tests.helpers.faultproxy import FaultProxy
+from tests.helpers.sampler_data import check_batch, make_dataset
+
+N, PER_SHARD, SHAPE = 120, 40, (64, 64, 4)  # 16 KiB records: shards of 10 pages
+SHARDS = N // PER_SHARD
+ONE_PER_SHARD = [3, PER_SHARD + 17, 2 * PER_SHARD + 30]
+
+
+@pytest.fixture
+def small_parts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parts of two pages, so these small shards are downloaded in five parts each."""
+    monkeypatch.setattr(prefetch, "PART_BYTES", 2 * cache_mod.PAGE_BYTES)
+
+
+@pytest.fixture
+def dataset(s3: Any, tmp_path: Path, small_parts: None) -> tuple[Path, str]:
+    local = make_dataset(tmp_path / "ds", N, records_per_shard=PER_SHARD, shape=SHAPE)
+    return local, upload(local, s3.url(f"stream-{tmp_path.name}"))
+
+
+@pytest.fixture
+def proxy(s3: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultProxy]:
+    p = FaultProxy(s3.port, lambda n: "ok")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", p.endpoint)
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def held(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
+    """Holds back the background order of this process's downloads until set."""
+    hold = threading.Event()
+    monkeypatch.setattr(prefetch, "hold_background", hold)
+    yield hold
+    hold.set()
+
+
+def _cache(tmp_path: Path) -> Path:
+    d = tmp_path / "cache"
+    d.mkdir(exist_ok=True)
+    return d
+
+
+def _final_copies(cache: Path) -> list[Path]:
+    return sorted(p for p in cache.rglob("shard-*") if p.is_file() and not p.name.endswith(".part"))
+
+
+def _shard_bytes(local: Path) -> list[bytes]:
+    return [(local / "image" / "c" / str(i) / "0" / "0" / "0").read_bytes() for i in range(SHARDS)]
+
+
+def _wait_all(ds: Dataset) -> None:
+    pf = ds.payload.prefetcher  # type: ignore[attr-defined]
+    assert pf is not None
+    for i in range(len(pf.items)):
+        pf.wait(i)
+
+
+def _in_thread(fn: Any) -> tuple[threading.Thread, list[Any]]:
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except BaseException as exc:  # handed to the test
+            out.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, out
+
+
+def test_streamed_epoch_matches_local_and_fetches_each_byte_once(dataset: tuple[Path, str], proxy: FaultProxy,
+                                                                  tmp_path: Path) -> None:
+    local, url = dataset
+    kw: dict[str, Any] = {"batch_size": 8, "epochs": 1, "seed": 5, "ram_size": "30records"}
+    expected = list(TieredSampler(str(local), **kw))
+    s = TieredSampler(url, cache_dir=_cache(tmp_path), **kw)
+    got = list(s)
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected):
+        check_batch(a)
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k])
+    total = sum(len(b) for b in _shard_bytes(local))
+    assert s.stats.disk.bytes_read == total  # every byte of every shard once, nothing twice
+    parts = [path for path, ranged in proxy.gets if ranged and "/image/c/" in path]
+    assert len(parts) >= 2 * SHARDS  # downloaded in ranged parts, not whole
+    assert [p.read_bytes() for p in _final_copies(_cache(tmp_path))] == _shard_bytes(local)
+
+
+def test_first_block_is_served_before_any_shard_completes(dataset: tuple[Path, str], held: threading.Event,
+                                                          tmp_path: Path) -> None:
+    """With the background order held back, a read of one record per shard is served from the
+    partial copies (their pages asked for first): no shard is complete, a fraction of the bytes came."""
+    local, url = dataset
+    cache = _cache(tmp_path)
+    stats = ReadStats()
+    with Dataset(url, cache_dir=cache, stats=stats) as ds:
+        t, out = _in_thread(lambda: ds.read(ONE_PER_SHARD))
+        t.join(60)
+        assert out and not isinstance(out[0], BaseException), out
+        check_batch({"key": np.array(ONE_PER_SHARD), **out[0]})
+        assert not _final_copies(cache)
+        total = sum(len(b) for b in _shard_bytes(local))
+        assert 0 < stats.bytes_read <= total // 3  # the records' and tails' pages only
+        held.set()
+        _wait_all(ds)
+    assert [p.read_bytes() for p in _final_copies(cache)] == _shard_bytes(local)
+    assert stats.bytes_read == total
+
+
+def test_a_stopped_fill_is_resumed_not_fetched_again(dataset: tuple[Path, str], held: threading.Event,
+                                                     tmp_path: Path) -> None:
+    """A reader closed while its copies are partial leaves them with their maps; the next reader
+    resumes them and fetches only the pages that were missing."""
+    local, url = dataset
+    cache = _cache(tmp_path)
+    first, second = ReadStats(), ReadStats()
+    with Dataset(url, cache_dir=cache, stats=first) as ds:
+        ds.read(ONE_PER_SHARD)
+    assert not _final_copies(cache) and len(list(cache.rglob("shard-*.part"))) == SHARDS
+    held.set()
+    with Dataset(url, cache_dir=cache, stats=second) as ds:
+        batch = ds.read(list(range(N)))
+        check_batch({"key": np.arange(N), **batch})
+        _wait_all(ds)
+    assert [p.read_bytes() for p in _final_copies(cache)] == _shard_bytes(local)
+    assert first.bytes_read > 0
+    assert first.bytes_read + second.bytes_read == sum(len(b) for b in _shard_bytes(local))
+
+
+_SECOND = """
+import sys, numpy as np
+from shardkit.readers import TieredSampler
+from tests.helpers.sampler_data import check_batch
+s = TieredSampler(sys.argv[1], batch_size=8, epochs=1, seed=9, ram_size="30records", cache_dir=sys.argv[2])
+keys = np.concatenate([check_batch(b) for b in s])
+print(keys.size, s.stats.disk.bytes_read, s.stats.disk.read_calls, s.stats.remote_cache.bytes_read)
+"""
+
+
+def _env(proxy: FaultProxy | None = None) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    if proxy is not None:
+        env["AWS_ENDPOINT_URL"] = proxy.endpoint
+    return env
+
+
+def test_second_process_reads_the_fill_of_the_first(dataset: tuple[Path, str], held: threading.Event,
+                                                    tmp_path: Path) -> None:
+    """This process claims every shard's copy and holds its background order back; another process
+    then runs a whole epoch on the same cache: every page it needs is fetched once, by this
+    process, at its request, and it fetches nothing itself."""
+    local, url = dataset
+    cache = _cache(tmp_path)
+    stats = ReadStats()
+    with Dataset(url, cache_dir=cache, stats=stats) as ds:
+        ds.read(ONE_PER_SHARD)  # claims all three copies
+        assert not _final_copies(cache)
+        out = subprocess.run([sys.executable, "-c", _SECOND, url, str(cache)], env=_env(), capture_output=True, text=True,
+                             timeout=300)
+        assert out.returncode == 0, out.stderr
+        count, fetched, requests, local_bytes = map(int, out.stdout.split())
+        assert count == N and fetched == 0 and requests == 0 and local_bytes > 0
+        held.set()
+        _wait_all(ds)
+    assert [p.read_bytes() for p in _final_copies(cache)] == _shard_bytes(local)
+    assert stats.bytes_read == sum(len(b) for b in _shard_bytes(local))  # each byte once on the node
+
+
+_FILLER = """
+import sys, threading
+import shardkit.stores.prefetch as prefetch
+from shardkit.formats import Dataset
+prefetch.hold_background = threading.Event()  # claims, serves nothing but its own read, never finishes
+ds = Dataset(sys.argv[1], cache_dir=sys.argv[2])
+ds.read([int(k) for k in sys.argv[3:]])
+ds.payload.prefetcher._cond.acquire()  # a hung filler: its workers serve no other process's request
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def _asked(map_file: Path) -> bool:
+    """Some page of the copy was asked for by a waiting process (the second half of its map)."""
+    raw = map_file.read_bytes()
+    return any(raw[len(raw) // 2 :])
+
+
+def test_waiter_takes_over_from_a_dead_filler(dataset: tuple[Path, str], tmp_path: Path) -> None:
+    """Another process claimed the copies and dies (SIGKILL) while this one waits on them: the
+    waiter sees the filler's lock gone, takes the copies over (resuming their pages) and reads the
+    right records."""
+    local, url = dataset
+    cache = _cache(tmp_path)
+    filler = subprocess.Popen([sys.executable, "-c", _FILLER, url, str(cache), *map(str, ONE_PER_SHARD)], env=_env(),
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert filler.stdout is not None and filler.stdout.readline().strip() == "ready", filler.stderr
+        maps = sorted(cache.rglob("map-shard-*"))
+        assert len(maps) == SHARDS
+        keys = [20, PER_SHARD + 30, 2 * PER_SHARD + 10]  # on pages the filler did not fetch
+        with Dataset(url, cache_dir=cache) as ds:
+            t, out = _in_thread(lambda: ds.read(keys))
+            # The waiter asks the (silent) filler for its pages through the maps: then it is waiting.
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not all(_asked(m) for m in maps):
+                time.sleep(0.01)
+            assert all(_asked(m) for m in maps)
+            assert t.is_alive()
+            filler.send_signal(signal.SIGKILL)
+            filler.wait(30)
+            t.join(60)
+            assert out and not isinstance(out[0], BaseException), out
+            check_batch({"key": np.array(keys), **out[0]})
+            _wait_all(ds)
+    finally:
+        if filler.poll() is None:
+            filler.kill()
+    assert [p.read_bytes() for p in _final_copies(cache)] == _shard_bytes(local)
+
+
+def test_waiter_replaces_a_hung_filler(dataset: tuple[Path, str], tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A filler that holds its copies but writes nothing for STALE_SECONDS (here shortened) is
+    replaced by the process waiting on it, which downloads the copies itself."""
+    local, url = dataset
+    cache = _cache(tmp_path)
+    monkeypatch.setattr(cache_mod, "STALE_SECONDS", 1.0)
+    monkeypatch.setattr(prefetch, "STALE_SECONDS", 1.0)
+    filler = subprocess.Popen([sys.executable, "-c", _FILLER, url, str(cache), *map(str, ONE_PER_SHARD)], env=_env(),
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert filler.stdout is not None and filler.stdout.readline().strip() == "ready", filler.stderr
+        keys = [20, PER_SHARD + 30, 2 * PER_SHARD + 10]
+        with Dataset(url, cache_dir=cache) as ds:
+            t, out = _in_thread(lambda: ds.read(keys))
+            t.join(120)
+            assert out and not isinstance(out[0], BaseException), out
+            check_batch({"key": np.array(keys), **out[0]})
+            _wait_all(ds)
+        assert filler.poll() is None  # still alive (hung), its copies replaced
+    finally:
+        filler.kill()
+        filler.wait(30)
+    assert [p.read_bytes() for p in _final_copies(cache)] == _shard_bytes(local)
+
+
+@pytest.mark.parametrize("fault", ["short", "lie", "reset", "503"])
+def test_failed_parts_are_fetched_again_not_delivered(dataset: tuple[Path, str], s3: Any, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch, fault: str) -> None:
+    """Every other ranged GET (the parts) fails; the epoch still equals the local one and the copies
+    are the exact shards."""
+    local, url = dataset
+    proxy = FaultProxy(s3.port, lambda n: fault if n % 2 == 0 else "ok")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    try:
+        kw: dict[str, Any] = {"batch_size": 8, "epochs": 1, "seed": 2, "ram_size": "30records"}
+        expected = list(TieredSampler(str(local), **kw))
+        got = list(TieredSampler(url, cache_dir=_cache(tmp_path), **kw))
+    finally:
+        proxy.close()
+    assert proxy.done[fault] >= SHARDS
+    for a, b in zip(got, expected, strict=True):
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k])
+    assert [p.read_bytes() for p in _final_copies(_cache(tmp_path))] == _shard_bytes(local)
