@@ -84,6 +84,14 @@ def to_tensors(
     return out
 
 
+#: Shared epoch state (one int64 tensor in shared memory, see ShardIterableDataset._next_epoch):
+#: the epoch set by the main process, the generation of the last load_state_dict, then per worker
+#: the epoch after its last finished pass (-1: none since the epoch was set).
+_BASE, _GENERATION, _SLOTS = 0, 1, 2
+#: Workers of one rank whose finished passes are tracked one by one (more share the base value).
+_MAX_TRACKED_WORKERS = 256
+
+
 def _distributed_rank_world() -> tuple[int, int] | None:
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
@@ -180,7 +188,8 @@ class ShardIterableDataset(_TorchIterableDataset):
     work needs more cores, and stored bytes then reach the main process without a copy. Under DDP
     pass ``drop_last=True``, or a rank that stops early leaves the others waiting in a collective.
     With ``locality=True`` every step trains on the same records as without it (docs/design.md §10).
-    A pass that runs to the end advances the epoch (shared by all workers); ``set_epoch(e)`` jumps.
+    A pass that runs to the end advances the epoch (shared by all workers, once all of them have
+    finished); ``set_epoch(e)`` jumps. :meth:`loader` keeps its workers alive across epochs.
     Checkpoints: :meth:`state_dict` with ``num_workers=0``, else :meth:`state_dict_after` (exact at
     multiples of ``num_workers``); :meth:`load_state_dict` resumes with any number of workers or ranks.
     """
@@ -230,8 +239,13 @@ class ShardIterableDataset(_TorchIterableDataset):
                 raise ConfigError("locality: not available for a mixture of datasets; read it without locality")
             _check_ranks_agree(self.path, self.options, self.nodes, self.meta.num_records)
         # Next epoch, in shared memory: set_epoch in the main process reaches persistent workers,
-        # and a worker finishing a pass advances it for everyone.
-        self._epoch = torch.full((1,), self.options.start_epoch, dtype=torch.int64).share_memory_()
+        # and the workers finishing a pass advance it for everyone (see _next_epoch).
+        self._epoch = torch.full((_SLOTS + _MAX_TRACKED_WORKERS,), -1, dtype=torch.int64).share_memory_()
+        self._epoch[_BASE] = self.options.start_epoch
+        self._epoch[_GENERATION] = 0
+        #: The load_state_dict generation this copy of the dataset was made with (a persistent
+        #: worker's copy is frozen when the worker starts).
+        self._generation = 0
         self._resume: dict[str, Any] | None = None
         #: The DataLoader's prefetch_factor (set by loader()): batches a worker has in flight.
         self._prefetch_factor = 2
@@ -283,16 +297,47 @@ class ShardIterableDataset(_TorchIterableDataset):
         rank, world = self._rank_world() if _distributed_rank_world() else (self.rank, self.world_size)
         return rank * workers + worker, world * workers, workers
 
+    def _next_epoch(self, workers: int) -> int:
+        """The epoch a pass starting now runs, for a rank of ``workers`` consumers.
+
+        Each worker records the epoch after its finished pass in its own slot; the epoch advances
+        only when every worker of the rank has finished, so a worker that starts late (spawn under
+        load, or its siblings had a batch or two each) still reads the pass's epoch, not the next.
+        """
+        base = int(self._epoch[_BASE])
+        if workers > _MAX_TRACKED_WORKERS:
+            return base
+        done = int(self._epoch[_SLOTS : _SLOTS + workers].min())
+        return done if done > base else base
+
+    def _finish_pass(self, done: int) -> None:
+        """Record that this process finished a pass whose next epoch is ``done``."""
+        info = get_worker_info()
+        if info is None:  # the main process is the rank's only consumer
+            self._epoch[_SLOTS:] = -1
+            self._epoch[_BASE] = done
+        elif info.num_workers > _MAX_TRACKED_WORKERS:
+            # Every consumer writes the same value; a worker starting after another finished may
+            # then read the next epoch (only with more workers than are tracked).
+            if int(self._epoch[_BASE]) < done:
+                self._epoch[_BASE] = done
+        else:
+            self._epoch[_SLOTS + info.id] = done
+
+    def _set_next_epoch(self, epoch: int) -> None:
+        self._epoch[_SLOTS:] = -1
+        self._epoch[_BASE] = int(epoch)
+
     @property
     def epoch(self) -> int:
         """The epoch the next pass starts with."""
-        return int(self._epoch[0])
+        return self._next_epoch(max(1, self.num_workers))
 
     def set_epoch(self, epoch: int) -> None:
         """Start the next pass at ``epoch`` (seen by all workers, also persistent ones)."""
         if epoch < 0:
             raise ConfigError(f"epoch: expected >= 0, found {epoch}")
-        self._epoch[0] = int(epoch)
+        self._set_next_epoch(epoch)
         self._sampler = None  # its state belongs to the previous pass
         if self._resume is not None and int(self._resume["epoch"]) != epoch:
             self._resume = None  # the checkpointed epoch is over
@@ -303,7 +348,10 @@ class ShardIterableDataset(_TorchIterableDataset):
         if "epoch" not in state or "position" not in state:
             raise SamplerError(f"{self.path}: state dict lacks 'epoch'/'position', found keys {sorted(state)}")
         self._resume = dict(state)
-        self._epoch[0] = int(state["epoch"])
+        self._set_next_epoch(int(state["epoch"]))
+        # Persistent workers started before this cannot see the position: they refuse their next pass.
+        self._generation = int(self._epoch[_GENERATION]) + 1
+        self._epoch[_GENERATION] = self._generation
         self._sampler = None
 
     def state_dict(self) -> dict[str, Any]:
@@ -394,7 +442,12 @@ class ShardIterableDataset(_TorchIterableDataset):
 
     def __iter__(self) -> Iterator[TensorDict]:
         consumer, consumers, workers = self._consumer()
-        epoch = self.epoch
+        if int(self._epoch[_GENERATION]) != self._generation:
+            raise SamplerError(
+                f"{self.path}: load_state_dict() was called after this DataLoader's persistent workers started, "
+                "and they cannot see the resume position; build a new loader (ds.loader()) after load_state_dict()"
+            )
+        epoch = self._next_epoch(workers)
         state = self._resume if self._resume is not None and int(self._resume["epoch"]) == epoch else None
         sampler = self.factory.build(
             self.source, consumer=consumer, num_consumers=consumers, start_epoch=epoch, state=state,
@@ -422,20 +475,25 @@ class ShardIterableDataset(_TorchIterableDataset):
                 else:
                     yield tensors
             if self.options.epochs is not None:
-                # Every consumer writes the same value, so the race between workers is harmless.
-                done = epoch + self.options.epochs
-                if int(self._epoch[0]) < done:
-                    self._epoch[0] = done
+                self._finish_pass(epoch + self.options.epochs)
 
     def loader(self, num_workers: int = 0, *, pin_memory: bool | None = None, **kwargs: Any) -> torch.utils.data.DataLoader:
         """A ``DataLoader`` over this dataset (``batch_size=None`` unless ``unbatched``) with
         ``num_workers`` recorded for ``len()`` and :meth:`state_dict_after`; ``kwargs`` go to the
-        DataLoader. ``pin_memory`` defaults to whether an accelerator is present. Workers over an
-        object store start with ``spawn`` unless ``multiprocessing_context`` says otherwise (the
-        object-store client does not survive ``fork()``)."""
+        DataLoader. ``pin_memory`` defaults to whether an accelerator is present.
+
+        Workers are kept alive across epochs (``persistent_workers=True`` unless given): starting
+        them costs seconds (imports, with ``spawn`` the whole interpreter), which would otherwise
+        delay every epoch's first batch; each pass still builds its samplers anew in the workers
+        and reads the epoch that :meth:`set_epoch` or the previous pass left. Call
+        :meth:`load_state_dict` before the loader's first pass (or build a new loader after it).
+        Workers over an object store start with ``spawn`` unless ``multiprocessing_context`` says
+        otherwise (the object-store client does not survive ``fork()``)."""
         if pin_memory is None:
             pin_memory = accelerator_present()
         kwargs["pin_memory"] = pin_memory
+        if int(num_workers) > 0:
+            kwargs.setdefault("persistent_workers", True)
         if kwargs.get("prefetch_factor") is not None:
             self._prefetch_factor = int(kwargs["prefetch_factor"])
         if int(num_workers) != self.num_workers:

@@ -12,6 +12,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -81,13 +82,15 @@ def test_exactly_once_per_epoch_in_sampler_order(keyed: Path, workers: int) -> N
     assert ds.epoch == 2
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_cache_held_across_passes(keyed: Path, workers: int) -> None:
+@pytest.mark.parametrize(("workers", "persistent"), [(0, False), (2, False), (2, True)])
+def test_cache_held_across_passes(keyed: Path, workers: int, persistent: bool) -> None:
     """Default budget covers the dataset: the first pass reads every record once (filling the node's
     cache), later passes read nothing from storage though every pass builds new samplers (in fresh
-    worker processes too), because the dataset object holds the cache; the order is unchanged."""
+    worker processes too, without persistent workers), because the dataset object holds the cache;
+    the order is unchanged."""
     ds = _StatsDataset(keyed, batch_size=8, seed=SEED)
-    loader = ds.loader(num_workers=workers)
+    loader = ds.loader(num_workers=workers, **({"persistent_workers": False} if workers and not persistent else {}))
+    assert loader.persistent_workers == persistent
     for epoch in range(3):
         keys, disk, delivered = _pass(loader)
         np.testing.assert_array_equal(np.concatenate(keys), epoch_permutation(SEED, epoch, N_KEYED))
@@ -346,3 +349,82 @@ def test_a_mixture_is_a_dataset_source(keyed_mixture: list[Path], workers: int) 
     resumed.load_state_dict(state)
     rest = [np.stack([b["dataset"].numpy(), b["key"].numpy()], 1) for b in resumed.loader(num_workers=0)]
     np.testing.assert_array_equal(np.concatenate(rest), plan.pairs(1)[24:])
+
+
+# ---------------------------------------------------------------------- persistent workers
+def _keys_of(loader: DataLoader) -> np.ndarray:
+    return np.concatenate([_check_batch(b) for b in loader])
+
+
+def test_workers_persist_across_epochs_by_default(keyed: Path) -> None:
+    """loader() keeps its workers alive across epochs unless told otherwise; two epochs through
+    persistent workers are two different full permutations, each exactly the one the non-persistent
+    path gives for the same seed, and len(), epoch and state_dict_after() stay right."""
+    ds = ShardIterableDataset(keyed, batch_size=8, seed=SEED, num_workers=2)
+    loader = ds.loader(num_workers=2)
+    assert loader.persistent_workers
+    assert not ds.loader(num_workers=0).persistent_workers  # DataLoader refuses it without workers
+    fresh = ShardIterableDataset(keyed, batch_size=8, seed=SEED, num_workers=2)
+    fresh_loader = fresh.loader(num_workers=2, persistent_workers=False)
+    assert not fresh_loader.persistent_workers
+    seen = []
+    for epoch in range(2):
+        assert ds.epoch == epoch
+        batches = [_check_batch(b) for b in loader]
+        assert len(batches) == len(ds)
+        assert ds.state_dict_after(len(batches), epoch=epoch)["epoch"] == epoch + 1
+        keys = np.concatenate(batches)
+        np.testing.assert_array_equal(np.sort(keys), np.arange(N_KEYED))  # each record exactly once
+        np.testing.assert_array_equal(keys, _keys_of(fresh_loader))
+        np.testing.assert_array_equal(keys, epoch_permutation(SEED, epoch, N_KEYED))
+        seen.append(keys)
+    assert not np.array_equal(seen[0], seen[1])
+    assert ds.epoch == fresh.epoch == 2
+
+
+class _LateWorker(ShardIterableDataset):
+    """Worker 1 starts its pass only after worker 0 has finished its own (``done`` exists), the
+    order a slow worker start (spawn under load) can produce."""
+
+    def __init__(self, *args: object, done: Path, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.done = done
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        info = torch.utils.data.get_worker_info()
+        if info is not None and info.id == 1:
+            for _ in range(6000):  # waits for an event, up to 60 s; the order does not depend on timing
+                if self.done.exists():
+                    break
+                time.sleep(0.01)
+            else:
+                raise AssertionError("worker 0 never finished its pass")
+        yield from super().__iter__()
+        if info is not None and info.id == 0:
+            self.done.touch()
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_worker_starting_after_another_finished_reads_the_same_epoch(keyed: Path, tmp_path: Path,
+                                                                         persistent: bool) -> None:
+    """One batch per worker: worker 0 finishes its pass (with prefetching it is asked for its end)
+    before worker 1 starts; worker 1 must still deliver the pass's epoch, not the next one."""
+    ds = _LateWorker(keyed, batch_size=64, seed=SEED, num_workers=2, done=tmp_path / "done")
+    loader = ds.loader(num_workers=2, persistent_workers=persistent)
+    for epoch in range(2):
+        (tmp_path / "done").unlink(missing_ok=True)
+        np.testing.assert_array_equal(_keys_of(loader), epoch_permutation(SEED, epoch, N_KEYED))
+        assert ds.epoch == epoch + 1
+
+
+def test_load_state_dict_after_persistent_workers_started_is_refused(keyed: Path) -> None:
+    """Persistent workers hold the dataset as it was when they started: a resume state loaded later
+    would reach the epoch but not the position, so the next pass says to build a new loader."""
+    ds = ShardIterableDataset(keyed, batch_size=8, seed=SEED, num_workers=2)
+    loader = ds.loader(num_workers=2)
+    _keys_of(loader)
+    ds.load_state_dict(ds.state_dict_after(4, epoch=1))
+    with pytest.raises(SamplerError, match="new loader"):
+        _keys_of(loader)
+    rest = _keys_of(ds.loader(num_workers=2))
+    np.testing.assert_array_equal(rest, epoch_permutation(SEED, 1, N_KEYED)[32:])

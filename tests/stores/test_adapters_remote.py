@@ -1,6 +1,6 @@
 """Both adapters read datasets in an object store: the torch IterableDataset through DataLoader
-workers (started with spawn: obstore's runtime does not survive fork, which gives a clear error
-instead of a hang), the map-style dataset, and the tf.data pipeline."""
+workers (started with spawn, once for every epoch: obstore's runtime does not survive fork, which
+gives a clear error instead of a hang), the map-style dataset, and the tf.data pipeline."""
 
 from __future__ import annotations
 
@@ -32,12 +32,17 @@ def test_torch_loader_with_workers(url: str, tmp_path: Path) -> None:
     loader = ds.loader(num_workers=2)
     assert loader.multiprocessing_context is not None
     assert loader.multiprocessing_context.get_start_method() == "spawn"
-    keys = []
-    for batch in loader:
-        k = batch["key"].numpy()
-        np.testing.assert_array_equal(batch["image"].numpy(), encode(k))
-        keys.append(k)
-    assert sorted(np.concatenate(keys).tolist()) == list(range(N))
+    assert loader.persistent_workers  # spawned once, kept for every epoch
+    epochs = []
+    for _ in range(2):
+        keys = []
+        for batch in loader:
+            k = batch["key"].numpy()
+            np.testing.assert_array_equal(batch["image"].numpy(), encode(k))
+            keys.append(k)
+        epochs.append(np.concatenate(keys))
+        assert sorted(epochs[-1].tolist()) == list(range(N))
+    assert ds.epoch == 2 and epochs[0].tolist() != epochs[1].tolist()  # the spawned workers saw the new epoch
     mapped = ShardMapDataset(url)
     np.testing.assert_array_equal(mapped[7]["image"].numpy(), encode(np.array([7]))[0])
 
