@@ -52,6 +52,12 @@ _IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 102
 #: Records at least this large are read straight into their destination rows (one ``iovec`` each);
 #: smaller ones through a bounce buffer, since an ``iovec`` costs more Python time than copying them.
 SCATTER_MIN_BYTES = 16 * 1024
+#: Reading this many bytes more (and copying them) costs about what one more ``iovec`` costs in
+#: Python: small records whose run reads at most this much per record go through the bounce buffer.
+IOVEC_BYTES = 4096
+#: Distinct records planned at once by :meth:`PayloadArray.read_into` (a larger request is planned
+#: and read in pieces of ascending keys): bounds the plan's per-record arrays (about 100 bytes a record).
+PLAN_RECORDS = 1 << 18
 #: Size of the bounce buffer that small records are read through, per run.
 BOUNCE_BYTES = 4 << 20
 #: Alignment of every destination buffer :meth:`PayloadArray.empty` allocates: a page, so a buffer
@@ -192,10 +198,15 @@ class _Plan:
         return self.offs[self.run_starts], self.offs[last] + self.sizes[last]
 
     def dense_runs(self) -> np.ndarray:
-        """Runs whose wanted records fill at least half of the bytes they read (for each run)."""
+        """Runs whose wanted records fill at least half of the bytes they read, or that read at most
+        :data:`IOVEC_BYTES` per wanted record (for each run): copying those bytes costs less than an
+        ``iovec`` per record."""
         start, end = self.spans()
-        wanted: np.ndarray = np.add.reduceat(self.sizes, self.run_starts) if self.size else np.zeros(0, np.int64)
-        dense: np.ndarray = 2 * wanted >= end - start
+        if not self.size:
+            return np.zeros(0, dtype=bool)
+        wanted: np.ndarray = np.add.reduceat(self.sizes, self.run_starts)
+        count = np.diff(np.append(self.run_starts, self.size))
+        dense: np.ndarray = (2 * wanted >= end - start) | (end - start <= count * IOVEC_BYTES)
         return dense
 
     def as_runs(self, location: Callable[[int], str]) -> list[_Run]:
@@ -232,6 +243,23 @@ class _Rows:
 
     def __setitem__(self, j: int, value: Any) -> None:
         self.arrays[int(self.which[j])][int(self.row[j])] = value
+
+
+def _scatter_rows(rows: list[np.ndarray], which: np.ndarray, row: np.ndarray, piece: np.ndarray) -> None:
+    """``rows[which[j]][row[j]] = piece[j]`` for every ``j``: one fancy-indexed copy per destination
+    buffer, the records grouped by buffer with one stable sort (not one pass over ``which`` per buffer)."""
+    if which.size == 0:
+        return
+    w0 = int(which[0])
+    if np.all(which == w0):
+        rows[w0][row] = piece
+        return
+    # A stable sort of small integers is a radix sort (several times faster than of int64).
+    by = np.argsort(which.astype(np.int16) if len(rows) <= 1 << 15 else which, kind="stable")
+    grouped, dst, src = which[by], row[by], piece[by]  # then one fancy-indexed copy per buffer
+    cuts = np.flatnonzero(grouped[1:] != grouped[:-1]) + 1
+    for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), by.size]):
+        rows[int(grouped[lo])][dst[lo:hi]] = src[lo:hi]
 
 
 def aligned_empty(n: int, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
@@ -317,6 +345,8 @@ class PayloadArray:
         self._fds: dict[int, int] = {}
         self._opened: dict[int, Path] = {}
         self._indexes: dict[int, ShardIndex] = {}
+        #: Shards whose checked index is the fixed-size layout, not kept (see :meth:`_dense_shard`).
+        self._dense_shards: set[int] = set()
         self._shard_names: dict[int, str] = {}
         self._lock = threading.Lock()
         self._scratch = np.empty(max(self.gap_bytes, 1), dtype=np.uint8)
@@ -495,10 +525,26 @@ class PayloadArray:
         self.stats.add(path, offset, want)
         return raw, size
 
+    def _dense_shard(self, i: int) -> bool:
+        """True when shard ``i`` is a local dataset shard of the fixed-size layout: :meth:`index`
+        checked once that every record is present at ``j * record_nbytes``, and its index (16 bytes a
+        record, the sampler's largest per-record cost) is not kept: the read plan computes offsets."""
+        if i in self._dense_shards:
+            return True
+        if type(self) is not PayloadArray or self.codec is not None or self.shards[i].nbytes < 0:
+            return False
+        self.index(i)  # reads and checks it (CorruptIndexError unless the dense layout, all present)
+        with self._lock:
+            self._dense_shards.add(i)
+            self._indexes.pop(i, None)
+        return True
+
     def is_dense(self, i: int) -> bool:
         """True when shard ``i`` is the fixed-size layout (record j at ``j * record_nbytes``)."""
         if self.codec is not None:
             return False
+        if i in self._dense_shards:
+            return True
         idx = self.index(i)
         count = self.shards[i].count
         expected = np.arange(count, dtype=np.uint64) * np.uint64(self.record_nbytes)
@@ -539,12 +585,18 @@ class PayloadArray:
         dup = np.empty(n, dtype=bool)
         dup[0] = False
         np.equal(sorted_keys[1:], sorted_keys[:-1], out=dup[1:])
-        first = order[~dup]  # request index of each distinct key's first occurrence
+        some_dup = bool(dup.any())
+        first = order[~dup] if some_dup else order  # request index of each distinct key's first occurrence
+        distinct = sorted_keys[~dup] if some_dup else sorted_keys
         rows = [b.reshape(b.shape[0], -1).view(np.uint8) for b in dest.buffers]
-        plan = self._plan(sorted_keys[~dup], dest.which[first], dest.rows[first], rows)
-        if plan.size:
-            self._read_plan(plan, rows)
-        if dup.any():
+        # Planned and read in pieces of ascending keys, so the plan's per-record arrays stay bounded:
+        # still one pass of ascending offsets per shard (a run cut at a piece's end is two requests).
+        for c in range(0, distinct.size, PLAN_RECORDS):
+            f = first[c : c + PLAN_RECORDS]
+            plan = self._plan(distinct[c : c + PLAN_RECORDS], dest.which[f], dest.rows[f], rows)
+            if plan.size:
+                self._read_plan(plan, rows)
+        if some_dup:
             # Copy each duplicate from its first occurrence (runs of equal keys are consecutive).
             src = order[np.maximum.accumulate(np.where(~dup, np.arange(n), 0))]
             for d, s in zip(order[dup].tolist(), src[dup].tolist()):
@@ -577,12 +629,17 @@ class PayloadArray:
         parts: list[tuple[np.ndarray, ...]] = []
         for a, b in zip([0, *bounds], [*bounds, keys.size]):
             i = int(shard_of[a])
-            idx = self.index(i)
             local = keys[a:b] - i * self.records_per_shard
+            w, r = which[a:b], row[a:b]
+            if self._dense_shard(i):  # the fixed-size layout, checked: record j at j * record_nbytes
+                offs = local * self.record_nbytes
+                parts.append((np.full(offs.size, i, dtype=np.int64), offs,
+                              np.full(offs.size, self.record_nbytes, dtype=np.int64), w, r))  # fmt: skip
+                continue
+            idx = self.index(i)
             offs = idx.offsets[local].astype(np.int64)
             sizes = idx.nbytes[local].astype(np.int64)
             present = idx.present[local]
-            w, r = which[a:b], row[a:b]
             if not present.all():
                 # zarr: a chunk never written reads as the fill value.
                 for wi, ri in zip(w[~present].tolist(), r[~present].tolist()):
@@ -608,7 +665,7 @@ class PayloadArray:
         if runs.size == 0:
             return
         rec = self.record_nbytes
-        addr = np.array([r.ctypes.data for r in rows], dtype=np.int64)[plan.which] + plan.row * rec
+        addr = np.array([r.ctypes.data for r in rows], dtype=np.int64)[plan.which] + plan.row.astype(np.int64) * rec
         head = np.ones(plan.size, dtype=bool)
         head[1:] = (plan.gap[1:] != 0) | (addr[1:] != addr[:-1] + rec) | (plan.which[1:] != plan.which[:-1])
         head[plan.run_starts] = True
@@ -639,7 +696,10 @@ class PayloadArray:
         if runs.size == 0:
             return
         rec = self.record_nbytes
-        bounce = np.empty(max(rec, BOUNCE_BYTES), dtype=np.uint8)
+        # Larger pieces when the records go to many buffers (a block's batches), so each buffer's
+        # share of a piece is hundreds of records, not a few (a numpy call per buffer and piece).
+        piece_bytes = min(8 * BOUNCE_BYTES, max(BOUNCE_BYTES, 512 * rec * len(rows)))
+        bounce = np.empty(max(rec, piece_bytes), dtype=np.uint8)
         bounds = plan.runs()
         for run in runs.tolist():
             a, b = bounds[run]
@@ -658,13 +718,7 @@ class PayloadArray:
                     piece = bounce[: length].reshape(-1, rec)
                 else:  # [c - a, rec]: each record's bytes, gaps dropped (one small copy)
                     piece = bounce[: (length // rec) * rec].reshape(-1, rec)[rel // rec]
-                which, row = plan.which[a:c], plan.row[a:c]
-                if which[0] == which[-1] and np.all(which == which[0]):
-                    rows[int(which[0])][row] = piece
-                else:
-                    for w in np.unique(which).tolist():
-                        sel = which == w
-                        rows[w][row[sel]] = piece[sel]
+                _scatter_rows(rows, plan.which[a:c], plan.row[a:c], piece)
                 a = c
 
     def _preadv_all(self, fd: int, path: str, buffers: list[memoryview], offset: int) -> None:

@@ -240,8 +240,11 @@ class MixturePlan:
 
     def slot_keys(self, epoch: int, slots: np.ndarray) -> np.ndarray:
         """The global keys in epoch ``epoch``'s item table at ``slots``: dataset ``i``'s slots (after
-        those of ``0..i-1``) hold its items as :meth:`dataset_keys` lists them."""
+        those of ``0..i-1``) hold its items as :meth:`dataset_keys` lists them. For a :attr:`single`
+        dataset the slots are the keys: ``slots`` itself is returned when it is an int64 array."""
         s = np.asarray(slots, dtype=np.int64)
+        if self.single:
+            return s
         bounds = np.concatenate([[0], np.cumsum(self.counts, dtype=np.int64)]).astype(np.int64)
         ds = np.searchsorted(bounds, s, side="right") - 1
         j = s - bounds[ds]

@@ -41,6 +41,7 @@ __all__ = [
     "block_bounds",
     "pool_batches",
     "FIRST_BLOCK_BYTES",
+    "FIRST_BLOCK_RECORDS",
     "MIN_BLOCK_BYTES",
     "BLOCK_EFFICIENCY",
     "QUEUE_OVERLAP",
@@ -302,6 +303,10 @@ def ssd_block(ssd_bytes: int, record_nbytes: int, records_bound: int) -> int:
 #: The run's first RAM block holds about this many bytes (at least one batch), so the first batch
 #: arrives quickly whatever the budget.
 FIRST_BLOCK_BYTES = 16 << 20
+#: ... and at most this many records: small records cost more per record than per byte (the first
+#: block of 32-byte records would otherwise be half a million records, sorted and planned before the
+#: first batch).
+FIRST_BLOCK_RECORDS = 1 << 16
 #: Blocks are at least this large when the budget allows (per-block overhead; device queue depth).
 MIN_BLOCK_BYTES = 64 << 20
 #: The read efficiency a block's density should reach, if the budget allows (the rest of the budget
@@ -352,11 +357,12 @@ def block_limits(
 ) -> tuple[int, int]:
     """``(first, largest)`` RAM block of a run, in records: ``largest`` as the density rule asks (at
     least :data:`MIN_BLOCK_BYTES`) within ``budget_records`` and ``records_bound``, ``first`` about
-    :data:`FIRST_BLOCK_BYTES`; with ``aligned`` both are whole batches when they hold one."""
+    :data:`FIRST_BLOCK_BYTES` but at most :data:`FIRST_BLOCK_RECORDS` (and at least a batch); with
+    ``aligned`` both are whole batches when they hold one."""
     rec, b = int(record_nbytes), int(batch_size)
     want = max(density_block(num_records, rec, gap_bytes), -(-MIN_BLOCK_BYTES // rec))
     largest = max(1, min(want, int(budget_records), max(1, int(records_bound))))
-    first = min(largest, max(b, -(-FIRST_BLOCK_BYTES // rec)))
+    first = min(largest, max(b, min(-(-FIRST_BLOCK_BYTES // rec), FIRST_BLOCK_RECORDS)))
 
     def whole(k: int) -> int:
         return k - k % b if aligned and k >= b else k

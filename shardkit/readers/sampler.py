@@ -94,6 +94,11 @@ class TieredSampler(Closing):
     in the order shared by all consumers, so a sampler with another world size resumes it. With
     ``locality`` every rank must be given the same options. A dataset replaced under the sampler
     stops it with a :class:`~shardkit.errors.SamplerError`. Design: docs/design.md §4 and §10.
+
+    Memory beyond ``ram_size`` (docs/design.md §4, *The schedule*, memory per record): per dataset
+    record, 8 bytes of exact permutation (node-shared; none with ``permutation="feistel"``) and the
+    per-record fields' own bytes (node-shared); no shard index for local uncompressed datasets (16
+    bytes a record otherwise); per record of the blocks in flight, about 48 bytes of bookkeeping.
     """
 
     def __init__(

@@ -24,7 +24,7 @@ from shardkit.tiers import stopping
 from shardkit.tiers.buffers import BatchBuffer, BatchPool
 from shardkit.tiers.ssd import SsdSpace
 from shardkit.tiers.ssd_slots import ReservoirSlots
-from shardkit.tiers.static_cache import StaticCache
+from shardkit.tiers.static_cache import StaticCache, distinct_sorted
 from shardkit.tiers.stats import SamplerStats
 from shardkit.tiers.stopping import POLL_SECONDS, Stopped
 
@@ -372,7 +372,6 @@ class Pipeline:
             keys = np.sort(keys)
             self._timed_read(read, keys, Destination.rows_of(array, keys.size), tier)
             return BlockRead(seg, a, b, keys, None, slot=ring_slot)
-        cached, crow, fill = self._cache_plan(keys)
         positions = np.arange(a, b, dtype=np.int64)
         bs = seg.shape.batch_size
         batch_of = positions // bs
@@ -385,6 +384,18 @@ class Pipeline:
             last = int(batch_of[-1])
             if int(seg.shape.batch_sizes[last]) > b - last * bs:  # the last batch continues in the next block
                 open_buffers[last] = buffers[last]
+        if self.cache is None and buffers is not None:
+            # Nothing pinned: every record straight into its batch row (no per-record cache arrays).
+            # Buffer and row as int32 (fewer than 2**31 batches and rows): 8 bytes a block record.
+            g0 = int(batch_of[0])
+            rows = (positions - batch_of * bs).astype(np.int32)
+            del positions
+            which = (batch_of - g0).astype(np.int32)
+            del batch_of
+            batch_arrays = tuple(buffers[g].array for g in range(g0, g0 + len(buffers)))
+            self._timed_read(read, keys, Destination(batch_arrays, which, rows), tier)
+            return BlockRead(seg, a, b, keys, buffers)
+        cached, crow, fill = self._cache_plan(keys)
         copies: list[_Copy] = []
         if cached.any():
             assert self.cache is not None and self.cache.rows is not None
@@ -401,10 +412,9 @@ class Pipeline:
                 which[to_cache], rows[to_cache] = 0, crow[wanted[to_cache]]
             direct = wanted[~to_cache]  # block positions read straight into their batch
             if direct.size and buffers is not None:
-                order = sorted(buffers)
-                slot = {g: len(arrays) + i for i, g in enumerate(order)}
-                arrays += [buffers[g].array for g in order]
-                which[~to_cache] = np.array([slot[int(g)] for g in batch_of[direct]], dtype=np.int64)
+                g0 = int(batch_of[0])  # the block's batches are g0, g0 + 1, ... (consecutive)
+                which[~to_cache] = len(arrays) + batch_of[direct] - g0
+                arrays += [buffers[g].array for g in range(g0, g0 + len(buffers))]
                 rows[~to_cache] = positions[direct] - batch_of[direct] * bs
             elif direct.size:
                 # Everything is pinned, but these rows found no memory on the node: read them into a
@@ -485,7 +495,7 @@ class Pipeline:
                     self._stats.add_busy("disk", time.perf_counter() - t0)
                     self._verify()
                     self.cache.publish(crow[fill])
-                stored = np.unique(keys[~cached])
+                stored = distinct_sorted(keys[~cached])
                 if stored.size:
                     t0 = time.perf_counter()
                     self._stats.add_written(self.slots.write(slot, self.disk.payload, stored, self.stop))

@@ -21,7 +21,7 @@ from shardkit.order.locality import node_partition
 from shardkit.order.seeds import Domain, rng
 from shardkit.tiers import shm as node
 
-__all__ = ["StaticCache", "pinned_keys", "PinnedSet", "SortedKeys", "AllKeys", "BijectionKeys"]
+__all__ = ["StaticCache", "reserve_ranges", "distinct_sorted", "pinned_keys", "PinnedSet", "SortedKeys", "AllKeys", "BijectionKeys"]
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +110,38 @@ class BijectionKeys:
         out = [a + np.flatnonzero(self.sigma(np.arange(a, min(a + (1 << 20), self.n))) < self.m)
                for a in range(0, self.n, 1 << 20)]  # fmt: skip
         return np.concatenate(out).astype(np.int64) if out else np.empty(0, np.int64)
+
+
+def distinct_sorted(values: np.ndarray) -> np.ndarray:
+    """``np.unique(values)`` as int64 by a sort and a comparison (numpy 2's ``unique`` of integers
+    goes through a hash table, many times slower on the half million keys of a block)."""
+    out = np.sort(np.asarray(values, dtype=np.int64).reshape(-1))
+    if out.size < 2:
+        return out
+    keep = np.empty(out.size, dtype=bool)
+    keep[0] = True
+    np.not_equal(out[1:], out[:-1], out=keep[1:])
+    return out if keep.all() else out[keep]
+
+
+def reserve_ranges(rows: np.ndarray, rows_at: int, record_nbytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The byte ranges ``[start, end)`` of a region to allocate before cache ``rows`` (at byte
+    ``rows_at``, ``record_nbytes`` each) are written, as whole pages (what the kernel allocates), rows
+    on the same or adjacent pages in one range; and the smallest row of each range. A handful of
+    ranges per block whatever the number of rows, where a range per run of consecutive rows cost a
+    system call for every few small records."""
+    order = distinct_sorted(rows)
+    if order.size == 0:
+        empty = np.empty(0, dtype=np.int64)
+        return empty, empty, empty
+    rec = int(record_nbytes)
+    lo = (rows_at + order * rec) // _PAGE
+    hi = (rows_at + (order + 1) * rec - 1) // _PAGE + 1  # one past the last page
+    new = np.ones(order.size, dtype=bool)
+    new[1:] = lo[1:] > hi[:-1]  # a page between them is not wanted: a new range
+    heads = np.flatnonzero(new)
+    tails = np.append(heads[1:], order.size) - 1
+    return lo[heads] * _PAGE, hi[tails] * _PAGE, order[heads]
 
 
 class StaticCache:
@@ -234,17 +266,15 @@ class StaticCache:
         they are first filled); False for rows the node has no memory for."""
         if not self.shared or self._region is None or rows.size == 0:
             return np.ones(rows.shape, dtype=bool)
-        rows_at = self._layout()[0]
-        rec = self.record_nbytes
-        order = np.sort(rows)
-        runs = np.split(order, np.flatnonzero(np.diff(order) != 1) + 1)  # consecutive rows: one range
-        ok = self._region.reserve([(rows_at + int(r[0]) * rec, r.size * rec) for r in runs])
-        bad = [run for run, good in zip(runs, ok) if not good]
-        if not bad:
+        starts, ends, first = reserve_ranges(rows, self._layout()[0], self.record_nbytes)
+        ok = np.array(self._region.reserve(list(zip(starts.tolist(), (ends - starts).tolist()))), dtype=bool)
+        if ok.all():
             return np.ones(rows.shape, dtype=bool)
+        order = np.sort(rows)
+        good = ok[np.searchsorted(first, order, side="right") - 1]  # each sorted row's range
         logger.warning("static cache: no memory left in %s for %d rows; they are read like uncached records",
-                       node.SHM_ROOT, sum(r.size for r in bad))  # fmt: skip
-        return ~np.isin(rows, np.concatenate(bad))
+                       node.SHM_ROOT, int(np.count_nonzero(~good)))  # fmt: skip
+        return ~np.isin(rows, order[~good])
 
     def publish(self, rows: np.ndarray) -> None:
         """Mark ``rows`` filled: their bytes are in place (call after writing them)."""

@@ -199,3 +199,16 @@ def test_read_efficiency_model() -> None:
     assert schedule.density_block(1000, big, 1 << 16) == 1 and schedule.density_block(1000, small, 1 << 16) >= 900
     assert list(block_bounds(0, 10, 1, 4)) == [(0, 1), (1, 3), (3, 7), (7, 10)]
     assert list(block_bounds(5, 6, 8, 8)) == [(5, 6)]
+
+
+def test_first_block_of_small_records_is_a_bounded_number_of_records() -> None:
+    """32-byte records (issue #34): the first block is at most FIRST_BLOCK_RECORDS records (a few
+    batches), not FIRST_BLOCK_BYTES of them (half a million records sorted and planned before the first
+    batch); still at least one batch, and whole batches."""
+    for batch in (64, 4096, 100_000):
+        first, largest = schedule.block_limits(10**8, 32, batch, 10**7, 64 << 10, 10**7)
+        assert first <= max(batch, schedule.FIRST_BLOCK_RECORDS) and first >= batch and first % batch == 0
+        assert largest > first
+    # large records are unchanged: about FIRST_BLOCK_BYTES
+    first, _ = schedule.block_limits(10**6, 150528, 16, 10**6, 64 << 10, 10**6)
+    assert first == (-(-schedule.FIRST_BLOCK_BYTES // 150528)) // 16 * 16

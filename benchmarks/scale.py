@@ -1,0 +1,253 @@
+"""Scale in records (issue #34): the tiered sampler on many small records against a plain numpy loop.
+
+Run: ``python benchmarks/scale.py [--sizes 1e6,1e7] [--rounds N] [--before TREE] [--work DIR]``
+
+Datasets of ``N`` records of 32 bytes (uint8, no other field, ``records_per_shard`` 2^20) are written
+once under ``--work`` (one directory per ``N``) and reused. For each size, each round runs in fresh
+processes, files in the page cache (one warm-up read of every shard first):
+
+* **sampler**: ``TieredSampler`` in its default exact ``epoch`` order, ``ram_size`` 256 MiB, batch 4,096,
+  one epoch;
+* **numpy**: the naive loop the sampler must beat: one ``np.memmap`` per shard, the same kind of uniform
+  permutation, each batch's keys sorted and fancy-indexed shard by shard into the batch.
+
+Reported per configuration (medians over ``--rounds``): records/s over the epoch (construction
+excluded), construction + first batch, CPU time of the whole process per record (all threads,
+construction included: steadier than wall time on a loaded machine), peak RSS (``VmHWM``) and PSS (``/proc/self/smaps_rollup``,
+sampled during the epoch and at its end), both including the interpreter and imports (``base`` is the
+RSS before the sampler is built). ``--before TREE`` runs the sampler of another shardkit tree (e.g.
+``git archive e062d53 shardkit | tar -x -C /tmp/scale-before``) in the same run, as
+``benchmarks/sample.py`` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+AFTER = str(HERE.parent)
+REC = 32
+SHARD = 1 << 20
+BATCH = 4096
+RAM = 256 << 20
+#: Records written per call of the writer while generating a dataset.
+_WRITE_CHUNK = 1 << 18
+
+
+# ---------------------------------------------------------------------------------------------- data
+def dataset(work: Path, n: int) -> Path:
+    """``n`` records of :data:`REC` bytes under ``work`` (written once; record ``i`` holds ``i`` as
+    little-endian uint64 in its first 8 bytes, so a wrong key is visible)."""
+    from shardkit.formats import DatasetWriter, FieldSpec, open_dataset
+
+    path = work / f"scale-{n}"
+    if (path / "zarr.json").exists():
+        try:
+            with open_dataset(path) as ds:
+                if ds.num_records == n:
+                    return path
+        except Exception:  # a write cut short: write it again
+            pass
+    if path.exists():
+        shutil.rmtree(path)
+    need = n * REC * 1.1 + (64 << 20)
+    free = shutil.disk_usage(work).free
+    if free < need:
+        sys.exit(f"{work}: {n} records need about {need / 1e9:.1f} GB, {free / 1e9:.1f} GB free")
+    t0 = time.perf_counter()
+    with DatasetWriter(path, kind="bench", payload="image", record=FieldSpec((REC,), "uint8"),
+                       records_per_shard=SHARD, durable=False) as w:  # fmt: skip
+        for a in range(0, n, _WRITE_CHUNK):
+            k = min(_WRITE_CHUNK, n - a)
+            rows = np.zeros((k, REC), dtype=np.uint8)
+            rows[:, :8] = np.arange(a, a + k, dtype="<u8").view(np.uint8).reshape(k, 8)
+            w.write({"image": rows})
+    print(f"wrote {path} ({n} records) in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    return path
+
+
+def warm(path: Path) -> None:
+    """Read every file of the dataset once, so the runs find it in the page cache."""
+    buf = bytearray(8 << 20)
+    for f in path.rglob("*"):
+        if f.is_file():
+            with open(f, "rb", buffering=0) as fh:
+                while fh.readinto(buf):
+                    pass
+
+
+# ---------------------------------------------------------------------------------------------- workers
+def _status(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _pss() -> int:
+    try:
+        for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+class _PssProbe:
+    """The largest PSS seen, sampled at most every ``every`` seconds (reading smaps_rollup costs)."""
+
+    def __init__(self, every: float = 0.25) -> None:
+        self.every, self.peak, self._next = every, _pss(), time.perf_counter() + every
+
+    def poll(self) -> None:
+        now = time.perf_counter()
+        if now >= self._next:
+            self.peak, self._next = max(self.peak, _pss()), now + self.every
+
+
+def sampler_worker(cfg: dict[str, Any]) -> dict[str, Any]:
+    """One epoch of the tiered sampler in this fresh process."""
+    import shardkit
+    from shardkit.readers import TieredSampler
+
+    assert Path(shardkit.__file__).is_relative_to(cfg["tree"]), shardkit.__file__
+    base = _status("VmRSS")
+    probe = _PssProbe()
+    t0, c0 = time.perf_counter(), time.process_time()
+    s = TieredSampler(cfg["path"], ram_size=RAM, batch_size=BATCH, epochs=1, seed=int(cfg["seed"]))
+    built = time.perf_counter() - t0
+    first, records, check = None, 0, 0
+    t1 = time.perf_counter()
+    for b in s:
+        if first is None:
+            first = time.perf_counter() - t0
+            t1 = time.perf_counter()  # the epoch's rate counts from the first batch on
+        keys = b["key"]
+        records += int(keys.shape[0])
+        check += int(np.count_nonzero(b["image"][:, :8].copy().view("<u8").reshape(-1) != keys))
+        probe.poll()
+        del b
+    dt, cpu = time.perf_counter() - t1, time.process_time() - c0
+    probe.poll()
+    s.close()
+    return {"records": records, "seconds": dt, "built": built, "first": first or 0.0, "wrong": check, "cpu": cpu,
+            "peak_rss": _status("VmHWM"), "pss": max(probe.peak, _pss()), "base_rss": base}  # fmt: skip
+
+
+def numpy_worker(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The naive loop: a permutation, each batch's keys sorted, fancy-indexed from per-shard memmaps."""
+    from shardkit.formats import open_dataset
+
+    base = _status("VmRSS")
+    probe = _PssProbe()
+    t0, c0 = time.perf_counter(), time.process_time()
+    with open_dataset(cfg["path"]) as ds:
+        n, s = ds.num_records, ds.payload.records_per_shard
+        maps = [ds.payload.memmap(i) for i in range(len(ds.payload.shards))]
+    order = np.random.default_rng(int(cfg["seed"])).permutation(n)
+    out = np.empty((BATCH, REC), dtype=np.uint8)
+    first, records, wrong = None, 0, 0
+    t1 = time.perf_counter()
+    for a in range(0, n, BATCH):
+        keys = np.sort(order[a : a + BATCH])
+        k = keys.size
+        shard = keys // s
+        cuts = np.flatnonzero(np.diff(shard)) + 1
+        for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), k]):
+            i = int(shard[lo])
+            out[lo:hi] = maps[i][keys[lo:hi] - i * s]
+        if first is None:
+            first = time.perf_counter() - t0
+            t1 = time.perf_counter()
+        records += k
+        wrong += int(np.count_nonzero(out[:k, :8].copy().view("<u8").reshape(-1) != keys))
+        probe.poll()
+    dt, cpu = time.perf_counter() - t1, time.process_time() - c0
+    probe.poll()
+    return {"records": records, "seconds": dt, "built": 0.0, "first": first or 0.0, "wrong": wrong, "cpu": cpu,
+            "peak_rss": _status("VmHWM"), "pss": max(probe.peak, _pss()), "base_rss": base}  # fmt: skip
+
+
+def run(kind: str, tree: str, path: Path, seed: int) -> dict[str, Any]:
+    """One worker in a new process whose ``shardkit`` is the one in ``tree``."""
+    env = {**os.environ, "PYTHONPATH": tree}
+    cfg = {"kind": kind, "tree": tree, "path": str(path), "seed": seed}
+    out = subprocess.run([sys.executable, __file__, "--worker", json.dumps(cfg)], env=env, check=True,
+                         capture_output=True, text=True, timeout=7200)  # fmt: skip
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+# ---------------------------------------------------------------------------------------------- report
+def _mib(x: float) -> str:
+    return f"{x / 2**20:,.0f}"
+
+
+def report(sizes: list[int], work: Path, trees: dict[str, str], rounds: int) -> list[str]:
+    lines = [
+        f"{REC}-byte records, records_per_shard {SHARD}, ram_size {RAM >> 20} MiB, batch {BATCH}, one epoch, "
+        f"files in the page cache; medians of {rounds} round(s). RSS/PSS in MiB include the interpreter "
+        "(base: RSS before the sampler).",
+        "",
+        "| records | run | records/s | construct + first batch | epoch s | CPU µs/record | peak RSS | peak PSS | base RSS "
+        "| per record above base |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for n in sizes:
+        path = dataset(work, n)
+        warm(path)
+        configs = [(f"sampler ({name})", "sampler", tree) for name, tree in trees.items()] + [("numpy memmap", "numpy", AFTER)]
+        results: dict[str, list[dict[str, Any]]] = {c[0]: [] for c in configs}
+        for r in range(rounds):
+            for label, kind, tree in configs:
+                res = run(kind, tree, path, seed=r)
+                if res["wrong"] or res["records"] != n:
+                    raise SystemExit(f"{label}: {res['wrong']} wrong records, {res['records']} of {n} delivered")
+                results[label].append(res)
+        for label, _, _ in configs:
+            rs = results[label]
+
+            def med(key: str, rs: list[dict[str, Any]] = rs) -> float:
+                return statistics.median(float(x[key]) for x in rs)
+
+            rate = statistics.median(x["records"] / x["seconds"] for x in rs)
+            extra = med("peak_rss") - med("base_rss")
+            lines.append(
+                f"| {n:.0e} | {label} | {rate / 1e6:.2f} M | {med('first'):.2f} s | {med('seconds'):.1f} | "
+                f"{med('cpu') / n * 1e6:.2f} | "
+                f"{_mib(med('peak_rss'))} | {_mib(med('pss'))} | {_mib(med('base_rss'))} | {extra / n:.1f} B |"
+            )
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="1e6,1e7", help="comma-separated record counts (1e8: 3.2 GB of data)")
+    ap.add_argument("--rounds", type=int, default=1, help="repeat every configuration; report medians")
+    ap.add_argument("--before", help="a shardkit tree to compare with (its sampler runs the same configurations)")
+    ap.add_argument("--work", type=Path, default=HERE / "_data", help="where the datasets are written and kept")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        cfg = json.loads(args.worker)
+        print(json.dumps(sampler_worker(cfg) if cfg["kind"] == "sampler" else numpy_worker(cfg)))
+        return
+    sizes = [int(float(s)) for s in args.sizes.split(",") if s]
+    args.work.mkdir(parents=True, exist_ok=True)
+    trees = {"after": AFTER, **({"before": str(Path(args.before).resolve())} if args.before else {})}
+    print("\n".join(report(sizes, args.work, trees, args.rounds)))
+
+
+if __name__ == "__main__":
+    main()
