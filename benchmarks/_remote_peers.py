@@ -153,15 +153,25 @@ def prepare(system: str, endpoint: str, bucket: str, prefix: str, n: int, work: 
     return {"prepared": system, "uploaded": True}
 
 
-def allow_plain_http(endpoint: str) -> None:
-    """Point both peers' S3 clients at ``endpoint`` (an ``http://`` address of the proxy).
+def allow_plain_http(system: str, endpoint: str) -> None:
+    """Point the peer's S3 client at ``endpoint`` (an ``http://`` address of the proxy).
 
     Streaming reads ``S3_ENDPOINT_URL``; LitData builds its boto3 client from the standard AWS
-    variables (``AWS_ENDPOINT_URL``), which boto3 honours for plain http as well.
+    variables (``AWS_ENDPOINT_URL``), which boto3 honours over plain http. LitData 0.2.76 then
+    downloads chunks with an obstore ``S3Store`` built from that client's endpoint and its own
+    ``_OBSTORE_CLIENT_OPTIONS``, which do not allow http (obstore answers with a reqwest "builder"
+    error): the site customisation of this benchmark adds ``allow_http`` to those options, in this
+    process only (the peer is read without DataLoader workers).
     """
     os.environ["S3_ENDPOINT_URL"] = endpoint
     os.environ["AWS_ENDPOINT_URL"] = endpoint
-    os.environ["AWS_ENDPOINT_URL_S3"] = endpoint
+    if system != "litdata" or not endpoint.startswith("http://"):
+        return
+    from litdata.streaming import downloader
+
+    options = getattr(downloader, "_OBSTORE_CLIENT_OPTIONS", None)
+    if isinstance(options, dict):
+        downloader._OBSTORE_CLIENT_OPTIONS = {**options, "allow_http": True}
 
 
 def dataset(system: str, bucket: str, prefix: str, cache: Path) -> Any:
@@ -208,7 +218,7 @@ def epoch(ds: Any, n: int, counters: int | None) -> dict[str, Any]:
 
 def read(system: str, endpoint: str, bucket: str, prefix: str, n: int, work: Path, epochs: int,
          counters: int | None) -> dict[str, Any]:
-    allow_plain_http(endpoint)
+    allow_plain_http(system, endpoint)
     ds = dataset(system, bucket, prefix, work / f"cache-{system}")
     return {"epochs": [epoch(ds, n, counters) for _ in range(epochs)]}
 

@@ -426,8 +426,11 @@ def _peer_cmd(cmd: str, system: str, endpoint: str, bucket: str, n: int, work: P
     env = {**os.environ, "PYTHONPATH": ""}
     out = subprocess.run(args, capture_output=True, text=True, timeout=3600, env=env, check=False)
     if out.returncode != 0:
-        lines = [ln.strip() for ln in out.stderr.splitlines() if "Error" in ln or "error" in ln]
-        return {"error": (lines[-1] if lines else f"exit {out.returncode}")[:300]}
+        # The exception's last line (a Rust error's Debug output spans lines: keep its start too).
+        lines = [ln.strip() for ln in out.stderr.splitlines() if ln.strip()]
+        errors = [i for i, ln in enumerate(lines) if "Error" in ln or "error" in ln]
+        text = " ".join(lines[errors[-1]: errors[-1] + 6]) if errors else f"exit {out.returncode}"
+        return {"error": text.replace("|", "/")[:300]}
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
@@ -653,26 +656,34 @@ def main() -> None:
                                            **shardkit_options(ram, ssd, a.tiers, None, remote_gap_bytes=gap))
                         record(lat, rnd, f"gap {g}", ms, raw)
                     print(f"  (round took {time.perf_counter() - t_round:.0f} s)", flush=True)
+                    write_results(a, results, started, final=False)
             finally:
                 proxy.close()
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
+    print("\n" + write_results(a, results, started, final=True))
+
+
+def write_results(a: argparse.Namespace, results: dict[str, Any], started: float, *, final: bool) -> str:
+    """The tables of what was measured so far, written to ``--markdown`` and ``--json`` (after each
+    round too, so a run cut short leaves its tables)."""
     results["duration_s"] = time.perf_counter() - started
     results["load_after"] = _uptime()
-    rows = summarize(runs)
-    header = (f"{a.records:,} records of 128 KiB ({data_mb:,.0f} MB) in shards of {a.records_per_shard}, RAM budget "
-              f"{ram / 1e6:,.0f} MB, tiers={a.tiers}, batch {BATCH}, loader workers {a.workers}; medians of "
-              f"{a.rounds} round(s), (min-max); ratio = MB/s over raw GET of the same round; bytes and requests "
-              f"counted by the proxy. Run took {results['duration_s']:.0f} s. Load before: {load_before}; "
-              f"after: {results['load_after']}")
-    text = f"{header}\n\n{summary_table(rows)}\n\n{markdown_table(rows, data_mb)}\n"
+    rows = summarize(results["runs"])
+    done = "Run took" if final else "Cut short (tables so far) after"
+    header = (f"{a.records:,} records of 128 KiB ({results['data_MB']:,.0f} MB) in shards of {a.records_per_shard}, "
+              f"RAM budget {results['ram_size'] / 1e6:,.0f} MB, tiers={a.tiers}, batch {BATCH}, loader workers "
+              f"{a.workers}; medians of {a.rounds} round(s), (min-max); ratio = MB/s over raw GET of the same round; "
+              f"bytes and requests counted by the proxy. {done} {results['duration_s']:.0f} s. "
+              f"Load before: {results['load_before']}; after: {results['load_after']}")
+    text = f"{header}\n\n{summary_table(rows)}\n\n{markdown_table(rows, results['data_MB'])}\n"
     results["markdown"] = text
-    print("\n" + text)
     if a.markdown:
         a.markdown.write_text(text)
     if a.json:
         a.json.write_text(json.dumps(results, indent=2))
+    return text
 
 
 if __name__ == "__main__":
