@@ -1,25 +1,45 @@
-"""Reading a dataset from an object store: shardkit's remote tier against the raw bandwidth and peers.
+"""Reading a dataset from an object store: shardkit against the raw bandwidth and its peers, in one run.
 
-Everything runs against a local SeaweedFS server (``weed mini`` from the dev extra), optionally
-behind a small userspace TCP proxy that delays every client-to-server packet by ``D`` ms (the
-kernel's netem is not available here), so each request pays ``D`` more round-trip time, as on a
-real object store (20-100 ms). For each added latency:
+Everything runs against a local SeaweedFS server (``weed mini`` from the dev extra), behind a small
+userspace TCP proxy that delays every client-to-server packet by ``D`` ms (the kernel's netem is not
+available here), so each request pays ``D`` more round-trip time, as on a real object store (20-100
+ms). Every reader goes through that proxy (at 0 ms too), and the proxy counts the requests it
+relays and the bytes the server sends back, so shardkit and the peers are counted the same way.
+For each added latency and each of ``--rounds`` repetitions:
 
-* **raw**: the fastest raw read the server gives: every shard object fetched whole with parallel
-  GETs (best of several concurrencies) -- the baseline all ratios refer to;
-* **shardkit ram** / **ram,ssd**: one epoch of ``TieredSampler`` in the exact uniform order (RAM
-  budget a fraction of the dataset, so blocks are sparse as in real training), bytes delivered per
-  second, requests and bytes fetched per epoch: without a cache (ranged reads), and with
-  ``cache_dir`` on the local disk, **cold** (cache emptied first: the shards are prefetched whole,
-  :mod:`shardkit.stores.prefetch`) and **warm** (the next epoch, all local);
-* ``--sweep``: the same at several ``remote_gap_bytes`` thresholds (how the default was chosen);
-* ``--peers``: MosaicML Streaming and LitData reading the same records from the same server with
-  their shuffles on (run in the bench venv, see ``benchmarks/_remote_peers.py``).
+* **raw GET**: every shard object fetched whole with parallel GETs (best of 8/16/32 in flight): the
+  baseline every ratio refers to (the raw GET of the *same* repetition);
+* **Streaming**, **LitData**: MosaicML Streaming and LitData reading the same records (same bytes)
+  from the same server with their shuffles on, into an empty local cache: epoch 1 (cold) and epoch 2
+  (from their cache); run in the bench venv, see ``benchmarks/_remote_peers.py``;
+* **shardkit, no cache**: ``TieredSampler`` in the exact uniform order with ``cache_dir=None`` (the
+  opt-out: ranged reads), epochs 1 and 2;
+* **shardkit, cache_dir**: the same with a cache on the local disk (what the default does, in a
+  directory emptied first): epoch 1 is cold, epoch 2 warm;
+* **loader(2)**: both through ``ShardIterableDataset(...).loader(num_workers=2)``, epochs 1 and 2
+  (``iter(loader)`` twice, as a training loop does);
+* ``--sweep``: the bare no-cache epoch at several ``remote_gap_bytes`` thresholds.
 
-Usage::
+Each measurement reports MB/s of payload delivered, its ratio to raw GET, the time to the first batch
+(64 records), the bytes and requests the proxy relayed during the epoch, and whether the records
+equal a local run's (:class:`_remote_peers.EpochCheck`: the key in each record's first bytes and a
+1-in-4096 byte sample; "order" when the sequence is also the local run's). The output is a markdown
+table for RESULTS.md (medians over the rounds with min-max) and, with ``--json``, every measurement.
 
-    python benchmarks/remote.py --quick            # ~100 MB, a smoke run
-    python benchmarks/remote.py --peers --sweep    # 8,000 x 128 KiB, the full table
+The bench venv (the peers' own environment; shardkit is not installed in it, the peer script
+imports only numpy and the peers)::
+
+    python benchmarks/remote.py --make-bench-venv /work/benchvenv
+    # = python3 -m venv /work/benchvenv && /work/benchvenv/bin/pip install <pyproject's [bench] extra>
+
+``SHARDKIT_BENCH_PYTHON`` names its interpreter (default ``/work/benchvenv/bin/python``).
+
+Usage (run from the repository root with shardkit importable)::
+
+    python benchmarks/remote.py --quick                       # 800 records, 1 round: a smoke run
+    python benchmarks/remote.py --records 2000 --latency 0,50 --rounds 3
+    python benchmarks/remote.py --json remote.json --markdown remote.md   # 8,000 x 128 KiB, the full table
+    python benchmarks/remote.py --systems raw,cache --sweep 0,256KiB,1MiB,4MiB
 
 Numbers move between runs on a shared machine: compare ratios within one run.
 """
@@ -28,14 +48,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import tomllib
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -46,14 +70,117 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+from _remote_peers import EpochCheck, counter_delta, read_counters  # noqa: E402
 
 RECORD_SHAPE = (128, 256, 4)  # 128 KiB, the record size of ANCHORS.md's peer measurements
+BATCH = 64
 BENCH_PYTHON = Path(os.environ.get("SHARDKIT_BENCH_PYTHON", "/work/benchvenv/bin/python"))
 
+#: Every system the run can measure, in the order of a round and of the tables.
+SYSTEMS = {
+    "raw": "raw GET",
+    "streaming": "Streaming",
+    "litdata": "LitData",
+    "nocache": "shardkit, no cache",
+    "cache": "shardkit, cache_dir",
+    "loader-nocache": "loader(2), no cache",
+    "loader-cache": "loader(2), cache_dir",
+}
+PEERS = ("streaming", "litdata")
 
-# ---------------------------------------------------------------------- the delaying proxy
-async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float) -> None:
-    """Copy ``reader`` to ``writer``; with ``delay``, every chunk leaves ``delay`` s after it came."""
+
+# ---------------------------------------------------------------------- the counting, delaying proxy
+class RequestCounter:
+    """Counts the HTTP/1.1 requests in a client's byte stream, fed in arbitrary pieces.
+
+    Parses each request head (up to the blank line), takes its method, and skips its body by
+    ``Content-Length`` or ``Transfer-Encoding: chunked``. A head longer than :attr:`MAX_HEAD` (not
+    HTTP as expected) stops the counting and sets :attr:`lost` rather than buffering without bound.
+    """
+
+    MAX_HEAD = 1 << 16
+
+    def __init__(self) -> None:
+        self.by_method: collections.Counter[str] = collections.Counter()
+        self.lost = False
+        self._buf = bytearray()
+        self._body = 0  # body bytes still to skip
+        self._state = "head"  # "head", "body", "chunk-size", "chunk-data", "trailer"
+
+    @property
+    def requests(self) -> int:
+        return sum(self.by_method.values())
+
+    def feed(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view and not self.lost:
+            if self._state in ("body", "chunk-data"):
+                take = min(self._body, len(view))
+                view = view[take:]
+                self._body -= take
+                if self._body == 0:
+                    self._state = "head" if self._state == "body" else "chunk-size"
+                continue
+            self._buf += view
+            view = memoryview(b"")
+            try:
+                while self._state not in ("body", "chunk-data") and self._parse_one():
+                    pass
+            except ValueError:  # a length that is not a number: not the HTTP this counts
+                self.lost = True
+            if self._state in ("body", "chunk-data"):
+                view = memoryview(bytes(self._buf))  # the body's first bytes and what follows
+                self._buf.clear()
+
+    def _parse_one(self) -> bool:
+        """Consume one head or one chunk line from the buffer; False when it needs more bytes."""
+        sep = b"\r\n\r\n" if self._state == "head" else b"\r\n"
+        end = self._buf.find(sep)
+        if end < 0:
+            self.lost = len(self._buf) > self.MAX_HEAD
+            return False
+        text = bytes(self._buf[:end])
+        del self._buf[: end + len(sep)]
+        if self._state == "head":
+            head = text.decode("latin-1").split("\r\n")
+            self.by_method[head[0].split(" ", 1)[0]] += 1
+            fields = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in head[1:])}
+            if "chunked" in fields.get("transfer-encoding", "").lower():
+                self._state = "chunk-size"
+            elif int(fields.get("content-length", "0") or 0) > 0:
+                self._state, self._body = "body", int(fields["content-length"])
+        elif self._state == "trailer":
+            if not text:
+                self._state = "head"
+        elif text:  # a chunk size (an empty line is the CRLF that ends a chunk's data)
+            size = int(text.split(b";", 1)[0], 16)
+            self._state, self._body = ("trailer", 0) if size == 0 else ("chunk-data", size)
+        return True
+
+
+class _Counts:
+    """The proxy's totals: requests by method (all connections) and bytes from the server."""
+
+    def __init__(self) -> None:
+        self.counters: list[RequestCounter] = []
+        self.bytes = 0
+
+    def snapshot(self) -> dict[str, int]:
+        methods: collections.Counter[str] = collections.Counter()
+        for c in self.counters:
+            methods.update(c.by_method)
+        out = {"bytes": self.bytes, "requests": sum(methods.values()), "lost": sum(c.lost for c in self.counters)}
+        out.update({f"requests_{m}": v for m, v in methods.items()})
+        return out
+
+
+async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float,
+                seen: Callable[[bytes], None]) -> None:
+    """Copy ``reader`` to ``writer``, showing each chunk to ``seen``; with ``delay``, every chunk
+    leaves ``delay`` s after it came."""
     queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
 
     async def sender() -> None:
@@ -71,6 +198,7 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
     task = asyncio.ensure_future(sender()) if delay else None
     try:
         while data := await reader.read(1 << 20):
+            seen(data)
             if task is None:
                 writer.write(data)
                 await writer.drain()
@@ -86,8 +214,10 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
             writer.close()
 
 
-def run_proxy(listen: int, upstream: int, delay_ms: float) -> None:
-    """Serve forever: each connection to ``listen`` is relayed to ``upstream``, requests delayed."""
+def run_proxy(listen: int, upstream: int, delay_ms: float, control: int) -> None:
+    """Serve forever: each connection to ``listen`` is relayed to ``upstream``, requests delayed by
+    ``delay_ms``; a connection to ``control`` gets the counts so far as one JSON line."""
+    counts = _Counts()
 
     async def handle(cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
         try:
@@ -95,37 +225,61 @@ def run_proxy(listen: int, upstream: int, delay_ms: float) -> None:
         except OSError:
             cw.close()
             return
-        await asyncio.gather(_pump(cr, uw, delay_ms / 1000), _pump(ur, cw, 0.0), return_exceptions=True)
+        requests = RequestCounter()
+        counts.counters.append(requests)
+
+        def answered(data: bytes) -> None:
+            counts.bytes += len(data)
+
+        await asyncio.gather(_pump(cr, uw, delay_ms / 1000, requests.feed), _pump(ur, cw, 0.0, answered),
+                             return_exceptions=True)
+
+    async def report(_: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        w.write(json.dumps(counts.snapshot()).encode() + b"\n")
+        await w.drain()
+        w.close()
 
     async def main() -> None:
         server = await asyncio.start_server(handle, "127.0.0.1", listen, limit=1 << 22, backlog=1024)
-        async with server:
-            await server.serve_forever()
+        ctl = await asyncio.start_server(report, "127.0.0.1", control)
+        async with server, ctl:
+            await asyncio.gather(server.serve_forever(), ctl.serve_forever())
 
     asyncio.run(main())
 
 
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = int(s.getsockname()[1])
+    s.close()
+    return port
+
+
 class DelayProxy:
-    """The proxy in its own process (its own GIL), on a free port."""
+    """The proxy in its own process (its own GIL) on a free port, with its control port."""
 
     def __init__(self, upstream: int, delay_ms: float) -> None:
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        self.port = s.getsockname()[1]
-        s.close()
-        self.proc = subprocess.Popen([sys.executable, __file__, "--proxy", str(self.port), str(upstream), str(delay_ms)])
+        self.port, self.control = _free_port(), _free_port()
+        self.proc = subprocess.Popen([sys.executable, __file__, "--proxy", str(self.port), str(upstream),
+                                      str(delay_ms), str(self.control)])
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                self.counters()
                 return
             except OSError:
                 time.sleep(0.1)
+        self.close()
         raise RuntimeError("delay proxy did not start")
 
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def counters(self) -> dict[str, int]:
+        return read_counters(self.control)
 
     def close(self) -> None:
         self.proc.terminate()
@@ -134,6 +288,8 @@ class DelayProxy:
 
 # ---------------------------------------------------------------------- data
 def make_dataset(path: Path, n: int, records_per_shard: int) -> Path:
+    """``n`` records of 128 KiB: record ``i`` is ``pattern[i % 64]`` with ``i`` in its first 8 bytes
+    (the same bytes as the peers' copies, see ``_remote_peers.records``)."""
     from shardkit.formats import DatasetWriter, FieldSpec
 
     rng = np.random.default_rng(0)
@@ -148,7 +304,24 @@ def make_dataset(path: Path, n: int, records_per_shard: int) -> Path:
     return path
 
 
+def bench_requirements(pyproject: Path) -> list[str]:
+    """The ``bench`` extra of ``pyproject`` (what the bench venv installs; shardkit itself is not)."""
+    with open(pyproject, "rb") as f:
+        return list(tomllib.load(f)["project"]["optional-dependencies"]["bench"])
+
+
+def make_bench_venv(path: Path) -> None:
+    """Create the peers' venv at ``path`` with the ``bench`` extra (pip's constraint file and local
+    wheels on this machine give torch 2.14.1 from the disk)."""
+    subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
+    subprocess.run([str(path / "bin" / "python"), "-m", "pip", "install", *bench_requirements(ROOT / "pyproject.toml")],
+                   check=True)
+
+
 # ---------------------------------------------------------------------- measurements
+Measurement = dict[str, Any]
+
+
 def raw_whole_objects(url: str, keys: list[str], concurrency: int) -> float:
     """MB/s of fetching every object whole with ``concurrency`` parallel GETs."""
     from shardkit.stores import open_store
@@ -160,123 +333,353 @@ def raw_whole_objects(url: str, keys: list[str], concurrency: int) -> float:
     return total / 1e6 / (time.perf_counter() - t0)
 
 
-def shardkit_epoch(url: str, tiers: str, ram_size: int, ssd_dir: Path, **kw: Any) -> dict[str, Any]:
+def raw_get(url: str, keys: list[str], proxy: DelayProxy) -> Measurement:
+    """The best of 8, 16 and 32 GETs in flight; bytes and requests of that best pass."""
+    best: Measurement = {}
+    for c in (8, 16, 32):
+        before = proxy.counters()
+        mbs = raw_whole_objects(url, keys, c)
+        d = counter_delta(before, proxy.counters())
+        if mbs > best.get("MB/s", 0.0):
+            best = {"MB/s": mbs, "concurrency": c, "fetched_MB": d["bytes"] / 1e6, "requests": d["requests"]}
+    return best
+
+
+def _epochs(iterate: Callable[[], Iterable[dict[str, Any]]], n: int, passes: int,
+            proxy: DelayProxy | None) -> list[Measurement]:
+    """Time ``passes`` passes of ``iterate()``: MB/s, first batch, the proxy's counts, the check."""
+    out = []
+    for _ in range(passes):
+        before = proxy.counters() if proxy else {}
+        check = EpochCheck(n)
+        nbytes = 0
+        first = None
+        t0 = time.perf_counter()
+        for batch in iterate():
+            if first is None:
+                first = time.perf_counter() - t0
+            payload = np.asarray(batch["image"])
+            nbytes += payload.nbytes
+            check.add(batch["key"], payload)
+        dt = time.perf_counter() - t0
+        m: Measurement = {"MB/s": nbytes / 1e6 / dt, "seconds": dt, "first_batch_s": first or 0.0, **check.summary()}
+        if proxy:
+            d = counter_delta(before, proxy.counters())
+            m["fetched_MB"], m["requests"] = d["bytes"] / 1e6, d["requests"]
+        out.append(m)
+    return out
+
+
+def shardkit_options(ram: int, ssd: Path, tiers: str, cache_dir: Path | None, **kw: Any) -> dict[str, Any]:
+    """The sampler options of every shardkit measurement (the public names of ``SamplerOptions``).
+
+    No cache is ``cache_dir=None``, the explicit opt-out (ranged reads); the library's default, a cache
+    in the temp dir, is what the ``cache_dir`` rows measure in a directory emptied first.
+    """
+    return {"tiers": tiers, "ram_size": ram, "ssd_size": 4 * ram, "ssd_dir": ssd,
+            "batch_size": BATCH, "epochs": 1, "seed": 1, "cache_dir": cache_dir, **kw}
+
+
+def shardkit_bare(location: str | Path, n: int, passes: int, proxy: DelayProxy | None, **opts: Any) -> list[Measurement]:
+    """``passes`` passes of one ``TieredSampler`` (``epochs=1`` per pass: each pass is the next epoch)."""
     from shardkit.readers import TieredSampler
 
-    s = TieredSampler(url, tiers=tiers, ram_size=ram_size, ssd_size=max(2 * ram_size, 4 * ram_size), ssd_dir=ssd_dir,
-                      batch_size=64, epochs=1, seed=1, **kw)
-    t0 = time.perf_counter()
-    first = None
-    n = 0
-    for batch in s:
-        first = first or time.perf_counter() - t0
-        n += batch["key"].size
-    dt = time.perf_counter() - t0
-    return {
-        "MB/s": s.stats.bytes / 1e6 / dt, "records": n, "requests": s.stats.disk.read_calls,
-        "fetched_MB": s.stats.disk.bytes_read / 1e6, "first_batch_s": first,
-    }
+    s = TieredSampler(location, **opts)
+    try:
+        return _epochs(lambda: s, n, passes, proxy)
+    finally:
+        s.close()
 
 
-def peer(system: str, endpoint: str, bucket: str, prefix: str, n: int, workdir: Path) -> dict[str, Any]:
+def shardkit_loader(location: str | Path, n: int, passes: int, proxy: DelayProxy | None, workers: int,
+                    **opts: Any) -> list[Measurement]:
+    """``passes`` passes of ``ShardIterableDataset(...).loader(num_workers=workers)``."""
+    from shardkit.adapters.torch import ShardIterableDataset
+
+    ds = ShardIterableDataset(str(location), **opts)
+    try:
+        loader = ds.loader(num_workers=workers)
+        return _epochs(lambda: loader, n, passes, proxy)
+    finally:
+        ds.close()
+
+
+def peer_prepare(system: str, endpoint: str, bucket: str, n: int, work: Path) -> str | None:
+    """Write and upload the peer's copy straight to the server; an error message, or None."""
     if not BENCH_PYTHON.exists():
-        return {"error": f"{BENCH_PYTHON} not found (set SHARDKIT_BENCH_PYTHON to the bench venv's python)"}
-    cmd = [str(BENCH_PYTHON), str(HERE / "_remote_peers.py"), system, endpoint, bucket, prefix, str(n), str(workdir)]
+        return f"{BENCH_PYTHON} not found (make it with --make-bench-venv, or set SHARDKIT_BENCH_PYTHON)"
+    out = _peer_cmd("prepare", system, endpoint, bucket, n, work)
+    return out.get("error")
+
+
+def peer_read(system: str, endpoint: str, bucket: str, n: int, work: Path, epochs: int, proxy: DelayProxy) -> Any:
+    return _peer_cmd("read", system, endpoint, bucket, n, work, str(epochs), str(proxy.control))
+
+
+def _peer_cmd(cmd: str, system: str, endpoint: str, bucket: str, n: int, work: Path, *extra: str) -> dict[str, Any]:
+    args = [str(BENCH_PYTHON), str(HERE / "_remote_peers.py"), cmd, system, endpoint, bucket, f"peer-{system}", str(n),
+            str(work), *extra]
     env = {**os.environ, "PYTHONPATH": ""}
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env, check=False)
+    out = subprocess.run(args, capture_output=True, text=True, timeout=3600, env=env, check=False)
     if out.returncode != 0:
-        lines = [ln.strip() for ln in out.stderr.splitlines() if "Error" in ln or "error" in ln]
-        return {"error": (lines[-1] if lines else f"exit {out.returncode}")[:300]}
+        # The exception's last line (a Rust error's Debug output spans lines: keep its start too).
+        lines = [ln.strip() for ln in out.stderr.splitlines() if ln.strip()]
+        errors = [i for i, ln in enumerate(lines) if "Error" in ln or "error" in ln]
+        text = " ".join(lines[errors[-1]: errors[-1] + 6]) if errors else f"exit {out.returncode}"
+        return {"error": text.replace("|", "/")[:300]}
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+# ---------------------------------------------------------------------- tables
+def same_as_local(m: Measurement, local: list[Measurement]) -> str:
+    """"order" (the local run's sequence), "records" (its records in another order) or "NO"."""
+    e = m["epoch"] - 1
+    if not m.get("complete") or e >= len(local):
+        return "NO"
+    if m.get("ordered") == local[e]["ordered"]:
+        return "order"
+    return "records" if m.get("unordered") == local[e]["unordered"] else "NO"
+
+
+def _spread(values: list[float], fmt: str) -> str:
+    med = statistics.median(values)
+    if len(values) == 1:
+        return format(med, fmt)
+    return f"{format(med, fmt)} ({format(min(values), fmt)}-{format(max(values), fmt)})"
+
+
+def summarize(runs: list[Measurement]) -> list[dict[str, Any]]:
+    """One row per (latency, system, epoch) over the rounds, in run order: medians, min-max, and
+    whether every round equalled the local run. Measurements with an ``error`` are listed as such."""
+    groups: dict[tuple[float, str, int], list[Measurement]] = {}
+    for m in runs:
+        groups.setdefault((m["latency_ms"], m["system"], m.get("epoch", 1)), []).append(m)
+    rows = []
+    for (lat, system, epoch), ms in groups.items():
+        ok = [m for m in ms if "error" not in m]
+        row: dict[str, Any] = {"latency_ms": lat, "system": system, "epoch": epoch, "rounds": len(ok)}
+        if not ok:
+            row["error"] = ms[-1]["error"]
+            rows.append(row)
+            continue
+        row["MB/s"] = [m["MB/s"] for m in ok]
+        row["ratio"] = [m["ratio"] for m in ok if "ratio" in m]
+        row["first_batch_s"] = [m["first_batch_s"] for m in ok if "first_batch_s" in m]
+        row["fetched_MB"] = [m["fetched_MB"] for m in ok if "fetched_MB" in m]
+        row["requests"] = [m["requests"] for m in ok if "requests" in m]
+        checks = [m["same_as_local"] for m in ok if "same_as_local" in m]
+        row["same_as_local"] = "" if not checks else ("NO" if "NO" in checks else max(checks, key=["order", "records"].index))
+        rows.append(row)
+    return rows
+
+
+def _epoch_label(system: str, epoch: int) -> str:
+    if system == "raw":
+        return ""
+    if (system.endswith("cache") and not system.endswith("nocache")) or system in PEERS:
+        return f"{epoch} ({'cold' if epoch == 1 else 'warm'})"
+    return str(epoch)
+
+
+def markdown_table(rows: list[dict[str, Any]], data_mb: float) -> str:
+    """The detail table: MB/s and ratio as median (min-max), the rest medians."""
+    lines = ["| added latency | system | epoch | MB/s | ratio to raw GET | first batch (s) | fetched MB/epoch (x data) "
+             "| requests/epoch | same as local |", "|---|---|---|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        head = f"| {r['latency_ms']:g} ms | {SYSTEMS.get(r['system'], r['system'])} | {_epoch_label(r['system'], r['epoch'])} |"
+        if "error" in r:
+            lines.append(f"{head} error: {r['error']} | | | | | |")
+            continue
+        fetched = statistics.median(r["fetched_MB"]) if r["fetched_MB"] else None
+        cells = [
+            _spread(r["MB/s"], ",.0f"),
+            _spread(r["ratio"], ".2f") if r["ratio"] else "",
+            f"{statistics.median(r['first_batch_s']):.2f}" if r["first_batch_s"] else "",
+            f"{fetched:,.0f} ({fetched / data_mb:.2f}x)" if fetched is not None else "",
+            f"{statistics.median(r['requests']):,.0f}" if r["requests"] else "",
+            r["same_as_local"],
+        ]
+        lines.append(f"{head} {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
+def summary_table(rows: list[dict[str, Any]]) -> str:
+    """The issue's layout: per latency, raw GET MB/s and each system's epoch-1 ratio (median and
+    min-max over the rounds), cold epochs for the caching systems."""
+    systems = [s for s in SYSTEMS if s != "raw" and any(r["system"] == s for r in rows)]
+    lines = ["| added latency | raw GET MB/s | " + " | ".join(SYSTEMS[s] for s in systems) + " |",
+             "|---|---:|" + "---:|" * len(systems)]
+    for lat in sorted({r["latency_ms"] for r in rows}):
+        at = {r["system"]: r for r in rows if r["latency_ms"] == lat and r["epoch"] == 1}
+        raw = at.get("raw")
+        cells = [_spread(raw["MB/s"], ",.0f") if raw and "MB/s" in raw else "error"]
+        for s in systems:
+            r = at.get(s)
+            cells.append("error" if r is None or "error" in r or not r["ratio"] else _spread(r["ratio"], ".2f"))
+        lines.append(f"| {lat:g} ms | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------- the run
+def _uptime() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
+    except OSError:
+        return ""
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="800 records (100 MB), a smoke run")
-    p.add_argument("--records", type=int, default=8000)
-    p.add_argument("--records-per-shard", type=int, default=256, help="256 x 128 KiB = 32 MiB shards")
-    p.add_argument("--latencies", default="0,20,50", help="added request latencies in ms")
+    p.add_argument("--quick", action="store_true", help="800 records (100 MB) in 8 shards, 1 round: a smoke run")
+    p.add_argument("--records", type=int, default=None, help="records of 128 KiB (default 8000)")
+    p.add_argument("--records-per-shard", type=int, default=None, help="default 256 (32 MiB shards)")
+    p.add_argument("--latency", "--latencies", dest="latencies", default="0,20,50", help="added request latencies in ms")
+    p.add_argument("--rounds", type=int, default=None, help="repetitions, each with its own raw GET (default 3)")
+    p.add_argument("--systems", default=",".join(SYSTEMS),
+                   help=f"which to measure, comma separated from {', '.join(SYSTEMS)} (raw always runs)")
+    p.add_argument("--peers", action="store_true", help="(kept for old command lines: the peers run by default)")
+    p.add_argument("--no-peers", action="store_true", help="leave out Streaming and LitData")
+    p.add_argument("--workers", type=int, default=2, help="DataLoader workers of the loader(...) rows")
+    p.add_argument("--tiers", default="ram", help="the sampler's tiers, e.g. ram or ram,ssd")
     p.add_argument("--ram-fraction", type=float, default=0.25, help="RAM budget as a fraction of the dataset")
     p.add_argument("--sweep", default="", help="remote_gap_bytes values to sweep, e.g. 0,256KiB,1MiB,4MiB")
-    p.add_argument("--peers", action="store_true", help="also MosaicML Streaming and LitData (bench venv)")
-    p.add_argument("--json", type=Path, help="write the results here")
-    p.add_argument("--proxy", nargs=3, help=argparse.SUPPRESS)
+    p.add_argument("--json", type=Path, help="write every measurement and the tables here")
+    p.add_argument("--markdown", type=Path, help="write the tables here")
+    p.add_argument("--make-bench-venv", type=Path, metavar="PATH", help="create the peers' venv at PATH and exit")
+    p.add_argument("--proxy", nargs=4, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.proxy:
-        run_proxy(int(a.proxy[0]), int(a.proxy[1]), float(a.proxy[2]))
+        run_proxy(int(a.proxy[0]), int(a.proxy[1]), float(a.proxy[2]), int(a.proxy[3]))
         return
-    if a.quick:
-        a.records, a.records_per_shard = 800, 100
+    if a.make_bench_venv:
+        make_bench_venv(a.make_bench_venv)
+        return
+    a.records = a.records or (800 if a.quick else 8000)
+    a.records_per_shard = a.records_per_shard or (100 if a.quick else 256)
+    a.rounds = a.rounds or (1 if a.quick else 3)
+    systems = [s for s in a.systems.split(",") if s]
+    unknown = sorted(set(systems) - set(SYSTEMS))
+    if unknown:
+        p.error(f"--systems: unknown {', '.join(unknown)}; expected names from {', '.join(SYSTEMS)}")
+    if a.no_peers:
+        systems = [s for s in systems if s not in PEERS]
+    systems = ["raw"] + [s for s in SYSTEMS if s in systems and s != "raw"]
+    latencies = [float(x) for x in a.latencies.split(",") if x]
 
     from shardkit.formats.publish import upload_dataset
     from shardkit.stores import open_store
     from shardkit.units import parse_bytes
     from tests.helpers.seaweed import SeaweedServer
 
+    started = time.perf_counter()
+    load_before = _uptime()
     work = Path(tempfile.mkdtemp(prefix="shardkit-bench-remote-"))
     server = SeaweedServer(work / "seaweed").start()
     os.environ.update(server.env())
-    results: dict[str, Any] = {"records": a.records, "record_bytes": int(np.prod(RECORD_SHAPE)), "latencies": {}}
+    rec_bytes = int(np.prod(RECORD_SHAPE))
+    data_mb = a.records * rec_bytes / 1e6
+    ram = int(a.ram_fraction * a.records) * rec_bytes
+    results: dict[str, Any] = {"records": a.records, "record_bytes": rec_bytes, "records_per_shard": a.records_per_shard,
+                               "data_MB": data_mb, "ram_size": ram, "tiers": a.tiers, "rounds": a.rounds,
+                               "latencies_ms": latencies, "systems": systems, "workers": a.workers,
+                               "load_before": load_before, "runs": []}
+    runs: list[Measurement] = results["runs"]
     try:
         local = make_dataset(work / "ds", a.records, a.records_per_shard)
         url = f"s3://{server.bucket}/bench"
         upload_dataset(local, url)
         keys = [m.key for m in open_store(url).list("image")]
-        data_mb = a.records * int(np.prod(RECORD_SHAPE)) / 1e6
-        ram = int(a.ram_fraction * a.records) * int(np.prod(RECORD_SHAPE))
-        print(f"dataset: {a.records} x 128 KiB = {data_mb:.0f} MB in {len(keys)} shards; RAM budget {ram / 1e6:.0f} MB")
-        for lat in [float(x) for x in a.latencies.split(",")]:
-            proxy = DelayProxy(server.port, lat) if lat else None
-            os.environ["AWS_ENDPOINT_URL"] = proxy.endpoint if proxy else server.endpoint
-            row: dict[str, Any] = {}
+        ssd = work / "ssd"
+        ssd.mkdir()
+        print(f"dataset: {a.records} x 128 KiB = {data_mb:.0f} MB in {len(keys)} shards; RAM budget {ram / 1e6:.0f} MB; "
+              f"{a.rounds} round(s) at {', '.join(f'{x:g}' for x in latencies)} ms; load: {load_before}", flush=True)
+        # The reference: the same sampler on the local copy (its order and records, epochs 1 and 2).
+        reference = shardkit_bare(local, a.records, 2, None, **shardkit_options(ram, ssd, a.tiers, None))
+        peer_error: dict[str, str] = {}
+        for system in [s for s in systems if s in PEERS]:
+            err = peer_prepare(system, server.endpoint, server.bucket, a.records, work / "peers")
+            if err:
+                peer_error[system] = err
+                print(f"{SYSTEMS[system]}: {err}", flush=True)
+
+        def record(lat: float, rnd: int, system: str, ms: list[Measurement], raw: float) -> None:
+            for e, m in enumerate(ms, 1):
+                m.update(latency_ms=lat, round=rnd, system=system, epoch=e)
+                if "MB/s" in m:
+                    m["ratio"] = m["MB/s"] / raw
+                if "ordered" in m:
+                    m["same_as_local"] = same_as_local(m, reference)
+                runs.append(m)
+                if "error" in m:
+                    print(f"  {SYSTEMS.get(system, system):<22} error: {m['error']}", flush=True)
+                else:
+                    print(f"  {SYSTEMS.get(system, system):<22} epoch {e}: {m['MB/s']:7.0f} MB/s  ratio {m['ratio']:.2f}  "
+                          f"first batch {m.get('first_batch_s', 0):.2f} s  {m.get('fetched_MB', 0):.0f} MB in "
+                          f"{m.get('requests', 0)} requests  {m.get('same_as_local', '')}", flush=True)
+
+        for lat in latencies:
+            proxy = DelayProxy(server.port, lat)
+            os.environ["AWS_ENDPOINT_URL"] = proxy.endpoint
             try:
-                raw = max(raw_whole_objects(url, keys, c) for c in (8, 16, 32))
-                row["raw MB/s"] = raw
-                ssd = work / "ssd"
-                ssd.mkdir(exist_ok=True)
-                for tiers in ("ram", "ram,ssd"):
-                    r = shardkit_epoch(url, tiers, ram, ssd, cache_dir=None)  # ranged reads (no default cache)
-                    r["ratio"] = r["MB/s"] / raw
-                    row[f"shardkit {tiers}"] = r
-                    # The same with the local disk as the cache of whole shards (cold: emptied first).
-                    cache = work / "cache"
-                    shutil.rmtree(cache, ignore_errors=True)
-                    cache.mkdir()
-                    r = shardkit_epoch(url, tiers, ram, ssd, cache_dir=cache)
-                    r["ratio"] = r["MB/s"] / raw
-                    row[f"shardkit {tiers} +cache cold"] = r
-                    r = shardkit_epoch(url, tiers, ram, ssd, cache_dir=cache)  # a later epoch: all local
-                    r["ratio"] = r["MB/s"] / raw
-                    row[f"shardkit {tiers} +cache warm"] = r
-                for g in [x for x in a.sweep.split(",") if x]:
-                    r = shardkit_epoch(url, "ram", ram, ssd, remote_gap_bytes=parse_bytes(g, what="--sweep", allow_zero=True),
-                                       cache_dir=None)
-                    r["ratio"] = r["MB/s"] / raw
-                    row[f"gap {g}"] = r
-                if a.peers:
-                    for system in ("streaming", "litdata"):
-                        r = peer(system, os.environ["AWS_ENDPOINT_URL"], server.bucket, f"peer-{system}", a.records,
-                                 work / f"peer-{system}-{lat:g}")
-                        if "MB/s" in r:
-                            r["ratio"] = r["MB/s"] / raw
-                        row[system] = r
+                for rnd in range(1, a.rounds + 1):
+                    t_round = time.perf_counter()
+                    raw_m = raw_get(url, keys, proxy)
+                    raw = raw_m["MB/s"]
+                    print(f"\n+{lat:g} ms, round {rnd}: raw GET {raw:.0f} MB/s ({raw_m['concurrency']} in flight)", flush=True)
+                    record(lat, rnd, "raw", [raw_m], raw)
+                    for system in systems[1:]:
+                        ms: list[Measurement]
+                        if system in PEERS:
+                            if system in peer_error:
+                                ms = [{"error": peer_error[system]}]
+                            else:
+                                got = peer_read(system, proxy.endpoint, server.bucket, a.records, work / "peers", 2, proxy)
+                                ms = got.get("epochs") or [{"error": got.get("error", "no result")}]
+                        else:
+                            cache = work / "cache" if system.endswith("-cache") or system == "cache" else None
+                            if cache is not None:
+                                shutil.rmtree(cache, ignore_errors=True)
+                                cache.mkdir()
+                            opts = shardkit_options(ram, ssd, a.tiers, cache)
+                            if system.startswith("loader"):
+                                ms = shardkit_loader(url, a.records, 2, proxy, a.workers, **opts)
+                            else:
+                                ms = shardkit_bare(url, a.records, 2, proxy, **opts)
+                        record(lat, rnd, system, ms, raw)
+                    for g in [x for x in a.sweep.split(",") if x]:
+                        gap = parse_bytes(g, what="--sweep", allow_zero=True)
+                        ms = shardkit_bare(url, a.records, 1, proxy,
+                                           **shardkit_options(ram, ssd, a.tiers, None, remote_gap_bytes=gap))
+                        record(lat, rnd, f"gap {g}", ms, raw)
+                    print(f"  (round took {time.perf_counter() - t_round:.0f} s)", flush=True)
+                    write_results(a, results, started, final=False)
             finally:
-                if proxy:
-                    proxy.close()
-            results["latencies"][f"{lat:g} ms"] = row
-            print(f"\n+{lat:g} ms: raw {row['raw MB/s']:.0f} MB/s")
-            for name, r in row.items():
-                if isinstance(r, dict):
-                    if "error" in r:
-                        print(f"  {name:<28} error: {r['error']}")
-                        continue
-                    extra = f", {r['requests']} requests, {r['fetched_MB']:.0f} MB fetched" if "requests" in r else ""
-                    print(f"  {name:<28} {r['MB/s']:7.0f} MB/s  ratio {r['ratio']:.2f}{extra}")
+                proxy.close()
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
+    print("\n" + write_results(a, results, started, final=True))
+
+
+def write_results(a: argparse.Namespace, results: dict[str, Any], started: float, *, final: bool) -> str:
+    """The tables of what was measured so far, written to ``--markdown`` and ``--json`` (after each
+    round too, so a run cut short leaves its tables)."""
+    results["duration_s"] = time.perf_counter() - started
+    results["load_after"] = _uptime()
+    rows = summarize(results["runs"])
+    done = "Run took" if final else "Cut short (tables so far) after"
+    header = (f"{a.records:,} records of 128 KiB ({results['data_MB']:,.0f} MB) in shards of {a.records_per_shard}, "
+              f"RAM budget {results['ram_size'] / 1e6:,.0f} MB, tiers={a.tiers}, batch {BATCH}, loader workers "
+              f"{a.workers}; medians of {a.rounds} round(s), (min-max); ratio = MB/s over raw GET of the same round; "
+              f"bytes and requests counted by the proxy. {done} {results['duration_s']:.0f} s. "
+              f"Load before: {results['load_before']}; after: {results['load_after']}")
+    text = f"{header}\n\n{summary_table(rows)}\n\n{markdown_table(rows, results['data_MB'])}\n"
+    results["markdown"] = text
+    if a.markdown:
+        a.markdown.write_text(text)
     if a.json:
         a.json.write_text(json.dumps(results, indent=2))
+    return text
 
 
 if __name__ == "__main__":

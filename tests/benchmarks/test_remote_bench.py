@@ -1,0 +1,166 @@
+"""The pure helpers of ``benchmarks/remote.py`` and ``benchmarks/_remote_peers.py``: the request counter
+of the proxy (and the proxy itself against a tiny HTTP server), the epoch check, the tables."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+from tests.helpers.benchmarks import load_benchmark
+
+STREAM = (
+    b"GET /bucket/a HTTP/1.1\r\nHost: x\r\nRange: bytes=0-9\r\n\r\n"
+    b"PUT /bucket/b HTTP/1.1\r\nContent-Length: 24\r\n\r\nGET /not-a-request HTTP/"
+    b"POST /bucket/c HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"5\r\nGET /\r\n3;ext=1\r\nabc\r\n0\r\nX-Trailer: 1\r\n\r\n"
+    b"HEAD /bucket/d HTTP/1.1\r\n\r\n"
+)
+
+
+@pytest.fixture
+def remote(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    return load_benchmark("remote", monkeypatch)
+
+
+@pytest.mark.parametrize("step", [1, 2, 5, 13, len(STREAM)])
+def test_request_counter_counts_requests_not_body_bytes(remote: ModuleType, step: int) -> None:
+    """Bodies (by length and chunked) that look like requests are skipped, however the stream is cut."""
+    c = remote.RequestCounter()
+    for i in range(0, len(STREAM), step):
+        c.feed(STREAM[i : i + step])
+    assert dict(c.by_method) == {"GET": 1, "PUT": 1, "POST": 1, "HEAD": 1}
+    assert c.requests == 4 and not c.lost
+
+
+def test_request_counter_gives_up_on_garbage_without_buffering_it(remote: ModuleType) -> None:
+    c = remote.RequestCounter()
+    c.feed(b"x" * (remote.RequestCounter.MAX_HEAD + 10))
+    assert c.lost and c.requests == 0
+    c.feed(b"GET / HTTP/1.1\r\n\r\n")  # once lost, nothing more is counted (or kept)
+    assert c.requests == 0 and len(c._buf) <= remote.RequestCounter.MAX_HEAD + 10
+    bad = remote.RequestCounter()
+    bad.feed(b"PUT / HTTP/1.1\r\nContent-Length: lots\r\n\r\n")
+    assert bad.lost and bad.requests == 1
+
+
+@pytest.fixture
+def http_server() -> Iterator[int]:
+    body = bytes(range(256)) * 400
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield int(server.server_address[1])
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_proxy_counts_requests_and_bytes_from_the_server(remote: ModuleType, http_server: int) -> None:
+    proxy = remote.DelayProxy(http_server, 0.0)
+    try:
+        before = proxy.counters()
+        for _ in range(3):
+            with urllib.request.urlopen(f"{proxy.endpoint}/obj", timeout=30) as r:
+                assert len(r.read()) == 102400
+        d = remote.counter_delta(before, proxy.counters())
+    finally:
+        proxy.close()
+    assert d["requests"] == 3 and d["requests_GET"] == 3
+    assert 3 * 102400 <= d["bytes"] < 3 * 102400 + 3 * 1024  # the bodies and their response heads
+
+
+def _records(keys: list[int]) -> np.ndarray:
+    recs = np.zeros((len(keys), 16, 1024), dtype=np.uint8)
+    recs[:, 5, 7] = np.arange(len(keys)) % 251
+    for i, k in enumerate(keys):
+        recs[i].reshape(-1)[:8] = np.array([k], dtype=np.int64).view(np.uint8)
+        recs[i].reshape(-1)[8192] = k % 256  # a byte the 1-in-4096 sample sees
+    return recs
+
+
+def test_epoch_check_equal_records_in_another_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    peers = load_benchmark("_remote_peers", monkeypatch)
+    keys = list(range(10))
+    a, b = peers.EpochCheck(10), peers.EpochCheck(10)
+    a.add(keys[:4], _records(keys[:4]))
+    a.add(keys[4:], _records(keys[4:]))
+    shuffled = [3, 1, 9, 0, 2, 8, 7, 4, 6, 5]
+    recs = _records(keys)[shuffled]
+    b.add(shuffled, recs)
+    sa, sb = a.summary(), b.summary()
+    assert sa["complete"] and sb["complete"] and sa["records"] == 10
+    assert sa["unordered"] == sb["unordered"] and sa["ordered"] != sb["ordered"]
+    # A record whose sampled bytes differ changes the digest; a duplicate or a wrong key is not complete.
+    c = peers.EpochCheck(10)
+    bad = _records(keys)
+    bad[2].reshape(-1)[8192] ^= 1
+    c.add(keys, bad)
+    assert c.summary()["unordered"] != sa["unordered"]
+    d = peers.EpochCheck(10)
+    d.add([0, 0, 1], _records([0, 0, 1]))
+    assert not d.complete
+    e = peers.EpochCheck(3)
+    e.add([0, 1, 2], _records([0, 1, 5]))  # the key a record carries in its bytes is not the key given
+    assert e.mismatched == 1 and not e.complete
+
+
+def _run(system: str, lat: float, rnd: int, mbs: float, raw: float, epoch: int = 1, **kw: object) -> dict[str, object]:
+    return {"system": system, "latency_ms": lat, "round": rnd, "epoch": epoch, "MB/s": mbs, "ratio": mbs / raw, **kw}
+
+
+def test_tables_give_medians_spread_and_errors(remote: ModuleType) -> None:
+    runs = []
+    for rnd, raw in enumerate([100.0, 200.0, 150.0], 1):
+        runs.append(_run("raw", 50, rnd, raw, raw, fetched_MB=100.0, requests=4))
+        runs.append(_run("cache", 50, rnd, raw / 2, raw, first_batch_s=0.5 * rnd, fetched_MB=100.0, requests=5,
+                         same_as_local="order"))
+        runs.append(_run("cache", 50, rnd, raw, raw, epoch=2, fetched_MB=0.0, requests=0,
+                         same_as_local="records" if rnd == 2 else "order"))
+        runs.append({"system": "litdata", "latency_ms": 50, "round": rnd, "epoch": 1, "error": "no venv"})
+    rows = remote.summarize(runs)
+    cold = next(r for r in rows if r["system"] == "cache" and r["epoch"] == 1)
+    warm = next(r for r in rows if r["system"] == "cache" and r["epoch"] == 2)
+    assert cold["rounds"] == 3 and cold["same_as_local"] == "order" and warm["same_as_local"] == "records"
+    detail = remote.markdown_table(rows, 100.0)
+    assert "| 50 ms | shardkit, cache_dir | 1 (cold) | 75 (50-100) | 0.50 (0.50-0.50) | 1.00 | 100 (1.00x) | 5 | order |" in detail
+    assert "| 50 ms | shardkit, cache_dir | 2 (warm) |" in detail
+    assert "| 50 ms | LitData | 1 (cold) | error: no venv |" in detail
+    summary = remote.summary_table(rows)
+    assert summary.splitlines()[0] == "| added latency | raw GET MB/s | LitData | shardkit, cache_dir |"
+    assert summary.splitlines()[2] == "| 50 ms | 150 (100-200) | error | 0.50 (0.50-0.50) |"
+
+
+def test_same_as_local(remote: ModuleType) -> None:
+    local = [{"ordered": "o1", "unordered": "u"}, {"ordered": "o2", "unordered": "u"}]
+    assert remote.same_as_local({"epoch": 2, "complete": True, "ordered": "o2", "unordered": "u"}, local) == "order"
+    assert remote.same_as_local({"epoch": 1, "complete": True, "ordered": "x", "unordered": "u"}, local) == "records"
+    assert remote.same_as_local({"epoch": 1, "complete": True, "ordered": "x", "unordered": "v"}, local) == "NO"
+    assert remote.same_as_local({"epoch": 1, "complete": False, "ordered": "o1", "unordered": "u"}, local) == "NO"
+
+
+def test_bench_requirements_are_the_bench_extra(remote: ModuleType) -> None:
+    reqs = remote.bench_requirements(Path(remote.ROOT) / "pyproject.toml")
+    names = {r.split("=")[0].split(">")[0].split("<")[0] for r in reqs}
+    assert {"mosaicml-streaming", "litdata", "boto3", "torch"} <= names
+    assert not any(r.startswith("shardkit") for r in reqs)  # the peers' venv does not hold shardkit
