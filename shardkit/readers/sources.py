@@ -32,6 +32,7 @@ from shardkit.order.mixture import MixturePlan, parse_weights
 from shardkit.order.seeds import check_seed
 from shardkit.readers.identity import DatasetIdentity, dataset_fingerprint
 from shardkit.stores import Location, Store, StoreOptions, as_location, open_store
+from shardkit.stores.cache import footprint
 from shardkit.units import human_bytes, parse_count
 
 if TYPE_CHECKING:
@@ -512,8 +513,8 @@ def plan_remote_cache(mixture: Mixture, options: SamplerOptions) -> RemoteCache:
     Why the default is a cache: docs/design.md §9.
     """
     remote = [m for p, m in zip(mixture.paths, mixture.metas) if isinstance(p, str)]
-    shards = [max(0, s.nbytes) for m in remote for s in m.shards]
-    nbytes = sum(shards)
+    shards = [footprint(max(0, s.nbytes)) for m in remote for s in m.shards]
+    nbytes = sum(max(0, s.nbytes) for m in remote for s in m.shards)
     opt = options.name("cache_dir")
     if not remote:
         return RemoteCache(None, None, "local")
@@ -535,7 +536,7 @@ def plan_remote_cache(mixture: Mixture, options: SamplerOptions) -> RemoteCache:
         why = (f"{human_bytes(usage.free)} free on {directory}, the default cache keeps "
                f"{human_bytes(keep)} free; set {opt} to a directory with room, or {options.name('cache_size')}")
         return RemoteCache(None, None, "no space", nbytes, why)
-    if room >= nbytes:
-        return RemoteCache(directory, nbytes, "default", nbytes, "default: the whole dataset fits")
+    if room >= sum(shards):
+        return RemoteCache(directory, sum(shards), "default", nbytes, "default: the whole dataset fits")
     return RemoteCache(directory, room, "default", nbytes,
                        f"default: what fits, keeping {human_bytes(keep)} of the disk free")

@@ -19,7 +19,7 @@ from pathlib import Path
 from shardkit.errors import ConfigError
 from shardkit.privdir import PrivateDir
 
-__all__ = ["ShardCache", "cache_namespace", "STALE_SECONDS", "PAGE_BYTES", "map_pages", "filler_alive"]
+__all__ = ["ShardCache", "cache_namespace", "STALE_SECONDS", "PAGE_BYTES", "map_pages", "footprint", "filler_alive"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +38,12 @@ PAGE_BYTES = 64 << 10
 def map_pages(size: int) -> int:
     """Pages of a ``size``-byte copy (at least one)."""
     return max(1, -(-size // PAGE_BYTES))
+
+
+def footprint(size: int) -> int:
+    """Bytes a copy of a ``size``-byte shard takes from the budget: the copy and, while it is being
+    filled, its progress map."""
+    return size + 2 * map_pages(size)
 
 
 def filler_alive(fd: int) -> bool:
@@ -139,7 +145,7 @@ class ShardCache:
                     return resumed
                 self._ns.unlink(part)  # its writer died
             self._ns.unlink(_MAP + name)  # left by a filler that died before its copy existed
-            if not self._admit(size + 2 * map_pages(size)):
+            if not self._admit(footprint(size)):
                 self._refused.add(name)
                 logger.info("%s: cache full (budget %s bytes); %s stays remote", self.dir, self.budget, name)
                 return None

@@ -14,6 +14,7 @@ import pytest
 
 from shardkit.readers import SamplerOptions, TieredSampler
 from shardkit.readers.sources import CACHE_DIR_ENV, MIN_FREE_BYTES, mix, plan_remote_cache
+from shardkit.stores.cache import footprint
 from tests.helpers.cli import run_main
 from tests.helpers.datasets import upload
 from tests.helpers.sampler_data import check_batch, make_dataset
@@ -49,9 +50,10 @@ def url(s3: Any, tmp_path: Path) -> str:
 
 
 def _dataset_bytes(url: str) -> tuple[int, int]:
-    """The dataset's shard bytes and its largest shard's."""
+    """The cache budget the dataset's shards take (:func:`footprint`: each copy and, while it is
+    being filled, its progress map) and its largest shard's."""
     meta = mix([(url, 1)]).metas[0]
-    sizes = [s.nbytes for s in meta.shards]
+    sizes = [footprint(s.nbytes) for s in meta.shards]
     return sum(sizes), max(sizes)
 
 
