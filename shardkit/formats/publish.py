@@ -11,7 +11,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -69,10 +69,11 @@ def upload_dataset(
     dest: Location,
     *,
     progress: Callable[[int], None] | None = None,
+    uploaded: Collection[str] = (),
 ) -> DatasetMeta:
     """Copy the complete local dataset ``src`` into ``dest`` (a URL or store), root document last, and
     return its metadata; objects already there are skipped (a resumed upload), ``progress`` gets the
-    bytes of each file done."""
+    bytes of each file done. ``uploaded``: keys the caller has just put (they need not exist in ``src``)."""
     root = Path(src)
     meta = read_dataset_meta(root)  # a complete, valid dataset, or a named error
     store = open_store(dest)
@@ -81,7 +82,7 @@ def upload_dataset(
     if ZARR_JSON not in rels:
         raise NotADatasetError(f"{root}: no {ZARR_JSON}")
     for path, rel in zip(files, rels):
-        if rel == ZARR_JSON or rel.startswith("."):
+        if rel == ZARR_JSON or rel.startswith(".") or rel in uploaded:
             continue
         _upload_one(store, rel, path)
         if progress is not None:
