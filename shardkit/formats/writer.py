@@ -344,10 +344,9 @@ class DatasetWriter:
         self._uploaded: list[str] = []
         if isinstance(where, str):
             self.store = self._open_target(where, bool(start))
-            self._staging = _staging_run(staging_dir)
-            where = self._staging.path / "dataset"
             durable = False  # scratch files: what counts is the upload, checked by its crc32c
-        self.path = where
+        #: The directory written: the output, or for a URL the staging copy (made once all is checked).
+        self.path = where if isinstance(where, Path) else Path()
         #: How messages name the output: the directory, or the URL (credentials redacted).
         self.where = str(self.path) if self.store is None else self.store.url
         self.durable = durable
@@ -400,6 +399,9 @@ class DatasetWriter:
         self._closed = False
         if self.store is None and (self.path / ZARR_JSON).exists():
             raise ConfigError(f"{self.path}: a dataset already exists here; write to another directory")
+        if self.store is not None:
+            self._staging = _staging_run(staging_dir)
+            self.path = self._staging.path / "dataset"
         self.path.mkdir(parents=True, exist_ok=True)
         for shard in start:
             self._adopt(shard)

@@ -118,3 +118,10 @@ def test_file_url_is_a_local_directory(tmp_path: Path, monkeypatch: pytest.Monke
     assert not (tmp_path / "file:").exists()
     with open_dataset(tmp_path / "ds") as ds:
         np.testing.assert_array_equal(ds.read(np.arange(6))["image"], recs)
+
+
+def test_refused_url_writer_leaves_no_staging(s3: Any, tmp_path: Path) -> None:
+    with pytest.raises(errors.SchemaError, match=r"records_per_shard"):
+        DatasetWriter(s3.url("bad"), kind="test", payload="image", record=REC, records_per_shard=0 - 1,
+                      staging_dir=tmp_path)
+    assert not any(p.name.startswith("writer-") for p in tmp_path.rglob("*"))
