@@ -19,6 +19,7 @@ from shardkit.formats import open_dataset
 from shardkit.stores import open_store
 from shardkit.units import human_bytes
 from tests.helpers.cli import run_cli
+from tests.helpers.corpora import make_imagefolder
 from tests.helpers.datasets import flip_byte, make_records, write_dataset
 
 
@@ -150,3 +151,16 @@ def test_local_merge_says_copied_where_it_cannot_link(tmp_path: Path, monkeypatc
     line = _shards_line(out.stdout)
     assert "linked" not in line and re.search(r"\d+ copied \(.*no hard link possible", line), out.stdout
     np.testing.assert_array_equal(_records(tmp_path / "m"), np.concatenate([_records(a), _records(b)]))
+
+
+def test_convert_to_a_url_says_uploaded(s3: Any, tmp_path: Path) -> None:
+    make_imagefolder(tmp_path / "corpus", per_class=3)
+    url = s3.url("converted")
+    out = run_cli("convert", str(tmp_path / "corpus"), "-o", url, "--size", "16", "-q", "-j", "1",
+                  "--staging-dir", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    with open_dataset(url) as ds:
+        total = ds.meta.payload_nbytes + sum(d.nbytes for d in ds.meta.files.values())
+    assert f"uploaded     {human_bytes(total)}" in out.stdout and "linked" not in out.stdout, out.stdout
+    local = run_cli("convert", str(tmp_path / "corpus"), "-o", str(tmp_path / "local"), "--size", "16", "-q", "-j", "1")
+    assert local.returncode == 0 and "uploaded" not in local.stdout and "bytes        " in local.stdout, local.stdout
