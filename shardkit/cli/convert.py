@@ -94,7 +94,9 @@ def _common_parameters() -> list[inspect.Parameter]:
         p("compression", str | None, typer.Option(None, "--compression", metavar="CODEC", show_default=False,
                                                   help="Per-record codec: zstd, gzip, blosc-lz4 (default none).")),
         p("shard_size", str | None, typer.Option(None, "--shard-size", metavar="SIZE", show_default=False,
-                                                 help="Target shard file size, e.g. 64MiB (default 256MiB).")),
+                                                 help=("Target shard file size, e.g. 64MiB (default 256MiB); records below 4 KiB "
+                                                       "make smaller shards: at most one record per 4 KiB, so the index stays "
+                                                       "small."))),
         p("scheduler", str | None, typer.Option(None, "--scheduler", metavar="ADDRESS", show_default=False, help=(
             "Run the conversion in parts on this Dask cluster (tcp://host:8786; default: $DASK_SCHEDULER_ADDRESS "
             "if set; 'local' for this machine). Workers must see SRC and the output at the same paths."))),
