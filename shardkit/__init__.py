@@ -13,7 +13,7 @@ from shardkit import errors
 from shardkit._version import __version__
 from shardkit.converters import convert
 from shardkit.converters.merging import merge
-from shardkit.formats import Dataset, DatasetWriter, FieldSpec, open_dataset, verify
+from shardkit.formats import Dataset, DatasetWriter, FieldSpec, open_dataset, publish, verify
 
 if TYPE_CHECKING:
     from shardkit.readers.sources import Mixture, mix
@@ -27,6 +27,7 @@ __all__ = [
     "FieldSpec",
     "open_dataset",
     "verify",
+    "publish",
     "convert",
     "merge",
     "show",

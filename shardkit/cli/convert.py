@@ -16,10 +16,12 @@ from typing import Any
 import typer
 
 from shardkit.cli.app import app, echo_err, echo_out, setup_logging
+from shardkit.cli.merge import shard_ways
 from shardkit.converters.options import Option
 from shardkit.converters.progress import progress_bar
 from shardkit.converters.registry import available_kinds, kind_options
 from shardkit.formats.versions import DEFAULT_KEEP_VERSIONS
+from shardkit.stores import is_url
 from shardkit.units import human_bytes, parse_bytes
 
 __all__ = ["convert", "kind_option_parameters"]
@@ -92,7 +94,9 @@ def _common_parameters() -> list[inspect.Parameter]:
         p("compression", str | None, typer.Option(None, "--compression", metavar="CODEC", show_default=False,
                                                   help="Per-record codec: zstd, gzip, blosc-lz4 (default none).")),
         p("shard_size", str | None, typer.Option(None, "--shard-size", metavar="SIZE", show_default=False,
-                                                 help="Target shard file size, e.g. 64MiB (default 256MiB).")),
+                                                 help=("Target shard file size, e.g. 64MiB (default 256MiB); records below 4 KiB "
+                                                       "make smaller shards: at most one record per 4 KiB, so the index stays "
+                                                       "small."))),
         p("scheduler", str | None, typer.Option(None, "--scheduler", metavar="ADDRESS", show_default=False, help=(
             "Run the conversion in parts on this Dask cluster (tcp://host:8786; default: $DASK_SCHEDULER_ADDRESS "
             "if set; 'local' for this machine). Workers must see SRC and the output at the same paths."))),
@@ -169,19 +173,26 @@ def convert(
         + (f", {summary.records} in all" if added != summary.records else ""),
         f"skipped      {summary.num_skipped}"
         + (" (" + ", ".join(f"{k}: {v}" for k, v in summary.skipped.items()) + ")" if summary.skipped else ""),
-        f"bytes        {human_bytes(summary.bytes)}",
+        _bytes_line(summary.bytes, remote=is_url(str(summary.output)),
+                    all_new=added == summary.records_this_run == summary.records),
         f"time         {elapsed:.1f} s, {summary.records_this_run / elapsed if elapsed else 0:.1f} records/s",
     ]
     if summary.commit is not None:
         c = summary.commit
         lines.insert(1, f"version      {summary.version}")
         lines.append(f"parts        {summary.parts} ({summary.parts_converted} converted by this run)")
-        lines.append(f"commit       {c.seconds:.1f} s: shards {c.shards_in_place} in place, {c.shards_linked} linked, "
-                     f"{c.shards_repacked} re-packed ({human_bytes(c.bytes_repacked)})")
+        lines.append(f"commit       {c.seconds:.1f} s: shards {shard_ways(c)}")
     for k, v in summary.notes.items():
         lines.append(f"note         {k}: {v}")
     lines += [f"changed      {line}" for line in change_lines(summary.changes)]
     echo_out("\n".join(lines))
+
+
+def _bytes_line(nbytes: int, *, remote: bool, all_new: bool) -> str:
+    """The dataset's size; said as uploaded only when this run put every byte into an object store."""
+    if remote and all_new:
+        return f"uploaded     {human_bytes(nbytes)}"
+    return f"bytes        {human_bytes(nbytes)}" + (" in the store" if remote else "")
 
 
 convert.__signature__ = inspect.Signature(  # type: ignore[attr-defined]

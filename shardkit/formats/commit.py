@@ -116,7 +116,11 @@ class ShardRecipe:
 class CommitReport:
     """What a commit did: the new version's metadata and number, records added, new shards by how they
     were made and their payload bytes, files retired for older versions, wall time, and whether the
-    root document already described this commit (a re-run after a kill: only cleanup ran)."""
+    root document already described this commit (a re-run after a kill: only cleanup ran).
+
+    The linked shards are taken from the inputs unchanged; ``linked_by`` and ``bytes_linked_by`` say how
+    their bytes got there (:func:`~shardkit.formats.publish.copy_object`: ``link``, ``copy``,
+    ``server``, ``transfer``; ``kept`` when an interrupted run had put them there)."""
 
     meta: DatasetMeta
     version: int
@@ -129,6 +133,15 @@ class CommitReport:
     retired: int = 0
     seconds: float = 0.0
     already_committed: bool = False
+    linked_by: Mapping[str, int] = field(default_factory=dict)
+    bytes_linked_by: Mapping[str, int] = field(default_factory=dict)
+    #: The dataset is in an object store (its new shards were uploaded or copied by the server).
+    remote: bool = False
+
+    @property
+    def bytes_uploaded(self) -> int:
+        """Payload bytes this commit sent to an object store: shards transferred, shards re-packed there."""
+        return self.bytes_linked_by.get("transfer", 0) + (self.bytes_repacked if self.remote else 0)
 
 
 def merge_labels(
@@ -350,11 +363,14 @@ class _Commit:
                 report["in_place"] += 1
             elif recipe.link:
                 src = recipe.pieces[0][0]
+                how = "kept"
                 if not self.holds(key, src):
-                    copy_object(src.store, src.key, self.store, key, durable=self.durable)
+                    how = copy_object(src.store, src.key, self.store, key, durable=self.durable)
                 out.append(src.info_at(key, recipe.start))
                 report["linked"] += 1
                 report["bytes_linked"] += src.nbytes
+                report[f"linked:{how}"] = report.get(f"linked:{how}", 0) + 1
+                report[f"bytes:{how}"] = report.get(f"bytes:{how}", 0) + src.nbytes
             else:
                 info = builds[recipe.index].result()
                 out.append(info)
@@ -529,6 +545,9 @@ def commit(
         meta, job.number, records_added=job.total - job.n_base, shards_in_place=report["in_place"],
         shards_linked=report["linked"], shards_repacked=report["repacked"], bytes_linked=report["bytes_linked"],
         bytes_repacked=report["bytes_repacked"], retired=job.retired, seconds=time.perf_counter() - t0,
+        linked_by={k.split(":", 1)[1]: v for k, v in report.items() if k.startswith("linked:")},
+        bytes_linked_by={k.split(":", 1)[1]: v for k, v in report.items() if k.startswith("bytes:")},
+        remote=not store.is_local,
     )
     logger.info("%s: version %d committed (%d records added; shards: %d in place, %d linked, %d re-packed, %d bytes)",
                 store.url, job.number, result.records_added, result.shards_in_place, result.shards_linked,

@@ -11,8 +11,9 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -23,7 +24,8 @@ from shardkit.formats.spec import ZARR_JSON
 from shardkit.stores import Location, ObjectMeta, Store, open_store
 from shardkit.stores.atomic import fsync_dir
 
-__all__ = ["CRC_METADATA_KEY", "file_crc32c", "object_matches", "put_checked", "upload_dataset", "copy_object", "link_file", "writing"]
+__all__ = ["CRC_METADATA_KEY", "file_crc32c", "object_matches", "put_checked", "upload_dataset", "upload_files", "upload_root", "Uploaded",
+           "copy_object", "link_file", "writing"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,49 +66,90 @@ def put_checked(store: Store, key: str, source: str | os.PathLike[str] | bytes, 
     return store.put_file(key, source, metadata={CRC_METADATA_KEY: str(crc)})
 
 
+@dataclass(frozen=True)
+class Uploaded:
+    """What :func:`upload_files` did: the dataset's metadata, the files put and their bytes, the files
+    already there (same size and crc32c), and each key's crc32c as uploaded or found."""
+
+    meta: DatasetMeta
+    files: int
+    nbytes: int
+    skipped: int
+    crc32c: dict[str, int]
+
+
 def upload_dataset(
     src: str | os.PathLike[str],
     dest: Location,
     *,
     progress: Callable[[int], None] | None = None,
+    uploaded: Collection[str] = (),
 ) -> DatasetMeta:
     """Copy the complete local dataset ``src`` into ``dest`` (a URL or store), root document last, and
     return its metadata; objects already there are skipped (a resumed upload), ``progress`` gets the
-    bytes of each file done."""
+    bytes of each file done. ``uploaded``: keys the caller has just put (they need not exist in ``src``)."""
+    store = open_store(dest)
+    done = upload_files(src, store, progress=progress, uploaded=uploaded)
+    upload_root(src, store)
+    return done.meta
+
+
+def upload_files(
+    src: str | os.PathLike[str],
+    store: Store,
+    *,
+    progress: Callable[[int], None] | None = None,
+    uploaded: Collection[str] = (),
+) -> Uploaded:
+    """Every file of the complete local dataset ``src`` but its root document (and shardkit's own
+    ``.``-directories) into ``store``: the first half of :func:`upload_dataset`."""
     root = Path(src)
     meta = read_dataset_meta(root)  # a complete, valid dataset, or a named error
-    store = open_store(dest)
     files = sorted(p for p in root.rglob("*") if p.is_file() and not p.name.endswith(".partial"))
     rels = [p.relative_to(root).as_posix() for p in files]
     if ZARR_JSON not in rels:
         raise NotADatasetError(f"{root}: no {ZARR_JSON}")
+    put = nbytes = skipped = 0
+    crcs: dict[str, int] = {}
     for path, rel in zip(files, rels):
-        if rel == ZARR_JSON or rel.startswith("."):
+        if rel == ZARR_JSON or rel.startswith(".") or rel in uploaded:
             continue
-        _upload_one(store, rel, path)
+        size = path.stat().st_size
+        crcs[rel], fresh = _upload_one(store, rel, path)
+        put, nbytes, skipped = put + fresh, nbytes + size * fresh, skipped + (not fresh)
         if progress is not None:
-            progress(path.stat().st_size)
-    _upload_one(store, ZARR_JSON, root / ZARR_JSON)
-    logger.info("%s: uploaded %d files to %s", root, len(files), store.url)
-    return meta
+            progress(size)
+    logger.info("%s: uploaded %d files (%d bytes) to %s, %d already there", root, put, nbytes, store.url, skipped)
+    return Uploaded(meta, put, nbytes, skipped, crcs)
 
 
-def _upload_one(store: Store, key: str, path: Path) -> None:
+def upload_root(src: str | os.PathLike[str], store: Store) -> bool:
+    """Upload the root document of the local dataset ``src``, which makes the dataset visible: the
+    last step of a publication. False when the same document was there already."""
+    return _upload_one(store, ZARR_JSON, Path(src) / ZARR_JSON)[1]
+
+
+def _upload_one(store: Store, key: str, path: Path) -> tuple[int, bool]:
+    """Put ``path`` as ``key`` unless an identical object is there; its crc32c and whether it was put."""
     crc = file_crc32c(path)
     if object_matches(store, key, path.stat().st_size, crc):
         logger.debug("%s: already uploaded", store.describe(key))
-        return
+        return crc, False
     put_checked(store, key, path, crc)
+    return crc, True
 
 
-def link_file(src: Path, dst: Path, *, durable: bool = True) -> None:
-    """Make ``dst`` a hard link of ``src`` (a copy where the file system cannot link), atomically."""
+def link_file(src: Path, dst: Path, *, durable: bool = True) -> bool:
+    """Make ``dst`` a hard link of ``src`` (a copy where the file system cannot link), atomically;
+    True when it is a link, False when the bytes were copied."""
     tmp = dst.with_name(dst.name + ".partial")
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp.unlink(missing_ok=True)
+    linked = True
     try:
         os.link(src, tmp)
     except OSError as exc:
+        linked = False
         if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
             raise
         with open(src, "rb") as fin, open(tmp, "wb") as fout:
@@ -117,6 +160,7 @@ def link_file(src: Path, dst: Path, *, durable: bool = True) -> None:
     os.replace(tmp, dst)
     if durable:
         fsync_dir(dst.parent)
+    return linked
 
 
 def _bucket_root(a: Store, b: Store) -> tuple[Store, str, str] | None:
@@ -128,11 +172,11 @@ def _bucket_root(a: Store, b: Store) -> tuple[Store, str, str] | None:
 
 
 def copy_object(src: Store, src_key: str, dst: Store, dst_key: str, *, durable: bool = True) -> str:
-    """Copy ``src_key`` of ``src`` to ``dst_key`` of ``dst`` and say how: ``"link"`` (local), ``"server"``
-    (a server-side copy inside one bucket) or ``"transfer"`` (download and upload, as a last resort)."""
+    """Copy ``src_key`` of ``src`` to ``dst_key`` of ``dst`` and say how: ``"link"`` (a local hard link),
+    ``"copy"`` (local, where no link is possible), ``"server"`` (a server-side copy inside one bucket) or
+    ``"transfer"`` (uploaded, downloaded first from a remote source, as a last resort)."""
     if src.is_local and dst.is_local:
-        link_file(src.local_path(src_key), dst.local_path(dst_key), durable=durable)
-        return "link"
+        return "link" if link_file(src.local_path(src_key), dst.local_path(dst_key), durable=durable) else "copy"
     if src is dst or (not src.is_local and src.url == dst.url):
         dst.copy(src_key, dst_key)
         return "server"

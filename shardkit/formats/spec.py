@@ -14,7 +14,8 @@ from shardkit.errors import NotADatasetError, SchemaError
 from shardkit.formats import jsonvalues as jv
 
 __all__ = ["FORMAT_VERSION", "FORMAT_MINOR", "ATTRS_KEY", "ZARR_JSON", "INDEX_ENTRY_NBYTES", "CHECKSUM_NBYTES", "EMPTY_ENTRY",
-           "DEFAULT_SHARD_BYTES", "MAX_NDIM", "MAX_RECORD_NBYTES", "MAX_RECORDS_PER_SHARD", "MAX_FIELD_CHUNK_NBYTES", "MAX_CRC32C",
+           "DEFAULT_SHARD_BYTES",
+           "INDEX_SHARE", "MAX_NDIM", "MAX_RECORD_NBYTES", "MAX_RECORDS_PER_SHARD", "MAX_FIELD_CHUNK_NBYTES", "MAX_CRC32C",
            "TAIL_SAMPLE_NBYTES", "FieldSpec", "ShardInfo", "SkippedInput", "chunk_key", "index_nbytes", "records_per_shard_for",
            "format_string"]
 
@@ -35,6 +36,10 @@ EMPTY_ENTRY = np.uint64(2**64 - 1)
 #: Default target size of one payload shard file: large enough that a pass over a shard is one long
 #: sequential read, small enough that a writer's shard buffer and a verify pass stay cheap.
 DEFAULT_SHARD_BYTES = 256 * 1024 * 1024
+#: The default records per shard keep a shard's index (16 bytes a slot, full size even in a partly
+#: filled last shard, as zarr's sharding codec requires) at most ``1 / INDEX_SHARE`` of the shard size:
+#: at most one slot per 4 KiB of ``shard_bytes``, 65,536 slots (a 1 MiB index) for 256 MiB shards.
+INDEX_SHARE = 256
 
 # Bounds on sizes read from metadata, far above any real dataset: a hostile document fails with a
 # named error before a reader allocates from it, not with a MemoryError after.
@@ -43,8 +48,8 @@ MAX_NDIM = 32
 #: Bytes of one record of any field: 1 GiB (an hour of 48 kHz float32 stereo audio is 1.4 GB; one
 #: record is a training example, and a sampler holds thousands of them in RAM).
 MAX_RECORD_NBYTES = 1 << 30
-#: Records per shard: the index (16 bytes a record) is read whole, so it stays <= 1 GiB. The default
-#: shard size gives at most 16 M records per shard (1-byte records).
+#: Records per shard readers accept: the index (16 bytes a record) is read whole, so it stays <= 1 GiB
+#: (datasets written before the :data:`INDEX_SHARE` default had up to 16 M slots a shard).
 MAX_RECORDS_PER_SHARD = 1 << 26
 #: Decoded bytes of one chunk of a small per-record field (a decode buffer).
 MAX_FIELD_CHUNK_NBYTES = 1 << 30
@@ -200,10 +205,17 @@ def index_nbytes(records_per_shard: int) -> int:
 
 
 def records_per_shard_for(record_nbytes: int, shard_bytes: int = DEFAULT_SHARD_BYTES) -> int:
-    """Records per shard so that an uncompressed shard file is about ``shard_bytes`` bytes (at most
-    :data:`MAX_RECORDS_PER_SHARD`, the bound readers enforce on the index size)."""
+    """Records per shard so that an uncompressed shard file is about ``shard_bytes`` bytes and its index
+    at most ``shard_bytes / INDEX_SHARE`` (one slot per 4 KiB): ``min(shard_bytes // (record + 16),
+    shard_bytes // 4096)``, at least 1 and at most :data:`MAX_RECORDS_PER_SHARD`.
+
+    The index has an entry for every slot, filled or not, so without the second bound tiny records
+    gave millions of slots and a dataset of a few records a shard of hundreds of MiB of index.
+    """
     if record_nbytes <= 0:
         raise SchemaError(f"record size must be positive, found {record_nbytes} bytes")
     if shard_bytes <= 0:
         raise SchemaError(f"shard size must be positive, found {shard_bytes} bytes")
-    return max(1, min(MAX_RECORDS_PER_SHARD, shard_bytes // (record_nbytes + INDEX_ENTRY_NBYTES)))
+    by_size = shard_bytes // (record_nbytes + INDEX_ENTRY_NBYTES)
+    by_index = shard_bytes // (INDEX_SHARE * INDEX_ENTRY_NBYTES)
+    return max(1, min(MAX_RECORDS_PER_SHARD, by_size, by_index))

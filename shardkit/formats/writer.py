@@ -5,13 +5,16 @@ fsyncs and renames: a shard file exists complete or not at all. A :class:`Datase
 into shards and on :meth:`DatasetWriter.close` writes the field arrays, the array documents and last
 the root group document; until then the directory is incomplete (``IncompleteDatasetError`` on open).
 DatasetWriter can continue after shards already on disk (``start``) and reports each shard it
-completes (``on_shard``), cut at the same record boundaries as one uninterrupted write.
+completes (``on_shard``), cut at the same record boundaries as one uninterrupted write. Given an
+object-store URL it writes into a private local staging directory, uploads each shard as it completes
+and the metadata last (the order of :func:`~shardkit.formats.publish.upload_dataset`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +37,7 @@ from shardkit.formats.metadata import (
 )
 from shardkit.formats.paths import check_name
 from shardkit.formats.provenance import PROVENANCE_FIELD, TABLE_ARRAYS, ProvenanceSpec, write_provenance
+from shardkit.formats.publish import put_checked, upload_dataset
 from shardkit.formats.spec import (
     DEFAULT_SHARD_BYTES,
     MAX_FIELD_CHUNK_NBYTES,
@@ -46,6 +50,8 @@ from shardkit.formats.spec import (
     chunk_key,
     records_per_shard_for,
 )
+from shardkit.privdir import PrivateDir, create_run_dir, sweep_stale
+from shardkit.stores import Store, as_location, open_store
 from shardkit.stores.atomic import fsync_dir, is_out_of_space, raise_out_of_space
 
 __all__ = ["ShardWriter", "ShardChecksums", "DatasetWriter", "WrittenShard", "payload_document", "field_chunk_for", "FIELD_CODEC"]
@@ -269,7 +275,11 @@ class DatasetWriter:
     Parameters
     ----------
     path
-        Output directory.
+        Output directory, or an object-store URL (``s3://bucket/ds``, ``gs://``, ``az://``; see
+        :func:`~shardkit.stores.open_store`): then the files are written in a private directory under
+        ``staging_dir`` and each shard is uploaded as it completes, the other files at :meth:`close`
+        and the root document last, so a reader sees the whole dataset or none; the staging directory
+        is removed at the end. A failed write deletes what it uploaded (no dataset is visible).
     kind, payload
         Corpus kind and payload array name (``image`` / ``audio``).
     record
@@ -298,8 +308,12 @@ class DatasetWriter:
     provenance
         Where the records came from (:mod:`shardkit.formats.provenance`): ``fields`` then holds the
         per-record field ``provenance``; :meth:`close` writes the input table.
+    staging_dir
+        For a URL ``path``: the directory that holds the private ``shardkit-upload-<uid>`` staging
+        directory (default: the system temporary directory); at most one shard of it at a time.
 
-    ConfigError when ``path`` already holds a dataset (the writer never replaces one).
+    ConfigError when ``path`` already holds a dataset (the writer never replaces one), or is a URL of
+    a read-only store, or a URL given with ``start``.
     """
 
     def __init__(
@@ -322,8 +336,19 @@ class DatasetWriter:
         start: Sequence[WrittenShard] = (),
         on_shard: Callable[[WrittenShard], None] | None = None,
         provenance: ProvenanceSpec | None = None,
+        staging_dir: str | os.PathLike[str] | None = None,
     ) -> None:
-        self.path = Path(path)
+        where = as_location(path)
+        self.store: Store | None = None
+        self._staging: PrivateDir | None = None
+        self._uploaded: list[str] = []
+        if isinstance(where, str):
+            self.store = self._open_target(where, bool(start))
+            durable = False  # scratch files: what counts is the upload, checked by its crc32c
+        #: The directory written: the output, or for a URL the staging copy (made once all is checked).
+        self.path = where if isinstance(where, Path) else Path()
+        #: How messages name the output: the directory, or the URL (credentials redacted).
+        self.where = str(self.path) if self.store is None else self.store.url
         self.durable = durable
         self.record = record
         self.fields = dict(fields or {})
@@ -333,12 +358,12 @@ class DatasetWriter:
             raise SchemaError(f"field names must differ from the provenance table's arrays {list(TABLE_ARRAYS)}")
         if provenance is not None and self.fields.get(PROVENANCE_FIELD) != provenance.field_spec:
             raise SchemaError(
-                f"{self.path}: provenance needs the field {PROVENANCE_FIELD!r} {provenance.field_spec.to_json()}, "
+                f"{self.where}: provenance needs the field {PROVENANCE_FIELD!r} {provenance.field_spec.to_json()}, "
                 f"found {self.fields.get(PROVENANCE_FIELD)}"
             )
         self.provenance = provenance
         for name in (payload, *self.fields):
-            check_name(name, "array name", str(self.path))
+            check_name(name, "array name", self.where)
         if isinstance(compression, str):
             self.codec = get_codec(compression)
         elif isinstance(compression, dict):
@@ -372,11 +397,26 @@ class DatasetWriter:
         self._shard_fields: dict[str, list[np.ndarray]] = {k: [] for k in self.fields}
         self._records = 0
         self._closed = False
-        if (self.path / ZARR_JSON).exists():
+        if self.store is None and (self.path / ZARR_JSON).exists():
             raise ConfigError(f"{self.path}: a dataset already exists here; write to another directory")
+        if self.store is not None:
+            self._staging = _staging_run(staging_dir)
+            self.path = self._staging.path / "dataset"
         self.path.mkdir(parents=True, exist_ok=True)
         for shard in start:
             self._adopt(shard)
+
+    @staticmethod
+    def _open_target(url: str, resuming: bool) -> Store:
+        """The object store to publish into: writable, without a dataset yet (ConfigError naming it)."""
+        store = open_store(url)
+        if store.read_only:
+            raise ConfigError(f"{store.url}: this store is read-only; write to an s3://, gs:// or az:// URL or a directory")
+        if resuming:
+            raise ConfigError(f"{store.url}: continuing after shards already written (start=) needs a local directory")
+        if store.exists(ZARR_JSON):
+            raise ConfigError(f"{store.url}: a dataset already exists here; write to another prefix")
+        return store
 
     def _adopt(self, shard: WrittenShard) -> None:
         """List ``shard`` (already on disk) as the next shard of the dataset."""
@@ -384,12 +424,12 @@ class DatasetWriter:
         expected = chunk_key(self.meta.payload, len(self.shards), 1 + len(self.record.shape))
         if info.path != expected or info.start != self._records or not 0 < info.count <= self.records_per_shard:
             raise SchemaError(
-                f"{self.path}: cannot continue after shard {info.path} [{info.start}, {info.stop}): expected "
+                f"{self.where}: cannot continue after shard {info.path} [{info.start}, {info.stop}): expected "
                 f"{expected} starting at record {self._records} with 1 to {self.records_per_shard} records"
             )
         for name, spec in self.fields.items():
             if name not in shard.fields:
-                raise SchemaError(f"{self.path}: shard {info.path} lacks field {name!r}")
+                raise SchemaError(f"{self.where}: shard {info.path} lacks field {name!r}")
             self._field_parts[name].append(spec.check(name, shard.fields[name], info.count))
         self.shards.append(info)
         self._records = info.stop
@@ -408,15 +448,15 @@ class DatasetWriter:
         """Append ``k`` records: the payload under the payload name and every declared field, each with
         ``k`` rows."""
         if self._closed:
-            raise ShardkitError(f"{self.path}: writer is closed")
+            raise ShardkitError(f"{self.where}: writer is closed")
         payload = np.asarray(batch[self.meta.payload]) if self.meta.payload in batch else None
         if payload is None:
-            raise SchemaError(f"{self.path}: batch has no payload field {self.meta.payload!r}")
+            raise SchemaError(f"{self.where}: batch has no payload field {self.meta.payload!r}")
         k = payload.shape[0]
         payload = self.record.check(self.meta.payload, payload, k)
         missing = set(self.fields) - set(batch)
         if missing:
-            raise SchemaError(f"{self.path}: batch lacks fields {sorted(missing)}")
+            raise SchemaError(f"{self.where}: batch lacks fields {sorted(missing)}")
         values = {name: spec.check(name, batch[name], k) for name, spec in self.fields.items()}
         for shard, run in shard_runs(k, self._open_shard):
             shard.append(payload[run])
@@ -442,6 +482,8 @@ class DatasetWriter:
         start = self._records - count
         info = ShardInfo(self._shard_rel, start, self._records, sums.nbytes, sums.crc32c, sums.data_crc32c,
                          sums.index_crc32c, sums.tail_crc32c)
+        if self.store is not None:
+            self._upload_shard(self.store, self._shard.path, sums.crc32c)
         parts = {name: stacked(self._shard_fields[name], spec) for name, spec in self.fields.items()}
         self.shards.append(info)
         for name in self.fields:
@@ -462,6 +504,14 @@ class DatasetWriter:
             else:
                 self._shard.abort()
                 self._shard = None
+        try:
+            return self._close()
+        except BaseException:
+            if self.store is not None:
+                self.abort()
+            raise
+
+    def _close(self) -> DatasetMeta:
         n = self._records
         self.meta = self.meta.with_(num_records=n)
         chunk = self.meta.field_chunk_records
@@ -479,9 +529,37 @@ class DatasetWriter:
             files=files,
         )
         write_json_atomic(self.path / ZARR_JSON, group_metadata(self.meta), durable=self.durable)
+        if self.store is not None:
+            self._publish(self.store)
         self._closed = True
-        logger.info("%s: wrote %d records in %d shards", self.path, n, len(self.shards))
+        logger.info("%s: wrote %d records in %d shards", self.where, n, len(self.shards))
         return self.meta
+
+    def _upload_shard(self, store: Store, local: Path, crc32c: int) -> None:
+        """Upload the finished shard ``local`` to its key, then drop the local copy."""
+        key = self._shard_rel
+        self._uploaded.append(key)
+        try:
+            put_checked(store, key, local, crc32c)
+        except BaseException:
+            self.abort()
+            raise
+        local.unlink()
+        logger.debug("%s: uploaded", store.describe(key))
+
+    def _publish(self, store: Store) -> None:
+        """Upload the fields and documents written in the staging directory, the root document last."""
+        local = self.path
+        self._uploaded += [p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file()]
+        upload_dataset(local, store, uploaded={info.path for info in self.shards})
+        self._uploaded = []  # published: nothing for abort() to take back
+        self._remove_staging()
+
+    def _remove_staging(self) -> None:
+        if self._staging is not None:
+            self._staging.remove()
+            self._staging.close()
+            self._staging = None
 
     def _write_fields(self, chunk: int) -> dict[str, FileDigest]:
         """Every field array in chunks of ``chunk`` records, then its document; returns the digests."""
@@ -496,11 +574,25 @@ class DatasetWriter:
         return stacked(self._field_parts[name], self.fields[name])
 
     def abort(self) -> None:
-        """Stop writing: the open shard is deleted, completed shard files stay (see ``on_shard``)."""
+        """Stop writing: the open shard is deleted, completed shard files stay (see ``on_shard``); for a
+        URL, what was uploaded is deleted (the root document never was) and the staging directory removed."""
         if self._shard is not None:
             self._shard.abort()
             self._shard = None
         self._closed = True
+        if self.store is not None:
+            self._unpublish(self.store)
+        self._remove_staging()
+
+    def _unpublish(self, store: Store) -> None:
+        """Delete what this writer uploaded, root document first, best effort (a failure is logged)."""
+        keys = sorted(set(self._uploaded), key=lambda k: k != ZARR_JSON)
+        self._uploaded = []
+        for key in keys:
+            try:
+                store.delete(key)
+            except (OSError, ShardkitError) as exc:
+                logger.warning("%s: writing was abandoned; could not delete %s: %s", store.url, key, exc)
 
     def __enter__(self) -> DatasetWriter:
         return self
@@ -510,3 +602,19 @@ class DatasetWriter:
             self.close()
         else:
             self.abort()
+
+
+def _staging_run(parent: str | os.PathLike[str] | None) -> PrivateDir:
+    """A fresh private directory for one URL writer, in this user's ``shardkit-upload-<uid>`` under
+    ``parent`` (default: the temporary directory); runs a killed writer left there are deleted first."""
+    base_dir = Path(tempfile.gettempdir() if parent is None else parent)
+    if not base_dir.is_dir():
+        raise ConfigError(f"staging_dir: expected an existing directory, found {str(base_dir)!r}")
+    with PrivateDir.create(base_dir / f"shardkit-upload-{os.geteuid()}", what="the staging directory",
+                           advice="Remove it, or choose another staging_dir", tighten=True) as base:
+        sweep_stale(base.path, _RUN_PREFIX)
+        return create_run_dir(base.path, _RUN_PREFIX)
+
+
+#: Name prefix of a URL writer's staging directory (inside ``shardkit-upload-<uid>``).
+_RUN_PREFIX = "writer-"
