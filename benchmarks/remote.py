@@ -566,7 +566,7 @@ def main() -> None:
     systems = ["raw"] + [s for s in SYSTEMS if s in systems and s != "raw"]
     latencies = [float(x) for x in a.latencies.split(",") if x]
 
-    from shardkit.formats.publish import upload_dataset
+    from shardkit.formats.transfer import upload_dataset
     from shardkit.stores import open_store
     from shardkit.units import parse_bytes
     from tests.helpers.seaweed import SeaweedServer

@@ -60,8 +60,8 @@ from shardkit.formats.commit import InputTable, Segment, commit
 from shardkit.formats.metadata import DEFAULT_FIELD_CHUNK, encode_json, read_dataset_meta
 from shardkit.formats.outputs import PARTS_DIR, STAGING_DIR, clear_store, remove_path, top_names
 from shardkit.formats.provenance import TABLE_ARRAYS, ProvenanceSpec
-from shardkit.formats.publish import put_checked
 from shardkit.formats.spec import DEFAULT_SHARD_BYTES, ZARR_JSON, SkippedInput
+from shardkit.formats.transfer import put_checked
 from shardkit.formats.versions import DEFAULT_KEEP_VERSIONS, VERSIONS_DIR, prune, version_of
 from shardkit.stores import Store, as_location, is_url, open_store
 from shardkit.units import parse_bytes, parse_count

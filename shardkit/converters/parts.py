@@ -38,8 +38,8 @@ from shardkit.formats.codecs import RecordCodec, codec_from_json
 from shardkit.formats.commit import Segment, StoredShard
 from shardkit.formats.metadata import MAX_DOCUMENT_NBYTES, encode_json, read_json_object
 from shardkit.formats.outputs import PARTS_DIR
-from shardkit.formats.publish import put_checked
 from shardkit.formats.spec import MAX_CRC32C, SkippedInput, chunk_key
+from shardkit.formats.transfer import put_checked
 from shardkit.formats.writer import ShardWriter, shard_runs, stacked
 from shardkit.privdir import PrivateDir
 from shardkit.processes import pid_alive

@@ -3,7 +3,7 @@
 from shardkit.formats.codecs import available_codecs, get_codec
 from shardkit.formats.dataset import Batch, Dataset, open_dataset
 from shardkit.formats.metadata import DatasetMeta
-from shardkit.formats.publishing import PublishReport, publish
+from shardkit.formats.publish import PublishReport, publish
 from shardkit.formats.reader import DEFAULT_GAP_BYTES, PayloadArray, ReadStats
 from shardkit.formats.spec import FORMAT_MINOR, FORMAT_VERSION, FieldSpec, ShardInfo
 from shardkit.formats.verify import VerifyReport, verify

@@ -28,8 +28,8 @@ from shardkit.formats.fields import read_field_rows, write_field_array
 from shardkit.formats.index import ShardIndex, crc32c_of
 from shardkit.formats.metadata import DEFAULT_FIELD_CHUNK, MAX_DOCUMENT_NBYTES, DatasetMeta, encode_json, group_metadata, read_json_object
 from shardkit.formats.provenance import PROVENANCE_FIELD, Provenance, ProvenanceSpec, write_provenance
-from shardkit.formats.publish import copy_object, object_matches, put_checked, writing
 from shardkit.formats.spec import ATTRS_KEY, FORMAT_MINOR, ZARR_JSON, FieldSpec, ShardInfo, SkippedInput, chunk_key, index_nbytes
+from shardkit.formats.transfer import copy_object, object_matches, put_checked, writing
 from shardkit.formats.versions import DEFAULT_KEEP_VERSIONS, VERSIONS_DIR, prune, retired_key, version_key, version_of
 from shardkit.formats.writer import FIELD_CODEC, ShardWriter, field_chunk_for, payload_document
 from shardkit.stores import Location, Store, open_store
@@ -119,7 +119,7 @@ class CommitReport:
     root document already described this commit (a re-run after a kill: only cleanup ran).
 
     The linked shards are taken from the inputs unchanged; ``linked_by`` and ``bytes_linked_by`` say how
-    their bytes got there (:func:`~shardkit.formats.publish.copy_object`: ``link``, ``copy``,
+    their bytes got there (:func:`~shardkit.formats.transfer.copy_object`: ``link``, ``copy``,
     ``server``, ``transfer``; ``kept`` when an interrupted run had put them there)."""
 
     meta: DatasetMeta

@@ -20,8 +20,8 @@ from shardkit.formats.checksums import FileDigest, read_objects
 from shardkit.formats.codecs import RecordCodec, codec_from_zarr, decode_record
 from shardkit.formats.metadata import array_metadata, encode_json
 from shardkit.formats.paths import resolve_inside
-from shardkit.formats.publish import put_checked
 from shardkit.formats.spec import MAX_NDIM, ZARR_JSON, FieldSpec, chunk_key
+from shardkit.formats.transfer import put_checked
 from shardkit.formats.versions import read_document, read_versioned
 from shardkit.stores import LocalStore, Store
 from shardkit.stores.atomic import write_bytes_atomic

@@ -1,214 +1,136 @@
-"""Putting dataset files into a store: checked uploads, and a whole local dataset copied to a store.
+"""``publish``: put a finished local dataset into an object store, checked before it becomes visible.
 
-Every object shardkit uploads carries its crc32c as user metadata, so a resumed upload tells a
-complete object from another with one HEAD; the root document goes last (docs/design.md §9).
+Every file but the root document is uploaded (objects already there with the same size and crc32c
+are kept: a resumed publication), then each object's size and recorded crc32c are compared with the
+dataset's metadata, and only then the root document goes up (docs/design.md §9): a reader sees the
+whole dataset or none. A different dataset already at the destination is refused unless replaced
+on purpose (``overwrite``).
 """
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
-import shutil
-import tempfile
-from collections.abc import Callable, Collection, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
-from shardkit.errors import NotADatasetError
-from shardkit.formats.index import crc32c_of, extend_crc32c
+from shardkit.errors import ConfigError, ConversionError
 from shardkit.formats.metadata import DatasetMeta, read_dataset_meta
+from shardkit.formats.outputs import PARTS_DIR, STAGING_DIR, clear_store, refuse_overlap, top_names
+from shardkit.formats.provenance import Provenance
 from shardkit.formats.spec import ZARR_JSON
-from shardkit.stores import Location, ObjectMeta, Store, open_store
-from shardkit.stores.atomic import fsync_dir
+from shardkit.formats.transfer import CRC_METADATA_KEY, upload_files, upload_root
+from shardkit.formats.verify import VerifyReport, verify
+from shardkit.formats.versions import VERSIONS_DIR
+from shardkit.stores import Location, Store, is_url, location_string, open_store
 
-__all__ = ["CRC_METADATA_KEY", "file_crc32c", "object_matches", "put_checked", "upload_dataset", "upload_files", "upload_root", "Uploaded",
-           "copy_object", "link_file", "writing"]
+__all__ = ["PublishReport", "publish"]
 
 logger = logging.getLogger(__name__)
 
-#: User-metadata key holding an uploaded object's crc32c (decimal).
-CRC_METADATA_KEY = "shardkit-crc32c"
-_CHUNK = 8 << 20
-
-
-def file_crc32c(path: str | os.PathLike[str]) -> int:
-    """crc32c of a local file, streamed in 8 MiB reads."""
-    crc = 0
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            crc = extend_crc32c(crc, chunk)
-    return crc
-
-
-def object_matches(store: Store, key: str, size: int, crc32c: int) -> bool:
-    """True when ``key`` exists with exactly ``size`` bytes and the crc32c ``crc32c``: one HEAD for an
-    object (one without shardkit's crc32c metadata does not match), a checksum for a local file."""
-    try:
-        meta = store.head(key)
-    except FileNotFoundError:
-        return False
-    if meta.size != size:
-        return False
-    if store.is_local:
-        return file_crc32c(store.local_path(key)) == crc32c
-    return meta.metadata.get(CRC_METADATA_KEY) == str(crc32c)
-
-
-def put_checked(store: Store, key: str, source: str | os.PathLike[str] | bytes, crc32c: int | None = None) -> ObjectMeta:
-    """Upload a local file (or bytes) as ``key`` with its crc32c recorded in the object's metadata."""
-    if isinstance(source, bytes):
-        crc = crc32c_of(source) if crc32c is None else crc32c
-        return store.put(key, source, metadata={CRC_METADATA_KEY: str(crc)})
-    crc = file_crc32c(source) if crc32c is None else crc32c
-    return store.put_file(key, source, metadata={CRC_METADATA_KEY: str(crc)})
-
 
 @dataclass(frozen=True)
-class Uploaded:
-    """What :func:`upload_files` did: the dataset's metadata, the files put and their bytes, the files
-    already there (same size and crc32c), and each key's crc32c as uploaded or found."""
+class PublishReport:
+    """What :func:`publish` did: the destination ``url``; the ``files`` and ``nbytes`` it uploaded;
+    ``kept`` files already there and identical; whether the very same dataset was already published
+    (``already_published``: nothing uploaded); the published metadata, and ``verified``, the
+    :func:`~shardkit.formats.verify.verify` report of the published dataset."""
 
-    meta: DatasetMeta
+    url: str
     files: int
     nbytes: int
-    skipped: int
-    crc32c: dict[str, int]
+    kept: int
+    already_published: bool
+    meta: DatasetMeta
+    verified: VerifyReport
 
 
-def upload_dataset(
+def publish(
     src: str | os.PathLike[str],
     dest: Location,
     *,
+    overwrite: bool = False,
+    full_verify: bool = False,
     progress: Callable[[int], None] | None = None,
-    uploaded: Collection[str] = (),
-) -> DatasetMeta:
-    """Copy the complete local dataset ``src`` into ``dest`` (a URL or store), root document last, and
-    return its metadata; objects already there are skipped (a resumed upload), ``progress`` gets the
-    bytes of each file done. ``uploaded``: keys the caller has just put (they need not exist in ``src``)."""
-    store = open_store(dest)
-    done = upload_files(src, store, progress=progress, uploaded=uploaded)
-    upload_root(src, store)
-    return done.meta
+) -> PublishReport:
+    """Upload the complete local dataset ``src`` to ``dest`` (``s3://bucket/ds``, ``gs://``, ``az://``)
+    and verify it.
 
+    ``dest`` must be empty, or hold this same dataset (a publication that was interrupted, or done
+    before: only what is missing is uploaded), or, with ``overwrite``, another shardkit dataset to
+    replace; anything else is refused before a byte is uploaded. Before the root document goes up,
+    every object's size and crc32c (recorded at upload) must equal the metadata's; afterwards the
+    dataset is checked as ``shardkit verify --quick`` does (``full_verify``: every byte read back).
+    ``progress`` gets the bytes of each file done.
 
-def upload_files(
-    src: str | os.PathLike[str],
-    store: Store,
-    *,
-    progress: Callable[[int], None] | None = None,
-    uploaded: Collection[str] = (),
-) -> Uploaded:
-    """Every file of the complete local dataset ``src`` but its root document (and shardkit's own
-    ``.``-directories) into ``store``: the first half of :func:`upload_dataset`."""
-    root = Path(src)
+    Raises ConfigError for a ``src`` that is not a local dataset directory or a read-only ``dest``,
+    ConversionError for a destination holding something else or a failed check (the dataset is then
+    not visible at ``dest``).
+    """
+    if isinstance(src, str) and is_url(src) and not src.startswith("file://"):
+        raise ConfigError(f"publish: {location_string(src)}: expected a local dataset directory to upload")
+    root = Path(src.removeprefix("file://") if isinstance(src, str) else src)
     meta = read_dataset_meta(root)  # a complete, valid dataset, or a named error
-    files = sorted(p for p in root.rglob("*") if p.is_file() and not p.name.endswith(".partial"))
-    rels = [p.relative_to(root).as_posix() for p in files]
-    if ZARR_JSON not in rels:
-        raise NotADatasetError(f"{root}: no {ZARR_JSON}")
-    put = nbytes = skipped = 0
-    crcs: dict[str, int] = {}
-    for path, rel in zip(files, rels):
-        if rel == ZARR_JSON or rel.startswith(".") or rel in uploaded:
+    refuse_overlap([root], dest, "publish")
+    store = open_store(dest)
+    if store.read_only:
+        raise ConfigError(f"{store.url}: this store is read-only; publish to an s3://, gs:// or az:// URL")
+    already = _check_destination(root, store, overwrite)
+    sent = upload_files(root, store, progress=progress)
+    _check_uploaded(root, store, meta, sent.crc32c)
+    root_put = upload_root(root, store)
+    report = verify(store, quick=not full_verify)
+    if not report.ok:
+        raise ConversionError(f"{store.url}: published, but verify found {len(report.problems)} problem(s), the first: "
+                              f"{report.problems[0]}; run `shardkit verify {store.url}`")
+    files, nbytes = sent.files + root_put, sent.nbytes + (root / ZARR_JSON).stat().st_size * root_put
+    logger.info("%s: published %s: %d files, %d bytes uploaded, %d kept", store.url, root, files, nbytes, sent.skipped)
+    return PublishReport(store.url, files, nbytes, sent.skipped, already and files == 0, meta, report)
+
+
+def _check_destination(root: Path, store: Store, overwrite: bool) -> bool:
+    """Refuse a destination holding anything but this dataset (another one only with ``overwrite``,
+    which deletes it); True when this very dataset is there already."""
+    if store.exists(ZARR_JSON):
+        if store.get(ZARR_JSON) == (root / ZARR_JSON).read_bytes():
+            return True
+        if not overwrite:
+            raise ConversionError(f"{store.url}: a different dataset is already published here; pass --overwrite "
+                                  "(Python: overwrite=True) to replace it, or choose another prefix. Nothing was uploaded")
+        logger.info("%s: replacing the dataset published here", store.url)
+        clear_store(store)  # a shardkit dataset (checked), root document first
+        return False
+    mine = {p.name for p in root.iterdir()} | {STAGING_DIR, PARTS_DIR, VERSIONS_DIR}
+    others = top_names(store, mine)
+    if others:
+        raise ConversionError(f"{store.url}: holds other objects ({', '.join(others[:5])}) and no dataset; publish "
+                              "to an empty prefix. Nothing was uploaded")
+    return False
+
+
+def _check_uploaded(root: Path, store: Store, meta: DatasetMeta, crcs: dict[str, int]) -> None:
+    """Each object's size and recorded crc32c against the metadata (shards, field chunks, documents,
+    the provenance table) before the root document makes the dataset visible."""
+    expected = {info.path: (info.nbytes, info.crc32c) for info in meta.shards}
+    expected |= {k: (d.nbytes, d.crc32c) for k, d in meta.files.items()}
+    prov = Provenance.from_meta(meta, where=str(root / ZARR_JSON))
+    if prov is not None:
+        expected |= {k: (d.nbytes, d.crc32c) for k, d in prov.files.items()}
+    for key, crc in crcs.items():  # files the metadata does not list (array documents of format 1.0)
+        expected.setdefault(key, ((root / key).stat().st_size, crc))
+    problems: list[str] = []
+    for key, (size, crc) in sorted(expected.items()):
+        try:
+            found = store.head(key)
+        except FileNotFoundError:
+            problems.append(f"{key}: listed in the metadata but not uploaded (missing from {root})")
             continue
-        size = path.stat().st_size
-        crcs[rel], fresh = _upload_one(store, rel, path)
-        put, nbytes, skipped = put + fresh, nbytes + size * fresh, skipped + (not fresh)
-        if progress is not None:
-            progress(size)
-    logger.info("%s: uploaded %d files (%d bytes) to %s, %d already there", root, put, nbytes, store.url, skipped)
-    return Uploaded(meta, put, nbytes, skipped, crcs)
-
-
-def upload_root(src: str | os.PathLike[str], store: Store) -> bool:
-    """Upload the root document of the local dataset ``src``, which makes the dataset visible: the
-    last step of a publication. False when the same document was there already."""
-    return _upload_one(store, ZARR_JSON, Path(src) / ZARR_JSON)[1]
-
-
-def _upload_one(store: Store, key: str, path: Path) -> tuple[int, bool]:
-    """Put ``path`` as ``key`` unless an identical object is there; its crc32c and whether it was put."""
-    crc = file_crc32c(path)
-    if object_matches(store, key, path.stat().st_size, crc):
-        logger.debug("%s: already uploaded", store.describe(key))
-        return crc, False
-    put_checked(store, key, path, crc)
-    return crc, True
-
-
-def link_file(src: Path, dst: Path, *, durable: bool = True) -> bool:
-    """Make ``dst`` a hard link of ``src`` (a copy where the file system cannot link), atomically;
-    True when it is a link, False when the bytes were copied."""
-    tmp = dst.with_name(dst.name + ".partial")
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp.unlink(missing_ok=True)
-    linked = True
-    try:
-        os.link(src, tmp)
-    except OSError as exc:
-        linked = False
-        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
-            raise
-        with open(src, "rb") as fin, open(tmp, "wb") as fout:
-            shutil.copyfileobj(fin, fout, _CHUNK)
-            if durable:
-                fout.flush()
-                os.fsync(fout.fileno())
-    os.replace(tmp, dst)
-    if durable:
-        fsync_dir(dst.parent)
-    return linked
-
-
-def _bucket_root(a: Store, b: Store) -> tuple[Store, str, str] | None:
-    """A store over the bucket both object stores ``a`` and ``b`` live in, and their prefixes in it."""
-    ua, ub = urlsplit(a.url), urlsplit(b.url)
-    if a.is_local or b.is_local or a.read_only or b.read_only or (ua.scheme, ua.netloc) != (ub.scheme, ub.netloc):
-        return None
-    return open_store(f"{ua.scheme}://{ua.netloc}", b.options), ua.path.strip("/"), ub.path.strip("/")
-
-
-def copy_object(src: Store, src_key: str, dst: Store, dst_key: str, *, durable: bool = True) -> str:
-    """Copy ``src_key`` of ``src`` to ``dst_key`` of ``dst`` and say how: ``"link"`` (a local hard link),
-    ``"copy"`` (local, where no link is possible), ``"server"`` (a server-side copy inside one bucket) or
-    ``"transfer"`` (uploaded, downloaded first from a remote source, as a last resort)."""
-    if src.is_local and dst.is_local:
-        return "link" if link_file(src.local_path(src_key), dst.local_path(dst_key), durable=durable) else "copy"
-    if src is dst or (not src.is_local and src.url == dst.url):
-        dst.copy(src_key, dst_key)
-        return "server"
-    shared = _bucket_root(src, dst)
-    if shared is not None:
-        root, a, b = shared
-        root.copy("/".join(p for p in (a, src_key) if p), "/".join(p for p in (b, dst_key) if p))
-        return "server"
-    logger.info("%s -> %s: no server-side copy between these stores; transferring the bytes", src.describe(src_key), dst.describe(dst_key))
-    if src.is_local:
-        put_checked(dst, dst_key, src.local_path(src_key))
-    else:
-        with writing(dst, dst_key) as path:
-            data = src.get(src_key)
-            with open(path, "wb") as fh:
-                fh.write(data)
-    return "transfer"
-
-
-@contextmanager
-def writing(store: Store, key: str) -> Iterator[Path]:
-    """A local path to write the file ``key`` of ``store`` through: the file's own (the writer makes it
-    appear atomically), or a private temporary file uploaded when the block ends without an error."""
-    if store.is_local:
-        yield store.local_path(key)
-        return
-    fd, name = tempfile.mkstemp(prefix="shardkit-put-")
-    os.close(fd)
-    path = Path(name)
-    try:
-        yield path
-        put_checked(store, key, path)
-    finally:
-        path.unlink(missing_ok=True)
-        path.with_name(path.name + ".partial").unlink(missing_ok=True)
+        recorded = found.metadata.get(CRC_METADATA_KEY)
+        if found.size != size or (recorded is not None and recorded != str(crc)):
+            problems.append(f"{key}: expected {size} bytes with crc32c {crc:#010x} as the metadata says, "
+                            f"found {found.size} bytes with crc32c {recorded}")
+    if problems:
+        raise ConversionError(f"{store.url}: the upload does not match the metadata of {root} ({len(problems)} problem(s), "
+                              f"the first: {problems[0]}); the dataset was not published (no {ZARR_JSON}). "
+                              f"Check the source with `shardkit verify {root}`")

@@ -7,7 +7,7 @@ the root group document; until then the directory is incomplete (``IncompleteDat
 DatasetWriter can continue after shards already on disk (``start``) and reports each shard it
 completes (``on_shard``), cut at the same record boundaries as one uninterrupted write. Given an
 object-store URL it writes into a private local staging directory, uploads each shard as it completes
-and the metadata last (the order of :func:`~shardkit.formats.publish.upload_dataset`).
+and the metadata last (the order of :func:`~shardkit.formats.transfer.upload_dataset`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from shardkit.formats.metadata import (
 )
 from shardkit.formats.paths import check_name
 from shardkit.formats.provenance import PROVENANCE_FIELD, TABLE_ARRAYS, ProvenanceSpec, write_provenance
-from shardkit.formats.publish import put_checked, upload_dataset
 from shardkit.formats.spec import (
     DEFAULT_SHARD_BYTES,
     MAX_FIELD_CHUNK_NBYTES,
@@ -50,6 +49,7 @@ from shardkit.formats.spec import (
     chunk_key,
     records_per_shard_for,
 )
+from shardkit.formats.transfer import put_checked, upload_dataset
 from shardkit.privdir import PrivateDir, create_run_dir, sweep_stale
 from shardkit.stores import Store, as_location, open_store
 from shardkit.stores.atomic import fsync_dir, is_out_of_space, raise_out_of_space

@@ -87,7 +87,7 @@ def rewrite_shard_index(file: Path, records_per_shard: int, edit: Callable[[np.n
 
 def upload(path: Path, url: str) -> str:
     """Copy the local dataset ``path`` to ``url`` (root document last); returns the URL."""
-    from shardkit.formats.publish import upload_dataset
+    from shardkit.formats.transfer import upload_dataset
 
     upload_dataset(path, url)
     return url
