@@ -292,3 +292,16 @@ def test_failed_parts_are_fetched_again_not_delivered(dataset: tuple[Path, str],
         for k in a:
             np.testing.assert_array_equal(a[k], b[k])
     assert [p.read_bytes() for p in _final_copies(_cache(tmp_path))] == _shard_bytes(local)
+
+
+def test_later_blocks_ask_for_whole_parts() -> None:
+    """After the first block, asked-for pages widen to the background's parts (clipped to the copy,
+    neighbours merged), so the epoch is fetched in part-sized requests."""
+    from shardkit.formats.ranged import _whole_parts
+    from shardkit.stores.cache import PAGE_BYTES
+    from shardkit.stores.prefetch import PART_BYTES
+
+    per = PART_BYTES // PAGE_BYTES
+    assert _whole_parts([(3, 5)], 10 * per) == [(0, per)]
+    assert _whole_parts([(3, 5), (per + 1, per + 2), (5 * per, 5 * per + 1)], 10 * per) == [(0, 2 * per), (5 * per, 6 * per)]
+    assert _whole_parts([(9 * per + 1, 9 * per + 3)], 9 * per + 2) == [(9 * per, 9 * per + 2)]  # a short last part
