@@ -32,7 +32,7 @@ from shardkit.order.mixture import MixturePlan, parse_weights
 from shardkit.order.seeds import check_seed
 from shardkit.readers.identity import DatasetIdentity, dataset_fingerprint
 from shardkit.stores import Location, Store, StoreOptions, as_location, open_store
-from shardkit.stores.cache import footprint
+from shardkit.stores.cache import cache_root, cached_bytes, footprint
 from shardkit.units import human_bytes, parse_count
 
 if TYPE_CHECKING:
@@ -464,7 +464,7 @@ class RemoteCache:
     @property
     def root(self) -> Path | None:
         """The cache root, ``<directory>/shardkit-cache-<uid>`` (what to remove to free the cache)."""
-        return None if self.directory is None else self.directory / f"shardkit-cache-{os.geteuid()}"
+        return None if self.directory is None else cache_root(self.directory)
 
     def describe(self) -> list[str]:
         """The memory plan's line about the remote tier (none for a local source)."""
@@ -480,26 +480,6 @@ class RemoteCache:
 def default_cache_dir() -> Path:
     """The directory of the default cache: ``$SHARDKIT_CACHE_DIR`` if set, else the system temp dir."""
     return Path(os.environ.get(CACHE_DIR_ENV) or tempfile.gettempdir())
-
-
-def _cached_bytes(root: Path) -> int:
-    """Bytes of the copies already in a cache root (they count towards its budget, not against free
-    space); 0 when there is none yet."""
-    total = 0
-    try:
-        namespaces = list(os.scandir(root))
-    except OSError:
-        return 0
-    for ns in namespaces:
-        if not ns.is_dir(follow_symlinks=False):
-            continue
-        try:
-            for entry in os.scandir(ns.path):
-                if entry.is_file(follow_symlinks=False):
-                    total += entry.stat(follow_symlinks=False).st_size
-        except OSError:
-            continue
-    return total
 
 
 def plan_remote_cache(mixture: Mixture, options: SamplerOptions) -> RemoteCache:
@@ -530,7 +510,7 @@ def plan_remote_cache(mixture: Mixture, options: SamplerOptions) -> RemoteCache:
         return RemoteCache(directory, options.cache_size, "default", nbytes, f"default, {options.name('cache_size')}")
     usage = shutil.disk_usage(directory)
     keep = max(MIN_FREE_BYTES, int(usage.total * MIN_FREE_FRACTION))
-    cached = _cached_bytes(directory / f"shardkit-cache-{os.geteuid()}")
+    cached = cached_bytes(directory)
     room = usage.free + cached - keep
     if room < max(shards, default=0) or room <= 0:
         why = (f"{human_bytes(usage.free)} free on {directory}, the default cache keeps "

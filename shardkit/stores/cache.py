@@ -19,7 +19,8 @@ from pathlib import Path
 from shardkit.errors import ConfigError
 from shardkit.privdir import PrivateDir
 
-__all__ = ["ShardCache", "cache_namespace", "STALE_SECONDS", "PAGE_BYTES", "map_pages", "footprint", "filler_alive"]
+__all__ = ["ShardCache", "cache_namespace", "STALE_SECONDS", "PAGE_BYTES", "map_pages", "cache_root", "cached_bytes", "footprint",
+           "filler_alive"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,32 @@ PAGE_BYTES = 64 << 10
 def map_pages(size: int) -> int:
     """Pages of a ``size``-byte copy (at least one)."""
     return max(1, -(-size // PAGE_BYTES))
+
+
+def cache_root(directory: str | os.PathLike[str]) -> Path:
+    """The cache root of this user under ``directory``: what to remove to free the cache."""
+    return Path(directory) / f"shardkit-cache-{os.geteuid()}"
+
+
+def cached_bytes(directory: str | os.PathLike[str]) -> int:
+    """Bytes of the copies already in the cache root under ``directory`` (they count towards its
+    budget, not against free space); 0 when there is none yet. Unlike the budget's own walk
+    (:meth:`ShardCache._entries`, under the cache lock), a namespace that cannot be read is skipped."""
+    total = 0
+    try:
+        namespaces = list(os.scandir(cache_root(directory)))
+    except OSError:
+        return 0
+    for ns in namespaces:
+        if not ns.is_dir(follow_symlinks=False):
+            continue
+        try:
+            for entry in os.scandir(ns.path):
+                if entry.is_file(follow_symlinks=False):
+                    total += entry.stat(follow_symlinks=False).st_size
+        except OSError:
+            continue
+    return total
 
 
 def footprint(size: int) -> int:
@@ -74,7 +101,7 @@ class ShardCache:
             raise ConfigError(f"cache_dir: expected an existing directory, found {str(parent)!r}")
         if budget is not None and budget < 0:
             raise ConfigError(f"cache_size: expected a non-negative size, found {budget}")
-        self.root = parent / f"shardkit-cache-{os.geteuid()}"
+        self.root = cache_root(parent)
         self.budget = budget
         self._root = PrivateDir.create(self.root, what="the cache directory", advice=_ADVICE, tighten=True)
         self.dir = self.root / namespace
