@@ -6,6 +6,7 @@ inner chunk that was never written has offset = nbytes = 2**64 - 1.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import google_crc32c
@@ -14,7 +15,7 @@ import numpy as np
 from shardkit.errors import CorruptIndexError
 from shardkit.formats.spec import CHECKSUM_NBYTES, EMPTY_ENTRY, index_nbytes
 
-__all__ = ["ShardIndex", "crc32c_of", "extend_crc32c"]
+__all__ = ["ShardIndex", "crc32c_of", "extend_crc32c", "combine_crc32c"]
 
 _INDEX_DTYPE = np.dtype("<u8")
 
@@ -27,6 +28,49 @@ def crc32c_of(data: bytes | bytearray | memoryview | np.ndarray) -> int:
 def extend_crc32c(crc: int, data: bytes | bytearray | memoryview | np.ndarray) -> int:
     """Continue a running crc32c with more bytes."""
     return int(google_crc32c.extend(crc, _readonly(data)))
+
+
+def combine_crc32c(crc1: int, crc2: int, len2: int) -> int:
+    """The crc32c of ``a + b`` from ``crc1`` (of ``a``), ``crc2`` (of ``b``) and ``len(b)``, without the
+    bytes: parts checksummed while they land (in any order) give the whole copy's checksum."""
+    k = 0
+    while len2 > 0:
+        if len2 & 1:
+            crc1 = _gf2_apply(_zeros_operator(k), crc1)
+        len2 >>= 1
+        k += 1
+    return crc1 ^ crc2
+
+
+#: The reflected Castagnoli polynomial.
+_CRC32C_POLY = 0x82F63B78
+
+
+def _gf2_apply(mat: tuple[int, ...], vec: int) -> int:
+    out = 0
+    for row in mat:
+        if vec & 1:
+            out ^= row
+        vec >>= 1
+        if not vec:
+            break
+    return out
+
+
+def _gf2_square(mat: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(_gf2_apply(mat, row) for row in mat)
+
+
+@functools.cache
+def _zeros_operator(k: int) -> tuple[int, ...]:
+    """The GF(2) matrix that advances a crc32c register over ``2**k`` zero bytes (at most 64 of
+    them, each built once by squaring the one before)."""
+    if k == 0:
+        op = (_CRC32C_POLY, *(1 << n for n in range(31)))  # one zero bit
+        for _ in range(3):
+            op = _gf2_square(op)  # 2, 4, 8 zero bits
+        return op
+    return _gf2_square(_zeros_operator(k - 1))
 
 
 def _readonly(data: bytes | bytearray | memoryview | np.ndarray) -> bytes | np.ndarray:
