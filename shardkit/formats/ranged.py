@@ -364,13 +364,13 @@ class RangedPayloadArray(PayloadArray):
         assert self.cache is not None
         # A shard a newer version replaced has another size: the prefetcher leaves it remote, and the
         # ranged path reads the copy kept for this version (see _check_response).
-        items = [PrefetchItem(self._key(i), _entry(i), info.nbytes) for i, info in enumerate(self.shards)]
+        items = [PrefetchItem(self._key(i), _entry(i), info.nbytes, self._data_nbytes(i)) for i, info in enumerate(self.shards)]
 
         def account(i: int, nbytes: int) -> None:
             self.stats.add(self.shard_location(i), 0, nbytes)
 
         return ShardPrefetcher(
-            self.store, self.cache, items, verify=self._verify_copy,
+            self.store, self.cache, items, verify=self._check_digest,
             pin=lambda i, etag: self._pin(i, etag, self.shard_location(i)), account=account,
         )
 
@@ -381,9 +381,13 @@ class RangedPayloadArray(PayloadArray):
 
     def _verify_copy(self, i: int, fd: int) -> bool:
         """A complete local copy of shard ``i`` has the checksums recorded in the metadata."""
-        info = self.shards[i]
         data_crc, crc, size = fd_crc32c(fd, self._data_nbytes(i))
-        return size == info.nbytes and crc == info.crc32c and info.data_crc32c in (None, data_crc)
+        return size == self.shards[i].nbytes and self._check_digest(i, data_crc, crc)
+
+    def _check_digest(self, i: int, data_crc: int, crc: int) -> bool:
+        """``crc`` (of all of shard ``i``) and ``data_crc`` (of its records' bytes) are the recorded ones."""
+        info = self.shards[i]
+        return crc == info.crc32c and info.data_crc32c in (None, data_crc)
 
     def _scatter(self, run: _Run, a: int, b: int, start: int, data: memoryview, rows: _Rows) -> None:
         """Copy records ``a:b`` of ``run`` out of a response that begins at byte ``start``."""

@@ -13,14 +13,16 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shardkit.errors import CorruptShardError, TruncatedShardError
+from shardkit.formats.index import combine_crc32c, crc32c_of, extend_crc32c
 from shardkit.stores.atomic import is_out_of_space
 from shardkit.stores.base import ByteRange, Store, write_all
 from shardkit.stores.cache import PAGE_BYTES, STALE_SECONDS, ShardCache, filler_alive, map_pages
 
-__all__ = ["ShardPrefetcher", "PrefetchItem", "PartialCopy", "PREFETCH_CONCURRENCY", "PART_BYTES", "MAX_PARTS_IN_FLIGHT"]
+__all__ = ["ShardPrefetcher", "PrefetchItem", "PrefetchStats", "PartialCopy", "PREFETCH_CONCURRENCY", "PART_BYTES",
+           "MAX_PARTS_IN_FLIGHT"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,11 +53,36 @@ _QUEUED, _ACTIVE, _DONE, _SKIPPED, _FAILED = range(5)
 
 @dataclass(frozen=True)
 class PrefetchItem:
-    """One object to download: ``key`` in the store, ``name`` in the cache, its recorded ``size``."""
+    """One object to download: ``key`` in the store, ``name`` in the cache, its recorded ``size``;
+    its checksums are taken over ``[0, data_nbytes)`` and over the whole object."""
 
     key: str
     name: str
     size: int
+    data_nbytes: int = 0
+
+
+@dataclass
+class PrefetchStats:
+    """Where a download's time goes (summed over the fetch threads, seconds), to compare a cold
+    epoch with raw GETs of the same bytes: ``receive`` waits for a part's response, ``write`` copies
+    it into the copy, ``crc`` checksums it while it is in memory, ``settle`` finishes a copy (the
+    checksums combined, flush, rename); ``reader_wait`` is the time readers waited for pages."""
+
+    parts_demanded: int = 0
+    parts_background: int = 0
+    bytes: int = 0
+    receive_s: float = 0.0
+    write_s: float = 0.0
+    crc_s: float = 0.0
+    settle_s: float = 0.0
+    #: Bytes checksummed by reading the copy back (pages a resumed fill found, whole-object GETs).
+    reread_bytes: int = 0
+    reader_wait_s: float = 0.0
+    most_in_flight: int = 0
+    #: ``(seconds since start, asked-for parts in flight, background parts in flight)`` at each
+    #: change (the first 100,000), for a plot of the download.
+    in_flight: list[tuple[float, int, int]] = field(default_factory=list)
 
 
 class _Stop(BaseException):
@@ -74,6 +101,8 @@ class _Fill:
         self.inflight = 0
         self.error: BaseException | None = None
         self.done = 0
+        #: ``start -> (end, crc32c)`` of the byte ranges this fill wrote, none across ``data_nbytes``.
+        self.crcs: dict[int, tuple[int, int]] = {}
 
     def free(self, p: int) -> bool:
         return not self.present[p] and not self.busy[p]
@@ -109,7 +138,8 @@ class ShardPrefetcher:
 
     Pages a reader asks for (:meth:`copy`, :meth:`PartialCopy.request`) are fetched before the
     background order; pages another process asks for through a copy's map come next.
-    ``verify(index, fd)``: the complete copy of ``items[index]`` has its recorded checksums.
+    ``verify(index, data_crc, crc)``: the crc32c of ``items[index]``'s first ``data_nbytes`` and of all
+    its bytes are the recorded ones (computed from each part as it lands, then combined).
     ``pin(index, etag)``: checks the ETag a response carried against the ranged reads' (raising
     :class:`~shardkit.errors.ObjectChangedError`), returns the ETag to match (``If-Match``) or None.
     ``account(index, nbytes)``: counts one request.
@@ -121,7 +151,7 @@ class ShardPrefetcher:
         cache: ShardCache,
         items: Sequence[PrefetchItem],
         *,
-        verify: Callable[[int, int], bool],
+        verify: Callable[[int, int, int], bool],
         pin: Callable[[int, str | None], str | None],
         account: Callable[[int, int], None],
         concurrency: int = PREFETCH_CONCURRENCY,
@@ -146,6 +176,9 @@ class ShardPrefetcher:
         self._max_bg = max(1, min(MAX_PARTS_IN_FLIGHT, store.options.concurrency))
         self.limit = max(1, min(concurrency, self._max_bg))
         self._bg_active = 0
+        self._demand_active = 0
+        self.stats = PrefetchStats()
+        self._t0 = time.monotonic()
         self._window = (time.monotonic(), 0)
         self._best_rate = 0.0
         self._threads = [threading.Thread(target=self._work, args=(k,), name=f"shardkit-prefetch-{k}", daemon=True)
@@ -293,6 +326,11 @@ class ShardPrefetcher:
             logger.debug("prefetch: %.0f MB/s, %d parts in flight", rate / 1e6, self.limit)
         self._best_rate = max(self._best_rate, rate)
 
+    def _count_in_flight(self) -> None:
+        self.stats.most_in_flight = max(self.stats.most_in_flight, self._demand_active + self._bg_active)
+        if len(self.stats.in_flight) < 100_000:  # bounded: a long run keeps its beginning
+            self.stats.in_flight.append((time.monotonic() - self._t0, self._demand_active, self._bg_active))
+
     def _finish(self, i: int, state: int, error: BaseException | None = None) -> None:
         self._state[i] = state
         if error is not None:
@@ -315,8 +353,13 @@ class ShardPrefetcher:
                 fill, lo, hi, demanded = task
                 fill.busy[lo:hi] = b"\1" * (hi - lo)
                 fill.inflight += 1
-                if not demanded:
+                if demanded:
+                    self._demand_active += 1
+                    self.stats.parts_demanded += 1
+                else:
                     self._bg_active += 1
+                    self.stats.parts_background += 1
+                self._count_in_flight()
             error: BaseException | None = None
             try:
                 self._fetch(fill, lo, hi)
@@ -325,8 +368,11 @@ class ShardPrefetcher:
             with self._cond:
                 fill.inflight -= 1
                 fill.busy[lo:hi] = bytes(hi - lo)
-                if not demanded:
+                if demanded:
+                    self._demand_active -= 1
+                else:
                     self._bg_active -= 1
+                self._count_in_flight()
                 if error is None:
                     fill.present[lo:hi] = b"\1" * (hi - lo)
                     fill.done += hi - lo
@@ -345,7 +391,10 @@ class ShardPrefetcher:
         i, item, exc = fill.index, fill.item, fill.error
         os.close(fill.map_fd)
         if exc is None:
-            if not self.cache.complete(item.name, fill.fd, item.size, lambda f: self._verify(i, f)):
+            t0 = time.perf_counter()
+            ok = self.cache.complete(item.name, fill.fd, item.size, lambda f: self._verify(i, *self._digest(fill)))
+            self._add_time("settle_s", time.perf_counter() - t0)
+            if not ok:
                 exc = CorruptShardError(
                     f"{self.store.describe(item.key)}: the object's bytes do not match the size and crc32c recorded in "
                     "the dataset metadata; refused (not cached, not read)"
@@ -369,6 +418,51 @@ class ShardPrefetcher:
                 logger.debug("prefetch of %s failed", item.key, exc_info=exc)
                 self._finish(i, _FAILED, exc)
 
+    def _add_time(self, name: str, seconds: float) -> None:
+        with self._cond:
+            setattr(self.stats, name, getattr(self.stats, name) + seconds)
+
+    def _digest(self, fill: _Fill) -> tuple[int, int]:
+        """``(crc32c of the first data_nbytes, crc32c of all)`` of a complete copy: the parts' own
+        checksums combined; ranges this fill did not checksum as they landed are read back."""
+        size, split = fill.item.size, fill.item.data_nbytes
+        data_crc = crc = pos = 0
+        for start, (end, part_crc) in sorted(fill.crcs.items()):
+            if start < pos:  # overlapping ranges cannot happen (a page is fetched once): trust the file
+                return self._reread(fill, 0, size)
+            if start > pos:
+                crc, data_crc = self._reread_into(fill, pos, start, crc, data_crc)
+            if end <= split:
+                data_crc = combine_crc32c(data_crc, part_crc, end - start)
+            crc = combine_crc32c(crc, part_crc, end - start)
+            pos = end
+        if pos < size:
+            crc, data_crc = self._reread_into(fill, pos, size, crc, data_crc)
+        return data_crc, crc
+
+    def _reread(self, fill: _Fill, start: int, end: int) -> tuple[int, int]:
+        crc, data_crc = self._reread_into(fill, start, end, 0, 0)
+        return data_crc, crc
+
+    def _reread_into(self, fill: _Fill, start: int, end: int, crc: int, data_crc: int) -> tuple[int, int]:
+        """Extend ``crc`` (and ``data_crc`` below ``data_nbytes``) with bytes ``start:end`` of the copy."""
+        split = fill.item.data_nbytes
+        buf = bytearray(min(end - start, 8 << 20))
+        view = memoryview(buf)
+        pos = start
+        while pos < end:
+            want = min(len(buf), end - pos, split - pos) if pos < split else min(len(buf), end - pos)
+            n = os.preadv(fill.fd, [view[:want]], pos)
+            if n <= 0:
+                raise TruncatedShardError(f"{self.cache.dir}/{fill.item.name}: expected {end} bytes, the copy ends at {pos}")
+            if pos < split:
+                data_crc = extend_crc32c(data_crc, view[:n])
+            crc = extend_crc32c(crc, view[:n])
+            pos += n
+        with self._cond:
+            self.stats.reread_bytes += end - start
+        return crc, data_crc
+
     def _fetch(self, fill: _Fill, lo: int, hi: int) -> None:
         """Pages ``lo:hi`` of ``fill``, written and marked present (the whole object in one GET
         without a range when that is what they are); each response's size and ETag are checked."""
@@ -381,16 +475,30 @@ class ShardPrefetcher:
             if self._closing:
                 raise _Stop
 
-        if start == 0 and end == item.size:
+        t0 = time.perf_counter()
+        crcs: list[tuple[int, int, int]] = []
+        if start == 0 and end == item.size:  # checksummed from the copy when it completes
             etag = self.store.download(item.key, fill.fd, size=item.size, etag=self._pin(i, None), progress=progress)
+            t1 = t2 = time.perf_counter()
         else:
             got = next(iter(self.store.fetch([ByteRange(item.key, start, end, self._pin(i, None))])))
             if got.object_size != item.size:
                 raise TruncatedShardError(f"{self.store.describe(item.key)}: expected {item.size} bytes, the store says {got.object_size}")
+            t1 = time.perf_counter()
             write_all(fill.fd, got.data, start)
+            t2 = time.perf_counter()
+            cut = min(max(item.data_nbytes, start), end)  # checksums never span data_nbytes
+            crcs = [(a, b, crc32c_of(got.data[a - start : b - start])) for a, b in ((start, cut), (cut, end)) if b > a]
             etag = got.etag
+        t3 = time.perf_counter()
         self._pin(i, etag)
         self._account(i, end - start)
+        with self._cond:
+            for a, b, c in crcs:
+                fill.crcs[a] = (b, c)
+            st = self.stats
+            st.receive_s, st.write_s, st.crc_s = st.receive_s + t1 - t0, st.write_s + t2 - t1, st.crc_s + t3 - t2
+            st.bytes += end - start
         ShardCache.mark_present(fill.map_fd, lo, hi)
 
 
@@ -415,6 +523,14 @@ class PartialCopy:
     def wait(self, spans: list[tuple[int, int]]) -> bool:
         """Block until every page of ``spans`` is present (True), or the fill ended without them
         (False: the caller looks again where the copy is); the fill's error is raised."""
+        pf = self.owner
+        t0 = time.perf_counter()
+        try:
+            return self._wait(spans)
+        finally:
+            pf._add_time("reader_wait_s", time.perf_counter() - t0)
+
+    def _wait(self, spans: list[tuple[int, int]]) -> bool:
         pf = self.owner
         if self.owned:
             with pf._cond:

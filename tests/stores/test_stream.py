@@ -18,11 +18,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from shardkit.errors import CorruptShardError
 from shardkit.formats import Dataset
 from shardkit.formats.reader import ReadStats
+from shardkit.formats.spec import index_nbytes
 from shardkit.readers import TieredSampler
 from shardkit.stores import cache as cache_mod
-from shardkit.stores import prefetch
+from shardkit.stores import open_store, prefetch
 from tests.helpers.datasets import upload
 from tests.helpers.faultproxy import FaultProxy
 from tests.helpers.sampler_data import check_batch, make_dataset
@@ -305,3 +307,52 @@ def test_later_blocks_ask_for_whole_parts() -> None:
     assert _whole_parts([(3, 5)], 10 * per) == [(0, per)]
     assert _whole_parts([(3, 5), (per + 1, per + 2), (5 * per, 5 * per + 1)], 10 * per) == [(0, 2 * per), (5 * per, 6 * per)]
     assert _whole_parts([(9 * per + 1, 9 * per + 3)], 9 * per + 2) == [(9 * per, 9 * per + 2)]  # a short last part
+
+
+def test_copies_are_checked_from_their_parts_not_read_again(dataset: tuple[Path, str], tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each part is checksummed while it is in memory; a complete copy's crc32c (and its records')
+    is those combined, so no copy is read back before it gets its final name."""
+    from shardkit.formats import ranged
+
+    local, url = dataset
+    cache = _cache(tmp_path)
+    reads_back: list[int] = []
+    real = ranged.fd_crc32c
+
+    def counted(fd: int, data_nbytes: int, chunk: int = 8 << 20) -> tuple[int, int, int]:
+        reads_back.append(fd)
+        return real(fd, data_nbytes, chunk)
+
+    monkeypatch.setattr(ranged, "fd_crc32c", counted)
+    with Dataset(url, cache_dir=cache) as ds:
+        assert all(s.data_crc32c is not None for s in ds.payload.shards)  # both checksums are checked
+        batch = ds.read(list(range(N)))
+        check_batch({"key": np.arange(N), **batch})
+        _wait_all(ds)
+        pf = ds.payload.prefetcher  # type: ignore[attr-defined]
+        assert pf.stats.reread_bytes == 0
+        assert pf.stats.bytes == sum(len(b) for b in _shard_bytes(local))
+    assert reads_back == []
+    assert [p.read_bytes() for p in _final_copies(cache)] == _shard_bytes(local)
+
+
+@pytest.mark.parametrize("where", ["first", "middle", "last record byte", "index"])
+def test_a_corrupt_part_never_becomes_a_copy(s3: Any, tmp_path: Path, small_parts: None, where: str) -> None:
+    """A byte that differs from the recorded checksums, in any part (on either side of where the
+    records' checksum ends), fails the combined check: the copy is refused, never named."""
+    local = make_dataset(tmp_path / "ds", N, records_per_shard=PER_SHARD, shape=SHAPE)
+    url = upload(local, s3.url(f"corrupt-{tmp_path.name}"))
+    store = open_store(url)
+    key = "image/c/1/0/0/0"
+    raw = bytearray(store.get(key))
+    data_nbytes = len(raw) - index_nbytes(PER_SHARD)  # the records' bytes, then the index
+    at = {"first": 0, "middle": data_nbytes // 2, "last record byte": data_nbytes - 1, "index": data_nbytes + 1}[where]
+    raw[at] ^= 0xFF
+    store.put(key, bytes(raw))
+    cache = _cache(tmp_path)
+    with Dataset(url, cache_dir=cache) as ds, pytest.raises(CorruptShardError, match=r"image/c/1/0/0/0.*crc32c"):
+        ds.read([0])  # shard 0 only: shard 1 is filled by the background, in parts
+        _wait_all(ds)
+    assert not any(p.name.startswith("shard-00000001") for p in cache.rglob("*"))
+
