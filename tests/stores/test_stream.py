@@ -5,6 +5,7 @@ takes over the copy of a filler that died; failed parts are fetched again, never
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
@@ -356,3 +357,33 @@ def test_a_corrupt_part_never_becomes_a_copy(s3: Any, tmp_path: Path, small_part
         _wait_all(ds)
     assert not any(p.name.startswith("shard-00000001") for p in cache.rglob("*"))
 
+
+def test_first_block_pages_go_before_the_background(dataset: tuple[Path, str], tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """No background part starts before the first block asked for its pages, nor while asked-for
+    parts are in flight: the first batch does not share the link with parts nobody waits for.
+    (Every fetch is held until the reader has asked, so background parts picked earlier would show.)"""
+    local, url = dataset
+    asked = threading.Event()
+    real_demanded, real_fetch = prefetch.ShardPrefetcher._demanded, prefetch.ShardPrefetcher._fetch
+
+    def demanded(self: prefetch.ShardPrefetcher, i: int, spans: list[tuple[int, int]]) -> None:
+        real_demanded(self, i, spans)
+        asked.set()
+
+    def fetch(self: prefetch.ShardPrefetcher, fill: Any, lo: int, hi: int) -> None:
+        assert asked.wait(60)
+        real_fetch(self, fill, lo, hi)
+
+    monkeypatch.setattr(prefetch.ShardPrefetcher, "_demanded", demanded)
+    monkeypatch.setattr(prefetch.ShardPrefetcher, "_fetch", fetch)
+    cache = _cache(tmp_path)
+    with Dataset(url, cache_dir=cache) as ds:
+        check_batch({"key": np.array(ONE_PER_SHARD), **ds.read(ONE_PER_SHARD)})
+        _wait_all(ds)
+        timeline = list(ds.payload.prefetcher.stats.in_flight)  # type: ignore[attr-defined]
+    assert timeline and timeline[0][1:] == (1, 0)  # the first part in flight was asked for
+    for (_, _, bg_before), (_, demand, bg) in itertools.pairwise(timeline):
+        assert not (bg > bg_before and demand), timeline  # a background part started while asked-for ones ran
+    assert any(bg for _, _, bg in timeline)  # the background did run afterwards
+    assert [p.read_bytes() for p in _final_copies(cache)] == _shard_bytes(local)
