@@ -294,13 +294,18 @@ class RangedPayloadArray(PayloadArray):
                 self._fetch_runs(remote, rows)
                 remote = []
                 again: list[_Run] = []
-                for run, copy, spans in waits:
-                    if not copy.wait(spans):
-                        again.append(run)
-                        continue
-                    if run.shard not in self._tails_checked and PayloadArray._tail_nbytes(self, run.shard):
-                        self._check_tail(run.shard, self._tail_from(copy.fd, run.shard))
-                    self._read_cached(copy.fd, run, rows)
+                while waits:
+                    # Runs are read as their pages land, in any order (parts arrive out of order).
+                    now = self.prefetcher.ready([(copy, spans) for _, copy, spans in waits])
+                    ready = [w for w, r in zip(waits, now) if r]
+                    waits = [w for w, r in zip(waits, now) if not r]
+                    for run, copy, spans in ready:
+                        if not copy.wait(spans):
+                            again.append(run)
+                            continue
+                        if run.shard not in self._tails_checked and PayloadArray._tail_nbytes(self, run.shard):
+                            self._check_tail(run.shard, self._tail_from(copy.fd, run.shard))
+                        self._read_cached(copy.fd, run, rows)
             finally:
                 for c in copies.values():
                     if c is not None:

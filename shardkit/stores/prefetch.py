@@ -213,6 +213,22 @@ class ShardPrefetcher:
                 self._background = True
                 self._wake.notify_all()
 
+    def ready(self, waits: Sequence[tuple[PartialCopy, list[tuple[int, int]]]]) -> list[bool]:
+        """Which of ``waits`` (copies and the pages wanted from each) :meth:`PartialCopy.wait` would
+        return at once for; blocks until at least one. Copies this process fills are watched as
+        their parts land (so a reader takes runs in the order their pages arrive); a copy another
+        process fills counts as ready (its wait polls the map)."""
+        with self._cond:
+            while True:
+                flags = [not c.owned or self._settled_or_present(c.index, spans) for c, spans in waits]
+                if any(flags) or not waits or self._closing:
+                    return flags if any(flags) else [True] * len(waits)
+                self._cond.wait(1.0)
+
+    def _settled_or_present(self, index: int, spans: list[tuple[int, int]]) -> bool:
+        fill = self._fills.get(index)
+        return fill is None or all(all(fill.present[lo:hi]) for lo, hi in spans)
+
     def raise_error(self) -> None:
         """Re-raise the first download failure (called before each block read)."""
         if self.error is not None:

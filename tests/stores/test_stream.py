@@ -387,3 +387,36 @@ def test_first_block_pages_go_before_the_background(dataset: tuple[Path, str], t
         assert not (bg > bg_before and demand), timeline  # a background part started while asked-for ones ran
     assert any(bg for _, _, bg in timeline)  # the background did run afterwards
     assert [p.read_bytes() for p in _final_copies(cache)] == _shard_bytes(local)
+
+
+def test_runs_are_read_as_their_pages_land_not_in_shard_order(dataset: tuple[Path, str], held: threading.Event,
+                                                               tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A block's run of a later shard whose pages are local is read while the pages of an earlier
+    shard are still on their way (every fetch for shard 0 is held until a later shard's run was read)."""
+    from shardkit.formats import ranged
+
+    local, url = dataset
+    later_read = threading.Event()
+    order: list[int] = []
+    real_fetch, real_read = prefetch.ShardPrefetcher._fetch, ranged.RangedPayloadArray._read_cached
+
+    def fetch(self: prefetch.ShardPrefetcher, fill: Any, lo: int, hi: int) -> None:
+        if fill.index == 0:
+            later_read.wait(15)  # without reading in landing order the reader waits for shard 0 first
+        real_fetch(self, fill, lo, hi)
+
+    def read_cached(self: Any, fd: int, run: Any, rows: Any) -> None:
+        order.append(run.shard)
+        real_read(self, fd, run, rows)
+        if run.shard > 0:
+            later_read.set()
+
+    monkeypatch.setattr(prefetch.ShardPrefetcher, "_fetch", fetch)
+    monkeypatch.setattr(ranged.RangedPayloadArray, "_read_cached", read_cached)
+    with Dataset(url, cache_dir=_cache(tmp_path)) as ds:
+        check_batch({"key": np.array(ONE_PER_SHARD), **ds.read(ONE_PER_SHARD)})
+        held.set()
+        _wait_all(ds)
+    assert order[:3] != [0, 1, 2] and order[-1] == 0, order
+    assert sorted(order) == [0, 1, 2]
+    assert [p.read_bytes() for p in _final_copies(_cache(tmp_path))] == _shard_bytes(local)
