@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import NoReturn
 
 import numpy as np
@@ -362,8 +362,8 @@ class RangedPayloadArray(PayloadArray):
         previous read started ahead (:meth:`read_ahead`) are taken over; once this read's requests
         are queued, the next read's first ones are started behind them."""
         self._check_tails({run.shard for run in remote})
-        pieces, asks = self._asks(remote)
         ahead, self._ahead = self._ahead, None
+        pieces, asks = self._asks(remote, ahead.asks if ahead is not None else ())
         taken: dict[int, int] = {}  # request of the read ahead -> request of this read
         if ahead is not None:
             wanted = {_ask_id(a): k for k, a in enumerate(asks)}
@@ -404,21 +404,31 @@ class RangedPayloadArray(PayloadArray):
             if pending is not None:
                 _close(pending)
 
-    def _asks(self, remote: list[_Run]) -> tuple[list[tuple[_Run, int, int]], list[ByteRange]]:
+    def _asks(self, remote: list[_Run], started: Sequence[ByteRange] = ()) -> tuple[list[tuple[_Run, int, int]], list[ByteRange]]:
         """The requests of ``remote``: each run cut at record boundaries into requests of at most
-        ``request_bytes`` (at least one record each), with ``(run, first record, end record)``."""
+        ``request_bytes`` (at least one record each), with ``(run, first record, end record)``; also
+        cut where a request of ``started`` (fetched ahead) begins or ends, so those are requests of
+        this read as they are (a run may have grown by a record the read ahead left out)."""
         pieces: list[tuple[_Run, int, int]] = []
         asks: list[ByteRange] = []
         limit = self.store.options.request_bytes
+        cuts: dict[str, list[int]] = {}
+        for r in started:
+            cuts.setdefault(r.key, []).extend((r.start, r.end))
         for run in remote:
             ends = run.offs + run.sizes
+            key = self._key(run.shard)
+            breaks = np.flatnonzero(np.isin(run.offs, cuts[key])) if key in cuts else np.empty(0, np.int64)
             a = 0
             while a < run.offs.size:
                 start = int(run.offs[a])
                 # the last record that still ends within ``limit`` of the start (at least one record)
                 b = max(a + 1, int(np.searchsorted(ends, start + limit, side="right")))
+                cut = int(np.searchsorted(breaks, a, side="right"))
+                if cut < breaks.size:
+                    b = min(b, int(breaks[cut]))
                 pieces.append((run, a, b))
-                asks.append(ByteRange(self._key(run.shard), start, int(ends[b - 1]), self._etags.get(run.shard)))
+                asks.append(ByteRange(key, start, int(ends[b - 1]), self._etags.get(run.shard)))
                 a = b
         return pieces, asks
 

@@ -47,6 +47,7 @@ class _Watch:
     def __init__(self) -> None:
         self.started: list[_Tracked] = []
         self.overlapping: list[_Tracked] = []
+        self.fetched = 0  # bytes of every ranged response of the payload received, used or not
 
 
 @pytest.fixture
@@ -62,7 +63,16 @@ def watch(monkeypatch: pytest.MonkeyPatch) -> _Watch:
             w.overlapping.append(tracked)
         return tracked
 
+    received = ObjectStore._get_range_async
+
+    async def get_range(self: ObjectStore, i: int, r: ByteRange) -> Fetched:
+        got = await received(self, i, r)
+        if r.key.startswith("image/"):
+            w.fetched += r.nbytes
+        return got
+
     monkeypatch.setattr(ObjectStore, "start_fetch", start_fetch)
+    monkeypatch.setattr(ObjectStore, "_get_range_async", get_range)
     return w
 
 
@@ -113,16 +123,23 @@ def test_a_wrong_hint_is_dropped_and_the_read_fetches_its_own(s3: Any, tmp_path:
         np.testing.assert_array_equal(ds.payload.read(np.array([8, 9, 26])), records[[8, 9, 26]])
 
 
-def test_sampler_reads_ahead_without_fetching_more(s3: Any, tmp_path: Path, watch: _Watch) -> None:
-    """Through the pipeline: blocks after the first start while the one before is in flight, and an
-    epoch fetches exactly its records (the shards' identity tails once per reader, in epoch 0)."""
+@pytest.mark.parametrize("static", [0, 12])
+def test_sampler_reads_ahead_without_fetching_more(s3: Any, tmp_path: Path, watch: _Watch, static: int) -> None:
+    """Through the pipeline (with and without a static cache, whose pinned records are not read
+    ahead): blocks after the first start while the one before is in flight, and an epoch fetches
+    exactly its records (the shards' identity tails once per reader, in epoch 0)."""
     n = 60
     url, records = _dataset(s3, tmp_path, n)
-    s = TieredSampler(url, batch_size=5, epochs=2, seed=3, ram_size="10records", remote_gap_bytes=0, cache_dir=None)
+    s = TieredSampler(url, batch_size=5, epochs=2, seed=3, ram_size="30records", static_cache=f"{static}records",
+                      remote_gap_bytes=0, cache_dir=None)
+    assert s.static_cache == static
     got = list(s)
     for b in got:
         np.testing.assert_array_equal(b["image"], records[b["key"]])
     keys = np.concatenate([b["key"] for b in got]).reshape(2, n)
     assert (np.sort(keys, axis=1) == np.arange(n)).all()
     assert len(watch.overlapping) >= 3
-    assert s.stats.disk_bytes_by_epoch[1] == n * records[0].nbytes
+    # epoch 1: the records the static cache does not hold, each once (pinned ones were read in epoch 0)
+    assert s.stats.disk_bytes_by_epoch[1] == (n - static) * records[0].nbytes
+    # nothing fetched ahead went unused (a pinned record in the hint would be)
+    assert watch.fetched == sum(s.stats.disk_bytes_by_epoch.values())
