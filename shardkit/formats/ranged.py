@@ -368,7 +368,8 @@ class RangedPayloadArray(PayloadArray):
         if ahead is not None:
             wanted = {_ask_id(a): k for k, a in enumerate(asks)}
             taken = {j: wanted[_ask_id(a)] for j, a in enumerate(ahead.asks) if _ask_id(a) in wanted}
-        rest = [k for k in range(len(asks)) if k not in set(taken.values())]
+        served = set(taken.values())
+        rest = [k for k in range(len(asks)) if k not in served]
         start = getattr(self.store, "start_fetch", None)
         pending: Iterator[Fetched] | None = None
         try:
