@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import NoReturn
 
 import numpy as np
@@ -18,7 +18,16 @@ import numpy as np
 from shardkit.errors import ConfigError, MissingShardError, ObjectChangedError, ShardkitError, TruncatedShardError
 from shardkit.formats.checksums import FileDigest, fd_crc32c
 from shardkit.formats.index import ShardIndex
-from shardkit.formats.reader import DEFAULT_GAP_BYTES, Destination, PayloadArray, ReadStats, _Plan, _Rows, _Run
+from shardkit.formats.reader import (
+    DEFAULT_GAP_BYTES,
+    PLAN_RECORDS,
+    Destination,
+    PayloadArray,
+    ReadStats,
+    _Plan,
+    _Rows,
+    _Run,
+)
 from shardkit.formats.spec import ZARR_JSON, ShardInfo, index_nbytes
 from shardkit.formats.versions import older_copy, read_document
 from shardkit.stores import ByteRange, Fetched, Store
@@ -31,6 +40,12 @@ __all__ = ["RangedPayloadArray", "DEFAULT_REMOTE_GAP_BYTES"]
 #: requested separately. 0: a sparse block read by range fetches only its records (a gap is paid
 #: for on every epoch's bill; adjacent records still share a request). Why: docs/design.md §9.
 DEFAULT_REMOTE_GAP_BYTES = 0
+
+#: Without a cache, the next block's first requests are started while the current block's last
+#: ones are still in flight (its plan is known from the order), at most this many bytes of them,
+#: and at most ``StoreOptions.concurrency`` requests: enough to keep every slot busy across the
+#: switch, held in memory until that block is read (docs/design.md §9).
+READAHEAD_BYTES = 32 << 20
 
 #: With a cache, a block's records of a shard being downloaded are read from its partial copy once
 #: their pages are local (asked for first), never fetched by range a second time (docs/design.md §9).
@@ -80,6 +95,10 @@ class RangedPayloadArray(PayloadArray):
         self.prefetcher: ShardPrefetcher | None = None
         #: Blocks read so far: the first asks for its records' pages, later ones for whole parts.
         self._blocks_read = 0
+        #: The keys :meth:`read_ahead` announced for the next read, and that read's first requests
+        #: once started (no cache only).
+        self._next_keys: np.ndarray | None = None
+        self._ahead: _Ahead | None = None
 
     # ------------------------------------------------------------------ files and indexes
     def shard_path(self, i: int) -> NoReturn:
@@ -213,6 +232,8 @@ class RangedPayloadArray(PayloadArray):
         shard involved are fetched first, concurrently, so a block over many shards costs one round
         trip for them, not one each."""
         k = np.asarray(keys, dtype=np.int64).reshape(-1)
+        if k.size > PLAN_RECORDS:
+            self._next_keys = None  # read in several plans: the next read's requests would start too early
         if self.cache is not None and self.prefetcher is None:
             self.prefetcher = self._start_prefetch()
         while True:  # at most once more per shard a newer version replaced
@@ -227,7 +248,17 @@ class RangedPayloadArray(PayloadArray):
                     self.prefetcher.start_background()  # (if no run of this block asked for pages)
                 return
             except _Replaced as moved:
+                self._drop_ahead()
                 self._switch(moved)
+            except BaseException:
+                self._drop_ahead()
+                raise
+
+    def read_ahead(self, keys: np.ndarray) -> None:
+        """``keys`` are what the next :meth:`read_into` will read: without a cache, its first requests
+        are started while this read's last ones are in flight (a hint: any other read just fetches)."""
+        if self.cache is None and hasattr(self.store, "start_fetch"):
+            self._next_keys = np.array(keys, dtype=np.int64).reshape(-1)
 
     def _read_plan(self, plan: _Plan, rows: list[np.ndarray]) -> None:
         """Fetch the plan run by run (see :meth:`_read_runs`); each record goes to its destination row."""
@@ -335,24 +366,125 @@ class RangedPayloadArray(PayloadArray):
 
     def _fetch_runs(self, remote: list[_Run], rows: _Rows) -> None:
         """Fetch runs in requests of at most ``request_bytes``, each response scattered into its rows as
-        it arrives, after each shard's identity is checked (:meth:`_check_tails`)."""
+        it arrives, after each shard's identity is checked (:meth:`_check_tails`). Requests the
+        previous read started ahead (:meth:`read_ahead`) are taken over; once this read's requests
+        are queued, the next read's first ones are started behind them."""
         self._check_tails({run.shard for run in remote})
-        pieces: list[tuple[_Run, int, int]] = []  # (run, first record, end record) per request
+        ahead, self._ahead = self._ahead, None
+        pieces, asks = self._asks(remote, ahead.asks if ahead is not None else ())
+        taken: dict[int, int] = {}  # request of the read ahead -> request of this read
+        if ahead is not None:
+            wanted = {_ask_id(a): k for k, a in enumerate(asks)}
+            taken = {j: wanted[_ask_id(a)] for j, a in enumerate(ahead.asks) if _ask_id(a) in wanted}
+        served = set(taken.values())
+        rest = [k for k in range(len(asks)) if k not in served]
+        start = getattr(self.store, "start_fetch", None)
+        pending: Iterator[Fetched] | None = None
+        try:
+            if start is not None:
+                pending = start([asks[k] for k in rest])
+                self._start_ahead()
+            if ahead is not None:
+                left = len(taken)
+                for got in _shards_present(ahead.pending) if left else ():
+                    k = taken.get(got.index)
+                    if k is None:
+                        continue  # asked for a read that did not come: dropped
+                    i = pieces[k][0].shard
+                    self._check_response(i, got, asks[k])
+                    self.stats.add(self.shard_location(i), asks[k].start, asks[k].nbytes)
+                    run, a, b = pieces[k]
+                    self._scatter(run, a, b, asks[k].start, got.data, rows)
+                    left -= 1
+                    if not left:
+                        break
+                _close(ahead.pending)
+            if pending is None:
+                got_rest = self._fetched([pieces[k][0].shard for k in rest], [asks[k] for k in rest])
+            else:
+                got_rest = self._checked([pieces[k][0].shard for k in rest], [asks[k] for k in rest], pending)
+            for _, got in got_rest:
+                k = rest[got.index]
+                run, a, b = pieces[k]
+                self._scatter(run, a, b, asks[k].start, got.data, rows)
+        finally:
+            if ahead is not None:
+                _close(ahead.pending)
+            if pending is not None:
+                _close(pending)
+
+    def _asks(self, remote: list[_Run], started: Sequence[ByteRange] = ()) -> tuple[list[tuple[_Run, int, int]], list[ByteRange]]:
+        """The requests of ``remote``: each run cut at record boundaries into requests of at most
+        ``request_bytes`` (at least one record each), with ``(run, first record, end record)``; also
+        cut where a request of ``started`` (fetched ahead) begins or ends, so those are requests of
+        this read as they are (a run may have grown by a record the read ahead left out)."""
+        pieces: list[tuple[_Run, int, int]] = []
         asks: list[ByteRange] = []
         limit = self.store.options.request_bytes
+        cuts: dict[str, list[int]] = {}
+        for r in started:
+            cuts.setdefault(r.key, []).extend((r.start, r.end))
         for run in remote:
             ends = run.offs + run.sizes
+            key = self._key(run.shard)
+            breaks = np.flatnonzero(np.isin(run.offs, cuts[key])) if key in cuts else np.empty(0, np.int64)
             a = 0
             while a < run.offs.size:
                 start = int(run.offs[a])
                 # the last record that still ends within ``limit`` of the start (at least one record)
                 b = max(a + 1, int(np.searchsorted(ends, start + limit, side="right")))
+                cut = int(np.searchsorted(breaks, a, side="right"))
+                if cut < breaks.size:
+                    b = min(b, int(breaks[cut]))
                 pieces.append((run, a, b))
-                asks.append(ByteRange(self._key(run.shard), start, int(ends[b - 1]), self._etags.get(run.shard)))
+                asks.append(ByteRange(key, start, int(ends[b - 1]), self._etags.get(run.shard)))
                 a = b
-        for _, got in self._fetched([run.shard for run, _, _ in pieces], asks):
-            run, a, b = pieces[got.index]
-            self._scatter(run, a, b, asks[got.index].start, got.data, rows)
+        return pieces, asks
+
+    def _start_ahead(self) -> None:
+        """Start the first requests of the read :meth:`read_ahead` announced: at most
+        ``concurrency`` of them and :data:`READAHEAD_BYTES`, only of shards whose index is at hand
+        and whose identity is checked (nothing here may wait for a request)."""
+        keys, self._next_keys = self._next_keys, None
+        if keys is None or not keys.size or int(keys.min()) < 0 or int(keys.max()) >= self.num_records:
+            return
+        distinct = np.unique(keys)
+        if distinct.size > PLAN_RECORDS:
+            return  # read in several plans: only the first plan's requests could be started
+        shards = np.unique(distinct // self.records_per_shard).tolist()
+        ready = [i for i in shards if self._index_at_hand(i) and (i in self._tails_checked or not PayloadArray._tail_nbytes(self, i))]
+        if not ready:
+            return
+        distinct = distinct[np.isin(distinct // self.records_per_shard, ready)]
+        scratch = [np.zeros((1, self.record_nbytes), dtype=np.uint8)]  # fill values of absent records land here
+        zeros = np.zeros(distinct.size, dtype=np.int64)
+        plan = self._plan(distinct, zeros, zeros, scratch)
+        if not plan.size:
+            return
+        _, asks = self._asks(plan.as_runs(self.shard_location))
+        n, total = 0, 0
+        for ask in asks[: max(1, self.store.options.concurrency)]:
+            if n and total + ask.nbytes > READAHEAD_BYTES:
+                break
+            n, total = n + 1, total + ask.nbytes
+        self._ahead = _Ahead(asks[:n], self.store.start_fetch(asks[:n]))  # type: ignore[attr-defined]
+
+    def _index_at_hand(self, i: int) -> bool:
+        return i in self._indexes or self._known_index(i) is not None
+
+    def _checked(self, shards: list[int], asks: list[ByteRange], pending: Iterator[Fetched]) -> Iterator[tuple[int, Fetched]]:
+        """As :meth:`_fetched`, for the responses of requests already started."""
+        for got in _shards_present(pending):
+            i, ask = shards[got.index], asks[got.index]
+            self._check_response(i, got, ask)
+            self.stats.add(self.shard_location(i), ask.start, ask.nbytes)
+            yield i, got
+
+    def _drop_ahead(self) -> None:
+        """Cancel the requests started for the next read (it will fetch what it needs itself)."""
+        ahead, self._ahead, self._next_keys = self._ahead, None, None
+        if ahead is not None:
+            _close(ahead.pending)
 
     def _read_cached(self, fd: int, run: _Run, rows: _Rows) -> None:
         """One run from the shard's verified local copy: the run's span in one ``pread``, then
@@ -383,6 +515,7 @@ class RangedPayloadArray(PayloadArray):
         )
 
     def close(self) -> None:
+        self._drop_ahead()
         if self.prefetcher is not None:
             self.prefetcher.close()
         super().close()
@@ -409,6 +542,25 @@ class RangedPayloadArray(PayloadArray):
             return
         for o, size, p in zip(offs, sizes, pos):
             self._decode(run.shard, start + o, data[o : o + size], rows[p])
+
+
+class _Ahead:
+    """Requests started for the next read: what they ask for, and their responses to come."""
+
+    def __init__(self, asks: list[ByteRange], pending: Iterator[Fetched]) -> None:
+        self.asks = asks
+        self.pending = pending
+
+
+def _ask_id(ask: ByteRange) -> tuple[str, int, int, str | None]:
+    return ask.key, ask.start, ask.end, ask.etag
+
+
+def _close(pending: Iterator[Fetched]) -> None:
+    """Cancel what ``pending`` has not delivered (a generator or a started fetch)."""
+    close = getattr(pending, "close", None)
+    if close is not None:
+        close()
 
 
 class _Replaced(Exception):

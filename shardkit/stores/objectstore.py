@@ -117,6 +117,42 @@ def _get_runner() -> _Runner:
         return _runner
 
 
+class _Pending(Iterator[Fetched]):
+    """The responses of one started :meth:`ObjectStore.fetch`, in completion order; :meth:`close`
+    (also on garbage collection) cancels the requests not yet delivered."""
+
+    def __init__(self, url: str, n: int, results: queue.Queue[Fetched | BaseException],
+                 future: concurrent.futures.Future[None] | None) -> None:
+        self._url, self._left, self._results, self._future = url, n, results, future
+
+    def __next__(self) -> Fetched:
+        if self._left <= 0 or self._future is None:
+            self.close()
+            raise StopIteration
+        while True:
+            try:
+                item = self._results.get(timeout=1.0)
+                break
+            except queue.Empty:
+                if self._future.done() and self._results.empty():
+                    self.close()
+                    self._future.result()  # raises what the driver raised
+                    raise StoreError(f"{self._url}: fetch ended without all its ranges") from None
+        if isinstance(item, BaseException):
+            self.close()
+            raise item
+        self._left -= 1
+        return item
+
+    def close(self) -> None:
+        if self._future is not None:
+            self._future.cancel()
+        self._left = 0
+
+    def __del__(self) -> None:
+        self.close()
+
+
 class RequestCounters:
     """Requests, bytes and retries of one store (thread-safe), for instrumentation and tests."""
 
@@ -125,12 +161,21 @@ class RequestCounters:
         self.requests = 0
         self.bytes = 0
         self.retries = 0
+        #: Ranged requests of :meth:`ObjectStore.fetch` in flight now, and the most ever at once.
+        self.in_flight = 0
+        self.max_in_flight = 0
 
     def add(self, requests: int = 0, nbytes: int = 0, retries: int = 0) -> None:
         with self._lock:
             self.requests += requests
             self.bytes += nbytes
             self.retries += retries
+
+    def flight(self, delta: int) -> None:
+        """A ranged request started (``+1``) or ended (``-1``)."""
+        with self._lock:
+            self.in_flight += delta
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
 
 
 #: obstore attributes that are HTTP headers, not user metadata.
@@ -167,6 +212,9 @@ class ObjectStore(Store):
         self._obs = import_obstore()
         self.counters = RequestCounters()
         self._rng = random.Random()  # backoff jitter: decorrelates processes, not reproducible on purpose
+        #: Slots for the ranged requests of every fetch of this store (``options.concurrency``), made
+        #: on the event loop's thread at first use: overlapping fetches share them, first asked first served.
+        self._slots: asyncio.Semaphore | None = None
 
     @property
     def is_local(self) -> bool:
@@ -280,35 +328,34 @@ class ObjectStore(Store):
     def fetch(self, ranges: Sequence[ByteRange]) -> Iterator[Fetched]:
         if not ranges:
             return
+        yield from self.start_fetch(ranges)
+
+    def start_fetch(self, ranges: Sequence[ByteRange]) -> _Pending:
+        """:meth:`fetch`, its requests submitted now (queued behind those of fetches started
+        earlier: every fetch of this store shares ``options.concurrency`` slots, first come first
+        served), so a reader can ask for its next block's ranges while it still consumes the current
+        one. Close the result to cancel what it has not delivered."""
         _check_fork(self.url)
         for r in ranges:
             check_key(r.key, where=self.url)
             if r.start < 0 or r.end <= r.start:
                 raise StoreError(f"{r.describe(self.describe(r.key))}: not a valid byte range")
         results: queue.Queue[Fetched | BaseException] = queue.Queue()
-        future = _get_runner().submit(self._drive(ranges, results))
-        try:
-            for _ in range(len(ranges)):
-                while True:
-                    try:
-                        item = results.get(timeout=1.0)
-                        break
-                    except queue.Empty:
-                        if future.done() and results.empty():
-                            future.result()  # raises what the driver raised
-                            raise StoreError(f"{self.url}: fetch ended without all its ranges") from None
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            future.cancel()
+        future = _get_runner().submit(self._drive(ranges, results)) if ranges else None
+        return _Pending(self.url, len(ranges), results, future)
 
     async def _drive(self, ranges: Sequence[ByteRange], results: queue.Queue[Fetched | BaseException]) -> None:
-        sem = asyncio.Semaphore(self.options.concurrency)
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.options.concurrency)
+        sem = self._slots
 
         async def one(i: int, r: ByteRange) -> None:
             async with sem:
-                got = await self._call_async(lambda: self._get_range_async(i, r), r.describe(self.describe(r.key)))
+                self.counters.flight(1)
+                try:
+                    got = await self._call_async(lambda: self._get_range_async(i, r), r.describe(self.describe(r.key)))
+                finally:
+                    self.counters.flight(-1)
             self.counters.add(nbytes=r.nbytes)
             results.put(got)
 

@@ -460,10 +460,21 @@ class Pipeline:
             assert isinstance(self.disk.payload, PayloadArray)  # locality: one dataset's own payload (sampler)
             read = self.node_disk.reader(self.disk.payload, self.stop)
         disk = self.disk.payload.stats
+        # A reader that can start the next block's requests early (object store, no cache) is told
+        # the next block's keys the static cache does not pin (pinned ones may need no read).
+        ahead = getattr(self.disk.payload, "read_ahead", None) if self.node_disk is None else None
         for seg in self._segments:
             open_buffers: dict[int, BatchBuffer] = {}
-            for a, b in self._bounds(seg, 0, seg.length, self.sizes.ram_block):
-                keys = seg.keys(a, b)
+            blocks = self._bounds(seg, 0, seg.length, self.sizes.ram_block)
+            upcoming, following = next(blocks, None), None
+            while upcoming is not None:
+                a, b = upcoming
+                upcoming = next(blocks, None)
+                keys = following if following is not None else seg.keys(a, b)
+                following = None
+                if ahead is not None and upcoming is not None:
+                    following = seg.keys(*upcoming)
+                    ahead(following if self.cache is None else following[~self.cache.lookup(following)[0]])
                 before, calls = disk.bytes_read, disk.read_calls
                 block = self._read_block(seg, a, b, keys, read, open_buffers)
                 self._verify()

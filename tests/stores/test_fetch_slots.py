@@ -1,0 +1,109 @@
+"""Ranged requests in flight: every fetch of one object store shares ``StoreOptions.concurrency``
+slots, first started first served, so a reader can start its next block's requests early without
+exceeding the limit or delaying the current block. Driven through a fake obstore whose requests
+wait on an event: the tests force the interleaving, they never wait and hope."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+
+from shardkit.stores import ByteRange, StoreOptions
+from shardkit.stores import objectstore as objectstore_module
+from shardkit.stores.objectstore import ObjectStore
+
+pytest.importorskip("obstore")
+
+OBJECT = bytes(range(256)) * 64  # 16 KiB
+
+
+class _Response:
+    def __init__(self, data: bytes) -> None:
+        self.meta = {"size": len(OBJECT), "e_tag": '"v1"'}
+        self._data = data
+
+    async def bytes_async(self) -> bytes:
+        return self._data
+
+
+class _GatedObstore:
+    """``get_async`` records each request as it starts and answers once :attr:`gate` is open."""
+
+    def __init__(self, hold: int) -> None:
+        self.started: list[tuple[str, int]] = []
+        self.hold = hold  # when this many requests have started, :attr:`holding` is set
+        self.holding = threading.Event()
+        self.gate: asyncio.Event | None = None
+
+    async def get_async(self, inner: Any, key: str, *, options: dict[str, Any]) -> _Response:
+        if self.gate is None:
+            self.gate = asyncio.Event()
+        start, end = options["range"]
+        self.started.append((key, start))
+        if len(self.started) >= self.hold:
+            self.holding.set()
+        await self.gate.wait()
+        return _Response(OBJECT[start:end])
+
+
+def _store(concurrency: int, fake: _GatedObstore) -> ObjectStore:
+    store = ObjectStore("s3://bucket/prefix", inner=None, options=StoreOptions(concurrency=concurrency))
+    store._obs = fake
+    return store
+
+
+def _settle() -> None:
+    """Let every task the store's event loop can run take its turn (a few full passes of its ready
+    queue), so a request that could start has started."""
+
+    async def passes() -> None:
+        for _ in range(20):
+            await asyncio.sleep(0)
+
+    objectstore_module._get_runner().submit(passes()).result(timeout=30)
+
+
+def _open(fake: _GatedObstore) -> None:
+    runner = objectstore_module._get_runner()
+    assert fake.gate is not None
+    runner.loop.call_soon_threadsafe(fake.gate.set)
+
+
+def test_overlapping_fetches_share_the_store_concurrency() -> None:
+    fake = _GatedObstore(hold=4)
+    store = _store(4, fake)
+    first = store.start_fetch([ByteRange("a", 100 * i, 100 * i + 100) for i in range(10)])
+    second = store.start_fetch([ByteRange("b", 100 * i, 100 * i + 100) for i in range(10)])
+    assert fake.holding.wait(30)
+    _settle()
+    # Four requests in flight, all of the fetch started first; the second waits for free slots.
+    assert fake.started == [("a", 0), ("a", 100), ("a", 200), ("a", 300)]
+    assert store.counters.in_flight == 4
+    _open(fake)
+    got_first = sorted((f.index, bytes(f.data)) for f in first)
+    got_second = sorted((f.index, bytes(f.data)) for f in second)
+    assert got_first == [(i, OBJECT[100 * i : 100 * i + 100]) for i in range(10)]
+    assert [i for i, _ in got_second] == list(range(10))
+    # First come, first served: every request of the first fetch started before any of the second.
+    assert [k for k, _ in fake.started] == ["a"] * 10 + ["b"] * 10
+    assert store.counters.max_in_flight == 4 and store.counters.in_flight == 0
+
+
+def test_closing_a_started_fetch_cancels_what_it_has_not_delivered() -> None:
+    fake = _GatedObstore(hold=2)
+    store = _store(2, fake)
+    ahead = store.start_fetch([ByteRange("a", 100 * i, 100 * i + 100) for i in range(8)])
+    assert fake.holding.wait(30)
+    ahead.close()
+    _settle()
+    after = store.start_fetch([ByteRange("b", 0, 100)])
+    _settle()
+    _open(fake)
+    assert [bytes(f.data) for f in after] == [OBJECT[:100]]
+    # The cancelled fetch freed its slots and started nothing more.
+    assert [k for k, _ in fake.started] == ["a", "a", "b"]
+    assert list(ahead) == []
+    assert store.counters.in_flight == 0
