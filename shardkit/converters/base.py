@@ -170,7 +170,7 @@ class Converter(ABC):
     #: When several kinds recognise a corpus, the highest priority wins (a COCO image folder also
     #: looks like class folders; an annotation file is the more specific evidence).
     detect_priority: ClassVar[int] = 0
-    #: Items per task sent to a worker: enough to amortise inter-process overhead.
+    #: Fewest items per task sent to a worker (more when their records are small: ``decoding.task_inputs``).
     chunk_size: ClassVar[int] = 4
     #: What one input is called in progress bars.
     progress_unit: ClassVar[str] = "item"

@@ -7,11 +7,13 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 import shardkit
+from shardkit.converters import decoding
 from shardkit.errors import ConversionError
 from shardkit.formats import open_dataset, verify
 from tests.helpers.corpora import interrupt_after, make_imagefolder, tone, write_wav
@@ -51,6 +53,28 @@ def test_byte_identical_with_1_and_2_workers(corpus: Path, tmp_path: Path) -> No
     assert s1.records == s2.records == 36 and s1.skipped == s2.skipped
     assert_same_dataset(tmp_path / "w1", tmp_path / "w2")
 
+
+
+def test_small_records_travel_in_fewer_larger_tasks(corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each pool task costs both sides a pickle, a pipe round trip and a future: small records go to the
+    workers in tasks of up to 2 MiB of payload (45 inputs of 24x24x3: 2 tasks, not 12 of chunk_size 4), large
+    ones in tasks of chunk_size (the ring holds 3 tasks a worker). Same bytes as 1 worker."""
+    submitted: list[int] = []
+
+    class Counting(decoding.ProcessPoolExecutor):
+        def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+            if fn is decoding._decode_chunk and args[1] is not None:
+                submitted.append(len(args[0]))
+            return super().submit(fn, *args, **kwargs)
+
+    monkeypatch.setattr(decoding, "ProcessPoolExecutor", Counting)
+    shardkit.convert(corpus, tmp_path / "w2", size=24, workers=2, records_per_shard=7)
+    assert submitted == [32, 13]  # 45 inputs (9 of them skipped)
+    shardkit.convert(corpus, tmp_path / "w1", size=24, workers=1, records_per_shard=7)
+    assert_same_dataset(tmp_path / "w1", tmp_path / "w2")
+    assert decoding.task_inputs(4, 224 * 224 * 3) == 13
+    assert decoding.task_inputs(4, 1024 * 1024 * 3) == 4  # never below the converter's chunk_size
+    assert decoding.task_inputs(256, 3072) == 256
 
 KILLER = textwrap.dedent("""
     import os, signal, sys
