@@ -331,6 +331,8 @@ class ShardIterableDataset(_TorchIterableDataset):
         #: for persistent workers), and that next pass's sampler in a worker.
         self._prepare_next = False
         self._next: _NextPass | None = None
+        #: A worker's shared-memory batch buffers, kept across its passes.
+        self._memory: SharedBatchMemory | None = None
         self._hold_shared()
 
     def _hold_shared(self) -> None:
@@ -590,7 +592,9 @@ class ShardIterableDataset(_TorchIterableDataset):
             workers_per_rank=workers, nodes=self.nodes,
         )  # fmt: skip
         if handover and isinstance(sampler, TieredSampler):
-            sampler.use_buffer_memory(SharedBatchMemory(extra_hold=self._prefetch_factor + 2))
+            if self._memory is None:  # one per worker: later passes reuse the buffers of earlier ones
+                self._memory = SharedBatchMemory(extra_hold=self._prefetch_factor + 2)
+            sampler.use_buffer_memory(self._memory)
         return sampler
 
     def loader(self, num_workers: int = 0, *, pin_memory: bool | None = None, **kwargs: Any) -> torch.utils.data.DataLoader:
@@ -645,7 +649,7 @@ class ShardIterableDataset(_TorchIterableDataset):
     def __getstate__(self) -> dict[str, Any]:
         # A running sampler (threads, buffers) never travels to a worker; each builds its own.
         state = dict(self.__dict__)
-        state["_sampler"] = state["_holder"] = state["_next"] = None
+        state["_sampler"] = state["_holder"] = state["_next"] = state["_memory"] = None
         return state
 
     def __repr__(self) -> str:
