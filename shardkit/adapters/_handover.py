@@ -3,6 +3,8 @@ instead of copies; two counters per buffer (sent, released) say when it may be r
 
 from __future__ import annotations
 
+import sys
+import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -31,23 +33,51 @@ def _counters(owner: np.ndarray) -> np.ndarray:
 
 class SharedBatchMemory:
     """A :class:`~shardkit.tiers.buffers.BufferMemory` of shared-memory buffers for a DataLoader worker;
-    ``extra_hold`` is how many batches the main process may hold at once besides the worker's own."""
+    ``extra_hold`` is how many batches the main process may hold at once besides the worker's own.
+
+    One instance serves every pass of a worker: a buffer whose pool is gone (its pass ended), that
+    the main process released and that nothing in the worker views is handed to the next pool
+    instead of a new segment, so a later epoch does not fault in its batch memory again."""
 
     def __init__(self, extra_hold: int) -> None:
         self.extra_hold = int(extra_hold)
+        #: Segments created so far (a reused one is not counted again).
+        self.created = 0
+        # Every segment given out: its owning uint8 array, and the pool's array of it (weakly).
+        self._given: list[tuple[np.ndarray, weakref.ref[np.ndarray]]] = []
+        self._lock = threading.Lock()  # two passes' pools may allocate at once (see adapters.torch)
 
     def allocate(self, rows: int, record_shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
-        """A ``[rows, *record_shape]`` array in a new shared-memory segment (page aligned); its
-        ``base`` is the segment's uint8 array, whose ``base`` is the torch tensor that owns it."""
+        """A ``[rows, *record_shape]`` array in a shared-memory segment (page aligned), reused when
+        one of that size is free; its ``base`` is the segment's uint8 array, whose ``base`` is the
+        torch tensor that owns it."""
         nbytes = int(rows) * int(np.prod(record_shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
-        if new_shared is not None:
-            whole = torch.empty(0, dtype=torch.uint8).set_(new_shared(nbytes + _HEADER))
-        else:  # pragma: no cover - older PyTorch
-            whole = torch.empty(nbytes + _HEADER, dtype=torch.uint8).share_memory_()
-        owner: np.ndarray = whole.numpy()
-        _counters(owner)[:] = 0
-        return owner[:nbytes].view(dtype).reshape((int(rows), *record_shape))
+        with self._lock:
+            owner = self._spare(nbytes)
+        if owner is None:
+            new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
+            if new_shared is not None:
+                whole = torch.empty(0, dtype=torch.uint8).set_(new_shared(nbytes + _HEADER))
+            else:  # pragma: no cover - older PyTorch
+                whole = torch.empty(nbytes + _HEADER, dtype=torch.uint8).share_memory_()
+            owner = whole.numpy()
+            _counters(owner)[:] = 0
+            with self._lock:
+                self.created += 1
+        array: np.ndarray = owner[:nbytes].view(dtype).reshape((int(rows), *record_shape))
+        with self._lock:
+            self._given.append((owner, weakref.ref(array)))
+        return array
+
+    def _spare(self, nbytes: int) -> np.ndarray | None:
+        """A segment of ``nbytes`` payload bytes nobody uses any more (taken off the list), or None."""
+        for i, (owner, array) in enumerate(self._given):
+            # References to `owner`: the list's tuple, the loop variable and getrefcount's argument;
+            # a view of the segment (a batch still held in this process) adds one.
+            if owner.size == nbytes + _HEADER and array() is None and sys.getrefcount(owner) <= 3 and not self.busy(owner):
+                del self._given[i]
+                return owner
+        return None
 
     def busy(self, owner: np.ndarray) -> bool:
         """Has the main process not yet released every batch sent from this buffer?"""

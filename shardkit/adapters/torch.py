@@ -6,8 +6,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import multiprocessing.util
 import os
-from collections.abc import Iterator, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -19,6 +21,7 @@ from shardkit.errors import ConfigError, SamplerError
 from shardkit.formats import Dataset, open_dataset
 from shardkit.order.schedule import batches_per_consumer, pass_length, position_after
 from shardkit.readers import DEFAULTS, Sampler, SamplerOptions, TieredSampler
+from shardkit.readers.interface import Batch
 from shardkit.readers.sources import Mixture, as_source
 from shardkit.stores import is_url
 from shardkit.units import parse_count
@@ -146,6 +149,79 @@ def _check_ranks_agree(path: str, options: SamplerOptions, nodes: int, num_recor
         )
 
 
+#: Longest a leaving worker waits for its next pass's sampler to be built before closing it.
+_NEXT_PASS_JOIN_SECONDS = 10.0
+
+
+def _prepare_next_pass(build: Callable[[], Sampler], go: threading.Event, built: list[Any],
+                       cancelled: threading.Event) -> None:
+    """The thread of a :class:`_NextPass`: build the sampler now, start its iteration on ``go``."""
+    try:
+        built.append(build())
+        go.wait()
+        if not cancelled.is_set():
+            built.append(iter(built[0]))
+    except Exception:  # the pass then builds its own sampler and reports the error itself
+        logger.debug("preparing the next pass failed", exc_info=True)
+
+
+def _close_next_pass(thread: threading.Thread, go: threading.Event, built: list[Any],
+                     cancelled: threading.Event) -> None:
+    """Stop a :class:`_NextPass` nobody took: wait (bounded) for its thread, close its sampler."""
+    cancelled.set()
+    go.set()
+    thread.join(_NEXT_PASS_JOIN_SECONDS)
+    for item in built[:1]:
+        item.close()  # stops its iteration too
+    built.clear()  # the sampler's own finalizer then lets go of its node-shared memory
+
+
+class _NextPass:
+    """A persistent DataLoader worker's sampler for its next pass, prepared in a background thread:
+    built while the current pass runs (opening the dataset costs round trips to an object store),
+    its iteration started near the pass's end (:meth:`start`) so that the next epoch's first batches
+    are read while the epoch ends, not after the main process asks for them. Taken by the next pass
+    if it starts the expected epoch without a resume position; otherwise, or when the worker exits
+    first, it is closed."""
+
+    def __init__(self, epoch: int, key: tuple[int, int, int], build: Callable[[], Sampler]) -> None:
+        self.epoch, self.key = epoch, key
+        self._go, self._cancelled = threading.Event(), threading.Event()
+        self._built: list[Any] = []  # [sampler, its running iteration]
+        self._thread = threading.Thread(target=_prepare_next_pass, args=(build, self._go, self._built, self._cancelled),
+                                        name="shardkit-next-pass", daemon=True)
+        # A worker ends through multiprocessing's exit handlers (os._exit after fork skips atexit).
+        self._close = multiprocessing.util.Finalize(
+            self, _close_next_pass, args=(self._thread, self._go, self._built, self._cancelled), exitpriority=10
+        )
+        self._thread.start()
+
+    def start(self) -> None:
+        """Start the sampler's iteration once it is built (its first blocks are read from then on)."""
+        self._go.set()
+
+    def wait(self) -> None:
+        """Until the iteration is started (or preparing failed); starts it if not yet asked to."""
+        self._go.set()
+        self._thread.join()
+
+    def take(self, epoch: int, key: tuple[int, int, int]) -> tuple[Sampler, Iterator[Batch]] | None:
+        """The sampler and its started iteration if they are for ``epoch`` and consumer ``key``, else
+        None (and they are closed)."""
+        if epoch == self.epoch and key == self.key:
+            self.wait()
+            if len(self._built) == 2:
+                sampler, run = self._built
+                self._close.cancel()
+                self._built.clear()
+                return sampler, run
+        self._close()
+        return None
+
+    def close(self) -> None:
+        self._close()
+
+
 class ShardIterableDataset(_TorchIterableDataset):
     """The tiered sampler as an ``IterableDataset`` of batches (or of records) as tensors.
 
@@ -251,6 +327,12 @@ class ShardIterableDataset(_TorchIterableDataset):
         self._prefetch_factor = 2
         self._sampler: Sampler | None = None  # the sampler of a pass running in this process (num_workers=0)
         self._holder: Sampler | None = None
+        #: Whether a DataLoader worker starts its next pass as soon as a pass ends (set by loader()
+        #: for persistent workers), and that next pass's sampler in a worker.
+        self._prepare_next = False
+        self._next: _NextPass | None = None
+        #: A worker's shared-memory batch buffers, kept across its passes.
+        self._memory: SharedBatchMemory | None = None
         self._hold_shared()
 
     def _hold_shared(self) -> None:
@@ -449,22 +531,42 @@ class ShardIterableDataset(_TorchIterableDataset):
             )
         epoch = self._next_epoch(workers)
         state = self._resume if self._resume is not None and int(self._resume["epoch"]) == epoch else None
-        sampler = self.factory.build(
-            self.source, consumer=consumer, num_consumers=consumers, start_epoch=epoch, state=state,
-            workers_per_rank=workers, nodes=self.nodes,
-        )  # fmt: skip
-        self._sampler = sampler  # for state_dict() in the main process, stats in tests
+        key = (consumer, consumers, workers)
         payload = self.meta.payload
         options = self.payload_options
         # In a DataLoader worker, batches of stored bytes are read into shared memory and handed
         # to the main process by handle (see shardkit.adapters._handover).
-        handover = (get_worker_info() is not None and not self.unbatched and options.identity
-                    and isinstance(sampler, TieredSampler))  # fmt: skip
-        if handover:
-            assert isinstance(sampler, TieredSampler)
-            sampler.use_buffer_memory(SharedBatchMemory(extra_hold=self._prefetch_factor + 2))
+        in_worker = get_worker_info() is not None
+        handover = in_worker and not self.unbatched and options.identity and self.factory.shared is None
+        prepared, self._next = self._next, None
+        taken = prepared.take(epoch, key) if prepared is not None and state is None else None
+        if prepared is not None and taken is None:
+            prepared.close()
+        if taken is not None:
+            sampler, run = taken
+        else:
+            sampler = self._build(key, epoch, state, handover)
+            run = iter(sampler)
+        self._sampler = sampler  # for state_dict() in the main process, stats in tests
+        # A persistent worker prepares its next pass: the sampler once half of this pass is delivered
+        # (not competing with this pass's start), its reading once at most a pool of batches is left
+        # (what it reads then fits where this pass's blocks were).
+        build_at = start_at = -1
+        if in_worker and self._prepare_next and self.options.epochs is not None and isinstance(sampler, TieredSampler):
+            total = pass_length(self.num_records, self.options.batch_size, consumer, consumers,
+                                drop_last=self.options.drop_last, start=0 if state is None else int(state["position"]),
+                                epochs=self.options.epochs, limit=self.options.limit)[0]  # fmt: skip
+            build_at = max(1, total // 2)
+            start_at = max(build_at, total - sampler.sizes.pool_batches)
+        following = epoch + (self.options.epochs or 0)
+        delivered = 0
         with contextlib.closing(sampler):
-            for batch in sampler:
+            for batch in run:
+                if delivered == build_at:
+                    self._next = _NextPass(following, key, lambda: self._build(key, following, None, handover))
+                if delivered == start_at and self._next is not None:
+                    self._next.start()
+                delivered += 1
                 tensors = to_tensors(batch, payload, options)
                 if handover:
                     yield shared_batch(batch, payload, tensors)
@@ -476,6 +578,24 @@ class ShardIterableDataset(_TorchIterableDataset):
                     yield tensors
             if self.options.epochs is not None:
                 self._finish_pass(epoch + self.options.epochs)
+        if build_at >= 0 and self._next is None:  # a pass shorter than expected (or of one batch)
+            self._next = _NextPass(following, key, lambda: self._build(key, following, None, handover))
+        if self._next is not None:
+            self._next.start()
+
+    def _build(self, key: tuple[int, int, int], epoch: int, state: dict[str, Any] | None, handover: bool) -> Sampler:
+        """The sampler of consumer ``key`` for a pass from ``epoch`` (``state``: resume inside it),
+        its batch buffers in shared memory when they are handed over by handle."""
+        consumer, consumers, workers = key
+        sampler = self.factory.build(
+            self.source, consumer=consumer, num_consumers=consumers, start_epoch=epoch, state=state,
+            workers_per_rank=workers, nodes=self.nodes,
+        )  # fmt: skip
+        if handover and isinstance(sampler, TieredSampler):
+            if self._memory is None:  # one per worker: later passes reuse the buffers of earlier ones
+                self._memory = SharedBatchMemory(extra_hold=self._prefetch_factor + 2)
+            sampler.use_buffer_memory(self._memory)
+        return sampler
 
     def loader(self, num_workers: int = 0, *, pin_memory: bool | None = None, **kwargs: Any) -> torch.utils.data.DataLoader:
         """A ``DataLoader`` over this dataset (``batch_size=None`` unless ``unbatched``) with
@@ -484,9 +604,13 @@ class ShardIterableDataset(_TorchIterableDataset):
 
         Workers are kept alive across epochs (``persistent_workers=True`` unless given): starting
         them costs seconds (imports, with ``spawn`` the whole interpreter), which would otherwise
-        delay every epoch's first batch; each pass still builds its samplers anew in the workers
-        and reads the epoch that :meth:`set_epoch` or the previous pass left. Call
-        :meth:`load_state_dict` before the loader's first pass (or build a new loader after it).
+        delay every epoch's first batch. Each pass reads from a sampler of its own, for the epoch
+        that :meth:`set_epoch` or the previous pass left; a persistent worker builds and starts the
+        next pass's sampler as soon as its pass ends, so the next epoch's first batches are read
+        (and an object store's documents fetched) while the epoch ends, not when it is asked for.
+        That costs the next epoch's first blocks (at most ``ram_size`` per worker) if no further
+        pass comes, or if :meth:`set_epoch` then picks another epoch. Call :meth:`load_state_dict`
+        before the loader's first pass (or build a new loader after it).
         Workers over an object store start with ``spawn`` unless ``multiprocessing_context`` says
         otherwise (the object-store client does not survive ``fork()``)."""
         if pin_memory is None:
@@ -494,6 +618,7 @@ class ShardIterableDataset(_TorchIterableDataset):
         kwargs["pin_memory"] = pin_memory
         if int(num_workers) > 0:
             kwargs.setdefault("persistent_workers", True)
+        self._prepare_next = int(num_workers) > 0 and bool(kwargs.get("persistent_workers"))
         if kwargs.get("prefetch_factor") is not None:
             self._prefetch_factor = int(kwargs["prefetch_factor"])
         if int(num_workers) != self.num_workers:
@@ -516,12 +641,15 @@ class ShardIterableDataset(_TorchIterableDataset):
         if self._holder is not None:
             self._holder.close()
             self._holder = None
+        if self._next is not None:
+            self._next.close()
+            self._next = None
         self._sampler = None
 
     def __getstate__(self) -> dict[str, Any]:
         # A running sampler (threads, buffers) never travels to a worker; each builds its own.
         state = dict(self.__dict__)
-        state["_sampler"] = state["_holder"] = None
+        state["_sampler"] = state["_holder"] = state["_next"] = state["_memory"] = None
         return state
 
     def __repr__(self) -> str:

@@ -109,6 +109,41 @@ def test_batches_kept_by_the_main_process_are_never_overwritten(keyed: Path) -> 
     np.testing.assert_array_equal(keys, epoch_permutation(SEED, 0, N_KEYED))
 
 
+class _SegmentsDataset(ShardIterableDataset):
+    """Appends per worker and pass: the pool's allocations, and the segments its memory created."""
+
+    def __iter__(self):  # type: ignore[override]
+        yield from super().__iter__()
+        pool = self._sampler._pool  # type: ignore[union-attr]
+        worker = torch.utils.data.get_worker_info().id  # type: ignore[union-attr]
+        yield {"segments": torch.tensor([worker, pool.allocated, pool.memory.created])}
+
+
+def test_later_passes_reuse_the_shared_buffers_of_earlier_ones(keyed: Path) -> None:
+    """A persistent worker's pools draw on one memory: buffers of a finished pass that the main
+    process released are reused, so four passes create at most two passes' worth of segments (the
+    next pass's pool starts while the current one's last batches are handed over) instead of a
+    new set every pass, and the records stay right."""
+    ds = _SegmentsDataset(keyed, batch_size=4, seed=SEED, num_workers=2, static_cache=0)
+    loader = ds.loader(num_workers=2)
+    allocated: dict[int, list[int]] = {0: [], 1: []}
+    created: dict[int, int] = {}
+    for epoch in range(4):
+        keys, marks = [], []
+        for batch in loader:
+            if "segments" in batch:
+                marks.append(batch["segments"].tolist())
+            else:
+                keys.append(_keys(batch))
+        np.testing.assert_array_equal(np.concatenate(keys), epoch_permutation(SEED, epoch, N_KEYED))
+        for w, pool_allocated, segments in marks:
+            allocated[w].append(pool_allocated)
+            created[w] = segments
+    for w in (0, 1):
+        assert sum(allocated[w]) > 2 * max(allocated[w])  # without reuse, every allocation is a new segment
+    assert max(created.values()) <= 2 * max(max(a) for a in allocated.values()), (created, allocated)
+
+
 def test_collate_fn_replacing_the_payload(keyed: Path) -> None:
     def collate(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {**batch, "image": batch["image"].flip(0).flip(0).contiguous()}

@@ -1,6 +1,7 @@
 """Both adapters read datasets in an object store: the torch IterableDataset through DataLoader
 workers (started with spawn, once for every epoch: obstore's runtime does not survive fork, which
-gives a clear error instead of a hang), the map-style dataset, and the tf.data pipeline."""
+gives a clear error instead of a hang; each prepares its next pass before it is asked for), the
+map-style dataset, and the tf.data pipeline."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from shardkit.errors import StoreError
 from shardkit.stores import open_store
 from tests.helpers.datasets import upload
+from tests.helpers.faultproxy import FaultProxy
 from tests.helpers.sampler_data import encode, make_dataset
 
 N = 30
@@ -45,6 +47,67 @@ def test_torch_loader_with_workers(url: str, tmp_path: Path) -> None:
     assert ds.epoch == 2 and epochs[0].tolist() != epochs[1].tolist()  # the spawned workers saw the new epoch
     mapped = ShardMapDataset(url)
     np.testing.assert_array_equal(mapped[7]["image"].numpy(), encode(np.array([7]))[0])
+
+
+try:
+    import torch
+
+    from shardkit.adapters.torch import ShardIterableDataset
+except ImportError:  # the torch extra is missing: the tests that need it skip
+    ShardIterableDataset = object  # type: ignore[assignment,misc]
+
+
+class _MarksPreparedPass(ShardIterableDataset):  # type: ignore[misc,valid-type]
+    """Ends each worker's pass with a marker sent only once the worker's next pass is prepared (its
+    sampler built and reading), so the main process knows when the epoch boundary is reached."""
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        yield from super().__iter__()
+        if self._next is not None:
+            self._next.wait()
+        yield {"prepared": torch.tensor([int(self._next is not None)])}
+
+
+def test_persistent_workers_ask_the_store_nothing_at_the_next_epochs_start(
+    s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the shards in the cache, epoch 2's first batch needs no request to the store: each
+    persistent worker built its next pass's sampler (dataset documents, identity) during epoch 1
+    and started reading it before the epoch ended. Every GET is counted by a proxy. 8 batches per
+    worker: a worker builds its next sampler after its 4th batch, and when the main process has
+    its first batch no worker was asked for more than 3 (DataLoader's prefetch_factor 2, plus one)."""
+    pytest.importorskip("torch")
+    n = 64
+    url = upload(make_dataset(tmp_path / "ds", n, records_per_shard=8), s3.url("ds"))
+    proxy = FaultProxy(s3.port, lambda n: "ok")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    try:
+        (tmp_path / "cache").mkdir()
+        ds = _MarksPreparedPass(url, batch_size=4, epochs=1, seed=3, cache_dir=tmp_path / "cache")
+        loader = ds.loader(num_workers=2)
+        orders = []
+        for epoch in range(2):
+            it = iter(loader)
+            gets = len(proxy.gets)
+            first = next(it)
+            if epoch == 1:
+                assert proxy.gets[gets:] == [], "the store was asked at the start of epoch 2"
+            keys, prepared = [], []
+            for batch in [first, *it]:
+                if "prepared" in batch:
+                    prepared.append(int(batch["prepared"]))
+                    continue
+                k = batch["key"].numpy()
+                np.testing.assert_array_equal(batch["image"].numpy(), encode(k))
+                keys.append(k)
+            assert prepared == [1, 1]
+            orders.append(np.concatenate(keys))
+            assert sorted(orders[-1].tolist()) == list(range(n))
+        assert orders[0].tolist() != orders[1].tolist()
+        del it, loader
+        ds.close()
+    finally:
+        proxy.close()
 
 
 def test_tf_dataset(url: str) -> None:
