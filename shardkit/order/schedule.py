@@ -47,6 +47,7 @@ __all__ = [
     "pool_batches",
     "FIRST_BLOCK_BYTES",
     "FIRST_BLOCK_RECORDS",
+    "BLOCK_RECORD_BYTES",
     "MIN_BLOCK_BYTES",
     "BLOCK_EFFICIENCY",
     "QUEUE_OVERLAP",
@@ -83,7 +84,7 @@ EXACT_PERMUTATION_LIMIT = 10**8
 #: shuffle (a numpy shuffle of 10^8 int64 takes over 10 s). At or below it the order is numpy's
 #: ``Generator.permutation(n)`` itself.
 HEAD_THRESHOLD = 1 << 22
-#: The head: the first block (:data:`FIRST_BLOCK_RECORDS`) of each of 4 consumers sharing the order,
+#: The head: the first block (:data:`FIRST_BLOCK_RECORDS`) of each of 32 consumers sharing the order,
 #: drawn in tens of milliseconds (more consumers wait for the whole order before their first batch).
 HEAD_RECORDS = 1 << 18
 #: Records of the complement written per step (bounded temporaries while the rest is drawn).
@@ -455,8 +456,14 @@ def ssd_block(ssd_bytes: int, record_nbytes: int, records_bound: int) -> int:
 FIRST_BLOCK_BYTES = 16 << 20
 #: ... and at most this many records: small records cost more per record than per byte (the first
 #: block of 32-byte records would otherwise be half a million records, sorted and planned before the
-#: first batch).
-FIRST_BLOCK_RECORDS = 1 << 16
+#: first batch; a first block is sparse, so each of its small records is a request vector entry of
+#: its own: 8,192 of them cost tens of milliseconds).
+FIRST_BLOCK_RECORDS = 1 << 13
+#: Bookkeeping bytes of a block record besides the record, counted in the RAM budget: its key (8,
+#: kept until its batch is assembled), its buffer and row (int32 each) and the read's sort (key and
+#: position, 16) while it is read; two blocks in flight, one of them being read (docs/design.md §4,
+#: *Memory per record*).
+BLOCK_RECORD_BYTES = 24
 #: Blocks are at least this large when the budget allows (per-block overhead; device queue depth).
 MIN_BLOCK_BYTES = 64 << 20
 #: The read efficiency a block's density should reach, if the budget allows (the rest of the budget
