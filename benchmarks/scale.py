@@ -13,7 +13,8 @@ processes, files in the page cache (one warm-up read of every shard first):
 
 Reported per configuration (medians over ``--rounds``): records/s over the epoch (construction
 excluded), construction + first batch, CPU time of the whole process per record (all threads,
-construction included: steadier than wall time on a loaded machine), peak RSS (``VmHWM``) and PSS (``/proc/self/smaps_rollup``,
+construction included: steadier than wall time on a loaded machine), the process's CPU time up to
+the first batch (background threads included), peak RSS (``VmHWM``) and PSS (``/proc/self/smaps_rollup``,
 sampled during the epoch and at its end), both including the interpreter and imports (``base`` is the
 RSS before the sampler is built). ``--before TREE`` runs the sampler of another shardkit tree (e.g.
 ``git archive e062d53 shardkit | tar -x -C /tmp/scale-before``) in the same run, as
@@ -128,11 +129,11 @@ def sampler_worker(cfg: dict[str, Any]) -> dict[str, Any]:
     t0, c0 = time.perf_counter(), time.process_time()
     s = TieredSampler(cfg["path"], ram_size=RAM, batch_size=BATCH, epochs=1, seed=int(cfg["seed"]))
     built = time.perf_counter() - t0
-    first, records, check = None, 0, 0
+    first, first_cpu, records, check = None, 0.0, 0, 0
     t1 = time.perf_counter()
     for b in s:
         if first is None:
-            first = time.perf_counter() - t0
+            first, first_cpu = time.perf_counter() - t0, time.process_time() - c0
             t1 = time.perf_counter()  # the epoch's rate counts from the first batch on
         keys = b["key"]
         records += int(keys.shape[0])
@@ -143,7 +144,8 @@ def sampler_worker(cfg: dict[str, Any]) -> dict[str, Any]:
     probe.poll()
     s.close()
     return {"records": records, "seconds": dt, "built": built, "first": first or 0.0, "wrong": check, "cpu": cpu,
-            "peak_rss": _status("VmHWM"), "pss": max(probe.peak, _pss()), "base_rss": base}  # fmt: skip
+            "first_cpu": first_cpu, "peak_rss": _status("VmHWM"), "pss": max(probe.peak, _pss()),
+            "base_rss": base}  # fmt: skip
 
 
 def numpy_worker(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -158,7 +160,7 @@ def numpy_worker(cfg: dict[str, Any]) -> dict[str, Any]:
         maps = [ds.payload.memmap(i) for i in range(len(ds.payload.shards))]
     order = np.random.default_rng(int(cfg["seed"])).permutation(n)
     out = np.empty((BATCH, REC), dtype=np.uint8)
-    first, records, wrong = None, 0, 0
+    first, first_cpu, records, wrong = None, 0.0, 0, 0
     t1 = time.perf_counter()
     for a in range(0, n, BATCH):
         keys = np.sort(order[a : a + BATCH])
@@ -169,7 +171,7 @@ def numpy_worker(cfg: dict[str, Any]) -> dict[str, Any]:
             i = int(shard[lo])
             out[lo:hi] = maps[i][keys[lo:hi] - i * s]
         if first is None:
-            first = time.perf_counter() - t0
+            first, first_cpu = time.perf_counter() - t0, time.process_time() - c0
             t1 = time.perf_counter()
         records += k
         wrong += int(np.count_nonzero(out[:k, :8].copy().view("<u8").reshape(-1) != keys))
@@ -177,7 +179,8 @@ def numpy_worker(cfg: dict[str, Any]) -> dict[str, Any]:
     dt, cpu = time.perf_counter() - t1, time.process_time() - c0
     probe.poll()
     return {"records": records, "seconds": dt, "built": 0.0, "first": first or 0.0, "wrong": wrong, "cpu": cpu,
-            "peak_rss": _status("VmHWM"), "pss": max(probe.peak, _pss()), "base_rss": base}  # fmt: skip
+            "first_cpu": first_cpu, "peak_rss": _status("VmHWM"), "pss": max(probe.peak, _pss()),
+            "base_rss": base}  # fmt: skip
 
 
 def run(kind: str, tree: str, path: Path, seed: int) -> dict[str, Any]:
@@ -200,9 +203,9 @@ def report(sizes: list[int], work: Path, trees: dict[str, str], rounds: int) -> 
         f"files in the page cache; medians of {rounds} round(s). RSS/PSS in MiB include the interpreter "
         "(base: RSS before the sampler).",
         "",
-        "| records | run | records/s | construct + first batch | epoch s | CPU µs/record | peak RSS | peak PSS | base RSS "
-        "| per record above base |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| records | run | records/s | construct + first batch | CPU to first batch | epoch s | CPU µs/record | peak RSS "
+        "| peak PSS | base RSS | per record above base |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for n in sizes:
         path = dataset(work, n)
@@ -219,12 +222,13 @@ def report(sizes: list[int], work: Path, trees: dict[str, str], rounds: int) -> 
             rs = results[label]
 
             def med(key: str, rs: list[dict[str, Any]] = rs) -> float:
-                return statistics.median(float(x[key]) for x in rs)
+                return statistics.median(float(x.get(key, 0.0)) for x in rs)
 
             rate = statistics.median(x["records"] / x["seconds"] for x in rs)
             extra = med("peak_rss") - med("base_rss")
             lines.append(
-                f"| {n:.0e} | {label} | {rate / 1e6:.2f} M | {med('first'):.2f} s | {med('seconds'):.1f} | "
+                f"| {n:.0e} | {label} | {rate / 1e6:.2f} M | {med('first'):.2f} s | {med('first_cpu'):.2f} s | "
+                f"{med('seconds'):.1f} | "
                 f"{med('cpu') / n * 1e6:.2f} | "
                 f"{_mib(med('peak_rss'))} | {_mib(med('pss'))} | {_mib(med('base_rss'))} | {extra / n:.1f} B |"
             )

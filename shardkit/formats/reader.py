@@ -35,7 +35,16 @@ from shardkit.formats.codecs import RecordCodec, codec_from_zarr, decode_record
 from shardkit.formats.index import ShardIndex, crc32c_of
 from shardkit.formats.metadata import read_json
 from shardkit.formats.paths import resolve_inside
-from shardkit.formats.spec import MAX_NDIM, MAX_RECORDS_PER_SHARD, ZARR_JSON, FieldSpec, ShardInfo, chunk_key, index_nbytes
+from shardkit.formats.spec import (
+    CHECKSUM_NBYTES,
+    MAX_NDIM,
+    MAX_RECORDS_PER_SHARD,
+    ZARR_JSON,
+    FieldSpec,
+    ShardInfo,
+    chunk_key,
+    index_nbytes,
+)
 from shardkit.formats.versions import older_copy, read_document
 from shardkit.stores import LocalStore
 from shardkit.stores.local import open_regular
@@ -57,7 +66,9 @@ SCATTER_MIN_BYTES = 16 * 1024
 IOVEC_BYTES = 4096
 #: Distinct records planned at once by :meth:`PayloadArray.read_into` (a larger request is planned
 #: and read in pieces of ascending keys): bounds the plan's per-record arrays (about 100 bytes a record).
-PLAN_RECORDS = 1 << 18
+PLAN_RECORDS = 1 << 16
+#: 8-byte words of a shard index compared per step with the fixed-size layout's.
+_COMPARE_WORDS = 1 << 17
 #: Size of the bounce buffer that small records are read through, per run.
 BOUNCE_BYTES = 4 << 20
 #: Alignment of every destination buffer :meth:`PayloadArray.empty` allocates: a page, so a buffer
@@ -252,14 +263,39 @@ def _scatter_rows(rows: list[np.ndarray], which: np.ndarray, row: np.ndarray, pi
         return
     w0 = int(which[0])
     if np.all(which == w0):
-        rows[w0][row] = piece
+        _records(rows[w0])[row] = _records(piece)
         return
     # A stable sort of small integers is a radix sort (several times faster than of int64).
     by = np.argsort(which.astype(np.int16) if len(rows) <= 1 << 15 else which, kind="stable")
-    grouped, dst, src = which[by], row[by], piece[by]  # then one fancy-indexed copy per buffer
+    grouped, dst, src = which[by], row[by], _records(piece)[by]  # then one fancy-indexed copy per buffer
     cuts = np.flatnonzero(grouped[1:] != grouped[:-1]) + 1
     for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), by.size]):
-        rows[int(grouped[lo])][dst[lo:hi]] = src[lo:hi]
+        _records(rows[int(grouped[lo])])[dst[lo:hi]] = src[lo:hi]
+
+
+def _records(rows: np.ndarray) -> np.ndarray:
+    """``[n, nbytes]`` C-contiguous bytes as ``n`` opaque records (``void`` of ``nbytes``): numpy
+    gathers and scatters those one block copy each, several times faster than rows of bytes."""
+    if not rows.flags.c_contiguous:
+        rows = np.ascontiguousarray(rows)
+    return rows.view(np.dtype((np.void, rows.shape[1]))).reshape(-1)
+
+
+def _sorted_with_order(keys: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(order, keys[order])`` with ``order`` the stable argsort of ``keys`` (in ``[0, bound)``).
+    When key and position fit one int64, they are sorted packed together: a plain sort of integers
+    (several times faster than a stable argsort, and no merge buffer); otherwise the argsort."""
+    n = int(keys.shape[0])
+    bits = max(1, (n - 1).bit_length())
+    if int(bound) > 1 << (62 - bits):
+        order = np.argsort(keys, kind="stable")
+        return order, keys[order]
+    packed = np.left_shift(keys, bits)
+    packed |= np.arange(n, dtype=np.int64)
+    packed.sort()
+    order = packed & ((1 << bits) - 1)
+    packed >>= bits
+    return order, packed
 
 
 def aligned_empty(n: int, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
@@ -347,6 +383,9 @@ class PayloadArray:
         self._indexes: dict[int, ShardIndex] = {}
         #: Shards whose checked index is the fixed-size layout, not kept (see :meth:`_dense_shard`).
         self._dense_shards: set[int] = set()
+        self._dense_index: tuple[int, bytes] | None = None
+        self._index_read: np.ndarray | None = None
+        self._check_lock = threading.Lock()
         self._shard_names: dict[int, str] = {}
         self._lock = threading.Lock()
         self._scratch = np.empty(max(self.gap_bytes, 1), dtype=np.uint8)
@@ -533,11 +572,62 @@ class PayloadArray:
             return True
         if type(self) is not PayloadArray or self.codec is not None or self.shards[i].nbytes < 0:
             return False
-        self.index(i)  # reads and checks it (CorruptIndexError unless the dense layout, all present)
-        with self._lock:
-            self._dense_shards.add(i)
-            self._indexes.pop(i, None)
+        with self._check_lock:  # one check at a time: they share the comparison's buffers
+            if i in self._dense_shards:
+                return True
+            if i in self._indexes or not self._canonical_index(i):  # checked already, or not the canonical bytes
+                self.index(i)  # reads and checks it (CorruptIndexError unless the dense layout, all present)
+            with self._lock:
+                self._dense_shards.add(i)
+                self._indexes.pop(i, None)
+                if len(self._dense_shards) == len(self.shards):
+                    self._dense_index = self._index_read = None
         return True
+
+    def _canonical_index(self, i: int) -> bool:
+        """True when shard ``i``'s index is byte for byte the fixed-size layout's (crc32c included,
+        and the one the metadata records), its size the recorded one and its tail as recorded: every
+        check of :meth:`index` would pass, so one comparison stands in for decoding 16 bytes a record
+        (with many small records, most of the wait for the first batch). False for anything else,
+        which :meth:`index` then checks and reports."""
+        info = self.shards[i]
+        isize = index_nbytes(self.records_per_shard)
+        fd = self._fd(i)
+        size = os.fstat(fd).st_size
+        if size != info.nbytes or size - isize < info.count * self.record_nbytes:
+            return False
+        expected = self._dense_index_bytes(info.count)
+        if info.index_crc32c is not None and info.index_crc32c != int.from_bytes(expected[-4:], "little"):
+            return False
+        cut = self._tail_nbytes(i)
+        raw = self._index_buffer(cut + isize)
+        self._preadv_all(fd, self._shard_str(i), [raw.data], size - raw.size)  # the index and the tail: one request
+        body = isize - CHECKSUM_NBYTES  # the entries (8-byte words), then the crc32c
+        if raw[cut + body :].tobytes() != expected[body:]:
+            return False
+        found = raw[cut : cut + body].view("<u8")
+        want = np.frombuffer(expected, "<u8", count=body // 8)
+        for a in range(0, found.size, _COMPARE_WORDS):  # in pieces: no 16 MiB temporary
+            if not np.array_equal(found[a : a + _COMPARE_WORDS], want[a : a + _COMPARE_WORDS]):
+                return False
+        if cut:
+            self._check_tail(i, raw[:cut].tobytes())
+        return True
+
+    def _dense_index_bytes(self, count: int) -> bytes:
+        """The encoded index of a fixed-size shard of ``count`` records (the last one built is kept
+        until every shard was checked: all but the last shard have the same)."""
+        kept = self._dense_index
+        if kept is None or kept[0] != count:
+            kept = self._dense_index = (count, ShardIndex.dense(count, self.records_per_shard, self.record_nbytes).encode())
+        return kept[1]
+
+    def _index_buffer(self, nbytes: int) -> np.ndarray:
+        """A reused buffer of ``nbytes`` for :meth:`_canonical_index` (kept with :attr:`_dense_index`)."""
+        buf = self._index_read
+        if buf is None or buf.size < nbytes:
+            buf = self._index_read = np.empty(nbytes, dtype=np.uint8)
+        return buf[:nbytes]
 
     def is_dense(self, i: int) -> bool:
         """True when shard ``i`` is the fixed-size layout (record j at ``j * record_nbytes``)."""
@@ -580,8 +670,7 @@ class PayloadArray:
         if int(keys.min()) < 0 or int(keys.max()) >= self.num_records:
             bad = int(keys[(keys < 0) | (keys >= self.num_records)][0])
             raise IndexError(f"{self.path}: record key {bad} outside [0, {self.num_records})")
-        order = np.argsort(keys, kind="stable")
-        sorted_keys = keys[order]
+        order, sorted_keys = _sorted_with_order(keys, self.num_records)
         dup = np.empty(n, dtype=bool)
         dup[0] = False
         np.equal(sorted_keys[1:], sorted_keys[:-1], out=dup[1:])
@@ -698,7 +787,7 @@ class PayloadArray:
         rec = self.record_nbytes
         # Larger pieces when the records go to many buffers (a block's batches), so each buffer's
         # share of a piece is hundreds of records, not a few (a numpy call per buffer and piece).
-        piece_bytes = min(8 * BOUNCE_BYTES, max(BOUNCE_BYTES, 512 * rec * len(rows)))
+        piece_bytes = min(2 * BOUNCE_BYTES, max(BOUNCE_BYTES, 512 * rec * len(rows)))
         bounce = np.empty(max(rec, piece_bytes), dtype=np.uint8)
         bounds = plan.runs()
         for run in runs.tolist():
@@ -717,7 +806,8 @@ class PayloadArray:
                 elif rel[-1] == (c - a - 1) * rec:  # no gaps: the bounce buffer itself, as records
                     piece = bounce[: length].reshape(-1, rec)
                 else:  # [c - a, rec]: each record's bytes, gaps dropped (one small copy)
-                    piece = bounce[: (length // rec) * rec].reshape(-1, rec)[rel // rec]
+                    piece = _records(bounce[: (length // rec) * rec].reshape(-1, rec))[rel // rec]
+                    piece = piece.view(np.uint8).reshape(-1, rec)
                 _scatter_rows(rows, plan.which[a:c], plan.row[a:c], piece)
                 a = c
 

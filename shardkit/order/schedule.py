@@ -7,7 +7,8 @@ rules (docs/design.md §4, *The schedule*).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -23,6 +24,10 @@ __all__ = [
     "BATCH_PREFETCH",
     "epoch_permutation",
     "permute_into",
+    "HEAD_THRESHOLD",
+    "HEAD_RECORDS",
+    "head_size",
+    "head_keys",
     "replacement_stream",
     "epoch_stream",
     "EpochShare",
@@ -42,6 +47,7 @@ __all__ = [
     "pool_batches",
     "FIRST_BLOCK_BYTES",
     "FIRST_BLOCK_RECORDS",
+    "BLOCK_RECORD_BYTES",
     "MIN_BLOCK_BYTES",
     "BLOCK_EFFICIENCY",
     "QUEUE_OVERLAP",
@@ -50,6 +56,7 @@ __all__ = [
     "resolve_permutation",
     "EpochOrder",
     "ArrayOrder",
+    "HeadFirstOrder",
     "BijectionOrder",
     "RangeOrder",
     "epoch_order",
@@ -72,18 +79,106 @@ PERMUTATIONS = ("auto", "exact", "feistel")
 EXACT_PERMUTATION_LIMIT = 10**8
 
 
+#: Above this many records the exact permutation draws its first :data:`HEAD_RECORDS` positions
+#: on their own, before the rest: the first block's keys are known in O(head), not after an O(N)
+#: shuffle (a numpy shuffle of 10^8 int64 takes over 10 s). At or below it the order is numpy's
+#: ``Generator.permutation(n)`` itself.
+HEAD_THRESHOLD = 1 << 22
+#: The head: the first block (:data:`FIRST_BLOCK_RECORDS`) of each of 32 consumers sharing the order,
+#: drawn in tens of milliseconds (more consumers wait for the whole order before their first batch).
+HEAD_RECORDS = 1 << 18
+#: Records of the complement written per step (bounded temporaries while the rest is drawn).
+_COMPLEMENT_CHUNK = 1 << 20
+
+
 # ---------------------------------------------------------------------------------------------- streams
-def epoch_permutation(seed: int, epoch: int, n: int) -> np.ndarray:
-    """The epoch order ``pi``: a uniform random permutation of ``range(n)`` defined by ``(seed, epoch)``."""
-    return permute_into(seed, epoch, np.empty(int(n), dtype=np.int64))
+def head_size(n: int, head: int | None = None) -> int:
+    """Positions of the exact permutation of ``n`` records drawn before the rest (0: none);
+    ``head`` overrides the default rule (a head of all ``n`` positions means none)."""
+    n = int(n)
+    k = (HEAD_RECORDS if n > HEAD_THRESHOLD else 0) if head is None else max(0, int(head))
+    return k if k < n else 0
 
 
-def permute_into(seed: int, epoch: int, out: np.ndarray) -> np.ndarray:
-    """:func:`epoch_permutation` written into ``out`` (int64, e.g. node-shared memory), no other copy;
-    identical to ``Generator.permutation(n)``."""
-    out[:] = np.arange(out.shape[0], dtype=np.int64)
-    rng(Domain.EPOCH_ORDER, seed, epoch).shuffle(out)
+def epoch_permutation(seed: int, epoch: int, n: int, head: int | None = None) -> np.ndarray:
+    """The epoch order ``pi``: a uniform random permutation of ``range(n)`` defined by ``(seed, epoch)``
+    (``head`` overrides :func:`head_size`, see :func:`permute_into`)."""
+    return permute_into(seed, epoch, np.empty(int(n), dtype=np.int64), head)
+
+
+def permute_into(seed: int, epoch: int, out: np.ndarray, head: int | None = None) -> np.ndarray:
+    """:func:`epoch_permutation` written into ``out`` (int64, e.g. node-shared memory), no other copy
+    of ``N`` records.
+
+    Without a head (``n <= HEAD_THRESHOLD``) it is ``Generator.permutation(n)``. With a head of
+    ``k`` positions, ``pi[:k]`` is a uniform ordered ``k``-sample without replacement
+    (:func:`head_keys`) and ``pi[k:]`` a uniform permutation of the other keys, drawn from the same
+    generator afterwards: the product of the two laws is the uniform law on permutations, so the order
+    is exactly uniform, and its head is known before the rest is drawn."""
+    n = int(out.shape[0])
+    k = head_size(n, head)
+    gen = rng(Domain.EPOCH_ORDER, seed, epoch)
+    if k == 0:
+        out[:] = np.arange(n, dtype=np.int64)
+        gen.shuffle(out)
+        return out
+    first = _distinct_draws(gen, n, k)
+    out[:k] = first
+    _complement_into(np.sort(first), out[k:])
+    gen.shuffle(out[k:])
     return out
+
+
+def head_keys(seed: int, epoch: int, n: int, head: int | None = None) -> np.ndarray:
+    """``pi[:k]`` of :func:`epoch_permutation` in O(k) (``k`` = :func:`head_size` or ``head``)."""
+    k = head_size(n, head)
+    if k == 0:
+        return np.empty(0, dtype=np.int64)
+    return _distinct_draws(rng(Domain.EPOCH_ORDER, seed, epoch), n, k)
+
+
+def _distinct_draws(gen: np.random.Generator, n: int, k: int) -> np.ndarray:
+    """The first ``k`` distinct values of an i.i.d. uniform stream over ``range(n)``, in the order
+    they first appear: each is uniform over the values not seen yet, so this is a uniform ordered
+    sample without replacement. The stream is drawn in pieces (about the expected length) and
+    de-duplicated by sorting: O(k log k), nothing of size ``n``."""
+    got = np.empty(0, dtype=np.int64)
+    while got.size < k:
+        need = k - got.size
+        draw = gen.integers(0, n, size=need + need * k // max(1, n - k) + 64, dtype=np.int64)
+        stream = np.concatenate([got, draw])  # ``got`` is distinct and comes first: it keeps its place
+        got = _first_occurrences(stream)[:k]
+    return got
+
+
+def _first_occurrences(stream: np.ndarray) -> np.ndarray:
+    """``stream`` without the repeats of a value after its first occurrence (order kept). Repeats are
+    rare here, so a plain sort finds the repeated values and only their occurrences are ranked."""
+    ordered = np.sort(stream)
+    repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+    if not repeated.size:
+        return stream
+    values = np.unique(repeated)
+    at = np.searchsorted(values, stream).clip(max=values.size - 1)
+    where = np.flatnonzero(values[at] == stream)  # every occurrence of a repeated value, ascending
+    _, first = np.unique(stream[where], return_index=True)  # stable: the first occurrence of each
+    keep = np.ones(stream.size, dtype=bool)
+    keep[where] = False
+    keep[where[first]] = True
+    return stream[keep]
+
+
+def _complement_into(taken: np.ndarray, out: np.ndarray) -> None:
+    """``out`` = the values of ``range(len(taken) + len(out))`` not in ``taken`` (sorted, distinct),
+    ascending, in chunks: value ``i`` of the complement is ``i + #{j : taken[j] - j <= i}``."""
+    m = int(out.shape[0])
+    shifted = taken - np.arange(taken.size, dtype=np.int64)  # non-decreasing
+    for a in range(0, m, _COMPLEMENT_CHUNK):
+        b = min(m, a + _COMPLEMENT_CHUNK)
+        lo, hi = np.searchsorted(shifted, [a, b], side="left")
+        steps = np.bincount(shifted[lo:hi] - a, minlength=b - a)
+        np.cumsum(steps, out=steps)
+        out[a:b] = np.arange(a + lo, b + lo, dtype=np.int64) + steps
 
 
 def replacement_stream(seed: int, epoch: int, n: int, k: int) -> np.ndarray:
@@ -144,6 +239,62 @@ class ArrayOrder:
 
     def keys(self, positions: np.ndarray) -> np.ndarray:
         return np.asarray(self.array[positions], dtype=np.int64)
+
+
+class HeadFirstOrder:
+    """An exact order whose head (:func:`head_keys`) answers at once while ``compute`` draws the whole
+    order in a background thread: keys of head positions come from the head, any other position
+    waits for the whole order. ``compute`` returns that order and what releases it (or ``None``)."""
+
+    def __init__(self, head: np.ndarray, n: int,
+                 compute: Callable[[], tuple[EpochOrder, Callable[[], None] | None]]) -> None:  # fmt: skip
+        self._head = head
+        self._n = int(n)
+        self._compute = compute
+        self._order: EpochOrder | None = None
+        self._release: Callable[[], None] | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="shardkit-order", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._order, self._release = self._compute()
+        except BaseException as exc:  # re-raised in the thread that asks for a key beyond the head
+            self._error = exc
+
+    @property
+    def size(self) -> int:
+        return self._n
+
+    @property
+    def drawn(self) -> bool:
+        """The whole order is there (or its computation failed)."""
+        return not self._thread.is_alive()
+
+    def whole(self) -> EpochOrder:
+        """The whole order (waits for the background draw)."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._order is not None
+        return self._order
+
+    def keys(self, positions: np.ndarray) -> np.ndarray:
+        positions = np.asarray(positions, dtype=np.int64)
+        k = self._head.shape[0]
+        if not positions.size:
+            return np.empty(0, dtype=np.int64)
+        if 0 <= int(positions.min()) and int(positions.max()) < k:
+            return np.asarray(self._head[positions], dtype=np.int64)
+        return self.whole().keys(positions)
+
+    def release(self) -> None:
+        """Every key was computed: let go of the whole order's memory (after its draw ends)."""
+        self._thread.join()
+        if self._release is not None:
+            self._release()
+            self._release = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -305,8 +456,14 @@ def ssd_block(ssd_bytes: int, record_nbytes: int, records_bound: int) -> int:
 FIRST_BLOCK_BYTES = 16 << 20
 #: ... and at most this many records: small records cost more per record than per byte (the first
 #: block of 32-byte records would otherwise be half a million records, sorted and planned before the
-#: first batch).
-FIRST_BLOCK_RECORDS = 1 << 16
+#: first batch; a first block is sparse, so each of its small records is a request vector entry of
+#: its own: 8,192 of them cost tens of milliseconds).
+FIRST_BLOCK_RECORDS = 1 << 13
+#: Bookkeeping bytes of a block record besides the record, counted in the RAM budget: its key (8,
+#: kept until its batch is assembled), its buffer and row (int32 each) and the read's sort (key and
+#: position, 16) while it is read; two blocks in flight, one of them being read (docs/design.md §4,
+#: *Memory per record*).
+BLOCK_RECORD_BYTES = 24
 #: Blocks are at least this large when the budget allows (per-block overhead; device queue depth).
 MIN_BLOCK_BYTES = 64 << 20
 #: The read efficiency a block's density should reach, if the budget allows (the rest of the budget

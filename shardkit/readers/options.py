@@ -21,6 +21,7 @@ from shardkit.formats import DEFAULT_GAP_BYTES
 from shardkit.formats.ranged import DEFAULT_REMOTE_GAP_BYTES
 from shardkit.order.schedule import (
     BATCH_PREFETCH,
+    BLOCK_RECORD_BYTES,
     MODES,
     PERMUTATIONS,
     block_limits,
@@ -442,8 +443,11 @@ class SamplerOptions(UserOptions):
             blocks_budget -= pinned * rec
         # Blocks of whole batches, read straight into the batch buffers: the pool is the memory.
         # SSD reservoirs are not whole batches, so their blocks may start inside one (one more each).
+        # Each block record also costs BLOCK_RECORD_BYTES of bookkeeping (its key, its row, the
+        # read's sort): counted here, or blocks of small records would take far more than the budget.
         aligned = ssd is None
-        per_block = (blocks_budget // (b * rec) - HOLD_BATCHES) // 2 - (0 if aligned else 1)
+        per_block = (max(0, blocks_budget - HOLD_BATCHES * b * rec) // (b * (rec + BLOCK_RECORD_BYTES))) // 2
+        per_block -= 0 if aligned else 1
         if per_block >= 1:
             first, largest = block_limits(per_block * b, rec, b, n, self.gap_bytes, bound, aligned)
         else:
@@ -454,7 +458,7 @@ class SamplerOptions(UserOptions):
                                           bound, aligned)  # fmt: skip
         pool = pool_batches(largest, b, aligned)
         if pinned is None:  # auto: the budget the blocks do not need caches records
-            pinned = min(n, max(0, blocks_budget - pool * b * rec) // rec)
+            pinned = min(n, max(0, blocks_budget - pool * b * rec - 2 * largest * BLOCK_RECORD_BYTES) // rec)
         return TierSizes(ram, largest, ssd, k1, pinned, first, pool, b, n, copy_bytes, rec, self._node_records(rec, n))
 
     def _node_records(self, rec: int, n: int) -> int:

@@ -25,8 +25,10 @@ from shardkit.order.mixture import PlanOrder
 from shardkit.order.schedule import (
     ArrayOrder,
     EpochOrder,
+    HeadFirstOrder,
     batches_per_consumer,
     epoch_order,
+    head_keys,
     plan_shape,
     resolve_permutation,
 )
@@ -419,13 +421,23 @@ class TieredSampler(Closing):
         """Epoch ``epoch``'s order: the exact permutation computed once per node when sharing is on,
         else this process's own (see :func:`~shardkit.order.schedule.epoch_order`)."""
         o = self.options
+        if o.mode == "epoch" and self.permutation == "exact":
+            head = head_keys(o.seed, epoch, self.num_records)
+            if head.size:  # a large dataset: the first blocks start while the rest is drawn
+                deferred = HeadFirstOrder(head, self.num_records, lambda: self._slot_order(epoch))
+                return PlanOrder(self._plan, epoch, deferred), deferred.release
+        slots, release = self._slot_order(epoch)
+        return PlanOrder(self._plan, epoch, slots), release
+
+    def _slot_order(self, epoch: int) -> tuple[EpochOrder, Callable[[], None] | None]:
+        """Epoch ``epoch``'s whole slot order and what releases it (see :meth:`_order`)."""
+        o = self.options
         if o.mode == "epoch" and self.permutation == "exact" and o.node_sharing:
             shared = node.node_permutation(o.seed, epoch, self.num_records)
             if shared is not None:
                 array, region = shared
-                return PlanOrder(self._plan, epoch, ArrayOrder(array)), region.release
-        slots = epoch_order(o.mode, o.seed, epoch, self.num_records, self.reservoir_size, self.permutation)
-        return PlanOrder(self._plan, epoch, slots), None
+                return ArrayOrder(array), region.release
+        return epoch_order(o.mode, o.seed, epoch, self.num_records, self.reservoir_size, self.permutation), None
 
     def __iter__(self) -> _Run:
         self._run.close()

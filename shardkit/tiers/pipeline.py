@@ -50,6 +50,8 @@ logger = logging.getLogger(__name__)
 
 #: Rows copied per numpy call when gathering scattered rows (a small temporary stays in the CPU cache).
 _GATHER_ROWS = 8
+#: Plan positions whose keys are computed at once (the positions' temporaries are a few times this).
+_KEY_PIECE = 1 << 18
 
 
 @dataclass(frozen=True, eq=False)
@@ -65,8 +67,13 @@ class Segment:
     release: Callable[[], None] | None = field(default=None, repr=False)
 
     def keys(self, a: int, b: int) -> np.ndarray:
-        """Keys of plan positions ``[a, b)``."""
-        return self.order.keys(self.shape.epoch_positions(a, b))
+        """Keys of plan positions ``[a, b)``, computed in pieces: the positions' temporaries stay
+        bounded whatever the block's size."""
+        out = np.empty(max(0, int(b) - int(a)), dtype=np.int64)
+        for c in range(int(a), int(b), _KEY_PIECE):
+            d = min(int(b), c + _KEY_PIECE)
+            out[c - a : d - a] = self.order.keys(self.shape.epoch_positions(c, d))
+        return out
 
     @property
     def length(self) -> int:
@@ -372,29 +379,29 @@ class Pipeline:
             keys = np.sort(keys)
             self._timed_read(read, keys, Destination.rows_of(array, keys.size), tier)
             return BlockRead(seg, a, b, keys, None, slot=ring_slot)
-        positions = np.arange(a, b, dtype=np.int64)
         bs = seg.shape.batch_size
-        batch_of = positions // bs
         buffers: dict[int, BatchBuffer] | None = None
         if not self.assemble_only:
             buffers = {}
-            for g in range(int(batch_of[0]), int(batch_of[-1]) + 1):
+            for g in range(a // bs, (b - 1) // bs + 1):
                 buf = open_buffers.pop(g, None)
                 buffers[g] = buf if buf is not None else self._pool().acquire(self.stop)
-            last = int(batch_of[-1])
+            last = (b - 1) // bs
             if int(seg.shape.batch_sizes[last]) > b - last * bs:  # the last batch continues in the next block
                 open_buffers[last] = buffers[last]
         if self.cache is None and buffers is not None:
             # Nothing pinned: every record straight into its batch row (no per-record cache arrays).
-            # Buffer and row as int32 (fewer than 2**31 batches and rows): 8 bytes a block record.
-            g0 = int(batch_of[0])
-            rows = (positions - batch_of * bs).astype(np.int32)
-            del positions
-            which = (batch_of - g0).astype(np.int32)
-            del batch_of
+            # Buffer and row as int32 (fewer than 2**31 batches and rows): 8 bytes a block record,
+            # computed from the block's offset in its first batch (no int64 temporaries).
+            g0 = a // bs
+            which = np.arange(a - g0 * bs, b - g0 * bs, dtype=np.int32)
+            rows = which % np.int32(bs)
+            which //= np.int32(bs)
             batch_arrays = tuple(buffers[g].array for g in range(g0, g0 + len(buffers)))
             self._timed_read(read, keys, Destination(batch_arrays, which, rows), tier)
             return BlockRead(seg, a, b, keys, buffers)
+        positions = np.arange(a, b, dtype=np.int64)
+        batch_of = positions // bs
         cached, crow, fill = self._cache_plan(keys)
         copies: list[_Copy] = []
         if cached.any():

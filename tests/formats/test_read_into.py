@@ -176,3 +176,35 @@ def test_a_dense_shard_index_is_checked_once_and_not_kept(tmp_path: Path) -> Non
         np.testing.assert_array_equal(ds.payload.read(np.arange(10)), zrecs[:10])
         assert ds.payload._indexes
 
+
+
+def test_a_canonical_dense_index_is_compared_not_decoded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An index byte for byte the fixed-size layout's (crc32c and the recorded one included) is
+    accepted by one comparison: decoding 16 bytes a record of every shard was most of the wait for the
+    first batch of 10^7 small records (issue #34). Any other index is decoded and refused as before."""
+    from shardkit.errors import CorruptIndexError
+    from shardkit.formats.index import ShardIndex
+
+    path, recs = _dataset(tmp_path, "small")
+    real = ShardIndex.decode
+    decoded: list[str] = []
+
+    def counted(*args: object, **kwargs: object) -> ShardIndex:
+        decoded.append(str(kwargs.get("path")))
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ShardIndex, "decode", counted)
+    with open_dataset(path) as ds:
+        np.testing.assert_array_equal(ds.payload.read(np.arange(recs.shape[0])[::-1]), recs[::-1])
+        assert decoded == [] and ds.payload._dense_index is None  # every shard seen: the comparison's buffers let go
+    # Entry 2 of shard 1 moved by one byte, its crc32c recomputed: decoded, and refused.
+    with open_dataset(path) as ds:
+        cap, rec, shard = ds.payload.records_per_shard, ds.payload.record_nbytes, ds.payload.shard_path(1)
+    index = ShardIndex.dense(7, cap, rec)
+    index.offsets[2] += 1
+    data = shard.read_bytes()
+    isize = len(index.encode())
+    shard.write_bytes(data[:-isize] + index.encode())
+    with open_dataset(path) as ds, pytest.raises(CorruptIndexError):
+        ds.payload.read(np.arange(7, 14))
+    assert decoded

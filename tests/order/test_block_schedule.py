@@ -57,12 +57,13 @@ def _ds(tmp_path: Path, n: int) -> Path:
     return make_dataset(tmp_path / "ds", n, records_per_shard=5, shape=SHAPE)
 
 
-# (tiers, ram_size, ssd_size) for N = 12 records of batch 1
+# (tiers, ram_size, ssd_size) for N = 12 records of batch 1; the budgets with a cache also pay their
+# two blocks' bookkeeping (4 and 3 records, BLOCK_RECORD_BYTES a record) so that records are left to cache
 SCHEDULES = {
     "tiny": dict(tiers="ram", ram_size="2records"),
-    "growing+cache": dict(tiers="ram", ram_size="11records"),
+    "growing+cache": dict(tiers="ram", ram_size=11 * REC + 2 * 4 * schedule.BLOCK_RECORD_BYTES),
     "all-cached": dict(tiers="ram", ram_size="12records"),
-    "ssd+cache": dict(tiers="ram,ssd", ram_size="11records", ssd_size="20records"),
+    "ssd+cache": dict(tiers="ram,ssd", ram_size=11 * REC + 2 * 3 * schedule.BLOCK_RECORD_BYTES, ssd_size="20records"),
 }
 
 

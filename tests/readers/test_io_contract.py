@@ -14,6 +14,7 @@ import pytest
 from shardkit.formats import PayloadArray
 from shardkit.formats.reader import Destination
 from shardkit.formats.spec import TAIL_SAMPLE_NBYTES, index_nbytes
+from shardkit.order.schedule import BLOCK_RECORD_BYTES
 from shardkit.readers import TieredSampler
 from tests.helpers.sampler_data import collect, make_dataset
 
@@ -94,7 +95,9 @@ def test_ascending_offsets_and_exactly_once(tmp_path: Path, ssd_dir: Path, pass_
 def test_gap_coalescing_reads_small_gaps(tmp_path: Path) -> None:
     """With the default 64 KiB gap, tiny records are read in few large requests (the trade-off)."""
     ds = make_dataset(tmp_path / "ds", 200, records_per_shard=50)
-    s = TieredSampler(ds, ram_size="100records", batch_size=10)
+    # 100 records of 16 bytes and the bookkeeping of two blocks of 40: blocks of 40 (no static cache)
+    s = TieredSampler(ds, ram_size=100 * 16 + 2 * 40 * BLOCK_RECORD_BYTES, static_cache="0", batch_size=10)
+    assert (s.ram_block, s.memory_plan.static_records) == (40, 0)
     collect(s)
     blocks = -(-200 // s.ram_block)
     assert s.stats.disk.read_calls == blocks * 4 + 4  # one request per shard per block, + 4 indexes

@@ -1,0 +1,47 @@
+"""Memory of many small records (issue 34): a block's bookkeeping is part of ``ram_size``.
+
+A block record costs ``BLOCK_RECORD_BYTES`` besides the record (its key, its buffer and row, the
+read's sort); for 32-byte records that is most of a record, so blocks sized by the records' bytes
+alone took about 1.75x ``ram_size``. The plan must fit batch buffers, the static cache and that
+bookkeeping in the budget; large records keep (almost) the same blocks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shardkit.order.schedule import BLOCK_RECORD_BYTES
+from shardkit.readers import TieredSampler, epoch_permutation
+from shardkit.readers.options import SamplerOptions
+from tests.helpers.sampler_data import collect, make_dataset
+
+
+@pytest.mark.parametrize("rec", [8, 32, 1024, 150_528])
+@pytest.mark.parametrize("static_cache", ["auto", "0"])
+def test_buffers_cache_and_block_bookkeeping_fit_the_ram_budget(rec: int, static_cache: str) -> None:
+    ram, batch, n = 256 << 20, 4096 if rec < 1024 else 16, 10**9 // rec
+    sizes = SamplerOptions(ram_size=ram, batch_size=batch, static_cache=static_cache).tier_sizes(rec, n)
+    buffers = sizes.pool_batches * batch * rec
+    bookkeeping = 2 * sizes.ram_block * BLOCK_RECORD_BYTES
+    assert buffers + bookkeeping + sizes.static_records * rec <= ram
+    if rec <= 32:  # ... and small records' blocks still take most of it (the density rule wants all)
+        assert sizes.ram_block * (rec + BLOCK_RECORD_BYTES) * 2 >= ram * 3 // 4
+
+
+def test_block_keys_are_computed_in_pieces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A block's keys come from its positions a piece at a time (bounded temporaries), in order,
+    for every consumer of a global batch."""
+    from shardkit.tiers import pipeline
+
+    monkeypatch.setattr(pipeline, "_KEY_PIECE", 3)
+    ds = make_dataset(tmp_path / "ds", 40, records_per_shard=7)
+    keys = []
+    for rank in range(2):
+        s = TieredSampler(ds, batch_size=4, seed=3, rank=rank, world_size=2, ram_size="40records")
+        keys.append(np.concatenate(collect(s)))
+    pi = epoch_permutation(3, 0, 40).reshape(-1, 2, 4)
+    for rank in range(2):
+        np.testing.assert_array_equal(keys[rank], pi[:, rank].reshape(-1))
