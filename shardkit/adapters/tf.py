@@ -47,16 +47,18 @@ def adopt_payload(batch: dict[str, np.ndarray], payload: str) -> dict[str, Any]:
 
 
 class _NextSampler:
-    """The sampler of the dataset's next iteration, built ahead of it: at ``make_tf_dataset`` and when
-    an iteration ends, so that an iteration's first batch waits for its reads only, not for opening
-    the dataset and its fields (tens of milliseconds of a cold pass). Used only by an iteration that
-    starts at the epoch it was built for and only while its dataset is unchanged; closed with the
-    dataset. Any thread (TensorFlow runs the generator in its own)."""
+    """The sampler of the dataset's next iteration, built ahead of it: at ``make_tf_dataset``, and in
+    the background when an iteration ends, so that an iteration's first batch waits for its reads
+    only, not for opening the dataset and its fields (tens of milliseconds of a cold pass), and the
+    iteration that ends does not wait for it either. Used only by an iteration that starts at the
+    epoch it was built for and only while its dataset is unchanged; closed with the dataset. Any
+    thread (TensorFlow runs the generator in its own)."""
 
     def __init__(self, build: Callable[[int], TieredSampler]) -> None:
         self._build = build
         self._lock = threading.Lock()
         self._ready: tuple[int, TieredSampler] | None = None
+        self._building: threading.Thread | None = None
         self._closed = False
 
     def prepare(self, epoch: int) -> None:
@@ -70,17 +72,34 @@ class _NextSampler:
             if unused is not None:
                 unused.close()
 
-    def prepare_quietly(self, epoch: int) -> None:
-        """:meth:`prepare`, a failure only logged: the iteration that needs the sampler builds its own
-        and reports the error then (the one that just finished must not fail for it)."""
-        try:
-            self.prepare(epoch)
-        except Exception:
-            logger.debug("building the next iteration's sampler ahead failed", exc_info=True)
+    def prepare_in_background(self, epoch: int) -> None:
+        """:meth:`prepare` in a thread of its own, a failure only logged: the iteration that needs the
+        sampler builds its own and reports the error then (the one that just ended must not fail
+        for it). :meth:`take` waits for it."""
+
+        def build(earlier: threading.Thread | None) -> None:
+            if earlier is not None:
+                earlier.join()  # one build at a time, so the later one is the one kept
+            try:
+                self.prepare(epoch)
+            except Exception:
+                logger.debug("building the next iteration's sampler ahead failed", exc_info=True)
+
+        with self._lock:
+            if self._closed:
+                return
+            self._building = threading.Thread(
+                target=build, args=(self._building,), name="shardkit-tf-next-sampler", daemon=True
+            )
+            self._building.start()  # inside the lock: take() never finds a thread not yet started
 
     def take(self, epoch: int) -> TieredSampler | None:
-        """The sampler built for ``epoch``, if there is one and the dataset is still the one it opened;
-        ``None`` otherwise (the caller builds its own)."""
+        """The sampler built for ``epoch`` (waiting for a build under way), if there is one and the
+        dataset is still the one it opened; ``None`` otherwise (the caller builds its own)."""
+        with self._lock:
+            building, self._building = self._building, None
+        if building is not None:
+            building.join()
         with self._lock:
             ready, self._ready = self._ready, None
         if ready is None:
@@ -266,11 +285,11 @@ def make_tf_dataset(
                 yield adopt_payload(batch, payload)
             if options.epochs is not None:
                 next_epoch[0] = epoch + options.epochs
-                # Built now, while the consumer still works on the last batches (a downstream
-                # prefetch holds them), not when it asks for the next iteration's first one.
+                # Built while the consumer finishes this iteration and starts the next (TensorFlow's
+                # iterator set-up), not after it asks for the next iteration's first batch.
                 spare = ahead_ref() if ahead_ref is not None else None
                 if spare is not None:
-                    spare.prepare_quietly(next_epoch[0])
+                    spare.prepare_in_background(next_epoch[0])
                 del spare
         finally:
             sampler.close()

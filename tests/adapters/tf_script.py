@@ -209,13 +209,17 @@ def cache_regions_with_the_dataset(keyed: str, seed: int) -> dict[str, list[str]
 def samplers_built_ahead(keyed: str, seed: int) -> dict[str, object]:
     """Samplers built while iterations run: per iteration, how many were built before its first batch
     arrived and its keys; whether every sampler built was closed once the dataset is deleted."""
+    import threading
+
     built: list[TieredSampler] = []
+    in_background: list[bool] = []  # per sampler built: by the adapter's background build
     closed: set[int] = set()
     init, close = TieredSampler.__init__, TieredSampler.close
 
     def init_spy(self: TieredSampler, *args: object, **kwargs: object) -> None:
         init(self, *args, **kwargs)  # type: ignore[arg-type]
         built.append(self)
+        in_background.append(threading.current_thread().name == "shardkit-tf-next-sampler")
 
     def close_spy(self: TieredSampler) -> None:
         closed.add(id(self))
@@ -230,14 +234,15 @@ def samplers_built_ahead(keyed: str, seed: int) -> dict[str, object]:
         iterations = []
 
         def iteration(ds: tf.data.Dataset, limit: int | None = None) -> None:
+            # Samplers the iteration itself built (in TensorFlow's thread, before its first batch).
             before, keys, first = len(built), [], None
             for i, b in enumerate(ds):
                 if first is None:
-                    first = len(built) - before
+                    first = in_background[before:].count(False)
                 keys += b["key"].numpy().tolist()
                 if limit is not None and i + 1 == limit:
                     break
-            iterations.append({"built_before_first": first, "built_during": len(built) - before, "keys": keys})
+            iterations.append({"built_in_iteration": first, "keys": keys})
 
         iteration(ds)  # epoch 0, with the sampler make_tf_dataset built
         iteration(ds)  # epoch 1, with the one the first iteration built as it ended
@@ -245,8 +250,11 @@ def samplers_built_ahead(keyed: str, seed: int) -> dict[str, object]:
         iteration(ds)  # epoch 2 again: no sampler was built ahead for it, this iteration builds its own
         del ds
         gc.collect()
-        return {"at_make": at_make, "iterations": iterations,
-                "all_closed": all(id(s) in closed for s in built), "count": len(built)}
+        for t in threading.enumerate():  # a build still under way closes its sampler when it ends
+            if t.name == "shardkit-tf-next-sampler":
+                t.join(30)
+        return {"at_make": at_make, "iterations": iterations, "in_background": in_background,
+                "all_closed": all(id(s) in closed for s in built)}
     finally:
         TieredSampler.__init__, TieredSampler.close = init, close  # type: ignore[method-assign]
 
@@ -311,6 +319,31 @@ def next_sampler_cases() -> dict[str, object]:
     closed.set()
     t.join(10)
     out["close_during_build"] = [made[-1].epoch == 10, made[-1].closed, racing.take(10) is None]
+
+    # In the background: take() waits for the build under way (the build goes on only once take
+    # was called, so a take that did not wait would find nothing); of two builds the later is kept.
+    take_called = threading.Event()
+
+    class Waiting(_NextSampler):
+        def take(self, epoch: int) -> object:  # type: ignore[override]
+            take_called.set()
+            return super().take(epoch)
+
+    def gated_build(epoch: int) -> _Fake:
+        take_called.wait(10)
+        return build(epoch)
+
+    background = Waiting(gated_build)  # type: ignore[arg-type]
+    background.prepare_in_background(11)
+    got = background.take(11)
+    out["take_waits"] = [got is made[-1], made[-1].epoch == 11, not made[-1].closed]
+    background.prepare_in_background(12)
+    background.prepare_in_background(13)
+    got = background.take(13)
+    out["later_kept"] = [made[-2].epoch == 12, made[-2].closed, got is made[-1], made[-1].epoch == 13]
+    background.close()
+    background.prepare_in_background(14)  # after close: nothing is built
+    out["none_after_close"] = [made[-1].epoch == 13, background.take(14) is None]
     return out
 
 
