@@ -1,21 +1,31 @@
 """Cold passes of the tiered sampler driven by TensorFlow's ``from_generator``, next to the bare sampler.
 
-Run: ``python benchmarks/tf_generator.py`` (reuses ``benchmarks/_data/adapters-bench``, 10 000
-224x224x3 records, written by ``adapters.py`` if missing). It isolates the cold tf.data cap found in
-the adapters benchmark (RESULTS.md, "tf.data lets go of its holder"): the generator builds a
-``TieredSampler`` and yields only each batch's keys, so no payload crosses into TensorFlow and the
-adapter's own work (DLPack adoption, presentation) is out of the picture. Each configuration runs
-with the node-shared static cache (``auto``) and without it (``0``); passes are interleaved and the
-page cache is dropped before each. Prints records/s per pass, its median, and the process's CPU cores
+Run: ``python benchmarks/tf_generator.py [--records N] [--repeats R] [--before TREE]`` (reuses
+``benchmarks/_data/adapters-bench``, 10 000 224x224x3 records, written by ``adapters.py`` if missing).
+It isolates the cold tf.data cap found in the adapters benchmark (RESULTS.md, "tf.data lets go of
+its holder"): the generator builds a ``TieredSampler`` and yields only each batch's keys, so no payload
+crosses into TensorFlow and the adapter's own work (DLPack adoption, presentation) is out of the
+picture. The ``make_tf_dataset`` rows are the adapter itself (payload included, its default prefetch),
+built before the clock as ``adapters.py`` does, so they compare with the bare sampler built the same
+way. Each configuration runs with the node-shared static cache (``auto``) and without it (``0``);
+passes are interleaved and the page cache is dropped before each. Prints records/s per pass, its
+median, the ratio to the bare pass of the same round (median [min, max]), and the process's CPU cores
 used during the pass (CPU seconds / wall seconds: low means it waits for the disk).
+
+Every configuration runs in a child process per shardkit tree (TensorFlow imported once in each);
+``--before TREE`` adds a child running an older tree (e.g. ``git archive`` of main), whose passes are
+interleaved with this tree's, so before and after meet the same disk in the same run.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import resource
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -26,10 +36,16 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 import numpy as np
 from _common import drop_cache, synthetic_dataset
 
-from shardkit.readers import TieredSampler
-
-DATA = Path(__file__).resolve().parent / "_data" / "adapters-bench"
+HERE = Path(__file__).resolve().parent
+DATA = HERE / "_data" / "adapters-bench"
+AFTER = HERE.parent
 BATCH = 256
+CONFIGS = ("bare", "generator", "adapter")
+LABELS = {
+    "bare": "bare TieredSampler",
+    "generator": "from_generator (keys only)",
+    "adapter": "make_tf_dataset (payload, built before the clock)",
+}
 
 
 def _cpu() -> float:
@@ -37,17 +53,26 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def timed(batches: Iterable[dict[str, object]], n: int) -> tuple[float, float]:
-    """(records/s, cores used) of one pass, from ``iter()`` to the last batch."""
+Pass = tuple[float, float, float]  # records/s, cores used, seconds to the first batch
+
+
+def timed(batches: Iterable[dict[str, object]], n: int) -> Pass:
+    """(records/s, cores used, seconds to the first batch) of one pass, from ``iter()`` to the last batch."""
     c0, t0 = _cpu(), time.perf_counter()
-    got = sum(int(np.asarray(b["key"]).shape[0]) for b in batches)
+    got, first = 0, 0.0
+    for b in batches:
+        if not got:
+            first = time.perf_counter() - t0
+        got += int(np.asarray(b["key"]).shape[0])
     wall = time.perf_counter() - t0
     if got != n:
         raise RuntimeError(f"expected {n} records in a pass, got {got}")
-    return n / wall, (_cpu() - c0) / wall
+    return n / wall, (_cpu() - c0) / wall, first
 
 
-def bare(path: Path, n: int, epoch: int, static_cache: str) -> tuple[float, float]:
+def bare(path: Path, n: int, epoch: int, static_cache: str) -> Pass:
+    from shardkit.readers import TieredSampler
+
     sampler = TieredSampler(path, batch_size=BATCH, seed=0, start_epoch=epoch, static_cache=static_cache)
     sampler.hold_shared()
     try:
@@ -56,8 +81,10 @@ def bare(path: Path, n: int, epoch: int, static_cache: str) -> tuple[float, floa
         sampler.close()
 
 
-def generator(path: Path, n: int, epoch: int, static_cache: str) -> tuple[float, float]:
+def generator(path: Path, n: int, epoch: int, static_cache: str) -> Pass:
     import tensorflow as tf
+
+    from shardkit.readers import TieredSampler
 
     def keys() -> Iterator[dict[str, np.ndarray]]:
         sampler = TieredSampler(path, batch_size=BATCH, seed=0, start_epoch=epoch, static_cache=static_cache)
@@ -71,35 +98,93 @@ def generator(path: Path, n: int, epoch: int, static_cache: str) -> tuple[float,
     return timed(ds, n)
 
 
+def adapter(path: Path, n: int, epoch: int, static_cache: str) -> Pass:
+    from shardkit.adapters.tf import make_tf_dataset
+
+    ds = make_tf_dataset(path, batch_size=BATCH, seed=0, start_epoch=epoch, static_cache=static_cache)
+    try:
+        return timed(ds, n)
+    finally:
+        del ds  # its holder (static cache) goes with it
+        gc.collect()
+
+
+def child(path: Path, n: int) -> None:
+    """Serve passes: read ``CONFIG STATIC_CACHE EPOCH`` lines, answer ``RATE CORES FIRST`` (one process per tree)."""
+    import tensorflow  # noqa: F401  (imported before any clock)
+
+    runs: dict[str, Callable[[Path, int, int, str], Pass]] = {
+        "bare": bare, "generator": generator, "adapter": adapter,
+    }  # fmt: skip
+    # One untimed short pass of each: tf.data tracing and first-use costs are paid here.
+    for name in ("generator", "adapter"):
+        runs[name](path, n, 0, "0")
+    print("ready", flush=True)
+    for line in sys.stdin:
+        name, cache, epoch = line.split()
+        print(" ".join(map(str, runs[name](path, n, int(epoch), cache))), flush=True)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=10_000)
     parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument("--before", help="an older shardkit tree whose adapter runs in the same rounds")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     path = synthetic_dataset(DATA, args.records)
-    import tensorflow  # noqa: F401  (imported before the clock)
+    if args.child:
+        child(path, args.records)
+        return
 
-    configs: dict[str, Callable[[int], tuple[float, float]]] = {
-        "bare TieredSampler, static cache auto": lambda e: bare(path, args.records, e, "auto"),
-        "from_generator (keys only), static cache auto": lambda e: generator(path, args.records, e, "auto"),
-        "bare TieredSampler, static cache 0": lambda e: bare(path, args.records, e, "0"),
-        "from_generator (keys only), static cache 0": lambda e: generator(path, args.records, e, "0"),
-    }
-    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in configs}
+    trees = {"after": AFTER, **({"before": Path(args.before).resolve()} if args.before else {})}
+    procs: dict[str, subprocess.Popen[str]] = {}
+    for tree, root in trees.items():
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(HERE)])}
+        procs[tree] = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--records", str(args.records), "--child"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=str(root),
+        )  # fmt: skip
+        assert procs[tree].stdout is not None
+        if procs[tree].stdout.readline().strip() != "ready":  # type: ignore[union-attr]
+            raise RuntimeError(f"the {tree} tree's child failed to start")
+    # Rows: (tree, config, cache); the bare sampler of each tree is its own baseline.
+    rows = [(tree, name, cache) for cache in ("auto", "0") for tree in trees for name in CONFIGS
+            if tree == "after" or name != "generator"]  # fmt: skip
+    runs: dict[tuple[str, str, str], list[Pass]] = {row: [] for row in rows}
     epoch = 0
-    for _ in range(args.repeats):
-        for name, run in configs.items():
-            drop_cache(path)
-            runs[name].append(run(epoch))
-            epoch += 1
+    try:
+        for _ in range(args.repeats):
+            for tree, name, cache in rows:
+                drop_cache(path)
+                proc = procs[tree]
+                assert proc.stdin is not None and proc.stdout is not None
+                proc.stdin.write(f"{name} {cache} {epoch}\n")
+                proc.stdin.flush()
+                rate, cores, first = (float(x) for x in proc.stdout.readline().split())
+                runs[(tree, name, cache)].append((rate, cores, first))
+                epoch += 1
+    finally:
+        for proc in procs.values():
+            if proc.stdin is not None:
+                proc.stdin.close()
+            proc.wait()
+
+    load = os.getloadavg()
     print(f"{args.records} records of 224x224x3 uint8, batch {BATCH}, cold (page cache dropped before each pass), "
-          f"{args.repeats} interleaved passes; {os.cpu_count()} CPUs\n")  # fmt: skip
-    print("| configuration | records/s per pass | median | cores used (median) |")
-    print("|---|---|---:|---:|")
-    for name, rs in runs.items():
-        rates = ", ".join(f"{r:,.0f}" for r, _ in rs)
-        print(f"| {name} | {rates} | {statistics.median(r for r, _ in rs):,.0f} | "
-              f"{statistics.median(c for _, c in rs):.2f} |")  # fmt: skip
+          f"{args.repeats} interleaved rounds; {os.cpu_count()} CPUs; load average at the end "
+          f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f}\n")  # fmt: skip
+    print("| tree | static cache | configuration | records/s per pass | median | vs bare, same round: median [min, max] "
+          "| cores used (median) | first batch ms (median) |")  # fmt: skip
+    print("|---|---|---|---|---:|---:|---:|---:|")
+    for tree, name, cache in rows:
+        rs = runs[(tree, name, cache)]
+        base = runs[(tree, "bare", cache)]
+        ratios = [r[0] / b[0] for r, b in zip(rs, base)]
+        rates = ", ".join(f"{r[0]:,.0f}" for r in rs)
+        print(f"| {tree} | {cache} | {LABELS[name]} | {rates} | {statistics.median(r[0] for r in rs):,.0f} | "
+              f"{statistics.median(ratios):.0%} [{min(ratios):.0%}, {max(ratios):.0%}] | "
+              f"{statistics.median(r[1] for r in rs):.2f} | {statistics.median(r[2] for r in rs) * 1e3:.0f} |")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from shardkit._extras import import_extra
 from shardkit.adapters._options import PayloadOptions, SamplerFactory
-from shardkit.errors import ConfigError
+from shardkit.errors import ConfigError, SamplerError
 from shardkit.order.schedule import pass_length
 from shardkit.readers import SamplerOptions, TieredSampler
 from shardkit.readers.sources import Mixture, as_source
@@ -22,6 +24,8 @@ else:
     tf = import_extra("tensorflow", "tensorflow", needed_by="shardkit.adapters.tf")
 
 __all__ = ["make_tf_dataset"]
+
+logger = logging.getLogger(__name__)
 
 #: TensorFlow's tensor alignment (``Allocator::kAllocatorAlignment``): a tensor adopted from memory
 #: that is not aligned to it aborts the process in some kernels, so such arrays are copied instead.
@@ -40,6 +44,83 @@ def adopt_payload(batch: dict[str, np.ndarray], payload: str) -> dict[str, Any]:
     ):
         return batch
     return {**batch, payload: tf.experimental.dlpack.from_dlpack(array.__dlpack__())}
+
+
+class _NextSampler:
+    """The sampler of the dataset's next iteration, built ahead of it: at ``make_tf_dataset``, and in
+    the background when an iteration ends, so that an iteration's first batch waits for its reads
+    only, not for opening the dataset and its fields (tens of milliseconds of a cold pass), and the
+    iteration that ends does not wait for it either. Used only by an iteration that starts at the
+    epoch it was built for and only while its dataset is unchanged; closed with the dataset. Any
+    thread (TensorFlow runs the generator in its own)."""
+
+    def __init__(self, build: Callable[[int], TieredSampler]) -> None:
+        self._build = build
+        self._lock = threading.Lock()
+        self._ready: tuple[int, TieredSampler] | None = None
+        self._building: threading.Thread | None = None
+        self._closed = False
+
+    def prepare(self, epoch: int) -> None:
+        """Build the sampler of an iteration that starts at ``epoch`` (replacing another one)."""
+        sampler: TieredSampler | None = self._build(epoch)
+        with self._lock:
+            old, self._ready = self._ready, None
+            if not self._closed and sampler is not None:
+                self._ready, sampler = (epoch, sampler), None
+        for unused in (old[1] if old is not None else None, sampler):
+            if unused is not None:
+                unused.close()
+
+    def prepare_in_background(self, epoch: int) -> None:
+        """:meth:`prepare` in a thread of its own, a failure only logged: the iteration that needs the
+        sampler builds its own and reports the error then (the one that just ended must not fail
+        for it). :meth:`take` waits for it."""
+
+        def build(earlier: threading.Thread | None) -> None:
+            if earlier is not None:
+                earlier.join()  # one build at a time, so the later one is the one kept
+            try:
+                self.prepare(epoch)
+            except Exception:
+                logger.debug("building the next iteration's sampler ahead failed", exc_info=True)
+
+        with self._lock:
+            if self._closed:
+                return
+            self._building = threading.Thread(
+                target=build, args=(self._building,), name="shardkit-tf-next-sampler", daemon=True
+            )
+            self._building.start()  # inside the lock: take() never finds a thread not yet started
+
+    def take(self, epoch: int) -> TieredSampler | None:
+        """The sampler built for ``epoch`` (waiting for a build under way), if there is one and the
+        dataset is still the one it opened; ``None`` otherwise (the caller builds its own)."""
+        with self._lock:
+            building, self._building = self._building, None
+        if building is not None:
+            building.join()
+        with self._lock:
+            ready, self._ready = self._ready, None
+        if ready is None:
+            return None
+        built_for, sampler = ready
+        if built_for == epoch:
+            try:
+                sampler.identity.check()
+                return sampler
+            except SamplerError:  # replaced since: a new sampler opens the dataset as it is now
+                pass
+        sampler.close()
+        return None
+
+    def close(self) -> None:
+        """Close the sampler built ahead, if any; later ones are closed as soon as they are built."""
+        with self._lock:
+            self._closed = True
+            ready, self._ready = self._ready, None
+        if ready is not None:
+            ready[1].close()
 
 
 def _consumer(
@@ -158,8 +239,17 @@ def make_tf_dataset(
     spec = holder.element_spec()
     payload = holder.payload_name
     num_records = holder.num_records
+    ahead: _NextSampler | None = None
     if isinstance(holder, TieredSampler):
         holder.hold_shared()
+
+        def build_ahead(epoch: int) -> TieredSampler:
+            sampler = factory.build(source, consumer=consumer, num_consumers=consumers, start_epoch=epoch)
+            assert isinstance(sampler, TieredSampler)  # the holder's kind: the factory builds one kind
+            return sampler
+
+        ahead = _NextSampler(build_ahead)
+        ahead.prepare(options.start_epoch)
     else:
         holder.close()
     present.check(spec[payload][0], str(path))
@@ -176,17 +266,31 @@ def make_tf_dataset(
         for name, (shape, dtype) in spec.items()
     }
     next_epoch = [options.start_epoch]  # advanced by each finished iteration
+    # Weakly: TensorFlow keeps the generator function to the end of the process, the sampler built
+    # ahead must go with the dataset (below).
+    ahead_ref = weakref.ref(ahead) if ahead is not None else None
 
     def generate() -> Iterator[dict[str, Any]]:
         # Refers to the factory, never to the holder: TensorFlow keeps this function to the end of the
         # process, and the holder must go with the dataset (below).
         epoch = next_epoch[0]
-        sampler = factory.build(source, consumer=consumer, num_consumers=consumers, start_epoch=epoch)
+        spare = ahead_ref() if ahead_ref is not None else None
+        built = spare.take(epoch) if spare is not None else None
+        del spare  # the iteration must not keep it alive
+        sampler = built if built is not None else factory.build(
+            source, consumer=consumer, num_consumers=consumers, start_epoch=epoch
+        )  # fmt: skip
         try:
             for batch in sampler:
                 yield adopt_payload(batch, payload)
             if options.epochs is not None:
                 next_epoch[0] = epoch + options.epochs
+                # Built while the consumer finishes this iteration and starts the next (TensorFlow's
+                # iterator set-up), not after it asks for the next iteration's first batch.
+                spare = ahead_ref() if ahead_ref is not None else None
+                if spare is not None:
+                    spare.prepare_in_background(next_epoch[0])
+                del spare
         finally:
             sampler.close()
 
@@ -194,7 +298,7 @@ def make_tf_dataset(
     # Every dataset derived from this one (map, prefetch, the user's own) refers to it, so it is
     # collected when the last of them is: the node-shared static cache is let go of then, although
     # TensorFlow keeps the generator function itself until the process ends.
-    weakref.finalize(dataset, holder.close)
+    weakref.finalize(dataset, _let_go, holder, ahead)
     if options.epochs is not None:
         # A known length gives Keras its steps per epoch (progress bar, no "ran out of data").
         batches, _ = pass_length(
@@ -227,6 +331,13 @@ def make_tf_dataset(
     elif prefetch:
         dataset = dataset.prefetch(int(prefetch))
     return dataset
+
+
+def _let_go(holder: Any, ahead: _NextSampler | None) -> None:
+    """The dataset was collected: close the sampler built ahead and the holder (static cache)."""
+    if ahead is not None:
+        ahead.close()
+    holder.close()
 
 
 #: Every sampler option, from its declaration, for help() and the IDE.

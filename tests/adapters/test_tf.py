@@ -39,7 +39,7 @@ def observed(keyed: Path, blob_train: tuple[Path, Any, Any], tmp_path_factory: p
         "PYTHONPATH": str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", ""),
     }
     cmd = [sys.executable, str(HERE / "tf_script.py"), str(keyed), str(blob_train[0]), str(out), str(SEED)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(out.read_text())
 
@@ -171,3 +171,37 @@ def test_every_store_option_reaches_the_store(observed: dict) -> None:
     assert sorted(reached) == sorted(StoreOptions.declared())
     flat = {key for _, key, _ in SamplerOptions.flat_options().values()}
     assert {k: ok for k, ok in reached.items() if ok != [True] * (1 + (k in flat))} == {}
+
+
+def test_each_iteration_starts_with_a_sampler_built_ahead(observed: dict) -> None:
+    """An iteration's first batch waits for no sampler to be built: make_tf_dataset builds the first
+    iteration's (besides the holder), each finished iteration the next one's in the background. An abandoned iteration
+    leaves none for the epoch it repeats, which then builds its own; batches follow the sampler order
+    throughout, and every sampler built is closed once the dataset is deleted."""
+    ahead = observed["built_ahead"]
+    assert ahead["at_make"] == 2  # the holder and the first iteration's sampler
+    its = ahead["iterations"]
+    assert [it["built_in_iteration"] for it in its] == [0, 0, 0, 1]
+    # Built in the background as an iteration ended: for epochs 1, 2 (taken by the abandoned one), 3.
+    assert ahead["in_background"] == [False, False, True, True, False, True]
+    for it, epoch in zip(its, [0, 1, 2, 2]):
+        want = epoch_permutation(SEED, epoch, N_KEYED)
+        np.testing.assert_array_equal(it["keys"], want[: len(it["keys"])])
+    assert [len(it["keys"]) for it in its] == [N_KEYED, N_KEYED, 8, N_KEYED]
+    assert ahead["all_closed"]
+
+
+def test_a_sampler_built_ahead_is_used_only_when_it_fits(observed: dict) -> None:
+    """The sampler built ahead serves only an iteration of its epoch on the unchanged dataset; any
+    other is closed, as is one replaced, the one held when the dataset goes, and one whose build
+    finished after the dataset went. An iteration waits for a build under way in the background."""
+    cases = observed["next_sampler"]
+    assert cases["same_epoch"] == [True, False, True]
+    assert cases["other_epoch"] == [True, True]
+    assert cases["replaced"] == [True, True]
+    assert cases["replaced_by_newer"] == [True, True]
+    assert cases["closed"] == [True, True]
+    assert cases["close_during_build"] == [True, True, True]
+    assert cases["take_waits"] == [True, True, True]
+    assert cases["later_kept"] == [True, True, True, True]
+    assert cases["none_after_close"] == [True, True]

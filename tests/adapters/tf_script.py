@@ -19,7 +19,8 @@ import tensorflow as tf
 from _adapter_data import OPTION_CASES, STORE_CASES, blobs, write_keyed_mixture
 
 import shardkit
-from shardkit.adapters.tf import adopt_payload, make_tf_dataset
+from shardkit.adapters.tf import _NextSampler, adopt_payload, make_tf_dataset
+from shardkit.errors import SamplerError
 from shardkit.formats.reader import aligned_empty
 from shardkit.readers import SamplerOptions, TieredSampler
 from shardkit.stores import LocalStore, StoreOptions
@@ -180,6 +181,8 @@ def main() -> None:
         "theirs": float(theirs.evaluate(x_test, test_labels, verbose=0)[1]),
     }
     res["cache_regions"] = cache_regions_with_the_dataset(keyed, seed + 101)
+    res["built_ahead"] = samplers_built_ahead(keyed, seed)
+    res["next_sampler"] = next_sampler_cases()
     with open(out, "w") as f:
         json.dump(res, f)
 
@@ -201,6 +204,147 @@ def cache_regions_with_the_dataset(keyed: str, seed: int) -> dict[str, list[str]
     del ds
     gc.collect()
     return {"during": sorted(during), "after": sorted(regions() & during)}
+
+
+def samplers_built_ahead(keyed: str, seed: int) -> dict[str, object]:
+    """Samplers built while iterations run: per iteration, how many were built before its first batch
+    arrived and its keys; whether every sampler built was closed once the dataset is deleted."""
+    import threading
+
+    built: list[TieredSampler] = []
+    in_background: list[bool] = []  # per sampler built: by the adapter's background build
+    closed: set[int] = set()
+    init, close = TieredSampler.__init__, TieredSampler.close
+
+    def init_spy(self: TieredSampler, *args: object, **kwargs: object) -> None:
+        init(self, *args, **kwargs)  # type: ignore[arg-type]
+        built.append(self)
+        in_background.append(threading.current_thread().name == "shardkit-tf-next-sampler")
+
+    def close_spy(self: TieredSampler) -> None:
+        closed.add(id(self))
+        close(self)
+
+    TieredSampler.__init__, TieredSampler.close = init_spy, close_spy  # type: ignore[method-assign]
+    try:
+        # No prefetch: the generator runs only as far as batches are taken (the abandoned iteration
+        # below must not reach its end ahead of the consumer).
+        ds = make_tf_dataset(keyed, batch_size=8, seed=seed, prefetch=False)
+        at_make = len(built)
+        iterations = []
+
+        def iteration(ds: tf.data.Dataset, limit: int | None = None) -> None:
+            # Samplers the iteration itself built (in TensorFlow's thread, before its first batch).
+            before, keys, first = len(built), [], None
+            for i, b in enumerate(ds):
+                if first is None:
+                    first = in_background[before:].count(False)
+                keys += b["key"].numpy().tolist()
+                if limit is not None and i + 1 == limit:
+                    break
+            iterations.append({"built_in_iteration": first, "keys": keys})
+
+        iteration(ds)  # epoch 0, with the sampler make_tf_dataset built
+        iteration(ds)  # epoch 1, with the one the first iteration built as it ended
+        iteration(ds, limit=1)  # abandoned: epoch 2 is not over
+        iteration(ds)  # epoch 2 again: no sampler was built ahead for it, this iteration builds its own
+        del ds
+        gc.collect()
+        for t in threading.enumerate():  # a build still under way closes its sampler when it ends
+            if t.name == "shardkit-tf-next-sampler":
+                t.join(30)
+        return {"at_make": at_make, "iterations": iterations, "in_background": in_background,
+                "all_closed": all(id(s) in closed for s in built)}
+    finally:
+        TieredSampler.__init__, TieredSampler.close = init, close  # type: ignore[method-assign]
+
+
+class _Fake:
+    """A stand-in sampler for _NextSampler: records its close; its identity check fails on demand."""
+
+    def __init__(self, epoch: int, changed: bool = False) -> None:
+        self.epoch, self.changed, self.closed = epoch, changed, False
+        self.identity = self
+
+    def check(self) -> None:
+        if self.changed:
+            raise SamplerError("dataset changed")
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def next_sampler_cases() -> dict[str, object]:
+    """_NextSampler on its own: epoch match, a replaced dataset, close, and a close that lands while
+    a build is under way (forced with events: the build waits until close has returned)."""
+    import threading
+
+    made: list[_Fake] = []
+    changed = [False]
+
+    def build(epoch: int) -> _Fake:
+        made.append(_Fake(epoch, changed[0]))
+        return made[-1]
+
+    out: dict[str, object] = {}
+    ahead = _NextSampler(build)  # type: ignore[arg-type]
+    ahead.prepare(3)
+    got = ahead.take(3)
+    out["same_epoch"] = [got is made[0], made[0].closed, ahead.take(3) is None]
+    ahead.prepare(4)
+    out["other_epoch"] = [ahead.take(5) is None, made[1].closed]
+    changed[0] = True
+    ahead.prepare(6)
+    out["replaced"] = [ahead.take(6) is None, made[2].closed]
+    changed[0] = False
+    ahead.prepare(7)
+    ahead.prepare(8)  # replaces the one for 7
+    out["replaced_by_newer"] = [made[3].closed, ahead.take(8) is made[4]]
+    ahead.prepare(9)
+    ahead.close()
+    out["closed"] = [made[5].closed, ahead.take(9) is None]
+
+    building, closed = threading.Event(), threading.Event()
+
+    def slow_build(epoch: int) -> _Fake:
+        building.set()
+        closed.wait(10)
+        return build(epoch)
+
+    racing = _NextSampler(slow_build)  # type: ignore[arg-type]
+    t = threading.Thread(target=racing.prepare, args=(10,))
+    t.start()
+    building.wait(10)
+    racing.close()
+    closed.set()
+    t.join(10)
+    out["close_during_build"] = [made[-1].epoch == 10, made[-1].closed, racing.take(10) is None]
+
+    # In the background: take() waits for the build under way (the build goes on only once take
+    # was called, so a take that did not wait would find nothing); of two builds the later is kept.
+    take_called = threading.Event()
+
+    class Waiting(_NextSampler):
+        def take(self, epoch: int) -> object:  # type: ignore[override]
+            take_called.set()
+            return super().take(epoch)
+
+    def gated_build(epoch: int) -> _Fake:
+        take_called.wait(10)
+        return build(epoch)
+
+    background = Waiting(gated_build)  # type: ignore[arg-type]
+    background.prepare_in_background(11)
+    got = background.take(11)
+    out["take_waits"] = [got is made[-1], made[-1].epoch == 11, not made[-1].closed]
+    background.prepare_in_background(12)
+    background.prepare_in_background(13)
+    got = background.take(13)
+    out["later_kept"] = [made[-2].epoch == 12, made[-2].closed, got is made[-1], made[-1].epoch == 13]
+    background.close()
+    background.prepare_in_background(14)  # after close: nothing is built
+    out["none_after_close"] = [made[-1].epoch == 13, background.take(14) is None]
+    return out
 
 
 if __name__ == "__main__":
