@@ -297,3 +297,40 @@ def test_rows_are_allocated_front_to_back_off_the_readers_thread(shared: bool, m
     cache._prefault.join(timeout=30)
     assert [a - start for _, a, _ in calls] == [0, 3 * rec, 6 * rec]  # nothing after the failure
     cache.release()
+
+
+def test_reserve_skips_the_rows_the_prefault_thread_allocated(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reader's reserve() asks the region only for ranges beyond what the prefault thread has
+    allocated (a second system call per range for allocated pages was a cost for nothing), and still
+    for the rest: here the thread stops after its first chunk."""
+    from shardkit.tiers import shm
+    from shardkit.tiers import static_cache as sc
+
+    rec, m = 4096, 40
+    monkeypatch.setattr(sc, "PREFAULT_CHUNK_BYTES", 8 * rec)
+    asked: list[tuple[int, int]] = []
+    real_reserve = shm.SharedRegion.reserve
+
+    def reserving(self: shm.SharedRegion, ranges: list[tuple[int, int]]) -> list[bool]:
+        import threading
+
+        if threading.current_thread().name == "shardkit-cache-prefault":
+            if ranges[0][0] >= cache._layout()[0] + 8 * rec:
+                return [False]  # as if the node had no memory beyond the first chunk
+            return real_reserve(self, ranges)
+        asked.extend(ranges)
+        return real_reserve(self, ranges)
+
+    monkeypatch.setattr(shm.SharedRegion, "reserve", reserving)
+    cache = sc.StaticCache(5, 2 * m, m, (rec,), np.dtype(np.uint8), share_key=f"prefault-skip-{os.getpid()}")
+    try:
+        cache.attach()
+        assert cache._prefault is not None
+        cache._prefault.join(timeout=30)
+        rows_at = cache._layout()[0]
+        assert cache._allocated == 8 * rec  # the first chunk, then it stopped (its second call failed)
+        assert cache.reserve(np.array([0, 3, 7])).all() and asked == []
+        assert cache.reserve(np.array([2, 9, 30])).all()
+        assert asked == [(rows_at + 9 * rec, rec), (rows_at + 30 * rec, rec)]
+    finally:
+        cache.release()
