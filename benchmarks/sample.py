@@ -17,6 +17,11 @@ Run: ``python benchmarks/sample.py [--quick] [--before /path/to/previous/tree] [
   static cache off, so every record crosses every tier. On one disk each byte crosses the device
   three times (read from the dataset, written to the reservoir, read back unless the reservoir is
   still in the page cache), so a third of the raw scan is the physical bound there.
+* **First epochs** (``--sections first``, issue 33): the first epoch of a fresh run (a new process
+  for every figure), interleaved per round: ``tiers=ram,ssd`` on tmpfs against ``tiers=ram`` (page
+  cache dropped, ``--ssd-ram``/``--ssd-size``); ``ram_size`` twice the dataset (the static cache
+  holds it all) cold against the raw sequential scan, and warm (files in the page cache) against the
+  same epoch with ``static_cache=0``, node-shared and private (``node_sharing=False``).
 * ``--io-modes``: the bottom tier's read modes on one sparse block: buffered ``preadv`` after
   announcing every run (what the reader does) against ``O_DIRECT`` reads from a thread pool.
 
@@ -110,6 +115,8 @@ def worker(cfg: dict[str, Any]) -> dict[str, Any]:
         kw.update(tiers="ram,ssd", ssd_dir=cfg["ssd_dir"], ssd_size=int(cfg["ssd"]))
     if cfg.get("static_cache") is not None:
         kw.update(static_cache=cfg["static_cache"])
+    if cfg.get("node_sharing") is not None:
+        kw.update(node_sharing=cfg["node_sharing"])
     base = _rss_kib()
     s = TieredSampler(path, **kw)
     epochs = []
@@ -282,6 +289,52 @@ def ssd_tier(path: Path, n: int, batch: int, trees: dict[str, str], rounds: int,
     return lines
 
 
+def first_epochs(path: Path, n: int, batch: int, trees: dict[str, str], rounds: int, ram: int, ssd: int) -> list[str]:
+    """Epoch 1 of fresh runs (see module docstring); every ratio is taken within its round."""
+    big = 2 * n * REC
+    runs = {  # label: (run config, baseline label or "raw"/"plain")
+        "tiers=ram (cold)": (dict(cold=True, ram=ram, static_cache=0), None),
+        "tiers=ram,ssd on tmpfs (cold)": (dict(cold=True, ram=ram, ssd=ssd, ssd_dir="/dev/shm", static_cache=0),
+                                          "tiers=ram (cold)"),
+        "ram_size 2x dataset (cold)": (dict(cold=True, ram=big), "raw"),
+        "static_cache=0 (warm)": (dict(cold=False, ram=big, static_cache=0), "plain"),
+        "ram_size 2x dataset (warm)": (dict(cold=False, ram=big), "static_cache=0 (warm)"),
+        "ram_size 2x dataset, node_sharing=False (warm)": (dict(cold=False, ram=big, node_sharing=False),
+                                                           "static_cache=0 (warm)"),
+    }
+    rows: dict[tuple[str, str], list[dict[str, float]]] = {}
+    for _ in range(rounds):
+        for name, tree in trees.items():
+            base = {"raw": scan(path, cold=True)}
+            for label, (cfg, _) in runs.items():
+                if not cfg["cold"]:
+                    base["plain"] = scan(path, cold=False)  # warms the files (and measures a plain read)
+                res = run(tree, path=str(path), records=n, batch=batch, epochs=1, **cfg)
+                base[label] = r = _rate(res["epochs"][0])
+            for label, (_, ref) in runs.items():
+                r = dict(base[label])
+                r["ratio"] = r["mbps"] / base[ref]["mbps"] if ref else 1.0
+                rows.setdefault((label, name), []).append(r)
+    med = statistics.median
+    lines = [
+        f"First epochs: {n} records ({n * REC / 1e9:.2f} GB), batch {batch}, epoch 1 of a fresh run (one process "
+        f"each), SSD rows ram_size {ram / 2**20:.0f} MiB, ssd_size {ssd / 2**20:.0f} MiB, large budget "
+        f"{big / 2**20:,.0f} MiB; {rounds} round(s), median [min-max] of each ratio within its round",
+        "",
+        "| | tree | MB/s | CPU s/GB | ratio | against |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    for label, (_, ref) in runs.items():
+        for name in trees:
+            rs = rows[(label, name)]
+            ratios = [r["ratio"] for r in rs]
+            spread = f"{med(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}]" if ref else ""
+            against = {"raw": "raw scan (cold)", "plain": "plain read of the cached files"}.get(ref or "", ref or "")
+            lines.append(f"| {label} | {name} | {med(r['mbps'] for r in rs):,.0f} | {med(r['cpu_per_gb'] for r in rs):.3f} "
+                         f"| {spread} | {against} |")
+    return lines
+
+
 def io_modes(path: Path, n: int, density: float = 0.05, threads: int = 16) -> list[str]:
     """One sparse block read cold two ways (see module docstring)."""
     with open_dataset(path) as ds:
@@ -328,7 +381,7 @@ def main() -> None:
     ap.add_argument("--before", help="a shardkit tree to compare with (its sampler runs the same configurations)")
     ap.add_argument("--quick", action="store_true", help="a small dataset and one round: a smoke run")
     ap.add_argument("--io-modes", action="store_true", help="also compare buffered and O_DIRECT reads")
-    ap.add_argument("--sections", default="hot,budgets,ssd", help="comma-separated: hot, budgets, ssd")
+    ap.add_argument("--sections", default="hot,budgets,ssd", help="comma-separated: hot, budgets, ssd, first")
     ap.add_argument("--ssd-ram", type=float, default=128, help="SSD section: ram_size in MiB")
     ap.add_argument("--ssd-size", type=float, default=512, help="SSD section: ssd_size in MiB")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -350,6 +403,9 @@ def main() -> None:
     if "ssd" in sections:
         out += [*ssd_tier(path, n, args.batch, trees, args.rounds, int(args.ssd_ram * 2**20), int(args.ssd_size * 2**20)),
                 ""]
+    if "first" in sections:
+        out += [*first_epochs(path, n, args.batch, trees, args.rounds, int(args.ssd_ram * 2**20),
+                              int(args.ssd_size * 2**20)), ""]
     if args.io_modes:
         out += io_modes(path, n)
     print("\n".join(out))

@@ -410,7 +410,8 @@ class TieredSampler(Closing):
             if left is not None and shape.length > left:
                 shape = shape.truncated(left)
                 complete = False
-            yield Segment(epoch, shape, order, complete, release)
+            last = (end is not None and epoch + 1 >= end) or (left is not None and shape.length >= left)
+            yield Segment(epoch, shape, order, complete, release, last)
             if left is not None:
                 left -= shape.length
                 if left <= 0:

@@ -42,6 +42,7 @@ __all__ = [
     "Pipeline",
     "assemble_batch",
     "gather_rows",
+    "reservoir_bounds",
     "POLL_SECONDS",
     "BATCH_PREFETCH",
 ]
@@ -65,6 +66,9 @@ class Segment:
     #: False when the plan was cut short by ``limit`` (the epoch is not over after it).
     complete: bool = True
     release: Callable[[], None] | None = field(default=None, repr=False)
+    #: The run's last segment: nothing is read after it, so its last SSD reservoirs shrink (see
+    #: :func:`reservoir_bounds`).
+    last: bool = False
 
     def keys(self, a: int, b: int) -> np.ndarray:
         """Keys of plan positions ``[a, b)``, computed in pieces: the positions' temporaries stay
@@ -191,6 +195,31 @@ def gather_rows(dst: np.ndarray, dst_rows: np.ndarray, src: np.ndarray, src_rows
         dst[dst_rows[a : a + _GATHER_ROWS]] = src[src_rows[a : a + _GATHER_ROWS]]
 
 
+def reservoir_bounds(start: int, stop: int, first: int, largest: int, last: int | None = None) -> list[tuple[int, int]]:
+    """The SSD reservoirs of plan positions ``[start, stop)``: ``first`` records, doubling up to
+    ``largest``; with ``last`` the final ones halve back down to ``last`` records.
+
+    The RAM tier reads reservoir r back while reservoir r + 1 is written, so only the final one's read
+    overlaps nothing: at the end of a run a full reservoir left the disk idle for its whole read-back
+    (a sixth of a first epoch of three reservoirs). Any partition into consecutive positions keeps
+    the order (docs/design.md §4)."""
+    first = max(1, int(first))
+    largest = max(first, int(largest))
+    if last is None:
+        return list(block_bounds(start, stop, first, largest))
+    tail: list[int] = []  # the final reservoirs' sizes, last first: last, 2 * last, ... up to largest
+    size, room = min(largest, max(1, int(last))), (int(stop) - int(start)) // 2
+    while size <= largest and sum(tail) + size <= room:
+        tail.append(size)
+        size *= 2
+    hi = int(stop) - sum(tail)
+    bounds = list(block_bounds(start, hi, first, largest))
+    for size in reversed(tail):
+        bounds.append((hi, hi + size))
+        hi += size
+    return bounds
+
+
 class Pipeline:
     """Background threads for one run. Consumer side: :meth:`get`; teardown: :meth:`shutdown`.
 
@@ -271,6 +300,7 @@ class Pipeline:
             self.space = SsdSpace(ssd_dir)
             try:
                 self.slots = ReservoirSlots(self.space, self.disk.payload, sizes.ssd_copy_bytes)
+                self.slots.preallocate(sizes.ssd_block * self.disk.record_nbytes)
             except BaseException:
                 self.space.close()
                 raise
@@ -500,7 +530,9 @@ class Pipeline:
         for seg in self._segments:
             size = self.sizes.first_block if first else self.sizes.ssd_block
             first = False
-            for a, b in block_bounds(0, seg.length, min(size, self.sizes.ssd_block), self.sizes.ssd_block):
+            # The run's end shrinks; a sink's reservoirs have one fixed size (serve's order is defined by it).
+            last = self.sizes.first_block if seg.last and self._grow else None
+            for a, b in reservoir_bounds(0, seg.length, min(size, self.sizes.ssd_block), self.sizes.ssd_block, last):
                 keys = seg.keys(a, b)
                 slot = self._get(self._ssd_slots)
                 before, calls = self.disk.payload.stats.bytes_read, self.disk.payload.stats.read_calls

@@ -32,6 +32,9 @@ SLOT_PREFIX = "reservoir-"
 #: Bytes copied inside the kernel per :meth:`~shardkit.formats.PayloadArray.copy_to_file` call (a
 #: stop request is seen between two); the next chunk is announced while one is copied.
 KERNEL_CHUNK_BYTES = 32 << 20
+#: Bytes of one slot allocated per ``posix_fallocate`` call of :meth:`ReservoirSlots.preallocate` (a
+#: stop request is seen between two; the slots grow side by side from their fronts).
+PREALLOCATE_CHUNK_BYTES = 16 << 20
 
 
 class RecordSource(Protocol):
@@ -101,6 +104,40 @@ class ReservoirSlots:
             self.close()
             raise
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="shardkit-ssd-writer")
+        self._allocating = threading.Event()  # set: the preallocation thread must stop
+        self._allocator: threading.Thread | None = None
+
+    def preallocate(self, nbytes: int) -> None:
+        """Allocate the first ``nbytes`` of every slot in a background thread, chunk by chunk from
+        the front (where writes begin), so the first pass over the slots rewrites allocated space.
+
+        A fresh file's pages are allocated (on tmpfs also zeroed) by the very write that fills them,
+        on the disk -> SSD copy's thread: about a third of a first epoch's copy cost on tmpfs, paid
+        again by nothing in later epochs. A failure (a full disk, no ``fallocate`` support) only
+        ends the preallocation: the writes then allocate, and report a full disk, as before."""
+        if self._allocator is not None or nbytes <= 0 or not self._fds:
+            return
+        fds = list(self._fds)
+
+        def run() -> None:
+            for offset in range(0, int(nbytes), PREALLOCATE_CHUNK_BYTES):
+                for fd in fds:
+                    if self._allocating.is_set():
+                        return
+                    try:
+                        os.posix_fallocate(fd, offset, min(PREALLOCATE_CHUNK_BYTES, int(nbytes) - offset))
+                    except OSError as exc:
+                        logger.debug("SSD reservoir preallocation stopped: %s", exc)
+                        return
+
+        self._allocator = threading.Thread(target=run, name="shardkit-ssd-allocator", daemon=True)
+        self._allocator.start()
+
+    def _stop_preallocating(self) -> None:
+        """Stop the preallocation thread and wait for it (before a slot is emptied or closed)."""
+        self._allocating.set()
+        if self._allocator is not None:
+            self._allocator.join()
 
     def write(self, slot: int, payload: RecordSource, keys: np.ndarray, stop: threading.Event) -> int:
         """Copy records ``keys`` (ascending, distinct) of ``payload`` into slot ``slot`` in one pass;
@@ -132,6 +169,7 @@ class ReservoirSlots:
         except BaseException:
             if pending is not None:
                 wait([pending])  # never reuse or free a buffer a write still reads
+            self._stop_preallocating()
             os.ftruncate(fd, 0)
             raise
         return int(keys.size) * rec
@@ -155,6 +193,7 @@ class ReservoirSlots:
         except BaseException as exc:
             if ahead is not None:
                 wait([ahead])
+            self._stop_preallocating()
             os.ftruncate(fd, 0)
             if is_out_of_space(exc):
                 raise OutOfSpaceError(f"{path}: no space left on device while writing an SSD reservoir") from None
@@ -170,6 +209,7 @@ class ReservoirSlots:
         with self._closed:
             writer = getattr(self, "_writer", None)
             if writer is not None:
+                self._stop_preallocating()
                 writer.shutdown(wait=True)
             for fd in self._fds:
                 os.close(fd)

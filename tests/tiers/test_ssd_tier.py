@@ -15,7 +15,10 @@ import pytest
 from shardkit.errors import ConfigError, TruncatedShardError
 from shardkit.formats import Dataset, PayloadArray
 from shardkit.formats.reader import ReadStats
-from shardkit.readers import TieredSampler
+from shardkit.order.schedule import block_bounds
+from shardkit.readers import TieredSampler, epoch_permutation
+from shardkit.tiers import ssd_slots
+from shardkit.tiers.pipeline import reservoir_bounds
 from shardkit.tiers.ssd import SsdSpace
 from shardkit.tiers.ssd_slots import ReservoirSlots, ScratchRecords
 from shardkit.tiers.stopping import Stopped
@@ -229,3 +232,101 @@ def test_ram_creator_reads_back_while_the_next_reservoir_is_written(tmp_path: Pa
     keys = np.concatenate(collect(s))
     assert sorted(keys.tolist()) == list(range(40))
     assert started[:2] == [0, 1] and overlapped == [True]
+
+
+def test_reservoir_bounds_grow_then_shrink_at_the_end_of_a_run() -> None:
+    """The run's last reservoirs halve back down to ``last`` (the final read-back overlaps nothing);
+    without it the reservoirs are block_bounds' growing ones; either way a partition of the
+    positions into consecutive runs of at most ``largest``."""
+    for start, stop, first, largest in ((0, 5000, 112, 1783), (7, 300, 16, 64), (0, 5, 8, 8), (3, 3, 4, 16)):
+        for last in (None, first, 1):
+            bounds = reservoir_bounds(start, stop, first, largest, last)
+            assert [a for a, _ in bounds[1:]] == [b for _, b in bounds[:-1]]
+            assert (bounds[0][0], bounds[-1][1]) == (start, stop) if stop > start else bounds == []
+            assert all(0 < b - a <= largest for a, b in bounds)
+    sizes = [b - a for a, b in reservoir_bounds(0, 5000, 112, 1783, 112)]
+    assert sizes[:4] == [112, 224, 448, 896] and sizes[-4:] == [896, 448, 224, 112]
+    sizes = [b - a for a, b in reservoir_bounds(0, 5000, 1783, 1783, 112)]  # a later epoch: full from the start
+    assert sizes[0] == 1783 and sizes[-3:] == [448, 224, 112]
+    assert reservoir_bounds(0, 5000, 112, 1783) == list(block_bounds(0, 5000, 112, 1783))
+
+
+def test_only_the_runs_last_epoch_ends_with_small_reservoirs(tmp_path: Path, ssd_dir: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reservoir sizes written per epoch: the first epoch of a two-epoch run ends with full
+    reservoirs (the next epoch's fill overlaps its read-back), the last one ends with the first
+    size, and the order is the permutation of each epoch whatever the reservoirs."""
+    n = 60
+    ds = make_dataset(tmp_path / "ds", n, records_per_shard=5, shape=BIG)
+    sizes: list[tuple[int, int]] = []
+    real_write = ReservoirSlots.write
+
+    def writing(self: ReservoirSlots, slot: int, payload: object, keys: np.ndarray, stop: threading.Event) -> int:
+        sizes.append((len(sizes), int(keys.size)))
+        return real_write(self, slot, payload, keys, stop)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ReservoirSlots, "write", writing)
+    s = _sampler(ds, ssd_dir, epochs=2, static_cache=0)
+    first = s.memory_plan.first_block
+    k1 = s.memory_plan.ssd_block
+    assert k1 is not None and first < k1
+    keys = np.concatenate(collect(s))
+    for e in range(2):
+        np.testing.assert_array_equal(keys[e * n : (e + 1) * n], epoch_permutation(3, e, n))
+    counts = [c for _, c in sizes]
+    assert sum(counts) == 2 * n
+    cut = next(i for i in range(len(counts) + 1) if sum(counts[:i]) == n)  # the epochs' boundary
+    one, two = counts[:cut], counts[cut:]
+    assert one[0] == first and one[-2] == k1  # epoch 0 grows and stays large (its last is the remainder)
+    assert two[0] == k1 and two[-1] == first and two[-2] == 2 * first  # the run's end shrinks
+
+
+def test_slots_are_allocated_in_the_background_and_a_failed_write_stops_it(tmp_path: Path, ssd_dir: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """preallocate() allocates every slot's first bytes on its own thread, so a first pass rewrites
+    allocated space; a write that fails while it runs stops it before the slot is emptied (no
+    allocation lands after the truncation, which would leave a slot that looks written)."""
+    ds, space, slots = _slots(tmp_path, ssd_dir, 30, copy_records=4)
+    rec = ds.record_nbytes
+    try:
+        slots.preallocate(20 * rec)
+        assert slots._allocator is not None
+        slots._allocator.join(timeout=30)
+        for p in slots.paths:
+            assert os.path.getsize(p) >= 20 * rec and os.stat(p).st_blocks * 512 >= 20 * rec
+    finally:
+        slots.close()
+        space.close()
+        ds.close()
+
+    ds, space, slots = _slots(tmp_path / "again", ssd_dir, 30, copy_records=4)
+    entered, release = threading.Event(), threading.Event()
+    real_fallocate = os.posix_fallocate
+    threads: set[str] = set()
+
+    def allocating(fd: int, offset: int, length: int) -> None:
+        threads.add(threading.current_thread().name)
+        entered.set()
+        release.wait(timeout=30)
+        real_fallocate(fd, offset, length)
+
+    def failing(self: PayloadArray, keys: object, out: object = None) -> np.ndarray:
+        assert entered.wait(timeout=30)  # the allocation is under way
+        threading.Timer(0.0, release.set).start()  # let it finish its call once the write failed
+        raise OSError(5, "injected read failure")
+
+    monkeypatch.setattr(os, "posix_fallocate", allocating)
+    monkeypatch.setattr(ssd_slots, "PREALLOCATE_CHUNK_BYTES", 2 * rec)
+    monkeypatch.setattr(PayloadArray, "read", failing)
+    try:
+        slots.preallocate(20 * rec)
+        with pytest.raises(OSError, match="injected"):
+            slots.write(0, ds.payload, np.arange(10, dtype=np.int64), threading.Event())
+        assert slots._allocator is not None and not slots._allocator.is_alive()
+        assert os.path.getsize(slots.paths[0]) == 0
+        assert threads == {"shardkit-ssd-allocator"}
+    finally:
+        release.set()
+        slots.close()
+        space.close()
+        ds.close()

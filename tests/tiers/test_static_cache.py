@@ -224,3 +224,113 @@ def test_reserve_ranges_cover_the_rows_in_few_whole_pages() -> None:
         for a, b, f in zip(starts.tolist(), ends.tolist(), first.tolist()):
             inside = [r for r in set(rows.tolist()) if a <= at + r * rec < b]
             assert f == min(inside)
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["private", "node-shared"])
+def test_rows_are_allocated_front_to_back_off_the_readers_thread(shared: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """attach() starts a thread that allocates every row's bytes, front to back in chunks (the reader
+    then writes allocated pages); release() stops it and waits, so nothing is allocated after the
+    rows are let go; a failed allocation ends it (the reader's own reserve decides from there)."""
+    import threading
+
+    from shardkit.tiers import shm
+    from shardkit.tiers import static_cache as sc
+
+    rec, m = 4096, 40  # 160 KiB of rows, in chunks of 3 pages
+    monkeypatch.setattr(sc, "PREFAULT_CHUNK_BYTES", 3 * rec)
+    calls: list[tuple[str, int, int]] = []
+    gate, entered = threading.Event(), threading.Event()
+    fail_at: list[int] = []
+
+    def record(offset: int, length: int) -> bool:
+        calls.append((threading.current_thread().name, offset, length))
+        if len(calls) == 2:
+            entered.set()
+            assert gate.wait(timeout=30)
+        return not (fail_at and offset >= fail_at[0])
+
+    if shared:
+        real_reserve = shm.SharedRegion.reserve
+
+        def reserving(self: shm.SharedRegion, ranges: list[tuple[int, int]]) -> list[bool]:
+            if threading.current_thread().name != "shardkit-cache-prefault":
+                return real_reserve(self, ranges)
+            ok = [record(a, n) for a, n in ranges]
+            return [o and r for o, r in zip(ok, real_reserve(self, ranges))]
+
+        monkeypatch.setattr(shm.SharedRegion, "reserve", reserving)
+    else:
+        real_populate = sc._populate
+        monkeypatch.setattr(sc, "_populate", lambda mp, a, n: record(a, n) and real_populate(mp, a, n))
+
+    key = f"prefault-test-{os.getpid()}-{shared}"
+    cache = sc.StaticCache(5, 2 * m, m, (rec,), np.dtype(np.uint8), share_key=key if shared else None)
+    cache.attach()
+    assert entered.wait(timeout=30)  # the thread is inside its second chunk
+    assert cache.rows is not None
+    start = cache._layout()[0] if shared else 0
+    releasing = threading.Thread(target=cache.release)
+    releasing.start()
+    gate.set()
+    releasing.join(timeout=30)
+    assert not releasing.is_alive()
+    after = len(calls)
+    assert after == 2 and cache._prefault is None  # stopped after the chunk it was in
+    assert {name for name, _, _ in calls} == {"shardkit-cache-prefault"}
+    assert [(a, n) for _, a, n in calls] == [(start, 3 * rec), (start + 3 * rec, 3 * rec)]
+
+    # Left alone, it covers every row once, front to back; a failure ends it.
+    calls.clear()
+    gate.set()
+    cache = sc.StaticCache(5, 2 * m, m, (rec,), np.dtype(np.uint8), share_key=key + "-2" if shared else None)
+    cache.attach()
+    assert cache._prefault is not None
+    cache._prefault.join(timeout=30)
+    spans = [(a - start, n) for _, a, n in calls]
+    assert [a for a, _ in spans] == list(range(0, m * rec, 3 * rec)) and sum(n for _, n in spans) == m * rec
+    cache.release()
+    calls.clear()
+    fail_at.append(start + 6 * rec)
+    cache = sc.StaticCache(5, 2 * m, m, (rec,), np.dtype(np.uint8), share_key=key + "-3" if shared else None)
+    cache.attach()
+    assert cache._prefault is not None
+    cache._prefault.join(timeout=30)
+    assert [a - start for _, a, _ in calls] == [0, 3 * rec, 6 * rec]  # nothing after the failure
+    cache.release()
+
+
+def test_reserve_skips_the_rows_the_prefault_thread_allocated(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reader's reserve() asks the region only for ranges beyond what the prefault thread has
+    allocated (a second system call per range for allocated pages was a cost for nothing), and still
+    for the rest: here the thread stops after its first chunk."""
+    from shardkit.tiers import shm
+    from shardkit.tiers import static_cache as sc
+
+    rec, m = 4096, 40
+    monkeypatch.setattr(sc, "PREFAULT_CHUNK_BYTES", 8 * rec)
+    asked: list[tuple[int, int]] = []
+    real_reserve = shm.SharedRegion.reserve
+
+    def reserving(self: shm.SharedRegion, ranges: list[tuple[int, int]]) -> list[bool]:
+        import threading
+
+        if threading.current_thread().name == "shardkit-cache-prefault":
+            if ranges[0][0] >= cache._layout()[0] + 8 * rec:
+                return [False]  # as if the node had no memory beyond the first chunk
+            return real_reserve(self, ranges)
+        asked.extend(ranges)
+        return real_reserve(self, ranges)
+
+    monkeypatch.setattr(shm.SharedRegion, "reserve", reserving)
+    cache = sc.StaticCache(5, 2 * m, m, (rec,), np.dtype(np.uint8), share_key=f"prefault-skip-{os.getpid()}")
+    try:
+        cache.attach()
+        assert cache._prefault is not None
+        cache._prefault.join(timeout=30)
+        rows_at = cache._layout()[0]
+        assert cache._allocated == 8 * rec  # the first chunk, then it stopped (its second call failed)
+        assert cache.reserve(np.array([0, 3, 7])).all() and asked == []
+        assert cache.reserve(np.array([2, 9, 30])).all()
+        assert asked == [(rows_at + 9 * rec, rec), (rows_at + 30 * rec, rec)]
+    finally:
+        cache.release()
