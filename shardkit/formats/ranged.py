@@ -244,8 +244,6 @@ class RangedPayloadArray(PayloadArray):
                     self._prefetch_indexes(np.unique(k // self.records_per_shard).tolist())
                 super().read_into(k, dest)
                 self._blocks_read += 1
-                if self.prefetcher is not None:
-                    self.prefetcher.start_background()  # (if no run of this block asked for pages)
                 return
             except _Replaced as moved:
                 self._drop_ahead()
@@ -321,7 +319,6 @@ class RangedPayloadArray(PayloadArray):
                             spans += self._tail_pages(run.shard)
                         copy.request(spans)
                         waits.append((run, copy, spans))
-                self.prefetcher.start_background()  # after the block's pages: they go first
                 self._fetch_runs(remote, rows)
                 remote = []
                 again: list[_Run] = []

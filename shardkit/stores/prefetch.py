@@ -137,8 +137,8 @@ class ShardPrefetcher:
     """Downloads ``items`` (ascending shards) into ``cache`` in the background, in parts.
 
     Pages a reader asks for (:meth:`copy`, :meth:`PartialCopy.request`) are fetched before the
-    background order, which starts once the first pages were asked for (:meth:`start_background`)
-    and pauses while asked-for parts are in flight: the first block's records do not share the
+    background order, which starts at once (the link is never idle while the first block is
+    planned) and pauses while asked-for parts are in flight: a block's records do not share the
     link with parts nobody waits for yet. Pages another process asks for through a copy's map come next.
     ``verify(index, data_crc, crc)``: the crc32c of ``items[index]``'s first ``data_nbytes`` and of all
     its bytes are the recorded ones (computed from each part as it lands, then combined).
@@ -179,7 +179,6 @@ class ShardPrefetcher:
         self.limit = max(1, min(concurrency, self._max_bg))
         self._bg_active = 0
         self._demand_active = 0
-        self._background = False
         self.stats = PrefetchStats()
         self._t0 = time.monotonic()
         self._window = (time.monotonic(), 0)
@@ -198,20 +197,12 @@ class ShardPrefetcher:
     def wait(self, index: int) -> bool:
         """Block until ``items[index]`` is no longer pending; True if its copy is now complete.
         Raises the download's error, so it is never silently replaced by ranged reads."""
-        self.start_background()
         with self._cond:
             while self._state[index] in (_QUEUED, _ACTIVE) and not self._closing:
                 self._cond.wait(1.0)
             if self._state[index] == _FAILED:
                 raise self._errors[index]
             return self._state[index] == _DONE
-
-    def start_background(self) -> None:
-        """Let the background order begin (the reader asked for its first block's pages first)."""
-        with self._cond:
-            if not self._background:
-                self._background = True
-                self._wake.notify_all()
 
     def ready(self, waits: Sequence[tuple[PartialCopy, list[tuple[int, int]]]]) -> list[bool]:
         """Which of ``waits`` (copies and the pages wanted from each) :meth:`PartialCopy.wait` would
@@ -316,7 +307,7 @@ class ShardPrefetcher:
                 got = fill.span(0, fill.npages, self.cache.wanted(fill.map_fd, fill.item.size))
                 if got is not None:
                     return fill, got[0], got[1], True
-        if (self._bg_active >= self.limit or not self._background or self._demand_active
+        if (self._bg_active >= self.limit or self._demand_active
                 or (hold_background is not None and not hold_background.is_set())):
             return None
         for fill in sorted(self._fills.values(), key=lambda f: f.index):

@@ -358,11 +358,10 @@ def test_a_corrupt_part_never_becomes_a_copy(s3: Any, tmp_path: Path, small_part
     assert not any(p.name.startswith("shard-00000001") for p in cache.rglob("*"))
 
 
-def test_first_block_pages_go_before_the_background(dataset: tuple[Path, str], tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """No background part starts before the first block asked for its pages, nor while asked-for
-    parts are in flight: the first batch does not share the link with parts nobody waits for.
-    (Every fetch is held until the reader has asked, so background parts picked earlier would show.)"""
+def test_no_background_part_starts_while_asked_for_parts_are_in_flight(
+        dataset: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No background part starts while asked-for parts are in flight: a block's records do not share
+    the link with parts nobody waits for yet. (Every fetch is held until the reader has asked.)"""
     local, url = dataset
     asked = threading.Event()
     real_demanded, real_fetch = prefetch.ShardPrefetcher._demanded, prefetch.ShardPrefetcher._fetch
@@ -382,7 +381,7 @@ def test_first_block_pages_go_before_the_background(dataset: tuple[Path, str], t
         check_batch({"key": np.array(ONE_PER_SHARD), **ds.read(ONE_PER_SHARD)})
         _wait_all(ds)
         timeline = list(ds.payload.prefetcher.stats.in_flight)  # type: ignore[attr-defined]
-    assert timeline and timeline[0][1:] == (1, 0)  # the first part in flight was asked for
+    assert any(demand for _, demand, _ in timeline)  # the block's pages were asked for
     for (_, _, bg_before), (_, demand, bg) in itertools.pairwise(timeline):
         assert not (bg > bg_before and demand), timeline  # a background part started while asked-for ones ran
     assert any(bg for _, _, bg in timeline)  # the background did run afterwards
