@@ -18,7 +18,8 @@ from shardkit.formats.spec import MAX_CRC32C
 from shardkit.stores import ByteRange, Store
 from shardkit.stores.local import open_regular
 
-__all__ = ["FileDigest", "ATTRIBUTES_CRC_KEY", "attributes_crc32c", "read_verified", "read_object", "read_objects", "fd_crc32c"]
+__all__ = ["FileDigest", "ATTRIBUTES_CRC_KEY", "attributes_crc32c", "read_verified", "read_object", "read_objects", "fd_crc32c",
+           "extend_fd_crc32c"]
 
 #: Key of the self-checksum inside the ``shardkit`` attributes.
 ATTRIBUTES_CRC_KEY = "attributes_crc32c"
@@ -125,19 +126,26 @@ def read_objects(
 def fd_crc32c(fd: int, data_nbytes: int, chunk: int = 8 << 20) -> tuple[int, int, int]:
     """``(crc32c of the first data_nbytes bytes, crc32c of the whole file, size)`` of an open file,
     streamed once with ``pread`` (a shard's records checksum and its whole-file checksum)."""
-    data_crc = crc = size = 0
-    buf = bytearray(chunk)
-    view = memoryview(buf)
-    while True:
-        n = os.preadv(fd, [view], size)
+    return extend_fd_crc32c(fd, data_nbytes, 0, None, chunk=chunk)
+
+
+def extend_fd_crc32c(fd: int, data_nbytes: int, start: int, end: int | None, data_crc: int = 0, crc: int = 0,
+                     chunk: int = 8 << 20) -> tuple[int, int, int]:
+    """:func:`fd_crc32c` of bytes ``[start, end)`` of an open file (``end`` None: to its end), extending
+    ``data_crc`` (below ``data_nbytes``) and ``crc``: ``(data_crc, crc, where the read stopped)``,
+    short of ``end`` when the file is."""
+    pos = start
+    view = memoryview(bytearray(chunk if end is None else max(1, min(chunk, end - start))))
+    while end is None or pos < end:
+        n = os.preadv(fd, [view if end is None else view[: end - pos]], pos)
         if n == 0:
             break
         part = view[:n]
-        if size < data_nbytes:
-            data_crc = extend_crc32c(data_crc, part[: data_nbytes - size])
+        if pos < data_nbytes:
+            data_crc = extend_crc32c(data_crc, part[: data_nbytes - pos])
         crc = extend_crc32c(crc, part)
-        size += n
-    return data_crc, crc, size
+        pos += n
+    return data_crc, crc, pos
 
 
 def attributes_crc32c(attrs: dict[str, Any]) -> int:

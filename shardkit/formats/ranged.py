@@ -135,11 +135,8 @@ class RangedPayloadArray(PayloadArray):
 
     def _fetched(self, shards: list[int], asks: list[ByteRange]) -> Iterator[tuple[int, Fetched]]:
         """The responses to ``asks`` (``asks[k]`` reads shard ``shards[k]``), each checked and counted."""
-        for got in _shards_present(self.store.fetch(asks)) if asks else ():
-            i, ask = shards[got.index], asks[got.index]
-            self._check_response(i, got, ask)
-            self.stats.add(self.shard_location(i), ask.start, ask.nbytes)
-            yield i, got
+        if asks:
+            yield from self._checked(shards, asks, self.store.fetch(asks))
 
     def _known_index(self, i: int) -> bytes | None:
         """The index bytes of uncompressed shard ``i`` when the metadata fixes them: the dense
@@ -470,7 +467,8 @@ class RangedPayloadArray(PayloadArray):
         return i in self._indexes or self._known_index(i) is not None
 
     def _checked(self, shards: list[int], asks: list[ByteRange], pending: Iterator[Fetched]) -> Iterator[tuple[int, Fetched]]:
-        """As :meth:`_fetched`, for the responses of requests already started."""
+        """The responses ``pending`` to ``asks`` (``asks[k]`` reads shard ``shards[k]``, requests
+        already started), each checked and counted."""
         for got in _shards_present(pending):
             i, ask = shards[got.index], asks[got.index]
             self._check_response(i, got, ask)

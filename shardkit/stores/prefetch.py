@@ -16,7 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from shardkit.errors import CorruptShardError, TruncatedShardError
-from shardkit.formats.index import combine_crc32c, crc32c_of, extend_crc32c
+from shardkit.formats.checksums import extend_fd_crc32c
+from shardkit.formats.index import combine_crc32c, crc32c_of
 from shardkit.stores.atomic import is_out_of_space
 from shardkit.stores.base import ByteRange, Store, write_all
 from shardkit.stores.cache import PAGE_BYTES, STALE_SECONDS, ShardCache, filler_alive, map_pages
@@ -450,7 +451,8 @@ class ShardPrefetcher:
         data_crc = crc = pos = 0
         for start, (end, part_crc) in sorted(fill.crcs.items()):
             if start < pos:  # overlapping ranges cannot happen (a page is fetched once): trust the file
-                return self._reread(fill, 0, size)
+                crc, data_crc = self._reread_into(fill, 0, size, 0, 0)
+                return data_crc, crc
             if start > pos:
                 crc, data_crc = self._reread_into(fill, pos, start, crc, data_crc)
             if end <= split:
@@ -461,25 +463,11 @@ class ShardPrefetcher:
             crc, data_crc = self._reread_into(fill, pos, size, crc, data_crc)
         return data_crc, crc
 
-    def _reread(self, fill: _Fill, start: int, end: int) -> tuple[int, int]:
-        crc, data_crc = self._reread_into(fill, start, end, 0, 0)
-        return data_crc, crc
-
     def _reread_into(self, fill: _Fill, start: int, end: int, crc: int, data_crc: int) -> tuple[int, int]:
         """Extend ``crc`` (and ``data_crc`` below ``data_nbytes``) with bytes ``start:end`` of the copy."""
-        split = fill.item.data_nbytes
-        buf = bytearray(min(end - start, 8 << 20))
-        view = memoryview(buf)
-        pos = start
-        while pos < end:
-            want = min(len(buf), end - pos, split - pos) if pos < split else min(len(buf), end - pos)
-            n = os.preadv(fill.fd, [view[:want]], pos)
-            if n <= 0:
-                raise TruncatedShardError(f"{self.cache.dir}/{fill.item.name}: expected {end} bytes, the copy ends at {pos}")
-            if pos < split:
-                data_crc = extend_crc32c(data_crc, view[:n])
-            crc = extend_crc32c(crc, view[:n])
-            pos += n
+        data_crc, crc, pos = extend_fd_crc32c(fill.fd, fill.item.data_nbytes, start, end, data_crc, crc)
+        if pos < end:
+            raise TruncatedShardError(f"{self.cache.dir}/{fill.item.name}: expected {end} bytes, the copy ends at {pos}")
         with self._cond:
             self.stats.reread_bytes += end - start
         return crc, data_crc
