@@ -144,7 +144,7 @@ class RangedPayloadArray(PayloadArray):
         info = self.shards[i]
         if self.codec is not None or info.index_crc32c is None:
             return None
-        dense = ShardIndex.dense(info.count, self.records_per_shard, self.record_nbytes).encode()
+        dense = self._dense_index_bytes(info.count)  # built once per record count, not per call
         return dense if int.from_bytes(dense[-4:], "little") == info.index_crc32c else None
 
     def stored_index(self, i: int) -> ShardIndex:
