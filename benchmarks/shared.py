@@ -19,7 +19,7 @@ sampler's disk tier, or the server's), device bytes read system-wide (``/proc/di
 psutil; noisy on a shared machine), and records/s per job (records / time from its first batch
 request to its last batch), and the Spearman correlation between jobs 1 and 2 of each item's position in
 an epoch (about 0 for independent jobs; ``(N^2 - K^2) / (N^2 - 1)`` for jobs sharing a server whose
-ring holds reservoirs of ``K`` records: the cost of sharing, see the README).
+ring holds reservoirs of ``K`` records: the cost of sharing, see docs/sharing.md).
 
 ``--quick`` runs a small configuration (600 records, jobs 1 and 2, one epoch) as a smoke test.
 ``--before TREE --rounds N`` runs every configuration with this tree's shardkit and with the one in

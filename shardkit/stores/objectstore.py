@@ -237,8 +237,8 @@ class ObjectStore(Store):
         name = type(exc).__name__
         if isinstance(exc, PermissionError) or name in ("PermissionDeniedError", "UnauthenticatedError"):
             return StorePermissionError(
-                f"{what}: access denied ({text}); check the credentials in the environment (see the README's "
-                "object-store section)"
+                f"{what}: access denied ({text}); check the credentials in the environment (docs/object-storage.md "
+                "lists the variables)"
             )
         if name == "PreconditionError":
             return ObjectChangedError(f"{what}: the object changed since it was first read (its ETag differs)")

@@ -79,7 +79,7 @@ def open_store(location: Location, options: StoreOptions | None = None) -> Store
     ==========================================  ====================================================
 
     Credentials and endpoints come from each cloud's standard environment, read by obstore (the
-    README's object-store section lists the variables), plus the AWS profile files (:func:`s3_settings`);
+    docs/object-storage.md lists the variables), plus the AWS profile files (:func:`s3_settings`);
     HTTP(S) is anonymous.
 
     A URL with credentials (``s3://KEY:SECRET@bucket``) is refused without repeating them; shown URLs
@@ -141,7 +141,7 @@ def _open_object_store(url: str, scheme: str, netloc: str, path: str, opts: Stor
     if userinfo is not None and (scheme not in ("abfs", "abfss") or ":" in userinfo):
         raise ConfigError(
             f"{shown}: credentials in the URL are not accepted (and were not used); give the bare "
-            f"{scheme}://BUCKET/PREFIX and the credentials through the environment (see the README's object-store section)"
+            f"{scheme}://BUCKET/PREFIX and the credentials through the environment (see docs/object-storage.md)"
         )
     prefix = unquote(path).strip("/")
     if prefix:
