@@ -191,7 +191,7 @@ def detect_kind(src: str | Path) -> str:
     if not matches:
         raise ConversionError(
             f"{src}: could not recognise the corpus kind (expected COCO annotations/instances_*.json, "
-            "class folders of images or audio, or CIFAR python batches); pass --kind"
+            "class folders of images or audio, CIFAR python batches, WebDataset .tar shards or .parquet files); pass --kind"
         )
     top = max(p for p, _ in matches)
     found = [name for p, name in matches if p == top]

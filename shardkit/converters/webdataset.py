@@ -230,13 +230,11 @@ def read_members(fh: Any, file_size: int, shard: str, max_member: int) -> Iterat
     pax: dict[str, str] = {}
     last = "the first header"
     while True:
-        if pos + _BLOCK > file_size:
-            raise ConversionError(f"{shard}: truncated: the file ends at byte {file_size}, after {last}, without the "
-                                  "end-of-archive block")
         fh.seek(pos)
         block = fh.read(_BLOCK)
         if len(block) < _BLOCK:
-            raise ConversionError(f"{shard}: truncated: the file ends inside the header after {last}")
+            raise ConversionError(f"{shard}: truncated: the file ends at byte {pos + len(block)}, after {last}, "
+                                  "without the end-of-archive block")
         if block == b"\0" * _BLOCK:
             return
         if not _checksum_ok(block):
