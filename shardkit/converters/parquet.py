@@ -1,4 +1,5 @@
-"""Parquet files, Hugging Face datasets among them: a ``.parquet`` file or a directory of them.
+"""Parquet files, Hugging Face datasets among them: a ``.parquet`` file or a directory of them, or the
+Arrow files of ``datasets``' ``save_to_disk`` (``data-00000-of-00001.arrow``, read memory-mapped).
 
 One row is one input. The payload column holds images (a ``{bytes, path}`` struct as Hugging Face's
 ``Image`` stores it, or raw bytes) or audio (``Audio``'s ``{bytes, path}``), transformed by the image or
@@ -47,6 +48,8 @@ _MAX_CLASSES = 1 << 20
 _FIELD_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 _RESERVED = frozenset({"image", "audio", "key", "label", PROVENANCE_FIELD, NAMES_ARRAY, ENDS_ARRAY})
 _SPLIT_FILE = re.compile(r"([A-Za-z]+)-\d+-of-\d+\.parquet")
+#: File name endings read: Parquet, and the Arrow stream files ``save_to_disk`` writes.
+_SUFFIXES = (".parquet", ".arrow")
 
 _OPTIONS = (
     Option("split", str, None, "A split of a Hugging Face layout (train-00000-of-00002.parquet or data/train/; "
@@ -89,8 +92,45 @@ def _parquet_files(src: Path) -> list[Path]:
     out: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(src):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        out += [Path(dirpath) / f for f in sorted(filenames) if f.endswith(".parquet") and not f.startswith(".")]
+        out += [Path(dirpath) / f for f in sorted(filenames) if f.endswith(_SUFFIXES) and not f.startswith(".")]
     return out
+
+
+def _arrow_batches(path: Path | str) -> list[Any]:
+    """The record batches of an Arrow stream (or file) written by ``datasets``, memory-mapped (no copy)."""
+    import pyarrow as pa
+
+    source = pa.memory_map(str(path))
+    try:
+        return list(pa.ipc.open_stream(source))
+    except pa.ArrowInvalid:
+        reader = pa.ipc.open_file(source)
+        return [reader.get_batch(i) for i in range(reader.num_record_batches)]
+
+
+def _file_schema(path: Path) -> Any:
+    if path.suffix == ".arrow":
+        import pyarrow as pa
+
+        return pa.ipc.open_stream(pa.memory_map(str(path))).schema
+    return _pq().read_schema(path)
+
+
+def _file_groups(path: Path) -> list[tuple[int, int]]:
+    """``(rows, uncompressed bytes)`` of every row group (record batch for an Arrow file)."""
+    if path.suffix == ".arrow":
+        return [(b.num_rows, b.nbytes) for b in _arrow_batches(path)]
+    meta = _pq().ParquetFile(path).metadata
+    return [(meta.row_group(rg).num_rows, meta.row_group(rg).total_byte_size) for rg in range(meta.num_row_groups)]
+
+
+def _read_group(path: str, rg: int, columns: list[str]) -> Any:
+    """The ``columns`` of row group ``rg`` of ``path`` as a table."""
+    if path.endswith(".arrow"):
+        import pyarrow as pa
+
+        return pa.Table.from_batches([_arrow_batches(path)[rg]]).select(columns)
+    return _pq().ParquetFile(path).read_row_group(rg, columns=columns)
 
 
 def _split_of(rel: Path) -> str | None:
@@ -175,7 +215,7 @@ class ParquetDecoder(Decoder):
             lay = self.layout
             columns = [lay.column, *([lay.label] if lay.label else []), *lay.numbers]
             try:
-                table = _pq().ParquetFile(self.files[f]).read_row_group(rg, columns=columns)
+                table = _read_group(self.files[f], rg, columns)
             except Exception as exc:  # pyarrow raises OSError and ArrowException subclasses for damaged data
                 raise InputFileError(f"{self.files[f]}#rg{rg}", f"corrupt: cannot read row group {rg}: {exc}") from None
             self._cache = ((f, rg), table)
@@ -238,7 +278,7 @@ class ParquetConverter(Converter):
         root = self.src if self.src.is_dir() else self.src.parent
         files = _parquet_files(self.src)
         if not files:
-            raise ConversionError(f"{self.src}: no .parquet files")
+            raise ConversionError(f"{self.src}: no .parquet (or save_to_disk .arrow) files")
         splits = sorted({s for s in (_split_of(p.relative_to(root)) for p in files) if s})
         self.split = choose_split(splits, v.get("split"), self.src, self.label("split")) if splits else None
         if v.get("split") is not None and not splits:
@@ -253,7 +293,7 @@ class ParquetConverter(Converter):
     def detect(cls, src: Path) -> bool:
         """A ``.parquet`` file, or a directory whose first files (a few levels down) are mostly Parquet."""
         if src.is_file():
-            return src.suffix == ".parquet"
+            return src.suffix in _SUFFIXES
         if not src.is_dir():
             return False
         seen = parquet = 0
@@ -263,7 +303,7 @@ class ParquetConverter(Converter):
                 if f.startswith(".") or f.endswith((".json", ".md", ".txt", ".lock")):
                     continue
                 seen += 1
-                parquet += f.endswith(".parquet")
+                parquet += f.endswith(_SUFFIXES)
             if seen >= 50:
                 break
         return parquet > 0 and parquet * 2 > seen
@@ -271,7 +311,7 @@ class ParquetConverter(Converter):
     # ------------------------------------------------------------------ schema
     def _schema(self, path: Path) -> Any:
         try:
-            return _pq().read_schema(path)
+            return _file_schema(path)
         except ConversionError:
             raise
         except Exception as exc:
@@ -351,9 +391,13 @@ class ParquetConverter(Converter):
     def _numbered_classes(self, label: str) -> list[str]:
         """``"0"``.. up to the largest label (from the footer statistics, else reading the column)."""
         top = -1
-        pq = _pq()
         for path in self.files:
-            pf = pq.ParquetFile(path)
+            if path.suffix == ".arrow":
+                for batch in _arrow_batches(path):
+                    values = batch.column(batch.schema.get_field_index(label)).to_pylist()
+                    top = max(top, int(max((x for x in values if x is not None), default=-1)))
+                continue
+            pf = _pq().ParquetFile(path)
             for rg in range(pf.metadata.num_row_groups):
                 group = pf.metadata.row_group(rg)
                 leaf = next(j for j in range(group.num_columns) if group.column(j).path_in_schema == label)
@@ -373,7 +417,6 @@ class ParquetConverter(Converter):
         """Every row, file by file and row group by row group (footers only; bounded row groups)."""
         if self._scanned is not None:
             return self._scanned
-        pq = _pq()
         groups: list[tuple[int, int, int]] = []
         ends: list[int] = []
         self.starts: list[list[int]] = []
@@ -381,21 +424,20 @@ class ParquetConverter(Converter):
         total = 0
         for f, path in enumerate(self.files):
             try:
-                meta = pq.ParquetFile(path).metadata
+                found = _file_groups(path)
             except Exception as exc:
                 raise ConversionError(f"{path}: not a readable Parquet file ({type(exc).__name__}: {exc})") from None
             first, starts = 0, []
-            for rg in range(meta.num_row_groups):
-                g = meta.row_group(rg)
-                if g.total_byte_size > limit:
-                    raise ConversionError(f"{path}: row group {rg} holds {g.total_byte_size} bytes uncompressed, more "
+            for rg, (rows, nbytes) in enumerate(found):
+                if nbytes > limit:
+                    raise ConversionError(f"{path}: row group {rg} holds {nbytes} bytes uncompressed, more "
                                           f"than {self.label('max_row_group_bytes')} {limit}")
                 starts.append(first)
-                if g.num_rows:
+                if rows:
                     groups.append((f, rg, first))
-                    total += g.num_rows
+                    total += rows
                     ends.append(total)
-                first += g.num_rows
+                first += rows
             self.starts.append(starts)
         if not total:
             raise ConversionError(f"{self.src}: the Parquet files hold no rows")

@@ -72,13 +72,13 @@ _RESERVED_FIELDS = frozenset({"image", "audio", "key", "label", PROVENANCE_FIELD
 _MEDIA = ("image", "audio")
 
 _OPTIONS = (
-    Option("media", str, None, "webdataset, parquet: payload from the image or the audio members/column (default: "
+    Option("media", str, None, "Payload from the image or the audio members (default: "
            "what the first sample holds).", parse=choice(*_MEDIA), metavar="KIND"),
-    Option("member", str, None, "webdataset: the payload member's extension (jpg, seg.png, flac; default: the "
+    Option("member", str, None, "The payload member's extension (jpg, seg.png, flac; default: the "
            "first image or audio member of the first sample).", parse=text, metavar="EXT"),
-    Option("label", str, None, "webdataset: the member holding the class, a number or a name (default: cls, class "
+    Option("label", str, None, "The member holding the class, a number or a name (default: cls, class "
            "or label when present; txt for text labels).", parse=text, metavar="EXT"),
-    Option("max_member_bytes", int, 256 << 20, "webdataset: largest tar member read; a sample with a larger one "
+    Option("max_member_bytes", int, 256 << 20, "Largest tar member read; a sample with a larger one "
            "is skipped (too-large).", parse=count(1), metavar="N"),
     *IMAGE_OPTIONS,
     *AUDIO_OPTIONS,

@@ -164,3 +164,25 @@ def test_bounded_row_groups_null_bytes_and_missing_pyarrow(tmp_path: Path, monke
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)  # as if pyarrow were not installed
     with pytest.raises(MissingExtraError, match=r'pip install "shardkit\[parquet\]"'):
         shardkit.convert(path, tmp_path / "o4", size=4, workers=1)
+
+
+def test_save_to_disk_arrow_files_are_read_memory_mapped(tmp_path: Path) -> None:
+    """``DatasetDict.save_to_disk`` layout: ``<split>/data-0000N-of-0000M.arrow`` Arrow streams written
+    with the features' schema (the ``huggingface`` metadata), next to JSON state files."""
+    root = tmp_path / "saved"
+    for split, seeds in (("train", [0, 1, 2, 3]), ("test", [4])):
+        (root / split).mkdir(parents=True)
+        table = _image_table(seeds)
+        with pa.ipc.new_stream(root / split / "data-00000-of-00001.arrow", table.schema) as sink:
+            for batch in table.to_batches(max_chunksize=3):
+                sink.write_batch(batch)
+        (root / split / "state.json").write_text("{}")
+        (root / split / "dataset_info.json").write_text("{}")
+    (root / "dataset_dict.json").write_text(json.dumps({"splits": ["train", "test"]}))
+    s = shardkit.convert(root, tmp_path / "out", size=f"{H}x{W}", workers=1)
+    assert s.kind == "parquet" and s.records == 4
+    with open_dataset(tmp_path / "out") as ds:
+        assert ds.label_names == ["cat", "dog", "eel"] and ds.fields["label"].tolist() == [0, 1, 2, 0]
+        for k in range(4):
+            np.testing.assert_array_equal(ds[k]["image"], _image(k))
+            assert ds.source(k).name == f"train/data-00000-of-00001.arrow#{k}"
