@@ -339,17 +339,35 @@ def _read_at(fh: Any, offset: int, size: int) -> bytes:
 
 
 def _npy_spec(data: bytes, where: str) -> tuple[np.ndarray, FieldSpec]:
-    """The array of an ``.npy`` member (never unpickled) and its spec; InputFileError when it is not one."""
+    """The array of an ``.npy`` member and its spec; InputFileError when it is not one. Never unpickled,
+    and the header's shape must account for exactly the bytes that follow it before anything is made
+    (``np.load`` of a file object allocates whatever the header claims)."""
+    fh = io.BytesIO(data)
+    fmt = np.lib.format
     try:
-        arr = np.load(io.BytesIO(data), allow_pickle=False)
-    except Exception as exc:  # numpy raises many types for a bad header
+        version = fmt.read_magic(fh)
+        if version == (1, 0):
+            shape, fortran, dtype = fmt.read_array_header_1_0(fh)
+        elif version == (2, 0):
+            shape, fortran, dtype = fmt.read_array_header_2_0(fh)
+        else:
+            raise ValueError(f"format version {version[0]}.{version[1]} is not 1.0 or 2.0")
+    except Exception as exc:  # numpy raises ValueError, SyntaxError, ... for a bad header
         raise InputFileError(where, f"corrupt: not a .npy array ({type(exc).__name__}: {exc})") from None
-    if not isinstance(arr, np.ndarray) or arr.size == 0:
-        raise InputFileError(where, "unsupported: an empty or non-array .npy member")
+    if dtype.hasobject:
+        raise InputFileError(where, "unsupported: a .npy array of Python objects (never unpickled)")
+    count = math.prod(shape)
+    need, have = count * dtype.itemsize, len(data) - fh.tell()
+    if need != have:
+        raise InputFileError(where, f"corrupt: the .npy header claims {list(shape)} {dtype} ({need} bytes), the member "
+                             f"holds {have} bytes of data")
     try:
-        return arr, FieldSpec(arr.shape, arr.dtype.str.lstrip("<>=|"))
-    except Exception as exc:
+        spec = FieldSpec(shape, dtype.str.lstrip("<>=|"))
+    except Exception as exc:  # an empty shape, a non-numeric dtype
         raise InputFileError(where, f"unsupported: {exc}") from None
+    flat = np.frombuffer(data, dtype=dtype, count=count, offset=fh.tell())
+    arr = flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
+    return np.ascontiguousarray(arr), spec
 
 
 def _json_numbers(data: bytes, where: str) -> dict[str, int | float | bool]:
@@ -468,8 +486,8 @@ class WebDatasetConverter(Converter):
     def source_root(self) -> Path:
         return self.shards[0].parent
 
-    def _samples(self) -> Iterator[tuple[int, str, list[TarMember]]]:
-        """Every sample of every shard: ``(shard number, key, members)``."""
+    def _samples(self) -> Iterator[tuple[int, str, list[TarMember], Any]]:
+        """Every sample of every shard: ``(shard number, key, members, the shard's open file)``."""
         limit = self.values["max_member_bytes"]
         for s, path in enumerate(self.shards):
             fh, size = _open_shard(path)
@@ -484,16 +502,16 @@ class WebDatasetConverter(Converter):
                         continue
                     if split[0] != key:
                         if key is not None:
-                            yield s, key, members
+                            yield s, key, members, fh
                         key, members = split[0], []
                     members.append(TarMember(split[1], m.offset, m.size, m.refused))
                 if key is not None:
-                    yield s, key, members
+                    yield s, key, members, fh
                 if unnamed:
                     logger.warning("%s: %d members without an extension belong to no sample and were passed over",
                                    path, unnamed)
 
-    def _first_plan(self, shard: int, key: str, members: list[TarMember]) -> _Plan:
+    def _first_plan(self, shard: int, key: str, members: list[TarMember], fh: Any) -> _Plan:
         """The plan, from the first usable sample and the options."""
         roles = [m.name for m in members]
         media, member = self.values["media"], self.values["member"]
@@ -520,20 +538,19 @@ class WebDatasetConverter(Converter):
         arrays: dict[str, tuple[str, FieldSpec]] = {}
         numbers: dict[str, tuple[str, FieldSpec]] = {}
         taken = set(_RESERVED_FIELDS)
-        with open(self.shards[shard], "rb") as fh:
-            for m in members:
-                if m.name.endswith("npy") and m.name not in (member, label):
-                    name = m.name[: -len("npy")].rstrip(".").replace(".", "_") or "npy"
-                    if _FIELD_NAME.fullmatch(name) and name not in taken:
-                        _, spec = _npy_spec(_read_at(fh, m.offset, m.size), f"{where}.{m.name}")
-                        arrays[m.name] = (name, spec)
-                        taken.add(name)
-            js = next((m for m in members if m.name == "json"), None)
-            if js is not None:
-                for k, value in _json_numbers(_read_at(fh, js.offset, js.size), f"{where}.json").items():
-                    if _FIELD_NAME.fullmatch(k) and k not in taken:
-                        numbers[k] = (k, _number_spec(value))
-                        taken.add(k)
+        for m in members:
+            if m.name.endswith("npy") and m.name not in (member, label):
+                name = m.name[: -len("npy")].rstrip(".").replace(".", "_") or "npy"
+                if _FIELD_NAME.fullmatch(name) and name not in taken:
+                    _, spec = _npy_spec(_read_at(fh, m.offset, m.size), f"{where}.{m.name}")
+                    arrays[m.name] = (name, spec)
+                    taken.add(name)
+        js = next((m for m in members if m.name == "json"), None)
+        if js is not None:
+            for k, value in _json_numbers(_read_at(fh, js.offset, js.size), f"{where}.json").items():
+                if _FIELD_NAME.fullmatch(k) and k not in taken:
+                    numbers[k] = (k, _number_spec(value))
+                    taken.add(k)
         return _Plan(media, member, label, arrays, numbers)
 
     def scan(self) -> ScanResult:
@@ -547,7 +564,7 @@ class WebDatasetConverter(Converter):
         skipped: list[Skip] = []
         texts: list[str] = []
         plan: _Plan | None = None
-        for shard, key, members in self._samples():
+        for shard, key, members, fh in self._samples():
             where = f"{self.shards[shard]}#{key}"
             refused = next((m.refused for m in members if m.refused), None)
             seen = Counter(m.name for m in members)
@@ -558,7 +575,7 @@ class WebDatasetConverter(Converter):
                 skipped.append(Skip(where, refused))
                 continue
             if plan is None:
-                plan = self._first_plan(shard, key, members)
+                plan = self._first_plan(shard, key, members, fh)
             label_text = ""
             if plan.label is not None:
                 m = next((m for m in members if m.name == plan.label), None)
@@ -568,8 +585,7 @@ class WebDatasetConverter(Converter):
                 if m.size > _MAX_LABEL_BYTES:
                     skipped.append(Skip(where, f"label: .{plan.label} holds {m.size} bytes, at most {_MAX_LABEL_BYTES}"))
                     continue
-                with open(self.shards[shard], "rb") as fh:
-                    label_text = _read_at(fh, m.offset, m.size).decode("utf-8", "replace").strip()
+                label_text = _read_at(fh, m.offset, m.size).decode("utf-8", "replace").strip()
             texts.append(label_text)
             items.append((shard, key, -1, tuple((m.name, m.offset, m.size) for m in members)))
         if plan is None:

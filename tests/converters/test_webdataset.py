@@ -216,3 +216,23 @@ def test_grouping_and_brace_rules() -> None:
         expand_braces("{0..999999999}.tar")
     with pytest.raises(ConfigError, match="counts down"):
         expand_braces("{9..1}.tar")
+
+
+def test_an_npy_header_is_checked_against_its_bytes_before_anything_is_allocated(tmp_path: Path) -> None:
+    good = _png(_image(3))
+    vec = io.BytesIO()
+    np.save(vec, np.arange(4, dtype=np.int64))
+    raw = vec.getvalue()
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": "<i8", "fortran_order": False, "shape": (10**13,)})
+    lying = buf.getvalue() + raw[-32:]  # a header claiming 80 TB, followed by 32 bytes
+    with wds.TarWriter(str(tmp_path / "v.tar")) as sink:
+        sink.write({"__key__": "a", "png": good, "vec.npy": raw})
+        sink.write({"__key__": "b", "png": good, "vec.npy": lying})
+        sink.write({"__key__": "c", "png": good, "vec.npy": np.lib.format.magic(1, 0) + b"garbage"})
+    s = shardkit.convert(tmp_path / "v.tar", tmp_path / "out", size=4, workers=1)
+    assert s.records == 1 and dict(s.skipped) == {"corrupt": 2}
+    reasons = dict(s.skipped_inputs)
+    assert "claims [10000000000000] int64 (80000000000000 bytes), the member holds 32 bytes" in reasons[f"{tmp_path / 'v.tar'}#b"]
+    with open_dataset(tmp_path / "out") as ds:
+        assert ds.fields["vec"].tolist() == [[0, 1, 2, 3]]
