@@ -61,6 +61,8 @@ MAX_SHARDS = 1 << 20
 _MAX_META_BYTES = 1 << 20
 #: Largest label member read (a class number or name).
 _MAX_LABEL_BYTES = 256
+#: Largest ``.json`` member parsed (metadata of one sample; real ones are a few hundred bytes).
+_MAX_JSON_BYTES = 1 << 20
 #: Most classes a numeric label may imply (``cls`` 10**9 would ask for a billion class names).
 _MAX_CLASSES = 1 << 20
 #: Roles that hold a class, in the order the default label is looked for.
@@ -370,7 +372,12 @@ def _npy_spec(data: bytes, where: str) -> tuple[np.ndarray, FieldSpec]:
     return np.ascontiguousarray(arr), spec
 
 
-def _json_numbers(data: bytes, where: str) -> dict[str, int | float | bool]:
+def _json_numbers(fh: Any, offset: int, size: int, where: str) -> dict[str, int | float | bool]:
+    """The finite number values at the top level of the ``.json`` member at ``offset`` (its size checked
+    against :data:`_MAX_JSON_BYTES` before it is read)."""
+    if size > _MAX_JSON_BYTES:
+        raise InputFileError(where, f"too-large: a .json member of {size} bytes, at most {_MAX_JSON_BYTES} are parsed")
+    data = _read_at(fh, offset, size)
     try:
         doc, _ = untrusted_json.loads(data)
     except (ValueError, RecursionError) as exc:
@@ -422,7 +429,7 @@ class WebDatasetDecoder(Decoder):
             if plan.numbers:
                 if "json" not in roles:
                     raise InputFileError(where, "mismatch: no .json member (the first sample has one)")
-                values = _json_numbers(_read_at(fh, *roles["json"]), f"{where}.json")
+                values = _json_numbers(fh, *roles["json"], f"{where}.json")
                 for key, (name, spec) in plan.numbers.items():
                     if key not in values or _number_spec(values[key]).dtype not in (spec.dtype, "int64"):
                         raise InputFileError(where, f"mismatch: .json has no number {key!r} (the first sample has one)")
@@ -547,7 +554,7 @@ class WebDatasetConverter(Converter):
                     taken.add(name)
         js = next((m for m in members if m.name == "json"), None)
         if js is not None:
-            for k, value in _json_numbers(_read_at(fh, js.offset, js.size), f"{where}.json").items():
+            for k, value in _json_numbers(fh, js.offset, js.size, f"{where}.json").items():
                 if _FIELD_NAME.fullmatch(k) and k not in taken:
                     numbers[k] = (k, _number_spec(value))
                     taken.add(k)

@@ -81,6 +81,9 @@ def test_brace_pattern_shards_convert_record_by_record(shards, tmp_path: Path) -
             assert src is not None and src.name == f"{want['shard']}#{want['__key__']}"
             assert (src.values["width"], src.values["height"]) == (W, H)
     assert verify(tmp_path / "out").ok
+    r = run_cli("convert", str(root / "shards-{000000..000001}.tar"), "-o", str(tmp_path / "cli"), "--size", "4", "-q")
+    assert r.returncode == 0 and f"note         dropped .txt: {len(samples)}" in r.stdout
+    assert r.stderr.count("dropped .txt") == 1  # the first one is shown, the others only with -v
 
 
 def test_a_directory_of_shards_is_detected_and_resized_by_the_image_options(shards, tmp_path: Path) -> None:
@@ -236,3 +239,15 @@ def test_an_npy_header_is_checked_against_its_bytes_before_anything_is_allocated
     assert "claims [10000000000000] int64 (80000000000000 bytes), the member holds 32 bytes" in reasons[f"{tmp_path / 'v.tar'}#b"]
     with open_dataset(tmp_path / "out") as ds:
         assert ds.fields["vec"].tolist() == [[0, 1, 2, 3]]
+
+
+def test_a_json_member_is_parsed_only_below_its_bound(tmp_path: Path) -> None:
+    good = _png(_image(4))
+    with wds.TarWriter(str(tmp_path / "j.tar")) as sink:
+        sink.write({"__key__": "a", "png": good, "json": b'{"n": 1}'})
+        sink.write({"__key__": "b", "png": good, "json": b" " * (1 << 20) + b'{"n": 2}'})
+        sink.write({"__key__": "c", "png": good, "json": b'{"n": 3}'})
+    s = shardkit.convert(tmp_path / "j.tar", tmp_path / "out", size=4, workers=1)
+    assert s.records == 2 and dict(s.skipped) == {"too-large": 1}
+    with open_dataset(tmp_path / "out") as ds:
+        assert ds.fields["n"].tolist() == [1, 3]
