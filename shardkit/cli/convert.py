@@ -78,7 +78,8 @@ def _common_parameters() -> list[inspect.Parameter]:
 
     return [
         p("src", Path, typer.Argument(..., metavar="SRC", show_default=False, help=(
-            "Corpus: COCO root (or instances_*.json), class folders, CIFAR batches, audio folders."))),
+            "Corpus: COCO root (or instances_*.json), class folders, CIFAR batches, audio folders, WebDataset "
+            "shards (a .tar, a directory of them, or shards-{000..099}.tar), Parquet files."))),
         p("output", str, typer.Option(..., "-o", "--output", metavar="PATH|URL", help=(
             "Output dataset directory, or an object-store URL (s3://bucket/ds, gs://, az://): shards are "
             "uploaded as they complete, metadata last."))),

@@ -27,7 +27,7 @@ from shardkit.converters.options import Option, choice, count, duration, flag, r
 from shardkit.errors import ConfigError, ConversionError
 from shardkit.formats import FieldSpec
 
-__all__ = ["AudioFolderConverter", "AudioDecoder"]
+__all__ = ["AUDIO_OPTIONS", "AudioFolderConverter", "AudioDecoder"]
 
 _LISTS = {"validation": "validation_list.txt", "test": "testing_list.txt"}
 _ALIASES = {"val": "validation", "valid": "validation", "testing": "test"}
@@ -43,6 +43,8 @@ _OPTIONS = (
     Option("window", bool, False, "Cut long files into several records instead of trimming them.", parse=flag),
     Option("dtype", str, "int16", "Sample type: int16 or float32.", parse=choice("int16", "float32"), metavar="TYPE"),
 )
+#: The audio transform's options (every one but ``split``), for other kinds with audio records.
+AUDIO_OPTIONS = _OPTIONS[1:]
 
 
 class AudioDecoder(ClassFolderDecoder):

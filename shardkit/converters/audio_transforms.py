@@ -8,6 +8,7 @@ trusted for sizes: only the frames the records need are read (docs/design.md §5
 from __future__ import annotations
 
 import functools
+import io
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -223,14 +224,18 @@ def _check_finite(data: np.ndarray, path: str) -> None:
 
 
 @contextmanager
-def _open(path: Path) -> Iterator[tuple[_FileFrames, int]]:
-    """Open ``path`` with soundfile; yield its frames and sample rate (header checked, nothing read)."""
+def _open(path: Path, data: bytes | None = None) -> Iterator[tuple[_FileFrames, int]]:
+    """Open ``path`` (or the bytes ``data`` named ``path``: a member of an archive) with soundfile; yield
+    its frames and sample rate (header checked, nothing read)."""
     import soundfile as sf
 
-    check_regular_file(path)
     name = str(path)
+    if data is None:
+        check_regular_file(path)
+    elif not data:
+        raise InputFileError(name, "empty: zero-byte audio")
     try:
-        handle = sf.SoundFile(name)
+        handle = sf.SoundFile(name if data is None else io.BytesIO(data))
     except PermissionError as exc:
         raise InputFileError(name, f"unreadable: {exc.strerror or exc}") from None
     except sf.LibsndfileError as exc:
@@ -372,10 +377,11 @@ class AudioTransform:
         records, _ = self._records(_ArrayFrames(data, path), rate, path, 0, None)
         return records
 
-    def read(self, path: Path, start: int = 0, limit: int | None = None) -> AudioClips:
-        """Records ``start, start + 1, ...`` of ``path`` (at most ``limit``), whether more follow, and what the
-        file was; reads only the frames those records need (docs/design.md §5)."""
-        with _open(path) as (frames, rate):
+    def read(self, path: Path, start: int = 0, limit: int | None = None, data: bytes | None = None) -> AudioClips:
+        """Records ``start, start + 1, ...`` of ``path`` (or of the bytes ``data`` named ``path``; at most
+        ``limit``), whether more follow, and what the file was; reads only the frames those records need
+        (docs/design.md §5)."""
+        with _open(path, data) as (frames, rate):
             records, more = self._records(frames, rate, str(path), start, limit)
             return AudioClips(records, more, rate, frames.channels, frames.frames)
 

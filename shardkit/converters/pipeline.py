@@ -301,7 +301,9 @@ def decode_into(
             case Produced(index=index, decoded=decoded):
                 for note in decoded.notes:
                     tally.notes[note.category] += 1
-                    logger.warning("%s: %s", decoder.item_path(items[index]), note)
+                    # The first of a category is shown; the others (a member dropped from every sample) with -v.
+                    level = logging.WARNING if tally.notes[note.category] == 1 else logging.INFO
+                    logger.log(level, "%s: %s", decoder.item_path(items[index]), note)
                 done = decoded.next_start is None
                 last = decoded.start + len(decoded.records)
                 if last > MAX_RECORDS_PER_INPUT:

@@ -40,6 +40,8 @@ BUILTIN: dict[str, str] = {
     "cifar100": "shardkit.converters.cifar:Cifar100Converter",
     "coco": "shardkit.converters.coco:CocoConverter",
     "imagefolder": "shardkit.converters.imagefolder:ImageFolderConverter",
+    "webdataset": "shardkit.converters.webdataset:WebDatasetConverter",
+    "parquet": "shardkit.converters.parquet:ParquetConverter",
 }
 #: Option names a kind may not use: keywords of ``convert()`` and flags of ``shardkit convert``.
 RESERVED_OPTIONS = frozenset({
@@ -183,13 +185,13 @@ def _detects(name: str, cls: type[Converter], src: Path) -> bool:
 def detect_kind(src: str | Path) -> str:
     """Guess the corpus kind of ``src``; ``ConversionError`` if none or several match."""
     src = Path(src)
-    if not src.exists():
-        raise DatasetNotFoundError(f"{src}: corpus not found")
     matches = [(cls.detect_priority, name) for name, cls in _loadable() if _detects(name, cls, src)]
+    if not matches and not src.exists():  # a kind may accept a name that is no file (a brace pattern)
+        raise DatasetNotFoundError(f"{src}: corpus not found")
     if not matches:
         raise ConversionError(
             f"{src}: could not recognise the corpus kind (expected COCO annotations/instances_*.json, "
-            "class folders of images or audio, or CIFAR python batches); pass --kind"
+            "class folders of images or audio, CIFAR python batches, WebDataset .tar shards or .parquet files); pass --kind"
         )
     top = max(p for p, _ in matches)
     found = [name for p, name in matches if p == top]

@@ -1,0 +1,682 @@
+"""WebDataset tar shards: a ``.tar`` file, a directory of them, or a brace pattern (``shards-{000..099}.tar``).
+
+Members are grouped into samples as WebDataset groups them: the key is the member name up to the first
+dot of its last path component, consecutive members with one key form one sample, and the text after
+that dot (lower case) names the member's role. The payload is the sample's image or audio member,
+transformed like the image and audio folder kinds do; ``cls`` / ``class`` / ``label`` (or the member
+``label`` names, ``txt`` for example) gives ``label``; ``npy`` members of a fixed shape and the number
+values at the top level of a ``json`` member become fields (inferred from the first sample, then
+enforced); every other member is dropped and counted in the summary. Provenance: shard name and key.
+
+Tar headers are parsed here, not by :mod:`tarfile`, so that every size is checked against the file
+before anything is read: a member claiming more bytes than the shard holds makes the shard
+``truncated`` (an error naming it) before a byte of it is read; links, devices and absolute or ``..``
+names are refused (their sample is skipped with the reason). docs/design.md §13.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import math
+import os
+import re
+import stat
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shardkit.converters import untrusted_json
+from shardkit.converters.audio import AUDIO_OPTIONS
+from shardkit.converters.audio_transforms import AUDIO_COLUMNS, AUDIO_EXTENSIONS, AudioTransform
+from shardkit.converters.base import PROVENANCE, RECORD_BYTES_PER_CALL, Converter, Decoded, Decoder, Note, ScanResult, Skip
+from shardkit.converters.images import IMAGE_COLUMNS, IMAGE_EXTENSIONS, IMAGE_OPTIONS, ImageTransform
+from shardkit.converters.options import Option, choice, count, text
+from shardkit.errors import ConfigError, ConversionError, InputFileError
+from shardkit.formats import FieldSpec
+from shardkit.formats.provenance import ENDS_ARRAY, NAMES_ARRAY, PROVENANCE_FIELD
+
+__all__ = [
+    "LABEL_ROLES",
+    "MAX_SHARDS",
+    "TarMember",
+    "WebDatasetConverter",
+    "WebDatasetDecoder",
+    "expand_braces",
+    "read_members",
+    "sample_key",
+]
+
+logger = logging.getLogger(__name__)
+
+_BLOCK = 512
+#: Most shards a brace pattern may expand to.
+MAX_SHARDS = 1 << 20
+#: Largest GNU long name or pax extended header accepted (real ones are a few hundred bytes).
+_MAX_META_BYTES = 1 << 20
+#: Largest label member read (a class number or name).
+_MAX_LABEL_BYTES = 256
+#: Largest ``.json`` member parsed (metadata of one sample; real ones are a few hundred bytes).
+_MAX_JSON_BYTES = 1 << 20
+#: Most classes a numeric label may imply (``cls`` 10**9 would ask for a billion class names).
+_MAX_CLASSES = 1 << 20
+#: Roles that hold a class, in the order the default label is looked for.
+LABEL_ROLES = ("cls", "class", "label")
+_IMAGE_ROLES = frozenset(e.lstrip(".") for e in IMAGE_EXTENSIONS)
+_AUDIO_ROLES = frozenset(e.lstrip(".") for e in AUDIO_EXTENSIONS)
+_FIELD_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
+_RESERVED_FIELDS = frozenset({"image", "audio", "key", "label", PROVENANCE_FIELD, NAMES_ARRAY, ENDS_ARRAY})
+_MEDIA = ("image", "audio")
+
+_OPTIONS = (
+    Option("media", str, None, "Payload from the image or the audio members (default: "
+           "what the first sample holds).", parse=choice(*_MEDIA), metavar="KIND"),
+    Option("member", str, None, "The payload member's extension (jpg, seg.png, flac; default: the "
+           "first image or audio member of the first sample).", parse=text, metavar="EXT"),
+    Option("label", str, None, "The member holding the class, a number or a name (default: cls, class "
+           "or label when present; txt for text labels).", parse=text, metavar="EXT"),
+    Option("max_member_bytes", int, 256 << 20, "Largest tar member read; a sample with a larger one "
+           "is skipped (too-large).", parse=count(1), metavar="N"),
+    *IMAGE_OPTIONS,
+    *AUDIO_OPTIONS,
+)
+
+
+# ---------------------------------------------------------------------- shard names
+def expand_braces(pattern: str) -> list[str]:
+    """Every name of a brace pattern, in order: ``{000..012}`` counts (zero-padded to the first bound's
+    width), ``{a,b}`` lists; several groups multiply. ConfigError past :data:`MAX_SHARDS` names or for an
+    unclosed brace (nothing is built before the count is known)."""
+    parts: list[list[str]] = []
+    pos = 0
+    total = 1
+    for m in re.finditer(r"\{([^{}]*)\}", pattern):
+        parts.append([pattern[pos : m.start()]])
+        body = m.group(1)
+        rng = re.fullmatch(r"(\d+)\.\.(\d+)", body)
+        if rng:
+            lo, hi = int(rng.group(1)), int(rng.group(2))
+            if hi < lo:
+                raise ConfigError(f"{pattern}: the range {{{body}}} counts down")
+            n = hi - lo + 1
+            if total * n > MAX_SHARDS:
+                raise ConfigError(f"{pattern}: expands to more than {MAX_SHARDS} shard names")
+            width = len(rng.group(1))
+            parts.append([str(i).zfill(width) for i in range(lo, hi + 1)])
+        else:
+            choices = body.split(",")
+            n = len(choices)
+            if total * n > MAX_SHARDS:
+                raise ConfigError(f"{pattern}: expands to more than {MAX_SHARDS} shard names")
+            parts.append(choices)
+        total *= n
+        pos = m.end()
+    parts.append([pattern[pos:]])
+    if "{" in pattern[pos:] or "}" in pattern[pos:] or any("{" in p[0] or "}" in p[0] for p in parts[:-1:2]):
+        raise ConfigError(f"{pattern}: unbalanced braces (expected {{000..099}} or {{a,b}} groups)")
+    names = [""]
+    for options in parts:
+        names = [n + o for n in names for o in options]
+    return names
+
+
+def _is_pattern(src: Path) -> bool:
+    return "{" in src.name and "}" in src.name
+
+
+def _shard_paths(src: Path) -> list[Path]:
+    """The shards of ``src``: itself (a ``.tar``), the ``.tar`` files directly in it (sorted), or those of
+    a brace pattern in its last component (each must exist)."""
+    if _is_pattern(src):
+        found = [src.parent / name for name in expand_braces(src.name)]
+        missing = [p for p in found if not p.exists()]
+        if missing:
+            raise ConversionError(f"{src}: {len(missing)} of {len(found)} shards do not exist, the first {missing[0]}")
+        return found
+    if src.is_file():
+        return [src]
+    try:
+        names = sorted(e.name for e in os.scandir(src) if e.name.endswith(".tar") and not e.name.startswith("."))
+    except OSError as exc:
+        raise ConversionError(f"{src}: cannot list the directory: {exc.strerror or exc}") from None
+    if not names:
+        raise ConversionError(f"{src}: no .tar shards in the directory")
+    return [src / n for n in names]
+
+
+# ---------------------------------------------------------------------- tar headers
+@dataclass(frozen=True)
+class TarMember:
+    """One regular member of a shard: its name, where its data starts and its size; ``refused`` says why
+    it cannot be used (a link, a device, an unsafe name, too large), ``None`` when it can."""
+
+    name: str
+    offset: int
+    size: int
+    refused: str | None = None
+
+
+def _field(block: bytes, start: int, end: int) -> bytes:
+    return block[start:end].split(b"\0", 1)[0]
+
+
+def _number(raw: bytes) -> int | None:
+    """A tar numeric field: octal text, or base-256 (first byte 0x80/0xff); ``None`` when neither."""
+    if raw and raw[0] & 0x80:
+        value = int.from_bytes(raw[1:], "big")
+        return -((1 << (8 * len(raw) - 8)) - value) if raw[0] == 0xFF else value
+    digits = raw.split(b"\0", 1)[0].strip(b" ")
+    if not digits:
+        return 0
+    try:
+        return int(digits, 8)
+    except ValueError:
+        return None
+
+
+def _checksum_ok(block: bytes) -> bool:
+    stored = _number(block[148:156])
+    unsigned = sum(block[:148]) + 8 * 32 + sum(block[156:])
+    signed = unsigned - sum(256 for b in (*block[:148], *block[156:]) if b >= 128)
+    return stored in (unsigned, signed)
+
+
+def _pax(data: bytes, shard: str) -> dict[str, str]:
+    """The records of a pax extended header (``"LEN key=value\\n"``)."""
+    out: dict[str, str] = {}
+    pos = 0
+    while pos < len(data):
+        space = data.find(b" ", pos)
+        length = _number_dec(data[pos:space]) if space > pos else None
+        if length is None or length <= 0 or pos + length > len(data):
+            raise ConversionError(f"{shard}: corrupt pax header near byte {pos} (expected 'LENGTH key=value')")
+        key, eq, value = data[space + 1 : pos + length - 1].partition(b"=")
+        if eq:
+            out[key.decode("utf-8", "replace")] = value.decode("utf-8", "surrogateescape")
+        pos += length
+    return out
+
+
+def _number_dec(raw: bytes) -> int | None:
+    return int(raw) if raw.isdigit() and len(raw) < 12 else None
+
+
+def _unsafe_name(name: str) -> str | None:
+    if name.startswith("/") or re.match(r"^[A-Za-z]:[\\/]", name):
+        return "an absolute name"
+    if ".." in re.split(r"[\\/]", name):
+        return "a '..' component"
+    if "\0" in name:
+        return "a NUL in the name"
+    return None
+
+
+_REFUSED_TYPES = {b"1": "a hard link", b"2": "a symbolic link", b"3": "a character device", b"4": "a block device",
+                  b"6": "a FIFO", b"S": "a GNU sparse file"}
+
+
+def read_members(fh: Any, file_size: int, shard: str, max_member: int) -> Iterator[TarMember]:
+    """Every member of the tar open as ``fh`` (``file_size`` bytes) that a sample may hold, in order.
+
+    Only headers are read. A size beyond the file or an end without the end-of-archive block is
+    ``ConversionError("<shard>: truncated: ...")``; a bad header checksum ``corrupt``. Directories and
+    pax global headers are passed over; links, devices, sparse files, unsafe names and members over
+    ``max_member`` bytes come back with :attr:`TarMember.refused` set."""
+    pos = 0
+    long_name: str | None = None
+    pax: dict[str, str] = {}
+    last = "the first header"
+    while True:
+        fh.seek(pos)
+        block = fh.read(_BLOCK)
+        if len(block) < _BLOCK:
+            raise ConversionError(f"{shard}: truncated: the file ends at byte {pos + len(block)}, after {last}, "
+                                  "without the end-of-archive block")
+        if block == b"\0" * _BLOCK:
+            return
+        if not _checksum_ok(block):
+            raise ConversionError(f"{shard}: corrupt: bad tar header checksum at byte {pos} (after {last}); not a tar "
+                                  "file, or damaged")
+        kind = block[156:157]
+        size = _number(block[124:136])
+        if size is None or size < 0:
+            raise ConversionError(f"{shard}: corrupt: tar header at byte {pos} has no valid size")
+        name = _field(block, 0, 100).decode("utf-8", "surrogateescape")
+        if block[257:263] == b"ustar\x00":
+            prefix = _field(block, 345, 500).decode("utf-8", "surrogateescape")
+            if prefix:
+                name = f"{prefix}/{name}"
+        if long_name is not None:
+            name, long_name = long_name, None
+        if "path" in pax:
+            name = pax["path"]
+        if "size" in pax:
+            claimed = _number_dec(pax["size"].encode())
+            if claimed is None:
+                raise ConversionError(f"{shard}: corrupt: pax size {pax['size']!r:.40} of {name!r} is not a number")
+            size = claimed
+        data = pos + _BLOCK
+        end = data + size
+        if end > file_size:
+            raise ConversionError(
+                f"{shard}: truncated: member {name!r} claims {size} bytes at byte {data}, but the file ends at byte "
+                f"{file_size}")
+        if kind in (b"L", b"x", b"g", b"K"):
+            if size > _MAX_META_BYTES:
+                raise ConversionError(f"{shard}: corrupt: a tar extension header of {size} bytes at byte {pos} "
+                                      f"(at most {_MAX_META_BYTES} accepted)")
+            fh.seek(data)
+            meta = fh.read(size)
+            if kind == b"L":
+                long_name = meta.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            elif kind == b"x":
+                pax = _pax(meta, shard)
+            pos = data + -(-size // _BLOCK) * _BLOCK
+            continue
+        pax = {}
+        last = f"member {name!r}"
+        pos = data + -(-size // _BLOCK) * _BLOCK
+        if kind == b"5":
+            continue
+        unsafe = _unsafe_name(name)
+        if kind in _REFUSED_TYPES:
+            yield TarMember(name, data, 0, f"unsafe: member {name!r} is {_REFUSED_TYPES[kind]}")
+        elif kind not in (b"0", b"\0", b"7"):
+            yield TarMember(name, data, 0, f"unsupported: member {name!r} has tar type {kind!r}")
+        elif unsafe is not None:
+            yield TarMember(name, data, 0, f"unsafe: member {name!r} has {unsafe}")
+        elif size > max_member:
+            yield TarMember(name, data, size, f"too-large: member {name!r} holds {size} bytes, more than "
+                            f"max_member_bytes {max_member}")
+        else:
+            yield TarMember(name, data, size)
+
+
+def sample_key(name: str) -> tuple[str, str] | None:
+    """WebDataset's split of a member name into ``(key, role)``: the key runs to the first dot of the
+    last path component, the role is the rest (lower case); ``None`` when that component has no dot."""
+    head, sep, base = name.rpartition("/")
+    stem, dot, role = base.partition(".")
+    if not dot or not stem:
+        return None
+    return head + sep + stem, role.lower()
+
+
+def _open_shard(path: Path) -> tuple[Any, int]:
+    """``(open file, size)`` of a regular file; ConversionError naming it otherwise."""
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConversionError(f"{path}: not a regular file (a directory, FIFO or device)")
+        return open(path, "rb"), st.st_size
+    except OSError as exc:
+        raise ConversionError(f"{path}: cannot open the shard: {exc.strerror or exc}") from None
+
+
+# ---------------------------------------------------------------------- samples
+#: One sample: shard number, key, its label id (-1: none) and members ``(role, offset, size)``.
+Sample = tuple[int, str, int, tuple[tuple[str, int, int], ...]]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What every sample must give: the payload member's role, the label role, the fields of ``npy`` members
+    (role -> (name, spec)) and of the ``json`` member (key -> (name, spec))."""
+
+    media: str
+    member: str
+    label: str | None
+    arrays: dict[str, tuple[str, FieldSpec]]
+    numbers: dict[str, tuple[str, FieldSpec]]
+
+
+def _read_at(fh: Any, offset: int, size: int) -> bytes:
+    fh.seek(offset)
+    return bytes(fh.read(size))
+
+
+def _npy_spec(data: bytes, where: str) -> tuple[np.ndarray, FieldSpec]:
+    """The array of an ``.npy`` member and its spec; InputFileError when it is not one. Never unpickled,
+    and the header's shape must account for exactly the bytes that follow it before anything is made
+    (``np.load`` of a file object allocates whatever the header claims)."""
+    fh = io.BytesIO(data)
+    fmt = np.lib.format
+    try:
+        version = fmt.read_magic(fh)
+        if version == (1, 0):
+            shape, fortran, dtype = fmt.read_array_header_1_0(fh)
+        elif version == (2, 0):
+            shape, fortran, dtype = fmt.read_array_header_2_0(fh)
+        else:
+            raise ValueError(f"format version {version[0]}.{version[1]} is not 1.0 or 2.0")
+    except Exception as exc:  # numpy raises ValueError, SyntaxError, ... for a bad header
+        raise InputFileError(where, f"corrupt: not a .npy array ({type(exc).__name__}: {exc})") from None
+    if dtype.hasobject:
+        raise InputFileError(where, "unsupported: a .npy array of Python objects (never unpickled)")
+    count = math.prod(shape)
+    need, have = count * dtype.itemsize, len(data) - fh.tell()
+    if need != have:
+        raise InputFileError(where, f"corrupt: the .npy header claims {list(shape)} {dtype} ({need} bytes), the member "
+                             f"holds {have} bytes of data")
+    try:
+        spec = FieldSpec(shape, dtype.str.lstrip("<>=|"))
+    except Exception as exc:  # an empty shape, a non-numeric dtype
+        raise InputFileError(where, f"unsupported: {exc}") from None
+    flat = np.frombuffer(data, dtype=dtype, count=count, offset=fh.tell())
+    arr = flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
+    return np.ascontiguousarray(arr), spec
+
+
+def _json_numbers(fh: Any, offset: int, size: int, where: str) -> dict[str, int | float | bool]:
+    """The finite number values at the top level of the ``.json`` member at ``offset`` (its size checked
+    against :data:`_MAX_JSON_BYTES` before it is read)."""
+    if size > _MAX_JSON_BYTES:
+        raise InputFileError(where, f"too-large: a .json member of {size} bytes, at most {_MAX_JSON_BYTES} are parsed")
+    data = _read_at(fh, offset, size)
+    try:
+        doc, _ = untrusted_json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise InputFileError(where, f"corrupt: not JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        return {}
+    return {k: v for k, v in doc.items() if isinstance(v, (bool, int, float)) and not (isinstance(v, float) and not math.isfinite(v))}
+
+
+def _number_spec(value: int | float | bool) -> FieldSpec:
+    return FieldSpec((), "bool" if isinstance(value, bool) else "int64" if isinstance(value, int) else "float64")
+
+
+class WebDatasetDecoder(Decoder):
+    """Decode one sample: read its members from the shard, transform the payload, check the fields."""
+
+    def __init__(self, record: FieldSpec, shards: list[str], plan: _Plan, image: ImageTransform | None,
+                 audio: AudioTransform | None) -> None:
+        super().__init__(plan.media, record)
+        self.shards, self.plan, self.image, self.audio = shards, plan, image, audio
+        self.per_call = max(1, RECORD_BYTES_PER_CALL // record.nbytes)
+
+    def item_path(self, item: Sample) -> str:
+        return f"{self.shards[item[0]]}#{item[1]}"
+
+    def decode(self, item: Sample, start: int = 0) -> Decoded:
+        shard, _key, label, members = item
+        where = self.item_path(item)
+        plan = self.plan
+        roles = {role: (offset, size) for role, offset, size in members}
+        if plan.member not in roles:
+            raise InputFileError(where, f"missing: no .{plan.member} member")
+        fields: dict[str, Any] = {}
+        dropped = Counter(role for role in roles if role not in (plan.member, plan.label, "json", *plan.arrays))
+        try:
+            fh = open(self.shards[shard], "rb")
+        except OSError as exc:
+            raise InputFileError(where, f"unreadable: {exc.strerror or exc}") from None
+        with fh:
+            payload = _read_at(fh, *roles[plan.member])
+            for role, (name, spec) in plan.arrays.items():
+                if role not in roles:
+                    raise InputFileError(where, f"mismatch: no .{role} member (the first sample has one)")
+                arr, found = _npy_spec(_read_at(fh, *roles[role]), f"{where}.{role}")
+                if found != spec:
+                    raise InputFileError(where, f"mismatch: .{role} is {list(found.shape)} {found.dtype}, the first "
+                                         f"sample's {list(spec.shape)} {spec.dtype}")
+                fields[name] = arr
+            if plan.numbers:
+                if "json" not in roles:
+                    raise InputFileError(where, "mismatch: no .json member (the first sample has one)")
+                values = _json_numbers(fh, *roles["json"], f"{where}.json")
+                for key, (name, spec) in plan.numbers.items():
+                    if key not in values or _number_spec(values[key]).dtype not in (spec.dtype, "int64"):
+                        raise InputFileError(where, f"mismatch: .json has no number {key!r} (the first sample has one)")
+                    fields[name] = np.asarray(values[key], dtype=spec.dtype)
+        notes = tuple(Note(f"dropped .{role}", "no image, audio, label, .npy or .json number member; not kept")
+                      for role in sorted(dropped))
+        base = {"label": np.int64(label), **fields}
+        if plan.media == "image":
+            assert self.image is not None
+            loaded = self.image.load(Path(f"{where}.{plan.member}"), payload)
+            return Decoded([{"image": loaded.array, **base, PROVENANCE: loaded.provenance()}], notes=notes)
+        assert self.audio is not None
+        clips = self.audio.read(Path(f"{where}.{plan.member}"), start, self.per_call, data=payload)
+        source = clips.provenance()
+        return Decoded([{"audio": clip, **base, PROVENANCE: source} for clip in clips.records], start, clips.more,
+                       notes=notes if start == 0 else ())
+
+
+class WebDatasetConverter(Converter):
+    """Convert WebDataset tar shards (see the module docstring)."""
+
+    name = "webdataset"
+    options = _OPTIONS
+    detect_priority = 10
+    chunk_size = 8
+    progress_unit = "sample"
+
+    def __init__(self, src: str | Path, **options: Any) -> None:
+        src = Path(src)
+        #: The brace pattern naming the shards, or ``None``; :attr:`src` is then its (existing) directory.
+        self.pattern = src.name if _is_pattern(src) else None
+        super().__init__(src.parent if self.pattern else src, **options)
+        v = self.values
+        self.shards = _shard_paths(self.src / self.pattern if self.pattern else self.src)
+        self.image = ImageTransform.from_options(v, self.label)
+        if round(v["duration"] * v["sample_rate"]) < 1:
+            raise ConfigError(f"{self.label('duration')} {v['duration']} at {self.label('sample_rate')} "
+                              f"{v['sample_rate']} is less than one sample")
+        self.audio = AudioTransform(v["sample_rate"], v["duration"], v["channels"], v["window"], v["dtype"])
+        self._scanned: ScanResult | None = None
+        self._plan: _Plan | None = None
+        self._classes: list[str] = []
+
+    @classmethod
+    def detect(cls, src: Path) -> bool:
+        """A ``.tar`` file, a brace pattern of them, or a directory whose visible files are mostly ``.tar``."""
+        if _is_pattern(src):
+            return src.name.endswith(".tar") and src.parent.is_dir()
+        if src.is_file():
+            return src.suffix == ".tar"
+        if not src.is_dir():
+            return False
+        try:
+            names = [e.name for e in os.scandir(src) if e.is_file() and not e.name.startswith(".")]
+        except OSError:
+            return False
+        tars = sum(n.endswith(".tar") for n in names)
+        return tars > 0 and tars * 2 > len(names)
+
+    # ------------------------------------------------------------------ scanning
+    def source_root(self) -> Path:
+        return self.shards[0].parent
+
+    def _samples(self) -> Iterator[tuple[int, str, list[TarMember], Any]]:
+        """Every sample of every shard: ``(shard number, key, members, the shard's open file)``."""
+        limit = self.values["max_member_bytes"]
+        for s, path in enumerate(self.shards):
+            fh, size = _open_shard(path)
+            with fh:
+                key: str | None = None
+                members: list[TarMember] = []
+                unnamed = 0
+                for m in read_members(fh, size, str(path), limit):
+                    split = sample_key(m.name)
+                    if split is None:
+                        unnamed += 1
+                        continue
+                    if split[0] != key:
+                        if key is not None:
+                            yield s, key, members, fh
+                        key, members = split[0], []
+                    members.append(TarMember(split[1], m.offset, m.size, m.refused))
+                if key is not None:
+                    yield s, key, members, fh
+                if unnamed:
+                    logger.warning("%s: %d members without an extension belong to no sample and were passed over",
+                                   path, unnamed)
+
+    def _first_plan(self, shard: int, key: str, members: list[TarMember], fh: Any) -> _Plan:
+        """The plan, from the first usable sample and the options."""
+        roles = [m.name for m in members]
+        media, member = self.values["media"], self.values["member"]
+        if member is not None:
+            last = member.rsplit(".", 1)[-1]
+            media = media or ("audio" if last in _AUDIO_ROLES else "image")
+        else:
+            for role in roles:
+                last = role.rsplit(".", 1)[-1]
+                if media in (None, "image") and last in _IMAGE_ROLES:
+                    media, member = "image", role
+                    break
+                if media in (None, "audio") and last in _AUDIO_ROLES:
+                    media, member = "audio", role
+                    break
+        if member is None or media is None:
+            raise ConversionError(
+                f"{self.shards[shard]}#{key}: the first sample has no {media or 'image or audio'} member (members: "
+                f"{', '.join('.' + r for r in roles)}); pass {self.label('member')}")
+        label = self.values["label"]
+        if label is None:
+            label = next((r for r in LABEL_ROLES if r in roles), None)
+        where = f"{self.shards[shard]}#{key}"
+        arrays: dict[str, tuple[str, FieldSpec]] = {}
+        numbers: dict[str, tuple[str, FieldSpec]] = {}
+        taken = set(_RESERVED_FIELDS)
+        for m in members:
+            if m.name.endswith("npy") and m.name not in (member, label):
+                name = m.name[: -len("npy")].rstrip(".").replace(".", "_") or "npy"
+                if _FIELD_NAME.fullmatch(name) and name not in taken:
+                    _, spec = _npy_spec(_read_at(fh, m.offset, m.size), f"{where}.{m.name}")
+                    arrays[m.name] = (name, spec)
+                    taken.add(name)
+        js = next((m for m in members if m.name == "json"), None)
+        if js is not None:
+            for k, value in _json_numbers(fh, js.offset, js.size, f"{where}.json").items():
+                if _FIELD_NAME.fullmatch(k) and k not in taken:
+                    numbers[k] = (k, _number_spec(value))
+                    taken.add(k)
+        return _Plan(media, member, label, arrays, numbers)
+
+    def scan(self) -> ScanResult:
+        """Every usable sample in shard order (the shards' headers are read once; the result is kept)."""
+        if self._scanned is None:
+            self._scanned = self._scan()
+        return self._scanned
+
+    def _scan(self) -> ScanResult:
+        items: list[Sample] = []
+        skipped: list[Skip] = []
+        texts: list[str] = []
+        plan: _Plan | None = None
+        for shard, key, members, fh in self._samples():
+            where = f"{self.shards[shard]}#{key}"
+            refused = next((m.refused for m in members if m.refused), None)
+            seen = Counter(m.name for m in members)
+            twice = next((r for r, n in seen.items() if n > 1), None)
+            if refused is None and twice is not None:
+                refused = f"duplicate: the sample holds .{twice} {seen[twice]} times"
+            if refused is not None:
+                skipped.append(Skip(where, refused))
+                continue
+            if plan is None:
+                plan = self._first_plan(shard, key, members, fh)
+            label_text = ""
+            if plan.label is not None:
+                m = next((m for m in members if m.name == plan.label), None)
+                if m is None:
+                    skipped.append(Skip(where, f"label: no .{plan.label} member"))
+                    continue
+                if m.size > _MAX_LABEL_BYTES:
+                    skipped.append(Skip(where, f"label: .{plan.label} holds {m.size} bytes, at most {_MAX_LABEL_BYTES}"))
+                    continue
+                label_text = _read_at(fh, m.offset, m.size).decode("utf-8", "replace").strip()
+            texts.append(label_text)
+            items.append((shard, key, -1, tuple((m.name, m.offset, m.size) for m in members)))
+        if plan is None:
+            raise ConversionError(f"{self.src}: the shards hold no usable sample ({len(skipped)} refused)")
+        self._plan = plan
+        ids = self._label_ids(texts, items, skipped) if plan.label is not None else [0] * len(items)
+        items = [(s, k, i, m) for (s, k, _, m), i in zip(items, ids) if i >= 0]
+        if not items:
+            raise ConversionError(f"{self.src}: no sample has a usable label")
+        return ScanResult(items=items, skipped=skipped)
+
+    def _label_ids(self, texts: list[str], items: list[Sample], skipped: list[Skip]) -> list[int]:
+        """Class ids of the label texts: the numbers themselves when every one is a whole number (names
+        ``"0"``..), else indices into the sorted names; -1 for a sample skipped here."""
+        if all(re.fullmatch(r"\d{1,9}", t) for t in texts):
+            ids = [int(t) for t in texts]
+            for j, i in enumerate(ids):
+                if i >= _MAX_CLASSES:
+                    skipped.append(Skip(f"{self.shards[items[j][0]]}#{items[j][1]}",
+                                        f"label: class {i} is beyond {_MAX_CLASSES - 1}"))
+                    ids[j] = -1
+            self._classes = [str(i) for i in range(max(ids) + 1)] if max(ids, default=-1) >= 0 else []
+            return ids
+        names = sorted({t for t in texts if t})
+        if len(names) > _MAX_CLASSES:
+            raise ConversionError(f"{self.src}: the .{self._plan.label if self._plan else ''} members name "
+                                  f"{len(names)} classes, more than {_MAX_CLASSES}; is it a caption?")
+        index = {n: i for i, n in enumerate(names)}
+        self._classes = names
+        out = []
+        for j, t in enumerate(texts):
+            if not t:
+                skipped.append(Skip(f"{self.shards[items[j][0]]}#{items[j][1]}", "label: empty label member"))
+            out.append(index.get(t, -1))
+        return out
+
+    @property
+    def plan(self) -> _Plan:
+        if self._plan is None:
+            self.scan()
+        assert self._plan is not None
+        return self._plan
+
+    # ------------------------------------------------------------------ what a record is
+    @property
+    def payload(self) -> str:  # type: ignore[override]
+        """``image`` or ``audio``, as the first sample (or ``media``) says."""
+        return self.plan.media
+
+    @property
+    def provenance_columns(self) -> tuple[str, ...]:  # type: ignore[override]
+        return IMAGE_COLUMNS if self.plan.media == "image" else AUDIO_COLUMNS
+
+    def record_spec(self) -> FieldSpec:
+        if self.plan.media == "image":
+            return FieldSpec((self.image.height, self.image.width, 3), "uint8")
+        return FieldSpec(self.audio.shape, self.audio.dtype)
+
+    def fields(self) -> dict[str, FieldSpec]:
+        plan = self.plan
+        return {"label": FieldSpec((), "int64"), **dict(plan.arrays.values()), **dict(plan.numbers.values())}
+
+    def labels(self) -> dict[str, list[str]]:
+        self.plan  # noqa: B018 - the classes are known once scanned
+        return {"label": list(self._classes)}
+
+    def transform(self) -> dict[str, Any]:
+        if self.plan.media == "image":
+            return dict(self.image.to_json())
+        return dict(self.audio.to_json())
+
+    def config(self) -> dict[str, Any]:
+        plan = self.plan
+        return {**super().config(), "pattern": self.pattern, "transform": self.transform(), "classes": self._classes,
+                "plan": json.loads(json.dumps({"media": plan.media, "member": plan.member, "label": plan.label,
+                                               "arrays": {k: [n, s.to_json()] for k, (n, s) in plan.arrays.items()},
+                                               "numbers": {k: [n, s.to_json()] for k, (n, s) in plan.numbers.items()}}))}
+
+    def source(self) -> dict[str, Any]:
+        path = str(self.src / self.pattern) if self.pattern else str(self.src)
+        return {**super().source(), "path": path, "shards": len(self.shards)}
+
+    def make_decoder(self) -> WebDatasetDecoder:
+        plan = self.plan
+        return WebDatasetDecoder(self.record_spec(), [str(p) for p in self.shards], plan,
+                                 self.image if plan.media == "image" else None,
+                                 self.audio if plan.media == "audio" else None)
