@@ -8,6 +8,7 @@ boxes can follow (docs/design.md §5).
 
 from __future__ import annotations
 
+import io
 import os
 import stat
 import warnings
@@ -148,17 +149,22 @@ def _upright(size: tuple[int, int], orientation: int) -> tuple[int, int]:
 
 
 def _decode(
-    path: Path, *, max_pixels: int | None = None, want: Callable[[int, int], tuple[int, int]] | None = None
+    path: Path | str, *, max_pixels: int | None = None, want: Callable[[int, int], tuple[int, int]] | None = None,
+    data: bytes | memoryview | None = None,
 ) -> _Decoded:
-    """Decode ``path`` and apply its EXIF orientation; a JPEG at least twice the upright size
-    ``want(width, height)`` asks for is decoded at the largest DCT scale (1/2, 1/4, 1/8) that gives it."""
+    """Decode ``path`` (or ``data``, the bytes of an image inside another file that ``path`` names) and
+    apply its EXIF orientation; a JPEG at least twice the upright size ``want(width, height)`` asks for
+    is decoded at the largest DCT scale (1/2, 1/4, 1/8) that gives it."""
     from PIL import Image, ImageOps, UnidentifiedImageError
 
-    check_regular_file(path)
+    if data is None:
+        check_regular_file(Path(path))
+    elif not len(data):
+        raise InputFileError(str(path), "empty: zero-byte image")
     name = str(path)
     with _strict_pillow(max_pixels):
         try:
-            with open(path, "rb") as fh:
+            with open(path, "rb") if data is None else io.BytesIO(data) as fh:
                 img: Image.Image = Image.open(fh)
                 stored = img.size
                 box: tuple[float, float, float, float] = (0.0, 0.0, float(stored[0]), float(stored[1]))
@@ -423,9 +429,10 @@ class ImageTransform:
         out[dy0 : dy0 + ny, dx0 : dx0 + nx] = src_arr[sy0 : sy0 + ny, sx0 : sx0 + nx]
         return out, geo
 
-    def load(self, path: Path) -> LoadedImage:
-        """Decode ``path`` and transform it."""
-        decoded = _decode(path, max_pixels=self.max_pixels, want=self._decode_size if self.decode == "fast" else None)
+    def load(self, path: Path, data: bytes | memoryview | None = None) -> LoadedImage:
+        """Decode ``path`` and transform it (``data``: the image's bytes, held inside the file ``path`` names)."""
+        decoded = _decode(path, max_pixels=self.max_pixels, want=self._decode_size if self.decode == "fast" else None,
+                          data=data)
         flags = color_flags(decoded.image)
         rgb = to_rgb(decoded.image, str(path))
         arr, geo = self._apply(rgb, _upright(decoded.stored_size, decoded.orientation), decoded.box)
