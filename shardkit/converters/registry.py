@@ -40,6 +40,7 @@ BUILTIN: dict[str, str] = {
     "cifar100": "shardkit.converters.cifar:Cifar100Converter",
     "coco": "shardkit.converters.coco:CocoConverter",
     "imagefolder": "shardkit.converters.imagefolder:ImageFolderConverter",
+    "mds": "shardkit.converters.mds:MdsConverter",
 }
 #: Option names a kind may not use: keywords of ``convert()`` and flags of ``shardkit convert``.
 RESERVED_OPTIONS = frozenset({
