@@ -41,6 +41,7 @@ BUILTIN: dict[str, str] = {
     "coco": "shardkit.converters.coco:CocoConverter",
     "imagefolder": "shardkit.converters.imagefolder:ImageFolderConverter",
     "mds": "shardkit.converters.mds:MdsConverter",
+    "litdata": "shardkit.converters.litdata:LitDataConverter",
 }
 #: Option names a kind may not use: keywords of ``convert()`` and flags of ``shardkit convert``.
 RESERVED_OPTIONS = frozenset({

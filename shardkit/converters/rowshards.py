@@ -115,6 +115,8 @@ class ShardInfo:
     compression: str | None
     #: ``(tail, what)``: a shard ending in ``tail`` is another layout (``what``), refused.
     refused_tail: tuple[bytes, str] | None = None
+    #: ``unwrap(data, where)``: the classic row layout of a shard stored in another one (LitData's framed zstd).
+    unwrap: Callable[[bytes | mmap.mmap, str], bytes | mmap.mmap] | None = None
 
 
 # ---------------------------------------------------------------------- reading what the index claims
@@ -274,6 +276,8 @@ class _Shard:
                 if info.raw_bytes is not None and len(self.data) != info.raw_bytes:
                     raise InputFileError(where, f"truncated: decompresses to {len(self.data)} bytes, the index "
                                          f"states {info.raw_bytes}")
+        if info.unwrap is not None:
+            self.data = info.unwrap(self.data, where)
         size = len(self.data)
         if info.refused_tail is not None and size >= len(info.refused_tail[0]) \
                 and self.data[size - len(info.refused_tail[0]) :] == info.refused_tail[0]:
