@@ -223,6 +223,32 @@ def decompress(data: bytes | memoryview, algo: str, limit: int, where: str) -> b
     return bytes(out)
 
 
+def stored_count(info: ShardInfo) -> int | None:
+    """The row count a shard's first bytes hold (decompressing only those; LitData's framed chunks hold
+    it at byte 12), or ``None`` when the file is too short to hold one."""
+    with open(info.path, "rb") as fh:
+        if info.compression is None:
+            head = fh.read(16)
+        elif info.compression == "zstd":
+            import zstandard
+
+            try:
+                head = zstandard.ZstdDecompressor().stream_reader(fh, read_across_frames=True).read(16)
+            except zstandard.ZstdError as exc:
+                raise InputFileError(str(info.path), f"corrupt: cannot decompress (zstd): {exc}") from None
+        else:
+            d: Any = zlib.decompressobj(wbits=47) if info.compression == "gz" else bz2.BZ2Decompressor()
+            head = b""
+            try:
+                while len(head) < 16 and (piece := fh.read(1 << 16)):  # output capped: no bomb
+                    head += d.decompress(piece, 16 - len(head))
+            except (OSError, ValueError, zlib.error, EOFError) as exc:
+                raise InputFileError(str(info.path), f"corrupt: cannot decompress ({info.compression}): {exc}") from None
+    if head[:8] == b"LDFZ01\0\0" and info.unwrap is not None and len(head) >= 16:
+        return int(struct.unpack_from("<I", head, 12)[0])
+    return int(struct.unpack_from("<I", head, 0)[0]) if len(head) >= 4 else None
+
+
 def array_from(data: memoryview, dtype: str, shape: tuple[int, ...] | None, where: str) -> np.ndarray:
     """The array of ``dtype`` and ``shape`` (``None``: one dimension) made of exactly ``data``; the size the
     shape claims is compared with the bytes held (Python integers, no overflow) before anything is made."""
@@ -627,6 +653,15 @@ class RowShardConverter(Converter):
         if info.file_bytes is not None and st.st_size != info.file_bytes:
             kind = "truncated" if st.st_size < info.file_bytes else "size"
             return f"{kind}: {st.st_size} bytes, {self.index_path.name} states {info.file_bytes}"
+        if info.compression is not None and (info.raw_bytes or 0) > MAX_SHARD_BYTES:
+            return f"too-large: {self.index_path.name} states {info.raw_bytes} bytes once decompressed, at most {MAX_SHARD_BYTES} are read"
+        try:
+            found = stored_count(info)
+        except (OSError, InputFileError) as exc:
+            return exc.reason if isinstance(exc, InputFileError) else f"unreadable: {exc.strerror or exc}"
+        if found != info.rows:
+            # Said once for the shard, before its rows become inputs: a count that lies costs no per-row work.
+            return f"count: the shard holds {found} rows, {self.index_path.name} states {info.rows}"
         return None
 
     @functools.cached_property

@@ -14,7 +14,7 @@ import pytest
 
 import shardkit
 from shardkit.converters import registry
-from shardkit.converters.litdata import leaf_names, litdata_column
+from shardkit.converters.litdata import leaf_names, litdata_column, unframe
 from shardkit.converters.rowshards import column_array
 from shardkit.errors import ConversionError, InputFileError
 from shardkit.formats import open_dataset
@@ -101,12 +101,17 @@ def test_a_zstd_chunk_that_expands_past_its_stated_size_is_refused(tmp_path: Pat
     src = copy("zstd", tmp_path)
     doc = index(src)
     doc["config"]["compression_level"] = "chunk"  # whole chunks compressed: their stated size bounds inflation
+    for c in doc["chunks"]:  # the same rows, as whole zstd chunks instead of frames
+        classic = unframe((src / c["filename"]).read_bytes(), c["filename"])
+        (src / c["filename"]).write_bytes(zstandard.ZstdCompressor().compress(classic))
+        c["chunk_bytes"] = len(classic)
     (src / "index.json").write_text(json.dumps(doc))
-    for c in doc["chunks"]:
-        (src / c["filename"]).write_bytes(zstandard.ZstdCompressor().compress(bytes(50 << 20)))
-    with pytest.raises(ConversionError, match=r"no shard has a readable row .*chunk-0-0\.bin: size: decompresses to "
-                                              rf"more than the {doc['chunks'][0]['chunk_bytes']} bytes the index states"):
-        shardkit.convert(src, tmp_path / "out", workers=1)
+    bomb = struct.pack("<I", 8) + bytes(50 << 20)  # the right row count, then 50 MiB of zeros
+    (src / "chunk-0-1.bin").write_bytes(zstandard.ZstdCompressor().compress(bomb))
+    s = shardkit.convert(src, tmp_path / "out", workers=1)
+    assert s.records == 16 and dict(s.skipped) == {"size": 8}
+    assert s.skipped_inputs[0] == (f"{src / 'chunk-0-1.bin'}#0", f"size: decompresses to more than the "
+                                   f"{doc['chunks'][1]['chunk_bytes']} bytes the index states")
 
 
 def test_framed_zstd_chunks_whose_frame_table_lies(tmp_path: Path) -> None:

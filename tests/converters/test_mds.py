@@ -148,6 +148,22 @@ def test_an_index_that_claims_too_many_samples_is_refused_before_reading(tmp_pat
         shardkit.convert(src, tmp_path / "out", workers=1)
 
 
+def test_a_compressed_shard_claiming_billions_of_rows_costs_one_skip(tmp_path: Path) -> None:
+    src = copy("zstd", tmp_path)
+    doc = index(src)
+    first, second = (s["samples"] for s in doc["shards"])
+    doc["shards"][1]["samples"], doc["shards"][1]["raw_data"]["bytes"] = 2**31 - 100, 2**33 - 1
+    (src / "index.json").write_text(json.dumps(doc))
+    s = shardkit.convert(src, tmp_path / "out", workers=1)
+    assert s.records == first and dict(s.skipped) == {"too-large": 1}
+    # Within the size limit, the count the shard itself holds (its first decompressed bytes) decides.
+    doc["shards"][1]["samples"], doc["shards"][1]["raw_data"]["bytes"] = 2**28 - 2, 2**30
+    (src / "index.json").write_text(json.dumps(doc))
+    s = shardkit.convert(src, tmp_path / "out2", workers=1)
+    assert s.records == first and list(s.skipped_inputs) == [
+        (str(src / "shard.00001.mds.zstd"), f"count: the shard holds {second} rows, index.json states {2**28 - 2}")]
+
+
 def test_an_index_whose_counts_or_sizes_disagree_with_the_shard(tmp_path: Path) -> None:
     src = copy("plain", tmp_path)
     doc = index(src)
@@ -155,10 +171,10 @@ def test_an_index_whose_counts_or_sizes_disagree_with_the_shard(tmp_path: Path) 
     doc["shards"][0]["samples"] = first + 1
     (src / "index.json").write_text(json.dumps(doc))
     s = shardkit.convert(src, tmp_path / "out", workers=1)
-    # every row of shard 0 is skipped with the count found; shard 1 converts
-    assert s.records == second and dict(s.skipped) == {"count": first + 1}
+    # shard 0 is skipped whole, its count read from its first bytes at scan; shard 1 converts
+    assert s.records == second and dict(s.skipped) == {"count": 1}
     reasons = dict(s.skipped_inputs)
-    assert reasons[str(src / "shard.00000.mds") + "#0"] == f"count: the shard holds {first} rows, the index states {first + 1}"
+    assert reasons[str(src / "shard.00000.mds")] == f"count: the shard holds {first} rows, index.json states {first + 1}"
     doc["shards"][0]["samples"] = first
     doc["shards"][1]["raw_data"]["bytes"] -= 10
     (src / "index.json").write_text(json.dumps(doc))
