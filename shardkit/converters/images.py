@@ -149,19 +149,19 @@ def _upright(size: tuple[int, int], orientation: int) -> tuple[int, int]:
 
 
 def _decode(
-    path: Path, *, max_pixels: int | None = None, want: Callable[[int, int], tuple[int, int]] | None = None,
-    data: bytes | None = None,
+    path: Path | str, *, max_pixels: int | None = None, want: Callable[[int, int], tuple[int, int]] | None = None,
+    data: bytes | memoryview | None = None,
 ) -> _Decoded:
-    """Decode ``path`` (or the bytes ``data`` named ``path``: a member of an archive) and apply its EXIF
-    orientation; a JPEG at least twice the upright size ``want(width, height)`` asks for is decoded at
-    the largest DCT scale (1/2, 1/4, 1/8) that gives it."""
+    """Decode ``path`` (or ``data``, the bytes of an image inside another file that ``path`` names) and
+    apply its EXIF orientation; a JPEG at least twice the upright size ``want(width, height)`` asks for
+    is decoded at the largest DCT scale (1/2, 1/4, 1/8) that gives it."""
     from PIL import Image, ImageOps, UnidentifiedImageError
 
-    name = str(path)
     if data is None:
-        check_regular_file(path)
-    elif not data:
-        raise InputFileError(name, "empty: zero-byte image")
+        check_regular_file(Path(path))
+    elif not len(data):
+        raise InputFileError(str(path), "empty: zero-byte image")
+    name = str(path)
     with _strict_pillow(max_pixels):
         try:
             with open(path, "rb") if data is None else io.BytesIO(data) as fh:
@@ -429,8 +429,8 @@ class ImageTransform:
         out[dy0 : dy0 + ny, dx0 : dx0 + nx] = src_arr[sy0 : sy0 + ny, sx0 : sx0 + nx]
         return out, geo
 
-    def load(self, path: Path, data: bytes | None = None) -> LoadedImage:
-        """Decode ``path`` (or the bytes ``data``, named ``path`` in errors) and transform it."""
+    def load(self, path: Path, data: bytes | memoryview | None = None) -> LoadedImage:
+        """Decode ``path`` and transform it (``data``: the image's bytes, held inside the file ``path`` names)."""
         decoded = _decode(path, max_pixels=self.max_pixels, want=self._decode_size if self.decode == "fast" else None,
                           data=data)
         flags = color_flags(decoded.image)

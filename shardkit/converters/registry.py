@@ -42,6 +42,8 @@ BUILTIN: dict[str, str] = {
     "imagefolder": "shardkit.converters.imagefolder:ImageFolderConverter",
     "webdataset": "shardkit.converters.webdataset:WebDatasetConverter",
     "parquet": "shardkit.converters.parquet:ParquetConverter",
+    "mds": "shardkit.converters.mds:MdsConverter",
+    "litdata": "shardkit.converters.litdata:LitDataConverter",
 }
 #: Option names a kind may not use: keywords of ``convert()`` and flags of ``shardkit convert``.
 RESERVED_OPTIONS = frozenset({
