@@ -500,9 +500,15 @@ class Pipeline:
         # A reader that can start the next block's requests early (object store, no cache) is told
         # the next block's keys the static cache does not pin (pinned ones may need no read).
         ahead = getattr(self.disk.payload, "read_ahead", None) if self.node_disk is None else None
+        # A reader that downloads into a local cache (object store) is told the epoch's block
+        # schedule up front, to download parts in the order the blocks will need them.
+        schedule = getattr(self.disk.payload, "schedule", None) if self.node_disk is None else None
         for seg in self._segments:
             open_buffers: dict[int, BatchBuffer] = {}
-            blocks = self._bounds(seg, 0, seg.length, self.sizes.ram_block)
+            bounds = list(self._bounds(seg, 0, seg.length, self.sizes.ram_block))
+            if schedule is not None:
+                schedule(self._unpinned(seg.keys(a, b)) for a, b in bounds)
+            blocks = iter(bounds)
             upcoming, following = next(blocks, None), None
             while upcoming is not None:
                 a, b = upcoming
@@ -511,7 +517,7 @@ class Pipeline:
                 following = None
                 if ahead is not None and upcoming is not None:
                     following = seg.keys(*upcoming)
-                    ahead(following if self.cache is None else following[~self.cache.lookup(following)[0]])
+                    ahead(self._unpinned(following))
                 before, calls = disk.bytes_read, disk.read_calls
                 block = self._read_block(seg, a, b, keys, read, open_buffers)
                 self._verify()
@@ -520,6 +526,10 @@ class Pipeline:
             seg.done()
             self._put(self._blocks, EpochEnd(seg.epoch, seg.complete))
         self._put(self._blocks, RunDone())
+
+    def _unpinned(self, keys: np.ndarray) -> np.ndarray:
+        """``keys`` the static cache does not pin (pinned ones may need no read)."""
+        return keys if self.cache is None else keys[~self.cache.lookup(keys)[0]]
 
     # ------------------------------------------------------------------ SSD tier
     def _ssd_creator(self) -> None:

@@ -1,0 +1,100 @@
+"""A cold epoch downloads parts in the order its blocks need them (issue 32, cached cold epoch):
+the pipeline hands the reader the epoch's block schedule up front, and the background order
+follows it part by part instead of shard by shard."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from shardkit.formats import Dataset, ranged
+from shardkit.readers import TieredSampler
+from shardkit.stores import cache as cache_mod
+from shardkit.stores import prefetch
+from tests.helpers.datasets import upload
+from tests.helpers.sampler_data import make_dataset
+
+N, PER_SHARD, SHAPE = 120, 40, (64, 64, 4)  # 16 KiB records: shards of 10 pages and their index
+RECORDS_PER_PART = 8  # parts of two 64 KiB pages
+
+
+@pytest.fixture
+def url(s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setattr(prefetch, "PART_BYTES", 2 * cache_mod.PAGE_BYTES)  # parts of 8 records
+    local = make_dataset(tmp_path / "ds", N, records_per_shard=PER_SHARD, shape=SHAPE)
+    return upload(local, s3.url(f"schedule-{tmp_path.name}"))
+
+
+def _cache(tmp_path: Path) -> Path:
+    d = tmp_path / "cache"
+    d.mkdir(exist_ok=True)
+    return d
+
+
+def _record_picks(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, bool]]:
+    """``(shard, first page, asked for)`` of every part the prefetchers pick, in pick order (picks
+    happen one at a time, under the prefetcher's lock)."""
+    picks: list[tuple[int, int, bool]] = []
+    real = prefetch.ShardPrefetcher._pick
+
+    def pick(self: prefetch.ShardPrefetcher) -> Any:
+        got = real(self)
+        if got is not None:
+            picks.append((got[0].index, got[1], got[3]))
+        return got
+
+    monkeypatch.setattr(prefetch.ShardPrefetcher, "_pick", pick)
+    return picks
+
+
+def _part_of(key: int) -> tuple[int, int]:
+    """(shard, first page) of the part that holds record ``key``."""
+    return key // PER_SHARD, key % PER_SHARD // RECORDS_PER_PART * 2
+
+
+def test_background_parts_follow_the_block_schedule(url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parts the first scheduled block needs are fetched first (in shard order within the
+    block), then those the next block adds; shard by shard, shard 0's first part would come first."""
+    picks = _record_picks(monkeypatch)
+    blocks = [np.array([2 * PER_SHARD + 35, PER_SHARD + 20]), np.array([PER_SHARD + 21, 9, 2 * PER_SHARD + 1])]
+    with Dataset(url, cache_dir=_cache(tmp_path)) as ds:
+        ds.payload.schedule(iter(blocks))  # type: ignore[attr-defined]
+        pf = ds.payload.prefetcher  # type: ignore[attr-defined]
+        for i in range(len(pf.items)):
+            pf.wait(i)
+    expected = [_part_of(PER_SHARD + 20), _part_of(2 * PER_SHARD + 35),  # block 1 (its shards ascending)
+                _part_of(9), _part_of(2 * PER_SHARD + 1)]  # block 2 adds these (key 61's part is block 1's)
+    assert [(i, lo) for i, lo, _ in picks[: len(expected)]] == expected, picks
+    assert not any(demanded for _, _, demanded in picks)
+    assert len({(i, lo) for i, lo, _ in picks}) == len(picks) >= 3 * 5  # each part once
+
+
+def test_the_pipeline_hands_over_the_epochs_blocks(url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sampler's pipeline gives the reader its block schedule before the first read: the blocks
+    it hands over, concatenated, are the epoch's order, and no part was picked before."""
+    picks = _record_picks(monkeypatch)
+    handed: list[np.ndarray] = []
+    at_schedule: list[int] = []
+    real = ranged.RangedPayloadArray.schedule
+
+    def schedule(self: ranged.RangedPayloadArray, blocks: Any) -> None:
+        at_schedule.append(len(picks))
+        seen = [np.array(b) for b in blocks]
+        handed.extend(seen)
+        real(self, iter(seen))
+
+    monkeypatch.setattr(ranged.RangedPayloadArray, "schedule", schedule)
+    lock = threading.Lock()
+    keys: list[np.ndarray] = []
+    with TieredSampler(url, tiers="ram", ram_size=N // 4 * 16384, batch_size=8, epochs=1, seed=3,
+                       cache_dir=_cache(tmp_path)) as s:
+        for batch in s:
+            with lock:
+                keys.append(np.asarray(batch["key"]))
+    assert at_schedule == [0]
+    assert len(handed) > 2  # several blocks, the first ones small
+    np.testing.assert_array_equal(np.concatenate(handed), np.concatenate(keys))
