@@ -4,6 +4,8 @@ follows it part by part instead of shard by shard."""
 
 from __future__ import annotations
 
+import errno
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,7 @@ from shardkit.readers import TieredSampler
 from shardkit.stores import cache as cache_mod
 from shardkit.stores import prefetch
 from tests.helpers.datasets import upload
-from tests.helpers.sampler_data import make_dataset
+from tests.helpers.sampler_data import check_batch, make_dataset
 
 N, PER_SHARD, SHAPE = 120, 40, (64, 64, 4)  # 16 KiB records: shards of 10 pages and their index
 RECORDS_PER_PART = 8  # parts of two 64 KiB pages
@@ -98,3 +100,49 @@ def test_the_pipeline_hands_over_the_epochs_blocks(url: str, tmp_path: Path, mon
     assert at_schedule == [0]
     assert len(handed) > 2  # several blocks, the first ones small
     np.testing.assert_array_equal(np.concatenate(handed), np.concatenate(keys))
+
+
+def test_a_claimed_copy_is_allocated_at_once(tmp_path: Path) -> None:
+    """A new copy's blocks are allocated when it is claimed (writes into allocated space cost a
+    fraction of the CPU of writes that allocate), its bytes still all zero until parts land."""
+    c = cache_mod.ShardCache(_cache(tmp_path), "ns")
+    try:
+        fd = c.claim("shard-00000000", 3 << 20)
+        assert fd is not None
+        try:
+            st = os.fstat(fd)
+            assert st.st_size == 3 << 20 and st.st_blocks * 512 >= 3 << 20
+            assert os.pread(fd, 1 << 20, 1 << 20) == bytes(1 << 20)
+        finally:
+            c.abandon("shard-00000000", fd)
+    finally:
+        c.close()
+
+
+def test_a_copy_that_does_not_fit_is_refused_before_any_byte_is_fetched(
+        url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk cannot hold shard 1: its claim fails out of space, nothing of it is downloaded into
+    the cache, its records are read by range and equal the local ones; the other shards are cached."""
+    picks = _record_picks(monkeypatch)
+    real = os.posix_fallocate
+    sizes: list[int] = []
+
+    def allocate(fd: int, offset: int, length: int) -> None:
+        sizes.append(length)
+        if len(sizes) == 2:  # the second claim: shard 1 (shards are claimed in order, one thread picks)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd, offset, length)
+
+    monkeypatch.setattr(os, "posix_fallocate", allocate)
+    cache = _cache(tmp_path)
+    keys = [3, PER_SHARD + 17, 2 * PER_SHARD + 30]
+    with Dataset(url, cache_dir=cache) as ds:
+        ds.payload.schedule(iter([np.array(keys)]))  # type: ignore[attr-defined]
+        pf = ds.payload.prefetcher  # type: ignore[attr-defined]
+        for i in range(len(pf.items)):
+            pf.wait(i)
+        got = ds.read(keys)
+    check_batch({"key": np.array(keys), **got})
+    assert {i for i, _, _ in picks} == {0, 2}, picks  # nothing of shard 1 was fetched into the cache
+    names = sorted(p.name for p in cache.rglob("*shard-*"))
+    assert names == ["shard-00000000", "shard-00000002"], names
