@@ -17,6 +17,7 @@ from shardkit.formats import Dataset, ranged
 from shardkit.readers import TieredSampler
 from shardkit.stores import cache as cache_mod
 from shardkit.stores import prefetch
+from tests.helpers.cli import run_main
 from tests.helpers.datasets import upload
 from tests.helpers.sampler_data import check_batch, make_dataset
 
@@ -146,3 +147,55 @@ def test_a_copy_that_does_not_fit_is_refused_before_any_byte_is_fetched(
     assert {i for i, _, _ in picks} == {0, 2}, picks  # nothing of shard 1 was fetched into the cache
     names = sorted(p.name for p in cache.rglob("*shard-*"))
     assert names == ["shard-00000000", "shard-00000002"], names
+
+
+def test_epoch_counts_include_parts_landing_between_blocks(url: str, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bytes and requests per epoch count the whole download, also the parts that land while no
+    block is being read (here: every background part, held until the first block was handed on),
+    and the sampler's stats carry the download's summary."""
+    from shardkit.tiers import pipeline
+
+    hold = threading.Event()
+    monkeypatch.setattr(prefetch, "hold_background", hold)
+    real_put = pipeline.Pipeline._put
+    first: list[Any] = []
+
+    def put(self: pipeline.Pipeline, q: Any, item: Any) -> None:
+        if isinstance(item, pipeline.BlockRead) and not first:
+            first.append(item)
+            hold.set()  # the background runs now, and lands before the next block is read
+            pf = self.disk.payload.prefetcher  # type: ignore[union-attr]
+            for i in range(len(pf.items)):
+                pf.wait(i)
+        real_put(self, q, item)
+
+    monkeypatch.setattr(pipeline.Pipeline, "_put", put)
+    with TieredSampler(url, tiers="ram", ram_size=N // 4 * 16384, batch_size=8, epochs=1, seed=3,
+                       cache_dir=_cache(tmp_path)) as s:
+        seen = sum(check_batch(b).size for b in s)
+        st = s.stats
+        dataset_bytes = sum(info.nbytes for info in Dataset(url).payload.shards)
+    assert seen == N and first
+    assert sum(st.disk_bytes_by_epoch.values()) == st.disk.bytes_read >= dataset_bytes
+    assert sum(st.disk_requests_by_epoch.values()) == st.disk.read_calls
+    assert st.download_bytes >= dataset_bytes and st.download_parts >= 3 * 5
+    assert st.download_wait_seconds >= 0.0 and st.download_cpu_seconds > 0.0
+
+
+def test_profile_and_sample_report_the_download(url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``shardkit profile`` and ``shardkit sample`` say what the cold pass downloaded into the cache
+    (bytes, parts, the readers' wait), and its bytes per epoch count the whole download."""
+    from shardkit.profiling import profile, report_lines
+
+    prof = profile(url, step_time="1ms", batch_size=8, ram_size="30records", cache_dir=_cache(tmp_path))
+    cold = prof.phases["ingest-cold"]
+    assert cold.download_parts >= 3 * 5 and cold.download_bytes >= prof.workload.dataset_bytes
+    assert sum(cold.epoch_storage_bytes) == cold.storage_bytes and sum(cold.epoch_storage_calls) == cold.storage_calls
+    text = "\n".join(report_lines(prof))
+    assert f"downloaded into the local cache in {cold.download_parts} parts; readers waited" in text
+    other = tmp_path / "other-cache"
+    other.mkdir()
+    assert run_main("sample", url, "--batch-size", "8", "--ram-size", "30records", "--cache-dir", str(other)) == 0
+    out = capsys.readouterr().out
+    assert "download     " in out and " into the local cache in " in out.split("download     ")[1].splitlines()[0]
