@@ -516,7 +516,6 @@ class Pipeline:
         if self.node_disk is not None:  # locality: the node's records on its disk come from there
             assert isinstance(self.disk.payload, PayloadArray)  # locality: one dataset's own payload (sampler)
             read = self.node_disk.reader(self.disk.payload, self.stop)
-        disk = self.disk.payload.stats
         # A reader that can start the next block's requests early (object store, no cache) is told
         # the next block's keys the static cache does not pin (pinned ones may need no read).
         ahead = getattr(self.disk.payload, "read_ahead", None) if self.node_disk is None else None
@@ -525,7 +524,7 @@ class Pipeline:
         schedule = getattr(self.disk.payload, "schedule", None) if self.node_disk is None else None
         for seg in self._segments:
             open_buffers: dict[int, BatchBuffer] = {}
-            self._disk_mark = (seg.epoch, disk.bytes_read, disk.read_calls)
+            self._count_epoch_disk(seg.epoch, block=False)  # what landed since the last block: the epoch before
             bounds = list(self._bounds(seg, 0, seg.length, self.sizes.ram_block))
             if schedule is not None:
                 schedule(self._unpinned(seg.keys(a, b)) for a, b in bounds)
@@ -547,16 +546,18 @@ class Pipeline:
             self._put(self._blocks, EpochEnd(seg.epoch, seg.complete))
         self._put(self._blocks, RunDone())
 
-    def _count_epoch_disk(self, epoch: int) -> None:
-        """Count for ``epoch`` what the dataset's read counters gained since the last count: every
-        byte and request, also those a background download made between blocks."""
+    def _count_epoch_disk(self, epoch: int, *, block: bool = True) -> None:
+        """Count what the dataset's read counters gained since the last count (every byte and
+        request, also those a background download made between blocks) for the epoch then being
+        read, and read ``epoch`` from now on; after a ``block`` the count is made even when nothing
+        was read (the epoch is listed)."""
         disk = self.disk.payload.stats
         with self._count_lock:
-            if self._disk_mark is None:
-                return
-            _, nbytes, calls = self._disk_mark
-            self._disk_mark = (epoch, disk.bytes_read, disk.read_calls)
-        self._stats.add_epoch_disk(epoch, disk.bytes_read - nbytes, disk.read_calls - calls)
+            mark = self._disk_mark
+            nbytes, calls = disk.bytes_read, disk.read_calls
+            self._disk_mark = (epoch, nbytes, calls)
+        if mark is not None and (block or nbytes > mark[1] or calls > mark[2]):
+            self._stats.add_epoch_disk(mark[0], nbytes - mark[1], calls - mark[2])
 
     def _unpinned(self, keys: np.ndarray) -> np.ndarray:
         """``keys`` the static cache does not pin (pinned ones may need no read)."""
