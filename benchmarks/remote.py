@@ -51,6 +51,7 @@ import asyncio
 import collections
 import json
 import os
+import resource
 import shutil
 import socket
 import statistics
@@ -322,15 +323,22 @@ def make_bench_venv(path: Path) -> None:
 Measurement = dict[str, Any]
 
 
-def raw_whole_objects(url: str, keys: list[str], concurrency: int) -> float:
-    """MB/s of fetching every object whole with ``concurrency`` parallel GETs."""
+def _cpu_s() -> float:
+    """CPU seconds (user + system) this process used so far (all its threads): survives load
+    better than wall time; the server and the proxy run in other processes."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def raw_whole_objects(url: str, keys: list[str], concurrency: int) -> tuple[float, float]:
+    """MB/s of fetching every object whole with ``concurrency`` parallel GETs, and CPU s per GB."""
     from shardkit.stores import open_store
 
     store = open_store(url)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu_s()
     with ThreadPoolExecutor(concurrency) as ex:
         total = sum(ex.map(lambda k: len(store.get(k)), keys))
-    return total / 1e6 / (time.perf_counter() - t0)
+    return total / 1e6 / (time.perf_counter() - t0), (_cpu_s() - c0) / (total / 1e9)
 
 
 def raw_get(url: str, keys: list[str], proxy: DelayProxy) -> Measurement:
@@ -338,10 +346,11 @@ def raw_get(url: str, keys: list[str], proxy: DelayProxy) -> Measurement:
     best: Measurement = {}
     for c in (8, 16, 32):
         before = proxy.counters()
-        mbs = raw_whole_objects(url, keys, c)
+        mbs, cpu = raw_whole_objects(url, keys, c)
         d = counter_delta(before, proxy.counters())
         if mbs > best.get("MB/s", 0.0):
-            best = {"MB/s": mbs, "concurrency": c, "fetched_MB": d["bytes"] / 1e6, "requests": d["requests"]}
+            best = {"MB/s": mbs, "concurrency": c, "fetched_MB": d["bytes"] / 1e6, "requests": d["requests"],
+                    "cpu_s_per_GB": cpu}
     return best
 
 
@@ -354,7 +363,7 @@ def _epochs(iterate: Callable[[], Iterable[dict[str, Any]]], n: int, passes: int
         check = EpochCheck(n)
         nbytes = 0
         first = None
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), _cpu_s()
         for batch in iterate():
             if first is None:
                 first = time.perf_counter() - t0
@@ -362,7 +371,9 @@ def _epochs(iterate: Callable[[], Iterable[dict[str, Any]]], n: int, passes: int
             nbytes += payload.nbytes
             check.add(batch["key"], payload)
         dt = time.perf_counter() - t0
-        m: Measurement = {"MB/s": nbytes / 1e6 / dt, "seconds": dt, "first_batch_s": first or 0.0, **check.summary()}
+        m: Measurement = {"MB/s": nbytes / 1e6 / dt, "seconds": dt, "first_batch_s": first or 0.0,
+                          "cpu_s_per_GB": (_cpu_s() - c0) / (nbytes / 1e9) if nbytes else 0.0,
+                          "ended": time.monotonic(), **check.summary()}
         if proxy:
             d = counter_delta(before, proxy.counters())
             m["fetched_MB"], m["requests"] = d["bytes"] / 1e6, d["requests"]
@@ -383,12 +394,36 @@ def shardkit_options(ram: int, ssd: Path, tiers: str, cache_dir: Path | None, **
 def shardkit_bare(location: str | Path, n: int, passes: int, proxy: DelayProxy | None, **opts: Any) -> list[Measurement]:
     """``passes`` passes of one ``TieredSampler`` (``epochs=1`` per pass: each pass is the next epoch)."""
     from shardkit.readers import TieredSampler
+    from shardkit.stores import prefetch
 
+    started: list[Any] = []  # each pass's prefetcher (the pipeline closes it with the pass)
+    init = prefetch.ShardPrefetcher.__init__
+
+    def watched(self: Any, *args: Any, **kw: Any) -> None:
+        init(self, *args, **kw)
+        started.append(self)
+
+    prefetch.ShardPrefetcher.__init__ = watched  # type: ignore[method-assign]
     s = TieredSampler(location, **opts)
     try:
-        return _epochs(lambda: s, n, passes, proxy)
+        ms = _epochs(lambda: s, n, passes, proxy)
     finally:
         s.close()
+        prefetch.ShardPrefetcher.__init__ = init  # type: ignore[method-assign]
+    for m, pf in zip(ms, started):
+        m.update(_download_summary(pf, m["ended"]))
+    return ms
+
+
+def _download_summary(pf: Any, ended: float) -> Measurement:
+    """From a pass's prefetcher: the tail (seconds from its last part landed to the epoch's end:
+    time nothing overlapped the reads) and where the fetch threads' time went."""
+    st = pf.stats
+    if not st.in_flight:
+        return {}
+    last = pf._t0 + st.in_flight[-1][0]
+    return {"tail_s": ended - last, "download_s": st.in_flight[-1][0], "reader_wait_s": st.reader_wait_s,
+            "receive_s": st.receive_s, "write_s": st.write_s, "crc_s": st.crc_s, "settle_s": st.settle_s}
 
 
 def shardkit_loader(location: str | Path, n: int, passes: int, proxy: DelayProxy | None, workers: int,
@@ -613,9 +648,11 @@ def main() -> None:
                 if "error" in m:
                     print(f"  {SYSTEMS.get(system, system):<22} error: {m['error']}", flush=True)
                 else:
+                    tail = f"  tail {m['tail_s']:.2f} s of {m['seconds']:.2f}" if "tail_s" in m else ""
                     print(f"  {SYSTEMS.get(system, system):<22} epoch {e}: {m['MB/s']:7.0f} MB/s  ratio {m['ratio']:.2f}  "
                           f"first batch {m.get('first_batch_s', 0):.2f} s  {m.get('fetched_MB', 0):.0f} MB in "
-                          f"{m.get('requests', 0)} requests  {m.get('same_as_local', '')}", flush=True)
+                          f"{m.get('requests', 0)} requests  {m.get('same_as_local', '')}  "
+                          f"CPU {m.get('cpu_s_per_GB', 0):.2f} s/GB{tail}", flush=True)
 
         for lat in latencies:
             proxy = DelayProxy(server.port, lat)

@@ -100,6 +100,9 @@ def summary(sampler: TieredSampler) -> list[str]:
         per = ", ".join(f"{e}: {human_bytes(b)} in {st.disk_requests_by_epoch.get(e, 0)} {calls}"
                         for e, b in sorted(st.disk_bytes_by_epoch.items()))
         lines.append(f"remote/epoch {per}" if remote else f"disk/epoch   {per}")
+    if st.download_parts:
+        lines.append(f"download     {human_bytes(st.download_bytes)} into the local cache in {st.download_parts} parts; "
+                     f"readers waited {st.download_wait_seconds:.2f} s, fetch threads' CPU {st.download_cpu_seconds:.2f} s")
     if "ssd" in sampler.tiers:
         lines.append(f"ssd written  {human_bytes(st.ssd_bytes_written)}")
     lines.append(f"stall        {st.stall_seconds:.2f} s waiting for batches")

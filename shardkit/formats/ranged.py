@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import NoReturn
 
 import numpy as np
@@ -30,7 +30,7 @@ from shardkit.formats.reader import (
 )
 from shardkit.formats.spec import ZARR_JSON, ShardInfo, index_nbytes
 from shardkit.formats.versions import older_copy, read_document
-from shardkit.stores import ByteRange, Fetched, Store
+from shardkit.stores import ByteRange, Fetched, Store, prefetch
 from shardkit.stores.cache import PAGE_BYTES, ShardCache, map_pages
 from shardkit.stores.prefetch import DEMAND_GAP_PAGES, PART_BYTES, PartialCopy, PrefetchItem, ShardPrefetcher
 
@@ -254,6 +254,49 @@ class RangedPayloadArray(PayloadArray):
         are started while this read's last ones are in flight (a hint: any other read just fetches)."""
         if self.cache is None and hasattr(self.store, "start_fetch"):
             self._next_keys = np.array(keys, dtype=np.int64).reshape(-1)
+
+    def schedule(self, blocks: Iterable[np.ndarray]) -> None:
+        """``blocks`` are the keys of the coming reads, in order (an epoch's block schedule): with a
+        cache, the download's background order becomes the parts in the order these blocks first
+        need them, so the parts of the next blocks land before those of later ones (docs/design.md
+        §9). Looks ahead only until every part of the shards still downloading is placed."""
+        if self.cache is None:
+            return
+        pf = self.prefetcher
+        part_bytes = prefetch.PART_BYTES  # the prefetcher's parts (read when called: tests shrink them)
+        per = part_bytes // PAGE_BYTES
+        todo = {i: -(-map_pages(info.nbytes) // per) for i, info in enumerate(self.shards) if pf is None or pf.pending(i)}
+        seen: set[tuple[int, int]] = set()
+        order: list[tuple[int, int, int]] = []
+        left = sum(todo.values())
+        self._prefetch_indexes(sorted(todo))  # one round trip for the indexes the metadata does not fix
+        for keys in blocks:
+            if not left:
+                break
+            k = np.unique(np.asarray(keys, dtype=np.int64))
+            k = k[(k >= 0) & (k < self.num_records)]
+            shard_of = k // self.records_per_shard
+            cuts = np.flatnonzero(np.diff(shard_of)) + 1
+            for part in np.split(k, cuts):
+                i = int(part[0]) // self.records_per_shard if part.size else -1
+                if i not in todo:
+                    continue
+                local = part - i * self.records_per_shard
+                if self._known_index(i) is not None:  # the dense layout: record j at j * record_nbytes
+                    offs = local * self.record_nbytes
+                else:
+                    idx = self.index(i)
+                    offs = idx.offsets[local[idx.present[local]]].astype(np.int64)
+                npages = map_pages(self.shards[i].nbytes)
+                for p in np.unique(offs // part_bytes).tolist():
+                    if (i, p) not in seen:
+                        seen.add((i, p))
+                        order.append((i, p * per, min(npages, (p + 1) * per)))
+                        left -= 1
+        if pf is None:  # started with its order: no part is picked before it
+            self.prefetcher = self._start_prefetch(order)
+        else:
+            pf.schedule(order)
 
     def _read_plan(self, plan: _Plan, rows: list[np.ndarray]) -> None:
         """Fetch the plan run by run (see :meth:`_read_runs`); each record goes to its destination row."""
@@ -494,8 +537,9 @@ class RangedPayloadArray(PayloadArray):
         self._scatter(run, 0, run.offs.size, start, memoryview(buf), rows)
 
     # ------------------------------------------------------------------ the local cache
-    def _start_prefetch(self) -> ShardPrefetcher:
-        """Download every shard into the cache in parts, in the background, ascending (docs/design.md §9)."""
+    def _start_prefetch(self, order: Sequence[tuple[int, int, int]] = ()) -> ShardPrefetcher:
+        """Download every shard into the cache in parts, in the background: ``order`` first (see
+        :meth:`schedule`), then ascending (docs/design.md §9)."""
         assert self.cache is not None
         # A shard a newer version replaced has another size: the prefetcher leaves it remote, and the
         # ranged path reads the copy kept for this version (see _check_response).
@@ -506,7 +550,7 @@ class RangedPayloadArray(PayloadArray):
 
         return ShardPrefetcher(
             self.store, self.cache, items, verify=self._check_digest,
-            pin=lambda i, etag: self._pin(i, etag, self.shard_location(i)), account=account,
+            pin=lambda i, etag: self._pin(i, etag, self.shard_location(i)), account=account, order=order,
         )
 
     def close(self) -> None:

@@ -59,6 +59,11 @@ class PhaseResult:
     #: Storage bytes and read calls (requests, for an object store) of each epoch, in epoch order.
     epoch_storage_bytes: tuple[int, ...] = ()
     epoch_storage_calls: tuple[int, ...] = ()
+    #: A remote dataset's download into the local cache: parts (requests), bytes, and the time readers
+    #: waited for parts to land (:attr:`SamplerStats.download_parts`).
+    download_parts: int = 0
+    download_bytes: int = 0
+    download_wait_seconds: float = 0.0
 
     @property
     def records_per_s(self) -> float:
@@ -175,6 +180,8 @@ def run_pipeline(name: str, path: Path | str, options: SamplerOptions, step: Ste
         st.ssd.bytes_read, st.ssd_bytes_written, st.cache.bytes_read, step_s,
         tuple(st.disk_bytes_by_epoch[e] for e in sorted(st.disk_bytes_by_epoch)),
         tuple(st.disk_requests_by_epoch.get(e, 0) for e in sorted(st.disk_bytes_by_epoch)),
+        download_parts=st.download_parts, download_bytes=st.download_bytes,
+        download_wait_seconds=st.download_wait_seconds,
     )  # fmt: skip
 
 

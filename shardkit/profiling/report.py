@@ -87,6 +87,9 @@ def _storage_lines(prof: Profile) -> list[str]:
         per = ", ".join(f"{human_bytes(b)} in {c} {calls} ({b / max(1, prof.workload.dataset_bytes):.2f}x)"
                         for b, c in zip(ph.epoch_storage_bytes, ph.epoch_storage_calls))
         lines.append(f"  {ph.name[:32]:<32} {per or 'nothing read'}")
+        if ph.download_parts:
+            lines.append(f"  {'':<32} of which {human_bytes(ph.download_bytes)} downloaded into the local cache in "
+                         f"{ph.download_parts} parts; readers waited {ph.download_wait_seconds:.2f} s for them")
     return lines
 
 

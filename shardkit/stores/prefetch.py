@@ -80,6 +80,8 @@ class PrefetchStats:
     #: Bytes checksummed by reading the copy back (pages a resumed fill found, whole-object GETs).
     reread_bytes: int = 0
     reader_wait_s: float = 0.0
+    #: CPU time of the fetch threads (their own, not the store client's I/O threads).
+    cpu_s: float = 0.0
     most_in_flight: int = 0
     #: ``(seconds since start, asked-for parts in flight, background parts in flight)`` at each
     #: change (the first 100,000), for a plot of the download.
@@ -145,7 +147,7 @@ class ShardPrefetcher:
     its bytes are the recorded ones (computed from each part as it lands, then combined).
     ``pin(index, etag)``: checks the ETag a response carried against the ranged reads' (raising
     :class:`~shardkit.errors.ObjectChangedError`), returns the ETag to match (``If-Match``) or None.
-    ``account(index, nbytes)``: counts one request.
+    ``account(index, nbytes)``: counts one request. ``order``: the first :meth:`schedule`.
     """
 
     def __init__(
@@ -158,6 +160,7 @@ class ShardPrefetcher:
         pin: Callable[[int, str | None], str | None],
         account: Callable[[int, int], None],
         concurrency: int = PREFETCH_CONCURRENCY,
+        order: Sequence[tuple[int, int, int]] = (),
     ) -> None:
         self.store = store
         self.cache = cache
@@ -169,6 +172,9 @@ class ShardPrefetcher:
         self._errors: dict[int, BaseException] = {}
         self._fills: dict[int, _Fill] = {}
         self._demand: deque[tuple[int, int, int]] = deque()
+        #: ``(item, lo, hi)`` page spans in the order blocks will need them (:meth:`schedule`): the
+        #: background order, before the shard-by-shard one.
+        self._order: deque[tuple[int, int, int]] = deque(order)
         self._next = 0
         lock = threading.RLock()
         self._cond = threading.Condition(lock)  # readers: states and pages changed
@@ -243,6 +249,14 @@ class ShardPrefetcher:
         fds = self.cache.open_partial(item.name)
         return None if fds is None else PartialCopy(self, index, item.size, fds[0], fds[1], owned=True)
 
+    def schedule(self, parts: Sequence[tuple[int, int, int]]) -> None:
+        """The background order from now on: ``(index, lo, hi)`` page spans of ``items``, in the order
+        the coming reads need them (the epoch's block schedule, known up front); pages it leaves out
+        follow shard by shard. Replaces an earlier schedule. Why: docs/design.md §9 (*Shard cache*)."""
+        with self._cond:
+            self._order = deque(parts)
+            self._wake.notify_all()
+
     def close(self) -> None:
         """Stop: threads joined; copies being filled are left for the next filler (of any process) to
         resume from their present pages."""
@@ -311,6 +325,9 @@ class ShardPrefetcher:
         if (self._bg_active >= self.limit or self._demand_active
                 or (hold_background is not None and not hold_background.is_set())):
             return None
+        got_next = self._scheduled()
+        if got_next is not None:
+            return got_next
         for fill in sorted(self._fills.values(), key=lambda f: f.index):
             if fill.error is None:
                 got = fill.span(fill.next_bg, fill.npages)
@@ -329,6 +346,27 @@ class ShardPrefetcher:
                 got = fill.span(0, fill.npages)
                 assert got is not None
                 return fill, got[0], got[1], False
+        return None
+
+    def _scheduled(self) -> tuple[_Fill, int, int, bool] | None:
+        """The next free pages of :meth:`schedule`'s order (its item opened when still queued)."""
+        while self._order:
+            i, lo, hi = self._order[0]
+            if self._state[i] == _QUEUED:
+                try:
+                    self._open(i)
+                except Exception as exc:  # reported to the reader, which raises it
+                    self._finish(i, _FAILED, exc)
+            fill = self._fills.get(i)
+            got = fill.span(lo, hi) if fill is not None and fill.error is None else None
+            if got is None or fill is None:
+                self._order.popleft()
+                continue
+            if got[1] < hi:
+                self._order[0] = (i, got[1], hi)
+            else:
+                self._order.popleft()
+            return fill, got[0], got[1], False
         return None
 
     def _measure(self, nbytes: int) -> None:
@@ -361,6 +399,12 @@ class ShardPrefetcher:
 
     # ------------------------------------------------------------------ worker side
     def _work(self, k: int) -> None:
+        try:
+            self._work_loop(k)
+        finally:
+            self._add_time("cpu_s", time.thread_time())
+
+    def _work_loop(self, k: int) -> None:
         while True:
             with self._cond:
                 task = None

@@ -294,6 +294,10 @@ class Pipeline:
         self._ssd_slots: queue.Queue[int] = queue.Queue()
         #: Blocks grow from a small first one (batches); a sink's blocks have one fixed size.
         self._first_block = self._grow = sink is None
+        #: ``(epoch, bytes, calls)``: the dataset's read counters when the RAM reader last counted them.
+        self._disk_mark: tuple[int, int, int] | None = None
+        self._download_counted = False
+        self._count_lock = threading.Lock()
         threads: list[tuple[str, Callable[[], None]]] = []
         if sizes.ssd_block is not None:
             assert ssd_dir is not None
@@ -383,6 +387,22 @@ class Pipeline:
         if self.space is not None:
             self.space.close()
         self.disk.close()
+        self._count_download()
+
+    def _count_download(self) -> None:
+        """Once the reader is closed (its downloads stopped): what reached the dataset's read
+        counters after the last block (parts landing late) goes to the last epoch, and a download
+        into a local cache adds its summary (:meth:`SamplerStats.add_download`)."""
+        with self._count_lock:
+            mark, self._disk_mark = self._disk_mark, None
+            counted, self._download_counted = self._download_counted, True
+        disk = self.disk.payload.stats
+        if mark is not None and (disk.bytes_read > mark[1] or disk.read_calls > mark[2]):
+            self._stats.add_epoch_disk(mark[0], disk.bytes_read - mark[1], disk.read_calls - mark[2])
+        pf = getattr(self.disk.payload, "prefetcher", None)
+        if not counted and pf is not None:
+                st = pf.stats
+                self._stats.add_download(st.parts_demanded + st.parts_background, st.bytes, st.reader_wait_s, st.cpu_s)
 
     # ------------------------------------------------------------------ blocks
     def _bounds(self, seg: Segment, start: int, stop: int, largest: int) -> Iterator[tuple[int, int]]:
@@ -496,13 +516,19 @@ class Pipeline:
         if self.node_disk is not None:  # locality: the node's records on its disk come from there
             assert isinstance(self.disk.payload, PayloadArray)  # locality: one dataset's own payload (sampler)
             read = self.node_disk.reader(self.disk.payload, self.stop)
-        disk = self.disk.payload.stats
         # A reader that can start the next block's requests early (object store, no cache) is told
         # the next block's keys the static cache does not pin (pinned ones may need no read).
         ahead = getattr(self.disk.payload, "read_ahead", None) if self.node_disk is None else None
+        # A reader that downloads into a local cache (object store) is told the epoch's block
+        # schedule up front, to download parts in the order the blocks will need them.
+        schedule = getattr(self.disk.payload, "schedule", None) if self.node_disk is None else None
         for seg in self._segments:
             open_buffers: dict[int, BatchBuffer] = {}
-            blocks = self._bounds(seg, 0, seg.length, self.sizes.ram_block)
+            self._count_epoch_disk(seg.epoch, block=False)  # what landed since the last block: the epoch before
+            bounds = list(self._bounds(seg, 0, seg.length, self.sizes.ram_block))
+            if schedule is not None:
+                schedule(self._unpinned(seg.keys(a, b)) for a, b in bounds)
+            blocks = iter(bounds)
             upcoming, following = next(blocks, None), None
             while upcoming is not None:
                 a, b = upcoming
@@ -511,15 +537,31 @@ class Pipeline:
                 following = None
                 if ahead is not None and upcoming is not None:
                     following = seg.keys(*upcoming)
-                    ahead(following if self.cache is None else following[~self.cache.lookup(following)[0]])
-                before, calls = disk.bytes_read, disk.read_calls
+                    ahead(self._unpinned(following))
                 block = self._read_block(seg, a, b, keys, read, open_buffers)
                 self._verify()
-                self._stats.add_epoch_disk(seg.epoch, disk.bytes_read - before, disk.read_calls - calls)
+                self._count_epoch_disk(seg.epoch)
                 self._put(self._blocks, block)
             seg.done()
             self._put(self._blocks, EpochEnd(seg.epoch, seg.complete))
         self._put(self._blocks, RunDone())
+
+    def _count_epoch_disk(self, epoch: int, *, block: bool = True) -> None:
+        """Count what the dataset's read counters gained since the last count (every byte and
+        request, also those a background download made between blocks) for the epoch then being
+        read, and read ``epoch`` from now on; after a ``block`` the count is made even when nothing
+        was read (the epoch is listed)."""
+        disk = self.disk.payload.stats
+        with self._count_lock:
+            mark = self._disk_mark
+            nbytes, calls = disk.bytes_read, disk.read_calls
+            self._disk_mark = (epoch, nbytes, calls)
+        if mark is not None and (block or nbytes > mark[1] or calls > mark[2]):
+            self._stats.add_epoch_disk(mark[0], nbytes - mark[1], calls - mark[2])
+
+    def _unpinned(self, keys: np.ndarray) -> np.ndarray:
+        """``keys`` the static cache does not pin (pinned ones may need no read)."""
+        return keys if self.cache is None else keys[~self.cache.lookup(keys)[0]]
 
     # ------------------------------------------------------------------ SSD tier
     def _ssd_creator(self) -> None:

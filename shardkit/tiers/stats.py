@@ -47,6 +47,13 @@ class SamplerStats:
     #: batches, ``handover`` the consumer's side; ``disk_cpu``/``ssd_cpu`` the reading thread's CPU
     #: time. ``shardkit profile`` builds its rates from them.
     busy_seconds: dict[str, float] = field(default_factory=dict)
+    #: A remote dataset downloaded into a local cache (``cache_dir``), summed over the passes: parts
+    #: fetched (requests, also counted in :attr:`disk_requests_by_epoch`), their bytes, the time
+    #: readers waited for parts to land, and the fetch threads' CPU time.
+    download_parts: int = 0
+    download_bytes: int = 0
+    download_wait_seconds: float = 0.0
+    download_cpu_seconds: float = 0.0
     #: Time from the consumer's first request to its first batch (the pipeline's start-up).
     first_batch_seconds: float | None = None
     _t0: float | None = field(default=None, repr=False)
@@ -100,6 +107,14 @@ class SamplerStats:
         with self._lock:
             self.disk_bytes_by_epoch[epoch] = self.disk_bytes_by_epoch.get(epoch, 0) + int(nbytes)
             self.disk_requests_by_epoch[epoch] = self.disk_requests_by_epoch.get(epoch, 0) + int(calls)
+
+    def add_download(self, parts: int, nbytes: int, wait_seconds: float, cpu_seconds: float) -> None:
+        """Count one pass's download into the local cache (see :attr:`download_parts`)."""
+        with self._lock:
+            self.download_parts += int(parts)
+            self.download_bytes += int(nbytes)
+            self.download_wait_seconds += wait_seconds
+            self.download_cpu_seconds += cpu_seconds
 
     def add_busy(self, stage: str, seconds: float) -> None:
         """Count ``seconds`` of work of pipeline stage ``stage`` (one of :data:`STAGES`)."""
