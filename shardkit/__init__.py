@@ -2,7 +2,8 @@
 sequential storage access.
 
 ``import shardkit`` never imports torch or tensorflow; the adapters in ``shardkit.adapters`` do so
-lazily.
+lazily. Converting and merging (:mod:`shardkit.converters`) are imported on first use too, so a
+process that only reads (a spawned DataLoader worker) does not import the conversion engine.
 """
 
 from __future__ import annotations
@@ -11,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 from shardkit import errors
 from shardkit._version import __version__
-from shardkit.converters import convert
-from shardkit.converters.merging import merge
 from shardkit.formats import Dataset, DatasetWriter, FieldSpec, open_dataset, publish, verify
 
 if TYPE_CHECKING:
+    from shardkit.converters import convert
+    from shardkit.converters.merging import merge
     from shardkit.readers.sources import Mixture, mix
     from shardkit.viz import export, show
 
@@ -44,6 +45,14 @@ def __getattr__(name: str) -> Any:
         import shardkit.viz
 
         return getattr(shardkit.viz, name)
+    if name == "convert":
+        import shardkit.converters
+
+        return shardkit.converters.convert
+    if name == "merge":
+        import shardkit.converters.merging
+
+        return shardkit.converters.merging.merge
     if name in ("mix", "Mixture"):
         # Mixtures are a sampler source (shardkit.readers), imported on first use like show / export.
         import shardkit.readers.sources

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Self
 
 from shardkit.errors import ConfigError
+from shardkit.units import parse_count
 
 __all__ = ["Source", "Parser", "Option", "option", "shared_option", "nested", "option_name", "UserOptions"]
 
@@ -205,3 +206,27 @@ class UserOptions(metaclass=_TakesFlatNames):
         """The value of ``option``; a held set's option by its flat name (``remote_concurrency``)."""
         flat = self.flat_options().get(option)
         return getattr(getattr(self, flat[0]), flat[1]) if flat else getattr(self, option)
+
+
+def choice(*allowed: str) -> Parser:
+    """One of ``allowed`` (exact text). Here, not with the converters' parsers, so that reading options
+    (:mod:`shardkit.readers.options`) do not import the conversion engine."""
+
+    def parse(value: Any, label: str) -> str:
+        if not isinstance(value, str) or value not in allowed:
+            raise ConfigError(f"{label}: expected one of {', '.join(allowed)}, found {value!r}")
+        return value
+
+    return parse
+
+
+def count(minimum: int = 1, maximum: int | None = None) -> Parser:
+    """A whole number in ``[minimum, maximum]`` (``10``, ``"10"``, ``"10k"``)."""
+
+    def parse(value: Any, label: str) -> int:
+        n = parse_count(value, what=label, minimum=minimum)
+        if maximum is not None and n > maximum:
+            raise ConfigError(f"{label}: expected at most {maximum}, found {value!r}")
+        return n
+
+    return parse

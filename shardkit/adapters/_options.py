@@ -11,7 +11,7 @@ import numpy as np
 
 from shardkit.errors import ConfigError
 from shardkit.formats import Dataset
-from shardkit.readers import Sampler, SamplerOptions, SharedSampler, TieredSampler
+from shardkit.readers import Sampler, SamplerOptions, TieredSampler
 from shardkit.readers.sources import Mixture
 
 __all__ = ["LAYOUTS", "SCALES", "SamplerFactory", "PayloadOptions"]
@@ -60,6 +60,8 @@ class SamplerFactory:
         placed = {"workers_per_rank": workers_per_rank, "nodes": self.options.nodes if nodes is None else nodes}
         options = self.options.replace(rank=consumer, world_size=num_consumers, start_epoch=start_epoch, **placed)
         if self.shared is not None:
+            from shardkit.serve import SharedSampler  # a job of a server only: not in every worker
+
             if state is not None and int(state.get("position", 0)):
                 raise ConfigError(f"shared={self.shared!r}: a shared job cannot resume inside an epoch")
             return SharedSampler(

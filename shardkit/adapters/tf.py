@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from shardkit._extras import import_extra
+from shardkit.adapters._ahead import NextPass
 from shardkit.adapters._options import PayloadOptions, SamplerFactory
-from shardkit.errors import ConfigError, SamplerError
+from shardkit.errors import ConfigError
 from shardkit.order.schedule import pass_length
 from shardkit.readers import SamplerOptions, TieredSampler
 from shardkit.readers.sources import Mixture, as_source
@@ -44,83 +44,6 @@ def adopt_payload(batch: dict[str, np.ndarray], payload: str) -> dict[str, Any]:
     ):
         return batch
     return {**batch, payload: tf.experimental.dlpack.from_dlpack(array.__dlpack__())}
-
-
-class _NextSampler:
-    """The sampler of the dataset's next iteration, built ahead of it: at ``make_tf_dataset``, and in
-    the background when an iteration ends, so that an iteration's first batch waits for its reads
-    only, not for opening the dataset and its fields (tens of milliseconds of a cold pass), and the
-    iteration that ends does not wait for it either. Used only by an iteration that starts at the
-    epoch it was built for and only while its dataset is unchanged; closed with the dataset. Any
-    thread (TensorFlow runs the generator in its own)."""
-
-    def __init__(self, build: Callable[[int], TieredSampler]) -> None:
-        self._build = build
-        self._lock = threading.Lock()
-        self._ready: tuple[int, TieredSampler] | None = None
-        self._building: threading.Thread | None = None
-        self._closed = False
-
-    def prepare(self, epoch: int) -> None:
-        """Build the sampler of an iteration that starts at ``epoch`` (replacing another one)."""
-        sampler: TieredSampler | None = self._build(epoch)
-        with self._lock:
-            old, self._ready = self._ready, None
-            if not self._closed and sampler is not None:
-                self._ready, sampler = (epoch, sampler), None
-        for unused in (old[1] if old is not None else None, sampler):
-            if unused is not None:
-                unused.close()
-
-    def prepare_in_background(self, epoch: int) -> None:
-        """:meth:`prepare` in a thread of its own, a failure only logged: the iteration that needs the
-        sampler builds its own and reports the error then (the one that just ended must not fail
-        for it). :meth:`take` waits for it."""
-
-        def build(earlier: threading.Thread | None) -> None:
-            if earlier is not None:
-                earlier.join()  # one build at a time, so the later one is the one kept
-            try:
-                self.prepare(epoch)
-            except Exception:
-                logger.debug("building the next iteration's sampler ahead failed", exc_info=True)
-
-        with self._lock:
-            if self._closed:
-                return
-            self._building = threading.Thread(
-                target=build, args=(self._building,), name="shardkit-tf-next-sampler", daemon=True
-            )
-            self._building.start()  # inside the lock: take() never finds a thread not yet started
-
-    def take(self, epoch: int) -> TieredSampler | None:
-        """The sampler built for ``epoch`` (waiting for a build under way), if there is one and the
-        dataset is still the one it opened; ``None`` otherwise (the caller builds its own)."""
-        with self._lock:
-            building, self._building = self._building, None
-        if building is not None:
-            building.join()
-        with self._lock:
-            ready, self._ready = self._ready, None
-        if ready is None:
-            return None
-        built_for, sampler = ready
-        if built_for == epoch:
-            try:
-                sampler.identity.check()
-                return sampler
-            except SamplerError:  # replaced since: a new sampler opens the dataset as it is now
-                pass
-        sampler.close()
-        return None
-
-    def close(self) -> None:
-        """Close the sampler built ahead, if any; later ones are closed as soon as they are built."""
-        with self._lock:
-            self._closed = True
-            ready, self._ready = self._ready, None
-        if ready is not None:
-            ready[1].close()
 
 
 def _consumer(
@@ -239,7 +162,9 @@ def make_tf_dataset(
     spec = holder.element_spec()
     payload = holder.payload_name
     num_records = holder.num_records
-    ahead: _NextSampler | None = None
+    # The next iteration's sampler is built ahead (at make_tf_dataset, then while an iteration ends),
+    # so that an iteration's first batch waits for its reads only, not for opening the dataset.
+    ahead: NextPass | None = None
     if isinstance(holder, TieredSampler):
         holder.hold_shared()
 
@@ -248,7 +173,7 @@ def make_tf_dataset(
             assert isinstance(sampler, TieredSampler)  # the holder's kind: the factory builds one kind
             return sampler
 
-        ahead = _NextSampler(build_ahead)
+        ahead = NextPass(build_ahead)
         ahead.prepare(options.start_epoch)
     else:
         holder.close()
@@ -275,9 +200,9 @@ def make_tf_dataset(
         # process, and the holder must go with the dataset (below).
         epoch = next_epoch[0]
         spare = ahead_ref() if ahead_ref is not None else None
-        built = spare.take(epoch) if spare is not None else None
+        taken = spare.take(epoch) if spare is not None else None
         del spare  # the iteration must not keep it alive
-        sampler = built if built is not None else factory.build(
+        sampler = taken[0] if taken is not None else factory.build(
             source, consumer=consumer, num_consumers=consumers, start_epoch=epoch
         )  # fmt: skip
         try:
@@ -333,7 +258,7 @@ def make_tf_dataset(
     return dataset
 
 
-def _let_go(holder: Any, ahead: _NextSampler | None) -> None:
+def _let_go(holder: Any, ahead: NextPass | None) -> None:
     """The dataset was collected: close the sampler built ahead and the holder (static cache)."""
     if ahead is not None:
         ahead.close()

@@ -6,22 +6,20 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import multiprocessing.util
 import os
-import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from shardkit._extras import import_extra
+from shardkit.adapters._ahead import NextPass
 from shardkit.adapters._handover import SharedBatchMemory, shared_batch
 from shardkit.adapters._options import PayloadOptions, SamplerFactory
 from shardkit.errors import ConfigError, SamplerError
 from shardkit.formats import Dataset, open_dataset
 from shardkit.order.schedule import batches_per_consumer, pass_length, position_after
 from shardkit.readers import DEFAULTS, Sampler, SamplerOptions, TieredSampler
-from shardkit.readers.interface import Batch
 from shardkit.readers.sources import Mixture, as_source
 from shardkit.stores import is_url
 from shardkit.units import parse_count
@@ -149,79 +147,6 @@ def _check_ranks_agree(path: str, options: SamplerOptions, nodes: int, num_recor
         )
 
 
-#: Longest a leaving worker waits for its next pass's sampler to be built before closing it.
-_NEXT_PASS_JOIN_SECONDS = 10.0
-
-
-def _prepare_next_pass(build: Callable[[], Sampler], go: threading.Event, built: list[Any],
-                       cancelled: threading.Event) -> None:
-    """The thread of a :class:`_NextPass`: build the sampler now, start its iteration on ``go``."""
-    try:
-        built.append(build())
-        go.wait()
-        if not cancelled.is_set():
-            built.append(iter(built[0]))
-    except Exception:  # the pass then builds its own sampler and reports the error itself
-        logger.debug("preparing the next pass failed", exc_info=True)
-
-
-def _close_next_pass(thread: threading.Thread, go: threading.Event, built: list[Any],
-                     cancelled: threading.Event) -> None:
-    """Stop a :class:`_NextPass` nobody took: wait (bounded) for its thread, close its sampler."""
-    cancelled.set()
-    go.set()
-    thread.join(_NEXT_PASS_JOIN_SECONDS)
-    for item in built[:1]:
-        item.close()  # stops its iteration too
-    built.clear()  # the sampler's own finalizer then lets go of its node-shared memory
-
-
-class _NextPass:
-    """A persistent DataLoader worker's sampler for its next pass, prepared in a background thread:
-    built while the current pass runs (opening the dataset costs round trips to an object store),
-    its iteration started near the pass's end (:meth:`start`) so that the next epoch's first batches
-    are read while the epoch ends, not after the main process asks for them. Taken by the next pass
-    if it starts the expected epoch without a resume position; otherwise, or when the worker exits
-    first, it is closed."""
-
-    def __init__(self, epoch: int, key: tuple[int, int, int], build: Callable[[], Sampler]) -> None:
-        self.epoch, self.key = epoch, key
-        self._go, self._cancelled = threading.Event(), threading.Event()
-        self._built: list[Any] = []  # [sampler, its running iteration]
-        self._thread = threading.Thread(target=_prepare_next_pass, args=(build, self._go, self._built, self._cancelled),
-                                        name="shardkit-next-pass", daemon=True)
-        # A worker ends through multiprocessing's exit handlers (os._exit after fork skips atexit).
-        self._close = multiprocessing.util.Finalize(
-            self, _close_next_pass, args=(self._thread, self._go, self._built, self._cancelled), exitpriority=10
-        )
-        self._thread.start()
-
-    def start(self) -> None:
-        """Start the sampler's iteration once it is built (its first blocks are read from then on)."""
-        self._go.set()
-
-    def wait(self) -> None:
-        """Until the iteration is started (or preparing failed); starts it if not yet asked to."""
-        self._go.set()
-        self._thread.join()
-
-    def take(self, epoch: int, key: tuple[int, int, int]) -> tuple[Sampler, Iterator[Batch]] | None:
-        """The sampler and its started iteration if they are for ``epoch`` and consumer ``key``, else
-        None (and they are closed)."""
-        if epoch == self.epoch and key == self.key:
-            self.wait()
-            if len(self._built) == 2:
-                sampler, run = self._built
-                self._close.cancel()
-                self._built.clear()
-                return sampler, run
-        self._close()
-        return None
-
-    def close(self) -> None:
-        self._close()
-
-
 class ShardIterableDataset(_TorchIterableDataset):
     """The tiered sampler as an ``IterableDataset`` of batches (or of records) as tensors.
 
@@ -330,7 +255,7 @@ class ShardIterableDataset(_TorchIterableDataset):
         #: Whether a DataLoader worker starts its next pass as soon as a pass ends (set by loader()
         #: for persistent workers), and that next pass's sampler in a worker.
         self._prepare_next = False
-        self._next: _NextPass | None = None
+        self._next: NextPass | None = None
         #: A worker's shared-memory batch buffers, kept across its passes.
         self._memory: SharedBatchMemory | None = None
         self._hold_shared()
@@ -538,15 +463,12 @@ class ShardIterableDataset(_TorchIterableDataset):
         # to the main process by handle (see shardkit.adapters._handover).
         in_worker = get_worker_info() is not None
         handover = in_worker and not self.unbatched and options.identity and self.factory.shared is None
-        prepared, self._next = self._next, None
-        taken = prepared.take(epoch, key) if prepared is not None and state is None else None
-        if prepared is not None and taken is None:
-            prepared.close()
-        if taken is not None:
-            sampler, run = taken
-        else:
-            sampler = self._build(key, epoch, state, handover)
-            run = iter(sampler)
+        taken = self._next.take(epoch, key) if self._next is not None and state is None else None
+        if self._next is not None and taken is None:
+            self._next.close()
+            self._next = None
+        sampler = taken[0] if taken is not None else self._build(key, epoch, state, handover)
+        run = taken[1] if taken is not None and taken[1] is not None else iter(sampler)
         self._sampler = sampler  # for state_dict() in the main process, stats in tests
         # A persistent worker prepares its next pass: the sampler once half of this pass is delivered
         # (not competing with this pass's start), its reading once at most a pool of batches is left
@@ -563,7 +485,7 @@ class ShardIterableDataset(_TorchIterableDataset):
         with contextlib.closing(sampler):
             for batch in run:
                 if delivered == build_at:
-                    self._next = _NextPass(following, key, lambda: self._build(key, following, None, handover))
+                    self._prepare_pass(following, key, handover)
                 if delivered == start_at and self._next is not None:
                     self._next.start()
                 delivered += 1
@@ -578,10 +500,16 @@ class ShardIterableDataset(_TorchIterableDataset):
                     yield tensors
             if self.options.epochs is not None:
                 self._finish_pass(epoch + self.options.epochs)
-        if build_at >= 0 and self._next is None:  # a pass shorter than expected (or of one batch)
-            self._next = _NextPass(following, key, lambda: self._build(key, following, None, handover))
+        if build_at >= 0 and delivered <= build_at:  # a pass shorter than expected (or of one batch)
+            self._prepare_pass(following, key, handover)
         if self._next is not None:
             self._next.start()
+
+    def _prepare_pass(self, epoch: int, key: tuple[int, int, int], handover: bool) -> None:
+        """Build consumer ``key``'s sampler for a pass from ``epoch`` in the background (:class:`NextPass`)."""
+        if self._next is None:
+            self._next = NextPass(lambda e: self._build(key, e, None, handover))
+        self._next.prepare_in_background(epoch, key)
 
     def _build(self, key: tuple[int, int, int], epoch: int, state: dict[str, Any] | None, handover: bool) -> Sampler:
         """The sampler of consumer ``key`` for a pass from ``epoch`` (``state``: resume inside it),

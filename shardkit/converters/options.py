@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from shardkit.declare import Source, option_name
+from shardkit.declare import Source, choice, count, option_name  # choice, count: re-exported
 from shardkit.errors import ConfigError
-from shardkit.units import parse_count, parse_duration, parse_rate
+from shardkit.units import parse_duration, parse_rate
 
 __all__ = [
     "Option",
@@ -78,34 +78,11 @@ def parse_options(
 
 
 # ---------------------------------------------------------------------- parsers
-def choice(*allowed: str) -> Parser:
-    """One of ``allowed`` (exact text)."""
-
-    def parse(value: Any, label: str) -> str:
-        if not isinstance(value, str) or value not in allowed:
-            raise ConfigError(f"{label}: expected one of {', '.join(allowed)}, found {value!r}")
-        return value
-
-    return parse
-
-
 def flag(value: Any, label: str) -> bool:
     """``True`` or ``False`` (no truthy strings: ``"no"`` would be true)."""
     if not isinstance(value, bool):
         raise ConfigError(f"{label}: expected True or False, found {value!r}")
     return value
-
-
-def count(minimum: int = 1, maximum: int | None = None) -> Parser:
-    """A whole number in ``[minimum, maximum]`` (``10``, ``"10"``, ``"10k"``)."""
-
-    def parse(value: Any, label: str) -> int:
-        n = parse_count(value, what=label, minimum=minimum)
-        if maximum is not None and n > maximum:
-            raise ConfigError(f"{label}: expected at most {maximum}, found {value!r}")
-        return n
-
-    return parse
 
 
 def rate(minimum: int, maximum: int) -> Parser:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +25,21 @@ from shardkit.formats.versions import list_versions, read_versioned, version_key
 from shardkit.stores import Location, Store, StoreOptions, open_store
 from shardkit.stores.cache import ShardCache, cache_namespace
 
-__all__ = ["Dataset", "open_dataset", "Batch"]
+__all__ = ["Dataset", "DatasetDocuments", "open_dataset", "Batch"]
 
 #: A batch: payload, every per-record field, and ``key`` (global record index), each ``[n, ...]``.
 Batch = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class DatasetDocuments:
+    """What opening a dataset in an object store reads and checks before any record: its metadata
+    and the payload array's document. The root document records the digest of every other
+    document, so a reader that knows the root document is unchanged (same ETag, see
+    :mod:`shardkit.readers.identity`) can open the same version again from these, without a request."""
+
+    meta: DatasetMeta
+    payload_document: dict[str, Any]
 
 
 class Dataset(Closing):
@@ -49,6 +62,10 @@ class Dataset(Closing):
         verified (:mod:`shardkit.stores.cache`), counting those reads in ``cache_stats``.
     version
         Open this kept older version instead of the current one (``shardkit info`` lists them).
+    opened
+        Documents already read and checked, by store location (:attr:`Store.location`): a remote
+        dataset found there is opened from them without a request (the caller vouches that its
+        root document is unchanged; a sampler does, by its dataset identity).
 
     Opening checks everything cheap (metadata, its checksum, every array document); fields are loaded
     on first use, each chunk checked; payload records are checked only by
@@ -67,13 +84,20 @@ class Dataset(Closing):
         cache_size: int | None = None,
         cache_stats: ReadStats | None = None,
         version: int | None = None,
+        opened: Mapping[str, DatasetDocuments] | None = None,
     ) -> None:
         self.store: Store = open_store(path, store_options)
         #: The local cache of remote shards (``cache_dir``), or None.
         self.cache: ShardCache | None = None
         #: Local directory, or the URL for messages (secrets redacted; ``store.location`` reopens it).
         self.path: Path | str = self.store.local_path() if self.store.is_local else self.store.url
-        self.meta: DatasetMeta = read_dataset_meta(self.store, ZARR_JSON if version is None else version_key(version))
+        self._current = version is None
+        known = None
+        if opened and version is None and not self.store.is_local:
+            known = opened.get(self.store.location)
+        self.meta: DatasetMeta = known.meta if known is not None else read_dataset_meta(
+            self.store, ZARR_JSON if version is None else version_key(version)
+        )  # fmt: skip
         files = self.meta.files
         docs = [f"{name}/{ZARR_JSON}" for name in self.meta.fields if f"{name}/{ZARR_JSON}" in files]
         payload_digest = files.get(f"{self.meta.payload}/{ZARR_JSON}")  # checked as the payload reader reads it
@@ -85,7 +109,8 @@ class Dataset(Closing):
                                                       stats=stats, gap_bytes=gap_bytes, document_digest=payload_digest)
         else:
             try:
-                read_objects(self.store, docs, files, what="field array document", max_nbytes=MAX_DOCUMENT_NBYTES)
+                if known is None:  # else checked when the documents were first read
+                    read_objects(self.store, docs, files, what="field array document", max_nbytes=MAX_DOCUMENT_NBYTES)
             except (TruncatedShardError, ChecksumError):  # a newer version replaced one: as this one recorded it
                 for rel in docs:
                     read_versioned(self.store, rel, files[rel], what="field array document", max_nbytes=MAX_DOCUMENT_NBYTES)
@@ -94,7 +119,8 @@ class Dataset(Closing):
             ), cache_size)
             self.payload = RangedPayloadArray(self.store, self.meta.payload, shards=self.meta.shards, stats=stats,
                                               gap_bytes=remote_gap_bytes, document_digest=payload_digest, cache=self.cache,
-                                              cache_stats=cache_stats)
+                                              cache_stats=cache_stats,
+                                              document=None if known is None else known.payload_document)
         if (self.payload.records_per_shard != self.meta.records_per_shard
                 or (self.payload.codec is None) != (self.meta.compression is None)):
             raise NotADatasetError(
@@ -113,6 +139,14 @@ class Dataset(Closing):
         self._fields: dict[str, np.ndarray] | None = None
 
     # ------------------------------------------------------------------ description
+    @property
+    def documents(self) -> DatasetDocuments | None:
+        """The documents this dataset was opened from, to open it again without a request (``None``
+        for a local dataset, whose documents are files, and for an older version)."""
+        if isinstance(self.payload, RangedPayloadArray) and self._current:
+            return DatasetDocuments(self.meta, self.payload.document)
+        return None
+
     def __len__(self) -> int:
         return self.meta.num_records
 

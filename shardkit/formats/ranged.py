@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Iterable, Iterator, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -59,7 +59,8 @@ class RangedPayloadArray(PayloadArray):
     request. With a ``cache`` (a :class:`~shardkit.stores.cache.ShardCache` of this version), shards
     are downloaded in parts in the background, the pages a block needs first; records are read
     from the copy as soon as their pages are local (from verified complete copies later), counted
-    in ``cache_stats``.
+    in ``cache_stats``. ``document``: the array's ``zarr.json`` as another reader of the same
+    version already read and checked it (no request then).
     """
 
     def __init__(
@@ -73,16 +74,21 @@ class RangedPayloadArray(PayloadArray):
         document_digest: FileDigest | None = None,
         cache: ShardCache | None = None,
         cache_stats: ReadStats | None = None,
+        document: dict[str, Any] | None = None,
     ) -> None:
         self.store = store
         self.cache = cache
         self.cache_stats = cache_stats if cache_stats is not None else ReadStats()
         self.path = store.describe(array)
         doc_key = f"{array}/{ZARR_JSON}"
-        try:
-            doc = read_document(store, doc_key, document_digest)
-        except MissingShardError:
-            raise MissingShardError(f"{store.describe(doc_key)}: the payload array document is missing") from None
+        if document is None:
+            try:
+                document = read_document(store, doc_key, document_digest)
+            except MissingShardError:
+                raise MissingShardError(f"{store.describe(doc_key)}: the payload array document is missing") from None
+        #: The payload array's document as read (a reader of the same dataset version reuses it).
+        self.document: dict[str, Any] = document
+        doc = document
         checked = self._init_layout(doc, store.describe(doc_key), array, shards)
         self._init_state(checked, stats, DEFAULT_GAP_BYTES)
         self.gap_bytes = int(gap_bytes)

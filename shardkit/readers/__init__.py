@@ -1,7 +1,12 @@
 """Readers: the tiered sampler (``TieredSampler``, configured by one ``SamplerOptions``), its sources,
 and the ``Sampler`` protocol the adapters rely on (docs/design.md §4); ``TierServer``, ``serve`` and
 ``SharedSampler`` (:mod:`shardkit.serve`) share one tier stack between jobs.
+
+The serving side is imported on first use (:func:`__getattr__`): a DataLoader worker that only reads
+imports no server, socket protocol or ring.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from shardkit.formats import DEFAULT_GAP_BYTES
 from shardkit.order.reservoir import algorithm_l, algorithm_r, reservoir_keys, sample_of_sample
@@ -21,8 +26,10 @@ from shardkit.readers.interface import Sampler
 from shardkit.readers.options import DEFAULTS, SamplerOptions, TierSizes, parse_tiers
 from shardkit.readers.sampler import TieredSampler
 from shardkit.readers.sources import Mixture, mix
-from shardkit.serve import SharedSampler, TierServer, serve
 from shardkit.tiers.stats import SamplerStats
+
+if TYPE_CHECKING:
+    from shardkit.serve import SharedSampler, TierServer, serve
 
 __all__ = [
     "DEFAULT_GAP_BYTES",
@@ -53,3 +60,11 @@ __all__ = [
     "sample_of_sample",
     "serve",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("SharedSampler", "TierServer", "serve"):
+        import shardkit.serve
+
+        return getattr(shardkit.serve, name)
+    raise AttributeError(f"module 'shardkit.readers' has no attribute {name!r}")

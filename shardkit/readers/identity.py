@@ -1,20 +1,30 @@
 """Which dataset a sampler reads (the SHA-256 of its root ``zarr.json``), so it notices when the
 dataset is replaced under it (docs/design.md §4, *Other duties*, dataset identity).
+
+A process remembers the remote datasets it opened (:func:`remember`): a later sampler of the same
+dataset (the next pass of a DataLoader worker) takes the identity and documents from there
+(:func:`reopen`) and checks them with one HEAD of the root document that runs while its first block
+is read, instead of about six requests in a row before it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from shardkit.errors import SamplerError
+from shardkit.formats.dataset import DatasetDocuments
 from shardkit.formats.metadata import MAX_DOCUMENT_NBYTES
 from shardkit.stores import Location, StoreOptions, as_location, open_store
 
-__all__ = ["DatasetIdentity", "dataset_fingerprint", "ROOT_DOCUMENT", "REMOTE_CHECK_SECONDS"]
+__all__ = ["DatasetIdentity", "dataset_fingerprint", "forget", "remember", "reopen", "ROOT_DOCUMENT", "REMOTE_CHECK_SECONDS"]
 
 #: Least time between two identity checks of a dataset in an object store (docs/design.md §4, dataset identity).
 REMOTE_CHECK_SECONDS = 2.0
@@ -68,6 +78,8 @@ class DatasetIdentity:
     #: A local root document's stat when its content last matched the fingerprint (``None``: read it
     #: at the next check). A sampler checks every dataset of its mixture after every block read.
     _stat: list[_StatKey | None] = field(default_factory=lambda: [None], compare=False, repr=False)
+    #: A check under way in the background (:meth:`reopened`); the next waiting :meth:`check` takes its outcome.
+    _ahead: list[Future[None] | None] = field(default_factory=lambda: [None], compare=False, repr=False)
 
     @classmethod
     def of(cls, path: Location, options: StoreOptions | None = None) -> DatasetIdentity:
@@ -93,10 +105,48 @@ class DatasetIdentity:
         now = _stat_key(self.path)
         return now is not None and now == self._stat[0], now
 
-    def check(self) -> None:
-        """Raise :class:`~shardkit.errors.SamplerError` unless the dataset is still the one opened."""
+    def reopened(self, options: StoreOptions | None = None) -> DatasetIdentity:
+        """This identity for a new reader of the same remote dataset (asked with ``options``), its
+        check (a HEAD of the root document) started now in a thread: the reader's first requests
+        need not wait for it, but its first waiting :meth:`check` does, so nothing it read is used
+        before the dataset is known to be unchanged."""
+        fresh = DatasetIdentity(self.path, self.fingerprint, self.etag, options if options is not None else self.options)
+        ahead: Future[None] = Future()
+        fresh._ahead[0] = ahead
+
+        def run() -> None:
+            try:
+                fresh._check_now()
+            except BaseException as exc:
+                forget(fresh.path)  # the next reader opens the dataset as it is now
+                ahead.set_exception(exc)
+            else:
+                ahead.set_result(None)
+
+        threading.Thread(target=run, name="shardkit-identity-check", daemon=True).start()
+        return fresh
+
+    def check(self, *, wait: bool = True) -> None:
+        """Raise :class:`~shardkit.errors.SamplerError` unless the dataset is still the one opened.
+        With ``wait=False`` a check already under way (:meth:`reopened`) is left running: use it
+        before a read, whose data the next waiting check then covers."""
+        if self._ahead[0] is not None:
+            if wait:
+                self.settle()
+            return
         if self.etag is not None and time.monotonic() - self._checked[0] < REMOTE_CHECK_SECONDS:
             return
+        self._check_now()
+
+    def settle(self) -> None:
+        """Wait for a check under way (:meth:`reopened`) and raise what it raised; nothing if none is."""
+        ahead = self._ahead[0]
+        if ahead is not None:
+            ahead.result()  # raises what the check raised, at every waiting call
+            self._ahead[0] = None
+
+    def _check_now(self) -> None:
+        """:meth:`check` without the pause between remote checks."""
         same, stat_now = self._unchanged() if self.etag is None else (False, None)
         if same:
             return
@@ -118,3 +168,45 @@ class DatasetIdentity:
             )
         if self.etag is None:
             self._remember(stat_now)
+
+
+#: Remote datasets this process opened lately, by location: their identity, documents and the store
+#: location the documents are filed under (:class:`~shardkit.formats.Dataset`'s ``opened``).
+_OPENED: OrderedDict[str, tuple[DatasetIdentity, DatasetDocuments, str]] = OrderedDict()
+_OPENED_LOCK = threading.Lock()
+#: Datasets remembered at most (the least recently opened is forgotten first).
+MAX_REMEMBERED = 32
+
+
+def remember(identity: DatasetIdentity, documents: DatasetDocuments | None, location: str) -> None:
+    """Keep a remote dataset's identity and the documents it was opened from (read while the root
+    document was the identity's) for later readers of this process; a local one is not kept."""
+    if identity.etag is None or documents is None:
+        return
+    with _OPENED_LOCK:
+        _OPENED[str(identity.path)] = (identity, documents, location)
+        _OPENED.move_to_end(str(identity.path))
+        while len(_OPENED) > MAX_REMEMBERED:
+            _OPENED.popitem(last=False)
+
+
+def forget(path: Location) -> None:
+    """Drop what :func:`remember` kept of ``path`` (its check failed: it changed or is unreachable)."""
+    with _OPENED_LOCK:
+        _OPENED.pop(str(as_location(path)), None)
+
+
+def reopen(
+    path: Location, options: StoreOptions | None = None, *, expected: str | None = None
+) -> tuple[DatasetIdentity, Mapping[str, DatasetDocuments]]:
+    """The identity of ``path`` for a new reader and the documents to open it from (``Dataset``'s
+    ``opened``): for a remote dataset :func:`remember`-ed with the fingerprint ``expected`` (any,
+    when ``None``), its identity :meth:`~DatasetIdentity.reopened` (checked in the background) and
+    its documents; else :meth:`DatasetIdentity.of` and none."""
+    where = as_location(path)
+    with _OPENED_LOCK:
+        known = _OPENED.get(str(where)) if isinstance(where, str) else None
+    if known is None or (expected is not None and known[0].fingerprint != expected):
+        return DatasetIdentity.of(where, options), {}
+    identity, documents, location = known
+    return identity.reopened(options), {location: documents}

@@ -14,8 +14,7 @@ from typing import Any, Literal
 import numpy as np
 
 from shardkit import units
-from shardkit.converters.options import choice, count
-from shardkit.declare import Parser, UserOptions, nested, option
+from shardkit.declare import Parser, UserOptions, choice, count, nested, option
 from shardkit.errors import ConfigError
 from shardkit.formats import DEFAULT_GAP_BYTES
 from shardkit.formats.ranged import DEFAULT_REMOTE_GAP_BYTES

@@ -18,8 +18,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from shardkit.closing import Closing
-from shardkit.errors import ConfigError, OutOfSpaceError, SamplerError
+from shardkit.errors import ConfigError, OutOfSpaceError, SamplerError, ShardkitError
 from shardkit.formats import Dataset
+from shardkit.formats.dataset import DatasetDocuments
 from shardkit.order.locality import NodeLayout, NodePartition, local_shape, node_partition
 from shardkit.order.mixture import PlanOrder
 from shardkit.order.schedule import (
@@ -32,6 +33,7 @@ from shardkit.order.schedule import (
     plan_shape,
     resolve_permutation,
 )
+from shardkit.readers.identity import remember, reopen
 from shardkit.readers.interface import Batch, ElementSpec
 from shardkit.readers.options import SamplerOptions, TierSizes
 from shardkit.readers.sources import (
@@ -166,17 +168,32 @@ class TieredSampler(Closing):
         #: Records per epoch ``L`` (the order's length) and the global keys behind them (``sum N_i``).
         self.num_records, self.num_keys = m.epoch_size, sum(m.sizes)
         self.record_nbytes, self.payload_name, self._record = m.record.nbytes, m.payload_name, m.record
+        # A remote dataset this process opened before is opened from its documents, its identity
+        # check under way (see shardkit.readers.identity).
+        store_options = opts.dataset_options()["store_options"]
+        reopened = [reopen(p, store_options, expected=made) for p, made in zip(m.paths, m.fingerprints)]
         #: The datasets as they were when the fields below were loaded (see shardkit.readers.identity).
-        self.identity = MixedIdentity.of(m.paths, opts.dataset_options()["store_options"])
+        self.identity = MixedIdentity(tuple(part for part, _ in reopened))
+        #: Documents the runs' readers open the remote datasets from (``Dataset``'s ``opened``).
+        self._documents: dict[str, DatasetDocuments] = {}
+        for _, known in reopened:
+            self._documents.update(known)
         fields: list[dict[str, np.ndarray]] = []
         regions: list[node.SharedRegion] = []
         keys: list[str] = []
         for p, part, made in zip(m.paths, self.identity.parts, m.fingerprints):
             if part.fingerprint != made:
                 raise SamplerError(f"{p}: the dataset changed since the sampler opened it; try again once it is complete")
-            with Dataset(p, **opts.dataset_options()) as ds:  # closed here: payload reads go through each run's own reader
-                key = node.dataset_key(p, part.fingerprint) if opts.node_sharing else None
-                f, r = node.node_fields(ds, key)
+            try:  # closed here: payload reads go through each run's own reader
+                with Dataset(p, **opts.dataset_options(), opened=self._documents) as ds:
+                    if ds.documents is not None:
+                        self._documents[ds.store.location] = ds.documents
+                        remember(part, ds.documents, ds.store.location)
+                    key = node.dataset_key(p, part.fingerprint) if opts.node_sharing else None
+                    f, r = node.node_fields(ds, key)
+            except ShardkitError:
+                part.settle()  # fields of a dataset replaced since its documents were read: say that
+                raise
             fields.append(f)
             regions += r
             keys.append(key or "")
@@ -401,7 +418,7 @@ class TieredSampler(Closing):
         left = o.limit
         epoch, pos = first_epoch, first_position
         while end is None or epoch < end:
-            self.identity.check()
+            self._check_before_read()
             shape = plan_shape(self.num_records, pos, o.batch_size, o.rank, o.world_size, o.drop_last)
             order, release = self._order(epoch)
             if self.layout is not None and self.partition is not None:
@@ -448,14 +465,16 @@ class TieredSampler(Closing):
             self._start_epoch = self._epoch
             self._position = 0
             end = self._end_epoch()
-        return self._run.start(_Run(self, self._pipeline(end), self._pool))
+        pipeline = self._pipeline(end)
+        supply = None if pipeline is None else _Settled(pipeline, self.identity)
+        return self._run.start(_Run(self, supply, self._pool))
 
     def _pipeline(self, end: int | None) -> Pipeline | None:
         """The background half of an iteration up to epoch ``end`` (``None`` when nothing is left)."""
         first_epoch, first_pos = self._epoch, self._position
         if (end is not None and first_epoch >= end) or self.options.limit == 0:
             return None
-        self.identity.check()  # before the run opens the dataset's files
+        self._check_before_read()  # before the run opens the dataset's files
         return Pipeline(
             self.source,
             self._segments(first_epoch, first_pos, end),
@@ -465,12 +484,18 @@ class TieredSampler(Closing):
             pool=self._pool,
             ssd_dir=self.ssd_dir,
             gap_bytes=self.options.gap_bytes,
-            dataset_options=self.options.dataset_options(),
+            dataset_options={**self.options.dataset_options(), "opened": self._documents},
             static_cache=self._cache,
             node_disk=self._node_disk,
             identity=self.identity,
             key_map=self._local_keys,
         )
+
+    def _check_before_read(self) -> None:
+        """Check the datasets' identity before reading, leaving a check under way running: the run
+        waits for it after its first read and before its first batch (:class:`_Settled`)."""
+        for part in self.identity.parts:
+            part.check(wait=False)
 
     def _reached(self, epoch: int, position: int) -> None:
         """The consumer is at ``position`` of ``epoch`` (what :meth:`state_dict` saves)."""
@@ -542,6 +567,27 @@ class RunOwner(Protocol):
     payload_name: str
 
     def _reached(self, epoch: int, position: int) -> None: ...
+
+
+class _Settled:
+    """A pipeline whose first batch waits for the dataset identity checks still under way (a sampler
+    opened from remembered documents, :func:`~shardkit.readers.identity.reopen`): batches served from
+    caches alone, without a read that would check it, come from an unchanged dataset too."""
+
+    def __init__(self, supply: BatchSupply, identity: MixedIdentity) -> None:
+        self._supply = supply
+        self._identity: MixedIdentity | None = identity
+
+    def get(self) -> BatchReady | BlockRead | EpochEnd | RunDone:
+        item = self._supply.get()
+        if self._identity is not None and isinstance(item, BatchReady):
+            parts, self._identity = self._identity.parts, None
+            for part in parts:
+                part.settle()
+        return item
+
+    def shutdown(self) -> None:
+        self._supply.shutdown()
 
 
 class _Run:

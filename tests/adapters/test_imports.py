@@ -41,3 +41,39 @@ def test_missing_framework_names_the_extra() -> None:
     )
     assert proc.returncode == 0, proc.stderr + proc.stdout
     assert proc.stdout.count("pip install") == 2
+
+
+def test_a_reading_worker_imports_no_conversion_or_serving_code() -> None:
+    """A spawned DataLoader worker imports the adapter afresh: it must not pull in the conversion
+    engine, the server or codecs it never uses (issue 32: seconds of worker start-up)."""
+    proc = _run(
+        "import sys, shardkit.adapters.torch\n"
+        "heavy = ('shardkit.converters', 'shardkit.serve', 'shardkit.viz', 'shardkit.cli', 'zarr', 'numcodecs',\n"
+        "         'obstore', 'PIL', 'dask', 'matplotlib')\n"
+        "leaked = sorted(m for m in sys.modules if m in heavy or m.startswith(tuple(h + '.' for h in heavy)))\n"
+        "assert not leaked, leaked\n"
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_lazily_imported_names_still_resolve() -> None:
+    """What the lazy imports defer is still there on first use, as the same objects."""
+    proc = _run(
+        "import sys, shardkit, shardkit.readers\n"
+        "assert 'shardkit.converters' not in sys.modules and 'shardkit.serve' not in sys.modules\n"
+        "from shardkit.converters import convert\n"
+        "from shardkit.converters.merging import merge\n"
+        "from shardkit.serve import SharedSampler, TierServer, serve\n"
+        "assert shardkit.convert is convert and shardkit.merge is merge\n"
+        "assert (shardkit.readers.SharedSampler, shardkit.readers.TierServer, shardkit.readers.serve) == "
+        "(SharedSampler, TierServer, serve)\n"
+        "from shardkit.readers import SharedSampler as again\n"
+        "assert again is SharedSampler\n"
+        "try:\n"
+        "    shardkit.readers.no_such_name\n"
+        "except AttributeError:\n"
+        "    pass\n"
+        "else:\n"
+        "    raise SystemExit('no AttributeError')\n"
+    )
+    assert proc.returncode == 0, proc.stderr

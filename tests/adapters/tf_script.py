@@ -19,7 +19,8 @@ import tensorflow as tf
 from _adapter_data import OPTION_CASES, STORE_CASES, blobs, write_keyed_mixture
 
 import shardkit
-from shardkit.adapters.tf import _NextSampler, adopt_payload, make_tf_dataset
+from shardkit.adapters._ahead import NextPass
+from shardkit.adapters.tf import adopt_payload, make_tf_dataset
 from shardkit.errors import SamplerError
 from shardkit.formats.reader import aligned_empty
 from shardkit.readers import SamplerOptions, TieredSampler
@@ -219,7 +220,7 @@ def samplers_built_ahead(keyed: str, seed: int) -> dict[str, object]:
     def init_spy(self: TieredSampler, *args: object, **kwargs: object) -> None:
         init(self, *args, **kwargs)  # type: ignore[arg-type]
         built.append(self)
-        in_background.append(threading.current_thread().name == "shardkit-tf-next-sampler")
+        in_background.append(threading.current_thread().name == "shardkit-next-pass")
 
     def close_spy(self: TieredSampler) -> None:
         closed.add(id(self))
@@ -251,7 +252,7 @@ def samplers_built_ahead(keyed: str, seed: int) -> dict[str, object]:
         del ds
         gc.collect()
         for t in threading.enumerate():  # a build still under way closes its sampler when it ends
-            if t.name == "shardkit-tf-next-sampler":
+            if t.name == "shardkit-next-pass":
                 t.join(30)
         return {"at_make": at_make, "iterations": iterations, "in_background": in_background,
                 "all_closed": all(id(s) in closed for s in built)}
@@ -260,7 +261,7 @@ def samplers_built_ahead(keyed: str, seed: int) -> dict[str, object]:
 
 
 class _Fake:
-    """A stand-in sampler for _NextSampler: records its close; its identity check fails on demand."""
+    """A stand-in sampler for NextPass: records its close; its identity check fails on demand."""
 
     def __init__(self, epoch: int, changed: bool = False) -> None:
         self.epoch, self.changed, self.closed = epoch, changed, False
@@ -275,8 +276,9 @@ class _Fake:
 
 
 def next_sampler_cases() -> dict[str, object]:
-    """_NextSampler on its own: epoch match, a replaced dataset, close, and a close that lands while
-    a build is under way (forced with events: the build waits until close has returned)."""
+    """NextPass as the tf adapter uses it (no key, never started): epoch match, a replaced dataset,
+    close, and a close that lands while a build is under way (forced with events: the build waits
+    until close has returned)."""
     import threading
 
     made: list[_Fake] = []
@@ -287,9 +289,14 @@ def next_sampler_cases() -> dict[str, object]:
         return made[-1]
 
     out: dict[str, object] = {}
-    ahead = _NextSampler(build)  # type: ignore[arg-type]
+    def sampler(taken: object) -> object:
+        """The sampler of what take() returned (a pair with the iteration not started) or None."""
+        assert taken is None or (isinstance(taken, tuple) and taken[1] is None), taken
+        return None if taken is None else taken[0]
+
+    ahead = NextPass(build)  # type: ignore[arg-type]
     ahead.prepare(3)
-    got = ahead.take(3)
+    got = sampler(ahead.take(3))
     out["same_epoch"] = [got is made[0], made[0].closed, ahead.take(3) is None]
     ahead.prepare(4)
     out["other_epoch"] = [ahead.take(5) is None, made[1].closed]
@@ -299,7 +306,7 @@ def next_sampler_cases() -> dict[str, object]:
     changed[0] = False
     ahead.prepare(7)
     ahead.prepare(8)  # replaces the one for 7
-    out["replaced_by_newer"] = [made[3].closed, ahead.take(8) is made[4]]
+    out["replaced_by_newer"] = [made[3].closed, sampler(ahead.take(8)) is made[4]]
     ahead.prepare(9)
     ahead.close()
     out["closed"] = [made[5].closed, ahead.take(9) is None]
@@ -311,7 +318,7 @@ def next_sampler_cases() -> dict[str, object]:
         closed.wait(10)
         return build(epoch)
 
-    racing = _NextSampler(slow_build)  # type: ignore[arg-type]
+    racing = NextPass(slow_build)  # type: ignore[arg-type]
     t = threading.Thread(target=racing.prepare, args=(10,))
     t.start()
     building.wait(10)
@@ -324,10 +331,10 @@ def next_sampler_cases() -> dict[str, object]:
     # was called, so a take that did not wait would find nothing); of two builds the later is kept.
     take_called = threading.Event()
 
-    class Waiting(_NextSampler):
-        def take(self, epoch: int) -> object:  # type: ignore[override]
+    class Waiting(NextPass):
+        def take(self, epoch: int, key: object = None) -> object:  # type: ignore[override]
             take_called.set()
-            return super().take(epoch)
+            return super().take(epoch, key)  # type: ignore[arg-type]
 
     def gated_build(epoch: int) -> _Fake:
         take_called.wait(10)
@@ -335,11 +342,11 @@ def next_sampler_cases() -> dict[str, object]:
 
     background = Waiting(gated_build)  # type: ignore[arg-type]
     background.prepare_in_background(11)
-    got = background.take(11)
+    got = sampler(background.take(11))
     out["take_waits"] = [got is made[-1], made[-1].epoch == 11, not made[-1].closed]
     background.prepare_in_background(12)
     background.prepare_in_background(13)
-    got = background.take(13)
+    got = sampler(background.take(13))
     out["later_kept"] = [made[-2].epoch == 12, made[-2].closed, got is made[-1], made[-1].epoch == 13]
     background.close()
     background.prepare_in_background(14)  # after close: nothing is built

@@ -1,0 +1,125 @@
+"""A later sampler of a remote dataset this process opened before (the next pass of a DataLoader
+worker) opens it from the remembered documents after one HEAD of the root document, which runs
+while its first block is read (issue 32 item 1); a dataset replaced between passes is still refused.
+Requests are counted at the object-store client."""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from shardkit.errors import SamplerError
+from shardkit.readers import TieredSampler
+from shardkit.readers.sources import as_source
+from shardkit.stores import objectstore
+from tests.helpers.datasets import upload
+from tests.helpers.sampler_data import encode, make_dataset
+
+N = 64
+
+
+@pytest.fixture
+def requests(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[str]:
+    """Requests the object-store client makes, by kind (a fetch of no ranges makes none)."""
+    counts: collections.Counter[str] = collections.Counter()
+    for name in ("head", "get", "download", "list"):
+        original = getattr(objectstore.ObjectStore, name)
+
+        def counted(self: Any, *args: Any, _original: Any = original, _name: str = name, **kwargs: Any) -> Any:
+            counts[_name] += 1
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(objectstore.ObjectStore, name, counted)
+    start_fetch = objectstore.ObjectStore.start_fetch
+
+    def fetch(self: Any, ranges: Any) -> Any:
+        if ranges:
+            counts["ranged get"] += len(ranges)
+        return start_fetch(self, ranges)
+
+    monkeypatch.setattr(objectstore.ObjectStore, "start_fetch", fetch)
+    return counts
+
+
+def _keys(sampler: TieredSampler, first: int = 0) -> Iterator[np.ndarray]:
+    """The keys of each batch, each record checked (record ``i`` encodes ``first + i``)."""
+    try:
+        for batch in sampler:
+            np.testing.assert_array_equal(batch["image"], encode(batch["key"] + first))
+            yield batch["key"].copy()
+    finally:
+        sampler.close()
+
+
+def test_a_later_pass_asks_the_store_one_head(s3: Any, tmp_path: Path, requests: collections.Counter[str]) -> None:
+    url = upload(make_dataset(tmp_path / "ds", N, records_per_shard=8), s3.url("ds"))
+    (tmp_path / "cache").mkdir()
+    source = as_source(url)  # as a DataLoader worker gets it: made once, in the main process
+    options = {"batch_size": 8, "epochs": 1, "cache_dir": tmp_path / "cache"}
+    # Kept alive, it keeps the node-shared fields, as the DataLoader's main process does for its workers.
+    holder = TieredSampler(source, seed=1, **options)
+    first = np.concatenate(list(_keys(holder)))
+    assert requests["get"] >= 3  # the root document (identity, metadata), the payload array's document
+    requests.clear()
+    second = np.concatenate(list(_keys(TieredSampler(source, seed=1, start_epoch=1, **options))))
+    assert dict(requests) == {"head": 1}  # shards from the cache, documents remembered
+    assert sorted(first.tolist()) == sorted(second.tolist()) == list(range(N))
+    assert first.tolist() != second.tolist()
+    del holder
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_a_dataset_replaced_between_passes_is_refused(s3: Any, tmp_path: Path, cache: bool) -> None:
+    url = upload(make_dataset(tmp_path / "ds", N, records_per_shard=8), s3.url("ds"))
+    (tmp_path / "cache").mkdir()
+    source = as_source(url)
+    options: dict[str, Any] = {"batch_size": 8, "epochs": 1, "seed": 1,
+                               "cache_dir": tmp_path / "cache" if cache else None}
+    assert len(np.concatenate(list(_keys(TieredSampler(source, **options))))) == N
+    upload(make_dataset(tmp_path / "other", N, records_per_shard=8, first=1000), url)  # same shape, other records
+
+    served: list[np.ndarray] = []
+    with pytest.raises(SamplerError, match=r"replaced|changed"):
+        served.extend(_keys(TieredSampler(source, **options)))
+    assert served == []
+    # A source made after the replacement reads the new dataset (nothing stale was remembered).
+    keys = np.concatenate(list(_keys(TieredSampler(as_source(url), **options), first=1000)))
+    assert sorted(keys.tolist()) == list(range(N))
+
+
+def test_the_identity_check_runs_while_the_first_block_is_read(
+    s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The HEAD of a reopened dataset is held until the first block's ranged reads have started: had
+    the sampler waited for it before reading, the hold would run out and the check would fail."""
+    url = upload(make_dataset(tmp_path / "ds", N, records_per_shard=8), s3.url("ds"))
+    source = as_source(url)
+    options: dict[str, Any] = {"batch_size": 8, "epochs": 1, "seed": 1, "cache_dir": None}
+    assert len(np.concatenate(list(_keys(TieredSampler(source, **options))))) == N
+
+    reading = threading.Event()
+    held: list[bool] = []
+    start_fetch, head = objectstore.ObjectStore.start_fetch, objectstore.ObjectStore.head
+
+    def fetch(self: Any, ranges: Any) -> Any:
+        if any(r.key.startswith("image/") for r in ranges):  # records, not the fields loaded at build
+            reading.set()
+        return start_fetch(self, ranges)
+
+    def held_head(self: Any, key: str) -> Any:
+        held.append(reading.wait(30))
+        if not held[-1]:
+            raise AssertionError("the identity check waited for the first block's reads, or they for it")
+        return head(self, key)
+
+    monkeypatch.setattr(objectstore.ObjectStore, "start_fetch", fetch)
+    monkeypatch.setattr(objectstore.ObjectStore, "head", held_head)
+    keys = np.concatenate(list(_keys(TieredSampler(source, **options))))
+    assert sorted(keys.tolist()) == list(range(N))
+    assert held == [True]
