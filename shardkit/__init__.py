@@ -16,6 +16,7 @@ from shardkit.converters.merging import merge
 from shardkit.formats import Dataset, DatasetWriter, FieldSpec, open_dataset, publish, verify
 
 if TYPE_CHECKING:
+    from shardkit.converters.write import write
     from shardkit.readers.sources import Mixture, mix
     from shardkit.viz import export, show
 
@@ -34,6 +35,7 @@ __all__ = [
     "export",
     "mix",
     "Mixture",
+    "write",
 ]
 
 
@@ -49,4 +51,9 @@ def __getattr__(name: str) -> Any:
         import shardkit.readers.sources
 
         return getattr(shardkit.readers.sources, name)
+    if name == "write":
+        # shardkit.write(fn, inputs, out): the conversion engine around a user's function, imported on first use.
+        from shardkit.converters.write import write
+
+        return write
     raise AttributeError(f"module 'shardkit' has no attribute {name!r}")
