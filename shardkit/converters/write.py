@@ -5,7 +5,7 @@ main-process half (its input sequence is ``inputs``, its record layout is given 
 first record), :class:`WriteDecoder` the worker half (calls ``fn`` on one input and checks every
 record against the layout). Everything else — worker processes, executors, Dask, parts, resume,
 provenance, append, object stores — is :func:`shardkit.converters.partrun.run_conversion`, exactly
-as for ``convert``. Choices and their reasons: docs/write.md and docs/design.md §12.
+as for ``convert``. Choices and their reasons: docs/design.md §5 (user guide: docs/write.md).
 """
 
 from __future__ import annotations

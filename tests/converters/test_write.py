@@ -340,3 +340,15 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
         lines = [ln for ln in err.splitlines() if ln.strip()]
         assert exit_.value.code == 1 and "Traceback" not in err, (args, err)
         assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (args, err)
+
+
+def test_info_names_the_input_of_a_record(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from shardkit.cli.main import main
+
+    shardkit.write(write_fns.windows, ["3", "7"], tmp_path / "ds", workers=1, progress=False)
+    with pytest.raises(SystemExit) as exit_:
+        main(["info", str(tmp_path / "ds"), "--record", "4"])  # input "7", its record 1
+    out = capsys.readouterr().out
+    assert exit_.value.code in (0, None)
+    assert "source       7\n" in out and "input        1 (in the converter's input order, record 1 of it)" in out
+    assert "conversion" not in out  # nothing was transformed: no empty line about it
