@@ -352,3 +352,15 @@ def test_info_names_the_input_of_a_record(tmp_path: Path, capsys: pytest.Capture
     assert exit_.value.code in (0, None)
     assert "source       7\n" in out and "input        1 (in the converter's input order, record 1 of it)" in out
     assert "conversion" not in out  # nothing was transformed: no empty line about it
+
+
+def test_when_no_record_fits_nothing_is_written_and_the_message_names_the_function(tmp_path: Path) -> None:
+    spec = {"image": FieldSpec((6, 5, 2), "uint8")}  # tile gives (6, 5, 3): every input is a mismatch
+    with pytest.raises(ConversionError) as info:
+        shardkit.write(write_fns.tile, [1, 2], tmp_path / "o", record=spec, fields={}, workers=1, progress=False)
+    assert str(info.value) == (
+        "write tests.converters.write_fns:tile: no input could be converted as kind 'write' (2 inputs, skipped: "
+        "mismatch 2); does fn give records for these inputs? Nothing was written")
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(ConversionError, match="gave no record for any of the 3 inputs; nothing was written"):
+        shardkit.write(write_fns.windows, [0, 4, 8], tmp_path / "o", workers=1, progress=False)
