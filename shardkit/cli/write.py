@@ -7,6 +7,7 @@ spell and document them alike; the progress bar and the summary are ``convert``'
 
 from __future__ import annotations
 
+import copy
 import inspect
 import time
 from pathlib import Path
@@ -24,6 +25,15 @@ __all__ = ["write"]
 
 #: ``convert`` parameters that ``write`` does not take (it has a function and inputs instead of a corpus).
 _NOT_HERE = ("src", "kind")
+#: ``convert`` options whose help names its corpus, said for ``write``.
+_HELP = {
+    "append": ("Add the records after those of the dataset at the output, as its next version (same payload key, "
+               "shapes, dtypes and fields); readers that opened it keep their version."),
+    "scheduler": ("Run in parts on this Dask cluster (tcp://host:8786; default: $DASK_SCHEDULER_ADDRESS if set; "
+                  "'local' for this machine). Workers must import MODULE and see the output at the same path."),
+    "part_size": ("Write in parts of N inputs (default with --scheduler or --append: about 64 parts). Without "
+                  "--scheduler the parts run on --workers local processes, each writing its own shards."),
+}
 
 
 def _parameters() -> list[inspect.Parameter]:
@@ -44,7 +54,15 @@ def _parameters() -> list[inspect.Parameter]:
             "The small per-record fields to keep, comma-separated (default: every other key; a record with "
             "other keys is then a mismatch). Shapes and dtypes come from the first record."))),
     ]
-    shared = [q for q in _common_parameters() if q.name not in _NOT_HERE]
+    shared = []
+    for q in _common_parameters():
+        if q.name in _NOT_HERE:
+            continue
+        if q.name in _HELP:  # convert's words name SRC: the same option, told for write
+            info = copy.copy(q.default)
+            info.help = _HELP[q.name]
+            q = q.replace(default=info)
+        shared.append(q)
     return own + shared
 
 
