@@ -10,6 +10,7 @@ as for ``convert``. Choices and their reasons: docs/design.md §5 (user guide: d
 
 from __future__ import annotations
 
+import functools
 import glob
 import importlib
 import itertools
@@ -73,8 +74,23 @@ def input_name(item: Any) -> str:
 
 
 def function_name(fn: Callable[..., Any]) -> str:
-    """``module:qualname`` of a function (what configs, metadata and messages call it)."""
+    """``module:qualname`` of a function (what configs, metadata and messages call it); a
+    ``functools.partial`` is named after the function it wraps."""
+    if isinstance(fn, functools.partial):
+        return f"partial({function_name(fn.func)})"
     return f"{getattr(fn, '__module__', None) or '?'}:{getattr(fn, '__qualname__', None) or type(fn).__name__}"
+
+
+def function_state(fn: Callable[..., Any]) -> str | None:
+    """crc32 of what a ``functools.partial`` binds (its arguments, pickled), so that a resume with other
+    arguments is refused; ``None`` for a plain function."""
+    if not isinstance(fn, functools.partial):
+        return None
+    try:
+        bound = pickle.dumps((function_state(fn.func), fn.args, sorted(fn.keywords.items())), protocol=5)
+    except Exception:
+        bound = repr((fn.args, fn.keywords)).encode("utf-8", "surrogateescape")
+    return f"{zlib.crc32(bound):08x}"
 
 
 def resolve_function(reference: str, *, what: str = "fn") -> Callable[..., Any]:
@@ -455,8 +471,8 @@ class WriteConverter(Converter):
         return {"path": name, "kind": self.name, "fn": name}
 
     def config(self) -> dict[str, Any]:
-        return {"kind": self.name, "fn": function_name(self.fn), "payload": self.layout.payload,
-                "exact": self.layout.exact}
+        return {"kind": self.name, "fn": function_name(self.fn), "bound": function_state(self.fn),
+                "payload": self.layout.payload, "exact": self.layout.exact}
 
     def input_name(self, item: Any) -> str:
         return input_name(item)
@@ -494,6 +510,14 @@ def _first_record(fn: Callable[..., Any], inputs: Sequence[Any], decoder: WriteD
 
 def _sendable(fn: Callable[..., Any]) -> str | None:
     """Why worker processes cannot get ``fn`` (by reference, as pickle sends functions), or ``None``."""
+    if isinstance(fn, functools.partial):
+        why = _sendable(fn.func)
+        if why is None:
+            try:
+                pickle.dumps((fn.args, fn.keywords))
+            except Exception as exc:
+                return f"{function_name(fn)}: its arguments cannot be pickled ({type(exc).__name__}: {exc})"
+        return why
     module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
     if "<lambda>" in qualname or "<locals>" in qualname:
         return f"{function_name(fn)} is a lambda or a function defined inside another one"

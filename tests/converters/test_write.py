@@ -11,6 +11,7 @@ one line.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import pickle
@@ -364,3 +365,13 @@ def test_when_no_record_fits_nothing_is_written_and_the_message_names_the_functi
     assert not (tmp_path / "o").exists()
     with pytest.raises(ConversionError, match="gave no record for any of the 3 inputs; nothing was written"):
         shardkit.write(write_fns.windows, [0, 4, 8], tmp_path / "o", workers=1, progress=False)
+
+
+def test_a_partial_is_sent_to_workers_and_its_arguments_are_part_of_the_config(tmp_path: Path) -> None:
+    out = tmp_path / "o"
+    s = shardkit.write(functools.partial(write_fns.scaled, factor=2), [1, 2, 3], out, workers=2, progress=False)
+    assert s.records == 3 and _records(out)[0][:, 0].tolist() == [2, 4, 6]
+    with open_dataset(out) as ds:
+        assert ds.meta.source["fn"] == "partial(tests.converters.write_fns:scaled)"
+    with pytest.raises(ConversionError, match="different parameters"):  # other arguments: not the same dataset
+        shardkit.write(functools.partial(write_fns.scaled, factor=3), [1, 2, 3], out, workers=1, progress=False)

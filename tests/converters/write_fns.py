@@ -60,4 +60,9 @@ def from_path(path: Any) -> dict[str, Any]:
     return {"bytes": data.copy(), "size": os.path.getsize(path)}
 
 
+def scaled(i: Any, factor: int = 1) -> dict[str, Any]:
+    """One record ``[i * factor] * 4``: used through ``functools.partial``."""
+    return {"x": np.full((4,), int(i) * factor, np.int32)}
+
+
 NOT_A_FUNCTION = 3
