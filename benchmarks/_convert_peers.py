@@ -2,7 +2,8 @@
 
 Runs in the bench venv (``pip install -e '.[bench]'``), not in shardkit's:
 ``python _convert_peers.py SYSTEM SRC OUT WORKERS SIZE``; prints one JSON line
-``{"seconds": ..., "records": ...}`` (or ``{"error": ...}``).
+``{"seconds": ..., "records": ..., "bytes": ..., "cpu": ...}`` (or ``{"error": ...}``): ``cpu`` is the CPU
+seconds of the writer and its worker processes.
 
 Every peer decodes with the same transform as the benchmark's bare loop (Pillow: open, RGB, resize
 the shorter side with bilinear filtering, centre crop; what shardkit's default decode does at this
@@ -28,6 +29,7 @@ import itertools
 import json
 import multiprocessing as mp
 import os
+import resource
 import shutil
 import sys
 import time
@@ -126,12 +128,19 @@ SYSTEMS = {"litdata": litdata, "mds": mds, "wds": wds}
 MODULES = {"litdata": ("litdata",), "mds": ("streaming", "streaming.base.util"), "wds": ("webdataset",)}
 
 
+def _cpu() -> float:
+    """CPU seconds of this process and of every child process that ended (the writer's workers)."""
+    own, ended = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + ended.ru_utime + ended.ru_stime
+
+
 def main() -> None:
     system, src, out, workers = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
     items = corpus(src)
     shutil.rmtree(out, ignore_errors=True)
     for module in MODULES[system]:
         importlib.import_module(module)
+    cpu0 = _cpu()
     t0 = time.perf_counter()
     try:
         SYSTEMS[system](items, out, workers)
@@ -140,7 +149,7 @@ def main() -> None:
         return
     seconds = time.perf_counter() - t0
     written = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
-    print(json.dumps({"seconds": seconds, "records": len(items), "bytes": written}))
+    print(json.dumps({"seconds": seconds, "records": len(items), "bytes": written, "cpu": _cpu() - cpu0}))
     shutil.rmtree(out, ignore_errors=True)
 
 

@@ -52,6 +52,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from _common import drop_cache
@@ -188,17 +189,22 @@ def timed_pass(fn: Callable[[], float]) -> tuple[float, float, float]:
 
 def peer_run(system: str, out: Path, workers: int) -> float:
     """Seconds the peer's writer took (measured inside its own interpreter), or inf with a message."""
+    return float(peer_report(system, out, workers).get("seconds", float("inf")))
+
+
+def peer_report(system: str, out: Path, workers: int) -> dict[str, Any]:
+    """What ``_convert_peers.py`` reported (``seconds``, ``records``, ``bytes`` written), or ``{}`` with a message."""
     if not BENCH_PYTHON.exists():
         print(f"[{system}] skipped: {BENCH_PYTHON} not found (set SHARDKIT_BENCH_PYTHON)")
-        return float("inf")
+        return {}
     cmd = [str(BENCH_PYTHON), str(HERE / "_convert_peers.py"), system, str(DATA), str(out), str(workers)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     res = json.loads(lines[-1]) if lines else {"error": proc.stderr.strip().splitlines()[-1:] or "no output"}
     if "error" in res:
         print(f"[{system}, {workers} workers] failed: {res['error']}")
-        return float("inf")
-    return float(res["seconds"])
+        return {}
+    return dict(res)
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:

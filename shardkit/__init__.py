@@ -2,7 +2,7 @@
 sequential storage access.
 
 ``import shardkit`` never imports torch or tensorflow; the adapters in ``shardkit.adapters`` do so
-lazily. Converting and merging (:mod:`shardkit.converters`) are imported on first use too, so a
+lazily. Converting, merging and writing (:mod:`shardkit.converters`) are imported on first use too, so a
 process that only reads (a spawned DataLoader worker) does not import the conversion engine.
 """
 
@@ -17,6 +17,7 @@ from shardkit.formats import Dataset, DatasetWriter, FieldSpec, open_dataset, pu
 if TYPE_CHECKING:
     from shardkit.converters import convert
     from shardkit.converters.merging import merge
+    from shardkit.converters.write import write
     from shardkit.readers.sources import Mixture, mix
     from shardkit.viz import export, show
 
@@ -35,6 +36,7 @@ __all__ = [
     "export",
     "mix",
     "Mixture",
+    "write",
 ]
 
 
@@ -58,4 +60,8 @@ def __getattr__(name: str) -> Any:
         import shardkit.readers.sources
 
         return getattr(shardkit.readers.sources, name)
+    if name == "write":
+        import shardkit.converters.write
+
+        return shardkit.converters.write.write
     raise AttributeError(f"module 'shardkit' has no attribute {name!r}")

@@ -11,7 +11,7 @@ import inspect
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -24,7 +24,10 @@ from shardkit.formats.versions import DEFAULT_KEEP_VERSIONS
 from shardkit.stores import is_url
 from shardkit.units import human_bytes, parse_bytes
 
-__all__ = ["convert", "kind_option_parameters"]
+if TYPE_CHECKING:
+    from shardkit.converters.pipeline import ConvertSummary
+
+__all__ = ["convert", "kind_option_parameters", "print_summary"]
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +141,6 @@ def convert(
     from shardkit.converters import convert as run_convert
     from shardkit.converters import detect_kind, get_converter
     from shardkit.converters.executors import DASK_SCHEDULER_ENV, scheduler_address
-    from shardkit.converters.provenance import change_lines
 
     setup_logging(verbose)
     options = {k: v for k, v in given.items() if v is not None}
@@ -162,6 +164,15 @@ def convert(
             src, output, kind, workers=workers, strict=strict, overwrite=overwrite, compression=compression,
             progress=progress, naming="cli", append=append, staging_dir=staging_dir, **extra, **options,
         )
+    print_summary(summary, append=append, started=t0)
+
+
+def print_summary(summary: ConvertSummary, *, append: bool, started: float) -> None:
+    """The summary of a conversion on stdout (``convert`` and ``write``): records, skips, bytes, speed,
+    and for a run in parts its version, parts and commit; ``started``: ``time.perf_counter()`` at the start."""
+    from shardkit.converters.provenance import change_lines
+
+    t0 = started
     if summary.already_complete:
         what = "already holds these records as its latest addition" if append else "already converted with the same parameters"
         echo_out(f"{summary.output}: {what} ({summary.records} records); nothing to do")

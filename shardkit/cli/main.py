@@ -13,7 +13,7 @@ from shardkit.errors import ShardkitError
 __all__ = ["main", "COMMAND_MODULES"]
 
 #: Modules that each register one subcommand on the app.
-COMMAND_MODULES = ("convert", "merge", "publish", "info", "show", "export", "verify", "sample", "serve", "order_test", "profile")
+COMMAND_MODULES = ("convert", "write", "merge", "publish", "info", "show", "export", "verify", "sample", "serve", "order_test", "profile")
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130
 

@@ -176,6 +176,8 @@ class Converter(ABC):
     progress_unit: ClassVar[str] = "item"
     #: Every input gives at most one record (then a corpus smaller than a shard gets a smaller shard).
     one_record_per_input: ClassVar[bool] = False
+    #: What a conversion that wrote nothing suggests checking.
+    nothing_hint: ClassVar[str] = "is --kind right?"
     #: The kind's own provenance columns, after ``input`` and ``part``: each record's decoder output
     #: holds an integer for each under :data:`PROVENANCE` (missing ones are stored as 0).
     provenance_columns: ClassVar[tuple[str, ...]] = ()
@@ -240,6 +242,10 @@ class Converter(ABC):
     def config(self) -> dict[str, Any]:
         """Every parameter that shapes the output; a resume with a different config is refused."""
         return {"kind": self.name, "src": str(self.src), "options": dict(sorted(self.values.items()))}
+
+    def describe(self) -> str:
+        """How messages name what is converted: the corpus path (``shardkit.write``: its function)."""
+        return str(self.src)
 
     def item_path(self, item: Any) -> str:
         """Human-readable name of an item (the decoder's)."""

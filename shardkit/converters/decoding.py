@@ -97,6 +97,8 @@ def decode_one(decoder: Decoder, index: int, item: Any, start: int = 0) -> Outco
                       "fix or remove the file, or re-run with --overwrite)")
     except MemoryError:
         return Failed(index, decoder.item_path(item), "out of memory while decoding")
+    except ConversionError as exc:  # the decoder's own account of what must stop the run
+        return Failed(index, decoder.item_path(item), str(exc))
     except Exception as exc:
         return Failed(index, decoder.item_path(item), f"unexpected failure while decoding: {type(exc).__name__}: {exc}")
 

@@ -66,7 +66,7 @@ from shardkit.formats.versions import DEFAULT_KEEP_VERSIONS, VERSIONS_DIR, prune
 from shardkit.stores import Store, as_location, is_url, open_store
 from shardkit.units import parse_bytes, parse_count
 
-__all__ = ["convert", "convert_in_parts", "check_appendable", "run_converter"]
+__all__ = ["convert", "convert_in_parts", "check_appendable", "run_conversion", "run_converter"]
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ def check_appendable(base: DatasetMeta, conv: Converter, codec: RecordCodec | No
     for what, have, new in checks:
         if have != new:
             raise ConversionError(
-                f"{where}: cannot append {conv.src}: its {what} {_show(new)} differs from the dataset's {_show(have)}; "
+                f"{where}: cannot append {conv.describe()}: its {what} {_show(new)} differs from the dataset's {_show(have)}; "
                 "convert it with the dataset's options, or into a new dataset. Nothing was changed"
             )
 
@@ -681,6 +681,37 @@ def convert(
     keep = parse_count(keep_versions, what=_label("keep_versions", naming))
     kind = kind or detect_kind(Path(src))
     conv = get_converter(kind)(Path(src), naming=naming, **options)
+    return run_conversion(
+        conv, out, f"convert {kind}", workers=n_workers, strict=strict, overwrite=overwrite, compression=compression,
+        shard_bytes=nbytes, records_per_shard=rps, progress=progress, naming=naming, executor=executor,
+        scheduler=scheduler, append=append, part_size=n_part, keep_versions=keep, staging_dir=staging_dir,
+    )
+
+
+def run_conversion(
+    conv: Converter,
+    out: str | os.PathLike[str],
+    title: str,
+    *,
+    workers: int | None,
+    strict: bool,
+    overwrite: bool,
+    compression: str | None,
+    shard_bytes: int,
+    records_per_shard: int | None,
+    progress: ProgressFn | bool | None,
+    naming: OptionNaming,
+    executor: Executor | None,
+    scheduler: str | None,
+    append: bool,
+    part_size: int | None,
+    keep_versions: int,
+    staging_dir: str | os.PathLike[str] | None,
+) -> ConvertSummary:
+    """Run ``conv`` (options already parsed) where :func:`convert`'s arguments say: in this process with
+    ``workers`` decode processes, or in parts on local processes, an executor or a Dask scheduler; the
+    progress bar is titled ``title``. :func:`convert` and :func:`shardkit.converters.write.write` share it."""
+    n_workers, n_part, nbytes, rps, keep = workers, part_size, shard_bytes, records_per_shard, keep_versions
 
     def run(report: ProgressFn | None) -> ConvertSummary:
         if executor is None and scheduler is None and not append and n_part is None:
@@ -709,5 +740,5 @@ def convert(
 
     if callable(progress):
         return run(progress)
-    with progress_bar(conv.progress_unit, f"convert {kind}", disable=None if progress is None else not progress) as bar:
+    with progress_bar(conv.progress_unit, title, disable=None if progress is None else not progress) as bar:
         return run(bar)

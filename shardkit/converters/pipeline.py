@@ -155,9 +155,9 @@ class NothingConverted(ConversionError):
     @classmethod
     def of(cls, conv: Converter, inputs: int, skips: Mapping[str, int], what: str = "Nothing was written") -> NothingConverted:
         return cls(
-            f"{conv.src}: no input could be converted as kind {conv.name!r} ({inputs} inputs, skipped: "
+            f"{conv.describe()}: no input could be converted as kind {conv.name!r} ({inputs} inputs, skipped: "
             + (", ".join(f"{k} {v}" for k, v in sorted(skips.items())) or "none")
-            + f"); is --kind right? {what}"
+            + f"); {conv.nothing_hint} {what}"
         )
 
 

@@ -210,7 +210,8 @@ def describe(payload: str, transform: Mapping[str, Any], values: Mapping[str, in
         return _image_lines(image[0], image[1], values, image[2])
     if payload == "audio" and _is_audio(transform):
         return _audio_lines(transform, values)
-    return [", ".join(f"{k} {v}" for k, v in values.items() if k not in ("input", "part"))]
+    measured = ", ".join(f"{k} {v}" for k, v in values.items() if k not in ("input", "part"))
+    return [measured] if measured else []  # a kind without columns of its own (write) changed nothing it knows
 
 
 def _rates(c: Mapping[str, Any], key: str, field: str, unit: str) -> str:

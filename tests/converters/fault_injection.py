@@ -17,13 +17,15 @@ the disk: it guards against a power cut, and a SIGKILL leaves the page cache, so
 the same, without the tens of milliseconds each one costs on a loaded disk.
 
 SPEC_JSON: ``{"src": ..., "out": ..., "kwargs": {...}, "double": [j, ...], "every": n, "executor": e,
-"base": dir}``. For every ``k`` (every ``n``-th with ``every``), the child is killed at step ``k``, then
-the same conversion runs again (and, for each ``j`` of ``double``, that re-run is itself killed at its
-step ``j`` first). ``executor`` runs the conversion in parts: ``"inline"`` (parts converted in the
+"base": dir, "sample": m, "seed": s}`` (a list ``src`` runs ``shardkit.write(kwargs["fn"], src, out)``).
+For every ``k`` (every ``n``-th with ``every``), the child is killed at step ``k``, then the same
+conversion runs again (and, for each ``j`` of ``double``, that re-run is itself killed at its step
+``j`` first). ``executor`` runs the conversion in parts: ``"inline"`` (parts converted in the
 killed process itself) or ``"threads:N"``; ``base`` is a dataset copied to ``out`` before every run
 (the conversion appends to it); ``check`` runs ``verify`` and looks for an unfinished append
 (:func:`shardkit.formats.versions.unfinished`, what ``info`` shows) right after each kill, before the
-re-run; ``commit_only`` kills only at the steps of the commit (and its cleanup).
+re-run; ``commit_only`` kills only at the steps of the commit (and its cleanup); ``sample`` kills at only
+``m`` of the steps, drawn at random with seed ``s``.
 Prints one JSON object: the uninterrupted run's step count and
 digest, and per ``k`` the digest after the re-run(s), how many parts were finished when the kill
 came (their manifests), whether the commit had already published the root document, and how many
@@ -207,7 +209,11 @@ def run(src: str, out: Path, kwargs: dict[str, Any], kill_at: int | None = None,
             install_hooks(out, kill_at, count_file)
             if count_file is not None:
                 _note_commit_start(count_file)
-            summary = shardkit.convert(src, out, **kwargs, **({"executor": _executor(executor)} if executor else {}))
+            how = {**kwargs, **({"executor": _executor(executor)} if executor else {})}
+            if isinstance(src, list):  # shardkit.write: src is the inputs, kwargs["fn"] the function
+                summary = shardkit.write(how.pop("fn"), src, out, **how)
+            else:
+                summary = shardkit.convert(src, out, **how)
             message = json.dumps({"parts_converted": summary.parts_converted,
                                   "imported": sorted(set(sys.modules) - before)}).encode()
         except BaseException as exc:
@@ -289,7 +295,12 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
     commit_file = counter.with_name(counter.name + ".commit")
     first_step = int(commit_file.read_text()) + 1 if spec.get("commit_only") and commit_file.exists() else 1
     runs = []
-    for k in range(first_step, total + 1, int(spec.get("every", 1))):
+    steps = range(first_step, total + 1, int(spec.get("every", 1)))
+    if spec.get("sample"):  # that many steps drawn at random (seeded: a failure names its seed)
+        import random
+
+        steps = sorted(random.Random(spec.get("seed", 0)).sample(steps, min(len(steps), int(spec["sample"]))))
+    for k in steps:
         _fresh(out, base)
         first = run(src, out, kwargs, kill_at=k, executor=executor)
         done_before = finished_parts(out)

@@ -178,3 +178,14 @@ def test_cluster_conversion_into_a_bucket(cluster: DaskCluster, s3: Any, tmp_pat
     assert s.output == url and s.parts_converted == s.parts > 1
     assert_same_records(url, tmp_path / "one")
     assert verify(url).ok
+
+
+def test_write_on_the_cluster_equals_one_process(cluster: DaskCluster, tmp_path: Path) -> None:
+    # shardkit.write runs on the same engine: a function the workers import, over a list of inputs.
+    fn, inputs = "tests.converters.write_fns:windows", [str(i) for i in range(13)]
+    shardkit.write(fn, inputs, tmp_path / "one", workers=1, records_per_shard=4, progress=False)
+    s = shardkit.write(fn, inputs, tmp_path / "cluster", scheduler=cluster.address, part_size=3, records_per_shard=4,
+                       progress=False)
+    assert s.parts == s.parts_converted == 5 and s.skipped == {"empty": 4}  # inputs 0, 4, 8, 12
+    assert_same_records(tmp_path / "cluster", tmp_path / "one")
+    assert verify(tmp_path / "cluster").ok
