@@ -145,6 +145,9 @@ def _make_plan(conv: Converter, scan: ScanResult, store: Store, base: DatasetMet
         codec = None if base.compression is None else codec_from_json(base.compression)
     else:
         rps, size = shard_layout(conv, n, shard_bytes, records_per_shard)
+    if codec is not None:  # before any input is decoded: an image codec refuses audio records, and so on
+        record = conv.record_spec()
+        codec.check_record(record.shape, record.dtype, store.url)
     provenance = conv.provenance_spec(scan)
     fields = dataset_fields(conv, provenance)
     config = dataset_config(conv, scan, fields, provenance, rps, size, codec)

@@ -850,6 +850,8 @@ class PayloadArray:
     def _decode(self, i: int, offset: int, data: bytes | memoryview, out: np.ndarray) -> None:
         """Decode the compressed record at byte ``offset`` of shard ``i`` into ``out``, naming it on error."""
         assert self.codec is not None
+        if self.codec.array_to_bytes:  # an image or audio stream decodes into the record's shape (a view of the row)
+            out = out.view(self.dtype).reshape(self.record.shape)
         decode_record(self.codec, data, out, where=self._shard_str(i), what=lambda: self._record_name(i, offset))
 
     def _record_name(self, i: int, offset: int) -> str:
