@@ -331,6 +331,12 @@ class SamplerOptions(UserOptions):
         None, "Storage", _optional_bytes,
         help="Budget of the cache in bytes (e.g. 50GiB). Default: with --cache-dir DIR the whole dataset; with "
              "auto the dataset's size if that leaves 10% of the disk and at least 1GiB free, else what fits.")
+    decode_workers: int | None = option(
+        None, "Storage", _count(0, optional=True), cli_type=int,
+        help="Threads that decode compressed records (jpeg, png, webp, flac, zstd, ...) straight into the batch "
+             "buffers while the next records are read; 0 decodes in the reading thread. Default: one per CPU this "
+             "process may use.",
+        doc="See docs/design.md §4 (*Decoding*).")
 
     KIND = "sampler option"
 
@@ -399,7 +405,14 @@ class SamplerOptions(UserOptions):
             "store_options": self.store,
             "cache_dir": None if self.cache_dir == "auto" else self.cache_dir,
             "cache_size": self.cache_size,
+            "decode_workers": self.decoders(),
         }
+
+    def decoders(self) -> int:
+        """``decode_workers`` resolved: the CPUs this process may run on when not given."""
+        if self.decode_workers is not None:
+            return self.decode_workers
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
     # ------------------------------------------------------------------ resolution
     def tier_sizes(self, record_nbytes: int, num_records: int, num_keys: int | None = None) -> TierSizes:
