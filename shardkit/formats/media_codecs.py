@@ -290,3 +290,41 @@ class FlacCodec(RecordCodec):
 
     def zarr_codecs(self, itemsize: int) -> list[dict[str, Any]]:
         return [{"name": self.zarr_name, "configuration": {"level": self.level}}]
+
+
+def stored_nbytes_field(payload: str) -> str:
+    """The batch entry that holds each record's stored length when records are not decoded."""
+    return f"{payload}_nbytes"
+
+
+def stored_nbytes(ds: Any) -> np.ndarray:
+    """Every record's stored size, int64 ``[N]``, from the shard indexes of the dataset ``ds`` (the
+    lengths batches carry when ``decode`` is off); a record stored in more bytes than a decoded
+    record is a SchemaError naming it (its stream would not fit the row that carries it)."""
+    payload = ds.payload
+    out = np.full(payload.num_records, payload.record_nbytes, dtype=np.int64)
+    if payload.codec is None:
+        return out
+    for i, info in enumerate(payload.shards):
+        out[info.start : info.stop] = payload.index(i).nbytes[: info.count]
+    if out.size and int(out.max()) > payload.record_nbytes:
+        k = int(np.argmax(out))
+        raise SchemaError(
+            f"{ds.path}: record {k} is stored in {int(out[k])} bytes, more than the {payload.record_nbytes} bytes of a "
+            f"decoded record, so its stored bytes cannot be handed over in a batch row: read this dataset with decode on"
+        )
+    return out
+
+
+def cuda_decoder() -> Any:
+    """``torchvision.io.decode_jpeg`` when torch sees a CUDA device, else a ConfigError saying what is missing."""
+    try:
+        import torch
+        from torchvision.io import decode_jpeg
+    except ImportError as exc:
+        raise ConfigError(f"decode='cuda' needs torch and torchvision (torchvision.io.decode_jpeg), which could not be "
+                          f"imported ({exc}); use decode=True to decode on the CPU") from None
+    if not torch.cuda.is_available():
+        raise ConfigError("decode='cuda' needs a CUDA device, and torch.cuda.is_available() is False here; use "
+                          "decode=True to decode on the CPU, or decode=False for the stored bytes")
+    return decode_jpeg

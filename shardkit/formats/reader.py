@@ -24,6 +24,7 @@ from shardkit.errors import (
     ChecksumError,
     ConfigError,
     CorruptIndexError,
+    CorruptShardError,
     MissingShardError,
     NotADatasetError,
     SchemaError,
@@ -396,6 +397,8 @@ class PayloadArray:
         self._scratch = np.empty(max(self.gap_bytes, 1), dtype=np.uint8)
         self.decode_workers = 0
         self._decoders: ThreadPoolExecutor | None = None
+        #: False: compressed records are not decoded, their stored bytes start their rows (zeros after).
+        self.decode = True
 
     def use_decoders(self, workers: int) -> None:
         """Decode compressed records on ``workers`` threads (0: in the reading thread), so the reading
@@ -892,9 +895,22 @@ class PayloadArray:
     def _decode(self, i: int, offset: int, data: bytes | memoryview, out: np.ndarray) -> None:
         """Decode the compressed record at byte ``offset`` of shard ``i`` into ``out``, naming it on error."""
         assert self.codec is not None
+        if not self.decode:
+            self._keep_stored(i, offset, data, out)
+            return
         if self.codec.array_to_bytes:  # an image or audio stream decodes into the record's shape (a view of the row)
             out = out.view(self.dtype).reshape(self.record.shape)
         decode_record(self.codec, data, out, where=self._shard_str(i), what=lambda: self._record_name(i, offset))
+
+    def _keep_stored(self, i: int, offset: int, data: bytes | memoryview, out: np.ndarray) -> None:
+        """The stored bytes of a record into its row (``decode`` off), zeros after them."""
+        flat = out.reshape(-1).view(np.uint8)
+        n = len(data)
+        if n > flat.nbytes:
+            raise CorruptShardError(f"{self._shard_str(i)}: {self._record_name(i, offset)} is stored in {n} bytes, more than "
+                                    f"the {flat.nbytes} bytes of a decoded record: it cannot be handed over undecoded")
+        flat[:n] = np.frombuffer(data, np.uint8)
+        flat[n:] = 0
 
     def _record_name(self, i: int, offset: int) -> str:
         """Shard ``i``'s record stored at byte ``offset``, for messages (looked up in the index only

@@ -201,6 +201,17 @@ def _cache_dir(value: object, what: str) -> Path | Literal["auto"] | None:
     return path_or_none(value, what)
 
 
+def _decode(value: Any, what: str) -> bool | str:
+    """True (decode on the CPU), False (the stored bytes) or ``"cuda"``; the CLI's cpu/stored/cuda too."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("true", "cpu", "false", "stored", "cuda"):
+        v = value.strip().lower()
+        return "cuda" if v == "cuda" else v in ("true", "cpu")
+    raise ConfigError(f"{what}: expected True (decode on the CPU), False (the stored bytes and their lengths) or "
+                      f"'cuda' (on the command line: cpu, stored or cuda), found {value!r}")
+
+
 def _optional_bytes(value: Any, what: str) -> int | None:
     return None if value is None else parse_bytes(value, what=what)
 
@@ -337,6 +348,13 @@ class SamplerOptions(UserOptions):
              "buffers while the next records are read; 0 decodes in the reading thread. Default: one per CPU this "
              "process may use.",
         doc="See docs/design.md §4 (*Decoding*).")
+    decode: bool | str = option(
+        True, "Storage", _decode, show=lambda v: {True: "cpu", False: "stored"}.get(v, v),
+        help="cpu (True in Python): batches hold decoded records. stored (False): each record's stored bytes "
+             "(a jpeg stream, ...) at the start of its row, the payload as uint8 [B, record bytes], and "
+             "<payload>_nbytes [B] their lengths, to decode elsewhere. cuda: the torch adapter decodes JPEG "
+             "batches on the GPU (torchvision.io.decode_jpeg); an error where there is no CUDA device.",
+        doc="See docs/design.md §4 (*Decoding*).")
 
     KIND = "sampler option"
 
@@ -406,6 +424,7 @@ class SamplerOptions(UserOptions):
             "cache_dir": None if self.cache_dir == "auto" else self.cache_dir,
             "cache_size": self.cache_size,
             "decode_workers": self.decoders(),
+            "decode": self.decode is True,
         }
 
     def decoders(self) -> int:

@@ -141,4 +141,5 @@ OPTION_CASES: dict[str, dict[str, object]] = {
     "cache_dir": {"cache_dir": "/tmp/shardkit-option-case"},
     "cache_size": {"cache_size": "1GiB"},
     "decode_workers": {"decode_workers": 3},
+    "decode": {"decode": "stored"},
 }

@@ -109,3 +109,41 @@ def test_a_damaged_record_decoded_by_a_worker_is_a_named_error(tmp_path: Path) -
         for _ in s:
             pass
     s.close()
+
+
+def test_decode_off_gives_the_stored_streams_and_their_lengths(jpeg_dataset: Path) -> None:
+    import imagecodecs
+
+    with open_dataset(jpeg_dataset) as ds:
+        decoded = ds.payload.read(np.arange(40))
+        sizes = np.concatenate([ds.payload.index(i).nbytes[: info.count] for i, info in enumerate(ds.meta.shards)])
+    s = TieredSampler(jpeg_dataset, batch_size=6, ram_size="10records", static_cache=0, decode=False, seed=2)
+    assert s.element_spec()["image"] == ((24 * 32 * 3,), np.dtype(np.uint8))
+    assert s.element_spec()["image_nbytes"] == ((), np.dtype(np.int64))
+    seen = 0
+    for batch in s:
+        rows, lengths, keys = batch["image"], batch["image_nbytes"], batch["key"]
+        assert rows.dtype == np.uint8 and rows.shape == (keys.size, 24 * 32 * 3)
+        np.testing.assert_array_equal(lengths, sizes[keys])
+        for row, n, k in zip(rows, lengths, keys):
+            assert not row[n:].any()  # zeros after the stream
+            np.testing.assert_array_equal(imagecodecs.jpeg8_decode(row[:n].tobytes()), decoded[k])
+        seen += keys.size
+    s.close()
+    assert seen == 40
+
+
+def test_decode_off_refuses_records_stored_larger_than_decoded(tmp_path: Path) -> None:
+    # 8x8 noise: a JPEG stream (headers and tables alone are ~600 bytes) is larger than its 192 pixels' bytes.
+    noise = np.random.default_rng(0).integers(0, 256, (5, 8, 8, 3), dtype=np.uint8)
+    path = write_dataset(tmp_path / "ds", noise, compression="jpeg")
+    with pytest.raises(errors.SchemaError, match=r"record \d is stored in \d+ bytes, more than the 192 bytes"):
+        TieredSampler(path, batch_size=2, decode=False)
+
+
+def test_decode_cuda_without_a_device_is_an_explicit_error(jpeg_dataset: Path) -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    with pytest.raises(errors.ConfigError, match="decode='cuda' needs"):
+        TieredSampler(jpeg_dataset, batch_size=2, decode="cuda")
