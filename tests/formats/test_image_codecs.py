@@ -214,3 +214,58 @@ def test_full_verify_checks_every_byte_of_jpeg_records(tmp_path: Path) -> None:
     shard.write_bytes(bytes(data))
     report = verify(path)
     assert not report.ok and any("crc32c" in p for p in map(str, report.problems))
+
+
+def test_convert_reports_ratio_and_psnr_and_info_shows_both(tmp_path: Path) -> None:
+    from tests.helpers.cli import run_cli
+
+    out = tmp_path / "jpeg"
+    result = run_cli("convert", str(ROOT / "datasets" / "imagefolder"), "-o", str(out), "--compression", "jpeg:90",
+                     "--size", "64x64")
+    assert result.returncode == 0, result.stderr
+    with open_dataset(out) as ds:
+        sample = ds.meta.source["compression_sample"]
+        stored = sum(s.nbytes for s in ds.meta.shards)
+        decoded = ds.meta.num_records * ds.meta.record.nbytes
+    assert sample["records"] == 23 and sample["psnr_db"] >= 30 and sample["min_psnr_db"] <= sample["psnr_db"]
+    assert stored * 3 < decoded
+    for text in (result.stdout, run_cli("info", str(out)).stdout):
+        assert "compression  jpeg (quality=90): " in text and "x (" in text
+        assert f"quality      PSNR {sample['psnr_db']} dB on average" in text
+
+
+def test_lossless_conversion_records_no_psnr(tmp_path: Path) -> None:
+    from tests.helpers.cli import run_cli
+
+    out = tmp_path / "png"
+    result = run_cli("convert", str(ROOT / "datasets" / "imagefolder"), "-o", str(out), "--compression", "png",
+                     "--size", "32x32")
+    assert result.returncode == 0, result.stderr
+    with open_dataset(out) as ds:
+        assert "compression_sample" not in ds.meta.source
+    assert "compression  png (level=6): " in result.stdout and "PSNR" not in result.stdout
+
+
+def test_compression_auto_picks_lossless_and_shows_every_image_option(tmp_path: Path) -> None:
+    from tests.helpers.cli import run_cli
+
+    out = tmp_path / "auto"
+    result = run_cli("convert", str(ROOT / "datasets" / "imagefolder"), "-o", str(out), "--compression", "auto",
+                     "--size", "32x32")
+    assert result.returncode == 0, result.stderr
+    for option in ("jpeg:90", "webp:90", "jpegxl:90", "png", "webp:lossless", "jpegxl:lossless", "zstd"):
+        assert f"--compression auto: {option} " in result.stderr
+    with open_dataset(out) as ds:
+        assert ds.meta.compression is not None
+        codec = get_codec(ds.meta.compression["name"], **{k: v for k, v in ds.meta.compression.items() if k != "name"})
+        assert codec is not None and not codec.is_lossy()
+
+
+def test_compression_auto_is_flac_for_int16_audio(tmp_path: Path) -> None:
+    from tests.helpers.cli import run_cli
+
+    out = tmp_path / "auto"
+    result = run_cli("convert", str(ROOT / "datasets" / "speech"), "-o", str(out), "--kind", "audio", "--compression", "auto")
+    assert result.returncode == 0, result.stderr
+    with open_dataset(out) as ds:
+        assert ds.meta.record.dtype == "int16" and ds.meta.compression == {"name": "flac", "level": 5}
