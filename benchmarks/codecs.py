@@ -131,10 +131,10 @@ def libraries(images: np.ndarray, quality: int = 90, repeats: int = 5) -> list[d
     return rows
 
 
-def quality(sets: dict[str, np.ndarray]) -> list[dict[str, Any]]:
+def quality(sets: dict[str, np.ndarray], options: tuple[str, ...] = OPTIONS) -> list[dict[str, Any]]:
     """Ratio, mean and lowest PSNR of every option on every image set."""
     rows = []
-    for option in OPTIONS:
+    for option in options:
         codec = get_codec(option)
         assert codec is not None
         for name, images in sets.items():
@@ -216,6 +216,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved loader rounds (default 3)")
     ap.add_argument("--workers", type=int, default=2, help="decode threads on both sides (default 2)")
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: libraries, quality, loader")
+    ap.add_argument("--options", default=",".join(OPTIONS),
+                    help="comma-separated --compression values to measure (jpegxl:lossless takes seconds per image)")
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args()
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
@@ -226,7 +228,8 @@ def main() -> None:
         results["libraries"] = libraries(np.concatenate([coco, folders]))
         print("JPEG libraries, quality 90, CPU time per 224x224x3 image\n" + _table(results["libraries"]) + "\n")
     if "quality" not in skip:
-        results["quality"] = quality({"coco": coco, "class-folders": folders, "generated": generated})
+        options = tuple(o.strip() for o in args.options.split(",") if o.strip())
+        results["quality"] = quality({"coco": coco, "class-folders": folders, "generated": generated}, options)
         print("ratio and PSNR per option\n" + _table(results["quality"]) + "\n")
     if "loader" not in skip:
         work = Path(tempfile.mkdtemp(prefix="shardkit-codecs-"))
