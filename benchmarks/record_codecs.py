@@ -12,7 +12,7 @@ Three measurements, each printed as a table (``--json FILE`` also writes them):
    warm) with ``decode_workers=--workers`` against imagecodecs decoding the same stored bytes from
    memory on as many threads, interleaved for ``--rounds`` rounds; the ratio is what the loader keeps.
 
-    python benchmarks/codecs.py [--images 2000] [--rounds 3] [--workers 2] [--json out.json]
+    python benchmarks/record_codecs.py [--images 2000] [--rounds 3] [--workers 2] [--json out.json]
 """
 
 from __future__ import annotations
