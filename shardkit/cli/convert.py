@@ -194,6 +194,12 @@ def print_summary(summary: ConvertSummary, *, append: bool, started: float) -> N
         lines.insert(1, f"version      {summary.version}")
         lines.append(f"parts        {summary.parts} ({summary.parts_converted} converted by this run)")
         lines.append(f"commit       {c.seconds:.1f} s: shards {shard_ways(c)}")
+    if compression is not None:
+        from shardkit.converters.codec_report import compression_lines
+        from shardkit.formats import open_dataset
+
+        with open_dataset(summary.output) as ds:
+            lines += compression_lines(ds.meta)
     for k, v in summary.notes.items():
         lines.append(f"note         {k}: {v}")
     lines += [f"changed      {line}" for line in change_lines(summary.changes)]

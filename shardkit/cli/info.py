@@ -87,6 +87,9 @@ def info(
             return
         data = ds.info()
         data["unfinished"] = unfinished(ds.store)
+        from shardkit.converters.codec_report import compression_lines  # only here: info stays quick to import
+
+        compression = compression_lines(ds.meta)
     if as_json:
         echo_out(json.dumps(data, indent=2))
         return
@@ -97,7 +100,7 @@ def info(
         f"{data['payload']:<12} {tuple(data['shape'])} {data['dtype']}  ({human_bytes(data['record_bytes'])} each)",
         f"shards       {shard_line(data['shards'], data['records'], data['records_per_shard'])}, "
         f"{human_bytes(data['bytes'])} in all",
-        f"compression  {data['compression']['name'] if data['compression'] else 'none'}",
+        *compression,
     ]
     for name, spec in data["fields"].items():
         lines.append(f"field        {name} {tuple(spec['shape'])} {spec['dtype']}")

@@ -24,6 +24,7 @@ from typing import Any
 
 from shardkit._version import __version__
 from shardkit.converters.base import PROVENANCE, Converter, ScanResult, reason_category
+from shardkit.converters.codec_report import SAMPLE_KEY, auto_codec, codec_sample, sample_records
 from shardkit.converters.decoding import default_workers
 from shardkit.converters.executors import InlineExecutor, dask_executor, local_pool, slots, submit
 from shardkit.converters.main_guard import refuse_inside_worker_start
@@ -145,6 +146,9 @@ def _make_plan(conv: Converter, scan: ScanResult, store: Store, base: DatasetMet
         codec = None if base.compression is None else codec_from_json(base.compression)
     else:
         rps, size = shard_layout(conv, n, shard_bytes, records_per_shard)
+    if codec is not None:  # before any input is decoded: an image codec refuses audio records, and so on
+        record = conv.record_spec()
+        codec.check_record(record.shape, record.dtype, store.url)
     provenance = conv.provenance_spec(scan)
     fields = dataset_fields(conv, provenance)
     config = dataset_config(conv, scan, fields, provenance, rps, size, codec)
@@ -427,9 +431,16 @@ def _template(plan: _Plan) -> DatasetMeta:
         kind=conv.name, payload=conv.payload, record=conv.record_spec(), num_records=0,
         records_per_shard=plan.records_per_shard, fields=plan.fields, field_chunk=DEFAULT_FIELD_CHUNK,
         labels={}, compression=None if plan.codec is None else plan.codec.to_json(), transform=conv.transform(),
-        source={**conv.source(), "config_fingerprint": plan.fingerprint}, extra=conv.extra(),
+        source={**conv.source(), "config_fingerprint": plan.fingerprint, **_quality_sample(plan)}, extra=conv.extra(),
         created_by=f"shardkit {__version__}", provenance={"columns": list(plan.provenance.columns)},
     )
+
+
+def _quality_sample(plan: _Plan) -> dict[str, Any]:
+    """For a lossy codec, its PSNR on a sample of the corpus's records (``info`` shows it)."""
+    if plan.codec is None or not plan.codec.is_lossy():
+        return {}
+    return {SAMPLE_KEY: codec_sample(plan.codec, sample_records(plan.conv, plan.scan))}
 
 
 def convert_in_parts(
@@ -461,7 +472,8 @@ def convert_in_parts(
     output: Path | str = store.local_path() if store.is_local else store.url
     if staging_dir is not None and not store.is_local and not Path(staging_dir).is_dir():
         raise ConversionError(f"staging_dir: expected an existing directory, found {str(staging_dir)!r}")
-    codec = get_codec(compression)
+    auto = compression is not None and compression.strip().lower() == "auto"
+    codec = None if auto else get_codec(compression)
     lock = _OutputLock(store)
     try:
         lock.acquire()  # an append's dataset is there: held before its metadata is read
@@ -476,6 +488,10 @@ def convert_in_parts(
             raise strict_stop(scan.skipped[0].path, scan.skipped[0].reason)
         for s in scan.skipped:
             logger.info("skipped %s: %s", s.path, s.reason)
+        if auto and base is None:
+            codec, lines = auto_codec(conv, scan)
+            for line in lines:
+                logger.warning("--compression auto: %s", line)
         plan = _make_plan(conv, scan, store, base, shard_bytes=shard_bytes, records_per_shard=records_per_shard,
                           codec=codec, part_size=part_size, single=single)
         n_parts = 0 if single else len(plan.ranges)

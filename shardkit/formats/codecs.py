@@ -1,5 +1,7 @@
 """Per-record compression codecs, by name: zarr v3's ``zstd``, ``gzip`` and ``blosc`` byte streams,
-one record each, and :func:`decode_record`, the one decode every reader uses (docs/design.md §3, *Codecs*).
+one record each, the image and audio codecs of :mod:`~shardkit.formats.media_codecs` (``jpeg``, ``png``,
+``webp``, ``jpegxl``, ``flac``), and :func:`decode_record`, the one decode every reader uses
+(docs/design.md §3, *Codecs*).
 """
 
 from __future__ import annotations
@@ -22,8 +24,14 @@ class RecordCodec(ABC):
 
     #: Registry name, also the value of ``--compression``.
     name: ClassVar[str]
-    #: Name of the zarr v3 bytes-to-bytes codec with the same byte stream.
+    #: Name of the zarr v3 bytes-to-bytes codec with the same byte stream (array-to-bytes when
+    #: :attr:`array_to_bytes`: the codec replaces zarr's ``bytes`` codec).
     zarr_name: ClassVar[str]
+    #: True for codecs that turn a record array into bytes themselves (images, audio), False for
+    #: compressors of the record's raw little-endian bytes.
+    array_to_bytes: ClassVar[bool] = False
+    #: True when a decoded record may differ from the one encoded (``convert`` then reports PSNR).
+    lossy: ClassVar[bool] = False
 
     @classmethod
     @abstractmethod
@@ -45,6 +53,27 @@ class RecordCodec(ABC):
     @abstractmethod
     def to_json(self) -> dict[str, Any]:
         """Configuration stored in the group attributes; ``codec_from_json`` reverses it."""
+
+    def is_lossy(self) -> bool:
+        """True when this configuration may decode to other values than encoded (:attr:`lossy`, unless lossless)."""
+        return self.lossy
+
+    def check_record(self, shape: tuple[int, ...], dtype: str, where: str) -> None:
+        """Refuse records this codec cannot store (a SchemaError naming ``where``, the shape and dtype
+        expected and found); compressors of raw bytes take any record."""
+        return
+
+    def zarr_inner_codecs(self, itemsize: int) -> list[dict[str, Any]]:
+        """The whole zarr v3 inner-chunk codec list: ``bytes`` (little-endian) and :meth:`zarr_codecs`."""
+        return [{"name": "bytes", "configuration": {"endian": "little"}}, *self.zarr_codecs(itemsize)]
+
+    @classmethod
+    def parse_argument(cls, argument: str) -> dict[str, Any]:
+        """The configuration ``--compression NAME:ARGUMENT`` means (here: ``ARGUMENT`` is the level)."""
+        try:
+            return {"level": int(argument)}
+        except ValueError:
+            raise ConfigError(f"compression {cls.name!r}: expected {cls.name}:LEVEL (an integer), found {argument!r}") from None
 
 
 _REGISTRY: dict[str, type[RecordCodec]] = {}
@@ -69,12 +98,16 @@ def available_codecs() -> list[str]:
 
 
 def get_codec(name: str | None, **config: Any) -> RecordCodec | None:
-    """Instantiate the codec ``name``; ``None`` or ``"none"`` means uncompressed."""
+    """Instantiate the codec ``name``; ``None`` or ``"none"`` means uncompressed. ``NAME:ARGUMENT``
+    (``jpeg:90``, ``webp:lossless``, ``zstd:9``) is the codec's :meth:`~RecordCodec.parse_argument`."""
     if name is None or name == "none":
         return None
+    name, colon, argument = name.partition(":")
     cls = _REGISTRY.get(name)
     if cls is None:
         raise ConfigError(f"unknown compression {name!r}: expected one of {', '.join(available_codecs())}")
+    if colon:
+        config = {**cls.parse_argument(argument), **config}
     try:
         return cls(**config)
     except TypeError as exc:
@@ -212,20 +245,27 @@ def codec_from_zarr(codecs: Any, *, where: str) -> RecordCodec | None:
     else (transpose, big-endian, an unregistered codec) is a NotADatasetError, never decoded wrongly."""
     if not isinstance(codecs, list) or not all(isinstance(c, dict) for c in codecs):
         raise NotADatasetError(f"{where}: expected a list of codec objects, found {codecs!r}"[:300])
-    if not codecs or codecs[0].get("name") != "bytes":
-        raise NotADatasetError(f"{where}: expected the 'bytes' codec first, found {codecs[:1]}")
-    endian = (codecs[0].get("configuration") or {}).get("endian", "little")
-    if endian != "little":
-        raise NotADatasetError(f"{where}: expected little-endian records, found endian={endian!r}")
-    rest = codecs[1:]
-    if not rest:
-        return None
-    if len(rest) > 1:
-        raise NotADatasetError(f"{where}: expected at most one compressor, found {[c.get('name') for c in rest]}")
+    first = codecs[0].get("name") if codecs else None
+    serializer = _ZARR_REGISTRY.get(first) if isinstance(first, str) else None
+    if serializer is not None and serializer.array_to_bytes:
+        if len(codecs) > 1:  # an image or audio stream is the record: nothing may follow it
+            raise NotADatasetError(f"{where}: expected {first!r} alone, found {[c.get('name') for c in codecs]}")
+        rest = codecs
+    else:
+        if first != "bytes":
+            raise NotADatasetError(f"{where}: expected the 'bytes' codec first, found {codecs[:1]}")
+        endian = (codecs[0].get("configuration") or {}).get("endian", "little")
+        if endian != "little":
+            raise NotADatasetError(f"{where}: expected little-endian records, found endian={endian!r}")
+        rest = codecs[1:]
+        if not rest:
+            return None
+        if len(rest) > 1:
+            raise NotADatasetError(f"{where}: expected at most one compressor, found {[c.get('name') for c in rest]}")
     name = rest[0].get("name")
     conf = rest[0].get("configuration") or {}
     cls = _ZARR_REGISTRY.get(name) if isinstance(name, str) else None
-    if cls is None:
+    if cls is None or (cls.array_to_bytes and rest is not codecs):
         raise NotADatasetError(f"{where}: unsupported zarr codec {name!r} (shardkit reads {', '.join(sorted(_ZARR_REGISTRY))})")
     if not isinstance(conf, dict):
         raise NotADatasetError(f"{where}: codec {name!r}: expected a configuration object, found {conf!r}")
@@ -284,3 +324,7 @@ def _level(level: Any, name: str) -> int:
     if not isinstance(level, int) or isinstance(level, bool):
         raise ConfigError(f"compression {name!r}: level must be an integer, found {level!r}")
     return level
+
+
+# The image and audio codecs register themselves (their libraries are imported only when used).
+from shardkit.formats import media_codecs  # noqa: E402, F401

@@ -85,6 +85,8 @@ class Dataset(Closing):
         cache_stats: ReadStats | None = None,
         version: int | None = None,
         opened: Mapping[str, DatasetDocuments] | None = None,
+        decode_workers: int = 0,
+        decode: bool = True,
     ) -> None:
         self.store: Store = open_store(path, store_options)
         #: The local cache of remote shards (``cache_dir``), or None.
@@ -121,6 +123,8 @@ class Dataset(Closing):
                                               gap_bytes=remote_gap_bytes, document_digest=payload_digest, cache=self.cache,
                                               cache_stats=cache_stats,
                                               document=None if known is None else known.payload_document)
+        self.payload.use_decoders(decode_workers)
+        self.payload.decode = decode
         if (self.payload.records_per_shard != self.meta.records_per_shard
                 or (self.payload.codec is None) != (self.meta.compression is None)):
             raise NotADatasetError(

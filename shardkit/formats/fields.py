@@ -181,4 +181,7 @@ def _check_field_document(
     sep = jv.mapping(encoding.get("configuration") or {}, "chunk_key_encoding.configuration", where).get("separator", "/")
     if encoding.get("name") != "default" or sep != "/":
         raise NotADatasetError(f"{where}: expected the 'default' chunk key encoding with '/', found {encoding}")
-    return codec_from_zarr(doc.get("codecs", []), where=where)
+    codec = codec_from_zarr(doc.get("codecs", []), where=where)
+    if codec is not None and codec.array_to_bytes:  # an image or audio stream holds one record, not a chunk of values
+        raise NotADatasetError(f"{where}: a field is stored with bytes [+ a compressor], found {codec.zarr_name!r}")
+    return codec

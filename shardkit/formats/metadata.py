@@ -319,7 +319,7 @@ def array_metadata(
     """zarr v3 array metadata: with ``inner_chunk_shape`` sharded (``chunk_shape`` is the shard shape,
     one record per inner chunk, index at the end with crc32c), else plain chunks; ``bytes`` + codec."""
     little = {"name": "bytes", "configuration": {"endian": "little"}}
-    inner: list[dict[str, Any]] = [little, *(codec.zarr_codecs(itemsize) if codec is not None else [])]
+    inner: list[dict[str, Any]] = [little] if codec is None else codec.zarr_inner_codecs(itemsize)
     codecs = inner
     if inner_chunk_shape is not None:
         codecs = [{"name": "sharding_indexed", "configuration": {

@@ -13,6 +13,7 @@ import math
 import os
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from shardkit.errors import (
     ChecksumError,
     ConfigError,
     CorruptIndexError,
+    CorruptShardError,
     MissingShardError,
     NotADatasetError,
     SchemaError,
@@ -71,6 +73,10 @@ PLAN_RECORDS = 1 << 16
 _COMPARE_WORDS = 1 << 17
 #: Size of the bounce buffer that small records are read through, per run.
 BOUNCE_BYTES = 4 << 20
+#: Compressed records one decode job takes (see :meth:`PayloadArray.use_decoders`): enough to make the
+#: hand-off (~20 µs) small against decoding (~300 µs per 224x224 JPEG), few enough that a run of one
+#: block's records is shared by every decoder.
+DECODE_JOB_RECORDS = 8
 #: Alignment of every destination buffer :meth:`PayloadArray.empty` allocates: a page, so a buffer
 #: can take ``O_DIRECT`` reads and TensorFlow (which wants 64 bytes) shares it without a copy.
 BUFFER_ALIGNMENT = 4096
@@ -389,6 +395,16 @@ class PayloadArray:
         self._shard_names: dict[int, str] = {}
         self._lock = threading.Lock()
         self._scratch = np.empty(max(self.gap_bytes, 1), dtype=np.uint8)
+        self.decode_workers = 0
+        self._decoders: ThreadPoolExecutor | None = None
+        #: False: compressed records are not decoded, their stored bytes start their rows (zeros after).
+        self.decode = True
+
+    def use_decoders(self, workers: int) -> None:
+        """Decode compressed records on ``workers`` threads (0: in the reading thread), so the reading
+        thread goes on to the next run while the records it read are decoded into their rows (the
+        codecs release the GIL). Only compressed arrays start threads."""
+        self.decode_workers = max(0, int(workers))
 
     def _init_layout(
         self, doc: dict[str, Any], where: str, array_name: str, shards: list[ShardInfo] | None
@@ -833,24 +849,68 @@ class PayloadArray:
             offset += want
 
     def _read_compressed(self, plan: _Plan, rows: list[np.ndarray]) -> None:
-        """Compressed records: each run is read whole into a temporary, each record decoded into its row."""
+        """Compressed records: each run is read whole into a temporary, each record decoded into its row,
+        by the decode threads when there are some (:meth:`use_decoders`) while the next run is read.
+        Returns once every record is decoded; on an error, once no decoder still writes into ``rows``."""
         assert self.codec is not None
-        for a, b in plan.runs():
-            i = int(plan.shard[a])
-            path = self._shard_str(i)
-            start = int(plan.offs[a])
-            length = int(plan.offs[b - 1] + plan.sizes[b - 1]) - start
-            buf = np.empty(length, dtype=np.uint8)
-            view = buf.data
-            self._preadv_all(self._fd(i), path, [view], start)
-            for off, size, w, r in zip((plan.offs[a:b] - start).tolist(), plan.sizes[a:b].tolist(),
-                                       plan.which[a:b].tolist(), plan.row[a:b].tolist()):  # fmt: skip
-                self._decode(i, start + off, view[off : off + size], rows[w][r])
+        pool = self._decode_pool()
+        jobs: list[Future[None]] = []
+        try:
+            for a, b in plan.runs():
+                i = int(plan.shard[a])
+                path = self._shard_str(i)
+                start = int(plan.offs[a])
+                length = int(plan.offs[b - 1] + plan.sizes[b - 1]) - start
+                buf = np.empty(length, dtype=np.uint8)
+                view = buf.data
+                self._preadv_all(self._fd(i), path, [view], start)
+                if pool is None:
+                    self._decode_span(plan, rows, i, start, view, a, b)
+                    continue
+                for c in range(a, b, DECODE_JOB_RECORDS):
+                    jobs.append(pool.submit(self._decode_span, plan, rows, i, start, view, c, min(c + DECODE_JOB_RECORDS, b)))
+        finally:
+            wait(jobs)
+        for job in jobs:
+            job.result()  # the first error, in read order
+
+    def _decode_span(self, plan: _Plan, rows: list[np.ndarray], i: int, start: int, view: memoryview, a: int, b: int) -> None:
+        """Decode records ``a:b`` of ``plan`` (shard ``i``; their run's bytes are ``view``, from byte ``start``)."""
+        for off, size, w, r in zip((plan.offs[a:b] - start).tolist(), plan.sizes[a:b].tolist(),
+                                   plan.which[a:b].tolist(), plan.row[a:b].tolist()):  # fmt: skip
+            self._decode(i, start + off, view[off : off + size], rows[w][r])
+
+    def _decode_pool(self) -> ThreadPoolExecutor | None:
+        """The decode threads (started on first use), or None to decode in the reading thread."""
+        if self.decode_workers <= 0:
+            return None
+        pool = self._decoders
+        if pool is None:
+            with self._lock:
+                pool = self._decoders
+                if pool is None:
+                    pool = self._decoders = ThreadPoolExecutor(self.decode_workers, thread_name_prefix="shardkit-decode")
+        return pool
 
     def _decode(self, i: int, offset: int, data: bytes | memoryview, out: np.ndarray) -> None:
         """Decode the compressed record at byte ``offset`` of shard ``i`` into ``out``, naming it on error."""
         assert self.codec is not None
+        if not self.decode:
+            self._keep_stored(i, offset, data, out)
+            return
+        if self.codec.array_to_bytes:  # an image or audio stream decodes into the record's shape (a view of the row)
+            out = out.view(self.dtype).reshape(self.record.shape)
         decode_record(self.codec, data, out, where=self._shard_str(i), what=lambda: self._record_name(i, offset))
+
+    def _keep_stored(self, i: int, offset: int, data: bytes | memoryview, out: np.ndarray) -> None:
+        """The stored bytes of a record into its row (``decode`` off), zeros after them."""
+        flat = out.reshape(-1).view(np.uint8)
+        n = len(data)
+        if n > flat.nbytes:
+            raise CorruptShardError(f"{self._shard_str(i)}: {self._record_name(i, offset)} is stored in {n} bytes, more than "
+                                    f"the {flat.nbytes} bytes of a decoded record: it cannot be handed over undecoded")
+        flat[:n] = np.frombuffer(data, np.uint8)
+        flat[n:] = 0
 
     def _record_name(self, i: int, offset: int) -> str:
         """Shard ``i``'s record stored at byte ``offset``, for messages (looked up in the index only
@@ -926,11 +986,14 @@ class PayloadArray:
         return np.memmap(self.shard_path(i), dtype=self.dtype, mode="r", shape=(count, *self.record.shape))
 
     def close(self) -> None:
-        """Close every open shard file."""
+        """Close every open shard file and stop the decode threads."""
         with self._lock:
             for fd in self._fds.values():
                 os.close(fd)
             self._fds.clear()
+            pool, self._decoders = self._decoders, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):

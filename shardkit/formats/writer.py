@@ -112,6 +112,8 @@ class ShardWriter:
         self.capacity = int(capacity)
         self.record = record
         self.codec = codec
+        if codec is not None:
+            codec.check_record(record.shape, record.dtype, str(self.path))
         self.durable = durable
         self.count = 0
         self._offset = 0
@@ -370,6 +372,8 @@ class DatasetWriter:
             self.codec = codec_from_json(compression)
         else:
             self.codec = compression
+        if self.codec is not None:
+            self.codec.check_record(record.shape, record.dtype, self.where)
         self.records_per_shard = int(records_per_shard or records_per_shard_for(record.nbytes, shard_bytes))
         if not 1 <= self.records_per_shard <= MAX_RECORDS_PER_SHARD:
             raise SchemaError(f"records_per_shard must be in [1, {MAX_RECORDS_PER_SHARD}], found {self.records_per_shard}")

@@ -200,6 +200,17 @@ def _cache_dir(value: object, what: str) -> Path | Literal["auto"] | None:
     return path_or_none(value, what)
 
 
+def _decode(value: Any, what: str) -> bool | str:
+    """True (decode on the CPU), False (the stored bytes) or ``"cuda"``; the CLI's cpu/stored/cuda too."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("true", "cpu", "false", "stored", "cuda"):
+        v = value.strip().lower()
+        return "cuda" if v == "cuda" else v in ("true", "cpu")
+    raise ConfigError(f"{what}: expected True (decode on the CPU), False (the stored bytes and their lengths) or "
+                      f"'cuda' (on the command line: cpu, stored or cuda), found {value!r}")
+
+
 def _optional_bytes(value: Any, what: str) -> int | None:
     return None if value is None else parse_bytes(value, what=what)
 
@@ -330,6 +341,19 @@ class SamplerOptions(UserOptions):
         None, "Storage", _optional_bytes,
         help="Budget of the cache in bytes (e.g. 50GiB). Default: with --cache-dir DIR the whole dataset; with "
              "auto the dataset's size if that leaves 10% of the disk and at least 1GiB free, else what fits.")
+    decode_workers: int | None = option(
+        None, "Storage", _count(0, optional=True), cli_type=int,
+        help="Threads that decode compressed records (jpeg, png, webp, flac, zstd, ...) straight into the batch "
+             "buffers while the next records are read; 0 decodes in the reading thread. Default: one per CPU this "
+             "process may use.",
+        doc="See docs/design.md §4 (*Decoding*).")
+    decode: bool | str = option(
+        True, "Storage", _decode, show=lambda v: {True: "cpu", False: "stored"}.get(v, v),
+        help="cpu (True in Python): batches hold decoded records. stored (False): each record's stored bytes "
+             "(a jpeg stream, ...) at the start of its row, the payload as uint8 [B, record bytes], and "
+             "<payload>_nbytes [B] their lengths, to decode elsewhere. cuda: the torch adapter decodes JPEG "
+             "batches on the GPU (torchvision.io.decode_jpeg); an error where there is no CUDA device.",
+        doc="See docs/design.md §4 (*Decoding*).")
 
     KIND = "sampler option"
 
@@ -398,7 +422,15 @@ class SamplerOptions(UserOptions):
             "store_options": self.store,
             "cache_dir": None if self.cache_dir == "auto" else self.cache_dir,
             "cache_size": self.cache_size,
+            "decode_workers": self.decoders(),
+            "decode": self.decode is True,
         }
+
+    def decoders(self) -> int:
+        """``decode_workers`` resolved: the CPUs this process may run on when not given."""
+        if self.decode_workers is not None:
+            return self.decode_workers
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
     # ------------------------------------------------------------------ resolution
     def tier_sizes(self, record_nbytes: int, num_records: int, num_keys: int | None = None) -> TierSizes:

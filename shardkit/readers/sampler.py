@@ -21,6 +21,7 @@ from shardkit.closing import Closing
 from shardkit.errors import ConfigError, OutOfSpaceError, SamplerError, ShardkitError
 from shardkit.formats import Dataset
 from shardkit.formats.dataset import DatasetDocuments
+from shardkit.formats.media_codecs import cuda_decoder, stored_nbytes, stored_nbytes_field
 from shardkit.order.locality import NodeLayout, NodePartition, local_shape, node_partition
 from shardkit.order.mixture import PlanOrder
 from shardkit.order.schedule import (
@@ -124,6 +125,8 @@ class TieredSampler(Closing):
         for line in self.remote_cache.describe():
             logger.info("%s: %s", location_string(source.paths[0]), line)
         self.options = opts
+        if opts.decode == "cuda":
+            cuda_decoder()  # an explicit error where there is no CUDA device: never a silent CPU fallback
         regions = self._open(source)
         self.sizes: TierSizes = opts.tier_sizes(self.record_nbytes, self.num_records, self.num_keys)
         #: ``"exact"`` or ``"feistel"``: how ``epoch`` mode draws its slot orders for this source.
@@ -191,6 +194,8 @@ class TieredSampler(Closing):
                         remember(part, ds.documents, ds.store.location)
                     key = node.dataset_key(p, part.fingerprint) if opts.node_sharing else None
                     f, r = node.node_fields(ds, key)
+                    if opts.decode is not True:
+                        f = {**f, stored_nbytes_field(ds.meta.payload): stored_nbytes(ds)}
             except ShardkitError:
                 part.settle()  # fields of a dataset replaced since its documents were read: say that
                 raise
@@ -316,6 +321,8 @@ class TieredSampler(Closing):
         ``dataset``)."""
         rec = self._record
         spec: ElementSpec = {self.payload_name: (tuple(rec.shape), np.dtype(rec.dtype))}
+        if self.options.decode is not True:  # the stored bytes (see stored_nbytes)
+            spec[self.payload_name] = ((rec.nbytes,), np.dtype(np.uint8))
         for name, values in self.fields.items():
             spec[name] = (tuple(values.shape[1:]), values.dtype)
         spec["key"] = ((), np.dtype(np.int64))
@@ -467,7 +474,7 @@ class TieredSampler(Closing):
             end = self._end_epoch()
         pipeline = self._pipeline(end)
         supply = None if pipeline is None else _Settled(pipeline, self.identity)
-        return self._run.start(_Run(self, supply, self._pool))
+        return self._run.start(_Run(self, supply, self._pool, stored=self.options.decode is not True))
 
     def _pipeline(self, end: int | None) -> Pipeline | None:
         """The background half of an iteration up to epoch ``end`` (``None`` when nothing is left)."""
@@ -594,8 +601,10 @@ class _Run:
     """One iteration: the consumer end of a :class:`BatchSupply`. The background threads never
     reference it, so dropping the iterator finalizes it, which stops the supply."""
 
-    def __init__(self, owner: RunOwner, supply: BatchSupply | None, pool: BatchPool | None) -> None:
+    def __init__(self, owner: RunOwner, supply: BatchSupply | None, pool: BatchPool | None, *, stored: bool = False) -> None:
         self._s = owner
+        #: Batches carry the records' stored bytes (``decode`` off): the payload is handed over as uint8 rows.
+        self._stored = stored
         self._pool = pool
         self._done = supply is None
         self._supply = supply
@@ -621,6 +630,9 @@ class _Run:
                             pool.hand_over(buffer)  # from now on, references decide its reuse
                         s._reached(epoch, position)
                         out = dict(batch)
+                        if self._stored:  # the rows as bytes: each record's stored stream first
+                            rows = out[s.payload_name]
+                            out[s.payload_name] = rows.reshape(rows.shape[0], -1).view(np.uint8)
                         s.stats.add_busy("handover", time.perf_counter() - t1)
                         s.stats.add_delivered(int(batch["key"].shape[0]), batch[s.payload_name].nbytes, t1 - t0)
                         return out

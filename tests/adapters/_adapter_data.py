@@ -140,4 +140,6 @@ OPTION_CASES: dict[str, dict[str, object]] = {
     **{flat: {flat: STORE_CASES[key]} for flat, (_, key, _) in SamplerOptions.flat_options().items()},
     "cache_dir": {"cache_dir": "/tmp/shardkit-option-case"},
     "cache_size": {"cache_size": "1GiB"},
+    "decode_workers": {"decode_workers": 3},
+    "decode": {"decode": "stored"},
 }

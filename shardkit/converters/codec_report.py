@@ -1,0 +1,125 @@
+"""What a per-record codec does to a corpus: the PSNR of a lossy codec on a sample of records (stored in
+the dataset's metadata so ``info`` shows it next to the ratio), and ``--compression auto``, which picks a
+lossless codec and tells the user the size every image option would have given (docs/design.md §5).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import numpy as np
+
+from shardkit.converters.base import Converter, ScanResult
+from shardkit.errors import ShardkitError
+from shardkit.formats import DatasetMeta
+from shardkit.formats.codecs import RecordCodec, get_codec
+from shardkit.formats.spec import index_nbytes
+from shardkit.units import human_bytes
+
+__all__ = ["SAMPLE_RECORDS", "sample_records", "codec_sample", "auto_codec", "compression_lines", "IMAGE_OPTIONS"]
+
+logger = logging.getLogger(__name__)
+
+#: Records (one per input, spread over the corpus) a quality sample decodes.
+SAMPLE_RECORDS = 32
+#: What ``--compression auto`` measures on images (lossless ones are the candidates it picks from).
+IMAGE_OPTIONS = ("jpeg:90", "webp:90", "jpegxl:90", "png", "webp:lossless", "jpegxl:lossless", "zstd")
+#: Lossless options auto shows but does not pick: libjxl's lossless encoder takes seconds per 224x224
+#: image on this class of machine (docs/design.md §5), too slow to pick without the user asking.
+SLOW_ENCODERS = ("jpegxl:lossless",)
+#: The source metadata key of the quality sample.
+SAMPLE_KEY = "compression_sample"
+
+
+def sample_records(conv: Converter, scan: ScanResult, n: int = SAMPLE_RECORDS) -> np.ndarray:
+    """The first record of up to ``n`` inputs spread evenly over the corpus, ``[k, *record]`` (inputs the
+    decoder skips are left out; the conversion reports those)."""
+    items = scan.items
+    picks = sorted({int(i) for i in np.linspace(0, len(items) - 1, num=min(n, len(items)))}) if items else []
+    decoder = conv.decoder
+    out: list[np.ndarray] = []
+    for i in picks:
+        try:
+            decoded = decoder.decode(items[i])
+        except ShardkitError:
+            continue
+        if decoded.records:
+            out.append(np.ascontiguousarray(decoded.records[0][conv.payload]))
+    spec = conv.record_spec()
+    return np.stack(out) if out else np.empty((0, *spec.shape), dtype=spec.dtype)
+
+
+def _psnr(a: np.ndarray, b: np.ndarray, peak: float) -> float:
+    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+    return math.inf if mse == 0 else 10 * math.log10(peak * peak / mse)
+
+
+def codec_sample(codec: RecordCodec, records: np.ndarray) -> dict[str, Any]:
+    """Encode and decode ``records`` with ``codec``: their count, stored/decoded ratio, and mean and
+    lowest PSNR in dB (``None`` when every record came back exactly)."""
+    if not len(records):
+        return {"records": 0}
+    stored = 0
+    scores: list[float] = []
+    peak = float(np.iinfo(records.dtype).max) if records.dtype.kind in "ui" else 1.0
+    out = np.empty_like(records[0])
+    for rec in records:
+        blob = codec.encode(rec)
+        stored += len(blob)
+        codec.decode(blob, out)
+        scores.append(_psnr(rec, out, peak))
+    finite = [s for s in scores if math.isfinite(s)]
+    return {
+        "records": len(records),
+        "ratio": round(records.nbytes / max(1, stored), 3),
+        "psnr_db": round(float(np.mean(finite)), 2) if finite else None,
+        "min_psnr_db": round(min(finite), 2) if finite else None,
+    }
+
+
+def auto_codec(conv: Converter, scan: ScanResult) -> tuple[RecordCodec | None, list[str]]:
+    """``--compression auto``: audio gets flac (int16) or zstd; images the smallest lossless option on a
+    sample (no quality is lost without the user asking); the lines say what every option would give."""
+    spec = conv.record_spec()
+    records = sample_records(conv, scan)
+    is_image = spec.dtype == "uint8" and len(spec.shape) == 3 and spec.shape[2] in (1, 3, 4)
+    names = IMAGE_OPTIONS if is_image else (("flac", "zstd") if spec.dtype == "int16" else ("zstd",))
+    lines: list[str] = []
+    best: tuple[float, RecordCodec] | None = None
+    raw = max(1, records.nbytes) * max(1, len(scan.items)) / max(1, len(records))
+    for name in names:
+        codec = get_codec(name)
+        assert codec is not None
+        try:
+            codec.check_record(spec.shape, spec.dtype, str(conv.src))
+        except ShardkitError:
+            continue
+        s = codec_sample(codec, records)
+        ratio = float(s.get("ratio") or 1.0)
+        quality = "lossless" if s.get("psnr_db") is None else f"PSNR {s['psnr_db']} dB (lowest {s['min_psnr_db']})"
+        lines.append(f"{name:<16} {ratio:5.2f}x  about {human_bytes(int(raw / ratio))}  {quality}")
+        if s.get("psnr_db") is None and name not in SLOW_ENCODERS and (best is None or ratio > best[0]):
+            best = (ratio, codec)
+    chosen = None if best is None else best[1]
+    lines.append(f"auto chose {chosen.to_json() if chosen else 'none'} (the smallest fast lossless option; "
+                 f"pass --compression NAME for another)")
+    return chosen, lines
+
+
+def compression_lines(meta: DatasetMeta) -> list[str]:
+    """The dataset's codec, achieved ratio (decoded / stored record bytes) and, for a lossy codec, the
+    PSNR measured on a sample at conversion (what ``convert`` and ``info`` print)."""
+    if meta.compression is None:
+        return ["compression  none"]
+    config = ", ".join(f"{k}={v}" for k, v in meta.compression.items() if k != "name")
+    decoded = meta.num_records * meta.record.nbytes
+    stored = sum(max(0, s.nbytes - index_nbytes(meta.records_per_shard)) for s in meta.shards)
+    ratio = f"{decoded / stored:.2f}x ({human_bytes(stored)} stored for {human_bytes(decoded)} decoded)" if stored else "no records"
+    lines = [f"compression  {meta.compression['name']}" + (f" ({config})" if config else "") + f": {ratio}"]
+    sample = meta.source.get(SAMPLE_KEY)
+    if isinstance(sample, dict) and sample.get("psnr_db") is not None:
+        lines.append(f"quality      PSNR {sample['psnr_db']} dB on average, lowest {sample['min_psnr_db']} dB, "
+                     f"over {sample['records']} sampled records")
+    return lines
