@@ -164,12 +164,13 @@ def convert(
             src, output, kind, workers=workers, strict=strict, overwrite=overwrite, compression=compression,
             progress=progress, naming="cli", append=append, staging_dir=staging_dir, **extra, **options,
         )
-    print_summary(summary, append=append, started=t0)
+    print_summary(summary, append=append, started=t0, compression=compression)
 
 
-def print_summary(summary: ConvertSummary, *, append: bool, started: float) -> None:
+def print_summary(summary: ConvertSummary, *, append: bool, started: float, compression: str | None = None) -> None:
     """The summary of a conversion on stdout (``convert`` and ``write``): records, skips, bytes, speed,
-    and for a run in parts its version, parts and commit; ``started``: ``time.perf_counter()`` at the start."""
+    and for a run in parts its version, parts and commit, and with ``compression`` what the codec achieved;
+    ``started``: ``time.perf_counter()`` at the start."""
     from shardkit.converters.provenance import change_lines
 
     t0 = started

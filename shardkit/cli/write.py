@@ -118,7 +118,7 @@ def write(
             function, items, output, record=record, fields=keys, workers=workers, strict=strict, overwrite=overwrite,
             compression=compression, progress=progress, naming="cli", append=append, staging_dir=staging_dir, **extra,
         )
-    print_summary(summary, append=append, started=t0)
+    print_summary(summary, append=append, started=t0, compression=compression)
 
 
 write.__signature__ = inspect.Signature(_parameters(), return_annotation=None)  # type: ignore[attr-defined]
