@@ -256,21 +256,43 @@ class _Rows:
         self.arrays[int(self.which[j])][int(self.row[j])] = value
 
 
-def _scatter_rows(rows: list[np.ndarray], which: np.ndarray, row: np.ndarray, piece: np.ndarray) -> None:
-    """``rows[which[j]][row[j]] = piece[j]`` for every ``j``: one fancy-indexed copy per destination
-    buffer, the records grouped by buffer with one stable sort (not one pass over ``which`` per buffer)."""
+class ByteRows(list[np.ndarray]):
+    """A request's destination buffers as ``[n, record_nbytes]`` uint8 rows, with each buffer's
+    opaque-record view (:func:`_records`) made once per request, not once per buffer and piece (a
+    block of small records is hundreds of batch buffers scattered into from every piece)."""
+
+    def __init__(self, rows: list[np.ndarray]) -> None:
+        super().__init__(rows)
+        self._views: dict[int, np.ndarray] = {}
+
+    def records(self, i: int) -> np.ndarray:
+        """Buffer ``i`` as opaque records (cached for this request)."""
+        view = self._views.get(i)
+        if view is None:
+            view = self._views[i] = _records(self[i])
+        return view
+
+
+def _scatter_rows(rows: list[np.ndarray], which: np.ndarray, row: np.ndarray, piece: np.ndarray,
+                  take: np.ndarray | None = None) -> None:
+    """``rows[which[j]][row[j]] = piece[take[j]]`` (``piece[j]`` without ``take``) for every ``j``:
+    one fancy-indexed copy per destination buffer, the records grouped by buffer with one stable
+    sort (not one pass over ``which`` per buffer), gathered from ``piece`` once."""
     if which.size == 0:
         return
+    recs = rows.records if isinstance(rows, ByteRows) else (lambda i: _records(rows[i]))
+    src_all = _records(piece)
     w0 = int(which[0])
     if np.all(which == w0):
-        _records(rows[w0])[row] = _records(piece)
+        recs(w0)[row] = src_all if take is None else src_all[take]
         return
     # A stable sort of small integers is a radix sort (several times faster than of int64).
     by = np.argsort(which.astype(np.int16) if len(rows) <= 1 << 15 else which, kind="stable")
-    grouped, dst, src = which[by], row[by], _records(piece)[by]  # then one fancy-indexed copy per buffer
+    grouped, dst = which[by], row[by]  # then one fancy-indexed copy per buffer
+    src = src_all[by if take is None else take[by]]
     cuts = np.flatnonzero(grouped[1:] != grouped[:-1]) + 1
     for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), by.size]):
-        _records(rows[int(grouped[lo])])[dst[lo:hi]] = src[lo:hi]
+        recs(int(grouped[lo]))[dst[lo:hi]] = src[lo:hi]
 
 
 def _records(rows: np.ndarray) -> np.ndarray:
@@ -342,9 +364,9 @@ class SortedRequest:
         return cls(sorted_keys[~dup], order[~dup], order, dup)
 
     @staticmethod
-    def byte_rows(dest: Destination) -> list[np.ndarray]:
+    def byte_rows(dest: Destination) -> ByteRows:
         """``dest``'s buffers as ``[n, record_nbytes]`` uint8 rows (what the read plans write)."""
-        return [b.reshape(b.shape[0], -1).view(np.uint8) for b in dest.buffers]
+        return ByteRows([b.reshape(b.shape[0], -1).view(np.uint8) for b in dest.buffers])
 
     def copy_duplicates(self, dest: Destination, rows: list[np.ndarray]) -> None:
         """Copy each duplicate from its first occurrence, once every distinct record was read (runs
@@ -866,14 +888,14 @@ class PayloadArray:
                 length = int(plan.offs[c - 1]) + rec - base
                 self._preadv_all(fd, path, [bounce.data[:length]], base)
                 rel = plan.offs[a:c] - base
+                take = None
                 if np.any(rel % rec):  # records not on a record grid (a bare array): one row each
                     piece = np.stack([bounce[o : o + rec] for o in rel.tolist()])
                 elif rel[-1] == (c - a - 1) * rec:  # no gaps: the bounce buffer itself, as records
                     piece = bounce[: length].reshape(-1, rec)
-                else:  # [c - a, rec]: each record's bytes, gaps dropped (one small copy)
-                    piece = _records(bounce[: (length // rec) * rec].reshape(-1, rec))[rel // rec]
-                    piece = piece.view(np.uint8).reshape(-1, rec)
-                _scatter_rows(rows, plan.which[a:c], plan.row[a:c], piece)
+                else:  # the bounce buffer as records, each wanted one taken by its index (gaps skipped)
+                    piece, take = bounce[: (length // rec) * rec].reshape(-1, rec), rel // rec
+                _scatter_rows(rows, plan.which[a:c], plan.row[a:c], piece, take)
                 a = c
 
     def _preadv_all(self, fd: int, path: str, buffers: list[memoryview], offset: int) -> None:
