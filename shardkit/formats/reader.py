@@ -52,7 +52,7 @@ from shardkit.stores import LocalStore
 from shardkit.stores.local import open_regular
 
 __all__ = ["ReadStats", "PayloadArray", "ShardedLayout", "Destination", "aligned_empty", "DEFAULT_GAP_BYTES", "BUFFER_ALIGNMENT",
-           "SCATTER_MIN_BYTES"]
+           "SCATTER_MIN_BYTES", "SortScratch", "SortedRequest"]
 
 logger = logging.getLogger(__name__)
 
@@ -262,21 +262,43 @@ class _Rows:
         self.arrays[int(self.which[j])][int(self.row[j])] = value
 
 
-def _scatter_rows(rows: list[np.ndarray], which: np.ndarray, row: np.ndarray, piece: np.ndarray) -> None:
-    """``rows[which[j]][row[j]] = piece[j]`` for every ``j``: one fancy-indexed copy per destination
-    buffer, the records grouped by buffer with one stable sort (not one pass over ``which`` per buffer)."""
+class ByteRows(list[np.ndarray]):
+    """A request's destination buffers as ``[n, record_nbytes]`` uint8 rows, with each buffer's
+    opaque-record view (:func:`_records`) made once per request, not once per buffer and piece (a
+    block of small records is hundreds of batch buffers scattered into from every piece)."""
+
+    def __init__(self, rows: list[np.ndarray]) -> None:
+        super().__init__(rows)
+        self._views: dict[int, np.ndarray] = {}
+
+    def records(self, i: int) -> np.ndarray:
+        """Buffer ``i`` as opaque records (cached for this request)."""
+        view = self._views.get(i)
+        if view is None:
+            view = self._views[i] = _records(self[i])
+        return view
+
+
+def _scatter_rows(rows: list[np.ndarray], which: np.ndarray, row: np.ndarray, piece: np.ndarray,
+                  take: np.ndarray | None = None) -> None:
+    """``rows[which[j]][row[j]] = piece[take[j]]`` (``piece[j]`` without ``take``) for every ``j``:
+    one fancy-indexed copy per destination buffer, the records grouped by buffer with one stable
+    sort (not one pass over ``which`` per buffer), gathered from ``piece`` once."""
     if which.size == 0:
         return
+    recs = rows.records if isinstance(rows, ByteRows) else (lambda i: _records(rows[i]))
+    src_all = _records(piece)
     w0 = int(which[0])
     if np.all(which == w0):
-        _records(rows[w0])[row] = _records(piece)
+        recs(w0)[row] = src_all if take is None else src_all[take]
         return
     # A stable sort of small integers is a radix sort (several times faster than of int64).
     by = np.argsort(which.astype(np.int16) if len(rows) <= 1 << 15 else which, kind="stable")
-    grouped, dst, src = which[by], row[by], _records(piece)[by]  # then one fancy-indexed copy per buffer
+    grouped, dst = which[by], row[by]  # then one fancy-indexed copy per buffer
+    src = src_all[by if take is None else take[by]]
     cuts = np.flatnonzero(grouped[1:] != grouped[:-1]) + 1
     for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), by.size]):
-        _records(rows[int(grouped[lo])])[dst[lo:hi]] = src[lo:hi]
+        recs(int(grouped[lo]))[dst[lo:hi]] = src[lo:hi]
 
 
 def _records(rows: np.ndarray) -> np.ndarray:
@@ -287,21 +309,80 @@ def _records(rows: np.ndarray) -> np.ndarray:
     return rows.view(np.dtype((np.void, rows.shape[1]))).reshape(-1)
 
 
-def _sorted_with_order(keys: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
+class SortScratch:
+    """The arrays of one reader's request sort (:func:`_sorted_with_order`), one set per thread, kept
+    at the largest request's size and reused: a block of small records then allocates no
+    block-sized temporaries in steady state (freed ones stay in glibc's thread arenas, docs/design.md §4)."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def arrays(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(packed, order, dup)`` of ``n`` elements (int64, int64, bool) for this thread."""
+        kept: tuple[np.ndarray, np.ndarray, np.ndarray] | None = getattr(self._local, "arrays", None)
+        if kept is None or kept[0].size < n:
+            kept = self._local.arrays = (np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, bool))
+        return kept[0][:n], kept[1][:n], kept[2][:n]
+
+
+def _sorted_with_order(keys: np.ndarray, bound: int, scratch: SortScratch | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(order, keys[order])`` with ``order`` the stable argsort of ``keys`` (in ``[0, bound)``).
     When key and position fit one int64, they are sorted packed together: a plain sort of integers
-    (several times faster than a stable argsort, and no merge buffer); otherwise the argsort."""
+    (several times faster than a stable argsort, and no merge buffer) in ``scratch``'s arrays (both
+    results are views of them: valid until this thread's next sort); otherwise the argsort."""
     n = int(keys.shape[0])
     bits = max(1, (n - 1).bit_length())
     if int(bound) > 1 << (62 - bits):
         order = np.argsort(keys, kind="stable")
         return order, keys[order]
-    packed = np.left_shift(keys, bits)
-    packed |= np.arange(n, dtype=np.int64)
+    packed, order = scratch.arrays(n)[:2] if scratch is not None else (np.empty(n, np.int64), np.empty(n, np.int64))
+    np.left_shift(keys, bits, out=packed)
+    for c in range(0, n, PLAN_RECORDS):  # the positions, a bounded piece at a time
+        d = min(n, c + PLAN_RECORDS)
+        packed[c:d] |= np.arange(c, d, dtype=np.int64)
     packed.sort()
-    order = packed & ((1 << bits) - 1)
+    np.bitwise_and(packed, (1 << bits) - 1, out=order)
     packed >>= bits
     return order, packed
+
+
+@dataclass(frozen=True, eq=False)
+class SortedRequest:
+    """A request's keys sorted once: ``distinct`` ascending, ``first[j]`` the request index of
+    ``distinct[j]``'s first occurrence, and what :meth:`copy_duplicates` needs (``dup`` is ``None``
+    without duplicates). Views of a :class:`SortScratch`: used by the thread that sorted, before its next sort."""
+
+    distinct: np.ndarray
+    first: np.ndarray
+    order: np.ndarray
+    dup: np.ndarray | None
+
+    @classmethod
+    def of(cls, keys: np.ndarray, bound: int, scratch: SortScratch | None = None) -> SortedRequest:
+        """Sort ``keys`` (int64 in ``[0, bound)``, at least one) and find the duplicates."""
+        n = int(keys.shape[0])
+        order, sorted_keys = _sorted_with_order(keys, bound, scratch)
+        dup = scratch.arrays(n)[2] if scratch is not None else np.empty(n, dtype=bool)
+        dup[0] = False
+        np.equal(sorted_keys[1:], sorted_keys[:-1], out=dup[1:])
+        if not dup.any():
+            return cls(sorted_keys, order, order, None)
+        return cls(sorted_keys[~dup], order[~dup], order, dup)
+
+    @staticmethod
+    def byte_rows(dest: Destination) -> ByteRows:
+        """``dest``'s buffers as ``[n, record_nbytes]`` uint8 rows (what the read plans write)."""
+        return ByteRows([b.reshape(b.shape[0], -1).view(np.uint8) for b in dest.buffers])
+
+    def copy_duplicates(self, dest: Destination, rows: list[np.ndarray]) -> None:
+        """Copy each duplicate from its first occurrence, once every distinct record was read (runs
+        of equal keys are consecutive in the sort)."""
+        if self.dup is None:
+            return
+        order, dup = self.order, self.dup
+        src = order[np.maximum.accumulate(np.where(~dup, np.arange(order.size), 0))]
+        for d, s in zip(order[dup].tolist(), src[dup].tolist()):
+            rows[int(dest.which[d])][int(dest.rows[d])] = rows[int(dest.which[s])][int(dest.rows[s])]
 
 
 def aligned_empty(n: int, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
@@ -340,11 +421,19 @@ class Destination:
                     f"{dtype}, found {b.shape} {b.dtype}"
                 )
         if n and (
-            int(self.which.min()) < 0 or int(self.which.max()) >= len(self.buffers)
-            or np.any(self.rows < 0)
-            or np.any(self.rows >= np.array([b.shape[0] for b in self.buffers], dtype=np.int64)[self.which])
+            int(self.which.min()) < 0 or int(self.which.max()) >= len(self.buffers) or int(self.rows.min()) < 0
+            or not self._rows_fit()
         ):
             raise ConfigError(f"{where}: destination rows outside their buffers")
+
+    def _rows_fit(self) -> bool:
+        """Every row inside its buffer: one comparison when all rows fit the smallest buffer (a
+        block's batches), else a gather of each record's buffer length (no block-sized temporaries
+        in the common case)."""
+        lengths = np.array([b.shape[0] for b in self.buffers], dtype=np.int64)
+        if int(self.rows.max()) < int(lengths.min()):
+            return True
+        return not bool(np.any(self.rows >= lengths[self.which]))
 
 
 class PayloadArray:
@@ -395,6 +484,7 @@ class PayloadArray:
         self._shard_names: dict[int, str] = {}
         self._lock = threading.Lock()
         self._scratch = np.empty(max(self.gap_bytes, 1), dtype=np.uint8)
+        self._sort_scratch = SortScratch()
         self.decode_workers = 0
         self._decoders: ThreadPoolExecutor | None = None
         #: False: compressed records are not decoded, their stored bytes start their rows (zeros after).
@@ -686,14 +776,17 @@ class PayloadArray:
         if int(keys.min()) < 0 or int(keys.max()) >= self.num_records:
             bad = int(keys[(keys < 0) | (keys >= self.num_records)][0])
             raise IndexError(f"{self.path}: record key {bad} outside [0, {self.num_records})")
-        order, sorted_keys = _sorted_with_order(keys, self.num_records)
-        dup = np.empty(n, dtype=bool)
-        dup[0] = False
-        np.equal(sorted_keys[1:], sorted_keys[:-1], out=dup[1:])
-        some_dup = bool(dup.any())
-        first = order[~dup] if some_dup else order  # request index of each distinct key's first occurrence
-        distinct = sorted_keys[~dup] if some_dup else sorted_keys
-        rows = [b.reshape(b.shape[0], -1).view(np.uint8) for b in dest.buffers]
+        req = SortedRequest.of(keys, self.num_records, self._sort_scratch)
+        rows = req.byte_rows(dest)
+        self.read_distinct(req.distinct, req.first, dest, rows)
+        req.copy_duplicates(dest, rows)
+        self.stats.add_records(n)
+
+    def read_distinct(self, distinct: np.ndarray, first: np.ndarray, dest: Destination, rows: list[np.ndarray]) -> None:
+        """The reading half of :meth:`read_into`: records ``distinct`` (ascending, distinct, checked)
+        into rows ``dest.rows[first]`` of ``rows[dest.which[first]]`` (``rows``: the destination
+        buffers as uint8 rows), without counting records (the caller does, once per request).
+        A mixture sorts a block once and calls this per dataset (readers/sources.py)."""
         # Planned and read in pieces of ascending keys, so the plan's per-record arrays stay bounded:
         # still one pass of ascending offsets per shard (a run cut at a piece's end is two requests).
         for c in range(0, distinct.size, PLAN_RECORDS):
@@ -701,12 +794,6 @@ class PayloadArray:
             plan = self._plan(distinct[c : c + PLAN_RECORDS], dest.which[f], dest.rows[f], rows)
             if plan.size:
                 self._read_plan(plan, rows)
-        if some_dup:
-            # Copy each duplicate from its first occurrence (runs of equal keys are consecutive).
-            src = order[np.maximum.accumulate(np.where(~dup, np.arange(n), 0))]
-            for d, s in zip(order[dup].tolist(), src[dup].tolist()):
-                rows[int(dest.which[d])][int(dest.rows[d])] = rows[int(dest.which[s])][int(dest.rows[s])]
-        self.stats.add_records(n)
 
     def _read_plan(self, plan: _Plan, rows: list[np.ndarray]) -> None:
         """Read every record of ``plan`` into its row (the I/O half of :meth:`read_into`)."""
@@ -817,14 +904,14 @@ class PayloadArray:
                 length = int(plan.offs[c - 1]) + rec - base
                 self._preadv_all(fd, path, [bounce.data[:length]], base)
                 rel = plan.offs[a:c] - base
+                take = None
                 if np.any(rel % rec):  # records not on a record grid (a bare array): one row each
                     piece = np.stack([bounce[o : o + rec] for o in rel.tolist()])
                 elif rel[-1] == (c - a - 1) * rec:  # no gaps: the bounce buffer itself, as records
                     piece = bounce[: length].reshape(-1, rec)
-                else:  # [c - a, rec]: each record's bytes, gaps dropped (one small copy)
-                    piece = _records(bounce[: (length // rec) * rec].reshape(-1, rec))[rel // rec]
-                    piece = piece.view(np.uint8).reshape(-1, rec)
-                _scatter_rows(rows, plan.which[a:c], plan.row[a:c], piece)
+                else:  # the bounce buffer as records, each wanted one taken by its index (gaps skipped)
+                    piece, take = bounce[: (length // rec) * rec].reshape(-1, rec), rel // rec
+                _scatter_rows(rows, plan.which[a:c], plan.row[a:c], piece, take)
                 a = c
 
     def _preadv_all(self, fd: int, path: str, buffers: list[memoryview], offset: int) -> None:

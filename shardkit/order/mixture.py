@@ -246,20 +246,22 @@ class MixturePlan:
         if self.single:
             return s
         bounds = np.concatenate([[0], np.cumsum(self.counts, dtype=np.int64)]).astype(np.int64)
+        # Vectorised over all datasets at once (a few passes over the slots, not a few per dataset):
+        # slot j of dataset i holds copy j // N_i of record j % N_i, or an extra of the walk.
         ds = np.searchsorted(bounds, s, side="right") - 1
-        j = s - bounds[ds]
-        out = np.empty_like(j)
-        off = self.offsets
-        for i in np.unique(ds).tolist():
-            sel = ds == i
-            n, whole = self.sizes[i], self.counts[i] - self.counts[i] % self.sizes[i]
-            ji = j[sel]
-            keys = ji % n
-            extra = ji >= whole
-            if extra.any():
-                keys[extra] = self._walks[i].epoch(epoch)[ji[extra] - whole]
-            out[sel] = off[i] + keys
-        return out
+        keys = s - bounds[ds]
+        sizes = np.asarray(self.sizes, dtype=np.int64)
+        if any(c > n for n, c in zip(self.sizes, self.counts)):
+            np.remainder(keys, sizes[ds], out=keys)  # whole copies: the record's key
+        whole = np.asarray([c - c % n for n, c in zip(self.sizes, self.counts)], dtype=np.int64)
+        extra = np.flatnonzero(s >= bounds[ds] + whole[ds])
+        if extra.size:  # the extras: a walk's records, dataset by dataset
+            ds_extra = ds[extra]
+            for i in np.unique(ds_extra).tolist():
+                at = extra[ds_extra == i]
+                keys[at] = self._walks[i].epoch(epoch)[s[at] - bounds[i] - whole[i]]
+        keys += self.offsets[ds]
+        return keys
 
     def stream(self, epoch: int) -> np.ndarray:
         """Epoch ``epoch``'s mixed order as ``L`` global keys: the item table in the order of

@@ -27,7 +27,7 @@ from shardkit.declare import Source, option_name
 from shardkit.errors import ConfigError, SamplerError, SchemaError
 from shardkit.formats import Dataset, FieldSpec, PayloadArray
 from shardkit.formats.metadata import DatasetMeta, read_dataset_meta
-from shardkit.formats.reader import Destination, ReadStats
+from shardkit.formats.reader import Destination, ReadStats, SortedRequest, SortScratch
 from shardkit.order.mixture import MixturePlan, parse_weights
 from shardkit.order.seeds import check_seed
 from shardkit.readers.identity import DatasetIdentity, dataset_fingerprint
@@ -283,6 +283,9 @@ class MixedPayload:
         self.num_records = int(self.offsets[-1])
         self.path = first.path
         self.stats = first.stats
+        #: Every part a local dataset's own reader sharing these counters: one read plan (:meth:`read_into`).
+        self._one_plan = all(type(p) is PayloadArray and p.stats is self.stats for p in self._parts)
+        self._scratch = SortScratch()
 
     def empty(self, n: int) -> np.ndarray:
         return self._parts[0].empty(n)
@@ -300,11 +303,31 @@ class MixedPayload:
 
     def read_into(self, keys: np.ndarray | list[int], dest: Destination) -> None:
         """Records ``keys`` straight into their destinations, each dataset's part in one ascending
-        pass per shard (:meth:`~shardkit.formats.PayloadArray.read_into`)."""
+        pass per shard. Local datasets share one read plan: the block's global keys are sorted once
+        (dataset i's keys are then one contiguous slice) and each slice read in place
+        (:meth:`~shardkit.formats.PayloadArray.read_distinct`), so a mixture's block costs what one
+        dataset's does; a mixture with remote datasets reads each part with its own ``read_into``."""
         keys = np.asarray(keys, dtype=np.int64).reshape(-1)
-        dest.check(keys.size, tuple(self.record.shape), self.dtype, "mixture")
-        for i, idx, local in self.split(keys):
-            self._parts[i].read_into(local, Destination(dest.buffers, dest.which[idx], dest.rows[idx]))
+        n = keys.size
+        dest.check(n, tuple(self.record.shape), self.dtype, "mixture")
+        if not self._one_plan:
+            for i, idx, local in self.split(keys):
+                self._parts[i].read_into(local, Destination(dest.buffers, dest.which[idx], dest.rows[idx]))
+            return
+        if n == 0:
+            return
+        if int(keys.min()) < 0 or int(keys.max()) >= self.num_records:
+            bad = int(keys[(keys < 0) | (keys >= self.num_records)][0])
+            raise IndexError(f"mixture: global key {bad} outside [0, {self.num_records})")
+        req = SortedRequest.of(keys, self.num_records, self._scratch)
+        rows = req.byte_rows(dest)
+        cuts = np.searchsorted(req.distinct, self.offsets[1:-1]).tolist()
+        for i, (lo, hi) in enumerate(zip([0, *cuts], [*cuts, req.distinct.size])):
+            if hi > lo:
+                local = req.distinct[lo:hi] - self.offsets[i]
+                self._parts[i].read_distinct(local, req.first[lo:hi], dest, rows)
+        req.copy_duplicates(dest, rows)
+        self.stats.add_records(n)
 
     def read(self, keys: np.ndarray | list[int], out: np.ndarray | None = None) -> np.ndarray:
         """Records ``keys`` into ``out[j]`` (:meth:`read_into` with one buffer)."""

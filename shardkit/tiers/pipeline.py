@@ -441,50 +441,68 @@ class Pipeline:
                 open_buffers[last] = buffers[last]
         if self.cache is None and buffers is not None:
             # Nothing pinned: every record straight into its batch row (no per-record cache arrays).
-            # Buffer and row as int32 (fewer than 2**31 batches and rows): 8 bytes a block record,
-            # computed from the block's offset in its first batch (no int64 temporaries).
-            g0 = a // bs
-            which = np.arange(a - g0 * bs, b - g0 * bs, dtype=np.int32)
-            rows = which % np.int32(bs)
-            which //= np.int32(bs)
-            batch_arrays = tuple(buffers[g].array for g in range(g0, g0 + len(buffers)))
+            which, rows = self._batch_rows(seg, a, None, b - a)
+            batch_arrays = tuple(buffers[g].array for g in range(a // bs, a // bs + len(buffers)))
             self._timed_read(read, keys, Destination(batch_arrays, which, rows), tier)
             return BlockRead(seg, a, b, keys, buffers)
-        positions = np.arange(a, b, dtype=np.int64)
-        batch_of = positions // bs
         cached, crow, fill = self._cache_plan(keys)
         copies: list[_Copy] = []
         if cached.any():
             assert self.cache is not None and self.cache.rows is not None
             copies.append(_Copy(np.flatnonzero(cached), self.cache.rows, crow[cached]))
-        wanted = np.flatnonzero(~cached | fill)
-        if wanted.size:
+        # Block positions to read (None: all of them, no position array), and which of them fill the cache.
+        wanted: np.ndarray | None = np.flatnonzero(~cached | fill) if cached.any() else None
+        count = b - a if wanted is None else int(wanted.size)
+        fill_rows = crow[fill] if fill.any() else None
+        to_cache = None if fill_rows is None else (fill if wanted is None else fill[wanted])
+        del cached, crow  # block-sized: not kept while the block is read
+        if count:
             arrays: list[np.ndarray] = []
-            which = np.empty(wanted.size, dtype=np.int64)
-            rows = np.empty(wanted.size, dtype=np.int64)
-            to_cache = fill[wanted]
-            if to_cache.any():
-                assert self.cache is not None and self.cache.rows is not None
+            if to_cache is not None:
+                assert self.cache is not None and self.cache.rows is not None and fill_rows is not None
                 arrays.append(self.cache.rows)
-                which[to_cache], rows[to_cache] = 0, crow[wanted[to_cache]]
-            direct = wanted[~to_cache]  # block positions read straight into their batch
-            if direct.size and buffers is not None:
-                g0 = int(batch_of[0])  # the block's batches are g0, g0 + 1, ... (consecutive)
-                which[~to_cache] = len(arrays) + batch_of[direct] - g0
-                arrays += [buffers[g].array for g in range(g0, g0 + len(buffers))]
-                rows[~to_cache] = positions[direct] - batch_of[direct] * bs
-            elif direct.size:
-                # Everything is pinned, but these rows found no memory on the node: read them into a
+            if buffers is not None:
+                # Buffer and row as int32 (as without a cache), from the block's offset in its first batch.
+                which, rows = self._batch_rows(seg, a, wanted, count)
+                if to_cache is not None:
+                    which += np.int32(1)  # the cache rows are buffer 0
+                arrays += [buffers[g].array for g in range(a // bs, a // bs + len(buffers))]
+            else:
+                # Everything is pinned, but some rows found no memory on the node: read them into a
                 # block of their own, and the assembler copies them like cache rows.
                 assert self.pool is not None
-                spill = aligned_empty(direct.size, self.pool.record_shape, self.pool.dtype)
-                which[~to_cache], rows[~to_cache] = len(arrays), np.arange(direct.size)
-                arrays.append(spill)
-                copies.append(_Copy(direct, spill, np.arange(direct.size)))
-            self._timed_read(read, keys[wanted], Destination(tuple(arrays), which, rows), tier)
-            if self.cache is not None:
-                self.cache.publish(crow[fill])
+                direct = np.flatnonzero(~to_cache) if to_cache is not None else np.arange(count, dtype=np.int64)
+                spill_at = direct if wanted is None else wanted[direct]
+                if direct.size:
+                    spill = aligned_empty(direct.size, self.pool.record_shape, self.pool.dtype)
+                    copies.append(_Copy(spill_at, spill, np.arange(direct.size)))
+                    arrays.append(spill)
+                which = np.full(count, len(arrays) - 1, dtype=np.int32)
+                rows = np.zeros(count, dtype=np.int32)
+                rows[direct] = np.arange(direct.size, dtype=np.int32)
+            if to_cache is not None:
+                assert fill_rows is not None
+                which[to_cache], rows[to_cache] = 0, fill_rows
+            self._timed_read(read, keys if wanted is None else keys[wanted], Destination(tuple(arrays), which, rows), tier)
+            if self.cache is not None and fill_rows is not None:
+                self.cache.publish(fill_rows)
         return BlockRead(seg, a, b, keys, buffers, tuple(copies))
+
+    @staticmethod
+    def _batch_rows(seg: Segment, a: int, wanted: np.ndarray | None, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """Batch buffer (relative to the block's first batch) and row of block positions ``wanted``
+        (``None``: all ``count`` of them) of a block starting at plan position ``a``, as int32 (fewer
+        than 2**31 batches and rows): 8 bytes a block record, no int64 temporaries."""
+        bs = seg.shape.batch_size
+        offset = a - (a // bs) * bs  # the block's offset in its first batch
+        if wanted is None:
+            which = np.arange(offset, offset + count, dtype=np.int32)
+        else:
+            which = wanted.astype(np.int32)
+            which += np.int32(offset)
+        rows = which % np.int32(bs)
+        which //= np.int32(bs)
+        return which, rows
 
     def _timed_read(self, read: Callable[[np.ndarray, Destination], None], keys: np.ndarray,
                     dest: Destination, tier: str) -> None:

@@ -29,6 +29,8 @@ _PAGE = mmap.PAGESIZE
 #: Bytes of the cache's rows allocated per call by the background thread (a stop request is seen
 #: between two).
 PREFAULT_CHUNK_BYTES = 8 << 20
+#: Keys compared per step in :meth:`SortedKeys.lookup` (bounded temporaries).
+_LOOKUP_PIECE = 1 << 16
 
 
 def pinned_keys(seed: int, num_records: int, count: int) -> np.ndarray:
@@ -67,8 +69,14 @@ class SortedKeys:
     def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if self.count == 0:
             return np.zeros(keys.shape, dtype=bool), np.zeros(keys.shape, dtype=np.int64)
-        row = np.minimum(np.searchsorted(self._keys, keys), self.count - 1)
-        return self._keys[row] == keys, row.astype(np.int64)
+        # A block's keys at a time: the row array is the only block-sized int64 (in place, the
+        # comparison in pieces), since a block of small records holds millions of keys.
+        row = np.searchsorted(self._keys, keys).astype(np.int64, copy=False)
+        np.minimum(row, self.count - 1, out=row)
+        hit = np.empty(keys.shape, dtype=bool)
+        for a in range(0, row.size, _LOOKUP_PIECE):
+            np.equal(self._keys[row[a : a + _LOOKUP_PIECE]], keys[a : a + _LOOKUP_PIECE], out=hit[a : a + _LOOKUP_PIECE])
+        return hit, row
 
     def keys(self) -> np.ndarray:
         return np.array(self._keys, dtype=np.int64)

@@ -22,6 +22,7 @@ def test_mixing_benchmark_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         assert r["emitted_per_epoch"] == 60 * 224 * 224 * 3
         assert r["emitted_per_epoch"] <= r["read_per_epoch"] < 1.05 * r["emitted_per_epoch"]  # + shard indexes
     assert "| 5 datasets |" in bench.throughput_table(rows, args)
+    assert all(r["cpu_us_per_record"] > 0 and r["cpu_spread"][0] <= r["cpu_us_per_record"] for r in rows)
     monkeypatch.setattr(bench, "ORDER_MIXES", {"two": ([30, 10], [1, 1], 40)})
     rows = bench.orders(args)
     ours = next(r for r in rows if r["loader"] == "shardkit mix()")
