@@ -303,6 +303,33 @@ def test_an_unreachable_scheduler_is_one_line(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
+def test_the_scheduler_connect_timeout_follows_dask_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The wait for an unreachable scheduler is Dask's own connect timeout (30 s by default), so a user,
+    # and the command-line test above, can shorten it the way Dask documents.
+    distributed = pytest.importorskip("distributed")
+    import dask
+
+    from shardkit.converters.executors import dask_executor
+
+    asked: list[float] = []
+
+    def client(address: str, timeout: float, set_as_default: bool) -> None:
+        asked.append(timeout)
+        raise OSError(f"Timed out trying to connect to {address} after {timeout} s")
+
+    monkeypatch.setattr(distributed, "Client", client)
+    for configured, expected in (("1500ms", 1.5), ("30s", 30.0), (7, 7.0)):
+        with dask.config.set({"distributed.comm.timeouts.connect": configured}):
+            with pytest.raises(ConfigError, match=r"scheduler tcp://127\.0\.0\.1:9: no Dask scheduler answered"):
+                with dask_executor("tcp://127.0.0.1:9"):
+                    pass
+        assert asked.pop() == expected
+    with pytest.raises(ConfigError, match="no Dask scheduler answered"):
+        with dask_executor("tcp://127.0.0.1:9", timeout=4.0):
+            pass
+    assert asked == [4.0]
+
+
 def test_options_and_outputs_are_checked(tmp_path: Path) -> None:
     src = class_corpus(tmp_path / "corpus", ["landscape"])
     with pytest.raises(ConfigError, match="part_size"):
