@@ -98,6 +98,7 @@ def _assert_resumes_without_redoing_parts(report: dict, min_steps: int) -> None:
         assert r["parts_converted"] == expected, r
 
 
+@pytest.mark.slow
 def test_killed_at_every_step_of_parts_and_commit_resumes(tmp_path: Path) -> None:
     # Inline: the killed process converts the parts itself, so the kill lands at every step of every
     # part (pieces, whole shards moved into place, field values, manifest) and of the commit.
@@ -108,6 +109,7 @@ def test_killed_at_every_step_of_parts_and_commit_resumes(tmp_path: Path) -> Non
     assert report["parts"] == 3 and any(r["parts_done_before"] == 3 for r in report["runs"])
 
 
+@pytest.mark.slow
 def test_append_killed_at_every_step_resumes(tmp_path: Path) -> None:
     # The commit of an append replaces the base's last shard, field chunks and documents: a kill
     # between any two steps is finished by the same command, and the base's readers keep version 1.
