@@ -99,6 +99,7 @@ def _assert_resumes_without_redoing_parts(report: dict, min_steps: int) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # a hang guard: every step is a fork and a re-run, minutes on a busy machine
 def test_killed_at_every_step_of_parts_and_commit_resumes(tmp_path: Path) -> None:
     # Inline: the killed process converts the parts itself, so the kill lands at every step of every
     # part (pieces, whole shards moved into place, field values, manifest) and of the commit.
@@ -110,6 +111,7 @@ def test_killed_at_every_step_of_parts_and_commit_resumes(tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # a hang guard: every step is a fork and a re-run, minutes on a busy machine
 def test_append_killed_at_every_step_resumes(tmp_path: Path) -> None:
     # The commit of an append replaces the base's last shard, field chunks and documents: a kill
     # between any two steps is finished by the same command, and the base's readers keep version 1.
