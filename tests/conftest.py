@@ -28,6 +28,12 @@ def small_dataset(tmp_path: Path) -> Callable[..., tuple[Path, np.ndarray]]:
     return make
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked ``slow`` run first (otherwise in collection order): under pytest-xdist a minute-long
+    test picked up last keeps one worker busy while the others have nothing left to do."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _default_cache_outside_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """The default remote cache (``cache_dir="auto"``) goes to a directory of this session, never the

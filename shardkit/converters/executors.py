@@ -91,14 +91,20 @@ def scheduler_address(given: str | None) -> str | None:
 
 
 @contextmanager
-def dask_executor(address: str, *, timeout: float = 30.0, naming: str = "python") -> Iterator[Executor]:
+def dask_executor(address: str, *, timeout: float | None = None, naming: str = "python") -> Iterator[Executor]:
     """A ``concurrent.futures`` executor on the Dask cluster at ``address`` (closed on exit).
 
     MissingExtraError without Dask; ConfigError naming the address when it is not one or no scheduler
-    answers within ``timeout`` seconds.
+    answers within ``timeout`` seconds (by default Dask's own ``distributed.comm.timeouts.connect``,
+    30 s unless configured, e.g. ``DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT=5s``).
     """
     distributed = import_extra("distributed", "dask", needed_by="shardkit convert --scheduler")
     label = "--scheduler" if naming == "cli" else "scheduler"
+    if timeout is None:
+        import dask
+        from dask.utils import parse_timedelta
+
+        timeout = parse_timedelta(dask.config.get("distributed.comm.timeouts.connect", "30s"), default="s")
     try:
         client = distributed.Client(address, timeout=timeout, set_as_default=False)
     except (OSError, TimeoutError) as exc:

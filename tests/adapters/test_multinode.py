@@ -44,6 +44,8 @@ BATCH, RANKS, NODES = 4, 4, 2
 GLOBAL = BATCH * RANKS
 EPOCHS = 240
 RAM_PART, DISK_PART = 5, 13  # records per node, as multinode_script.CACHE says
+# One worker under pytest-xdist: the torchrun tests share one pair of runs (the `runs` fixture).
+pytestmark = [pytest.mark.xdist_group("adapters-multinode"), pytest.mark.slow]
 
 
 def _env() -> dict[str, str]:

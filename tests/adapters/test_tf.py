@@ -27,6 +27,8 @@ if importlib.util.find_spec("tensorflow") is None:  # CI installs the extra; `.[
 
 HERE = Path(__file__).parent
 SEED = 11
+# One worker under pytest-xdist: the module's tests share one TensorFlow run (the `observed` fixture).
+pytestmark = [pytest.mark.xdist_group("adapters-tf"), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -132,6 +132,8 @@ def test_info_on_a_relative_path_to_an_appended_dataset(tmp_path: Path, corpora:
     assert res.returncode == 0, res.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # a hang guard: every step is a fork and a re-run, minutes on a busy machine
 def test_an_append_killed_at_every_step_of_its_commit_says_so(tmp_path: Path) -> None:
     # Killed after every file operation (SIGKILL, no timing): the dataset still opens at version 1,
     # and verify either passes or says that an append was interrupted and how to finish it; info

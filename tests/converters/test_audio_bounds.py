@@ -22,6 +22,8 @@ from shardkit.formats import open_dataset
 from tests.helpers.corpora import tone, write_wav
 
 HOUR_FRAMES = 3600 * 44100
+# One worker under pytest-xdist: a 20-minute recording (the `long_recording` fixture) is written once.
+pytestmark = pytest.mark.xdist_group("converters-audio-bounds")
 
 
 def claim_frames(path: Path, frames: int) -> None:

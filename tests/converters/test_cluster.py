@@ -33,6 +33,9 @@ pytest.importorskip("distributed")  # the dask extra
 
 from tests.helpers.dask_cluster import DaskCluster  # after importorskip: needs the extra
 
+# One worker under pytest-xdist: the module's tests share one Dask cluster (the `cluster` fixture).
+pytestmark = [pytest.mark.xdist_group("converters-cluster"), pytest.mark.slow]
+
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[DaskCluster]:

@@ -98,6 +98,8 @@ def _assert_resumes_without_redoing_parts(report: dict, min_steps: int) -> None:
         assert r["parts_converted"] == expected, r
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # a hang guard: every step is a fork and a re-run, minutes on a busy machine
 def test_killed_at_every_step_of_parts_and_commit_resumes(tmp_path: Path) -> None:
     # Inline: the killed process converts the parts itself, so the kill lands at every step of every
     # part (pieces, whole shards moved into place, field values, manifest) and of the commit.
@@ -108,6 +110,8 @@ def test_killed_at_every_step_of_parts_and_commit_resumes(tmp_path: Path) -> Non
     assert report["parts"] == 3 and any(r["parts_done_before"] == 3 for r in report["runs"])
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # a hang guard: every step is a fork and a re-run, minutes on a busy machine
 def test_append_killed_at_every_step_resumes(tmp_path: Path) -> None:
     # The commit of an append replaces the base's last shard, field chunks and documents: a kill
     # between any two steps is finished by the same command, and the base's readers keep version 1.
@@ -301,6 +305,33 @@ def test_an_unreachable_scheduler_is_one_line(tmp_path: Path) -> None:
     assert r.returncode == 1 and "Traceback" not in r.stderr and "internal error" not in r.stderr
     assert "--scheduler tcp://127.0.0.1:9: no Dask scheduler answered" in r.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_the_scheduler_connect_timeout_follows_dask_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The wait for an unreachable scheduler is Dask's own connect timeout (30 s by default), so a user,
+    # and the command-line test above, can shorten it the way Dask documents.
+    distributed = pytest.importorskip("distributed")
+    import dask
+
+    from shardkit.converters.executors import dask_executor
+
+    asked: list[float] = []
+
+    def client(address: str, timeout: float, set_as_default: bool) -> None:
+        asked.append(timeout)
+        raise OSError(f"Timed out trying to connect to {address} after {timeout} s")
+
+    monkeypatch.setattr(distributed, "Client", client)
+    for configured, expected in (("1500ms", 1.5), ("30s", 30.0), (7, 7.0)):
+        with dask.config.set({"distributed.comm.timeouts.connect": configured}):
+            with pytest.raises(ConfigError, match=r"scheduler tcp://127\.0\.0\.1:9: no Dask scheduler answered"):
+                with dask_executor("tcp://127.0.0.1:9"):
+                    pass
+        assert asked.pop() == expected
+    with pytest.raises(ConfigError, match="no Dask scheduler answered"):
+        with dask_executor("tcp://127.0.0.1:9", timeout=4.0):
+            pass
+    assert asked == [4.0]
 
 
 def test_options_and_outputs_are_checked(tmp_path: Path) -> None:

@@ -49,6 +49,8 @@ def _assert_all_resumed(report: dict, min_steps: int) -> None:
         assert r["final"] == "ok" and r["same"], r
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # a hang guard: every step is a fork and a re-run, minutes on a busy machine
 def test_killed_after_every_step_the_same_command_resumes_byte_identical(tmp_path: Path) -> None:
     # Images: scan skips + decode skips, 3 records per shard; every file-system step of the run,
     # from creating the output directory to removing the plan directory after the commit.
@@ -59,6 +61,8 @@ def test_killed_after_every_step_the_same_command_resumes_byte_identical(tmp_pat
     assert len(report["runs"]) == report["steps"]
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # a hang guard: every step is a fork and a re-run, minutes on a busy machine
 def test_killed_twice_inside_audio_windows_resumes_byte_identical(tmp_path: Path) -> None:
     # Audio cut into windows: shards end inside a file, so resumes start in the middle of an input;
     # the re-run is itself killed once before the final run.
