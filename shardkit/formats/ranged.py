@@ -9,6 +9,7 @@ the reasons: docs/design.md §9.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NoReturn
@@ -19,8 +20,10 @@ from shardkit.errors import ConfigError, MissingShardError, ObjectChangedError, 
 from shardkit.formats.checksums import FileDigest, fd_crc32c
 from shardkit.formats.index import ShardIndex
 from shardkit.formats.reader import (
+    _IOV_MAX,
     DEFAULT_GAP_BYTES,
     PLAN_RECORDS,
+    SCATTER_MIN_BYTES,
     Destination,
     PayloadArray,
     ReadStats,
@@ -531,16 +534,44 @@ class RangedPayloadArray(PayloadArray):
             _close(ahead.pending)
 
     def _read_cached(self, fd: int, run: _Run, rows: _Rows) -> None:
-        """One run from the shard's verified local copy: the run's span in one ``pread``, then
-        scattered (or decoded) into the rows; counted in ``cache_stats``, not as requests."""
+        """One run from the shard's local copy (complete, or with the run's pages present), counted
+        in ``cache_stats``, not as requests. Uncompressed records of at least ``SCATTER_MIN_BYTES``
+        are read by one ``preadv`` straight into their rows (one copy, page cache to row: no
+        temporary to allocate, fill and copy again, docs/design.md §9); others are read as one span
+        into a temporary, then scattered or decoded."""
         start = int(run.offs[0])
         end = int(run.offs[-1] + run.sizes[-1])
-        buf = bytearray(end - start)
-        got = os.preadv(fd, [buf], start)
-        if got != len(buf):
-            raise TruncatedShardError(f"{run.path} (local cache copy): expected {len(buf)} bytes at {start}, read {got}")
-        self.cache_stats.add(run.path, start, len(buf))
-        self._scatter(run, 0, run.offs.size, start, memoryview(buf), rows)
+        what = f"{run.path} (local cache copy)"
+        buffers = self._row_buffers(run, rows) if self.codec is None and self.record_nbytes >= SCATTER_MIN_BYTES else None
+        if buffers is not None:
+            _preadv_exact(fd, buffers, start, what)
+            self.cache_stats.add(run.path, start, end - start)
+            return
+        buf = np.empty(end - start, dtype=np.uint8)
+        _preadv_exact(fd, [buf.data], start, what)
+        self.cache_stats.add(run.path, start, end - start)
+        self._scatter(run, 0, run.offs.size, start, buf.data, rows)
+
+    def _row_buffers(self, run: _Run, rows: _Rows) -> list[memoryview] | None:
+        """The ``iovec`` list that reads ``run``'s span straight into its rows, gaps into scratch
+        (one reused buffer: their bytes are dropped); None when a record is not exactly a whole,
+        contiguous row (then the caller scatters from a temporary)."""
+        rec = self.record_nbytes
+        if not bool(np.all(run.sizes == rec)):
+            return None
+        offs = run.offs.tolist()
+        gaps = [b - a - rec for a, b in itertools.pairwise(offs)]
+        scratch = memoryview(bytearray(max(gaps))) if gaps and max(gaps) > 0 else None
+        buffers: list[memoryview] = []
+        for k, p in enumerate(run.pos.tolist()):
+            row = rows[p]
+            if row.nbytes != rec or not row.flags.c_contiguous or not row.flags.writeable:
+                return None
+            if k and gaps[k - 1] > 0:
+                assert scratch is not None
+                buffers.append(scratch[: gaps[k - 1]])
+            buffers.append(row.data.cast("B"))
+        return buffers
 
     # ------------------------------------------------------------------ the local cache
     def _start_prefetch(self, order: Sequence[tuple[int, int, int]] = ()) -> ShardPrefetcher:
@@ -642,6 +673,28 @@ def _whole_parts(spans: list[tuple[int, int]], npages: int) -> list[tuple[int, i
         else:
             out.append((lo, hi))
     return out
+
+
+def _preadv_exact(fd: int, buffers: list[memoryview], offset: int, what: str) -> None:
+    """Fill ``buffers`` with the bytes of ``fd`` from ``offset`` on (``IOV_MAX`` buffers per call, a
+    short read continued); a file that ends first is :class:`~shardkit.errors.TruncatedShardError`."""
+    for k in range(0, len(buffers), _IOV_MAX):
+        chunk = buffers[k : k + _IOV_MAX]
+        want = sum(b.nbytes for b in chunk)
+        done = 0
+        while done < want:
+            rest, skip = [], done
+            for b in chunk:
+                if skip >= b.nbytes:
+                    skip -= b.nbytes
+                    continue
+                rest.append(b[skip:])
+                skip = 0
+            got = os.preadv(fd, rest, offset + done)
+            if got <= 0:
+                raise TruncatedShardError(f"{what}: expected {want} bytes at {offset}, read {done}")
+            done += got
+        offset += want
 
 
 def _pages(offs: np.ndarray, sizes: np.ndarray) -> list[tuple[int, int]]:

@@ -419,3 +419,61 @@ def test_runs_are_read_as_their_pages_land_not_in_shard_order(dataset: tuple[Pat
     assert order[:3] != [0, 1, 2] and order[-1] == 0, order
     assert sorted(order) == [0, 1, 2]
     assert [p.read_bytes() for p in _final_copies(_cache(tmp_path))] == _shard_bytes(local)
+
+
+@pytest.mark.parametrize("gap_bytes", [0, 64 << 10])
+def test_cached_records_are_read_straight_into_their_rows(dataset: tuple[Path, str], tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch, gap_bytes: int) -> None:
+    """Records of a local copy are read by ``preadv`` straight into the destination's rows (gaps
+    between them, when a run reads some, into scratch): no temporary to fill and copy again."""
+    _, url = dataset
+    rec = int(np.prod(SHAPE))
+    keys = np.array([5, 1, 2, 3, 39, 44, 46, 47, 80, 119, 0, 100, 101])
+    out = np.zeros((keys.size, *SHAPE), dtype=np.uint8)
+    rows = {out.ctypes.data + j * rec for j in range(keys.size)}
+    into: list[tuple[int, int]] = []
+    real = os.preadv
+
+    def preadv(fd: int, buffers: list[Any], offset: int, *flags: int) -> int:
+        into.extend((np.frombuffer(b, dtype=np.uint8).ctypes.data, memoryview(b).nbytes) for b in buffers)
+        return real(fd, buffers, offset, *flags)
+
+    with Dataset(url, cache_dir=_cache(tmp_path), remote_gap_bytes=gap_bytes) as ds:
+        ds.read([0])  # starts the download
+        _wait_all(ds)  # every copy complete: the read below is served from them alone
+        monkeypatch.setattr(os, "preadv", preadv)
+        batch = ds.read(keys, out)
+        monkeypatch.undo()
+    check_batch(batch)
+    assert batch["image"] is out
+    lo, hi = out.ctypes.data, out.ctypes.data + out.nbytes
+    inside = [(addr, n) for addr, n in into if lo <= addr < hi]
+    assert sorted(inside) == sorted((addr, rec) for addr in rows)  # each record read once, into its row
+    outside = [n for addr, n in into if not lo <= addr < hi]
+    assert not outside if not gap_bytes else 0 < sum(outside) <= gap_bytes * keys.size  # gaps only, into scratch
+
+
+def test_reading_a_copy_continues_short_reads_and_refuses_a_short_file(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``preadv`` that returns fewer bytes than asked is continued where it stopped (into the right
+    buffers); a copy that ends before the asked span is TruncatedShardError naming it."""
+    from shardkit.errors import TruncatedShardError
+    from shardkit.formats.ranged import _preadv_exact
+
+    path = tmp_path / "copy"
+    path.write_bytes(bytes(range(256)) * 4)
+    real = os.preadv
+
+    def short(fd: int, buffers: list[Any], offset: int) -> int:
+        return real(fd, [memoryview(buffers[0])[:3]], offset)  # at most 3 bytes a call
+
+    monkeypatch.setattr(os, "preadv", short)
+    bufs = [bytearray(5), bytearray(0), bytearray(7)]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        _preadv_exact(fd, [memoryview(b) for b in bufs], 10, "the copy")
+        assert bytes(bufs[0] + bufs[2]) == bytes(range(10, 22))
+        with pytest.raises(TruncatedShardError, match="the copy: expected 8 bytes at 1020"):
+            _preadv_exact(fd, [memoryview(bytearray(8))], 1020, "the copy")
+    finally:
+        os.close(fd)
