@@ -14,6 +14,9 @@ For each added latency and each of ``--rounds`` repetitions:
   (from their cache); run in the bench venv, see ``benchmarks/_remote_peers.py``;
 * **shardkit, no cache**: ``TieredSampler`` in the exact uniform order with ``cache_dir=None`` (the
   opt-out: ranged reads), epochs 1 and 2;
+* **raw ranged GET** (``rawranged``): the no-cache path's shape without shardkit: one ranged GET
+  per record, in a random order, 32 in flight, through obstore directly (what the server gives
+  requests of one record: the bound of any sparse ranged read that fetches no extra bytes);
 * **shardkit, cache_dir**: the same with a cache on the local disk (what the default does, in a
   directory emptied first): epoch 1 is cold, epoch 2 warm;
 * **loader(2)**: both through ``ShardIterableDataset(...).loader(num_workers=2)``, epochs 1 and 2
@@ -89,6 +92,7 @@ SYSTEMS = {
     "cache": "shardkit, cache_dir",
     "loader-nocache": "loader(2), no cache",
     "loader-cache": "loader(2), cache_dir",
+    "rawranged": "raw ranged GET",
 }
 PEERS = ("streaming", "litdata")
 
@@ -352,6 +356,46 @@ def raw_get(url: str, keys: list[str], proxy: DelayProxy) -> Measurement:
             best = {"MB/s": mbs, "concurrency": c, "fetched_MB": d["bytes"] / 1e6, "requests": d["requests"],
                     "cpu_s_per_GB": cpu}
     return best
+
+
+def raw_ranged(url: str, keys: list[str], proxy: DelayProxy | None, counts: list[int], record_bytes: int,
+               concurrency: int = 32, seed: int = 0) -> Measurement:
+    """The no-cache path's shape without shardkit: one ranged GET per record (``counts[i]`` records
+    of ``record_bytes`` at the start of object ``keys[i]``), in a random order, ``concurrency`` in
+    flight (``StoreOptions.concurrency``'s default), straight through obstore's async API. What the
+    server gives requests of one record each, which bounds any reader that fetches a sparse block
+    by range without over-fetching (docs/design.md §9)."""
+    import random
+
+    from shardkit.stores import open_store
+    from shardkit.stores.objectstore import import_obstore
+
+    obs = import_obstore()
+    inner = open_store(url).inner  # the client shardkit configured (endpoint, credentials); nothing else of it
+    asks = [(k, j * record_bytes, (j + 1) * record_bytes) for k, n in zip(keys, counts) for j in range(n)]
+    random.Random(seed).shuffle(asks)
+
+    async def run() -> int:
+        slots = asyncio.Semaphore(concurrency)
+
+        async def one(key: str, start: int, end: int) -> int:
+            async with slots:
+                got = await obs.get_async(inner, key, options={"range": (start, end)})
+                return len(memoryview(await got.bytes_async()))
+
+        return sum(await asyncio.gather(*(one(*a) for a in asks)))
+
+    before = proxy.counters() if proxy else {}
+    t0, c0 = time.perf_counter(), _cpu_s()
+    total = asyncio.run(run())
+    dt = time.perf_counter() - t0
+    m: Measurement = {"MB/s": total / 1e6 / dt, "seconds": dt, "concurrency": concurrency, "ranges": len(asks),
+                      "payload_MB": total / 1e6, "requests_per_s": len(asks) / dt,
+                      "cpu_s_per_GB": (_cpu_s() - c0) / (total / 1e9)}
+    if proxy:
+        d = counter_delta(before, proxy.counters())
+        m["fetched_MB"], m["requests"] = d["bytes"] / 1e6, d["requests"]
+    return m
 
 
 def _epochs(iterate: Callable[[], Iterable[dict[str, Any]]], n: int, passes: int,
@@ -624,6 +668,8 @@ def main() -> None:
         url = f"s3://{server.bucket}/bench"
         upload_dataset(local, url)
         keys = [m.key for m in open_store(url).list("image")]
+        shard_keys = sorted((k for k in keys if k.startswith("image/c/")), key=lambda k: int(k.split("/")[2]))
+        shard_records = [min(a.records_per_shard, a.records - i * a.records_per_shard) for i in range(len(shard_keys))]
         ssd = work / "ssd"
         ssd.mkdir()
         print(f"dataset: {a.records} x 128 KiB = {data_mb:.0f} MB in {len(keys)} shards; RAM budget {ram / 1e6:.0f} MB; "
@@ -666,7 +712,9 @@ def main() -> None:
                     record(lat, rnd, "raw", [raw_m], raw)
                     for system in systems[1:]:
                         ms: list[Measurement]
-                        if system in PEERS:
+                        if system == "rawranged":
+                            ms = [raw_ranged(url, shard_keys, proxy, shard_records, rec_bytes)]
+                        elif system in PEERS:
                             if system in peer_error:
                                 ms = [{"error": peer_error[system]}]
                             else:

@@ -9,6 +9,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import pytest
@@ -164,3 +165,23 @@ def test_bench_requirements_are_the_bench_extra(remote: ModuleType) -> None:
     names = {r.split("=")[0].split(">")[0].split("<")[0] for r in reqs}
     assert {"mosaicml-streaming", "litdata", "boto3", "torch"} <= names
     assert not any(r.startswith("shardkit") for r in reqs)  # the peers' venv does not hold shardkit
+
+
+def test_raw_ranged_fetches_each_record_once_by_range(remote: ModuleType, s3: Any, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The raw ranged baseline asks for every record once, one ranged GET each (no whole object,
+    nothing twice), and gets exactly the records' bytes."""
+    from tests.helpers.datasets import upload
+    from tests.helpers.faultproxy import FaultProxy
+
+    url = upload(remote.make_dataset(tmp_path / "ds", 6, 4), s3.url("rawranged"))
+    proxy = FaultProxy(s3.port, lambda n: "ok")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    try:
+        m = remote.raw_ranged(url, ["image/c/0/0/0/0", "image/c/1/0/0/0"], None, [4, 2], 128 << 10, concurrency=3)
+    finally:
+        proxy.close()
+    rec = int(np.prod(remote.RECORD_SHAPE))
+    assert m["ranges"] == 6 and m["payload_MB"] * 1e6 == 6 * rec
+    assert len(proxy.gets) == 6 and all(ranged for _, ranged in proxy.gets)
+    assert sorted(path.split("/image/c/")[1].split("/")[0] for path, _ in proxy.gets) == ["0"] * 4 + ["1"] * 2
