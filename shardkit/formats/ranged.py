@@ -350,6 +350,7 @@ class RangedPayloadArray(PayloadArray):
         for attempt in range(_RESOLVE_ATTEMPTS):
             copies: dict[int, PartialCopy | None] = {}
             waits: list[tuple[_Run, PartialCopy, list[tuple[int, int]]]] = []
+            asked: dict[int, list[tuple[int, int]]] = {}
             try:
                 for run in todo:
                     if run.shard not in copies:
@@ -366,8 +367,12 @@ class RangedPayloadArray(PayloadArray):
                             spans = _whole_parts(spans, map_pages(copy.size))
                         if run.shard not in self._tails_checked:
                             spans += self._tail_pages(run.shard)
-                        copy.request(spans)
+                        asked.setdefault(run.shard, []).extend(spans)
                         waits.append((run, copy, spans))
+                for shard, spans in asked.items():  # one request per copy: the filler is woken once, not per run
+                    copy = copies[shard]
+                    assert copy is not None
+                    copy.request(_merged(spans))
                 self._fetch_runs(remote, rows)
                 remote = []
                 again: list[_Run] = []
@@ -695,6 +700,17 @@ def _preadv_exact(fd: int, buffers: list[memoryview], offset: int, what: str) ->
                 raise TruncatedShardError(f"{what}: expected {want} bytes at {offset}, read {done}")
             done += got
         offset += want
+
+
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``spans`` (``[lo, hi)`` pages) ascending, overlapping or touching ones merged."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(spans):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
 
 
 def _pages(offs: np.ndarray, sizes: np.ndarray) -> list[tuple[int, int]]:

@@ -44,6 +44,8 @@ POLL_SECONDS = 0.005
 _ALIVE_EVERY = 40
 #: How often an idle filler looks at its copies' maps for pages other processes asked for.
 _WANTED_POLL_SECONDS = 0.01
+#: How long an idle fetch thread sleeps when nobody wakes it (a safety net: work is notified).
+_IDLE_SECONDS = 1.0
 #: Throughput is measured over windows this long to decide whether more parts in flight help.
 _WINDOW_SECONDS = 0.25
 #: Tests set this to an unset Event to hold back the background order (demanded pages still flow).
@@ -300,9 +302,12 @@ class ShardPrefetcher:
         return fill
 
     def _demanded(self, i: int, spans: list[tuple[int, int]]) -> None:
+        """Queue asked-for pages; wake as many idle threads as they make parts, not all of them (a
+        block asks once per shard, and every woken thread scans the fills under the lock)."""
+        per = max(1, PART_BYTES // PAGE_BYTES)
         with self._cond:
             self._demand.extend((i, lo, hi) for lo, hi in spans)
-            self._wake.notify_all()
+            self._wake.notify(min(len(self._threads), sum(-(-(hi - lo) // per) for lo, hi in spans)))
 
     def _pick(self) -> tuple[_Fill, int, int, bool] | None:
         """The next part to fetch: demanded here, then asked for by other processes, then the
@@ -413,7 +418,7 @@ class ShardPrefetcher:
                         return
                     task = self._pick()
                     if task is None:  # the first thread looks for other processes' requests often
-                        self._wake.wait(_WANTED_POLL_SECONDS if k == 0 and self._fills else 1.0)
+                        self._wake.wait(_WANTED_POLL_SECONDS if k == 0 and self._fills else _IDLE_SECONDS)
                 fill, lo, hi, demanded = task
                 fill.busy[lo:hi] = b"\1" * (hi - lo)
                 fill.inflight += 1
@@ -435,7 +440,7 @@ class ShardPrefetcher:
                 if demanded:
                     self._demand_active -= 1
                     if not self._demand_active:
-                        self._wake.notify_all()  # the background may go on
+                        self._wake.notify(max(0, self.limit - self._bg_active))  # the background may go on
                 else:
                     self._bg_active -= 1
                 self._count_in_flight()

@@ -477,3 +477,52 @@ def test_reading_a_copy_continues_short_reads_and_refuses_a_short_file(tmp_path:
             _preadv_exact(fd, [memoryview(bytearray(8))], 1020, "the copy")
     finally:
         os.close(fd)
+
+
+def test_asking_for_pages_wakes_the_threads_it_needs_not_all(dataset: tuple[Path, str], held: threading.Event,
+                                                              tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A block's request for pages wakes as many idle fetch threads as it makes parts (a reader asks
+    once per copy, not once per run), not every thread: each woken thread scans the fills under
+    the prefetcher's lock. (Idle threads otherwise sleep; the background is held.)"""
+    monkeypatch.setattr(prefetch, "_IDLE_SECONDS", 600.0)
+    monkeypatch.setattr(prefetch, "_WANTED_POLL_SECONDS", 600.0)
+    picks: list[tuple[str, bool]] = []
+    seen: set[str] = set()
+    all_looked = threading.Event()  # every thread made its first pick (they start idle after it)
+    real_pick = prefetch.ShardPrefetcher._pick
+
+    def pick(self: prefetch.ShardPrefetcher) -> Any:
+        got = real_pick(self)
+        name = threading.current_thread().name
+        picks.append((name, got is not None))
+        seen.add(name)
+        if len(seen) == len(self._threads):
+            all_looked.set()
+        return got
+
+    monkeypatch.setattr(prefetch.ShardPrefetcher, "_pick", pick)
+    asks: list[int] = []
+    real_demanded = prefetch.ShardPrefetcher._demanded
+
+    def demanded(self: prefetch.ShardPrefetcher, i: int, spans: list[tuple[int, int]]) -> None:
+        asks.append(i)
+        real_demanded(self, i, spans)
+
+    monkeypatch.setattr(prefetch.ShardPrefetcher, "_demanded", demanded)
+    keys = [PER_SHARD + 1, PER_SHARD + 9, PER_SHARD + 17, PER_SHARD + 25, PER_SHARD + 33]  # five runs in one shard
+    with Dataset(dataset[1], cache_dir=_cache(tmp_path)) as ds:
+        check_batch({"key": np.array([3]), **ds.read([3])})  # starts the prefetcher; every thread looks once
+        pf = ds.payload.prefetcher  # type: ignore[attr-defined]
+        threads = len(pf._threads)
+        assert all_looked.wait(60)
+        picks.clear()
+        asks.clear()
+        check_batch({"key": np.array(keys), **ds.read(keys)})
+        woken = list(picks)
+    assert threads >= 16
+    assert asks == [1]  # the five runs' pages in one request to the copy
+    parts = sum(got for _, got in woken)
+    idle = sum(not got for _, got in woken)
+    # Woken for nothing: at most one thread per part asked for, one as each part lands, and the
+    # background's share once they are all done (the background is held here); not every thread.
+    assert 0 < parts and idle <= 2 * parts + pf.limit and idle < threads, woken
