@@ -80,9 +80,10 @@ def _common_parameters() -> list[inspect.Parameter]:
         return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=annotation)
 
     return [
-        p("src", Path, typer.Argument(..., metavar="SRC", show_default=False, help=(
+        p("src", str, typer.Argument(..., metavar="SRC", show_default=False, help=(
             "Corpus: COCO root (or instances_*.json), class folders, CIFAR batches, audio folders, WebDataset "
-            "shards (a .tar, a directory of them, or shards-{000..099}.tar), Parquet files."))),
+            "shards (a .tar, a directory of them, or shards-{000..099}.tar; also as s3:// URLs or an "
+            "s3://bucket/prefix/), Parquet files."))),
         p("output", str, typer.Option(..., "-o", "--output", metavar="PATH|URL", help=(
             "Output dataset directory, or an object-store URL (s3://bucket/ds, gs://, az://): shards are "
             "uploaded as they complete, metadata last."))),
@@ -120,7 +121,7 @@ def _common_parameters() -> list[inspect.Parameter]:
 
 def convert(
     *,
-    src: Path,
+    src: str,
     output: str,
     staging_dir: Path | None,
     kind: str | None,

@@ -286,7 +286,7 @@ class _Runner:
                 self.report()
         return PartJob(
             plan=self.plan.id, part=part, first=a, items=[items[i] for i in range(a, b)], decoder=conv.decoder,
-            src=str(conv.src), out=self.plan.out, payload=conv.payload, record=conv.record_spec(),
+            src=conv.source_location(), out=self.plan.out, payload=conv.payload, record=conv.record_spec(),
             fields=self.plan.fields, records_per_shard=self.plan.records_per_shard,
             compression=None if self.plan.codec is None else self.plan.codec.to_json(),
             provenance=(conv.name, conv.provenance_columns),
@@ -695,8 +695,9 @@ def convert(
     n_workers = None if workers is None else parse_count(workers, what=_label("workers", naming), minimum=1)
     n_part = None if part_size is None else parse_count(part_size, what=_label("part_size", naming), minimum=1)
     keep = parse_count(keep_versions, what=_label("keep_versions", naming))
-    kind = kind or detect_kind(Path(src))
-    conv = get_converter(kind)(Path(src), naming=naming, **options)
+    where: str | Path = src if isinstance(src, str) and is_url(src) else Path(src)
+    kind = kind or detect_kind(where)
+    conv = get_converter(kind)(where, naming=naming, **options)
     return run_conversion(
         conv, out, f"convert {kind}", workers=n_workers, strict=strict, overwrite=overwrite, compression=compression,
         shard_bytes=nbytes, records_per_shard=rps, progress=progress, naming=naming, executor=executor,
