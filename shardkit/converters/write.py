@@ -36,6 +36,7 @@ from shardkit.converters.main_guard import refuse_inside_worker_start, workers_r
 from shardkit.converters.options import OptionNaming
 from shardkit.converters.partrun import _label, run_conversion
 from shardkit.converters.pipeline import ConvertSummary, ProgressFn
+from shardkit.converters.runoptions import ConversionOptions
 from shardkit.declare import option_name
 from shardkit.errors import ConfigError, ConversionError, InputFileError, SchemaError, ShardkitError
 from shardkit.formats import FieldSpec
@@ -43,7 +44,6 @@ from shardkit.formats.paths import check_name
 from shardkit.formats.provenance import BASE_COLUMNS, PROVENANCE_FIELD, TABLE_ARRAYS, ProvenanceSpec
 from shardkit.formats.spec import DEFAULT_SHARD_BYTES
 from shardkit.formats.versions import DEFAULT_KEEP_VERSIONS
-from shardkit.units import parse_bytes, parse_count
 
 __all__ = ["Layout", "WriteConverter", "WriteDecoder", "input_name", "inputs_from", "resolve_function", "write"]
 
@@ -591,12 +591,12 @@ part_size, keep_versions, staging_dir, naming
     items: Sequence[Any] = inputs if isinstance(inputs, Sequence) else list(inputs)
     if len(items) == 0:
         raise ConfigError(f"{option_name('inputs', naming)}: no inputs; nothing was written")
-    nbytes = parse_bytes(shard_bytes, what=_label("shard_bytes", naming))
-    rps = None if records_per_shard is None else parse_count(records_per_shard, what=_label("records_per_shard", naming),
-                                                             minimum=1)
-    n_workers = None if workers is None else parse_count(workers, what=_label("workers", naming), minimum=1)
-    n_part = None if part_size is None else parse_count(part_size, what=_label("part_size", naming), minimum=1)
-    keep = parse_count(keep_versions, what=_label("keep_versions", naming))
+    run = ConversionOptions.parse(
+        source=naming, workers=workers, strict=strict, overwrite=overwrite, compression=compression,
+        shard_bytes=shard_bytes, records_per_shard=records_per_shard, progress=progress, executor=executor,
+        scheduler=scheduler, append=append, part_size=part_size, keep_versions=keep_versions, staging_dir=staging_dir,
+    )
+    n_workers, n_part = run.workers, run.part_size
     elsewhere = executor is not None or scheduler is not None or (n_part is not None and (n_workers or 2) > 1)
     why = _sendable(fn) if elsewhere or n_workers is None or n_workers > 1 else None
     if why is not None:
@@ -612,12 +612,8 @@ part_size, keep_versions, staging_dir, naming
     layout = make_layout(first, record, fields, where or "fn", naming)
     logger.info("write %s: payload %s; fields %s", function_name(fn), layout.payload, layout.describe())
     conv = WriteConverter(fn, items, layout, naming=naming)
-    return run_conversion(
-        conv, out, f"write {function_name(fn)}", workers=n_workers, strict=strict, overwrite=overwrite,
-        compression=compression, shard_bytes=nbytes, records_per_shard=rps, progress=progress, naming=naming,
-        executor=executor, scheduler=scheduler, append=append, part_size=n_part, keep_versions=keep,
-        staging_dir=staging_dir,
-    )
+    return run_conversion(conv, out, f"write {function_name(fn)}", naming=naming,
+                          **{**run.run_keywords(), "workers": n_workers})
 
 
 def cli_path() -> None:
