@@ -4,7 +4,6 @@ refused with errors naming the shard, nothing already written lost."""
 
 from __future__ import annotations
 
-import hashlib
 import io
 import tarfile
 from pathlib import Path
@@ -18,6 +17,7 @@ from shardkit.converters.webdataset import expand_braces, sample_key
 from shardkit.errors import ConfigError, ConversionError
 from shardkit.formats import open_dataset, verify
 from tests.helpers.cli import run_cli
+from tests.helpers.importers import tree_digest as _digest
 from tests.helpers.tars import H, W
 from tests.helpers.tars import image as _image
 from tests.helpers.tars import member as _member
@@ -31,11 +31,6 @@ wds = pytest.importorskip("webdataset")
 def shards(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
     root = tmp_path_factory.mktemp("wds") / "corpus"
     return root, _write_shards(root)
-
-
-def _digest(path: Path) -> dict[str, str]:
-    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(path.rglob("*")) if p.is_file()}
 
 
 def test_brace_pattern_shards_convert_record_by_record(shards, tmp_path: Path) -> None:

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image
+
+from tests.helpers.importers import png, random_image
 
 __all__ = ["H", "W", "png", "image", "write_shards", "write_tar", "member"]
 
@@ -18,16 +19,9 @@ __all__ = ["H", "W", "png", "image", "write_shards", "write_tar", "member"]
 H, W = 12, 16
 
 
-def png(arr: np.ndarray) -> bytes:
-    """``arr`` as PNG bytes (lossless: a converted record equals the array)."""
-    out = io.BytesIO()
-    Image.fromarray(arr).save(out, "PNG")
-    return out.getvalue()
-
-
 def image(seed: int) -> np.ndarray:
     """A seeded random ``H x W`` RGB image."""
-    return np.random.default_rng(seed).integers(0, 256, (H, W, 3), dtype=np.uint8)
+    return random_image(seed, H, W)
 
 
 def write_shards(root: Path, shards: int = 2, per_shard: int = 4) -> list[dict[str, Any]]:
