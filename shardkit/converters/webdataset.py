@@ -42,6 +42,7 @@ from shardkit.converters.audio import AUDIO_OPTIONS
 from shardkit.converters.audio_transforms import AUDIO_COLUMNS, AUDIO_EXTENSIONS, AudioTransform
 from shardkit.converters.base import PROVENANCE, RECORD_BYTES_PER_CALL, Converter, Decoded, Decoder, Note, ScanResult, Skip
 from shardkit.converters.images import IMAGE_COLUMNS, IMAGE_EXTENSIONS, IMAGE_OPTIONS, ImageTransform
+from shardkit.converters.layout import RecordLayout, spec_of
 from shardkit.converters.options import Option, choice, count, parse_options, text
 from shardkit.errors import (
     ConfigError,
@@ -502,10 +503,6 @@ def _json_numbers(fh: Any, offset: int, size: int, where: str) -> dict[str, int 
     return {k: v for k, v in doc.items() if isinstance(v, (bool, int, float)) and not (isinstance(v, float) and not math.isfinite(v))}
 
 
-def _number_spec(value: int | float | bool) -> FieldSpec:
-    return FieldSpec((), "bool" if isinstance(value, bool) else "int64" if isinstance(value, int) else "float64")
-
-
 class WebDatasetDecoder(Decoder):
     """Decode one sample: read its members from the shard, transform the payload, check the fields."""
 
@@ -513,6 +510,8 @@ class WebDatasetDecoder(Decoder):
                  audio: AudioTransform | None) -> None:
         super().__init__(plan.media, record)
         self.shards, self.plan, self.image, self.audio = shards, plan, image, audio
+        #: The fields of the first sample, enforced on every later one (other members are not fields).
+        self.enforced = RecordLayout(dict((*plan.arrays.values(), *plan.numbers.values())), exact=False)
         self.per_call = max(1, RECORD_BYTES_PER_CALL // record.nbytes)
 
     def item_path(self, item: Sample) -> str:
@@ -553,22 +552,17 @@ class WebDatasetDecoder(Decoder):
         plan = self.plan
         fields: dict[str, Any] = {}
         payload = _read_at(fh, *roles[plan.member])
-        for role, (name, spec) in plan.arrays.items():
+        found: dict[str, Any] = {}
+        for role, (name, _spec) in plan.arrays.items():
             if role not in roles:
                 raise InputFileError(where, f"mismatch: no .{role} member (the first sample has one)")
-            arr, found = _npy_spec(_read_at(fh, *roles[role]), f"{where}.{role}")
-            if found != spec:
-                raise InputFileError(where, f"mismatch: .{role} is {list(found.shape)} {found.dtype}, the first "
-                                     f"sample's {list(spec.shape)} {spec.dtype}")
-            fields[name] = arr
+            found[name] = _npy_spec(_read_at(fh, *roles[role]), f"{where}.{role}")[0]
         if plan.numbers:
             if "json" not in roles:
                 raise InputFileError(where, "mismatch: no .json member (the first sample has one)")
             values = _json_numbers(fh, *roles["json"], f"{where}.json")
-            for key, (name, spec) in plan.numbers.items():
-                if key not in values or _number_spec(values[key]).dtype not in (spec.dtype, "int64"):
-                    raise InputFileError(where, f"mismatch: .json has no number {key!r} (the first sample has one)")
-                fields[name] = np.asarray(values[key], dtype=spec.dtype)
+            found.update({name: values[key] for key, (name, _spec) in plan.numbers.items() if key in values})
+        fields.update(self.enforced.check(found, where, "the sample"))
         notes = tuple(Note(f"dropped .{role}", "no image, audio, label, .npy or .json number member; not kept")
                       for role in sorted(dropped))
         base = {"label": np.int64(label), **fields}
@@ -720,7 +714,7 @@ class WebDatasetConverter(Converter):
         if js is not None:
             for k, value in _json_numbers(fh, js.offset, js.size, f"{where}.json").items():
                 if _FIELD_NAME.fullmatch(k) and k not in taken:
-                    numbers[k] = (k, _number_spec(value))
+                    numbers[k] = (k, spec_of(value, k))
                     taken.add(k)
         return _Plan(media, member, label, arrays, numbers)
 

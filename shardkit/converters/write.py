@@ -32,6 +32,7 @@ import numpy as np
 
 from shardkit.converters.base import RECORD_BYTES_PER_CALL, Converter, Decoded, Decoder, Record, ScanResult
 from shardkit.converters.decoding import default_workers
+from shardkit.converters.layout import Mismatch, RecordLayout, as_array, spec_of
 from shardkit.converters.main_guard import refuse_inside_worker_start, workers_rerun_main
 from shardkit.converters.options import OptionNaming
 from shardkit.converters.partrun import _label, run_conversion
@@ -55,9 +56,6 @@ MAX_INPUT_NAME = 512
 MAX_INPUT_LINE = 1 << 16
 #: ``module.sub:function.attr``
 _REFERENCE = re.compile(r"^([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)$")
-_NUMERIC_KINDS = "biufc"
-#: The dtype kinds a Python number of each kind (bool, int, float, complex) may be stored as.
-_HOLDS = {"b": "biufc", "i": "iufc", "f": "fc", "c": "c"}
 _GLOB_CHARS = "*?["
 
 
@@ -184,54 +182,6 @@ class Layout:
         return ", ".join(f"{k} {tuple(v.shape)} {v.dtype}" for k, v in self.specs().items())
 
 
-class _Mismatch(Exception):
-    """A value that does not fit its key's spec."""
-
-
-def _array(value: Any, key: str) -> np.ndarray:
-    """``value`` as a numeric array (Python numbers, numpy arrays and scalars, nested lists of numbers)."""
-    try:
-        arr = np.asarray(value)
-    except Exception as exc:
-        raise _Mismatch(f"{key!r} is a {type(value).__name__} that is not an array ({exc})") from None
-    if arr.dtype.kind not in _NUMERIC_KINDS:
-        raise _Mismatch(f"{key!r} is a {type(value).__name__} of dtype {arr.dtype}; expected numbers or a numeric array")
-    return arr
-
-
-def _fit(value: Any, spec: FieldSpec, key: str) -> np.ndarray:
-    """``value`` as an array of exactly ``spec`` (numpy arrays: same shape, safe cast; Python numbers: any
-    that the dtype holds); _Mismatch saying what differs."""
-    if isinstance(value, (bool, int, float, complex)) and not isinstance(value, np.generic):
-        if spec.shape != ():
-            raise _Mismatch(f"{key!r} is a number, expected shape {tuple(spec.shape)}")
-        kind = "b" if isinstance(value, bool) else "i" if isinstance(value, int) else "f" if isinstance(value, float) else "c"
-        target = np.dtype(spec.dtype).kind
-        if target not in _HOLDS[kind]:
-            raise _Mismatch(f"{key!r} is a {type(value).__name__}, expected {spec.dtype}")
-        try:
-            out = np.asarray(value, dtype=spec.dtype)
-        except (OverflowError, ValueError):
-            raise _Mismatch(f"{key!r} = {value!r} does not fit {spec.dtype}") from None
-        if target in "iu" and out.item() != value:
-            raise _Mismatch(f"{key!r} = {value!r} does not fit {spec.dtype}")
-        return out
-    arr = _array(value, key)
-    if arr.shape != tuple(spec.shape):
-        raise _Mismatch(f"{key!r} has shape {arr.shape}, expected {tuple(spec.shape)}")
-    if not np.can_cast(arr.dtype, spec.dtype, "safe"):
-        raise _Mismatch(f"{key!r} has dtype {arr.dtype}, expected {spec.dtype} (or one that casts to it safely)")
-    return np.ascontiguousarray(arr, dtype=spec.dtype)
-
-
-def _spec_of(value: Any, key: str) -> FieldSpec:
-    arr = _array(value, key)
-    try:
-        return FieldSpec(arr.shape, arr.dtype.name)
-    except SchemaError as exc:
-        raise _Mismatch(f"{key!r}: {exc}") from None
-
-
 def _given_spec(value: Any, key: str, what: str) -> FieldSpec:
     """A spec given by the user: a FieldSpec, ``(shape, dtype)`` or a dtype (a scalar)."""
     try:
@@ -274,8 +224,8 @@ def make_layout(first: Mapping[str, Any] | None, record: str | Mapping[str, Any]
         if key not in got:
             raise ConfigError(f"{what} {key!r}: the first record ({where}) has no such key; it has {sorted(got)}")
         try:
-            return _spec_of(got[key], key)
-        except _Mismatch as exc:
+            return spec_of(got[key], key)
+        except Mismatch as exc:
             raise ConversionError(f"{where}: {exc}") from None
 
     if isinstance(record, Mapping):
@@ -293,8 +243,8 @@ def make_layout(first: Mapping[str, Any] | None, record: str | Mapping[str, Any]
         sizes: dict[str, int] = {}
         for k, v in got.items():
             try:
-                sizes[k] = _array(v, k).nbytes
-            except _Mismatch as exc:
+                sizes[k] = as_array(v, k).nbytes
+            except Mismatch as exc:
                 raise ConversionError(f"{where}: {exc}") from None
         payload = max(sizes, key=lambda k: sizes[k])  # max keeps the first of equal ones
         record_spec = spec_from_first(payload, rec_label)
@@ -330,6 +280,8 @@ class WriteDecoder(Decoder):
         self.fn = fn
         self.layout = layout
         self.name = function_name(fn)
+        self._enforced = RecordLayout(layout.specs(), layout.exact,
+                                      "; name the keys to keep with fields= / --fields to drop others")
         self._live: tuple[bytes, int, Iterator[Any]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -382,24 +334,7 @@ class WriteDecoder(Decoder):
     def _check(self, rec: Any, where: str, number: int) -> Record:
         if not isinstance(rec, Mapping):
             raise InputFileError(where, f"mismatch: record {number} is a {type(rec).__name__}; expected a dict")
-        specs = self.layout.specs()
-        missing = [k for k in specs if k not in rec]
-        if missing:
-            raise InputFileError(where, f"mismatch: record {number} has no {', '.join(map(repr, missing))} "
-                                        f"(expected {self.layout.describe()})")
-        if self.layout.exact:
-            extra = [k for k in rec if k not in specs]
-            if extra:
-                raise InputFileError(where, f"mismatch: record {number} has key(s) {', '.join(map(repr, extra[:5]))} "
-                                            f"the first record had not (expected {self.layout.describe()}; name the "
-                                            "keys to keep with fields= / --fields to drop others)")
-        out: Record = {}
-        for k, spec in specs.items():
-            try:
-                out[k] = _fit(rec[k], spec, k)
-            except _Mismatch as exc:
-                raise InputFileError(where, f"mismatch: record {number}: {exc}") from None
-        return out
+        return self._enforced.check(rec, where, f"record {number}")
 
     def decode(self, item: Any, start: int = 0) -> Decoded:
         where = self.item_path(item)
