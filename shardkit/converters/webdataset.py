@@ -160,6 +160,11 @@ class ShardSource:
     key: str = ""
     etag: str | None = None
 
+    def sample(self, key: str) -> str:
+        """How messages name a sample: ``shard#key`` (a remote shard's URL and the key apart, since a URL's
+        ``#...`` is a fragment, hidden from messages like any secret)."""
+        return f"{self.name}#{key}" if self.store is None else f"{self.name} sample {key}"
+
     def open(self, window: int = 0) -> tuple[Any, int]:
         """``(file-like with seek/read, size)``; a remote shard is read in ranges of at least ``window``
         bytes, each pinned to the listed ETag (a shard replaced since it was listed is
@@ -185,13 +190,19 @@ class _RemoteShard:
         self.pos = pos
         return pos
 
+    def need(self, start: int, end: int) -> None:
+        """Hold bytes ``[start, end)`` in memory (one request from ``start``, at least ``window`` long,
+        unless they are held already)."""
+        end = min(end, self.size)
+        if end > start and not (self._start <= start and end <= self._start + len(self._buf)):
+            ahead = min(max(end, start + self.window), self.size)
+            self._start, self._buf = start, self.store.get_range(self.key, start, ahead, etag=self.etag)
+
     def read(self, n: int) -> bytes:
         end = min(self.pos + n, self.size)
         if end <= self.pos:
             return b""
-        if not (self._start <= self.pos and end <= self._start + len(self._buf)):
-            ahead = min(max(end, self.pos + self.window), self.size)
-            self._start, self._buf = self.pos, self.store.get_range(self.key, self.pos, ahead, etag=self.etag)
+        self.need(self.pos, end)
         out = bytes(self._buf[self.pos - self._start : end - self._start])
         self.pos = end
         return out
@@ -513,9 +524,22 @@ class WebDatasetDecoder(Decoder):
         #: The fields of the first sample, enforced on every later one (other members are not fields).
         self.enforced = RecordLayout(dict((*plan.arrays.values(), *plan.numbers.values())), exact=False)
         self.per_call = max(1, RECORD_BYTES_PER_CALL // record.nbytes)
+        #: The last remote shard read (shard number, reader): a task's samples are consecutive in their
+        #: shard, so one read-ahead window serves several of them.
+        self._remote: tuple[int, _RemoteShard] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_remote": None}
 
     def item_path(self, item: Sample) -> str:
-        return f"{self.shards[item[0]].name}#{item[1]}"
+        return self.shards[item[0]].sample(item[1])
+
+    def _reader(self, shard: int) -> _RemoteShard:
+        """A remote shard's reader, kept from the previous sample when it is the same shard."""
+        if self._remote is None or self._remote[0] != shard:
+            self._remote = None
+            self._remote = (shard, self.shards[shard].open(_WINDOW)[0])
+        return self._remote[1]
 
     def decode(self, item: Sample, start: int = 0) -> Decoded:
         shard, _key, label, members = item
@@ -527,16 +551,13 @@ class WebDatasetDecoder(Decoder):
         dropped = Counter(role for role in roles if role not in (plan.member, plan.label, "json", *plan.arrays))
         source = self.shards[shard]
         try:
-            fh = open(source.name, "rb") if source.store is None else source.open()[0]
+            fh = open(source.name, "rb") if source.store is None else self._reader(shard)
         except OSError as exc:
             raise InputFileError(where, f"unreadable: {exc.strerror or exc}") from None
         try:
-            if source.store is not None:  # the members used, in one request when they lie together
+            if source.store is not None:  # the members used, from the first in the shard: one request
                 used = [roles[r] for r in (plan.member, *plan.arrays, *(("json",) if plan.numbers else ())) if r in roles]
-                lo, hi = min(o for o, _ in used), max(o + n for o, n in used)
-                if hi - lo <= 2 * sum(n for _, n in used) + (64 << 10):
-                    fh.seek(lo)
-                    fh.read(hi - lo)
+                self._reader(shard).need(min(o for o, _ in used), max(o + n for o, n in used))
             return self._decode(fh, where, roles, dropped, label, start)
         except StoreError as exc:
             changed = isinstance(exc, ObjectChangedError)
@@ -545,7 +566,8 @@ class WebDatasetDecoder(Decoder):
                                       "when it started); re-run to convert the shards as they are now" if changed
                                       else f"cannot read the shard: {exc}")) from None
         finally:
-            fh.close()
+            if source.store is None:
+                fh.close()
 
     def _decode(self, fh: Any, where: str, roles: dict[str, tuple[int, int]], dropped: Counter[str], label: int,
                 start: int) -> Decoded:
@@ -647,6 +669,12 @@ class WebDatasetConverter(Converter):
     def describe(self) -> str:
         return location_string(self.url) if self.url is not None else super().describe()
 
+    def input_name(self, item: Any) -> str:
+        """``shard#key``, the shard relative to the corpus root (its directory URL for remote shards)."""
+        if self.url is None:
+            return super().input_name(item)
+        return f"{self.sources[item[0]].key}#{item[1]}"
+
     def source_location(self) -> str:
         return self.url if self.url is not None else super().source_location()
 
@@ -694,12 +722,12 @@ class WebDatasetConverter(Converter):
                     break
         if member is None or media is None:
             raise ConversionError(
-                f"{self.sources[shard].name}#{key}: the first sample has no {media or 'image or audio'} member (members: "
+                f"{self.sources[shard].sample(key)}: the first sample has no {media or 'image or audio'} member (members: "
                 f"{', '.join('.' + r for r in roles)}); pass {self.label('member')}")
         label = self.values["label"]
         if label is None:
             label = next((r for r in LABEL_ROLES if r in roles), None)
-        where = f"{self.sources[shard].name}#{key}"
+        where = self.sources[shard].sample(key)
         arrays: dict[str, tuple[str, FieldSpec]] = {}
         numbers: dict[str, tuple[str, FieldSpec]] = {}
         taken = set(_RESERVED_FIELDS)
@@ -730,7 +758,7 @@ class WebDatasetConverter(Converter):
         texts: list[str] = []
         plan: _Plan | None = None
         for shard, key, members, fh in self._samples():
-            where = f"{self.sources[shard].name}#{key}"
+            where = self.sources[shard].sample(key)
             refused = next((m.refused for m in members if m.refused), None)
             seen = Counter(m.name for m in members)
             twice = next((r for r, n in seen.items() if n > 1), None)
@@ -769,7 +797,7 @@ class WebDatasetConverter(Converter):
             ids = [int(t) for t in texts]
             for j, i in enumerate(ids):
                 if i >= _MAX_CLASSES:
-                    skipped.append(Skip(f"{self.sources[items[j][0]].name}#{items[j][1]}",
+                    skipped.append(Skip(self.sources[items[j][0]].sample(items[j][1]),
                                         f"label: class {i} is beyond {_MAX_CLASSES - 1}"))
                     ids[j] = -1
             self._classes = [str(i) for i in range(max(ids) + 1)] if max(ids, default=-1) >= 0 else []
@@ -783,7 +811,7 @@ class WebDatasetConverter(Converter):
         out = []
         for j, t in enumerate(texts):
             if not t:
-                skipped.append(Skip(f"{self.sources[items[j][0]].name}#{items[j][1]}", "label: empty label member"))
+                skipped.append(Skip(self.sources[items[j][0]].sample(items[j][1]), "label: empty label member"))
             out.append(index.get(t, -1))
         return out
 
