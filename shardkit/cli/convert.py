@@ -10,7 +10,6 @@ from __future__ import annotations
 import inspect
 import logging
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -20,9 +19,9 @@ from shardkit.cli.merge import shard_ways
 from shardkit.converters.options import Option
 from shardkit.converters.progress import progress_bar
 from shardkit.converters.registry import available_kinds, kind_options
-from shardkit.formats.versions import DEFAULT_KEEP_VERSIONS
+from shardkit.converters.runoptions import ConversionOptions
 from shardkit.stores import is_url
-from shardkit.units import human_bytes, parse_bytes
+from shardkit.units import human_bytes
 
 if TYPE_CHECKING:
     from shardkit.converters.pipeline import ConvertSummary
@@ -74,97 +73,92 @@ def kind_option_parameters() -> list[inspect.Parameter]:
     return params
 
 
+#: How the shared options look on the command line (their names, types and help are declared in
+#: ConversionOptions): extra short names, metavars, and whether typer shows the default.
+_LOOK: dict[str, dict[str, Any]] = {
+    "workers": {"short": "-j"},
+    "compression": {"metavar": "CODEC"},
+    "shard_bytes": {"metavar": "SIZE"},
+    "scheduler": {"metavar": "ADDRESS"},
+    "part_size": {"metavar": "N"},
+    "keep_versions": {"metavar": "N", "show_default": True},
+    "staging_dir": {"metavar": "DIR"},
+}
+
+
+def conversion_parameters() -> list[inspect.Parameter]:
+    """One keyword parameter (a typer option) per :class:`ConversionOptions` option that has a flag,
+    named as the option (``shard_bytes`` is ``--shard-size``)."""
+    defaults = ConversionOptions.defaults()
+    params = []
+    for name, declared in ConversionOptions.declared().items():
+        flag = declared.cli_flag(name)
+        if flag is None:
+            continue
+        look = _LOOK.get(name, {})
+        shown = look.get("show_default", False)
+        default = declared.cli_default(defaults[name]) if shown or declared.cli_type is bool else None
+        names = [flag, *([look["short"]] if "short" in look else [])]
+        extra = {"metavar": look["metavar"]} if "metavar" in look else {}
+        info = typer.Option(default, *names, help=declared.help, show_default=shown,
+                            **extra)
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info,
+                                        annotation=declared.cli_type))
+    return params
+
+
+def conversion_options(given: dict[str, Any], verb: str = "converting") -> ConversionOptions:
+    """The shared options out of a command's parsed flags (removed from ``given``; ``None``: not
+    given, the declared default), spelled as flags in errors; a scheduler from the environment is
+    announced on stderr."""
+    from shardkit.converters.executors import DASK_SCHEDULER_ENV, scheduler_address
+
+    names = [p.name for p in conversion_parameters()]
+    values = {n: given.pop(n) for n in names if n in given}
+    scheduler = values.get("scheduler")
+    address = scheduler_address(scheduler)
+    values["scheduler"] = address
+    if address is not None and scheduler is None:
+        echo_err(f"{verb} on the Dask cluster at {address} (from {DASK_SCHEDULER_ENV}; --scheduler local to stay here)")
+    return ConversionOptions.parse(source="cli", **{k: v for k, v in values.items() if v is not None})
+
+
 def _common_parameters() -> list[inspect.Parameter]:
-    """The options of the command itself (not of a corpus kind)."""
+    """The options of the command itself (not of a corpus kind): its own, then the shared ones."""
     def p(name: str, annotation: Any, info: Any) -> inspect.Parameter:
         return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=annotation)
 
     return [
-        p("src", Path, typer.Argument(..., metavar="SRC", show_default=False, help=(
+        p("src", str, typer.Argument(..., metavar="SRC", show_default=False, help=(
             "Corpus: COCO root (or instances_*.json), class folders, CIFAR batches, audio folders, WebDataset "
-            "shards (a .tar, a directory of them, or shards-{000..099}.tar), Parquet files."))),
+            "shards (a .tar, a directory of them, or shards-{000..099}.tar; also as s3:// URLs or an "
+            "s3://bucket/prefix/), Parquet files."))),
         p("output", str, typer.Option(..., "-o", "--output", metavar="PATH|URL", help=(
             "Output dataset directory, or an object-store URL (s3://bucket/ds, gs://, az://): shards are "
             "uploaded as they complete, metadata last."))),
-        p("staging_dir", Path | None, typer.Option(None, "--staging-dir", metavar="DIR", show_default=False, help=(
-            "For a URL output: where each shard is written before its upload (default: the temp dir)."))),
         p("kind", str | None, typer.Option(None, "--kind", metavar="KIND", show_default=False,
                                            help=f"{', '.join(available_kinds())} (default: detect).")),
-        p("workers", int | None, typer.Option(None, "--workers", "-j", min=1, show_default=False,
-                                              help="Decode processes (default: cores). Output does not depend on it.")),
-        p("strict", bool, typer.Option(False, "--strict", help="Stop at the first bad input instead of skipping it.")),
-        p("overwrite", bool, typer.Option(False, "--overwrite",
-                                          help="Replace an existing output (default: resume or refuse).")),
-        p("compression", str | None, typer.Option(None, "--compression", metavar="CODEC", show_default=False,
-                                                  help="Per-record codec: zstd, gzip, blosc-lz4 (default none).")),
-        p("shard_size", str | None, typer.Option(None, "--shard-size", metavar="SIZE", show_default=False,
-                                                 help=("Target shard file size, e.g. 64MiB (default 256MiB); records below 4 KiB "
-                                                       "make smaller shards: at most one record per 4 KiB, so the index stays "
-                                                       "small."))),
-        p("scheduler", str | None, typer.Option(None, "--scheduler", metavar="ADDRESS", show_default=False, help=(
-            "Run the conversion in parts on this Dask cluster (tcp://host:8786; default: $DASK_SCHEDULER_ADDRESS "
-            "if set; 'local' for this machine). Workers must see SRC and the output at the same paths."))),
-        p("append", bool, typer.Option(False, "--append", help=(
-            "Add SRC's records after those of the dataset at the output, as its next version (same kind, record "
-            "shape and transform); readers that opened it keep their version."))),
-        p("part_size", str | None, typer.Option(None, "--part-size", metavar="N", show_default=False, help=(
-            "Convert in parts of N inputs (default with --scheduler or --append: about 64 parts, 1 to 16 shards "
-            "each). Without --scheduler the parts run on --workers local processes, each writing its own shards."))),
-        p("keep_versions", str, typer.Option(str(DEFAULT_KEEP_VERSIONS), "--keep-versions", metavar="N", help=(
-            "Older versions kept openable after an append; older ones are deleted."))),
+        *conversion_parameters(),
         p("quiet", bool, typer.Option(False, "--quiet", "-q", help="No progress bar.")),
         p("verbose", bool, typer.Option(False, "--verbose", "-v",
                                         help="Log every skipped input and annotation entry, with its reason.")),
     ]
 
 
-def convert(
-    *,
-    src: Path,
-    output: str,
-    staging_dir: Path | None,
-    kind: str | None,
-    workers: int | None,
-    strict: bool,
-    overwrite: bool,
-    compression: str | None,
-    shard_size: str | None,
-    scheduler: str | None,
-    append: bool,
-    part_size: str | None,
-    keep_versions: str,
-    quiet: bool,
-    verbose: bool,
-    **given: Any,
-) -> None:
+def convert(*, src: str, output: str, kind: str | None, quiet: bool, verbose: bool, **given: Any) -> None:
     """Convert a corpus into a dataset; resumable, deterministic whatever --workers or --scheduler."""
     from shardkit.converters import convert as run_convert
     from shardkit.converters import detect_kind, get_converter
-    from shardkit.converters.executors import DASK_SCHEDULER_ENV, scheduler_address
 
     setup_logging(verbose)
+    run = conversion_options(given)
     options = {k: v for k, v in given.items() if v is not None}
-    if compression is not None and compression.lower() == "none":
-        compression = None
     kind = kind or detect_kind(src)
-    extra: dict[str, Any] = {}
-    if shard_size is not None:
-        extra["shard_bytes"] = parse_bytes(shard_size, what="--shard-size")
-    extra["keep_versions"] = keep_versions
-    if part_size is not None:
-        extra["part_size"] = part_size
-    address = scheduler_address(scheduler)
-    if address is not None:
-        extra["scheduler"] = address
-        if scheduler is None:
-            echo_err(f"converting on the Dask cluster at {address} (from {DASK_SCHEDULER_ENV}; --scheduler local to stay here)")
     t0 = time.perf_counter()
     with progress_bar(get_converter(kind).progress_unit, f"convert {kind}", disable=quiet) as progress:
-        summary = run_convert(
-            src, output, kind, workers=workers, strict=strict, overwrite=overwrite, compression=compression,
-            progress=progress, naming="cli", append=append, staging_dir=staging_dir, **extra, **options,
-        )
-    print_summary(summary, append=append, started=t0, compression=compression)
+        summary = run_convert(src, output, kind, naming="cli", **{**run.run_keywords(), "progress": progress},
+                              **options)
+    print_summary(summary, append=run.append, started=t0, compression=run.compression)
 
 
 def print_summary(summary: ConvertSummary, *, append: bool, started: float, compression: str | None = None) -> None:

@@ -1,8 +1,9 @@
 """``shardkit write module:function --inputs FILE|GLOB -o OUT``: :func:`shardkit.write` from the command line.
 
-The options shared with ``convert`` (output, workers, scheduler, append, parts, sizes, ...) are
-``convert``'s own parameters (:func:`shardkit.cli.convert._common_parameters`), so both commands
-spell and document them alike; the progress bar and the summary are ``convert``'s too.
+The options shared with ``convert`` (workers, scheduler, append, parts, sizes, ...) are derived from
+their one declaration, :class:`~shardkit.converters.runoptions.ConversionOptions`
+(:func:`shardkit.cli.convert.conversion_parameters`), so both commands spell and document them
+alike; the progress bar and the summary are ``convert``'s too.
 """
 
 from __future__ import annotations
@@ -10,16 +11,14 @@ from __future__ import annotations
 import copy
 import inspect
 import time
-from pathlib import Path
 from typing import Any
 
 import typer
 
-from shardkit.cli.app import app, echo_err, help_text, setup_logging
-from shardkit.cli.convert import _common_parameters, print_summary
+from shardkit.cli.app import app, help_text, setup_logging
+from shardkit.cli.convert import _common_parameters, conversion_options, print_summary
 from shardkit.converters.progress import progress_bar
 from shardkit.errors import ConfigError
-from shardkit.units import parse_bytes
 
 __all__ = ["write"]
 
@@ -66,28 +65,9 @@ def _parameters() -> list[inspect.Parameter]:
     return own + shared
 
 
-def write(
-    *,
-    fn: str,
-    inputs: str,
-    record: str | None,
-    fields: str | None,
-    output: str,
-    staging_dir: Path | None,
-    workers: int | None,
-    strict: bool,
-    overwrite: bool,
-    compression: str | None,
-    shard_size: str | None,
-    scheduler: str | None,
-    append: bool,
-    part_size: str | None,
-    keep_versions: str,
-    quiet: bool,
-    verbose: bool,
-) -> None:
+def write(*, fn: str, inputs: str, record: str | None, fields: str | None, output: str, quiet: bool, verbose: bool,
+          **given: Any) -> None:
     """Write a dataset from a Python function over a list of inputs; resumable, deterministic whatever --workers."""
-    from shardkit.converters.executors import DASK_SCHEDULER_ENV, scheduler_address
     from shardkit.converters.write import cli_path, function_name, inputs_from, resolve_function
     from shardkit.converters.write import write as run_write
 
@@ -95,30 +75,17 @@ def write(
     cli_path()
     function = resolve_function(fn, what="MODULE:FUNCTION")
     items = inputs_from(inputs)
-    if compression is not None and compression.lower() == "none":
-        compression = None
     keys = None
     if fields is not None:
         keys = [k.strip() for k in fields.split(",") if k.strip()]
         if not keys:
             raise ConfigError(f"--fields {fields!r}: expected keys separated by commas")
-    extra: dict[str, Any] = {"keep_versions": keep_versions}
-    if shard_size is not None:
-        extra["shard_bytes"] = parse_bytes(shard_size, what="--shard-size")
-    if part_size is not None:
-        extra["part_size"] = part_size
-    address = scheduler_address(scheduler)
-    if address is not None:
-        extra["scheduler"] = address
-        if scheduler is None:
-            echo_err(f"writing on the Dask cluster at {address} (from {DASK_SCHEDULER_ENV}; --scheduler local to stay here)")
+    run = conversion_options(given, "writing")
     t0 = time.perf_counter()
     with progress_bar("input", f"write {function_name(function)}", disable=quiet) as progress:
-        summary = run_write(
-            function, items, output, record=record, fields=keys, workers=workers, strict=strict, overwrite=overwrite,
-            compression=compression, progress=progress, naming="cli", append=append, staging_dir=staging_dir, **extra,
-        )
-    print_summary(summary, append=append, started=t0, compression=compression)
+        summary = run_write(function, items, output, record=record, fields=keys, naming="cli",
+                            **{**run.run_keywords(), "progress": progress})
+    print_summary(summary, append=run.append, started=t0, compression=run.compression)
 
 
 write.__signature__ = inspect.Signature(_parameters(), return_annotation=None)  # type: ignore[attr-defined]

@@ -22,9 +22,10 @@ import numpy as np
 
 from shardkit.converters.options import Option, OptionNaming, parse_options
 from shardkit.declare import option_name
-from shardkit.errors import DatasetNotFoundError
+from shardkit.errors import ConfigError, DatasetNotFoundError
 from shardkit.formats import FieldSpec
 from shardkit.formats.provenance import BASE_COLUMNS, PROVENANCE_FIELD, ProvenanceSpec
+from shardkit.stores.url import is_url, location_string
 
 __all__ = [
     "Converter",
@@ -183,6 +184,9 @@ class Converter(ABC):
     provenance_columns: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, src: str | Path, *, naming: OptionNaming = "python", **options: Any) -> None:
+        if isinstance(src, str) and is_url(src):
+            raise ConfigError(f"{location_string(src)}: the {self.name} kind reads a local corpus; of the object-store "
+                              "sources, shardkit converts WebDataset shards (kind webdataset)")
         src = Path(src)
         if not src.exists():
             raise DatasetNotFoundError(f"{src}: corpus not found")
@@ -200,6 +204,12 @@ class Converter(ABC):
     @abstractmethod
     def detect(cls, src: Path) -> bool:
         """True if ``src`` looks like a corpus of this kind (cheap: listings only)."""
+
+    @classmethod
+    def detect_url(cls, url: str) -> bool:
+        """True if this kind reads the object-store URL ``url`` (from its text alone; most kinds read
+        local corpora only)."""
+        return False
 
     # ------------------------------------------------------------------ main-process half
     @abstractmethod
@@ -243,6 +253,10 @@ class Converter(ABC):
         """Every parameter that shapes the output; a resume with a different config is refused."""
         return {"kind": self.name, "src": str(self.src), "options": dict(sorted(self.values.items()))}
 
+    def source_location(self) -> str:
+        """Where workers find the corpus: its absolute path, or the object-store URL it is read from."""
+        return str(self.src)
+
     def describe(self) -> str:
         """How messages name what is converted: the corpus path (``shardkit.write``: its function)."""
         return str(self.src)
@@ -252,8 +266,8 @@ class Converter(ABC):
         return self.decoder.item_path(item)
 
     # ------------------------------------------------------------------ provenance
-    def source_root(self) -> Path:
-        """The directory input names are relative to (the corpus root)."""
+    def source_root(self) -> Path | str:
+        """The directory input names are relative to (the corpus root; a URL for an object-store corpus)."""
         return self.src
 
     def input_name(self, item: Any) -> str:

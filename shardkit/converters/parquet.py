@@ -32,6 +32,7 @@ from shardkit.converters.audio_transforms import AUDIO_COLUMNS, AudioTransform
 from shardkit.converters.base import PROVENANCE, RECORD_BYTES_PER_CALL, Converter, Decoded, Decoder, Note, ScanResult
 from shardkit.converters.classfolders import SPLIT_NAMES, choose_split
 from shardkit.converters.images import IMAGE_COLUMNS, IMAGE_OPTIONS, ImageTransform
+from shardkit.converters.layout import RecordLayout
 from shardkit.converters.options import Option, choice, count, text
 from shardkit.errors import ConfigError, ConversionError, InputFileError
 from shardkit.formats import FieldSpec
@@ -202,6 +203,8 @@ class ParquetDecoder(Decoder):
         self.files, self.starts, self.layout, self.image, self.audio = files, starts, layout, image, audio
         self.per_call = max(1, RECORD_BYTES_PER_CALL // record.nbytes)
         self._cache: tuple[tuple[int, int], Any] | None = None
+        #: The numeric columns of the first file, enforced on every row.
+        self.enforced = RecordLayout({c: FieldSpec((), d) for c, d in layout.numbers.items()})
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_cache": None}
@@ -240,11 +243,12 @@ class ParquetDecoder(Decoder):
             fields["label"] = np.int64(label)
         else:
             fields["label"] = np.int64(0)
-        for name, dtype in lay.numbers.items():
-            v = table.column(name)[i].as_py()
-            if v is None:
+        numbers = {}
+        for name in lay.numbers:
+            numbers[name] = table.column(name)[i].as_py()
+            if numbers[name] is None:
                 raise InputFileError(where, f"missing: {name} is null")
-            fields[name] = np.asarray(v, dtype=dtype)
+        fields.update(self.enforced.check(numbers, where, "the row"))
         notes = tuple(Note(f"dropped column {c}", "not an image, audio, label or numeric column; not kept")
                       for c in lay.dropped) if start == 0 else ()
         named = Path(f"{where}.{lay.column}")

@@ -53,6 +53,7 @@ from shardkit.converters.pipeline import (
 )
 from shardkit.converters.progress import progress_bar
 from shardkit.converters.registry import detect_kind, get_converter
+from shardkit.converters.runoptions import ConversionOptions
 from shardkit.declare import option_name
 from shardkit.errors import ConfigError, ConversionError, ShardkitError, WorkerError
 from shardkit.formats import DatasetMeta, FieldSpec, get_codec
@@ -65,7 +66,6 @@ from shardkit.formats.spec import DEFAULT_SHARD_BYTES, ZARR_JSON, SkippedInput
 from shardkit.formats.transfer import put_checked
 from shardkit.formats.versions import DEFAULT_KEEP_VERSIONS, VERSIONS_DIR, prune, version_of
 from shardkit.stores import Store, as_location, is_url, open_store
-from shardkit.units import parse_bytes, parse_count
 
 __all__ = ["convert", "convert_in_parts", "check_appendable", "run_conversion", "run_converter"]
 
@@ -286,7 +286,7 @@ class _Runner:
                 self.report()
         return PartJob(
             plan=self.plan.id, part=part, first=a, items=[items[i] for i in range(a, b)], decoder=conv.decoder,
-            src=str(conv.src), out=self.plan.out, payload=conv.payload, record=conv.record_spec(),
+            src=conv.source_location(), out=self.plan.out, payload=conv.payload, record=conv.record_spec(),
             fields=self.plan.fields, records_per_shard=self.plan.records_per_shard,
             compression=None if self.plan.codec is None else self.plan.codec.to_json(),
             provenance=(conv.name, conv.provenance_columns),
@@ -688,20 +688,15 @@ def convert(
         ``image_dir``; audio: ``sample_rate`` (``"16k"``), ``duration`` (``"1500ms"``), ``channels``,
         ``window``, ``dtype``.
     """
-    nbytes = parse_bytes(shard_bytes, what=_label("shard_bytes", naming))
-    rps = None if records_per_shard is None else parse_count(
-        records_per_shard, what=_label("records_per_shard", naming), minimum=1
+    run = ConversionOptions.parse(
+        source=naming, workers=workers, strict=strict, overwrite=overwrite, compression=compression,
+        shard_bytes=shard_bytes, records_per_shard=records_per_shard, progress=progress, executor=executor,
+        scheduler=scheduler, append=append, part_size=part_size, keep_versions=keep_versions, staging_dir=staging_dir,
     )
-    n_workers = None if workers is None else parse_count(workers, what=_label("workers", naming), minimum=1)
-    n_part = None if part_size is None else parse_count(part_size, what=_label("part_size", naming), minimum=1)
-    keep = parse_count(keep_versions, what=_label("keep_versions", naming))
-    kind = kind or detect_kind(Path(src))
-    conv = get_converter(kind)(Path(src), naming=naming, **options)
-    return run_conversion(
-        conv, out, f"convert {kind}", workers=n_workers, strict=strict, overwrite=overwrite, compression=compression,
-        shard_bytes=nbytes, records_per_shard=rps, progress=progress, naming=naming, executor=executor,
-        scheduler=scheduler, append=append, part_size=n_part, keep_versions=keep, staging_dir=staging_dir,
-    )
+    where: str | Path = src if isinstance(src, str) and is_url(src) else Path(src)
+    kind = kind or detect_kind(where)
+    conv = get_converter(kind)(where, naming=naming, **options)
+    return run_conversion(conv, out, f"convert {kind}", naming=naming, **run.run_keywords())
 
 
 def run_conversion(

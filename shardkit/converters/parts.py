@@ -43,7 +43,7 @@ from shardkit.formats.transfer import put_checked
 from shardkit.formats.writer import ShardWriter, shard_runs, stacked
 from shardkit.privdir import PrivateDir
 from shardkit.processes import pid_alive
-from shardkit.stores import Store, open_store
+from shardkit.stores import Store, is_url, open_store
 from shardkit.stores.atomic import write_bytes_atomic
 
 __all__ = [
@@ -160,7 +160,7 @@ def worker_name() -> str:
 
 def _check_reach(job: PartJob) -> Store:
     """The output's store, after checking that this worker sees the corpus and the output."""
-    if not os.path.exists(job.src):
+    if not is_url(job.src) and not os.path.exists(job.src):  # a URL corpus is reached as its shards are read
         raise WorkerError(
             f"{worker_name()} cannot see the corpus {job.src}: every worker must reach the corpus and the output "
             "at the same paths as the machine that runs the conversion (a shared file system)"

@@ -17,6 +17,7 @@ from pathlib import Path
 from shardkit.converters.base import Converter
 from shardkit.converters.options import Option
 from shardkit.errors import ConfigError, ConversionError, DatasetNotFoundError
+from shardkit.stores.url import is_url, location_string
 
 __all__ = [
     "BUILTIN",
@@ -186,6 +187,14 @@ def _detects(name: str, cls: type[Converter], src: Path) -> bool:
 
 def detect_kind(src: str | Path) -> str:
     """Guess the corpus kind of ``src``; ``ConversionError`` if none or several match."""
+    if isinstance(src, str) and is_url(src):
+        by_url = [name for name, cls in _loadable() if cls.detect_url(src)]
+        if len(by_url) != 1:
+            raise ConversionError(f"{location_string(src)}: " + (
+                f"looks like several kinds ({', '.join(by_url)}); pass --kind" if by_url else
+                "no corpus kind reads this URL (object stores hold WebDataset shards: s3://bucket/shards-{000..009}.tar, "
+                "s3://bucket/prefix/ or one .tar)"))
+        return by_url[0]
     src = Path(src)
     matches = [(cls.detect_priority, name) for name, cls in _loadable() if _detects(name, cls, src)]
     if not matches and not src.exists():  # a kind may accept a name that is no file (a brace pattern)

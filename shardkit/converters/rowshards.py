@@ -34,6 +34,7 @@ from shardkit.converters import untrusted_json
 from shardkit.converters.base import PROVENANCE, Converter, Decoded, Decoder, InputNames, ScanResult, Skip
 from shardkit.converters.classfolders import choose_split
 from shardkit.converters.images import IMAGE_COLUMNS, ImageTransform, color_flags, image_options, to_rgb
+from shardkit.converters.layout import RecordLayout
 from shardkit.converters.options import Option, text
 from shardkit.errors import ConfigError, ConversionError, InputFileError
 from shardkit.formats import FieldSpec
@@ -418,10 +419,8 @@ class RowShardDecoder(Decoder):
             record[PROVENANCE] = {**loaded.provenance(), "row": item[1]}
         else:
             arr = column_array(col, raw, where)
-            if arr.shape != self.record.shape or arr.dtype != np.dtype(self.record.dtype):
-                raise InputFileError(where, f"shape: column {col.name!r} holds {list(arr.shape)} {arr.dtype}, "
-                                     f"the dataset's records are {list(self.record.shape)} {self.record.dtype}")
-            record[self.payload] = arr
+            record.update(RecordLayout({self.payload: self.record}).check({self.payload: arr}, where,
+                                                                            f"column {col.name!r}"))
             record[PROVENANCE] = {"row": item[1]}
         if self.label_column is not None:
             record["label"] = self.label(values[self.label_column], where)

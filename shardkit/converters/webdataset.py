@@ -1,4 +1,5 @@
-"""WebDataset tar shards: a ``.tar`` file, a directory of them, or a brace pattern (``shards-{000..099}.tar``).
+"""WebDataset tar shards: a ``.tar`` file, a directory of them, or a brace pattern (``shards-{000..099}.tar``),
+local or in an object store (``s3://bucket/shards-{000..099}.tar``, ``s3://bucket/prefix/``).
 
 Members are grouped into samples as WebDataset groups them: the key is the member name up to the first
 dot of its last path component, consecutive members with one key form one sample, and the text after
@@ -11,7 +12,10 @@ enforced); every other member is dropped and counted in the summary. Provenance:
 Tar headers are parsed here, not by :mod:`tarfile`, so that every size is checked against the file
 before anything is read: a member claiming more bytes than the shard holds makes the shard
 ``truncated`` (an error naming it) before a byte of it is read; links, devices and absolute or ``..``
-names are refused (their sample is skipped with the reason). docs/design.md §13.
+names are refused (their sample is skipped with the reason). Remote shards are listed once (size and
+ETag of each) and read through :mod:`shardkit.stores` in ranges pinned to that ETag, with the same
+bounds: a shard replaced during the conversion stops it, and the ETags are part of the resume
+fingerprint. docs/design.md §13.
 """
 
 from __future__ import annotations
@@ -23,11 +27,13 @@ import math
 import os
 import re
 import stat
+import zlib
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
@@ -36,14 +42,24 @@ from shardkit.converters.audio import AUDIO_OPTIONS
 from shardkit.converters.audio_transforms import AUDIO_COLUMNS, AUDIO_EXTENSIONS, AudioTransform
 from shardkit.converters.base import PROVENANCE, RECORD_BYTES_PER_CALL, Converter, Decoded, Decoder, Note, ScanResult, Skip
 from shardkit.converters.images import IMAGE_COLUMNS, IMAGE_EXTENSIONS, IMAGE_OPTIONS, ImageTransform
-from shardkit.converters.options import Option, choice, count, text
-from shardkit.errors import ConfigError, ConversionError, InputFileError
+from shardkit.converters.layout import RecordLayout, spec_of
+from shardkit.converters.options import Option, choice, count, parse_options, text
+from shardkit.errors import (
+    ConfigError,
+    ConversionError,
+    DatasetNotFoundError,
+    InputFileError,
+    ObjectChangedError,
+    StoreError,
+)
 from shardkit.formats import FieldSpec
 from shardkit.formats.provenance import ENDS_ARRAY, NAMES_ARRAY, PROVENANCE_FIELD
+from shardkit.stores.url import is_url, location_string
 
 __all__ = [
     "LABEL_ROLES",
     "MAX_SHARDS",
+    "ShardSource",
     "TarMember",
     "WebDatasetConverter",
     "WebDatasetDecoder",
@@ -65,6 +81,8 @@ _MAX_LABEL_BYTES = 256
 _MAX_JSON_BYTES = 1 << 20
 #: Most classes a numeric label may imply (``cls`` 10**9 would ask for a billion class names).
 _MAX_CLASSES = 1 << 20
+#: Bytes a remote shard is read ahead of a header (one request covers the headers of many small members).
+_WINDOW = 1 << 20
 #: Roles that hold a class, in the order the default label is looked for.
 LABEL_ROLES = ("cls", "class", "label")
 _IMAGE_ROLES = frozenset(e.lstrip(".") for e in IMAGE_EXTENSIONS)
@@ -125,8 +143,117 @@ def expand_braces(pattern: str) -> list[str]:
     return names
 
 
-def _is_pattern(src: Path) -> bool:
-    return "{" in src.name and "}" in src.name
+def _is_pattern(src: Path | str) -> bool:
+    name = src.name if isinstance(src, Path) else src.rstrip("/").rsplit("/", 1)[-1]
+    return "{" in name and "}" in name
+
+
+@dataclass(frozen=True)
+class ShardSource:
+    """One shard to read: a local file (``store`` is ``None``, ``name`` its path) or an object of the
+    store at the URL ``store`` (``key`` in it, ``size`` and ``etag`` as listed, ``name`` its URL).
+    Small and picklable: workers open the store themselves (one per process, :func:`open_store`)."""
+
+    name: str
+    size: int = 0
+    store: str | None = None
+    key: str = ""
+    etag: str | None = None
+
+    def sample(self, key: str) -> str:
+        """How messages name a sample: ``shard#key`` (a remote shard's URL and the key apart, since a URL's
+        ``#...`` is a fragment, hidden from messages like any secret)."""
+        return f"{self.name}#{key}" if self.store is None else f"{self.name} sample {key}"
+
+    def open(self, window: int = 0) -> tuple[Any, int]:
+        """``(file-like with seek/read, size)``; a remote shard is read in ranges of at least ``window``
+        bytes, each pinned to the listed ETag (a shard replaced since it was listed is
+        ObjectChangedError, never a mix of versions)."""
+        if self.store is None:
+            return _open_shard(Path(self.name))
+        from shardkit.stores import open_store
+
+        return _RemoteShard(open_store(self.store), self.key, self.size, self.etag, window), self.size
+
+
+class _RemoteShard:
+    """A read-only file over one object: ``read`` asks the store for a range of at least ``window`` bytes
+    (scanning reads :data:`_WINDOW` ahead, so walking the headers of small members costs one request
+    per window, not per member) and serves later reads inside it from memory."""
+
+    def __init__(self, store: Any, key: str, size: int, etag: str | None, window: int) -> None:
+        self.store, self.key, self.size, self.etag, self.window = store, key, size, etag, window
+        self.pos = 0
+        self._start, self._buf = 0, memoryview(b"")
+
+    def seek(self, pos: int) -> int:
+        self.pos = pos
+        return pos
+
+    def need(self, start: int, end: int) -> None:
+        """Hold bytes ``[start, end)`` in memory (one request from ``start``, at least ``window`` long,
+        unless they are held already)."""
+        end = min(end, self.size)
+        if end > start and not (self._start <= start and end <= self._start + len(self._buf)):
+            ahead = min(max(end, start + self.window), self.size)
+            self._start, self._buf = start, self.store.get_range(self.key, start, ahead, etag=self.etag)
+
+    def read(self, n: int) -> bytes:
+        end = min(self.pos + n, self.size)
+        if end <= self.pos:
+            return b""
+        self.need(self.pos, end)
+        out = bytes(self._buf[self.pos - self._start : end - self._start])
+        self.pos = end
+        return out
+
+    def __enter__(self) -> _RemoteShard:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._buf = memoryview(b"")
+
+    def close(self) -> None:
+        self._buf = memoryview(b"")
+
+
+def _listing(root: str) -> tuple[Any, dict[str, Any]]:
+    """The store at ``root`` and its objects directly under it (key -> ObjectMeta)."""
+    from shardkit.stores import open_store
+
+    store = open_store(root)
+    return store, {m.key: m for m in store.list("") if "/" not in m.key}
+
+
+def _remote_shards(url: str) -> tuple[str, list[ShardSource]]:
+    """``(directory URL, shards)`` of an object-store source: one ``.tar`` object, a brace pattern in
+    the last component (every name must be listed), or a prefix (the ``.tar`` objects directly in it,
+    sorted). One listing of the directory gives every size and ETag; nothing is read yet."""
+    from shardkit.stores.url import location_string
+
+    parts = urlsplit(url)
+    path = parts.path.rstrip("/")
+    head, _, last = path.rpartition("/")
+    if parts.path.endswith("/") or not (last.endswith(".tar") or _is_pattern(last)):
+        head, last = path, ""  # a prefix (or the bucket)
+    root = urlunsplit((parts.scheme, parts.netloc, head, parts.query, ""))
+    shown = location_string(root)
+    store, listed = _listing(root)
+    if last and _is_pattern(last):
+        names = expand_braces(last)
+        missing = [n for n in names if n not in listed]
+        if missing:
+            raise ConversionError(f"{location_string(url)}: {len(missing)} of {len(names)} shards do not exist, the "
+                                  f"first {store.describe(missing[0])}")
+    elif last:
+        if last not in listed:
+            raise DatasetNotFoundError(f"{location_string(url)}: corpus not found (no such object)")
+        names = [last]
+    else:
+        names = sorted(k for k in listed if k.endswith(".tar") and not k.startswith("."))
+        if not names:
+            raise ConversionError(f"{shown}: no .tar shards under the prefix")
+    return root, [ShardSource(store.describe(n), listed[n].size, root, n, listed[n].etag) for n in names]
 
 
 def _shard_paths(src: Path) -> list[Path]:
@@ -387,21 +514,32 @@ def _json_numbers(fh: Any, offset: int, size: int, where: str) -> dict[str, int 
     return {k: v for k, v in doc.items() if isinstance(v, (bool, int, float)) and not (isinstance(v, float) and not math.isfinite(v))}
 
 
-def _number_spec(value: int | float | bool) -> FieldSpec:
-    return FieldSpec((), "bool" if isinstance(value, bool) else "int64" if isinstance(value, int) else "float64")
-
-
 class WebDatasetDecoder(Decoder):
     """Decode one sample: read its members from the shard, transform the payload, check the fields."""
 
-    def __init__(self, record: FieldSpec, shards: list[str], plan: _Plan, image: ImageTransform | None,
+    def __init__(self, record: FieldSpec, shards: list[ShardSource], plan: _Plan, image: ImageTransform | None,
                  audio: AudioTransform | None) -> None:
         super().__init__(plan.media, record)
         self.shards, self.plan, self.image, self.audio = shards, plan, image, audio
+        #: The fields of the first sample, enforced on every later one (other members are not fields).
+        self.enforced = RecordLayout(dict((*plan.arrays.values(), *plan.numbers.values())), exact=False)
         self.per_call = max(1, RECORD_BYTES_PER_CALL // record.nbytes)
+        #: The last remote shard read (shard number, reader): a task's samples are consecutive in their
+        #: shard, so one read-ahead window serves several of them.
+        self._remote: tuple[int, _RemoteShard] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_remote": None}
 
     def item_path(self, item: Sample) -> str:
-        return f"{self.shards[item[0]]}#{item[1]}"
+        return self.shards[item[0]].sample(item[1])
+
+    def _reader(self, shard: int) -> _RemoteShard:
+        """A remote shard's reader, kept from the previous sample when it is the same shard."""
+        if self._remote is None or self._remote[0] != shard:
+            self._remote = None
+            self._remote = (shard, self.shards[shard].open(_WINDOW)[0])
+        return self._remote[1]
 
     def decode(self, item: Sample, start: int = 0) -> Decoded:
         shard, _key, label, members = item
@@ -410,30 +548,43 @@ class WebDatasetDecoder(Decoder):
         roles = {role: (offset, size) for role, offset, size in members}
         if plan.member not in roles:
             raise InputFileError(where, f"missing: no .{plan.member} member")
-        fields: dict[str, Any] = {}
         dropped = Counter(role for role in roles if role not in (plan.member, plan.label, "json", *plan.arrays))
+        source = self.shards[shard]
         try:
-            fh = open(self.shards[shard], "rb")
+            fh = open(source.name, "rb") if source.store is None else self._reader(shard)
         except OSError as exc:
             raise InputFileError(where, f"unreadable: {exc.strerror or exc}") from None
-        with fh:
-            payload = _read_at(fh, *roles[plan.member])
-            for role, (name, spec) in plan.arrays.items():
-                if role not in roles:
-                    raise InputFileError(where, f"mismatch: no .{role} member (the first sample has one)")
-                arr, found = _npy_spec(_read_at(fh, *roles[role]), f"{where}.{role}")
-                if found != spec:
-                    raise InputFileError(where, f"mismatch: .{role} is {list(found.shape)} {found.dtype}, the first "
-                                         f"sample's {list(spec.shape)} {spec.dtype}")
-                fields[name] = arr
-            if plan.numbers:
-                if "json" not in roles:
-                    raise InputFileError(where, "mismatch: no .json member (the first sample has one)")
-                values = _json_numbers(fh, *roles["json"], f"{where}.json")
-                for key, (name, spec) in plan.numbers.items():
-                    if key not in values or _number_spec(values[key]).dtype not in (spec.dtype, "int64"):
-                        raise InputFileError(where, f"mismatch: .json has no number {key!r} (the first sample has one)")
-                    fields[name] = np.asarray(values[key], dtype=spec.dtype)
+        try:
+            if source.store is not None:  # the members used, from the first in the shard: one request
+                used = [roles[r] for r in (plan.member, *plan.arrays, *(("json",) if plan.numbers else ())) if r in roles]
+                self._reader(shard).need(min(o for o, _ in used), max(o + n for o, n in used))
+            return self._decode(fh, where, roles, dropped, label, start)
+        except StoreError as exc:
+            changed = isinstance(exc, ObjectChangedError)
+            raise ConversionError(
+                f"{source.name}: " + ("the shard changed during the conversion (its ETag is no longer the one listed "
+                                      "when it started); re-run to convert the shards as they are now" if changed
+                                      else f"cannot read the shard: {exc}")) from None
+        finally:
+            if source.store is None:
+                fh.close()
+
+    def _decode(self, fh: Any, where: str, roles: dict[str, tuple[int, int]], dropped: Counter[str], label: int,
+                start: int) -> Decoded:
+        plan = self.plan
+        fields: dict[str, Any] = {}
+        payload = _read_at(fh, *roles[plan.member])
+        found: dict[str, Any] = {}
+        for role, (name, _spec) in plan.arrays.items():
+            if role not in roles:
+                raise InputFileError(where, f"mismatch: no .{role} member (the first sample has one)")
+            found[name] = _npy_spec(_read_at(fh, *roles[role]), f"{where}.{role}")[0]
+        if plan.numbers:
+            if "json" not in roles:
+                raise InputFileError(where, "mismatch: no .json member (the first sample has one)")
+            values = _json_numbers(fh, *roles["json"], f"{where}.json")
+            found.update({name: values[key] for key, (name, _spec) in plan.numbers.items() if key in values})
+        fields.update(self.enforced.check(found, where, "the sample"))
         notes = tuple(Note(f"dropped .{role}", "no image, audio, label, .npy or .json number member; not kept")
                       for role in sorted(dropped))
         base = {"label": np.int64(label), **fields}
@@ -458,12 +609,28 @@ class WebDatasetConverter(Converter):
     progress_unit = "sample"
 
     def __init__(self, src: str | Path, **options: Any) -> None:
-        src = Path(src)
-        #: The brace pattern naming the shards, or ``None``; :attr:`src` is then its (existing) directory.
-        self.pattern = src.name if _is_pattern(src) else None
-        super().__init__(src.parent if self.pattern else src, **options)
+        #: The object-store URL of the shards as given (``None``: local shards).
+        self.url: str | None = None
+        #: The shards' directory URL (remote shards; :meth:`source_root`).
+        self.url_root = ""
+        if isinstance(src, str) and is_url(src):
+            # No local path: options are parsed as Converter.__init__ does, then the store is listed.
+            self.url, self.pattern = src, None
+            self.src = Path(os.sep)
+            self.naming = options.pop("naming", "python")
+            self.values = parse_options(self.name, self.options, options, self.naming)
+            _root, self.sources = _remote_shards(src)
+            self.url_root = self.sources[0].name[: -len(self.sources[0].key)].rstrip("/")
+            self.shards = [Path(s.key) for s in self.sources]
+        else:
+            src = Path(src)
+            #: The brace pattern naming the shards, or ``None``; :attr:`src` is then its (existing) directory.
+            self.pattern = src.name if _is_pattern(src) else None
+            super().__init__(src.parent if self.pattern else src, **options)
+            self.shards = _shard_paths(self.src / self.pattern if self.pattern else self.src)
+            #: Every shard as read (a local file or an object).
+            self.sources = [ShardSource(str(p)) for p in self.shards]
         v = self.values
-        self.shards = _shard_paths(self.src / self.pattern if self.pattern else self.src)
         self.image = ImageTransform.from_options(v, self.label)
         if round(v["duration"] * v["sample_rate"]) < 1:
             raise ConfigError(f"{self.label('duration')} {v['duration']} at {self.label('sample_rate')} "
@@ -472,6 +639,12 @@ class WebDatasetConverter(Converter):
         self._scanned: ScanResult | None = None
         self._plan: _Plan | None = None
         self._classes: list[str] = []
+
+    @classmethod
+    def detect_url(cls, url: str) -> bool:
+        """An object-store URL of a ``.tar``, a brace pattern of them, or a prefix (``s3://bucket/shards/``)."""
+        last = urlsplit(url).path.rstrip("/").rpartition("/")[2]
+        return last.endswith(".tar") or "." not in last
 
     @classmethod
     def detect(cls, src: Path) -> bool:
@@ -490,19 +663,32 @@ class WebDatasetConverter(Converter):
         return tars > 0 and tars * 2 > len(names)
 
     # ------------------------------------------------------------------ scanning
-    def source_root(self) -> Path:
-        return self.shards[0].parent
+    def source_root(self) -> Path | str:
+        return self.url_root if self.url is not None else self.shards[0].parent
+
+    def describe(self) -> str:
+        return location_string(self.url) if self.url is not None else super().describe()
+
+    def input_name(self, item: Any) -> str:
+        """``shard#key``, the shard relative to the corpus root (its directory URL for remote shards)."""
+        if self.url is None:
+            return super().input_name(item)
+        return f"{self.sources[item[0]].key}#{item[1]}"
+
+    def source_location(self) -> str:
+        return self.url if self.url is not None else super().source_location()
 
     def _samples(self) -> Iterator[tuple[int, str, list[TarMember], Any]]:
         """Every sample of every shard: ``(shard number, key, members, the shard's open file)``."""
         limit = self.values["max_member_bytes"]
-        for s, path in enumerate(self.shards):
-            fh, size = _open_shard(path)
+        for s, source in enumerate(self.sources):
+            path = source.name
+            fh, size = source.open(_WINDOW)
             with fh:
                 key: str | None = None
                 members: list[TarMember] = []
                 unnamed = 0
-                for m in read_members(fh, size, str(path), limit):
+                for m in read_members(fh, size, path, limit):
                     split = sample_key(m.name)
                     if split is None:
                         unnamed += 1
@@ -536,12 +722,12 @@ class WebDatasetConverter(Converter):
                     break
         if member is None or media is None:
             raise ConversionError(
-                f"{self.shards[shard]}#{key}: the first sample has no {media or 'image or audio'} member (members: "
+                f"{self.sources[shard].sample(key)}: the first sample has no {media or 'image or audio'} member (members: "
                 f"{', '.join('.' + r for r in roles)}); pass {self.label('member')}")
         label = self.values["label"]
         if label is None:
             label = next((r for r in LABEL_ROLES if r in roles), None)
-        where = f"{self.shards[shard]}#{key}"
+        where = self.sources[shard].sample(key)
         arrays: dict[str, tuple[str, FieldSpec]] = {}
         numbers: dict[str, tuple[str, FieldSpec]] = {}
         taken = set(_RESERVED_FIELDS)
@@ -556,7 +742,7 @@ class WebDatasetConverter(Converter):
         if js is not None:
             for k, value in _json_numbers(fh, js.offset, js.size, f"{where}.json").items():
                 if _FIELD_NAME.fullmatch(k) and k not in taken:
-                    numbers[k] = (k, _number_spec(value))
+                    numbers[k] = (k, spec_of(value, k))
                     taken.add(k)
         return _Plan(media, member, label, arrays, numbers)
 
@@ -572,7 +758,7 @@ class WebDatasetConverter(Converter):
         texts: list[str] = []
         plan: _Plan | None = None
         for shard, key, members, fh in self._samples():
-            where = f"{self.shards[shard]}#{key}"
+            where = self.sources[shard].sample(key)
             refused = next((m.refused for m in members if m.refused), None)
             seen = Counter(m.name for m in members)
             twice = next((r for r, n in seen.items() if n > 1), None)
@@ -596,12 +782,12 @@ class WebDatasetConverter(Converter):
             texts.append(label_text)
             items.append((shard, key, -1, tuple((m.name, m.offset, m.size) for m in members)))
         if plan is None:
-            raise ConversionError(f"{self.src}: the shards hold no usable sample ({len(skipped)} refused)")
+            raise ConversionError(f"{self.describe()}: the shards hold no usable sample ({len(skipped)} refused)")
         self._plan = plan
         ids = self._label_ids(texts, items, skipped) if plan.label is not None else [0] * len(items)
         items = [(s, k, i, m) for (s, k, _, m), i in zip(items, ids) if i >= 0]
         if not items:
-            raise ConversionError(f"{self.src}: no sample has a usable label")
+            raise ConversionError(f"{self.describe()}: no sample has a usable label")
         return ScanResult(items=items, skipped=skipped)
 
     def _label_ids(self, texts: list[str], items: list[Sample], skipped: list[Skip]) -> list[int]:
@@ -611,21 +797,21 @@ class WebDatasetConverter(Converter):
             ids = [int(t) for t in texts]
             for j, i in enumerate(ids):
                 if i >= _MAX_CLASSES:
-                    skipped.append(Skip(f"{self.shards[items[j][0]]}#{items[j][1]}",
+                    skipped.append(Skip(self.sources[items[j][0]].sample(items[j][1]),
                                         f"label: class {i} is beyond {_MAX_CLASSES - 1}"))
                     ids[j] = -1
             self._classes = [str(i) for i in range(max(ids) + 1)] if max(ids, default=-1) >= 0 else []
             return ids
         names = sorted({t for t in texts if t})
         if len(names) > _MAX_CLASSES:
-            raise ConversionError(f"{self.src}: the .{self._plan.label if self._plan else ''} members name "
+            raise ConversionError(f"{self.describe()}: the .{self._plan.label if self._plan else ''} members name "
                                   f"{len(names)} classes, more than {_MAX_CLASSES}; is it a caption?")
         index = {n: i for i, n in enumerate(names)}
         self._classes = names
         out = []
         for j, t in enumerate(texts):
             if not t:
-                skipped.append(Skip(f"{self.shards[items[j][0]]}#{items[j][1]}", "label: empty label member"))
+                skipped.append(Skip(self.sources[items[j][0]].sample(items[j][1]), "label: empty label member"))
             out.append(index.get(t, -1))
         return out
 
@@ -666,17 +852,29 @@ class WebDatasetConverter(Converter):
 
     def config(self) -> dict[str, Any]:
         plan = self.plan
-        return {**super().config(), "pattern": self.pattern, "transform": self.transform(), "classes": self._classes,
+        remote = {"src": location_string(self.url)} if self.url is not None else {}
+        return {**super().config(), **remote, "pattern": self.pattern, "transform": self.transform(), "classes": self._classes,
                 "plan": json.loads(json.dumps({"media": plan.media, "member": plan.member, "label": plan.label,
                                                "arrays": {k: [n, s.to_json()] for k, (n, s) in plan.arrays.items()},
                                                "numbers": {k: [n, s.to_json()] for k, (n, s) in plan.numbers.items()}}))}
 
     def source(self) -> dict[str, Any]:
-        path = str(self.src / self.pattern) if self.pattern else str(self.src)
+        path = self.describe() if self.url is not None else str(self.src / self.pattern) if self.pattern else str(self.src)
         return {**super().source(), "path": path, "shards": len(self.shards)}
+
+    def inputs_fingerprint(self, scan: ScanResult) -> str:
+        """The samples (as for every kind) and, for remote shards, each one's size and ETag: a resume over
+        shards replaced since the first run is refused (its records would mix two versions)."""
+        found = super().inputs_fingerprint(scan)
+        if self.url is None:
+            return found
+        crc = 0
+        for source in self.sources:
+            crc = zlib.crc32(f"{source.key}\t{source.size}\t{source.etag}\n".encode("utf-8", "surrogateescape"), crc)
+        return f"{found}:{crc:08x}"
 
     def make_decoder(self) -> WebDatasetDecoder:
         plan = self.plan
-        return WebDatasetDecoder(self.record_spec(), [str(p) for p in self.shards], plan,
+        return WebDatasetDecoder(self.record_spec(), list(self.sources), plan,
                                  self.image if plan.media == "image" else None,
                                  self.audio if plan.media == "audio" else None)

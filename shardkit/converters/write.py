@@ -32,10 +32,12 @@ import numpy as np
 
 from shardkit.converters.base import RECORD_BYTES_PER_CALL, Converter, Decoded, Decoder, Record, ScanResult
 from shardkit.converters.decoding import default_workers
+from shardkit.converters.layout import Mismatch, RecordLayout, as_array, spec_of
 from shardkit.converters.main_guard import refuse_inside_worker_start, workers_rerun_main
 from shardkit.converters.options import OptionNaming
 from shardkit.converters.partrun import _label, run_conversion
 from shardkit.converters.pipeline import ConvertSummary, ProgressFn
+from shardkit.converters.runoptions import ConversionOptions
 from shardkit.declare import option_name
 from shardkit.errors import ConfigError, ConversionError, InputFileError, SchemaError, ShardkitError
 from shardkit.formats import FieldSpec
@@ -43,7 +45,6 @@ from shardkit.formats.paths import check_name
 from shardkit.formats.provenance import BASE_COLUMNS, PROVENANCE_FIELD, TABLE_ARRAYS, ProvenanceSpec
 from shardkit.formats.spec import DEFAULT_SHARD_BYTES
 from shardkit.formats.versions import DEFAULT_KEEP_VERSIONS
-from shardkit.units import parse_bytes, parse_count
 
 __all__ = ["Layout", "WriteConverter", "WriteDecoder", "input_name", "inputs_from", "resolve_function", "write"]
 
@@ -55,9 +56,6 @@ MAX_INPUT_NAME = 512
 MAX_INPUT_LINE = 1 << 16
 #: ``module.sub:function.attr``
 _REFERENCE = re.compile(r"^([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)$")
-_NUMERIC_KINDS = "biufc"
-#: The dtype kinds a Python number of each kind (bool, int, float, complex) may be stored as.
-_HOLDS = {"b": "biufc", "i": "iufc", "f": "fc", "c": "c"}
 _GLOB_CHARS = "*?["
 
 
@@ -184,54 +182,6 @@ class Layout:
         return ", ".join(f"{k} {tuple(v.shape)} {v.dtype}" for k, v in self.specs().items())
 
 
-class _Mismatch(Exception):
-    """A value that does not fit its key's spec."""
-
-
-def _array(value: Any, key: str) -> np.ndarray:
-    """``value`` as a numeric array (Python numbers, numpy arrays and scalars, nested lists of numbers)."""
-    try:
-        arr = np.asarray(value)
-    except Exception as exc:
-        raise _Mismatch(f"{key!r} is a {type(value).__name__} that is not an array ({exc})") from None
-    if arr.dtype.kind not in _NUMERIC_KINDS:
-        raise _Mismatch(f"{key!r} is a {type(value).__name__} of dtype {arr.dtype}; expected numbers or a numeric array")
-    return arr
-
-
-def _fit(value: Any, spec: FieldSpec, key: str) -> np.ndarray:
-    """``value`` as an array of exactly ``spec`` (numpy arrays: same shape, safe cast; Python numbers: any
-    that the dtype holds); _Mismatch saying what differs."""
-    if isinstance(value, (bool, int, float, complex)) and not isinstance(value, np.generic):
-        if spec.shape != ():
-            raise _Mismatch(f"{key!r} is a number, expected shape {tuple(spec.shape)}")
-        kind = "b" if isinstance(value, bool) else "i" if isinstance(value, int) else "f" if isinstance(value, float) else "c"
-        target = np.dtype(spec.dtype).kind
-        if target not in _HOLDS[kind]:
-            raise _Mismatch(f"{key!r} is a {type(value).__name__}, expected {spec.dtype}")
-        try:
-            out = np.asarray(value, dtype=spec.dtype)
-        except (OverflowError, ValueError):
-            raise _Mismatch(f"{key!r} = {value!r} does not fit {spec.dtype}") from None
-        if target in "iu" and out.item() != value:
-            raise _Mismatch(f"{key!r} = {value!r} does not fit {spec.dtype}")
-        return out
-    arr = _array(value, key)
-    if arr.shape != tuple(spec.shape):
-        raise _Mismatch(f"{key!r} has shape {arr.shape}, expected {tuple(spec.shape)}")
-    if not np.can_cast(arr.dtype, spec.dtype, "safe"):
-        raise _Mismatch(f"{key!r} has dtype {arr.dtype}, expected {spec.dtype} (or one that casts to it safely)")
-    return np.ascontiguousarray(arr, dtype=spec.dtype)
-
-
-def _spec_of(value: Any, key: str) -> FieldSpec:
-    arr = _array(value, key)
-    try:
-        return FieldSpec(arr.shape, arr.dtype.name)
-    except SchemaError as exc:
-        raise _Mismatch(f"{key!r}: {exc}") from None
-
-
 def _given_spec(value: Any, key: str, what: str) -> FieldSpec:
     """A spec given by the user: a FieldSpec, ``(shape, dtype)`` or a dtype (a scalar)."""
     try:
@@ -274,8 +224,8 @@ def make_layout(first: Mapping[str, Any] | None, record: str | Mapping[str, Any]
         if key not in got:
             raise ConfigError(f"{what} {key!r}: the first record ({where}) has no such key; it has {sorted(got)}")
         try:
-            return _spec_of(got[key], key)
-        except _Mismatch as exc:
+            return spec_of(got[key], key)
+        except Mismatch as exc:
             raise ConversionError(f"{where}: {exc}") from None
 
     if isinstance(record, Mapping):
@@ -293,8 +243,8 @@ def make_layout(first: Mapping[str, Any] | None, record: str | Mapping[str, Any]
         sizes: dict[str, int] = {}
         for k, v in got.items():
             try:
-                sizes[k] = _array(v, k).nbytes
-            except _Mismatch as exc:
+                sizes[k] = as_array(v, k).nbytes
+            except Mismatch as exc:
                 raise ConversionError(f"{where}: {exc}") from None
         payload = max(sizes, key=lambda k: sizes[k])  # max keeps the first of equal ones
         record_spec = spec_from_first(payload, rec_label)
@@ -330,6 +280,8 @@ class WriteDecoder(Decoder):
         self.fn = fn
         self.layout = layout
         self.name = function_name(fn)
+        self._enforced = RecordLayout(layout.specs(), layout.exact,
+                                      "; name the keys to keep with fields= / --fields to drop others")
         self._live: tuple[bytes, int, Iterator[Any]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -382,24 +334,7 @@ class WriteDecoder(Decoder):
     def _check(self, rec: Any, where: str, number: int) -> Record:
         if not isinstance(rec, Mapping):
             raise InputFileError(where, f"mismatch: record {number} is a {type(rec).__name__}; expected a dict")
-        specs = self.layout.specs()
-        missing = [k for k in specs if k not in rec]
-        if missing:
-            raise InputFileError(where, f"mismatch: record {number} has no {', '.join(map(repr, missing))} "
-                                        f"(expected {self.layout.describe()})")
-        if self.layout.exact:
-            extra = [k for k in rec if k not in specs]
-            if extra:
-                raise InputFileError(where, f"mismatch: record {number} has key(s) {', '.join(map(repr, extra[:5]))} "
-                                            f"the first record had not (expected {self.layout.describe()}; name the "
-                                            "keys to keep with fields= / --fields to drop others)")
-        out: Record = {}
-        for k, spec in specs.items():
-            try:
-                out[k] = _fit(rec[k], spec, k)
-            except _Mismatch as exc:
-                raise InputFileError(where, f"mismatch: record {number}: {exc}") from None
-        return out
+        return self._enforced.check(rec, where, f"record {number}")
 
     def decode(self, item: Any, start: int = 0) -> Decoded:
         where = self.item_path(item)
@@ -591,12 +526,12 @@ part_size, keep_versions, staging_dir, naming
     items: Sequence[Any] = inputs if isinstance(inputs, Sequence) else list(inputs)
     if len(items) == 0:
         raise ConfigError(f"{option_name('inputs', naming)}: no inputs; nothing was written")
-    nbytes = parse_bytes(shard_bytes, what=_label("shard_bytes", naming))
-    rps = None if records_per_shard is None else parse_count(records_per_shard, what=_label("records_per_shard", naming),
-                                                             minimum=1)
-    n_workers = None if workers is None else parse_count(workers, what=_label("workers", naming), minimum=1)
-    n_part = None if part_size is None else parse_count(part_size, what=_label("part_size", naming), minimum=1)
-    keep = parse_count(keep_versions, what=_label("keep_versions", naming))
+    run = ConversionOptions.parse(
+        source=naming, workers=workers, strict=strict, overwrite=overwrite, compression=compression,
+        shard_bytes=shard_bytes, records_per_shard=records_per_shard, progress=progress, executor=executor,
+        scheduler=scheduler, append=append, part_size=part_size, keep_versions=keep_versions, staging_dir=staging_dir,
+    )
+    n_workers, n_part = run.workers, run.part_size
     elsewhere = executor is not None or scheduler is not None or (n_part is not None and (n_workers or 2) > 1)
     why = _sendable(fn) if elsewhere or n_workers is None or n_workers > 1 else None
     if why is not None:
@@ -612,12 +547,8 @@ part_size, keep_versions, staging_dir, naming
     layout = make_layout(first, record, fields, where or "fn", naming)
     logger.info("write %s: payload %s; fields %s", function_name(fn), layout.payload, layout.describe())
     conv = WriteConverter(fn, items, layout, naming=naming)
-    return run_conversion(
-        conv, out, f"write {function_name(fn)}", workers=n_workers, strict=strict, overwrite=overwrite,
-        compression=compression, shard_bytes=nbytes, records_per_shard=rps, progress=progress, naming=naming,
-        executor=executor, scheduler=scheduler, append=append, part_size=n_part, keep_versions=keep,
-        staging_dir=staging_dir,
-    )
+    return run_conversion(conv, out, f"write {function_name(fn)}", naming=naming,
+                          **{**run.run_keywords(), "workers": n_workers})
 
 
 def cli_path() -> None:

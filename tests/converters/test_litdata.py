@@ -5,7 +5,6 @@ indexes that lie are refused or skipped with the file named, a pickle leaf is ne
 from __future__ import annotations
 
 import json
-import shutil
 import struct
 from pathlib import Path
 
@@ -19,27 +18,12 @@ from shardkit.converters.rowshards import column_array
 from shardkit.errors import ConversionError, InputFileError
 from shardkit.formats import open_dataset
 from tests.helpers.cli import run_cli
+from tests.helpers.rowshards import Fixtures, index
+from tests.helpers.rowshards import litdata_rows as rows_of
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "litdata"
-
-
-def copy(name: str, tmp_path: Path) -> Path:
-    dst = tmp_path / name
-    shutil.copytree(DATA / name, dst)
-    return dst
-
-
-def expected(name: str) -> dict[str, np.ndarray]:
-    with np.load(DATA / name / "expected.npz") as npz:
-        return {k: npz[k] for k in npz.files}
-
-
-def index(src: Path) -> dict:
-    return json.loads((src / "index.json").read_text())
-
-
-def rows_of(src: Path) -> list[tuple[str, int]]:
-    return [(c["filename"], j) for c in index(src)["chunks"] for j in range(c["chunk_size"])]
+_FIXTURES = Fixtures("litdata")
+DATA = _FIXTURES.data
+copy, expected = _FIXTURES.copy, _FIXTURES.expected
 
 
 def test_every_item_becomes_its_record_in_order_with_provenance(tmp_path: Path) -> None:

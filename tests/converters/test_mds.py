@@ -19,29 +19,12 @@ from shardkit.converters.rowshards import array_from, column_array
 from shardkit.errors import ConfigError, ConversionError, InputFileError
 from shardkit.formats import open_dataset
 from tests.helpers.cli import run_cli
+from tests.helpers.rowshards import Fixtures, index
+from tests.helpers.rowshards import mds_rows as rows_of
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "mds"
-
-
-def copy(name: str, tmp_path: Path) -> Path:
-    dst = tmp_path / name
-    shutil.copytree(DATA / name, dst)
-    return dst
-
-
-def expected(name: str) -> dict[str, np.ndarray]:
-    with np.load(DATA / name / "expected.npz") as npz:
-        return {k: npz[k] for k in npz.files}
-
-
-def index(src: Path) -> dict:
-    return json.loads((src / "index.json").read_text())
-
-
-def rows_of(src: Path) -> list[tuple[str, int]]:
-    """``(shard file, row)`` of every sample, in index order."""
-    return [(s["zip_data"]["basename"] if s["compression"] else s["raw_data"]["basename"], j)
-            for s in index(src)["shards"] for j in range(s["samples"])]
+_FIXTURES = Fixtures("mds")
+DATA = _FIXTURES.data
+copy, expected = _FIXTURES.copy, _FIXTURES.expected
 
 
 def test_every_row_becomes_its_record_in_order_with_provenance(tmp_path: Path) -> None:

@@ -5,7 +5,6 @@ nothing already written lost."""
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import sys
@@ -14,12 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
-from PIL import Image
 
 import shardkit
 from shardkit.errors import ConversionError, MissingExtraError
 from shardkit.formats import open_dataset, verify
 from tests.helpers.cli import run_cli
+from tests.helpers.importers import png as _png
+from tests.helpers.importers import random_image
+from tests.helpers.importers import tree_digest as _digest
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -28,14 +29,8 @@ H, W = 10, 14
 _MEDIA = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
 
 
-def _png(arr: np.ndarray) -> bytes:
-    out = io.BytesIO()
-    Image.fromarray(arr).save(out, "PNG")
-    return out.getvalue()
-
-
 def _image(seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, 256, (H, W, 3), dtype=np.uint8)
+    return random_image(seed, H, W)
 
 
 def _hf(table, features: dict):
@@ -68,11 +63,6 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
     pq.write_table(_image_table([8, 9]), root / "data/test-00000-of-00001.parquet")
     (root / "README.md").write_text("dataset card\n")
     return root, list(range(8))
-
-
-def _digest(path: Path) -> dict[str, str]:
-    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(path.rglob("*")) if p.is_file()}
 
 
 def test_hugging_face_parquet_converts_record_by_record(hub, tmp_path: Path) -> None:

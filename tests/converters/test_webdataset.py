@@ -4,7 +4,6 @@ refused with errors naming the shard, nothing already written lost."""
 
 from __future__ import annotations
 
-import hashlib
 import io
 import tarfile
 from pathlib import Path
@@ -12,54 +11,26 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
-from PIL import Image
 
 import shardkit
 from shardkit.converters.webdataset import expand_braces, sample_key
 from shardkit.errors import ConfigError, ConversionError
 from shardkit.formats import open_dataset, verify
 from tests.helpers.cli import run_cli
+from tests.helpers.importers import tree_digest as _digest
+from tests.helpers.tars import H, W
+from tests.helpers.tars import image as _image
+from tests.helpers.tars import member as _member
+from tests.helpers.tars import png as _png
+from tests.helpers.tars import write_shards as _write_shards
+from tests.helpers.tars import write_tar as _tar
 
 wds = pytest.importorskip("webdataset")
-
-H, W = 12, 16
-
-
-def _png(arr: np.ndarray) -> bytes:
-    out = io.BytesIO()
-    Image.fromarray(arr).save(out, "PNG")
-    return out.getvalue()
-
-
-def _image(seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, 256, (H, W, 3), dtype=np.uint8)
-
-
-def _write_shards(root: Path, shards: int = 2, per_shard: int = 4) -> list[dict]:
-    """Shards ``root/shards-00000{s}.tar`` written by webdataset's TarWriter; returns the samples in order."""
-    root.mkdir(parents=True, exist_ok=True)
-    samples = []
-    for s in range(shards):
-        with wds.TarWriter(str(root / f"shards-{s:06d}.tar")) as sink:
-            for i in range(per_shard):
-                n = s * per_shard + i
-                sample = {"__key__": f"sample{n:04d}", "png": _png(_image(n)), "cls": n % 3,
-                          "json": {"width": W, "score": n / 4, "caption": "text is dropped"},
-                          "emb.npy": np.arange(5, dtype=np.float32) * n, "txt": f"caption {n}"}
-                sink.write(sample)
-                samples.append({**sample, "shard": f"shards-{s:06d}.tar", "image": _image(n)})
-    return samples
-
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
     root = tmp_path_factory.mktemp("wds") / "corpus"
     return root, _write_shards(root)
-
-
-def _digest(path: Path) -> dict[str, str]:
-    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(path.rglob("*")) if p.is_file()}
 
 
 def test_brace_pattern_shards_convert_record_by_record(shards, tmp_path: Path) -> None:
@@ -116,20 +87,6 @@ def test_audio_members_and_text_labels(tmp_path: Path) -> None:
             want = np.clip(np.rint(x * 32767.0), -32768, 32767).astype(np.int16)
             assert np.abs(ds[k]["audio"].astype(int) - want).max() <= 1  # PCM_16 round trip
             assert ds.source(k).name == f"a.tar#utt{k}"
-
-
-def _tar(path: Path, members: list[tuple[tarfile.TarInfo, bytes | None]]) -> None:
-    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tf:
-        for info, data in members:
-            if data is not None:
-                info.size = len(data)
-            tf.addfile(info, io.BytesIO(data) if data is not None else None)
-
-
-def _member(name: str, data: bytes | None = None, kind: bytes = tarfile.REGTYPE, link: str = "") -> tuple[tarfile.TarInfo, bytes | None]:
-    info = tarfile.TarInfo(name)
-    info.type, info.linkname = kind, link
-    return info, data
 
 
 def test_links_devices_and_unsafe_names_are_refused_with_their_sample(tmp_path: Path) -> None:
