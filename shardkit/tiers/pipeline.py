@@ -592,8 +592,13 @@ class Pipeline:
             first = False
             # The run's end shrinks; a sink's reservoirs have one fixed size (serve's order is defined by it).
             last = self.sizes.first_block if seg.last and self._grow else None
-            for a, b in reservoir_bounds(0, seg.length, min(size, self.sizes.ssd_block), self.sizes.ssd_block, last):
-                keys = seg.keys(a, b)
+            bounds = reservoir_bounds(0, seg.length, min(size, self.sizes.ssd_block), self.sizes.ssd_block, last)
+            following: np.ndarray | None = None
+            for i, (a, b) in enumerate(bounds):
+                keys = following if following is not None else seg.keys(a, b)
+                following = seg.keys(*bounds[i + 1]) if i + 1 < len(bounds) else None
+                # The next reservoir's records the cache does not pin: read ahead while this one's last chunk is copied.
+                self.slots.expect(None if following is None else distinct_sorted(self._unpinned(following)))
                 slot = self._get(self._ssd_slots)
                 before, calls = self.disk.payload.stats.bytes_read, self.disk.payload.stats.read_calls
                 cached, crow, fill = self._cache_plan(keys)

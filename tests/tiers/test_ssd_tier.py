@@ -330,3 +330,84 @@ def test_slots_are_allocated_in_the_background_and_a_failed_write_stops_it(tmp_p
         slots.close()
         space.close()
         ds.close()
+
+
+def test_next_reservoir_is_read_ahead_while_the_last_chunk_is_copied(tmp_path: Path, ssd_dir: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the next reservoir's keys expected, its first chunk is announced (the device reads it)
+    before the current reservoir's last chunk is copied, once: the next write copies it without
+    announcing it again. Without an expectation every write announces its own first chunk."""
+    from shardkit.tiers import ssd_slots
+
+    ds = Dataset(make_dataset(tmp_path / "ds", 24, records_per_shard=5, shape=BIG))
+    monkeypatch.setattr(ssd_slots, "KERNEL_CHUNK_BYTES", 4 * BIG_REC)  # chunks of 4 records
+    events: list[tuple[str, tuple[int, ...]]] = []
+    cond = threading.Condition()
+    real_announce, real_copy = PayloadArray.announce, PayloadArray.copy_to_file
+    one, two, three = np.arange(0, 16, 2), np.arange(1, 12, 2), np.arange(12, 20)
+    overlapped: list[bool] = []
+
+    def announcing(self: PayloadArray, keys: np.ndarray) -> None:
+        real_announce(self, keys)
+        with cond:
+            events.append(("announce", tuple(np.asarray(keys).tolist())))
+            cond.notify_all()
+
+    def copying(self: PayloadArray, keys: np.ndarray, *args: object, **kw: object) -> None:
+        if np.array_equal(keys, one[4:]):  # the last chunk of `one`: is `two` being read meanwhile?
+            with cond:
+                overlapped.append(cond.wait_for(lambda: ("announce", tuple(two[:4].tolist())) in events, timeout=10.0))
+        with cond:
+            events.append(("copy", tuple(np.asarray(keys).tolist())))
+        real_copy(self, keys, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(PayloadArray, "announce", announcing)
+    monkeypatch.setattr(PayloadArray, "copy_to_file", copying)
+    space = SsdSpace(ssd_dir)
+    slots = ReservoirSlots(space, ds.payload, 4 * BIG_REC)
+    stop = threading.Event()
+    try:
+        slots.expect(two)
+        assert slots.write(0, ds.payload, one, stop) == one.size * BIG_REC
+        slots.write(1, ds.payload, two, stop)  # nothing expected after it
+        slots.write(0, ds.payload, three, stop)
+        for slot, keys in ((0, three), (1, two)):
+            got = slots.records(slot, keys.size, ds.payload.stats, 0).read(np.arange(keys.size))
+            np.testing.assert_array_equal(got, ds.payload.read(keys))
+    finally:
+        slots.close()
+        space.close()
+        ds.close()
+    announced = [k for what, k in events if what == "announce"]
+    assert overlapped == [True]  # the next reservoir's first chunk was read while the last one was copied
+    assert announced.count(tuple(two[:4].tolist())) == 1  # not announced again by the write of `two`
+    assert announced.count(tuple(three[:4].tolist())) == 1  # announced by its own write (not expected)
+    assert sorted(announced) == sorted([tuple(c) for k in (one, two, three) for c in np.split(k, range(4, k.size, 4))])
+
+
+def test_ssd_creator_expects_each_next_reservoir(tmp_path: Path, ssd_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SSD creator tells the slots the keys of the reservoir after the one it writes (what that
+    write then copies), so its first chunk is read ahead; nothing after an epoch's last one."""
+    n = 40
+    ds = make_dataset(tmp_path / "ds", n, records_per_shard=5, shape=BIG)
+    log: list[tuple[str, tuple[int, ...] | None]] = []
+    real_expect, real_write = ReservoirSlots.expect, ReservoirSlots.write
+
+    def expecting(self: ReservoirSlots, keys: np.ndarray | None) -> None:
+        log.append(("expect", None if keys is None else tuple(keys.tolist())))
+        real_expect(self, keys)
+
+    def writing(self: ReservoirSlots, slot: int, payload: object, keys: np.ndarray, stop: threading.Event) -> int:
+        log.append(("write", tuple(keys.tolist())))
+        return real_write(self, slot, payload, keys, stop)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ReservoirSlots, "expect", expecting)
+    monkeypatch.setattr(ReservoirSlots, "write", writing)
+    s = _sampler(ds, ssd_dir, epochs=1, static_cache=0)
+    keys = np.concatenate(collect(s))
+    np.testing.assert_array_equal(keys, epoch_permutation(3, 0, n))
+    writes = [k for what, k in log if what == "write"]
+    expects = [k for what, k in log if what == "expect"]
+    assert len(writes) >= 3 and len(expects) == len(writes)
+    assert expects[:-1] == writes[1:] and expects[-1] is None
+    assert [what for what, _ in log] == ["expect", "write"] * len(writes)  # each expectation before its write
