@@ -8,6 +8,7 @@ import threading
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -411,3 +412,41 @@ def test_ssd_creator_expects_each_next_reservoir(tmp_path: Path, ssd_dir: Path, 
     assert len(writes) >= 3 and len(expects) == len(writes)
     assert expects[:-1] == writes[1:] and expects[-1] is None
     assert [what for what, _ in log] == ["expect", "write"] * len(writes)  # each expectation before its write
+
+
+def test_stats_count_what_each_ssd_stage_waited_for(tmp_path: Path, ssd_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``stats.wait_seconds``: the RAM tier's wait for a reservoir (forced: the first write starts
+    only once the RAM tier asks for it) and the fill's wait for a free slot (forced: the first read
+    back begins only once the fill waits for a slot)."""
+    from shardkit.tiers.pipeline import Pipeline
+
+    ds = make_dataset(tmp_path / "ds", 40, records_per_shard=5, shape=BIG)
+    ram_asks, fill_waits = threading.Event(), threading.Event()
+    real_get, real_write, real_read = Pipeline._get, ReservoirSlots.write, ScratchRecords.read_into
+    forced: list[bool] = []
+
+    def getting(self: Pipeline, q: Any) -> Any:
+        if q is self._ssd_q:
+            ram_asks.set()
+        elif q is self._ssd_slots and q.empty():
+            fill_waits.set()
+        return real_get(self, q)
+
+    def writing(self: ReservoirSlots, *args: Any) -> int:
+        if not forced:
+            forced.append(ram_asks.wait(timeout=10.0))
+        return real_write(self, *args)
+
+    def reading(self: ScratchRecords, keys: np.ndarray, dest: Any) -> None:
+        if len(forced) == 1:
+            forced.append(fill_waits.wait(timeout=10.0))
+        real_read(self, keys, dest)
+
+    monkeypatch.setattr(Pipeline, "_get", getting)
+    monkeypatch.setattr(ReservoirSlots, "write", writing)
+    monkeypatch.setattr(ScratchRecords, "read_into", reading)
+    s = _sampler(ds, ssd_dir, epochs=1, static_cache=0)
+    keys = np.concatenate(collect(s))
+    assert sorted(keys.tolist()) == list(range(40)) and forced == [True, True]
+    waits = s.stats.wait_seconds
+    assert set(waits) == {"ssd", "ssd_fill"} and waits["ssd"] > 0 and waits["ssd_fill"] > 0
