@@ -162,10 +162,6 @@ def _private_rows(m: int, shape: tuple[int, ...], dtype: np.dtype[Any]) -> tuple
     if nbytes == 0 or not hasattr(mmap, "MAP_PRIVATE"):
         return aligned_empty(m, shape, dtype), None
     mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        # Transparent huge pages where the kernel gives them on request: the rows are all written
-        # in the first epoch, and a 2 MiB page costs a sixth of the CPU of its 512 small ones.
-        mapping.madvise(mmap.MADV_HUGEPAGE)
     return np.frombuffer(mapping, dtype=dtype).reshape((int(m), *shape)), mapping
 
 

@@ -389,25 +389,3 @@ def test_populate_lets_other_threads_run() -> None:
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["answered", "1"]
 
-
-def test_private_rows_ask_for_huge_pages(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A private cache's rows are asked to be transparent huge pages (a 2 MiB page costs a small
-    part of the CPU of its 512 small pages, and every row is written in the first epoch)."""
-    import mmap
-
-    from shardkit.tiers import static_cache as sc
-
-    if not hasattr(mmap, "MADV_HUGEPAGE"):
-        pytest.skip("no MADV_HUGEPAGE here")
-    advised: list[tuple[int, ...]] = []
-    real = sc._private_rows
-
-    class Spy(mmap.mmap):
-        def madvise(self, *args: int) -> None:  # type: ignore[override]
-            advised.append(args)
-            super().madvise(*args)
-
-    monkeypatch.setattr(sc.mmap, "mmap", Spy)
-    rows, mapping = real(8, (1 << 20,), np.dtype(np.uint8))
-    assert mapping is not None and rows.shape == (8, 1 << 20)
-    assert (mmap.MADV_HUGEPAGE,) in advised
