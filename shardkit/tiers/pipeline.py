@@ -592,9 +592,16 @@ class Pipeline:
             first = False
             # The run's end shrinks; a sink's reservoirs have one fixed size (serve's order is defined by it).
             last = self.sizes.first_block if seg.last and self._grow else None
-            for a, b in reservoir_bounds(0, seg.length, min(size, self.sizes.ssd_block), self.sizes.ssd_block, last):
-                keys = seg.keys(a, b)
+            bounds = reservoir_bounds(0, seg.length, min(size, self.sizes.ssd_block), self.sizes.ssd_block, last)
+            following: np.ndarray | None = None
+            for i, (a, b) in enumerate(bounds):
+                keys = following if following is not None else seg.keys(a, b)
+                following = seg.keys(*bounds[i + 1]) if i + 1 < len(bounds) else None
+                # The next reservoir's records the cache does not pin: read ahead while this one's last chunk is copied.
+                self.slots.expect(None if following is None else distinct_sorted(self._unpinned(following)))
+                t0 = time.perf_counter()
                 slot = self._get(self._ssd_slots)
+                self._stats.add_wait("ssd_fill", time.perf_counter() - t0)
                 before, calls = self.disk.payload.stats.bytes_read, self.disk.payload.stats.read_calls
                 cached, crow, fill = self._cache_plan(keys)
                 if fill.any():
@@ -627,7 +634,10 @@ class Pipeline:
         open_buffers: dict[int, BatchBuffer] = {}
         seg: Segment | None = None
         while True:
-            match self._get(self._ssd_q):
+            t0 = time.perf_counter()
+            item = self._get(self._ssd_q)
+            self._stats.add_wait("ssd", time.perf_counter() - t0)
+            match item:
                 case ReservoirWritten() as res:
                     if res.segment is not seg:
                         seg, open_buffers = res.segment, {}

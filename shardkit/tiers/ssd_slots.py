@@ -106,6 +106,10 @@ class ReservoirSlots:
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="shardkit-ssd-writer")
         self._allocating = threading.Event()  # set: the preallocation thread must stop
         self._allocator: threading.Thread | None = None
+        #: The next reservoir's keys (:meth:`expect`), and the announcement of its first chunk once
+        #: submitted (during the current reservoir's last chunk).
+        self._next: np.ndarray | None = None
+        self._ahead: tuple[np.ndarray, Future[None]] | None = None
 
     def preallocate(self, nbytes: int) -> None:
         """Allocate the first ``nbytes`` of every slot in a background thread, chunk by chunk from
@@ -138,6 +142,27 @@ class ReservoirSlots:
         self._allocating.set()
         if self._allocator is not None:
             self._allocator.join()
+
+    def expect(self, keys: np.ndarray | None) -> None:
+        """The keys (ascending, distinct) the next :meth:`write` will most likely copy: the in-kernel
+        copy announces their first chunk while it copies the current reservoir's last one, so the
+        device is not idle between two reservoirs (a hint: another write announces its own keys).
+
+        In a first epoch the reservoirs grow from a small one; one or two chunks each, every one of
+        them waited for its announcement (the device's read) and then copied, with nothing read
+        while the copy ran."""
+        self._next = None if keys is None or keys.size == 0 else keys
+
+    def _announced(self, keys: np.ndarray) -> Future[None] | None:
+        """The announcement of ``keys`` submitted ahead (by the previous write), else None; any
+        other one submitted ahead is waited for (its keys are not this write's)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return None
+        if ahead[0].shape == keys.shape and np.array_equal(ahead[0], keys):
+            return ahead[1]
+        wait([ahead[1]])
+        return None
 
     def write(self, slot: int, payload: RecordSource, keys: np.ndarray, stop: threading.Event) -> int:
         """Copy records ``keys`` (ascending, distinct) of ``payload`` into slot ``slot`` in one pass;
@@ -179,7 +204,10 @@ class ReservoirSlots:
         thread copies chunk ``c``."""
         per = max(1, KERNEL_CHUNK_BYTES // payload.record_nbytes)
         starts = list(range(0, keys.size, per))
-        ahead: Future[None] | None = self._writer.submit(payload.announce, keys[:per])
+        expected, self._next = self._next, None
+        ahead: Future[None] | None = self._announced(keys[:per])
+        if ahead is None:
+            ahead = self._writer.submit(payload.announce, keys[:per])
         try:
             for c, a in enumerate(starts):
                 if stop.is_set():
@@ -189,10 +217,16 @@ class ReservoirSlots:
                 ahead = None
                 if c + 1 < len(starts):
                     ahead = self._writer.submit(payload.announce, keys[starts[c + 1] : starts[c + 1] + per])
+                elif expected is not None:  # the next reservoir's first chunk, read while this one is copied
+                    first = expected[:per]
+                    self._ahead = (first, self._writer.submit(payload.announce, first))
                 payload.copy_to_file(keys[a : a + per], fd, first_row=a, announce=False)
         except BaseException as exc:
             if ahead is not None:
                 wait([ahead])
+            if self._ahead is not None:
+                wait([self._ahead[1]])
+                self._ahead = None
             self._stop_preallocating()
             os.ftruncate(fd, 0)
             if is_out_of_space(exc):

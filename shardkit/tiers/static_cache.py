@@ -170,7 +170,7 @@ def _populate(mapping: mmap.mmap, offset: int, length: int) -> bool:
     (``MADV_POPULATE_WRITE``); False where the kernel cannot (nothing else may touch rows a reader
     is filling)."""
     try:
-        mapping.madvise(node.MADV_POPULATE_WRITE, offset, length)
+        node.populate(mapping, offset, length)
     except (OSError, ValueError):
         return False
     return True

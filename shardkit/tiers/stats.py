@@ -47,6 +47,10 @@ class SamplerStats:
     #: batches, ``handover`` the consumer's side; ``disk_cpu``/``ssd_cpu`` the reading thread's CPU
     #: time. ``shardkit profile`` builds its rates from them.
     busy_seconds: dict[str, float] = field(default_factory=dict)
+    #: Time the SSD tier's two stages waited for each other: ``ssd_fill`` the copy to SSD for a free
+    #: slot (the RAM tier still reads both), ``ssd`` the RAM tier for the next reservoir to be
+    #: written. The larger one says which stage the tier runs at the rate of.
+    wait_seconds: dict[str, float] = field(default_factory=dict)
     #: A remote dataset downloaded into a local cache (``cache_dir``), summed over the passes: parts
     #: fetched (requests, also counted in :attr:`disk_requests_by_epoch`), their bytes, the time
     #: readers waited for parts to land, and the fetch threads' CPU time.
@@ -120,6 +124,11 @@ class SamplerStats:
         """Count ``seconds`` of work of pipeline stage ``stage`` (one of :data:`STAGES`)."""
         with self._lock:
             self.busy_seconds[stage] = self.busy_seconds.get(stage, 0.0) + seconds
+
+    def add_wait(self, stage: str, seconds: float) -> None:
+        """Count ``seconds`` stage ``stage`` waited for the other (see :attr:`wait_seconds`)."""
+        with self._lock:
+            self.wait_seconds[stage] = self.wait_seconds.get(stage, 0.0) + seconds
 
     def add_written(self, nbytes: int) -> None:
         """Count payload bytes written into an SSD reservoir."""

@@ -8,6 +8,7 @@ import threading
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -330,3 +331,122 @@ def test_slots_are_allocated_in_the_background_and_a_failed_write_stops_it(tmp_p
         slots.close()
         space.close()
         ds.close()
+
+
+def test_next_reservoir_is_read_ahead_while_the_last_chunk_is_copied(tmp_path: Path, ssd_dir: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the next reservoir's keys expected, its first chunk is announced (the device reads it)
+    before the current reservoir's last chunk is copied, once: the next write copies it without
+    announcing it again. Without an expectation every write announces its own first chunk."""
+    from shardkit.tiers import ssd_slots
+
+    ds = Dataset(make_dataset(tmp_path / "ds", 24, records_per_shard=5, shape=BIG))
+    monkeypatch.setattr(ssd_slots, "KERNEL_CHUNK_BYTES", 4 * BIG_REC)  # chunks of 4 records
+    events: list[tuple[str, tuple[int, ...]]] = []
+    cond = threading.Condition()
+    real_announce, real_copy = PayloadArray.announce, PayloadArray.copy_to_file
+    one, two, three = np.arange(0, 16, 2), np.arange(1, 12, 2), np.arange(12, 20)
+    overlapped: list[bool] = []
+
+    def announcing(self: PayloadArray, keys: np.ndarray) -> None:
+        real_announce(self, keys)
+        with cond:
+            events.append(("announce", tuple(np.asarray(keys).tolist())))
+            cond.notify_all()
+
+    def copying(self: PayloadArray, keys: np.ndarray, *args: object, **kw: object) -> None:
+        if np.array_equal(keys, one[4:]):  # the last chunk of `one`: is `two` being read meanwhile?
+            with cond:
+                overlapped.append(cond.wait_for(lambda: ("announce", tuple(two[:4].tolist())) in events, timeout=10.0))
+        with cond:
+            events.append(("copy", tuple(np.asarray(keys).tolist())))
+        real_copy(self, keys, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(PayloadArray, "announce", announcing)
+    monkeypatch.setattr(PayloadArray, "copy_to_file", copying)
+    space = SsdSpace(ssd_dir)
+    slots = ReservoirSlots(space, ds.payload, 4 * BIG_REC)
+    stop = threading.Event()
+    try:
+        slots.expect(two)
+        assert slots.write(0, ds.payload, one, stop) == one.size * BIG_REC
+        slots.write(1, ds.payload, two, stop)  # nothing expected after it
+        slots.write(0, ds.payload, three, stop)
+        for slot, keys in ((0, three), (1, two)):
+            got = slots.records(slot, keys.size, ds.payload.stats, 0).read(np.arange(keys.size))
+            np.testing.assert_array_equal(got, ds.payload.read(keys))
+    finally:
+        slots.close()
+        space.close()
+        ds.close()
+    announced = [k for what, k in events if what == "announce"]
+    assert overlapped == [True]  # the next reservoir's first chunk was read while the last one was copied
+    assert announced.count(tuple(two[:4].tolist())) == 1  # not announced again by the write of `two`
+    assert announced.count(tuple(three[:4].tolist())) == 1  # announced by its own write (not expected)
+    assert sorted(announced) == sorted([tuple(c) for k in (one, two, three) for c in np.split(k, range(4, k.size, 4))])
+
+
+def test_ssd_creator_expects_each_next_reservoir(tmp_path: Path, ssd_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SSD creator tells the slots the keys of the reservoir after the one it writes (what that
+    write then copies), so its first chunk is read ahead; nothing after an epoch's last one."""
+    n = 40
+    ds = make_dataset(tmp_path / "ds", n, records_per_shard=5, shape=BIG)
+    log: list[tuple[str, tuple[int, ...] | None]] = []
+    real_expect, real_write = ReservoirSlots.expect, ReservoirSlots.write
+
+    def expecting(self: ReservoirSlots, keys: np.ndarray | None) -> None:
+        log.append(("expect", None if keys is None else tuple(keys.tolist())))
+        real_expect(self, keys)
+
+    def writing(self: ReservoirSlots, slot: int, payload: object, keys: np.ndarray, stop: threading.Event) -> int:
+        log.append(("write", tuple(keys.tolist())))
+        return real_write(self, slot, payload, keys, stop)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ReservoirSlots, "expect", expecting)
+    monkeypatch.setattr(ReservoirSlots, "write", writing)
+    s = _sampler(ds, ssd_dir, epochs=1, static_cache=0)
+    keys = np.concatenate(collect(s))
+    np.testing.assert_array_equal(keys, epoch_permutation(3, 0, n))
+    writes = [k for what, k in log if what == "write"]
+    expects = [k for what, k in log if what == "expect"]
+    assert len(writes) >= 3 and len(expects) == len(writes)
+    assert expects[:-1] == writes[1:] and expects[-1] is None
+    assert [what for what, _ in log] == ["expect", "write"] * len(writes)  # each expectation before its write
+
+
+def test_stats_count_what_each_ssd_stage_waited_for(tmp_path: Path, ssd_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``stats.wait_seconds``: the RAM tier's wait for a reservoir (forced: the first write starts
+    only once the RAM tier asks for it) and the fill's wait for a free slot (forced: the first read
+    back begins only once the fill waits for a slot)."""
+    from shardkit.tiers.pipeline import Pipeline
+
+    ds = make_dataset(tmp_path / "ds", 40, records_per_shard=5, shape=BIG)
+    ram_asks, fill_waits = threading.Event(), threading.Event()
+    real_get, real_write, real_read = Pipeline._get, ReservoirSlots.write, ScratchRecords.read_into
+    forced: list[bool] = []
+
+    def getting(self: Pipeline, q: Any) -> Any:
+        if q is self._ssd_q:
+            ram_asks.set()
+        elif q is self._ssd_slots and q.empty():
+            fill_waits.set()
+        return real_get(self, q)
+
+    def writing(self: ReservoirSlots, *args: Any) -> int:
+        if not forced:
+            forced.append(ram_asks.wait(timeout=10.0))
+        return real_write(self, *args)
+
+    def reading(self: ScratchRecords, keys: np.ndarray, dest: Any) -> None:
+        if len(forced) == 1:
+            forced.append(fill_waits.wait(timeout=10.0))
+        real_read(self, keys, dest)
+
+    monkeypatch.setattr(Pipeline, "_get", getting)
+    monkeypatch.setattr(ReservoirSlots, "write", writing)
+    monkeypatch.setattr(ScratchRecords, "read_into", reading)
+    s = _sampler(ds, ssd_dir, epochs=1, static_cache=0)
+    keys = np.concatenate(collect(s))
+    assert sorted(keys.tolist()) == list(range(40)) and forced == [True, True]
+    waits = s.stats.wait_seconds
+    assert set(waits) == {"ssd", "ssd_fill"} and waits["ssd"] > 0 and waits["ssd_fill"] > 0

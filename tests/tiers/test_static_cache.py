@@ -334,3 +334,58 @@ def test_reserve_skips_the_rows_the_prefault_thread_allocated(monkeypatch: pytes
         assert asked == [(rows_at + 9 * rec, rec), (rows_at + 30 * rec, rec)]
     finally:
         cache.release()
+
+
+_HELD_FAULT = r"""
+import ctypes, fcntl, mmap, os, platform, select, struct, sys, threading
+from shardkit.tiers import shm
+libc = ctypes.CDLL(None, use_errno=True)
+nr = {"x86_64": 323, "aarch64": 282}.get(platform.machine())
+uffd = libc.syscall(nr, os.O_CLOEXEC | os.O_NONBLOCK) if nr else -1
+if uffd < 0:
+    sys.exit(77)  # no userfaultfd for this process: nothing to hold the populate with
+
+
+def iowr(nr: int, size: int) -> int:
+    return (3 << 30) | (size << 16) | (0xAA << 8) | nr
+
+
+fcntl.ioctl(uffd, iowr(0x3F, 24), bytearray(struct.pack("QQQ", 0xAA, 0, 0)))  # UFFDIO_API
+length = 4 * mmap.PAGESIZE
+m = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE)
+view = ctypes.c_char.from_buffer(m)
+addr = ctypes.addressof(view)
+del view
+fcntl.ioctl(uffd, iowr(0x00, 32), bytearray(struct.pack("QQQQ", addr, length, 1, 0)))  # REGISTER, missing pages
+done = []
+t = threading.Thread(target=lambda: done.append(shm.populate(m, 0, length)))
+t.start()
+# The populate now waits in the kernel for this thread to resolve its page fault; this thread can
+# only get here, and answer, if the populating thread let go of the GIL.
+select.select([uffd], [], [])
+os.read(uffd, 32)
+fcntl.ioctl(uffd, iowr(0x04, 32), bytearray(struct.pack("QQQq", addr, length, 0, 0)))  # ZEROPAGE (and wake)
+t.join()
+print("answered", len(done))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="Linux only")
+def test_populate_lets_other_threads_run() -> None:
+    """Allocating a cache's pages (a second of CPU per 753 MB) leaves the GIL to the reader, the
+    assembler and the training loop: a populate held in the kernel on a page fault (userfaultfd)
+    is answered by another Python thread of the process. ``mmap.madvise`` holds the GIL for the
+    call: there the process deadlocks (the child is killed after the timeout)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])}
+    try:
+        out = subprocess.run([sys.executable, "-c", _HELD_FAULT], env=env, capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("populate held the GIL: the thread that answers its page fault never ran")
+    if out.returncode == 77:
+        pytest.skip("userfaultfd is not available to this process")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["answered", "1"]
+
