@@ -175,13 +175,17 @@ def derive_rates(work: Workload, phases: Mapping[str, PhaseResult], step_s: floa
                  *, remote: bool, fill_bps: float | None = None) -> Rates:  # fmt: skip
     """The model's rates from the phases: bytes over seconds per tier, seconds per batch.
 
-    Storage is the cold epoch's bytes over its wall time, and ``warm_bps`` a warm epoch's: an epoch
+    Storage is the cold epoch's bytes over its wall time after the first batch (never less than the
+    reader's busy time), and ``warm_bps`` a warm epoch's: an epoch
     waits for everything its reads wait for (the device, other processes for the cores), which the
     reader's busy time leaves out, so a cold first epoch predicted from busy time came out short.
     """
     cold, warm = phases["ingest-cold"], phases["ingest-warm"]
     copy_bps = copy_rate(work.record_nbytes, work.batch_size)
-    storage = (_bps(cold.storage_bytes, cold.seconds) or _bps(cold.storage_bytes, cold.busy.get("disk", 0.0))
+    # Up to its first batch the cold phase also pays the process's first sampler (threads, first
+    # use of the code): not the device's, and on a small dataset most of the epoch.
+    cold_disk = cold.busy.get("disk", 0.0)
+    storage = (_bps(cold.storage_bytes, max(cold.seconds - cold.first_batch_seconds, cold_disk))
                or _bps(warm.storage_bytes, warm.busy.get("disk", 0.0)))  # fmt: skip
     # Page-cache reads are CPU copies: their CPU time is their cost (the wall time of the unthrottled
     # ingest phase also counts waiting for a core the assembler and the consumer loop hold).

@@ -128,8 +128,9 @@ def test_predict_cold_first_epoch_maps_the_static_cache_and_reads_warm_at_the_cl
     assert warm.seconds - warm.startup_seconds == pytest.approx(1000 * REC / 2e6 + 0.5)
 
 
-def _phase(name: str, seconds: float, epochs: tuple[float, ...], nbytes: tuple[int, ...], disk_busy: float) -> PhaseResult:
-    return PhaseResult(name, seconds, 1000 * len(epochs), 10 * len(epochs), epochs, 0.0, 0.01,
+def _phase(name: str, seconds: float, epochs: tuple[float, ...], nbytes: tuple[int, ...], disk_busy: float,
+           first: float = 0.0) -> PhaseResult:  # fmt: skip
+    return PhaseResult(name, seconds, 1000 * len(epochs), 10 * len(epochs), epochs, 0.0, first,
                        {"disk": disk_busy, "disk_cpu": disk_busy / 2, "assembly": 0.0, "handover": 0.0},
                        sum(nbytes), epoch_storage_bytes=nbytes, epoch_storage_calls=(1,) * len(nbytes))  # fmt: skip
 
@@ -137,16 +138,20 @@ def _phase(name: str, seconds: float, epochs: tuple[float, ...], nbytes: tuple[i
 def test_rates_come_from_the_epochs_wall_time() -> None:
     work = Workload(1000, REC, 100, epochs=2)
     phases = {
-        # the cold epoch read 1 MB in 2 s, its reader busy only 0.5 s of them (it waited for a core)
-        "ingest-cold": _phase("ingest-cold", 2.0, (2.0,), (1_000_000,), 0.5),
+        # the cold epoch read 1 MB in 2 s, 0.5 s of them to its first batch (the process's first
+        # sampler), its reader busy only 0.5 s (it waited for a core)
+        "ingest-cold": _phase("ingest-cold", 2.0, (2.0,), (1_000_000,), 0.5, first=0.5),
         # warm: the first epoch filled the cache; the second read 0.5 MB in 0.25 s
         "ingest-warm": _phase("ingest-warm", 0.75, (0.5, 0.25), (1_000_000, 500_000), 0.2),
     }
     rates = derive_rates(work, phases, 0.01, 0.0, remote=False, fill_bps=3e6)
-    assert rates.storage_bps == pytest.approx(5e5)  # not the busy time's 2 MB/s
+    assert rates.storage_bps == pytest.approx(1e6 / 1.5)  # not the busy time's 2 MB/s
     assert rates.warm_bps == pytest.approx(2e6)
     assert rates.page_cache_bps == pytest.approx(1.5e6 / 0.1)  # the CPU's cost of a warm read
     assert rates.fill_bps == 3e6
+    # a dataset read by its first batch: the busy time is all there is to go by
+    phases["ingest-cold"] = _phase("ingest-cold", 2.0, (2.0,), (1_000_000,), 0.5, first=1.9)
+    assert derive_rates(work, phases, 0.01, 0.0, remote=False).storage_bps == pytest.approx(2e6)
     # an object store: no page cache, so no warm rate
     assert derive_rates(work, phases, 0.01, 0.0, remote=True).warm_bps is None
 
