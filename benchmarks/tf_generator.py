@@ -1,6 +1,6 @@
 """Cold passes of the tiered sampler driven by TensorFlow's ``from_generator``, next to the bare sampler.
 
-Run: ``python benchmarks/tf_generator.py [--records N] [--repeats R] [--before TREE]`` (reuses
+Run: ``python benchmarks/tf_generator.py [--records N] [--repeats R] [--before TREE] [--warm]`` (reuses
 ``benchmarks/_data/adapters-bench``, 10 000 224x224x3 records, written by ``adapters.py`` if missing).
 It isolates the cold tf.data cap found in the adapters benchmark (RESULTS.md, "tf.data lets go of
 its holder"): the generator builds a ``TieredSampler`` and yields only each batch's keys, so no payload
@@ -8,7 +8,8 @@ crosses into TensorFlow and the adapter's own work (DLPack adoption, presentatio
 picture. The ``make_tf_dataset`` rows are the adapter itself (payload included, its default prefetch),
 built before the clock as ``adapters.py`` does, so they compare with the bare sampler built the same
 way. Each configuration runs with the node-shared static cache (``auto``) and without it (``0``);
-passes are interleaved and the page cache is dropped before each. Prints records/s per pass, its
+passes are interleaved and the page cache is dropped before each (``--warm``: kept, so a fast drive's
+rate is what the disk allows and any cap is the pipeline's own). Prints records/s per pass, its
 median, the ratio to the bare pass of the same round (median [min, max]), and the process's CPU cores
 used during the pass (CPU seconds / wall seconds: low means it waits for the disk).
 
@@ -130,6 +131,8 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=10_000)
     parser.add_argument("--repeats", type=int, default=4)
     parser.add_argument("--before", help="an older shardkit tree whose adapter runs in the same rounds")
+    parser.add_argument("--warm", action="store_true",
+                        help="keep the files in the page cache (a fast NVMe drive: the disk is not the limit)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     path = synthetic_dataset(DATA, args.records)
@@ -156,7 +159,8 @@ def main() -> None:
     try:
         for _ in range(args.repeats):
             for tree, name, cache in rows:
-                drop_cache(path)
+                if not args.warm:
+                    drop_cache(path)
                 proc = procs[tree]
                 assert proc.stdin is not None and proc.stdout is not None
                 proc.stdin.write(f"{name} {cache} {epoch}\n")
@@ -171,7 +175,8 @@ def main() -> None:
             proc.wait()
 
     load = os.getloadavg()
-    print(f"{args.records} records of 224x224x3 uint8, batch {BATCH}, cold (page cache dropped before each pass), "
+    how = "warm (files kept in the page cache)" if args.warm else "cold (page cache dropped before each pass)"
+    print(f"{args.records} records of 224x224x3 uint8, batch {BATCH}, {how}, "
           f"{args.repeats} interleaved rounds; {os.cpu_count()} CPUs; load average at the end "
           f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f}\n")  # fmt: skip
     print("| tree | static cache | configuration | records/s per pass | median | vs bare, same round: median [min, max] "

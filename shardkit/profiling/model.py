@@ -49,7 +49,10 @@ class Rates:
     consumer's side of taking a batch; ``step_s`` / ``step_cpu_s``: wall and CPU seconds of one step (a
     sleeping step has no CPU); ``ssd_write_bps`` / ``ssd_read_bps``: the SSD tier (``None``: not
     measured, SSD predictions refused); ``cores``; ``page_cache_bytes``: memory the OS may use to cache
-    the dataset.
+    the dataset. ``page_cache_bps`` is the CPU's cost of a warm read; ``warm_bps`` the rate a warm
+    epoch's reads reached on the clock (``None``: ``page_cache_bps``); ``fill_bps`` the rate fresh
+    shared memory gets its pages, paid once per byte of the static cache in the first epoch
+    (``None``: free).
     """
 
     storage_bps: float
@@ -63,6 +66,8 @@ class Rates:
     ssd_read_bps: float | None = None
     cores: int = 1
     page_cache_bytes: int = 0
+    warm_bps: float | None = None
+    fill_bps: float | None = None
 
 
 @dataclass(frozen=True)
@@ -184,8 +189,10 @@ def _epoch(work: Workload, rates: Rates, sc: Scenario, sizes: TierSizes, *, firs
     storage_bytes = records * rec * (read_amplification(density, gap, rec) if records else 1.0)
     bw = sc.storage_bps if sc.storage_bps is not None else rates.storage_bps
     cold_s = storage_bytes * (1 - hit) / bw
-    warm_s = storage_bytes * hit / rates.page_cache_bps
-    reader = cold_s + warm_s
+    warm_s = storage_bytes * hit / (rates.warm_bps or rates.page_cache_bps)
+    # The first epoch maps the static cache's pages as it pins records, in the reader's path.
+    fill_s = per * cached * rec / rates.fill_bps if first and rates.fill_bps else 0.0
+    reader = cold_s + warm_s + fill_s
     ssd = 0.0
     if sizes.ssd_block is not None:
         assert rates.ssd_write_bps is not None and rates.ssd_read_bps is not None
@@ -212,7 +219,7 @@ def _epoch(work: Workload, rates: Rates, sc: Scenario, sizes: TierSizes, *, firs
     startup = 0.0
     if first:
         first_bytes = min(sizes.first_block, per) * rec
-        startup = first_bytes * (1 - hit) / bw + first_bytes * hit / rates.page_cache_bps
+        startup = first_bytes * (1 - hit) / bw + first_bytes * hit / (rates.warm_bps or rates.page_cache_bps)
     neck = max(stages, key=lambda k: stages[k])
     if reader > stages[neck]:  # the reader thread, storage and page cache together
         neck = "storage" if stages["storage"] >= stages["page cache"] else "page cache"

@@ -59,7 +59,9 @@ def report_lines(prof: Profile) -> list[str]:
     lines += [
         "rates        storage "
         + _mbps(r.storage_bps)
-        + (", page cache " + _mbps(r.page_cache_bps) if not prof.remote else "")
+        + (", page cache " + _mbps(r.page_cache_bps) + " per CPU second" if not prof.remote else "")
+        + (", a warm epoch's reads " + _mbps(r.warm_bps) if r.warm_bps else "")
+        + (", static cache's pages mapped " + _mbps(r.fill_bps) if r.fill_bps else "")
         + f", RAM copies {_mbps(r.copy_bps)}, SSD write {_mbps(r.ssd_write_bps)}, SSD read {_mbps(r.ssd_read_bps)}",
         f"             assembly {r.assembly_s * 1e3:.3f} ms/batch, hand-over {r.handover_s * 1e3:.3f} ms/batch, "
         f"{r.cores} cores, page cache up to {human_bytes(r.page_cache_bytes)}",

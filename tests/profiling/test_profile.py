@@ -15,6 +15,7 @@ import pytest
 
 from shardkit.errors import ConfigError
 from shardkit.profiling import (
+    PhaseResult,
     Rates,
     Scenario,
     Workload,
@@ -25,6 +26,7 @@ from shardkit.profiling import (
     read_amplification,
     report_lines,
 )
+from shardkit.profiling.profiler import derive_rates
 from shardkit.profiling.whatif import advise
 from shardkit.readers import SamplerOptions, TieredSampler
 from tests.helpers.cli import run_main
@@ -104,6 +106,56 @@ def test_predict_static_cache_and_page_cache_hand_computed() -> None:
     assert warm.epochs[0].stages["storage"] == pytest.approx(0.5)
 
 
+def test_predict_cold_first_epoch_maps_the_static_cache_and_reads_warm_at_the_clock_rate() -> None:
+    work = Workload(1000, REC, 100, epochs=2)
+    opts = SamplerOptions(ram_size=2 * 1000 * REC, static_cache=500 * REC, batch_size=100, gap_bytes=0)
+    ram = opts.tier_sizes(REC, 1000).ram_bytes
+    plain = _rates(page_cache_bytes=ram + 1000 * REC)  # the whole dataset fits the page cache
+    rates = _rates(page_cache_bytes=ram + 1000 * REC, warm_bps=2e6, fill_bps=1e6)
+    before, after = predict(work, plain, Scenario("x", opts)), predict(work, rates, Scenario("x", opts))
+    e0, e1 = after.epochs
+    # epoch 0 (cold): 1 MB from storage at 1 MB/s, plus mapping the 500 pinned records' pages at 1 MB/s
+    assert e0.seconds - e0.startup_seconds == pytest.approx(1.0 + 0.5)
+    assert before.epochs[0].seconds - before.epochs[0].startup_seconds == pytest.approx(1.0)
+    # epoch 1: the 500 uncached records hit the page cache, read at the warm epoch's 2 MB/s (not the
+    # CPU's 10 MB/s); no pages left to map
+    assert e1.stages["page cache"] == pytest.approx(500 * REC / 2e6)
+    assert e1.seconds == pytest.approx(0.25)
+    assert before.epochs[1].stages["page cache"] == pytest.approx(500 * REC / 1e7)
+    assert before.epochs[1].seconds == pytest.approx(0.1)  # compute-bound: 10 steps of 10 ms
+    # a warm start maps the pages too, but reads everything at the warm rate
+    warm = predict(work, rates, Scenario("x", opts, cold_start=False)).epochs[0]
+    assert warm.seconds - warm.startup_seconds == pytest.approx(1000 * REC / 2e6 + 0.5)
+
+
+def _phase(name: str, seconds: float, epochs: tuple[float, ...], nbytes: tuple[int, ...], disk_busy: float,
+           first: float = 0.0) -> PhaseResult:  # fmt: skip
+    return PhaseResult(name, seconds, 1000 * len(epochs), 10 * len(epochs), epochs, 0.0, first,
+                       {"disk": disk_busy, "disk_cpu": disk_busy / 2, "assembly": 0.0, "handover": 0.0},
+                       sum(nbytes), epoch_storage_bytes=nbytes, epoch_storage_calls=(1,) * len(nbytes))  # fmt: skip
+
+
+def test_rates_come_from_the_epochs_wall_time() -> None:
+    work = Workload(1000, REC, 100, epochs=2)
+    phases = {
+        # the cold epoch read 1 MB in 2 s, 0.5 s of them to its first batch (the process's first
+        # sampler), its reader busy only 0.5 s (it waited for a core)
+        "ingest-cold": _phase("ingest-cold", 2.0, (2.0,), (1_000_000,), 0.5, first=0.5),
+        # warm: the first epoch filled the cache; the second read 0.5 MB in 0.25 s
+        "ingest-warm": _phase("ingest-warm", 0.75, (0.5, 0.25), (1_000_000, 500_000), 0.2),
+    }
+    rates = derive_rates(work, phases, 0.01, 0.0, remote=False, fill_bps=3e6)
+    assert rates.storage_bps == pytest.approx(1e6 / 1.5)  # not the busy time's 2 MB/s
+    assert rates.warm_bps == pytest.approx(2e6)
+    assert rates.page_cache_bps == pytest.approx(1.5e6 / 0.1)  # the CPU's cost of a warm read
+    assert rates.fill_bps == 3e6
+    # a dataset read by its first batch: the busy time is all there is to go by
+    phases["ingest-cold"] = _phase("ingest-cold", 2.0, (2.0,), (1_000_000,), 0.5, first=1.9)
+    assert derive_rates(work, phases, 0.01, 0.0, remote=False).storage_bps == pytest.approx(2e6)
+    # an object store: no page cache, so no warm rate
+    assert derive_rates(work, phases, 0.01, 0.0, remote=True).warm_bps is None
+
+
 def test_predict_compute_bound_workers_and_bandwidth() -> None:
     work = Workload(1000, REC, 100, epochs=1)
     opts = SamplerOptions(ram_size=100 * REC * 5, static_cache=0, batch_size=100, gap_bytes=0)
@@ -170,6 +222,7 @@ def test_profile_python_api_with_step_function_and_checks(tmp_path: Path) -> Non
 
     prof = profile(ds, step=step, batch_size=8, ram_size="40records", check=True)
     check_profile(prof, 60, 2)
+    assert prof.rates.fill_bps and prof.rates.fill_bps > 0  # the first touch of the static cache, measured
     assert sum(seen) >= 60 * 2  # compute phase (synthetic) + both + checks
     assert len(prof.checks) == 3
     fractions = {round(c.prediction.cache_fraction, 2) for c in prof.checks}
