@@ -132,6 +132,11 @@ class TierSizes:
 
 #: The smallest disk -> SSD copy buffer worth taking out of the RAM budget (see tier_sizes).
 MIN_COPY_BYTES = 1 << 20
+#: The automatic static cache pins nothing when it would hold fewer than one record in this many
+#: and fewer records than one block: it would spare under 1% of the reads, while every block record
+#: is looked up in it (the leftover of a budget spent on blocks of small records is typically a few
+#: thousand records of millions; large records' blocks are small, so their leftover is kept).
+AUTO_CACHE_MIN_SHARE = 100
 
 # Default budgets (values, so every SamplerOptions shares them).
 _RAM_SIZE = Capacity(nbytes=512 << 20)
@@ -253,7 +258,8 @@ class SamplerOptions(UserOptions):
     static_cache: Capacity | Literal["auto"] = option(
         "auto", "Tiers", _cache_option,
         help="The part of --ram-size that pins a random subset of records for the whole run, never evicted: "
-             "auto (what the blocks do not need), bytes (256MiB), records (1000records), or 0 = off.",
+             "auto (what the blocks do not need, unless that is under 1% of the records and of a block), bytes (256MiB), "
+             "records (1000records), or 0 = off.",
         doc="CoorDL's MinIO policy; shared by the processes of a node that use the same dataset, seed and size "
             "(see :mod:`shardkit.tiers.static_cache`).")
     node_sharing: bool = option(
@@ -490,6 +496,8 @@ class SamplerOptions(UserOptions):
         pool = pool_batches(largest, b, aligned)
         if pinned is None:  # auto: the budget the blocks do not need caches records
             pinned = min(n, max(0, blocks_budget - pool * b * rec - 2 * largest * BLOCK_RECORD_BYTES) // rec)
+            if pinned * AUTO_CACHE_MIN_SHARE < n and pinned < largest:
+                pinned = 0  # saves almost no reads, yet every block record would be looked up
         return TierSizes(ram, largest, ssd, k1, pinned, first, pool, b, n, copy_bytes, rec, self._node_records(rec, n))
 
     def _node_records(self, rec: int, n: int) -> int:

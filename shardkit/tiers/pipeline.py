@@ -53,6 +53,8 @@ logger = logging.getLogger(__name__)
 _GATHER_ROWS = 8
 #: Plan positions whose keys are computed at once (the positions' temporaries are a few times this).
 _KEY_PIECE = 1 << 18
+#: Block keys looked up in the static cache at once (the lookup's temporaries are ~11 bytes a key).
+_LOOKUP_PIECE = 1 << 16
 
 
 @dataclass(frozen=True, eq=False)
@@ -445,17 +447,26 @@ class Pipeline:
             batch_arrays = tuple(buffers[g].array for g in range(a // bs, a // bs + len(buffers)))
             self._timed_read(read, keys, Destination(batch_arrays, which, rows), tier)
             return BlockRead(seg, a, b, keys, buffers)
-        cached, crow, fill = self._cache_plan(keys)
+        pos, crow, fill = self._cache_plan(keys)
         copies: list[_Copy] = []
-        if cached.any():
+        if pos.size:  # served from the cache rows, those the block fills included
             assert self.cache is not None and self.cache.rows is not None
-            copies.append(_Copy(np.flatnonzero(cached), self.cache.rows, crow[cached]))
-        # Block positions to read (None: all of them, no position array), and which of them fill the cache.
-        wanted: np.ndarray | None = np.flatnonzero(~cached | fill) if cached.any() else None
+            copies.append(_Copy(pos, self.cache.rows, crow))
+        served = ~fill
+        # Block positions to read (None: all of them, no position array), and where in them the
+        # records that fill the cache are (as indices into what is read).
+        wanted: np.ndarray | None = None
+        if served.any():
+            keep = np.ones(b - a, dtype=bool)
+            keep[pos[served]] = False
+            wanted = np.flatnonzero(keep)
+            del keep
         count = b - a if wanted is None else int(wanted.size)
         fill_rows = crow[fill] if fill.any() else None
-        to_cache = None if fill_rows is None else (fill if wanted is None else fill[wanted])
-        del cached, crow  # block-sized: not kept while the block is read
+        to_cache: np.ndarray | None = None
+        if fill_rows is not None:
+            to_cache = pos[fill] if wanted is None else np.searchsorted(wanted, pos[fill])
+        del pos, crow, served
         if count:
             arrays: list[np.ndarray] = []
             if to_cache is not None:
@@ -471,7 +482,10 @@ class Pipeline:
                 # Everything is pinned, but some rows found no memory on the node: read them into a
                 # block of their own, and the assembler copies them like cache rows.
                 assert self.pool is not None
-                direct = np.flatnonzero(~to_cache) if to_cache is not None else np.arange(count, dtype=np.int64)
+                direct_mask = np.ones(count, dtype=bool)
+                if to_cache is not None:
+                    direct_mask[to_cache] = False
+                direct = np.flatnonzero(direct_mask)
                 spill_at = direct if wanted is None else wanted[direct]
                 if direct.size:
                     spill = aligned_empty(direct.size, self.pool.record_shape, self.pool.dtype)
@@ -513,20 +527,29 @@ class Pipeline:
         self._stats.add_busy(f"{tier}_cpu", time.thread_time() - c0)
 
     def _cache_plan(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(cached, row, fill)`` for a block's keys: served from the cache (pinned and with memory
-        on the node), their cache rows, and which of them the block must read first."""
-        n = keys.size
+        """``(pos, row, fill)`` for a block's keys: the positions (ascending) of those the cache
+        serves (pinned and with memory on the node), their cache rows, and which of them the block
+        must read first. Looked up a piece of keys at a time and kept for the hits only: a block of
+        small records holds millions of keys and a small cache pins few of them, so nothing here
+        is block-sized but the hits (docs/design.md §4, *Memory per record*)."""
         if self.cache is None:
-            return np.zeros(n, dtype=bool), np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool)
-        cached, crow = self.cache.lookup(keys)
-        fill = np.zeros(n, dtype=bool)
-        if cached.any():
-            fill[cached] = ~self.cache.filled(crow[cached])
-            if fill.any():
-                # Rows the node has no memory for are read like uncached records.
-                spare = np.flatnonzero(fill)[~self.cache.reserve(crow[fill])]
-                cached[spare] = fill[spare] = False
-        return cached, crow, fill
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
+        found: list[tuple[np.ndarray, np.ndarray]] = []
+        for c in range(0, keys.size, _LOOKUP_PIECE):
+            hit, row = self.cache.lookup(keys[c : c + _LOOKUP_PIECE])
+            at = np.flatnonzero(hit)
+            found.append((at + c, row[at].astype(np.int64, copy=False)))
+        pos, crow = ((np.concatenate(x) for x in zip(*found)) if found
+                     else (np.zeros(0, np.int64), np.zeros(0, np.int64)))  # fmt: skip
+        fill = ~self.cache.filled(crow) if pos.size else np.zeros(0, dtype=bool)
+        if fill.any():
+            # Rows the node has no memory for are read like uncached records.
+            spare = np.flatnonzero(fill)[~self.cache.reserve(crow[fill])]
+            if spare.size:
+                keep = np.ones(pos.size, dtype=bool)
+                keep[spare] = False
+                pos, crow, fill = pos[keep], crow[keep], fill[keep]
+        return pos, crow, fill
 
     def _ram_from_disk(self) -> None:
         """Disk -> batch buffers: each block of the plan read in ascending offsets."""
@@ -603,16 +626,16 @@ class Pipeline:
                 slot = self._get(self._ssd_slots)
                 self._stats.add_wait("ssd_fill", time.perf_counter() - t0)
                 before, calls = self.disk.payload.stats.bytes_read, self.disk.payload.stats.read_calls
-                cached, crow, fill = self._cache_plan(keys)
+                pos, crow, fill = self._cache_plan(keys)
                 if fill.any():
                     assert self.cache is not None and self.cache.rows is not None
                     dest = Destination((self.cache.rows,), np.zeros(int(fill.sum()), np.int64), crow[fill])
                     t0 = time.perf_counter()
-                    self.disk.payload.read_into(keys[fill], dest)
+                    self.disk.payload.read_into(keys[pos[fill]], dest)
                     self._stats.add_busy("disk", time.perf_counter() - t0)
                     self._verify()
                     self.cache.publish(crow[fill])
-                stored = distinct_sorted(keys[~cached])
+                stored = distinct_sorted(np.delete(keys, pos) if pos.size else keys)
                 if stored.size:
                     t0 = time.perf_counter()
                     self._stats.add_written(self.slots.write(slot, self.disk.payload, stored, self.stop))

@@ -120,3 +120,39 @@ def test_a_mixture_block_is_sorted_and_planned_once(tmp_path: Path, monkeypatch:
     for i in range(5):  # each dataset's requests: its shards in order, ascending offsets within each
         mine = [(int(f.split("/c/")[1].split("/")[0]), off) for f, off, _ in stats.trace if f.startswith(f"{paths[i]}/")]
         assert mine and mine == sorted(mine)
+
+
+class _SmallCache:
+    """A static cache of a few pinned keys, half of them filled, all with memory (for
+    :meth:`Pipeline._cache_plan`)."""
+
+    def __init__(self, pinned: SortedKeys) -> None:
+        self.pinned = pinned
+
+    def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.pinned.lookup(keys)
+
+    def filled(self, rows: np.ndarray) -> np.ndarray:
+        return np.asarray(rows % 2 == 0)
+
+    def reserve(self, rows: np.ndarray) -> np.ndarray:
+        return np.ones(rows.shape, dtype=bool)
+
+
+def test_a_blocks_cache_plan_keeps_only_the_hits() -> None:
+    """A block of 2**21 keys against a static cache of 8,192 pinned keys (the auto cache's leftover
+    at 10^7 small records): the plan is the hits' positions, rows and fill flags, looked up a piece
+    at a time, so it allocates under a byte per key (before: a row per key, int64, and two flags)."""
+    from types import SimpleNamespace
+
+    from shardkit.tiers.pipeline import Pipeline
+
+    pinned = SortedKeys(np.sort(np.random.default_rng(2).choice(10**7, 8192, replace=False)).astype(np.int64))
+    keys = np.random.default_rng(3).integers(0, 10**7, 1 << 21).astype(np.int64)
+    owner = SimpleNamespace(cache=_SmallCache(pinned))
+    pos, row, fill = Pipeline._cache_plan(owner, keys)  # type: ignore[arg-type]
+    hit = np.isin(keys, pinned.keys())
+    assert np.array_equal(pos, np.flatnonzero(hit)) and pos.size > 0
+    assert np.array_equal(pinned.keys()[row], keys[pos])
+    assert np.array_equal(fill, row % 2 == 1)
+    assert _peak(lambda: Pipeline._cache_plan(owner, keys)) < keys.size  # type: ignore[arg-type]
