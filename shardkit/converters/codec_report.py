@@ -117,15 +117,16 @@ def compression_summary(meta: DatasetMeta) -> dict[str, Any] | None:
     decoded = meta.num_records * meta.record.nbytes
     stored = sum(max(0, s.nbytes - index_nbytes(meta.records_per_shard)) for s in meta.shards)
     sample = meta.source.get(SAMPLE_KEY)
-    quality = isinstance(sample, dict) and sample.get("psnr_db") is not None
+    if not isinstance(sample, dict) or sample.get("psnr_db") is None:
+        sample = {}  # lossless, or converted before samples were kept
     return {
         "codec": dict(meta.compression),
         "stored_bytes": stored,
         "decoded_bytes": decoded,
         "ratio": round(decoded / stored, 2) if stored else None,
-        "psnr_db": sample["psnr_db"] if quality else None,
-        "min_psnr_db": sample["min_psnr_db"] if quality else None,
-        "sampled_records": sample.get("records") if quality else None,
+        "psnr_db": sample.get("psnr_db"),
+        "min_psnr_db": sample.get("min_psnr_db"),
+        "sampled_records": sample.get("records"),
     }
 
 
