@@ -978,11 +978,10 @@ class PayloadArray:
         if pool is None or n == 0:
             self._decode_list(i, start, data, offs, sizes, arrays, which, row)
             return
-        # Jobs of at least DECODE_JOB_RECORDS, and about two per decoder for a long run: the hand-off
-        # per job stays small against decoding, and every decoder has work while the next run is read.
-        step = max(DECODE_JOB_RECORDS, -(-n // (2 * self.decode_workers)))
-        for c in range(0, n, step):
-            d = c + step
+        # Small jobs: a decoder that is descheduled (a loaded machine) holds back only a few records,
+        # and the others take the rest of the run.
+        for c in range(0, n, DECODE_JOB_RECORDS):
+            d = c + DECODE_JOB_RECORDS
             jobs.append(pool.submit(self._decode_list, i, start, data, offs[c:d], sizes[c:d], arrays, which[c:d], row[c:d]))
 
     def _decode_list(self, i: int, start: int, data: memoryview, offs: list[int], sizes: list[int],
