@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 from collections.abc import Iterable
@@ -154,7 +155,7 @@ def test_order_battery_through_serve(jpeg: tuple[Path, np.ndarray]) -> None:
     from shardkit.serve import SharedSampler, TierServer
 
     path, decoded = jpeg
-    name = f"jpeg-{os.getpid()}"
+    name = f"jpeg{os.getpid()}-{secrets.token_hex(3)}"  # unique: other runs share /dev/shm, maybe the pid too
     with TierServer(path, name=name, ram_size="16records", slots=2, epochs=EPOCHS, seed=SEED, decode_workers=2):
         with SharedSampler(name, job_seed=SEED, batch_size=BATCH, epochs=EPOCHS, dataset=path) as job:
             epochs = _epochs(job, decoded)
