@@ -458,6 +458,10 @@ class TierServer:
             job = None
             if clash is None:
                 job = _Job(self._next_job, channel, hello, pid)
+                # Welcomed before any other thread can see the job: once it is listed, the epoch
+                # thread may send it a Reservoir and the heartbeat thread a Beat, which must follow
+                # the Welcome on the wire (a few bytes to a fresh socket: this does not block).
+                job.send(Welcome(job.id))
                 self._next_job += 1
                 self._jobs[job.id] = job
                 self._pending.add(job.id)
@@ -466,7 +470,6 @@ class TierServer:
         if job is None:
             self._reply(channel, Refused(clash or "refused"))
             return None
-        job.send(Welcome(job.id))
         if finished:
             job.send(Done())  # every epoch has been served already
         logger.info("server %s: job %d (pid %d) attached; starts at the next epoch", self.name, job.id, job.pid)
