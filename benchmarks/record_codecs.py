@@ -12,7 +12,15 @@ Three measurements, each printed as a table (``--json FILE`` also writes them):
    warm) with ``decode_workers=--workers`` against imagecodecs decoding the same stored bytes from
    memory on as many threads, interleaved for ``--rounds`` rounds; the ratio is what the loader keeps.
 
+4. ``remote`` (only with ``--remote``): the same generated images stored as jpeg:90 and decoded,
+   uploaded to a local SeaweedFS behind ``benchmarks/remote.py``'s latency proxy (its server and proxy,
+   reused), each read for one epoch by the sampler without a local cache (``cache_dir=None``: every
+   byte crosses the proxy) at ``--latency`` ms added per request; records/s of each, the raw GET of
+   the same round (network bytes/s), and the model records/s = min(network bytes/s / stored record
+   bytes, decode records/s per core x cores), the decode rate from the CPU time measured here.
+
     python benchmarks/record_codecs.py [--images 2000] [--rounds 3] [--workers 2] [--json out.json]
+    python benchmarks/record_codecs.py --remote --skip libraries,quality,loader --latency 20 --images 1000
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import io
 import json
 import math
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -37,6 +46,9 @@ from shardkit.formats.codecs import get_codec
 from shardkit.readers import TieredSampler
 
 ROOT = Path(__file__).resolve().parents[1]
+for _p in (str(ROOT), str(ROOT / "benchmarks")):  # tests.helpers.seaweed and benchmarks/remote.py (--remote)
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
 SIDE = 224
 OPTIONS = ("jpeg:90", "jpeg:75", "webp:90", "jpegxl:90", "png", "webp:lossless", "jpegxl:lossless", "zstd")
 
@@ -202,6 +214,100 @@ def loader(images: np.ndarray, workers: int, rounds: int, work: Path) -> dict[st
             "ratio_median": float(np.median(ratios))}
 
 
+def _write(path: Path, images: np.ndarray, compression: str | None) -> Path:
+    with DatasetWriter(path, kind="bench", payload="image", record=FieldSpec(images.shape[1:], "uint8"),
+                       compression=compression, records_per_shard=256) as w:
+        for a in range(0, len(images), 256):
+            w.write({"image": images[a : a + 256]})
+    return path
+
+
+def _remote_epoch(url: str, proxy: Any, workers: int) -> dict[str, Any]:
+    """One epoch of the sampler over ``url`` through ``proxy`` (no local cache): records/s, CPU µs per
+    record, and the bytes and requests the proxy relayed."""
+    from _remote_peers import counter_delta
+
+    s = TieredSampler(url, batch_size=64, static_cache=0, cache_dir=None, decode_workers=workers, seed=1)
+    before = proxy.counters()
+    t, c = time.perf_counter(), time.process_time()
+    got = sum(len(b["key"]) for b in s)
+    dt, cpu = time.perf_counter() - t, time.process_time() - c
+    s.close()
+    d = counter_delta(before, proxy.counters())
+    return {"rps": round(got / dt), "cpu_us": round(cpu / got * 1e6), "fetched_MB": round(d["bytes"] / 1e6, 1),
+            "requests": d["requests"]}
+
+
+def remote(images: np.ndarray, workers: int, rounds: int, latency_ms: float, work: Path) -> dict[str, Any]:
+    """jpeg:90 against decoded records through the object store at ``latency_ms`` added per request
+    (benchmarks/remote.py's SeaweedFS and delay proxy), interleaved for ``rounds`` rounds, with the
+    raw GET of each round and the decode rate per core measured on the same bytes."""
+    import os
+
+    import imagecodecs
+    from remote import DelayProxy, raw_get  # benchmarks/remote.py: its server, proxy and raw GET
+
+    from shardkit.formats.transfer import upload_dataset
+    from shardkit.stores import open_store
+    from tests.helpers.seaweed import SeaweedServer
+
+    server = SeaweedServer(work / "seaweed").start()
+    proxy = None
+    try:
+        os.environ.update(server.env())
+        urls = {}
+        for name, compression in (("jpeg:90", "jpeg:90"), ("decoded", None)):
+            local = _write(work / name.replace(":", ""), images, compression)
+            urls[name] = f"s3://{server.bucket}/{local.name}"
+            upload_dataset(local, urls[name])
+        stored = {}
+        for name in urls:
+            with open_dataset(work / name.replace(":", "")) as ds:
+                stored[name] = sum(s.nbytes for s in ds.meta.shards) / ds.num_records
+        with open_dataset(work / "jpeg90") as ds:
+            blobs = [bytes(ds.payload.shard_path(i).read_bytes()[int(o) : int(o) + int(n)])
+                     for i, info in enumerate(ds.meta.shards)
+                     for o, n in zip(ds.payload.index(i).offsets[: info.count], ds.payload.index(i).nbytes[: info.count])]
+        out = np.empty(images.shape[1:], np.uint8)
+        c = time.process_time()
+        for b in blobs:
+            imagecodecs.jpeg8_decode(b, out=out)
+        decode_us = (time.process_time() - c) / len(blobs) * 1e6
+        proxy = DelayProxy(server.port, latency_ms)
+        os.environ["AWS_ENDPOINT_URL"] = proxy.endpoint
+        rows = []
+        for rnd in range(1, rounds + 1):
+            keys = {name: [m.key for m in open_store(url).list("image")] for name, url in urls.items()}
+            raw = raw_get(urls["decoded"], keys["decoded"], proxy)
+            row: dict[str, Any] = {"round": rnd, "raw_MB/s": round(raw["MB/s"])}
+            for name, url in urls.items():
+                m = _remote_epoch(url, proxy, workers)
+                row.update({f"{name} rps": m["rps"], f"{name} cpu_us": m["cpu_us"], f"{name} MB": m["fetched_MB"],
+                            f"{name} requests": m["requests"]})
+            row["ratio"] = round(row["jpeg:90 rps"] / row["decoded rps"], 2)
+            rows.append(row)
+            print("  " + "  ".join(f"{k} {v}" for k, v in row.items()), flush=True)
+    finally:
+        if proxy is not None:
+            proxy.close()
+        server.stop()
+    net = float(np.median([r["raw_MB/s"] for r in rows])) * 1e6
+    per_core = 1e6 / decode_us
+
+    def model(cores: int) -> dict[str, float]:
+        jpeg = min(net / stored["jpeg:90"], per_core * cores)
+        decoded = net / stored["decoded"]
+        return {"cores": cores, "jpeg_rps": round(jpeg), "decoded_rps": round(decoded), "ratio": round(jpeg / decoded, 2),
+                "limit": "decode" if per_core * cores < net / stored["jpeg:90"] else "network"}
+
+    # Decoding stops being the limit once decode capacity >= network bytes/s / stored jpeg bytes;
+    # jpeg is >= 2x decoded storage while cores x per-core rate >= 2 x network / decoded record bytes.
+    return {"latency_ms": latency_ms, "records": len(images), "workers": workers, "rounds": rows,
+            "stored_bytes_per_record": {k: round(v) for k, v in stored.items()}, "decode_us_per_core": round(decode_us),
+            "cores_for_2x": round(2 * net / stored["decoded"] / per_core, 2),
+            "model": [model(2), model(16)]}
+
+
 def _table(rows: list[dict[str, Any]]) -> str:
     keys = list(rows[0])
     width = {k: max(len(k), *(len(str(r[k])) for r in rows)) for k in keys}
@@ -218,6 +324,8 @@ def main() -> None:
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: libraries, quality, loader")
     ap.add_argument("--options", default=",".join(OPTIONS),
                     help="comma-separated --compression values to measure (jpegxl:lossless takes seconds per image)")
+    ap.add_argument("--remote", action="store_true", help="also measure through the object store (SeaweedFS + delay proxy)")
+    ap.add_argument("--latency", type=float, default=20.0, help="added ms per request with --remote (default 20)")
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args()
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
@@ -240,6 +348,16 @@ def main() -> None:
         lo = results["loader"]
         print(f"loader: {lo['records']} jpeg:90 records, {lo['workers']} decode threads\n" + _table(lo["rounds"]))
         print(f"sampler / library: median {lo['ratio_median']:.3f}, range {lo['ratio_min']:.3f}-{lo['ratio_max']:.3f}")
+    if args.remote:
+        work = Path(tempfile.mkdtemp(prefix="shardkit-codecs-remote-"))
+        try:
+            print(f"object store: {len(generated)} records, jpeg:90 and decoded, +{args.latency:g} ms per request", flush=True)
+            results["remote"] = re = remote(generated, args.workers, args.rounds, args.latency, work)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        print(f"stored bytes per record {re['stored_bytes_per_record']}; imagecodecs decode {re['decode_us_per_core']} us "
+              f"per record per core; jpeg is >= 2x decoded storage with >= {re['cores_for_2x']} cores of decoding")
+        print("model: records/s = min(network bytes/s / stored record bytes, decode rate x cores)\n" + _table(re["model"]))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 

@@ -37,6 +37,12 @@ class SamplerFactory:
             raise ConfigError(
                 f"shared={self.shared!r}: only mode='epoch' without limit, found mode={o.mode!r}, limit={o.limit!r}"
             )
+        if self.shared is not None and o.decode is not True:
+            raise ConfigError(
+                f"shared={self.shared!r}: a shared tier stack hands its jobs decoded records (its ring holds one decoded "
+                f"record a slot and its protocol carries no stored lengths), found decode={o.decode!r}: use decode=True "
+                "with shared, or read the stored bytes without shared"
+            )
         if self.shared is not None and o.locality:
             raise ConfigError(
                 f"shared={self.shared!r}: a shared tier stack serves one machine's jobs; locality (many nodes) "

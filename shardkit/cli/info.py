@@ -87,9 +87,10 @@ def info(
             return
         data = ds.info()
         data["unfinished"] = unfinished(ds.store)
-        from shardkit.converters.codec_report import compression_lines  # only here: info stays quick to import
+        from shardkit.converters.codec_report import compression_lines, compression_summary  # only here: info stays quick to import
 
         compression = compression_lines(ds.meta)
+        data["compression_report"] = compression_summary(ds.meta)
     if as_json:
         echo_out(json.dumps(data, indent=2))
         return

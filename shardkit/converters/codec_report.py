@@ -18,7 +18,7 @@ from shardkit.formats.codecs import RecordCodec, get_codec
 from shardkit.formats.spec import index_nbytes
 from shardkit.units import human_bytes
 
-__all__ = ["SAMPLE_RECORDS", "sample_records", "codec_sample", "auto_codec", "compression_lines", "IMAGE_OPTIONS"]
+__all__ = ["SAMPLE_RECORDS", "sample_records", "codec_sample", "auto_codec", "compression_lines", "compression_summary", "IMAGE_OPTIONS"]
 
 logger = logging.getLogger(__name__)
 
@@ -108,18 +108,39 @@ def auto_codec(conv: Converter, scan: ScanResult) -> tuple[RecordCodec | None, l
     return chosen, lines
 
 
+def compression_summary(meta: DatasetMeta) -> dict[str, Any] | None:
+    """The dataset's codec, its achieved ratio (decoded / stored record bytes) and, for a lossy codec,
+    the PSNR measured on a sample at conversion (``info --json``'s ``compression_report``); ``None``
+    for a dataset stored decoded."""
+    if meta.compression is None:
+        return None
+    decoded = meta.num_records * meta.record.nbytes
+    stored = sum(max(0, s.nbytes - index_nbytes(meta.records_per_shard)) for s in meta.shards)
+    sample = meta.source.get(SAMPLE_KEY)
+    if not isinstance(sample, dict) or sample.get("psnr_db") is None:
+        sample = {}  # lossless, or converted before samples were kept
+    return {
+        "codec": dict(meta.compression),
+        "stored_bytes": stored,
+        "decoded_bytes": decoded,
+        "ratio": round(decoded / stored, 2) if stored else None,
+        "psnr_db": sample.get("psnr_db"),
+        "min_psnr_db": sample.get("min_psnr_db"),
+        "sampled_records": sample.get("records"),
+    }
+
+
 def compression_lines(meta: DatasetMeta) -> list[str]:
     """The dataset's codec, achieved ratio (decoded / stored record bytes) and, for a lossy codec, the
     PSNR measured on a sample at conversion (what ``convert`` and ``info`` print)."""
-    if meta.compression is None:
+    summary = compression_summary(meta)
+    if summary is None or meta.compression is None:
         return ["compression  none"]
     config = ", ".join(f"{k}={v}" for k, v in meta.compression.items() if k != "name")
-    decoded = meta.num_records * meta.record.nbytes
-    stored = sum(max(0, s.nbytes - index_nbytes(meta.records_per_shard)) for s in meta.shards)
+    decoded, stored = summary["decoded_bytes"], summary["stored_bytes"]
     ratio = f"{decoded / stored:.2f}x ({human_bytes(stored)} stored for {human_bytes(decoded)} decoded)" if stored else "no records"
     lines = [f"compression  {meta.compression['name']}" + (f" ({config})" if config else "") + f": {ratio}"]
-    sample = meta.source.get(SAMPLE_KEY)
-    if isinstance(sample, dict) and sample.get("psnr_db") is not None:
-        lines.append(f"quality      PSNR {sample['psnr_db']} dB on average, lowest {sample['min_psnr_db']} dB, "
-                     f"over {sample['records']} sampled records")
+    if summary["psnr_db"] is not None:
+        lines.append(f"quality      PSNR {summary['psnr_db']} dB on average, lowest {summary['min_psnr_db']} dB, "
+                     f"over {summary['sampled_records']} sampled records")
     return lines

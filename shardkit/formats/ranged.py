@@ -12,6 +12,7 @@ import functools
 import itertools
 import os
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import wait
 from typing import Any, NoReturn
 
 import numpy as np
@@ -30,6 +31,7 @@ from shardkit.formats.reader import (
     _Plan,
     _Rows,
     _Run,
+    finish_decodes,
 )
 from shardkit.formats.spec import ZARR_JSON, ShardInfo, index_nbytes
 from shardkit.formats.versions import older_copy, read_document
@@ -309,7 +311,13 @@ class RangedPayloadArray(PayloadArray):
 
     def _read_plan(self, plan: _Plan, rows: list[np.ndarray]) -> None:
         """Fetch the plan run by run (see :meth:`_read_runs`); each record goes to its destination row."""
-        self._read_runs(plan.as_runs(self.shard_location), _Rows(rows, plan))
+        out = _Rows(rows, plan)
+        try:
+            self._read_runs(plan.as_runs(self.shard_location), out)
+        except BaseException:
+            wait(out.decodes)  # no decoder writes into the rows once the error is raised
+            raise
+        finish_decodes(out.decodes)
 
     def _prefetch_indexes(self, shards: list[int]) -> None:
         missing = [i for i in shards if i not in self._indexes and self._known_index(i) is None]
@@ -621,8 +629,10 @@ class RangedPayloadArray(PayloadArray):
             for o, size, p in zip(offs, sizes, pos):
                 rows[p] = buf[o : o + size]
             return
-        for o, size, p in zip(offs, sizes, pos):
-            self._decode(run.shard, start + o, data[o : o + size], rows[p])
+        # Decoded on the decode threads (when there are some) while the next responses arrive.
+        at = run.pos[a:b]
+        self._decode_records(run.shard, start, data, offs, sizes, rows.arrays, rows.which[at].tolist(), rows.row[at].tolist(),
+                             rows.decodes)  # fmt: skip
 
 
 class _Ahead:

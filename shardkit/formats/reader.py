@@ -12,7 +12,7 @@ import logging
 import math
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -246,6 +246,14 @@ class _Run:
     pos: np.ndarray
 
 
+def finish_decodes(jobs: list[Future[None]]) -> None:
+    """Wait for every decode job of a read, then raise the first one's error (in read order): on an
+    error the read returns only once no decoder still writes into its rows."""
+    wait(jobs)
+    for job in jobs:
+        job.result()
+
+
 class _Rows:
     """The destination row of every record of a plan, by the record's index in it: ``rows[j]`` is a
     writable uint8 view of record ``j``'s row, and ``rows[j] = data`` writes it (for readers that
@@ -253,6 +261,9 @@ class _Rows:
 
     def __init__(self, arrays: list[np.ndarray], plan: _Plan) -> None:
         self.arrays, self.which, self.row = arrays, plan.which, plan.row
+        #: Decodes started on the decode threads for these rows (see :meth:`PayloadArray._decode_records`):
+        #: the read that owns the rows waits for them (:func:`finish_decodes`) before returning.
+        self.decodes: list[Future[None]] = []
 
     def __getitem__(self, j: int) -> np.ndarray:
         out: np.ndarray = self.arrays[int(self.which[j])][int(self.row[j])]
@@ -940,32 +951,44 @@ class PayloadArray:
         by the decode threads when there are some (:meth:`use_decoders`) while the next run is read.
         Returns once every record is decoded; on an error, once no decoder still writes into ``rows``."""
         assert self.codec is not None
-        pool = self._decode_pool()
         jobs: list[Future[None]] = []
         try:
             for a, b in plan.runs():
                 i = int(plan.shard[a])
-                path = self._shard_str(i)
                 start = int(plan.offs[a])
                 length = int(plan.offs[b - 1] + plan.sizes[b - 1]) - start
                 buf = np.empty(length, dtype=np.uint8)
                 view = buf.data
-                self._preadv_all(self._fd(i), path, [view], start)
-                if pool is None:
-                    self._decode_span(plan, rows, i, start, view, a, b)
-                    continue
-                for c in range(a, b, DECODE_JOB_RECORDS):
-                    jobs.append(pool.submit(self._decode_span, plan, rows, i, start, view, c, min(c + DECODE_JOB_RECORDS, b)))
-        finally:
-            wait(jobs)
-        for job in jobs:
-            job.result()  # the first error, in read order
+                self._preadv_all(self._fd(i), self._shard_str(i), [view], start)
+                self._decode_records(i, start, view, (plan.offs[a:b] - start).tolist(), plan.sizes[a:b].tolist(),
+                                     rows, plan.which[a:b].tolist(), plan.row[a:b].tolist(), jobs)  # fmt: skip
+        except BaseException:
+            wait(jobs)  # no decoder writes into the rows once the error is raised
+            raise
+        finish_decodes(jobs)
 
-    def _decode_span(self, plan: _Plan, rows: list[np.ndarray], i: int, start: int, view: memoryview, a: int, b: int) -> None:
-        """Decode records ``a:b`` of ``plan`` (shard ``i``; their run's bytes are ``view``, from byte ``start``)."""
-        for off, size, w, r in zip((plan.offs[a:b] - start).tolist(), plan.sizes[a:b].tolist(),
-                                   plan.which[a:b].tolist(), plan.row[a:b].tolist()):  # fmt: skip
-            self._decode(i, start + off, view[off : off + size], rows[w][r])
+    def _decode_records(self, i: int, start: int, data: memoryview, offs: list[int], sizes: list[int],
+                        arrays: Sequence[np.ndarray], which: list[int], row: list[int], jobs: list[Future[None]]) -> None:
+        """Decode the records of shard ``i`` whose streams are ``data[offs[k] : offs[k] + sizes[k]]``
+        (``data`` begins at byte ``start`` of the shard) into rows ``arrays[which[k]][row[k]]``: on the
+        decode threads when there are some, in jobs appended to ``jobs`` (the caller waits for them with
+        :func:`finish_decodes` before its rows are used), else here. Every reader decodes through this."""
+        pool = self._decode_pool()
+        n = len(offs)
+        if pool is None or n == 0:
+            self._decode_list(i, start, data, offs, sizes, arrays, which, row)
+            return
+        # Small jobs: a decoder that is descheduled (a loaded machine) holds back only a few records,
+        # and the others take the rest of the run.
+        for c in range(0, n, DECODE_JOB_RECORDS):
+            d = c + DECODE_JOB_RECORDS
+            jobs.append(pool.submit(self._decode_list, i, start, data, offs[c:d], sizes[c:d], arrays, which[c:d], row[c:d]))
+
+    def _decode_list(self, i: int, start: int, data: memoryview, offs: list[int], sizes: list[int],
+                     arrays: Sequence[np.ndarray], which: list[int], row: list[int]) -> None:
+        """Decode each stream ``data[offs[k] : offs[k] + sizes[k]]`` of shard ``i`` into its row (see :meth:`_decode_records`)."""
+        for off, size, w, r in zip(offs, sizes, which, row):
+            self._decode(i, start + off, data[off : off + size], arrays[w][r])
 
     def _decode_pool(self) -> ThreadPoolExecutor | None:
         """The decode threads (started on first use), or None to decode in the reading thread."""

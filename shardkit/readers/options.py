@@ -35,7 +35,7 @@ from shardkit.tiers.buffers import HOLD_BATCHES
 from shardkit.tiers.ssd import READ_CHUNK_BYTES
 from shardkit.units import Capacity, human_bytes, parse_bytes
 
-__all__ = ["TIERS", "parse_tiers", "path_or_none", "SamplerOptions", "TierSizes", "DEFAULTS"]
+__all__ = ["TIERS", "parse_tiers", "path_or_none", "SamplerOptions", "TierSizes", "DEFAULTS", "resolve_decoders"]
 
 #: Known tiers, ordered slow -> fast. ``disk`` (the dataset itself) is implicit.
 TIERS = ("ssd", "ram")
@@ -433,10 +433,8 @@ class SamplerOptions(UserOptions):
         }
 
     def decoders(self) -> int:
-        """``decode_workers`` resolved: the CPUs this process may run on when not given."""
-        if self.decode_workers is not None:
-            return self.decode_workers
-        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        """``decode_workers`` resolved (see :func:`resolve_decoders`)."""
+        return resolve_decoders(self.decode_workers)
 
     # ------------------------------------------------------------------ resolution
     def tier_sizes(self, record_nbytes: int, num_records: int, num_keys: int | None = None) -> TierSizes:
@@ -548,3 +546,10 @@ def _describe(nbytes: int, rec: int) -> str:
 #: The defaults, for entry points that show them (CLI help) or take them as keyword defaults.
 DEFAULTS = SamplerOptions()
 SamplerOptions.__doc__ = f"{SamplerOptions.__doc__}{SamplerOptions.describe()}"
+
+
+def resolve_decoders(decode_workers: int | None) -> int:
+    """A ``decode_workers`` option resolved: the CPUs this process may run on when not given."""
+    if decode_workers is not None:
+        return decode_workers
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -33,7 +33,7 @@ from shardkit.converters.options import count, duration
 from shardkit.declare import UserOptions, option, shared_option
 from shardkit.errors import ConfigError, PeerTimeoutError, ProtocolError, SamplerError, ShardkitError
 from shardkit.order.schedule import ArrayOrder, plan_shape
-from shardkit.readers.options import SamplerOptions, TierSizes, path_or_none
+from shardkit.readers.options import SamplerOptions, TierSizes, path_or_none, resolve_decoders
 from shardkit.readers.sources import Mixture, as_source
 from shardkit.serve.order import partition
 from shardkit.serve.protocol import (
@@ -103,6 +103,11 @@ class ServeOptions(UserOptions):
     max_connections: int = option(64, "Server", count(1), help="Connections served at once; more are refused.")
     base_dir: Path | None = option(None, "Server", path_or_none, flag=None,
                                    help="Where the run directory goes (default /dev/shm, else the temp dir).")
+    decode_workers: int | None = shared_option(
+        SamplerOptions, "decode_workers",
+        help="Threads that decode compressed records (jpeg, png, webp, flac, zstd, ...) into the ring's slots while "
+             "the next records are read; 0 decodes in the reading thread. Default: one per CPU this process may use. "
+             "Jobs always receive decoded records (the ring has no room for stored lengths).")
 
     KIND = "server option"
 
@@ -453,6 +458,10 @@ class TierServer:
             job = None
             if clash is None:
                 job = _Job(self._next_job, channel, hello, pid)
+                # Welcomed before any other thread can see the job: once it is listed, the epoch
+                # thread may send it a Reservoir and the heartbeat thread a Beat, which must follow
+                # the Welcome on the wire (a few bytes to a fresh socket: this does not block).
+                job.send(Welcome(job.id))
                 self._next_job += 1
                 self._jobs[job.id] = job
                 self._pending.add(job.id)
@@ -461,7 +470,6 @@ class TierServer:
         if job is None:
             self._reply(channel, Refused(clash or "refused"))
             return None
-        job.send(Welcome(job.id))
         if finished:
             job.send(Done())  # every epoch has been served already
         logger.info("server %s: job %d (pid %d) attached; starts at the next epoch", self.name, job.id, job.pid)
@@ -605,7 +613,8 @@ class TierServer:
                 raise Stopped()
             self._reserved = self.published
             self._pipeline = Pipeline(self.source, self._segments(epoch), fields={}, stats=self.stats, sizes=sizes,
-                                      pool=None, ssd_dir=self.ssd_dir, gap_bytes=self.options.gap_bytes, sink=self)
+                                      pool=None, ssd_dir=self.ssd_dir, gap_bytes=self.options.gap_bytes, sink=self,
+                                      dataset_options={"decode_workers": resolve_decoders(self.options.decode_workers)})
             return self._pipeline
 
     def _stop_pipeline(self, pipeline: Pipeline) -> None:

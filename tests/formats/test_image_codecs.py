@@ -16,6 +16,7 @@ import pytest
 from shardkit import errors
 from shardkit.formats import FieldSpec, open_dataset
 from shardkit.formats.codecs import codec_from_zarr, get_codec
+from shardkit.formats.spec import index_nbytes
 from shardkit.formats.verify import verify
 from shardkit.formats.writer import DatasetWriter
 from tests.helpers.datasets import write_dataset
@@ -232,6 +233,11 @@ def test_convert_reports_ratio_and_psnr_and_info_shows_both(tmp_path: Path) -> N
     for text in (result.stdout, run_cli("info", str(out)).stdout):
         assert "compression  jpeg (quality=90): " in text and "x (" in text
         assert f"quality      PSNR {sample['psnr_db']} dB on average" in text
+    report = json.loads(run_cli("info", str(out), "--json").stdout)["compression_report"]
+    assert report == {"codec": {"name": "jpeg", "quality": 90}, "stored_bytes": stored - len(ds.meta.shards) * index_nbytes(
+        ds.meta.records_per_shard), "decoded_bytes": decoded, "ratio": report["ratio"], "psnr_db": sample["psnr_db"],
+        "min_psnr_db": sample["min_psnr_db"], "sampled_records": 23}
+    assert report["ratio"] == round(decoded / report["stored_bytes"], 2) and report["ratio"] > 3
 
 
 def test_lossless_conversion_records_no_psnr(tmp_path: Path) -> None:

@@ -187,3 +187,28 @@ def test_torch_adapter_delivers_decoded_jpeg_records(jpeg_dataset: Path) -> None
         np.testing.assert_array_equal(batch["image"].numpy(), decoded[batch["key"].numpy()])
         seen += len(batch["key"])
     assert seen == 40
+
+
+def test_records_read_by_range_decode_on_the_decode_threads(tmp_path: Path, s3: Any) -> None:
+    """An object-store dataset read without a local cache: each response's records are decoded by
+    the decode threads (the reading thread goes on to the next response), into the same rows."""
+    from tests.helpers.datasets import upload
+
+    local = write_dataset(tmp_path / "ds", _images(40), records_per_shard=7, compression="jpeg")
+    url = upload(local, s3.url(f"decode-{tmp_path.name}"))
+    keys = np.random.default_rng(0).permutation(40)[:25]
+    with open_dataset(local) as ds:
+        expected = ds.payload.read(keys)
+    with open_dataset(url, decode_workers=2) as ds:
+        assert ds.cache is None
+        codec = ds.payload.codec
+        assert codec is not None
+        decode, threads = codec.decode, set()
+
+        def named_decode(data: Any, out: np.ndarray) -> None:
+            threads.add(threading.current_thread().name)
+            decode(data, out)
+
+        codec.decode = named_decode  # type: ignore[method-assign]
+        np.testing.assert_array_equal(ds.payload.read(keys), expected)
+    assert threads and all(t.startswith("shardkit-decode") for t in threads), threads

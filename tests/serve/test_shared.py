@@ -426,3 +426,28 @@ def test_abandoned_iterator_detaches(tmp_path: Path, name: str) -> None:
         assert not _job_threads()
         keys = np.concatenate([check_batch(b) for b in SharedSampler(name, job_seed=2, batch_size=7)])
         np.testing.assert_array_equal(np.sort(keys), np.arange(n))
+
+
+def test_a_job_is_welcomed_before_the_server_sends_it_anything_else(tmp_path: Path, name: str,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's handshake holds its Welcome until another thread has tried to send the job
+    something (a Reservoir of the epoch the job was admitted to, or a Beat), or 2 s have passed: the
+    job must still read Welcome first (a job that read a Reservoir first failed with ProtocolError)."""
+    from shardkit.serve import server as server_mod
+    from shardkit.serve.protocol import Welcome
+
+    other_sent = threading.Event()
+    send = server_mod._Job.send
+
+    def ordered_send(self: server_mod._Job, msg: object) -> None:
+        if isinstance(msg, Welcome):
+            other_sent.wait(2)  # the window: without the fix the job is listed while this waits
+        else:
+            other_sent.set()
+        send(self, msg)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(server_mod._Job, "send", ordered_send)
+    ds = make_dataset(tmp_path / "ds", 12)
+    with TierServer(ds, name=name, ram_size="6records", slots=2, epochs=1, seed=1, lease_seconds=10.0):
+        keys = np.concatenate([check_batch(b) for b in SharedSampler(name, job_seed=1, batch_size=4, epochs=1)])
+    assert sorted(keys.tolist()) == list(range(12))
