@@ -45,7 +45,7 @@ from shardkit.stores.base import (
 from shardkit.stores.retry import ShortResponse, backoff_seconds, first_line, is_transient
 from shardkit.units import human_count
 
-__all__ = ["ObjectStore", "import_obstore", "RequestCounters"]
+__all__ = ["ObjectStore", "import_obstore", "RequestCounters", "runtime_started"]
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +107,12 @@ def _check_fork(url: str) -> None:
             "datasets)"
         )
     _used = True
+
+
+def runtime_started() -> bool:
+    """Whether this process has used obstore (whose runtime then does not survive ``fork()``): until
+    it has, a child forked from it can use object stores (docs/design.md §9, Fork)."""
+    return _used
 
 
 def _get_runner() -> _Runner:
