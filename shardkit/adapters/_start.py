@@ -53,16 +53,21 @@ def source_of(dataset: object) -> Mixture:
     its DataLoader workers can be forked. The helper is this process's own child running shardkit's
     code, so what it sends back (the source and the root documents' identities) is trusted. Should
     the helper fail, the source is made here (the same errors, raised from here)."""
-    if not (isinstance(dataset, str) and remote([dataset])) or not forkable():
-        return as_source(dataset)
+    if not (isinstance(dataset, str) and remote([dataset])) or not forkable() or mp.current_process().daemon:
+        return as_source(dataset)  # (a daemonic process may not start children)
     ctx = mp.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
     helper = ctx.Process(target=_open_in_helper, args=(dataset, send), name="shardkit-open", daemon=True)
     try:
         helper.start()
+    except Exception:  # the helper could not start: read here
+        receive.close()
         send.close()
+        return as_source(dataset)
+    send.close()
+    try:
         got = receive.recv() if receive.poll(HELPER_SECONDS) else None
-    except (OSError, EOFError):
+    except Exception:  # the helper died without an answer: read here
         got = None
     finally:
         receive.close()

@@ -70,7 +70,7 @@ def test_a_fresh_process_forks_its_workers(url: str, tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
     script = [sys.executable, str(Path(__file__).with_name("loader_start_script.py")), url, str(tmp_path / "cache"),
               str(tmp_path / "marks")]  # fmt: skip
-    run = subprocess.run(script, capture_output=True, text=True, env=env, timeout=300, check=False)
+    run = subprocess.run(script, capture_output=True, text=True, env=env, timeout=540, check=False)
     assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(run.stdout.strip().splitlines()[-1])
     assert got["clean"] and got["method"] == "fork"
