@@ -473,17 +473,66 @@ def _download_summary(pf: Any, ended: float) -> Measurement:
             "fetch_cpu_s_per_GB": st.cpu_s / (st.bytes / 1e9) if st.bytes else 0.0}
 
 
-def shardkit_loader(location: str | Path, n: int, passes: int, proxy: DelayProxy | None, workers: int,
+def shardkit_loader(location: str | Path, n: int, passes: int, proxy: Any, workers: int,
                     **opts: Any) -> list[Measurement]:
-    """``passes`` passes of ``ShardIterableDataset(...).loader(num_workers=workers)``."""
+    """``passes`` passes of ``ShardIterableDataset(...).loader(num_workers=workers)``; epoch 1's time,
+    first batch, requests and bytes count from the dataset's construction (``setup_s`` of them), so
+    work moved there is not hidden; ``start_method``: how the workers started."""
     from shardkit.adapters.torch import ShardIterableDataset
 
+    before = proxy.counters() if proxy else {}
+    t0 = time.perf_counter()
     ds = ShardIterableDataset(str(location), **opts)
     try:
         loader = ds.loader(num_workers=workers)
-        return _epochs(lambda: loader, n, passes, proxy)
+        setup = time.perf_counter() - t0
+        during = counter_delta(before, proxy.counters()) if proxy else {}
+        ms = _epochs(lambda: loader, n, passes, proxy)
+        context = loader.multiprocessing_context
     finally:
         ds.close()
+    if ms:
+        first = ms[0]
+        seconds = first["seconds"] + setup
+        first.update({"MB/s": first["MB/s"] * first["seconds"] / seconds, "seconds": seconds, "setup_s": setup,
+                      "first_batch_s": first["first_batch_s"] + setup})
+        if "requests" in first:
+            first["requests"] += during.get("requests", 0)
+            first["fetched_MB"] += during.get("bytes", 0) / 1e6
+    for m in ms:
+        m["start_method"] = context.get_start_method() if context is not None else "none"
+    return ms
+
+
+class _ProxyCounters:
+    """A running :class:`DelayProxy`'s counters, read through its control port (from another process)."""
+
+    def __init__(self, control: int) -> None:
+        self.control = control
+
+    def counters(self) -> dict[str, int]:
+        return read_counters(self.control)
+
+
+def shardkit_loader_fresh(location: str | Path, n: int, passes: int, proxy: DelayProxy | None, workers: int,
+                          **opts: Any) -> list[Measurement]:
+    """:func:`shardkit_loader` in a new interpreter, as a training script starts (this process has
+    used an object store, which decides how workers start: see shardkit.adapters._start)."""
+    job = {"location": str(location), "n": n, "passes": passes, "workers": workers,
+           "control": proxy.control if proxy else None,
+           "opts": {k: str(v) if isinstance(v, Path) else v for k, v in opts.items()}}
+    out = subprocess.run([sys.executable, __file__, "--loader-child", json.dumps(job)], capture_output=True,
+                         text=True, timeout=3600, check=False)
+    if out.returncode != 0:
+        return [{"error": (out.stderr.strip().splitlines() or ["no output"])[-1]}]
+    return list(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def _loader_child(job: dict[str, Any]) -> None:
+    control = job["control"]
+    ms = shardkit_loader(job["location"], job["n"], job["passes"], None if control is None else _ProxyCounters(control),
+                         job["workers"], **job["opts"])
+    print(json.dumps(ms))
 
 
 def peer_prepare(system: str, endpoint: str, bucket: str, n: int, work: Path) -> str | None:
@@ -628,8 +677,15 @@ def main() -> None:
     p.add_argument("--json", type=Path, help="write every measurement and the tables here")
     p.add_argument("--markdown", type=Path, help="write the tables here")
     p.add_argument("--make-bench-venv", type=Path, metavar="PATH", help="create the peers' venv at PATH and exit")
+    p.add_argument("--loader-process", choices=("fresh", "same"), default="fresh",
+                   help="run the loader(...) rows in a new interpreter, as a training script starts (default), "
+                        "or in this one (which has used an object store already)")
     p.add_argument("--proxy", nargs=4, help=argparse.SUPPRESS)
+    p.add_argument("--loader-child", help=argparse.SUPPRESS)
     a = p.parse_args()
+    if a.loader_child:
+        _loader_child(json.loads(a.loader_child))
+        return
     if a.proxy:
         run_proxy(int(a.proxy[0]), int(a.proxy[1]), float(a.proxy[2]), int(a.proxy[3]))
         return
@@ -732,7 +788,8 @@ def main() -> None:
                                 cache.mkdir()
                             opts = shardkit_options(ram, ssd, a.tiers, cache)
                             if system.startswith("loader"):
-                                ms = shardkit_loader(url, a.records, 2, proxy, a.workers, **opts)
+                                run = shardkit_loader_fresh if a.loader_process == "fresh" else shardkit_loader
+                                ms = run(url, a.records, 2, proxy, a.workers, **opts)
                             else:
                                 ms = shardkit_bare(url, a.records, 2, proxy, **opts)
                         record(lat, rnd, system, ms, raw)

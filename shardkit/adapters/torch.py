@@ -16,12 +16,12 @@ from shardkit._extras import import_extra
 from shardkit.adapters._ahead import NextPass
 from shardkit.adapters._handover import SharedBatchMemory, shared_batch
 from shardkit.adapters._options import PayloadOptions, SamplerFactory
+from shardkit.adapters._start import forkable, remote, source_of, start_method, worker_context
 from shardkit.errors import ConfigError, SamplerError
 from shardkit.formats import Dataset, open_dataset
 from shardkit.order.schedule import batches_per_consumer, pass_length, position_after
 from shardkit.readers import DEFAULTS, Sampler, SamplerOptions, TieredSampler
-from shardkit.readers.sources import Mixture, as_source
-from shardkit.stores import is_url
+from shardkit.readers.sources import Mixture
 from shardkit.units import parse_count
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ from torch.utils.data import Dataset as _TorchDataset
 from torch.utils.data import IterableDataset as _TorchIterableDataset
 from torch.utils.data import get_worker_info
 
-__all__ = ["ShardIterableDataset", "ShardMapDataset", "accelerator_present", "to_tensors"]
+__all__ = ["ShardIterableDataset", "ShardLoader", "ShardMapDataset", "accelerator_present", "to_tensors"]
 
 logger = logging.getLogger(__name__)
 
@@ -211,8 +211,9 @@ class ShardIterableDataset(_TorchIterableDataset):
         **overrides: Any,
     ) -> None:
         super().__init__()
-        #: What this dataset samples: a mixture of one dataset or more (:mod:`shardkit.readers.sources`).
-        self.source: Mixture = as_source(path)
+        #: What this dataset samples: a mixture of one dataset or more (:mod:`shardkit.readers.sources`);
+        #: a URL's root documents are read so that DataLoader workers can still be forked (``_start``).
+        self.source: Mixture = source_of(path)
         #: The (first) dataset's path or URL, for messages.
         self.path = os.fspath(self.source.paths[0])
         placed = {"rank": rank, "world_size": world_size}
@@ -258,19 +259,33 @@ class ShardIterableDataset(_TorchIterableDataset):
         self._next: NextPass | None = None
         #: A worker's shared-memory batch buffers, kept across its passes.
         self._memory: SharedBatchMemory | None = None
+        #: The holder is built once this process's workers have started (see _hold_shared).
+        self._holder_pending = False
         self._hold_shared()
 
-    def _hold_shared(self) -> None:
-        """Keep the node-shared static cache alive across passes, whose samplers each let go of it."""
+    def _hold_shared(self, *, defer: bool = True) -> None:
+        """Keep the node-shared static cache alive across passes, whose samplers each let go of it.
+        Over an object store that this process has not used yet, building it (which reads the
+        dataset) waits until the DataLoader's workers are forked, or a pass runs here
+        (:meth:`_ensure_holder`): reading now would start the runtime that ``fork()`` breaks."""
         if self._holder is not None:
             self._holder.close()
             self._holder = None
+        self._holder_pending = False
         if self.factory.shared is not None:
+            return
+        if defer and remote(self.source.paths) and forkable():
+            self._holder_pending = True
             return
         holder = self._rank_sampler(0)
         if isinstance(holder, TieredSampler):
             holder.hold_shared()
         self._holder = holder
+
+    def _ensure_holder(self) -> None:
+        """Build the holder that :meth:`_hold_shared` deferred (workers started, or a pass in this process)."""
+        if self._holder_pending:
+            self._hold_shared(defer=False)
 
     def _rank_sampler(self, start_epoch: int) -> Sampler:
         """A sampler of this rank's first consumer (reads metadata only until iterated)."""
@@ -448,6 +463,8 @@ class ShardIterableDataset(_TorchIterableDataset):
         )  # fmt: skip
 
     def __iter__(self) -> Iterator[TensorDict]:
+        if get_worker_info() is None:
+            self._ensure_holder()
         consumer, consumers, workers = self._consumer()
         if int(self._epoch[_GENERATION]) != self._generation:
             raise SamplerError(
@@ -539,8 +556,10 @@ class ShardIterableDataset(_TorchIterableDataset):
         That costs the next epoch's first blocks (at most ``ram_size`` per worker) if no further
         pass comes, or if :meth:`set_epoch` then picks another epoch. Call :meth:`load_state_dict`
         before the loader's first pass (or build a new loader after it).
-        Workers over an object store start with ``spawn`` unless ``multiprocessing_context`` says
-        otherwise (the object-store client does not survive ``fork()``)."""
+        Workers over an object store are forked (milliseconds) while this process has not used an
+        object store (its runtime does not survive ``fork()``; the dataset reads its documents in a
+        helper process to stay so), else started from a fork server that imported torch and
+        shardkit once, started now in the background; ``multiprocessing_context`` overrides both."""
         if pin_memory is None:
             pin_memory = accelerator_present()
         kwargs["pin_memory"] = pin_memory
@@ -552,9 +571,11 @@ class ShardIterableDataset(_TorchIterableDataset):
         if int(num_workers) != self.num_workers:
             self.num_workers = int(num_workers)
             self._hold_shared()  # the consumers' budgets (and so their cache) depend on their number
-        paths = self.source.paths
-        if num_workers > 0 and any(isinstance(p, str) and is_url(p) and not p.startswith("file:") for p in paths):
-            kwargs.setdefault("multiprocessing_context", "spawn")
+        method = None
+        if int(num_workers) > 0 and kwargs.get("multiprocessing_context") is None:
+            method = start_method(self.source.paths)
+            if method is not None:
+                kwargs["multiprocessing_context"] = worker_context(method)
         if not self.unbatched:
             if kwargs.get("batch_size") is not None:
                 raise ConfigError(
@@ -562,7 +583,7 @@ class ShardIterableDataset(_TorchIterableDataset):
                     "do not pass a DataLoader batch_size unless unbatched=True"
                 )
             kwargs["batch_size"] = None
-        return torch.utils.data.DataLoader(self, num_workers=num_workers, **kwargs)
+        return ShardLoader(self, num_workers=num_workers, choose_start=method is not None, **kwargs)
 
     def close(self) -> None:
         """Let go of the node-shared caches this dataset holds across passes."""
@@ -578,6 +599,7 @@ class ShardIterableDataset(_TorchIterableDataset):
         # A running sampler (threads, buffers) never travels to a worker; each builds its own.
         state = dict(self.__dict__)
         state["_sampler"] = state["_holder"] = state["_next"] = state["_memory"] = None
+        state["_holder_pending"] = False
         return state
 
     def __repr__(self) -> str:
@@ -585,6 +607,31 @@ class ShardIterableDataset(_TorchIterableDataset):
             f"ShardIterableDataset({self.path!r}, batch_size={self.options.batch_size}, "
             f"mode={self.options.mode!r}, rank={self.rank}/{self.world_size}, epoch={self.epoch})"
         )
+
+
+class ShardLoader(torch.utils.data.DataLoader):
+    """The ``DataLoader`` of :meth:`ShardIterableDataset.loader`: when it starts workers over an
+    object store whose start method it chose, it checks the choice still holds (``fork`` only while
+    this process has not used an object store since), and once they run lets the dataset build what
+    it deferred until then (its node-shared holder, which reads the dataset)."""
+
+    def __init__(self, dataset: ShardIterableDataset, *, choose_start: bool = False, **kwargs: Any) -> None:
+        super().__init__(dataset, **kwargs)
+        self._choose_start = choose_start
+
+    def __iter__(self) -> Any:
+        dataset = self.dataset
+        assert isinstance(dataset, ShardIterableDataset)
+        starting = self._iterator is None or not self.persistent_workers  # else the running workers serve
+        if self._choose_start and self.num_workers > 0 and starting:
+            method = start_method(dataset.source.paths)
+            loader: Any = self  # DataLoader's multiprocessing_context property is untyped
+            context = loader.multiprocessing_context
+            if method is not None and (context is None or context.get_start_method() != method):
+                loader.multiprocessing_context = worker_context(method)
+        iterator = super().__iter__()
+        dataset._ensure_holder()
+        return iterator
 
 
 #: Every sampler option, from its declaration, for help() and the IDE.

@@ -36,10 +36,12 @@ class DatasetDocuments:
     """What opening a dataset in an object store reads and checks before any record: its metadata
     and the payload array's document. The root document records the digest of every other
     document, so a reader that knows the root document is unchanged (same ETag, see
-    :mod:`shardkit.readers.identity`) can open the same version again from these, without a request."""
+    :mod:`shardkit.readers.identity`) can open the same version again from these, without a request.
+    ``payload_document=None``: only the root document is known (read moments ago, with the identity);
+    the array documents are then read and checked against its digests as at a first open."""
 
     meta: DatasetMeta
-    payload_document: dict[str, Any]
+    payload_document: dict[str, Any] | None
 
 
 class Dataset(Closing):
@@ -111,7 +113,7 @@ class Dataset(Closing):
                                                       stats=stats, gap_bytes=gap_bytes, document_digest=payload_digest)
         else:
             try:
-                if known is None:  # else checked when the documents were first read
+                if known is None or known.payload_document is None:  # else checked when first read
                     read_objects(self.store, docs, files, what="field array document", max_nbytes=MAX_DOCUMENT_NBYTES)
             except (TruncatedShardError, ChecksumError):  # a newer version replaced one: as this one recorded it
                 for rel in docs:

@@ -430,10 +430,19 @@ def read_dataset_meta(root: Path | Store, document: str = ZARR_JSON) -> DatasetM
     if document != ZARR_JSON and not store.exists(document):
         raise DatasetNotFoundError(f"{store.describe(document)}: this version of the dataset is not kept "
                                    f"(`shardkit info {store.url}` lists the versions kept)")
-    if not store.exists(document):
+    if store.is_local and not store.exists(document):
         _raise_missing_root(store)
-    where = store.describe(document)
-    doc = read_json_object(store, document)
+    try:  # in an object store one GET: a missing document is told from its answer, not a HEAD first
+        raw = read_object(store, document, what="metadata document", max_nbytes=MAX_DOCUMENT_NBYTES)
+    except FileNotFoundError:
+        _raise_missing_root(store)
+    return parse_dataset_meta(raw, store.describe(document))
+
+
+def parse_dataset_meta(raw: bytes, where: str) -> DatasetMeta:
+    """The dataset metadata in the root document's bytes ``raw`` (read from ``where``), validated as
+    :func:`read_dataset_meta` does: for a reader that also fingerprints the same bytes."""
+    doc = parse_json(raw, where)
     if doc.get("zarr_format") != 3 or doc.get("node_type") != "group":
         raise NotADatasetError(
             f"{where}: expected a zarr v3 group, found zarr_format={doc.get('zarr_format')!r} "

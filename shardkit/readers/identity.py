@@ -4,12 +4,15 @@ dataset is replaced under it (docs/design.md §4, *Other duties*, dataset identi
 A process remembers the remote datasets it opened (:func:`remember`): a later sampler of the same
 dataset (the next pass of a DataLoader worker) takes the identity and documents from there
 (:func:`reopen`) and checks them with one HEAD of the root document that runs while its first block
-is read, instead of about six requests in a row before it.
+is read, instead of about six requests in a row before it. A first open reads the root document with
+one GET whose bytes give both the fingerprint and the metadata, and whose answer gives the ETag
+(:func:`open_root`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import threading
 import time
@@ -21,10 +24,11 @@ from pathlib import Path
 
 from shardkit.errors import SamplerError
 from shardkit.formats.dataset import DatasetDocuments
-from shardkit.formats.metadata import MAX_DOCUMENT_NBYTES
-from shardkit.stores import Location, StoreOptions, as_location, open_store
+from shardkit.formats.metadata import MAX_DOCUMENT_NBYTES, DatasetMeta, parse_dataset_meta, read_dataset_meta
+from shardkit.stores import Location, Store, StoreOptions, as_location, open_store
 
-__all__ = ["DatasetIdentity", "dataset_fingerprint", "forget", "remember", "reopen", "ROOT_DOCUMENT", "REMOTE_CHECK_SECONDS"]
+__all__ = ["DatasetIdentity", "dataset_fingerprint", "forget", "open_root", "remember", "remembered", "reopen", "ROOT_DOCUMENT",
+           "REMOTE_CHECK_SECONDS"]
 
 #: Least time between two identity checks of a dataset in an object store (docs/design.md §4, dataset identity).
 REMOTE_CHECK_SECONDS = 2.0
@@ -57,10 +61,15 @@ def dataset_fingerprint(path: Location) -> str:
     return _fingerprint_and_tag(path)[0]
 
 
-def _fingerprint_and_tag(path: Location, options: StoreOptions | None = None) -> tuple[str, str | None]:
-    store = open_store(path, options)
-    tag = None if store.is_local else store.head(ROOT_DOCUMENT).etag
-    return hashlib.sha256(store.get(ROOT_DOCUMENT, max_nbytes=MAX_DOCUMENT_NBYTES)).hexdigest(), tag
+def _fingerprint_and_tag(path: Location, options: StoreOptions | None = None) -> tuple[str, str | None, int]:
+    """The root document's fingerprint, ETag (remote) and size, from one read."""
+    data, tag = _read_root(open_store(path, options))
+    return hashlib.sha256(data).hexdigest(), tag, len(data)
+
+
+def _read_root(store: Store) -> tuple[bytes, str | None]:
+    """The root document's bytes and, in an object store, their ETag (one GET)."""
+    return store.get_tagged(ROOT_DOCUMENT, max_nbytes=MAX_DOCUMENT_NBYTES)
 
 
 @dataclass(frozen=True)
@@ -73,6 +82,8 @@ class DatasetIdentity:
     etag: str | None = None
     #: How an object store is asked (the sampler's retry budget and timeouts).
     options: StoreOptions | None = None
+    #: Bytes of the root document (what remembering its documents costs, :func:`remember`).
+    nbytes: int = field(default=0, compare=False)
     #: When a remote check last succeeded (monotonic seconds; mutable inside the frozen value).
     _checked: list[float] = field(default_factory=lambda: [time.monotonic()], compare=False, repr=False)
     #: A local root document's stat when its content last matched the fingerprint (``None``: read it
@@ -87,11 +98,24 @@ class DatasetIdentity:
         where = as_location(path)
         before = _stat_key(where) if isinstance(where, Path) else None  # before the read: a change after it is seen
         try:
-            identity = cls(where, *_fingerprint_and_tag(where, options), options)
+            fingerprint, tag, nbytes = _fingerprint_and_tag(where, options)
         except FileNotFoundError:
             raise SamplerError(f"{where}: expected a shardkit dataset, found no {ROOT_DOCUMENT}") from None
+        identity = cls(where, fingerprint, tag, options, nbytes)
         identity._remember(before)
         return identity
+
+    def fresh(self) -> bool:
+        """Whether a remote check (or the read that made this identity) succeeded so lately that the
+        next :meth:`check` would not ask the store again."""
+        return self.etag is not None and time.monotonic() - self._checked[0] < REMOTE_CHECK_SECONDS
+
+    def copied(self, options: StoreOptions | None = None) -> DatasetIdentity:
+        """This identity for a new reader (asked with ``options``), as recently checked as this one."""
+        copy = DatasetIdentity(self.path, self.fingerprint, self.etag, options if options is not None else self.options,
+                               self.nbytes)
+        copy._checked[0] = self._checked[0]
+        return copy
 
     def _remember(self, key: _StatKey | None) -> None:
         """Skip reading the local root document while its stat stays ``key`` (unless ``key`` is racy)."""
@@ -110,7 +134,8 @@ class DatasetIdentity:
         check (a HEAD of the root document) started now in a thread: the reader's first requests
         need not wait for it, but its first waiting :meth:`check` does, so nothing it read is used
         before the dataset is known to be unchanged."""
-        fresh = DatasetIdentity(self.path, self.fingerprint, self.etag, options if options is not None else self.options)
+        fresh = DatasetIdentity(self.path, self.fingerprint, self.etag, options if options is not None else self.options,
+                                self.nbytes)
         ahead: Future[None] = Future()
         fresh._ahead[0] = ahead
 
@@ -174,20 +199,53 @@ class DatasetIdentity:
 #: location the documents are filed under (:class:`~shardkit.formats.Dataset`'s ``opened``).
 _OPENED: OrderedDict[str, tuple[DatasetIdentity, DatasetDocuments, str]] = OrderedDict()
 _OPENED_LOCK = threading.Lock()
-#: Datasets remembered at most (the least recently opened is forgotten first).
+#: Datasets remembered at most, and the most bytes of their documents as stored (two root documents
+#: of the largest size allowed and their array documents): the least recently opened are forgotten
+#: first, the latest is always kept.
 MAX_REMEMBERED = 32
+MAX_REMEMBERED_NBYTES = 2 * MAX_DOCUMENT_NBYTES + (1 << 20)
+
+
+def _reset_after_fork() -> None:
+    """A child forked while another thread held the lock gets a free one (the entries stay valid)."""
+    global _OPENED_LOCK
+    _OPENED_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def _cost(identity: DatasetIdentity, documents: DatasetDocuments) -> int:
+    """Bytes of the documents kept for a dataset: its root document and the payload array's."""
+    array = 0 if documents.payload_document is None else len(json.dumps(documents.payload_document))
+    return identity.nbytes + array
 
 
 def remember(identity: DatasetIdentity, documents: DatasetDocuments | None, location: str) -> None:
     """Keep a remote dataset's identity and the documents it was opened from (read while the root
-    document was the identity's) for later readers of this process; a local one is not kept."""
+    document was the identity's) for later readers of this process; a local one is not kept, and
+    only the root document (``payload_document=None``) never replaces all of them for the same version."""
     if identity.etag is None or documents is None:
         return
+    key = str(identity.path)
     with _OPENED_LOCK:
-        _OPENED[str(identity.path)] = (identity, documents, location)
-        _OPENED.move_to_end(str(identity.path))
-        while len(_OPENED) > MAX_REMEMBERED:
-            _OPENED.popitem(last=False)
+        known = _OPENED.get(key)
+        if (known is not None and documents.payload_document is None and known[1].payload_document is not None
+                and known[0].fingerprint == identity.fingerprint):
+            _OPENED.move_to_end(key)
+            return
+        _OPENED[key] = (identity, documents, location)
+        _OPENED.move_to_end(key)
+        total = sum(_cost(i, d) for i, d, _ in _OPENED.values())
+        while len(_OPENED) > 1 and (len(_OPENED) > MAX_REMEMBERED or total > MAX_REMEMBERED_NBYTES):
+            _, (old, docs, _) = _OPENED.popitem(last=False)
+            total -= _cost(old, docs)
+
+
+def remembered(path: Location) -> tuple[DatasetIdentity, DatasetDocuments, str] | None:
+    """What :func:`remember` keeps of ``path`` (identity, documents, store location), or ``None``."""
+    with _OPENED_LOCK:
+        return _OPENED.get(str(as_location(path)))
 
 
 def forget(path: Location) -> None:
@@ -204,9 +262,52 @@ def reopen(
     when ``None``), its identity :meth:`~DatasetIdentity.reopened` (checked in the background) and
     its documents; else :meth:`DatasetIdentity.of` and none."""
     where = as_location(path)
-    with _OPENED_LOCK:
-        known = _OPENED.get(str(where)) if isinstance(where, str) else None
-    if known is None or (expected is not None and known[0].fingerprint != expected):
+    if isinstance(where, Path):
         return DatasetIdentity.of(where, options), {}
+    with _OPENED_LOCK:
+        known = _OPENED.get(where)
+    if known is None or (expected is not None and known[0].fingerprint != expected):
+        identity, meta, location = _open_remote(where, options, explain=False)
+        return identity, {location: DatasetDocuments(meta, None)}
     identity, documents, location = known
+    if documents.payload_document is None and identity.fresh():  # the root was read moments ago
+        return identity.copied(options), {location: documents}
     return identity.reopened(options), {location: documents}
+
+
+def open_root(path: Location, options: StoreOptions | None = None) -> tuple[DatasetIdentity, DatasetMeta]:
+    """The identity and metadata of the dataset at ``path``, both from the same bytes of its root
+    document: in an object store one GET (remembered for this process's readers, :func:`reopen`), a
+    local one read twice with its fingerprint compared. A missing dataset raises what
+    :func:`~shardkit.formats.metadata.read_dataset_meta` says of it."""
+    where = as_location(path)
+    if isinstance(where, str):
+        identity, meta, _ = _open_remote(where, options, explain=True)
+        return identity, meta
+    store = open_store(where, options)
+    try:
+        identity = DatasetIdentity.of(where, options)
+    except SamplerError:
+        read_dataset_meta(store)  # says what is there instead (an interrupted conversion, nothing)
+        raise
+    meta = read_dataset_meta(store)
+    if dataset_fingerprint(where) != identity.fingerprint:
+        raise SamplerError(f"{where}: the dataset changed while its metadata was read; try again once it is complete")
+    return identity, meta
+
+
+def _open_remote(url: str, options: StoreOptions | None, *, explain: bool) -> tuple[DatasetIdentity, DatasetMeta, str]:
+    """:func:`open_root` of a dataset in an object store, and the store location it is filed under;
+    no root document: what is there instead (``explain``) or a :class:`SamplerError` as :meth:`DatasetIdentity.of`."""
+    store = open_store(url, options)
+    try:
+        data, tag = _read_root(store)
+    except FileNotFoundError:
+        if explain:
+            read_dataset_meta(store)  # says what is there instead (an interrupted upload, nothing)
+            raise
+        raise SamplerError(f"{url}: expected a shardkit dataset, found no {ROOT_DOCUMENT}") from None
+    meta = parse_dataset_meta(data, store.describe(ROOT_DOCUMENT))
+    identity = DatasetIdentity(url, hashlib.sha256(data).hexdigest(), tag, options, len(data))
+    remember(identity, DatasetDocuments(meta, None), store.location)
+    return identity, meta, store.location

@@ -24,13 +24,13 @@ import numpy as np
 
 from shardkit.closing import Closing
 from shardkit.declare import Source, option_name
-from shardkit.errors import ConfigError, SamplerError, SchemaError
+from shardkit.errors import ConfigError, SchemaError
 from shardkit.formats import Dataset, FieldSpec, PayloadArray
 from shardkit.formats.metadata import DatasetMeta, read_dataset_meta
 from shardkit.formats.reader import Destination, ReadStats, SortedRequest, SortScratch
 from shardkit.order.mixture import MixturePlan, parse_weights
 from shardkit.order.seeds import check_seed
-from shardkit.readers.identity import DatasetIdentity, dataset_fingerprint
+from shardkit.readers.identity import DatasetIdentity, open_root
 from shardkit.stores import Location, Store, StoreOptions, as_location, open_store
 from shardkit.stores.cache import cache_root, cached_bytes, footprint
 from shardkit.units import human_bytes, parse_count
@@ -161,16 +161,6 @@ class Mixture:
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
-def _fingerprint(path: Location) -> str:
-    """The dataset's fingerprint; a location without a dataset is reported as the metadata reader
-    reports it (:class:`~shardkit.errors.DatasetNotFoundError` naming the path)."""
-    try:
-        return dataset_fingerprint(path)
-    except FileNotFoundError:
-        read_dataset_meta(open_store(path))
-        raise
-
-
 def mix(
     datasets: Sequence[tuple[object, object]],
     epoch_size: int | str | None = None,
@@ -200,8 +190,9 @@ def mix(
             raise ConfigError(f"datasets: entry {i} must be a (dataset, weight) pair, found {item!r}")
         paths.append(_location(item[0], i))
     weights = parse_weights([w for _, w in datasets])
-    fingerprints = tuple(_fingerprint(p) for p in paths)
-    metas = tuple(read_dataset_meta(open_store(p)) for p in paths)
+    opened = [open_root(p) for p in paths]  # one GET of each root document in an object store
+    fingerprints = tuple(identity.fingerprint for identity, _ in opened)
+    metas = tuple(meta for _, meta in opened)
     sizes = tuple(m.num_records for m in metas)
     for p, n in zip(paths, sizes):
         if n < 1:
@@ -210,8 +201,6 @@ def mix(
     s = None if seed is None else check_seed(seed)
     plan = MixturePlan.create(sizes, weights, length, 0)  # validates the epoch size
     check_schema(paths, metas, indexed=not plan.single)
-    if fingerprints != tuple(dataset_fingerprint(p) for p in paths):
-        raise SamplerError("a dataset of the mixture changed while its metadata was read; try again once it is complete")
     return Mixture(paths=tuple(paths), weights=weights, epoch_size=length, seed=s, sizes=sizes, metas=metas,
                    fingerprints=fingerprints)
 

@@ -216,6 +216,12 @@ class Store(abc.ABC):
         """The whole object. With ``max_nbytes``, an object larger than that is refused
         (:class:`~shardkit.errors.StoreError` naming its size) *before* its bytes are read."""
 
+    def get_tagged(self, key: str, *, max_nbytes: int | None = None) -> tuple[bytes, str | None]:
+        """:meth:`get` and the version tag (ETag) of the bytes returned, ``None`` for local files; here
+        a HEAD then a GET (an object store answers both with one GET)."""
+        etag = None if self.is_local else self.head(key).etag
+        return self.get(key, max_nbytes=max_nbytes), etag
+
     def get_range(self, key: str, start: int, end: int, *, etag: str | None = None) -> memoryview:
         """Bytes ``[start, end)`` of ``key``: exactly ``end - start`` bytes or an error."""
         return next(iter(self.fetch([ByteRange(key, start, end, etag)]))).data

@@ -45,7 +45,7 @@ from shardkit.stores.base import (
 from shardkit.stores.retry import ShortResponse, backoff_seconds, first_line, is_transient
 from shardkit.units import human_count
 
-__all__ = ["ObjectStore", "import_obstore", "RequestCounters"]
+__all__ = ["ObjectStore", "import_obstore", "RequestCounters", "runtime_started"]
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +107,12 @@ def _check_fork(url: str) -> None:
             "datasets)"
         )
     _used = True
+
+
+def runtime_started() -> bool:
+    """Whether this process has used obstore (whose runtime then does not survive ``fork()``): until
+    it has, a child forked from it can use object stores (docs/design.md §9, Fork)."""
+    return _used
 
 
 def _get_runner() -> _Runner:
@@ -308,10 +314,14 @@ class ObjectStore(Store):
 
     def get(self, key: str, *, max_nbytes: int | None = None) -> bytes:
         """One GET; the size in its headers is checked against ``max_nbytes`` before the body is read."""
+        return self.get_tagged(key, max_nbytes=max_nbytes)[0]
+
+    def get_tagged(self, key: str, *, max_nbytes: int | None = None) -> tuple[bytes, str | None]:
+        """:meth:`get` and the ETag of the same response (so the two always belong together)."""
         check_key(key, where=self.url)
         what = self.describe(key)
 
-        def once() -> bytes:
+        def once() -> tuple[bytes, str | None]:
             result = self._obs.get(self.inner, key)
             size = int(result.meta["size"])
             if max_nbytes is not None and size > max_nbytes:
@@ -319,11 +329,11 @@ class ObjectStore(Store):
             data = bytes(result.bytes())
             if len(data) != size:
                 raise ShortResponse(f"expected {size} bytes, received {len(data)}")
-            return data
+            return data, result.meta.get("e_tag")
 
-        data = self._call(once, what)
+        data, etag = self._call(once, what)
         self.counters.add(nbytes=len(data))
-        return data
+        return data, etag
 
     def fetch(self, ranges: Sequence[ByteRange]) -> Iterator[Fetched]:
         if not ranges:

@@ -4,6 +4,7 @@ labels it loaded from the old dataset. An unchanged dataset never raises."""
 
 from __future__ import annotations
 
+import collections
 import os
 import re
 import shutil
@@ -15,6 +16,8 @@ import pytest
 
 from shardkit.errors import MissingShardError, SamplerError
 from shardkit.formats import DatasetWriter, FieldSpec
+from shardkit.formats.dataset import DatasetDocuments
+from shardkit.formats.metadata import MAX_DOCUMENT_NBYTES, read_dataset_meta
 from shardkit.readers import TieredSampler
 from shardkit.readers import identity as identity_module
 from shardkit.readers.identity import DatasetIdentity
@@ -188,3 +191,26 @@ def test_same_size_rewrite_in_the_same_tick_is_caught(tmp_path: Path, monkeypatc
         fh.write(changed)
     with pytest.raises(SamplerError, match=_error(ds)):
         identity.check()
+
+
+def test_remembered_documents_are_bounded_by_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process keeps the documents of the remote datasets it opened within a byte budget, not only a
+    count: two root documents of the largest size allowed push out every older one (a few small ones
+    would otherwise stay, 32 of the largest would hold 2 GiB)."""
+    monkeypatch.setattr(identity_module, "_OPENED", collections.OrderedDict())
+    meta = read_dataset_meta(make_dataset(tmp_path / "ds", N))
+
+    def remember(name: str, nbytes: int) -> None:
+        url = f"s3://bucket/{name}"
+        identity_module.remember(DatasetIdentity(url, name, "etag", nbytes=nbytes), DatasetDocuments(meta, {}), url)
+
+    for name in ("a", "b", "c"):
+        remember(name, 1 << 20)
+    assert list(identity_module._OPENED) == ["s3://bucket/a", "s3://bucket/b", "s3://bucket/c"]
+    remember("large", MAX_DOCUMENT_NBYTES)
+    remember("larger", MAX_DOCUMENT_NBYTES)
+    assert list(identity_module._OPENED) == ["s3://bucket/large", "s3://bucket/larger"]
+    kept = sum(i.nbytes for i, _, _ in identity_module._OPENED.values())
+    assert kept <= identity_module.MAX_REMEMBERED_NBYTES
+    remember("huge", 3 * identity_module.MAX_REMEMBERED_NBYTES)  # over the budget alone: the latest is kept
+    assert list(identity_module._OPENED) == ["s3://bucket/huge"]

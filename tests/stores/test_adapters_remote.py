@@ -1,11 +1,16 @@
 """Both adapters read datasets in an object store: the torch IterableDataset through DataLoader
-workers (started with spawn, once for every epoch: obstore's runtime does not survive fork, which
-gives a clear error instead of a hang; each prepares its next pass before it is asked for), the
-map-style dataset, and the tf.data pipeline."""
+workers (started once for every epoch: forked while the main process has not used obstore, whose
+runtime does not survive fork, else from a fork server; a fork after use gives a clear error instead
+of a hang; each worker prepares its next pass before it is asked for), the map-style dataset, and
+the tf.data pipeline."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +38,9 @@ def test_torch_loader_with_workers(url: str, tmp_path: Path) -> None:
     ds = ShardIterableDataset(url, batch_size=4, epochs=1, seed=3, cache_dir=tmp_path)
     loader = ds.loader(num_workers=2)
     assert loader.multiprocessing_context is not None
-    assert loader.multiprocessing_context.get_start_method() == "spawn"
-    assert loader.persistent_workers  # spawned once, kept for every epoch
+    # This process used obstore (the upload): its workers cannot be forked, they come from a fork server.
+    assert loader.multiprocessing_context.get_start_method() == "forkserver"
+    assert loader.persistent_workers  # started once, kept for every epoch
     epochs = []
     for _ in range(2):
         keys = []
@@ -44,9 +50,39 @@ def test_torch_loader_with_workers(url: str, tmp_path: Path) -> None:
             keys.append(k)
         epochs.append(np.concatenate(keys))
         assert sorted(epochs[-1].tolist()) == list(range(N))
-    assert ds.epoch == 2 and epochs[0].tolist() != epochs[1].tolist()  # the spawned workers saw the new epoch
+    assert ds.epoch == 2 and epochs[0].tolist() != epochs[1].tolist()  # the workers saw the new epoch
     mapped = ShardMapDataset(url)
     np.testing.assert_array_equal(mapped[7]["image"].numpy(), encode(np.array([7]))[0])
+
+
+def test_a_fresh_process_forks_its_workers(url: str, tmp_path: Path) -> None:
+    """A training script that has not touched an object store before making the dataset gets forked
+    workers (no interpreter start, no torch import per worker): the dataset read its documents in a
+    helper process and builds its holder only once they run. They deliver the same batches in the
+    same order as workers from a fork server, run the user's ``worker_init_fn``, and the script
+    exits; a ``multiprocessing_context`` the user chose is kept."""
+    pytest.importorskip("torch")
+    from shardkit.adapters.torch import ShardIterableDataset
+
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "marks").mkdir()
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    script = [sys.executable, str(Path(__file__).with_name("loader_start_script.py")), url, str(tmp_path / "cache"),
+              str(tmp_path / "marks")]  # fmt: skip
+    run = subprocess.run(script, capture_output=True, text=True, env=env, timeout=540, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["clean"] and got["method"] == "fork"
+    assert sorted(p.name for p in (tmp_path / "marks").iterdir()) == ["worker-0", "worker-1"]
+    assert got["user_method"] == "spawn" and got["user_keys"] == list(range(N))
+
+    ds = ShardIterableDataset(url, batch_size=4, epochs=1, seed=3, cache_dir=tmp_path / "cache")
+    loader = ds.loader(num_workers=2, timeout=120)
+    here = [[k for batch in loader for k in batch["key"].tolist()] for _ in range(2)]
+    assert loader.multiprocessing_context.get_start_method() == "forkserver"
+    assert got["epochs"] == here
+    assert all(sorted(keys) == list(range(N)) for keys in here)
 
 
 try:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from shardkit.errors import SamplerError
-from shardkit.readers import TieredSampler
+from shardkit.readers import TieredSampler, identity
 from shardkit.readers.sources import as_source
 from shardkit.stores import objectstore
 from tests.helpers.datasets import upload
@@ -26,16 +26,19 @@ N = 64
 
 @pytest.fixture
 def requests(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[str]:
-    """Requests the object-store client makes, by kind (a fetch of no ranges makes none)."""
+    """Requests the object-store client makes, by kind and by kind and key (``"get zarr.json"``; a
+    fetch of no ranges makes none). ``get`` is one ``get_tagged``, counted there."""
     counts: collections.Counter[str] = collections.Counter()
-    for name in ("head", "get", "download", "list"):
-        original = getattr(objectstore.ObjectStore, name)
+    for method, name in (("head", "head"), ("get_tagged", "get"), ("download", "download"), ("list", "list")):
+        original = getattr(objectstore.ObjectStore, method)
 
         def counted(self: Any, *args: Any, _original: Any = original, _name: str = name, **kwargs: Any) -> Any:
             counts[_name] += 1
+            if args and isinstance(args[0], str):
+                counts[f"{_name} {args[0]}"] += 1
             return _original(self, *args, **kwargs)
 
-        monkeypatch.setattr(objectstore.ObjectStore, name, counted)
+        monkeypatch.setattr(objectstore.ObjectStore, method, counted)
     start_fetch = objectstore.ObjectStore.start_fetch
 
     def fetch(self: Any, ranges: Any) -> Any:
@@ -68,10 +71,28 @@ def test_a_later_pass_asks_the_store_one_head(s3: Any, tmp_path: Path, requests:
     assert requests["get"] >= 3  # the root document (identity, metadata), the payload array's document
     requests.clear()
     second = np.concatenate(list(_keys(TieredSampler(source, seed=1, start_epoch=1, **options))))
-    assert dict(requests) == {"head": 1}  # shards from the cache, documents remembered
+    assert dict(requests) == {"head": 1, "head zarr.json": 1}  # shards from the cache, documents remembered
     assert sorted(first.tolist()) == sorted(second.tolist()) == list(range(N))
     assert first.tolist() != second.tolist()
     del holder
+
+
+def test_a_first_open_reads_the_root_document_with_one_get(
+    s3: Any, tmp_path: Path, requests: collections.Counter[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Making the source and its first sampler asks for ``zarr.json`` once: its bytes give the
+    fingerprint and the metadata, the same answer the ETag (no HEAD before, no second GET)."""
+    url = upload(make_dataset(tmp_path / "ds", N, records_per_shard=8), s3.url("ds"))
+    # No periodic re-check inside this test, however slowly it runs (those are HEADs by design).
+    monkeypatch.setattr(identity, "REMOTE_CHECK_SECONDS", 1e9)
+    requests.clear()
+    source = as_source(url)
+    assert {k: v for k, v in requests.items() if k.endswith("zarr.json")} == {"get zarr.json": 1}
+    keys = np.concatenate(list(_keys(TieredSampler(source, seed=1, batch_size=8, epochs=1, cache_dir=None))))
+    assert sorted(keys.tolist()) == list(range(N))
+    root = {k: v for k, v in requests.items() if k.endswith(" zarr.json") and " image/" not in k}
+    assert root == {"get zarr.json": 1}
+    assert requests["get image/zarr.json"] == 1  # the payload array's document, read once, checked by digest
 
 
 @pytest.mark.parametrize("cache", [True, False])

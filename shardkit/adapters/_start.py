@@ -1,0 +1,136 @@
+"""How DataLoader workers over an object store start (docs/design.md §6, worker start).
+
+obstore's runtime (tokio) does not survive ``fork()`` once a process has used it, and a client made
+anew in the child does not help (the runtime is global). Until the main process has used it, a
+forked worker starts its own and works. So the main process reads what it needs before its workers
+exist (the datasets' root documents, for the source) in a short-lived forked helper, and its workers
+are forked (in milliseconds, torch already imported) as long as the runtime has not started here;
+after that they start from a fork server that imported torch and shardkit's reading modules once.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import multiprocessing as mp
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
+from typing import Any
+
+from shardkit.formats.dataset import DatasetDocuments
+from shardkit.readers import identity
+from shardkit.readers.sources import Mixture, as_source
+from shardkit.stores import is_url
+from shardkit.stores.objectstore import runtime_started
+
+__all__ = ["PRELOAD", "remote", "source_of", "start_method", "worker_context"]
+
+logger = logging.getLogger(__name__)
+
+#: What a worker's first pass over an object store imports: imported once before workers are forked
+#: (or by the fork server) instead of by each worker. Importing obstore does not start its runtime.
+PRELOAD = ("torch", "numpy.random", "obstore", "numcodecs", "shardkit.adapters.torch", "shardkit.readers.sampler",
+           "shardkit.stores.objectstore", "shardkit.stores.prefetch", "shardkit.formats.ranged",
+           "shardkit.tiers.pipeline")  # fmt: skip
+
+#: Longest the main process waits for the helper that reads the root documents (then reads them itself).
+HELPER_SECONDS = 600.0
+
+
+def remote(paths: Sequence[object]) -> bool:
+    """Whether any of ``paths`` is in an object store (not a ``file:`` URL)."""
+    return any(isinstance(p, str) and is_url(p) and not p.startswith("file:") for p in paths)
+
+
+def forkable() -> bool:
+    """Whether a child forked now can use object stores (this process has not started the runtime)."""
+    return "fork" in mp.get_all_start_methods() and not runtime_started()
+
+
+def source_of(dataset: object) -> Mixture:
+    """:func:`~shardkit.readers.sources.as_source` of ``dataset``; for a URL in a process that has not
+    used an object store yet, read in a forked helper process so that this one still has not, and
+    its DataLoader workers can be forked. The helper is this process's own child running shardkit's
+    code, so what it sends back (the source and the root documents' identities) is trusted. Should
+    the helper fail, the source is made here (the same errors, raised from here)."""
+    if not (isinstance(dataset, str) and remote([dataset])) or not forkable() or mp.current_process().daemon:
+        return as_source(dataset)  # (a daemonic process may not start children)
+    ctx = mp.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+    helper = ctx.Process(target=_open_in_helper, args=(dataset, send), name="shardkit-open", daemon=True)
+    try:
+        helper.start()
+    except Exception:  # the helper could not start: read here
+        receive.close()
+        send.close()
+        return as_source(dataset)
+    send.close()
+    try:
+        got = receive.recv() if receive.poll(HELPER_SECONDS) else None
+    except Exception:  # the helper died without an answer: read here
+        got = None
+    finally:
+        receive.close()
+        helper.join(5)
+        if helper.is_alive():
+            helper.kill()
+            helper.join()
+    if got is None:
+        logger.debug("%s: reading the dataset's documents in a helper process failed; reading them here", dataset)
+        return as_source(dataset)
+    source: Mixture
+    source, known = got
+    for ident, meta, location in known:  # the root documents just read: this process's first sampler reuses them
+        identity.remember(ident, DatasetDocuments(meta, None), location)
+    return source
+
+
+def _open_in_helper(dataset: str, send: Connection) -> None:
+    """In the forked helper: the source and what it remembered of each root document, or nothing."""
+    try:
+        source = as_source(dataset)
+        known = []
+        for path in source.paths:
+            entry = identity.remembered(path)
+            if entry is not None:
+                known.append((entry[0], entry[1].meta, entry[2]))
+        send.send((source, known))
+    except BaseException:  # the parent reads the documents itself and raises what it finds
+        send.send(None)
+    finally:
+        send.close()
+
+
+def start_method(paths: Sequence[object]) -> str | None:
+    """The start method for DataLoader workers over ``paths`` that the user did not choose: ``None``
+    (PyTorch's default) for local datasets, ``fork`` while this process has not used an object
+    store, else ``forkserver`` (``spawn`` where there is none)."""
+    if not remote(paths):
+        return None
+    if forkable():
+        return "fork"
+    return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+
+
+def worker_context(method: str) -> Any:
+    """The multiprocessing context for ``method``: for ``fork``, :data:`PRELOAD` imported here first; a
+    fork server is started now, in the background, to import them (overlapping what this process
+    does next)."""
+    ctx = mp.get_context(method)
+    if method == "fork":
+        for name in PRELOAD:
+            try:
+                importlib.import_module(name)
+            except ImportError:  # an optional extra that is not installed: the worker imports what it needs
+                logger.debug("not preloading %s", name, exc_info=True)
+    if method == "forkserver":
+        from multiprocessing import forkserver
+
+        # As converters.main_guard.worker_context (not imported: shardkit.converters costs seconds to
+        # import): keep the program's preload list, add ours; effective until the server has started.
+        current = list(getattr(getattr(forkserver, "_forkserver", None), "_preload_modules", None) or ["__main__"])
+        wanted = current + [m for m in PRELOAD if m not in current]
+        if wanted != current:
+            ctx.set_forkserver_preload(wanted)
+        forkserver.ensure_running()
+    return ctx
