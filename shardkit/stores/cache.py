@@ -11,6 +11,7 @@ import fcntl
 import hashlib
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from contextlib import suppress
@@ -35,6 +36,39 @@ _MAP = "map-"
 #: by every process) or not. 64 KiB keeps a 256 MiB shard's map at 4 KiB and the bytes a record
 #: read rounds up to at most two pages beyond it (docs/design.md §9).
 PAGE_BYTES = 64 << 10
+
+#: Complete copies this process already checked, by (device, inode) -> (size, mtime): every pass
+#: builds a new :class:`ShardCache`, so without it every pass of every worker read each copy again to
+#: check it. Recency is kept in the access time, so a copy's mtime changes only when its bytes are
+#: written (a replaced copy is a new inode); such a copy is checked again. Forked workers inherit it.
+_VERIFIED: dict[tuple[int, int], tuple[int, int]] = {}
+_VERIFIED_LOCK = threading.Lock()
+_VERIFIED_MAX = 1 << 16
+
+
+def _copy_identity(fd: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    st = os.fstat(fd)
+    return (st.st_dev, st.st_ino), (st.st_size, st.st_mtime_ns)
+
+
+def _touch(fd: int) -> None:
+    """Mark a complete copy used now (LRU recency, in its access time) without changing its mtime."""
+    st = os.fstat(fd)
+    os.utime(fd, ns=(time.time_ns(), st.st_mtime_ns))
+
+
+def _checked_before(fd: int) -> bool:
+    key, size = _copy_identity(fd)
+    with _VERIFIED_LOCK:
+        return _VERIFIED.get(key) == size
+
+
+def _remember_checked(fd: int) -> None:
+    key, size = _copy_identity(fd)
+    with _VERIFIED_LOCK:
+        if len(_VERIFIED) >= _VERIFIED_MAX:
+            _VERIFIED.clear()  # a bound, not a cache policy: the copies are simply checked again
+        _VERIFIED[key] = size
 
 
 def map_pages(size: int) -> int:
@@ -133,8 +167,8 @@ class ShardCache:
     def open(self, name: str, verify: Callable[[int], bool]) -> int | None:
         """A descriptor of the complete copy ``name`` (kept open until :meth:`close`), or None.
 
-        A copy this instance did not complete itself is checked with ``verify`` on first use; one
-        that fails is dropped (then read remotely).
+        A copy this process did not complete or check before is checked with ``verify`` on first
+        use; one that fails is dropped (then read remotely).
         """
         fd = self._fds.get(name)
         if fd is not None:
@@ -145,15 +179,17 @@ class ShardCache:
             fd = self._ns.open_file(name, os.O_RDONLY)
         except FileNotFoundError:
             return None
-        if name not in self._verified and not verify(fd):
-            os.close(fd)
-            with self._locked:
-                self._ns.unlink(name)
-            logger.warning("%s: the cached copy of %s no longer matches its checksums; dropped", self.dir, name)
-            return None
+        if name not in self._verified and not _checked_before(fd):
+            if not verify(fd):
+                os.close(fd)
+                with self._locked:
+                    self._ns.unlink(name)
+                logger.warning("%s: the cached copy of %s no longer matches its checksums; dropped", self.dir, name)
+                return None
+            _remember_checked(fd)
         if name not in self._used:
             self._used.add(name)
-            os.utime(fd)  # recency for LRU eviction
+            _touch(fd)  # recency for LRU eviction
         self._fds[name] = fd
         self.hits += 1
         return fd
@@ -292,6 +328,7 @@ class ShardCache:
                 if ok:
                     os.rename(part, name, src_dir_fd=self._ns.fd, dst_dir_fd=self._ns.fd)
                     self._verified.add(name)  # just checked: the first open need not read it again
+                    _remember_checked(fd)
                     self._used.add(name)
                 else:
                     self._ns.unlink(part)
@@ -343,7 +380,7 @@ class ShardCache:
         return used + size <= self.budget
 
     def _entries(self) -> list[tuple[float, str, int, bool]]:
-        """``(mtime, path, bytes, complete)`` of every copy in the whole cache root (all datasets)."""
+        """``(last use, path, bytes, complete)`` of every copy in the whole cache root (all datasets)."""
         out: list[tuple[float, str, int, bool]] = []
         for ns in os.scandir(self._root.fd):
             if not ns.is_dir(follow_symlinks=False):
@@ -354,7 +391,8 @@ class ShardCache:
                 st = entry.stat(follow_symlinks=False)
                 # A partial copy reserves its whole (sparse) size: st_size is the shard's size.
                 done = not entry.name.endswith(_PART) and not entry.name.startswith(_MAP)
-                out.append((st.st_mtime, entry.path, st.st_size, done))
+                # Recency: a complete copy's use is its access time (see _touch), a partial's its last write.
+                out.append((max(st.st_atime, st.st_mtime) if done else st.st_mtime, entry.path, st.st_size, done))
         return out
 
     def close(self) -> None:

@@ -161,3 +161,42 @@ def test_concurrent_processes_share_one_cache(remote: str, tmp_path: Path) -> No
     assert len(_cached_files(cache)) == 9
     s, keys = _run(remote, cache, epochs=1, start_epoch=2)
     assert s.stats.disk.read_calls == 0 and sorted(keys.tolist()) == list(range(N))
+
+
+def test_a_process_checks_each_complete_copy_once_not_once_per_pass(tmp_path: Path) -> None:
+    """Every pass builds a new cache instance: a copy this process completed or checked is not read
+    again to check it, its use is recorded in the access time (mtime kept), and a copy whose bytes
+    changed afterwards (same inode, same size, new mtime) is checked again and dropped."""
+    from shardkit.stores import cache as cache_mod
+
+    root = tmp_path / "c"
+    root.mkdir()
+    checks: list[str] = []
+
+    def verify(ok: bool) -> Any:
+        def check(fd: int) -> bool:
+            checks.append("check")
+            return ok
+        return check
+
+    name, size = "shard-00000000", 1 << 16
+    first = cache_mod.ShardCache(root, "ns")
+    fd = first.claim(name, size)
+    assert fd is not None
+    os.pwrite(fd, b"\1" * size, 0)
+    assert first.complete(name, fd, size, verify(True))
+    first.close()
+    assert checks == ["check"]
+    copy = root / cache_mod.cache_root(root).name / "ns" / name
+    mtime = copy.stat().st_mtime_ns
+    for _ in range(3):  # three later passes of this process
+        again = cache_mod.ShardCache(root, "ns")
+        assert again.open(name, verify(True)) is not None
+        again.close()
+    assert checks == ["check"]
+    assert copy.stat().st_mtime_ns == mtime  # recency went to the access time
+    os.utime(copy, ns=(copy.stat().st_atime_ns, mtime + 10**9))  # its bytes were rewritten in place
+    later = cache_mod.ShardCache(root, "ns")
+    assert later.open(name, verify(False)) is None  # checked again, failed, dropped
+    later.close()
+    assert checks == ["check", "check"] and not copy.exists()
