@@ -12,26 +12,44 @@ Issue 35, done-when 2. The inputs are the JPEGs of ``benchmarks/convert.py`` (ma
   ``benchmarks/convert.py`` runs them; their clock starts after their imports, as shardkit's).
 
 Every output is uncompressed with 256 MiB shards. Each round runs every variant once, interleaved, after
-dropping the JPEGs' page cache; the table gives the median images/s over the rounds with the range
-(a shared machine is noisy: read the spread), the CPU seconds per image of the writer and all its
-worker processes (what survives a loaded machine best), and the bytes each output holds.
+dropping the JPEGs' page cache, and each run is **the whole command a user runs**: a fresh Python process
+that imports its writer, writes and exits (shardkit: this script with ``--one``; the peers:
+``_convert_peers.py``). The headline images/s is that command's wall time; the CPU seconds per image are
+those of the command and every process below it (this script is a child subreaper, so a fork server
+orphaned at exit is reaped, and counted, here). "writing" is the writer's own clock inside the command
+(after its imports, as the peers' ``_convert_peers.py`` measures it). The table gives the median over the
+rounds with the range (a shared machine is noisy: read the spread), and the bytes each output holds.
+
+How the peers parallelise (not the same as shardkit): shardkit's workers decode in input order and one
+writer cuts fixed-size shards, so the output is byte-identical for any worker count; Streaming's W
+processes are forked, each writes its own ``MDSWriter`` directory over a contiguous slice of the inputs
+and ``merge_index`` joins the indexes (W sets of shards, a different output for every W); LitData's
+``optimize`` starts its own worker processes and writes chunks per worker.
 
 Usage: ``python benchmarks/write.py [--images 1000] [--rounds 3] [--workers 1,2] [--no-peers] [--quick]``
+(``--one OUT``: one shardkit run in this process, JSON on stdout; what each round starts)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
+import json
 import os
+import resource
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from _common import drop_cache
 from _convert_peers import _litdata_item, corpus
-from convert import BENCH_PYTHON, DATA, make_corpus, peer_report
+from convert import BENCH_PYTHON, DATA, HERE, make_corpus
 
 import shardkit
 from shardkit.converters.pipeline import dir_bytes
@@ -67,6 +85,50 @@ def shardkit_write(out: Path, workers: int) -> tuple[float, float]:
     return dt, tree_cpu() - cpu0
 
 
+def _reap_orphans() -> None:
+    """Wait for every process reparented to this one (a fork server outliving its program), so that
+    ``RUSAGE_CHILDREN`` holds their CPU time."""
+    while True:
+        try:
+            os.wait()
+        except ChildProcessError:
+            return
+
+
+def _children_cpu() -> float:
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def command(system: str, out: Path, workers: int) -> dict[str, Any]:
+    """One whole command in a fresh process: its wall seconds, CPU seconds (it and every process below
+    it) and what it reported (``seconds`` of writing, ``bytes``); ``{}`` with a message when it failed."""
+    if system == "shardkit":
+        cmd = [sys.executable, str(HERE / "write.py"), "--one", str(out), "--workers", str(workers)]
+    else:
+        cmd = [str(BENCH_PYTHON), str(HERE / "_convert_peers.py"), system, str(DATA), str(out), str(workers)]
+    cpu0 = _children_cpu()
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    wall = time.perf_counter() - t0
+    _reap_orphans()
+    cpu = _children_cpu() - cpu0
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    res = json.loads(lines[-1]) if lines else {"error": proc.stderr.strip().splitlines()[-1:] or "no output"}
+    if "error" in res:
+        print(f"[{system}, {workers} workers] failed: {res['error']}")
+        return {}
+    return {**res, "wall": wall, "cpu": cpu}
+
+
+def one(out: Path, workers: int) -> None:
+    """``--one``: write the corpus into ``out`` in this process, print the JSON line :func:`command` reads."""
+    dt, _ = shardkit_write(out, workers)
+    size = dir_bytes(out)
+    shutil.rmtree(out, ignore_errors=True)
+    print(json.dumps({"seconds": dt, "bytes": size}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--images", type=int, default=1000)
@@ -74,7 +136,11 @@ def main() -> None:
     ap.add_argument("--workers", default="1,2", help="worker counts, comma-separated")
     ap.add_argument("--no-peers", action="store_true", help="shardkit only")
     ap.add_argument("--quick", action="store_true", help="200 images, one round: a smoke run")
+    ap.add_argument("--one", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.one is not None:
+        one(args.one, int(args.workers))
+        return
     if args.quick:
         args.images, args.rounds = 200, 1
     files = make_corpus(args.images)
@@ -84,10 +150,10 @@ def main() -> None:
     if not args.no_peers and not BENCH_PYTHON.exists():
         print(f"peers skipped: {BENCH_PYTHON} not found (set SHARDKIT_BENCH_PYTHON)")
         systems = ["shardkit"]
+    with contextlib.suppress(OSError, AttributeError):  # orphans of the commands come here
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
     tmp = Path(tempfile.mkdtemp(prefix="shardkit-bench-write-"))
-    seconds: dict[tuple[str, int], list[float]] = {}
-    nbytes: dict[tuple[str, int], int] = {}
-    cpu: dict[tuple[str, int], list[float]] = {}
+    runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
     try:
         for r in range(args.rounds):
             for system in systems:
@@ -95,30 +161,27 @@ def main() -> None:
                     out = tmp / f"{system}-{w}"
                     shutil.rmtree(out, ignore_errors=True)
                     drop_cache(files)
-                    if system == "shardkit":
-                        (dt, used), size = shardkit_write(out, w), dir_bytes(out)
-                    else:  # the peer's own report: its output is gone when it returns
-                        report = peer_report(system, out, w)
-                        dt, size = float(report.get("seconds", "inf")), int(report.get("bytes", 0))
-                        used = float(report.get("cpu", "nan"))
-                    seconds.setdefault((system, w), []).append(dt)
-                    cpu.setdefault((system, w), []).append(used)
-                    nbytes[(system, w)] = size
-                    print(f"round {r + 1}: {system} x{w}: {n / dt:.1f} images/s, {1e3 * used / n:.1f} CPU ms/image, "
-                          f"{size / 1e6:.1f} MB", flush=True)
+                    res = command(system, out, w)
                     shutil.rmtree(out, ignore_errors=True)
+                    if not res:
+                        continue
+                    runs.setdefault((system, w), []).append(res)
+                    print(f"round {r + 1}: {system} x{w}: {n / res['wall']:.1f} images/s (command), "
+                          f"{n / float(res['seconds']):.1f} (writing), {1e3 * res['cpu'] / n:.1f} CPU ms/image, "
+                          f"{int(res['bytes']) / 1e6:.1f} MB", flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"\n{n} JPEGs (~500x375) -> 224x224x3 uint8 + label; {args.rounds} interleaved rounds; "
-          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end\n")
-    print("| writer | workers | images/s (median) | range | CPU ms/image (median, all processes) | MB written |")
-    print("|---|---|---|---|---|---|")
-    for (system, w), times in seconds.items():
-        rates = sorted(n / t for t in times)
-        per_image = statistics.median(1e3 * c / n for c in cpu[(system, w)])
+    print(f"\n{n} JPEGs (~500x375) -> 224x224x3 uint8 + label; {args.rounds} interleaved rounds; each a fresh "
+          f"process, page cache dropped; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end\n")
+    print("| writer | workers | images/s, whole command (median) | range | images/s, writing only (median) | "
+          "CPU ms/image (median, all processes) | MB written |")
+    print("|---|---|---|---|---|---|---|")
+    for (system, w), done in runs.items():
+        rates = sorted(n / d["wall"] for d in done)
+        writing = statistics.median(n / float(d["seconds"]) for d in done)
+        per_image = statistics.median(1e3 * d["cpu"] / n for d in done)
         print(f"| {SYSTEMS[system]} | {w} | {statistics.median(rates):.1f} | {rates[0]:.1f}-{rates[-1]:.1f} | "
-              f"{per_image:.1f} | {nbytes[(system, w)] / 1e6:.1f} |")
-
+              f"{writing:.1f} | {per_image:.1f} | {int(done[-1]['bytes']) / 1e6:.1f} |")
 
 if __name__ == "__main__":
     main()

@@ -8,6 +8,7 @@ gives a byte-identical result; two runs into one output never mix (docs/design.m
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -170,6 +171,21 @@ def _already_done(plan: _Plan) -> DatasetMeta | None:
     return meta if last.get("config_fingerprint") == plan.fingerprint else None
 
 
+#: Descriptors of the output locks this process holds: a forked child (a decode worker) closes its
+#: copies at once, so a worker outliving its killed owner never keeps the output locked for a re-run.
+_HELD_LOCKS: set[int] = set()
+
+
+def _close_locks_in_child() -> None:
+    for fd in _HELD_LOCKS:
+        with contextlib.suppress(OSError):
+            os.close(fd)  # the child's copy only: the parent keeps its lock
+    _HELD_LOCKS.clear()
+
+
+os.register_at_fork(after_in_child=_close_locks_in_child)
+
+
 class _OutputLock:
     """An exclusive ``flock`` on a local output directory, from before the run looks for another
     unfinished conversion until its commit and cleanup (docs/design.md §11, "One at a time")."""
@@ -194,10 +210,12 @@ class _OutputLock:
                 f"{path}); wait for it to finish, then run this command again. Nothing was changed"
             ) from None
         self.fd = fd
+        _HELD_LOCKS.add(fd)
 
     def release(self) -> None:
-        """Let go of the lock (explicitly: worker processes forked meanwhile share it until they exit)."""
+        """Let go of the lock (explicitly, whoever else shares the open file)."""
         if self.fd is not None:
+            _HELD_LOCKS.discard(self.fd)
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)
             self.fd = None

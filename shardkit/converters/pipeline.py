@@ -185,7 +185,9 @@ class RecordSink(Protocol):
 class BackgroundWriter:
     """Run a :class:`RecordSink`'s writes and skips, in order, on one background thread, so decoding
     never waits for a shard's fsync (15% at ``--workers 1``, ``benchmarks/convert.py``). At most
-    ``_QUEUED`` batches wait; a failure is re-raised in the caller at its next call."""
+    ``_QUEUED`` batches wait; a failure is re-raised in the caller at its next call. The thread starts
+    with the first operation, after the decode workers started: until then they may be forked
+    (:func:`~shardkit.converters.main_guard.fork_is_safe`)."""
 
     _QUEUED = 2
 
@@ -197,7 +199,7 @@ class BackgroundWriter:
         self._queue: queue.Queue[tuple[Callable[..., None], tuple[Any, ...]] | None] = queue.Queue(self._QUEUED)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="shardkit-convert-writer", daemon=True)
-        self._thread.start()
+        self._started = False
 
     def _run(self) -> None:
         while True:
@@ -215,6 +217,9 @@ class BackgroundWriter:
     def _submit(self, fn: Callable[..., None], *args: Any) -> None:
         if self._error is not None:
             raise self._error
+        if not self._started:
+            self._started = True
+            self._thread.start()
         self._queue.put((fn, args))
 
     def write(self, batch: dict[str, np.ndarray], cursors: np.ndarray) -> None:
@@ -226,7 +231,7 @@ class BackgroundWriter:
 
     def drain(self) -> None:
         """Wait until every queued operation ran; re-raise the first failure."""
-        if self._thread.is_alive():
+        if self._started and self._thread.is_alive():
             self._queue.put(None)
             self._thread.join()
         if self._error is not None:

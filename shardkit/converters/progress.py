@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -14,10 +15,10 @@ __all__ = ["progress_bar"]
 def progress_bar(unit: str, desc: str, *, disable: bool | None = None) -> Iterator[Callable[[int, int, int], None]]:
     """A ``progress(inputs_done, inputs_total, records)`` callback drawing a tqdm bar of ``unit`` (``img``)
     labelled ``desc``, created at the first call and closed on exit; logging goes through tqdm meanwhile.
-    ``disable``: ``True`` no bar, ``False`` always, ``None`` only when standard error is a terminal."""
-    from tqdm import tqdm
-    from tqdm.contrib.logging import logging_redirect_tqdm
-
+    ``disable``: ``True`` no bar, ``False`` always, ``None`` only when standard error is a terminal.
+    tqdm is imported only for a bar that may be shown (its import costs ~0.1 s of CPU, paid serially)."""
+    if disable is None and not (sys.stderr is not None and sys.stderr.isatty()):
+        disable = True  # what tqdm decides for a stream that is not a terminal
     bar: Any = None
 
     def progress(done: int, total: int, records: int) -> None:
@@ -25,6 +26,8 @@ def progress_bar(unit: str, desc: str, *, disable: bool | None = None) -> Iterat
         if disable is True:
             return
         if bar is None:
+            from tqdm import tqdm
+
             bar = tqdm(total=total, initial=done, unit=unit, desc=desc, dynamic_ncols=True, smoothing=0.1,
                        disable=disable)
             return
@@ -35,6 +38,8 @@ def progress_bar(unit: str, desc: str, *, disable: bool | None = None) -> Iterat
         if disable is True:
             yield progress
         else:
+            from tqdm.contrib.logging import logging_redirect_tqdm
+
             with logging_redirect_tqdm():
                 yield progress
     finally:

@@ -87,11 +87,15 @@ def test_the_readme_python_example_runs_as_a_script(tmp_path: Path) -> None:
 
 
 def test_guarded_script_keeps_forkserver_workers(corpus: Path, tmp_path: Path) -> None:
+    # A thread of the program's own runs, so the workers are not forked (fork_is_safe) but started by
+    # the fork server, which re-imports the script as __mp_main__.
     script = _script(tmp_path, "guarded.py", f"""
         import logging
+        import threading
         import shardkit
 
         def main():
+            threading.Thread(target=threading.Event().wait, daemon=True).start()
             logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
             s = shardkit.convert({str(corpus)!r}, "out/g", size=24, workers=2)
             print("records", s.records)
@@ -183,14 +187,18 @@ def _stderr_through_a_terminal(script: Path) -> str:
 
 def test_python_api_draws_a_progress_bar_only_when_someone_watches(corpus: Path, tmp_path: Path) -> None:
     script = _script(tmp_path, "bar.py", f"""
+        import sys
         import shardkit
         if __name__ == "__main__":
             shardkit.convert({str(corpus)!r}, "out/b", size=24, workers=1, overwrite=True)
+            print("tqdm imported:", "tqdm" in sys.modules)
     """)
     watched = _stderr_through_a_terminal(script)
     assert "convert imagefolder" in watched and "12/12" in watched
     piped = _run(script)
     assert piped.returncode == 0 and "convert imagefolder" not in piped.stderr
+    # Nobody watches: tqdm (~0.1 s of CPU to import, paid before the commit) is not even imported.
+    assert "tqdm imported: False" in piped.stdout
 
 
 def test_python_api_logs_a_summary_of_skipped_inputs(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -208,6 +216,7 @@ def test_python_api_logs_a_summary_of_skipped_inputs(tmp_path: Path, caplog: pyt
 def test_fork_server_imports_the_decoder_once_and_keeps_the_programs_own_preload(tmp_path: Path) -> None:
     # A fresh interpreter (its fork server not started yet): the program asked for `csv`; a conversion
     # with 2 workers adds shardkit's decoding modules, keeps `csv`, and its workers find them imported.
+    # The program runs a thread of its own, so the workers are not forked (fork_is_safe).
     src = tmp_path / "corpus"
     make_imagefolder(src, per_class=2, splits=("train",))
     script = tmp_path / "preload.py"
@@ -221,6 +230,8 @@ def test_fork_server_imports_the_decoder_once_and_keeps_the_programs_own_preload
             return sorted(m for m in ("csv", "shardkit.converters.decoding") if m in sys.modules)
 
         if __name__ == "__main__":
+            import threading
+            threading.Thread(target=threading.Event().wait, daemon=True).start()
             mp.set_forkserver_preload(["csv"])
             shardkit.convert({str(src)!r}, {str(tmp_path / "out")!r}, size=8, workers=2, progress=False)
             print(forkserver._forkserver._preload_modules)
@@ -232,3 +243,79 @@ def test_fork_server_imports_the_decoder_once_and_keeps_the_programs_own_preload
     preload, in_worker = res.stdout.strip().splitlines()[-2:]
     assert preload.startswith("['csv', ") and "'shardkit.converters.decoding'" in preload and "'shardkit.converters.imagefolder'" in preload
     assert in_worker == "['csv', 'shardkit.converters.decoding']"
+
+
+_PARENT_PID_SCRIPT = """
+    import os, sys, threading
+    import numpy as np
+    import shardkit
+
+    def parent(i):
+        return {{"x": np.full(64, i, np.uint8), "ppid": os.getppid()}}
+
+    if __name__ == "__main__":
+        if sys.argv[1] == "thread":
+            threading.Thread(target=threading.Event().wait, daemon=True).start()
+        s = shardkit.write(parent, range(24), sys.argv[2], workers=2, progress=False)
+        ppids = set(shardkit.open_dataset(sys.argv[2]).field("ppid").tolist())
+        print("me", os.getpid(), "workers' parents", sorted(ppids))
+"""
+
+
+@pytest.mark.parametrize("threads", ["none", "thread"])
+def test_workers_are_forked_from_a_guarded_script_with_no_other_thread(tmp_path: Path, threads: str) -> None:
+    # Forked workers start with the caller's imports and decoder (no fork server, no interpreter start-up):
+    # their parent is the calling process. Another thread in the caller (it might hold a lock the child
+    # would inherit) keeps the fork server; both give the same bytes.
+    script = _script(tmp_path, "ppid.py", _PARENT_PID_SCRIPT.format())
+    out = tmp_path / f"out-{threads}"
+    r = subprocess.run([sys.executable, str(script), threads, str(out)], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=300, env=_env())
+    assert r.returncode == 0, r.stderr[-3000:]
+    words = r.stdout.split()
+    me, parents = int(words[1]), r.stdout.split("workers' parents")[1].strip()
+    if threads == "none":
+        assert parents == f"[{me}]"
+    else:
+        assert str(me) not in parents and parents.startswith("[")
+
+
+def test_fork_is_not_safe_with_another_thread_or_a_thread_pool_library(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from shardkit.converters import main_guard
+
+    monkeypatch.setattr(threading, "active_count", lambda: 1)
+    for name in main_guard.FORK_UNSAFE_MODULES:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    assert main_guard.fork_is_safe() == sys.platform.startswith("linux")
+    monkeypatch.setattr(threading, "active_count", lambda: 2)
+    assert not main_guard.fork_is_safe()
+    monkeypatch.setattr(threading, "active_count", lambda: 1)
+    monkeypatch.setitem(sys.modules, "torch", sys)
+    assert not main_guard.fork_is_safe()
+
+
+def test_a_forked_worker_does_not_hold_the_output_lock(tmp_path: Path) -> None:
+    # Workers are forked from a process holding the output's flock: each closes its copy at once, so one
+    # outliving a killed owner cannot make the re-run find the output "in use".
+    from shardkit.converters.partrun import _OutputLock
+    from shardkit.stores import open_store
+
+    (tmp_path / "out").mkdir()
+    lock = _OutputLock(open_store(tmp_path / "out"))
+    lock.acquire()
+    try:
+        assert lock.fd is not None
+        pid = os.fork()
+        if pid == 0:  # the child: only look at the descriptor, then leave without any clean-up
+            try:
+                os.fstat(lock.fd)
+            except OSError:
+                os._exit(0)
+            os._exit(1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0  # closed in the child
+        os.fstat(lock.fd)  # and still open (and locked) here
+    finally:
+        lock.release()
