@@ -5,7 +5,8 @@ anew in the child does not help (the runtime is global). Until the main process 
 forked worker starts its own and works. So the main process reads what it needs before its workers
 exist (the datasets' root documents, for the source) in a short-lived forked helper, and its workers
 are forked (in milliseconds, torch already imported) as long as the runtime has not started here;
-after that they start from a fork server that imported torch and shardkit's reading modules once.
+after that they start with ``spawn``. Not a fork server: it keeps the environment it started with,
+so a worker would miss credentials or an endpoint set later in the process (a notebook, a test).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ __all__ = ["PRELOAD", "remote", "source_of", "start_method", "worker_context"]
 logger = logging.getLogger(__name__)
 
 #: What a worker's first pass over an object store imports: imported once before workers are forked
-#: (or by the fork server) instead of by each worker. Importing obstore does not start its runtime.
+#: instead of by each worker. Importing obstore does not start its runtime.
 PRELOAD = ("torch", "numpy.random", "obstore", "numcodecs", "shardkit.adapters.torch", "shardkit.readers.sampler",
            "shardkit.stores.objectstore", "shardkit.stores.prefetch", "shardkit.formats.ranged",
            "shardkit.tiers.pipeline")  # fmt: skip
@@ -104,18 +105,14 @@ def _open_in_helper(dataset: str, send: Connection) -> None:
 def start_method(paths: Sequence[object]) -> str | None:
     """The start method for DataLoader workers over ``paths`` that the user did not choose: ``None``
     (PyTorch's default) for local datasets, ``fork`` while this process has not used an object
-    store, else ``forkserver`` (``spawn`` where there is none)."""
+    store, else ``spawn`` (a worker then sees this process's environment as it is now)."""
     if not remote(paths):
         return None
-    if forkable():
-        return "fork"
-    return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+    return "fork" if forkable() else "spawn"
 
 
 def worker_context(method: str) -> Any:
-    """The multiprocessing context for ``method``: for ``fork``, :data:`PRELOAD` imported here first; a
-    fork server is started now, in the background, to import them (overlapping what this process
-    does next)."""
+    """The multiprocessing context for ``method``: for ``fork``, :data:`PRELOAD` imported here first."""
     ctx = mp.get_context(method)
     if method == "fork":
         for name in PRELOAD:
@@ -123,14 +120,4 @@ def worker_context(method: str) -> Any:
                 importlib.import_module(name)
             except ImportError:  # an optional extra that is not installed: the worker imports what it needs
                 logger.debug("not preloading %s", name, exc_info=True)
-    if method == "forkserver":
-        from multiprocessing import forkserver
-
-        # As converters.main_guard.worker_context (not imported: shardkit.converters costs seconds to
-        # import): keep the program's preload list, add ours; effective until the server has started.
-        current = list(getattr(getattr(forkserver, "_forkserver", None), "_preload_modules", None) or ["__main__"])
-        wanted = current + [m for m in PRELOAD if m not in current]
-        if wanted != current:
-            ctx.set_forkserver_preload(wanted)
-        forkserver.ensure_running()
     return ctx

@@ -558,8 +558,8 @@ class ShardIterableDataset(_TorchIterableDataset):
         before the loader's first pass (or build a new loader after it).
         Workers over an object store are forked (milliseconds) while this process has not used an
         object store (its runtime does not survive ``fork()``; the dataset reads its documents in a
-        helper process to stay so), else started from a fork server that imported torch and
-        shardkit once, started now in the background; ``multiprocessing_context`` overrides both."""
+        helper process to stay so), else started with ``spawn`` (a fork server would keep the
+        environment it started with); ``multiprocessing_context`` overrides both."""
         if pin_memory is None:
             pin_memory = accelerator_present()
         kwargs["pin_memory"] = pin_memory

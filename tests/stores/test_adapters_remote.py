@@ -1,6 +1,6 @@
 """Both adapters read datasets in an object store: the torch IterableDataset through DataLoader
 workers (started once for every epoch: forked while the main process has not used obstore, whose
-runtime does not survive fork, else from a fork server; a fork after use gives a clear error instead
+runtime does not survive fork, else with spawn; a fork after use gives a clear error instead
 of a hang; each worker prepares its next pass before it is asked for), the map-style dataset, and
 the tf.data pipeline."""
 
@@ -31,15 +31,31 @@ def url(s3: Any, tmp_path: Path) -> str:
     return upload(make_dataset(tmp_path / "ds", N, records_per_shard=4), s3.url("ds"))
 
 
-def test_torch_loader_with_workers(url: str, tmp_path: Path) -> None:
+def _environment_seen(marks: Path, worker_id: int) -> None:
+    """worker_init_fn: write what this worker's environment says of the test's variable."""
+    (marks / f"worker-{worker_id}").write_text(os.environ.get("SHARDKIT_TEST_LATE_VARIABLE", "missing"))
+
+
+def test_torch_loader_with_workers(url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers over an object store in a process that used one are spawned, and see the environment
+    as it is when they start: a fork server running from before (here started on purpose) would give
+    them the environment it started with, without credentials or an endpoint set since."""
     pytest.importorskip("torch")
+    import functools
+    from multiprocessing import forkserver
+
     from shardkit.adapters.torch import ShardIterableDataset, ShardMapDataset
 
+    forkserver.ensure_running()
+    monkeypatch.setenv("SHARDKIT_TEST_LATE_VARIABLE", "set after the fork server started")
+    marks = tmp_path / "marks"
+    marks.mkdir()
     ds = ShardIterableDataset(url, batch_size=4, epochs=1, seed=3, cache_dir=tmp_path)
-    loader = ds.loader(num_workers=2)
+    loader = ds.loader(num_workers=2, worker_init_fn=functools.partial(_environment_seen, marks))
     assert loader.multiprocessing_context is not None
-    # This process used obstore (the upload): its workers cannot be forked, they come from a fork server.
-    assert loader.multiprocessing_context.get_start_method() == "forkserver"
+    # This process used obstore (the upload): its workers cannot be forked, they are spawned (they see
+    # this process's environment as it is now: a fork server would keep the one it started with).
+    assert loader.multiprocessing_context.get_start_method() == "spawn"
     assert loader.persistent_workers  # started once, kept for every epoch
     epochs = []
     for _ in range(2):
@@ -51,6 +67,7 @@ def test_torch_loader_with_workers(url: str, tmp_path: Path) -> None:
         epochs.append(np.concatenate(keys))
         assert sorted(epochs[-1].tolist()) == list(range(N))
     assert ds.epoch == 2 and epochs[0].tolist() != epochs[1].tolist()  # the workers saw the new epoch
+    assert [p.read_text() for p in sorted(marks.iterdir())] == ["set after the fork server started"] * 2
     mapped = ShardMapDataset(url)
     np.testing.assert_array_equal(mapped[7]["image"].numpy(), encode(np.array([7]))[0])
 
@@ -59,7 +76,7 @@ def test_a_fresh_process_forks_its_workers(url: str, tmp_path: Path) -> None:
     """A training script that has not touched an object store before making the dataset gets forked
     workers (no interpreter start, no torch import per worker): the dataset read its documents in a
     helper process and builds its holder only once they run. They deliver the same batches in the
-    same order as workers from a fork server, run the user's ``worker_init_fn``, and the script
+    same order as spawned workers, run the user's ``worker_init_fn``, and the script
     exits; a ``multiprocessing_context`` the user chose is kept."""
     pytest.importorskip("torch")
     from shardkit.adapters.torch import ShardIterableDataset
@@ -80,7 +97,7 @@ def test_a_fresh_process_forks_its_workers(url: str, tmp_path: Path) -> None:
     ds = ShardIterableDataset(url, batch_size=4, epochs=1, seed=3, cache_dir=tmp_path / "cache")
     loader = ds.loader(num_workers=2, timeout=120)
     here = [[k for batch in loader for k in batch["key"].tolist()] for _ in range(2)]
-    assert loader.multiprocessing_context.get_start_method() == "forkserver"
+    assert loader.multiprocessing_context.get_start_method() == "spawn"
     assert got["epochs"] == here
     assert all(sorted(keys) == list(range(N)) for keys in here)
 
