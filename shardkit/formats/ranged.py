@@ -21,7 +21,6 @@ from shardkit.errors import ConfigError, MissingShardError, ObjectChangedError, 
 from shardkit.formats.checksums import FileDigest, fd_crc32c
 from shardkit.formats.index import ShardIndex
 from shardkit.formats.reader import (
-    _IOV_MAX,
     DEFAULT_GAP_BYTES,
     PLAN_RECORDS,
     SCATTER_MIN_BYTES,
@@ -32,6 +31,7 @@ from shardkit.formats.reader import (
     _Rows,
     _Run,
     finish_decodes,
+    preadv_exact,
 )
 from shardkit.formats.spec import ZARR_JSON, ShardInfo, index_nbytes
 from shardkit.formats.versions import older_copy, read_document
@@ -557,11 +557,11 @@ class RangedPayloadArray(PayloadArray):
         what = f"{run.path} (local cache copy)"
         buffers = self._row_buffers(run, rows) if self.codec is None and self.record_nbytes >= SCATTER_MIN_BYTES else None
         if buffers is not None:
-            _preadv_exact(fd, buffers, start, what)
+            preadv_exact(fd, buffers, start, what)
             self.cache_stats.add(run.path, start, end - start)
             return
         buf = np.empty(end - start, dtype=np.uint8)
-        _preadv_exact(fd, [buf.data], start, what)
+        preadv_exact(fd, [buf.data], start, what)
         self.cache_stats.add(run.path, start, end - start)
         self._scatter(run, 0, run.offs.size, start, buf.data, rows)
 
@@ -690,26 +690,6 @@ def _whole_parts(spans: list[tuple[int, int]], npages: int) -> list[tuple[int, i
     return out
 
 
-def _preadv_exact(fd: int, buffers: list[memoryview], offset: int, what: str) -> None:
-    """Fill ``buffers`` with the bytes of ``fd`` from ``offset`` on (``IOV_MAX`` buffers per call, a
-    short read continued); a file that ends first is :class:`~shardkit.errors.TruncatedShardError`."""
-    for k in range(0, len(buffers), _IOV_MAX):
-        chunk = buffers[k : k + _IOV_MAX]
-        want = sum(b.nbytes for b in chunk)
-        done = 0
-        while done < want:
-            rest, skip = [], done
-            for b in chunk:
-                if skip >= b.nbytes:
-                    skip -= b.nbytes
-                    continue
-                rest.append(b[skip:])
-                skip = 0
-            got = os.preadv(fd, rest, offset + done)
-            if got <= 0:
-                raise TruncatedShardError(f"{what}: expected {want} bytes at {offset}, read {done}")
-            done += got
-        offset += want
 
 
 def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:

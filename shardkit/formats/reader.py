@@ -447,6 +447,31 @@ class Destination:
         return not bool(np.any(self.rows >= lengths[self.which]))
 
 
+def preadv_exact(fd: int, buffers: list[memoryview], offset: int, what: str, stats: ReadStats | None = None) -> None:
+    """Fill ``buffers`` with the bytes of ``fd`` from ``offset`` on (``IOV_MAX`` buffers per call, a
+    short read continued where it stopped); a file that ends first is
+    :class:`~shardkit.errors.TruncatedShardError` naming ``what``. Each call is counted in ``stats``."""
+    for k in range(0, len(buffers), _IOV_MAX):
+        chunk = buffers[k : k + _IOV_MAX]
+        want = sum(b.nbytes for b in chunk)
+        got = os.preadv(fd, chunk, offset)
+        while got < want:
+            skip, rest = got, []
+            for b in chunk:
+                if skip >= b.nbytes:
+                    skip -= b.nbytes
+                    continue
+                rest.append(b[skip:])
+                skip = 0
+            more = os.preadv(fd, rest, offset + got)
+            if more <= 0:
+                raise TruncatedShardError(f"{what}: expected {want} bytes at {offset}, the file ended after {got}")
+            got += more
+        if stats is not None:
+            stats.add(what, offset, want)
+        offset += want
+
+
 class PayloadArray:
     """Random and sequential access to the records of a sharded payload array with the shardkit layout,
     whether shardkit or zarr-python wrote it.
@@ -926,25 +951,7 @@ class PayloadArray:
                 a = c
 
     def _preadv_all(self, fd: int, path: str, buffers: list[memoryview], offset: int) -> None:
-        for k in range(0, len(buffers), _IOV_MAX):
-            chunk = buffers[k : k + _IOV_MAX]
-            want = sum(b.nbytes for b in chunk)
-            got = os.preadv(fd, chunk, offset)
-            while got < want:
-                # Short read: finish the request from where it stopped, or report truncation.
-                done, rest = got, []
-                for b in chunk:
-                    if done >= b.nbytes:
-                        done -= b.nbytes
-                        continue
-                    rest.append(b[done:])
-                    done = 0
-                more = os.preadv(fd, rest, offset + got) if rest else 0
-                if more <= 0:
-                    raise TruncatedShardError(f"{path}: expected {want} bytes at offset {offset}, the file ended after {got}")
-                got += more
-            self.stats.add(path, offset, want)
-            offset += want
+        preadv_exact(fd, buffers, offset, path, self.stats)
 
     def _read_compressed(self, plan: _Plan, rows: list[np.ndarray]) -> None:
         """Compressed records: each run is read whole into a temporary, each record decoded into its row,

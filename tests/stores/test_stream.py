@@ -458,7 +458,7 @@ def test_reading_a_copy_continues_short_reads_and_refuses_a_short_file(tmp_path:
     """A ``preadv`` that returns fewer bytes than asked is continued where it stopped (into the right
     buffers); a copy that ends before the asked span is TruncatedShardError naming it."""
     from shardkit.errors import TruncatedShardError
-    from shardkit.formats.ranged import _preadv_exact
+    from shardkit.formats.reader import preadv_exact
 
     path = tmp_path / "copy"
     path.write_bytes(bytes(range(256)) * 4)
@@ -471,10 +471,10 @@ def test_reading_a_copy_continues_short_reads_and_refuses_a_short_file(tmp_path:
     bufs = [bytearray(5), bytearray(0), bytearray(7)]
     fd = os.open(path, os.O_RDONLY)
     try:
-        _preadv_exact(fd, [memoryview(b) for b in bufs], 10, "the copy")
+        preadv_exact(fd, [memoryview(b) for b in bufs], 10, "the copy")
         assert bytes(bufs[0] + bufs[2]) == bytes(range(10, 22))
         with pytest.raises(TruncatedShardError, match="the copy: expected 8 bytes at 1020"):
-            _preadv_exact(fd, [memoryview(bytearray(8))], 1020, "the copy")
+            preadv_exact(fd, [memoryview(bytearray(8))], 1020, "the copy")
     finally:
         os.close(fd)
 
