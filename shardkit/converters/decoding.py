@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from shardkit.converters.base import Decoded, Decoder
-from shardkit.converters.main_guard import GUARD, start_method, worker_context
+from shardkit.converters.main_guard import GUARD, adopt_environment, start_method, worker_context
 from shardkit.errors import ConversionError, InputFileError
 from shardkit.processes import exit_when_gone, pid_alive
 
@@ -133,8 +133,11 @@ _DECODER: Decoder | None = None
 _RING: np.ndarray | None = None
 
 
-def _init_worker(decoder: Decoder, parent_pid: int, ring: _RingSpec | None = None) -> None:
+def _init_worker(decoder: Decoder, parent_pid: int, ring: _RingSpec | None = None,
+                 environ: dict[str, str] | None = None) -> None:
     global _DECODER, _RING
+    if environ is not None:
+        adopt_environment(environ)
     _DECODER = decoder
     _RING = None if ring is None else ring.open("r+")
     # Ctrl-C goes to the whole process group; the parent decides, workers must not print tracebacks.
@@ -240,7 +243,7 @@ def _pool_outcomes(
     free = list(range(inflight))
     context = worker_context(method, (__name__, type(decoder).__module__))
     pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
-                               initargs=(decoder, os.getpid(), ring_spec))
+                               initargs=(decoder, os.getpid(), ring_spec, dict(os.environ)))
     pending: deque[tuple[int, Future[list[Outcome]]]] = deque()
     decoded_any = False
 

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from shardkit._extras import import_extra
-from shardkit.converters.main_guard import start_method, worker_context
+from shardkit.converters.main_guard import adopt_environment, start_method, worker_context
 from shardkit.errors import ConfigError
 from shardkit.processes import exit_when_gone
 
@@ -121,6 +121,12 @@ def dask_executor(address: str, *, timeout: float | None = None, naming: str = "
         client.close()
 
 
+def _start_part_worker(parent_pid: int, environ: dict[str, str]) -> None:
+    """A part worker's start: the caller's environment (see adopt_environment), and exit with it."""
+    adopt_environment(environ)
+    exit_when_gone(parent_pid)
+
+
 @contextmanager
 def local_pool(workers: int) -> Iterator[Executor]:
     """The executor of a conversion in parts on this machine: ``workers`` processes started as decode
@@ -131,7 +137,7 @@ def local_pool(workers: int) -> Iterator[Executor]:
         yield InlineExecutor()
         return
     pool = ProcessPoolExecutor(workers, mp_context=worker_context(method, ("shardkit.converters.parts",)),
-                               initializer=exit_when_gone, initargs=(os.getpid(),))
+                               initializer=_start_part_worker, initargs=(os.getpid(), dict(os.environ)))
     try:
         yield pool
     finally:

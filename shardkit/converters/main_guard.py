@@ -145,6 +145,15 @@ def worker_context(method: str, modules: Sequence[str]) -> BaseContext:
     return ctx
 
 
+def adopt_environment(environ: dict[str, str]) -> None:
+    """In a worker: take the caller's environment as it was when the pool started. A fork server
+    keeps the environment it started with, so without this a worker would miss credentials or an
+    endpoint the program set since its first conversion (a notebook's second conversion)."""
+    if os.environ != environ:
+        os.environ.clear()
+        os.environ.update(environ)
+
+
 def refuse_inside_worker_start() -> None:
     """ConversionError when the caller is the top level of the main script re-run as ``__mp_main__``
     by a worker process starting."""

@@ -319,3 +319,33 @@ def test_a_forked_worker_does_not_hold_the_output_lock(tmp_path: Path) -> None:
         os.fstat(lock.fd)  # and still open (and locked) here
     finally:
         lock.release()
+
+
+def test_workers_of_a_later_conversion_see_the_environment_as_it_is_then(tmp_path: Path) -> None:
+    """A program with a thread of its own gets workers from a fork server, which keeps the
+    environment it started with: a variable the program sets after its first conversion (credentials,
+    an endpoint) must still reach the workers of the next one."""
+    script = _script(tmp_path, "late_env.py", """
+        import os
+        import threading
+        import numpy as np
+        import shardkit
+        from shardkit.formats import open_dataset
+
+        def make(i):
+            return {"image": np.full((4, 4, 3), int(i), np.uint8), "seen": int(os.environ.get("SHARDKIT_TEST_LATE", "0"))}
+
+        def main():
+            threading.Thread(target=threading.Event().wait, daemon=True).start()
+            shardkit.write(make, list(range(6)), "out/first", workers=2, progress=False)
+            os.environ["SHARDKIT_TEST_LATE"] = "7"
+            shardkit.write(make, list(range(6)), "out/second", workers=2, progress=False)
+            with open_dataset("out/second") as ds:
+                print("seen", sorted(set(np.asarray(ds.fields["seen"]).tolist())))
+
+        if __name__ == "__main__":
+            main()
+    """)
+    r = _run(script)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "seen [7]" in r.stdout, r.stdout + r.stderr[-2000:]
