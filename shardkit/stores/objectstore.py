@@ -9,6 +9,7 @@ use. Retries, fetch concurrency, copies and the behaviour after ``fork()``: docs
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import logging
 import os
@@ -63,10 +64,20 @@ def import_obstore() -> Any:
 
 # ---------------------------------------------------------------------- the process's event loop
 class _Runner:
-    """One daemon thread running an asyncio loop for every ObjectStore of this process."""
+    """One daemon thread running an asyncio loop for every ObjectStore of this process.
+
+    obstore completes each request on one of its runtime's threads, which then takes the GIL to
+    hand the result to Python; if that happens while the interpreter is finalizing, the thread is
+    made to exit through Rust frames and the process aborts (SIGABRT at exit). So a request, once
+    sent, is left to settle even when its caller is cancelled (:meth:`settle`), and at exit
+    (:func:`_quiesce`) the process waits, bounded, until no request is in flight. (A blocking call
+    on a daemon thread that outlives the interpreter exits its thread without that abort.)
+    """
 
     def __init__(self) -> None:
+        self.pid = os.getpid()
         self.loop = asyncio.new_event_loop()
+        self.inflight: set[asyncio.Future[Any]] = set()  # touched only on the loop's thread
         self.thread = threading.Thread(target=self._run, name="shardkit-store-io", daemon=True)
         self.thread.start()
 
@@ -76,6 +87,51 @@ class _Runner:
 
     def submit(self, coro: Awaitable[T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
+
+    async def settle(self, coro: Awaitable[T]) -> T:
+        """Await ``coro`` (which awaits obstore); cancelling the caller leaves it running to its end."""
+        task = asyncio.ensure_future(coro)
+        self.inflight.add(task)
+        task.add_done_callback(self.inflight.discard)
+        return await asyncio.shield(task)
+
+    def stop(self, timeout: float) -> None:
+        """Cancel every task, wait up to ``timeout`` s for the requests already sent, stop the loop."""
+        if os.getpid() != self.pid or not self.thread.is_alive():
+            return
+
+        async def drain() -> None:
+            me = asyncio.current_task()
+            tasks = [t for t in asyncio.all_tasks() if t is not me and t not in self.inflight]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if self.inflight:
+                await asyncio.wait(list(self.inflight), timeout=timeout)
+
+        with suppress(Exception):
+            self.submit(drain()).result(timeout + 1.0)
+        with suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=1.0)
+
+
+#: Seconds the process waits at exit for requests in flight (a stalled one is given up on).
+EXIT_WAIT_SECONDS = 5.0
+
+
+def _quiesce() -> None:
+    """At exit: let the requests in flight settle before the interpreter finalizes (see _Runner)."""
+    global _runner
+    runner = _runner
+    if runner is not None:
+        runner.stop(EXIT_WAIT_SECONDS)
+        with _runner_lock:  # a store used after this (a later exit hook) starts a new loop
+            if _runner is runner:
+                _runner = None
+
+
+atexit.register(_quiesce)
 
 
 _runner: _Runner | None = None
@@ -273,7 +329,7 @@ class ObjectStore(Store):
         attempt = 0
         while True:
             try:
-                result = await fn()
+                result = await _get_runner().settle(fn())
                 self.counters.add(requests=1)
                 return result
             except (asyncio.CancelledError, ShardkitError):
