@@ -8,9 +8,11 @@ costs what its records in storage order cost. The read path: docs/design.md §3 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import math
 import os
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -468,11 +470,43 @@ class SortedRequest:
 def aligned_empty(n: int, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
     """An uninitialised C-contiguous ``[n, *shape]`` array starting on a :data:`BUFFER_ALIGNMENT` boundary
     (numpy's start 16 bytes past a page); its ``base`` owns the memory, which is what
-    :class:`~shardkit.tiers.buffers.BatchPool` counts references of."""
+    :class:`~shardkit.tiers.buffers.BatchPool` counts references of. A buffer of at least
+    :data:`MAP_AHEAD_BYTES` has its pages mapped here (:func:`map_ahead`): it is a destination that is
+    about to be written whole."""
     nbytes = int(n) * int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
     raw = np.empty(nbytes + BUFFER_ALIGNMENT, dtype=np.uint8)
     start = -raw.ctypes.data % BUFFER_ALIGNMENT
+    if nbytes >= MAP_AHEAD_BYTES:
+        map_ahead(raw.ctypes.data + start, nbytes)
     return raw[start : start + nbytes].view(dtype).reshape((int(n), *shape))
+
+
+#: Buffers from this size up are mapped ahead by :func:`aligned_empty` (smaller ones come from the
+#: allocator's heap, whose pages are mostly mapped already).
+MAP_AHEAD_BYTES = 1 << 20
+_MADV_NOHUGEPAGE = 15
+_MADV_POPULATE_WRITE = 23
+#: ``madvise(2)`` through ctypes (which lets go of the GIL for the call), or None where there is none.
+_madvise: Any = None
+with contextlib.suppress(OSError, AttributeError, TypeError):
+    _madvise = ctypes.CDLL(None, use_errno=True).madvise
+    _madvise.argtypes, _madvise.restype = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int), ctypes.c_int
+
+
+def map_ahead(address: int, nbytes: int) -> bool:
+    """Map the pages of fresh private memory ``[address, address + nbytes)`` (``address`` page
+    aligned) in one ``madvise(MADV_POPULATE_WRITE)``, in 4 KiB pages (``MADV_NOHUGEPAGE``); False where
+    the kernel cannot (the pages are then mapped as they are first written, as before).
+
+    A batch buffer's pages were mapped one fault at a time by whoever wrote them first: for JPEG
+    records the decode threads, where the faults cost as much CPU as a third of the decoding on this
+    VM (benchmarks/RESULTS.md, issue 36). One call maps them for a fraction of that; 4 KiB pages
+    because numpy asks for huge pages, whose zeroing cost more than twice as much here, while a
+    buffer written once per batch gains little from fewer TLB entries."""
+    if _madvise is None or sys.platform != "linux":
+        return False
+    _madvise(address, nbytes, _MADV_NOHUGEPAGE)  # advice only: where refused, the pages are still mapped
+    return bool(_madvise(address, nbytes, _MADV_POPULATE_WRITE) == 0)
 
 
 @dataclass(frozen=True, eq=False)
