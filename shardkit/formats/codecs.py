@@ -16,7 +16,8 @@ import numpy as np
 
 from shardkit.errors import ConfigError, CorruptShardError, NotADatasetError
 
-__all__ = ["RecordCodec", "register_codec", "get_codec", "codec_from_json", "codec_from_zarr", "available_codecs", "decode_record"]
+__all__ = ["RecordCodec", "register_codec", "get_codec", "codec_from_json", "codec_from_zarr", "available_codecs", "decode_record",
+           "decode_error"]
 
 
 class RecordCodec(ABC):
@@ -284,8 +285,13 @@ def decode_record(
     try:
         codec.decode(data, out)
     except Exception as exc:
-        name = what if isinstance(what, str) else what()
-        raise CorruptShardError(f"{where}: {name} does not decode to its {out.nbytes} bytes ({exc})") from None
+        raise decode_error(where, what if isinstance(what, str) else what(), out.nbytes, exc) from None
+
+
+def decode_error(where: str, name: str, nbytes: int, exc: Exception) -> CorruptShardError:
+    """The error of a record or chunk ``name`` of the file ``where`` that failed to decode into its
+    ``nbytes`` bytes with ``exc`` (:func:`decode_record`'s, for readers that decode in a loop of their own)."""
+    return CorruptShardError(f"{where}: {name} does not decode to its {nbytes} bytes ({exc})")
 
 
 #: Bytes of a blosc frame header (version, flags, type size, nbytes, blocksize, cbytes).

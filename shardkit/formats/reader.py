@@ -8,9 +8,11 @@ costs what its records in storage order cost. The read path: docs/design.md §3 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import math
 import os
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -33,7 +35,7 @@ from shardkit.errors import (
 )
 from shardkit.formats import jsonvalues as jv
 from shardkit.formats.checksums import FileDigest
-from shardkit.formats.codecs import RecordCodec, codec_from_zarr, decode_record
+from shardkit.formats.codecs import RecordCodec, codec_from_zarr, decode_error
 from shardkit.formats.index import ShardIndex, crc32c_of
 from shardkit.formats.metadata import read_json
 from shardkit.formats.paths import resolve_inside
@@ -73,10 +75,10 @@ PLAN_RECORDS = 1 << 16
 _COMPARE_WORDS = 1 << 17
 #: Size of the bounce buffer that small records are read through, per run.
 BOUNCE_BYTES = 4 << 20
-#: Compressed records one decode job takes (see :meth:`PayloadArray.use_decoders`): enough to make the
-#: hand-off (~20 µs) small against decoding (~300 µs per 224x224 JPEG), few enough that a run of one
-#: block's records is shared by every decoder.
-DECODE_JOB_RECORDS = 8
+#: Compressed records one decode job takes at most (see :class:`_DecodeJobs`): the hand-off (~20 µs a
+#: job) and the job's set-up stay small against decoding (~300 µs per 224x224 JPEG), while the last
+#: job of a read holds back the others by a few milliseconds at most.
+DECODE_JOB_RECORDS = 16
 #: Alignment of every destination buffer :meth:`PayloadArray.empty` allocates: a page, so a buffer
 #: can take ``O_DIRECT`` reads and TensorFlow (which wants 64 bytes) shares it without a copy.
 BUFFER_ALIGNMENT = 4096
@@ -273,6 +275,75 @@ class _Rows:
         self.arrays[int(self.which[j])][int(self.row[j])] = value
 
 
+#: One run's records for a decoder: ``(shard, start, data, offs, sizes, which, row)`` (see
+#: :meth:`PayloadArray._decode_records`).
+_Segment = tuple[int, int, memoryview, list[int], list[int], list[int], list[int]]
+
+
+class _DecodeJobs:
+    """The ``total`` records one read hands to the decode threads, grouped into jobs across runs: a
+    run of a sparse read holds a few records, and a job (one hand-off, one loop) per run cost more
+    than its records' Python. Jobs shrink as the read nears its end (guided: at most the records
+    still to come over twice the decoders, and :data:`DECODE_JOB_RECORDS`), so the decoders finish
+    together instead of one idling through the other's last job; a job goes at once while a decoder
+    would otherwise idle (fewer jobs pending than decoders), so decoding starts with the first run.
+    Without decode threads every run is decoded when it is added."""
+
+    def __init__(self, array: PayloadArray, arrays: Sequence[np.ndarray], jobs: list[Future[None]], total: int) -> None:
+        self.array = array
+        self.jobs = jobs
+        self.pool = array._decode_pool()
+        self.targets = array._decode_targets(arrays)
+        self.workers = max(1, array.decode_workers)
+        self.segments: list[_Segment] = []
+        self.count = 0
+        #: Records not yet in a submitted job (those in :attr:`segments` and those not yet added).
+        self.remaining = int(total)
+        self._pending = 0
+        self._lock = threading.Lock()
+
+    def _job_records(self) -> int:
+        return min(DECODE_JOB_RECORDS, max(1, -(-self.remaining // (2 * self.workers))))
+
+    def add(self, i: int, start: int, data: memoryview, offs: list[int], sizes: list[int], which: list[int],
+            row: list[int]) -> None:
+        """Records ``data[offs[k] : offs[k] + sizes[k]]`` of shard ``i`` (``data`` starts at byte
+        ``start``) for rows ``which[k]``, ``row[k]`` of the read's buffers."""
+        if self.pool is None:
+            self.array._decode_segments([(i, start, data, offs, sizes, which, row)], self.targets)
+            return
+        n, c = len(offs), 0
+        while c < n:
+            size = self._job_records()
+            d = min(n, c + size - self.count)
+            self.segments.append((i, start, data, offs[c:d], sizes[c:d], which[c:d], row[c:d]) if c or d < n
+                                 else (i, start, data, offs, sizes, which, row))  # fmt: skip
+            self.count += d - c
+            c = d
+            if self.count >= size or self._pending < self.workers:
+                self.flush()
+
+    def flush(self) -> None:
+        """Hand over the records not yet in a job."""
+        if self.segments:
+            self._submit(self.segments)
+            self.remaining -= self.count
+            self.segments, self.count = [], 0
+
+    def _submit(self, segments: list[_Segment]) -> None:
+        assert self.pool is not None
+        with self._lock:
+            self._pending += 1
+        self.jobs.append(self.pool.submit(self._run, segments))
+
+    def _run(self, segments: list[_Segment]) -> None:
+        try:
+            self.array._decode_segments(segments, self.targets)
+        finally:
+            with self._lock:
+                self._pending -= 1
+
+
 class ByteRows(list[np.ndarray]):
     """A request's destination buffers as ``[n, record_nbytes]`` uint8 rows, with each buffer's
     opaque-record view (:func:`_records`) made once per request, not once per buffer and piece (a
@@ -399,11 +470,43 @@ class SortedRequest:
 def aligned_empty(n: int, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
     """An uninitialised C-contiguous ``[n, *shape]`` array starting on a :data:`BUFFER_ALIGNMENT` boundary
     (numpy's start 16 bytes past a page); its ``base`` owns the memory, which is what
-    :class:`~shardkit.tiers.buffers.BatchPool` counts references of."""
+    :class:`~shardkit.tiers.buffers.BatchPool` counts references of. A buffer of at least
+    :data:`MAP_AHEAD_BYTES` has its pages mapped here (:func:`map_ahead`): it is a destination that is
+    about to be written whole."""
     nbytes = int(n) * int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
     raw = np.empty(nbytes + BUFFER_ALIGNMENT, dtype=np.uint8)
     start = -raw.ctypes.data % BUFFER_ALIGNMENT
+    if nbytes >= MAP_AHEAD_BYTES:
+        map_ahead(raw.ctypes.data + start, nbytes)
     return raw[start : start + nbytes].view(dtype).reshape((int(n), *shape))
+
+
+#: Buffers from this size up are mapped ahead by :func:`aligned_empty` (smaller ones come from the
+#: allocator's heap, whose pages are mostly mapped already).
+MAP_AHEAD_BYTES = 1 << 20
+_MADV_NOHUGEPAGE = 15
+_MADV_POPULATE_WRITE = 23
+#: ``madvise(2)`` through ctypes (which lets go of the GIL for the call), or None where there is none.
+_madvise: Any = None
+with contextlib.suppress(OSError, AttributeError, TypeError):
+    _madvise = ctypes.CDLL(None, use_errno=True).madvise
+    _madvise.argtypes, _madvise.restype = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int), ctypes.c_int
+
+
+def map_ahead(address: int, nbytes: int) -> bool:
+    """Map the pages of fresh private memory ``[address, address + nbytes)`` (``address`` page
+    aligned) in one ``madvise(MADV_POPULATE_WRITE)``, in 4 KiB pages (``MADV_NOHUGEPAGE``); False where
+    the kernel cannot (the pages are then mapped as they are first written, as before).
+
+    A batch buffer's pages were mapped one fault at a time by whoever wrote them first: for JPEG
+    records the decode threads, where the faults cost as much CPU as a third of the decoding on this
+    VM (benchmarks/RESULTS.md, issue 36). One call maps them for a fraction of that; 4 KiB pages
+    because numpy asks for huge pages, whose zeroing cost more than twice as much here, while a
+    buffer written once per batch gains little from fewer TLB entries."""
+    if _madvise is None or sys.platform != "linux":
+        return False
+    _madvise(address, nbytes, _MADV_NOHUGEPAGE)  # advice only: where refused, the pages are still mapped
+    return bool(_madvise(address, nbytes, _MADV_POPULATE_WRITE) == 0)
 
 
 @dataclass(frozen=True, eq=False)
@@ -954,21 +1057,23 @@ class PayloadArray:
         preadv_exact(fd, buffers, offset, path, self.stats)
 
     def _read_compressed(self, plan: _Plan, rows: list[np.ndarray]) -> None:
-        """Compressed records: each run is read whole into a temporary, each record decoded into its row,
-        by the decode threads when there are some (:meth:`use_decoders`) while the next run is read.
+        """Compressed records: each run is read whole into a temporary and its records handed to the
+        decode threads (:class:`_DecodeJobs`) while the next run is read, or decoded here without them.
         Returns once every record is decoded; on an error, once no decoder still writes into ``rows``."""
         assert self.codec is not None
         jobs: list[Future[None]] = []
+        batcher = _DecodeJobs(self, rows, jobs, plan.size)
+        # The plan as lists once (not a few numpy slices and conversions per run).
+        offs, sizes = plan.offs.tolist(), plan.sizes.tolist()
+        which, row, shard = plan.which.tolist(), plan.row.tolist(), plan.shard.tolist()
         try:
             for a, b in plan.runs():
-                i = int(plan.shard[a])
-                start = int(plan.offs[a])
-                length = int(plan.offs[b - 1] + plan.sizes[b - 1]) - start
-                buf = np.empty(length, dtype=np.uint8)
+                i, start = shard[a], offs[a]
+                buf = np.empty(offs[b - 1] + sizes[b - 1] - start, dtype=np.uint8)
                 view = buf.data
                 self._preadv_all(self._fd(i), self._shard_str(i), [view], start)
-                self._decode_records(i, start, view, (plan.offs[a:b] - start).tolist(), plan.sizes[a:b].tolist(),
-                                     rows, plan.which[a:b].tolist(), plan.row[a:b].tolist(), jobs)  # fmt: skip
+                batcher.add(i, start, view, [o - start for o in offs[a:b]], sizes[a:b], which[a:b], row[a:b])
+            batcher.flush()
         except BaseException:
             wait(jobs)  # no decoder writes into the rows once the error is raised
             raise
@@ -979,23 +1084,11 @@ class PayloadArray:
         """Decode the records of shard ``i`` whose streams are ``data[offs[k] : offs[k] + sizes[k]]``
         (``data`` begins at byte ``start`` of the shard) into rows ``arrays[which[k]][row[k]]``: on the
         decode threads when there are some, in jobs appended to ``jobs`` (the caller waits for them with
-        :func:`finish_decodes` before its rows are used), else here. Every reader decodes through this."""
-        pool = self._decode_pool()
-        n = len(offs)
-        if pool is None or n == 0:
-            self._decode_list(i, start, data, offs, sizes, arrays, which, row)
-            return
-        # Small jobs: a decoder that is descheduled (a loaded machine) holds back only a few records,
-        # and the others take the rest of the run.
-        for c in range(0, n, DECODE_JOB_RECORDS):
-            d = c + DECODE_JOB_RECORDS
-            jobs.append(pool.submit(self._decode_list, i, start, data, offs[c:d], sizes[c:d], arrays, which[c:d], row[c:d]))
-
-    def _decode_list(self, i: int, start: int, data: memoryview, offs: list[int], sizes: list[int],
-                     arrays: Sequence[np.ndarray], which: list[int], row: list[int]) -> None:
-        """Decode each stream ``data[offs[k] : offs[k] + sizes[k]]`` of shard ``i`` into its row (see :meth:`_decode_records`)."""
-        for off, size, w, r in zip(offs, sizes, which, row):
-            self._decode(i, start + off, data[off : off + size], arrays[w][r])
+        :func:`finish_decodes` before its rows are used), else here. For a reader that receives one
+        run at a time (a response of the object store); :meth:`_read_compressed` groups runs itself."""
+        batcher = _DecodeJobs(self, arrays, jobs, len(offs))
+        batcher.add(i, start, data, offs, sizes, which, row)
+        batcher.flush()
 
     def _decode_pool(self) -> ThreadPoolExecutor | None:
         """The decode threads (started on first use), or None to decode in the reading thread."""
@@ -1009,15 +1102,38 @@ class PayloadArray:
                     pool = self._decoders = ThreadPoolExecutor(self.decode_workers, thread_name_prefix="shardkit-decode")
         return pool
 
-    def _decode(self, i: int, offset: int, data: bytes | memoryview, out: np.ndarray) -> None:
-        """Decode the compressed record at byte ``offset`` of shard ``i`` into ``out``, naming it on error."""
+    def _decode_targets(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """The destination buffers as the rows a decoder writes: ``[n, *record_shape]`` of the record
+        dtype for an image or audio codec (its stream decodes into the record's shape), else the
+        buffers themselves (uint8 rows). Made once per read, not once per record."""
         assert self.codec is not None
+        if not (self.decode and self.codec.array_to_bytes):
+            return list(arrays)
+        out = []
+        for a in arrays:
+            v = a.view(self.dtype)
+            v.shape = (a.shape[0], *self.record.shape)  # a view or an error, never a silent copy
+            out.append(v)
+        return out
+
+    def _decode_segments(self, segments: list[_Segment], targets: list[np.ndarray]) -> None:
+        """Decode every record of ``segments`` into its row of ``targets`` (see :meth:`_decode_targets`),
+        in one loop: a failing record is a CorruptShardError naming its shard and record."""
+        codec = self.codec
+        assert codec is not None
         if not self.decode:
-            self._keep_stored(i, offset, data, out)
+            for i, start, data, offs, sizes, which, row in segments:
+                for off, size, w, r in zip(offs, sizes, which, row):
+                    self._keep_stored(i, start + off, data[off : off + size], targets[w][r])
             return
-        if self.codec.array_to_bytes:  # an image or audio stream decodes into the record's shape (a view of the row)
-            out = out.view(self.dtype).reshape(self.record.shape)
-        decode_record(self.codec, data, out, where=self._shard_str(i), what=lambda: self._record_name(i, offset))
+        decode = codec.decode
+        for i, start, data, offs, sizes, which, row in segments:
+            for off, size, w, r in zip(offs, sizes, which, row):
+                out = targets[w][r]
+                try:
+                    decode(data[off : off + size], out)
+                except Exception as exc:
+                    raise decode_error(self._shard_str(i), self._record_name(i, start + off), out.nbytes, exc) from None
 
     def _keep_stored(self, i: int, offset: int, data: bytes | memoryview, out: np.ndarray) -> None:
         """The stored bytes of a record into its row (``decode`` off), zeros after them."""

@@ -7,6 +7,9 @@ record ``keys[j]`` exactly into ``buffers[which[j]][rows[j]]`` and touch nothing
 
 from __future__ import annotations
 
+import ctypes
+import mmap
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +17,7 @@ import pytest
 
 from shardkit.errors import ConfigError
 from shardkit.formats import open_dataset
-from shardkit.formats.reader import BUFFER_ALIGNMENT, SCATTER_MIN_BYTES, Destination, aligned_empty
+from shardkit.formats.reader import BUFFER_ALIGNMENT, MAP_AHEAD_BYTES, SCATTER_MIN_BYTES, Destination, aligned_empty, map_ahead
 from tests.helpers.datasets import make_records, write_dataset
 
 # (record shape, compression): small records (bounce path), large ones (one iovec each), compressed.
@@ -110,6 +113,30 @@ def test_buffers_are_page_aligned() -> None:
         a = aligned_empty(n, (5, 7), np.dtype(np.float32))
         assert a.shape == (n, 5, 7) and a.dtype == np.float32 and a.flags.c_contiguous
         assert a.ctypes.data % BUFFER_ALIGNMENT == 0
+
+
+def _resident_pages(a: np.ndarray) -> tuple[int, int]:
+    """(pages of ``a`` in memory, pages of ``a``), from ``mincore(2)``."""
+    page = mmap.PAGESIZE
+    n = -(-a.nbytes // page)
+    vec = (ctypes.c_ubyte * n)()
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.mincore(ctypes.c_void_p(a.ctypes.data), ctypes.c_size_t(a.nbytes), vec) == 0, ctypes.get_errno()
+    return sum(b & 1 for b in vec), n
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_POPULATE_WRITE and mincore as Linux has them")
+def test_a_large_buffer_is_mapped_before_it_is_written() -> None:
+    """A batch-sized buffer's pages are mapped when it is made (one madvise), not one fault at a time
+    by the threads that write it first (the decode threads of JPEG records)."""
+    probe = aligned_empty(1, (MAP_AHEAD_BYTES,), np.dtype(np.uint8))
+    if not map_ahead(probe.ctypes.data, probe.nbytes):
+        pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux 5.14)")
+    a = aligned_empty(400, (224, 224, 3), np.dtype(np.uint8))  # 60 MB: above glibc's mmap threshold, fresh pages
+    resident, pages = _resident_pages(a)
+    assert resident == pages
+    small = aligned_empty(1, (MAP_AHEAD_BYTES // 2,), np.dtype(np.uint8))
+    assert small.ctypes.data % BUFFER_ALIGNMENT == 0  # below the threshold: left to the allocator
 
 
 def test_scatter_rows_matches_a_record_by_record_copy() -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from shardkit import errors
 from shardkit.formats import open_dataset
-from shardkit.formats.reader import PayloadArray
+from shardkit.formats.reader import DECODE_JOB_RECORDS, PayloadArray
 from shardkit.readers import TieredSampler
 from tests.helpers.datasets import flip_byte, write_dataset
 
@@ -86,6 +86,59 @@ def test_reads_go_on_while_records_decode(jpeg_dataset: Path, monkeypatch: pytes
         monkeypatch.undo()
         payload.use_decoders(0)
         np.testing.assert_array_equal(result[0], payload.read(keys))
+
+
+def test_decode_jobs_group_runs_and_shrink_towards_the_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read of one-record runs is decoded in few jobs (not one a run), the jobs never larger than
+    DECODE_JOB_RECORDS and shrinking to one record at the end, so the decoders finish together."""
+    path = write_dataset(tmp_path / "ds", _images(120), records_per_shard=120, compression="jpeg")
+    with open_dataset(path) as ds:
+        payload = ds.payload
+        payload.use_decoders(2)
+        payload.gap_bytes = 0  # every other record: each one a run of its own
+        keys = np.arange(0, 120, 2)
+        codec = payload.codec
+        assert codec is not None
+        decode, decode_segments = codec.decode, PayloadArray._decode_segments
+        release, all_read = threading.Event(), threading.Event()
+        sizes: list[int] = []
+        reads = 0
+        preadv = PayloadArray._preadv_all
+
+        def counting_preadv(self: PayloadArray, *args: Any) -> None:
+            nonlocal reads
+            preadv(self, *args)
+            reads += 1
+            if reads == keys.size:
+                all_read.set()
+
+        def held_decode(data: Any, out: np.ndarray) -> None:
+            assert release.wait(30), "the test did not release the decoders"
+            decode(data, out)
+
+        def counted(self: PayloadArray, segments: list[Any], targets: list[np.ndarray]) -> None:
+            sizes.append(sum(len(seg[3]) for seg in segments))
+            decode_segments(self, segments, targets)
+
+        monkeypatch.setattr(codec, "decode", held_decode)
+        monkeypatch.setattr(PayloadArray, "_decode_segments", counted)
+        monkeypatch.setattr(PayloadArray, "_preadv_all", counting_preadv)
+        result: list[np.ndarray] = []
+        reader = threading.Thread(target=lambda: result.append(payload.read(keys)))
+        reader.start()
+        try:  # the decoders hold their first jobs: every later run is read while they are busy
+            assert all_read.wait(30), f"{reads} of {keys.size} runs read while the decoders were held"
+        finally:
+            release.set()
+            reader.join(30)
+        monkeypatch.undo()
+        payload.use_decoders(0)
+        np.testing.assert_array_equal(result[0], payload.read(keys))
+    assert sum(sizes) == keys.size
+    assert len(sizes) <= keys.size // 4, sizes
+    assert max(sizes) <= DECODE_JOB_RECORDS and max(sizes) > 1, sizes
+    later = sizes[2:]  # the first two went at once, to the idle decoders
+    assert later == sorted(later, reverse=True) and later[-1] == 1, sizes
 
 
 def test_no_decode_threads_without_workers_or_codec(tmp_path: Path) -> None:
