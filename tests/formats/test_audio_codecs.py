@@ -170,3 +170,17 @@ def test_convert_reports_ratio_and_snr_and_info_shows_both(tmp_path: Path) -> No
     assert report["snr_db"] == sample["snr_db"] and report["min_snr_db"] == sample["min_snr_db"]
     assert report["psnr_db"] is None and report["ratio"] > 4
     assert verify(out).ok
+
+
+@pytest.mark.parametrize("spec", ["opus@16k", "vorbis@16k"])
+def test_a_stream_of_another_length_channel_count_or_rate_is_refused(spec: str) -> None:
+    # A stream from a longer clip would otherwise decode its first T frames without a word.
+    name = spec.split("@")[0]
+    at16k, at48k = get_codec(spec), get_codec(f"{name}@48k")
+    assert at16k is not None and at48k is not None
+    out = np.empty(4000, np.int16)
+    for stream, error in ((at16k.encode(tone(1, shape=(4001,))[0]), "4001 frames x 1 channels"),
+                          (at16k.encode(tone(1, shape=(4000, 2))[0]), "4000 frames x 2 channels"),
+                          (at48k.encode(tone(1, shape=(4000,))[0]), "at 48000 Hz")):
+        with pytest.raises(ValueError, match=error):
+            at16k.decode(stream, out)
