@@ -387,6 +387,11 @@ class OggAudioCodec(RecordCodec):
                 f"{where}: compression {self.name!r} stores int16 or float32 audio [T] or [T, C] with C ≤ "
                 f"{self.MAX_CHANNELS}, found records {list(shape)} {dtype} (use flac or zstd for other records)"
             )
+        import soundfile
+
+        if self._subtype not in soundfile.available_subtypes("OGG"):
+            raise ConfigError(f"{where}: compression {self.name!r}: this libsndfile ({soundfile.__libsndfile_version__}) has "
+                              f"no Ogg {self._subtype.title()} (install the soundfile wheel, which bundles one that does)")
         if self.sample_rate is None:
             raise SchemaError(
                 f"{where}: compression {self.name!r} needs the records' sample rate, and these records have none "

@@ -184,3 +184,12 @@ def test_a_stream_of_another_length_channel_count_or_rate_is_refused(spec: str) 
                           (at48k.encode(tone(1, shape=(4000,))[0]), "at 48000 Hz")):
         with pytest.raises(ValueError, match=error):
             at16k.decode(stream, out)
+
+
+def test_a_libsndfile_without_ogg_opus_is_named_before_anything_is_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import soundfile
+
+    monkeypatch.setattr(soundfile, "available_subtypes", lambda fmt=None: {"VORBIS": "Vorbis"})
+    with pytest.raises(errors.ConfigError, match=r"compression 'opus': this libsndfile .* has no Ogg Opus"):
+        DatasetWriter(tmp_path / "ds", kind="test", payload="audio", record=FieldSpec((100,), "int16"), compression="opus@16k")
+    assert not (tmp_path / "ds" / "zarr.json").exists()
