@@ -17,6 +17,9 @@ Three measurements, each printed as a table (``--json FILE`` also writes them):
    before: its start, threads and the batch buffers' first pages included, a fixed cost that a
    2,000-record epoch does not amortise). The sampler's CPU per record is also split by stage
    (reading thread, consumer, decoders and the rest).
+   Peer row, when ``--streaming-python`` (default: this interpreter) imports mosaicml-streaming:
+   Streaming's ``jpeg`` MDS decode (PIL) of the same bytes on as many threads, and StreamingDataset
+   reading an MDS copy of them in one process (``benchmarks/_streaming_decode.py``), in the same rounds.
 
 4. ``remote`` (only with ``--remote``): the same generated images stored as jpeg:90 and decoded,
    uploaded to a local SeaweedFS behind ``benchmarks/remote.py``'s latency proxy (its server and proxy,
@@ -26,6 +29,7 @@ Three measurements, each printed as a table (``--json FILE`` also writes them):
    bytes, decode records/s per core x cores), the decode rate from the CPU time measured here.
 
     python benchmarks/record_codecs.py [--images 2000] [--rounds 3] [--workers 2] [--json out.json]
+    python benchmarks/record_codecs.py --skip libraries,quality --streaming-python /work/benchvenv/bin/python
     python benchmarks/record_codecs.py --remote --skip libraries,quality,loader --latency 20 --images 1000
 """
 
@@ -172,8 +176,34 @@ def quality(sets: dict[str, np.ndarray], options: tuple[str, ...] = OPTIONS) -> 
     return rows
 
 
-def loader(images: np.ndarray, workers: int, rounds: int, work: Path) -> dict[str, Any]:
-    """Sampler decoded records/s with ``workers`` decode threads vs imagecodecs on ``workers`` threads."""
+def streaming_available(python: str) -> bool:
+    """True when ``python`` imports mosaicml-streaming (the peer row runs in that interpreter)."""
+    import subprocess
+
+    try:
+        # find_spec, not import: importing streaming imports torch, minutes on a loaded machine
+        check = "import importlib.util, sys; sys.exit(importlib.util.find_spec('streaming') is None)"
+        return subprocess.run([python, "-c", check], capture_output=True, timeout=300).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def streaming_round(python: str, blobs_file: Path, workers: int, work: Path) -> dict[str, Any]:
+    """One round of the peer row: benchmarks/_streaming_decode.py's JSON (Streaming's decode rates)."""
+    import subprocess
+
+    cmd = [python, str(ROOT / "benchmarks" / "_streaming_decode.py"), str(blobs_file), "--threads", str(workers),
+           "--dataset", str(work / "streaming")]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    if run.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed: {run.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
+    return result
+
+
+def loader(images: np.ndarray, workers: int, rounds: int, work: Path, streaming_python: str | None = None) -> dict[str, Any]:
+    """Sampler decoded records/s with ``workers`` decode threads vs imagecodecs on ``workers`` threads
+    (and Streaming's PIL decode of the same bytes when ``streaming_python`` is given)."""
     import imagecodecs
 
     path = work / "jpeg"
@@ -233,6 +263,10 @@ def loader(images: np.ndarray, workers: int, rounds: int, work: Path) -> dict[st
         s.close()
         return got
 
+    blobs_file = work / "jpeg90-blobs.npz"
+    if streaming_python is not None:
+        lengths = np.array([len(b) for b in blobs], np.int64)
+        np.savez(blobs_file, data=np.frombuffer(b"".join(blobs), np.uint8), offsets=np.concatenate([[0], np.cumsum(lengths)]))
     first_epoch()  # warm: page cache, imports
     library()  # warm: the library's output buffer (as the steady sampler's batch buffers)
     rounds_out = []
@@ -240,14 +274,20 @@ def loader(images: np.ndarray, workers: int, rounds: int, work: Path) -> dict[st
         lib_rate, lib_cpu = library()
         smp_rate, smp_cpu, stages = steady_epoch()
         first_rate, first_cpu = first_epoch()
-        rounds_out.append({"library_rps": round(lib_rate), "sampler_rps": round(smp_rate), "ratio": round(smp_rate / lib_rate, 3),
-                           "first_epoch_rps": round(first_rate), "first_epoch_ratio": round(first_rate / lib_rate, 3),
-                           "library_cpu_us": round(lib_cpu * 1e6), "sampler_cpu_us": round(smp_cpu * 1e6),
-                           "first_epoch_cpu_us": round(first_cpu * 1e6),
-                           **{f"sampler_{k}_us": round(v * 1e6) for k, v in stages.items()}})
+        row = {"library_rps": round(lib_rate), "sampler_rps": round(smp_rate), "ratio": round(smp_rate / lib_rate, 3),
+               "first_epoch_rps": round(first_rate), "first_epoch_ratio": round(first_rate / lib_rate, 3),
+               "library_cpu_us": round(lib_cpu * 1e6), "sampler_cpu_us": round(smp_cpu * 1e6),
+               "first_epoch_cpu_us": round(first_cpu * 1e6),
+               **{f"sampler_{k}_us": round(v * 1e6) for k, v in stages.items()}}
+        if streaming_python is not None:
+            peer = streaming_round(streaming_python, blobs_file, workers, work)
+            row.update({"streaming_decode_rps": peer["decode"]["rps"], "streaming_decode_cpu_us": peer["decode"]["cpu_us"],
+                        "streaming_dataset_rps": peer["dataset"]["rps"], "streaming_dataset_cpu_us": peer["dataset"]["cpu_us"]})
+        rounds_out.append(row)
     ratios = [r["ratio"] for r in rounds_out]
     firsts = [r["first_epoch_ratio"] for r in rounds_out]
-    return {"records": n, "workers": workers, "rounds": rounds_out, "ratio_min": min(ratios), "ratio_max": max(ratios),
+    return {"records": n, "workers": workers, "stored_bytes": sum(map(len, blobs)), "rounds": rounds_out,
+            "ratio_min": min(ratios), "ratio_max": max(ratios),
             "ratio_median": float(np.median(ratios)), "first_epoch_ratio_median": float(np.median(firsts)),
             "first_epoch_ratio_min": min(firsts), "first_epoch_ratio_max": max(firsts)}
 
@@ -365,6 +405,9 @@ def main() -> None:
     ap.add_argument("--remote", action="store_true", help="also measure through the object store (SeaweedFS + delay proxy)")
     ap.add_argument("--latency", type=float, default=20.0, help="added ms per request with --remote (default 20)")
     ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--streaming-python", default=sys.executable,
+                    help="interpreter with mosaicml-streaming for the loader's peer row (default: this one; "
+                         "the row is left out when it cannot import streaming)")
     args = ap.parse_args()
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     results: dict[str, Any] = {}
@@ -380,7 +423,10 @@ def main() -> None:
     if "loader" not in skip:
         work = Path(tempfile.mkdtemp(prefix="shardkit-codecs-"))
         try:
-            results["loader"] = loader(generated, args.workers, args.rounds, work)
+            peer = args.streaming_python if streaming_available(args.streaming_python) else None
+            if peer is None:
+                print(f"loader: no Streaming row ({args.streaming_python} cannot import streaming)", flush=True)
+            results["loader"] = loader(generated, args.workers, args.rounds, work, peer)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         lo = results["loader"]

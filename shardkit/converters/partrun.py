@@ -492,6 +492,7 @@ def convert_in_parts(
         raise ConversionError(f"staging_dir: expected an existing directory, found {str(staging_dir)!r}")
     auto = compression is not None and compression.strip().lower() == "auto"
     codec = None if auto else get_codec(compression)
+    codec = None if codec is None else codec.for_records(conv.transform())  # audio codecs: the records' sample rate
     lock = _OutputLock(store)
     try:
         lock.acquire()  # an append's dataset is there: held before its metadata is read

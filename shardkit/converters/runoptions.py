@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 from shardkit.declare import Parser, UserOptions, count, option
 from shardkit.errors import ConfigError
+from shardkit.formats.codecs import codec_usage
 from shardkit.formats.spec import DEFAULT_SHARD_BYTES
 from shardkit.formats.versions import DEFAULT_KEEP_VERSIONS
 from shardkit.units import parse_bytes
@@ -82,7 +83,8 @@ class ConversionOptions(UserOptions):
     overwrite: bool = option(False, OUTPUT, _flag, cli_type=bool, flag="--overwrite",
                              help="Replace an existing output (default: resume or refuse).")
     compression: str | None = option(None, OUTPUT, _compression, cli_type=str | None,
-                                     help="Per-record codec: zstd, gzip, blosc-lz4 (default none).")
+                                     help=f"Per-record codec (default none): {codec_usage()}; auto (lossless, "
+                                          "after showing what the others give). See docs/codecs.md.")
     shard_bytes: int = option(DEFAULT_SHARD_BYTES, OUTPUT, _bytes, flag="--shard-size", cli_type=str | None,
                               help=("Target shard file size, e.g. 64MiB (default 256MiB); records below 4 KiB "
                                     "make smaller shards: at most one record per 4 KiB, so the index stays small."))

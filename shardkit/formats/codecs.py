@@ -1,6 +1,6 @@
 """Per-record compression codecs, by name: zarr v3's ``zstd``, ``gzip`` and ``blosc`` byte streams,
 one record each, the image and audio codecs of :mod:`~shardkit.formats.media_codecs` (``jpeg``, ``png``,
-``webp``, ``jpegxl``, ``flac``), and :func:`decode_record`, the one decode every reader uses
+``webp``, ``jpegxl``, ``flac``, ``opus``, ``vorbis``), and :func:`decode_record`, the one decode every reader uses
 (docs/design.md §3, *Codecs*).
 """
 
@@ -16,8 +16,8 @@ import numpy as np
 
 from shardkit.errors import ConfigError, CorruptShardError, NotADatasetError
 
-__all__ = ["RecordCodec", "register_codec", "get_codec", "codec_from_json", "codec_from_zarr", "available_codecs", "decode_record",
-           "decode_error"]
+__all__ = ["RecordCodec", "register_codec", "get_codec", "codec_from_json", "codec_from_zarr", "available_codecs", "codec_usage",
+           "decode_record", "decode_error"]
 
 
 class RecordCodec(ABC):
@@ -33,6 +33,10 @@ class RecordCodec(ABC):
     array_to_bytes: ClassVar[bool] = False
     #: True when a decoded record may differ from the one encoded (``convert`` then reports PSNR).
     lossy: ClassVar[bool] = False
+    #: What a conversion measures on a sample for a lossy codec: ``psnr`` (images) or ``snr`` (audio).
+    quality_measure: ClassVar[str] = "psnr"
+    #: How ``--compression`` names this codec and its argument (the ``--help`` text is made of these).
+    usage: ClassVar[str] = ""
 
     @classmethod
     @abstractmethod
@@ -63,6 +67,11 @@ class RecordCodec(ABC):
         """Refuse records this codec cannot store (a SchemaError naming ``where``, the shape and dtype
         expected and found); compressors of raw bytes take any record."""
         return
+
+    def for_records(self, transform: dict[str, Any]) -> RecordCodec:
+        """This codec configured for records a conversion's ``transform`` made (its metadata): audio codecs
+        take its ``sample_rate``; every other codec needs nothing of it and is returned as it is."""
+        return self
 
     def zarr_inner_codecs(self, itemsize: int) -> list[dict[str, Any]]:
         """The whole zarr v3 inner-chunk codec list: ``bytes`` (little-endian) and :meth:`zarr_codecs`."""
@@ -98,16 +107,24 @@ def available_codecs() -> list[str]:
     return ["none", *sorted(_REGISTRY)]
 
 
+def codec_usage() -> str:
+    """Every ``--compression`` value with its argument, from the registry (the ``--help`` text)."""
+    return ", ".join(_REGISTRY[name].usage or name for name in sorted(_REGISTRY))
+
+
 def get_codec(name: str | None, **config: Any) -> RecordCodec | None:
     """Instantiate the codec ``name``; ``None`` or ``"none"`` means uncompressed. ``NAME:ARGUMENT``
-    (``jpeg:90``, ``webp:lossless``, ``zstd:9``) is the codec's :meth:`~RecordCodec.parse_argument`."""
+    (``jpeg:90``, ``webp:lossless``, ``zstd:9``, ``opus:32k@16k``) and ``NAME@RATE`` (``opus@16k``) are the
+    codec's :meth:`~RecordCodec.parse_argument` of what follows the name."""
     if name is None or name == "none":
         return None
-    name, colon, argument = name.partition(":")
+    cut = min((i for i in (name.find(":"), name.find("@")) if i >= 0), default=len(name))
+    # ``NAME:ARG``; the audio codecs' ``NAME@RATE`` keeps its ``@`` (``opus@16k`` is ``opus:@16k``).
+    name, argument, has_argument = name[:cut], name[cut + (name[cut:cut + 1] == ":"):], cut < len(name)
     cls = _REGISTRY.get(name)
     if cls is None:
         raise ConfigError(f"unknown compression {name!r}: expected one of {', '.join(available_codecs())}")
-    if colon:
+    if has_argument:
         config = {**cls.parse_argument(argument), **config}
     try:
         return cls(**config)
@@ -149,6 +166,7 @@ class ZstdCodec(_NumcodecsCodec):
 
     name = "zstd"
     zarr_name = "zstd"
+    usage = "zstd[:LEVEL]"
 
     def __init__(self, level: int = 3, checksum: bool = True) -> None:
         from numcodecs import Zstd
@@ -185,6 +203,7 @@ class GzipCodec(_NumcodecsCodec):
 
     name = "gzip"
     zarr_name = "gzip"
+    usage = "gzip[:LEVEL 0-9]"
 
     def __init__(self, level: int = 5) -> None:
         from numcodecs import GZip
@@ -208,6 +227,7 @@ class BloscLz4Codec(_NumcodecsCodec):
 
     name = "blosc-lz4"
     zarr_name = "blosc"
+    usage = "blosc-lz4[:LEVEL 0-9]"
 
     def __init__(self, level: int = 5) -> None:
         from numcodecs import Blosc

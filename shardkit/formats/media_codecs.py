@@ -1,5 +1,5 @@
-"""Image and audio codecs per record: ``jpeg``, ``png``, ``webp``, ``jpegxl`` (imagecodecs) and ``flac``
-(soundfile). Each turns one record array into one stored stream (a zarr v3 array-to-bytes codec: it
+"""Image and audio codecs per record: ``jpeg``, ``png``, ``webp``, ``jpegxl`` (imagecodecs), ``flac``,
+``opus`` and ``vorbis`` (soundfile). Each turns one record array into one stored stream (a zarr v3 array-to-bytes codec: it
 replaces zarr's ``bytes`` codec) and decodes it straight into the record's row of the destination
 buffer. The codec library is chosen with numbers in docs/design.md §3 (*Image and audio codecs*).
 """
@@ -7,6 +7,7 @@ buffer. The codec library is chosen with numbers in docs/design.md §3 (*Image a
 from __future__ import annotations
 
 import io
+from abc import abstractmethod
 from typing import Any, ClassVar
 
 import numpy as np
@@ -14,8 +15,10 @@ import numpy as np
 from shardkit._extras import import_extra
 from shardkit.errors import ConfigError, SchemaError
 from shardkit.formats.codecs import RecordCodec, register_codec
+from shardkit.units import parse_rate
 
-__all__ = ["ImageCodec", "JpegCodec", "PngCodec", "WebpCodec", "JpegxlCodec", "FlacCodec", "imagecodecs_module"]
+__all__ = ["ImageCodec", "JpegCodec", "PngCodec", "WebpCodec", "JpegxlCodec", "FlacCodec", "OggAudioCodec", "OpusCodec",
+           "VorbisCodec", "imagecodecs_module"]
 
 #: The pip extra that installs the image codec library.
 CODECS_EXTRA = "codecs"
@@ -108,6 +111,7 @@ class JpegCodec(ImageCodec):
     """Baseline JPEG (libjpeg-turbo through imagecodecs), 4:2:0 chroma; ``quality`` 1-100 (90 default)."""
 
     name = "jpeg"
+    usage = "jpeg[:QUALITY 1-100]"
     zarr_name = "numcodecs.imagecodecs_jpeg"
     lossy = True
     channels = (1, 3)
@@ -144,6 +148,7 @@ class PngCodec(ImageCodec):
     """PNG (lossless, zlib ``level`` 0-9, 6 default)."""
 
     name = "png"
+    usage = "png[:LEVEL 0-9]"
     zarr_name = "numcodecs.imagecodecs_png"
     channels = (1, 3, 4)
     max_side = 1 << 24
@@ -205,6 +210,7 @@ class WebpCodec(_QualityOrLossless):
     """WebP (libwebp through imagecodecs): ``quality`` 1-100 (90 default) or ``lossless``; RGB or RGBA."""
 
     name = "webp"
+    usage = "webp[:QUALITY 1-100|lossless]"
     zarr_name = "numcodecs.imagecodecs_webp"
     lossy = True
     channels = (3, 4)
@@ -217,6 +223,7 @@ class JpegxlCodec(_QualityOrLossless):
     """JPEG XL (libjxl through imagecodecs): ``quality`` 1-100 (90 default) or ``lossless``."""
 
     name = "jpegxl"
+    usage = "jpegxl[:QUALITY 1-100|lossless]"
     zarr_name = "numcodecs.imagecodecs_jpegxl"
     lossy = True
     channels = (1, 3, 4)
@@ -237,6 +244,7 @@ class FlacCodec(RecordCodec):
     """FLAC (lossless; libsndfile through soundfile), int16 audio ``[T]`` or ``[T, C]`` (C ≤ 8)."""
 
     name = "flac"
+    usage = "flac[:LEVEL 0-8]"
     zarr_name = "shardkit.flac"
     array_to_bytes = True
     #: FLAC's sample rate is only a header field here (records are sample arrays): a fixed, valid one.
@@ -290,6 +298,226 @@ class FlacCodec(RecordCodec):
 
     def zarr_codecs(self, itemsize: int) -> list[dict[str, Any]]:
         return [{"name": self.zarr_name, "configuration": {"level": self.level}}]
+
+
+class OggAudioCodec(RecordCodec):
+    """Lossy audio, one Ogg stream a record (libsndfile through soundfile): int16 or float32 ``[T]`` or
+    ``[T, C]`` (C ≤ 8) at the records' sample rate, which the codec needs (a lossy coder shapes its noise
+    by frequency) and takes from the conversion (:meth:`for_records`) or from ``NAME:ARG@RATE``.
+
+    Length: libsndfile ends the stream with the granule position of the last sample (Opus subtracts its
+    pre-skip), so the stream declares exactly ``T`` frames, encoder priming and last-packet padding cut
+    off; a stream that declares any other length, channel count or rate is refused before decoding.
+    Type: decoding is float; int16 records are ``clip(rint(x * 32767), -32768, 32767)`` (libsndfile's own
+    scale, but clipped: a lossy stream overshoots full scale, and libsndfile's int16 read wraps around).
+    """
+
+    array_to_bytes = True
+    lossy = True
+    quality_measure = "snr"
+    #: libsndfile's Ogg subtype.
+    _subtype: ClassVar[str]
+    #: Channels stored (FLAC's limit too; Opus' and Vorbis' defined channel layouts stop at 8).
+    MAX_CHANNELS = 8
+    DTYPES = ("int16", "float32")
+
+    def __init__(self, sample_rate: int | None) -> None:
+        if sample_rate is not None:
+            if not isinstance(sample_rate, int) or isinstance(sample_rate, bool) or not self._rate_ok(sample_rate):
+                raise ConfigError(f"compression {self.name!r}: sample_rate must be {self._rates_text()}, found {sample_rate!r}")
+        self.sample_rate = sample_rate
+
+    @classmethod
+    @abstractmethod
+    def _rate_ok(cls, rate: int) -> bool:
+        """True when the format stores audio at ``rate`` Hz."""
+
+    @classmethod
+    @abstractmethod
+    def _rates_text(cls) -> str:
+        """The rates :meth:`_rate_ok` accepts, for error messages."""
+
+    @abstractmethod
+    def _config(self) -> dict[str, Any]:
+        """The configuration besides the sample rate (JSON and zarr alike)."""
+
+    @abstractmethod
+    def _level(self) -> float:
+        """libsndfile's compression level 0 (best quality) - 1 (smallest) for this configuration."""
+
+    @classmethod
+    def _split_rate(cls, argument: str) -> tuple[str, dict[str, Any]]:
+        """``ARG@RATE`` -> (``ARG``, ``{"sample_rate": RATE}``); ``ARG`` -> (``ARG``, {})."""
+        arg, at, rate = argument.partition("@")
+        return arg, ({"sample_rate": parse_rate(rate, what=f"compression {cls.name!r}: the rate after @")} if at else {})
+
+    def for_records(self, transform: dict[str, Any]) -> RecordCodec:
+        """The codec at the records' ``sample_rate``; a rate given with ``@`` must be that one."""
+        rate = transform.get("sample_rate")
+        if not isinstance(rate, int) or isinstance(rate, bool):
+            return self
+        if self.sample_rate is None:
+            return type(self)(**{**self._config(), "sample_rate": rate})
+        if self.sample_rate != rate:
+            raise ConfigError(f"compression {self.name!r}: sample_rate {self.sample_rate} Hz differs from the records' "
+                              f"{rate} Hz (leave @RATE out: the records' rate is used)")
+        return self
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, **self._config(), "sample_rate": self.sample_rate}
+
+    @classmethod
+    def from_zarr(cls, configuration: dict[str, Any]) -> RecordCodec:
+        if "sample_rate" not in configuration:
+            raise ConfigError(f"compression {cls.name!r}: the configuration has no sample_rate")
+        return cls(**configuration)
+
+    def zarr_inner_codecs(self, itemsize: int) -> list[dict[str, Any]]:
+        return self.zarr_codecs(itemsize)
+
+    def zarr_codecs(self, itemsize: int) -> list[dict[str, Any]]:
+        return [{"name": self.zarr_name, "configuration": {**self._config(), "sample_rate": self.sample_rate}}]
+
+    def check_record(self, shape: tuple[int, ...], dtype: str, where: str) -> None:
+        """int16 or float32 ``[T]`` or ``[T, C ≤ 8]`` at a known sample rate."""
+        ok = dtype in self.DTYPES and shape[:1] != (0,) and (
+            len(shape) == 1 or (len(shape) == 2 and 1 <= shape[1] <= self.MAX_CHANNELS))
+        if not ok:
+            raise SchemaError(
+                f"{where}: compression {self.name!r} stores int16 or float32 audio [T] or [T, C] with C ≤ "
+                f"{self.MAX_CHANNELS}, found records {list(shape)} {dtype} (use flac or zstd for other records)"
+            )
+        import soundfile
+
+        if self._subtype not in soundfile.available_subtypes("OGG"):
+            raise ConfigError(f"{where}: compression {self.name!r}: this libsndfile ({soundfile.__libsndfile_version__}) has "
+                              f"no Ogg {self._subtype.title()} (install the soundfile wheel, which bundles one that does)")
+        if self.sample_rate is None:
+            raise SchemaError(
+                f"{where}: compression {self.name!r} needs the records' sample rate, and these records have none "
+                f"(convert an audio kind, whose --sample-rate it takes, or write {self.name}:...@RATE, e.g. "
+                f"{self.usage.split('[')[0]}@16k)"
+            )
+
+    def encode(self, record: np.ndarray) -> bytes:
+        import soundfile
+
+        buf = io.BytesIO()
+        with soundfile.SoundFile(buf, "w", samplerate=self.sample_rate, channels=1 if record.ndim == 1 else record.shape[1],
+                                 format="OGG", subtype=self._subtype, compression_level=self._level()) as f:
+            f.write(np.ascontiguousarray(record))
+        return buf.getvalue()
+
+    def decode(self, data: bytes | memoryview, out: np.ndarray) -> None:
+        """The stream's format, frames, channels and rate must be the record's (checked before decoding)."""
+        import soundfile
+
+        with soundfile.SoundFile(io.BytesIO(data)) as f:
+            channels = 1 if out.ndim == 1 else out.shape[1]
+            if (f.format, f.subtype, f.frames, f.channels, f.samplerate) != ("OGG", self._subtype, out.shape[0], channels,
+                                                                             self.sample_rate):
+                raise ValueError(f"the stream is {f.format}/{f.subtype} {f.frames} frames x {f.channels} channels at "
+                                 f"{f.samplerate} Hz, expected OGG/{self._subtype} {out.shape[0]} x {channels} at "
+                                 f"{self.sample_rate} Hz")
+            buf = out if out.dtype == np.float32 else np.empty(out.shape, np.float32)
+            got = f.read(out.shape[0], dtype="float32", out=buf, always_2d=False)
+            if got.shape[0] != out.shape[0]:
+                raise ValueError(f"the {self.name} stream holds {got.shape[0]} frames, expected {out.shape[0]}")
+        if buf is not out:
+            np.multiply(buf, 32767.0, out=buf)
+            np.rint(buf, out=buf)
+            np.clip(buf, -32768, 32767, out=buf)
+            out[...] = buf
+
+
+@register_codec
+class OpusCodec(OggAudioCodec):
+    """Opus in Ogg (libopus through libsndfile): ``bitrate`` 6,000-256,000 bits/s per channel (32,000
+    default), at 8, 12, 16, 24 or 48 kHz (Opus' rates; libsndfile refuses others)."""
+
+    name = "opus"
+    zarr_name = "shardkit.opus"
+    usage = "opus[:BITRATE 6k-256k][@RATE]"
+    _subtype = "OPUS"
+    RATES = (8000, 12000, 16000, 24000, 48000)
+    MIN_BITRATE, MAX_BITRATE = 6000, 256000
+
+    def __init__(self, bitrate: int = 32000, sample_rate: int | None = None) -> None:
+        if not isinstance(bitrate, int) or isinstance(bitrate, bool) or not self.MIN_BITRATE <= bitrate <= self.MAX_BITRATE:
+            raise ConfigError(f"compression 'opus': bitrate must be {self.MIN_BITRATE}-{self.MAX_BITRATE} bits/s per "
+                              f"channel, found {bitrate!r}")
+        self.bitrate = bitrate
+        super().__init__(sample_rate)
+
+    @classmethod
+    def _rate_ok(cls, rate: int) -> bool:
+        return rate in cls.RATES
+
+    @classmethod
+    def _rates_text(cls) -> str:
+        return "one of " + ", ".join(map(str, cls.RATES)) + " Hz (Opus' rates)"
+
+    @classmethod
+    def parse_argument(cls, argument: str) -> dict[str, Any]:
+        arg, rate = cls._split_rate(argument)
+        if not arg:
+            return rate
+        try:
+            return {"bitrate": parse_rate(arg, what="compression 'opus'"), **rate}
+        except ConfigError:
+            raise ConfigError(f"compression 'opus': expected opus:BITRATE (bits/s per channel: 32000, 32k) and "
+                              f"optionally @RATE, found {argument!r}") from None
+
+    def _config(self) -> dict[str, Any]:
+        return {"bitrate": self.bitrate}
+
+    def _level(self) -> float:
+        # libsndfile sets Opus' bitrate to int((1 - level) * 250000 + 6000) per channel; the half bit
+        # keeps the float round trip from truncating to bitrate - 1.
+        return max(0.0, (self.MAX_BITRATE - self.bitrate - 0.5) / (self.MAX_BITRATE - self.MIN_BITRATE))
+
+
+@register_codec
+class VorbisCodec(OggAudioCodec):
+    """Vorbis in Ogg (libvorbis through libsndfile): ``quality`` 0-10 (oggenc's scale, 4 default), at
+    1-192 kHz (libvorbis has no setup beyond; libsndfile crashes at 384 kHz, so it is refused here)."""
+
+    name = "vorbis"
+    zarr_name = "shardkit.vorbis"
+    usage = "vorbis[:QUALITY 0-10][@RATE]"
+    _subtype = "VORBIS"
+    MIN_RATE, MAX_RATE = 1000, 192000
+
+    def __init__(self, quality: int = 4, sample_rate: int | None = None) -> None:
+        if not isinstance(quality, int) or isinstance(quality, bool) or not 0 <= quality <= 10:
+            raise ConfigError(f"compression 'vorbis': quality must be an integer in [0, 10], found {quality!r}")
+        self.quality = quality
+        super().__init__(sample_rate)
+
+    @classmethod
+    def _rate_ok(cls, rate: int) -> bool:
+        return cls.MIN_RATE <= rate <= cls.MAX_RATE
+
+    @classmethod
+    def _rates_text(cls) -> str:
+        return f"{cls.MIN_RATE}-{cls.MAX_RATE} Hz"
+
+    @classmethod
+    def parse_argument(cls, argument: str) -> dict[str, Any]:
+        arg, rate = cls._split_rate(argument)
+        if not arg:
+            return rate
+        try:
+            return {"quality": int(arg), **rate}
+        except ValueError:
+            raise ConfigError(f"compression 'vorbis': expected vorbis:QUALITY (0-10) and optionally @RATE, "
+                              f"found {argument!r}") from None
+
+    def _config(self) -> dict[str, Any]:
+        return {"quality": self.quality}
+
+    def _level(self) -> float:
+        return 1.0 - self.quality / 10  # libsndfile: Vorbis VBR quality = 1 - level
 
 
 def stored_nbytes_field(payload: str) -> str:

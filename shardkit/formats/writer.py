@@ -373,6 +373,7 @@ class DatasetWriter:
         else:
             self.codec = compression
         if self.codec is not None:
+            self.codec = self.codec.for_records(transform or {})  # audio codecs take the records' sample rate
             self.codec.check_record(record.shape, record.dtype, self.where)
         self.records_per_shard = int(records_per_shard or records_per_shard_for(record.nbytes, shard_bytes))
         if not 1 <= self.records_per_shard <= MAX_RECORDS_PER_SHARD:

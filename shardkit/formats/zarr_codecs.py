@@ -1,5 +1,5 @@
 """zarr-python codecs for shardkit's image and audio records, so zarr-python reads a jpeg, png, webp,
-jpegxl or flac dataset as it reads a zstd one (docs/design.md §3, *Image and audio codecs*).
+jpegxl, flac, opus or vorbis dataset as it reads a zstd one (docs/design.md §3, *Image and audio codecs*).
 
 zarr-python finds a codec by the name in the array document through the ``zarr.codecs`` entry-point
 group; shardkit declares one entry point per name (``pyproject.toml``), each a class here that decodes
@@ -17,7 +17,8 @@ from zarr.abc.codec import ArrayBytesCodec
 
 from shardkit.formats.codecs import RecordCodec, codec_from_zarr
 
-__all__ = ["RecordStreamCodec", "ImagecodecsJpeg", "ImagecodecsPng", "ImagecodecsWebp", "ImagecodecsJpegxl", "ShardkitFlac"]
+__all__ = ["RecordStreamCodec", "ImagecodecsJpeg", "ImagecodecsPng", "ImagecodecsWebp", "ImagecodecsJpegxl", "ShardkitFlac", "ShardkitOpus",
+           "ShardkitVorbis"]
 
 
 @dataclass(frozen=True)
@@ -77,3 +78,11 @@ class ImagecodecsJpegxl(RecordStreamCodec):
 
 class ShardkitFlac(RecordStreamCodec):
     zarr_name = "shardkit.flac"
+
+
+class ShardkitOpus(RecordStreamCodec):
+    zarr_name = "shardkit.opus"
+
+
+class ShardkitVorbis(RecordStreamCodec):
+    zarr_name = "shardkit.vorbis"

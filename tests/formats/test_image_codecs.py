@@ -154,7 +154,8 @@ print(json.dumps({"shape": list(arr.shape), "all": arr[:].tolist(), "some": arr[
 
 
 @pytest.mark.parametrize("spec,payload", [("jpeg:90", "image"), ("png", "image"), ("webp:lossless", "image"),
-                                          ("jpegxl:lossless", "image"), ("flac", "audio")])
+                                          ("jpegxl:lossless", "image"), ("flac", "audio"), ("opus@16k", "audio"),
+                                          ("vorbis@16k", "audio")])
 def test_zarr_python_reads_image_and_audio_records_through_the_declared_entry_points(
     tmp_path: Path, spec: str, payload: str
 ) -> None:
@@ -236,7 +237,7 @@ def test_convert_reports_ratio_and_psnr_and_info_shows_both(tmp_path: Path) -> N
     report = json.loads(run_cli("info", str(out), "--json").stdout)["compression_report"]
     assert report == {"codec": {"name": "jpeg", "quality": 90}, "stored_bytes": stored - len(ds.meta.shards) * index_nbytes(
         ds.meta.records_per_shard), "decoded_bytes": decoded, "ratio": report["ratio"], "psnr_db": sample["psnr_db"],
-        "min_psnr_db": sample["min_psnr_db"], "sampled_records": 23}
+        "min_psnr_db": sample["min_psnr_db"], "snr_db": None, "min_snr_db": None, "sampled_records": 23}
     assert report["ratio"] == round(decoded / report["stored_bytes"], 2) and report["ratio"] > 3
 
 
@@ -275,3 +276,7 @@ def test_compression_auto_is_flac_for_int16_audio(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     with open_dataset(out) as ds:
         assert ds.meta.record.dtype == "int16" and ds.meta.compression == {"name": "flac", "level": 5}
+    # It says what the lossy audio codecs would give, at the records' rate, and picks neither.
+    for option in ("flac", "zstd", "opus", "vorbis"):
+        assert f"--compression auto: {option} " in result.stderr
+    assert "--compression auto: opus              " in result.stderr and " SNR " in result.stderr
