@@ -50,6 +50,7 @@ from shardkit.formats.spec import (
 from shardkit.formats.versions import older_copy, read_document
 from shardkit.stores import LocalStore
 from shardkit.stores.local import open_regular
+from shardkit.tiers.stopping import Stopped
 
 __all__ = ["ReadStats", "PayloadArray", "ShardedLayout", "Destination", "aligned_empty", "DEFAULT_GAP_BYTES", "BUFFER_ALIGNMENT",
            "SCATTER_MIN_BYTES", "SortScratch", "SortedRequest"]
@@ -525,6 +526,20 @@ class PayloadArray:
         self._decoders: ThreadPoolExecutor | None = None
         #: False: compressed records are not decoded, their stored bytes start their rows (zeros after).
         self.decode = True
+        #: Set by :meth:`stop_with`: a long read checks it between pieces (see :meth:`_check_stop`).
+        self._stop: threading.Event | None = None
+
+    def stop_with(self, event: threading.Event) -> None:
+        """Let a read give up once ``event`` is set: a block of small records at 10^8 spans gigabytes,
+        so the read checks it between plan pieces and bounce chunks and raises
+        :class:`~shardkit.tiers.stopping.Stopped` instead of reading the rest (a closing sampler
+        returns within a chunk, not a block)."""
+        self._stop = event
+
+    def _check_stop(self) -> None:
+        """Raise :class:`~shardkit.tiers.stopping.Stopped` when the event of :meth:`stop_with` is set."""
+        if self._stop is not None and self._stop.is_set():
+            raise Stopped()
 
     def use_decoders(self, workers: int) -> None:
         """Decode compressed records on ``workers`` threads (0: in the reading thread), so the reading
@@ -826,6 +841,7 @@ class PayloadArray:
         # Planned and read in pieces of ascending keys, so the plan's per-record arrays stay bounded:
         # still one pass of ascending offsets per shard (a run cut at a piece's end is two requests).
         for c in range(0, distinct.size, PLAN_RECORDS):
+            self._check_stop()
             f = first[c : c + PLAN_RECORDS]
             plan = self._plan(distinct[c : c + PLAN_RECORDS], dest.which[f], dest.rows[f], rows)
             if plan.size:
@@ -934,6 +950,7 @@ class PayloadArray:
             i = int(plan.shard[a])
             fd, path = self._fd(i), self._shard_str(i)
             while a < b:
+                self._check_stop()
                 base = int(plan.offs[a])
                 # The piece: records of this run that end within the bounce buffer.
                 c = a + max(1, int(np.searchsorted(plan.offs[a:b] + rec - base, bounce.size, side="right")))

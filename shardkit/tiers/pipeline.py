@@ -280,6 +280,8 @@ class Pipeline:
         self._identity = identity
         self.disk = MixedDataset(source, stats=stats.disk, cache_stats=stats.remote_cache,
                                 **{"gap_bytes": gap_bytes, **(dataset_options or {})})
+        # A block read checks the stop flag between its pieces: closing does not wait for a whole block.
+        self.disk.payload.stop_with(self.stop)
         self._key_map = key_map
         self._segments = segments
         self.sizes = sizes

@@ -1,0 +1,85 @@
+"""Blocks of many small records (issue 34): a block read gives up between its chunks once the run is
+stopped, and the bounce path's copies stay per record, not per block."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from shardkit.formats import DatasetWriter, FieldSpec, open_dataset
+from shardkit.formats.reader import Destination, PayloadArray
+from shardkit.readers import TieredSampler
+from shardkit.tiers.stopping import Stopped
+
+#: Records of the dataset below: 16 MiB of 8-byte records, several bounce chunks and plan pieces.
+N = 1 << 21
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``N`` records of 8 bytes, record ``i`` holding ``i`` (little-endian int64), 2^18 per shard."""
+    path = tmp_path_factory.mktemp("small") / "ds"
+    with DatasetWriter(path, kind="test", payload="x", record=FieldSpec((8,), "uint8"), fields={},
+                       records_per_shard=1 << 18) as w:  # fmt: skip
+        for a in range(0, N, 1 << 20):
+            w.write({"x": np.arange(a, min(N, a + (1 << 20)), dtype="<i8").view(np.uint8).reshape(-1, 8)})
+    return path
+
+
+def test_a_block_read_stops_after_the_chunk_it_is_in(small: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the stop event set during a read of a whole shuffled dataset (hundreds of chunks), the read
+    raises Stopped after the request it was in, instead of reading every remaining chunk."""
+    stop = threading.Event()
+    calls: list[bool] = []  # one entry per request: was the stop event set when it was made?
+    real = PayloadArray._preadv_all
+
+    def counted(self: PayloadArray, *args: Any) -> None:
+        calls.append(stop.is_set())
+        real(self, *args)
+        stop.set()  # the run is stopped while its first request was being read
+
+    monkeypatch.setattr(PayloadArray, "_preadv_all", counted)
+    keys = np.random.default_rng(0).permutation(N)
+    out = np.zeros((N, 8), dtype=np.uint8)
+    with open_dataset(small) as ds:
+        ds.payload.read(np.arange(0, N, 1 << 18))  # opens and checks every shard
+        calls.clear()
+        stop.clear()
+        ds.payload.stop_with(stop)
+        with pytest.raises(Stopped):
+            ds.payload.read_into(keys, Destination.rows_of(out, N))
+    assert calls == [False], f"{len(calls)} requests, {sum(calls)} of them after the stop"
+
+
+def test_closing_a_sampler_during_a_long_block_read_waits_for_one_chunk(small: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """close() while the block reader is inside a block of hundreds of thousands of records: the
+    reader makes at most one more request once the run is stopped (the hook holds the read until
+    close() has set the stop flag, so the race is forced, not hoped for)."""
+    real = PayloadArray._preadv_all
+    armed, reached = threading.Event(), threading.Event()
+    after_stop: list[int] = []
+
+    def hooked(self: PayloadArray, *args: Any) -> None:
+        stop = self._stop
+        if threading.current_thread().name == "shardkit-ram-creator" and stop is not None:
+            if stop.is_set():
+                after_stop.append(1)
+            elif armed.is_set() and not reached.is_set():
+                reached.set()
+                stop.wait(10)  # close() sets it, then waits for this thread
+        real(self, *args)
+
+    monkeypatch.setattr(PayloadArray, "_preadv_all", hooked)
+    s = TieredSampler(small, ram_size="32MiB", batch_size=1024, epochs=1, seed=0)
+    it = iter(s)
+    first = next(it)
+    assert first["x"].shape == (1024, 8)
+    del first
+    armed.set()
+    assert reached.wait(10), "the block reader never made another request"
+    s.close()
+    assert len(after_stop) <= 1, f"{len(after_stop)} requests after the sampler was closed"
