@@ -294,23 +294,28 @@ class ByteRows(list[np.ndarray]):
 def _scatter_rows(rows: list[np.ndarray], which: np.ndarray, row: np.ndarray, piece: np.ndarray,
                   take: np.ndarray | None = None) -> None:
     """``rows[which[j]][row[j]] = piece[take[j]]`` (``piece[j]`` without ``take``) for every ``j``:
-    one fancy-indexed copy per destination buffer, the records grouped by buffer with one stable
-    sort (not one pass over ``which`` per buffer), gathered from ``piece`` once."""
+    the records grouped by buffer with one stable sort (not one pass over ``which`` per buffer), then
+    per buffer one ``np.take`` from ``piece`` and one ``np.put`` into the buffer. Those two copy a
+    record in one ``memcpy`` (a fancy-indexed assignment of ``void`` records costs several times
+    more per call and per record), and their temporaries are one buffer's share, so the piece's
+    records are never copied into a piece-sized temporary first: each byte is copied once from
+    the bounce buffer to a small temporary that stays in the CPU cache, then to its row."""
     if which.size == 0:
         return
     recs = rows.records if isinstance(rows, ByteRows) else (lambda i: _records(rows[i]))
     src_all = _records(piece)
     w0 = int(which[0])
     if np.all(which == w0):
-        recs(w0)[row] = src_all if take is None else src_all[take]
+        np.put(recs(w0), row, src_all if take is None else np.take(src_all, take))
         return
     # A stable sort of small integers is a radix sort (several times faster than of int64).
     by = np.argsort(which.astype(np.int16) if len(rows) <= 1 << 15 else which, kind="stable")
-    grouped, dst = which[by], row[by]  # then one fancy-indexed copy per buffer
-    src = src_all[by if take is None else take[by]]
+    grouped, dst = which[by], row[by]
+    src = by if take is None else take[by]  # the source record of each, in buffer order
+    del by
     cuts = np.flatnonzero(grouped[1:] != grouped[:-1]) + 1
-    for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), by.size]):
-        recs(int(grouped[lo]))[dst[lo:hi]] = src[lo:hi]
+    for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), grouped.size]):
+        np.put(recs(int(grouped[lo])), dst[lo:hi], np.take(src_all, src[lo:hi]))
 
 
 def _records(rows: np.ndarray) -> np.ndarray:
