@@ -421,11 +421,24 @@ class Destination:
     buffers: tuple[np.ndarray, ...]
     which: np.ndarray
     rows: np.ndarray
+    #: ``(offset, per)`` when record ``j`` goes to position ``offset + j`` of the buffers taken as
+    #: consecutive runs of ``per`` rows (``which[j], rows[j] == divmod(offset + j, per)``; a block's
+    #: batches): the read computes a piece's rows from the positions instead of gathering them from
+    #: the block-sized ``which`` and ``rows`` (two cache-missing gathers per record).
+    consecutive: tuple[int, int] | None = None
 
     @classmethod
     def rows_of(cls, out: np.ndarray, n: int) -> Destination:
         """Record ``j`` into ``out[j]``, for ``j < n``."""
-        return cls((out,), np.zeros(n, dtype=np.int64), np.arange(n, dtype=np.int64))
+        return cls((out,), np.zeros(n, dtype=np.int64), np.arange(n, dtype=np.int64), (0, max(1, int(n))))
+
+    def rows_at(self, j: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(which[j], rows[j])`` for request indices ``j``."""
+        if self.consecutive is None:
+            return self.which[j], self.rows[j]
+        offset, per = self.consecutive
+        which, rows = np.divmod(j + offset, per)
+        return which, rows
 
     def check(self, n: int, shape: tuple[int, ...], dtype: np.dtype[Any], where: str) -> None:
         """Refuse destinations that do not fit ``n`` records of ``shape`` / ``dtype``."""
@@ -442,6 +455,13 @@ class Destination:
             or not self._rows_fit()
         ):
             raise ConfigError(f"{where}: destination rows outside their buffers")
+        if n and self.consecutive is not None:
+            offset, per = self.consecutive
+            ends = np.array([0, n - 1], dtype=np.int64)
+            which, rows = self.rows_at(ends)
+            if (offset < 0 or per < 1 or any(b.shape[0] < per for b in self.buffers[:-1])
+                    or not np.array_equal(which, self.which[ends]) or not np.array_equal(rows, self.rows[ends])):
+                raise ConfigError(f"{where}: destination rows are not the consecutive runs of {per} rows from {offset} it declares")
 
     def _rows_fit(self) -> bool:
         """Every row inside its buffer: one comparison when all rows fit the smallest buffer (a
@@ -848,7 +868,7 @@ class PayloadArray:
         for c in range(0, distinct.size, PLAN_RECORDS):
             self._check_stop()
             f = first[c : c + PLAN_RECORDS]
-            plan = self._plan(distinct[c : c + PLAN_RECORDS], dest.which[f], dest.rows[f], rows)
+            plan = self._plan(distinct[c : c + PLAN_RECORDS], *dest.rows_at(f), rows)
             if plan.size:
                 self._read_plan(plan, rows)
 

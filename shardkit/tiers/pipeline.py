@@ -447,7 +447,8 @@ class Pipeline:
             # Nothing pinned: every record straight into its batch row (no per-record cache arrays).
             which, rows = self._batch_rows(seg, a, None, b - a)
             batch_arrays = tuple(buffers[g].array for g in range(a // bs, a // bs + len(buffers)))
-            self._timed_read(read, keys, Destination(batch_arrays, which, rows), tier)
+            dest = Destination(batch_arrays, which, rows, (a - (a // bs) * bs, bs))
+            self._timed_read(read, keys, dest, tier)
             return BlockRead(seg, a, b, keys, buffers)
         pos, crow, fill = self._cache_plan(keys)
         copies: list[_Copy] = []

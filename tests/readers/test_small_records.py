@@ -112,3 +112,50 @@ def test_the_bounce_scatter_copies_each_record_without_a_piece_sized_temporary()
     finally:
         tracemalloc.stop()
     assert peak < 48 * n, f"{peak / n:.0f} bytes allocated per {rec}-byte record"
+
+
+class _CountedGathers(np.ndarray):
+    """An index array that counts the elements gathered from it by fancy indexing."""
+
+    gathered = 0
+
+    def __getitem__(self, index: Any) -> Any:
+        out = super().__getitem__(index)
+        if isinstance(index, np.ndarray) and index.dtype != bool:
+            _CountedGathers.gathered += int(np.size(out))
+        return out
+
+
+def test_a_block_of_consecutive_batch_rows_is_read_without_gathering_its_row_arrays(small: Path) -> None:
+    """A block's records go to consecutive rows of its batches (``Destination.consecutive``): the
+    read computes each piece's buffer and row from the positions, it does not gather them from the
+    block-sized ``which``/``rows`` arrays (two cache-missing int gathers per record before)."""
+    bs, k = 1000, 300_000
+    keys = np.random.default_rng(5).permutation(N)[:k]
+    offset = 250  # the block starts inside its first batch
+    pos = np.arange(offset, offset + k)
+    buffers = tuple(np.zeros((bs, 8), dtype=np.uint8) for _ in range(-(-(offset + k) // bs)))
+    which, rows = (pos // bs).view(_CountedGathers), (pos % bs).view(_CountedGathers)
+    dest = Destination(buffers, which, rows, (offset, bs))
+    with open_dataset(small) as ds:
+        ds.payload.read(np.arange(0, N, 1 << 18))
+        _CountedGathers.gathered = 0
+        ds.payload.read_into(keys, dest)
+    assert _CountedGathers.gathered <= 4, f"{_CountedGathers.gathered} row entries gathered for {k} records"
+    got = np.concatenate(buffers)[offset : offset + k].view("<i8").reshape(-1)
+    np.testing.assert_array_equal(got, keys)
+
+
+def test_a_destination_whose_rows_are_not_the_runs_it_declares_is_refused() -> None:
+    """``consecutive`` must agree with the row arrays (checked at both ends) and the buffers must
+    hold the runs: a mismatch is a ConfigError before anything is written."""
+    from shardkit.errors import ConfigError
+
+    bufs = (np.zeros((4, 2), np.uint8), np.zeros((4, 2), np.uint8))
+    which, rows = np.array([0, 0, 1, 1]), np.array([2, 3, 0, 1])
+    Destination(bufs, which, rows, (2, 4)).check(4, (2,), np.dtype(np.uint8), "x")
+    with pytest.raises(ConfigError, match="consecutive runs"):
+        Destination(bufs, which, rows, (1, 4)).check(4, (2,), np.dtype(np.uint8), "x")
+    with pytest.raises(ConfigError, match="consecutive runs"):
+        Destination((np.zeros((3, 2), np.uint8), bufs[1]), np.array([0, 1, 1, 1]), np.array([2, 0, 0, 1]),
+                    (2, 4)).check(4, (2,), np.dtype(np.uint8), "x")  # fmt: skip
