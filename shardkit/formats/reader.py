@@ -52,6 +52,7 @@ from shardkit.formats.spec import (
 from shardkit.formats.versions import older_copy, read_document
 from shardkit.stores import LocalStore
 from shardkit.stores.local import open_regular
+from shardkit.tiers.stopping import Stopped
 
 __all__ = ["ReadStats", "PayloadArray", "ShardedLayout", "Destination", "aligned_empty", "DEFAULT_GAP_BYTES", "BUFFER_ALIGNMENT",
            "SCATTER_MIN_BYTES", "SortScratch", "SortedRequest"]
@@ -364,23 +365,28 @@ class ByteRows(list[np.ndarray]):
 def _scatter_rows(rows: list[np.ndarray], which: np.ndarray, row: np.ndarray, piece: np.ndarray,
                   take: np.ndarray | None = None) -> None:
     """``rows[which[j]][row[j]] = piece[take[j]]`` (``piece[j]`` without ``take``) for every ``j``:
-    one fancy-indexed copy per destination buffer, the records grouped by buffer with one stable
-    sort (not one pass over ``which`` per buffer), gathered from ``piece`` once."""
+    the records grouped by buffer with one stable sort (not one pass over ``which`` per buffer), then
+    per buffer one ``np.take`` from ``piece`` and one ``np.put`` into the buffer. Those two copy a
+    record in one ``memcpy`` (a fancy-indexed assignment of ``void`` records costs several times
+    more per call and per record), and their temporaries are one buffer's share, so the piece's
+    records are never copied into a piece-sized temporary first: each byte is copied once from
+    the bounce buffer to a small temporary that stays in the CPU cache, then to its row."""
     if which.size == 0:
         return
     recs = rows.records if isinstance(rows, ByteRows) else (lambda i: _records(rows[i]))
     src_all = _records(piece)
     w0 = int(which[0])
     if np.all(which == w0):
-        recs(w0)[row] = src_all if take is None else src_all[take]
+        np.put(recs(w0), row, src_all if take is None else np.take(src_all, take))
         return
     # A stable sort of small integers is a radix sort (several times faster than of int64).
     by = np.argsort(which.astype(np.int16) if len(rows) <= 1 << 15 else which, kind="stable")
-    grouped, dst = which[by], row[by]  # then one fancy-indexed copy per buffer
-    src = src_all[by if take is None else take[by]]
+    grouped, dst = which[by], row[by]
+    src = by if take is None else take[by]  # the source record of each, in buffer order
+    del by
     cuts = np.flatnonzero(grouped[1:] != grouped[:-1]) + 1
-    for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), by.size]):
-        recs(int(grouped[lo]))[dst[lo:hi]] = src[lo:hi]
+    for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), grouped.size]):
+        np.put(recs(int(grouped[lo])), dst[lo:hi], np.take(src_all, src[lo:hi]))
 
 
 def _records(rows: np.ndarray) -> np.ndarray:
@@ -518,11 +524,24 @@ class Destination:
     buffers: tuple[np.ndarray, ...]
     which: np.ndarray
     rows: np.ndarray
+    #: ``(offset, per)`` when record ``j`` goes to position ``offset + j`` of the buffers taken as
+    #: consecutive runs of ``per`` rows (``which[j], rows[j] == divmod(offset + j, per)``; a block's
+    #: batches): the read computes a piece's rows from the positions instead of gathering them from
+    #: the block-sized ``which`` and ``rows`` (two cache-missing gathers per record).
+    consecutive: tuple[int, int] | None = None
 
     @classmethod
     def rows_of(cls, out: np.ndarray, n: int) -> Destination:
         """Record ``j`` into ``out[j]``, for ``j < n``."""
-        return cls((out,), np.zeros(n, dtype=np.int64), np.arange(n, dtype=np.int64))
+        return cls((out,), np.zeros(n, dtype=np.int64), np.arange(n, dtype=np.int64), (0, max(1, int(n))))
+
+    def rows_at(self, j: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(which[j], rows[j])`` for request indices ``j``."""
+        if self.consecutive is None:
+            return self.which[j], self.rows[j]
+        offset, per = self.consecutive
+        which, rows = np.divmod(j + offset, per)
+        return which, rows
 
     def check(self, n: int, shape: tuple[int, ...], dtype: np.dtype[Any], where: str) -> None:
         """Refuse destinations that do not fit ``n`` records of ``shape`` / ``dtype``."""
@@ -539,6 +558,13 @@ class Destination:
             or not self._rows_fit()
         ):
             raise ConfigError(f"{where}: destination rows outside their buffers")
+        if n and self.consecutive is not None:
+            offset, per = self.consecutive
+            ends = np.array([0, n - 1], dtype=np.int64)
+            which, rows = self.rows_at(ends)
+            if (offset < 0 or per < 1 or any(b.shape[0] < per for b in self.buffers[:-1])
+                    or not np.array_equal(which, self.which[ends]) or not np.array_equal(rows, self.rows[ends])):
+                raise ConfigError(f"{where}: destination rows are not the consecutive runs of {per} rows from {offset} it declares")
 
     def _rows_fit(self) -> bool:
         """Every row inside its buffer: one comparison when all rows fit the smallest buffer (a
@@ -628,6 +654,20 @@ class PayloadArray:
         self._decoders: ThreadPoolExecutor | None = None
         #: False: compressed records are not decoded, their stored bytes start their rows (zeros after).
         self.decode = True
+        #: Set by :meth:`stop_with`: a long read checks it between pieces (see :meth:`_check_stop`).
+        self._stop: threading.Event | None = None
+
+    def stop_with(self, event: threading.Event) -> None:
+        """Let a read give up once ``event`` is set: a block of small records at 10^8 spans gigabytes,
+        so the read checks it between plan pieces and bounce chunks and raises
+        :class:`~shardkit.tiers.stopping.Stopped` instead of reading the rest (a closing sampler
+        returns within a chunk, not a block)."""
+        self._stop = event
+
+    def _check_stop(self) -> None:
+        """Raise :class:`~shardkit.tiers.stopping.Stopped` when the event of :meth:`stop_with` is set."""
+        if self._stop is not None and self._stop.is_set():
+            raise Stopped()
 
     def use_decoders(self, workers: int) -> None:
         """Decode compressed records on ``workers`` threads (0: in the reading thread), so the reading
@@ -929,8 +969,9 @@ class PayloadArray:
         # Planned and read in pieces of ascending keys, so the plan's per-record arrays stay bounded:
         # still one pass of ascending offsets per shard (a run cut at a piece's end is two requests).
         for c in range(0, distinct.size, PLAN_RECORDS):
+            self._check_stop()
             f = first[c : c + PLAN_RECORDS]
-            plan = self._plan(distinct[c : c + PLAN_RECORDS], dest.which[f], dest.rows[f], rows)
+            plan = self._plan(distinct[c : c + PLAN_RECORDS], *dest.rows_at(f), rows)
             if plan.size:
                 self._read_plan(plan, rows)
 
@@ -1037,6 +1078,7 @@ class PayloadArray:
             i = int(plan.shard[a])
             fd, path = self._fd(i), self._shard_str(i)
             while a < b:
+                self._check_stop()
                 base = int(plan.offs[a])
                 # The piece: records of this run that end within the bounce buffer.
                 c = a + max(1, int(np.searchsorted(plan.offs[a:b] + rec - base, bounce.size, side="right")))

@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -278,6 +279,11 @@ class MixedPayload:
 
     def empty(self, n: int) -> np.ndarray:
         return self._parts[0].empty(n)
+
+    def stop_with(self, event: threading.Event) -> None:
+        """Every part's reads give up once ``event`` is set (:meth:`PayloadArray.stop_with`)."""
+        for p in self._parts:
+            p.stop_with(event)
 
     def split(self, keys: np.ndarray) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
         """``(dataset, request indices, local keys)`` for each dataset that ``keys`` touch."""

@@ -280,6 +280,8 @@ class Pipeline:
         self._identity = identity
         self.disk = MixedDataset(source, stats=stats.disk, cache_stats=stats.remote_cache,
                                 **{"gap_bytes": gap_bytes, **(dataset_options or {})})
+        # A block read checks the stop flag between its pieces: closing does not wait for a whole block.
+        self.disk.payload.stop_with(self.stop)
         self._key_map = key_map
         self._segments = segments
         self.sizes = sizes
@@ -445,7 +447,8 @@ class Pipeline:
             # Nothing pinned: every record straight into its batch row (no per-record cache arrays).
             which, rows = self._batch_rows(seg, a, None, b - a)
             batch_arrays = tuple(buffers[g].array for g in range(a // bs, a // bs + len(buffers)))
-            self._timed_read(read, keys, Destination(batch_arrays, which, rows), tier)
+            dest = Destination(batch_arrays, which, rows, (a - (a // bs) * bs, bs))
+            self._timed_read(read, keys, dest, tier)
             return BlockRead(seg, a, b, keys, buffers)
         pos, crow, fill = self._cache_plan(keys)
         copies: list[_Copy] = []

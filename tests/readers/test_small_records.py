@@ -1,0 +1,161 @@
+"""Blocks of many small records (issue 34): a block read gives up between its chunks once the run is
+stopped, and the bounce path's copies stay per record, not per block."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from shardkit.formats import DatasetWriter, FieldSpec, open_dataset
+from shardkit.formats.reader import Destination, PayloadArray
+from shardkit.readers import TieredSampler
+from shardkit.tiers.stopping import Stopped
+
+#: Records of the dataset below: 16 MiB of 8-byte records, several bounce chunks and plan pieces.
+N = 1 << 21
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``N`` records of 8 bytes, record ``i`` holding ``i`` (little-endian int64), 2^18 per shard."""
+    path = tmp_path_factory.mktemp("small") / "ds"
+    with DatasetWriter(path, kind="test", payload="x", record=FieldSpec((8,), "uint8"), fields={},
+                       records_per_shard=1 << 18) as w:  # fmt: skip
+        for a in range(0, N, 1 << 20):
+            w.write({"x": np.arange(a, min(N, a + (1 << 20)), dtype="<i8").view(np.uint8).reshape(-1, 8)})
+    return path
+
+
+def test_a_block_read_stops_after_the_chunk_it_is_in(small: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the stop event set during a read of a whole shuffled dataset (hundreds of chunks), the read
+    raises Stopped after the request it was in, instead of reading every remaining chunk."""
+    stop = threading.Event()
+    calls: list[bool] = []  # one entry per request: was the stop event set when it was made?
+    real = PayloadArray._preadv_all
+
+    def counted(self: PayloadArray, *args: Any) -> None:
+        calls.append(stop.is_set())
+        real(self, *args)
+        stop.set()  # the run is stopped while its first request was being read
+
+    monkeypatch.setattr(PayloadArray, "_preadv_all", counted)
+    keys = np.random.default_rng(0).permutation(N)
+    out = np.zeros((N, 8), dtype=np.uint8)
+    with open_dataset(small) as ds:
+        ds.payload.read(np.arange(0, N, 1 << 18))  # opens and checks every shard
+        calls.clear()
+        stop.clear()
+        ds.payload.stop_with(stop)
+        with pytest.raises(Stopped):
+            ds.payload.read_into(keys, Destination.rows_of(out, N))
+    assert calls == [False], f"{len(calls)} requests, {sum(calls)} of them after the stop"
+
+
+def test_closing_a_sampler_during_a_long_block_read_waits_for_one_chunk(small: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """close() while the block reader is inside a block of hundreds of thousands of records: the
+    reader makes at most one more request once the run is stopped (the hook holds the read until
+    close() has set the stop flag, so the race is forced, not hoped for)."""
+    real = PayloadArray._preadv_all
+    armed, reached = threading.Event(), threading.Event()
+    after_stop: list[int] = []
+
+    def hooked(self: PayloadArray, *args: Any) -> None:
+        stop = self._stop
+        if threading.current_thread().name == "shardkit-ram-creator" and stop is not None:
+            if stop.is_set():
+                after_stop.append(1)
+            elif armed.is_set() and not reached.is_set():
+                reached.set()
+                stop.wait(10)  # close() sets it, then waits for this thread
+        real(self, *args)
+
+    monkeypatch.setattr(PayloadArray, "_preadv_all", hooked)
+    s = TieredSampler(small, ram_size="32MiB", batch_size=1024, epochs=1, seed=0)
+    it = iter(s)
+    first = next(it)
+    assert first["x"].shape == (1024, 8)
+    del first
+    armed.set()
+    assert reached.wait(10), "the block reader never made another request"
+    s.close()
+    assert len(after_stop) <= 1, f"{len(after_stop)} requests after the sampler was closed"
+
+
+def test_the_bounce_scatter_copies_each_record_without_a_piece_sized_temporary() -> None:
+    """The scatter of a bounce chunk into a block's batch buffers puts every record where a plain
+    loop would, and allocates less than the chunk's records: no piece-sized gathered copy (about
+    90 bytes a 64-byte record before; a buffer's share of a temporary and the int arrays now)."""
+    import tracemalloc
+
+    from shardkit.formats.reader import ByteRows, _scatter_rows
+
+    n, rec, nbuf, bs = 1 << 16, 64, 16, 1 << 12
+    rng = np.random.default_rng(3)
+    dest = rng.permutation(nbuf * bs)[:n]  # distinct rows of the block's buffers
+    which, row = (dest // bs).astype(np.int32), (dest % bs).astype(np.int32)
+    piece = rng.integers(0, 256, size=(2 * n, rec), dtype=np.uint8)
+    take = np.sort(rng.permutation(2 * n)[:n])
+    got = ByteRows([np.zeros((bs, rec), dtype=np.uint8) for _ in range(nbuf)])
+    _scatter_rows(got, which, row, piece, take)
+    for j in rng.integers(0, n, size=2000).tolist():
+        np.testing.assert_array_equal(got[int(which[j])][int(row[j])], piece[int(take[j])])
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        _scatter_rows(got, which, row, piece, take)
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    assert peak < 48 * n, f"{peak / n:.0f} bytes allocated per {rec}-byte record"
+
+
+class _CountedGathers(np.ndarray):
+    """An index array that counts the elements gathered from it by fancy indexing."""
+
+    gathered = 0
+
+    def __getitem__(self, index: Any) -> Any:
+        out = super().__getitem__(index)
+        if isinstance(index, np.ndarray) and index.dtype != bool:
+            _CountedGathers.gathered += int(np.size(out))
+        return out
+
+
+def test_a_block_of_consecutive_batch_rows_is_read_without_gathering_its_row_arrays(small: Path) -> None:
+    """A block's records go to consecutive rows of its batches (``Destination.consecutive``): the
+    read computes each piece's buffer and row from the positions, it does not gather them from the
+    block-sized ``which``/``rows`` arrays (two cache-missing int gathers per record before)."""
+    bs, k = 1000, 300_000
+    keys = np.random.default_rng(5).permutation(N)[:k]
+    offset = 250  # the block starts inside its first batch
+    pos = np.arange(offset, offset + k)
+    buffers = tuple(np.zeros((bs, 8), dtype=np.uint8) for _ in range(-(-(offset + k) // bs)))
+    which, rows = (pos // bs).view(_CountedGathers), (pos % bs).view(_CountedGathers)
+    dest = Destination(buffers, which, rows, (offset, bs))
+    with open_dataset(small) as ds:
+        ds.payload.read(np.arange(0, N, 1 << 18))
+        _CountedGathers.gathered = 0
+        ds.payload.read_into(keys, dest)
+    assert _CountedGathers.gathered <= 4, f"{_CountedGathers.gathered} row entries gathered for {k} records"
+    got = np.concatenate(buffers)[offset : offset + k].view("<i8").reshape(-1)
+    np.testing.assert_array_equal(got, keys)
+
+
+def test_a_destination_whose_rows_are_not_the_runs_it_declares_is_refused() -> None:
+    """``consecutive`` must agree with the row arrays (checked at both ends) and the buffers must
+    hold the runs: a mismatch is a ConfigError before anything is written."""
+    from shardkit.errors import ConfigError
+
+    bufs = (np.zeros((4, 2), np.uint8), np.zeros((4, 2), np.uint8))
+    which, rows = np.array([0, 0, 1, 1]), np.array([2, 3, 0, 1])
+    Destination(bufs, which, rows, (2, 4)).check(4, (2,), np.dtype(np.uint8), "x")
+    with pytest.raises(ConfigError, match="consecutive runs"):
+        Destination(bufs, which, rows, (1, 4)).check(4, (2,), np.dtype(np.uint8), "x")
+    with pytest.raises(ConfigError, match="consecutive runs"):
+        Destination((np.zeros((3, 2), np.uint8), bufs[1]), np.array([0, 1, 1, 1]), np.array([2, 0, 0, 1]),
+                    (2, 4)).check(4, (2,), np.dtype(np.uint8), "x")  # fmt: skip
