@@ -7,6 +7,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import weakref
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +15,7 @@ import numpy as np
 
 from shardkit._extras import import_extra
 from shardkit.adapters._ahead import NextPass
-from shardkit.adapters._handover import SharedBatchMemory, shared_batch
+from shardkit.adapters._handover import SharedBatchMemory, release_exited, shared_batch
 from shardkit.adapters._options import PayloadOptions, SamplerFactory
 from shardkit.adapters._start import forkable, remote, source_of, start_method, worker_context
 from shardkit.errors import ConfigError, SamplerError
@@ -613,11 +614,13 @@ class ShardLoader(torch.utils.data.DataLoader):
     """The ``DataLoader`` of :meth:`ShardIterableDataset.loader`: when it starts workers over an
     object store whose start method it chose, it checks the choice still holds (``fork`` only while
     this process has not used an object store since), and once they run lets the dataset build what
-    it deferred until then (its node-shared holder, which reads the dataset)."""
+    it deferred until then (its node-shared holder, which reads the dataset). When its workers'
+    iterator goes, the main process lets go of the batch buffers it kept mapped for them."""
 
     def __init__(self, dataset: ShardIterableDataset, *, choose_start: bool = False, **kwargs: Any) -> None:
         super().__init__(dataset, **kwargs)
         self._choose_start = choose_start
+        self._watched: weakref.ref[Any] | None = None  # the iterator whose end releases the workers' buffers
 
     def __iter__(self) -> Any:
         dataset = self.dataset
@@ -630,6 +633,10 @@ class ShardLoader(torch.utils.data.DataLoader):
             if method is not None and (context is None or context.get_start_method() != method):
                 loader.multiprocessing_context = worker_context(method)
         iterator = super().__iter__()
+        if self.num_workers > 0 and (self._watched is None or self._watched() is not iterator):
+            # Its workers have been joined when it is collected (PyTorch shuts them down first).
+            weakref.finalize(iterator, release_exited)
+            self._watched = weakref.ref(iterator)
         dataset._ensure_holder()
         return iterator
 
