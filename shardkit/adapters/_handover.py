@@ -1,8 +1,10 @@
 """Batches handed from a DataLoader worker to the main process as shared-memory file descriptors
-instead of copies; two counters per buffer (sent, released) say when it may be reused (docs/design.md §6)."""
+instead of copies; two counters per buffer (sent, released) say when it may be reused, and the main
+process keeps each buffer mapped while its worker lives (docs/design.md §6)."""
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import weakref
@@ -17,9 +19,10 @@ if TYPE_CHECKING:
 else:
     torch = import_extra("torch", "torch", needed_by="shardkit.adapters.torch")
 
-__all__ = ["SharedBatch", "SharedBatchMemory", "shared_batch"]
+__all__ = ["SharedBatch", "SharedBatchMemory", "kept_segments", "release_exited", "shared_batch"]
 
-#: Bytes after each buffer's payload: ``[sent, released]`` as int64, padded to a cache line.
+#: Bytes after each buffer's payload: ``[sent, released, pid, nonce, serial]`` as int64 (the
+#: counters, then which worker's memory made the segment), padded to a cache line.
 _HEADER = 64
 #: Small fields (labels, keys) travel inside the pickle: a few KiB through the pipe cost less
 #: than a shared-memory segment and a file-descriptor transfer of their own.
@@ -29,6 +32,11 @@ _INLINE_BYTES = 1 << 20
 def _counters(owner: np.ndarray) -> np.ndarray:
     """The ``[sent, released]`` counters of a buffer, from its owning uint8 array."""
     return owner[owner.size - _HEADER : owner.size - _HEADER + 16].view(np.int64)
+
+
+def _identity(owner: np.ndarray) -> np.ndarray:
+    """The ``[pid, nonce, serial]`` of a buffer's segment (the worker, its memory, the segment)."""
+    return owner[owner.size - _HEADER + 16 : owner.size - _HEADER + 40].view(np.int64)
 
 
 class SharedBatchMemory:
@@ -46,6 +54,8 @@ class SharedBatchMemory:
         # Every segment given out: its owning uint8 array, and the pool's array of it (weakly).
         self._given: list[tuple[np.ndarray, weakref.ref[np.ndarray]]] = []
         self._lock = threading.Lock()  # two passes' pools may allocate at once (see adapters.torch)
+        #: Tells this memory's segments from another's of the same worker pid (a pid can be reused).
+        self._nonce = int.from_bytes(os.urandom(7), "little")
 
     def allocate(self, rows: int, record_shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
         """A ``[rows, *record_shape]`` array in a shared-memory segment (page aligned), reused when
@@ -64,6 +74,7 @@ class SharedBatchMemory:
             _counters(owner)[:] = 0
             with self._lock:
                 self.created += 1
+                _identity(owner)[:] = (os.getpid(), self._nonce, self.created)
         array: np.ndarray = owner[:nbytes].view(dtype).reshape((int(rows), *record_shape))
         with self._lock:
             self._given.append((owner, weakref.ref(array)))
@@ -89,6 +100,70 @@ def _release(counters: torch.Tensor) -> None:
     counters[1] += 1
 
 
+class _Kept:
+    """A worker's segment as the main process keeps it: the tensor owning its mapping, that
+    mapping as a uint8 array, and a torch view of its counters."""
+
+    __slots__ = ("counters", "raw", "whole")
+
+    def __init__(self, whole: torch.Tensor) -> None:
+        self.whole = whole
+        self.raw: np.ndarray = whole.numpy()
+        # A torch view, not a numpy one: the finalizer that releases a batch must not keep alive
+        # the array whose death it waits for.
+        self.counters = whole[self.raw.size - _HEADER : self.raw.size - _HEADER + 16].view(torch.int64)
+
+
+#: In the main process, every worker segment received, by ``(pid, nonce, serial)``. Holding the
+#: storage keeps its mapping (PyTorch's ``rebuild_storage_fd`` finds it again by the file's
+#: identity instead of mapping the segment anew), so a batch's pages are not faulted in again
+#: each time a buffer comes back. Dropped once the worker has exited (:func:`release_exited`).
+_KEPT: dict[tuple[int, int, int], _Kept] = {}
+_KEPT_LOCK = threading.Lock()  # DataLoader's pin-memory thread unpickles too
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover - someone else's process now has that pid
+        return True
+    return True
+
+
+def _release_exited_locked() -> None:
+    exited = {pid for pid, _, _ in _KEPT if pid != os.getpid() and not _alive(pid)}
+    for ident in [ident for ident in _KEPT if ident[0] in exited]:
+        del _KEPT[ident]
+
+
+def release_exited() -> None:
+    """Let go of the segments of workers that have exited (their memory is freed once no batch
+    views it any more). Runs whenever a new segment arrives and when a ShardLoader's workers stop."""
+    with _KEPT_LOCK:
+        _release_exited_locked()
+
+
+def kept_segments() -> list[tuple[int, int, int]]:
+    """The ``(pid, nonce, serial)`` of every worker segment this process keeps mapped."""
+    with _KEPT_LOCK:
+        return list(_KEPT)
+
+
+def _kept(whole: torch.Tensor) -> _Kept:
+    """The kept form of the segment that ``whole`` (just unpickled) maps, kept from now on if new."""
+    raw = whole.numpy()
+    ident = tuple(int(v) for v in _identity(raw))
+    key = (ident[0], ident[1], ident[2])
+    with _KEPT_LOCK:
+        kept = _KEPT.get(key)
+        if kept is None or kept.raw.ctypes.data != raw.ctypes.data:
+            _release_exited_locked()
+            kept = _KEPT[key] = _Kept(whole)
+    return kept
+
+
 def _rebuild(
     whole: torch.Tensor,
     offset: int,
@@ -100,12 +175,10 @@ def _rebuild(
 ) -> dict[str, torch.Tensor]:
     """In the main process: the batch as tensors viewing the worker's buffer, released when the
     last of them is gone."""
-    raw = whole.numpy()
-    array = raw[offset : offset + int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize]
+    kept = _kept(whole)
+    array = kept.raw[offset : offset + int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize]
     array = array.view(dtype).reshape(shape)
-    # The counters are a torch view of the storage, not of `array`: the finalizer must not keep
-    # alive the array whose death it waits for.
-    weakref.finalize(array, _release, whole[raw.size - _HEADER : raw.size - _HEADER + 16].view(torch.int64))
+    weakref.finalize(array, _release, kept.counters)
     out: dict[str, torch.Tensor] = {}
     for name in names:
         if name == payload:

@@ -7,6 +7,8 @@ import contextlib
 import hashlib
 import logging
 import os
+import threading
+import weakref
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +16,7 @@ import numpy as np
 
 from shardkit._extras import import_extra
 from shardkit.adapters._ahead import NextPass
-from shardkit.adapters._handover import SharedBatchMemory, shared_batch
+from shardkit.adapters._handover import SharedBatchMemory, release_exited, shared_batch
 from shardkit.adapters._options import PayloadOptions, SamplerFactory
 from shardkit.adapters._start import forkable, remote, source_of, start_method, worker_context
 from shardkit.errors import ConfigError, SamplerError
@@ -259,8 +261,12 @@ class ShardIterableDataset(_TorchIterableDataset):
         self._next: NextPass | None = None
         #: A worker's shared-memory batch buffers, kept across its passes.
         self._memory: SharedBatchMemory | None = None
-        #: The holder is built once this process's workers have started (see _hold_shared).
+        #: The holder is built once this process's workers have started (see _hold_shared), in a
+        #: thread of its own (_holder_thread); each _hold_shared starts a new generation of it.
         self._holder_pending = False
+        self._holder_lock = threading.Lock()
+        self._holder_thread: threading.Thread | None = None
+        self._holder_generation = 0
         self._hold_shared()
 
     def _hold_shared(self, *, defer: bool = True) -> None:
@@ -268,24 +274,64 @@ class ShardIterableDataset(_TorchIterableDataset):
         Over an object store that this process has not used yet, building it (which reads the
         dataset) waits until the DataLoader's workers are forked, or a pass runs here
         (:meth:`_ensure_holder`): reading now would start the runtime that ``fork()`` breaks."""
-        if self._holder is not None:
-            self._holder.close()
-            self._holder = None
-        self._holder_pending = False
+        with self._holder_lock:
+            holder, self._holder = self._holder, None
+            self._holder_pending = False
+            self._holder_generation += 1  # a deferred build under way keeps its result to itself
+        if holder is not None:
+            holder.close()
         if self.factory.shared is not None:
             return
         if defer and remote(self.source.paths) and forkable():
             self._holder_pending = True
             return
+        self._holder = self._new_holder()
+
+    def _new_holder(self) -> Sampler:
         holder = self._rank_sampler(0)
         if isinstance(holder, TieredSampler):
             holder.hold_shared()
-        self._holder = holder
+        return holder
 
-    def _ensure_holder(self) -> None:
-        """Build the holder that :meth:`_hold_shared` deferred (workers started, or a pass in this process)."""
-        if self._holder_pending:
-            self._hold_shared(defer=False)
+    def _ensure_holder(self, *, background: bool = False) -> None:
+        """Build the holder that :meth:`_hold_shared` deferred: here for a pass in this process,
+        which waits for it; in a thread of its own (``background``) once a DataLoader's workers
+        run, so that their first batch does not wait for this process to open the dataset (its
+        store's runtime starting, its documents' round trips) while they read."""
+        with self._holder_lock:
+            if not self._holder_pending:
+                return
+            building = self._holder_thread
+            if building is None:
+                building = self._holder_thread = threading.Thread(
+                    target=self._build_holder, args=(self._holder_generation, background), daemon=True,
+                    name="shardkit-holder",
+                )  # fmt: skip
+                building.start()
+        if not background:
+            building.join()
+            with self._holder_lock:
+                failed = self._holder_pending and self._holder_thread is None
+            if failed:  # the build failed: again here, raising its error
+                self._hold_shared(defer=False)
+
+    def _build_holder(self, generation: int, quiet: bool) -> None:
+        """In the holder's thread: build it, and keep it unless :meth:`_hold_shared` or
+        :meth:`close` came in between. A failure is logged when ``quiet`` (the workers' samplers
+        open the same dataset and report it), else left to :meth:`_ensure_holder` to raise."""
+        holder: Sampler | None = None
+        try:
+            holder = self._new_holder()
+        except Exception:
+            if quiet:
+                logger.debug("%s: building the node-shared holder failed", self.path, exc_info=True)
+        with self._holder_lock:
+            self._holder_thread = None
+            if holder is not None and self._holder_pending and self._holder_generation == generation:
+                self._holder, holder = holder, None
+                self._holder_pending = False
+        if holder is not None:
+            holder.close()
 
     def _rank_sampler(self, start_epoch: int) -> Sampler:
         """A sampler of this rank's first consumer (reads metadata only until iterated)."""
@@ -587,9 +633,12 @@ class ShardIterableDataset(_TorchIterableDataset):
 
     def close(self) -> None:
         """Let go of the node-shared caches this dataset holds across passes."""
-        if self._holder is not None:
-            self._holder.close()
-            self._holder = None
+        with self._holder_lock:
+            holder, self._holder = self._holder, None
+            self._holder_pending = False
+            self._holder_generation += 1  # a holder still being built is closed when it is
+        if holder is not None:
+            holder.close()
         if self._next is not None:
             self._next.close()
             self._next = None
@@ -600,7 +649,12 @@ class ShardIterableDataset(_TorchIterableDataset):
         state = dict(self.__dict__)
         state["_sampler"] = state["_holder"] = state["_next"] = state["_memory"] = None
         state["_holder_pending"] = False
+        state["_holder_lock"] = state["_holder_thread"] = None
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._holder_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return (
@@ -613,11 +667,13 @@ class ShardLoader(torch.utils.data.DataLoader):
     """The ``DataLoader`` of :meth:`ShardIterableDataset.loader`: when it starts workers over an
     object store whose start method it chose, it checks the choice still holds (``fork`` only while
     this process has not used an object store since), and once they run lets the dataset build what
-    it deferred until then (its node-shared holder, which reads the dataset)."""
+    it deferred until then (its node-shared holder, which reads the dataset). When its workers'
+    iterator goes, the main process lets go of the batch buffers it kept mapped for them."""
 
     def __init__(self, dataset: ShardIterableDataset, *, choose_start: bool = False, **kwargs: Any) -> None:
         super().__init__(dataset, **kwargs)
         self._choose_start = choose_start
+        self._watched: weakref.ref[Any] | None = None  # the iterator whose end releases the workers' buffers
 
     def __iter__(self) -> Any:
         dataset = self.dataset
@@ -630,7 +686,11 @@ class ShardLoader(torch.utils.data.DataLoader):
             if method is not None and (context is None or context.get_start_method() != method):
                 loader.multiprocessing_context = worker_context(method)
         iterator = super().__iter__()
-        dataset._ensure_holder()
+        if self.num_workers > 0 and (self._watched is None or self._watched() is not iterator):
+            # Its workers have been joined when it is collected (PyTorch shuts them down first).
+            weakref.finalize(iterator, release_exited)
+            self._watched = weakref.ref(iterator)
+        dataset._ensure_holder(background=self.num_workers > 0)
         return iterator
 
 

@@ -3,7 +3,8 @@
 What is proved: the main process's payload is the worker's shared buffer itself (no copy), the
 worker reuses a buffer only after the main process let go of every view of it, batches the main
 process keeps are never overwritten (their buffers are retired), the order and exactly-once
-contract holds, and a collate_fn that replaces the payload still gets an ordinary batch.
+contract holds, a collate_fn that replaces the payload still gets an ordinary batch, and the main
+process keeps each worker buffer mapped while the worker lives (not mapped anew per batch).
 """
 
 from __future__ import annotations
@@ -12,12 +13,15 @@ import copy
 import gc
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pytest
 import torch
 import torch.multiprocessing
 from _adapter_data import N_KEYED, SHAPE, decode_keys
 
+from shardkit.adapters import _handover
 from shardkit.adapters._handover import SharedBatch, SharedBatchMemory, shared_batch
 from shardkit.adapters.torch import ShardIterableDataset, to_tensors
 from shardkit.readers import epoch_permutation
@@ -151,3 +155,47 @@ def test_collate_fn_replacing_the_payload(keyed: Path) -> None:
     ds = ShardIterableDataset(keyed, batch_size=8, seed=SEED, num_workers=2)
     keys = np.concatenate([_keys(b) for b in ds.loader(num_workers=2, collate_fn=collate)])
     np.testing.assert_array_equal(keys, epoch_permutation(SEED, 0, N_KEYED))
+
+
+def test_main_process_keeps_each_worker_buffer_mapped(keyed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A buffer that comes back is found mapped already (PyTorch's cache of shared storages), not
+    mapped again and its pages faulted in again for every batch; the records stay right."""
+    from torch.multiprocessing import reductions
+
+    fresh: list[object] = []
+    lookup = reductions.storage_from_cache
+
+    def counted(cls: Any, key: Any) -> Any:
+        storage = lookup(cls, key)
+        if storage is None:
+            fresh.append(key)
+        return storage
+
+    monkeypatch.setattr(reductions, "storage_from_cache", counted)
+    ds = _SegmentsDataset(keyed, batch_size=4, seed=SEED, num_workers=2, ram_size="4KiB", static_cache=0)
+    loader = ds.loader(num_workers=2)
+    batches, passes = 0, 4
+    created = {}
+    for epoch in range(passes):
+        keys = []
+        for batch in loader:  # each batch dropped before the next arrives, as a training step does
+            if "segments" in batch:
+                created[int(batch["segments"][0])] = int(batch["segments"][2])
+            else:
+                keys.append(_keys(batch))
+                batches += 1
+        np.testing.assert_array_equal(np.concatenate(keys), epoch_permutation(SEED, epoch, N_KEYED))
+    # Mapped anew: each segment once, and each worker's "segments" mark of each pass (a tensor of its own).
+    assert sum(created.values()) < batches and len(fresh) <= sum(created.values()) + 2 * passes, (fresh, created, batches)
+
+
+def test_buffers_of_exited_workers_are_let_go(keyed: Path) -> None:
+    ds = ShardIterableDataset(keyed, batch_size=4, seed=SEED, num_workers=2, static_cache=0)
+    loader = ds.loader(num_workers=2)
+    iterator = iter(loader)
+    pids = {w.pid for w in iterator._workers}  # type: ignore[attr-defined]
+    assert sum(1 for _ in iterator) > 0
+    assert {pid for pid, _, _ in _handover.kept_segments()} & pids
+    del iterator, loader
+    gc.collect()
+    assert not {pid for pid, _, _ in _handover.kept_segments()} & pids

@@ -12,6 +12,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -428,3 +429,36 @@ def test_load_state_dict_after_persistent_workers_started_is_refused(keyed: Path
         _keys_of(loader)
     rest = _keys_of(ds.loader(num_workers=2))
     np.testing.assert_array_equal(rest, epoch_permutation(SEED, 1, N_KEYED)[32:])
+
+
+def test_workers_first_batches_do_not_wait_for_the_holder(keyed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over an object store the main process builds its node-shared holder (which opens the dataset)
+    only once the workers run, and in a thread of its own: the whole first epoch is delivered while
+    that build is held back (here on purpose, as a slow store would), and the holder is kept once it
+    is built. The dataset is local; it is declared remote to take the object-store path."""
+    import shardkit.adapters.torch as adapter
+
+    monkeypatch.setattr(adapter, "remote", lambda paths: True)
+    monkeypatch.setattr(adapter, "forkable", lambda: True)
+    ds = ShardIterableDataset(keyed, batch_size=8, seed=SEED, num_workers=2, static_cache=0)
+    assert ds._holder_pending and ds._holder is None
+    build, started, gate = ds._new_holder, threading.Event(), threading.Event()
+
+    def held_back() -> object:
+        started.set()
+        if not gate.wait(30):
+            raise RuntimeError("the holder's build was never let go")
+        return build()
+
+    monkeypatch.setattr(ds, "_new_holder", held_back)
+    loader = ds.loader(num_workers=2)
+    keys = np.concatenate([_check_batch(b) for b in loader])  # the holder is held back all along
+    np.testing.assert_array_equal(keys, epoch_permutation(SEED, 0, N_KEYED))
+    assert started.is_set() and ds._holder is None
+    gate.set()
+    building = ds._holder_thread
+    if building is not None:
+        building.join(60)
+    assert ds._holder is not None and not ds._holder_pending
+    ds.close()
+    assert ds._holder is None
