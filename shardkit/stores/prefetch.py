@@ -539,7 +539,7 @@ class ShardPrefetcher:
             etag = self.store.download(item.key, fill.fd, size=item.size, etag=self._pin(i, None), progress=progress)
             t1 = t2 = time.perf_counter()
         else:
-            got = next(iter(self.store.fetch([ByteRange(item.key, start, end, self._pin(i, None))])))
+            got = self.store.fetch_range(ByteRange(item.key, start, end, self._pin(i, None)))
             if got.object_size != item.size:
                 raise TruncatedShardError(f"{self.store.describe(item.key)}: expected {item.size} bytes, the store says {got.object_size}")
             t1 = time.perf_counter()

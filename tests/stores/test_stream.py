@@ -526,3 +526,38 @@ def test_asking_for_pages_wakes_the_threads_it_needs_not_all(dataset: tuple[Path
     # Woken for nothing: at most one thread per part asked for, one as each part lands, and the
     # background's share once they are all done (the background is held here); not every thread.
     assert 0 < parts and idle <= 2 * parts + pf.limit and idle < threads, woken
+
+
+def test_parts_are_requested_by_the_fetch_threads_not_through_the_event_loop(
+        dataset: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each part is one synchronous ranged GET made by the fetch thread that writes it
+    (:meth:`ObjectStore.fetch_range`): no part is handed over through the store's event-loop thread
+    (its futures and queue cost about 0.4 CPU s/GB). The copies are still the exact shards."""
+    from shardkit.stores import objectstore
+
+    local, url = dataset
+    by_thread: list[str] = []
+    async_shard_gets: list[str] = []
+    real_sync, real_async = objectstore.ObjectStore.fetch_range, objectstore.ObjectStore._get_range_async
+
+    def sync(self: Any, r: Any) -> Any:
+        by_thread.append(threading.current_thread().name)
+        return real_sync(self, r)
+
+    async def via_loop(self: Any, i: int, r: Any) -> Any:
+        if r.key.startswith("image/c/"):
+            async_shard_gets.append(r.key)
+        return await real_async(self, i, r)
+
+    monkeypatch.setattr(objectstore.ObjectStore, "fetch_range", sync)
+    monkeypatch.setattr(objectstore.ObjectStore, "_get_range_async", via_loop)
+    cache = _cache(tmp_path)
+    with Dataset(url, cache_dir=cache) as ds:
+        check_batch({"key": np.arange(N), **ds.read(list(range(N)))})
+        _wait_all(ds)
+        st = ds.payload.prefetcher.stats  # type: ignore[attr-defined]
+        parts = st.parts_demanded + st.parts_background
+    assert async_shard_gets == []
+    assert len(by_thread) == parts >= SHARDS * 5  # parts of at most two pages, shards of ten or more
+    assert all(name.startswith("shardkit-prefetch-") for name in by_thread)
+    assert [p.read_bytes() for p in _final_copies(cache)] == _shard_bytes(local)
