@@ -54,6 +54,18 @@ T = TypeVar("T")
 
 #: Smallest chunk a streamed :meth:`ObjectStore.download` writes at once (bounds its memory).
 DOWNLOAD_CHUNK_BYTES = 4 << 20
+#: Smallest chunk :meth:`ObjectStore.stream_range` hands over at once: small enough to stay in the
+#: CPU's cache between the store client's copy and the sink's (a part's whole body in one buffer
+#: was a fresh, cold allocation per part), large enough that the Python per chunk is negligible.
+STREAM_CHUNK_BYTES = 256 << 10
+
+
+class _SinkFailed(BaseException):
+    """A sink's own error, carried past the retry policy (it is not the store's failure)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(error)
+        self.error = error
 
 def import_obstore() -> Any:
     """``obstore``, or a :class:`~shardkit.errors.MissingExtraError` naming the ``remote`` extra."""
@@ -464,6 +476,53 @@ class ObjectStore(Store):
             self._slots.release()
         self.counters.add(nbytes=r.nbytes)
         return got
+
+    def stream_range(self, r: ByteRange, sink: Callable[[int, memoryview], None], *, size: int) -> str | None:
+        """As :meth:`Store.stream_range`: one ranged GET made by the calling thread (in one of the
+        store's slots, with the retry policy), its body handed to ``sink`` in chunks of at least
+        :data:`STREAM_CHUNK_BYTES` as they arrive, never gathered into one buffer: the cache's fetch
+        threads write and checksum each chunk while it is in the CPU's cache (docs/design.md §9,
+        *Shard cache*). A body cut short or too long is retried from ``r.start``; an error the sink
+        raises is raised as it is."""
+        _check_fork(self.url)
+        check_key(r.key, where=self.url)
+        if r.start < 0 or r.end <= r.start:
+            raise StoreError(f"{r.describe(self.describe(r.key))}: not a valid byte range")
+        what = r.describe(self.describe(r.key))
+
+        def once() -> str | None:
+            result = self._obs.get(self.inner, r.key, options=self._range_options(r))
+            total = int(result.meta["size"])
+            if total != size:
+                raise TruncatedShardError(f"{self.describe(r.key)}: expected {size} bytes, the store says {total}")
+            pos = r.start
+            for chunk in result.stream(min_chunk_size=STREAM_CHUNK_BYTES):
+                view = memoryview(chunk)
+                if pos + view.nbytes > r.end:
+                    raise ShortResponse(f"expected {r.nbytes} bytes, received more")
+                try:
+                    sink(pos, view)
+                except Exception as exc:
+                    raise _SinkFailed(exc) from None
+                pos += view.nbytes
+            if pos != r.end:  # a body cut short on the way: retried
+                raise ShortResponse(f"expected {r.nbytes} bytes, received {pos - r.start}")
+            etag = result.meta.get("e_tag")
+            return None if etag is None else str(etag)
+
+        self._slots.acquire()
+        try:
+            self.counters.flight(1)
+            try:
+                etag = self._call(once, what)
+            except _SinkFailed as failed:
+                raise failed.error from None
+            finally:
+                self.counters.flight(-1)
+        finally:
+            self._slots.release()
+        self.counters.add(nbytes=r.nbytes)
+        return etag
 
     @staticmethod
     def _range_options(r: ByteRange) -> dict[str, Any]:
