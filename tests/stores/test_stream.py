@@ -572,3 +572,23 @@ def test_parts_are_streamed_by_the_fetch_threads_into_the_copy(
     assert len(chunks) > 2 * parts and sum(chunks) == st.bytes  # no part arrived as one buffer
     assert [p.read_bytes() for p in _final_copies(cache)] == _shard_bytes(local)
 
+
+
+def test_a_block_looks_each_shards_copy_up_once_not_per_run(dataset: tuple[Path, str], held: threading.Event,
+                                                             tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cold block of many runs per shard looks for each shard's complete copy a few times, not once
+    per run (a copy being filled is not found: each look was a failed open of the file)."""
+    _, url = dataset
+    looks: list[str] = []
+    real_open = cache_mod.ShardCache.open
+
+    def counted(self: cache_mod.ShardCache, name: str, verify: Any) -> Any:
+        looks.append(name)
+        return real_open(self, name, verify)
+
+    monkeypatch.setattr(cache_mod.ShardCache, "open", counted)
+    keys = list(range(0, N, 2))  # every other record: PER_SHARD // 2 runs in each shard
+    with Dataset(url, cache_dir=_cache(tmp_path)) as ds:
+        check_batch({"key": np.array(keys), **ds.read(keys)})
+    assert len(keys) // SHARDS >= 20
+    assert len(looks) <= 3 * SHARDS, looks
