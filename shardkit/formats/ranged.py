@@ -337,8 +337,11 @@ class RangedPayloadArray(PayloadArray):
         asked for first; the others are fetched by range (:meth:`_fetch_runs`)."""
         remote: list[_Run] = []
         filling: list[_Run] = []
+        fds: dict[int, int | None] = {}  # looked up once per shard, not per run (a copy being filled is not found)
         for run in runs:
-            fd = self._cached_fd(run.shard)
+            if run.shard not in fds:
+                fds[run.shard] = self._cached_fd(run.shard)
+            fd = fds[run.shard]
             if fd is not None:
                 self._read_cached(fd, run, rows)
             elif self.prefetcher is not None:

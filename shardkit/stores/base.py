@@ -226,6 +226,24 @@ class Store(abc.ABC):
         """Bytes ``[start, end)`` of ``key``: exactly ``end - start`` bytes or an error."""
         return next(iter(self.fetch([ByteRange(key, start, end, etag)]))).data
 
+    def fetch_range(self, r: ByteRange) -> Fetched:
+        """One range as :class:`Fetched` (its bytes, the object's size and ETag), read by the calling
+        thread; stores whose :meth:`fetch` hands responses over from another thread override it to
+        skip that hand-over."""
+        return next(iter(self.fetch([r])))
+
+    def stream_range(self, r: ByteRange, sink: Callable[[int, memoryview], None], *, size: int) -> str | None:
+        """Hand bytes ``[r.start, r.end)`` of ``r.key`` to ``sink(offset, chunk)`` in ascending order and
+        return the response's ETag; an object of another ``size`` is a
+        :class:`~shardkit.errors.TruncatedShardError` before any byte is handed over. A retry after a
+        failure mid-body starts again at ``r.start`` (the sink sees those offsets again). Here one
+        :meth:`fetch_range`; object stores stream the body in chunks (no body-sized buffer)."""
+        got = self.fetch_range(r)
+        if got.object_size != size:
+            raise TruncatedShardError(f"{self.describe(r.key)}: expected {size} bytes, the store says {got.object_size}")
+        sink(r.start, got.data)
+        return got.etag
+
     def get_ranges(self, key: str, starts: Sequence[int], ends: Sequence[int]) -> list[memoryview]:
         """Several ranges of one object, fetched concurrently, returned in the order asked."""
         done = self.fetch([ByteRange(key, int(a), int(b)) for a, b in zip(starts, ends)])

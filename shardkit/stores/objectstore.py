@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import collections
 import concurrent.futures
 import logging
 import os
@@ -54,6 +55,18 @@ T = TypeVar("T")
 
 #: Smallest chunk a streamed :meth:`ObjectStore.download` writes at once (bounds its memory).
 DOWNLOAD_CHUNK_BYTES = 4 << 20
+#: Smallest chunk :meth:`ObjectStore.stream_range` hands over at once: small enough to stay in the
+#: CPU's cache between the store client's copy and the sink's (a part's whole body in one buffer
+#: was a fresh, cold allocation per part), large enough that the Python per chunk is negligible.
+STREAM_CHUNK_BYTES = 256 << 10
+
+
+class _SinkFailed(BaseException):
+    """A sink's own error, carried past the retry policy (it is not the store's failure)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(error)
+        self.error = error
 
 def import_obstore() -> Any:
     """``obstore``, or a :class:`~shardkit.errors.MissingExtraError` naming the ``remote`` extra."""
@@ -240,6 +253,64 @@ class RequestCounters:
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
 
 
+class _Slots:
+    """``n`` request slots shared by coroutines on the store's event loop (:meth:`ObjectStore.fetch`)
+    and by threads that make their requests themselves (:meth:`ObjectStore.fetch_range`), first asked
+    first served: a freed slot goes to the oldest waiter, of either kind."""
+
+    def __init__(self, n: int) -> None:
+        self._lock = threading.Lock()
+        self._free = n
+        self._waiters: collections.deque[threading.Event | asyncio.Future[None]] = collections.deque()
+
+    def acquire(self) -> None:
+        """Take a slot, blocking this thread until one is free (never on the event loop's thread)."""
+        with self._lock:
+            if self._free and not self._waiters:
+                self._free -= 1
+                return
+            ready = threading.Event()
+            self._waiters.append(ready)
+        ready.wait()  # a release hands its slot over by setting it
+
+    async def acquire_async(self) -> None:
+        """Take a slot on the event loop; a cancelled waiter gives back a slot it was handed."""
+        with self._lock:
+            if self._free and not self._waiters:
+                self._free -= 1
+                return
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.append(fut)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            with self._lock:
+                queued = fut in self._waiters
+                if queued:
+                    self._waiters.remove(fut)
+            if not queued and fut.done() and not fut.cancelled():
+                self.release()  # handed a slot, then cancelled before it ran: give it back
+            raise  # (a handover still on its way to a cancelled future gives its slot back itself)
+
+    def release(self) -> None:
+        """Give a slot back: to the oldest waiter if there is one."""
+        with self._lock:
+            if not self._waiters:
+                self._free += 1
+                return
+            waiter = self._waiters.popleft()
+        if isinstance(waiter, threading.Event):
+            waiter.set()
+        else:
+            waiter.get_loop().call_soon_threadsafe(self._hand, waiter)
+
+    def _hand(self, fut: asyncio.Future[None]) -> None:
+        if fut.cancelled():
+            self.release()
+        else:
+            fut.set_result(None)
+
+
 #: obstore attributes that are HTTP headers, not user metadata.
 _STANDARD_ATTRIBUTES = frozenset(
     {"Content-Disposition", "Content-Encoding", "Content-Language", "Content-Type", "Cache-Control"}
@@ -274,9 +345,9 @@ class ObjectStore(Store):
         self._obs = import_obstore()
         self.counters = RequestCounters()
         self._rng = random.Random()  # backoff jitter: decorrelates processes, not reproducible on purpose
-        #: Slots for the ranged requests of every fetch of this store (``options.concurrency``), made
-        #: on the event loop's thread at first use: overlapping fetches share them, first asked first served.
-        self._slots: asyncio.Semaphore | None = None
+        #: Slots for the ranged requests of every fetch of this store (``options.concurrency``), of
+        #: :meth:`fetch` and :meth:`fetch_range` alike: overlapping fetches share them, first asked first served.
+        self._slots = _Slots(options.concurrency)
 
     @property
     def is_local(self) -> bool:
@@ -411,17 +482,18 @@ class ObjectStore(Store):
         return _Pending(self.url, len(ranges), results, future)
 
     async def _drive(self, ranges: Sequence[ByteRange], results: queue.Queue[Fetched | BaseException]) -> None:
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self.options.concurrency)
-        sem = self._slots
+        slots = self._slots
 
         async def one(i: int, r: ByteRange) -> None:
-            async with sem:
+            await slots.acquire_async()
+            try:
                 self.counters.flight(1)
                 try:
                     got = await self._call_async(lambda: self._get_range_async(i, r), r.describe(self.describe(r.key)))
                 finally:
                     self.counters.flight(-1)
+            finally:
+                slots.release()
             self.counters.add(nbytes=r.nbytes)
             results.put(got)
 
@@ -436,21 +508,104 @@ class ObjectStore(Store):
                 results.put(exc)
             raise
 
-    async def _get_range_async(self, i: int, r: ByteRange) -> Fetched:
+    def fetch_range(self, r: ByteRange) -> Fetched:
+        """One range, requested by the calling thread itself (a synchronous GET with the retry
+        policy, in one of the store's slots): no hand-over through the event loop's thread, whose
+        futures and queue cost about 0.4 CPU s/GB on 8 MiB parts (docs/design.md §9, *Shard cache*)."""
+        _check_fork(self.url)
+        check_key(r.key, where=self.url)
+        if r.start < 0 or r.end <= r.start:
+            raise StoreError(f"{r.describe(self.describe(r.key))}: not a valid byte range")
+
+        def once() -> Fetched:
+            result = self._obs.get(self.inner, r.key, options=self._range_options(r))
+            return self._checked_range(0, r, result.meta, result.bytes())
+
+        self._slots.acquire()
+        try:
+            self.counters.flight(1)
+            try:
+                got = self._call(once, r.describe(self.describe(r.key)))
+            finally:
+                self.counters.flight(-1)
+        finally:
+            self._slots.release()
+        self.counters.add(nbytes=r.nbytes)
+        return got
+
+    def stream_range(self, r: ByteRange, sink: Callable[[int, memoryview], None], *, size: int) -> str | None:
+        """As :meth:`Store.stream_range`: one ranged GET made by the calling thread (in one of the
+        store's slots, with the retry policy), its body handed to ``sink`` in chunks of at least
+        :data:`STREAM_CHUNK_BYTES` as they arrive, never gathered into one buffer: the cache's fetch
+        threads write and checksum each chunk while it is in the CPU's cache (docs/design.md §9,
+        *Shard cache*). A body cut short or too long is retried from ``r.start``; an error the sink
+        raises is raised as it is."""
+        _check_fork(self.url)
+        check_key(r.key, where=self.url)
+        if r.start < 0 or r.end <= r.start:
+            raise StoreError(f"{r.describe(self.describe(r.key))}: not a valid byte range")
+        what = r.describe(self.describe(r.key))
+
+        def once() -> str | None:
+            result = self._obs.get(self.inner, r.key, options=self._range_options(r))
+            total = int(result.meta["size"])
+            if total != size:
+                raise TruncatedShardError(f"{self.describe(r.key)}: expected {size} bytes, the store says {total}")
+            pos = r.start
+            for chunk in result.stream(min_chunk_size=STREAM_CHUNK_BYTES):
+                view = memoryview(chunk)
+                if pos + view.nbytes > r.end:
+                    raise ShortResponse(f"expected {r.nbytes} bytes, received more")
+                try:
+                    sink(pos, view)
+                except Exception as exc:
+                    raise _SinkFailed(exc) from None
+                pos += view.nbytes
+            if pos != r.end:  # a body cut short on the way: retried
+                raise ShortResponse(f"expected {r.nbytes} bytes, received {pos - r.start}")
+            etag = result.meta.get("e_tag")
+            return None if etag is None else str(etag)
+
+        self._slots.acquire()
+        try:
+            self.counters.flight(1)
+            try:
+                etag = self._call(once, what)
+            except _SinkFailed as failed:
+                raise failed.error from None
+            finally:
+                self.counters.flight(-1)
+        finally:
+            self._slots.release()
+        self.counters.add(nbytes=r.nbytes)
+        return etag
+
+    @staticmethod
+    def _range_options(r: ByteRange) -> dict[str, Any]:
         options: dict[str, Any] = {"range": (r.start, r.end)}
         if r.etag is not None:
             options["if_match"] = r.etag
-        result = await self._obs.get_async(self.inner, r.key, options=options)
-        size = int(result.meta["size"])
+        return options
+
+    def _checked_range(self, i: int, r: ByteRange, meta: Mapping[str, Any], data: Any) -> Fetched:
+        """A ranged response as :class:`Fetched`, once its object is long enough and its body has
+        exactly the asked length (a body cut short or padded on the way is retried)."""
+        size = int(meta["size"])
         if r.end > size:  # the object is shorter than the range: no retry can change that
             raise TruncatedShardError(
                 f"{r.describe(self.describe(r.key))}: the object is only {size} bytes, the range ends past it"
             )
-        data = await result.bytes_async()
         view = memoryview(data)  # obstore.Bytes implements the buffer protocol (zero-copy view)
-        if view.nbytes != r.nbytes:  # a body cut short (or padded) on the way: retried
+        if view.nbytes != r.nbytes:
             raise ShortResponse(f"expected {r.nbytes} bytes, received {view.nbytes}")
-        return Fetched(i, view, size, result.meta.get("e_tag"))
+        return Fetched(i, view, size, meta.get("e_tag"))
+
+    async def _get_range_async(self, i: int, r: ByteRange) -> Fetched:
+        result = await self._obs.get_async(self.inner, r.key, options=self._range_options(r))
+        size = int(result.meta["size"])
+        if r.end > size:  # checked before the body is read
+            return self._checked_range(i, r, result.meta, b"")
+        return self._checked_range(i, r, result.meta, await result.bytes_async())
 
     def download(self, key: str, fd: int, *, size: int, etag: str | None = None,
                  progress: Callable[[int], None] | None = None) -> str | None:

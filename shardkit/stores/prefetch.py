@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from shardkit.errors import CorruptShardError, TruncatedShardError
 from shardkit.formats.checksums import extend_fd_crc32c
-from shardkit.formats.index import combine_crc32c, crc32c_of
+from shardkit.formats.index import combine_crc32c, extend_crc32c
 from shardkit.stores.atomic import is_out_of_space
 from shardkit.stores.base import ByteRange, Store, write_all
 from shardkit.stores.cache import PAGE_BYTES, STALE_SECONDS, ShardCache, filler_alive, map_pages
@@ -537,18 +537,14 @@ class ShardPrefetcher:
         crcs: list[tuple[int, int, int]] = []
         if start == 0 and end == item.size:  # checksummed from the copy when it completes
             etag = self.store.download(item.key, fill.fd, size=item.size, etag=self._pin(i, None), progress=progress)
-            t1 = t2 = time.perf_counter()
+            t1 = t2 = t3 = time.perf_counter()
         else:
-            got = next(iter(self.store.fetch([ByteRange(item.key, start, end, self._pin(i, None))])))
-            if got.object_size != item.size:
-                raise TruncatedShardError(f"{self.store.describe(item.key)}: expected {item.size} bytes, the store says {got.object_size}")
-            t1 = time.perf_counter()
-            write_all(fill.fd, got.data, start)
-            t2 = time.perf_counter()
             cut = min(max(item.data_nbytes, start), end)  # checksums never span data_nbytes
-            crcs = [(a, b, crc32c_of(got.data[a - start : b - start])) for a, b in ((start, cut), (cut, end)) if b > a]
-            etag = got.etag
-        t3 = time.perf_counter()
+            part = _PartSink(fill.fd, start, cut, end, lambda: self._closing)
+            etag = self.store.stream_range(ByteRange(item.key, start, end, self._pin(i, None)), part, size=item.size)
+            crcs = [(a, b, c) for a, b, c in ((start, cut, part.crcs[0]), (cut, end, part.crcs[1])) if b > a]
+            t3 = time.perf_counter()
+            t1, t2 = t3 - part.write_s - part.crc_s, t3 - part.crc_s  # receive, then write, then crc
         self._pin(i, etag)
         self._account(i, end - start)
         with self._cond:
@@ -558,6 +554,32 @@ class ShardPrefetcher:
             st.receive_s, st.write_s, st.crc_s = st.receive_s + t1 - t0, st.write_s + t2 - t1, st.crc_s + t3 - t2
             st.bytes += end - start
         ShardCache.mark_present(fill.map_fd, lo, hi)
+
+
+class _PartSink:
+    """Writes a part's chunks into the copy as they arrive and checksums them while they are in the
+    CPU's cache: ``crcs`` are those of ``[start, cut)`` and ``[cut, end)`` (a retry starts over)."""
+
+    def __init__(self, fd: int, start: int, cut: int, end: int, closing: Callable[[], bool]) -> None:
+        self.fd, self.start, self.cut, self.end, self.closing = fd, start, cut, end, closing
+        self.crcs = [0, 0]
+        self.write_s = self.crc_s = 0.0
+
+    def __call__(self, pos: int, chunk: memoryview) -> None:
+        if self.closing():
+            raise _Stop
+        if pos == self.start:
+            self.crcs = [0, 0]  # the response begins (again, after a retry)
+        t0 = time.perf_counter()
+        write_all(self.fd, chunk, pos)
+        t1 = time.perf_counter()
+        k = max(0, min(self.cut - pos, chunk.nbytes))  # bytes before data_nbytes
+        if k:
+            self.crcs[0] = extend_crc32c(self.crcs[0], chunk[:k])
+        if k < chunk.nbytes:
+            self.crcs[1] = extend_crc32c(self.crcs[1], chunk[k:])
+        self.write_s += t1 - t0
+        self.crc_s += time.perf_counter() - t1
 
 
 class PartialCopy:

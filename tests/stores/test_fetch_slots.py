@@ -107,3 +107,64 @@ def test_closing_a_started_fetch_cancels_what_it_has_not_delivered() -> None:
     assert [k for k, _ in fake.started] == ["a", "a", "b"]
     assert list(ahead) == []
     assert store.counters.in_flight == 0
+
+
+class _GatedSyncObstore(_GatedObstore):
+    """Also answers synchronous ``get`` (:meth:`ObjectStore.fetch_range`), held by the same gate."""
+
+    def __init__(self, hold: int) -> None:
+        super().__init__(hold)
+        self.sync_gate = threading.Event()
+
+    def get(self, inner: Any, key: str, *, options: dict[str, Any]) -> Any:
+        start, end = options["range"]
+        self.started.append((key, start))
+        assert self.sync_gate.wait(30)
+        response = _Response(OBJECT[start:end])
+        response.bytes = lambda: OBJECT[start:end]  # type: ignore[attr-defined]
+        return response
+
+
+def _until(done: Any, what: str) -> None:
+    """Until ``done()`` (each step a full pass of the event loop's ready queue), or fail naming ``what``."""
+    for _ in range(3000):
+        if done():
+            return
+        _settle()
+    raise AssertionError(f"expected {what}")
+
+
+def _waiting(store: ObjectStore, n: int) -> None:
+    _until(lambda: len(store._slots._waiters) == n, f"{n} requests waiting for a slot")
+
+
+def test_a_thread_fetching_a_range_itself_takes_a_slot_in_turn() -> None:
+    """:meth:`ObjectStore.fetch_range` (a synchronous GET in the calling thread, as the cache's fetch
+    threads make) waits for one of the store's slots like a started fetch, first asked first served:
+    with the one slot held, the thread's request starts when it is freed, before that of a fetch
+    started after the thread asked, which starts only when the thread's request is done."""
+    fake = _GatedSyncObstore(hold=1)
+    store = _store(1, fake)
+    first = store.start_fetch([ByteRange("a", 0, 100)])
+    assert fake.holding.wait(30)
+    got: list[bytes] = []
+    thread = threading.Thread(target=lambda: got.append(bytes(store.fetch_range(ByteRange("t", 300, 400)).data)))
+    thread.start()
+    _waiting(store, 1)
+    later = store.start_fetch([ByteRange("b", 0, 100)])
+    _waiting(store, 2)
+    assert fake.started == [("a", 0)]  # both wait: the slot is taken
+    _open(fake)
+    assert [bytes(f.data) for f in first] == [OBJECT[:100]]
+    _until(lambda: ("t", 300) in fake.started, "the thread's request to start")  # the freed slot went to it
+    _settle()
+    assert len(store._slots._waiters) == 1  # the fetch started later still waits
+    assert fake.started[:2] == [("a", 0), ("t", 300)] and ("b", 0) not in fake.started
+    assert store.counters.in_flight == 1
+    fake.sync_gate.set()
+    thread.join(30)
+    assert got == [OBJECT[300:400]]
+    assert [bytes(f.data) for f in later] == [OBJECT[:100]]
+    assert fake.started == [("a", 0), ("t", 300), ("b", 0)]
+    assert store.counters.max_in_flight == 1 and store.counters.in_flight == 0
+    assert store._slots._free == 1 and not store._slots._waiters

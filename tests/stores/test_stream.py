@@ -526,3 +526,69 @@ def test_asking_for_pages_wakes_the_threads_it_needs_not_all(dataset: tuple[Path
     # Woken for nothing: at most one thread per part asked for, one as each part lands, and the
     # background's share once they are all done (the background is held here); not every thread.
     assert 0 < parts and idle <= 2 * parts + pf.limit and idle < threads, woken
+
+
+def test_parts_are_streamed_by_the_fetch_threads_into_the_copy(
+        dataset: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each part is one ranged GET made by the fetch thread that writes it, its body handed over in
+    chunks as they arrive (:meth:`ObjectStore.stream_range`), each written and checksummed while it
+    is in the CPU's cache: no part goes through the store's event-loop thread (its hand-over cost
+    about 0.4 CPU s/GB) or is gathered into one buffer first. The copies are the exact shards."""
+    from shardkit.stores import objectstore
+
+    local, url = dataset
+    monkeypatch.setattr(objectstore, "STREAM_CHUNK_BYTES", 16 << 10)  # parts of 128 KiB: several chunks each
+    by_thread: list[str] = []
+    chunks: list[int] = []
+    async_shard_gets: list[str] = []
+    real_stream, real_async = objectstore.ObjectStore.stream_range, objectstore.ObjectStore._get_range_async
+
+    def stream(self: Any, r: Any, sink: Any, *, size: int) -> Any:
+        by_thread.append(threading.current_thread().name)
+
+        def counted(pos: int, chunk: memoryview) -> None:
+            chunks.append(chunk.nbytes)
+            sink(pos, chunk)
+
+        return real_stream(self, r, counted, size=size)
+
+    async def via_loop(self: Any, i: int, r: Any) -> Any:
+        if r.key.startswith("image/c/"):
+            async_shard_gets.append(r.key)
+        return await real_async(self, i, r)
+
+    monkeypatch.setattr(objectstore.ObjectStore, "stream_range", stream)
+    monkeypatch.setattr(objectstore.ObjectStore, "_get_range_async", via_loop)
+    cache = _cache(tmp_path)
+    with Dataset(url, cache_dir=cache) as ds:
+        check_batch({"key": np.arange(N), **ds.read(list(range(N)))})
+        _wait_all(ds)
+        st = ds.payload.prefetcher.stats  # type: ignore[attr-defined]
+        parts = st.parts_demanded + st.parts_background
+        assert st.reread_bytes == 0  # every chunk was checksummed as it landed
+    assert async_shard_gets == []
+    assert len(by_thread) == parts >= SHARDS * 5  # parts of at most two pages, shards of ten or more
+    assert all(name.startswith("shardkit-prefetch-") for name in by_thread)
+    assert len(chunks) > 2 * parts and sum(chunks) == st.bytes  # no part arrived as one buffer
+    assert [p.read_bytes() for p in _final_copies(cache)] == _shard_bytes(local)
+
+
+
+def test_a_block_looks_each_shards_copy_up_once_not_per_run(dataset: tuple[Path, str], held: threading.Event,
+                                                             tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cold block of many runs per shard looks for each shard's complete copy a few times, not once
+    per run (a copy being filled is not found: each look was a failed open of the file)."""
+    _, url = dataset
+    looks: list[str] = []
+    real_open = cache_mod.ShardCache.open
+
+    def counted(self: cache_mod.ShardCache, name: str, verify: Any) -> Any:
+        looks.append(name)
+        return real_open(self, name, verify)
+
+    monkeypatch.setattr(cache_mod.ShardCache, "open", counted)
+    keys = list(range(0, N, 2))  # every other record: PER_SHARD // 2 runs in each shard
+    with Dataset(url, cache_dir=_cache(tmp_path)) as ds:
+        check_batch({"key": np.array(keys), **ds.read(keys)})
+    assert len(keys) // SHARDS >= 20
+    assert len(looks) <= 3 * SHARDS, looks
