@@ -389,3 +389,50 @@ def test_populate_lets_other_threads_run() -> None:
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["answered", "1"]
 
+
+
+def test_reserve_allocates_a_blocks_scattered_rows_in_one_system_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A block's cache rows lie all over the region (hundreds of ranges a block): reserve() allocates
+    them in one ``process_madvise`` call, not a ctypes call per range (each gave the GIL up and
+    waited to take it back: seconds of the reader's wall time per epoch). The rows are allocated
+    (the region's file holds their pages afterwards), and where the kernel refuses the batched call
+    it goes range by range."""
+    from shardkit.tiers import shm
+    from shardkit.tiers import static_cache as sc
+
+    if shm._process_madvise is None or not shm._batched[0]:
+        pytest.skip("no process_madvise here")
+    rec, m = 3 * 4096, 600
+    calls = {"batched": 0, "single": 0}
+    real_pm, real_madvise = shm._process_madvise, shm._madvise
+
+    def batched(*args: object) -> int:
+        calls["batched"] += 1
+        return int(real_pm(*args))
+
+    def single(*args: object) -> int:
+        calls["single"] += 1
+        return int(real_madvise(*args))
+
+    monkeypatch.setattr(shm, "_process_madvise", batched)
+    monkeypatch.setattr(shm, "_madvise", single)
+    cache = sc.StaticCache(5, 2 * m, m, (rec,), np.dtype(np.uint8), share_key=f"reserve-batch-{os.getpid()}")
+    try:
+        cache.attach()
+        assert cache._prefault is not None
+        cache._stop_prefault()  # the reader alone: every row beyond what the thread reached is its own
+        cache._allocated = 0
+        calls.update(batched=0, single=0)
+        rows = np.arange(0, m, 2)  # 300 rows, none adjacent: 300 ranges
+        assert cache.reserve(rows).all()
+        assert calls == {"batched": 1, "single": 0}
+        assert cache._region is not None and cache._fd is not None
+        allocated = os.fstat(cache._fd).st_blocks * 512
+        assert allocated >= rows.size * rec  # the pages exist (tmpfs counts them as the file's blocks)
+
+        monkeypatch.setattr(shm, "_batched", [False])  # a kernel without it: one call per range
+        calls.update(batched=0, single=0)
+        assert cache.reserve(np.arange(1, 21, 2)).all()
+        assert calls == {"batched": 0, "single": 10}
+    finally:
+        cache.release()
