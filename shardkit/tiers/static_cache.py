@@ -288,6 +288,9 @@ class StaticCache:
         self._wake = threading.Event()
         #: Set when the front-to-back pass is over (every row allocated, or an allocation failed).
         self._swept = threading.Event()
+        #: The reader announces its blocks: the front-to-back pass stops (it would populate again,
+        #: for a page walk each, the pages the announced blocks allocated).
+        self._announcing = False
 
     @property
     def count(self) -> int:
@@ -360,6 +363,7 @@ class StaticCache:
         a page the thread has not reached yet is still allocated by the reader's ``reserve``."""
         self._prefault_stop.clear()
         self._swept.clear()
+        self._announcing = False
         self._allocated = 0
 
         def announced() -> None:
@@ -375,7 +379,7 @@ class StaticCache:
 
         def run() -> None:
             offset = 0
-            while offset < nbytes:
+            while offset < nbytes and not self._announcing:  # a reader that announces its blocks needs no pass
                 announced()
                 length = min(PREFAULT_CHUNK_BYTES, nbytes - offset)
                 if self._prefault_stop.is_set() or not allocate(offset, length):
@@ -453,6 +457,7 @@ class StaticCache:
         job = Ahead(starts[keep], ends[keep])
         with self._lock:
             self._ahead.append(job)
+            self._announcing = True
         self._wake.set()
         return job
 
