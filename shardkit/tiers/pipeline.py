@@ -24,7 +24,7 @@ from shardkit.tiers import stopping
 from shardkit.tiers.buffers import BatchBuffer, BatchPool
 from shardkit.tiers.ssd import SsdSpace
 from shardkit.tiers.ssd_slots import ReservoirSlots
-from shardkit.tiers.static_cache import StaticCache, distinct_sorted
+from shardkit.tiers.static_cache import Ahead, StaticCache, distinct_sorted
 from shardkit.tiers.stats import SamplerStats
 from shardkit.tiers.stopping import POLL_SECONDS, Stopped
 
@@ -195,6 +195,20 @@ def gather_rows(dst: np.ndarray, dst_rows: np.ndarray, src: np.ndarray, src_rows
         return
     for a in range(0, n, _GATHER_ROWS):
         dst[dst_rows[a : a + _GATHER_ROWS]] = src[src_rows[a : a + _GATHER_ROWS]]
+
+
+def _pinned_rows(cache: StaticCache, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(pos, row)``: the positions (ascending) of ``keys`` that ``cache`` pins, and their rows,
+    looked up a piece of keys at a time (nothing block-sized but the hits)."""
+    found: list[tuple[np.ndarray, np.ndarray]] = []
+    for c in range(0, keys.size, _LOOKUP_PIECE):
+        hit, row = cache.lookup(keys[c : c + _LOOKUP_PIECE])
+        at = np.flatnonzero(hit)
+        found.append((at + c, row[at].astype(np.int64, copy=False)))
+    if not found:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    pos, crow = (np.concatenate(x) for x in zip(*found))
+    return pos, crow
 
 
 def reservoir_bounds(start: int, stop: int, first: int, largest: int, last: int | None = None) -> list[tuple[int, int]]:
@@ -424,10 +438,12 @@ class Pipeline:
         read: Callable[[np.ndarray, Destination], None],
         open_buffers: dict[int, BatchBuffer],
         tier: str = "disk",
+        ahead: Ahead | None = None,
     ) -> BlockRead:
         """Read plan positions ``[a, b)`` (``keys``) with ``read(keys, destination)``: uncached records
         into their batch rows (or a sink slot), pinned ones the cache lacks into their cache rows.
-        ``open_buffers`` carries a batch an earlier block began into the next block."""
+        ``open_buffers`` carries a batch an earlier block began into the next block; ``ahead`` is
+        what :meth:`_expect` announced for these keys."""
         if self.sink is not None:
             ring_slot, array = self.sink.acquire(self.stop)
             keys = np.sort(keys)
@@ -450,7 +466,7 @@ class Pipeline:
             dest = Destination(batch_arrays, which, rows, (a - (a // bs) * bs, bs))
             self._timed_read(read, keys, dest, tier)
             return BlockRead(seg, a, b, keys, buffers)
-        pos, crow, fill = self._cache_plan(keys)
+        pos, crow, fill = self._cache_plan(keys, ahead)
         copies: list[_Copy] = []
         if pos.size:  # served from the cache rows, those the block fills included
             assert self.cache is not None and self.cache.rows is not None
@@ -529,25 +545,31 @@ class Pipeline:
         self._stats.add_busy(tier, time.perf_counter() - t0)
         self._stats.add_busy(f"{tier}_cpu", time.thread_time() - c0)
 
-    def _cache_plan(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _expect(self, keys: np.ndarray) -> Ahead | None:
+        """Announce the next block (``keys``) to the cache: the rows it will fill get their memory
+        on the cache's allocation thread while this block is read (:meth:`StaticCache.expect`)."""
+        if self.cache is None or self.cache.share_key is None:
+            return None
+        _, crow = _pinned_rows(self.cache, keys)  # attaches the cache on first use
+        if not self.cache.shared or not crow.size:
+            return None
+        crow = crow[~self.cache.filled(crow)]
+        return self.cache.expect(crow) if crow.size else None
+
+    def _cache_plan(self, keys: np.ndarray, ahead: Ahead | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(pos, row, fill)`` for a block's keys: the positions (ascending) of those the cache
         serves (pinned and with memory on the node), their cache rows, and which of them the block
         must read first. Looked up a piece of keys at a time and kept for the hits only: a block of
         small records holds millions of keys and a small cache pins few of them, so nothing here
-        is block-sized but the hits (docs/design.md §4, *Memory per record*)."""
+        is block-sized but the hits (docs/design.md §4, *Memory per record*). ``ahead``: the rows
+        were announced (:meth:`_expect`)."""
         if self.cache is None:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
-        found: list[tuple[np.ndarray, np.ndarray]] = []
-        for c in range(0, keys.size, _LOOKUP_PIECE):
-            hit, row = self.cache.lookup(keys[c : c + _LOOKUP_PIECE])
-            at = np.flatnonzero(hit)
-            found.append((at + c, row[at].astype(np.int64, copy=False)))
-        pos, crow = ((np.concatenate(x) for x in zip(*found)) if found
-                     else (np.zeros(0, np.int64), np.zeros(0, np.int64)))  # fmt: skip
+        pos, crow = _pinned_rows(self.cache, keys)
         fill = ~self.cache.filled(crow) if pos.size else np.zeros(0, dtype=bool)
         if fill.any():
             # Rows the node has no memory for are read like uncached records.
-            spare = np.flatnonzero(fill)[~self.cache.reserve(crow[fill])]
+            spare = np.flatnonzero(fill)[~self.cache.reserve(crow[fill], ahead)]
             if spare.size:
                 keep = np.ones(pos.size, dtype=bool)
                 keep[spare] = False
@@ -574,15 +596,20 @@ class Pipeline:
                 schedule(self._unpinned(seg.keys(a, b)) for a, b in bounds)
             blocks = iter(bounds)
             upcoming, following = next(blocks, None), None
+            announced: Ahead | None = None
             while upcoming is not None:
                 a, b = upcoming
                 upcoming = next(blocks, None)
                 keys = following if following is not None else seg.keys(a, b)
                 following = None
-                if ahead is not None and upcoming is not None:
+                this, announced = announced, None
+                if upcoming is not None and (ahead is not None or (self.cache is not None and self.cache.share_key is not None)):
                     following = seg.keys(*upcoming)
-                    ahead(self._unpinned(following))
-                block = self._read_block(seg, a, b, keys, read, open_buffers)
+                    if ahead is not None:
+                        ahead(self._unpinned(following))
+                    # The next block's cache rows are allocated on the cache's thread while this one is read.
+                    announced = self._expect(following)
+                block = self._read_block(seg, a, b, keys, read, open_buffers, ahead=this)
                 self._verify()
                 self._count_epoch_disk(seg.epoch)
                 self._put(self._blocks, block)

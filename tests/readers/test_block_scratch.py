@@ -135,7 +135,7 @@ class _SmallCache:
     def filled(self, rows: np.ndarray) -> np.ndarray:
         return np.asarray(rows % 2 == 0)
 
-    def reserve(self, rows: np.ndarray) -> np.ndarray:
+    def reserve(self, rows: np.ndarray, ahead: object = None) -> np.ndarray:
         return np.ones(rows.shape, dtype=bool)
 
 
