@@ -168,7 +168,9 @@ def _decode_chunk(chunk: list[tuple[int, Any, int]], slot: int | None = None) ->
 
 
 def _take_from_ring(decoder: Decoder, results: list[Outcome], ring: np.ndarray) -> None:
-    """Replace ring placeholders by copies of the payloads (the slot is reused afterwards)."""
+    """Replace ring placeholders by read-only views of the payloads in the slot. The slot is reused once
+    the consumer asks for the outcome after the task's last one, so it copies what it keeps before that
+    (:func:`outcomes`); a copy here cost the parent a fresh array, and its page faults, per record."""
     spec = decoder.record
     for outcome in results:
         if not isinstance(outcome, Produced):
@@ -176,7 +178,7 @@ def _take_from_ring(decoder: Decoder, results: list[Outcome], ring: np.ndarray) 
         for rec in outcome.decoded.records:
             ref = rec[decoder.payload]
             if isinstance(ref, _InRing):
-                rec[decoder.payload] = ring[ref.index].view(spec.dtype).reshape(spec.shape).copy()
+                rec[decoder.payload] = ring[ref.index].view(spec.dtype).reshape(spec.shape)
 
 
 def _ring_dir() -> str:
@@ -214,7 +216,8 @@ def outcomes(
 ) -> Iterator[Outcome]:
     """The outcomes of decoding ``items`` from input ``first[0]``, record ``first[1]`` (a resume may start
     inside an input), in order, by ``workers`` processes (1: here) given at least ``chunk_size`` inputs a
-    task (:func:`task_inputs`)."""
+    task (:func:`task_inputs`). A payload may be a read-only view of a worker's ring slot, valid until
+    the next outcome is asked for: the consumer copies what it keeps."""
     method = start_method(workers) if workers > 1 else None
     start_index, start_record = first
     if method is None:
