@@ -247,3 +247,32 @@ def test_two_workers_hand_over_every_payload_in_order() -> None:
     np.testing.assert_array_equal(got, np.broadcast_to((np.arange(600) % 251).astype(np.uint8)[:, None, None],
                                                        (600, 4, 4)))
     assert sink.labels == list(range(600))
+
+
+class _FaultingDecoder(Decoder):
+    """Allocates, fills and frees three 1 MiB buffers per input, as an image decode does, and gives the
+    page faults that took as the record's label."""
+
+    def __init__(self) -> None:
+        super().__init__("image", FieldSpec((4, 4), "uint8"))
+
+    def decode(self, item: Any, start: int = 0) -> Decoded:
+        import resource
+
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        buffers = [np.ones(1 << 20, np.uint8) for _ in range(3)]
+        del buffers
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+        return Decoded([{"image": np.zeros((4, 4), np.uint8), "label": np.int64(faults)}])
+
+    def item_path(self, item: Any) -> str:
+        return f"input-{item}"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="glibc's malloc")
+def test_decode_workers_reuse_freed_memory_instead_of_faulting_it_in_again() -> None:
+    # With glibc's defaults the 3 MiB freed at the top of the heap are trimmed after every input and
+    # faulted in again by the next one (about 770 page faults each); a decode worker keeps them.
+    sink = _decode_all(_FaultingDecoder(), 40, workers=2)
+    later = sorted(sink.labels[8:])
+    assert later[len(later) // 2] < 100, later
