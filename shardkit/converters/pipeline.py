@@ -259,7 +259,8 @@ class _Batcher:
     for, and a fresh array per record and per batch cost the parent page faults on every one (most of
     its copying time at ``workers=2``, ``benchmarks/write.py``). Any other payload is kept as a copy and
     stacked (the sink casts or refuses it, naming the field). A buffer goes back to the pool once the
-    sink wrote it; at most the writer's queue and one more are out at a time.
+    sink wrote it; at most the writer's queue and one more are out at a time. Without ``payload`` and
+    ``record`` every payload is kept as it is and stacked (records decoded in this process).
     """
 
     def __init__(self, writer: RecordSink, names: list[str], payload: str | None = None,
@@ -349,7 +350,10 @@ def decode_into(
     ``items[0]`` in the whole input sequence (a record's provenance names its input by it).
     """
     n = len(items)
-    batcher = _Batcher(sink, names, decoder.payload, decoder.record)
+    # Payloads from worker processes are views of the ring, copied once into reused buffers; decoded
+    # here they are fresh arrays, stacked as they are (copying each at once let malloc give back and
+    # fault in again its memory per record: twice the page faults at workers=1).
+    batcher = _Batcher(sink, names, decoder.payload, decoder.record) if workers > 1 else _Batcher(sink, names)
     tally = tally if tally is not None else Tally()
     for outcome in outcomes(decoder, items, split_cursor(start), workers, chunk_size):
         match outcome:

@@ -212,9 +212,10 @@ def _decode_all(decoder: Decoder, n: int, workers: int) -> _KeepingSink:
 
 
 def test_payloads_are_copied_into_reused_batch_buffers_in_order() -> None:
-    # 200 records are 4 batches; a synchronous sink gives each buffer back at once, so every batch is
-    # written from the same memory (a fresh stacked array per batch cost page faults on every one).
-    sink = _decode_all(_CountingDecoder(wide=frozenset({70, 71})), 200, workers=1)
+    # 200 records from 2 workers are 4 batches; a synchronous sink gives each buffer back at once,
+    # so every batch is written from the same memory (a fresh stacked array per batch cost page faults
+    # on every one).
+    sink = _decode_all(_CountingDecoder(wide=frozenset({70, 71})), 200, workers=2)
     got = np.concatenate(sink.payloads)
     np.testing.assert_array_equal(got[:, 0, 0], np.arange(200) % 251)
     assert sink.labels == list(range(200))
