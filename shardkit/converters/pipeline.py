@@ -308,10 +308,11 @@ class _Batcher:
         names = [n for n in self.names if buffer is None or n != self.payload]
         batch = {name: np.stack([r[name] for r in self.rows]) for name in names}
         cursors = np.asarray(self.cursors, dtype=np.int64)
-        self.rows, self.cursors = [], []
         if buffer is None:
             self.writer.write(batch, cursors)
+            self.rows, self.cursors = [], []  # after the hand-over, as malloc reuses best
             return
+        self.rows, self.cursors = [], []
         assert self.payload is not None
         batch[self.payload] = buffer[:k]
         if isinstance(self.writer, BackgroundWriter):
