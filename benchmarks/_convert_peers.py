@@ -2,8 +2,8 @@
 
 Runs in the bench venv (``pip install -e '.[bench]'``), not in shardkit's:
 ``python _convert_peers.py SYSTEM SRC OUT WORKERS SIZE``; prints one JSON line
-``{"seconds": ..., "records": ..., "bytes": ..., "cpu": ...}`` (or ``{"error": ...}``): ``cpu`` is the CPU
-seconds of the writer and its worker processes.
+``{"seconds": ..., "records": ..., "bytes": ..., "cpu": ..., "parent_cpu": ...}`` (or ``{"error": ...}``):
+``cpu`` is the CPU seconds of the writer and its worker processes, ``parent_cpu`` those of this process alone.
 
 Every peer decodes with the same transform as the benchmark's bare loop (Pillow: open, RGB, resize
 the shorter side with bilinear filtering, centre crop; what shardkit's default decode does at this
@@ -134,13 +134,19 @@ def _cpu() -> float:
     return own.ru_utime + own.ru_stime + ended.ru_utime + ended.ru_stime
 
 
+def _own_cpu() -> float:
+    """CPU seconds of this process alone (every thread)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    return own.ru_utime + own.ru_stime
+
+
 def main() -> None:
     system, src, out, workers = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
     items = corpus(src)
     shutil.rmtree(out, ignore_errors=True)
     for module in MODULES[system]:
         importlib.import_module(module)
-    cpu0 = _cpu()
+    cpu0, own0 = _cpu(), _own_cpu()
     t0 = time.perf_counter()
     try:
         SYSTEMS[system](items, out, workers)
@@ -149,7 +155,8 @@ def main() -> None:
         return
     seconds = time.perf_counter() - t0
     written = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
-    print(json.dumps({"seconds": seconds, "records": len(items), "bytes": written, "cpu": _cpu() - cpu0}))
+    print(json.dumps({"seconds": seconds, "records": len(items), "bytes": written, "cpu": _cpu() - cpu0,
+                      "parent_cpu": _own_cpu() - own0}))
     shutil.rmtree(out, ignore_errors=True)
 
 

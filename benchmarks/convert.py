@@ -14,9 +14,9 @@ one run measures images/s of:
   worker writes its own shards and the parent only plans and commits (the other answer to issue 15
   item 2; with 256 MiB shards of 1,783 records every part of a 2,000-image corpus is smaller than a
   shard, so its records are spilled first and the commit re-packs them);
-* where the CPU goes (issue 15 item 2): the CPU seconds of this process per image (for ``--workers 2``
-  that is the parent's share: its workers are children of the forkserver, not of this process) and the
-  share of the machine's CPU time left idle during each pass (``/proc/stat``). From them, the best
+* where the CPU goes (issue 15 item 2): the CPU seconds per image of this process (for ``--workers 2``
+  the parent's share) and of its child processes (the forked decode workers; a peer's command and its
+  workers), and the share of the machine's CPU time left idle during each pass (``/proc/stat``). From them, the best
   speed-up any 2-worker conversion can reach over ``--workers 1`` on two free cores: ``--workers 1``
   already keeps ``u1 = CPU / wall`` cores busy (its writer thread runs beside the decoder), and two
   workers must do at least the same CPU work, so the speed-up is at most ``2 / u1``;
@@ -34,7 +34,9 @@ one run measures images/s of:
   :data:`PSNR_THRESHOLD`.
 
 Every file's page cache is dropped before each measured pass (``POSIX_FADV_DONTNEED``), so all
-passes read from the same (cold) state. Prints markdown tables; record them in RESULTS.md.
+passes read from the same (cold) state. shardkit's images/s is the conversion's own clock in this
+process, its modules already imported: the writing-only rate. With ``--repeat`` the table keeps the best
+pass and shows the range over all of them (the variants run interleaved, pass by pass). Prints markdown tables; record them in RESULTS.md.
 
 Usage: ``python benchmarks/convert.py [--images 2000] [--repeat 1] [--decode-size 64] [--no-peers] [--quick]``
 """
@@ -179,12 +181,20 @@ def machine_idle() -> tuple[int, int]:
     return ticks[3] + ticks[4], sum(ticks)
 
 
-def timed_pass(fn: Callable[[], float]) -> tuple[float, float, float]:
-    """``(seconds, CPU seconds of this process, share of the machine idle)`` of one pass of ``fn``."""
-    cpu0, (idle0, total0) = own_cpu(), machine_idle()
+def children_cpu() -> float:
+    """CPU seconds of the child processes of this one that ended and were waited for (forked decode
+    workers, the peers' commands with their workers)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def timed_pass(fn: Callable[[], float]) -> tuple[float, float, float, float]:
+    """``(seconds, CPU seconds of this process, CPU seconds of its ended children, share of the machine
+    idle)`` of one pass of ``fn``."""
+    cpu0, kids0, (idle0, total0) = own_cpu(), children_cpu(), machine_idle()
     dt = fn()
-    cpu1, (idle1, total1) = own_cpu(), machine_idle()
-    return dt, cpu1 - cpu0, (idle1 - idle0) / max(1, total1 - total0)
+    cpu1, kids1, (idle1, total1) = own_cpu(), children_cpu(), machine_idle()
+    return dt, cpu1 - cpu0, kids1 - kids0, (idle1 - idle0) / max(1, total1 - total0)
 
 
 def peer_run(system: str, out: Path, workers: int) -> float:
@@ -261,7 +271,8 @@ def main() -> None:
     n = len(files)
     tmp = Path(tempfile.mkdtemp(prefix="shardkit-bench-convert-"))
     results: dict[str, float] = {}
-    usage: dict[str, tuple[float, float]] = {}  # the best pass's (CPU seconds of this process, idle share)
+    usage: dict[str, tuple[float, float, float]] = {}  # the best pass's (CPU s of this process, of its children, idle)
+    rates: dict[str, list[float]] = {}  # images/s of every pass, for the spread
     steady: dict[str, float] = {}  # the best pass's steady-state images/s (shardkit's passes only)
     ds = args.decode_size
     try:
@@ -282,9 +293,10 @@ def main() -> None:
             ]:
                 drop_cache(files)
                 STEADY.clear()
-                dt, cpu, idle = timed_pass(fn)
+                dt, cpu, kids, idle = timed_pass(fn)
+                rates.setdefault(name, []).append(n / dt)
                 if dt < results.get(name, float("inf")):
-                    results[name], usage[name] = dt, (cpu, idle)
+                    results[name], usage[name] = dt, (cpu, kids, idle)
                     steady[name] = next(iter(STEADY.values()), float("nan"))
         same = all(
             (tmp / "w1" / p.relative_to(tmp / "w1")).read_bytes() == (tmp / "w2" / p.relative_to(tmp / "w1")).read_bytes()
@@ -301,13 +313,16 @@ def main() -> None:
     print(f"{n} JPEGs ~500x375 q90 -> {SIZE}x{SIZE}, bilinear, shorter side + centre crop; "
           f"{platform.python_version()}, Pillow {Image.__version__}, {os.cpu_count()} cores")
     print()
-    print("| variant | images/s | vs bare loop | steady images/s (20-80%) | CPU ms/image in this process | machine idle |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| variant | images/s | range over passes | vs bare loop | steady images/s (20-80%) | "
+          "CPU ms/image in this process | in its child processes | machine idle |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, dt in results.items():
-        cpu, idle = usage[name]
+        cpu, kids, idle = usage[name]
         rate = steady.get(name, float("nan"))
         shown = "-" if rate != rate else f"{rate:.1f}"
-        print(f"| {name} | {n / dt:.1f} | {n / dt / bare:.2f}x | {shown} | {1000 * cpu / n:.2f} | {100 * idle:.0f}% |")
+        spread = f"{min(rates[name]):.1f}-{max(rates[name]):.1f}"
+        print(f"| {name} | {n / dt:.1f} | {spread} | {n / dt / bare:.2f}x | {shown} | {1000 * cpu / n:.2f} | "
+              f"{1000 * kids / n:.2f} | {100 * idle:.0f}% |")
     print()
     overhead = (bare / w1 - 1) * 100
     print(f"- single-worker overhead over the bare loop: {overhead:+.1f}% (target <= 10%): "
@@ -318,10 +333,13 @@ def main() -> None:
     print(f"- the bare loop itself speeds up {bare2 / bare:.2f}x on 2 processes on this machine right now; "
           f"--workers 2 reaches {w2 / bare2:.0%} of that 2-process loop")
     busy1 = usage["shardkit convert --workers 1"][0] / results["shardkit convert --workers 1"]
+    w2_parent, w2_workers = (1000 * c / n for c in usage["shardkit convert --workers 2"][:2])
     print(f"- --workers 1 keeps {busy1:.2f} cores busy (decoder + writer thread), so no 2-worker conversion can be "
           f"more than {2 / busy1:.2f}x faster on two free cores; the parent of --workers 2 spends "
           f"{1000 * usage['shardkit convert --workers 2'][0] / n:.2f} ms of CPU per image, "
-          f"{usage['shardkit convert --workers 2'][1]:.0%} of the machine stayed idle")
+          f"{usage['shardkit convert --workers 2'][2]:.0%} of the machine stayed idle")
+    print(f"- --workers 2, CPU per image: parent {w2_parent:.2f} ms, its workers {w2_workers:.2f} ms "
+          f"(--workers 1: {1000 * usage['shardkit convert --workers 1'][0] / n:.2f} ms in one process)")
     print(f"- payload shards byte-identical for 1 and 2 workers: {same}")
     for w in (1, 2):
         ours = results[f"shardkit convert --workers {w}"]

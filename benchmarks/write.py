@@ -17,7 +17,9 @@ that imports its writer, writes and exits (shardkit: this script with ``--one``;
 ``_convert_peers.py``). The headline images/s is that command's wall time; the CPU seconds per image are
 those of the command and every process below it (this script is a child subreaper, so a fork server
 orphaned at exit is reaped, and counted, here). "writing" is the writer's own clock inside the command
-(after its imports, as the peers' ``_convert_peers.py`` measures it). The table gives the median over the
+(after its imports, as the peers' ``_convert_peers.py`` measures it), and the CPU of that writing is
+split between the command's own process (for shardkit the parent: decode loop, writer thread, commit)
+and the processes below it (the decode workers). The table gives the median over the
 rounds with the range (a shared machine is noisy: read the spread), and the bytes each output holds.
 
 How the peers parallelise (not the same as shardkit): shardkit's workers decode in input order and one
@@ -73,16 +75,23 @@ def tree_cpu() -> float:
     return total
 
 
-def shardkit_write(out: Path, workers: int) -> tuple[float, float]:
-    """Seconds and CPU seconds (every process) of one ``shardkit.write`` of the corpus into ``out``."""
+def own_cpu() -> float:
+    """CPU seconds of this process alone, every thread (the parent: decode loop, writer thread, commit)."""
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    return used.ru_utime + used.ru_stime
+
+
+def shardkit_write(out: Path, workers: int) -> tuple[float, float, float]:
+    """Seconds, CPU seconds of every process and CPU seconds of this process alone of one
+    ``shardkit.write`` of the corpus into ``out``."""
     shutil.rmtree(out, ignore_errors=True)
     items = corpus(DATA)
-    cpu0 = tree_cpu()
+    cpu0, own0 = tree_cpu(), own_cpu()
     t0 = time.perf_counter()
     s = shardkit.write(_litdata_item, items, out, workers=workers, progress=False)
     dt = time.perf_counter() - t0
     assert s.records == len(items), s
-    return dt, tree_cpu() - cpu0
+    return dt, tree_cpu() - cpu0, own_cpu() - own0
 
 
 def _reap_orphans() -> None:
@@ -118,15 +127,15 @@ def command(system: str, out: Path, workers: int) -> dict[str, Any]:
     if "error" in res:
         print(f"[{system}, {workers} workers] failed: {res['error']}")
         return {}
-    return {**res, "wall": wall, "cpu": cpu}
+    return {**res, "writing_cpu": res.get("cpu", float("nan")), "wall": wall, "cpu": cpu}
 
 
 def one(out: Path, workers: int) -> None:
     """``--one``: write the corpus into ``out`` in this process, print the JSON line :func:`command` reads."""
-    dt, _ = shardkit_write(out, workers)
+    dt, cpu, parent = shardkit_write(out, workers)
     size = dir_bytes(out)
     shutil.rmtree(out, ignore_errors=True)
-    print(json.dumps({"seconds": dt, "bytes": size}))
+    print(json.dumps({"seconds": dt, "bytes": size, "cpu": cpu, "parent_cpu": parent}))
 
 
 def main() -> None:
@@ -166,22 +175,34 @@ def main() -> None:
                     if not res:
                         continue
                     runs.setdefault((system, w), []).append(res)
+                    parent, rest = _split(res)
                     print(f"round {r + 1}: {system} x{w}: {n / res['wall']:.1f} images/s (command), "
                           f"{n / float(res['seconds']):.1f} (writing), {1e3 * res['cpu'] / n:.1f} CPU ms/image, "
+                          f"writing: {1e3 * parent / n:.2f} parent + {1e3 * rest / n:.2f} workers CPU ms/image, "
                           f"{int(res['bytes']) / 1e6:.1f} MB", flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"\n{n} JPEGs (~500x375) -> 224x224x3 uint8 + label; {args.rounds} interleaved rounds; each a fresh "
           f"process, page cache dropped; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end\n")
-    print("| writer | workers | images/s, whole command (median) | range | images/s, writing only (median) | "
-          "CPU ms/image (median, all processes) | MB written |")
-    print("|---|---|---|---|---|---|---|")
+    print("| writer | workers | images/s, whole command (median) | range | images/s, writing only (median) | range | "
+          "CPU ms/image (median, all processes) | writing: CPU ms/image of the parent | of the workers | MB written |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for (system, w), done in runs.items():
         rates = sorted(n / d["wall"] for d in done)
-        writing = statistics.median(n / float(d["seconds"]) for d in done)
+        writing = sorted(n / float(d["seconds"]) for d in done)
         per_image = statistics.median(1e3 * d["cpu"] / n for d in done)
+        parent = statistics.median(1e3 * _split(d)[0] / n for d in done)
+        rest = statistics.median(1e3 * _split(d)[1] / n for d in done)
         print(f"| {SYSTEMS[system]} | {w} | {statistics.median(rates):.1f} | {rates[0]:.1f}-{rates[-1]:.1f} | "
-              f"{writing:.1f} | {per_image:.1f} | {int(done[-1]['bytes']) / 1e6:.1f} |")
+              f"{statistics.median(writing):.1f} | {writing[0]:.1f}-{writing[-1]:.1f} | {per_image:.1f} | "
+              f"{parent:.2f} | {rest:.2f} | {int(done[-1]['bytes']) / 1e6:.1f} |")
+
+
+def _split(res: dict[str, Any]) -> tuple[float, float]:
+    """CPU seconds of the writing, in the command's own process and in the processes below it (its
+    workers); NaN when the writer did not report them."""
+    parent = float(res.get("parent_cpu", float("nan")))
+    return parent, float(res.get("writing_cpu", float("nan"))) - parent
 
 if __name__ == "__main__":
     main()

@@ -222,9 +222,16 @@ class BackgroundWriter:
             self._thread.start()
         self._queue.put((fn, args))
 
-    def write(self, batch: dict[str, np.ndarray], cursors: np.ndarray) -> None:
+    def write(self, batch: dict[str, np.ndarray], cursors: np.ndarray,
+              release: Callable[[], None] | None = None) -> None:
+        """Queue ``batch``; ``release`` is called once the sink wrote it (its buffers may be reused then)."""
         self.records_written += int(cursors.shape[0])
-        self._submit(self.sink.write, batch, cursors)
+        self._submit(self._write_then, batch, cursors, release)
+
+    def _write_then(self, batch: dict[str, np.ndarray], cursors: np.ndarray, release: Callable[[], None] | None) -> None:
+        self.sink.write(batch, cursors)
+        if release is not None:
+            release()
 
     def skip(self, path: str, reason: str, cursor: int) -> None:
         self._submit(self.sink.skip, path, reason, cursor)
@@ -245,15 +252,46 @@ class BackgroundWriter:
 
 
 class _Batcher:
-    """Gather records and hand them to the writer in batches, with their input cursors."""
+    """Gather records and hand them to the writer in batches, with their input cursors.
 
-    def __init__(self, writer: RecordSink, names: list[str]) -> None:
+    A payload of exactly the record's shape and dtype is copied once, as it arrives, into a reused batch
+    buffer: a payload may be a view of the workers' ring, valid only until the next outcome is asked
+    for, and a fresh array per record and per batch cost the parent page faults on every one (most of
+    its copying time at ``workers=2``, ``benchmarks/write.py``). Any other payload is kept as a copy and
+    stacked (the sink casts or refuses it, naming the field). A buffer goes back to the pool once the
+    sink wrote it; at most the writer's queue and one more are out at a time. Without ``payload`` and
+    ``record`` every payload is kept as it is and stacked (records decoded in this process).
+    """
+
+    def __init__(self, writer: RecordSink, names: list[str], payload: str | None = None,
+                 record: FieldSpec | None = None) -> None:
         self.writer = writer
         self.names = names
+        self.payload = payload if record is not None and payload in names else None
+        self.shape = None if record is None else tuple(record.shape)
+        self.dtype = None if record is None else np.dtype(record.dtype)
         self.rows: list[dict[str, Any]] = []
         self.cursors: list[int] = []
+        self._buffers: list[np.ndarray] = []  # free batch buffers (appended to by the writer thread)
+        self._buffer: np.ndarray | None = None  # the one being filled, while every row so far is in it
+
+    def _fits(self, value: Any) -> bool:
+        return isinstance(value, np.ndarray) and value.shape == self.shape and value.dtype == self.dtype
 
     def add(self, record: dict[str, Any], cursor: int) -> None:
+        if self.payload is not None:
+            value = record[self.payload]
+            fast = self._fits(value)
+            if self.rows and fast != (self._buffer is not None):
+                self.flush()  # a batch is all in a buffer or all stacked
+            if fast:
+                if self._buffer is None:
+                    self._buffer = self._buffers.pop() if self._buffers else np.empty((_WRITE_BATCH, *value.shape),
+                                                                                       value.dtype)
+                self._buffer[len(self.rows)] = value
+                record = {k: v for k, v in record.items() if k != self.payload}
+            else:
+                record[self.payload] = np.array(value)  # a copy: a view of the ring is reused after this call
         self.rows.append(record)
         self.cursors.append(cursor)
         # Write at least at every shard boundary, so a shard is completed (and staged for resume)
@@ -265,9 +303,23 @@ class _Batcher:
     def flush(self) -> None:
         if not self.rows:
             return
-        batch = {name: np.stack([r[name] for r in self.rows]) for name in self.names}
-        self.writer.write(batch, np.asarray(self.cursors, dtype=np.int64))
+        buffer, self._buffer = self._buffer, None
+        k = len(self.rows)
+        names = [n for n in self.names if buffer is None or n != self.payload]
+        batch = {name: np.stack([r[name] for r in self.rows]) for name in names}
+        cursors = np.asarray(self.cursors, dtype=np.int64)
+        if buffer is None:
+            self.writer.write(batch, cursors)
+            self.rows, self.cursors = [], []  # after the hand-over, as malloc reuses best
+            return
         self.rows, self.cursors = [], []
+        assert self.payload is not None
+        batch[self.payload] = buffer[:k]
+        if isinstance(self.writer, BackgroundWriter):
+            self.writer.write(batch, cursors, release=lambda: self._buffers.append(buffer))
+        else:
+            self.writer.write(batch, cursors)
+            self._buffers.append(buffer)
 
 
 @dataclass
@@ -299,7 +351,10 @@ def decode_into(
     ``items[0]`` in the whole input sequence (a record's provenance names its input by it).
     """
     n = len(items)
-    batcher = _Batcher(sink, names)
+    # Payloads from worker processes are views of the ring, copied once into reused buffers; decoded
+    # here they are fresh arrays, stacked as they are (copying each at once let malloc give back and
+    # fault in again its memory per record: twice the page faults at workers=1).
+    batcher = _Batcher(sink, names, decoder.payload, decoder.record) if workers > 1 else _Batcher(sink, names)
     tally = tally if tally is not None else Tally()
     for outcome in outcomes(decoder, items, split_cursor(start), workers, chunk_size):
         match outcome:

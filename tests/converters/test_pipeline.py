@@ -14,8 +14,10 @@ import pytest
 
 import shardkit
 from shardkit.converters import decoding
+from shardkit.converters.base import Decoded, Decoder
+from shardkit.converters.pipeline import _Batcher, decode_into
 from shardkit.errors import ConversionError
-from shardkit.formats import open_dataset, verify
+from shardkit.formats import FieldSpec, open_dataset, verify
 from tests.helpers.corpora import interrupt_after, make_imagefolder, tone, write_wav
 
 REPO = Path(__file__).resolve().parents[2]
@@ -163,3 +165,115 @@ def test_changed_corpus_is_not_resumed(tmp_path: Path) -> None:
     os.remove(root / "train" / "cat" / "cat000.jpg")
     with pytest.raises(ConversionError, match="different parameters"):
         shardkit.convert(root, tmp_path / "out", size=16, workers=1, records_per_shard=3)
+
+
+class _CountingDecoder(Decoder):
+    """Input ``i`` gives one 4x4 record filled with ``i % 251`` (a uint16 one where ``i`` is in ``wide``)."""
+
+    def __init__(self, wide: frozenset[int] = frozenset()) -> None:
+        super().__init__("image", FieldSpec((4, 4), "uint8"))
+        self.wide = wide
+
+    def decode(self, item: Any, start: int = 0) -> Decoded:
+        i = int(item)
+        value = np.full((4, 4), i % 251, dtype=np.uint16 if i in self.wide else np.uint8)
+        return Decoded([{"image": value, "label": np.int64(i)}])
+
+    def item_path(self, item: Any) -> str:
+        return f"input-{item}"
+
+
+class _KeepingSink:
+    """A synchronous RecordSink that keeps a copy of every payload, and the arrays it was handed."""
+
+    records_per_shard = 10_000
+
+    def __init__(self) -> None:
+        self.records_written = 0
+        self.payloads: list[np.ndarray] = []
+        self.handed: list[np.ndarray] = []
+        self.labels: list[int] = []
+
+    def write(self, batch: dict[str, np.ndarray], cursors: np.ndarray) -> None:
+        self.handed.append(batch["image"])
+        self.payloads.append(FieldSpec((4, 4), "uint8").check("image", batch["image"], len(cursors)).copy())
+        self.labels += [int(v) for v in batch["label"]]
+        self.records_written += len(cursors)
+
+    def skip(self, path: str, reason: str, cursor: int) -> None:
+        raise AssertionError(f"unexpected skip of {path}: {reason}")
+
+
+def _decode_all(decoder: Decoder, n: int, workers: int) -> _KeepingSink:
+    sink = _KeepingSink()
+    decode_into(decoder, list(range(n)), sink, 0, names=["image", "label"], chunk_size=1, workers=workers,
+                strict=False, progress=None, provenance=("test", ()))
+    return sink
+
+
+def test_payloads_are_copied_into_reused_batch_buffers_in_order() -> None:
+    # 200 records from 2 workers are 4 batches; a synchronous sink gives each buffer back at once,
+    # so every batch is written from the same memory (a fresh stacked array per batch cost page faults
+    # on every one).
+    sink = _decode_all(_CountingDecoder(wide=frozenset({70, 71})), 200, workers=2)
+    got = np.concatenate(sink.payloads)
+    np.testing.assert_array_equal(got[:, 0, 0], np.arange(200) % 251)
+    assert sink.labels == list(range(200))
+    fast = [a for a in sink.handed if a.dtype == np.uint8]
+    assert len(fast) >= 3 and all(np.shares_memory(fast[0], a) for a in fast[1:])
+    # The uint16 records travel stacked, as their own batch, and the sink casts them (same_kind).
+    assert any(a.dtype == np.uint16 for a in sink.handed)
+
+
+def test_batcher_keeps_no_view_of_a_payload_once_added() -> None:
+    # A payload from the workers' ring is a view of a slot that a worker refills once the next outcome
+    # is asked for: overwriting it after add() (what the worker does) must not change what is written.
+    sink = _KeepingSink()
+    batcher = _Batcher(sink, ["image", "label"], "image", FieldSpec((4, 4), "uint8"))
+    slot = np.zeros((3, 4, 4), np.uint16)
+    for i in range(3):
+        slot[i] = 10 + i
+        view = slot[i] if i == 1 else slot[i].view(np.uint8)[:, ::2]  # record 1: a dtype that is cast
+        batcher.add({"image": view, "label": np.int64(i)}, i + 1)
+        slot[i] = 99
+    batcher.flush()
+    np.testing.assert_array_equal(np.concatenate(sink.payloads)[:, 0, 0], [10, 11, 12])
+
+
+def test_two_workers_hand_over_every_payload_in_order() -> None:
+    # Tasks of 32 inputs in 6 ring slots, batches of 64 records: batches span tasks whose slots the
+    # workers refill.
+    sink = _decode_all(_CountingDecoder(), 600, workers=2)
+    got = np.concatenate(sink.payloads)
+    np.testing.assert_array_equal(got, np.broadcast_to((np.arange(600) % 251).astype(np.uint8)[:, None, None],
+                                                       (600, 4, 4)))
+    assert sink.labels == list(range(600))
+
+
+class _FaultingDecoder(Decoder):
+    """Allocates, fills and frees three 1 MiB buffers per input, as an image decode does, and gives the
+    page faults that took as the record's label."""
+
+    def __init__(self) -> None:
+        super().__init__("image", FieldSpec((4, 4), "uint8"))
+
+    def decode(self, item: Any, start: int = 0) -> Decoded:
+        import resource
+
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        buffers = [np.ones(1 << 20, np.uint8) for _ in range(3)]
+        del buffers
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+        return Decoded([{"image": np.zeros((4, 4), np.uint8), "label": np.int64(faults)}])
+
+    def item_path(self, item: Any) -> str:
+        return f"input-{item}"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="glibc's malloc")
+def test_decode_workers_reuse_freed_memory_instead_of_faulting_it_in_again() -> None:
+    # With glibc's defaults the 3 MiB freed at the top of the heap are trimmed after every input and
+    # faulted in again by the next one (about 770 page faults each); a decode worker keeps them.
+    sink = _decode_all(_FaultingDecoder(), 40, workers=2)
+    later = sorted(sink.labels[8:])
+    assert later[len(later) // 2] < 100, later
