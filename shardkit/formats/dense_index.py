@@ -28,6 +28,9 @@ __all__ = ["PIECE_ENTRIES", "DenseIndexCheck", "dense_entries", "dense_index_crc
 PIECE_ENTRIES = 256
 #: Entries read and compared per request at most (1 MiB of index: bounded temporaries).
 _RUN_ENTRIES = 1 << 16
+#: Pages not asked for that are read and compared anyway to join two requests (a 4 KiB page from the
+#: page cache costs less than one more system call and its Python).
+_GAP_PAGES = 4
 
 
 def dense_entries(a: int, b: int, count: int, record_nbytes: int) -> np.ndarray:
@@ -73,20 +76,51 @@ class DenseIndexCheck:
 
     def check(self, local: np.ndarray) -> bool:
         """Compare the index pages holding the entries of records ``local`` (shard-local, ascending)
-        that were not compared yet; False at the first page that differs (nothing is marked then)."""
+        that were not compared yet; False at the first group of pages that differs (nothing is
+        marked then). Pages at most :data:`_GAP_PAGES` apart are read as one span (the pages between,
+        not compared yet either, are compared too: every page is read once), and spans are compared
+        in groups of about :data:`_RUN_ENTRIES` entries, one numpy comparison each: a sparse first
+        block asks for one page per record."""
         pieces = np.unique(np.asarray(local, dtype=np.int64) // PIECE_ENTRIES)
         todo = pieces[~self._checked[pieces]]
         if not todo.size:
             return True
-        cuts = np.flatnonzero(np.diff(todo) != 1) + 1  # runs of adjacent pages: one request each
-        for run in np.split(todo, cuts):
-            a, b = int(run[0]) * PIECE_ENTRIES, min(self.capacity, (int(run[-1]) + 1) * PIECE_ENTRIES)
-            for c in range(a, b, _RUN_ENTRIES):
-                d = min(b, c + _RUN_ENTRIES)
-                found = np.empty(2 * (d - c), dtype="<u8")
-                self._read(found.view(np.uint8).data, self.index_offset + 16 * c)
-                if not np.array_equal(found, dense_entries(c, d, self.count, self.record_nbytes)):
-                    return False
-        self._checked[todo] = True
-        self._left -= int(todo.size)
+        run_pages = _RUN_ENTRIES // PIECE_ENTRIES
+        done = np.concatenate(([0], np.cumsum(self._checked)))  # pages compared before each page
+        between = done[todo[1:]] - done[todo[:-1] + 1]  # compared pages between two asked for
+        cut = np.flatnonzero((np.diff(todo) > _GAP_PAGES + 1) | (between > 0)) + 1
+        first = todo[np.concatenate(([0], cut))]
+        last = todo[np.concatenate((cut - 1, [todo.size - 1]))] + 1
+        # Spans of at most run_pages pages, grouped by where they start (a group: under 2 x run_pages).
+        size = last - first
+        parts = -(-size // run_pages)
+        first = np.repeat(first, parts) + run_pages * (np.arange(parts.sum()) - np.repeat(np.cumsum(parts) - parts, parts))
+        last = np.minimum(first + run_pages, np.repeat(last, parts))
+        group = np.cumsum(last - first) // run_pages
+        bounds = np.flatnonzero(np.diff(group)) + 1
+        for a, b in zip([0, *bounds.tolist()], [*bounds.tolist(), first.size]):
+            if not self._compare(first[a:b], last[a:b]):
+                return False
+        for a, b in zip(first.tolist(), last.tolist()):
+            self._checked[a:b] = True
+        self._left = int(self._checked.size - np.count_nonzero(self._checked))
         return True
+
+    def _compare(self, first: np.ndarray, last: np.ndarray) -> bool:
+        """Read the index pages ``[first[k], last[k])`` (one request each) and compare them with the
+        fixed-size layout's in one step."""
+        lo = np.minimum(first * PIECE_ENTRIES, self.capacity)
+        hi = np.minimum(last * PIECE_ENTRIES, self.capacity)
+        n = hi - lo
+        found = np.empty((int(n.sum()), 2), dtype="<u8")
+        raw = found.view(np.uint8).reshape(-1).data
+        at = 0
+        for a, k in zip(lo.tolist(), n.tolist()):
+            self._read(raw[16 * at : 16 * (at + k)], self.index_offset + 16 * a)
+            at += k
+        entry = np.arange(found.shape[0], dtype=np.int64) + np.repeat(lo - (np.cumsum(n) - n), n)
+        live = entry < self.count
+        want = np.where(live, entry.astype(np.uint64) * np.uint64(self.record_nbytes), EMPTY_ENTRY)
+        if not np.array_equal(found[:, 0], want):
+            return False
+        return bool(np.array_equal(found[:, 1], np.where(live, np.uint64(self.record_nbytes), EMPTY_ENTRY)))
