@@ -22,12 +22,15 @@ import numpy as np
 from shardkit.formats.index import extend_crc32c
 from shardkit.formats.spec import EMPTY_ENTRY
 
-__all__ = ["PIECE_ENTRIES", "DenseIndexCheck", "dense_entries", "dense_index_crc32c"]
+__all__ = ["PIECE_ENTRIES", "WHOLE_INDEX_ENTRIES", "DenseIndexCheck", "dense_entries", "dense_index_crc32c"]
 
 #: Index entries compared as one piece: 256 entries of 16 bytes, one 4 KiB page of the index.
 PIECE_ENTRIES = 256
 #: Entries read and compared per request at most (1 MiB of index: bounded temporaries).
 _RUN_ENTRIES = 1 << 16
+#: Indexes of at most this many entries (64 KiB) are read whole at the shard's first read, in one
+#: request with the records' tail and the crc32c: a page at a time saves nothing on them.
+WHOLE_INDEX_ENTRIES = 1 << 12
 #: Pages not asked for that are read and compared anyway to join two requests (a 4 KiB page from the
 #: page cache costs less than one more system call and its Python).
 _GAP_PAGES = 4
@@ -68,6 +71,15 @@ class DenseIndexCheck:
         self._read = read
         self._checked = np.zeros(-(-self.capacity // PIECE_ENTRIES), dtype=bool)
         self._left = int(self._checked.size)
+
+    def compare_whole(self, found: np.ndarray) -> bool:
+        """Compare the whole index, ``found`` (its entries as little-endian words, read by the caller
+        in the request that reads the shard's tail), and mark every page when it is the layout's."""
+        if not np.array_equal(found, dense_entries(0, self.capacity, self.count, self.record_nbytes)):
+            return False
+        self._checked[:] = True
+        self._left = 0
+        return True
 
     @property
     def done(self) -> bool:

@@ -34,7 +34,7 @@ from shardkit.errors import (
 from shardkit.formats import jsonvalues as jv
 from shardkit.formats.checksums import FileDigest
 from shardkit.formats.codecs import RecordCodec, codec_from_zarr, decode_record
-from shardkit.formats.dense_index import DenseIndexCheck, dense_index_crc32c
+from shardkit.formats.dense_index import WHOLE_INDEX_ENTRIES, DenseIndexCheck, dense_index_crc32c
 from shardkit.formats.index import ShardIndex, crc32c_of
 from shardkit.formats.metadata import read_json
 from shardkit.formats.paths import resolve_inside
@@ -751,17 +751,25 @@ class PayloadArray:
         if info.index_crc32c is not None and info.index_crc32c != crc:
             return None
         cut = self._tail_nbytes(i)
-        raw = bytearray(cut + CHECKSUM_NBYTES)  # the records' tail and the index's crc32c: two small reads
-        if cut:
-            self._preadv_all(fd, self._shard_str(i), [memoryview(raw)[:cut]], size - isize - cut)
-        self._preadv_all(fd, self._shard_str(i), [memoryview(raw)[cut:]], size - CHECKSUM_NBYTES)
-        if int.from_bytes(raw[cut:], "little") != crc:
+        path = self._shard_str(i)
+        check = DenseIndexCheck(self.records_per_shard, info.count, self.record_nbytes, size - isize,
+                                lambda buf, offset: self._preadv_all(fd, path, [buf], offset))  # fmt: skip
+        small = self.records_per_shard <= WHOLE_INDEX_ENTRIES
+        body = isize - CHECKSUM_NBYTES if small else 0
+        raw = np.empty(cut + body + CHECKSUM_NBYTES, dtype=np.uint8)  # the tail, (a small index,) its crc32c
+        if small:  # one request, as the whole index is read
+            self._preadv_all(fd, path, [raw.data], size - raw.size)
+        else:  # two small reads: the index pages come with the records that need them
+            if cut:
+                self._preadv_all(fd, path, [raw.data[:cut]], size - isize - cut)
+            self._preadv_all(fd, path, [raw.data[cut:]], size - CHECKSUM_NBYTES)
+        if int.from_bytes(raw[cut + body :].tobytes(), "little") != crc:
+            return None
+        if small and not check.compare_whole(raw[cut : cut + body].view("<u8")):
             return None
         if cut:
-            self._check_tail(i, bytes(raw[:cut]))
-        path = self._shard_str(i)
-        return DenseIndexCheck(self.records_per_shard, info.count, self.record_nbytes, size - isize,
-                               lambda buf, offset: self._preadv_all(fd, path, [buf], offset))  # fmt: skip
+            self._check_tail(i, raw[:cut].tobytes())
+        return check
 
     def _dense_index_bytes(self, count: int) -> bytes:
         """The encoded index of a fixed-size shard of ``count`` records (the last one built is kept

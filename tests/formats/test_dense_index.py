@@ -11,12 +11,12 @@ import pytest
 
 from shardkit.errors import CorruptIndexError
 from shardkit.formats import ReadStats, open_dataset
-from shardkit.formats.dense_index import PIECE_ENTRIES, dense_entries, dense_index_crc32c
+from shardkit.formats.dense_index import PIECE_ENTRIES, WHOLE_INDEX_ENTRIES, dense_entries, dense_index_crc32c
 from shardkit.formats.index import ShardIndex
 from shardkit.formats.spec import TAIL_SAMPLE_NBYTES
 from tests.helpers.datasets import make_records, write_dataset
 
-SHARD = 8 * PIECE_ENTRIES  # 2,048 records a shard: an index of 32 KiB, 8 pages
+SHARD = 32 * PIECE_ENTRIES  # 8,192 records a shard: an index of 128 KiB, 32 pages (read a page at a time)
 
 
 def _dataset(tmp_path: Path, shards: int = 4) -> tuple[Path, np.ndarray]:
@@ -32,6 +32,7 @@ def test_the_layouts_entries_and_crc_are_the_encoded_index() -> None:
 
 
 def test_first_reads_check_only_the_pages_of_their_records(tmp_path: Path) -> None:
+    assert SHARD > WHOLE_INDEX_ENTRIES  # (a small index is read whole, with the tail: one request)
     """One record of each shard reads one page of each index (and its crc32c and the records'
     tail), not each whole index: the sampler's first block of 10^8 records touches every shard."""
     path, recs = _dataset(tmp_path)
