@@ -36,6 +36,7 @@ from shardkit.errors import (
 from shardkit.formats import jsonvalues as jv
 from shardkit.formats.checksums import FileDigest
 from shardkit.formats.codecs import RecordCodec, codec_from_zarr, decode_error
+from shardkit.formats.dense_index import WHOLE_INDEX_ENTRIES, DenseIndexCheck, dense_index_crc32c
 from shardkit.formats.index import ShardIndex, crc32c_of
 from shardkit.formats.metadata import read_json
 from shardkit.formats.paths import resolve_inside
@@ -72,8 +73,6 @@ IOVEC_BYTES = 4096
 #: Distinct records planned at once by :meth:`PayloadArray.read_into` (a larger request is planned
 #: and read in pieces of ascending keys): bounds the plan's per-record arrays (about 100 bytes a record).
 PLAN_RECORDS = 1 << 16
-#: 8-byte words of a shard index compared per step with the fixed-size layout's.
-_COMPARE_WORDS = 1 << 17
 #: Size of the bounce buffer that small records are read through, per run.
 BOUNCE_BYTES = 4 << 20
 #: Compressed records one decode job takes at most (see :class:`_DecodeJobs`): the hand-off (~20 µs a
@@ -644,7 +643,8 @@ class PayloadArray:
         #: Shards whose checked index is the fixed-size layout, not kept (see :meth:`_dense_shard`).
         self._dense_shards: set[int] = set()
         self._dense_index: tuple[int, bytes] | None = None
-        self._index_read: np.ndarray | None = None
+        #: Shards whose index is being compared with the fixed-size layout's page by page.
+        self._dense_checks: dict[int, DenseIndexCheck] = {}
         self._check_lock = threading.Lock()
         self._shard_names: dict[int, str] = {}
         self._lock = threading.Lock()
@@ -849,55 +849,70 @@ class PayloadArray:
         self.stats.add(path, offset, want)
         return raw, size
 
-    def _dense_shard(self, i: int) -> bool:
-        """True when shard ``i`` is a local dataset shard of the fixed-size layout: :meth:`index`
-        checked once that every record is present at ``j * record_nbytes``, and its index (16 bytes a
-        record, the sampler's largest per-record cost) is not kept: the read plan computes offsets."""
+    def _dense_shard(self, i: int, local: np.ndarray) -> bool:
+        """True when shard ``i`` is a local dataset shard of the fixed-size layout, whose records
+        ``local`` (shard-local, ascending) may be read at ``j * record_nbytes``: its size, crc32c and
+        tail were checked at its first read, and the index entries of ``local`` are the layout's
+        (compared a page at a time, each page once: :mod:`shardkit.formats.dense_index`). Its index
+        (16 bytes a record, the sampler's largest per-record cost) is not kept. Anything else is
+        decoded and checked by :meth:`index` (CorruptIndexError unless the dense layout, all present)."""
         if i in self._dense_shards:
             return True
         if type(self) is not PayloadArray or self.codec is not None or self.shards[i].nbytes < 0:
             return False
-        with self._check_lock:  # one check at a time: they share the comparison's buffers
+        with self._check_lock:  # one check at a time: a shard's pages are marked once
             if i in self._dense_shards:
                 return True
-            if i in self._indexes or not self._canonical_index(i):  # checked already, or not the canonical bytes
-                self.index(i)  # reads and checks it (CorruptIndexError unless the dense layout, all present)
+            check = self._dense_checks.get(i)
+            if check is None and i not in self._indexes:
+                check = self._dense_check(i)
+                if check is not None:
+                    self._dense_checks[i] = check
+            if check is not None and check.check(local) and not check.done:
+                return True
+            if check is None or not check.done:
+                self.index(i)  # reads and checks the whole index (CorruptIndexError unless dense)
             with self._lock:
                 self._dense_shards.add(i)
                 self._indexes.pop(i, None)
+                self._dense_checks.pop(i, None)
                 if len(self._dense_shards) == len(self.shards):
-                    self._dense_index = self._index_read = None
+                    self._dense_index = None
         return True
 
-    def _canonical_index(self, i: int) -> bool:
-        """True when shard ``i``'s index is byte for byte the fixed-size layout's (crc32c included,
-        and the one the metadata records), its size the recorded one and its tail as recorded: every
-        check of :meth:`index` would pass, so one comparison stands in for decoding 16 bytes a record
-        (with many small records, most of the wait for the first batch). False for anything else,
-        which :meth:`index` then checks and reports."""
+    def _dense_check(self, i: int) -> DenseIndexCheck | None:
+        """The page-wise check of shard ``i``'s index, once its size, stored and recorded crc32c and
+        tail are the fixed-size layout's (the tail is read and checked here); ``None`` for anything
+        else, which :meth:`index` then checks and reports."""
         info = self.shards[i]
         isize = index_nbytes(self.records_per_shard)
         fd = self._fd(i)
         size = os.fstat(fd).st_size
         if size != info.nbytes or size - isize < info.count * self.record_nbytes:
-            return False
-        expected = self._dense_index_bytes(info.count)
-        if info.index_crc32c is not None and info.index_crc32c != int.from_bytes(expected[-4:], "little"):
-            return False
+            return None
+        crc = dense_index_crc32c(info.count, self.records_per_shard, self.record_nbytes)
+        if info.index_crc32c is not None and info.index_crc32c != crc:
+            return None
         cut = self._tail_nbytes(i)
-        raw = self._index_buffer(cut + isize)
-        self._preadv_all(fd, self._shard_str(i), [raw.data], size - raw.size)  # the index and the tail: one request
-        body = isize - CHECKSUM_NBYTES  # the entries (8-byte words), then the crc32c
-        if raw[cut + body :].tobytes() != expected[body:]:
-            return False
-        found = raw[cut : cut + body].view("<u8")
-        want = np.frombuffer(expected, "<u8", count=body // 8)
-        for a in range(0, found.size, _COMPARE_WORDS):  # in pieces: no 16 MiB temporary
-            if not np.array_equal(found[a : a + _COMPARE_WORDS], want[a : a + _COMPARE_WORDS]):
-                return False
+        path = self._shard_str(i)
+        check = DenseIndexCheck(self.records_per_shard, info.count, self.record_nbytes, size - isize,
+                                lambda buf, offset: self._preadv_all(fd, path, [buf], offset))  # fmt: skip
+        small = self.records_per_shard <= WHOLE_INDEX_ENTRIES
+        body = isize - CHECKSUM_NBYTES if small else 0
+        raw = np.empty(cut + body + CHECKSUM_NBYTES, dtype=np.uint8)  # the tail, (a small index,) its crc32c
+        if small:  # one request, as the whole index is read
+            self._preadv_all(fd, path, [raw.data], size - raw.size)
+        else:  # two small reads: the index pages come with the records that need them
+            if cut:
+                self._preadv_all(fd, path, [raw.data[:cut]], size - isize - cut)
+            self._preadv_all(fd, path, [raw.data[cut:]], size - CHECKSUM_NBYTES)
+        if int.from_bytes(raw[cut + body :].tobytes(), "little") != crc:
+            return None
+        if small and not check.compare_whole(raw[cut : cut + body].view("<u8")):
+            return None
         if cut:
             self._check_tail(i, raw[:cut].tobytes())
-        return True
+        return check
 
     def _dense_index_bytes(self, count: int) -> bytes:
         """The encoded index of a fixed-size shard of ``count`` records (the last one built is kept
@@ -906,13 +921,6 @@ class PayloadArray:
         if kept is None or kept[0] != count:
             kept = self._dense_index = (count, ShardIndex.dense(count, self.records_per_shard, self.record_nbytes).encode())
         return kept[1]
-
-    def _index_buffer(self, nbytes: int) -> np.ndarray:
-        """A reused buffer of ``nbytes`` for :meth:`_canonical_index` (kept with :attr:`_dense_index`)."""
-        buf = self._index_read
-        if buf is None or buf.size < nbytes:
-            buf = self._index_read = np.empty(nbytes, dtype=np.uint8)
-        return buf[:nbytes]
 
     def is_dense(self, i: int) -> bool:
         """True when shard ``i`` is the fixed-size layout (record j at ``j * record_nbytes``)."""
@@ -1003,7 +1011,7 @@ class PayloadArray:
             i = int(shard_of[a])
             local = keys[a:b] - i * self.records_per_shard
             w, r = which[a:b], row[a:b]
-            if self._dense_shard(i):  # the fixed-size layout, checked: record j at j * record_nbytes
+            if self._dense_shard(i, local):  # the fixed-size layout, checked: record j at j * record_nbytes
                 offs = local * self.record_nbytes
                 parts.append((np.full(offs.size, i, dtype=np.int64), offs,
                               np.full(offs.size, self.record_nbytes, dtype=np.int64), w, r))  # fmt: skip

@@ -18,6 +18,7 @@ from shardkit.errors import ConfigError
 from shardkit.order.bijection import FeistelPermutation
 from shardkit.order.reservoir import reservoir_keys
 from shardkit.order.seeds import Domain, rng
+from shardkit.tiers.stopping import POLL_SECONDS, Stopped
 
 __all__ = [
     "MODES",
@@ -244,7 +245,12 @@ class ArrayOrder:
 class HeadFirstOrder:
     """An exact order whose head (:func:`head_keys`) answers at once while ``compute`` draws the whole
     order in a background thread: keys of head positions come from the head, any other position
-    waits for the whole order. ``compute`` returns that order and what releases it (or ``None``)."""
+    waits for the whole order. ``compute`` returns that order and what releases it (or ``None``).
+
+    The draw is one numpy shuffle and cannot be interrupted, so nothing waits for it unasked:
+    :meth:`cancel` (the run stops) makes a wait for a key beyond the head raise
+    :class:`~shardkit.tiers.stopping.Stopped` within :data:`~shardkit.tiers.stopping.POLL_SECONDS`,
+    and :meth:`release` during the draw leaves the release to the drawing thread once it ends."""
 
     def __init__(self, head: np.ndarray, n: int,
                  compute: Callable[[], tuple[EpochOrder, Callable[[], None] | None]]) -> None:  # fmt: skip
@@ -254,14 +260,24 @@ class HeadFirstOrder:
         self._order: EpochOrder | None = None
         self._release: Callable[[], None] | None = None
         self._error: BaseException | None = None
+        self._lock = threading.Lock()
+        #: Release the whole order as soon as it is drawn (nobody will ask for its keys).
+        self._let_go = False
+        self._cancelled = threading.Event()
         self._thread = threading.Thread(target=self._run, name="shardkit-order", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         try:
-            self._order, self._release = self._compute()
+            order, release = self._compute()
         except BaseException as exc:  # re-raised in the thread that asks for a key beyond the head
             self._error = exc
+            return
+        with self._lock:  # decided under the lock with release(): exactly one of the two releases
+            self._order, self._release = order, release
+            let_go = self._let_go
+        if let_go:
+            self._release_once()
 
     @property
     def size(self) -> int:
@@ -273,8 +289,11 @@ class HeadFirstOrder:
         return not self._thread.is_alive()
 
     def whole(self) -> EpochOrder:
-        """The whole order (waits for the background draw)."""
-        self._thread.join()
+        """The whole order (waits for the background draw; :class:`Stopped` once cancelled)."""
+        while self._thread.is_alive():
+            if self._cancelled.is_set():
+                raise Stopped()
+            self._thread.join(POLL_SECONDS)
         if self._error is not None:
             raise self._error
         assert self._order is not None
@@ -290,11 +309,25 @@ class HeadFirstOrder:
         return self.whole().keys(positions)
 
     def release(self) -> None:
-        """Every key was computed: let go of the whole order's memory (after its draw ends)."""
-        self._thread.join()
-        if self._release is not None:
-            self._release()
-            self._release = None
+        """Every key was computed: let go of the whole order's memory now, or, while it is still
+        being drawn, as soon as the draw ends (in the drawing thread)."""
+        with self._lock:
+            self._let_go = True
+            drawn = self._order is not None
+        if drawn:
+            self._release_once()
+
+    def cancel(self) -> None:
+        """The run stops: waits for the whole order raise :class:`Stopped`, and the order is
+        released once drawn (returns at once)."""
+        self._cancelled.set()
+        self.release()
+
+    def _release_once(self) -> None:
+        with self._lock:
+            release, self._release = self._release, None
+        if release is not None:
+            release()
 
 
 @dataclass(frozen=True, eq=False)

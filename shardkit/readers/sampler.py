@@ -418,16 +418,18 @@ class TieredSampler(Closing):
         epochs = self.options.epochs
         return None if epochs is None else self._start_epoch + epochs
 
-    def _segments(self, first_epoch: int, first_position: int, end: int | None) -> Iterator[Segment]:
+    def _segments(self, first_epoch: int, first_position: int, end: int | None,
+                  drawing: list[HeadFirstOrder] | None = None) -> Iterator[Segment]:  # fmt: skip
         """The run's per-epoch plans (computed lazily by the first creator thread); the dataset's
-        identity is checked before each epoch."""
+        identity is checked before each epoch. Orders still drawn in the background are added to
+        ``drawing`` (the run cancels them when it stops)."""
         o = self.options
         left = o.limit
         epoch, pos = first_epoch, first_position
         while end is None or epoch < end:
             self._check_before_read()
             shape = plan_shape(self.num_records, pos, o.batch_size, o.rank, o.world_size, o.drop_last)
-            order, release = self._order(epoch)
+            order, release = self._order(epoch, drawing)
             if self.layout is not None and self.partition is not None:
                 shape = local_shape(shape, order, self.layout, self.partition, o.drop_last)
             complete = True
@@ -442,14 +444,17 @@ class TieredSampler(Closing):
                     return
             epoch, pos = epoch + 1, 0
 
-    def _order(self, epoch: int) -> tuple[EpochOrder, Callable[[], None] | None]:
+    def _order(self, epoch: int, drawing: list[HeadFirstOrder] | None = None) -> tuple[EpochOrder, Callable[[], None] | None]:
         """Epoch ``epoch``'s order: the exact permutation computed once per node when sharing is on,
-        else this process's own (see :func:`~shardkit.order.schedule.epoch_order`)."""
+        else this process's own (see :func:`~shardkit.order.schedule.epoch_order`); one drawn in the
+        background is added to ``drawing``."""
         o = self.options
         if o.mode == "epoch" and self.permutation == "exact":
             head = head_keys(o.seed, epoch, self.num_records)
             if head.size:  # a large dataset: the first blocks start while the rest is drawn
                 deferred = HeadFirstOrder(head, self.num_records, lambda: self._slot_order(epoch))
+                if drawing is not None:
+                    drawing.append(deferred)
                 return PlanOrder(self._plan, epoch, deferred), deferred.release
         slots, release = self._slot_order(epoch)
         return PlanOrder(self._plan, epoch, slots), release
@@ -472,19 +477,21 @@ class TieredSampler(Closing):
             self._start_epoch = self._epoch
             self._position = 0
             end = self._end_epoch()
-        pipeline = self._pipeline(end)
-        supply = None if pipeline is None else _Settled(pipeline, self.identity)
+        drawing: list[HeadFirstOrder] = []  # this run's orders drawn in the background
+        pipeline = self._pipeline(end, drawing)
+        supply = None if pipeline is None else _Settled(pipeline, self.identity, drawing)
         return self._run.start(_Run(self, supply, self._pool, stored=self.options.decode is not True))
 
-    def _pipeline(self, end: int | None) -> Pipeline | None:
-        """The background half of an iteration up to epoch ``end`` (``None`` when nothing is left)."""
+    def _pipeline(self, end: int | None, drawing: list[HeadFirstOrder] | None = None) -> Pipeline | None:
+        """The background half of an iteration up to epoch ``end`` (``None`` when nothing is left);
+        its orders still drawn in the background are added to ``drawing``."""
         first_epoch, first_pos = self._epoch, self._position
         if (end is not None and first_epoch >= end) or self.options.limit == 0:
             return None
         self._check_before_read()  # before the run opens the dataset's files
         return Pipeline(
             self.source,
-            self._segments(first_epoch, first_pos, end),
+            self._segments(first_epoch, first_pos, end, drawing),
             fields=self.fields,
             stats=self.stats,
             sizes=self.sizes,
@@ -581,9 +588,12 @@ class _Settled:
     opened from remembered documents, :func:`~shardkit.readers.identity.reopen`): batches served from
     caches alone, without a read that would check it, come from an unchanged dataset too."""
 
-    def __init__(self, supply: BatchSupply, identity: MixedIdentity) -> None:
+    def __init__(self, supply: BatchSupply, identity: MixedIdentity, drawing: list[HeadFirstOrder] | None = None) -> None:
         self._supply = supply
         self._identity: MixedIdentity | None = identity
+        #: The run's orders still drawn in the background: cancelled first when it stops, so no
+        #: thread waits for a draw that cannot be interrupted (docs/design.md §4, *The schedule*).
+        self._drawing = drawing if drawing is not None else []
 
     def get(self) -> BatchReady | BlockRead | EpochEnd | RunDone:
         item = self._supply.get()
@@ -594,6 +604,8 @@ class _Settled:
         return item
 
     def shutdown(self) -> None:
+        for order in self._drawing:
+            order.cancel()
         self._supply.shutdown()
 
 

@@ -223,7 +223,7 @@ def test_a_canonical_dense_index_is_compared_not_decoded(tmp_path: Path, monkeyp
     monkeypatch.setattr(ShardIndex, "decode", counted)
     with open_dataset(path) as ds:
         np.testing.assert_array_equal(ds.payload.read(np.arange(recs.shape[0])[::-1]), recs[::-1])
-        assert decoded == [] and ds.payload._dense_index is None  # every shard seen: the comparison's buffers let go
+        assert decoded == [] and ds.payload._dense_checks == {}  # every page of every shard compared: nothing kept
     # Entry 2 of shard 1 moved by one byte, its crc32c recomputed: decoded, and refused.
     with open_dataset(path) as ds:
         cap, rec, shard = ds.payload.records_per_shard, ds.payload.record_nbytes, ds.payload.shard_path(1)

@@ -101,3 +101,50 @@ def test_first_batch_arrives_while_the_whole_order_is_drawn(
     np.testing.assert_array_equal(keys, epoch_permutation(5, 0, n))
     assert epoch_permutation(5, 0, n)[:8].tolist() == head_keys(5, 0, n).tolist()
     s.close()
+
+
+@pytest.mark.parametrize("node_sharing", [True, False])
+def test_close_during_the_background_draw_stops_the_run_without_waiting_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, node_sharing: bool
+) -> None:
+    """The whole order is one numpy shuffle (10 s of CPU at 10^8 records) that cannot be interrupted:
+    close() while the reader waits for it stops the run's threads without waiting for the draw
+    (forced: the draw is held until after close), and the drawing thread lets go of the order once
+    its draw ends."""
+    n = 30
+    monkeypatch.setattr(schedule, "HEAD_THRESHOLD", 16)
+    monkeypatch.setattr(schedule, "HEAD_RECORDS", 8)
+    monkeypatch.setattr(schedule, "FIRST_BLOCK_BYTES", 1)
+    ds = make_dataset(tmp_path / "ds", n, records_per_shard=5)
+    go, waiting, released = threading.Event(), threading.Event(), threading.Event()
+    real_slot_order, real_whole = TieredSampler._slot_order, HeadFirstOrder.whole
+
+    def held(self: TieredSampler, epoch: int) -> tuple[EpochOrder, object]:
+        assert go.wait(60)
+        order, release = real_slot_order(self, epoch)
+
+        def counted() -> None:
+            released.set()
+            if release is not None:
+                release()
+
+        return order, counted
+
+    def whole(self: HeadFirstOrder) -> EpochOrder:
+        waiting.set()  # the reader asks for a key beyond the head
+        return real_whole(self)
+
+    monkeypatch.setattr(TieredSampler, "_slot_order", held)
+    monkeypatch.setattr(HeadFirstOrder, "whole", whole)
+    before = set(threading.enumerate())
+    s = TieredSampler(ds, batch_size=2, epochs=1, seed=5, ram_size="4records", node_sharing=node_sharing)
+    run = iter(s)
+    check_batch(next(run))
+    assert waiting.wait(60)
+    run_threads = [t for t in set(threading.enumerate()) - before if t.name != "shardkit-order"]
+    assert run_threads
+    s.close()
+    assert not go.is_set() and not [t.name for t in run_threads if t.is_alive()]
+    assert not released.is_set()
+    go.set()
+    assert released.wait(60), "the order drawn after close was not let go"
