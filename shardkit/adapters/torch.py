@@ -269,17 +269,22 @@ class ShardIterableDataset(_TorchIterableDataset):
         self._holder_generation = 0
         self._hold_shared()
 
+    def _drop_holder(self) -> None:
+        """Close the holder of the node-shared caches; a deferred build under way (generation
+        bumped) closes its result itself instead of keeping it."""
+        with self._holder_lock:
+            holder, self._holder = self._holder, None
+            self._holder_pending = False
+            self._holder_generation += 1
+        if holder is not None:
+            holder.close()
+
     def _hold_shared(self, *, defer: bool = True) -> None:
         """Keep the node-shared static cache alive across passes, whose samplers each let go of it.
         Over an object store that this process has not used yet, building it (which reads the
         dataset) waits until the DataLoader's workers are forked, or a pass runs here
         (:meth:`_ensure_holder`): reading now would start the runtime that ``fork()`` breaks."""
-        with self._holder_lock:
-            holder, self._holder = self._holder, None
-            self._holder_pending = False
-            self._holder_generation += 1  # a deferred build under way keeps its result to itself
-        if holder is not None:
-            holder.close()
+        self._drop_holder()
         if self.factory.shared is not None:
             return
         if defer and remote(self.source.paths) and forkable():
@@ -633,12 +638,7 @@ class ShardIterableDataset(_TorchIterableDataset):
 
     def close(self) -> None:
         """Let go of the node-shared caches this dataset holds across passes."""
-        with self._holder_lock:
-            holder, self._holder = self._holder, None
-            self._holder_pending = False
-            self._holder_generation += 1  # a holder still being built is closed when it is
-        if holder is not None:
-            holder.close()
+        self._drop_holder()
         if self._next is not None:
             self._next.close()
             self._next = None
