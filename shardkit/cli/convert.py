@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from shardkit.cli.app import app, echo_err, echo_out, setup_logging
+from shardkit.cli.app import app, echo_err, echo_out, help_text, setup_logging
 from shardkit.cli.merge import shard_ways
 from shardkit.converters.options import Option
 from shardkit.converters.progress import progress_bar
@@ -42,7 +42,7 @@ def _option_help(entries: list[tuple[str, Option]]) -> str:
     for opt, kinds in groups.items():
         default = "" if opt.default is None or opt.type is bool else f" Default: {opt.default}."
         parts.append(f"{', '.join(kinds)}: {opt.help}{default}")
-    return " ".join(parts)
+    return help_text(" ".join(parts))
 
 
 def kind_option_parameters() -> list[inspect.Parameter]:
@@ -100,8 +100,8 @@ def conversion_parameters() -> list[inspect.Parameter]:
         default = declared.cli_default(defaults[name]) if shown or declared.cli_type is bool else None
         names = [flag, *([look["short"]] if "short" in look else [])]
         extra = {"metavar": look["metavar"]} if "metavar" in look else {}
-        info = typer.Option(default, *names, help=declared.help, show_default=shown,
-                            **extra)
+        info = typer.Option(default, *names, help=help_text(declared.help) if declared.help else None,
+                            show_default=shown, **extra)
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info,
                                         annotation=declared.cli_type))
     return params

@@ -10,6 +10,7 @@ from typing import Any, get_type_hints
 
 import typer
 
+from shardkit.cli.app import help_text
 from shardkit.declare import UserOptions
 
 __all__ = ["option_parameters", "options_command"]
@@ -31,7 +32,8 @@ def option_parameters(
         flag = declared.cli_flag(name)
         if flag is None:
             continue
-        info = typer.Option(declared.cli_default(default), flag, help=declared.help, rich_help_panel=declared.group)
+        info = typer.Option(declared.cli_default(default), flag, help=help_text(declared.help) if declared.help else None,
+                            rich_help_panel=declared.group)
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info,
                                         annotation=declared.cli_type))  # fmt: skip
     return params
