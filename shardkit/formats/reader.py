@@ -895,8 +895,11 @@ class PayloadArray:
             return None
         cut = self._tail_nbytes(i)
         path = self._shard_str(i)
-        check = DenseIndexCheck(self.records_per_shard, info.count, self.record_nbytes, size - isize,
-                                lambda buf, offset: self._preadv_all(fd, path, [buf], offset))  # fmt: skip
+        def read_index(buf: memoryview, offset: int) -> None:
+            self._check_stop()  # a closing run stops between index requests too, as between chunks
+            self._preadv_all(fd, path, [buf], offset)
+
+        check = DenseIndexCheck(self.records_per_shard, info.count, self.record_nbytes, size - isize, read_index)
         small = self.records_per_shard <= WHOLE_INDEX_ENTRIES
         body = isize - CHECKSUM_NBYTES if small else 0
         raw = np.empty(cut + body + CHECKSUM_NBYTES, dtype=np.uint8)  # the tail, (a small index,) its crc32c
