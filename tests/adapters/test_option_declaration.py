@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from _adapter_data import OPTION_CASES, STORE_CASES
 
-from shardkit.cli.app import app
+from shardkit.cli.app import app, help_text
 from shardkit.cli.main import _register_commands
 from shardkit.errors import ConfigError
 from shardkit.readers import DEFAULTS, SamplerOptions, TieredSampler
@@ -204,7 +204,8 @@ def test_unknown_override_names_the_nearest_options(keyed: Path) -> None:
 @pytest.mark.parametrize(("command", "options"), [("sample", SamplerOptions), ("profile", SamplerOptions),
                                                   ("serve", ServeOptions)])
 def test_command_flags_are_generated_from_the_declaration(command: str, options: type) -> None:
-    """Each command offers every declared option that has a flag, with the declared help."""
+    """Each command offers every declared option that has a flag, with the declared help (escaped for
+    typer's rich markup, which would take ``[0, 2**64)`` or ``[@RATE]`` for a tag)."""
     import typer
 
     cmd = typer.main.get_command(app).commands[command]  # type: ignore[attr-defined]
@@ -213,4 +214,4 @@ def test_command_flags_are_generated_from_the_declaration(command: str, options:
         if declared.cli_flag(name) is None:
             assert name not in helps
         elif not (command == "profile" and name in ("epochs", "ssd_dir")):  # profile's own meaning
-            assert helps[name] == declared.help, (command, name)
+            assert helps[name] == help_text(declared.help), (command, name)
