@@ -4,6 +4,7 @@ stopped, and the bounce path's copies stay per record, not per block."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,8 @@ def test_closing_a_sampler_during_a_long_block_read_waits_for_one_chunk(small: P
             elif armed.is_set() and not reached.is_set():
                 reached.set()
                 stop.wait(10)  # close() sets it, then waits for this thread
+            elif not armed.is_set():
+                time.sleep(0.2)  # slow reads: the next block is still being read when the test arms
         real(self, *args)
 
     monkeypatch.setattr(PayloadArray, "_preadv_all", hooked)
