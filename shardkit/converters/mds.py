@@ -5,8 +5,10 @@ A shard is a row count, row offsets, the shard's JSON config, then the rows; a r
 sizes of the columns without a fixed size, then every column's bytes. Columns are decoded by their
 Streaming encoding: ``jpeg``, ``png`` and ``pil`` are images; ``ndarray``, ``ndarray:DTYPE`` and
 ``ndarray:DTYPE:D0,D1`` arrays; ``int``, ``int8``..``uint64``, ``float16``..``float64`` and ``str_int``
-numbers; ``str`` text. ``bytes``, ``json``, ``str_float``, ``str_decimal`` and the image lists are
-kept out of records, ``pkl`` is never loaded. Checks: :mod:`~shardkit.converters.rowshards`.
+numbers; ``str`` text; ``list[jpeg]``, ``list[png]``, ``list[pil]`` and ``jpeg_array`` image lists,
+stored as one ``[N, H, W, 3]`` record when every row holds the first row's count N (a row with another
+count is skipped with that reason). ``bytes``, ``json``, ``str_float`` and ``str_decimal`` are kept out
+of records, ``pkl`` is never loaded. Checks: :mod:`~shardkit.converters.rowshards`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import numpy as np
 from shardkit.converters.rowshards import (
     ARRAY,
     IMAGE,
+    IMAGE_LIST,
     INT_TEXT,
     MAX_NDIM,
     OTHER,
@@ -46,8 +49,11 @@ logger = logging.getLogger(__name__)
 _SCALARS = {"int": "int64", **{t: t for t in ("uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32",
                                                  "int64", "float16", "float32", "float64")}}
 #: Encodings kept out of records (no fixed shape, or not numbers).
-_OTHERS = frozenset({"bytes", "json", "str_float", "str_decimal", "jpeg_array", "jpegarray",
-                     "list[pil]", "list[jpeg]", "list[png]"})
+_OTHERS = frozenset({"bytes", "json", "str_float", "str_decimal"})
+#: Image-list encodings: the kind of their images and the bytes before the count (``list[...]`` has a
+#: 4-byte placeholder first, ``jpeg_array`` none).
+_IMAGE_LISTS = {"list[jpeg]": (IMAGE, 4), "list[png]": (IMAGE, 4), "list[pil]": (PIL_RAW, 4),
+                "jpeg_array": (IMAGE, 0), "jpegarray": (IMAGE, 0)}
 #: Value dtype codes of a dynamic ``ndarray`` column, as Streaming numbers them.
 _VALUE_DTYPES = {8: "uint8", 9: "int8", 16: "uint16", 17: "int16", 18: "float16", 32: "uint32", 33: "int32",
                  34: "float32", 64: "uint64", 65: "int64", 66: "float64"}
@@ -109,6 +115,9 @@ def mds_column(name: str, encoding: str, size: int | None, where: str) -> Column
         col = Column(name, IMAGE, encoding)
     elif encoding == "pil":
         col = Column(name, PIL_RAW, encoding)
+    elif encoding in _IMAGE_LISTS:
+        element, list_at = _IMAGE_LISTS[encoding]
+        col = Column(name, IMAGE_LIST, encoding, element=element, list_at=list_at)
     elif encoding == "str":
         col = Column(name, TEXT, encoding)
     elif encoding == "str_int":

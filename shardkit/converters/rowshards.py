@@ -49,6 +49,7 @@ __all__ = [
     "RowShardConverter",
     "RowShardDecoder",
     "array_from",
+    "list_images",
     "decompress",
     "inside",
     "read_index",
@@ -67,6 +68,8 @@ MAX_SHARD_BYTES = 1 << 30
 MAX_NDIM = 32
 #: Column names taken as the label when no label column is named, in this order.
 LABEL_NAMES = ("label", "class", "target")
+#: Most images one image-list value may claim (a record holds them all, stacked).
+MAX_LIST_IMAGES = 4096
 #: Compressions decoded here, as both formats name them (``zstd:7`` is zstd at level 7).
 COMPRESSIONS = ("zstd", "gz", "bz2")
 
@@ -77,7 +80,8 @@ ARRAY = "array"  # an array; ``dtype``/``shape`` fixed by the column or read per
 SCALAR = "scalar"  # one number of ``dtype``
 INT_TEXT = "int_text"  # an integer written as text
 TEXT = "text"  # UTF-8 text
-OTHER = "other"  # bytes, JSON, lists, ...: never a payload or a label
+IMAGE_LIST = "image_list"  # [n u32][n sizes u32][images], after ``list_at`` bytes; each image of ``element`` kind
+OTHER = "other"  # bytes, JSON, ...: never a payload or a label
 PICKLE = "pickle"  # never loaded
 
 
@@ -94,6 +98,9 @@ class Column:
     dtype: str | None = None
     shape: tuple[int, ...] | None = None
     header: Callable[[memoryview, str], tuple[str, tuple[int, ...] | None, memoryview]] | None = None
+    #: An :data:`IMAGE_LIST`'s images: their kind (:data:`IMAGE` or :data:`PIL_RAW`) and the bytes before the count.
+    element: str | None = None
+    list_at: int = 0
 
     @property
     def is_label(self) -> bool:
@@ -361,6 +368,8 @@ class RowShardDecoder(Decoder):
                  every: bool, payload_column: int, label_column: int | None, classes: Sequence[str] | None,
                  image: ImageTransform | None) -> None:
         super().__init__(payload, record)
+        #: Images per record when the payload is an image list (the first row's count), else ``None``.
+        self.images = record.shape[0] if image is not None and columns[payload_column].kind == IMAGE_LIST else None
         self.shards, self.columns, self.every = list(shards), list(columns), every
         self.payload_column, self.label_column = payload_column, label_column
         self.classes = None if classes is None else {name: k for k, name in enumerate(classes)}
@@ -413,7 +422,11 @@ class RowShardDecoder(Decoder):
         col = self.columns[self.payload_column]
         raw = values[self.payload_column]
         record: dict[str, Any] = {}
-        if self.image is not None:
+        if self.images is not None:
+            assert self.image is not None
+            record[self.payload], measured = load_images(self.image, col, raw, self.images, where)
+            record[PROVENANCE] = {**measured, "row": item[1]}
+        elif self.image is not None:
             loaded = load_image(self.image, col, raw, where)
             record[self.payload] = loaded.array
             record[PROVENANCE] = {**loaded.provenance(), "row": item[1]}
@@ -453,6 +466,47 @@ def column_array(col: Column, raw: memoryview, where: str) -> np.ndarray:
         assert col.dtype is not None
         dtype, shape, data = col.dtype, col.shape, raw
     return array_from(data, dtype, shape, where)
+
+
+def list_images(col: Column, raw: memoryview, where: str) -> list[memoryview]:
+    """The bytes of each image of an :data:`IMAGE_LIST` value: a ``uint32`` count (at most
+    :data:`MAX_LIST_IMAGES`), the ``uint32`` size of each image, then the images; the count and sizes
+    are checked against the bytes held before anything is split."""
+    at = col.list_at
+    if len(raw) < at + 4:
+        raise InputFileError(where, f"truncated: an image list of {len(raw)} bytes ends before its count")
+    (n,) = struct.unpack_from("<I", raw, at)
+    if n > MAX_LIST_IMAGES or len(raw) < at + 4 + 4 * n:
+        raise InputFileError(where, f"size: an image list claims {n} images in {len(raw)} bytes (at most "
+                             f"{MAX_LIST_IMAGES}, each with a 4-byte size)")
+    sizes = struct.unpack_from(f"<{n}I", raw, at + 4)
+    pos = at + 4 + 4 * n
+    if pos + sum(sizes) != len(raw):
+        raise InputFileError(where, f"size: the sizes of {n} images add up to {pos + sum(sizes)} bytes, the list "
+                             f"holds {len(raw)}")
+    out = []
+    for size in sizes:
+        out.append(raw[pos : pos + size])
+        pos += size
+    return out
+
+
+def load_images(image: ImageTransform, col: Column, raw: memoryview, count: int,
+                where: str) -> tuple[np.ndarray, dict[str, int]]:
+    """An :data:`IMAGE_LIST` value as ``uint8 [count, H, W, 3]`` (each image through the image transform)
+    and its provenance: the first image's :data:`IMAGE_COLUMNS` with the flags of every image. A list of
+    another length than ``count`` (the first row's) is an InputFileError, a ``count`` skip."""
+    views = list_images(col, raw, where)
+    if len(views) != count:
+        raise InputFileError(where, f"count: column {col.name!r} holds {len(views)} images, every record holds "
+                             f"{count} (the first row's count)")
+    assert col.element is not None
+    element = Column(col.name, col.element, col.encoding)
+    loaded = [load_image(image, element, view, f"{where}[{j}]") for j, view in enumerate(views)]
+    measured = loaded[0].provenance()
+    for one in loaded[1:]:
+        measured["flags"] |= one.flags
+    return np.stack([one.array for one in loaded]), measured
 
 
 def load_image(image: ImageTransform, col: Column, raw: memoryview, where: str) -> Any:
@@ -544,7 +598,7 @@ class RowShardConverter(Converter):
         self.payload_index = self._payload_column()
         self.label_index = self._label_column()
         col = self.columns[self.payload_index]
-        if col.kind not in (IMAGE, PIL_RAW):
+        if col.kind not in (IMAGE, PIL_RAW, IMAGE_LIST):
             # The payload's name follows the chosen column: a per-instance value of the class default.
             self.payload = "array"  # type: ignore[misc]
 
@@ -608,13 +662,14 @@ class RowShardConverter(Converter):
         if k is not None:
             col = self.columns[k]
             self._refuse_pickle(col, "payload")
-            if col.kind not in (IMAGE, PIL_RAW, ARRAY):
-                raise ConfigError(f"{self.label('payload_column')}: column {col.name!r} ({col.encoding}) is not an image "
-                                  "or an array")
+            if col.kind not in (IMAGE, PIL_RAW, IMAGE_LIST, ARRAY):
+                raise ConfigError(f"{self.label('payload_column')}: column {col.name!r} ({col.encoding}) is not an image, "
+                                  "an image list or an array")
             return k
-        for k, col in enumerate(self.columns):
-            if col.kind in (IMAGE, PIL_RAW):
-                return k
+        for kinds in ((IMAGE, PIL_RAW), (IMAGE_LIST,)):
+            for k, col in enumerate(self.columns):
+                if col.kind in kinds:
+                    return k
         arrays = [k for k, c in enumerate(self.columns) if c.kind == ARRAY]
         if arrays:
             first = self._first_values()
@@ -622,7 +677,7 @@ class RowShardConverter(Converter):
         pickled = [c for c in self.columns if c.kind == PICKLE]
         if pickled:
             self._refuse_pickle(pickled[0], "payload")
-        raise ConversionError(f"{self.index_path}: no image or array column to store as the record; found "
+        raise ConversionError(f"{self.index_path}: no image, image list or array column to store as the record; found "
                               + ", ".join(f"{c.name} ({c.encoding})" for c in self.columns))
 
     def _label_column(self) -> int | None:
@@ -701,13 +756,17 @@ class RowShardConverter(Converter):
     def image(self) -> ImageTransform | None:
         """The image transform (``None`` for an array payload); without ``size``, the first image's size."""
         col = self.columns[self.payload_index]
-        if col.kind not in (IMAGE, PIL_RAW):
+        if col.kind not in (IMAGE, PIL_RAW, IMAGE_LIST):
             return None
         values = dict(self.values)
         if values.get("size") is None:
             k, _ = self._first
             native = ImageTransform(1, 1, decode="exact")
-            loaded = load_image(native, col, self._first_values()[self.payload_index], f"{self.shards[k].path}#0")
+            raw, where = self._first_values()[self.payload_index], f"{self.shards[k].path}#0"
+            if col.kind == IMAGE_LIST:
+                assert col.element is not None
+                raw, col = self._first_images()[0], Column(col.name, col.element, col.encoding)
+            loaded = load_image(native, col, raw, where)
             w, h = loaded.geometry.src_w, loaded.geometry.src_h
             values["size"] = (h, w)
         return ImageTransform.from_options(values, self.label)
@@ -732,9 +791,25 @@ class RowShardConverter(Converter):
         usable, skipped = self._usable
         return ScanResult(items=_Rows(usable, [self.shards[k].rows for k in usable]), skipped=list(skipped))
 
+    def _first_images(self) -> list[memoryview]:
+        """The images of the first row's image list (its count fixes every record's)."""
+        k, _ = self._first
+        col, where = self.columns[self.payload_index], f"{self.shards[k].path}#0"
+        try:
+            views = list_images(col, self._first_values()[self.payload_index], where)
+        except InputFileError as exc:
+            raise ConversionError(f"{exc.path}: {exc.reason}") from None
+        if not views:
+            raise ConversionError(f"{where}: column {col.name!r} ({col.encoding}) holds no image in the first row; "
+                                  "its count fixes every record's, so it must hold at least one")
+        return views
+
     def record_spec(self) -> FieldSpec:
         if self.image is not None:
-            return FieldSpec((self.image.height, self.image.width, 3), "uint8")
+            hw3 = (self.image.height, self.image.width, 3)
+            if self.columns[self.payload_index].kind == IMAGE_LIST:
+                return FieldSpec((len(self._first_images()), *hw3), "uint8")
+            return FieldSpec(hw3, "uint8")
         col = self.columns[self.payload_index]
         k, _ = self._first
         arr = column_array(col, self._first_values()[self.payload_index], f"{self.shards[k].path}#0")

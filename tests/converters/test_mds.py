@@ -15,7 +15,7 @@ import pytest
 import shardkit
 from shardkit.converters import registry
 from shardkit.converters.mds import mds_column
-from shardkit.converters.rowshards import array_from, column_array
+from shardkit.converters.rowshards import array_from, column_array, list_images
 from shardkit.errors import ConfigError, ConversionError, InputFileError
 from shardkit.formats import open_dataset
 from tests.helpers.cli import run_cli
@@ -252,3 +252,55 @@ def test_cli_names_the_file_without_a_traceback(tmp_path: Path) -> None:
     assert "index.json (shard 0): expected a column size to be int, found \"many\"" in r.stderr
     r = run_cli("convert", str(DATA / "zstd"), "-o", str(tmp_path / "ok"), "--label-column", "class", "--size", "8")
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("column", ["views", "masks", "raw", "frames"])
+def test_an_image_list_of_fixed_length_is_one_stacked_record(tmp_path: Path, column: str) -> None:
+    exp = expected("lists")
+    s = shardkit.convert(DATA / "lists", tmp_path / "out", payload_column=column, workers=2)
+    assert (s.records, dict(s.skipped)) == (8, {})
+    with open_dataset(tmp_path / "out") as ds:
+        assert ds.meta.payload == "image" and ds.meta.record.shape == (3, 16, 24, 3)  # [N, H, W, 3]
+        np.testing.assert_array_equal(ds.read(np.arange(8))["image"], exp[column])
+        np.testing.assert_array_equal(ds.fields["label"], exp["label"])
+        for k, (shard, row) in enumerate(rows_of(DATA / "lists")):
+            src = ds.source(k)
+            assert src is not None and src.name == f"{shard}#{row}" and src.values["row"] == row
+            assert (src.values["width"], src.values["height"]) == (24, 16)
+
+
+def test_an_image_list_is_resized_image_by_image_and_is_the_default_record(tmp_path: Path) -> None:
+    s = shardkit.convert(DATA / "lists", tmp_path / "out", payload_column="views", size="8x12", workers=1)
+    assert s.records == 8
+    with open_dataset(tmp_path / "out") as ds:
+        assert ds.meta.record.shape == (3, 8, 12, 3) and ds.meta.transform["size"] == [8, 12]
+    # No single image column: the first image list (by the index's order) is the record.
+    shardkit.convert(DATA / "lists", tmp_path / "default", workers=1)
+    with open_dataset(tmp_path / "default") as ds:
+        assert ds.meta.source["payload_column"] == "frames" and ds.meta.record.shape == (3, 16, 24, 3)
+
+
+def test_an_image_list_of_another_length_than_the_first_rows_is_skipped_with_its_reason(tmp_path: Path) -> None:
+    counts = expected("lists")["ragged_counts"].tolist()
+    assert counts[0] == 1 and set(counts) == {1, 2, 3}
+    s = shardkit.convert(DATA / "lists", tmp_path / "out", payload_column="ragged", workers=1)
+    rows = rows_of(DATA / "lists")
+    assert s.records == counts.count(1) and dict(s.skipped) == {"count": 8 - counts.count(1)}
+    assert list(s.skipped_inputs) == [
+        (str(DATA / "lists" / shard) + f"#{row}", f"count: column 'ragged' holds {n} images, every record holds 1 "
+                                                  "(the first row's count)")
+        for (shard, row), n in zip(rows, counts) if n != 1]
+    with pytest.raises(ConversionError, match=r"shard\.00000\.mds#1.*count: column 'ragged' holds 2 images"):
+        shardkit.convert(DATA / "lists", tmp_path / "strict", payload_column="ragged", workers=1, strict=True)
+
+
+def test_an_image_list_whose_count_or_sizes_lie_is_skipped_before_splitting(tmp_path: Path) -> None:
+    col = mds_column("views", "list[jpeg]", None, "index.json")
+    raw = struct.pack("<II", 0, 1 << 30) + b"\0" * 16  # a billion images claimed in 24 bytes
+    with pytest.raises(InputFileError, match=r"size: an image list claims 1073741824 images in 24 bytes"):
+        list_images(col, memoryview(raw), "shard#0")
+    raw = struct.pack("<IIII", 0, 2, 5, 1 << 31) + b"\0" * 5
+    with pytest.raises(InputFileError, match=r"size: the sizes of 2 images add up to 2147483669 bytes, the list holds 21"):
+        list_images(col, memoryview(raw), "shard#0")
+    arr = mds_column("frames", "jpeg_array", None, "index.json")  # no placeholder before the count
+    assert [bytes(v) for v in list_images(arr, memoryview(struct.pack("<III", 2, 1, 2) + b"abc"), "s#0")] == [b"a", b"bc"]

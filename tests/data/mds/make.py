@@ -5,12 +5,16 @@ Re-run (needs mosaicml-streaming, installed in /work/benchvenv, not in shardkit'
     /work/benchvenv/bin/python tests/data/mds/make.py
 
 Writes, next to this file: ``plain/`` (every column encoding, 24 samples in 3 shards), ``zstd/`` and
-``gz/`` (the same images compressed), ``pickle/`` (a ``pkl`` column), each with ``expected.npz``: the
-samples as Streaming's reader decodes them (images through PIL), which the tests compare against.
+``gz/`` (the same images compressed), ``pickle/`` (a ``pkl`` column), ``lists/`` (image lists:
+``list[jpeg]``, ``list[png]``, ``list[pil]``, ``jpeg_array`` of three images per sample, and a
+``list[png]`` whose length varies), each with ``expected.npz``: the samples as Streaming's reader
+decodes them (images through PIL), which the tests compare against. ``make.py lists`` remakes only
+the fixtures named.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 from pathlib import Path
@@ -97,8 +101,38 @@ def pickled() -> None:
             w.write({"obj": {"i": i}, "label": i})
 
 
+def lists() -> None:
+    from streaming import MDSWriter
+
+    out = HERE / "lists"
+    shutil.rmtree(out, ignore_errors=True)
+    cols = {"views": "list[jpeg]", "masks": "list[png]", "raw": "list[pil]", "frames": "jpeg_array",
+            "ragged": "list[png]", "label": "int"}
+    n = 8
+    with MDSWriter(out=str(out), columns=cols, size_limit=1 << 15) as w:
+        for i in range(n):
+            imgs = [Image.fromarray(picture(3 * i + j, (16, 24))) for j in range(3)]
+            frames = []
+            for img in imgs:
+                buf = io.BytesIO()
+                img.save(buf, format="JPEG", quality=90)
+                frames.append(buf.getvalue())
+            w.write({"views": imgs, "masks": imgs, "raw": imgs, "frames": frames, "ragged": imgs[: 1 + i % 3],
+                     "label": i % 2})
+    samples = read_back(out)
+
+    def stacked(key: str) -> np.ndarray:
+        return np.stack([np.stack([np.asarray(im.convert("RGB")) for im in s[key]]) for s in samples])
+
+    np.savez_compressed(out / "expected.npz", views=stacked("views"), masks=stacked("masks"), raw=stacked("raw"),
+                        frames=stacked("frames"), ragged_counts=np.array([len(s["ragged"]) for s in samples]),
+                        label=np.array([s["label"] for s in samples]))
+
+
 if __name__ == "__main__":
-    plain()
-    compressed("zstd")
-    compressed("gz")
-    pickled()
+    import sys
+
+    makers = {"plain": plain, "zstd": lambda: compressed("zstd"), "gz": lambda: compressed("gz"), "pickle": pickled,
+              "lists": lists}
+    for name in sys.argv[1:] or list(makers):
+        makers[name]()
