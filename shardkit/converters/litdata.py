@@ -4,7 +4,9 @@ and torch are not needed).
 A chunk is a row count, row offsets, then the rows; a row is the ``uint32`` size of every leaf of
 the sample's pytree, then each leaf's bytes as its serializer (``config.data_format``) wrote them.
 Column names come from ``config.data_spec`` (a dict's keys, ``a.b`` when nested, positions in a
-tuple). Decoded: ``jpeg``, ``image:EXT`` and ``pil`` images; ``numpy`` and ``tensor`` (their dtype
+tuple). Decoded: ``jpeg``, ``image:EXT`` and ``pil`` images; ``jpeg_array`` image lists (one
+``[N, H, W, 3]`` record, N fixed by the first row); ``audio:EXT`` clips (through the audio options,
+as ``convert`` does for audio folders); ``numpy`` and ``tensor`` (their dtype
 and shape header) and ``no_header_numpy:K`` / ``no_header_tensor:K`` arrays; ``int``, ``float``,
 ``bool`` numbers; ``str``/``text``. Other leaves are kept out of records; ``pickle`` is never loaded.
 Chunks compressed with zstd whole or in frames of items (``compression_level`` ``chunk`` or
@@ -23,9 +25,12 @@ from typing import Any
 
 import numpy as np
 
+from shardkit.converters.audio import AUDIO_OPTIONS
 from shardkit.converters.rowshards import (
     ARRAY,
+    AUDIO,
     IMAGE,
+    IMAGE_LIST,
     MAX_NDIM,
     MAX_SHARD_BYTES,
     OTHER,
@@ -152,6 +157,10 @@ def litdata_column(name: str, fmt: str) -> Column:
         return Column(name, IMAGE, fmt)
     if fmt == "pil":
         return Column(name, PIL_RAW, fmt)
+    if family == "audio":
+        return Column(name, AUDIO, fmt)
+    if fmt == "jpeg_array":  # [n u32][n sizes u32][JPEG files], as MDS's jpeg_array
+        return Column(name, IMAGE_LIST, fmt, element=IMAGE, list_at=0)
     if fmt in ("str", "text"):
         return Column(name, TEXT, fmt)
     if fmt == "int":
@@ -175,7 +184,7 @@ def litdata_column(name: str, fmt: str) -> Column:
         return Column(name, ARRAY, fmt, None, table[code], None)
     if fmt == "pickle":
         return Column(name, PICKLE, fmt)
-    if fmt not in ("bytes", "json", "jpeg_array", "tifffile", "tiff", "video", "audio", "nifti", "mesh", "pdf",
+    if fmt not in ("bytes", "json", "tifffile", "tiff", "video", "nifti", "mesh", "pdf",
                    "graph", "file"):
         logger.warning("column %r has the serializer %r, unknown here; it is left out", name, fmt)
     return Column(name, OTHER, fmt)
@@ -226,6 +235,7 @@ class LitDataConverter(RowShardConverter):
     index_what = "LitData index"
     index_marker = b'"chunks"'
     every_column_sized = True
+    options = (*RowShardConverter.options, *AUDIO_OPTIONS)
 
     def parse_index(self, doc: dict[str, Any]) -> tuple[list[ShardInfo], list[Column]]:
         where = str(self.index_path)

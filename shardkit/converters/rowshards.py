@@ -31,7 +31,17 @@ from typing import Any, ClassVar
 import numpy as np
 
 from shardkit.converters import untrusted_json
-from shardkit.converters.base import PROVENANCE, Converter, Decoded, Decoder, InputNames, ScanResult, Skip
+from shardkit.converters.audio_transforms import AUDIO_COLUMNS, AudioTransform
+from shardkit.converters.base import (
+    PROVENANCE,
+    RECORD_BYTES_PER_CALL,
+    Converter,
+    Decoded,
+    Decoder,
+    InputNames,
+    ScanResult,
+    Skip,
+)
 from shardkit.converters.classfolders import choose_split
 from shardkit.converters.images import IMAGE_COLUMNS, ImageTransform, color_flags, image_options, to_rgb
 from shardkit.converters.layout import RecordLayout
@@ -80,6 +90,7 @@ ARRAY = "array"  # an array; ``dtype``/``shape`` fixed by the column or read per
 SCALAR = "scalar"  # one number of ``dtype``
 INT_TEXT = "int_text"  # an integer written as text
 TEXT = "text"  # UTF-8 text
+AUDIO = "audio"  # an encoded audio file soundfile reads (WAV, FLAC, Ogg)
 IMAGE_LIST = "image_list"  # [n u32][n sizes u32][images], after ``list_at`` bytes; each image of ``element`` kind
 OTHER = "other"  # bytes, JSON, ...: never a payload or a label
 PICKLE = "pickle"  # never loaded
@@ -366,8 +377,10 @@ class RowShardDecoder(Decoder):
 
     def __init__(self, payload: str, record: FieldSpec, shards: Sequence[ShardInfo], columns: Sequence[Column],
                  every: bool, payload_column: int, label_column: int | None, classes: Sequence[str] | None,
-                 image: ImageTransform | None) -> None:
+                 image: ImageTransform | None, audio: AudioTransform | None = None) -> None:
         super().__init__(payload, record)
+        self.audio = audio
+        self.per_call = max(1, RECORD_BYTES_PER_CALL // max(1, record.nbytes))
         #: Images per record when the payload is an image list (the first row's count), else ``None``.
         self.images = record.shape[0] if image is not None and columns[payload_column].kind == IMAGE_LIST else None
         self.shards, self.columns, self.every = list(shards), list(columns), every
@@ -422,6 +435,11 @@ class RowShardDecoder(Decoder):
         col = self.columns[self.payload_column]
         raw = values[self.payload_column]
         record: dict[str, Any] = {}
+        if self.audio is not None:
+            clips = self.audio.read(Path(where), start, self.per_call, data=bytes(raw))
+            label = {} if self.label_column is None else {"label": self.label(values[self.label_column], where)}
+            source = {**clips.provenance(), "row": item[1]}
+            return Decoded([{self.payload: c, **label, PROVENANCE: source} for c in clips.records], start, clips.more)
         if self.images is not None:
             assert self.image is not None
             record[self.payload], measured = load_images(self.image, col, raw, self.images, where)
@@ -576,9 +594,7 @@ class RowShardConverter(Converter):
     payload = "image"
     chunk_size = 32
     progress_unit = "row"
-    one_record_per_input = True
     detect_priority = 5
-    provenance_columns = (*IMAGE_COLUMNS, "row")
     options = (
         Option("split", str, None, "Split directory holding the index (default: the source itself, else train, "
                "else the only one).", parse=text, metavar="NAME"),
@@ -598,9 +614,28 @@ class RowShardConverter(Converter):
         self.payload_index = self._payload_column()
         self.label_index = self._label_column()
         col = self.columns[self.payload_index]
-        if col.kind not in (IMAGE, PIL_RAW, IMAGE_LIST):
+        #: The audio transform when the payload is an audio column (its options: ``audio_options``).
+        self.audio: AudioTransform | None = None
+        if col.kind == AUDIO:
+            v = self.values
+            if round(v["duration"] * v["sample_rate"]) < 1:
+                raise ConfigError(f"{self.label('duration')} {v['duration']} at {self.label('sample_rate')} "
+                                  f"{v['sample_rate']} is less than one sample")
+            self.audio = AudioTransform(v["sample_rate"], v["duration"], v["channels"], v["window"], v["dtype"])
+            self.payload = "audio"  # type: ignore[misc]
+        elif col.kind not in (IMAGE, PIL_RAW, IMAGE_LIST):
             # The payload's name follows the chosen column: a per-instance value of the class default.
             self.payload = "array"  # type: ignore[misc]
+
+    @property
+    def provenance_columns(self) -> tuple[str, ...]:  # type: ignore[override]
+        """The image's measures and the row, or the audio file's and the row."""
+        return ("row", *AUDIO_COLUMNS) if self.audio is not None else (*IMAGE_COLUMNS, "row")
+
+    @property
+    def one_record_per_input(self) -> bool:  # type: ignore[override]
+        """Every row is one record, except audio cut into windows."""
+        return self.audio is None or not self.audio.window
 
     # ------------------------------------------------------------------ layout
     def _base(self) -> tuple[Path, str | None]:
@@ -662,11 +697,11 @@ class RowShardConverter(Converter):
         if k is not None:
             col = self.columns[k]
             self._refuse_pickle(col, "payload")
-            if col.kind not in (IMAGE, PIL_RAW, IMAGE_LIST, ARRAY):
+            if col.kind not in (IMAGE, PIL_RAW, IMAGE_LIST, AUDIO, ARRAY):
                 raise ConfigError(f"{self.label('payload_column')}: column {col.name!r} ({col.encoding}) is not an image, "
-                                  "an image list or an array")
+                                  "an image list, an audio clip or an array")
             return k
-        for kinds in ((IMAGE, PIL_RAW), (IMAGE_LIST,)):
+        for kinds in ((IMAGE, PIL_RAW), (IMAGE_LIST,), (AUDIO,)):
             for k, col in enumerate(self.columns):
                 if col.kind in kinds:
                     return k
@@ -677,7 +712,7 @@ class RowShardConverter(Converter):
         pickled = [c for c in self.columns if c.kind == PICKLE]
         if pickled:
             self._refuse_pickle(pickled[0], "payload")
-        raise ConversionError(f"{self.index_path}: no image, image list or array column to store as the record; found "
+        raise ConversionError(f"{self.index_path}: no image, image list, audio or array column to store as the record; found "
                               + ", ".join(f"{c.name} ({c.encoding})" for c in self.columns))
 
     def _label_column(self) -> int | None:
@@ -805,6 +840,8 @@ class RowShardConverter(Converter):
         return views
 
     def record_spec(self) -> FieldSpec:
+        if self.audio is not None:
+            return FieldSpec(self.audio.shape, self.audio.dtype)
         if self.image is not None:
             hw3 = (self.image.height, self.image.width, 3)
             if self.columns[self.payload_index].kind == IMAGE_LIST:
@@ -827,9 +864,11 @@ class RowShardConverter(Converter):
 
     def make_decoder(self) -> RowShardDecoder:
         return RowShardDecoder(self.payload, self.record_spec(), self.shards, self.columns, self.every_column_sized,
-                               self.payload_index, self.label_index, self.classes, self.image)
+                               self.payload_index, self.label_index, self.classes, self.image, self.audio)
 
     def transform(self) -> dict[str, Any]:
+        if self.audio is not None:
+            return dict(self.audio.to_json())
         return {} if self.image is None else self.image.to_json()
 
     def source(self) -> dict[str, Any]:

@@ -222,3 +222,33 @@ def test_pytree_specs_name_the_leaves() -> None:
     with pytest.raises(ConversionError, match="a dict's keys do not match its children"):
         bad = [1, {"type": "builtins.dict", "context": json.dumps(["a"]), "children_spec": [leaf, leaf]}]
         leaf_names(json.dumps(bad), "index.json")
+
+
+def test_audio_leaves_become_fixed_length_clips(tmp_path: Path) -> None:
+    exp = expected("media")
+    s = shardkit.convert(DATA / "media", tmp_path / "out", payload_column="audio", duration="500ms", workers=2)
+    assert (s.records, dict(s.skipped)) == (8, {})
+    with open_dataset(tmp_path / "out") as ds:
+        assert ds.meta.payload == "audio" and ds.meta.record.shape == (8000,) and ds.meta.record.dtype == "int16"
+        np.testing.assert_array_equal(ds.read(np.arange(8))["audio"], exp["audio"])  # sample 3 zero-padded
+        np.testing.assert_array_equal(ds.fields["label"], exp["label"])
+        for k, (chunk, row) in enumerate(rows_of(DATA / "media")):
+            src = ds.source(k)
+            assert src is not None and src.name == f"{chunk}#{row}" and src.values["row"] == row
+            assert (src.values["rate"], src.values["channels"], src.values["frames"]) == (16000, 1, exp["frames"][k])
+        assert ds.meta.transform["sample_rate"] == 16000
+    # Cut into windows: one input, several records (the last window zero-padded).
+    s = shardkit.convert(DATA / "media", tmp_path / "win", payload_column="audio", duration="250ms", window=True,
+                         workers=1)
+    assert s.records == sum(-(-int(n) // 4000) for n in exp["frames"])
+    with open_dataset(tmp_path / "win") as ds:
+        np.testing.assert_array_equal(ds.read(np.arange(2))["audio"], exp["audio"][0].reshape(2, 4000))
+
+
+def test_a_jpeg_array_leaf_is_one_stacked_record(tmp_path: Path) -> None:
+    exp = expected("media")
+    s = shardkit.convert(DATA / "media", tmp_path / "out", workers=1)  # the image list is the default record
+    assert s.records == 8
+    with open_dataset(tmp_path / "out") as ds:
+        assert ds.meta.source["payload_column"] == "views" and ds.meta.record.shape == (3, 16, 24, 3)
+        np.testing.assert_array_equal(ds.read(np.arange(8))["image"], exp["views"])

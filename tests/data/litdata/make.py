@@ -6,8 +6,12 @@ Re-run (needs litdata and torch, installed in /work/benchvenv, not in shardkit's
 
 Writes, next to this file: ``plain/`` (JPEG and raw PIL images, numpy arrays and torch tensors with and
 without a header, int/float/bool/str leaves; 24 samples in chunks of 8), ``zstd/`` (chunks compressed
-with zstd) and ``pickle/`` (a leaf only the pickle serializer takes), each with ``expected.npz``: the
-samples as litdata's StreamingDataset decodes them, which the tests compare against.
+with zstd), ``pickle/`` (a leaf only the pickle serializer takes) and ``media/`` (``audio:wav`` leaves
+from waveforms, a ``jpeg_array`` leaf of three JPEGs), each with ``expected.npz``: the samples as
+litdata's StreamingDataset decodes them, which the tests compare against (``media/``: the waveforms
+as LitData's WAV encoding stores them without torchcodec, int16 of the clipped samples times 32767, and
+the JPEGs as Pillow decodes them; decoding them back needs torchcodec, not installed).
+``make.py media`` remakes only the fixtures named.
 """
 
 from __future__ import annotations
@@ -61,6 +65,43 @@ def pickle_sample(i: int) -> dict:
     return {"obj": Opaque(i), "label": i}
 
 
+def media_sample(i: int) -> dict:
+    from litdata.types import Audio, JpegArray
+
+    return {"audio": Audio(array=waveform(i), sampling_rate=16000), "views": JpegArray([jpeg(3 * i + j, (16, 24)) for j in range(3)]),
+            "label": i % 2}
+
+
+def waveform(i: int) -> np.ndarray:
+    """Half a second at 16 kHz (4000 samples for sample 3, to be padded or windowed), different for every sample."""
+    n = 4000 if i == 3 else 8000
+    return (0.5 * np.sin(2 * np.pi * (220 + 40 * i) * np.arange(n) / 16000)).astype(np.float32)
+
+
+def media() -> None:
+    import io
+
+    from litdata import optimize
+
+    out = HERE / "media"
+    shutil.rmtree(out, ignore_errors=True)
+    optimize(fn=media_sample, inputs=list(range(8)), output_dir=str(out), chunk_size=4, num_workers=1, mode="overwrite")
+    from litdata.streaming.serializers import JPEGArraySerializer
+
+    views = []
+    for i in range(8):
+        # What LitData's serializer stores for the sample's JpegArray (it re-encodes under its quality cap).
+        data, _ = JPEGArraySerializer().serialize(media_sample(i)["views"])
+        n = int(np.frombuffer(data[:4], np.uint32)[0])
+        ends = np.cumsum(np.frombuffer(data[4 : 4 + 4 * n], np.uint32)) + 4 + 4 * n
+        starts = [4 + 4 * n, *ends[:-1]]
+        views.append(np.stack([np.asarray(Image.open(io.BytesIO(data[a:b])).convert("RGB")) for a, b in zip(starts, ends)]))
+    audio = [(np.clip(waveform(i), -1, 1) * 32767.0).astype(np.int16) for i in range(8)]
+    np.savez_compressed(out / "expected.npz", views=np.stack(views), label=np.arange(8) % 2,
+                        audio=np.stack([np.pad(a, (0, 8000 - len(a))) for a in audio]),
+                        frames=np.array([len(a) for a in audio]))
+
+
 def read_back(out: Path) -> list[dict]:
     from litdata import StreamingDataset
 
@@ -98,4 +139,10 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    if sys.argv[1:] == ["media"]:
+        media()
+    else:
+        main()
+        media()
