@@ -180,7 +180,7 @@ class Dataset(Closing):
     def fields(self) -> dict[str, np.ndarray]:
         """Every per-record field that batches carry, as one in-RAM array ``[N, ...]`` each (loaded once,
         every chunk checked: :func:`~shardkit.formats.fields.read_field_rows`); not the provenance
-        field, which training does not need (:meth:`source` and :meth:`field` read it)."""
+        field, which training does not need (:meth:`source`, :meth:`sources` and :meth:`field` read it)."""
         if self._fields is None:
             skip = None if self.provenance is None else self.provenance.field
             self._fields = {name: self.field(name) for name in self.meta.fields if name != skip}
@@ -203,6 +203,35 @@ class Dataset(Closing):
         if not 0 <= k < self.num_records:
             raise IndexError(f"{self.path}: record {key} outside [0, {self.num_records})")
         return self.provenance.source(self.store, self.meta, k)
+
+    def sources(self, keys: Any) -> dict[str, Any]:
+        """Where each of many records came from, e.g. a batch's ``key``: one int64 array per provenance
+        column (``input``, ``part``, the kind's own such as ``row`` or ``width``) and ``name``, a list of
+        input names, all in the order of ``keys``. Reads only the field chunks the keys fall in and one
+        table chunk per distinct input, so provenance stays out of the batches (and of RAM) until asked
+        for. ``{}`` for a dataset written without provenance."""
+        if self.provenance is None:
+            return {}
+        prov, m = self.provenance, self.meta
+        k = np.asarray(keys, dtype=np.int64).reshape(-1)
+        if k.size and (int(k.min()) < 0 or int(k.max()) >= self.num_records):
+            bad = int(k[(k < 0) | (k >= self.num_records)][0])
+            raise IndexError(f"{self.path}: record {bad} outside [0, {self.num_records})")
+        rows = np.empty((k.size, len(prov.columns)), dtype=np.int64)
+        chunk = m.field_chunk_records
+        for c in np.unique(k // chunk).tolist():
+            start, stop = c * chunk, min((c + 1) * chunk, self.num_records)
+            here = (k >= start) & (k < stop)
+            rows[here] = prov.values(self.store, m, start, stop)[k[here] - start]
+        out: dict[str, Any] = {col: rows[:, j].copy() for j, col in enumerate(prov.columns)}
+        inputs = out["input"]
+        if inputs.size and (int(inputs.min()) < 0 or int(inputs.max()) >= prov.count):
+            bad = (inputs < 0) | (inputs >= prov.count)
+            raise NotADatasetError(f"{self.store.describe(prov.field)}: record {int(k[bad][0])} says it came from input "
+                                   f"{int(inputs[bad][0])}, but the provenance table holds {prov.count} inputs")
+        names = {i: prov.input_name(self.store, i) for i in np.unique(inputs).tolist()}
+        out["name"] = [names[i] for i in inputs.tolist()]
+        return out
 
     def info(self) -> dict[str, Any]:
         """Summary for ``shardkit info --json``."""

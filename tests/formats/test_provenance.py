@@ -129,6 +129,8 @@ def test_a_record_pointing_past_the_table_is_a_named_error(tmp_path: Path) -> No
         assert ds.source(0).name == "a"
         with pytest.raises(NotADatasetError, match="record 1 says it came from input 7, but the provenance table holds 3"):
             ds.source(1)
+        with pytest.raises(NotADatasetError, match="record 1 says it came from input 7, but the provenance table holds 3"):
+            ds.sources([0, 1])
 
 
 def test_zarr_python_reads_the_provenance_arrays(tmp_path: Path) -> None:
@@ -139,3 +141,34 @@ def test_zarr_python_reads_the_provenance_arrays(tmp_path: Path) -> None:
     names, ends = group[NAMES_ARRAY][:].tobytes(), group[ENDS_ARRAY][:]
     assert names[ends[3] : ends[4]].decode() == "dir/file 4 é.jpg"
     assert group[PROVENANCE_FIELD][3].tolist() == [4, 0, 104]
+
+
+def test_a_batch_of_keys_gets_its_sources_reading_only_the_chunks_it_needs(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _write(tmp_path / "ds")
+    with open_dataset(path) as ds:
+        keys = ds.read([22, 5, 23, 5])["key"]  # a batch's keys, in batch order, one repeated
+        read: list[str] = []
+        real = checksums_module.read_verified
+
+        def spy(p, digest, **kw):
+            read.append(Path(p).relative_to(path).as_posix())
+            return real(p, digest, **kw)
+
+        monkeypatch.setattr(checksums_module, "read_verified", spy)
+        got = ds.sources(keys)
+        monkeypatch.undo()
+        assert list(got) == [*COLUMNS, "name"]
+        for j, k in enumerate(keys.tolist()):
+            src = ds.source(k)
+            assert {c: int(got[c][j]) for c in COLUMNS} == src.values and got["name"][j] == src.name
+        assert set(ds.sources([]).keys()) == {*COLUMNS, "name"}
+        with pytest.raises(IndexError, match=r"record 30 outside \[0, 30\)"):
+            ds.sources([1, 30])
+    # field chunks of 7 records: keys 5, 22, 23 need chunks 0 and 3 only; each input name one table chunk
+    chunks = sorted(p for p in read if not p.endswith(ZARR_JSON) and p.startswith(PROVENANCE_FIELD + "/"))
+    assert chunks == [f"{PROVENANCE_FIELD}/c/0/0", f"{PROVENANCE_FIELD}/c/3/0"]
+    with DatasetWriter(tmp_path / "bare", kind="test", payload="image", record=FieldSpec((1,), "uint8")) as w:
+        w.write({"image": np.zeros((2, 1), np.uint8)})
+    with open_dataset(tmp_path / "bare") as ds:
+        assert ds.sources([0, 1]) == {}
