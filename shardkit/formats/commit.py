@@ -21,7 +21,14 @@ from typing import Any
 
 import numpy as np
 
-from shardkit.errors import ChecksumError, ConversionError, ObjectTooLargeError, SchemaError, TruncatedShardError
+from shardkit.errors import (
+    ChecksumError,
+    ConversionError,
+    ObjectChangedError,
+    ObjectTooLargeError,
+    SchemaError,
+    TruncatedShardError,
+)
 from shardkit.formats.checksums import FileDigest
 from shardkit.formats.codecs import codec_from_json, get_codec
 from shardkit.formats.fields import read_field_rows, write_field_array
@@ -472,6 +479,43 @@ def _root_attrs(store: Store) -> dict[str, Any] | None:
     return attrs if isinstance(attrs, dict) else None
 
 
+def claim_key(number: int) -> str:
+    """Key of the claim on version ``number`` a commit to an object store holds while it writes it."""
+    return f"{VERSIONS_DIR}/claim-v{number:06d}.json"
+
+
+def _claim_version(store: Store, number: int, plan: str) -> None:
+    """Claim version ``number`` of the object-store dataset for the commit ``plan`` before anything is
+    written: the claim object is created only if absent (one conditional request, atomic on the server),
+    so of two commits planned on one version exactly one gets it. A claim already held by ``plan`` (a
+    re-run after a kill) is kept; one held by another plan is a ConversionError that changes nothing."""
+    from shardkit.stores.objectstore import ObjectStore
+
+    key = claim_key(number)
+    if not isinstance(store, ObjectStore):
+        return
+    try:
+        store.put_if_absent(key, encode_json({"plan": plan, "version": number}))
+        return
+    except ObjectChangedError:
+        held = read_json_object(store, key).get("plan")
+    if held != plan:
+        raise ConversionError(
+            f"{store.describe(key)}: another commit (plan {str(held)[:40]}) holds version {number} of this dataset; "
+            "wait for it to finish, then run this command again. If that run was killed, re-run its command to "
+            "finish it, or delete this object to abandon it. Nothing was changed"
+        )
+
+
+def _release_claim(store: Store, number: int, plan: str) -> None:
+    """Delete the claim on version ``number`` if ``plan`` holds it (after its commit, or when refused)."""
+    key = claim_key(number)
+    if store.is_local or not store.exists(key):
+        return
+    if read_json_object(store, key).get("plan") == plan:
+        store.delete(key)
+
+
 def _committed(store: Store, plan: str) -> DatasetMeta | None:
     """The dataset's metadata if its root document already describes the commit ``plan``."""
     attrs = _root_attrs(store) if store.exists(ZARR_JSON) else None
@@ -509,12 +553,16 @@ def commit(
         store.local_path().mkdir(parents=True, exist_ok=True)
     done = _committed(store, plan)
     if done is not None:
+        _release_claim(store, version_of(done.to_json()), plan)  # a run killed between publishing and releasing
         prune(store, keep_versions)
         return CommitReport(done, version_of(done.to_json()), seconds=time.perf_counter() - t0, already_committed=True)
+    number = version_of(base.to_json()) + 1 if base is not None else 1
+    _claim_version(store, number, plan)  # an object store's only lock; checked again below, after it is held
     if base is not None:
         attrs = _root_attrs(store)
         current = version_of(attrs) if attrs is not None else 0
         if current != version_of(base.to_json()):
+            _release_claim(store, number, plan)
             raise ConversionError(
                 f"{root}: the dataset is at version {current}, but this commit was planned on version "
                 f"{version_of(base.to_json())}; another commit came first. Re-run the command to plan it again"
@@ -540,6 +588,7 @@ def commit(
     meta.check_layout(store.describe(ZARR_JSON))
     job.publish(meta)
     job.drop_strays(len(shards))
+    _release_claim(store, job.number, plan)
     prune(store, keep_versions)
     result = CommitReport(
         meta, job.number, records_added=job.total - job.n_base, shards_in_place=report["in_place"],

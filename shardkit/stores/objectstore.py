@@ -375,6 +375,8 @@ class ObjectStore(Store):
             )
         if name == "PreconditionError":
             return ObjectChangedError(f"{what}: the object changed since it was first read (its ETag differs)")
+        if name == "AlreadyExistsError":
+            return ObjectChangedError(f"{what}: the object already exists (a put made only if it was absent)")
         if is_transient(exc):
             return StoreError(f"{what}: failed after {human_count(attempts, 'attempt')} in {time.monotonic() - t0:.1f} s: {text}")
         return StoreError(f"{what}: {text}")
@@ -662,6 +664,16 @@ class ObjectStore(Store):
                    self.describe(key))
         self.counters.add(nbytes=len(payload))
         return ObjectMeta(key, len(payload), metadata=attributes)
+
+    def put_if_absent(self, key: str, data: bytes, *, metadata: Mapping[str, str] | None = None) -> ObjectMeta:
+        """:meth:`put` only if ``key`` does not exist (``If-None-Match: *``, one atomic request); an object
+        already there is :class:`~shardkit.errors.ObjectChangedError` and is left as it is."""
+        self._writable(key)
+        attributes = dict(metadata or {})
+        self._call(lambda: self._obs.put(self.inner, key, data, mode="create", use_multipart=False, attributes=attributes),
+                   self.describe(key))
+        self.counters.add(nbytes=len(data))
+        return ObjectMeta(key, len(data), metadata=attributes)
 
     def put_file(
         self, key: str, source: str | os.PathLike[str], *, metadata: Mapping[str, str] | None = None
