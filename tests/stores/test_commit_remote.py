@@ -81,7 +81,7 @@ def test_a_commit_that_claims_after_another_published_is_refused(s3: Any, tmp_pa
     real = commit_module._claim_version
 
     def b_finishes_first(store: Any, number: int, plan: str) -> None:
-        if plan == "A":  # A checked nothing yet that B can change... B commits version 2 whole, claim released
+        if plan == "A":  # before A claims, B commits version 2 whole and releases its claim
             _append(url, base, b, "B")
             assert not store.exists(claim_key(2))
         real(store, number, plan)
