@@ -7,6 +7,7 @@ costs what its records in storage order cost. The read path: docs/design.md §3 
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import ctypes
 import logging
@@ -187,7 +188,8 @@ class _Plan:
     """One read, in read order (by shard, then ascending offset): record ``j`` is at ``offs[j]``
     (``sizes[j]`` bytes) of shard ``shard[j]`` and goes to row ``row[j]`` of destination buffer
     ``which[j]``; ``gap[j]`` is the distance from the previous record's end (within a shard), and
-    runs (one request each) start at ``run_starts``."""
+    runs (one request each) start at ``run_starts``. ``files`` maps a shard to its open file and name
+    when the plan spans several arrays (:func:`read_distinct_parts`); ``None``: the reader's own shards."""
 
     shard: np.ndarray
     offs: np.ndarray
@@ -197,6 +199,7 @@ class _Plan:
     new_shard: np.ndarray
     gap: np.ndarray
     run_starts: np.ndarray
+    files: Callable[[int], tuple[int, str]] | None = None
 
     @property
     def size(self) -> int:
@@ -999,11 +1002,15 @@ class PayloadArray:
             self._read_scattered(plan, rows, np.flatnonzero(~bounced))
             self._read_bounced(plan, rows, np.flatnonzero(bounced))
 
+    def _file(self, plan: _Plan, i: int) -> tuple[int, str]:
+        """The open file and name of shard ``i`` of ``plan``."""
+        return plan.files(i) if plan.files is not None else (self._fd(i), self._shard_str(i))
+
     def _announce(self, plan: _Plan) -> None:
         """``POSIX_FADV_WILLNEED`` for every run of ``plan``: the kernel starts reading all of them."""
         start, end = plan.spans()
         for shard, a, b in zip(plan.shard[plan.run_starts].tolist(), start.tolist(), end.tolist()):
-            os.posix_fadvise(self._fd(shard), a, b - a, os.POSIX_FADV_WILLNEED)
+            os.posix_fadvise(self._file(plan, shard)[0], a, b - a, os.POSIX_FADV_WILLNEED)
 
     def _plan(self, keys: np.ndarray, which: np.ndarray, row: np.ndarray, rows: list[np.ndarray]) -> _Plan:
         """Every distinct wanted record (``keys`` ascending) in read order, cut into coalesced runs."""
@@ -1071,8 +1078,7 @@ class PayloadArray:
                 buffers.append(rows[w][r : r + count].data.cast("B"))
                 cursor = off + count * rec
                 h += 1
-            i = int(plan.shard[plan.run_starts[run]])
-            self._preadv_all(self._fd(i), self._shard_str(i), buffers, start)
+            self._preadv_all(*self._file(plan, int(plan.shard[plan.run_starts[run]])), buffers, start)
 
     def _read_bounced(self, plan: _Plan, rows: list[np.ndarray], runs: np.ndarray) -> None:
         """Runs ``runs`` of small records: read whole in pieces of at most :data:`BOUNCE_BYTES`, scattered by numpy copies."""
@@ -1086,8 +1092,7 @@ class PayloadArray:
         bounds = plan.runs()
         for run in runs.tolist():
             a, b = bounds[run]
-            i = int(plan.shard[a])
-            fd, path = self._fd(i), self._shard_str(i)
+            fd, path = self._file(plan, int(plan.shard[a]))
             while a < b:
                 self._check_stop()
                 base = int(plan.offs[a])
@@ -1284,3 +1289,47 @@ class PayloadArray:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.close()
+
+
+def read_distinct_parts(parts: Sequence[PayloadArray], distinct: Sequence[np.ndarray], first: Sequence[np.ndarray],
+                        dest: Destination, rows: list[np.ndarray]) -> None:  # fmt: skip
+    """Records ``distinct[k]`` of ``parts[k]`` (ascending, distinct, checked) into rows
+    ``dest.rows[first[k]]`` of ``rows[dest.which[first[k]]]``, like :meth:`PayloadArray.read_distinct`
+    per part but read as one plan: each part plans its own shards and the plans are read together, so
+    the per-request bookkeeping (announcing, scattering) runs once per block, not once per part (a
+    mixture's block then costs what one dataset's does). Parts of one record size, uncompressed, whose
+    reads count in one set of counters (the first part's); anything else is read part by part."""
+    lead = parts[0]
+    one = all(p.codec is None and p.record_nbytes == lead.record_nbytes for p in parts)
+    if not one or sum(int(d.size) for d in distinct) > PLAN_RECORDS:
+        for p, d, f in zip(parts, distinct, first):
+            if d.size:
+                p.read_distinct(d, f, dest, rows)
+        return
+    lead._check_stop()
+    plans = [(p, p._plan(d, *dest.rows_at(f), rows)) for p, d, f in zip(parts, distinct, first) if d.size]
+    plans = [(p, plan) for p, plan in plans if plan.size]
+    if len(plans) <= 1:
+        for p, plan in plans:
+            p._read_plan(plan, rows)
+        return
+    # Shard j of the k-th plan is shard bases[k] + j of the whole; its file is its own part's.
+    bases, starts, base, start = [], [], 0, 0
+    for _, plan in plans:
+        bases.append(base)
+        starts.append(start)
+        base += int(plan.shard.max()) + 1
+        start += plan.size
+    owners = [p for p, _ in plans]
+
+    def files(g: int) -> tuple[int, str]:
+        k = bisect.bisect_right(bases, g) - 1
+        return owners[k]._fd(g - bases[k]), owners[k]._shard_str(g - bases[k])
+
+    def joined(name: str, shift: Sequence[int] | None = None) -> np.ndarray:
+        arrays = [getattr(plan, name) for _, plan in plans]
+        return np.concatenate(arrays if shift is None else [a + s for a, s in zip(arrays, shift)])
+
+    combined = _Plan(joined("shard", bases), joined("offs"), joined("sizes"), joined("which"), joined("row"),
+                     joined("new_shard"), joined("gap"), joined("run_starts", starts), files)  # fmt: skip
+    lead._read_plan(combined, rows)

@@ -24,6 +24,8 @@ __all__ = [
 
 #: Stages of an epoch as :class:`EpochPrediction` names them (slowest one = the bottleneck).
 RESOURCES = ("storage", "page cache", "ssd", "assembly", "compute", "cpu")
+#: Threads that map a static cache's pages in its first epoch: the reader and the cache's own.
+FILL_THREADS = 2
 
 
 @dataclass(frozen=True)
@@ -190,9 +192,12 @@ def _epoch(work: Workload, rates: Rates, sc: Scenario, sizes: TierSizes, *, firs
     bw = sc.storage_bps if sc.storage_bps is not None else rates.storage_bps
     cold_s = storage_bytes * (1 - hit) / bw
     warm_s = storage_bytes * hit / (rates.warm_bps or rates.page_cache_bps)
-    # The first epoch maps the static cache's pages as it pins records, in the reader's path.
+    # The first epoch maps the static cache's pages as it pins records. A thread of the cache's own
+    # maps them ahead of the reads (tiers/static_cache.py) and the reader maps any page it reaches
+    # first, so the two share that work: the reader's path takes the longer of its reads and their
+    # sum over the threads the cores run at once, and the mapping's CPU joins the epoch's CPU.
     fill_s = per * cached * rec / rates.fill_bps if first and rates.fill_bps else 0.0
-    reader = cold_s + warm_s + fill_s
+    reader = max(cold_s + warm_s, (cold_s + warm_s + fill_s) / min(FILL_THREADS, max(1, rates.cores)))
     ssd = 0.0
     if sizes.ssd_block is not None:
         assert rates.ssd_write_bps is not None and rates.ssd_read_bps is not None
@@ -207,7 +212,7 @@ def _epoch(work: Workload, rates: Rates, sc: Scenario, sizes: TierSizes, *, firs
     compute = batches * (step + rates.handover_s)
     # Every byte read is copied by a CPU at page-cache speed; the SSD tier copies it twice more.
     cpu_read = storage_bytes / rates.page_cache_bps + (2 * records * rec / rates.page_cache_bps if ssd else 0.0)
-    cpu = w * (cpu_read + assembly + batches * (step_cpu + rates.handover_s)) / max(1, rates.cores)
+    cpu = w * (cpu_read + fill_s + assembly + batches * (step_cpu + rates.handover_s)) / max(1, rates.cores)
     stages = {
         "storage": w * cold_s,  # bandwidth is shared by the workers
         "page cache": warm_s,

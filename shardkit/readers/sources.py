@@ -28,7 +28,7 @@ from shardkit.declare import Source, option_name
 from shardkit.errors import ConfigError, SchemaError
 from shardkit.formats import Dataset, FieldSpec, PayloadArray
 from shardkit.formats.metadata import DatasetMeta, read_dataset_meta
-from shardkit.formats.reader import Destination, ReadStats, SortedRequest, SortScratch
+from shardkit.formats.reader import Destination, ReadStats, SortedRequest, SortScratch, read_distinct_parts
 from shardkit.order.mixture import MixturePlan, parse_weights
 from shardkit.order.seeds import check_seed
 from shardkit.readers.identity import DatasetIdentity, open_root
@@ -299,9 +299,9 @@ class MixedPayload:
     def read_into(self, keys: np.ndarray | list[int], dest: Destination) -> None:
         """Records ``keys`` straight into their destinations, each dataset's part in one ascending
         pass per shard. Local datasets share one read plan: the block's global keys are sorted once
-        (dataset i's keys are then one contiguous slice) and each slice read in place
-        (:meth:`~shardkit.formats.PayloadArray.read_distinct`), so a mixture's block costs what one
-        dataset's does; a mixture with remote datasets reads each part with its own ``read_into``."""
+        (dataset i's keys are then one contiguous slice), each slice planned by its dataset and the
+        plans read as one (:func:`~shardkit.formats.reader.read_distinct_parts`), so a mixture's block
+        costs what one dataset's does; a mixture with remote datasets reads each part with its own ``read_into``."""
         keys = np.asarray(keys, dtype=np.int64).reshape(-1)
         n = keys.size
         dest.check(n, tuple(self.record.shape), self.dtype, "mixture")
@@ -317,10 +317,9 @@ class MixedPayload:
         req = SortedRequest.of(keys, self.num_records, self._scratch)
         rows = req.byte_rows(dest)
         cuts = np.searchsorted(req.distinct, self.offsets[1:-1]).tolist()
-        for i, (lo, hi) in enumerate(zip([0, *cuts], [*cuts, req.distinct.size])):
-            if hi > lo:
-                local = req.distinct[lo:hi] - self.offsets[i]
-                self._parts[i].read_distinct(local, req.first[lo:hi], dest, rows)
+        spans = list(zip([0, *cuts], [*cuts, req.distinct.size]))
+        read_distinct_parts(self._parts, [req.distinct[lo:hi] - self.offsets[i] for i, (lo, hi) in enumerate(spans)],
+                            [req.first[lo:hi] for lo, hi in spans], dest, rows)  # fmt: skip
         req.copy_duplicates(dest, rows)
         self.stats.add_records(n)
 

@@ -23,6 +23,11 @@ def test_mixing_benchmark_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         assert r["emitted_per_epoch"] <= r["read_per_epoch"] < 1.05 * r["emitted_per_epoch"]  # + shard indexes
     assert "| 5 datasets |" in bench.throughput_table(rows, args)
     assert all(r["cpu_us_per_record"] > 0 and r["cpu_spread"][0] <= r["cpu_us_per_record"] for r in rows)
+    # each round's ratio is to the single dataset's run of that round (its own ratio is exactly 1),
+    # and the first epoch of each fresh run is timed on its own
+    assert rows[0]["round_ratios"] == rows[0]["round_cpu_ratios"] == rows[0]["round_first_ratios"] == [1.0]
+    assert all(len(r["round_ratios"]) == args.rounds and r["first_epoch_records_per_s"] > 0 for r in rows)
+    assert "| 5 datasets | " in bench.throughput_table(rows, args).split("first epoch vs 1 dataset")[1]
     monkeypatch.setattr(bench, "ORDER_MIXES", {"two": ([30, 10], [1, 1], 40)})
     rows = bench.orders(args)
     ours = next(r for r in rows if r["loader"] == "shardkit mix()")
