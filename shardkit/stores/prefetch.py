@@ -155,7 +155,22 @@ class _Fill:
         #: Blocks waiting for records of this copy (:class:`Delivery`): changed under the
         #: prefetcher's lock and this one, read by the fetch threads' sinks under this one only.
         self.deliveries: list[Delivery] = []
+        #: The parts streaming now (under ``deliver_lock``): a record whose bytes one of them has not
+        #: reached yet can still be delivered from it.
+        self.sinks: list[_PartSink] = []
         self.deliver_lock = threading.Lock()
+
+    def deliverable(self, start: int, end: int) -> bool:
+        """Every byte of ``start:end`` is still to come through a sink: its pages are free (a part
+        not started yet), or in a part streaming now that has not reached them (under both locks)."""
+        for p in range(start // PAGE_BYTES, -(-end // PAGE_BYTES)):
+            if self.present[p]:
+                return False
+            if self.busy[p]:
+                first = max(start, p * PAGE_BYTES)
+                if not any(s.start <= first < s.end and s.next <= first for s in self.sinks):
+                    return False  # a whole-object GET, a part not streaming yet, or one past these bytes
+        return True
 
     def free(self, p: int) -> bool:
         return not self.present[p] and not self.busy[p]
@@ -594,7 +609,13 @@ class ShardPrefetcher:
         else:
             cut = min(max(item.data_nbytes, start), end)  # checksums never span data_nbytes
             part = _PartSink(fill, start, cut, end, lambda: self._closing)
-            etag = self.store.stream_range(ByteRange(item.key, start, end, self._pin(i, None)), part, size=item.size)
+            with fill.deliver_lock:
+                fill.sinks.append(part)
+            try:
+                etag = self.store.stream_range(ByteRange(item.key, start, end, self._pin(i, None)), part, size=item.size)
+            finally:
+                with fill.deliver_lock:
+                    fill.sinks.remove(part)
             crcs = [(a, b, c) for a, b, c in ((start, cut, part.crcs[0]), (cut, end, part.crcs[1])) if b > a]
             t3 = time.perf_counter()
             t1 = t3 - part.write_s - part.crc_s - part.deliver_s  # receive, then write, crc and copies
@@ -625,6 +646,9 @@ class _PartSink:
         self.crcs = [0, 0]
         self.write_s = self.crc_s = self.deliver_s = 0.0
         self.delivered = 0
+        #: The first byte not copied yet (changed under the fill's ``deliver_lock``): records from
+        #: here on can still be registered for delivery from this part.
+        self.next = start
 
     def __call__(self, pos: int, chunk: memoryview) -> None:
         if self.closing():
@@ -632,11 +656,12 @@ class _PartSink:
         if pos == self.start:
             self.crcs = [0, 0]  # the response begins (again, after a retry)
             self.delivered = 0
-        if self.fill.deliveries:
-            t = time.perf_counter()
-            with self.fill.deliver_lock:
+        t = time.perf_counter()
+        with self.fill.deliver_lock:
+            if self.fill.deliveries:
                 self.delivered += sum(d.copy(pos, chunk) for d in self.fill.deliveries)
-            self.deliver_s += time.perf_counter() - t
+            self.next = pos + chunk.nbytes  # (a retry starts again at ``start``)
+        self.deliver_s += time.perf_counter() - t
         t0 = time.perf_counter()
         write_all(self.fd, chunk, pos)
         t1 = time.perf_counter()
@@ -669,7 +694,8 @@ class PartialCopy:
 
     def deliver(self, offs: list[int], ends: list[int], rows: list[memoryview]) -> Delivery | None:
         """Have the fetch threads copy records (bytes ``offs[k]:ends[k]``, ascending) into ``rows[k]``
-        as their chunks land, for those whose pages are all still to be fetched by this process;
+        as their chunks land, for those whose bytes all still have to come through this process's
+        parts (pages not fetched yet, or not reached yet by a part streaming now);
         None when none is (the others are read from the copy once present). Takes rows as they are
         given: the caller calls :meth:`undeliver` before it reads them or lets them go."""
         pf = self.owner
@@ -679,13 +705,11 @@ class PartialCopy:
             fill = pf._fills.get(self.index)
             if fill is None or fill.error is not None:
                 return None
-            keep = [k for k, (o, e) in enumerate(zip(offs, ends))
-                    if fill.present.find(1, o // PAGE_BYTES, -(-e // PAGE_BYTES)) < 0
-                    and fill.busy.find(1, o // PAGE_BYTES, -(-e // PAGE_BYTES)) < 0]  # fmt: skip
-            if not keep:
-                return None
-            delivery = Delivery(fill, keep, [offs[k] for k in keep], [ends[k] for k in keep], [rows[k] for k in keep])
-            with fill.deliver_lock:
+            with fill.deliver_lock:  # the sinks' progress holds still while the records are chosen
+                keep = [k for k, (o, e) in enumerate(zip(offs, ends)) if fill.deliverable(o, e)]
+                if not keep:
+                    return None
+                delivery = Delivery(fill, keep, [offs[k] for k in keep], [ends[k] for k in keep], [rows[k] for k in keep])
                 fill.deliveries.append(delivery)
             return delivery
 

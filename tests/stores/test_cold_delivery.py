@@ -147,3 +147,49 @@ def test_a_shard_fetched_whole_is_read_from_its_copy(url: str, tmp_path: Path, m
     np.testing.assert_array_equal(got["image"], encode(np.array(KEYS), SHAPE))
     assert st.delivered_bytes == 0 and len(whole) == 3 and deliveries, (whole, deliveries)
     assert len([w for w, _ in reads if "local cache copy" in w]) == len(KEYS)
+
+
+def test_a_record_a_streaming_part_has_not_reached_is_delivered_from_it(
+        url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A block that asks while a part is streaming gets the records the part has not reached yet
+    from its chunks; those it has passed are read from the copy (they are no longer in the chunks)."""
+    monkeypatch.setattr(prefetch, "PART_BYTES", 8 * cache_mod.PAGE_BYTES)  # parts of 32 records
+    slice_bytes = cache_mod.PAGE_BYTES
+    paused, go = threading.Event(), threading.Event()
+    real = ObjectStore.stream_range
+
+    def stream_range(self: ObjectStore, r: ByteRange, sink: Callable[[int, memoryview], None], *, size: int) -> str | None:
+        def sliced(pos: int, chunk: memoryview) -> None:
+            for a in range(0, chunk.nbytes, slice_bytes):
+                sink(pos + a, chunk[a : a + slice_bytes])
+                if r.start == 0 and pos + a == 0:  # the first part's first page is in: hold it there
+                    paused.set()
+                    assert go.wait(60)
+
+        return real(self, r, sliced, size=size)
+
+    monkeypatch.setattr(ObjectStore, "stream_range", stream_range)
+    with Dataset(url, cache_dir=_cache(tmp_path)) as ds:
+        payload: Any = ds.payload
+        payload.schedule(iter([]))  # starts the download, the background held back
+        pf = payload.prefetcher
+        copy = pf.copy(0)
+        assert copy is not None and copy.owned
+        offs = payload.index(0).offsets
+        keys = [2, 20]  # on the held page, and past it
+        rows = np.zeros((len(keys), REC), dtype=np.uint8)
+        try:
+            copy.request([(0, 8)])
+            assert paused.wait(60)
+            delivery = copy.deliver([int(offs[k]) for k in keys], [int(offs[k]) + REC for k in keys],
+                                    [memoryview(row) for row in rows])
+            go.set()
+            assert delivery is not None and delivery.which == [1]
+            assert copy.wait([(0, 8)])
+            copy.undeliver(delivery)
+        finally:
+            go.set()
+            copy.close()
+    assert delivery.delivered() == [True]
+    np.testing.assert_array_equal(rows[1], encode(np.array([20]), SHAPE).reshape(-1))
+    assert not rows[0].any()  # never handed over: read from the copy by a block
