@@ -37,7 +37,7 @@ from shardkit.formats.spec import ZARR_JSON, ShardInfo, index_nbytes
 from shardkit.formats.versions import older_copy, read_document
 from shardkit.stores import ByteRange, Fetched, Store, prefetch
 from shardkit.stores.cache import PAGE_BYTES, ShardCache, map_pages
-from shardkit.stores.prefetch import DEMAND_GAP_PAGES, PART_BYTES, PartialCopy, PrefetchItem, ShardPrefetcher
+from shardkit.stores.prefetch import DEMAND_GAP_PAGES, PART_BYTES, Delivery, PartialCopy, PrefetchItem, ShardPrefetcher
 
 __all__ = ["RangedPayloadArray", "DEFAULT_REMOTE_GAP_BYTES"]
 
@@ -360,8 +360,9 @@ class RangedPayloadArray(PayloadArray):
         todo = runs
         for attempt in range(_RESOLVE_ATTEMPTS):
             copies: dict[int, PartialCopy | None] = {}
-            waits: list[tuple[_Run, PartialCopy, list[tuple[int, int]]]] = []
+            waits: list[tuple[_Run, PartialCopy, list[tuple[int, int]], Delivery | None]] = []
             asked: dict[int, list[tuple[int, int]]] = {}
+            registered: list[tuple[PartialCopy, Delivery]] = []  # each taken back before the read ends
             try:
                 for run in todo:
                     if run.shard not in copies:
@@ -379,7 +380,10 @@ class RangedPayloadArray(PayloadArray):
                         if run.shard not in self._tails_checked:
                             spans += self._tail_pages(run.shard)
                         asked.setdefault(run.shard, []).extend(spans)
-                        waits.append((run, copy, spans))
+                        delivery = self._deliver(copy, run, rows)  # before the pages are asked for
+                        if delivery is not None:
+                            registered.append((copy, delivery))
+                        waits.append((run, copy, spans, delivery))
                 for shard, spans in asked.items():  # one request per copy: the filler is woken once, not per run
                     copy = copies[shard]
                     assert copy is not None
@@ -389,23 +393,59 @@ class RangedPayloadArray(PayloadArray):
                 again: list[_Run] = []
                 while waits:
                     # Runs are read as their pages land, in any order (parts arrive out of order).
-                    now = self.prefetcher.ready([(copy, spans) for _, copy, spans in waits])
+                    now = self.prefetcher.ready([(copy, spans) for _, copy, spans, _ in waits])
                     ready = [w for w, r in zip(waits, now) if r]
                     waits = [w for w, r in zip(waits, now) if not r]
-                    for run, copy, spans in ready:
-                        if not copy.wait(spans):
+                    for run, copy, spans, delivery in ready:
+                        try:
+                            present = copy.wait(spans)
+                        finally:
+                            if delivery is not None:
+                                copy.undeliver(delivery)  # no copy into the rows from here on
+                        if not present:
                             again.append(run)
                             continue
                         if run.shard not in self._tails_checked and PayloadArray._tail_nbytes(self, run.shard):
                             self._check_tail(run.shard, self._tail_from(copy.fd, run.shard))
-                        self._read_cached(copy.fd, run, rows)
+                        for rest in self._undelivered(run, delivery):
+                            self._read_cached(copy.fd, rest, rows)
             finally:
+                for copy, delivery in registered:
+                    copy.undeliver(delivery)
                 for c in copies.values():
                     if c is not None:
                         c.close()
             if not again:
                 return
             todo = again
+
+    def _deliver(self, copy: PartialCopy, run: _Run, rows: _Rows) -> Delivery | None:
+        """Have this process's fetch threads copy ``run``'s records into their rows as their chunks
+        land (uncompressed records of at least ``SCATTER_MIN_BYTES``, each exactly a whole,
+        contiguous row): no read back from the copy for them (docs/design.md §9, *Shard cache*)."""
+        rec = self.record_nbytes
+        if not copy.owned or self.codec is not None or rec < SCATTER_MIN_BYTES or not bool(np.all(run.sizes == rec)):
+            return None
+        targets: list[memoryview] = []
+        for p in run.pos.tolist():
+            row = rows[p]
+            if row.nbytes != rec or not row.flags.c_contiguous or not row.flags.writeable:
+                return None
+            targets.append(row.data.cast("B"))
+        return copy.deliver(run.offs.tolist(), (run.offs + run.sizes).tolist(), targets)
+
+    def _undelivered(self, run: _Run, delivery: Delivery | None) -> list[_Run]:
+        """The pieces of ``run`` (consecutive records) still to read from the copy: those ``delivery``
+        did not deliver whole from checked parts (the delivered ones count as read from the cache)."""
+        if delivery is None:
+            return [run]
+        done = np.zeros(run.offs.size, dtype=bool)
+        done[np.asarray(delivery.which, dtype=np.int64)[np.asarray(delivery.delivered(), dtype=bool)]] = True
+        if done.any():
+            self.cache_stats.add(run.path, int(run.offs[done][0]), int(run.sizes[done].sum()))
+        todo = np.flatnonzero(~done)
+        pieces = np.split(todo, np.flatnonzero(np.diff(todo) != 1) + 1) if todo.size else []
+        return [_Run(run.shard, run.path, run.offs[k], run.sizes[k], run.pos[k]) for k in pieces]
 
     def _tail_pages(self, i: int) -> list[tuple[int, int]]:
         n = PayloadArray._tail_nbytes(self, i)

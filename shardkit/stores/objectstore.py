@@ -476,9 +476,7 @@ class ObjectStore(Store):
         one. Close the result to cancel what it has not delivered."""
         _check_fork(self.url)
         for r in ranges:
-            check_key(r.key, where=self.url)
-            if r.start < 0 or r.end <= r.start:
-                raise StoreError(f"{r.describe(self.describe(r.key))}: not a valid byte range")
+            self._check_range(r)
         results: queue.Queue[Fetched | BaseException] = queue.Queue()
         future = _get_runner().submit(self._drive(ranges, results)) if ranges else None
         return _Pending(self.url, len(ranges), results, future)
@@ -515,25 +513,13 @@ class ObjectStore(Store):
         policy, in one of the store's slots): no hand-over through the event loop's thread, whose
         futures and queue cost about 0.4 CPU s/GB on 8 MiB parts (docs/design.md §9, *Shard cache*)."""
         _check_fork(self.url)
-        check_key(r.key, where=self.url)
-        if r.start < 0 or r.end <= r.start:
-            raise StoreError(f"{r.describe(self.describe(r.key))}: not a valid byte range")
+        self._check_range(r)
 
         def once() -> Fetched:
             result = self._obs.get(self.inner, r.key, options=self._range_options(r))
             return self._checked_range(0, r, result.meta, result.bytes())
 
-        self._slots.acquire()
-        try:
-            self.counters.flight(1)
-            try:
-                got = self._call(once, r.describe(self.describe(r.key)))
-            finally:
-                self.counters.flight(-1)
-        finally:
-            self._slots.release()
-        self.counters.add(nbytes=r.nbytes)
-        return got
+        return self._in_slot(r, lambda: self._call(once, r.describe(self.describe(r.key))))
 
     def stream_range(self, r: ByteRange, sink: Callable[[int, memoryview], None], *, size: int) -> str | None:
         """As :meth:`Store.stream_range`: one ranged GET made by the calling thread (in one of the
@@ -543,9 +529,7 @@ class ObjectStore(Store):
         *Shard cache*). A body cut short or too long is retried from ``r.start``; an error the sink
         raises is raised as it is."""
         _check_fork(self.url)
-        check_key(r.key, where=self.url)
-        if r.start < 0 or r.end <= r.start:
-            raise StoreError(f"{r.describe(self.describe(r.key))}: not a valid byte range")
+        self._check_range(r)
         what = r.describe(self.describe(r.key))
 
         def once() -> str | None:
@@ -568,19 +552,34 @@ class ObjectStore(Store):
             etag = result.meta.get("e_tag")
             return None if etag is None else str(etag)
 
+        def call() -> str | None:
+            try:
+                return self._call(once, what)
+            except _SinkFailed as failed:
+                raise failed.error from None
+
+        return self._in_slot(r, call)
+
+    def _check_range(self, r: ByteRange) -> None:
+        """``r``'s key is valid here and its range is not empty (checked before any request)."""
+        check_key(r.key, where=self.url)
+        if r.start < 0 or r.end <= r.start:
+            raise StoreError(f"{r.describe(self.describe(r.key))}: not a valid byte range")
+
+    def _in_slot(self, r: ByteRange, request: Callable[[], T]) -> T:
+        """Run ``request`` (the calling thread's own GET of ``r``) in one of the store's slots,
+        counted in flight while it runs and, once it succeeded, as ``r``'s bytes."""
         self._slots.acquire()
         try:
             self.counters.flight(1)
             try:
-                etag = self._call(once, what)
-            except _SinkFailed as failed:
-                raise failed.error from None
+                result = request()
             finally:
                 self.counters.flight(-1)
         finally:
             self._slots.release()
         self.counters.add(nbytes=r.nbytes)
-        return etag
+        return result
 
     @staticmethod
     def _range_options(r: ByteRange) -> dict[str, Any]:

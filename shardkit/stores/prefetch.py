@@ -7,12 +7,14 @@ and checked: docs/design.md §9 (*Shard cache*).
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 
 from shardkit.errors import CorruptShardError, TruncatedShardError
@@ -22,8 +24,8 @@ from shardkit.stores.atomic import is_out_of_space
 from shardkit.stores.base import ByteRange, Store, write_all
 from shardkit.stores.cache import PAGE_BYTES, STALE_SECONDS, ShardCache, filler_alive, map_pages
 
-__all__ = ["ShardPrefetcher", "PrefetchItem", "PrefetchStats", "PartialCopy", "PREFETCH_CONCURRENCY", "PART_BYTES",
-           "MAX_PARTS_IN_FLIGHT"]
+__all__ = ["ShardPrefetcher", "PrefetchItem", "PrefetchStats", "PartialCopy", "Delivery", "PREFETCH_CONCURRENCY",
+           "PART_BYTES", "MAX_PARTS_IN_FLIGHT"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +83,10 @@ class PrefetchStats:
     settle_s: float = 0.0
     #: Bytes checksummed by reading the copy back (pages a resumed fill found, whole-object GETs).
     reread_bytes: int = 0
+    #: Record bytes the fetch threads copied straight into a waiting block's rows (never read back
+    #: from the copy), and the time those copies took (part of ``write_s``'s thread, not counted in it).
+    delivered_bytes: int = 0
+    deliver_s: float = 0.0
     reader_wait_s: float = 0.0
     #: CPU time of the fetch threads (their own, not the store client's I/O threads).
     cpu_s: float = 0.0
@@ -92,6 +98,44 @@ class PrefetchStats:
 
 class _Stop(BaseException):
     """The prefetcher is closing (a BaseException: the store's retry loop must not retry it)."""
+
+
+class Delivery:
+    """Records of one block run that the fetch threads copy into their rows as their chunks land
+    (:meth:`PartialCopy.deliver`): record ``k`` is bytes ``offs[k]:ends[k]`` of the shard, its row
+    ``rows[k]``. ``got[k]`` counts its bytes that came in parts which passed every check (counted
+    when the part succeeds); a record is delivered once ``got[k]`` is its size, and only then.
+    A chunk's bytes are copied as it lands (while it is in the CPU's cache); a retried part copies
+    them again from its first byte, so the rows hold the part's last, checked response."""
+
+    def __init__(self, fill: _Fill, which: list[int], offs: list[int], ends: list[int], rows: list[memoryview]) -> None:
+        #: The records' indexes in the caller's list.
+        self.which = which
+        self.fill, self.offs, self.ends, self.rows = fill, offs, ends, rows
+        self.got = [0] * len(offs)
+
+    def delivered(self) -> list[bool]:
+        """Which records are entirely in their rows, from checked parts."""
+        return [g == e - o for g, o, e in zip(self.got, self.offs, self.ends)]
+
+    def copy(self, pos: int, chunk: memoryview) -> int:
+        """Copy the bytes of ``chunk`` (at ``pos`` in the shard) that belong to these records into
+        their rows; returns how many (called under the fill's ``deliver_lock``)."""
+        end, n = pos + chunk.nbytes, 0
+        k = bisect.bisect_right(self.ends, pos)
+        while k < len(self.offs) and self.offs[k] < end:
+            a, b, o = max(self.offs[k], pos), min(self.ends[k], end), self.offs[k]
+            self.rows[k][a - o : b - o] = chunk[a - pos : b - pos]
+            n += b - a
+            k += 1
+        return n
+
+    def landed(self, start: int, end: int) -> None:
+        """Bytes ``start:end`` came in a part that passed its checks (under the prefetcher's lock)."""
+        k = bisect.bisect_right(self.ends, start)
+        while k < len(self.offs) and self.offs[k] < end:
+            self.got[k] += min(self.ends[k], end) - max(self.offs[k], start)
+            k += 1
 
 
 class _Fill:
@@ -108,6 +152,25 @@ class _Fill:
         self.done = 0
         #: ``start -> (end, crc32c)`` of the byte ranges this fill wrote, none across ``data_nbytes``.
         self.crcs: dict[int, tuple[int, int]] = {}
+        #: Blocks waiting for records of this copy (:class:`Delivery`): changed under the
+        #: prefetcher's lock and this one, read by the fetch threads' sinks under this one only.
+        self.deliveries: list[Delivery] = []
+        #: The parts streaming now (under ``deliver_lock``): a record whose bytes one of them has not
+        #: reached yet can still be delivered from it.
+        self.sinks: list[_PartSink] = []
+        self.deliver_lock = threading.Lock()
+
+    def deliverable(self, start: int, end: int) -> bool:
+        """Every byte of ``start:end`` is still to come through a sink: its pages are free (a part
+        not started yet), or in a part streaming now that has not reached them (under both locks)."""
+        for p in range(start // PAGE_BYTES, -(-end // PAGE_BYTES)):
+            if self.present[p]:
+                return False
+            if self.busy[p]:
+                first = max(start, p * PAGE_BYTES)
+                if not any(s.start <= first < s.end and s.next <= first for s in self.sinks):
+                    return False  # a whole-object GET, a part not streaming yet, or one past these bytes
+        return True
 
     def free(self, p: int) -> bool:
         return not self.present[p] and not self.busy[p]
@@ -430,8 +493,9 @@ class ShardPrefetcher:
                     self.stats.parts_background += 1
                 self._count_in_flight()
             error: BaseException | None = None
+            streamed = False
             try:
-                self._fetch(fill, lo, hi)
+                streamed = self._fetch(fill, lo, hi)
             except BaseException as exc:
                 error = exc
             with self._cond:
@@ -447,6 +511,8 @@ class ShardPrefetcher:
                 if error is None:
                     fill.present[lo:hi] = b"\1" * (hi - lo)
                     fill.done += hi - lo
+                    for delivery in fill.deliveries if streamed else ():  # (a whole-object GET copies none)
+                        delivery.landed(lo * PAGE_BYTES, min(hi * PAGE_BYTES, fill.item.size))
                     self._measure(min(hi * PAGE_BYTES, fill.item.size) - lo * PAGE_BYTES)
                 elif fill.error is None:
                     fill.error = error
@@ -521,9 +587,10 @@ class ShardPrefetcher:
             self.stats.reread_bytes += end - start
         return crc, data_crc
 
-    def _fetch(self, fill: _Fill, lo: int, hi: int) -> None:
+    def _fetch(self, fill: _Fill, lo: int, hi: int) -> bool:
         """Pages ``lo:hi`` of ``fill``, written and marked present (the whole object in one GET
-        without a range when that is what they are); each response's size and ETag are checked."""
+        without a range when that is what they are); each response's size and ETag are checked.
+        True when the part went through a :class:`_PartSink` (which copies waiting records)."""
         i, item = fill.index, fill.item
         if self._closing:
             raise _Stop
@@ -535,16 +602,25 @@ class ShardPrefetcher:
 
         t0 = time.perf_counter()
         crcs: list[tuple[int, int, int]] = []
+        delivered, deliver_s = 0, 0.0
         if start == 0 and end == item.size:  # checksummed from the copy when it completes
             etag = self.store.download(item.key, fill.fd, size=item.size, etag=self._pin(i, None), progress=progress)
             t1 = t2 = t3 = time.perf_counter()
         else:
             cut = min(max(item.data_nbytes, start), end)  # checksums never span data_nbytes
-            part = _PartSink(fill.fd, start, cut, end, lambda: self._closing)
-            etag = self.store.stream_range(ByteRange(item.key, start, end, self._pin(i, None)), part, size=item.size)
+            part = _PartSink(fill, start, cut, end, lambda: self._closing)
+            with fill.deliver_lock:
+                fill.sinks.append(part)
+            try:
+                etag = self.store.stream_range(ByteRange(item.key, start, end, self._pin(i, None)), part, size=item.size)
+            finally:
+                with fill.deliver_lock:
+                    fill.sinks.remove(part)
             crcs = [(a, b, c) for a, b, c in ((start, cut, part.crcs[0]), (cut, end, part.crcs[1])) if b > a]
             t3 = time.perf_counter()
-            t1, t2 = t3 - part.write_s - part.crc_s, t3 - part.crc_s  # receive, then write, then crc
+            t1 = t3 - part.write_s - part.crc_s - part.deliver_s  # receive, then write, crc and copies
+            t2, t3 = t1 + part.write_s, t1 + part.write_s + part.crc_s
+            delivered, deliver_s = part.delivered, part.deliver_s
         self._pin(i, etag)
         self._account(i, end - start)
         with self._cond:
@@ -553,23 +629,39 @@ class ShardPrefetcher:
             st = self.stats
             st.receive_s, st.write_s, st.crc_s = st.receive_s + t1 - t0, st.write_s + t2 - t1, st.crc_s + t3 - t2
             st.bytes += end - start
+            st.delivered_bytes += delivered
+            st.deliver_s += deliver_s
         ShardCache.mark_present(fill.map_fd, lo, hi)
+        return bool(crcs)
 
 
 class _PartSink:
     """Writes a part's chunks into the copy as they arrive and checksums them while they are in the
-    CPU's cache: ``crcs`` are those of ``[start, cut)`` and ``[cut, end)`` (a retry starts over)."""
+    CPU's cache: ``crcs`` are those of ``[start, cut)`` and ``[cut, end)`` (a retry starts over).
+    Bytes a waiting block asked for (``fill.deliveries``) are copied into its rows from the chunk
+    too; the block takes them only once the part succeeded (:class:`Delivery`)."""
 
-    def __init__(self, fd: int, start: int, cut: int, end: int, closing: Callable[[], bool]) -> None:
-        self.fd, self.start, self.cut, self.end, self.closing = fd, start, cut, end, closing
+    def __init__(self, fill: _Fill, start: int, cut: int, end: int, closing: Callable[[], bool]) -> None:
+        self.fill, self.fd, self.start, self.cut, self.end, self.closing = fill, fill.fd, start, cut, end, closing
         self.crcs = [0, 0]
-        self.write_s = self.crc_s = 0.0
+        self.write_s = self.crc_s = self.deliver_s = 0.0
+        self.delivered = 0
+        #: The first byte not copied yet (changed under the fill's ``deliver_lock``): records from
+        #: here on can still be registered for delivery from this part.
+        self.next = start
 
     def __call__(self, pos: int, chunk: memoryview) -> None:
         if self.closing():
             raise _Stop
         if pos == self.start:
             self.crcs = [0, 0]  # the response begins (again, after a retry)
+            self.delivered = 0
+        t = time.perf_counter()
+        with self.fill.deliver_lock:
+            if self.fill.deliveries:
+                self.delivered += sum(d.copy(pos, chunk) for d in self.fill.deliveries)
+            self.next = pos + chunk.nbytes  # (a retry starts again at ``start``)
+        self.deliver_s += time.perf_counter() - t
         t0 = time.perf_counter()
         write_all(self.fd, chunk, pos)
         t1 = time.perf_counter()
@@ -600,6 +692,33 @@ class PartialCopy:
             for lo, hi in spans:
                 ShardCache.want(self.map_fd, self.size, lo, hi)
 
+    def deliver(self, offs: list[int], ends: list[int], rows: list[memoryview]) -> Delivery | None:
+        """Have the fetch threads copy records (bytes ``offs[k]:ends[k]``, ascending) into ``rows[k]``
+        as their chunks land, for those whose bytes all still have to come through this process's
+        parts (pages not fetched yet, or not reached yet by a part streaming now);
+        None when none is (the others are read from the copy once present). Takes rows as they are
+        given: the caller calls :meth:`undeliver` before it reads them or lets them go."""
+        pf = self.owner
+        if not self.owned:
+            return None
+        with pf._cond:
+            fill = pf._fills.get(self.index)
+            if fill is None or fill.error is not None:
+                return None
+            with fill.deliver_lock:  # the sinks' progress holds still while the records are chosen
+                keep = [k for k, (o, e) in enumerate(zip(offs, ends)) if fill.deliverable(o, e)]
+                if not keep:
+                    return None
+                delivery = Delivery(fill, keep, [offs[k] for k in keep], [ends[k] for k in keep], [rows[k] for k in keep])
+                fill.deliveries.append(delivery)
+            return delivery
+
+    def undeliver(self, delivery: Delivery) -> None:
+        """No more copies into ``delivery``'s rows once this returns (a sink copying now is waited for)."""
+        with self.owner._cond, delivery.fill.deliver_lock:
+            with suppress(ValueError):
+                delivery.fill.deliveries.remove(delivery)
+
     def wait(self, spans: list[tuple[int, int]]) -> bool:
         """Block until every page of ``spans`` is present (True), or the fill ended without them
         (False: the caller looks again where the copy is); the fill's error is raised."""
@@ -618,6 +737,9 @@ class PartialCopy:
                     fill = pf._fills.get(self.index)
                     if fill is None:
                         state = pf._state[self.index]
+                        if state == _ACTIVE and not pf._closing:  # being checked and named (_settle): its outcome
+                            pf._cond.wait(1.0)
+                            continue
                         if state == _FAILED:
                             raise pf._errors[self.index]
                         return state == _DONE

@@ -1,0 +1,195 @@
+"""A cold block's records are copied into its rows by the fetch threads as their chunks land
+(issue 32, the cached cold epoch): no read back from the cache copy for them, and only bytes of
+parts that passed every check are ever delivered (docs/design.md §9, *Shard cache*)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from shardkit.errors import StoreError
+from shardkit.formats import Dataset, ranged
+from shardkit.stores import ByteRange, ObjectStore, prefetch
+from shardkit.stores import cache as cache_mod
+from tests.helpers.datasets import upload
+from tests.helpers.sampler_data import check_batch, encode, make_dataset
+
+N, PER_SHARD, SHAPE = 120, 40, (64, 64, 4)  # 16 KiB records (SCATTER_MIN_BYTES): shards of 10 pages
+REC = int(np.prod(SHAPE))
+KEYS = [3, 17, PER_SHARD + 21, 2 * PER_SHARD + 30]  # on distinct pages and parts
+
+
+@pytest.fixture
+def url(s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setattr(prefetch, "PART_BYTES", 2 * cache_mod.PAGE_BYTES)  # parts of 8 records
+    monkeypatch.setattr(prefetch, "hold_background", threading.Event())  # only asked-for pages flow
+    local = make_dataset(tmp_path / "ds", N, records_per_shard=PER_SHARD, shape=SHAPE)
+    return upload(local, s3.url(f"delivery-{tmp_path.name}"))
+
+
+def _cache(tmp_path: Path) -> Path:
+    d = tmp_path / "cache"
+    d.mkdir(exist_ok=True)
+    return d
+
+
+def _copy_reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """``(what, offset)`` of every record read back from a cache copy."""
+    reads: list[tuple[str, int]] = []
+    real = ranged.preadv_exact
+
+    def preadv(fd: int, buffers: Any, offset: int, what: str) -> None:
+        reads.append((what, offset))
+        real(fd, buffers, offset, what)
+
+    monkeypatch.setattr(ranged, "preadv_exact", preadv)
+    return reads
+
+
+def _streams(monkeypatch: pytest.MonkeyPatch,
+             before: Callable[[ByteRange, Callable[[int, memoryview], None]], None]) -> None:
+    """Call ``before(range, sink)`` ahead of every part the prefetcher streams."""
+    real = ObjectStore.stream_range
+
+    def stream_range(self: ObjectStore, r: ByteRange, sink: Callable[[int, memoryview], None], *, size: int) -> str | None:
+        before(r, sink)
+        return real(self, r, sink, size=size)
+
+    monkeypatch.setattr(ObjectStore, "stream_range", stream_range)
+
+
+def test_a_waiting_blocks_records_are_copied_from_the_arriving_chunks(
+        url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first block's records (every page still to fetch) land in their rows from the parts'
+    chunks: all of them delivered, none read back from the copy, and equal to the written ones."""
+    reads = _copy_reads(monkeypatch)
+    with Dataset(url, cache_dir=_cache(tmp_path)) as ds:
+        got = ds.read(KEYS)
+        st = ds.payload.prefetcher.stats  # type: ignore[attr-defined]
+    check_batch({"key": np.array(KEYS), **got})
+    assert st.delivered_bytes == len(KEYS) * REC
+    assert not [w for w, _ in reads if "local cache copy" in w], reads
+
+
+def test_a_retried_part_delivers_its_last_response(url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A part's first response hands over wrong bytes and is then streamed again from its first
+    byte (as the store does when a body is cut short): the rows hold the second response's bytes."""
+    seen: set[tuple[str, int]] = set()
+
+    def garbage_first(r: ByteRange, sink: Callable[[int, memoryview], None]) -> None:
+        if (r.key, r.start) not in seen:
+            seen.add((r.key, r.start))
+            sink(r.start, memoryview(b"\xff" * r.nbytes))
+
+    _streams(monkeypatch, garbage_first)
+    with Dataset(url, cache_dir=_cache(tmp_path)) as ds:
+        got = ds.read(KEYS)
+        st = ds.payload.prefetcher.stats  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(got["image"], encode(np.array(KEYS), SHAPE))
+    assert st.delivered_bytes == len(KEYS) * REC and seen
+
+
+def _deliveries(monkeypatch: pytest.MonkeyPatch) -> list[prefetch.Delivery]:
+    """Every :class:`~shardkit.stores.prefetch.Delivery` a block registers."""
+    deliveries: list[prefetch.Delivery] = []
+    real_deliver = prefetch.PartialCopy.deliver
+
+    def deliver(self: prefetch.PartialCopy, *args: Any) -> prefetch.Delivery | None:
+        d = real_deliver(self, *args)
+        if d is not None:
+            deliveries.append(d)
+        return d
+
+    monkeypatch.setattr(prefetch.PartialCopy, "deliver", deliver)
+    return deliveries
+
+
+def test_a_failed_part_delivers_nothing(url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A part whose chunks were copied into the rows and that then fails is never delivered: the
+    block read raises the failure, and no record counts as delivered."""
+    deliveries = _deliveries(monkeypatch)
+
+    def copied_then_failed(r: ByteRange, sink: Callable[[int, memoryview], None]) -> None:
+        sink(r.start, memoryview(b"\xff" * r.nbytes))
+        raise StoreError(f"{r.key}: the server went away (injected)")
+
+    _streams(monkeypatch, copied_then_failed)
+    with Dataset(url, cache_dir=_cache(tmp_path)) as ds, pytest.raises(StoreError, match="injected"):
+        ds.read(KEYS)
+    assert deliveries
+    assert not any(any(d.delivered()) for d in deliveries), [(d.which, d.offs, d.ends, d.got, d.fill.index) for d in deliveries]
+    assert not any(d in d.fill.deliveries for d in deliveries)  # unregistered: no copy into the rows after
+
+
+def test_a_shard_fetched_whole_is_read_from_its_copy(url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shard of one part is fetched by one GET without a range (no chunks to copy from): its
+    records registered for delivery are read from the copy, and equal the written ones."""
+    monkeypatch.setattr(prefetch, "PART_BYTES", 64 * cache_mod.PAGE_BYTES)  # every shard in one part
+    reads = _copy_reads(monkeypatch)
+    deliveries = _deliveries(monkeypatch)
+    whole: list[str] = []
+    real_download = ObjectStore.download
+
+    def download(self: ObjectStore, key: str, fd: int, **kw: Any) -> str | None:
+        whole.append(key)
+        return real_download(self, key, fd, **kw)
+
+    monkeypatch.setattr(ObjectStore, "download", download)
+    with Dataset(url, cache_dir=_cache(tmp_path)) as ds:
+        ds.payload._blocks_read = 1  # type: ignore[attr-defined]  # a later block: it asks for whole parts
+        got = ds.read(KEYS)
+        st = ds.payload.prefetcher.stats  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(got["image"], encode(np.array(KEYS), SHAPE))
+    assert st.delivered_bytes == 0 and len(whole) == 3 and deliveries, (whole, deliveries)
+    assert len([w for w, _ in reads if "local cache copy" in w]) == len(KEYS)
+
+
+def test_a_record_a_streaming_part_has_not_reached_is_delivered_from_it(
+        url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A block that asks while a part is streaming gets the records the part has not reached yet
+    from its chunks; those it has passed are read from the copy (they are no longer in the chunks)."""
+    monkeypatch.setattr(prefetch, "PART_BYTES", 8 * cache_mod.PAGE_BYTES)  # parts of 32 records
+    slice_bytes = cache_mod.PAGE_BYTES
+    paused, go = threading.Event(), threading.Event()
+    real = ObjectStore.stream_range
+
+    def stream_range(self: ObjectStore, r: ByteRange, sink: Callable[[int, memoryview], None], *, size: int) -> str | None:
+        def sliced(pos: int, chunk: memoryview) -> None:
+            for a in range(0, chunk.nbytes, slice_bytes):
+                sink(pos + a, chunk[a : a + slice_bytes])
+                if r.start == 0 and pos + a == 0:  # the first part's first page is in: hold it there
+                    paused.set()
+                    assert go.wait(60)
+
+        return real(self, r, sliced, size=size)
+
+    monkeypatch.setattr(ObjectStore, "stream_range", stream_range)
+    with Dataset(url, cache_dir=_cache(tmp_path)) as ds:
+        payload: Any = ds.payload
+        payload.schedule(iter([]))  # starts the download, the background held back
+        pf = payload.prefetcher
+        copy = pf.copy(0)
+        assert copy is not None and copy.owned
+        offs = payload.index(0).offsets
+        keys = [2, 20]  # on the held page, and past it
+        rows = np.zeros((len(keys), REC), dtype=np.uint8)
+        try:
+            copy.request([(0, 8)])
+            assert paused.wait(60)
+            delivery = copy.deliver([int(offs[k]) for k in keys], [int(offs[k]) + REC for k in keys],
+                                    [memoryview(row) for row in rows])
+            go.set()
+            assert delivery is not None and delivery.which == [1]
+            assert copy.wait([(0, 8)])
+            copy.undeliver(delivery)
+        finally:
+            go.set()
+            copy.close()
+    assert delivery.delivered() == [True]
+    np.testing.assert_array_equal(rows[1], encode(np.array([20]), SHAPE).reshape(-1))
+    assert not rows[0].any()  # never handed over: read from the copy by a block
