@@ -1,6 +1,6 @@
 """Command-line flags derived from declared options (``shardkit sample``, ``profile``, ``serve``,
 ``convert``, ``write``; docs/design.md §7): a flag, its default and its help cannot drift from the
-library. :func:`flag_parameter` is the one place a typer flag is made (and its help escaped)."""
+library. :func:`flag_info` is the one place a declared flag is made (and its help escaped)."""
 
 from __future__ import annotations
 
@@ -14,14 +14,19 @@ import typer
 from shardkit.cli.app import help_text
 from shardkit.declare import UserOptions
 
-__all__ = ["flag_parameter", "option_parameters", "options_command"]
+__all__ = ["flag_info", "flag_parameter", "option_parameters", "options_command"]
+
+
+def flag_info(default: Any, *flags: str, help: str | None, **look: Any) -> Any:
+    """The typer option offered as ``flags``: ``help`` is plain text (escaped here for typer's rich
+    markup, where ``[@RATE]`` would vanish), ``look`` more typer.Option keywords (``metavar``,
+    ``show_default``, ``rich_help_panel``). A new one each call, as typer expects one per parameter."""
+    return typer.Option(default, *flags, help=help_text(help) if help else None, **look)
 
 
 def flag_parameter(name: str, annotation: Any, default: Any, *flags: str, help: str | None, **look: Any) -> inspect.Parameter:
-    """A keyword parameter ``name`` that typer offers as ``flags``; ``help`` is plain text (escaped
-    here for typer's rich markup, where ``[@RATE]`` would vanish), ``look`` more typer.Option
-    keywords (``metavar``, ``show_default``, ``rich_help_panel``)."""
-    info = typer.Option(default, *flags, help=help_text(help) if help else None, **look)
+    """A keyword parameter ``name`` whose default is :func:`flag_info` (for a generated signature)."""
+    info = flag_info(default, *flags, help=help, **look)
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=annotation)
 
 
