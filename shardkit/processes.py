@@ -1,15 +1,20 @@
-"""Whether a process still runs: the one check behind every "is its owner gone?" clean-up.
+"""Facts about processes: whether one still runs (the one check behind every "is its owner gone?"
+clean-up), and what a child forked from this one now would inherit (:func:`fork_state`, the facts
+behind both the converters' and the DataLoader adapters' choice of a start method).
 
 A zombie (a SIGKILLed process not yet reaped) counts as gone; a process of another user as running.
 """
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
+import sys
 import threading
 import time
+from dataclasses import dataclass
 
-__all__ = ["pid_alive", "exit_when_gone"]
+__all__ = ["pid_alive", "exit_when_gone", "FORK_UNSAFE_MODULES", "ForkState", "fork_state"]
 
 #: Seconds between two checks of :func:`exit_when_gone`.
 WATCH_INTERVAL = 0.5
@@ -47,3 +52,41 @@ def exit_when_gone(pid: int, interval: float = WATCH_INTERVAL) -> threading.Thre
     thread = threading.Thread(target=watch, daemon=True, name=f"shardkit-exit-when-{pid}-gone")
     thread.start()
     return thread
+
+
+#: Libraries that run native threads or runtimes of their own once used (thread pools, gRPC, an async
+#: runtime): a child forked from a process that loaded one could inherit a lock held by a thread it
+#: does not have.
+FORK_UNSAFE_MODULES = ("torch", "tensorflow", "jax", "grpc", "obstore", "distributed")
+
+#: The module whose object-store runtime does not survive ``fork()`` once used.
+_OBJECT_STORE_MODULE = "shardkit.stores.objectstore"
+
+
+@dataclass(frozen=True)
+class ForkState:
+    """What a child forked from this process now would inherit; each caller decides from it."""
+
+    #: The platform offers the ``fork`` start method.
+    fork: bool
+    #: The platform is Linux.
+    linux: bool
+    #: Python threads running in this process, the caller's included.
+    threads: int
+    #: Those of :data:`FORK_UNSAFE_MODULES` that this process has imported.
+    native_runtimes: tuple[str, ...]
+    #: This process has used an object store, whose runtime (tokio) a forked child cannot use.
+    store_runtime_started: bool
+
+
+def fork_state() -> ForkState:
+    """The :class:`ForkState` of this process now (imports nothing: an object store that was never
+    imported was never used)."""
+    store = sys.modules.get(_OBJECT_STORE_MODULE)
+    return ForkState(
+        fork="fork" in mp.get_all_start_methods(),
+        linux=sys.platform.startswith("linux"),
+        threads=threading.active_count(),
+        native_runtimes=tuple(name for name in FORK_UNSAFE_MODULES if name in sys.modules),
+        store_runtime_started=store is not None and bool(store.runtime_started()),
+    )

@@ -19,10 +19,10 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from shardkit.formats.dataset import DatasetDocuments
+from shardkit.processes import fork_state
 from shardkit.readers import identity
 from shardkit.readers.sources import Mixture, as_source
 from shardkit.stores import is_url
-from shardkit.stores.objectstore import runtime_started
 
 __all__ = ["PRELOAD", "remote", "source_of", "start_method", "worker_context"]
 
@@ -44,8 +44,10 @@ def remote(paths: Sequence[object]) -> bool:
 
 
 def forkable() -> bool:
-    """Whether a child forked now can use object stores (this process has not started the runtime)."""
-    return "fork" in mp.get_all_start_methods() and not runtime_started()
+    """Whether a child forked now can use object stores (this process has not started the runtime,
+    :func:`~shardkit.processes.fork_state`); threads and other libraries do not matter here."""
+    state = fork_state()
+    return state.fork and not state.store_runtime_started
 
 
 def source_of(dataset: object) -> Mixture:

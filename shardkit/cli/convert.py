@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from shardkit.cli.app import app, echo_err, echo_out, help_text, setup_logging
+from shardkit.cli.app import app, echo_err, echo_out, setup_logging
 from shardkit.cli.merge import shard_ways
+from shardkit.cli.options import flag_parameter, option_parameters
 from shardkit.converters.options import Option
 from shardkit.converters.progress import progress_bar
 from shardkit.converters.registry import available_kinds, kind_options
@@ -34,7 +35,7 @@ _KIND_PANEL = "Corpus options (each applies to the kinds it names)"
 
 
 def _option_help(entries: list[tuple[str, Option]]) -> str:
-    """One help text for an option several kinds may declare (differently)."""
+    """One help text for an option several kinds may declare (differently), as plain text."""
     groups: dict[Option, list[str]] = {}
     for kind, opt in entries:
         groups.setdefault(opt, []).append(kind)
@@ -42,7 +43,7 @@ def _option_help(entries: list[tuple[str, Option]]) -> str:
     for opt, kinds in groups.items():
         default = "" if opt.default is None or opt.type is bool else f" Default: {opt.default}."
         parts.append(f"{', '.join(kinds)}: {opt.help}{default}")
-    return help_text(" ".join(parts))
+    return " ".join(parts)
 
 
 def kind_option_parameters() -> list[inspect.Parameter]:
@@ -60,16 +61,10 @@ def kind_option_parameters() -> list[inspect.Parameter]:
                 logger.warning("kind %s: option %s is a flag for some kinds and takes a value for others; "
                                "not offered on the command line", kind, name)
         flag = agreeing[0][1].flag
-        info: Any
-        if is_flag:
-            info = typer.Option(None, f"{flag}/--no-{flag[2:]}", help=_option_help(agreeing),
-                                rich_help_panel=_KIND_PANEL, show_default=False)
-            annotation: Any = bool | None
-        else:
-            info = typer.Option(None, flag, help=_option_help(agreeing), metavar=agreeing[0][1].metavar or "VALUE",
-                                rich_help_panel=_KIND_PANEL, show_default=False)
-            annotation = str | None
-        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=annotation))
+        names, annotation, look = ((f"{flag}/--no-{flag[2:]}",), bool | None, {}) if is_flag else \
+            ((flag,), str | None, {"metavar": agreeing[0][1].metavar or "VALUE"})
+        params.append(flag_parameter(name, annotation, None, *names, help=_option_help(agreeing),
+                                     rich_help_panel=_KIND_PANEL, show_default=False, **look))
     return params
 
 
@@ -88,23 +83,9 @@ _LOOK: dict[str, dict[str, Any]] = {
 
 def conversion_parameters() -> list[inspect.Parameter]:
     """One keyword parameter (a typer option) per :class:`ConversionOptions` option that has a flag,
-    named as the option (``shard_bytes`` is ``--shard-size``)."""
-    defaults = ConversionOptions.defaults()
-    params = []
-    for name, declared in ConversionOptions.declared().items():
-        flag = declared.cli_flag(name)
-        if flag is None:
-            continue
-        look = _LOOK.get(name, {})
-        shown = look.get("show_default", False)
-        default = declared.cli_default(defaults[name]) if shown or declared.cli_type is bool else None
-        names = [flag, *([look["short"]] if "short" in look else [])]
-        extra = {"metavar": look["metavar"]} if "metavar" in look else {}
-        info = typer.Option(default, *names, help=help_text(declared.help) if declared.help else None,
-                            show_default=shown, **extra)
-        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info,
-                                        annotation=declared.cli_type))
-    return params
+    named as the option (``shard_bytes`` is ``--shard-size``); a flag not given passes ``None``, so
+    :func:`conversion_options` applies the declared default."""
+    return option_parameters(ConversionOptions, look=_LOOK, panels=False, unset_is_none=True)
 
 
 def conversion_options(given: dict[str, Any], verb: str = "converting") -> ConversionOptions:

@@ -1,5 +1,6 @@
-"""Command-line flags derived from an options set's declaration (``shardkit sample``, ``profile``,
-``serve``; docs/design.md §7): a flag, its default and its help cannot drift from the library."""
+"""Command-line flags derived from declared options (``shardkit sample``, ``profile``, ``serve``,
+``convert``, ``write``; docs/design.md §7): a flag, its default and its help cannot drift from the
+library. :func:`flag_info` is the one place a declared flag is made (and its help escaped)."""
 
 from __future__ import annotations
 
@@ -13,14 +14,34 @@ import typer
 from shardkit.cli.app import help_text
 from shardkit.declare import UserOptions
 
-__all__ = ["option_parameters", "options_command"]
+__all__ = ["flag_info", "flag_parameter", "option_parameters", "options_command"]
+
+
+def flag_info(default: Any, *flags: str, help: str | None, **look: Any) -> Any:
+    """The typer option offered as ``flags``: ``help`` is plain text (escaped here for typer's rich
+    markup, where ``[@RATE]`` would vanish), ``look`` more typer.Option keywords (``metavar``,
+    ``show_default``, ``rich_help_panel``). A new one each call, as typer expects one per parameter."""
+    return typer.Option(default, *flags, help=help_text(help) if help else None, **look)
+
+
+def flag_parameter(name: str, annotation: Any, default: Any, *flags: str, help: str | None, **look: Any) -> inspect.Parameter:
+    """A keyword parameter ``name`` whose default is :func:`flag_info` (for a generated signature)."""
+    info = flag_info(default, *flags, help=help, **look)
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=annotation)
 
 
 def option_parameters(
-    options: type[UserOptions], only: Collection[str] | None = None, changes: Mapping[str, Mapping[str, Any]] | None = None
+    options: type[UserOptions], only: Collection[str] | None = None, changes: Mapping[str, Mapping[str, Any]] | None = None,
+    *, look: Mapping[str, Mapping[str, Any]] | None = None, panels: bool = True, unset_is_none: bool = False,
 ) -> list[inspect.Parameter]:
     """One keyword parameter (a typer option) per declared option of ``options`` that has a flag
-    (those in ``only`` if given); ``changes[name]`` replaces a ``default`` or attributes of its Option."""
+    (those in ``only`` if given); ``changes[name]`` replaces a ``default`` or attributes of its Option.
+
+    ``look[name]`` says how a flag looks beyond its declaration: ``short`` (another name such as
+    ``-j``), ``metavar``, ``show_default``. ``panels``: a help section per declared group.
+    ``unset_is_none``: a flag not given passes ``None`` and shows no default, so the declared default
+    applies when the options are parsed (but a bool flag, or one whose look shows its default,
+    passes its default)."""
     defaults = options.defaults()
     params = []
     for name, declared in options.declared().items():
@@ -32,10 +53,16 @@ def option_parameters(
         flag = declared.cli_flag(name)
         if flag is None:
             continue
-        info = typer.Option(declared.cli_default(default), flag, help=help_text(declared.help) if declared.help else None,
-                            rich_help_panel=declared.group)
-        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info,
-                                        annotation=declared.cli_type))  # fmt: skip
+        extra = dict((look or {}).get(name, {}))
+        names = [flag, *([extra.pop("short")] if "short" in extra else [])]
+        value = declared.cli_default(default)
+        if unset_is_none:
+            extra["show_default"] = shown = extra.get("show_default", False)
+            if not (shown or declared.cli_type is bool):
+                value = None
+        if panels:
+            extra["rich_help_panel"] = declared.group
+        params.append(flag_parameter(name, declared.cli_type, value, *names, help=declared.help, **extra))
     return params
 
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import typer
-
+from shardkit.cli.options import flag_info
 from shardkit.viz.selection import MAX_RECORDS, SELECTION_DEFAULTS
 
 __all__ = ["selection_option", "keys_option"]
@@ -23,8 +22,8 @@ _SELECTION: dict[str, tuple[Any, str, str | None, str]] = {
 def selection_option(name: str) -> Any:
     """The typer option ``name`` (``keys``, ``random``, ``seed``, ``label`` or ``limit``) for a
     command's signature; a new one each call, as typer expects one per parameter."""
-    default, flag, metavar, help_text = _SELECTION[name]
-    return typer.Option(default, flag, metavar=metavar, help=help_text)
+    default, flag, metavar, help = _SELECTION[name]
+    return flag_info(default, flag, metavar=metavar, help=help)
 
 
 def keys_option(text: str | None) -> list[int] | None:

@@ -13,13 +13,13 @@ import logging
 import multiprocessing as mp
 import os
 import sys
-import threading
 import tokenize
 from collections.abc import Sequence
 from multiprocessing.context import BaseContext
 from types import FrameType, ModuleType
 
 from shardkit.errors import ConversionError
+from shardkit.processes import fork_state
 
 __all__ = ["GUARD", "fork_is_safe", "workers_rerun_main", "call_is_guarded", "start_method", "worker_context",
            "refuse_inside_worker_start"]
@@ -30,10 +30,6 @@ logger = logging.getLogger(__name__)
 GUARD = 'if __name__ == "__main__":'
 #: The name multiprocessing runs the main script under in a child.
 _CHILD_MAIN = "__mp_main__"
-#: Libraries that run native threads or runtimes of their own once used (thread pools, gRPC, an async
-#: runtime): a process that loaded one is not forked, its child could inherit a lock held by a thread
-#: it does not have.
-FORK_UNSAFE_MODULES = ("torch", "tensorflow", "jax", "grpc", "obstore", "distributed")
 
 
 def workers_rerun_main(main: ModuleType | None = None) -> bool:
@@ -95,15 +91,12 @@ def call_is_guarded(main: ModuleType | None = None) -> bool | None:
 
 def fork_is_safe() -> bool:
     """Whether decode workers may be forked from this process right now: on Linux, with no Python
-    thread but the calling one and none of :data:`FORK_UNSAFE_MODULES` loaded. A forked worker starts
-    with the caller's imports and decoder already loaded instead of a fresh interpreter importing them
-    (about 1 ms of CPU per image over 800 images at 2 workers, ``benchmarks/write.py``)."""
-    return (
-        sys.platform.startswith("linux")
-        and "fork" in mp.get_all_start_methods()
-        and threading.active_count() == 1
-        and not any(name in sys.modules for name in FORK_UNSAFE_MODULES)
-    )
+    thread but the calling one and none of :data:`~shardkit.processes.FORK_UNSAFE_MODULES` loaded
+    (:func:`~shardkit.processes.fork_state`). A forked worker starts with the caller's imports and
+    decoder already loaded instead of a fresh interpreter importing them (about 1 ms of CPU per image
+    over 800 images at 2 workers, ``benchmarks/write.py``)."""
+    state = fork_state()
+    return state.linux and state.fork and state.threads == 1 and not state.native_runtimes
 
 
 def start_method(workers: int) -> str | None:

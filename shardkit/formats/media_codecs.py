@@ -345,11 +345,28 @@ class OggAudioCodec(RecordCodec):
     def _level(self) -> float:
         """libsndfile's compression level 0 (best quality) - 1 (smallest) for this configuration."""
 
+    #: What the argument before ``@RATE`` is, for errors (``opus:BITRATE (bits/s per channel: ...)``).
+    _argument_usage: ClassVar[str]
+
     @classmethod
-    def _split_rate(cls, argument: str) -> tuple[str, dict[str, Any]]:
-        """``ARG@RATE`` -> (``ARG``, ``{"sample_rate": RATE}``); ``ARG`` -> (``ARG``, {})."""
-        arg, at, rate = argument.partition("@")
-        return arg, ({"sample_rate": parse_rate(rate, what=f"compression {cls.name!r}: the rate after @")} if at else {})
+    @abstractmethod
+    def _parse_setting(cls, arg: str) -> dict[str, Any]:
+        """The codec's own setting from the text between ``:`` and ``@`` (not empty); raises ValueError
+        (a ConfigError is one) when it is not one."""
+
+    @classmethod
+    def parse_argument(cls, argument: str) -> dict[str, Any]:
+        """``ARG@RATE`` or ``ARG`` or ``@RATE``: the rate parsed here, ``ARG`` by :meth:`_parse_setting`;
+        a bad ``ARG`` is refused with the codec's usage and the whole argument."""
+        arg, at, text = argument.partition("@")
+        rate = {"sample_rate": parse_rate(text, what=f"compression {cls.name!r}: the rate after @")} if at else {}
+        if not arg:
+            return rate
+        try:
+            return {**cls._parse_setting(arg), **rate}
+        except ValueError:
+            raise ConfigError(f"compression {cls.name!r}: expected {cls._argument_usage} and optionally @RATE, "
+                              f"found {argument!r}") from None
 
     def for_records(self, transform: dict[str, Any]) -> RecordCodec:
         """The codec at the records' ``sample_rate``; a rate given with ``@`` must be that one."""
@@ -438,6 +455,7 @@ class OpusCodec(OggAudioCodec):
     name = "opus"
     zarr_name = "shardkit.opus"
     usage = "opus[:BITRATE 6k-256k][@RATE]"
+    _argument_usage = "opus:BITRATE (bits/s per channel: 32000, 32k)"
     _subtype = "OPUS"
     RATES = (8000, 12000, 16000, 24000, 48000)
     MIN_BITRATE, MAX_BITRATE = 6000, 256000
@@ -458,15 +476,8 @@ class OpusCodec(OggAudioCodec):
         return "one of " + ", ".join(map(str, cls.RATES)) + " Hz (Opus' rates)"
 
     @classmethod
-    def parse_argument(cls, argument: str) -> dict[str, Any]:
-        arg, rate = cls._split_rate(argument)
-        if not arg:
-            return rate
-        try:
-            return {"bitrate": parse_rate(arg, what="compression 'opus'"), **rate}
-        except ConfigError:
-            raise ConfigError(f"compression 'opus': expected opus:BITRATE (bits/s per channel: 32000, 32k) and "
-                              f"optionally @RATE, found {argument!r}") from None
+    def _parse_setting(cls, arg: str) -> dict[str, Any]:
+        return {"bitrate": parse_rate(arg, what="compression 'opus'")}
 
     def _config(self) -> dict[str, Any]:
         return {"bitrate": self.bitrate}
@@ -485,6 +496,7 @@ class VorbisCodec(OggAudioCodec):
     name = "vorbis"
     zarr_name = "shardkit.vorbis"
     usage = "vorbis[:QUALITY 0-10][@RATE]"
+    _argument_usage = "vorbis:QUALITY (0-10)"
     _subtype = "VORBIS"
     MIN_RATE, MAX_RATE = 1000, 192000
 
@@ -503,15 +515,8 @@ class VorbisCodec(OggAudioCodec):
         return f"{cls.MIN_RATE}-{cls.MAX_RATE} Hz"
 
     @classmethod
-    def parse_argument(cls, argument: str) -> dict[str, Any]:
-        arg, rate = cls._split_rate(argument)
-        if not arg:
-            return rate
-        try:
-            return {"quality": int(arg), **rate}
-        except ValueError:
-            raise ConfigError(f"compression 'vorbis': expected vorbis:QUALITY (0-10) and optionally @RATE, "
-                              f"found {argument!r}") from None
+    def _parse_setting(cls, arg: str) -> dict[str, Any]:
+        return {"quality": int(arg)}
 
     def _config(self) -> dict[str, Any]:
         return {"quality": self.quality}

@@ -86,3 +86,16 @@ def test_every_bracket_in_help_text_is_shown(command: str) -> None:
     for text in texts:
         for token in re.findall(r"\[[^\[\]]*\]", text.replace("\\[", "[")):
             assert " ".join(token.split()) in shown, (token, text)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_bracket_in_flag_help_is_escaped_where_the_flag_is_made(command: str) -> None:
+    """Rich would take ``[viz]`` or ``[@RATE]`` for a style tag: every flag's help reaches typer with
+    each ``[`` escaped (declared flags by cli/options.flag_info, the selection flags of show and
+    export included), whether or not the text inside happens to look like a tag."""
+    import typer
+
+    cmd = typer.main.get_command(app).commands[command]  # type: ignore[attr-defined]
+    for p in cmd.params:
+        text = getattr(p, "help", None) or ""
+        assert not re.search(r"(?<!\\)\[", text), (command, p.name, text)

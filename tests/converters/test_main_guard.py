@@ -284,9 +284,10 @@ def test_fork_is_not_safe_with_another_thread_or_a_thread_pool_library(monkeypat
     import threading
 
     from shardkit.converters import main_guard
+    from shardkit.processes import FORK_UNSAFE_MODULES
 
     monkeypatch.setattr(threading, "active_count", lambda: 1)
-    for name in main_guard.FORK_UNSAFE_MODULES:
+    for name in FORK_UNSAFE_MODULES:
         monkeypatch.delitem(sys.modules, name, raising=False)
     assert main_guard.fork_is_safe() == sys.platform.startswith("linux")
     monkeypatch.setattr(threading, "active_count", lambda: 2)

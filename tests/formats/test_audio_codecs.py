@@ -97,7 +97,8 @@ def test_convert_refuses_opus_at_an_unsupported_rate_before_decoding(tmp_path: P
 @pytest.mark.parametrize("argument,error", [
     ("opus:5k", r"bitrate must be 6000-256000"), ("opus:300000", r"bitrate must be"), ("opus:fast", r"expected opus:BITRATE"),
     ("vorbis:11", r"quality must be an integer in \[0, 10\]"), ("vorbis:x", r"expected vorbis:QUALITY"),
-    ("opus:32k@fast", r"the rate after @"),
+    ("opus:32k@fast", r"the rate after @"), ("vorbis:7@fast", r"compression 'vorbis': the rate after @"),
+    ("vorbis:x@16k", r"expected vorbis:QUALITY \(0-10\) and optionally @RATE, found 'x@16k'"),
 ])  # fmt: skip
 def test_compression_arguments_are_checked(argument: str, error: str) -> None:
     with pytest.raises(errors.ConfigError, match=error):
@@ -107,6 +108,8 @@ def test_compression_arguments_are_checked(argument: str, error: str) -> None:
 def test_arguments_configure_the_codec_and_the_records_give_the_rate() -> None:
     assert get_codec("opus:24k@48k").to_json() == {"name": "opus", "bitrate": 24000, "sample_rate": 48000}  # type: ignore[union-attr]
     assert get_codec("vorbis").to_json() == {"name": "vorbis", "quality": 4, "sample_rate": None}  # type: ignore[union-attr]
+    assert get_codec("vorbis:6@44.1k").to_json() == {"name": "vorbis", "quality": 6, "sample_rate": 44100}  # type: ignore[union-attr]
+    assert get_codec("opus@24k").to_json() == {"name": "opus", "bitrate": 32000, "sample_rate": 24000}  # type: ignore[union-attr]
     bound = get_codec("vorbis:7").for_records({"sample_rate": 22050})  # type: ignore[union-attr]
     assert bound.to_json() == {"name": "vorbis", "quality": 7, "sample_rate": 22050}
     assert codec_from_json(bound.to_json()).to_json() == bound.to_json()  # type: ignore[union-attr]

@@ -11,7 +11,6 @@ import os
 import secrets
 import subprocess
 import sys
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -20,18 +19,25 @@ import pytest
 
 from shardkit import errors
 from shardkit.formats import open_dataset
-from shardkit.ordertest import run
-from shardkit.readers import TieredSampler, epoch_permutation
+from tests.helpers.consumers import (
+    BAD,
+    BATCH,
+    EPOCHS,
+    TIERS,
+    N,
+    assert_a_worker_names_the_damaged_record,
+    assert_permutations,
+    battery,
+    key_epochs,
+    loader_epochs,
+    tier_epochs,
+)
 from tests.helpers.datasets import flip_byte, write_dataset
 
 pytest.importorskip("imagecodecs")
 
 HERE = Path(__file__).parent
-N, EPOCHS, BATCH, SEED = 64, 50, 8, 13
-#: Tests the battery runs on 50 epochs of 64 keys (labels_per_batch needs labels: not given).
-TESTED = {"item_position", "adjacent_pairs", "joint_positions", "epoch_independence"}
-#: The damaged record (far from its shard's checked tail).
-BAD = 5
+SEED = 13
 
 
 def _images(n: int) -> np.ndarray:
@@ -61,70 +67,23 @@ def corrupt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _battery(epochs: Iterable[np.ndarray]) -> None:
-    keys = np.stack(list(epochs))
-    assert keys.shape == (EPOCHS, N)
-    report = run(keys, batch_size=BATCH)
-    assert report.passed, report.format()
-    assert {r.name for r in report.tested} >= TESTED, report.format()
-
-
-def _epochs(batches: Iterable[dict[str, Any]], decoded: np.ndarray) -> list[np.ndarray]:
-    """Each batch's pixels are its records' decoded ones; the keys, one row per epoch."""
-    keys = []
-    for batch in batches:
-        k = np.asarray(batch["key"])
-        np.testing.assert_array_equal(np.asarray(batch["image"]), decoded[k])
-        keys.append(k)
-    return list(np.concatenate(keys).reshape(-1, N))
-
-
-@pytest.mark.parametrize("tiers", [
-    {"tiers": "ram", "static_cache": 0},
-    {"tiers": "ram,ssd", "ssd_size": "32records", "static_cache": 0},
-    {"tiers": "ram", "static_cache": "24records", "ram_size": "48records"},
-])  # fmt: skip
+@pytest.mark.parametrize("tiers", TIERS)
 def test_order_battery_through_every_tier(jpeg: tuple[Path, np.ndarray], tiers: dict[str, Any], tmp_path: Path) -> None:
     path, decoded = jpeg
-    opts = {"ram_size": "16records", **tiers}
-    s = TieredSampler(path, batch_size=BATCH, epochs=EPOCHS, seed=SEED, decode_workers=2, ssd_dir=tmp_path, **opts)
-    try:
-        epochs = _epochs(s, decoded)
-        if tiers["static_cache"]:
-            assert s.stats.cache.records > 0  # the static cache served records
-    finally:
-        s.close()
-    for e, keys in enumerate(epochs):
-        np.testing.assert_array_equal(keys, epoch_permutation(SEED, e, N))
-    _battery(epochs)
+    epochs = tier_epochs(path, decoded, "image", tiers, seed=SEED, ssd_dir=tmp_path)
+    assert_permutations(epochs, SEED)
+    battery(epochs)
 
 
 def test_order_battery_through_the_torch_dataloader_with_workers(jpeg: tuple[Path, np.ndarray]) -> None:
-    pytest.importorskip("torch")
-    from shardkit.adapters.torch import ShardIterableDataset
-
     path, decoded = jpeg
-    loader = ShardIterableDataset(path, batch_size=BATCH, seed=SEED, static_cache=0, decode_workers=2).loader(num_workers=2)
-    epochs = [np.concatenate([b["key"].numpy() for b in _checked(loader, decoded)]) for _ in range(EPOCHS)]
-    for e, keys in enumerate(epochs):
-        np.testing.assert_array_equal(keys, epoch_permutation(SEED, e, N))
-    _battery(epochs)
-
-
-def _checked(batches: Iterable[dict[str, Any]], decoded: np.ndarray) -> Iterable[dict[str, Any]]:
-    for b in batches:
-        np.testing.assert_array_equal(b["image"].numpy(), decoded[b["key"].numpy()])
-        yield b
+    epochs = loader_epochs(path, decoded, "image", seed=SEED)
+    assert_permutations(epochs, SEED)
+    battery(epochs)
 
 
 def test_a_damaged_jpeg_in_a_dataloader_worker_is_a_named_error(corrupt: Path) -> None:
-    pytest.importorskip("torch")
-    from shardkit.adapters.torch import ShardIterableDataset
-
-    loader = ShardIterableDataset(corrupt, batch_size=BATCH, seed=SEED, static_cache=0, decode_workers=2).loader(num_workers=2)
-    with pytest.raises(errors.CorruptShardError, match=rf"record {BAD} at offset \d+ does not decode"):
-        for _ in loader:
-            pass
+    assert_a_worker_names_the_damaged_record(corrupt, SEED)
 
 
 @pytest.mark.slow
@@ -142,9 +101,8 @@ def test_order_battery_through_tf_data_and_a_damaged_record(jpeg: tuple[Path, np
     got = json.loads(out.read_text())
     assert got["pixels_ok"]
     epochs = list(np.concatenate([np.asarray(k) for k in got["keys"]]).reshape(-1, N))
-    for e, keys in enumerate(epochs):
-        np.testing.assert_array_equal(keys, epoch_permutation(SEED, e, N))
-    _battery(epochs)
+    assert_permutations(epochs, SEED)
+    battery(epochs)
     error = got["error"]
     assert error is not None and f"record {BAD} at offset" in error["message"] and "does not decode" in error["message"], error
 
@@ -158,8 +116,8 @@ def test_order_battery_through_serve(jpeg: tuple[Path, np.ndarray]) -> None:
     name = f"jpeg{os.getpid()}-{secrets.token_hex(3)}"  # unique: other runs share /dev/shm, maybe the pid too
     with TierServer(path, name=name, ram_size="16records", slots=2, epochs=EPOCHS, seed=SEED, decode_workers=2):
         with SharedSampler(name, job_seed=SEED, batch_size=BATCH, epochs=EPOCHS, dataset=path) as job:
-            epochs = _epochs(job, decoded)
-    _battery(epochs)
+            epochs = key_epochs(job, decoded, "image")
+    battery(epochs)
 
 
 def test_stored_bytes_are_refused_from_a_shared_tier_stack(jpeg: tuple[Path, np.ndarray]) -> None:

@@ -1,27 +1,30 @@
 """The order battery on a small Opus dataset through the sampler's tiers and the torch DataLoader with
-workers (the pattern of test_jpeg_consumers.py): every batch holds its records' decoded samples, the
-order is the epoch permutation, and a damaged Opus record is a named error in a DataLoader worker."""
+workers (the pattern of test_jpeg_consumers.py, sharing tests/helpers/consumers.py): every batch holds
+its records' decoded samples, the order is the epoch permutation, and a damaged Opus record is a named
+error in a DataLoader worker."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from shardkit import errors
 from shardkit.formats import open_dataset
-from shardkit.ordertest import run
-from shardkit.readers import TieredSampler, epoch_permutation
+from tests.helpers.consumers import (
+    BAD,
+    TIERS,
+    N,
+    assert_a_worker_names_the_damaged_record,
+    assert_permutations,
+    battery,
+    loader_epochs,
+    tier_epochs,
+)
 from tests.helpers.datasets import flip_byte, write_dataset
 
-N, EPOCHS, BATCH, SEED = 64, 50, 8, 17
-#: Tests the battery runs on 50 epochs of 64 keys.
-TESTED = {"item_position", "adjacent_pairs", "joint_positions", "epoch_independence"}
-#: The damaged record (far from its shard's checked tail).
-BAD = 5
+SEED = 17
 
 
 def _clips(n: int) -> np.ndarray:
@@ -40,59 +43,23 @@ def opus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray]:
         return path, ds.payload.read(np.arange(N))
 
 
-def _battery(epochs: Iterable[np.ndarray]) -> None:
-    keys = np.stack(list(epochs))
-    assert keys.shape == (EPOCHS, N)
-    report = run(keys, batch_size=BATCH)
-    assert report.passed, report.format()
-    assert {r.name for r in report.tested} >= TESTED, report.format()
-
-
-@pytest.mark.parametrize("tiers", [
-    {"tiers": "ram", "static_cache": 0},
-    {"tiers": "ram,ssd", "ssd_size": "32records", "static_cache": 0},
-    {"tiers": "ram", "static_cache": "24records", "ram_size": "48records"},
-])  # fmt: skip
+@pytest.mark.parametrize("tiers", TIERS)
 def test_order_battery_through_every_tier(opus: tuple[Path, np.ndarray], tiers: dict[str, Any], tmp_path: Path) -> None:
     path, decoded = opus
-    opts = {"ram_size": "16records", **tiers}
-    s = TieredSampler(path, batch_size=BATCH, epochs=EPOCHS, seed=SEED, decode_workers=2, ssd_dir=tmp_path, **opts)
-    keys = []
-    try:
-        for batch in s:
-            k = np.asarray(batch["key"])
-            np.testing.assert_array_equal(np.asarray(batch["audio"]), decoded[k])
-            keys.append(k)
-    finally:
-        s.close()
-    epochs = list(np.concatenate(keys).reshape(-1, N))
-    for e, epoch in enumerate(epochs):
-        np.testing.assert_array_equal(epoch, epoch_permutation(SEED, e, N))
-    _battery(epochs)
+    epochs = tier_epochs(path, decoded, "audio", tiers, seed=SEED, ssd_dir=tmp_path)
+    assert_permutations(epochs, SEED)
+    battery(epochs)
 
 
 def test_order_battery_through_the_torch_dataloader_with_workers(opus: tuple[Path, np.ndarray]) -> None:
-    pytest.importorskip("torch")
-    from shardkit.adapters.torch import ShardIterableDataset
-
     path, decoded = opus
-    loader = ShardIterableDataset(path, batch_size=BATCH, seed=SEED, static_cache=0, decode_workers=2).loader(num_workers=2)
-    epochs = []
-    for _ in range(EPOCHS):
-        keys = []
-        for b in loader:
-            np.testing.assert_array_equal(b["audio"].numpy(), decoded[b["key"].numpy()])
-            keys.append(b["key"].numpy())
-        epochs.append(np.concatenate(keys))
-    for e, epoch in enumerate(epochs):
-        np.testing.assert_array_equal(epoch, epoch_permutation(SEED, e, N))
-    _battery(epochs)
+    epochs = loader_epochs(path, decoded, "audio", seed=SEED)
+    assert_permutations(epochs, SEED)
+    battery(epochs)
 
 
 def test_a_damaged_opus_record_in_a_dataloader_worker_is_a_named_error(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    from shardkit.adapters.torch import ShardIterableDataset
-
     path = write_dataset(tmp_path / "ds", _clips(N), records_per_shard=32, compression="opus@48k", payload="audio")
     with open_dataset(path) as ds:
         offset = int(ds.payload.index(0).offsets[BAD])
@@ -100,7 +67,4 @@ def test_a_damaged_opus_record_in_a_dataloader_worker_is_a_named_error(tmp_path:
     # Record BAD's identification header says 5 channels.
     head = shard.read_bytes().index(b"OpusHead", offset)
     flip_byte(shard, head + 9, 0x01 ^ 0x05)
-    loader = ShardIterableDataset(path, batch_size=BATCH, seed=SEED, static_cache=0, decode_workers=2).loader(num_workers=2)
-    with pytest.raises(errors.CorruptShardError, match=rf"record {BAD} at offset \d+ does not decode"):
-        for _ in loader:
-            pass
+    assert_a_worker_names_the_damaged_record(path, SEED)
