@@ -280,3 +280,77 @@ def test_compression_auto_is_flac_for_int16_audio(tmp_path: Path) -> None:
     for option in ("flac", "zstd", "opus", "vorbis"):
         assert f"--compression auto: {option} " in result.stderr
     assert "--compression auto: opus              " in result.stderr and " SNR " in result.stderr
+
+
+def _recording_decoder(codec: object, seen: list[int], after: object = None) -> None:
+    """Wrap ``codec``'s imagecodecs decode function: record the address of every output it is given,
+    then call ``after()`` (a hook to order threads) once the stream is decoded."""
+    real = codec._decode_fn  # type: ignore[attr-defined]
+
+    def decode(data: object, out: np.ndarray) -> np.ndarray:
+        seen.append(out.__array_interface__["data"][0])
+        got = real(data, out=out)
+        if callable(after):
+            after()
+        return got  # type: ignore[no-any-return]
+
+    codec._decode_fn = decode  # type: ignore[attr-defined]
+
+
+def test_jpeg_decodes_a_page_aligned_rgb_row_through_an_unaligned_scratch() -> None:
+    # libjpeg-turbo writes a row that starts on a 16/32-byte boundary with non-temporal stores,
+    # which cost more than decoding elsewhere and copying (docs/design.md §4, Decoding): a batch
+    # row is page aligned, so the decoder must be handed an image that is not.
+    import imagecodecs
+
+    from shardkit.formats.reader import aligned_empty
+
+    recs = photos(3, (224, 224, 3))
+    codec = get_codec("jpeg:90")
+    assert codec is not None
+    blobs = [codec.encode(r) for r in recs]
+    rows = aligned_empty(3, (224, 224, 3), np.dtype(np.uint8))
+    seen: list[int] = []
+    _recording_decoder(codec, seen)
+    for b, row in zip(blobs, rows):
+        codec.decode(b, row)
+    assert len(seen) == 3 and all(a % 16 for a in seen), [a % 64 for a in seen]
+    for b, row in zip(blobs, rows):
+        np.testing.assert_array_equal(row, imagecodecs.jpeg8_decode(b))
+    # Gray images (no colour conversion) and unaligned rows are decoded in place.
+    seen.clear()
+    gray = aligned_empty(1, (40, 48, 1), np.dtype(np.uint8))
+    codec.decode(codec.encode(photos(1, (40, 48, 1))[0]), gray[0])
+    assert seen == [gray.__array_interface__["data"][0]]
+
+
+def test_jpeg_decode_threads_have_their_own_scratch() -> None:
+    # Thread A has decoded into its scratch and waits, before copying, until thread B has decoded
+    # another image completely: with one scratch shared, A's row would receive B's image.
+    import threading
+
+    from shardkit.formats.reader import aligned_empty
+
+    recs = photos(2, (224, 224, 3))
+    codec = get_codec("jpeg:90")
+    assert codec is not None
+    blobs = [codec.encode(r) for r in recs]
+    expected = np.stack([np.asarray(__import__("imagecodecs").jpeg8_decode(b)) for b in blobs])
+    rows = aligned_empty(2, (224, 224, 3), np.dtype(np.uint8))
+    a_decoded, b_done = threading.Event(), threading.Event()
+
+    def hold_a() -> None:
+        if threading.current_thread().name == "A":
+            a_decoded.set()
+            assert b_done.wait(60)
+
+    _recording_decoder(codec, [], hold_a)
+    a = threading.Thread(target=codec.decode, args=(blobs[0], rows[0]), name="A")
+    a.start()
+    assert a_decoded.wait(60)
+    b = threading.Thread(target=codec.decode, args=(blobs[1], rows[1]), name="B")
+    b.start()
+    b.join(60)
+    b_done.set()
+    a.join(60)
+    np.testing.assert_array_equal(rows, expected)
