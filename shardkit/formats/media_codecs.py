@@ -7,7 +7,6 @@ buffer. The codec library is chosen with numbers in docs/design.md §3 (*Image a
 from __future__ import annotations
 
 import io
-import threading
 from abc import abstractmethod
 from typing import Any, ClassVar
 
@@ -142,41 +141,6 @@ class JpegCodec(ImageCodec):
 
     def _zarr_configuration(self) -> dict[str, Any]:
         return {"level": self.quality}
-
-    def decode(self, data: bytes | memoryview, out: np.ndarray) -> None:
-        """Decode into ``out``; an RGB row of up to :data:`JPEG_SCRATCH_BYTES` that starts on a 16-byte
-        boundary (every batch row: buffers are page aligned) is decoded into this thread's scratch
-        image, which starts off one, and copied (:func:`_jpeg_scratch`)."""
-        if out.ndim != 3 or out.shape[2] != 3 or out.nbytes > JPEG_SCRATCH_BYTES or out.__array_interface__["data"][0] % 16:
-            super().decode(data, out)
-            return
-        scratch = _jpeg_scratch(out.nbytes).reshape(out.shape)
-        super().decode(data, scratch)
-        out[...] = scratch
-
-
-#: Largest decoded RGB JPEG record :meth:`JpegCodec.decode` passes through a scratch image: one per
-#: decode thread, small enough to stay in the core's cache between the decode and the copy.
-JPEG_SCRATCH_BYTES = 1 << 20
-#: Where a scratch image starts: 8 bytes past a 64-byte boundary, on no 16- or 32-byte boundary.
-_SCRATCH_OFFSET = 8
-_scratch = threading.local()
-
-
-def _jpeg_scratch(nbytes: int) -> np.ndarray:
-    """This thread's scratch image of ``nbytes`` (made on first use, grown when a larger one is asked
-    for), starting 8 bytes past a 64-byte boundary.
-
-    libjpeg-turbo's SIMD colour conversion writes each output row with non-temporal (cache-bypassing)
-    stores when the row starts on a 16-byte (SSE2) or 32-byte (AVX2) boundary, and with ordinary
-    stores otherwise. A 224x224x3 row is 672 bytes, so its rows end mid cache line and the
-    non-temporal stores cost about 80-90 µs more per record on this VM (AMD EPYC, benchmarks/RESULTS.md,
-    issue 36) than decoding into an unaligned image and copying it (about 30 µs)."""
-    buf: np.ndarray | None = getattr(_scratch, "buf", None)
-    if buf is None or buf.nbytes < nbytes + 64:
-        buf = _scratch.buf = np.empty(nbytes + 64, dtype=np.uint8)
-    start = (_SCRATCH_OFFSET - buf.__array_interface__["data"][0]) % 64
-    return buf[start : start + nbytes]
 
 
 @register_codec
