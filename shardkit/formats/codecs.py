@@ -38,6 +38,11 @@ class RecordCodec(ABC):
     #: How ``--compression`` names this codec and its argument (the ``--help`` text is made of these).
     usage: ClassVar[str] = ""
 
+    def row_offset(self, shape: tuple[int, ...]) -> int:
+        """Bytes past a page boundary where a destination buffer of decoded ``shape`` records should
+        start for this codec's decoder to write its rows fastest (0: page aligned)."""
+        return 0
+
     @classmethod
     @abstractmethod
     def from_zarr(cls, configuration: dict[str, Any]) -> RecordCodec:

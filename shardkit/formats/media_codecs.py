@@ -22,6 +22,8 @@ __all__ = ["ImageCodec", "JpegCodec", "PngCodec", "WebpCodec", "JpegxlCodec", "F
 
 #: The pip extra that installs the image codec library.
 CODECS_EXTRA = "codecs"
+#: Where a batch buffer of RGB JPEG records starts past a page (see :meth:`JpegCodec.row_offset`).
+JPEG_ROW_OFFSET = 16
 
 
 def imagecodecs_module() -> Any:
@@ -138,6 +140,14 @@ class JpegCodec(ImageCodec):
 
     def _encode_args(self) -> dict[str, Any]:
         return {"level": self.quality}
+
+    def row_offset(self, shape: tuple[int, ...]) -> int:
+        """16 for RGB records of a multiple of 32 bytes: libjpeg-turbo's AVX2 colour conversion writes
+        a row that starts on a 32-byte boundary with non-temporal stores, which cost 80-90 µs more per
+        224x224 record on this VM than ordinary ones (docs/design.md §4, *Decoding*); 16 bytes past
+        a page every row of such a buffer starts off one."""
+        nbytes = int(np.prod(shape, dtype=np.int64))
+        return JPEG_ROW_OFFSET if len(shape) == 3 and shape[2] == 3 and nbytes % 32 == 0 else 0
 
     def _zarr_configuration(self) -> dict[str, Any]:
         return {"level": self.quality}

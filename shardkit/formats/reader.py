@@ -475,17 +475,20 @@ class SortedRequest:
             rows[int(dest.which[d])][int(dest.rows[d])] = rows[int(dest.which[s])][int(dest.rows[s])]
 
 
-def aligned_empty(n: int, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
+def aligned_empty(n: int, shape: tuple[int, ...], dtype: np.dtype[Any], offset: int = 0) -> np.ndarray:
     """An uninitialised C-contiguous ``[n, *shape]`` array starting on a :data:`BUFFER_ALIGNMENT` boundary
-    (numpy's start 16 bytes past a page); its ``base`` owns the memory, which is what
+    (numpy's start 16 bytes past a page), or ``offset`` bytes past one (a decoder's fastest rows,
+    :meth:`~shardkit.formats.codecs.RecordCodec.row_offset`); its ``base`` owns the memory, which is what
     :class:`~shardkit.tiers.buffers.BatchPool` counts references of. A buffer of at least
     :data:`MAP_AHEAD_BYTES` has its pages mapped here (:func:`map_ahead`): it is a destination that is
     about to be written whole."""
     nbytes = int(n) * int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-    raw = np.empty(nbytes + BUFFER_ALIGNMENT, dtype=np.uint8)
-    start = -raw.ctypes.data % BUFFER_ALIGNMENT
+    offset = int(offset) % BUFFER_ALIGNMENT
+    raw = np.empty(nbytes + offset + BUFFER_ALIGNMENT, dtype=np.uint8)
+    page = -raw.ctypes.data % BUFFER_ALIGNMENT
     if nbytes >= MAP_AHEAD_BYTES:
-        map_ahead(raw.ctypes.data + start, nbytes)
+        map_ahead(raw.ctypes.data + page, nbytes + offset)
+    start = page + offset
     return raw[start : start + nbytes].view(dtype).reshape((int(n), *shape))
 
 

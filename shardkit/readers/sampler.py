@@ -154,7 +154,7 @@ class TieredSampler(Closing):
                 bijection=self.permutation == "feistel", share_key=self._share_key,
             )  # fmt: skip
         self._pool = BatchPool(opts.batch_size, tuple(rec.shape), np.dtype(rec.dtype).newbyteorder("<"),
-                               self.sizes.pool_batches)  # fmt: skip
+                               self.sizes.pool_batches, row_offset=self._row_offset)  # fmt: skip
         self._start_epoch = opts.start_epoch
         self._epoch = opts.start_epoch
         self._position = 0
@@ -184,6 +184,7 @@ class TieredSampler(Closing):
         fields: list[dict[str, np.ndarray]] = []
         regions: list[node.SharedRegion] = []
         keys: list[str] = []
+        offsets: set[int] = set()
         for p, part, made in zip(m.paths, self.identity.parts, m.fingerprints):
             if part.fingerprint != made:
                 raise SamplerError(f"{p}: the dataset changed since the sampler opened it; try again once it is complete")
@@ -196,6 +197,8 @@ class TieredSampler(Closing):
                     f, r = node.node_fields(ds, key)
                     if opts.decode is not True:
                         f = {**f, stored_nbytes_field(ds.meta.payload): stored_nbytes(ds)}
+                    codec = ds.payload.codec if opts.decode is True else None
+                    offsets.add(0 if codec is None else codec.row_offset(tuple(ds.payload.record.shape)))
             except ShardkitError:
                 part.settle()  # fields of a dataset replaced since its documents were read: say that
                 raise
@@ -203,6 +206,9 @@ class TieredSampler(Closing):
             regions += r
             keys.append(key or "")
         self._share_key = "\0mixture\0".join(keys) if opts.node_sharing else None
+        #: Where a batch buffer starts past a page: what every dataset's decoder writes fastest (JPEG's
+        #: colour conversion: docs/design.md §4, *Decoding*), else page aligned.
+        self._row_offset = offsets.pop() if len(offsets) == 1 else 0
         self.fields = gather_fields(fields, self._plan.offsets, indexed=not self._plan.single)
         #: Global key -> the record's key in its dataset (batches carry the latter).
         self._local_keys = functools.partial(local_keys, self._plan.offsets)

@@ -69,9 +69,10 @@ class BatchPool:
     buffer handed out more than ``hold`` batches ago and still referenced is retired (counted in
     :attr:`retired`) and replaced, so the reader never waits for it.
 
-    Every buffer is ``[rows, *record_shape]`` of ``dtype``, page aligned; ``capacity`` does not count
+    Every buffer is ``[rows, *record_shape]`` of ``dtype``, page aligned (see ``row_offset``); ``capacity`` does not count
     retired buffers; ``memory`` is where buffers live (default: process memory), its ``extra_hold``
-    added to ``capacity`` and ``hold``.
+    added to ``capacity`` and ``hold``; a buffer in process memory starts ``row_offset`` bytes past
+    a page (what the dataset's decoder writes fastest).
     """
 
     def __init__(
@@ -82,8 +83,11 @@ class BatchPool:
         capacity: int,
         hold: int = HOLD_BATCHES,
         memory: BufferMemory | None = None,
+        row_offset: int = 0,
     ) -> None:
         self.rows = int(rows)
+        #: Bytes past a page where a buffer in process memory starts (the decoder's fastest rows).
+        self.row_offset = int(row_offset)
         self.record_shape = tuple(record_shape)
         self.dtype = np.dtype(dtype)
         extra = 0 if memory is None else max(0, int(memory.extra_hold))
@@ -138,7 +142,7 @@ class BatchPool:
                 self._buffers.remove(b)
             self.retired += len(kept)
         if self.memory is None:
-            array = aligned_empty(self.rows, self.record_shape, self.dtype)
+            array = aligned_empty(self.rows, self.record_shape, self.dtype, self.row_offset)
         else:
             array = self.memory.allocate(self.rows, self.record_shape, self.dtype)
         owner = array.base

@@ -235,3 +235,11 @@ def test_a_canonical_dense_index_is_compared_not_decoded(tmp_path: Path, monkeyp
     with open_dataset(path) as ds, pytest.raises(CorruptIndexError):
         ds.payload.read(np.arange(7, 14))
     assert decoded
+
+
+def test_buffers_start_the_given_offset_past_a_page() -> None:
+    for n in (1, 7, 400):
+        a = aligned_empty(n, (224, 224, 3), np.dtype(np.uint8), 16)
+        assert a.ctypes.data % BUFFER_ALIGNMENT == 16 and a.flags.c_contiguous and a.base is not None
+        a[...] = 7  # every byte of it is writable memory of its own
+        assert a.base.nbytes >= a.nbytes + 16
