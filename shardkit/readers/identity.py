@@ -108,7 +108,7 @@ class DatasetIdentity:
     def fresh(self) -> bool:
         """Whether a remote check (or the read that made this identity) succeeded so lately that the
         next :meth:`check` would not ask the store again."""
-        return self.etag is not None and time.monotonic() - self._checked[0] < REMOTE_CHECK_SECONDS
+        return self._recent()
 
     def copied(self, options: StoreOptions | None = None) -> DatasetIdentity:
         """This identity for a new reader (asked with ``options``), as recently checked as this one."""
@@ -136,39 +136,64 @@ class DatasetIdentity:
         before the dataset is known to be unchanged."""
         fresh = DatasetIdentity(self.path, self.fingerprint, self.etag, options if options is not None else self.options,
                                 self.nbytes)
+        fresh._checked[0] = float("-inf")  # never checked by this reader: its first waiting check waits
+        fresh._start_ahead()
+        return fresh
+
+    def _start_ahead(self) -> None:
+        """Start a remote check in a thread; the next :meth:`check` that needs it takes its outcome."""
         ahead: Future[None] = Future()
-        fresh._ahead[0] = ahead
+        self._ahead[0] = ahead
 
         def run() -> None:
             try:
-                fresh._check_now()
+                self._check_now()
             except BaseException as exc:
-                forget(fresh.path)  # the next reader opens the dataset as it is now
+                forget(self.path)  # the next reader opens the dataset as it is now
                 ahead.set_exception(exc)
             else:
                 ahead.set_result(None)
 
         threading.Thread(target=run, name="shardkit-identity-check", daemon=True).start()
-        return fresh
+
+    def _recent(self) -> bool:
+        """Whether a remote check succeeded less than :data:`REMOTE_CHECK_SECONDS` ago."""
+        return self.etag is not None and time.monotonic() - self._checked[0] < REMOTE_CHECK_SECONDS
 
     def check(self, *, wait: bool = True) -> None:
-        """Raise :class:`~shardkit.errors.SamplerError` unless the dataset is still the one opened.
-        With ``wait=False`` a check already under way (:meth:`reopened`) is left running: use it
-        before a read, whose data the next waiting check then covers."""
-        if self._ahead[0] is not None:
+        """Raise :class:`~shardkit.errors.SamplerError` unless the dataset is still the one opened; an
+        object store is asked at most every :data:`REMOTE_CHECK_SECONDS`.
+
+        ``wait=False`` is for before a read: a remote check that is due, or half due, is started in
+        a thread instead of asked for here, and one under way is left running. The waiting check after
+        the read takes its outcome, and waits for it only when the last success is too old to cover
+        the read; so a reader's round trip to the store overlaps its reading instead of stalling it
+        (a warm epoch from the local cache reads a block in less than a round trip)."""
+        ahead = self._ahead[0]
+        if ahead is not None:
+            if not ahead.done() and (not wait or self._recent()):
+                return  # under way, and the last success covers what was read so far
+            ahead.result()  # waits for it; raises what the check raised, at every call
+            if self._ahead[0] is ahead:
+                self._ahead[0] = None
             if wait:
-                self.settle()
+                return
+        if self.etag is None:  # a local check is a stat, no round trip to overlap
+            self._check_now()
             return
-        if self.etag is not None and time.monotonic() - self._checked[0] < REMOTE_CHECK_SECONDS:
-            return
-        self._check_now()
+        age = time.monotonic() - self._checked[0]
+        if not wait and age >= REMOTE_CHECK_SECONDS / 2:
+            self._start_ahead()
+        elif age >= REMOTE_CHECK_SECONDS:
+            self._check_now()
 
     def settle(self) -> None:
-        """Wait for a check under way (:meth:`reopened`) and raise what it raised; nothing if none is."""
+        """Wait for a check under way (:meth:`reopened`, or started by :meth:`check` before a read)
+        and raise what it raised; nothing if none is. The outcome stays for the reader's next
+        :meth:`check`, which takes it instead of asking again."""
         ahead = self._ahead[0]
         if ahead is not None:
             ahead.result()  # raises what the check raised, at every waiting call
-            self._ahead[0] = None
 
     def _check_now(self) -> None:
         """:meth:`check` without the pause between remote checks."""
