@@ -91,6 +91,8 @@ class DatasetIdentity:
     _stat: list[_StatKey | None] = field(default_factory=lambda: [None], compare=False, repr=False)
     #: A check under way in the background (:meth:`reopened`); the next waiting :meth:`check` takes its outcome.
     _ahead: list[Future[None] | None] = field(default_factory=lambda: [None], compare=False, repr=False)
+    #: When the latest read began (the last ``check(wait=False)``): a success since then covers it.
+    _read_began: list[float] = field(default_factory=lambda: [float("inf")], compare=False, repr=False)
 
     @classmethod
     def of(cls, path: Location, options: StoreOptions | None = None) -> DatasetIdentity:
@@ -167,8 +169,11 @@ class DatasetIdentity:
         ``wait=False`` is for before a read: a remote check that is due, or half due, is started in
         a thread instead of asked for here, and one under way is left running. The waiting check after
         the read takes its outcome, and waits for it only when the last success is too old to cover
-        the read; so a reader's round trip to the store overlaps its reading instead of stalling it
-        (a warm epoch from the local cache reads a block in less than a round trip)."""
+        the read, and not at all when a check succeeded since the read began; so a reader's round
+        trip to the store overlaps its reading instead of stalling it (a warm epoch from the local
+        cache reads a block in less than a round trip)."""
+        if not wait:
+            self._read_began[0] = time.monotonic()
         ahead = self._ahead[0]
         if ahead is not None:
             if not ahead.done() and (not wait or self._recent()):
@@ -184,7 +189,7 @@ class DatasetIdentity:
         age = time.monotonic() - self._checked[0]
         if not wait and age >= REMOTE_CHECK_SECONDS / 2:
             self._start_ahead()
-        elif age >= REMOTE_CHECK_SECONDS:
+        elif age >= REMOTE_CHECK_SECONDS and self._checked[0] < self._read_began[0]:  # none since the read began
             self._check_now()
 
     def settle(self) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -216,3 +217,22 @@ def test_a_replacement_found_in_the_background_is_raised(s3: Any, tmp_path: Path
     ident.check(wait=False)
     with pytest.raises(SamplerError, match=r"replaced|changed"):
         ident.check()
+
+
+def test_a_check_since_the_read_began_covers_a_long_read(
+    s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, requests: collections.Counter[str]
+) -> None:
+    """A read that took longer than the pause between checks (a cold first block) is covered by a
+    check that succeeded after it began: the check after it asks nothing more. One that began after
+    the last success is checked again."""
+    url = upload(make_dataset(tmp_path / "ds", N, records_per_shard=8), s3.url("ds"))
+    ident = identity.DatasetIdentity.of(url)
+    requests.clear()
+    now = time.monotonic()
+    pause = identity.REMOTE_CHECK_SECONDS
+    ident._read_began[0], ident._checked[0] = now - 1.5 * pause, now - 1.4 * pause  # checked while it read
+    ident.check()
+    assert requests["head"] == 0
+    ident._read_began[0], ident._checked[0] = now - 1.4 * pause, now - 1.5 * pause  # checked before it began
+    ident.check()
+    assert requests["head"] == 1
