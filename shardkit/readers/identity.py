@@ -91,6 +91,8 @@ class DatasetIdentity:
     _stat: list[_StatKey | None] = field(default_factory=lambda: [None], compare=False, repr=False)
     #: A check under way in the background (:meth:`reopened`); the next waiting :meth:`check` takes its outcome.
     _ahead: list[Future[None] | None] = field(default_factory=lambda: [None], compare=False, repr=False)
+    #: Wakes a delayed check under way (:meth:`_start_ahead`) once it is cancelled.
+    _wake: list[threading.Event | None] = field(default_factory=lambda: [None], compare=False, repr=False)
     #: When the latest read began (the last ``check(wait=False)``): a success since then covers it.
     _read_began: list[float] = field(default_factory=lambda: [float("inf")], compare=False, repr=False)
 
@@ -142,12 +144,19 @@ class DatasetIdentity:
         fresh._start_ahead()
         return fresh
 
-    def _start_ahead(self) -> None:
-        """Start a remote check in a thread; the next :meth:`check` that needs it takes its outcome."""
+    def _start_ahead(self, delay: float = 0.0) -> None:
+        """Start a remote check in a thread, after ``delay`` seconds unless a waiting :meth:`check`
+        cancels it first (the read it was for ended sooner); the next :meth:`check` that needs it
+        takes its outcome."""
         ahead: Future[None] = Future()
-        self._ahead[0] = ahead
+        woken = threading.Event()
+        self._ahead[0], self._wake[0] = ahead, woken if delay > 0 else None
 
         def run() -> None:
+            if delay > 0:
+                woken.wait(delay)
+            if not ahead.set_running_or_notify_cancel():
+                return  # cancelled: the read it was for ended before it was due
             try:
                 self._check_now()
             except BaseException as exc:
@@ -167,7 +176,8 @@ class DatasetIdentity:
         object store is asked at most every :data:`REMOTE_CHECK_SECONDS`.
 
         ``wait=False`` is for before a read: a remote check that is due, or half due, is started in
-        a thread instead of asked for here, and one under way is left running. The waiting check after
+        a thread instead of asked for here (else it starts once half due, should the read last that
+        long), and one under way is left running. The waiting check after
         the read takes its outcome, and waits for it only when the last success is too old to cover
         the read, and not at all when a check succeeded since the read began; so a reader's round
         trip to the store overlaps its reading instead of stalling it (a warm epoch from the local
@@ -175,6 +185,8 @@ class DatasetIdentity:
         if not wait:
             self._read_began[0] = time.monotonic()
         ahead = self._ahead[0]
+        if ahead is not None and wait and self._cancel_delayed(ahead):  # not due yet: the read ended first
+            ahead = None
         if ahead is not None:
             if not ahead.done() and (not wait or self._recent()):
                 return  # under way, and the last success covers what was read so far
@@ -187,17 +199,26 @@ class DatasetIdentity:
             self._check_now()
             return
         age = time.monotonic() - self._checked[0]
-        if not wait and age >= REMOTE_CHECK_SECONDS / 2:
-            self._start_ahead()
+        if not wait:  # due or half due: now; else once half due, should the read last that long
+            self._start_ahead(max(0.0, REMOTE_CHECK_SECONDS / 2 - age))
         elif age >= REMOTE_CHECK_SECONDS and self._checked[0] < self._read_began[0]:  # none since the read began
             self._check_now()
+
+    def _cancel_delayed(self, ahead: Future[None]) -> bool:
+        """Cancel ``ahead`` if it is a delayed check that has not started; whether it was."""
+        wake = self._wake[0]
+        if wake is None or self._ahead[0] is not ahead or not ahead.cancel():
+            return False
+        wake.set()
+        self._ahead[0] = self._wake[0] = None
+        return True
 
     def settle(self) -> None:
         """Wait for a check under way (:meth:`reopened`, or started by :meth:`check` before a read)
         and raise what it raised; nothing if none is. The outcome stays for the reader's next
         :meth:`check`, which takes it instead of asking again."""
         ahead = self._ahead[0]
-        if ahead is not None:
+        if ahead is not None and not self._cancel_delayed(ahead) and not ahead.cancelled():
             ahead.result()  # raises what the check raised, at every waiting call
 
     def _check_now(self) -> None:

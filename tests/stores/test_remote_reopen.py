@@ -236,3 +236,36 @@ def test_a_check_since_the_read_began_covers_a_long_read(
     ident._read_began[0], ident._checked[0] = now - 1.4 * pause, now - 1.5 * pause  # checked before it began
     ident.check()
     assert requests["head"] == 1
+
+
+def test_a_long_read_gets_its_check_while_it_runs(
+    s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, requests: collections.Counter[str]
+) -> None:
+    """A read that begins just after a check lasts past half the pause (a cold first block): its
+    check starts while it runs, and the check after it asks nothing more. One that ends sooner
+    cancels the check it did not need."""
+    url = upload(make_dataset(tmp_path / "ds", N, records_per_shard=8), s3.url("ds"))
+    monkeypatch.setattr(identity, "REMOTE_CHECK_SECONDS", 0.2)
+    ident = identity.DatasetIdentity.of(url)
+    asked = threading.Event()
+    head = objectstore.ObjectStore.head
+
+    def watched(self: Any, key: str) -> Any:
+        out = head(self, key)
+        asked.set()
+        return out
+
+    monkeypatch.setattr(objectstore.ObjectStore, "head", watched)
+    requests.clear()
+    ident.check(wait=False)  # a read begins
+    assert asked.wait(30)  # ... and, while it lasts, its check is asked in the background
+    ident.check()  # the read ends: covered
+    assert requests["head"] == 1
+
+    monkeypatch.setattr(identity, "REMOTE_CHECK_SECONDS", 3600.0)  # its check would start half an hour on
+    ident._checked[0] = time.monotonic()  # just checked
+    ident.check(wait=False)
+    ident.check()  # a short read: its delayed check is cancelled, nothing asked
+    ident.settle()
+    assert requests["head"] == 1
+    assert ident._ahead[0] is None
