@@ -91,6 +91,10 @@ class DatasetIdentity:
     _stat: list[_StatKey | None] = field(default_factory=lambda: [None], compare=False, repr=False)
     #: A check under way in the background (:meth:`reopened`); the next waiting :meth:`check` takes its outcome.
     _ahead: list[Future[None] | None] = field(default_factory=lambda: [None], compare=False, repr=False)
+    #: Wakes a delayed check under way (:meth:`_start_ahead`) once it is cancelled.
+    _wake: list[threading.Event | None] = field(default_factory=lambda: [None], compare=False, repr=False)
+    #: When the latest read began (the last ``check(wait=False)``): a success since then covers it.
+    _read_began: list[float] = field(default_factory=lambda: [float("inf")], compare=False, repr=False)
 
     @classmethod
     def of(cls, path: Location, options: StoreOptions | None = None) -> DatasetIdentity:
@@ -108,7 +112,7 @@ class DatasetIdentity:
     def fresh(self) -> bool:
         """Whether a remote check (or the read that made this identity) succeeded so lately that the
         next :meth:`check` would not ask the store again."""
-        return self.etag is not None and time.monotonic() - self._checked[0] < REMOTE_CHECK_SECONDS
+        return self._recent()
 
     def copied(self, options: StoreOptions | None = None) -> DatasetIdentity:
         """This identity for a new reader (asked with ``options``), as recently checked as this one."""
@@ -136,39 +140,86 @@ class DatasetIdentity:
         before the dataset is known to be unchanged."""
         fresh = DatasetIdentity(self.path, self.fingerprint, self.etag, options if options is not None else self.options,
                                 self.nbytes)
+        fresh._checked[0] = float("-inf")  # never checked by this reader: its first waiting check waits
+        fresh._start_ahead()
+        return fresh
+
+    def _start_ahead(self, delay: float = 0.0) -> None:
+        """Start a remote check in a thread, after ``delay`` seconds unless a waiting :meth:`check`
+        cancels it first (the read it was for ended sooner); the next :meth:`check` that needs it
+        takes its outcome."""
         ahead: Future[None] = Future()
-        fresh._ahead[0] = ahead
+        woken = threading.Event()
+        self._ahead[0], self._wake[0] = ahead, woken if delay > 0 else None
 
         def run() -> None:
+            if delay > 0:
+                woken.wait(delay)
+            if not ahead.set_running_or_notify_cancel():
+                return  # cancelled: the read it was for ended before it was due
             try:
-                fresh._check_now()
+                self._check_now()
             except BaseException as exc:
-                forget(fresh.path)  # the next reader opens the dataset as it is now
+                forget(self.path)  # the next reader opens the dataset as it is now
                 ahead.set_exception(exc)
             else:
                 ahead.set_result(None)
 
         threading.Thread(target=run, name="shardkit-identity-check", daemon=True).start()
-        return fresh
+
+    def _recent(self) -> bool:
+        """Whether a remote check succeeded less than :data:`REMOTE_CHECK_SECONDS` ago."""
+        return self.etag is not None and time.monotonic() - self._checked[0] < REMOTE_CHECK_SECONDS
 
     def check(self, *, wait: bool = True) -> None:
-        """Raise :class:`~shardkit.errors.SamplerError` unless the dataset is still the one opened.
-        With ``wait=False`` a check already under way (:meth:`reopened`) is left running: use it
-        before a read, whose data the next waiting check then covers."""
-        if self._ahead[0] is not None:
+        """Raise :class:`~shardkit.errors.SamplerError` unless the dataset is still the one opened; an
+        object store is asked at most every :data:`REMOTE_CHECK_SECONDS`.
+
+        ``wait=False`` is for before a read: a remote check that is due, or half due, is started in
+        a thread instead of asked for here (else it starts once half due, should the read last that
+        long), and one under way is left running. The waiting check after
+        the read takes its outcome, and waits for it only when the last success is too old to cover
+        the read, and not at all when a check succeeded since the read began; so a reader's round
+        trip to the store overlaps its reading instead of stalling it (a warm epoch from the local
+        cache reads a block in less than a round trip)."""
+        if not wait:
+            self._read_began[0] = time.monotonic()
+        ahead = self._ahead[0]
+        if ahead is not None and wait and self._cancel_delayed(ahead):  # not due yet: the read ended first
+            ahead = None
+        if ahead is not None:
+            if not ahead.done() and (not wait or self._recent()):
+                return  # under way, and the last success covers what was read so far
+            ahead.result()  # waits for it; raises what the check raised, at every call
+            if self._ahead[0] is ahead:
+                self._ahead[0] = None
             if wait:
-                self.settle()
+                return
+        if self.etag is None:  # a local check is a stat, no round trip to overlap
+            self._check_now()
             return
-        if self.etag is not None and time.monotonic() - self._checked[0] < REMOTE_CHECK_SECONDS:
-            return
-        self._check_now()
+        age = time.monotonic() - self._checked[0]
+        if not wait:  # due or half due: now; else once half due, should the read last that long
+            self._start_ahead(max(0.0, REMOTE_CHECK_SECONDS / 2 - age))
+        elif age >= REMOTE_CHECK_SECONDS and self._checked[0] < self._read_began[0]:  # none since the read began
+            self._check_now()
+
+    def _cancel_delayed(self, ahead: Future[None]) -> bool:
+        """Cancel ``ahead`` if it is a delayed check that has not started; whether it was."""
+        wake = self._wake[0]
+        if wake is None or self._ahead[0] is not ahead or not ahead.cancel():
+            return False
+        wake.set()
+        self._ahead[0] = self._wake[0] = None
+        return True
 
     def settle(self) -> None:
-        """Wait for a check under way (:meth:`reopened`) and raise what it raised; nothing if none is."""
+        """Wait for a check under way (:meth:`reopened`, or started by :meth:`check` before a read)
+        and raise what it raised; nothing if none is. The outcome stays for the reader's next
+        :meth:`check`, which takes it instead of asking again."""
         ahead = self._ahead[0]
-        if ahead is not None:
+        if ahead is not None and not self._cancel_delayed(ahead) and not ahead.cancelled():
             ahead.result()  # raises what the check raised, at every waiting call
-            self._ahead[0] = None
 
     def _check_now(self) -> None:
         """:meth:`check` without the pause between remote checks."""

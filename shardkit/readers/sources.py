@@ -383,9 +383,9 @@ class MixedIdentity:
     def of(cls, paths: Sequence[Path | str], options: StoreOptions | None = None) -> MixedIdentity:
         return cls(tuple(DatasetIdentity.of(p, options) for p in paths))
 
-    def check(self) -> None:
+    def check(self, *, wait: bool = True) -> None:
         for part in self.parts:
-            part.check()
+            part.check(wait=wait)
 
 
 def _dataset_of(offsets: np.ndarray, keys: np.ndarray) -> np.ndarray:

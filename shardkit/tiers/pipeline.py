@@ -609,6 +609,8 @@ class Pipeline:
                         ahead(self._unpinned(following))
                     # The next block's cache rows are allocated on the cache's thread while this one is read.
                     announced = self._expect(following)
+                if self._identity is not None:  # a check that is due runs while the block is read
+                    self._identity.check(wait=False)
                 block = self._read_block(seg, a, b, keys, read, open_buffers, ahead=this)
                 self._verify()
                 self._count_epoch_disk(seg.epoch)

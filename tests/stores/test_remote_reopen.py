@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from shardkit.errors import SamplerError
 from shardkit.readers import TieredSampler, identity
 from shardkit.readers.sources import as_source
 from shardkit.stores import objectstore
+from shardkit.tiers import pipeline
 from tests.helpers.datasets import upload
 from tests.helpers.sampler_data import encode, make_dataset
 
@@ -144,3 +146,126 @@ def test_the_identity_check_runs_while_the_first_block_is_read(
     keys = np.concatenate(list(_keys(TieredSampler(source, **options))))
     assert sorted(keys.tolist()) == list(range(N))
     assert held == [True]
+
+
+def test_a_due_check_runs_while_the_block_is_read(
+    s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, requests: collections.Counter[str]
+) -> None:
+    """Every identity check is due (no pause between them): each runs in a thread of its own while
+    a block is read, never on the thread that reads the blocks, where its round trip stalled the
+    reading (a warm epoch's block is read in less than a round trip). Every block is still checked."""
+    url = upload(make_dataset(tmp_path / "ds", N, records_per_shard=8), s3.url("ds"))
+    (tmp_path / "cache").mkdir()
+    source = as_source(url)
+    options: dict[str, Any] = {"batch_size": 8, "epochs": 1, "seed": 1, "cache_dir": tmp_path / "cache",
+                               "ram_size": 16 * 8 * 4}  # blocks of a few batches: several blocks
+    monkeypatch.setattr(identity, "REMOTE_CHECK_SECONDS", 0.0)
+    threads: list[str] = []
+    head = objectstore.ObjectStore.head
+
+    def watched(self: Any, key: str) -> Any:
+        threads.append(threading.current_thread().name)
+        return head(self, key)
+
+    monkeypatch.setattr(objectstore.ObjectStore, "head", watched)
+    blocks: list[int] = []
+    read_block = pipeline.Pipeline._read_block
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        blocks.append(1)
+        return read_block(self, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline.Pipeline, "_read_block", counted)
+    keys = np.concatenate(list(_keys(TieredSampler(source, **options))))
+    assert sorted(keys.tolist()) == list(range(N))
+    assert len(blocks) >= 2
+    assert len(threads) >= len(blocks)  # each block's read covered by a check
+    assert set(threads) == {"shardkit-identity-check"}, threads
+
+
+def test_a_half_due_check_does_not_hold_the_reader(s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before a read, a check half due starts in the background; the check after the read does not
+    wait for it while the last success still covers the read, and takes its outcome once it is done."""
+    url = upload(make_dataset(tmp_path / "ds", N, records_per_shard=8), s3.url("ds"))
+    ident = identity.DatasetIdentity.of(url)
+    ident._checked[0] -= 0.75 * identity.REMOTE_CHECK_SECONDS  # checked three quarters of the pause ago
+    release = threading.Event()
+    asked = threading.Event()
+    released: list[bool] = []
+    head = objectstore.ObjectStore.head
+
+    def held(self: Any, key: str) -> Any:
+        asked.set()
+        released.append(release.wait(30))
+        return head(self, key)
+
+    monkeypatch.setattr(objectstore.ObjectStore, "head", held)
+    ident.check(wait=False)  # before a read: starts the check, does not ask here
+    ident.check()  # after the read: the last success still covers it
+    assert asked.wait(30)  # the HEAD is under way in its thread, held
+    release.set()
+    ident.settle()
+    assert released == [True]
+    assert ident.fresh()
+
+
+def test_a_replacement_found_in_the_background_is_raised(s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    url = upload(make_dataset(tmp_path / "ds", N, records_per_shard=8), s3.url("ds"))
+    ident = identity.DatasetIdentity.of(url)
+    upload(make_dataset(tmp_path / "other", N, records_per_shard=8, first=1000), url)
+    monkeypatch.setattr(identity, "REMOTE_CHECK_SECONDS", 0.0)
+    ident.check(wait=False)
+    with pytest.raises(SamplerError, match=r"replaced|changed"):
+        ident.check()
+
+
+def test_a_check_since_the_read_began_covers_a_long_read(
+    s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, requests: collections.Counter[str]
+) -> None:
+    """A read that took longer than the pause between checks (a cold first block) is covered by a
+    check that succeeded after it began: the check after it asks nothing more. One that began after
+    the last success is checked again."""
+    url = upload(make_dataset(tmp_path / "ds", N, records_per_shard=8), s3.url("ds"))
+    ident = identity.DatasetIdentity.of(url)
+    requests.clear()
+    now = time.monotonic()
+    pause = identity.REMOTE_CHECK_SECONDS
+    ident._read_began[0], ident._checked[0] = now - 1.5 * pause, now - 1.4 * pause  # checked while it read
+    ident.check()
+    assert requests["head"] == 0
+    ident._read_began[0], ident._checked[0] = now - 1.4 * pause, now - 1.5 * pause  # checked before it began
+    ident.check()
+    assert requests["head"] == 1
+
+
+def test_a_long_read_gets_its_check_while_it_runs(
+    s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, requests: collections.Counter[str]
+) -> None:
+    """A read that begins just after a check lasts past half the pause (a cold first block): its
+    check starts while it runs, and the check after it asks nothing more. One that ends sooner
+    cancels the check it did not need."""
+    url = upload(make_dataset(tmp_path / "ds", N, records_per_shard=8), s3.url("ds"))
+    monkeypatch.setattr(identity, "REMOTE_CHECK_SECONDS", 0.2)
+    ident = identity.DatasetIdentity.of(url)
+    asked = threading.Event()
+    head = objectstore.ObjectStore.head
+
+    def watched(self: Any, key: str) -> Any:
+        out = head(self, key)
+        asked.set()
+        return out
+
+    monkeypatch.setattr(objectstore.ObjectStore, "head", watched)
+    requests.clear()
+    ident.check(wait=False)  # a read begins
+    assert asked.wait(30)  # ... and, while it lasts, its check is asked in the background
+    ident.check()  # the read ends: covered
+    assert requests["head"] == 1
+
+    monkeypatch.setattr(identity, "REMOTE_CHECK_SECONDS", 3600.0)  # its check would start half an hour on
+    ident._checked[0] = time.monotonic()  # just checked
+    ident.check(wait=False)
+    ident.check()  # a short read: its delayed check is cancelled, nothing asked
+    ident.settle()
+    assert requests["head"] == 1
+    assert ident._ahead[0] is None
