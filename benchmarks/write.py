@@ -21,6 +21,9 @@ orphaned at exit is reaped, and counted, here). "writing" is the writer's own cl
 split between the command's own process (for shardkit the parent: decode loop, writer thread, commit)
 and the processes below it (the decode workers). The table gives the median over the
 rounds with the range (a shared machine is noisy: read the spread), and the bytes each output holds.
+Each round also gives shardkit's ratio to every peer at the same worker count (their runs are
+interleaved in that round, so they met the same load): the median of those per-round ratios and their
+range are the comparison to quote.
 
 How the peers parallelise (not the same as shardkit): shardkit's workers decode in input order and one
 writer cuts fixed-size shards, so the output is byte-identical for any worker count; Streaming's W
@@ -174,7 +177,7 @@ def main() -> None:
                     shutil.rmtree(out, ignore_errors=True)
                     if not res:
                         continue
-                    runs.setdefault((system, w), []).append(res)
+                    runs.setdefault((system, w), []).append({**res, "round": r})
                     parent, rest = _split(res)
                     print(f"round {r + 1}: {system} x{w}: {n / res['wall']:.1f} images/s (command), "
                           f"{n / float(res['seconds']):.1f} (writing), {1e3 * res['cpu'] / n:.1f} CPU ms/image, "
@@ -196,6 +199,31 @@ def main() -> None:
         print(f"| {SYSTEMS[system]} | {w} | {statistics.median(rates):.1f} | {rates[0]:.1f}-{rates[-1]:.1f} | "
               f"{statistics.median(writing):.1f} | {writing[0]:.1f}-{writing[-1]:.1f} | {per_image:.1f} | "
               f"{parent:.2f} | {rest:.2f} | {int(done[-1]['bytes']) / 1e6:.1f} |")
+    paired = round_ratios(runs, n)
+    if paired:
+        print("\n| shardkit.write ÷ | workers | rounds | writing only: median ratio (range) | "
+              "whole command: median ratio (range) |")
+        print("|---|---|---|---|---|")
+        for (peer, w), (writing, whole) in paired.items():
+            print(f"| {SYSTEMS[peer]} | {w} | {len(writing)} | {statistics.median(writing):.2f}x "
+                  f"({min(writing):.2f}-{max(writing):.2f}) | {statistics.median(whole):.2f}x "
+                  f"({min(whole):.2f}-{max(whole):.2f}) |")
+
+
+def round_ratios(runs: dict[tuple[str, int], list[dict[str, Any]]],
+                 n: int) -> dict[tuple[str, int], tuple[list[float], list[float]]]:
+    """Per peer and worker count: shardkit's images/s over the peer's in each round (writing only, whole
+    command), pairing the runs of one round; rounds where either failed are left out."""
+    out: dict[tuple[str, int], tuple[list[float], list[float]]] = {}
+    for (system, w), done in runs.items():
+        ours = {d["round"]: d for d in runs.get(("shardkit", w), [])}
+        if system == "shardkit" or not ours:
+            continue
+        pairs = [(ours[d["round"]], d) for d in done if d["round"] in ours]
+        if pairs:
+            out[(system, w)] = ([float(b["seconds"]) / float(a["seconds"]) for a, b in pairs],
+                                [b["wall"] / a["wall"] for a, b in pairs])
+    return out
 
 
 def _split(res: dict[str, Any]) -> tuple[float, float]:

@@ -13,7 +13,8 @@ import logging
 import os
 import signal
 import tempfile
-from collections import deque
+import threading
+from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -28,7 +29,7 @@ from shardkit.converters.main_guard import GUARD, adopt_environment, start_metho
 from shardkit.errors import ConversionError, InputFileError
 from shardkit.processes import exit_when_gone, pid_alive
 
-__all__ = ["Failed", "Outcome", "Produced", "Skipped", "default_workers", "keep_freed_memory", "outcomes"]
+__all__ = ["Failed", "Outcome", "Produced", "RingSlots", "Skipped", "default_workers", "keep_freed_memory", "outcomes"]
 
 logger = logging.getLogger(__name__)
 
@@ -224,6 +225,64 @@ def _remove_stale_rings(directory: str) -> None:
             path.unlink(missing_ok=True)
 
 
+class RingSlots:
+    """Lets the consumer of :func:`outcomes` keep the ring slot whose payloads it is being handed, and give
+    it back later from any thread, so that it can write payloads straight from the ring (a copy of every
+    record into a batch buffer was the parent's largest per-record cost at ``workers=2``).
+
+    While a task's outcomes are handed over, :attr:`current` is ``(slot, rows)``: ``rows`` are the slot's
+    ring rows (``[records per slot, record bytes]`` uint8, read-only), a payload view being one of them.
+    :meth:`keep` holds the slot until the function it returns is called; a slot is reused only once its
+    outcomes were all handed over and every hold was given back. ``spare`` slots are added to the ring for
+    the holds: the consumer must never hold more slots than that at once (the engine holds at most its
+    writer's queue, the batch being written and the one being filled).
+    """
+
+    def __init__(self, spare: int) -> None:
+        self.spare = int(spare)
+        #: ``(slot, its ring rows)`` while that slot's outcomes are handed over, else ``None``.
+        self.current: tuple[int, np.ndarray] | None = None
+        self._lock = threading.Lock()
+        self._holds: Counter[int] = Counter()
+        self._handed: set[int] = set()  # every outcome handed over, holds outstanding
+        self._back: deque[int] = deque()  # free again (appended by any thread)
+
+    def keep(self) -> Callable[[], None]:
+        """Hold the current slot; call the returned function (once, from any thread) to give it back."""
+        if self.current is None:
+            raise RuntimeError("no ring slot is being handed over")
+        slot = self.current[0]
+        with self._lock:
+            self._holds[slot] += 1
+
+        def give_back() -> None:
+            with self._lock:
+                self._holds[slot] -= 1
+                if self._holds[slot] > 0:
+                    return
+                del self._holds[slot]
+                if slot in self._handed:
+                    self._handed.discard(slot)
+                    self._back.append(slot)
+
+        return give_back
+
+    def _done(self, slot: int) -> bool:
+        """Every outcome of ``slot`` was handed over: ``True`` if it is free now, else it comes back later."""
+        with self._lock:
+            if self._holds.get(slot, 0) > 0:
+                self._handed.add(slot)
+                return False
+            return True
+
+    def _returned(self) -> list[int]:
+        """Slots given back since the last call."""
+        out = []
+        while self._back:
+            out.append(self._back.popleft())
+        return out
+
+
 # ---------------------------------------------------------------------- the ordered stream
 def _continued(first: Outcome, decode: Callable[[int, int], Outcome]) -> Iterator[Outcome]:
     """``first``, then the further parts of its input while it says there are more."""
@@ -240,11 +299,12 @@ def outcomes(
     first: tuple[int, int],
     workers: int,
     chunk_size: int,
+    slots: RingSlots | None = None,
 ) -> Iterator[Outcome]:
     """The outcomes of decoding ``items`` from input ``first[0]``, record ``first[1]`` (a resume may start
     inside an input), in order, by ``workers`` processes (1: here) given at least ``chunk_size`` inputs a
     task (:func:`task_inputs`). A payload may be a read-only view of a worker's ring slot, valid until
-    the next outcome is asked for: the consumer copies what it keeps."""
+    the next outcome is asked for: the consumer copies what it keeps, or holds the slot through ``slots``."""
     method = start_method(workers) if workers > 1 else None
     start_index, start_record = first
     if method is None:
@@ -254,23 +314,26 @@ def outcomes(
         for i in range(start_index, len(items)):
             yield from _continued(here(i, start_record if i == start_index else 0), here)
         return
-    yield from _pool_outcomes(decoder, items, first, workers, task_inputs(chunk_size, decoder.record.nbytes), method)
+    yield from _pool_outcomes(decoder, items, first, workers, task_inputs(chunk_size, decoder.record.nbytes), method,
+                              slots)
 
 
 def _pool_outcomes(
-    decoder: Decoder, items: Sequence[Any], first: tuple[int, int], workers: int, chunk: int, method: str
+    decoder: Decoder, items: Sequence[Any], first: tuple[int, int], workers: int, chunk: int, method: str,
+    slots: RingSlots | None = None,
 ) -> Iterator[Outcome]:
     n = len(items)
     inflight = workers * _INFLIGHT_PER_WORKER
     _remove_stale_rings(_ring_dir())
     fd, ring_path = tempfile.mkstemp(prefix=f"shardkit-convert-{os.getpid()}-", suffix=".ring", dir=_ring_dir())
-    ring_spec = _RingSpec(ring_path, inflight, chunk, decoder.record.nbytes)
+    # The consumer's holds get slots of their own: tasks in flight never wait for a write.
+    ring_spec = _RingSpec(ring_path, inflight + (0 if slots is None else slots.spare), chunk, decoder.record.nbytes)
     try:
         os.ftruncate(fd, ring_spec.slots * ring_spec.per_slot * ring_spec.record_nbytes)
     finally:
         os.close(fd)
     ring = ring_spec.open("r")
-    free = list(range(inflight))
+    free = list(range(ring_spec.slots))
     context = worker_context(method, (__name__, type(decoder).__module__))
     pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
                                initargs=(decoder, os.getpid(), ring_spec, dict(os.environ)))
@@ -304,18 +367,32 @@ def _pool_outcomes(
     next_i = start_index
     try:
         while pending or next_i < n:
-            while next_i < n and free:
+            if slots is not None:
+                free.extend(slots._returned())
+            while next_i < n and free and len(pending) < inflight:
                 stop = min(n, next_i + chunk)
                 slot = free.pop()
                 task = [(k, items[k], start_record if k == start_index else 0) for k in range(next_i, stop)]
                 pending.append((slot, pool.submit(_decode_chunk, task, slot)))
                 next_i = stop
+            if not pending:  # every slot is held: the consumer broke its promise of at most ``spare`` holds
+                raise RuntimeError(f"every ring slot is held by the consumer (spare: {ring_spec.slots - inflight})")
             slot, fut = pending.popleft()
             results = result(fut)
             _take_from_ring(decoder, results, ring[slot])
-            free.append(slot)
-            for outcome in results:
-                yield from _continued(outcome, more)
+            if slots is None:
+                free.append(slot)
+                for outcome in results:
+                    yield from _continued(outcome, more)
+                continue
+            slots.current = (slot, ring[slot])
+            try:
+                for outcome in results:
+                    yield from _continued(outcome, more)
+            finally:
+                slots.current = None
+            if slots._done(slot):
+                free.append(slot)
     finally:
         for _, f in pending:
             f.cancel()

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from shardkit.converters.base import MAX_RECORDS_PER_INPUT, PROVENANCE, Converter, Decoder, Record, ScanResult, reason_category
-from shardkit.converters.decoding import Failed, Produced, Skipped, outcomes
+from shardkit.converters.decoding import Failed, Produced, RingSlots, Skipped, outcomes
 from shardkit.errors import ConversionError
 from shardkit.formats import DatasetMeta, FieldSpec
 from shardkit.formats.codecs import RecordCodec
@@ -196,7 +196,8 @@ class BackgroundWriter:
         self.records_per_shard = sink.records_per_shard
         #: Records handed over so far (written or queued), counted from the resumed position.
         self.records_written = sink.records_written
-        self._queue: queue.Queue[tuple[Callable[..., None], tuple[Any, ...]] | None] = queue.Queue(self._QUEUED)
+        self._queue: queue.Queue[tuple[Callable[..., None], tuple[Any, ...], Callable[[], None] | None] | None] = (
+            queue.Queue(self._QUEUED))
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="shardkit-convert-writer", daemon=True)
         self._started = False
@@ -206,32 +207,30 @@ class BackgroundWriter:
             op = self._queue.get()
             if op is None:
                 return
-            if self._error is not None:
-                continue  # drain without acting after a failure
-            fn, args = op
+            fn, args, release = op
             try:
-                fn(*args)
+                if self._error is None:  # else drain without acting after a failure
+                    fn(*args)
             except BaseException as exc:
                 self._error = exc
+            finally:
+                if release is not None:
+                    release()
 
-    def _submit(self, fn: Callable[..., None], *args: Any) -> None:
+    def _submit(self, fn: Callable[..., None], *args: Any, release: Callable[[], None] | None = None) -> None:
         if self._error is not None:
             raise self._error
         if not self._started:
             self._started = True
             self._thread.start()
-        self._queue.put((fn, args))
+        self._queue.put((fn, args, release))
 
     def write(self, batch: dict[str, np.ndarray], cursors: np.ndarray,
               release: Callable[[], None] | None = None) -> None:
-        """Queue ``batch``; ``release`` is called once the sink wrote it (its buffers may be reused then)."""
+        """Queue ``batch``; ``release`` is called once the sink wrote it, or skipped it after a failure (its
+        buffers may be reused then)."""
         self.records_written += int(cursors.shape[0])
-        self._submit(self._write_then, batch, cursors, release)
-
-    def _write_then(self, batch: dict[str, np.ndarray], cursors: np.ndarray, release: Callable[[], None] | None) -> None:
-        self.sink.write(batch, cursors)
-        if release is not None:
-            release()
+        self._submit(self.sink.write, batch, cursors, release=release)
 
     def skip(self, path: str, reason: str, cursor: int) -> None:
         self._submit(self.sink.skip, path, reason, cursor)
@@ -254,17 +253,19 @@ class BackgroundWriter:
 class _Batcher:
     """Gather records and hand them to the writer in batches, with their input cursors.
 
-    A payload of exactly the record's shape and dtype is copied once, as it arrives, into a reused batch
-    buffer: a payload may be a view of the workers' ring, valid only until the next outcome is asked
-    for, and a fresh array per record and per batch cost the parent page faults on every one (most of
-    its copying time at ``workers=2``, ``benchmarks/write.py``). Any other payload is kept as a copy and
-    stacked (the sink casts or refuses it, naming the field). A buffer goes back to the pool once the
-    sink wrote it; at most the writer's queue and one more are out at a time. Without ``payload`` and
-    ``record`` every payload is kept as it is and stacked (records decoded in this process).
+    Payloads from worker processes are views of the workers' ring. With ``slots``, consecutive rows of
+    one ring slot are handed to the writer as they are (the slot is held until the writer wrote them): no
+    copy of the payload in this process. Any other payload of exactly the record's shape and dtype is
+    copied once, as it arrives, into a reused batch buffer: a ring view is valid only until the next
+    outcome is asked for, and a fresh array per record and per batch cost the parent page faults on every
+    one (``benchmarks/write.py``). Any other payload is kept as a copy and stacked (the sink casts or
+    refuses it, naming the field). A buffer goes back to the pool once the sink wrote it; at most the
+    writer's queue and one more are out at a time. Without ``payload`` and ``record`` every payload is
+    kept as it is and stacked (records decoded in this process).
     """
 
     def __init__(self, writer: RecordSink, names: list[str], payload: str | None = None,
-                 record: FieldSpec | None = None) -> None:
+                 record: FieldSpec | None = None, slots: RingSlots | None = None) -> None:
         self.writer = writer
         self.names = names
         self.payload = payload if record is not None and payload in names else None
@@ -274,17 +275,39 @@ class _Batcher:
         self.cursors: list[int] = []
         self._buffers: list[np.ndarray] = []  # free batch buffers (appended to by the writer thread)
         self._buffer: np.ndarray | None = None  # the one being filled, while every row so far is in it
+        self.slots = slots if self.payload is not None else None
+        # The batch in the ring: the slot's rows, the first row and the one after the last, the slot's hold.
+        self._ring: tuple[np.ndarray, int, int, Callable[[], None]] | None = None
 
     def _fits(self, value: Any) -> bool:
         return isinstance(value, np.ndarray) and value.shape == self.shape and value.dtype == self.dtype
 
+    def _ring_row(self, value: Any) -> tuple[np.ndarray, int] | None:
+        """``(the slot's rows, row)`` when ``value`` is a whole row of the ring slot being handed over."""
+        current = None if self.slots is None else self.slots.current
+        if current is None or not self._fits(value) or not value.flags.c_contiguous:
+            return None
+        rows = current[1]
+        row, rest = divmod(value.__array_interface__["data"][0] - rows.__array_interface__["data"][0], rows.shape[1])
+        return (rows, row) if rest == 0 and 0 <= row < rows.shape[0] else None
+
     def add(self, record: dict[str, Any], cursor: int) -> None:
         if self.payload is not None:
             value = record[self.payload]
-            fast = self._fits(value)
-            if self.rows and fast != (self._buffer is not None):
-                self.flush()  # a batch is all in a buffer or all stacked
-            if fast:
+            in_ring = self._ring_row(value)
+            if self.rows and self._ring is not None and (
+                    in_ring is None or in_ring[0] is not self._ring[0] or in_ring[1] != self._ring[2]):
+                self.flush()  # a batch in the ring is consecutive rows of one slot
+            fast = in_ring is None and self._fits(value)
+            if self.rows and self._ring is None and (in_ring is not None or fast != (self._buffer is not None)):
+                self.flush()  # a batch is all in the ring, all in a buffer or all stacked
+            if in_ring is not None:
+                assert self.slots is not None
+                rows, row = in_ring
+                self._ring = (rows, row, row + 1, self.slots.keep()) if self._ring is None else (
+                    rows, self._ring[1], row + 1, self._ring[3])
+                record = {k: v for k, v in record.items() if k != self.payload}
+            elif fast:
                 if self._buffer is None:
                     self._buffer = self._buffers.pop() if self._buffers else np.empty((_WRITE_BATCH, *value.shape),
                                                                                        value.dtype)
@@ -304,10 +327,24 @@ class _Batcher:
         if not self.rows:
             return
         buffer, self._buffer = self._buffer, None
+        ring, self._ring = self._ring, None
         k = len(self.rows)
-        names = [n for n in self.names if buffer is None or n != self.payload]
+        names = [n for n in self.names if (buffer is None and ring is None) or n != self.payload]
         batch = {name: np.stack([r[name] for r in self.rows]) for name in names}
         cursors = np.asarray(self.cursors, dtype=np.int64)
+        if ring is not None:
+            rows, first, end, give_back = ring
+            assert self.payload is not None and self.shape is not None and self.dtype is not None and end - first == k
+            batch[self.payload] = rows[first:end].view(self.dtype).reshape(k, *self.shape)
+            self.rows, self.cursors = [], []
+            if isinstance(self.writer, BackgroundWriter):
+                self.writer.write(batch, cursors, release=give_back)
+            else:
+                try:
+                    self.writer.write(batch, cursors)
+                finally:
+                    give_back()
+            return
         if buffer is None:
             self.writer.write(batch, cursors)
             self.rows, self.cursors = [], []  # after the hand-over, as malloc reuses best
@@ -354,9 +391,12 @@ def decode_into(
     # Payloads from worker processes are views of the ring, copied once into reused buffers; decoded
     # here they are fresh arrays, stacked as they are (copying each at once let malloc give back and
     # fault in again its memory per record: twice the page faults at workers=1).
-    batcher = _Batcher(sink, names, decoder.payload, decoder.record) if workers > 1 else _Batcher(sink, names)
+    # A writer thread holds a ring slot per queued batch and the one it writes; the batcher one more.
+    slots = RingSlots(BackgroundWriter._QUEUED + 2 if isinstance(sink, BackgroundWriter) else 1) if workers > 1 else None
+    batcher = (_Batcher(sink, names, decoder.payload, decoder.record, slots) if workers > 1
+               else _Batcher(sink, names))
     tally = tally if tally is not None else Tally()
-    for outcome in outcomes(decoder, items, split_cursor(start), workers, chunk_size):
+    for outcome in outcomes(decoder, items, split_cursor(start), workers, chunk_size, slots):
         match outcome:
             case Produced(index=index, decoded=decoded):
                 for note in decoded.notes:

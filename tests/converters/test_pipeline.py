@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,8 @@ import pytest
 import shardkit
 from shardkit.converters import decoding
 from shardkit.converters.base import Decoded, Decoder
-from shardkit.converters.pipeline import _Batcher, decode_into
+from shardkit.converters.decoding import RingSlots, outcomes
+from shardkit.converters.pipeline import BackgroundWriter, _Batcher, decode_into
 from shardkit.errors import ConversionError
 from shardkit.formats import FieldSpec, open_dataset, verify
 from tests.helpers.corpora import interrupt_after, make_imagefolder, tone, write_wav
@@ -211,18 +214,85 @@ def _decode_all(decoder: Decoder, n: int, workers: int) -> _KeepingSink:
     return sink
 
 
-def test_payloads_are_copied_into_reused_batch_buffers_in_order() -> None:
-    # 200 records from 2 workers are 4 batches; a synchronous sink gives each buffer back at once,
-    # so every batch is written from the same memory (a fresh stacked array per batch cost page faults
-    # on every one).
+def _in_ring(a: np.ndarray) -> bool:
+    """``a`` is a view of a file mapping (the workers' ring), not memory of this process's own."""
+    base: Any = a
+    while isinstance(base, np.ndarray):
+        base = base.base
+    return isinstance(base, mmap.mmap)
+
+
+def test_payloads_from_workers_are_written_from_the_ring_in_order() -> None:
+    # 200 records from 2 workers: every uint8 batch the sink is handed is rows of the workers' ring,
+    # not a copy (the copy into a batch buffer was the parent's largest per-record cost).
     sink = _decode_all(_CountingDecoder(wide=frozenset({70, 71})), 200, workers=2)
     got = np.concatenate(sink.payloads)
     np.testing.assert_array_equal(got[:, 0, 0], np.arange(200) % 251)
     assert sink.labels == list(range(200))
     fast = [a for a in sink.handed if a.dtype == np.uint8]
-    assert len(fast) >= 3 and all(np.shares_memory(fast[0], a) for a in fast[1:])
+    assert len(fast) >= 3 and all(_in_ring(a) for a in fast)
     # The uint16 records travel stacked, as their own batch, and the sink casts them (same_kind).
-    assert any(a.dtype == np.uint16 for a in sink.handed)
+    assert any(a.dtype == np.uint16 and not _in_ring(a) for a in sink.handed)
+
+
+def test_payloads_not_in_the_ring_are_copied_into_reused_batch_buffers() -> None:
+    # Payloads of the record's shape that are not ring rows (a long input's further records travel
+    # pickled): copied into a buffer that a synchronous sink gives back at once, so every batch is
+    # written from the same memory (a fresh stacked array per batch cost page faults on every one).
+    sink = _KeepingSink()
+    batcher = _Batcher(sink, ["image", "label"], "image", FieldSpec((4, 4), "uint8"))
+    for i in range(200):
+        batcher.add({"image": np.full((4, 4), i % 251, np.uint8), "label": np.int64(i)}, i + 1)
+    batcher.flush()
+    np.testing.assert_array_equal(np.concatenate(sink.payloads)[:, 0, 0], np.arange(200) % 251)
+    assert len(sink.handed) == 4 and all(np.shares_memory(sink.handed[0], a) for a in sink.handed[1:])
+
+
+def test_a_held_ring_slot_is_not_refilled_until_given_back() -> None:
+    # The consumer holds the first task's slot and reads on through 600 inputs (19 tasks of 32 in 7
+    # slots): the workers must not write into the held slot, and it is used again once given back.
+    slots = RingSlots(1)
+    stream = outcomes(_CountingDecoder(), list(range(600)), (0, 0), 2, 1, slots)
+    first = next(stream)
+    assert slots.current is not None
+    held_slot, rows = slots.current
+    give_back = slots.keep()
+    views = [first.decoded.records[0]["image"]]
+    views += [next(stream).decoded.records[0]["image"] for _ in range(31)]
+    for outcome in stream:
+        assert slots.current is not None
+        if outcome.index < 400:
+            assert slots.current[0] != held_slot
+        elif outcome.index == 400:  # 12 tasks later: the held rows are as the first task left them
+            np.testing.assert_array_equal([int(v[0, 0]) for v in views], range(32))
+            np.testing.assert_array_equal(rows[:, 0], range(32))
+            give_back()
+        elif slots.current[0] == held_slot:
+            break
+    else:
+        raise AssertionError("the slot given back was never used again")
+    stream.close()
+
+
+def test_the_writer_thread_gives_buffers_back_after_a_failure_too() -> None:
+    # A batch queued behind a failing write is skipped, and its release still runs: the ring slot or
+    # buffer it holds comes back, so the decode loop never waits for a slot that no write will free.
+    failing = threading.Event()
+
+    class _FailingSink(_KeepingSink):
+        def write(self, batch: dict[str, np.ndarray], cursors: np.ndarray) -> None:
+            failing.wait()
+            raise OSError("disk full")
+
+    released: list[int] = []
+    writer = BackgroundWriter(_FailingSink())
+    batch = {"image": np.zeros((1, 4, 4), np.uint8), "label": np.zeros(1, np.int64)}
+    writer.write(batch, np.array([1]), release=lambda: released.append(1))
+    writer.write(batch, np.array([2]), release=lambda: released.append(2))
+    failing.set()
+    with pytest.raises(OSError, match="disk full"):
+        writer.drain()
+    assert released == [1, 2]
 
 
 def test_batcher_keeps_no_view_of_a_payload_once_added() -> None:
