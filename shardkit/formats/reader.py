@@ -1065,7 +1065,8 @@ class PayloadArray:
             if np.any(offs[1:] < offs[:-1] + sizes[:-1]):
                 raise CorruptIndexError(f"{self.shard_location(i)}: index entries of shard {i} overlap")
             parts.append((np.full(offs.size, i, dtype=np.int64), offs, sizes, w[by_off], r[by_off]))
-        shard, offs, sizes, w, r = (np.concatenate(p) for p in zip(*parts))
+        # One shard (most pieces of a block of sorted keys): its arrays as they are, not copied.
+        shard, offs, sizes, w, r = parts[0] if len(parts) == 1 else (np.concatenate(p) for p in zip(*parts))
         new_shard = np.ones(shard.size, dtype=bool)
         new_shard[1:] = shard[1:] != shard[:-1]
         gap = np.zeros(shard.size, dtype=np.int64)
