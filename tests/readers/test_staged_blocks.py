@@ -46,7 +46,7 @@ def _run(path: Path, **kw: Any) -> tuple[bool, list[np.ndarray]]:
 ORDERS = {
     "exact": dict(epochs=2),
     "feistel": dict(epochs=2, permutation="feistel"),
-    "replacement": dict(epochs=2, mode="replacement"),  # duplicates inside a block
+    "replacement": dict(epochs=2, mode="replacement"),
     "ssd": dict(epochs=2, tiers="ram,ssd", ssd_size="2000records"),  # blocks start inside batches
     "limit": dict(epochs=1, limit=1000),  # the plan cut short inside a block
 }
@@ -94,6 +94,7 @@ def test_a_staged_block_is_one_ascending_read_into_consecutive_rows(small: Path,
 
 
 def test_ranks_find_every_key_in_the_distinct_keys() -> None:
+    """Duplicates (which the orders above never put in one block) share their distinct key's rank."""
     rng = np.random.default_rng(4)
     for keys in (rng.permutation(5000), rng.integers(0, 300, size=5000), np.array([7]), np.arange(10)[::-1].copy()):
         keys = keys.astype(np.int64)
