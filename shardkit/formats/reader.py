@@ -379,6 +379,15 @@ def _scatter_rows(rows: list[np.ndarray], which: np.ndarray, row: np.ndarray, pi
     src_all = _records(piece)
     w0 = int(which[0])
     if np.all(which == w0):
+        n, r0 = int(row.size), int(row[0])
+        if int(row[-1]) - r0 == n - 1 and bool(np.all(np.diff(row) == 1)):
+            # Consecutive rows (a staged block): one copy straight into them, no temporary.
+            dst = recs(w0)[r0 : r0 + n]
+            if take is None:
+                dst[...] = src_all[:n]
+            else:
+                np.take(src_all, take, axis=0, out=dst, mode="clip")
+            return
         np.put(recs(w0), row, src_all if take is None else np.take(src_all, take))
         return
     # A stable sort of small integers is a radix sort (several times faster than of int64).
@@ -389,6 +398,11 @@ def _scatter_rows(rows: list[np.ndarray], which: np.ndarray, row: np.ndarray, pi
     cuts = np.flatnonzero(grouped[1:] != grouped[:-1]) + 1
     for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), grouped.size]):
         np.put(recs(int(grouped[lo])), dst[lo:hi], np.take(src_all, src[lo:hi]))
+
+
+def byte_records(array: np.ndarray) -> np.ndarray:
+    """A C-contiguous ``[n, *record_shape]`` array as ``n`` opaque records (see :func:`_records`)."""
+    return _records(array.reshape(array.shape[0], -1).view(np.uint8))
 
 
 def _records(rows: np.ndarray) -> np.ndarray:
@@ -475,6 +489,16 @@ class SortedRequest:
             rows[int(dest.which[d])][int(dest.rows[d])] = rows[int(dest.which[s])][int(dest.rows[s])]
 
 
+def ascending_distinct(keys: np.ndarray) -> bool:
+    """Are ``keys`` strictly ascending (sorted, no duplicates)? A look at the first few decides
+    for most unsorted requests; sorted ones cost one comparison pass (no sort)."""
+    n = int(keys.shape[0])
+    if n < 2:
+        return True
+    head = min(8, n - 1)
+    return bool(np.all(keys[1 : head + 1] > keys[:head])) and bool(np.all(keys[1:] > keys[:-1]))
+
+
 def aligned_empty(n: int, shape: tuple[int, ...], dtype: np.dtype[Any], offset: int = 0) -> np.ndarray:
     """An uninitialised C-contiguous ``[n, *shape]`` array starting on a :data:`BUFFER_ALIGNMENT` boundary
     (numpy's start 16 bytes past a page), or ``offset`` bytes past one (a decoder's fastest rows,
@@ -538,7 +562,10 @@ class Destination:
     @classmethod
     def rows_of(cls, out: np.ndarray, n: int) -> Destination:
         """Record ``j`` into ``out[j]``, for ``j < n``."""
-        return cls((out,), np.zeros(n, dtype=np.int64), np.arange(n, dtype=np.int64), (0, max(1, int(n))))
+        # ``which`` is one zero seen n times (no n-sized array: a staged block is millions of rows).
+        return cls((out,), np.broadcast_to(np.zeros(1, dtype=np.int64), (n,)),
+                   np.arange(n, dtype=np.int32 if n < 1 << 31 else np.int64),
+                   (0, max(1, int(n))))
 
     def rows_at(self, j: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(which[j], rows[j])`` for request indices ``j``."""
@@ -972,22 +999,27 @@ class PayloadArray:
         if int(keys.min()) < 0 or int(keys.max()) >= self.num_records:
             bad = int(keys[(keys < 0) | (keys >= self.num_records)][0])
             raise IndexError(f"{self.path}: record key {bad} outside [0, {self.num_records})")
-        req = SortedRequest.of(keys, self.num_records, self._sort_scratch)
-        rows = req.byte_rows(dest)
-        self.read_distinct(req.distinct, req.first, dest, rows)
-        req.copy_duplicates(dest, rows)
+        if ascending_distinct(keys):  # a staged block's keys (tiers/pipeline.py): nothing to sort
+            self.read_distinct(keys, None, dest, SortedRequest.byte_rows(dest))
+        else:
+            req = SortedRequest.of(keys, self.num_records, self._sort_scratch)
+            rows = req.byte_rows(dest)
+            self.read_distinct(req.distinct, req.first, dest, rows)
+            req.copy_duplicates(dest, rows)
         self.stats.add_records(n)
 
-    def read_distinct(self, distinct: np.ndarray, first: np.ndarray, dest: Destination, rows: list[np.ndarray]) -> None:
+    def read_distinct(self, distinct: np.ndarray, first: np.ndarray | None, dest: Destination,
+                      rows: list[np.ndarray]) -> None:
         """The reading half of :meth:`read_into`: records ``distinct`` (ascending, distinct, checked)
-        into rows ``dest.rows[first]`` of ``rows[dest.which[first]]`` (``rows``: the destination
-        buffers as uint8 rows), without counting records (the caller does, once per request).
+        into rows ``dest.rows[first]`` of ``rows[dest.which[first]]`` (``first`` ``None``: request
+        index ``j`` for ``distinct[j]``; ``rows``: the destination buffers as uint8 rows), without
+        counting records (the caller does, once per request).
         A mixture sorts a block once and calls this per dataset (readers/sources.py)."""
         # Planned and read in pieces of ascending keys, so the plan's per-record arrays stay bounded:
         # still one pass of ascending offsets per shard (a run cut at a piece's end is two requests).
         for c in range(0, distinct.size, PLAN_RECORDS):
             self._check_stop()
-            f = first[c : c + PLAN_RECORDS]
+            f = first[c : c + PLAN_RECORDS] if first is not None else np.arange(c, min(c + PLAN_RECORDS, distinct.size))
             plan = self._plan(distinct[c : c + PLAN_RECORDS], *dest.rows_at(f), rows)
             if plan.size:
                 self._read_plan(plan, rows)
@@ -1043,7 +1075,8 @@ class PayloadArray:
             if np.any(offs[1:] < offs[:-1] + sizes[:-1]):
                 raise CorruptIndexError(f"{self.shard_location(i)}: index entries of shard {i} overlap")
             parts.append((np.full(offs.size, i, dtype=np.int64), offs, sizes, w[by_off], r[by_off]))
-        shard, offs, sizes, w, r = (np.concatenate(p) for p in zip(*parts))
+        # One shard (most pieces of a block of sorted keys): its arrays as they are, not copied.
+        shard, offs, sizes, w, r = parts[0] if len(parts) == 1 else (np.concatenate(p) for p in zip(*parts))
         new_shard = np.ones(shard.size, dtype=bool)
         new_shard[1:] = shard[1:] != shard[:-1]
         gap = np.zeros(shard.size, dtype=np.int64)

@@ -18,6 +18,7 @@ from shardkit.declare import Parser, UserOptions, choice, count, nested, option
 from shardkit.errors import ConfigError
 from shardkit.formats import DEFAULT_GAP_BYTES
 from shardkit.formats.ranged import DEFAULT_REMOTE_GAP_BYTES
+from shardkit.formats.reader import SCATTER_MIN_BYTES
 from shardkit.order.schedule import (
     BATCH_PREFETCH,
     BLOCK_RECORD_BYTES,
@@ -87,6 +88,10 @@ class TierSizes:
     record_nbytes: int = 1
     #: Records the node cache pins on the node's local disk (0 = off; only with ``locality``).
     node_records: int = 0
+    #: Small records: each block is read whole into one of two staging buffers of ``ram_block``
+    #: records, in key order, and each batch is taken from it by rank (docs/design.md §4, *Staged
+    #: blocks*); the pool is then only the batches in flight.
+    staged: bool = False
 
     @property
     def reservoir(self) -> int:
@@ -104,8 +109,14 @@ class TierSizes:
         return self.num_records > 0 and self.static_records >= self.num_records
 
     @property
+    def stage_bytes(self) -> int:
+        """The two staging buffers of a staged plan (0 otherwise)."""
+        return 2 * self.ram_block * self.record_nbytes if self.staged else 0
+
+    @property
     def pool_bytes(self) -> int:
-        return self.pool_batches * self.batch_size * self.record_nbytes
+        """The pipeline's buffers: the batch pool and, in a staged plan, the staging buffers."""
+        return self.pool_batches * self.batch_size * self.record_nbytes + self.stage_bytes
 
     @property
     def cache_bytes(self) -> int:
@@ -117,7 +128,9 @@ class TierSizes:
         lines = [
             f"blocks       {self.first_block} records first, doubling to {self.ram_block} records "
             f"({human_bytes(self.ram_block * rec)}, {self.ram_block / max(1, self.num_records):.1%} of the dataset)",
-            f"buffers      {self.pool_batches} batches of {self.batch_size} ({human_bytes(self.pool_bytes)})",
+            f"buffers      {self.pool_batches} batches of {self.batch_size} "
+            f"({human_bytes(self.pool_batches * self.batch_size * rec)})"
+            + (f", 2 staging blocks ({human_bytes(self.stage_bytes)})" if self.staged else ""),
             f"cache        {self.static_records} records ({human_bytes(self.cache_bytes)}, "
             f"{self.cache_fraction:.1%} of the dataset)" + (": every epoch after the first reads nothing"
                                                            " from storage" if self.full_cache else ""),
@@ -129,6 +142,13 @@ class TierSizes:
         lines.append(f"ram budget   {human_bytes(self.ram_bytes)}, planned {human_bytes(used)}")
         return lines
 
+
+#: A staged plan's batch buffers: those the consumer holds and receives ahead, the one being
+#: assembled and one a block leaves open for the next.
+STAGE_POOL_BATCHES = HOLD_BATCHES + BATCH_PREFETCH + 2
+#: Blocks of fewer batches than this are read straight into their batch buffers (few buffers to
+#: scatter into; a staging buffer would only add a copy).
+STAGE_MIN_BATCHES = 2
 
 #: The smallest disk -> SSD copy buffer worth taking out of the RAM budget (see tier_sizes).
 MIN_COPY_BYTES = 1 << 20
@@ -474,6 +494,10 @@ class SamplerOptions(UserOptions):
             first, largest = block_limits(ram_block(ram, rec, b, bound), rec, b, n, self.gap_bytes, bound, ssd is None)
             return TierSizes(ram, largest, ssd, k1, n, first, BATCH_PREFETCH + HOLD_BATCHES + 1, b, n, copy_bytes, rec,
                              self._node_records(rec, n))  # fmt: skip
+        if pinned in (None, 0) and rec < SCATTER_MIN_BYTES:
+            staged = self._staged_plan(ram, rec, b, n, bound, ssd, k1, blocks_budget, copy_bytes)
+            if staged is not None:
+                return staged
         if pinned is not None:
             blocks_budget -= pinned * rec
         # Blocks of whole batches, read straight into the batch buffers: the pool is the memory.
@@ -497,6 +521,27 @@ class SamplerOptions(UserOptions):
             if pinned * AUTO_CACHE_MIN_SHARE < n and pinned < largest:
                 pinned = 0  # saves almost no reads, yet every block record would be looked up
         return TierSizes(ram, largest, ssd, k1, pinned, first, pool, b, n, copy_bytes, rec, self._node_records(rec, n))
+
+    def _staged_plan(self, ram: int, rec: int, b: int, n: int, bound: int, ssd: int | None, k1: int | None,
+                     budget: int, copy_bytes: int) -> TierSizes | None:
+        """The plan of small records without a static cache (or with an automatic one that would pin
+        nothing): two staging blocks and a pool of the batches in flight only, instead of two
+        blocks of batch buffers (the same bytes: the scatter into hundreds of batch buffers was
+        most of a block read's CPU). ``None`` when the budget holds fewer than
+        :data:`STAGE_MIN_BATCHES` batches a block, or the automatic cache would pin records."""
+        pool = STAGE_POOL_BATCHES
+        per_block = max(0, budget - pool * b * rec) // (2 * (rec + BLOCK_RECORD_BYTES)) // b
+        if per_block < STAGE_MIN_BATCHES:
+            return None
+        aligned = ssd is None
+        first, largest = block_limits(per_block * b, rec, b, n, self.gap_bytes, bound, aligned)
+        pinned = 0
+        if self.static_cache == "auto":
+            pinned = min(n, max(0, budget - pool * b * rec - 2 * largest * (rec + BLOCK_RECORD_BYTES)) // rec)
+            if pinned * AUTO_CACHE_MIN_SHARE >= n or pinned >= largest:
+                return None  # worth a cache: the plan that reads pinned records apart
+        return TierSizes(ram, largest, ssd, k1, 0, first, pool, b, n, copy_bytes, rec, self._node_records(rec, n),
+                         staged=True)
 
     def _node_records(self, rec: int, n: int) -> int:
         """Records ``node_cache`` pins on the node's disk (0 = off)."""

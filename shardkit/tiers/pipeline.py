@@ -16,7 +16,7 @@ import numpy as np
 
 from shardkit.errors import SamplerError, ShardkitError
 from shardkit.formats import DEFAULT_GAP_BYTES, PayloadArray
-from shardkit.formats.reader import Destination, aligned_empty
+from shardkit.formats.reader import Destination, SortedRequest, SortScratch, aligned_empty, byte_records
 from shardkit.order.schedule import BATCH_PREFETCH, EpochOrder, PlanShape, block_bounds
 from shardkit.readers.options import TierSizes
 from shardkit.readers.sources import MixedDataset, MixedIdentity, Mixture
@@ -117,6 +117,37 @@ class _Copy:
 
 
 @dataclass(frozen=True, eq=False)
+class _Stage:
+    """A staged block (docs/design.md §4, *Staged blocks*): its distinct keys' records in ascending
+    key order as opaque records (``records``, a view of staging buffer ``slot``), and ``rank[j]``,
+    the row of plan position ``start + j``'s record in it."""
+
+    slot: int
+    records: np.ndarray
+    rank: np.ndarray
+
+
+def ranked(keys: np.ndarray, bound: int, scratch: SortScratch | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(distinct, rank)``: the distinct ``keys`` (in ``[0, bound)``) ascending and, for each key,
+    its index in them (int32 below 2**31 keys): ``distinct[rank] == keys``. One sort of the block,
+    then one scatter of the ranks; ``distinct`` is a view of ``scratch``'s arrays (valid until this
+    thread's next sort with it)."""
+    n = int(keys.size)
+    req = SortedRequest.of(keys, bound, scratch)
+    rank = np.empty(n, dtype=np.int32 if n < 1 << 31 else np.int64)
+    base = 0
+    for c in range(0, n, _KEY_PIECE):  # a piece at a time: no block-sized temporaries
+        d = min(n, c + _KEY_PIECE)
+        if req.dup is None:
+            rank[req.order[c:d]] = np.arange(c, d, dtype=rank.dtype)
+        else:
+            new = np.cumsum(~req.dup[c:d], dtype=rank.dtype)
+            rank[req.order[c:d]] = new + (base - 1)
+            base += int(new[-1])
+    return req.distinct, rank
+
+
+@dataclass(frozen=True, eq=False)
 class BlockRead:
     """Block reader -> assembler: plan positions ``[start, stop)`` of ``segment`` are read into
     ``buffers`` (by batch; ``None`` when everything is cached), ``copies`` still to be copied in;
@@ -129,6 +160,8 @@ class BlockRead:
     buffers: dict[int, BatchBuffer] | None
     copies: tuple[_Copy, ...] = ()
     slot: int | None = None
+    #: A staged block: the batches are taken from its staging buffer (``buffers`` is ``None``).
+    stage: _Stage | None = None
 
     @property
     def last(self) -> bool:
@@ -310,6 +343,15 @@ class Pipeline:
             self._blocks = self.batches  # type: ignore[assignment]  # no assembler: blocks go to the consumer
         self._ssd_q: queue.Queue[ReservoirWritten | EpochEnd | RunDone] = queue.Queue(maxsize=1)
         self._ssd_slots: queue.Queue[int] = queue.Queue()
+        #: Staged blocks (sizes.staged, nothing pinned): two staging buffers, taken by the reader
+        #: from ``_stage_free`` and given back by the assembler once the block's batches are taken.
+        self.staged = sizes.staged and sink is None and static_cache is None
+        self._stages: list[np.ndarray | None] = [None, None]
+        self._stage_free: queue.Queue[int] = queue.Queue()
+        for i in range(len(self._stages)):
+            self._stage_free.put(i)
+        #: The staged blocks' sort (the reader thread's; reused, so a block allocates no sort arrays).
+        self._stage_sort = SortScratch()
         #: Blocks grow from a small first one (batches); a sink's blocks have one fixed size.
         self._first_block = self._grow = sink is None
         #: ``(epoch, bytes, calls)``: the dataset's read counters when the RAM reader last counted them.
@@ -449,6 +491,8 @@ class Pipeline:
             keys = np.sort(keys)
             self._timed_read(read, keys, Destination.rows_of(array, keys.size), tier)
             return BlockRead(seg, a, b, keys, None, slot=ring_slot)
+        if self.staged:
+            return self._read_staged(seg, a, b, keys, read, tier)
         bs = seg.shape.batch_size
         buffers: dict[int, BatchBuffer] | None = None
         if not self.assemble_only:
@@ -536,6 +580,30 @@ class Pipeline:
         rows = which % np.int32(bs)
         which //= np.int32(bs)
         return which, rows
+
+    def _read_staged(self, seg: Segment, a: int, b: int, keys: np.ndarray,
+                     read: Callable[[np.ndarray, Destination], None], tier: str) -> BlockRead:
+        """Read plan positions ``[a, b)`` (``keys``) into a staging buffer: the distinct keys in
+        ascending order, so the read fills consecutive rows (no scatter into hundreds of batch
+        buffers); the assembler takes each batch from it by rank."""
+        t0 = time.perf_counter()
+        slot = self._get(self._stage_free)
+        self._stats.add_wait("stage", time.perf_counter() - t0)
+        t0, c0 = time.perf_counter(), time.thread_time()
+        distinct, rank = ranked(keys, self.disk.num_records, self._stage_sort)
+        m = int(distinct.size)
+        stage = self._stages[slot]
+        if stage is None or stage.shape[0] < m:
+            pool = self._pool()
+            self._stages[slot] = None
+            del stage  # the smaller buffer goes before the larger one is mapped
+            # Blocks grow to ram_block: a staging buffer is allocated at most a few times a run.
+            stage = self._stages[slot] = aligned_empty(max(m, min(2 * m, self.sizes.ram_block)),
+                                                       pool.record_shape, pool.dtype)  # fmt: skip
+        read(distinct, Destination.rows_of(stage[:m], m))
+        self._stats.add_busy(tier, time.perf_counter() - t0)
+        self._stats.add_busy(f"{tier}_cpu", time.thread_time() - c0)
+        return BlockRead(seg, a, b, keys, None, stage=_Stage(slot, byte_records(stage[:m]), rank))
 
     def _timed_read(self, read: Callable[[np.ndarray, Destination], None], keys: np.ndarray,
                     dest: Destination, tier: str) -> None:
@@ -750,6 +818,9 @@ class Pipeline:
             else:
                 buf = part.buffer if part is not None else self._pool().acquire(self.stop)
             t0 = time.perf_counter()  # assembly time: not the waits for a buffer or for the consumer
+            if block.stage is not None:  # one take of the batch's rows from the staging buffer
+                np.take(block.stage.records, block.stage.rank[lo - a : hi - a], axis=0,
+                        out=byte_records(buf.array)[lo - g0 : hi - g0], mode="clip")  # fmt: skip
             keys = block.keys[lo - a : hi - a]
             if part is not None:
                 keys = np.concatenate([part.keys, keys])
@@ -773,6 +844,8 @@ class Pipeline:
             self._stats.ram.add_records(size)
             self._stats.add_busy("assembly", time.perf_counter() - t0)
             self._put(self.batches, BatchReady(batch, seg.epoch, int(seg.shape.positions[g]), buf))
+        if block.stage is not None:
+            self._stage_free.put(block.stage.slot)  # every batch taken: the reader may refill it
 
 
 @dataclass(frozen=True, eq=False)

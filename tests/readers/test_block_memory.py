@@ -24,7 +24,7 @@ from tests.helpers.sampler_data import collect, make_dataset
 def test_buffers_cache_and_block_bookkeeping_fit_the_ram_budget(rec: int, static_cache: str) -> None:
     ram, batch, n = 256 << 20, 4096 if rec < 1024 else 16, 10**9 // rec
     sizes = SamplerOptions(ram_size=ram, batch_size=batch, static_cache=static_cache).tier_sizes(rec, n)
-    buffers = sizes.pool_batches * batch * rec
+    buffers = sizes.pool_bytes  # batch buffers, and a staged plan's two staging blocks
     bookkeeping = 2 * sizes.ram_block * BLOCK_RECORD_BYTES
     assert buffers + bookkeeping + sizes.static_records * rec <= ram
     if rec <= 32:  # ... and small records' blocks still take most of it (the density rule wants all)

@@ -56,7 +56,9 @@ def test_a_block_read_stops_after_the_chunk_it_is_in(small: Path, monkeypatch: p
     assert calls == [False], f"{len(calls)} requests, {sum(calls)} of them after the stop"
 
 
-def test_closing_a_sampler_during_a_long_block_read_waits_for_one_chunk(small: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("static_cache", ["auto", 0])  # 0: a staged plan (one staging buffer a block)
+def test_closing_a_sampler_during_a_long_block_read_waits_for_one_chunk(small: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                       static_cache: str | int) -> None:
     """close() while the block reader is inside a block of hundreds of thousands of records: the
     reader makes at most one more request once the run is stopped (the hook holds the read until
     close() has set the stop flag, so the race is forced, not hoped for)."""
@@ -77,7 +79,8 @@ def test_closing_a_sampler_during_a_long_block_read_waits_for_one_chunk(small: P
         real(self, *args)
 
     monkeypatch.setattr(PayloadArray, "_preadv_all", hooked)
-    s = TieredSampler(small, ram_size="32MiB", batch_size=1024, epochs=1, seed=0)
+    s = TieredSampler(small, ram_size="32MiB", batch_size=1024, epochs=1, seed=0, static_cache=static_cache)
+    assert s.memory_plan.staged == (static_cache == 0)
     it = iter(s)
     first = next(it)
     assert first["x"].shape == (1024, 8)
