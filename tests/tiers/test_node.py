@@ -180,27 +180,28 @@ def test_a_full_node_degrades_to_uncached_reads(tmp_path: Path, private_root: Pa
     SIGBUS), and the order is unchanged."""
     real = node.SharedRegion.reserve
     refused: list[int] = []
-    calls = [0]
+    page = 4096
 
     def half_full(self: node.SharedRegion, ranges: list[tuple[int, int]]) -> list[bool]:
-        # Every other request is refused (rows are reserved as whole pages: a block's rows of this
-        # small dataset are one range, so refusing by offset would refuse all or none).
+        # Records of one page each, so a block's rows are ranges of whole rows. The node has memory
+        # only for a range of a single row on an even page: which rows get memory depends on the rows
+        # alone, never on which thread asks or in what order (the front-to-back pass, a range of many
+        # rows, is refused at its first try).
         ok = real(self, ranges)
-        calls[0] += 1
-        verdict = [good and calls[0] % 2 == 1 for good in ok]
+        verdict = [good and length == page and (offset // page) % 2 == 0 for good, (offset, length) in zip(ok, ranges)]
         refused.extend(offset for (offset, _), good in zip(ranges, verdict) if not good)
         return verdict
 
     monkeypatch.setattr(node.SharedRegion, "reserve", half_full)
     n = 30
-    ds = make_dataset(tmp_path / "ds", n)
+    ds = make_dataset(tmp_path / "ds", n, shape=(64, 64, 1))
     s = TieredSampler(ds, ram_size=f"{n}records", batch_size=4, seed=3, epochs=3, gap_bytes=0)
     assert s.memory_plan.full_cache
     keys = np.concatenate(collect(s)).reshape(3, n)  # collect() checks every payload row
     for e in range(3):
         np.testing.assert_array_equal(keys[e], epoch_permutation(3, e, n))
     per_epoch = s.stats.disk_bytes_by_epoch
-    assert refused and 0 < per_epoch[1] < n * 16 and 0 < per_epoch[2] <= per_epoch[1]  # refused rows: read again
+    assert refused and 0 < per_epoch[1] < n * page and 0 < per_epoch[2] <= per_epoch[1]  # refused rows: read again
 
 
 _CHURN = """
