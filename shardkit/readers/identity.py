@@ -204,6 +204,13 @@ class DatasetIdentity:
         elif age >= REMOTE_CHECK_SECONDS and self._checked[0] < self._read_began[0]:  # none since the read began
             self._check_now()
 
+    def cancel(self) -> None:
+        """Give up a delayed check that has not started (its reader is closing: nothing will take
+        its outcome, and it would ask the store after the run ended); one under way runs out."""
+        ahead = self._ahead[0]
+        if ahead is not None:
+            self._cancel_delayed(ahead)
+
     def _cancel_delayed(self, ahead: Future[None]) -> bool:
         """Cancel ``ahead`` if it is a delayed check that has not started; whether it was."""
         wake = self._wake[0]

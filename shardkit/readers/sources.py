@@ -387,6 +387,10 @@ class MixedIdentity:
         for part in self.parts:
             part.check(wait=wait)
 
+    def cancel(self) -> None:
+        for part in self.parts:
+            part.cancel()
+
 
 def _dataset_of(offsets: np.ndarray, keys: np.ndarray) -> np.ndarray:
     """Each global key's dataset index (``offsets``: first global key of each dataset)."""

@@ -442,6 +442,8 @@ class Pipeline:
                 t.join(timeout)
                 if t.is_alive():
                     logger.warning("sampler thread %s did not stop within %.0f s", t.name, timeout)
+        if self._identity is not None:
+            self._identity.cancel()
         if self.slots is not None:
             self.slots.close()
         if self.space is not None:

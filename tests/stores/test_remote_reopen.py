@@ -17,7 +17,7 @@ import pytest
 
 from shardkit.errors import SamplerError
 from shardkit.readers import TieredSampler, identity
-from shardkit.readers.sources import as_source
+from shardkit.readers.sources import MixedIdentity, as_source
 from shardkit.stores import objectstore
 from shardkit.tiers import pipeline
 from tests.helpers.datasets import upload
@@ -269,3 +269,27 @@ def test_a_long_read_gets_its_check_while_it_runs(
     ident.settle()
     assert requests["head"] == 1
     assert ident._ahead[0] is None
+
+
+def test_a_closing_run_gives_up_its_delayed_check(
+    s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, requests: collections.Counter[str]
+) -> None:
+    """A run closed while a delayed check waits to start cancels it: no request reaches the store
+    after the run ended (the check's thread would otherwise ask once it is due)."""
+    url = upload(make_dataset(tmp_path / "ds", N, records_per_shard=8), s3.url("ds"))
+    monkeypatch.setattr(identity, "REMOTE_CHECK_SECONDS", 3600.0)
+    ident = identity.DatasetIdentity.of(url)
+    ident._checked[0] = time.monotonic()  # just checked: the next check is delayed half an hour
+    requests.clear()
+    ident.check(wait=False)  # a read begins, and is cut short by close
+    ahead = ident._ahead[0]
+    assert ahead is not None and not ahead.done()
+    MixedIdentity((ident,)).cancel()
+    assert ahead.cancelled() and ident._ahead[0] is None
+    assert requests["head"] == 0
+
+    cancelled: list[MixedIdentity] = []
+    monkeypatch.setattr(MixedIdentity, "cancel", lambda self: cancelled.append(self))
+    with TieredSampler(url, tiers="ram", ram_size="8records", batch_size=4, epochs=1, seed=0) as s:
+        next(iter(s))
+    assert cancelled  # the run's shutdown gave up what its identity had pending
