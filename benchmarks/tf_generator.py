@@ -9,7 +9,12 @@ picture. The ``make_tf_dataset`` rows are the adapter itself (payload included, 
 built before the clock as ``adapters.py`` does, so they compare with the bare sampler built the same
 way. Each configuration runs with the node-shared static cache (``auto``) and without it (``0``);
 passes are interleaved and the page cache is dropped before each (``--warm``: kept, so a fast drive's
-rate is what the disk allows and any cap is the pipeline's own). Prints records/s per pass, its
+rate is what the disk allows and any cap is the pipeline's own; ``--host-warm``: before each pass the
+files are read once in plain 8 MiB reads and dropped from the page cache again). On a virtual machine
+dropping the guest's page cache leaves the host's, so a "cold" pass reads either from the device or
+from the host's cache, whichever it happens to meet (on the 2-core VM of RESULTS.md: about 590 MB/s
+against 1.5-1.9 GB/s); ``--host-warm`` makes every pass meet the host's cache, so the ratios compare
+the pipelines on one device, and prints the priming reads' rate. Prints records/s per pass, its
 median, the ratio to the bare pass of the same round (median [min, max]), and the process's CPU cores
 used during the pass (CPU seconds / wall seconds: low means it waits for the disk).
 
@@ -110,6 +115,16 @@ def adapter(path: Path, n: int, epoch: int, static_cache: str) -> Pass:
         gc.collect()
 
 
+def plain_read(path: Path) -> float:
+    """MB/s of one sequential read of every file under ``path`` in 8 MiB reads (unbuffered)."""
+    t0, n = time.perf_counter(), 0
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        with open(f, "rb", buffering=0) as fh:
+            while chunk := fh.read(8 << 20):
+                n += len(chunk)
+    return n / (time.perf_counter() - t0) / 1e6
+
+
 def child(path: Path, n: int) -> None:
     """Serve passes: read ``CONFIG STATIC_CACHE EPOCH`` lines, answer ``RATE CORES FIRST`` (one process per tree)."""
     import tensorflow  # noqa: F401  (imported before any clock)
@@ -133,6 +148,9 @@ def main() -> None:
     parser.add_argument("--before", help="an older shardkit tree whose adapter runs in the same rounds")
     parser.add_argument("--warm", action="store_true",
                         help="keep the files in the page cache (a fast NVMe drive: the disk is not the limit)")
+    parser.add_argument("--host-warm", action="store_true",
+                        help="read the files once and drop them again before each pass, so every cold pass "
+                             "meets the same device (on a VM: the host's cache)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     path = synthetic_dataset(DATA, args.records)
@@ -156,9 +174,13 @@ def main() -> None:
             if tree == "after" or name != "generator"]  # fmt: skip
     runs: dict[tuple[str, str, str], list[Pass]] = {row: [] for row in rows}
     epoch = 0
+    primes: list[float] = []
     try:
         for _ in range(args.repeats):
             for tree, name, cache in rows:
+                if args.host_warm and not args.warm:
+                    drop_cache(path)
+                    primes.append(plain_read(path))
                 if not args.warm:
                     drop_cache(path)
                 proc = procs[tree]
@@ -176,6 +198,9 @@ def main() -> None:
 
     load = os.getloadavg()
     how = "warm (files kept in the page cache)" if args.warm else "cold (page cache dropped before each pass)"
+    if primes:
+        how += (f"; host-warm: the files read once before each drop, at {statistics.median(primes):,.0f} MB/s "
+                f"(median; {min(primes):,.0f}-{max(primes):,.0f})")
     print(f"{args.records} records of 224x224x3 uint8, batch {BATCH}, {how}, "
           f"{args.repeats} interleaved rounds; {os.cpu_count()} CPUs; load average at the end "
           f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f}\n")  # fmt: skip
