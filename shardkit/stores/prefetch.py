@@ -13,7 +13,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 
@@ -118,24 +118,27 @@ class Delivery:
         """Which records are entirely in their rows, from checked parts."""
         return [g == e - o for g, o, e in zip(self.got, self.offs, self.ends)]
 
+    def _overlapping(self, start: int, end: int) -> Iterator[tuple[int, int, int]]:
+        """``(k, a, b)``: each record ``k`` with bytes in ``start:end``, and those bytes ``a:b``."""
+        k = bisect.bisect_right(self.ends, start)
+        while k < len(self.offs) and self.offs[k] < end:
+            yield k, max(self.offs[k], start), min(self.ends[k], end)
+            k += 1
+
     def copy(self, pos: int, chunk: memoryview) -> int:
         """Copy the bytes of ``chunk`` (at ``pos`` in the shard) that belong to these records into
         their rows; returns how many (called under the fill's ``deliver_lock``)."""
-        end, n = pos + chunk.nbytes, 0
-        k = bisect.bisect_right(self.ends, pos)
-        while k < len(self.offs) and self.offs[k] < end:
-            a, b, o = max(self.offs[k], pos), min(self.ends[k], end), self.offs[k]
+        n = 0
+        for k, a, b in self._overlapping(pos, pos + chunk.nbytes):
+            o = self.offs[k]
             self.rows[k][a - o : b - o] = chunk[a - pos : b - pos]
             n += b - a
-            k += 1
         return n
 
     def landed(self, start: int, end: int) -> None:
         """Bytes ``start:end`` came in a part that passed its checks (under the prefetcher's lock)."""
-        k = bisect.bisect_right(self.ends, start)
-        while k < len(self.offs) and self.offs[k] < end:
-            self.got[k] += min(self.ends[k], end) - max(self.offs[k], start)
-            k += 1
+        for k, a, b in self._overlapping(start, end):
+            self.got[k] += b - a
 
 
 class _Fill:
