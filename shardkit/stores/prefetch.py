@@ -53,6 +53,11 @@ _WINDOW_SECONDS = 0.25
 #: Tests set this to an unset Event to hold back the background order (demanded pages still flow).
 hold_background: threading.Event | None = None
 
+
+def _background_held() -> bool:
+    return hold_background is not None and not hold_background.is_set()
+
+
 _QUEUED, _ACTIVE, _DONE, _SKIPPED, _FAILED = range(5)
 
 
@@ -393,8 +398,7 @@ class ShardPrefetcher:
                 got = fill.span(0, fill.npages, self.cache.wanted(fill.map_fd, fill.item.size))
                 if got is not None:
                     return fill, got[0], got[1], True
-        if (self._bg_active >= self.limit or self._demand_active
-                or (hold_background is not None and not hold_background.is_set())):
+        if self._bg_active >= self.limit or self._demand_active or _background_held():
             return None
         got_next = self._scheduled()
         if got_next is not None:
@@ -506,7 +510,7 @@ class ShardPrefetcher:
                 fill.busy[lo:hi] = bytes(hi - lo)
                 if demanded:
                     self._demand_active -= 1
-                    if not self._demand_active:
+                    if not self._demand_active and not _background_held():
                         self._wake.notify(max(0, self.limit - self._bg_active))  # the background may go on
                 else:
                     self._bg_active -= 1
