@@ -16,26 +16,18 @@ from shardkit.errors import StoreError
 from shardkit.formats import Dataset, ranged
 from shardkit.stores import ByteRange, ObjectStore, prefetch
 from shardkit.stores import cache as cache_mod
-from tests.helpers.datasets import upload
-from tests.helpers.sampler_data import check_batch, encode, make_dataset
+from tests.helpers.sampler_data import check_batch, encode
+from tests.helpers.small_parts import PER_SHARD, SHAPE, small_parts_url
+from tests.helpers.small_parts import cache_dir as _cache
 
-N, PER_SHARD, SHAPE = 120, 40, (64, 64, 4)  # 16 KiB records (SCATTER_MIN_BYTES): shards of 10 pages
 REC = int(np.prod(SHAPE))
 KEYS = [3, 17, PER_SHARD + 21, 2 * PER_SHARD + 30]  # on distinct pages and parts
 
 
 @pytest.fixture
 def url(s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setattr(prefetch, "PART_BYTES", 2 * cache_mod.PAGE_BYTES)  # parts of 8 records
     monkeypatch.setattr(prefetch, "hold_background", threading.Event())  # only asked-for pages flow
-    local = make_dataset(tmp_path / "ds", N, records_per_shard=PER_SHARD, shape=SHAPE)
-    return upload(local, s3.url(f"delivery-{tmp_path.name}"))
-
-
-def _cache(tmp_path: Path) -> Path:
-    d = tmp_path / "cache"
-    d.mkdir(exist_ok=True)
-    return d
+    return small_parts_url(s3, tmp_path, monkeypatch, "delivery")
 
 
 def _copy_reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:

@@ -18,24 +18,14 @@ from shardkit.readers import TieredSampler
 from shardkit.stores import cache as cache_mod
 from shardkit.stores import prefetch
 from tests.helpers.cli import run_main
-from tests.helpers.datasets import upload
-from tests.helpers.sampler_data import check_batch, make_dataset
-
-N, PER_SHARD, SHAPE = 120, 40, (64, 64, 4)  # 16 KiB records: shards of 10 pages and their index
-RECORDS_PER_PART = 8  # parts of two 64 KiB pages
+from tests.helpers.sampler_data import check_batch
+from tests.helpers.small_parts import PER_SHARD, RECORDS_PER_PART, N, small_parts_url
+from tests.helpers.small_parts import cache_dir as _cache
 
 
 @pytest.fixture
 def url(s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setattr(prefetch, "PART_BYTES", 2 * cache_mod.PAGE_BYTES)  # parts of 8 records
-    local = make_dataset(tmp_path / "ds", N, records_per_shard=PER_SHARD, shape=SHAPE)
-    return upload(local, s3.url(f"schedule-{tmp_path.name}"))
-
-
-def _cache(tmp_path: Path) -> Path:
-    d = tmp_path / "cache"
-    d.mkdir(exist_ok=True)
-    return d
+    return small_parts_url(s3, tmp_path, monkeypatch, "schedule")
 
 
 def _record_picks(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, bool]]:

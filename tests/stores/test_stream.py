@@ -29,6 +29,7 @@ from shardkit.stores import open_store, prefetch
 from tests.helpers.datasets import upload
 from tests.helpers.faultproxy import FaultProxy
 from tests.helpers.sampler_data import check_batch, make_dataset
+from tests.helpers.small_parts import cache_dir as _cache
 
 N, PER_SHARD, SHAPE = 120, 40, (64, 64, 4)  # 16 KiB records: shards of 10 pages
 SHARDS = N // PER_SHARD
@@ -62,12 +63,6 @@ def held(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
     monkeypatch.setattr(prefetch, "hold_background", hold)
     yield hold
     hold.set()
-
-
-def _cache(tmp_path: Path) -> Path:
-    d = tmp_path / "cache"
-    d.mkdir(exist_ok=True)
-    return d
 
 
 def _final_copies(cache: Path) -> list[Path]:
