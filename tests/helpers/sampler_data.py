@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
-from shardkit.formats import DatasetWriter, FieldSpec
+from shardkit import mix
+from shardkit.formats import DatasetWriter, FieldSpec, ReadStats
 from shardkit.formats.spec import TAIL_SAMPLE_NBYTES, index_nbytes
 from shardkit.readers import TieredSampler
+from shardkit.readers.sources import MixedDataset, MixedPayload
 
 
 def encode(keys: np.ndarray, shape: tuple[int, ...] = (4, 4, 1)) -> np.ndarray:
@@ -67,3 +71,26 @@ def opening_nbytes(n: int, rps: int, rec: int) -> int:
     bytes, ``rps`` a shard, once: each shard's index with the end of its records (``tail_crc32c``)."""
     sizes = [min(rps, n - a) for a in range(0, n, rps)]
     return sum(index_nbytes(rps) + min(TAIL_SAMPLE_NBYTES, k * rec) for k in sizes)
+
+
+
+FIVE_WAY_SIZES = (13, 11, 9, 7, 5)
+FIVE_WAY_STARTS = np.concatenate([[0], np.cumsum(FIVE_WAY_SIZES)])
+
+
+@contextmanager
+def five_way_mixture(tmp_path: Path, shape: tuple[int, ...] = (4, 4, 1)
+                     ) -> Iterator[tuple[MixedPayload, ReadStats, list[Path]]]:  # fmt: skip
+    """Five local datasets of 13, 11, 9, 7 and 5 records mixed with equal weights (record ``i`` of the
+    mixture encodes ``i``): its payload, a read trace that holds only what comes after (every shard is
+    opened and checked first) and the datasets' paths."""
+    paths = [make_dataset(tmp_path / f"d{i}", n, first=int(FIVE_WAY_STARTS[i]), records_per_shard=3, shape=shape)
+             for i, n in enumerate(FIVE_WAY_SIZES)]  # fmt: skip
+    stats = ReadStats(trace=[])
+    with MixedDataset(mix(list(zip(paths, [1] * 5))), stats=stats) as md:
+        payload = md.payload
+        assert isinstance(payload, MixedPayload)
+        payload.read(np.arange(int(FIVE_WAY_STARTS[-1])))
+        assert stats.trace is not None
+        stats.trace.clear()
+        yield payload, stats, paths

@@ -15,12 +15,11 @@ import numpy as np
 import pytest
 
 import shardkit
-from shardkit.formats import DatasetWriter, FieldSpec, ReadStats, open_dataset
+from shardkit.formats import DatasetWriter, FieldSpec, open_dataset
 from shardkit.formats import reader as reader_module
 from shardkit.formats.reader import Destination
-from shardkit.readers.sources import MixedDataset, MixedPayload
 from shardkit.tiers.static_cache import SortedKeys
-from tests.helpers.sampler_data import encode, make_dataset
+from tests.helpers.sampler_data import FIVE_WAY_STARTS, encode, five_way_mixture
 
 
 def _peak(fn: object) -> int:
@@ -92,23 +91,14 @@ def test_a_mixture_block_is_sorted_and_planned_once(tmp_path: Path, monkeypatch:
     """Five local datasets: one sort of the block's global keys, each dataset's slice read in place
     (never through the part's own read_into), every record (duplicates included) in its row, and
     each dataset's shards read in ascending offsets as before."""
-    sizes = [13, 11, 9, 7, 5]
-    starts = np.concatenate([[0], np.cumsum(sizes)])
-    paths = [make_dataset(tmp_path / f"d{i}", n, first=int(starts[i]), records_per_shard=3) for i, n in enumerate(sizes)]
-    stats = ReadStats(trace=[])
-    with MixedDataset(shardkit.mix(list(zip(paths, [1] * 5))), stats=stats) as md:
-        payload = md.payload
-        assert isinstance(payload, MixedPayload)
-        payload.read(np.arange(int(starts[-1])))  # opens and checks every shard: the trace below holds records only
-        assert stats.trace is not None
-        stats.trace.clear()
+    with five_way_mixture(tmp_path) as (payload, stats, paths):
         before = stats.records
         sorts: list[int] = []
         real_sort = reader_module._sorted_with_order
         monkeypatch.setattr(reader_module, "_sorted_with_order",
                             lambda keys, *a, **kw: sorts.append(keys.size) or real_sort(keys, *a, **kw))  # fmt: skip
         monkeypatch.setattr(reader_module.PayloadArray, "read_into", lambda *a, **kw: pytest.fail("per-part read_into"))
-        keys = np.random.default_rng(4).integers(0, int(starts[-1]), 60)  # duplicates included
+        keys = np.random.default_rng(4).integers(0, int(FIVE_WAY_STARTS[-1]), 60)  # duplicates included
         buffers = (np.zeros((32, 4, 4, 1), np.uint8), np.zeros((28, 4, 4, 1), np.uint8))
         which = (np.arange(60) >= 32).astype(np.int32)
         rows = np.where(which == 0, np.arange(60), np.arange(60) - 32).astype(np.int32)

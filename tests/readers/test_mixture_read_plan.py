@@ -12,13 +12,12 @@ import numpy as np
 import pytest
 
 import shardkit
-from shardkit.formats import DatasetWriter, FieldSpec, ReadStats
+from shardkit.formats import DatasetWriter, FieldSpec
 from shardkit.formats import reader as reader_module
 from shardkit.readers.sources import MixedDataset, MixedPayload
-from tests.helpers.sampler_data import encode, make_dataset
+from tests.helpers.sampler_data import FIVE_WAY_SIZES, FIVE_WAY_STARTS, encode, five_way_mixture, make_dataset
 
-SIZES = [13, 11, 9, 7, 5]
-STARTS = np.concatenate([[0], np.cumsum(SIZES)])
+SIZES, STARTS = FIVE_WAY_SIZES, FIVE_WAY_STARTS
 
 
 def _count(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
@@ -37,15 +36,7 @@ def _count(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
 @pytest.mark.parametrize("shape", [(4, 4, 1), (64, 64, 4)], ids=["small records, bounced", "large records, scattered"])
 def test_a_five_way_block_is_read_as_one_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                               shape: tuple[int, ...]) -> None:  # fmt: skip
-    paths = [make_dataset(tmp_path / f"d{i}", n, first=int(STARTS[i]), records_per_shard=3, shape=shape)
-             for i, n in enumerate(SIZES)]  # fmt: skip
-    stats = ReadStats(trace=[])
-    with MixedDataset(shardkit.mix(list(zip(paths, [1] * 5))), stats=stats) as md:
-        payload = md.payload
-        assert isinstance(payload, MixedPayload)
-        payload.read(np.arange(int(STARTS[-1])))  # opens and checks every shard: the trace below holds records only
-        assert stats.trace is not None
-        stats.trace.clear()
+    with five_way_mixture(tmp_path, shape) as (payload, stats, paths):
         plans = _count(monkeypatch, "_read_plan")
         keys = np.random.default_rng(4).integers(0, int(STARTS[-1]), 60)  # every dataset, duplicates included
         assert len(np.unique(np.searchsorted(STARTS, keys, side="right"))) == 5
