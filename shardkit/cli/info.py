@@ -115,7 +115,8 @@ def info(
     if data["transform"]:
         lines.append(f"transform    {json.dumps(data['transform'])}")
     if "provenance" in data:
-        lines.append(f"provenance   every record's source: shardkit info {data['path']} --record K")
+        lines.append(f"provenance   {', '.join(data['provenance']['columns'])} of each record's source "
+                     f"({data['provenance']['inputs']} inputs): shardkit info {data['path']} --record K")
     lines += _history_lines(data)
     lines += [f"unfinished   {note}" for note in data["unfinished"]]
     echo_out("\n".join(lines))

@@ -164,6 +164,9 @@ def test_info_record_prints_source_and_steps_and_json_lists_skip_reasons(tmp_pat
     reasons = {Path(s["path"]).name: s["reason"].split(":")[0] for s in data["skipped_inputs"]}
     assert reasons == bad
     assert data["provenance"]["columns"][:2] == ["input", "part"]
+    text = [ln for ln in _cli("info", str(out)).stdout.splitlines() if ln.startswith("provenance")]
+    assert text == [f"provenance   {', '.join(data['provenance']['columns'])} of each record's source "
+                    f"({data['provenance']['inputs']} inputs): shardkit info {out} --record K"]
     r = _cli("info", str(out), "--record", "6")
     assert r.returncode == 1 and r.stderr.startswith("error: --record: expected a record key from 0 to 5")
 
