@@ -72,6 +72,24 @@ def _read_root(store: Store) -> tuple[bytes, str | None]:
     return store.get_tagged(ROOT_DOCUMENT, max_nbytes=MAX_DOCUMENT_NBYTES)
 
 
+@dataclass
+class _CheckState:
+    """What a :class:`DatasetIdentity` learns as it checks its dataset."""
+
+    #: When a remote check last succeeded (monotonic seconds).
+    checked: float = field(default_factory=time.monotonic)
+    #: A local root document's stat when its content last matched the fingerprint (``None``: read it
+    #: at the next check). A sampler checks every dataset of its mixture after every block read.
+    stat: _StatKey | None = None
+    #: A check under way in the background (:meth:`DatasetIdentity.reopened`); the next waiting
+    #: :meth:`DatasetIdentity.check` takes its outcome.
+    ahead: Future[None] | None = None
+    #: Wakes a delayed check under way (:meth:`DatasetIdentity._start_ahead`) once it is cancelled.
+    wake: threading.Event | None = None
+    #: When the latest read began (the last ``check(wait=False)``): a success since then covers it.
+    read_began: float = float("inf")
+
+
 @dataclass(frozen=True)
 class DatasetIdentity:
     """A dataset location and the fingerprint (and, in an object store, the ETag of the root
@@ -84,17 +102,8 @@ class DatasetIdentity:
     options: StoreOptions | None = None
     #: Bytes of the root document (what remembering its documents costs, :func:`remember`).
     nbytes: int = field(default=0, compare=False)
-    #: When a remote check last succeeded (monotonic seconds; mutable inside the frozen value).
-    _checked: list[float] = field(default_factory=lambda: [time.monotonic()], compare=False, repr=False)
-    #: A local root document's stat when its content last matched the fingerprint (``None``: read it
-    #: at the next check). A sampler checks every dataset of its mixture after every block read.
-    _stat: list[_StatKey | None] = field(default_factory=lambda: [None], compare=False, repr=False)
-    #: A check under way in the background (:meth:`reopened`); the next waiting :meth:`check` takes its outcome.
-    _ahead: list[Future[None] | None] = field(default_factory=lambda: [None], compare=False, repr=False)
-    #: Wakes a delayed check under way (:meth:`_start_ahead`) once it is cancelled.
-    _wake: list[threading.Event | None] = field(default_factory=lambda: [None], compare=False, repr=False)
-    #: When the latest read began (the last ``check(wait=False)``): a success since then covers it.
-    _read_began: list[float] = field(default_factory=lambda: [float("inf")], compare=False, repr=False)
+    #: What changes as the dataset is checked (mutable inside the frozen value).
+    _live: _CheckState = field(default_factory=_CheckState, compare=False, repr=False)
 
     @classmethod
     def of(cls, path: Location, options: StoreOptions | None = None) -> DatasetIdentity:
@@ -118,20 +127,20 @@ class DatasetIdentity:
         """This identity for a new reader (asked with ``options``), as recently checked as this one."""
         copy = DatasetIdentity(self.path, self.fingerprint, self.etag, options if options is not None else self.options,
                                self.nbytes)
-        copy._checked[0] = self._checked[0]
+        copy._live.checked = self._live.checked
         return copy
 
     def _remember(self, key: _StatKey | None) -> None:
         """Skip reading the local root document while its stat stays ``key`` (unless ``key`` is racy)."""
         racy = key is None or max(key[3], key[4]) + RACY_NS >= time.time_ns()
-        self._stat[0] = None if racy else key
+        self._live.stat = None if racy else key
 
     def _unchanged(self) -> tuple[bool, _StatKey | None]:
         """``(stat as remembered, the stat now)`` of a local dataset's root document."""
         if not isinstance(self.path, Path):
             return False, None
         now = _stat_key(self.path)
-        return now is not None and now == self._stat[0], now
+        return now is not None and now == self._live.stat, now
 
     def reopened(self, options: StoreOptions | None = None) -> DatasetIdentity:
         """This identity for a new reader of the same remote dataset (asked with ``options``), its
@@ -140,7 +149,7 @@ class DatasetIdentity:
         before the dataset is known to be unchanged."""
         fresh = DatasetIdentity(self.path, self.fingerprint, self.etag, options if options is not None else self.options,
                                 self.nbytes)
-        fresh._checked[0] = float("-inf")  # never checked by this reader: its first waiting check waits
+        fresh._live.checked = float("-inf")  # never checked by this reader: its first waiting check waits
         fresh._start_ahead()
         return fresh
 
@@ -150,7 +159,7 @@ class DatasetIdentity:
         takes its outcome."""
         ahead: Future[None] = Future()
         woken = threading.Event()
-        self._ahead[0], self._wake[0] = ahead, woken if delay > 0 else None
+        self._live.ahead, self._live.wake = ahead, woken if delay > 0 else None
 
         def run() -> None:
             if delay > 0:
@@ -169,7 +178,7 @@ class DatasetIdentity:
 
     def _recent(self) -> bool:
         """Whether a remote check succeeded less than :data:`REMOTE_CHECK_SECONDS` ago."""
-        return self.etag is not None and time.monotonic() - self._checked[0] < REMOTE_CHECK_SECONDS
+        return self.etag is not None and time.monotonic() - self._live.checked < REMOTE_CHECK_SECONDS
 
     def check(self, *, wait: bool = True) -> None:
         """Raise :class:`~shardkit.errors.SamplerError` unless the dataset is still the one opened; an
@@ -183,48 +192,48 @@ class DatasetIdentity:
         trip to the store overlaps its reading instead of stalling it (a warm epoch from the local
         cache reads a block in less than a round trip)."""
         if not wait:
-            self._read_began[0] = time.monotonic()
-        ahead = self._ahead[0]
+            self._live.read_began = time.monotonic()
+        ahead = self._live.ahead
         if ahead is not None and wait and self._cancel_delayed(ahead):  # not due yet: the read ended first
             ahead = None
         if ahead is not None:
             if not ahead.done() and (not wait or self._recent()):
                 return  # under way, and the last success covers what was read so far
             ahead.result()  # waits for it; raises what the check raised, at every call
-            if self._ahead[0] is ahead:
-                self._ahead[0] = None
+            if self._live.ahead is ahead:
+                self._live.ahead = None
             if wait:
                 return
         if self.etag is None:  # a local check is a stat, no round trip to overlap
             self._check_now()
             return
-        age = time.monotonic() - self._checked[0]
+        age = time.monotonic() - self._live.checked
         if not wait:  # due or half due: now; else once half due, should the read last that long
             self._start_ahead(max(0.0, REMOTE_CHECK_SECONDS / 2 - age))
-        elif age >= REMOTE_CHECK_SECONDS and self._checked[0] < self._read_began[0]:  # none since the read began
+        elif age >= REMOTE_CHECK_SECONDS and self._live.checked < self._live.read_began:  # none since the read began
             self._check_now()
 
     def cancel(self) -> None:
         """Give up a delayed check that has not started (its reader is closing: nothing will take
         its outcome, and it would ask the store after the run ended); one under way runs out."""
-        ahead = self._ahead[0]
+        ahead = self._live.ahead
         if ahead is not None:
             self._cancel_delayed(ahead)
 
     def _cancel_delayed(self, ahead: Future[None]) -> bool:
         """Cancel ``ahead`` if it is a delayed check that has not started; whether it was."""
-        wake = self._wake[0]
-        if wake is None or self._ahead[0] is not ahead or not ahead.cancel():
+        wake = self._live.wake
+        if wake is None or self._live.ahead is not ahead or not ahead.cancel():
             return False
         wake.set()
-        self._ahead[0] = self._wake[0] = None
+        self._live.ahead = self._live.wake = None
         return True
 
     def settle(self) -> None:
         """Wait for a check under way (:meth:`reopened`, or started by :meth:`check` before a read)
         and raise what it raised; nothing if none is. The outcome stays for the reader's next
         :meth:`check`, which takes it instead of asking again."""
-        ahead = self._ahead[0]
+        ahead = self._live.ahead
         if ahead is not None and not self._cancel_delayed(ahead) and not ahead.cancelled():
             ahead.result()  # raises what the check raised, at every waiting call
 
@@ -235,7 +244,7 @@ class DatasetIdentity:
             return
         try:
             if self.etag is not None and open_store(self.path, self.options).head(ROOT_DOCUMENT).etag == self.etag:
-                self._checked[0] = time.monotonic()
+                self._live.checked = time.monotonic()
                 return
             now = _fingerprint_and_tag(self.path, self.options)[0]
         except FileNotFoundError:

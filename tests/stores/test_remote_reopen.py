@@ -188,7 +188,7 @@ def test_a_half_due_check_does_not_hold_the_reader(s3: Any, tmp_path: Path, monk
     wait for it while the last success still covers the read, and takes its outcome once it is done."""
     url = upload(make_dataset(tmp_path / "ds", N, records_per_shard=8), s3.url("ds"))
     ident = identity.DatasetIdentity.of(url)
-    ident._checked[0] -= 0.75 * identity.REMOTE_CHECK_SECONDS  # checked three quarters of the pause ago
+    ident._live.checked -= 0.75 * identity.REMOTE_CHECK_SECONDS  # checked three quarters of the pause ago
     release = threading.Event()
     asked = threading.Event()
     released: list[bool] = []
@@ -230,10 +230,10 @@ def test_a_check_since_the_read_began_covers_a_long_read(
     requests.clear()
     now = time.monotonic()
     pause = identity.REMOTE_CHECK_SECONDS
-    ident._read_began[0], ident._checked[0] = now - 1.5 * pause, now - 1.4 * pause  # checked while it read
+    ident._live.read_began, ident._live.checked = now - 1.5 * pause, now - 1.4 * pause  # checked while it read
     ident.check()
     assert requests["head"] == 0
-    ident._read_began[0], ident._checked[0] = now - 1.4 * pause, now - 1.5 * pause  # checked before it began
+    ident._live.read_began, ident._live.checked = now - 1.4 * pause, now - 1.5 * pause  # checked before it began
     ident.check()
     assert requests["head"] == 1
 
@@ -263,12 +263,12 @@ def test_a_long_read_gets_its_check_while_it_runs(
     assert requests["head"] == 1
 
     monkeypatch.setattr(identity, "REMOTE_CHECK_SECONDS", 3600.0)  # its check would start half an hour on
-    ident._checked[0] = time.monotonic()  # just checked
+    ident._live.checked = time.monotonic()  # just checked
     ident.check(wait=False)
     ident.check()  # a short read: its delayed check is cancelled, nothing asked
     ident.settle()
     assert requests["head"] == 1
-    assert ident._ahead[0] is None
+    assert ident._live.ahead is None
 
 
 def test_a_closing_run_gives_up_its_delayed_check(
@@ -279,13 +279,13 @@ def test_a_closing_run_gives_up_its_delayed_check(
     url = upload(make_dataset(tmp_path / "ds", N, records_per_shard=8), s3.url("ds"))
     monkeypatch.setattr(identity, "REMOTE_CHECK_SECONDS", 3600.0)
     ident = identity.DatasetIdentity.of(url)
-    ident._checked[0] = time.monotonic()  # just checked: the next check is delayed half an hour
+    ident._live.checked = time.monotonic()  # just checked: the next check is delayed half an hour
     requests.clear()
     ident.check(wait=False)  # a read begins, and is cut short by close
-    ahead = ident._ahead[0]
+    ahead = ident._live.ahead
     assert ahead is not None and not ahead.done()
     MixedIdentity((ident,)).cancel()
-    assert ahead.cancelled() and ident._ahead[0] is None
+    assert ahead.cancelled() and ident._live.ahead is None
     assert requests["head"] == 0
 
     cancelled: list[MixedIdentity] = []
