@@ -14,6 +14,7 @@ from shardkit.profiling.phases import (
     PhaseResult,
     Step,
     copy_rate,
+    cpu_parallelism,
     page_cache_capacity,
     populate_rate,
     progress,
@@ -42,6 +43,9 @@ class Check:
 
     prediction: Prediction
     measured: PhaseResult
+    #: The rates the prediction came from: the profile's, or measured again just before this run
+    #: (``profile(recalibrate=True)``), so prediction and measurement see the machine's same load.
+    rates: Rates | None = None
 
     @property
     def error(self) -> float:
@@ -91,7 +95,8 @@ def profile(
     step: Step | None = None,
     step_time: float | str | None = None,
     cold: bool = True,
-    check: bool | Sequence[Mapping[str, Any]] = False,
+    check: bool | Sequence[Mapping[str, Any] | Scenario] = False,
+    recalibrate: bool = False,
     progress_bars: bool = False,
     **overrides: Any,
 ) -> Profile:
@@ -110,7 +115,12 @@ def profile(
     cold
         Start the ``both`` and ``check`` runs with the dataset out of the page cache (local datasets).
     check
-        ``True`` for :func:`default_checks`, or a list of option overrides (one configuration each).
+        ``True`` for :func:`default_checks`, or a list of configurations: option overrides (run like
+        the profiled job) or :class:`Scenario` objects (e.g. ``cold_start=False``: page cache warm).
+    recalibrate
+        Measure the rates again (the ingest phases, the SSD probe, the step, the page mapping) just
+        before each check and predict it from them: on a shared machine whose load drifts, a check
+        then compares a prediction and a measurement taken under the same load.
     progress_bars
         A tqdm bar per phase.
     """
@@ -142,16 +152,28 @@ def profile(
         phases[name] = result
         return result
 
-    phase("ingest-cold", plain.replace(epochs=1), None, True)
-    phase("ingest-warm", plain, None, False)
-    if "ssd" in opts.tiers or opts.ssd_dir is not None:
-        ram = opts.ram_size.to_bytes(work.record_nbytes)
-        ssd_opts = opts if "ssd" in opts.tiers else opts.replace(tiers="ram,ssd", ssd_size=max(4 * ram, ram))
-        phase("ssd", ssd_opts.replace(epochs=1), None, False)
-    count = min(MAX_COMPUTE_STEPS, nbatches * work.epochs)
-    with progress(progress_bars, "compute", count) as bar:
-        step_s, step_cpu = run_steps(step, synthetic_batch(spec, opts.batch_size), count, bar)
-    rates = derive_rates(work, phases, step_s, step_cpu, remote=remote, fill_bps=populate_rate())
+    run_step: Step = step
+
+    def calibrate(suffix: str = "") -> Rates:
+        """Measure the rates the model needs (``suffix``: a recalibration, its phases not kept)."""
+        keep = dict(phases)
+        phase("ingest-cold", plain.replace(epochs=1), None, True)
+        phase("ingest-warm", plain, None, False)
+        if "ssd" in opts.tiers or opts.ssd_dir is not None:
+            ram = opts.ram_size.to_bytes(work.record_nbytes)
+            ssd_opts = opts if "ssd" in opts.tiers else opts.replace(tiers="ram,ssd", ssd_size=max(4 * ram, ram))
+            phase("ssd", ssd_opts.replace(epochs=1), None, False)
+        count = min(MAX_COMPUTE_STEPS, nbatches * work.epochs)
+        with progress(progress_bars, "compute" + suffix, count) as bar:
+            step_s, step_cpu = run_steps(run_step, synthetic_batch(spec, opts.batch_size), count, bar)
+        out = derive_rates(work, phases, step_s, step_cpu, remote=remote, fill_bps=populate_rate(),
+                           parallel=cpu_parallelism(_cores()))
+        if suffix:
+            phases.clear()
+            phases.update(keep)
+        return out
+
+    rates = calibrate()
     base = Scenario("measured", opts, cold_start=cold and not remote)
     phase("both", opts, step, base.cold_start)
     checks: list[Check] = []
@@ -159,11 +181,14 @@ def profile(
         scenarios = (
             default_checks(work, base)
             if check is True
-            else [replace(base, label=", ".join(f"{k}={v}" for k, v in c.items()), options=opts.replace(**c)) for c in check]
-        )
+            else [c if isinstance(c, Scenario) else
+                  replace(base, label=", ".join(f"{k}={v}" for k, v in c.items()), options=opts.replace(**c))
+                  for c in check]
+        )  # fmt: skip
         for sc in scenarios:
-            pred = predict(work, rates, sc)
-            checks.append(Check(pred, phase(f"check: {sc.label}", sc.options, step, sc.cold_start)))
+            sc_rates = calibrate(f" ({sc.label})") if recalibrate else rates
+            pred = predict(work, sc_rates, sc)
+            checks.append(Check(pred, phase(f"check: {sc.label}", sc.options, step, sc.cold_start), sc_rates))
     return Profile(
         str(location), work, opts, step_name, phases, rates, predict(work, rates, base),
         tuple(whatif_grid(work, rates, base)), tuple(cache_curve(work, rates, base)), advise(work, rates, base),
@@ -172,7 +197,7 @@ def profile(
 
 
 def derive_rates(work: Workload, phases: Mapping[str, PhaseResult], step_s: float, step_cpu: float,
-                 *, remote: bool, fill_bps: float | None = None) -> Rates:  # fmt: skip
+                 *, remote: bool, fill_bps: float | None = None, parallel: float | None = None) -> Rates:  # fmt: skip
     """The model's rates from the phases: bytes over seconds per tier, seconds per batch.
 
     Storage is the cold epoch's bytes over its wall time after the first batch (never less than the
@@ -201,13 +226,19 @@ def derive_rates(work: Workload, phases: Mapping[str, PhaseResult], step_s: floa
         fill = s.busy.get("ssd_fill", 0.0) - s.ssd_written / page  # what writing took beyond reading
         ssd_w = _bps(s.ssd_written, max(fill, 1e-6))
         ssd_r = _bps(s.ssd_bytes, s.busy.get("ssd", 0.0))
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = _cores()
     # The warm phase's last epoch (the first may fill the static cache): its reads on the clock.
     warm_wall = None
     if not remote and len(warm.epoch_seconds) > 1 and len(warm.epoch_storage_bytes) == len(warm.epoch_seconds):
         warm_wall = _bps(warm.epoch_storage_bytes[-1], warm.epoch_seconds[-1]) or None
     return Rates(storage, page, copy_bps, assembly, warm.busy.get("handover", 0.0) / batches, step_s, step_cpu,
-                 ssd_w, ssd_r, cores, 0 if remote else page_cache_capacity(), warm_wall, fill_bps)  # fmt: skip
+                 ssd_w, ssd_r, cores, 0 if remote else page_cache_capacity(), warm_wall, fill_bps,
+                 parallel)  # fmt: skip
+
+
+def _cores() -> int:
+    """Cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _bps(nbytes: int, seconds: float) -> float:

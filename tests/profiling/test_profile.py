@@ -138,6 +138,24 @@ def test_predict_cold_first_epoch_maps_the_static_cache_and_reads_warm_at_the_cl
     assert warm.seconds - warm.startup_seconds == pytest.approx(max(1000 * REC / 2e6, (1000 * REC / 2e6 + 0.5) / 2))
 
 
+def test_predict_threads_that_run_at_once_bound_the_overlap() -> None:
+    # Two cores, but other processes keep them busy: the process's threads run 1.5 at a time, so the
+    # reader and the cache's mapping thread overlap less, and the epoch's CPU spreads over 1.5 threads.
+    work = Workload(1000, REC, 100, epochs=2)
+    opts = SamplerOptions(ram_size=2 * 1000 * REC, static_cache=500 * REC, batch_size=100, gap_bytes=0)
+    ram = opts.tier_sizes(REC, 1000).ram_bytes
+    rates = _rates(page_cache_bytes=ram + 1000 * REC, warm_bps=2e6, fill_bps=2.5e5, cores=2)
+    idle = predict(work, rates, Scenario("x", opts)).epochs[0]
+    busy = predict(work, replace(rates, parallel=1.5), Scenario("x", opts)).epochs[0]
+    # reads 1 s, mapping 2 s: (1 + 2) / 2 on idle cores, (1 + 2) / 1.5 with 1.5 threads at once
+    assert idle.seconds - idle.startup_seconds == pytest.approx(1.5)
+    assert busy.seconds - busy.startup_seconds == pytest.approx(2.0)
+    assert busy.stages["cpu"] == pytest.approx(idle.stages["cpu"] * 2 / 1.5)
+    # never fewer than one thread, never more than the cores
+    assert replace(rates, parallel=0.3).threads_at_once == 1.0 and replace(rates, parallel=5.0).threads_at_once == 2.0
+    assert rates.threads_at_once == 2
+
+
 def _phase(name: str, seconds: float, epochs: tuple[float, ...], nbytes: tuple[int, ...], disk_busy: float,
            first: float = 0.0) -> PhaseResult:  # fmt: skip
     return PhaseResult(name, seconds, 1000 * len(epochs), 10 * len(epochs), epochs, 0.0, first,
@@ -242,6 +260,21 @@ def test_profile_python_api_with_step_function_and_checks(tmp_path: Path) -> Non
     assert "check" in "\n".join(report_lines(prof))
     with pytest.raises(ConfigError, match="exactly one"):
         profile(ds, batch_size=8)
+
+
+def test_profile_recalibrates_each_check_and_runs_warm_checks(tmp_path: Path) -> None:
+    ds = make_dataset(tmp_path / "ds", 40)
+    opts = SamplerOptions.parse(batch_size=4, ram_size="12records", epochs=2)
+    warm = Scenario("static_cache 0, warm", opts.replace(static_cache=0), cold_start=False)
+    prof = profile(ds, opts, step_time="1ms", check=[{"static_cache": 0}, warm], recalibrate=True)
+    assert [c.prediction.scenario.cold_start for c in prof.checks] == [True, False]
+    for c in prof.checks:
+        # each check predicted from rates measured just before it, not the profile's
+        assert c.rates is not None and c.rates is not prof.rates and c.prediction.epochs[0].storage_bytes > 0
+        assert 1.0 <= (c.rates.parallel or 0) <= c.rates.cores
+    assert set(prof.phases) == {"ingest-cold", "ingest-warm", "both", "check: static_cache=0", "check: static_cache 0, warm"}
+    plain = profile(ds, opts, step_time="1ms", check=[{"static_cache": 0}])
+    assert plain.checks[0].rates is plain.rates
 
 
 def test_profile_ssd_probe(tmp_path: Path, ssd_dir: Path) -> None:
