@@ -21,6 +21,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 from _common import IMAGE_SHAPE, synthetic_dataset
 
 from shardkit.profiling import Scenario, Workload, default_checks, plot, profile, report_lines
@@ -65,16 +66,24 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|")
     prof = None
     hits = total = 0
+    errors: dict[str, list[float]] = {}
     for r in range(rounds):
         prof = profile(path, opts, step_time=args.step_ms / 1e3, check=checks, recalibrate=True)
         rows = [(prof.measured, prof.phases["both"])] + [(c.prediction, c.measured) for c in prof.checks]
         for pred, meas in rows:
             err = (pred.seconds - meas.seconds) / meas.seconds
             hits, total = hits + (abs(err) <= TOLERANCE), total + 1
+            errors.setdefault(pred.scenario.label, []).append(err)
             epochs = " ".join(f"{e.seconds:.3f}" for e in pred.epochs) + " / " + " ".join(f"{s:.3f}" for s in meas.epoch_seconds)
             print(f"| {r} | {pred.scenario.label} | {pred.seconds:.3f} | {meas.seconds:.3f} | {err:+.1%} | {epochs} |",
                   flush=True)  # fmt: skip
     print(f"\nwithin {TOLERANCE:.0%}: {hits} of {total} ({rounds} rounds of {total // max(1, rounds)} configurations)")
+    medians = {label: float(np.median(errs)) for label, errs in errors.items()}
+    print("\n| configuration | median error over rounds | range |\n|---|---|---|")
+    for label, errs in errors.items():
+        print(f"| {label} | {medians[label]:+.1%} | {min(errs):+.1%} to {max(errs):+.1%} |")
+    close = sum(abs(m) <= TOLERANCE for m in medians.values())
+    print(f"\nmedian error within {TOLERANCE:.0%}: {close} of {len(medians)} configurations")
     assert prof is not None
     print("\n".join(report_lines(prof)), file=sys.stderr)
     if args.plot is not None:

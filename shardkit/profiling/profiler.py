@@ -28,7 +28,7 @@ from shardkit.readers import SamplerOptions, TieredSampler
 from shardkit.stores import Location, as_location
 from shardkit.units import human_bytes, parse_duration
 
-__all__ = ["Check", "Profile", "profile", "default_checks", "PROFILE_EPOCHS"]
+__all__ = ["Check", "Profile", "profile", "default_checks", "bracket", "PROFILE_EPOCHS"]
 
 #: Compute-phase steps at most (the step's rate settles quickly; a slow step must not dominate).
 MAX_COMPUTE_STEPS = 50
@@ -118,9 +118,10 @@ def profile(
         ``True`` for :func:`default_checks`, or a list of configurations: option overrides (run like
         the profiled job) or :class:`Scenario` objects (e.g. ``cold_start=False``: page cache warm).
     recalibrate
-        Measure the rates again (the ingest phases, the SSD probe, the step, the page mapping) just
-        before each check and predict it from them: on a shared machine whose load drifts, a check
-        then compares a prediction and a measurement taken under the same load.
+        Measure the rates again (the ingest phases, the SSD probe, the step, the page mapping)
+        between the checks, and predict each check (and the measured run) from the rates measured
+        just before and just after it (:func:`bracket`): on a shared machine whose load drifts,
+        prediction and measurement then see the same load.
     progress_bars
         A tqdm bar per phase.
     """
@@ -176,6 +177,7 @@ def profile(
     rates = calibrate()
     base = Scenario("measured", opts, cold_start=cold and not remote)
     phase("both", opts, step, base.cold_start)
+    measured_rates = rates
     checks: list[Check] = []
     if check:
         scenarios = (
@@ -185,12 +187,21 @@ def profile(
                   replace(base, label=", ".join(f"{k}={v}" for k, v in c.items()), options=opts.replace(**c))
                   for c in check]
         )  # fmt: skip
-        for sc in scenarios:
-            sc_rates = calibrate(f" ({sc.label})") if recalibrate else rates
-            pred = predict(work, sc_rates, sc)
-            checks.append(Check(pred, phase(f"check: {sc.label}", sc.options, step, sc.cold_start), sc_rates))
+        before = rates
+        runs: list[tuple[Scenario, PhaseResult, Rates]] = []
+        for i, sc in enumerate(scenarios):
+            if recalibrate:
+                after = calibrate(f" ({sc.label})")
+                if i == 0:
+                    measured_rates = bracket(rates, after)  # "both" ran between the two
+                before = after
+            runs.append((sc, phase(f"check: {sc.label}", sc.options, step, sc.cold_start), before))
+        if recalibrate and runs:  # each check ran between its calibration and the next one
+            ends = [r for _, _, r in runs[1:]] + [calibrate(" (last)")]
+            runs = [(sc, ph, bracket(r, end)) for (sc, ph, r), end in zip(runs, ends)]
+        checks = [Check(predict(work, r, sc), ph, r) for sc, ph, r in runs]
     return Profile(
-        str(location), work, opts, step_name, phases, rates, predict(work, rates, base),
+        str(location), work, opts, step_name, phases, rates, predict(work, measured_rates, base),
         tuple(whatif_grid(work, rates, base)), tuple(cache_curve(work, rates, base)), advise(work, rates, base),
         tuple(checks), remote,
     )  # fmt: skip
@@ -220,20 +231,49 @@ def derive_rates(work: Workload, phases: Mapping[str, PhaseResult], step_s: floa
         raise ConfigError(f"{phases['ingest-cold'].name}: the dataset delivered no bytes to time (is it empty?)")
     batches = max(1, warm.batches)
     assembly = max(0.0, warm.busy.get("assembly", 0.0) - warm.cache_bytes / copy_bps) / batches
-    ssd_w = ssd_r = None
-    if "ssd" in phases:
-        s = phases["ssd"]
-        fill = s.busy.get("ssd_fill", 0.0) - s.ssd_written / page  # what writing took beyond reading
-        ssd_w = _bps(s.ssd_written, max(fill, 1e-6))
-        ssd_r = _bps(s.ssd_bytes, s.busy.get("ssd", 0.0))
-    cores = _cores()
     # The warm phase's last epoch (the first may fill the static cache): its reads on the clock.
     warm_wall = None
     if not remote and len(warm.epoch_seconds) > 1 and len(warm.epoch_storage_bytes) == len(warm.epoch_seconds):
         warm_wall = _bps(warm.epoch_storage_bytes[-1], warm.epoch_seconds[-1]) or None
+    ssd_w = ssd_r = None
+    if "ssd" in phases:
+        s = phases["ssd"]
+        # What writing took beyond reading: the probe reads warm files, on the clock like the model's
+        # warm reads (less only their CPU would leave the reads' waits in the write rate, counted twice).
+        fill = s.busy.get("ssd_fill", 0.0) - s.ssd_written / (warm_wall or page)
+        ssd_w = _bps(s.ssd_written, max(fill, 1e-6))
+        ssd_r = _bps(s.ssd_bytes, s.busy.get("ssd", 0.0))
+    cores = _cores()
     return Rates(storage, page, copy_bps, assembly, warm.busy.get("handover", 0.0) / batches, step_s, step_cpu,
                  ssd_w, ssd_r, cores, 0 if remote else page_cache_capacity(), warm_wall, fill_bps,
                  parallel)  # fmt: skip
+
+
+def bracket(before: Rates, after: Rates) -> Rates:
+    """The rates over a run measured just before and just after it: the mean time per byte (or per
+    batch) of the two, so a load that changed during the run counts half each way."""
+
+    def per_byte(a: float | None, b: float | None) -> float | None:
+        if a is None or b is None or a <= 0 or b <= 0:
+            return a if b is None else b if a is None else max(a, b)
+        return 2 / (1 / a + 1 / b)
+
+    def mean(a: float, b: float) -> float:
+        return (a + b) / 2
+
+    def rate(name: str) -> float | None:
+        return per_byte(getattr(before, name), getattr(after, name))
+
+    return replace(
+        before, storage_bps=rate("storage_bps") or before.storage_bps,
+        page_cache_bps=rate("page_cache_bps") or before.page_cache_bps, copy_bps=rate("copy_bps") or before.copy_bps,
+        ssd_write_bps=rate("ssd_write_bps"), ssd_read_bps=rate("ssd_read_bps"), warm_bps=rate("warm_bps"),
+        fill_bps=rate("fill_bps"), assembly_s=mean(before.assembly_s, after.assembly_s),
+        handover_s=mean(before.handover_s, after.handover_s), step_s=mean(before.step_s, after.step_s),
+        step_cpu_s=mean(before.step_cpu_s, after.step_cpu_s),
+        page_cache_bytes=min(before.page_cache_bytes, after.page_cache_bytes),
+        parallel=None if before.parallel is None or after.parallel is None else mean(before.parallel, after.parallel),
+    )  # fmt: skip
 
 
 def _cores() -> int:

@@ -64,7 +64,8 @@ def report_lines(prof: Profile) -> list[str]:
         + (", static cache's pages mapped " + _mbps(r.fill_bps) if r.fill_bps else "")
         + f", RAM copies {_mbps(r.copy_bps)}, SSD write {_mbps(r.ssd_write_bps)}, SSD read {_mbps(r.ssd_read_bps)}",
         f"             assembly {r.assembly_s * 1e3:.3f} ms/batch, hand-over {r.handover_s * 1e3:.3f} ms/batch, "
-        f"{r.cores} cores, page cache up to {human_bytes(r.page_cache_bytes)}",
+        f"{r.cores} cores" + (f" ({r.parallel:.2f} threads at once)" if r.parallel is not None else "")
+        + f", page cache up to {human_bytes(r.page_cache_bytes)}",
         "",
         f"{'predicted':<34} {'cache':>6} {'epoch 0':>9} {'steady':>9} {'stall':>7}  bottleneck",
     ]

@@ -34,3 +34,4 @@ def test_table_of_twelve_rows(stall_profile: ModuleType, tmp_path: Path, capsys:
     rows = [line for line in out if line.startswith("| 0 |")]
     assert len(rows) == 12 and rows[0].startswith("| 0 | measured |")
     assert any(line.startswith("within 15%: ") and line.endswith("(1 rounds of 12 configurations)") for line in out)
+    assert any(line.startswith("median error within 15%: ") and line.endswith(" of 12 configurations") for line in out)

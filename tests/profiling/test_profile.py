@@ -27,7 +27,7 @@ from shardkit.profiling import (
     read_amplification,
     report_lines,
 )
-from shardkit.profiling.profiler import derive_rates
+from shardkit.profiling.profiler import bracket, derive_rates
 from shardkit.profiling.whatif import advise
 from shardkit.readers import SamplerOptions, TieredSampler
 from tests.helpers.cli import run_main
@@ -182,6 +182,22 @@ def test_rates_come_from_the_epochs_wall_time() -> None:
     assert derive_rates(work, phases, 0.01, 0.0, remote=False).storage_bps == pytest.approx(2e6)
     # an object store: no page cache, so no warm rate
     assert derive_rates(work, phases, 0.01, 0.0, remote=True).warm_bps is None
+    # the SSD probe (warm files) read 1 MB and wrote it in 1 s of the creator's time: reads on the
+    # clock at the warm 2 MB/s took 0.5 s of it, so writing 1 MB took the other 0.5 s
+    phases["ssd"] = PhaseResult("ssd", 1.2, 1000, 10, (1.2,), 0.0, 0.0, {"ssd_fill": 1.0, "ssd": 0.25},
+                                1_000_000, 1, ssd_bytes=1_000_000, ssd_written=1_000_000)  # fmt: skip
+    ssd = derive_rates(work, phases, 0.01, 0.0, remote=False)
+    assert ssd.ssd_write_bps == pytest.approx(2e6) and ssd.ssd_read_bps == pytest.approx(4e6)
+
+
+def test_bracket_averages_time_per_byte_of_the_rates_before_and_after() -> None:
+    before = _rates(storage_bps=1e6, step_s=0.01, parallel=1.0, fill_bps=None, page_cache_bytes=10)
+    after = _rates(storage_bps=3e6, step_s=0.03, parallel=2.0, fill_bps=4e6, page_cache_bytes=5)
+    both = bracket(before, after)
+    # 1 MB takes 1 s before and 1/3 s after: 2/3 s on average, 1.5 MB/s (not the mean rate's 2 MB/s)
+    assert both.storage_bps == pytest.approx(1.5e6)
+    assert both.step_s == pytest.approx(0.02) and both.parallel == pytest.approx(1.5)
+    assert both.fill_bps == 4e6 and both.page_cache_bytes == 5  # one side unmeasured; the smaller page cache
 
 
 def test_predict_compute_bound_workers_and_bandwidth() -> None:
@@ -269,7 +285,7 @@ def test_profile_recalibrates_each_check_and_runs_warm_checks(tmp_path: Path) ->
     prof = profile(ds, opts, step_time="1ms", check=[{"static_cache": 0}, warm], recalibrate=True)
     assert [c.prediction.scenario.cold_start for c in prof.checks] == [True, False]
     for c in prof.checks:
-        # each check predicted from rates measured just before it, not the profile's
+        # each check predicted from rates measured just before and after it, not the profile's
         assert c.rates is not None and c.rates is not prof.rates and c.prediction.epochs[0].storage_bytes > 0
         assert 1.0 <= (c.rates.parallel or 0) <= c.rates.cores
     assert set(prof.phases) == {"ingest-cold", "ingest-warm", "both", "check: static_cache=0", "check: static_cache 0, warm"}
