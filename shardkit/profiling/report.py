@@ -136,7 +136,8 @@ def to_json(prof: Profile) -> dict[str, Any]:
         "rates": {k: getattr(r, k) for k in r.__dataclass_fields__},
         "measured": _prediction(prof.measured),
         "whatifs": [_prediction(p) for p in prof.whatifs],
-        "checks": [{"prediction": _prediction(c.prediction), "measured": c.measured.as_dict(), "error": c.error}
+        "checks": [{"prediction": _prediction(c.prediction), "measured": c.measured.as_dict(), "error": c.error,
+                    "rates": None if c.rates is None else {k: getattr(c.rates, k) for k in c.rates.__dataclass_fields__}}
                    for c in prof.checks],
         "advice": {"bottleneck": prof.advice.bottleneck, "stall_fraction": prof.advice.stall_fraction,
                    "change": prof.advice.change, "sentence": prof.advice.sentence()},

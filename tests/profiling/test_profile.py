@@ -312,9 +312,13 @@ def test_profile_cli_report_json_plot_and_step(tmp_path: Path, capsys: pytest.Ca
     (tmp_path / "mystep.py").write_text("def step(batch):\n    assert 'image' in batch\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))
-    assert _run(["profile", str(ds), "--step", "mystep:step", "--batch-size", "4", "--json", "--epochs", "1"]) == 0
+    assert _run(["profile", str(ds), "--step", "mystep:step", "--batch-size", "4", "--json", "--epochs", "1",
+                 "--check", "--recalibrate"]) == 0  # fmt: skip
     doc = json.loads(capsys.readouterr().out)
     assert doc["step"] == "step" and doc["workload"]["num_records"] == 30 and doc["phases"]["both"]["records"] == 30
+    # each check with the rates it was predicted from, measured around it
+    assert len(doc["checks"]) == 3 and all(c["rates"]["parallel"] >= 1 for c in doc["checks"])
+    assert doc["checks"][0]["rates"] != doc["rates"]
 
 
 @pytest.mark.parametrize(
