@@ -37,6 +37,10 @@ def profile(
     check: bool = typer.Option(
         False, "--check", help="Also run three other configurations and show their predictions next to what they measure."
     ),
+    recalibrate: bool = typer.Option(
+        False, "--recalibrate", help="With --check: measure the rates again just before each check and predict it from them "
+        "(on a busy machine, prediction and measurement then see the same load).",
+    ),
     plot_out: Path = typer.Option(
         None, "--plot", help=help_text(f"Write a PNG of predicted epoch time against the static cache size (needs {pip_install('viz')}).")
     ),
@@ -61,7 +65,7 @@ def profile(
         sys.path.insert(0, "")  # --step train:step finds train.py in the working directory, as python -m would
     fn = load_step(step) if step is not None else None
     prof = profile(path, options, step=fn, step_time=step_time, cold=not warm, check=check,
-                   progress_bars=progress and not as_json)  # fmt: skip
+                   recalibrate=recalibrate, progress_bars=progress and not as_json)  # fmt: skip
     if as_json:
         echo_out(json.dumps(to_json(prof), indent=1))
     else:

@@ -54,7 +54,8 @@ class Rates:
     the dataset. ``page_cache_bps`` is the CPU's cost of a warm read; ``warm_bps`` the rate a warm
     epoch's reads reached on the clock (``None``: ``page_cache_bps``); ``fill_bps`` the rate fresh
     shared memory gets its pages, paid once per byte of the static cache in the first epoch
-    (``None``: free).
+    (``None``: free); ``parallel`` how many of the process's threads run at once (``None``:
+    ``cores``; fewer where other processes keep the cores busy).
     """
 
     storage_bps: float
@@ -70,6 +71,13 @@ class Rates:
     page_cache_bytes: int = 0
     warm_bps: float | None = None
     fill_bps: float | None = None
+    parallel: float | None = None
+
+    @property
+    def threads_at_once(self) -> float:
+        """Threads of the process that run at the same time (at least 1, at most ``cores``)."""
+        cores = max(1, self.cores)
+        return cores if self.parallel is None else min(float(cores), max(1.0, self.parallel))
 
 
 @dataclass(frozen=True)
@@ -195,9 +203,11 @@ def _epoch(work: Workload, rates: Rates, sc: Scenario, sizes: TierSizes, *, firs
     # The first epoch maps the static cache's pages as it pins records. A thread of the cache's own
     # maps them ahead of the reads (tiers/static_cache.py) and the reader maps any page it reaches
     # first, so the two share that work: the reader's path takes the longer of its reads and their
-    # sum over the threads the cores run at once, and the mapping's CPU joins the epoch's CPU.
+    # sum over the threads that run at once (fewer than the cores when other processes hold them),
+    # and the mapping's CPU joins the epoch's CPU.
+    at_once = rates.threads_at_once
     fill_s = per * cached * rec / rates.fill_bps if first and rates.fill_bps else 0.0
-    reader = max(cold_s + warm_s, (cold_s + warm_s + fill_s) / min(FILL_THREADS, max(1, rates.cores)))
+    reader = max(cold_s + warm_s, (cold_s + warm_s + fill_s) / min(FILL_THREADS, at_once))
     ssd = 0.0
     if sizes.ssd_block is not None:
         assert rates.ssd_write_bps is not None and rates.ssd_read_bps is not None
@@ -212,7 +222,7 @@ def _epoch(work: Workload, rates: Rates, sc: Scenario, sizes: TierSizes, *, firs
     compute = batches * (step + rates.handover_s)
     # Every byte read is copied by a CPU at page-cache speed; the SSD tier copies it twice more.
     cpu_read = storage_bytes / rates.page_cache_bps + (2 * records * rec / rates.page_cache_bps if ssd else 0.0)
-    cpu = w * (cpu_read + fill_s + assembly + batches * (step_cpu + rates.handover_s)) / max(1, rates.cores)
+    cpu = w * (cpu_read + fill_s + assembly + batches * (step_cpu + rates.handover_s)) / at_once
     stages = {
         "storage": w * cold_s,  # bandwidth is shared by the workers
         "page cache": warm_s,

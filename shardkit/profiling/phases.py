@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import itertools
 import mmap
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -32,9 +34,12 @@ __all__ = [
     "run_steps",
     "copy_rate",
     "populate_rate",
+    "cpu_parallelism",
     "page_cache_capacity",
 ]
 
+#: Threads :func:`cpu_parallelism` runs at most (a bigger machine is taken as that many cores).
+MAX_PARALLEL = 8
 #: A training step: called with every batch; its return value is ignored.
 Step = Callable[[Batch], object]
 
@@ -224,6 +229,45 @@ def populate_rate(nbytes: int = 64 << 20, repeats: int = 3) -> float:
                 del pages  # the mapping cannot close while a view exports it
             best = min(best, time.perf_counter() - t0)
     return nbytes / max(best, 1e-9)
+
+
+def _spin_cpu(threads: int, seconds: float) -> float:
+    """CPU seconds ``threads`` threads get in ``seconds`` of wall time, each hashing a buffer (which
+    releases the GIL, like the pipeline's reads and copies)."""
+    buf = bytes(1 << 20)
+    got = [0.0] * threads
+    start = threading.Barrier(threads + 1)
+
+    def spin(i: int) -> None:
+        start.wait()
+        t0, c0 = time.perf_counter(), time.thread_time()
+        while time.perf_counter() - t0 < seconds:
+            hashlib.sha256(buf).digest()
+        got[i] = time.thread_time() - c0
+
+    pool = [threading.Thread(target=spin, args=(i,), daemon=True) for i in range(threads)]
+    for t in pool:
+        t.start()
+    start.wait()
+    for t in pool:
+        t.join()
+    return sum(got)
+
+
+def cpu_parallelism(cores: int, seconds: float = 0.1, rounds: int = 3) -> float:
+    """How many threads of this process run at once now: the CPU seconds ``cores`` busy
+    threads get over what one gets in the same wall time (rounds interleaved, medians), between 1
+    and that count. On an idle machine it is the core count; on one whose cores other processes
+    keep busy, threads take turns, and work the model spreads over the cores runs one after another."""
+    width = max(1, min(MAX_PARALLEL, cores))
+    if width == 1:
+        return 1.0
+    one, many = [], []
+    for _ in range(rounds):
+        one.append(_spin_cpu(1, seconds))
+        many.append(_spin_cpu(width, seconds))
+    alone = float(np.median(one))
+    return float(min(width, max(1.0, float(np.median(many)) / alone))) if alone > 0 else float(width)
 
 
 def page_cache_capacity() -> int:

@@ -14,6 +14,7 @@ from shardkit.profiling.phases import (
     PhaseResult,
     Step,
     copy_rate,
+    cpu_parallelism,
     page_cache_capacity,
     populate_rate,
     progress,
@@ -27,7 +28,7 @@ from shardkit.readers import SamplerOptions, TieredSampler
 from shardkit.stores import Location, as_location
 from shardkit.units import human_bytes, parse_duration
 
-__all__ = ["Check", "Profile", "profile", "default_checks", "PROFILE_EPOCHS"]
+__all__ = ["Check", "Profile", "profile", "default_checks", "bracket", "PROFILE_EPOCHS"]
 
 #: Compute-phase steps at most (the step's rate settles quickly; a slow step must not dominate).
 MAX_COMPUTE_STEPS = 50
@@ -42,6 +43,9 @@ class Check:
 
     prediction: Prediction
     measured: PhaseResult
+    #: The rates the prediction came from: the profile's, or measured again just before this run
+    #: (``profile(recalibrate=True)``), so prediction and measurement see the machine's same load.
+    rates: Rates | None = None
 
     @property
     def error(self) -> float:
@@ -91,7 +95,8 @@ def profile(
     step: Step | None = None,
     step_time: float | str | None = None,
     cold: bool = True,
-    check: bool | Sequence[Mapping[str, Any]] = False,
+    check: bool | Sequence[Mapping[str, Any] | Scenario] = False,
+    recalibrate: bool = False,
     progress_bars: bool = False,
     **overrides: Any,
 ) -> Profile:
@@ -110,7 +115,13 @@ def profile(
     cold
         Start the ``both`` and ``check`` runs with the dataset out of the page cache (local datasets).
     check
-        ``True`` for :func:`default_checks`, or a list of option overrides (one configuration each).
+        ``True`` for :func:`default_checks`, or a list of configurations: option overrides (run like
+        the profiled job) or :class:`Scenario` objects (e.g. ``cold_start=False``: page cache warm).
+    recalibrate
+        Measure the rates again (the ingest phases, the SSD probe, the step, the page mapping)
+        between the checks, and predict each check (and the measured run) from the rates measured
+        just before and just after it (:func:`bracket`): on a shared machine whose load drifts,
+        prediction and measurement then see the same load.
     progress_bars
         A tqdm bar per phase.
     """
@@ -142,37 +153,62 @@ def profile(
         phases[name] = result
         return result
 
-    phase("ingest-cold", plain.replace(epochs=1), None, True)
-    phase("ingest-warm", plain, None, False)
-    if "ssd" in opts.tiers or opts.ssd_dir is not None:
-        ram = opts.ram_size.to_bytes(work.record_nbytes)
-        ssd_opts = opts if "ssd" in opts.tiers else opts.replace(tiers="ram,ssd", ssd_size=max(4 * ram, ram))
-        phase("ssd", ssd_opts.replace(epochs=1), None, False)
-    count = min(MAX_COMPUTE_STEPS, nbatches * work.epochs)
-    with progress(progress_bars, "compute", count) as bar:
-        step_s, step_cpu = run_steps(step, synthetic_batch(spec, opts.batch_size), count, bar)
-    rates = derive_rates(work, phases, step_s, step_cpu, remote=remote, fill_bps=populate_rate())
+    run_step: Step = step
+
+    def calibrate(suffix: str = "") -> Rates:
+        """Measure the rates the model needs (``suffix``: a recalibration, its phases not kept)."""
+        keep = dict(phases)
+        phase("ingest-cold", plain.replace(epochs=1), None, True)
+        phase("ingest-warm", plain, None, False)
+        if "ssd" in opts.tiers or opts.ssd_dir is not None:
+            ram = opts.ram_size.to_bytes(work.record_nbytes)
+            ssd_opts = opts if "ssd" in opts.tiers else opts.replace(tiers="ram,ssd", ssd_size=max(4 * ram, ram))
+            phase("ssd", ssd_opts.replace(epochs=1), None, False)
+        count = min(MAX_COMPUTE_STEPS, nbatches * work.epochs)
+        with progress(progress_bars, "compute" + suffix, count) as bar:
+            step_s, step_cpu = run_steps(run_step, synthetic_batch(spec, opts.batch_size), count, bar)
+        out = derive_rates(work, phases, step_s, step_cpu, remote=remote, fill_bps=populate_rate(),
+                           parallel=cpu_parallelism(_cores()))
+        if suffix:
+            phases.clear()
+            phases.update(keep)
+        return out
+
+    rates = calibrate()
     base = Scenario("measured", opts, cold_start=cold and not remote)
     phase("both", opts, step, base.cold_start)
+    measured_rates = rates
     checks: list[Check] = []
     if check:
         scenarios = (
             default_checks(work, base)
             if check is True
-            else [replace(base, label=", ".join(f"{k}={v}" for k, v in c.items()), options=opts.replace(**c)) for c in check]
-        )
-        for sc in scenarios:
-            pred = predict(work, rates, sc)
-            checks.append(Check(pred, phase(f"check: {sc.label}", sc.options, step, sc.cold_start)))
+            else [c if isinstance(c, Scenario) else
+                  replace(base, label=", ".join(f"{k}={v}" for k, v in c.items()), options=opts.replace(**c))
+                  for c in check]
+        )  # fmt: skip
+        before = rates
+        runs: list[tuple[Scenario, PhaseResult, Rates]] = []
+        for i, sc in enumerate(scenarios):
+            if recalibrate:
+                after = calibrate(f" ({sc.label})")
+                if i == 0:
+                    measured_rates = bracket(rates, after)  # "both" ran between the two
+                before = after
+            runs.append((sc, phase(f"check: {sc.label}", sc.options, step, sc.cold_start), before))
+        if recalibrate and runs:  # each check ran between its calibration and the next one
+            ends = [r for _, _, r in runs[1:]] + [calibrate(" (last)")]
+            runs = [(sc, ph, bracket(r, end)) for (sc, ph, r), end in zip(runs, ends)]
+        checks = [Check(predict(work, r, sc), ph, r) for sc, ph, r in runs]
     return Profile(
-        str(location), work, opts, step_name, phases, rates, predict(work, rates, base),
+        str(location), work, opts, step_name, phases, rates, predict(work, measured_rates, base),
         tuple(whatif_grid(work, rates, base)), tuple(cache_curve(work, rates, base)), advise(work, rates, base),
         tuple(checks), remote,
     )  # fmt: skip
 
 
 def derive_rates(work: Workload, phases: Mapping[str, PhaseResult], step_s: float, step_cpu: float,
-                 *, remote: bool, fill_bps: float | None = None) -> Rates:  # fmt: skip
+                 *, remote: bool, fill_bps: float | None = None, parallel: float | None = None) -> Rates:  # fmt: skip
     """The model's rates from the phases: bytes over seconds per tier, seconds per batch.
 
     Storage is the cold epoch's bytes over its wall time after the first batch (never less than the
@@ -195,19 +231,54 @@ def derive_rates(work: Workload, phases: Mapping[str, PhaseResult], step_s: floa
         raise ConfigError(f"{phases['ingest-cold'].name}: the dataset delivered no bytes to time (is it empty?)")
     batches = max(1, warm.batches)
     assembly = max(0.0, warm.busy.get("assembly", 0.0) - warm.cache_bytes / copy_bps) / batches
-    ssd_w = ssd_r = None
-    if "ssd" in phases:
-        s = phases["ssd"]
-        fill = s.busy.get("ssd_fill", 0.0) - s.ssd_written / page  # what writing took beyond reading
-        ssd_w = _bps(s.ssd_written, max(fill, 1e-6))
-        ssd_r = _bps(s.ssd_bytes, s.busy.get("ssd", 0.0))
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     # The warm phase's last epoch (the first may fill the static cache): its reads on the clock.
     warm_wall = None
     if not remote and len(warm.epoch_seconds) > 1 and len(warm.epoch_storage_bytes) == len(warm.epoch_seconds):
         warm_wall = _bps(warm.epoch_storage_bytes[-1], warm.epoch_seconds[-1]) or None
+    ssd_w = ssd_r = None
+    if "ssd" in phases:
+        s = phases["ssd"]
+        # What writing took beyond reading: the probe reads warm files, on the clock like the model's
+        # warm reads (less only their CPU would leave the reads' waits in the write rate, counted twice).
+        fill = s.busy.get("ssd_fill", 0.0) - s.ssd_written / (warm_wall or page)
+        ssd_w = _bps(s.ssd_written, max(fill, 1e-6))
+        ssd_r = _bps(s.ssd_bytes, s.busy.get("ssd", 0.0))
+    cores = _cores()
     return Rates(storage, page, copy_bps, assembly, warm.busy.get("handover", 0.0) / batches, step_s, step_cpu,
-                 ssd_w, ssd_r, cores, 0 if remote else page_cache_capacity(), warm_wall, fill_bps)  # fmt: skip
+                 ssd_w, ssd_r, cores, 0 if remote else page_cache_capacity(), warm_wall, fill_bps,
+                 parallel)  # fmt: skip
+
+
+def bracket(before: Rates, after: Rates) -> Rates:
+    """The rates over a run measured just before and just after it: the mean time per byte (or per
+    batch) of the two, so a load that changed during the run counts half each way."""
+
+    def per_byte(a: float | None, b: float | None) -> float | None:
+        if a is None or b is None or a <= 0 or b <= 0:
+            return a if b is None else b if a is None else max(a, b)
+        return 2 / (1 / a + 1 / b)
+
+    def mean(a: float, b: float) -> float:
+        return (a + b) / 2
+
+    def rate(name: str) -> float | None:
+        return per_byte(getattr(before, name), getattr(after, name))
+
+    return replace(
+        before, storage_bps=rate("storage_bps") or before.storage_bps,
+        page_cache_bps=rate("page_cache_bps") or before.page_cache_bps, copy_bps=rate("copy_bps") or before.copy_bps,
+        ssd_write_bps=rate("ssd_write_bps"), ssd_read_bps=rate("ssd_read_bps"), warm_bps=rate("warm_bps"),
+        fill_bps=rate("fill_bps"), assembly_s=mean(before.assembly_s, after.assembly_s),
+        handover_s=mean(before.handover_s, after.handover_s), step_s=mean(before.step_s, after.step_s),
+        step_cpu_s=mean(before.step_cpu_s, after.step_cpu_s),
+        page_cache_bytes=min(before.page_cache_bytes, after.page_cache_bytes),
+        parallel=None if before.parallel is None or after.parallel is None else mean(before.parallel, after.parallel),
+    )  # fmt: skip
+
+
+def _cores() -> int:
+    """Cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _bps(nbytes: int, seconds: float) -> float:

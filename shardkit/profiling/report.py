@@ -64,7 +64,8 @@ def report_lines(prof: Profile) -> list[str]:
         + (", static cache's pages mapped " + _mbps(r.fill_bps) if r.fill_bps else "")
         + f", RAM copies {_mbps(r.copy_bps)}, SSD write {_mbps(r.ssd_write_bps)}, SSD read {_mbps(r.ssd_read_bps)}",
         f"             assembly {r.assembly_s * 1e3:.3f} ms/batch, hand-over {r.handover_s * 1e3:.3f} ms/batch, "
-        f"{r.cores} cores, page cache up to {human_bytes(r.page_cache_bytes)}",
+        f"{r.cores} cores" + (f" ({r.parallel:.2f} threads at once)" if r.parallel is not None else "")
+        + f", page cache up to {human_bytes(r.page_cache_bytes)}",
         "",
         f"{'predicted':<34} {'cache':>6} {'epoch 0':>9} {'steady':>9} {'stall':>7}  bottleneck",
     ]
@@ -135,7 +136,8 @@ def to_json(prof: Profile) -> dict[str, Any]:
         "rates": {k: getattr(r, k) for k in r.__dataclass_fields__},
         "measured": _prediction(prof.measured),
         "whatifs": [_prediction(p) for p in prof.whatifs],
-        "checks": [{"prediction": _prediction(c.prediction), "measured": c.measured.as_dict(), "error": c.error}
+        "checks": [{"prediction": _prediction(c.prediction), "measured": c.measured.as_dict(), "error": c.error,
+                    "rates": None if c.rates is None else {k: getattr(c.rates, k) for k in c.rates.__dataclass_fields__}}
                    for c in prof.checks],
         "advice": {"bottleneck": prof.advice.bottleneck, "stall_fraction": prof.advice.stall_fraction,
                    "change": prof.advice.change, "sentence": prof.advice.sentence()},

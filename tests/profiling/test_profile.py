@@ -27,7 +27,7 @@ from shardkit.profiling import (
     read_amplification,
     report_lines,
 )
-from shardkit.profiling.profiler import derive_rates
+from shardkit.profiling.profiler import bracket, derive_rates
 from shardkit.profiling.whatif import advise
 from shardkit.readers import SamplerOptions, TieredSampler
 from tests.helpers.cli import run_main
@@ -138,6 +138,24 @@ def test_predict_cold_first_epoch_maps_the_static_cache_and_reads_warm_at_the_cl
     assert warm.seconds - warm.startup_seconds == pytest.approx(max(1000 * REC / 2e6, (1000 * REC / 2e6 + 0.5) / 2))
 
 
+def test_predict_threads_that_run_at_once_bound_the_overlap() -> None:
+    # Two cores, but other processes keep them busy: the process's threads run 1.5 at a time, so the
+    # reader and the cache's mapping thread overlap less, and the epoch's CPU spreads over 1.5 threads.
+    work = Workload(1000, REC, 100, epochs=2)
+    opts = SamplerOptions(ram_size=2 * 1000 * REC, static_cache=500 * REC, batch_size=100, gap_bytes=0)
+    ram = opts.tier_sizes(REC, 1000).ram_bytes
+    rates = _rates(page_cache_bytes=ram + 1000 * REC, warm_bps=2e6, fill_bps=2.5e5, cores=2)
+    idle = predict(work, rates, Scenario("x", opts)).epochs[0]
+    busy = predict(work, replace(rates, parallel=1.5), Scenario("x", opts)).epochs[0]
+    # reads 1 s, mapping 2 s: (1 + 2) / 2 on idle cores, (1 + 2) / 1.5 with 1.5 threads at once
+    assert idle.seconds - idle.startup_seconds == pytest.approx(1.5)
+    assert busy.seconds - busy.startup_seconds == pytest.approx(2.0)
+    assert busy.stages["cpu"] == pytest.approx(idle.stages["cpu"] * 2 / 1.5)
+    # never fewer than one thread, never more than the cores
+    assert replace(rates, parallel=0.3).threads_at_once == 1.0 and replace(rates, parallel=5.0).threads_at_once == 2.0
+    assert rates.threads_at_once == 2
+
+
 def _phase(name: str, seconds: float, epochs: tuple[float, ...], nbytes: tuple[int, ...], disk_busy: float,
            first: float = 0.0) -> PhaseResult:  # fmt: skip
     return PhaseResult(name, seconds, 1000 * len(epochs), 10 * len(epochs), epochs, 0.0, first,
@@ -164,6 +182,22 @@ def test_rates_come_from_the_epochs_wall_time() -> None:
     assert derive_rates(work, phases, 0.01, 0.0, remote=False).storage_bps == pytest.approx(2e6)
     # an object store: no page cache, so no warm rate
     assert derive_rates(work, phases, 0.01, 0.0, remote=True).warm_bps is None
+    # the SSD probe (warm files) read 1 MB and wrote it in 1 s of the creator's time: reads on the
+    # clock at the warm 2 MB/s took 0.5 s of it, so writing 1 MB took the other 0.5 s
+    phases["ssd"] = PhaseResult("ssd", 1.2, 1000, 10, (1.2,), 0.0, 0.0, {"ssd_fill": 1.0, "ssd": 0.25},
+                                1_000_000, 1, ssd_bytes=1_000_000, ssd_written=1_000_000)  # fmt: skip
+    ssd = derive_rates(work, phases, 0.01, 0.0, remote=False)
+    assert ssd.ssd_write_bps == pytest.approx(2e6) and ssd.ssd_read_bps == pytest.approx(4e6)
+
+
+def test_bracket_averages_time_per_byte_of_the_rates_before_and_after() -> None:
+    before = _rates(storage_bps=1e6, step_s=0.01, parallel=1.0, fill_bps=None, page_cache_bytes=10)
+    after = _rates(storage_bps=3e6, step_s=0.03, parallel=2.0, fill_bps=4e6, page_cache_bytes=5)
+    both = bracket(before, after)
+    # 1 MB takes 1 s before and 1/3 s after: 2/3 s on average, 1.5 MB/s (not the mean rate's 2 MB/s)
+    assert both.storage_bps == pytest.approx(1.5e6)
+    assert both.step_s == pytest.approx(0.02) and both.parallel == pytest.approx(1.5)
+    assert both.fill_bps == 4e6 and both.page_cache_bytes == 5  # one side unmeasured; the smaller page cache
 
 
 def test_predict_compute_bound_workers_and_bandwidth() -> None:
@@ -244,6 +278,21 @@ def test_profile_python_api_with_step_function_and_checks(tmp_path: Path) -> Non
         profile(ds, batch_size=8)
 
 
+def test_profile_recalibrates_each_check_and_runs_warm_checks(tmp_path: Path) -> None:
+    ds = make_dataset(tmp_path / "ds", 40)
+    opts = SamplerOptions.parse(batch_size=4, ram_size="12records", epochs=2)
+    warm = Scenario("static_cache 0, warm", opts.replace(static_cache=0), cold_start=False)
+    prof = profile(ds, opts, step_time="1ms", check=[{"static_cache": 0}, warm], recalibrate=True)
+    assert [c.prediction.scenario.cold_start for c in prof.checks] == [True, False]
+    for c in prof.checks:
+        # each check predicted from rates measured just before and after it, not the profile's
+        assert c.rates is not None and c.rates is not prof.rates and c.prediction.epochs[0].storage_bytes > 0
+        assert 1.0 <= (c.rates.parallel or 0) <= c.rates.cores
+    assert set(prof.phases) == {"ingest-cold", "ingest-warm", "both", "check: static_cache=0", "check: static_cache 0, warm"}
+    plain = profile(ds, opts, step_time="1ms", check=[{"static_cache": 0}])
+    assert plain.checks[0].rates is plain.rates
+
+
 def test_profile_ssd_probe(tmp_path: Path, ssd_dir: Path) -> None:
     ds = make_dataset(tmp_path / "ds", 40)
     prof = profile(ds, step_time="1ms", batch_size=4, ram_size="12records", ssd_dir=ssd_dir, epochs=1)
@@ -263,9 +312,13 @@ def test_profile_cli_report_json_plot_and_step(tmp_path: Path, capsys: pytest.Ca
     (tmp_path / "mystep.py").write_text("def step(batch):\n    assert 'image' in batch\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))
-    assert _run(["profile", str(ds), "--step", "mystep:step", "--batch-size", "4", "--json", "--epochs", "1"]) == 0
+    assert _run(["profile", str(ds), "--step", "mystep:step", "--batch-size", "4", "--json", "--epochs", "1",
+                 "--check", "--recalibrate"]) == 0  # fmt: skip
     doc = json.loads(capsys.readouterr().out)
     assert doc["step"] == "step" and doc["workload"]["num_records"] == 30 and doc["phases"]["both"]["records"] == 30
+    # each check with the rates it was predicted from, measured around it
+    assert len(doc["checks"]) == 3 and all(c["rates"]["parallel"] >= 1 for c in doc["checks"])
+    assert doc["checks"][0]["rates"] != doc["rates"]
 
 
 @pytest.mark.parametrize(
