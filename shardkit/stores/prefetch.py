@@ -244,6 +244,9 @@ class ShardPrefetcher:
         self._state = [_QUEUED] * len(self.items)
         self._errors: dict[int, BaseException] = {}
         self._fills: dict[int, _Fill] = {}
+        #: Items whose every page landed in checked parts, being checked and named (:meth:`_settle`):
+        #: their pages are readable from the copy meanwhile, so a reader need not wait for the rename.
+        self._landed: set[int] = set()
         self._demand: deque[tuple[int, int, int]] = deque()
         #: ``(item, lo, hi)`` page spans in the order blocks will need them (:meth:`schedule`): the
         #: background order, before the shard-by-shard one.
@@ -466,6 +469,7 @@ class ShardPrefetcher:
 
     def _finish(self, i: int, state: int, error: BaseException | None = None) -> None:
         self._state[i] = state
+        self._landed.discard(i)
         if error is not None:
             self._errors[i] = error
             if self.error is None:
@@ -528,6 +532,8 @@ class ShardPrefetcher:
                 if fill.inflight or (fill.error is None and fill.done < fill.npages):
                     continue
                 del self._fills[fill.index]
+                if fill.error is None:
+                    self._landed.add(fill.index)
             self._settle(fill)
 
     def _settle(self, fill: _Fill) -> None:
@@ -744,7 +750,9 @@ class PartialCopy:
                     fill = pf._fills.get(self.index)
                     if fill is None:
                         state = pf._state[self.index]
-                        if state == _ACTIVE and not pf._closing:  # being checked and named (_settle): its outcome
+                        if state == _ACTIVE and self.index in pf._landed:
+                            return True  # every page is in the copy; it is being checked and named
+                        if state == _ACTIVE and not pf._closing:  # a resumed copy being checked: its outcome
                             pf._cond.wait(1.0)
                             continue
                         if state == _FAILED:

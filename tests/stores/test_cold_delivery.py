@@ -185,3 +185,31 @@ def test_a_record_a_streaming_part_has_not_reached_is_delivered_from_it(
     assert delivery.delivered() == [True]
     np.testing.assert_array_equal(rows[1], encode(np.array([20]), SHAPE).reshape(-1))
     assert not rows[0].any()  # never handed over: read from the copy by a block
+
+
+def test_a_block_does_not_wait_for_a_landed_copy_to_be_checked_and_named(
+        url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A block waiting on a copy whose last part lands reads its records from the copy while the
+    copy is still being checked and renamed (its fsync can take long on a busy disk), not after."""
+    release = threading.Event()
+    real = cache_mod.ShardCache.complete
+
+    def complete(self: cache_mod.ShardCache, name: str, fd: int, size: int, verify: Callable[[int], bool]) -> bool:
+        release.wait(60)
+        return real(self, name, fd, size, verify)
+
+    monkeypatch.setattr(cache_mod.ShardCache, "complete", complete)
+    keys = list(range(PER_SHARD))  # every record of shard 0: once one block was read, its whole parts
+    got: dict[str, Any] = {}
+    with Dataset(url, cache_dir=_cache(tmp_path)) as ds:
+        try:
+            ds.read([PER_SHARD + 1])  # a first block (pages only), so the next one asks for whole parts
+            reader = threading.Thread(target=lambda: got.update(ds.read(keys)), daemon=True)
+            reader.start()
+            reader.join(30)
+            waited = reader.is_alive()
+        finally:
+            release.set()
+        reader.join()
+    assert not waited, "the block waited for the landed copy to be checked and named"
+    check_batch({"key": np.array(keys), **got})
