@@ -52,6 +52,9 @@ logger = logging.getLogger(__name__)
 
 #: Rows copied per numpy call when gathering scattered rows (a small temporary stays in the CPU cache).
 _GATHER_ROWS = 8
+#: Scattered rows of at least this many bytes are copied one by one (one copy each, no temporary):
+#: the call per row costs less than a second copy through a temporary.
+_ROW_COPY_BYTES = 16 << 10
 #: Plan positions whose keys are computed at once (the positions' temporaries are a few times this).
 _KEY_PIECE = 1 << 18
 #: Block keys looked up in the static cache at once (the lookup's temporaries are ~11 bytes a key).
@@ -221,13 +224,17 @@ def assemble_batch(
 
 def gather_rows(dst: np.ndarray, dst_rows: np.ndarray, src: np.ndarray, src_rows: np.ndarray) -> None:
     """``dst[dst_rows] = src[src_rows]`` without a large temporary: consecutive destination rows in
-    one ``np.take``, scattered ones a few rows at a time."""
+    one ``np.take``, scattered ones a few rows at a time, or one by one when rows are large."""
     n = int(dst_rows.size)
     if n == 0:
         return
     r0 = int(dst_rows[0])
     if int(dst_rows[-1]) - r0 == n - 1 and np.all(np.diff(dst_rows) == 1):
         np.take(src, src_rows, axis=0, out=dst[r0 : r0 + n], mode="clip")
+        return
+    if src[0].nbytes >= _ROW_COPY_BYTES:
+        for d, s in zip(dst_rows.tolist(), src_rows.tolist()):
+            dst[d] = src[s]
         return
     for a in range(0, n, _GATHER_ROWS):
         dst[dst_rows[a : a + _GATHER_ROWS]] = src[src_rows[a : a + _GATHER_ROWS]]
