@@ -21,7 +21,10 @@ Run: ``python benchmarks/sample.py [--quick] [--before /path/to/previous/tree] [
   for every figure), interleaved per round: ``tiers=ram,ssd`` on tmpfs against ``tiers=ram`` (page
   cache dropped, ``--ssd-ram``/``--ssd-size``); ``ram_size`` twice the dataset (the static cache
   holds it all) cold against the raw sequential scan, and warm (files in the page cache) against the
-  same epoch with ``static_cache=0``, node-shared and private (``node_sharing=False``).
+  same epoch with ``static_cache=0``, node-shared and private (``node_sharing=False``). Every run
+  is paired with a plain read of the same files in the same state just before it (the host's page
+  cache is not dropped with the guest's, so the "cold" device differs from run to run), and ratios
+  are taken between these paired figures.
 * ``--io-modes``: the bottom tier's read modes on one sparse block: buffered ``preadv`` after
   announcing every run (what the reader does) against ``O_DIRECT`` reads from a thread pool.
 
@@ -305,24 +308,29 @@ def first_epochs(path: Path, n: int, batch: int, trees: dict[str, str], rounds: 
     rows: dict[tuple[str, str], list[dict[str, float]]] = {}
     for _ in range(rounds):
         for name, tree in trees.items():
-            base = {"raw": scan(path, cold=True)}
+            base: dict[str, dict[str, float]] = {}
             for label, (cfg, _) in runs.items():
-                if not cfg["cold"]:
-                    base["plain"] = scan(path, cold=False)  # warms the files (and measures a plain read)
+                # Each run's own plain read of the files, in the state the run meets (cold: the
+                # page cache dropped before each; warm: this read warms them): the device's speed
+                # drifts between runs, so every figure is taken against its own read first.
+                plain = scan(path, cold=cfg["cold"])
                 res = run(tree, path=str(path), records=n, batch=batch, epochs=1, **cfg)
                 base[label] = r = _rate(res["epochs"][0])
+                r["own"] = r["mbps"] / plain["mbps"]
             for label, (_, ref) in runs.items():
                 r = dict(base[label])
-                r["ratio"] = r["mbps"] / base[ref]["mbps"] if ref else 1.0
+                r["ratio"] = r["own"] / (base[ref]["own"] if ref in base else 1.0)
                 rows.setdefault((label, name), []).append(r)
     med = statistics.median
     lines = [
         f"First epochs: {n} records ({n * REC / 1e9:.2f} GB), batch {batch}, epoch 1 of a fresh run (one process "
         f"each), SSD rows ram_size {ram / 2**20:.0f} MiB, ssd_size {ssd / 2**20:.0f} MiB, large budget "
-        f"{big / 2**20:,.0f} MiB; {rounds} round(s), median [min-max] of each ratio within its round",
+        f"{big / 2**20:,.0f} MiB; {rounds} round(s); each run paired with a plain read of the files just before "
+        "it in the same state (raw scan cold, cached read warm): 'x own read' is the run's MB/s over that read's, "
+        "and a ratio against another row divides the two rows' 'x own read'; median [min-max] over the rounds",
         "",
-        "| | tree | MB/s | CPU s/GB | ratio | against |",
-        "|---|---|---:|---:|---:|---|",
+        "| | tree | MB/s | CPU s/GB | x own read | ratio | against |",
+        "|---|---|---:|---:|---:|---:|---|",
     ]
     for label, (_, ref) in runs.items():
         for name in trees:
@@ -331,7 +339,7 @@ def first_epochs(path: Path, n: int, batch: int, trees: dict[str, str], rounds: 
             spread = f"{med(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}]" if ref else ""
             against = {"raw": "raw scan (cold)", "plain": "plain read of the cached files"}.get(ref or "", ref or "")
             lines.append(f"| {label} | {name} | {med(r['mbps'] for r in rs):,.0f} | {med(r['cpu_per_gb'] for r in rs):.3f} "
-                         f"| {spread} | {against} |")
+                         f"| {med(r['own'] for r in rs):.2f} | {spread} | {against} |")
     return lines
 
 

@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import logging
 import math
+import mmap
 import os
 import sys
 import threading
@@ -968,6 +969,21 @@ class PayloadArray:
         count = self.shards[i].count
         expected = np.arange(count, dtype=np.uint64) * np.uint64(self.record_nbytes)
         return bool(np.array_equal(idx.offsets[:count], expected))
+
+    def map_shard(self, i: int) -> tuple[mmap.mmap, np.ndarray] | None:
+        """Shard ``i``'s records as a read-only ``(count, *record shape)`` view of its file's pages,
+        and the mapping behind it; ``None`` unless the shard is a local file of the checked
+        fixed-size layout (record j at ``j * record_nbytes``). The mapping is private (copy on write):
+        nothing done to the view reaches the file. For a reader that keeps every record in RAM: the
+        page cache then holds the only copy (docs/design.md §4, *Static cache*)."""
+        count = int(self.shards[i].count)
+        if count == 0 or not self._dense_shard(i, np.arange(count, dtype=np.int64)):
+            return None
+        m = mmap.mmap(self._fd(i), count * self.record_nbytes, access=mmap.ACCESS_COPY)
+        view = np.frombuffer(m, dtype=self.dtype, count=count * int(np.prod(self.record.shape, dtype=np.int64)))
+        view = view.reshape((count, *self.record.shape))
+        view.flags.writeable = False
+        return m, view
 
     # ------------------------------------------------------------------ reading
     def empty(self, n: int) -> np.ndarray:

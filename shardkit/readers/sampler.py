@@ -152,6 +152,7 @@ class TieredSampler(Closing):
             self._cache = StaticCache(
                 opts.seed, self.num_keys, self.sizes.static_records, tuple(rec.shape), np.dtype(rec.dtype),
                 bijection=self.permutation == "feistel", share_key=self._share_key,
+                files=self._mappable and self.ssd_dir is None,
             )  # fmt: skip
         self._pool = BatchPool(opts.batch_size, tuple(rec.shape), np.dtype(rec.dtype).newbyteorder("<"),
                                self.sizes.pool_batches, row_offset=self._row_offset)  # fmt: skip
@@ -185,6 +186,7 @@ class TieredSampler(Closing):
         regions: list[node.SharedRegion] = []
         keys: list[str] = []
         offsets: set[int] = set()
+        codecs = []
         for p, part, made in zip(m.paths, self.identity.parts, m.fingerprints):
             if part.fingerprint != made:
                 raise SamplerError(f"{p}: the dataset changed since the sampler opened it; try again once it is complete")
@@ -198,6 +200,7 @@ class TieredSampler(Closing):
                     if opts.decode is not True:
                         f = {**f, stored_nbytes_field(ds.meta.payload): stored_nbytes(ds)}
                     codec = ds.payload.codec if opts.decode is True else None
+                    codecs.append(ds.payload.codec)
                     offsets.add(0 if codec is None else codec.row_offset(tuple(ds.payload.record.shape)))
             except ShardkitError:
                 part.settle()  # fields of a dataset replaced since its documents were read: say that
@@ -206,6 +209,9 @@ class TieredSampler(Closing):
             regions += r
             keys.append(key or "")
         self._share_key = "\0mixture\0".join(keys) if opts.node_sharing else None
+        #: One local dataset of uncompressed records read as it is: a static cache that holds it
+        #: whole may be its mapped files (docs/design.md §4, *Static cache*).
+        self._mappable = self._plan.single and len(m.paths) == 1 and isinstance(self.path, Path) and codecs == [None]
         #: Where a batch buffer starts past a page: what every dataset's decoder writes fastest (JPEG's
         #: colour conversion: docs/design.md §4, *Decoding*), else page aligned.
         self._row_offset = offsets.pop() if len(offsets) == 1 else 0

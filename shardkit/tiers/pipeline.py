@@ -22,6 +22,7 @@ from shardkit.readers.options import TierSizes
 from shardkit.readers.sources import MixedDataset, MixedIdentity, Mixture
 from shardkit.tiers import stopping
 from shardkit.tiers.buffers import BatchBuffer, BatchPool
+from shardkit.tiers.mapped import MappedShards
 from shardkit.tiers.ssd import SsdSpace
 from shardkit.tiers.ssd_slots import ReservoirSlots
 from shardkit.tiers.static_cache import Ahead, StaticCache, distinct_sorted
@@ -51,6 +52,9 @@ logger = logging.getLogger(__name__)
 
 #: Rows copied per numpy call when gathering scattered rows (a small temporary stays in the CPU cache).
 _GATHER_ROWS = 8
+#: Scattered rows of at least this many bytes are copied one by one (one copy each, no temporary):
+#: the call per row costs less than a second copy through a temporary.
+_ROW_COPY_BYTES = 16 << 10
 #: Plan positions whose keys are computed at once (the positions' temporaries are a few times this).
 _KEY_PIECE = 1 << 18
 #: Block keys looked up in the static cache at once (the lookup's temporaries are ~11 bytes a key).
@@ -114,6 +118,8 @@ class _Copy:
     positions: np.ndarray
     source: np.ndarray
     rows: np.ndarray
+    #: The rows are the static cache's (counted as its hits).
+    cached: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -218,13 +224,17 @@ def assemble_batch(
 
 def gather_rows(dst: np.ndarray, dst_rows: np.ndarray, src: np.ndarray, src_rows: np.ndarray) -> None:
     """``dst[dst_rows] = src[src_rows]`` without a large temporary: consecutive destination rows in
-    one ``np.take``, scattered ones a few rows at a time."""
+    one ``np.take``, scattered ones a few rows at a time, or one by one when rows are large."""
     n = int(dst_rows.size)
     if n == 0:
         return
     r0 = int(dst_rows[0])
     if int(dst_rows[-1]) - r0 == n - 1 and np.all(np.diff(dst_rows) == 1):
         np.take(src, src_rows, axis=0, out=dst[r0 : r0 + n], mode="clip")
+        return
+    if src[0].nbytes >= _ROW_COPY_BYTES:
+        for d, s in zip(dst_rows.tolist(), src_rows.tolist()):
+            dst[d] = src[s]
         return
     for a in range(0, n, _GATHER_ROWS):
         dst[dst_rows[a : a + _GATHER_ROWS]] = src[src_rows[a : a + _GATHER_ROWS]]
@@ -495,6 +505,15 @@ class Pipeline:
             return BlockRead(seg, a, b, keys, None, slot=ring_slot)
         if self.staged:
             return self._read_staged(seg, a, b, keys, read, tier)
+        if self.assemble_only and (mapped := self._mapped()) is not None:
+            # The whole dataset is pinned as its mapped files: make the block's pages resident, and
+            # the assembler copies every batch from them.
+            t0, c0 = time.perf_counter(), time.thread_time()
+            mapped.populate(keys, self.disk.payload.stats, self.stop)
+            self._stats.add_busy(tier, time.perf_counter() - t0)
+            self._stats.add_busy(f"{tier}_cpu", time.thread_time() - c0)
+            views = mapped.copies(keys)
+            return BlockRead(seg, a, b, keys, None, tuple(_Copy(p, v, r, cached=True) for p, v, r in views))
         bs = seg.shape.batch_size
         buffers: dict[int, BatchBuffer] | None = None
         if not self.assemble_only:
@@ -516,7 +535,7 @@ class Pipeline:
         copies: list[_Copy] = []
         if pos.size:  # served from the cache rows, those the block fills included
             assert self.cache is not None and self.cache.rows is not None
-            copies.append(_Copy(pos, self.cache.rows, crow))
+            copies.append(_Copy(pos, self.cache.rows, crow, cached=True))
         served = ~fill
         # Block positions to read (None: all of them, no position array), and where in them the
         # records that fill the cache are (as indices into what is read).
@@ -615,6 +634,22 @@ class Pipeline:
         self._stats.add_busy(tier, time.perf_counter() - t0)
         self._stats.add_busy(f"{tier}_cpu", time.thread_time() - c0)
 
+    def _mapped(self) -> MappedShards | None:
+        """The static cache as the dataset's mapped shard files (:class:`MappedShards`), mapped on
+        first use; ``None`` when it is not one (it then attaches rows of its own)."""
+        cache = self.cache
+        if cache is None or not cache.files:
+            return None
+        if cache.mapped is None:
+            payload = self.disk.payload
+            mapped = MappedShards.open(payload) if isinstance(payload, PayloadArray) and self.node_disk is None else None
+            if mapped is None:
+                logger.info("static cache: the shard files cannot be mapped; keeping a copy of the records")
+                cache.files = False
+                return None
+            cache.mapped = mapped
+        return cache.mapped
+
     def _expect(self, keys: np.ndarray) -> Ahead | None:
         """Announce the next block (``keys``) to the cache: the rows it will fill get their memory
         on the cache's allocation thread while this block is read (:meth:`StaticCache.expect`)."""
@@ -658,6 +693,8 @@ class Pipeline:
         # A reader that downloads into a local cache (object store) is told the epoch's block
         # schedule up front, to download parts in the order the blocks will need them.
         schedule = getattr(self.disk.payload, "schedule", None) if self.node_disk is None else None
+        if self.assemble_only:
+            self._mapped()  # whether the cache is the mapped files: decided before any block is announced
         for seg in self._segments:
             open_buffers: dict[int, BatchBuffer] = {}
             self._count_epoch_disk(seg.epoch, block=False)  # what landed since the last block: the epoch before
@@ -831,7 +868,7 @@ class Pipeline:
                 sel = slice(*np.searchsorted(positions, [lo, hi]))
                 if sel.stop > sel.start:
                     gather_rows(buf.array, positions[sel] - g0, copy.source, copy.rows[sel])
-                    if self.cache is not None and copy.source is self.cache.rows:
+                    if copy.cached:
                         count = sel.stop - sel.start
                         self._stats.cache.add("static-cache", 0, count * rec)
                         self._stats.cache.add_records(count)

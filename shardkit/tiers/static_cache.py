@@ -10,7 +10,7 @@ import logging
 import mmap
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -20,6 +20,9 @@ from shardkit.order.bijection import ROUNDS, FeistelPermutation
 from shardkit.order.locality import node_partition
 from shardkit.order.seeds import Domain, rng
 from shardkit.tiers import shm as node
+
+if TYPE_CHECKING:  # mapped imports this module's helpers
+    from shardkit.tiers.mapped import MappedShards
 
 __all__ = [
     "StaticCache",
@@ -252,7 +255,9 @@ class StaticCache:
     (records of ``record_shape`` and ``dtype``), and which rows are filled. P is drawn with a
     bijection (:class:`BijectionKeys`) when ``bijection``; with ``part = (nodes, node)`` it is node
     ``node``'s part of the node partition. ``share_key`` names the dataset for node sharing
-    (``None``: private to this process)."""
+    (``None``: private to this process). ``files``: when it holds every record, the cache may be
+    the dataset's own shard files, mapped by the pipeline (:class:`~shardkit.tiers.mapped.MappedShards`):
+    :meth:`attach` then maps no rows (the pipeline clears ``files`` if the files cannot be mapped)."""
 
     def __init__(
         self,
@@ -265,12 +270,16 @@ class StaticCache:
         bijection: bool = False,
         part: tuple[int, int] | None = None,
         share_key: str | None = None,
+        files: bool = False,
     ) -> None:
         self.seed, self.n, self.m = int(seed), int(num_records), int(count)
         self.record_shape, self.dtype = tuple(record_shape), np.dtype(dtype)
         self.part = None if part is None else (int(part[0]), int(part[1]))
         self.variant = "all" if self.m >= self.n else "node" if part else ("bijection" if bijection else "sorted")
         self.share_key = share_key
+        self.files = files and self.variant == "all"
+        #: The mapped shard files when ``files`` (set by the first pipeline that maps them).
+        self.mapped: MappedShards | None = None
         self.rows: np.ndarray | None = None
         self.flags: np.ndarray | None = None
         self.pinned: PinnedSet | None = None
@@ -315,7 +324,9 @@ class StaticCache:
     def attach(self) -> None:
         """Map the cache: the node's shared region for it when sharing is on, else private memory."""
         with self._lock:
-            if self.rows is not None:
+            if self.files and self.pinned is None:
+                self.pinned = self._pinned_set()
+            if self.rows is not None or self.files:
                 return
             rows_at, keys_at, total = self._layout()
             region = None
@@ -518,6 +529,9 @@ class StaticCache:
         the next use."""
         self._stop_prefault()
         self._allocated = 0
+        if self.mapped is not None:
+            self.mapped.close()
+            self.mapped = None
         with self._lock:
             self._ahead = []
             self.rows = self.flags = None

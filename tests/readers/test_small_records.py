@@ -61,7 +61,12 @@ def test_closing_a_sampler_during_a_long_block_read_waits_for_one_chunk(small: P
                                                                        static_cache: str | int) -> None:
     """close() while the block reader is inside a block of hundreds of thousands of records: the
     reader makes at most one more request once the run is stopped (the hook holds the read until
-    close() has set the stop flag, so the race is forced, not hoped for)."""
+    close() has set the stop flag, so the race is forced, not hoped for). With ``auto`` the cache
+    holds the dataset: its files are taken as unmappable, so the records are read (the mapped
+    files' reads stop between pieces too: tests/tiers/test_mapped_cache.py)."""
+    from shardkit.tiers.mapped import MappedShards
+
+    monkeypatch.setattr(MappedShards, "open", classmethod(lambda cls, payload: None))
     real = PayloadArray._preadv_all
     armed, reached = threading.Event(), threading.Event()
     after_stop: list[int] = []

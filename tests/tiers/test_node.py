@@ -177,7 +177,11 @@ def test_a_full_node_degrades_to_uncached_reads(tmp_path: Path, private_root: Pa
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Cache rows are allocated as they are first filled; rows the node has no memory for (a full
     tmpfs) are read like uncached records, never written through the mapping (which would be a
-    SIGBUS), and the order is unchanged."""
+    SIGBUS), and the order is unchanged. (The dataset's files are taken as unmappable, so the
+    cache of the whole dataset keeps its own rows.)"""
+    from shardkit.tiers.mapped import MappedShards
+
+    monkeypatch.setattr(MappedShards, "open", classmethod(lambda cls, payload: None))
     real = node.SharedRegion.reserve
     refused: list[int] = []
     page = 4096

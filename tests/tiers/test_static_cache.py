@@ -539,9 +539,13 @@ def test_the_reader_announces_each_next_blocks_cache_rows(tmp_path: Path, monkey
     """With a node-shared cache that holds every record, the reader announces each block's rows to
     the cache while it reads the block before (expect), and reserves every block but the run's
     first with what it announced: the rows of that block, nothing else. The order is unchanged.
-    (What the thread does with an announcement: the two tests above.)"""
+    (What the thread does with an announcement: the two tests above.) The dataset's files are
+    taken as unmappable (remote or compressed), so the cache keeps its own rows."""
     from shardkit.order import schedule
     from shardkit.tiers import static_cache as sc
+    from shardkit.tiers.mapped import MappedShards
+
+    monkeypatch.setattr(MappedShards, "open", classmethod(lambda cls, payload: None))
 
     n, rec = 300, 64 * 64
     monkeypatch.setattr(schedule, "FIRST_BLOCK_BYTES", 20 * rec)  # blocks of 20, then 60 records

@@ -1,0 +1,111 @@
+"""The static cache of a dataset it holds whole, as the shard files' own pages: a local dataset of
+fixed-size records is mapped, and the page cache is the cache (docs/design.md §4, *Static cache*).
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import threading
+
+import numpy as np
+
+from shardkit.formats import PayloadArray
+from shardkit.formats.reader import ReadStats
+from shardkit.tiers import shm
+from shardkit.tiers.static_cache import distinct_sorted, reserve_ranges
+from shardkit.tiers.stopping import Stopped
+
+__all__ = ["MappedShards", "MAX_MAPPED_SHARDS"]
+
+logger = logging.getLogger(__name__)
+
+#: Page ranges populated per call: a stopped run stops between two (a block of small records is
+#: millions of records, and a cold read of its pages takes seconds).
+POPULATE_RANGES = 1024
+#: Datasets of more shards keep the copy in node-shared memory: the assembler looks every batch up
+#: in each shard's part of a block.
+MAX_MAPPED_SHARDS = 256
+
+
+class MappedShards:
+    """Every record of ``payload`` as read-only views of its shard files (:meth:`open`). A block's
+    records are made resident by :meth:`populate` on the reader thread (read from storage where the
+    page cache lacks them, counted as disk reads) and copied into batches from the views
+    (:meth:`copies`), so the cache allocates no memory of its own and copies nothing to fill: with
+    the files in the page cache the first epoch costs what a later one does. It lives as long as
+    the static cache (:attr:`StaticCache.mapped`), across the sampler's runs."""
+
+    def __init__(self, payload: PayloadArray, maps: list[tuple[mmap.mmap, np.ndarray]]) -> None:
+        self._locations = [payload.shard_location(i) for i in range(len(maps))]
+        self._maps = [m for m, _ in maps]
+        self.views = [v for _, v in maps]
+        self.records_per_shard = int(payload.records_per_shard)
+        self.record_nbytes = int(payload.record_nbytes)
+        #: Records made resident once (not asked of storage again: the mapping keeps their pages).
+        self._resident = np.zeros(int(payload.num_records), dtype=bool)
+
+    @classmethod
+    def open(cls, payload: PayloadArray) -> MappedShards | None:
+        """Map every shard of ``payload``; ``None`` when one cannot be (remote, compressed, not the
+        fixed-size layout) or there are more than :data:`MAX_MAPPED_SHARDS`."""
+        if type(payload) is not PayloadArray or payload.codec is not None or not 0 < len(payload.shards) <= MAX_MAPPED_SHARDS:
+            return None
+        maps = []
+        for i in range(len(payload.shards)):
+            got = payload.map_shard(i)
+            if got is None:
+                return None
+            maps.append(got)
+        return cls(payload, maps)
+
+    def populate(self, keys: np.ndarray, stats: ReadStats, stop: threading.Event | None = None) -> None:
+        """Map the pages of records ``keys`` that were never made resident, each shard's in
+        ascending ranges (``MADV_POPULATE_READ``: the kernel reads what the page cache lacks), and
+        count their bytes in ``stats``; raises :class:`Stopped` between two pieces once ``stop`` is set."""
+        todo = distinct_sorted(keys)
+        todo = todo[~self._resident[todo]]
+        if todo.size == 0:
+            return
+        rps = self.records_per_shard
+        shard = todo // rps
+        cuts = np.flatnonzero(np.diff(shard)) + 1
+        for part in np.split(todo, cuts):
+            i = int(part[0]) // rps
+            starts, ends, _ = reserve_ranges(part - i * rps, 0, self.record_nbytes)
+            ends = np.minimum(ends, len(self._maps[i]))
+            for c in range(0, starts.size, POPULATE_RANGES):
+                if stop is not None and stop.is_set():
+                    raise Stopped()
+                s, e = starts[c : c + POPULATE_RANGES], ends[c : c + POPULATE_RANGES]
+                ranges = list(zip(s.tolist(), (e - s).tolist()))
+                if not shm.populate_ranges(self._maps[i], ranges, shm.MADV_POPULATE_READ):
+                    for offset, length in ranges:
+                        shm.populate(self._maps[i], offset, length, shm.MADV_POPULATE_READ)
+                stats.add(self._locations[i], int(s[0]), int((e - s).sum()))
+            self._resident[part] = True
+
+    def copies(self, keys: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """``(positions, view, rows)`` per shard a block's ``keys`` touch: positions (ascending) of
+        ``keys`` whose records are rows ``rows`` of shard view ``view``."""
+        rps = self.records_per_shard
+        shard = keys // rps
+        order = np.argsort(shard, kind="stable")
+        counts = np.bincount(shard, minlength=len(self.views))
+        out = []
+        at = 0
+        for i in np.flatnonzero(counts).tolist():
+            pos = order[at : at + int(counts[i])]
+            at += int(counts[i])
+            out.append((pos, self.views[i], keys[pos] - i * rps))
+        return out
+
+    def close(self) -> None:
+        """Let go of the mappings (views still alive keep theirs)."""
+        self.views = []
+        for m in self._maps:
+            try:
+                m.close()
+            except BufferError:
+                pass  # a batch's view of it is alive: unmapped with the last one
+        self._maps = []

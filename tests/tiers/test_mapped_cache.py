@@ -1,0 +1,112 @@
+"""A static cache that holds a local uncompressed dataset whole is its mapped shard files
+(shardkit/tiers/mapped.py): no rows of its own, the same order and records, storage read once."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shardkit.readers import TieredSampler
+from shardkit.tiers import mapped as mapped_mod
+from shardkit.tiers.stopping import Stopped
+from tests.helpers.sampler_data import epochs_of, make_dataset
+
+N, RPS, SHAPE = 90, 16, (32, 32, 4)  # 4 KiB records: page-sized, over 6 shards
+REC = int(np.prod(SHAPE))
+
+
+def _sampler(path: Path, **kw: object) -> TieredSampler:
+    return TieredSampler(path, batch_size=8, epochs=1, seed=5, ram_size=f"{3 * N}records", **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("node_sharing", [True, False])
+def test_a_cache_of_the_whole_dataset_is_its_mapped_files(tmp_path: Path, node_sharing: bool) -> None:
+    """Three runs: the order of ``static_cache=0``, the records checked in every batch, no cache rows
+    (private or node-shared), the dataset read from storage in the first run only."""
+    path = make_dataset(tmp_path / "ds", N, records_per_shard=RPS, shape=SHAPE)
+    s = _sampler(path, node_sharing=node_sharing)
+    plain = _sampler(path, static_cache=0)
+    try:
+        assert s.static_cache == N
+        disk = []
+        for _ in range(3):
+            d0 = s.stats.disk.bytes_read
+            np.testing.assert_array_equal(epochs_of(s, N), epochs_of(plain, N))  # epochs_of checks every record
+            disk.append(s.stats.disk.bytes_read - d0)
+            assert s._cache is not None and s._cache.rows is None and s._cache.mapped is not None
+        assert disk[0] >= N * REC and disk[1] == disk[2] == 0
+        assert s.stats.cache.records == 3 * N  # every record of every epoch served by the cache
+    finally:
+        s.close()
+        plain.close()
+    assert s._cache.mapped is None  # close() lets go of the mapping
+
+
+def test_unmappable_files_fall_back_to_a_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Files that cannot be mapped (remote, compressed, another layout): the cache keeps its own
+    rows, as it does for a part of the dataset, with the same order."""
+    path = make_dataset(tmp_path / "ds", N, records_per_shard=RPS, shape=SHAPE)
+    monkeypatch.setattr(mapped_mod.MappedShards, "open", classmethod(lambda cls, payload: None))
+    s = _sampler(path, node_sharing=False)
+    plain = _sampler(path, static_cache=0)
+    try:
+        for _ in range(2):
+            np.testing.assert_array_equal(epochs_of(s, N), epochs_of(plain, N))
+        assert s._cache is not None and not s._cache.files and s._cache.rows is not None
+    finally:
+        s.close()
+        plain.close()
+
+
+def test_populate_reads_each_record_once_in_whole_pages(tmp_path: Path) -> None:
+    """``populate`` maps only records never made resident, each shard's pages in ranges, and counts
+    them; the copies cover every position once, from the right shard and row."""
+    from shardkit.formats import open_dataset
+    from shardkit.formats.reader import ReadStats
+
+    path = make_dataset(tmp_path / "ds", N, records_per_shard=RPS, shape=SHAPE)
+    with open_dataset(path) as ds:
+        m = mapped_mod.MappedShards.open(ds.payload)
+        assert m is not None
+        stats = ReadStats(trace=[])
+        keys = np.array([40, 3, 17, 3, 89, 18], dtype=np.int64)
+        m.populate(keys, stats)
+        assert sum(nb for _, _, nb in stats.trace) == 5 * REC  # five distinct records, page sized
+        assert len(stats.trace) == 4  # shards 0, 1 (17 and 18 in one range), 2, 5
+        m.populate(keys[:3], stats)
+        assert len(stats.trace) == 4  # resident already
+        stop = threading.Event()
+        stop.set()
+        with pytest.raises(Stopped):
+            m.populate(np.array([50, 70]), stats, stop)  # a stopped run reads nothing more
+        assert len(stats.trace) == 4
+        expected = ds.payload.read(keys)
+        out = np.zeros_like(expected)
+        for pos, view, rows in m.copies(keys):
+            out[pos] = view[rows]
+        np.testing.assert_array_equal(out, expected)
+        m.close()
+
+
+def test_scattered_large_rows_are_gathered_without_a_temporary() -> None:
+    """The assembler's gather of scattered batch rows (a block's records from several shard files)
+    copies large rows straight into place: nothing the size of a row is allocated."""
+    import tracemalloc
+
+    from shardkit.tiers.pipeline import gather_rows
+
+    rec = 64 << 10
+    src = np.arange(40 * rec, dtype=np.uint8).reshape(40, rec) * np.uint8(7)
+    dst = np.zeros((32, rec), dtype=np.uint8)
+    dst_rows, src_rows = np.array([1, 4, 5, 9, 20, 21, 30, 31, 0, 2]), np.array([39, 0, 7, 3, 3, 12, 25, 8, 1, 2])
+    tracemalloc.start()
+    try:
+        gather_rows(dst, dst_rows, src, src_rows)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    np.testing.assert_array_equal(dst[dst_rows], src[src_rows])
+    assert peak < rec
