@@ -425,10 +425,13 @@ class SortScratch:
         self._local = threading.local()
 
     def arrays(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(packed, order, dup)`` of ``n`` elements (int64, int64, bool) for this thread."""
+        """``(packed, order, dup)`` of ``n`` elements (int64, positions as int32 below 2**31, bool)
+        for this thread."""
         kept: tuple[np.ndarray, np.ndarray, np.ndarray] | None = getattr(self._local, "arrays", None)
         if kept is None or kept[0].size < n:
-            kept = self._local.arrays = (np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, bool))
+            self._local.arrays = None  # the smaller arrays go before the larger ones are allocated
+            kept = self._local.arrays = (np.empty(n, np.int64), np.empty(n, np.int32 if n < 1 << 31 else np.int64),
+                                         np.empty(n, bool))  # fmt: skip
         return kept[0][:n], kept[1][:n], kept[2][:n]
 
 

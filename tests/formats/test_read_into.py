@@ -266,3 +266,18 @@ def test_buffers_start_the_given_offset_past_a_page() -> None:
         a[...] = 7  # every byte of it is writable memory of its own
         assert a.base.nbytes >= a.nbytes + 16
 
+
+def test_a_sort_keeps_its_positions_as_int32() -> None:
+    """A request's sort keeps the positions in int32 below 2**31 keys (4 bytes a block record less,
+    issue #34), with the same result as a stable argsort, duplicates included."""
+    from shardkit.formats.reader import SortedRequest, SortScratch
+
+    scratch = SortScratch()
+    rng = np.random.default_rng(2)
+    for keys in (rng.permutation(5000), rng.integers(0, 300, size=5000), np.array([3])):
+        keys = keys.astype(np.int64)
+        req = SortedRequest.of(keys, 5000, scratch)
+        assert req.order.dtype == np.int32
+        np.testing.assert_array_equal(req.order, np.argsort(keys, kind="stable"))
+        np.testing.assert_array_equal(req.distinct, np.unique(keys))
+        np.testing.assert_array_equal(keys[req.first], req.distinct)
