@@ -201,6 +201,9 @@ class _Plan:
     gap: np.ndarray
     run_starts: np.ndarray
     files: Callable[[int], tuple[int, str]] | None = None
+    #: Every offset is a whole number of records (the fixed-size layout): a bounce piece's records
+    #: are rows of it without a check.
+    grid: bool = False
 
     @property
     def size(self) -> int:
@@ -423,10 +426,13 @@ class SortScratch:
         self._local = threading.local()
 
     def arrays(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(packed, order, dup)`` of ``n`` elements (int64, int64, bool) for this thread."""
+        """``(packed, order, dup)`` of ``n`` elements (int64, positions as int32 below 2**31, bool)
+        for this thread."""
         kept: tuple[np.ndarray, np.ndarray, np.ndarray] | None = getattr(self._local, "arrays", None)
         if kept is None or kept[0].size < n:
-            kept = self._local.arrays = (np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, bool))
+            self._local.arrays = None  # the smaller arrays go before the larger ones are allocated
+            kept = self._local.arrays = (np.empty(n, np.int64), np.empty(n, np.int32 if n < 1 << 31 else np.int64),
+                                         np.empty(n, bool))  # fmt: skip
         return kept[0][:n], kept[1][:n], kept[2][:n]
 
 
@@ -573,6 +579,8 @@ class Destination:
         if self.consecutive is None:
             return self.which[j], self.rows[j]
         offset, per = self.consecutive
+        if len(self.buffers) == 1:  # one buffer (a staging block): every row is in it, no division
+            return self.which[: j.size], j + offset
         which, rows = np.divmod(j + offset, per)
         return which, rows
 
@@ -594,7 +602,7 @@ class Destination:
         if n and self.consecutive is not None:
             offset, per = self.consecutive
             ends = np.array([0, n - 1], dtype=np.int64)
-            which, rows = self.rows_at(ends)
+            which, rows = np.divmod(ends + offset, per)  # what rows_at computes (it may skip the division)
             if (offset < 0 or per < 1 or any(b.shape[0] < per for b in self.buffers[:-1])
                     or not np.array_equal(which, self.which[ends]) or not np.array_equal(rows, self.rows[ends])):
                 raise ConfigError(f"{where}: destination rows are not the consecutive runs of {per} rows from {offset} it declares")
@@ -1068,6 +1076,7 @@ class PayloadArray:
         shard_of = keys // self.records_per_shard
         bounds = (np.flatnonzero(np.diff(shard_of)) + 1).tolist()
         parts: list[tuple[np.ndarray, ...]] = []
+        grid = True
         for a, b in zip([0, *bounds], [*bounds, keys.size]):
             i = int(shard_of[a])
             local = keys[a:b] - i * self.records_per_shard
@@ -1077,6 +1086,7 @@ class PayloadArray:
                 parts.append((np.full(offs.size, i, dtype=np.int64), offs,
                               np.full(offs.size, self.record_nbytes, dtype=np.int64), w, r))  # fmt: skip
                 continue
+            grid = False
             idx = self.index(i)
             offs = idx.offsets[local].astype(np.int64)
             sizes = idx.nbytes[local].astype(np.int64)
@@ -1098,7 +1108,7 @@ class PayloadArray:
         gap = np.zeros(shard.size, dtype=np.int64)
         gap[1:] = offs[1:] - (offs[:-1] + sizes[:-1])
         run_starts = np.flatnonzero(new_shard | (gap > self.gap_bytes))
-        return _Plan(shard, offs, sizes, w, r, new_shard, gap, run_starts)
+        return _Plan(shard, offs, sizes, w, r, new_shard, gap, run_starts, grid=grid)
 
     def _read_scattered(self, plan: _Plan, rows: list[np.ndarray], runs: np.ndarray) -> None:
         """Runs ``runs`` of ``plan``, each one ``preadv`` that scatters every record into its row
@@ -1149,12 +1159,12 @@ class PayloadArray:
                 self._check_stop()
                 base = int(plan.offs[a])
                 # The piece: records of this run that end within the bounce buffer.
-                c = a + max(1, int(np.searchsorted(plan.offs[a:b] + rec - base, bounce.size, side="right")))
+                c = a + max(1, int(np.searchsorted(plan.offs[a:b], base + bounce.size - rec, side="right")))
                 length = int(plan.offs[c - 1]) + rec - base
                 self._preadv_all(fd, path, [bounce.data[:length]], base)
                 rel = plan.offs[a:c] - base
                 take = None
-                if np.any(rel % rec):  # records not on a record grid (a bare array): one row each
+                if not plan.grid and np.any(rel % rec):  # records not on a record grid (a bare array): one row each
                     piece = np.stack([bounce[o : o + rec] for o in rel.tolist()])
                 elif rel[-1] == (c - a - 1) * rec:  # no gaps: the bounce buffer itself, as records
                     piece = bounce[: length].reshape(-1, rec)

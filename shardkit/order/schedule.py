@@ -45,6 +45,7 @@ __all__ = [
     "density_block",
     "block_limits",
     "block_bounds",
+    "span_block",
     "pool_batches",
     "FIRST_BLOCK_BYTES",
     "FIRST_BLOCK_RECORDS",
@@ -536,6 +537,16 @@ def density_block(num_records: int, record_nbytes: int, gap_bytes: int, target: 
     return n
 
 
+def span_block(num_records: int, record_nbytes: int, gap_bytes: int) -> int:
+    """The smallest block (records) whose ascending read covers about the whole dataset: its mean
+    gap is at most half of ``gap_bytes``, so in the read model (:func:`read_efficiency`) under
+    e^-2 of its gaps are skipped. Every block from this size on reads about the dataset's bytes
+    (small records reach it within a few batches), so growing through larger ones only repeats
+    that read: :func:`block_bounds` goes to the largest block next."""
+    per_gap = max(1, int(gap_bytes) // (2 * int(record_nbytes)))  # records in half of the longest gap read
+    return max(1, -(-int(num_records) // per_gap))
+
+
 def block_limits(
     budget_records: int,
     record_nbytes: int,
@@ -560,15 +571,17 @@ def block_limits(
     return whole(first), whole(largest)
 
 
-def block_bounds(start: int, stop: int, first: int, largest: int) -> Iterator[tuple[int, int]]:
+def block_bounds(start: int, stop: int, first: int, largest: int, span: int | None = None) -> Iterator[tuple[int, int]]:
     """Consecutive blocks ``[a, b)`` covering plan positions ``[start, stop)``: ``first`` records,
-    then twice as many each time up to ``largest`` (any such partition keeps the order)."""
+    then twice as many each time up to ``largest``; after a block of at least ``span`` records
+    (:func:`span_block`: its read already covers about every byte of the dataset, so a larger one
+    reads no more bytes) the next is the largest. Any such partition keeps the order."""
     size, a = max(1, int(first)), int(start)
     largest = max(size, int(largest))
     while a < stop:
         b = min(int(stop), a + size)
         yield a, b
-        a, size = b, min(largest, 2 * size)
+        a, size = b, largest if span is not None and b - a >= span else min(largest, 2 * size)
 
 
 def pool_batches(block: int, batch_size: int, aligned: bool = True) -> int:

@@ -28,6 +28,7 @@ from shardkit.order.schedule import (
     consumer_records_bound,
     pool_batches,
     ram_block,
+    span_block,
     ssd_block,
 )
 from shardkit.order.seeds import check_seed
@@ -92,6 +93,10 @@ class TierSizes:
     #: records, in key order, and each batch is taken from it by rank (docs/design.md §4, *Staged
     #: blocks*); the pool is then only the batches in flight.
     staged: bool = False
+    #: Blocks read from the dataset jump to ``ram_block`` after one of at least this many records
+    #: (:func:`~shardkit.order.schedule.span_block`: a staged plan's blocks span the whole dataset
+    #: early); ``None``: they double all the way.
+    span_block: int | None = None
 
     @property
     def reservoir(self) -> int:
@@ -127,7 +132,8 @@ class TierSizes:
         rec = self.record_nbytes
         lines = [
             f"blocks       {self.first_block} records first, doubling to {self.ram_block} records "
-            f"({human_bytes(self.ram_block * rec)}, {self.ram_block / max(1, self.num_records):.1%} of the dataset)",
+            f"({human_bytes(self.ram_block * rec)}, {self.ram_block / max(1, self.num_records):.1%} of the dataset)"
+            + (f", at once after a block of {self.span_block}+ (it spans the dataset)" if self.span_block else ""),
             f"buffers      {self.pool_batches} batches of {self.batch_size} "
             f"({human_bytes(self.pool_batches * self.batch_size * rec)})"
             + (f", 2 staging blocks ({human_bytes(self.stage_bytes)})" if self.staged else ""),
@@ -541,7 +547,7 @@ class SamplerOptions(UserOptions):
             if pinned * AUTO_CACHE_MIN_SHARE >= n or pinned >= largest:
                 return None  # worth a cache: the plan that reads pinned records apart
         return TierSizes(ram, largest, ssd, k1, 0, first, pool, b, n, copy_bytes, rec, self._node_records(rec, n),
-                         staged=True)
+                         staged=True, span_block=span_block(n, rec, self.gap_bytes))
 
     def _node_records(self, rec: int, n: int) -> int:
         """Records ``node_cache`` pins on the node's disk (0 = off)."""

@@ -477,11 +477,12 @@ class Pipeline:
                 self._stats.add_download(st.parts_demanded + st.parts_background, st.bytes, st.reader_wait_s, st.cpu_s)
 
     # ------------------------------------------------------------------ blocks
-    def _bounds(self, seg: Segment, start: int, stop: int, largest: int) -> Iterator[tuple[int, int]]:
-        """The blocks of ``[start, stop)``: the run's very first block is small, then they grow."""
+    def _bounds(self, seg: Segment, start: int, stop: int, largest: int, span: int | None = None) -> Iterator[tuple[int, int]]:
+        """The blocks of ``[start, stop)``: the run's very first block is small, then they grow
+        (to ``largest`` at once after a block of ``span`` records, see :func:`block_bounds`)."""
         first = self.sizes.first_block if self._first_block else largest
         self._first_block = False
-        return block_bounds(start, stop, min(first, largest), largest)
+        return block_bounds(start, stop, min(first, largest), largest, span)
 
     def _read_block(
         self,
@@ -698,7 +699,7 @@ class Pipeline:
         for seg in self._segments:
             open_buffers: dict[int, BatchBuffer] = {}
             self._count_epoch_disk(seg.epoch, block=False)  # what landed since the last block: the epoch before
-            bounds = list(self._bounds(seg, 0, seg.length, self.sizes.ram_block))
+            bounds = list(self._bounds(seg, 0, seg.length, self.sizes.ram_block, self.sizes.span_block))
             if schedule is not None:
                 schedule(self._unpinned(seg.keys(a, b)) for a, b in bounds)
             blocks = iter(bounds)

@@ -106,6 +106,28 @@ def test_bad_destinations(tmp_path: Path) -> None:
                 pa.read_into(np.arange(4), dest)
         with pytest.raises(IndexError, match="outside"):
             pa.read_into(np.array([0, 1, 2, 99]), Destination.rows_of(good, 4))
+        # One buffer declared as runs of 3 rows: row 3 would be the next buffer's (rows_at skips
+        # the division for one buffer, so the check must not rely on it).
+        big = pa.empty(8)
+        with pytest.raises(ConfigError, match="consecutive"):
+            pa.read_into(np.arange(4), Destination((big,), np.zeros(4, np.int64), np.arange(4), (0, 3)))
+
+
+def test_a_plan_knows_whether_its_records_are_on_the_record_grid(tmp_path: Path) -> None:
+    """Plans of the fixed-size layout skip the bounce pieces' grid check (their offsets are whole
+    records); a bare array's plan (index offsets) does not."""
+    path, recs = _dataset(tmp_path, "small")
+    with open_dataset(path) as ds:
+        pa = ds.payload
+        out = pa.empty(20)
+        keys = np.arange(0, 60, 3)
+        rows = Destination.rows_of(out, keys.size)
+        plan = pa._plan(keys, *rows.rows_at(np.arange(keys.size)), [out.reshape(20, -1).view(np.uint8)])
+        assert plan.grid
+        np.testing.assert_array_equal(pa.read(keys), recs[keys])
+        pa._dense_shard = lambda i, local: False  # type: ignore[method-assign]  # as a bare array: index offsets
+        plan = pa._plan(keys, *rows.rows_at(np.arange(keys.size)), [out.reshape(20, -1).view(np.uint8)])
+        assert not plan.grid
 
 
 def test_buffers_are_page_aligned() -> None:
@@ -243,3 +265,19 @@ def test_buffers_start_the_given_offset_past_a_page() -> None:
         assert a.ctypes.data % BUFFER_ALIGNMENT == 16 and a.flags.c_contiguous and a.base is not None
         a[...] = 7  # every byte of it is writable memory of its own
         assert a.base.nbytes >= a.nbytes + 16
+
+
+def test_a_sort_keeps_its_positions_as_int32() -> None:
+    """A request's sort keeps the positions in int32 below 2**31 keys (4 bytes a block record less,
+    issue #34), with the same result as a stable argsort, duplicates included."""
+    from shardkit.formats.reader import SortedRequest, SortScratch
+
+    scratch = SortScratch()
+    rng = np.random.default_rng(2)
+    for keys in (rng.permutation(5000), rng.integers(0, 300, size=5000), np.array([3])):
+        keys = keys.astype(np.int64)
+        req = SortedRequest.of(keys, 5000, scratch)
+        assert req.order.dtype == np.int32
+        np.testing.assert_array_equal(req.order, np.argsort(keys, kind="stable"))
+        np.testing.assert_array_equal(req.distinct, np.unique(keys))
+        np.testing.assert_array_equal(keys[req.first], req.distinct)

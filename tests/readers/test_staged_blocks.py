@@ -114,3 +114,42 @@ def test_a_staged_plan_fits_the_ram_budget() -> None:
         assert any("2 staging blocks" in line for line in sizes.describe())
     # Image-sized records are read straight into their batch rows (a staging copy would only add one).
     assert not options.SamplerOptions(ram_size=256 << 20, batch_size=16, static_cache=0).tier_sizes(150_528, 10**5).staged
+
+
+def test_blocks_that_span_the_dataset_jump_to_the_largest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A block of small records spans the whole dataset after a few batches (``span_block``): the
+    next block is the largest, not a doubling ramp of blocks that each read every byte again."""
+    n, batch = 40_000, 64
+    path = tmp_path / "ds"
+    with DatasetWriter(path, kind="test", payload="x", record=FieldSpec((REC,), "uint8"), fields={},
+                       records_per_shard=1 << 14) as w:  # fmt: skip
+        w.write({"x": np.arange(n, dtype="<i8").view(np.uint8).reshape(-1, REC)})
+    sizes: list[int] = []
+    real = PayloadArray.read_into
+
+    def spy(self: PayloadArray, keys: np.ndarray, dest: Destination) -> None:
+        sizes.append(int(np.asarray(keys).size))
+        real(self, keys, dest)
+
+    monkeypatch.setattr(PayloadArray, "read_into", spy)
+    ram = options.STAGE_POOL_BATCHES * batch * REC + 2 * 400 * batch * (REC + schedule.BLOCK_RECORD_BYTES)
+    s = TieredSampler(path, batch_size=batch, ram_size=ram, static_cache=0, seed=3, epochs=1)
+    try:
+        plan = s.memory_plan
+        assert plan.staged and plan.span_block == schedule.span_block(n, REC, s.options.gap_bytes)
+        first, largest = s.block_schedule
+        assert plan.span_block is not None and plan.span_block <= first and 2 * first < largest
+        keys = np.concatenate([b["key"].copy() for b in s])
+    finally:
+        s.close()
+    np.testing.assert_array_equal(np.sort(keys), np.arange(n))
+    assert sizes == [b - a for a, b in schedule.block_bounds(0, n, first, largest, plan.span_block)]
+    assert sizes[:2] == [first, largest]
+
+
+def test_block_bounds_jump_after_a_block_that_spans_the_dataset() -> None:
+    assert list(schedule.block_bounds(0, 100, 2, 32, span=4)) == [(0, 2), (2, 6), (6, 38), (38, 70), (70, 100)]
+    assert list(schedule.block_bounds(0, 20, 2, 32)) == [(0, 2), (2, 6), (6, 14), (14, 20)]
+    # 32-byte records, 64 KiB gaps: from 2^14 records of 10^7 a block's mean gap is under 32 KiB
+    span = schedule.span_block(10**7, 32, 1 << 16)
+    assert 8192 < span <= 16384 and (10**7 / span - 1) * 32 <= (1 << 15)
