@@ -57,11 +57,14 @@ class SharedBatchMemory:
         #: Tells this memory's segments from another's of the same worker pid (a pid can be reused).
         self._nonce = int.from_bytes(os.urandom(7), "little")
 
-    def allocate(self, rows: int, record_shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
-        """A ``[rows, *record_shape]`` array in a shared-memory segment (page aligned), reused when
-        one of that size is free; its ``base`` is the segment's uint8 array, whose ``base`` is the
-        torch tensor that owns it."""
-        nbytes = int(rows) * int(np.prod(record_shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    def allocate(self, rows: int, record_shape: tuple[int, ...], dtype: np.dtype[Any], offset: int = 0) -> np.ndarray:
+        """A ``[rows, *record_shape]`` array in a shared-memory segment, ``offset`` bytes past its
+        start (a page: the decoder's fastest rows, see ``BatchPool(row_offset=)``), reused when one of
+        that size is free; its ``base`` is the segment's uint8 array, whose ``base`` is the torch
+        tensor that owns it. The main process finds the array at the same offset (:func:`_rebuild`)."""
+        offset = int(offset)
+        payload = int(rows) * int(np.prod(record_shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        nbytes = offset + payload
         with self._lock:
             owner = self._spare(nbytes)
         if owner is None:
@@ -75,13 +78,13 @@ class SharedBatchMemory:
             with self._lock:
                 self.created += 1
                 _identity(owner)[:] = (os.getpid(), self._nonce, self.created)
-        array: np.ndarray = owner[:nbytes].view(dtype).reshape((int(rows), *record_shape))
+        array: np.ndarray = owner[offset:nbytes].view(dtype).reshape((int(rows), *record_shape))
         with self._lock:
             self._given.append((owner, weakref.ref(array)))
         return array
 
     def _spare(self, nbytes: int) -> np.ndarray | None:
-        """A segment of ``nbytes`` payload bytes nobody uses any more (taken off the list), or None."""
+        """A segment of ``nbytes`` bytes before its header nobody uses any more (taken off the list), or None."""
         for i, (owner, array) in enumerate(self._given):
             # References to `owner`: the list's tuple, the loop variable and getrefcount's argument;
             # a view of the segment (a batch still held in this process) adds one.

@@ -12,7 +12,7 @@ import functools
 import itertools
 import os
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import wait
+from concurrent.futures import Future, wait
 from typing import Any, NoReturn
 
 import numpy as np
@@ -309,15 +309,19 @@ class RangedPayloadArray(PayloadArray):
         else:
             pf.schedule(order)
 
-    def _read_plan(self, plan: _Plan, rows: list[np.ndarray]) -> None:
-        """Fetch the plan run by run (see :meth:`_read_runs`); each record goes to its destination row."""
+    def _read_plan(self, plan: _Plan, rows: list[np.ndarray], decodes: list[Future[None]] | None = None) -> None:
+        """Fetch the plan run by run (see :meth:`_read_runs`); each record goes to its destination row,
+        decode jobs to ``decodes`` when given (the caller waits for them, see ``Destination.decodes``)."""
         out = _Rows(rows, plan)
+        if decodes is not None:
+            out.decodes = decodes
         try:
             self._read_runs(plan.as_runs(self.shard_location), out)
         except BaseException:
             wait(out.decodes)  # no decoder writes into the rows once the error is raised
             raise
-        finish_decodes(out.decodes)
+        if decodes is None:
+            finish_decodes(out.decodes)
 
     def _prefetch_indexes(self, shards: list[int]) -> None:
         missing = [i for i in shards if i not in self._indexes and self._known_index(i) is None]

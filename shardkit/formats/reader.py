@@ -490,6 +490,9 @@ class SortedRequest:
         of equal keys are consecutive in the sort)."""
         if self.dup is None:
             return
+        if dest.decodes:  # the first occurrences must be decoded before they are copied
+            finish_decodes(dest.decodes)
+            dest.decodes.clear()
         order, dup = self.order, self.dup
         src = order[np.maximum.accumulate(np.where(~dup, np.arange(order.size), 0))]
         for d, s in zip(order[dup].tolist(), src[dup].tolist()):
@@ -565,6 +568,11 @@ class Destination:
     #: batches): the read computes a piece's rows from the positions instead of gathering them from
     #: the block-sized ``which`` and ``rows`` (two cache-missing gathers per record).
     consecutive: tuple[int, int] | None = None
+    #: A list to receive the decode jobs of a read (records of a codec decoded on the decode threads):
+    #: the read then returns once its bytes are read, not decoded, and the caller waits for the jobs
+    #: (:func:`finish_decodes`) before it uses the rows, so the next read overlaps this one's decoding.
+    #: ``None``: the read returns once every record is decoded.
+    decodes: list[Future[None]] | None = None
 
     @classmethod
     def rows_of(cls, out: np.ndarray, n: int) -> Destination:
@@ -1046,16 +1054,17 @@ class PayloadArray:
             f = first[c : c + PLAN_RECORDS] if first is not None else np.arange(c, min(c + PLAN_RECORDS, distinct.size))
             plan = self._plan(distinct[c : c + PLAN_RECORDS], *dest.rows_at(f), rows)
             if plan.size:
-                self._read_plan(plan, rows)
+                self._read_plan(plan, rows, dest.decodes)
 
-    def _read_plan(self, plan: _Plan, rows: list[np.ndarray]) -> None:
-        """Read every record of ``plan`` into its row (the I/O half of :meth:`read_into`)."""
+    def _read_plan(self, plan: _Plan, rows: list[np.ndarray], decodes: list[Future[None]] | None = None) -> None:
+        """Read every record of ``plan`` into its row (the I/O half of :meth:`read_into`); decode jobs
+        go to ``decodes`` when given (see :attr:`Destination.decodes`)."""
         if plan.num_runs > 1:
             # A sparse selection: announce every run first, so the kernel queues all of them at
             # once (asynchronous readahead at a deep device queue) instead of one at a time.
             self._announce(plan)
         if self.codec is not None:
-            self._read_compressed(plan, rows)
+            self._read_compressed(plan, rows, decodes)
         else:
             bounced = plan.dense_runs() if self.record_nbytes < SCATTER_MIN_BYTES else np.zeros(plan.num_runs, bool)
             self._read_scattered(plan, rows, np.flatnonzero(~bounced))
@@ -1176,12 +1185,14 @@ class PayloadArray:
     def _preadv_all(self, fd: int, path: str, buffers: list[memoryview], offset: int) -> None:
         preadv_exact(fd, buffers, offset, path, self.stats)
 
-    def _read_compressed(self, plan: _Plan, rows: list[np.ndarray]) -> None:
+    def _read_compressed(self, plan: _Plan, rows: list[np.ndarray], decodes: list[Future[None]] | None = None) -> None:
         """Compressed records: each run is read whole into a temporary and its records handed to the
         decode threads (:class:`_DecodeJobs`) while the next run is read, or decoded here without them.
-        Returns once every record is decoded; on an error, once no decoder still writes into ``rows``."""
+        Returns once every record is decoded, or with ``decodes`` given once every run is read (its
+        jobs appended there for the caller to wait for); on an error, once no decoder still writes
+        into ``rows``."""
         assert self.codec is not None
-        jobs: list[Future[None]] = []
+        jobs: list[Future[None]] = [] if decodes is None else decodes
         batcher = _DecodeJobs(self, rows, jobs, plan.size)
         # The plan as lists once (not a few numpy slices and conversions per run).
         offs, sizes = plan.offs.tolist(), plan.sizes.tolist()
@@ -1197,7 +1208,8 @@ class PayloadArray:
         except BaseException:
             wait(jobs)  # no decoder writes into the rows once the error is raised
             raise
-        finish_decodes(jobs)
+        if decodes is None:
+            finish_decodes(jobs)
 
     def _decode_records(self, i: int, start: int, data: memoryview, offs: list[int], sizes: list[int],
                         arrays: Sequence[np.ndarray], which: list[int], row: list[int], jobs: list[Future[None]]) -> None:
@@ -1373,7 +1385,7 @@ def read_distinct_parts(parts: Sequence[PayloadArray], distinct: Sequence[np.nda
     plans = [(p, plan) for p, plan in plans if plan.size]
     if len(plans) <= 1:
         for p, plan in plans:
-            p._read_plan(plan, rows)
+            p._read_plan(plan, rows, dest.decodes)
         return
     # Shard j of the k-th plan is shard bases[k] + j of the whole; its file is its own part's.
     bases, starts, base, start = [], [], 0, 0
@@ -1394,4 +1406,4 @@ def read_distinct_parts(parts: Sequence[PayloadArray], distinct: Sequence[np.nda
 
     combined = _Plan(joined("shard", bases), joined("offs"), joined("sizes"), joined("which"), joined("row"),
                      joined("new_shard"), joined("gap"), joined("run_starts", starts), files)  # fmt: skip
-    lead._read_plan(combined, rows)
+    lead._read_plan(combined, rows, dest.decodes)

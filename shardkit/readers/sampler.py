@@ -538,7 +538,8 @@ class TieredSampler(Closing):
         """Put the batch buffers in ``memory`` (:class:`~shardkit.tiers.buffers.BufferMemory`) from
         the next iteration on; a running iteration's buffers stay where they are."""
         pool = self._pool
-        self._pool = BatchPool(pool.rows, pool.record_shape, pool.dtype, self.sizes.pool_batches, memory=memory)
+        self._pool = BatchPool(pool.rows, pool.record_shape, pool.dtype, self.sizes.pool_batches, memory=memory,
+                               row_offset=pool.row_offset)  # fmt: skip
 
     def hold_shared(self) -> None:
         """Attach the node-shared memory (fields, static cache) now and keep it until :meth:`close`,

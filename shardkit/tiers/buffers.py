@@ -31,9 +31,9 @@ class BufferMemory(Protocol):
     #: that much longer before retiring a buffer, and may own that many more).
     extra_hold: int
 
-    def allocate(self, rows: int, record_shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
-        """An uninitialised C-contiguous ``[rows, *record_shape]`` array whose ``base`` owns the memory
-        (the contract of :func:`~shardkit.formats.reader.aligned_empty`)."""
+    def allocate(self, rows: int, record_shape: tuple[int, ...], dtype: np.dtype[Any], offset: int = 0) -> np.ndarray:
+        """An uninitialised C-contiguous ``[rows, *record_shape]`` array whose ``base`` owns the memory,
+        starting ``offset`` bytes past a page (the contract of :func:`~shardkit.formats.reader.aligned_empty`)."""
         ...
 
     def busy(self, owner: np.ndarray) -> bool:
@@ -69,10 +69,10 @@ class BatchPool:
     buffer handed out more than ``hold`` batches ago and still referenced is retired (counted in
     :attr:`retired`) and replaced, so the reader never waits for it.
 
-    Every buffer is ``[rows, *record_shape]`` of ``dtype``, page aligned (see ``row_offset``); ``capacity`` does not count
-    retired buffers; ``memory`` is where buffers live (default: process memory), its ``extra_hold``
-    added to ``capacity`` and ``hold``; a buffer in process memory starts ``row_offset`` bytes past
-    a page (what the dataset's decoder writes fastest).
+    Every buffer is ``[rows, *record_shape]`` of ``dtype`` and starts ``row_offset`` bytes past a page
+    (what the dataset's decoder writes fastest; 0: page aligned), in process memory or in ``memory``
+    (where buffers live, e.g. shared memory; its ``extra_hold`` added to ``capacity`` and ``hold``);
+    ``capacity`` does not count retired buffers.
     """
 
     def __init__(
@@ -86,7 +86,7 @@ class BatchPool:
         row_offset: int = 0,
     ) -> None:
         self.rows = int(rows)
-        #: Bytes past a page where a buffer in process memory starts (the decoder's fastest rows).
+        #: Bytes past a page where a buffer starts (the decoder's fastest rows).
         self.row_offset = int(row_offset)
         self.record_shape = tuple(record_shape)
         self.dtype = np.dtype(dtype)
@@ -144,7 +144,7 @@ class BatchPool:
         if self.memory is None:
             array = aligned_empty(self.rows, self.record_shape, self.dtype, self.row_offset)
         else:
-            array = self.memory.allocate(self.rows, self.record_shape, self.dtype)
+            array = self.memory.allocate(self.rows, self.record_shape, self.dtype, self.row_offset)
         owner = array.base
         assert isinstance(owner, np.ndarray)
         buf = BatchBuffer(array=array, owner=owner, number=self.allocated, memory=self.memory)

@@ -8,6 +8,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -16,7 +17,7 @@ import numpy as np
 
 from shardkit.errors import SamplerError, ShardkitError
 from shardkit.formats import DEFAULT_GAP_BYTES, PayloadArray
-from shardkit.formats.reader import Destination, SortedRequest, SortScratch, aligned_empty, byte_records
+from shardkit.formats.reader import Destination, SortedRequest, SortScratch, aligned_empty, byte_records, finish_decodes
 from shardkit.order.schedule import BATCH_PREFETCH, EpochOrder, PlanShape, block_bounds
 from shardkit.readers.options import TierSizes
 from shardkit.readers.sources import MixedDataset, MixedIdentity, Mixture
@@ -168,6 +169,9 @@ class BlockRead:
     slot: int | None = None
     #: A staged block: the batches are taken from its staging buffer (``buffers`` is ``None``).
     stage: _Stage | None = None
+    #: Decode jobs still writing the block's rows (:attr:`Destination.decodes`): the assembler waits
+    #: for them before it hands a batch over, so the reader goes on with the next block meanwhile.
+    decodes: tuple[Future[None], ...] = ()
 
     @property
     def last(self) -> bool:
@@ -529,9 +533,9 @@ class Pipeline:
             # Nothing pinned: every record straight into its batch row (no per-record cache arrays).
             which, rows = self._batch_rows(seg, a, None, b - a)
             batch_arrays = tuple(buffers[g].array for g in range(a // bs, a // bs + len(buffers)))
-            dest = Destination(batch_arrays, which, rows, (a - (a // bs) * bs, bs))
+            dest = Destination(batch_arrays, which, rows, (a - (a // bs) * bs, bs), decodes=[])
             self._timed_read(read, keys, dest, tier)
-            return BlockRead(seg, a, b, keys, buffers)
+            return BlockRead(seg, a, b, keys, buffers, decodes=tuple(dest.decodes or ()))
         pos, crow, fill = self._cache_plan(keys, ahead)
         copies: list[_Copy] = []
         if pos.size:  # served from the cache rows, those the block fills included
@@ -847,6 +851,10 @@ class Pipeline:
 
     def _batches_of_block(self, block: BlockRead, open_batches: dict[int, _OpenBatch]) -> None:
         seg, a, b = block.segment, block.start, block.stop
+        if block.decodes:  # the block's records still being decoded into its batch rows
+            t0 = time.perf_counter()
+            finish_decodes(list(block.decodes))
+            self._stats.add_wait("decode", time.perf_counter() - t0)
         bs = seg.shape.batch_size
         rec = self.disk.record_nbytes
         for g in range(a // bs, (b - 1) // bs + 1):

@@ -199,3 +199,24 @@ def test_buffers_of_exited_workers_are_let_go(keyed: Path) -> None:
     del iterator, loader
     gc.collect()
     assert not {pid for pid, _, _ in _handover.kept_segments()} & pids
+
+
+def test_a_buffer_past_the_start_of_its_segment_arrives_at_the_same_offset() -> None:
+    # Batch buffers of RGB JPEG records start 16 bytes past a page (BatchPool(row_offset=)); the main
+    # process views the worker's segment at the offset the worker's array has.
+    memory = SharedBatchMemory(extra_hold=2)
+    array = memory.allocate(4, SHAPE, np.dtype(np.uint8), offset=16)
+    assert array.ctypes.data % 4096 == 16 and array.ctypes.data - array.base.ctypes.data == 16
+    array[:] = np.arange(array.size, dtype=np.int64).reshape(array.shape) % 251
+    batch = {"image": array, "label": np.arange(4, dtype=np.int64), "key": np.arange(4, dtype=np.int64)}
+    received = ForkingPickler.loads(ForkingPickler.dumps(shared_batch(batch, "image", to_tensors(batch, "image"))))
+    np.testing.assert_array_equal(received["image"].numpy(), array)
+    array[3, 0, 0, 0] = 250
+    assert int(received["image"][3, 0, 0, 0]) == 250  # the same memory, not a copy
+    del received
+    gc.collect()
+    segment = array.base.ctypes.data
+    del array, batch
+    gc.collect()
+    again = memory.allocate(4, SHAPE, np.dtype(np.uint8), offset=16)  # the free segment is reused
+    assert again.base.ctypes.data == segment and again.ctypes.data == segment + 16 and memory.created == 1

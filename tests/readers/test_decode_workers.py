@@ -289,3 +289,21 @@ def test_rgb_jpeg_batches_start_where_the_colour_conversion_writes_with_ordinary
     gray = write_dataset(tmp_path / "gray", _images(12)[..., :1], records_per_shard=7, compression="jpeg")
     plain = write_dataset(tmp_path / "plain", _images(12), records_per_shard=7)
     assert starts(gray) == starts(plain) == {0}
+
+
+def test_rgb_jpeg_batches_in_shared_memory_start_past_a_page_too(jpeg_dataset: Path) -> None:
+    # A DataLoader worker's batch buffers (shared memory, adapters/_handover.py) start where the
+    # sampler's own do, so the decoders write their rows with ordinary stores there as well.
+    pytest.importorskip("torch")
+    from shardkit.adapters._handover import SharedBatchMemory
+    from shardkit.formats.media_codecs import JPEG_ROW_OFFSET
+
+    s = TieredSampler(jpeg_dataset, batch_size=6, static_cache=0, decode_workers=2, seed=1)
+    s.use_buffer_memory(SharedBatchMemory(extra_hold=2))
+    starts = set()
+    with open_dataset(jpeg_dataset) as ds:
+        for batch in s:
+            starts.add(batch["image"].__array_interface__["data"][0] % 4096)
+            np.testing.assert_array_equal(batch["image"], ds.payload.read(batch["key"]))
+    s.close()
+    assert starts == {JPEG_ROW_OFFSET}

@@ -47,7 +47,7 @@ class _ElsewhereMemory:
         self.held: set[int] = set()
         self.allocations = 0
 
-    def allocate(self, rows: int, record_shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    def allocate(self, rows: int, record_shape: tuple[int, ...], dtype: np.dtype, offset: int = 0) -> np.ndarray:
         self.allocations += 1
         raw = np.empty(rows * int(np.prod(record_shape)) * dtype.itemsize + 64, np.uint8)
         return raw[: rows * int(np.prod(record_shape)) * dtype.itemsize].view(dtype).reshape((rows, *record_shape))
