@@ -38,10 +38,6 @@ MAX_PARTS_IN_FLIGHT = 16
 #: 8 MiB matches ``StoreOptions.request_bytes``, the size the ranged path already splits long reads
 #: at; it was not re-tuned here (the shared benchmark machine was too loaded to resolve 4 vs 16 MiB).
 PART_BYTES = 8 << 20
-#: The first background parts are this small; they grow to PART_BYTES as the download goes on (an
-#: eighth of the bytes fetched so far), so a block that asks for its pages just after the start finds
-#: few background bytes in flight ahead of its own (docs/design.md §9).
-FIRST_PART_BYTES = 1 << 20
 #: Demanded pages this close together are fetched in one request (the gap is needed later anyway,
 #: and a request costs a round trip).
 DEMAND_GAP_PAGES = 4
@@ -187,9 +183,9 @@ class _Fill:
     def free(self, p: int) -> bool:
         return not self.present[p] and not self.busy[p]
 
-    def span(self, lo: int, hi: int, wanted: bytes | None = None, most: int = 0) -> tuple[int, int] | None:
-        """The first run of free pages in ``lo:hi`` (at most a part, or ``most`` pages; only
-        ``wanted`` ones, with gaps of up to DEMAND_GAP_PAGES, if given)."""
+    def span(self, lo: int, hi: int, wanted: bytes | None = None) -> tuple[int, int] | None:
+        """The first run of free pages in ``lo:hi`` (at most a part; only ``wanted`` ones, with
+        gaps of up to DEMAND_GAP_PAGES, if given)."""
         p = lo
         if wanted is None:
             while p < hi and not self.free(p):
@@ -202,7 +198,7 @@ class _Fill:
                 return None
         if p >= hi:
             return None
-        end, last, most = p + 1, p, most or max(1, PART_BYTES // PAGE_BYTES)
+        end, last, most = p + 1, p, max(1, PART_BYTES // PAGE_BYTES)
         while end < hi and end - p < most and self.free(end):
             if wanted is not None and not wanted[end]:
                 if end - last > DEMAND_GAP_PAGES:
@@ -406,13 +402,12 @@ class ShardPrefetcher:
         if (self._bg_active >= self.limit or self._demand_active
                 or (hold_background is not None and not hold_background.is_set())):
             return None
-        most = self._background_pages()
-        got_next = self._scheduled(most)
+        got_next = self._scheduled()
         if got_next is not None:
             return got_next
         for fill in sorted(self._fills.values(), key=lambda f: f.index):
             if fill.error is None:
-                got = fill.span(fill.next_bg, fill.npages, most=most)
+                got = fill.span(fill.next_bg, fill.npages)
                 if got is not None:
                     fill.next_bg = got[0]
                     return fill, got[0], got[1], False
@@ -425,18 +420,13 @@ class ShardPrefetcher:
                 self._finish(i, _FAILED, exc)
                 continue
             if fill is not None:
-                got = fill.span(0, fill.npages, most=most)
+                got = fill.span(0, fill.npages)
                 assert got is not None
                 return fill, got[0], got[1], False
         return None
 
-    def _background_pages(self) -> int:
-        """Pages of the next background part: FIRST_PART_BYTES at first, growing to PART_BYTES."""
-        size = min(PART_BYTES, max(FIRST_PART_BYTES, self.stats.bytes // 8))
-        return max(1, size // PAGE_BYTES)
-
-    def _scheduled(self, most: int) -> tuple[_Fill, int, int, bool] | None:
-        """The next free pages of :meth:`schedule`'s order (its item opened when still queued), at most ``most``."""
+    def _scheduled(self) -> tuple[_Fill, int, int, bool] | None:
+        """The next free pages of :meth:`schedule`'s order (its item opened when still queued)."""
         while self._order:
             i, lo, hi = self._order[0]
             if self._state[i] == _QUEUED:
@@ -445,7 +435,7 @@ class ShardPrefetcher:
                 except Exception as exc:  # reported to the reader, which raises it
                     self._finish(i, _FAILED, exc)
             fill = self._fills.get(i)
-            got = fill.span(lo, hi, most=most) if fill is not None and fill.error is None else None
+            got = fill.span(lo, hi) if fill is not None and fill.error is None else None
             if got is None or fill is None:
                 self._order.popleft()
                 continue

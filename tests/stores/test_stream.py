@@ -245,31 +245,6 @@ def test_another_processs_earlier_ask_is_served_before_a_later_block_here(
         held.set()
 
 
-def test_the_first_background_parts_are_small_and_grow(dataset: tuple[Path, str], tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """A download starts with background parts of FIRST_PART_BYTES and grows them to PART_BYTES as
-    bytes land (an eighth of those fetched so far), so a block asking for its pages just after the
-    start finds little of the background in flight ahead of it; the copies are still exact."""
-    local, url = dataset
-    monkeypatch.setattr(prefetch, "FIRST_PART_BYTES", cache_mod.PAGE_BYTES)
-    picks: list[int] = []
-    real_pick = prefetch.ShardPrefetcher._pick
-
-    def pick(self: prefetch.ShardPrefetcher) -> Any:
-        got = real_pick(self)
-        if got is not None and not got[3]:
-            picks.append(got[2] - got[1])
-        return got
-
-    monkeypatch.setattr(prefetch.ShardPrefetcher, "_pick", pick)
-    cache = _cache(tmp_path)
-    with Dataset(url, cache_dir=cache) as ds:
-        ds.read([3])
-        _wait_all(ds)
-    assert picks[0] == 1 and max(picks) == 2, picks  # one page first; parts of PART_BYTES (two pages) later
-    assert [p.read_bytes() for p in _final_copies(cache)] == _shard_bytes(local)
-
-
 _FILLER = """
 import sys, threading
 import shardkit.stores.prefetch as prefetch
