@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import itertools
 import logging
 import os
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +33,10 @@ logger = logging.getLogger(__name__)
 STALE_SECONDS = 600.0
 _PART = ".part"
 _MAP = "map-"
+#: At the cache root: bumped by a process that asked a filler for pages (:meth:`ShardCache.ask`), so
+#: fillers look at their maps as soon as it changes instead of on a timer (docs/design.md §9).
+_ASKS = "asks"
+_ASK_SERIAL = itertools.count()
 
 #: Granularity of a partial copy's progress map: a page of the shard is present (written, readable
 #: by every process) or not. 64 KiB keeps a 256 MiB shard's map at 4 KiB and the bytes a record
@@ -161,6 +167,7 @@ class ShardCache:
         self._refused: set[str] = set()
         self._verified: set[str] = set()
         self._fds: dict[str, int] = {}
+        self._asks_fd = self._root.open_file(_ASKS, os.O_RDWR | os.O_CREAT)
         self.hits = 0
 
     # ------------------------------------------------------------------ reading
@@ -317,6 +324,15 @@ class ShardCache:
         n = map_pages(size)
         return os.pread(map_fd, n, n).ljust(n, b"\0")
 
+    def ask(self) -> None:
+        """Tell the fillers of this machine that pages were asked for (after :meth:`want`): writes a
+        value no other ask wrote (this process's id and a serial) into the root's ``asks`` file."""
+        os.pwrite(self._asks_fd, struct.pack("<IQ", os.getpid() & 0xFFFFFFFF, next(_ASK_SERIAL)), 0)
+
+    def asked(self) -> bytes:
+        """The last ask's value (:meth:`ask`): a filler looks at its maps again when it changes."""
+        return os.pread(self._asks_fd, 12, 0)
+
     def complete(self, name: str, fd: int, size: int, verify: Callable[[int], bool]) -> bool:
         """Finish a copy :meth:`claim` started and close ``fd``: renamed to ``name`` if it has ``size``
         bytes and passes ``verify(fd)`` (True), else deleted (False); its map is deleted."""
@@ -399,6 +415,9 @@ class ShardCache:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+        if self._asks_fd >= 0:
+            os.close(self._asks_fd)
+            self._asks_fd = -1
         self._locked.close()
         self._ns.close()
         self._root.close()

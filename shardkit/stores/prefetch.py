@@ -44,8 +44,11 @@ DEMAND_GAP_PAGES = 4
 #: How often a process waiting on another's copy looks at its progress map, and checks the filler lives.
 POLL_SECONDS = 0.005
 _ALIVE_EVERY = 40
-#: How often an idle filler looks at its copies' maps for pages other processes asked for.
-_WANTED_POLL_SECONDS = 0.01
+#: How often a filler's watcher looks at the cache's ask counter (:meth:`ShardCache.ask`): a page
+#: another process asked for is noticed within this, whatever the fetch threads are doing.
+ASK_POLL_SECONDS = 0.002
+#: How often the watcher reads every copy's map even when the counter did not change (a safety net).
+_WANTED_POLL_SECONDS = 0.1
 #: How long an idle fetch thread sleeps when nobody wakes it (a safety net: work is notified).
 _IDLE_SECONDS = 1.0
 #: Throughput is measured over windows this long to decide whether more parts in flight help.
@@ -155,6 +158,8 @@ class _Fill:
         self.present = bytearray(self.npages)
         self.busy = bytearray(self.npages)
         self.next_bg = 0
+        #: The pages other processes asked for, as the watcher last read them from the map.
+        self.wanted = bytes(self.npages)
         self.inflight = 0
         self.error: BaseException | None = None
         self.done = 0
@@ -268,7 +273,10 @@ class ShardPrefetcher:
         self._best_rate = 0.0
         self._threads = [threading.Thread(target=self._work, args=(k,), name=f"shardkit-prefetch-{k}", daemon=True)
                          for k in range(total)]  # fmt: skip
-        for t in self._threads:
+        self._filling = threading.Event()  # set while there are fills (the watcher sleeps otherwise)
+        self._stopped = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name="shardkit-prefetch-watch", daemon=True)
+        for t in [*self._threads, self._watcher]:
             t.start()
 
     # ------------------------------------------------------------------ reader side
@@ -340,8 +348,10 @@ class ShardPrefetcher:
             self._closing = True
             self._cond.notify_all()
             self._wake.notify_all()
+        self._stopped.set()
+        self._filling.set()
         deadline = time.monotonic() + 30.0  # a part stalled on a dead server: give up on it
-        for t in self._threads:
+        for t in [*self._threads, self._watcher]:
             t.join(max(0.0, deadline - time.monotonic()))
         with self._cond:
             for fill in list(self._fills.values()):
@@ -373,6 +383,7 @@ class ShardPrefetcher:
             self._settle(fill)
             return None
         self._fills[i] = fill
+        self._filling.set()
         return fill
 
     def _demanded(self, i: int, spans: list[tuple[int, int]]) -> None:
@@ -384,8 +395,8 @@ class ShardPrefetcher:
             self._wake.notify(min(len(self._threads), sum(-(-(hi - lo) // per) for lo, hi in spans)))
 
     def _pick(self) -> tuple[_Fill, int, int, bool] | None:
-        """The next part to fetch: demanded here, then asked for by other processes, then the
-        lowest shard's next pages (opening the next shard when the open ones have none)."""
+        """The next part to fetch: asked for (here or by another process, first asked first
+        served), then the lowest shard's next pages (opening the next shard when the open ones have none)."""
         while self._demand:
             i, lo, hi = self._demand.popleft()
             fill = self._fills.get(i)
@@ -396,11 +407,6 @@ class ShardPrefetcher:
                 if got[1] < hi:
                     self._demand.appendleft((i, got[1], hi))
                 return fill, got[0], got[1], True
-        for fill in sorted(self._fills.values(), key=lambda f: f.index):
-            if fill.error is None:
-                got = fill.span(0, fill.npages, self.cache.wanted(fill.map_fd, fill.item.size))
-                if got is not None:
-                    return fill, got[0], got[1], True
         if self._bg_active >= self.limit or self._demand_active or _background_held():
             return None
         got_next = self._scheduled()
@@ -491,8 +497,8 @@ class ShardPrefetcher:
                     if self._closing:
                         return
                     task = self._pick()
-                    if task is None:  # the first thread looks for other processes' requests often
-                        self._wake.wait(_WANTED_POLL_SECONDS if k == 0 and self._fills else _IDLE_SECONDS)
+                    if task is None:  # woken by work (the watcher, for other processes' requests)
+                        self._wake.wait(_IDLE_SECONDS)
                 fill, lo, hi, demanded = task
                 fill.busy[lo:hi] = b"\1" * (hi - lo)
                 fill.inflight += 1
@@ -535,6 +541,46 @@ class ShardPrefetcher:
                 if fill.error is None:
                     self._landed.add(fill.index)
             self._settle(fill)
+
+    def _watch(self) -> None:
+        """While there are fills: look at the copies' maps as soon as another process asked for
+        pages (the cache's ask counter changed) and wake as many fetch threads as the new requests
+        make parts, so they are fetched next whatever the threads are doing (docs/design.md §9)."""
+        last, scanned = b"", 0.0
+        while not self._stopped.is_set():
+            if not self._fills:
+                self._filling.clear()
+                if not self._fills:
+                    self._filling.wait()
+                    continue
+            mark = self.cache.asked()
+            now = time.monotonic()
+            if mark != last or now - scanned >= _WANTED_POLL_SECONDS:
+                last, scanned = mark, now
+                self._look_at_maps()
+            self._stopped.wait(ASK_POLL_SECONDS)
+
+    def _look_at_maps(self) -> None:
+        """Read every fill's asked-for pages from its map and queue the new ones behind the demand
+        already queued (first asked, first served: a block of this process asking later does not
+        overtake another process's earlier block); wake a thread per part they make."""
+        with self._cond:
+            parts = 0
+            for fill in self._fills.values():
+                if fill.error is not None:
+                    continue
+                wanted = ShardCache.wanted(fill.map_fd, fill.item.size)
+                if wanted == fill.wanted:
+                    continue
+                new = (int.from_bytes(wanted) & ~int.from_bytes(fill.wanted)).to_bytes(fill.npages)
+                fill.wanted = wanted
+                p = 0
+                while (got := fill.span(p, fill.npages, new)) is not None:
+                    self._demand.append((fill.index, *got))
+                    parts += 1
+                    p = got[1]
+            if parts:
+                self._wake.notify(min(parts, len(self._threads)))
 
     def _settle(self, fill: _Fill) -> None:
         """A fill with nothing in flight that is complete or failed: named, dropped or reported."""
@@ -704,6 +750,7 @@ class PartialCopy:
         else:
             for lo, hi in spans:
                 ShardCache.want(self.map_fd, self.size, lo, hi)
+            self.owner.cache.ask()  # the filler's watcher looks at the map now
 
     def deliver(self, offs: list[int], ends: list[int], rows: list[memoryview]) -> Delivery | None:
         """Have the fetch threads copy records (bytes ``offs[k]:ends[k]``, ascending) into ``rows[k]``

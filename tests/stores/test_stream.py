@@ -193,6 +193,53 @@ def test_second_process_reads_the_fill_of_the_first(dataset: tuple[Path, str], h
     assert stats.bytes_read == sum(len(b) for b in _shard_bytes(local))  # each byte once on the node
 
 
+def test_a_filler_fetches_pages_another_process_asks_for_at_once(dataset: tuple[Path, str], held: threading.Event,
+                                                                   tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pages another process asks for through a copy's map are noticed when it asks (the cache's ask
+    counter), not on a timer or when a fetch thread happens to be idle: with every timer here
+    set to ten minutes, a second process still reads a whole epoch from the copies this one fills."""
+    monkeypatch.setattr(prefetch, "_WANTED_POLL_SECONDS", 600.0)
+    monkeypatch.setattr(prefetch, "_IDLE_SECONDS", 600.0)
+    _, url = dataset
+    cache = _cache(tmp_path)
+    with Dataset(url, cache_dir=cache) as ds:
+        ds.read(ONE_PER_SHARD)  # claims all three copies; the background is held
+        pf = ds.payload.prefetcher  # type: ignore[attr-defined]
+        before = pf.stats.parts_demanded
+        out = subprocess.run([sys.executable, "-c", _SECOND, url, str(cache)], env=_env(), capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr
+        count, fetched, requests, _ = map(int, out.stdout.split())
+        assert count == N and fetched == 0 and requests == 0
+        assert pf.stats.parts_demanded > before  # fetched here, at its request
+        held.set()
+
+
+def test_another_processs_earlier_ask_is_served_before_a_later_block_here(
+        dataset: tuple[Path, str], held: threading.Event, tmp_path: Path) -> None:
+    """Pages another process asked for join the queue of asked-for pages when the filler notices
+    them, behind what was asked before and ahead of what this process asks later (a worker's next
+    block, which asks for whole parts, no longer overtakes its sibling's first block)."""
+    _, url = dataset
+    with Dataset(url, cache_dir=_cache(tmp_path)) as ds:
+        ds.read(ONE_PER_SHARD)  # claims all three copies; the background is held
+        pf = ds.payload.prefetcher  # type: ignore[attr-defined]
+        copy = pf.copy(1)
+        assert copy is not None and copy.owned
+        try:
+            with pf._cond:  # no fetch thread picks meanwhile
+                assert not pf._demand
+                cache_mod.ShardCache.want(copy.map_fd, copy.size, 0, 1)  # as another process asks
+                pf.cache.ask()
+                pf._look_at_maps()  # what the watcher does when the ask counter changes
+                pf._demanded(1, [(2, 3)])  # a later block of this process
+                queued = list(pf._demand)
+        finally:
+            copy.close()
+        assert queued == [(1, 0, 1), (1, 2, 3)]
+        held.set()
+
+
 _FILLER = """
 import sys, threading
 import shardkit.stores.prefetch as prefetch
