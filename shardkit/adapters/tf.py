@@ -255,7 +255,19 @@ def make_tf_dataset(
         dataset = dataset.prefetch(tf.data.AUTOTUNE)
     elif prefetch:
         dataset = dataset.prefetch(int(prefetch))
-    return dataset
+    return dataset.with_options(_untuned())
+
+
+def _untuned() -> tf.data.Options:
+    """Options that turn tf.data's autotuning off. Its model thread sleeps between optimizations at
+    periods that double, and deleting an iterator (the end of every ``for`` loop and Keras epoch)
+    waits for that thread to wake: an iteration whose batches are all delivered then still lasts
+    until the next wake-up. The sampler sizes its own reads and prefetching, so the model has
+    nothing to tune; the ``prefetch`` and ``map`` stages asked for ``AUTOTUNE`` keep their own
+    static tuning. A later ``with_options`` may turn autotuning on again."""
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return options
 
 
 def _let_go(holder: Any, ahead: NextPass | None) -> None:

@@ -150,6 +150,17 @@ def test_a_mixture_is_a_dataset_source(observed: dict, keyed_mixture: list[Path]
         np.testing.assert_array_equal(decode_keys(np.asarray(b["image"], dtype=np.uint8)), g)
 
 
+def test_autotuning_is_off_unless_the_user_turns_it_on(observed: dict) -> None:
+    """make_tf_dataset turns tf.data's autotuning off (deleting an iterator would wait for its model
+    thread's next wake-up) with every prefetch and presentation, and still delivers every batch;
+    the user's own with_options can turn it on again."""
+    states = observed["autotune"]
+    batches = -(-N_KEYED // 8)
+    for name in ("default", "no prefetch", "prefetch 2", "presented"):
+        assert states[name] == [False, batches], (name, states)
+    assert states["turned on by the user"] is True
+
+
 def test_the_static_cache_goes_with_the_dataset(observed: dict) -> None:
     """The dataset holds the node-shared static cache across iterations and lets go of it when it (and
     every dataset derived from it) is deleted, although TensorFlow keeps the generator function."""

@@ -10,6 +10,7 @@ import gc
 import json
 import os
 import sys
+from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
@@ -39,6 +40,23 @@ def spec_of(ds: tf.data.Dataset) -> object:
     if isinstance(es, dict):
         return {k: one(v) for k, v in es.items()}
     return [one(v) for v in es]
+
+
+def autotune_states(keyed: str) -> dict[str, object]:
+    """``autotune.enabled`` of the datasets make_tf_dataset returns (each prefetch and presentation),
+    and of one the user turned it on again for; the batches an untuned dataset still delivers."""
+    variants: dict[str, dict[str, Any]] = {
+        "default": {}, "no prefetch": {"prefetch": False}, "prefetch 2": {"prefetch": 2},
+        "presented": {"scale": "float", "as_tuple": ("image", "label")},
+    }  # fmt: skip
+    states: dict[str, object] = {}
+    for name, kw in variants.items():
+        ds = make_tf_dataset(keyed, batch_size=8, **kw)
+        states[name] = [ds.options().autotune.enabled, sum(1 for _ in ds)]
+    tuned = tf.data.Options()
+    tuned.autotune.enabled = True
+    states["turned on by the user"] = make_tf_dataset(keyed, batch_size=8).with_options(tuned).options().autotune.enabled
+    return states
 
 
 def main() -> None:
@@ -181,6 +199,7 @@ def main() -> None:
         "ours": float(ours.evaluate(x_test, test_labels, verbose=0)[1]),
         "theirs": float(theirs.evaluate(x_test, test_labels, verbose=0)[1]),
     }
+    res["autotune"] = autotune_states(keyed)
     res["cache_regions"] = cache_regions_with_the_dataset(keyed, seed + 101)
     res["built_ahead"] = samplers_built_ahead(keyed, seed)
     res["next_sampler"] = next_sampler_cases()
