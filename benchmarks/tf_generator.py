@@ -2,19 +2,23 @@
 
 Run: ``python benchmarks/tf_generator.py [--records N] [--repeats R] [--before TREE] [--warm]`` (reuses
 ``benchmarks/_data/adapters-bench``, 10 000 224x224x3 records, written by ``adapters.py`` if missing).
-It isolates the cold tf.data cap found in the adapters benchmark (RESULTS.md, "tf.data lets go of
-its holder"): the generator builds a ``TieredSampler`` and yields only each batch's keys, so no payload
+It isolates the cold tf.data cap found in the adapters benchmark (RESULTS.md, "tf.data lets go of its
+holder"): the generator builds a ``TieredSampler`` and yields only each batch's keys, so no payload
 crosses into TensorFlow and the adapter's own work (DLPack adoption, presentation) is out of the
-picture. The ``make_tf_dataset`` rows are the adapter itself (payload included, its default prefetch),
-built before the clock as ``adapters.py`` does, so they compare with the bare sampler built the same
-way. Each configuration runs with the node-shared static cache (``auto``) and without it (``0``);
-passes are interleaved and the page cache is dropped before each (``--warm``: kept, so a fast drive's
-rate is what the disk allows and any cap is the pipeline's own; ``--host-warm``: before each pass the
-files are read once in plain 8 MiB reads and dropped from the page cache again). On a virtual machine
-dropping the guest's page cache leaves the host's, so a "cold" pass reads either from the device or
-from the host's cache, whichever it happens to meet (on the 2-core VM of RESULTS.md: about 590 MB/s
-against 1.5-1.9 GB/s); ``--host-warm`` makes every pass meet the host's cache, so the ratios compare
-the pipelines on one device, and prints the priming reads' rate. Prints records/s per pass, its
+picture. That row keeps tf.data's default options, autotuning on: deleting its iterator waits for the
+autotuning thread's next wake-up (10 ms x (2^k - 1) after the pass began: 0.63, 1.27, 2.55 s ...), which
+is the cap; ``make_tf_dataset`` turns autotuning off (docs/adapters.md). The ``make_tf_dataset`` rows
+are the adapter itself (payload included, its default prefetch), built before the clock as
+``adapters.py`` does, so they compare with the bare sampler built the same way. Each configuration runs
+with the node-shared static cache (``auto``) and without it (``0``); passes are interleaved and the page
+cache is dropped before each (``--warm``: kept, so a fast drive's rate is what the disk allows and any
+cap is the pipeline's own; ``--host-warm``: before each pass the files are read once in plain 8 MiB
+reads and dropped from the page cache again). On a virtual machine dropping the guest's page cache
+leaves the host's, so a "cold" pass reads either from the device or from the host's cache, whichever it
+happens to meet (on the 2-core VM of RESULTS.md: about 590 MB/s against 1.5-1.9 GB/s); ``--host-warm``
+makes every pass meet the host's cache, so the ratios compare the pipelines on one device, and prints
+the priming reads' rate.
+Prints records/s per pass, its
 median, the ratio to the bare pass of the same round (median [min, max]), and the process's CPU cores
 used during the pass (CPU seconds / wall seconds: low means it waits for the disk).
 
