@@ -17,10 +17,8 @@ reads and dropped from the page cache again). On a virtual machine dropping the 
 leaves the host's, so a "cold" pass reads either from the device or from the host's cache, whichever it
 happens to meet (on the 2-core VM of RESULTS.md: about 590 MB/s against 1.5-1.9 GB/s); ``--host-warm``
 makes every pass meet the host's cache, so the ratios compare the pipelines on one device, and prints
-the priming reads' rate.
-Prints records/s per pass, its
-median, the ratio to the bare pass of the same round (median [min, max]), and the process's CPU cores
-used during the pass (CPU seconds / wall seconds: low means it waits for the disk).
+the priming reads' rate. Prints records/s per pass, its median, the ratio to the bare pass of the same
+round (median [min, max]), and the process's CPU cores used during the pass (CPU seconds / wall seconds: low means it waits for the disk).
 
 Every configuration runs in a child process per shardkit tree (TensorFlow imported once in each);
 ``--before TREE`` adds a child running an older tree (e.g. ``git archive`` of main), whose passes are
