@@ -62,7 +62,8 @@ class MappedShards:
     def populate(self, keys: np.ndarray, stats: ReadStats, stop: threading.Event | None = None) -> None:
         """Map the pages of records ``keys`` that were never made resident, each shard's in
         ascending ranges (``MADV_POPULATE_READ``: the kernel reads what the page cache lacks), and
-        count their bytes in ``stats``; raises :class:`Stopped` between two pieces once ``stop`` is set."""
+        count the records' bytes in ``stats`` (what a read asks for: the kernel reads whole pages for
+        any read); raises :class:`Stopped` between two pieces once ``stop`` is set."""
         todo = distinct_sorted(keys)
         todo = todo[~self._resident[todo]]
         if todo.size == 0:
@@ -72,7 +73,8 @@ class MappedShards:
         cuts = np.flatnonzero(np.diff(shard)) + 1
         for part in np.split(todo, cuts):
             i = int(part[0]) // rps
-            starts, ends, _ = reserve_ranges(part - i * rps, 0, self.record_nbytes)
+            rows = part - i * rps
+            starts, ends, firsts = reserve_ranges(rows, 0, self.record_nbytes)
             ends = np.minimum(ends, len(self._maps[i]))
             for c in range(0, starts.size, POPULATE_RANGES):
                 if stop is not None and stop.is_set():
@@ -82,7 +84,9 @@ class MappedShards:
                 if not shm.populate_ranges(self._maps[i], ranges, shm.MADV_POPULATE_READ):
                     for offset, length in ranges:
                         shm.populate(self._maps[i], offset, length, shm.MADV_POPULATE_READ)
-                stats.add(self._locations[i], int(s[0]), int((e - s).sum()))
+                upto = np.searchsorted(rows, firsts[c + POPULATE_RANGES]) if c + POPULATE_RANGES < firsts.size else rows.size
+                records = int(upto - np.searchsorted(rows, firsts[c]))
+                stats.add(self._locations[i], int(s[0]), records * self.record_nbytes)
             self._resident[part] = True
 
     def copies(self, keys: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ from shardkit.order import schedule
 from shardkit.order.schedule import block_bounds, read_efficiency
 from shardkit.readers import TieredSampler, epoch_permutation
 from shardkit.readers.options import MIN_COPY_BYTES
+from shardkit.tiers.mapped import MappedShards
 from tests.helpers.order_stats import ALPHA, item_position_pvalue
 from tests.helpers.sampler_data import check_batch, collect, make_dataset, opening_nbytes
 
@@ -40,16 +42,23 @@ def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def passes(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
-    """Records asked for by every read pass of the dataset (the bottom tier), in order."""
+    """Records asked for by every read pass of the dataset (the bottom tier), in order: read into
+    buffers, or made resident in its mapped files when the static cache holds it whole."""
     seen: list[int] = []
     real = PayloadArray.read_into
+    real_populate = MappedShards.populate
 
     def counted(self: PayloadArray, keys: np.ndarray, dest: Destination) -> None:
         if self.path.parent.name == "ds":
             seen.append(int(np.asarray(keys).size))
         real(self, keys, dest)
 
+    def populated(self: MappedShards, keys: np.ndarray, *args: Any) -> None:
+        seen.append(int(np.asarray(keys).size))
+        real_populate(self, keys, *args)
+
     monkeypatch.setattr(PayloadArray, "read_into", counted)
+    monkeypatch.setattr(MappedShards, "populate", populated)
     yield seen
 
 
@@ -141,7 +150,11 @@ def test_storage_bytes_per_epoch(tmp_path: Path, small_blocks: None) -> None:
         m = s.static_cache
         assert s.memory_plan.full_cache == expect_full and (m == n) == expect_full
         per_epoch = s.stats.disk_bytes_by_epoch
-        assert per_epoch[0] == n * REC + index  # every record once, plus each shard's index once
+        assert s.stats.disk.bytes_read - sum(per_epoch.values()) == (index if expect_full else 0)
+        if expect_full:  # the cache is the mapped files: each shard's index is checked as they are mapped
+            assert per_epoch[0] == n * REC
+        else:
+            assert per_epoch[0] == n * REC + index  # every record once, plus each shard's index once
         assert [per_epoch.get(e, 0) for e in (1, 2, 3)] == [(n - m) * REC] * 3, (ram, m, per_epoch)
         assert s.cache_fraction == m / n
         s.close()
