@@ -30,12 +30,15 @@ FILL_THREADS = 2
 
 @dataclass(frozen=True)
 class Workload:
-    """The dataset and the job: ``N`` records of ``record_nbytes`` bytes, in batches of ``batch_size``."""
+    """The dataset and the job: ``N`` records of ``record_nbytes`` bytes, in batches of ``batch_size``;
+    ``mapped``: a static cache that holds the dataset whole is its mapped shard files, with no pages
+    of its own to fill (a local dataset of uncompressed records, ``TieredSampler.maps_whole_cache``)."""
 
     num_records: int
     record_nbytes: int
     batch_size: int
     epochs: int = 2
+    mapped: bool = False
 
     @property
     def dataset_bytes(self) -> int:
@@ -206,7 +209,8 @@ def _epoch(work: Workload, rates: Rates, sc: Scenario, sizes: TierSizes, *, firs
     # sum over the threads that run at once (fewer than the cores when other processes hold them),
     # and the mapping's CPU joins the epoch's CPU.
     at_once = rates.threads_at_once
-    fill_s = per * cached * rec / rates.fill_bps if first and rates.fill_bps else 0.0
+    mapped = work.mapped and cached >= 1 and sizes.ssd_block is None  # the files' pages are the cache
+    fill_s = per * cached * rec / rates.fill_bps if first and rates.fill_bps and not mapped else 0.0
     reader = max(cold_s + warm_s, (cold_s + warm_s + fill_s) / min(FILL_THREADS, at_once))
     ssd = 0.0
     if sizes.ssd_block is not None:

@@ -141,7 +141,8 @@ def profile(
     remote = isinstance(location, str)
     probe = TieredSampler(location, opts)
     with probe:
-        work = Workload(int(probe.num_records), int(probe.record_nbytes), opts.batch_size, opts.epochs)
+        work = Workload(int(probe.num_records), int(probe.record_nbytes), opts.batch_size, opts.epochs,
+                        mapped=probe.maps_whole_cache)
         spec, nbatches = probe.element_spec(), len(probe)
     phases: dict[str, PhaseResult] = {}
     plain = opts.replace(tiers="ram")

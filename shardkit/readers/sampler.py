@@ -49,6 +49,7 @@ from shardkit.readers.sources import (
 from shardkit.stores import Location, location_string
 from shardkit.tiers import shm as node
 from shardkit.tiers.buffers import BatchPool, BufferMemory
+from shardkit.tiers.mapped import MAX_MAPPED_SHARDS
 from shardkit.tiers.node_cache import NodeDiskCache, entry_name, node_cache_dir
 from shardkit.tiers.pipeline import BatchReady, BlockRead, EpochEnd, Pipeline, RunDone, Segment
 from shardkit.tiers.static_cache import StaticCache
@@ -187,6 +188,7 @@ class TieredSampler(Closing):
         keys: list[str] = []
         offsets: set[int] = set()
         codecs = []
+        shards = []
         for p, part, made in zip(m.paths, self.identity.parts, m.fingerprints):
             if part.fingerprint != made:
                 raise SamplerError(f"{p}: the dataset changed since the sampler opened it; try again once it is complete")
@@ -201,6 +203,7 @@ class TieredSampler(Closing):
                         f = {**f, stored_nbytes_field(ds.meta.payload): stored_nbytes(ds)}
                     codec = ds.payload.codec if opts.decode is True else None
                     codecs.append(ds.payload.codec)
+                    shards.append(len(ds.payload.shards))
                     offsets.add(0 if codec is None else codec.row_offset(tuple(ds.payload.record.shape)))
             except ShardkitError:
                 part.settle()  # fields of a dataset replaced since its documents were read: say that
@@ -211,7 +214,8 @@ class TieredSampler(Closing):
         self._share_key = "\0mixture\0".join(keys) if opts.node_sharing else None
         #: One local dataset of uncompressed records read as it is: a static cache that holds it
         #: whole may be its mapped files (docs/design.md §4, *Static cache*).
-        self._mappable = self._plan.single and len(m.paths) == 1 and isinstance(self.path, Path) and codecs == [None]
+        self._mappable = (self._plan.single and len(m.paths) == 1 and isinstance(self.path, Path) and codecs == [None]
+                          and shards[0] <= MAX_MAPPED_SHARDS)
         #: Where a batch buffer starts past a page: what every dataset's decoder writes fastest (JPEG's
         #: colour conversion: docs/design.md §4, *Decoding*), else page aligned.
         self._row_offset = offsets.pop() if len(offsets) == 1 else 0
@@ -219,6 +223,12 @@ class TieredSampler(Closing):
         #: Global key -> the record's key in its dataset (batches carry the latter).
         self._local_keys = functools.partial(local_keys, self._plan.offsets)
         return regions
+
+    @property
+    def maps_whole_cache(self) -> bool:
+        """Whether a static cache that holds this source whole, with no SSD tier, is the dataset's
+        mapped shard files (no memory of its own to fill: docs/design.md §4, *Static cache*)."""
+        return self._mappable
 
     @property
     def mixture(self) -> Mixture | None:

@@ -138,6 +138,25 @@ def test_predict_cold_first_epoch_maps_the_static_cache_and_reads_warm_at_the_cl
     assert warm.seconds - warm.startup_seconds == pytest.approx(max(1000 * REC / 2e6, (1000 * REC / 2e6 + 0.5) / 2))
 
 
+def test_predict_a_mapped_whole_dataset_cache_has_no_pages_to_fill() -> None:
+    # A static cache of the whole local dataset is its mapped shard files: the first epoch reads
+    # them once and maps no memory of its own; a partial cache (or one of a dataset that cannot be
+    # mapped) still pays its pages.
+    work = Workload(1000, REC, 100, epochs=2)
+    whole = SamplerOptions(ram_size=4 * 1000 * REC, static_cache=1000 * REC, batch_size=100, gap_bytes=0)
+    half = whole.replace(static_cache=500 * REC)
+    ram = whole.tier_sizes(REC, 1000).ram_bytes
+    rates = _rates(page_cache_bytes=ram + 1000 * REC, warm_bps=2e6, fill_bps=2.5e5, cores=1)
+    mapped = replace(work, mapped=True)
+    e0 = predict(mapped, rates, Scenario("x", whole)).epochs[0]
+    assert e0.seconds - e0.startup_seconds == pytest.approx(1.0)  # 1 MB from storage at 1 MB/s, nothing to map
+    copied = predict(work, rates, Scenario("x", whole)).epochs[0]
+    assert copied.seconds - copied.startup_seconds == pytest.approx(1.0 + 4.0)  # 1 MB of pages at 250 kB/s on one core
+    assert e0.stages["cpu"] == pytest.approx(copied.stages["cpu"] - 4.0)
+    part = predict(mapped, rates, Scenario("x", half)).epochs[0]
+    assert part.seconds - part.startup_seconds == pytest.approx(1.0 + 2.0)
+
+
 def test_predict_threads_that_run_at_once_bound_the_overlap() -> None:
     # Two cores, but other processes keep them busy: the process's threads run 1.5 at a time, so the
     # reader and the cache's mapping thread overlap less, and the epoch's CPU spreads over 1.5 threads.

@@ -61,6 +61,25 @@ def test_unmappable_files_fall_back_to_a_copy(tmp_path: Path, monkeypatch: pytes
         plain.close()
 
 
+def test_a_dataset_of_too_many_shards_keeps_the_copy_from_the_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """More shards than are mapped: the sampler says its whole cache is not mapped (the profiler's
+    model charges the copy's pages) and never tries to map, and its batches are those of the copy."""
+    path = make_dataset(tmp_path / "ds", N, records_per_shard=RPS, shape=SHAPE)
+    assert _sampler(path).maps_whole_cache
+    monkeypatch.setattr(mapped_mod, "MAX_MAPPED_SHARDS", 5)  # the dataset has 6
+    monkeypatch.setattr("shardkit.readers.sampler.MAX_MAPPED_SHARDS", 5)
+    monkeypatch.setattr(mapped_mod.MappedShards, "open", classmethod(lambda cls, payload: pytest.fail("mapped")))
+    s = _sampler(path, node_sharing=False)
+    plain = _sampler(path, static_cache=0)
+    try:
+        assert not s.maps_whole_cache
+        np.testing.assert_array_equal(epochs_of(s, N), epochs_of(plain, N))
+        assert s._cache is not None and not s._cache.files and s._cache.rows is not None
+    finally:
+        s.close()
+        plain.close()
+
+
 def test_populate_reads_each_record_once_in_whole_pages(tmp_path: Path) -> None:
     """``populate`` maps only records never made resident, each shard's pages in ranges, and counts
     them; the copies cover every position once, from the right shard and row."""
