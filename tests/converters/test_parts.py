@@ -428,6 +428,19 @@ def test_part_size_alone_converts_in_parts_on_this_machine(tmp_path: Path, worke
     assert verify(tmp_path / "parts").ok and not (tmp_path / "parts" / ".shardkit-parts").exists()
 
 
+def test_workers_write_their_own_shards_and_give_one_workers_bytes(tmp_path: Path) -> None:
+    # --part-size on 2 local workers: each part decoded and written by one worker, those started before
+    # the skips of earlier parts were counted at a guessed offset (re-packed by the commit, never counted
+    # into a spill and written twice, never redone); the whole output byte for byte that of 1 worker.
+    src = tmp_path / "corpus"
+    make_imagefolder(src, per_class=20, splits=("train",))  # 69 inputs
+    one = shardkit.convert(src, tmp_path / "one", size=16, records_per_shard=3, workers=1, part_size=18)
+    two = shardkit.convert(src, tmp_path / "two", size=16, records_per_shard=3, workers=2, part_size=18)
+    assert two.parts == one.parts == 4 and two.parts_converted == 4 and two.records == one.records
+    assert two.commit is not None and two.commit.shards_repacked > 0
+    assert tree_digest(tmp_path / "two") == tree_digest(tmp_path / "one")
+
+
 def test_cli_part_size_converts_in_parts_and_a_plain_rerun_names_the_parts(tmp_path: Path) -> None:
     src = tmp_path / "corpus"
     make_imagefolder(src, per_class=4, splits=("train",))
