@@ -195,6 +195,13 @@ class Converter(ABC):
         #: The parsed options, every one of :attr:`options` present (defaults filled in).
         self.values: dict[str, Any] = parse_options(self.name, self.options, options, naming)
 
+    @property
+    def records_follow_inputs(self) -> bool:
+        """Inputs are expected to give one record each, so that a part's first record can be guessed
+        from its first input (docs/design.md §5, "One engine"; a wrong guess costs a re-pack of the
+        part's shards, never a wrong byte): kinds with :attr:`one_record_per_input`."""
+        return bool(self.one_record_per_input)
+
     def label(self, option: str) -> str:
         """``option`` as the user wrote it (``--sample-rate`` on the CLI, ``sample_rate`` in Python)."""
         return option_name(option, self.naming)

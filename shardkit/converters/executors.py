@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from shardkit._extras import import_extra
+from shardkit.converters.decoding import keep_freed_memory
 from shardkit.converters.main_guard import adopt_environment, start_method, worker_context
 from shardkit.errors import ConfigError
 from shardkit.processes import exit_when_gone
@@ -124,6 +125,7 @@ def dask_executor(address: str, *, timeout: float | None = None, naming: str = "
 def _start_part_worker(parent_pid: int, environ: dict[str, str]) -> None:
     """A part worker's start: the caller's environment (see adopt_environment), and exit with it."""
     adopt_environment(environ)
+    keep_freed_memory()  # a part worker decodes as a decode worker does
     exit_when_gone(parent_pid)
 
 

@@ -271,11 +271,19 @@ def _claim(plan: _Plan, lock: _OutputLock, *, overwrite: bool) -> bool:
 
 
 class _Runner:
-    """Run every part of a plan on an executor (see the module docstring): counting, writing, progress."""
+    """Run every part of a plan on an executor (see the module docstring): counting, writing, progress.
+
+    With ``guess``, a part whose offset is not known yet is written at once at a guessed offset (one
+    record per input after the parts counted so far, :meth:`guessed_offset`), every file in the plan directory, instead of being
+    counted into a spill and written again: each worker writes whole shards of its own and the commit
+    links them, re-packing only what a wrong guess put off the shard grid. Only for kinds whose inputs
+    give one record each (``records_follow_inputs``): the guess is exact unless inputs were skipped.
+    """
 
     def __init__(self, plan: _Plan, executor: Executor, *, workers: int, strict: bool, progress: ProgressFn | None,
-                 scratch: str | None = None) -> None:
+                 scratch: str | None = None, guess: bool = False) -> None:
         self.plan = plan
+        self.guess = guess and plan.conv.records_follow_inputs
         self.scratch = scratch
         self.executor = executor
         self.inline = isinstance(executor, InlineExecutor)
@@ -294,7 +302,7 @@ class _Runner:
         self.records_converted = 0
         self._last_poll = 0.0
 
-    def job(self, part: int) -> PartJob:
+    def job(self, part: int, guessed: bool = False) -> PartJob:
         conv, (a, b) = self.plan.conv, self.plan.ranges[part]
         items = self.plan.scan.items
         own: ProgressFn | None = None
@@ -309,7 +317,7 @@ class _Runner:
             compression=None if self.plan.codec is None else self.plan.codec.to_json(),
             provenance=(conv.name, conv.provenance_columns),
             chunk_size=conv.chunk_size, workers=self.workers, strict=self.strict, staged=self.plan.base is not None,
-            progress=own, scratch=self.scratch,
+            guessed=guessed, progress=own, scratch=self.scratch,
         )
 
     def offset(self, part: int) -> int | None:
@@ -320,6 +328,14 @@ class _Runner:
                 return None
             total += self.counts[q]
         return total
+
+    def guessed_offset(self, part: int) -> int:
+        """Where part ``part`` starts if every input after the counted parts gives one record."""
+        total, q = self.base_records, 0
+        while q < part and q in self.counts:
+            total += self.counts[q]
+            q += 1
+        return total + self.plan.ranges[part][0] - self.plan.ranges[q][0]
 
     def resume(self) -> None:
         """Parts a previous run finished (their manifests, checked; offsets are checked by :meth:`misplaced`)."""
@@ -334,8 +350,10 @@ class _Runner:
 
     def misplaced(self) -> list[int]:
         """Finished parts written at an offset that is not theirs, once every count is known (a part
-        converted again gave another count: decoding changed under a resumed plan). They are redone."""
-        wrong = [p for p, m in self.done.items() if self.offset(p) not in (None, m.offset)]
+        converted again gave another count: decoding changed under a resumed plan). They are redone, unless
+        every file of theirs is in the plan directory (written at a guessed offset): the commit places those."""
+        wrong = [p for p, m in self.done.items()
+                 if self.offset(p) not in (None, m.offset) and not m.movable(self.plan.id)]
         for p in wrong:
             logger.warning("%s: part %d was written at record %d, its place is %s: converting it again",
                            self.plan.store.url, p, self.done[p].offset, self.offset(p))
@@ -356,13 +374,15 @@ class _Runner:
                 return "write", p
         for p in todo:
             if p not in self.spilled:
-                return ("write" if self.offset(p) is not None else "count"), p
+                return ("write" if self.offset(p) is not None else "guess" if self.guess else "count"), p
         return None
 
     def submit(self, kind: str, part: int) -> None:
-        job = self.job(part)
+        job = self.job(part, guessed=kind == "guess")
         if kind == "count":
             future: Future[Any] = submit(self.executor, count_part, job)
+        elif kind == "guess":
+            future = submit(self.executor, write_part, job, self.guessed_offset(part))
         else:
             spill = self.spilled.get(part)
             future = submit(self.executor, write_part, job, self.offset(part), spill,
@@ -392,7 +412,7 @@ class _Runner:
         self._last_poll = now
         if not self.inline:
             for p in range(len(self.plan.ranges)):
-                if p not in self.done:
+                if p not in self.done and (p in self.busy or p in self.spilled):  # others have not started
                     got = read_progress(self.plan.store, self.plan.id, p)
                     old = self.seen.get(p, (0, 0))
                     self.seen[p] = (max(old[0], got[0]), max(old[1], got[1]))
@@ -478,10 +498,13 @@ def convert_in_parts(
     keep_versions: int = DEFAULT_KEEP_VERSIONS,
     naming: OptionNaming = "python",
     single: bool = False,
+    local: bool = False,
     staging_dir: str | os.PathLike[str] | None = None,
 ) -> ConvertSummary:
     """Convert ``conv``'s corpus in parts on ``executor`` (inline when ``None``) and commit them at ``out``
-    (parameters: :func:`shardkit.converters.convert`); ``single``: the whole corpus is one part."""
+    (parameters: :func:`shardkit.converters.convert`); ``single``: the whole corpus is one part; ``local``:
+    ``executor`` is this machine's worker processes, each writing whole parts of its own (written at a
+    guessed offset when theirs is not known yet)."""
     refuse_inside_worker_start()
     t0 = time.perf_counter()
     store = open_store(as_location(out, resolve=False) if is_url(out) else Path(os.path.abspath(out)))
@@ -524,7 +547,7 @@ def convert_in_parts(
         created = _claim(plan, lock, overwrite=overwrite)
         executor = executor or InlineExecutor()
         runner = _Runner(plan, executor, workers=workers, strict=strict, progress=progress,
-                         scratch=None if staging_dir is None else str(staging_dir))
+                         scratch=None if staging_dir is None else str(staging_dir), guess=local)
         manifests = runner.run()
         new_records = sum(m.records for m in manifests.values())
         tally: Counter[str] = Counter(reason_category(s.reason) for s in scan.skipped)
@@ -739,23 +762,25 @@ def run_conversion(
     staging_dir: str | os.PathLike[str] | None,
 ) -> ConvertSummary:
     """Run ``conv`` (options already parsed) where :func:`convert`'s arguments say: in this process with
-    ``workers`` decode processes, or in parts on local processes, an executor or a Dask scheduler; the
-    progress bar is titled ``title``. :func:`convert` and :func:`shardkit.converters.write.write` share it."""
+    ``workers`` decode processes, or in parts on local processes (each writing whole shards of its own),
+    an executor or a Dask scheduler; the progress bar is titled ``title``. :func:`convert` and
+    :func:`shardkit.converters.write.write` share it."""
     n_workers, n_part, nbytes, rps, keep = workers, part_size, shard_bytes, records_per_shard, keep_versions
 
+    count = default_workers() if n_workers is None else n_workers
+
     def run(report: ProgressFn | None) -> ConvertSummary:
+        def in_parts(ex: Executor | None, local: bool = False) -> ConvertSummary:
+            return convert_in_parts(
+                conv, out, executor=ex, append=append, part_size=n_part, workers=count, strict=strict,
+                overwrite=overwrite, compression=compression, shard_bytes=nbytes, records_per_shard=rps,
+                progress=report, keep_versions=keep, naming=naming, staging_dir=staging_dir, local=local,
+            )
+
         if executor is None and scheduler is None and not append and n_part is None:
             return run_converter(
                 conv, out, workers=n_workers, strict=strict, overwrite=overwrite, compression=compression,
                 shard_bytes=nbytes, records_per_shard=rps, progress=report, staging_dir=staging_dir,
-            )
-
-        def in_parts(ex: Executor | None) -> ConvertSummary:
-            return convert_in_parts(
-                conv, out, executor=ex, append=append, part_size=n_part,
-                workers=default_workers() if n_workers is None else n_workers, strict=strict, overwrite=overwrite,
-                compression=compression, shard_bytes=nbytes, records_per_shard=rps, progress=report,
-                keep_versions=keep, naming=naming, staging_dir=staging_dir,
             )
 
         if scheduler is not None:
@@ -764,8 +789,8 @@ def run_conversion(
             with dask_executor(scheduler, naming=naming) as dask:
                 return in_parts(dask)
         if executor is None and not append:  # only part_size given: the parts run on local processes
-            with local_pool(default_workers() if n_workers is None else n_workers) as pool:
-                return in_parts(pool)
+            with local_pool(count) as pool:
+                return in_parts(pool, local=not isinstance(pool, InlineExecutor))
         return in_parts(executor)
 
     if callable(progress):

@@ -111,7 +111,9 @@ class PartJob:
     ``first`` is the number of the part's first input in the whole sequence (provenance names inputs
     by ``first + index``); ``src`` and ``out`` are absolute and must be seen by the worker; ``workers``
     are decode processes inside this task (1 on a cluster); ``staged`` writes whole shards in the plan
-    directory too (an append); ``progress`` defaults to the part's progress file in the output;
+    directory too (an append); ``guessed``: the part's offset is a guess made before the parts before
+    it were counted, so its whole shards are staged too (a wrong guess costs only their re-pack at the
+    commit, never a shard under another's name); ``progress`` defaults to the part's progress file in the output;
     ``scratch`` holds the private ``shardkit-upload-<uid>`` directory where files wait for their
     upload to an object store (default: the system temporary directory).
     """
@@ -134,6 +136,7 @@ class PartJob:
     strict: bool = False
     durable: bool = True
     staged: bool = False
+    guessed: bool = False
     progress: ProgressFn | None = None
     scratch: str | None = None
 
@@ -394,7 +397,7 @@ class _AlignedWriter(_PartSink):
     """A :class:`~shardkit.converters.pipeline.RecordSink` writing a part's records cut on the global grid.
 
     A closed file goes under its final chunk key when it is a whole global shard (and the part is not
-    ``staged``), else it is a piece in the plan directory. After each file come its field values and a
+    ``staged`` or ``guessed``), else it is a piece in the plan directory. After each file come its field values and a
     checkpoint with the input cursor after it, from which :meth:`resume` continues a killed part.
     """
 
@@ -441,7 +444,7 @@ class _AlignedWriter(_PartSink):
         s, ndim = self.records_per_shard, 1 + len(self.job.record.shape)
         g = self.offset + self._start
         key = self._key
-        if w.capacity == s and w.count == s and g % s == 0 and not self.job.staged:
+        if w.capacity == s and w.count == s and g % s == 0 and not (self.job.staged or self.job.guessed):
             key = chunk_key(self.job.payload, g // s, ndim)  # a whole global shard: its final name
         if self.store.is_local:
             if key != self._key:
@@ -609,6 +612,12 @@ class PartManifest:
             "skipped": [s.to_json() for s in self.skipped], "notes": dict(self.notes), "skips": dict(self.skips),
         }
 
+    def movable(self, plan: str) -> bool:
+        """Every file of the part is in the plan directory of ``plan``: the commit takes it at any offset
+        (linking what lands on the shard grid, re-packing the rest)."""
+        prefix = f"{PARTS_DIR}/{plan}/"
+        return all(str(p["key"]).startswith(prefix) for p in self.pieces)
+
     def segment(self, store: Store, plan: str, specs: Mapping[str, FieldSpec], labels: Mapping[str, list[str]],
                 first_skips: Sequence[SkippedInput] = (), table: int | None = None) -> Segment:
         """The part as a :class:`~shardkit.formats.commit.Segment` of the commit."""
@@ -662,10 +671,13 @@ def _parse_piece(raw: Any, i: int, where: str, s: int, payload: str, ndim: int, 
     }
     g = offset + piece["start"]
     whole = piece["count"] == piece["capacity"] == s and g % s == 0 and not staged
-    expected = chunk_key(payload, g // s, ndim) if whole else part_key(plan, part, f"-{i}.shard")
-    if p.get("key") != expected or piece["start"] != start or not 0 < piece["count"] <= piece["capacity"] <= s:
+    # In the plan directory always (a guessed offset stages whole shards too); a whole shard may be under its
+    # final name unless the plan is staged.
+    expected = {part_key(plan, part, f"-{i}.shard"), *([chunk_key(payload, g // s, ndim)] if whole else [])}
+    key = p.get("key")
+    if key not in expected or piece["start"] != start or not 0 < piece["count"] <= piece["capacity"] <= s:
         raise NotADatasetError(f"{where}: pieces[{i}] is not what part {part} writes there")
-    piece["key"] = expected
+    piece["key"] = key
     return piece
 
 

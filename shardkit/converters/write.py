@@ -280,6 +280,8 @@ class WriteDecoder(Decoder):
         self.fn = fn
         self.layout = layout
         self.name = function_name(fn)
+        #: Whether the last input ``fn`` gave something for returned one record (a dict) rather than an iterable.
+        self.gave_one: bool | None = None
         self._enforced = RecordLayout(layout.specs(), layout.exact,
                                       "; name the keys to keep with fields= / --fields to drop others")
         self._live: tuple[bytes, int, Iterator[Any]] | None = None
@@ -300,6 +302,7 @@ class WriteDecoder(Decoder):
             got = self.fn(item)
             if got is None:
                 return
+            self.gave_one = isinstance(got, Mapping)
             if isinstance(got, Mapping):
                 yield got
                 return
@@ -368,7 +371,7 @@ class WriteConverter(Converter):
     nothing_hint: ClassVar[str] = "does fn give records for these inputs?"
 
     def __init__(self, fn: Callable[..., Any], inputs: Sequence[Any], layout: Layout, *,
-                 naming: OptionNaming = "python") -> None:
+                 naming: OptionNaming = "python", one_each: bool = False) -> None:
         # Not Converter.__init__: there is no corpus path and no kind option. Workers check that they
         # see ``src``; the inputs are fn's business, so it is the root directory.
         self.src = Path(os.sep)
@@ -378,6 +381,12 @@ class WriteConverter(Converter):
         self.inputs = inputs
         self.layout = layout
         self.payload = layout.payload  # type: ignore[misc]  # the user's key, per instance
+        self.one_each = one_each
+
+    @property
+    def records_follow_inputs(self) -> bool:
+        """``fn`` returned one record (a dict) for the first input it gave something for."""
+        return self.one_each
 
     @classmethod
     def detect(cls, src: Path) -> bool:
@@ -546,7 +555,7 @@ part_size, keep_versions, staging_dir, naming
     first, where = (None, "") if given_in_full else _first_record(fn, items, probe)
     layout = make_layout(first, record, fields, where or "fn", naming)
     logger.info("write %s: payload %s; fields %s", function_name(fn), layout.payload, layout.describe())
-    conv = WriteConverter(fn, items, layout, naming=naming)
+    conv = WriteConverter(fn, items, layout, naming=naming, one_each=probe.gave_one is True)
     return run_conversion(conv, out, f"write {function_name(fn)}", naming=naming,
                           **{**run.run_keywords(), "workers": n_workers})
 

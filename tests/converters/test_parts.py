@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import shardkit
-from shardkit.converters import register
+from shardkit.converters import partrun, register
 from shardkit.converters.executors import InlineExecutor
 from shardkit.converters.parts import PartPlan, default_part_size, read_manifest
 from shardkit.errors import ConfigError, ConversionError, InsecurePathError, MissingExtraError
@@ -259,8 +259,6 @@ def test_a_hostile_manifest_is_not_trusted(tmp_path: Path, monkeypatch: pytest.M
     def stop_after_parts(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt  # every part is written, the commit does not start
 
-    from shardkit.converters import partrun
-
     with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):
         m.setattr(partrun, "commit", stop_after_parts)
         shardkit.convert(src, out, size=16, records_per_shard=3, part_size=4, workers=1, executor=InlineExecutor())
@@ -426,6 +424,23 @@ def test_part_size_alone_converts_in_parts_on_this_machine(tmp_path: Path, worke
     assert got.parts == 5 and got.parts_converted == 5 and one.parts == 0
     assert_same_records(tmp_path / "parts", tmp_path / "one")
     assert verify(tmp_path / "parts").ok and not (tmp_path / "parts" / ".shardkit-parts").exists()
+
+
+def test_workers_write_their_own_shards_and_give_one_workers_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # --part-size on 2 local workers: each part decoded and written by one worker, those started before
+    # the skips of earlier parts were counted at a guessed offset (re-packed by the commit, never counted
+    # into a spill and written twice, never redone); the whole output byte for byte that of 1 worker.
+    src = tmp_path / "corpus"
+    make_imagefolder(src, per_class=20, splits=("train",))  # 69 inputs
+    one = shardkit.convert(src, tmp_path / "one", size=16, records_per_shard=3, workers=1, part_size=18)
+    kinds: list[str] = []
+    real_submit = partrun._Runner.submit
+    monkeypatch.setattr(partrun._Runner, "submit", lambda self, kind, part: kinds.append(kind) or real_submit(self, kind, part))
+    two = shardkit.convert(src, tmp_path / "two", size=16, records_per_shard=3, workers=2, part_size=18)
+    assert "guess" in kinds and "count" not in kinds  # no part counted into a spill first
+    assert two.parts == one.parts == 4 and two.parts_converted == 4 and two.records == one.records
+    assert two.commit is not None and two.commit.shards_repacked > 0
+    assert tree_digest(tmp_path / "two") == tree_digest(tmp_path / "one")
 
 
 def test_cli_part_size_converts_in_parts_and_a_plain_rerun_names_the_parts(tmp_path: Path) -> None:
