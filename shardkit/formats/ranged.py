@@ -388,7 +388,10 @@ class RangedPayloadArray(PayloadArray):
                 for shard, spans in asked.items():  # one request per copy: the filler is woken once, not per run
                     copy = copies[shard]
                     assert copy is not None
-                    copy.request(_merged(spans, gap))
+                    # Merged across gaps when this process fills the copy; another process's filler
+                    # merges the pages asked for in its map itself (ShardPrefetcher._pick), and a
+                    # retry (pages that did not come) asks for exactly those.
+                    copy.request(_merged(spans, gap if copy.owned and not attempt else 0))
                 self._fetch_runs(remote, rows)
                 remote = []
                 again: list[_Run] = []

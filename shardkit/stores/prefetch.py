@@ -25,7 +25,7 @@ from shardkit.stores.base import ByteRange, Store, write_all
 from shardkit.stores.cache import PAGE_BYTES, STALE_SECONDS, ShardCache, filler_alive, map_pages
 
 __all__ = ["ShardPrefetcher", "PrefetchItem", "PrefetchStats", "PartialCopy", "Delivery", "PREFETCH_CONCURRENCY",
-           "PART_BYTES", "MAX_PARTS_IN_FLIGHT", "demand_gap_pages"]
+           "PART_BYTES", "MAX_PARTS_IN_FLIGHT", "DEMAND_GAP_PAGES", "demand_gap_pages"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,11 +40,13 @@ MAX_PARTS_IN_FLIGHT = 16
 PART_BYTES = 8 << 20
 #: A part holds at least this many gaps' worth of pages that :func:`demand_gap_pages` merges.
 DEMAND_GAPS_PER_PART = 4
+#: Asked-for pages this close (256 KiB) are merged whatever the part size (a round trip costs more).
+DEMAND_GAP_PAGES = 4
 
 
 def demand_gap_pages() -> int:
     """Asked-for pages at most this many pages apart are fetched in one request, the gap with them:
-    a quarter of a part (read when called: tests shrink the parts).
+    a quarter of a part, at least :data:`DEMAND_GAP_PAGES` (read when called: tests shrink the parts).
 
     Why: a gap left behind is fetched later anyway, as a request of its own smaller than a part,
     so merging costs no byte and saves that request (the store's request rate, not its bandwidth,
@@ -52,7 +54,7 @@ def demand_gap_pages() -> int:
     part each merged request still carries the asks of about four gaps, and a block waits for at most
     a quarter of a part of bytes it does not need yet per ask (docs/design.md §9, *Shard cache*).
     """
-    return PART_BYTES // PAGE_BYTES // DEMAND_GAPS_PER_PART
+    return max(DEMAND_GAP_PAGES, PART_BYTES // PAGE_BYTES // DEMAND_GAPS_PER_PART)
 
 #: How often a process waiting on another's copy looks at its progress map, and checks the filler lives.
 POLL_SECONDS = 0.005
