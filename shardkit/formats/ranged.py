@@ -37,7 +37,7 @@ from shardkit.formats.spec import ZARR_JSON, ShardInfo, index_nbytes
 from shardkit.formats.versions import older_copy, read_document
 from shardkit.stores import ByteRange, Fetched, Store, prefetch
 from shardkit.stores.cache import PAGE_BYTES, ShardCache, map_pages
-from shardkit.stores.prefetch import DEMAND_GAP_PAGES, PART_BYTES, Delivery, PartialCopy, PrefetchItem, ShardPrefetcher
+from shardkit.stores.prefetch import PART_BYTES, Delivery, PartialCopy, PrefetchItem, ShardPrefetcher, demand_gap_pages
 
 __all__ = ["RangedPayloadArray", "DEFAULT_REMOTE_GAP_BYTES"]
 
@@ -388,10 +388,14 @@ class RangedPayloadArray(PayloadArray):
                         if delivery is not None:
                             registered.append((copy, delivery))
                         waits.append((run, copy, spans, delivery))
+                gap = demand_gap_pages()
                 for shard, spans in asked.items():  # one request per copy: the filler is woken once, not per run
                     copy = copies[shard]
                     assert copy is not None
-                    copy.request(_merged(spans))
+                    # Merged across gaps when this process fills the copy; another process's filler
+                    # merges the pages asked for in its map itself (ShardPrefetcher._pick), and a
+                    # retry (pages that did not come) asks for exactly those.
+                    copy.request(_merged(spans, gap if copy.owned and not attempt else 0))
                 self._fetch_runs(remote, rows)
                 remote = []
                 again: list[_Run] = []
@@ -721,7 +725,8 @@ def _shards_present(fetched: Iterator[Fetched]) -> Iterator[Fetched]:
 def _whole_parts(spans: list[tuple[int, int]], npages: int) -> list[tuple[int, int]]:
     """``spans`` (ascending pages of a copy of ``npages``) widened to the background's parts, merged.
 
-    Only the first block asks for its records' own pages (a fast first batch); a later block asking
+    Only the first block asks for its records' own pages, merged across small gaps (a fast first
+    batch; :func:`~shardkit.stores.prefetch.demand_gap_pages`); a later block asking
     page by page would turn the whole epoch into small requests, bound by the store's request rate
     (``benchmarks/remote.py``: 0.21-0.29x raw GET, against 0.5-0.6x with whole parts), while whole
     parts are requests of the background's size, fetched once either way.
@@ -739,11 +744,12 @@ def _whole_parts(spans: list[tuple[int, int]], npages: int) -> list[tuple[int, i
 
 
 
-def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """``spans`` (``[lo, hi)`` pages) ascending, overlapping or touching ones merged."""
+def _merged(spans: list[tuple[int, int]], gap: int = 0) -> list[tuple[int, int]]:
+    """``spans`` (``[lo, hi)`` pages) ascending, those at most ``gap`` pages apart merged (the pages
+    between with them: see :func:`~shardkit.stores.prefetch.demand_gap_pages`)."""
     out: list[tuple[int, int]] = []
     for lo, hi in sorted(spans):
-        if out and lo <= out[-1][1]:
+        if out and lo <= out[-1][1] + gap:
             out[-1] = (out[-1][0], max(out[-1][1], hi))
         else:
             out.append((lo, hi))
@@ -752,14 +758,15 @@ def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 def _pages(offs: np.ndarray, sizes: np.ndarray) -> list[tuple[int, int]]:
     """The pages (``[lo, hi)`` spans, ascending) that hold the records at ``offs`` (ascending), spans
-    at most DEMAND_GAP_PAGES apart merged into one request."""
+    at most :func:`~shardkit.stores.prefetch.demand_gap_pages` apart merged into one request."""
     if not offs.size:
         return []
     los = (offs // PAGE_BYTES).tolist()
     his = ((offs + np.maximum(sizes, 1) - 1) // PAGE_BYTES + 1).tolist()
+    gap = demand_gap_pages()
     out: list[tuple[int, int]] = []
     for lo, hi in zip(los, his):
-        if out and lo <= out[-1][1] + DEMAND_GAP_PAGES:
+        if out and lo <= out[-1][1] + gap:
             out[-1] = (out[-1][0], max(out[-1][1], hi))
         else:
             out.append((lo, hi))

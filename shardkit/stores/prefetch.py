@@ -25,7 +25,7 @@ from shardkit.stores.base import ByteRange, Store, write_all
 from shardkit.stores.cache import PAGE_BYTES, STALE_SECONDS, ShardCache, filler_alive, map_pages
 
 __all__ = ["ShardPrefetcher", "PrefetchItem", "PrefetchStats", "PartialCopy", "Delivery", "PREFETCH_CONCURRENCY",
-           "PART_BYTES", "MAX_PARTS_IN_FLIGHT"]
+           "PART_BYTES", "MAX_PARTS_IN_FLIGHT", "DEMAND_GAP_PAGES", "demand_gap_pages"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,9 +38,24 @@ MAX_PARTS_IN_FLIGHT = 16
 #: 8 MiB matches ``StoreOptions.request_bytes``, the size the ranged path already splits long reads
 #: at; it was not re-tuned here (the shared benchmark machine was too loaded to resolve 4 vs 16 MiB).
 PART_BYTES = 8 << 20
-#: Demanded pages this close together are fetched in one request (the gap is needed later anyway,
-#: and a request costs a round trip).
+#: A part holds at least this many gaps' worth of pages that :func:`demand_gap_pages` merges.
+DEMAND_GAPS_PER_PART = 4
+#: Asked-for pages this close (256 KiB) are merged whatever the part size (a round trip costs more).
 DEMAND_GAP_PAGES = 4
+
+
+def demand_gap_pages() -> int:
+    """Asked-for pages at most this many pages apart are fetched in one request, the gap with them:
+    a quarter of a part, at least :data:`DEMAND_GAP_PAGES` (read when called: tests shrink the parts).
+
+    Why: a gap left behind is fetched later anyway, as a request of its own smaller than a part,
+    so merging costs no byte and saves that request (the store's request rate, not its bandwidth,
+    bounds small requests). A request stops at a part, so a wider gap saves fewer: at a quarter of a
+    part each merged request still carries the asks of about four gaps, and a block waits for at most
+    a quarter of a part of bytes it does not need yet per ask (docs/design.md §9, *Shard cache*).
+    """
+    return max(DEMAND_GAP_PAGES, PART_BYTES // PAGE_BYTES // DEMAND_GAPS_PER_PART)
+
 #: How often a process waiting on another's copy looks at its progress map, and checks the filler lives.
 POLL_SECONDS = 0.005
 _ALIVE_EVERY = 40
@@ -190,7 +205,7 @@ class _Fill:
 
     def span(self, lo: int, hi: int, wanted: bytes | None = None) -> tuple[int, int] | None:
         """The first run of free pages in ``lo:hi`` (at most a part; only ``wanted`` ones, with
-        gaps of up to DEMAND_GAP_PAGES, if given)."""
+        gaps of up to :func:`demand_gap_pages`, if given)."""
         p = lo
         if wanted is None:
             while p < hi and not self.free(p):
@@ -203,10 +218,10 @@ class _Fill:
                 return None
         if p >= hi:
             return None
-        end, last, most = p + 1, p, max(1, PART_BYTES // PAGE_BYTES)
+        end, last, most, gap = p + 1, p, max(1, PART_BYTES // PAGE_BYTES), demand_gap_pages()
         while end < hi and end - p < most and self.free(end):
             if wanted is not None and not wanted[end]:
-                if end - last > DEMAND_GAP_PAGES:
+                if end - last > gap:
                     break
             else:
                 last = end
