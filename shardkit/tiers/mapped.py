@@ -88,6 +88,7 @@ class MappedShards:
                 records = int(upto - np.searchsorted(rows, firsts[c]))
                 stats.add(self._locations[i], int(s[0]), records * self.record_nbytes)
             self._resident[part] = True
+        stats.add_records(int(todo.size))
 
     def copies(self, keys: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """``(positions, view, rows)`` per shard a block's ``keys`` touch: positions (ascending) of

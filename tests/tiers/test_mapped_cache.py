@@ -22,12 +22,11 @@ def _sampler(path: Path, **kw: object) -> TieredSampler:
     return TieredSampler(path, batch_size=8, epochs=1, seed=5, ram_size=f"{3 * N}records", **kw)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("node_sharing", [True, False])
-def test_a_cache_of_the_whole_dataset_is_its_mapped_files(tmp_path: Path, node_sharing: bool) -> None:
-    """Three runs: the order of ``static_cache=0``, the records checked in every batch, no cache rows
-    (private or node-shared), the dataset read from storage in the first run only."""
+def test_a_cache_of_the_whole_dataset_is_its_mapped_files(tmp_path: Path) -> None:
+    """A cache of this process's own, three runs: the order of ``static_cache=0``, the records
+    checked in every batch, no cache rows, the dataset read from storage in the first run only."""
     path = make_dataset(tmp_path / "ds", N, records_per_shard=RPS, shape=SHAPE)
-    s = _sampler(path, node_sharing=node_sharing)
+    s = _sampler(path, node_sharing=False)
     plain = _sampler(path, static_cache=0)
     try:
         assert s.static_cache == N
@@ -37,12 +36,40 @@ def test_a_cache_of_the_whole_dataset_is_its_mapped_files(tmp_path: Path, node_s
             np.testing.assert_array_equal(epochs_of(s, N), epochs_of(plain, N))  # epochs_of checks every record
             disk.append(s.stats.disk.bytes_read - d0)
             assert s._cache is not None and s._cache.rows is None and s._cache.mapped is not None
-        assert disk[0] >= N * REC and disk[1] == disk[2] == 0
+        assert disk[0] >= N * REC and disk[1] == disk[2] == 0  # (and each shard's index, checked as it is mapped)
+        assert s.stats.disk.records == N  # each record read once
         assert s.stats.cache.records == 3 * N  # every record of every epoch served by the cache
     finally:
         s.close()
         plain.close()
     assert s._cache.mapped is None  # close() lets go of the mapping
+
+
+def test_a_mapped_cache_counts_the_records_it_reads_not_whole_pages(tmp_path: Path) -> None:
+    """1 KiB records, 5 to a shard: the first epoch counts each record's bytes once, as a read of
+    them would (the kernel's whole pages are not the records asked for), and nothing after it."""
+    n = 40
+    path = make_dataset(tmp_path / "ds", n, records_per_shard=5, shape=(16, 16, 4))
+    with TieredSampler(path, batch_size=2, epochs=2, seed=8, ram_size=f"{n}records", node_sharing=False) as s:
+        assert s.maps_whole_cache
+        assert epochs_of(s, n).shape == (2, n)
+        assert s.stats.disk_bytes_by_epoch == {0: n * 1024, 1: 0} and s.stats.disk.records == n
+
+
+def test_a_node_shared_cache_keeps_its_rows(tmp_path: Path) -> None:
+    """The node-shared cache (the default) is not mapped: what a mapping made resident is known to
+    its process only, and the node's other consumers (DataLoader workers, ranks) must not read the
+    dataset again."""
+    path = make_dataset(tmp_path / "ds", N, records_per_shard=RPS, shape=SHAPE)
+    s = _sampler(path)
+    plain = _sampler(path, static_cache=0)
+    try:
+        assert not s.maps_whole_cache and _sampler(path, node_sharing=False).maps_whole_cache
+        np.testing.assert_array_equal(epochs_of(s, N), epochs_of(plain, N))
+        assert s._cache is not None and s._cache.mapped is None and s._cache.rows is not None
+    finally:
+        s.close()
+        plain.close()
 
 
 def test_unmappable_files_fall_back_to_a_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -65,7 +92,7 @@ def test_a_dataset_of_too_many_shards_keeps_the_copy_from_the_start(tmp_path: Pa
     """More shards than are mapped: the sampler says its whole cache is not mapped (the profiler's
     model charges the copy's pages) and never tries to map, and its batches are those of the copy."""
     path = make_dataset(tmp_path / "ds", N, records_per_shard=RPS, shape=SHAPE)
-    assert _sampler(path).maps_whole_cache
+    assert _sampler(path, node_sharing=False).maps_whole_cache
     monkeypatch.setattr(mapped_mod, "MAX_MAPPED_SHARDS", 5)  # the dataset has 6
     monkeypatch.setattr("shardkit.readers.sampler.MAX_MAPPED_SHARDS", 5)
     monkeypatch.setattr(mapped_mod.MappedShards, "open", classmethod(lambda cls, payload: pytest.fail("mapped")))
