@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import shutil
-from collections.abc import Iterable
+import signal
+import threading
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 
 from shardkit.formats import DatasetWriter, FieldSpec, open_dataset
 
-__all__ = ["drop_cache", "synthetic_dataset", "IMAGE_SHAPE"]
+__all__ = ["drop_cache", "synthetic_dataset", "IMAGE_SHAPE", "DeviceThrottle", "throttled_device", "device_rates"]
+
+log = logging.getLogger("benchmarks")
 
 #: The record every throughput benchmark uses: one 224x224 RGB image, 150,528 bytes.
 IMAGE_SHAPE = (224, 224, 3)
@@ -57,3 +63,153 @@ def synthetic_dataset(path: Path, n: int, shape: tuple[int, ...] = IMAGE_SHAPE) 
             images.reshape(k, -1)[:, 0] = np.arange(a, a + k) % 256
             w.write({"image": images, "label": np.arange(a, a + k) % 1000})
     return path
+
+
+# ---------------------------------------------------------------------------------------------- device
+#: Name prefix of the cgroups these scripts create (one per process, suffixed with its pid).
+CGROUP_PREFIX = "shardkit-bench-"
+
+
+def device_rates(arg: str | None) -> list[float | None]:
+    """``--device-mbps`` ("300,800") as a list of rates; ``[None]`` (unthrottled) when not given."""
+    return [float(x) for x in arg.split(",")] if arg else [None]
+
+
+def block_device(path: Path) -> str:
+    """``MAJ:MIN`` of the whole disk holding ``path`` (a partition resolves to its disk, whose reads
+    a cgroup can limit). Raises ``OSError`` when ``path`` is not on a block device (tmpfs, overlay)."""
+    st = os.stat(path).st_dev
+    sysfs = Path(f"/sys/dev/block/{os.major(st)}:{os.minor(st)}")
+    if not sysfs.exists():
+        raise OSError(f"{path} is on no block device ({os.major(st)}:{os.minor(st)})")
+    if (sysfs / "partition").exists():
+        return (sysfs.resolve().parent / "dev").read_text().strip()
+    return f"{os.major(st)}:{os.minor(st)}"
+
+
+def _cgroup_hierarchy() -> tuple[str, Path]:
+    """("v1", blkio mount) or ("v2", cgroup2 mount offering ``io``); ``OSError`` when neither."""
+    mounts = [line.split() for line in Path("/proc/mounts").read_text().splitlines()]
+    for _, where, fstype, opts, *_ in mounts:
+        if fstype == "cgroup" and "blkio" in opts.split(",") and Path(where, "blkio.throttle.read_bps_device").exists():
+            return "v1", Path(where)
+    for _, where, fstype, *_ in mounts:
+        ctl = Path(where, "cgroup.controllers")
+        if fstype == "cgroup2" and ctl.exists() and "io" in ctl.read_text().split():
+            return "v2", Path(where)
+    raise OSError("no cgroup v1 blkio or v2 io controller mounted")
+
+
+def _own_cgroup(root: Path, version: str) -> Path:
+    """The cgroup of this process in the hierarchy mounted at ``root``."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, rel = line.split(":", 2)
+        if (version == "v1" and "blkio" in controllers.split(",")) or (version == "v2" and line.startswith("0::")):
+            return root / rel.lstrip("/")
+    return root
+
+
+class DeviceThrottle:
+    """This process (and every child it starts later) in a cgroup of its own that limits the reads of
+    the dataset's disk, so a cold read meets a device of known speed rather than whatever a virtual
+    machine's host happens to have cached. Made by :func:`throttled_device`, which removes it again."""
+
+    def __init__(self, path: Path) -> None:
+        self.cgroup: Path | None = None
+        self.version, self.device, self.reason = "", "", ""
+        self._home = Path()
+        try:
+            self.device = block_device(path)
+            self.version, root = _cgroup_hierarchy()
+            if os.geteuid() != 0:
+                raise OSError("not root")
+            self._remove_stale(root)
+            self._home = _own_cgroup(root, self.version)
+            cgroup = root / f"{CGROUP_PREFIX}{os.getpid()}"
+            if self.version == "v2" and "io" not in (root / "cgroup.subtree_control").read_text().split():
+                (root / "cgroup.subtree_control").write_text("+io")
+            cgroup.mkdir(exist_ok=True)
+            self.cgroup = cgroup
+            self._limit(None)
+            (cgroup / "cgroup.procs").write_text(str(os.getpid()))
+        except OSError as e:
+            self.reason = str(e)
+            self.close()
+            log.warning("device not throttled (%s): cold reads run at whatever the disk and its host give", e)
+
+    def set(self, mbps: float | None) -> str:
+        """Limit reads to ``mbps`` MB/s (``None``: no limit); returns the one line a table header states."""
+        if self.cgroup is None:
+            return f"device not throttled ({self.reason})"
+        self._limit(mbps)
+        if mbps is None:
+            return f"device {self.device} not throttled"
+        return f"reads of device {self.device} throttled to {mbps:,.0f} MB/s (cgroup {self.version})"
+
+    def bytes_read(self) -> int:
+        """Bytes this cgroup has read from the device (what the throttle accounted), 0 without one."""
+        if self.cgroup is None:
+            return 0
+        if self.version == "v1":
+            for line in (self.cgroup / "blkio.throttle.io_service_bytes").read_text().splitlines():
+                f = line.split()
+                if len(f) == 3 and f[0] == self.device and f[1] == "Read":
+                    return int(f[2])
+            return 0
+        for line in (self.cgroup / "io.stat").read_text().splitlines():
+            f = line.split()
+            if f and f[0] == self.device:
+                return int(dict(kv.split("=") for kv in f[1:]).get("rbytes", 0))
+        return 0
+
+    def _limit(self, mbps: float | None) -> None:
+        assert self.cgroup is not None
+        bps = int(mbps * 1e6) if mbps else 0
+        if self.version == "v1":  # 0 removes the rule
+            (self.cgroup / "blkio.throttle.read_bps_device").write_text(f"{self.device} {bps}")
+        else:
+            (self.cgroup / "io.max").write_text(f"{self.device} rbps={bps or 'max'}")
+
+    def close(self) -> None:
+        """Move this process and any child still in the cgroup back to where it came from, remove it."""
+        if self.cgroup is None:
+            return
+        cgroup, self.cgroup = self.cgroup, None
+        with contextlib.suppress(OSError):
+            for pid in [str(os.getpid()), *(cgroup / "cgroup.procs").read_text().split()]:
+                with contextlib.suppress(OSError):  # a child that ended meanwhile
+                    (self._home / "cgroup.procs").write_text(pid)
+        try:
+            cgroup.rmdir()
+        except OSError as e:
+            log.warning("could not remove %s: %s", cgroup, e)
+
+    @staticmethod
+    def _remove_stale(root: Path) -> None:
+        """Remove the empty cgroups of earlier runs killed before they could (their pid is gone)."""
+        for old in root.glob(f"{CGROUP_PREFIX}*"):
+            pid = old.name.removeprefix(CGROUP_PREFIX)
+            if pid.isdigit() and not Path(f"/proc/{pid}").exists() and not (old / "cgroup.procs").read_text().strip():
+                with contextlib.suppress(OSError):
+                    old.rmdir()
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    """SIGTERM as ``SystemExit``, so the ``finally`` that removes the cgroup runs."""
+    raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def throttled_device(path: Path) -> Iterator[DeviceThrottle]:
+    """A :class:`DeviceThrottle` for the disk holding ``path``, removed on leaving (also on an error or
+    SIGTERM). Without root or a cgroup controller it says so in one line and throttles nothing."""
+    throttle = DeviceThrottle(path)
+    old = None
+    if throttle.cgroup is not None and threading.current_thread() is threading.main_thread():
+        old = signal.signal(signal.SIGTERM, _exit_on_signal)
+    try:
+        yield throttle
+    finally:
+        throttle.close()
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)

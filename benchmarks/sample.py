@@ -25,6 +25,11 @@ Run: ``python benchmarks/sample.py [--quick] [--before /path/to/previous/tree] [
   is paired with a plain read of the same files in the same state just before it (the host's page
   cache is not dropped with the guest's, so the "cold" device differs from run to run), and ratios
   are taken between these paired figures.
+* ``--device-mbps 300,800``: every section once at each rate, with reads of the dataset's disk
+  throttled to it by a cgroup that this process and its children join (``_common.throttled_device``):
+  on a virtual machine a dropped page cache leaves the host's, so an unthrottled "cold" read meets the
+  host's cache one run and the disk the next; a rate below both makes the device's speed known. The
+  tables are headed by the rate (or by why the device could not be throttled: then it runs as without).
 * ``--io-modes``: the bottom tier's read modes on one sparse block: buffered ``preadv`` after
   announcing every run (what the reader does) against ``O_DIRECT`` reads from a thread pool.
 
@@ -38,6 +43,7 @@ numbers. Prints markdown tables; the numbers go to benchmarks/RESULTS.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import mmap
@@ -51,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import drop_cache, synthetic_dataset
+from _common import DeviceThrottle, device_rates, drop_cache, synthetic_dataset, throttled_device
 
 from shardkit.formats import open_dataset
 
@@ -292,8 +298,12 @@ def ssd_tier(path: Path, n: int, batch: int, trees: dict[str, str], rounds: int,
     return lines
 
 
-def first_epochs(path: Path, n: int, batch: int, trees: dict[str, str], rounds: int, ram: int, ssd: int) -> list[str]:
-    """Epoch 1 of fresh runs (see module docstring); every ratio is taken within its round."""
+def first_epochs(path: Path, n: int, batch: int, trees: dict[str, str], rounds: int, ram: int, ssd: int,
+                 dev: DeviceThrottle | None = None) -> list[str]:  # fmt: skip
+    """Epoch 1 of fresh runs (see module docstring); every ratio is taken within its round. With a
+    throttled ``dev``, each run's bytes read from the device over the bytes it delivered: 1.0 for a cold
+    epoch that reads every record once, less where the guest's page cache still held some."""
+    dev = dev if dev is not None and dev.cgroup is not None else None
     big = 2 * n * REC
     runs = {  # label: (run config, baseline label or "raw"/"plain")
         "tiers=ram (cold)": (dict(cold=True, ram=ram, static_cache=0), None),
@@ -314,9 +324,11 @@ def first_epochs(path: Path, n: int, batch: int, trees: dict[str, str], rounds: 
                 # page cache dropped before each; warm: this read warms them): the device's speed
                 # drifts between runs, so every figure is taken against its own read first.
                 plain = scan(path, cold=cfg["cold"])
+                read0 = dev.bytes_read() if dev is not None else 0
                 res = run(tree, path=str(path), records=n, batch=batch, epochs=1, **cfg)
                 base[label] = r = _rate(res["epochs"][0])
                 r["own"] = r["mbps"] / plain["mbps"]
+                r["device"] = (dev.bytes_read() - read0) / res["epochs"][0]["bytes"] if dev is not None else -1.0
             for label, (_, ref) in runs.items():
                 r = dict(base[label])
                 r["ratio"] = r["own"] / (base[ref]["own"] if ref in base else 1.0)
@@ -327,10 +339,11 @@ def first_epochs(path: Path, n: int, batch: int, trees: dict[str, str], rounds: 
         f"each), SSD rows ram_size {ram / 2**20:.0f} MiB, ssd_size {ssd / 2**20:.0f} MiB, large budget "
         f"{big / 2**20:,.0f} MiB; {rounds} round(s); each run paired with a plain read of the files just before "
         "it in the same state (raw scan cold, cached read warm): 'x own read' is the run's MB/s over that read's, "
-        "and a ratio against another row divides the two rows' 'x own read'; median [min-max] over the rounds",
+        "and a ratio against another row divides the two rows' 'x own read'; median [min-max] over the rounds; "
+        "'device / delivered': the bytes the run read from the throttled device over those it delivered",
         "",
-        "| | tree | MB/s | CPU s/GB | x own read | ratio | against |",
-        "|---|---|---:|---:|---:|---:|---|",
+        "| | tree | MB/s | CPU s/GB | x own read | ratio | against | device / delivered |",
+        "|---|---|---:|---:|---:|---:|---|---:|",
     ]
     for label, (_, ref) in runs.items():
         for name in trees:
@@ -338,8 +351,9 @@ def first_epochs(path: Path, n: int, batch: int, trees: dict[str, str], rounds: 
             ratios = [r["ratio"] for r in rs]
             spread = f"{med(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}]" if ref else ""
             against = {"raw": "raw scan (cold)", "plain": "plain read of the cached files"}.get(ref or "", ref or "")
+            device = f"{med(r['device'] for r in rs):.2f}" if dev is not None else ""
             lines.append(f"| {label} | {name} | {med(r['mbps'] for r in rs):,.0f} | {med(r['cpu_per_gb'] for r in rs):.3f} "
-                         f"| {med(r['own'] for r in rs):.2f} | {spread} | {against} |")
+                         f"| {med(r['own'] for r in rs):.2f} | {spread} | {against} | {device} |")
     return lines
 
 
@@ -381,6 +395,24 @@ def io_modes(path: Path, n: int, density: float = 0.05, threads: int = 16) -> li
     ]
 
 
+def sections_at(path: Path, n: int, args: argparse.Namespace, trees: dict[str, str], sections: set[str],
+                dev: DeviceThrottle | None) -> list[str]:  # fmt: skip
+    """The chosen sections' tables, at the device's current rate."""
+    ram, ssd = int(args.ssd_ram * 2**20), int(args.ssd_size * 2**20)
+    out: list[str] = []
+    if "hot" in sections:
+        out += [*hot_path(path, n, args.batch, trees, args.rounds), ""]
+    if "budgets" in sections:
+        out += [*budgets(path, n, args.batch, trees, args.rounds), ""]
+    if "ssd" in sections:
+        out += [*ssd_tier(path, n, args.batch, trees, args.rounds, ram, ssd), ""]
+    if "first" in sections:
+        out += [*first_epochs(path, n, args.batch, trees, args.rounds, ram, ssd, dev), ""]
+    if args.io_modes:
+        out += io_modes(path, n)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--gib", type=float, default=0.85, help="dataset size (the issues measured ~0.9 GB)")
@@ -392,6 +424,9 @@ def main() -> None:
     ap.add_argument("--sections", default="hot,budgets,ssd", help="comma-separated: hot, budgets, ssd, first")
     ap.add_argument("--ssd-ram", type=float, default=128, help="SSD section: ram_size in MiB")
     ap.add_argument("--ssd-size", type=float, default=512, help="SSD section: ssd_size in MiB")
+    ap.add_argument("--device-mbps", help="comma-separated read rates in MB/s: every section runs once at each "
+                    "with the dataset's disk throttled to it (a device of known speed; needs root and a cgroup io "
+                    "controller, else says so and runs unthrottled)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -403,20 +438,12 @@ def main() -> None:
     path = synthetic_dataset(DATA.with_name(DATA.name + ("-quick" if args.quick else "")), n)
     trees = {"after": AFTER, **({"before": args.before} if args.before else {})}
     sections = set(args.sections.split(","))
-    out: list[str] = []
-    if "hot" in sections:
-        out += [*hot_path(path, n, args.batch, trees, args.rounds), ""]
-    if "budgets" in sections:
-        out += [*budgets(path, n, args.batch, trees, args.rounds), ""]
-    if "ssd" in sections:
-        out += [*ssd_tier(path, n, args.batch, trees, args.rounds, int(args.ssd_ram * 2**20), int(args.ssd_size * 2**20)),
-                ""]
-    if "first" in sections:
-        out += [*first_epochs(path, n, args.batch, trees, args.rounds, int(args.ssd_ram * 2**20),
-                              int(args.ssd_size * 2**20)), ""]
-    if args.io_modes:
-        out += io_modes(path, n)
-    print("\n".join(out))
+    device: contextlib.AbstractContextManager[DeviceThrottle | None] = (
+        throttled_device(path) if args.device_mbps else contextlib.nullcontext())
+    with device as dev:  # every process of the run (the scans, each sampler's) reads through it
+        for mbps in device_rates(args.device_mbps):
+            head = [f"Device: {dev.set(mbps)}", ""] if dev is not None else []
+            print("\n".join(head + sections_at(path, n, args, trees, sections, dev)), flush=True)
 
 
 if __name__ == "__main__":

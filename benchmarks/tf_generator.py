@@ -28,6 +28,7 @@ interleaved with this tree's, so before and after meet the same disk in the same
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import os
 import resource
@@ -42,7 +43,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
 import numpy as np
-from _common import drop_cache, synthetic_dataset
+from _common import DeviceThrottle, device_rates, drop_cache, synthetic_dataset, throttled_device
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "_data" / "adapters-bench"
@@ -153,70 +154,96 @@ def main() -> None:
     parser.add_argument("--host-warm", action="store_true",
                         help="read the files once and drop them again before each pass, so every cold pass "
                              "meets the same device (on a VM: the host's cache)")
+    parser.add_argument("--device-mbps", help="comma-separated read rates in MB/s: the rounds run once at each, "
+                        "with the dataset's disk throttled to it (needs root and a cgroup io controller, else "
+                        "says so and runs unthrottled)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    args.epoch = 0  # every pass a new epoch, over all rates
     path = synthetic_dataset(DATA, args.records)
     if args.child:
         child(path, args.records)
         return
 
     trees = {"after": AFTER, **({"before": Path(args.before).resolve()} if args.before else {})}
-    procs: dict[str, subprocess.Popen[str]] = {}
-    for tree, root in trees.items():
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(HERE)])}
-        procs[tree] = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--records", str(args.records), "--child"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=str(root),
-        )  # fmt: skip
-        assert procs[tree].stdout is not None
-        if procs[tree].stdout.readline().strip() != "ready":  # type: ignore[union-attr]
-            raise RuntimeError(f"the {tree} tree's child failed to start")
-    # Rows: (tree, config, cache); the bare sampler of each tree is its own baseline.
-    rows = [(tree, name, cache) for cache in ("auto", "0") for tree in trees for name in CONFIGS
-            if tree == "after" or name != "generator"]  # fmt: skip
-    runs: dict[tuple[str, str, str], list[Pass]] = {row: [] for row in rows}
-    epoch = 0
-    primes: list[float] = []
-    try:
-        for _ in range(args.repeats):
-            for tree, name, cache in rows:
-                if args.host_warm and not args.warm:
-                    drop_cache(path)
-                    primes.append(plain_read(path))
-                if not args.warm:
-                    drop_cache(path)
-                proc = procs[tree]
-                assert proc.stdin is not None and proc.stdout is not None
-                proc.stdin.write(f"{name} {cache} {epoch}\n")
-                proc.stdin.flush()
-                rate, cores, first = (float(x) for x in proc.stdout.readline().split())
-                runs[(tree, name, cache)].append((rate, cores, first))
-                epoch += 1
-    finally:
-        for proc in procs.values():
-            if proc.stdin is not None:
-                proc.stdin.close()
-            proc.wait()
+    device: contextlib.AbstractContextManager[DeviceThrottle | None] = (
+        throttled_device(path) if args.device_mbps else contextlib.nullcontext())
+    with device as dev:  # the children are started inside: their reads go through it too
+        procs: dict[str, subprocess.Popen[str]] = {}
+        try:
+            for tree, root in trees.items():
+                env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(HERE)])}
+                procs[tree] = subprocess.Popen(
+                    [sys.executable, str(Path(__file__).resolve()), "--records", str(args.records), "--child"],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=str(root),
+                )  # fmt: skip
+                assert procs[tree].stdout is not None
+                if procs[tree].stdout.readline().strip() != "ready":  # type: ignore[union-attr]
+                    raise RuntimeError(f"the {tree} tree's child failed to start")
+            for mbps in device_rates(args.device_mbps):
+                rate_line = dev.set(mbps) if dev is not None else ""
+                report(path, args, procs, measure(path, args, procs), rate_line)
+        finally:
+            for proc in procs.values():
+                if proc.stdin is not None:
+                    proc.stdin.close()
+                proc.wait()
 
+
+Row = tuple[str, str, str]  # tree, configuration, static cache
+
+
+def measure(path: Path, args: argparse.Namespace, procs: dict[str, subprocess.Popen[str]]) -> dict[Row, list[Pass]]:
+    """Every row's passes, interleaved over ``args.repeats`` rounds (the bare sampler of each tree is its
+    own baseline); the primes' rates under the key ``("", "prime", "")``."""
+    rows = [(tree, name, cache) for cache in ("auto", "0") for tree in procs for name in CONFIGS
+            if tree == "after" or name != "generator"]  # fmt: skip
+    runs: dict[Row, list[Pass]] = {row: [] for row in rows}
+    primes: list[Pass] = []
+    for _ in range(args.repeats):
+        for tree, name, cache in rows:
+            if args.host_warm and not args.warm:
+                drop_cache(path)
+                primes.append((plain_read(path), 0.0, 0.0))
+            if not args.warm:
+                drop_cache(path)
+            proc = procs[tree]
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.write(f"{name} {cache} {args.epoch}\n")
+            proc.stdin.flush()
+            rate, cores, first = (float(x) for x in proc.stdout.readline().split())
+            runs[(tree, name, cache)].append((rate, cores, first))
+            args.epoch += 1
+    if primes:
+        runs[("", "prime", "")] = primes
+    return runs
+
+
+def report(path: Path, args: argparse.Namespace, procs: dict[str, subprocess.Popen[str]],
+           runs: dict[Row, list[Pass]], device: str) -> None:  # fmt: skip
+    """Print the table of one :func:`measure`, headed by the device's rate when it is throttled."""
     load = os.getloadavg()
     how = "warm (files kept in the page cache)" if args.warm else "cold (page cache dropped before each pass)"
+    primes = [p[0] for p in runs.pop(("", "prime", ""), [])]
     if primes:
         how += (f"; host-warm: the files read once before each drop, at {statistics.median(primes):,.0f} MB/s "
                 f"(median; {min(primes):,.0f}-{max(primes):,.0f})")
+    if device:
+        how += f"; {device}"
     print(f"{args.records} records of 224x224x3 uint8, batch {BATCH}, {how}, "
           f"{args.repeats} interleaved rounds; {os.cpu_count()} CPUs; load average at the end "
           f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f}\n")  # fmt: skip
     print("| tree | static cache | configuration | records/s per pass | median | vs bare, same round: median [min, max] "
           "| cores used (median) | first batch ms (median) |")  # fmt: skip
     print("|---|---|---|---|---:|---:|---:|---:|")
-    for tree, name, cache in rows:
-        rs = runs[(tree, name, cache)]
+    for (tree, name, cache), rs in runs.items():
         base = runs[(tree, "bare", cache)]
         ratios = [r[0] / b[0] for r, b in zip(rs, base)]
         rates = ", ".join(f"{r[0]:,.0f}" for r in rs)
         print(f"| {tree} | {cache} | {LABELS[name]} | {rates} | {statistics.median(r[0] for r in rs):,.0f} | "
               f"{statistics.median(ratios):.0%} [{min(ratios):.0%}, {max(ratios):.0%}] | "
               f"{statistics.median(r[1] for r in rs):.2f} | {statistics.median(r[2] for r in rs) * 1e3:.0f} |")  # fmt: skip
+    print(flush=True)
 
 
 if __name__ == "__main__":
