@@ -48,6 +48,7 @@ import importlib
 import json
 import mmap
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -132,7 +133,7 @@ def worker(cfg: dict[str, Any]) -> dict[str, Any]:
     for _ in range(cfg["epochs"]):
         if cfg["cold"]:
             drop_cache(path)
-        disk0, t0, c0 = s.stats.disk.bytes_read, time.perf_counter(), time.process_time()
+        disk0, t0, c0, sys0 = s.stats.disk.bytes_read, time.perf_counter(), time.process_time(), _sys_cpu()
         first, nbytes, records = None, 0, 0
         for b in s:
             if first is None:
@@ -141,10 +142,15 @@ def worker(cfg: dict[str, Any]) -> dict[str, Any]:
             records += b["key"].shape[0]
             del b
         dt, cpu = time.perf_counter() - t0, time.process_time() - c0
-        epochs.append({"seconds": dt, "bytes": nbytes, "records": records, "cpu": cpu,
+        epochs.append({"seconds": dt, "bytes": nbytes, "records": records, "cpu": cpu, "sys": _sys_cpu() - sys0,
                        "disk": s.stats.disk.bytes_read - disk0, "first": first or 0.0})  # fmt: skip
     plan = [s.ram_block, s.static_cache] if not new else [*s.block_schedule, s.static_cache]
     return {"epochs": epochs, "peak_rss": _peak_rss_kib() * 1024, "base_rss": base * 1024, "plan": plan}
+
+
+def _sys_cpu() -> float:
+    """This process's CPU seconds in the kernel (page faults, copies from the page cache, allocation)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_stime
 
 
 def _rss_kib() -> int:
@@ -328,6 +334,7 @@ def first_epochs(path: Path, n: int, batch: int, trees: dict[str, str], rounds: 
                 res = run(tree, path=str(path), records=n, batch=batch, epochs=1, **cfg)
                 base[label] = r = _rate(res["epochs"][0])
                 r["own"] = r["mbps"] / plain["mbps"]
+                r["sys_per_gb"] = res["epochs"][0]["sys"] / (res["epochs"][0]["bytes"] / 1e9)
                 r["device"] = (dev.bytes_read() - read0) / res["epochs"][0]["bytes"] if dev is not None else -1.0
             for label, (_, ref) in runs.items():
                 r = dict(base[label])
@@ -340,10 +347,11 @@ def first_epochs(path: Path, n: int, batch: int, trees: dict[str, str], rounds: 
         f"{big / 2**20:,.0f} MiB; {rounds} round(s); each run paired with a plain read of the files just before "
         "it in the same state (raw scan cold, cached read warm): 'x own read' is the run's MB/s over that read's, "
         "and a ratio against another row divides the two rows' 'x own read'; median [min-max] over the rounds; "
-        "'device / delivered': the bytes the run read from the throttled device over those it delivered",
+        "'of which kernel': the CPU s/GB spent in the kernel (first touch of new memory is most of what "
+        "differs between rows); 'device / delivered': the bytes the run read from the throttled device over those it delivered",
         "",
-        "| | tree | MB/s | CPU s/GB | x own read | ratio | against | device / delivered |",
-        "|---|---|---:|---:|---:|---:|---|---:|",
+        "| | tree | MB/s | CPU s/GB | of which kernel | x own read | ratio | against | device / delivered |",
+        "|---|---|---:|---:|---:|---:|---:|---|---:|",
     ]
     for label, (_, ref) in runs.items():
         for name in trees:
@@ -353,7 +361,7 @@ def first_epochs(path: Path, n: int, batch: int, trees: dict[str, str], rounds: 
             against = {"raw": "raw scan (cold)", "plain": "plain read of the cached files"}.get(ref or "", ref or "")
             device = f"{med(r['device'] for r in rs):.2f}" if dev is not None else ""
             lines.append(f"| {label} | {name} | {med(r['mbps'] for r in rs):,.0f} | {med(r['cpu_per_gb'] for r in rs):.3f} "
-                         f"| {med(r['own'] for r in rs):.2f} | {spread} | {against} | {device} |")
+                         f"| {med(r['sys_per_gb'] for r in rs):.3f} | {med(r['own'] for r in rs):.2f} | {spread} | {against} | {device} |")
     return lines
 
 
