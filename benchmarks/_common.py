@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -179,10 +180,14 @@ class DeviceThrottle:
             for pid in [str(os.getpid()), *(cgroup / "cgroup.procs").read_text().split()]:
                 with contextlib.suppress(OSError):  # a child that ended meanwhile
                     (self._home / "cgroup.procs").write_text(pid)
-        try:
-            cgroup.rmdir()
-        except OSError as e:
-            log.warning("could not remove %s: %s", cgroup, e)
+        for attempt in range(20):  # a child that is still exiting keeps the cgroup busy a moment
+            try:
+                cgroup.rmdir()
+                return
+            except OSError as e:
+                if attempt == 19:
+                    log.warning("could not remove %s: %s (the next run removes it)", cgroup, e)
+                time.sleep(0.1)
 
     @staticmethod
     def _remove_stale(root: Path) -> None:

@@ -86,3 +86,24 @@ def test_without_a_controller_one_line_and_unthrottled(common: ModuleType, tmp_p
         assert dev.cgroup is None
         assert dev.set(MBPS) == "device not throttled (no cgroup v1 blkio or v2 io controller mounted)"
     assert len(caplog.records) == 1 and caplog.records[0].getMessage().startswith("device not throttled (no cgroup")
+
+
+def test_cgroup_removed_when_a_child_is_still_exiting(common: ModuleType, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    """The kernel refuses to remove a cgroup while a process that left it is still exiting (EBUSY)."""
+    data = tmp_path / "data"
+    data.write_bytes(b"x" * 4096)
+    real_rmdir, busy = Path.rmdir, [2]
+
+    def rmdir(self: Path) -> None:
+        if busy[0]:
+            busy[0] -= 1
+            raise OSError(16, "Device or resource busy")
+        real_rmdir(self)
+
+    with caplog.at_level(logging.WARNING), common.throttled_device(data) as dev:
+        cgroup = dev.cgroup
+        monkeypatch.setattr(Path, "rmdir", rmdir)
+    assert cgroup is None or (not cgroup.exists() and busy == [0])
+    assert not [r for r in caplog.records if "could not remove" in r.getMessage()]
