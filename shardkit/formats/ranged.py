@@ -119,6 +119,7 @@ class RangedPayloadArray(PayloadArray):
         self._ahead: _Ahead | None = None
         #: Helper threads of :meth:`_read_back` (started on first use).
         self._readback: ThreadPoolExecutor | None = None
+        self._readback_pid = 0
 
     # ------------------------------------------------------------------ files and indexes
     def shard_path(self, i: int) -> NoReturn:
@@ -613,15 +614,14 @@ class RangedPayloadArray(PayloadArray):
         """``(fd, run)``: runs read from local copies (:meth:`_read_cached`), split by bytes between
         :data:`READBACK_THREADS` threads when they are uncompressed records read straight into their
         rows and at least :data:`READBACK_SPLIT_BYTES` (``preadv`` releases the GIL). Returns once
-        every run is read; the first error is raised."""
+        every run is read; an error of any share is raised."""
         total = sum(int(r.offs[-1] + r.sizes[-1] - r.offs[0]) for _, r in runs)
         parallel = self.codec is None and self.record_nbytes >= SCATTER_MIN_BYTES
         if not parallel or READBACK_THREADS < 2 or len(runs) < 2 or total < READBACK_SPLIT_BYTES:
             for fd, run in runs:
                 self._read_cached(fd, run, rows)
             return
-        if self._readback is None:
-            self._readback = ThreadPoolExecutor(READBACK_THREADS - 1, thread_name_prefix="shardkit-readback")
+        pool = self._readback_pool()
         # Contiguous shares of about equal bytes: each thread keeps ascending offsets in its share.
         share, cuts, acc = total / READBACK_THREADS, [0], 0
         for k, (_, r) in enumerate(runs):
@@ -634,13 +634,22 @@ class RangedPayloadArray(PayloadArray):
             for fd, run in part:
                 self._read_cached(fd, run, rows)
 
-        helpers = [self._readback.submit(read, part) for part in shares[1:]]
+        helpers = [pool.submit(read, part) for part in shares[1:]]
         try:
             read(shares[0])
         finally:
             wait(helpers)  # no helper writes into the rows once this returns
         for f in helpers:
             f.result()
+
+    def _readback_pool(self) -> ThreadPoolExecutor:
+        """The helper threads of :meth:`_read_back`, started on first use (anew in a forked child,
+        whose copy of the parent's pool has no threads)."""
+        with self._lock:
+            if self._readback is None or self._readback_pid != os.getpid():
+                self._readback = ThreadPoolExecutor(READBACK_THREADS - 1, thread_name_prefix="shardkit-readback")
+                self._readback_pid = os.getpid()
+            return self._readback
 
     def _read_cached(self, fd: int, run: _Run, rows: _Rows) -> None:
         """One run from the shard's local copy (complete, or with the run's pages present), counted

@@ -63,3 +63,20 @@ def test_an_error_in_the_helper_is_raised(warm: str, tmp_path: Path, monkeypatch
     _reading_threads(monkeypatch, fail_in="shardkit-readback")
     with Dataset(warm, cache_dir=_cache(tmp_path)) as ds, pytest.raises(TruncatedShardError, match="test"):
         ds.read(np.arange(N))
+
+
+def test_a_forked_child_starts_helpers_of_its_own(warm: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool inherited through fork has no threads: a process whose id differs from the pool's
+    maker's starts its own (here the fork is only pretended: the maker's id is changed)."""
+    with Dataset(warm, cache_dir=_cache(tmp_path)) as ds:
+        ds.read(np.arange(N))
+        payload: Any = ds.payload
+        inherited = payload._readback
+        assert inherited is not None
+        payload._readback_pid = -1
+        names = _reading_threads(monkeypatch)
+        keys = np.arange(N)[::-1]
+        got = ds.read(keys)
+        assert payload._readback is not inherited
+    check_batch({"key": keys, **got})
+    assert any(n.startswith("shardkit-readback") for n in names), names
