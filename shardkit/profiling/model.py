@@ -58,7 +58,9 @@ class Rates:
     epoch's reads reached on the clock (``None``: ``page_cache_bps``); ``fill_bps`` the rate fresh
     shared memory gets its pages, paid once per byte of the static cache in the first epoch
     (``None``: free); ``parallel`` how many of the process's threads run at once (``None``:
-    ``cores``; fewer where other processes keep the cores busy).
+    ``cores``; fewer where other processes keep the cores busy); ``start_s`` what a fresh sampler takes
+    to its first batch besides reading its first block (threads, buffers, the cache's region), paid
+    once, before the first epoch's first batch.
     """
 
     storage_bps: float
@@ -75,6 +77,7 @@ class Rates:
     warm_bps: float | None = None
     fill_bps: float | None = None
     parallel: float | None = None
+    start_s: float = 0.0
 
     @property
     def threads_at_once(self) -> float:
@@ -238,7 +241,7 @@ def _epoch(work: Workload, rates: Rates, sc: Scenario, sizes: TierSizes, *, firs
     startup = 0.0
     if first:
         first_bytes = min(sizes.first_block, per) * rec
-        startup = first_bytes * (1 - hit) / bw + first_bytes * hit / (rates.warm_bps or rates.page_cache_bps)
+        startup = rates.start_s + first_bytes * (1 - hit) / bw + first_bytes * hit / (rates.warm_bps or rates.page_cache_bps)
     neck = max(stages, key=lambda k: stages[k])
     if reader > stages[neck]:  # the reader thread, storage and page cache together
         neck = "storage" if stages["storage"] >= stages["page cache"] else "page cache"

@@ -209,6 +209,28 @@ def test_rates_come_from_the_epochs_wall_time() -> None:
     assert ssd.ssd_write_bps == pytest.approx(2e6) and ssd.ssd_read_bps == pytest.approx(4e6)
 
 
+def test_a_fresh_samplers_start_is_paid_once_before_the_first_epoch() -> None:
+    # The warm phase waited 0.1 s for its first batch, of which its first block (100 records of 1 kB at
+    # the warm epoch's 2 MB/s) took 0.05 s: starting a sampler costs the other 0.05 s. The model
+    # charges it before the first epoch's first batch, cold or warm, and never again.
+    work = Workload(1000, REC, 100, epochs=2)
+    warm = _phase("ingest-warm", 0.75, (0.5, 0.25), (1_000_000, 500_000), 0.2, first=0.1)
+    phases = {"ingest-cold": _phase("ingest-cold", 2.0, (2.0,), (1_000_000,), 0.5, first=0.5), "ingest-warm": warm}
+    rates = derive_rates(work, phases, 0.01, 0.0, remote=False, first_block=100)
+    assert rates.start_s == pytest.approx(0.1 - 100 * REC / 2e6)
+    opts = SamplerOptions(ram_size=100 * REC * 5, static_cache=0, batch_size=100, gap_bytes=0)
+    for cold in (True, False):
+        sc = Scenario("x", opts, cold_start=cold)
+        without, with_start = predict(work, replace(rates, start_s=0.0), sc), predict(work, rates, sc)
+        assert with_start.epochs[0].seconds - without.epochs[0].seconds == pytest.approx(0.05)
+        assert with_start.epochs[0].startup_seconds - without.epochs[0].startup_seconds == pytest.approx(0.05)
+        assert with_start.epochs[1].seconds == pytest.approx(without.epochs[1].seconds)
+    # a first batch quicker than its block's read (e.g. a pipeline started early) costs nothing extra
+    phases["ingest-warm"] = replace(warm, first_batch_seconds=0.01)
+    assert derive_rates(work, phases, 0.01, 0.0, remote=False, first_block=100).start_s == 0.0
+    assert bracket(replace(rates, start_s=0.02), replace(rates, start_s=0.06)).start_s == pytest.approx(0.04)
+
+
 def test_bracket_averages_time_per_byte_of_the_rates_before_and_after() -> None:
     before = _rates(storage_bps=1e6, step_s=0.01, parallel=1.0, fill_bps=None, page_cache_bytes=10)
     after = _rates(storage_bps=3e6, step_s=0.03, parallel=2.0, fill_bps=4e6, page_cache_bytes=5)
