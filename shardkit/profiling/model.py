@@ -7,7 +7,9 @@ import math
 from dataclasses import dataclass, field, replace
 
 from shardkit.errors import ConfigError
+from shardkit.order.schedule import resolve_permutation
 from shardkit.readers.options import SamplerOptions, TierSizes
+from shardkit.tiers.static_cache import region_allocated_first
 
 __all__ = [
     "Rates",
@@ -58,7 +60,9 @@ class Rates:
     epoch's reads reached on the clock (``None``: ``page_cache_bps``); ``fill_bps`` the rate fresh
     shared memory gets its pages, paid once per byte of the static cache in the first epoch
     (``None``: free); ``parallel`` how many of the process's threads run at once (``None``:
-    ``cores``; fewer where other processes keep the cores busy).
+    ``cores``; fewer where other processes keep the cores busy); ``start_s`` what a fresh sampler takes
+    to its first batch besides reading its first block and allocating its cache (threads, buffers), paid
+    once, before the first epoch's first batch.
     """
 
     storage_bps: float
@@ -75,6 +79,7 @@ class Rates:
     warm_bps: float | None = None
     fill_bps: float | None = None
     parallel: float | None = None
+    start_s: float = 0.0
 
     @property
     def threads_at_once(self) -> float:
@@ -208,9 +213,15 @@ def _epoch(work: Workload, rates: Rates, sc: Scenario, sizes: TierSizes, *, firs
     # first, so the two share that work: the reader's path takes the longer of its reads and their
     # sum over the threads that run at once (fewer than the cores when other processes hold them),
     # and the mapping's CPU joins the epoch's CPU.
+    # A node-shared cache held as its sorted keys allocates its whole region before the first batch
+    # (tiers/static_cache.py): that part of its start is serial, and no pages are left to fill.
     at_once = rates.threads_at_once
     mapped = work.mapped and cached >= 1 and sizes.ssd_block is None  # the files' pages are the cache
     fill_s = per * cached * rec / rates.fill_bps if first and rates.fill_bps and not mapped else 0.0
+    bijection = resolve_permutation(sc.options.permutation, n) == "feistel"
+    allocate_s = 0.0
+    if fill_s and region_allocated_first(sizes.static_records, n, shared=sc.options.node_sharing, bijection=bijection):
+        allocate_s, fill_s = sizes.static_records * rec / (rates.fill_bps or 1.0), 0.0
     reader = max(cold_s + warm_s, (cold_s + warm_s + fill_s) / min(FILL_THREADS, at_once))
     ssd = 0.0
     if sizes.ssd_block is not None:
@@ -238,7 +249,7 @@ def _epoch(work: Workload, rates: Rates, sc: Scenario, sizes: TierSizes, *, firs
     startup = 0.0
     if first:
         first_bytes = min(sizes.first_block, per) * rec
-        startup = first_bytes * (1 - hit) / bw + first_bytes * hit / (rates.warm_bps or rates.page_cache_bps)
+        startup = rates.start_s + allocate_s + first_bytes * (1 - hit) / bw + first_bytes * hit / (rates.warm_bps or rates.page_cache_bps)
     neck = max(stages, key=lambda k: stages[k])
     if reader > stages[neck]:  # the reader thread, storage and page cache together
         neck = "storage" if stages["storage"] >= stages["page cache"] else "page cache"

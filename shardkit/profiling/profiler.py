@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from shardkit.errors import ConfigError
+from shardkit.order.schedule import resolve_permutation
 from shardkit.profiling.model import Prediction, Rates, Scenario, Workload, predict, with_options
 from shardkit.profiling.phases import (
     PhaseResult,
@@ -26,6 +27,7 @@ from shardkit.profiling.phases import (
 from shardkit.profiling.whatif import Advice, advise, cache_curve, whatif_grid
 from shardkit.readers import SamplerOptions, TieredSampler
 from shardkit.stores import Location, as_location
+from shardkit.tiers.static_cache import region_allocated_first
 from shardkit.units import human_bytes, parse_duration
 
 __all__ = ["Check", "Profile", "profile", "default_checks", "bracket", "PROFILE_EPOCHS"]
@@ -146,6 +148,11 @@ def profile(
         spec, nbatches = probe.element_spec(), len(probe)
     phases: dict[str, PhaseResult] = {}
     plain = opts.replace(tiers="ram")
+    plain_sizes = plain.tier_sizes(work.record_nbytes, work.num_records)
+    first_block = plain_sizes.first_block
+    bijection = resolve_permutation(plain.permutation, work.num_records) == "feistel"
+    allocated = plain_sizes.static_records * work.record_nbytes if region_allocated_first(
+        plain_sizes.static_records, work.num_records, shared=plain.node_sharing, bijection=bijection) else 0
 
     def phase(name: str, o: SamplerOptions, fn: Step | None, is_cold: bool) -> PhaseResult:
         epochs = o.epochs or 1
@@ -169,7 +176,7 @@ def profile(
         with progress(progress_bars, "compute" + suffix, count) as bar:
             step_s, step_cpu = run_steps(run_step, synthetic_batch(spec, opts.batch_size), count, bar)
         out = derive_rates(work, phases, step_s, step_cpu, remote=remote, fill_bps=populate_rate(),
-                           parallel=cpu_parallelism(_cores()))
+                           parallel=cpu_parallelism(_cores()), first_block=first_block, allocated=allocated)
         if suffix:
             phases.clear()
             phases.update(keep)
@@ -209,13 +216,18 @@ def profile(
 
 
 def derive_rates(work: Workload, phases: Mapping[str, PhaseResult], step_s: float, step_cpu: float,
-                 *, remote: bool, fill_bps: float | None = None, parallel: float | None = None) -> Rates:  # fmt: skip
+                 *, remote: bool, fill_bps: float | None = None, parallel: float | None = None,
+                 first_block: int = 0, allocated: int = 0) -> Rates:  # fmt: skip
     """The model's rates from the phases: bytes over seconds per tier, seconds per batch.
 
     Storage is the cold epoch's bytes over its wall time after the first batch (never less than the
     reader's busy time), and ``warm_bps`` a warm epoch's: an epoch
     waits for everything its reads wait for (the device, other processes for the cores), which the
     reader's busy time leaves out, so a cold first epoch predicted from busy time came out short.
+    ``start_s`` is the warm phase's wait for its first batch less its first block's read
+    (``first_block`` records at the warm rate) and the ``allocated`` bytes of a static cache region
+    allocated before it (at ``fill_bps``): what starting a sampler costs besides those, which the
+    model charges per configuration.
     """
     cold, warm = phases["ingest-cold"], phases["ingest-warm"]
     copy_bps = copy_rate(work.record_nbytes, work.batch_size)
@@ -245,9 +257,11 @@ def derive_rates(work: Workload, phases: Mapping[str, PhaseResult], step_s: floa
         ssd_w = _bps(s.ssd_written, max(fill, 1e-6))
         ssd_r = _bps(s.ssd_bytes, s.busy.get("ssd", 0.0))
     cores = _cores()
+    region = allocated / fill_bps if fill_bps else 0.0
+    start = max(0.0, warm.first_batch_seconds - first_block * work.record_nbytes / (warm_wall or page) - region)
     return Rates(storage, page, copy_bps, assembly, warm.busy.get("handover", 0.0) / batches, step_s, step_cpu,
                  ssd_w, ssd_r, cores, 0 if remote else page_cache_capacity(), warm_wall, fill_bps,
-                 parallel)  # fmt: skip
+                 parallel, start)  # fmt: skip
 
 
 def bracket(before: Rates, after: Rates) -> Rates:
@@ -274,6 +288,7 @@ def bracket(before: Rates, after: Rates) -> Rates:
         step_cpu_s=mean(before.step_cpu_s, after.step_cpu_s),
         page_cache_bytes=min(before.page_cache_bytes, after.page_cache_bytes),
         parallel=None if before.parallel is None or after.parallel is None else mean(before.parallel, after.parallel),
+        start_s=mean(before.start_s, after.start_s),
     )  # fmt: skip
 
 

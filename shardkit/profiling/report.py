@@ -63,7 +63,8 @@ def report_lines(prof: Profile) -> list[str]:
         + (", a warm epoch's reads " + _mbps(r.warm_bps) if r.warm_bps else "")
         + (", static cache's pages mapped " + _mbps(r.fill_bps) if r.fill_bps else "")
         + f", RAM copies {_mbps(r.copy_bps)}, SSD write {_mbps(r.ssd_write_bps)}, SSD read {_mbps(r.ssd_read_bps)}",
-        f"             assembly {r.assembly_s * 1e3:.3f} ms/batch, hand-over {r.handover_s * 1e3:.3f} ms/batch, "
+        f"             start {r.start_s * 1e3:.1f} ms, assembly {r.assembly_s * 1e3:.3f} ms/batch, "
+        f"hand-over {r.handover_s * 1e3:.3f} ms/batch, "
         f"{r.cores} cores" + (f" ({r.parallel:.2f} threads at once)" if r.parallel is not None else "")
         + f", page cache up to {human_bytes(r.page_cache_bytes)}",
         "",

@@ -26,6 +26,8 @@ if TYPE_CHECKING:  # mapped imports this module's helpers
 
 __all__ = [
     "StaticCache",
+    "cache_variant",
+    "region_allocated_first",
     "Ahead",
     "reserve_ranges",
     "distinct_sorted",
@@ -171,6 +173,19 @@ def reserve_ranges(rows: np.ndarray, rows_at: int, record_nbytes: int) -> tuple[
     return lo[heads] * _PAGE, hi[tails] * _PAGE, order[heads]
 
 
+def cache_variant(count: int, num_records: int, *, bijection: bool = False, part: bool = False) -> str:
+    """How a cache of ``count`` of ``num_records`` records holds its set P: ``all``, ``node`` (a node's
+    part), ``bijection`` (drawn from the order's permutation) or ``sorted`` (its sorted keys)."""
+    return "all" if count >= num_records else "node" if part else ("bijection" if bijection else "sorted")
+
+
+def region_allocated_first(count: int, num_records: int, *, shared: bool, bijection: bool = False) -> bool:
+    """Whether a cache's whole region is allocated before its first batch (:meth:`StaticCache.attach`):
+    a node-shared cache held as its sorted keys writes them after its rows, so it reserves the rows
+    with them, where other caches leave their rows to the reads and the allocation thread."""
+    return shared and count > 0 and cache_variant(count, num_records, bijection=bijection) in ("sorted", "node")
+
+
 def _private_rows(m: int, shape: tuple[int, ...], dtype: np.dtype[Any]) -> tuple[np.ndarray, mmap.mmap | None]:
     """Rows of a cache private to this process: an anonymous private mapping (page aligned, and its
     pages can be allocated ahead of the writes), or ``aligned_empty`` where there is none."""
@@ -275,7 +290,7 @@ class StaticCache:
         self.seed, self.n, self.m = int(seed), int(num_records), int(count)
         self.record_shape, self.dtype = tuple(record_shape), np.dtype(dtype)
         self.part = None if part is None else (int(part[0]), int(part[1]))
-        self.variant = "all" if self.m >= self.n else "node" if part else ("bijection" if bijection else "sorted")
+        self.variant = cache_variant(self.m, self.n, bijection=bijection, part=part is not None)
         self.share_key = share_key
         self.files = files and self.variant == "all"
         #: The mapped shard files when ``files`` (set by the first pipeline that maps them).

@@ -30,6 +30,7 @@ from shardkit.profiling import (
 from shardkit.profiling.profiler import bracket, derive_rates
 from shardkit.profiling.whatif import advise
 from shardkit.readers import SamplerOptions, TieredSampler
+from shardkit.tiers.static_cache import region_allocated_first
 from tests.helpers.cli import run_main
 from tests.helpers.profiling import check_profile
 from tests.helpers.sampler_data import make_dataset
@@ -109,7 +110,8 @@ def test_predict_static_cache_and_page_cache_hand_computed() -> None:
 
 def test_predict_cold_first_epoch_maps_the_static_cache_and_reads_warm_at_the_clock_rate() -> None:
     work = Workload(1000, REC, 100, epochs=2)
-    opts = SamplerOptions(ram_size=2 * 1000 * REC, static_cache=500 * REC, batch_size=100, gap_bytes=0)
+    opts = SamplerOptions(ram_size=2 * 1000 * REC, static_cache=500 * REC, batch_size=100, gap_bytes=0,
+                          node_sharing=False)  # a private cache: its pages are mapped beside the reads
     ram = opts.tier_sizes(REC, 1000).ram_bytes
     plain = _rates(page_cache_bytes=ram + 1000 * REC)  # the whole dataset fits the page cache
     rates = _rates(page_cache_bytes=ram + 1000 * REC, warm_bps=2e6, fill_bps=1e6)
@@ -143,7 +145,8 @@ def test_predict_a_mapped_whole_dataset_cache_has_no_pages_to_fill() -> None:
     # them once and maps no memory of its own; a partial cache (or one of a dataset that cannot be
     # mapped) still pays its pages.
     work = Workload(1000, REC, 100, epochs=2)
-    whole = SamplerOptions(ram_size=4 * 1000 * REC, static_cache=1000 * REC, batch_size=100, gap_bytes=0)
+    whole = SamplerOptions(ram_size=4 * 1000 * REC, static_cache=1000 * REC, batch_size=100, gap_bytes=0,
+                          node_sharing=False)  # a private cache: its pages are mapped beside the reads
     half = whole.replace(static_cache=500 * REC)
     ram = whole.tier_sizes(REC, 1000).ram_bytes
     rates = _rates(page_cache_bytes=ram + 1000 * REC, warm_bps=2e6, fill_bps=2.5e5, cores=1)
@@ -157,11 +160,36 @@ def test_predict_a_mapped_whole_dataset_cache_has_no_pages_to_fill() -> None:
     assert part.seconds - part.startup_seconds == pytest.approx(1.0 + 2.0)
 
 
+def test_predict_a_node_shared_partial_cache_allocates_its_region_before_the_first_batch() -> None:
+    # A node-shared cache of half the dataset is held as its sorted keys and reserves its whole region
+    # before the first batch: 0.5 MB at 250 kB/s is 2 s of start, in series, with no pages left to
+    # map during the epoch. A private cache (or the whole dataset) maps its pages beside the reads.
+    work = Workload(1000, REC, 100, epochs=2)
+    opts = SamplerOptions(ram_size=2 * 1000 * REC, static_cache=500 * REC, batch_size=100, gap_bytes=0)
+    assert opts.node_sharing and region_allocated_first(500, 1000, shared=True)
+    assert not region_allocated_first(500, 1000, shared=False) and not region_allocated_first(1000, 1000, shared=True)
+    assert not region_allocated_first(500, 1000, shared=True, bijection=True)
+    rates = _rates(page_cache_bytes=0, warm_bps=2e6, fill_bps=2.5e5, cores=2)
+    shared = predict(work, rates, Scenario("x", opts)).epochs[0]
+    private = predict(work, rates, Scenario("x", opts.replace(node_sharing=False))).epochs[0]
+    plain = predict(work, replace(rates, fill_bps=None), Scenario("x", opts)).epochs[0]
+    assert shared.startup_seconds - plain.startup_seconds == pytest.approx(2.0)
+    assert shared.seconds - shared.startup_seconds == pytest.approx(plain.seconds - plain.startup_seconds)
+    assert private.startup_seconds == pytest.approx(plain.startup_seconds)
+    assert private.seconds - private.startup_seconds == pytest.approx((1.0 + 2.0) / 2)  # reads and mapping, 2 threads
+    # the profiled job's own region is part of its first batch's wait, not of the sampler's start
+    warm = _phase("ingest-warm", 0.75, (0.5, 0.25), (1_000_000, 500_000), 0.2, first=0.5)
+    phases = {"ingest-cold": _phase("ingest-cold", 2.0, (2.0,), (1_000_000,), 0.5, first=0.5), "ingest-warm": warm}
+    got = derive_rates(work, phases, 0.01, 0.0, remote=False, fill_bps=1e6, first_block=100, allocated=400_000)
+    assert got.start_s == pytest.approx(0.5 - 100 * REC / 2e6 - 0.4)
+
+
 def test_predict_threads_that_run_at_once_bound_the_overlap() -> None:
     # Two cores, but other processes keep them busy: the process's threads run 1.5 at a time, so the
     # reader and the cache's mapping thread overlap less, and the epoch's CPU spreads over 1.5 threads.
     work = Workload(1000, REC, 100, epochs=2)
-    opts = SamplerOptions(ram_size=2 * 1000 * REC, static_cache=500 * REC, batch_size=100, gap_bytes=0)
+    opts = SamplerOptions(ram_size=2 * 1000 * REC, static_cache=500 * REC, batch_size=100, gap_bytes=0,
+                          node_sharing=False)  # a private cache: its pages are mapped beside the reads
     ram = opts.tier_sizes(REC, 1000).ram_bytes
     rates = _rates(page_cache_bytes=ram + 1000 * REC, warm_bps=2e6, fill_bps=2.5e5, cores=2)
     idle = predict(work, rates, Scenario("x", opts)).epochs[0]
@@ -207,6 +235,28 @@ def test_rates_come_from_the_epochs_wall_time() -> None:
                                 1_000_000, 1, ssd_bytes=1_000_000, ssd_written=1_000_000)  # fmt: skip
     ssd = derive_rates(work, phases, 0.01, 0.0, remote=False)
     assert ssd.ssd_write_bps == pytest.approx(2e6) and ssd.ssd_read_bps == pytest.approx(4e6)
+
+
+def test_a_fresh_samplers_start_is_paid_once_before_the_first_epoch() -> None:
+    # The warm phase waited 0.1 s for its first batch, of which its first block (100 records of 1 kB at
+    # the warm epoch's 2 MB/s) took 0.05 s: starting a sampler costs the other 0.05 s. The model
+    # charges it before the first epoch's first batch, cold or warm, and never again.
+    work = Workload(1000, REC, 100, epochs=2)
+    warm = _phase("ingest-warm", 0.75, (0.5, 0.25), (1_000_000, 500_000), 0.2, first=0.1)
+    phases = {"ingest-cold": _phase("ingest-cold", 2.0, (2.0,), (1_000_000,), 0.5, first=0.5), "ingest-warm": warm}
+    rates = derive_rates(work, phases, 0.01, 0.0, remote=False, first_block=100)
+    assert rates.start_s == pytest.approx(0.1 - 100 * REC / 2e6)
+    opts = SamplerOptions(ram_size=100 * REC * 5, static_cache=0, batch_size=100, gap_bytes=0)
+    for cold in (True, False):
+        sc = Scenario("x", opts, cold_start=cold)
+        without, with_start = predict(work, replace(rates, start_s=0.0), sc), predict(work, rates, sc)
+        assert with_start.epochs[0].seconds - without.epochs[0].seconds == pytest.approx(0.05)
+        assert with_start.epochs[0].startup_seconds - without.epochs[0].startup_seconds == pytest.approx(0.05)
+        assert with_start.epochs[1].seconds == pytest.approx(without.epochs[1].seconds)
+    # a first batch quicker than its block's read (e.g. a pipeline started early) costs nothing extra
+    phases["ingest-warm"] = replace(warm, first_batch_seconds=0.01)
+    assert derive_rates(work, phases, 0.01, 0.0, remote=False, first_block=100).start_s == 0.0
+    assert bracket(replace(rates, start_s=0.02), replace(rates, start_s=0.06)).start_s == pytest.approx(0.04)
 
 
 def test_bracket_averages_time_per_byte_of_the_rates_before_and_after() -> None:
