@@ -31,9 +31,12 @@ _RUN_ENTRIES = 1 << 16
 #: Indexes of at most this many entries (64 KiB) are read whole at the shard's first read, in one
 #: request with the records' tail and the crc32c: a page at a time saves nothing on them.
 WHOLE_INDEX_ENTRIES = 1 << 12
-#: Pages not asked for that are read and compared anyway to join two requests (a 4 KiB page from the
-#: page cache costs less than one more system call and its Python).
+#: Pages not asked for (or compared before) that are read and compared anyway to join two requests
+#: (a 4 KiB page from the page cache costs less than one more system call and its Python).
 _GAP_PAGES = 4
+#: A read that asks for at least 1 / _ALL_LEFT of the pages not compared yet compares all of them:
+#: a dense block's pages are long spans, not a request per hole the first blocks left.
+_ALL_LEFT = 4
 
 
 def dense_entries(a: int, b: int, count: int, record_nbytes: int) -> np.ndarray:
@@ -89,18 +92,22 @@ class DenseIndexCheck:
     def check(self, local: np.ndarray) -> bool:
         """Compare the index pages holding the entries of records ``local`` (shard-local, ascending)
         that were not compared yet; False at the first group of pages that differs (nothing is
-        marked then). Pages at most :data:`_GAP_PAGES` apart are read as one span (the pages between,
-        not compared yet either, are compared too: every page is read once), and spans are compared
+        marked then). Pages at most :data:`_GAP_PAGES` apart are read as one span (the pages between
+        are compared too, again if they were before: a page is read at most twice), and spans are compared
         in groups of about :data:`_RUN_ENTRIES` entries, one numpy comparison each: a sparse first
         block asks for one page per record."""
-        pieces = np.unique(np.asarray(local, dtype=np.int64) // PIECE_ENTRIES)
+        if self._left == 0:
+            return True
+        pages = np.asarray(local, dtype=np.int64) // PIECE_ENTRIES
+        # ``local`` is ascending: its distinct pages are where the page changes (no sort, no hash).
+        pieces = pages[np.flatnonzero(np.diff(pages, prepend=np.int64(-1)))]
         todo = pieces[~self._checked[pieces]]
         if not todo.size:
             return True
+        if todo.size * _ALL_LEFT >= self._left:  # a dense block: every page left, in long spans
+            todo = np.flatnonzero(~self._checked)
         run_pages = _RUN_ENTRIES // PIECE_ENTRIES
-        done = np.concatenate(([0], np.cumsum(self._checked)))  # pages compared before each page
-        between = done[todo[1:]] - done[todo[:-1] + 1]  # compared pages between two asked for
-        cut = np.flatnonzero((np.diff(todo) > _GAP_PAGES + 1) | (between > 0)) + 1
+        cut = np.flatnonzero(np.diff(todo) > _GAP_PAGES + 1) + 1
         first = todo[np.concatenate(([0], cut))]
         last = todo[np.concatenate((cut - 1, [todo.size - 1]))] + 1
         # Spans of at most run_pages pages, grouped by where they start (a group: under 2 x run_pages).
@@ -120,7 +127,8 @@ class DenseIndexCheck:
 
     def _compare(self, first: np.ndarray, last: np.ndarray) -> bool:
         """Read the index pages ``[first[k], last[k])`` (one request each) and compare them with the
-        fixed-size layout's in one step."""
+        fixed-size layout's: many short spans (a sparse block) in one vectorised step, a few long
+        ones (a dense block) span by span against :func:`_offset_steps` (no entry-sized temporaries)."""
         lo = np.minimum(first * PIECE_ENTRIES, self.capacity)
         hi = np.minimum(last * PIECE_ENTRIES, self.capacity)
         n = hi - lo
@@ -130,9 +138,35 @@ class DenseIndexCheck:
         for a, k in zip(lo.tolist(), n.tolist()):
             self._read(raw[16 * at : 16 * (at + k)], self.index_offset + 16 * a)
             at += k
-        entry = np.arange(found.shape[0], dtype=np.int64) + np.repeat(lo - (np.cumsum(n) - n), n)
-        live = entry < self.count
-        want = np.where(live, entry.astype(np.uint64) * np.uint64(self.record_nbytes), EMPTY_ENTRY)
-        if not np.array_equal(found[:, 0], want):
-            return False
-        return bool(np.array_equal(found[:, 1], np.where(live, np.uint64(self.record_nbytes), EMPTY_ENTRY)))
+        if found.shape[0] < _SPAN_ENTRIES * lo.size:
+            entry = np.arange(found.shape[0], dtype=np.int64) + np.repeat(lo - (np.cumsum(n) - n), n)
+            live = entry < self.count
+            want = np.where(live, entry.astype(np.uint64) * np.uint64(self.record_nbytes), EMPTY_ENTRY)
+            if not np.array_equal(found[:, 0], want):
+                return False
+            return bool(np.array_equal(found[:, 1], np.where(live, np.uint64(self.record_nbytes), EMPTY_ENTRY)))
+        rec = np.uint64(self.record_nbytes)
+        at = 0
+        for a, k in zip(lo.tolist(), n.tolist()):
+            span, at = found[at : at + k], at + k
+            live = max(0, min(k, self.count - a))
+            for c in range(0, live, _RUN_ENTRIES):  # entry a + c + j at (a + c + j) * rec, of rec bytes
+                part = span[c : min(live, c + _RUN_ENTRIES)]
+                steps = _offset_steps(self.record_nbytes)[: part.shape[0]]
+                if not np.array_equal(part[:, 0] - np.uint64(a + c) * rec, steps) or not bool(np.all(part[:, 1] == rec)):
+                    return False
+            if live < k and not bool(np.all(span[live:] == np.uint64(EMPTY_ENTRY))):
+                return False
+        return True
+
+
+#: Entries a span must have on average to be compared span by span (else all spans at once).
+_SPAN_ENTRIES = 4 * PIECE_ENTRIES
+
+
+@functools.lru_cache(maxsize=4)
+def _offset_steps(record_nbytes: int) -> np.ndarray:
+    """``j * record_nbytes`` for ``j`` in ``range(_RUN_ENTRIES)``: the layout's offsets from a span's first (512 KiB)."""
+    steps = np.arange(_RUN_ENTRIES, dtype=np.uint64) * np.uint64(record_nbytes)
+    steps.flags.writeable = False
+    return steps

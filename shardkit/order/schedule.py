@@ -634,6 +634,8 @@ class PlanShape:
     def epoch_positions(self, a: int, b: int) -> np.ndarray:
         """Epoch positions of plan positions ``[a, b)``: batch ``g = p // B`` of the consumer is its
         slice ``[c*B, (c+1)*B)`` of global batch ``g`` (the tail batch included)."""
+        if self.world_size == 1:  # one consumer: its plan is the epoch's positions from start on
+            return np.arange(self.start + int(a), self.start + int(b), dtype=np.int64)
         p = np.arange(int(a), int(b), dtype=np.int64)
         bs, gb = self.batch_size, self.batch_size * self.world_size
         return self.start + (p // bs) * gb + self.rank * bs + p % bs

@@ -126,32 +126,42 @@ class _Copy:
 @dataclass(frozen=True, eq=False)
 class _Stage:
     """A staged block (docs/design.md §4, *Staged blocks*): its distinct keys' records in ascending
-    key order as opaque records (``records``, a view of staging buffer ``slot``), and ``rank[j]``,
-    the row of plan position ``start + j``'s record in it."""
+    key order as opaque records (``records``, a view of staging buffer ``slot``), and the block's
+    sort: ``order[i]``, the block position of the ``i``-th key in ascending order, and ``dup`` (``None``
+    without duplicates), from which the assembler ranks the block (:func:`ranks`)."""
 
     slot: int
     records: np.ndarray
-    rank: np.ndarray
+    order: np.ndarray
+    dup: np.ndarray | None
 
 
 def ranked(keys: np.ndarray, bound: int, scratch: SortScratch | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(distinct, rank)``: the distinct ``keys`` (in ``[0, bound)``) ascending and, for each key,
     its index in them (int32 below 2**31 keys): ``distinct[rank] == keys``. One sort of the block,
-    then one scatter of the ranks; ``distinct`` is a view of ``scratch``'s arrays (valid until this
-    thread's next sort with it)."""
-    n = int(keys.size)
+    then :func:`ranks`; ``distinct`` is a view of ``scratch``'s arrays (valid until this thread's
+    next sort with it)."""
     req = SortedRequest.of(keys, bound, scratch)
-    rank = np.empty(n, dtype=np.int32 if n < 1 << 31 else np.int64)
+    return req.distinct, ranks(req.order, req.dup)
+
+
+def ranks(order: np.ndarray, dup: np.ndarray | None, out: np.ndarray | None = None) -> np.ndarray:
+    """The rank of each block position from the block's sort (:class:`SortedRequest`'s ``order``
+    and ``dup``): one scatter, a piece at a time (no block-sized temporaries), into ``out`` when
+    it is large enough (int32 below 2**31 keys)."""
+    n = int(order.size)
+    dtype = np.int32 if n < 1 << 31 else np.int64
+    rank = out[:n] if out is not None and out.size >= n and out.dtype == dtype else np.empty(n, dtype=dtype)
     base = 0
-    for c in range(0, n, _KEY_PIECE):  # a piece at a time: no block-sized temporaries
+    for c in range(0, n, _KEY_PIECE):
         d = min(n, c + _KEY_PIECE)
-        if req.dup is None:
-            rank[req.order[c:d]] = np.arange(c, d, dtype=rank.dtype)
+        if dup is None:
+            rank[order[c:d]] = np.arange(c, d, dtype=rank.dtype)
         else:
-            new = np.cumsum(~req.dup[c:d], dtype=rank.dtype)
-            rank[req.order[c:d]] = new + (base - 1)
+            new = np.cumsum(~dup[c:d], dtype=rank.dtype)
+            rank[order[c:d]] = new + (base - 1)
             base += int(new[-1])
-    return req.distinct, rank
+    return rank
 
 
 @dataclass(frozen=True, eq=False)
@@ -361,6 +371,10 @@ class Pipeline:
         #: from ``_stage_free`` and given back by the assembler once the block's batches are taken.
         self.staged = sizes.staged and sink is None and static_cache is None
         self._stages: list[np.ndarray | None] = [None, None]
+        #: Each staging buffer's block sort (order, dup), read by the assembler (:class:`_Stage`).
+        self._stage_sorts: list[tuple[np.ndarray, np.ndarray] | None] = [None, None]
+        #: The assembler's ranks of the block it takes batches from (reused: one block at a time).
+        self._rank: np.ndarray | None = None
         self._stage_free: queue.Queue[int] = queue.Queue()
         for i in range(len(self._stages)):
             self._stage_free.put(i)
@@ -616,8 +630,22 @@ class Pipeline:
         slot = self._get(self._stage_free)
         self._stats.add_wait("stage", time.perf_counter() - t0)
         t0, c0 = time.perf_counter(), time.thread_time()
-        distinct, rank = ranked(keys, self.disk.num_records, self._stage_sort)
-        m = int(distinct.size)
+        req = SortedRequest.of(keys, self.disk.num_records, self._stage_sort)
+        distinct, n, m = req.distinct, int(keys.size), int(req.distinct.size)
+        # The sort goes to the assembler with the block (it ranks it there: the reader is the
+        # busier thread), copied out of the reader's scratch, which the next block's sort reuses.
+        kept = self._stage_sorts[slot]
+        if kept is None or kept[0].size < n or kept[0].dtype != req.order.dtype:
+            self._stage_sorts[slot] = None
+            del kept
+            size = max(n, min(2 * n, self.sizes.ram_block))
+            kept = self._stage_sorts[slot] = (np.empty(size, req.order.dtype), np.empty(size, bool))
+        order = kept[0][:n]
+        np.copyto(order, req.order)
+        dup = None
+        if req.dup is not None:
+            dup = kept[1][:n]
+            np.copyto(dup, req.dup)
         stage = self._stages[slot]
         if stage is None or stage.shape[0] < m:
             pool = self._pool()
@@ -629,7 +657,7 @@ class Pipeline:
         read(distinct, Destination.rows_of(stage[:m], m))
         self._stats.add_busy(tier, time.perf_counter() - t0)
         self._stats.add_busy(f"{tier}_cpu", time.thread_time() - c0)
-        return BlockRead(seg, a, b, keys, None, stage=_Stage(slot, byte_records(stage[:m]), rank))
+        return BlockRead(seg, a, b, keys, None, stage=_Stage(slot, byte_records(stage[:m]), order, dup))
 
     def _timed_read(self, read: Callable[[np.ndarray, Destination], None], keys: np.ndarray,
                     dest: Destination, tier: str) -> None:
@@ -857,6 +885,11 @@ class Pipeline:
             self._stats.add_wait("decode", time.perf_counter() - t0)
         bs = seg.shape.batch_size
         rec = self.disk.record_nbytes
+        rank: np.ndarray | None = None
+        if block.stage is not None:
+            t0 = time.perf_counter()
+            rank = self._rank = ranks(block.stage.order, block.stage.dup, self._rank)
+            self._stats.add_busy("assembly", time.perf_counter() - t0)
         for g in range(a // bs, (b - 1) // bs + 1):
             g0, size = g * bs, int(seg.shape.batch_sizes[g])
             lo, hi = max(a, g0), min(b, g0 + size)
@@ -866,8 +899,8 @@ class Pipeline:
             else:
                 buf = part.buffer if part is not None else self._pool().acquire(self.stop)
             t0 = time.perf_counter()  # assembly time: not the waits for a buffer or for the consumer
-            if block.stage is not None:  # one take of the batch's rows from the staging buffer
-                np.take(block.stage.records, block.stage.rank[lo - a : hi - a], axis=0,
+            if block.stage is not None and rank is not None:  # one take of the batch's rows from the staging buffer
+                np.take(block.stage.records, rank[lo - a : hi - a], axis=0,
                         out=byte_records(buf.array)[lo - g0 : hi - g0], mode="clip")  # fmt: skip
             keys = block.keys[lo - a : hi - a]
             if part is not None:
