@@ -193,3 +193,34 @@ def test_forked_process_gets_a_clear_error(url: str) -> None:
     assert not p.is_alive(), "a forked child hung instead of failing"
     message = q.get(timeout=5)
     assert "forked" in message and "spawn" in message
+
+
+def test_forked_workers_take_the_documents_and_fields_the_helper_read(s3: Any, tmp_path: Path) -> None:
+    """A fresh process's start helper reads the array documents and the small fields once, and the
+    forked workers and the main process's holder open the dataset from them: no process fetches
+    them again (before, every worker and the holder did: sequential round trips before each
+    worker's first read). Every GET is counted by a proxy; the batches' labels and pairs are still
+    the records'."""
+    pytest.importorskip("torch")
+    url = upload(make_dataset(tmp_path / "ds", N, records_per_shard=4), s3.url("ds"))
+    proxy = FaultProxy(s3.port, lambda n: "ok")
+    try:
+        (tmp_path / "cache").mkdir()
+        root = Path(__file__).resolve().parents[2]
+        env = {**os.environ, "AWS_ENDPOINT_URL": proxy.endpoint,
+               "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+        script = [sys.executable, str(Path(__file__).with_name("loader_documents_script.py")), url, str(tmp_path / "cache")]
+        run = subprocess.run(script, capture_output=True, text=True, env=env, timeout=540, check=False)
+        assert run.returncode == 0, run.stderr[-3000:]
+        got = json.loads(run.stdout.strip().splitlines()[-1])
+        assert got["method"] == "fork" and sorted(got["keys"]) == list(range(N))
+        paths = [path.split("?")[0] for path, _ in proxy.gets]
+        seen = [p.split("/ds/")[-1] for p in paths]
+        assert seen.count("image/zarr.json") == 1, seen
+        for name in ("label", "pair"):  # the helper's open checks it, then its field read (in the helper alone)
+            assert seen.count(f"{name}/zarr.json") <= 2, seen
+        for name in ("label", "pair"):
+            chunks = [p for p in paths if f"/ds/{name}/c/" in p]
+            assert chunks and len(chunks) == len(set(chunks)), (name, paths)  # each chunk fetched once
+    finally:
+        proxy.close()
