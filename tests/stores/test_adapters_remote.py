@@ -224,3 +224,37 @@ def test_forked_workers_take_the_documents_and_fields_the_helper_read(s3: Any, t
             assert chunks and len(chunks) == len(set(chunks)), (name, paths)  # each chunk fetched once
     finally:
         proxy.close()
+
+
+def test_the_helper_documents_carry_small_fields_and_open_without_a_request(
+    s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the start helper sends: the array documents and the fields (up to HELPER_FIELDS_BYTES);
+    a dataset opened from them, and its node-shared fields, make no request for a field."""
+    from shardkit.adapters import _start
+    from shardkit.formats import Dataset
+    from shardkit.readers import identity
+    from shardkit.tiers.shm import node_fields
+
+    url = upload(make_dataset(tmp_path / "ds", N, records_per_shard=4), s3.url("ds"))
+    proxy = FaultProxy(s3.port, lambda n: "ok")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    try:
+        ident, _ = identity.open_root(url)
+        entry = identity.remembered(url)
+        assert entry is not None
+        documents = _start._documents(url, entry[1], entry[2])
+        assert documents.payload_document is not None and documents.fields is not None
+        np.testing.assert_array_equal(documents.fields["label"], np.arange(N) * 3)
+        monkeypatch.setattr(_start, "HELPER_FIELDS_BYTES", N * 8)  # label alone fits, label and pair do not
+        assert _start._documents(url, entry[1], entry[2]).fields is None
+        gets = len(proxy.gets)
+        with Dataset(url, opened={entry[2]: documents}) as ds:
+            fields, regions = node_fields(ds, f"helper-test-{os.getpid()}-{ident.fingerprint}")
+            np.testing.assert_array_equal(fields["pair"][:, 0], np.arange(N, dtype=np.float32))
+            np.testing.assert_array_equal(ds.fields["label"], np.arange(N) * 3)
+            for region in regions:
+                region.release()
+        assert proxy.gets[gets:] == []
+    finally:
+        proxy.close()
