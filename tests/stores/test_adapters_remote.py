@@ -202,6 +202,8 @@ def test_forked_workers_take_the_documents_and_fields_the_helper_read(s3: Any, t
     worker's first read). Every GET is counted by a proxy; the batches' labels and pairs are still
     the records'."""
     pytest.importorskip("torch")
+    from shardkit.adapters._start import PRELOAD
+
     url = upload(make_dataset(tmp_path / "ds", N, records_per_shard=4), s3.url("ds"))
     proxy = FaultProxy(s3.port, lambda n: "ok")
     try:
@@ -214,6 +216,7 @@ def test_forked_workers_take_the_documents_and_fields_the_helper_read(s3: Any, t
         assert run.returncode == 0, run.stderr[-3000:]
         got = json.loads(run.stdout.strip().splitlines()[-1])
         assert got["method"] == "fork" and sorted(got["keys"]) == list(range(N))
+        assert got["preloaded"] == list(PRELOAD)  # imported while the helper read, not after it in loader()
         paths = [path.split("?")[0] for path, _ in proxy.gets]
         seen = [p.split("/ds/")[-1] for p in paths]
         assert seen.count("image/zarr.json") == 1, seen
