@@ -3,7 +3,9 @@
 obstore's runtime (tokio) does not survive ``fork()`` once a process has used it, and a client made
 anew in the child does not help (the runtime is global). Until the main process has used it, a
 forked worker starts its own and works. So the main process reads what it needs before its workers
-exist (the datasets' root documents, for the source) in a short-lived forked helper, and its workers
+exist (the datasets' root documents, for the source) in a short-lived forked helper, which also
+reads what every worker would read before its first record (array documents, small fields) so that
+each is fetched once, not once per worker; and its workers
 are forked (in milliseconds, torch already imported) as long as the runtime has not started here;
 after that they start with ``spawn``. Not a fork server: it keeps the environment it started with,
 so a worker would miss credentials or an endpoint set later in the process (a notebook, a test).
