@@ -3,7 +3,9 @@
 obstore's runtime (tokio) does not survive ``fork()`` once a process has used it, and a client made
 anew in the child does not help (the runtime is global). Until the main process has used it, a
 forked worker starts its own and works. So the main process reads what it needs before its workers
-exist (the datasets' root documents, for the source) in a short-lived forked helper, and its workers
+exist (the datasets' root documents, for the source) in a short-lived forked helper, which also
+reads what every worker would read before its first record (array documents, small fields) so that
+each is fetched once, not once per worker; and its workers
 are forked (in milliseconds, torch already imported) as long as the runtime has not started here;
 after that they start with ``spawn``. Not a fork server: it keeps the environment it started with,
 so a worker would miss credentials or an endpoint set later in the process (a notebook, a test).
@@ -18,7 +20,7 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
-from shardkit.formats.dataset import DatasetDocuments
+from shardkit.formats.dataset import Dataset, DatasetDocuments
 from shardkit.processes import fork_state
 from shardkit.readers import identity
 from shardkit.readers.sources import Mixture, as_source
@@ -36,6 +38,9 @@ PRELOAD = ("torch", "numpy.random", "obstore", "numcodecs", "shardkit.adapters.t
 
 #: Longest the main process waits for the helper that reads the root documents (then reads them itself).
 HELPER_SECONDS = 600.0
+#: The helper sends a dataset's per-record fields along with its documents when they take at most
+#: this many bytes in all (larger ones are read by each sampler, as node-shared fields once per node).
+HELPER_FIELDS_BYTES = 16 << 20
 
 
 def remote(paths: Sequence[object]) -> bool:
@@ -68,6 +73,7 @@ def source_of(dataset: object) -> Mixture:
         send.close()
         return as_source(dataset)
     send.close()
+    preload()  # while the helper waits for the store: what a pass needs here or in forked workers
     try:
         got = receive.recv() if receive.poll(HELPER_SECONDS) else None
     except Exception:  # the helper died without an answer: read here
@@ -83,25 +89,47 @@ def source_of(dataset: object) -> Mixture:
         return as_source(dataset)
     source: Mixture
     source, known = got
-    for ident, meta, location in known:  # the root documents just read: this process's first sampler reuses them
-        identity.remember(ident, DatasetDocuments(meta, None), location)
+    for ident, documents, location in known:  # just read: this process's samplers and its workers' reuse them
+        for array in (documents.fields or {}).values():
+            array.setflags(write=False)  # shared by every sampler of this process, as node-shared fields are
+        identity.remember(ident, documents, location)
     return source
 
 
 def _open_in_helper(dataset: str, send: Connection) -> None:
-    """In the forked helper: the source and what it remembered of each root document, or nothing."""
+    """In the forked helper: the source and, for each dataset, its identity and documents (root and
+    array documents, and its fields up to :data:`HELPER_FIELDS_BYTES`), or nothing."""
     try:
         source = as_source(dataset)
         known = []
         for path in source.paths:
             entry = identity.remembered(path)
             if entry is not None:
-                known.append((entry[0], entry[1].meta, entry[2]))
+                known.append((entry[0], _documents(path, entry[1], entry[2]), entry[2]))
         send.send((source, known))
     except BaseException:  # the parent reads the documents itself and raises what it finds
         send.send(None)
     finally:
         send.close()
+
+
+def _documents(path: object, root: DatasetDocuments, location: str) -> DatasetDocuments:
+    """In the helper: the documents of the dataset at ``path`` whose root document is ``root`` (just
+    read, filed under ``location``): its array documents and small fields read and checked here,
+    once, instead of by every worker and the main process; only ``root`` should that fail (each
+    reader then reads the rest itself and reports what it finds)."""
+    try:
+        with Dataset(path, opened={location: root}) as ds:  # type: ignore[arg-type]
+            documents = ds.documents
+            if documents is None:
+                return root
+            fields = None
+            if ds.meta.num_records * sum(spec.nbytes for spec in ds.meta.fields.values()) <= HELPER_FIELDS_BYTES:
+                fields = ds.fields
+            return DatasetDocuments(documents.meta, documents.payload_document, fields)
+    except Exception:
+        logger.debug("%s: reading the array documents in the helper failed", path, exc_info=True)
+        return root
 
 
 def start_method(paths: Sequence[object]) -> str | None:
@@ -113,13 +141,18 @@ def start_method(paths: Sequence[object]) -> str | None:
     return "fork" if forkable() else "spawn"
 
 
+def preload() -> None:
+    """Import :data:`PRELOAD` here (a no-op once done)."""
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # an optional extra that is not installed: the worker imports what it needs
+            logger.debug("not preloading %s", name, exc_info=True)
+
+
 def worker_context(method: str) -> Any:
     """The multiprocessing context for ``method``: for ``fork``, :data:`PRELOAD` imported here first."""
     ctx = mp.get_context(method)
     if method == "fork":
-        for name in PRELOAD:
-            try:
-                importlib.import_module(name)
-            except ImportError:  # an optional extra that is not installed: the worker imports what it needs
-                logger.debug("not preloading %s", name, exc_info=True)
+        preload()
     return ctx

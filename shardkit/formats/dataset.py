@@ -38,10 +38,14 @@ class DatasetDocuments:
     document, so a reader that knows the root document is unchanged (same ETag, see
     :mod:`shardkit.readers.identity`) can open the same version again from these, without a request.
     ``payload_document=None``: only the root document is known (read moments ago, with the identity);
-    the array documents are then read and checked against its digests as at a first open."""
+    the array documents are then read and checked against its digests as at a first open.
+    ``fields``: the per-record fields that batches carry (:attr:`Dataset.fields`), loaded and
+    checked with these documents, or ``None`` (read at first use); a DataLoader's start helper
+    passes them on so that its workers do not each fetch them (docs/design.md §6, worker start)."""
 
     meta: DatasetMeta
     payload_document: dict[str, Any] | None
+    fields: Mapping[str, np.ndarray] | None = None
 
 
 class Dataset(Closing):
@@ -142,7 +146,9 @@ class Dataset(Closing):
             )
         #: Where the records came from (``None`` for a dataset written without provenance).
         self.provenance: Provenance | None = Provenance.from_meta(self.meta, where=self.store.describe(ZARR_JSON))
-        self._fields: dict[str, np.ndarray] | None = None
+        #: Fields that came with the documents (kept with them by :attr:`documents`), else loaded on first use.
+        self._given_fields = None if known is None or known.fields is None else dict(known.fields)
+        self._fields: dict[str, np.ndarray] | None = self._given_fields
 
     # ------------------------------------------------------------------ description
     @property
@@ -150,7 +156,7 @@ class Dataset(Closing):
         """The documents this dataset was opened from, to open it again without a request (``None``
         for a local dataset, whose documents are files, and for an older version)."""
         if isinstance(self.payload, RangedPayloadArray) and self._current:
-            return DatasetDocuments(self.meta, self.payload.document)
+            return DatasetDocuments(self.meta, self.payload.document, self._given_fields)
         return None
 
     def __len__(self) -> int:
@@ -185,6 +191,10 @@ class Dataset(Closing):
             skip = None if self.provenance is None else self.provenance.field
             self._fields = {name: self.field(name) for name in self.meta.fields if name != skip}
         return self._fields
+
+    def loaded_field(self, name: str) -> np.ndarray | None:
+        """Field ``name`` if it is in memory already (loaded, or given with the documents), else ``None``."""
+        return None if self._fields is None else self._fields.get(name)
 
     def field(self, name: str) -> np.ndarray:
         """Any declared per-record field, provenance included, read whole (every chunk checked)."""

@@ -283,9 +283,9 @@ os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 def _cost(identity: DatasetIdentity, documents: DatasetDocuments) -> int:
-    """Bytes of the documents kept for a dataset: its root document and the payload array's."""
+    """Bytes of the documents kept for a dataset: its root document, the payload array's and the fields given with them."""
     array = 0 if documents.payload_document is None else len(json.dumps(documents.payload_document))
-    return identity.nbytes + array
+    return identity.nbytes + array + sum(f.nbytes for f in (documents.fields or {}).values())
 
 
 def remember(identity: DatasetIdentity, documents: DatasetDocuments | None, location: str) -> None:

@@ -497,7 +497,11 @@ def node_fields(dataset: Dataset, key: str | None) -> tuple[dict[str, np.ndarray
         def init(m: mmap.mmap, name: str = name, spec: FieldSpec = spec, dtype: np.dtype[Any] = dtype,
                  shape: tuple[int, ...] = shape) -> None:  # fmt: skip
             out = np.frombuffer(m, dtype=dtype, count=int(np.prod(shape, dtype=np.int64))).reshape(shape)
-            read_field_rows(dataset.store, name, spec, meta.num_records, meta.field_chunk_records, meta.files, out=out)
+            loaded = dataset.loaded_field(name)
+            if loaded is not None:  # came with the dataset's documents: no read
+                out[...] = loaded
+            else:
+                read_field_rows(dataset.store, name, spec, meta.num_records, meta.field_chunk_records, meta.files, out=out)
             del out
 
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize

@@ -193,3 +193,71 @@ def test_forked_process_gets_a_clear_error(url: str) -> None:
     assert not p.is_alive(), "a forked child hung instead of failing"
     message = q.get(timeout=5)
     assert "forked" in message and "spawn" in message
+
+
+def test_forked_workers_take_the_documents_and_fields_the_helper_read(s3: Any, tmp_path: Path) -> None:
+    """A fresh process's start helper reads the array documents and the small fields once, and the
+    forked workers and the main process's holder open the dataset from them: no process fetches
+    them again (before, every worker and the holder did: sequential round trips before each
+    worker's first read). Every GET is counted by a proxy; the batches' labels and pairs are still
+    the records'."""
+    pytest.importorskip("torch")
+    from shardkit.adapters._start import PRELOAD
+
+    url = upload(make_dataset(tmp_path / "ds", N, records_per_shard=4), s3.url("ds"))
+    proxy = FaultProxy(s3.port, lambda n: "ok")
+    try:
+        (tmp_path / "cache").mkdir()
+        root = Path(__file__).resolve().parents[2]
+        env = {**os.environ, "AWS_ENDPOINT_URL": proxy.endpoint,
+               "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+        script = [sys.executable, str(Path(__file__).with_name("loader_documents_script.py")), url, str(tmp_path / "cache")]
+        run = subprocess.run(script, capture_output=True, text=True, env=env, timeout=540, check=False)
+        assert run.returncode == 0, run.stderr[-3000:]
+        got = json.loads(run.stdout.strip().splitlines()[-1])
+        assert got["method"] == "fork" and sorted(got["keys"]) == list(range(N))
+        assert got["preloaded"] == list(PRELOAD)  # imported while the helper read, not after it in loader()
+        paths = [path.split("?")[0] for path, _ in proxy.gets]
+        seen = [p.split("/ds/")[-1] for p in paths]
+        assert seen.count("image/zarr.json") == 1, seen
+        for name in ("label", "pair"):  # the helper's open checks it, then its field read (in the helper alone)
+            assert seen.count(f"{name}/zarr.json") <= 2, seen
+        for name in ("label", "pair"):
+            chunks = [p for p in paths if f"/ds/{name}/c/" in p]
+            assert chunks and len(chunks) == len(set(chunks)), (name, paths)  # each chunk fetched once
+    finally:
+        proxy.close()
+
+
+def test_the_helper_documents_carry_small_fields_and_open_without_a_request(
+    s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the start helper sends: the array documents and the fields (up to HELPER_FIELDS_BYTES);
+    a dataset opened from them, and its node-shared fields, make no request for a field."""
+    from shardkit.adapters import _start
+    from shardkit.formats import Dataset
+    from shardkit.readers import identity
+    from shardkit.tiers.shm import node_fields
+
+    url = upload(make_dataset(tmp_path / "ds", N, records_per_shard=4), s3.url("ds"))
+    proxy = FaultProxy(s3.port, lambda n: "ok")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    try:
+        ident, _ = identity.open_root(url)
+        entry = identity.remembered(url)
+        assert entry is not None
+        documents = _start._documents(url, entry[1], entry[2])
+        assert documents.payload_document is not None and documents.fields is not None
+        np.testing.assert_array_equal(documents.fields["label"], np.arange(N) * 3)
+        monkeypatch.setattr(_start, "HELPER_FIELDS_BYTES", N * 8)  # label alone fits, label and pair do not
+        assert _start._documents(url, entry[1], entry[2]).fields is None
+        gets = len(proxy.gets)
+        with Dataset(url, opened={entry[2]: documents}) as ds:
+            fields, regions = node_fields(ds, f"helper-test-{os.getpid()}-{ident.fingerprint}")
+            np.testing.assert_array_equal(fields["pair"][:, 0], np.arange(N, dtype=np.float32))
+            np.testing.assert_array_equal(ds.fields["label"], np.arange(N) * 3)
+            for region in regions:
+                region.release()
+        assert proxy.gets[gets:] == []
+    finally:
+        proxy.close()
