@@ -81,6 +81,10 @@ BOUNCE_BYTES = 4 << 20
 #: job) and the job's set-up stay small against decoding (~300 µs per 224x224 JPEG), while the last
 #: job of a read holds back the others by a few milliseconds at most.
 DECODE_JOB_RECORDS = 16
+#: Shard files one reader maps at most for its compressed records (see :meth:`PayloadArray._mapped_runs`;
+#: the others are read with ``preadv``): a mapping is one of the process's ``vm.max_map_count``
+#: (65,530 by default) areas, which numpy's and malloc's large allocations need too.
+MAX_MAPPED_FILES = 1024
 #: Alignment of every destination buffer :meth:`PayloadArray.empty` allocates: a page, so a buffer
 #: can take ``O_DIRECT`` reads and TensorFlow (which wants 64 bytes) shares it without a copy.
 BUFFER_ALIGNMENT = 4096
@@ -1202,12 +1206,12 @@ class PayloadArray:
         which, row, shard = plan.which.tolist(), plan.row.tolist(), plan.shard.tolist()
         try:
             mapped = self._mapped_runs(plan)
-            if mapped is None and plan.num_runs > 1:
-                self._announce(plan)  # as for records of a fixed size (see _read_plan)
+            if plan.num_runs > 1 and len(mapped) < np.unique(plan.shard[plan.run_starts]).size:
+                self._announce(plan)  # runs read with preadv: as for records of a fixed size (see _read_plan)
             for a, b in plan.runs():
                 i, start = shard[a], offs[a]
                 end = offs[b - 1] + sizes[b - 1]
-                if mapped is not None:  # the run's pages are mapped: its records decode from them
+                if i in mapped:  # the run's pages are mapped: its records decode from them
                     view = mapped[i][start:end]
                     self.stats.add(self._shard_str(i), start, end - start)
                 else:
@@ -1221,27 +1225,28 @@ class PayloadArray:
         if decodes is None:
             finish_decodes(jobs)
 
-    def _mapped_runs(self, plan: _Plan) -> dict[int, memoryview] | None:
-        """Every shard of ``plan`` as a view of its mapped file, the pages of its runs made resident
+    def _mapped_runs(self, plan: _Plan) -> dict[int, memoryview]:
+        """The shards of ``plan`` as views of their mapped files, the pages of its runs made resident
         (``MADV_POPULATE_READ``, one system call per shard: the kernel reads what the page cache
         lacks, as ``preadv`` would; pages this reader made resident before are not asked again):
         the decoders then read the records from the page cache itself, and the reading thread
-        neither copies them nor makes a call per run. ``None`` (read with ``preadv``) for a plan
-        over several arrays, a shard that cannot be mapped, or pages that cannot be made resident
-        (a kernel without batched ``madvise``, a shard truncated under the reader: ``preadv`` then
-        names the error). A page the kernel drops later is read again by the decoder that touches it."""
+        neither copies them nor makes a call per run. Left out (read with ``preadv``): every shard
+        of a plan over several arrays, a shard that cannot be mapped (or past
+        :data:`MAX_MAPPED_FILES`), one whose pages cannot be made resident (a kernel without batched
+        ``madvise``, a shard truncated under the reader: ``preadv`` then names the error). A page
+        the kernel drops later is read again by the decoder that touches it."""
+        out: dict[int, memoryview] = {}
         if plan.files is not None:
-            return None
+            return out
         from shardkit.tiers import shm  # shm imports shardkit.formats
 
         start, end = plan.spans()
         first, last = start // mmap.PAGESIZE, (end - 1) // mmap.PAGESIZE + 1
         shards = plan.shard[plan.run_starts]
-        out: dict[int, memoryview] = {}
         for i in np.unique(shards).tolist():
             got = self._map_file(i)
             if got is None:
-                return None
+                continue
             m, view, resident = got
             sel = np.flatnonzero(shards == i)
             missing = np.concatenate([[0], np.cumsum(~resident)])
@@ -1252,7 +1257,7 @@ class PayloadArray:
                     for a, n in ranges:
                         os.posix_fadvise(self._fd(i), a, n, os.POSIX_FADV_WILLNEED)
                 if not shm.populate_ranges(m, ranges, shm.MADV_POPULATE_READ):
-                    return None
+                    continue
                 for a, b in zip(first[sel].tolist(), last[sel].tolist()):
                     resident[a:b] = True
             out[i] = view
@@ -1265,6 +1270,8 @@ class PayloadArray:
             return self._maps[i]
         fd = self._fd(i)
         with self._lock:
+            if i not in self._maps and sum(got is not None for got in self._maps.values()) >= MAX_MAPPED_FILES:
+                self._maps[i] = None
             if i not in self._maps:
                 try:
                     m = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)

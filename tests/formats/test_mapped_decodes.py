@@ -91,3 +91,15 @@ def test_a_reader_that_cannot_map_reads_with_preadv(tmp_path: Path, monkeypatch:
         keys = np.array([2, 31, 7, 59])
         assert isinstance(ds.payload, reader_module.PayloadArray)
         np.testing.assert_array_equal(ds.payload.read(keys), RECORDS[keys])
+
+
+def test_a_reader_maps_at_most_max_mapped_files_and_reads_the_other_shards(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write_dataset(tmp_path / "ds", RECORDS, records_per_shard=20, compression="zstd")
+    monkeypatch.setattr(reader_module, "MAX_MAPPED_FILES", 1)
+    with Dataset(path) as ds:
+        keys = np.array([2, 31, 7, 59, 44])
+        np.testing.assert_array_equal(ds.payload.read(keys), RECORDS[keys])
+        mapped = [i for i, got in ds.payload._maps.items() if got is not None]
+        assert mapped == [0] and sorted(ds.payload._maps) == [0, 1, 2]
