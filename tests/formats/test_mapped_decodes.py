@@ -1,9 +1,8 @@
 """Compressed records of a local dataset decode from the mapped shard files (issue 36).
 
 The reading thread copied every run of compressed records into a fresh buffer with ``preadv`` (a
-call, an allocation and a copy per run, about a third of what the loader added to decoding). It
-now maps each shard once, makes a run's pages resident once, and the decoders read the records
-from the page cache itself.
+call, an allocation and a copy per run). It now maps each shard once, makes a run's pages resident
+once, and the decoders read the records from the page cache itself.
 """
 
 from __future__ import annotations
