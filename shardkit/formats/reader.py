@@ -81,6 +81,10 @@ BOUNCE_BYTES = 4 << 20
 #: job) and the job's set-up stay small against decoding (~300 µs per 224x224 JPEG), while the last
 #: job of a read holds back the others by a few milliseconds at most.
 DECODE_JOB_RECORDS = 16
+#: Shard files one reader maps at most for its compressed records (see :meth:`PayloadArray._mapped_runs`;
+#: the others are read with ``preadv``): a mapping is one of the process's ``vm.max_map_count``
+#: (65,530 by default) areas, which numpy's and malloc's large allocations need too.
+MAX_MAPPED_FILES = 1024
 #: Alignment of every destination buffer :meth:`PayloadArray.empty` allocates: a page, so a buffer
 #: can take ``O_DIRECT`` reads and TensorFlow (which wants 64 bytes) shares it without a copy.
 BUFFER_ALIGNMENT = 4096
@@ -700,6 +704,9 @@ class PayloadArray:
         self._lock = threading.Lock()
         self._scratch = np.empty(max(self.gap_bytes, 1), dtype=np.uint8)
         self._sort_scratch = SortScratch()
+        #: Shard files mapped for compressed reads (see :meth:`_mapped_runs`); ``None``: a shard that
+        #: cannot be, read with ``preadv``.
+        self._maps: dict[int, tuple[mmap.mmap, memoryview, np.ndarray] | None] = {}
         self.decode_workers = 0
         self._decoders: ThreadPoolExecutor | None = None
         #: False: compressed records are not decoded, their stored bytes start their rows (zeros after).
@@ -1059,7 +1066,7 @@ class PayloadArray:
     def _read_plan(self, plan: _Plan, rows: list[np.ndarray], decodes: list[Future[None]] | None = None) -> None:
         """Read every record of ``plan`` into its row (the I/O half of :meth:`read_into`); decode jobs
         go to ``decodes`` when given (see :attr:`Destination.decodes`)."""
-        if plan.num_runs > 1:
+        if plan.num_runs > 1 and self.codec is None:
             # A sparse selection: announce every run first, so the kernel queues all of them at
             # once (asynchronous readahead at a deep device queue) instead of one at a time.
             self._announce(plan)
@@ -1198,11 +1205,18 @@ class PayloadArray:
         offs, sizes = plan.offs.tolist(), plan.sizes.tolist()
         which, row, shard = plan.which.tolist(), plan.row.tolist(), plan.shard.tolist()
         try:
+            mapped = self._mapped_runs(plan)
+            if plan.num_runs > 1 and len(mapped) < np.unique(plan.shard[plan.run_starts]).size:
+                self._announce(plan)  # runs read with preadv: as for records of a fixed size (see _read_plan)
             for a, b in plan.runs():
                 i, start = shard[a], offs[a]
-                buf = np.empty(offs[b - 1] + sizes[b - 1] - start, dtype=np.uint8)
-                view = buf.data
-                self._preadv_all(self._fd(i), self._shard_str(i), [view], start)
+                end = offs[b - 1] + sizes[b - 1]
+                if i in mapped:  # the run's pages are mapped: its records decode from them
+                    view = mapped[i][start:end]
+                    self.stats.add(self._shard_str(i), start, end - start)
+                else:
+                    view = np.empty(end - start, dtype=np.uint8).data
+                    self._preadv_all(self._fd(i), self._shard_str(i), [view], start)
                 batcher.add(i, start, view, [o - start for o in offs[a:b]], sizes[a:b], which[a:b], row[a:b])
             batcher.flush()
         except BaseException:
@@ -1210,6 +1224,61 @@ class PayloadArray:
             raise
         if decodes is None:
             finish_decodes(jobs)
+
+    def _mapped_runs(self, plan: _Plan) -> dict[int, memoryview]:
+        """The shards of ``plan`` as views of their mapped files, the pages of its runs made resident
+        (``MADV_POPULATE_READ``, one system call per shard: the kernel reads what the page cache
+        lacks, as ``preadv`` would; pages this reader made resident before are not asked again):
+        the decoders then read the records from the page cache itself, and the reading thread
+        neither copies them nor makes a call per run. Left out (read with ``preadv``): every shard
+        of a plan over several arrays, a shard that cannot be mapped (or past
+        :data:`MAX_MAPPED_FILES`), one whose pages cannot be made resident (a kernel without batched
+        ``madvise``, a shard truncated under the reader: ``preadv`` then names the error). A page
+        the kernel drops later is read again by the decoder that touches it."""
+        out: dict[int, memoryview] = {}
+        if plan.files is not None:
+            return out
+        from shardkit.tiers import shm  # shm imports shardkit.formats
+
+        start, end = plan.spans()
+        first, last = start // mmap.PAGESIZE, (end - 1) // mmap.PAGESIZE + 1
+        shards = plan.shard[plan.run_starts]
+        for i in np.unique(shards).tolist():
+            got = self._map_file(i)
+            if got is None:
+                continue
+            m, view, resident = got
+            sel = np.flatnonzero(shards == i)
+            missing = np.concatenate([[0], np.cumsum(~resident)])
+            sel = sel[missing[last[sel]] > missing[first[sel]]]  # runs with a page not yet resident
+            if sel.size:
+                ranges = list(zip(start[sel].tolist(), (end[sel] - start[sel]).tolist()))
+                if len(ranges) > 1:  # the kernel queues every read at once (see _read_plan)
+                    for a, n in ranges:
+                        os.posix_fadvise(self._fd(i), a, n, os.POSIX_FADV_WILLNEED)
+                if not shm.populate_ranges(m, ranges, shm.MADV_POPULATE_READ):
+                    continue
+                for a, b in zip(first[sel].tolist(), last[sel].tolist()):
+                    resident[a:b] = True
+            out[i] = view
+        return out
+
+    def _map_file(self, i: int) -> tuple[mmap.mmap, memoryview, np.ndarray] | None:
+        """Shard ``i``'s whole file mapped (private, never written), a view of it, and which of its
+        pages were made resident; mapped once and kept until :meth:`close`, ``None`` where it cannot be."""
+        if i in self._maps:
+            return self._maps[i]
+        fd = self._fd(i)
+        with self._lock:
+            if i not in self._maps and sum(got is not None for got in self._maps.values()) >= MAX_MAPPED_FILES:
+                self._maps[i] = None
+            if i not in self._maps:
+                try:
+                    m = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
+                    self._maps[i] = (m, memoryview(m), np.zeros(-(-len(m) // mmap.PAGESIZE), dtype=bool))
+                except (OSError, ValueError):
+                    self._maps[i] = None
+            return self._maps[i]
 
     def _decode_records(self, i: int, start: int, data: memoryview, offs: list[int], sizes: list[int],
                         arrays: Sequence[np.ndarray], which: list[int], row: list[int], jobs: list[Future[None]]) -> None:
@@ -1357,8 +1426,14 @@ class PayloadArray:
                 os.close(fd)
             self._fds.clear()
             pool, self._decoders = self._decoders, None
+            maps, self._maps = self._maps, {}
         if pool is not None:
             pool.shutdown(wait=True)
+        for got in maps.values():
+            if got is not None:
+                with contextlib.suppress(BufferError):  # a slice still held: unmapped with the last one
+                    got[1].release()
+                    got[0].close()
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):

@@ -12,7 +12,7 @@ import pytest
 
 from shardkit import errors
 from shardkit.formats import open_dataset
-from shardkit.formats.reader import DECODE_JOB_RECORDS, PayloadArray
+from shardkit.formats.reader import DECODE_JOB_RECORDS, PayloadArray, _DecodeJobs
 from shardkit.readers import TieredSampler
 from tests.helpers.datasets import flip_byte, write_dataset
 
@@ -56,14 +56,14 @@ def test_reads_go_on_while_records_decode(jpeg_dataset: Path, monkeypatch: pytes
         runs = len(set((keys // 7).tolist()))
         release, all_read = threading.Event(), threading.Event()
         reads = 0
-        preadv = PayloadArray._preadv_all
+        add = _DecodeJobs.add  # once per run read (copied, or its pages mapped), from the reading thread
         codec = payload.codec
         assert codec is not None
         decode = codec.decode
 
-        def counting_preadv(self: PayloadArray, *args: Any) -> None:
+        def counting_add(self: _DecodeJobs, *args: Any) -> None:
             nonlocal reads
-            preadv(self, *args)
+            add(self, *args)
             reads += 1
             if reads == runs:
                 all_read.set()
@@ -72,7 +72,7 @@ def test_reads_go_on_while_records_decode(jpeg_dataset: Path, monkeypatch: pytes
             assert release.wait(30), "the test did not release the decoders"
             decode(data, out)
 
-        monkeypatch.setattr(PayloadArray, "_preadv_all", counting_preadv)
+        monkeypatch.setattr(_DecodeJobs, "add", counting_add)
         monkeypatch.setattr(codec, "decode", held_decode)
         result: list[np.ndarray] = []
         reader = threading.Thread(target=lambda: result.append(payload.read(keys)))
@@ -103,11 +103,11 @@ def test_decode_jobs_group_runs_and_shrink_towards_the_end(tmp_path: Path, monke
         release, all_read = threading.Event(), threading.Event()
         sizes: list[int] = []
         reads = 0
-        preadv = PayloadArray._preadv_all
+        add = _DecodeJobs.add
 
-        def counting_preadv(self: PayloadArray, *args: Any) -> None:
+        def counting_add(self: _DecodeJobs, *args: Any) -> None:
             nonlocal reads
-            preadv(self, *args)
+            add(self, *args)
             reads += 1
             if reads == keys.size:
                 all_read.set()
@@ -122,7 +122,7 @@ def test_decode_jobs_group_runs_and_shrink_towards_the_end(tmp_path: Path, monke
 
         monkeypatch.setattr(codec, "decode", held_decode)
         monkeypatch.setattr(PayloadArray, "_decode_segments", counted)
-        monkeypatch.setattr(PayloadArray, "_preadv_all", counting_preadv)
+        monkeypatch.setattr(_DecodeJobs, "add", counting_add)
         result: list[np.ndarray] = []
         reader = threading.Thread(target=lambda: result.append(payload.read(keys)))
         reader.start()
