@@ -373,8 +373,8 @@ class StaticCache:
         if self.flags is not None:
             return
         region = None
-        if self.share_key is not None:  # what is resident depends on the files only, not on the seed
-            name = node.region_name("cache", self.share_key, "files", self.n, self.record_shape, self.dtype.str)
+        if self.share_key is not None:  # named like the rows would be: one cache per dataset and seed
+            name = node.region_name("cache", self.share_key, "files", self.seed, self.n, self.record_shape, self.dtype.str)
             region = node.attach(name, self.n, lambda m: None, writable=True)
         if region is not None:
             self._region, self.shared, self._fd = region, True, region._data_fd
