@@ -212,12 +212,10 @@ class TieredSampler(Closing):
             regions += r
             keys.append(key or "")
         self._share_key = "\0mixture\0".join(keys) if opts.node_sharing else None
-        #: One local dataset of uncompressed records read as it is, with a cache of this process's
-        #: own: a static cache that holds it whole may be its mapped files (docs/design.md §4,
-        #: *Static cache*). A node-shared cache keeps its rows: what a mapping has read is known
-        #: only to its process, so the node's other consumers would read it again.
+        #: One local dataset of uncompressed records read as it is: a static cache that holds it
+        #: whole may be its mapped files, node-shared or not (docs/design.md §4, *Static cache*).
         self._mappable = (self._plan.single and len(m.paths) == 1 and isinstance(self.path, Path) and codecs == [None]
-                          and shards[0] <= MAX_MAPPED_SHARDS and self._share_key is None)
+                          and shards[0] <= MAX_MAPPED_SHARDS)
         #: Where a batch buffer starts past a page: what every dataset's decoder writes fastest (JPEG's
         #: colour conversion: docs/design.md §4, *Decoding*), else page aligned.
         self._row_offset = offsets.pop() if len(offsets) == 1 else 0

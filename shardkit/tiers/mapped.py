@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import mmap
 import threading
+from typing import Protocol
 
 import numpy as np
 
@@ -16,7 +17,7 @@ from shardkit.tiers import shm
 from shardkit.tiers.static_cache import distinct_sorted, reserve_ranges
 from shardkit.tiers.stopping import Stopped
 
-__all__ = ["MappedShards", "MAX_MAPPED_SHARDS"]
+__all__ = ["MappedShards", "MAX_MAPPED_SHARDS", "NodeResidency"]
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +27,19 @@ POPULATE_RANGES = 1024
 #: Datasets of more shards keep the copy in node-shared memory: the assembler looks every batch up
 #: in each shard's part of a block.
 MAX_MAPPED_SHARDS = 256
+
+
+class NodeResidency(Protocol):
+    """Which records some process of the node made resident (one flag a record, node-shared: the
+    static cache's :meth:`~shardkit.tiers.static_cache.StaticCache.filled` and ``publish``)."""
+
+    def filled(self, rows: np.ndarray) -> np.ndarray:
+        """Which of records ``rows`` were made resident."""
+        ...
+
+    def publish(self, rows: np.ndarray) -> None:
+        """Records ``rows`` are resident now."""
+        ...
 
 
 class MappedShards:
@@ -59,21 +73,33 @@ class MappedShards:
             maps.append(got)
         return cls(payload, maps)
 
-    def populate(self, keys: np.ndarray, stats: ReadStats, stop: threading.Event | None = None) -> None:
-        """Map the pages of records ``keys`` that were never made resident, each shard's in
-        ascending ranges (``MADV_POPULATE_READ``: the kernel reads what the page cache lacks), and
-        count the records' bytes in ``stats`` (what a read asks for: the kernel reads whole pages for
-        any read); raises :class:`Stopped` between two pieces once ``stop`` is set."""
+    def populate(
+        self,
+        keys: np.ndarray,
+        stats: ReadStats,
+        stop: threading.Event | None = None,
+        node: NodeResidency | None = None,
+    ) -> None:
+        """Map the pages of records ``keys`` this process never made resident, each shard's in
+        ascending ranges (``MADV_POPULATE_READ``: the kernel reads what the page cache lacks); raises
+        :class:`Stopped` between two pieces once ``stop`` is set.
+
+        ``node`` is the node's record of what is resident (the static cache's flags, row = key):
+        only records no process of the node made resident are counted in ``stats`` as read (their
+        bytes, what a read asks for: the kernel reads whole pages for any read) and published to it
+        once populated; the others are in the page cache, and populating them only maps them here."""
         todo = distinct_sorted(keys)
         todo = todo[~self._resident[todo]]
         if todo.size == 0:
             return
+        fresh = np.ones(todo.size, dtype=bool) if node is None else ~node.filled(todo)
         rps = self.records_per_shard
         shard = todo // rps
         cuts = np.flatnonzero(np.diff(shard)) + 1
-        for part in np.split(todo, cuts):
+        for part, new in zip(np.split(todo, cuts), np.split(fresh, cuts)):
             i = int(part[0]) // rps
             rows = part - i * rps
+            counted = np.concatenate(([0], np.cumsum(new)))  # fresh records before each row
             starts, ends, firsts = reserve_ranges(rows, 0, self.record_nbytes)
             ends = np.minimum(ends, len(self._maps[i]))
             for c in range(0, starts.size, POPULATE_RANGES):
@@ -85,10 +111,13 @@ class MappedShards:
                     for offset, length in ranges:
                         shm.populate(self._maps[i], offset, length, shm.MADV_POPULATE_READ)
                 upto = np.searchsorted(rows, firsts[c + POPULATE_RANGES]) if c + POPULATE_RANGES < firsts.size else rows.size
-                records = int(upto - np.searchsorted(rows, firsts[c]))
-                stats.add(self._locations[i], int(s[0]), records * self.record_nbytes)
+                records = int(counted[upto] - counted[np.searchsorted(rows, firsts[c])])
+                if records:
+                    stats.add(self._locations[i], int(s[0]), records * self.record_nbytes)
             self._resident[part] = True
-        stats.add_records(int(todo.size))
+            if node is not None and counted[-1]:
+                node.publish(part[new])
+        stats.add_records(int(np.count_nonzero(fresh)))
 
     def copies(self, keys: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """``(positions, view, rows)`` per shard a block's ``keys`` touch: positions (ascending) of

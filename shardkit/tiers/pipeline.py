@@ -528,7 +528,7 @@ class Pipeline:
             # The whole dataset is pinned as its mapped files: make the block's pages resident, and
             # the assembler copies every batch from them.
             t0, c0 = time.perf_counter(), time.thread_time()
-            mapped.populate(keys, self.disk.payload.stats, self.stop)
+            mapped.populate(keys, self.disk.payload.stats, self.stop, node=self.cache)
             self._stats.add_busy(tier, time.perf_counter() - t0)
             self._stats.add_busy(f"{tier}_cpu", time.thread_time() - c0)
             views = mapped.copies(keys)
@@ -678,16 +678,17 @@ class Pipeline:
             mapped = MappedShards.open(payload) if isinstance(payload, PayloadArray) and self.node_disk is None else None
             if mapped is None:
                 logger.info("static cache: the shard files cannot be mapped; keeping a copy of the records")
-                cache.files = False
+                cache.keep_rows()
                 return None
             cache.mapped = mapped
+        cache.attach()  # the flags of what the node made resident
         return cache.mapped
 
     def _expect(self, keys: np.ndarray) -> Ahead | None:
         """Announce the next block (``keys``) to the cache: the rows it will fill get their memory
         on the cache's allocation thread while this block is read (:meth:`StaticCache.expect`)."""
-        if self.cache is None or self.cache.share_key is None:
-            return None
+        if self.cache is None or self.cache.share_key is None or self.cache.files:
+            return None  # (the mapped files have no rows to allocate)
         _, crow = _pinned_rows(self.cache, keys)  # attaches the cache on first use
         if not self.cache.shared or not crow.size:
             return None

@@ -272,7 +272,8 @@ class StaticCache:
     ``node``'s part of the node partition. ``share_key`` names the dataset for node sharing
     (``None``: private to this process). ``files``: when it holds every record, the cache may be
     the dataset's own shard files, mapped by the pipeline (:class:`~shardkit.tiers.mapped.MappedShards`):
-    :meth:`attach` then maps no rows (the pipeline clears ``files`` if the files cannot be mapped)."""
+    :meth:`attach` then maps no rows, only the flags of the records made resident, node-shared like
+    rows would be (the pipeline calls :meth:`keep_rows` if the files cannot be mapped)."""
 
     def __init__(
         self,
@@ -339,9 +340,10 @@ class StaticCache:
     def attach(self) -> None:
         """Map the cache: the node's shared region for it when sharing is on, else private memory."""
         with self._lock:
-            if self.files and self.pinned is None:
-                self.pinned = self._pinned_set()
-            if self.rows is not None or self.files:
+            if self.files:
+                self._attach_files()
+                return
+            if self.rows is not None:
                 return
             rows_at, keys_at, total = self._layout()
             region = None
@@ -375,6 +377,39 @@ class StaticCache:
             elif private is not None:
                 mapping = private
                 self._start_prefault(lambda a, n: _populate(mapping, a, n), nbytes)
+
+    def _attach_files(self) -> None:
+        """The cache is the mapped files (:attr:`files`; with the lock held): no rows, only the
+        flags, which say which records a process made resident. They live in a node-shared region
+        when sharing is on, so the node's other consumers (DataLoader workers of the next pass, other
+        ranks) neither read those records from storage again nor count them as read."""
+        if self.pinned is None:
+            self.pinned = self._pinned_set()
+        if self.flags is not None:
+            return
+        region = None
+        if self.share_key is not None:  # named like the rows would be: one cache per dataset and seed
+            name = node.region_name("cache", self.share_key, "files", self.seed, self.n, self.record_shape, self.dtype.str)
+            region = node.attach(name, self.n, lambda m: None, writable=True)
+        if region is not None:
+            self._region, self.shared, self._fd = region, True, region._data_fd
+            self.flags = region.array(np.uint8, (self.n,))
+        else:
+            self.flags = np.zeros(self.n, dtype=np.uint8)
+
+    def keep_rows(self) -> None:
+        """The files cannot be mapped: hold a copy in rows of its own instead (the files' flags are
+        let go; the next :meth:`attach` maps the rows)."""
+        with self._lock:
+            if not self.files:
+                return
+            self.files = False
+            self.flags = None
+            self.pinned = None
+            region, self._region, self._fd = self._region, None, None
+            self.shared = False
+        if region is not None:
+            region.release()
 
     def _start_prefault(self, allocate: Callable[[int, int], bool], nbytes: int,
                         ranges: Callable[[list[tuple[int, int]]], list[bool]] | None = None) -> None:
@@ -492,7 +527,7 @@ class StaticCache:
         they are first filled); False for rows the node has no memory for. ``ahead``: these rows
         were announced (:meth:`expect`); the reader allocates what the thread has not claimed yet
         and waits for what it has."""
-        if not self.shared or self._region is None or rows.size == 0:
+        if self.files or not self.shared or self._region is None or rows.size == 0:
             return np.ones(rows.shape, dtype=bool)
         rows_at = self._layout()[0]
         starts, ends, first = reserve_ranges(rows, rows_at, self.record_nbytes)

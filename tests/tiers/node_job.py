@@ -82,6 +82,7 @@ def main() -> None:
         "fields": {k: np.asarray(v).tolist() for k, v in s.fields.items()},
         "writeable": {k: bool(v.flags.writeable) for k, v in s.fields.items()},
         "pinned": s.pinned_keys.tolist(),
+        "mapped_files": s._cache is not None and s._cache.mapped is not None,
     }
     _barrier(barrier, "done", a.world)  # hold every region until all processes reported
     Path(a.out).write_text(json.dumps(out))

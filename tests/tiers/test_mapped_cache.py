@@ -22,11 +22,12 @@ def _sampler(path: Path, **kw: object) -> TieredSampler:
     return TieredSampler(path, batch_size=8, epochs=1, seed=5, ram_size=f"{3 * N}records", **kw)  # type: ignore[arg-type]
 
 
-def test_a_cache_of_the_whole_dataset_is_its_mapped_files(tmp_path: Path) -> None:
-    """A cache of this process's own, three runs: the order of ``static_cache=0``, the records
-    checked in every batch, no cache rows, the dataset read from storage in the first run only."""
+@pytest.mark.parametrize("node_sharing", [True, False])
+def test_a_cache_of_the_whole_dataset_is_its_mapped_files(tmp_path: Path, node_sharing: bool) -> None:
+    """Three runs: the order of ``static_cache=0``, the records checked in every batch, no cache
+    rows (private or node-shared), the dataset read from storage in the first run only."""
     path = make_dataset(tmp_path / "ds", N, records_per_shard=RPS, shape=SHAPE)
-    s = _sampler(path, node_sharing=False)
+    s = _sampler(path, node_sharing=node_sharing)
     plain = _sampler(path, static_cache=0)
     try:
         assert s.static_cache == N
@@ -56,33 +57,95 @@ def test_a_mapped_cache_counts_the_records_it_reads_not_whole_pages(tmp_path: Pa
         assert s.stats.disk_bytes_by_epoch == {0: n * 1024, 1: 0} and s.stats.disk.records == n
 
 
-def test_a_node_shared_cache_keeps_its_rows(tmp_path: Path) -> None:
-    """The node-shared cache (the default) is not mapped: what a mapping made resident is known to
-    its process only, and the node's other consumers (DataLoader workers, ranks) must not read the
-    dataset again."""
+def test_a_node_shared_cache_is_the_mapped_files_for_every_consumer(tmp_path: Path) -> None:
+    """The default (node-shared) cache of a whole dataset is the mapped files too, and the node's
+    record of what is resident goes with it: while one sampler holds the cache (as an adapter's
+    dataset does), a later sampler of the node (a DataLoader worker of the next pass, another rank:
+    a mapping of its own that made nothing resident) reads nothing from storage; once the last one
+    lets go, the next sampler reads the dataset again."""
     path = make_dataset(tmp_path / "ds", N, records_per_shard=RPS, shape=SHAPE)
-    s = _sampler(path)
+    holder = _sampler(path)
+    holder.hold_shared()
     plain = _sampler(path, static_cache=0)
     try:
-        assert not s.maps_whole_cache and _sampler(path, node_sharing=False).maps_whole_cache
-        np.testing.assert_array_equal(epochs_of(s, N), epochs_of(plain, N))
-        assert s._cache is not None and s._cache.mapped is None and s._cache.rows is not None
+        assert holder.maps_whole_cache
+        expected = epochs_of(plain, N)
+        for reads in (N, 0, 0):
+            s = _sampler(path)
+            try:
+                np.testing.assert_array_equal(epochs_of(s, N), expected)  # epochs_of checks every record
+                assert s._cache is not None and s._cache.rows is None and s._cache.mapped is not None and s._cache.shared
+                assert s.stats.disk.records == reads and s.stats.cache.records == N
+                assert s.stats.disk.bytes_read >= reads * REC
+                if not reads:  # nothing but each shard's index, checked as the shard is mapped
+                    assert s.stats.disk.bytes_read < N * REC // 2
+            finally:
+                s.close()
+        holder.close()
+        with _sampler(path) as s:  # the node's last user let go: the record of what is resident went with it
+            epochs_of(s, N)
+            assert s.stats.disk.records == N
     finally:
-        s.close()
+        holder.close()
         plain.close()
 
 
-def test_unmappable_files_fall_back_to_a_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_populate_counts_what_no_process_of_the_node_made_resident(tmp_path: Path) -> None:
+    """With the node's record of what is resident, ``populate`` maps every record this process
+    lacks but counts (and publishes) only those no process made resident before."""
+    from shardkit.formats import open_dataset
+    from shardkit.formats.reader import ReadStats
+
+    class Node:
+        def __init__(self) -> None:
+            self.flags = np.zeros(N, dtype=bool)
+            self.flags[[3, 17, 40]] = True  # made resident by another process
+            self.published: list[list[int]] = []
+
+        def filled(self, rows: np.ndarray) -> np.ndarray:
+            out: np.ndarray = self.flags[rows]
+            return out
+
+        def publish(self, rows: np.ndarray) -> None:
+            self.published.append(rows.tolist())
+            self.flags[rows] = True
+
+    path = make_dataset(tmp_path / "ds", N, records_per_shard=RPS, shape=SHAPE)
+    node = Node()
+    with open_dataset(path) as ds:
+        m = mapped_mod.MappedShards.open(ds.payload)
+        assert m is not None
+        stats = ReadStats(trace=[])
+        keys = np.array([40, 3, 17, 3, 89, 18], dtype=np.int64)
+        m.populate(keys, stats, node=node)
+        assert sum(nb for _, _, nb in stats.trace) == 2 * REC and stats.records == 2  # 18 and 89
+        assert node.published == [[18], [89]]  # each shard's as its pages are mapped
+        assert m._resident[[3, 17, 18, 40, 89]].all()  # all of them mapped here
+        m.populate(np.array([3, 18, 50]), stats, node=node)
+        assert stats.records == 3 and node.published[-1] == [50]
+        m.close()
+
+
+@pytest.mark.parametrize("node_sharing", [True, False])
+def test_unmappable_files_fall_back_to_a_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, node_sharing: bool) -> None:
     """Files that cannot be mapped (remote, compressed, another layout): the cache keeps its own
-    rows, as it does for a part of the dataset, with the same order."""
+    rows, as it does for a part of the dataset, with the same order; the record of what the
+    mapping made resident, attached already by a holder, is let go."""
     path = make_dataset(tmp_path / "ds", N, records_per_shard=RPS, shape=SHAPE)
     monkeypatch.setattr(mapped_mod.MappedShards, "open", classmethod(lambda cls, payload: None))
-    s = _sampler(path, node_sharing=False)
+    s = _sampler(path, node_sharing=node_sharing)
     plain = _sampler(path, static_cache=0)
     try:
+        s.hold_shared()
+        assert s._cache is not None and s._cache.files and s._cache.flags is not None and s._cache.rows is None
+        flags_region = s._cache._region
+        assert (flags_region is not None) == node_sharing
         for _ in range(2):
             np.testing.assert_array_equal(epochs_of(s, N), epochs_of(plain, N))
         assert s._cache is not None and not s._cache.files and s._cache.rows is not None
+        assert s._cache.shared == node_sharing
+        if flags_region is not None:
+            assert s._cache._region is not flags_region and flags_region._mmap is None  # released
     finally:
         s.close()
         plain.close()

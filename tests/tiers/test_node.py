@@ -86,6 +86,25 @@ def test_processes_share_fields_order_and_cache(tmp_path: Path) -> None:
     assert leftovers == []
 
 
+def test_processes_share_what_the_mapped_files_made_resident(tmp_path: Path) -> None:
+    """A cache of the whole dataset is its mapped files in both processes, and the node's record of
+    what is resident is shared: in the second epoch neither reads from storage, though half of its
+    keys were made resident by the other process's mapping in the first; one cache region (the
+    record) for both, gone after."""
+    n = 40
+    ds = make_dataset(tmp_path / "ds", n, shape=(32, 32, 4))  # page-sized records
+    res = _run_jobs(ds, tmp_path, world=2, epochs=2, cache=n, ram=2 * n)
+    assert all(r["mapped_files"] for r in res)
+    for r in res:
+        assert r["disk"] == [len(r["keys"][0]), 0]
+    for e in range(2):
+        assert sorted(res[0]["keys"][e] + res[1]["keys"][e]) == list(range(n))
+    created = res[0]["created"] + res[1]["created"]
+    assert sorted(name.split("-")[0] for name in created).count("cache") == 1
+    d = node.SHM_ROOT / f"shardkit-{os.geteuid()}"
+    assert not [name for name in os.listdir(d) if any(name.startswith(c) for c in created)]
+
+
 def test_a_crashed_process_leaves_nothing_after_the_next_start(tmp_path: Path) -> None:
     """A SIGKILLed process never releases its regions; the next process that attaches removes them."""
     ds = make_dataset(tmp_path / "ds", 12)
