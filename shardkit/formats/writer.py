@@ -26,7 +26,7 @@ from shardkit._version import __version__
 from shardkit.errors import ConfigError, SchemaError, ShardkitError
 from shardkit.formats.checksums import FileDigest
 from shardkit.formats.codecs import RecordCodec, codec_from_json, get_codec
-from shardkit.formats.fields import write_field_array
+from shardkit.formats.fields import write_field_arrays
 from shardkit.formats.index import ShardIndex, crc32c_of, extend_crc32c
 from shardkit.formats.metadata import (
     DEFAULT_FIELD_CHUNK,
@@ -577,10 +577,8 @@ class DatasetWriter:
     def _write_fields(self, chunk: int) -> dict[str, FileDigest]:
         """Every field array in chunks of ``chunk`` records, then its document; returns the digests."""
         codec = get_codec(FIELD_CODEC)
-        files: dict[str, FileDigest] = {}
-        for name, spec in self.fields.items():
-            files |= write_field_array(self.path, name, spec, self._field_values(name), chunk, codec, durable=self.durable)
-        return files
+        arrays = [(name, spec, self._field_values(name), chunk, 0) for name, spec in self.fields.items()]
+        return write_field_arrays(self.path, arrays, codec, durable=self.durable)
 
     def _field_values(self, name: str) -> np.ndarray:
         """Every record's value of field ``name`` so far (completed shards)."""

@@ -268,3 +268,33 @@ def test_start_writeback_is_only_a_hint(tmp_path: Path) -> None:
         os.close(r)
         os.close(w)
     assert path.read_bytes() == b"x" * 10000
+
+
+def test_the_field_arrays_of_a_local_dataset_are_written_at_the_same_time(tmp_path: Path, monkeypatch) -> None:
+    # Each durable file waits for its fsyncs: arrays written together share the journal's commits. The
+    # first fsync of each writing thread waits for the other's (sequential writes never get there).
+    import threading
+
+    from shardkit.formats.fields import write_field_array, write_field_arrays
+
+    arrays = [("a", FieldSpec((), "int64"), np.arange(10), 4, 0),
+              ("b", FieldSpec((2,), "uint8"), np.ones((10, 2), np.uint8), 4, 0)]
+    expected = {}
+    for name, spec, data, chunk, first in arrays:
+        expected |= write_field_array(tmp_path / "one", name, spec, data, chunk, None, first_chunk=first)
+    barrier = threading.Barrier(2, timeout=20)
+    waited: set[int] = set()
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        if threading.get_ident() not in waited:
+            waited.add(threading.get_ident())
+            barrier.wait()
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    files = write_field_arrays(tmp_path / "both", arrays, None)
+    monkeypatch.setattr(os, "fsync", real)
+    assert list(files.items()) == list(expected.items())
+    for rel in files:
+        assert (tmp_path / "both" / rel).read_bytes() == (tmp_path / "one" / rel).read_bytes()
