@@ -54,7 +54,8 @@ from shardkit.privdir import PrivateDir, create_run_dir, sweep_stale
 from shardkit.stores import Store, as_location, open_store
 from shardkit.stores.atomic import fsync_dir, is_out_of_space, raise_out_of_space, start_writeback
 
-__all__ = ["ShardWriter", "ShardChecksums", "DatasetWriter", "WrittenShard", "payload_document", "field_chunk_for", "FIELD_CODEC"]
+__all__ = ["ShardWriter", "ShardChecksums", "DatasetWriter", "WrittenShard", "payload_document", "field_chunk_for", "FIELD_CODEC",
+           "prepare_field_codec"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,13 @@ FIELD_CODEC = "zstd"
 #: A durable shard's written bytes are handed to the device in runs of this size as they are written
 #: (:func:`~shardkit.stores.atomic.start_writeback`), so that its fsync at close has little left to do.
 WRITEBACK_BYTES = 8 << 20
+
+
+def prepare_field_codec() -> None:
+    """Make :data:`FIELD_CODEC` ready in this process. Its first use imports numcodecs (a tenth of a
+    second of CPU or more), which would otherwise land at a conversion's end, in its commit: the
+    conversion's writer thread calls this while the first records decode."""
+    get_codec(FIELD_CODEC)
 
 
 def _write_all(fd: int, data: memoryview, path: Path) -> None:
