@@ -32,6 +32,7 @@ from shardkit.formats.commit import CommitReport
 from shardkit.formats.index import crc32c_of
 from shardkit.formats.provenance import ProvenanceSpec
 from shardkit.formats.spec import records_per_shard_for
+from shardkit.formats.writer import prepare_field_codec
 
 __all__ = [
     "WINDOW_BITS",
@@ -187,7 +188,9 @@ class BackgroundWriter:
     never waits for a shard's fsync (15% at ``--workers 1``, ``benchmarks/convert.py``). At most
     ``_QUEUED`` batches wait; a failure is re-raised in the caller at its next call. The thread starts
     with the first operation, after the decode workers started: until then they may be forked
-    (:func:`~shardkit.converters.main_guard.fork_is_safe`)."""
+    (:func:`~shardkit.converters.main_guard.fork_is_safe`). Before its first write it makes the commit's
+    field codec ready (:func:`~shardkit.formats.writer.prepare_field_codec`), beside the decoding instead
+    of at the conversion's end."""
 
     _QUEUED = 2
 
@@ -203,6 +206,8 @@ class BackgroundWriter:
         self._started = False
 
     def _run(self) -> None:
+        with contextlib.suppress(Exception):  # only a head start: the commit reports a failure itself
+            prepare_field_codec()
         while True:
             op = self._queue.get()
             if op is None:

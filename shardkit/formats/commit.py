@@ -31,7 +31,7 @@ from shardkit.errors import (
 )
 from shardkit.formats.checksums import FileDigest
 from shardkit.formats.codecs import codec_from_json, get_codec
-from shardkit.formats.fields import read_field_rows, write_field_array
+from shardkit.formats.fields import read_field_rows, write_field_arrays
 from shardkit.formats.index import ShardIndex, crc32c_of
 from shardkit.formats.metadata import DEFAULT_FIELD_CHUNK, MAX_DOCUMENT_NBYTES, DatasetMeta, encode_json, group_metadata, read_json_object
 from shardkit.formats.provenance import PROVENANCE_FIELD, Provenance, ProvenanceSpec, write_provenance
@@ -391,6 +391,7 @@ class _Commit:
         codec = get_codec(FIELD_CODEC)
         values = [seg.fields() for seg in self.segments]
         files: dict[str, FileDigest] = {}
+        arrays: list[tuple[str, FieldSpec, np.ndarray, int, int]] = []
         for name, spec in t.fields.items():
             parts = []
             first = 0
@@ -421,8 +422,8 @@ class _Commit:
                     self.provenance_values.append(v)
                 parts.append(_remapped(v, remap[name]) if name in remap else v)
             data = np.concatenate(parts) if parts else np.empty((0, *spec.shape), spec.dtype)
-            files |= write_field_array(self.store, name, spec, data, chunk, codec, durable=self.durable, first_chunk=first)
-        return files
+            arrays.append((name, spec, data, chunk, first))
+        return files | write_field_arrays(self.store, arrays, codec, durable=self.durable)
 
     def provenance(self, inputs: Sequence[InputTable], summarize: Callable[[np.ndarray], dict[str, Any]] | None,
                    ) -> dict[str, Any]:

@@ -8,7 +8,8 @@ the declared field, every chunk must exist and match its recorded digest, sizes 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from shardkit.formats.versions import read_document, read_versioned
 from shardkit.stores import LocalStore, Store
 from shardkit.stores.atomic import write_bytes_atomic
 
-__all__ = ["read_field_rows", "write_field_array"]
+__all__ = ["read_field_rows", "write_field_array", "write_field_arrays"]
 
 
 def write_field_array(
@@ -59,6 +60,28 @@ def write_field_array(
                               itemsize=le.itemsize)
     digests[f"{name}/{ZARR_JSON}"] = _put(root, f"{name}/{ZARR_JSON}", encode_json(document), durable)
     return digests
+
+
+def write_field_arrays(
+    root: Path | Store,
+    arrays: Sequence[tuple[str, FieldSpec, np.ndarray, int, int]],
+    codec: RecordCodec | None,
+    *,
+    durable: bool = True,
+) -> dict[str, FileDigest]:
+    """:func:`write_field_array` of every ``(name, spec, data, chunk, first_chunk)``, the arrays of a local
+    dataset at the same time: each durable file waits for its fsyncs (file, then directory), and fsyncs
+    that wait together share the file system's journal commits. Digests in the order of ``arrays``."""
+    local = isinstance(root, Path) or root.is_local
+    if len(arrays) < 2 or not durable or not local:
+        files: dict[str, FileDigest] = {}
+        for name, spec, data, chunk, first in arrays:
+            files |= write_field_array(root, name, spec, data, chunk, codec, durable=durable, first_chunk=first)
+        return files
+    with ThreadPoolExecutor(len(arrays), thread_name_prefix="shardkit-fields") as pool:
+        futures = [pool.submit(write_field_array, root, name, spec, data, chunk, codec, durable=durable, first_chunk=first)
+                   for name, spec, data, chunk, first in arrays]
+        return functools.reduce(lambda a, b: a | b, (f.result() for f in futures), {})
 
 
 def _put(root: Path | Store, key: str, data: bytes, durable: bool) -> FileDigest:

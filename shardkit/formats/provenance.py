@@ -17,7 +17,7 @@ from shardkit.errors import NotADatasetError, SchemaError
 from shardkit.formats import jsonvalues as jv
 from shardkit.formats.checksums import FileDigest
 from shardkit.formats.codecs import get_codec
-from shardkit.formats.fields import read_field_rows, write_field_array
+from shardkit.formats.fields import read_field_rows, write_field_arrays
 from shardkit.formats.metadata import DatasetMeta
 from shardkit.formats.spec import ZARR_JSON, FieldSpec, chunk_key
 from shardkit.stores import LocalStore, Store
@@ -86,8 +86,8 @@ def write_provenance(root: Path | Store, spec: ProvenanceSpec, values: np.ndarra
     codec = get_codec("zstd")
     names_chunk = max(1, min(_NAMES_CHUNK, names.size))
     ends_chunk = max(1, min(_ENDS_CHUNK, ends.size))
-    files = (write_field_array(root, NAMES_ARRAY, FieldSpec((), "uint8"), names, names_chunk, codec, durable=durable)
-             | write_field_array(root, ENDS_ARRAY, FieldSpec((), "int64"), ends, ends_chunk, codec, durable=durable))
+    files = write_field_arrays(root, [(NAMES_ARRAY, FieldSpec((), "uint8"), names, names_chunk, 0),
+                                      (ENDS_ARRAY, FieldSpec((), "int64"), ends, ends_chunk, 0)], codec, durable=durable)
     return {
         "field": PROVENANCE_FIELD,
         "columns": list(spec.columns),

@@ -26,7 +26,7 @@ from shardkit._version import __version__
 from shardkit.errors import ConfigError, SchemaError, ShardkitError
 from shardkit.formats.checksums import FileDigest
 from shardkit.formats.codecs import RecordCodec, codec_from_json, get_codec
-from shardkit.formats.fields import write_field_array
+from shardkit.formats.fields import write_field_arrays
 from shardkit.formats.index import ShardIndex, crc32c_of, extend_crc32c
 from shardkit.formats.metadata import (
     DEFAULT_FIELD_CHUNK,
@@ -52,14 +52,25 @@ from shardkit.formats.spec import (
 from shardkit.formats.transfer import put_checked, upload_dataset
 from shardkit.privdir import PrivateDir, create_run_dir, sweep_stale
 from shardkit.stores import Store, as_location, open_store
-from shardkit.stores.atomic import fsync_dir, is_out_of_space, raise_out_of_space
+from shardkit.stores.atomic import fsync_dir, is_out_of_space, raise_out_of_space, start_writeback
 
-__all__ = ["ShardWriter", "ShardChecksums", "DatasetWriter", "WrittenShard", "payload_document", "field_chunk_for", "FIELD_CODEC"]
+__all__ = ["ShardWriter", "ShardChecksums", "DatasetWriter", "WrittenShard", "payload_document", "field_chunk_for", "FIELD_CODEC",
+           "prepare_field_codec"]
 
 logger = logging.getLogger(__name__)
 
 #: Codec used for the small per-record field arrays (mostly zeros for boxes; cheap to decode).
 FIELD_CODEC = "zstd"
+#: A durable shard's written bytes are handed to the device in runs of this size as they are written
+#: (:func:`~shardkit.stores.atomic.start_writeback`), so that its fsync at close has little left to do.
+WRITEBACK_BYTES = 8 << 20
+
+
+def prepare_field_codec() -> None:
+    """Make :data:`FIELD_CODEC` ready in this process. Its first use imports numcodecs (a tenth of a
+    second of CPU or more), which would otherwise land at a conversion's end, in its commit: the
+    conversion's writer thread calls this while the first records decode."""
+    get_codec(FIELD_CODEC)
 
 
 def _write_all(fd: int, data: memoryview, path: Path) -> None:
@@ -96,7 +107,8 @@ def _as_record_bytes(records: np.ndarray) -> memoryview:
 class ShardWriter:
     """Stream records (``record``, compressed by ``codec`` or fixed-size) into one payload shard file of
     ``capacity`` records: bytes go to ``path.partial`` until :meth:`close`. ``durable=False`` (scratch
-    files) keeps the atomic rename but skips the fsync."""
+    files) keeps the atomic rename but skips the fsync. A durable file's bytes start going to the device
+    every :data:`WRITEBACK_BYTES` while it is written, not all at its close."""
 
     def __init__(
         self,
@@ -119,6 +131,7 @@ class ShardWriter:
         self._offset = 0
         self._crc = 0  # running crc32c of everything written: the records, then the index
         self._tail = b""  # the last TAIL_SAMPLE_NBYTES bytes written (ShardInfo.tail_crc32c)
+        self._written_back = 0  # bytes before this offset were handed to start_writeback
         self._offsets: list[int] = []
         self._sizes: list[int] = []
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -181,6 +194,9 @@ class ShardWriter:
         self._crc = extend_crc32c(self._crc, data)
         self._offset += data.nbytes
         self._tail = (self._tail + bytes(data[-TAIL_SAMPLE_NBYTES:]))[-TAIL_SAMPLE_NBYTES:]
+        if self.durable and self._offset - self._written_back >= WRITEBACK_BYTES:
+            start_writeback(self._fd, self._written_back, self._offset - self._written_back)
+            self._written_back = self._offset
 
     def close(self) -> ShardChecksums:
         """Append index + crc32c, fsync, rename. Returns the file's size and checksums."""
@@ -569,10 +585,8 @@ class DatasetWriter:
     def _write_fields(self, chunk: int) -> dict[str, FileDigest]:
         """Every field array in chunks of ``chunk`` records, then its document; returns the digests."""
         codec = get_codec(FIELD_CODEC)
-        files: dict[str, FileDigest] = {}
-        for name, spec in self.fields.items():
-            files |= write_field_array(self.path, name, spec, self._field_values(name), chunk, codec, durable=self.durable)
-        return files
+        arrays = [(name, spec, self._field_values(name), chunk, 0) for name, spec in self.fields.items()]
+        return write_field_arrays(self.path, arrays, codec, durable=self.durable)
 
     def _field_values(self, name: str) -> np.ndarray:
         """Every record's value of field ``name`` so far (completed shards)."""

@@ -295,6 +295,27 @@ def test_the_writer_thread_gives_buffers_back_after_a_failure_too() -> None:
     assert released == [1, 2]
 
 
+def test_the_writer_thread_makes_the_commits_field_codec_ready_before_its_first_write(monkeypatch) -> None:
+    # The commit's field codec imports numcodecs on first use: done on the writer thread while records
+    # decode, not at the conversion's end.
+    from shardkit.converters import pipeline
+
+    events: list[tuple[str, str]] = []
+    monkeypatch.setattr(pipeline, "prepare_field_codec",
+                        lambda: events.append(("prepare", threading.current_thread().name)))
+
+    class _Sink(_KeepingSink):
+        def write(self, batch: dict[str, np.ndarray], cursors: np.ndarray) -> None:
+            events.append(("write", threading.current_thread().name))
+            super().write(batch, cursors)
+
+    writer = BackgroundWriter(_Sink())
+    assert events == []  # no thread before the first operation (workers may still be forked)
+    writer.write({"image": np.zeros((1, 4, 4), np.uint8), "label": np.zeros(1, np.int64)}, np.array([1]))
+    writer.drain()
+    assert events == [("prepare", "shardkit-convert-writer"), ("write", "shardkit-convert-writer")]
+
+
 def test_batcher_keeps_no_view_of_a_payload_once_added() -> None:
     # A payload from the workers' ring is a view of a slot that a worker refills once the next outcome
     # is asked for: overwriting it after add() (what the worker does) must not change what is written.
