@@ -12,7 +12,7 @@ import functools
 import itertools
 import os
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 from typing import Any, NoReturn
 
 import numpy as np
@@ -51,13 +51,6 @@ DEFAULT_REMOTE_GAP_BYTES = 0
 #: and at most ``StoreOptions.concurrency`` requests: enough to keep every slot busy across the
 #: switch, held in memory until that block is read (docs/design.md §9).
 READAHEAD_BYTES = 32 << 20
-
-#: Runs read back from local copies are split between this many threads (the reading thread and
-#: helpers) once a block reads at least :data:`READBACK_SPLIT_BYTES` from them: a page-cache read
-#: costs CPU per byte, and the tail of a cold epoch and every warm epoch are nothing but these reads,
-#: one core's worth when done by one thread (docs/design.md §9, *Reading a copy back*).
-READBACK_THREADS = 2
-READBACK_SPLIT_BYTES = 4 << 20
 
 #: With a cache, a block's records of a shard being downloaded are read from its partial copy once
 #: their pages are local (asked for first), never fetched by range a second time (docs/design.md §9).
@@ -117,9 +110,6 @@ class RangedPayloadArray(PayloadArray):
         #: once started (no cache only).
         self._next_keys: np.ndarray | None = None
         self._ahead: _Ahead | None = None
-        #: Helper threads of :meth:`_read_back` (started on first use).
-        self._readback: ThreadPoolExecutor | None = None
-        self._readback_pid = 0
 
     # ------------------------------------------------------------------ files and indexes
     def shard_path(self, i: int) -> NoReturn:
@@ -351,19 +341,17 @@ class RangedPayloadArray(PayloadArray):
         asked for first; the others are fetched by range (:meth:`_fetch_runs`)."""
         remote: list[_Run] = []
         filling: list[_Run] = []
-        local: list[tuple[int, _Run]] = []
         fds: dict[int, int | None] = {}  # looked up once per shard, not per run (a copy being filled is not found)
         for run in runs:
             if run.shard not in fds:
                 fds[run.shard] = self._cached_fd(run.shard)
             fd = fds[run.shard]
             if fd is not None:
-                local.append((fd, run))
+                self._read_cached(fd, run, rows)
             elif self.prefetcher is not None:
                 filling.append(run)
             else:
                 remote.append(run)
-        self._read_back(local, rows)
         if filling:
             self._read_filling(filling, rows, remote)
         else:
@@ -416,7 +404,6 @@ class RangedPayloadArray(PayloadArray):
                     now = self.prefetcher.ready([(copy, spans) for _, copy, spans, _ in waits])
                     ready = [w for w, r in zip(waits, now) if r]
                     waits = [w for w, r in zip(waits, now) if not r]
-                    local: list[tuple[int, _Run]] = []
                     for run, copy, spans, delivery in ready:
                         try:
                             present = copy.wait(spans)
@@ -428,8 +415,8 @@ class RangedPayloadArray(PayloadArray):
                             continue
                         if run.shard not in self._tails_checked and PayloadArray._tail_nbytes(self, run.shard):
                             self._check_tail(run.shard, self._tail_from(copy.fd, run.shard))
-                        local += [(copy.fd, rest) for rest in self._undelivered(run, delivery)]
-                    self._read_back(local, rows)
+                        for rest in self._undelivered(run, delivery):
+                            self._read_cached(copy.fd, rest, rows)
             finally:
                 for copy, delivery in registered:
                     copy.undeliver(delivery)
@@ -610,47 +597,6 @@ class RangedPayloadArray(PayloadArray):
         if ahead is not None:
             _close(ahead.pending)
 
-    def _read_back(self, runs: list[tuple[int, _Run]], rows: _Rows) -> None:
-        """``(fd, run)``: runs read from local copies (:meth:`_read_cached`), split by bytes between
-        :data:`READBACK_THREADS` threads when they are uncompressed records read straight into their
-        rows and at least :data:`READBACK_SPLIT_BYTES` (``preadv`` releases the GIL). Returns once
-        every run is read; an error of any share is raised."""
-        total = sum(int(r.offs[-1] + r.sizes[-1] - r.offs[0]) for _, r in runs)
-        parallel = self.codec is None and self.record_nbytes >= SCATTER_MIN_BYTES
-        if not parallel or READBACK_THREADS < 2 or len(runs) < 2 or total < READBACK_SPLIT_BYTES:
-            for fd, run in runs:
-                self._read_cached(fd, run, rows)
-            return
-        pool = self._readback_pool()
-        # Contiguous shares of about equal bytes: each thread keeps ascending offsets in its share.
-        share, cuts, acc = total / READBACK_THREADS, [0], 0
-        for k, (_, r) in enumerate(runs):
-            acc += int(r.offs[-1] + r.sizes[-1] - r.offs[0])
-            if acc >= share * len(cuts) and len(cuts) < READBACK_THREADS and k + 1 < len(runs):
-                cuts.append(k + 1)
-        shares = [runs[a:b] for a, b in zip(cuts, [*cuts[1:], len(runs)])]
-
-        def read(part: list[tuple[int, _Run]]) -> None:
-            for fd, run in part:
-                self._read_cached(fd, run, rows)
-
-        helpers = [pool.submit(read, part) for part in shares[1:]]
-        try:
-            read(shares[0])
-        finally:
-            wait(helpers)  # no helper writes into the rows once this returns
-        for f in helpers:
-            f.result()
-
-    def _readback_pool(self) -> ThreadPoolExecutor:
-        """The helper threads of :meth:`_read_back`, started on first use (anew in a forked child,
-        whose copy of the parent's pool has no threads)."""
-        with self._lock:
-            if self._readback is None or self._readback_pid != os.getpid():
-                self._readback = ThreadPoolExecutor(READBACK_THREADS - 1, thread_name_prefix="shardkit-readback")
-                self._readback_pid = os.getpid()
-            return self._readback
-
     def _read_cached(self, fd: int, run: _Run, rows: _Rows) -> None:
         """One run from the shard's local copy (complete, or with the run's pages present), counted
         in ``cache_stats``, not as requests. Uncompressed records of at least ``SCATTER_MIN_BYTES``
@@ -710,9 +656,6 @@ class RangedPayloadArray(PayloadArray):
 
     def close(self) -> None:
         self._drop_ahead()
-        if self._readback is not None:
-            self._readback.shutdown()
-            self._readback = None
         if self.prefetcher is not None:
             self.prefetcher.close()
         super().close()
