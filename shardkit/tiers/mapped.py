@@ -96,12 +96,16 @@ class MappedShards:
         rps = self.records_per_shard
         shard = todo // rps
         cuts = np.flatnonzero(np.diff(shard)) + 1
+        pieces = []
         for part, new in zip(np.split(todo, cuts), np.split(fresh, cuts)):
             i = int(part[0]) // rps
             rows = part - i * rps
-            counted = np.concatenate(([0], np.cumsum(new)))  # fresh records before each row
             starts, ends, firsts = reserve_ranges(rows, 0, self.record_nbytes)
             ends = np.minimum(ends, len(self._maps[i]))
+            self._announce(i, starts, ends)
+            pieces.append((part, new, i, rows, starts, ends, firsts))
+        for part, new, i, rows, starts, ends, firsts in pieces:
+            counted = np.concatenate(([0], np.cumsum(new)))  # fresh records before each row
             for c in range(0, starts.size, POPULATE_RANGES):
                 if stop is not None and stop.is_set():
                     raise Stopped()
@@ -118,6 +122,16 @@ class MappedShards:
             if node is not None and counted[-1]:
                 node.publish(part[new])
         stats.add_records(int(np.count_nonzero(fresh)))
+
+    def _announce(self, i: int, starts: np.ndarray, ends: np.ndarray) -> None:
+        """``MADV_WILLNEED`` on every range of shard ``i`` a block will populate, before the first is:
+        the kernel starts reading all of them at once (a deep device queue), where populating alone
+        would read one range's pages at a time (the reader's ``preadv`` plans announce their runs so)."""
+        page = mmap.PAGESIZE
+        m = self._maps[i]
+        for a, b in zip((starts - starts % page).tolist(), ends.tolist()):
+            if b > a:
+                m.madvise(mmap.MADV_WILLNEED, a, b - a)
 
     def copies(self, keys: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """``(positions, view, rows)`` per shard a block's ``keys`` touch: positions (ascending) of

@@ -219,3 +219,42 @@ def test_scattered_large_rows_are_gathered_without_a_temporary() -> None:
         tracemalloc.stop()
     np.testing.assert_array_equal(dst[dst_rows], src[src_rows])
     assert peak < rec
+
+
+def test_populate_announces_every_range_of_a_block_before_it_populates_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cold block's pages are asked of the device all at once: ``MADV_WILLNEED`` on every range
+    of every shard the block touches comes before the first range is populated (populating alone
+    reads one range at a time), and the ranges announced cover the ranges populated."""
+    from shardkit.formats import open_dataset
+    from shardkit.formats.reader import ReadStats
+    from shardkit.tiers import shm
+
+    events: list[tuple[str, int, list[tuple[int, int]]]] = []
+    announce = mapped_mod.MappedShards._announce
+    maps: list[object] = []
+
+    def spy_announce(self: mapped_mod.MappedShards, i: int, starts: np.ndarray, ends: np.ndarray) -> None:
+        events.append(("announce", i, list(zip(starts.tolist(), ends.tolist()))))
+        announce(self, i, starts, ends)
+
+    real = shm.populate_ranges
+
+    def spy_populate(m: object, ranges: list[tuple[int, int]], advice: int = shm.MADV_POPULATE_WRITE) -> bool:
+        events.append(("populate", maps.index(m), [(a, a + n) for a, n in ranges]))
+        return real(m, ranges, advice)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(mapped_mod.MappedShards, "_announce", spy_announce)
+    monkeypatch.setattr(shm, "populate_ranges", spy_populate)
+    path = make_dataset(tmp_path / "ds", N, records_per_shard=RPS, shape=SHAPE)
+    with open_dataset(path) as ds:
+        m = mapped_mod.MappedShards.open(ds.payload)
+        assert m is not None
+        maps.extend(m._maps)
+        m.populate(np.array([40, 3, 17, 89, 18], dtype=np.int64), ReadStats())
+        m.close()
+    kinds = [k for k, _, _ in events]
+    assert kinds == ["announce"] * 4 + ["populate"] * 4, kinds  # shards 0, 1, 2 and 5
+    announced = {i: r for k, i, r in events if k == "announce"}
+    for _, i, ranges in (e for e in events if e[0] == "populate"):
+        for a, b in ranges:
+            assert any(x <= a and b <= y for x, y in announced[i]), (i, a, b, announced[i])
