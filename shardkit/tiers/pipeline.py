@@ -101,7 +101,9 @@ class Segment:
 class ReservoirWritten:
     """SSD creator -> block reader: plan positions ``[start, stop)`` of ``segment`` (``keys``) are on
     SSD in slot ``slot``, which holds ``stored``, their unpinned keys, in ascending order (empty
-    when all of them are in the static cache)."""
+    when all of them are in the static cache). ``keep``: once the run's final reservoirs shrink, the
+    most records a later one writes into this slot (it is cut to that once read back); ``None``
+    before."""
 
     segment: Segment
     start: int
@@ -109,6 +111,7 @@ class ReservoirWritten:
     keys: np.ndarray
     stored: np.ndarray
     slot: int
+    keep: int | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -816,7 +819,12 @@ class Pipeline:
                     self._verify()
                 self._stats.add_epoch_disk(seg.epoch, self.disk.payload.stats.bytes_read - before,
                                            self.disk.payload.stats.read_calls - calls)
-                self._put(self._ssd_q, ReservoirWritten(seg, a, b, keys, stored, slot))
+                # The run's last reservoirs halve: once they do, a slot read back need only hold the
+                # largest one it gets later (the two slots take turns); not while they grow (the
+                # slots' preallocation is still under way).
+                left = max((d - c for c, d in bounds[i + 2 :: 2]), default=0)
+                keep = left if seg.last and left < b - a else None
+                self._put(self._ssd_q, ReservoirWritten(seg, a, b, keys, stored, slot, keep))
             seg.done()
             self._put(self._ssd_q, EpochEnd(seg.epoch, seg.complete))
         self._put(self._ssd_q, RunDone())
@@ -845,7 +853,9 @@ class Pipeline:
                     self._put(self._blocks, other)
 
     def _blocks_of_reservoir(self, item: ReservoirWritten, open_buffers: dict[int, BatchBuffer]) -> None:
-        """Pass one SSD reservoir on as blocks, then free its slot (rewritten by a later reservoir)."""
+        """Pass one SSD reservoir on as blocks, then free its slot (rewritten by a later reservoir);
+        at the run's end, cut to what the later reservoirs need, so its pages are freed here, while
+        the last batches are delivered, rather than all at once when the run closes."""
         assert self.slots is not None
         res = self.slots.records(item.slot, item.stored.size, self._stats.ssd, self._gap) if item.stored.size else None
 
@@ -857,6 +867,8 @@ class Pipeline:
         for a, b in self._bounds(item.segment, item.start, item.stop, self.sizes.ram_block):
             keys = item.keys[a - item.start : b - item.start]
             self._put(self._blocks, self._read_block(item.segment, a, b, keys, read, open_buffers, "ssd"))
+        if item.keep is not None:
+            self.slots.shrink(item.slot, item.keep * self.disk.record_nbytes)
         self._ssd_slots.put(item.slot)
 
     # ------------------------------------------------------------------ batches

@@ -233,6 +233,15 @@ class ReservoirSlots:
                 raise OutOfSpaceError(f"{path}: no space left on device while writing an SSD reservoir") from None
             raise
 
+    def shrink(self, slot: int, nbytes: int) -> None:
+        """Cut slot ``slot`` to its first ``nbytes`` (no later write of the run needs more): the rest
+        of its pages are freed now, on the caller's thread, and the preallocation ends (it would
+        extend the file again). Pages left for the run's close are freed in the consumer's last call."""
+        fd = self._fds[slot]
+        if os.fstat(fd).st_size > nbytes:
+            self._stop_preallocating()
+            os.ftruncate(fd, nbytes)
+
     def records(self, slot: int, count: int, stats: ReadStats, gap_bytes: int) -> ScratchRecords:
         """The ``count`` records just written to slot ``slot``, for reading back."""
         return ScratchRecords(self._fds[slot], self.paths[slot], self._like, count, stats, gap_bytes)

@@ -450,3 +450,46 @@ def test_stats_count_what_each_ssd_stage_waited_for(tmp_path: Path, ssd_dir: Pat
     assert sorted(keys.tolist()) == list(range(40)) and forced == [True, True]
     waits = s.stats.wait_seconds
     assert set(waits) == {"ssd", "ssd_fill"} and waits["ssd"] > 0 and waits["ssd_fill"] > 0
+
+
+@pytest.mark.parametrize("epochs", [1, 2])
+def test_slots_are_cut_as_the_runs_last_reservoirs_shrink(tmp_path: Path, ssd_dir: Path, epochs: int,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once the run's final reservoirs halve, each slot read back is cut to the largest reservoir it
+    gets later, so the run's close finds both slots empty (their pages were freed while the last
+    batches were delivered, not in the consumer's last call); never below a later write, and never
+    while the reservoirs still grow."""
+    n = 60
+    ds = make_dataset(tmp_path / "ds", n, records_per_shard=5, shape=BIG)
+    log: list[tuple[str, int, int]] = []
+    at_close: list[int] = []
+    real_write, real_shrink, real_close = ReservoirSlots.write, ReservoirSlots.shrink, ReservoirSlots.close
+
+    def writing(self: ReservoirSlots, slot: int, payload: Any, keys: np.ndarray, stop: threading.Event) -> int:
+        log.append(("write", slot, int(keys.size) * BIG_REC))
+        return real_write(self, slot, payload, keys, stop)
+
+    def shrinking(self: ReservoirSlots, slot: int, nbytes: int) -> None:
+        log.append(("shrink", slot, nbytes))
+        real_shrink(self, slot, nbytes)
+
+    def closing(self: ReservoirSlots) -> None:
+        at_close.extend(os.fstat(fd).st_size for fd in self._fds)
+        real_close(self)
+
+    monkeypatch.setattr(ReservoirSlots, "write", writing)
+    monkeypatch.setattr(ReservoirSlots, "shrink", shrinking)
+    monkeypatch.setattr(ReservoirSlots, "close", closing)
+    s = _sampler(ds, ssd_dir, epochs=epochs, static_cache=0)
+    keys = np.concatenate(collect(s))
+    for e in range(epochs):
+        np.testing.assert_array_equal(keys[e * n : (e + 1) * n], epoch_permutation(3, e, n))
+    assert at_close == [0, 0]
+    writes = [nbytes for what, _, nbytes in log if what == "write"]
+    first_shrink = next(i for i, (what, _, _) in enumerate(log) if what == "shrink")
+    largest = max(writes)
+    assert sum(writes) - sum(w for what, _, w in log[first_shrink:] if what == "write") >= (epochs - 1) * n * BIG_REC
+    assert largest in [w for what, _, w in log[:first_shrink] if what == "write"]  # the reservoirs stopped growing
+    for i, (what, slot, nbytes) in enumerate(log):
+        if what == "shrink":
+            assert all(w <= nbytes for kind, sl, w in log[i + 1 :] if kind == "write" and sl == slot)
