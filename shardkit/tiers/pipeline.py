@@ -395,7 +395,6 @@ class Pipeline:
             self.space = SsdSpace(ssd_dir)
             try:
                 self.slots = ReservoirSlots(self.space, self.disk.payload, sizes.ssd_copy_bytes)
-                self.slots.preallocate(sizes.ssd_block * self.disk.record_nbytes)
             except BaseException:
                 self.space.close()
                 raise
@@ -785,13 +784,17 @@ class Pipeline:
         """Disk -> SSD: reservoirs of consecutive plan positions, written in ascending key order;
         pinned records the cache lacks go straight into their cache rows, never to SSD."""
         assert self.slots is not None and self.sizes.ssd_block is not None
-        first = self._grow
+        first, turn = self._grow, 0
         for seg in self._segments:
             size = self.sizes.first_block if first else self.sizes.ssd_block
             first = False
             # The run's end shrinks; a sink's reservoirs have one fixed size (serve's order is defined by it).
             last = self.sizes.first_block if seg.last and self._grow else None
             bounds = reservoir_bounds(0, seg.length, min(size, self.sizes.ssd_block), self.sizes.ssd_block, last)
+            # The slots take turns: each is allocated ahead of the writes, as far as its reservoirs need.
+            rec = self.disk.record_nbytes
+            self.slots.preallocate(((turn + i) % 2, (b - a) * rec) for i, (a, b) in enumerate(bounds))
+            turn += len(bounds)
             following: np.ndarray | None = None
             for i, (a, b) in enumerate(bounds):
                 keys = following if following is not None else seg.keys(a, b)

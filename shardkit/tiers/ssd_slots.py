@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections import deque
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Protocol
@@ -33,7 +35,7 @@ SLOT_PREFIX = "reservoir-"
 #: stop request is seen between two); the next chunk is announced while one is copied.
 KERNEL_CHUNK_BYTES = 32 << 20
 #: Bytes of one slot allocated per ``posix_fallocate`` call of :meth:`ReservoirSlots.preallocate` (a
-#: stop request is seen between two; the slots grow side by side from their fronts).
+#: stop request is seen between two).
 PREALLOCATE_CHUNK_BYTES = 16 << 20
 
 
@@ -106,42 +108,66 @@ class ReservoirSlots:
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="shardkit-ssd-writer")
         self._allocating = threading.Event()  # set: the preallocation thread must stop
         self._allocator: threading.Thread | None = None
+        #: What :meth:`preallocate` was asked for and its thread has not reached yet, whether that
+        #: thread has finished its work (a new call then starts another), and each slot's bytes
+        #: allocated so far from its front.
+        self._alloc_lock = threading.Lock()
+        self._targets: deque[tuple[int, int]] = deque()
+        self._alloc_idle = True
+        self._allocated = [0] * slots
         #: The next reservoir's keys (:meth:`expect`), and the announcement of its first chunk once
         #: submitted (during the current reservoir's last chunk).
         self._next: np.ndarray | None = None
         self._ahead: tuple[np.ndarray, Future[None]] | None = None
 
-    def preallocate(self, nbytes: int) -> None:
-        """Allocate the first ``nbytes`` of every slot in a background thread, chunk by chunk from
-        the front (where writes begin), so the first pass over the slots rewrites allocated space.
+    def preallocate(self, targets: Iterable[tuple[int, int]]) -> None:
+        """Allocate the first ``nbytes`` of slot ``slot`` for each ``(slot, nbytes)`` of ``targets``,
+        in that order (the order the writes will need them), in a background thread, chunk by chunk
+        from the front (where writes begin), so the first pass over the slots rewrites allocated
+        space and no page is allocated that no reservoir uses. Later calls queue behind earlier ones.
 
         A fresh file's pages are allocated (on tmpfs also zeroed) by the very write that fills them,
         on the disk -> SSD copy's thread: about a third of a first epoch's copy cost on tmpfs, paid
         again by nothing in later epochs. A failure (a full disk, no ``fallocate`` support) only
         ends the preallocation: the writes then allocate, and report a full disk, as before."""
-        if self._allocator is not None or nbytes <= 0 or not self._fds:
-            return
-        fds = list(self._fds)
+        with self._alloc_lock:
+            if self._allocating.is_set() or not self._fds:
+                return
+            self._targets.extend((int(slot), int(nbytes)) for slot, nbytes in targets if nbytes > 0)
+            if not self._alloc_idle or not self._targets:
+                return
+            self._alloc_idle = False
+            self._allocator = threading.Thread(target=self._allocate, name="shardkit-ssd-allocator", daemon=True)
+            self._allocator.start()
 
-        def run() -> None:
-            for offset in range(0, int(nbytes), PREALLOCATE_CHUNK_BYTES):
-                for fd in fds:
-                    if self._allocating.is_set():
-                        return
-                    try:
-                        os.posix_fallocate(fd, offset, min(PREALLOCATE_CHUNK_BYTES, int(nbytes) - offset))
-                    except OSError as exc:
-                        logger.debug("SSD reservoir preallocation stopped: %s", exc)
-                        return
-
-        self._allocator = threading.Thread(target=run, name="shardkit-ssd-allocator", daemon=True)
-        self._allocator.start()
+    def _allocate(self) -> None:
+        """The preallocation thread: grow each queued slot to its target, until none is left."""
+        while True:
+            with self._alloc_lock:
+                if not self._targets:
+                    self._alloc_idle = True
+                    return
+                slot, nbytes = self._targets.popleft()
+            fd = self._fds[slot]
+            while self._allocated[slot] < nbytes:
+                if self._allocating.is_set():
+                    return
+                offset = self._allocated[slot]
+                try:
+                    os.posix_fallocate(fd, offset, min(PREALLOCATE_CHUNK_BYTES, nbytes - offset))
+                except OSError as exc:
+                    logger.debug("SSD reservoir preallocation stopped: %s", exc)
+                    self._allocating.set()
+                    return
+                self._allocated[slot] = min(offset + PREALLOCATE_CHUNK_BYTES, nbytes)
 
     def _stop_preallocating(self) -> None:
         """Stop the preallocation thread and wait for it (before a slot is emptied or closed)."""
-        self._allocating.set()
-        if self._allocator is not None:
-            self._allocator.join()
+        with self._alloc_lock:
+            self._allocating.set()
+            allocator = self._allocator
+        if allocator is not None:
+            allocator.join()
 
     def expect(self, keys: np.ndarray | None) -> None:
         """The keys (ascending, distinct) the next :meth:`write` will most likely copy: the in-kernel

@@ -284,18 +284,33 @@ def test_only_the_runs_last_epoch_ends_with_small_reservoirs(tmp_path: Path, ssd
 
 def test_slots_are_allocated_in_the_background_and_a_failed_write_stops_it(tmp_path: Path, ssd_dir: Path,
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """preallocate() allocates every slot's first bytes on its own thread, so a first pass rewrites
-    allocated space; a write that fails while it runs stops it before the slot is emptied (no
-    allocation lands after the truncation, which would leave a slot that looks written)."""
+    """preallocate() allocates the slots' first bytes on its own thread, in the order asked and no
+    further than asked, so a first pass rewrites allocated space; a write that fails while it runs
+    stops it before the slot is emptied (no allocation lands after the truncation, which would
+    leave a slot that looks written)."""
     ds, space, slots = _slots(tmp_path, ssd_dir, 30, copy_records=4)
     rec = ds.record_nbytes
+    calls: list[tuple[int, int, int]] = []
+    real = os.posix_fallocate
+
+    def logging_fallocate(fd: int, offset: int, length: int) -> None:
+        calls.append((slots._fds.index(fd), offset, length))
+        real(fd, offset, length)
+
+    monkeypatch.setattr(os, "posix_fallocate", logging_fallocate)
+    monkeypatch.setattr(ssd_slots, "PREALLOCATE_CHUNK_BYTES", 4 * rec)
     try:
-        slots.preallocate(20 * rec)
+        slots.preallocate([(0, 2 * rec), (1, 6 * rec), (0, 6 * rec), (1, 3 * rec)])
         assert slots._allocator is not None
         slots._allocator.join(timeout=30)
-        for p in slots.paths:
-            assert os.path.getsize(p) >= 20 * rec and os.stat(p).st_blocks * 512 >= 20 * rec
+        slots.preallocate([(0, 9 * rec)])  # a later call: another thread, from where slot 0 ended
+        slots._allocator.join(timeout=30)
+        assert calls == [(0, 0, 2 * rec), (1, 0, 4 * rec), (1, 4 * rec, 2 * rec), (0, 2 * rec, 4 * rec),
+                         (0, 6 * rec, 3 * rec)]  # fmt: skip
+        for p, size in zip(slots.paths, (9 * rec, 6 * rec)):
+            assert os.path.getsize(p) == size and os.stat(p).st_blocks * 512 >= size
     finally:
+        monkeypatch.setattr(os, "posix_fallocate", real)
         slots.close()
         space.close()
         ds.close()
@@ -320,7 +335,7 @@ def test_slots_are_allocated_in_the_background_and_a_failed_write_stops_it(tmp_p
     monkeypatch.setattr(ssd_slots, "PREALLOCATE_CHUNK_BYTES", 2 * rec)
     monkeypatch.setattr(PayloadArray, "read", failing)
     try:
-        slots.preallocate(20 * rec)
+        slots.preallocate([(0, 20 * rec), (1, 20 * rec)])
         with pytest.raises(OSError, match="injected"):
             slots.write(0, ds.payload, np.arange(10, dtype=np.int64), threading.Event())
         assert slots._allocator is not None and not slots._allocator.is_alive()
@@ -493,3 +508,34 @@ def test_slots_are_cut_as_the_runs_last_reservoirs_shrink(tmp_path: Path, ssd_di
     for i, (what, slot, nbytes) in enumerate(log):
         if what == "shrink":
             assert all(w <= nbytes for kind, sl, w in log[i + 1 :] if kind == "write" and sl == slot)
+
+
+def test_slots_are_allocated_as_far_as_their_reservoirs_need(tmp_path: Path, ssd_dir: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run's slots take turns, and each is preallocated up to the largest reservoir it gets,
+    not to the largest reservoir of the plan: a short run's first epoch, whose reservoirs grow
+    from a small one, allocates no page it does not write."""
+    n = 28  # reservoirs of 3, 6, 7, 3, 6 and 3 records: slot 1 never gets the largest (7)
+    ds = make_dataset(tmp_path / "ds", n, records_per_shard=5, shape=BIG)
+    written = [0, 0]
+    allocated: dict[int, int] = defaultdict(int)
+    real_write, real_fallocate = ReservoirSlots.write, os.posix_fallocate
+
+    def writing(self: ReservoirSlots, slot: int, payload: Any, keys: np.ndarray, stop: threading.Event) -> int:
+        written[slot] = max(written[slot], int(keys.size) * BIG_REC)
+        return real_write(self, slot, payload, keys, stop)
+
+    def allocating(fd: int, offset: int, length: int) -> None:
+        if threading.current_thread().name == "shardkit-ssd-allocator":  # not other shared memory
+            allocated[fd] = max(allocated[fd], offset + length)
+        real_fallocate(fd, offset, length)
+
+    monkeypatch.setattr(ReservoirSlots, "write", writing)
+    monkeypatch.setattr(os, "posix_fallocate", allocating)
+    s = _sampler(ds, ssd_dir, epochs=1, static_cache=0)
+    k1 = s.memory_plan.ssd_block
+    assert k1 is not None
+    keys = np.concatenate(collect(s))
+    np.testing.assert_array_equal(keys, epoch_permutation(3, 0, n))
+    assert min(written) < k1 * BIG_REC  # a slot whose reservoirs stay under the largest size
+    assert sorted(allocated.values()) == sorted(written)
