@@ -93,9 +93,11 @@ class ReservoirSlots:
     def __init__(self, space: SsdSpace, like: RecordSource, copy_bytes: int, slots: int = 2) -> None:
         rec = like.record_nbytes
         self._like = like
-        halves = 2 if copy_bytes >= 2 * rec else 1
-        rows = max(1, copy_bytes // halves // rec)
-        self._buffers = [like.empty(rows) for _ in range(halves)]
+        self._halves = 2 if copy_bytes >= 2 * rec else 1
+        self._rows = max(1, copy_bytes // self._halves // rec)
+        #: The copy buffer's halves, allocated by the first buffered write (the in-kernel copy needs
+        #: none, and a page-aligned buffer has its pages mapped as it is made).
+        self._buffers: list[np.ndarray] = []
         self.paths = [space.path / f"{SLOT_PREFIX}{i}" for i in range(slots)]
         self._fds: list[int] = []
         self._closed = threading.Lock()
@@ -199,7 +201,9 @@ class ReservoirSlots:
         if isinstance(payload, PayloadArray) and payload.can_copy_to_file():  # a mixture's records: buffered
             self._copy_in_kernel(fd, path, payload, keys, stop)
             return int(keys.size) * rec
-        per = self._buffers[0].shape[0]
+        if not self._buffers:
+            self._buffers = [self._like.empty(self._rows) for _ in range(self._halves)]
+        per = self._rows
         pending: Future[None] | None = None
         try:
             for c, a in enumerate(range(0, keys.size, per)):

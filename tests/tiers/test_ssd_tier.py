@@ -539,3 +539,24 @@ def test_slots_are_allocated_as_far_as_their_reservoirs_need(tmp_path: Path, ssd
     np.testing.assert_array_equal(keys, epoch_permutation(3, 0, n))
     assert min(written) < k1 * BIG_REC  # a slot whose reservoirs stay under the largest size
     assert sorted(allocated.values()) == sorted(written)
+
+
+def test_copy_buffer_is_allocated_only_by_a_buffered_write(tmp_path: Path, ssd_dir: Path) -> None:
+    """The in-kernel copy needs no copy buffer, so none is made (its pages would be mapped on the
+    run's first call); the first buffered write makes its two halves."""
+    for name, shape, buffered in (("big", BIG, False), ("small", (4, 4, 1), True)):
+        ds = Dataset(make_dataset(tmp_path / name, 12, records_per_shard=4, shape=shape))
+        space = SsdSpace(ssd_dir)
+        slots = ReservoirSlots(space, ds.payload, 4 * ds.record_nbytes)
+        try:
+            assert slots._buffers == []
+            keys = np.arange(0, 12, 2, dtype=np.int64)
+            slots.write(0, ds.payload, keys, threading.Event())
+            assert [b.shape[0] for b in slots._buffers] == ([2, 2] if buffered else [])
+            out = ds.payload.empty(keys.size)
+            slots.records(0, keys.size, ReadStats(), 0).read(np.arange(keys.size), out)
+            np.testing.assert_array_equal(out, ds.payload.read(keys))
+        finally:
+            slots.close()
+            space.close()
+            ds.close()
