@@ -335,10 +335,13 @@ class ShardCache:
 
     def complete(self, name: str, fd: int, size: int, verify: Callable[[int], bool]) -> bool:
         """Finish a copy :meth:`claim` started and close ``fd``: renamed to ``name`` if it has ``size``
-        bytes and passes ``verify(fd)`` (True), else deleted (False); its map is deleted."""
+        bytes and passes ``verify(fd)`` (True), else deleted (False); its map is deleted.
+
+        Not flushed to the disk (no ``fsync``): a copy is a cache, and every process checks a complete
+        copy before its first use (:meth:`open`), so one a crash left short or zeroed is dropped and
+        fetched again, never served; a flush would only hold the download up (docs/design.md §9)."""
         part = name + _PART
         try:
-            os.fsync(fd)
             ok = os.fstat(fd).st_size == size and verify(fd)
             with self._locked:  # renamed while the lock is held: a claim never sees it abandoned
                 if ok:

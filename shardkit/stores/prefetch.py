@@ -29,11 +29,12 @@ __all__ = ["ShardPrefetcher", "PrefetchItem", "PrefetchStats", "PartialCopy", "D
 
 logger = logging.getLogger(__name__)
 
-#: Background parts in flight at first (never more than the store's concurrency); grown while the
-#: measured throughput rises, up to :data:`MAX_PARTS_IN_FLIGHT`.
-PREFETCH_CONCURRENCY = 8
-#: The most background parts in flight (each holds one part in memory while it lands).
+#: The most background parts in flight (each streams through one fetch thread while it lands).
 MAX_PARTS_IN_FLIGHT = 16
+#: Background parts in flight at first (never more than the store's concurrency): the most, so the
+#: link is full from the first requests on, while the reader still plans its first block (a lower
+#: start, given as ``concurrency``, grows while the measured throughput rises; docs/design.md §9).
+PREFETCH_CONCURRENCY = MAX_PARTS_IN_FLIGHT
 #: Size of a background part (a multiple of PAGE_BYTES); a shard no larger is fetched whole.
 #: 8 MiB matches ``StoreOptions.request_bytes``, the size the ranged path already splits long reads
 #: at; it was not re-tuned here (the shared benchmark machine was too loaded to resolve 4 vs 16 MiB).

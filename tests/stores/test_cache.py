@@ -200,3 +200,39 @@ def test_a_process_checks_each_complete_copy_once_not_once_per_pass(tmp_path: Pa
     assert later.open(name, verify(False)) is None  # checked again, failed, dropped
     later.close()
     assert checks == ["check", "check"] and not copy.exists()
+
+
+def test_a_completed_copy_is_not_flushed_and_a_torn_one_is_dropped_by_the_next_process(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Completing a copy does not wait for the disk (no fsync of the copy): the download goes on.
+    That is safe because each process checks a complete copy before its first use: a copy a crash
+    left zeroed is dropped by the next process (its check memo starts empty), never served."""
+    from shardkit.stores import cache as cache_mod
+
+    root = tmp_path / "c"
+    root.mkdir()
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
+    name, size = "shard-00000000", 1 << 16
+    first = cache_mod.ShardCache(root, "ns")
+    fd = first.claim(name, size)
+    assert fd is not None
+    os.pwrite(fd, b"\1" * size, 0)
+    copy_inode = os.fstat(fd).st_ino
+    assert first.complete(name, fd, size, lambda f: True)
+    first.close()
+    copy = root / cache_mod.cache_root(root).name / "ns" / name
+    assert copy.stat().st_ino == copy_inode
+    assert not synced, "the completed copy was flushed: the download waited for the disk"
+
+    def same_bytes(f: int) -> bool:
+        return os.pread(f, size, 0) == b"\1" * size
+
+    with open(copy, "r+b") as f:  # what a crash can leave of a copy the kernel had not written back
+        f.write(bytes(size))
+    monkeypatch.setattr(cache_mod, "_VERIFIED", {})  # a new process: nothing checked yet
+    later = cache_mod.ShardCache(root, "ns")
+    assert later.open(name, same_bytes) is None  # checked, failed, dropped
+    later.close()
+    assert not copy.exists()

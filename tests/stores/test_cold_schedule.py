@@ -189,3 +189,39 @@ def test_profile_and_sample_report_the_download(url: str, tmp_path: Path, capsys
     assert run_main("sample", url, "--batch-size", "8", "--ram-size", "30records", "--cache-dir", str(other)) == 0
     out = capsys.readouterr().out
     assert "download     " in out and " into the local cache in " in out.split("download     ")[1].splitlines()[0]
+
+
+def test_a_cold_download_starts_with_the_most_parts_in_flight(url: str, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The background download fills the link from its first requests: MAX_PARTS_IN_FLIGHT parts
+    are in flight before any has landed (no ramp that waits for measured throughput first)."""
+    entered: list[tuple[int, int]] = []
+    lock, gate = threading.Lock(), threading.Event()
+    real = prefetch.ShardPrefetcher._fetch
+
+    def fetch(self: prefetch.ShardPrefetcher, fill: Any, lo: int, hi: int) -> bool:
+        with lock:
+            entered.append((fill.index, lo))
+        gate.wait(60)
+        return real(self, fill, lo, hi)
+
+    monkeypatch.setattr(prefetch.ShardPrefetcher, "_fetch", fetch)
+    with Dataset(url, cache_dir=_cache(tmp_path)) as ds:
+        try:
+            ds.payload.schedule(iter([]))  # type: ignore[attr-defined]  # starts the download, no block yet
+            pf = ds.payload.prefetcher  # type: ignore[attr-defined]
+            per = prefetch.PART_BYTES // cache_mod.PAGE_BYTES
+            parts = sum(-(-cache_mod.map_pages(item.size) // per) for item in pf.items)
+            want = min(prefetch.MAX_PARTS_IN_FLIGHT, pf.store.options.concurrency, parts)
+            for _ in range(500):  # until that many are in flight (none lands: the gate holds them)
+                if len(entered) >= want:
+                    break
+                threading.Event().wait(0.01)
+            in_flight = len(entered)
+        finally:
+            gate.set()
+        for i in range(len(pf.items)):
+            pf.wait(i)
+    assert parts > prefetch.MAX_PARTS_IN_FLIGHT
+    assert in_flight == want == prefetch.MAX_PARTS_IN_FLIGHT, in_flight
+    assert len(set(entered)) == len(entered) == parts  # each part once, all of them
