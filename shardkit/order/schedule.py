@@ -555,15 +555,22 @@ def block_limits(
     gap_bytes: int,
     records_bound: int,
     aligned: bool = True,
+    sharers: int = 1,
 ) -> tuple[int, int]:
     """``(first, largest)`` RAM block of a run, in records: ``largest`` as the density rule asks (at
     least :data:`MIN_BLOCK_BYTES`) within ``budget_records`` and ``records_bound``, ``first`` about
     :data:`FIRST_BLOCK_BYTES` but at most :data:`FIRST_BLOCK_RECORDS` (and at least a batch); with
-    ``aligned`` both are whole batches when they hold one."""
+    ``aligned`` both are whole batches when they hold one.
+
+    ``sharers`` consumers (a rank's DataLoader workers) read their first blocks at the same time
+    over the same link or disk, and the rank's first batch is the first worker's: each first block
+    is then about ``FIRST_BLOCK_BYTES / sharers``, so the rank's first reads stay about
+    :data:`FIRST_BLOCK_BYTES` whatever the worker count (docs/design.md §4, *The schedule*)."""
     rec, b = int(record_nbytes), int(batch_size)
     want = max(density_block(num_records, rec, gap_bytes), -(-MIN_BLOCK_BYTES // rec))
     largest = max(1, min(want, int(budget_records), max(1, int(records_bound))))
-    first = min(largest, max(b, min(-(-FIRST_BLOCK_BYTES // rec), FIRST_BLOCK_RECORDS)))
+    first_bytes = FIRST_BLOCK_BYTES // max(1, int(sharers))
+    first = min(largest, max(b, min(-(-first_bytes // rec), FIRST_BLOCK_RECORDS)))
 
     def whole(k: int) -> int:
         return k - k % b if aligned and k >= b else k

@@ -497,7 +497,8 @@ class SamplerOptions(UserOptions):
         full = n > 0 and pinned is None and blocks_budget >= n * rec
         if full or (pinned is not None and pinned >= n > 0):
             # Everything cached: blocks are read into the cache, batches gathered from it.
-            first, largest = block_limits(ram_block(ram, rec, b, bound), rec, b, n, self.gap_bytes, bound, ssd is None)
+            first, largest = block_limits(ram_block(ram, rec, b, bound), rec, b, n, self.gap_bytes, bound, ssd is None,
+                                          self.workers_per_rank)
             return TierSizes(ram, largest, ssd, k1, n, first, BATCH_PREFETCH + HOLD_BATCHES + 1, b, n, copy_bytes, rec,
                              self._node_records(rec, n))  # fmt: skip
         if pinned in (None, 0) and rec < SCATTER_MIN_BYTES:
@@ -514,13 +515,13 @@ class SamplerOptions(UserOptions):
         per_block = (max(0, blocks_budget - HOLD_BATCHES * b * rec) // (b * (rec + BLOCK_RECORD_BYTES))) // 2
         per_block -= 0 if aligned else 1
         if per_block >= 1:
-            first, largest = block_limits(per_block * b, rec, b, n, self.gap_bytes, bound, aligned)
+            first, largest = block_limits(per_block * b, rec, b, n, self.gap_bytes, bound, aligned, self.workers_per_rank)
         else:
             # A budget of fewer batches than the pipeline holds: blocks smaller than a batch (the
             # batch buffers then exceed the budget; a batch cannot be smaller than the batch size).
             aligned = False
             first, largest = block_limits(ram_block(blocks_budget, rec, b, bound), rec, b, n, self.gap_bytes,
-                                          bound, aligned)  # fmt: skip
+                                          bound, aligned, self.workers_per_rank)  # fmt: skip
         pool = pool_batches(largest, b, aligned)
         if pinned is None:  # auto: the budget the blocks do not need caches records
             pinned = min(n, max(0, blocks_budget - pool * b * rec - 2 * largest * BLOCK_RECORD_BYTES) // rec)
@@ -540,7 +541,7 @@ class SamplerOptions(UserOptions):
         if per_block < STAGE_MIN_BATCHES:
             return None
         aligned = ssd is None
-        first, largest = block_limits(per_block * b, rec, b, n, self.gap_bytes, bound, aligned)
+        first, largest = block_limits(per_block * b, rec, b, n, self.gap_bytes, bound, aligned, self.workers_per_rank)
         pinned = 0
         if self.static_cache == "auto":
             pinned = min(n, max(0, budget - pool * b * rec - 2 * largest * (rec + BLOCK_RECORD_BYTES)) // rec)

@@ -226,3 +226,23 @@ def test_first_block_of_small_records_is_a_bounded_number_of_records() -> None:
     # large records are unchanged: about FIRST_BLOCK_BYTES
     first, _ = schedule.block_limits(10**6, 150528, 16, 10**6, 64 << 10, 10**6)
     assert first == (-(-schedule.FIRST_BLOCK_BYTES // 150528)) // 16 * 16
+
+
+def test_first_block_is_shared_by_a_ranks_workers(tmp_path: Path) -> None:
+    """A rank's DataLoader workers read their first blocks together and its first batch is worker
+    0's: each worker's first block is about FIRST_BLOCK_BYTES / workers, so the rank's first reads
+    stay about FIRST_BLOCK_BYTES (a worker's first batch waited for twice its share with 2 workers);
+    the order is the same."""
+    rec = 131072
+    alone, largest = schedule.block_limits(10**6, rec, 16, 10**5, 64 << 10, 10**5)
+    shared, largest2 = schedule.block_limits(10**6, rec, 16, 10**5, 64 << 10, 10**5, sharers=2)
+    assert alone == schedule.FIRST_BLOCK_BYTES // rec and shared == alone // 2 and largest2 == largest
+    assert schedule.block_limits(10**6, rec, 64, 10**5, 64 << 10, 10**5, sharers=8)[0] == 64  # at least a batch
+    n, shape = 300, (224, 224, 3)
+    ds = make_dataset(tmp_path / "ds", n, records_per_shard=64, shape=shape)
+    size = int(np.prod(shape))
+    kw: dict[str, Any] = {"ram_size": 3 * n * size, "batch_size": 8, "seed": 1, "world_size": 2}
+    one = TieredSampler(ds, **kw, workers_per_rank=1)
+    two = TieredSampler(ds, **kw, workers_per_rank=2)
+    assert two.block_schedule[0] * 2 == one.block_schedule[0] and two.block_schedule[1] == one.block_schedule[1]
+    np.testing.assert_array_equal(np.concatenate(collect(two)), np.concatenate(collect(one)))
