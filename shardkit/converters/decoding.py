@@ -49,6 +49,15 @@ def task_inputs(chunk_size: int, record_nbytes: int) -> int:
     return max(chunk, min(_MAX_TASK_INPUTS, _TASK_BYTES // max(1, int(record_nbytes))))
 
 
+def next_task_inputs(remaining: int, task: int, chunk_size: int, workers: int) -> int:
+    """Inputs of the next pool task when ``remaining`` inputs are left to submit: ``task``
+    (:func:`task_inputs`) while they give every worker two more such tasks, then fewer, down to
+    ``chunk_size``, so that the workers run out of work together instead of one decoding a whole last
+    task while the others wait (the end of a conversion waits for the slowest worker)."""
+    tail = -(-remaining // (2 * max(1, workers)))
+    return max(1, min(remaining, max(int(chunk_size), min(task, tail))))
+
+
 @dataclass(frozen=True)
 class Produced:
     """Input ``index`` gave ``decoded`` (possibly one part of its records)."""
@@ -303,8 +312,9 @@ def outcomes(
 ) -> Iterator[Outcome]:
     """The outcomes of decoding ``items`` from input ``first[0]``, record ``first[1]`` (a resume may start
     inside an input), in order, by ``workers`` processes (1: here) given at least ``chunk_size`` inputs a
-    task (:func:`task_inputs`). A payload may be a read-only view of a worker's ring slot, valid until
-    the next outcome is asked for: the consumer copies what it keeps, or holds the slot through ``slots``."""
+    task (:func:`task_inputs`; the last ones smaller, :func:`next_task_inputs`). A payload may be a
+    read-only view of a worker's ring slot, valid until the next outcome is asked for: the consumer
+    copies what it keeps, or holds the slot through ``slots``."""
     method = start_method(workers) if workers > 1 else None
     start_index, start_record = first
     if method is None:
@@ -315,12 +325,12 @@ def outcomes(
             yield from _continued(here(i, start_record if i == start_index else 0), here)
         return
     yield from _pool_outcomes(decoder, items, first, workers, task_inputs(chunk_size, decoder.record.nbytes), method,
-                              slots)
+                              slots, chunk_size)
 
 
 def _pool_outcomes(
     decoder: Decoder, items: Sequence[Any], first: tuple[int, int], workers: int, chunk: int, method: str,
-    slots: RingSlots | None = None,
+    slots: RingSlots | None = None, chunk_size: int = 1,
 ) -> Iterator[Outcome]:
     n = len(items)
     inflight = workers * _INFLIGHT_PER_WORKER
@@ -370,7 +380,7 @@ def _pool_outcomes(
             if slots is not None:
                 free.extend(slots._returned())
             while next_i < n and free and len(pending) < inflight:
-                stop = min(n, next_i + chunk)
+                stop = next_i + next_task_inputs(n - next_i, chunk, chunk_size, workers)
                 slot = free.pop()
                 task = [(k, items[k], start_record if k == start_index else 0) for k in range(next_i, stop)]
                 pending.append((slot, pool.submit(_decode_chunk, task, slot)))

@@ -40,6 +40,7 @@ from shardkit.formats.transfer import copy_object, object_matches, put_checked, 
 from shardkit.formats.versions import DEFAULT_KEEP_VERSIONS, VERSIONS_DIR, prune, retired_key, version_key, version_of
 from shardkit.formats.writer import FIELD_CODEC, ShardWriter, field_chunk_for, payload_document
 from shardkit.stores import Location, Store, open_store
+from shardkit.stores.atomic import synced_now, synced_together
 
 __all__ = ["StoredShard", "Segment", "CommitReport", "ShardRecipe", "InputTable", "commit", "merge_labels", "plan_shards", "build_shard"]
 
@@ -315,7 +316,8 @@ class _Commit:
                 f"{crc:#010x}) and found others, with no retired copy in {store.describe(VERSIONS_DIR)}; the dataset "
                 "was changed outside shardkit"
             )
-        copy_object(store, rel, store, dst, durable=self.durable)
+        with synced_now():  # durable before the original is replaced, whatever comes after
+            copy_object(store, rel, store, dst, durable=self.durable)
         self.retired += 1
 
     def holds(self, key: str, src: StoredShard) -> bool:
@@ -452,10 +454,14 @@ class _Commit:
         put_checked(self.store, rel, data)
         return FileDigest.of(data)
 
-    def publish(self, meta: DatasetMeta) -> None:
-        """The new version's root document: its copy under ``.shardkit-versions``, then ``zarr.json``."""
+    def save_version(self, meta: DatasetMeta) -> bytes:
+        """The new version's root document, saved as its copy under ``.shardkit-versions``; returns it."""
         data = encode_json(group_metadata(meta))
         put_checked(self.store, version_key(self.number), data)
+        return data
+
+    def publish(self, data: bytes) -> None:
+        """The new version's root document as ``zarr.json``: readers see the new version from here."""
         put_checked(self.store, ZARR_JSON, data)
 
     def drop_strays(self, shards: int) -> None:
@@ -572,22 +578,27 @@ def commit(
     labels, remaps = merge_labels(template.labels, [seg.labels for seg in job.segments])
     job.save_base_version()
     report = {"in_place": 0, "linked": 0, "repacked": 0, "bytes_linked": 0, "bytes_repacked": 0}
-    shards = job.shards(report, executor)
-    skipped = (list(base.skipped) if base else []) + [s for seg in job.segments for s in seg.skipped]
-    entry = {**history, "version": job.number, "records": [job.n_base, job.total]}
-    old_history = _history_of(base) if base is not None else []
-    source = {**template.source, "version": job.number, "plan": plan, "history": [*old_history, entry]}
-    meta = template.with_(num_records=job.total, shards=shards, skipped=skipped, labels=labels, source=source,
-                          format_minor=FORMAT_MINOR, field_chunk=_field_chunk(template, base))
-    meta = meta.with_(field_chunk=meta.field_chunk_records)  # what a writer records: the chunk actually used
-    offsets = _table_offsets(base, inputs)
-    files = job.fields(remaps, meta.field_chunk_records, offsets)
-    if PROVENANCE_FIELD in meta.fields and template.provenance:
-        meta = meta.with_(provenance=job.provenance(inputs, summarize))
-    files[f"{meta.payload}/{ZARR_JSON}"] = job.payload_doc(meta)
-    meta = meta.with_(files=dict(sorted(files.items(), key=lambda kv: _file_order(kv[0], meta))))
-    meta.check_layout(store.describe(ZARR_JSON))
-    job.publish(meta)
+    # Every file the root document will list is durable before it is published: their fsyncs wait
+    # together at the end of this block instead of one after the other (each step rewrites its files,
+    # so a re-run after a crash here writes them again).
+    with synced_together():
+        shards = job.shards(report, executor)
+        skipped = (list(base.skipped) if base else []) + [s for seg in job.segments for s in seg.skipped]
+        entry = {**history, "version": job.number, "records": [job.n_base, job.total]}
+        old_history = _history_of(base) if base is not None else []
+        source = {**template.source, "version": job.number, "plan": plan, "history": [*old_history, entry]}
+        meta = template.with_(num_records=job.total, shards=shards, skipped=skipped, labels=labels, source=source,
+                              format_minor=FORMAT_MINOR, field_chunk=_field_chunk(template, base))
+        meta = meta.with_(field_chunk=meta.field_chunk_records)  # what a writer records: the chunk actually used
+        offsets = _table_offsets(base, inputs)
+        files = job.fields(remaps, meta.field_chunk_records, offsets)
+        if PROVENANCE_FIELD in meta.fields and template.provenance:
+            meta = meta.with_(provenance=job.provenance(inputs, summarize))
+        files[f"{meta.payload}/{ZARR_JSON}"] = job.payload_doc(meta)
+        meta = meta.with_(files=dict(sorted(files.items(), key=lambda kv: _file_order(kv[0], meta))))
+        meta.check_layout(store.describe(ZARR_JSON))
+        root_document = job.save_version(meta)
+    job.publish(root_document)
     job.drop_strays(len(shards))
     _release_claim(store, job.number, plan)
     prune(store, keep_versions)

@@ -7,6 +7,7 @@ the declared field, every chunk must exist and match its recorded digest, sizes 
 
 from __future__ import annotations
 
+import contextvars
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -79,7 +80,9 @@ def write_field_arrays(
             files |= write_field_array(root, name, spec, data, chunk, codec, durable=durable, first_chunk=first)
         return files
     with ThreadPoolExecutor(len(arrays), thread_name_prefix="shardkit-fields") as pool:
-        futures = [pool.submit(write_field_array, root, name, spec, data, chunk, codec, durable=durable, first_chunk=first)
+        # Each thread runs in a copy of this context: inside a synced_together block its fsyncs wait too.
+        futures = [pool.submit(contextvars.copy_context().run, write_field_array, root, name, spec, data, chunk, codec,
+                               durable=durable, first_chunk=first)
                    for name, spec, data, chunk, first in arrays]
         return functools.reduce(lambda a, b: a | b, (f.result() for f in futures), {})
 

@@ -2,14 +2,17 @@
 
 A file is written to ``<name>.partial``, fsynced and renamed over ``<name>`` (then the directory is
 fsynced); any failure removes the ``.partial``, and a full disk or quota is an
-:class:`~shardkit.errors.OutOfSpaceError` naming the file.
+:class:`~shardkit.errors.OutOfSpaceError` naming the file. Inside :func:`synced_together`, those fsyncs
+wait for the end of the block, where they run together.
 """
 
 from __future__ import annotations
 
+import contextvars
 import ctypes
 import errno
 import os
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,7 +21,7 @@ from typing import NoReturn
 from shardkit.errors import OutOfSpaceError
 
 __all__ = ["fsync_dir", "write_bytes_atomic", "atomic_file", "raise_out_of_space", "is_out_of_space",
-           "start_writeback"]
+           "start_writeback", "synced_now", "synced_together"]
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 #: ``SYNC_FILE_RANGE_WRITE`` of Linux's ``sync_file_range``: start writing the range's dirty pages, do not wait.
@@ -59,8 +62,85 @@ def raise_out_of_space(path: Path | str, doing: str) -> NoReturn:
     raise OutOfSpaceError(f"{path}: no space left on device while {doing}") from None
 
 
+class _Deferred:
+    """The files and directories whose fsyncs a :func:`synced_together` block holds back (any thread)."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, None] = {}
+        self.dirs: dict[str, None] = {}
+        self.lock = threading.Lock()
+
+    def sync(self) -> None:
+        """Every file's bytes, then every directory: writeback starts for all files before the first
+        fsync waits, so one journal commit carries them and the later fsyncs find little left to do."""
+        fds = []
+        try:
+            for path in self.files:
+                try:
+                    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                except FileNotFoundError:  # replaced or removed later in the block: its successor is listed
+                    continue
+                fds.append(fd)
+                start_writeback(fd, 0, os.fstat(fd).st_size)
+            for fd in fds:
+                os.fsync(fd)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        for directory in self.dirs:
+            if os.path.isdir(directory):
+                _fsync_dir_now(Path(directory))
+
+
+_DEFERRED: contextvars.ContextVar[_Deferred | None] = contextvars.ContextVar("shardkit_deferred_fsyncs", default=None)
+
+
+@contextmanager
+def synced_together() -> Iterator[None]:
+    """Hold back the fsyncs of :func:`atomic_file` and :func:`fsync_dir` in this block (this context:
+    threads started with :func:`contextvars.copy_context` too) and run them all at its clean end.
+
+    For a sequence of small files that only need to be durable before a later step publishes them (the
+    files of a commit before its root document): one fsync each as it is written costs a journal commit
+    each, waited for one after the other. Renames still happen at once, so a reader sees each file
+    whole; a crash before the end of the block may lose files written in it, which is why nothing may
+    refer to them durably until it ended. After a failure nothing is synced (nothing was published).
+    """
+    outer = _DEFERRED.get()
+    if outer is not None:  # nested: the outer block syncs
+        yield
+        return
+    deferred = _Deferred()
+    token = _DEFERRED.set(deferred)
+    try:
+        yield
+    finally:
+        _DEFERRED.reset(token)
+    deferred.sync()
+
+
+@contextmanager
+def synced_now() -> Iterator[None]:
+    """Inside a :func:`synced_together` block, a step whose files must be durable before the next
+    one starts (a copy kept before its original is replaced): its fsyncs run as it goes."""
+    token = _DEFERRED.set(None)
+    try:
+        yield
+    finally:
+        _DEFERRED.reset(token)
+
+
 def fsync_dir(path: Path) -> None:
-    """fsync a directory so that a rename inside it is durable."""
+    """fsync a directory so that a rename inside it is durable (at the end of a :func:`synced_together` block)."""
+    deferred = _DEFERRED.get()
+    if deferred is not None:
+        with deferred.lock:
+            deferred.dirs[os.fspath(path)] = None
+        return
+    _fsync_dir_now(path)
+
+
+def _fsync_dir_now(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -70,17 +150,19 @@ def fsync_dir(path: Path) -> None:
 
 @contextmanager
 def atomic_file(path: Path, *, durable: bool = True, doing: str = "writing") -> Iterator[int]:
-    """A descriptor of ``path.partial``; on a clean exit it is fsynced (``durable``) and renamed over
-    ``path`` (and the directory fsynced), on any failure removed. A full disk raises OutOfSpaceError
+    """A descriptor of ``path.partial``; on a clean exit it is fsynced (``durable``; inside
+    :func:`synced_together` at the end of that block) and renamed over ``path`` (and the directory
+    fsynced), on any failure removed. A full disk raises OutOfSpaceError
     naming ``path``."""
     path = Path(path)
     tmp = path.with_name(path.name + ".partial")
+    deferred = _DEFERRED.get() if durable else None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             yield fd
-            if durable:
+            if durable and deferred is None:
                 os.fsync(fd)
         finally:
             os.close(fd)
@@ -90,6 +172,9 @@ def atomic_file(path: Path, *, durable: bool = True, doing: str = "writing") -> 
         if is_out_of_space(exc):
             raise_out_of_space(path, doing)
         raise
+    if deferred is not None:
+        with deferred.lock:
+            deferred.files[os.fspath(path)] = None
     if durable:
         fsync_dir(path.parent)
 

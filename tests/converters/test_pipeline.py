@@ -62,8 +62,9 @@ def test_byte_identical_with_1_and_2_workers(corpus: Path, tmp_path: Path) -> No
 
 def test_small_records_travel_in_fewer_larger_tasks(corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each pool task costs both sides a pickle, a pipe round trip and a future: small records go to the
-    workers in tasks of up to 2 MiB of payload (45 inputs of 24x24x3: 2 tasks, not 12 of chunk_size 4), large
-    ones in tasks of chunk_size (the ring holds 3 tasks a worker). Same bytes as 1 worker."""
+    workers in tasks of up to 2 MiB of payload, large ones in tasks of chunk_size (the ring holds 3 tasks a
+    worker). 45 inputs of 24x24x3 are all tail (:func:`next_task_inputs`): 8 tasks, not 12 of chunk_size 4.
+    Same bytes as 1 worker."""
     submitted: list[int] = []
 
     class Counting(decoding.ProcessPoolExecutor):
@@ -74,12 +75,29 @@ def test_small_records_travel_in_fewer_larger_tasks(corpus: Path, tmp_path: Path
 
     monkeypatch.setattr(decoding, "ProcessPoolExecutor", Counting)
     shardkit.convert(corpus, tmp_path / "w2", size=24, workers=2, records_per_shard=7)
-    assert submitted == [32, 13]  # 45 inputs (9 of them skipped)
+    assert submitted == [12, 9, 6, 5, 4, 4, 4, 1]  # 45 inputs (9 of them skipped)
     shardkit.convert(corpus, tmp_path / "w1", size=24, workers=1, records_per_shard=7)
     assert_same_dataset(tmp_path / "w1", tmp_path / "w2")
     assert decoding.task_inputs(4, 224 * 224 * 3) == 13
     assert decoding.task_inputs(4, 1024 * 1024 * 3) == 4  # never below the converter's chunk_size
     assert decoding.task_inputs(256, 3072) == 256
+
+def test_the_last_tasks_shrink_so_that_the_workers_finish_together() -> None:
+    # Full tasks while the inputs left give each worker two more, then smaller ones down to chunk_size:
+    # the end of a conversion waits for the slowest worker, now at most one small task behind.
+    def tasks(n: int, task: int, chunk_size: int, workers: int) -> list[int]:
+        out: list[int] = []
+        while sum(out) < n:
+            out.append(decoding.next_task_inputs(n - sum(out), task, chunk_size, workers))
+        return out
+
+    got = tasks(800, 13, 1, 2)
+    assert sum(got) == 800 and got[:58] == [13] * 58
+    assert got[58:] == [12, 9, 7, 5, 4, 3, 2, 1, 1, 1, 1]
+    assert tasks(800, 13, 4, 2)[-4:] == [4, 4, 4, 1]  # never below chunk_size but for the last inputs
+    assert tasks(10, 32, 4, 1) == [5, 4, 1]
+    assert tasks(5, 13, 1, 8) == [1] * 5
+
 
 KILLER = textwrap.dedent("""
     import os, signal, sys

@@ -195,3 +195,32 @@ def test_aligned_segments_are_linked_not_copied(tmp_path: Path) -> None:
     _same_dataset(tmp_path / "m", tmp_path / "one")
     shutil.rmtree(tmp_path / "a")  # the merged dataset does not depend on its inputs
     assert verify(tmp_path / "m").ok
+
+
+def test_a_commit_syncs_its_files_together_before_publishing_the_root_document(tmp_path: Path, monkeypatch) -> None:
+    # No fsync waits between the commit's files (one after the other they cost a journal commit each):
+    # they are all written, then synced, and only then is the root document renamed into place.
+    import shardkit.formats.commit as commit_module
+
+    records, labels = make_records(23), np.arange(23) % 3
+    base = _write(tmp_path / "a", records[:10], labels[:10])
+    rest = _write(tmp_path / "b", records[10:], labels[10:])
+    events: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append("fsync"), real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda s, d: (events.append("rename " + str(Path(d).relative_to(tmp_path / "a"))),
+                                                    real_replace(s, d))[1])
+    monkeypatch.setattr(commit_module, "prune", lambda *a, **k: None)
+    commit(tmp_path / "a", base.meta, [_segment(rest)], base=base.meta, plan="p", history={"operation": "append"})
+    root = events.index("rename zarr.json")
+    version = events.index(f"rename {VERSIONS_DIR}/v000002.json")
+    renames = [i for i, e in enumerate(events) if e.startswith("rename ") and not e.startswith(f"rename {VERSIONS_DIR}/retired")]
+    first = renames[0]
+    # Retired copies (the old bytes kept before they are replaced) are durable at once; nothing else is
+    # synced until the version document is written.
+    between = [e for e in events[first:version] if e == "fsync"]
+    retired = sum(e.startswith(f"rename {VERSIONS_DIR}/retired") for e in events[first:version])
+    assert len(between) <= 2 * retired
+    assert events[version + 1 : root].count("fsync") >= len(renames) - 2
+    assert verify(tmp_path / "a").ok
+    _same_dataset(tmp_path / "a", tmp_path / "a")

@@ -298,3 +298,39 @@ def test_the_field_arrays_of_a_local_dataset_are_written_at_the_same_time(tmp_pa
     assert list(files.items()) == list(expected.items())
     for rel in files:
         assert (tmp_path / "both" / rel).read_bytes() == (tmp_path / "one" / rel).read_bytes()
+
+
+def test_synced_together_holds_back_fsyncs_until_its_end(tmp_path: Path, monkeypatch) -> None:
+    # Files and directories written in the block are fsynced once it ends (all files first), each file
+    # renamed into place at once; after a failure nothing is synced; synced_now syncs as it goes.
+    from shardkit.stores import atomic
+
+    events: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        events.append("fsync " + os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(src: object, dst: object) -> None:
+        events.append("rename " + os.path.basename(str(dst)))
+        real_replace(src, dst)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    (tmp_path / "d").mkdir()
+    with atomic.synced_together():
+        atomic.write_bytes_atomic(tmp_path / "d" / "a", b"a")
+        atomic.write_bytes_atomic(tmp_path / "b", b"b")
+        with atomic.synced_now():
+            atomic.write_bytes_atomic(tmp_path / "now", b"n")
+        assert (tmp_path / "d" / "a").read_bytes() == b"a"
+        assert events == ["rename a", "rename b", "fsync now.partial", "rename now", f"fsync {tmp_path.name}"]
+    assert events[5:] == ["fsync a", "fsync b", "fsync d", f"fsync {tmp_path.name}"]
+    events.clear()
+    with pytest.raises(RuntimeError), atomic.synced_together():
+        atomic.write_bytes_atomic(tmp_path / "c", b"c")
+        raise RuntimeError("stop")
+    assert events == ["rename c"]
+    atomic.write_bytes_atomic(tmp_path / "e", b"e")  # outside a block: as before
+    assert events[1:] == ["fsync e.partial", "rename e", f"fsync {tmp_path.name}"]
