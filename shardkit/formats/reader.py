@@ -109,6 +109,14 @@ class ReadStats:
             if self.trace is not None:
                 self.trace.append((path, offset, nbytes))
 
+    def add_runs(self, path: str, starts: np.ndarray, ends: np.ndarray) -> None:
+        """Runs ``[starts[k], ends[k])`` of one file counted at once, each one request as :meth:`add` counts it."""
+        with self._lock:
+            self.bytes_read += int((ends - starts).sum())
+            self.read_calls += int(starts.size)
+            if self.trace is not None:
+                self.trace.extend(zip([path] * starts.size, starts.tolist(), (ends - starts).tolist()))
+
     def add_records(self, n: int) -> None:
         with self._lock:
             self.records += n
@@ -1186,8 +1194,11 @@ class PayloadArray:
         preadv_exact(fd, buffers, offset, path, self.stats)
 
     def _read_compressed(self, plan: _Plan, rows: list[np.ndarray], decodes: list[DecodeJob] | None = None) -> None:
-        """Compressed records: each run is read whole into a temporary and its records handed to the
-        decode threads (:class:`_DecodeJobs`) while the next run is read, or decoded here without them.
+        """Compressed records: a mapped shard's records are handed to the decode threads
+        (:class:`_DecodeJobs`) at once, straight from its pages (a sparse read has several runs a
+        shard, each a loop turn of the reading thread under the GIL before); a shard read with
+        ``preadv`` has each run read whole into a temporary and its records handed over while the
+        next run is read. Without decode threads each is decoded here.
         Returns once every record is decoded, or with ``decodes`` given once every run is read (its
         jobs appended there for the caller to wait for); on an error, once no decoder still writes
         into ``rows``."""
@@ -1199,18 +1210,25 @@ class PayloadArray:
         which, row, shard = plan.which.tolist(), plan.row.tolist(), plan.shard.tolist()
         try:
             mapped = self._mapped_runs(plan)
-            if plan.num_runs > 1 and len(mapped) < np.unique(plan.shard[plan.run_starts]).size:
+            # The plan is in shard order: each shard's records are one range of it.
+            firsts = np.flatnonzero(plan.new_shard).tolist()
+            if plan.num_runs > 1 and len(mapped) < len(firsts):
                 self._announce(plan)  # runs read with preadv: as for records of a fixed size (see _read_plan)
-            for a, b in plan.runs():
-                i, start = shard[a], offs[a]
-                end = offs[b - 1] + sizes[b - 1]
-                if i in mapped:  # the run's pages are mapped: its records decode from them
-                    view = mapped[i][start:end]
-                    self.stats.add(self._shard_str(i), start, end - start)
+            starts = plan.run_starts.tolist()
+            span_start, span_end = plan.spans()
+            k = 0  # the shard's first run
+            for a, b in zip(firsts, [*firsts[1:], plan.size]):
+                i, k1 = shard[a], bisect.bisect_left(starts, b, k)
+                if i in mapped:  # the shard's pages are mapped: its records decode from them, handed over at once
+                    self.stats.add_runs(self._shard_str(i), span_start[k:k1], span_end[k:k1])
+                    batcher.add(i, 0, mapped[i], offs[a:b], sizes[a:b], which[a:b], row[a:b])
                 else:
-                    view = np.empty(end - start, dtype=np.uint8).data
-                    self._preadv_all(self._fd(i), self._shard_str(i), [view], start)
-                batcher.add(i, start, view, [o - start for o in offs[a:b]], sizes[a:b], which[a:b], row[a:b])
+                    for ra, rb in zip(starts[k:k1], [*starts[k + 1 : k1], b]):
+                        start, end = offs[ra], offs[rb - 1] + sizes[rb - 1]
+                        view = np.empty(end - start, dtype=np.uint8).data
+                        self._preadv_all(self._fd(i), self._shard_str(i), [view], start)
+                        batcher.add(i, start, view, [o - start for o in offs[ra:rb]], sizes[ra:rb], which[ra:rb], row[ra:rb])
+                k = k1
             batcher.flush()
         except BaseException:
             wait_decodes(jobs)  # no decoder writes into the rows once the error is raised
