@@ -12,13 +12,13 @@ import functools
 import itertools
 import os
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import Future, wait
 from typing import Any, NoReturn
 
 import numpy as np
 
 from shardkit.errors import ConfigError, MissingShardError, ObjectChangedError, ShardkitError, TruncatedShardError
 from shardkit.formats.checksums import FileDigest, fd_crc32c
+from shardkit.formats.decode_threads import DecodeJob, finish_decodes, wait_decodes
 from shardkit.formats.index import ShardIndex
 from shardkit.formats.reader import (
     DEFAULT_GAP_BYTES,
@@ -30,7 +30,6 @@ from shardkit.formats.reader import (
     _Plan,
     _Rows,
     _Run,
-    finish_decodes,
     preadv_exact,
 )
 from shardkit.formats.spec import ZARR_JSON, ShardInfo, index_nbytes
@@ -309,7 +308,7 @@ class RangedPayloadArray(PayloadArray):
         else:
             pf.schedule(order)
 
-    def _read_plan(self, plan: _Plan, rows: list[np.ndarray], decodes: list[Future[None]] | None = None) -> None:
+    def _read_plan(self, plan: _Plan, rows: list[np.ndarray], decodes: list[DecodeJob] | None = None) -> None:
         """Fetch the plan run by run (see :meth:`_read_runs`); each record goes to its destination row,
         decode jobs to ``decodes`` when given (the caller waits for them, see ``Destination.decodes``)."""
         out = _Rows(rows, plan)
@@ -318,7 +317,7 @@ class RangedPayloadArray(PayloadArray):
         try:
             self._read_runs(plan.as_runs(self.shard_location), out)
         except BaseException:
-            wait(out.decodes)  # no decoder writes into the rows once the error is raised
+            wait_decodes(out.decodes)  # no decoder writes into the rows once the error is raised
             raise
         if decodes is None:
             finish_decodes(out.decodes)

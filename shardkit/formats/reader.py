@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import ctypes
+import functools
 import logging
 import math
 import mmap
@@ -17,7 +18,6 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ from shardkit.errors import (
 from shardkit.formats import jsonvalues as jv
 from shardkit.formats.checksums import FileDigest
 from shardkit.formats.codecs import RecordCodec, codec_from_zarr, decode_error
+from shardkit.formats.decode_threads import DecodeJob, DecodeThreads, finish_decodes, wait_decodes
 from shardkit.formats.dense_index import WHOLE_INDEX_ENTRIES, DenseIndexCheck, dense_index_crc32c
 from shardkit.formats.index import ShardIndex, crc32c_of
 from shardkit.formats.metadata import read_json
@@ -107,6 +108,14 @@ class ReadStats:
             self.read_calls += 1
             if self.trace is not None:
                 self.trace.append((path, offset, nbytes))
+
+    def add_runs(self, path: str, starts: np.ndarray, ends: np.ndarray) -> None:
+        """Runs ``[starts[k], ends[k])`` of one file counted at once, each one request as :meth:`add` counts it."""
+        with self._lock:
+            self.bytes_read += int((ends - starts).sum())
+            self.read_calls += int(starts.size)
+            if self.trace is not None:
+                self.trace.extend(zip([path] * starts.size, starts.tolist(), (ends - starts).tolist()))
 
     def add_records(self, n: int) -> None:
         with self._lock:
@@ -259,14 +268,6 @@ class _Run:
     pos: np.ndarray
 
 
-def finish_decodes(jobs: list[Future[None]]) -> None:
-    """Wait for every decode job of a read, then raise the first one's error (in read order): on an
-    error the read returns only once no decoder still writes into its rows."""
-    wait(jobs)
-    for job in jobs:
-        job.result()
-
-
 class _Rows:
     """The destination row of every record of a plan, by the record's index in it: ``rows[j]`` is a
     writable uint8 view of record ``j``'s row, and ``rows[j] = data`` writes it (for readers that
@@ -276,7 +277,7 @@ class _Rows:
         self.arrays, self.which, self.row = arrays, plan.which, plan.row
         #: Decodes started on the decode threads for these rows (see :meth:`PayloadArray._decode_records`):
         #: the read that owns the rows waits for them (:func:`finish_decodes`) before returning.
-        self.decodes: list[Future[None]] = []
+        self.decodes: list[DecodeJob] = []
 
     def __getitem__(self, j: int) -> np.ndarray:
         out: np.ndarray = self.arrays[int(self.which[j])][int(self.row[j])]
@@ -300,7 +301,7 @@ class _DecodeJobs:
     would otherwise idle (fewer jobs pending than decoders), so decoding starts with the first run.
     Without decode threads every run is decoded when it is added."""
 
-    def __init__(self, array: PayloadArray, arrays: Sequence[np.ndarray], jobs: list[Future[None]], total: int) -> None:
+    def __init__(self, array: PayloadArray, arrays: Sequence[np.ndarray], jobs: list[DecodeJob], total: int) -> None:
         self.array = array
         self.jobs = jobs
         self.pool = array._decode_pool()
@@ -345,7 +346,7 @@ class _DecodeJobs:
         assert self.pool is not None
         with self._lock:
             self._pending += 1
-        self.jobs.append(self.pool.submit(self._run, segments))
+        self.jobs.append(self.pool.submit(functools.partial(self._run, segments)))
 
     def _run(self, segments: list[_Segment]) -> None:
         try:
@@ -576,7 +577,7 @@ class Destination:
     #: the read then returns once its bytes are read, not decoded, and the caller waits for the jobs
     #: (:func:`finish_decodes`) before it uses the rows, so the next read overlaps this one's decoding.
     #: ``None``: the read returns once every record is decoded.
-    decodes: list[Future[None]] | None = None
+    decodes: list[DecodeJob] | None = None
 
     @classmethod
     def rows_of(cls, out: np.ndarray, n: int) -> Destination:
@@ -708,7 +709,7 @@ class PayloadArray:
         #: cannot be, read with ``preadv``.
         self._maps: dict[int, tuple[mmap.mmap, memoryview, np.ndarray] | None] = {}
         self.decode_workers = 0
-        self._decoders: ThreadPoolExecutor | None = None
+        self._decoders: DecodeThreads | None = None
         #: False: compressed records are not decoded, their stored bytes start their rows (zeros after).
         self.decode = True
         #: Set by :meth:`stop_with`: a long read checks it between pieces (see :meth:`_check_stop`).
@@ -1063,7 +1064,7 @@ class PayloadArray:
             if plan.size:
                 self._read_plan(plan, rows, dest.decodes)
 
-    def _read_plan(self, plan: _Plan, rows: list[np.ndarray], decodes: list[Future[None]] | None = None) -> None:
+    def _read_plan(self, plan: _Plan, rows: list[np.ndarray], decodes: list[DecodeJob] | None = None) -> None:
         """Read every record of ``plan`` into its row (the I/O half of :meth:`read_into`); decode jobs
         go to ``decodes`` when given (see :attr:`Destination.decodes`)."""
         if plan.num_runs > 1 and self.codec is None:
@@ -1192,35 +1193,45 @@ class PayloadArray:
     def _preadv_all(self, fd: int, path: str, buffers: list[memoryview], offset: int) -> None:
         preadv_exact(fd, buffers, offset, path, self.stats)
 
-    def _read_compressed(self, plan: _Plan, rows: list[np.ndarray], decodes: list[Future[None]] | None = None) -> None:
-        """Compressed records: each run is read whole into a temporary and its records handed to the
-        decode threads (:class:`_DecodeJobs`) while the next run is read, or decoded here without them.
+    def _read_compressed(self, plan: _Plan, rows: list[np.ndarray], decodes: list[DecodeJob] | None = None) -> None:
+        """Compressed records: a mapped shard's records are handed to the decode threads
+        (:class:`_DecodeJobs`) at once, straight from its pages (a sparse read has several runs a
+        shard, each a loop turn of the reading thread under the GIL before); a shard read with
+        ``preadv`` has each run read whole into a temporary and its records handed over while the
+        next run is read. Without decode threads each is decoded here.
         Returns once every record is decoded, or with ``decodes`` given once every run is read (its
         jobs appended there for the caller to wait for); on an error, once no decoder still writes
         into ``rows``."""
         assert self.codec is not None
-        jobs: list[Future[None]] = [] if decodes is None else decodes
+        jobs: list[DecodeJob] = [] if decodes is None else decodes
         batcher = _DecodeJobs(self, rows, jobs, plan.size)
         # The plan as lists once (not a few numpy slices and conversions per run).
         offs, sizes = plan.offs.tolist(), plan.sizes.tolist()
         which, row, shard = plan.which.tolist(), plan.row.tolist(), plan.shard.tolist()
         try:
             mapped = self._mapped_runs(plan)
-            if plan.num_runs > 1 and len(mapped) < np.unique(plan.shard[plan.run_starts]).size:
+            # The plan is in shard order: each shard's records are one range of it.
+            firsts = np.flatnonzero(plan.new_shard).tolist()
+            if plan.num_runs > 1 and len(mapped) < len(firsts):
                 self._announce(plan)  # runs read with preadv: as for records of a fixed size (see _read_plan)
-            for a, b in plan.runs():
-                i, start = shard[a], offs[a]
-                end = offs[b - 1] + sizes[b - 1]
-                if i in mapped:  # the run's pages are mapped: its records decode from them
-                    view = mapped[i][start:end]
-                    self.stats.add(self._shard_str(i), start, end - start)
+            starts = plan.run_starts.tolist()
+            span_start, span_end = plan.spans()
+            k = 0  # the shard's first run
+            for a, b in zip(firsts, [*firsts[1:], plan.size]):
+                i, k1 = shard[a], bisect.bisect_left(starts, b, k)
+                if i in mapped:  # the shard's pages are mapped: its records decode from them, handed over at once
+                    self.stats.add_runs(self._shard_str(i), span_start[k:k1], span_end[k:k1])
+                    batcher.add(i, 0, mapped[i], offs[a:b], sizes[a:b], which[a:b], row[a:b])
                 else:
-                    view = np.empty(end - start, dtype=np.uint8).data
-                    self._preadv_all(self._fd(i), self._shard_str(i), [view], start)
-                batcher.add(i, start, view, [o - start for o in offs[a:b]], sizes[a:b], which[a:b], row[a:b])
+                    for ra, rb in zip(starts[k:k1], [*starts[k + 1 : k1], b]):
+                        start, end = offs[ra], offs[rb - 1] + sizes[rb - 1]
+                        view = np.empty(end - start, dtype=np.uint8).data
+                        self._preadv_all(self._fd(i), self._shard_str(i), [view], start)
+                        batcher.add(i, start, view, [o - start for o in offs[ra:rb]], sizes[ra:rb], which[ra:rb], row[ra:rb])
+                k = k1
             batcher.flush()
         except BaseException:
-            wait(jobs)  # no decoder writes into the rows once the error is raised
+            wait_decodes(jobs)  # no decoder writes into the rows once the error is raised
             raise
         if decodes is None:
             finish_decodes(jobs)
@@ -1281,7 +1292,7 @@ class PayloadArray:
             return self._maps[i]
 
     def _decode_records(self, i: int, start: int, data: memoryview, offs: list[int], sizes: list[int],
-                        arrays: Sequence[np.ndarray], which: list[int], row: list[int], jobs: list[Future[None]]) -> None:
+                        arrays: Sequence[np.ndarray], which: list[int], row: list[int], jobs: list[DecodeJob]) -> None:
         """Decode the records of shard ``i`` whose streams are ``data[offs[k] : offs[k] + sizes[k]]``
         (``data`` begins at byte ``start`` of the shard) into rows ``arrays[which[k]][row[k]]``: on the
         decode threads when there are some, in jobs appended to ``jobs`` (the caller waits for them with
@@ -1291,7 +1302,7 @@ class PayloadArray:
         batcher.add(i, start, data, offs, sizes, which, row)
         batcher.flush()
 
-    def _decode_pool(self) -> ThreadPoolExecutor | None:
+    def _decode_pool(self) -> DecodeThreads | None:
         """The decode threads (started on first use), or None to decode in the reading thread."""
         if self.decode_workers <= 0:
             return None
@@ -1300,7 +1311,7 @@ class PayloadArray:
             with self._lock:
                 pool = self._decoders
                 if pool is None:
-                    pool = self._decoders = ThreadPoolExecutor(self.decode_workers, thread_name_prefix="shardkit-decode")
+                    pool = self._decoders = DecodeThreads(self.decode_workers, "shardkit-decode")
         return pool
 
     def _decode_targets(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:

@@ -8,7 +8,6 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -17,7 +16,8 @@ import numpy as np
 
 from shardkit.errors import SamplerError, ShardkitError
 from shardkit.formats import DEFAULT_GAP_BYTES, PayloadArray
-from shardkit.formats.reader import Destination, SortedRequest, SortScratch, aligned_empty, byte_records, finish_decodes
+from shardkit.formats.decode_threads import DecodeJob, finish_decodes
+from shardkit.formats.reader import Destination, SortedRequest, SortScratch, aligned_empty, byte_records
 from shardkit.order.schedule import BATCH_PREFETCH, EpochOrder, PlanShape, block_bounds
 from shardkit.readers.options import TierSizes
 from shardkit.readers.sources import MixedDataset, MixedIdentity, Mixture
@@ -184,7 +184,7 @@ class BlockRead:
     stage: _Stage | None = None
     #: Decode jobs still writing the block's rows (:attr:`Destination.decodes`): the assembler waits
     #: for them before it hands a batch over, so the reader goes on with the next block meanwhile.
-    decodes: tuple[Future[None], ...] = ()
+    decodes: tuple[DecodeJob, ...] = ()
 
     @property
     def last(self) -> bool:
