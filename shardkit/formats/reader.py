@@ -11,6 +11,7 @@ import bisect
 import contextlib
 import ctypes
 import functools
+import itertools
 import logging
 import math
 import mmap
@@ -1055,14 +1056,83 @@ class PayloadArray:
         index ``j`` for ``distinct[j]``; ``rows``: the destination buffers as uint8 rows), without
         counting records (the caller does, once per request).
         A mixture sorts a block once and calls this per dataset (readers/sources.py)."""
+        staged = first is None and self._into_consecutive_rows(dest, rows)
         # Planned and read in pieces of ascending keys, so the plan's per-record arrays stay bounded:
         # still one pass of ascending offsets per shard (a run cut at a piece's end is two requests).
-        for c in range(0, distinct.size, PLAN_RECORDS):
+        c = 0
+        while c < distinct.size:
             self._check_stop()
+            if staged:
+                assert isinstance(rows, ByteRows)
+                d = self._read_grid_piece(distinct, c, rows)
+                if d > c:
+                    c = d
+                    continue
             f = first[c : c + PLAN_RECORDS] if first is not None else np.arange(c, min(c + PLAN_RECORDS, distinct.size))
             plan = self._plan(distinct[c : c + PLAN_RECORDS], *dest.rows_at(f), rows)
             if plan.size:
                 self._read_plan(plan, rows, dest.decodes)
+            c += PLAN_RECORDS
+
+    def _into_consecutive_rows(self, dest: Destination, rows: list[np.ndarray]) -> bool:
+        """Does request index ``j`` go to row ``j`` of one buffer (a staged block, docs/design.md §4),
+        for small uncompressed records of this reader's own shards? Their pieces are then read by
+        :meth:`_read_grid_piece`, without a plan."""
+        return (dest.consecutive is not None and dest.consecutive[0] == 0 and len(dest.buffers) == 1
+                and isinstance(rows, ByteRows) and self.codec is None and self.record_nbytes < SCATTER_MIN_BYTES
+                and type(self) is PayloadArray)  # fmt: skip
+
+    def _read_grid_piece(self, distinct: np.ndarray, c: int, rows: ByteRows) -> int:
+        """Read request indices ``[c, c + PLAN_RECORDS)`` of ``distinct`` (ascending keys, request
+        index ``j`` into row ``j`` of ``rows``' one buffer) and return where the piece ends; ``c``
+        when it needs a plan.
+
+        A piece of the checked fixed-size layout whose gaps are all read (none over ``gap_bytes``)
+        and whose records fill enough of each shard's part to go through the bounce buffer:
+        :meth:`_read_plan` would make each part one run and read it in the same bounce pieces (the
+        same requests). Here each bounce piece is one ``preadv`` and one ``np.take`` by the keys'
+        distances from the piece's first key, without the plan's per-record arrays (shard, offset,
+        size, buffer, row, gap: most of a staged block's reading CPU besides the copies)."""
+        rec, rps = self.record_nbytes, self.records_per_shard
+        d = min(distinct.size, c + PLAN_RECORDS)
+        first, last = int(distinct[c]) // rps, int(distinct[d - 1]) // rps
+        cuts = [c, *(c + np.searchsorted(distinct[c:d], np.arange(first + 1, last + 1) * rps)).tolist(), d]
+        parts = []
+        for i, (a, b) in zip(range(first, last + 1), itertools.pairwise(cuts)):
+            if a == b:
+                continue
+            local = distinct[a:b] - i * rps
+            span = (int(local[-1]) - int(local[0]) + 1) * rec
+            if b - a > 1 and (int(np.diff(local).max()) - 1) * rec > self.gap_bytes:
+                return c  # runs to skip between: the plan's
+            if 2 * (b - a) * rec < span and span > (b - a) * IOVEC_BYTES:
+                return c  # too sparse for the bounce buffer: the plan's (one iovec a record)
+            if not self._dense_shard(i, local):
+                return c
+            parts.append((i, a, local, span))
+        if len(parts) > 1:  # several runs: announced first, as _read_plan does
+            for i, _, local, span in parts:
+                os.posix_fadvise(self._fd(i), int(local[0]) * rec, span, os.POSIX_FADV_WILLNEED)
+        out = rows.records(0)
+        piece_bytes = min(2 * BOUNCE_BYTES, max(BOUNCE_BYTES, 512 * rec))
+        bounce = np.empty(max(rec, piece_bytes), dtype=np.uint8)
+        per_piece = (bounce.size - rec) // rec  # key distance from a piece's first record to its last
+        for i, at, local, _ in parts:
+            fd, path = self._fd(i), self._shard_str(i)
+            a = 0
+            while a < local.size:
+                self._check_stop()
+                base = int(local[a])
+                b = a + max(1, int(np.searchsorted(local[a:], base + per_piece, side="right")))
+                length = (int(local[b - 1]) - base + 1) * rec
+                self._preadv_all(fd, path, [bounce.data[:length]], base * rec)
+                src = _records(bounce[:length].reshape(-1, rec))
+                if length == (b - a) * rec:  # no gaps
+                    out[at + a : at + b] = src
+                else:
+                    np.take(src, local[a:b] - base, axis=0, out=out[at + a : at + b], mode="clip")
+                a = b
+        return d
 
     def _read_plan(self, plan: _Plan, rows: list[np.ndarray], decodes: list[DecodeJob] | None = None) -> None:
         """Read every record of ``plan`` into its row (the I/O half of :meth:`read_into`); decode jobs

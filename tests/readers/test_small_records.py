@@ -170,3 +170,64 @@ def test_a_destination_whose_rows_are_not_the_runs_it_declares_is_refused() -> N
     with pytest.raises(ConfigError, match="consecutive runs"):
         Destination((np.zeros((3, 2), np.uint8), bufs[1]), np.array([0, 1, 1, 1]), np.array([2, 0, 0, 1]),
                     (2, 4)).check(4, (2,), np.dtype(np.uint8), "x")  # fmt: skip
+
+
+def _staged_keys() -> np.ndarray:
+    """Ascending distinct keys of a staged block: dense stretches (several bounce pieces), sparse
+    ones (gaps over ``gap_bytes``, and under one record an ``IOVEC_BYTES``) and every shard border."""
+    rng = np.random.default_rng(11)
+    dense = np.flatnonzero(rng.random(N) < 0.3)
+    sparse = np.arange(0, N, 10_000)
+    keys = np.concatenate([dense[dense < N // 2], sparse[sparse >= N // 2], [N - 1]])
+    return np.unique(keys)
+
+
+def test_a_staged_block_of_small_records_is_read_without_a_plan(small: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A staged block (ascending keys into consecutive rows of one buffer) of a fixed-size layout is
+    read piece by piece straight from its keys: no read plan (its per-record arrays were most of
+    such a block's reading CPU) for the pieces a plan would read as one run; sparse pieces still
+    get one, and every record lands in its row."""
+    keys = _staged_keys()
+    planned: list[int] = []
+    real = PayloadArray._plan
+
+    def counted(self: PayloadArray, keys: np.ndarray, *args: Any) -> Any:
+        planned.append(int(keys.size))
+        return real(self, keys, *args)
+
+    monkeypatch.setattr(PayloadArray, "_plan", counted)
+    out = np.zeros((keys.size, 8), dtype=np.uint8)
+    with open_dataset(small) as ds:
+        ds.payload.read_into(keys, Destination.rows_of(out, keys.size))
+    np.testing.assert_array_equal(out.view("<i8").reshape(-1), keys)
+    from shardkit.formats.reader import PLAN_RECORDS
+
+    sparse = int(np.count_nonzero(keys >= N // 2))  # planned, with at most the piece where they begin
+    assert 0 < sum(planned) <= sparse + PLAN_RECORDS, f"{sum(planned)} of {keys.size} keys planned ({sparse} sparse)"
+
+
+def test_a_staged_block_makes_the_requests_its_plan_would(small: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read without a plan, a staged block asks the file for the same byte ranges, in the same
+    order, as the planned read: the same bounce pieces, gaps under ``gap_bytes`` read, larger ones
+    skipped (docs/design.md §3), so request counts and the read model do not change."""
+    keys = _staged_keys()
+    asked: list[tuple[int, int]] = []
+    real = PayloadArray._preadv_all
+
+    def traced(self: PayloadArray, fd: int, path: str, buffers: list[memoryview], offset: int) -> None:
+        asked.append((offset, sum(b.nbytes for b in buffers)))
+        real(self, fd, path, buffers, offset)
+
+    monkeypatch.setattr(PayloadArray, "_preadv_all", traced)
+    got = {}
+    for staged in (True, False):
+        if not staged:
+            monkeypatch.setattr(PayloadArray, "_into_consecutive_rows", lambda self, dest, rows: False)
+        out = np.zeros((keys.size, 8), dtype=np.uint8)
+        with open_dataset(small) as ds:
+            ds.payload.read(np.arange(0, N, 1 << 18))  # opens and checks every shard
+            asked.clear()
+            ds.payload.read_into(keys, Destination.rows_of(out, keys.size))
+        np.testing.assert_array_equal(out.view("<i8").reshape(-1), keys)
+        got[staged] = list(asked)
+    assert got[True] == got[False]
