@@ -258,3 +258,22 @@ def test_populate_announces_every_range_of_a_block_before_it_populates_one(tmp_p
     for _, i, ranges in (e for e in events if e[0] == "populate"):
         for a, b in ranges:
             assert any(x <= a and b <= y for x, y in announced[i]), (i, a, b, announced[i])
+
+
+def test_jobs_with_different_seeds_share_the_nodes_record_of_what_is_resident(tmp_path: Path) -> None:
+    """Which records are resident is the files', not an order's: a job of another seed on the node
+    (the first one still holding the cache) reads nothing the first one read from storage."""
+    path = make_dataset(tmp_path / "ds", N, records_per_shard=RPS, shape=SHAPE)
+    holder = _sampler(path)
+    holder.hold_shared()
+    try:
+        with _sampler(path) as first:
+            epochs_of(first, N)
+            assert first.stats.disk.records == N
+        other = TieredSampler(path, batch_size=8, epochs=1, seed=6, ram_size=f"{3 * N}records")
+        with other:
+            assert other.maps_whole_cache
+            epochs_of(other, N)  # checks every record
+            assert other.stats.disk.records == 0 and other.stats.cache.records == N
+    finally:
+        holder.close()
