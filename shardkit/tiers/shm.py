@@ -23,8 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from shardkit.formats import Dataset, FieldSpec
-from shardkit.formats.fields import read_field_rows
+from shardkit.formats import Dataset
 from shardkit.privdir import PrivateDir, create_private, exists_at, open_private, unlink_at
 from shardkit.processes import pid_alive
 
@@ -494,14 +493,9 @@ def node_fields(dataset: Dataset, key: str | None) -> tuple[dict[str, np.ndarray
         dtype = np.dtype(spec.dtype).newbyteorder("<")
         shape = (meta.num_records, *spec.shape)
 
-        def init(m: mmap.mmap, name: str = name, spec: FieldSpec = spec, dtype: np.dtype[Any] = dtype,
-                 shape: tuple[int, ...] = shape) -> None:  # fmt: skip
+        def init(m: mmap.mmap, name: str = name, dtype: np.dtype[Any] = dtype, shape: tuple[int, ...] = shape) -> None:
             out = np.frombuffer(m, dtype=dtype, count=int(np.prod(shape, dtype=np.int64))).reshape(shape)
-            loaded = dataset.loaded_field(name)
-            if loaded is not None:  # came with the dataset's documents: no read
-                out[...] = loaded
-            else:
-                read_field_rows(dataset.store, name, spec, meta.num_records, meta.field_chunk_records, meta.files, out=out)
+            dataset.field(name, out=out)  # no read for a field that came with the dataset's documents
             del out
 
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
