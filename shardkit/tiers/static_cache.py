@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from shardkit.errors import SamplerError
+from shardkit.formats.mapping import populate
 from shardkit.formats.reader import aligned_empty
 from shardkit.order.bijection import ROUNDS, FeistelPermutation
 from shardkit.order.locality import node_partition
@@ -201,7 +202,7 @@ def _populate(mapping: mmap.mmap, offset: int, length: int) -> bool:
     (``MADV_POPULATE_WRITE``); False where the kernel cannot (nothing else may touch rows a reader
     is filling)."""
     try:
-        node.populate(mapping, offset, length)
+        populate(mapping, offset, length)
     except (OSError, ValueError):
         return False
     return True
