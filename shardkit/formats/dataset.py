@@ -109,19 +109,23 @@ class Dataset(Closing):
         files = self.meta.files
         docs = [f"{name}/{ZARR_JSON}" for name in self.meta.fields if f"{name}/{ZARR_JSON}" in files]
         payload_digest = files.get(f"{self.meta.payload}/{ZARR_JSON}")  # checked as the payload reader reads it
+        #: The field documents read (and checked) here, by key: a field's read does not fetch its document again.
+        self._field_documents: dict[str, bytes] = {}
         if self.store.is_local:
             for rel in docs:
-                read_versioned(self.store, rel, files[rel], what="field array document")
+                self._field_documents[rel] = read_versioned(self.store, rel, files[rel], what="field array document")
             self.store.local_path(f"{self.meta.payload}/{ZARR_JSON}")  # inside the dataset, or UnsafePathError
             self.payload: PayloadArray = PayloadArray(self.store.local_path() / self.meta.payload, shards=self.meta.shards,
                                                       stats=stats, gap_bytes=gap_bytes, document_digest=payload_digest)
         else:
             try:
                 if known is None or known.payload_document is None:  # else checked when first read
-                    read_objects(self.store, docs, files, what="field array document", max_nbytes=MAX_DOCUMENT_NBYTES)
+                    got = read_objects(self.store, docs, files, what="field array document", max_nbytes=MAX_DOCUMENT_NBYTES)
+                    self._field_documents = dict(zip(docs, got))
             except (TruncatedShardError, ChecksumError):  # a newer version replaced one: as this one recorded it
                 for rel in docs:
-                    read_versioned(self.store, rel, files[rel], what="field array document", max_nbytes=MAX_DOCUMENT_NBYTES)
+                    self._field_documents[rel] = read_versioned(self.store, rel, files[rel], what="field array document",
+                                                                max_nbytes=MAX_DOCUMENT_NBYTES)
             self.cache = None if cache_dir is None else ShardCache(cache_dir, cache_namespace(
                 self.store.url, hashlib.sha256(json.dumps(self.meta.to_json(), sort_keys=True).encode()).hexdigest()
             ), cache_size)
@@ -196,14 +200,20 @@ class Dataset(Closing):
         """Field ``name`` if it is in memory already (loaded, or given with the documents), else ``None``."""
         return None if self._fields is None else self._fields.get(name)
 
-    def field(self, name: str) -> np.ndarray:
-        """Any declared per-record field, provenance included, read whole (every chunk checked)."""
+    def field(self, name: str, out: np.ndarray | None = None) -> np.ndarray:
+        """Any declared per-record field, provenance included, read whole (every chunk checked; its
+        document as the open read it), into ``out`` when given."""
         m = self.meta
         if name not in m.fields:
             raise KeyError(f"{self.path}: no field {name!r}; fields: {', '.join(m.fields) or 'none'}")
-        if self._fields is not None and name in self._fields:
-            return self._fields[name]
-        return read_field_rows(self.store, name, m.fields[name], m.num_records, m.field_chunk_records, m.files)
+        loaded = self.loaded_field(name)
+        if loaded is not None:
+            if out is None:
+                return loaded
+            out[...] = loaded
+            return out
+        return read_field_rows(self.store, name, m.fields[name], m.num_records, m.field_chunk_records, m.files,
+                               out=out, document=self._field_documents.get(f"{name}/{ZARR_JSON}"))
 
     def source(self, key: int) -> RecordSource | None:
         """Where record ``key`` came from (``None`` without provenance), reading one chunk of each table."""

@@ -20,7 +20,7 @@ from shardkit.errors import ChecksumError, CorruptShardError, MissingShardError,
 from shardkit.formats import jsonvalues as jv
 from shardkit.formats.checksums import FileDigest, read_objects
 from shardkit.formats.codecs import RecordCodec, codec_from_zarr, decode_record
-from shardkit.formats.metadata import array_metadata, encode_json
+from shardkit.formats.metadata import array_metadata, encode_json, parse_json
 from shardkit.formats.paths import resolve_inside
 from shardkit.formats.spec import MAX_NDIM, ZARR_JSON, FieldSpec, chunk_key
 from shardkit.formats.transfer import put_checked
@@ -109,14 +109,17 @@ def read_field_rows(
     start: int = 0,
     stop: int | None = None,
     out: np.ndarray | None = None,
+    document: bytes | None = None,
 ) -> np.ndarray:
     """Rows ``[start, stop)`` (``stop=None``: to the end) of field ``name`` of the dataset at ``root``,
     reading only the chunks that hold them and checking everything. The document must say exactly
     ``[num_records, *spec.shape]`` of ``spec.dtype`` in chunks of
     ``chunk_records`` (else NotADatasetError); ``files`` are the metadata's digests (empty for 1.0),
     a file a newer version replaced is read from its kept copy. ``out`` (checked first) receives the
-    rows instead of a new array. IndexError for rows outside ``[0, num_records)``; MissingShardError,
-    TruncatedShardError, ChecksumError or CorruptShardError for a damaged chunk or document.
+    rows instead of a new array; ``document``: the field's ``zarr.json`` as the caller read and
+    checked it already (an open :class:`~shardkit.formats.dataset.Dataset` did), not read again.
+    IndexError for rows outside ``[0, num_records)``; MissingShardError, TruncatedShardError,
+    ChecksumError or CorruptShardError for a damaged chunk or document.
     """
     files = files or {}
     stop = num_records if stop is None else stop
@@ -126,12 +129,15 @@ def read_field_rows(
     if store.is_local:
         resolve_inside(store.local_path(), name, "field array")
     doc_rel = f"{name}/{ZARR_JSON}"
-    if store.is_local and not store.local_path(doc_rel).exists():
-        raise NotADatasetError(f"{store.describe(name)}: field array metadata {store.describe(doc_rel)} is missing")
-    try:
-        doc = read_document(store, doc_rel, files.get(doc_rel))
-    except MissingShardError:
-        raise NotADatasetError(f"{store.describe(name)}: field array metadata {store.describe(doc_rel)} is missing") from None
+    if document is not None:
+        doc = parse_json(document, store.describe(doc_rel))
+    else:
+        if store.is_local and not store.local_path(doc_rel).exists():
+            raise NotADatasetError(f"{store.describe(name)}: field array metadata {store.describe(doc_rel)} is missing")
+        try:
+            doc = read_document(store, doc_rel, files.get(doc_rel))
+        except MissingShardError:
+            raise NotADatasetError(f"{store.describe(name)}: field array metadata {store.describe(doc_rel)} is missing") from None
     codec = _check_field_document(doc, store.describe(doc_rel), spec, num_records, chunk_records)
     dtype = np.dtype(spec.dtype).newbyteorder("<")
     block = np.empty((chunk_records, *spec.shape), dtype=dtype)

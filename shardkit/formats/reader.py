@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import ctypes
 import functools
 import itertools
 import logging
@@ -18,7 +17,7 @@ import mmap
 import os
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,7 @@ from shardkit.formats.codecs import RecordCodec, codec_from_zarr, decode_error
 from shardkit.formats.decode_threads import DecodeJob, DecodeThreads, finish_decodes, wait_decodes
 from shardkit.formats.dense_index import WHOLE_INDEX_ENTRIES, DenseIndexCheck, dense_index_crc32c
 from shardkit.formats.index import ShardIndex, crc32c_of
+from shardkit.formats.mapping import MADV_POPULATE_WRITE, MappedFile, libc_madvise
 from shardkit.formats.metadata import read_json
 from shardkit.formats.paths import resolve_inside
 from shardkit.formats.spec import (
@@ -536,12 +536,6 @@ def aligned_empty(n: int, shape: tuple[int, ...], dtype: np.dtype[Any], offset: 
 #: allocator's heap, whose pages are mostly mapped already).
 MAP_AHEAD_BYTES = 1 << 20
 _MADV_NOHUGEPAGE = 15
-_MADV_POPULATE_WRITE = 23
-#: ``madvise(2)`` through ctypes (which lets go of the GIL for the call), or None where there is none.
-_madvise: Any = None
-with contextlib.suppress(OSError, AttributeError, TypeError):
-    _madvise = ctypes.CDLL(None, use_errno=True).madvise
-    _madvise.argtypes, _madvise.restype = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int), ctypes.c_int
 
 
 def map_ahead(address: int, nbytes: int) -> bool:
@@ -554,10 +548,10 @@ def map_ahead(address: int, nbytes: int) -> bool:
     VM (benchmarks/RESULTS.md, issue 36). One call maps them for a fraction of that; 4 KiB pages
     because numpy asks for huge pages, whose zeroing cost more than twice as much here, while a
     buffer written once per batch gains little from fewer TLB entries."""
-    if _madvise is None or sys.platform != "linux":
+    if libc_madvise is None or sys.platform != "linux":
         return False
-    _madvise(address, nbytes, _MADV_NOHUGEPAGE)  # advice only: where refused, the pages are still mapped
-    return bool(_madvise(address, nbytes, _MADV_POPULATE_WRITE) == 0)
+    libc_madvise(address, nbytes, _MADV_NOHUGEPAGE)  # advice only: where refused, the pages are still mapped
+    return bool(libc_madvise(address, nbytes, MADV_POPULATE_WRITE) == 0)
 
 
 @dataclass(frozen=True, eq=False)
@@ -708,7 +702,7 @@ class PayloadArray:
         self._sort_scratch = SortScratch()
         #: Shard files mapped for compressed reads (see :meth:`_mapped_runs`); ``None``: a shard that
         #: cannot be, read with ``preadv``.
-        self._maps: dict[int, tuple[mmap.mmap, memoryview, np.ndarray] | None] = {}
+        self._maps: dict[int, MappedFile | None] = {}
         self.decode_workers = 0
         self._decoders: DecodeThreads | None = None
         #: False: compressed records are not decoded, their stored bytes start their rows (zeros after).
@@ -995,20 +989,20 @@ class PayloadArray:
         expected = np.arange(count, dtype=np.uint64) * np.uint64(self.record_nbytes)
         return bool(np.array_equal(idx.offsets[:count], expected))
 
-    def map_shard(self, i: int) -> tuple[mmap.mmap, np.ndarray] | None:
+    def map_shard(self, i: int) -> tuple[MappedFile, np.ndarray] | None:
         """Shard ``i``'s records as a read-only ``(count, *record shape)`` view of its file's pages,
-        and the mapping behind it; ``None`` unless the shard is a local file of the checked
-        fixed-size layout (record j at ``j * record_nbytes``). The mapping is private (copy on write):
-        nothing done to the view reaches the file. For a reader that keeps every record in RAM: the
-        page cache then holds the only copy (docs/design.md §4, *Static cache*)."""
+        and the mapping behind it (its units records); ``None`` unless the shard is a local file of
+        the checked fixed-size layout (record j at ``j * record_nbytes``). The mapping is private (copy
+        on write): nothing done to the view reaches the file. For a reader that keeps every record in
+        RAM: the page cache then holds the only copy (docs/design.md §4, *Static cache*)."""
         count = int(self.shards[i].count)
         if count == 0 or not self._dense_shard(i, np.arange(count, dtype=np.int64)):
             return None
-        m = mmap.mmap(self._fd(i), count * self.record_nbytes, access=mmap.ACCESS_COPY)
-        view = np.frombuffer(m, dtype=self.dtype, count=count * int(np.prod(self.record.shape, dtype=np.int64)))
+        f = MappedFile(self._fd(i), count * self.record_nbytes, unit=self.record_nbytes)
+        view = np.frombuffer(f.map, dtype=self.dtype, count=count * int(np.prod(self.record.shape, dtype=np.int64)))
         view = view.reshape((count, *self.record.shape))
         view.flags.writeable = False
-        return m, view
+        return f, view
 
     # ------------------------------------------------------------------ reading
     def empty(self, n: int) -> np.ndarray:
@@ -1152,11 +1146,13 @@ class PayloadArray:
         """The open file and name of shard ``i`` of ``plan``."""
         return plan.files(i) if plan.files is not None else (self._fd(i), self._shard_str(i))
 
-    def _announce(self, plan: _Plan) -> None:
-        """``POSIX_FADV_WILLNEED`` for every run of ``plan``: the kernel starts reading all of them."""
+    def _announce(self, plan: _Plan, skip: Container[int] = ()) -> None:
+        """``POSIX_FADV_WILLNEED`` for every run of ``plan`` (but those of shards ``skip``): the kernel
+        starts reading all of them."""
         start, end = plan.spans()
         for shard, a, b in zip(plan.shard[plan.run_starts].tolist(), start.tolist(), end.tolist()):
-            os.posix_fadvise(self._file(plan, shard)[0], a, b - a, os.POSIX_FADV_WILLNEED)
+            if shard not in skip:
+                os.posix_fadvise(self._file(plan, shard)[0], a, b - a, os.POSIX_FADV_WILLNEED)
 
     def _plan(self, keys: np.ndarray, which: np.ndarray, row: np.ndarray, rows: list[np.ndarray]) -> _Plan:
         """Every distinct wanted record (``keys`` ascending) in read order, cut into coalesced runs."""
@@ -1279,11 +1275,12 @@ class PayloadArray:
         offs, sizes = plan.offs.tolist(), plan.sizes.tolist()
         which, row, shard = plan.which.tolist(), plan.row.tolist(), plan.shard.tolist()
         try:
-            mapped = self._mapped_runs(plan)
             # The plan is in shard order: each shard's records are one range of it.
             firsts = np.flatnonzero(plan.new_shard).tolist()
-            if plan.num_runs > 1 and len(mapped) < len(firsts):
-                self._announce(plan)  # runs read with preadv: as for records of a fixed size (see _read_plan)
+            distinct = [shard[a] for a in firsts]
+            mapped = self._mapped_runs(plan, plan.shard[plan.run_starts], distinct)
+            if plan.num_runs > 1 and len(mapped) < len(distinct):
+                self._announce(plan, skip=mapped)  # runs read with preadv: as for records of a fixed size (see _read_plan)
             starts = plan.run_starts.tolist()
             span_start, span_end = plan.spans()
             k = 0  # the shard's first run
@@ -1306,47 +1303,47 @@ class PayloadArray:
         if decodes is None:
             finish_decodes(jobs)
 
-    def _mapped_runs(self, plan: _Plan) -> dict[int, memoryview]:
-        """The shards of ``plan`` as views of their mapped files, the pages of its runs made resident
-        (``MADV_POPULATE_READ``, one system call per shard: the kernel reads what the page cache
-        lacks, as ``preadv`` would; pages this reader made resident before are not asked again):
-        the decoders then read the records from the page cache itself, and the reading thread
-        neither copies them nor makes a call per run. Left out (read with ``preadv``): every shard
-        of a plan over several arrays, a shard that cannot be mapped (or past
-        :data:`MAX_MAPPED_FILES`), one whose pages cannot be made resident (a kernel without batched
-        ``madvise``, a shard truncated under the reader: ``preadv`` then names the error). A page
-        the kernel drops later is read again by the decoder that touches it."""
+    def _mapped_runs(self, plan: _Plan, shards: np.ndarray, distinct: list[int]) -> dict[int, memoryview]:
+        """The shards of ``plan`` (its runs' ``shards``, ``distinct`` ones ascending) as views of their
+        mapped files, the pages of its runs made resident (:class:`~shardkit.formats.mapping.MappedFile`:
+        every run of the plan announced, then each shard's populated in one system call: the kernel
+        reads what the page cache lacks, as ``preadv`` would; pages this reader made resident before
+        are not asked again): the decoders then read the records from the page cache itself, and the
+        reading thread neither copies them nor makes a call per run. Left out (read with ``preadv``):
+        every shard of a plan over several arrays, a shard that cannot be mapped (or past
+        :data:`MAX_MAPPED_FILES`), one whose pages cannot be made resident (a shard truncated under
+        the reader: ``preadv`` then names the error). A page the kernel drops later is read again by
+        the decoder that touches it."""
         out: dict[int, memoryview] = {}
         if plan.files is not None:
             return out
-        from shardkit.tiers import shm  # shm imports shardkit.formats
-
         start, end = plan.spans()
         first, last = start // mmap.PAGESIZE, (end - 1) // mmap.PAGESIZE + 1
-        shards = plan.shard[plan.run_starts]
-        for i in np.unique(shards).tolist():
-            got = self._map_file(i)
-            if got is None:
+        todo: list[tuple[int, MappedFile, np.ndarray]] = []
+        for i in distinct:
+            f = self._map_file(i)
+            if f is None:
                 continue
-            m, view, resident = got
             sel = np.flatnonzero(shards == i)
-            missing = np.concatenate([[0], np.cumsum(~resident)])
-            sel = sel[missing[last[sel]] > missing[first[sel]]]  # runs with a page not yet resident
+            missing = np.concatenate([[0], np.cumsum(~f.resident)])
+            todo.append((i, f, sel[missing[last[sel]] > missing[first[sel]]]))  # runs with a page not yet resident
+        if sum(sel.size for _, _, sel in todo) > 1:  # the kernel queues every read at once (see _read_plan)
+            for _, f, sel in todo:
+                f.announce(start[sel], end[sel])
+        for i, f, sel in todo:
             if sel.size:
-                ranges = list(zip(start[sel].tolist(), (end[sel] - start[sel]).tolist()))
-                if len(ranges) > 1:  # the kernel queues every read at once (see _read_plan)
-                    for a, n in ranges:
-                        os.posix_fadvise(self._fd(i), a, n, os.POSIX_FADV_WILLNEED)
-                if not shm.populate_ranges(m, ranges, shm.MADV_POPULATE_READ):
+                try:
+                    f.populate(start[sel], end[sel])
+                except OSError:
                     continue
                 for a, b in zip(first[sel].tolist(), last[sel].tolist()):
-                    resident[a:b] = True
-            out[i] = view
+                    f.resident[a:b] = True
+            out[i] = f.bytes
         return out
 
-    def _map_file(self, i: int) -> tuple[mmap.mmap, memoryview, np.ndarray] | None:
-        """Shard ``i``'s whole file mapped (private, never written), a view of it, and which of its
-        pages were made resident; mapped once and kept until :meth:`close`, ``None`` where it cannot be."""
+    def _map_file(self, i: int) -> MappedFile | None:
+        """Shard ``i``'s whole file mapped (its units pages); mapped once and kept until
+        :meth:`close`, ``None`` where it cannot be."""
         if i in self._maps:
             return self._maps[i]
         fd = self._fd(i)
@@ -1354,11 +1351,7 @@ class PayloadArray:
             if i not in self._maps and sum(got is not None for got in self._maps.values()) >= MAX_MAPPED_FILES:
                 self._maps[i] = None
             if i not in self._maps:
-                try:
-                    m = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
-                    self._maps[i] = (m, memoryview(m), np.zeros(-(-len(m) // mmap.PAGESIZE), dtype=bool))
-                except (OSError, ValueError):
-                    self._maps[i] = None
+                self._maps[i] = MappedFile.open(fd)
             return self._maps[i]
 
     def _decode_records(self, i: int, start: int, data: memoryview, offs: list[int], sizes: list[int],
@@ -1512,9 +1505,7 @@ class PayloadArray:
             pool.shutdown(wait=True)
         for got in maps.values():
             if got is not None:
-                with contextlib.suppress(BufferError):  # a slice still held: unmapped with the last one
-                    got[1].release()
-                    got[0].close()
+                got.close()  # a slice still held: unmapped with the last one
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):

@@ -5,15 +5,14 @@ fixed-size records is mapped, and the page cache is the cache (docs/design.md §
 from __future__ import annotations
 
 import logging
-import mmap
 import threading
 from typing import Protocol
 
 import numpy as np
 
 from shardkit.formats import PayloadArray
+from shardkit.formats.mapping import MappedFile
 from shardkit.formats.reader import ReadStats
-from shardkit.tiers import shm
 from shardkit.tiers.static_cache import distinct_sorted, reserve_ranges
 from shardkit.tiers.stopping import Stopped
 
@@ -50,14 +49,13 @@ class MappedShards:
     the files in the page cache the first epoch costs what a later one does. It lives as long as
     the static cache (:attr:`StaticCache.mapped`), across the sampler's runs."""
 
-    def __init__(self, payload: PayloadArray, maps: list[tuple[mmap.mmap, np.ndarray]]) -> None:
+    def __init__(self, payload: PayloadArray, maps: list[tuple[MappedFile, np.ndarray]]) -> None:
         self._locations = [payload.shard_location(i) for i in range(len(maps))]
-        self._maps = [m for m, _ in maps]
+        #: Each shard's mapping; its ``resident`` units are records (not asked of storage again).
+        self._files = [f for f, _ in maps]
         self.views = [v for _, v in maps]
         self.records_per_shard = int(payload.records_per_shard)
         self.record_nbytes = int(payload.record_nbytes)
-        #: Records made resident once (not asked of storage again: the mapping keeps their pages).
-        self._resident = np.zeros(int(payload.num_records), dtype=bool)
 
     @classmethod
     def open(cls, payload: PayloadArray) -> MappedShards | None:
@@ -65,10 +63,12 @@ class MappedShards:
         fixed-size layout) or there are more than :data:`MAX_MAPPED_SHARDS`."""
         if type(payload) is not PayloadArray or payload.codec is not None or not 0 < len(payload.shards) <= MAX_MAPPED_SHARDS:
             return None
-        maps = []
+        maps: list[tuple[MappedFile, np.ndarray]] = []
         for i in range(len(payload.shards)):
             got = payload.map_shard(i)
             if got is None:
+                for f, _ in maps:
+                    f.close()
                 return None
             maps.append(got)
         return cls(payload, maps)
@@ -81,57 +81,53 @@ class MappedShards:
         node: NodeResidency | None = None,
     ) -> None:
         """Map the pages of records ``keys`` this process never made resident, each shard's in
-        ascending ranges (``MADV_POPULATE_READ``: the kernel reads what the page cache lacks); raises
+        ascending ranges (:class:`~shardkit.formats.mapping.MappedFile`: every range of the block
+        announced, then populated; the kernel reads what the page cache lacks); raises
         :class:`Stopped` between two pieces once ``stop`` is set.
 
         ``node`` is the node's record of what is resident (the static cache's flags, row = key):
         only records no process of the node made resident are counted in ``stats`` as read (their
         bytes, what a read asks for: the kernel reads whole pages for any read) and published to it
         once populated; the others are in the page cache, and populating them only maps them here."""
-        todo = distinct_sorted(keys)
-        todo = todo[~self._resident[todo]]
-        if todo.size == 0:
-            return
-        fresh = np.ones(todo.size, dtype=bool) if node is None else ~node.filled(todo)
         rps = self.records_per_shard
-        shard = todo // rps
-        cuts = np.flatnonzero(np.diff(shard)) + 1
-        pieces = []
-        for part, new in zip(np.split(todo, cuts), np.split(fresh, cuts)):
+        todo = distinct_sorted(keys)
+        parts = []  # (shard, keys, rows) of records this process has not made resident
+        for part in np.split(todo, np.flatnonzero(np.diff(todo // rps)) + 1) if todo.size else ():
             i = int(part[0]) // rps
             rows = part - i * rps
+            lacking = ~self._files[i].resident[rows]
+            if not lacking.all():
+                part, rows = part[lacking], rows[lacking]
+            if rows.size:
+                parts.append((i, part, rows))
+        if not parts:
+            return
+        todo = np.concatenate([part for _, part, _ in parts]) if len(parts) > 1 else parts[0][1]
+        fresh = np.ones(todo.size, dtype=bool) if node is None else ~node.filled(todo)
+        pieces = []
+        at = 0
+        for i, part, rows in parts:
+            new, at = fresh[at : at + part.size], at + part.size
             starts, ends, firsts = reserve_ranges(rows, 0, self.record_nbytes)
-            ends = np.minimum(ends, len(self._maps[i]))
-            self._announce(i, starts, ends)
+            ends = np.minimum(ends, len(self._files[i]))
+            self._files[i].announce(starts, ends)
             pieces.append((part, new, i, rows, starts, ends, firsts))
         for part, new, i, rows, starts, ends, firsts in pieces:
+            f = self._files[i]
             counted = np.concatenate(([0], np.cumsum(new)))  # fresh records before each row
             for c in range(0, starts.size, POPULATE_RANGES):
                 if stop is not None and stop.is_set():
                     raise Stopped()
                 s, e = starts[c : c + POPULATE_RANGES], ends[c : c + POPULATE_RANGES]
-                ranges = list(zip(s.tolist(), (e - s).tolist()))
-                if not shm.populate_ranges(self._maps[i], ranges, shm.MADV_POPULATE_READ):
-                    for offset, length in ranges:
-                        shm.populate(self._maps[i], offset, length, shm.MADV_POPULATE_READ)
+                f.populate(s, e)
                 upto = np.searchsorted(rows, firsts[c + POPULATE_RANGES]) if c + POPULATE_RANGES < firsts.size else rows.size
                 records = int(counted[upto] - counted[np.searchsorted(rows, firsts[c])])
                 if records:
                     stats.add(self._locations[i], int(s[0]), records * self.record_nbytes)
-            self._resident[part] = True
+            f.resident[rows] = True
             if node is not None and counted[-1]:
                 node.publish(part[new])
         stats.add_records(int(np.count_nonzero(fresh)))
-
-    def _announce(self, i: int, starts: np.ndarray, ends: np.ndarray) -> None:
-        """``MADV_WILLNEED`` on every range of shard ``i`` a block will populate, before the first is:
-        the kernel starts reading all of them at once (a deep device queue), where populating alone
-        would read one range's pages at a time (the reader's ``preadv`` plans announce their runs so)."""
-        page = mmap.PAGESIZE
-        m = self._maps[i]
-        for a, b in zip((starts - starts % page).tolist(), ends.tolist()):
-            if b > a:
-                m.madvise(mmap.MADV_WILLNEED, a, b - a)
 
     def copies(self, keys: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """``(positions, view, rows)`` per shard a block's ``keys`` touch: positions (ascending) of
@@ -151,9 +147,6 @@ class MappedShards:
     def close(self) -> None:
         """Let go of the mappings (views still alive keep theirs)."""
         self.views = []
-        for m in self._maps:
-            try:
-                m.close()
-            except BufferError:
-                pass  # a batch's view of it is alive: unmapped with the last one
-        self._maps = []
+        for f in self._files:
+            f.close()  # a batch's view still alive keeps its mapping until it goes
+        self._files = []

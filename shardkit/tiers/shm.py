@@ -4,7 +4,6 @@ and docs/design.md §13)."""
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import fcntl
 import hashlib
@@ -23,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from shardkit.formats import Dataset, FieldSpec
-from shardkit.formats.fields import read_field_rows
+from shardkit.formats import Dataset
+from shardkit.formats.mapping import populate, populate_ranges
 from shardkit.privdir import PrivateDir, create_private, exists_at, open_private, unlink_at
 from shardkit.processes import pid_alive
 
@@ -38,8 +37,6 @@ __all__ = [
     "node_permutation",
     "remove_stale",
     "SHM_ROOT",
-    "populate",
-    "populate_ranges",
 ]
 
 logger = logging.getLogger(__name__)
@@ -50,30 +47,7 @@ SHM_ROOT = Path("/dev/shm")
 #: keeps a private copy (a stuck creator must not hang training).
 CREATE_TIMEOUT = 600.0
 _POLL = 0.01
-#: ``madvise(MADV_POPULATE_WRITE)`` (Linux 5.14): map pages ahead of writing them.
-MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
-#: ``madvise(MADV_POPULATE_READ)`` (Linux 5.14): map a file's pages (read from it where they are not
-#: in the page cache) ahead of reading them.
-MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 _populate = [True]
-#: ``madvise(2)`` called through ctypes, which lets go of the GIL for the call (None: not found).
-_madvise: Any = None
-with suppress(OSError, AttributeError, TypeError):
-    _madvise = ctypes.CDLL(None, use_errno=True).madvise
-    _madvise.argtypes, _madvise.restype = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int), ctypes.c_int
-
-#: ``process_madvise(2)`` (Linux 5.10; any advice on the calling process since 6.13): one system
-#: call for many ranges (None: not found; ``_batched[0]`` turns False once the kernel refuses it).
-_process_madvise: Any = None
-with suppress(OSError, AttributeError, TypeError):
-    _process_madvise = ctypes.CDLL(None, use_errno=True).process_madvise
-    _process_madvise.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_uint)
-    _process_madvise.restype = ctypes.c_ssize_t
-_batched = [ctypes.sizeof(ctypes.c_void_p) == 8 and ctypes.sizeof(ctypes.c_size_t) == 8]
-#: Ranges per ``process_madvise`` call (the kernel's ``UIO_MAXIOV``).
-_IOV_MAX = 1024
-#: ``(pid, pidfd)``: this process's pidfd (reopened in a forked child).
-_self_pidfd: list[tuple[int, int]] = []
 
 _dir_lock = threading.Lock()
 _dir_state: dict[str, object] = {}  # "pid", "fd", "cleaned"
@@ -147,81 +121,6 @@ def _remove_stale(dfd: int) -> None:
                 logger.debug("removed the shared region %s of processes that no longer exist", name[:-5])
         finally:
             os.close(lfd)
-
-
-def populate(m: mmap.mmap, offset: int, length: int, advice: int = MADV_POPULATE_WRITE) -> None:
-    """``madvise(MADV_POPULATE_WRITE)`` (or ``advice``) on bytes ``[offset, offset + length)`` of
-    writable mapping ``m`` (``offset`` page aligned): allocate and map its pages; raises OSError as
-    ``madvise`` fails.
-
-    The call runs without the GIL: ``mmap.madvise`` holds it for the whole call, and populating a
-    cache's pages takes a second of CPU per 753 MB of 4 KiB pages, during which no other thread of
-    the process (the reader, the assembler, the training loop) ran a line of Python."""
-    if length <= 0:
-        return
-    if _madvise is None:
-        m.madvise(advice, offset, length)
-        return
-    view = (ctypes.c_char * length).from_buffer(m, offset)  # an export: m cannot be closed under the call
-    try:
-        if _madvise(ctypes.addressof(view), length, advice) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err))
-    finally:
-        del view
-
-
-def _pidfd() -> int:
-    """A pidfd of this process (``process_madvise`` names its target by one)."""
-    pid = os.getpid()
-    if _self_pidfd and _self_pidfd[0][0] == pid:
-        return _self_pidfd[0][1]
-    if _self_pidfd:  # a forked child: the descriptor names the parent
-        with suppress(OSError):
-            os.close(_self_pidfd.pop()[1])
-    fd = os.pidfd_open(pid)
-    _self_pidfd[:] = [(pid, fd)]
-    return fd
-
-
-def populate_ranges(m: mmap.mmap, ranges: list[tuple[int, int]], advice: int = MADV_POPULATE_WRITE) -> bool:
-    """``MADV_POPULATE_WRITE`` (or ``advice``) on every byte range ``(offset, length)`` of writable mapping ``m`` in
-    one system call per ``_IOV_MAX`` ranges (``process_madvise`` on this process), without the GIL;
-    True when every range was allocated, False when the caller must go range by range (the kernel
-    lacks the call, or some range found no memory).
-
-    A block's cache rows are scattered over the region, hundreds of ranges a block: one ctypes call
-    each gave the GIL up and took it back hundreds of times a block, and with the assembler and the
-    training loop running each take waited for another thread's switch interval (a 753 MB first
-    epoch's reserves took 7 s of the reader's wall time for 0.35 s of CPU)."""
-    if not ranges:
-        return True
-    if _process_madvise is None or not _batched[0]:
-        return False
-    page = mmap.PAGESIZE
-    iov = np.empty((len(ranges), 2), dtype=np.uint64)  # struct iovec: base, length
-    start = np.array([a for a, _ in ranges], dtype=np.int64)
-    end = start + np.array([n for _, n in ranges], dtype=np.int64)
-    start -= start % page
-    view = (ctypes.c_char * len(m)).from_buffer(m)  # an export: m cannot be closed under the call
-    try:
-        iov[:, 0] = start + ctypes.addressof(view)
-        iov[:, 1] = end - start
-        pidfd = _pidfd()
-        for a in range(0, len(ranges), _IOV_MAX):
-            part = iov[a : a + _IOV_MAX]
-            want = int(part[:, 1].sum())
-            got = _process_madvise(pidfd, part.ctypes.data, part.shape[0], advice, 0)
-            if got != want:
-                if got < 0 and ctypes.get_errno() in (errno.ENOSYS, errno.EINVAL, errno.EPERM):
-                    _batched[0] = False  # not on this kernel: range by range from now on
-                return False
-    except OSError:  # no pidfd_open (kernel before 5.3)
-        _batched[0] = False
-        return False
-    finally:
-        del view
-    return True
 
 
 def _reserve(fd: int, m: mmap.mmap, offset: int, length: int) -> bool:
@@ -494,14 +393,9 @@ def node_fields(dataset: Dataset, key: str | None) -> tuple[dict[str, np.ndarray
         dtype = np.dtype(spec.dtype).newbyteorder("<")
         shape = (meta.num_records, *spec.shape)
 
-        def init(m: mmap.mmap, name: str = name, spec: FieldSpec = spec, dtype: np.dtype[Any] = dtype,
-                 shape: tuple[int, ...] = shape) -> None:  # fmt: skip
+        def init(m: mmap.mmap, name: str = name, dtype: np.dtype[Any] = dtype, shape: tuple[int, ...] = shape) -> None:
             out = np.frombuffer(m, dtype=dtype, count=int(np.prod(shape, dtype=np.int64))).reshape(shape)
-            loaded = dataset.loaded_field(name)
-            if loaded is not None:  # came with the dataset's documents: no read
-                out[...] = loaded
-            else:
-                read_field_rows(dataset.store, name, spec, meta.num_records, meta.field_chunk_records, meta.files, out=out)
+            dataset.field(name, out=out)  # no read for a field that came with the dataset's documents
             del out
 
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize

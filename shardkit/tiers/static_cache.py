@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from shardkit.errors import SamplerError
+from shardkit.formats.mapping import populate
 from shardkit.formats.reader import aligned_empty
 from shardkit.order.bijection import ROUNDS, FeistelPermutation
 from shardkit.order.locality import node_partition
@@ -201,7 +202,7 @@ def _populate(mapping: mmap.mmap, offset: int, length: int) -> bool:
     (``MADV_POPULATE_WRITE``); False where the kernel cannot (nothing else may touch rows a reader
     is filling)."""
     try:
-        node.populate(mapping, offset, length)
+        populate(mapping, offset, length)
     except (OSError, ValueError):
         return False
     return True
@@ -382,14 +383,15 @@ class StaticCache:
         """The cache is the mapped files (:attr:`files`; with the lock held): no rows, only the
         flags, which say which records a process made resident. They live in a node-shared region
         when sharing is on, so the node's other consumers (DataLoader workers of the next pass, other
-        ranks) neither read those records from storage again nor count them as read."""
+        ranks, other jobs whatever their seed) neither read those records from storage again nor count
+        them as read."""
         if self.pinned is None:
             self.pinned = self._pinned_set()
         if self.flags is not None:
             return
         region = None
-        if self.share_key is not None:  # named like the rows would be: one cache per dataset and seed
-            name = node.region_name("cache", self.share_key, "files", self.seed, self.n, self.record_shape, self.dtype.str)
+        if self.share_key is not None:  # one per dataset, not per seed: residency is the files', whatever the order
+            name = node.region_name("cache", self.share_key, "files", self.n, self.record_shape, self.dtype.str)
             region = node.attach(name, self.n, lambda m: None, writable=True)
         if region is not None:
             self._region, self.shared, self._fd = region, True, region._data_fd

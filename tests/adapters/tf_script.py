@@ -9,7 +9,9 @@ from __future__ import annotations
 import gc
 import json
 import os
+import shutil
 import sys
+import tempfile
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -209,8 +211,13 @@ def main() -> None:
 
 def cache_regions_with_the_dataset(keyed: str, seed: int) -> dict[str, list[str]]:
     """The node-shared static-cache regions a dataset adds, while it lives and once it is deleted
-    (TensorFlow keeps the generator function to the end of the process; the cache must not stay)."""
+    (TensorFlow keeps the generator function to the end of the process; the cache must not stay).
+    A copy of the dataset of its own: regions are named by the dataset (a cache of it all by the
+    dataset alone, not the seed), and an earlier part of the script may still hold the original's."""
     shm = node.SHM_ROOT / f"shardkit-{os.geteuid()}"
+    copy = os.path.join(tempfile.mkdtemp(dir=os.path.dirname(os.path.abspath(keyed))), "keyed")
+    shutil.copytree(keyed, copy)
+    keyed = copy
 
     def regions() -> set[str]:
         names = (p.name for p in shm.iterdir()) if shm.is_dir() else ()

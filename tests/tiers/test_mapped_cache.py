@@ -120,7 +120,7 @@ def test_populate_counts_what_no_process_of_the_node_made_resident(tmp_path: Pat
         m.populate(keys, stats, node=node)
         assert sum(nb for _, _, nb in stats.trace) == 2 * REC and stats.records == 2  # 18 and 89
         assert node.published == [[18], [89]]  # each shard's as its pages are mapped
-        assert m._resident[[3, 17, 18, 40, 89]].all()  # all of them mapped here
+        assert all(m._files[k // RPS].resident[k % RPS] for k in (3, 17, 18, 40, 89))  # all of them mapped here
         m.populate(np.array([3, 18, 50]), stats, node=node)
         assert stats.records == 3 and node.published[-1] == [50]
         m.close()
@@ -226,30 +226,28 @@ def test_populate_announces_every_range_of_a_block_before_it_populates_one(tmp_p
     of every shard the block touches comes before the first range is populated (populating alone
     reads one range at a time), and the ranges announced cover the ranges populated."""
     from shardkit.formats import open_dataset
+    from shardkit.formats.mapping import MappedFile
     from shardkit.formats.reader import ReadStats
-    from shardkit.tiers import shm
 
     events: list[tuple[str, int, list[tuple[int, int]]]] = []
-    announce = mapped_mod.MappedShards._announce
+    announce, populate = MappedFile.announce, MappedFile.populate
     maps: list[object] = []
 
-    def spy_announce(self: mapped_mod.MappedShards, i: int, starts: np.ndarray, ends: np.ndarray) -> None:
-        events.append(("announce", i, list(zip(starts.tolist(), ends.tolist()))))
-        announce(self, i, starts, ends)
+    def spy_announce(self: MappedFile, starts: np.ndarray, ends: np.ndarray) -> None:
+        events.append(("announce", maps.index(self), list(zip(starts.tolist(), ends.tolist()))))
+        announce(self, starts, ends)
 
-    real = shm.populate_ranges
+    def spy_populate(self: MappedFile, starts: np.ndarray, ends: np.ndarray) -> None:
+        events.append(("populate", maps.index(self), list(zip(starts.tolist(), ends.tolist()))))
+        populate(self, starts, ends)
 
-    def spy_populate(m: object, ranges: list[tuple[int, int]], advice: int = shm.MADV_POPULATE_WRITE) -> bool:
-        events.append(("populate", maps.index(m), [(a, a + n) for a, n in ranges]))
-        return real(m, ranges, advice)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(mapped_mod.MappedShards, "_announce", spy_announce)
-    monkeypatch.setattr(shm, "populate_ranges", spy_populate)
+    monkeypatch.setattr(MappedFile, "announce", spy_announce)
+    monkeypatch.setattr(MappedFile, "populate", spy_populate)
     path = make_dataset(tmp_path / "ds", N, records_per_shard=RPS, shape=SHAPE)
     with open_dataset(path) as ds:
         m = mapped_mod.MappedShards.open(ds.payload)
         assert m is not None
-        maps.extend(m._maps)
+        maps.extend(m._files)
         m.populate(np.array([40, 3, 17, 89, 18], dtype=np.int64), ReadStats())
         m.close()
     kinds = [k for k, _, _ in events]
@@ -258,3 +256,22 @@ def test_populate_announces_every_range_of_a_block_before_it_populates_one(tmp_p
     for _, i, ranges in (e for e in events if e[0] == "populate"):
         for a, b in ranges:
             assert any(x <= a and b <= y for x, y in announced[i]), (i, a, b, announced[i])
+
+
+def test_jobs_with_different_seeds_share_the_nodes_record_of_what_is_resident(tmp_path: Path) -> None:
+    """Which records are resident is the files', not an order's: a job of another seed on the node
+    (the first one still holding the cache) reads nothing the first one read from storage."""
+    path = make_dataset(tmp_path / "ds", N, records_per_shard=RPS, shape=SHAPE)
+    holder = _sampler(path)
+    holder.hold_shared()
+    try:
+        with _sampler(path) as first:
+            epochs_of(first, N)
+            assert first.stats.disk.records == N
+        other = TieredSampler(path, batch_size=8, epochs=1, seed=6, ram_size=f"{3 * N}records")
+        with other:
+            assert other.maps_whole_cache
+            epochs_of(other, N)  # checks every record
+            assert other.stats.disk.records == 0 and other.stats.cache.records == N
+    finally:
+        holder.close()

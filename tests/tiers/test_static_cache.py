@@ -339,7 +339,7 @@ def test_reserve_skips_the_rows_the_prefault_thread_allocated(monkeypatch: pytes
 
 _HELD_FAULT = r"""
 import ctypes, fcntl, mmap, os, platform, select, struct, sys, threading
-from shardkit.tiers import shm
+from shardkit.formats import mapping
 libc = ctypes.CDLL(None, use_errno=True)
 nr = {"x86_64": 323, "aarch64": 282}.get(platform.machine())
 uffd = libc.syscall(nr, os.O_CLOEXEC | os.O_NONBLOCK) if nr else -1
@@ -359,7 +359,7 @@ addr = ctypes.addressof(view)
 del view
 fcntl.ioctl(uffd, iowr(0x00, 32), bytearray(struct.pack("QQQQ", addr, length, 1, 0)))  # REGISTER, missing pages
 done = []
-t = threading.Thread(target=lambda: done.append(shm.populate(m, 0, length)))
+t = threading.Thread(target=lambda: done.append(mapping.populate(m, 0, length)))
 t.start()
 # The populate now waits in the kernel for this thread to resolve its page fault; this thread can
 # only get here, and answer, if the populating thread let go of the GIL.
@@ -398,14 +398,14 @@ def test_reserve_allocates_a_blocks_scattered_rows_in_one_system_call(monkeypatc
     waited to take it back: seconds of the reader's wall time per epoch). The rows are allocated
     (the region's file holds their pages afterwards), and where the kernel refuses the batched call
     it goes range by range."""
-    from shardkit.tiers import shm
+    from shardkit.formats import mapping
     from shardkit.tiers import static_cache as sc
 
-    if shm._process_madvise is None or not shm._batched[0]:
+    if mapping._process_madvise is None or not mapping._batched[0]:
         pytest.skip("no process_madvise here")
     rec, m = 3 * 4096, 600
     calls = {"batched": 0, "single": 0}
-    real_pm, real_madvise = shm._process_madvise, shm._madvise
+    real_pm, real_madvise = mapping._process_madvise, mapping.libc_madvise
 
     def batched(*args: object) -> int:
         calls["batched"] += 1
@@ -415,8 +415,8 @@ def test_reserve_allocates_a_blocks_scattered_rows_in_one_system_call(monkeypatc
         calls["single"] += 1
         return int(real_madvise(*args))
 
-    monkeypatch.setattr(shm, "_process_madvise", batched)
-    monkeypatch.setattr(shm, "_madvise", single)
+    monkeypatch.setattr(mapping, "_process_madvise", batched)
+    monkeypatch.setattr(mapping, "libc_madvise", single)
     cache = sc.StaticCache(5, 2 * m, m, (rec,), np.dtype(np.uint8), share_key=f"reserve-batch-{os.getpid()}")
     try:
         cache.attach()
@@ -431,7 +431,7 @@ def test_reserve_allocates_a_blocks_scattered_rows_in_one_system_call(monkeypatc
         allocated = os.fstat(cache._fd).st_blocks * 512
         assert allocated >= rows.size * rec  # the pages exist (tmpfs counts them as the file's blocks)
 
-        monkeypatch.setattr(shm, "_batched", [False])  # a kernel without it: one call per range
+        monkeypatch.setattr(mapping, "_batched", [False])  # a kernel without it: one call per range
         calls.update(batched=0, single=0)
         assert cache.reserve(np.arange(1, 21, 2)).all()
         assert calls == {"batched": 0, "single": 10}
