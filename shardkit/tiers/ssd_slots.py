@@ -6,11 +6,13 @@ read; record ``i`` (the ``i``-th smallest key) at byte ``i * record_nbytes`` (do
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import threading
 from collections import deque
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -19,10 +21,12 @@ import numpy as np
 from shardkit.errors import OutOfSpaceError, SamplerError, TruncatedShardError
 from shardkit.formats import PayloadArray
 from shardkit.formats.index import ShardIndex
+from shardkit.formats.mapping import populate
 from shardkit.formats.reader import ReadStats
 from shardkit.formats.spec import ShardInfo
 from shardkit.stores.atomic import is_out_of_space
 from shardkit.tiers.ssd import SsdSpace
+from shardkit.tiers.ssd_direct import RESIDENT_SHARE, DirectReads
 from shardkit.tiers.stopping import Stopped
 
 __all__ = ["ReservoirSlots", "ScratchRecords", "SLOT_PREFIX"]
@@ -107,6 +111,11 @@ class ReservoirSlots:
         except BaseException:
             self.close()
             raise
+        #: Direct reads of the dataset into the slots' mappings (``None``: copies only), and each
+        #: slot mapped (shared) as far as its reservoirs reach, made by :meth:`preallocate`.
+        self._direct = DirectReads(like) if DirectReads.suits(like, space.path) else None  # type: ignore[arg-type]
+        self._maps: list[mmap.mmap | None] = [None] * slots
+        self._views: list[memoryview | None] = [None] * slots
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="shardkit-ssd-writer")
         self._allocating = threading.Event()  # set: the preallocation thread must stop
         self._allocator: threading.Thread | None = None
@@ -132,10 +141,13 @@ class ReservoirSlots:
         on the disk -> SSD copy's thread: about a third of a first epoch's copy cost on tmpfs, paid
         again by nothing in later epochs. A failure (a full disk, no ``fallocate`` support) only
         ends the preallocation: the writes then allocate, and report a full disk, as before."""
+        targets = [(int(slot), int(nbytes)) for slot, nbytes in targets if nbytes > 0]
         with self._alloc_lock:
             if self._allocating.is_set() or not self._fds:
                 return
-            self._targets.extend((int(slot), int(nbytes)) for slot, nbytes in targets if nbytes > 0)
+            if self._direct is not None:
+                self._map_slots(targets)
+            self._targets.extend(targets)
             if not self._alloc_idle or not self._targets:
                 return
             self._alloc_idle = False
@@ -155,13 +167,34 @@ class ReservoirSlots:
                 if self._allocating.is_set():
                     return
                 offset = self._allocated[slot]
+                length = min(PREALLOCATE_CHUNK_BYTES, nbytes - offset)
                 try:
-                    os.posix_fallocate(fd, offset, min(PREALLOCATE_CHUNK_BYTES, nbytes - offset))
+                    os.posix_fallocate(fd, offset, length)
+                    m = self._maps[slot]
+                    if m is not None and offset + length <= len(m):
+                        populate(m, offset, length)
                 except OSError as exc:
                     logger.debug("SSD reservoir preallocation stopped: %s", exc)
                     self._allocating.set()
                     return
                 self._allocated[slot] = min(offset + PREALLOCATE_CHUNK_BYTES, nbytes)
+
+    def _map_slots(self, targets: list[tuple[int, int]]) -> None:
+        """Map each slot of ``targets`` not mapped yet, as far as its largest target (the file grows
+        to that size, sparse: the preallocation allocates it)."""
+        for slot in {slot for slot, _ in targets}:
+            if self._maps[slot] is not None:
+                continue
+            span = max(nbytes for s, nbytes in targets if s == slot)
+            fd = self._fds[slot]
+            try:
+                if os.fstat(fd).st_size < span:
+                    os.ftruncate(fd, span)
+                self._maps[slot] = m = mmap.mmap(fd, span)
+            except (OSError, ValueError) as exc:
+                logger.debug("SSD reservoir slot %d not mapped (%s): copying into it", slot, exc)
+                continue
+            self._views[slot] = memoryview(m)
 
     def _stop_preallocating(self) -> None:
         """Stop the preallocation thread and wait for it (before a slot is emptied or closed)."""
@@ -199,7 +232,8 @@ class ReservoirSlots:
         fd, path = self._fds[slot], self.paths[slot]
         rec = payload.record_nbytes
         if isinstance(payload, PayloadArray) and payload.can_copy_to_file():  # a mixture's records: buffered
-            self._copy_in_kernel(fd, path, payload, keys, stop)
+            if not self._read_direct(slot, payload, keys, stop):
+                self._copy_in_kernel(fd, path, payload, keys, stop)
             return int(keys.size) * rec
         if not self._buffers:
             self._buffers = [self._like.empty(self._rows) for _ in range(self._halves)]
@@ -228,6 +262,36 @@ class ReservoirSlots:
             os.ftruncate(fd, 0)
             raise
         return int(keys.size) * rec
+
+    def _read_direct(self, slot: int, payload: PayloadArray, keys: np.ndarray, stop: threading.Event) -> bool:
+        """Read records ``keys`` from the device straight into slot ``slot``'s mapping, chunk by
+        chunk; False, with nothing written, where that cannot be done (no direct reads, the slot
+        not mapped that far, unaligned records, records mostly in the page cache)."""
+        direct, view = self._direct, self._views[slot]
+        rec = payload.record_nbytes
+        if direct is None or not direct.enabled or view is None or len(view) < keys.size * rec:
+            return False
+        runs = direct.runs(keys)
+        if runs is None or direct.resident(runs) >= RESIDENT_SHARE:
+            return False
+        fd = self._fds[slot]
+        per = max(1, KERNEL_CHUNK_BYTES // rec)
+        cuts = np.searchsorted(runs[:, 2], np.arange(per, keys.size, per))
+        try:
+            if os.fstat(fd).st_size < keys.size * rec:  # cut by a failed write: the mapping past it is not the file's
+                os.ftruncate(fd, keys.size * rec)
+            for c, chunk in enumerate(np.split(runs, cuts)):
+                if stop.is_set():
+                    raise Stopped()
+                if chunk.size and not direct.read(chunk, view, 0):
+                    if c == 0:
+                        return False  # refused before anything was read: copy instead
+                    raise SamplerError(f"{self.paths[slot]}: direct reads refused in the middle of a reservoir")
+        except BaseException:
+            self._stop_preallocating()
+            os.ftruncate(fd, 0)
+            raise
+        return True
 
     def _copy_in_kernel(self, fd: int, path: Path, payload: PayloadArray, keys: np.ndarray, stop: threading.Event) -> None:
         """The in-kernel copy, chunk by chunk, the writer thread announcing chunk ``c + 1`` while this
@@ -284,6 +348,17 @@ class ReservoirSlots:
             if writer is not None:
                 self._stop_preallocating()
                 writer.shutdown(wait=True)
+            direct = getattr(self, "_direct", None)
+            if direct is not None:
+                direct.close()
+            for i, m in enumerate(getattr(self, "_maps", [])):
+                view, self._views[i] = self._views[i], None
+                if view is not None:
+                    view.release()
+                if m is not None:
+                    with suppress(BufferError):  # a failed read's traceback still holds a view: unmapped with it
+                        m.close()
+            self._maps = []
             for fd in self._fds:
                 os.close(fd)
             self._fds = []
