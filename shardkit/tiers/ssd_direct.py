@@ -93,9 +93,14 @@ class DirectReads:
         aligned."""
         shard = np.searchsorted(self._starts, keys, side="right") - 1
         offs = np.empty(keys.size, dtype=np.int64)
-        for i in np.unique(shard).tolist():
+        shards = np.unique(shard).tolist()
+        for i in shards:
             at = shard == i
-            offs[at] = self._payload.index(i).offsets[keys[at] - self._starts[i]]
+            local = keys[at] - self._starts[i]
+            # The fixed-size layout, checked as the reader checks it (only the index pages these
+            # records need); any other index is read whole.
+            dense = self._payload._dense_shard(i, local)
+            offs[at] = local * self._rec if dense else self._payload.index(i).offsets[local]
         if np.any(offs % DIRECT_ALIGN):
             return None
         head = np.ones(keys.size, dtype=bool)
