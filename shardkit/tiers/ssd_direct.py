@@ -24,6 +24,7 @@ import numpy as np
 
 from shardkit.errors import TruncatedShardError
 from shardkit.formats import PayloadArray
+from shardkit.tiers.static_cache import distinct_sorted
 
 __all__ = ["DIRECT_ALIGN", "DIRECT_THREADS", "DirectReads", "on_tmpfs"]
 
@@ -93,7 +94,7 @@ class DirectReads:
         aligned."""
         shard = np.searchsorted(self._starts, keys, side="right") - 1
         offs = np.empty(keys.size, dtype=np.int64)
-        shards = np.unique(shard).tolist()
+        shards = distinct_sorted(shard).tolist()
         for i in shards:
             at = shard == i
             local = keys[at] - self._starts[i]
@@ -157,7 +158,7 @@ class DirectReads:
             self._pool = ThreadPoolExecutor(DIRECT_THREADS, thread_name_prefix="shardkit-ssd-direct")
         rows = runs.tolist()
         try:
-            for shard in np.unique(runs[:, 0]).tolist():  # opened here: the threads only look them up
+            for shard in distinct_sorted(runs[:, 0]).tolist():  # opened here: the threads only look them up
                 self._fd(shard)
             self._read_runs(rows[:1], dest, first_row)
         except OSError as exc:
@@ -200,4 +201,5 @@ class DirectReads:
             with suppress(BufferError):
                 m.close()
         self._maps = {}
+
 
