@@ -143,9 +143,11 @@ class DirectReads:
         return m
 
     def _fd(self, i: int) -> int:
+        """Shard ``i`` opened again with ``O_DIRECT``, through the reader's own descriptor (the file
+        it resolved and checked, whatever its path names now)."""
         fd = self._fds.get(i)
         if fd is None:
-            fd = self._fds[i] = os.open(self._payload.shard_path(i), os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC)
+            fd = self._fds[i] = os.open(f"/proc/self/fd/{self._payload._fd(i)}", os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC)
         return fd
 
     def read(self, runs: np.ndarray, dest: memoryview, first_row: int) -> bool:
