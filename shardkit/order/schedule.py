@@ -18,7 +18,7 @@ from shardkit.errors import ConfigError
 from shardkit.order.bijection import FeistelPermutation
 from shardkit.order.reservoir import reservoir_keys
 from shardkit.order.seeds import Domain, rng
-from shardkit.tiers.stopping import POLL_SECONDS, Stopped
+from shardkit.stopping import POLL_SECONDS, Stopped
 
 __all__ = [
     "MODES",
@@ -250,7 +250,7 @@ class HeadFirstOrder:
 
     The draw is one numpy shuffle and cannot be interrupted, so nothing waits for it unasked:
     :meth:`cancel` (the run stops) makes a wait for a key beyond the head raise
-    :class:`~shardkit.tiers.stopping.Stopped` within :data:`~shardkit.tiers.stopping.POLL_SECONDS`,
+    :class:`~shardkit.stopping.Stopped` within :data:`~shardkit.stopping.POLL_SECONDS`,
     and :meth:`release` during the draw leaves the release to the drawing thread once it ends."""
 
     def __init__(self, head: np.ndarray, n: int,

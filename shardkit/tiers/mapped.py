@@ -11,10 +11,10 @@ from typing import Protocol
 import numpy as np
 
 from shardkit.formats import PayloadArray
-from shardkit.formats.mapping import MappedFile
+from shardkit.formats.arrays import distinct_sorted
+from shardkit.formats.mapping import MappedFile, reserve_ranges
 from shardkit.formats.reader import ReadStats
-from shardkit.tiers.static_cache import distinct_sorted, reserve_ranges
-from shardkit.tiers.stopping import Stopped
+from shardkit.stopping import Stopped
 
 __all__ = ["MappedShards", "MAX_MAPPED_SHARDS", "NodeResidency"]
 

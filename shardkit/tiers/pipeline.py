@@ -14,21 +14,22 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from shardkit import stopping
 from shardkit.errors import SamplerError, ShardkitError
 from shardkit.formats import DEFAULT_GAP_BYTES, PayloadArray
+from shardkit.formats.arrays import distinct_sorted
 from shardkit.formats.decode_threads import DecodeJob, finish_decodes
 from shardkit.formats.reader import Destination, SortedRequest, SortScratch, aligned_empty, byte_records
 from shardkit.order.schedule import BATCH_PREFETCH, EpochOrder, PlanShape, block_bounds
 from shardkit.readers.options import TierSizes
 from shardkit.readers.sources import MixedDataset, MixedIdentity, Mixture
-from shardkit.tiers import stopping
+from shardkit.stopping import POLL_SECONDS, Stopped
 from shardkit.tiers.buffers import BatchBuffer, BatchPool
 from shardkit.tiers.mapped import MappedShards
 from shardkit.tiers.ssd import SsdSpace
 from shardkit.tiers.ssd_slots import ReservoirSlots
-from shardkit.tiers.static_cache import Ahead, StaticCache, distinct_sorted
+from shardkit.tiers.static_cache import Ahead, StaticCache
 from shardkit.tiers.stats import SamplerStats
-from shardkit.tiers.stopping import POLL_SECONDS, Stopped
 
 if TYPE_CHECKING:  # node_cache imports the shared stack's run directory, which imports this module
     from shardkit.tiers.node_cache import NodeDiskCache
@@ -221,7 +222,7 @@ class SlotSink(Protocol):
 
     def acquire(self, stop: threading.Event) -> tuple[int, np.ndarray]:
         """A free slot and its ``[K, *record_shape]`` payload array, blocking until there is one;
-        raises :class:`~shardkit.tiers.stopping.Stopped` once ``stop`` is set."""
+        raises :class:`~shardkit.stopping.Stopped` once ``stop`` is set."""
         ...
 
 

@@ -21,9 +21,9 @@ from shardkit.formats import PayloadArray
 from shardkit.formats.index import ShardIndex
 from shardkit.formats.reader import ReadStats
 from shardkit.formats.spec import ShardInfo
+from shardkit.stopping import Stopped
 from shardkit.stores.atomic import is_out_of_space
 from shardkit.tiers.ssd import SsdSpace
-from shardkit.tiers.stopping import Stopped
 
 __all__ = ["ReservoirSlots", "ScratchRecords", "SLOT_PREFIX"]
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from shardkit.readers import TieredSampler
+from shardkit.stopping import Stopped
 from shardkit.tiers import mapped as mapped_mod
-from shardkit.tiers.stopping import Stopped
 from tests.helpers.sampler_data import epochs_of, make_dataset
 
 N, RPS, SHAPE = 90, 16, (32, 32, 4)  # 4 KiB records: page-sized, over 6 shards
