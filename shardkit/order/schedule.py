@@ -15,6 +15,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from shardkit.errors import ConfigError
+from shardkit.formats.arrays import distinct_sorted
 from shardkit.order.bijection import FeistelPermutation
 from shardkit.order.reservoir import reservoir_keys
 from shardkit.order.seeds import Domain, rng
@@ -160,7 +161,7 @@ def _first_occurrences(stream: np.ndarray) -> np.ndarray:
     repeated = ordered[1:][ordered[1:] == ordered[:-1]]
     if not repeated.size:
         return stream
-    values = np.unique(repeated)
+    values = distinct_sorted(repeated)  # not np.unique: its first call imports numpy.ma
     at = np.searchsorted(values, stream).clip(max=values.size - 1)
     where = np.flatnonzero(values[at] == stream)  # every occurrence of a repeated value, ascending
     _, first = np.unique(stream[where], return_index=True)  # stable: the first occurrence of each
