@@ -201,11 +201,15 @@ class MappedFile:
 
     def announce(self, starts: np.ndarray, ends: np.ndarray) -> None:
         """``MADV_WILLNEED`` on byte ranges ``[starts[k], ends[k])``: the kernel starts reading them
-        all and returns (advice: a range it refuses is still read when populated). One call a range:
-        each returns at once, where a batched call cost more than the few a block has per shard."""
+        all and returns (advice: a range it refuses is still read when populated). Without the GIL,
+        one system call per 1,024 ranges (else one a range): the call returns once the reads are
+        queued, which on a busy device means waiting for room in its queue, and ``mmap.madvise``
+        held the GIL all that time (the assembler and the training loop stopped with the reader)."""
+        if self._advise(starts, ends, MADV_WILLNEED):
+            return
         for a, n in self._ranges(starts, ends):
             with suppress(OSError):
-                self.map.madvise(MADV_WILLNEED, a, n)
+                populate(self.map, a, n, MADV_WILLNEED)
 
     def populate(self, starts: np.ndarray, ends: np.ndarray) -> None:
         """Make byte ranges ``[starts[k], ends[k])`` resident (``MADV_POPULATE_READ``, batched, else
