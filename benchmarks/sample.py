@@ -22,9 +22,12 @@ Run: ``python benchmarks/sample.py [--quick] [--before /path/to/previous/tree] [
   cache dropped, ``--ssd-ram``/``--ssd-size``); ``ram_size`` twice the dataset (the static cache
   holds it all) cold against the raw sequential scan, and warm (files in the page cache) against the
   same epoch with ``static_cache=0``, node-shared and private (``node_sharing=False``). Every run
-  is paired with a plain read of the same files in the same state just before it (the host's page
-  cache is not dropped with the guest's, so the "cold" device differs from run to run), and ratios
-  are taken between these paired figures.
+  is paired with plain reads of the same files in the same state just before it and just after it
+  (the host's page cache is not dropped with the guest's, and the virtual disk's speed drifts within
+  seconds, so the "cold" device differs from run to run), its baseline being their geometric mean:
+  drift that is linear over the three reads cancels, where a read before alone put all of it on
+  the run. Ratios are taken between these paired figures; "read drift" is the spread of
+  after / before over the rounds (far from 1: the device changed under the run).
 * ``--device-mbps 300,800``: every section once at each rate, with reads of the dataset's disk
   throttled to it by a cgroup that this process and its children join (``_common.throttled_device``):
   on a virtual machine a dropped page cache leaves the host's, so an unthrottled "cold" read meets the
@@ -326,16 +329,20 @@ def first_epochs(path: Path, n: int, batch: int, trees: dict[str, str], rounds: 
         for name, tree in trees.items():
             base: dict[str, dict[str, float]] = {}
             for label, (cfg, _) in runs.items():
-                # Each run's own plain read of the files, in the state the run meets (cold: the
-                # page cache dropped before each; warm: this read warms them): the device's speed
-                # drifts between runs, so every figure is taken against its own read first.
+                # Each run's own plain reads of the files, in the state the run meets (cold: the
+                # page cache dropped before each; warm: the first read warms them), one before it
+                # and one after: the device's speed drifts between runs and during them, so every
+                # figure is taken against the geometric mean of its own two reads.
                 plain = scan(path, cold=cfg["cold"])
                 read0 = dev.bytes_read() if dev is not None else 0
                 res = run(tree, path=str(path), records=n, batch=batch, epochs=1, **cfg)
+                read1 = dev.bytes_read() if dev is not None else 0
+                after = scan(path, cold=cfg["cold"])
                 base[label] = r = _rate(res["epochs"][0])
-                r["own"] = r["mbps"] / plain["mbps"]
+                r["own"] = r["mbps"] / (plain["mbps"] * after["mbps"]) ** 0.5
+                r["drift"] = after["mbps"] / plain["mbps"]
                 r["sys_per_gb"] = res["epochs"][0]["sys"] / (res["epochs"][0]["bytes"] / 1e9)
-                r["device"] = (dev.bytes_read() - read0) / res["epochs"][0]["bytes"] if dev is not None else -1.0
+                r["device"] = (read1 - read0) / res["epochs"][0]["bytes"] if dev is not None else -1.0
             for label, (_, ref) in runs.items():
                 r = dict(base[label])
                 r["ratio"] = r["own"] / (base[ref]["own"] if ref in base else 1.0)
@@ -344,14 +351,15 @@ def first_epochs(path: Path, n: int, batch: int, trees: dict[str, str], rounds: 
     lines = [
         f"First epochs: {n} records ({n * REC / 1e9:.2f} GB), batch {batch}, epoch 1 of a fresh run (one process "
         f"each), SSD rows ram_size {ram / 2**20:.0f} MiB, ssd_size {ssd / 2**20:.0f} MiB, large budget "
-        f"{big / 2**20:,.0f} MiB; {rounds} round(s); each run paired with a plain read of the files just before "
-        "it in the same state (raw scan cold, cached read warm): 'x own read' is the run's MB/s over that read's, "
+        f"{big / 2**20:,.0f} MiB; {rounds} round(s); each run paired with plain reads of the files just before "
+        "and just after it in the same state (raw scan cold, cached read warm): 'x own read' is the run's MB/s over "
+        "the geometric mean of those two reads, 'read drift' the after / before of those reads [min-max], "
         "and a ratio against another row divides the two rows' 'x own read'; median [min-max] over the rounds; "
         "'of which kernel': the CPU s/GB spent in the kernel (first touch of new memory is most of what "
         "differs between rows); 'device / delivered': the bytes the run read from the throttled device over those it delivered",
         "",
-        "| | tree | MB/s | CPU s/GB | of which kernel | x own read | ratio | against | device / delivered |",
-        "|---|---|---:|---:|---:|---:|---:|---|---:|",
+        "| | tree | MB/s | CPU s/GB | of which kernel | x own read | read drift | ratio | against | device / delivered |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for label, (_, ref) in runs.items():
         for name in trees:
@@ -360,8 +368,10 @@ def first_epochs(path: Path, n: int, batch: int, trees: dict[str, str], rounds: 
             spread = f"{med(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}]" if ref else ""
             against = {"raw": "raw scan (cold)", "plain": "plain read of the cached files"}.get(ref or "", ref or "")
             device = f"{med(r['device'] for r in rs):.2f}" if dev is not None else ""
+            drift = [r["drift"] for r in rs]
             lines.append(f"| {label} | {name} | {med(r['mbps'] for r in rs):,.0f} | {med(r['cpu_per_gb'] for r in rs):.3f} "
-                         f"| {med(r['sys_per_gb'] for r in rs):.3f} | {med(r['own'] for r in rs):.2f} | {spread} | {against} | {device} |")
+                         f"| {med(r['sys_per_gb'] for r in rs):.3f} | {med(r['own'] for r in rs):.2f} "
+                         f"| {med(drift):.2f} [{min(drift):.2f}-{max(drift):.2f}] | {spread} | {against} | {device} |")
     return lines
 
 

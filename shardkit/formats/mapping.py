@@ -15,7 +15,17 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MADV_POPULATE_READ", "MADV_POPULATE_WRITE", "MappedFile", "libc_madvise", "populate", "populate_ranges"]
+from shardkit.formats.arrays import distinct_sorted
+
+__all__ = [
+    "MADV_POPULATE_READ",
+    "MADV_POPULATE_WRITE",
+    "MappedFile",
+    "libc_madvise",
+    "populate",
+    "populate_ranges",
+    "reserve_ranges",
+]
 
 #: ``madvise(MADV_POPULATE_WRITE)`` (Linux 5.14): map pages ahead of writing them.
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
@@ -65,6 +75,27 @@ def populate(m: mmap.mmap, offset: int, length: int, advice: int = MADV_POPULATE
             raise OSError(err, os.strerror(err))
     finally:
         del view
+
+
+def reserve_ranges(rows: np.ndarray, rows_at: int, record_nbytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The byte ranges ``[start, end)`` of a region or file holding ``rows`` (at byte ``rows_at``,
+    ``record_nbytes`` each): what to allocate before a cache's rows are written, or to make resident
+    before a mapped file's records are read, as whole pages (what the kernel allocates), rows
+    on the same or adjacent pages in one range; and the smallest row of each range. A handful of
+    ranges per block whatever the number of rows, where a range per run of consecutive rows cost a
+    system call for every few small records."""
+    order = distinct_sorted(rows)
+    if order.size == 0:
+        empty = np.empty(0, dtype=np.int64)
+        return empty, empty, empty
+    rec = int(record_nbytes)
+    lo = (rows_at + order * rec) // mmap.PAGESIZE
+    hi = (rows_at + (order + 1) * rec - 1) // mmap.PAGESIZE + 1  # one past the last page
+    new = np.ones(order.size, dtype=bool)
+    new[1:] = lo[1:] > hi[:-1]  # a page between them is not wanted: a new range
+    heads = np.flatnonzero(new)
+    tails = np.append(heads[1:], order.size) - 1
+    return lo[heads] * mmap.PAGESIZE, hi[tails] * mmap.PAGESIZE, order[heads]
 
 
 def _pidfd() -> int:
@@ -170,11 +201,15 @@ class MappedFile:
 
     def announce(self, starts: np.ndarray, ends: np.ndarray) -> None:
         """``MADV_WILLNEED`` on byte ranges ``[starts[k], ends[k])``: the kernel starts reading them
-        all and returns (advice: a range it refuses is still read when populated). One call a range:
-        each returns at once, where a batched call cost more than the few a block has per shard."""
+        all and returns (advice: a range it refuses is still read when populated). Without the GIL,
+        one system call per 1,024 ranges (else one a range): the call returns once the reads are
+        queued, which on a busy device means waiting for room in its queue, and ``mmap.madvise``
+        held the GIL all that time (the assembler and the training loop stopped with the reader)."""
+        if self._advise(starts, ends, MADV_WILLNEED):
+            return
         for a, n in self._ranges(starts, ends):
             with suppress(OSError):
-                self.map.madvise(MADV_WILLNEED, a, n)
+                populate(self.map, a, n, MADV_WILLNEED)
 
     def populate(self, starts: np.ndarray, ends: np.ndarray) -> None:
         """Make byte ranges ``[starts[k], ends[k])`` resident (``MADV_POPULATE_READ``, batched, else

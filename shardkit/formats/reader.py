@@ -55,9 +55,9 @@ from shardkit.formats.spec import (
     index_nbytes,
 )
 from shardkit.formats.versions import older_copy, read_document
+from shardkit.stopping import Stopped
 from shardkit.stores import LocalStore
 from shardkit.stores.local import open_regular
-from shardkit.tiers.stopping import Stopped
 
 __all__ = ["ReadStats", "PayloadArray", "ShardedLayout", "Destination", "aligned_empty", "DEFAULT_GAP_BYTES", "BUFFER_ALIGNMENT",
            "SCATTER_MIN_BYTES", "SortScratch", "SortedRequest"]
@@ -713,12 +713,12 @@ class PayloadArray:
     def stop_with(self, event: threading.Event) -> None:
         """Let a read give up once ``event`` is set: a block of small records at 10^8 spans gigabytes,
         so the read checks it between plan pieces and bounce chunks and raises
-        :class:`~shardkit.tiers.stopping.Stopped` instead of reading the rest (a closing sampler
+        :class:`~shardkit.stopping.Stopped` instead of reading the rest (a closing sampler
         returns within a chunk, not a block)."""
         self._stop = event
 
     def _check_stop(self) -> None:
-        """Raise :class:`~shardkit.tiers.stopping.Stopped` when the event of :meth:`stop_with` is set."""
+        """Raise :class:`~shardkit.stopping.Stopped` when the event of :meth:`stop_with` is set."""
         if self._stop is not None and self._stop.is_set():
             raise Stopped()
 

@@ -15,10 +15,11 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from shardkit.errors import ConfigError
+from shardkit.formats.arrays import distinct_sorted
 from shardkit.order.bijection import FeistelPermutation
 from shardkit.order.reservoir import reservoir_keys
 from shardkit.order.seeds import Domain, rng
-from shardkit.tiers.stopping import POLL_SECONDS, Stopped
+from shardkit.stopping import POLL_SECONDS, Stopped
 
 __all__ = [
     "MODES",
@@ -160,7 +161,7 @@ def _first_occurrences(stream: np.ndarray) -> np.ndarray:
     repeated = ordered[1:][ordered[1:] == ordered[:-1]]
     if not repeated.size:
         return stream
-    values = np.unique(repeated)
+    values = distinct_sorted(repeated)  # not np.unique: its first call imports numpy.ma
     at = np.searchsorted(values, stream).clip(max=values.size - 1)
     where = np.flatnonzero(values[at] == stream)  # every occurrence of a repeated value, ascending
     _, first = np.unique(stream[where], return_index=True)  # stable: the first occurrence of each
@@ -250,7 +251,7 @@ class HeadFirstOrder:
 
     The draw is one numpy shuffle and cannot be interrupted, so nothing waits for it unasked:
     :meth:`cancel` (the run stops) makes a wait for a key beyond the head raise
-    :class:`~shardkit.tiers.stopping.Stopped` within :data:`~shardkit.tiers.stopping.POLL_SECONDS`,
+    :class:`~shardkit.stopping.Stopped` within :data:`~shardkit.stopping.POLL_SECONDS`,
     and :meth:`release` during the draw leaves the release to the drawing thread once it ends."""
 
     def __init__(self, head: np.ndarray, n: int,

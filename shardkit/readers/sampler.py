@@ -46,6 +46,7 @@ from shardkit.readers.sources import (
     local_keys,
     plan_remote_cache,
 )
+from shardkit.stopping import CurrentRun
 from shardkit.stores import Location, location_string
 from shardkit.tiers import shm as node
 from shardkit.tiers.buffers import BatchPool, BufferMemory
@@ -54,7 +55,6 @@ from shardkit.tiers.node_cache import NodeDiskCache, entry_name, node_cache_dir
 from shardkit.tiers.pipeline import BatchReady, BlockRead, EpochEnd, Pipeline, RunDone, Segment
 from shardkit.tiers.static_cache import StaticCache
 from shardkit.tiers.stats import SamplerStats
-from shardkit.tiers.stopping import CurrentRun
 from shardkit.units import human_bytes, parse_count
 
 __all__ = ["TieredSampler", "STATE_VERSION", "BatchSupply", "RunOwner"]

@@ -47,11 +47,11 @@ from shardkit.serve.protocol import (
 )
 from shardkit.serve.ring import Ring, RingLayout
 from shardkit.serve.rundir import RunDir, check_name, run_dir_path
+from shardkit.stopping import POLL_SECONDS, CurrentRun, Stopped, put
 from shardkit.stores import Location, as_location, location_string
 from shardkit.tiers.buffers import HOLD_BATCHES, BatchPool
 from shardkit.tiers.pipeline import BatchReady, RunDone, assemble_batch
 from shardkit.tiers.stats import SamplerStats
-from shardkit.tiers.stopping import POLL_SECONDS, CurrentRun, Stopped, put
 
 __all__ = ["SharedSampler", "wait_for_server"]
 

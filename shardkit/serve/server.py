@@ -57,11 +57,11 @@ from shardkit.serve.protocol import (
 )
 from shardkit.serve.ring import Ring, RingLayout
 from shardkit.serve.rundir import RunDir, check_name, run_dir_path
+from shardkit.stopping import Stopped
 from shardkit.stores import Location, location_string
 from shardkit.tiers.pipeline import BlockRead, EpochEnd, Pipeline, Segment
 from shardkit.tiers.ssd import READ_CHUNK_BYTES
 from shardkit.tiers.stats import SamplerStats
-from shardkit.tiers.stopping import Stopped
 from shardkit.units import Capacity
 
 __all__ = ["ServeOptions", "SERVE_DEFAULTS", "TierServer", "serve"]

@@ -12,7 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from shardkit.formats.reader import aligned_empty
-from shardkit.tiers.stopping import Stopped
+from shardkit.stopping import Stopped
 
 __all__ = ["BatchBuffer", "BatchPool", "BufferMemory", "HOLD_BATCHES"]
 
@@ -110,7 +110,7 @@ class BatchPool:
 
     def acquire(self, stop: threading.Event) -> BatchBuffer:
         """A buffer nobody references, for the pipeline to fill (blocks until there is one; raises
-        :class:`~shardkit.tiers.stopping.Stopped` when ``stop`` is set)."""
+        :class:`~shardkit.stopping.Stopped` when ``stop`` is set)."""
         while True:
             with self._changed:
                 buf = self._take()

@@ -6,17 +6,18 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
 from shardkit.formats import PayloadArray
-from shardkit.formats.mapping import MappedFile
+from shardkit.formats.arrays import distinct_sorted
+from shardkit.formats.mapping import MappedFile, reserve_ranges
 from shardkit.formats.reader import ReadStats
-from shardkit.tiers.static_cache import distinct_sorted, reserve_ranges
-from shardkit.tiers.stopping import Stopped
+from shardkit.stopping import Stopped
 
-__all__ = ["MappedShards", "MAX_MAPPED_SHARDS", "NodeResidency"]
+__all__ = ["Lacking", "MappedShards", "MAX_MAPPED_SHARDS", "NodeResidency"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,14 @@ class NodeResidency(Protocol):
     def publish(self, rows: np.ndarray) -> None:
         """Records ``rows`` are resident now."""
         ...
+
+
+@dataclass(frozen=True)
+class Lacking:
+    """What :meth:`MappedShards.announce` announced: ``(shard, keys, rows)`` of the records that
+    this process had not made resident, each shard's ascending."""
+
+    parts: list[tuple[int, np.ndarray, np.ndarray]]
 
 
 class MappedShards:
@@ -73,25 +82,12 @@ class MappedShards:
             maps.append(got)
         return cls(payload, maps)
 
-    def populate(
-        self,
-        keys: np.ndarray,
-        stats: ReadStats,
-        stop: threading.Event | None = None,
-        node: NodeResidency | None = None,
-    ) -> None:
-        """Map the pages of records ``keys`` this process never made resident, each shard's in
-        ascending ranges (:class:`~shardkit.formats.mapping.MappedFile`: every range of the block
-        announced, then populated; the kernel reads what the page cache lacks); raises
-        :class:`Stopped` between two pieces once ``stop`` is set.
-
-        ``node`` is the node's record of what is resident (the static cache's flags, row = key):
-        only records no process of the node made resident are counted in ``stats`` as read (their
-        bytes, what a read asks for: the kernel reads whole pages for any read) and published to it
-        once populated; the others are in the page cache, and populating them only maps them here."""
+    def _lacking(self, keys: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """``(shard, keys, rows)`` of the records ``keys`` this process has not made resident, each
+        shard's ascending."""
         rps = self.records_per_shard
         todo = distinct_sorted(keys)
-        parts = []  # (shard, keys, rows) of records this process has not made resident
+        parts = []
         for part in np.split(todo, np.flatnonzero(np.diff(todo // rps)) + 1) if todo.size else ():
             i = int(part[0]) // rps
             rows = part - i * rps
@@ -100,6 +96,43 @@ class MappedShards:
                 part, rows = part[lacking], rows[lacking]
             if rows.size:
                 parts.append((i, part, rows))
+        return parts
+
+    def _ranges(self, i: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Page ranges ``[starts, ends)`` of rows ``rows`` of shard ``i`` and the first row of each."""
+        starts, ends, firsts = reserve_ranges(rows, 0, self.record_nbytes)
+        return starts, np.minimum(ends, len(self._files[i])), firsts
+
+    def announce(self, keys: np.ndarray) -> Lacking:
+        """Have the kernel start reading the pages of records ``keys`` that this process has not made
+        resident (:meth:`MappedFile.announce`) and return at once what it announced, for
+        :meth:`populate` of the same keys: the reader announces the next block before it waits for
+        this one's pages, so the device does not idle between two blocks."""
+        parts = self._lacking(keys)
+        for i, _, rows in parts:
+            self._files[i].announce(*self._ranges(i, rows)[:2])
+        return Lacking(parts)
+
+    def populate(
+        self,
+        keys: np.ndarray,
+        stats: ReadStats,
+        stop: threading.Event | None = None,
+        node: NodeResidency | None = None,
+        announced: Lacking | None = None,
+    ) -> None:
+        """Map the pages of records ``keys`` this process never made resident, each shard's in
+        ascending ranges (:class:`~shardkit.formats.mapping.MappedFile`: every range of the block
+        announced, unless :meth:`announce` of these keys did (``announced``, what it returned), then
+        populated; the kernel
+        reads what the page cache lacks); raises :class:`Stopped` between two pieces once ``stop``
+        is set.
+
+        ``node`` is the node's record of what is resident (the static cache's flags, row = key):
+        only records no process of the node made resident are counted in ``stats`` as read (their
+        bytes, what a read asks for: the kernel reads whole pages for any read) and published to it
+        once populated; the others are in the page cache, and populating them only maps them here."""
+        parts = self._lacking(keys) if announced is None else announced.parts
         if not parts:
             return
         todo = np.concatenate([part for _, part, _ in parts]) if len(parts) > 1 else parts[0][1]
@@ -108,9 +141,9 @@ class MappedShards:
         at = 0
         for i, part, rows in parts:
             new, at = fresh[at : at + part.size], at + part.size
-            starts, ends, firsts = reserve_ranges(rows, 0, self.record_nbytes)
-            ends = np.minimum(ends, len(self._files[i]))
-            self._files[i].announce(starts, ends)
+            starts, ends, firsts = self._ranges(i, rows)
+            if announced is None:
+                self._files[i].announce(starts, ends)
             pieces.append((part, new, i, rows, starts, ends, firsts))
         for part, new, i, rows, starts, ends, firsts in pieces:
             f = self._files[i]

@@ -23,9 +23,9 @@ from shardkit.formats.reader import Destination
 from shardkit.formats.spec import records_per_shard_for
 from shardkit.formats.verify import verify
 from shardkit.privdir import DIR_MODE, FILE_MODE, PrivateDir
+from shardkit.stopping import POLL_SECONDS, Stopped
 from shardkit.stores.atomic import is_out_of_space, raise_out_of_space
 from shardkit.tiers.static_cache import SortedKeys
-from shardkit.tiers.stopping import POLL_SECONDS, Stopped
 
 __all__ = ["NodeDiskCache", "DIR_PREFIX", "node_cache_dir", "entry_name"]
 

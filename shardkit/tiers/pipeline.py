@@ -14,21 +14,22 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from shardkit import stopping
 from shardkit.errors import SamplerError, ShardkitError
 from shardkit.formats import DEFAULT_GAP_BYTES, PayloadArray
+from shardkit.formats.arrays import distinct_sorted
 from shardkit.formats.decode_threads import DecodeJob, finish_decodes
 from shardkit.formats.reader import Destination, SortedRequest, SortScratch, aligned_empty, byte_records
 from shardkit.order.schedule import BATCH_PREFETCH, EpochOrder, PlanShape, block_bounds
 from shardkit.readers.options import TierSizes
 from shardkit.readers.sources import MixedDataset, MixedIdentity, Mixture
-from shardkit.tiers import stopping
+from shardkit.stopping import POLL_SECONDS, Stopped
 from shardkit.tiers.buffers import BatchBuffer, BatchPool
-from shardkit.tiers.mapped import MappedShards
+from shardkit.tiers.mapped import Lacking, MappedShards
 from shardkit.tiers.ssd import SsdSpace
 from shardkit.tiers.ssd_slots import ReservoirSlots
-from shardkit.tiers.static_cache import Ahead, StaticCache, distinct_sorted
+from shardkit.tiers.static_cache import Ahead, StaticCache
 from shardkit.tiers.stats import SamplerStats
-from shardkit.tiers.stopping import POLL_SECONDS, Stopped
 
 if TYPE_CHECKING:  # node_cache imports the shared stack's run directory, which imports this module
     from shardkit.tiers.node_cache import NodeDiskCache
@@ -221,7 +222,7 @@ class SlotSink(Protocol):
 
     def acquire(self, stop: threading.Event) -> tuple[int, np.ndarray]:
         """A free slot and its ``[K, *record_shape]`` payload array, blocking until there is one;
-        raises :class:`~shardkit.tiers.stopping.Stopped` once ``stop`` is set."""
+        raises :class:`~shardkit.stopping.Stopped` once ``stop`` is set."""
         ...
 
 
@@ -385,6 +386,10 @@ class Pipeline:
         self._stage_sort = SortScratch()
         #: Blocks grow from a small first one (batches); a sink's blocks have one fixed size.
         self._first_block = self._grow = sink is None
+        #: The mapped files: the block being read was announced with the one before, and whether the
+        #: reader announces the next block before waiting for this one (from its second block on).
+        self._announced: Lacking | None = None
+        self._announce_ahead = False
         #: ``(epoch, bytes, calls)``: the dataset's read counters when the RAM reader last counted them.
         self._disk_mark: tuple[int, int, int] | None = None
         self._download_counted = False
@@ -514,11 +519,13 @@ class Pipeline:
         open_buffers: dict[int, BatchBuffer],
         tier: str = "disk",
         ahead: Ahead | None = None,
+        following: np.ndarray | None = None,
     ) -> BlockRead:
         """Read plan positions ``[a, b)`` (``keys``) with ``read(keys, destination)``: uncached records
         into their batch rows (or a sink slot), pinned ones the cache lacks into their cache rows.
         ``open_buffers`` carries a batch an earlier block began into the next block; ``ahead`` is
-        what :meth:`_expect` announced for these keys."""
+        what :meth:`_expect` announced for these keys; ``following``: the next block's keys, if
+        known (the mapped files announce them)."""
         if self.sink is not None:
             ring_slot, array = self.sink.acquire(self.stop)
             keys = np.sort(keys)
@@ -530,7 +537,16 @@ class Pipeline:
             # The whole dataset is pinned as its mapped files: make the block's pages resident, and
             # the assembler copies every batch from them.
             t0, c0 = time.perf_counter(), time.thread_time()
-            mapped.populate(keys, self.disk.payload.stats, self.stop, node=self.cache)
+            announced, self._announced = self._announced, None
+            if following is not None and self._announce_ahead:
+                # The device reads the next block while this one's last pages land and are mapped,
+                # and while the reader plans the next (not for the run's first block: its first
+                # batch waits for nothing else).
+                if announced is None:
+                    announced = mapped.announce(keys)  # this block's requests go first
+                self._announced = mapped.announce(following)
+            self._announce_ahead = True
+            mapped.populate(keys, self.disk.payload.stats, self.stop, node=self.cache, announced=announced)
             self._stats.add_busy(tier, time.perf_counter() - t0)
             self._stats.add_busy(f"{tier}_cpu", time.thread_time() - c0)
             views = mapped.copies(keys)
@@ -729,8 +745,7 @@ class Pipeline:
         # A reader that downloads into a local cache (object store) is told the epoch's block
         # schedule up front, to download parts in the order the blocks will need them.
         schedule = getattr(self.disk.payload, "schedule", None) if self.node_disk is None else None
-        if self.assemble_only:
-            self._mapped()  # whether the cache is the mapped files: decided before any block is announced
+        mapped = self._mapped() if self.assemble_only else None  # decided before any block is announced
         for seg in self._segments:
             open_buffers: dict[int, BatchBuffer] = {}
             self._count_epoch_disk(seg.epoch, block=False)  # what landed since the last block: the epoch before
@@ -746,7 +761,8 @@ class Pipeline:
                 keys = following if following is not None else seg.keys(a, b)
                 following = None
                 this, announced = announced, None
-                if upcoming is not None and (ahead is not None or (self.cache is not None and self.cache.share_key is not None)):
+                if upcoming is not None and (ahead is not None or mapped is not None
+                                             or (self.cache is not None and self.cache.share_key is not None)):  # fmt: skip
                     following = seg.keys(*upcoming)
                     if ahead is not None:
                         ahead(self._unpinned(following))
@@ -754,7 +770,7 @@ class Pipeline:
                     announced = self._expect(following)
                 if self._identity is not None:  # a check that is due runs while the block is read
                     self._identity.check(wait=False)
-                block = self._read_block(seg, a, b, keys, read, open_buffers, ahead=this)
+                block = self._read_block(seg, a, b, keys, read, open_buffers, ahead=this, following=following)
                 self._verify()
                 self._count_epoch_disk(seg.epoch)
                 self._put(self._blocks, block)

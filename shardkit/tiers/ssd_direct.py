@@ -24,7 +24,7 @@ import numpy as np
 
 from shardkit.errors import TruncatedShardError
 from shardkit.formats import PayloadArray
-from shardkit.tiers.static_cache import distinct_sorted
+from shardkit.formats.arrays import distinct_sorted
 
 __all__ = ["DIRECT_ALIGN", "DIRECT_THREADS", "DirectReads", "on_tmpfs"]
 

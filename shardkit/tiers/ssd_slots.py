@@ -24,10 +24,10 @@ from shardkit.formats.index import ShardIndex
 from shardkit.formats.mapping import populate
 from shardkit.formats.reader import ReadStats
 from shardkit.formats.spec import ShardInfo
+from shardkit.stopping import Stopped
 from shardkit.stores.atomic import is_out_of_space
 from shardkit.tiers.ssd import SsdSpace
 from shardkit.tiers.ssd_direct import RESIDENT_SHARE, DirectReads
-from shardkit.tiers.stopping import Stopped
 
 __all__ = ["ReservoirSlots", "ScratchRecords", "SLOT_PREFIX"]
 

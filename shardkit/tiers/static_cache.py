@@ -10,28 +10,24 @@ import logging
 import mmap
 import threading
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from shardkit.errors import SamplerError
-from shardkit.formats.mapping import populate
+from shardkit.formats.mapping import populate, reserve_ranges
 from shardkit.formats.reader import aligned_empty
 from shardkit.order.bijection import ROUNDS, FeistelPermutation
 from shardkit.order.locality import node_partition
 from shardkit.order.seeds import Domain, rng
 from shardkit.tiers import shm as node
-
-if TYPE_CHECKING:  # mapped imports this module's helpers
-    from shardkit.tiers.mapped import MappedShards
+from shardkit.tiers.mapped import MappedShards
 
 __all__ = [
     "StaticCache",
     "cache_variant",
     "region_allocated_first",
     "Ahead",
-    "reserve_ranges",
-    "distinct_sorted",
     "pinned_keys",
     "PinnedSet",
     "SortedKeys",
@@ -140,38 +136,6 @@ class BijectionKeys:
         out = [a + np.flatnonzero(self.sigma(np.arange(a, min(a + (1 << 20), self.n))) < self.m)
                for a in range(0, self.n, 1 << 20)]  # fmt: skip
         return np.concatenate(out).astype(np.int64) if out else np.empty(0, np.int64)
-
-
-def distinct_sorted(values: np.ndarray) -> np.ndarray:
-    """``np.unique(values)`` as int64 by a sort and a comparison (numpy 2's ``unique`` of integers
-    goes through a hash table, many times slower on the half million keys of a block)."""
-    out = np.sort(np.asarray(values, dtype=np.int64).reshape(-1))
-    if out.size < 2:
-        return out
-    keep = np.empty(out.size, dtype=bool)
-    keep[0] = True
-    np.not_equal(out[1:], out[:-1], out=keep[1:])
-    return out if keep.all() else out[keep]
-
-
-def reserve_ranges(rows: np.ndarray, rows_at: int, record_nbytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The byte ranges ``[start, end)`` of a region to allocate before cache ``rows`` (at byte
-    ``rows_at``, ``record_nbytes`` each) are written, as whole pages (what the kernel allocates), rows
-    on the same or adjacent pages in one range; and the smallest row of each range. A handful of
-    ranges per block whatever the number of rows, where a range per run of consecutive rows cost a
-    system call for every few small records."""
-    order = distinct_sorted(rows)
-    if order.size == 0:
-        empty = np.empty(0, dtype=np.int64)
-        return empty, empty, empty
-    rec = int(record_nbytes)
-    lo = (rows_at + order * rec) // _PAGE
-    hi = (rows_at + (order + 1) * rec - 1) // _PAGE + 1  # one past the last page
-    new = np.ones(order.size, dtype=bool)
-    new[1:] = lo[1:] > hi[:-1]  # a page between them is not wanted: a new range
-    heads = np.flatnonzero(new)
-    tails = np.append(heads[1:], order.size) - 1
-    return lo[heads] * _PAGE, hi[tails] * _PAGE, order[heads]
 
 
 def cache_variant(count: int, num_records: int, *, bijection: bool = False, part: bool = False) -> str:

@@ -136,3 +136,24 @@ def test_scaled_item_position_chi_square_holds_its_level() -> None:
     assert stats.kstest([r.pvalue for r in results], "uniform").pvalue > ALPHA
     unscaled = stats.chi2.sf(statistic * n / (n - 1), (n - 1) ** 2)
     assert stats.kstest(unscaled, "uniform").pvalue < ALPHA
+
+
+def test_a_fresh_samplers_first_epoch_imports_no_numpy_module(tmp_path: Path) -> None:
+    """numpy loads ``numpy.random`` on first use: the package imports it, so a fresh sampler's first
+    epoch (its first draw of an order) does not pay the import. Checked in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    path = make_dataset(tmp_path / "ds", 90, records_per_shard=16, shape=(32, 32, 4))
+    root = Path(__file__).resolve().parents[2]
+    code = (
+        f"import sys; sys.path.insert(0, {str(root)!r})\n"
+        "from shardkit.readers import TieredSampler\n"
+        f"s = TieredSampler({str(path)!r}, batch_size=8, epochs=1, seed=5, ram_size='270records')\n"
+        "before = set(sys.modules)\n"
+        "for _ in s:\n    pass\n"
+        "s.close()\n"
+        "print(sorted(m for m in set(sys.modules) - before if m.split('.')[0] == 'numpy'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -19,9 +19,9 @@ import pytest
 
 from shardkit.errors import ConfigError, OutOfSpaceError, SamplerError
 from shardkit.readers import TieredSampler
+from shardkit.stopping import CurrentRun
 from shardkit.tiers.ssd import PREFIX, SsdSpace, remove_stale
 from shardkit.tiers.ssd_slots import SLOT_PREFIX
-from shardkit.tiers.stopping import CurrentRun
 from tests.helpers.sampler_data import check_batch, collect, make_dataset
 
 

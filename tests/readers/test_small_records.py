@@ -14,7 +14,7 @@ import pytest
 from shardkit.formats import DatasetWriter, FieldSpec, open_dataset
 from shardkit.formats.reader import Destination, PayloadArray
 from shardkit.readers import TieredSampler
-from shardkit.tiers.stopping import Stopped
+from shardkit.stopping import Stopped
 
 #: Records of the dataset below: 16 MiB of 8-byte records, several bounce chunks and plan pieces.
 N = 1 << 21

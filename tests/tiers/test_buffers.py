@@ -11,8 +11,8 @@ import pytest
 
 from shardkit.formats import open_dataset
 from shardkit.readers import TieredSampler, epoch_permutation
+from shardkit.stopping import Stopped
 from shardkit.tiers.buffers import HOLD_BATCHES, BatchPool
-from shardkit.tiers.stopping import Stopped
 from tests.helpers.sampler_data import check_batch, make_dataset
 
 SHAPE = (8, 8, 4)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 from pathlib import Path
 
@@ -10,8 +11,8 @@ import numpy as np
 import pytest
 
 from shardkit.readers import TieredSampler
+from shardkit.stopping import Stopped
 from shardkit.tiers import mapped as mapped_mod
-from shardkit.tiers.stopping import Stopped
 from tests.helpers.sampler_data import epochs_of, make_dataset
 
 N, RPS, SHAPE = 90, 16, (32, 32, 4)  # 4 KiB records: page-sized, over 6 shards
@@ -275,3 +276,41 @@ def test_jobs_with_different_seeds_share_the_nodes_record_of_what_is_resident(tm
             assert other.stats.disk.records == 0 and other.stats.cache.records == N
     finally:
         holder.close()
+
+
+def test_the_reader_announces_the_next_block_before_it_waits_for_this_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """From the run's second block on, the next block's pages are asked of the device before the
+    reader waits for this block's, so the device does not idle while the reader maps a block's last
+    pages and plans the next; the run's first block waits for nothing else. Every block is announced
+    once, before its own pages are populated, and each record is read once."""
+    from shardkit.order import schedule
+
+    monkeypatch.setattr(schedule, "FIRST_BLOCK_BYTES", 8 * REC)
+    monkeypatch.setattr(schedule, "MIN_BLOCK_BYTES", 16 * REC)
+    events: list[tuple[str, frozenset[int], bool]] = []
+    announce, populate = mapped_mod.MappedShards.announce, mapped_mod.MappedShards.populate
+
+    def spy_announce(self: mapped_mod.MappedShards, keys: np.ndarray) -> mapped_mod.Lacking:
+        events.append(("announce", frozenset(keys.tolist()), False))
+        return announce(self, keys)
+
+    def spy_populate(self: mapped_mod.MappedShards, keys: np.ndarray, *args: object, **kw: object) -> None:
+        events.append(("populate", frozenset(keys.tolist()), kw.get("announced") is not None))
+        populate(self, keys, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(mapped_mod.MappedShards, "announce", spy_announce)
+    monkeypatch.setattr(mapped_mod.MappedShards, "populate", spy_populate)
+    path = make_dataset(tmp_path / "ds", N, records_per_shard=RPS, shape=SHAPE)
+    with _sampler(path, node_sharing=False) as s:
+        assert s.maps_whole_cache
+        epochs_of(s, N)  # checks every record
+        assert s.stats.disk.records == N
+    blocks = [(at, keys, ahead) for at, (kind, keys, ahead) in enumerate(events) if kind == "populate"]
+    assert len(blocks) >= 4, blocks
+    assert events[0][0] == "populate" and not blocks[0][2]  # the first block: announced by its own populate
+    announced_at = {keys: at for at, (kind, keys, _) in enumerate(events) if kind == "announce"}
+    assert len(announced_at) == sum(kind == "announce" for kind, _, _ in events)  # each block announced once
+    for (at, keys, ahead), (_, following, _) in itertools.pairwise(blocks[1:]):
+        assert ahead and announced_at[keys] < at  # announced before its populate, which announces nothing
+        assert announced_at[following] < at  # the next block asked for before this one is waited for
+    assert blocks[-1][2]

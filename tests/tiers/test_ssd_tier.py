@@ -18,11 +18,11 @@ from shardkit.formats import Dataset, PayloadArray
 from shardkit.formats.reader import ReadStats
 from shardkit.order.schedule import block_bounds
 from shardkit.readers import TieredSampler, epoch_permutation
+from shardkit.stopping import Stopped
 from shardkit.tiers import ssd_slots
 from shardkit.tiers.pipeline import reservoir_bounds
 from shardkit.tiers.ssd import SsdSpace
 from shardkit.tiers.ssd_slots import ReservoirSlots, ScratchRecords
-from shardkit.tiers.stopping import Stopped
 from tests.helpers.sampler_data import collect, make_dataset
 
 BIG = (128, 128, 1)  # 16 KiB records: copied inside the kernel
