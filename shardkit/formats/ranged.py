@@ -27,6 +27,7 @@ from shardkit.formats.reader import (
     Destination,
     PayloadArray,
     ReadStats,
+    SortedRequest,
     _Plan,
     _Rows,
     _Run,
@@ -109,6 +110,10 @@ class RangedPayloadArray(PayloadArray):
         #: once started (no cache only).
         self._next_keys: np.ndarray | None = None
         self._ahead: _Ahead | None = None
+        #: Blocks opened ahead (:meth:`deliver_ahead`): each destination and its runs' deliveries.
+        self._opened_ahead: list[tuple[Destination, dict[tuple[int, int, int], _Registered]]] = []
+        #: The deliveries of the read under way that a :meth:`deliver_ahead` registered.
+        self._taking: dict[tuple[int, int, int], _Registered] = {}
 
     # ------------------------------------------------------------------ files and indexes
     def shard_path(self, i: int) -> NoReturn:
@@ -243,21 +248,104 @@ class RangedPayloadArray(PayloadArray):
             self._next_keys = None  # read in several plans: the next read's requests would start too early
         if self.cache is not None and self.prefetcher is None:
             self.prefetcher = self._start_prefetch()
-        while True:  # at most once more per shard a newer version replaced
-            if self.prefetcher is not None:
-                self.prefetcher.raise_error()
-            try:
-                if k.size and int(k.min()) >= 0 and int(k.max()) < self.num_records:
-                    self._prefetch_indexes(np.unique(k // self.records_per_shard).tolist())
-                super().read_into(k, dest)
-                self._blocks_read += 1
-                return
-            except _Replaced as moved:
-                self._drop_ahead()
-                self._switch(moved)
-            except BaseException:
-                self._drop_ahead()
-                raise
+        self._taking = self._take_opened(dest)
+        try:
+            while True:  # at most once more per shard a newer version replaced
+                if self.prefetcher is not None:
+                    self.prefetcher.raise_error()
+                try:
+                    if k.size and int(k.min()) >= 0 and int(k.max()) < self.num_records:
+                        self._prefetch_indexes(np.unique(k // self.records_per_shard).tolist())
+                    super().read_into(k, dest)
+                    self._blocks_read += 1
+                    return
+                except _Replaced as moved:
+                    self._drop_ahead()
+                    self._switch(moved)
+                except BaseException:
+                    self._drop_ahead()
+                    raise
+        finally:
+            left, self._taking = self._taking, {}
+            self._undeliver(reg.delivery for reg in left.values())  # not taken by the read: no copy after it
+
+    def deliver_ahead(self, keys: np.ndarray, dest: Destination) -> bool:
+        """``keys`` into ``dest`` is a later :meth:`read_into` (a block the pipeline opened ahead,
+        docs/design.md §9): from now on this process's fetch threads copy those of its records
+        whose bytes are all still to come into their rows as their chunks land, and that read
+        takes the deliveries over (it reads back only the records not delivered). Nothing is
+        asked for or fetched here. False when there is nothing to deliver into rows (no download
+        under way, or records that are decoded or too small): the caller opens no block then."""
+        pf = self.prefetcher
+        if pf is None or self.codec is not None or self.record_nbytes < SCATTER_MIN_BYTES:
+            return False
+        if not any(pf.pending(i) for i in range(len(self.shards))):
+            return False
+        k = np.asarray(keys, dtype=np.int64).reshape(-1)
+        if not k.size or k.size > PLAN_RECORDS or int(k.min()) < 0 or int(k.max()) >= self.num_records:
+            return True
+        # Planned as the read will plan it, over the shards whose index is at hand (no request here).
+        at = np.flatnonzero(np.isin(k // self.records_per_shard,
+                                    [i for i in range(len(self.shards)) if self._index_at_hand(i) and pf.pending(i)]))
+        if not at.size:
+            return True
+        req = SortedRequest.of(k[at], self.num_records)
+        rows = SortedRequest.byte_rows(dest)
+        plan = self._plan(req.distinct, *dest.rows_at(at[req.first]), rows)
+        out = _Rows(rows, plan)
+        registered: dict[tuple[int, int, int], _Registered] = {}
+        copies: dict[int, PartialCopy | None] = {}
+        try:
+            for run in plan.as_runs(self.shard_location):
+                if run.shard not in copies:
+                    copies[run.shard] = pf.copy(run.shard)
+                copy = copies[run.shard]
+                delivery = self._deliver(copy, run, out) if copy is not None else None
+                if delivery is not None:
+                    registered[_run_id(run)] = _Registered(delivery, out.which[run.pos].copy(), out.row[run.pos].copy())
+        except BaseException:
+            self._undeliver(reg.delivery for reg in registered.values())
+            raise
+        finally:
+            for c in copies.values():
+                if c is not None:
+                    c.close()
+        if registered:
+            self._opened_ahead.append((dest, registered))
+        return True
+
+    def _take_opened(self, dest: Destination) -> dict[tuple[int, int, int], _Registered]:
+        """The deliveries :meth:`deliver_ahead` registered for ``dest`` (taken out of the list)."""
+        for n, (d, registered) in enumerate(self._opened_ahead):
+            if d is dest:
+                del self._opened_ahead[n]
+                return registered
+        return {}
+
+    def _registered(self, run: _Run, rows: _Rows) -> _Registered | None:
+        """The delivery registered ahead for exactly ``run`` into the same rows, taken (or None)."""
+        reg = self._taking.pop(_run_id(run), None)
+        if reg is None:
+            return None
+        if np.array_equal(reg.which, rows.which[run.pos]) and np.array_equal(reg.row, rows.row[run.pos]):
+            return reg
+        self._undeliver([reg.delivery])  # planned otherwise than announced: read as usual
+        return None
+
+    def _settle(self, run: _Run, reg: _Registered | None) -> list[_Run]:
+        """``run``'s pieces still to read once its delivery registered ahead (if any) is taken back:
+        no fetch thread copies into its rows after this (docs/design.md §9)."""
+        if reg is None:
+            return [run]
+        self._undeliver([reg.delivery])
+        return self._undelivered(run, reg.delivery)
+
+    def _undeliver(self, deliveries: Iterable[Delivery]) -> None:
+        """Take ``deliveries`` back (no copy into their rows once this returns)."""
+        pf = self.prefetcher
+        for d in deliveries:
+            if pf is not None:
+                pf.undeliver(d)
 
     def read_ahead(self, keys: np.ndarray) -> None:
         """``keys`` are what the next :meth:`read_into` will read: without a cache, its first requests
@@ -341,41 +429,54 @@ class RangedPayloadArray(PayloadArray):
         remote: list[_Run] = []
         filling: list[_Run] = []
         fds: dict[int, int | None] = {}  # looked up once per shard, not per run (a copy being filled is not found)
+        taken: dict[int, _Registered] = {}  # runs of blocks opened ahead -> their deliveries (by id)
         for run in runs:
+            reg = self._registered(run, rows) if self._taking else None
             if run.shard not in fds:
                 fds[run.shard] = self._cached_fd(run.shard)
             fd = fds[run.shard]
             if fd is not None:
-                self._read_cached(fd, run, rows)
+                for rest in self._settle(run, reg):
+                    self._read_cached(fd, rest, rows)
             elif self.prefetcher is not None:
                 filling.append(run)
+                if reg is not None:
+                    taken[id(run)] = reg
             else:
-                remote.append(run)
+                remote.extend(self._settle(run, reg))
         if filling:
-            self._read_filling(filling, rows, remote)
+            try:
+                self._read_filling(filling, rows, remote, taken)
+            finally:
+                self._undeliver(reg.delivery for reg in taken.values())
         else:
             self._fetch_runs(remote, rows)
 
-    def _read_filling(self, runs: list[_Run], rows: _Rows, remote: list[_Run]) -> None:
+    def _read_filling(self, runs: list[_Run], rows: _Rows, remote: list[_Run], taken: dict[int, _Registered]) -> None:
         """Ask for every page the runs need (and each shard's tail, for the identity check) at once,
-        fetch ``remote`` meanwhile, then read each run from its copy as its pages land."""
+        fetch ``remote`` meanwhile, then read each run from its copy as its pages land. ``taken``:
+        the deliveries registered ahead for some of the runs (by ``id``), used instead of new ones."""
         assert self.prefetcher is not None
         todo = runs
         for attempt in range(_RESOLVE_ATTEMPTS):
             copies: dict[int, PartialCopy | None] = {}
             waits: list[tuple[_Run, PartialCopy, list[tuple[int, int]], Delivery | None]] = []
             asked: dict[int, list[tuple[int, int]]] = {}
-            registered: list[tuple[PartialCopy, Delivery]] = []  # each taken back before the read ends
+            registered: list[Delivery] = []  # each taken back before the read ends
             try:
                 for run in todo:
+                    pre = taken.pop(id(run), None)
+                    if pre is not None:
+                        registered.append(pre.delivery)
                     if run.shard not in copies:
                         copies[run.shard] = None if self._cached_fd(run.shard) is not None else self.prefetcher.copy(run.shard)
                     copy = copies[run.shard]
                     fd = self._cached_fd(run.shard) if copy is None else None
                     if fd is not None:
-                        self._read_cached(fd, run, rows)
+                        for rest in self._settle(run, pre):
+                            self._read_cached(fd, rest, rows)
                     elif copy is None or attempt == _RESOLVE_ATTEMPTS - 1:
-                        remote.append(run)
+                        remote.extend(self._settle(run, pre))
                     else:
                         spans = _pages(run.offs, run.sizes)
                         if self._blocks_read:
@@ -383,9 +484,10 @@ class RangedPayloadArray(PayloadArray):
                         if run.shard not in self._tails_checked:
                             spans += self._tail_pages(run.shard)
                         asked.setdefault(run.shard, []).extend(spans)
-                        delivery = self._deliver(copy, run, rows)  # before the pages are asked for
-                        if delivery is not None:
-                            registered.append((copy, delivery))
+                        # Registered before the pages are asked for (or when the block was opened ahead).
+                        delivery = pre.delivery if pre is not None else self._deliver(copy, run, rows)
+                        if delivery is not None and pre is None:
+                            registered.append(delivery)
                         waits.append((run, copy, spans, delivery))
                 gap = demand_gap_pages()
                 for shard, spans in asked.items():  # one request per copy: the filler is woken once, not per run
@@ -417,8 +519,7 @@ class RangedPayloadArray(PayloadArray):
                         for rest in self._undelivered(run, delivery):
                             self._read_cached(copy.fd, rest, rows)
             finally:
-                for copy, delivery in registered:
-                    copy.undeliver(delivery)
+                self._undeliver(registered)
                 for c in copies.values():
                     if c is not None:
                         c.close()
@@ -666,6 +767,8 @@ class RangedPayloadArray(PayloadArray):
 
     def close(self) -> None:
         self._drop_ahead()
+        opened, self._opened_ahead = self._opened_ahead, []
+        self._undeliver(reg.delivery for _, registered in opened for reg in registered.values())
         if self.prefetcher is not None:
             self.prefetcher.close()
         super().close()
@@ -694,6 +797,19 @@ class RangedPayloadArray(PayloadArray):
         at = run.pos[a:b]
         self._decode_records(run.shard, start, data, offs, sizes, rows.arrays, rows.which[at].tolist(), rows.row[at].tolist(),
                              rows.decodes)  # fmt: skip
+
+
+class _Registered:
+    """A run's records registered for delivery before its read (:meth:`RangedPayloadArray.deliver_ahead`),
+    with the destination buffer and row of each (the read takes it over only for the same rows)."""
+
+    def __init__(self, delivery: Delivery, which: np.ndarray, row: np.ndarray) -> None:
+        self.delivery, self.which, self.row = delivery, which, row
+
+
+def _run_id(run: _Run) -> tuple[int, int, int]:
+    """A run of a plan by its shard, first offset and records (the same in a block's plan ahead and at its read)."""
+    return run.shard, int(run.offs[0]), int(run.offs.size)
 
 
 class _Ahead:

@@ -142,6 +142,9 @@ class Delivery:
         self.which = which
         self.fill, self.offs, self.ends, self.rows = fill, offs, ends, rows
         self.got = [0] * len(offs)
+        #: The records' first and last byte: a chunk outside them is passed by at once (a fill has
+        #: a delivery per run of every block waiting for it, and each chunk is offered to all).
+        self.lo, self.hi = (offs[0], ends[-1]) if offs else (0, 0)
 
     def delivered(self) -> list[bool]:
         """Which records are entirely in their rows, from checked parts."""
@@ -157,6 +160,8 @@ class Delivery:
     def copy(self, pos: int, chunk: memoryview) -> int:
         """Copy the bytes of ``chunk`` (at ``pos`` in the shard) that belong to these records into
         their rows; returns how many (called under the fill's ``deliver_lock``)."""
+        if pos >= self.hi or pos + chunk.nbytes <= self.lo:
+            return 0
         n = 0
         for k, a, b in self._overlapping(pos, pos + chunk.nbytes):
             o = self.offs[k]
@@ -376,6 +381,13 @@ class ShardPrefetcher:
         """How many copies this process fills now."""
         with self._cond:
             return len(self._fills)
+
+    def undeliver(self, delivery: Delivery) -> None:
+        """No more copies into ``delivery``'s rows once this returns (a sink copying now is waited
+        for); any time, also after its copy completed or failed (:meth:`PartialCopy.deliver`)."""
+        with self._cond, delivery.fill.deliver_lock:
+            with suppress(ValueError):
+                delivery.fill.deliveries.remove(delivery)
 
     def schedule(self, parts: Sequence[tuple[int, int, int]]) -> None:
         """The background order from now on: ``(index, lo, hi)`` page spans of ``items``, in the order
@@ -831,9 +843,7 @@ class PartialCopy:
 
     def undeliver(self, delivery: Delivery) -> None:
         """No more copies into ``delivery``'s rows once this returns (a sink copying now is waited for)."""
-        with self.owner._cond, delivery.fill.deliver_lock:
-            with suppress(ValueError):
-                delivery.fill.deliveries.remove(delivery)
+        self.owner.undeliver(delivery)
 
     def wait(self, spans: list[tuple[int, int]]) -> bool:
         """Block until every page of ``spans`` is present (True), or the fill ended without them

@@ -122,6 +122,12 @@ class BatchPool:
             if stop.is_set():
                 raise Stopped()
 
+    def try_acquire(self) -> BatchBuffer | None:
+        """A buffer nobody references, or ``None`` at once when the pool has none to give (for a
+        block the reader opens ahead, which must not wait for the consumer)."""
+        with self._changed:
+            return self._take()
+
     def consumer_waits(self) -> None:
         """The consumer asks for its next batch: buffers it dropped may be free now."""
         with self._changed:

@@ -3,6 +3,7 @@ of one run (docs/design.md §4, *The pipeline*)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
@@ -520,12 +521,16 @@ class Pipeline:
         tier: str = "disk",
         ahead: Ahead | None = None,
         following: np.ndarray | None = None,
+        opened: _Opened | None = None,
+        then: Callable[[], None] | None = None,
     ) -> BlockRead:
         """Read plan positions ``[a, b)`` (``keys``) with ``read(keys, destination)``: uncached records
         into their batch rows (or a sink slot), pinned ones the cache lacks into their cache rows.
         ``open_buffers`` carries a batch an earlier block began into the next block; ``ahead`` is
         what :meth:`_expect` announced for these keys; ``following``: the next block's keys, if
-        known (the mapped files announce them)."""
+        known (the mapped files announce them); ``opened``, the block's buffers and destination
+        when it was opened ahead (:meth:`_open_ahead`); ``then``, called once the block holds its
+        buffers, before its read (it opens the blocks after it)."""
         if self.sink is not None:
             ring_slot, array = self.sink.acquire(self.stop)
             keys = np.sort(keys)
@@ -553,19 +558,22 @@ class Pipeline:
             return BlockRead(seg, a, b, keys, None, tuple(_Copy(p, v, r, cached=True) for p, v, r in views))
         bs = seg.shape.batch_size
         buffers: dict[int, BatchBuffer] | None = None
-        if not self.assemble_only:
+        if opened is not None:
+            buffers = opened.buffers
+        elif not self.assemble_only:
             buffers = {}
             for g in range(a // bs, (b - 1) // bs + 1):
                 buf = open_buffers.pop(g, None)
                 buffers[g] = buf if buf is not None else self._pool().acquire(self.stop)
+        if buffers is not None:
             last = (b - 1) // bs
             if int(seg.shape.batch_sizes[last]) > b - last * bs:  # the last batch continues in the next block
                 open_buffers[last] = buffers[last]
         if self.cache is None and buffers is not None:
             # Nothing pinned: every record straight into its batch row (no per-record cache arrays).
-            which, rows = self._batch_rows(seg, a, None, b - a)
-            batch_arrays = tuple(buffers[g].array for g in range(a // bs, a // bs + len(buffers)))
-            dest = Destination(batch_arrays, which, rows, (a - (a // bs) * bs, bs), decodes=[])
+            dest = opened.dest if opened is not None else self._batch_destination(seg, a, b, buffers)
+            if then is not None:
+                then()
             self._timed_read(read, keys, dest, tier)
             return BlockRead(seg, a, b, keys, buffers, decodes=tuple(dest.decodes or ()))
         pos, crow, fill = self._cache_plan(keys, ahead)
@@ -746,37 +754,97 @@ class Pipeline:
         # schedule up front, to download parts in the order the blocks will need them.
         schedule = getattr(self.disk.payload, "schedule", None) if self.node_disk is None else None
         mapped = self._mapped() if self.assemble_only else None  # decided before any block is announced
+        # A reader that downloads into a local cache can take later blocks' rows before their reads
+        # (docs/design.md §9, *Blocks that complete during the download*).
+        deliver_ahead = getattr(self.disk.payload, "deliver_ahead", None) if self._opens_ahead() else None
         for seg in self._segments:
             open_buffers: dict[int, BatchBuffer] = {}
             self._count_epoch_disk(seg.epoch, block=False)  # what landed since the last block: the epoch before
             bounds = list(self._bounds(seg, 0, seg.length, self.sizes.ram_block, self.sizes.span_block))
             if schedule is not None:
                 schedule(self._unpinned(seg.keys(a, b)) for a, b in bounds)
-            blocks = iter(bounds)
-            upcoming, following = next(blocks, None), None
+            opening = _Opening(seg, bounds, deliver_ahead) if deliver_ahead is not None else None
+            opened: dict[int, _Opened] = opening.blocks if opening is not None else {}
+            following: np.ndarray | None = None
             announced: Ahead | None = None
-            while upcoming is not None:
-                a, b = upcoming
-                upcoming = next(blocks, None)
-                keys = following if following is not None else seg.keys(a, b)
+            for i, (a, b) in enumerate(bounds):
+                upcoming = bounds[i + 1] if i + 1 < len(bounds) else None
+                mine = opened.pop(i, None)
+                keys = mine.keys if mine is not None else following if following is not None else seg.keys(a, b)
                 following = None
                 this, announced = announced, None
                 if upcoming is not None and (ahead is not None or mapped is not None
                                              or (self.cache is not None and self.cache.share_key is not None)):  # fmt: skip
-                    following = seg.keys(*upcoming)
+                    following = opened[i + 1].keys if i + 1 in opened else seg.keys(*upcoming)
                     if ahead is not None:
                         ahead(self._unpinned(following))
                     # The next block's cache rows are allocated on the cache's thread while this one is read.
                     announced = self._expect(following)
+                then: Callable[[], None] | None = None
+                if opening is not None and opening.active and i:  # (the first block first: its batch is awaited)
+                    then = functools.partial(self._open_ahead, opening, i)
                 if self._identity is not None:  # a check that is due runs while the block is read
                     self._identity.check(wait=False)
-                block = self._read_block(seg, a, b, keys, read, open_buffers, ahead=this, following=following)
+                block = self._read_block(seg, a, b, keys, read, open_buffers, ahead=this, following=following,
+                                         opened=mine, then=then)  # fmt: skip
                 self._verify()
                 self._count_epoch_disk(seg.epoch)
                 self._put(self._blocks, block)
             seg.done()
             self._put(self._blocks, EpochEnd(seg.epoch, seg.complete))
         self._put(self._blocks, RunDone())
+
+    def _opens_ahead(self) -> bool:
+        """Whether blocks may be opened ahead (:meth:`_open_ahead`): batch buffers read straight
+        from the dataset (no static cache, staging, sink or node-local reader)."""
+        return (self.sink is None and self.cache is None and not self.staged and not self.assemble_only
+                and self.node_disk is None and self.pool is not None)  # fmt: skip
+
+    def _open_ahead(self, opening: _Opening, i: int) -> None:
+        """Once block ``i`` holds its buffers, before it is read, open the blocks after it that the
+        pool has free buffers for now (in order, whole blocks, without waiting for the consumer:
+        a block read later never waits for buffers a block after it holds), while the reader still has
+        records to download (``deliver_ahead`` says so): their rows are the reader's from then on,
+        so the download copies their records in as their bytes land, and the blocks complete when
+        it does instead of being read back from the copies after it (docs/design.md §9). Only
+        blocks that start a batch are opened (no batch is shared with a block not opened yet).
+        Once the reader has nothing left to download, no more block of the pass is opened."""
+        pool = self._pool()
+        seg, bounds, opened = opening.seg, opening.bounds, opening.blocks
+        bs = seg.shape.batch_size
+        j = max(opened, default=i) + 1
+        while j < len(bounds):
+            a, b = bounds[j]
+            if a % bs:
+                return
+            batches = range(a // bs, (b - 1) // bs + 1)
+            taken: list[BatchBuffer] = []
+            for _ in batches:
+                buf = pool.try_acquire()
+                if buf is None:
+                    for t in taken:
+                        pool.release(t)
+                    return
+                taken.append(buf)
+            buffers = dict(zip(batches, taken))
+            keys = seg.keys(a, b)
+            dest = self._batch_destination(seg, a, b, buffers)
+            if not opening.deliver(keys, dest):  # nothing left to download: read as usual from here on
+                for t in taken:
+                    pool.release(t)
+                opening.active = False
+                return
+            opened[j] = _Opened(keys, buffers, dest)
+            j += 1
+
+    @staticmethod
+    def _batch_destination(seg: Segment, a: int, b: int, buffers: dict[int, BatchBuffer]) -> Destination:
+        """Every record of plan positions ``[a, b)`` straight into its row of the block's batch
+        ``buffers`` (nothing pinned: no per-record cache arrays)."""
+        bs = seg.shape.batch_size
+        which, rows = Pipeline._batch_rows(seg, a, None, b - a)
+        batch_arrays = tuple(buffers[g].array for g in range(a // bs, a // bs + len(buffers)))
+        return Destination(batch_arrays, which, rows, (a - (a // bs) * bs, bs), decodes=[])
 
     def _count_epoch_disk(self, epoch: int, *, block: bool = True) -> None:
         """Count what the dataset's read counters gained since the last count (every byte and
@@ -959,6 +1027,29 @@ class Pipeline:
             self._put(self.batches, BatchReady(batch, seg.epoch, int(seg.shape.positions[g]), buf))
         if block.stage is not None:
             self._stage_free.put(block.stage.slot)  # every batch taken: the reader may refill it
+
+
+@dataclass(frozen=True, eq=False)
+class _Opened:
+    """A block opened ahead of its read (:meth:`Pipeline._open_ahead`): its keys, its batch
+    buffers and the destination its read will be given (the same object the reader was told)."""
+
+    keys: np.ndarray
+    buffers: dict[int, BatchBuffer]
+    dest: Destination
+
+
+@dataclass(eq=False)
+class _Opening:
+    """The blocks of one pass (``bounds`` of ``seg``) the reader opened ahead, by index, and the
+    reader's ``deliver`` (:meth:`~shardkit.formats.ranged.RangedPayloadArray.deliver_ahead`);
+    ``active`` until the reader says it has nothing left to download."""
+
+    seg: Segment
+    bounds: list[tuple[int, int]]
+    deliver: Callable[[np.ndarray, Destination], bool]
+    blocks: dict[int, _Opened] = field(default_factory=dict)
+    active: bool = True
 
 
 @dataclass(frozen=True, eq=False)

@@ -213,3 +213,122 @@ def test_a_block_does_not_wait_for_a_landed_copy_to_be_checked_and_named(
         reader.join()
     assert not waited, "the block waited for the landed copy to be checked and named"
     check_batch({"key": np.array(keys), **got})
+
+
+# Blocks opened ahead (docs/design.md §9, *Blocks that complete during the download*): a later
+# block's rows are registered before an earlier block's parts are asked for.
+AHEAD_KEYS = [5, 22, PER_SHARD + 18, 2 * PER_SHARD + 25]  # in the parts of KEYS, not on their pages
+
+
+def _rows_for(payload: Any, n: int) -> tuple[np.ndarray, Any]:
+    """Rows for ``n`` records of ``payload`` and the destination that reads into them."""
+    from shardkit.formats.reader import Destination
+
+    out = np.zeros((n, *payload.record.shape), dtype=payload.dtype)
+    return out, Destination.rows_of(out, n)
+
+
+def test_a_block_opened_ahead_gets_its_records_from_an_earlier_blocks_parts(
+        url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A block registered ahead of its read gets every record that lands in the parts an earlier
+    block asked for from their chunks: none of its records is read back from the copy."""
+    reads = _copy_reads(monkeypatch)
+    with Dataset(url, cache_dir=_cache(tmp_path)) as ds:
+        payload: Any = ds.payload
+        payload.schedule(iter([]))  # starts the download, the background held back
+        payload._blocks_read = 1  # a later block: it asks for whole parts
+        out, dest = _rows_for(payload, len(AHEAD_KEYS))
+        assert payload.deliver_ahead(np.array(AHEAD_KEYS), dest)
+        check_batch({"key": np.array(KEYS), **ds.read(KEYS)})  # its parts hold the block's records too
+        before = len(reads)
+        payload.read_into(np.array(AHEAD_KEYS), dest)
+        st = payload.prefetcher.stats
+    np.testing.assert_array_equal(out, encode(np.array(AHEAD_KEYS), SHAPE))
+    assert not [w for w, _ in reads[before:] if "local cache copy" in w], reads[before:]
+    assert st.delivered_bytes == (len(KEYS) + len(AHEAD_KEYS)) * REC
+
+
+def test_a_retried_part_delivers_its_last_response_to_both_blocks(
+        url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a block read and one opened ahead registered on the same parts, each part's first
+    response hands over wrong bytes and is fetched again: both blocks hold the second response's
+    bytes, each record counted delivered once."""
+    seen: set[tuple[str, int]] = set()
+
+    def garbage_first(r: ByteRange, sink: Callable[[int, memoryview], None]) -> None:
+        if (r.key, r.start) not in seen:
+            seen.add((r.key, r.start))
+            sink(r.start, memoryview(b"\xff" * r.nbytes))
+
+    _streams(monkeypatch, garbage_first)
+    with Dataset(url, cache_dir=_cache(tmp_path)) as ds:
+        payload: Any = ds.payload
+        payload.schedule(iter([]))
+        payload._blocks_read = 1
+        out, dest = _rows_for(payload, len(AHEAD_KEYS))
+        assert payload.deliver_ahead(np.array(AHEAD_KEYS), dest)
+        got = ds.read(KEYS)
+        payload.read_into(np.array(AHEAD_KEYS), dest)
+        st = payload.prefetcher.stats
+    assert seen
+    np.testing.assert_array_equal(got["image"], encode(np.array(KEYS), SHAPE))
+    np.testing.assert_array_equal(out, encode(np.array(AHEAD_KEYS), SHAPE))
+    assert st.delivered_bytes == (len(KEYS) + len(AHEAD_KEYS)) * REC
+
+
+def test_a_failed_part_delivers_nothing_to_a_block_opened_ahead(
+        url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A part that copied its bytes into both blocks' rows and then fails delivers nothing to
+    either: the block read raises, the block opened ahead counts no record delivered, and its
+    registrations are taken back when the reader closes (no copy into its rows after)."""
+    deliveries = _deliveries(monkeypatch)
+
+    def copied_then_failed(r: ByteRange, sink: Callable[[int, memoryview], None]) -> None:
+        sink(r.start, memoryview(b"\xff" * r.nbytes))
+        raise StoreError(f"{r.key}: the server went away (injected)")
+
+    _streams(monkeypatch, copied_then_failed)
+    with Dataset(url, cache_dir=_cache(tmp_path)) as ds:
+        payload: Any = ds.payload
+        payload.schedule(iter([]))
+        payload._blocks_read = 1
+        _, dest = _rows_for(payload, len(AHEAD_KEYS))
+        assert payload.deliver_ahead(np.array(AHEAD_KEYS), dest)
+        ahead = list(deliveries)
+        with pytest.raises(StoreError, match="injected"):
+            ds.read(KEYS)
+        assert ahead and len(deliveries) > len(ahead)
+    assert not any(any(d.delivered()) for d in deliveries), [(d.which, d.got, d.fill.index) for d in deliveries]
+    assert not any(d in d.fill.deliveries for d in deliveries)
+
+
+def test_the_sampler_opens_blocks_ahead_while_it_downloads(
+        url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cold epoch with a cache: the reader opens the blocks after the one it reads that the batch
+    pool has room for, so the records the earlier blocks' parts bring are copied into their rows
+    (more bytes delivered from the parts than when each block registers at its own read, fewer
+    read back), and the batches are the local run's."""
+    from shardkit.readers import TieredSampler
+    from shardkit.tiers import pipeline
+
+    started: list[prefetch.ShardPrefetcher] = []
+    init = prefetch.ShardPrefetcher.__init__
+
+    def watched(self: prefetch.ShardPrefetcher, *args: Any, **kw: Any) -> None:
+        init(self, *args, **kw)
+        started.append(self)
+
+    monkeypatch.setattr(prefetch.ShardPrefetcher, "__init__", watched)
+    kw: dict[str, Any] = {"batch_size": 4, "epochs": 1, "seed": 3, "ram_size": "40records", "static_cache": 0}
+    expected = list(TieredSampler(str(tmp_path / "ds"), **kw))
+    real = pipeline.Pipeline._opens_ahead
+    delivered: dict[bool, int] = {}
+    for ahead in (False, True):
+        monkeypatch.setattr(pipeline.Pipeline, "_opens_ahead", real if ahead else (lambda self: False))
+        (tmp_path / str(ahead)).mkdir()
+        got = list(TieredSampler(url, cache_dir=_cache(tmp_path / str(ahead)), **kw))
+        for a, b in zip(got, expected, strict=True):
+            for k in a:
+                np.testing.assert_array_equal(a[k], b[k])
+        delivered[ahead] = started[-1].stats.delivered_bytes
+    assert delivered[True] > delivered[False], delivered
