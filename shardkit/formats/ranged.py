@@ -8,6 +8,7 @@ the reasons: docs/design.md §9.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import os
@@ -97,6 +98,7 @@ class RangedPayloadArray(PayloadArray):
         checked = self._init_layout(doc, store.describe(doc_key), array, shards)
         self._init_state(checked, stats, DEFAULT_GAP_BYTES)
         self.gap_bytes = int(gap_bytes)
+        self._scratch = np.empty(max(self.gap_bytes, 1), dtype=np.uint8)  # a run's gaps, read from a cache copy
         self._etags: dict[int, str | None] = {}
         #: Shards a newer version of the dataset replaced: read from the copy kept for this version.
         self._keys: dict[int, str] = {}
@@ -246,7 +248,7 @@ class RangedPayloadArray(PayloadArray):
         k = np.asarray(keys, dtype=np.int64).reshape(-1)
         if k.size > PLAN_RECORDS:
             self._next_keys = None  # read in several plans: the next read's requests would start too early
-        if self.cache is not None and self.prefetcher is None:
+        if self.cache is not None and self.prefetcher is None and k.size and self._uncached(k):
             self.prefetcher = self._start_prefetch()
         self._taking = self._take_opened(dest)
         try:
@@ -363,7 +365,10 @@ class RangedPayloadArray(PayloadArray):
         pf = self.prefetcher
         part_bytes = prefetch.PART_BYTES  # the prefetcher's parts (read when called: tests shrink them)
         per = part_bytes // PAGE_BYTES
-        todo = {i: -(-map_pages(info.nbytes) // per) for i, info in enumerate(self.shards) if pf is None or pf.pending(i)}
+        todo = {i: -(-map_pages(info.nbytes) // per) for i, info in enumerate(self.shards)
+                if (self._cached_fd(i) is None if pf is None else pf.pending(i))}
+        if pf is None and not todo:
+            return  # every copy complete: nothing to download, no fetch threads to start
         seen: set[tuple[int, int]] = set()
         order: list[tuple[int, int, int]] = []
         left = sum(todo.values())
@@ -396,19 +401,60 @@ class RangedPayloadArray(PayloadArray):
         else:
             pf.schedule(order)
 
+    def _uncached(self, keys: np.ndarray) -> bool:
+        """Some shard of ``keys`` has no complete local copy (the download is started for it: a read
+        that finds every copy complete starts no fetch threads)."""
+        shards = np.unique(np.clip(keys, 0, max(0, self.num_records - 1)) // self.records_per_shard).tolist()
+        return any(self._cached_fd(i) is None for i in shards)
+
     def _read_plan(self, plan: _Plan, rows: list[np.ndarray], decodes: list[DecodeJob] | None = None) -> None:
-        """Fetch the plan run by run (see :meth:`_read_runs`); each record goes to its destination row,
-        decode jobs to ``decodes`` when given (the caller waits for them, see ``Destination.decodes``)."""
+        """Runs of shards with a complete local copy are read by the local reader's engine
+        (:meth:`_read_complete`); the others run by run (see :meth:`_read_runs`). Each record goes to
+        its destination row, decode jobs to ``decodes`` when given (the caller waits for them, see
+        ``Destination.decodes``)."""
         out = _Rows(rows, plan)
         if decodes is not None:
             out.decodes = decodes
         try:
-            self._read_runs(plan.as_runs(self.shard_location), out)
+            looked = self.cache is not None and self.codec is None  # complete copies looked up here first
+            done = self._read_complete(plan, rows) if looked else np.zeros(plan.num_runs, dtype=bool)
+            if not done.all():
+                runs = [run for run, d in zip(plan.as_runs(self.shard_location), done.tolist()) if not d]
+                self._read_runs(runs, out, looked=looked)
         except BaseException:
             wait_decodes(out.decodes)  # no decoder writes into the rows once the error is raised
             raise
         if decodes is None:
             finish_decodes(out.decodes)
+
+    def _read_complete(self, plan: _Plan, rows: list[np.ndarray]) -> np.ndarray:
+        """Read the runs of ``plan`` whose shard has a complete, checked local copy, as the local
+        reader reads its shard files (announced, then one ``preadv`` a run into the rows, small
+        records bounced), counted in ``cache_stats``; returns which runs were read. A warm epoch
+        and a cold epoch's blocks after the download are only these reads, so they cost what a
+        local dataset's do: no per-run Python of the remote path (docs/design.md §9).
+        Compressed records keep the run-by-run path."""
+        done = np.zeros(plan.num_runs, dtype=bool)
+        run_shard = plan.shard[plan.run_starts]
+        files: dict[int, tuple[int, str]] = {}
+        for i in np.unique(run_shard).tolist():
+            fd = self._cached_fd(i)
+            if fd is not None:
+                files[i] = (fd, f"{self.shard_location(i)} (local cache copy)")
+        if not files:
+            return done
+        done = np.isin(run_shard, list(files))
+        local = dataclasses.replace(plan, files=files.__getitem__)
+        if plan.num_runs > 1:
+            self._announce(local, skip={int(i) for i in run_shard[~done].tolist()})
+        bounced = local.dense_runs() if self.record_nbytes < SCATTER_MIN_BYTES else np.zeros(plan.num_runs, dtype=bool)
+        self._read_scattered(local, rows, np.flatnonzero(done & ~bounced))
+        self._read_bounced(local, rows, np.flatnonzero(done & bounced))
+        return done
+
+    def _preadv_all(self, fd: int, path: str, buffers: list[memoryview], offset: int) -> None:
+        """The local engine's reads are of cache copies here: counted in ``cache_stats``, not as requests."""
+        preadv_exact(fd, buffers, offset, path, self.cache_stats)
 
     def _prefetch_indexes(self, shards: list[int]) -> None:
         missing = [i for i in shards if i not in self._indexes and self._known_index(i) is None]
@@ -422,10 +468,11 @@ class RangedPayloadArray(PayloadArray):
         for i in missing:
             self.index(i)
 
-    def _read_runs(self, runs: list[_Run], rows: _Rows) -> None:
+    def _read_runs(self, runs: list[_Run], rows: _Rows, *, looked: bool = False) -> None:
         """Runs of shards the local cache holds are read from it; runs of shards being downloaded
         (here or by another process) are read from the partial copy once their pages are local,
-        asked for first; the others are fetched by range (:meth:`_fetch_runs`)."""
+        asked for first; the others are fetched by range (:meth:`_fetch_runs`). ``looked``: the
+        caller just found no complete copy of these runs' shards (not looked up again)."""
         remote: list[_Run] = []
         filling: list[_Run] = []
         fds: dict[int, int | None] = {}  # looked up once per shard, not per run (a copy being filled is not found)
@@ -433,7 +480,7 @@ class RangedPayloadArray(PayloadArray):
         for run in runs:
             reg = self._registered(run, rows) if self._taking else None
             if run.shard not in fds:
-                fds[run.shard] = self._cached_fd(run.shard)
+                fds[run.shard] = None if looked else self._cached_fd(run.shard)
             fd = fds[run.shard]
             if fd is not None:
                 for rest in self._settle(run, reg):

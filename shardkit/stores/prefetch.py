@@ -24,17 +24,15 @@ from shardkit.stores.atomic import is_out_of_space
 from shardkit.stores.base import ByteRange, Store, write_all
 from shardkit.stores.cache import PAGE_BYTES, STALE_SECONDS, ShardCache, filler_alive, map_pages
 
-__all__ = ["ShardPrefetcher", "PrefetchItem", "PrefetchStats", "PartialCopy", "Delivery", "PREFETCH_CONCURRENCY",
-           "PART_BYTES", "MAX_PARTS_IN_FLIGHT", "CLAIM_AHEAD", "DEMAND_GAP_PAGES", "demand_gap_pages"]
+__all__ = ["ShardPrefetcher", "PrefetchItem", "PrefetchStats", "PartialCopy", "Delivery", "PART_BYTES",
+           "MAX_PARTS_IN_FLIGHT", "CLAIM_AHEAD", "DEMAND_GAP_PAGES", "demand_gap_pages"]
 
 logger = logging.getLogger(__name__)
 
-#: The most background parts in flight (each streams through one fetch thread while it lands).
+#: Background parts in flight (each streams through one fetch thread while it lands; never more
+#: than the store's concurrency), from the first request on: the link is full while the reader
+#: still plans its first block (docs/design.md §9).
 MAX_PARTS_IN_FLIGHT = 16
-#: Background parts in flight at first (never more than the store's concurrency): the most, so the
-#: link is full from the first requests on, while the reader still plans its first block (a lower
-#: start, given as ``concurrency``, grows while the measured throughput rises; docs/design.md §9).
-PREFETCH_CONCURRENCY = MAX_PARTS_IN_FLIGHT
 #: Size of a background part (a multiple of PAGE_BYTES); a shard no larger is fetched whole.
 #: 8 MiB matches ``StoreOptions.request_bytes``, the size the ranged path already splits long reads
 #: at; it was not re-tuned here (the shared benchmark machine was too loaded to resolve 4 vs 16 MiB).
@@ -67,8 +65,6 @@ ASK_POLL_SECONDS = 0.002
 _WANTED_POLL_SECONDS = 0.1
 #: How long an idle fetch thread sleeps when nobody wakes it (a safety net: work is notified).
 _IDLE_SECONDS = 1.0
-#: Throughput is measured over windows this long to decide whether more parts in flight help.
-_WINDOW_SECONDS = 0.25
 #: The most copies :meth:`ShardPrefetcher.claim_all` claims at once (two descriptors each).
 CLAIM_AHEAD = 256
 #: A claimed copy nobody wrote to for this long is touched by its live filler (so that a copy
@@ -263,7 +259,6 @@ class ShardPrefetcher:
         verify: Callable[[int, int, int], bool],
         pin: Callable[[int, str | None], str | None],
         account: Callable[[int, int], None],
-        concurrency: int = PREFETCH_CONCURRENCY,
         order: Sequence[tuple[int, int, int]] = (),
     ) -> None:
         self.store = store
@@ -290,13 +285,10 @@ class ShardPrefetcher:
         self.error: BaseException | None = None
         total = max(1, min(store.options.concurrency, MAX_PARTS_IN_FLIGHT * 2))
         self._max_bg = max(1, min(MAX_PARTS_IN_FLIGHT, store.options.concurrency))
-        self.limit = max(1, min(concurrency, self._max_bg))
         self._bg_active = 0
         self._demand_active = 0
         self.stats = PrefetchStats()
         self._t0 = time.monotonic()
-        self._window = (time.monotonic(), 0)
-        self._best_rate = 0.0
         self._threads = [threading.Thread(target=self._work, args=(k,), name=f"shardkit-prefetch-{k}", daemon=True)
                          for k in range(total)]  # fmt: skip
         self._filling = threading.Event()  # set while there are fills (the watcher sleeps otherwise)
@@ -463,7 +455,7 @@ class ShardPrefetcher:
                 if got[1] < hi:
                     self._demand.appendleft((i, got[1], hi))
                 return fill, got[0], got[1], True
-        if self._bg_active >= self.limit or self._demand_active or _background_held():
+        if self._bg_active >= self._max_bg or self._demand_active or _background_held():
             return None
         got_next = self._scheduled()
         if got_next is not None:
@@ -508,21 +500,6 @@ class ShardPrefetcher:
                 self._order.popleft()
             return fill, got[0], got[1], False
         return None
-
-    def _measure(self, nbytes: int) -> None:
-        """Grow the background parts in flight while throughput rises (by a quarter, at least one)."""
-        t0, total = self._window
-        total += nbytes
-        now = time.monotonic()
-        if now - t0 < _WINDOW_SECONDS:
-            self._window = (t0, total)
-            return
-        rate = total / (now - t0)
-        self._window = (now, 0)
-        if rate > self._best_rate * 1.05 and self.limit < self._max_bg and self._bg_active >= self.limit - 1:
-            self.limit = min(self._max_bg, self.limit + max(1, self.limit // 4))
-            logger.debug("prefetch: %.0f MB/s, %d parts in flight", rate / 1e6, self.limit)
-        self._best_rate = max(self._best_rate, rate)
 
     def _count_in_flight(self) -> None:
         self.stats.most_in_flight = max(self.stats.most_in_flight, self._demand_active + self._bg_active)
@@ -577,7 +554,7 @@ class ShardPrefetcher:
                 if demanded:
                     self._demand_active -= 1
                     if not self._demand_active and not _background_held():
-                        self._wake.notify(max(0, self.limit - self._bg_active))  # the background may go on
+                        self._wake.notify(max(0, self._max_bg - self._bg_active))  # the background may go on
                 else:
                     self._bg_active -= 1
                 self._count_in_flight()
@@ -586,7 +563,6 @@ class ShardPrefetcher:
                     fill.done += hi - lo
                     for delivery in fill.deliveries if streamed else ():  # (a whole-object GET copies none)
                         delivery.landed(lo * PAGE_BYTES, min(hi * PAGE_BYTES, fill.item.size))
-                    self._measure(min(hi * PAGE_BYTES, fill.item.size) - lo * PAGE_BYTES)
                 elif fill.error is None:
                     fill.error = error
                 self._cond.notify_all()
