@@ -417,7 +417,7 @@ class RangedPayloadArray(PayloadArray):
             out.decodes = decodes
         try:
             looked = self.cache is not None and self.codec is None  # complete copies looked up here first
-            done = self._read_complete(plan, rows) if looked else np.zeros(plan.num_runs, dtype=bool)
+            done = self._read_complete(plan, rows, self._registered_runs(plan)) if looked else np.zeros(plan.num_runs, dtype=bool)
             if not done.all():
                 runs = [run for run, d in zip(plan.as_runs(self.shard_location), done.tolist()) if not d]
                 self._read_runs(runs, out, looked=looked)
@@ -427,13 +427,21 @@ class RangedPayloadArray(PayloadArray):
         if decodes is None:
             finish_decodes(out.decodes)
 
-    def _read_complete(self, plan: _Plan, rows: list[np.ndarray]) -> np.ndarray:
+    def _registered_runs(self, plan: _Plan) -> np.ndarray | None:
+        """Which runs of ``plan`` have a delivery registered ahead (a block opened ahead,
+        :meth:`deliver_ahead`): they are settled run by run, reading only what was not delivered,
+        even from a complete copy. None when there are none."""
+        if not self._taking:
+            return None
+        return np.array([(int(plan.shard[a]), int(plan.offs[a]), b - a) in self._taking for a, b in plan.runs()], dtype=bool)
+
+    def _read_complete(self, plan: _Plan, rows: list[np.ndarray], registered: np.ndarray | None = None) -> np.ndarray:
         """Read the runs of ``plan`` whose shard has a complete, checked local copy, as the local
         reader reads its shard files (announced, then one ``preadv`` a run into the rows, small
         records bounced), counted in ``cache_stats``; returns which runs were read. A warm epoch
         and a cold epoch's blocks after the download are only these reads, so they cost what a
         local dataset's do: no per-run Python of the remote path (docs/design.md §9).
-        Compressed records keep the run-by-run path."""
+        Compressed records keep the run-by-run path; so do ``registered`` runs."""
         done = np.zeros(plan.num_runs, dtype=bool)
         run_shard = plan.shard[plan.run_starts]
         files: dict[int, tuple[int, str]] = {}
@@ -444,6 +452,8 @@ class RangedPayloadArray(PayloadArray):
         if not files:
             return done
         done = np.isin(run_shard, list(files))
+        if registered is not None:
+            done &= ~registered  # their delivered records are not read again (see _registered_runs)
         local = dataclasses.replace(plan, files=files.__getitem__)
         if plan.num_runs > 1:
             self._announce(local, skip={int(i) for i in run_shard[~done].tolist()})

@@ -17,7 +17,7 @@ from shardkit.formats import Dataset, ranged
 from shardkit.stores import ByteRange, ObjectStore, prefetch
 from shardkit.stores import cache as cache_mod
 from tests.helpers.sampler_data import check_batch, encode
-from tests.helpers.small_parts import PER_SHARD, SHAPE, small_parts_url
+from tests.helpers.small_parts import PER_SHARD, SHAPE, N, small_parts_url
 from tests.helpers.small_parts import cache_dir as _cache
 
 REC = int(np.prod(SHAPE))
@@ -246,6 +246,33 @@ def test_a_block_opened_ahead_gets_its_records_from_an_earlier_blocks_parts(
     np.testing.assert_array_equal(out, encode(np.array(AHEAD_KEYS), SHAPE))
     assert not [w for w, _ in reads[before:] if "local cache copy" in w], reads[before:]
     assert st.delivered_bytes == (len(KEYS) + len(AHEAD_KEYS)) * REC
+
+
+def test_a_block_opened_ahead_reads_back_none_of_its_delivered_records_once_the_copies_are_complete(
+        url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The blocks after the download read complete copies through the local engine; a block opened
+    ahead still takes its deliveries over there: what the parts delivered is not read again."""
+    import time
+
+    reads = _copy_reads(monkeypatch)
+    every = list(range(N))  # every part of every shard asked for: the copies complete
+    with Dataset(url, cache_dir=_cache(tmp_path)) as ds:
+        payload: Any = ds.payload
+        payload.schedule(iter([]))
+        payload._blocks_read = 1
+        out, dest = _rows_for(payload, len(AHEAD_KEYS))
+        assert payload.deliver_ahead(np.array(AHEAD_KEYS), dest)
+        check_batch({"key": np.array(every), **ds.read(every)})
+        deadline = time.monotonic() + 30
+        while any(payload._cached_fd(i) is None for i in range(N // PER_SHARD)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert all(payload._cached_fd(i) is not None for i in range(N // PER_SHARD))
+        before = len(reads)
+        payload.read_into(np.array(AHEAD_KEYS), dest)
+        st = payload.prefetcher.stats
+    np.testing.assert_array_equal(out, encode(np.array(AHEAD_KEYS), SHAPE))
+    assert st.delivered_bytes >= len(AHEAD_KEYS) * REC
+    assert not [w for w, _ in reads[before:] if "local cache copy" in w], reads[before:]
 
 
 def test_a_retried_part_delivers_its_last_response_to_both_blocks(
