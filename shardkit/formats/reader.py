@@ -453,7 +453,7 @@ def _sorted_with_order(keys: np.ndarray, bound: int, scratch: SortScratch | None
         order = np.argsort(keys, kind="stable")
         return order, keys[order]
     packed, order = scratch.arrays(n)[:2] if scratch is not None else (np.empty(n, np.int64), np.empty(n, np.int64))
-    np.left_shift(keys, bits, out=packed)
+    np.left_shift(keys, bits, out=packed, dtype=np.int64)  # int32 keys too, shifted as int64
     for c in range(0, n, PLAN_RECORDS):  # the positions, a bounded piece at a time
         d = min(n, c + PLAN_RECORDS)
         packed[c:d] |= np.arange(c, d, dtype=np.int64)
