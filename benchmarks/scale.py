@@ -1,6 +1,6 @@
 """Scale in records (issue #34): the tiered sampler on many small records against a plain numpy loop.
 
-Run: ``python benchmarks/scale.py [--sizes 1e6,1e7] [--rounds N] [--before TREE] [--work DIR]``
+Run: ``python benchmarks/scale.py [--sizes 1e6,1e7] [--rounds N] [--before TREE] [--work DIR] [--ratio-of 1e8]``
 
 Datasets of ``N`` records of 32 bytes (uint8, no other field, ``records_per_shard`` 2^20) are written
 once under ``--work`` (one directory per ``N``) and reused. For each size, each round runs in fresh
@@ -19,6 +19,13 @@ sampled during the epoch and at its end), both including the interpreter and imp
 RSS before the sampler is built). ``--before TREE`` runs the sampler of another shardkit tree (e.g.
 ``git archive e062d53 shardkit | tar -x -C /tmp/scale-before``) in the same run, as
 ``benchmarks/sample.py`` does.
+
+At ``ram_size`` 256 MiB a larger dataset is also a larger dataset ÷ budget ratio: more blocks an
+epoch, each reading the whole dataset, so the main table mixes the two. ``--ratio-of M`` adds a
+second table that keeps the ratio: every size runs again with the ``ram_size`` at which the sampler
+plans as many blocks an epoch as ``M`` records at 256 MiB (:func:`matched_ram`), and reports the
+blocks, the seconds per block (a pass over the dataset) and the CPU per record: whether the cost
+per record at a fixed ratio grows with the record count.
 """
 
 from __future__ import annotations
@@ -118,8 +125,34 @@ class _PssProbe:
             self.peak, self._next = max(self.peak, _pss()), now + self.every
 
 
+def blocks_per_epoch(n: int, ram: int) -> int:
+    """Blocks an epoch of ``n`` records needs at ``ram`` bytes without a static cache (the largest
+    block's count: the ramp of the first blocks adds a few)."""
+    from shardkit.readers import SamplerOptions
+
+    return -(-n // SamplerOptions(ram_size=ram, batch_size=BATCH, static_cache="off").tier_sizes(REC, n).ram_block)
+
+
+def matched_ram(n: int, reference: int) -> int:
+    """The smallest ``ram_size`` (whole KiB, at most :data:`RAM`) at which ``n`` records need at most
+    as many blocks an epoch as ``reference`` records at :data:`RAM` (as many as blocks of whole
+    batches allow: 41 for 42 at 10^6): the same dataset ÷ budget ratio, counted in
+    what it costs (passes over the dataset), not in bytes (the pool of batches in flight is a fixed
+    share of the budget). Without a static cache: a small budget would otherwise pin a few records
+    and take the unstaged plan, which 10^8 records at 256 MiB do not."""
+    want = blocks_per_epoch(reference, RAM)
+    lo, hi = 1, RAM >> 10  # KiB; fewer blocks as the budget grows
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if blocks_per_epoch(n, mid << 10) > want:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo << 10
+
+
 def sampler_worker(cfg: dict[str, Any]) -> dict[str, Any]:
-    """One epoch of the tiered sampler in this fresh process."""
+    """One epoch of the tiered sampler in this fresh process (``ram_size`` ``cfg["ram"]``, default :data:`RAM`)."""
     import shardkit
     from shardkit.readers import TieredSampler
 
@@ -127,7 +160,8 @@ def sampler_worker(cfg: dict[str, Any]) -> dict[str, Any]:
     base = _status("VmRSS")
     probe = _PssProbe()
     t0, c0 = time.perf_counter(), time.process_time()
-    s = TieredSampler(cfg["path"], ram_size=RAM, batch_size=BATCH, epochs=1, seed=int(cfg["seed"]))
+    options = {"ram_size": int(cfg.get("ram", RAM)), **({"static_cache": cfg["static_cache"]} if "static_cache" in cfg else {})}
+    s = TieredSampler(cfg["path"], batch_size=BATCH, epochs=1, seed=int(cfg["seed"]), **options)
     built = time.perf_counter() - t0
     first, first_cpu, records, check = None, 0.0, 0, 0
     t1 = time.perf_counter()
@@ -145,7 +179,7 @@ def sampler_worker(cfg: dict[str, Any]) -> dict[str, Any]:
     s.close()
     return {"records": records, "seconds": dt, "built": built, "first": first or 0.0, "wrong": check, "cpu": cpu,
             "first_cpu": first_cpu, "peak_rss": _status("VmHWM"), "pss": max(probe.peak, _pss()),
-            "base_rss": base}  # fmt: skip
+            "base_rss": base, "ram_block": s.memory_plan.ram_block}  # fmt: skip
 
 
 def numpy_worker(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -183,10 +217,11 @@ def numpy_worker(cfg: dict[str, Any]) -> dict[str, Any]:
             "base_rss": base}  # fmt: skip
 
 
-def run(kind: str, tree: str, path: Path, seed: int) -> dict[str, Any]:
-    """One worker in a new process whose ``shardkit`` is the one in ``tree``."""
+def run(kind: str, tree: str, path: Path, seed: int, **options: Any) -> dict[str, Any]:
+    """One worker in a new process whose ``shardkit`` is the one in ``tree`` (``options``: the
+    sampler's ``ram`` and ``static_cache``)."""
     env = {**os.environ, "PYTHONPATH": tree}
-    cfg = {"kind": kind, "tree": tree, "path": str(path), "seed": seed}
+    cfg = {"kind": kind, "tree": tree, "path": str(path), "seed": seed, **options}
     out = subprocess.run([sys.executable, __file__, "--worker", json.dumps(cfg)], env=env, check=True,
                          capture_output=True, text=True, timeout=7200)  # fmt: skip
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
@@ -235,12 +270,45 @@ def report(sizes: list[int], work: Path, trees: dict[str, str], rounds: int) -> 
     return lines
 
 
+def ratio_report(sizes: list[int], work: Path, trees: dict[str, str], rounds: int, reference: int) -> list[str]:
+    """The sampler at the same dataset ÷ budget ratio as ``reference`` records at :data:`RAM`
+    (:func:`matched_ram`): per-record cost against the record count, the ratio held."""
+    want = blocks_per_epoch(reference, RAM)
+    lines = [
+        f"Same dataset ÷ budget ratio as {reference:.0e} records at ram_size {RAM >> 20} MiB ({want} blocks an "
+        f"epoch, each a pass over the dataset), static_cache off; medians of {rounds} round(s).",
+        "",
+        "| records | run | ram_size MiB | blocks | records/s | epoch s | s per block | CPU µs/record |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for n in sizes:
+        path = dataset(work, n)
+        warm(path)
+        ram = RAM if n == reference else matched_ram(n, reference)
+        blocks = blocks_per_epoch(n, ram)
+        results: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
+        for r in range(rounds):
+            for name, tree in trees.items():
+                res = run("sampler", tree, path, seed=r, ram=ram, static_cache="off")
+                if res["wrong"] or res["records"] != n:
+                    raise SystemExit(f"sampler ({name}): {res['wrong']} wrong records, {res['records']} of {n} delivered")
+                results[name].append(res)
+        for name, rs in results.items():
+            rate = statistics.median(x["records"] / x["seconds"] for x in rs)
+            sec = statistics.median(x["seconds"] for x in rs)
+            cpu = statistics.median(x["cpu"] for x in rs)
+            lines.append(f"| {n:.0e} | sampler ({name}) | {ram / 2**20:,.1f} | {blocks} | {rate / 1e6:.2f} M | {sec:.1f} | "
+                         f"{sec / blocks:.3f} | {cpu / n * 1e6:.2f} |")  # fmt: skip
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="1e6,1e7", help="comma-separated record counts (1e8: 3.2 GB of data)")
     ap.add_argument("--rounds", type=int, default=1, help="repeat every configuration; report medians")
     ap.add_argument("--before", help="a shardkit tree to compare with (its sampler runs the same configurations)")
     ap.add_argument("--work", type=Path, default=HERE / "_data", help="where the datasets are written and kept")
+    ap.add_argument("--ratio-of", type=float, help="also run every size at the dataset ÷ budget ratio of this many records at 256 MiB")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -250,7 +318,10 @@ def main() -> None:
     sizes = [int(float(s)) for s in args.sizes.split(",") if s]
     args.work.mkdir(parents=True, exist_ok=True)
     trees = {"after": AFTER, **({"before": str(Path(args.before).resolve())} if args.before else {})}
-    print("\n".join(report(sizes, args.work, trees, args.rounds)))
+    print("\n".join(report(sizes, args.work, trees, args.rounds)), flush=True)
+    if args.ratio_of:
+        print()
+        print("\n".join(ratio_report(sizes, args.work, trees, args.rounds, int(args.ratio_of))))
 
 
 if __name__ == "__main__":

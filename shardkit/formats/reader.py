@@ -17,7 +17,7 @@ import mmap
 import os
 import sys
 import threading
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -453,7 +453,7 @@ def _sorted_with_order(keys: np.ndarray, bound: int, scratch: SortScratch | None
         order = np.argsort(keys, kind="stable")
         return order, keys[order]
     packed, order = scratch.arrays(n)[:2] if scratch is not None else (np.empty(n, np.int64), np.empty(n, np.int64))
-    np.left_shift(keys, bits, out=packed)
+    np.left_shift(keys, bits, out=packed, dtype=np.int64)  # int32 keys too, shifted as int64
     for c in range(0, n, PLAN_RECORDS):  # the positions, a bounded piece at a time
         d = min(n, c + PLAN_RECORDS)
         packed[c:d] |= np.arange(c, d, dtype=np.int64)
@@ -1105,27 +1105,16 @@ class PayloadArray:
                 return c
             parts.append((i, a, local, span))
         if len(parts) > 1:  # several runs: announced first, as _read_plan does
-            for i, _, local, span in parts:
-                os.posix_fadvise(self._fd(i), int(local[0]) * rec, span, os.POSIX_FADV_WILLNEED)
+            self._announce_ranges((self._fd(i), int(local[0]) * rec, span) for i, _, local, span in parts)
         out = rows.records(0)
-        piece_bytes = min(2 * BOUNCE_BYTES, max(BOUNCE_BYTES, 512 * rec))
-        bounce = np.empty(max(rec, piece_bytes), dtype=np.uint8)
-        per_piece = (bounce.size - rec) // rec  # key distance from a piece's first record to its last
+        bounce = self._bounce_buffer(1)
         for i, at, local, _ in parts:
-            fd, path = self._fd(i), self._shard_str(i)
-            a = 0
-            while a < local.size:
-                self._check_stop()
-                base = int(local[a])
-                b = a + max(1, int(np.searchsorted(local[a:], base + per_piece, side="right")))
-                length = (int(local[b - 1]) - base + 1) * rec
-                self._preadv_all(fd, path, [bounce.data[:length]], base * rec)
-                src = _records(bounce[:length].reshape(-1, rec))
-                if length == (b - a) * rec:  # no gaps
-                    out[at + a : at + b] = src
+            for a, b, piece, take in self._bounce_pieces(self._fd(i), self._shard_str(i), local, rec, bounce):
+                dst = out[at + a : at + b]
+                if take is None:
+                    dst[...] = _records(piece)
                 else:
-                    np.take(src, local[a:b] - base, axis=0, out=out[at + a : at + b], mode="clip")
-                a = b
+                    np.take(_records(piece), take, axis=0, out=dst, mode="clip")
         return d
 
     def _read_plan(self, plan: _Plan, rows: list[np.ndarray], decodes: list[DecodeJob] | None = None) -> None:
@@ -1150,9 +1139,16 @@ class PayloadArray:
         """``POSIX_FADV_WILLNEED`` for every run of ``plan`` (but those of shards ``skip``): the kernel
         starts reading all of them."""
         start, end = plan.spans()
-        for shard, a, b in zip(plan.shard[plan.run_starts].tolist(), start.tolist(), end.tolist()):
-            if shard not in skip:
-                os.posix_fadvise(self._file(plan, shard)[0], a, b - a, os.POSIX_FADV_WILLNEED)
+        self._announce_ranges((self._file(plan, shard)[0], a, b - a)
+                              for shard, a, b in zip(plan.shard[plan.run_starts].tolist(), start.tolist(), end.tolist())
+                              if shard not in skip)  # fmt: skip
+
+    @staticmethod
+    def _announce_ranges(ranges: Iterable[tuple[int, int, int]]) -> None:
+        """``POSIX_FADV_WILLNEED`` for every ``(fd, start, length)`` of ``ranges``: the kernel queues
+        all of them at once (asynchronous readahead at a deep device queue), not one at a time."""
+        for fd, start, length in ranges:
+            os.posix_fadvise(fd, start, length, os.POSIX_FADV_WILLNEED)
 
     def _plan(self, keys: np.ndarray, which: np.ndarray, row: np.ndarray, rows: list[np.ndarray]) -> _Plan:
         """Every distinct wanted record (``keys`` ascending) in read order, cut into coalesced runs."""
@@ -1229,32 +1225,51 @@ class PayloadArray:
         """Runs ``runs`` of small records: read whole in pieces of at most :data:`BOUNCE_BYTES`, scattered by numpy copies."""
         if runs.size == 0:
             return
-        rec = self.record_nbytes
         # Larger pieces when the records go to many buffers (a block's batches), so each buffer's
         # share of a piece is hundreds of records, not a few (a numpy call per buffer and piece).
-        piece_bytes = min(2 * BOUNCE_BYTES, max(BOUNCE_BYTES, 512 * rec * len(rows)))
-        bounce = np.empty(max(rec, piece_bytes), dtype=np.uint8)
+        bounce = self._bounce_buffer(len(rows))
         bounds = plan.runs()
         for run in runs.tolist():
-            a, b = bounds[run]
-            fd, path = self._file(plan, int(plan.shard[a]))
-            while a < b:
-                self._check_stop()
-                base = int(plan.offs[a])
-                # The piece: records of this run that end within the bounce buffer.
-                c = a + max(1, int(np.searchsorted(plan.offs[a:b], base + bounce.size - rec, side="right")))
-                length = int(plan.offs[c - 1]) + rec - base
-                self._preadv_all(fd, path, [bounce.data[:length]], base)
-                rel = plan.offs[a:c] - base
-                take = None
-                if not plan.grid and np.any(rel % rec):  # records not on a record grid (a bare array): one row each
-                    piece = np.stack([bounce[o : o + rec] for o in rel.tolist()])
-                elif rel[-1] == (c - a - 1) * rec:  # no gaps: the bounce buffer itself, as records
-                    piece = bounce[: length].reshape(-1, rec)
-                else:  # the bounce buffer as records, each wanted one taken by its index (gaps skipped)
-                    piece, take = bounce[: (length // rec) * rec].reshape(-1, rec), rel // rec
-                _scatter_rows(rows, plan.which[a:c], plan.row[a:c], piece, take)
-                a = c
+            a0, b0 = bounds[run]
+            fd, path = self._file(plan, int(plan.shard[a0]))
+            pieces = self._bounce_pieces(fd, path, plan.offs[a0:b0], 1, bounce, grid=plan.grid)
+            for a, b, piece, take in pieces:
+                _scatter_rows(rows, plan.which[a0 + a : a0 + b], plan.row[a0 + a : a0 + b], piece, take)
+
+    def _bounce_buffer(self, buffers: int) -> np.ndarray:
+        """The bounce buffer of one read into ``buffers`` destination buffers: at least
+        :data:`BOUNCE_BYTES`, and 512 records per buffer up to twice that."""
+        rec = self.record_nbytes
+        return np.empty(max(rec, min(2 * BOUNCE_BYTES, max(BOUNCE_BYTES, 512 * rec * buffers))), dtype=np.uint8)
+
+    def _bounce_pieces(self, fd: int, path: str, starts: np.ndarray, unit: int, bounce: np.ndarray,
+                       grid: bool = True) -> Iterator[tuple[int, int, np.ndarray, np.ndarray | None]]:  # fmt: skip
+        """Read one run of small records of file ``fd`` through ``bounce``, one ``preadv`` a piece: record
+        ``j`` starts at byte ``starts[j] * unit`` (ascending; ``unit`` 1: byte offsets, ``unit``
+        ``record_nbytes``: record indices). Yields ``(a, b, piece, take)`` for records ``[a, b)``:
+        ``piece`` the bytes read as ``[k, record_nbytes]`` rows and ``take`` the row of each record
+        (``None``: row ``j`` is record ``a + j``); the caller copies them out before the next piece.
+        ``grid``: every offset is a whole number of records (else a record off the grid is cut out
+        of the piece on its own)."""
+        rec = self.record_nbytes
+        reach = (bounce.size - rec) // unit  # from a piece's first start to its last
+        a, n = 0, int(starts.size)
+        while a < n:
+            self._check_stop()
+            base = int(starts[a])
+            b = a + max(1, int(np.searchsorted(starts[a:], base + reach, side="right")))
+            length = (int(starts[b - 1]) - base) * unit + rec
+            self._preadv_all(fd, path, [bounce.data[:length]], base * unit)
+            rel = starts[a:b] - base
+            take = None
+            if not grid and unit == 1 and np.any(rel % rec):  # records off the grid (a bare array): one row each
+                piece = np.stack([bounce[o : o + rec] for o in rel.tolist()])
+            elif int(rel[-1]) * unit == (b - a - 1) * rec:  # no gaps: the bounce buffer itself, as records
+                piece = bounce[:length].reshape(-1, rec)
+            else:  # the bounce buffer as records, each wanted one taken by its row (gaps skipped)
+                piece, take = bounce[: (length // rec) * rec].reshape(-1, rec), rel if unit == rec else rel // rec
+            yield a, b, piece, take
+            a = b
 
     def _preadv_all(self, fd: int, path: str, buffers: list[memoryview], offset: int) -> None:
         preadv_exact(fd, buffers, offset, path, self.stats)

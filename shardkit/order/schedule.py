@@ -51,6 +51,8 @@ __all__ = [
     "FIRST_BLOCK_BYTES",
     "FIRST_BLOCK_RECORDS",
     "BLOCK_RECORD_BYTES",
+    "STAGED_RECORD_BYTES",
+    "DUPLICATE_RECORD_BYTES",
     "MIN_BLOCK_BYTES",
     "BLOCK_EFFICIENCY",
     "QUEUE_OVERLAP",
@@ -499,6 +501,13 @@ FIRST_BLOCK_RECORDS = 1 << 13
 #: position, 16) while it is read; two blocks in flight, one of them being read (docs/design.md §4,
 #: *Memory per record*).
 BLOCK_RECORD_BYTES = 24
+#: The same for a staged block (docs/design.md §4, *Staged blocks*) of keys below 2**31: its key as
+#: int32 (4), the sort's packed keys (8, one block at a time), the sort's order and duplicate flags
+#: (5, kept with the block until its batches are taken) and the assembler's ranks (4, one block at a
+#: time): 15 averaged over the two blocks. ``replacement`` mode's duplicates add the distinct keys'
+#: copy (8, one block at a time), counted as :data:`DUPLICATE_RECORD_BYTES` more.
+STAGED_RECORD_BYTES = 16
+DUPLICATE_RECORD_BYTES = 4
 #: Blocks are at least this large when the budget allows (per-block overhead; device queue depth).
 MIN_BLOCK_BYTES = 64 << 20
 #: The read efficiency a block's density should reach, if the budget allows (the rest of the budget

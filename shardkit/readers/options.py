@@ -22,8 +22,10 @@ from shardkit.formats.reader import SCATTER_MIN_BYTES
 from shardkit.order.schedule import (
     BATCH_PREFETCH,
     BLOCK_RECORD_BYTES,
+    DUPLICATE_RECORD_BYTES,
     MODES,
     PERMUTATIONS,
+    STAGED_RECORD_BYTES,
     block_limits,
     consumer_records_bound,
     pool_batches,
@@ -537,14 +539,17 @@ class SamplerOptions(UserOptions):
         most of a block read's CPU). ``None`` when the budget holds fewer than
         :data:`STAGE_MIN_BATCHES` batches a block, or the automatic cache would pin records."""
         pool = STAGE_POOL_BATCHES
-        per_block = max(0, budget - pool * b * rec) // (2 * (rec + BLOCK_RECORD_BYTES)) // b
+        extra = STAGED_RECORD_BYTES + (DUPLICATE_RECORD_BYTES if self.mode == "replacement" else 0)
+        if n > 1 << 31:  # int64 keys and sort order
+            extra = BLOCK_RECORD_BYTES
+        per_block = max(0, budget - pool * b * rec) // (2 * (rec + extra)) // b
         if per_block < STAGE_MIN_BATCHES:
             return None
         aligned = ssd is None
         first, largest = block_limits(per_block * b, rec, b, n, self.gap_bytes, bound, aligned, self.workers_per_rank)
         pinned = 0
         if self.static_cache == "auto":
-            pinned = min(n, max(0, budget - pool * b * rec - 2 * largest * (rec + BLOCK_RECORD_BYTES)) // rec)
+            pinned = min(n, max(0, budget - pool * b * rec - 2 * largest * (rec + extra)) // rec)
             if pinned * AUTO_CACHE_MIN_SHARE >= n or pinned >= largest:
                 return None  # worth a cache: the plan that reads pinned records apart
         return TierSizes(ram, largest, ssd, k1, 0, first, pool, b, n, copy_bytes, rec, self._node_records(rec, n),

@@ -79,10 +79,10 @@ class Segment:
     #: :func:`reservoir_bounds`).
     last: bool = False
 
-    def keys(self, a: int, b: int) -> np.ndarray:
+    def keys(self, a: int, b: int, dtype: type[np.signedinteger[Any]] = np.int64) -> np.ndarray:
         """Keys of plan positions ``[a, b)``, computed in pieces: the positions' temporaries stay
-        bounded whatever the block's size."""
-        out = np.empty(max(0, int(b) - int(a)), dtype=np.int64)
+        bounded whatever the block's size. ``dtype`` int32 (keys below 2**31): half the bytes a block key."""
+        out = np.empty(max(0, int(b) - int(a)), dtype=dtype)
         for c in range(int(a), int(b), _KEY_PIECE):
             d = min(int(b), c + _KEY_PIECE)
             out[c - a : d - a] = self.order.keys(self.shape.epoch_positions(c, d))
@@ -126,6 +126,34 @@ class _Copy:
     rows: np.ndarray
     #: The rows are the static cache's (counted as its hits).
     cached: bool = False
+
+
+class _StageSorts(SortScratch):
+    """The staged blocks' sort arrays (:class:`SortScratch`'s, for the reader thread): one packed
+    key array for the sort, and each staging slot's own order and duplicate flags, which travel
+    with its block to the assembler (:class:`_Stage`) and are sorted into again only once the slot
+    is free. Kept at the largest block's size (``block``, the plan's largest, or twice a smaller
+    block's, so the growing first blocks reallocate a few times only)."""
+
+    def __init__(self, block: int) -> None:
+        super().__init__()
+        self._block = int(block)
+        self._packed: np.ndarray | None = None
+        self._kept: list[tuple[np.ndarray, np.ndarray] | None] = [None, None]
+        #: The slot the next sort is for.
+        self.slot = 0
+
+    def arrays(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        size = max(n, min(2 * n, self._block))
+        dtype = np.int32 if size < 1 << 31 else np.int64
+        kept = self._kept[self.slot]
+        if kept is None or kept[0].size < n or kept[0].dtype != dtype:
+            self._kept[self.slot] = kept = None  # the smaller arrays go before the larger ones are allocated
+            kept = self._kept[self.slot] = (np.empty(size, dtype), np.empty(size, bool))
+        if self._packed is None or self._packed.size < n:
+            self._packed = None
+            self._packed = np.empty(size, np.int64)
+        return self._packed[:n], kept[0][:n], kept[1][:n]
 
 
 @dataclass(frozen=True, eq=False)
@@ -376,15 +404,13 @@ class Pipeline:
         #: from ``_stage_free`` and given back by the assembler once the block's batches are taken.
         self.staged = sizes.staged and sink is None and static_cache is None
         self._stages: list[np.ndarray | None] = [None, None]
-        #: Each staging buffer's block sort (order, dup), read by the assembler (:class:`_Stage`).
-        self._stage_sorts: list[tuple[np.ndarray, np.ndarray] | None] = [None, None]
         #: The assembler's ranks of the block it takes batches from (reused: one block at a time).
         self._rank: np.ndarray | None = None
         self._stage_free: queue.Queue[int] = queue.Queue()
         for i in range(len(self._stages)):
             self._stage_free.put(i)
         #: The staged blocks' sort (the reader thread's; reused, so a block allocates no sort arrays).
-        self._stage_sort = SortScratch()
+        self._stage_sort = _StageSorts(sizes.ram_block)
         #: Blocks grow from a small first one (batches); a sink's blocks have one fixed size.
         self._first_block = self._grow = sink is None
         #: The mapped files: the block being read was announced with the one before, and whether the
@@ -656,22 +682,12 @@ class Pipeline:
         slot = self._get(self._stage_free)
         self._stats.add_wait("stage", time.perf_counter() - t0)
         t0, c0 = time.perf_counter(), time.thread_time()
+        # The sort's order and duplicate flags are the slot's (the assembler ranks the block from
+        # them, off the reader, the busier thread), so the next block's sort does not overwrite them.
+        self._stage_sort.slot = slot
         req = SortedRequest.of(keys, self.disk.num_records, self._stage_sort)
-        distinct, n, m = req.distinct, int(keys.size), int(req.distinct.size)
-        # The sort goes to the assembler with the block (it ranks it there: the reader is the
-        # busier thread), copied out of the reader's scratch, which the next block's sort reuses.
-        kept = self._stage_sorts[slot]
-        if kept is None or kept[0].size < n or kept[0].dtype != req.order.dtype:
-            self._stage_sorts[slot] = None
-            del kept
-            size = max(n, min(2 * n, self.sizes.ram_block))
-            kept = self._stage_sorts[slot] = (np.empty(size, req.order.dtype), np.empty(size, bool))
-        order = kept[0][:n]
-        np.copyto(order, req.order)
-        dup = None
-        if req.dup is not None:
-            dup = kept[1][:n]
-            np.copyto(dup, req.dup)
+        distinct, m = req.distinct, int(req.distinct.size)
+        order, dup = req.order, req.dup
         stage = self._stages[slot]
         if stage is None or stage.shape[0] < m:
             pool = self._pool()
@@ -757,6 +773,9 @@ class Pipeline:
         # A reader that downloads into a local cache can take later blocks' rows before their reads
         # (docs/design.md §9, *Blocks that complete during the download*).
         deliver_ahead = getattr(self.disk.payload, "deliver_ahead", None) if self._opens_ahead() else None
+        # A staged block's keys go to its sort, its batches' keys and a read-ahead hint (which copies
+        # them): int32 when they fit (STAGED_RECORD_BYTES, docs/design.md §4).
+        dtype = np.int32 if self.staged and self.disk.num_records <= 1 << 31 else np.int64
         for seg in self._segments:
             open_buffers: dict[int, BatchBuffer] = {}
             self._count_epoch_disk(seg.epoch, block=False)  # what landed since the last block: the epoch before
@@ -770,12 +789,12 @@ class Pipeline:
             for i, (a, b) in enumerate(bounds):
                 upcoming = bounds[i + 1] if i + 1 < len(bounds) else None
                 mine = opened.pop(i, None)
-                keys = mine.keys if mine is not None else following if following is not None else seg.keys(a, b)
+                keys = mine.keys if mine is not None else following if following is not None else seg.keys(a, b, dtype)
                 following = None
                 this, announced = announced, None
                 if upcoming is not None and (ahead is not None or mapped is not None
                                              or (self.cache is not None and self.cache.share_key is not None)):  # fmt: skip
-                    following = opened[i + 1].keys if i + 1 in opened else seg.keys(*upcoming)
+                    following = opened[i + 1].keys if i + 1 in opened else seg.keys(*upcoming, dtype)
                     if ahead is not None:
                         ahead(self._unpinned(following))
                     # The next block's cache rows are allocated on the cache's thread while this one is read.

@@ -20,3 +20,23 @@ def test_scale_workers_deliver_every_record_once(tmp_path: Path, monkeypatch: py
         res = worker({"kind": "", "tree": tree, "path": str(path), "seed": 1})
         assert res["records"] == n and res["wrong"] == 0  # every key's payload checked
         assert res["peak_rss"] >= res["base_rss"] > 0 and res["pss"] > 0 and res["cpu"] > 0
+
+
+def test_scale_ratio_rows_hold_the_reference_blocks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fixed-ratio table runs a smaller dataset with the budget at which it needs as many blocks
+    an epoch as the reference at 256 MiB, and the worker runs with that budget."""
+    bench = load_benchmark("scale", monkeypatch)
+    want = bench.blocks_per_epoch(10**8, bench.RAM)
+    assert want > 10  # the reference is many passes over its dataset
+    for n in (10**6, 10**7):
+        ram = bench.matched_ram(n, 10**8)
+        # As many as whole batches a block allow (at most as many), with the smallest such budget.
+        assert ram < bench.RAM and 0.9 * want <= bench.blocks_per_epoch(n, ram) <= want
+        assert bench.blocks_per_epoch(n, ram - (1 << 10)) > want
+    n = 10_000
+    path = bench.dataset(tmp_path, n)
+    tree = str(Path(__file__).resolve().parents[2])
+    cfg = {"kind": "sampler", "tree": tree, "path": str(path), "seed": 1, "ram": 1 << 20, "static_cache": "off"}
+    res = bench.sampler_worker(cfg)
+    assert res["records"] == n and res["wrong"] == 0
+    assert res["ram_block"] < bench.sampler_worker({**cfg, "ram": bench.RAM})["ram_block"]  # the budget was used

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardkit.order.schedule import BLOCK_RECORD_BYTES
+from shardkit.order.schedule import BLOCK_RECORD_BYTES, STAGED_RECORD_BYTES
 from shardkit.readers import TieredSampler, epoch_permutation
 from shardkit.readers.options import SamplerOptions
 from tests.helpers.sampler_data import collect, make_dataset
@@ -25,10 +25,55 @@ def test_buffers_cache_and_block_bookkeeping_fit_the_ram_budget(rec: int, static
     ram, batch, n = 256 << 20, 4096 if rec < 1024 else 16, 10**9 // rec
     sizes = SamplerOptions(ram_size=ram, batch_size=batch, static_cache=static_cache).tier_sizes(rec, n)
     buffers = sizes.pool_bytes  # batch buffers, and a staged plan's two staging blocks
-    bookkeeping = 2 * sizes.ram_block * BLOCK_RECORD_BYTES
+    per_record = STAGED_RECORD_BYTES if sizes.staged else BLOCK_RECORD_BYTES
+    bookkeeping = 2 * sizes.ram_block * per_record
     assert buffers + bookkeeping + sizes.static_records * rec <= ram
     if rec <= 32:  # ... and small records' blocks still take most of it (the density rule wants all)
-        assert sizes.ram_block * (rec + BLOCK_RECORD_BYTES) * 2 >= ram * 3 // 4
+        assert sizes.ram_block * (rec + per_record) * 2 >= ram * 3 // 4
+
+
+def test_staged_blocks_charge_their_own_bookkeeping() -> None:
+    """A staged block of keys below 2**31 keeps int32 keys and its sort's order in the slot's own
+    arrays: STAGED_RECORD_BYTES a record, so 32-byte records get blocks (32 + 24) / (32 + 16) times
+    larger in the same budget (fewer passes over a large dataset); replacement mode's duplicates
+    are charged more."""
+    ram, batch, rec = 256 << 20, 4096, 32
+    sizes = SamplerOptions(ram_size=ram, batch_size=batch, static_cache=0).tier_sizes(rec, 10**8)
+    assert sizes.staged
+    room = ram - sizes.pool_bytes + 2 * sizes.ram_block * rec  # the budget besides the batches in flight
+    assert room - 2 * batch * (rec + STAGED_RECORD_BYTES) < 2 * sizes.ram_block * (rec + STAGED_RECORD_BYTES) <= room
+    again = SamplerOptions(ram_size=ram, batch_size=batch, static_cache=0, mode="replacement").tier_sizes(rec, 10**8)
+    assert again.staged and again.ram_block < sizes.ram_block
+
+
+def test_a_staged_block_keeps_int32_keys_and_its_own_sort(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The keys of a staged block are int32, and each staging slot's sort (order, duplicates) is its
+    own: the next block's sort, into the other slot, leaves it for the assembler."""
+    from shardkit.tiers import pipeline
+
+    seen: list[np.dtype] = []
+    real = pipeline.Pipeline._read_staged
+
+    def spy(self: pipeline.Pipeline, seg: pipeline.Segment, a: int, b: int, keys: np.ndarray, *args: object) -> object:
+        seen.append(keys.dtype)
+        return real(self, seg, a, b, keys, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pipeline.Pipeline, "_read_staged", spy)
+    ds = make_dataset(tmp_path / "ds", 3000, records_per_shard=500, shape=(8,))
+    s = TieredSampler(ds, batch_size=100, seed=5, ram_size="40KiB", static_cache=0)
+    assert s.memory_plan.staged
+    np.testing.assert_array_equal(np.concatenate(collect(s)), epoch_permutation(5, 0, 3000))
+    assert len(seen) > 2 and set(seen) == {np.dtype(np.int32)}
+
+    sorts = pipeline._StageSorts(8)
+    sorts.slot = 0
+    first = pipeline.SortedRequest.of(np.array([5, 1, 4, 1]), 10, sorts)
+    kept = first.order.copy(), None if first.dup is None else first.dup.copy()
+    sorts.slot = 1
+    pipeline.SortedRequest.of(np.array([2, 9, 3, 0]), 10, sorts)
+    np.testing.assert_array_equal(first.order, kept[0])
+    assert first.dup is not None and kept[1] is not None
+    np.testing.assert_array_equal(first.dup, kept[1])
 
 
 def test_block_keys_are_computed_in_pieces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

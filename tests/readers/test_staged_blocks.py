@@ -110,7 +110,7 @@ def test_a_staged_plan_fits_the_ram_budget() -> None:
         sizes = options.SamplerOptions(ram_size=256 << 20, batch_size=4096, static_cache=0).tier_sizes(rec, n)
         assert sizes.staged and sizes.pool_batches == options.STAGE_POOL_BATCHES
         assert sizes.pool_bytes == sizes.pool_batches * 4096 * rec + 2 * sizes.ram_block * rec
-        assert sizes.pool_bytes + 2 * sizes.ram_block * schedule.BLOCK_RECORD_BYTES <= sizes.ram_bytes
+        assert sizes.pool_bytes + 2 * sizes.ram_block * schedule.STAGED_RECORD_BYTES <= sizes.ram_bytes
         assert any("2 staging blocks" in line for line in sizes.describe())
     # Image-sized records are read straight into their batch rows (a staging copy would only add one).
     assert not options.SamplerOptions(ram_size=256 << 20, batch_size=16, static_cache=0).tier_sizes(150_528, 10**5).staged
@@ -132,7 +132,7 @@ def test_blocks_that_span_the_dataset_jump_to_the_largest(tmp_path: Path, monkey
         real(self, keys, dest)
 
     monkeypatch.setattr(PayloadArray, "read_into", spy)
-    ram = options.STAGE_POOL_BATCHES * batch * REC + 2 * 400 * batch * (REC + schedule.BLOCK_RECORD_BYTES)
+    ram = options.STAGE_POOL_BATCHES * batch * REC + 2 * 400 * batch * (REC + schedule.STAGED_RECORD_BYTES)
     s = TieredSampler(path, batch_size=batch, ram_size=ram, static_cache=0, seed=3, epochs=1)
     try:
         plan = s.memory_plan
