@@ -55,6 +55,20 @@ def _streams(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(ObjectStore, "stream_range", stream_range)
 
 
+def _garbage_first(monkeypatch: pytest.MonkeyPatch) -> set[tuple[str, int]]:
+    """Every part's first response hands over wrong bytes before it is streamed again from its first
+    byte (as the store does when a body is cut short); returns the parts seen, ``(key, start)``."""
+    seen: set[tuple[str, int]] = set()
+
+    def garbage_first(r: ByteRange, sink: Callable[[int, memoryview], None]) -> None:
+        if (r.key, r.start) not in seen:
+            seen.add((r.key, r.start))
+            sink(r.start, memoryview(b"\xff" * r.nbytes))
+
+    _streams(monkeypatch, garbage_first)
+    return seen
+
+
 def test_a_waiting_blocks_records_are_copied_from_the_arriving_chunks(
         url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The first block's records (every page still to fetch) land in their rows from the parts'
@@ -71,14 +85,7 @@ def test_a_waiting_blocks_records_are_copied_from_the_arriving_chunks(
 def test_a_retried_part_delivers_its_last_response(url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A part's first response hands over wrong bytes and is then streamed again from its first
     byte (as the store does when a body is cut short): the rows hold the second response's bytes."""
-    seen: set[tuple[str, int]] = set()
-
-    def garbage_first(r: ByteRange, sink: Callable[[int, memoryview], None]) -> None:
-        if (r.key, r.start) not in seen:
-            seen.add((r.key, r.start))
-            sink(r.start, memoryview(b"\xff" * r.nbytes))
-
-    _streams(monkeypatch, garbage_first)
+    seen = _garbage_first(monkeypatch)
     with Dataset(url, cache_dir=_cache(tmp_path)) as ds:
         got = ds.read(KEYS)
         st = ds.payload.prefetcher.stats  # type: ignore[attr-defined]
@@ -280,14 +287,7 @@ def test_a_retried_part_delivers_its_last_response_to_both_blocks(
     """With a block read and one opened ahead registered on the same parts, each part's first
     response hands over wrong bytes and is fetched again: both blocks hold the second response's
     bytes, each record counted delivered once."""
-    seen: set[tuple[str, int]] = set()
-
-    def garbage_first(r: ByteRange, sink: Callable[[int, memoryview], None]) -> None:
-        if (r.key, r.start) not in seen:
-            seen.add((r.key, r.start))
-            sink(r.start, memoryview(b"\xff" * r.nbytes))
-
-    _streams(monkeypatch, garbage_first)
+    seen = _garbage_first(monkeypatch)
     with Dataset(url, cache_dir=_cache(tmp_path)) as ds:
         payload: Any = ds.payload
         payload.schedule(iter([]))
