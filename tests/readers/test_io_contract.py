@@ -14,7 +14,7 @@ import pytest
 from shardkit.formats import PayloadArray
 from shardkit.formats.reader import Destination
 from shardkit.formats.spec import TAIL_SAMPLE_NBYTES, index_nbytes
-from shardkit.order.schedule import BLOCK_RECORD_BYTES
+from shardkit.order.schedule import STAGED_RECORD_BYTES
 from shardkit.readers import TieredSampler
 from shardkit.readers.options import STAGE_POOL_BATCHES
 from tests.helpers.sampler_data import collect, make_dataset
@@ -98,7 +98,7 @@ def test_gap_coalescing_reads_small_gaps(tmp_path: Path) -> None:
     ds = make_dataset(tmp_path / "ds", 200, records_per_shard=50)
     # 100 records of 16 bytes, the bookkeeping of two blocks of 40 and the staged plan's batches in
     # flight beyond the two held ones: two staging blocks of 40 (no static cache)
-    s = TieredSampler(ds, ram_size=100 * 16 + 2 * 40 * BLOCK_RECORD_BYTES + (STAGE_POOL_BATCHES - 2) * 10 * 16,
+    s = TieredSampler(ds, ram_size=100 * 16 + 2 * 40 * STAGED_RECORD_BYTES + (STAGE_POOL_BATCHES - 2) * 10 * 16,
                       static_cache="0", batch_size=10)  # fmt: skip
     assert (s.ram_block, s.memory_plan.static_records, s.memory_plan.staged) == (40, 0, True)
     collect(s)

@@ -5,6 +5,7 @@ parts that passed every check are ever delivered (docs/design.md §9, *Shard cac
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -259,8 +260,6 @@ def test_a_block_opened_ahead_reads_back_none_of_its_delivered_records_once_the_
         url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The blocks after the download read complete copies through the local engine; a block opened
     ahead still takes its deliveries over there: what the parts delivered is not read again."""
-    import time
-
     reads = _copy_reads(monkeypatch)
     every = list(range(N))  # every part of every shard asked for: the copies complete
     with Dataset(url, cache_dir=_cache(tmp_path)) as ds:
@@ -346,6 +345,20 @@ def test_the_sampler_opens_blocks_ahead_while_it_downloads(
         started.append(self)
 
     monkeypatch.setattr(prefetch.ShardPrefetcher, "__init__", watched)
+    real_open = pipeline.Pipeline._open_ahead
+
+    def open_when_free(self: Any, opening: Any, i: int) -> None:
+        # Blocks are opened only with buffers free at that moment, so how many are opened depends on
+        # how far the consumer got: give it a moment (bounded: a buffer the block carries into the
+        # next one never frees) so the test does not depend on the machine's load.
+        deadline = time.monotonic() + 1.0
+        before = len(opening.blocks)
+        real_open(self, opening, i)
+        while opening.active and len(opening.blocks) == before and time.monotonic() < deadline:
+            time.sleep(0.005)
+            real_open(self, opening, i)
+
+    monkeypatch.setattr(pipeline.Pipeline, "_open_ahead", open_when_free)
     kw: dict[str, Any] = {"batch_size": 4, "epochs": 1, "seed": 3, "ram_size": "40records", "static_cache": 0}
     expected = list(TieredSampler(str(tmp_path / "ds"), **kw))
     real = pipeline.Pipeline._opens_ahead
