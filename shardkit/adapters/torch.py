@@ -16,7 +16,6 @@ import numpy as np
 
 from shardkit._extras import import_extra
 from shardkit.adapters._ahead import NextPass
-from shardkit.adapters._filler import NodeFiller, start_filler
 from shardkit.adapters._handover import SharedBatchMemory, release_exited, shared_batch
 from shardkit.adapters._options import PayloadOptions, SamplerFactory
 from shardkit.adapters._start import forkable, remote, source_of, start_method, worker_context
@@ -268,8 +267,6 @@ class ShardIterableDataset(_TorchIterableDataset):
         self._holder_lock = threading.Lock()
         self._holder_thread: threading.Thread | None = None
         self._holder_generation = 0
-        #: The node's filler of this dataset's cache while a loader's workers start (``_filler``).
-        self._filler: NodeFiller | None = None
         self._hold_shared()
 
     def _drop_holder(self) -> None:
@@ -613,9 +610,7 @@ class ShardIterableDataset(_TorchIterableDataset):
         Workers over an object store are forked (milliseconds) while this process has not used an
         object store (its runtime does not survive ``fork()``; the dataset reads its documents in a
         helper process to stay so), else started with ``spawn`` (a fork server would keep the
-        environment it started with); ``multiprocessing_context`` overrides both. With forked
-        workers and a cache, one filler process forked before them downloads the shards for the
-        whole node while they start, and they read and ask it (``shardkit.adapters._filler``)."""
+        environment it started with); ``multiprocessing_context`` overrides both."""
         if pin_memory is None:
             pin_memory = accelerator_present()
         kwargs["pin_memory"] = pin_memory
@@ -641,25 +636,9 @@ class ShardIterableDataset(_TorchIterableDataset):
             kwargs["batch_size"] = None
         return ShardLoader(self, num_workers=num_workers, choose_start=method is not None, **kwargs)
 
-    def _start_filler(self) -> None:
-        """Before this process forks a loader's workers: fork the node's one filler of the remote
-        datasets' cache, which starts the download while the workers start (``_filler``); not under
-        ``locality`` or ``shared`` (their reads go elsewhere), nor once this process used an object store."""
-        if self._filler is not None and self._filler.alive():
-            return
-        self._stop_filler()
-        if self.factory.shared is None and not self.options.locality and remote(self.source.paths) and forkable():
-            self._filler = start_filler(self.source, self.options)
-
-    def _stop_filler(self) -> None:
-        filler, self._filler = self._filler, None
-        if filler is not None:
-            filler.close()
-
     def close(self) -> None:
-        """Let go of the node-shared caches this dataset holds across passes (and stop its filler)."""
+        """Let go of the node-shared caches this dataset holds across passes."""
         self._drop_holder()
-        self._stop_filler()
         if self._next is not None:
             self._next.close()
             self._next = None
@@ -668,7 +647,7 @@ class ShardIterableDataset(_TorchIterableDataset):
     def __getstate__(self) -> dict[str, Any]:
         # A running sampler (threads, buffers) never travels to a worker; each builds its own.
         state = dict(self.__dict__)
-        state["_sampler"] = state["_holder"] = state["_next"] = state["_memory"] = state["_filler"] = None
+        state["_sampler"] = state["_holder"] = state["_next"] = state["_memory"] = None
         state["_holder_pending"] = False
         state["_holder_lock"] = state["_holder_thread"] = None
         return state
@@ -706,7 +685,6 @@ class ShardLoader(torch.utils.data.DataLoader):
             context = loader.multiprocessing_context
             if method is not None and (context is None or context.get_start_method() != method):
                 loader.multiprocessing_context = worker_context(method)
-            dataset._start_filler()
         iterator = super().__iter__()
         if self.num_workers > 0 and (self._watched is None or self._watched() is not iterator):
             # Its workers have been joined when it is collected (PyTorch shuts them down first).

@@ -811,17 +811,6 @@ class RangedPayloadArray(PayloadArray):
             pin=lambda i, etag: self._pin(i, etag, self.shard_location(i)), account=account, order=order,
         )
 
-    def download(self) -> ShardPrefetcher | None:
-        """Start downloading every shard into the cache now and claim the copies at once, so that
-        this process is their one filler and other readers ask it for pages (docs/design.md §6,
-        *One filler per node*); None without a cache. The download runs until the prefetcher closes."""
-        if self.cache is None:
-            return None
-        if self.prefetcher is None:
-            self.prefetcher = self._start_prefetch()
-        self.prefetcher.claim_all()
-        return self.prefetcher
-
     def close(self) -> None:
         self._drop_ahead()
         opened, self._opened_ahead = self._opened_ahead, []

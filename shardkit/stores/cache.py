@@ -77,27 +77,6 @@ def _remember_checked(fd: int) -> None:
         _VERIFIED[key] = size
 
 
-#: Copies being filled that this process opened (:meth:`ShardCache.open_partial`), by (device,
-#: inode): a filler renames a copy only after checking it (:meth:`ShardCache.complete`), and a crash
-#: that could leave it damaged would have ended this process too, so once complete such a copy is
-#: not read again to check it (a DataLoader worker reading what the node's filler fetched).
-_WATCHED: set[tuple[int, int]] = set()
-
-
-def _watched(fd: int) -> bool:
-    key, _ = _copy_identity(fd)
-    with _VERIFIED_LOCK:
-        return key in _WATCHED
-
-
-def _remember_watched(fd: int) -> None:
-    key, _ = _copy_identity(fd)
-    with _VERIFIED_LOCK:
-        if len(_WATCHED) >= _VERIFIED_MAX:
-            _WATCHED.clear()  # a bound: such copies are simply checked again
-        _WATCHED.add(key)
-
-
 def map_pages(size: int) -> int:
     """Pages of a ``size``-byte copy (at least one)."""
     return max(1, -(-size // PAGE_BYTES))
@@ -195,8 +174,8 @@ class ShardCache:
     def open(self, name: str, verify: Callable[[int], bool]) -> int | None:
         """A descriptor of the complete copy ``name`` (kept open until :meth:`close`), or None.
 
-        A copy this process did not complete, check or watch being filled (``_WATCHED``) before is
-        checked with ``verify`` on first use; one that fails is dropped (then read remotely).
+        A copy this process did not complete or check before is checked with ``verify`` on first
+        use; one that fails is dropped (then read remotely).
         """
         fd = self._fds.get(name)
         if fd is not None:
@@ -207,7 +186,7 @@ class ShardCache:
             fd = self._ns.open_file(name, os.O_RDONLY)
         except FileNotFoundError:
             return None
-        if name not in self._verified and not _checked_before(fd) and not _watched(fd):
+        if name not in self._verified and not _checked_before(fd):
             if not verify(fd):
                 os.close(fd)
                 with self._locked:
@@ -311,12 +290,10 @@ class ShardCache:
         except FileNotFoundError:
             return None
         try:
-            got = fd, self._ns.open_file(_MAP + name, os.O_RDWR)
+            return fd, self._ns.open_file(_MAP + name, os.O_RDWR)
         except FileNotFoundError:
             os.close(fd)
             return None
-        _remember_watched(fd)
-        return got
 
     def open_map(self, name: str) -> int:
         """A read-write descriptor of the progress map of the copy ``name`` this instance claimed."""

@@ -25,7 +25,7 @@ from shardkit.stores.base import ByteRange, Store, write_all
 from shardkit.stores.cache import PAGE_BYTES, STALE_SECONDS, ShardCache, filler_alive, map_pages
 
 __all__ = ["ShardPrefetcher", "PrefetchItem", "PrefetchStats", "PartialCopy", "Delivery", "PART_BYTES",
-           "MAX_PARTS_IN_FLIGHT", "CLAIM_AHEAD", "DEMAND_GAP_PAGES", "demand_gap_pages"]
+           "MAX_PARTS_IN_FLIGHT", "DEMAND_GAP_PAGES", "demand_gap_pages"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,11 +65,6 @@ ASK_POLL_SECONDS = 0.002
 _WANTED_POLL_SECONDS = 0.1
 #: How long an idle fetch thread sleeps when nobody wakes it (a safety net: work is notified).
 _IDLE_SECONDS = 1.0
-#: The most copies :meth:`ShardPrefetcher.claim_all` claims at once (two descriptors each).
-CLAIM_AHEAD = 256
-#: A claimed copy nobody wrote to for this long is touched by its live filler (so that a copy
-#: claimed long before its first part is never taken for a hung one's: STALE_SECONDS).
-_FRESH_SECONDS = STALE_SECONDS / 4
 #: Tests set this to an unset Event to hold back the background order (demanded pages still flow).
 hold_background: threading.Event | None = None
 
@@ -351,29 +346,6 @@ class ShardPrefetcher:
         fds = self.cache.open_partial(item.name)
         return None if fds is None else PartialCopy(self, index, item.size, fds[0], fds[1], owned=True)
 
-    def claim_all(self, most: int = CLAIM_AHEAD) -> int:
-        """Claim the copies of the first ``most`` items still queued now, not as the download reaches
-        them; returns how many this process fills. Why: a process that claimed a copy is its one
-        filler, and every other process of the node that needs it reads what is there and asks for
-        the rest through its map instead of fetching it (the node's filler of a DataLoader, started
-        before its workers: docs/design.md §6, *One filler per node*)."""
-        with self._cond:
-            for i in range(len(self.items)):
-                if most <= 0:
-                    break
-                if self._state[i] == _QUEUED:
-                    most -= 1
-                    try:
-                        self._open(i)
-                    except Exception as exc:  # reported to the reader, which raises it
-                        self._finish(i, _FAILED, exc)
-            return self.filling()
-
-    def filling(self) -> int:
-        """How many copies this process fills now."""
-        with self._cond:
-            return len(self._fills)
-
     def undeliver(self, delivery: Delivery) -> None:
         """No more copies into ``delivery``'s rows once this returns (a sink copying now is waited
         for); any time, also after its copy completed or failed (:meth:`PartialCopy.deliver`)."""
@@ -578,7 +550,7 @@ class ShardPrefetcher:
         """While there are fills: look at the copies' maps as soon as another process asked for
         pages (the cache's ask counter changed) and wake as many fetch threads as the new requests
         make parts, so they are fetched next whatever the threads are doing (docs/design.md §9)."""
-        last, scanned, touched = b"", 0.0, time.monotonic()
+        last, scanned = b"", 0.0
         while not self._stopped.is_set():
             if not self._fills:
                 self._filling.clear()
@@ -590,19 +562,7 @@ class ShardPrefetcher:
             if mark != last or now - scanned >= _WANTED_POLL_SECONDS:
                 last, scanned = mark, now
                 self._look_at_maps()
-            if now - touched >= _FRESH_SECONDS:
-                touched = now
-                self._keep_fresh()
             self._stopped.wait(ASK_POLL_SECONDS)
-
-    def _keep_fresh(self) -> None:
-        """Touch the copies this process claimed that saw no write for a while (see :data:`_FRESH_SECONDS`)."""
-        with self._cond:
-            fds = [fill.fd for fill in self._fills.values() if fill.error is None]
-        for fd in fds:
-            with suppress(OSError):
-                if time.time() - os.fstat(fd).st_mtime >= _FRESH_SECONDS:
-                    os.utime(fd)
 
     def _look_at_maps(self) -> None:
         """Read every fill's asked-for pages from its map and queue the new ones behind the demand
