@@ -236,17 +236,25 @@ def _rows_for(payload: Any, n: int) -> tuple[np.ndarray, Any]:
     return out, Destination.rows_of(out, n)
 
 
+def _opened_ahead(ds: Dataset) -> tuple[Any, np.ndarray, Any]:
+    """``ds``'s payload with its download started (the background held back) and read as a later
+    block (whole parts asked), and the rows and destination of a block of :data:`AHEAD_KEYS` it
+    opened ahead of its read."""
+    payload: Any = ds.payload
+    payload.schedule(iter([]))
+    payload._blocks_read = 1
+    out, dest = _rows_for(payload, len(AHEAD_KEYS))
+    assert payload.deliver_ahead(np.array(AHEAD_KEYS), dest)
+    return payload, out, dest
+
+
 def test_a_block_opened_ahead_gets_its_records_from_an_earlier_blocks_parts(
         url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A block registered ahead of its read gets every record that lands in the parts an earlier
     block asked for from their chunks: none of its records is read back from the copy."""
     reads = _copy_reads(monkeypatch)
     with Dataset(url, cache_dir=_cache(tmp_path)) as ds:
-        payload: Any = ds.payload
-        payload.schedule(iter([]))  # starts the download, the background held back
-        payload._blocks_read = 1  # a later block: it asks for whole parts
-        out, dest = _rows_for(payload, len(AHEAD_KEYS))
-        assert payload.deliver_ahead(np.array(AHEAD_KEYS), dest)
+        payload, out, dest = _opened_ahead(ds)
         check_batch({"key": np.array(KEYS), **ds.read(KEYS)})  # its parts hold the block's records too
         before = len(reads)
         payload.read_into(np.array(AHEAD_KEYS), dest)
@@ -263,11 +271,7 @@ def test_a_block_opened_ahead_reads_back_none_of_its_delivered_records_once_the_
     reads = _copy_reads(monkeypatch)
     every = list(range(N))  # every part of every shard asked for: the copies complete
     with Dataset(url, cache_dir=_cache(tmp_path)) as ds:
-        payload: Any = ds.payload
-        payload.schedule(iter([]))
-        payload._blocks_read = 1
-        out, dest = _rows_for(payload, len(AHEAD_KEYS))
-        assert payload.deliver_ahead(np.array(AHEAD_KEYS), dest)
+        payload, out, dest = _opened_ahead(ds)
         check_batch({"key": np.array(every), **ds.read(every)})
         deadline = time.monotonic() + 30
         while any(payload._cached_fd(i) is None for i in range(N // PER_SHARD)) and time.monotonic() < deadline:
@@ -288,11 +292,7 @@ def test_a_retried_part_delivers_its_last_response_to_both_blocks(
     bytes, each record counted delivered once."""
     seen = _garbage_first(monkeypatch)
     with Dataset(url, cache_dir=_cache(tmp_path)) as ds:
-        payload: Any = ds.payload
-        payload.schedule(iter([]))
-        payload._blocks_read = 1
-        out, dest = _rows_for(payload, len(AHEAD_KEYS))
-        assert payload.deliver_ahead(np.array(AHEAD_KEYS), dest)
+        payload, out, dest = _opened_ahead(ds)
         got = ds.read(KEYS)
         payload.read_into(np.array(AHEAD_KEYS), dest)
         st = payload.prefetcher.stats
@@ -315,11 +315,7 @@ def test_a_failed_part_delivers_nothing_to_a_block_opened_ahead(
 
     _streams(monkeypatch, copied_then_failed)
     with Dataset(url, cache_dir=_cache(tmp_path)) as ds:
-        payload: Any = ds.payload
-        payload.schedule(iter([]))
-        payload._blocks_read = 1
-        _, dest = _rows_for(payload, len(AHEAD_KEYS))
-        assert payload.deliver_ahead(np.array(AHEAD_KEYS), dest)
+        _opened_ahead(ds)
         ahead = list(deliveries)
         with pytest.raises(StoreError, match="injected"):
             ds.read(KEYS)
