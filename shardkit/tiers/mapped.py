@@ -124,8 +124,7 @@ class MappedShards:
         """Map the pages of records ``keys`` this process never made resident, each shard's in
         ascending ranges (:class:`~shardkit.formats.mapping.MappedFile`: every range of the block
         announced, unless :meth:`announce` of these keys did (``announced``, what it returned), then
-        populated; the kernel
-        reads what the page cache lacks); raises :class:`Stopped` between two pieces once ``stop``
+        populated; the kernel reads what the page cache lacks); raises :class:`Stopped` between two pieces once ``stop``
         is set.
 
         ``node`` is the node's record of what is resident (the static cache's flags, row = key):
