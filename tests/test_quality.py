@@ -39,3 +39,32 @@ def test_no_script_shadows_a_standard_module() -> None:
     for folder in ("benchmarks", "examples", "tests"):
         shadows = sorted(p.name for p in (ROOT / folder).rglob("*.py") if p.stem in sys.stdlib_module_names)
         assert not shadows, f"{folder}/ has modules named like standard ones: {shadows}"
+
+
+_IMPORT_EACH = """
+import importlib, pkgutil, sys
+import shardkit
+# The layers the others build on (the ones an upward import can tie into a cycle); the whole package
+# would take a minute of the suite.
+layers = ("formats", "order", "stores", "tiers", "readers")
+names = sorted(m.name for m in pkgutil.walk_packages(shardkit.__path__, "shardkit.")
+               if m.name.split(".")[1] in layers)
+failed = []
+for name in names:
+    for loaded in [k for k in sys.modules if k == "shardkit" or k.startswith("shardkit.")]:
+        del sys.modules[loaded]
+    try:
+        importlib.import_module(name)
+    except ImportError as e:  # an optional extra's module reports itself; a cycle is an ImportError too
+        if "circular import" in str(e) or "partially initialized" in str(e):
+            failed.append(f"{name}: {e}")
+print("\\n".join(failed))
+"""
+
+
+def test_every_lower_layer_module_imports_first_without_a_cycle() -> None:
+    # A module imported first in a fresh process (a spawned worker, a benchmark) must not hit an import
+    # cycle that the usual order (`import shardkit` first) hides.
+    result = _run(sys.executable, "-c", _IMPORT_EACH)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "", result.stdout

@@ -3,7 +3,8 @@ and the ``Sampler`` protocol the adapters rely on (docs/design.md §4); ``TierSe
 ``SharedSampler`` (:mod:`shardkit.serve`) share one tier stack between jobs.
 
 The serving side is imported on first use (:func:`__getattr__`): a DataLoader worker that only reads
-imports no server, socket protocol or ring.
+imports no server, socket protocol or ring. ``TieredSampler`` is too, so that the tier engine (which
+imports this package's options and sources) can be imported first without an import cycle.
 """
 
 from typing import TYPE_CHECKING, Any
@@ -24,11 +25,11 @@ from shardkit.order.schedule import (
 from shardkit.readers.identity import DatasetIdentity
 from shardkit.readers.interface import Sampler
 from shardkit.readers.options import DEFAULTS, SamplerOptions, TierSizes, parse_tiers
-from shardkit.readers.sampler import TieredSampler
 from shardkit.readers.sources import Mixture, mix
 from shardkit.tiers.stats import SamplerStats
 
 if TYPE_CHECKING:
+    from shardkit.readers.sampler import TieredSampler
     from shardkit.serve import SharedSampler, TierServer, serve
 
 __all__ = [
@@ -63,6 +64,10 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    if name == "TieredSampler":
+        from shardkit.readers.sampler import TieredSampler
+
+        return TieredSampler
     if name in ("SharedSampler", "TierServer", "serve"):
         import shardkit.serve
 
