@@ -30,9 +30,9 @@ POPULATE_RANGES = 1024
 MAX_MAPPED_SHARDS = 256
 #: A block reads *through* a gap of at most this many bytes between two of its records in a shard
 #: (:meth:`MappedShards.announce`): the gap's records are made resident with it, for the blocks
-#: after, so the device gets requests of megabytes where a sparse block's records were one request
-#: each. Every record is read in the first epoch anyway, so this reads no byte more per epoch; a
-#: longer gap would make a block wait for more of the later blocks' bytes before its first batch.
+#: after, so the device gets runs of records where a sparse block's records were one request each.
+#: Every record is read in the first epoch anyway, so this reads no byte more per epoch; a longer
+#: gap would make a block wait for more of the later blocks' bytes before its first batch.
 READ_THROUGH_BYTES = 3 << 20
 
 
