@@ -5,6 +5,7 @@ fixed-size records is mapped, and the page cache is the cache (docs/design.md §
 from __future__ import annotations
 
 import logging
+import mmap
 import threading
 from dataclasses import dataclass
 from typing import Protocol
@@ -27,6 +28,12 @@ POPULATE_RANGES = 1024
 #: Datasets of more shards keep the copy in node-shared memory: the assembler looks every batch up
 #: in each shard's part of a block.
 MAX_MAPPED_SHARDS = 256
+#: A block reads *through* a gap of at most this many bytes between two of its records in a shard
+#: (:meth:`MappedShards.announce`): the gap's records are made resident with it, for the blocks
+#: after, so the device gets runs of records where a sparse block's records were one request each.
+#: Every record is read in the first epoch anyway, so this reads no byte more per epoch; a longer
+#: gap would make a block wait for more of the later blocks' bytes before its first batch.
+READ_THROUGH_BYTES = 3 << 20
 
 
 class NodeResidency(Protocol):
@@ -82,33 +89,63 @@ class MappedShards:
             maps.append(got)
         return cls(payload, maps)
 
-    def _lacking(self, keys: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    def _lacking(self, keys: np.ndarray, through: bool = False) -> list[tuple[int, np.ndarray, np.ndarray]]:
         """``(shard, keys, rows)`` of the records ``keys`` this process has not made resident, each
-        shard's ascending."""
+        shard's ascending; ``through``: with those of the gaps read through (:meth:`_through`)."""
         rps = self.records_per_shard
         todo = distinct_sorted(keys)
         parts = []
         for part in np.split(todo, np.flatnonzero(np.diff(todo // rps)) + 1) if todo.size else ():
             i = int(part[0]) // rps
             rows = part - i * rps
+            if through:
+                rows = self._through(rows)
+                part = rows + i * rps
+            parts.append((i, part, rows))
+        return self._still_lacking(parts)
+
+    def _through(self, rows: np.ndarray) -> np.ndarray:
+        """Rows ``rows`` of a shard (distinct, ascending) and those of every gap between two of them
+        of at most :data:`READ_THROUGH_BYTES`, ascending. Records under a page are left as they are:
+        their blocks share pages already, and a gap of small records is many rows to list."""
+        rec = self.record_nbytes
+        if rows.size < 2 or rec < mmap.PAGESIZE:
+            return rows
+        gaps = np.diff(rows) - 1  # records between two neighbours
+        fill = np.flatnonzero((gaps > 0) & (gaps <= READ_THROUGH_BYTES // rec))
+        if not fill.size:
+            return rows
+        lengths = gaps[fill]
+        heads = np.cumsum(lengths) - lengths  # where each gap's rows start in ``inside``
+        inside = np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(rows[fill] + 1 - heads, lengths)
+        return np.sort(np.concatenate((rows, inside)))
+
+    def _still_lacking(self, parts: list[tuple[int, np.ndarray, np.ndarray]]) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """``parts`` (``(shard, keys, rows)``) without the records this process made resident: those
+        of earlier blocks, and those a gap the block before read through held since ``parts`` were
+        announced."""
+        out = []
+        for i, part, rows in parts:
             lacking = ~self._files[i].resident[rows]
             if not lacking.all():
                 part, rows = part[lacking], rows[lacking]
             if rows.size:
-                parts.append((i, part, rows))
-        return parts
+                out.append((i, part, rows))
+        return out
 
     def _ranges(self, i: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Page ranges ``[starts, ends)`` of rows ``rows`` of shard ``i`` and the first row of each."""
         starts, ends, firsts = reserve_ranges(rows, 0, self.record_nbytes)
         return starts, np.minimum(ends, len(self._files[i])), firsts
 
-    def announce(self, keys: np.ndarray) -> Lacking:
+    def announce(self, keys: np.ndarray, through: bool = True) -> Lacking:
         """Have the kernel start reading the pages of records ``keys`` that this process has not made
         resident (:meth:`MappedFile.announce`) and return at once what it announced, for
         :meth:`populate` of the same keys: the reader announces the next block before it waits for
-        this one's pages, so the device does not idle between two blocks."""
-        parts = self._lacking(keys)
+        this one's pages, so the device does not idle between two blocks. ``through``: the records
+        of each gap of at most :data:`READ_THROUGH_BYTES` between two of them are announced (and
+        populated) with them."""
+        parts = self._lacking(keys, through)
         for i, _, rows in parts:
             self._files[i].announce(*self._ranges(i, rows)[:2])
         return Lacking(parts)
@@ -120,18 +157,21 @@ class MappedShards:
         stop: threading.Event | None = None,
         node: NodeResidency | None = None,
         announced: Lacking | None = None,
+        through: bool = True,
     ) -> None:
         """Map the pages of records ``keys`` this process never made resident, each shard's in
         ascending ranges (:class:`~shardkit.formats.mapping.MappedFile`: every range of the block
         announced, unless :meth:`announce` of these keys did (``announced``, what it returned), then
         populated; the kernel reads what the page cache lacks); raises :class:`Stopped` between two pieces once ``stop``
-        is set.
+        is set. ``through`` (unless ``announced``, which says what to populate): the gaps of at most
+        :data:`READ_THROUGH_BYTES` between the records too, as :meth:`announce` does; the run's
+        first block reads its own records only, for its first batch.
 
         ``node`` is the node's record of what is resident (the static cache's flags, row = key):
         only records no process of the node made resident are counted in ``stats`` as read (their
         bytes, what a read asks for: the kernel reads whole pages for any read) and published to it
         once populated; the others are in the page cache, and populating them only maps them here."""
-        parts = self._lacking(keys) if announced is None else announced.parts
+        parts = self._lacking(keys, through) if announced is None else self._still_lacking(announced.parts)
         if not parts:
             return
         todo = np.concatenate([part for _, part, _ in parts]) if len(parts) > 1 else parts[0][1]

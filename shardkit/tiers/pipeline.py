@@ -576,8 +576,11 @@ class Pipeline:
                 if announced is None:
                     announced = mapped.announce(keys)  # this block's requests go first
                 self._announced = mapped.announce(following)
+            # The run's first block reads its own records only (its first batch waits for them);
+            # later ones read through short gaps, for the blocks after (READ_THROUGH_BYTES).
+            mapped.populate(keys, self.disk.payload.stats, self.stop, node=self.cache, announced=announced,
+                            through=self._announce_ahead)
             self._announce_ahead = True
-            mapped.populate(keys, self.disk.payload.stats, self.stop, node=self.cache, announced=announced)
             self._stats.add_busy(tier, time.perf_counter() - t0)
             self._stats.add_busy(f"{tier}_cpu", time.thread_time() - c0)
             views = mapped.copies(keys)

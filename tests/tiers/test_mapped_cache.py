@@ -314,3 +314,88 @@ def test_the_reader_announces_the_next_block_before_it_waits_for_this_one(tmp_pa
         assert ahead and announced_at[keys] < at  # announced before its populate, which announces nothing
         assert announced_at[following] < at  # the next block asked for before this one is waited for
     assert blocks[-1][2]
+
+
+def test_populate_reads_through_short_gaps_and_keeps_their_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``through``: the records of a gap of at most ``READ_THROUGH_BYTES`` between two of a block's
+    records in a shard are populated, counted, published and kept resident with them (in the
+    ranges announced too), so the device reads one range; a longer gap, or another shard, is
+    skipped. The block after reads only what is still lacking."""
+    from shardkit.formats import open_dataset
+    from shardkit.formats.mapping import MappedFile
+    from shardkit.formats.reader import ReadStats
+
+    monkeypatch.setattr(mapped_mod, "READ_THROUGH_BYTES", 3 * REC)
+    announced: list[tuple[int, int]] = []
+    announce = MappedFile.announce
+
+    def spy(self: MappedFile, starts: np.ndarray, ends: np.ndarray) -> None:
+        announced.extend(zip(starts.tolist(), ends.tolist()))
+        announce(self, starts, ends)
+
+    monkeypatch.setattr(MappedFile, "announce", spy)
+    path = make_dataset(tmp_path / "ds", N, records_per_shard=RPS, shape=SHAPE)
+    published: list[int] = []
+
+    class Node:
+        def filled(self, rows: np.ndarray) -> np.ndarray:
+            return np.isin(rows, published)
+
+        def publish(self, rows: np.ndarray) -> None:
+            published.extend(rows.tolist())
+
+    with open_dataset(path) as ds:
+        m = mapped_mod.MappedShards.open(ds.payload)
+        assert m is not None
+        stats = ReadStats()
+        # Shard 0: 0 and 4 (a gap of 3 records, read), 4 and 10 (a gap of 5, skipped); 15 and 16 lie in two shards.
+        m.populate(np.array([10, 0, 4, 15, 16], dtype=np.int64), stats, node=Node(), through=True)
+        assert sorted(published) == [0, 1, 2, 3, 4, 10, 15, 16]
+        assert stats.records == 8 and stats.bytes_read == 8 * REC
+        assert announced == [(0, 5 * REC), (10 * REC, 11 * REC), (15 * REC, 16 * REC), (0, REC)]
+        assert m._files[0].resident[:5].all() and not m._files[0].resident[5:10].any()
+        lacking = m.announce(np.array([1, 6, 8], dtype=np.int64))  # 1 is resident: 6 and 8 read through 7
+        assert [(i, part.tolist()) for i, part, _ in lacking.parts] == [(0, [6, 7, 8])]
+        m.populate(np.array([1, 6, 8], dtype=np.int64), stats, node=Node(), announced=lacking)
+        assert stats.records == 11
+        expected = ds.payload.read(np.arange(11))
+        for k in range(11):
+            (_, view, rows), = m.copies(np.array([k]))
+            np.testing.assert_array_equal(view[rows[0]], expected[k])
+        m.close()
+
+
+def test_the_runs_first_block_reads_its_own_records_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first batch waits for the first block's records alone; the blocks after it read through
+    short gaps, so the epoch asks the device for fewer ranges than it has records, each record once
+    and in the order of ``static_cache=0``."""
+    from shardkit.formats.mapping import MappedFile
+    from shardkit.order import schedule
+
+    n = 400  # two shards of 200 records
+    monkeypatch.setattr(schedule, "FIRST_BLOCK_BYTES", 8 * REC)
+    monkeypatch.setattr(schedule, "MIN_BLOCK_BYTES", 32 * REC)
+    through: list[bool] = []
+    populate = mapped_mod.MappedShards.populate
+
+    def spy_populate(self: mapped_mod.MappedShards, keys: np.ndarray, *args: object, **kw: object) -> None:
+        through.append(bool(kw.get("announced") is not None or kw.get("through", True)))
+        populate(self, keys, *args, **kw)  # type: ignore[arg-type]
+
+    ranges = [0]
+    announce = MappedFile.announce
+
+    def spy_announce(self: MappedFile, starts: np.ndarray, ends: np.ndarray) -> None:
+        ranges[0] += int(np.count_nonzero(ends > starts))
+        announce(self, starts, ends)
+
+    monkeypatch.setattr(mapped_mod.MappedShards, "populate", spy_populate)
+    monkeypatch.setattr(MappedFile, "announce", spy_announce)
+    path = make_dataset(tmp_path / "ds", n, records_per_shard=200, shape=SHAPE)
+    kw: dict[str, object] = dict(batch_size=8, epochs=1, seed=5, ram_size=f"{3 * n}records")
+    with TieredSampler(path, static_cache=0, **kw) as plain, TieredSampler(path, node_sharing=False, **kw) as s:  # type: ignore[arg-type]
+        assert s.maps_whole_cache
+        np.testing.assert_array_equal(epochs_of(s, n), epochs_of(plain, n))  # checks every record
+        assert s.stats.disk.records == n
+    assert len(through) >= 4 and through == [False] + [True] * (len(through) - 1), through
+    assert ranges[0] < n // 4  # (a range per record but where two are neighbours: about 300)
