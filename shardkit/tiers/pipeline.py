@@ -28,7 +28,7 @@ from shardkit.stopping import POLL_SECONDS, Stopped
 from shardkit.tiers.buffers import BatchBuffer, BatchPool
 from shardkit.tiers.mapped import Lacking, MappedShards
 from shardkit.tiers.ssd import SsdSpace
-from shardkit.tiers.ssd_slots import ReservoirSlots
+from shardkit.tiers.ssd_slots import ReservoirSlots, SlotWrite
 from shardkit.tiers.static_cache import Ahead, StaticCache
 from shardkit.tiers.stats import SamplerStats
 
@@ -901,15 +901,20 @@ class Pipeline:
             rec = self.disk.record_nbytes
             self.slots.preallocate(((turn + i) % 2, (b - a) * rec) for i, (a, b) in enumerate(bounds))
             turn += len(bounds)
+            pending: _Filling | None = None
             following: np.ndarray | None = None
             for i, (a, b) in enumerate(bounds):
                 keys = following if following is not None else seg.keys(a, b)
                 following = seg.keys(*bounds[i + 1]) if i + 1 < len(bounds) else None
                 # The next reservoir's records the cache does not pin: read ahead while this one's last chunk is copied.
                 self.slots.expect(None if following is None else distinct_sorted(self._unpinned(following)))
-                t0 = time.perf_counter()
-                slot = self._get(self._ssd_slots)
-                self._stats.add_wait("ssd_fill", time.perf_counter() - t0)
+                slot = self._free_slot()
+                if slot is None:  # the RAM tier still reads both: pass the reservoir in flight on first
+                    self._fill_done(pending)
+                    pending = None
+                    t0 = time.perf_counter()
+                    slot = self._get(self._ssd_slots)
+                    self._stats.add_wait("ssd_fill", time.perf_counter() - t0)
                 before, calls = self.disk.payload.stats.bytes_read, self.disk.payload.stats.read_calls
                 pos, crow, fill = self._cache_plan(keys)
                 if fill.any():
@@ -920,23 +925,53 @@ class Pipeline:
                     self._stats.add_busy("disk", time.perf_counter() - t0)
                     self._verify()
                     self.cache.publish(crow[fill])
-                stored = distinct_sorted(np.delete(keys, pos) if pos.size else keys)
-                if stored.size:
-                    t0 = time.perf_counter()
-                    self._stats.add_written(self.slots.write(slot, self.disk.payload, stored, self.stop))
-                    self._stats.add_busy("ssd_fill", time.perf_counter() - t0)
-                    self._verify()
                 self._stats.add_epoch_disk(seg.epoch, self.disk.payload.stats.bytes_read - before,
                                            self.disk.payload.stats.read_calls - calls)
+                stored = distinct_sorted(np.delete(keys, pos) if pos.size else keys)
                 # The run's last reservoirs halve: once they do, a slot read back need only hold the
                 # largest one it gets later (the two slots take turns); not while they grow (the
                 # slots' preallocation is still under way).
                 left = max((d - c for c, d in bounds[i + 2 :: 2]), default=0)
                 keep = left if seg.last and left < b - a else None
-                self._put(self._ssd_q, ReservoirWritten(seg, a, b, keys, stored, slot, keep))
+                t0 = time.perf_counter()
+                write = self.slots.start(slot, self.disk.payload, stored, self.stop) if stored.size else None
+                self._stats.add_busy("ssd_fill", time.perf_counter() - t0)
+                # The reservoir before this one is passed on once its reads end; this one's are in
+                # flight meanwhile, so the device has the next requests queued when those end.
+                self._fill_done(pending)
+                pending = _Filling(ReservoirWritten(seg, a, b, keys, stored, slot, keep), write)
+                if write is None or not write.in_flight:  # a copy: made now, one reservoir at a time
+                    self._fill_done(pending)
+                    pending = None
+            self._fill_done(pending)
+            pending = None
             seg.done()
             self._put(self._ssd_q, EpochEnd(seg.epoch, seg.complete))
         self._put(self._ssd_q, RunDone())
+
+    def _free_slot(self) -> int | None:
+        """A slot the RAM tier has read back, or ``None`` when it still reads both."""
+        try:
+            return self._ssd_slots.get_nowait()
+        except queue.Empty:
+            return None
+
+    def _fill_done(self, filling: _Filling | None) -> None:
+        """Complete ``filling``'s write (wait for its reads, or make its copy), count it, and pass its
+        reservoir on to the RAM tier."""
+        if filling is None:
+            return
+        assert self.slots is not None
+        item, write = filling.item, filling.write
+        if write is not None:
+            before, calls = self.disk.payload.stats.bytes_read, self.disk.payload.stats.read_calls
+            t0 = time.perf_counter()
+            self._stats.add_written(self.slots.finish(write))
+            self._stats.add_busy("ssd_fill", time.perf_counter() - t0)
+            self._verify()
+            self._stats.add_epoch_disk(item.segment.epoch, self.disk.payload.stats.bytes_read - before,
+                                       self.disk.payload.stats.read_calls - calls)
+        self._put(self._ssd_q, item)
 
     def _pool(self) -> BatchPool:
         assert self.pool is not None
@@ -1049,6 +1084,15 @@ class Pipeline:
             self._put(self.batches, BatchReady(batch, seg.epoch, int(seg.shape.positions[g]), buf))
         if block.stage is not None:
             self._stage_free.put(block.stage.slot)  # every batch taken: the reader may refill it
+
+
+@dataclass(frozen=True, eq=False)
+class _Filling:
+    """A reservoir the SSD creator is writing (``write``, ``None`` when every record is pinned),
+    passed on as ``item`` once written (:meth:`Pipeline._fill_done`)."""
+
+    item: ReservoirWritten
+    write: SlotWrite | None
 
 
 @dataclass(frozen=True, eq=False)

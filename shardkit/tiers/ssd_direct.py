@@ -16,8 +16,10 @@ import ctypes
 import logging
 import mmap
 import os
-from concurrent.futures import ThreadPoolExecutor, wait
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import suppress
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,8 +27,9 @@ import numpy as np
 from shardkit.errors import TruncatedShardError
 from shardkit.formats import PayloadArray
 from shardkit.formats.arrays import distinct_sorted
+from shardkit.stopping import Stopped
 
-__all__ = ["DIRECT_ALIGN", "DIRECT_THREADS", "DirectReads", "on_tmpfs"]
+__all__ = ["DIRECT_ALIGN", "DIRECT_THREADS", "DirectJob", "DirectReads", "on_tmpfs"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +68,15 @@ def on_tmpfs(path: str | os.PathLike[str]) -> bool:
     except OSError:
         return False
     return fstype == "tmpfs"
+
+
+@dataclass(frozen=True, eq=False)
+class DirectJob:
+    """The direct reads of one reservoir in flight (:meth:`DirectReads.submit`): its runs
+    (``[shard, offset, row, count]``) and the threads' futures."""
+
+    rows: list[list[int]]
+    pending: list[Future[None]]
 
 
 class DirectReads:
@@ -151,37 +163,54 @@ class DirectReads:
         return fd
 
     def read(self, runs: np.ndarray, dest: memoryview, first_row: int) -> bool:
-        """Read every run into ``dest`` (record of run row ``r`` at ``(first_row + r) * record_nbytes``);
-        False, with nothing counted, when the first direct read is refused (:attr:`enabled` turns
-        False: the caller copies instead). Thread ``k`` reads runs ``k``, ``k + DIRECT_THREADS``, ...
-        in turn, so the requests at the device are neighbours in ascending order. Bytes are counted
-        in the payload's read statistics."""
+        """Read every run into ``dest`` and wait for them: :meth:`submit`, then :meth:`finish`."""
+        job = self.submit(runs, dest, first_row, threading.Event())
+        if job is None:
+            return False
+        self.finish(job)
+        return True
+
+    def submit(self, runs: np.ndarray, dest: memoryview, first_row: int, stop: threading.Event) -> DirectJob | None:
+        """Start reading every run into ``dest`` (record of run row ``r`` at ``(first_row + r) *
+        record_nbytes``) and return at once, the reads in flight (:meth:`finish` waits for them);
+        ``None``, with nothing read or counted, when the first direct read is refused (:attr:`enabled`
+        turns False: the caller copies instead). The first run is read here (that is where a refusal
+        shows); thread ``k`` then reads runs ``1 + k``, ``1 + k + DIRECT_THREADS``, ... in turn, so the
+        requests at the device are neighbours in ascending order, and the queue stays
+        :data:`DIRECT_THREADS` deep to the reservoir's end (no pause at chunk boundaries). ``stop`` is
+        checked between two runs."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(DIRECT_THREADS, thread_name_prefix="shardkit-ssd-direct")
         rows = runs.tolist()
         try:
             for shard in distinct_sorted(runs[:, 0]).tolist():  # opened here: the threads only look them up
                 self._fd(shard)
-            self._read_runs(rows[:1], dest, first_row)
+            self._read_runs(rows[:1], dest, first_row, stop)
         except OSError as exc:
             logger.debug("SSD reservoir: direct reads refused (%s); copying through the page cache", exc)
             self.enabled = False
-            return False
-        pending = [self._pool.submit(self._read_runs, rows[1 + k :: DIRECT_THREADS], dest, first_row)
+            return None
+        pending = [self._pool.submit(self._read_runs, rows[1 + k :: DIRECT_THREADS], dest, first_row, stop)
                    for k in range(min(DIRECT_THREADS, len(rows) - 1))]  # fmt: skip
-        wait(pending)  # every read ended before one's error is raised: none still writes into dest
-        for f in pending:
+        return DirectJob(rows, pending)
+
+    def finish(self, job: DirectJob) -> None:
+        """Wait for every read of ``job``, then raise the first one's error, if any (no read still
+        writes into the destination then), or count the bytes in the payload's read statistics."""
+        wait(job.pending)
+        for f in job.pending:
             f.result()
         stats, rec = self._payload.stats, self._rec
-        for shard, off, _, count in rows:
+        for shard, off, _, count in job.rows:
             stats.add(str(self._payload.shard_path(shard)), off, count * rec)
-        stats.add_records(int(runs[:, 3].sum()))
-        return True
+        stats.add_records(sum(row[3] for row in job.rows))
 
-    def _read_runs(self, rows: list[list[int]], dest: memoryview, first_row: int) -> None:
-        """Read runs ``rows`` (``[shard, offset, row, count]``) one after the other."""
+    def _read_runs(self, rows: list[list[int]], dest: memoryview, first_row: int, stop: threading.Event) -> None:
+        """Read runs ``rows`` (``[shard, offset, row, count]``) one after the other, until ``stop``."""
         rec = self._rec
         for shard, off, row, count in rows:
+            if stop.is_set():
+                raise Stopped()
             at, nbytes = (first_row + row) * rec, count * rec
             fd, done = self._fds[shard], 0
             while done < nbytes:

@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import suppress
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -27,9 +28,9 @@ from shardkit.formats.spec import ShardInfo
 from shardkit.stopping import Stopped
 from shardkit.stores.atomic import is_out_of_space
 from shardkit.tiers.ssd import SsdSpace
-from shardkit.tiers.ssd_direct import RESIDENT_SHARE, DirectReads
+from shardkit.tiers.ssd_direct import RESIDENT_SHARE, DirectJob, DirectReads
 
-__all__ = ["ReservoirSlots", "ScratchRecords", "SLOT_PREFIX"]
+__all__ = ["ReservoirSlots", "ScratchRecords", "SlotWrite", "SLOT_PREFIX"]
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +88,23 @@ class ScratchRecords(PayloadArray):
 
     def close(self) -> None:
         """Nothing to close: the descriptor belongs to the slot."""
+
+
+@dataclass(eq=False)
+class SlotWrite:
+    """A reservoir being written into a slot (:meth:`ReservoirSlots.start`); ``job``: its direct
+    reads in flight, if it is read that way."""
+
+    slot: int
+    payload: RecordSource
+    keys: np.ndarray
+    stop: threading.Event
+    job: DirectJob | None = None
+
+    @property
+    def in_flight(self) -> bool:
+        """The device is reading the reservoir now (:meth:`ReservoirSlots.finish` waits for it)."""
+        return self.job is not None
 
 
 class ReservoirSlots:
@@ -229,11 +247,33 @@ class ReservoirSlots:
         """Copy records ``keys`` (ascending, distinct) of ``payload`` into slot ``slot`` in one pass;
         returns the bytes written. On failure or ``stop`` the slot is emptied; a full disk is an
         :class:`~shardkit.errors.OutOfSpaceError`."""
+        return self.finish(self.start(slot, payload, keys, stop))
+
+    def start(self, slot: int, payload: RecordSource, keys: np.ndarray, stop: threading.Event) -> SlotWrite:
+        """Begin :meth:`write`: direct reads (:meth:`_start_direct`) are in flight on return, so the
+        caller can prepare the next reservoir while the device works (:attr:`SlotWrite.in_flight`);
+        any other copy is made by :meth:`finish`."""
+        write = SlotWrite(slot, payload, keys, stop)
+        if isinstance(payload, PayloadArray) and payload.can_copy_to_file():
+            write.job = self._start_direct(slot, payload, keys, stop)
+        return write
+
+    def finish(self, write: SlotWrite) -> int:
+        """Complete ``write`` (see :meth:`write`); returns the bytes written."""
+        slot, payload, keys, stop = write.slot, write.payload, write.keys, write.stop
         fd, path = self._fds[slot], self.paths[slot]
         rec = payload.record_nbytes
+        if write.job is not None:
+            assert self._direct is not None
+            try:
+                self._direct.finish(write.job)
+            except BaseException:
+                self._stop_preallocating()
+                os.ftruncate(fd, 0)
+                raise
+            return int(keys.size) * rec
         if isinstance(payload, PayloadArray) and payload.can_copy_to_file():  # a mixture's records: buffered
-            if not self._read_direct(slot, payload, keys, stop):
-                self._copy_in_kernel(fd, path, payload, keys, stop)
+            self._copy_in_kernel(fd, path, payload, keys, stop)
             return int(keys.size) * rec
         if not self._buffers:
             self._buffers = [self._like.empty(self._rows) for _ in range(self._halves)]
@@ -263,35 +303,28 @@ class ReservoirSlots:
             raise
         return int(keys.size) * rec
 
-    def _read_direct(self, slot: int, payload: PayloadArray, keys: np.ndarray, stop: threading.Event) -> bool:
-        """Read records ``keys`` from the device straight into slot ``slot``'s mapping, chunk by
-        chunk; False, with nothing written, where that cannot be done (no direct reads, the slot
-        not mapped that far, unaligned records, records mostly in the page cache)."""
+    def _start_direct(self, slot: int, payload: PayloadArray, keys: np.ndarray,
+                      stop: threading.Event) -> DirectJob | None:  # fmt: skip
+        """Start reading records ``keys`` from the device straight into slot ``slot``'s mapping, the
+        whole reservoir at once (:meth:`DirectReads.submit`); ``None``, with nothing written, where
+        that cannot be done (no direct reads, the slot not mapped that far, unaligned records,
+        records mostly in the page cache)."""
         direct, view = self._direct, self._views[slot]
         rec = payload.record_nbytes
         if direct is None or not direct.enabled or view is None or len(view) < keys.size * rec:
-            return False
+            return None
         runs = direct.runs(keys)
         if runs is None or direct.resident(runs) >= RESIDENT_SHARE:
-            return False
+            return None
         fd = self._fds[slot]
-        per = max(1, KERNEL_CHUNK_BYTES // rec)
-        cuts = np.searchsorted(runs[:, 2], np.arange(per, keys.size, per))
         try:
             if os.fstat(fd).st_size < keys.size * rec:  # cut by a failed write: the mapping past it is not the file's
                 os.ftruncate(fd, keys.size * rec)
-            for c, chunk in enumerate(np.split(runs, cuts)):
-                if stop.is_set():
-                    raise Stopped()
-                if chunk.size and not direct.read(chunk, view, 0):
-                    if c == 0:
-                        return False  # refused before anything was read: copy instead
-                    raise SamplerError(f"{self.paths[slot]}: direct reads refused in the middle of a reservoir")
+            return direct.submit(runs, view, 0, stop)  # None: refused before anything was read, copy instead
         except BaseException:
             self._stop_preallocating()
             os.ftruncate(fd, 0)
             raise
-        return True
 
     def _copy_in_kernel(self, fd: int, path: Path, payload: PayloadArray, keys: np.ndarray, stop: threading.Event) -> None:
         """The in-kernel copy, chunk by chunk, the writer thread announcing chunk ``c + 1`` while this

@@ -190,3 +190,38 @@ def test_preallocation_maps_the_slots_pages_ahead(tmp_path: Path, tmpfs_slots: P
         assert not DirectReads.suits(small.payload, tmpfs_slots)
     finally:
         small.close()
+
+
+def test_the_next_reservoir_is_read_before_the_one_before_is_passed_on(tmp_path: Path, tmpfs_slots: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fill keeps the device's queue full across reservoirs: with a slot free, the direct reads
+    of reservoir r + 1 are under way before reservoir r is passed on to the RAM tier (its reads
+    ending, its bookkeeping, the hand-over), and every reservoir is still passed on in order. A
+    reservoir's reads are submitted at once, not chunk by chunk (each chunk's end drained the queue)."""
+    from shardkit.tiers.pipeline import Pipeline, ReservoirWritten
+
+    monkeypatch.setattr(ssd_slots, "KERNEL_CHUNK_BYTES", 2 * BIG_REC)
+
+    n = 41
+    ds = make_dataset(tmp_path / "ds", n, records_per_shard=5, shape=BIG)
+    assert evict_page_cache(ds)
+    events: list[tuple[str, int]] = []
+    real_submit, real_put = DirectReads.submit, Pipeline._put
+
+    def submitting(self: DirectReads, runs: np.ndarray, *args: object) -> object:
+        events.append(("submit", int(runs[:, 3].sum())))
+        return real_submit(self, runs, *args)  # type: ignore[arg-type]
+
+    def putting(self: Pipeline, q: object, item: object) -> None:
+        if q is self._ssd_q and isinstance(item, ReservoirWritten):
+            events.append(("put", int(item.stored.size)))
+        real_put(self, q, item)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(DirectReads, "submit", submitting)
+    monkeypatch.setattr(Pipeline, "_put", putting)
+    keys = np.concatenate(collect(_sampler(ds, tmpfs_slots, 1)))
+    assert sorted(keys.tolist()) == list(range(n))
+    submitted = [size for what, size in events if what == "submit"]
+    put = [size for what, size in events if what == "put"]
+    assert len(put) >= 3 and submitted == put and sum(put) == n
+    assert [what for what, _ in events[:3]] == ["submit", "submit", "put"]  # reservoir 1 in flight before 0 is passed on

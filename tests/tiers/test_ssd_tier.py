@@ -22,7 +22,7 @@ from shardkit.stopping import Stopped
 from shardkit.tiers import ssd_slots
 from shardkit.tiers.pipeline import reservoir_bounds
 from shardkit.tiers.ssd import SsdSpace
-from shardkit.tiers.ssd_slots import ReservoirSlots, ScratchRecords
+from shardkit.tiers.ssd_slots import ReservoirSlots, ScratchRecords, SlotWrite
 from tests.helpers.sampler_data import collect, make_dataset
 
 BIG = (128, 128, 1)  # 16 KiB records: copied inside the kernel
@@ -212,14 +212,14 @@ def test_ram_creator_reads_back_while_the_next_reservoir_is_written(tmp_path: Pa
     started: list[int] = []
     overlapped: list[bool] = []
     cond = threading.Condition()
-    real_write = ReservoirSlots.write
+    real_start = ReservoirSlots.start
     real_read_into = ScratchRecords.read_into
 
-    def writing(self: ReservoirSlots, slot: int, *args: object) -> int:
+    def writing(self: ReservoirSlots, slot: int, *args: object) -> SlotWrite:
         with cond:
             started.append(slot)
             cond.notify_all()
-        return real_write(self, slot, *args)  # type: ignore[arg-type]
+        return real_start(self, slot, *args)  # type: ignore[arg-type]
 
     def reading(self: ScratchRecords, keys: np.ndarray, dest: object) -> None:
         if not overlapped:
@@ -227,7 +227,7 @@ def test_ram_creator_reads_back_while_the_next_reservoir_is_written(tmp_path: Pa
                 overlapped.append(cond.wait_for(lambda: len(started) >= 2, timeout=5.0))
         real_read_into(self, keys, dest)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(ReservoirSlots, "write", writing)
+    monkeypatch.setattr(ReservoirSlots, "start", writing)
     monkeypatch.setattr(ScratchRecords, "read_into", reading)
     s = _sampler(ds, ssd_dir, epochs=1, static_cache=0)
     keys = np.concatenate(collect(s))
@@ -260,13 +260,13 @@ def test_only_the_runs_last_epoch_ends_with_small_reservoirs(tmp_path: Path, ssd
     n = 60
     ds = make_dataset(tmp_path / "ds", n, records_per_shard=5, shape=BIG)
     sizes: list[tuple[int, int]] = []
-    real_write = ReservoirSlots.write
+    real_start = ReservoirSlots.start
 
-    def writing(self: ReservoirSlots, slot: int, payload: object, keys: np.ndarray, stop: threading.Event) -> int:
+    def writing(self: ReservoirSlots, slot: int, payload: object, keys: np.ndarray, stop: threading.Event) -> SlotWrite:
         sizes.append((len(sizes), int(keys.size)))
-        return real_write(self, slot, payload, keys, stop)  # type: ignore[arg-type]
+        return real_start(self, slot, payload, keys, stop)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(ReservoirSlots, "write", writing)
+    monkeypatch.setattr(ReservoirSlots, "start", writing)
     s = _sampler(ds, ssd_dir, epochs=2, static_cache=0)
     first = s.memory_plan.first_block
     k1 = s.memory_plan.ssd_block
@@ -407,18 +407,18 @@ def test_ssd_creator_expects_each_next_reservoir(tmp_path: Path, ssd_dir: Path, 
     n = 40
     ds = make_dataset(tmp_path / "ds", n, records_per_shard=5, shape=BIG)
     log: list[tuple[str, tuple[int, ...] | None]] = []
-    real_expect, real_write = ReservoirSlots.expect, ReservoirSlots.write
+    real_expect, real_start = ReservoirSlots.expect, ReservoirSlots.start
 
     def expecting(self: ReservoirSlots, keys: np.ndarray | None) -> None:
         log.append(("expect", None if keys is None else tuple(keys.tolist())))
         real_expect(self, keys)
 
-    def writing(self: ReservoirSlots, slot: int, payload: object, keys: np.ndarray, stop: threading.Event) -> int:
+    def writing(self: ReservoirSlots, slot: int, payload: object, keys: np.ndarray, stop: threading.Event) -> SlotWrite:
         log.append(("write", tuple(keys.tolist())))
-        return real_write(self, slot, payload, keys, stop)  # type: ignore[arg-type]
+        return real_start(self, slot, payload, keys, stop)  # type: ignore[arg-type]
 
     monkeypatch.setattr(ReservoirSlots, "expect", expecting)
-    monkeypatch.setattr(ReservoirSlots, "write", writing)
+    monkeypatch.setattr(ReservoirSlots, "start", writing)
     s = _sampler(ds, ssd_dir, epochs=1, static_cache=0)
     keys = np.concatenate(collect(s))
     np.testing.assert_array_equal(keys, epoch_permutation(3, 0, n))
@@ -437,7 +437,7 @@ def test_stats_count_what_each_ssd_stage_waited_for(tmp_path: Path, ssd_dir: Pat
 
     ds = make_dataset(tmp_path / "ds", 40, records_per_shard=5, shape=BIG)
     ram_asks, fill_waits = threading.Event(), threading.Event()
-    real_get, real_write, real_read = Pipeline._get, ReservoirSlots.write, ScratchRecords.read_into
+    real_get, real_start, real_read = Pipeline._get, ReservoirSlots.start, ScratchRecords.read_into
     forced: list[bool] = []
 
     def getting(self: Pipeline, q: Any) -> Any:
@@ -447,10 +447,10 @@ def test_stats_count_what_each_ssd_stage_waited_for(tmp_path: Path, ssd_dir: Pat
             fill_waits.set()
         return real_get(self, q)
 
-    def writing(self: ReservoirSlots, *args: Any) -> int:
+    def writing(self: ReservoirSlots, *args: Any) -> SlotWrite:
         if not forced:
             forced.append(ram_asks.wait(timeout=10.0))
-        return real_write(self, *args)
+        return real_start(self, *args)
 
     def reading(self: ScratchRecords, keys: np.ndarray, dest: Any) -> None:
         if len(forced) == 1:
@@ -458,7 +458,7 @@ def test_stats_count_what_each_ssd_stage_waited_for(tmp_path: Path, ssd_dir: Pat
         real_read(self, keys, dest)
 
     monkeypatch.setattr(Pipeline, "_get", getting)
-    monkeypatch.setattr(ReservoirSlots, "write", writing)
+    monkeypatch.setattr(ReservoirSlots, "start", writing)
     monkeypatch.setattr(ScratchRecords, "read_into", reading)
     s = _sampler(ds, ssd_dir, epochs=1, static_cache=0)
     keys = np.concatenate(collect(s))
@@ -478,11 +478,11 @@ def test_slots_are_cut_as_the_runs_last_reservoirs_shrink(tmp_path: Path, ssd_di
     ds = make_dataset(tmp_path / "ds", n, records_per_shard=5, shape=BIG)
     log: list[tuple[str, int, int]] = []
     at_close: list[int] = []
-    real_write, real_shrink, real_close = ReservoirSlots.write, ReservoirSlots.shrink, ReservoirSlots.close
+    real_start, real_shrink, real_close = ReservoirSlots.start, ReservoirSlots.shrink, ReservoirSlots.close
 
-    def writing(self: ReservoirSlots, slot: int, payload: Any, keys: np.ndarray, stop: threading.Event) -> int:
+    def writing(self: ReservoirSlots, slot: int, payload: Any, keys: np.ndarray, stop: threading.Event) -> SlotWrite:
         log.append(("write", slot, int(keys.size) * BIG_REC))
-        return real_write(self, slot, payload, keys, stop)
+        return real_start(self, slot, payload, keys, stop)
 
     def shrinking(self: ReservoirSlots, slot: int, nbytes: int) -> None:
         log.append(("shrink", slot, nbytes))
@@ -492,7 +492,7 @@ def test_slots_are_cut_as_the_runs_last_reservoirs_shrink(tmp_path: Path, ssd_di
         at_close.extend(os.fstat(fd).st_size for fd in self._fds)
         real_close(self)
 
-    monkeypatch.setattr(ReservoirSlots, "write", writing)
+    monkeypatch.setattr(ReservoirSlots, "start", writing)
     monkeypatch.setattr(ReservoirSlots, "shrink", shrinking)
     monkeypatch.setattr(ReservoirSlots, "close", closing)
     s = _sampler(ds, ssd_dir, epochs=epochs, static_cache=0)
@@ -519,18 +519,18 @@ def test_slots_are_allocated_as_far_as_their_reservoirs_need(tmp_path: Path, ssd
     ds = make_dataset(tmp_path / "ds", n, records_per_shard=5, shape=BIG)
     written = [0, 0]
     allocated: dict[int, int] = defaultdict(int)
-    real_write, real_fallocate = ReservoirSlots.write, os.posix_fallocate
+    real_start, real_fallocate = ReservoirSlots.start, os.posix_fallocate
 
-    def writing(self: ReservoirSlots, slot: int, payload: Any, keys: np.ndarray, stop: threading.Event) -> int:
+    def writing(self: ReservoirSlots, slot: int, payload: Any, keys: np.ndarray, stop: threading.Event) -> SlotWrite:
         written[slot] = max(written[slot], int(keys.size) * BIG_REC)
-        return real_write(self, slot, payload, keys, stop)
+        return real_start(self, slot, payload, keys, stop)
 
     def allocating(fd: int, offset: int, length: int) -> None:
         if threading.current_thread().name == "shardkit-ssd-allocator":  # not other shared memory
             allocated[fd] = max(allocated[fd], offset + length)
         real_fallocate(fd, offset, length)
 
-    monkeypatch.setattr(ReservoirSlots, "write", writing)
+    monkeypatch.setattr(ReservoirSlots, "start", writing)
     monkeypatch.setattr(os, "posix_fallocate", allocating)
     s = _sampler(ds, ssd_dir, epochs=1, static_cache=0)
     k1 = s.memory_plan.ssd_block
