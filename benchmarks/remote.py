@@ -469,6 +469,9 @@ def _download_summary(pf: Any, ended: float) -> Measurement:
     return {"tail_s": ended - last, "download_s": st.in_flight[-1][0], "reader_wait_s": st.reader_wait_s,
             "receive_s": st.receive_s, "write_s": st.write_s, "crc_s": st.crc_s, "settle_s": st.settle_s,
             "parts_demanded": st.parts_demanded, "parts_background": st.parts_background,
+            # the background width last chosen from the link, and the parts' mean wait for their first byte
+            "width": st.width,
+            "first_byte_s": st.first_byte_s / max(1, st.parts_demanded + st.parts_background),
             # the fetch threads' own CPU (writing, checksums, bookkeeping; not the store client's I/O threads)
             "fetch_cpu_s_per_GB": st.cpu_s / (st.bytes / 1e9) if st.bytes else 0.0,
             # record bytes the fetch threads copied straight into waiting blocks (not read back from the copy)
@@ -756,7 +759,8 @@ def main() -> None:
                     print(f"  {SYSTEMS.get(system, system):<22} error: {m['error']}", flush=True)
                 else:
                     tail = (f"  tail {m['tail_s']:.2f} s of {m['seconds']:.2f}; parts {m['parts_demanded']} asked + "
-                            f"{m['parts_background']} background; fetch threads {m['fetch_cpu_s_per_GB']:.2f} CPU s/GB; "
+                            f"{m['parts_background']} background, width {m.get('width', 0)}, first byte {m.get('first_byte_s', 0):.2f} s; "
+                            f"fetch threads {m['fetch_cpu_s_per_GB']:.2f} CPU s/GB; "
                             f"{m.get('delivered_MB', 0):.0f} MB delivered from the parts"
                             if "tail_s" in m else "")
                     print(f"  {SYSTEMS.get(system, system):<22} epoch {e}: {m['MB/s']:7.0f} MB/s  ratio {m['ratio']:.2f}  "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import math
 import os
 import threading
 import time
@@ -29,9 +30,10 @@ __all__ = ["ShardPrefetcher", "PrefetchItem", "PrefetchStats", "PartialCopy", "D
 
 logger = logging.getLogger(__name__)
 
-#: Background parts in flight (each streams through one fetch thread while it lands; never more
-#: than the store's concurrency), from the first request on: the link is full while the reader
-#: still plans its first block (docs/design.md §9).
+#: Background parts streaming at once (each through one fetch thread while it lands), from the first
+#: request on: the link is full while the reader still plans its first block. The width adds the
+#: parts waiting for their first byte (:func:`parts_in_flight`); never more than the store's
+#: concurrency (docs/design.md §9).
 MAX_PARTS_IN_FLIGHT = 16
 #: Size of a background part (a multiple of PAGE_BYTES); a shard no larger is fetched whole.
 #: 8 MiB matches ``StoreOptions.request_bytes``, the size the ranged path already splits long reads
@@ -41,6 +43,47 @@ PART_BYTES = 8 << 20
 DEMAND_GAPS_PER_PART = 4
 #: Asked-for pages this close (256 KiB) are merged whatever the part size (a round trip costs more).
 DEMAND_GAP_PAGES = 4
+
+
+def parts_in_flight(streaming: int, rate: float, latency: float, part_bytes: int, most: int) -> int:
+    """Background parts to keep in flight: ``streaming`` parts receiving bytes, plus those waiting
+    for their first byte, at most ``most`` (the store's concurrency).
+
+    The bandwidth-delay rule: parts start at ``rate / part_bytes`` a second (``rate``: bytes a second
+    the download lands) and each waits ``latency`` seconds (its request to its first byte), so by
+    Little's law ``rate * latency / part_bytes`` of them wait at any moment. Counting them in the
+    streaming width would leave that many fewer parts receiving, the more so the higher the latency;
+    a part waiting on a slow first byte takes a slot of its own instead (docs/design.md §9).
+    """
+    waiting = math.ceil(rate * latency / part_bytes) if rate > 0 and latency > 0 else 0
+    return max(1, min(most, streaming + waiting))
+
+
+class _Link:
+    """What the download measures of the link, for :func:`parts_in_flight`: the time from a part's
+    request to its first byte (the mean of the last parts, so a stall is forgotten) and the bytes a
+    second that land since the first request."""
+
+    #: Weight of each new part's first-byte time in the mean (about the last ten parts).
+    WEIGHT = 0.1
+
+    def __init__(self) -> None:
+        self.latency = 0.0
+        self.landed = 0
+        self.started: float | None = None
+
+    def request(self, now: float) -> None:
+        if self.started is None:
+            self.started = now
+
+    def first_byte(self, seconds: float) -> None:
+        self.latency = seconds if not self.latency else self.latency + self.WEIGHT * (seconds - self.latency)
+
+    def rate(self, now: float) -> float:
+        """Bytes a second landed since the first request (0 before it)."""
+        if self.started is None or now <= self.started:
+            return 0.0
+        return self.landed / (now - self.started)
 
 
 def demand_gap_pages() -> int:
@@ -111,6 +154,9 @@ class PrefetchStats:
     #: CPU time of the fetch threads (their own, not the store client's I/O threads).
     cpu_s: float = 0.0
     most_in_flight: int = 0
+    #: Seconds from each part's request to its first byte, summed; the background width last chosen.
+    first_byte_s: float = 0.0
+    width: int = 0
     #: ``(seconds since start, asked-for parts in flight, background parts in flight)`` at each
     #: change (the first 100,000), for a plot of the download.
     in_flight: list[tuple[float, int, int]] = field(default_factory=list)
@@ -279,7 +325,9 @@ class ShardPrefetcher:
         self._closing = False
         self.error: BaseException | None = None
         total = max(1, min(store.options.concurrency, MAX_PARTS_IN_FLIGHT * 2))
-        self._max_bg = max(1, min(MAX_PARTS_IN_FLIGHT, store.options.concurrency))
+        self._most_bg = max(1, min(store.options.concurrency, total))
+        self._max_bg = max(1, min(MAX_PARTS_IN_FLIGHT, self._most_bg))
+        self._link = _Link()
         self._bg_active = 0
         self._demand_active = 0
         self.stats = PrefetchStats()
@@ -473,6 +521,19 @@ class ShardPrefetcher:
             return fill, got[0], got[1], False
         return None
 
+    def _measured(self, nbytes: int, first_byte_s: float) -> None:
+        """A part of ``nbytes`` landed after waiting ``first_byte_s`` for its first byte: the
+        background width follows the link (:func:`parts_in_flight`; under the lock)."""
+        link = self._link
+        link.landed += nbytes
+        link.first_byte(first_byte_s)
+        self.stats.first_byte_s += first_byte_s
+        width = parts_in_flight(MAX_PARTS_IN_FLIGHT, link.rate(time.monotonic()), link.latency, PART_BYTES,
+                                self._most_bg)
+        if width > self._max_bg and not self._demand_active:
+            self._wake.notify(width - self._max_bg)
+        self._max_bg = self.stats.width = width
+
     def _count_in_flight(self) -> None:
         self.stats.most_in_flight = max(self.stats.most_in_flight, self._demand_active + self._bg_active)
         if len(self.stats.in_flight) < 100_000:  # bounded: a long run keeps its beginning
@@ -514,6 +575,7 @@ class ShardPrefetcher:
                     self._bg_active += 1
                     self.stats.parts_background += 1
                 self._count_in_flight()
+                self._link.request(time.monotonic())
             error: BaseException | None = None
             streamed = False
             try:
@@ -659,11 +721,15 @@ class ShardPrefetcher:
             raise _Stop
         start, end = lo * PAGE_BYTES, min(hi * PAGE_BYTES, item.size)
 
+        t0 = time.perf_counter()
+        first: list[float] = []
+
         def progress(_: int) -> None:
             if self._closing:
                 raise _Stop
+            if not first:
+                first.append(time.perf_counter())
 
-        t0 = time.perf_counter()
         crcs: list[tuple[int, int, int]] = []
         delivered, deliver_s = 0, 0.0
         if start == 0 and end == item.size:  # checksummed from the copy when it completes
@@ -671,7 +737,7 @@ class ShardPrefetcher:
             t1 = t2 = t3 = time.perf_counter()
         else:
             cut = min(max(item.data_nbytes, start), end)  # checksums never span data_nbytes
-            part = _PartSink(fill, start, cut, end, lambda: self._closing)
+            part = _PartSink(fill, start, cut, end, lambda: self._closing, first)
             with fill.deliver_lock:
                 fill.sinks.append(part)
             try:
@@ -687,6 +753,7 @@ class ShardPrefetcher:
         self._pin(i, etag)
         self._account(i, end - start)
         with self._cond:
+            self._measured(end - start, (first[0] if first else t3) - t0)
             for a, b, c in crcs:
                 fill.crcs[a] = (b, c)
             st = self.stats
@@ -704,8 +771,11 @@ class _PartSink:
     Bytes a waiting block asked for (``fill.deliveries``) are copied into its rows from the chunk
     too; the block takes them only once the part succeeded (:class:`Delivery`)."""
 
-    def __init__(self, fill: _Fill, start: int, cut: int, end: int, closing: Callable[[], bool]) -> None:
+    def __init__(self, fill: _Fill, start: int, cut: int, end: int, closing: Callable[[], bool],
+                 first: list[float]) -> None:
         self.fill, self.fd, self.start, self.cut, self.end, self.closing = fill, fill.fd, start, cut, end, closing
+        #: When the first chunk came (appended once: the part's wait for its first byte).
+        self.first = first
         self.crcs = [0, 0]
         self.write_s = self.crc_s = self.deliver_s = 0.0
         self.delivered = 0
@@ -716,10 +786,12 @@ class _PartSink:
     def __call__(self, pos: int, chunk: memoryview) -> None:
         if self.closing():
             raise _Stop
+        t = time.perf_counter()
         if pos == self.start:
             self.crcs = [0, 0]  # the response begins (again, after a retry)
             self.delivered = 0
-        t = time.perf_counter()
+            if not self.first:
+                self.first.append(t)
         with self.fill.deliver_lock:
             if self.fill.deliveries:
                 self.delivered += sum(d.copy(pos, chunk) for d in self.fill.deliveries)

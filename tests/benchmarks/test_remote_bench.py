@@ -189,16 +189,19 @@ def test_raw_ranged_fetches_each_record_once_by_range(remote: ModuleType, s3: An
 
 def test_download_summary_gives_the_tail_parts_and_fetch_cpu_per_gb(remote: ModuleType) -> None:
     """From a pass's prefetcher: the tail after its last part, the parts by kind, and its fetch
-    threads' CPU per GB downloaded (0 when it downloaded nothing), the bytes delivered from the parts."""
+    threads' CPU per GB downloaded (0 when it downloaded nothing), the bytes delivered from the parts,
+    the background width last chosen and the parts' mean wait for their first byte."""
     from shardkit.stores.prefetch import PrefetchStats
 
     class Pf:
         _t0 = 100.0
         stats = PrefetchStats(parts_demanded=3, parts_background=5, bytes=2 * 10**9, cpu_s=3.0,
-                              delivered_bytes=5 * 10**8, in_flight=[(0.5, 1, 0), (4.0, 0, 0)])
+                              delivered_bytes=5 * 10**8, in_flight=[(0.5, 1, 0), (4.0, 0, 0)], width=19,
+                              first_byte_s=0.4)
 
     m = remote._download_summary(Pf(), 110.0)
     assert m["tail_s"] == 6.0 and m["download_s"] == 4.0 and m["delivered_MB"] == 500.0
     assert (m["parts_demanded"], m["parts_background"], m["fetch_cpu_s_per_GB"]) == (3, 5, 1.5)
+    assert m["width"] == 19 and m["first_byte_s"] == pytest.approx(0.05)
     Pf.stats = PrefetchStats(in_flight=[(0.1, 1, 0)])
     assert remote._download_summary(Pf(), 110.0)["fetch_cpu_s_per_GB"] == 0.0
