@@ -539,23 +539,20 @@ class ShardIterableDataset(_TorchIterableDataset):
         run = taken[1] if taken is not None and taken[1] is not None else iter(sampler)
         self._sampler = sampler  # for state_dict() in the main process, stats in tests
         # A persistent worker prepares its next pass: the sampler once half of this pass is delivered
-        # (not competing with this pass's start), its reading once at most a pool of batches is left
-        # (what it reads then fits where this pass's blocks were).
-        build_at = start_at = -1
+        # (not competing with this pass's start), its reading once this pass's sampler is closed, so
+        # that its blocks take the buffers (and the budget) this pass's blocks had.
+        build_at = -1
         if in_worker and self._prepare_next and self.options.epochs is not None and isinstance(sampler, TieredSampler):
             total = pass_length(self.num_records, self.options.batch_size, consumer, consumers,
                                 drop_last=self.options.drop_last, start=0 if state is None else int(state["position"]),
                                 epochs=self.options.epochs, limit=self.options.limit)[0]  # fmt: skip
             build_at = max(1, total // 2)
-            start_at = max(build_at, total - sampler.sizes.pool_batches)
         following = epoch + (self.options.epochs or 0)
         delivered = 0
         with contextlib.closing(sampler):
             for batch in run:
                 if delivered == build_at:
                     self._prepare_pass(following, key, handover)
-                if delivered == start_at and self._next is not None:
-                    self._next.start()
                 delivered += 1
                 tensors = to_tensors(batch, payload, options)
                 if handover:

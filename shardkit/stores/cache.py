@@ -51,6 +51,25 @@ _VERIFIED: dict[tuple[int, int], tuple[int, int]] = {}
 _VERIFIED_LOCK = threading.Lock()
 _VERIFIED_MAX = 1 << 16
 
+#: Extended attribute of a complete copy that a process of this boot checked (or filled and
+#: checked): ``<boot id> <size> <mtime_ns>``. The other processes of the machine (DataLoader
+#: workers, ranks, the next run) trust it instead of reading the copy again to check it: a copy
+#: torn by a crash comes with a new boot, one rewritten in place with a new mtime (docs/design.md §9).
+_CHECKED_XATTR = "user.shardkit.checked"
+_BOOT_ID: bytes | None = None
+
+
+def _boot_id() -> bytes:
+    """This boot of the machine (``b""`` where unknown: then no copy is trusted by its attribute)."""
+    global _BOOT_ID
+    if _BOOT_ID is None:
+        try:
+            with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+                _BOOT_ID = f.read().strip()
+        except OSError:
+            _BOOT_ID = b""
+    return _BOOT_ID
+
 
 def _copy_identity(fd: int) -> tuple[tuple[int, int], tuple[int, int]]:
     st = os.fstat(fd)
@@ -63,18 +82,45 @@ def _touch(fd: int) -> None:
     os.utime(fd, ns=(time.time_ns(), st.st_mtime_ns))
 
 
+def _checked_mark(size: tuple[int, int]) -> bytes | None:
+    """The value of :data:`_CHECKED_XATTR` for a copy of ``(size, mtime_ns)`` checked in this boot."""
+    boot = _boot_id()
+    return boot + b" %d %d" % size if boot else None
+
+
 def _checked_before(fd: int) -> bool:
+    """Was the complete copy ``fd`` checked as it is now, by this process or by one of this boot?"""
     key, size = _copy_identity(fd)
     with _VERIFIED_LOCK:
-        return _VERIFIED.get(key) == size
+        if _VERIFIED.get(key) == size:
+            return True
+    mark = _checked_mark(size)
+    try:
+        found = os.getxattr(fd, _CHECKED_XATTR)
+    except OSError:  # none, or a file system without user attributes
+        return False
+    if mark is None or found != mark:
+        return False
+    _remember(key, size)
+    return True
 
 
-def _remember_checked(fd: int) -> None:
-    key, size = _copy_identity(fd)
+def _remember(key: tuple[int, int], size: tuple[int, int]) -> None:
     with _VERIFIED_LOCK:
         if len(_VERIFIED) >= _VERIFIED_MAX:
             _VERIFIED.clear()  # a bound, not a cache policy: the copies are simply checked again
         _VERIFIED[key] = size
+
+
+def _remember_checked(fd: int) -> None:
+    """Record that the complete copy ``fd`` passed its check: in this process, and on the copy for
+    the other processes of this boot (where the file system keeps user attributes)."""
+    key, size = _copy_identity(fd)
+    _remember(key, size)
+    mark = _checked_mark(size)
+    if mark is not None:
+        with suppress(OSError):
+            os.setxattr(fd, _CHECKED_XATTR, mark)
 
 
 def map_pages(size: int) -> int:
@@ -174,8 +220,8 @@ class ShardCache:
     def open(self, name: str, verify: Callable[[int], bool]) -> int | None:
         """A descriptor of the complete copy ``name`` (kept open until :meth:`close`), or None.
 
-        A copy this process did not complete or check before is checked with ``verify`` on first
-        use; one that fails is dropped (then read remotely).
+        A copy that neither this process nor another of this boot completed or checked as it is now
+        is checked with ``verify`` on first use; one that fails is dropped (then read remotely).
         """
         fd = self._fds.get(name)
         if fd is not None:
@@ -337,9 +383,10 @@ class ShardCache:
         """Finish a copy :meth:`claim` started and close ``fd``: renamed to ``name`` if it has ``size``
         bytes and passes ``verify(fd)`` (True), else deleted (False); its map is deleted.
 
-        Not flushed to the disk (no ``fsync``): a copy is a cache, and every process checks a complete
-        copy before its first use (:meth:`open`), so one a crash left short or zeroed is dropped and
-        fetched again, never served; a flush would only hold the download up (docs/design.md §9)."""
+        Not flushed to the disk (no ``fsync``): a copy is a cache, and a complete copy is checked
+        before its first use after each restart of the machine (:meth:`open`, :data:`_CHECKED_XATTR`),
+        so one a crash left short or zeroed is dropped and fetched again, never served; a flush would
+        only hold the download up (docs/design.md §9)."""
         part = name + _PART
         try:
             ok = os.fstat(fd).st_size == size and verify(fd)

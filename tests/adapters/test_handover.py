@@ -13,6 +13,7 @@ import copy
 import gc
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -146,6 +147,28 @@ def test_later_passes_reuse_the_shared_buffers_of_earlier_ones(keyed: Path) -> N
     for w in (0, 1):
         assert sum(allocated[w]) > 2 * max(allocated[w])  # without reuse, every allocation is a new segment
     assert max(created.values()) <= 2 * max(max(a) for a in allocated.values()), (created, allocated)
+
+
+def test_the_next_pass_starts_reading_once_its_pass_is_over(keyed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A persistent worker builds its next pass's sampler during its pass but starts its reading only
+    once its pass's sampler is closed: started earlier, the next pass's pool took a second set of
+    shared segments while this pass's still held its blocks (twice the worker's RAM budget, faulted
+    in again in the worker and in the main process) and its reads competed with this pass's."""
+    from shardkit.adapters import torch as adapter
+
+    monkeypatch.setattr(adapter, "get_worker_info", lambda: SimpleNamespace(id=0, num_workers=1))
+    ds = ShardIterableDataset(keyed, batch_size=4, seed=SEED, static_cache=0)
+    ds.loader(num_workers=1)  # persistent workers: every pass prepares the next one
+    keys = []
+    try:
+        for batch in ds:
+            keys.append(_keys(batch))
+            assert ds._next is None or not ds._next._state.start, f"the next pass started after {len(keys)} batches"
+        assert ds._next is not None and ds._next._state.start
+        np.testing.assert_array_equal(np.concatenate(keys), epoch_permutation(SEED, 0, N_KEYED))
+        assert len(keys) > 2
+    finally:
+        ds.close()
 
 
 def test_collate_fn_replacing_the_payload(keyed: Path) -> None:

@@ -205,8 +205,9 @@ def test_a_process_checks_each_complete_copy_once_not_once_per_pass(tmp_path: Pa
 def test_a_completed_copy_is_not_flushed_and_a_torn_one_is_dropped_by_the_next_process(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Completing a copy does not wait for the disk (no fsync of the copy): the download goes on.
-    That is safe because each process checks a complete copy before its first use: a copy a crash
-    left zeroed is dropped by the next process (its check memo starts empty), never served."""
+    That is safe because a complete copy is checked before its first use after a restart: a copy a
+    crash left zeroed is dropped by the next process (its check memo starts empty, and the check
+    recorded on the copy was made in another boot), never served."""
     from shardkit.stores import cache as cache_mod
 
     root = tmp_path / "c"
@@ -232,7 +233,53 @@ def test_a_completed_copy_is_not_flushed_and_a_torn_one_is_dropped_by_the_next_p
     with open(copy, "r+b") as f:  # what a crash can leave of a copy the kernel had not written back
         f.write(bytes(size))
     monkeypatch.setattr(cache_mod, "_VERIFIED", {})  # a new process: nothing checked yet
+    monkeypatch.setattr(cache_mod, "_BOOT_ID", b"after-the-crash")
     later = cache_mod.ShardCache(root, "ns")
     assert later.open(name, same_bytes) is None  # checked, failed, dropped
     later.close()
     assert not copy.exists()
+
+
+def test_a_copy_checked_by_another_process_of_this_boot_is_not_read_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy one process filled and checked is trusted by the machine's other processes (DataLoader
+    workers, ranks, the next run) without reading it again, until the machine restarts or the copy
+    is rewritten: then it is checked again. Where the file system keeps no user attributes, every
+    process checks it, as before."""
+    from shardkit.stores import cache as cache_mod
+
+    root = tmp_path / "c"
+    root.mkdir()
+    name, size = "shard-00000000", 1 << 16
+    first = cache_mod.ShardCache(root, "ns")
+    fd = first.claim(name, size)
+    assert fd is not None
+    os.pwrite(fd, b"\1" * size, 0)
+    assert first.complete(name, fd, size, lambda f: True)
+    first.close()
+    copy = root / cache_mod.cache_root(root).name / "ns" / name
+    probe = tmp_path / "probe"
+    probe.touch()
+    try:
+        os.setxattr(probe, "user.probe", b"1")
+        kept = True  # this file system keeps user attributes
+    except OSError:
+        kept = False
+    checks: list[str] = []
+
+    def opened_by_another_process(what: str) -> None:
+        monkeypatch.setattr(cache_mod, "_VERIFIED", {})  # a new process: nothing checked in it yet
+        other = cache_mod.ShardCache(root, "ns")
+        assert other.open(name, lambda f: checks.append(what) is None) is not None
+        other.close()
+
+    opened_by_another_process("same boot")
+    assert checks == ([] if kept else ["same boot"])
+    monkeypatch.setattr(cache_mod, "_BOOT_ID", b"another-boot")
+    opened_by_another_process("after a restart")
+    assert checks[-1] == "after a restart"
+    opened_by_another_process("checked again in that boot")  # the check that passed was recorded
+    assert checks[-1] == "after a restart" or not kept
+    os.utime(copy, ns=(0, 0))  # rewritten in place: a new mtime
+    opened_by_another_process("rewritten")
+    assert checks[-1] == "rewritten"
