@@ -38,13 +38,25 @@ passes read from the same (cold) state. shardkit's images/s is the conversion's 
 process, its modules already imported: the writing-only rate. With ``--repeat`` the table keeps the best
 pass and shows the range over all of them (the variants run interleaved, pass by pass). Prints markdown tables; record them in RESULTS.md.
 
-The 2-worker speed-up is measured in pairs: ``--workers 1`` then ``--workers 2`` straight after it, each
-pass's cache dropped first, ``--pairs`` times (default 3; the ``--repeat`` passes count as pairs, and
-further pairs run only those two variants). Each pair gives one ratio, so the load a pair met is met by
-both of its passes; the median ratio and its range over the pairs are the figure to quote, with the CPU
-milliseconds per image of the parent and of its workers per pair (those survive a loaded machine).
+The 2-worker speed-up is measured in paired rounds (``--pairs``, default 5), each pass in a fresh
+interpreter (``_convert_pass.py``) after a warm-up conversion of ``--warmup`` images in it, the inputs'
+page cache dropped first: per round a bare-loop pass, then ``--workers 1`` and ``--workers 2`` of each tree
+(this one, and with ``--before TREE`` an older one, e.g. ``git archive main shardkit | tar -x -C DIR``),
+the order of the two modes and of the trees flipping every round so that a drift of the load falls on
+both sides. Each pair gives one ratio (the load it met, both passes met); the median and range over the
+rounds are the wall-clock figures to quote, with the single-worker overhead over the bare loop paired
+the same way. Wall time on a loaded 2-core VM moves by +-20% a pass, so each round also splits every
+process's CPU per image by stage (decode, resize, the rest of a worker's task, the workers' pickling
+and pipes, the parent's own loop, the writer thread, the commit; ``_convert_pass.stage_split``), which
+a loaded machine changes far less: from it, the speed-up the CPU work allows on two free cores
+(``cpu_bound_time``: the busiest thread or both cores busy, then the commit alone), the share of
+``--workers 2``'s CPU spent in the parent (serial: one thread each) and whether a pass was CPU-bound
+(cores busy = CPU / wall, against the machine's idle share), and the time per image the main thread was
+blocked (neither running nor waiting for a core: cold reads, the GIL, waiting for the workers), which
+tells a wall-clock overhead that is not CPU. ``--pairs-only`` runs only these rounds.
 
-Usage: ``python benchmarks/convert.py [--images 2000] [--repeat 1] [--pairs 3] [--decode-size 64] [--no-peers] [--quick]``
+Usage: ``python benchmarks/convert.py [--images 2000] [--repeat 1] [--pairs 5] [--before TREE] [--warmup 32]
+[--pairs-only] [--decode-size 64] [--no-peers] [--quick]``
 """
 
 from __future__ import annotations
@@ -57,6 +69,7 @@ import resource
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -65,6 +78,7 @@ from typing import Any
 
 import numpy as np
 from _common import drop_cache
+from _convert_pass import SPLIT, cpu_bound_time, stage_split
 from _convert_peers import SIZE, transform
 from PIL import Image
 
@@ -273,13 +287,104 @@ def coco_identical(tmp: Path, size: int) -> bool:
     return all(np.array_equal(out["exact"][k], out["fast"][k]) for k in out["exact"])
 
 
+def one_pass(mode: str, tree: Path, out: Path, warmup: int) -> dict[str, Any]:
+    """One ``_convert_pass.py`` pass (``bare``, ``w1``, ``w2``) of ``tree``'s shardkit in a fresh interpreter."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    cmd = [sys.executable, str(HERE / "_convert_pass.py"), mode, str(DATA), str(out), "--warmup", str(warmup)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode or not lines:
+        raise RuntimeError(f"{mode} pass of {tree} failed: {proc.stderr.strip()[-2000:]}")
+    res: dict[str, Any] = json.loads(lines[-1])
+    if res["tree"] not in (None, str(tree)):
+        raise RuntimeError(f"the {mode} pass imported shardkit from {res['tree']}, not {tree}")
+    return res
+
+
+def paired_rounds(files: list[Path], trees: dict[str, Path], rounds: int, warmup: int) -> None:
+    """The paired rounds of the module docstring, then their tables."""
+    tmp = Path(tempfile.mkdtemp(prefix="shardkit-bench-convert-pairs-"))
+    got: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    bare: list[dict[str, Any]] = []
+    t0 = time.strftime("%H:%M:%S")
+    load0 = os.getloadavg()
+    try:
+        for r in range(rounds):
+            drop_cache(files)
+            bare.append(one_pass("bare", REPO, tmp / "bare", 0))
+            names = list(trees) if r % 2 == 0 else list(reversed(trees))
+            for name in names:
+                for mode in ("w1", "w2") if (r // 2) % 2 == 0 else ("w2", "w1"):
+                    drop_cache(files)
+                    got.setdefault((name, mode), []).append(one_pass(mode, trees[name], tmp / f"{name}-{mode}", warmup))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    n = len(files)
+    load1 = os.getloadavg()
+    print(f"Paired rounds ({rounds}; {n} images; warm-up {warmup} images a pass; {t0}-{time.strftime('%H:%M:%S')}; "
+          f"load average {load0[0]:.1f}/{load0[1]:.1f} before, {load1[0]:.1f}/{load1[1]:.1f} after; "
+          f"CPU ms per image are medians over the rounds):")
+    print()
+    print("| tree | mode | images/s (median, range) | " + " | ".join(f"{c} ms" for c in SPLIT)
+          + " | cores busy | machine idle | commit wall ms | main thread blocked ms |")
+    print("|---|---|---:|" + "---:|" * (len(SPLIT) + 4))
+
+    def row(tree: str, mode: str, passes: list[dict[str, Any]]) -> None:
+        rates = [n / p["seconds"] for p in passes]
+        cells = [f"{statistics.median(rates):.1f} ({min(rates):.1f}-{max(rates):.1f})"]
+        if mode != "bare":
+            splits = [stage_split(p) for p in passes]
+            cells += [f"{statistics.median(s[c] for s in splits):.2f}" for c in SPLIT]
+        else:
+            cells += ["-"] * (len(SPLIT) - 1) + [f"{statistics.median(1000 * p['own'] / n for p in passes):.2f}"]
+        cells += [f"{statistics.median((p['own'] + p['children']) / p['seconds'] for p in passes):.2f}",
+                  f"{statistics.median(p['idle'] for p in passes):.0%}",
+                  "-" if mode == "bare" else f"{statistics.median(1000 * p['commit_wall'] for p in passes):.0f}",
+                  "-" if any(p.get("main_blocked") is None for p in passes)
+                  else f"{statistics.median(1000 * p['main_blocked'] / n for p in passes):.2f}"]
+        print(f"| {tree} | {mode} | " + " | ".join(cells) + " |")
+
+    row("-", "bare", bare)
+    for (tree, mode), passes in got.items():
+        row(tree, mode, passes)
+    print()
+    for tree in trees:
+        w1, w2 = got[(tree, "w1")], got[(tree, "w2")]
+        ratios = [a["seconds"] / b["seconds"] for a, b in zip(w1, w2)]
+        over = [a["seconds"] / b["seconds"] - 1 for a, b in zip(w1, bare)]
+        s1 = {c: statistics.median(stage_split(p)[c] for p in w1) for c in SPLIT}
+        s2 = {c: statistics.median(stage_split(p)[c] for p in w2) for c in SPLIT}
+        bare_cpu = statistics.median(1000 * p["own"] / n for p in bare)
+        bound = cpu_bound_time(s1, 1) / cpu_bound_time(s2, 2)
+        parent = (s2["client"] + s2["write"] + s2["commit"]) / s2["total"]
+        print(f"- {tree}: --workers 2 / --workers 1, paired wall: median {statistics.median(ratios):.2f}x "
+              f"(range {min(ratios):.2f}-{max(ratios):.2f}x over {len(ratios)} rounds; target >= 1.8x: "
+              f"{'met' if statistics.median(ratios) >= 1.8 else 'MISSED'}); from the CPU split, on two free cores: "
+              f"{bound:.2f}x; --workers 2 spends {s2['total'] / s1['total']:.2f}x the CPU of --workers 1, "
+              f"{parent:.0%} of it in the parent (client {s2['client']:.2f}, writer {s2['write']:.2f}, "
+              f"commit {s2['commit']:.2f} ms/image)")
+        print(f"- {tree}: single-worker overhead over the bare loop, paired wall: median "
+              f"{100 * statistics.median(over):+.1f}% (range {100 * min(over):+.1f} to {100 * max(over):+.1f}%; "
+              f"target <= 10%); CPU per image {s1['total']:.2f} ms against the bare loop's {bare_cpu:.2f} "
+              f"({100 * (s1['total'] / bare_cpu - 1):+.1f}%)")
+    if "before" in trees:
+        after = [a["seconds"] / b["seconds"] for a, b in zip(got[("after", "w1")], got[("after", "w2")])]
+        before = [a["seconds"] / b["seconds"] for a, b in zip(got[("before", "w1")], got[("before", "w2")])]
+        gain = [b2["seconds"] / a2["seconds"] for a2, b2 in zip(got[("after", "w2")], got[("before", "w2")])]
+        print(f"- after / before, --workers 2 wall per round: median {statistics.median(gain):.3f}x "
+              f"({min(gain):.3f}-{max(gain):.3f}); speed-up after {statistics.median(after):.2f}x, "
+              f"before {statistics.median(before):.2f}x")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--images", type=int, default=2000)
     ap.add_argument("--repeat", type=int, default=1, help="passes per variant (best is kept)")
     ap.add_argument("--decode-size", type=int, default=64, help="frame size of the second exact/fast comparison")
-    ap.add_argument("--pairs", type=int, default=3,
-                    help="paired --workers 1 / --workers 2 passes for the speed-up (the --repeat passes count)")
+    ap.add_argument("--pairs", type=int, default=5, help="paired rounds (bare loop, --workers 1, --workers 2 per tree)")
+    ap.add_argument("--before", help="an older shardkit tree measured in the same rounds")
+    ap.add_argument("--warmup", type=int, default=32, help="images each pass's interpreter converts before its clock")
+    ap.add_argument("--pairs-only", action="store_true", help="only the paired rounds")
     ap.add_argument("--no-peers", action="store_true", help="skip the peers' writers")
     ap.add_argument("--quick", action="store_true", help="200 images, one pass: a smoke run")
     args = ap.parse_args()
@@ -287,15 +392,16 @@ def main() -> None:
         args.images, args.repeat, args.pairs = 200, 1, 1
     files = make_corpus(args.images)
     n = len(files)
+    trees = {"after": REPO, **({"before": Path(args.before).resolve()} if args.before else {})}
+    if args.pairs_only:
+        paired_rounds(files, trees, args.pairs, args.warmup)
+        return
     tmp = Path(tempfile.mkdtemp(prefix="shardkit-bench-convert-"))
     results: dict[str, float] = {}
     usage: dict[str, tuple[float, float, float]] = {}  # the best pass's (CPU s of this process, of its children, idle)
     rates: dict[str, list[float]] = {}  # images/s of every pass, for the spread
     steady: dict[str, float] = {}  # the best pass's steady-state images/s (shardkit's passes only)
     ds = args.decode_size
-    # (images/s, CPU s of this process, of its children) of --workers 1 and of the --workers 2 pass after it
-    pairs: list[tuple[tuple[float, float, float], tuple[float, float, float]]] = []
-    pair: list[tuple[float, float, float]] = []
     try:
         for _ in range(args.repeat):
             for name, fn in [
@@ -319,19 +425,6 @@ def main() -> None:
                 if dt < results.get(name, float("inf")):
                     results[name], usage[name] = dt, (cpu, kids, idle)
                     steady[name] = next(iter(STEADY.values()), float("nan"))
-                if name.startswith("shardkit convert --workers ") and name[-1] in "12":
-                    pair.append((n / dt, cpu, kids))
-                    if len(pair) == 2:
-                        pairs.append((pair[0], pair[1]))
-                        pair = []
-        while len(pairs) < args.pairs:  # further pairs: only the two variants, one straight after the other
-            for workers in (1, 2):
-                drop_cache(files)
-                dt, cpu, kids, _ = timed_pass(lambda w=workers: shardkit_run(tmp / f"w{w}", w))
-                rates[f"shardkit convert --workers {workers}"].append(n / dt)
-                pair.append((n / dt, cpu, kids))
-            pairs.append((pair[0], pair[1]))
-            pair = []
         same = all(
             (tmp / "w1" / p.relative_to(tmp / "w1")).read_bytes() == (tmp / "w2" / p.relative_to(tmp / "w1")).read_bytes()
             for p in (tmp / "w1" / "image").rglob("*") if p.is_file()
@@ -375,18 +468,6 @@ def main() -> None:
     print(f"- --workers 2, CPU per image: parent {w2_parent:.2f} ms, its workers {w2_workers:.2f} ms "
           f"(--workers 1: {1000 * usage['shardkit convert --workers 1'][0] / n:.2f} ms in one process)")
     print(f"- payload shards byte-identical for 1 and 2 workers: {same}")
-    ratios = [b[0] / a[0] for a, b in pairs]
-    print(f"- 2-worker speed-up over 1 worker, paired passes (--workers 1 then --workers 2): median "
-          f"{statistics.median(ratios):.2f}x, range {min(ratios):.2f}-{max(ratios):.2f}x over {len(ratios)} pairs "
-          f"(target >= 1.8x: {'met' if statistics.median(ratios) >= 1.8 else 'MISSED'}; every pair: "
-          f"{'met' if min(ratios) >= 1.8 else 'not'})")
-    print()
-    print("| pair | --workers 1 images/s | --workers 2 images/s | ratio | w1 CPU ms/image | "
-          "w2 parent CPU ms/image | w2 workers CPU ms/image |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
-    for i, ((r1, c1, _), (r2, c2, k2)) in enumerate(pairs, 1):
-        print(f"| {i} | {r1:.1f} | {r2:.1f} | {r2 / r1:.2f}x | {1000 * c1 / n:.2f} | {1000 * c2 / n:.2f} | "
-              f"{1000 * k2 / n:.2f} |")
     print()
     for w in (1, 2):
         ours = results[f"shardkit convert --workers {w}"]
@@ -413,6 +494,8 @@ def main() -> None:
     print(f"- worst photo at any size: {worst_all:.1f} dB: "
           f"{'negligible, fast is the default' if worst_all >= PSNR_THRESHOLD else 'NOT negligible: keep exact'}")
     print(f"- datasets/coco at {ds}x{ds}: boxes and every field identical with both decodes: {boxes_same}")
+    print()
+    paired_rounds(files, trees, args.pairs, args.warmup)
 
 
 if __name__ == "__main__":
