@@ -8,7 +8,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -203,10 +203,69 @@ def test_a_half_due_check_does_not_hold_the_reader(s3: Any, tmp_path: Path, monk
     ident.check(wait=False)  # before a read: starts the check, does not ask here
     ident.check()  # after the read: the last success still covers it
     assert asked.wait(30)  # the HEAD is under way in its thread, held
+    ahead = ident._live.ahead
+    assert ahead is not None
     release.set()
-    ident.settle()
+    ahead.result(30)
+    ident.check()  # takes its outcome
     assert released == [True]
     assert ident.fresh()
+
+
+def _settle_while_held(
+    monkeypatch: pytest.MonkeyPatch, start: Callable[[], identity.DatasetIdentity]
+) -> tuple[bool, list[bool]]:
+    """``start()`` begins a check, whose HEAD is held, of the identity it returns; its
+    :meth:`~identity.DatasetIdentity.settle` runs in a thread: whether that returned while the HEAD
+    was still held, and the HEAD's releases seen when it returned."""
+    release, asked, settled = threading.Event(), threading.Event(), threading.Event()
+    released: list[bool] = []
+    seen: list[bool] = []
+    head = objectstore.ObjectStore.head
+
+    def held(self: Any, key: str) -> Any:
+        asked.set()
+        released.append(release.wait(60))
+        return head(self, key)
+
+    monkeypatch.setattr(objectstore.ObjectStore, "head", held)
+    ident = start()
+    assert asked.wait(30)
+
+    def settle() -> None:
+        ident.settle()
+        seen.extend(released)
+        settled.set()
+
+    thread = threading.Thread(target=settle, daemon=True)
+    thread.start()
+    early = settled.wait(10)  # only a settle that waits for the held HEAD takes this long
+    release.set()
+    thread.join(30)
+    return early, seen
+
+
+def test_the_first_batch_does_not_wait_for_a_check_a_recent_success_covers(
+    s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cold first block that lasts past half the pause starts the next check; the first batch
+    (settle) is covered by the success before it and does not wait for that round trip. A reader
+    whose first check has not succeeded yet still waits for it."""
+    url = upload(make_dataset(tmp_path / "ds", N, records_per_shard=8), s3.url("ds"))
+    ident = identity.DatasetIdentity.of(url)
+    ident._live.checked -= 0.75 * identity.REMOTE_CHECK_SECONDS  # checked three quarters of the pause ago
+
+    def begin_read() -> identity.DatasetIdentity:
+        ident.check(wait=False)  # before the block's read: the half-due check starts
+        return ident
+
+    early, seen = _settle_while_held(monkeypatch, begin_read)
+    assert early and seen == []
+    ident.check()  # the check's outcome is taken by the next waiting check
+    assert ident.fresh()
+
+    early, seen = _settle_while_held(monkeypatch, ident.reopened)  # a later reader: its first check is held
+    assert not early and seen == [True]
 
 
 def test_a_replacement_found_in_the_background_is_raised(s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
