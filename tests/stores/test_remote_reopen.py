@@ -15,10 +15,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from shardkit.errors import SamplerError
+from shardkit.errors import ChecksumError, SamplerError
+from shardkit.formats import Dataset
 from shardkit.readers import TieredSampler, identity
 from shardkit.readers.sources import MixedIdentity, as_source
-from shardkit.stores import objectstore
+from shardkit.stores import objectstore, open_store
 from shardkit.tiers import pipeline
 from tests.helpers.datasets import upload
 from tests.helpers.sampler_data import encode, make_dataset
@@ -70,7 +71,8 @@ def test_a_later_pass_asks_the_store_one_head(s3: Any, tmp_path: Path, requests:
     # Kept alive, it keeps the node-shared fields, as the DataLoader's main process does for its workers.
     holder = TieredSampler(source, seed=1, **options)
     first = np.concatenate(list(_keys(holder)))
-    assert requests["get"] >= 2  # the root document (identity, metadata), the payload array's document
+    assert requests["get zarr.json"] == 1  # the root document (identity, metadata)
+    assert requests["ranged get"] >= 1  # the array documents (and the shards)
     requests.clear()
     second = np.concatenate(list(_keys(TieredSampler(source, seed=1, start_epoch=1, **options))))
     assert dict(requests) == {"head": 1, "head zarr.json": 1}  # shards from the cache, documents remembered
@@ -94,7 +96,34 @@ def test_a_first_open_reads_the_root_document_with_one_get(
     assert sorted(keys.tolist()) == list(range(N))
     root = {k: v for k, v in requests.items() if k.endswith(" zarr.json") and " image/" not in k}
     assert root == {"get zarr.json": 1}
-    assert requests["get image/zarr.json"] == 1  # the payload array's document, read once, checked by digest
+    assert requests["get image/zarr.json"] == 0  # fetched with the fields' documents (next test)
+
+
+def test_a_first_open_fetches_the_array_documents_in_one_round(
+    s3: Any, tmp_path: Path, requests: collections.Counter[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After the root document, the payload array's document is fetched with the fields' in one
+    round of concurrent requests (the payload reader asked for it a round trip after them), each
+    checked by the digest the root document records."""
+    url = upload(make_dataset(tmp_path / "ds", N, records_per_shard=8), s3.url("ds"))
+    rounds: list[list[str]] = []
+    start_fetch = objectstore.ObjectStore.start_fetch
+
+    def fetch(self: Any, ranges: Any) -> Any:
+        rounds.append(sorted(r.key for r in ranges))
+        return start_fetch(self, ranges)
+
+    monkeypatch.setattr(objectstore.ObjectStore, "start_fetch", fetch)
+    with Dataset(url) as ds:
+        assert ds.payload.document["shape"][0] == N
+    assert rounds[0] == ["image/zarr.json", "label/zarr.json", "pair/zarr.json"], rounds
+    assert requests["get image/zarr.json"] == 0
+
+    store = open_store(url)  # a payload document that does not match its digest is refused
+    raw = store.get("image/zarr.json")
+    store.put("image/zarr.json", raw[:-1] + (b" " if raw[-1:] != b" " else b"\n"))
+    with pytest.raises(ChecksumError):
+        Dataset(url)
 
 
 @pytest.mark.parametrize("cache", [True, False])
