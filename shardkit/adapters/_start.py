@@ -16,8 +16,10 @@ from __future__ import annotations
 import importlib
 import logging
 import multiprocessing as mp
+import threading
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 from shardkit.formats.dataset import Dataset, DatasetDocuments
@@ -38,6 +40,8 @@ PRELOAD = ("torch", "numpy.random", "obstore", "numcodecs", "shardkit.adapters.t
 
 #: Longest the main process waits for the helper that reads the root documents (then reads them itself).
 HELPER_SECONDS = 600.0
+#: Longest the helper is given to exit once it has answered (then it is killed), in a thread of its own.
+HELPER_EXIT_SECONDS = 5.0
 #: The helper sends a dataset's per-record fields along with its documents when they take at most
 #: this many bytes in all (larger ones are read by each sampler, as node-shared fields once per node).
 HELPER_FIELDS_BYTES = 16 << 20
@@ -60,7 +64,8 @@ def source_of(dataset: object) -> Mixture:
     used an object store yet, read in a forked helper process so that this one still has not, and
     its DataLoader workers can be forked. The helper is this process's own child running shardkit's
     code, so what it sends back (the source and the root documents' identities) is trusted. Should
-    the helper fail, the source is made here (the same errors, raised from here)."""
+    the helper fail, the source is made here (the same errors, raised from here). Its exit (the
+    teardown of a copy of this process) is waited for in a thread, not here."""
     if not (isinstance(dataset, str) and remote([dataset])) or not forkable() or mp.current_process().daemon:
         return as_source(dataset)  # (a daemonic process may not start children)
     ctx = mp.get_context("fork")
@@ -80,10 +85,7 @@ def source_of(dataset: object) -> Mixture:
         got = None
     finally:
         receive.close()
-        helper.join(5)
-        if helper.is_alive():
-            helper.kill()
-            helper.join()
+        threading.Thread(target=_reap, args=(helper,), name="shardkit-open-reap", daemon=True).start()
     if got is None:
         logger.debug("%s: reading the dataset's documents in a helper process failed; reading them here", dataset)
         return as_source(dataset)
@@ -94,6 +96,15 @@ def source_of(dataset: object) -> Mixture:
             array.setflags(write=False)  # shared by every sampler of this process, as node-shared fields are
         identity.remember(ident, documents, location)
     return source
+
+
+def _reap(helper: BaseProcess) -> None:
+    """Wait for the helper to exit (it has answered: its exit, tearing down a copy of this process,
+    need not delay the caller), at most :data:`HELPER_EXIT_SECONDS`, then kill it."""
+    helper.join(HELPER_EXIT_SECONDS)
+    if helper.is_alive():
+        helper.kill()
+        helper.join()
 
 
 def _open_in_helper(dataset: str, send: Connection) -> None:

@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 
 from shardkit.closing import Closing
-from shardkit.errors import ChecksumError, NotADatasetError, TruncatedShardError
-from shardkit.formats.checksums import read_objects
+from shardkit.errors import ChecksumError, MissingShardError, NotADatasetError, TruncatedShardError
+from shardkit.formats.checksums import FileDigest, read_objects
 from shardkit.formats.fields import read_field_rows
-from shardkit.formats.metadata import MAX_DOCUMENT_NBYTES, DatasetMeta, read_dataset_meta
+from shardkit.formats.metadata import MAX_DOCUMENT_NBYTES, DatasetMeta, parse_json, read_dataset_meta
 from shardkit.formats.provenance import Provenance, RecordSource
 from shardkit.formats.ranged import DEFAULT_REMOTE_GAP_BYTES, RangedPayloadArray
 from shardkit.formats.reader import DEFAULT_GAP_BYTES, PayloadArray, ReadStats
@@ -118,21 +118,15 @@ class Dataset(Closing):
             self.payload: PayloadArray = PayloadArray(self.store.local_path() / self.meta.payload, shards=self.meta.shards,
                                                       stats=stats, gap_bytes=gap_bytes, document_digest=payload_digest)
         else:
-            try:
-                if known is None or known.payload_document is None:  # else checked when first read
-                    got = read_objects(self.store, docs, files, what="field array document", max_nbytes=MAX_DOCUMENT_NBYTES)
-                    self._field_documents = dict(zip(docs, got))
-            except (TruncatedShardError, ChecksumError):  # a newer version replaced one: as this one recorded it
-                for rel in docs:
-                    self._field_documents[rel] = read_versioned(self.store, rel, files[rel], what="field array document",
-                                                                max_nbytes=MAX_DOCUMENT_NBYTES)
+            payload_document = None if known is None else known.payload_document
+            if payload_document is None:  # else the fields' are checked when first read
+                self._field_documents, payload_document = self._array_documents(docs, payload_digest)
             self.cache = None if cache_dir is None else ShardCache(cache_dir, cache_namespace(
                 self.store.url, hashlib.sha256(json.dumps(self.meta.to_json(), sort_keys=True).encode()).hexdigest()
             ), cache_size)
             self.payload = RangedPayloadArray(self.store, self.meta.payload, shards=self.meta.shards, stats=stats,
                                               gap_bytes=remote_gap_bytes, document_digest=payload_digest, cache=self.cache,
-                                              cache_stats=cache_stats,
-                                              document=None if known is None else known.payload_document)
+                                              cache_stats=cache_stats, document=payload_document)
         self.payload.use_decoders(decode_workers)
         self.payload.decode = decode
         if (self.payload.records_per_shard != self.meta.records_per_shard
@@ -153,6 +147,22 @@ class Dataset(Closing):
         #: Fields that came with the documents (kept with them by :attr:`documents`), else loaded on first use.
         self._given_fields = None if known is None or known.fields is None else dict(known.fields)
         self._fields: dict[str, np.ndarray] | None = self._given_fields
+
+    def _array_documents(self, docs: list[str], payload_digest: FileDigest | None) -> tuple[dict[str, bytes], dict[str, Any] | None]:
+        """The field arrays' documents ``docs`` (checked) and the payload array's (checked and parsed;
+        ``None``: its reader reads it), from a remote store in one round of concurrent requests: the
+        payload reader would otherwise ask for its document a round trip after the fields'. Should one
+        be replaced by a newer version or gone, each is read as this version recorded it, one by one."""
+        files = self.meta.files
+        payload_key = f"{self.meta.payload}/{ZARR_JSON}"
+        keys = [*docs, payload_key] if payload_digest is not None and payload_digest.nbytes > 0 else docs
+        try:
+            got = read_objects(self.store, keys, files, what="array document", max_nbytes=MAX_DOCUMENT_NBYTES)
+        except (TruncatedShardError, ChecksumError, MissingShardError):
+            return {rel: read_versioned(self.store, rel, files[rel], what="field array document",
+                                        max_nbytes=MAX_DOCUMENT_NBYTES) for rel in docs}, None  # fmt: skip
+        payload = parse_json(got[-1], self.store.describe(payload_key)) if len(keys) > len(docs) else None
+        return dict(zip(docs, got)), payload
 
     # ------------------------------------------------------------------ description
     @property

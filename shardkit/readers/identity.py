@@ -231,11 +231,15 @@ class DatasetIdentity:
 
     def settle(self) -> None:
         """Wait for a check under way (:meth:`reopened`, or started by :meth:`check` before a read)
-        and raise what it raised; nothing if none is. The outcome stays for the reader's next
-        :meth:`check`, which takes it instead of asking again."""
+        and raise what it raised; nothing if none is. A check still running while an earlier one
+        succeeded less than :data:`REMOTE_CHECK_SECONDS` ago is not waited for: that success covers
+        what was read (a cold first block that outlasts half the pause starts the next check,
+        whose round trip would otherwise delay the first batch). The outcome stays for the
+        reader's next :meth:`check`, which takes it instead of asking again."""
         ahead = self._live.ahead
         if ahead is not None and not self._cancel_delayed(ahead) and not ahead.cancelled():
-            ahead.result()  # raises what the check raised, at every waiting call
+            if ahead.done() or not self._recent():
+                ahead.result()  # raises what the check raised, at every waiting call
 
     def _check_now(self) -> None:
         """:meth:`check` without the pause between remote checks."""

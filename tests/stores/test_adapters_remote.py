@@ -102,6 +102,39 @@ def test_a_fresh_process_forks_its_workers(url: str, tmp_path: Path) -> None:
     assert all(sorted(keys) == list(range(N)) for keys in here)
 
 
+_SLOW_HELPER_EXIT = """
+import json, multiprocessing, sys, time
+from shardkit.adapters import _start
+_start.HELPER_EXIT_SECONDS = 300.0
+_start.preload = lambda: None  # (what a pass imports: not needed here)
+answer = _start._open_in_helper
+
+def answer_then_exit_slowly(dataset, send):
+    answer(dataset, send)
+    time.sleep(120)  # in the helper, after its answer: an exit that takes long
+
+_start._open_in_helper = answer_then_exit_slowly
+source = _start.source_of(sys.argv[1])
+alive = [p.name for p in multiprocessing.active_children()]
+for p in multiprocessing.active_children():
+    p.kill()
+print(json.dumps({"records": source.epoch_size, "alive": alive}))
+"""
+
+
+def test_the_start_helper_is_not_waited_for_once_it_answered(url: str) -> None:
+    """A fresh process's dataset takes the start helper's answer and goes on: the helper's exit
+    (tearing down a copy of the process) is waited for in a thread, not before the DataLoader's
+    workers can start."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, "-c", _SLOW_HELPER_EXIT, url], capture_output=True, text=True, env=env,
+                         timeout=540, check=False)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got == {"records": N, "alive": ["shardkit-open"]}
+
+
 try:
     import torch
 

@@ -8,17 +8,18 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from shardkit.errors import SamplerError
+from shardkit.errors import ChecksumError, SamplerError
+from shardkit.formats import Dataset
 from shardkit.readers import TieredSampler, identity
 from shardkit.readers.sources import MixedIdentity, as_source
-from shardkit.stores import objectstore
+from shardkit.stores import objectstore, open_store
 from shardkit.tiers import pipeline
 from tests.helpers.datasets import upload
 from tests.helpers.sampler_data import encode, make_dataset
@@ -70,7 +71,8 @@ def test_a_later_pass_asks_the_store_one_head(s3: Any, tmp_path: Path, requests:
     # Kept alive, it keeps the node-shared fields, as the DataLoader's main process does for its workers.
     holder = TieredSampler(source, seed=1, **options)
     first = np.concatenate(list(_keys(holder)))
-    assert requests["get"] >= 2  # the root document (identity, metadata), the payload array's document
+    assert requests["get zarr.json"] == 1  # the root document (identity, metadata)
+    assert requests["ranged get"] >= 1  # the array documents (and the shards)
     requests.clear()
     second = np.concatenate(list(_keys(TieredSampler(source, seed=1, start_epoch=1, **options))))
     assert dict(requests) == {"head": 1, "head zarr.json": 1}  # shards from the cache, documents remembered
@@ -94,7 +96,34 @@ def test_a_first_open_reads_the_root_document_with_one_get(
     assert sorted(keys.tolist()) == list(range(N))
     root = {k: v for k, v in requests.items() if k.endswith(" zarr.json") and " image/" not in k}
     assert root == {"get zarr.json": 1}
-    assert requests["get image/zarr.json"] == 1  # the payload array's document, read once, checked by digest
+    assert requests["get image/zarr.json"] == 0  # fetched with the fields' documents (next test)
+
+
+def test_a_first_open_fetches_the_array_documents_in_one_round(
+    s3: Any, tmp_path: Path, requests: collections.Counter[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After the root document, the payload array's document is fetched with the fields' in one
+    round of concurrent requests (the payload reader asked for it a round trip after them), each
+    checked by the digest the root document records."""
+    url = upload(make_dataset(tmp_path / "ds", N, records_per_shard=8), s3.url("ds"))
+    rounds: list[list[str]] = []
+    start_fetch = objectstore.ObjectStore.start_fetch
+
+    def fetch(self: Any, ranges: Any) -> Any:
+        rounds.append(sorted(r.key for r in ranges))
+        return start_fetch(self, ranges)
+
+    monkeypatch.setattr(objectstore.ObjectStore, "start_fetch", fetch)
+    with Dataset(url) as ds:
+        assert ds.payload.document["shape"][0] == N
+    assert rounds[0] == ["image/zarr.json", "label/zarr.json", "pair/zarr.json"], rounds
+    assert requests["get image/zarr.json"] == 0
+
+    store = open_store(url)  # a payload document that does not match its digest is refused
+    raw = store.get("image/zarr.json")
+    store.put("image/zarr.json", raw[:-1] + (b" " if raw[-1:] != b" " else b"\n"))
+    with pytest.raises(ChecksumError):
+        Dataset(url)
 
 
 @pytest.mark.parametrize("cache", [True, False])
@@ -203,10 +232,69 @@ def test_a_half_due_check_does_not_hold_the_reader(s3: Any, tmp_path: Path, monk
     ident.check(wait=False)  # before a read: starts the check, does not ask here
     ident.check()  # after the read: the last success still covers it
     assert asked.wait(30)  # the HEAD is under way in its thread, held
+    ahead = ident._live.ahead
+    assert ahead is not None
     release.set()
-    ident.settle()
+    ahead.result(30)
+    ident.check()  # takes its outcome
     assert released == [True]
     assert ident.fresh()
+
+
+def _settle_while_held(
+    monkeypatch: pytest.MonkeyPatch, start: Callable[[], identity.DatasetIdentity]
+) -> tuple[bool, list[bool]]:
+    """``start()`` begins a check, whose HEAD is held, of the identity it returns; its
+    :meth:`~identity.DatasetIdentity.settle` runs in a thread: whether that returned while the HEAD
+    was still held, and the HEAD's releases seen when it returned."""
+    release, asked, settled = threading.Event(), threading.Event(), threading.Event()
+    released: list[bool] = []
+    seen: list[bool] = []
+    head = objectstore.ObjectStore.head
+
+    def held(self: Any, key: str) -> Any:
+        asked.set()
+        released.append(release.wait(60))
+        return head(self, key)
+
+    monkeypatch.setattr(objectstore.ObjectStore, "head", held)
+    ident = start()
+    assert asked.wait(30)
+
+    def settle() -> None:
+        ident.settle()
+        seen.extend(released)
+        settled.set()
+
+    thread = threading.Thread(target=settle, daemon=True)
+    thread.start()
+    early = settled.wait(10)  # only a settle that waits for the held HEAD takes this long
+    release.set()
+    thread.join(30)
+    return early, seen
+
+
+def test_the_first_batch_does_not_wait_for_a_check_a_recent_success_covers(
+    s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cold first block that lasts past half the pause starts the next check; the first batch
+    (settle) is covered by the success before it and does not wait for that round trip. A reader
+    whose first check has not succeeded yet still waits for it."""
+    url = upload(make_dataset(tmp_path / "ds", N, records_per_shard=8), s3.url("ds"))
+    ident = identity.DatasetIdentity.of(url)
+    ident._live.checked -= 0.75 * identity.REMOTE_CHECK_SECONDS  # checked three quarters of the pause ago
+
+    def begin_read() -> identity.DatasetIdentity:
+        ident.check(wait=False)  # before the block's read: the half-due check starts
+        return ident
+
+    early, seen = _settle_while_held(monkeypatch, begin_read)
+    assert early and seen == []
+    ident.check()  # the check's outcome is taken by the next waiting check
+    assert ident.fresh()
+
+    early, seen = _settle_while_held(monkeypatch, ident.reopened)  # a later reader: its first check is held
+    assert not early and seen == [True]
 
 
 def test_a_replacement_found_in_the_background_is_raised(s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
