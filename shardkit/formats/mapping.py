@@ -35,11 +35,19 @@ MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 #: ``madvise(MADV_WILLNEED)``: for a file's mapping, the kernel starts reading the range (as
 #: ``posix_fadvise(POSIX_FADV_WILLNEED)`` would) and returns.
 MADV_WILLNEED = getattr(mmap, "MADV_WILLNEED", 3)
+#: ``madvise(MADV_DONTNEED)``: unmap a range's pages from this process (a file's stay in the page cache).
+MADV_DONTNEED = getattr(mmap, "MADV_DONTNEED", 4)
 #: ``madvise(2)`` called through ctypes, which lets go of the GIL for the call (None: not found).
 libc_madvise: Any = None
 with suppress(OSError, AttributeError, TypeError):
     libc_madvise = ctypes.CDLL(None, use_errno=True).madvise
     libc_madvise.argtypes, libc_madvise.restype = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int), ctypes.c_int
+
+#: ``mincore(2)`` called through ctypes (None: not found): which pages of a mapping are in memory.
+libc_mincore: Any = None
+with suppress(OSError, AttributeError, TypeError):
+    libc_mincore = ctypes.CDLL(None, use_errno=True).mincore
+    libc_mincore.argtypes, libc_mincore.restype = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p), ctypes.c_int
 
 #: ``process_madvise(2)`` (Linux 5.10; any advice on the calling process since 6.13): one system
 #: call for many ranges (None: not found; ``_batched[0]`` turns False once the kernel refuses it).
@@ -217,6 +225,46 @@ class MappedFile:
         if not self._advise(starts, ends, MADV_POPULATE_READ):
             for a, n in self._ranges(starts, ends):
                 populate(self.map, a, n, MADV_POPULATE_READ)
+
+    def _pages(self, start: int, end: int) -> tuple[int, int]:
+        """Bytes ``[start, end)`` widened to whole pages of the mapping."""
+        page = mmap.PAGESIZE
+        return start - start % page, min(len(self.map), -(-end // page) * page)
+
+    def cached(self, start: int, end: int, sample: int = 0) -> bool:
+        """Whether the pages of bytes ``[start, end)`` are in the page cache (``mincore``): every page,
+        or with ``sample`` only that many spread evenly over the range (the kernel looks each page
+        up, which costs about a tenth of mapping it); False when the kernel cannot tell. For a file
+        the caller neither owns nor may write, the kernel answers only for the pages this process
+        has mapped (``mincore(2)``), so such files read False."""
+        a, b = self._pages(start, end)
+        if libc_mincore is None or b <= a:
+            return False
+        page = mmap.PAGESIZE
+        pages = (b - a) // page
+        if 0 < sample < pages:
+            at = a + np.linspace(0, pages - 1, sample).astype(np.int64) * page
+            return all(self._mincore(x, page).all() for x in at.tolist())
+        return bool(self._mincore(a, b - a).all())
+
+    def _mincore(self, offset: int, length: int) -> np.ndarray:
+        """One flag a page of bytes ``[offset, offset + length)`` (page aligned): in the page cache (0 where unknown)."""
+        vec = np.zeros(-(-length // mmap.PAGESIZE), dtype=np.uint8)
+        view = (ctypes.c_char * length).from_buffer(self.map, offset)  # an export: the mapping stays open
+        try:
+            if libc_mincore(ctypes.addressof(view), length, vec.ctypes.data) != 0:
+                vec[:] = 0
+        finally:
+            del view
+        return vec & 1
+
+    def drop(self, start: int, end: int) -> None:
+        """Unmap the pages of bytes ``[start, end)`` from this process (``MADV_DONTNEED``; they stay in
+        the page cache, and a later access maps them again): mapped file pages count in the process's
+        RSS, so a reader that gathers from a mapping window by window keeps one window in it."""
+        a, b = self._pages(start, end)
+        with suppress(OSError):
+            populate(self.map, a, b - a, MADV_DONTNEED)
 
     def close(self) -> None:
         """Let go of the mapping (a view still alive keeps it until it goes)."""

@@ -79,6 +79,9 @@ IOVEC_BYTES = 4096
 PLAN_RECORDS = 1 << 16
 #: Size of the bounce buffer that small records are read through, per run.
 BOUNCE_BYTES = 4 << 20
+#: Pages of a shard's span asked whether they are in the page cache before a staged block's records are
+#: gathered from the shard's mapping rather than read (:meth:`PayloadArray._cached_map`).
+CACHED_SAMPLE = 16
 #: Compressed records one decode job takes at most (see :class:`_DecodeJobs`): the hand-off (~20 µs a
 #: job) and the job's set-up stay small against decoding (~300 µs per 224x224 JPEG), while the last
 #: job of a read holds back the others by a few milliseconds at most.
@@ -1104,11 +1107,17 @@ class PayloadArray:
             if not self._dense_shard(i, local):
                 return c
             parts.append((i, a, local, span))
-        if len(parts) > 1:  # several runs: announced first, as _read_plan does
-            self._announce_ranges((self._fd(i), int(local[0]) * rec, span) for i, _, local, span in parts)
+        cached = [self._cached_map(i, local) for i, _, local, _ in parts]
+        cold = [part for part, f in zip(parts, cached) if f is None]
+        if len(parts) > 1 and cold:  # several runs: announced first, as _read_plan does
+            self._announce_ranges((self._fd(i), int(local[0]) * rec, span) for i, _, local, span in cold)
         out = rows.records(0)
-        bounce = self._bounce_buffer(1)
-        for i, at, local, _ in parts:
+        bounce = None
+        for (i, at, local, _), f in zip(parts, cached):
+            if f is not None:
+                self._gather_mapped(i, f, local, out[at : at + local.size])
+                continue
+            bounce = self._bounce_buffer(1) if bounce is None else bounce
             for a, b, piece, take in self._bounce_pieces(self._fd(i), self._shard_str(i), local, rec, bounce):
                 dst = out[at + a : at + b]
                 if take is None:
@@ -1116,6 +1125,40 @@ class PayloadArray:
                 else:
                     np.take(_records(piece), take, axis=0, out=dst, mode="clip")
         return d
+
+    def _cached_map(self, i: int, local: np.ndarray) -> MappedFile | None:
+        """Shard ``i``'s mapping when the pages from record ``local[0]`` to ``local[-1]`` (ascending,
+        shard-local) are in the page cache (:data:`CACHED_SAMPLE` of them asked), else ``None``
+        (those records are read: one sequential pass). A page the kernel dropped all the same is
+        read when the gather touches it."""
+        f = self._map_file(i)
+        rec = self.record_nbytes
+        if f is None or not f.cached(int(local[0]) * rec, (int(local[-1]) + 1) * rec, sample=CACHED_SAMPLE):
+            return None
+        return f
+
+    def _gather_mapped(self, i: int, f: MappedFile, local: np.ndarray, dst: np.ndarray) -> None:
+        """Records ``local`` (ascending, shard-local) of shard ``i`` (the fixed-size layout, its pages in
+        the page cache) into ``dst`` (opaque records, :func:`_records`), one ``np.take`` from its mapping per window of
+        :data:`BOUNCE_BYTES`, each window's pages unmapped after it (:meth:`MappedFile.drop`).
+
+        A sparse block of small records wants a few records of every page: the bounce read copied
+        every byte of the span to take a few of them, where mapping a cached page only maps it.
+        Unmapping each window keeps the mapped pages (which count in the RSS) at one window, as the
+        bounce buffer was. Counted as the bounce read would be: each window one request of its span."""
+        rec, path = self.record_nbytes, self._shard_str(i)
+        view = _records(np.frombuffer(f.map, dtype=np.uint8, count=int(self.shards[i].count) * rec).reshape(-1, rec))
+        per = max(1, BOUNCE_BYTES // rec)
+        a, n = 0, int(local.size)
+        while a < n:
+            self._check_stop()
+            first = int(local[a])
+            b = a + int(np.searchsorted(local[a:], first + per))
+            end = (int(local[b - 1]) + 1) * rec
+            np.take(view, local[a:b], axis=0, out=dst[a:b], mode="clip")
+            f.drop(first * rec, end)
+            self.stats.add(path, first * rec, end - first * rec)
+            a = b
 
     def _read_plan(self, plan: _Plan, rows: list[np.ndarray], decodes: list[DecodeJob] | None = None) -> None:
         """Read every record of ``plan`` into its row (the I/O half of :meth:`read_into`); decode jobs

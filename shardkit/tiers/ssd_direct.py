@@ -27,6 +27,7 @@ import numpy as np
 from shardkit.errors import TruncatedShardError
 from shardkit.formats import PayloadArray
 from shardkit.formats.arrays import distinct_sorted
+from shardkit.formats.mapping import libc_mincore
 from shardkit.stopping import Stopped
 
 __all__ = ["DIRECT_ALIGN", "DIRECT_THREADS", "DirectJob", "DirectReads", "on_tmpfs"]
@@ -45,10 +46,6 @@ RESIDENT_SHARE = 0.5
 #: Runs whose first page is looked up (``mincore``) to tell whether a reservoir is in the page cache.
 RESIDENT_SAMPLE = 32
 
-_mincore: Any = None
-with suppress(OSError, AttributeError, TypeError):
-    _mincore = ctypes.CDLL(None, use_errno=True).mincore
-    _mincore.argtypes, _mincore.restype = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p), ctypes.c_int
 
 
 def on_tmpfs(path: str | os.PathLike[str]) -> bool:
@@ -125,7 +122,7 @@ class DirectReads:
     def resident(self, runs: np.ndarray) -> float:
         """The share of ``runs`` (up to :data:`RESIDENT_SAMPLE` of them, evenly spread) whose first
         page is in the page cache (0 when it cannot be told)."""
-        if _mincore is None or not runs.size:
+        if libc_mincore is None or not runs.size:
             return 0.0
         page = mmap.PAGESIZE
         sample = runs[np.linspace(0, runs.shape[0] - 1, min(RESIDENT_SAMPLE, runs.shape[0])).astype(np.int64)]
@@ -137,7 +134,7 @@ class DirectReads:
                 return 0.0
             view = (ctypes.c_char * page).from_buffer(m, off // page * page)  # an export: m stays open
             try:
-                if _mincore(ctypes.addressof(view), page, ctypes.byref(vec)) != 0:
+                if libc_mincore(ctypes.addressof(view), page, ctypes.byref(vec)) != 0:
                     return 0.0
             finally:
                 del view

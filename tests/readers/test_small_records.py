@@ -67,6 +67,7 @@ def test_closing_a_sampler_during_a_long_block_read_waits_for_one_chunk(small: P
     from shardkit.tiers.mapped import MappedShards
 
     monkeypatch.setattr(MappedShards, "open", classmethod(lambda cls, payload: None))
+    monkeypatch.setattr(PayloadArray, "_cached_map", lambda self, i, local: None)  # the staged block's read, not its gather
     real = PayloadArray._preadv_all
     armed, reached = threading.Event(), threading.Event()
     after_stop: list[int] = []
@@ -209,7 +210,9 @@ def test_a_staged_block_of_small_records_is_read_without_a_plan(small: Path, mon
 def test_a_staged_block_makes_the_requests_its_plan_would(small: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Read without a plan, a staged block asks the file for the same byte ranges, in the same
     order, as the planned read: the same bounce pieces, gaps under ``gap_bytes`` read, larger ones
-    skipped (docs/design.md §3), so request counts and the read model do not change."""
+    skipped (docs/design.md §3), so request counts and the read model do not change. (Shards not in
+    the page cache: cached ones are gathered from their mapping, see below.)"""
+    monkeypatch.setattr(PayloadArray, "_cached_map", lambda self, i, local: None)
     keys = _staged_keys()
     asked: list[tuple[int, int]] = []
     real = PayloadArray._preadv_all
@@ -231,3 +234,65 @@ def test_a_staged_block_makes_the_requests_its_plan_would(small: Path, monkeypat
         np.testing.assert_array_equal(out.view("<i8").reshape(-1), keys)
         got[staged] = list(asked)
     assert got[True] == got[False]
+
+
+def _rss_file() -> int:
+    """This process's mapped file pages (``RssFile``), bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssFile:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no RssFile in /proc/self/status")
+
+
+def test_a_staged_block_of_cached_shards_is_gathered_from_their_mapping(small: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shards whose pages are in the page cache (just written) are not read for a staged block: its
+    records are taken from the shard's mapping (a block of small records wants a few records of
+    every page, and the read copied every byte), and each window's pages are unmapped after it, so
+    the process's mapped file pages stay about one window (they count in its RSS), not the dataset."""
+    keys = np.arange(0, N, 3)  # a dense block: every page of every shard wanted
+    asked: list[int] = []
+    real = PayloadArray._preadv_all
+
+    def traced(self: PayloadArray, fd: int, path: str, buffers: list[memoryview], offset: int) -> None:
+        asked.append(offset)
+        real(self, fd, path, buffers, offset)
+
+    monkeypatch.setattr(PayloadArray, "_preadv_all", traced)
+    out = np.zeros((keys.size, 8), dtype=np.uint8)
+    with open_dataset(small) as ds:
+        before = _rss_file()
+        ds.payload.read(np.arange(N))  # opens and checks every shard and every index page
+        asked.clear()
+        ds.payload.read_into(keys, Destination.rows_of(out, keys.size))
+        grown = _rss_file() - before
+        assert ds.payload.stats.bytes_read >= (int(keys[-1]) - int(keys[0])) * 8  # counted as the read would be
+    np.testing.assert_array_equal(out.view("<i8").reshape(-1), keys)
+    assert asked == [], f"{len(asked)} requests for shards in the page cache"
+    assert grown < N * 8 // 4, f"mapped file pages grew by {grown >> 10} KiB for a {N * 8 >> 20} MiB dataset"
+
+
+def test_a_mapped_gather_stops_after_the_window_it_is_in(small: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A staged block gathered from cached shards gives up between windows once the run is stopped,
+    as a read does between its requests."""
+    from shardkit.formats import reader
+    from shardkit.formats.mapping import MappedFile
+
+    stop = threading.Event()
+    windows: list[bool] = []
+    real = MappedFile.drop
+
+    def counted(self: MappedFile, start: int, end: int) -> None:
+        windows.append(stop.is_set())
+        real(self, start, end)
+        stop.set()
+
+    keys = np.arange(0, N, 2)
+    out = np.zeros((keys.size, 8), dtype=np.uint8)
+    with open_dataset(small) as ds:
+        ds.payload.read(np.arange(0, N, 1 << 18))  # opens and checks every shard
+        monkeypatch.setattr(MappedFile, "drop", counted)
+        monkeypatch.setattr(reader, "BOUNCE_BYTES", 64 << 10)  # many windows a plan piece
+        ds.payload.stop_with(stop)
+        with pytest.raises(Stopped):
+            ds.payload.read_into(keys, Destination.rows_of(out, keys.size))
+    assert windows == [False], f"{len(windows)} windows, {sum(windows)} of them after the stop"
