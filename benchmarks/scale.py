@@ -232,7 +232,9 @@ def _mib(x: float) -> str:
     return f"{x / 2**20:,.0f}"
 
 
-def report(sizes: list[int], work: Path, trees: dict[str, str], rounds: int) -> list[str]:
+def report(sizes: list[int], work: Path, trees: dict[str, str], rounds: int,
+           measured: dict[int, tuple[float, float]] | None = None) -> list[str]:
+    """The main table; ``measured`` gets the after tree's median (base RSS, peak RSS) per size."""
     lines = [
         f"{REC}-byte records, records_per_shard {SHARD}, ram_size {RAM >> 20} MiB, batch {BATCH}, one epoch, "
         f"files in the page cache; medians of {rounds} round(s). RSS/PSS in MiB include the interpreter "
@@ -261,12 +263,37 @@ def report(sizes: list[int], work: Path, trees: dict[str, str], rounds: int) -> 
 
             rate = statistics.median(x["records"] / x["seconds"] for x in rs)
             extra = med("peak_rss") - med("base_rss")
+            if measured is not None and label == "sampler (after)":
+                measured[n] = (med("base_rss"), med("peak_rss"))
             lines.append(
                 f"| {n:.0e} | {label} | {rate / 1e6:.2f} M | {med('first'):.2f} s | {med('first_cpu'):.2f} s | "
                 f"{med('seconds'):.1f} | "
                 f"{med('cpu') / n * 1e6:.2f} | "
                 f"{_mib(med('peak_rss'))} | {_mib(med('pss'))} | {_mib(med('base_rss'))} | {extra / n:.1f} B |"
             )
+    return lines
+
+
+def model_rss(n: int, base: float) -> float:
+    """Peak RSS the memory rule allows a consumer (docs/design.md §4, *Memory per record*): the
+    interpreter, ``ram_size`` + 15%, and 8 B a record of exact permutation up to
+    ``EXACT_PERMUTATION_LIMIT`` records (nothing per record with the Feistel order past it)."""
+    from shardkit.order.schedule import EXACT_PERMUTATION_LIMIT
+
+    return base + RAM * 1.15 + (8 * n if n <= EXACT_PERMUTATION_LIMIT else 0)
+
+
+def model_report(measured: dict[int, tuple[float, float]]) -> list[str]:
+    """The per-record byte model against the measured sizes, and extrapolated to 10^9 and 10^10."""
+    base = statistics.median(b for b, _ in measured.values()) if measured else 45 * 2**20
+    lines = ["Memory model: peak RSS <= interpreter + ram_size x 1.15 + 8 B a record of exact permutation "
+             "(up to EXACT_PERMUTATION_LIMIT records; the Feistel order past it, 0 B a record).", "",
+             "| records | model MiB | measured peak RSS MiB | measured ÷ model |", "|---|---|---|---|"]
+    for n, (b, peak) in sorted(measured.items()):
+        lines.append(f"| {n:.0e} | {_mib(model_rss(n, b))} | {_mib(peak)} | {peak / model_rss(n, b):.2f} |")
+    for n in (10**9, 10**10):
+        lines.append(f"| {n:.0e} | {_mib(model_rss(n, base))} (Feistel; the exact order would add "
+                     f"{8 * n / 2**30:,.0f} GiB, node-shared) | | |")
     return lines
 
 
@@ -318,7 +345,10 @@ def main() -> None:
     sizes = [int(float(s)) for s in args.sizes.split(",") if s]
     args.work.mkdir(parents=True, exist_ok=True)
     trees = {"after": AFTER, **({"before": str(Path(args.before).resolve())} if args.before else {})}
-    print("\n".join(report(sizes, args.work, trees, args.rounds)), flush=True)
+    measured: dict[int, tuple[float, float]] = {}
+    print("\n".join(report(sizes, args.work, trees, args.rounds, measured)), flush=True)
+    print()
+    print("\n".join(model_report(measured)), flush=True)
     if args.ratio_of:
         print()
         print("\n".join(ratio_report(sizes, args.work, trees, args.rounds, int(args.ratio_of))))

@@ -40,3 +40,18 @@ def test_scale_ratio_rows_hold_the_reference_blocks(tmp_path: Path, monkeypatch:
     res = bench.sampler_worker(cfg)
     assert res["records"] == n and res["wrong"] == 0
     assert res["ram_block"] < bench.sampler_worker({**cfg, "ram": bench.RAM})["ram_block"]  # the budget was used
+
+
+def test_scale_memory_model_counts_the_permutation_up_to_the_exact_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The byte model scale.py checks the measured peaks against: 8 B a record of permutation up to
+    EXACT_PERMUTATION_LIMIT records, none past it (the Feistel order)."""
+    bench = load_benchmark("scale", monkeypatch)
+    from shardkit.order.schedule import EXACT_PERMUTATION_LIMIT
+
+    base = 40 * 2**20
+    assert bench.model_rss(10**6, base) == base + bench.RAM * 1.15 + 8 * 10**6
+    assert bench.model_rss(EXACT_PERMUTATION_LIMIT + 1, base) == base + bench.RAM * 1.15
+    lines = bench.model_report({10**6: (base, base + 300 * 2**20)})
+    row = next(line for line in lines if line.startswith("| 1e+06"))
+    assert row.split("|")[2].strip() == f"{(base + bench.RAM * 1.15 + 8 * 10**6) / 2**20:,.0f}"
+    assert any(line.startswith("| 1e+10") for line in lines)
