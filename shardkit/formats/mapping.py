@@ -21,6 +21,7 @@ __all__ = [
     "MADV_POPULATE_READ",
     "MADV_POPULATE_WRITE",
     "MappedFile",
+    "in_core",
     "libc_madvise",
     "populate",
     "populate_ranges",
@@ -48,6 +49,25 @@ libc_mincore: Any = None
 with suppress(OSError, AttributeError, TypeError):
     libc_mincore = ctypes.CDLL(None, use_errno=True).mincore
     libc_mincore.argtypes, libc_mincore.restype = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p), ctypes.c_int
+
+
+def in_core(m: mmap.mmap, offset: int, length: int) -> np.ndarray | None:
+    """One flag a page of bytes ``[offset, offset + length)`` (page aligned) of mapping ``m``: in the
+    page cache (``mincore``); ``None`` where the kernel cannot tell or :data:`libc_mincore` is missing."""
+    if libc_mincore is None:
+        return None
+    vec = np.zeros(-(-length // mmap.PAGESIZE), dtype=np.uint8)
+    view = (ctypes.c_char * length).from_buffer(m, offset)  # an export: the mapping stays open
+    try:
+        failed = libc_mincore(ctypes.addressof(view), length, vec.ctypes.data) != 0
+    finally:
+        del view
+    return None if failed else vec & 1
+
+
+def _all_in_core(m: mmap.mmap, offset: int, length: int) -> bool:
+    flags = in_core(m, offset, length)
+    return flags is not None and bool(flags.all())
 
 #: ``process_madvise(2)`` (Linux 5.10; any advice on the calling process since 6.13): one system
 #: call for many ranges (None: not found; ``_batched[0]`` turns False once the kernel refuses it).
@@ -244,19 +264,8 @@ class MappedFile:
         pages = (b - a) // page
         if 0 < sample < pages:
             at = a + np.linspace(0, pages - 1, sample).astype(np.int64) * page
-            return all(self._mincore(x, page).all() for x in at.tolist())
-        return bool(self._mincore(a, b - a).all())
-
-    def _mincore(self, offset: int, length: int) -> np.ndarray:
-        """One flag a page of bytes ``[offset, offset + length)`` (page aligned): in the page cache (0 where unknown)."""
-        vec = np.zeros(-(-length // mmap.PAGESIZE), dtype=np.uint8)
-        view = (ctypes.c_char * length).from_buffer(self.map, offset)  # an export: the mapping stays open
-        try:
-            if libc_mincore(ctypes.addressof(view), length, vec.ctypes.data) != 0:
-                vec[:] = 0
-        finally:
-            del view
-        return vec & 1
+            return all(_all_in_core(self.map, x, page) for x in at.tolist())
+        return _all_in_core(self.map, a, b - a)
 
     def drop(self, start: int, end: int) -> None:
         """Unmap the pages of bytes ``[start, end)`` from this process (``MADV_DONTNEED``; they stay in

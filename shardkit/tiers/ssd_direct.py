@@ -12,7 +12,6 @@ read the device again where the page cache already holds them).
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import mmap
 import os
@@ -27,7 +26,7 @@ import numpy as np
 from shardkit.errors import TruncatedShardError
 from shardkit.formats import PayloadArray
 from shardkit.formats.arrays import distinct_sorted
-from shardkit.formats.mapping import libc_mincore
+from shardkit.formats.mapping import in_core, libc_mincore
 from shardkit.stopping import Stopped
 
 __all__ = ["DIRECT_ALIGN", "DIRECT_THREADS", "DirectJob", "DirectReads", "on_tmpfs"]
@@ -36,7 +35,7 @@ logger = logging.getLogger(__name__)
 
 #: Offsets, lengths and memory of an ``O_DIRECT`` read are multiples of the device's logical block
 #: size; 512 bytes is the smallest there is (a larger one makes the first read fail, see
-#: :meth:`DirectReads.read`).
+#: :meth:`DirectReads.submit`).
 DIRECT_ALIGN = 512
 #: Direct reads are synchronous: this many threads keep as many requests at the device.
 DIRECT_THREADS = 4
@@ -126,19 +125,13 @@ class DirectReads:
             return 0.0
         page = mmap.PAGESIZE
         sample = runs[np.linspace(0, runs.shape[0] - 1, min(RESIDENT_SAMPLE, runs.shape[0])).astype(np.int64)]
-        vec = ctypes.c_ubyte(0)
         hits = 0
         for shard, off in sample[:, :2].tolist():
             m = self._map(shard)
-            if m is None:
+            flags = None if m is None else in_core(m, off // page * page, page)
+            if flags is None:
                 return 0.0
-            view = (ctypes.c_char * page).from_buffer(m, off // page * page)  # an export: m stays open
-            try:
-                if libc_mincore(ctypes.addressof(view), page, ctypes.byref(vec)) != 0:
-                    return 0.0
-            finally:
-                del view
-            hits += vec.value & 1
+            hits += int(flags[0])
         return float(hits / sample.shape[0])
 
     def _map(self, i: int) -> mmap.mmap | None:
@@ -158,14 +151,6 @@ class DirectReads:
         if fd is None:
             fd = self._fds[i] = os.open(f"/proc/self/fd/{self._payload._fd(i)}", os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC)
         return fd
-
-    def read(self, runs: np.ndarray, dest: memoryview, first_row: int) -> bool:
-        """Read every run into ``dest`` and wait for them: :meth:`submit`, then :meth:`finish`."""
-        job = self.submit(runs, dest, first_row, threading.Event())
-        if job is None:
-            return False
-        self.finish(job)
-        return True
 
     def submit(self, runs: np.ndarray, dest: memoryview, first_row: int, stop: threading.Event) -> DirectJob | None:
         """Start reading every run into ``dest`` (record of run row ``r`` at ``(first_row + r) *

@@ -222,6 +222,12 @@ class ReservoirSlots:
         if allocator is not None:
             allocator.join()
 
+    def _cut(self, fd: int, nbytes: int) -> None:
+        """Cut slot file ``fd`` to ``nbytes`` (0: emptied after a failed or stopped write), the
+        preallocation stopped first (it would extend the file again)."""
+        self._stop_preallocating()
+        os.ftruncate(fd, nbytes)
+
     def expect(self, keys: np.ndarray | None) -> None:
         """The keys (ascending, distinct) the next :meth:`write` will most likely copy: the in-kernel
         copy announces their first chunk while it copies the current reservoir's last one, so the
@@ -268,8 +274,7 @@ class ReservoirSlots:
             try:
                 self._direct.finish(write.job)
             except BaseException:
-                self._stop_preallocating()
-                os.ftruncate(fd, 0)
+                self._cut(fd, 0)
                 raise
             return int(keys.size) * rec
         if isinstance(payload, PayloadArray) and payload.can_copy_to_file():  # a mixture's records: buffered
@@ -298,8 +303,7 @@ class ReservoirSlots:
         except BaseException:
             if pending is not None:
                 wait([pending])  # never reuse or free a buffer a write still reads
-            self._stop_preallocating()
-            os.ftruncate(fd, 0)
+            self._cut(fd, 0)
             raise
         return int(keys.size) * rec
 
@@ -322,8 +326,7 @@ class ReservoirSlots:
                 os.ftruncate(fd, keys.size * rec)
             return direct.submit(runs, view, 0, stop)  # None: refused before anything was read, copy instead
         except BaseException:
-            self._stop_preallocating()
-            os.ftruncate(fd, 0)
+            self._cut(fd, 0)
             raise
 
     def _copy_in_kernel(self, fd: int, path: Path, payload: PayloadArray, keys: np.ndarray, stop: threading.Event) -> None:
@@ -354,8 +357,7 @@ class ReservoirSlots:
             if self._ahead is not None:
                 wait([self._ahead[1]])
                 self._ahead = None
-            self._stop_preallocating()
-            os.ftruncate(fd, 0)
+            self._cut(fd, 0)
             if is_out_of_space(exc):
                 raise OutOfSpaceError(f"{path}: no space left on device while writing an SSD reservoir") from None
             raise
@@ -366,8 +368,7 @@ class ReservoirSlots:
         extend the file again). Pages left for the run's close are freed in the consumer's last call."""
         fd = self._fds[slot]
         if os.fstat(fd).st_size > nbytes:
-            self._stop_preallocating()
-            os.ftruncate(fd, nbytes)
+            self._cut(fd, nbytes)
 
     def records(self, slot: int, count: int, stats: ReadStats, gap_bytes: int) -> ScratchRecords:
         """The ``count`` records just written to slot ``slot``, for reading back."""
