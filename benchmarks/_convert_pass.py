@@ -77,12 +77,15 @@ class StageClock:
                         "calls": float(self.sums[:, i, 1].sum())} for i, stage in enumerate(STAGES)}
 
 
-def _cpu(who: int) -> float:
+def rusage_cpu(who: int) -> float:
+    """CPU seconds (user + system) of ``who`` (``resource.RUSAGE_SELF``: this process, every thread;
+    ``RUSAGE_CHILDREN``: its ended children that were waited for)."""
     r = resource.getrusage(who)
     return r.ru_utime + r.ru_stime
 
 
-def _idle() -> tuple[int, int]:
+def machine_idle() -> tuple[int, int]:
+    """``(idle + iowait, total)`` jiffies of every CPU since boot (``/proc/stat``; ``(0, 0)`` elsewhere)."""
     try:
         with open("/proc/stat") as f:
             ticks = [int(v) for v in f.readline().split()[1:]]
@@ -137,11 +140,11 @@ def instrument(clock: StageClock, thread: dict[str, float]) -> list[str]:
     if commit is not None:
         @functools.wraps(commit)
         def timed_commit(*args: Any, **kwargs: Any) -> Any:
-            c0, t0 = _cpu(resource.RUSAGE_SELF), time.perf_counter()
+            c0, t0 = rusage_cpu(resource.RUSAGE_SELF), time.perf_counter()
             try:
                 return commit(*args, **kwargs)
             finally:
-                thread["commit"] += _cpu(resource.RUSAGE_SELF) - c0
+                thread["commit"] += rusage_cpu(resource.RUSAGE_SELF) - c0
                 thread["commit_wall"] += time.perf_counter() - t0
 
         partrun.commit = timed_commit
@@ -244,14 +247,14 @@ def main() -> None:
                                         progress=progress).records)
 
     start = [0.0]
-    own0, kids0, (idle0, total0) = _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN), _idle()
+    own0, kids0, (idle0, total0) = rusage_cpu(resource.RUSAGE_SELF), rusage_cpu(resource.RUSAGE_CHILDREN), machine_idle()
     sched0 = thread_sched()
     start[0] = time.perf_counter()
     n = run()
     seconds = time.perf_counter() - start[0]
     sched1 = thread_sched()
     main_cpu, main_wait = sched1[0] - sched0[0], sched1[1] - sched0[1]
-    own, kids, (idle1, total1) = _cpu(resource.RUSAGE_SELF) - own0, _cpu(resource.RUSAGE_CHILDREN) - kids0, _idle()
+    own, kids, (idle1, total1) = rusage_cpu(resource.RUSAGE_SELF) - own0, rusage_cpu(resource.RUSAGE_CHILDREN) - kids0, machine_idle()
     shutil.rmtree(args.out, ignore_errors=True)
     print(json.dumps({
         "images": n, "seconds": seconds, "own": own, "children": kids,

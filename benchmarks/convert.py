@@ -78,7 +78,7 @@ from typing import Any
 
 import numpy as np
 from _common import drop_cache
-from _convert_pass import SPLIT, cpu_bound_time, stage_split
+from _convert_pass import SPLIT, cpu_bound_time, machine_idle, rusage_cpu, stage_split
 from _convert_peers import SIZE, transform
 from PIL import Image
 
@@ -195,35 +195,12 @@ def shardkit_run(out: Path, workers: int, size: int = SIZE, decode: str | None =
     return dt
 
 
-def own_cpu() -> float:
-    """CPU seconds (user + system) of this process so far, every thread."""
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
-def machine_idle() -> tuple[int, int]:
-    """``(idle + iowait, total)`` jiffies of every CPU since boot (``/proc/stat``; ``(0, 0)`` elsewhere)."""
-    try:
-        with open("/proc/stat") as f:
-            ticks = [int(v) for v in f.readline().split()[1:]]
-    except OSError:
-        return 0, 0
-    return ticks[3] + ticks[4], sum(ticks)
-
-
-def children_cpu() -> float:
-    """CPU seconds of the child processes of this one that ended and were waited for (forked decode
-    workers, the peers' commands with their workers)."""
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
-
-
 def timed_pass(fn: Callable[[], float]) -> tuple[float, float, float, float]:
     """``(seconds, CPU seconds of this process, CPU seconds of its ended children, share of the machine
     idle)`` of one pass of ``fn``."""
-    cpu0, kids0, (idle0, total0) = own_cpu(), children_cpu(), machine_idle()
+    cpu0, kids0, (idle0, total0) = rusage_cpu(resource.RUSAGE_SELF), rusage_cpu(resource.RUSAGE_CHILDREN), machine_idle()
     dt = fn()
-    cpu1, kids1, (idle1, total1) = own_cpu(), children_cpu(), machine_idle()
+    cpu1, kids1, (idle1, total1) = rusage_cpu(resource.RUSAGE_SELF), rusage_cpu(resource.RUSAGE_CHILDREN), machine_idle()
     return dt, cpu1 - cpu0, kids1 - kids0, (idle1 - idle0) / max(1, total1 - total0)
 
 

@@ -212,6 +212,23 @@ def test_a_due_check_runs_while_the_block_is_read(
     assert set(threads) == {"shardkit-identity-check"}, threads
 
 
+def _hold_heads(monkeypatch: pytest.MonkeyPatch, release: threading.Event,
+                seconds: float) -> tuple[threading.Event, list[bool]]:
+    """Every HEAD of the store waits for ``release`` (at most ``seconds``) before it is asked: the
+    event set once one is waiting, and the outcome of each wait (True: released)."""
+    asked = threading.Event()
+    released: list[bool] = []
+    head = objectstore.ObjectStore.head
+
+    def held(self: Any, key: str) -> Any:
+        asked.set()
+        released.append(release.wait(seconds))
+        return head(self, key)
+
+    monkeypatch.setattr(objectstore.ObjectStore, "head", held)
+    return asked, released
+
+
 def test_a_half_due_check_does_not_hold_the_reader(s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Before a read, a check half due starts in the background; the check after the read does not
     wait for it while the last success still covers the read, and takes its outcome once it is done."""
@@ -219,16 +236,7 @@ def test_a_half_due_check_does_not_hold_the_reader(s3: Any, tmp_path: Path, monk
     ident = identity.DatasetIdentity.of(url)
     ident._live.checked -= 0.75 * identity.REMOTE_CHECK_SECONDS  # checked three quarters of the pause ago
     release = threading.Event()
-    asked = threading.Event()
-    released: list[bool] = []
-    head = objectstore.ObjectStore.head
-
-    def held(self: Any, key: str) -> Any:
-        asked.set()
-        released.append(release.wait(30))
-        return head(self, key)
-
-    monkeypatch.setattr(objectstore.ObjectStore, "head", held)
+    asked, released = _hold_heads(monkeypatch, release, 30)
     ident.check(wait=False)  # before a read: starts the check, does not ask here
     ident.check()  # after the read: the last success still covers it
     assert asked.wait(30)  # the HEAD is under way in its thread, held
@@ -247,17 +255,9 @@ def _settle_while_held(
     """``start()`` begins a check, whose HEAD is held, of the identity it returns; its
     :meth:`~identity.DatasetIdentity.settle` runs in a thread: whether that returned while the HEAD
     was still held, and the HEAD's releases seen when it returned."""
-    release, asked, settled = threading.Event(), threading.Event(), threading.Event()
-    released: list[bool] = []
+    release, settled = threading.Event(), threading.Event()
     seen: list[bool] = []
-    head = objectstore.ObjectStore.head
-
-    def held(self: Any, key: str) -> Any:
-        asked.set()
-        released.append(release.wait(60))
-        return head(self, key)
-
-    monkeypatch.setattr(objectstore.ObjectStore, "head", held)
+    asked, released = _hold_heads(monkeypatch, release, 60)
     ident = start()
     assert asked.wait(30)
 
