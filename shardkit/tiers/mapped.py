@@ -5,8 +5,9 @@ fixed-size records is mapped, and the page cache is the cache (docs/design.md §
 from __future__ import annotations
 
 import logging
-import mmap
 import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -16,9 +17,9 @@ from shardkit.formats import PayloadArray
 from shardkit.formats.arrays import distinct_sorted
 from shardkit.formats.mapping import MappedFile, reserve_ranges
 from shardkit.formats.reader import ReadStats
-from shardkit.stopping import Stopped
+from shardkit.stopping import POLL_SECONDS, Stopped
 
-__all__ = ["Lacking", "MappedShards", "MAX_MAPPED_SHARDS", "NodeResidency"]
+__all__ = ["AHEAD_BLOCKS", "AnnounceAhead", "Lacking", "MappedShards", "MAX_MAPPED_SHARDS", "NodeResidency"]
 
 logger = logging.getLogger(__name__)
 
@@ -28,12 +29,10 @@ POPULATE_RANGES = 1024
 #: Datasets of more shards keep the copy in node-shared memory: the assembler looks every batch up
 #: in each shard's part of a block.
 MAX_MAPPED_SHARDS = 256
-#: A block reads *through* a gap of at most this many bytes between two of its records in a shard
-#: (:meth:`MappedShards.announce`): the gap's records are made resident with it, for the blocks
-#: after, so the device gets runs of records where a sparse block's records were one request each.
-#: Every record is read in the first epoch anyway, so this reads no byte more per epoch; a longer
-#: gap would make a block wait for more of the later blocks' bytes before its first batch.
-READ_THROUGH_BYTES = 3 << 20
+#: Blocks announced beyond the one the reader populates (:class:`AnnounceAhead`): the device's
+#: queue holds the next blocks' requests while the reader waits for one block's pages, maps them and
+#: hands the block over, and blocks complete in the order the consumer takes them.
+AHEAD_BLOCKS = 2
 
 
 class NodeResidency(Protocol):
@@ -89,41 +88,20 @@ class MappedShards:
             maps.append(got)
         return cls(payload, maps)
 
-    def _lacking(self, keys: np.ndarray, through: bool = False) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    def _lacking(self, keys: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
         """``(shard, keys, rows)`` of the records ``keys`` this process has not made resident, each
-        shard's ascending; ``through``: with those of the gaps read through (:meth:`_through`)."""
+        shard's ascending."""
         rps = self.records_per_shard
         todo = distinct_sorted(keys)
         parts = []
         for part in np.split(todo, np.flatnonzero(np.diff(todo // rps)) + 1) if todo.size else ():
             i = int(part[0]) // rps
-            rows = part - i * rps
-            if through:
-                rows = self._through(rows)
-                part = rows + i * rps
-            parts.append((i, part, rows))
+            parts.append((i, part, part - i * rps))
         return self._still_lacking(parts)
-
-    def _through(self, rows: np.ndarray) -> np.ndarray:
-        """Rows ``rows`` of a shard (distinct, ascending) and those of every gap between two of them
-        of at most :data:`READ_THROUGH_BYTES`, ascending. Records under a page are left as they are:
-        their blocks share pages already, and a gap of small records is many rows to list."""
-        rec = self.record_nbytes
-        if rows.size < 2 or rec < mmap.PAGESIZE:
-            return rows
-        gaps = np.diff(rows) - 1  # records between two neighbours
-        fill = np.flatnonzero((gaps > 0) & (gaps <= READ_THROUGH_BYTES // rec))
-        if not fill.size:
-            return rows
-        lengths = gaps[fill]
-        heads = np.cumsum(lengths) - lengths  # where each gap's rows start in ``inside``
-        inside = np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(rows[fill] + 1 - heads, lengths)
-        return np.sort(np.concatenate((rows, inside)))
 
     def _still_lacking(self, parts: list[tuple[int, np.ndarray, np.ndarray]]) -> list[tuple[int, np.ndarray, np.ndarray]]:
         """``parts`` (``(shard, keys, rows)``) without the records this process made resident: those
-        of earlier blocks, and those a gap the block before read through held since ``parts`` were
-        announced."""
+        of earlier blocks, and those made resident since ``parts`` were announced."""
         out = []
         for i, part, rows in parts:
             lacking = ~self._files[i].resident[rows]
@@ -138,14 +116,12 @@ class MappedShards:
         starts, ends, firsts = reserve_ranges(rows, 0, self.record_nbytes)
         return starts, np.minimum(ends, len(self._files[i])), firsts
 
-    def announce(self, keys: np.ndarray, through: bool = True) -> Lacking:
+    def announce(self, keys: np.ndarray) -> Lacking:
         """Have the kernel start reading the pages of records ``keys`` that this process has not made
-        resident (:meth:`MappedFile.announce`) and return at once what it announced, for
-        :meth:`populate` of the same keys: the reader announces the next block before it waits for
-        this one's pages, so the device does not idle between two blocks. ``through``: the records
-        of each gap of at most :data:`READ_THROUGH_BYTES` between two of them are announced (and
-        populated) with them."""
-        parts = self._lacking(keys, through)
+        resident (:meth:`MappedFile.announce`) and return what it announced, for :meth:`populate` of
+        the same keys, once the reads are queued (on a busy device: once its queue had room for
+        them, which is why :class:`AnnounceAhead` calls it off the reader's thread)."""
+        parts = self._lacking(keys)
         for i, _, rows in parts:
             self._files[i].announce(*self._ranges(i, rows)[:2])
         return Lacking(parts)
@@ -157,21 +133,18 @@ class MappedShards:
         stop: threading.Event | None = None,
         node: NodeResidency | None = None,
         announced: Lacking | None = None,
-        through: bool = True,
     ) -> None:
         """Map the pages of records ``keys`` this process never made resident, each shard's in
         ascending ranges (:class:`~shardkit.formats.mapping.MappedFile`: every range of the block
         announced, unless :meth:`announce` of these keys did (``announced``, what it returned), then
         populated; the kernel reads what the page cache lacks); raises :class:`Stopped` between two pieces once ``stop``
-        is set. ``through`` (unless ``announced``, which says what to populate): the gaps of at most
-        :data:`READ_THROUGH_BYTES` between the records too, as :meth:`announce` does; the run's
-        first block reads its own records only, for its first batch.
+        is set.
 
         ``node`` is the node's record of what is resident (the static cache's flags, row = key):
         only records no process of the node made resident are counted in ``stats`` as read (their
         bytes, what a read asks for: the kernel reads whole pages for any read) and published to it
         once populated; the others are in the page cache, and populating them only maps them here."""
-        parts = self._lacking(keys, through) if announced is None else self._still_lacking(announced.parts)
+        parts = self._lacking(keys) if announced is None else self._still_lacking(announced.parts)
         if not parts:
             return
         todo = np.concatenate([part for _, part, _ in parts]) if len(parts) > 1 else parts[0][1]
@@ -222,3 +195,50 @@ class MappedShards:
         for f in self._files:
             f.close()  # a batch's view still alive keeps its mapping until it goes
         self._files = []
+
+
+class AnnounceAhead:
+    """A pass's blocks announced in order (:meth:`MappedShards.announce`) on a thread of its own, up
+    to :data:`AHEAD_BLOCKS` beyond the block the reader populates. ``MADV_WILLNEED`` returns once
+    the reads are queued, which on a busy device takes about as long as the blocks queued before
+    take to arrive: off the reader's thread, that wait neither holds a block back from the consumer
+    nor leaves the device idle while the reader maps a block and hands it over. Each block is
+    announced with its own records only, so blocks complete in the order the consumer takes them
+    and the assembler copies one while the device reads the next."""
+
+    def __init__(self, mapped: MappedShards) -> None:
+        self._mapped = mapped
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="shardkit-announce")
+        self._keys_of: Callable[[int], np.ndarray] | None = None
+        self._count = 0
+        self._next = 0
+        self._pending: dict[int, tuple[np.ndarray, Future[Lacking]]] = {}
+
+    def start_pass(self, keys_of: Callable[[int], np.ndarray], count: int) -> None:
+        """A pass of ``count`` blocks, block ``i``'s keys ``keys_of(i)`` (called on the reader's
+        thread); what an earlier pass left announced is dropped (its pages stay in the page cache)."""
+        self._keys_of, self._count, self._next = keys_of, count, 0
+        self._pending.clear()
+
+    def take(self, i: int, stop: threading.Event) -> tuple[np.ndarray, Lacking]:
+        """Block ``i``'s keys and what was announced of them, once its reads are queued; blocks up to
+        ``i + AHEAD_BLOCKS`` are handed to the thread first. Raises :class:`Stopped` once ``stop``
+        is set, and the thread's error if the announcement failed."""
+        assert self._keys_of is not None
+        for j in range(max(self._next, i), min(self._count, i + 1 + AHEAD_BLOCKS)):
+            keys = self._keys_of(j)
+            self._pending[j] = (keys, self._pool.submit(self._mapped.announce, keys))
+            self._next = j + 1
+        keys, done = self._pending.pop(i)
+        while True:
+            if stop.is_set():
+                raise Stopped()
+            try:
+                return keys, done.result(timeout=POLL_SECONDS)
+            except TimeoutError:
+                continue
+
+    def close(self) -> None:
+        """Drop what was not taken; waits for an announcement in progress (it ends once queued)."""
+        self._pending.clear()
+        self._pool.shutdown(wait=True, cancel_futures=True)

@@ -26,7 +26,7 @@ from shardkit.readers.options import TierSizes
 from shardkit.readers.sources import MixedDataset, MixedIdentity, Mixture
 from shardkit.stopping import POLL_SECONDS, Stopped
 from shardkit.tiers.buffers import BatchBuffer, BatchPool
-from shardkit.tiers.mapped import Lacking, MappedShards
+from shardkit.tiers.mapped import AnnounceAhead, Lacking, MappedShards
 from shardkit.tiers.ssd import SsdSpace
 from shardkit.tiers.ssd_slots import ReservoirSlots, SlotWrite
 from shardkit.tiers.static_cache import Ahead, StaticCache
@@ -326,6 +326,11 @@ def reservoir_bounds(start: int, stop: int, first: int, largest: int, last: int 
     return bounds
 
 
+def _block_keys(seg: Segment, bounds: list[tuple[int, int]], dtype: type[np.signedinteger[Any]], i: int) -> np.ndarray:
+    """The keys of block ``i`` of ``bounds`` in pass ``seg``."""
+    return seg.keys(*bounds[i], dtype)
+
+
 class Pipeline:
     """Background threads for one run. Consumer side: :meth:`get`; teardown: :meth:`shutdown`.
 
@@ -413,10 +418,8 @@ class Pipeline:
         self._stage_sort = _StageSorts(sizes.ram_block)
         #: Blocks grow from a small first one (batches); a sink's blocks have one fixed size.
         self._first_block = self._grow = sink is None
-        #: The mapped files: the block being read was announced with the one before, and whether the
-        #: reader announces the next block before waiting for this one (from its second block on).
+        #: The mapped files: what the announcing thread announced of the block being read.
         self._announced: Lacking | None = None
-        self._announce_ahead = False
         #: ``(epoch, bytes, calls)``: the dataset's read counters when the RAM reader last counted them.
         self._disk_mark: tuple[int, int, int] | None = None
         self._download_counted = False
@@ -546,15 +549,13 @@ class Pipeline:
         open_buffers: dict[int, BatchBuffer],
         tier: str = "disk",
         ahead: Ahead | None = None,
-        following: np.ndarray | None = None,
         opened: _Opened | None = None,
         then: Callable[[], None] | None = None,
     ) -> BlockRead:
         """Read plan positions ``[a, b)`` (``keys``) with ``read(keys, destination)``: uncached records
         into their batch rows (or a sink slot), pinned ones the cache lacks into their cache rows.
         ``open_buffers`` carries a batch an earlier block began into the next block; ``ahead`` is
-        what :meth:`_expect` announced for these keys; ``following``: the next block's keys, if
-        known (the mapped files announce them); ``opened``, the block's buffers and destination
+        what :meth:`_expect` announced for these keys; ``opened``, the block's buffers and destination
         when it was opened ahead (:meth:`_open_ahead`); ``then``, called once the block holds its
         buffers, before its read (it opens the blocks after it)."""
         if self.sink is not None:
@@ -568,19 +569,10 @@ class Pipeline:
             # The whole dataset is pinned as its mapped files: make the block's pages resident, and
             # the assembler copies every batch from them.
             t0, c0 = time.perf_counter(), time.thread_time()
+            # Announced ahead on the announcing thread (AnnounceAhead), but for the run's first
+            # block, which populate announces itself: its first batch waits for nothing else.
             announced, self._announced = self._announced, None
-            if following is not None and self._announce_ahead:
-                # The device reads the next block while this one's last pages land and are mapped,
-                # and while the reader plans the next (not for the run's first block: its first
-                # batch waits for nothing else).
-                if announced is None:
-                    announced = mapped.announce(keys)  # this block's requests go first
-                self._announced = mapped.announce(following)
-            # The run's first block reads its own records only (its first batch waits for them);
-            # later ones read through short gaps, for the blocks after (READ_THROUGH_BYTES).
-            mapped.populate(keys, self.disk.payload.stats, self.stop, node=self.cache, announced=announced,
-                            through=self._announce_ahead)
-            self._announce_ahead = True
+            mapped.populate(keys, self.disk.payload.stats, self.stop, node=self.cache, announced=announced)
             self._stats.add_busy(tier, time.perf_counter() - t0)
             self._stats.add_busy(f"{tier}_cpu", time.thread_time() - c0)
             views = mapped.copies(keys)
@@ -779,42 +771,55 @@ class Pipeline:
         # A staged block's keys go to its sort, its batches' keys and a read-ahead hint (which copies
         # them): int32 when they fit (STAGED_RECORD_BYTES, docs/design.md §4).
         dtype = np.int32 if self.staged and self.disk.num_records <= 1 << 31 else np.int64
-        for seg in self._segments:
-            open_buffers: dict[int, BatchBuffer] = {}
-            self._count_epoch_disk(seg.epoch, block=False)  # what landed since the last block: the epoch before
-            bounds = list(self._bounds(seg, 0, seg.length, self.sizes.ram_block, self.sizes.span_block))
-            if schedule is not None:
-                schedule(self._unpinned(seg.keys(a, b)) for a, b in bounds)
-            opening = _Opening(seg, bounds, deliver_ahead) if deliver_ahead is not None else None
-            opened: dict[int, _Opened] = opening.blocks if opening is not None else {}
-            following: np.ndarray | None = None
-            announced: Ahead | None = None
-            for i, (a, b) in enumerate(bounds):
-                upcoming = bounds[i + 1] if i + 1 < len(bounds) else None
-                mine = opened.pop(i, None)
-                keys = mine.keys if mine is not None else following if following is not None else seg.keys(a, b, dtype)
-                following = None
-                this, announced = announced, None
-                if upcoming is not None and (ahead is not None or mapped is not None
-                                             or (self.cache is not None and self.cache.share_key is not None)):  # fmt: skip
-                    following = opened[i + 1].keys if i + 1 in opened else seg.keys(*upcoming, dtype)
-                    if ahead is not None:
-                        ahead(self._unpinned(following))
-                    # The next block's cache rows are allocated on the cache's thread while this one is read.
-                    announced = self._expect(following)
-                then: Callable[[], None] | None = None
-                if opening is not None and opening.active and i:  # (the first block first: its batch is awaited)
-                    then = functools.partial(self._open_ahead, opening, i)
-                if self._identity is not None:  # a check that is due runs while the block is read
-                    self._identity.check(wait=False)
-                block = self._read_block(seg, a, b, keys, read, open_buffers, ahead=this, following=following,
-                                         opened=mine, then=then)  # fmt: skip
-                self._verify()
-                self._count_epoch_disk(seg.epoch)
-                self._put(self._blocks, block)
-            seg.done()
-            self._put(self._blocks, EpochEnd(seg.epoch, seg.complete))
-        self._put(self._blocks, RunDone())
+        # The mapped files' blocks are announced ahead on a thread of their own (AnnounceAhead).
+        announcer = AnnounceAhead(mapped) if mapped is not None else None
+        started = False  # whether the run's first block was read
+        try:
+            for seg in self._segments:
+                open_buffers: dict[int, BatchBuffer] = {}
+                self._count_epoch_disk(seg.epoch, block=False)  # what landed since the last block: the epoch before
+                bounds = list(self._bounds(seg, 0, seg.length, self.sizes.ram_block, self.sizes.span_block))
+                if schedule is not None:
+                    schedule(self._unpinned(seg.keys(a, b)) for a, b in bounds)
+                opening = _Opening(seg, bounds, deliver_ahead) if deliver_ahead is not None else None
+                opened: dict[int, _Opened] = opening.blocks if opening is not None else {}
+                if announcer is not None:
+                    announcer.start_pass(functools.partial(_block_keys, seg, bounds, dtype), len(bounds))
+                following: np.ndarray | None = None
+                announced: Ahead | None = None
+                for i, (a, b) in enumerate(bounds):
+                    upcoming = bounds[i + 1] if i + 1 < len(bounds) else None
+                    mine = opened.pop(i, None)
+                    this, announced = announced, None
+                    if announcer is not None and started:  # (the run's first block: populate announces it)
+                        keys, self._announced = announcer.take(i, self.stop)
+                    else:
+                        keys = mine.keys if mine is not None else following if following is not None else seg.keys(a, b, dtype)
+                    following = None
+                    if announcer is None and upcoming is not None and (ahead is not None
+                                                   or (self.cache is not None and self.cache.share_key is not None)):  # fmt: skip
+                        following = opened[i + 1].keys if i + 1 in opened else seg.keys(*upcoming, dtype)
+                        if ahead is not None:
+                            ahead(self._unpinned(following))
+                        # The next block's cache rows are allocated on the cache's thread while this one is read.
+                        announced = self._expect(following)
+                    then: Callable[[], None] | None = None
+                    if opening is not None and opening.active and i:  # (the first block first: its batch is awaited)
+                        then = functools.partial(self._open_ahead, opening, i)
+                    if self._identity is not None:  # a check that is due runs while the block is read
+                        self._identity.check(wait=False)
+                    block = self._read_block(seg, a, b, keys, read, open_buffers, ahead=this, opened=mine,
+                                             then=then)  # fmt: skip
+                    started = True
+                    self._verify()
+                    self._count_epoch_disk(seg.epoch)
+                    self._put(self._blocks, block)
+                seg.done()
+                self._put(self._blocks, EpochEnd(seg.epoch, seg.complete))
+            self._put(self._blocks, RunDone())
+        finally:
+            if announcer is not None:
+                announcer.close()
 
     def _opens_ahead(self) -> bool:
         """Whether blocks may be opened ahead (:meth:`_open_ahead`): batch buffers read straight
