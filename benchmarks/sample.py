@@ -33,6 +33,14 @@ Run: ``python benchmarks/sample.py [--quick] [--before /path/to/previous/tree] [
   on a virtual machine a dropped page cache leaves the host's, so an unthrottled "cold" read meets the
   host's cache one run and the disk the next; a rate below both makes the device's speed known. The
   tables are headed by the rate (or by why the device could not be throttled: then it runs as without).
+* ``--loop-device DIR``: the dataset copied onto a loop device backed by an image file in ``DIR``
+  (a tmpfs, e.g. ``/dev/shm``; ``_common.loop_device``) for the whole run, and with
+  ``--device-mbps`` that device throttled: the guest's own memory behind a throttle of known rate,
+  no host page cache (which makes the virtual disk's "cold" reads 800 MB/s at one moment and
+  2.4 GB/s at the next even under the throttle's cap; measured here: the SSD row's spread over
+  runs of one tree, RESULTS.md). Needs root.
+* ``--first-rows ssd,large``: which rows the first-epoch section runs (the SSD tier's two, the large
+  budget's four).
 * ``--io-modes``: the bottom tier's read modes on one sparse block: buffered ``preadv`` after
   announcing every run (what the reader does) against ``O_DIRECT`` reads from a thread pool.
 
@@ -61,7 +69,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import DeviceThrottle, device_rates, drop_cache, synthetic_dataset, throttled_device
+from _common import DeviceThrottle, device_rates, drop_cache, loop_device, synthetic_dataset, throttled_device
 
 from shardkit.formats import open_dataset
 
@@ -73,6 +81,8 @@ DENSITIES = (0.01, 0.05, 0.20)
 BUDGETS = (0.05, 0.25, 1.0, 2.0)
 EPOCHS = 3
 AFTER = str(HERE.parent)
+#: The first-epoch section's row groups (``--first-rows``): the SSD tier's rows, the large budget's.
+FIRST_ROWS = frozenset({"ssd", "large"})
 
 
 # ---------------------------------------------------------------------------------------------- baselines
@@ -308,10 +318,11 @@ def ssd_tier(path: Path, n: int, batch: int, trees: dict[str, str], rounds: int,
 
 
 def first_epochs(path: Path, n: int, batch: int, trees: dict[str, str], rounds: int, ram: int, ssd: int,
-                 dev: DeviceThrottle | None = None) -> list[str]:  # fmt: skip
+                 dev: DeviceThrottle | None = None, groups: frozenset[str] = FIRST_ROWS) -> list[str]:  # fmt: skip
     """Epoch 1 of fresh runs (see module docstring); every ratio is taken within its round. With a
     throttled ``dev``, each run's bytes read from the device over the bytes it delivered: 1.0 for a cold
-    epoch that reads every record once, less where the guest's page cache still held some."""
+    epoch that reads every record once, less where the guest's page cache still held some. ``groups``:
+    the rows run (:data:`FIRST_ROWS`)."""
     dev = dev if dev is not None and dev.cgroup is not None else None
     big = 2 * n * REC
     runs = {  # label: (run config, baseline label or "raw"/"plain")
@@ -324,6 +335,8 @@ def first_epochs(path: Path, n: int, batch: int, trees: dict[str, str], rounds: 
         "ram_size 2x dataset, node_sharing=False (warm)": (dict(cold=False, ram=big, node_sharing=False),
                                                            "static_cache=0 (warm)"),
     }
+    ssd_rows = ("tiers=ram (cold)", "tiers=ram,ssd on tmpfs (cold)")
+    runs = {k: v for k, v in runs.items() if ("ssd" if k in ssd_rows else "large") in groups}
     rows: dict[tuple[str, str], list[dict[str, float]]] = {}
     for _ in range(rounds):
         for name, tree in trees.items():
@@ -425,10 +438,21 @@ def sections_at(path: Path, n: int, args: argparse.Namespace, trees: dict[str, s
     if "ssd" in sections:
         out += [*ssd_tier(path, n, args.batch, trees, args.rounds, ram, ssd), ""]
     if "first" in sections:
-        out += [*first_epochs(path, n, args.batch, trees, args.rounds, ram, ssd, dev), ""]
+        groups = frozenset(args.first_rows.split(","))
+        out += [*first_epochs(path, n, args.batch, trees, args.rounds, ram, ssd, dev, groups), ""]
     if args.io_modes:
         out += io_modes(path, n)
     return out
+
+
+def run_sections(path: Path, n: int, args: argparse.Namespace, trees: dict[str, str], sections: set[str]) -> None:
+    """Print the chosen sections at each ``--device-mbps`` rate, the device of ``path`` throttled."""
+    device: contextlib.AbstractContextManager[DeviceThrottle | None] = (
+        throttled_device(path) if args.device_mbps else contextlib.nullcontext())
+    with device as dev:  # every process of the run (the scans, each sampler's) reads through it
+        for mbps in device_rates(args.device_mbps):
+            head = [f"Device: {dev.set(mbps)}", ""] if dev is not None else []
+            print("\n".join(head + sections_at(path, n, args, trees, sections, dev)), flush=True)
 
 
 def main() -> None:
@@ -445,6 +469,9 @@ def main() -> None:
     ap.add_argument("--device-mbps", help="comma-separated read rates in MB/s: every section runs once at each "
                     "with the dataset's disk throttled to it (a device of known speed; needs root and a cgroup io "
                     "controller, else says so and runs unthrottled)")
+    ap.add_argument("--first-rows", default="ssd,large", help="first-epoch section's rows: ssd, large")
+    ap.add_argument("--loop-device", help="a tmpfs directory: the dataset is copied onto a loop device backed by an "
+                    "image file there for the run (with --device-mbps, that device is throttled; needs root)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -456,12 +483,10 @@ def main() -> None:
     path = synthetic_dataset(DATA.with_name(DATA.name + ("-quick" if args.quick else "")), n)
     trees = {"after": AFTER, **({"before": args.before} if args.before else {})}
     sections = set(args.sections.split(","))
-    device: contextlib.AbstractContextManager[DeviceThrottle | None] = (
-        throttled_device(path) if args.device_mbps else contextlib.nullcontext())
-    with device as dev:  # every process of the run (the scans, each sampler's) reads through it
-        for mbps in device_rates(args.device_mbps):
-            head = [f"Device: {dev.set(mbps)}", ""] if dev is not None else []
-            print("\n".join(head + sections_at(path, n, args, trees, sections, dev)), flush=True)
+    with contextlib.ExitStack() as stack:
+        if args.loop_device:
+            path = stack.enter_context(loop_device(path, Path(args.loop_device)))
+        run_sections(path, n, args, trees, sections)
 
 
 if __name__ == "__main__":
