@@ -27,7 +27,10 @@ Run: ``python benchmarks/sample.py [--quick] [--before /path/to/previous/tree] [
   seconds, so the "cold" device differs from run to run), its baseline being their geometric mean:
   drift that is linear over the three reads cancels, where a read before alone put all of it on
   the run. Ratios are taken between these paired figures; "read drift" is the spread of
-  after / before over the rounds (far from 1: the device changed under the run).
+  after / before over the rounds (far from 1: the device changed under the run). Each run also
+  reports what its process paid to touch fresh memory just before it ("first touch",
+  ``first_touch_cpu``): a first epoch allocates its SSD slots, batch buffers and page-cache pages,
+  and on a virtual machine that cost is set by the host and moves between runs like the device.
 * ``--device-mbps 300,800``: every section once at each rate, with reads of the dataset's disk
   throttled to it by a cgroup that this process and its children join (``_common.throttled_device``):
   on a virtual machine a dropped page cache leaves the host's, so an unthrottled "cold" read meets the
@@ -140,6 +143,7 @@ def worker(cfg: dict[str, Any]) -> dict[str, Any]:
         kw.update(static_cache=cfg["static_cache"])
     if cfg.get("node_sharing") is not None:
         kw.update(node_sharing=cfg["node_sharing"])
+    fresh = first_touch_cpu()
     base = _rss_kib()
     s = TieredSampler(path, **kw)
     epochs = []
@@ -158,7 +162,25 @@ def worker(cfg: dict[str, Any]) -> dict[str, Any]:
         epochs.append({"seconds": dt, "bytes": nbytes, "records": records, "cpu": cpu, "sys": _sys_cpu() - sys0,
                        "disk": s.stats.disk.bytes_read - disk0, "first": first or 0.0})  # fmt: skip
     plan = [s.ram_block, s.static_cache] if not new else [*s.block_schedule, s.static_cache]
-    return {"epochs": epochs, "peak_rss": _peak_rss_kib() * 1024, "base_rss": base * 1024, "plan": plan}
+    return {"epochs": epochs, "peak_rss": _peak_rss_kib() * 1024, "base_rss": base * 1024, "plan": plan,
+            "fresh": fresh}  # fmt: skip
+
+
+def first_touch_cpu(nbytes: int = 64 << 20) -> float:
+    """CPU seconds per GB this process spends touching ``nbytes`` of fresh anonymous memory once (a
+    page fault, allocation and zeroing a page): what a first epoch pays for its slot files, batch
+    buffers and page-cache pages. On a virtual machine it can dwarf the copy (the host backs a guest
+    page on its first touch) and drift between runs, so each run reports it next to its figures."""
+    m = mmap.mmap(-1, nbytes)
+    try:
+        pages = np.frombuffer(m, dtype=np.uint8)
+        c0 = time.process_time()
+        pages[:: mmap.PAGESIZE] = 1
+        cpu = time.process_time() - c0
+        del pages
+    finally:
+        m.close()
+    return cpu / (nbytes / 1e9)
 
 
 def _sys_cpu() -> float:
@@ -356,6 +378,7 @@ def first_epochs(path: Path, n: int, batch: int, trees: dict[str, str], rounds: 
                 r["drift"] = after["mbps"] / plain["mbps"]
                 r["sys_per_gb"] = res["epochs"][0]["sys"] / (res["epochs"][0]["bytes"] / 1e9)
                 r["device"] = (read1 - read0) / res["epochs"][0]["bytes"] if dev is not None else -1.0
+                r["fresh"] = res.get("fresh", -1.0)
             for label, (_, ref) in runs.items():
                 r = dict(base[label])
                 r["ratio"] = r["own"] / (base[ref]["own"] if ref in base else 1.0)
@@ -369,10 +392,13 @@ def first_epochs(path: Path, n: int, batch: int, trees: dict[str, str], rounds: 
         "the geometric mean of those two reads, 'read drift' the after / before of those reads [min-max], "
         "and a ratio against another row divides the two rows' 'x own read'; median [min-max] over the rounds; "
         "'of which kernel': the CPU s/GB spent in the kernel (first touch of new memory is most of what "
-        "differs between rows); 'device / delivered': the bytes the run read from the throttled device over those it delivered",
+        "differs between rows); 'device / delivered': the bytes the run read from the throttled device over those it "
+        "delivered; 'first touch': the CPU s/GB the run's process spent touching 64 MiB of fresh memory before it "
+        "(first_touch_cpu) [min-max]",
         "",
-        "| | tree | MB/s | CPU s/GB | of which kernel | x own read | read drift | ratio | against | device / delivered |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|---:|",
+        "| | tree | MB/s | CPU s/GB | of which kernel | x own read | read drift | ratio | against | device / delivered "
+        "| first touch |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for label, (_, ref) in runs.items():
         for name in trees:
@@ -381,10 +407,11 @@ def first_epochs(path: Path, n: int, batch: int, trees: dict[str, str], rounds: 
             spread = f"{med(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}]" if ref else ""
             against = {"raw": "raw scan (cold)", "plain": "plain read of the cached files"}.get(ref or "", ref or "")
             device = f"{med(r['device'] for r in rs):.2f}" if dev is not None else ""
-            drift = [r["drift"] for r in rs]
+            drift, fresh = [r["drift"] for r in rs], [r["fresh"] for r in rs]
             lines.append(f"| {label} | {name} | {med(r['mbps'] for r in rs):,.0f} | {med(r['cpu_per_gb'] for r in rs):.3f} "
                          f"| {med(r['sys_per_gb'] for r in rs):.3f} | {med(r['own'] for r in rs):.2f} "
-                         f"| {med(drift):.2f} [{min(drift):.2f}-{max(drift):.2f}] | {spread} | {against} | {device} |")
+                         f"| {med(drift):.2f} [{min(drift):.2f}-{max(drift):.2f}] | {spread} | {against} | {device} "
+                         f"| {med(fresh):.2f} [{min(fresh):.2f}-{max(fresh):.2f}] |")
     return lines
 
 
