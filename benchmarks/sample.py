@@ -27,12 +27,23 @@ Run: ``python benchmarks/sample.py [--quick] [--before /path/to/previous/tree] [
   seconds, so the "cold" device differs from run to run), its baseline being their geometric mean:
   drift that is linear over the three reads cancels, where a read before alone put all of it on
   the run. Ratios are taken between these paired figures; "read drift" is the spread of
-  after / before over the rounds (far from 1: the device changed under the run).
+  after / before over the rounds (far from 1: the device changed under the run). Each run also
+  reports what its process paid to touch fresh memory just before it ("first touch",
+  ``first_touch_cpu``): a first epoch allocates its SSD slots, batch buffers and page-cache pages,
+  and on a virtual machine that cost is set by the host and moves between runs like the device.
 * ``--device-mbps 300,800``: every section once at each rate, with reads of the dataset's disk
   throttled to it by a cgroup that this process and its children join (``_common.throttled_device``):
   on a virtual machine a dropped page cache leaves the host's, so an unthrottled "cold" read meets the
   host's cache one run and the disk the next; a rate below both makes the device's speed known. The
   tables are headed by the rate (or by why the device could not be throttled: then it runs as without).
+* ``--loop-device DIR``: the dataset copied onto a loop device backed by an image file in ``DIR``
+  (a tmpfs, e.g. ``/dev/shm``; ``_common.loop_device``) for the whole run, and with
+  ``--device-mbps`` that device throttled: the guest's own memory behind a throttle of known rate,
+  no host page cache (which makes the virtual disk's "cold" reads 800 MB/s at one moment and
+  2.4 GB/s at the next even under the throttle's cap; measured here: the SSD row's spread over
+  runs of one tree, RESULTS.md). Needs root.
+* ``--first-rows ssd,large``: which rows the first-epoch section runs (the SSD tier's two, the large
+  budget's four).
 * ``--io-modes``: the bottom tier's read modes on one sparse block: buffered ``preadv`` after
   announcing every run (what the reader does) against ``O_DIRECT`` reads from a thread pool.
 
@@ -61,7 +72,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import DeviceThrottle, device_rates, drop_cache, synthetic_dataset, throttled_device
+from _common import DeviceThrottle, device_rates, drop_cache, loop_device, synthetic_dataset, throttled_device
 
 from shardkit.formats import open_dataset
 
@@ -73,6 +84,8 @@ DENSITIES = (0.01, 0.05, 0.20)
 BUDGETS = (0.05, 0.25, 1.0, 2.0)
 EPOCHS = 3
 AFTER = str(HERE.parent)
+#: The first-epoch section's row groups (``--first-rows``): the SSD tier's rows, the large budget's.
+FIRST_ROWS = frozenset({"ssd", "large"})
 
 
 # ---------------------------------------------------------------------------------------------- baselines
@@ -130,6 +143,7 @@ def worker(cfg: dict[str, Any]) -> dict[str, Any]:
         kw.update(static_cache=cfg["static_cache"])
     if cfg.get("node_sharing") is not None:
         kw.update(node_sharing=cfg["node_sharing"])
+    fresh = first_touch_cpu()
     base = _rss_kib()
     s = TieredSampler(path, **kw)
     epochs = []
@@ -148,7 +162,25 @@ def worker(cfg: dict[str, Any]) -> dict[str, Any]:
         epochs.append({"seconds": dt, "bytes": nbytes, "records": records, "cpu": cpu, "sys": _sys_cpu() - sys0,
                        "disk": s.stats.disk.bytes_read - disk0, "first": first or 0.0})  # fmt: skip
     plan = [s.ram_block, s.static_cache] if not new else [*s.block_schedule, s.static_cache]
-    return {"epochs": epochs, "peak_rss": _peak_rss_kib() * 1024, "base_rss": base * 1024, "plan": plan}
+    return {"epochs": epochs, "peak_rss": _peak_rss_kib() * 1024, "base_rss": base * 1024, "plan": plan,
+            "fresh": fresh}  # fmt: skip
+
+
+def first_touch_cpu(nbytes: int = 64 << 20) -> float:
+    """CPU seconds per GB this process spends touching ``nbytes`` of fresh anonymous memory once (a
+    page fault, allocation and zeroing a page): what a first epoch pays for its slot files, batch
+    buffers and page-cache pages. On a virtual machine it can dwarf the copy (the host backs a guest
+    page on its first touch) and drift between runs, so each run reports it next to its figures."""
+    m = mmap.mmap(-1, nbytes)
+    try:
+        pages = np.frombuffer(m, dtype=np.uint8)
+        c0 = time.process_time()
+        pages[:: mmap.PAGESIZE] = 1
+        cpu = time.process_time() - c0
+        del pages
+    finally:
+        m.close()
+    return cpu / (nbytes / 1e9)
 
 
 def _sys_cpu() -> float:
@@ -308,10 +340,11 @@ def ssd_tier(path: Path, n: int, batch: int, trees: dict[str, str], rounds: int,
 
 
 def first_epochs(path: Path, n: int, batch: int, trees: dict[str, str], rounds: int, ram: int, ssd: int,
-                 dev: DeviceThrottle | None = None) -> list[str]:  # fmt: skip
+                 dev: DeviceThrottle | None = None, groups: frozenset[str] = FIRST_ROWS) -> list[str]:  # fmt: skip
     """Epoch 1 of fresh runs (see module docstring); every ratio is taken within its round. With a
     throttled ``dev``, each run's bytes read from the device over the bytes it delivered: 1.0 for a cold
-    epoch that reads every record once, less where the guest's page cache still held some."""
+    epoch that reads every record once, less where the guest's page cache still held some. ``groups``:
+    the rows run (:data:`FIRST_ROWS`)."""
     dev = dev if dev is not None and dev.cgroup is not None else None
     big = 2 * n * REC
     runs = {  # label: (run config, baseline label or "raw"/"plain")
@@ -324,6 +357,8 @@ def first_epochs(path: Path, n: int, batch: int, trees: dict[str, str], rounds: 
         "ram_size 2x dataset, node_sharing=False (warm)": (dict(cold=False, ram=big, node_sharing=False),
                                                            "static_cache=0 (warm)"),
     }
+    ssd_rows = ("tiers=ram (cold)", "tiers=ram,ssd on tmpfs (cold)")
+    runs = {k: v for k, v in runs.items() if ("ssd" if k in ssd_rows else "large") in groups}
     rows: dict[tuple[str, str], list[dict[str, float]]] = {}
     for _ in range(rounds):
         for name, tree in trees.items():
@@ -343,6 +378,7 @@ def first_epochs(path: Path, n: int, batch: int, trees: dict[str, str], rounds: 
                 r["drift"] = after["mbps"] / plain["mbps"]
                 r["sys_per_gb"] = res["epochs"][0]["sys"] / (res["epochs"][0]["bytes"] / 1e9)
                 r["device"] = (read1 - read0) / res["epochs"][0]["bytes"] if dev is not None else -1.0
+                r["fresh"] = res.get("fresh", -1.0)
             for label, (_, ref) in runs.items():
                 r = dict(base[label])
                 r["ratio"] = r["own"] / (base[ref]["own"] if ref in base else 1.0)
@@ -356,10 +392,13 @@ def first_epochs(path: Path, n: int, batch: int, trees: dict[str, str], rounds: 
         "the geometric mean of those two reads, 'read drift' the after / before of those reads [min-max], "
         "and a ratio against another row divides the two rows' 'x own read'; median [min-max] over the rounds; "
         "'of which kernel': the CPU s/GB spent in the kernel (first touch of new memory is most of what "
-        "differs between rows); 'device / delivered': the bytes the run read from the throttled device over those it delivered",
+        "differs between rows); 'device / delivered': the bytes the run read from the throttled device over those it "
+        "delivered; 'first touch': the CPU s/GB the run's process spent touching 64 MiB of fresh memory before it "
+        "(first_touch_cpu) [min-max]",
         "",
-        "| | tree | MB/s | CPU s/GB | of which kernel | x own read | read drift | ratio | against | device / delivered |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|---:|",
+        "| | tree | MB/s | CPU s/GB | of which kernel | x own read | read drift | ratio | against | device / delivered "
+        "| first touch |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for label, (_, ref) in runs.items():
         for name in trees:
@@ -368,10 +407,11 @@ def first_epochs(path: Path, n: int, batch: int, trees: dict[str, str], rounds: 
             spread = f"{med(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}]" if ref else ""
             against = {"raw": "raw scan (cold)", "plain": "plain read of the cached files"}.get(ref or "", ref or "")
             device = f"{med(r['device'] for r in rs):.2f}" if dev is not None else ""
-            drift = [r["drift"] for r in rs]
+            drift, fresh = [r["drift"] for r in rs], [r["fresh"] for r in rs]
             lines.append(f"| {label} | {name} | {med(r['mbps'] for r in rs):,.0f} | {med(r['cpu_per_gb'] for r in rs):.3f} "
                          f"| {med(r['sys_per_gb'] for r in rs):.3f} | {med(r['own'] for r in rs):.2f} "
-                         f"| {med(drift):.2f} [{min(drift):.2f}-{max(drift):.2f}] | {spread} | {against} | {device} |")
+                         f"| {med(drift):.2f} [{min(drift):.2f}-{max(drift):.2f}] | {spread} | {against} | {device} "
+                         f"| {med(fresh):.2f} [{min(fresh):.2f}-{max(fresh):.2f}] |")
     return lines
 
 
@@ -425,10 +465,21 @@ def sections_at(path: Path, n: int, args: argparse.Namespace, trees: dict[str, s
     if "ssd" in sections:
         out += [*ssd_tier(path, n, args.batch, trees, args.rounds, ram, ssd), ""]
     if "first" in sections:
-        out += [*first_epochs(path, n, args.batch, trees, args.rounds, ram, ssd, dev), ""]
+        groups = frozenset(args.first_rows.split(","))
+        out += [*first_epochs(path, n, args.batch, trees, args.rounds, ram, ssd, dev, groups), ""]
     if args.io_modes:
         out += io_modes(path, n)
     return out
+
+
+def run_sections(path: Path, n: int, args: argparse.Namespace, trees: dict[str, str], sections: set[str]) -> None:
+    """Print the chosen sections at each ``--device-mbps`` rate, the device of ``path`` throttled."""
+    device: contextlib.AbstractContextManager[DeviceThrottle | None] = (
+        throttled_device(path) if args.device_mbps else contextlib.nullcontext())
+    with device as dev:  # every process of the run (the scans, each sampler's) reads through it
+        for mbps in device_rates(args.device_mbps):
+            head = [f"Device: {dev.set(mbps)}", ""] if dev is not None else []
+            print("\n".join(head + sections_at(path, n, args, trees, sections, dev)), flush=True)
 
 
 def main() -> None:
@@ -445,6 +496,9 @@ def main() -> None:
     ap.add_argument("--device-mbps", help="comma-separated read rates in MB/s: every section runs once at each "
                     "with the dataset's disk throttled to it (a device of known speed; needs root and a cgroup io "
                     "controller, else says so and runs unthrottled)")
+    ap.add_argument("--first-rows", default="ssd,large", help="first-epoch section's rows: ssd, large")
+    ap.add_argument("--loop-device", help="a tmpfs directory: the dataset is copied onto a loop device backed by an "
+                    "image file there for the run (with --device-mbps, that device is throttled; needs root)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -456,12 +510,10 @@ def main() -> None:
     path = synthetic_dataset(DATA.with_name(DATA.name + ("-quick" if args.quick else "")), n)
     trees = {"after": AFTER, **({"before": args.before} if args.before else {})}
     sections = set(args.sections.split(","))
-    device: contextlib.AbstractContextManager[DeviceThrottle | None] = (
-        throttled_device(path) if args.device_mbps else contextlib.nullcontext())
-    with device as dev:  # every process of the run (the scans, each sampler's) reads through it
-        for mbps in device_rates(args.device_mbps):
-            head = [f"Device: {dev.set(mbps)}", ""] if dev is not None else []
-            print("\n".join(head + sections_at(path, n, args, trees, sections, dev)), flush=True)
+    with contextlib.ExitStack() as stack:
+        if args.loop_device:
+            path = stack.enter_context(loop_device(path, Path(args.loop_device)))
+        run_sections(path, n, args, trees, sections)
 
 
 if __name__ == "__main__":

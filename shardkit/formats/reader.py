@@ -413,6 +413,26 @@ def _scatter_rows(rows: list[np.ndarray], which: np.ndarray, row: np.ndarray, pi
         np.put(recs(int(grouped[lo])), dst[lo:hi], np.take(src_all, src[lo:hi]))
 
 
+def gather_into(source: np.ndarray, keys: np.ndarray, dest: Destination) -> None:
+    """Records ``source[keys[j]]`` (``source``: ``[n, record_nbytes]`` uint8 rows in memory, e.g. a
+    mapped file) into ``dest``'s rows, as :meth:`PayloadArray.read_into` would read them from a file.
+    A block's batches (:attr:`Destination.consecutive`) take one ``np.take`` per buffer straight into
+    its consecutive rows, a single copy of each record; other destinations go through
+    :func:`_scatter_rows`."""
+    rows = SortedRequest.byte_rows(dest)
+    src = _records(source)
+    if dest.consecutive is None:
+        _scatter_rows(rows, dest.which, dest.rows, source, keys)
+        return
+    offset, per = dest.consecutive
+    j, n = 0, int(keys.size)
+    while j < n:
+        b, r = divmod(offset + j, per) if len(rows) > 1 else (0, offset + j)
+        k = min(n - j, per - r) if len(rows) > 1 else n - j
+        np.take(src, keys[j : j + k], axis=0, out=rows.records(b)[r : r + k], mode="clip")
+        j += k
+
+
 def byte_records(array: np.ndarray) -> np.ndarray:
     """A C-contiguous ``[n, *record_shape]`` array as ``n`` opaque records (see :func:`_records`)."""
     return _records(array.reshape(array.shape[0], -1).view(np.uint8))

@@ -23,7 +23,7 @@ from shardkit.errors import OutOfSpaceError, SamplerError, TruncatedShardError
 from shardkit.formats import PayloadArray
 from shardkit.formats.index import ShardIndex
 from shardkit.formats.mapping import populate
-from shardkit.formats.reader import ReadStats
+from shardkit.formats.reader import Destination, ReadStats, gather_into
 from shardkit.formats.spec import ShardInfo
 from shardkit.stopping import Stopped
 from shardkit.stores.atomic import is_out_of_space
@@ -60,9 +60,13 @@ class RecordSource(Protocol):
 
 class ScratchRecords(PayloadArray):
     """Records ``0 .. count - 1`` of one slot file (one dense shard, through the slot's own
-    descriptor), read with the dataset reader's read path."""
+    descriptor), read with the dataset reader's read path, or, given the slot's shared mapping
+    (``mapped``, a slot on tmpfs), copied from it: one ``memcpy`` a record from pages already in
+    the process's page tables, where a ``preadv`` looks each page up in the file and copies it in the
+    kernel, and the read plan sorts and plans every block first."""
 
-    def __init__(self, fd: int, path: Path, like: RecordSource, count: int, stats: ReadStats, gap_bytes: int) -> None:
+    def __init__(self, fd: int, path: Path, like: RecordSource, count: int, stats: ReadStats, gap_bytes: int,
+                 mapped: mmap.mmap | None = None) -> None:  # fmt: skip
         rec = like.record_nbytes
         size = os.fstat(fd).st_size
         if size < count * rec:
@@ -76,6 +80,26 @@ class ScratchRecords(PayloadArray):
         self._init_state([ShardInfo(path.name, 0, count, count * rec, 0)], stats, gap_bytes)
         self._slot_fd = fd
         self._dense = ShardIndex.dense(count, self.records_per_shard, rec)
+        self._mapped: np.ndarray | None = None
+        if mapped is not None and len(mapped) >= count * rec:
+            self._mapped = np.frombuffer(mapped, dtype=np.uint8, count=count * rec).reshape(count, rec)
+
+    def read_into(self, keys: np.ndarray | list[int], dest: Destination) -> None:
+        """:meth:`PayloadArray.read_into`, from the slot's mapping when it has one (each record
+        counted as one request of its bytes)."""
+        if self._mapped is None:
+            super().read_into(keys, dest)
+            return
+        keys = np.asarray(keys, dtype=np.int64).reshape(-1)
+        dest.check(keys.size, self.record.shape, self.dtype, str(self.path))
+        if keys.size == 0:
+            return
+        if int(keys.min()) < 0 or int(keys.max()) >= self.num_records:
+            raise IndexError(f"{self.path}: record key outside [0, {self.num_records})")
+        gather_into(self._mapped, keys, dest)
+        starts = keys * self.record_nbytes
+        self.stats.add_runs(str(self.path), starts, starts + self.record_nbytes)
+        self.stats.add_records(int(keys.size))
 
     def _fd(self, i: int) -> int:
         return self._slot_fd
@@ -372,7 +396,7 @@ class ReservoirSlots:
 
     def records(self, slot: int, count: int, stats: ReadStats, gap_bytes: int) -> ScratchRecords:
         """The ``count`` records just written to slot ``slot``, for reading back."""
-        return ScratchRecords(self._fds[slot], self.paths[slot], self._like, count, stats, gap_bytes)
+        return ScratchRecords(self._fds[slot], self.paths[slot], self._like, count, stats, gap_bytes, self._maps[slot])
 
     def close(self) -> None:
         """Stop the writer thread and close the slot files (idempotent; the files go with the

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import subprocess
 import time
 from pathlib import Path
 from types import ModuleType
@@ -107,3 +109,27 @@ def test_cgroup_removed_when_a_child_is_still_exiting(common: ModuleType, tmp_pa
         monkeypatch.setattr(Path, "rmdir", rmdir)
     assert cgroup is None or (not cgroup.exists() and busy == [0])
     assert not [r for r in caplog.records if "could not remove" in r.getMessage()]
+
+
+def _can_loop() -> bool:
+    """Root, ``losetup`` and ``mkfs.ext4``: the dataset can be put on a loop device."""
+    return os.geteuid() == 0 and all(shutil.which(t) for t in ("losetup", "mkfs.ext4", "mount"))
+
+
+def test_loop_device_holds_a_copy_on_its_own_device(common: ModuleType, tmp_path: Path) -> None:
+    data = tmp_path / "ds"
+    (data / "shards").mkdir(parents=True)
+    payload = os.urandom(3 << 20)
+    (data / "shards" / "0").write_bytes(payload)
+    if not _can_loop():
+        with pytest.raises((OSError, subprocess.CalledProcessError)), common.loop_device(data, tmp_path / "img"):
+            pass
+        return
+    with common.loop_device(data, tmp_path / "img") as copy, common.throttled_device(copy) as dev:
+        st = os.stat(copy / "shards" / "0").st_dev
+        assert (copy / "shards" / "0").read_bytes() == payload and st != os.stat(data).st_dev
+        assert Path(f"/sys/dev/block/{os.major(st)}:{os.minor(st)}/loop/backing_file").read_text().startswith(
+            str(tmp_path / "img"))  # fmt: skip
+        assert dev.device == f"{os.major(st)}:{os.minor(st)}"  # the throttle limits the loop device
+    assert not os.path.ismount(copy.parent) and list((tmp_path / "img").iterdir()) == []
+    assert str(tmp_path / "img") not in subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout

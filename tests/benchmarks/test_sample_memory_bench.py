@@ -25,6 +25,7 @@ def test_sample_worker_measures_every_epoch(tmp_path: Path, monkeypatch: pytest.
     assert [e["records"] for e in res["epochs"]] == [n, n]
     assert res["epochs"][0]["disk"] >= n * bench.REC and res["epochs"][1]["disk"] == 0  # the budget caches it all
     assert res["peak_rss"] >= res["base_rss"] > 0 and res["plan"][-1] == n
+    assert res["fresh"] >= 0 and bench.first_touch_cpu(1 << 20) >= 0  # the run's first-touch probe is reported
     forced = bench.worker({"path": str(path), "records": n, "batch": 8, "epochs": 1, "cold": True, "block": 16})
     assert forced["plan"][:2] == [16, 16] and forced["plan"][2] == 0  # blocks of 16 records, no cache
     raw = bench.scan(path, cold=False)

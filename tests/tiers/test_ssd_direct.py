@@ -5,6 +5,7 @@ never leaves a slot that looks written."""
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import subprocess
 import threading
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 
 from shardkit.formats import Dataset
+from shardkit.formats.reader import Destination, ReadStats
 from shardkit.profiling.phases import evict_page_cache
 from shardkit.readers import TieredSampler
 from shardkit.tiers import ssd_direct, ssd_slots
@@ -225,3 +227,71 @@ def test_the_next_reservoir_is_read_before_the_one_before_is_passed_on(tmp_path:
     put = [size for what, size in events if what == "put"]
     assert len(put) >= 3 and submitted == put and sum(put) == n
     assert [what for what, _ in events[:3]] == ["submit", "submit", "put"]  # reservoir 1 in flight before 0 is passed on
+
+
+@pytest.mark.parametrize("cold", [True, False])
+def test_mapped_slots_are_read_back_from_their_mapping(tmp_path: Path, tmpfs_slots: Path,
+                                                       monkeypatch: pytest.MonkeyPatch, cold: bool) -> None:  # fmt: skip
+    """A slot mapped for direct reads is read back by copying from the mapping, whether the device
+    (cold) or the in-kernel copy (cached) wrote it: no ``preadv`` of a slot file, every batch right,
+    and the read-back counted in the SSD tier's statistics."""
+    n, epochs = 41, 2
+    ds = make_dataset(tmp_path / "ds", n, records_per_shard=5, shape=BIG)
+    if cold:
+        assert evict_page_cache(ds)
+    else:
+        with Dataset(ds) as d:
+            d.payload.read(np.arange(n))
+    slot_reads: list[int] = []
+    real_preadv = os.preadv
+
+    def preadv(fd: int, buffers: list[memoryview], offset: int, *args: object) -> int:
+        with_name = os.readlink(f"/proc/self/fd/{fd}")
+        if ssd_slots.SLOT_PREFIX in os.path.basename(with_name):
+            slot_reads.append(offset)
+        return real_preadv(fd, buffers, offset, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "preadv", preadv)
+    s = _sampler(ds, tmpfs_slots, epochs)
+    keys = np.concatenate(collect(s)).reshape(epochs, n)  # collect checks every batch's bytes
+    for e in range(epochs):
+        assert sorted(keys[e].tolist()) == list(range(n))
+    assert slot_reads == []
+    assert s.stats.ssd.bytes_read == epochs * n * BIG_REC and s.stats.ssd.records == epochs * n
+
+
+def test_read_back_from_the_mapping_matches_the_file_read(tmp_path: Path) -> None:
+    """The mapping's read-back puts the same bytes in the same rows as the file's read path, for a
+    block's consecutive batches and for scattered rows, duplicates included."""
+    n = 23
+    ds = make_dataset(tmp_path / "ds", n, records_per_shard=5, shape=BIG)
+    with Dataset(ds) as d:
+        src = d.payload.read(np.arange(n))
+        path = tmp_path / "slot"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            os.pwrite(fd, src.tobytes(), 0)
+            m = mmap.mmap(fd, n * BIG_REC)
+            rng = np.random.default_rng(1)
+            keys = np.concatenate([rng.permutation(n), rng.integers(0, n, 5)])
+            k = keys.size
+            rows = rng.permutation(k)
+            outs: list[list[np.ndarray]] = []
+            for mapped in (None, m):
+                rec = ssd_slots.ScratchRecords(fd, path, d.payload, n, ReadStats(), 0, mapped)
+                batches = [np.zeros_like(d.payload.empty(4)) for _ in range(-(-(k + 1) // 4))]  # rows left unread match
+                rec.read_into(keys, Destination(tuple(batches), *np.divmod(np.arange(k) + 1, 4), (1, 4)))
+                scattered = [np.zeros_like(d.payload.empty(k)) for _ in range(2)]
+                which = np.arange(k) % 2
+                rec.read_into(keys, Destination(tuple(scattered), which, rows))
+                outs.append(batches + scattered)
+                assert rec.stats.records == 2 * k  # the mapping's copies: every record its own request
+                assert rec.stats.bytes_read == 2 * (k if mapped is not None else n) * BIG_REC
+            for a, b in zip(*outs):
+                np.testing.assert_array_equal(a, b)
+            flat = np.concatenate(outs[1][: len(outs[1]) - 2])[1 : k + 1]
+            np.testing.assert_array_equal(flat, src[keys])
+            del rec  # its view of the mapping
+            m.close()
+        finally:
+            os.close(fd)

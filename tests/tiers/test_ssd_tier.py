@@ -57,6 +57,13 @@ def test_kernel_copy_reads_each_record_once_in_ascending_offsets(tmp_path: Path,
         real_read_into(self, keys, dest)  # type: ignore[arg-type]
 
     monkeypatch.setattr(PayloadArray, "read_into", tracking)
+    real_scratch = ScratchRecords.read_into
+
+    def scratch_tracking(self: ScratchRecords, keys: np.ndarray, dest: object) -> None:
+        read_into_calls.append(type(self).__name__)
+        real_scratch(self, keys, dest)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ScratchRecords, "read_into", scratch_tracking)
     trace: list[tuple[str, int, int]] = []
     real_copy = PayloadArray.copy_to_file
 
