@@ -24,7 +24,9 @@ For each added latency and each of ``--rounds`` repetitions:
 * ``--sweep``: the bare no-cache epoch at several ``remote_gap_bytes`` thresholds.
 
 Each measurement reports MB/s of payload delivered, its ratio to raw GET, the time to the first batch
-(64 records), the bytes and requests the proxy relayed during the epoch, and whether the records
+(64 records), the bytes and requests the proxy relayed during the epoch, the reader's CPU per GB and
+the server's and proxy's (``server_cpu_s_per_GB``: they share the machine's cores with the reader, so a
+reader that costs the machine more CPU per GB leaves the server less), and whether the records
 equal a local run's (:class:`_remote_peers.EpochCheck`: the key in each record's first bytes and a
 1-in-4096 byte sample; "order" when the sequence is also the local run's). The output is a markdown
 table for RESULTS.md (medians over the rounds with min-max) and, with ``--json``, every measurement.
@@ -332,6 +334,17 @@ def _cpu_s() -> float:
     better than wall time; the server and the proxy run in other processes."""
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, all threads) process ``pid`` used so far, from ``/proc`` (0.0
+    where it cannot be read): the server's and the proxy's share of the machine's two cores."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def raw_whole_objects(url: str, keys: list[str], concurrency: int) -> tuple[float, float]:
@@ -766,19 +779,28 @@ def main() -> None:
                     print(f"  {SYSTEMS.get(system, system):<22} epoch {e}: {m['MB/s']:7.0f} MB/s  ratio {m['ratio']:.2f}  "
                           f"first batch {m.get('first_batch_s', 0):.2f} s  {m.get('fetched_MB', 0):.0f} MB in "
                           f"{m.get('requests', 0)} requests  {m.get('same_as_local', '')}  "
-                          f"CPU {m.get('cpu_s_per_GB', 0):.2f} s/GB{tail}", flush=True)
+                          f"CPU {m.get('cpu_s_per_GB', 0):.2f} s/GB (server+proxy "
+                          f"{m.get('server_cpu_s_per_GB', 0):.2f}){tail}", flush=True)
 
         for lat in latencies:
             proxy = DelayProxy(server.port, lat)
+
+            def server_cpu(proxy: DelayProxy = proxy) -> float:
+                """The server's and the proxy's CPU so far: with the reader's, what a GB costs the machine."""
+                return (process_cpu_s(server.proc.pid) if server.proc else 0.0) + process_cpu_s(proxy.proc.pid)
+
             os.environ["AWS_ENDPOINT_URL"] = proxy.endpoint
             try:
                 for rnd in range(1, a.rounds + 1):
                     t_round = time.perf_counter()
+                    others = server_cpu()
                     raw_m = raw_get(url, keys, proxy)
+                    raw_m["server_cpu_s_per_GB"] = (server_cpu() - others) / 3 / (data_mb / 1e3)  # three passes
                     raw = raw_m["MB/s"]
                     print(f"\n+{lat:g} ms, round {rnd}: raw GET {raw:.0f} MB/s ({raw_m['concurrency']} in flight)", flush=True)
                     record(lat, rnd, "raw", [raw_m], raw)
                     for system in systems[1:]:
+                        others = server_cpu()
                         ms: list[Measurement]
                         if system == "rawranged":
                             ms = [raw_ranged(url, shard_keys, proxy, shard_records, rec_bytes)]
@@ -799,6 +821,8 @@ def main() -> None:
                                 ms = run(url, a.records, 2, proxy, a.workers, **opts)
                             else:
                                 ms = shardkit_bare(url, a.records, 2, proxy, **opts)
+                        if ms and system not in PEERS:  # (the peers' cache is written by the peer script)
+                            ms[0]["server_cpu_s_per_GB"] = (server_cpu() - others) / (data_mb / 1e3)
                         record(lat, rnd, system, ms, raw)
                     for g in [x for x in a.sweep.split(",") if x]:
                         gap = parse_bytes(g, what="--sweep", allow_zero=True)

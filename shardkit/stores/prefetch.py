@@ -101,15 +101,29 @@ def demand_gap_pages() -> int:
 #: How often a process waiting on another's copy looks at its progress map, and checks the filler lives.
 POLL_SECONDS = 0.005
 _ALIVE_EVERY = 40
-#: How often a filler's watcher looks at the cache's ask counter (:meth:`ShardCache.ask`): a page
-#: another process asked for is noticed within this, whatever the fetch threads are doing.
+#: How often a filler's watcher looks at the cache's ask counter (:meth:`ShardCache.ask`) while
+#: other processes ask (within :data:`ASKING_SECONDS` of the counter's last change): their pages
+#: are noticed within this, whatever the fetch threads are doing.
 ASK_POLL_SECONDS = 0.002
+#: How often it looks while nobody else asked lately (a process reading alone, the usual case): the
+#: first ask of another process is noticed within this, the ones after it within ASK_POLL_SECONDS.
+QUIET_POLL_SECONDS = 0.02
+#: How long after the ask counter changed the watcher keeps looking every ASK_POLL_SECONDS.
+ASKING_SECONDS = 1.0
 #: How often the watcher reads every copy's map even when the counter did not change (a safety net).
 _WANTED_POLL_SECONDS = 0.1
 #: How long an idle fetch thread sleeps when nobody wakes it (a safety net: work is notified).
 _IDLE_SECONDS = 1.0
 #: Tests set this to an unset Event to hold back the background order (demanded pages still flow).
 hold_background: threading.Event | None = None
+
+
+def ask_poll_seconds(since_ask: float) -> float:
+    """The watcher's next look at the ask counter, ``since_ask`` seconds after it last changed:
+    soon while other processes ask, else rarely. Why: each look wakes a thread that takes the GIL
+    from the fetch threads, and a process reading alone never changes the counter (its own
+    readers ask the fetch threads directly); docs/design.md §9 (*Shard cache*)."""
+    return ASK_POLL_SECONDS if since_ask < ASKING_SECONDS else QUIET_POLL_SECONDS
 
 
 def _background_held() -> bool:
@@ -610,9 +624,11 @@ class ShardPrefetcher:
 
     def _watch(self) -> None:
         """While there are fills: look at the copies' maps as soon as another process asked for
-        pages (the cache's ask counter changed) and wake as many fetch threads as the new requests
-        make parts, so they are fetched next whatever the threads are doing (docs/design.md §9)."""
-        last, scanned = b"", 0.0
+        pages (the cache's ask counter changed: looked at every :func:`ask_poll_seconds`) and wake
+        as many fetch threads as the new requests make parts, so they are fetched next whatever the
+        threads are doing (docs/design.md §9)."""
+        last: bytes | None = None
+        scanned, heard = 0.0, -math.inf
         while not self._stopped.is_set():
             if not self._fills:
                 self._filling.clear()
@@ -621,10 +637,12 @@ class ShardPrefetcher:
                     continue
             mark = self.cache.asked()
             now = time.monotonic()
+            if last is not None and mark != last:
+                heard = now  # another process asks: look often for a while
             if mark != last or now - scanned >= _WANTED_POLL_SECONDS:
                 last, scanned = mark, now
-                self._look_at_maps()
-            self._stopped.wait(ASK_POLL_SECONDS)
+                self._look_at_maps()  # (the first look finds what was asked before this started)
+            self._stopped.wait(ask_poll_seconds(now - heard))
 
     def _look_at_maps(self) -> None:
         """Read every fill's asked-for pages from its map and queue the new ones behind the demand

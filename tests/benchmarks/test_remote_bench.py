@@ -205,3 +205,16 @@ def test_download_summary_gives_the_tail_parts_and_fetch_cpu_per_gb(remote: Modu
     assert m["width"] == 19 and m["first_byte_s"] == pytest.approx(0.05)
     Pf.stats = PrefetchStats(in_flight=[(0.1, 1, 0)])
     assert remote._download_summary(Pf(), 110.0)["fetch_cpu_s_per_GB"] == 0.0
+
+
+def test_process_cpu_counts_a_process_cpu_and_reads_nothing_for_a_missing_one(remote: ModuleType) -> None:
+    """The server's and the proxy's CPU per GB come from ``/proc/<pid>/stat`` (all threads)."""
+    import os
+    import time
+
+    before = remote.process_cpu_s(os.getpid())
+    end = time.process_time() + 0.2
+    while time.process_time() < end:
+        pass
+    assert remote.process_cpu_s(os.getpid()) >= before + 0.1
+    assert remote.process_cpu_s(2**22 + 7) == 0.0  # above pid_max's default: no such process

@@ -650,3 +650,36 @@ def test_a_block_looks_each_shards_copy_up_once_not_per_run(dataset: tuple[Path,
         check_batch({"key": np.array(keys), **ds.read(keys)})
     assert len(keys) // SHARDS >= 20
     assert len(looks) <= 3 * SHARDS, looks
+
+
+def test_the_watcher_looks_rarely_until_another_process_asks(dataset: tuple[Path, str], held: threading.Event,
+                                                             tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process reading alone never changes the cache's ask counter, so its filler's watcher looks
+    at it every QUIET_POLL_SECONDS, not every ASK_POLL_SECONDS (each look wakes a thread that takes
+    the GIL from the fetch threads); once another process asks, it looks often again."""
+    monkeypatch.setattr(prefetch, "QUIET_POLL_SECONDS", 0.1)
+    looks: list[float] = []
+    real = cache_mod.ShardCache.asked
+
+    def asked(self: cache_mod.ShardCache) -> bytes:
+        looks.append(time.monotonic())
+        return real(self)
+
+    monkeypatch.setattr(cache_mod.ShardCache, "asked", asked)
+    _, url = dataset
+    with Dataset(url, cache_dir=_cache(tmp_path)) as ds:
+        ds.read(ONE_PER_SHARD)  # the three copies are being filled; the background is held
+        pf = ds.payload.prefetcher  # type: ignore[attr-defined]
+        time.sleep(0.2)
+        n = len(looks)
+        time.sleep(1.0)
+        alone = len(looks) - n
+        pf.cache.ask()  # what another process does after it marked pages in a copy's map
+        time.sleep(0.1)
+        n = len(looks)
+        time.sleep(0.3)
+        asking = len(looks) - n
+    assert alone <= 1.0 / 0.1 + 2  # a look every 0.1 s at most (load only makes fewer)
+    assert asking > alone * 0.3 / 1.0 + 2  # back to every ASK_POLL_SECONDS
+    assert prefetch.ask_poll_seconds(0.0) == prefetch.ASK_POLL_SECONDS
+    assert prefetch.ask_poll_seconds(prefetch.ASKING_SECONDS) == prefetch.QUIET_POLL_SECONDS
