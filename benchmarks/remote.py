@@ -20,7 +20,9 @@ For each added latency and each of ``--rounds`` repetitions:
 * **shardkit, cache_dir**: the same with a cache on the local disk (what the default does, in a
   directory emptied first): epoch 1 is cold, epoch 2 warm;
 * **loader(2)**: both through ``ShardIterableDataset(...).loader(num_workers=2)``, epochs 1 and 2
-  (``iter(loader)`` twice, as a training loop does);
+  (``iter(loader)`` twice, as a training loop does): their CPU is that of the main process and its workers
+  (``TreeCPU``: live workers from ``/proc/<pid>/stat``, exited ones from ``RUSAGE_CHILDREN``), also
+  split into main and workers;
 * ``--sweep``: the bare no-cache epoch at several ``remote_gap_bytes`` thresholds.
 
 Each measurement reports MB/s of payload delivered, its ratio to raw GET, the time to the first batch
@@ -336,15 +338,57 @@ def _cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def process_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system, all threads) process ``pid`` used so far, from ``/proc`` (0.0
-    where it cannot be read): the server's and the proxy's share of the machine's two cores."""
+def process_cpu_s(pid: int, children: bool = False) -> float:
+    """CPU seconds (user + system, all threads) process ``pid`` used so far, with ``children`` also
+    those of the children it has reaped, from ``/proc/<pid>/stat`` (0.0 where it cannot be read, e.g.
+    once it is gone): the server's and the proxy's share of the two cores, a DataLoader worker's."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return sum(int(x) for x in fields[11:15 if children else 13]) / os.sysconf("SC_CLK_TCK")
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (``/proc/<pid>/task/*/children``, Linux); [] elsewhere."""
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        for task in Path(f"/proc/{p}/task").glob("*/children"):
+            try:
+                kids = [int(x) for x in task.read_text().split()]
+            except OSError:
+                continue
+            out += kids
+            todo += kids
+    return out
+
+
+class TreeCPU:
+    """CPU seconds of this process and every process it started after this object was made (the
+    DataLoader's workers, the forked helper that reads the documents): this process from
+    ``getrusage(RUSAGE_SELF)``, children it has reaped from ``getrusage(RUSAGE_CHILDREN)``, and each
+    live descendant from ``/proc/<pid>/stat`` (its threads and its own reaped children). Processes that
+    were already running (the server and proxy when the loader runs in this interpreter) are left
+    out while they run (one reaped in between would be counted). A worker's CPU is counted while
+    it lives (persistent workers live across epochs), so a difference of two readings is what the
+    tree spent in between."""
+
+    def __init__(self) -> None:
+        self.before = set(_descendants(os.getpid()))
+        self.reaped0 = self._reaped()
+
+    @staticmethod
+    def _reaped() -> float:
+        r = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return r.ru_utime + r.ru_stime
+
+    def split(self) -> tuple[float, float]:
+        """(this process, the processes it started): CPU seconds so far."""
+        kids = sum(process_cpu_s(p, children=True) for p in _descendants(os.getpid()) if p not in self.before)
+        return _cpu_s(), kids + self._reaped() - self.reaped0
 
 
 def raw_whole_objects(url: str, keys: list[str], concurrency: int) -> tuple[float, float]:
@@ -412,8 +456,10 @@ def raw_ranged(url: str, keys: list[str], proxy: DelayProxy | None, counts: list
 
 
 def _epochs(iterate: Callable[[], Iterable[dict[str, Any]]], n: int, passes: int,
-            proxy: DelayProxy | None) -> list[Measurement]:
-    """Time ``passes`` passes of ``iterate()``: MB/s, first batch, the proxy's counts, the check."""
+            proxy: DelayProxy | None, tree: TreeCPU | None = None) -> list[Measurement]:
+    """Time ``passes`` passes of ``iterate()``: MB/s, first batch, the proxy's counts, the check.
+    With ``tree``, ``cpu_s_per_GB`` is that of the whole process tree (``TreeCPU``), split into
+    ``cpu_main_s_per_GB`` and ``cpu_workers_s_per_GB``."""
     out = []
     for _ in range(passes):
         before = proxy.counters() if proxy else {}
@@ -421,6 +467,7 @@ def _epochs(iterate: Callable[[], Iterable[dict[str, Any]]], n: int, passes: int
         nbytes = 0
         first = None
         t0, c0 = time.perf_counter(), _cpu_s()
+        split0 = tree.split() if tree else (0.0, 0.0)
         for batch in iterate():
             if first is None:
                 first = time.perf_counter() - t0
@@ -431,6 +478,10 @@ def _epochs(iterate: Callable[[], Iterable[dict[str, Any]]], n: int, passes: int
         m: Measurement = {"MB/s": nbytes / 1e6 / dt, "seconds": dt, "first_batch_s": first or 0.0,
                           "cpu_s_per_GB": (_cpu_s() - c0) / (nbytes / 1e9) if nbytes else 0.0,
                           "ended": time.monotonic(), **check.summary()}
+        if tree and nbytes:
+            main_s, kids_s = (b - a for a, b in zip(split0, tree.split()))
+            m.update(cpu_s_per_GB=(main_s + kids_s) / (nbytes / 1e9), cpu_main_s_per_GB=main_s / (nbytes / 1e9),
+                     cpu_workers_s_per_GB=kids_s / (nbytes / 1e9))
         if proxy:
             d = counter_delta(before, proxy.counters())
             m["fetched_MB"], m["requests"] = d["bytes"] / 1e6, d["requests"]
@@ -495,17 +546,19 @@ def shardkit_loader(location: str | Path, n: int, passes: int, proxy: Any, worke
                     **opts: Any) -> list[Measurement]:
     """``passes`` passes of ``ShardIterableDataset(...).loader(num_workers=workers)``; epoch 1's time,
     first batch, requests and bytes count from the dataset's construction (``setup_s`` of them), so
-    work moved there is not hidden; ``start_method``: how the workers started."""
+    work moved there is not hidden; ``start_method``: how the workers started. CPU is that of the
+    main process and every process it starts (``TreeCPU``), epoch 1's from its first ``iter``."""
     from shardkit.adapters.torch import ShardIterableDataset
 
     before = proxy.counters() if proxy else {}
+    tree = TreeCPU()
     t0 = time.perf_counter()
     ds = ShardIterableDataset(str(location), **opts)
     try:
         loader = ds.loader(num_workers=workers)
         setup = time.perf_counter() - t0
         during = counter_delta(before, proxy.counters()) if proxy else {}
-        ms = _epochs(lambda: loader, n, passes, proxy)
+        ms = _epochs(lambda: loader, n, passes, proxy, tree)
         context = loader.multiprocessing_context
     finally:
         ds.close()
@@ -771,6 +824,8 @@ def main() -> None:
                 if "error" in m:
                     print(f"  {SYSTEMS.get(system, system):<22} error: {m['error']}", flush=True)
                 else:
+                    workers = (f" (main {m['cpu_main_s_per_GB']:.2f}, workers {m['cpu_workers_s_per_GB']:.2f})"
+                               if "cpu_workers_s_per_GB" in m else "")
                     tail = (f"  tail {m['tail_s']:.2f} s of {m['seconds']:.2f}; parts {m['parts_demanded']} asked + "
                             f"{m['parts_background']} background, width {m.get('width', 0)}, first byte {m.get('first_byte_s', 0):.2f} s; "
                             f"fetch threads {m['fetch_cpu_s_per_GB']:.2f} CPU s/GB; "
@@ -779,7 +834,7 @@ def main() -> None:
                     print(f"  {SYSTEMS.get(system, system):<22} epoch {e}: {m['MB/s']:7.0f} MB/s  ratio {m['ratio']:.2f}  "
                           f"first batch {m.get('first_batch_s', 0):.2f} s  {m.get('fetched_MB', 0):.0f} MB in "
                           f"{m.get('requests', 0)} requests  {m.get('same_as_local', '')}  "
-                          f"CPU {m.get('cpu_s_per_GB', 0):.2f} s/GB (server+proxy "
+                          f"CPU {m.get('cpu_s_per_GB', 0):.2f} s/GB{workers} (server+proxy "
                           f"{m.get('server_cpu_s_per_GB', 0):.2f}){tail}", flush=True)
 
         for lat in latencies:

@@ -218,3 +218,32 @@ def test_process_cpu_counts_a_process_cpu_and_reads_nothing_for_a_missing_one(re
         pass
     assert remote.process_cpu_s(os.getpid()) >= before + 0.1
     assert remote.process_cpu_s(2**22 + 7) == 0.0  # above pid_max's default: no such process
+
+
+_BURN = ("import time, sys\nt = time.process_time()\nwhile time.process_time() - t < {cpu}: pass\n"
+         "sys.stdout.write('done\\n'); sys.stdout.flush()\nsys.stdin.read()\n")
+
+
+def _burner(cpu: float) -> Any:
+    """A child that spends ``cpu`` CPU seconds of its own, says so, then waits for its stdin to close."""
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-c", _BURN.format(cpu=cpu)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+
+
+def test_tree_cpu_counts_the_processes_started_after_it_live_and_reaped(remote: ModuleType) -> None:
+    """The loader rows' CPU: workers alive across epochs are read from /proc, exited ones from the
+    reaped children's usage; a process running before (the server, the proxy) is left out."""
+    before = _burner(0.6)  # already running when the counter is made: never counted
+    tree = remote.TreeCPU()
+    assert before.stdout is not None and before.stdout.readline() == "done\n"
+    child = _burner(0.3)
+    assert child.stdout is not None and child.stdout.readline() == "done\n"
+    live = tree.split()[1]
+    assert 0.3 <= live < 0.6
+    child.communicate("")  # exits and is reaped: counted from RUSAGE_CHILDREN from now on
+    reaped = tree.split()[1]
+    before.communicate("")
+    assert 0.3 <= reaped < 0.6
