@@ -66,9 +66,6 @@ class Dataset(Closing):
         For a dataset in an object store: keep fetched shards in this local directory (at most
         ``cache_size`` bytes in all; ``None``: no limit) and read them from there once complete and
         verified (:mod:`shardkit.stores.cache`), counting those reads in ``cache_stats``.
-    cache_fillers
-        Processes that fill that cache at once (a rank's DataLoader workers): each download keeps its
-        share of the background parts in flight (:class:`~shardkit.stores.prefetch.ShardPrefetcher`).
     version
         Open this kept older version instead of the current one (``shardkit info`` lists them).
     opened
@@ -92,7 +89,6 @@ class Dataset(Closing):
         cache_dir: str | os.PathLike[str] | None = None,
         cache_size: int | None = None,
         cache_stats: ReadStats | None = None,
-        cache_fillers: int = 1,
         version: int | None = None,
         opened: Mapping[str, DatasetDocuments] | None = None,
         decode_workers: int = 0,
@@ -130,8 +126,7 @@ class Dataset(Closing):
             ), cache_size)
             self.payload = RangedPayloadArray(self.store, self.meta.payload, shards=self.meta.shards, stats=stats,
                                               gap_bytes=remote_gap_bytes, document_digest=payload_digest, cache=self.cache,
-                                              cache_stats=cache_stats, document=payload_document,
-                                              cache_fillers=cache_fillers)
+                                              cache_stats=cache_stats, document=payload_document)
         self.payload.use_decoders(decode_workers)
         self.payload.decode = decode
         if (self.payload.records_per_shard != self.meta.records_per_shard

@@ -81,12 +81,9 @@ class RangedPayloadArray(PayloadArray):
         cache: ShardCache | None = None,
         cache_stats: ReadStats | None = None,
         document: dict[str, Any] | None = None,
-        cache_fillers: int = 1,
     ) -> None:
         self.store = store
         self.cache = cache
-        #: Processes filling ``cache`` at once (:class:`~shardkit.stores.prefetch.ShardPrefetcher`'s ``fillers``).
-        self.cache_fillers = int(cache_fillers)
         self.cache_stats = cache_stats if cache_stats is not None else ReadStats()
         self.path = store.describe(array)
         doc_key = f"{array}/{ZARR_JSON}"
@@ -812,7 +809,6 @@ class RangedPayloadArray(PayloadArray):
         return ShardPrefetcher(
             self.store, self.cache, items, verify=self._check_digest,
             pin=lambda i, etag: self._pin(i, etag, self.shard_location(i)), account=account, order=order,
-            fillers=self.cache_fillers,
         )
 
     def close(self) -> None:

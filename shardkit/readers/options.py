@@ -456,8 +456,6 @@ class SamplerOptions(UserOptions):
             "store_options": self.store,
             "cache_dir": None if self.cache_dir == "auto" else self.cache_dir,
             "cache_size": self.cache_size,
-            # a rank's DataLoader workers fill one cache together: each downloads with its share of the width
-            "cache_fillers": self.workers_per_rank,
             "decode_workers": self.decoders(),
             "decode": self.decode is True,
         }

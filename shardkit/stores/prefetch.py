@@ -108,8 +108,6 @@ ASK_POLL_SECONDS = 0.002
 _WANTED_POLL_SECONDS = 0.1
 #: How long an idle fetch thread sleeps when nobody wakes it (a safety net: work is notified).
 _IDLE_SECONDS = 1.0
-#: With several fillers, the longest the background waits for the first ask (a reader that never asks).
-FIRST_ASK_SECONDS = 0.5
 #: Tests set this to an unset Event to hold back the background order (demanded pages still flow).
 hold_background: threading.Event | None = None
 
@@ -291,10 +289,6 @@ class ShardPrefetcher:
     ``pin(index, etag)``: checks the ETag a response carried against the ranged reads' (raising
     :class:`~shardkit.errors.ObjectChangedError`), returns the ETag to match (``If-Match``) or None.
     ``account(index, nbytes)``: counts one request. ``order``: the first :meth:`schedule`.
-    ``fillers``: the processes that fill this cache at once (a rank's DataLoader workers). With more
-    than one, the background starts only once pages are asked for (here or through a map; at the
-    latest after :data:`FIRST_ASK_SECONDS`): the first blocks' pages do not share the link with every
-    filler's background parts (docs/design.md §9, *Shard cache*).
     """
 
     def __init__(
@@ -307,7 +301,6 @@ class ShardPrefetcher:
         pin: Callable[[int, str | None], str | None],
         account: Callable[[int, int], None],
         order: Sequence[tuple[int, int, int]] = (),
-        fillers: int = 1,
     ) -> None:
         self.store = store
         self.cache = cache
@@ -333,8 +326,6 @@ class ShardPrefetcher:
         self.error: BaseException | None = None
         total = max(1, min(store.options.concurrency, MAX_PARTS_IN_FLIGHT * 2))
         self._most_bg = max(1, min(store.options.concurrency, total))
-        #: The background may start: at once for a lone filler, else once pages are asked for.
-        self._asked = int(fillers) <= 1
         self._max_bg = max(1, min(MAX_PARTS_IN_FLIGHT, self._most_bg))
         self._link = _Link()
         self._bg_active = 0
@@ -469,7 +460,6 @@ class ShardPrefetcher:
         per = max(1, PART_BYTES // PAGE_BYTES)
         with self._cond:
             self._demand.extend((i, lo, hi) for lo, hi in spans)
-            self._asked = True
             self._wake.notify(min(len(self._threads), sum(-(-(hi - lo) // per) for lo, hi in spans)))
 
     def _pick(self) -> tuple[_Fill, int, int, bool] | None:
@@ -485,7 +475,7 @@ class ShardPrefetcher:
                 if got[1] < hi:
                     self._demand.appendleft((i, got[1], hi))
                 return fill, got[0], got[1], True
-        if self._bg_active >= self._max_bg or self._demand_active or _background_held() or not self._may_start():
+        if self._bg_active >= self._max_bg or self._demand_active or _background_held():
             return None
         got_next = self._scheduled()
         if got_next is not None:
@@ -543,12 +533,6 @@ class ShardPrefetcher:
         if width > self._max_bg and not self._demand_active:
             self._wake.notify(width - self._max_bg)
         self._max_bg = self.stats.width = width
-
-    def _may_start(self) -> bool:
-        """The background may start parts: pages were asked for, or nobody asked for long (under the lock)."""
-        if not self._asked and time.monotonic() - self._t0 >= FIRST_ASK_SECONDS:
-            self._asked = True
-        return self._asked
 
     def _count_in_flight(self) -> None:
         self.stats.most_in_flight = max(self.stats.most_in_flight, self._demand_active + self._bg_active)
@@ -662,7 +646,6 @@ class ShardPrefetcher:
                     parts += 1
                     p = got[1]
             if parts:
-                self._asked = True
                 self._wake.notify(min(parts, len(self._threads)))
 
     def _settle(self, fill: _Fill) -> None:

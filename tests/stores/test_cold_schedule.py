@@ -225,39 +225,3 @@ def test_a_cold_download_starts_with_the_most_parts_in_flight(url: str, tmp_path
     assert parts > prefetch.MAX_PARTS_IN_FLIGHT
     assert in_flight == want == prefetch.MAX_PARTS_IN_FLIGHT, in_flight
     assert len(set(entered)) == len(entered) == parts  # each part once, all of them
-
-
-def test_shared_fillers_start_the_background_at_the_first_ask(url: str, tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    """With several processes filling one cache (a rank's DataLoader workers), no background part
-    starts before pages are asked for: the first block's pages do not share the link with every
-    filler's background; then the background fetches the rest, each part once."""
-    monkeypatch.setattr(prefetch, "FIRST_ASK_SECONDS", 60.0)
-    picks = _record_picks(monkeypatch)
-    with Dataset(url, cache_dir=_cache(tmp_path), cache_fillers=2) as ds:
-        ds.payload.schedule(iter([]))  # type: ignore[attr-defined]  # starts the prefetcher, no block yet
-        pf = ds.payload.prefetcher  # type: ignore[attr-defined]
-        threading.Event().wait(0.3)
-        assert picks == []  # nothing asked for yet
-        copy = pf.copy(1)
-        assert copy is not None
-        copy.request([(0, 1)])
-        assert copy.wait([(0, 1)])
-        copy.close()
-        for i in range(len(pf.items)):
-            assert pf.wait(i)
-    assert picks[0] == (1, 0, True)
-    assert not any(asked for _, _, asked in picks[1:])
-
-
-def test_shared_fillers_start_the_background_unasked_after_a_while(url: str, tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """A filler whose reader never asks still downloads everything, once FIRST_ASK_SECONDS passed."""
-    monkeypatch.setattr(prefetch, "FIRST_ASK_SECONDS", 0.0)
-    picks = _record_picks(monkeypatch)
-    with Dataset(url, cache_dir=_cache(tmp_path), cache_fillers=2) as ds:
-        ds.payload.schedule(iter([]))  # type: ignore[attr-defined]
-        pf = ds.payload.prefetcher  # type: ignore[attr-defined]
-        for i in range(len(pf.items)):
-            assert pf.wait(i)
-    assert picks and not any(asked for _, _, asked in picks)
