@@ -33,8 +33,9 @@ __all__ = ["PRELOAD", "remote", "source_of", "start_method", "worker_context"]
 logger = logging.getLogger(__name__)
 
 #: What a worker's first pass over an object store imports: imported once before workers are forked
-#: instead of by each worker. Importing obstore does not start its runtime.
-PRELOAD = ("torch", "numpy.random", "obstore", "numcodecs", "shardkit.adapters.torch", "shardkit.readers.sampler",
+#: instead of by each worker. Importing obstore does not start its runtime; ``numpy.ma`` is what
+#: numpy's ``unique`` imports on its first call (planning the download's order, before the first ask).
+PRELOAD = ("torch", "numpy.random", "numpy.ma", "obstore", "numcodecs", "shardkit.adapters.torch", "shardkit.readers.sampler",
            "shardkit.stores.objectstore", "shardkit.stores.prefetch", "shardkit.formats.ranged",
            "shardkit.tiers.pipeline")  # fmt: skip
 

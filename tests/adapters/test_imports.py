@@ -77,3 +77,18 @@ def test_lazily_imported_names_still_resolve() -> None:
         "    raise SystemExit('no AttributeError')\n"
     )
     assert proc.returncode == 0, proc.stderr
+
+
+def test_preload_covers_the_first_unique() -> None:
+    """A forked worker's first pass imports nothing that :data:`PRELOAD` left out: numpy's ``unique``
+    (the download's order, the first block's plan) imports ``numpy.ma`` on its first call."""
+    proc = _run(
+        "import sys, numpy as np\n"
+        "from shardkit.adapters import _start\n"
+        "_start.preload()\n"
+        "before = set(sys.modules)\n"
+        "np.unique(np.array([3, 1, 3]))\n"
+        "new = sorted(set(sys.modules) - before)\n"
+        "assert not new, new\n"
+    )
+    assert proc.returncode == 0, proc.stderr
