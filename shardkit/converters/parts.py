@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from shardkit.converters.base import Decoder, reason_category
+from shardkit.converters.decoding import join_ended_pools
 from shardkit.converters.pipeline import BackgroundWriter, ProgressFn, RecordSink, Tally, decode_into, input_cursor, split_cursor
 from shardkit.errors import ConversionError, NotADatasetError, SchemaError, ShardkitError, WorkerError
 from shardkit.formats import FieldSpec
@@ -371,6 +372,8 @@ def count_part(job: PartJob) -> Spilled:
             sink.abort()
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        finally:
+            join_ended_pools()
     shutil.rmtree(final, ignore_errors=True)
     os.rename(tmp, final)
     return Spilled(job.part, sink.records_written, socket.gethostname(), str(final), worker_name())
@@ -732,6 +735,8 @@ def write_part(job: PartJob, offset: int, spilled: Spilled | None = None) -> Par
         writer.stop()
         sink.abort()
         raise
+    finally:
+        join_ended_pools()  # the decode workers exited while the last shard was closed
     if spilled is not None and spilled.host == socket.gethostname():
         shutil.rmtree(spilled.path, ignore_errors=True)
     return manifest
