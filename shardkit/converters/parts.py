@@ -466,7 +466,9 @@ class _AlignedWriter(_PartSink):
         self._open_fields = {k: [] for k in self.job.fields}
         for name, v in values.items():
             self.fields[name].append(v)
-        if cursor is not None and self.checkpoints:
+        if cursor is not None and self.checkpoints and cursor != input_cursor(len(self.job.items)):
+            # A file ending the part is followed at once by the part's manifest (finish): a checkpoint of
+            # it would only add files and fsyncs to the serial end of the conversion.
             self._checkpoint(piece, values, cursor)
 
     def _checkpoint(self, piece: dict[str, Any], values: dict[str, np.ndarray], cursor: int) -> None:
