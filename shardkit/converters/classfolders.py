@@ -84,7 +84,7 @@ def scan_class_files(base: Path, classes: list[str], media_exts: Iterable[str]) 
         if not cdir.is_dir():
             continue
         for dirpath, dirnames, filenames in os.walk(cdir):
-            rel_dir = Path(dirpath).relative_to(base)
+            rel_dir = Path(dirpath).relative_to(base).as_posix()  # strings per file: a Path each cost the serial scan
             keep_dirs = []
             entries = list(filenames)
             for d in dirnames:
@@ -97,7 +97,7 @@ def scan_class_files(base: Path, classes: list[str], media_exts: Iterable[str]) 
             dirnames[:] = sorted(keep_dirs)
             for f in sorted(entries):
                 if not f.startswith("."):
-                    out.append(((rel_dir / f).as_posix(), label))
+                    out.append((f"{rel_dir}/{f}", label))
     return out
 
 
@@ -141,7 +141,8 @@ class ClassFolderDecoder(Decoder):
         return path
 
     def item_path(self, item: tuple[str, int]) -> str:
-        return str(self.base / item[0])
+        # Called per input by the serial steps (fingerprint, provenance names): joined as strings, no Path each.
+        return os.path.join(self.base, item[0])
 
 
 class ClassFolderConverter(Converter):
@@ -185,8 +186,10 @@ class ClassFolderConverter(Converter):
         return items
 
     def _warn_empty_classes(self, items: list[tuple[str, int]]) -> None:
-        media = Counter(label for rel, label in items if Path(rel).suffix.lower() in self.media_extensions)
-        others = Counter(label for rel, label in items if Path(rel).suffix.lower() not in self.media_extensions)
+        media: Counter[int] = Counter()
+        others: Counter[int] = Counter()
+        for rel, label in items:
+            (media if os.path.splitext(rel)[1].lower() in self.media_extensions else others)[label] += 1
         empty = [k for k, name in enumerate(self.classes) if (self.base / name).is_dir() and not media[k]]
         if not empty:
             return

@@ -29,7 +29,8 @@ from shardkit.converters.main_guard import GUARD, adopt_environment, start_metho
 from shardkit.errors import ConversionError, InputFileError
 from shardkit.processes import exit_when_gone, pid_alive
 
-__all__ = ["Failed", "Outcome", "Produced", "RingSlots", "Skipped", "default_workers", "keep_freed_memory", "outcomes"]
+__all__ = ["Failed", "Outcome", "Produced", "RingSlots", "Skipped", "default_workers", "join_ended_pools",
+           "keep_freed_memory", "outcomes"]
 
 logger = logging.getLogger(__name__)
 
@@ -292,6 +293,26 @@ class RingSlots:
         return out
 
 
+#: Threads shutting down pools whose outcomes were all handed over, not yet joined.
+_ENDED: list[threading.Thread] = []
+_ENDED_LOCK = threading.Lock()
+
+
+def join_ended_pools() -> None:
+    """Wait for the workers of the decode pools that :func:`outcomes` ended without waiting.
+
+    A pool that gave all its outcomes tells its workers to exit and returns at once: they exit while
+    the caller writes its last batch and closes its last shard, instead of the caller waiting for them
+    first (the serial end of a conversion). The caller joins them here once that is done, and
+    :func:`outcomes` does before it starts a pool (workers are forked only when no other thread runs).
+    """
+    with _ENDED_LOCK:
+        ended = _ENDED[:]
+        _ENDED.clear()
+    for thread in ended:
+        thread.join()
+
+
 # ---------------------------------------------------------------------- the ordered stream
 def _continued(first: Outcome, decode: Callable[[int, int], Outcome]) -> Iterator[Outcome]:
     """``first``, then the further parts of its input while it says there are more."""
@@ -314,7 +335,9 @@ def outcomes(
     inside an input), in order, by ``workers`` processes (1: here) given at least ``chunk_size`` inputs a
     task (:func:`task_inputs`; the last ones smaller, :func:`next_task_inputs`). A payload may be a
     read-only view of a worker's ring slot, valid until the next outcome is asked for: the consumer
-    copies what it keeps, or holds the slot through ``slots``."""
+    copies what it keeps, or holds the slot through ``slots``. Once every outcome is handed over the workers
+    are told to exit and not waited for: the caller joins them with :func:`join_ended_pools`."""
+    join_ended_pools()
     method = start_method(workers) if workers > 1 else None
     start_index, start_record = first
     if method is None:
@@ -375,6 +398,7 @@ def _pool_outcomes(
 
     start_index, start_record = first
     next_i = start_index
+    ended = False
     try:
         while pending or next_i < n:
             if slots is not None:
@@ -403,9 +427,16 @@ def _pool_outcomes(
                 slots.current = None
             if slots._done(slot):
                 free.append(slot)
+        ended = True
     finally:
         for _, f in pending:
             f.cancel()
-        pool.shutdown(wait=True, cancel_futures=True)
+        if ended:  # every task done: the workers exit while the caller closes its shard
+            closing = threading.Thread(target=pool.shutdown, name="shardkit-decode-pool-end", daemon=True)
+            closing.start()
+            with _ENDED_LOCK:
+                _ENDED.append(closing)
+        else:
+            pool.shutdown(wait=True, cancel_futures=True)
         del ring
         os.unlink(ring_path)

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from shardkit.converters.base import Decoder, reason_category
+from shardkit.converters.decoding import join_ended_pools
 from shardkit.converters.pipeline import BackgroundWriter, ProgressFn, RecordSink, Tally, decode_into, input_cursor, split_cursor
 from shardkit.errors import ConversionError, NotADatasetError, SchemaError, ShardkitError, WorkerError
 from shardkit.formats import FieldSpec
@@ -371,6 +372,8 @@ def count_part(job: PartJob) -> Spilled:
             sink.abort()
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        finally:
+            join_ended_pools()
     shutil.rmtree(final, ignore_errors=True)
     os.rename(tmp, final)
     return Spilled(job.part, sink.records_written, socket.gethostname(), str(final), worker_name())
@@ -463,7 +466,9 @@ class _AlignedWriter(_PartSink):
         self._open_fields = {k: [] for k in self.job.fields}
         for name, v in values.items():
             self.fields[name].append(v)
-        if cursor is not None and self.checkpoints:
+        if cursor is not None and self.checkpoints and cursor != input_cursor(len(self.job.items)):
+            # A file ending the part is followed at once by the part's manifest (finish): a checkpoint of
+            # it would only add files and fsyncs to the serial end of the conversion.
             self._checkpoint(piece, values, cursor)
 
     def _checkpoint(self, piece: dict[str, Any], values: dict[str, np.ndarray], cursor: int) -> None:
@@ -732,6 +737,8 @@ def write_part(job: PartJob, offset: int, spilled: Spilled | None = None) -> Par
         writer.stop()
         sink.abort()
         raise
+    finally:
+        join_ended_pools()  # the decode workers exited while the last shard was closed
     if spilled is not None and spilled.host == socket.gethostname():
         shutil.rmtree(spilled.path, ignore_errors=True)
     return manifest

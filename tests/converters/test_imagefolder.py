@@ -77,3 +77,39 @@ def test_interpolation_and_crop_options_change_the_output(corpus, tmp_path: Path
         assert db.meta.transform["resize"] == "longer"
         assert not np.array_equal(ia, ib)
         assert (ib[-2:] == 0).all()  # landscape image padded at the bottom
+
+
+def test_scan_and_input_names_make_no_path_object_per_input(tmp_path: Path) -> None:
+    # The scan, the inputs' fingerprint and the provenance names run before and after the decode
+    # workers, on one core: a pathlib Path made per input was most of their CPU. Paths made (calls of
+    # pathlib's constructors) must not grow with the inputs (a few per class folder).
+    import sys
+
+    from shardkit.converters.imagefolder import ImageFolderConverter
+
+    n = 600
+    for i in range(n):
+        folder = tmp_path / "src" / "train" / f"class{i % 3}" / ("sub" if i % 2 else "")
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{i:04d}.jpg").touch()
+    (tmp_path / "src" / "train" / "class0" / "notes.txt").touch()
+    conv = ImageFolderConverter(tmp_path / "src")
+    calls = [0]
+
+    def count(frame, event, arg):  # type: ignore[no-untyped-def]
+        if event == "call" and frame.f_code.co_filename.endswith("pathlib.py") and frame.f_code.co_name in (
+                "__new__", "__init__", "_from_parts", "_from_parsed_parts", "with_segments"):
+            calls[0] += 1
+
+    sys.setprofile(count)
+    try:
+        scan = conv.scan()
+        conv.inputs_fingerprint(scan)
+        names = list(conv.input_names(scan.items))
+        paths = [conv.item_path(item) for item in scan.items]
+    finally:
+        sys.setprofile(None)
+    assert len(names) == n + 1 and calls[0] < n // 10, calls[0]
+    root = tmp_path / "src" / "train"
+    assert paths == [str(root / rel) for rel, _ in scan.items]
+    assert names[:2] == ["train/class0/0000.jpg", "train/class0/0006.jpg"] and "train/class1/sub/0001.jpg" in names

@@ -514,3 +514,24 @@ def test_a_spill_that_is_not_private_is_not_reused(tmp_path: Path) -> None:
     (tmp_path / "elsewhere.bin").write_bytes(bytes(20))
     os.chmod(tmp_path / "elsewhere.bin", 0o600)
     assert _read_spill(spill, job) is None
+
+
+def test_the_file_that_ends_a_part_gets_no_checkpoint_before_the_manifest(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every closed file is checkpointed for a resume, except the one ending the part: the part's
+    # manifest follows it at once, so its checkpoint would only lengthen the serial end.
+    from shardkit.converters import parts
+
+    make_imagefolder(tmp_path / "src", per_class=2, bad=False, splits=("train",))  # 6 inputs
+    written: list[str] = []
+    put = parts.put_checked
+
+    def recording(store, key, *args, **kwargs):  # type: ignore[no-untyped-def]
+        written.append(key.rsplit("/", 1)[-1])
+        return put(store, key, *args, **kwargs)
+
+    monkeypatch.setattr(parts, "put_checked", recording)
+    shardkit.convert(tmp_path / "src", tmp_path / "out", size=16, workers=1, records_per_shard=3)
+    assert [k for k in written if k.startswith("p000000")] == ["p000000-0.npz", "p000000-0.json", "p000000.npz",
+                                                               "p000000.json"]
+    assert verify(tmp_path / "out").ok

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mmap
+import multiprocessing.util
 import os
 import subprocess
 import sys
@@ -386,3 +387,42 @@ def test_decode_workers_reuse_freed_memory_instead_of_faulting_it_in_again() -> 
     sink = _decode_all(_FaultingDecoder(), 40, workers=2)
     later = sorted(sink.labels[8:])
     assert later[len(later) // 2] < 100, later
+
+
+_EXIT_GATED = False
+
+
+def _wait_for(path: str) -> None:
+    for _ in range(400):  # at most 20 s
+        if os.path.exists(path):
+            return
+        threading.Event().wait(0.05)
+
+
+class _GatedExitDecoder(_CountingDecoder):
+    """A worker that decoded anything waits, as it exits, until the file ``gate`` exists."""
+
+    def __init__(self, gate: str) -> None:
+        super().__init__()
+        self.gate = gate
+
+    def decode(self, item: Any, start: int = 0) -> Decoded:
+        global _EXIT_GATED
+        if not _EXIT_GATED:
+            multiprocessing.util.Finalize(None, _wait_for, args=(self.gate,), exitpriority=100)
+            _EXIT_GATED = True
+        return super().decode(item, start)
+
+
+def test_the_stream_ends_without_waiting_for_its_workers_to_exit(tmp_path: Path) -> None:
+    # Workers exit while the caller writes its last batch and closes its last shard; the caller joins
+    # them after that (join_ended_pools), and the next pool joins any left before it starts.
+    gate = tmp_path / "gate"
+    try:
+        got = [o.index for o in outcomes(_GatedExitDecoder(str(gate)), list(range(40)), (0, 0), 2, 1)]
+        assert got == list(range(40))
+        assert multiprocessing.active_children(), "the stream waited for its workers to exit"
+    finally:
+        gate.touch()
+        decoding.join_ended_pools()
+    assert not multiprocessing.active_children()
