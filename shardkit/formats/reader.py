@@ -1049,14 +1049,10 @@ class PayloadArray:
     def read_into(self, keys: np.ndarray | list[int], dest: Destination) -> None:
         """Read records ``keys`` (any order, duplicates allowed: read once, then copied) straight into
         their :class:`Destination` rows, each shard visited once with ascending offsets (docs/design.md §3)."""
-        keys = np.asarray(keys, dtype=np.int64).reshape(-1)
+        keys = self.checked_keys(keys, dest)
         n = keys.shape[0]
-        dest.check(n, self.record.shape, self.dtype, str(self.path))
         if n == 0:
             return
-        if int(keys.min()) < 0 or int(keys.max()) >= self.num_records:
-            bad = int(keys[(keys < 0) | (keys >= self.num_records)][0])
-            raise IndexError(f"{self.path}: record key {bad} outside [0, {self.num_records})")
         if ascending_distinct(keys):  # a staged block's keys (tiers/pipeline.py): nothing to sort
             self.read_distinct(keys, None, dest, SortedRequest.byte_rows(dest))
         else:
@@ -1065,6 +1061,16 @@ class PayloadArray:
             self.read_distinct(req.distinct, req.first, dest, rows)
             req.copy_duplicates(dest, rows)
         self.stats.add_records(n)
+
+    def checked_keys(self, keys: np.ndarray | list[int], dest: Destination) -> np.ndarray:
+        """``keys`` as a flat int64 array, checked against ``dest`` (count, record shape, dtype) and
+        this array's records (:class:`IndexError` naming the first key outside them)."""
+        keys = np.asarray(keys, dtype=np.int64).reshape(-1)
+        dest.check(keys.shape[0], self.record.shape, self.dtype, str(self.path))
+        if keys.size and (int(keys.min()) < 0 or int(keys.max()) >= self.num_records):
+            bad = int(keys[(keys < 0) | (keys >= self.num_records)][0])
+            raise IndexError(f"{self.path}: record key {bad} outside [0, {self.num_records})")
+        return keys
 
     def read_distinct(self, distinct: np.ndarray, first: np.ndarray | None, dest: Destination,
                       rows: list[np.ndarray]) -> None:

@@ -90,12 +90,9 @@ class ScratchRecords(PayloadArray):
         if self._mapped is None:
             super().read_into(keys, dest)
             return
-        keys = np.asarray(keys, dtype=np.int64).reshape(-1)
-        dest.check(keys.size, self.record.shape, self.dtype, str(self.path))
+        keys = self.checked_keys(keys, dest)
         if keys.size == 0:
             return
-        if int(keys.min()) < 0 or int(keys.max()) >= self.num_records:
-            raise IndexError(f"{self.path}: record key outside [0, {self.num_records})")
         gather_into(self._mapped, keys, dest)
         starts = keys * self.record_nbytes
         self.stats.add_runs(str(self.path), starts, starts + self.record_nbytes)
