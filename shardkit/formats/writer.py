@@ -52,7 +52,7 @@ from shardkit.formats.spec import (
 from shardkit.formats.transfer import put_checked, upload_dataset
 from shardkit.privdir import PrivateDir, create_run_dir, sweep_stale
 from shardkit.stores import Store, as_location, open_store
-from shardkit.stores.atomic import fsync_dir, is_out_of_space, raise_out_of_space, start_writeback
+from shardkit.stores.atomic import BackgroundFlush, fsync_dir, is_out_of_space, raise_out_of_space
 
 __all__ = ["ShardWriter", "ShardChecksums", "DatasetWriter", "WrittenShard", "payload_document", "field_chunk_for", "FIELD_CODEC",
            "prepare_field_codec"]
@@ -61,9 +61,10 @@ logger = logging.getLogger(__name__)
 
 #: Codec used for the small per-record field arrays (mostly zeros for boxes; cheap to decode).
 FIELD_CODEC = "zstd"
-#: A durable shard's written bytes are handed to the device in runs of this size as they are written
-#: (:func:`~shardkit.stores.atomic.start_writeback`), so that its fsync at close has little left to do.
-WRITEBACK_BYTES = 8 << 20
+#: A durable shard's written bytes are made durable in the background each time this many more were
+#: written (:class:`~shardkit.stores.atomic.BackgroundFlush`: one device cache flush per this many
+#: bytes), so that its fsync at close waits for at most about this much.
+FLUSH_BYTES = 16 << 20
 
 
 def prepare_field_codec() -> None:
@@ -107,8 +108,8 @@ def _as_record_bytes(records: np.ndarray) -> memoryview:
 class ShardWriter:
     """Stream records (``record``, compressed by ``codec`` or fixed-size) into one payload shard file of
     ``capacity`` records: bytes go to ``path.partial`` until :meth:`close`. ``durable=False`` (scratch
-    files) keeps the atomic rename but skips the fsync. A durable file's bytes start going to the device
-    every :data:`WRITEBACK_BYTES` while it is written, not all at its close."""
+    files) keeps the atomic rename but skips the fsync. A durable file's bytes are flushed to the device
+    in the background every :data:`FLUSH_BYTES` while it is written, not all at its close."""
 
     def __init__(
         self,
@@ -131,11 +132,11 @@ class ShardWriter:
         self._offset = 0
         self._crc = 0  # running crc32c of everything written: the records, then the index
         self._tail = b""  # the last TAIL_SAMPLE_NBYTES bytes written (ShardInfo.tail_crc32c)
-        self._written_back = 0  # bytes before this offset were handed to start_writeback
         self._offsets: list[int] = []
         self._sizes: list[int] = []
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd: int | None = os.open(self.partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._flush = BackgroundFlush(self._fd, self.partial, FLUSH_BYTES) if durable else None
 
     @property
     def full(self) -> bool:
@@ -184,7 +185,9 @@ class ShardWriter:
         self._write(view)
         self.count += k
 
-    def _write(self, data: memoryview) -> None:
+    def _write(self, data: memoryview, *, last: bool = False) -> None:
+        """Write ``data`` at the end; unless it is the ``last`` write (the close's fsync follows), count
+        it towards the next background flush."""
         assert self._fd is not None
         try:
             _write_all(self._fd, data, self.partial)
@@ -194,9 +197,12 @@ class ShardWriter:
         self._crc = extend_crc32c(self._crc, data)
         self._offset += data.nbytes
         self._tail = (self._tail + bytes(data[-TAIL_SAMPLE_NBYTES:]))[-TAIL_SAMPLE_NBYTES:]
-        if self.durable and self._offset - self._written_back >= WRITEBACK_BYTES:
-            start_writeback(self._fd, self._written_back, self._offset - self._written_back)
-            self._written_back = self._offset
+        if self._flush is not None and not last:
+            try:
+                self._flush.written(data.nbytes)
+            except BaseException:
+                self.abort()
+                raise
 
     def close(self) -> ShardChecksums:
         """Append index + crc32c, fsync, rename. Returns the file's size and checksums."""
@@ -211,11 +217,12 @@ class ShardWriter:
         data_crc = self._crc
         tail_crc = crc32c_of(self._tail)
         encoded = index.encode()
-        self._write(memoryview(encoded))
-        if self.durable:
+        self._write(memoryview(encoded), last=True)
+        if self._flush is not None:
             try:
+                self._flush.finish()  # a background flush's error too: out of space, or the OSError, naming the file
                 os.fsync(self._fd)
-            except OSError as exc:
+            except BaseException as exc:
                 self.abort()
                 if is_out_of_space(exc):
                     raise_out_of_space(self.partial, "flushing (fsync)")
@@ -231,6 +238,8 @@ class ShardWriter:
     def abort(self) -> None:
         """Close and delete the partial file (nothing half-written survives)."""
         if self._fd is not None:
+            if self._flush is not None:
+                self._flush.finish_quietly()  # the descriptor stays open until no flush uses it
             os.close(self._fd)
             self._fd = None
         self.partial.unlink(missing_ok=True)

@@ -3,7 +3,8 @@
 A file is written to ``<name>.partial``, fsynced and renamed over ``<name>`` (then the directory is
 fsynced); any failure removes the ``.partial``, and a full disk or quota is an
 :class:`~shardkit.errors.OutOfSpaceError` naming the file. Inside :func:`synced_together`, those fsyncs
-wait for the end of the block, where they run together.
+wait for the end of the block, where they run together. A large file made durable while it is written
+(:class:`BackgroundFlush`) leaves its final fsync only the bytes since the last background flush.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import NoReturn
 from shardkit.errors import OutOfSpaceError
 
 __all__ = ["fsync_dir", "write_bytes_atomic", "atomic_file", "raise_out_of_space", "is_out_of_space",
-           "start_writeback", "synced_now", "synced_together"]
+           "start_writeback", "synced_now", "synced_together", "BackgroundFlush"]
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 #: ``SYNC_FILE_RANGE_WRITE`` of Linux's ``sync_file_range``: start writing the range's dirty pages, do not wait.
@@ -50,6 +51,86 @@ def start_writeback(fd: int, offset: int, nbytes: int) -> None:
     or refused."""
     if _SYNC_RANGE is not None and nbytes > 0:
         _SYNC_RANGE(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)  # an error (ESPIPE, EINVAL, ...) leaves it to fsync
+
+
+class BackgroundFlush:
+    """Make the bytes written to ``fd`` durable while the file is still being written: once ``every``
+    bytes were written since the last request, a thread fdatasyncs the file; the writer never waits
+    for it. A request made while a flush runs is merged into one more flush after it, so at most one
+    runs at a time, and the thread ends when none is wanted (no idle thread is left behind for a fork
+    to meet).
+
+    Why fdatasync and not only ``start_writeback``: a volatile write cache (a virtual machine's host,
+    a drive's own) is emptied by a flush, not by writeback, so the file's fsync at its close would still
+    wait for everything written since the last flush. The caller fsyncs the file at its close as before,
+    after :meth:`finish`, which waits for a running flush and raises the error a flush met (a failed
+    writeback is reported to one fsync only, so it must not be dropped here): OutOfSpaceError for a full
+    disk, else the OSError, both naming ``path``.
+    """
+
+    def __init__(self, fd: int, path: Path | str, every: int) -> None:
+        self.fd = fd
+        self.path = path
+        self.every = int(every)
+        #: Flushes run so far (each covers every byte written before it started).
+        self.flushes = 0
+        self._pending = 0  # bytes written since the last request
+        self._wanted = 0  # requests made, and the highest request a finished flush covered
+        self._covered = 0
+        self._error: OSError | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def written(self, nbytes: int) -> None:
+        """Count ``nbytes`` more written; ask for a flush once ``every`` are. Raises a flush's error."""
+        self._raise_error()
+        self._pending += nbytes
+        if self._pending < self.every:
+            return
+        self._pending = 0
+        with self._lock:
+            self._wanted += 1
+            if self._thread is not None:  # the running thread flushes again for this request
+                return
+            self._thread = threading.Thread(target=self._run, name="shardkit-flush", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if self._covered == self._wanted or self._error is not None:
+                    self._thread = None
+                    return
+                target = self._wanted
+            try:
+                os.fdatasync(self.fd)
+            except OSError as exc:
+                with self._lock:
+                    self._error = exc
+                continue
+            with self._lock:
+                self.flushes += 1
+                self._covered = target
+
+    def finish(self) -> None:
+        """Wait for a running flush (no new one starts unless :meth:`written` asks); raise its error."""
+        self.finish_quietly()
+        self._raise_error()
+
+    def finish_quietly(self) -> None:
+        """Wait for a running flush, ignoring its error (the file is being given up)."""
+        with self._lock:
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+
+    def _raise_error(self) -> None:
+        exc = self._error
+        if exc is None:
+            return
+        if is_out_of_space(exc):
+            raise_out_of_space(self.path, "flushing (fdatasync)")
+        raise OSError(exc.errno, f"{exc.strerror} (flushing in the background)", os.fspath(self.path)) from exc
 
 
 def is_out_of_space(exc: BaseException) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -232,22 +233,91 @@ def test_field_chunks_stay_within_the_readers_decode_bound(tmp_path: Path) -> No
         np.testing.assert_array_equal(ds.fields["label"], np.arange(9))
 
 
+def _flush_threads_ended() -> None:
+    for thread in threading.enumerate():
+        if thread.name == "shardkit-flush":
+            thread.join(10)
+
+
 @pytest.mark.parametrize("durable", [True, False])
-def test_a_durable_shard_hands_its_bytes_to_the_device_as_they_are_written(tmp_path: Path, monkeypatch,
-                                                                          durable: bool) -> None:
-    # Every WRITEBACK_BYTES written start going to the device at once, so the fsync at close has little
-    # left; a scratch (not durable) shard never asks.
+def test_a_durable_shard_is_flushed_in_the_background_while_it_is_written(tmp_path: Path, monkeypatch,
+                                                                         durable: bool) -> None:
+    # Every FLUSH_BYTES written are fdatasynced by a thread while the shard is still open, so its fsync at
+    # close waits only for the last few; a scratch (not durable) shard never flushes.
     from shardkit.formats import writer as writer_module
     from shardkit.formats.writer import ShardWriter
 
-    asked: list[tuple[int, int]] = []
-    monkeypatch.setattr(writer_module, "WRITEBACK_BYTES", 100)
-    monkeypatch.setattr(writer_module, "start_writeback", lambda fd, offset, nbytes: asked.append((offset, nbytes)))
+    flushed: list[tuple[int, bool]] = []  # (file size at the flush, whether close had begun)
+    closing = False
+    monkeypatch.setattr(writer_module, "FLUSH_BYTES", 100)
+    monkeypatch.setattr(os, "fdatasync", lambda fd: flushed.append((os.fstat(fd).st_size, closing)))
     w = ShardWriter(tmp_path / "s", 20, REC, durable=durable)  # 16-byte records
     for _ in range(10):
         w.append(np.zeros((2, 4, 4), np.uint8))  # 32 bytes a call: 320 in all
-    assert asked == ([(0, 128), (128, 128)] if durable else [])
+    _flush_threads_ended()
+    closing = True
     w.close()
+    assert not [t for t in threading.enumerate() if t.name == "shardkit-flush"]  # none left for a fork to meet
+    if durable:
+        assert flushed and all(size >= 128 and not late for size, late in flushed)
+        assert max(size for size, _ in flushed) >= 256  # the second request was flushed too
+    else:
+        assert flushed == []
+    assert (tmp_path / "s").stat().st_size == 320 + 20 * 16 + 4  # records, dense index, its crc32c
+
+
+def test_the_writer_never_waits_for_a_background_flush(tmp_path: Path, monkeypatch) -> None:
+    # Requests made while a flush runs are merged into one more flush after it; the writer goes on.
+    from shardkit.formats import writer as writer_module
+    from shardkit.formats.writer import ShardWriter
+
+    started, release = threading.Event(), threading.Event()
+    sizes: list[int] = []
+
+    def slow_fdatasync(fd: int) -> None:
+        sizes.append(os.fstat(fd).st_size)
+        started.set()
+        assert release.wait(10)
+
+    monkeypatch.setattr(writer_module, "FLUSH_BYTES", 64)
+    monkeypatch.setattr(os, "fdatasync", slow_fdatasync)
+    w = ShardWriter(tmp_path / "s", 20, REC)
+    w.append(np.zeros((4, 4, 4), np.uint8))  # 64 bytes: the first flush starts and blocks
+    assert started.wait(10)
+    for _ in range(4):
+        w.append(np.zeros((4, 4, 4), np.uint8))  # four more requests while it is blocked
+    assert sizes == [64] and not release.is_set()
+    release.set()
+    w.close()
+    assert len(sizes) == 2 and sizes[1] >= 320  # one flush for the four requests made meanwhile
+
+
+@pytest.mark.parametrize("err", [errno.ENOSPC, errno.EIO])
+@pytest.mark.parametrize("seen_by", ["close", "append"])
+def test_a_failed_background_flush_stops_the_shard_naming_its_file(tmp_path: Path, monkeypatch, err: int,
+                                                                  seen_by: str) -> None:
+    # The flusher's error is raised by the writer's next write or its close (a failed writeback is
+    # reported to one fsync only): a full disk as OutOfSpaceError, others as OSError, naming the file;
+    # the .partial is removed.
+    from shardkit.formats import writer as writer_module
+    from shardkit.formats.writer import ShardWriter
+
+    def failing(fd: int) -> None:
+        raise OSError(err, os.strerror(err))
+
+    monkeypatch.setattr(writer_module, "FLUSH_BYTES", 64)
+    monkeypatch.setattr(os, "fdatasync", failing)
+    w = ShardWriter(tmp_path / "s", 20, REC)
+    w.append(np.zeros((4, 4, 4), np.uint8))
+    _flush_threads_ended()
+    expected = errors.OutOfSpaceError if err == errno.ENOSPC else OSError
+    with pytest.raises(expected, match=r"s\.partial") as caught:
+        if seen_by == "close":
+            w.close()
+        else:
+            w.append(np.zeros((1, 4, 4), np.uint8))
+    assert caught.value.errno == err or err == errno.ENOSPC
+    assert not (tmp_path / "s.partial").exists() and not (tmp_path / "s").exists()
 
 
 def test_start_writeback_is_only_a_hint(tmp_path: Path) -> None:
