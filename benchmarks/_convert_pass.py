@@ -108,6 +108,7 @@ def thread_sched() -> tuple[float, float]:
 def instrument(clock: StageClock, thread: dict[str, float]) -> list[str]:
     """Wrap the stages of the shardkit on the path; returns the stages this tree lacks."""
     from shardkit.converters import decoding, images, partrun, pipeline
+    from shardkit.formats import writer
 
     missing = []
     if hasattr(decoding, "_decode_chunk"):  # looked up by name at each submit, pickled by reference
@@ -136,6 +137,17 @@ def instrument(clock: StageClock, thread: dict[str, float]) -> list[str]:
         pipeline.BackgroundWriter._run = writer_run  # type: ignore[method-assign]
     else:
         missing.append("BackgroundWriter._run")
+    close = writer.ShardWriter.close
+
+    @functools.wraps(close)
+    def timed_close(self: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return close(self)
+        finally:
+            thread["last_close_wall"] = time.perf_counter() - t0  # the pass's last shard: the serial end's
+
+    writer.ShardWriter.close = timed_close  # type: ignore[method-assign]
     commit = getattr(partrun, "commit", None)
     if commit is not None:
         @functools.wraps(commit)
@@ -215,7 +227,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=32, help="images converted before the measured pass")
     args = ap.parse_args()
     clock = StageClock()
-    thread = {"write": 0.0, "commit": 0.0, "commit_wall": 0.0}
+    thread = {"write": 0.0, "commit": 0.0, "commit_wall": 0.0, "last_close_wall": 0.0}
     marks: list[tuple[float, int]] = []
     if args.mode == "bare":
         run = _bare(args.src)
@@ -236,7 +248,7 @@ def main() -> None:
             shutil.rmtree(warm_src, ignore_errors=True)
             shutil.rmtree(args.out.with_name(args.out.name + "-warm"), ignore_errors=True)
             clock.sums[:] = 0
-            thread.update(write=0.0, commit=0.0, commit_wall=0.0)
+            thread.update(write=0.0, commit=0.0, commit_wall=0.0, last_close_wall=0.0)
         shutil.rmtree(args.out, ignore_errors=True)
 
         def progress(done: int, total: int, records: int) -> None:

@@ -53,7 +53,8 @@ a loaded machine changes far less: from it, the speed-up the CPU work allows on 
 ``--workers 2``'s CPU spent in the parent (serial: one thread each) and whether a pass was CPU-bound
 (cores busy = CPU / wall, against the machine's idle share), and the time per image the main thread was
 blocked (neither running nor waiting for a core: cold reads, the GIL, waiting for the workers), which
-tells a wall-clock overhead that is not CPU. ``--pairs-only`` runs only these rounds.
+tells a wall-clock overhead that is not CPU, and the wall time of the pass's last shard close (its final
+fsync, on the serial end). ``--pairs-only`` runs only these rounds.
 
 Usage: ``python benchmarks/convert.py [--images 2000] [--repeat 1] [--pairs 5] [--before TREE] [--warmup 32]
 [--pairs-only] [--decode-size 64] [--no-peers] [--quick]``
@@ -303,8 +304,8 @@ def paired_rounds(files: list[Path], trees: dict[str, Path], rounds: int, warmup
           f"CPU ms per image are medians over the rounds):")
     print()
     print("| tree | mode | images/s (median, range) | " + " | ".join(f"{c} ms" for c in SPLIT)
-          + " | cores busy | machine idle | commit wall ms | main thread blocked ms |")
-    print("|---|---|---:|" + "---:|" * (len(SPLIT) + 4))
+          + " | cores busy | machine idle | commit wall ms | last shard close ms | main thread blocked ms |")
+    print("|---|---|---:|" + "---:|" * (len(SPLIT) + 5))
 
     def row(tree: str, mode: str, passes: list[dict[str, Any]]) -> None:
         rates = [n / p["seconds"] for p in passes]
@@ -317,6 +318,7 @@ def paired_rounds(files: list[Path], trees: dict[str, Path], rounds: int, warmup
         cells += [f"{statistics.median((p['own'] + p['children']) / p['seconds'] for p in passes):.2f}",
                   f"{statistics.median(p['idle'] for p in passes):.0%}",
                   "-" if mode == "bare" else f"{statistics.median(1000 * p['commit_wall'] for p in passes):.0f}",
+                  "-" if mode == "bare" else f"{statistics.median(1000 * p['last_close_wall'] for p in passes):.0f}",
                   "-" if any(p.get("main_blocked") is None for p in passes)
                   else f"{statistics.median(1000 * p['main_blocked'] / n for p in passes):.2f}"]
         print(f"| {tree} | {mode} | " + " | ".join(cells) + " |")

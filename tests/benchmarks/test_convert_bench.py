@@ -33,7 +33,7 @@ def test_pass_splits_a_two_worker_conversion_by_stage(tmp_path: Path) -> None:
     # Counted after the warm-up only; the decodes ran in the forked workers, whose sums came back.
     assert stages["decode"]["calls"] == 12 and stages["decode"]["worker"] > 0 and stages["decode"]["main"] == 0
     assert stages["task"]["worker"] >= stages["decode"]["worker"] + stages["resize"]["worker"]
-    assert res["write"] > 0 and res["commit"] > 0 and res["commit_wall"] > 0
+    assert res["write"] > 0 and res["commit"] > 0 and res["commit_wall"] > 0 and res["last_close_wall"] > 0
     assert not (tmp_path / "out").exists()
 
 
