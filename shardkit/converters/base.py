@@ -146,6 +146,12 @@ class Decoder(ABC):
     def item_path(self, item: Any) -> str:
         """Human-readable name of an item, used in skip reasons and ``--strict`` errors."""
 
+    def input_files(self, item: Any) -> Sequence[str]:
+        """Local files that decoding ``item`` reads whole: the engine asks the kernel to read them ahead
+        of the decode (:func:`~shardkit.converters.decoding.announce_inputs`), so a decode does not wait
+        for its file's first read. Empty (the default) when the decoder reads in parts or remotely."""
+        return ()
+
 
 class Converter(ABC):
     """Turn one corpus kind into records (the main-process half; see the module docstring).

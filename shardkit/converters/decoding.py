@@ -12,10 +12,11 @@ import ctypes
 import logging
 import os
 import signal
+import stat
 import tempfile
 import threading
 from collections import Counter, deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -29,8 +30,8 @@ from shardkit.converters.main_guard import GUARD, adopt_environment, start_metho
 from shardkit.errors import ConversionError, InputFileError
 from shardkit.processes import exit_when_gone, pid_alive
 
-__all__ = ["Failed", "Outcome", "Produced", "RingSlots", "Skipped", "default_workers", "join_ended_pools",
-           "keep_freed_memory", "outcomes"]
+__all__ = ["Failed", "Outcome", "Produced", "RingSlots", "Skipped", "announce_inputs", "default_workers",
+           "join_ended_pools", "keep_freed_memory", "outcomes"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,12 @@ _INFLIGHT_PER_WORKER = 3
 _TASK_BYTES = 2 << 20
 #: Most inputs in one task (bounds what one slow task holds back of the in-order stream).
 _MAX_TASK_INPUTS = 32
+#: Inputs decoded in this process (``workers=1``) whose files are announced ahead of the one decoded:
+#: between half of it and all of it, announced half at a time.
+_ANNOUNCE_AHEAD = 32
+#: Bytes of an input file announced at most (its start): a huge file among the inputs is not read
+#: into the page cache whole before its decode looks at it.
+_ANNOUNCE_BYTES = 16 << 20
 
 
 def task_inputs(chunk_size: int, record_nbytes: int) -> int:
@@ -95,6 +102,27 @@ def default_workers() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # pragma: no cover - not Linux
         return max(1, os.cpu_count() or 1)
+
+
+def announce_inputs(decoder: Decoder, items: Iterable[Any]) -> None:
+    """Ask the kernel to start reading the input files of ``items`` (:meth:`Decoder.input_files`) and
+    return without waiting (``POSIX_FADV_WILLNEED``): a cold decode otherwise waits for its file's read
+    with the CPU idle, a worker at a time. Only regular files are announced, each up to
+    :data:`_ANNOUNCE_BYTES`; a file that cannot be opened is left to its decode to report (opened
+    non-blocking: a FIFO among the inputs does not hold this up)."""
+    for item in items:
+        for path in decoder.input_files(item):
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                if stat.S_ISREG(os.fstat(fd).st_mode):
+                    os.posix_fadvise(fd, 0, _ANNOUNCE_BYTES, os.POSIX_FADV_WILLNEED)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
 
 
 def decode_one(decoder: Decoder, index: int, item: Any, start: int = 0) -> Outcome:
@@ -344,7 +372,12 @@ def outcomes(
         def here(index: int, start: int) -> Outcome:
             return decode_one(decoder, index, items[index], start)
 
+        announced = start_index
         for i in range(start_index, len(items)):
+            if announced - i <= _ANNOUNCE_AHEAD // 2:
+                stop = min(len(items), i + _ANNOUNCE_AHEAD)
+                announce_inputs(decoder, (items[k] for k in range(announced, stop)))
+                announced = stop
             yield from _continued(here(i, start_record if i == start_index else 0), here)
         return
     yield from _pool_outcomes(decoder, items, first, workers, task_inputs(chunk_size, decoder.record.nbytes), method,
@@ -407,6 +440,7 @@ def _pool_outcomes(
                 stop = next_i + next_task_inputs(n - next_i, chunk, chunk_size, workers)
                 slot = free.pop()
                 task = [(k, items[k], start_record if k == start_index else 0) for k in range(next_i, stop)]
+                announce_inputs(decoder, (item for _, item, _ in task))  # read while the tasks before it decode
                 pending.append((slot, pool.submit(_decode_chunk, task, slot)))
                 next_i = stop
             if not pending:  # every slot is held: the consumer broke its promise of at most ``spare`` holds

@@ -36,6 +36,9 @@ class ImageFolderDecoder(ClassFolderDecoder):
         loaded = self.image.load(self.checked_path(rel))
         return Decoded([{"image": loaded.array, "label": np.int64(label), PROVENANCE: loaded.provenance()}])
 
+    def input_files(self, item: tuple[str, int]) -> tuple[str, ...]:
+        return (self.item_path(item),)
+
 
 class ImageFolderConverter(ClassFolderConverter):
     """Convert class folders of images; label = folder name, label names sorted."""

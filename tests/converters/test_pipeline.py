@@ -426,3 +426,68 @@ def test_the_stream_ends_without_waiting_for_its_workers_to_exit(tmp_path: Path)
         gate.touch()
         decoding.join_ended_pools()
     assert not multiprocessing.active_children()
+
+
+def _record_announced(monkeypatch: pytest.MonkeyPatch, events: list[tuple[str, str]]) -> None:
+    """Record, in this process, every file announced with ``POSIX_FADV_WILLNEED`` (by its path)."""
+    real = os.posix_fadvise
+
+    def fadvise(fd: int, offset: int, length: int, advice: int) -> None:
+        if advice == os.POSIX_FADV_WILLNEED:
+            events.append(("announce", os.readlink(f"/proc/self/fd/{fd}")))
+        real(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", fadvise)
+
+
+class _FileDecoder(_CountingDecoder):
+    """Input ``i`` is file ``i`` of ``files``; decoding it records ``("decode", path)`` in ``events``."""
+
+    def __init__(self, files: list[str], events: list[tuple[str, str]]) -> None:
+        super().__init__()
+        self.files, self.events = files, events
+
+    def decode(self, item: Any, start: int = 0) -> Decoded:
+        self.events.append(("decode", self.files[int(item)]))
+        return super().decode(item, start)
+
+    def input_files(self, item: Any) -> tuple[str, ...]:
+        return (self.files[int(item)],)
+
+
+def test_input_files_are_announced_ahead_of_their_decode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    files = []
+    for i in range(100):
+        (tmp_path / f"in{i}").write_bytes(b"x" * 100)
+        files.append(str(tmp_path / f"in{i}"))
+    events: list[tuple[str, str]] = []
+    _record_announced(monkeypatch, events)
+    decoder = _FileDecoder(files, events)
+    # In this process: each file is announced before the decode of the input before it.
+    assert [o.index for o in outcomes(decoder, list(range(100)), (0, 0), 1, 1)] == list(range(100))
+    where = {e: k for k, e in enumerate(events)}
+    assert [p for kind, p in events if kind == "announce"] == files
+    assert all(where[("announce", files[i])] < where[("decode", files[i - 1])] for i in range(1, 100))
+    # With workers: the parent announces every task's files as it submits the task.
+    events.clear()
+    assert [o.index for o in outcomes(decoder, list(range(100)), (0, 0), 2, 1)] == list(range(100))
+    assert [p for kind, p in events if kind == "announce"] == files
+
+
+def test_announcing_skips_what_is_not_a_readable_regular_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    os.mkfifo(tmp_path / "fifo")  # opened blocking, it would wait for a writer forever
+    (tmp_path / "file").write_bytes(b"x")
+    events: list[tuple[str, str]] = []
+    _record_announced(monkeypatch, events)
+    names = [str(tmp_path / n) for n in ("fifo", "missing", "file")]
+    decoding.announce_inputs(_FileDecoder(names, events), range(3))
+    assert events == [("announce", names[2])]
+
+
+def test_an_image_folder_conversion_announces_its_images(corpus: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    events: list[tuple[str, str]] = []
+    _record_announced(monkeypatch, events)
+    shardkit.convert(corpus, tmp_path / "out", size=16, workers=1)
+    images = sorted(str(p) for p in (corpus / "train").rglob("*") if p.is_file())  # the split converted
+    assert sorted({p for _, p in events} & set(images)) == images
