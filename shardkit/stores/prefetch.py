@@ -410,10 +410,13 @@ class ShardPrefetcher:
 
     def undeliver(self, delivery: Delivery) -> None:
         """No more copies into ``delivery``'s rows once this returns (a sink copying now is waited
-        for); any time, also after its copy completed or failed (:meth:`PartialCopy.deliver`)."""
+        for); any time, also after its copy completed or failed (:meth:`PartialCopy.deliver`).
+        The delivery lets go of its rows here: a fetch thread may keep the object a while (its
+        last loop variable), and a row it views keeps a batch buffer from being reused."""
         with self._cond, delivery.fill.deliver_lock:
             with suppress(ValueError):
                 delivery.fill.deliveries.remove(delivery)
+            delivery.rows = []
 
     def schedule(self, parts: Sequence[tuple[int, int, int]]) -> None:
         """The background order from now on: ``(index, lo, hi)`` page spans of ``items``, in the order

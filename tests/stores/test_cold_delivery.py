@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,20 @@ def test_a_failed_part_delivers_nothing(url: str, tmp_path: Path, monkeypatch: p
     assert deliveries
     assert not any(any(d.delivered()) for d in deliveries), [(d.which, d.offs, d.ends, d.got, d.fill.index) for d in deliveries]
     assert not any(d in d.fill.deliveries for d in deliveries)  # unregistered: no copy into the rows after
+
+
+def test_a_delivery_taken_back_lets_go_of_its_rows(url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once a block read returns, the deliveries it registered view none of its rows, however long
+    something keeps them (a fetch thread keeps the last one it looked at): a batch buffer viewed
+    by one could not be reused, and the pool would replace it with fresh memory."""
+    deliveries = _deliveries(monkeypatch)  # kept here, as a fetch thread's loop variable keeps one
+    with Dataset(url, cache_dir=_cache(tmp_path)) as ds:
+        got = ds.read(KEYS)
+    assert deliveries
+    payload = got["image"]
+    rows = weakref.ref(payload if payload.base is None else payload.base)
+    del got, payload
+    assert rows() is None, [len(d.rows) for d in deliveries]
 
 
 def test_a_shard_fetched_whole_is_read_from_its_copy(url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
