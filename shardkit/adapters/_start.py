@@ -23,6 +23,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from shardkit.formats.dataset import Dataset, DatasetDocuments
+from shardkit.formats.ranged import RangedPayloadArray
 from shardkit.processes import fork_state
 from shardkit.readers import identity
 from shardkit.readers.sources import Mixture, as_source
@@ -135,13 +136,38 @@ def _documents(path: object, root: DatasetDocuments, location: str) -> DatasetDo
             documents = ds.documents
             if documents is None:
                 return root
+            tails = _Tails(ds.payload) if isinstance(ds.payload, RangedPayloadArray) else None
             fields = None
             if ds.meta.num_records * sum(spec.nbytes for spec in ds.meta.fields.values()) <= HELPER_FIELDS_BYTES:
                 fields = ds.fields
-            return DatasetDocuments(documents.meta, documents.payload_document, fields)
+            return DatasetDocuments(documents.meta, documents.payload_document, fields,
+                                    None if tails is None else tails.result())
     except Exception:
         logger.debug("%s: reading the array documents in the helper failed", path, exc_info=True)
         return root
+
+
+class _Tails:
+    """In the helper: every shard's ``tail_crc32c`` checked in a thread (while the fields are read,
+    so it adds no round trip), with the ETags to pin (:meth:`RangedPayloadArray.check_tails`). Each
+    consumer's first block would otherwise ask for every shard's tail page, requests of their own
+    queued behind the background parts already in flight."""
+
+    def __init__(self, payload: RangedPayloadArray) -> None:
+        self._payload = payload
+        self._tails: dict[int, str] | None = None
+        self._thread = threading.Thread(target=self._run, name="shardkit-open-tails", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._tails = self._payload.check_tails()
+        except Exception:  # each reader checks the tails itself and reports what it finds
+            logger.debug("%s: checking the shards' tails in the helper failed", self._payload.path, exc_info=True)
+
+    def result(self) -> dict[int, str] | None:
+        self._thread.join()
+        return self._tails
 
 
 def start_method(paths: Sequence[object]) -> str | None:

@@ -41,11 +41,15 @@ class DatasetDocuments:
     the array documents are then read and checked against its digests as at a first open.
     ``fields``: the per-record fields that batches carry (:attr:`Dataset.fields`), loaded and
     checked with these documents, or ``None`` (read at first use); a DataLoader's start helper
-    passes them on so that its workers do not each fetch them (docs/design.md §6, worker start)."""
+    passes them on so that its workers do not each fetch them (docs/design.md §6, worker start).
+    ``tails``: shards whose ``tail_crc32c`` that helper checked, with the ETag each response carried
+    (:meth:`~shardkit.formats.ranged.RangedPayloadArray.check_tails`): a reader pins those ETags
+    instead of checking the tails again before its first block."""
 
     meta: DatasetMeta
     payload_document: dict[str, Any] | None
     fields: Mapping[str, np.ndarray] | None = None
+    tails: Mapping[int, str] | None = None
 
 
 class Dataset(Closing):
@@ -126,7 +130,8 @@ class Dataset(Closing):
             ), cache_size)
             self.payload = RangedPayloadArray(self.store, self.meta.payload, shards=self.meta.shards, stats=stats,
                                               gap_bytes=remote_gap_bytes, document_digest=payload_digest, cache=self.cache,
-                                              cache_stats=cache_stats, document=payload_document)
+                                              cache_stats=cache_stats, document=payload_document,
+                                              checked_tails=None if known is None else known.tails)
         self.payload.use_decoders(decode_workers)
         self.payload.decode = decode
         if (self.payload.records_per_shard != self.meta.records_per_shard
@@ -147,6 +152,7 @@ class Dataset(Closing):
         #: Fields that came with the documents (kept with them by :attr:`documents`), else loaded on first use.
         self._given_fields = None if known is None or known.fields is None else dict(known.fields)
         self._fields: dict[str, np.ndarray] | None = self._given_fields
+        self._given_tails = None if known is None else known.tails
 
     def _array_documents(self, docs: list[str], payload_digest: FileDigest | None) -> tuple[dict[str, bytes], dict[str, Any] | None]:
         """The field arrays' documents ``docs`` (checked) and the payload array's (checked and parsed;
@@ -170,7 +176,7 @@ class Dataset(Closing):
         """The documents this dataset was opened from, to open it again without a request (``None``
         for a local dataset, whose documents are files, and for an older version)."""
         if isinstance(self.payload, RangedPayloadArray) and self._current:
-            return DatasetDocuments(self.meta, self.payload.document, self._given_fields)
+            return DatasetDocuments(self.meta, self.payload.document, self._given_fields, self._given_tails)
         return None
 
     def __len__(self) -> int:

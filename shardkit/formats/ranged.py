@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import itertools
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
 import numpy as np
@@ -81,6 +81,7 @@ class RangedPayloadArray(PayloadArray):
         cache: ShardCache | None = None,
         cache_stats: ReadStats | None = None,
         document: dict[str, Any] | None = None,
+        checked_tails: Mapping[int, str] | None = None,
     ) -> None:
         self.store = store
         self.cache = cache
@@ -105,6 +106,10 @@ class RangedPayloadArray(PayloadArray):
         self._pending_index: dict[int, bytes] = {}
         #: Shards whose tail_crc32c was checked (with the index, or by _check_tails).
         self._tails_checked: set[int] = set()
+        for i, etag in (checked_tails or {}).items():  # checked by another reader, its ETag pinned here
+            if 0 <= i < len(self.shards) and etag:
+                self._etags[i] = etag
+                self._tails_checked.add(i)
         self.prefetcher: ShardPrefetcher | None = None
         #: Blocks read so far: the first asks for its records' pages, later ones for whole parts.
         self._blocks_read = 0
@@ -149,6 +154,16 @@ class RangedPayloadArray(PayloadArray):
                           self._etags.get(i)) for i in todo]  # fmt: skip
         for i, got in self._fetched(todo, asks):
             self._check_tail(i, bytes(got.data))
+
+    def check_tails(self) -> dict[int, str]:
+        """Check every shard's ``tail_crc32c`` now (one concurrent round trip) and return the shards
+        checked with the ETag each response carried, for ``checked_tails`` of another reader of the
+        same version: that reader pins those ETags (``If-Match`` on every later request of the shard),
+        so the bytes it reads are those of the object checked here, and it asks for no tail pages
+        before its first block (docs/design.md §6, worker start). A shard whose response carried no
+        ETag is left out (the other reader checks it itself)."""
+        self._check_tails(set(range(len(self.shards))))
+        return {i: etag for i in sorted(self._tails_checked) if (etag := self._etags.get(i)) is not None}
 
     def _fetched(self, shards: list[int], asks: list[ByteRange]) -> Iterator[tuple[int, Fetched]]:
         """The responses to ``asks`` (``asks[k]`` reads shard ``shards[k]``), each checked and counted."""

@@ -298,3 +298,38 @@ def test_the_helper_documents_carry_small_fields_and_open_without_a_request(
         assert proxy.gets[gets:] == []
     finally:
         proxy.close()
+
+
+def test_the_helper_checks_the_tails_once_and_readers_pin_its_etags(s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The start helper checks every shard's tail_crc32c and sends the ETag each response carried: a
+    dataset opened from its documents makes no tail request before reading a shard (before, every
+    worker asked for every shard's tail page with its first block), and reads each shard under the
+    helper's ETag, so a shard replaced since the helper's check is refused, never served."""
+    from shardkit.adapters import _start
+    from shardkit.errors import ShardkitError
+    from shardkit.formats import Dataset
+    from shardkit.readers import identity
+
+    url = upload(make_dataset(tmp_path / "ds", N, records_per_shard=4), s3.url("ds"))
+    proxy = FaultProxy(s3.port, lambda n: "ok")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    try:
+        identity.open_root(url)
+        entry = identity.remembered(url)
+        assert entry is not None
+        documents = _start._documents(url, entry[1], entry[2])
+        shards = -(-N // 4)
+        assert documents.tails is not None and sorted(documents.tails) == list(range(shards))
+        gets = len(proxy.gets)
+        with Dataset(url, opened={entry[2]: documents}) as ds:
+            batch = ds.read([0, 1, 2, 3])  # shard 0's records: one ranged GET, no tail first
+            np.testing.assert_array_equal(batch["image"], encode(np.arange(4)))
+        shard0 = [p for p, _ in proxy.gets[gets:] if "/ds/image/c/0/" in p]
+        assert len(shard0) == 1, proxy.gets[gets:]
+        store = open_store(url)
+        key = {int(m.key.split("/")[2]): m.key for m in store.list("image/c/")}
+        store.put(key[1], store.get(key[2]))  # another shard's bytes under shard 1's name
+        with Dataset(url, opened={entry[2]: documents}) as ds, pytest.raises(ShardkitError):
+            ds.read([4])
+    finally:
+        proxy.close()
