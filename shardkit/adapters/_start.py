@@ -47,6 +47,9 @@ HELPER_EXIT_SECONDS = 5.0
 #: The helper sends a dataset's per-record fields along with its documents when they take at most
 #: this many bytes in all (larger ones are read by each sampler, as node-shared fields once per node).
 HELPER_FIELDS_BYTES = 16 << 20
+#: Most shards whose tails the helper checks for the workers (one small request each, all at once);
+#: above it each worker checks the tails its first block needs, as a reader does.
+HELPER_TAIL_SHARDS = 1024
 
 
 def remote(paths: Sequence[object]) -> bool:
@@ -136,7 +139,8 @@ def _documents(path: object, root: DatasetDocuments, location: str) -> DatasetDo
             documents = ds.documents
             if documents is None:
                 return root
-            tails = _Tails(ds.payload) if isinstance(ds.payload, RangedPayloadArray) else None
+            tails = (_Tails(ds.payload) if isinstance(ds.payload, RangedPayloadArray)
+                     and len(ds.payload.shards) <= HELPER_TAIL_SHARDS else None)
             fields = None
             if ds.meta.num_records * sum(spec.nbytes for spec in ds.meta.fields.values()) <= HELPER_FIELDS_BYTES:
                 fields = ds.fields

@@ -113,6 +113,8 @@ def announce_inputs(decoder: Decoder, items: Iterable[Any]) -> None:
     for item in items:
         for path in decoder.input_files(item):
             try:
+                if not stat.S_ISREG(os.stat(path).st_mode):  # a device is never opened here (an open can act)
+                    continue
                 fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
             except OSError:
                 continue

@@ -484,6 +484,22 @@ def test_announcing_skips_what_is_not_a_readable_regular_file(tmp_path: Path, mo
     assert events == [("announce", names[2])]
 
 
+def test_announcing_never_opens_a_special_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A device or FIFO among the inputs is not even opened (opening a device can act on it)."""
+    os.mkfifo(tmp_path / "fifo")
+    opened: list[str] = []
+    real_open = os.open
+
+    def spy(path: Any, *args: Any, **kwargs: Any) -> int:
+        opened.append(str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(decoding.os, "open", spy)
+    names = [str(tmp_path / "fifo"), "/dev/null"]
+    decoding.announce_inputs(_FileDecoder(names, []), range(2))
+    assert opened == []
+
+
 def test_an_image_folder_conversion_announces_its_images(corpus: Path, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     events: list[tuple[str, str]] = []

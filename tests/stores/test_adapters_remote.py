@@ -333,3 +333,18 @@ def test_the_helper_checks_the_tails_once_and_readers_pin_its_etags(s3: Any, tmp
             ds.read([4])
     finally:
         proxy.close()
+
+
+def test_the_helper_leaves_the_tails_of_many_shards_to_the_readers(s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above HELPER_TAIL_SHARDS shards the helper checks no tails (one request per shard at the start
+    of every loader would grow with the dataset); each reader checks the tails its blocks need."""
+    from shardkit.adapters import _start
+    from shardkit.readers import identity
+
+    url = upload(make_dataset(tmp_path / "ds", N, records_per_shard=4), s3.url("ds"))
+    monkeypatch.setattr(_start, "HELPER_TAIL_SHARDS", 1)
+    identity.open_root(url)
+    entry = identity.remembered(url)
+    assert entry is not None
+    documents = _start._documents(url, entry[1], entry[2])
+    assert documents.tails is None
