@@ -355,15 +355,6 @@ def test_later_blocks_ask_for_whole_parts() -> None:
     assert _whole_parts([(9 * per + 1, 9 * per + 3)], 9 * per + 2) == [(9 * per, 9 * per + 2)]  # a short last part
 
 
-def test_whole_parts_are_the_prefetchers_parts_of_the_moment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The parts later blocks ask for are the prefetcher's as set when asked (an option or a test
-    that shrinks them), not the size bound when the reader's module was imported."""
-    from shardkit.formats.ranged import _whole_parts
-
-    monkeypatch.setattr(prefetch, "PART_BYTES", 2 * cache_mod.PAGE_BYTES)
-    assert _whole_parts([(3, 4), (9, 10)], 100) == [(2, 4), (8, 10)]
-
-
 def test_copies_are_checked_from_their_parts_not_read_again(dataset: tuple[Path, str], tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """Each part is checksummed while it is in memory; a complete copy's crc32c (and its records')
