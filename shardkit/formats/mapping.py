@@ -267,15 +267,6 @@ class MappedFile:
             return all(_all_in_core(self.map, x, page) for x in at.tolist())
         return _all_in_core(self.map, a, b - a)
 
-    def uncached_bytes(self, start: int, end: int) -> int:
-        """Bytes of the pages of ``[start, end)`` not in the page cache (``mincore``): what touching
-        them reads from the device. All of them when the kernel cannot tell."""
-        a, b = self._pages(start, end)
-        flags = in_core(self.map, a, b - a) if b > a else None
-        if flags is None:
-            return max(0, b - a)
-        return min(b - a, int(flags.size - np.count_nonzero(flags)) * mmap.PAGESIZE)
-
     def drop(self, start: int, end: int) -> None:
         """Unmap the pages of bytes ``[start, end)`` from this process (``MADV_DONTNEED``; they stay in
         the page cache, and a later access maps them again): mapped file pages count in the process's

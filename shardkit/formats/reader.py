@@ -1180,8 +1180,7 @@ class PayloadArray:
         A sparse block of small records wants a few records of every page: the bounce read copied
         every byte of the span to take a few of them, where mapping a cached page only maps it.
         Unmapping each window keeps the mapped pages (which count in the RSS) at one window, as the
-        bounce buffer was. Counted in ``stats`` is what the device reads: the window's pages the page
-        cache lacks (dropped since the check), one request a window that has some; nothing else."""
+        bounce buffer was. Counted as the bounce read would be: each window one request of its span."""
         rec, path = self.record_nbytes, self._shard_str(i)
         view = _records(np.frombuffer(f.map, dtype=np.uint8, count=int(self.shards[i].count) * rec).reshape(-1, rec))
         per = max(1, BOUNCE_BYTES // rec)
@@ -1191,11 +1190,9 @@ class PayloadArray:
             first = int(local[a])
             b = a + int(np.searchsorted(local[a:], first + per))
             end = (int(local[b - 1]) + 1) * rec
-            uncached = f.uncached_bytes(first * rec, end)  # read by the take's page faults
             np.take(view, local[a:b], axis=0, out=dst[a:b], mode="clip")
             f.drop(first * rec, end)
-            if uncached:
-                self.stats.add(path, first * rec, uncached)
+            self.stats.add(path, first * rec, end - first * rec)
             a = b
 
     def _read_plan(self, plan: _Plan, rows: list[np.ndarray], decodes: list[DecodeJob] | None = None) -> None:

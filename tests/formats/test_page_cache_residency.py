@@ -29,21 +29,3 @@ def test_a_file_reads_as_cached_once_its_pages_are_in_the_page_cache(tmp_path: P
         f.close()
     finally:
         os.close(fd)
-
-
-def test_uncached_bytes_are_the_pages_a_touch_would_read(tmp_path: Path) -> None:
-    """``MappedFile.uncached_bytes``: the bytes of a range's pages the page cache lacks (what the
-    mapped gather counts as read from the device), none once they are written."""
-    page = mmap.PAGESIZE
-    path = tmp_path / "f"
-    with open(path, "wb") as fh:
-        fh.truncate(16 * page)
-    fd = os.open(path, os.O_RDWR)
-    try:
-        f = MappedFile(fd)
-        os.pwrite(fd, b"x" * (4 * page), 0)
-        assert f.uncached_bytes(0, 4 * page) == 0
-        assert f.uncached_bytes(100, 6 * page - 1) == 2 * page  # pages 4 and 5 never touched
-        f.close()
-    finally:
-        os.close(fd)
