@@ -117,10 +117,13 @@ class RangedPayloadArray(PayloadArray):
         #: once started (no cache only).
         self._next_keys: np.ndarray | None = None
         self._ahead: _Ahead | None = None
-        #: Blocks opened ahead (:meth:`deliver_ahead`): each destination and its runs' deliveries.
-        self._opened_ahead: list[tuple[Destination, dict[tuple[int, int, int], _Registered]]] = []
+        #: Blocks opened ahead (:meth:`deliver_ahead`): each destination, its runs' deliveries and
+        #: the block's plan when it covers the whole block (its read uses it: planned once).
+        self._opened_ahead: list[tuple[Destination, dict[tuple[int, int, int], _Registered], _Planned | None]] = []
         #: The deliveries of the read under way that a :meth:`deliver_ahead` registered.
         self._taking: dict[tuple[int, int, int], _Registered] = {}
+        #: The plan :meth:`deliver_ahead` made for the read under way (taken by :meth:`_plan`).
+        self._planned: _Planned | None = None
 
     # ------------------------------------------------------------------ files and indexes
     def shard_path(self, i: int) -> NoReturn:
@@ -232,6 +235,8 @@ class RangedPayloadArray(PayloadArray):
     def _switch(self, replaced: _Replaced) -> None:
         """Read shard ``replaced.shard`` from the copy kept for this version from now on."""
         self._keys[replaced.shard] = replaced.key
+        self._planned = None  # plans made ahead hold the older copy's offsets
+        self._opened_ahead = [(d, registered, None) for d, registered, _ in self._opened_ahead]
         self._etags.pop(replaced.shard, None)
         self._indexes.pop(replaced.shard, None)
         self._pending_index.pop(replaced.shard, None)
@@ -265,7 +270,7 @@ class RangedPayloadArray(PayloadArray):
             self._next_keys = None  # read in several plans: the next read's requests would start too early
         if self.cache is not None and self.prefetcher is None and k.size and self._uncached(k):
             self.prefetcher = self._start_prefetch()
-        self._taking = self._take_opened(dest)
+        self._taking, self._planned = self._take_opened(dest)
         try:
             while True:  # at most once more per shard a newer version replaced
                 if self.prefetcher is not None:
@@ -283,6 +288,7 @@ class RangedPayloadArray(PayloadArray):
                     self._drop_ahead()
                     raise
         finally:
+            self._planned = None
             left, self._taking = self._taking, {}
             self._undeliver(reg.delivery for reg in left.values())  # not taken by the read: no copy after it
 
@@ -308,7 +314,8 @@ class RangedPayloadArray(PayloadArray):
             return True
         req = SortedRequest.of(k[at], self.num_records)
         rows = SortedRequest.byte_rows(dest)
-        plan = self._plan(req.distinct, *dest.rows_at(at[req.first]), rows)
+        which, row = dest.rows_at(at[req.first])
+        plan = super()._plan(req.distinct, which, row, rows)
         out = _Rows(rows, plan)
         registered: dict[tuple[int, int, int], _Registered] = {}
         copies: dict[int, PartialCopy | None] = {}
@@ -328,16 +335,26 @@ class RangedPayloadArray(PayloadArray):
                 if c is not None:
                     c.close()
         if registered:
-            self._opened_ahead.append((dest, registered))
+            whole = at.size == k.size  # the read plans these keys as this plan did: it takes this one
+            self._opened_ahead.append((dest, registered, _Planned(req.distinct, which, row, plan) if whole else None))
         return True
 
-    def _take_opened(self, dest: Destination) -> dict[tuple[int, int, int], _Registered]:
-        """The deliveries :meth:`deliver_ahead` registered for ``dest`` (taken out of the list)."""
-        for n, (d, registered) in enumerate(self._opened_ahead):
+    def _take_opened(self, dest: Destination) -> tuple[dict[tuple[int, int, int], _Registered], _Planned | None]:
+        """The deliveries :meth:`deliver_ahead` registered for ``dest`` and the plan it made for
+        the whole block, if it did (taken out of the list)."""
+        for n, (d, registered, planned) in enumerate(self._opened_ahead):
             if d is dest:
                 del self._opened_ahead[n]
-                return registered
-        return {}
+                return registered, planned
+        return {}, None
+
+    def _plan(self, keys: np.ndarray, which: np.ndarray, row: np.ndarray, rows: list[np.ndarray]) -> _Plan:
+        """As :meth:`PayloadArray._plan`, but a read of a block opened ahead takes the plan
+        :meth:`deliver_ahead` made of the same keys into the same rows instead of planning again."""
+        planned, self._planned = self._planned, None
+        if planned is not None and planned.same(keys, which, row):
+            return planned.plan
+        return super()._plan(keys, which, row, rows)
 
     def _registered(self, run: _Run, rows: _Rows) -> _Registered | None:
         """The delivery registered ahead for exactly ``run`` into the same rows, taken (or None)."""
@@ -829,7 +846,7 @@ class RangedPayloadArray(PayloadArray):
     def close(self) -> None:
         self._drop_ahead()
         opened, self._opened_ahead = self._opened_ahead, []
-        self._undeliver(reg.delivery for _, registered in opened for reg in registered.values())
+        self._undeliver(reg.delivery for _, registered, _ in opened for reg in registered.values())
         if self.prefetcher is not None:
             self.prefetcher.close()
         super().close()
@@ -866,6 +883,21 @@ class _Registered:
 
     def __init__(self, delivery: Delivery, which: np.ndarray, row: np.ndarray) -> None:
         self.delivery, self.which, self.row = delivery, which, row
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Planned:
+    """The plan :meth:`RangedPayloadArray.deliver_ahead` made of records ``keys`` (ascending,
+    distinct) into rows ``row`` of buffers ``which``: the block's read takes it for the same."""
+
+    keys: np.ndarray
+    which: np.ndarray
+    row: np.ndarray
+    plan: _Plan
+
+    def same(self, keys: np.ndarray, which: np.ndarray, row: np.ndarray) -> bool:
+        return (np.array_equal(self.keys, keys) and np.array_equal(self.which, which)
+                and np.array_equal(self.row, row))  # fmt: skip
 
 
 def _run_id(run: _Run) -> tuple[int, int, int]:

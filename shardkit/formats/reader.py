@@ -956,6 +956,15 @@ class PayloadArray:
                     self._dense_index = None
         return True
 
+    def record_offsets(self, i: int, local: np.ndarray) -> np.ndarray:
+        """Byte offsets (int64) in shard ``i``'s file of its records ``local`` (shard-local,
+        ascending): ``j * record_nbytes`` for the checked fixed-size layout (only the index pages
+        these records need are checked, :meth:`_dense_shard`), else the entries of its index (read
+        and checked whole). For readers of the shard files of their own (tiers/ssd_direct.py)."""
+        if self._dense_shard(i, local):
+            return local.astype(np.int64) * self.record_nbytes
+        return np.asarray(self.index(i).offsets[local], dtype=np.int64)
+
     def _dense_check(self, i: int) -> DenseIndexCheck | None:
         """The page-wise check of shard ``i``'s index, once its size, stored and recorded crc32c and
         tail are the fixed-size layout's (the tail is read and checked here); ``None`` for anything

@@ -16,6 +16,7 @@ import logging
 import os
 import queue
 import random
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
@@ -83,8 +84,11 @@ class _Runner:
     hand the result to Python; if that happens while the interpreter is finalizing, the thread is
     made to exit through Rust frames and the process aborts (SIGABRT at exit). So a request, once
     sent, is left to settle even when its caller is cancelled (:meth:`settle`), and at exit
-    (:func:`_quiesce`) the process waits, bounded, until no request is in flight. (A blocking call
-    on a daemon thread that outlives the interpreter exits its thread without that abort.)
+    (:func:`_quiesce`) the process waits, bounded, until no request is in flight and no thread
+    Python did not start is still running Python code: a request settles when the loop runs its
+    callback, which can be before obstore's thread has left ``call_soon_threadsafe`` (its write to
+    the loop's self-pipe releases the GIL and takes it again). (A blocking call on a daemon thread
+    that outlives the interpreter exits its thread without that abort.)
     """
 
     def __init__(self) -> None:
@@ -133,15 +137,26 @@ class _Runner:
 EXIT_WAIT_SECONDS = 5.0
 
 
+def _foreign_threads_in_python() -> list[int]:
+    """Threads Python did not start (obstore's runtime threads) that are running Python code now:
+    each would take the GIL again, which aborts the process once the interpreter is finalizing."""
+    ours = {t.ident for t in threading.enumerate() if not isinstance(t, threading._DummyThread)}
+    return [ident for ident in sys._current_frames() if ident not in ours]
+
+
 def _quiesce() -> None:
-    """At exit: let the requests in flight settle before the interpreter finalizes (see _Runner)."""
+    """At exit: let the requests in flight settle, and obstore's threads leave the Python code
+    that hands their results over, before the interpreter finalizes (see _Runner)."""
     global _runner
     runner = _runner
     if runner is not None:
+        deadline = time.monotonic() + EXIT_WAIT_SECONDS
         runner.stop(EXIT_WAIT_SECONDS)
         with _runner_lock:  # a store used after this (a later exit hook) starts a new loop
             if _runner is runner:
                 _runner = None
+        while os.getpid() == runner.pid and _foreign_threads_in_python() and time.monotonic() < deadline:
+            time.sleep(0.001)  # (releases the GIL for them)
 
 
 atexit.register(_quiesce)

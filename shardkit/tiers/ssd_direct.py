@@ -105,11 +105,7 @@ class DirectReads:
         shards = distinct_sorted(shard).tolist()
         for i in shards:
             at = shard == i
-            local = keys[at] - self._starts[i]
-            # The fixed-size layout, checked as the reader checks it (only the index pages these
-            # records need); any other index is read whole.
-            dense = self._payload._dense_shard(i, local)
-            offs[at] = local * self._rec if dense else self._payload.index(i).offsets[local]
+            offs[at] = self._payload.record_offsets(i, keys[at] - self._starts[i])
         if np.any(offs % DIRECT_ALIGN):
             return None
         head = np.ones(keys.size, dtype=bool)

@@ -279,6 +279,26 @@ def test_a_block_opened_ahead_gets_its_records_from_an_earlier_blocks_parts(
     assert st.delivered_bytes == (len(KEYS) + len(AHEAD_KEYS)) * REC
 
 
+def test_a_block_opened_ahead_is_planned_once(url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan a block opened ahead was registered with is the one its read uses: planned once."""
+    from shardkit.formats.reader import PayloadArray
+
+    planned: list[list[int]] = []
+    real = PayloadArray._plan
+
+    def counted(self: Any, keys: np.ndarray, *args: Any) -> Any:
+        planned.append(keys.tolist())
+        return real(self, keys, *args)
+
+    monkeypatch.setattr(PayloadArray, "_plan", counted)
+    with Dataset(url, cache_dir=_cache(tmp_path)) as ds:
+        payload, out, dest = _opened_ahead(ds)
+        check_batch({"key": np.array(KEYS), **ds.read(KEYS)})
+        payload.read_into(np.array(AHEAD_KEYS), dest)
+    np.testing.assert_array_equal(out, encode(np.array(AHEAD_KEYS), SHAPE))
+    assert planned.count(sorted(AHEAD_KEYS)) == 1, planned
+
+
 def test_a_block_opened_ahead_reads_back_none_of_its_delivered_records_once_the_copies_are_complete(
         url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The blocks after the download read complete copies through the local engine; a block opened

@@ -3,7 +3,8 @@
 obstore finishes a request on its own runtime thread, which then takes the GIL to hand the result
 to the event loop; if the interpreter is finalizing by then, the process aborts (SIGABRT or SIGBUS,
 empty stderr: seen about once in 12 runs of ``shardkit verify s3://...``). The store waits at exit
-until the requests it sent have settled (shardkit/stores/objectstore.py, ``_Runner``).
+until the requests it sent have settled and obstore's threads have left the Python code that hands
+their results over (shardkit/stores/objectstore.py, ``_Runner``).
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from typing import Any
 
 from shardkit.stores import open_store
 
-# The race, made certain: obstore's thread hands the result over 1.5 s after the request (a hook on
-# the loop's call_soon_threadsafe, called only by that thread here), the script's main thread ends
-# at 0.5 s, and an exit hook leaves garbage whose finalizer keeps the interpreter finalizing for 2 s.
+# The races, made certain: obstore's thread hands the result over 1.5 s after the request (a hook on
+# the loop's call_soon_threadsafe, called only by that thread here) and stays in Python 1 s after
+# (call_soon_threadsafe's write to the self-pipe releases the GIL and takes it again: the loop can run
+# the callback in between), the script's main thread ends at 0.5 s, and an exit hook leaves garbage
+# whose finalizer keeps the interpreter finalizing for 2 s.
 _SCRIPT = """
 import atexit, gc, sys, threading, time
 from shardkit.stores import objectstore, open_store
@@ -28,9 +31,13 @@ loop = objectstore._get_runner().loop
 handover = loop.call_soon_threadsafe
 
 def late_handover(*args, **kwargs):
-    if threading.current_thread().name.startswith("Dummy"):  # a thread Python did not start: obstore's
+    theirs = threading.current_thread().name.startswith("Dummy")  # a thread Python did not start: obstore's
+    if theirs:
         time.sleep(1.5)
-    return handover(*args, **kwargs)
+    handle = handover(*args, **kwargs)
+    if theirs:  # still in Python once the loop may have run the callback, as in the self-pipe's send
+        time.sleep(1.0)
+    return handle
 
 loop.call_soon_threadsafe = late_handover
 pending = store.start_fetch([ByteRange("blob", 0, 16)])

@@ -394,3 +394,24 @@ def test_an_epoch_reads_each_block_s_own_records_only(tmp_path: Path, monkeypatc
         np.testing.assert_array_equal(epochs_of(s, n), epochs_of(plain, n))  # checks every record
         assert s.stats.disk.records == n
     assert n // 2 < ranges[0] <= n  # (blocks of 32 of 400 records: few neighbours)
+
+
+def test_blocks_announced_ahead_count_a_shared_record_once(tmp_path: Path) -> None:
+    """Two blocks announced before either is populated (an epoch's last block and the next epoch's
+    first, which can share records): the second block's populate leaves out what the first made
+    resident since, so each record is counted (and read) once."""
+    from shardkit.formats import open_dataset
+    from shardkit.formats.reader import ReadStats
+
+    path = make_dataset(tmp_path / "ds", N, records_per_shard=RPS, shape=SHAPE)
+    with open_dataset(path) as ds:
+        m = mapped_mod.MappedShards.open(ds.payload)
+        assert m is not None
+        stats = ReadStats()
+        last, first = np.array([3, 17, 40, 41]), np.array([41, 40, 5, 88])
+        announced = [m.announce(last), m.announce(first)]
+        m.populate(last, stats, announced=announced[0])
+        m.populate(first, stats, announced=announced[1])
+        assert stats.records == 6
+        assert stats.bytes_read == 6 * REC
+        m.close()

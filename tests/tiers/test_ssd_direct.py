@@ -295,3 +295,26 @@ def test_read_back_from_the_mapping_matches_the_file_read(tmp_path: Path) -> Non
             m.close()
         finally:
             os.close(fd)
+
+
+def test_direct_runs_take_each_records_offset_from_the_reader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``DirectReads.runs`` asks the reader where records are (``PayloadArray.record_offsets``: its
+    checked layout or its index) and joins records consecutive in a shard into one run."""
+    from shardkit.formats.reader import PayloadArray
+
+    asked: list[int] = []
+    real = PayloadArray.record_offsets
+
+    def traced(self: PayloadArray, i: int, local: np.ndarray) -> np.ndarray:
+        asked.append(i)
+        return real(self, i, local)
+
+    monkeypatch.setattr(PayloadArray, "record_offsets", traced)
+    with Dataset(make_dataset(tmp_path / "ds", 12, shape=BIG, records_per_shard=4)) as ds:
+        keys = np.array([0, 1, 2, 5, 6, 11])
+        runs = DirectReads(ds.payload).runs(keys)
+        assert asked == [0, 1, 2]
+        for i in range(3):
+            np.testing.assert_array_equal(ds.payload.record_offsets(i, np.arange(4)), ds.payload.index(i).offsets[:4])
+    assert runs is not None
+    assert runs.tolist() == [[0, 0, 0, 3], [1, BIG_REC, 3, 2], [2, 3 * BIG_REC, 5, 1]]
