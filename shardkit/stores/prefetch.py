@@ -688,11 +688,14 @@ class ShardPrefetcher:
             with self._cond:
                 self._finish(i, _DONE)
             return
+        if isinstance(exc, _Stop):  # closed while a part streamed: kept for the next filler, as in close()
+            self.cache.release(fill.fd)  # (the cut part's pages were never marked present: fetched again)
+            with self._cond:
+                self._finish(i, _SKIPPED)
+            return
         self.cache.abandon(item.name, fill.fd)
         with self._cond:
-            if isinstance(exc, _Stop):
-                self._finish(i, _SKIPPED)
-            elif isinstance(exc, TruncatedShardError) or is_out_of_space(exc):
+            if isinstance(exc, TruncatedShardError) or is_out_of_space(exc):
                 # replaced by a newer version, or damaged (a ranged read says so); or no room
                 logger.info("%s: %s; read by range", item.key, exc)
                 self.cache.refuse(item.name)

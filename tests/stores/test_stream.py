@@ -333,6 +333,12 @@ def test_failed_parts_are_fetched_again_not_delivered(dataset: tuple[Path, str],
         kw: dict[str, Any] = {"batch_size": 8, "epochs": 1, "seed": 2, "ram_size": "30records"}
         expected = list(TieredSampler(str(local), **kw))
         got = list(TieredSampler(url, cache_dir=_cache(tmp_path), **kw))
+        # the epoch may end while a part no block waits for is still being retried: the sampler's close
+        # stops it and keeps that copy, which the next reader finishes
+        with Dataset(url, cache_dir=_cache(tmp_path)) as ds:
+            ds.read(ONE_PER_SHARD)
+            if ds.payload.prefetcher is not None:  # type: ignore[attr-defined]
+                _wait_all(ds)
     finally:
         proxy.close()
     assert proxy.done[fault] >= SHARDS
@@ -340,6 +346,46 @@ def test_failed_parts_are_fetched_again_not_delivered(dataset: tuple[Path, str],
         for k in a:
             np.testing.assert_array_equal(a[k], b[k])
     assert [p.read_bytes() for p in _final_copies(_cache(tmp_path))] == _shard_bytes(local)
+
+
+def test_a_fill_closed_mid_part_is_kept_for_the_next_filler(dataset: tuple[Path, str], tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader that closes while a part streams (its sink stops it) keeps that copy with its map,
+    as it keeps copies with nothing in flight: the next filler fetches only the cut part's pages."""
+    local, url = dataset
+    cache = _cache(tmp_path)
+    cut_start = 2 * cache_mod.PAGE_BYTES  # shard 0's second part
+    reached = threading.Event()
+    real = prefetch._PartSink.__call__
+
+    def held_until_closing(self: Any, pos: int, chunk: memoryview) -> None:
+        if self.fill.index == 0 and self.start == cut_start:
+            reached.set()
+            deadline = time.monotonic() + 60
+            while not self.closing() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        real(self, pos, chunk)
+
+    monkeypatch.setattr(prefetch._PartSink, "__call__", held_until_closing)
+    total = sum(len(b) for b in _shard_bytes(local))
+    ds = Dataset(url, cache_dir=cache)
+    try:
+        check_batch({"key": np.array([0]), **ds.read([0])})  # (not in the held part) starts the background
+        assert reached.wait(60)
+        pf = ds.payload.prefetcher  # type: ignore[attr-defined]
+        deadline = time.monotonic() + 60
+        while pf.stats.bytes < total - 2 * cache_mod.PAGE_BYTES and time.monotonic() < deadline:
+            time.sleep(0.01)  # every other part landed
+        assert pf.stats.bytes == total - 2 * cache_mod.PAGE_BYTES
+    finally:
+        ds.close()  # the held part's next chunk sees the prefetcher closing
+    assert len(_final_copies(cache)) == SHARDS - 1
+    monkeypatch.setattr(prefetch._PartSink, "__call__", real)
+    with Dataset(url, cache_dir=cache) as ds:
+        check_batch({"key": np.array([0]), **ds.read([0])})
+        _wait_all(ds)
+        assert ds.payload.prefetcher.stats.bytes == 2 * cache_mod.PAGE_BYTES  # type: ignore[attr-defined]
+    assert [p.read_bytes() for p in _final_copies(cache)] == _shard_bytes(local)
 
 
 def test_later_blocks_ask_for_whole_parts() -> None:
