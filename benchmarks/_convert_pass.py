@@ -2,7 +2,8 @@
 
 Run as ``python _convert_pass.py MODE SRC OUT [--warmup N]`` with the shardkit tree to measure first on
 ``PYTHONPATH`` (so ``convert.py --before TREE`` measures an older tree with the same code); MODE is
-``bare`` (the bare Pillow loop of ``_convert_peers.transform``), ``w1`` or ``w2`` (``shardkit.convert``
+``bare`` (the bare Pillow loop of ``_convert_peers.transform``), ``bare2`` (the same loop split over 2
+forked processes: the machine's own 2-process speed-up at that moment), ``w1`` or ``w2`` (``shardkit.convert``
 with 1 or 2 workers). Prints one JSON line: wall ``seconds``, the CPU seconds of this process (``own``)
 and of its ended children (``children``: the decode workers), the machine's idle share, the wall
 ``first``/``last`` progress marks, the seconds the main thread was blocked (``main_blocked``: its wall
@@ -219,9 +220,43 @@ def _bare(src: Path) -> Callable[[], int]:
     return run
 
 
+def _bare_two(src: Path) -> Callable[[], int]:
+    """The bare loop split over 2 forked processes in contiguous halves, started before the clock and
+    released together: the parallel speed-up this machine offers at that moment for this very work,
+    with no conversion overhead (the ceiling of ``w2`` over ``w1`` in the same round)."""
+    import multiprocessing as mp
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _convert_peers import corpus, transform
+
+    files = [path for path, _ in corpus(src)]
+    ctx = mp.get_context("fork")
+    go = ctx.Event()
+    half = len(files) // 2
+
+    def loop(part: list[Any]) -> None:
+        go.wait(120)
+        for f in part:
+            transform(f)
+
+    procs = [ctx.Process(target=loop, args=(part,)) for part in (files[:half], files[half:])]
+    for proc in procs:
+        proc.start()
+
+    def run() -> int:
+        go.set()
+        for proc in procs:
+            proc.join()
+            if proc.exitcode:
+                raise RuntimeError(f"a bare-loop process exited with {proc.exitcode}")
+        return len(files)
+
+    return run
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("mode", choices=("bare", "w1", "w2"))
+    ap.add_argument("mode", choices=("bare", "bare2", "w1", "w2"))
     ap.add_argument("src", type=Path)
     ap.add_argument("out", type=Path)
     ap.add_argument("--warmup", type=int, default=32, help="images converted before the measured pass")
@@ -229,8 +264,8 @@ def main() -> None:
     clock = StageClock()
     thread = {"write": 0.0, "commit": 0.0, "commit_wall": 0.0, "last_close_wall": 0.0}
     marks: list[tuple[float, int]] = []
-    if args.mode == "bare":
-        run = _bare(args.src)
+    if args.mode in ("bare", "bare2"):
+        run = _bare(args.src) if args.mode == "bare" else _bare_two(args.src)
         missing: list[str] = []
     else:
         import shardkit

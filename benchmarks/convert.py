@@ -40,7 +40,9 @@ pass and shows the range over all of them (the variants run interleaved, pass by
 
 The 2-worker speed-up is measured in paired rounds (``--pairs``, default 5), each pass in a fresh
 interpreter (``_convert_pass.py``) after a warm-up conversion of ``--warmup`` images in it, the inputs'
-page cache dropped first: per round a bare-loop pass, then ``--workers 1`` and ``--workers 2`` of each tree
+page cache dropped first: per round a bare-loop pass and one of the bare loop split over 2 processes
+(the machine's own 2-process speed-up for this work at that moment, the ceiling of the 2-worker ratio),
+then ``--workers 1`` and ``--workers 2`` of each tree
 (this one, and with ``--before TREE`` an older one, e.g. ``git archive main shardkit | tar -x -C DIR``),
 the order of the two modes and of the trees flipping every round so that a drift of the load falls on
 both sides. Each pair gives one ratio (the load it met, both passes met); the median and range over the
@@ -284,12 +286,15 @@ def paired_rounds(files: list[Path], trees: dict[str, Path], rounds: int, warmup
     tmp = Path(tempfile.mkdtemp(prefix="shardkit-bench-convert-pairs-"))
     got: dict[tuple[str, str], list[dict[str, Any]]] = {}
     bare: list[dict[str, Any]] = []
+    bare2: list[dict[str, Any]] = []
     t0 = time.strftime("%H:%M:%S")
     load0 = os.getloadavg()
     try:
         for r in range(rounds):
             drop_cache(files)
             bare.append(one_pass("bare", REPO, tmp / "bare", 0))
+            drop_cache(files)
+            bare2.append(one_pass("bare2", REPO, tmp / "bare2", 0))
             names = list(trees) if r % 2 == 0 else list(reversed(trees))
             for name in names:
                 for mode in ("w1", "w2") if (r // 2) % 2 == 0 else ("w2", "w1"):
@@ -310,23 +315,27 @@ def paired_rounds(files: list[Path], trees: dict[str, Path], rounds: int, warmup
     def row(tree: str, mode: str, passes: list[dict[str, Any]]) -> None:
         rates = [n / p["seconds"] for p in passes]
         cells = [f"{statistics.median(rates):.1f} ({min(rates):.1f}-{max(rates):.1f})"]
-        if mode != "bare":
+        if not mode.startswith("bare"):
             splits = [stage_split(p) for p in passes]
             cells += [f"{statistics.median(s[c] for s in splits):.2f}" for c in SPLIT]
         else:
-            cells += ["-"] * (len(SPLIT) - 1) + [f"{statistics.median(1000 * p['own'] / n for p in passes):.2f}"]
+            cells += ["-"] * (len(SPLIT) - 1) + [f"{statistics.median(1000 * (p['own'] + p['children']) / n for p in passes):.2f}"]
         cells += [f"{statistics.median((p['own'] + p['children']) / p['seconds'] for p in passes):.2f}",
                   f"{statistics.median(p['idle'] for p in passes):.0%}",
-                  "-" if mode == "bare" else f"{statistics.median(1000 * p['commit_wall'] for p in passes):.0f}",
-                  "-" if mode == "bare" else f"{statistics.median(1000 * p['last_close_wall'] for p in passes):.0f}",
+                  "-" if mode.startswith("bare") else f"{statistics.median(1000 * p['commit_wall'] for p in passes):.0f}",
+                  "-" if mode.startswith("bare") else f"{statistics.median(1000 * p['last_close_wall'] for p in passes):.0f}",
                   "-" if any(p.get("main_blocked") is None for p in passes)
                   else f"{statistics.median(1000 * p['main_blocked'] / n for p in passes):.2f}"]
         print(f"| {tree} | {mode} | " + " | ".join(cells) + " |")
 
     row("-", "bare", bare)
+    row("-", "bare2", bare2)
     for (tree, mode), passes in got.items():
         row(tree, mode, passes)
     print()
+    ceiling = [a["seconds"] / b["seconds"] for a, b in zip(bare, bare2)]
+    print(f"- the machine's ceiling: the bare loop on 2 processes / on 1, paired wall: median "
+          f"{statistics.median(ceiling):.2f}x (range {min(ceiling):.2f}-{max(ceiling):.2f}x)")
     for tree in trees:
         w1, w2 = got[(tree, "w1")], got[(tree, "w2")]
         ratios = [a["seconds"] / b["seconds"] for a, b in zip(w1, w2)]
@@ -342,6 +351,9 @@ def paired_rounds(files: list[Path], trees: dict[str, Path], rounds: int, warmup
               f"{bound:.2f}x; --workers 2 spends {s2['total'] / s1['total']:.2f}x the CPU of --workers 1, "
               f"{parent:.0%} of it in the parent (client {s2['client']:.2f}, writer {s2['write']:.2f}, "
               f"commit {s2['commit']:.2f} ms/image)")
+        share = [r / c for r, c in zip(ratios, ceiling)]
+        print(f"- {tree}: --workers 2 / --workers 1 as a share of the machine's ceiling in the same round: median "
+              f"{statistics.median(share):.0%} (range {min(share):.0%}-{max(share):.0%})")
         print(f"- {tree}: single-worker overhead over the bare loop, paired wall: median "
               f"{100 * statistics.median(over):+.1f}% (range {100 * min(over):+.1f} to {100 * max(over):+.1f}%; "
               f"target <= 10%); CPU per image {s1['total']:.2f} ms against the bare loop's {bare_cpu:.2f} "

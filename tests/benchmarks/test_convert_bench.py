@@ -37,6 +37,21 @@ def test_pass_splits_a_two_worker_conversion_by_stage(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
+def test_the_bare_loop_on_two_processes_decodes_every_image_in_its_children(tmp_path: Path) -> None:
+    """``bare2``, the machine's ceiling for ``w2 / w1``: both halves run in child processes (their CPU
+    counted as children's, the parent's only the start) and every image is decoded."""
+    src = tmp_path / "src"
+    rng = np.random.default_rng(0)
+    for i in range(40):
+        (src / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 255, (300, 400, 3), dtype=np.uint8)).save(src / f"c{i % 2}" / f"{i}.jpg")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "_convert_pass.py"), "bare2", str(src), str(tmp_path / "out")],
+                          capture_output=True, text=True, env=env, timeout=600, check=True)
+    res = json.loads(proc.stdout.splitlines()[-1])
+    assert res["images"] == 40 and res["children"] > 0 and res["children"] > res["own"]
+
+
 def test_cpu_bound_time_of_one_and_two_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     bench = load_benchmark("_convert_pass", monkeypatch)
     one = {"decode": 2.0, "resize": 2.0, "task other": 0.0, "worker IPC": 0.0, "client": 0.5, "write": 0.5,
