@@ -18,12 +18,17 @@ from tests.helpers.benchmarks import BENCHMARKS, load_benchmark
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_pass_splits_a_two_worker_conversion_by_stage(tmp_path: Path) -> None:
-    src = tmp_path / "src"
+def _jpegs(src: Path, n: int, shape: tuple[int, int, int]) -> Path:
+    """``n`` random JPEGs of ``shape`` in two class folders under ``src``."""
     rng = np.random.default_rng(0)
-    for i in range(12):
+    for i in range(n):
         (src / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
-        Image.fromarray(rng.integers(0, 255, (60, 80, 3), dtype=np.uint8)).save(src / f"c{i % 2}" / f"{i}.jpg")
+        Image.fromarray(rng.integers(0, 255, shape, dtype=np.uint8)).save(src / f"c{i % 2}" / f"{i}.jpg")
+    return src
+
+
+def test_pass_splits_a_two_worker_conversion_by_stage(tmp_path: Path) -> None:
+    src = _jpegs(tmp_path / "src", 12, (60, 80, 3))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, str(BENCHMARKS / "_convert_pass.py"), "w2", str(src), str(tmp_path / "out"),
                            "--warmup", "4"], capture_output=True, text=True, env=env, timeout=600, check=True)
@@ -40,11 +45,7 @@ def test_pass_splits_a_two_worker_conversion_by_stage(tmp_path: Path) -> None:
 def test_the_bare_loop_on_two_processes_decodes_every_image_in_its_children(tmp_path: Path) -> None:
     """``bare2``, the machine's ceiling for ``w2 / w1``: both halves run in child processes (their CPU
     counted as children's, the parent's only the start) and every image is decoded."""
-    src = tmp_path / "src"
-    rng = np.random.default_rng(0)
-    for i in range(40):
-        (src / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
-        Image.fromarray(rng.integers(0, 255, (300, 400, 3), dtype=np.uint8)).save(src / f"c{i % 2}" / f"{i}.jpg")
+    src = _jpegs(tmp_path / "src", 40, (300, 400, 3))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, str(BENCHMARKS / "_convert_pass.py"), "bare2", str(src), str(tmp_path / "out")],
                           capture_output=True, text=True, env=env, timeout=600, check=True)
