@@ -108,8 +108,9 @@ def announce_inputs(decoder: Decoder, items: Iterable[Any]) -> None:
     """Ask the kernel to start reading the input files of ``items`` (:meth:`Decoder.input_files`) and
     return without waiting (``POSIX_FADV_WILLNEED``): a cold decode otherwise waits for its file's read
     with the CPU idle, a worker at a time. Only regular files are announced, each up to
-    :data:`_ANNOUNCE_BYTES`; a file that cannot be opened is left to its decode to report (opened
-    non-blocking: a FIFO among the inputs does not hold this up)."""
+    :data:`_ANNOUNCE_BYTES`; a path is looked at before it is opened, so a device or FIFO is never
+    opened (and one swapped in after the look finds a non-blocking open that is checked again); a file
+    that cannot be opened is left to its decode to report."""
     for item in items:
         for path in decoder.input_files(item):
             try:
