@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from shardkit.errors import ConfigError, MissingShardError, ObjectChangedError, ShardkitError, TruncatedShardError
+from shardkit.formats.arrays import distinct_sorted
 from shardkit.formats.checksums import FileDigest, fd_crc32c
 from shardkit.formats.decode_threads import DecodeJob, finish_decodes, wait_decodes
 from shardkit.formats.index import ShardIndex
@@ -277,7 +278,7 @@ class RangedPayloadArray(PayloadArray):
                     self.prefetcher.raise_error()
                 try:
                     if k.size and int(k.min()) >= 0 and int(k.max()) < self.num_records:
-                        self._prefetch_indexes(np.unique(k // self.records_per_shard).tolist())
+                        self._prefetch_indexes(distinct_sorted(k // self.records_per_shard).tolist())
                     super().read_into(k, dest)
                     self._blocks_read += 1
                     return
@@ -408,7 +409,7 @@ class RangedPayloadArray(PayloadArray):
         for keys in blocks:
             if not left:
                 break
-            k = np.unique(np.asarray(keys, dtype=np.int64))
+            k = distinct_sorted(keys)
             k = k[(k >= 0) & (k < self.num_records)]
             shard_of = k // self.records_per_shard
             cuts = np.flatnonzero(np.diff(shard_of)) + 1
@@ -423,7 +424,7 @@ class RangedPayloadArray(PayloadArray):
                     idx = self.index(i)
                     offs = idx.offsets[local[idx.present[local]]].astype(np.int64)
                 npages = map_pages(self.shards[i].nbytes)
-                for p in np.unique(offs // part_bytes).tolist():
+                for p in distinct_sorted(offs // part_bytes).tolist():
                     if (i, p) not in seen:
                         seen.add((i, p))
                         order.append((i, p * per, min(npages, (p + 1) * per)))
@@ -436,7 +437,7 @@ class RangedPayloadArray(PayloadArray):
     def _uncached(self, keys: np.ndarray) -> bool:
         """Some shard of ``keys`` has no complete local copy (the download is started for it: a read
         that finds every copy complete starts no fetch threads)."""
-        shards = np.unique(np.clip(keys, 0, max(0, self.num_records - 1)) // self.records_per_shard).tolist()
+        shards = distinct_sorted(np.clip(keys, 0, max(0, self.num_records - 1)) // self.records_per_shard).tolist()
         return any(self._cached_fd(i) is None for i in shards)
 
     def _read_plan(self, plan: _Plan, rows: list[np.ndarray], decodes: list[DecodeJob] | None = None) -> None:
@@ -477,7 +478,7 @@ class RangedPayloadArray(PayloadArray):
         done = np.zeros(plan.num_runs, dtype=bool)
         run_shard = plan.shard[plan.run_starts]
         files: dict[int, tuple[int, str]] = {}
-        for i in np.unique(run_shard).tolist():
+        for i in distinct_sorted(run_shard).tolist():
             fd = self._cached_fd(i)
             if fd is not None:
                 files[i] = (fd, f"{self.shard_location(i)} (local cache copy)")
@@ -747,10 +748,10 @@ class RangedPayloadArray(PayloadArray):
         keys, self._next_keys = self._next_keys, None
         if keys is None or not keys.size or int(keys.min()) < 0 or int(keys.max()) >= self.num_records:
             return
-        distinct = np.unique(keys)
+        distinct = distinct_sorted(keys)
         if distinct.size > PLAN_RECORDS:
             return  # read in several plans: only the first plan's requests could be started
-        shards = np.unique(distinct // self.records_per_shard).tolist()
+        shards = distinct_sorted(distinct // self.records_per_shard).tolist()
         ready = [i for i in shards if self._index_at_hand(i) and (i in self._tails_checked or not PayloadArray._tail_nbytes(self, i))]
         if not ready:
             return

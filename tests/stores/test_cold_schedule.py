@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -225,3 +226,23 @@ def test_a_cold_download_starts_with_the_most_parts_in_flight(url: str, tmp_path
     assert parts > prefetch.MAX_PARTS_IN_FLIGHT
     assert in_flight == want == prefetch.MAX_PARTS_IN_FLIGHT, in_flight
     assert len(set(entered)) == len(entered) == parts  # each part once, all of them
+
+
+def test_a_cold_cached_epoch_sorts_its_keys_without_numpy_unique(url: str, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reader's schedule and reads use ``distinct_sorted``: numpy's ``unique`` hashes integers
+    (slower on a block's keys) and its first call imports ``numpy.ma`` in the reader's thread, before
+    a fresh process's first block."""
+    callers: list[str] = []
+    real = np.unique
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        callers.append(sys._getframe(1).f_code.co_filename)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(np, "unique", spy)
+    with TieredSampler(url, tiers="ram", ram_size=N // 4 * 16384, batch_size=8, epochs=1, seed=3,
+                       cache_dir=_cache(tmp_path)) as s:
+        seen = sum(check_batch(b).size for b in s)
+    assert seen == N
+    assert not [c for c in callers if c.endswith(os.path.join("formats", "ranged.py"))]
