@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing.util
+import os
 import threading
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
@@ -38,19 +39,31 @@ class _State:
     lock: threading.Lock = field(default_factory=threading.Lock)
     ready: _Prepared | None = None
     building: threading.Thread | None = None
+    #: The epoch ``building`` builds the sampler of (named when it does not end in time).
+    building_epoch: int | None = None
     #: Start the prepared sampler's iteration as soon as it is built (:meth:`NextPass.start`).
     start: bool = False
     closed: bool = False
 
     def close(self, wait: bool) -> None:
+        """Close the prepared sampler; a build under way closes its own once built. With ``wait``
+        (the process is ending, so a build still running then never will), first wait for that
+        build up to :data:`JOIN_SECONDS`, and raise SamplerError naming it if it still runs."""
         with self.lock:
             self.closed = True
             ready, self.ready = self.ready, None
-            building = self.building
+            building, epoch = self.building, self.building_epoch
+        stuck = False
         if wait and building is not None:
-            building.join(JOIN_SECONDS)  # a build finishing later closes its own sampler
+            building.join(JOIN_SECONDS)
+            stuck = building.is_alive()
         if ready is not None:
             ready.sampler.close()  # stops its iteration too
+        if stuck:
+            raise SamplerError(
+                f"the sampler of the next pass (epoch {epoch}) was still being built {JOIN_SECONDS:.0f} s after "
+                f"process {os.getpid()} began to exit; it is abandoned unclosed (what it opened goes with the process)"
+            )
 
 
 class NextPass:
@@ -93,6 +106,7 @@ class NextPass:
             if state.closed:
                 return
             state.start = False
+            state.building_epoch = epoch
             state.building = threading.Thread(target=run, args=(state.building,), name="shardkit-next-pass", daemon=True)
             state.building.start()  # inside the lock: take() never finds a thread not yet started
 

@@ -10,6 +10,7 @@ and every bytecode one of them runs under the GIL is one the other decoder may w
 from __future__ import annotations
 
 import _thread
+import os
 import queue
 import threading
 import weakref
@@ -91,27 +92,60 @@ def _stop(jobs: queue.SimpleQueue[DecodeJob | None], threads: list[threading.Thr
 class DecodeThreads:
     """``workers`` daemon threads named ``<name>_<k>`` that run submitted calls in submission order
     (the first free thread takes the next). The threads end at :meth:`shutdown`, or once the object
-    is collected; being daemons, they never hold up the interpreter's exit."""
+    is collected; being daemons, they never hold up the interpreter's exit.
+
+    A process forked from the owner inherits the object but none of its threads: its first
+    :meth:`submit` starts threads of its own on a fresh queue (the parent's pending jobs are not the
+    child's), so a reader used before a ``fork`` decodes in the child instead of waiting forever."""
 
     def __init__(self, workers: int, name: str) -> None:
+        self._workers = max(1, int(workers))
+        self._name = name
+        self._start()
+
+    def _start(self) -> None:
+        """Start the threads (and their queue) of this process."""
+        self._pid = os.getpid()
         self._jobs: queue.SimpleQueue[DecodeJob | None] = queue.SimpleQueue()
-        self._threads = [threading.Thread(target=_serve, args=(self._jobs,), name=f"{name}_{k}", daemon=True)
-                         for k in range(max(1, int(workers)))]
+        self._threads = [threading.Thread(target=_serve, args=(self._jobs,), name=f"{self._name}_{k}", daemon=True)
+                         for k in range(self._workers)]
         for t in self._threads:
             t.start()
         self._finalizer = weakref.finalize(self, _stop, self._jobs, self._threads)
 
+    def _restart_in_child(self) -> None:
+        """After a fork: drop the parent's queue and threads (none runs here) and start this process's."""
+        with _FORK_LOCK:
+            if self._pid != os.getpid():
+                self._finalizer.detach()
+                self._start()
+
     def submit(self, call: Callable[[], None]) -> DecodeJob:
         """Queue ``call`` and return its job."""
+        if self._pid != os.getpid():
+            self._restart_in_child()
         job = DecodeJob(call)
         self._jobs.put(job)
         return job
 
     def shutdown(self, wait: bool = True) -> None:
-        """Let every thread end once the jobs queued before have run; with ``wait``, join them."""
+        """Let every thread end once the jobs queued before have run; with ``wait``, join them (in a
+        forked child, the parent's threads were never this process's: nothing to join)."""
         self._finalizer()
-        if wait:
+        if wait and self._pid == os.getpid():
             current = threading.current_thread()
             for t in self._threads:
                 if t is not current:
                     t.join()
+
+
+#: Serialises a forked child's restarts; a new lock in every child (one held at the fork stays held).
+_FORK_LOCK = threading.Lock()
+
+
+def _new_fork_lock() -> None:
+    global _FORK_LOCK
+    _FORK_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_fork_lock)

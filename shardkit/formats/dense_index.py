@@ -89,23 +89,26 @@ class DenseIndexCheck:
         """Every page of the index was compared: the whole index is the fixed-size layout's."""
         return self._left == 0
 
-    def check(self, local: np.ndarray) -> bool:
-        """Compare the index pages holding the entries of records ``local`` (shard-local, ascending)
-        that were not compared yet; False at the first group of pages that differs (nothing is
-        marked then). Pages at most :data:`_GAP_PAGES` apart are read as one span (the pages between
-        are compared too, again if they were before: a page is read at most twice), and spans are compared
-        in groups of about :data:`_RUN_ENTRIES` entries, one numpy comparison each: a sparse first
-        block asks for one page per record."""
+    def check(self, local: np.ndarray | None) -> bool:
+        """Compare the index pages holding the entries of records ``local`` (shard-local, ascending;
+        ``None``: every record, with no array of them) that were not compared yet; False at the
+        first group of pages that differs (nothing is marked then). Pages at most :data:`_GAP_PAGES`
+        apart are read as one span (the pages between are compared too, again if they were before: a
+        page is read at most twice), and spans are compared in groups of about :data:`_RUN_ENTRIES`
+        entries, one numpy comparison each: a sparse first block asks for one page per record."""
         if self._left == 0:
             return True
-        pages = np.asarray(local, dtype=np.int64) // PIECE_ENTRIES
-        # ``local`` is ascending: its distinct pages are where the page changes (no sort, no hash).
-        pieces = pages[np.flatnonzero(np.diff(pages, prepend=np.int64(-1)))]
-        todo = pieces[~self._checked[pieces]]
-        if not todo.size:
-            return True
-        if todo.size * _ALL_LEFT >= self._left:  # a dense block: every page left, in long spans
+        if local is None:
             todo = np.flatnonzero(~self._checked)
+        else:
+            pages = np.asarray(local, dtype=np.int64) // PIECE_ENTRIES
+            # ``local`` is ascending: its distinct pages are where the page changes (no sort, no hash).
+            pieces = pages[np.flatnonzero(np.diff(pages, prepend=np.int64(-1)))]
+            todo = pieces[~self._checked[pieces]]
+            if not todo.size:
+                return True
+            if todo.size * _ALL_LEFT >= self._left:  # a dense block: every page left, in long spans
+                todo = np.flatnonzero(~self._checked)
         run_pages = _RUN_ENTRIES // PIECE_ENTRIES
         cut = np.flatnonzero(np.diff(todo) > _GAP_PAGES + 1) + 1
         first = todo[np.concatenate(([0], cut))]

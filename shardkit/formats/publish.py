@@ -20,7 +20,7 @@ from shardkit.formats.metadata import DatasetMeta, read_dataset_meta
 from shardkit.formats.outputs import PARTS_DIR, STAGING_DIR, clear_store, refuse_overlap, top_names
 from shardkit.formats.provenance import Provenance
 from shardkit.formats.spec import ZARR_JSON
-from shardkit.formats.transfer import CRC_METADATA_KEY, upload_files, upload_root
+from shardkit.formats.transfer import CRC_METADATA_KEY, remove_strays, upload_files, upload_root
 from shardkit.formats.verify import VerifyReport, verify
 from shardkit.formats.versions import VERSIONS_DIR
 from shardkit.stores import Location, Store, is_url, location_string, open_store
@@ -79,6 +79,7 @@ def publish(
     already = _check_destination(root, store, overwrite)
     sent = upload_files(root, store, progress=progress)
     _check_uploaded(root, store, meta, sent.crc32c)
+    remove_strays(store, {*sent.crc32c, ZARR_JSON})
     root_put = upload_root(root, store)
     report = verify(store, quick=not full_verify)
     if not report.ok:

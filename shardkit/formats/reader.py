@@ -925,9 +925,9 @@ class PayloadArray:
         self.stats.add(path, offset, want)
         return raw, size
 
-    def _dense_shard(self, i: int, local: np.ndarray) -> bool:
+    def _dense_shard(self, i: int, local: np.ndarray | None) -> bool:
         """True when shard ``i`` is a local dataset shard of the fixed-size layout, whose records
-        ``local`` (shard-local, ascending) may be read at ``j * record_nbytes``: its size, crc32c and
+        ``local`` (shard-local, ascending; ``None``: all of them) may be read at ``j * record_nbytes``: its size, crc32c and
         tail were checked at its first read, and the index entries of ``local`` are the layout's
         (compared a page at a time, each page once: :mod:`shardkit.formats.dense_index`). Its index
         (16 bytes a record, the sampler's largest per-record cost) is not kept. Anything else is
@@ -1011,10 +1011,12 @@ class PayloadArray:
         return kept[1]
 
     def is_dense(self, i: int) -> bool:
-        """True when shard ``i`` is the fixed-size layout (record j at ``j * record_nbytes``)."""
+        """True when shard ``i`` is the fixed-size layout (record j at ``j * record_nbytes``). A local
+        dataset shard's index pages not compared yet are compared a bounded piece at a time (as by
+        :meth:`_dense_shard`): the whole index is never held, nor kept."""
         if self.codec is not None:
             return False
-        if i in self._dense_shards:
+        if self._dense_shard(i, None):
             return True
         idx = self.index(i)
         count = self.shards[i].count
@@ -1028,7 +1030,7 @@ class PayloadArray:
         on write): nothing done to the view reaches the file. For a reader that keeps every record in
         RAM: the page cache then holds the only copy (docs/design.md §4, *Static cache*)."""
         count = int(self.shards[i].count)
-        if count == 0 or not self._dense_shard(i, np.arange(count, dtype=np.int64)):
+        if count == 0 or not self._dense_shard(i, None):
             return None
         f = MappedFile(self._fd(i), count * self.record_nbytes, unit=self.record_nbytes)
         view = np.frombuffer(f.map, dtype=self.dtype, count=count * int(np.prod(self.record.shape, dtype=np.int64)))

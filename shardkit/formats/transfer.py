@@ -24,8 +24,8 @@ from shardkit.formats.spec import ZARR_JSON
 from shardkit.stores import Location, ObjectMeta, Store, open_store
 from shardkit.stores.atomic import fsync_dir
 
-__all__ = ["CRC_METADATA_KEY", "file_crc32c", "object_matches", "put_checked", "upload_dataset", "upload_files", "upload_root", "Uploaded",
-           "copy_object", "link_file", "writing"]
+__all__ = ["CRC_METADATA_KEY", "file_crc32c", "object_matches", "put_checked", "remove_strays", "upload_dataset", "upload_files",
+           "upload_root", "Uploaded", "copy_object", "link_file", "writing"]
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +90,7 @@ def upload_dataset(
     bytes of each file done. ``uploaded``: keys the caller has just put (they need not exist in ``src``)."""
     store = open_store(dest)
     done = upload_files(src, store, progress=progress, uploaded=uploaded)
+    remove_strays(store, {*done.crc32c, *uploaded, ZARR_JSON})
     upload_root(src, store)
     return done.meta
 
@@ -127,6 +128,23 @@ def upload_root(src: str | os.PathLike[str], store: Store) -> bool:
     """Upload the root document of the local dataset ``src``, which makes the dataset visible: the
     last step of a publication. False when the same document was there already."""
     return _upload_one(store, ZARR_JSON, Path(src) / ZARR_JSON)[1]
+
+
+def remove_strays(store: Store, keep: Collection[str]) -> int:
+    """Delete every object under the dataset's own directories (the first path component of a key of
+    ``keep``, the complete dataset's keys) that ``keep`` does not name, and return how many: shards a
+    killed writer or publication uploaded past what this dataset holds. Run before the root document
+    goes up, so a visible dataset's directories hold exactly what its metadata names; keys outside
+    those directories (and shardkit's ``.``-directories) are never touched."""
+    names = set(keep)
+    dirs = sorted({k.split("/", 1)[0] for k in names if "/" in k and not k.startswith(".")})
+    strays = [m.key for d in dirs for m in store.list(f"{d}/") if m.key not in names]
+    for key in strays:
+        store.delete(key)
+    if strays:
+        logger.info("%s: removed %d objects no index names (left by an interrupted write), the first %s",
+                    store.url, len(strays), strays[0])
+    return len(strays)
 
 
 def _upload_one(store: Store, key: str, path: Path) -> tuple[int, bool]:

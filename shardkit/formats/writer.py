@@ -306,7 +306,9 @@ class DatasetWriter:
         :func:`~shardkit.stores.open_store`): then the files are written in a private directory under
         ``staging_dir`` and each shard is uploaded as it completes, the other files at :meth:`close`
         and the root document last, so a reader sees the whole dataset or none; the staging directory
-        is removed at the end. A failed write deletes what it uploaded (no dataset is visible).
+        is removed at the end. A failed write deletes what it uploaded (no dataset is visible); the
+        shards of a writer killed before it could are removed by the next write to the URL, before
+        its root document goes up (:func:`~shardkit.formats.transfer.remove_strays`).
     kind, payload
         Corpus kind and payload array name (``image`` / ``audio``).
     record

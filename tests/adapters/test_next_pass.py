@@ -6,6 +6,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 
+import pytest
+
+from shardkit.adapters import _ahead
 from shardkit.adapters._ahead import NextPass
 from shardkit.errors import SamplerError
 
@@ -71,3 +74,31 @@ def test_a_started_pass_is_not_checked_again_but_an_unstarted_one_is() -> None:
     sampler = ahead._state.ready.sampler if ahead._state.ready is not None else None
     assert ahead.take(2, "k") is None and isinstance(sampler, _Fake) and sampler.closed
     ahead.close()
+
+
+def test_a_build_still_running_at_exit_is_an_error_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At the process's exit (the finalizer) the wait for a build under way is bounded; a build still
+    running then is a SamplerError naming the pass, not silence. A build that ends later still closes
+    its own sampler."""
+    monkeypatch.setattr(_ahead, "JOIN_SECONDS", 0.2)
+    made: list[_Fake] = []
+    release = threading.Event()
+
+    def build(epoch: int) -> _Fake:
+        release.wait(30)
+        made.append(_Fake(epoch))
+        return made[-1]
+
+    ahead = NextPass(build)  # type: ignore[arg-type]
+    ahead.prepare_in_background(7, (0, 2, 2))
+    with pytest.raises(SamplerError, match=r"next pass \(epoch 7\) was still being built"):
+        ahead._finalizer()  # what multiprocessing's exit handlers run in a DataLoader worker
+    release.set()
+    for t in threading.enumerate():
+        if t.name == "shardkit-next-pass":
+            t.join(30)
+    assert made and made[0].closed
+
+    quick = NextPass(lambda epoch: _Fake(epoch))  # type: ignore[arg-type, return-value]
+    quick.prepare_in_background(1)
+    quick._finalizer()  # a build that ends in time: no error

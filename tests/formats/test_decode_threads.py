@@ -90,3 +90,32 @@ def test_a_read_runs_no_python_synchronisation_on_its_decode_threads(tmp_path: P
         sys.setprofile(None)
     np.testing.assert_array_equal(got, expected)
     assert not calls, sorted(calls)
+
+
+def _read_in_child(payload: Any, keys: np.ndarray, expected: np.ndarray, results: Any) -> None:
+    """The body of a forked child: read with the reader it inherited, say whether the rows match."""
+    results.put(bool(np.array_equal(payload.read(keys), expected)))
+
+
+def test_a_reader_used_before_a_fork_decodes_in_the_child(tmp_path: Path) -> None:
+    """The child inherits the pool's objects but not its threads: its first decode starts its own."""
+    pytest.importorskip("imagecodecs")
+    import multiprocessing
+
+    y, x = np.mgrid[0:24, 0:32]
+    images = np.stack([np.stack([x * 5 + i, y * 3, (x + y) * 2 + i], axis=-1) % 256 for i in range(30)]).astype(np.uint8)
+    path = write_dataset(tmp_path / "ds", images, records_per_shard=7, compression="jpeg")
+    context = multiprocessing.get_context("fork")
+    with open_dataset(path, decode_workers=2) as ds:
+        keys = np.arange(0, 30, 2)
+        expected = ds.payload.read(keys)  # the parent's decode threads are running now
+        results = context.SimpleQueue()
+        child = context.Process(target=_read_in_child, args=(ds.payload, keys, expected, results))
+        child.start()
+        child.join(60)
+        if child.is_alive():
+            child.kill()
+            child.join()
+            pytest.fail("the forked child's read hung")
+        assert child.exitcode == 0 and results.get() is True
+        np.testing.assert_array_equal(ds.payload.read(keys), expected)  # the parent's pool is untouched

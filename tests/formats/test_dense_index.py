@@ -109,3 +109,30 @@ def test_a_dense_read_after_sparse_ones_compares_the_pages_left_in_long_requests
         assert ds.payload._dense_shards == {0}
     index_reads = [t for t in stats.trace[before:] if t[1] >= SHARD * recs.shape[1]]
     assert len(index_reads) == 1  # the 32-page index: one request
+
+
+@pytest.mark.parametrize("call", ["is_dense", "memmap"])
+def test_is_dense_and_memmap_of_a_partly_checked_shard_keep_no_whole_index(tmp_path: Path, call: str) -> None:
+    """After a first read checked one page, ``is_dense``/``memmap`` compare the pages left in bounded
+    pieces: neither a whole index (16 MiB here) in memory at once nor one kept afterwards."""
+    import tracemalloc
+
+    capacity = 1 << 20  # 16 MiB of index for 3,000 records
+    recs = make_records(3000, shape=(4,))
+    path = write_dataset(tmp_path / "ds", recs, records_per_shard=capacity)
+    with open_dataset(path) as ds:
+        payload = ds.payload
+        np.testing.assert_array_equal(payload.read([7]), recs[[7]])  # one page of the index checked
+        tracemalloc.start()
+        try:
+            base = tracemalloc.get_traced_memory()[0]
+            if call == "is_dense":
+                assert payload.is_dense(0)
+            else:
+                np.testing.assert_array_equal(payload.memmap(0), recs)
+            kept, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert peak - base < 4 << 20, f"peak {peak - base} bytes while checking a {16 * capacity}-byte index"
+        assert kept - base < 1 << 20, f"{kept - base} bytes kept after the check"
+        np.testing.assert_array_equal(payload.read([2999, 5]), recs[[2999, 5]])

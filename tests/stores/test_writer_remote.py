@@ -3,6 +3,10 @@ each shard uploaded as it completes, the metadata last; a failed write leaves no
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -10,10 +14,10 @@ import numpy as np
 import pytest
 
 from shardkit import errors
-from shardkit.formats import DatasetWriter, FieldSpec, open_dataset, verify
+from shardkit.formats import DatasetWriter, FieldSpec, open_dataset, publish, verify
 from shardkit.stores import open_store
 from shardkit.stores.objectstore import ObjectStore
-from tests.helpers.datasets import make_records
+from tests.helpers.datasets import REPO, make_records
 
 REC = FieldSpec((4, 4), "uint8")
 
@@ -125,3 +129,56 @@ def test_refused_url_writer_leaves_no_staging(s3: Any, tmp_path: Path) -> None:
         DatasetWriter(s3.url("bad"), kind="test", payload="image", record=REC, records_per_shard=0 - 1,
                       staging_dir=tmp_path)
     assert not any(p.name.startswith("writer-") for p in tmp_path.rglob("*"))
+
+
+#: A URL writer that uploads 8 shards, says so on stdout, then waits to be killed with no root document up.
+_KILLED_WRITER = """
+import sys, time
+import numpy as np
+from shardkit.formats import DatasetWriter, FieldSpec
+w = DatasetWriter(sys.argv[1], kind="test", payload="image", record=FieldSpec((4, 4), "uint8"),
+                  fields={"label": FieldSpec((), "int64")}, labels={"label": ["a", "b", "c"]},
+                  records_per_shard=5, staging_dir=sys.argv[2])
+w.write({"image": np.zeros((41, 4, 4), np.uint8), "label": np.zeros(41, np.int64)})
+print("uploaded", flush=True)
+time.sleep(600)
+"""
+
+
+def _kill_a_writer_midway(url: str, staging: Path) -> None:
+    """Run a URL writer in a process of its own and SIGKILL it once 8 shards are uploaded."""
+    staging.mkdir()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p))
+    child = subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, url, str(staging)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert child.stdout is not None
+        line = child.stdout.readline()
+        assert line.strip() == "uploaded", child.stderr.read() if child.stderr else line
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(60)
+    assert sum(1 for k in _objects(url) if k.startswith("image/c/")) == 8, "the killed writer left 8 shards"
+
+
+def test_the_next_url_writer_removes_a_killed_writers_shards(s3: Any, tmp_path: Path) -> None:
+    url = s3.url("killed-then-written")
+    _kill_a_writer_midway(url, tmp_path / "staging")
+    recs = make_records(12, (4, 4))
+    local = tmp_path / "local"
+    with _writer(local) as w:
+        _fill(w, recs)
+    with _writer(url, staging_dir=tmp_path / "staging") as w:
+        _fill(w, recs)
+    assert _objects(url) == _files(local), "exactly the new dataset: no shard that no index names"
+    assert verify(url).ok
+
+
+def test_publish_removes_a_killed_writers_shards(s3: Any, tmp_path: Path) -> None:
+    url = s3.url("killed-then-published")
+    _kill_a_writer_midway(url, tmp_path / "staging")
+    local = tmp_path / "local"
+    with _writer(local) as w:
+        _fill(w, make_records(12, (4, 4)))
+    publish(local, url)
+    assert _objects(url) == _files(local)
