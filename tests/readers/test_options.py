@@ -163,3 +163,19 @@ def test_cli_summary_explains_reads_beyond_delivered_bytes(tmp_path: Path, capsy
     assert _cli(["sample", str(ds), "--ram-size", "8records", "--batch-size", "4", "--gap-bytes", "0"]) == 0
     out = capsys.readouterr().out
     assert "index" in out  # only the shard indexes remain beyond the records' bytes
+
+
+def test_options_are_derived_once_per_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A set's declared options and flat names are derived once per class, not at every
+    construction (each sampler build validates its options twice), and callers get their own copy."""
+    from shardkit.declare import Option
+
+    base = SamplerOptions(ram_size="1MiB")
+    base.replace(rank=1, world_size=2)  # derived by now
+    calls = []
+    real = Option.cli_flag
+    monkeypatch.setattr(Option, "cli_flag", lambda self, name: calls.append(name) or real(self, name))
+    assert base.replace(rank=1, world_size=2, remote_concurrency=8).store.concurrency == 8
+    assert calls == []
+    SamplerOptions.declared().clear()
+    assert "ram_size" in SamplerOptions.declared()
