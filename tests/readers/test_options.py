@@ -179,3 +179,11 @@ def test_options_are_derived_once_per_set(monkeypatch: pytest.MonkeyPatch) -> No
     assert calls == []
     SamplerOptions.declared().clear()
     assert "ram_size" in SamplerOptions.declared()
+
+
+def test_a_consumers_first_block_asks_at_its_worker_index() -> None:
+    """The dataset a consumer reads gets its worker index in its rank as the first block's ask
+    priority: the main process takes the workers' first batches in that order (docs/design.md §9)."""
+    placed = {"world_size": 6, "workers_per_rank": 3}
+    assert [SamplerOptions(rank=r, **placed).dataset_options()["ask_priority"] for r in range(6)] == [0, 1, 2, 0, 1, 2]
+    assert SamplerOptions().dataset_options()["ask_priority"] == 0
