@@ -83,6 +83,7 @@ class RangedPayloadArray(PayloadArray):
         document: dict[str, Any] | None = None,
         checked_tails: Mapping[int, str] | None = None,
         ask_priority: int = 0,
+        fillers: int = 1,
     ) -> None:
         self.store = store
         self.cache = cache
@@ -118,6 +119,8 @@ class RangedPayloadArray(PayloadArray):
         #: ``LAST_PRIORITY``): this reader's turn among the node's consumers, so that a filler serves
         #: the block the first batch waits for before its siblings' (docs/design.md §9, *Shard cache*).
         self.ask_priority = min(max(int(ask_priority), 0), LAST_PRIORITY - 1)
+        #: The processes that fill the cache together, each with its share of the background parts.
+        self.fillers = max(1, int(fillers))
         #: The keys :meth:`read_ahead` announced for the next read, and that read's first requests
         #: once started (no cache only).
         self._next_keys: np.ndarray | None = None
@@ -847,6 +850,7 @@ class RangedPayloadArray(PayloadArray):
         return ShardPrefetcher(
             self.store, self.cache, items, verify=self._check_digest,
             pin=lambda i, etag: self._pin(i, etag, self.shard_location(i)), account=account, order=order,
+            fillers=self.fillers,
         )
 
     def close(self) -> None:

@@ -309,6 +309,8 @@ class ShardPrefetcher:
     ``pin(index, etag)``: checks the ETag a response carried against the ranged reads' (raising
     :class:`~shardkit.errors.ObjectChangedError`), returns the ETag to match (``If-Match``) or None.
     ``account(index, nbytes)``: counts one request. ``order``: the first :meth:`schedule`.
+    ``fillers``: the processes that fill this cache together (a DataLoader's workers), each keeping
+    its share of :data:`MAX_PARTS_IN_FLIGHT` streaming, so that together they keep what one would.
     """
 
     def __init__(
@@ -321,6 +323,7 @@ class ShardPrefetcher:
         pin: Callable[[int, str | None], str | None],
         account: Callable[[int, int], None],
         order: Sequence[tuple[int, int, int]] = (),
+        fillers: int = 1,
     ) -> None:
         self.store = store
         self.cache = cache
@@ -350,7 +353,9 @@ class ShardPrefetcher:
         self.error: BaseException | None = None
         total = max(1, min(store.options.concurrency, MAX_PARTS_IN_FLIGHT * 2))
         self._most_bg = max(1, min(store.options.concurrency, total))
-        self._max_bg = max(1, min(MAX_PARTS_IN_FLIGHT, self._most_bg))
+        #: This process's share of the background parts streaming (docs/design.md §9, *Shard cache*).
+        self._streaming = max(1, -(-MAX_PARTS_IN_FLIGHT // max(1, int(fillers))))
+        self._max_bg = max(1, min(self._streaming, self._most_bg))
         self._link = _Link()
         self._bg_active = 0
         self._demand_active = 0
@@ -557,7 +562,7 @@ class ShardPrefetcher:
         link.landed += nbytes
         link.first_byte(first_byte_s)
         self.stats.first_byte_s += first_byte_s
-        width = parts_in_flight(MAX_PARTS_IN_FLIGHT, link.rate(time.monotonic()), link.latency, PART_BYTES,
+        width = parts_in_flight(self._streaming, link.rate(time.monotonic()), link.latency, PART_BYTES,
                                 self._most_bg)
         if width > self._max_bg and not self._demand_active:
             self._wake.notify(width - self._max_bg)

@@ -293,6 +293,31 @@ def test_a_readers_first_block_asks_at_its_priority_and_later_blocks_last(
     assert priorities[first:] and set(priorities[first:]) == {cache_mod.LAST_PRIORITY}
 
 
+def test_fillers_share_the_background_parts(dataset: tuple[Path, str], tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Processes that fill one cache together (a DataLoader's workers) each keep their share of
+    ``MAX_PARTS_IN_FLIGHT`` streaming: together they put on the link what one process would, and a
+    worker's first block does not wait behind every worker's full width of background parts."""
+    _, url = dataset
+    streaming: list[int] = []
+    real = prefetch.parts_in_flight
+
+    def width(n: int, rate: float, latency: float, part_bytes: int, most: int) -> int:
+        streaming.append(n)
+        return real(n, rate, latency, part_bytes, most)
+
+    monkeypatch.setattr(prefetch, "parts_in_flight", width)
+    for fillers, share in ((1, prefetch.MAX_PARTS_IN_FLIGHT), (4, prefetch.MAX_PARTS_IN_FLIGHT // 4)):
+        streaming.clear()
+        (tmp_path / str(fillers)).mkdir()
+        with Dataset(url, cache_dir=_cache(tmp_path / str(fillers)), fillers=fillers) as ds:
+            check_batch({"key": np.array([3]), **ds.read([3])})
+            pf = ds.payload.prefetcher  # type: ignore[attr-defined]
+            assert pf._streaming == share
+            _wait_all(ds)
+        assert streaming and set(streaming) == {share}
+
+
 _FILLER = """
 import sys, threading
 import shardkit.stores.prefetch as prefetch
