@@ -17,6 +17,12 @@ from shardkit.units import parse_count
 
 __all__ = ["Source", "Parser", "Option", "option", "shared_option", "nested", "option_name", "UserOptions"]
 
+#: Each set's :meth:`UserOptions.flat_options` and :meth:`UserOptions.declared`, derived once per class
+#: (its fields never change): every construction names every option it parses, and deriving them
+#: anew each time made validating a sampler's options cost more than building the sampler.
+_FLAT: dict[type, dict[str, tuple[str, str, Option]]] = {}
+_DECLARED: dict[type, dict[str, Option]] = {}
+
 #: Where options came from: decides how errors spell their names.
 Source = Literal["python", "cli"]
 #: ``parse(value, name) -> normalised value``; raises a ConfigError starting with ``name``.
@@ -131,6 +137,9 @@ class UserOptions(metaclass=_TakesFlatNames):
     def flat_options(cls) -> dict[str, tuple[str, str, Option]]:
         """``{flat name: (field, option, Option)}`` for each option with a flag of each set this one
         holds (:func:`nested`); its flat name is its flag's (``remote_concurrency``)."""
+        known = _FLAT.get(cls)
+        if known is not None:
+            return dict(known)
         flat = {}
         for f in dataclasses.fields(cls):
             held: type[UserOptions] | None = f.metadata.get("nested")
@@ -138,19 +147,24 @@ class UserOptions(metaclass=_TakesFlatNames):
                 flag = declared.cli_flag(key)
                 if flag:
                     flat[flag.split("/")[0].removeprefix("--").replace("-", "_")] = (f.name, key, declared)
-        return flat
+        _FLAT[cls] = flat
+        return dict(flat)
 
     @classmethod
     def declared(cls) -> dict[str, Option]:
         """Every option of the set, in declaration order, with its :class:`Option`; a held set's
         options by their flat names follow its field."""
+        known = _DECLARED.get(cls)
+        if known is not None:
+            return dict(known)
         flat = cls.flat_options()
         declared = {}
         for f in dataclasses.fields(cls):
             if "option" in f.metadata:
                 declared[f.name] = f.metadata["option"]
             declared.update({name: opt for name, (held, _, opt) in flat.items() if held == f.name})
-        return declared
+        _DECLARED[cls] = declared
+        return dict(declared)
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:

@@ -76,6 +76,12 @@ class Dataset(Closing):
         Documents already read and checked, by store location (:attr:`Store.location`): a remote
         dataset found there is opened from them without a request (the caller vouches that its
         root document is unchanged; a sampler does, by its dataset identity).
+    ask_priority
+        With ``cache_dir``: the first read's turn (0 first) when it asks another process filling a
+        copy for pages; a sampler passes its place among the consumers of its rank.
+    fillers
+        With ``cache_dir``: the processes that download into the cache together (a DataLoader's
+        workers); each keeps its share of the background parts in flight.
 
     Opening checks everything cheap (metadata, its checksum, every array document); fields are loaded
     on first use, each chunk checked; payload records are checked only by
@@ -97,6 +103,8 @@ class Dataset(Closing):
         opened: Mapping[str, DatasetDocuments] | None = None,
         decode_workers: int = 0,
         decode: bool = True,
+        ask_priority: int = 0,
+        fillers: int = 1,
     ) -> None:
         self.store: Store = open_store(path, store_options)
         #: The local cache of remote shards (``cache_dir``), or None.
@@ -131,7 +139,8 @@ class Dataset(Closing):
             self.payload = RangedPayloadArray(self.store, self.meta.payload, shards=self.meta.shards, stats=stats,
                                               gap_bytes=remote_gap_bytes, document_digest=payload_digest, cache=self.cache,
                                               cache_stats=cache_stats, document=payload_document,
-                                              checked_tails=None if known is None else known.tails)
+                                              checked_tails=None if known is None else known.tails,
+                                              ask_priority=ask_priority, fillers=fillers)
         self.payload.use_decoders(decode_workers)
         self.payload.decode = decode
         if (self.payload.records_per_shard != self.meta.records_per_shard

@@ -38,7 +38,7 @@ from shardkit.formats.reader import (
 from shardkit.formats.spec import ZARR_JSON, ShardInfo, index_nbytes
 from shardkit.formats.versions import older_copy, read_document
 from shardkit.stores import ByteRange, Fetched, Store, prefetch
-from shardkit.stores.cache import PAGE_BYTES, ShardCache, map_pages
+from shardkit.stores.cache import LAST_PRIORITY, PAGE_BYTES, ShardCache, map_pages
 from shardkit.stores.prefetch import PART_BYTES, Delivery, PartialCopy, PrefetchItem, ShardPrefetcher, demand_gap_pages
 
 __all__ = ["RangedPayloadArray", "DEFAULT_REMOTE_GAP_BYTES"]
@@ -83,6 +83,8 @@ class RangedPayloadArray(PayloadArray):
         cache_stats: ReadStats | None = None,
         document: dict[str, Any] | None = None,
         checked_tails: Mapping[int, str] | None = None,
+        ask_priority: int = 0,
+        fillers: int = 1,
     ) -> None:
         self.store = store
         self.cache = cache
@@ -114,6 +116,12 @@ class RangedPayloadArray(PayloadArray):
         self.prefetcher: ShardPrefetcher | None = None
         #: Blocks read so far: the first asks for its records' pages, later ones for whole parts.
         self._blocks_read = 0
+        #: The priority of the first block's asks to a copy's filler (0 first; later blocks ask at
+        #: ``LAST_PRIORITY``): this reader's turn among the node's consumers, so that a filler serves
+        #: the block the first batch waits for before its siblings' (docs/design.md §9, *Shard cache*).
+        self.ask_priority = min(max(int(ask_priority), 0), LAST_PRIORITY - 1)
+        #: The processes that fill the cache together, each with its share of the background parts.
+        self.fillers = max(1, int(fillers))
         #: The keys :meth:`read_ahead` announced for the next read, and that read's first requests
         #: once started (no cache only).
         self._next_keys: np.ndarray | None = None
@@ -580,13 +588,14 @@ class RangedPayloadArray(PayloadArray):
                             registered.append(delivery)
                         waits.append((run, copy, spans, delivery))
                 gap = demand_gap_pages()
+                priority = LAST_PRIORITY if self._blocks_read else self.ask_priority
                 for shard, spans in asked.items():  # one request per copy: the filler is woken once, not per run
                     copy = copies[shard]
                     assert copy is not None
                     # Merged across gaps when this process fills the copy; another process's filler
                     # merges the pages asked for in its map itself (ShardPrefetcher._pick), and a
                     # retry (pages that did not come) asks for exactly those.
-                    copy.request(_merged(spans, gap if copy.owned and not attempt else 0))
+                    copy.request(_merged(spans, gap if copy.owned and not attempt else 0), priority)
                 self._fetch_runs(remote, rows)
                 remote = []
                 again: list[_Run] = []
@@ -842,6 +851,7 @@ class RangedPayloadArray(PayloadArray):
         return ShardPrefetcher(
             self.store, self.cache, items, verify=self._check_digest,
             pin=lambda i, etag: self._pin(i, etag, self.shard_location(i)), account=account, order=order,
+            fillers=self.fillers,
         )
 
     def close(self) -> None:

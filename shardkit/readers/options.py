@@ -449,8 +449,13 @@ class SamplerOptions(UserOptions):
         """Keyword arguments of :class:`~shardkit.formats.Dataset` for the bottom tier (the dataset
         itself): gap thresholds, and for an object store its concurrency and local cache. ``"auto"``
         is resolved by the sampler first (:func:`~shardkit.readers.sources.plan_remote_cache`); left
-        unresolved it means no cache."""
+        unresolved it means no cache. ``ask_priority``: this consumer's worker index in its rank (the
+        main process takes the workers' first batches in that order), the turn of its first block's
+        asks to a cache copy another process fills; ``fillers``: the workers of the rank, which fill
+        the cache together."""
         return {
+            "ask_priority": self.rank % self.workers_per_rank,
+            "fillers": self.workers_per_rank,
             "gap_bytes": self.gap_bytes,
             "remote_gap_bytes": self.remote_gap_bytes,
             "store_options": self.store,

@@ -23,8 +23,8 @@ from shardkit.errors import ConfigError
 from shardkit.privdir import PrivateDir
 from shardkit.stores.atomic import is_out_of_space
 
-__all__ = ["ShardCache", "cache_namespace", "STALE_SECONDS", "PAGE_BYTES", "map_pages", "cache_root", "cached_bytes", "footprint",
-           "filler_alive"]
+__all__ = ["ShardCache", "cache_namespace", "STALE_SECONDS", "PAGE_BYTES", "LAST_PRIORITY", "map_pages", "cache_root",
+           "cached_bytes", "footprint", "filler_alive"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +42,11 @@ _ASK_SERIAL = itertools.count()
 #: by every process) or not. 64 KiB keeps a 256 MiB shard's map at 4 KiB and the bytes a record
 #: read rounds up to at most two pages beyond it (docs/design.md §9).
 PAGE_BYTES = 64 << 10
+#: Priorities of asked-for pages (:meth:`ShardCache.want`) run from 0, served first, to this, served
+#: last: a reader's first block asks at its turn among the node's consumers (a DataLoader worker's
+#: index: the main process takes the workers' first batches in that order), every later block at
+#: this (docs/design.md §9, *Shard cache*).
+LAST_PRIORITY = 254
 
 #: Complete copies this process already checked, by (device, inode) -> (size, mtime): every pass
 #: builds a new :class:`ShardCache`, so without it every pass of every worker read each copy again to
@@ -360,13 +365,15 @@ class ShardCache:
         os.pwrite(map_fd, b"\1" * (hi - lo), lo)
 
     @staticmethod
-    def want(map_fd: int, size: int, lo: int, hi: int) -> None:
-        """Ask the filler of the copy for pages ``lo:hi`` first (any process may)."""
-        os.pwrite(map_fd, b"\1" * (hi - lo), map_pages(size) + lo)
+    def want(map_fd: int, size: int, lo: int, hi: int, priority: int = 0) -> None:
+        """Ask the filler of the copy for pages ``lo:hi`` first (any process may), at ``priority``
+        (0 is served first, at most :data:`LAST_PRIORITY`): each page's byte is ``1 + priority``."""
+        os.pwrite(map_fd, bytes([1 + min(max(priority, 0), LAST_PRIORITY)]) * (hi - lo), map_pages(size) + lo)
 
     @staticmethod
     def wanted(map_fd: int, size: int) -> bytes:
-        """The pages other processes asked for (see :meth:`want`)."""
+        """The pages other processes asked for (see :meth:`want`): 0 for a page nobody asked for,
+        else ``1 + `` the priority it was asked at."""
         n = map_pages(size)
         return os.pread(map_fd, n, n).ljust(n, b"\0")
 

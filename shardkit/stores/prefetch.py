@@ -8,6 +8,8 @@ and checked: docs/design.md §9 (*Shard cache*).
 from __future__ import annotations
 
 import bisect
+import heapq
+import itertools
 import logging
 import math
 import os
@@ -23,7 +25,7 @@ from shardkit.formats.checksums import extend_fd_crc32c
 from shardkit.formats.index import combine_crc32c, extend_crc32c
 from shardkit.stores.atomic import is_out_of_space
 from shardkit.stores.base import ByteRange, Store, write_all
-from shardkit.stores.cache import PAGE_BYTES, STALE_SECONDS, ShardCache, filler_alive, map_pages
+from shardkit.stores.cache import LAST_PRIORITY, PAGE_BYTES, STALE_SECONDS, ShardCache, filler_alive, map_pages
 
 __all__ = ["ShardPrefetcher", "PrefetchItem", "PrefetchStats", "PartialCopy", "Delivery", "PART_BYTES",
            "MAX_PARTS_IN_FLIGHT", "DEMAND_GAP_PAGES", "demand_gap_pages", "all_present"]
@@ -131,6 +133,10 @@ def all_present(flags: bytes | bytearray, spans: Iterable[tuple[int, int]]) -> b
     one C-level search for a zero per span, no slice copied and no Python per page. Why: a reader
     waiting for a block's runs checks every run each time a part lands, under the prefetcher's lock."""
     return all(flags.find(0, lo, hi) < 0 for lo, hi in spans)
+
+
+#: A map's asked-for bytes (``1 + priority``, 0 where not asked) as flags: 1 where asked.
+_ASKED = bytes([0] + [1] * 255)
 
 
 def _background_held() -> bool:
@@ -310,6 +316,8 @@ class ShardPrefetcher:
     ``pin(index, etag)``: checks the ETag a response carried against the ranged reads' (raising
     :class:`~shardkit.errors.ObjectChangedError`), returns the ETag to match (``If-Match``) or None.
     ``account(index, nbytes)``: counts one request. ``order``: the first :meth:`schedule`.
+    ``fillers``: the processes that fill this cache together (a DataLoader's workers), each keeping
+    its share of :data:`MAX_PARTS_IN_FLIGHT` streaming, so that together they keep what one would.
     """
 
     def __init__(
@@ -322,6 +330,7 @@ class ShardPrefetcher:
         pin: Callable[[int, str | None], str | None],
         account: Callable[[int, int], None],
         order: Sequence[tuple[int, int, int]] = (),
+        fillers: int = 1,
     ) -> None:
         self.store = store
         self.cache = cache
@@ -335,7 +344,11 @@ class ShardPrefetcher:
         #: Items whose every page landed in checked parts, being checked and named (:meth:`_settle`):
         #: their pages are readable from the copy meanwhile, so a reader need not wait for the rename.
         self._landed: set[int] = set()
-        self._demand: deque[tuple[int, int, int]] = deque()
+        #: Asked-for page spans ``(priority, serial, item, lo, hi)``, a heap: the lowest priority
+        #: first (a reader's first block before later blocks, the first batch's before others), first
+        #: asked first served within one (:data:`~shardkit.stores.cache.LAST_PRIORITY`).
+        self._demand: list[tuple[int, int, int, int, int]] = []
+        self._serial = itertools.count()
         #: ``(item, lo, hi)`` page spans in the order blocks will need them (:meth:`schedule`): the
         #: background order, before the shard-by-shard one.
         self._order: deque[tuple[int, int, int]] = deque(order)
@@ -347,7 +360,9 @@ class ShardPrefetcher:
         self.error: BaseException | None = None
         total = max(1, min(store.options.concurrency, MAX_PARTS_IN_FLIGHT * 2))
         self._most_bg = max(1, min(store.options.concurrency, total))
-        self._max_bg = max(1, min(MAX_PARTS_IN_FLIGHT, self._most_bg))
+        #: This process's share of the background parts streaming (docs/design.md §9, *Shard cache*).
+        self._streaming = max(1, -(-MAX_PARTS_IN_FLIGHT // max(1, int(fillers))))
+        self._max_bg = max(1, min(self._streaming, self._most_bg))
         self._link = _Link()
         self._bg_active = 0
         self._demand_active = 0
@@ -478,26 +493,28 @@ class ShardPrefetcher:
         self._filling.set()
         return fill
 
-    def _demanded(self, i: int, spans: list[tuple[int, int]]) -> None:
-        """Queue asked-for pages; wake as many idle threads as they make parts, not all of them (a
-        block asks once per shard, and every woken thread scans the fills under the lock)."""
+    def _demanded(self, i: int, spans: list[tuple[int, int]], priority: int = 0) -> None:
+        """Queue asked-for pages at ``priority`` (0 first); wake as many idle threads as they make
+        parts, not all of them (a block asks once per shard, and every woken thread scans the fills
+        under the lock)."""
         per = max(1, PART_BYTES // PAGE_BYTES)
         with self._cond:
-            self._demand.extend((i, lo, hi) for lo, hi in spans)
+            for lo, hi in spans:
+                heapq.heappush(self._demand, (priority, next(self._serial), i, lo, hi))
             self._wake.notify(min(len(self._threads), sum(-(-(hi - lo) // per) for lo, hi in spans)))
 
     def _pick(self) -> tuple[_Fill, int, int, bool] | None:
         """The next part to fetch: asked for (here or by another process, first asked first
         served), then the lowest shard's next pages (opening the next shard when the open ones have none)."""
         while self._demand:
-            i, lo, hi = self._demand.popleft()
+            priority, serial, i, lo, hi = heapq.heappop(self._demand)
             fill = self._fills.get(i)
             if fill is None or fill.error is not None:
                 continue
             got = fill.span(lo, hi)
             if got is not None:
-                if got[1] < hi:
-                    self._demand.appendleft((i, got[1], hi))
+                if got[1] < hi:  # the rest keeps its place
+                    heapq.heappush(self._demand, (priority, serial, i, got[1], hi))
                 return fill, got[0], got[1], True
         if self._bg_active >= self._max_bg or self._demand_active or _background_held():
             return None
@@ -552,7 +569,7 @@ class ShardPrefetcher:
         link.landed += nbytes
         link.first_byte(first_byte_s)
         self.stats.first_byte_s += first_byte_s
-        width = parts_in_flight(MAX_PARTS_IN_FLIGHT, link.rate(time.monotonic()), link.latency, PART_BYTES,
+        width = parts_in_flight(self._streaming, link.rate(time.monotonic()), link.latency, PART_BYTES,
                                 self._most_bg)
         if width > self._max_bg and not self._demand_active:
             self._wake.notify(width - self._max_bg)
@@ -655,9 +672,10 @@ class ShardPrefetcher:
             self._stopped.wait(ask_poll_seconds(now - heard))
 
     def _look_at_maps(self) -> None:
-        """Read every fill's asked-for pages from its map and queue the new ones behind the demand
-        already queued (first asked, first served: a block of this process asking later does not
-        overtake another process's earlier block); wake a thread per part they make."""
+        """Read every fill's asked-for pages from its map and queue the new ones at the priority
+        they were asked at, behind the demand already queued at that priority (first asked, first
+        served: a block of this process asking later does not overtake another process's earlier
+        block); wake a thread per part they make."""
         with self._cond:
             parts = 0
             for fill in self._fills.values():
@@ -666,13 +684,16 @@ class ShardPrefetcher:
                 wanted = ShardCache.wanted(fill.map_fd, fill.item.size)
                 if wanted == fill.wanted:
                     continue
-                new = (int.from_bytes(wanted) & ~int.from_bytes(fill.wanted)).to_bytes(fill.npages)
+                asked = wanted.translate(_ASKED)
+                new = (int.from_bytes(asked) & ~int.from_bytes(fill.wanted.translate(_ASKED))).to_bytes(fill.npages)
                 fill.wanted = wanted
                 p = 0
                 while (got := fill.span(p, fill.npages, new)) is not None:
-                    self._demand.append((fill.index, *got))
+                    lo, hi = got
+                    priority = min(b for b in wanted[lo:hi] if b) - 1  # (the span starts at an asked page)
+                    heapq.heappush(self._demand, (priority, next(self._serial), fill.index, lo, hi))
                     parts += 1
-                    p = got[1]
+                    p = hi
             if parts:
                 self._wake.notify(min(parts, len(self._threads)))
 
@@ -850,13 +871,15 @@ class PartialCopy:
     def __init__(self, owner: ShardPrefetcher, index: int, size: int, fd: int, map_fd: int, *, owned: bool) -> None:
         self.owner, self.index, self.size, self.fd, self.map_fd, self.owned = owner, index, size, fd, map_fd, owned
 
-    def request(self, spans: list[tuple[int, int]]) -> None:
-        """The pages of ``spans`` (``[lo, hi)`` each) are needed now: fetched before the background order."""
+    def request(self, spans: list[tuple[int, int]], priority: int = 0) -> None:
+        """The pages of ``spans`` (``[lo, hi)`` each) are needed now: fetched before the background
+        order, after what was asked at a lower ``priority`` (at most ``LAST_PRIORITY``)."""
+        priority = min(max(priority, 0), LAST_PRIORITY)
         if self.owned:
-            self.owner._demanded(self.index, spans)
+            self.owner._demanded(self.index, spans, priority)
         else:
             for lo, hi in spans:
-                ShardCache.want(self.map_fd, self.size, lo, hi)
+                ShardCache.want(self.map_fd, self.size, lo, hi, priority)
             self.owner.cache.ask()  # the filler's watcher looks at the map now
 
     def deliver(self, offs: list[int], ends: list[int], rows: list[memoryview]) -> Delivery | None:

@@ -163,3 +163,30 @@ def test_cli_summary_explains_reads_beyond_delivered_bytes(tmp_path: Path, capsy
     assert _cli(["sample", str(ds), "--ram-size", "8records", "--batch-size", "4", "--gap-bytes", "0"]) == 0
     out = capsys.readouterr().out
     assert "index" in out  # only the shard indexes remain beyond the records' bytes
+
+
+def test_a_consumers_first_block_asks_at_its_worker_index() -> None:
+    """The dataset a consumer reads gets its worker index in its rank as the first block's ask
+    priority: the main process takes the workers' first batches in that order (docs/design.md §9)."""
+    placed = {"world_size": 6, "workers_per_rank": 3}
+    assert [SamplerOptions(rank=r, **placed).dataset_options()["ask_priority"] for r in range(6)] == [0, 1, 2, 0, 1, 2]
+    assert SamplerOptions().dataset_options()["ask_priority"] == 0
+    # ... and the rank's workers as the processes that fill the cache together (each its share).
+    assert SamplerOptions(rank=4, **placed).dataset_options()["fillers"] == 3
+    assert SamplerOptions().dataset_options()["fillers"] == 1
+
+
+def test_options_are_derived_once_per_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A set's declared options and flat names are derived once per class, not at every
+    construction (each sampler build validates its options twice), and callers get their own copy."""
+    from shardkit.declare import Option
+
+    base = SamplerOptions(ram_size="1MiB")
+    base.replace(rank=1, world_size=2)  # derived by now
+    calls = []
+    real = Option.cli_flag
+    monkeypatch.setattr(Option, "cli_flag", lambda self, name: calls.append(name) or real(self, name))
+    assert base.replace(rank=1, world_size=2, remote_concurrency=8).store.concurrency == 8
+    assert calls == []
+    SamplerOptions.declared().clear()
+    assert "ram_size" in SamplerOptions.declared()

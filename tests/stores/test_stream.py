@@ -235,11 +235,87 @@ def test_another_processs_earlier_ask_is_served_before_a_later_block_here(
                 pf.cache.ask()
                 pf._look_at_maps()  # what the watcher does when the ask counter changes
                 pf._demanded(1, [(2, 3)])  # a later block of this process
-                queued = list(pf._demand)
+                queued = [(i, lo, hi) for *_, i, lo, hi in sorted(pf._demand)]  # in serving order
         finally:
             copy.close()
         assert queued == [(1, 0, 1), (1, 2, 3)]
         held.set()
+
+
+def test_the_first_batchs_asks_are_served_before_a_siblings_first_block(
+        dataset: tuple[Path, str], held: threading.Event, tmp_path: Path) -> None:
+    """Asked-for pages are served by priority, then first asked first served: another process's
+    first block at priority 0 (DataLoader worker 0, whose batch the main process takes first) goes
+    before this process's first block asked sooner at priority 1, and both before any later block."""
+    _, url = dataset
+    with Dataset(url, cache_dir=_cache(tmp_path)) as ds:
+        ds.read(ONE_PER_SHARD)  # claims all three copies; the background is held
+        pf = ds.payload.prefetcher  # type: ignore[attr-defined]
+        copy = pf.copy(1)
+        assert copy is not None and copy.owned
+        try:
+            with pf._cond:  # no fetch thread picks meanwhile
+                assert not pf._demand
+                cache_mod.ShardCache.want(copy.map_fd, copy.size, 3, 4, cache_mod.LAST_PRIORITY)  # a later block there
+                pf.cache.ask()
+                pf._look_at_maps()
+                pf._demanded(1, [(2, 3)], 1)  # this process's first block (worker 1)
+                cache_mod.ShardCache.want(copy.map_fd, copy.size, 0, 1, 0)  # worker 0's first block, asked last
+                pf.cache.ask()
+                pf._look_at_maps()
+                pf._demanded(1, [(1, 2)], cache_mod.LAST_PRIORITY)  # a later block here
+                queued = [(i, lo, hi) for *_, i, lo, hi in sorted(pf._demand)]  # in serving order
+        finally:
+            copy.close()
+        assert queued == [(1, 0, 1), (1, 2, 3), (1, 3, 4), (1, 1, 2)]
+        held.set()
+
+
+def test_a_readers_first_block_asks_at_its_priority_and_later_blocks_last(
+        dataset: tuple[Path, str], held: threading.Event, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader's first block asks a copy's filler at the reader's ``ask_priority``, every later
+    block at ``LAST_PRIORITY`` (after every consumer's first block)."""
+    _, url = dataset
+    priorities: list[int] = []
+    real_request = prefetch.PartialCopy.request
+
+    def request(self: prefetch.PartialCopy, spans: list[tuple[int, int]], priority: int = 0) -> None:
+        priorities.append(priority)
+        real_request(self, spans, priority)
+
+    monkeypatch.setattr(prefetch.PartialCopy, "request", request)
+    with Dataset(url, cache_dir=_cache(tmp_path), ask_priority=3) as ds:
+        check_batch({"key": np.array([3]), **ds.read([3])})
+        first = len(priorities)
+        check_batch({"key": np.array([PER_SHARD + 5]), **ds.read([PER_SHARD + 5])})  # (the background is held)
+        held.set()
+    assert first and priorities[:first] == [3] * first
+    assert priorities[first:] and set(priorities[first:]) == {cache_mod.LAST_PRIORITY}
+
+
+def test_fillers_share_the_background_parts(dataset: tuple[Path, str], tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Processes that fill one cache together (a DataLoader's workers) each keep their share of
+    ``MAX_PARTS_IN_FLIGHT`` streaming: together they put on the link what one process would, and a
+    worker's first block does not wait behind every worker's full width of background parts."""
+    _, url = dataset
+    streaming: list[int] = []
+    real = prefetch.parts_in_flight
+
+    def width(n: int, rate: float, latency: float, part_bytes: int, most: int) -> int:
+        streaming.append(n)
+        return real(n, rate, latency, part_bytes, most)
+
+    monkeypatch.setattr(prefetch, "parts_in_flight", width)
+    for fillers, share in ((1, prefetch.MAX_PARTS_IN_FLIGHT), (4, prefetch.MAX_PARTS_IN_FLIGHT // 4)):
+        streaming.clear()
+        (tmp_path / str(fillers)).mkdir()
+        with Dataset(url, cache_dir=_cache(tmp_path / str(fillers)), fillers=fillers) as ds:
+            check_batch({"key": np.array([3]), **ds.read([3])})
+            pf = ds.payload.prefetcher  # type: ignore[attr-defined]
+            assert pf._streaming == share
+            _wait_all(ds)
+        assert streaming and set(streaming) == {share}
 
 
 _FILLER = """
@@ -457,8 +533,8 @@ def test_no_background_part_starts_while_asked_for_parts_are_in_flight(
     asked = threading.Event()
     real_demanded, real_fetch = prefetch.ShardPrefetcher._demanded, prefetch.ShardPrefetcher._fetch
 
-    def demanded(self: prefetch.ShardPrefetcher, i: int, spans: list[tuple[int, int]]) -> None:
-        real_demanded(self, i, spans)
+    def demanded(self: prefetch.ShardPrefetcher, i: int, spans: list[tuple[int, int]], priority: int = 0) -> None:
+        real_demanded(self, i, spans, priority)
         asked.set()
 
     def fetch(self: prefetch.ShardPrefetcher, fill: Any, lo: int, hi: int) -> None:
@@ -597,9 +673,9 @@ def test_asking_for_pages_wakes_the_threads_it_needs_not_all(dataset: tuple[Path
     asks: list[int] = []
     real_demanded = prefetch.ShardPrefetcher._demanded
 
-    def demanded(self: prefetch.ShardPrefetcher, i: int, spans: list[tuple[int, int]]) -> None:
+    def demanded(self: prefetch.ShardPrefetcher, i: int, spans: list[tuple[int, int]], priority: int = 0) -> None:
         asks.append(i)
-        real_demanded(self, i, spans)
+        real_demanded(self, i, spans, priority)
 
     monkeypatch.setattr(prefetch.ShardPrefetcher, "_demanded", demanded)
     keys = [PER_SHARD + 1, PER_SHARD + 9, PER_SHARD + 17, PER_SHARD + 25, PER_SHARD + 33]  # five runs in one shard
