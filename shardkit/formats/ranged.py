@@ -38,7 +38,7 @@ from shardkit.formats.spec import ZARR_JSON, ShardInfo, index_nbytes
 from shardkit.formats.versions import older_copy, read_document
 from shardkit.stores import ByteRange, Fetched, Store, prefetch
 from shardkit.stores.cache import PAGE_BYTES, ShardCache, map_pages
-from shardkit.stores.prefetch import PART_BYTES, Delivery, PartialCopy, PrefetchItem, ShardPrefetcher, demand_gap_pages
+from shardkit.stores.prefetch import Delivery, PartialCopy, PrefetchItem, ShardPrefetcher, demand_gap_pages
 
 __all__ = ["RangedPayloadArray", "DEFAULT_REMOTE_GAP_BYTES"]
 
@@ -950,7 +950,7 @@ def _whole_parts(spans: list[tuple[int, int]], npages: int) -> list[tuple[int, i
     (``benchmarks/remote.py``: 0.21-0.29x raw GET, against 0.5-0.6x with whole parts), while whole
     parts are requests of the background's size, fetched once either way.
     """
-    per = PART_BYTES // PAGE_BYTES
+    per = prefetch.PART_BYTES // PAGE_BYTES
     out: list[tuple[int, int]] = []
     for lo, hi in spans:
         lo, hi = lo // per * per, min(npages, -(-hi // per) * per)
