@@ -398,7 +398,8 @@ def test_later_blocks_ask_for_whole_parts(per: int, monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(prefetch, "PART_BYTES", per * cache_mod.PAGE_BYTES)
     assert _whole_parts([(3, 5)], 10 * per) == [(0, per)]
     assert _whole_parts([(3, 5), (per + 1, per + 2), (5 * per, 5 * per + 1)], 10 * per) == [(0, 2 * per), (5 * per, 6 * per)]
-    assert _whole_parts([(9 * per + 1, 9 * per + 3)], 9 * per + 2) == [(9 * per, 9 * per + 2)]  # a short last part
+    assert _whole_parts([(9 * per + 1, 9 * per + 3)], 9 * per + 2) == [(8 * per, 9 * per + 2)]  # a short rest joins the last part
+    assert _whole_parts([(9 * per + 1, 9 * per + 3)], 9 * per + per // 2) == [(9 * per, 9 * per + per // 2)]  # a long one is a part
 
 
 def test_copies_are_checked_from_their_parts_not_read_again(dataset: tuple[Path, str], tmp_path: Path,
