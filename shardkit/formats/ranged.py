@@ -39,7 +39,7 @@ from shardkit.formats.spec import ZARR_JSON, ShardInfo, index_nbytes
 from shardkit.formats.versions import older_copy, read_document
 from shardkit.stores import ByteRange, Fetched, Store, prefetch
 from shardkit.stores.cache import LAST_PRIORITY, PAGE_BYTES, ShardCache, map_pages
-from shardkit.stores.prefetch import PART_BYTES, Delivery, PartialCopy, PrefetchItem, ShardPrefetcher, demand_gap_pages
+from shardkit.stores.prefetch import Delivery, PartialCopy, PrefetchItem, ShardPrefetcher, demand_gap_pages, grid_cell
 
 __all__ = ["RangedPayloadArray", "DEFAULT_REMOTE_GAP_BYTES"]
 
@@ -406,8 +406,8 @@ class RangedPayloadArray(PayloadArray):
         pf = self.prefetcher
         part_bytes = prefetch.PART_BYTES  # the prefetcher's parts (read when called: tests shrink them)
         per = part_bytes // PAGE_BYTES
-        todo = {i: -(-map_pages(info.nbytes) // per) for i, info in enumerate(self.shards)
-                if (self._cached_fd(i) is None if pf is None else pf.pending(i))}
+        todo = {i: len({grid_cell(p, map_pages(info.nbytes)) for p in range(0, map_pages(info.nbytes), per)})
+                for i, info in enumerate(self.shards) if (self._cached_fd(i) is None if pf is None else pf.pending(i))}
         if pf is None and not todo:
             return  # every copy complete: nothing to download, no fetch threads to start
         seen: set[tuple[int, int]] = set()
@@ -433,9 +433,10 @@ class RangedPayloadArray(PayloadArray):
                     offs = idx.offsets[local[idx.present[local]]].astype(np.int64)
                 npages = map_pages(self.shards[i].nbytes)
                 for p in distinct_sorted(offs // part_bytes).tolist():
-                    if (i, p) not in seen:
-                        seen.add((i, p))
-                        order.append((i, p * per, min(npages, (p + 1) * per)))
+                    lo, hi = grid_cell(p * per, npages)
+                    if (i, lo) not in seen:
+                        seen.add((i, lo))
+                        order.append((i, lo, hi))
                         left -= 1
         if pf is None:  # started with its order: no part is picked before it
             self.prefetcher = self._start_prefetch(order)
@@ -580,7 +581,7 @@ class RangedPayloadArray(PayloadArray):
                         if self._blocks_read:
                             spans = _whole_parts(spans, map_pages(copy.size))
                         if run.shard not in self._tails_checked:
-                            spans += self._tail_pages(run.shard)
+                            spans += self._tail_pages(run.shard, map_pages(copy.size))
                         asked.setdefault(run.shard, []).extend(spans)
                         # Registered before the pages are asked for (or when the block was opened ahead).
                         delivery = pre.delivery if pre is not None else self._deliver(copy, run, rows)
@@ -654,10 +655,18 @@ class RangedPayloadArray(PayloadArray):
         pieces = np.split(todo, np.flatnonzero(np.diff(todo) != 1) + 1) if todo.size else []
         return [_Run(run.shard, run.path, run.offs[k], run.sizes[k], run.pos[k]) for k in pieces]
 
-    def _tail_pages(self, i: int) -> list[tuple[int, int]]:
+    def _tail_pages(self, i: int, npages: int) -> list[tuple[int, int]]:
+        """The pages of shard ``i``'s tail (its identity check), with the rest of the copy (its
+        index) when that is at most :func:`~shardkit.stores.prefetch.demand_gap_pages`: asked
+        alone, the index would be a request of a page or two, made last (docs/design.md §9)."""
         n = PayloadArray._tail_nbytes(self, i)
         end = self._data_nbytes(i)
-        return _pages(np.array([end - n]), np.array([n])) if n else []
+        if not n:
+            return []
+        spans = _pages(np.array([end - n]), np.array([n]))
+        if npages - spans[-1][1] <= demand_gap_pages():
+            spans[-1] = (spans[-1][0], npages)
+        return spans
 
     def _tail_from(self, fd: int, i: int) -> bytes:
         n = PayloadArray._tail_nbytes(self, i)
@@ -961,10 +970,9 @@ def _whole_parts(spans: list[tuple[int, int]], npages: int) -> list[tuple[int, i
     (``benchmarks/remote.py``: 0.21-0.29x raw GET, against 0.5-0.6x with whole parts), while whole
     parts are requests of the background's size, fetched once either way.
     """
-    per = PART_BYTES // PAGE_BYTES
     out: list[tuple[int, int]] = []
     for lo, hi in spans:
-        lo, hi = lo // per * per, min(npages, -(-hi // per) * per)
+        lo, hi = grid_cell(lo, npages)[0], grid_cell(max(lo, hi - 1), npages)[1]
         if out and lo <= out[-1][1]:
             out[-1] = (out[-1][0], max(out[-1][1], hi))
         else:

@@ -28,7 +28,7 @@ from shardkit.stores.base import ByteRange, Store, write_all
 from shardkit.stores.cache import LAST_PRIORITY, PAGE_BYTES, STALE_SECONDS, ShardCache, filler_alive, map_pages
 
 __all__ = ["ShardPrefetcher", "PrefetchItem", "PrefetchStats", "PartialCopy", "Delivery", "PART_BYTES",
-           "MAX_PARTS_IN_FLIGHT", "DEMAND_GAP_PAGES", "demand_gap_pages", "all_present"]
+           "MAX_PARTS_IN_FLIGHT", "DEMAND_GAP_PAGES", "demand_gap_pages", "all_present", "grid_cell"]
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +99,25 @@ def demand_gap_pages() -> int:
     a quarter of a part of bytes it does not need yet per ask (docs/design.md §9, *Shard cache*).
     """
     return max(DEMAND_GAP_PAGES, PART_BYTES // PAGE_BYTES // DEMAND_GAPS_PER_PART)
+
+
+def grid_cell(p: int, npages: int) -> tuple[int, int]:
+    """The cell of the part grid that holds page ``p`` of a copy of ``npages``: ``[k * per, (k + 1)
+    * per)``, ``per`` a part's pages, the last cell taking a rest of at most a quarter part (a
+    shard's index and tail after its last whole cell).
+
+    Why a grid: parts cut where a reader asked leave the rest of their cells as small requests of
+    their own, and a store keeps an object in chunks (SeaweedFS: 4 MiB) that a part across their
+    edges reads twice; why the remainder joins: it would be a request of a page or two, made last
+    (docs/design.md §9, *Shard cache*)."""
+    per = max(1, PART_BYTES // PAGE_BYTES)
+    rem = npages % per
+    joined = npages >= per and 0 < rem <= per // DEMAND_GAPS_PER_PART
+    lo = p // per * per
+    if joined and lo >= npages - rem:
+        lo -= per
+    return lo, npages if joined and lo == npages - rem - per else min(npages, lo + per)
+
 
 #: How often a process waiting on another's copy looks at its progress map, and checks the filler lives.
 POLL_SECONDS = 0.005
@@ -279,8 +298,8 @@ class _Fill:
         return not self.present[p] and not self.busy[p]
 
     def span(self, lo: int, hi: int, wanted: bytes | None = None) -> tuple[int, int] | None:
-        """The first run of free pages in ``lo:hi`` (at most a part; only ``wanted`` ones, with
-        gaps of up to :func:`demand_gap_pages`, if given)."""
+        """The first run of free pages in ``lo:hi`` within one cell of the part grid
+        (:func:`grid_cell`; only ``wanted`` ones, with gaps of up to :func:`demand_gap_pages`, if given)."""
         p = lo
         if wanted is None:
             while p < hi and not self.free(p):
@@ -293,8 +312,9 @@ class _Fill:
                 return None
         if p >= hi:
             return None
-        end, last, most, gap = p + 1, p, max(1, PART_BYTES // PAGE_BYTES), demand_gap_pages()
-        while end < hi and end - p < most and self.free(end):
+        gap = demand_gap_pages()
+        end, last, cell = p + 1, p, min(hi, grid_cell(p, self.npages)[1])  # never across the part grid
+        while end < cell and self.free(end):
             if wanted is not None and not wanted[end]:
                 if end - last > gap:
                     break
@@ -302,6 +322,32 @@ class _Fill:
                 last = end
             end += 1
         return p, (last + 1 if wanted is not None else end)
+
+    def joined(self, lo: int, hi: int) -> tuple[int, int]:
+        """``lo:hi``, free pages within one cell (:meth:`span`), with the pieces of their free run in
+        the cells next to them when one of the two is under a quarter part (a piece of a cell that
+        asked-for pages left, which would be a small request of its own): at most one piece on each
+        side, so a part is at most a cell and a quarter part on each side of it.
+
+        Why: the first block asks for its records' pages, and each cell it touches is left in
+        pieces; a piece joined with its neighbour costs no byte and one request less
+        (docs/design.md §9, *Shard cache*)."""
+        quarter = max(1, PART_BYTES // PAGE_BYTES // DEMAND_GAPS_PER_PART)
+        cell_lo, cell_hi = grid_cell(lo, self.npages)
+        start, end = lo, hi
+        if lo == cell_lo and lo > 0 and self.free(lo - 1):  # the run goes on in the cell before
+            before, first = grid_cell(lo - 1, self.npages)[0], lo - 1
+            while first > before and self.free(first - 1):
+                first -= 1
+            if hi - lo < quarter or lo - first < quarter:
+                start = first
+        if hi == cell_hi and hi < self.npages and self.free(hi):  # the run goes on in the cell after
+            after, last = grid_cell(hi, self.npages)[1], hi + 1
+            while last < after and self.free(last):
+                last += 1
+            if hi - lo < quarter or last - hi < quarter:
+                end = last
+        return start, end
 
 
 class ShardPrefetcher:
@@ -504,8 +550,8 @@ class ShardPrefetcher:
             self._wake.notify(min(len(self._threads), sum(-(-(hi - lo) // per) for lo, hi in spans)))
 
     def _pick(self) -> tuple[_Fill, int, int, bool] | None:
-        """The next part to fetch: asked for (here or by another process, first asked first
-        served), then the lowest shard's next pages (opening the next shard when the open ones have none)."""
+        """The next part to fetch: asked for (here or by another process; lowest priority first, then first
+        asked first served), then the lowest shard's next pages (opening the next shard when the open ones have none)."""
         while self._demand:
             priority, serial, i, lo, hi = heapq.heappop(self._demand)
             fill = self._fills.get(i)
@@ -515,6 +561,8 @@ class ShardPrefetcher:
             if got is not None:
                 if got[1] < hi:  # the rest keeps its place
                     heapq.heappush(self._demand, (priority, serial, i, got[1], hi))
+                if (lo, hi) == (grid_cell(lo, fill.npages)[0], grid_cell(hi - 1, fill.npages)[1]):
+                    got = fill.joined(*got)  # whole cells (a later block's): joined as the background's
                 return fill, got[0], got[1], True
         if self._bg_active >= self._max_bg or self._demand_active or _background_held():
             return None
@@ -526,6 +574,7 @@ class ShardPrefetcher:
                 got = fill.span(fill.next_bg, fill.npages)
                 if got is not None:
                     fill.next_bg = got[0]
+                    got = fill.joined(*got)
                     return fill, got[0], got[1], False
         while self._next < len(self.items):
             i = self._next
@@ -559,6 +608,7 @@ class ShardPrefetcher:
                 self._order[0] = (i, got[1], hi)
             else:
                 self._order.popleft()
+            got = fill.joined(*got)
             return fill, got[0], got[1], False
         return None
 

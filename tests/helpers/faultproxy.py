@@ -43,6 +43,8 @@ class FaultProxy:
         self.slow_seconds = slow_seconds
         self.done: collections.Counter[str] = collections.Counter()
         self.gets: list[tuple[str, bool]] = []
+        #: Each GET's ``Range`` header's ``(first, last)`` bytes, ``None`` for a whole object.
+        self.ranges: list[tuple[int, int] | None] = []
         self._n = 0
         self._lock = threading.Lock()
         self.loop = asyncio.new_event_loop()
@@ -96,6 +98,7 @@ class FaultProxy:
                 ranged = method == b"GET" and b"\nrange:" in head.lower()
                 if method == b"GET":
                     self.gets.append((head.split(b" ", 2)[1].decode("latin-1"), ranged))
+                    self.ranges.append(_range_of(head))
                 action = self._next() if ranged else "ok"
                 if action in _REASONS:
                     cw.write(b"HTTP/1.1 " + _REASONS[action] + b"\r\nContent-Length: 0\r\nRetry-After: 0\r\n\r\n")
@@ -169,3 +172,13 @@ def _set_length(head: bytes, n: int) -> bytes:
             line = b"Content-Length: " + str(n).encode()
         out.append(line)
     return b"\r\n".join(out)
+
+
+def _range_of(head: bytes) -> tuple[int, int] | None:
+    """The ``(first, last)`` bytes of a request head's ``Range: bytes=first-last``, if any."""
+    for line in head.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"range":
+            first, _, last = value.strip().removeprefix(b"bytes=").partition(b"-")
+            return int(first), int(last)
+    return None

@@ -464,17 +464,18 @@ def test_a_fill_closed_mid_part_is_kept_for_the_next_filler(dataset: tuple[Path,
     assert [p.read_bytes() for p in _final_copies(cache)] == _shard_bytes(local)
 
 
-def test_later_blocks_ask_for_whole_parts() -> None:
+@pytest.mark.parametrize("per", [prefetch.PART_BYTES // cache_mod.PAGE_BYTES, 8])
+def test_later_blocks_ask_for_whole_parts(per: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """After the first block, asked-for pages widen to the background's parts (clipped to the copy,
-    neighbours merged), so the epoch is fetched in part-sized requests."""
+    neighbours merged), so the epoch is fetched in part-sized requests; the parts' size is read when
+    called (tests shrink it)."""
     from shardkit.formats.ranged import _whole_parts
-    from shardkit.stores.cache import PAGE_BYTES
-    from shardkit.stores.prefetch import PART_BYTES
 
-    per = PART_BYTES // PAGE_BYTES
+    monkeypatch.setattr(prefetch, "PART_BYTES", per * cache_mod.PAGE_BYTES)
     assert _whole_parts([(3, 5)], 10 * per) == [(0, per)]
     assert _whole_parts([(3, 5), (per + 1, per + 2), (5 * per, 5 * per + 1)], 10 * per) == [(0, 2 * per), (5 * per, 6 * per)]
-    assert _whole_parts([(9 * per + 1, 9 * per + 3)], 9 * per + 2) == [(9 * per, 9 * per + 2)]  # a short last part
+    assert _whole_parts([(9 * per + 1, 9 * per + 3)], 9 * per + 2) == [(8 * per, 9 * per + 2)]  # a short rest joins the last part
+    assert _whole_parts([(9 * per + 1, 9 * per + 3)], 9 * per + per // 2) == [(9 * per, 9 * per + per // 2)]  # a long one is a part
 
 
 def test_copies_are_checked_from_their_parts_not_read_again(dataset: tuple[Path, str], tmp_path: Path,
