@@ -606,7 +606,24 @@ def shardkit_bare(location: str | Path, n: int, passes: int, proxy: DelayProxy |
         prefetch.ShardPrefetcher.__init__ = init  # type: ignore[method-assign]
     for m, pf in zip(ms, started):
         m.update(_download_summary(pf, m["ended"]))
+        m["parts_in_flight"] = _in_flight_bins(pf, m["started"], m["ended"])
     return ms
+
+
+def _in_flight_bins(pf: Any, started: float, ended: float) -> list[tuple[int, int]]:
+    """(asked-for, background) parts in flight at the end of each :attr:`Timeline.BIN` bin from the
+    bin of ``started`` to that of ``ended``, beside the proxy's bytes per bin (the prefetcher's
+    times are ``time.monotonic()`` seconds since its start)."""
+    events = pf.stats.in_flight
+    out: list[tuple[int, int]] = []
+    state, i = (0, 0), 0
+    for b in range(int(started / Timeline.BIN), int(ended / Timeline.BIN) + 1):
+        end = (b + 1) * Timeline.BIN
+        while i < len(events) and pf._t0 + events[i][0] < end:
+            state = (events[i][1], events[i][2])
+            i += 1
+        out.append(state)
+    return out
 
 
 def _download_summary(pf: Any, ended: float) -> Measurement:

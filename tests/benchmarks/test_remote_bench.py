@@ -159,6 +159,17 @@ def test_link_profile_splits_the_idle_link_time(remote: ModuleType) -> None:
     assert "link_use" not in remote.link_profile(bins, started, started + 0.6, None)
 
 
+def test_in_flight_bins_follow_the_prefetchers_changes(remote: ModuleType) -> None:
+    """Parts in flight at the end of each 0.1 s bin, on the proxy's bins (the prefetcher's times are
+    seconds since its start)."""
+    from types import SimpleNamespace
+
+    t0 = 500 * remote.Timeline.BIN
+    changes = [(0.01, 0, 1), (0.05, 0, 2), (0.15, 1, 2), (0.35, 0, 0)]
+    pf = SimpleNamespace(_t0=t0, stats=SimpleNamespace(in_flight=changes))
+    assert remote._in_flight_bins(pf, t0 + 0.001, t0 + 0.45) == [(0, 2), (1, 2), (1, 2), (0, 0), (0, 0)]
+
+
 def _records(keys: list[int]) -> np.ndarray:
     recs = np.zeros((len(keys), 16, 1024), dtype=np.uint8)
     recs[:, 5, 7] = np.arange(len(keys)) % 251
