@@ -194,7 +194,7 @@ def epoch(ds: Any, n: int, counters: int | None) -> dict[str, Any]:
     images: list[np.ndarray] = []
     first = None
     nbytes = 0
-    t0 = time.perf_counter()
+    t0, started = time.perf_counter(), time.monotonic()
     for sample in ds:
         img = np.frombuffer(sample["image"], dtype=np.uint8)
         nbytes += img.size
@@ -208,7 +208,8 @@ def epoch(ds: Any, n: int, counters: int | None) -> dict[str, Any]:
         first = first if first is not None else time.perf_counter() - t0
         check.add(keys, np.stack(images))
     dt = time.perf_counter() - t0
-    out: dict[str, Any] = {"MB/s": nbytes / 1e6 / dt, "seconds": dt, "first_batch_s": first or 0.0, **check.summary()}
+    out: dict[str, Any] = {"MB/s": nbytes / 1e6 / dt, "seconds": dt, "first_batch_s": first or 0.0,
+                           "started": started, "ended": time.monotonic(), **check.summary()}
     if counters:
         d = counter_delta(before, read_counters(counters))
         out["fetched_MB"] = d.get("bytes", 0) / 1e6

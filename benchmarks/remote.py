@@ -25,6 +25,14 @@ For each added latency and each of ``--rounds`` repetitions:
   split into main and workers;
 * ``--sweep``: the bare no-cache epoch at several ``remote_gap_bytes`` thresholds.
 
+With ``--bandwidth MBPS`` the proxy also caps the bytes it answers at MBPS MB/s in aggregate (one
+link shared fairly by every connection, raw GET's included): a node reading an object store over a
+link of bounded bandwidth. On a machine whose cores the server, proxy and reader share, the uncapped
+ratio measures the reader's CPU per GB against a GET loop that drops the bytes; under a cap the
+machine is not the bound, and ``link use`` (bytes answered over what the link could carry in the
+epoch's time) says whether a reader keeps the link busy, with the idle link time split into before
+the link got busy, in between, and after (from the proxy's bytes per 0.1 s, kept in ``--json``).
+
 Each measurement reports MB/s of payload delivered, its ratio to raw GET, the time to the first batch
 (64 records), the bytes and requests the proxy relayed during the epoch, the reader's CPU per GB and
 the server's and proxy's (``server_cpu_s_per_GB``: they share the machine's cores with the reader, so a
@@ -47,6 +55,7 @@ Usage (run from the repository root with shardkit importable)::
     python benchmarks/remote.py --records 2000 --latency 0,50 --rounds 3
     python benchmarks/remote.py --json remote.json --markdown remote.md   # 8,000 x 128 KiB, the full table
     python benchmarks/remote.py --systems raw,cache --sweep 0,256KiB,1MiB,4MiB
+    python benchmarks/remote.py --bandwidth 100 --no-peers --systems raw,cache,loader-cache   # a 100 MB/s link
 
 Numbers move between runs on a shared machine: compare ratios within one run.
 """
@@ -186,10 +195,54 @@ class _Counts:
         return out
 
 
+class LinkCap:
+    """A link of ``rate`` bytes a second shared by every connection of the proxy, in FIFO order.
+
+    Each piece a connection sends reserves the link's next free slot of ``len / rate`` seconds and
+    waits for the slot's start, so the bytes sent by time t never exceed ``rate`` times the time
+    since the link got busy plus one piece, and connections take turns piece by piece (a piece is
+    at most :attr:`PIECE` bytes). An idle link earns no credit, as a wire does not. One timer per
+    piece keeps the proxy's CPU small next to the bytes it copies.
+    """
+
+    PIECE = 256 << 10
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.free_at = 0.0  # time.monotonic() at which the link's last reserved slot ends
+
+    async def take(self, n: int) -> None:
+        now = time.monotonic()
+        start = max(now, self.free_at)
+        self.free_at = start + n / self.rate
+        if start > now:
+            await asyncio.sleep(start - now)
+
+
+class Timeline:
+    """Bytes the proxy answered per :attr:`BIN` seconds of ``time.monotonic()`` (one clock for every
+    process of the machine, so a reader's epoch start and end select its bins)."""
+
+    BIN = 0.1
+
+    def __init__(self) -> None:
+        self.bins: collections.Counter[int] = collections.Counter()
+
+    def add(self, n: int) -> None:
+        self.bins[int(time.monotonic() / self.BIN)] += n
+
+    def between(self, t0: float, t1: float) -> list[int]:
+        """Bytes per bin from the bin of ``t0`` to that of ``t1``, zeros included."""
+        a, b = int(t0 / self.BIN), int(t1 / self.BIN)
+        return [self.bins.get(i, 0) for i in range(a, b + 1)]
+
+
 async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float,
-                seen: Callable[[bytes], None]) -> None:
+                seen: Callable[[bytes], None], cap: LinkCap | None = None) -> None:
     """Copy ``reader`` to ``writer``, showing each chunk to ``seen``; with ``delay``, every chunk
-    leaves ``delay`` s after it came."""
+    leaves ``delay`` s after it came; with ``cap`` (no delay), each piece of at most
+    :attr:`LinkCap.PIECE` bytes waits for its slot on the capped link and is shown to ``seen`` as
+    it leaves."""
     queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
 
     async def sender() -> None:
@@ -207,12 +260,19 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
     task = asyncio.ensure_future(sender()) if delay else None
     try:
         while data := await reader.read(1 << 20):
-            seen(data)
-            if task is None:
-                writer.write(data)
-                await writer.drain()
-            else:
+            if task is not None:
+                seen(data)
                 queue.put_nowait((time.monotonic() + delay, data))
+                continue
+            view = memoryview(data)
+            step = cap.PIECE if cap is not None else len(view)
+            for i in range(0, len(view), step):
+                piece = view[i : i + step]
+                if cap is not None:
+                    await cap.take(len(piece))
+                seen(piece)
+                writer.write(piece)
+            await writer.drain()
     except (ConnectionError, asyncio.IncompleteReadError):
         pass
     finally:
@@ -223,10 +283,15 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
             writer.close()
 
 
-def run_proxy(listen: int, upstream: int, delay_ms: float, control: int) -> None:
+def run_proxy(listen: int, upstream: int, delay_ms: float, control: int, timeline_port: int = 0,
+              mbps: float = 0.0) -> None:
     """Serve forever: each connection to ``listen`` is relayed to ``upstream``, requests delayed by
-    ``delay_ms``; a connection to ``control`` gets the counts so far as one JSON line."""
+    ``delay_ms``, answers capped at ``mbps`` MB/s in aggregate (0: no cap); a connection to
+    ``control`` gets the counts so far as one JSON line, one to ``timeline_port`` that sends
+    "T0 T1" (``time.monotonic()`` seconds) gets the bytes answered per 0.1 s between them."""
     counts = _Counts()
+    timeline = Timeline()
+    cap = LinkCap(mbps * 1e6) if mbps > 0 else None
 
     async def handle(cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
         try:
@@ -239,8 +304,9 @@ def run_proxy(listen: int, upstream: int, delay_ms: float, control: int) -> None
 
         def answered(data: bytes) -> None:
             counts.bytes += len(data)
+            timeline.add(len(data))
 
-        await asyncio.gather(_pump(cr, uw, delay_ms / 1000, requests.feed), _pump(ur, cw, 0.0, answered),
+        await asyncio.gather(_pump(cr, uw, delay_ms / 1000, requests.feed), _pump(ur, cw, 0.0, answered, cap),
                              return_exceptions=True)
 
     async def report(_: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
@@ -248,11 +314,19 @@ def run_proxy(listen: int, upstream: int, delay_ms: float, control: int) -> None
         await w.drain()
         w.close()
 
+    async def report_timeline(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        t0, t1 = (float(x) for x in (await r.readline()).split())
+        w.write(json.dumps(timeline.between(t0, t1)).encode() + b"\n")
+        await w.drain()
+        w.close()
+
     async def main() -> None:
         server = await asyncio.start_server(handle, "127.0.0.1", listen, limit=1 << 22, backlog=1024)
         ctl = await asyncio.start_server(report, "127.0.0.1", control)
-        async with server, ctl:
-            await asyncio.gather(server.serve_forever(), ctl.serve_forever())
+        servers = [server, ctl]
+        if timeline_port:
+            servers.append(await asyncio.start_server(report_timeline, "127.0.0.1", timeline_port))
+        await asyncio.gather(*(s.serve_forever() for s in servers))
 
     asyncio.run(main())
 
@@ -266,12 +340,14 @@ def _free_port() -> int:
 
 
 class DelayProxy:
-    """The proxy in its own process (its own GIL) on a free port, with its control port."""
+    """The proxy in its own process (its own GIL) on a free port, with its control ports; with
+    ``mbps`` its answers share a link capped at that many MB/s (:class:`LinkCap`)."""
 
-    def __init__(self, upstream: int, delay_ms: float) -> None:
-        self.port, self.control = _free_port(), _free_port()
+    def __init__(self, upstream: int, delay_ms: float, mbps: float | None = None) -> None:
+        self.port, self.control, self.timeline_port = _free_port(), _free_port(), _free_port()
+        self.mbps = mbps
         self.proc = subprocess.Popen([sys.executable, __file__, "--proxy", str(self.port), str(upstream),
-                                      str(delay_ms), str(self.control)])
+                                      str(delay_ms), str(self.control), str(self.timeline_port), str(mbps or 0)])
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             try:
@@ -289,6 +365,15 @@ class DelayProxy:
 
     def counters(self) -> dict[str, int]:
         return read_counters(self.control)
+
+    def timeline(self, t0: float, t1: float) -> list[int]:
+        """Bytes answered per 0.1 s from ``time.monotonic()`` ``t0`` to ``t1`` (the bins of both included)."""
+        with socket.create_connection(("127.0.0.1", self.timeline_port), timeout=10) as s:
+            s.sendall(f"{t0!r} {t1!r}\n".encode())
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+        return list(json.loads(data))
 
     def close(self) -> None:
         self.proc.terminate()
@@ -406,12 +491,13 @@ def raw_get(url: str, keys: list[str], proxy: DelayProxy) -> Measurement:
     """The best of 8, 16 and 32 GETs in flight; bytes and requests of that best pass."""
     best: Measurement = {}
     for c in (8, 16, 32):
-        before = proxy.counters()
+        before, started = proxy.counters(), time.monotonic()
         mbs, cpu = raw_whole_objects(url, keys, c)
+        ended = time.monotonic()
         d = counter_delta(before, proxy.counters())
         if mbs > best.get("MB/s", 0.0):
             best = {"MB/s": mbs, "concurrency": c, "fetched_MB": d["bytes"] / 1e6, "requests": d["requests"],
-                    "cpu_s_per_GB": cpu}
+                    "cpu_s_per_GB": cpu, "started": started, "ended": ended}
     return best
 
 
@@ -466,7 +552,7 @@ def _epochs(iterate: Callable[[], Iterable[dict[str, Any]]], n: int, passes: int
         check = EpochCheck(n)
         nbytes = 0
         first = None
-        t0, c0 = time.perf_counter(), _cpu_s()
+        t0, c0, started = time.perf_counter(), _cpu_s(), time.monotonic()
         split0 = tree.split() if tree else (0.0, 0.0)
         for batch in iterate():
             if first is None:
@@ -477,7 +563,7 @@ def _epochs(iterate: Callable[[], Iterable[dict[str, Any]]], n: int, passes: int
         dt = time.perf_counter() - t0
         m: Measurement = {"MB/s": nbytes / 1e6 / dt, "seconds": dt, "first_batch_s": first or 0.0,
                           "cpu_s_per_GB": (_cpu_s() - c0) / (nbytes / 1e9) if nbytes else 0.0,
-                          "ended": time.monotonic(), **check.summary()}
+                          "started": started, "ended": time.monotonic(), **check.summary()}
         if tree and nbytes:
             main_s, kids_s = (b - a for a, b in zip(split0, tree.split()))
             m.update(cpu_s_per_GB=(main_s + kids_s) / (nbytes / 1e9), cpu_main_s_per_GB=main_s / (nbytes / 1e9),
@@ -520,7 +606,24 @@ def shardkit_bare(location: str | Path, n: int, passes: int, proxy: DelayProxy |
         prefetch.ShardPrefetcher.__init__ = init  # type: ignore[method-assign]
     for m, pf in zip(ms, started):
         m.update(_download_summary(pf, m["ended"]))
+        m["parts_in_flight"] = _in_flight_bins(pf, m["started"], m["ended"])
     return ms
+
+
+def _in_flight_bins(pf: Any, started: float, ended: float) -> list[tuple[int, int]]:
+    """(asked-for, background) parts in flight at the end of each :attr:`Timeline.BIN` bin from the
+    bin of ``started`` to that of ``ended``, beside the proxy's bytes per bin (the prefetcher's
+    times are ``time.monotonic()`` seconds since its start)."""
+    events = pf.stats.in_flight
+    out: list[tuple[int, int]] = []
+    state, i = (0, 0), 0
+    for b in range(int(started / Timeline.BIN), int(ended / Timeline.BIN) + 1):
+        end = (b + 1) * Timeline.BIN
+        while i < len(events) and pf._t0 + events[i][0] < end:
+            state = (events[i][1], events[i][2])
+            i += 1
+        out.append(state)
+    return out
 
 
 def _download_summary(pf: Any, ended: float) -> Measurement:
@@ -566,7 +669,7 @@ def shardkit_loader(location: str | Path, n: int, passes: int, proxy: Any, worke
         first = ms[0]
         seconds = first["seconds"] + setup
         first.update({"MB/s": first["MB/s"] * first["seconds"] / seconds, "seconds": seconds, "setup_s": setup,
-                      "first_batch_s": first["first_batch_s"] + setup})
+                      "first_batch_s": first["first_batch_s"] + setup, "started": first["started"] - setup})
         if "requests" in first:
             first["requests"] += during.get("requests", 0)
             first["fetched_MB"] += during.get("bytes", 0) / 1e6
@@ -632,6 +735,33 @@ def _peer_cmd(cmd: str, system: str, endpoint: str, bucket: str, n: int, work: P
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
+def link_profile(bins: list[int], started: float, ended: float, mbps: float | None) -> Measurement:
+    """Where a measurement left the link idle, from the proxy's bytes per 0.1 s bin (``bins`` from
+    the bin of ``started`` to that of ``ended``, ``time.monotonic()`` seconds).
+
+    ``link_MB`` is the bytes per bin in MB (the timeline). With a cap of ``mbps``: ``link_use`` is
+    the bytes answered over what the link could carry in the measurement's time, and the link time
+    not used (``idle_s`` = seconds x (1 - use)) is split into ``idle_start_s`` (before the first bin
+    at half the cap or more: requests not yet made or not yet answered), ``idle_end_s`` (after the
+    last such bin: the consumer reading what has landed) and ``idle_mid_s`` (between them: the link
+    waiting on the reader, its RAM budget, or the consumer). First and last bins count only the
+    part of them inside the measurement."""
+    width = Timeline.BIN
+    first_bin = int(started / width)
+    out: Measurement = {"link_MB": [round(b / 1e6, 2) for b in bins]}
+    if not mbps or not bins or ended <= started:
+        return out
+    full = mbps * 1e6 * width
+    spans = [min(ended, (first_bin + i + 1) * width) - max(started, (first_bin + i) * width) for i in range(len(bins))]
+    unused = [max(0.0, span / width * full - b) / (mbps * 1e6) for span, b in zip(spans, bins)]
+    busy = [i for i, b in enumerate(bins) if b >= full / 2]
+    lo, hi = (busy[0], busy[-1]) if busy else (len(bins), len(bins) - 1)
+    out.update({"link_use": sum(bins) / (mbps * 1e6 * (ended - started)), "idle_s": sum(unused),
+                "idle_start_s": sum(unused[:lo]), "idle_mid_s": sum(unused[lo : hi + 1]),
+                "idle_end_s": sum(unused[hi + 1 :])})
+    return out
+
+
 # ---------------------------------------------------------------------- tables
 def same_as_local(m: Measurement, local: list[Measurement]) -> str:
     """"order" (the local run's sequence), "records" (its records in another order) or "NO"."""
@@ -669,6 +799,8 @@ def summarize(runs: list[Measurement]) -> list[dict[str, Any]]:
         row["first_batch_s"] = [m["first_batch_s"] for m in ok if "first_batch_s" in m]
         row["fetched_MB"] = [m["fetched_MB"] for m in ok if "fetched_MB" in m]
         row["requests"] = [m["requests"] for m in ok if "requests" in m]
+        for key in ("cpu_s_per_GB", "server_cpu_s_per_GB", "link_use", "idle_start_s", "idle_mid_s", "idle_end_s"):
+            row[key] = [m[key] for m in ok if key in m]
         checks = [m["same_as_local"] for m in ok if "same_as_local" in m]
         row["same_as_local"] = "" if not checks else ("NO" if "NO" in checks else max(checks, key=["order", "records"].index))
         rows.append(row)
@@ -684,15 +816,29 @@ def _epoch_label(system: str, epoch: int) -> str:
 
 
 def markdown_table(rows: list[dict[str, Any]], data_mb: float) -> str:
-    """The detail table: MB/s and ratio as median (min-max), the rest medians."""
+    """The detail table: MB/s and ratio as median (min-max), the rest medians. CPU is the reader's
+    (its process tree for the loader) and the server's and proxy's, s per GB delivered; with a
+    ``--bandwidth`` cap, the share of the link the measurement used and its idle link time (s) before
+    the link got busy, in between, and after it was last busy (:func:`link_profile`)."""
     lines = ["| added latency | system | epoch | MB/s | ratio to raw GET | first batch (s) | fetched MB/epoch (x data) "
-             "| requests/epoch | same as local |", "|---|---|---|---:|---:|---:|---:|---:|---|"]
+             "| requests/epoch | same as local | CPU s/GB (reader; server+proxy) | link use (idle s: start/mid/end) |",
+             "|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|"]
+
+    def med(r: dict[str, Any], key: str, fmt: str) -> str:
+        return format(statistics.median(r[key]), fmt) if r.get(key) else ""
+
     for r in rows:
         head = f"| {r['latency_ms']:g} ms | {SYSTEMS.get(r['system'], r['system'])} | {_epoch_label(r['system'], r['epoch'])} |"
         if "error" in r:
-            lines.append(f"{head} error: {r['error']} | | | | | |")
+            lines.append(f"{head} error: {r['error']} | | | | | | | |")
             continue
         fetched = statistics.median(r["fetched_MB"]) if r["fetched_MB"] else None
+        cpu = med(r, "cpu_s_per_GB", ".2f")
+        server = med(r, "server_cpu_s_per_GB", ".2f")
+        link = ""
+        if r.get("link_use"):
+            link = (f"{_spread(r['link_use'], '.2f')} ({med(r, 'idle_start_s', '.1f')}/{med(r, 'idle_mid_s', '.1f')}/"
+                    f"{med(r, 'idle_end_s', '.1f')})")
         cells = [
             _spread(r["MB/s"], ",.0f"),
             _spread(r["ratio"], ".2f") if r["ratio"] else "",
@@ -700,6 +846,8 @@ def markdown_table(rows: list[dict[str, Any]], data_mb: float) -> str:
             f"{fetched:,.0f} ({fetched / data_mb:.2f}x)" if fetched is not None else "",
             f"{statistics.median(r['requests']):,.0f}" if r["requests"] else "",
             r["same_as_local"],
+            f"{cpu}; {server}" if server else cpu,
+            link,
         ]
         lines.append(f"{head} {' | '.join(cells)} |")
     return "\n".join(lines)
@@ -745,20 +893,24 @@ def main() -> None:
     p.add_argument("--tiers", default="ram", help="the sampler's tiers, e.g. ram or ram,ssd")
     p.add_argument("--ram-fraction", type=float, default=0.25, help="RAM budget as a fraction of the dataset")
     p.add_argument("--sweep", default="", help="remote_gap_bytes values to sweep, e.g. 0,256KiB,1MiB,4MiB")
+    p.add_argument("--bandwidth", type=float, default=None, metavar="MBPS",
+                   help="cap the proxy's answers at MBPS MB/s in aggregate, every reader and raw GET alike "
+                        "(a link of that bandwidth; default: no cap)")
     p.add_argument("--json", type=Path, help="write every measurement and the tables here")
     p.add_argument("--markdown", type=Path, help="write the tables here")
     p.add_argument("--make-bench-venv", type=Path, metavar="PATH", help="create the peers' venv at PATH and exit")
     p.add_argument("--loader-process", choices=("fresh", "same"), default="fresh",
                    help="run the loader(...) rows in a new interpreter, as a training script starts (default), "
                         "or in this one (which has used an object store already)")
-    p.add_argument("--proxy", nargs=4, help=argparse.SUPPRESS)
+    p.add_argument("--proxy", nargs=6, help=argparse.SUPPRESS)
     p.add_argument("--loader-child", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.loader_child:
         _loader_child(json.loads(a.loader_child))
         return
     if a.proxy:
-        run_proxy(int(a.proxy[0]), int(a.proxy[1]), float(a.proxy[2]), int(a.proxy[3]))
+        run_proxy(int(a.proxy[0]), int(a.proxy[1]), float(a.proxy[2]), int(a.proxy[3]), int(a.proxy[4]),
+                  float(a.proxy[5]))
         return
     if a.make_bench_venv:
         make_bench_venv(a.make_bench_venv)
@@ -791,6 +943,7 @@ def main() -> None:
     results: dict[str, Any] = {"records": a.records, "record_bytes": rec_bytes, "records_per_shard": a.records_per_shard,
                                "data_MB": data_mb, "ram_size": ram, "tiers": a.tiers, "rounds": a.rounds,
                                "latencies_ms": latencies, "systems": systems, "workers": a.workers,
+                               "bandwidth_MBps": a.bandwidth,
                                "load_before": load_before, "runs": []}
     runs: list[Measurement] = results["runs"]
     try:
@@ -802,8 +955,9 @@ def main() -> None:
         shard_records = [min(a.records_per_shard, a.records - i * a.records_per_shard) for i in range(len(shard_keys))]
         ssd = work / "ssd"
         ssd.mkdir()
+        cap = f"link capped at {a.bandwidth:g} MB/s" if a.bandwidth else "no bandwidth cap"
         print(f"dataset: {a.records} x 128 KiB = {data_mb:.0f} MB in {len(keys)} shards; RAM budget {ram / 1e6:.0f} MB; "
-              f"{a.rounds} round(s) at {', '.join(f'{x:g}' for x in latencies)} ms; load: {load_before}", flush=True)
+              f"{a.rounds} round(s) at {', '.join(f'{x:g}' for x in latencies)} ms, {cap}; load: {load_before}", flush=True)
         # The reference: the same sampler on the local copy (its order and records, epochs 1 and 2).
         reference = shardkit_bare(local, a.records, 2, None, **shardkit_options(ram, ssd, a.tiers, None))
         peer_error: dict[str, str] = {}
@@ -813,9 +967,11 @@ def main() -> None:
                 peer_error[system] = err
                 print(f"{SYSTEMS[system]}: {err}", flush=True)
 
-        def record(lat: float, rnd: int, system: str, ms: list[Measurement], raw: float) -> None:
+        def record(lat: float, rnd: int, system: str, ms: list[Measurement], raw: float, proxy: DelayProxy) -> None:
             for e, m in enumerate(ms, 1):
                 m.update(latency_ms=lat, round=rnd, system=system, epoch=e)
+                if "started" in m and "ended" in m:
+                    m.update(link_profile(proxy.timeline(m["started"], m["ended"]), m["started"], m["ended"], a.bandwidth))
                 if "MB/s" in m:
                     m["ratio"] = m["MB/s"] / raw
                 if "ordered" in m:
@@ -831,14 +987,16 @@ def main() -> None:
                             f"fetch threads {m['fetch_cpu_s_per_GB']:.2f} CPU s/GB; "
                             f"{m.get('delivered_MB', 0):.0f} MB delivered from the parts"
                             if "tail_s" in m else "")
+                    link = (f"  link use {m['link_use']:.2f}, idle {m['idle_start_s']:.1f}/{m['idle_mid_s']:.1f}/"
+                            f"{m['idle_end_s']:.1f} s (start/mid/end)" if "link_use" in m else "")
                     print(f"  {SYSTEMS.get(system, system):<22} epoch {e}: {m['MB/s']:7.0f} MB/s  ratio {m['ratio']:.2f}  "
                           f"first batch {m.get('first_batch_s', 0):.2f} s  {m.get('fetched_MB', 0):.0f} MB in "
                           f"{m.get('requests', 0)} requests  {m.get('same_as_local', '')}  "
                           f"CPU {m.get('cpu_s_per_GB', 0):.2f} s/GB{workers} (server+proxy "
-                          f"{m.get('server_cpu_s_per_GB', 0):.2f}){tail}", flush=True)
+                          f"{m.get('server_cpu_s_per_GB', 0):.2f}){link}{tail}", flush=True)
 
         for lat in latencies:
-            proxy = DelayProxy(server.port, lat)
+            proxy = DelayProxy(server.port, lat, a.bandwidth)
 
             def server_cpu(proxy: DelayProxy = proxy) -> float:
                 """The server's and the proxy's CPU so far: with the reader's, what a GB costs the machine."""
@@ -853,7 +1011,7 @@ def main() -> None:
                     raw_m["server_cpu_s_per_GB"] = (server_cpu() - others) / 3 / (data_mb / 1e3)  # three passes
                     raw = raw_m["MB/s"]
                     print(f"\n+{lat:g} ms, round {rnd}: raw GET {raw:.0f} MB/s ({raw_m['concurrency']} in flight)", flush=True)
-                    record(lat, rnd, "raw", [raw_m], raw)
+                    record(lat, rnd, "raw", [raw_m], raw, proxy)
                     for system in systems[1:]:
                         others = server_cpu()
                         ms: list[Measurement]
@@ -878,12 +1036,12 @@ def main() -> None:
                                 ms = shardkit_bare(url, a.records, 2, proxy, **opts)
                         if ms and system not in PEERS:  # (the peers' cache is written by the peer script)
                             ms[0]["server_cpu_s_per_GB"] = (server_cpu() - others) / (data_mb / 1e3)
-                        record(lat, rnd, system, ms, raw)
+                        record(lat, rnd, system, ms, raw, proxy)
                     for g in [x for x in a.sweep.split(",") if x]:
                         gap = parse_bytes(g, what="--sweep", allow_zero=True)
                         ms = shardkit_bare(url, a.records, 1, proxy,
                                            **shardkit_options(ram, ssd, a.tiers, None, remote_gap_bytes=gap))
-                        record(lat, rnd, f"gap {g}", ms, raw)
+                        record(lat, rnd, f"gap {g}", ms, raw, proxy)
                     print(f"  (round took {time.perf_counter() - t_round:.0f} s)", flush=True)
                     write_results(a, results, started, final=False)
             finally:
@@ -903,7 +1061,8 @@ def write_results(a: argparse.Namespace, results: dict[str, Any], started: float
     done = "Run took" if final else "Cut short (tables so far) after"
     header = (f"{a.records:,} records of 128 KiB ({results['data_MB']:,.0f} MB) in shards of {a.records_per_shard}, "
               f"RAM budget {results['ram_size'] / 1e6:,.0f} MB, tiers={a.tiers}, batch {BATCH}, loader workers "
-              f"{a.workers}; medians of {a.rounds} round(s), (min-max); ratio = MB/s over raw GET of the same round; "
+              f"{a.workers}; {f'link capped at {a.bandwidth:g} MB/s' if a.bandwidth else 'no bandwidth cap'}; "
+              f"medians of {a.rounds} round(s), (min-max); ratio = MB/s over raw GET of the same round; "
               f"bytes and requests counted by the proxy. {done} {results['duration_s']:.0f} s. "
               f"Load before: {results['load_before']}; after: {results['load_after']}")
     text = f"{header}\n\n{summary_table(rows)}\n\n{markdown_table(rows, results['data_MB'])}\n"

@@ -91,6 +91,85 @@ def test_proxy_counts_requests_and_bytes_from_the_server(remote: ModuleType, htt
     assert 3 * 102400 <= d["bytes"] < 3 * 102400 + 3 * 1024  # the bodies and their response heads
 
 
+def test_link_cap_never_runs_ahead_of_its_rate(remote: ModuleType) -> None:
+    """Connections sharing a cap: no piece leaves before the bytes ahead of it could cross the link at
+    its rate (a load can only make pieces later), and every connection gets its pieces through."""
+    rate, piece = 20e6, 64 << 10
+    cap = remote.LinkCap(rate)
+    sent: list[tuple[str, float]] = []
+
+    async def connection(name: str) -> None:
+        for _ in range(4):
+            await cap.take(piece)
+            sent.append((name, remote.time.monotonic()))
+
+    async def run() -> float:
+        t0 = remote.time.monotonic()
+        await remote.asyncio.gather(*(connection(n) for n in "abc"))
+        return t0
+
+    t0 = remote.asyncio.run(run())
+    assert sorted(name for name, _ in sent) == sorted("abc" * 4)
+    for i, (_, at) in enumerate(sent):
+        assert at - t0 >= i * piece / rate - 1e-3
+    assert cap.free_at - t0 >= 12 * piece / rate - 1e-3
+
+
+def test_proxy_caps_the_bytes_it_answers_only_when_asked(remote: ModuleType, http_server: int) -> None:
+    """Through a proxy capped at 10 MB/s, parallel GETs of 4 MB take at least what the cap allows
+    (less one piece), and the proxy's timeline holds every byte it counted; without ``mbps`` the
+    proxy has no cap."""
+    mbps, gets = 10.0, 40
+    proxy = remote.DelayProxy(http_server, 0.0, mbps)
+    try:
+        before, t0 = proxy.counters(), remote.time.monotonic()
+
+        def get(_: int) -> int:
+            with urllib.request.urlopen(f"{proxy.endpoint}/obj", timeout=30) as r:
+                return len(r.read())
+
+        with remote.ThreadPoolExecutor(8) as ex:
+            total = sum(ex.map(get, range(gets)))
+        t1 = remote.time.monotonic()
+        d = remote.counter_delta(before, proxy.counters())
+        bins = proxy.timeline(t0, t1)
+    finally:
+        proxy.close()
+    assert total == gets * 102400 and d["requests"] == gets
+    assert t1 - t0 >= (d["bytes"] - remote.LinkCap.PIECE) / (mbps * 1e6)
+    assert sum(bins) == d["bytes"]
+    profile = remote.link_profile(bins, t0, t1, mbps)
+    assert 0 < profile["link_use"] <= 1.0 + remote.LinkCap.PIECE / d["bytes"]
+    plain = remote.DelayProxy(http_server, 0.0)
+    try:
+        assert plain.mbps is None and plain.proc.args[-1] == "0"
+    finally:
+        plain.close()
+
+
+def test_link_profile_splits_the_idle_link_time(remote: ModuleType) -> None:
+    """Idle link time before the link got busy, between, and after it was last busy; whole bins."""
+    mbps, full = 100.0, 10_000_000  # a full 0.1 s bin at 100 MB/s
+    bins = [0, 0, full, full // 4, full, 0]
+    started = 1000 * remote.Timeline.BIN
+    p = remote.link_profile(bins, started, started + 6 * remote.Timeline.BIN - 1e-9, mbps)
+    assert p["link_MB"] == [0.0, 0.0, 10.0, 2.5, 10.0, 0.0]
+    assert abs(p["idle_start_s"] - 0.2) < 1e-6 and abs(p["idle_mid_s"] - 0.075) < 1e-6
+    assert abs(p["idle_end_s"] - 0.1) < 1e-6 and abs(p["link_use"] - 22.5 / 60) < 1e-6
+    assert "link_use" not in remote.link_profile(bins, started, started + 0.6, None)
+
+
+def test_in_flight_bins_follow_the_prefetchers_changes(remote: ModuleType) -> None:
+    """Parts in flight at the end of each 0.1 s bin, on the proxy's bins (the prefetcher's times are
+    seconds since its start)."""
+    from types import SimpleNamespace
+
+    t0 = 500 * remote.Timeline.BIN
+    changes = [(0.01, 0, 1), (0.05, 0, 2), (0.15, 1, 2), (0.35, 0, 0)]
+    pf = SimpleNamespace(_t0=t0, stats=SimpleNamespace(in_flight=changes))
+    assert remote._in_flight_bins(pf, t0 + 0.001, t0 + 0.45) == [(0, 2), (1, 2), (1, 2), (0, 0), (0, 0)]
+
+
 def _records(keys: list[int]) -> np.ndarray:
     recs = np.zeros((len(keys), 16, 1024), dtype=np.uint8)
     recs[:, 5, 7] = np.arange(len(keys)) % 251
@@ -135,7 +214,8 @@ def test_tables_give_medians_spread_and_errors(remote: ModuleType) -> None:
     for rnd, raw in enumerate([100.0, 200.0, 150.0], 1):
         runs.append(_run("raw", 50, rnd, raw, raw, fetched_MB=100.0, requests=4))
         runs.append(_run("cache", 50, rnd, raw / 2, raw, first_batch_s=0.5 * rnd, fetched_MB=100.0, requests=5,
-                         same_as_local="order"))
+                         same_as_local="order", cpu_s_per_GB=2.0, server_cpu_s_per_GB=3.0, link_use=0.6 + 0.1 * rnd,
+                         idle_start_s=0.1, idle_mid_s=0.2, idle_end_s=0.3))
         runs.append(_run("cache", 50, rnd, raw, raw, epoch=2, fetched_MB=0.0, requests=0,
                          same_as_local="records" if rnd == 2 else "order"))
         runs.append({"system": "litdata", "latency_ms": 50, "round": rnd, "epoch": 1, "error": "no venv"})
@@ -144,7 +224,8 @@ def test_tables_give_medians_spread_and_errors(remote: ModuleType) -> None:
     warm = next(r for r in rows if r["system"] == "cache" and r["epoch"] == 2)
     assert cold["rounds"] == 3 and cold["same_as_local"] == "order" and warm["same_as_local"] == "records"
     detail = remote.markdown_table(rows, 100.0)
-    assert "| 50 ms | shardkit, cache_dir | 1 (cold) | 75 (50-100) | 0.50 (0.50-0.50) | 1.00 | 100 (1.00x) | 5 | order |" in detail
+    assert ("| 50 ms | shardkit, cache_dir | 1 (cold) | 75 (50-100) | 0.50 (0.50-0.50) | 1.00 | 100 (1.00x) | 5 | order "
+            "| 2.00; 3.00 | 0.80 (0.70-0.90) (0.1/0.2/0.3) |") in detail
     assert "| 50 ms | shardkit, cache_dir | 2 (warm) |" in detail
     assert "| 50 ms | LitData | 1 (cold) | error: no venv |" in detail
     summary = remote.summary_table(rows)
