@@ -135,6 +135,12 @@ ASKING_SECONDS = 1.0
 _WANTED_POLL_SECONDS = 0.1
 #: How long an idle fetch thread sleeps when nobody wakes it (a safety net: work is notified).
 _IDLE_SECONDS = 1.0
+
+#: Background parts in flight while a prefetcher opens: until the first pages a reader asks for have
+#: landed (or :data:`OPENING_SECONDS` pass with no ask), so a first block's parts share the link with
+#: two parts nobody waits for, not with the full width (docs/design.md §9, *Shard cache*).
+OPENING_BACKGROUND = 2
+OPENING_SECONDS = 1.0
 #: Tests set this to an unset Event to hold back the background order (demanded pages still flow).
 hold_background: threading.Event | None = None
 
@@ -355,8 +361,10 @@ class ShardPrefetcher:
 
     Pages a reader asks for (:meth:`copy`, :meth:`PartialCopy.request`) are fetched before the
     background order, which starts at once (the link is never idle while the first block is
-    planned) and pauses while asked-for parts are in flight: a block's records do not share the
-    link with parts nobody waits for yet. Pages another process asks for through a copy's map come next.
+    planned) but with :data:`OPENING_BACKGROUND` parts until the first asked-for pages have landed
+    (the first block's parts do not queue behind a full width of them), and pauses while
+    asked-for parts are in flight: a block's records do not share the link with parts nobody waits
+    for yet. Pages another process asks for through a copy's map come next.
     ``verify(index, data_crc, crc)``: the crc32c of ``items[index]``'s first ``data_nbytes`` and of all
     its bytes are the recorded ones (computed from each part as it lands, then combined).
     ``pin(index, etag)``: checks the ETag a response carried against the ranged reads' (raising
@@ -412,6 +420,8 @@ class ShardPrefetcher:
         self._link = _Link()
         self._bg_active = 0
         self._demand_active = 0
+        self._opening = True  # the background is held to OPENING_BACKGROUND parts (:meth:`_bg_width`)
+        self._asked = False
         self.stats = PrefetchStats()
         self._t0 = time.monotonic()
         self._threads = [threading.Thread(target=self._work, args=(k,), name=f"shardkit-prefetch-{k}", daemon=True)
@@ -547,6 +557,7 @@ class ShardPrefetcher:
         with self._cond:
             for lo, hi in spans:
                 heapq.heappush(self._demand, (priority, next(self._serial), i, lo, hi))
+            self._asked = self._asked or bool(spans)
             self._wake.notify(min(len(self._threads), sum(-(-(hi - lo) // per) for lo, hi in spans)))
 
     def _pick(self) -> tuple[_Fill, int, int, bool] | None:
@@ -564,7 +575,7 @@ class ShardPrefetcher:
                 if (lo, hi) == (grid_cell(lo, fill.npages)[0], grid_cell(hi - 1, fill.npages)[1]):
                     got = fill.joined(*got)  # whole cells (a later block's): joined as the background's
                 return fill, got[0], got[1], True
-        if self._bg_active >= self._max_bg or self._demand_active or _background_held():
+        if self._bg_active >= self._bg_width() or self._demand_active or _background_held():
             return None
         got_next = self._scheduled()
         if got_next is not None:
@@ -611,6 +622,17 @@ class ShardPrefetcher:
             got = fill.joined(*got)
             return fill, got[0], got[1], False
         return None
+
+    def _bg_width(self) -> int:
+        """The background parts that may be in flight now (under the lock): :data:`OPENING_BACKGROUND`
+        until the first asked-for pages have all landed, or :data:`OPENING_SECONDS` passed with no
+        ask, then the width the link measures (:meth:`_measured`)."""
+        if self._opening and (
+            (self._asked and not self._demand and not self._demand_active)
+            or (not self._asked and time.monotonic() - self._t0 >= OPENING_SECONDS)
+        ):
+            self._opening = False
+        return min(self._max_bg, OPENING_BACKGROUND) if self._opening else self._max_bg
 
     def _measured(self, nbytes: int, first_byte_s: float) -> None:
         """A part of ``nbytes`` landed after waiting ``first_byte_s`` for its first byte: the
@@ -745,6 +767,7 @@ class ShardPrefetcher:
                     parts += 1
                     p = hi
             if parts:
+                self._asked = True
                 self._wake.notify(min(parts, len(self._threads)))
 
     def _settle(self, fill: _Fill) -> None:

@@ -192,10 +192,9 @@ def test_profile_and_sample_report_the_download(url: str, tmp_path: Path, capsys
     assert "download     " in out and " into the local cache in " in out.split("download     ")[1].splitlines()[0]
 
 
-def test_a_cold_download_starts_with_the_most_parts_in_flight(url: str, tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    """The background download fills the link from its first requests: MAX_PARTS_IN_FLIGHT parts
-    are in flight before any has landed (no ramp that waits for measured throughput first)."""
+def _held_fetches(monkeypatch: pytest.MonkeyPatch, passes: set[tuple[int, int]]) -> tuple[list[tuple[int, int]], threading.Event]:
+    """Every part the prefetchers fetch is recorded as ``(item, first page)`` and held at a gate,
+    except those of ``passes``, which go through at once."""
     entered: list[tuple[int, int]] = []
     lock, gate = threading.Lock(), threading.Event()
     real = prefetch.ShardPrefetcher._fetch
@@ -203,10 +202,29 @@ def test_a_cold_download_starts_with_the_most_parts_in_flight(url: str, tmp_path
     def fetch(self: prefetch.ShardPrefetcher, fill: Any, lo: int, hi: int) -> bool:
         with lock:
             entered.append((fill.index, lo))
-        gate.wait(60)
+        if (fill.index, lo) not in passes:
+            gate.wait(60)
         return real(self, fill, lo, hi)
 
     monkeypatch.setattr(prefetch.ShardPrefetcher, "_fetch", fetch)
+    return entered, gate
+
+
+def _until(cond: Any) -> None:
+    for _ in range(1000):  # bounded: 10 s
+        if cond():
+            return
+        threading.Event().wait(0.01)
+
+
+def test_a_cold_download_opens_with_two_background_parts_then_the_most(url: str, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """While nobody has asked, the background keeps OPENING_BACKGROUND parts in flight (a first block's
+    asks will not queue behind a full width of parts nobody waits for); once OPENING_SECONDS pass
+    with no ask, MAX_PARTS_IN_FLIGHT are in flight before any has landed (no ramp that waits for
+    measured throughput)."""
+    monkeypatch.setattr(prefetch, "OPENING_SECONDS", 600.0)
+    entered, gate = _held_fetches(monkeypatch, set())
     with Dataset(url, cache_dir=_cache(tmp_path)) as ds:
         try:
             ds.payload.schedule(iter([]))  # type: ignore[attr-defined]  # starts the download, no block yet
@@ -214,18 +232,46 @@ def test_a_cold_download_starts_with_the_most_parts_in_flight(url: str, tmp_path
             per = prefetch.PART_BYTES // cache_mod.PAGE_BYTES
             parts = sum(-(-cache_mod.map_pages(item.size) // per) for item in pf.items)
             want = min(prefetch.MAX_PARTS_IN_FLIGHT, pf.store.options.concurrency, parts)
-            for _ in range(500):  # until that many are in flight (none lands: the gate holds them)
-                if len(entered) >= want:
-                    break
-                threading.Event().wait(0.01)
+            _until(lambda: len(entered) >= prefetch.OPENING_BACKGROUND)
+            threading.Event().wait(0.3)  # room for a wrong third part to start
+            opening = len(entered)
+            monkeypatch.setattr(prefetch, "OPENING_SECONDS", 0.0)  # seen at the threads' next look (<= 1 s)
+            _until(lambda: len(entered) >= want)
             in_flight = len(entered)
         finally:
             gate.set()
         for i in range(len(pf.items)):
             pf.wait(i)
+    assert opening == prefetch.OPENING_BACKGROUND == 2
     assert parts > prefetch.MAX_PARTS_IN_FLIGHT
     assert in_flight == want == prefetch.MAX_PARTS_IN_FLIGHT, in_flight
     assert len(set(entered)) == len(entered) == parts  # each part once, all of them
+
+
+def test_the_background_widens_once_the_first_asked_pages_land(url: str, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader's first ask is fetched beside the two opening background parts, and once its pages
+    have landed the background goes to its full width at once (not after OPENING_SECONDS)."""
+    monkeypatch.setattr(prefetch, "OPENING_SECONDS", 600.0)
+    last = 2  # an item the background order reaches last
+    entered, gate = _held_fetches(monkeypatch, {(last, 0)})
+    with Dataset(url, cache_dir=_cache(tmp_path)) as ds:
+        try:
+            ds.payload.schedule(iter([]))  # type: ignore[attr-defined]
+            pf = ds.payload.prefetcher  # type: ignore[attr-defined]
+            _until(lambda: len(entered) >= prefetch.OPENING_BACKGROUND)
+            threading.Event().wait(0.3)
+            before_ask = len(entered)
+            pf._demanded(last, [(0, 1)])  # the first block's ask: one page
+            _until(lambda: len(entered) >= prefetch.MAX_PARTS_IN_FLIGHT + 1)
+            after_ask = len(entered)
+        finally:
+            gate.set()
+        for i in range(len(pf.items)):
+            pf.wait(i)
+    assert before_ask == prefetch.OPENING_BACKGROUND
+    assert (last, 0) in entered[before_ask:]
+    assert after_ask >= prefetch.MAX_PARTS_IN_FLIGHT + 1  # the asked one and the full width (its measure may add parts)
 
 
 def test_a_cold_cached_epoch_sorts_its_keys_without_numpy_unique(url: str, tmp_path: Path,
