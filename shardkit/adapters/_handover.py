@@ -1,6 +1,7 @@
 """Batches handed from a DataLoader worker to the main process as shared-memory file descriptors
 instead of copies; two counters per buffer (sent, released) say when it may be reused, and the main
-process keeps each buffer mapped while its worker lives (docs/design.md §6)."""
+process keeps each buffer mapped while its worker lives, so a segment's descriptor is sent with its
+first batch only (docs/design.md §6)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ else:
 
 __all__ = ["SharedBatch", "SharedBatchMemory", "kept_segments", "release_exited", "shared_batch"]
 
-#: Bytes after each buffer's payload: ``[sent, released, pid, nonce, serial]`` as int64 (the
-#: counters, then which worker's memory made the segment), padded to a cache line.
+#: Bytes after each buffer's payload: ``[sent, released, pid, nonce, serial, handed]`` as int64
+#: (the counters, which worker's memory made the segment, and whether its descriptor went to the
+#: main process already), padded to a cache line.
 _HEADER = 64
 #: Small fields (labels, keys) travel inside the pickle: a few KiB through the pipe cost less
 #: than a shared-memory segment and a file-descriptor transfer of their own.
@@ -37,6 +39,11 @@ def _counters(owner: np.ndarray) -> np.ndarray:
 def _identity(owner: np.ndarray) -> np.ndarray:
     """The ``[pid, nonce, serial]`` of a buffer's segment (the worker, its memory, the segment)."""
     return owner[owner.size - _HEADER + 16 : owner.size - _HEADER + 40].view(np.int64)
+
+
+def _handed(owner: np.ndarray) -> np.ndarray:
+    """``[handed]``: 1 once a batch of the segment was pickled with its file descriptor (worker side)."""
+    return owner[owner.size - _HEADER + 40 : owner.size - _HEADER + 48].view(np.int64)
 
 
 class SharedBatchMemory:
@@ -75,6 +82,7 @@ class SharedBatchMemory:
                 whole = torch.empty(nbytes + _HEADER, dtype=torch.uint8).share_memory_()
             owner = whole.numpy()
             _counters(owner)[:] = 0
+            _handed(owner)[:] = 0
             with self._lock:
                 self.created += 1
                 _identity(owner)[:] = (os.getpid(), self._nonce, self.created)
@@ -177,8 +185,35 @@ def _rebuild(
     fields: dict[str, Any],
 ) -> dict[str, torch.Tensor]:
     """In the main process: the batch as tensors viewing the worker's buffer, released when the
-    last of them is gone."""
-    kept = _kept(whole)
+    last of them is gone (the segment's first batch: its descriptor came with it)."""
+    return _batch(_kept(whole), offset, shape, dtype, names, payload, fields)
+
+
+def _rebuild_kept(
+    ident: tuple[int, int, int],
+    offset: int,
+    shape: tuple[int, ...],
+    dtype: str,
+    names: list[str],
+    payload: str,
+    fields: dict[str, Any],
+) -> dict[str, torch.Tensor]:
+    """:func:`_rebuild` of a later batch of a segment this process keeps (:data:`_KEPT`): only its
+    identity came through the pipe, no descriptor."""
+    with _KEPT_LOCK:
+        kept = _KEPT.get((int(ident[0]), int(ident[1]), int(ident[2])))
+    if kept is None:
+        raise RuntimeError(
+            f"a DataLoader worker (pid {ident[0]}) sent a batch of shared segment {ident[2]}, which this process "
+            "never received: batches of a worker must be unpickled in the process that created its DataLoader"
+        )
+    return _batch(kept, offset, shape, dtype, names, payload, fields)
+
+
+def _batch(
+    kept: _Kept, offset: int, shape: tuple[int, ...], dtype: str, names: list[str], payload: str, fields: dict[str, Any]
+) -> dict[str, torch.Tensor]:
+    """The batch's tensors viewing ``kept`` at ``offset``; the buffer is released when the last is gone."""
     array = kept.raw[offset : offset + int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize]
     array = array.view(dtype).reshape(shape)
     weakref.finalize(array, _release, kept.counters)
@@ -220,7 +255,13 @@ class SharedBatch(dict[str, "torch.Tensor"]):
                 fields[name] = value.numpy() if small else value
         offset = array.ctypes.data - owner.ctypes.data
         _counters(owner)[0] += 1  # before the worker drops its references (the pool sees one or the other)
-        return (_rebuild, (owner.base, offset, tuple(array.shape), array.dtype.str, list(self), self._payload, fields))
+        args = (offset, tuple(array.shape), array.dtype.str, list(self), self._payload, fields)
+        handed = _handed(owner)
+        if handed[0]:  # the main process keeps the segment mapped: its identity finds it
+            ident = tuple(int(v) for v in _identity(owner))
+            return (_rebuild_kept, (ident, *args))
+        handed[0] = 1
+        return (_rebuild, (owner.base, *args))
 
 
 def shared_batch(batch: dict[str, np.ndarray], payload: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

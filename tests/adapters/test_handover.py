@@ -61,6 +61,39 @@ def test_pickled_batch_views_the_worker_buffer_until_released() -> None:
     assert not memory.busy(owner)
 
 
+def test_a_segments_descriptor_is_sent_with_its_first_batch_only() -> None:
+    """The main process keeps every segment it received mapped while the worker lives, so a later
+    batch of the same buffer travels as the segment's identity: no file descriptor, no round trip
+    to the worker's resource sharer; it views the same memory and is released as before."""
+    memory, array, batch = _worker_batch()
+    owner = array.base
+    first = bytes(ForkingPickler.dumps(batch))
+    assert b"rebuild_storage_fd" in first  # the descriptor, with the first batch
+    received = ForkingPickler.loads(first)
+    del received
+    gc.collect()
+    assert not memory.busy(owner)
+    array[0, 1, 2, 0] = 42  # the worker reads the next batch into the same buffer
+    again = bytes(ForkingPickler.dumps(batch))
+    assert b"rebuild_storage_fd" not in again and b"DupFd" not in again
+    assert memory.busy(owner)
+    received = ForkingPickler.loads(again)
+    assert int(received["image"][0, 1, 2, 0]) == 42
+    array[3, 0, 0, 0] = 5
+    assert int(received["image"][3, 0, 0, 0]) == 5  # the same memory, not a copy
+    np.testing.assert_array_equal(received["label"].numpy(), np.arange(4))
+    del received
+    gc.collect()
+    assert not memory.busy(owner)
+
+
+def test_a_batch_of_a_segment_never_received_is_refused() -> None:
+    _, _, batch = _worker_batch()
+    ForkingPickler.dumps(batch)  # sent with its descriptor, but never unpickled here
+    with pytest.raises(RuntimeError, match="never received"):
+        ForkingPickler.loads(ForkingPickler.dumps(batch))
+
+
 def test_copy_counts_no_send_and_replaced_payload_travels_as_a_copy() -> None:
     memory, array, batch = _worker_batch()
     clone = copy.copy(batch)
