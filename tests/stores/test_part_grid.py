@@ -50,6 +50,10 @@ def test_cold_epoch_makes_about_one_request_per_cell(s3: Any, tmp_path: Path, mo
     requests for 16 cells; on the grid, the index page in the last cell, at most two more than the
     cells. Bytes: the dataset once."""
     monkeypatch.setattr(prefetch, "PART_BYTES", PART_PAGES * cache_mod.PAGE_BYTES)
+    # The background at its full width from the start: the count is the grid's alone (the opening, two
+    # parts until the first asks land, leaves more of a small first block to its own asks; it is
+    # tested in test_cold_schedule.py).
+    monkeypatch.setattr(prefetch, "OPENING_SECONDS", 0.0)
     n, per_shard = 256, 64  # 128 KiB records: shards of 128 pages and their index, four cells each
     local = make_dataset(tmp_path / "ds", n, records_per_shard=per_shard, shape=(128, 256, 4))
     url = upload(local, s3.url(f"grid-{tmp_path.name}"))

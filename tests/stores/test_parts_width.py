@@ -36,6 +36,7 @@ def test_a_slow_first_byte_widens_the_background(s3: Any, tmp_path: Path, monkey
     are complete, each part fetched once."""
     url = small_parts_url(s3, tmp_path, monkeypatch, "width")
     monkeypatch.setattr(prefetch, "MAX_PARTS_IN_FLIGHT", 2)
+    monkeypatch.setattr(prefetch, "OPENING_SECONDS", 0.0)  # the width rule alone, from the first part
     lock, now, most, ranges = threading.Lock(), [0], [0], []
     real = ObjectStore.stream_range
 
