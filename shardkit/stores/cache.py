@@ -7,14 +7,11 @@ Layout, locking, eviction and budget: docs/design.md §9 (*Shard cache*).
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import hashlib
 import itertools
 import logging
 import os
-import secrets
-import stat
 import struct
 import threading
 import time
@@ -40,9 +37,6 @@ _MAP = "map-"
 #: fillers look at their maps as soon as it changes instead of on a timer (docs/design.md §9).
 _ASKS = "asks"
 _ASK_SERIAL = itertools.count()
-#: At the cache root: each filler's wake-up FIFO (``wake-<pid>-<token>``), written one byte by every
-#: :meth:`ShardCache.ask`, so a filler's watcher sleeps until another process asks instead of polling.
-_WAKE = "wake-"
 
 #: Granularity of a partial copy's progress map: a page of the shard is present (written, readable
 #: by every process) or not. 64 KiB keeps a 256 MiB shard's map at 4 KiB and the bytes a record
@@ -225,7 +219,6 @@ class ShardCache:
         self._verified: set[str] = set()
         self._fds: dict[str, int] = {}
         self._asks_fd = self._root.open_file(_ASKS, os.O_RDWR | os.O_CREAT)
-        self._wakes: dict[int, str] = {}  # this instance's FIFOs (:meth:`listen`): descriptor -> name
         self.hits = 0
 
     # ------------------------------------------------------------------ reading
@@ -386,68 +379,12 @@ class ShardCache:
 
     def ask(self) -> None:
         """Tell the fillers of this machine that pages were asked for (after :meth:`want`): writes a
-        value no other ask wrote (this process's id and a serial) into the root's ``asks`` file, then
-        wakes every listening filler (:meth:`listen`)."""
+        value no other ask wrote (this process's id and a serial) into the root's ``asks`` file."""
         os.pwrite(self._asks_fd, struct.pack("<IQ", os.getpid() & 0xFFFFFFFF, next(_ASK_SERIAL)), 0)
-        self._wake_listeners()
 
     def asked(self) -> bytes:
         """The last ask's value (:meth:`ask`): a filler looks at its maps again when it changes."""
         return os.pread(self._asks_fd, 12, 0)
-
-    def listen(self) -> int | None:
-        """A descriptor (non-blocking) that becomes readable when another process calls :meth:`ask`:
-        a FIFO of its own at the cache root, until :meth:`unlisten`. None where no FIFO can be made
-        (the caller polls :meth:`asked`). Made under a hidden name and opened before it is renamed,
-        so an asker never finds it without a reader (which it takes for a dead filler's)."""
-        name = f"{_WAKE}{os.getpid()}-{secrets.token_hex(4)}"
-        hidden = "." + name
-        try:
-            os.mkfifo(hidden, 0o600, dir_fd=self._root.fd)
-            fd = self._root.open_file(hidden, os.O_RDWR | os.O_NONBLOCK, kind=stat.S_ISFIFO)
-        except OSError as exc:  # InsecurePathError included
-            logger.debug("%s: no wake-up FIFO (%s); the filler polls the ask counter", self.root, exc)
-            with suppress(OSError):
-                os.unlink(hidden, dir_fd=self._root.fd)
-            return None
-        try:
-            os.rename(hidden, name, src_dir_fd=self._root.fd, dst_dir_fd=self._root.fd)
-        except OSError:
-            os.close(fd)
-            with suppress(OSError):
-                os.unlink(hidden, dir_fd=self._root.fd)
-            return None
-        self._wakes[fd] = name
-        return fd
-
-    def unlisten(self, fd: int) -> None:
-        """Stop listening on ``fd`` (from :meth:`listen`): its FIFO is removed and ``fd`` closed."""
-        name = self._wakes.pop(fd, None)
-        if name is not None:
-            with suppress(OSError):
-                os.unlink(name, dir_fd=self._root.fd)
-            os.close(fd)
-
-    def _wake_listeners(self) -> None:
-        """One byte into every other filler's FIFO, never blocking: a full FIFO already holds a wake-up,
-        and one without a reader belongs to a process that died (removed here)."""
-        own = set(self._wakes.values())
-        for name in os.listdir(self._root.fd):
-            if not name.startswith(_WAKE) or name in own:
-                continue
-            try:
-                fd = self._root.open_file(name, os.O_WRONLY | os.O_NONBLOCK, kind=stat.S_ISFIFO)
-            except OSError as exc:  # InsecurePathError included: not a FIFO of this user, left alone
-                if exc.errno == errno.ENXIO:  # nobody reads it any more
-                    with suppress(OSError):
-                        os.unlink(name, dir_fd=self._root.fd)
-                continue
-            try:
-                os.write(fd, b"\1")
-            except OSError:  # EAGAIN: full, the filler has wake-ups to read
-                pass
-            finally:
-                os.close(fd)
 
     def complete(self, name: str, fd: int, size: int, verify: Callable[[int], bool]) -> bool:
         """Finish a copy :meth:`claim` started and close ``fd``: renamed to ``name`` if it has ``size``
@@ -532,8 +469,6 @@ class ShardCache:
         return out
 
     def close(self) -> None:
-        for wake in list(self._wakes):
-            self.unlisten(wake)
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
