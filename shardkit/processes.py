@@ -1,6 +1,7 @@
 """Facts about processes: whether one still runs (the one check behind every "is its owner gone?"
 clean-up), and what a child forked from this one now would inherit (:func:`fork_state`, the facts
-behind both the converters' and the DataLoader adapters' choice of a start method).
+behind both the converters' and the DataLoader adapters' choice of a start method); thread locks
+that a forked child gets new (:func:`renew_locks_after_fork`).
 
 A zombie (a SIGKILLed process not yet reaped) counts as gone; a process of another user as running.
 """
@@ -12,9 +13,10 @@ import os
 import sys
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 
-__all__ = ["pid_alive", "exit_when_gone", "FORK_UNSAFE_MODULES", "ForkState", "fork_state"]
+__all__ = ["pid_alive", "exit_when_gone", "FORK_UNSAFE_MODULES", "ForkState", "fork_state", "renew_locks_after_fork"]
 
 #: Seconds between two checks of :func:`exit_when_gone`.
 WATCH_INTERVAL = 0.5
@@ -90,3 +92,35 @@ def fork_state() -> ForkState:
         native_runtimes=tuple(name for name in FORK_UNSAFE_MODULES if name in sys.modules),
         store_runtime_started=store is not None and bool(store.runtime_started()),
     )
+
+
+#: Owners of locks renewed in a forked child (:func:`renew_locks_after_fork`): ``id(owner)`` ->
+#: (a weak reference to it, its lock attributes). Plain dict operations, atomic under the GIL: a
+#: lock guarding this table would itself need renewing.
+_RENEWED: dict[int, tuple[weakref.ref[object], tuple[str, ...]]] = {}
+_RLOCK_TYPE = type(threading.RLock())
+
+
+def renew_locks_after_fork(owner: object, *names: str) -> None:
+    """In every child forked from this process from now on, ``owner``'s attributes ``names`` (thread
+    locks) are new, unheld locks of the same kind. Why: a lock another thread held at the fork stays
+    held in the child, which has no such thread, so the child's first use of it would hang (a
+    DataLoader worker forks from a process whose reader threads may hold one). ``owner``: an object
+    or a module, forgotten once collected. Only for locks whose guarded state stays usable in the
+    child as it was at the fork (counters, caches), not half-done updates it must not see."""
+    key = id(owner)
+    _RENEWED[key] = (weakref.ref(owner, lambda _: _RENEWED.pop(key, None)), names)
+
+
+def _renew_locks_in_child() -> None:
+    for ref, names in list(_RENEWED.values()):
+        owner = ref()
+        if owner is None:
+            continue
+        for name in names:
+            old = getattr(owner, name, None)
+            if old is not None:
+                setattr(owner, name, threading.RLock() if isinstance(old, _RLOCK_TYPE) else threading.Lock())
+
+
+os.register_at_fork(after_in_child=_renew_locks_in_child)

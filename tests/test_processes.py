@@ -51,3 +51,24 @@ def test_fork_state_says_what_a_forked_child_would_inherit(monkeypatch: pytest.M
     assert fork_state().store_runtime_started and not forkable()
     monkeypatch.delitem(sys.modules, "shardkit.stores.objectstore")
     assert not fork_state().store_runtime_started  # an object store never imported was never used
+
+
+def test_renewed_locks_are_forgotten_with_their_owner() -> None:
+    """An owner registered for renewal after fork is dropped from the table once collected (the
+    table holds it weakly), so short-lived readers do not pile up there."""
+    import gc
+    import threading
+
+    from shardkit import processes
+
+    class Owner:
+        def __init__(self) -> None:
+            self.lock = threading.Lock()
+
+    owner = Owner()
+    processes.renew_locks_after_fork(owner, "lock")
+    key = id(owner)
+    assert key in processes._RENEWED
+    del owner
+    gc.collect()
+    assert key not in processes._RENEWED

@@ -55,6 +55,7 @@ from shardkit.formats.spec import (
     index_nbytes,
 )
 from shardkit.formats.versions import older_copy, read_document
+from shardkit.processes import renew_locks_after_fork
 from shardkit.stopping import Stopped
 from shardkit.stores import LocalStore
 from shardkit.stores.local import open_regular
@@ -105,6 +106,9 @@ class ReadStats:
     records: int = 0
     trace: list[tuple[str, int, int]] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        renew_locks_after_fork(self, "_lock")  # counted from reader threads a fork may catch
 
     def add(self, path: str, offset: int, nbytes: int) -> None:
         with self._lock:
@@ -721,6 +725,8 @@ class PayloadArray:
         self._check_lock = threading.Lock()
         self._shard_names: dict[int, str] = {}
         self._lock = threading.Lock()
+        # A DataLoader worker forks from a process whose reader threads may hold either.
+        renew_locks_after_fork(self, "_lock", "_check_lock")
         self._scratch = np.empty(max(self.gap_bytes, 1), dtype=np.uint8)
         self._sort_scratch = SortScratch()
         #: Shard files mapped for compressed reads (see :meth:`_mapped_runs`); ``None``: a shard that

@@ -13,6 +13,7 @@ import itertools
 import logging
 import os
 import struct
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from shardkit.errors import ConfigError
 from shardkit.privdir import PrivateDir
+from shardkit.processes import renew_locks_after_fork
 from shardkit.stores.atomic import is_out_of_space
 
 __all__ = ["ShardCache", "cache_namespace", "STALE_SECONDS", "PAGE_BYTES", "LAST_PRIORITY", "map_pages", "cache_root",
@@ -55,6 +57,7 @@ LAST_PRIORITY = 254
 _VERIFIED: dict[tuple[int, int], tuple[int, int]] = {}
 _VERIFIED_LOCK = threading.Lock()
 _VERIFIED_MAX = 1 << 16
+renew_locks_after_fork(sys.modules[__name__], "_VERIFIED_LOCK")
 
 #: Extended attribute of a complete copy that a process of this boot checked (or filled and
 #: checked): ``<boot id> <size> <mtime_ns>``. The other processes of the machine (DataLoader

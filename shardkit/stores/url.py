@@ -9,6 +9,7 @@ from __future__ import annotations
 import configparser
 import os
 import re
+import sys
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from shardkit.errors import ConfigError
+from shardkit.processes import renew_locks_after_fork
 from shardkit.redact import redact_url
 from shardkit.stores.base import DEFAULT_OPTIONS, Store, StoreOptions, check_key
 from shardkit.stores.local import LocalStore
@@ -37,6 +39,7 @@ _S3_ENV = (
 
 _stores: dict[tuple[Any, ...], Store] = {}
 _stores_lock = threading.Lock()
+renew_locks_after_fork(sys.modules[__name__], "_stores_lock")
 
 
 def is_url(location: object) -> bool:
