@@ -7,25 +7,30 @@ Layout, locking, eviction and budget: docs/design.md §9 (*Shard cache*).
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import itertools
 import logging
 import os
+import secrets
+import select
+import stat
 import struct
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
 
 from shardkit.errors import ConfigError
 from shardkit.privdir import PrivateDir
-from shardkit.processes import renew_locks_after_fork
+from shardkit.processes import pid_alive, renew_locks_after_fork
 from shardkit.stores.atomic import is_out_of_space
 
-__all__ = ["ShardCache", "cache_namespace", "STALE_SECONDS", "PAGE_BYTES", "LAST_PRIORITY", "map_pages", "cache_root",
+__all__ = ["ShardCache", "AskListener", "cache_namespace", "STALE_SECONDS", "PAGE_BYTES", "LAST_PRIORITY", "map_pages", "cache_root",
            "cached_bytes", "footprint", "filler_alive"]
 
 logger = logging.getLogger(__name__)
@@ -39,6 +44,10 @@ _MAP = "map-"
 #: fillers look at their maps as soon as it changes instead of on a timer (docs/design.md §9).
 _ASKS = "asks"
 _ASK_SERIAL = itertools.count()
+#: At the cache root: the directory of the fillers' wake-up FIFOs (``wake-<pid>-<token>``, one per
+#: listening filler, :meth:`ShardCache.listen`), each written one byte by every :meth:`ShardCache.ask`.
+_WAKE_DIR = "wake"
+_WAKE = "wake-"
 
 #: Granularity of a partial copy's progress map: a page of the shard is present (written, readable
 #: by every process) or not. 64 KiB keeps a 256 MiB shard's map at 4 KiB and the bytes a record
@@ -201,6 +210,91 @@ def cache_namespace(url: str, fingerprint: str) -> str:
     return hashlib.sha256(f"{url}\0{fingerprint}".encode()).hexdigest()[:32]
 
 
+class AskListener:
+    """The read end of one filler's wake-up FIFO (:meth:`ShardCache.listen`): readable once another
+    process of the machine asked (:meth:`ShardCache.ask`), so a filler's watcher sleeps until then.
+
+    Its descriptors are released once (:meth:`close`, any thread, any number of times) and forgotten
+    under its lock at that moment: a later wake-up, wait or close never reaches a number the process
+    has opened again since (an HTTP connection, which a stray byte would corrupt). A child forked
+    from this process closes its own inherited copies and forgets them: it never writes, closes or
+    removes its parent's FIFO."""
+
+    def __init__(self, folder: PrivateDir, name: str, fd: int) -> None:
+        self.name = name
+        self._folder: PrivateDir | None = folder
+        self._fd: int | None = fd
+        self._lock = threading.Lock()
+        _LISTENERS.add(self)
+
+    @property
+    def closed(self) -> bool:
+        return self._fd is None
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep until the FIFO has bytes (asks, or :meth:`wake`) or ``timeout`` seconds pass, then
+        read them all (many asks meanwhile make one wake-up); False once closed or unusable."""
+        fd = self._fd
+        if fd is None:
+            return False
+        try:
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            if not poller.poll(timeout * 1000):
+                return True
+        except OSError:
+            return False
+        with self._lock:  # read only while the number is still this FIFO's
+            if self._fd != fd:
+                return False
+            with suppress(BlockingIOError):
+                while os.read(fd, 4096):
+                    pass
+        return True
+
+    def wake(self) -> None:
+        """End a :meth:`wait` now (one byte into its own FIFO); nothing once closed."""
+        with self._lock:
+            if self._fd is not None:
+                with suppress(OSError):  # full: it has a wake-up to read already
+                    os.write(self._fd, b"\0")
+
+    def close(self) -> None:
+        """Remove the FIFO and close its descriptors, the first time only."""
+        with self._lock:
+            fd, folder, self._fd, self._folder = self._fd, self._folder, None, None
+            if fd is None or folder is None:
+                return
+            try:
+                with suppress(OSError):
+                    os.unlink(self.name, dir_fd=folder.fd)
+                os.close(fd)
+            finally:
+                folder.close()
+
+    def _forget_in_child(self) -> None:
+        """In a forked child: close the inherited copies (the parent's stay open) and forget them."""
+        self._lock = threading.Lock()
+        fd, folder, self._fd, self._folder = self._fd, self._folder, None, None
+        if fd is not None:
+            with suppress(OSError):
+                os.close(fd)
+        if folder is not None:
+            folder.close()
+
+
+#: Every open :class:`AskListener` of this process, for a forked child to forget.
+_LISTENERS: weakref.WeakSet[AskListener] = weakref.WeakSet()
+
+
+def _forget_listeners_in_child() -> None:
+    for listener in list(_LISTENERS):
+        listener._forget_in_child()
+
+
+os.register_at_fork(after_in_child=_forget_listeners_in_child)
+
+
 class ShardCache:
     """The cache of one dataset version: ``namespace`` (:func:`cache_namespace`) in
     ``<directory>/shardkit-cache-<uid>``, whose whole content may hold ``budget`` bytes (``None``: no limit)."""
@@ -222,6 +316,8 @@ class ShardCache:
         self._verified: set[str] = set()
         self._fds: dict[str, int] = {}
         self._asks_fd = self._root.open_file(_ASKS, os.O_RDWR | os.O_CREAT)
+        self._wakes = self._wake_dir()  # the fillers' wake-up FIFOs (None: asks wake none)
+        self._listening: set[str] = set()  # the names of this instance's FIFOs (not woken by its asks)
         self.hits = 0
 
     # ------------------------------------------------------------------ reading
@@ -382,8 +478,61 @@ class ShardCache:
 
     def ask(self) -> None:
         """Tell the fillers of this machine that pages were asked for (after :meth:`want`): writes a
-        value no other ask wrote (this process's id and a serial) into the root's ``asks`` file."""
+        value no other ask wrote (this process's id and a serial) into the root's ``asks`` file, then
+        wakes every other listening filler (:meth:`listen`)."""
         os.pwrite(self._asks_fd, struct.pack("<IQ", os.getpid() & 0xFFFFFFFF, next(_ASK_SERIAL)), 0)
+        if self._wakes is not None:
+            self._wake_listeners(self._wakes)
+
+    def listen(self) -> AskListener | None:
+        """A new wake-up FIFO in the cache's ``wake`` directory, readable once another instance asks
+        (its owner closes it); None where none can be made (the caller polls :meth:`asked`). Made
+        under a hidden name and opened before it is renamed, so an asker never finds it without a
+        reader (which it takes for a dead filler's and removes)."""
+        folder = self._wake_dir()
+        if folder is None:
+            return None
+        name = f"{_WAKE}{os.getpid()}-{secrets.token_hex(4)}"
+        hidden = "." + name
+        try:
+            os.mkfifo(hidden, 0o600, dir_fd=folder.fd)
+            fd = folder.open_file(hidden, os.O_RDWR | os.O_NONBLOCK, kind=stat.S_ISFIFO)
+            try:
+                os.rename(hidden, name, src_dir_fd=folder.fd, dst_dir_fd=folder.fd)
+            except OSError:
+                os.close(fd)
+                raise
+        except OSError as exc:  # InsecurePathError included
+            logger.debug("%s: no wake-up FIFO (%s); the filler polls the ask counter", self.root, exc)
+            with suppress(OSError):
+                os.unlink(hidden, dir_fd=folder.fd)
+            folder.close()
+            return None
+        self._listening.add(name)
+        return AskListener(folder, name, fd)
+
+    def _wake_dir(self) -> PrivateDir | None:
+        """The ``wake`` directory opened (created if need be), or None where it cannot be."""
+        try:
+            return self._root.subdir(_WAKE_DIR, what="the cache's wake-up directory", advice=_ADVICE, tighten=True)
+        except OSError as exc:  # InsecurePathError included
+            logger.debug("%s: no wake-up directory (%s); fillers poll the ask counter", self.root, exc)
+            return None
+
+    def _wake_listeners(self, folder: PrivateDir) -> None:
+        """One byte into every other filler's FIFO, never blocking: a full FIFO already holds a
+        wake-up; one without a reader is a dead filler's, removed here, as is a hidden one that a
+        dead process was making."""
+        try:
+            names = os.listdir(folder.fd)
+        except OSError:
+            return
+        for name in names:
+            if name.startswith(_WAKE) and name not in self._listening:
+                _wake_one(folder, name)
+            elif name.startswith("." + _WAKE) and not pid_alive(_pid_of(name[1:])):
+                with suppress(OSError):
+                    os.unlink(name, dir_fd=folder.fd)
 
     def asked(self) -> bytes:
         """The last ask's value (:meth:`ask`): a filler looks at its maps again when it changes."""
@@ -475,9 +624,37 @@ class ShardCache:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+        wakes, self._wakes = self._wakes, None
+        if wakes is not None:
+            wakes.close()
         if self._asks_fd >= 0:
             os.close(self._asks_fd)
             self._asks_fd = -1
         self._locked.close()
         self._ns.close()
         self._root.close()
+
+
+def _pid_of(name: str) -> int:
+    """The process id in a FIFO's name ``wake-<pid>-<token>`` (0 if it has none)."""
+    try:
+        return int(name[len(_WAKE):].split("-", 1)[0])
+    except ValueError:
+        return 0
+
+
+def _wake_one(folder: PrivateDir, name: str) -> None:
+    """One byte into the FIFO ``name`` of ``folder`` without blocking; removed if nobody reads it."""
+    try:
+        fd = folder.open_file(name, os.O_WRONLY | os.O_NONBLOCK, kind=stat.S_ISFIFO)
+    except OSError as exc:  # InsecurePathError included: not a FIFO of this user, left alone
+        if exc.errno == errno.ENXIO:  # no reader: its filler died
+            with suppress(OSError):
+                os.unlink(name, dir_fd=folder.fd)
+        return
+    try:
+        os.write(fd, b"\1")
+    except OSError:  # EAGAIN: full, the filler has wake-ups to read
+        pass
+    finally:
+        os.close(fd)

@@ -122,16 +122,17 @@ def grid_cell(p: int, npages: int) -> tuple[int, int]:
 #: How often a process waiting on another's copy looks at its progress map, and checks the filler lives.
 POLL_SECONDS = 0.005
 _ALIVE_EVERY = 40
-#: How often a filler's watcher looks at the cache's ask counter (:meth:`ShardCache.ask`) while
-#: other processes ask (within :data:`ASKING_SECONDS` of the counter's last change): their pages
-#: are noticed within this, whatever the fetch threads are doing.
+#: Where a filler's watcher has no wake-up FIFO (:meth:`ShardCache.listen`): how often it looks at
+#: the cache's ask counter (:meth:`ShardCache.ask`) while other processes ask (within
+#: :data:`ASKING_SECONDS` of the counter's last change). With a FIFO it sleeps until an ask writes
+#: it, or :data:`_WANTED_POLL_SECONDS`.
 ASK_POLL_SECONDS = 0.002
-#: How often it looks while nobody else asked lately (a process reading alone, the usual case): the
-#: first ask of another process is noticed within this, the ones after it within ASK_POLL_SECONDS.
+#: Where no FIFO can be made: how often it looks while nobody else asked lately.
 QUIET_POLL_SECONDS = 0.02
-#: How long after the ask counter changed the watcher keeps looking every ASK_POLL_SECONDS.
+#: How long after the ask counter changed a watcher without a FIFO keeps looking every ASK_POLL_SECONDS.
 ASKING_SECONDS = 1.0
-#: How often the watcher reads every copy's map even when the counter did not change (a safety net).
+#: How often the watcher reads every copy's map even when the counter did not change (a safety net,
+#: which also notices an asker that wakes no FIFO).
 _WANTED_POLL_SECONDS = 0.1
 #: How long an idle fetch thread sleeps when nobody wakes it (a safety net: work is notified).
 _IDLE_SECONDS = 1.0
@@ -146,10 +147,10 @@ hold_background: threading.Event | None = None
 
 
 def ask_poll_seconds(since_ask: float) -> float:
-    """The watcher's next look at the ask counter, ``since_ask`` seconds after it last changed:
-    soon while other processes ask, else rarely. Why: each look wakes a thread that takes the GIL
-    from the fetch threads, and a process reading alone never changes the counter (its own
-    readers ask the fetch threads directly); docs/design.md §9 (*Shard cache*)."""
+    """A watcher without a wake-up FIFO: its next look at the ask counter, ``since_ask`` seconds
+    after it last changed: soon while other processes ask, else rarely. Why: each look wakes a
+    thread that takes the GIL from the fetch threads, and a process reading alone never changes the
+    counter (its own readers ask the fetch threads directly); docs/design.md §9 (*Shard cache*)."""
     return ASK_POLL_SECONDS if since_ask < ASKING_SECONDS else QUIET_POLL_SECONDS
 
 
@@ -428,6 +429,8 @@ class ShardPrefetcher:
                          for k in range(total)]  # fmt: skip
         self._filling = threading.Event()  # set while there are fills (the watcher sleeps otherwise)
         self._stopped = threading.Event()
+        #: Readable when another process asks (None: the watcher polls the counter); the watcher closes it.
+        self._listener = cache.listen()
         self._watcher = threading.Thread(target=self._watch, name="shardkit-prefetch-watch", daemon=True)
         for t in [*self._threads, self._watcher]:
             t.start()
@@ -513,9 +516,13 @@ class ShardPrefetcher:
             self._wake.notify_all()
         self._stopped.set()
         self._filling.set()
+        if self._listener is not None:
+            self._listener.wake()
         deadline = time.monotonic() + 30.0  # a part stalled on a dead server: give up on it
         for t in [*self._threads, self._watcher]:
             t.join(max(0.0, deadline - time.monotonic()))
+        if self._listener is not None and not self._watcher.is_alive():
+            self._listener.close()  # (closed by the watcher already, but for one that never ran)
         with self._cond:
             for fill in list(self._fills.values()):
                 if fill.inflight == 0:  # kept, with its map, for the next filler to resume
@@ -723,9 +730,18 @@ class ShardPrefetcher:
 
     def _watch(self) -> None:
         """While there are fills: look at the copies' maps as soon as another process asked for
-        pages (the cache's ask counter changed: looked at every :func:`ask_poll_seconds`) and wake
-        as many fetch threads as the new requests make parts, so they are fetched next whatever the
-        threads are doing (docs/design.md §9)."""
+        pages (the cache's ask counter changed) and wake as many fetch threads as the new requests
+        make parts, so they are fetched next whatever the threads are doing (docs/design.md §9).
+        Sleeps on its wake-up FIFO until an ask writes it, rather than looking every few
+        milliseconds while other processes ask (each look takes the GIL from the fetch threads);
+        without one it polls the counter (:func:`ask_poll_seconds`). Closes the FIFO when it ends."""
+        try:
+            self._watch_asks()
+        finally:
+            if self._listener is not None:
+                self._listener.close()
+
+    def _watch_asks(self) -> None:
         last: bytes | None = None
         scanned, heard = 0.0, -math.inf
         while not self._stopped.is_set():
@@ -737,11 +753,12 @@ class ShardPrefetcher:
             mark = self.cache.asked()
             now = time.monotonic()
             if last is not None and mark != last:
-                heard = now  # another process asks: look often for a while
+                heard = now  # another process asks: look often for a while (without a FIFO)
             if mark != last or now - scanned >= _WANTED_POLL_SECONDS:
                 last, scanned = mark, now
                 self._look_at_maps()  # (the first look finds what was asked before this started)
-            self._stopped.wait(ask_poll_seconds(now - heard))
+            if self._listener is None or not self._listener.wait(_WANTED_POLL_SECONDS):
+                self._stopped.wait(ask_poll_seconds(now - heard))
 
     def _look_at_maps(self) -> None:
         """Read every fill's asked-for pages from its map and queue the new ones at the priority

@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -775,12 +776,8 @@ def test_a_block_looks_each_shards_copy_up_once_not_per_run(dataset: tuple[Path,
     assert len(looks) <= 3 * SHARDS, looks
 
 
-def test_the_watcher_looks_rarely_until_another_process_asks(dataset: tuple[Path, str], held: threading.Event,
-                                                             tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A process reading alone never changes the cache's ask counter, so its filler's watcher looks
-    at it every QUIET_POLL_SECONDS, not every ASK_POLL_SECONDS (each look wakes a thread that takes
-    the GIL from the fetch threads); once another process asks, it looks often again."""
-    monkeypatch.setattr(prefetch, "QUIET_POLL_SECONDS", 0.1)
+def _counted_looks(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The times of every look at the cache's ask counter (:meth:`ShardCache.asked`) from now on."""
     looks: list[float] = []
     real = cache_mod.ShardCache.asked
 
@@ -789,15 +786,117 @@ def test_the_watcher_looks_rarely_until_another_process_asks(dataset: tuple[Path
         return real(self)
 
     monkeypatch.setattr(cache_mod.ShardCache, "asked", asked)
+    return looks
+
+
+def _until(cond: Any, seconds: float = 20.0) -> bool:
+    """Whether ``cond()`` came true within ``seconds`` (a bound against a hang, not a speed check)."""
+    deadline = time.monotonic() + seconds
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return bool(cond())
+
+
+def test_the_watcher_sleeps_until_another_process_asks(dataset: tuple[Path, str], held: threading.Event,
+                                                       tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A filler's watcher sleeps on its wake-up FIFO: another process's ask wakes it (it would
+    otherwise sleep for the whole safety-net period), and it does not go on looking every few
+    milliseconds after asks (each look takes the GIL from the fetch threads); its FIFO is removed
+    when the prefetcher closes."""
+    monkeypatch.setattr(prefetch, "QUIET_POLL_SECONDS", 60.0)
+    monkeypatch.setattr(prefetch, "_WANTED_POLL_SECONDS", 60.0)
+    looks = _counted_looks(monkeypatch)
     _, url = dataset
     with Dataset(url, cache_dir=_cache(tmp_path)) as ds:
         ds.read(ONE_PER_SHARD)  # the three copies are being filled; the background is held
         pf = ds.payload.prefetcher  # type: ignore[attr-defined]
+        wake = pf.cache.root / "wake"
+        assert [n for n in os.listdir(wake) if n.startswith("wake-")]
+        assert _until(lambda: bool(looks))  # its first look
+        other = cache_mod.ShardCache(pf.cache.root.parent, pf.cache.dir.name)  # as another process of the node
+        try:
+            for _ in range(3):
+                n = len(looks)
+                other.ask()
+                assert _until(lambda n=n: len(looks) > n)  # woken by the ask
+            n = len(looks)
+            time.sleep(0.3)
+            assert len(looks) == n  # no ask, no look (a poller looked every 2 ms after asks)
+        finally:
+            other.close()
+        held.set()
+    assert not os.listdir(wake)
+
+
+def test_an_ask_removes_dead_fillers_fifos_and_writes_no_other_file(tmp_path: Path) -> None:
+    """A wake-up FIFO without a reader is a dead filler's: the next ask removes it, as it does a
+    hidden one a dead process was making. Its own FIFO and an entry that is not a FIFO are not
+    written; another instance's live FIFO is."""
+    cache = cache_mod.ShardCache(tmp_path, "ns")
+    wake = cache.root / "wake"
+    try:
+        os.mkfifo(wake / "wake-1-dead", 0o600)
+        os.mkfifo(wake / ".wake-999999999-making", 0o600)
+        (wake / "wake-2-file").write_bytes(b"")
+        os.chmod(wake / "wake-2-file", 0o600)
+        own = cache.listen()
+        assert own is not None
+        cache.ask()
+        assert own.wait(0.0) and not _fifo_bytes(wake / own.name)  # its own FIFO is not written
+        assert sorted(os.listdir(wake)) == sorted(["wake-2-file", own.name])
+        assert (wake / "wake-2-file").read_bytes() == b""
+        listener = cache_mod.ShardCache(tmp_path, "ns")
+        try:
+            other = listener.listen()
+            assert other is not None
+            cache.ask()
+            assert _fifo_bytes(wake / other.name) == b"\1"
+            other.close()
+            other.close()  # closed once: a second close does nothing
+            assert other.closed and not other.wait(0.0)
+        finally:
+            listener.close()
+        own.close()
+    finally:
+        cache.close()
+    assert os.listdir(wake) == ["wake-2-file"]
+
+
+def _fifo_bytes(path: Path) -> bytes:
+    """What a FIFO holds now (read without blocking, through a descriptor of this test's own)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        return os.read(fd, 16)
+    except BlockingIOError:
+        return b""
+    finally:
+        os.close(fd)
+
+
+def test_the_watcher_polls_where_no_fifo_can_be_made(dataset: tuple[Path, str], held: threading.Event,
+                                                     tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where no wake-up FIFO can be made (here: ``wake`` is not a directory), a filler's watcher
+    polls the ask counter: rarely while the process reads alone (its own readers never change the
+    counter), often again once another process asks."""
+    monkeypatch.setattr(prefetch, "QUIET_POLL_SECONDS", 0.1)
+    looks = _counted_looks(monkeypatch)
+    _, url = dataset
+    root = cache_mod.cache_root(_cache(tmp_path))
+    root.mkdir(mode=0o700)
+    (root / "wake").write_bytes(b"")
+    with Dataset(url, cache_dir=_cache(tmp_path)) as ds:
+        ds.read(ONE_PER_SHARD)  # the three copies are being filled; the background is held
+        pf = ds.payload.prefetcher  # type: ignore[attr-defined]
+        assert pf.cache.listen() is None
         time.sleep(0.2)
         n = len(looks)
         time.sleep(1.0)
         alone = len(looks) - n
-        pf.cache.ask()  # what another process does after it marked pages in a copy's map
+        other = cache_mod.ShardCache(root.parent, pf.cache.dir.name)
+        try:
+            other.ask()  # what another process does after it marked pages in a copy's map
+        finally:
+            other.close()
         time.sleep(0.1)
         n = len(looks)
         time.sleep(0.3)
@@ -806,3 +905,93 @@ def test_the_watcher_looks_rarely_until_another_process_asks(dataset: tuple[Path
     assert asking > alone * 0.3 / 1.0 + 2  # back to every ASK_POLL_SECONDS
     assert prefetch.ask_poll_seconds(0.0) == prefetch.ASK_POLL_SECONDS
     assert prefetch.ask_poll_seconds(prefetch.ASKING_SECONDS) == prefetch.QUIET_POLL_SECONDS
+    assert (root / "wake").read_bytes() == b""
+
+
+def _wake_fifo_fds() -> dict[int, str]:
+    """This process's descriptors of fillers' wake-up FIFOs: number -> path (``/proc/self/fd``)."""
+    out: dict[int, str] = {}
+    for n in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{n}")
+        except OSError:
+            continue
+        if os.path.basename(target).startswith("wake-"):
+            out[int(n)] = target
+    return out
+
+
+def test_a_closed_fillers_wake_up_descriptor_is_never_used_again(dataset: tuple[Path, str], held: threading.Event,
+                                                                 tmp_path: Path) -> None:
+    """Once a prefetcher closed, its wake-up FIFO's descriptor number is forgotten: a descriptor this
+    process opens afterwards under that number (an HTTP connection, say) is neither written to nor
+    closed by a second close of the prefetcher, nor by the dataset's and the cache's."""
+    _, url = dataset
+    ds = Dataset(url, cache_dir=_cache(tmp_path))
+    reused: int | None = None
+    r = -1
+    try:
+        ds.read(ONE_PER_SHARD)  # the three copies are being filled; the background is held
+        pf = ds.payload.prefetcher  # type: ignore[attr-defined]
+        fifos = _wake_fifo_fds()
+        assert len(fifos) == 1, fifos
+        (number,) = fifos
+        r, w = os.pipe()  # (made first, so that neither end takes the number the close frees)
+        os.set_blocking(r, False)
+        held.set()
+        pf.close()
+        assert number not in _wake_fifo_fds()  # released by the close
+        os.dup2(w, number)  # the number taken again by a new descriptor
+        reused = number
+        os.close(w)
+        pf.close()  # a second close
+        ds.close()
+        with pytest.raises(BlockingIOError):
+            os.read(r, 16)  # no stray byte was written to it
+        assert os.fstat(number).st_ino == os.fstat(r).st_ino  # and it is still open, still the pipe
+    finally:
+        ds.close()
+        for fd in (reused, r):
+            if fd is not None and fd >= 0:
+                with suppress(OSError):
+                    os.close(fd)
+
+
+def _wait_child(pid: int, seconds: float = 60.0) -> int:
+    """The exit status of the forked child ``pid``, killed (SIGKILL) if it runs ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGKILL)
+    return os.waitpid(pid, 0)[1]
+
+
+def test_a_forked_child_leaves_its_parents_wake_up_fifo_alone(dataset: tuple[Path, str], held: threading.Event,
+                                                             tmp_path: Path) -> None:
+    """A child forked from a filler's process holds none of its wake-up FIFO's descriptors, and
+    closing the prefetcher and the cache it inherited neither removes nor closes the parent's FIFO."""
+    _, url = dataset
+    with Dataset(url, cache_dir=_cache(tmp_path)) as ds:
+        ds.read(ONE_PER_SHARD)
+        pf = ds.payload.prefetcher  # type: ignore[attr-defined]
+        fifos = _wake_fifo_fds()
+        assert len(fifos) == 1, fifos
+        ((number, path),) = fifos.items()
+        pid = os.fork()
+        if pid == 0:  # the child: exits with 0 (nothing held), 2 (a FIFO descriptor inherited), else 1
+            code = 1
+            try:
+                signal.alarm(30)
+                held_at_fork = bool(_wake_fifo_fds())
+                pf.close()
+                pf.cache.close()
+                code = 2 if held_at_fork else 0
+            finally:
+                os._exit(code)
+        assert _wait_child(pid) == 0
+        assert os.path.exists(path)  # the child did not remove it
+        assert _wake_fifo_fds().get(number) == path  # nor close it here
+        held.set()
