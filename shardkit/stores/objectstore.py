@@ -56,10 +56,11 @@ T = TypeVar("T")
 
 #: Smallest chunk a streamed :meth:`ObjectStore.download` writes at once (bounds its memory).
 DOWNLOAD_CHUNK_BYTES = 4 << 20
-#: Smallest chunk :meth:`ObjectStore.stream_range` hands over at once: small enough to stay in the
-#: CPU's cache between the store client's copy and the sink's (a part's whole body in one buffer
-#: was a fresh, cold allocation per part), large enough that the Python per chunk is negligible.
-STREAM_CHUNK_BYTES = 256 << 10
+#: Smallest chunk :meth:`ObjectStore.stream_range` hands over at once: small enough to stay in a
+#: core's cache between the store client's copy and the sink's (a part's whole body in one buffer
+#: was a fresh, cold allocation per part), large enough that the per-chunk cost (the fetch thread's
+#: wake-up, the GIL taken back, the sink's Python) is small against the chunk's bytes.
+STREAM_CHUNK_BYTES = 512 << 10
 
 
 class _SinkFailed(BaseException):
