@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -21,21 +20,10 @@ from shardkit.formats import open_dataset
 from shardkit.stores import cache as cache_mod
 from shardkit.stores import url as url_mod
 from tests.helpers.datasets import write_dataset
+from tests.helpers.forks import wait_child
 
 #: How long the child tries each lock; a lock still held after this would have hung it.
 ACQUIRE_SECONDS = 5.0
-
-
-def _exit_status_of_child(pid: int, seconds: float = 60.0) -> int:
-    """The exit status of the forked child ``pid``; killed (SIGKILL) if it runs ``seconds``."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return status
-        time.sleep(0.02)
-    os.kill(pid, signal.SIGKILL)
-    return os.waitpid(pid, 0)[1]
 
 
 def _fork_while_held(lock: Any, use: Callable[[], Any]) -> int:
@@ -63,7 +51,7 @@ def _fork_while_held(lock: Any, use: Callable[[], Any]) -> int:
                 traceback.print_exc()
             finally:
                 os._exit(code)
-        return _exit_status_of_child(pid)
+        return wait_child(pid)
     finally:
         release.set()
         holder.join(30)

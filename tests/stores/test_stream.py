@@ -29,6 +29,7 @@ from shardkit.stores import cache as cache_mod
 from shardkit.stores import open_store, prefetch
 from tests.helpers.datasets import upload
 from tests.helpers.faultproxy import FaultProxy
+from tests.helpers.forks import wait_child
 from tests.helpers.sampler_data import check_batch, make_dataset
 from tests.helpers.small_parts import cache_dir as _cache
 
@@ -751,9 +752,10 @@ def test_parts_are_streamed_by_the_fetch_threads_into_the_copy(
     assert async_shard_gets == []
     assert len(by_thread) == parts >= SHARDS * 5  # parts of at most two pages, shards of ten or more
     assert all(name.startswith("shardkit-prefetch-") for name in by_thread)
-    assert len(chunks) > 2 * parts and sum(chunks) == st.bytes  # no part arrived as one buffer
+    # Parts are not gathered into one buffer (that gives exactly one chunk a part). How many chunks a
+    # part arrives in depends on the client's reads (fewer, larger ones on a loaded machine).
+    assert len(chunks) > parts and sum(chunks) == st.bytes
     assert [p.read_bytes() for p in _final_copies(cache)] == _shard_bytes(local)
-
 
 
 def test_a_block_looks_each_shards_copy_up_once_not_per_run(dataset: tuple[Path, str], held: threading.Event,
@@ -957,18 +959,6 @@ def test_a_closed_fillers_wake_up_descriptor_is_never_used_again(dataset: tuple[
                     os.close(fd)
 
 
-def _wait_child(pid: int, seconds: float = 60.0) -> int:
-    """The exit status of the forked child ``pid``, killed (SIGKILL) if it runs ``seconds``."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return status
-        time.sleep(0.02)
-    os.kill(pid, signal.SIGKILL)
-    return os.waitpid(pid, 0)[1]
-
-
 def test_a_forked_child_leaves_its_parents_wake_up_fifo_alone(dataset: tuple[Path, str], held: threading.Event,
                                                              tmp_path: Path) -> None:
     """A child forked from a filler's process holds none of its wake-up FIFO's descriptors, and
@@ -991,7 +981,7 @@ def test_a_forked_child_leaves_its_parents_wake_up_fifo_alone(dataset: tuple[Pat
                 code = 2 if held_at_fork else 0
             finally:
                 os._exit(code)
-        assert _wait_child(pid) == 0
+        assert wait_child(pid) == 0
         assert os.path.exists(path)  # the child did not remove it
         assert _wake_fifo_fds().get(number) == path  # nor close it here
         held.set()
