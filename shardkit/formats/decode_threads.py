@@ -12,9 +12,12 @@ from __future__ import annotations
 import _thread
 import os
 import queue
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterable
+
+from shardkit.processes import renew_locks_after_fork
 
 __all__ = ["DecodeJob", "DecodeThreads", "finish_decodes", "wait_decodes"]
 
@@ -141,11 +144,4 @@ class DecodeThreads:
 
 #: Serialises a forked child's restarts; a new lock in every child (one held at the fork stays held).
 _FORK_LOCK = threading.Lock()
-
-
-def _new_fork_lock() -> None:
-    global _FORK_LOCK
-    _FORK_LOCK = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_new_fork_lock)
+renew_locks_after_fork(sys.modules[__name__], "_FORK_LOCK")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -25,6 +26,7 @@ from pathlib import Path
 from shardkit.errors import SamplerError
 from shardkit.formats.dataset import DatasetDocuments
 from shardkit.formats.metadata import MAX_DOCUMENT_NBYTES, DatasetMeta, parse_dataset_meta, read_dataset_meta
+from shardkit.processes import renew_locks_after_fork
 from shardkit.stores import Location, Store, StoreOptions, as_location, open_store
 
 __all__ = ["DatasetIdentity", "dataset_fingerprint", "forget", "open_root", "remember", "remembered", "reopen", "ROOT_DOCUMENT",
@@ -276,14 +278,8 @@ _OPENED_LOCK = threading.Lock()
 MAX_REMEMBERED = 32
 MAX_REMEMBERED_NBYTES = 2 * MAX_DOCUMENT_NBYTES + (1 << 20)
 
-
-def _reset_after_fork() -> None:
-    """A child forked while another thread held the lock gets a free one (the entries stay valid)."""
-    global _OPENED_LOCK
-    _OPENED_LOCK = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_reset_after_fork)
+# A child forked while another thread held the lock gets a free one (the entries stay valid).
+renew_locks_after_fork(sys.modules[__name__], "_OPENED_LOCK")
 
 
 def _cost(identity: DatasetIdentity, documents: DatasetDocuments) -> int:

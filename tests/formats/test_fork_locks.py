@@ -16,7 +16,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from shardkit.formats import decode_threads as decode_threads_mod
 from shardkit.formats import open_dataset
+from shardkit.readers import identity as identity_mod
 from shardkit.stores import cache as cache_mod
 from shardkit.stores import url as url_mod
 from tests.helpers.datasets import write_dataset
@@ -93,7 +95,9 @@ def test_read_counters_count_in_a_forked_child(payload: Any) -> None:
     assert _fork_while_held(stats._lock, lambda: stats.add("x", 0, 1)) == 0
 
 
-@pytest.mark.parametrize(("module", "name"), [(cache_mod, "_VERIFIED_LOCK"), (url_mod, "_stores_lock")])
+@pytest.mark.parametrize(("module", "name"), [(cache_mod, "_VERIFIED_LOCK"), (url_mod, "_stores_lock"),
+                                             (identity_mod, "_OPENED_LOCK"), (decode_threads_mod, "_FORK_LOCK")])
 def test_module_locks_of_the_read_path_are_free_in_a_forked_child(module: Any, name: str) -> None:
-    """The cache's table of checked copies and the table of open stores, used by a worker's first pass."""
+    """The cache's table of checked copies, the table of open stores and of opened datasets' documents,
+    used by a worker's first pass, and the lock of a forked child's decode-thread restarts."""
     assert _fork_while_held(getattr(module, name), _acquired(module, name)) == 0
