@@ -150,7 +150,9 @@ def test_server_killed_and_restarted_mid_epoch(private_seaweed: Any, tmp_path: P
         if failed:  # the server did not come back: say so rather than only what the sampler saw
             raise AssertionError(f"the restart failed: {failed[0]}") from exc
         raise
-    assert restarted.is_set() and not failed, failed
+    # The epoch can end before the restart's own readiness probe (a PUT and a GET) returns: the
+    # sampler's retries get through as soon as the server answers reads. Wait for it, bounded.
+    assert restarted.wait(120) and not failed, failed
     flat = np.concatenate(keys).reshape(2, n)
     assert all(sorted(row.tolist()) == list(range(n)) for row in flat)
 
