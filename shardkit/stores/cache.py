@@ -48,6 +48,8 @@ _ASK_SERIAL = itertools.count()
 #: listening filler, :meth:`ShardCache.listen`), each written one byte by every :meth:`ShardCache.ask`.
 _WAKE_DIR = "wake"
 _WAKE = "wake-"
+#: A listener's wake-ups read at once: a FIFO's default capacity, so one read empties it.
+_WAKE_DRAIN_BYTES = 1 << 16
 
 #: Granularity of a partial copy's progress map: a page of the shard is present (written, readable
 #: by every process) or not. 64 KiB keeps a 256 MiB shard's map at 4 KiB and the bytes a record
@@ -248,8 +250,7 @@ class AskListener:
             if self._fd != fd:
                 return False
             with suppress(BlockingIOError):
-                while os.read(fd, 4096):
-                    pass
+                os.read(fd, _WAKE_DRAIN_BYTES)  # one bounded read, even while another process keeps writing
         return True
 
     def wake(self) -> None:

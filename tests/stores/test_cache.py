@@ -283,3 +283,41 @@ def test_a_copy_checked_by_another_process_of_this_boot_is_not_read_again(
     os.utime(copy, ns=(0, 0))  # rewritten in place: a new mtime
     opened_by_another_process("rewritten")
     assert checks[-1] == "rewritten"
+
+
+
+def test_a_listeners_wait_reads_its_wake_ups_once_while_another_process_keeps_writing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A filler's watcher reads its wake-ups in one bounded read: a process of the node that writes
+    its FIFO again after every read (a bug, or a hostile process of the same user) cannot keep it
+    reading. Here every read of the FIFO is followed by another byte, at most 1,000 times."""
+    from shardkit.stores.cache import ShardCache, cache_namespace
+
+    (tmp_path / "cache").mkdir()
+    cache = ShardCache(tmp_path / "cache", cache_namespace("s3://b/ds", "v1"))
+    listener = cache.listen()
+    assert listener is not None
+    listening = listener._fd
+    writer = os.open(cache.root / "wake" / listener.name, os.O_WRONLY | os.O_NONBLOCK)
+    reads: list[int] = []
+    real_read = os.read
+
+    def refilled(fd: int, n: int) -> bytes:
+        data = real_read(fd, n)
+        if fd == listening:
+            reads.append(len(data))
+            if len(reads) < 1000:
+                os.write(writer, b"\1")  # written again as soon as it was read
+        return data
+
+    try:
+        os.write(writer, b"\1")
+        monkeypatch.setattr(os, "read", refilled)
+        assert listener.wait(1.0)
+        monkeypatch.undo()
+        assert reads == [1]
+    finally:
+        monkeypatch.undo()
+        os.close(writer)
+        listener.close()
+        cache.close()
