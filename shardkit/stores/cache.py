@@ -552,9 +552,15 @@ class ShardCache:
             ok = os.fstat(fd).st_size == size and verify(fd)
             with self._locked:  # renamed while the lock is held: a claim never sees it abandoned
                 if ok:
-                    os.rename(part, name, src_dir_fd=self._ns.fd, dst_dir_fd=self._ns.fd)
-                    self._verified.add(name)  # just checked: the first open need not read it again
+                    # Marked checked before it gets its name: a reader of this process or another
+                    # that opens it the moment it appears does not read it back to check it again.
                     _remember_checked(fd)
+                    self._verified.add(name)
+                    try:
+                        os.rename(part, name, src_dir_fd=self._ns.fd, dst_dir_fd=self._ns.fd)
+                    except BaseException:
+                        self._verified.discard(name)
+                        raise
                     self._used.add(name)
                 else:
                     self._ns.unlink(part)

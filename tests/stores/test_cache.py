@@ -321,3 +321,44 @@ def test_a_listeners_wait_reads_its_wake_ups_once_while_another_process_keeps_wr
         os.close(writer)
         listener.close()
         cache.close()
+
+
+def test_a_copy_opened_the_moment_it_is_completed_is_not_checked_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A complete copy is marked checked before it gets its final name, so a reader that opens it
+    the moment it appears (in this process, or another one of this boot) does not read it back to
+    check it again. The opens here run right after the rename, inside :meth:`ShardCache.complete`."""
+    from shardkit.stores import cache as cache_mod
+
+    root = tmp_path / "c"
+    root.mkdir()
+    name, size = "shard-00000000", 1 << 16
+    filler = cache_mod.ShardCache(root, "ns")
+    reader = cache_mod.ShardCache(root, "ns")  # as another process of the node
+    checks: list[str] = []
+    opened: list[int | None] = []
+
+    def check(who: str) -> Any:
+        def verify(fd: int) -> bool:
+            checks.append(who)
+            return True
+        return verify
+
+    real_rename = os.rename
+
+    def renamed_then_opened(*args: Any, **kw: Any) -> None:
+        real_rename(*args, **kw)
+        opened.extend([filler.open(name, check("this process")), reader.open(name, check("another"))])
+
+    fd = filler.claim(name, size)
+    assert fd is not None
+    os.pwrite(fd, b"\1" * size, 0)
+    monkeypatch.setattr(os, "rename", renamed_then_opened)
+    try:
+        assert filler.complete(name, fd, size, check("complete"))
+    finally:
+        monkeypatch.undo()
+        filler.close()
+        reader.close()
+    assert len(opened) == 2 and None not in opened
+    assert checks == ["complete"]
